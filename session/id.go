@@ -1,0 +1,27 @@
+package session
+
+import (
+	"crypto/rand"
+	"time"
+)
+
+// base62 in ASCII order, so that ids sort by creation time as plain strings.
+const base62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// NewID returns prefix + 8 base62 characters of the millisecond time + 10 random ones.
+// Ids with the same prefix sort by creation time, which list cursors rely on.
+func NewID(prefix string, now time.Time) string {
+	b := make([]byte, len(prefix)+18)
+	copy(b, prefix)
+	ms := uint64(now.UnixMilli())
+	for i := len(prefix) + 7; i >= len(prefix); i-- {
+		b[i] = base62[ms%62]
+		ms /= 62
+	}
+	rnd := b[len(prefix)+8:]
+	_, _ = rand.Read(rnd) // crypto/rand.Read never fails (Go ≥ 1.24)
+	for i := range rnd {
+		rnd[i] = base62[int(rnd[i])%62]
+	}
+	return string(b)
+}

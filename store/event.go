@@ -1,0 +1,84 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/session"
+)
+
+// Event is one outbox entry: a transition, with the session as it was right after it.
+type Event struct {
+	StreamID  string // the Redis stream entry id
+	ID        string // evt_…, stable across redeliveries
+	Type      string
+	SessionID string
+	ProjectID string
+	From, To  session.State
+	Driver    session.Driver
+	Reason    session.Reason
+	Rule      string
+	AtMs      int64
+	Version   int64
+	// Session is set for session events; Object for the others (snapshot.ready, run.finished,
+	// quota.exceeded), as the JSON of data.object.
+	Session *session.Session
+	Object  json.RawMessage
+}
+
+// AppendEvent writes a non-transition event (snapshot.ready, run.finished, quota.exceeded,
+// the timer warnings) to the project's outbox. sessionID orders it with that session's events
+// ("" for project-wide events); object becomes data.object.
+func (s *Store) AppendEvent(ctx context.Context, project, typ, sessionID string, object any) (string, error) {
+	b, err := json.Marshal(object)
+	if err != nil {
+		return "", fmt.Errorf("encode %s event: %w", typ, err)
+	}
+	now := s.now()
+	id := session.NewID("evt_", now)
+	err = s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: Outbox(project), Values: []any{
+		"id", id, "type", typ, "session_id", sessionID, "project_id", project,
+		"at", now.UnixMilli(), "object", b,
+	}}).Err()
+	if err != nil {
+		return "", fmt.Errorf("append %s event: %w", typ, err)
+	}
+	return id, nil
+}
+
+// DecodeEvent parses an outbox stream entry's fields.
+func DecodeEvent(streamID string, values map[string]any) (Event, error) {
+	str := func(k string) string { v, _ := values[k].(string); return v }
+	ev := Event{
+		StreamID: streamID, ID: str("id"), Type: str("type"), SessionID: str("session_id"),
+		ProjectID: str("project_id"), From: session.State(str("from")), To: session.State(str("to")),
+		Driver: session.Driver(str("driver")), Reason: session.Reason(str("reason")), Rule: str("rule"),
+	}
+	ev.AtMs, _ = strconv.ParseInt(str("at"), 10, 64)
+	ev.Version, _ = strconv.ParseInt(str("version"), 10, 64)
+	if o := str("object"); o != "" {
+		ev.Object = json.RawMessage(o)
+	}
+	if ev.ID == "" || ev.Type == "" {
+		return ev, fmt.Errorf("outbox entry %s: missing id or type", streamID)
+	}
+	h := map[string]string{}
+	for k, v := range values {
+		if f, ok := strings.CutPrefix(k, "h."); ok {
+			h[f], _ = v.(string)
+		}
+	}
+	if len(h) > 0 {
+		s, err := decode(h)
+		if err != nil {
+			return ev, fmt.Errorf("outbox entry %s: %w", streamID, err)
+		}
+		ev.Session = s
+	}
+	return ev, nil
+}

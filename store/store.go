@@ -1,0 +1,278 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/session"
+)
+
+// ErrNotFound: no such session in this project.
+var ErrNotFound = errors.New("not found")
+
+// ErrExists: a session with this id already exists.
+var ErrExists = errors.New("session id already exists")
+
+// ConflictError: the session is not in the state (or at the version) the caller expected.
+type ConflictError struct {
+	Current session.State
+	Version int64
+	Message string
+}
+
+func (e *ConflictError) Error() string {
+	if e.Message != "" {
+		return e.Message
+	}
+	return fmt.Sprintf("session is %s (version %d)", e.Current, e.Version)
+}
+
+// ConcurrencyError: the project has no free concurrency slot.
+type ConcurrencyError struct{ Limit, Used int }
+
+func (e *ConcurrencyError) Error() string {
+	return fmt.Sprintf("concurrency limit reached: %d of %d sessions active", e.Used, e.Limit)
+}
+
+// Store is the Redis session store. Safe for concurrent use.
+type Store struct {
+	rdb redis.UniversalClient
+	// Retention is how long a terminal session stays readable.
+	retention time.Duration
+	now       func() time.Time
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithRetention sets how long terminal sessions stay readable (default 7 days).
+func WithRetention(d time.Duration) Option { return func(s *Store) { s.retention = d } }
+
+// WithClock replaces time.Now (tests).
+func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
+
+// New returns a Store over any go-redis client: a single server, a Cluster or a Ring.
+func New(rdb redis.UniversalClient, opts ...Option) *Store {
+	s := &Store{rdb: rdb, retention: 7 * 24 * time.Hour, now: time.Now}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Redis returns the underlying client.
+func (s *Store) Redis() redis.UniversalClient { return s.rdb }
+
+// static is the part of a session that is fixed at creation, kept as one JSON field.
+type static struct {
+	ID          string            `json:"id"`
+	Tier        int               `json:"tier"`
+	ProjectID   string            `json:"project_id"`
+	EndUserID   *string           `json:"end_user_id,omitempty"`
+	Template    string            `json:"template"`
+	Region      string            `json:"region"`
+	Resources   session.Resources `json:"resources"`
+	VolumeID    *string           `json:"volume_id,omitempty"`
+	PolicyID    *string           `json:"policy_id,omitempty"`
+	RestoreFrom *string           `json:"restore_from,omitempty"`
+	Connect     session.Connect   `json:"connect"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+}
+
+// Create reserves one of the project's limit concurrency slots and writes sess in pending,
+// with its session.pending event, atomically. sess.State must be pending and sess.ID,
+// ProjectID and CreatedAt set.
+func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*session.Session, error) {
+	if err := session.Check("", sess.State, session.APIGateway, ""); err != nil {
+		return nil, err
+	}
+	if sess.ID == "" || sess.ProjectID == "" {
+		return nil, &session.FieldError{Field: "id", Message: "id and project_id are required"}
+	}
+	doc, err := json.Marshal(static{
+		ID: sess.ID, Tier: sess.Tier, ProjectID: sess.ProjectID, EndUserID: sess.EndUserID,
+		Template: sess.Template, Region: sess.Region, Resources: sess.Resources,
+		VolumeID: sess.VolumeID, PolicyID: sess.PolicyID, RestoreFrom: sess.RestoreFrom,
+		Connect: sess.Connect, Metadata: sess.Metadata,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode session: %w", err)
+	}
+	created := sess.CreatedAt.UnixMilli()
+	hash := []any{"doc", doc, "state", string(session.Pending), "ver", 1,
+		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created}
+	k := projectKeys(sess.ProjectID)
+	eu, hasEU := "", "0"
+	if sess.EndUserID != nil {
+		eu, hasEU = *sess.EndUserID, "1"
+	}
+	args := []any{sess.ID, limit, hasEU, len(hash)}
+	args = append(args, hash...)
+	args = append(args, eventFields(sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created)...)
+	res, err := createScript.Run(ctx, s.rdb, []string{
+		k.session(sess.ID), k.all(), k.byState(session.Pending), k.active(), Outbox(sess.ProjectID), k.byEndUser(eu),
+	}, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("create session %s: %w", sess.ID, err)
+	}
+	switch res[0] {
+	case "EXISTS":
+		return nil, ErrExists
+	case "LIMIT":
+		used, _ := strconv.Atoi(res[1])
+		return nil, &ConcurrencyError{Limit: limit, Used: used}
+	}
+	out := *sess
+	out.Object = session.ObjectName
+	out.Version = 1
+	return &out, nil
+}
+
+func eventFields(id, project string, from, to session.State, d session.Driver, reason session.Reason, rule string, atMs int64) []any {
+	return []any{
+		"id", session.NewID("evt_", time.UnixMilli(atMs)),
+		"type", session.EventType(from, to),
+		"session_id", id, "project_id", project,
+		"from", string(from), "to", string(to), "driver", string(d),
+		"reason", string(reason), "rule", rule, "at", atMs,
+	}
+}
+
+// Get returns the session, or ErrNotFound if the project has no such session.
+func (s *Store) Get(ctx context.Context, project, id string) (*session.Session, error) {
+	m, err := s.rdb.HGetAll(ctx, projectKeys(project).session(id)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("get session %s: %w", id, err)
+	}
+	if len(m) == 0 {
+		return nil, ErrNotFound
+	}
+	return decode(m)
+}
+
+// Change is one transition request.
+type Change struct {
+	Project, ID string
+	From, To    session.State
+	Driver      session.Driver
+	Reason      session.Reason
+	Rule        string // the policy rule, with PolicyViolation
+	// Version, when not 0, must equal the session's version.
+	Version int64
+	// Set on the session in the same step: the placement (pending → provisioning) and
+	// whether the start was cold (provisioning → running). Empty or nil leaves them.
+	Zone, NodeID string
+	ColdStart    *bool
+}
+
+// Transition makes one transition atomically, if the contract allows it and the session is
+// in c.From (and at c.Version). It returns the session after the change.
+func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, error) {
+	if err := session.Check(c.From, c.To, c.Driver, c.Reason); err != nil {
+		return nil, err
+	}
+	if c.From == "" {
+		return nil, &session.FieldError{Field: "from", Message: "use Create for → pending"}
+	}
+	now := s.now().UnixMilli()
+	var extra []any
+	if c.Zone != "" {
+		extra = append(extra, "zone", c.Zone)
+	}
+	if c.NodeID != "" {
+		extra = append(extra, "node", c.NodeID)
+	}
+	if c.ColdStart != nil {
+		extra = append(extra, "cold", strconv.FormatBool(*c.ColdStart))
+	}
+	terminal := "0"
+	if c.To.Terminal() {
+		terminal = "1"
+	}
+	args := []any{c.ID, string(c.From), string(c.To), c.Version, string(c.Reason), c.Rule, now,
+		terminal, int64(s.retention / time.Second), len(extra)}
+	args = append(args, extra...)
+	args = append(args, eventFields(c.ID, c.Project, c.From, c.To, c.Driver, c.Reason, c.Rule, now)...)
+	k := projectKeys(c.Project)
+	res, err := transitionScript.Run(ctx, s.rdb, []string{
+		k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project),
+	}, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("transition %s %s→%s: %w", c.ID, c.From, c.To, err)
+	}
+	switch res[0] {
+	case "NOTFOUND":
+		return nil, ErrNotFound
+	case "CONFLICT":
+		v, _ := strconv.ParseInt(res[2], 10, 64)
+		return nil, &ConflictError{Current: session.State(res[1]), Version: v}
+	case "REASON":
+		return nil, &ConflictError{Current: session.Stopping, Message: fmt.Sprintf(
+			"session is stopping for %s; it must end with that reason, not %q", res[1], c.Reason)}
+	}
+	m := make(map[string]string, len(res)/2)
+	for i := 0; i+1 < len(res); i += 2 {
+		m[res[i]] = res[i+1]
+	}
+	return decode(m)
+}
+
+// ActiveCount is the number of concurrency slots the project holds.
+func (s *Store) ActiveCount(ctx context.Context, project string) (int64, error) {
+	return s.rdb.SCard(ctx, projectKeys(project).active()).Result()
+}
+
+// decode builds a session from its hash.
+func decode(m map[string]string) (*session.Session, error) {
+	var st static
+	if err := json.Unmarshal([]byte(m["doc"]), &st); err != nil {
+		return nil, fmt.Errorf("decode session: %w", err)
+	}
+	state, err := session.ParseState("state", m["state"])
+	if err != nil {
+		return nil, fmt.Errorf("decode session %s: %w", st.ID, err)
+	}
+	num := func(k string) int64 { v, _ := strconv.ParseInt(m[k], 10, 64); return v }
+	str := func(k string) *string {
+		if v := m[k]; v != "" {
+			return &v
+		}
+		return nil
+	}
+	s := &session.Session{
+		ID: st.ID, Object: session.ObjectName, Tier: st.Tier, State: state, ProjectID: st.ProjectID,
+		EndUserID: st.EndUserID, Template: st.Template, Region: st.Region, Zone: str("zone"),
+		Resources: st.Resources, VolumeID: st.VolumeID, PolicyID: st.PolicyID,
+		IdleTimeoutS: int(num("idle_s")), MaxLifetimeS: int(num("life_s")),
+		StartedAt: session.AtMillis(num("started")), ExpiresAt: session.AtMillis(num("expires")),
+		LastActivityAt: session.AtMillis(num("activity")), Connect: st.Connect,
+		UsageToDate:       session.Usage{SessionS: num("u_s"), CPUMs: num("u_cpu"), MemGiBMs: num("u_mem"), EgressBytes: num("u_egress")},
+		Rule:              str("rule"),
+		IdleWarningAt:     session.AtMillis(num("idle_warn")),
+		LifetimeWarningAt: session.AtMillis(num("life_warn")),
+		PausedAt:          session.AtMillis(num("paused")),
+		StoppedAt:         session.AtMillis(num("stopped")),
+		RestoreFrom:       st.RestoreFrom,
+		Metadata:          st.Metadata,
+		Version:           num("ver"),
+		NodeID:            m["node"],
+	}
+	if c := session.AtMillis(num("created")); c != nil {
+		s.CreatedAt = *c
+	}
+	if r := m["reason"]; r != "" {
+		reason := session.Reason(r)
+		s.StateReason = &reason
+	}
+	if c := m["cold"]; c != "" {
+		b := c == "true"
+		s.ColdStart = &b
+	}
+	return s, nil
+}

@@ -1,0 +1,535 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/internal/redistest"
+	"wb/session"
+)
+
+// TestStore runs the whole suite against a real redis-server, miniredis and a 3-node Cluster.
+func TestStore(t *testing.T) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, s *Store, project string)
+	}{
+		{"CreateGet", testCreateGet},
+		{"ConcurrencyLimit", testConcurrencyLimit},
+		{"Lifecycle", testLifecycle},
+		{"RejectsIllegal", testRejectsIllegal},
+		{"StoppingKeepsReason", testStoppingKeepsReason},
+		{"List", testList},
+		{"RaceOneSession", testRaceOneSession},
+		{"RaceCreates", testRaceCreates},
+		{"Retention", testRetention},
+	}
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			rdb := b.New(t)
+			for i, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					c.fn(t, New(rdb, WithRetention(time.Hour)), fmt.Sprintf("proj_%s%d", c.name, i))
+				})
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func newPending(project string, endUser string) *session.Session {
+	now := time.Now()
+	s := &session.Session{
+		ID: session.NewID("sess_", now), Object: session.ObjectName, Tier: 2, State: session.Pending,
+		ProjectID: project, Template: "tpl_base@sha256:abc", Region: "local",
+		Resources:    session.Resources{VCPU: 1, MemoryMiB: 2048, DiskGiB: 10, SizeClass: "s"},
+		IdleTimeoutS: 300, MaxLifetimeS: 3600, CreatedAt: *session.At(now),
+		PolicyID: ptr("pol_x@1"), Metadata: map[string]string{"k": "v"},
+	}
+	if endUser != "" {
+		s.EndUserID = &endUser
+	}
+	return s
+}
+
+func mustCreate(t *testing.T, s *Store, sess *session.Session, limit int) *session.Session {
+	t.Helper()
+	out, err := s.Create(context.Background(), sess, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func step(t *testing.T, s *Store, c Change) *session.Session {
+	t.Helper()
+	out, err := s.Transition(context.Background(), c)
+	if err != nil {
+		t.Fatalf("%s→%s: %v", c.From, c.To, err)
+	}
+	if out.State != c.To {
+		t.Fatalf("state %s, want %s", out.State, c.To)
+	}
+	return out
+}
+
+func outbox(t *testing.T, s *Store, project string) []redis.XMessage {
+	t.Helper()
+	msgs, err := s.Redis().XRange(context.Background(), Outbox(project), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+func testCreateGet(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	in := newPending(p, "eu_1")
+	mustCreate(t, s, in, 10)
+	got, err := s.Get(ctx, p, in.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.Version = 1
+	if !reflect.DeepEqual(got, in) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", *got, *in)
+	}
+	if _, err := s.Get(ctx, "proj_other", in.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another project read it: %v", err)
+	}
+	if _, err := s.Create(ctx, in, 10); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate id: %v", err)
+	}
+	if n, _ := s.ActiveCount(ctx, p); n != 1 {
+		t.Fatalf("active %d after a failed duplicate", n)
+	}
+	ev := outbox(t, s, p)
+	if len(ev) != 1 || ev[0].Values["type"] != session.EventPending || ev[0].Values["session_id"] != in.ID {
+		t.Fatalf("outbox %v", ev)
+	}
+}
+
+func testConcurrencyLimit(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	a := mustCreate(t, s, newPending(p, ""), 2)
+	mustCreate(t, s, newPending(p, ""), 2)
+	_, err := s.Create(ctx, newPending(p, ""), 2)
+	var ce *ConcurrencyError
+	if !errors.As(err, &ce) || ce.Limit != 2 || ce.Used != 2 {
+		t.Fatalf("third create: %v", err)
+	}
+	if len(outbox(t, s, p)) != 2 {
+		t.Fatal("a refused create wrote an event")
+	}
+	step(t, s, Change{Project: p, ID: a.ID, From: session.Pending, To: session.Stopped, Driver: session.Caller, Reason: session.Deleted})
+	mustCreate(t, s, newPending(p, ""), 2)
+}
+
+func testLifecycle(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	sess := mustCreate(t, s, newPending(p, ""), 5)
+	c := func(from, to session.State, d session.Driver, r session.Reason) Change {
+		return Change{Project: p, ID: sess.ID, From: from, To: to, Driver: d, Reason: r}
+	}
+	pc := c(session.Pending, session.Provisioning, session.Placer, "")
+	pc.Zone, pc.NodeID = "local-a", "node_1"
+	got := step(t, s, pc)
+	if *got.Zone != "local-a" || got.NodeID != "node_1" || got.Version != 2 {
+		t.Fatalf("placement not recorded: %+v", got)
+	}
+	rc := c(session.Provisioning, session.Running, session.Node, "")
+	rc.ColdStart = ptr(false)
+	before := time.Now().Add(-time.Second)
+	got = step(t, s, rc)
+	if got.StartedAt == nil || got.StartedAt.Before(before) || *got.ColdStart {
+		t.Fatalf("started_at %v cold %v", got.StartedAt, got.ColdStart)
+	}
+	if !got.ExpiresAt.Equal(got.StartedAt.Add(time.Hour)) || !got.LastActivityAt.Equal(got.StartedAt.Time) {
+		t.Fatalf("expires_at %v activity %v for started %v", got.ExpiresAt, got.LastActivityAt, got.StartedAt)
+	}
+	got = step(t, s, c(session.Running, session.Paused, session.Caller, ""))
+	if got.PausedAt == nil {
+		t.Fatal("paused_at not set")
+	}
+	got = step(t, s, c(session.Paused, session.Running, session.Caller, ""))
+	if got.PausedAt != nil {
+		t.Fatal("paused_at not cleared on resume")
+	}
+	step(t, s, c(session.Running, session.Snapshotting, session.Caller, ""))
+	step(t, s, c(session.Snapshotting, session.Running, session.Caller, ""))
+	got = step(t, s, c(session.Running, session.Stopping, session.Caller, session.Deleted))
+	if *got.StateReason != session.Deleted {
+		t.Fatal("reason not recorded")
+	}
+	if n, _ := s.ActiveCount(ctx, p); n != 1 {
+		t.Fatalf("slot released before stopped: %d", n)
+	}
+	got = step(t, s, c(session.Stopping, session.Stopped, session.Node, session.Deleted))
+	if got.StoppedAt == nil || got.Version != 9 {
+		t.Fatalf("stopped_at %v version %d", got.StoppedAt, got.Version)
+	}
+	if n, _ := s.ActiveCount(ctx, p); n != 0 {
+		t.Fatalf("slot leaked: %d", n)
+	}
+	var types []string
+	for i, m := range outbox(t, s, p) {
+		types = append(types, m.Values["type"].(string))
+		if m.Values["version"] != fmt.Sprint(i+1) {
+			t.Errorf("event %d version %v", i, m.Values["version"])
+		}
+	}
+	want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventPaused,
+		session.EventResumed, session.EventSnapshotting, session.EventSnapshotted, session.EventStopping, session.EventStopped}
+	if !slices.Equal(types, want) {
+		t.Fatalf("outbox %v\nwant %v", types, want)
+	}
+	page, err := s.List(ctx, p, ListQuery{State: session.Stopped})
+	if err != nil || len(page.Sessions) != 1 {
+		t.Fatalf("state index: %v %v", page, err)
+	}
+	page, _ = s.List(ctx, p, ListQuery{State: session.Running})
+	if len(page.Sessions) != 0 {
+		t.Fatal("left in the running index")
+	}
+}
+
+func testRejectsIllegal(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	sess := mustCreate(t, s, newPending(p, ""), 5)
+	_, err := s.Transition(ctx, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Provisioning, Driver: session.Caller})
+	var te *session.TransitionError
+	if !errors.As(err, &te) {
+		t.Fatalf("wrong driver: %v", err)
+	}
+	_, err = s.Transition(ctx, Change{Project: p, ID: sess.ID, From: session.Pending, To: "bogus", Driver: session.Placer})
+	var fe *session.FieldError
+	if !errors.As(err, &fe) || fe.Field != "to" {
+		t.Fatalf("unknown state: %v", err)
+	}
+	_, err = s.Transition(ctx, Change{Project: p, ID: sess.ID, From: session.Running, To: session.Stopping, Driver: session.Caller, Reason: "bored"})
+	if !errors.As(err, &fe) || fe.Field != "reason" {
+		t.Fatalf("unknown reason: %v", err)
+	}
+	_, err = s.Transition(ctx, Change{Project: p, ID: sess.ID, From: session.Running, To: session.Paused, Driver: session.Caller})
+	var ce *ConflictError
+	if !errors.As(err, &ce) || ce.Current != session.Pending || ce.Version != 1 {
+		t.Fatalf("wrong from: %v", err)
+	}
+	_, err = s.Transition(ctx, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Provisioning, Driver: session.Placer, Version: 7})
+	if !errors.As(err, &ce) {
+		t.Fatalf("wrong version: %v", err)
+	}
+	_, err = s.Transition(ctx, Change{Project: p, ID: "sess_missing", From: session.Pending, To: session.Provisioning, Driver: session.Placer})
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("missing: %v", err)
+	}
+	if got, _ := s.Get(ctx, p, sess.ID); got.State != session.Pending || got.Version != 1 {
+		t.Fatalf("a refused transition changed the session: %+v", got)
+	}
+	if len(outbox(t, s, p)) != 1 {
+		t.Fatal("a refused transition wrote an event")
+	}
+}
+
+func testStoppingKeepsReason(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	sess := mustCreate(t, s, newPending(p, ""), 5)
+	step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Provisioning, Driver: session.Placer})
+	step(t, s, Change{Project: p, ID: sess.ID, From: session.Provisioning, To: session.Running, Driver: session.Node})
+	pk := Change{Project: p, ID: sess.ID, From: session.Running, To: session.Stopping, Driver: session.Policy, Reason: session.PolicyViolation, Rule: "no_curl"}
+	step(t, s, pk)
+	_, err := s.Transition(ctx, Change{Project: p, ID: sess.ID, From: session.Stopping, To: session.Stopped, Driver: session.Node, Reason: session.Deleted})
+	var ce *ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("a policy kill ended as deleted: %v", err)
+	}
+	got := step(t, s, Change{Project: p, ID: sess.ID, From: session.Stopping, To: session.Failed, Driver: session.Node, Reason: session.PolicyViolation, Rule: "no_curl"})
+	if *got.StateReason != session.PolicyViolation || *got.Rule != "no_curl" {
+		t.Fatalf("reason %v rule %v", got.StateReason, got.Rule)
+	}
+	ev := outbox(t, s, p)
+	last := ev[len(ev)-1].Values
+	if last["type"] != session.EventFailed || last["reason"] != "policy_violation" || last["rule"] != "no_curl" {
+		t.Fatalf("event %v", last)
+	}
+}
+
+func testList(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	var ids []string
+	for i := 0; i < 25; i++ {
+		eu := "eu_a"
+		if i%2 == 1 {
+			eu = "eu_b"
+		}
+		sess := newPending(p, eu)
+		sess.ID = session.NewID("sess_", time.Now().Add(time.Duration(i)*time.Millisecond))
+		mustCreate(t, s, sess, 100)
+		ids = append(ids, sess.ID)
+		if i%5 == 0 {
+			step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Provisioning, Driver: session.Placer})
+		}
+	}
+	slices.Reverse(ids) // newest first
+	var got []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		page, err := s.List(ctx, p, ListQuery{Limit: 10, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range page.Sessions {
+			got = append(got, x.ID)
+		}
+		if page.NextCursor == "" {
+			if pages != 2 {
+				t.Fatalf("%d pages", pages+1)
+			}
+			break
+		}
+		cursor = page.NextCursor
+	}
+	if !slices.Equal(got, ids) {
+		t.Fatalf("paging:\n got %v\nwant %v", got, ids)
+	}
+	count := func(q ListQuery) int {
+		n, cursor := 0, ""
+		for {
+			q.Cursor = cursor
+			page, err := s.List(ctx, p, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += len(page.Sessions)
+			if cursor = page.NextCursor; cursor == "" {
+				return n
+			}
+		}
+	}
+	if n := count(ListQuery{State: session.Provisioning, Limit: 2}); n != 5 {
+		t.Fatalf("provisioning: %d", n)
+	}
+	if n := count(ListQuery{EndUserID: "eu_a", Limit: 3}); n != 13 {
+		t.Fatalf("eu_a: %d", n)
+	}
+	if n := count(ListQuery{EndUserID: "eu_b", State: session.Provisioning}); n != 2 {
+		t.Fatalf("eu_b provisioning: %d", n)
+	}
+	if n := count(ListQuery{EndUserID: "eu_none"}); n != 0 {
+		t.Fatalf("eu_none: %d", n)
+	}
+	var fe *session.FieldError
+	for _, q := range []ListQuery{{Limit: 101}, {Limit: -1}, {Cursor: "(+"}, {State: "bogus"}} {
+		if _, err := s.List(ctx, p, q); !errors.As(err, &fe) {
+			t.Errorf("%+v: %v", q, err)
+		}
+	}
+	if page, _ := s.List(ctx, "proj_nobody", ListQuery{}); len(page.Sessions) != 0 {
+		t.Fatal("another project listed sessions")
+	}
+}
+
+// 64 goroutines race conflicting transitions on one session at every step. Exactly one wins
+// each step; the outbox holds exactly the winners' events, in order; the slot is released once.
+func testRaceOneSession(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	const workers = 64
+	for round := 0; round < 4; round++ {
+		sess := mustCreate(t, s, newPending(p, ""), 1)
+		var winners []Change
+		for cur := sess.State; !cur.Terminal(); {
+			var cands []Change
+			for _, r := range session.Rules() {
+				if r.From != cur {
+					continue
+				}
+				reasons := r.Reasons
+				if len(reasons) == 0 {
+					reasons = []session.Reason{""}
+				}
+				for _, reason := range reasons {
+					cands = append(cands, Change{Project: p, ID: sess.ID, From: cur, To: r.To, Driver: r.Driver, Reason: reason})
+				}
+			}
+			// Rotate so that different rounds take different paths, and make some loops
+			// (snapshotting, pause) finite.
+			slices.SortFunc(cands, func(a, b Change) int { return (int(a.To[0])*7+round)%5 - (int(b.To[0])*7+round)%5 })
+			if len(winners) > 12 {
+				cands = slices.DeleteFunc(cands, func(c Change) bool { return !c.To.Terminal() && c.To != session.Stopping })
+			}
+			var wins atomic.Int32
+			var won Change
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for w := 0; w < workers; w++ {
+				c := cands[w%len(cands)]
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					out, err := s.Transition(ctx, c)
+					if err == nil {
+						wins.Add(1)
+						mu.Lock()
+						won = c
+						mu.Unlock()
+						if out.State != c.To {
+							t.Errorf("winner got state %s", out.State)
+						}
+						return
+					}
+					var ce *ConflictError
+					if !errors.As(err, &ce) {
+						t.Errorf("loser got %v", err)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			if wins.Load() != 1 {
+				t.Fatalf("step from %s: %d winners", cur, wins.Load())
+			}
+			winners = append(winners, won)
+			if n, err := s.ActiveCount(ctx, p); err != nil || n < 0 || n > 1 {
+				t.Fatalf("active %d %v", n, err)
+			}
+			cur = won.To
+		}
+		if n, _ := s.ActiveCount(ctx, p); n != 0 {
+			t.Fatalf("slot leaked after %v", winners)
+		}
+		var got []string
+		for _, m := range outbox(t, s, p) {
+			if m.Values["session_id"] == sess.ID && m.Values["type"] != session.EventPending {
+				got = append(got, fmt.Sprintf("%s>%s/%s/%s", m.Values["from"], m.Values["to"], m.Values["driver"], m.Values["reason"]))
+			}
+		}
+		var want []string
+		for _, w := range winners {
+			want = append(want, fmt.Sprintf("%s>%s/%s/%s", w.From, w.To, w.Driver, w.Reason))
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("outbox\n got %v\nwant %v", got, want)
+		}
+	}
+}
+
+// 64 goroutines create against a limit of 10, then race to stop them all: exactly 10 get a
+// slot, and every slot comes back.
+func testRaceCreates(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var made []*session.Session
+	var limited atomic.Int32
+	var wg sync.WaitGroup
+	for w := 0; w < 64; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := s.Create(ctx, newPending(p, ""), 10)
+			var ce *ConcurrencyError
+			switch {
+			case err == nil:
+				mu.Lock()
+				made = append(made, out)
+				mu.Unlock()
+			case errors.As(err, &ce):
+				limited.Add(1)
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(made) != 10 || limited.Load() != 54 {
+		t.Fatalf("%d created, %d limited", len(made), limited.Load())
+	}
+	var stops atomic.Int32
+	for _, sess := range made {
+		for w := 0; w < 6; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Stopped, Driver: session.Caller, Reason: session.Deleted}
+				if w%2 == 1 {
+					c = Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Failed, Driver: session.Timer, Reason: session.ProvisionTimeout}
+				}
+				if _, err := s.Transition(ctx, c); err == nil {
+					stops.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if stops.Load() != 10 {
+		t.Fatalf("%d terminal transitions for 10 sessions", stops.Load())
+	}
+	if n, _ := s.ActiveCount(ctx, p); n != 0 {
+		t.Fatalf("%d slots leaked", n)
+	}
+}
+
+func testRetention(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	sess := mustCreate(t, s, newPending(p, ""), 5)
+	key := projectKeys(p).session(sess.ID)
+	if ttl, _ := s.Redis().TTL(ctx, key).Result(); ttl > 0 {
+		t.Fatalf("live session has a TTL %s", ttl)
+	}
+	step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Stopped, Driver: session.Caller, Reason: session.Deleted})
+	if ttl, _ := s.Redis().TTL(ctx, key).Result(); ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("terminal TTL %s, want ≤ 1h", ttl)
+	}
+}
+
+func TestEventCarriesSession(t *testing.T) {
+	rdb, _ := redistest.Mini(t)
+	s := New(rdb)
+	p := "proj_ev"
+	sess := mustCreate(t, s, newPending(p, "eu_9"), 5)
+	step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Provisioning, Driver: session.Placer, Zone: "z1"})
+	msgs := outbox(t, s, p)
+	if len(msgs) != 2 {
+		t.Fatalf("%d events", len(msgs))
+	}
+	for i, want := range []session.State{session.Pending, session.Provisioning} {
+		ev, err := DecodeEvent(msgs[i].ID, msgs[i].Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Session == nil || ev.Session.State != want || ev.Version != int64(i+1) || ev.Session.Version != ev.Version {
+			t.Fatalf("event %d: %+v", i, ev)
+		}
+		if *ev.Session.EndUserID != "eu_9" || ev.SessionID != sess.ID || ev.ProjectID != p {
+			t.Fatalf("event %d session %+v", i, ev.Session)
+		}
+	}
+	if _, err := DecodeEvent("1-0", map[string]any{"x": "y"}); err == nil {
+		t.Fatal("garbage decoded")
+	}
+}
+
+func TestAppendEvent(t *testing.T) {
+	rdb, _ := redistest.Mini(t)
+	s := New(rdb)
+	id, err := s.AppendEvent(context.Background(), "proj_a", session.EventSnapshotReady, "sess_1", map[string]any{"id": "snap_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := outbox(t, s, "proj_a")
+	ev, err := DecodeEvent(msgs[0].ID, msgs[0].Values)
+	if err != nil || ev.ID != id || ev.Type != session.EventSnapshotReady || ev.SessionID != "sess_1" || string(ev.Object) != `{"id":"snap_1"}` || ev.Session != nil {
+		t.Fatalf("%+v %v", ev, err)
+	}
+}
