@@ -44,7 +44,7 @@ func (s *Store) List(ctx context.Context, project string, q ListQuery) (Page, er
 		_, err := session.ParseState("state", string(q.State))
 		return Page{}, err
 	}
-	if q.Cursor != "" && !validCursor(q.Cursor) {
+	if q.Cursor != "" && (!strings.HasPrefix(q.Cursor, "sess_") || !validCursor(q.Cursor)) {
 		return Page{}, &session.FieldError{Field: "cursor", Message: "not a cursor this API returned"}
 	}
 	k := projectKeys(project)
@@ -127,14 +127,55 @@ func (s *Store) dropStale(ctx context.Context, k keys, ids []any) {
 	})
 }
 
+// validCursor accepts an id this API made: a lowercase prefix, "_", then base62.
 func validCursor(c string) bool {
-	if !strings.HasPrefix(c, "sess_") || len(c) > 64 {
+	prefix, rest, ok := strings.Cut(c, "_")
+	if !ok || prefix == "" || rest == "" || len(c) > 64 {
 		return false
 	}
-	for _, r := range c[len("sess_"):] {
+	for _, r := range prefix {
+		if r < 'a' || r > 'z' {
+			return false
+		}
+	}
+	for _, r := range rest {
 		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
 			return false
 		}
 	}
 	return true
+}
+
+// CountByState counts every project's sessions per state (terminal ones while retained).
+func (s *Store) CountByState(ctx context.Context) (map[session.State]int64, error) {
+	projects, err := s.Projects(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[session.State]int64{}
+	for _, p := range projects {
+		k := projectKeys(p)
+		cmds := map[session.State]*redis.IntCmd{}
+		if _, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for _, st := range session.States() {
+				cmds[st] = pl.ZCard(ctx, k.byState(st))
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("count sessions: %w", err)
+		}
+		for st, c := range cmds {
+			out[st] += c.Val()
+		}
+	}
+	return out, nil
+}
+
+// IDsInState lists up to limit ids of the project's sessions in state, oldest first.
+func (s *Store) IDsInState(ctx context.Context, project string, st session.State, limit int64) ([]string, error) {
+	ids, err := s.rdb.ZRangeByLex(ctx, projectKeys(project).byState(st), &redis.ZRangeBy{Min: "-", Max: "+", Count: limit}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("sessions in %s: %w", st, err)
+	}
+	return ids, nil
 }

@@ -130,3 +130,16 @@ func (s *Store) SetConcurrency(ctx context.Context, id string, n int) error {
 func (s *Store) Projects(ctx context.Context) ([]string, error) {
 	return s.rdb.SMembers(ctx, ProjectsKey).Result()
 }
+
+// EnsureProject creates project id with name and the default plan if it does not exist.
+func (s *Store) EnsureProject(ctx context.Context, id, name string) (Project, error) {
+	p, err := s.GetProject(ctx, id)
+	if err == nil {
+		return p, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return p, err
+	}
+	p = Project{ID: id, Name: name, Concurrency: DefaultConcurrency, RatePerSec: DefaultRatePerSec, Burst: DefaultBurst}
+	return p, s.putProject(ctx, p)
+}

@@ -533,3 +533,69 @@ func TestAppendEvent(t *testing.T) {
 		t.Fatalf("%+v %v", ev, err)
 	}
 }
+
+func TestObjects(t *testing.T) {
+	rdb, _ := redistest.Mini(t)
+	s := New(rdb)
+	ctx := context.Background()
+	var ids []string
+	for i := 0; i < 5; i++ {
+		snap := session.Snapshot{ID: session.NewID("snap_", time.Now().Add(time.Duration(i)*time.Millisecond)), Object: "snapshot", State: session.SnapshotReady}
+		ids = append(ids, snap.ID)
+		if err := s.PutObject(ctx, "proj_a", KindSnapshot, snap.ID, snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got session.Snapshot
+	if err := s.GetObject(ctx, "proj_a", KindSnapshot, ids[0], &got); err != nil || got.ID != ids[0] {
+		t.Fatalf("%v %v", got, err)
+	}
+	if err := s.GetObject(ctx, "proj_b", KindSnapshot, ids[0], &got); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another project: %v", err)
+	}
+	page, next, err := s.ListObjects(ctx, "proj_a", KindSnapshot, 3, "")
+	if err != nil || len(page) != 3 || next != ids[2] {
+		t.Fatalf("page 1: %d %q %v", len(page), next, err)
+	}
+	page, next, err = s.ListObjects(ctx, "proj_a", KindSnapshot, 3, next)
+	if err != nil || len(page) != 2 || next != "" {
+		t.Fatalf("page 2: %d %q %v", len(page), next, err)
+	}
+	if _, _, err := s.ListObjects(ctx, "proj_a", KindSnapshot, 3, "(bad"); err == nil {
+		t.Fatal("bad cursor accepted")
+	}
+	if err := s.DeleteObject(ctx, "proj_a", KindSnapshot, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteObject(ctx, "proj_a", KindSnapshot, ids[0]); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+}
+
+func TestIdempotency(t *testing.T) {
+	rdb, _ := redistest.Mini(t)
+	s := New(rdb)
+	ctx := context.Background()
+	if rec, err := s.IdemBegin(ctx, "p", "k1", "fp1"); rec != nil || err != nil {
+		t.Fatalf("first: %v %v", rec, err)
+	}
+	if _, err := s.IdemBegin(ctx, "p", "k1", "fp1"); !errors.Is(err, ErrIdemInFlight) {
+		t.Fatalf("in flight: %v", err)
+	}
+	if err := s.IdemFinish(ctx, "p", "k1", IdemRecord{Fingerprint: "fp1", Status: 201, Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.IdemBegin(ctx, "p", "k1", "fp1")
+	if err != nil || rec.Status != 201 || string(rec.Body) != "{}" {
+		t.Fatalf("replay: %+v %v", rec, err)
+	}
+	if _, err := s.IdemBegin(ctx, "p", "k1", "fp2"); !errors.Is(err, ErrIdemMismatch) {
+		t.Fatalf("mismatch: %v", err)
+	}
+	if rec, err := s.IdemBegin(ctx, "q", "k1", "fp2"); rec != nil || err != nil {
+		t.Fatal("keys are not per project")
+	}
+	if ttl := rdb.TTL(ctx, idemKey("p", "k1")).Val(); ttl <= 23*time.Hour {
+		t.Fatalf("ttl %s", ttl)
+	}
+}

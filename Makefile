@@ -1,0 +1,29 @@
+# wb — see README.md. Every target works on a fresh Debian machine as root.
+GO        ?= go
+PKGS      ?= ./...
+TESTFLAGS ?= -race -count=1 -timeout 20m
+
+.PHONY: run test bench lint deps build
+
+# Install what the platform needs from Debian's packages when it is missing.
+deps:
+	@./scripts/deps.sh
+
+build:
+	$(GO) build -o bin/wb ./cmd/wb
+
+# The whole platform on one machine: prints WB_URL, WB_API_KEY and WB_ADMIN_KEY.
+run: deps build
+	./bin/wb serve --addr 127.0.0.1:8080
+
+test: deps
+	$(GO) vet $(PKGS)
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# Benchmarks against a local redis-server that the benchmarks start themselves.
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./store/ ./gateway/
+
+lint:
+	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }
+	$(GO) vet $(PKGS)

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"wb/gateway"
+	"wb/placer"
+	"wb/quota"
+	"wb/session"
+	"wb/store"
+	"wb/webhooks"
+)
+
+type serveFlags struct {
+	addr      string
+	redisURL  string
+	publicURL string
+	adminKey  string
+	apiKey    string
+	region    string
+	logLevel  string
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("wb serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on; 127.0.0.1:0 picks a free port")
+	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL` (redis://host:port/0, or redis://h1:p1,h2:p2,h3:p3 for a Cluster); empty embeds an in-process Redis-compatible server whose state ends with the process")
+	fs.StringVar(&f.publicURL, "public-url", "", "base `URL` callers use to reach this server, for connect URLs (default http://ADDR)")
+	fs.StringVar(&f.adminKey, "admin-key", os.Getenv("WB_ADMIN_KEY"), "admin `key` for /v1/admin routes (default $WB_ADMIN_KEY, else random)")
+	fs.StringVar(&f.apiKey, "api-key", os.Getenv("WB_API_KEY"), "API `key` bound to the dev project (default $WB_API_KEY, else random)")
+	fs.StringVar(&f.region, "region", "local", "`name` of the region this machine serves")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
+
+Runs the whole platform on this machine: the HTTP API, the placer and the webhook
+dispatcher. On start it prints three lines to stdout, for eval:
+  WB_URL=http://HOST:PORT
+  WB_API_KEY=...    (the dev project's key)
+  WB_ADMIN_KEY=...
+Logs go to stderr. SIGINT or SIGTERM stops it cleanly.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("wb serve takes no arguments, got %q", fs.Args())
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	rdb, closeRedis, err := openRedis(f.redisURL)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = rdb.Ping(pingCtx).Err()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("--redis %s: %w", f.redisURL, err)
+	}
+
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return fmt.Errorf("--addr: %w", err)
+	}
+	url := "http://" + ln.Addr().String()
+	if f.publicURL == "" {
+		f.publicURL = url
+	}
+	st := store.New(rdb)
+	if f.adminKey == "" {
+		f.adminKey = store.NewAPIKey("wb_admin_")
+	}
+	dev, err := st.EnsureProject(ctx, "proj_dev", "dev")
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("dev project: %w", err)
+	}
+	if f.apiKey == "" {
+		f.apiKey = store.NewAPIKey("wb_live_")
+	}
+	if err := st.AddAPIKey(ctx, dev.ID, f.apiKey); err != nil {
+		ln.Close()
+		return err
+	}
+
+	pl := placer.New(placer.Config{Store: st, Provisioner: noNode{}, Logger: log})
+	reg := webhooks.NewRegistry(rdb)
+	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log})
+	gw, err := gateway.New(gateway.Config{
+		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: reg,
+		Catalog: defaultCatalog(), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
+		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: gateway.NewMetrics(st),
+	})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer gw.Close()
+	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
+
+	fmt.Fprintf(stdout, "WB_URL=%s\nWB_API_KEY=%s\nWB_ADMIN_KEY=%s\n", url, f.apiKey, f.adminKey)
+	log.Info("wb serve ready", "url", url, "redis", redisLabel(f.redisURL))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return pl.Run(gctx) })
+	g.Go(func() error { return disp.Run(gctx) })
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		log.Info("shutting down")
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
+	return g.Wait()
+}
+
+func redisLabel(u string) string {
+	if u == "" {
+		return "embedded"
+	}
+	return u
+}
+
+// openRedis connects to url, or embeds miniredis when url is empty.
+func openRedis(url string) (redis.UniversalClient, func(), error) {
+	if url == "" {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return nil, nil, fmt.Errorf("embedded redis: %w", err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		return rdb, func() { rdb.Close(); m.Close() }, nil
+	}
+	rest, ok := strings.CutPrefix(url, "redis://")
+	if host, _, _ := strings.Cut(rest, "/"); ok && strings.Contains(host, ",") {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(host, ",")})
+		return rdb, func() { rdb.Close() }, nil
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--redis: %w", err)
+	}
+	rdb := redis.NewClient(opts)
+	return rdb, func() { rdb.Close() }, nil
+}
+
+// defaultCatalog is the templates `wb serve` offers. Until the guests land, a template's
+// digest is that of its definition.
+func defaultCatalog() session.Catalog {
+	digest := func(def string) string {
+		sum := sha256.Sum256([]byte(def))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return session.Catalog{
+		{Name: "tpl_base", Digest: digest("tpl_base: busybox-static"),
+			Runtimes: []session.Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}},
+		{Name: "tpl_dev_polyglot", Digest: digest("tpl_dev_polyglot: python3 node go gcc"),
+			Runtimes: []session.Runtime{
+				{Name: "python3", Argv: []string{"python3", "-c"}},
+				{Name: "node", Argv: []string{"node", "-e"}},
+				{Name: "sh", Argv: []string{"/bin/sh", "-c"}},
+			}},
+	}
+}
+
+// noNode is the provisioner until a node is attached: placement needs a registered node, so
+// it is never called; sessions stay pending until their provisioning deadline.
+type noNode struct{}
+
+func (noNode) Provision(context.Context, store.NodeInfo, *session.Session) error {
+	return errors.New("no node is attached to this deployment")
+}

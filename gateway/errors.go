@@ -1,0 +1,88 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"wb/session"
+	"wb/store"
+	"wb/webhooks"
+)
+
+// apiError is the error body of API.md: {"error": {type, code, message, param}}.
+type apiError struct {
+	Status     int           `json:"-"`
+	Type       string        `json:"type"`
+	Code       string        `json:"code"`
+	Message    string        `json:"message"`
+	Param      string        `json:"param,omitempty"`
+	RetryAfter time.Duration `json:"-"`
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func errInvalid(param, format string, args ...any) *apiError {
+	return &apiError{Status: 400, Type: "invalid_request", Code: "invalid_request", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+func errNotFound(what, id string) *apiError {
+	return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: fmt.Sprintf("no %s %q in this project", what, id)}
+}
+
+func errState(format string, args ...any) *apiError {
+	return &apiError{Status: 409, Type: "invalid_state", Code: "invalid_state", Message: fmt.Sprintf(format, args...)}
+}
+
+// toAPIError maps errors from the layers below to API errors; anything unknown is a 500
+// whose details go to the log, not to the caller.
+func toAPIError(err error) *apiError {
+	var ae *apiError
+	var fe *session.FieldError
+	var te *session.TransitionError
+	var ce *store.ConflictError
+	var le *store.ConcurrencyError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &fe):
+		return errInvalid(fe.Field, "%s", fe.Error())
+	case errors.As(err, &ce):
+		return errState("%s", ce.Error())
+	case errors.As(err, &te):
+		return errState("the session cannot go from %s to %s: %s", te.From, te.To, te.Message)
+	case errors.As(err, &le):
+		return &apiError{Status: 429, Type: "rate_limited", Code: "concurrency_limit", Message: le.Error() + "; stop a session or raise the limit", RetryAfter: time.Second}
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, webhooks.ErrNotFound):
+		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: "no such object in this project"}
+	case errors.Is(err, store.ErrIdemMismatch), errors.Is(err, store.ErrIdemInFlight):
+		return &apiError{Status: 409, Type: "idempotency_error", Code: "idempotency_key_reused", Message: err.Error()}
+	}
+	return &apiError{Status: 500, Type: "api_error", Code: "internal", Message: "internal error; it has been logged"}
+}
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	ae := toAPIError(err)
+	if ae.Status >= 500 {
+		s.log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if ae.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (ae.RetryAfter+time.Second-1)/time.Second))))
+	}
+	writeJSON(w, ae.Status, map[string]*apiError{"error": ae})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		slog.Error("encode response", "err", err)
+		status, b = 500, []byte(`{"error":{"type":"api_error","code":"internal","message":"could not encode the response"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

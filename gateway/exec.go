@@ -1,0 +1,102 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	"wb/session"
+	"wb/store"
+)
+
+// runExec checks that sess can run a command and runs it, recording activity.
+func (s *Server) runExec(ctx context.Context, sess *session.Session, req session.ExecRequest, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	argv, err := req.Argv()
+	if err != nil {
+		return session.ExecResult{}, err
+	}
+	if sess.State != session.Running {
+		return session.ExecResult{}, errState("session is %s; exec needs a running session", sess.State)
+	}
+	g, err := s.guests()
+	if err != nil {
+		return session.ExecResult{}, err
+	}
+	if err := s.Store.Touch(ctx, sess.ProjectID, sess.ID); err != nil {
+		return session.ExecResult{}, err
+	}
+	res, err := g.Exec(ctx, sess, req, argv, out)
+	if err != nil {
+		return res, &apiError{Status: 502, Type: "api_error", Code: "exec_failed", Message: "the node could not run the command: " + err.Error()}
+	}
+	return res, nil
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req session.ExecRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	sess, err := s.loadSession(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") {
+		res, err := s.runExec(r.Context(), sess, req, nil)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, 200, res)
+		return nil
+	}
+	if _, err := req.Argv(); err != nil {
+		return err
+	}
+	if sess.State != session.Running {
+		return errState("session is %s; exec needs a running session", sess.State)
+	}
+	// Streamed: one JSON line per chunk, then {"exit_code": N, ...}.
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	flusher, _ := w.(http.Flusher)
+	started := false
+	start := func() {
+		if !started {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(200)
+			started = true
+		}
+	}
+	res, err := s.runExec(r.Context(), sess, req, func(c session.ExecChunk) error {
+		mu.Lock()
+		defer mu.Unlock()
+		start()
+		if err := enc.Encode(c); err != nil {
+			return fmt.Errorf("client went away: %w", err)
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil && !started {
+		return err
+	}
+	start()
+	if err != nil {
+		_ = enc.Encode(map[string]any{"error": toAPIError(err)})
+		return nil
+	}
+	res.Stdout, res.Stderr = "", "" // already streamed
+	_ = enc.Encode(map[string]any{"exit_code": res.ExitCode, "duration_ms": res.DurationMs, "timed_out": res.TimedOut})
+	return nil
+}

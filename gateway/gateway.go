@@ -1,0 +1,257 @@
+package gateway
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"wb/quota"
+	"wb/session"
+	"wb/store"
+	"wb/webhooks"
+)
+
+// Guests is what the gateway asks of the node that runs a session's guest.
+type Guests interface {
+	Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error)
+	Pause(ctx context.Context, s *session.Session) error
+	Resume(ctx context.Context, s *session.Session) error
+	// Snapshot saves the guest; memory only when asked and the back end can. It answers
+	// whether memory was included and the size.
+	Snapshot(ctx context.Context, s *session.Session, snapshotID string, includeMemory bool) (memory bool, size int64, err error)
+	// Stop tears the guest down; the node then ends the session (stopping → terminal).
+	Stop(ctx context.Context, s *session.Session) error
+}
+
+// Config wires a Server.
+type Config struct {
+	Store    *store.Store
+	Limiter  *quota.RateLimiter
+	Admitter session.Admitter // nil: allow all
+	Guests   Guests           // nil until a node is attached
+	Webhooks *webhooks.Registry
+	Tiers    session.Tiers
+	Catalog  session.Catalog
+	Regions  []string // the first is the default
+	// PublicURL is the base of connect URLs (http://127.0.0.1:8080).
+	PublicURL string
+	AdminKey  string
+	// Kick tells the placer that a project has a new pending session (may be nil).
+	Kick    func(project string)
+	Logger  *slog.Logger
+	Metrics *Metrics
+	Now     func() time.Time
+}
+
+// Server is the HTTP API.
+type Server struct {
+	Config
+	log  *slog.Logger
+	mux  *http.ServeMux
+	auth authCache
+	// bg runs work that outlives a request (async runs, teardown); Close waits for it.
+	bg     sync.WaitGroup
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// New returns a Server. Call Close to stop its background work.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil || cfg.Limiter == nil || cfg.Webhooks == nil {
+		return nil, errors.New("gateway: Store, Limiter and Webhooks are required")
+	}
+	if len(cfg.Catalog) == 0 || len(cfg.Regions) == 0 {
+		return nil, errors.New("gateway: Catalog and Regions must not be empty")
+	}
+	if cfg.Admitter == nil {
+		cfg.Admitter = session.AllowAll{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Tiers == (session.Tiers{}) {
+		cfg.Tiers = session.DefaultTiers()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel}
+	s.auth = authCache{ttl: 5 * time.Second, m: map[string]authEntry{}}
+	s.routes()
+	return s, nil
+}
+
+// Close stops background work and waits for it.
+func (s *Server) Close() {
+	s.cancel()
+	s.bg.Wait()
+}
+
+// Handler is the whole API, with metrics and panic recovery around every route.
+func (s *Server) Handler() http.Handler { return s.Metrics.instrument(s.mux) }
+
+type handler func(w http.ResponseWriter, r *http.Request, p store.Project) error
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	api := func(pattern string, h handler) { m.Handle(pattern, s.authed(h)) }
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
+	m.HandleFunc("GET /v1/openapi.json", serveOpenAPI)
+	m.Handle("GET /metrics", s.Metrics.Handler())
+	m.HandleFunc("POST /v1/admin/projects", s.adminCreateProject)
+
+	api("POST /v1/sessions", s.idempotent(s.createSession))
+	api("GET /v1/sessions", s.listSessions)
+	api("GET /v1/sessions/{id}", s.getSession)
+	api("PATCH /v1/sessions/{id}", s.patchSession)
+	api("DELETE /v1/sessions/{id}", s.deleteSession)
+	api("POST /v1/sessions/{id}", s.idempotent(s.sessionAction)) // {id}:pause, :resume, :snapshot
+	api("POST /v1/sessions/{id}/exec", s.exec)
+
+	api("GET /v1/snapshots", s.listSnapshots)
+	api("GET /v1/snapshots/{id}", s.getSnapshot)
+	api("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
+
+	api("POST /v1/runs", s.idempotent(s.createRun))
+	api("GET /v1/runs/{id}", s.getRun)
+
+	api("POST /v1/webhook_endpoints", s.idempotent(s.createEndpoint))
+	api("GET /v1/webhook_endpoints", s.listEndpoints)
+	api("GET /v1/webhook_endpoints/{id}", s.getEndpoint)
+	api("DELETE /v1/webhook_endpoints/{id}", s.deleteEndpoint)
+	api("GET /v1/webhook_endpoints/{id}/deliveries", s.listDeliveries)
+
+	api("GET /v1/templates", s.listTemplates)
+	m.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, &apiError{Status: 404, Type: "not_found", Code: "no_route", Message: "no route " + r.Method + " " + r.URL.Path})
+	}))
+	s.mux = m
+}
+
+// authed authenticates the bearer key (step 1 of admission) and calls h with its project.
+func (s *Server) authed(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || key == "" {
+			s.writeError(w, r, &apiError{Status: 401, Type: "unauthenticated", Code: "unauthenticated", Message: "send Authorization: Bearer <api key>"})
+			return
+		}
+		p, err := s.authenticate(r.Context(), key)
+		if err != nil {
+			if errors.Is(err, store.ErrBadKey) || errors.Is(err, store.ErrNotFound) {
+				err = &apiError{Status: 401, Type: "unauthenticated", Code: "unauthenticated", Message: "unknown API key"}
+			}
+			s.writeError(w, r, err)
+			return
+		}
+		if err := h(w, r, p); err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+type authEntry struct {
+	p   store.Project
+	exp time.Time
+}
+
+// authCache keeps recent key → project lookups for a few seconds, off the hot path's Redis.
+type authCache struct {
+	mu  sync.Mutex
+	ttl time.Duration
+	m   map[string]authEntry
+}
+
+func (s *Server) authenticate(ctx context.Context, key string) (store.Project, error) {
+	now := s.Now()
+	s.auth.mu.Lock()
+	e, ok := s.auth.m[key]
+	s.auth.mu.Unlock()
+	if ok && now.Before(e.exp) {
+		return e.p, nil
+	}
+	p, err := s.Store.Authenticate(ctx, key)
+	if err != nil {
+		return p, err
+	}
+	s.auth.mu.Lock()
+	if len(s.auth.m) > 10000 {
+		clear(s.auth.m)
+	}
+	s.auth.m[key] = authEntry{p, now.Add(s.auth.ttl)}
+	s.auth.mu.Unlock()
+	return p, nil
+}
+
+func (s *Server) adminCreateProject(w http.ResponseWriter, r *http.Request) {
+	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if s.AdminKey == "" || subtle.ConstantTimeCompare([]byte(key), []byte(s.AdminKey)) != 1 {
+		s.writeError(w, r, &apiError{Status: 401, Type: "unauthenticated", Code: "unauthenticated", Message: "this route needs the admin key"})
+		return
+	}
+	var req struct {
+		Name        string `json:"name"`
+		Concurrency *int   `json:"concurrency,omitempty"`
+	}
+	b, err := readBody(r)
+	if err == nil {
+		err = decodeStrict(b, &req)
+	}
+	var p store.Project
+	var apiKey string
+	if err == nil {
+		p, apiKey, err = s.Store.CreateProject(r.Context(), req.Name)
+	}
+	if err == nil && req.Concurrency != nil {
+		err = s.Store.SetConcurrency(r.Context(), p.ID, *req.Concurrency)
+		p.Concurrency = *req.Concurrency
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, 201, map[string]any{"project_id": p.ID, "name": p.Name, "api_key": apiKey, "concurrency": p.Concurrency})
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ store.Project) error {
+	type tpl struct {
+		Object    string            `json:"object"`
+		Name      string            `json:"name"`
+		Digest    string            `json:"digest"`
+		Ref       string            `json:"ref"`
+		Runtimes  []string          `json:"runtimes"`
+		Resources session.Resources `json:"default_resources"`
+	}
+	def := session.SizeClasses()[0]
+	out := []tpl{}
+	for _, t := range s.Catalog {
+		var rts []string
+		for _, rt := range t.Runtimes {
+			rts = append(rts, rt.Name)
+		}
+		out = append(out, tpl{"template", t.Name, t.Digest, t.Ref(), rts,
+			session.Resources{VCPU: def.VCPU, MemoryMiB: def.MemoryMiB, DiskGiB: def.DiskGiB, SizeClass: def.Name}})
+	}
+	writeJSON(w, 200, listBody(out, ""))
+	return nil
+}
+
+func listBody[T any](data []T, next string) map[string]any {
+	if data == nil {
+		data = []T{}
+	}
+	var cursor any
+	if next != "" {
+		cursor = next
+	}
+	return map[string]any{"object": "list", "data": data, "next_cursor": cursor}
+}

@@ -1,0 +1,130 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"wb/session"
+	"wb/store"
+)
+
+// Metrics are the gateway's Prometheus metrics.
+type Metrics struct {
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	admission *prometheus.CounterVec
+}
+
+// NewMetrics registers the gateway's metrics, and a sessions-by-state gauge read from st
+// at scrape time when st is not nil.
+func NewMetrics(st *store.Store) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wb_http_requests_total", Help: "HTTP requests by route, method and status.",
+		}, []string{"route", "method", "status"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "wb_http_request_duration_seconds", Help: "HTTP request latency by route, method and status.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"route", "method", "status"}),
+		admission: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wb_admission_decisions_total", Help: "Admission outcomes: allow, warn, deny, invalid, rate_limited, concurrency_limited.",
+		}, []string{"decision"}),
+	}
+	m.reg.MustRegister(m.requests, m.latency, m.admission,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	if st != nil {
+		m.reg.MustRegister(&stateCollector{st: st, desc: prometheus.NewDesc("wb_sessions",
+			"Sessions by state, across projects (terminal ones while retained).", []string{"state"}, nil)})
+	}
+	return m
+}
+
+// Registry lets other packages add their metrics to /metrics.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = 200
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// instrument counts and times every request by its route pattern (not its path, so ids do
+// not explode the label set), and turns a panic into a 500.
+func (m *Metrics) instrument(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				if sw.status == 0 {
+					writeJSON(sw, 500, map[string]any{"error": map[string]string{"type": "api_error", "code": "internal", "message": "internal error"}})
+				}
+			}
+			_, route := mux.Handler(r)
+			if route == "" || route == "/" {
+				route = "unmatched"
+			}
+			status := strconv.Itoa(sw.status)
+			m.requests.WithLabelValues(route, r.Method, status).Inc()
+			m.latency.WithLabelValues(route, r.Method, status).Observe(time.Since(start).Seconds())
+		}()
+		r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes+1)
+		mux.ServeHTTP(sw, r)
+	})
+}
+
+type stateCollector struct {
+	st   *store.Store
+	desc *prometheus.Desc
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	counts, err := c.st.CountByState(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for _, s := range session.States() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[s]), string(s))
+	}
+}

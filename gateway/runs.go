@@ -1,0 +1,201 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"wb/session"
+	"wb/store"
+)
+
+type runRequest struct {
+	// A run in an existing session.
+	SessionID string          `json:"session_id,omitempty"`
+	Command   json.RawMessage `json:"command,omitempty"`
+	// An ephemeral tier-1 run.
+	Tier      *int   `json:"tier,omitempty"`
+	Runtime   string `json:"runtime,omitempty"`
+	Code      string `json:"code,omitempty"`
+	EndUserID string `json:"end_user_id,omitempty"`
+	// Both.
+	Env      map[string]string `json:"env,omitempty"`
+	Cwd      string            `json:"cwd,omitempty"`
+	Stdin    string            `json:"stdin,omitempty"`
+	TimeoutS *int              `json:"timeout_s,omitempty"`
+}
+
+func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req runRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	wait := true
+	switch v := r.URL.Query().Get("wait"); v {
+	case "", "true":
+	case "false":
+		wait = false
+	default:
+		return errInvalid("wait", "wait must be true or false, got %q", v)
+	}
+	exec := session.ExecRequest{Command: req.Command, Env: req.Env, Cwd: req.Cwd, Stdin: req.Stdin, TimeoutS: req.TimeoutS}
+	var work func(ctx context.Context, run *session.Run) error
+	if req.SessionID != "" {
+		if req.Tier != nil || req.Runtime != "" || req.Code != "" {
+			return errInvalid("session_id", "give session_id with command, or tier 1 with runtime and code, not both")
+		}
+		if _, err := exec.Argv(); err != nil {
+			return err
+		}
+		sess, err := s.loadSession(r.Context(), p, req.SessionID)
+		if err != nil {
+			return err
+		}
+		if sess.State != session.Running {
+			return errState("session is %s; a run needs a running session", sess.State)
+		}
+		work = func(ctx context.Context, run *session.Run) error {
+			sess, err := s.Store.Get(ctx, p.ID, req.SessionID)
+			if err != nil {
+				return err
+			}
+			return s.execRun(ctx, sess, exec, run)
+		}
+	} else {
+		if req.Tier == nil || *req.Tier != 1 {
+			return errInvalid("tier", "give session_id with command, or tier: 1 with runtime and code")
+		}
+		if len(req.Command) > 0 {
+			return errInvalid("command", "an ephemeral run takes runtime and code, not command")
+		}
+		if req.Code == "" {
+			return errInvalid("code", "code is required for an ephemeral run")
+		}
+		tpl, rt, err := s.Catalog.Runtime(req.Runtime)
+		if err != nil {
+			return err
+		}
+		exec.Command, _ = json.Marshal(append(append([]string{}, rt.Argv...), req.Code))
+		if _, err := exec.Argv(); err != nil {
+			return err
+		}
+		createBody, _ := json.Marshal(map[string]any{"tier": 1, "template": tpl.Name, "end_user_id": req.EndUserID})
+		sess, _, err := s.admit(r.Context(), p, createBody)
+		if err != nil {
+			return err
+		}
+		work = func(ctx context.Context, run *session.Run) error {
+			defer func() {
+				if _, _, err := s.stop(context.WithoutCancel(ctx), p, sess.ID); err != nil {
+					s.log.Error("ephemeral run: stop session", "session", sess.ID, "err", err)
+				}
+			}()
+			running, err := s.waitRunning(ctx, sess)
+			if err != nil {
+				return err
+			}
+			return s.execRun(ctx, running, exec, run)
+		}
+		req.SessionID = sess.ID
+	}
+	now := s.Now()
+	run := &session.Run{ID: session.NewID("run_", now), Object: "run", SessionID: &req.SessionID,
+		State: session.RunQueued, CreatedAt: *session.At(now)}
+	if err := s.Store.PutObject(r.Context(), p.ID, store.KindRun, run.ID, run); err != nil {
+		return err
+	}
+	do := func(ctx context.Context) {
+		if err := work(ctx, run); err != nil {
+			msg := toAPIError(err).Message
+			run.State, run.Error = session.RunFailed, &msg
+			run.FinishedAt = session.At(s.Now())
+		}
+		if err := s.Store.PutObject(ctx, p.ID, store.KindRun, run.ID, run); err != nil {
+			s.log.Error("save run", "run", run.ID, "err", err)
+		}
+		if _, err := s.Store.AppendEvent(ctx, p.ID, session.EventRunFinished, req.SessionID, run); err != nil {
+			s.log.Error("run.finished event", "run", run.ID, "err", err)
+		}
+	}
+	if !wait {
+		queued := *run
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			do(s.ctx)
+		}()
+		writeJSON(w, 202, queued)
+		return nil
+	}
+	// A run outlives its caller's connection, as sessions do.
+	do(context.WithoutCancel(r.Context()))
+	writeJSON(w, 201, run)
+	return nil
+}
+
+func (s *Server) execRun(ctx context.Context, sess *session.Session, req session.ExecRequest, run *session.Run) error {
+	run.State, run.StartedAt = session.RunRunning, session.At(s.Now())
+	if err := s.Store.PutObject(ctx, sess.ProjectID, store.KindRun, run.ID, run); err != nil {
+		return err
+	}
+	res, err := s.runExec(ctx, sess, req, nil)
+	if err != nil {
+		return err
+	}
+	run.ExitCode, run.Stdout, run.Stderr, run.DurationMs = &res.ExitCode, res.Stdout, res.Stderr, &res.DurationMs
+	run.FinishedAt = session.At(s.Now())
+	run.State = session.RunSucceeded
+	if res.ExitCode != 0 {
+		run.State = session.RunFailed
+	}
+	return nil
+}
+
+// waitRunning waits for a new session to run, up to its tier's provisioning deadline.
+func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*session.Session, error) {
+	t, _ := s.Tiers.Tier(sess.Tier)
+	ctx, cancel := context.WithTimeout(ctx, t.ProvisionDeadline()+time.Second)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		cur, err := s.Store.Get(ctx, sess.ProjectID, sess.ID)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case cur.State == session.Running:
+			return cur, nil
+		case cur.State.Terminal() || cur.State == session.Stopping:
+			reason := "unknown"
+			if cur.StateReason != nil {
+				reason = string(*cur.StateReason)
+			}
+			return nil, &apiError{Status: 502, Type: "api_error", Code: "session_failed", Message: fmt.Sprintf("the run's session %s ended (%s) before it ran", cur.ID, reason)}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, &apiError{Status: 504, Type: "api_error", Code: "provision_timeout", Message: fmt.Sprintf("session %s did not start within %s", sess.ID, t.ProvisionDeadline())}
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	var run session.Run
+	if err := s.Store.GetObject(r.Context(), p.ID, store.KindRun, r.PathValue("id"), &run); err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return errNotFound("run", r.PathValue("id"))
+		}
+		return err
+	}
+	writeJSON(w, 200, run)
+	return nil
+}

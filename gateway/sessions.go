@@ -1,0 +1,489 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"wb/session"
+	"wb/store"
+)
+
+var policyIDPattern = regexp.MustCompile(`^pol_[a-z0-9_]{1,64}@[1-9][0-9]{0,8}$`)
+
+// admit runs steps 2–5 of the admission pipeline for a create request body and answers the
+// session in pending, plus any warnings from the deciders.
+func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*session.Session, []string, error) {
+	var req session.CreateRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return nil, nil, err
+	}
+	// 2. validate
+	if _, err := req.Validate(s.Tiers); err != nil {
+		s.Metrics.admission.WithLabelValues("invalid").Inc()
+		return nil, nil, err
+	}
+	if err := s.validateRefs(ctx, p, &req); err != nil {
+		s.Metrics.admission.WithLabelValues("invalid").Inc()
+		return nil, nil, err
+	}
+	// 3. rate limit
+	ok, wait, err := s.Limiter.Allow(ctx, p.ID, p.RatePerSec, p.Burst)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !ok {
+		s.Metrics.admission.WithLabelValues("rate_limited").Inc()
+		return nil, nil, &apiError{Status: 429, Type: "rate_limited", Code: "rate_limited", RetryAfter: wait,
+			Message: fmt.Sprintf("project over its rate of %d creates/s; retry after %s", p.RatePerSec, wait.Round(time.Millisecond))}
+	}
+	// 4. the admission decision point
+	active, err := s.Store.ActiveCount(ctx, p.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := s.Admitter.Admit(ctx, session.AdmissionInput{Request: req, ProjectID: p.ID,
+		Plan: session.Plan{Concurrency: p.Concurrency, RatePerSec: p.RatePerSec}, Active: active})
+	if err != nil {
+		return nil, nil, err
+	}
+	if !d.Allow {
+		s.Metrics.admission.WithLabelValues("deny").Inc()
+		msg := strings.Join(d.Reasons, "; ")
+		if msg == "" {
+			msg = "denied by " + d.Decider
+		}
+		return nil, nil, &apiError{Status: 403, Type: "denied", Code: "denied", Message: msg}
+	}
+	if len(d.Patch) > 0 {
+		if req, err = applyPatch(req, d.Patch); err != nil {
+			return nil, nil, err
+		}
+	}
+	st, err := req.Validate(s.Tiers)
+	if err != nil {
+		return nil, nil, err
+	}
+	tpl, err := s.Catalog.Resolve(templateOrDefault(req.Template, s.Catalog))
+	if err != nil {
+		return nil, nil, err
+	}
+	// 5. reserve a slot and persist pending, in one script
+	now := s.Now()
+	id := session.NewID("sess_", now)
+	sess := &session.Session{
+		ID: id, Object: session.ObjectName, Tier: st.Tier.Number, State: session.Pending, ProjectID: p.ID,
+		EndUserID: optional(req.EndUserID), Template: tpl.Ref(), Region: regionOrDefault(req.Region, s.Regions),
+		Resources: st.Resources, VolumeID: optional(req.VolumeID), PolicyID: optional(req.PolicyID),
+		IdleTimeoutS: st.IdleTimeoutS, MaxLifetimeS: st.MaxLifetimeS, CreatedAt: *session.At(now),
+		RestoreFrom: optional(req.RestoreFrom), Metadata: req.Metadata,
+		Connect: session.Connect{
+			ExecURL: s.PublicURL + "/v1/sessions/" + id + "/exec",
+			PTYURL:  wsURL(s.PublicURL) + "/v1/sessions/" + id + "/pty",
+		},
+	}
+	out, err := s.Store.Create(ctx, sess, p.Concurrency)
+	if err != nil {
+		var ce *store.ConcurrencyError
+		if errors.As(err, &ce) {
+			s.Metrics.admission.WithLabelValues("concurrency_limited").Inc()
+		}
+		return nil, nil, err
+	}
+	label := "allow"
+	if len(d.Warnings) > 0 {
+		label = "warn"
+	}
+	s.Metrics.admission.WithLabelValues(label).Inc()
+	if s.Kick != nil {
+		s.Kick(p.ID)
+	}
+	return out, d.Warnings, nil
+}
+
+// validateRefs checks the fields that name other things: template, region, policy, snapshot.
+func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session.CreateRequest) error {
+	if req.RestoreFrom != "" {
+		var snap session.Snapshot
+		if err := s.Store.GetObject(ctx, p.ID, store.KindSnapshot, req.RestoreFrom, &snap); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return errInvalid("restore_from", "no snapshot %q in this project", req.RestoreFrom)
+			}
+			return err
+		}
+		if snap.State != session.SnapshotReady {
+			return errInvalid("restore_from", "snapshot %s is %s, not ready", snap.ID, snap.State)
+		}
+		if req.Template == "" {
+			req.Template = snap.Template
+		}
+	}
+	if _, err := s.Catalog.Resolve(templateOrDefault(req.Template, s.Catalog)); err != nil {
+		return err
+	}
+	if req.Region != "" && !contains(s.Regions, req.Region) {
+		return errInvalid("region", "unknown region %q; available: %s", req.Region, strings.Join(s.Regions, ", "))
+	}
+	if req.PolicyID != "" && !policyIDPattern.MatchString(req.PolicyID) {
+		return errInvalid("policy_id", "must look like pol_name@N (a policy version), got %q", req.PolicyID)
+	}
+	return nil
+}
+
+// applyPatch overlays a decider's defaults on the request, field by field, strictly.
+func applyPatch(req session.CreateRequest, patch map[string]any) (session.CreateRequest, error) {
+	b, _ := json.Marshal(req)
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	for k, v := range patch {
+		m[k] = v
+	}
+	b, _ = json.Marshal(m)
+	var out session.CreateRequest
+	if err := decodeStrict(b, &out); err != nil {
+		return req, fmt.Errorf("admission patch: %w", err)
+	}
+	return out, nil
+}
+
+func templateOrDefault(t string, c session.Catalog) string {
+	if t == "" {
+		return c[0].Name
+	}
+	return t
+}
+
+func regionOrDefault(r string, regions []string) string {
+	if r == "" {
+		return regions[0]
+	}
+	return r
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func wsURL(u string) string {
+	if rest, ok := strings.CutPrefix(u, "https://"); ok {
+		return "wss://" + rest
+	}
+	return "ws://" + strings.TrimPrefix(u, "http://")
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	sess, warnings, err := s.admit(r.Context(), p, body)
+	if err != nil {
+		return err
+	}
+	for _, warn := range warnings {
+		w.Header().Add("Warning", `299 wb "`+strings.ReplaceAll(warn, `"`, `'`)+`"`)
+	}
+	writeJSON(w, 201, sess)
+	return nil
+}
+
+func (s *Server) loadSession(ctx context.Context, p store.Project, id string) (*session.Session, error) {
+	sess, err := s.Store.Get(ctx, p.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errNotFound("session", id)
+	}
+	return sess, err
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	sess, err := s.loadSession(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, sess)
+	return nil
+}
+
+func queryLimit(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > store.MaxListLimit {
+		return 0, errInvalid("limit", "limit must be an integer 1–%d, got %q", store.MaxListLimit, v)
+	}
+	return n, nil
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	q := r.URL.Query()
+	limit, err := queryLimit(r)
+	if err != nil {
+		return err
+	}
+	lq := store.ListQuery{Limit: limit, Cursor: q.Get("cursor"), EndUserID: q.Get("end_user_id")}
+	if st := q.Get("state"); st != "" {
+		if lq.State, err = session.ParseState("state", st); err != nil {
+			return err
+		}
+	}
+	page, err := s.Store.List(r.Context(), p.ID, lq)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, listBody(page.Sessions, page.NextCursor))
+	return nil
+}
+
+func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req session.PatchRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	for attempt := 0; ; attempt++ {
+		sess, err := s.loadSession(r.Context(), p, r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		if sess.State.Terminal() {
+			return errState("session is %s; its timers can no longer change", sess.State)
+		}
+		next, err := session.ApplyPatch(s.Tiers, *sess, req, s.Now())
+		if err != nil {
+			return err
+		}
+		out, err := s.Store.SetTimers(r.Context(), &next)
+		var ce *store.ConflictError
+		if errors.As(err, &ce) && !ce.Current.Terminal() && attempt < 5 {
+			continue // changed under us: re-read and re-apply
+		}
+		if err != nil {
+			return err
+		}
+		writeJSON(w, 200, out)
+		return nil
+	}
+}
+
+// stop moves a session towards its end for reason by driver and asks the node to tear it
+// down. It retries when the state changed under it.
+func (s *Server) stop(ctx context.Context, p store.Project, id string) (*session.Session, int, error) {
+	for attempt := 0; ; attempt++ {
+		sess, err := s.loadSession(ctx, p, id)
+		if err != nil {
+			return nil, 0, err
+		}
+		switch sess.State {
+		case session.Stopped, session.Failed, session.Expired:
+			return sess, 200, nil
+		case session.Stopping:
+			return sess, 202, nil
+		case session.Snapshotting:
+			return nil, 0, errState("session is snapshotting; delete it when the snapshot is done")
+		}
+		to, err := session.Next(sess.State, session.Caller, session.Deleted)
+		if err != nil {
+			return nil, 0, err
+		}
+		out, err := s.Store.Transition(ctx, store.Change{Project: p.ID, ID: id, From: sess.State, To: to,
+			Driver: session.Caller, Reason: session.Deleted})
+		var ce *store.ConflictError
+		if errors.As(err, &ce) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if to == session.Stopping {
+			s.teardown(out)
+			return out, 202, nil
+		}
+		return out, 200, nil
+	}
+}
+
+// teardown asks the node to stop the guest, in the background: the node ends the session.
+func (s *Server) teardown(sess *session.Session) {
+	if s.Guests == nil {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+		defer cancel()
+		if err := s.Guests.Stop(ctx, sess); err != nil {
+			s.log.Error("teardown", "session", sess.ID, "err", err)
+		}
+	}()
+}
+
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	out, status, err := s.stop(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, status, out)
+	return nil
+}
+
+// sessionAction serves POST /v1/sessions/{id}:pause, :resume and :snapshot.
+func (s *Server) sessionAction(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	id, action, ok := strings.Cut(r.PathValue("id"), ":")
+	if !ok {
+		return &apiError{Status: 404, Type: "not_found", Code: "no_route", Message: "POST /v1/sessions/{id} needs an action: :pause, :resume or :snapshot"}
+	}
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	sess, err := s.loadSession(r.Context(), p, id)
+	if err != nil {
+		return err
+	}
+	switch action {
+	case "pause":
+		return s.pause(w, r, sess, body)
+	case "resume":
+		return s.resume(w, r, sess, body)
+	case "snapshot":
+		return s.snapshot(w, r, sess, body)
+	}
+	return &apiError{Status: 404, Type: "not_found", Code: "no_route", Message: fmt.Sprintf("unknown action %q; use :pause, :resume or :snapshot", action)}
+}
+
+func emptyBody(b []byte) error {
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return nil
+	}
+	var v struct{}
+	return decodeStrict(b, &v)
+}
+
+func (s *Server) guests() (Guests, error) {
+	if s.Guests == nil {
+		return nil, &apiError{Status: 503, Type: "api_error", Code: "no_node", Message: "no node is attached to this deployment"}
+	}
+	return s.Guests, nil
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request, sess *session.Session, body []byte) error {
+	if err := emptyBody(body); err != nil {
+		return err
+	}
+	if t, _ := s.Tiers.Tier(sess.Tier); !t.CanPause {
+		return errState("tier %d sessions cannot pause; pause needs tier 2–4", sess.Tier)
+	}
+	if sess.State != session.Running {
+		return errState("session is %s; only a running session can pause", sess.State)
+	}
+	g, err := s.guests()
+	if err != nil {
+		return err
+	}
+	if err := g.Pause(r.Context(), sess); err != nil {
+		return fmt.Errorf("pause guest: %w", err)
+	}
+	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
+		From: session.Running, To: session.Paused, Driver: session.Caller, Version: sess.Version})
+	if err != nil {
+		_ = g.Resume(context.WithoutCancel(r.Context()), sess) // the state moved on: undo
+		return err
+	}
+	writeJSON(w, 200, out)
+	return nil
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request, sess *session.Session, body []byte) error {
+	if err := emptyBody(body); err != nil {
+		return err
+	}
+	if sess.State != session.Paused {
+		return errState("session is %s; only a paused session can resume", sess.State)
+	}
+	g, err := s.guests()
+	if err != nil {
+		return err
+	}
+	if err := g.Resume(r.Context(), sess); err != nil {
+		return fmt.Errorf("resume guest: %w", err)
+	}
+	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
+		From: session.Paused, To: session.Running, Driver: session.Caller, Version: sess.Version})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, out)
+	return nil
+}
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.Session, body []byte) error {
+	var req struct {
+		IncludeMemory bool `json:"include_memory"`
+	}
+	if len(strings.TrimSpace(string(body))) > 0 {
+		if err := decodeStrict(body, &req); err != nil {
+			return err
+		}
+	}
+	if sess.State != session.Running {
+		return errState("session is %s; only a running session can be snapshotted", sess.State)
+	}
+	g, err := s.guests()
+	if err != nil {
+		return err
+	}
+	ctx := r.Context()
+	if _, err := s.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID,
+		From: session.Running, To: session.Snapshotting, Driver: session.Caller, Version: sess.Version}); err != nil {
+		return err
+	}
+	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID,
+		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
+	// The guest must come back to running whatever happens to the request from here.
+	bg := context.WithoutCancel(ctx)
+	mem, size, snapErr := g.Snapshot(bg, sess, snap.ID, req.IncludeMemory)
+	snap.IncludeMemory, snap.SizeBytes = mem, size
+	if snapErr != nil {
+		snap.State = session.SnapshotFailed
+		s.log.Error("snapshot", "session", sess.ID, "err", snapErr)
+	}
+	if err := s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap); err != nil {
+		return err
+	}
+	if _, err := s.Store.Transition(bg, store.Change{Project: sess.ProjectID, ID: sess.ID,
+		From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
+		return err
+	}
+	if snapErr != nil {
+		return &apiError{Status: 502, Type: "api_error", Code: "snapshot_failed", Message: "the node could not take the snapshot: " + snapErr.Error()}
+	}
+	if _, err := s.Store.AppendEvent(bg, sess.ProjectID, session.EventSnapshotReady, sess.ID, snap); err != nil {
+		return err
+	}
+	writeJSON(w, 201, snap)
+	return nil
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs what wb's tests and `wb serve` need from Debian's packages, when missing.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+if ((${#need[@]})); then
+  if [ "$(id -u)" != 0 ]; then
+    echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  echo "installing: ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# The Debian package starts a system redis-server; the tests start their own.
