@@ -48,8 +48,8 @@ type Options struct {
 	// Backoff is the wait after the attempt-th failed attempt of a delivery
 	// (default DefaultBackoff).
 	Backoff func(attempt int) time.Duration
-	// RetryWindow: a delivery whose attempt fails this long after its first attempt is given
-	// up (default 24 h).
+	// RetryWindow: a delivery is given up when an attempt made at least this long after its
+	// first attempt fails (default 24 h), so it is retried for at least that long.
 	RetryWindow time.Duration
 	// PollInterval is how often each project's outbox and due retries are polled
 	// (default 250 ms).
@@ -160,6 +160,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return errors.New("webhooks: dispatcher needs a Redis client and a registry")
 	}
 	var wg sync.WaitGroup
+	defer d.o.HTTPClient.CloseIdleConnections()
 	defer wg.Wait()
 	started := map[string]bool{}
 	tick := time.NewTicker(d.o.ProjectsInterval)
@@ -303,21 +304,15 @@ func (l *projectLoop) consume(ctx context.Context) {
 		if l.checkPending {
 			id = "0"
 		}
-		res, err := d.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{
-			Group: Group, Consumer: d.o.Consumer, Streams: []string{stream, id}, Count: readCount, Block: -1,
-		}).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			if strings.HasPrefix(err.Error(), "NOGROUP") {
+		msgs, err := l.read(ctx, id)
+		if err != nil {
+			if strings.Contains(err.Error(), "NOGROUP") {
 				l.groupReady = false
 			}
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !errors.Is(err, errNotHeld) {
 				l.log.Warn("read outbox", "err", err)
 			}
 			return
-		}
-		var msgs []redis.XMessage
-		if len(res) > 0 {
-			msgs = res[0].Messages
 		}
 		if len(msgs) == 0 {
 			if l.checkPending {
@@ -336,14 +331,26 @@ func (l *projectLoop) consume(ctx context.Context) {
 	}
 }
 
+// errNotHeld: another dispatcher holds the project's outbox now.
+var errNotHeld = errors.New("outbox held by another dispatcher")
+
 // claim moves to this consumer the entries pending for at least minIdle on others.
 func (l *projectLoop) claim(ctx context.Context, minIdle time.Duration) (int, error) {
 	n, start := 0, "0-0"
 	for range 1000 {
-		ids, next, err := l.d.rdb.XAutoClaimJustID(ctx, &redis.XAutoClaimArgs{
-			Stream: store.Outbox(l.project), Group: Group, Consumer: l.d.o.Consumer,
-			MinIdle: minIdle, Start: start, Count: readCount,
-		}).Result()
+		res, err := autoclaimScript.Run(ctx, l.d.rdb, []string{l.k.owner(), store.Outbox(l.project)},
+			l.d.holder, Group, l.d.o.Consumer, minIdle.Milliseconds(), start, readCount).Result()
+		if err == nil {
+			if v, ok := res.(int64); ok && v == -1 {
+				l.holding = false
+				return n, errNotHeld
+			}
+		}
+		var next string
+		var ids []any
+		if err == nil {
+			next, ids, err = parseAutoclaim(res)
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				l.log.Warn("claim pending outbox entries", "err", err)
@@ -357,6 +364,69 @@ func (l *projectLoop) claim(ctx context.Context, minIdle time.Duration) (int, er
 		start = next
 	}
 	return n, nil
+}
+
+func parseAutoclaim(res any) (string, []any, error) {
+	r, ok := res.([]any)
+	if !ok || len(r) < 2 {
+		return "", nil, fmt.Errorf("unexpected XAUTOCLAIM reply %T", res)
+	}
+	next, _ := r[0].(string)
+	ids, _ := r[1].([]any)
+	return next, ids, nil
+}
+
+// read reads up to readCount entries for this consumer: its own pending ones from id "0",
+// new ones from ">". It reads nothing unless this dispatcher holds the outbox.
+func (l *projectLoop) read(ctx context.Context, id string) ([]redis.XMessage, error) {
+	res, err := readScript.Run(ctx, l.d.rdb, []string{l.k.owner(), store.Outbox(l.project)},
+		l.d.holder, Group, l.d.o.Consumer, readCount, id).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := res.(int64); ok && v == -1 {
+		l.holding = false
+		return nil, errNotHeld
+	}
+	return parseRead(res)
+}
+
+// parseRead parses an XREADGROUP reply of one stream, as a script returns it.
+func parseRead(res any) ([]redis.XMessage, error) {
+	streams, ok := res.([]any)
+	if !ok {
+		return nil, fmt.Errorf("unexpected XREADGROUP reply %T", res)
+	}
+	var out []redis.XMessage
+	for _, st := range streams {
+		pair, ok := st.([]any)
+		if !ok || len(pair) != 2 {
+			return nil, fmt.Errorf("unexpected XREADGROUP stream %v", st)
+		}
+		entries, _ := pair[1].([]any)
+		for _, e := range entries {
+			ent, ok := e.([]any)
+			if !ok || len(ent) < 1 {
+				return nil, fmt.Errorf("unexpected XREADGROUP entry %v", e)
+			}
+			id, _ := ent[0].(string)
+			m := redis.XMessage{ID: id}
+			if len(ent) > 1 {
+				if fields, ok := ent[1].([]any); ok {
+					m.Values = make(map[string]any, len(fields)/2)
+					for i := 0; i+1 < len(fields); i += 2 {
+						k, _ := fields[i].(string)
+						m.Values[k] = fields[i+1]
+					}
+				}
+			}
+			out = append(out, m)
+		}
+	}
+	return out, nil
 }
 
 // removeStaleConsumers drops consumers of earlier runs that have nothing pending.
@@ -547,7 +617,8 @@ func (l *projectLoop) deliver(ctx context.Context, name string, lease int64) {
 		l.release(ctx, name, lease)
 		return
 	}
-	attempt, first := 1, d.nowMs()
+	start := d.o.Now()
+	attempt, first := 1, start.UnixMilli()
 	if v := meta.Val(); len(v) == 2 {
 		if s, ok := v[0].(string); ok {
 			n, _ := strconv.Atoi(s)
@@ -564,7 +635,7 @@ func (l *projectLoop) deliver(ctx context.Context, name string, lease int64) {
 	if err := json.Unmarshal([]byte(head.Val()), &t); err != nil {
 		r.err, r.permanent = "undecodable queued delivery: "+err.Error(), true
 	} else {
-		r = l.post(ctx, ep, t)
+		r = l.post(ctx, ep, t, start)
 	}
 	if !r.ok() && ctx.Err() != nil {
 		l.release(ctx, name, lease) // cut short by shutdown: not an attempt
@@ -572,9 +643,9 @@ func (l *projectLoop) deliver(ctx context.Context, name string, lease int64) {
 	}
 	now := d.o.Now()
 	dl := Delivery{
-		ID: session.NewID(DeliveryPrefix, now), Object: DeliveryObject, EndpointID: ep.ID,
+		ID: session.NewID(DeliveryPrefix, start), Object: DeliveryObject, EndpointID: ep.ID,
 		EventID: t.EventID, EventType: t.Type, Attempt: attempt, ResponseStatus: r.status,
-		DurationMs: r.dur.Milliseconds(), CreatedAt: *session.At(now),
+		DurationMs: r.dur.Milliseconds(), CreatedAt: *session.At(start),
 	}
 	if t.SessionID != "" {
 		dl.SessionID = &t.SessionID
@@ -585,7 +656,7 @@ func (l *projectLoop) deliver(ctx context.Context, name string, lease int64) {
 		dl.Status = StatusSucceeded
 	case r.permanent:
 		dl.Status = StatusFailed
-	case now.UnixMilli()-first >= d.o.RetryWindow.Milliseconds():
+	case start.UnixMilli()-first >= d.o.RetryWindow.Milliseconds():
 		dl.Status = StatusGaveUp
 	default:
 		dl.Status, mode = StatusRetrying, "retry"
@@ -630,8 +701,8 @@ type result struct {
 
 func (r result) ok() bool { return r.status >= 200 && r.status < 300 && r.err == "" }
 
-// post makes one signed attempt.
-func (l *projectLoop) post(ctx context.Context, ep Endpoint, t task) result {
+// post makes one signed attempt, stamped at.
+func (l *projectLoop) post(ctx context.Context, ep Endpoint, t task, at time.Time) result {
 	key, err := SecretKey(ep.Secret)
 	if err != nil {
 		return result{err: err.Error(), permanent: true}
@@ -643,7 +714,7 @@ func (l *projectLoop) post(ctx context.Context, ep Endpoint, t task) result {
 	if err != nil {
 		return result{err: truncate(err.Error()), permanent: true}
 	}
-	ts := l.d.o.Now().Unix()
+	ts := at.Unix()
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "wb-webhooks/1")
 	req.Header.Set(HeaderID, t.EventID)

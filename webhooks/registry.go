@@ -201,7 +201,8 @@ func decodeEndpoint(b []byte) (Endpoint, error) {
 	return e, nil
 }
 
-// List returns the project's endpoints, newest first, without their secrets.
+// List returns the project's endpoints, newest first (by created_at, then id), without
+// their secrets.
 func (r *Registry) List(ctx context.Context, project string) ([]Endpoint, error) {
 	all, err := r.list(ctx, project)
 	for i := range all {
@@ -251,8 +252,10 @@ func (r *Registry) Delete(ctx context.Context, project, id string) error {
 
 var streamIDPattern = regexp.MustCompile(`^[0-9]{1,20}-[0-9]{1,20}$`)
 
-// Deliveries returns a page of the endpoint's delivery attempts, newest first, and the
-// cursor of the next page ("" at the end). limit 0 means DefaultDeliveriesLimit.
+// Deliveries returns a page of the endpoint's delivery attempts, newest first (in the order
+// they were recorded; attempts to different sessions made at once may be recorded in either
+// order), and the cursor of the next page ("" at the end). limit 0 means
+// DefaultDeliveriesLimit.
 func (r *Registry) Deliveries(ctx context.Context, project, endpointID string, limit int, cursor string) ([]Delivery, string, error) {
 	if limit == 0 {
 		limit = DefaultDeliveriesLimit

@@ -110,3 +110,24 @@ redis.call('HSET', KEYS[3], 'attempt', ARGV[5], 'first', ARGV[6])
 redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
 return 1
 `)
+
+// readScript reads outbox entries for the consumer if the caller holds the outbox, so that
+// nothing is read once another dispatcher has taken it over.
+//
+// KEYS: owner, outbox. ARGV: me, group, consumer, count, start id ("0" or ">").
+// Answers -1 (not held) or the XREADGROUP reply.
+var readScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+return redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[2], ARGV[5])
+`)
+
+// autoclaimScript moves pending outbox entries idle for min-idle ms to the consumer if the
+// caller holds the outbox.
+//
+// KEYS: owner, outbox. ARGV: me, group, consumer, min-idle ms, start, count.
+// Answers -1 (not held) or {next start, claimed ids}.
+var autoclaimScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local r = redis.call('XAUTOCLAIM', KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], 'COUNT', ARGV[6], 'JUSTID')
+return {r[1], r[2]}
+`)
