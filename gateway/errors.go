@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"wb/session"
@@ -26,8 +27,13 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Message }
 
+// errInvalid is a 400 whose message starts with the parameter it is about.
 func errInvalid(param, format string, args ...any) *apiError {
-	return &apiError{Status: 400, Type: "invalid_request", Code: "invalid_request", Param: param, Message: fmt.Sprintf(format, args...)}
+	msg := fmt.Sprintf(format, args...)
+	if param != "" && !strings.HasPrefix(msg, param) {
+		msg = param + ": " + msg
+	}
+	return &apiError{Status: 400, Type: "invalid_request", Code: "invalid_request", Param: param, Message: msg}
 }
 
 func errNotFound(what, id string) *apiError {

@@ -115,7 +115,7 @@ func (s *Server) routes() {
 	api("PATCH /v1/sessions/{id}", s.patchSession)
 	api("DELETE /v1/sessions/{id}", s.deleteSession)
 	api("POST /v1/sessions/{id}", s.idempotent(s.sessionAction)) // {id}:pause, :resume, :snapshot
-	api("POST /v1/sessions/{id}/exec", s.exec)
+	api("POST /v1/sessions/{id}/exec", s.idempotent(s.exec))
 
 	api("GET /v1/snapshots", s.listSnapshots)
 	api("GET /v1/snapshots/{id}", s.getSnapshot)
@@ -206,6 +206,9 @@ func (s *Server) adminCreateProject(w http.ResponseWriter, r *http.Request) {
 	if err == nil {
 		err = decodeStrict(b, &req)
 	}
+	if err == nil && req.Concurrency != nil && (*req.Concurrency < 0 || *req.Concurrency > 100000) {
+		err = errInvalid("concurrency", "must be 0–100000, got %d", *req.Concurrency)
+	}
 	var p store.Project
 	var apiKey string
 	if err == nil {
@@ -234,7 +237,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ store.P
 	def := session.SizeClasses()[0]
 	out := []tpl{}
 	for _, t := range s.Catalog {
-		var rts []string
+		rts := []string{}
 		for _, rt := range t.Runtimes {
 			rts = append(rts, rt.Name)
 		}

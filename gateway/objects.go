@@ -115,4 +115,3 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request, p store.
 	writeJSON(w, 200, listBody(ds, next))
 	return nil
 }
-

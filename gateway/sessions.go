@@ -405,7 +405,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, sess *session.Ses
 		return err
 	}
 	if err := g.Pause(r.Context(), sess); err != nil {
-		return fmt.Errorf("pause guest: %w", err)
+		return &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the node could not pause the guest: " + err.Error()}
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Running, To: session.Paused, Driver: session.Caller, Version: sess.Version})
@@ -429,7 +429,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, sess *session.Se
 		return err
 	}
 	if err := g.Resume(r.Context(), sess); err != nil {
-		return fmt.Errorf("resume guest: %w", err)
+		return &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the node could not resume the guest: " + err.Error()}
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Paused, To: session.Running, Driver: session.Caller, Version: sess.Version})

@@ -112,7 +112,9 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 	}
 	nodes, err := p.Store.Nodes(ctx)
 	if err != nil {
-		p.Logger.Error("placer: list nodes", "err", err)
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: list nodes", "err", err)
+		}
 		return
 	}
 	for _, id := range ids {
@@ -137,7 +139,7 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			if err := p.Provisioner.Provision(ctx, node, out); err != nil {
+			if err := p.Provisioner.Provision(ctx, node, out); err != nil && ctx.Err() == nil {
 				// The provisioning deadline fails the session if the node never reports.
 				p.Logger.Error("placer: provision", "session", id, "node", node.ID, "err", err)
 			}

@@ -300,17 +300,17 @@ func TestFailureSemantics(t *testing.T) {
 
 func TestEventTypes(t *testing.T) {
 	cases := map[[2]State]string{
-		{"", Pending}:               EventPending,
-		{Provisioning, Running}:     EventRunning,
-		{Paused, Running}:           EventResumed,
-		{Snapshotting, Running}:     EventSnapshotted,
-		{Running, Paused}:           EventPaused,
-		{Running, Stopping}:         EventStopping,
-		{Stopping, Stopped}:         EventStopped,
-		{Stopping, Failed}:          EventFailed,
-		{Stopping, Expired}:         EventExpired,
-		{Pending, Provisioning}:     EventProvisioning,
-		{Running, Snapshotting}:     EventSnapshotting,
+		{"", Pending}:           EventPending,
+		{Provisioning, Running}: EventRunning,
+		{Paused, Running}:       EventResumed,
+		{Snapshotting, Running}: EventSnapshotted,
+		{Running, Paused}:       EventPaused,
+		{Running, Stopping}:     EventStopping,
+		{Stopping, Stopped}:     EventStopped,
+		{Stopping, Failed}:      EventFailed,
+		{Stopping, Expired}:     EventExpired,
+		{Pending, Provisioning}: EventProvisioning,
+		{Running, Snapshotting}: EventSnapshotting,
 	}
 	for k, v := range cases {
 		if got := EventType(k[0], k[1]); got != v {

@@ -26,7 +26,7 @@ type Billing string
 const (
 	BilledNo          Billing = "no"
 	BilledYes         Billing = "yes"
-	BilledStorageOnly Billing = "storage_only"   // paused: paused_gib_month on memory and disk
+	BilledStorageOnly Billing = "storage_only"      // paused: paused_gib_month on memory and disk
 	BilledUntilMeter  Billing = "until_final_meter" // stopping: session_s until the final meter
 )
 

@@ -13,7 +13,7 @@ import (
 
 // Objects other than sessions (snapshots, runs) are JSON documents in one hash per kind and
 // project, with a lexicographic index for newest-first lists.
-func (k keys) objects(kind string) string { return k.p + "obj:" + kind }
+func (k keys) objects(kind string) string  { return k.p + "obj:" + kind }
 func (k keys) objIndex(kind string) string { return k.p + "idx:" + kind }
 
 // Kinds of stored objects.

@@ -143,3 +143,11 @@ func (s *Store) EnsureProject(ctx context.Context, id, name string) (Project, er
 	p = Project{ID: id, Name: name, Concurrency: DefaultConcurrency, RatePerSec: DefaultRatePerSec, Burst: DefaultBurst}
 	return p, s.putProject(ctx, p)
 }
+
+// SetRate changes a project's admission rate (per second) and burst.
+func (s *Store) SetRate(ctx context.Context, id string, rate, burst int) error {
+	if rate < 0 || burst < 1 {
+		return &session.FieldError{Field: "rate_per_sec", Message: "rate must be ≥ 0 and burst ≥ 1"}
+	}
+	return s.rdb.HSet(ctx, projectKey(id), "rate", rate, "burst", burst).Err()
+}

@@ -1,0 +1,417 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/pb33f/libopenapi"
+	validator "github.com/pb33f/libopenapi-validator"
+	"github.com/pb33f/libopenapi-validator/config"
+	"github.com/pb33f/libopenapi-validator/content"
+	valerrors "github.com/pb33f/libopenapi-validator/errors"
+	"github.com/pb33f/libopenapi-validator/helpers"
+	"github.com/pb33f/libopenapi-validator/radix"
+	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
+)
+
+// openAPIValidator validates responses against OpenAPI(); build once per test binary (sync.Once).
+var openAPIValidator = sync.OnceValues(func() (validator.Validator, error) {
+	doc, err := libopenapi.NewDocument(OpenAPI())
+	if err != nil {
+		return nil, fmt.Errorf("parse openapi.json: %w", err)
+	}
+	model, err := doc.BuildV3Model()
+	if err != nil {
+		return nil, fmt.Errorf("build the openapi.json model: %w", err)
+	}
+	v := validator.NewValidatorFromV3Model(&model.Model,
+		// /v1/sessions/{id}:pause and its siblings need a path lookup that sees the action.
+		config.WithPathTree(newActionLookup(&model.Model)),
+		// A streamed exec answers one JSON value per line; the document describes the body as
+		// the array of those lines, so decode it that way.
+		config.WithBodyDecoder("application/x-ndjson", content.DecoderFunc(decodeNDJSON)),
+	)
+	v.SetDocument(doc) // for ValidateDocument
+	return v, nil
+})
+
+// actionLookup finds the path of a request as the validator's radix tree does, except that
+// templates whose segments mix a parameter with literal text (/v1/sessions/{id}:pause) are
+// tried first: the tree alone would route sess_x:pause to /v1/sessions/{id}, as its {id}
+// also matches "sess_x:pause".
+type actionLookup struct {
+	tree    *radix.PathTree
+	actions []actionPath
+}
+
+type actionPath struct {
+	re   *regexp.Regexp
+	path string
+	item *v3.PathItem
+}
+
+var templateParam = regexp.MustCompile(`\{[^{}/]+\}`)
+
+func newActionLookup(doc *v3.Document) *actionLookup {
+	l := &actionLookup{tree: radix.BuildPathTree(doc)}
+	for path, item := range doc.Paths.PathItems.FromOldest() {
+		mixed := false
+		for _, seg := range strings.Split(path, "/") {
+			if strings.Contains(seg, "{") && !(strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") && strings.Count(seg, "{") == 1) {
+				mixed = true
+			}
+		}
+		if !mixed {
+			continue
+		}
+		var b strings.Builder
+		b.WriteString("^")
+		last := 0
+		for _, m := range templateParam.FindAllStringIndex(path, -1) {
+			b.WriteString(regexp.QuoteMeta(path[last:m[0]]))
+			b.WriteString("[^/]+")
+			last = m[1]
+		}
+		b.WriteString(regexp.QuoteMeta(path[last:]) + "$")
+		l.actions = append(l.actions, actionPath{regexp.MustCompile(b.String()), path, item})
+	}
+	return l
+}
+
+func (l *actionLookup) Lookup(urlPath string) (*v3.PathItem, string, bool) {
+	for _, a := range l.actions {
+		if a.re.MatchString(urlPath) {
+			return a.item, a.path, true
+		}
+	}
+	return l.tree.Lookup(urlPath)
+}
+
+// decodeNDJSON decodes newline-delimited JSON into the array of its lines.
+func decodeNDJSON(in *content.DecodeInput) (any, error) {
+	lines := []any{}
+	if in == nil || in.Body == nil {
+		return lines, nil
+	}
+	sc := bufio.NewScanner(in.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		var v any
+		if err := json.Unmarshal(line, &v); err != nil {
+			return nil, fmt.Errorf("ndjson line %d: %w", n, err)
+		}
+		lines = append(lines, v)
+	}
+	return lines, sc.Err()
+}
+
+// checkResponse validates resp (whose body has already been read into body) against the
+// document and answers the problems found, none when the response conforms. It re-attaches
+// body to resp, before and after validation.
+func checkResponse(req *http.Request, resp *http.Response, body []byte) error {
+	v, err := openAPIValidator()
+	if err != nil {
+		return err
+	}
+	if resp.Request == nil {
+		resp.Request = req
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	defer func() { resp.Body = io.NopCloser(bytes.NewReader(body)) }()
+	ok, verrs := v.ValidateHttpResponse(req, resp)
+	if ok && len(verrs) == 0 {
+		return nil
+	}
+	if unrouted(verrs) && isNoRoute(resp, body) {
+		// A request to no documented operation: the server's catch-all answers 404 no_route,
+		// which OpenAPI has no way to describe. Anything else there is a mismatch.
+		return nil
+	}
+	return formatValidationErrors(req, resp, body, verrs)
+}
+
+// unrouted reports whether every error says the document has no operation for the request.
+func unrouted(verrs []*valerrors.ValidationError) bool {
+	for _, e := range verrs {
+		if e.ValidationType != helpers.PathValidation {
+			return false
+		}
+	}
+	return len(verrs) > 0
+}
+
+// isNoRoute reports whether the response is the catch-all's {"error": {type: not_found,
+// code: no_route, message}} with status 404.
+func isNoRoute(resp *http.Response, body []byte) bool {
+	if resp.StatusCode != http.StatusNotFound || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		return false
+	}
+	var e struct {
+		Error map[string]any `json:"error"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil || len(e.Error) != 3 {
+		return false
+	}
+	msg, _ := e.Error["message"].(string)
+	return e.Error["type"] == "not_found" && e.Error["code"] == "no_route" && msg != ""
+}
+
+func formatValidationErrors(req *http.Request, resp *http.Response, body []byte, verrs []*valerrors.ValidationError) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s → %d (%s) does not match openapi.json:", req.Method, req.URL.RequestURI(), resp.StatusCode, resp.Header.Get("Content-Type"))
+	for _, e := range verrs {
+		fmt.Fprintf(&b, "\n  - %s", e.Message)
+		if e.Reason != "" && e.Reason != e.Message {
+			fmt.Fprintf(&b, ": %s", e.Reason)
+		}
+		for _, f := range e.SchemaValidationErrors {
+			loc := f.FieldPath
+			if loc == "" {
+				loc = f.KeywordLocation
+			}
+			fmt.Fprintf(&b, "\n      %s: %s", loc, f.Reason)
+		}
+	}
+	const maxBody = 2000
+	shown := string(body)
+	if len(shown) > maxBody {
+		shown = shown[:maxBody] + "…"
+	}
+	fmt.Fprintf(&b, "\n  body: %s", shown)
+	return errors.New(b.String())
+}
+
+// validateResponse fails t unless resp conforms to the OpenAPI document for req. body is the
+// response body the caller already read; it is re-attached to resp. /metrics is skipped.
+func validateResponse(t testing.TB, req *http.Request, resp *http.Response, body []byte) {
+	t.Helper()
+	if req.URL.Path == "/metrics" {
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		return
+	}
+	if err := checkResponse(req, resp, body); err != nil {
+		t.Error(err)
+	}
+}
+
+// registeredRoutes are the patterns of routes() in gateway.go, except the "/" fallback.
+var registeredRoutes = []string{
+	"GET /healthz",
+	"GET /v1/openapi.json",
+	"GET /metrics",
+	"POST /v1/admin/projects",
+	"POST /v1/sessions",
+	"GET /v1/sessions",
+	"GET /v1/sessions/{id}",
+	"PATCH /v1/sessions/{id}",
+	"DELETE /v1/sessions/{id}",
+	"POST /v1/sessions/{id}", // {id}:pause, :resume, :snapshot
+	"POST /v1/sessions/{id}/exec",
+	"GET /v1/snapshots",
+	"GET /v1/snapshots/{id}",
+	"DELETE /v1/snapshots/{id}",
+	"POST /v1/runs",
+	"GET /v1/runs/{id}",
+	"POST /v1/webhook_endpoints",
+	"GET /v1/webhook_endpoints",
+	"GET /v1/webhook_endpoints/{id}",
+	"DELETE /v1/webhook_endpoints/{id}",
+	"GET /v1/webhook_endpoints/{id}/deliveries",
+	"GET /v1/templates",
+}
+
+func TestOpenAPIDocument(t *testing.T) {
+	doc, err := libopenapi.NewDocument(OpenAPI())
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	if v := doc.GetVersion(); !strings.HasPrefix(v, "3.1") {
+		t.Fatalf("openapi version %q, want 3.1.x", v)
+	}
+	model, err := doc.BuildV3Model()
+	if err != nil {
+		t.Fatalf("build v3 model: %v", err)
+	}
+	if model == nil {
+		t.Fatal("build v3 model: nil model")
+	}
+	v, err := openAPIValidator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, verrs := v.ValidateDocument(); !ok {
+		for _, e := range verrs {
+			t.Errorf("document: %s: %s", e.Message, e.Reason)
+			for _, f := range e.SchemaValidationErrors {
+				t.Errorf("  %s: %s", f.KeywordLocation, f.Reason)
+			}
+		}
+	}
+	for _, pattern := range registeredRoutes {
+		method, path, _ := strings.Cut(pattern, " ")
+		var docPaths []string
+		if pattern == "POST /v1/sessions/{id}" {
+			docPaths = []string{path, path + ":pause", path + ":resume", path + ":snapshot"}
+		} else {
+			docPaths = []string{path}
+		}
+		for _, p := range docPaths {
+			item, ok := model.Model.Paths.PathItems.Get(p)
+			if !ok || item == nil {
+				t.Errorf("%s: no path %s in openapi.json", pattern, p)
+				continue
+			}
+			if item.GetOperations().GetOrZero(strings.ToLower(method)) == nil {
+				t.Errorf("%s: path %s has no %s operation", pattern, p, method)
+			}
+		}
+	}
+	// The document describes only routes the server has.
+	known := map[string]bool{}
+	for _, pattern := range registeredRoutes {
+		known[pattern] = true
+	}
+	for p, item := range model.Model.Paths.PathItems.FromOldest() {
+		route := p
+		for _, a := range []string{":pause", ":resume", ":snapshot"} {
+			route = strings.TrimSuffix(route, a)
+		}
+		for m := range item.GetOperations().KeysFromOldest() {
+			if !known[strings.ToUpper(m)+" "+route] {
+				t.Errorf("openapi.json documents %s %s, which routes() does not register", strings.ToUpper(m), p)
+			}
+		}
+	}
+}
+
+// fakeResponse answers status and body for method and target, as the server would.
+func fakeResponse(method, target string, status int, ctype, body string, header ...string) (*http.Request, *http.Response, []byte) {
+	req := httptest.NewRequest(method, target, nil)
+	rec := httptest.NewRecorder()
+	rec.Header().Set("Content-Type", ctype)
+	for i := 0; i+1 < len(header); i += 2 {
+		rec.Header().Add(header[i], header[i+1])
+	}
+	rec.WriteHeader(status)
+	rec.WriteString(body)
+	resp := rec.Result()
+	b, _ := io.ReadAll(resp.Body)
+	return req, resp, b
+}
+
+const goodSession = `{"id":"sess_0VcQ9aBcDeFgHiJkLm","object":"session","tier":2,"state":"running","project_id":"proj_1",
+"end_user_id":null,"template":"tpl_base@sha256:0123abcd","region":"local","zone":null,
+"resources":{"vcpu":1,"memory_mib":2048,"disk_gib":10,"size_class":"s"},"volume_id":null,"policy_id":null,
+"idle_timeout_s":300,"max_lifetime_s":3600,"started_at":"2025-01-02T03:04:05.678Z","expires_at":"2025-01-02T04:04:05.678Z",
+"last_activity_at":null,"cold_start":true,
+"connect":{"exec_url":"http://127.0.0.1:8080/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec","pty_url":"ws://127.0.0.1:8080/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/pty"},
+"usage_to_date":{"session_s":1,"cpu_ms":2,"mem_gib_ms":3,"egress_bytes":4},
+"state_reason":null,"rule":null,"idle_warning_at":null,"lifetime_warning_at":null,"paused_at":null,"stopped_at":null,
+"created_at":"2025-01-02T03:04:05.000Z","restore_from":null,"metadata":null}`
+
+const goodSnapshot = `{"id":"snap_0VcQ9aBcDeFgHiJkLm","object":"snapshot","session_id":"sess_0VcQ9aBcDeFgHiJkLm","include_memory":false,
+"state":"ready","size_bytes":0,"created_at":"2025-01-02T03:04:05.000Z","template":"tpl_base@sha256:0123abcd","tier":2}`
+
+func TestOpenAPIAcceptsGoodResponses(t *testing.T) {
+	errBody := func(typ, code string) string {
+		return `{"error":{"type":"` + typ + `","code":"` + code + `","message":"m"}}`
+	}
+	cases := []struct {
+		method, target string
+		status         int
+		ctype, body    string
+		header         []string
+	}{
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", goodSession, nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm:pause", 200, "application/json", strings.Replace(goodSession, `"running"`, `"paused"`, 1), nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm:resume", 200, "application/json", goodSession, []string{"Idempotent-Replayed", "true"}},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm:snapshot", 201, "application/json", goodSnapshot, nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm:snapshot", 502, "application/json", errBody("api_error", "snapshot_failed"), nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm:pause", 409, "application/json", errBody("invalid_state", "invalid_state"), nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 404, "application/json", errBody("not_found", "no_route"), nil},
+		{"POST", "/v1/sessions", 201, "application/json", strings.Replace(goodSession, `"running"`, `"pending"`, 1), []string{"Warning", `299 wb "tier 4 is costly"`}},
+		{"POST", "/v1/sessions", 429, "application/json", errBody("rate_limited", "concurrency_limit"), []string{"Retry-After", "1"}},
+		{"GET", "/v1/sessions?limit=2", 200, "application/json", `{"object":"list","data":[` + goodSession + `],"next_cursor":"sess_0VcQ9aBcDeFgHiJkLm"}`, nil},
+		{"DELETE", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 202, "application/json", strings.Replace(goodSession, `"running"`, `"stopping"`, 1), nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/json", `{"exit_code":0,"stdout":"hi\n","stderr":"","duration_ms":3}`, nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/x-ndjson",
+			`{"stream":"stdout","data":"hi\n"}` + "\n" + `{"exit_code":0,"duration_ms":3,"timed_out":false}` + "\n", nil},
+		{"GET", "/v1/snapshots", 200, "application/json", `{"object":"list","data":[` + goodSnapshot + `],"next_cursor":null}`, nil},
+		{"DELETE", "/v1/snapshots/snap_1", 200, "application/json", `{"id":"snap_1","object":"snapshot","deleted":true}`, nil},
+		{"GET", "/v1/sessions/sess_x", 401, "application/json", errBody("unauthenticated", "unauthenticated"), nil},
+		{"GET", "/healthz", 200, "application/json", `{"status":"ok"}`, nil},
+		{"PUT", "/v1/nowhere", 404, "application/json", errBody("not_found", "no_route"), nil},
+	}
+	for _, c := range cases {
+		req, resp, body := fakeResponse(c.method, c.target, c.status, c.ctype, c.body, c.header...)
+		if err := checkResponse(req, resp, body); err != nil {
+			t.Error(err)
+		}
+	}
+	// /metrics is skipped, and the body stays readable.
+	req, resp, body := fakeResponse("GET", "/metrics", 200, "text/plain; version=0.0.4", "# HELP x\n")
+	validateResponse(t, req, resp, body)
+	if b, _ := io.ReadAll(resp.Body); string(b) != "# HELP x\n" {
+		t.Errorf("body not re-attached: %q", b)
+	}
+}
+
+func TestOpenAPIRejectsWrongResponse(t *testing.T) {
+	var noState map[string]any
+	if err := json.Unmarshal([]byte(goodSession), &noState); err != nil {
+		t.Fatal(err)
+	}
+	delete(noState, "state")
+	missing, _ := json.Marshal(noState)
+	cases := []struct {
+		name, method, target string
+		status               int
+		ctype, body          string
+		header               []string
+	}{
+		{"missing state", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", string(missing), nil},
+		{"bogus state", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"running"`, `"bogus"`, 1), nil},
+		{"omitted nullable", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"zone":null,`, ``, 1), nil},
+		{"tier 5", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"tier":2`, `"tier":5`, 1), nil},
+		{"time without ms", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `05.000Z`, `05Z`, 1), nil},
+		{"extra field", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `{"id"`, `{"version":3,"id"`, 1), nil},
+		{"undocumented status", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 418, "application/json", goodSession, nil},
+		{"snapshot where session expected", "POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm:pause", 200, "application/json", goodSnapshot, nil},
+		{"429 without Retry-After", "POST", "/v1/sessions", 429, "application/json", `{"error":{"type":"rate_limited","code":"rate_limited","message":"m"}}`, nil},
+		{"wrong error code for status", "GET", "/v1/sessions/sess_x", 404, "application/json", `{"error":{"type":"invalid_state","code":"invalid_state","message":"m"}}`, nil},
+		{"list without next_cursor", "GET", "/v1/snapshots", 200, "application/json", `{"object":"list","data":[]}`, nil},
+		{"unrouted but not no_route", "GET", "/v1/nowhere", 200, "application/json", `{"status":"ok"}`, nil},
+		{"ndjson without end line", "POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/x-ndjson", `{"stream":"stdout","data":"hi\n"}` + "\n", nil},
+	}
+	for _, c := range cases {
+		req, resp, body := fakeResponse(c.method, c.target, c.status, c.ctype, c.body, c.header...)
+		err := checkResponse(req, resp, body)
+		if err == nil {
+			t.Errorf("%s: validation passed, want a failure", c.name)
+			continue
+		}
+		t.Logf("%s: %s", c.name, strings.SplitN(err.Error(), "\n  body:", 2)[0])
+		if c.name == "missing state" && !strings.Contains(err.Error(), "state") {
+			t.Errorf("%s: the error does not name the field: %v", c.name, err)
+		}
+		if b, _ := io.ReadAll(resp.Body); !bytes.Equal(b, body) {
+			t.Errorf("%s: body not re-attached", c.name)
+		}
+	}
+}

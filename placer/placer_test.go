@@ -1,0 +1,131 @@
+package placer
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"wb/internal/redistest"
+	"wb/session"
+	"wb/store"
+)
+
+type recorder struct {
+	mu     sync.Mutex
+	placed map[string]string // session → node
+}
+
+func (r *recorder) Provision(_ context.Context, n store.NodeInfo, s *session.Session) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.placed[s.ID] = n.ID
+	return nil
+}
+
+func (r *recorder) nodeOf(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.placed[id]
+}
+
+func pending(t *testing.T, st *store.Store, project, region string, tier, mem int) *session.Session {
+	t.Helper()
+	now := time.Now()
+	s := &session.Session{ID: session.NewID("sess_", now), Tier: tier, State: session.Pending, ProjectID: project,
+		Template: "tpl_base@sha256:x", Region: region, CreatedAt: *session.At(now), IdleTimeoutS: 300, MaxLifetimeS: 3600,
+		Resources: session.Resources{VCPU: 1, MemoryMiB: mem, DiskGiB: 1, SizeClass: "s"}}
+	out, err := st.Create(context.Background(), s, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func setup(t *testing.T) (*store.Store, *recorder, *Placer, *time.Time) {
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	rec := &recorder{placed: map[string]string{}}
+	now := time.Now()
+	p := New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: 5 * time.Second, Now: func() time.Time { return now }})
+	ctx := context.Background()
+	if _, err := st.EnsureProject(ctx, "proj_a", "a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []store.NodeInfo{
+		{ID: "n_small", Region: "r1", Zone: "r1-a", Tiers: []int{1, 2}, VCPU: 4, MemoryMiB: 4096},
+		{ID: "n_big", Region: "r1", Zone: "r1-b", Tiers: []int{2, 3}, VCPU: 16, MemoryMiB: 65536, UsedMemoryMiB: 40000},
+		{ID: "n_other", Region: "r2", Zone: "r2-a", Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
+	} {
+		if err := st.Heartbeat(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return st, rec, p, &now
+}
+
+func TestPlacement(t *testing.T) {
+	st, rec, p, _ := setup(t)
+	ctx := context.Background()
+	t1 := pending(t, st, "proj_a", "r1", 1, 2048)   // only n_small offers tier 1 in r1
+	t3 := pending(t, st, "proj_a", "r1", 3, 2048)   // only n_big offers tier 3
+	t4 := pending(t, st, "proj_a", "r1", 4, 2048)   // nobody in r1 offers tier 4
+	r2 := pending(t, st, "proj_a", "r2", 2, 2048)   // region r2
+	big := pending(t, st, "proj_a", "r1", 2, 20000) // only n_big has the memory
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	for id, want := range map[string]string{t1.ID: "n_small", t3.ID: "n_big", r2.ID: "n_other", big.ID: "n_big", t4.ID: ""} {
+		if got := rec.nodeOf(id); got != want {
+			t.Errorf("%s placed on %q, want %q", id, got, want)
+		}
+	}
+	got, _ := st.Get(ctx, "proj_a", t3.ID)
+	if got.State != session.Provisioning || got.NodeID != "n_big" || *got.Zone != "r1-b" {
+		t.Fatalf("placement not recorded: %+v", got)
+	}
+	if got, _ := st.Get(ctx, "proj_a", t4.ID); got.State != session.Pending {
+		t.Fatal("unplaceable session left pending")
+	}
+	// In-flight claims count against capacity before the node's heartbeat shows them:
+	// n_small has 4096 MiB; two more 2048 MiB tier-1 sessions fill it (one already placed).
+	a := pending(t, st, "proj_a", "r1", 1, 2048)
+	b := pending(t, st, "proj_a", "r1", 1, 2048)
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	if (rec.nodeOf(a.ID) == "") == (rec.nodeOf(b.ID) == "") {
+		t.Fatalf("capacity not honoured: a→%q b→%q", rec.nodeOf(a.ID), rec.nodeOf(b.ID))
+	}
+}
+
+func TestDeadlineAndHostFailure(t *testing.T) {
+	st, _, p, now := setup(t)
+	ctx := context.Background()
+	stuck := pending(t, st, "proj_a", "r1", 4, 1024) // never placeable
+	placed := pending(t, st, "proj_a", "r1", 1, 1024)
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	if _, err := st.Transition(ctx, store.Change{Project: "proj_a", ID: placed.ID, From: session.Provisioning, To: session.Running, Driver: session.Node}); err != nil {
+		t.Fatal(err)
+	}
+	tier4, _ := p.Tiers.Tier(4)
+	*now = now.Add(tier4.ProvisionDeadline() - time.Second)
+	p.Sweep(ctx) // before the deadline; nodes still fresh? heartbeats are older than 5 s now
+	if got, _ := st.Get(ctx, "proj_a", stuck.ID); got.State != session.Pending {
+		t.Fatalf("failed before its deadline: %s", got.State)
+	}
+	if got, _ := st.Get(ctx, "proj_a", placed.ID); got.State != session.Failed || *got.StateReason != session.HostFailure {
+		t.Fatalf("session on a dead node: %s %v", got.State, got.StateReason)
+	}
+	*now = now.Add(2 * time.Second)
+	p.Sweep(ctx)
+	got, _ := st.Get(ctx, "proj_a", stuck.ID)
+	if got.State != session.Failed || *got.StateReason != session.ProvisionTimeout {
+		t.Fatalf("past the deadline: %s %v", got.State, got.StateReason)
+	}
+	if n, _ := st.ActiveCount(ctx, "proj_a"); n != 0 {
+		t.Fatalf("%d slots leaked", n)
+	}
+	if nodes, _ := st.Nodes(ctx); len(nodes) != 0 {
+		t.Fatalf("dead nodes still registered: %d", len(nodes))
+	}
+}
