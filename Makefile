@@ -10,7 +10,7 @@ deps:
 	@./scripts/deps.sh
 
 build:
-	$(GO) build -o bin/wb ./cmd/wb
+	CGO_ENABLED=0 $(GO) build -o bin/wb ./cmd/wb
 
 # The whole platform on one machine: prints WB_URL, WB_API_KEY and WB_ADMIN_KEY.
 run: deps build

@@ -1,4 +1,39 @@
-// Package agent is `wb agent`, the process inside every guest: exec, PTY and files over a
-// Unix socket (OCI guests) or vsock (Cloud Hypervisor). It imports nothing else of wb's.
-// It lands with the guests issue.
+// Package agent is `wb agent`, the process inside every guest (a runsc or runc container, later
+// a VM), run as its init (PID 1). It serves HTTP/1.1 on a Unix socket in a bind-mounted host
+// directory, which the node reaches with Client. It imports nothing of wb's but wb/session and
+// builds with CGO_ENABLED=0.
+//
+// Routes (errors are JSON {"error":{"code","message","param"}}):
+//
+//   - GET /v1/health → {"ok":true,"pid":N}.
+//   - POST /v1/exec, body ExecRequest → 200 application/x-ndjson, streamed: output lines
+//     {"stream":"stdout"|"stderr","data":"..."} of at most 32 KiB each, flushed as they come
+//     (data is the bytes as a JSON string when they are valid UTF-8, which a chunk boundary never
+//     breaks; otherwise base64 with "encoding":"base64"), then {"exit_code":N,"duration_ms":N,
+//     "timed_out":bool}. The command runs directly (argv[0] looked up in its PATH), in its own
+//     process group, in Cwd (default Root), with the agent's environment, PATH/HOME/LANG
+//     defaulted, plus Env. Exit codes: the status, 128+N for signal N, 124 on timeout (the group
+//     gets SIGKILL), 127 when the command or cwd is not found and 126 when it cannot start (with
+//     the reason on stderr). A client that goes away gets its process group killed. Background
+//     processes that outlive the command survive it; their hold on stdout/stderr is cut after
+//     250 ms of silence (5 s at most) once the command exited. Invalid bodies are 400s.
+//   - GET /v1/pty?cols=&rows=&command=&cwd= → WebSocket to a PTY running /bin/sh (or
+//     /bin/sh -c command) with TERM=xterm; binary frames carry terminal bytes both ways; the text
+//     frame {"type":"resize","cols":N,"rows":N} resizes. At exit the agent sends
+//     {"type":"exit","exit_code":N} and closes with 1000; a client that goes away gets every process of
+//     the terminal's session SIGHUP, then SIGKILL if the shell still runs 2 s later. cols/rows must be 1–1000 (400 naming the parameter).
+//   - GET /v1/files?path=P reads raw bytes (404 missing, 400 directory); GET ...&list=1 lists a
+//     directory as [FileInfo]; PUT /v1/files?path=P[&mode=0755] writes the body atomically (temp
+//     file, fsync, rename; parents created; 413 over 100 MiB); DELETE removes a file or an empty
+//     directory (204; 404 missing, 409 not empty). Relative paths resolve against Root; absolute
+//     ones are allowed (the guest is the boundary, not Root).
+//   - POST /v1/quiesce {"for_ms":N} (1–60000): closes the listener (removing the socket file),
+//     every connection and every PTY (killing what runs on them), answers 200 on its own
+//     connection with a body that ends when the agent closes that connection, waits N ms and
+//     listens again on the same path. So when Client.Quiesce returns, the guest holds no host
+//     socket and can be checkpointed (runsc refuses while one is open); a restored guest's timer
+//     simply goes on and it listens again, as does the original.
+//
+// As PID 1 (Config.Reap) the agent reaps orphans without ever collecting its own children's
+// statuses: see procTable.
 package agent

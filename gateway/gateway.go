@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"wb/agent"
 	"wb/quota"
 	"wb/session"
 	"wb/store"
@@ -19,6 +20,12 @@ import (
 // Guests is what the gateway asks of the node that runs a session's guest.
 type Guests interface {
 	Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error)
+	// Agent answers the guest's agent, for files and PTY; it counts as activity.
+	Agent(ctx context.Context, s *session.Session) (*agent.Client, error)
+	// Touch records activity (a PTY frame).
+	Touch(s *session.Session)
+	// Retime hands the node a session's new timers after a PATCH.
+	Retime(ctx context.Context, s *session.Session)
 	Pause(ctx context.Context, s *session.Session) error
 	Resume(ctx context.Context, s *session.Session) error
 	// Snapshot saves the guest; memory only when asked and the back end can. It answers
@@ -116,6 +123,10 @@ func (s *Server) routes() {
 	api("DELETE /v1/sessions/{id}", s.deleteSession)
 	api("POST /v1/sessions/{id}", s.idempotent(s.sessionAction)) // {id}:pause, :resume, :snapshot
 	api("POST /v1/sessions/{id}/exec", s.idempotent(s.exec))
+	api("GET /v1/sessions/{id}/pty", s.pty)
+	api("GET /v1/sessions/{id}/files", s.getFile)
+	api("PUT /v1/sessions/{id}/files", s.putFile)
+	api("DELETE /v1/sessions/{id}/files", s.deleteFile)
 
 	api("GET /v1/snapshots", s.listSnapshots)
 	api("GET /v1/snapshots/{id}", s.getSnapshot)

@@ -79,6 +79,7 @@ func newEnvOn(t *testing.T, rdb redis.UniversalClient, opts ...envOpt) *env {
 		gw.Close()
 		cancel()
 		<-done
+		node.Close()
 	})
 	e.projA, e.key = e.newProject("A", nil)
 	return e

@@ -104,7 +104,6 @@ func (m *Metrics) instrument(mux *http.ServeMux) http.Handler {
 			m.requests.WithLabelValues(route, r.Method, status).Inc()
 			m.latency.WithLabelValues(route, r.Method, status).Observe(time.Since(start).Seconds())
 		}()
-		r.Body = http.MaxBytesReader(sw, r.Body, MaxBodyBytes+1)
 		mux.ServeHTTP(sw, r)
 	})
 }

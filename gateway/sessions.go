@@ -283,6 +283,9 @@ func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p store.Pr
 		if err != nil {
 			return err
 		}
+		if s.Guests != nil {
+			s.Guests.Retime(r.Context(), out)
+		}
 		writeJSON(w, 200, out)
 		return nil
 	}

@@ -169,6 +169,9 @@ type Change struct {
 	// whether the start was cold (provisioning → running). Empty or nil leaves them.
 	Zone, NodeID string
 	ColdStart    *bool
+	// At, when set, is when the transition happened: a node replaying transitions it made
+	// while Redis was unreachable passes the time it made them. Zero means now.
+	At time.Time
 }
 
 // Transition makes one transition atomically, if the contract allows it and the session is
@@ -181,6 +184,9 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 		return nil, &session.FieldError{Field: "from", Message: "use Create for → pending"}
 	}
 	now := s.now().UnixMilli()
+	if !c.At.IsZero() {
+		now = c.At.UnixMilli()
+	}
 	var extra []any
 	if c.Zone != "" {
 		extra = append(extra, "zone", c.Zone)

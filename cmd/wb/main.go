@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"wb/agent"
 )
 
 const usage = `wb — control plane and edge gateway for agent sandboxes.
@@ -17,7 +19,8 @@ Usage:
   wb <command> [flags]
 
 Commands:
-  serve     run the whole platform on this machine (gateway, placer, webhooks)
+  serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
+  agent     run inside a guest: serve exec, PTY and files on a Unix socket
   version   print the version
 
 Run "wb <command> --help" for a command's flags.
@@ -53,6 +56,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	case "serve":
 		return serve(ctx, args[1:], stdout, stderr)
+	case "agent":
+		return agent.Main(args[1:])
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -35,6 +33,9 @@ type serveFlags struct {
 	apiKey    string
 	region    string
 	logLevel  string
+	runtime   string
+	dataDir   string
+	pool      int
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -48,6 +49,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.apiKey, "api-key", os.Getenv("WB_API_KEY"), "API `key` bound to the dev project (default $WB_API_KEY, else random)")
 	fs.StringVar(&f.region, "region", "local", "`name` of the region this machine serves")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
+	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
+	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` for templates, guests, snapshots and the node's journal")
+	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -111,12 +115,23 @@ Flags:
 		return err
 	}
 
-	pl := placer.New(placer.Config{Store: st, Provisioner: noNode{}, Logger: log})
+	nd, catalog, err := startNode(f, st, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	var prov placer.Provisioner = noNode{}
+	var guests gateway.Guests
+	if nd != nil {
+		prov, guests = nd, nd
+		defer nd.Close(context.WithoutCancel(ctx))
+	}
+	pl := placer.New(placer.Config{Store: st, Provisioner: prov, Logger: log})
 	reg := webhooks.NewRegistry(rdb)
 	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log})
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: reg,
-		Catalog: defaultCatalog(), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
+		Guests: guests, Catalog: catalog, Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: gateway.NewMetrics(st),
 	})
 	if err != nil {
@@ -132,6 +147,9 @@ Flags:
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return pl.Run(gctx) })
 	g.Go(func() error { return disp.Run(gctx) })
+	if nd != nil {
+		g.Go(func() error { return nd.Run(gctx) })
+	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -176,25 +194,6 @@ func openRedis(url string) (redis.UniversalClient, func(), error) {
 	}
 	rdb := redis.NewClient(opts)
 	return rdb, func() { rdb.Close() }, nil
-}
-
-// defaultCatalog is the templates `wb serve` offers. Until the guests land, a template's
-// digest is that of its definition.
-func defaultCatalog() session.Catalog {
-	digest := func(def string) string {
-		sum := sha256.Sum256([]byte(def))
-		return "sha256:" + hex.EncodeToString(sum[:])
-	}
-	return session.Catalog{
-		{Name: "tpl_base", Digest: digest("tpl_base: busybox-static"),
-			Runtimes: []session.Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}},
-		{Name: "tpl_dev_polyglot", Digest: digest("tpl_dev_polyglot: python3 node go gcc"),
-			Runtimes: []session.Runtime{
-				{Name: "python3", Argv: []string{"python3", "-c"}},
-				{Name: "node", Argv: []string{"node", "-e"}},
-				{Name: "sh", Argv: []string{"/bin/sh", "-c"}},
-			}},
-	}
 }
 
 // noNode is the provisioner until a node is attached: placement needs a registered node, so

@@ -1,19 +1,18 @@
-// Package fakenode is an in-memory node for tests of the control plane (placer, gateway,
-// webhooks) before real guests are involved. It runs commands on the host in a temporary
-// directory per session, with no isolation at all; `wb serve` never uses it.
+// Package fakenode is a node without guests for tests of the control plane (placer, gateway,
+// webhooks): each session gets a real `wb agent` server, in-process, on a Unix socket in a
+// temporary directory, with no isolation at all. `wb serve` never uses it.
 package fakenode
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
 
+	"wb/agent"
 	"wb/session"
 	"wb/store"
 )
@@ -32,12 +31,13 @@ type Node struct {
 
 	mu     sync.Mutex
 	paused map[string]bool
+	agents map[string]*fakeAgent
 	calls  []string
 }
 
 // New registers a node with generous capacity in region "local".
 func New(ctx context.Context, st *store.Store, dir string) (*Node, error) {
-	n := &Node{Store: st, Dir: dir, paused: map[string]bool{}, MemorySnapshots: true,
+	n := &Node{Store: st, Dir: dir, paused: map[string]bool{}, agents: map[string]*fakeAgent{}, MemorySnapshots: true,
 		Info: store.NodeInfo{ID: "node_fake", Addr: "127.0.0.1:0", Region: "local", Zone: "local-a",
 			Tiers: []int{1, 2, 3, 4}, VCPU: 1000, MemoryMiB: 1 << 30}}
 	return n, n.Heartbeat(ctx)
@@ -59,67 +59,90 @@ func (n *Node) record(op, id string) {
 	n.mu.Unlock()
 }
 
-// Provision reports the session running (or failed with start_failure).
+// Provision starts an in-process agent for the session and reports it running (or failed
+// with start_failure).
 func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, s *session.Session) error {
 	n.record("provision", s.ID)
 	if n.Hang {
 		return nil
 	}
-	if err := os.MkdirAll(filepath.Join(n.Dir, s.ID), 0o755); err != nil {
-		return err
-	}
 	c := store.Change{Project: s.ProjectID, ID: s.ID, From: session.Provisioning, To: session.Running, Driver: session.Node, ColdStart: new(bool)}
 	if n.FailStart {
 		c.To, c.Reason, c.ColdStart = session.Failed, session.StartFailure, nil
+	} else if err := n.startAgent(s.ID); err != nil {
+		return err
 	}
 	_, err := n.Store.Transition(ctx, c)
 	return err
 }
 
-// Exec runs argv on the host in the session's directory.
-func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
-	n.record("exec", s.ID)
-	n.mu.Lock()
-	paused := n.paused[s.ID]
-	n.mu.Unlock()
-	if paused {
-		return session.ExecResult{}, errors.New("guest is paused")
+func (n *Node) startAgent(id string) error {
+	dir := filepath.Join(n.Dir, id)
+	if err := os.MkdirAll(filepath.Join(dir, "workspace"), 0o755); err != nil {
+		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(req.Timeout())*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Dir = filepath.Join(n.Dir, s.ID)
-	if req.Cwd != "" {
-		cmd.Dir = filepath.Join(cmd.Dir, req.Cwd)
-	}
-	for k, v := range req.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	cmd.Stdin = bytes.NewBufferString(req.Stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
-	err := cmd.Run()
-	res := session.ExecResult{Stdout: stdout.String(), Stderr: stderr.String(), DurationMs: time.Since(start).Milliseconds()}
-	var ee *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		res.TimedOut, res.ExitCode = true, 124
-	case errors.As(err, &ee):
-		res.ExitCode = ee.ExitCode()
-	case err != nil:
-		res.ExitCode, res.Stderr = 127, err.Error()
-	}
-	if out != nil {
-		for _, c := range []session.ExecChunk{{Stream: "stdout", Data: res.Stdout}, {Stream: "stderr", Data: res.Stderr}} {
-			if c.Data != "" {
-				if err := out(c); err != nil {
-					return res, err
-				}
-			}
+	sock := filepath.Join(dir, "agent.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = agent.Serve(ctx, agent.Config{Socket: sock, Root: filepath.Join(dir, "workspace")})
+	}()
+	c := agent.NewClient(sock)
+	for i := 0; ; i++ {
+		if c.Health(ctx) == nil {
+			break
 		}
+		if i > 500 {
+			cancel()
+			return errors.New("fakenode: agent never answered")
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
-	return res, nil
+	n.mu.Lock()
+	n.agents[id] = &fakeAgent{client: c, stop: func() { cancel(); <-done }}
+	n.mu.Unlock()
+	return nil
+}
+
+type fakeAgent struct {
+	client *agent.Client
+	stop   func()
+}
+
+// Agent answers the session's agent.
+func (n *Node) Agent(_ context.Context, s *session.Session) (*agent.Client, error) {
+	n.record("agent", s.ID)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	a, ok := n.agents[s.ID]
+	if !ok {
+		return nil, fmt.Errorf("fakenode: no agent for %s", s.ID)
+	}
+	if n.paused[s.ID] {
+		return nil, errors.New("guest is paused")
+	}
+	return a.client, nil
+}
+
+// Touch records activity.
+func (n *Node) Touch(s *session.Session) { n.record("touch", s.ID) }
+
+// Retime records new timers.
+func (n *Node) Retime(_ context.Context, s *session.Session) { n.record("retime", s.ID) }
+
+// Exec runs argv through the session's agent.
+func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, _ []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	n.record("exec", s.ID)
+	c, err := n.Agent(ctx, s)
+	if err != nil {
+		return session.ExecResult{}, err
+	}
+	areq, err := agent.ExecRequestFrom(&req)
+	if err != nil {
+		return session.ExecResult{}, err
+	}
+	return c.Exec(ctx, areq, out)
 }
 
 // Pause marks the guest paused.
@@ -149,6 +172,13 @@ func (n *Node) Snapshot(_ context.Context, s *session.Session, id string, mem bo
 // Stop ends a stopping session with the terminal state its reason leads to.
 func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	n.record("stop", s.ID)
+	n.mu.Lock()
+	a := n.agents[s.ID]
+	delete(n.agents, s.ID)
+	n.mu.Unlock()
+	if a != nil {
+		a.stop()
+	}
 	cur, err := n.Store.Get(ctx, s.ProjectID, s.ID)
 	if err != nil {
 		return err
@@ -166,4 +196,15 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// Close stops every agent.
+func (n *Node) Close() {
+	n.mu.Lock()
+	agents := n.agents
+	n.agents = map[string]*fakeAgent{}
+	n.mu.Unlock()
+	for _, a := range agents {
+		a.stop()
+	}
 }

@@ -1,0 +1,519 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// Limits and defaults of the agent's API.
+const (
+	// MaxFileBytes bounds a PUT /v1/files body (413 beyond it).
+	MaxFileBytes = 100 << 20
+	// MaxExecBodyBytes bounds a POST /v1/exec body: session.MaxStdinBytes of stdin, base64-encoded,
+	// plus argv and env.
+	MaxExecBodyBytes = 4 << 20
+	// MaxQuiesce is the longest quiesce a caller may ask for.
+	MaxQuiesce = 60 * time.Second
+	// ExitTimedOut is the exit_code of an exec killed at its timeout (as coreutils' timeout(1)).
+	ExitTimedOut = 124
+	// ExitCannotRun is the exit_code of an exec whose command exists but could not be started.
+	ExitCannotRun = 126
+	// ExitNotFound is the exit_code of an exec whose command (or cwd) was not found.
+	ExitNotFound = 127
+
+	outputChunkBytes = 32 << 10
+	shutdownGrace    = 5 * time.Second
+)
+
+// Config configures Serve.
+type Config struct {
+	// Socket is the Unix socket path to listen on, e.g. /run/wb/agent.sock. Its directory is
+	// created; a stale socket file is removed.
+	Socket string
+	// Root is the default working directory of exec and pty, and the base of relative file paths
+	// (e.g. /workspace). It is created if missing. Empty means "/".
+	Root string
+	// Logger receives the agent's logs; nil discards them.
+	Logger *slog.Logger
+	// Reap makes the agent reap orphaned children, as PID 1 must. The reaper never collects a
+	// child the agent started itself (an exec's or a PTY's): it peeks at zombies with
+	// waitid(WNOWAIT) and collects only pids it does not know, so exit codes are never stolen.
+	// It assumes nothing else in the process starts children.
+	Reap bool
+}
+
+// server is one Serve call's state. It holds no package-level state.
+type server struct {
+	ctx    context.Context // Serve's
+	root   string
+	socket string
+	log    *slog.Logger
+	procs  *procTable
+
+	handlers  tracker            // in-flight handlers, waited for on shutdown
+	quiesceCh chan time.Duration // from the quiesce handler to the serve loop
+
+	mu       sync.Mutex
+	sessions map[*websocket.Conn]context.CancelFunc // open PTY websockets (hijacked connections)
+}
+
+// Serve listens on cfg.Socket and serves the agent's API until ctx is done, then closes every
+// connection, kills what the open execs and PTYs run, and returns nil. A quiesce request closes
+// the listener and all connections for a while and then listens again on the same path.
+func Serve(ctx context.Context, cfg Config) error {
+	if cfg.Socket == "" {
+		return errors.New("agent: Config.Socket is required")
+	}
+	socket, err := filepath.Abs(cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("agent: socket path: %w", err)
+	}
+	root := cfg.Root
+	if root == "" {
+		root = "/"
+	}
+	if root, err = filepath.Abs(root); err != nil {
+		return fmt.Errorf("agent: root: %w", err)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("agent: create root: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+		return fmt.Errorf("agent: create socket directory: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &server{
+		ctx:       ctx,
+		root:      root,
+		socket:    socket,
+		log:       log,
+		procs:     newProcTable(),
+		quiesceCh: make(chan time.Duration, 1),
+		sessions:  map[*websocket.Conn]context.CancelFunc{},
+	}
+
+	reapCtx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
+	reaperDone := make(chan struct{})
+	if cfg.Reap {
+		go func() {
+			defer close(reaperDone)
+			s.procs.reapLoop(reapCtx, log)
+		}()
+	} else {
+		close(reaperDone)
+	}
+	defer func() {
+		stopReaper()
+		<-reaperDone
+	}()
+
+	ln, err := listenUnix(socket)
+	if err != nil {
+		return err
+	}
+	log.Info("agent listening", "socket", socket, "root", root, "pid", os.Getpid(), "reap", cfg.Reap)
+	for {
+		g := s.newGeneration(ctx, ln)
+		serveErr := make(chan error, 1)
+		go func() { serveErr <- g.srv.Serve(ln) }()
+
+		var quiesce time.Duration
+		select {
+		case <-ctx.Done():
+			s.shutdown(g, serveErr)
+			return nil
+		case quiesce = <-s.quiesceCh:
+		case err := <-serveErr:
+			if !g.isQuiescing() {
+				_ = g.srv.Close()
+				s.closeSessions()
+				s.waitHandlers()
+				return fmt.Errorf("agent: serve %s: %w", socket, err)
+			}
+			// The quiesce handler closed the listener; it sends the duration once it has answered.
+			select {
+			case <-ctx.Done():
+				s.shutdown(g, nil)
+				return nil
+			case quiesce = <-s.quiesceCh:
+			}
+			serveErr <- nil
+		}
+		// Quiesce: nothing of the host's may stay open in the guest.
+		_ = g.srv.Close()
+		s.closeSessions()
+		<-serveErr
+		log.Info("agent quiesced", "for", quiesce)
+		t := time.NewTimer(quiesce)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			s.waitHandlers()
+			return nil
+		case <-t.C:
+		}
+		if ln, err = s.relisten(ctx); err != nil {
+			s.waitHandlers()
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		log.Info("agent listening again", "socket", socket)
+	}
+}
+
+func (s *server) shutdown(g *generation, serveErr <-chan error) {
+	_ = g.srv.Close()
+	s.closeSessions()
+	if serveErr != nil {
+		<-serveErr
+	}
+	s.waitHandlers()
+	s.log.Info("agent stopped")
+}
+
+func (s *server) waitHandlers() {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if !s.handlers.closeAndWait(ctx) {
+		s.log.Warn("agent: handlers still running at shutdown")
+	}
+}
+
+// relisten listens on the socket again after a quiesce, retrying while the path cannot be bound
+// (e.g. a restored guest whose bind mount is not back yet).
+func (s *server) relisten(ctx context.Context) (net.Listener, error) {
+	delay := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		ln, err := listenUnix(s.socket)
+		if err == nil {
+			return ln, nil
+		}
+		s.log.Warn("agent: listen again failed; retrying", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
+}
+
+// listenUnix binds path, removing a stale socket file first (never any other kind of file).
+func listenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("agent: %s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("agent: remove stale socket: %w", err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("agent: listen: %w", err)
+	}
+	return ln, nil
+}
+
+// generation is one listening period: a listener, its http.Server and its connections.
+type generation struct {
+	ln  net.Listener
+	srv *http.Server
+
+	mu        sync.Mutex
+	conns     map[net.Conn]struct{}
+	quiescing bool
+}
+
+type (
+	genKey  struct{}
+	connKey struct{}
+)
+
+func (s *server) newGeneration(ctx context.Context, ln net.Listener) *generation {
+	g := &generation{ln: ln, conns: map[net.Conn]struct{}{}}
+	g.srv = &http.Server{
+		Handler:           s.routes(),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context {
+			return context.WithValue(ctx, genKey{}, g)
+		},
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+		ConnState: g.connState,
+	}
+	return g
+}
+
+func (g *generation) connState(c net.Conn, st http.ConnState) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch st {
+	case http.StateNew:
+		if g.quiescing {
+			_ = c.Close()
+			return
+		}
+		g.conns[c] = struct{}{}
+	case http.StateClosed, http.StateHijacked:
+		delete(g.conns, c)
+	}
+}
+
+func (g *generation) isQuiescing() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.quiescing
+}
+
+// beginQuiesce marks the generation quiescing, closes its listener and every connection but
+// keep. It reports false if a quiesce is already under way.
+func (g *generation) beginQuiesce(keep net.Conn) bool {
+	g.mu.Lock()
+	if g.quiescing {
+		g.mu.Unlock()
+		return false
+	}
+	g.quiescing = true
+	var others []net.Conn
+	for c := range g.conns {
+		if c != keep {
+			others = append(others, c)
+			delete(g.conns, c)
+		}
+	}
+	g.mu.Unlock()
+	_ = g.ln.Close()
+	for _, c := range others {
+		_ = c.Close()
+	}
+	return true
+}
+
+// addSession registers an open PTY websocket so that quiesce and shutdown can close it.
+func (s *server) addSession(c *websocket.Conn, cancel context.CancelFunc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sessions[c] = cancel
+}
+
+func (s *server) removeSession(c *websocket.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.sessions, c)
+}
+
+// closeSessions closes every open PTY websocket at once (its socket included) and cancels its
+// session, which then kills its process.
+func (s *server) closeSessions() {
+	s.mu.Lock()
+	sessions := s.sessions
+	s.sessions = map[*websocket.Conn]context.CancelFunc{}
+	s.mu.Unlock()
+	for c, cancel := range sessions {
+		cancel()
+		_ = c.CloseNow()
+	}
+}
+
+func (s *server) routes() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.handlers.add() {
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "the agent is shutting down", "")
+			return
+		}
+		defer s.handlers.done()
+		if g, ok := r.Context().Value(genKey{}).(*generation); ok && g.isQuiescing() {
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "the agent is quiescing", "")
+			return
+		}
+		var h http.HandlerFunc
+		allow := http.MethodGet
+		switch r.URL.Path {
+		case "/v1/health":
+			h = onlyMethod(r, http.MethodGet, s.handleHealth)
+		case "/v1/exec":
+			allow = http.MethodPost
+			h = onlyMethod(r, allow, s.handleExec)
+		case "/v1/pty":
+			h = onlyMethod(r, http.MethodGet, s.handlePTY)
+		case "/v1/quiesce":
+			allow = http.MethodPost
+			h = onlyMethod(r, allow, s.handleQuiesce)
+		case "/v1/files":
+			allow = "GET, PUT, DELETE"
+			switch r.Method {
+			case http.MethodGet:
+				h = s.handleFileGet
+			case http.MethodPut:
+				h = s.handleFilePut
+			case http.MethodDelete:
+				h = s.handleFileDelete
+			}
+		default:
+			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path), "")
+			return
+		}
+		if h == nil {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s allows %s, not %s", r.URL.Path, allow, r.Method), "")
+			return
+		}
+		h(w, r)
+	})
+}
+
+func onlyMethod(r *http.Request, method string, h http.HandlerFunc) http.HandlerFunc {
+	if r.Method != method {
+		return nil
+	}
+	return h
+}
+
+func (s *server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "pid": os.Getpid()})
+}
+
+// quiesceRequest is the body of POST /v1/quiesce.
+type quiesceRequest struct {
+	ForMs int64 `json:"for_ms"`
+}
+
+// handleQuiesce closes the listener and every connection, answers on its own (hijacked)
+// connection with a body delimited by the connection's close, and has the serve loop listen
+// again after for_ms. Because the answer ends only when the connection closes, a client that has
+// read it knows the agent holds no host socket any more.
+func (s *server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4096))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", "cannot read the body: "+err.Error(), "")
+		return
+	}
+	var req quiesceRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", `the body must be {"for_ms":N}: `+err.Error(), "")
+		return
+	}
+	if req.ForMs < 1 || req.ForMs > MaxQuiesce.Milliseconds() {
+		writeError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("for_ms must be 1–%d, got %d", MaxQuiesce.Milliseconds(), req.ForMs), "for_ms")
+		return
+	}
+	g, _ := r.Context().Value(genKey{}).(*generation)
+	own, _ := r.Context().Value(connKey{}).(net.Conn)
+	if g == nil || own == nil {
+		writeError(w, http.StatusInternalServerError, "internal", "no connection state", "")
+		return
+	}
+	d := time.Duration(req.ForMs) * time.Millisecond
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "internal", "cannot take over the connection: "+err.Error(), "")
+		return
+	}
+	if !g.beginQuiesce(conn) {
+		_ = conn.Close()
+		return
+	}
+	defer func() { s.quiesceCh <- d }() // buffered; one quiesce per generation
+	s.closeSessions()
+	payload, _ := json.Marshal(map[string]any{"ok": true, "for_ms": req.ForMs})
+	_, _ = fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n%s\n", payload)
+	_ = brw.Flush()
+	_ = conn.Close()
+}
+
+func badRequest(param, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Code: "invalid_request", Message: fmt.Sprintf(format, args...), Param: param}
+}
+
+func writeAPIError(w http.ResponseWriter, e *Error) {
+	writeError(w, e.Status, e.Code, e.Message, e.Param)
+}
+
+func writeError(w http.ResponseWriter, status int, code, message, param string) {
+	writeJSON(w, status, map[string]any{"error": Error{Code: code, Message: message, Param: param}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"cannot encode the answer"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// tracker counts in-flight handlers so that shutdown can wait for them (it kills what they run).
+type tracker struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   chan struct{}
+}
+
+func (t *tracker) add() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.n++
+	return true
+}
+
+func (t *tracker) done() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// closeAndWait refuses new handlers and waits for the running ones; false if ctx ended first.
+func (t *tracker) closeAndWait(ctx context.Context) bool {
+	t.mu.Lock()
+	t.closed = true
+	if t.n == 0 {
+		t.mu.Unlock()
+		return true
+	}
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
+	idle := t.idle
+	t.mu.Unlock()
+	select {
+	case <-idle:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

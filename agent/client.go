@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"wb/session"
+)
+
+// clientBase is the URL base of requests to the agent; the host is ignored (the transport
+// dials the socket).
+const clientBase = "http://agent"
+
+// Client talks to one agent over its Unix socket. It is safe for concurrent use.
+type Client struct {
+	hc     *http.Client
+	socket string
+}
+
+// NewClient returns a client of the agent listening on socketPath. Requests have no timeout of
+// their own: bound them with their contexts.
+func NewClient(socketPath string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socketPath)
+		},
+		MaxIdleConns:        8,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Client{hc: &http.Client{Transport: tr}, socket: socketPath}
+}
+
+// Socket is the socket path the client dials.
+func (c *Client) Socket() string { return c.socket }
+
+// Close closes the client's idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType string) (*http.Response, error) {
+	u := clientBase + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %s %s: %w", method, path, err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, readError(resp)
+	}
+	return resp, nil
+}
+
+// readError turns an error answer into an *Error.
+func readError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var env struct {
+		Error *Error `json:"error"`
+	}
+	if err := json.Unmarshal(b, &env); err == nil && env.Error != nil && env.Error.Code != "" {
+		env.Error.Status = resp.StatusCode
+		return env.Error
+	}
+	return &Error{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(resp.Status + " " + string(b))}
+}
+
+func (c *Client) getJSON(ctx context.Context, path string, q url.Values, v any) error {
+	resp, err := c.do(ctx, http.MethodGet, path, q, nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("agent: GET %s: decode answer: %w", path, err)
+	}
+	return nil
+}
+
+// Health checks that the agent answers.
+func (c *Client) Health(ctx context.Context) error {
+	var h struct {
+		OK  bool `json:"ok"`
+		PID int  `json:"pid"`
+	}
+	if err := c.getJSON(ctx, "/v1/health", nil, &h); err != nil {
+		return err
+	}
+	if !h.OK {
+		return errors.New("agent: health: not ok")
+	}
+	return nil
+}
+
+// Exec runs req and passes each output chunk to out as it arrives (Data holds the raw bytes).
+// With a nil out, the output is collected into the result's Stdout and Stderr instead. An error
+// from out stops the exec (the agent kills it) and is returned. Cancelling ctx kills it too.
+// A command that cannot start is a result with exit code 127 (not found) or 126, not an error.
+func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return session.ExecResult{}, fmt.Errorf("agent: exec: encode request: %w", err)
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/exec", nil, bytes.NewReader(body), "application/json")
+	if err != nil {
+		return session.ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	var stdout, stderr strings.Builder
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var l execLine
+		if err := dec.Decode(&l); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return session.ExecResult{}, fmt.Errorf("agent: exec: the answer ended without a result: %w", err)
+		}
+		if l.ExitCode != nil {
+			return session.ExecResult{
+				ExitCode:   *l.ExitCode,
+				Stdout:     stdout.String(),
+				Stderr:     stderr.String(),
+				DurationMs: l.DurationMs,
+				TimedOut:   l.TimedOut,
+			}, nil
+		}
+		ch, err := l.chunk()
+		if err != nil {
+			return session.ExecResult{}, err
+		}
+		if out == nil {
+			if ch.Stream == "stdout" {
+				stdout.WriteString(ch.Data)
+			} else {
+				stderr.WriteString(ch.Data)
+			}
+			continue
+		}
+		if err := out(ch); err != nil {
+			return session.ExecResult{}, fmt.Errorf("agent: exec: output: %w", err)
+		}
+	}
+}
+
+// Quiesce asks the agent to close its listener and every connection for d (1 ms – 60 s) and
+// then listen again. When it returns nil, the agent already holds no socket of the host's.
+func (c *Client) Quiesce(ctx context.Context, d time.Duration) error {
+	body, _ := json.Marshal(quiesceRequest{ForMs: d.Milliseconds()})
+	resp, err := c.do(ctx, http.MethodPost, "/v1/quiesce", nil, bytes.NewReader(body), "application/json")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	// The answer's body ends when the agent closes the connection: reading it to its end is
+	// what tells that the agent has let go of every socket.
+	if _, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 4096)); err != nil {
+		return fmt.Errorf("agent: quiesce: read answer: %w", err)
+	}
+	c.hc.CloseIdleConnections()
+	return nil
+}
+
+// OpenFile streams the file at path (relative paths are relative to the agent's root).
+func (c *Client) OpenFile(ctx context.Context, path string) (io.ReadCloser, error) {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/files", url.Values{"path": {path}}, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// ReadFile reads the file at path, at most MaxFileBytes of it (an error beyond).
+func (c *Client) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	rc, err := c.OpenFile(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("agent: read %s: %w", path, err)
+	}
+	if len(b) > MaxFileBytes {
+		return nil, fmt.Errorf("agent: read %s: larger than %d bytes", path, MaxFileBytes)
+	}
+	return b, nil
+}
+
+// WriteFile replaces the file at path with data, atomically, creating its parents. A mode of
+// 0 keeps the replaced file's permissions (0644 for a new file).
+func (c *Client) WriteFile(ctx context.Context, path string, data io.Reader, mode fs.FileMode) error {
+	q := url.Values{"path": {path}}
+	if mode != 0 {
+		q.Set("mode", "0"+strconv.FormatUint(uint64(mode.Perm()), 8))
+	}
+	resp, err := c.do(ctx, http.MethodPut, "/v1/files", q, data, "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
+}
+
+// DeleteFile removes the file or empty directory at path.
+func (c *Client) DeleteFile(ctx context.Context, path string) error {
+	resp, err := c.do(ctx, http.MethodDelete, "/v1/files", url.Values{"path": {path}}, nil, "")
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+// ListDir lists the directory at path.
+func (c *Client) ListDir(ctx context.Context, path string) ([]FileInfo, error) {
+	var out []FileInfo
+	if err := c.getJSON(ctx, "/v1/files", url.Values{"path": {path}, "list": {"1"}}, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PTY opens a terminal running command (by /bin/sh -c; "" for an interactive /bin/sh) of cols ×
+// rows (0 for the defaults 80 × 24). Binary messages carry terminal bytes both ways; send the
+// text message {"type":"resize","cols":N,"rows":N} to resize. When the process exits the agent
+// sends {"type":"exit","exit_code":N} and closes with status 1000. On a refused handshake the
+// response (e.g. 400 naming the bad parameter) is returned with the error.
+func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*websocket.Conn, *http.Response, error) {
+	q := url.Values{}
+	if cols != 0 {
+		q.Set("cols", strconv.Itoa(cols))
+	}
+	if rows != 0 {
+		q.Set("rows", strconv.Itoa(rows))
+	}
+	if command != "" {
+		q.Set("command", command)
+	}
+	u := "ws://agent/v1/pty"
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
+		HTTPClient:      c.hc,
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return nil, resp, fmt.Errorf("agent: pty: %w", err)
+	}
+	conn.SetReadLimit(ptyReadLimit)
+	return conn, resp, nil
+}
+
+// Resize sends a PTY resize message on conn.
+func Resize(ctx context.Context, conn *websocket.Conn, cols, rows int) error {
+	b, _ := json.Marshal(ptyMessage{Type: "resize", Cols: cols, Rows: rows})
+	return conn.Write(ctx, websocket.MessageText, b)
+}

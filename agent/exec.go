@@ -1,0 +1,430 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"wb/session"
+)
+
+const (
+	defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	// After the command exits, its output is read on while it keeps coming (background processes
+	// that inherited the pipes): until it pauses for drainIdle, at most drainMax in all.
+	drainIdle = 250 * time.Millisecond
+	drainMax  = 5 * time.Second
+)
+
+// execSpec is a validated exec request.
+type execSpec struct {
+	argv    []string
+	env     []string
+	dir     string
+	stdin   []byte
+	timeout time.Duration
+}
+
+// decodeExecRequest parses and validates a POST /v1/exec body. Its errors are 400s naming the
+// field; it never panics.
+func decodeExecRequest(body []byte, root string) (execSpec, *Error) {
+	var req ExecRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			param := te.Field
+			if i := strings.IndexByte(param, '.'); i >= 0 {
+				param = param[:i]
+			}
+			return execSpec{}, badRequest(param, "%s must be %s, got JSON %s", orBody(param), jsonType(te), te.Value)
+		}
+		return execSpec{}, badRequest("", "the body must be a JSON object (ExecRequest): %v", err)
+	}
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return execSpec{}, badRequest("argv", "argv is required: a non-empty array of strings with a non-empty first element")
+	}
+	for i, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return execSpec{}, badRequest("argv", "argv[%d] contains a NUL byte", i)
+		}
+	}
+	if req.TimeoutS < 0 || req.TimeoutS > session.ExecTimeoutMaxS {
+		return execSpec{}, badRequest("timeout_s", "timeout_s must be 0 (the default, %d) or 1–%d seconds, got %d", session.ExecTimeoutDefaultS, session.ExecTimeoutMaxS, req.TimeoutS)
+	}
+	timeout := req.TimeoutS
+	if timeout == 0 {
+		timeout = session.ExecTimeoutDefaultS
+	}
+	if len(req.Stdin) > session.MaxStdinBytes {
+		return execSpec{}, badRequest("stdin", "stdin is %d bytes; at most %d", len(req.Stdin), session.MaxStdinBytes)
+	}
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return execSpec{}, badRequest("env", "env name %q is invalid: it must be non-empty, without '=' or NUL", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return execSpec{}, badRequest("env", "env %s contains a NUL byte", k)
+		}
+	}
+	dir, apiErr := resolvePath(root, req.Cwd, "cwd")
+	if apiErr != nil {
+		return execSpec{}, apiErr
+	}
+	return execSpec{
+		argv:    req.Argv,
+		env:     commandEnv(req.Env),
+		dir:     dir,
+		stdin:   req.Stdin,
+		timeout: time.Duration(timeout) * time.Second,
+	}, nil
+}
+
+// commandEnv is the environment of a command: the agent's own (the guest image's), PATH, HOME
+// and LANG defaulted when empty, then extra; sorted by name.
+func commandEnv(extra map[string]string) []string {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			env[k] = v
+		}
+	}
+	for k, v := range map[string]string{"PATH": defaultPath, "HOME": "/root", "LANG": "C.UTF-8"} {
+		if env[k] == "" {
+			env[k] = v
+		}
+	}
+	maps.Copy(env, extra)
+	keys := slices.Sorted(maps.Keys(env))
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+func orBody(param string) string {
+	if param == "" {
+		return "the body"
+	}
+	return param
+}
+
+func jsonType(te *json.UnmarshalTypeError) string {
+	if te.Type == nil {
+		return "another type"
+	}
+	switch te.Type.Kind().String() {
+	case "slice":
+		if te.Type.Elem().Kind().String() == "uint8" {
+			return "a base64 string"
+		}
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	case "string":
+		return "a string"
+	case "int", "int64":
+		return "an integer"
+	default:
+		return "a " + te.Type.String()
+	}
+}
+
+func (s *server) handleExec(w http.ResponseWriter, r *http.Request) {
+	// The whole body is read before the command starts: net/http notices a client that goes away
+	// (and cancels r.Context) only once the body was read to its end.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxExecBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("the exec body is larger than %d bytes", MaxExecBodyBytes), "body")
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request", "cannot read the body: "+err.Error(), "")
+		return
+	}
+	spec, apiErr := decodeExecRequest(body, s.root)
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	emit := func(stream string, data []byte) error {
+		if err := enc.Encode(newChunkLine(stream, data)); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	res, gone := s.runExec(r.Context(), spec, emit)
+	s.log.Info("exec", "argv0", spec.argv[0], "exit_code", res.ExitCode, "duration_ms", res.DurationMs, "timed_out", res.TimedOut, "client_gone", gone)
+	if !gone {
+		_ = enc.Encode(res)
+		_ = rc.Flush()
+	}
+}
+
+// outChunk is a piece of a command's output on its way to the client.
+type outChunk struct {
+	stream string
+	data   []byte
+}
+
+// runExec runs spec, passing output to emit as it comes, and returns the result and whether
+// the client went away (emit failed or ctx ended: the process group was killed then).
+func (s *server) runExec(ctx context.Context, spec execSpec, emit func(stream string, data []byte) error) (resultLine, bool) {
+	start := time.Now()
+	elapsed := func() int64 { return time.Since(start).Milliseconds() }
+	fail := func(code int, msg string) (resultLine, bool) {
+		err := emit("stderr", []byte("wb agent: "+msg+"\n"))
+		return resultLine{ExitCode: code, DurationMs: elapsed()}, err != nil
+	}
+	path, err := lookPath(spec.argv[0], envValue(spec.env, "PATH"), spec.dir)
+	if err != nil {
+		return fail(ExitNotFound, err.Error())
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return fail(ExitCannotRun, "cannot create a pipe: "+err.Error())
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		_, _ = outR.Close(), outW.Close()
+		return fail(ExitCannotRun, "cannot create a pipe: "+err.Error())
+	}
+	cmd := &exec.Cmd{
+		Path:        path,
+		Args:        spec.argv,
+		Env:         spec.env,
+		Dir:         spec.dir,
+		Stdout:      outW,
+		Stderr:      errW,
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		// Stdin is copied by a goroutine of os/exec; a background process that keeps the pipe
+		// open without reading must not hold Wait up.
+		WaitDelay: time.Second,
+	}
+	if len(spec.stdin) > 0 {
+		cmd.Stdin = bytes.NewReader(spec.stdin)
+	}
+	pid, err := s.procs.start(func() (int, error) {
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
+	_, _ = outW.Close(), errW.Close()
+	if err != nil {
+		_, _ = outR.Close(), errR.Close()
+		code := ExitCannotRun
+		if errors.Is(err, fs.ErrNotExist) {
+			code = ExitNotFound
+		}
+		return fail(code, fmt.Sprintf("cannot start %q: %v", spec.argv[0], err))
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	drain := &drainState{}
+	chunks := make(chan outChunk, 4)
+	var readers sync.WaitGroup
+	readers.Go(func() { pump(runCtx, "stdout", outR, chunks, drain) })
+	readers.Go(func() { pump(runCtx, "stderr", errR, chunks, drain) })
+	go func() {
+		readers.Wait()
+		close(chunks)
+	}()
+	waited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // ErrWaitDelay at worst; ProcessState is set regardless
+		s.procs.release(pid)
+		close(waited)
+	}()
+	killGroup := func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }
+
+	timer := time.NewTimer(spec.timeout)
+	defer timer.Stop()
+	var exited, timedOut, gone bool
+	ctxDone := ctx.Done()
+	for chunks != nil || !exited {
+		select {
+		case c, ok := <-chunks:
+			if !ok {
+				chunks = nil
+				continue
+			}
+			if gone {
+				continue
+			}
+			if err := emit(c.stream, c.data); err != nil {
+				gone = true
+				killGroup()
+				cancel()
+			}
+		case <-waited:
+			exited, waited = true, nil
+			timer.Stop()
+			drain.begin(outR, errR)
+		case <-timer.C:
+			if !exited {
+				timedOut = true
+				killGroup()
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			gone = true
+			killGroup()
+			cancel()
+		}
+	}
+	_, _ = outR.Close(), errR.Close()
+	res := resultLine{ExitCode: exitCode(cmd.ProcessState), DurationMs: elapsed(), TimedOut: timedOut}
+	if timedOut {
+		res.ExitCode = ExitTimedOut
+	}
+	return res, gone
+}
+
+// exitCode is the shell's view of a status: the exit status, or 128+signal.
+func exitCode(ps *os.ProcessState) int {
+	if ps == nil {
+		return -1
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+// pump reads f in chunks of up to outputChunkBytes and sends them on out, never splitting a
+// UTF-8 sequence. It ends at EOF, at the drain deadline, or when ctx ends.
+func pump(ctx context.Context, stream string, f *os.File, out chan<- outChunk, drain *drainState) {
+	buf := make([]byte, outputChunkBytes)
+	held := 0 // bytes of an incomplete UTF-8 sequence kept at buf's start
+	send := func(b []byte) bool {
+		select {
+		case out <- outChunk{stream: stream, data: bytes.Clone(b)}:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for {
+		drain.arm(f)
+		n, err := f.Read(buf[held:])
+		data := buf[:held+n]
+		if err != nil {
+			if len(data) > 0 {
+				send(data)
+			}
+			return
+		}
+		cut := completeUTF8(data)
+		if cut > 0 && !send(data[:cut]) {
+			return
+		}
+		held = copy(buf, data[cut:])
+	}
+}
+
+// completeUTF8 returns the length of b without a trailing incomplete UTF-8 sequence.
+func completeUTF8(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax+1; i-- {
+		if utf8.RuneStart(b[i]) {
+			if utf8.FullRune(b[i:]) {
+				return len(b)
+			}
+			return i
+		}
+	}
+	return len(b)
+}
+
+// drainState bounds how long the pipes are read after the command exited.
+type drainState struct {
+	mu       sync.Mutex
+	exited   bool
+	hardStop time.Time
+}
+
+func (d *drainState) begin(files ...*os.File) {
+	now := time.Now()
+	d.mu.Lock()
+	d.exited = true
+	d.hardStop = now.Add(drainMax)
+	d.mu.Unlock()
+	for _, f := range files {
+		_ = f.SetReadDeadline(now.Add(drainIdle))
+	}
+}
+
+func (d *drainState) arm(f *os.File) {
+	d.mu.Lock()
+	exited, hardStop := d.exited, d.hardStop
+	d.mu.Unlock()
+	if exited {
+		deadline := time.Now().Add(drainIdle)
+		if deadline.After(hardStop) {
+			deadline = hardStop
+		}
+		_ = f.SetReadDeadline(deadline)
+	}
+}
+
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// lookPath finds file as a shell would with PATH=pathEnv, relative entries and relative paths
+// being taken from dir. A name with a slash is used as it is.
+func lookPath(file, pathEnv, dir string) (string, error) {
+	if strings.Contains(file, "/") {
+		p := file
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%q: %w", file, err)
+		}
+		return p, nil
+	}
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, file)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%q: executable file not found in $PATH", file)
+}

@@ -1,0 +1,190 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/coder/websocket"
+
+	"wb/agent"
+	"wb/session"
+	"wb/store"
+)
+
+// MaxFileBytes bounds one file upload.
+const MaxFileBytes = 100 << 20
+
+// guestAgent answers the agent of a running session of project p.
+func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*session.Session, *agent.Client, error) {
+	sess, err := s.loadSession(ctx, p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sess.State != session.Running {
+		return nil, nil, errState("session is %s; files and PTY need a running session", sess.State)
+	}
+	g, err := s.guests()
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := g.Agent(ctx, sess)
+	if err != nil {
+		return nil, nil, &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the node could not reach the guest: " + err.Error()}
+	}
+	return sess, c, nil
+}
+
+func filePath(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		return "", errInvalid("path", "the path query parameter is required")
+	}
+	if len(p) > 4096 || strings.ContainsRune(p, 0) {
+		return "", errInvalid("path", "not a usable path")
+	}
+	return p, nil
+}
+
+// agentError maps an agent's error answer (404, 400, 413) to the API's.
+func agentError(err error) error {
+	var ae *agent.Error
+	if errors.As(err, &ae) {
+		switch ae.Status {
+		case 404:
+			return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: ae.Message}
+		case 400, 409:
+			return errInvalid("path", "%s", ae.Message)
+		case 413:
+			return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: ae.Message}
+		}
+	}
+	return &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the guest's agent failed: " + err.Error()}
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	path, err := filePath(r)
+	if err != nil {
+		return err
+	}
+	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if r.URL.Query().Get("list") == "1" {
+		entries, err := c.ListDir(r.Context(), path)
+		if err != nil {
+			return agentError(err)
+		}
+		writeJSON(w, 200, listBody(entries, ""))
+		return nil
+	}
+	rc, err := c.OpenFile(r.Context(), path)
+	if err != nil {
+		return agentError(err)
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	_, _ = io.Copy(w, rc)
+	return nil
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	path, err := filePath(r)
+	if err != nil {
+		return err
+	}
+	if r.ContentLength > MaxFileBytes {
+		return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("files are at most %d bytes", MaxFileBytes)}
+	}
+	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := c.WriteFile(r.Context(), path, http.MaxBytesReader(w, r.Body, MaxFileBytes), 0o644); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("files are at most %d bytes", MaxFileBytes)}
+		}
+		return agentError(err)
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	path, err := filePath(r)
+	if err != nil {
+		return err
+	}
+	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := c.DeleteFile(r.Context(), path); err != nil {
+		return agentError(err)
+	}
+	w.WriteHeader(204)
+	return nil
+}
+
+// pty bridges a caller's WebSocket to the guest agent's PTY. Every frame from the caller is
+// activity. Closing either side closes the other; the session itself is unchanged.
+func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	q := r.URL.Query()
+	dims := [2]int{80, 24}
+	for i, name := range []string{"cols", "rows"} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1000 {
+				return errInvalid(name, "must be an integer 1–1000, got %q", v)
+			}
+			dims[i] = n
+		}
+	}
+	sess, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	up, _, err := c.PTY(ctx, dims[0], dims[1], q.Get("command"))
+	if err != nil {
+		return agentError(err)
+	}
+	defer up.CloseNow()
+	down, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return nil // Accept has answered the caller
+	}
+	defer down.CloseNow()
+	up.SetReadLimit(1 << 20)
+	down.SetReadLimit(1 << 20)
+	errc := make(chan error, 2)
+	go func() { errc <- pump(ctx, down, up, func() { s.Guests.Touch(sess) }) }()
+	go func() { errc <- pump(ctx, up, down, nil) }()
+	<-errc
+	cancel()
+	_ = down.Close(websocket.StatusNormalClosure, "")
+	return nil
+}
+
+// pump copies frames from src to dst, calling each (if set) per frame.
+func pump(ctx context.Context, src, dst *websocket.Conn, each func()) error {
+	for {
+		typ, b, err := src.Read(ctx)
+		if err != nil {
+			return err
+		}
+		if each != nil {
+			each()
+		}
+		if err := dst.Write(ctx, typ, b); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package hypervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+)
+
+// Paths inside every guest.
+const (
+	// GuestWorkspace is where the guest's writable workspace is mounted.
+	GuestWorkspace = "/workspace"
+	// GuestAgentDir is where Spec.AgentDir is mounted (read-write); the agent's socket lives there.
+	GuestAgentDir = "/run/wb"
+	// GuestAgentBin is where Spec.AgentBin is mounted (read-only).
+	GuestAgentBin = "/run/wb-bin/wb"
+)
+
+// WritableMount is one guest directory backed by a subdirectory of Spec.Writable.
+type WritableMount struct {
+	Subdir string // below Spec.Writable on the host
+	Target string // guest path
+	Mode   uint32 // permission bits of the host directory
+}
+
+// WritableMounts lists the guest directories that live in the writable layer: Spec.Writable
+// holds one subdirectory per entry (created by the driver), each bind-mounted read-write.
+// A snapshot saves all of them.
+func WritableMounts() []WritableMount {
+	return []WritableMount{
+		{Subdir: "workspace", Target: GuestWorkspace, Mode: 0o755},
+		{Subdir: "tmp", Target: "/tmp", Mode: 0o1777},
+		{Subdir: "root", Target: "/root", Mode: 0o700},
+	}
+}
+
+// WorkspaceDir is the host directory that the guest sees as /workspace.
+func WorkspaceDir(writable string) string { return filepath.Join(writable, "workspace") }
+
+// Bind is a host directory (or file) bind-mounted into the guest.
+type Bind struct {
+	Source string `json:"source"` // host path
+	Target string `json:"target"` // guest path
+}
+
+// Spec describes one guest.
+type Spec struct {
+	ID            string   `json:"id"`                 // guest id (the session id); must satisfy ValidID
+	RootFS        string   `json:"rootfs"`             // template root filesystem, mounted read-only
+	Writable      string   `json:"writable"`           // host dir of the writable layer (see WritableMounts)
+	AgentDir      string   `json:"agent_dir"`          // host dir mounted read-write at /run/wb
+	AgentBin      string   `json:"agent_bin"`          // host path of the static wb binary, mounted read-only at /run/wb-bin/wb; optional
+	Args          []string `json:"args"`               // init process
+	Env           []string `json:"env,omitempty"`      // init environment; a default PATH is added when none is given
+	ReadOnlyBinds []Bind   `json:"ro_binds,omitempty"` // extra read-only binds (toolchains)
+	VCPU          int      `json:"vcpu"`               // CPU quota in whole CPUs; 0 = unlimited
+	MemoryMiB     int      `json:"memory_mib"`         // memory limit; 0 = unlimited
+	DiskGiB       int      `json:"disk_gib"`           // disk allowance of the writable layer (reported, see Stats.DiskBytes)
+	Pids          int      `json:"pids"`               // process limit; 0 = unlimited
+}
+
+// ValidID reports whether id is usable as a container id, a cgroup name and a directory name:
+// 1 to 128 characters of [A-Za-z0-9_.-], starting with a letter or digit.
+func ValidID(id string) bool {
+	if len(id) == 0 || len(id) > 128 {
+		return false
+	}
+	for i, c := range []byte(id) {
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Validate checks a Spec before a driver acts on it.
+func (s Spec) Validate() error {
+	if !ValidID(s.ID) {
+		return fmt.Errorf("hypervisor: invalid guest id %q (want [A-Za-z0-9][A-Za-z0-9_.-]{0,127})", s.ID)
+	}
+	for name, p := range map[string]string{"rootfs": s.RootFS, "writable": s.Writable, "agent dir": s.AgentDir} {
+		if p == "" || !filepath.IsAbs(p) {
+			return fmt.Errorf("hypervisor: %s must be an absolute path, got %q", name, p)
+		}
+	}
+	if s.AgentBin != "" && !filepath.IsAbs(s.AgentBin) {
+		return fmt.Errorf("hypervisor: agent bin must be an absolute path, got %q", s.AgentBin)
+	}
+	if len(s.Args) == 0 {
+		return errors.New("hypervisor: spec has no init args")
+	}
+	for _, b := range s.ReadOnlyBinds {
+		if !filepath.IsAbs(b.Source) || !filepath.IsAbs(b.Target) {
+			return fmt.Errorf("hypervisor: bind %q -> %q: both paths must be absolute", b.Source, b.Target)
+		}
+	}
+	if s.VCPU < 0 || s.MemoryMiB < 0 || s.DiskGiB < 0 || s.Pids < 0 {
+		return errors.New("hypervisor: negative resource limit")
+	}
+	return nil
+}
+
+// State is a guest's lifecycle state as the back end reports it.
+type State string
+
+// Guest states.
+const (
+	StateCreated State = "created"
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped"
+)
+
+// Info is a guest's current state.
+type Info struct {
+	State State `json:"state"`
+	Pid   int   `json:"pid"` // host pid of the guest's init (runc) or sandbox (runsc); 0 when stopped
+}
+
+// Stats are a guest's resource counters, read from its cgroup.
+type Stats struct {
+	CPUMs       int64 `json:"cpu_ms"`       // CPU time used since creation
+	MemoryBytes int64 `json:"memory_bytes"` // current memory usage
+	OOMKills    int64 `json:"oom_kills"`    // OOM kills in the guest's cgroup
+	DiskBytes   int64 `json:"disk_bytes"`   // bytes allocated by the writable layer (a walk; -1 when unknown)
+}
+
+// SnapshotInfo describes a snapshot written by Driver.Snapshot.
+type SnapshotInfo struct {
+	Memory    bool  `json:"memory"`     // the snapshot holds the guest's memory (restores running processes)
+	SizeBytes int64 `json:"size_bytes"` // bytes on disk
+}
+
+// Event types.
+const (
+	EventOOM  = "oom"
+	EventExit = "exit"
+)
+
+// Event is something that happened to a guest.
+type Event struct {
+	Type string    `json:"type"` // EventOOM or EventExit
+	At   time.Time `json:"at"`
+}
+
+// ErrNotFound is returned for a guest the driver does not know.
+var ErrNotFound = errors.New("hypervisor: guest not found")
+
+// Driver is a guest back end.
+type Driver interface {
+	// Name is "runsc", "runc" or "cloudhv".
+	Name() string
+	// Create prepares the guest (bundle, writable dirs) and creates it without starting init.
+	Create(ctx context.Context, s Spec) error
+	// Boot starts the init process of a created guest.
+	Boot(ctx context.Context, id string) error
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Snapshot saves the writable layer into dir and, when memory is true and the driver can,
+	// the guest's memory. A memory snapshot stops the guest; the caller restores it.
+	Snapshot(ctx context.Context, id, dir string, memory bool) (SnapshotInfo, error)
+	// Restore creates and runs a new guest from a snapshot dir: a memory restore when the
+	// snapshot has memory, else a fresh boot on the unpacked writable layer.
+	Restore(ctx context.Context, s Spec, dir string) error
+	// Stop kills the guest (SIGKILL).
+	Stop(ctx context.Context, id string) error
+	// Delete removes the guest and its bundle; deleting an unknown guest is not an error.
+	Delete(ctx context.Context, id string) error
+	Info(ctx context.Context, id string) (Info, error)
+	Stats(ctx context.Context, id string) (Stats, error)
+	// Events streams OOM and exit events until ctx ends or the guest exits (then the channel closes).
+	Events(ctx context.Context, id string) (<-chan Event, error)
+}

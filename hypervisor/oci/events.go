@@ -1,0 +1,122 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"wb/hypervisor"
+)
+
+// Events polls the guest: its cgroup's OOM-kill counter (an "oom" event per new kill) and its
+// init/sandbox process (an "exit" event once it is gone, confirmed with the runtime's state
+// every ten polls). The channel closes after "exit" or when ctx ends. The same polling works
+// for runc and runsc and for cgroup v1 and v2 (runsc events carries no OOM notifications).
+func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event, error) {
+	g, err := d.loadGuest(id)
+	if err != nil {
+		return nil, err
+	}
+	info, err := d.Info(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	baseline, err := d.cg.oomKills(g.CgroupsPath)
+	if err != nil {
+		baseline = 0
+	}
+	ch := make(chan hypervisor.Event, 16)
+	go d.watch(ctx, id, g.CgroupsPath, info, baseline, ch)
+	return ch, nil
+}
+
+func (d *Driver) watch(ctx context.Context, id, cgPath string, info hypervisor.Info, ooms int64, ch chan<- hypervisor.Event) {
+	defer close(ch)
+	send := func(typ string) bool {
+		select {
+		case ch <- hypervisor.Event{Type: typ, At: time.Now()}:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	checkOOM := func() bool {
+		n, err := d.cg.oomKills(cgPath)
+		if err != nil {
+			return true
+		}
+		for ; ooms < n; ooms++ {
+			if !send(hypervisor.EventOOM) {
+				return false
+			}
+		}
+		return true
+	}
+	if info.State == hypervisor.StateStopped {
+		send(hypervisor.EventExit)
+		return
+	}
+	pid := info.Pid
+	start, _ := procStart(pid)
+	tick := time.NewTicker(d.eventInterval)
+	defer tick.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !checkOOM() {
+			return
+		}
+		alive := pid > 0 && procAlive(pid, start)
+		if alive && n%10 == 0 {
+			cur, err := d.Info(ctx, id)
+			switch {
+			case errors.Is(err, hypervisor.ErrNotFound):
+				alive = false
+			case err != nil:
+				if ctx.Err() != nil {
+					return
+				}
+				d.log.Debug("events: state", "id", id, "err", err)
+			case cur.State == hypervisor.StateStopped:
+				alive = false
+			}
+		}
+		if !alive {
+			if checkOOM() {
+				send(hypervisor.EventExit)
+			}
+			return
+		}
+	}
+}
+
+// procStart returns the start time (field 22 of /proc/<pid>/stat) of a live process.
+func procStart(pid int) (string, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", false
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); field 22 is f[19].
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return "", false
+	}
+	return f[19], true
+}
+
+// procAlive reports whether pid still runs and is the same process (same start time).
+func procAlive(pid int, start string) bool {
+	s, ok := procStart(pid)
+	return ok && (start == "" || s == start)
+}

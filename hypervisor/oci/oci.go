@@ -1,0 +1,557 @@
+// Package oci is the local guest back end: it drives gVisor's runsc (preferred) or runc through
+// github.com/containerd/go-runc. Each guest is one OCI container whose bundle (config.json,
+// console log, the guest's Spec) lives under Options.BundleRoot/<id>.
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	gorunc "github.com/containerd/go-runc"
+
+	"wb/hypervisor"
+)
+
+// Runtime names.
+const (
+	RuntimeRunsc = "runsc"
+	RuntimeRunc  = "runc"
+)
+
+// Options configure a Driver.
+type Options struct {
+	// Runtime is "runsc", "runc" or "" (runsc when on PATH, else runc).
+	Runtime string
+	// RuntimePath is the runtime binary; default: looked up on PATH by Runtime's name.
+	RuntimePath string
+	// StateRoot is the runtime's --root (its state dir); one per driver instance.
+	// Default: /run/wb/oci/<runtime>.
+	StateRoot string
+	// BundleRoot holds one bundle dir per guest. Default: /var/lib/wb/bundles.
+	BundleRoot string
+	// CgroupParent is the cgroup under which each guest gets <CgroupParent>/<id>. Default: /wb.
+	CgroupParent string
+	// RunscFlags replace the default global runsc flags (DefaultRunscFlags).
+	RunscFlags []string
+	// EventInterval is the polling period of Events. Default: 200ms.
+	EventInterval time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+
+	// cgroupProbe and mountinfo are overridable for tests of the cgroup detection.
+	cgroupProbe, mountinfo string
+}
+
+// DefaultRunscFlags are the global flags runsc needs on the hosts we know: the ptrace platform
+// (KVM hangs on PVM hosts), no network stack (gVisor's netstack refuses to run in the root
+// netns here, and guests get loopback only), host Unix sockets allowed in bind mounts (the
+// agent's socket), and no overlay on the root (it is read-only anyway; writes go to binds).
+func DefaultRunscFlags() []string {
+	return []string{"--platform=ptrace", "--network=none", "--host-uds=all", "--overlay2=none"}
+}
+
+// Driver is a hypervisor.Driver backed by an OCI runtime.
+type Driver struct {
+	name          string
+	rt            *gorunc.Runc
+	bundleRoot    string
+	cgroupParent  string
+	cg            cgroupHost
+	eventInterval time.Duration
+	log           *slog.Logger
+}
+
+var _ hypervisor.Driver = (*Driver)(nil)
+
+// New returns a Driver after checking that the runtime binary exists.
+func New(o Options) (*Driver, error) {
+	name := o.Runtime
+	if name == "" {
+		name = RuntimeRunc
+		if _, err := exec.LookPath(RuntimeRunsc); err == nil {
+			name = RuntimeRunsc
+		}
+	}
+	if name != RuntimeRunsc && name != RuntimeRunc {
+		return nil, fmt.Errorf("oci: unknown runtime %q (want runsc or runc)", name)
+	}
+	bin := o.RuntimePath
+	if bin == "" {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			return nil, fmt.Errorf("oci: %s not found on PATH (Debian: apt-get install %s): %w", name, name, err)
+		}
+		bin = p
+	}
+	if o.StateRoot == "" {
+		o.StateRoot = filepath.Join("/run/wb/oci", name)
+	}
+	if o.BundleRoot == "" {
+		o.BundleRoot = "/var/lib/wb/bundles"
+	}
+	if o.CgroupParent == "" {
+		o.CgroupParent = "/wb"
+	}
+	if !filepath.IsAbs(o.StateRoot) || !filepath.IsAbs(o.BundleRoot) || !filepath.IsAbs(o.CgroupParent) {
+		return nil, errors.New("oci: StateRoot, BundleRoot and CgroupParent must be absolute")
+	}
+	if o.EventInterval <= 0 {
+		o.EventInterval = 200 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.cgroupProbe == "" {
+		o.cgroupProbe = "/sys/fs/cgroup/cgroup.controllers"
+	}
+	if o.mountinfo == "" {
+		o.mountinfo = "/proc/self/mountinfo"
+	}
+	cg, err := detectCgroups(o.mountinfo, o.cgroupProbe)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{o.StateRoot, o.BundleRoot} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("oci: %w", err)
+		}
+	}
+	rt := &gorunc.Runc{Command: bin, Root: o.StateRoot}
+	if name == RuntimeRunsc {
+		rt.ExtraArgs = DefaultRunscFlags()
+		if o.RunscFlags != nil {
+			rt.ExtraArgs = append([]string(nil), o.RunscFlags...)
+		}
+	}
+	return &Driver{
+		name:          name,
+		rt:            rt,
+		bundleRoot:    o.BundleRoot,
+		cgroupParent:  filepath.Clean(o.CgroupParent),
+		cg:            cg,
+		eventInterval: o.EventInterval,
+		log:           o.Logger.With("driver", "oci", "runtime", name),
+	}, nil
+}
+
+// Name is "runsc" or "runc".
+func (d *Driver) Name() string { return d.name }
+
+// CgroupV2 reports whether the host uses the unified cgroup hierarchy.
+func (d *Driver) CgroupV2() bool { return d.cg.v2 }
+
+// CgroupPath is the cgroupsPath of guest id (below each v1 controller's mount, or below the v2 root).
+func (d *Driver) CgroupPath(id string) string { return d.cgroupParent + "/" + id }
+
+// RemoveCgroupParent removes the (empty) CgroupParent directories, e.g. at shutdown or after
+// tests; it fails harmlessly while guests still exist.
+func (d *Driver) RemoveCgroupParent() error { return d.cg.removeDirs(d.cgroupParent) }
+
+// BundleDir is guest id's bundle directory.
+func (d *Driver) BundleDir(id string) string { return filepath.Join(d.bundleRoot, id) }
+
+// List returns the ids of the containers the runtime knows in this driver's state root.
+func (d *Driver) List(ctx context.Context) ([]string, error) {
+	cs, err := d.rt.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("oci: %s list: %w", d.name, err)
+	}
+	ids := make([]string, 0, len(cs))
+	for _, c := range cs {
+		ids = append(ids, c.ID)
+	}
+	return ids, nil
+}
+
+const (
+	configFile  = "config.json"
+	guestFile   = "wb-guest.json"
+	consoleFile = "console.log"
+)
+
+// guestRecord is what the driver keeps about a guest beside its OCI config.
+type guestRecord struct {
+	Spec        hypervisor.Spec `json:"spec"`
+	CgroupsPath string          `json:"cgroups_path"`
+	Runtime     string          `json:"runtime"`
+}
+
+func (d *Driver) loadGuest(id string) (guestRecord, error) {
+	var g guestRecord
+	if !hypervisor.ValidID(id) {
+		return g, fmt.Errorf("oci: invalid guest id %q: %w", id, hypervisor.ErrNotFound)
+	}
+	b, err := os.ReadFile(filepath.Join(d.BundleDir(id), guestFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return g, fmt.Errorf("oci: guest %s: %w", id, hypervisor.ErrNotFound)
+	}
+	if err != nil {
+		return g, fmt.Errorf("oci: %w", err)
+	}
+	if err := json.Unmarshal(b, &g); err != nil {
+		return g, fmt.Errorf("oci: guest %s record: %w", id, err)
+	}
+	return g, nil
+}
+
+// prepare creates the writable dirs and writes the bundle of s.
+func (d *Driver) prepare(s hypervisor.Spec) (string, error) {
+	if err := s.Validate(); err != nil {
+		return "", err
+	}
+	for _, p := range []string{s.RootFS, s.AgentDir} {
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+			if err == nil {
+				err = errors.New("not a directory")
+			}
+			if p == s.AgentDir && errors.Is(err, fs.ErrNotExist) {
+				if err := os.MkdirAll(p, 0o755); err != nil {
+					return "", fmt.Errorf("oci: agent dir: %w", err)
+				}
+				continue
+			}
+			return "", fmt.Errorf("oci: %s: %w", p, err)
+		}
+	}
+	if s.AgentBin != "" {
+		if fi, err := os.Stat(s.AgentBin); err != nil || !fi.Mode().IsRegular() {
+			return "", fmt.Errorf("oci: agent bin %s: not a regular file (%v)", s.AgentBin, err)
+		}
+	}
+	for _, w := range hypervisor.WritableMounts() {
+		p := filepath.Join(s.Writable, w.Subdir)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return "", fmt.Errorf("oci: writable layer: %w", err)
+		}
+		if err := os.Chmod(p, fs.FileMode(w.Mode&0o777)|modeBits(w.Mode)); err != nil {
+			return "", fmt.Errorf("oci: writable layer: %w", err)
+		}
+	}
+	bundle := d.BundleDir(s.ID)
+	if _, err := os.Stat(filepath.Join(bundle, guestFile)); err == nil {
+		return "", fmt.Errorf("oci: guest %s already exists", s.ID)
+	}
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return "", fmt.Errorf("oci: bundle: %w", err)
+	}
+	rec := guestRecord{Spec: s, CgroupsPath: d.CgroupPath(s.ID), Runtime: d.name}
+	cfg := ociSpec(s, specOptions{runsc: d.name == RuntimeRunsc, cgroupsPath: rec.CgroupsPath, swap: d.cg.swap, nofile: guestNofile()})
+	if err := writeJSON(filepath.Join(bundle, configFile), cfg); err != nil {
+		return "", err
+	}
+	if err := writeJSON(filepath.Join(bundle, guestFile), rec); err != nil {
+		return "", err
+	}
+	return bundle, nil
+}
+
+func modeBits(m uint32) fs.FileMode {
+	var out fs.FileMode
+	if m&0o1000 != 0 {
+		out |= fs.ModeSticky
+	}
+	return out
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("oci: encode %s: %w", filepath.Base(path), err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("oci: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("oci: %w", err)
+	}
+	return nil
+}
+
+// consoleIO connects the runtime command (and so the guest's init, which inherits it) to
+// the bundle's console log; stdin is /dev/null.
+type consoleIO struct{ f *os.File }
+
+func openConsole(bundle string) (*consoleIO, int64, error) {
+	f, err := os.OpenFile(filepath.Join(bundle, consoleFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, 0, fmt.Errorf("oci: console log: %w", err)
+	}
+	off, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("oci: console log: %w", err)
+	}
+	return &consoleIO{f: f}, off, nil
+}
+
+func (c *consoleIO) Close() error           { return c.f.Close() }
+func (c *consoleIO) Stdin() io.WriteCloser  { return nil }
+func (c *consoleIO) Stdout() io.ReadCloser  { return nil }
+func (c *consoleIO) Stderr() io.ReadCloser  { return nil }
+func (c *consoleIO) Set(cmd *exec.Cmd)      { cmd.Stdout, cmd.Stderr = c.f, c.f }
+func (c *consoleIO) CloseAfterStart() error { return nil }
+func (c *consoleIO) String() string         { return c.f.Name() }
+func (c *consoleIO) tail(from int64) string { return readTail(c.f.Name(), from) }
+func (c *consoleIO) withTail(from int64, err error) error {
+	if t := c.tail(from); t != "" {
+		return fmt.Errorf("%w: %s", err, t)
+	}
+	return err
+}
+
+// readTail returns what was appended to path since offset from (at most 4 KiB of it).
+func readTail(path string, from int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	if fi.Size()-from > 4096 {
+		from = fi.Size() - 4096
+	}
+	b, err := io.ReadAll(io.NewSectionReader(f, from, fi.Size()-from))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// Create writes the bundle and creates the container (not started).
+func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
+	t0 := time.Now()
+	bundle, err := d.prepare(s)
+	if err != nil {
+		return err
+	}
+	con, off, err := openConsole(bundle)
+	if err != nil {
+		return err
+	}
+	defer con.Close()
+	if err := d.rt.Create(ctx, s.ID, bundle, &gorunc.CreateOpts{IO: con}); err != nil {
+		err = con.withTail(off, fmt.Errorf("oci: %s create %s: %w", d.name, s.ID, err))
+		d.cleanupFailed(s.ID)
+		return err
+	}
+	d.log.Debug("guest created", "id", s.ID, "took", time.Since(t0))
+	return nil
+}
+
+// cleanupFailed removes what a failed create or restore left.
+func (d *Driver) cleanupFailed(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := d.Delete(ctx, id); err != nil {
+		d.log.Warn("cleanup after failed create", "id", id, "err", err)
+	}
+}
+
+// Boot starts the init process.
+func (d *Driver) Boot(ctx context.Context, id string) error {
+	if _, err := d.loadGuest(id); err != nil {
+		return err
+	}
+	if err := d.rt.Start(ctx, id); err != nil {
+		return d.wrap("start", id, err)
+	}
+	return nil
+}
+
+// Pause freezes the guest (runc: cgroup freezer; runsc: the sentry stops its tasks).
+func (d *Driver) Pause(ctx context.Context, id string) error {
+	if _, err := d.loadGuest(id); err != nil {
+		return err
+	}
+	if err := d.rt.Pause(ctx, id); err != nil {
+		return d.wrap("pause", id, err)
+	}
+	return nil
+}
+
+// Resume thaws a paused guest.
+func (d *Driver) Resume(ctx context.Context, id string) error {
+	if _, err := d.loadGuest(id); err != nil {
+		return err
+	}
+	if err := d.rt.Resume(ctx, id); err != nil {
+		return d.wrap("resume", id, err)
+	}
+	return nil
+}
+
+// Stop SIGKILLs the guest and waits until the runtime reports it stopped.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	info, err := d.Info(ctx, id)
+	if err != nil {
+		return err
+	}
+	if info.State == hypervisor.StateStopped {
+		return nil
+	}
+	if info.State == hypervisor.StatePaused && d.name == RuntimeRunsc {
+		// runsc refuses to signal a paused container ("cannot signal container in state
+		// paused"); runc thaws it for SIGKILL itself.
+		if err := d.rt.Resume(ctx, id); err != nil {
+			return d.wrap("resume before kill", id, err)
+		}
+	}
+	if err := d.rt.Kill(ctx, id, int(syscall.SIGKILL), nil); err != nil {
+		return d.wrap("kill", id, err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for {
+		info, err := d.Info(ctx, id)
+		if err != nil {
+			return err
+		}
+		if info.State == hypervisor.StateStopped {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("oci: stop %s: %w", id, ctx.Err())
+		case <-deadline:
+			return fmt.Errorf("oci: stop %s: still %s 10s after SIGKILL", id, info.State)
+		case <-tick.C:
+		}
+	}
+}
+
+// Delete force-deletes the container and removes its bundle and cgroups. Idempotent.
+func (d *Driver) Delete(ctx context.Context, id string) error {
+	if !hypervisor.ValidID(id) {
+		return fmt.Errorf("oci: invalid guest id %q", id)
+	}
+	var errs []error
+	if d.name == RuntimeRunsc {
+		// runsc delete --force panics on a paused container ("invalid state transition:
+		// paused => stopped"): thaw it first.
+		if c, err := d.rt.State(ctx, id); err == nil && c.Status == "paused" {
+			if err := d.rt.Resume(ctx, id); err != nil {
+				d.log.Warn("resume before delete", "id", id, "err", err)
+			}
+		}
+	}
+	if err := d.rt.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil && !isNotExist(err) {
+		errs = append(errs, d.wrap("delete", id, err))
+	}
+	if err := d.cg.removeDirs(d.CgroupPath(id)); err != nil {
+		d.log.Debug("remove cgroup", "id", id, "err", err)
+	}
+	if err := os.RemoveAll(d.BundleDir(id)); err != nil {
+		errs = append(errs, fmt.Errorf("oci: remove bundle: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Info reports the runtime's view of the guest.
+func (d *Driver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
+	if _, err := d.loadGuest(id); err != nil {
+		return hypervisor.Info{}, err
+	}
+	c, err := d.rt.State(ctx, id)
+	if err != nil {
+		return hypervisor.Info{}, d.wrap("state", id, err)
+	}
+	var st hypervisor.State
+	switch c.Status {
+	case "created", "creating":
+		st = hypervisor.StateCreated
+	case "running":
+		st = hypervisor.StateRunning
+	case "paused", "pausing":
+		st = hypervisor.StatePaused
+	case "stopped":
+		st = hypervisor.StateStopped
+	default:
+		return hypervisor.Info{}, fmt.Errorf("oci: %s state %s: unknown status %q", d.name, id, c.Status)
+	}
+	pid := c.Pid
+	if st == hypervisor.StateStopped {
+		pid = 0
+	}
+	return hypervisor.Info{State: st, Pid: pid}, nil
+}
+
+// Stats reads the guest's cgroup (CPU, memory, OOM kills) and sizes its writable layer.
+func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error) {
+	g, err := d.loadGuest(id)
+	if err != nil {
+		return hypervisor.Stats{}, err
+	}
+	raw, err := d.cg.read(g.CgroupsPath)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			return hypervisor.Stats{}, fmt.Errorf("oci: stats %s: %w", id, err)
+		}
+		// No cgroup (not created yet, or already cleaned up): ask the runtime.
+		rs, rerr := d.rt.Stats(ctx, id)
+		if rerr != nil {
+			return hypervisor.Stats{}, d.wrap("events --stats", id, rerr)
+		}
+		raw = cgroupStats{cpuNanos: int64(rs.Cpu.Usage.Total), memoryBytes: int64(rs.Memory.Usage.Usage)}
+	}
+	return hypervisor.Stats{
+		CPUMs:       raw.cpuNanos / 1e6,
+		MemoryBytes: raw.memoryBytes,
+		OOMKills:    raw.oomKills,
+		DiskBytes:   diskUsage(g.Spec.Writable),
+	}, nil
+}
+
+// diskUsage is the space allocated by the files under dir, -1 if it cannot be walked.
+func diskUsage(dir string) int64 {
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil //nolint:nilerr // vanished while walking
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			total += st.Blocks * 512
+		} else {
+			total += fi.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		return -1
+	}
+	return total
+}
+
+func isNotExist(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "does not exist")
+}
+
+// wrap turns a runtime error into ours, mapping "does not exist" to hypervisor.ErrNotFound.
+func (d *Driver) wrap(op, id string, err error) error {
+	if isNotExist(err) {
+		return fmt.Errorf("oci: %s %s %s: %v: %w", d.name, op, id, err, hypervisor.ErrNotFound)
+	}
+	return fmt.Errorf("oci: %s %s %s: %w", d.name, op, id, err)
+}

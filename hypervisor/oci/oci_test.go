@@ -1,0 +1,500 @@
+package oci_test
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/hypervisor"
+	"wb/hypervisor/templates"
+)
+
+// TestGuestLifecycle boots a busybox guest on each runtime and checks isolation, pause and
+// resume, stats, the exit event, and that stop + delete leave nothing behind.
+func TestGuestLifecycle(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt)
+			ctx := ctxT(t, 3*time.Minute)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			g, create, start, ready := boot(t, d, s)
+			t.Logf("%s: create %s, boot %s, create→ready %s", rt, ms(create), ms(start), ms(ready))
+
+			info, err := d.Info(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State != hypervisor.StateRunning || info.Pid <= 0 {
+				t.Fatalf("info after boot = %+v, want running with a pid", info)
+			}
+
+			// The template root is read-only; the writable dirs are not, and land on the host.
+			out := g.mustRun(`if echo x > /rootfile 2>/dev/null; then echo ROOT-WRITABLE; else echo root-denied; fi
+if echo x > /bin/x 2>/dev/null; then echo BIN-WRITABLE; else echo bin-denied; fi
+echo hello > /workspace/hello.txt && echo tmp > /tmp/t.txt && echo home > /root/r.txt && echo ws-ok`)
+			for _, want := range []string{"root-denied", "bin-denied", "ws-ok"} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("write checks: %q lacks %q", out, want)
+				}
+			}
+			if b, err := os.ReadFile(filepath.Join(hypervisor.WorkspaceDir(s.Writable), "hello.txt")); err != nil || string(b) != "hello\n" {
+				t.Fatalf("host view of /workspace/hello.txt: %q, %v", b, err)
+			}
+			for _, p := range []string{"tmp/t.txt", "root/r.txt"} {
+				if _, err := os.Stat(filepath.Join(s.Writable, p)); err != nil {
+					t.Fatalf("host view of writable %s: %v", p, err)
+				}
+			}
+			if _, err := os.Lstat(filepath.Join(s.RootFS, "rootfile")); err == nil {
+				t.Fatal("guest wrote into the template rootfs")
+			}
+
+			// Own pid namespace: only the guest's few processes.
+			out = g.mustRun(`ls /proc | grep -c '^[0-9][0-9]*$'; ps`)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			n, err := strconv.Atoi(lines[0])
+			if err != nil {
+				t.Fatalf("proc count: %q", out)
+			}
+			if n < 2 || n > 10 {
+				t.Fatalf("guest sees %d processes in /proc, want only its own few:\n%s", n, out)
+			}
+			if exe, _ := os.Executable(); strings.Contains(out, filepath.Base(exe)) {
+				t.Fatalf("guest sees the host's test process:\n%s", out)
+			}
+			t.Logf("%s: guest /proc shows %d processes", rt, n)
+
+			// The host's loopback is out of reach.
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			var accepted atomic.Int64
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					accepted.Add(1)
+					_, _ = c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost-secret\n"))
+					c.Close()
+				}
+			}()
+			port := ln.Addr().(*net.TCPAddr).Port
+			if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err != nil {
+				t.Fatalf("host cannot reach its own server: %v", err)
+			} else {
+				c.Close()
+			}
+			g.mustRun(`nc -w 2 127.0.0.1 ` + strconv.Itoa(port) + ` </dev/null > /workspace/nc.out 2>&1; echo "nc=$?" > /workspace/net.txt
+wget -q -T 2 -O - http://127.0.0.1:` + strconv.Itoa(port) + `/ >> /workspace/nc.out 2>&1; echo "wget=$?" >> /workspace/net.txt`)
+			ws := hypervisor.WorkspaceDir(s.Writable)
+			netRes, _ := os.ReadFile(filepath.Join(ws, "net.txt"))
+			ncOut, _ := os.ReadFile(filepath.Join(ws, "nc.out"))
+			t.Logf("%s: guest → host 127.0.0.1:%d: %s (%s)", rt, port, strings.ReplaceAll(strings.TrimSpace(string(netRes)), "\n", " "), strings.TrimSpace(string(ncOut)))
+			if accepted.Load() != 1 || strings.Contains(string(ncOut), "host-secret") ||
+				!strings.Contains(string(netRes), "nc=") || strings.Contains(string(netRes), "nc=0") || strings.Contains(string(netRes), "wget=0") {
+				t.Fatalf("guest reached the host's loopback: accepted=%d (1 is the host's own probe), result %q, output %q", accepted.Load(), netRes, ncOut)
+			}
+
+			// Pause and resume.
+			t0 := time.Now()
+			if err := d.Pause(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			pause := time.Since(t0)
+			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StatePaused {
+				t.Fatalf("info after pause = %+v, %v", info, err)
+			}
+			t0 = time.Now()
+			if err := d.Resume(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			resume := time.Since(t0)
+			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
+				t.Fatalf("info after resume = %+v, %v", info, err)
+			}
+			g.mustRun("true")
+			t.Logf("%s: pause %s, resume %s", rt, ms(pause), ms(resume))
+
+			// Stats from the cgroup.
+			var st hypervisor.Stats
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				if st, err = d.Stats(ctx, s.ID); err != nil {
+					t.Fatal(err)
+				}
+				if st.CPUMs > 0 && st.MemoryBytes > 0 || time.Now().After(deadline) {
+					break
+				}
+				g.mustRun("i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done")
+			}
+			t.Logf("%s: stats %+v", rt, st)
+			if st.CPUMs <= 0 || st.MemoryBytes <= 0 || st.DiskBytes <= 0 {
+				t.Fatalf("stats = %+v, want cpu, memory and disk > 0", st)
+			}
+
+			// Stop → exit event; delete leaves nothing.
+			events, err := d.Events(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t0 = time.Now()
+			if err := d.Stop(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			stop := time.Since(t0)
+			select {
+			case ev, ok := <-events:
+				if !ok || ev.Type != hypervisor.EventExit {
+					t.Fatalf("event after stop = %+v (open %v), want exit", ev, ok)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no exit event within 10s of stop")
+			}
+			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateStopped {
+				t.Fatalf("info after stop = %+v, %v", info, err)
+			}
+			t0 = time.Now()
+			if err := d.Delete(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: stop %s, delete %s", rt, ms(stop), ms(time.Since(t0)))
+			ids, err := d.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(ids, s.ID) {
+				t.Fatalf("%s list still has %s after delete", rt, s.ID)
+			}
+			if _, err := os.Stat(d.BundleDir(s.ID)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("bundle dir still there after delete: %v", err)
+			}
+			if _, err := d.Info(ctx, s.ID); !errors.Is(err, hypervisor.ErrNotFound) {
+				t.Fatalf("info after delete: %v, want ErrNotFound", err)
+			}
+			if err := d.Delete(ctx, s.ID); err != nil {
+				t.Fatalf("second delete: %v", err)
+			}
+		})
+	}
+}
+
+// TestOOM runs a guest past its 64 MiB limit and expects the OOM kill to show in Events and
+// Stats. Under runc the kernel kills the biggest guest process; under runsc the sandbox
+// itself is the process the kernel kills, so the guest stops.
+func TestOOM(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt)
+			ctx := ctxT(t, 2*time.Minute)
+			s := guestSpec(t, cat[templates.Base], `echo ready > /run/wb/ready; sleep 1; awk 'BEGIN { s = "a"; for (i = 0; i < 28; i++) s = s s; print length(s) }' > /workspace/survived; while :; do sleep 1; done`)
+			s.MemoryMiB = 64
+			track(t, d, s)
+			if err := d.Create(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			events, err := d.Events(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Now()
+			if err := d.Boot(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			timeout := time.After(60 * time.Second)
+			var got []string
+		wait:
+			for {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						break wait
+					}
+					got = append(got, ev.Type)
+					if ev.Type == hypervisor.EventOOM {
+						break wait
+					}
+				case <-timeout:
+					t.Fatalf("no oom event within 60s (events so far %v)", got)
+				}
+			}
+			if !slices.Contains(got, hypervisor.EventOOM) {
+				t.Fatalf("events %v, want oom", got)
+			}
+			t.Logf("%s: oom event %s after boot (events %v)", rt, ms(time.Since(t0)), got)
+			st, err := d.Stats(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.OOMKills < 1 {
+				t.Fatalf("stats after oom = %+v, want OOMKills ≥ 1", st)
+			}
+			if b, err := os.ReadFile(filepath.Join(hypervisor.WorkspaceDir(s.Writable), "survived")); err == nil && len(b) > 0 {
+				t.Fatalf("the allocation succeeded past the memory limit: %s", b)
+			}
+			info, _ := d.Info(ctx, s.ID)
+			t.Logf("%s: stats %+v, state after oom %s", rt, st, info.State)
+		})
+	}
+}
+
+// TestSnapshotDiskOnly snapshots the writable layer of a running guest and restores it into a
+// new guest; on runc a memory snapshot request degrades to disk-only and says so.
+func TestSnapshotDiskOnly(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt)
+			ctx := ctxT(t, 3*time.Minute)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			g, _, _, _ := boot(t, d, s)
+			g.mustRun(`mkdir -p /workspace/src && echo 'print("hi")' > /workspace/src/main.py && chmod 600 /workspace/src/main.py && ln -s src/main.py /workspace/link && echo secret > /root/.token && echo scratch > /tmp/s`)
+
+			dir := filepath.Join(t.TempDir(), "snap")
+			t0 := time.Now()
+			si, err := d.Snapshot(ctx, s.ID, dir, rt == "runc") // runc: ask for memory, expect disk-only
+			if err != nil {
+				t.Fatal(err)
+			}
+			took := time.Since(t0)
+			if si.Memory || si.SizeBytes <= 0 {
+				t.Fatalf("snapshot info %+v, want disk-only with a size", si)
+			}
+			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
+				t.Fatalf("guest after a disk snapshot: %+v, %v (want running)", info, err)
+			}
+			g.mustRun("echo after > /workspace/after.txt") // not in the snapshot
+
+			r := guestSpec(t, cat[templates.Base], jobRunner)
+			rg := track(t, d, r)
+			t0 = time.Now()
+			if err := d.Restore(ctx, r, dir); err != nil {
+				t.Fatal(err)
+			}
+			restore := time.Since(t0)
+			waitFile(t, filepath.Join(r.AgentDir, "ready"), 30*time.Second)
+			t.Logf("%s: disk snapshot %s (%d bytes), restore→boot %s, restore→ready %s", rt, ms(took), si.SizeBytes, ms(restore), ms(time.Since(t0)))
+			out := rg.mustRun(`cat /workspace/src/main.py /workspace/link /root/.token /tmp/s; stat -c %a /workspace/src/main.py; ls /workspace`)
+			for _, want := range []string{`print("hi")`, "secret", "scratch", "600"} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("restored guest: %q lacks %q", out, want)
+				}
+			}
+			if strings.Contains(out, "after.txt") {
+				t.Fatalf("restored guest has a file written after the snapshot: %q", out)
+			}
+			if fi, err := os.Lstat(filepath.Join(hypervisor.WorkspaceDir(r.Writable), "link")); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+				t.Fatalf("symlink not restored: %v", err)
+			}
+			// A restore into a non-empty writable layer is refused.
+			r2 := r
+			r2.ID = "t" + randHex(t, 6)
+			if err := d.Restore(ctx, r2, dir); err == nil {
+				t.Fatal("restore into a non-empty writable layer succeeded")
+			}
+		})
+	}
+}
+
+// TestSnapshotMemoryRunsc checkpoints a runsc guest whose shell keeps a counter in memory and
+// restores it into a new guest: the counter goes on from where it was.
+func TestSnapshotMemoryRunsc(t *testing.T) {
+	cat := catalog(t)
+	d := newDriver(t, "runsc")
+	ctx := ctxT(t, 3*time.Minute)
+	s := guestSpec(t, cat[templates.Base], `echo ready > /run/wb/ready; i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done`)
+	boot(t, d, s)
+	count := filepath.Join(hypervisor.WorkspaceDir(s.Writable), "count")
+	deadline := time.Now().Add(30 * time.Second)
+	for readInt(t, count) < 20 {
+		if time.Now().After(deadline) {
+			t.Fatal("counter did not reach 20")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	t0 := time.Now()
+	si, err := d.Snapshot(ctx, s.ID, dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkpoint := time.Since(t0)
+	if !si.Memory {
+		t.Fatalf("runsc snapshot info %+v, want memory", si)
+	}
+	if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateStopped {
+		t.Fatalf("guest after checkpoint: %+v, %v (want stopped)", info, err)
+	}
+	at := readInt(t, count)
+	time.Sleep(300 * time.Millisecond)
+	if now := readInt(t, count); now != at {
+		t.Fatalf("counter moved after the checkpoint (%d → %d)", at, now)
+	}
+
+	r := guestSpec(t, cat[templates.Base], "exit 1") // args are not used by a memory restore
+	track(t, d, r)
+	t0 = time.Now()
+	if err := d.Restore(ctx, r, dir); err != nil {
+		t.Fatal(err)
+	}
+	restore := time.Since(t0)
+	if info, err := d.Info(ctx, r.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("restored guest: %+v, %v (want running)", info, err)
+	}
+	rcount := filepath.Join(hypervisor.WorkspaceDir(r.Writable), "count")
+	var seen []int
+	deadline = time.Now().Add(20 * time.Second)
+	for len(seen) < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("restored counter did not advance: %v", seen)
+		}
+		if v := readInt(t, rcount); v > 0 && v != at && (len(seen) == 0 || v != seen[len(seen)-1]) {
+			seen = append(seen, v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if seen[0] <= at || !slices.IsSorted(seen) {
+		t.Fatalf("counter after restore %v, want it to go on from %d", seen, at)
+	}
+	t.Logf("runsc: checkpoint %s (%d bytes with layer), restore %s; counter %d → %v", ms(checkpoint), si.SizeBytes, ms(restore), at, seen)
+
+	// The "live snapshot" pattern: checkpoint the restored guest and restore it under the
+	// same id after deleting the stopped one.
+	dir2 := filepath.Join(t.TempDir(), "snap2")
+	if _, err := d.Snapshot(ctx, r.ID, dir2, true); err != nil {
+		t.Fatal(err)
+	}
+	at2 := readInt(t, rcount)
+	if err := d.Delete(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	r.Writable = filepath.Join(t.TempDir(), "writable")
+	if err := d.Restore(ctx, r, dir2); err != nil {
+		t.Fatal(err)
+	}
+	rcount = filepath.Join(hypervisor.WorkspaceDir(r.Writable), "count")
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		if v := readInt(t, rcount); v > at2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("same-id restore: counter stuck at %d", readInt(t, rcount))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPolyglot runs the host's toolchains inside tpl_dev_polyglot.
+func TestPolyglot(t *testing.T) {
+	cat := catalog(t)
+	tpl := cat[templates.DevPolyglot]
+	var py []string
+	for _, r := range tpl.Runtimes {
+		if r.Name == "python3" {
+			py = r.Argv
+		}
+	}
+	if py == nil {
+		t.Skip("python3 is not installed on this host (apt-get install python3); tpl_dev_polyglot has no python3 runtime")
+	}
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt)
+			s := guestSpec(t, tpl, jobRunner)
+			g, _, _, ready := boot(t, d, s)
+			t.Logf("%s: polyglot create→ready %s, binds %v", rt, ms(ready), tpl.Binds)
+			out := g.mustRun(shJoin(append(py, "print(6*7)")))
+			if strings.TrimSpace(out) != "42" {
+				t.Fatalf("python3 printed %q, want 42", out)
+			}
+			for _, r := range tpl.Runtimes {
+				var script string
+				switch r.Name {
+				case "node":
+					script = shJoin(append(r.Argv, "console.log(6*7)"))
+				case "gcc":
+					script = `printf 'int main(){return 42;}' > /tmp/a.c && ` + shJoin(r.Argv) + ` -o /tmp/a /tmp/a.c && /tmp/a; echo "exit=$?"`
+				case "go":
+					script = shJoin(append(r.Argv, "version"))
+				default:
+					continue
+				}
+				rc, out := g.run(script)
+				t.Logf("%s: %s → exit %d: %s", rt, r.Name, rc, strings.TrimSpace(out))
+				if rc != 0 || r.Name == "node" && strings.TrimSpace(out) != "42" || r.Name == "gcc" && !strings.Contains(out, "exit=42") {
+					t.Errorf("%s does not run in %s: exit %d: %s", r.Name, templates.DevPolyglot, rc, out)
+				}
+			}
+		})
+	}
+}
+
+// TestPausedGuest stops one paused guest and deletes another without stopping it, and (runsc)
+// takes a memory snapshot of a paused guest: runsc refuses or panics on these unless the
+// driver thaws the guest first.
+func TestPausedGuest(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt)
+			ctx := ctxT(t, 2*time.Minute)
+			a := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, d, a)
+			if err := d.Pause(ctx, a.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Stop(ctx, a.ID); err != nil {
+				t.Fatal(err)
+			}
+			if info, err := d.Info(ctx, a.ID); err != nil || info.State != hypervisor.StateStopped {
+				t.Fatalf("stop of a paused guest: %+v, %v", info, err)
+			}
+
+			b := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, d, b)
+			if err := d.Pause(ctx, b.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Delete(ctx, b.ID); err != nil {
+				t.Fatal(err)
+			}
+			if ids, err := d.List(ctx); err != nil || slices.Contains(ids, b.ID) {
+				t.Fatalf("list after deleting a paused guest: %v, %v", ids, err)
+			}
+
+			c := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, d, c)
+			if err := d.Pause(ctx, c.ID); err != nil {
+				t.Fatal(err)
+			}
+			si, err := d.Snapshot(ctx, c.ID, filepath.Join(t.TempDir(), "snap"), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := d.Info(ctx, c.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := hypervisor.StatePaused // runc: disk-only, the guest stays as it was
+			if rt == "runsc" {
+				want = hypervisor.StateStopped
+			}
+			if si.Memory != (rt == "runsc") || info.State != want {
+				t.Fatalf("snapshot of a paused guest: %+v, state %s (want %s)", si, info.State, want)
+			}
+		})
+	}
+}

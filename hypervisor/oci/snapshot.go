@@ -1,0 +1,388 @@
+package oci
+
+import (
+	"archive/tar"
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	gorunc "github.com/containerd/go-runc"
+
+	"wb/hypervisor"
+)
+
+// Snapshot directory layout.
+const (
+	snapshotMeta   = "snapshot.json"
+	snapshotLayer  = "writable.tar"
+	snapshotMemory = "memory" // runsc checkpoint image dir
+	snapshotFormat = 1
+)
+
+// snapshotRecord is snapshot.json.
+type snapshotRecord struct {
+	Format    int       `json:"format"`
+	Runtime   string    `json:"runtime"`
+	GuestID   string    `json:"guest_id"`
+	Memory    bool      `json:"memory"`
+	CreatedAt time.Time `json:"created_at"`
+	RootFS    string    `json:"rootfs"`
+	BindTgts  []string  `json:"bind_targets,omitempty"`
+	AgentBin  bool      `json:"agent_bin"`
+	Layer     string    `json:"layer"`
+}
+
+// Snapshot saves the writable layer (a tar of Spec.Writable) into dir, and with memory on
+// runsc first checkpoints the guest (which stops it). A disk-only snapshot of a running guest
+// pauses it while the layer is written so the tar is consistent, then resumes it.
+func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
+	var out hypervisor.SnapshotInfo
+	g, err := d.loadGuest(id)
+	if err != nil {
+		return out, err
+	}
+	info, err := d.Info(ctx, id)
+	if err != nil {
+		return out, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return out, fmt.Errorf("oci: snapshot dir: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapshotMeta)); err == nil {
+		return out, fmt.Errorf("oci: snapshot dir %s already holds a snapshot", dir)
+	}
+	useMemory := memory && d.name == RuntimeRunsc &&
+		(info.State == hypervisor.StateRunning || info.State == hypervisor.StatePaused)
+	switch {
+	case useMemory:
+		t0 := time.Now()
+		img := filepath.Join(dir, snapshotMemory)
+		if err := os.MkdirAll(img, 0o700); err != nil {
+			return out, fmt.Errorf("oci: snapshot dir: %w", err)
+		}
+		if info.State == hypervisor.StatePaused {
+			// runsc checkpoints a paused sandbox but then keeps reporting it paused, and
+			// a later delete panics; checkpoint from running (it stops the guest itself).
+			if err := d.rt.Resume(ctx, id); err != nil {
+				return out, d.wrap("resume before checkpoint", id, err)
+			}
+		}
+		if err := d.rt.Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: img}); err != nil {
+			return out, d.wrap("checkpoint", id, err)
+		}
+		d.log.Debug("guest checkpointed", "id", id, "took", time.Since(t0))
+	case info.State == hypervisor.StateRunning:
+		if err := d.rt.Pause(ctx, id); err != nil {
+			return out, d.wrap("pause", id, err)
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if rerr := d.rt.Resume(rctx, id); rerr != nil {
+				d.log.Error("resume after disk snapshot", "id", id, "err", rerr)
+			}
+		}()
+	}
+	if memory && !useMemory {
+		d.log.Debug("memory snapshot not available; disk only", "id", id, "state", info.State)
+	}
+	if err := writeLayer(ctx, g.Spec.Writable, filepath.Join(dir, snapshotLayer)); err != nil {
+		return out, err
+	}
+	rec := snapshotRecord{
+		Format: snapshotFormat, Runtime: d.name, GuestID: id, Memory: useMemory, CreatedAt: time.Now().UTC(),
+		RootFS: g.Spec.RootFS, AgentBin: g.Spec.AgentBin != "", Layer: snapshotLayer,
+	}
+	for _, b := range g.Spec.ReadOnlyBinds {
+		rec.BindTgts = append(rec.BindTgts, b.Target)
+	}
+	if err := writeJSON(filepath.Join(dir, snapshotMeta), rec); err != nil {
+		return out, err
+	}
+	out.Memory = useMemory
+	out.SizeBytes = diskUsage(dir)
+	return out, nil
+}
+
+// Restore makes a new guest s from snapshot dir: the writable layer is unpacked into
+// s.Writable (which must be empty), then the guest's memory is restored (runsc restore
+// --detach) when the snapshot has it, else the guest boots afresh.
+func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	var rec snapshotRecord
+	b, err := os.ReadFile(filepath.Join(dir, snapshotMeta))
+	if err != nil {
+		return fmt.Errorf("oci: snapshot %s: %w", dir, err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return fmt.Errorf("oci: snapshot %s: %w", dir, err)
+	}
+	if rec.Format != snapshotFormat {
+		return fmt.Errorf("oci: snapshot %s: unknown format %d", dir, rec.Format)
+	}
+	if rec.Memory {
+		if rec.Runtime != d.name {
+			return fmt.Errorf("oci: snapshot %s holds %s memory; this driver is %s", dir, rec.Runtime, d.name)
+		}
+		var tg []string
+		for _, b := range s.ReadOnlyBinds {
+			tg = append(tg, b.Target)
+		}
+		if filepath.Clean(rec.RootFS) != filepath.Clean(s.RootFS) || !slices.Equal(tg, rec.BindTgts) || rec.AgentBin != (s.AgentBin != "") {
+			return fmt.Errorf("oci: snapshot %s: a memory restore needs the same rootfs and mounts as the snapshotted guest", dir)
+		}
+	}
+	if _, err := d.loadGuest(s.ID); err == nil {
+		return fmt.Errorf("oci: guest %s already exists", s.ID)
+	}
+	if err := readLayer(ctx, filepath.Join(dir, rec.Layer), s.Writable); err != nil {
+		return err
+	}
+	if !rec.Memory {
+		if err := d.Create(ctx, s); err != nil {
+			return err
+		}
+		if err := d.Boot(ctx, s.ID); err != nil {
+			d.cleanupFailed(s.ID)
+			return err
+		}
+		return nil
+	}
+	t0 := time.Now()
+	bundle, err := d.prepare(s)
+	if err != nil {
+		return err
+	}
+	con, off, err := openConsole(bundle)
+	if err != nil {
+		return err
+	}
+	defer con.Close()
+	_, err = d.rt.Restore(ctx, s.ID, bundle, &gorunc.RestoreOpts{
+		CheckpointOpts: gorunc.CheckpointOpts{ImagePath: filepath.Join(dir, snapshotMemory)},
+		IO:             con,
+		Detach:         true,
+	})
+	if err != nil {
+		err = con.withTail(off, fmt.Errorf("oci: %s restore %s: %w", d.name, s.ID, err))
+		d.cleanupFailed(s.ID)
+		return err
+	}
+	d.log.Debug("guest restored", "id", s.ID, "took", time.Since(t0))
+	return nil
+}
+
+// writeLayer tars the writable layer (directories, regular files, symlinks; sockets, fifos and
+// devices are skipped). Files are opened through an os.Root so that a symlink the guest
+// planted cannot make the host read outside the layer.
+func writeLayer(ctx context.Context, src, dst string) (err error) {
+	root, err := os.OpenRoot(src)
+	if err != nil {
+		return fmt.Errorf("oci: writable layer: %w", err)
+	}
+	defer root.Close()
+	f, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("oci: snapshot layer: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("oci: snapshot layer: %w", cerr)
+		}
+	}()
+	bw := bufio.NewWriterSize(f, 1<<20)
+	tw := tar.NewWriter(bw)
+	walkErr := fs.WalkDir(root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if p == "." {
+			return nil
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return err
+		}
+		var link string
+		switch {
+		case fi.Mode()&fs.ModeSymlink != 0:
+			if link, err = root.Readlink(p); err != nil {
+				return err
+			}
+		case fi.IsDir(), fi.Mode().IsRegular():
+		default:
+			return nil // socket, fifo, device
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = p
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uname, hdr.Gname = "", ""
+		hdr.Format = tar.FormatPAX
+		if fi.Mode().IsRegular() {
+			rf, err := root.Open(p)
+			if err != nil {
+				return err
+			}
+			defer rf.Close()
+			rfi, err := rf.Stat()
+			if err != nil {
+				return err
+			}
+			if !rfi.Mode().IsRegular() {
+				return nil
+			}
+			hdr.Size = rfi.Size()
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if _, err := io.CopyN(tw, rf, hdr.Size); err != nil {
+				return fmt.Errorf("%s: %w", p, err)
+			}
+			return nil
+		}
+		return tw.WriteHeader(hdr)
+	})
+	if walkErr != nil {
+		return fmt.Errorf("oci: snapshot layer: %w", walkErr)
+	}
+	if err := tw.Close(); err != nil {
+		return fmt.Errorf("oci: snapshot layer: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("oci: snapshot layer: %w", err)
+	}
+	return f.Sync()
+}
+
+// readLayer unpacks a layer tar into dst, which must be missing or empty. Everything is
+// written through an os.Root: entries cannot escape dst, also not through symlinks.
+func readLayer(ctx context.Context, src, dst string) error {
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return fmt.Errorf("oci: writable layer: %w", err)
+	}
+	if ents, err := os.ReadDir(dst); err != nil {
+		return fmt.Errorf("oci: writable layer: %w", err)
+	} else if len(ents) > 0 {
+		return fmt.Errorf("oci: writable layer %s is not empty", dst)
+	}
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return fmt.Errorf("oci: writable layer: %w", err)
+	}
+	defer root.Close()
+	f, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("oci: snapshot layer: %w", err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(bufio.NewReaderSize(f, 1<<20))
+	type dirMeta struct {
+		name     string
+		mode     fs.FileMode
+		mtime    time.Time
+		uid, gid int
+	}
+	var dirs []dirMeta
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("oci: snapshot layer: %w", err)
+		}
+		name := path.Clean(strings.TrimSuffix(hdr.Name, "/"))
+		if name == "." || !fs.ValidPath(name) {
+			return fmt.Errorf("oci: snapshot layer: bad entry %q", hdr.Name)
+		}
+		mode := fs.FileMode(hdr.Mode).Perm()
+		if hdr.Mode&0o1000 != 0 {
+			mode |= fs.ModeSticky
+		}
+		if hdr.Mode&0o2000 != 0 {
+			mode |= fs.ModeSetgid
+		}
+		if hdr.Mode&0o4000 != 0 {
+			mode |= fs.ModeSetuid
+		}
+		if dirName := path.Dir(name); dirName != "." {
+			if err := root.MkdirAll(dirName, 0o755); err != nil {
+				return fmt.Errorf("oci: snapshot layer: %w", err)
+			}
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("oci: snapshot layer: %w", err)
+			}
+			dirs = append(dirs, dirMeta{name, mode, hdr.ModTime, hdr.Uid, hdr.Gid})
+			continue
+		case tar.TypeReg:
+			w, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+			if err != nil {
+				return fmt.Errorf("oci: snapshot layer: %w", err)
+			}
+			_, cerr := io.CopyN(w, tr, hdr.Size)
+			if err := errors.Join(cerr, w.Close()); err != nil {
+				return fmt.Errorf("oci: snapshot layer: %s: %w", name, err)
+			}
+		case tar.TypeSymlink:
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return fmt.Errorf("oci: snapshot layer: %w", err)
+			}
+			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+				return fmt.Errorf("oci: snapshot layer: %w", err)
+			}
+			continue
+		default:
+			continue
+		}
+		if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+			return fmt.Errorf("oci: snapshot layer: %w", err)
+		}
+		if err := root.Chmod(name, mode); err != nil {
+			return fmt.Errorf("oci: snapshot layer: %w", err)
+		}
+		if err := root.Chtimes(name, hdr.ModTime, hdr.ModTime); err != nil {
+			return fmt.Errorf("oci: snapshot layer: %w", err)
+		}
+	}
+	// Directory modes and times last, deepest first, so that writing their entries could not
+	// be refused by a read-only mode or change their mtime.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		dm := dirs[i]
+		if err := root.Lchown(dm.name, dm.uid, dm.gid); err != nil {
+			return fmt.Errorf("oci: snapshot layer: %w", err)
+		}
+		if err := root.Chmod(dm.name, dm.mode); err != nil {
+			return fmt.Errorf("oci: snapshot layer: %w", err)
+		}
+		if err := root.Chtimes(dm.name, dm.mtime, dm.mtime); err != nil {
+			return fmt.Errorf("oci: snapshot layer: %w", err)
+		}
+	}
+	return nil
+}

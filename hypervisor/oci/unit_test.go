@@ -1,0 +1,193 @@
+package oci
+
+import (
+	"archive/tar"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"wb/hypervisor"
+)
+
+func TestDetectCgroups(t *testing.T) {
+	dir := t.TempDir()
+	mi := filepath.Join(dir, "mountinfo")
+	const hybrid = `25 30 0:23 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+26 25 0:24 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw
+28 25 0:26 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:12 - cgroup cgroup rw,cpu,cpuacct
+29 25 0:27 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,memory
+30 25 0:28 / /sys/fs/cgroup/pids rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,pids
+31 25 0:29 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec,relatime shared:15 - cgroup cgroup rw,xattr,name=systemd
+`
+	if err := os.WriteFile(mi, []byte(hybrid), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h, err := detectCgroups(mi, filepath.Join(dir, "no-such", "cgroup.controllers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.v2 || h.v1["cpuacct"] != "/sys/fs/cgroup/cpu,cpuacct" || h.v1["memory"] != "/sys/fs/cgroup/memory" || h.v1["pids"] != "/sys/fs/cgroup/pids" {
+		t.Fatalf("hybrid layout detected as %+v", h)
+	}
+	if got := h.dirs("/wb/g1"); !slices.Contains(got, "/sys/fs/cgroup/memory/wb/g1") || !slices.Contains(got, "/sys/fs/cgroup/systemd/wb/g1") || !slices.Contains(got, "/sys/fs/cgroup/unified/wb/g1") || len(got) != 5 {
+		t.Fatalf("dirs = %v", got)
+	}
+
+	// v2: the probe file exists; counters come from cpu.stat, memory.current, memory.events.
+	root := filepath.Join(dir, "cg2")
+	g := filepath.Join(root, "wb", "g1")
+	if err := os.MkdirAll(g, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"cgroup.controllers":   "cpu memory pids\n",
+		"wb/g1/cpu.stat":       "usage_usec 2500000\nuser_usec 2000000\n",
+		"wb/g1/memory.current": "1048576\n",
+		"wb/g1/memory.events":  "low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n",
+	} {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err = detectCgroups(mi, filepath.Join(root, "cgroup.controllers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.v2 || h.v2Root != root {
+		t.Fatalf("v2 layout detected as %+v", h)
+	}
+	st, err := h.read("/wb/g1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != (cgroupStats{cpuNanos: 2500000000, memoryBytes: 1048576, oomKills: 2}) {
+		t.Fatalf("v2 stats = %+v", st)
+	}
+}
+
+func TestOCISpec(t *testing.T) {
+	s := hypervisor.Spec{
+		ID: "g1", RootFS: "/tpl/rootfs", Writable: "/w", AgentDir: "/a", AgentBin: "/bin/wb",
+		Args:          []string{"/run/wb-bin/wb", "agent"},
+		ReadOnlyBinds: []hypervisor.Bind{{Source: "/usr/lib/x", Target: "/usr/lib/x"}, {Source: "/usr", Target: "/usr"}},
+		VCPU:          2, MemoryMiB: 512, Pids: 100,
+	}
+	for _, runsc := range []bool{false, true} {
+		c := ociSpec(s, specOptions{runsc: runsc, cgroupsPath: "/wb/g1", swap: true, nofile: 1024})
+		if !c.Root.Readonly || c.Root.Path != s.RootFS {
+			t.Fatalf("root = %+v", c.Root)
+		}
+		if !c.Process.NoNewPrivileges || slices.Contains(c.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") || slices.Contains(c.Process.Capabilities.Bounding, "CAP_NET_RAW") {
+			t.Fatalf("process privileges: %+v", c.Process)
+		}
+		var ns []specs.LinuxNamespaceType
+		for _, n := range c.Linux.Namespaces {
+			if n.Path != "" {
+				t.Fatalf("namespace %s joins %s", n.Type, n.Path)
+			}
+			ns = append(ns, n.Type)
+		}
+		for _, want := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.NetworkNamespace, specs.IPCNamespace, specs.UTSNamespace, specs.MountNamespace} {
+			if !slices.Contains(ns, want) {
+				t.Fatalf("namespaces %v lack %s", ns, want)
+			}
+		}
+		r := c.Linux.Resources
+		if *r.CPU.Quota != 200000 || *r.CPU.Period != 100000 || *r.Memory.Limit != 512<<20 || *r.Memory.Swap != 512<<20 {
+			t.Fatalf("resources = %+v %+v", r.CPU, r.Memory)
+		}
+		wantPids := int64(100)
+		if runsc {
+			wantPids = runscPidsBase + 100*runscPidsPerProc
+		}
+		if *r.Pids.Limit != wantPids {
+			t.Fatalf("pids = %d, want %d", *r.Pids.Limit, wantPids)
+		}
+		idx := map[string]int{}
+		for i, m := range c.Mounts {
+			idx[m.Destination] = i
+			if m.Type == "bind" && m.Destination != "/workspace" && m.Destination != "/tmp" && m.Destination != "/root" && m.Destination != "/run/wb" && !slices.Contains(m.Options, "ro") {
+				t.Fatalf("bind %s is not read-only: %v", m.Destination, m.Options)
+			}
+		}
+		for _, d := range []string{"/proc", "/dev", "/dev/pts", "/dev/shm", "/sys", "/usr", "/usr/lib/x", "/workspace", "/tmp", "/root", "/run/wb", "/run/wb-bin/wb"} {
+			if _, ok := idx[d]; !ok {
+				t.Fatalf("no mount at %s", d)
+			}
+		}
+		if idx["/usr"] > idx["/usr/lib/x"] {
+			t.Fatal("/usr is mounted over /usr/lib/x")
+		}
+		if c.Mounts[idx["/workspace"]].Source != "/w/workspace" || c.Linux.CgroupsPath != "/wb/g1" {
+			t.Fatalf("workspace source %s, cgroups path %s", c.Mounts[idx["/workspace"]].Source, c.Linux.CgroupsPath)
+		}
+		if !slices.Contains(c.Process.Env, defaultPath) || c.Process.Cwd != "/workspace" {
+			t.Fatalf("process env %v cwd %s", c.Process.Env, c.Process.Cwd)
+		}
+	}
+}
+
+func TestLayerRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	src := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(src, "workspace", "a", "b"), 0o755))
+	must(os.WriteFile(filepath.Join(src, "workspace", "a", "b", "f.txt"), []byte("data"), 0o640))
+	must(os.Symlink("/etc/passwd", filepath.Join(src, "workspace", "abs-link")))
+	must(os.Mkdir(filepath.Join(src, "tmp"), 0o755))
+	must(os.Chmod(filepath.Join(src, "tmp"), os.ModeSticky|0o777))
+	tarPath := filepath.Join(t.TempDir(), "l.tar")
+	must(writeLayer(ctx, src, tarPath))
+	dst := filepath.Join(t.TempDir(), "w")
+	must(readLayer(ctx, tarPath, dst))
+	b, err := os.ReadFile(filepath.Join(dst, "workspace", "a", "b", "f.txt"))
+	if err != nil || string(b) != "data" {
+		t.Fatalf("file: %q %v", b, err)
+	}
+	if fi, _ := os.Stat(filepath.Join(dst, "workspace", "a", "b", "f.txt")); fi.Mode().Perm() != 0o640 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	if fi, _ := os.Stat(filepath.Join(dst, "tmp")); fi.Mode()&os.ModeSticky == 0 || fi.Mode().Perm() != 0o777 {
+		t.Fatalf("tmp mode %v", fi.Mode())
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "workspace", "abs-link")); err != nil || l != "/etc/passwd" {
+		t.Fatalf("symlink %q %v", l, err)
+	}
+	if err := readLayer(ctx, tarPath, dst); err == nil || !strings.Contains(err.Error(), "not empty") {
+		t.Fatalf("unpack into a non-empty dir: %v", err)
+	}
+
+	// Hostile archives cannot write outside the destination.
+	for name, entries := range map[string][]tar.Header{
+		"dotdot":       {{Name: "../escape", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"absolute":     {{Name: "/escape", Typeflag: tar.TypeReg, Mode: 0o644}},
+		"through-link": {{Name: "l", Typeflag: tar.TypeSymlink, Linkname: filepath.Dir(dst)}, {Name: "l/escape", Typeflag: tar.TypeReg, Mode: 0o644}},
+	} {
+		p := filepath.Join(t.TempDir(), name+".tar")
+		f, err := os.Create(p)
+		must(err)
+		tw := tar.NewWriter(f)
+		for _, h := range entries {
+			must(tw.WriteHeader(&h))
+		}
+		must(tw.Close())
+		must(f.Close())
+		out := filepath.Join(t.TempDir(), "out")
+		if err := readLayer(ctx, p, out); err == nil {
+			t.Errorf("%s: hostile layer unpacked", name)
+		}
+		if _, err := os.Lstat(filepath.Join(filepath.Dir(out), "escape")); err == nil {
+			t.Errorf("%s: file escaped the destination", name)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"wb/session"
+)
+
+// pending is a change the node made that Redis has not recorded yet: a transition, a warning
+// or a usage figure. The node applies them in order once Redis answers.
+type pending struct {
+	Kind   string         `json:"kind"` // "transition" | "warning"
+	From   session.State  `json:"from,omitempty"`
+	To     session.State  `json:"to,omitempty"`
+	Driver session.Driver `json:"driver,omitempty"`
+	Reason session.Reason `json:"reason,omitempty"`
+	Rule   string         `json:"rule,omitempty"`
+	Event  string         `json:"event,omitempty"`
+	At     time.Time      `json:"at"`
+	Cold   *bool          `json:"cold,omitempty"`
+}
+
+// guest is the node's record of one session's guest. It is written to disk on every change,
+// so that a restarted node keeps enforcing the session's timers and replays what Redis missed.
+type guest struct {
+	SessionID string            `json:"session_id"`
+	Project   string            `json:"project_id"`
+	GuestID   string            `json:"guest_id"`
+	Tier      int               `json:"tier"`
+	Template  string            `json:"template"`
+	Resources session.Resources `json:"resources"`
+	State     session.State     `json:"state"`
+	Reason    session.Reason    `json:"reason,omitempty"`
+	Rule      string            `json:"rule,omitempty"`
+
+	IdleTimeoutS int       `json:"idle_timeout_s"`
+	MaxLifetimeS int       `json:"max_lifetime_s"`
+	StartedAt    time.Time `json:"started_at"`
+	LastActivity time.Time `json:"last_activity"`
+	PausedAt     time.Time `json:"paused_at"`
+	IdleWarned   bool      `json:"idle_warned"`
+	LifeWarned   bool      `json:"life_warned"`
+	Cold         bool      `json:"cold"`
+
+	// Usage so far, and when it was last sampled.
+	BilledMs    int64     `json:"billed_ms"`
+	CPUMs       int64     `json:"cpu_ms"`
+	MemGiBMs    int64     `json:"mem_gib_ms"`
+	EgressBytes int64     `json:"egress_bytes"`
+	CPURaw      int64     `json:"cpu_raw"` // the cgroup's counter at the last sample
+	SampledAt   time.Time `json:"sampled_at"`
+
+	Pending []pending `json:"pending,omitempty"`
+}
+
+// idleDeadline is when the idle timer fires.
+func (g *guest) idleDeadline() time.Time {
+	from := g.StartedAt
+	if g.LastActivity.After(from) {
+		from = g.LastActivity
+	}
+	return from.Add(time.Duration(g.IdleTimeoutS) * time.Second)
+}
+
+func (g *guest) idleWarning() time.Time {
+	return g.idleDeadline().Add(-time.Duration(g.IdleTimeoutS) * time.Second * (100 - session.IdleWarningPercent) / 100)
+}
+
+func (g *guest) expiry() time.Time {
+	return g.StartedAt.Add(time.Duration(g.MaxLifetimeS) * time.Second)
+}
+
+func (g *guest) lifetimeWarning() time.Time {
+	return g.StartedAt.Add(time.Duration(g.MaxLifetimeS) * time.Second * session.LifetimeWarningPercent / 100)
+}
+
+func (g *guest) usage() session.Usage {
+	return session.Usage{SessionS: g.BilledMs / 1000, CPUMs: g.CPUMs, MemGiBMs: g.MemGiBMs, EgressBytes: g.EgressBytes}
+}
+
+// journal keeps one JSON file per guest under dir.
+type journal struct{ dir string }
+
+func (j journal) path(id string) string { return filepath.Join(j.dir, id+".json") }
+
+func (j journal) save(g *guest) error {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return fmt.Errorf("journal %s: %w", g.SessionID, err)
+	}
+	tmp := j.path(g.SessionID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("journal %s: %w", g.SessionID, err)
+	}
+	return os.Rename(tmp, j.path(g.SessionID))
+}
+
+func (j journal) remove(id string) error {
+	err := os.Remove(j.path(id))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	return err
+}
+
+func (j journal) load() ([]*guest, error) {
+	entries, err := os.ReadDir(j.dir)
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	var out []*guest
+	for _, e := range entries {
+		if filepath.Ext(e.Name()) != ".json" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(j.dir, e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("journal: %w", err)
+		}
+		var g guest
+		if err := json.Unmarshal(b, &g); err != nil {
+			return nil, fmt.Errorf("journal %s: %w", e.Name(), err)
+		}
+		out = append(out, &g)
+	}
+	return out, nil
+}

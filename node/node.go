@@ -1,0 +1,256 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"wb/agent"
+	"wb/hypervisor"
+	"wb/hypervisor/templates"
+	"wb/session"
+	"wb/store"
+)
+
+// Config wires a Node.
+type Config struct {
+	Store     *store.Store
+	Driver    hypervisor.Driver
+	Templates templates.Catalog
+	Info      store.NodeInfo // id, region, zone, address, capacity, tiers
+	DataDir   string         // guests, snapshots and the journal
+	AgentBin  string         // the static wb binary placed in every guest
+	Tiers     session.Tiers
+	// Pools lists the warm pools to keep: a number of booted guests per (template, size class).
+	Pools []Pool
+	// Tick is the timer resolution (default 100 ms); Flush the usage flush period (default 5 s);
+	// Heartbeat the registration refresh (default 2 s).
+	Tick, Flush, Heartbeat time.Duration
+	// RedisTimeout bounds every Redis call, so an outage never stalls the timers (default 2 s).
+	RedisTimeout time.Duration
+	Logger       *slog.Logger
+	Now          func() time.Time
+}
+
+// Pool is one warm pool's target.
+type Pool struct {
+	Template  string
+	SizeClass string
+	Size      int
+}
+
+// live is a guest the node runs for a session. mu guards g and serializes operations on it.
+type live struct {
+	mu     sync.Mutex
+	g      *guest
+	agent  *agent.Client
+	cancel context.CancelFunc // stops the event watcher
+}
+
+// Node runs guests for sessions. Safe for concurrent use.
+type Node struct {
+	Config
+	journal journal
+	mu      sync.Mutex
+	guests  map[string]*live // by session id
+	pool    *warmPool
+	wg      sync.WaitGroup
+	ctx     context.Context // the Run context, for work that outlives a request
+}
+
+// New prepares a node: its directories, and its journal from a previous run.
+func New(cfg Config) (*Node, error) {
+	if cfg.Store == nil || cfg.Driver == nil || len(cfg.Templates) == 0 || cfg.DataDir == "" {
+		return nil, errors.New("node: Store, Driver, Templates and DataDir are required")
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = 100 * time.Millisecond
+	}
+	if cfg.Flush == 0 {
+		cfg.Flush = 5 * time.Second
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 2 * time.Second
+	}
+	if cfg.RedisTimeout == 0 {
+		cfg.RedisTimeout = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Tiers == (session.Tiers{}) {
+		cfg.Tiers = session.DefaultTiers()
+	}
+	for _, d := range []string{"journal", "guests", "snapshots"} {
+		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+	}
+	n := &Node{Config: cfg, journal: journal{filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, ctx: context.Background()}
+	n.pool = newWarmPool(n)
+	return n, nil
+}
+
+// Run keeps the node going until ctx ends: it reloads guests from the journal, heartbeats,
+// enforces timers, flushes usage, replays what Redis missed, and keeps the warm pools full.
+// Guests keep running when Run returns, so a restarted node picks them up again.
+func (n *Node) Run(ctx context.Context) error {
+	n.ctx = ctx
+	if err := n.recover(ctx); err != nil {
+		return err
+	}
+	n.heartbeat(ctx)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.pool.run(ctx)
+	}()
+	tick := time.NewTicker(n.Tick)
+	defer tick.Stop()
+	lastFlush, lastBeat := n.Now(), n.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			n.wg.Wait()
+			return nil
+		case <-tick.C:
+		}
+		now := n.Now()
+		n.timers(ctx, now)
+		if now.Sub(lastFlush) >= n.Flush {
+			lastFlush = now
+			n.flushUsage(ctx)
+		}
+		if now.Sub(lastBeat) >= n.Heartbeat {
+			lastBeat = now
+			n.heartbeat(ctx)
+		}
+		n.replay(ctx)
+	}
+}
+
+// Close destroys the warm pool's guests (session guests are left to their sessions).
+func (n *Node) Close(ctx context.Context) { n.pool.drain(ctx) }
+
+func (n *Node) redis(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, n.RedisTimeout)
+}
+
+func (n *Node) heartbeat(ctx context.Context) {
+	info := n.Info
+	n.mu.Lock()
+	for _, l := range n.guests {
+		info.UsedVCPU += l.g.Resources.VCPU
+		info.UsedMemoryMiB += l.g.Resources.MemoryMiB
+	}
+	n.mu.Unlock()
+	pv, pm := n.pool.usage()
+	info.UsedVCPU, info.UsedMemoryMiB = info.UsedVCPU+pv, info.UsedMemoryMiB+pm
+	rctx, cancel := n.redis(ctx)
+	defer cancel()
+	if err := n.Store.Heartbeat(rctx, info); err != nil && ctx.Err() == nil {
+		n.Logger.Warn("node: heartbeat", "err", err)
+	}
+}
+
+func (n *Node) lookup(id string) (*live, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	l, ok := n.guests[id]
+	if !ok {
+		return nil, fmt.Errorf("node: no guest for session %s", id)
+	}
+	return l, nil
+}
+
+func (n *Node) all() []*live {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*live, 0, len(n.guests))
+	for _, l := range n.guests {
+		out = append(out, l)
+	}
+	return out
+}
+
+func (n *Node) guestDir(guestID string) string { return filepath.Join(n.DataDir, "guests", guestID) }
+
+// spec is the hypervisor spec of a guest of tpl with res.
+func (n *Node) spec(guestID string, tpl templates.Template, res session.Resources) hypervisor.Spec {
+	dir := n.guestDir(guestID)
+	return hypervisor.Spec{
+		ID: guestID, RootFS: tpl.RootFS, Writable: filepath.Join(dir, "writable"), AgentDir: filepath.Join(dir, "agent"),
+		AgentBin: n.AgentBin,
+		Args:     []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace},
+		Env:      tpl.Env, ReadOnlyBinds: tpl.Binds,
+		VCPU: res.VCPU, MemoryMiB: res.MemoryMiB, DiskGiB: res.DiskGiB, Pids: 1024,
+	}
+}
+
+func (n *Node) agentFor(guestID string) *agent.Client {
+	return agent.NewClient(filepath.Join(n.guestDir(guestID), "agent", "agent.sock"))
+}
+
+// waitHealthy polls the guest's agent until it answers or ctx ends.
+func waitHealthy(ctx context.Context, c *agent.Client) error {
+	for {
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := c.Health(hctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent never answered: %w", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// template finds the template a session names (name@digest) and checks the digest.
+func (n *Node) template(ref string) (templates.Template, error) {
+	name, digest, _ := strings.Cut(ref, "@")
+	tpl, ok := n.Templates[name]
+	if !ok {
+		return tpl, fmt.Errorf("node: no template %q here", name)
+	}
+	if digest != "" && digest != tpl.Digest {
+		return tpl, fmt.Errorf("node: template %s is %s here, not %s", name, tpl.Digest, digest)
+	}
+	return tpl, nil
+}
+
+func randomID(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// Catalog is the node's templates in the API's terms.
+func (n *Node) Catalog() session.Catalog { return CatalogOf(n.Templates) }
+
+// CatalogOf turns assembled templates into the API's catalog.
+func CatalogOf(c templates.Catalog) session.Catalog {
+	var out session.Catalog
+	for _, name := range c.Names() {
+		t := c[name]
+		st := session.Template{Name: t.Name, Digest: t.Digest}
+		for _, r := range t.Runtimes {
+			st.Runtimes = append(st.Runtimes, session.Runtime{Name: r.Name, Argv: r.Argv})
+		}
+		out = append(out, st)
+	}
+	return out
+}

@@ -1,0 +1,277 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"wb/agent"
+	"wb/session"
+)
+
+// quiesceFor is how long the agent stays off its socket for a memory snapshot.
+const quiesceFor = 800 * time.Millisecond
+
+// touch records activity: it resets the idle timer and re-arms the idle warning.
+// The caller holds l.mu.
+func (n *Node) touch(l *live) {
+	l.g.LastActivity = n.Now()
+	if l.g.IdleWarned {
+		l.g.IdleWarned = false
+		rctx, cancel := n.redis(n.ctx)
+		_ = n.Store.ClearIdleWarning(rctx, l.g.Project, l.g.SessionID)
+		cancel()
+	}
+	n.save(l)
+}
+
+// Touch records activity on a session (a PTY frame, a file call).
+func (n *Node) Touch(s *session.Session) {
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	n.touch(l)
+	l.mu.Unlock()
+}
+
+// running answers the session's guest if it is running here.
+func (n *Node) running(s *session.Session) (*live, error) {
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State != session.Running {
+		return nil, fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+	}
+	n.touch(l)
+	return l, nil
+}
+
+// Exec runs a command in the session's guest through its agent.
+func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, _ []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	l, err := n.running(s)
+	if err != nil {
+		return session.ExecResult{}, err
+	}
+	areq, err := agent.ExecRequestFrom(&req)
+	if err != nil {
+		return session.ExecResult{}, err
+	}
+	res, err := l.agent.Exec(ctx, areq, out)
+	n.Touch(s) // a long exec counts as activity until it ends
+	return res, err
+}
+
+// Agent answers the agent of the session's running guest, for files and PTY.
+func (n *Node) Agent(_ context.Context, s *session.Session) (*agent.Client, error) {
+	l, err := n.running(s)
+	if err != nil {
+		return nil, err
+	}
+	return l.agent, nil
+}
+
+// Pause freezes the guest.
+func (n *Node) Pause(ctx context.Context, s *session.Session) error {
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State != session.Running {
+		return fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+	}
+	n.sample(ctx, l)
+	if err := n.Driver.Pause(ctx, l.g.GuestID); err != nil {
+		return err
+	}
+	l.g.State, l.g.PausedAt = session.Paused, n.Now()
+	n.save(l)
+	return nil
+}
+
+// Resume thaws the guest.
+func (n *Node) Resume(ctx context.Context, s *session.Session) error {
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State != session.Paused {
+		return fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+	}
+	n.sample(ctx, l) // bills the pause as paused, not running
+	if err := n.Driver.Resume(ctx, l.g.GuestID); err != nil {
+		return err
+	}
+	l.g.State, l.g.PausedAt = session.Running, time.Time{}
+	n.touch(l)
+	return nil
+}
+
+// Snapshot saves the guest into the node's snapshot store: with memory when asked and the
+// back end can (the guest is checkpointed and restored at once: a brief pause), else its
+// writable layer only.
+func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return false, 0, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State != session.Running {
+		return false, 0, fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+	}
+	tpl, err := n.template(l.g.Template)
+	if err != nil {
+		return false, 0, err
+	}
+	dir := filepath.Join(n.DataDir, "snapshots", snapshotID)
+	memory = memory && n.Driver.Name() == "runsc"
+	if !memory {
+		info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, false)
+		return false, info.SizeBytes, err
+	}
+	// A guest holding a host socket cannot be checkpointed: the agent lets go of its socket
+	// for a moment, the guest is checkpointed (which stops it) and restored right away.
+	if err := l.agent.Quiesce(ctx, quiesceFor); err != nil {
+		return false, 0, fmt.Errorf("quiesce agent: %w", err)
+	}
+	l.agent.Close()
+	info, snapErr := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
+	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
+	if snapErr != nil {
+		// The checkpoint may have stopped the guest; bring it back from what it had.
+		if st, err := n.Driver.Info(ctx, l.g.GuestID); err == nil && st.State != "stopped" {
+			return false, 0, snapErr
+		}
+	}
+	if err := n.Driver.Delete(ctx, l.g.GuestID); err != nil {
+		return false, 0, fmt.Errorf("snapshot: remove checkpointed guest: %w", err)
+	}
+	if snapErr != nil {
+		return false, 0, snapErr
+	}
+	// The snapshot holds the writable layer; the restore unpacks it into an empty one.
+	if err := removeAll(spec.Writable); err != nil {
+		return false, 0, fmt.Errorf("snapshot: clear the writable layer: %w", err)
+	}
+	if err := n.Driver.Restore(ctx, spec, dir); err != nil {
+		return false, 0, fmt.Errorf("snapshot: restore the guest: %w", err)
+	}
+	l.agent = n.agentFor(l.g.GuestID)
+	hctx, cancel := context.WithTimeout(ctx, quiesceFor+30*time.Second)
+	defer cancel()
+	if err := waitHealthy(hctx, l.agent); err != nil {
+		return false, 0, fmt.Errorf("snapshot: guest did not come back: %w", err)
+	}
+	l.cancel()
+	n.watch(l)
+	return info.Memory, info.SizeBytes, nil
+}
+
+// DeleteSnapshot removes a snapshot's files.
+func (n *Node) DeleteSnapshot(id string) error {
+	return removeAll(filepath.Join(n.DataDir, "snapshots", id))
+}
+
+// Stop tears down a session the control plane moved to stopping, and ends it.
+func (n *Node) Stop(ctx context.Context, s *session.Session) error {
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State.Terminal() || l.g.State == session.Stopping {
+		return nil
+	}
+	if s.StateReason == nil {
+		return errors.New("node: stop without a reason")
+	}
+	n.sample(ctx, l)
+	l.g.State, l.g.Reason, l.g.Rule = session.Stopping, *s.StateReason, deref(s.Rule)
+	n.save(l)
+	n.finish(ctx, l)
+	return nil
+}
+
+// Retime takes new timers from a PATCH.
+func (n *Node) Retime(_ context.Context, s *session.Session) {
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.MaxLifetimeS != s.MaxLifetimeS {
+		l.g.LifeWarned = false
+	}
+	if l.g.IdleTimeoutS != s.IdleTimeoutS {
+		l.g.IdleWarned = false
+	}
+	l.g.IdleTimeoutS, l.g.MaxLifetimeS = s.IdleTimeoutS, s.MaxLifetimeS
+	n.save(l)
+}
+
+// end stops the guest for reason, as driver: to stopping and then its terminal state, or
+// straight to the terminal state where the contract says so (OOM). The caller holds l.mu.
+func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason session.Reason, rule string) {
+	g := l.g
+	next, err := session.Next(g.State, driver, reason)
+	if err != nil {
+		n.Logger.Error("node: cannot end session", "session", g.SessionID, "err", err)
+		return
+	}
+	n.sample(ctx, l)
+	g.Pending = append(g.Pending, pending{Kind: "transition", From: g.State, To: next, Driver: driver, Reason: reason, Rule: rule, At: n.Now()})
+	g.State, g.Reason, g.Rule = next, reason, rule
+	n.save(l)
+	n.flush(ctx, l)
+	if next == session.Stopping {
+		n.finish(ctx, l)
+		return
+	}
+	n.destroy(ctx, l)
+	n.flushUsageOf(ctx, l)
+	n.flush(ctx, l)
+}
+
+// finish tears down a stopping guest: final usage, container gone, then the terminal state
+// its reason leads to. The caller holds l.mu.
+func (n *Node) finish(ctx context.Context, l *live) {
+	g := l.g
+	n.sample(ctx, l)
+	n.flushUsageOf(ctx, l)
+	n.destroy(ctx, l)
+	to := g.Reason.Terminal()
+	g.Pending = append(g.Pending, pending{Kind: "transition", From: session.Stopping, To: to, Driver: session.Node,
+		Reason: g.Reason, Rule: g.Rule, At: n.Now()})
+	g.State = to
+	n.save(l)
+	n.flush(ctx, l)
+	n.pool.kick()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func removeAll(p string) error {
+	if err := os.RemoveAll(p); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+package node
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"wb/session"
+)
+
+// warmPool keeps booted guests per (template, size class), ready to be claimed.
+type warmPool struct {
+	n     *Node
+	mu    sync.Mutex
+	ready map[poolKey][]string // guest ids with a healthy agent
+	kicks chan struct{}
+}
+
+type poolKey struct{ template, size string }
+
+func newWarmPool(n *Node) *warmPool {
+	return &warmPool{n: n, ready: map[poolKey][]string{}, kicks: make(chan struct{}, 1)}
+}
+
+func classOf(name string) (session.SizeClass, bool) {
+	i := slices.IndexFunc(session.SizeClasses(), func(c session.SizeClass) bool { return c.Name == name })
+	if i < 0 {
+		return session.SizeClass{}, false
+	}
+	return session.SizeClasses()[i], true
+}
+
+// take claims a warm guest of template whose size class is exactly res.
+func (p *warmPool) take(template string, res session.Resources) (string, bool) {
+	c, ok := classOf(res.SizeClass)
+	if !ok || c.VCPU != res.VCPU || c.MemoryMiB != res.MemoryMiB || c.DiskGiB != res.DiskGiB {
+		return "", false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := poolKey{template, res.SizeClass}
+	ids := p.ready[k]
+	if len(ids) == 0 {
+		return "", false
+	}
+	id := ids[0]
+	p.ready[k] = ids[1:]
+	p.kick()
+	return id, true
+}
+
+// kick asks the pool to refill; it never blocks.
+func (p *warmPool) kick() {
+	select {
+	case p.kicks <- struct{}{}:
+	default:
+	}
+}
+
+func (p *warmPool) usage() (vcpu, mem int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, ids := range p.ready {
+		c, _ := classOf(k.size)
+		vcpu += c.VCPU * len(ids)
+		mem += c.MemoryMiB * len(ids)
+	}
+	return vcpu, mem
+}
+
+// run refills the pools on every kick and every few seconds, one guest at a time.
+func (p *warmPool) run(ctx context.Context) {
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	p.kick()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.kicks:
+		case <-tick.C:
+		}
+		p.refill(ctx)
+	}
+}
+
+func (p *warmPool) refill(ctx context.Context) {
+	for _, want := range p.n.Pools {
+		for ctx.Err() == nil {
+			k := poolKey{want.Template, want.SizeClass}
+			p.mu.Lock()
+			have := len(p.ready[k])
+			p.mu.Unlock()
+			if have >= want.Size {
+				break
+			}
+			id, err := p.boot(ctx, want)
+			if err != nil {
+				if ctx.Err() == nil {
+					p.n.Logger.Error("node: warm pool", "template", want.Template, "size", want.SizeClass, "err", err)
+				}
+				break
+			}
+			p.mu.Lock()
+			p.ready[k] = append(p.ready[k], id)
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
+	tpl, err := p.n.template(want.Template)
+	if err != nil {
+		return "", err
+	}
+	c, _ := classOf(want.SizeClass)
+	id := randomID("wp-")
+	spec := p.n.spec(id, tpl, session.Resources{VCPU: c.VCPU, MemoryMiB: c.MemoryMiB, DiskGiB: c.DiskGiB, SizeClass: c.Name})
+	cleanup := func() {
+		bg := context.WithoutCancel(ctx)
+		_ = p.n.Driver.Stop(bg, id)
+		_ = p.n.Driver.Delete(bg, id)
+		_ = removeAll(p.n.guestDir(id))
+	}
+	if err := p.n.Driver.Create(ctx, spec); err != nil {
+		cleanup()
+		return "", err
+	}
+	if err := p.n.Driver.Boot(ctx, id); err != nil {
+		cleanup()
+		return "", err
+	}
+	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	c2 := p.n.agentFor(id)
+	defer c2.Close()
+	if err := waitHealthy(hctx, c2); err != nil {
+		cleanup()
+		return "", err
+	}
+	return id, nil
+}
+
+// drain destroys every warm guest.
+func (p *warmPool) drain(ctx context.Context) {
+	p.mu.Lock()
+	all := p.ready
+	p.ready = map[poolKey][]string{}
+	p.mu.Unlock()
+	for _, ids := range all {
+		for _, id := range ids {
+			_ = p.n.Driver.Stop(ctx, id)
+			_ = p.n.Driver.Delete(ctx, id)
+			_ = removeAll(p.n.guestDir(id))
+		}
+	}
+}

@@ -1,0 +1,65 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/session"
+)
+
+// usageScript writes a live session's usage estimate; a missing session stays missing.
+var usageScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'u_s', ARGV[1], 'u_cpu', ARGV[2], 'u_mem', ARGV[3], 'u_egress', ARGV[4])
+return 1
+`)
+
+// SetUsage records the node's latest usage figures for a session (usage_to_date).
+func (s *Store) SetUsage(ctx context.Context, project, id string, u session.Usage) error {
+	err := usageScript.Run(ctx, s.rdb, []string{projectKeys(project).session(id)},
+		u.SessionS, u.CPUMs, u.MemGiBMs, u.EgressBytes).Err()
+	if err != nil {
+		return fmt.Errorf("set usage %s: %w", id, err)
+	}
+	return nil
+}
+
+// warningScript sets idle_warn or life_warn once and appends the warning event.
+// KEYS: session hash, outbox. ARGV: field, at ms, event field/value args.
+var warningScript = redis.NewScript(`
+local cur = redis.call('HMGET', KEYS[1], 'state', ARGV[1])
+if not cur[1] then return 0 end
+if cur[2] and cur[2] ~= '' then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local e = {}
+for i = 3, #ARGV do e[#e + 1] = ARGV[i] end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
+redis.call('XADD', KEYS[2], '*', unpack(e))
+return 1
+`)
+
+// MarkWarning records an idle or lifetime warning (session.EventIdleWarning or
+// session.EventLifetimeWarning) on the session and in the outbox, once per timer arm.
+func (s *Store) MarkWarning(ctx context.Context, project, id, eventType string, at time.Time) error {
+	field := "idle_warn"
+	if eventType == session.EventLifetimeWarning {
+		field = "life_warn"
+	} else if eventType != session.EventIdleWarning {
+		return &session.FieldError{Field: "type", Message: "not a warning event: " + eventType}
+	}
+	args := []any{field, at.UnixMilli(), "id", session.NewID("evt_", at), "type", eventType,
+		"session_id", id, "project_id", project, "at", at.UnixMilli()}
+	if err := warningScript.Run(ctx, s.rdb, []string{projectKeys(project).session(id), Outbox(project)}, args...).Err(); err != nil {
+		return fmt.Errorf("mark %s %s: %w", eventType, id, err)
+	}
+	return nil
+}
+
+// ClearIdleWarning re-arms the idle warning after activity.
+func (s *Store) ClearIdleWarning(ctx context.Context, project, id string) error {
+	return s.rdb.HDel(ctx, projectKeys(project).session(id), "idle_warn").Err()
+}
