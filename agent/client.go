@@ -28,6 +28,8 @@ const clientBase = "http://agent"
 type Client struct {
 	hc     *http.Client
 	socket string
+	base   string // URL base of every request
+	token  string // bearer token sent with every request, if set
 }
 
 // NewClient returns a client of the agent listening on socketPath. Requests have no timeout of
@@ -43,7 +45,13 @@ func NewClient(socketPath string) *Client {
 		IdleConnTimeout:     30 * time.Second,
 		DisableCompression:  true,
 	}
-	return &Client{hc: &http.Client{Transport: tr}, socket: socketPath}
+	return &Client{hc: &http.Client{Transport: tr}, socket: socketPath, base: clientBase}
+}
+
+// NewHTTPClient returns a client of an agent reached over HTTP through a proxy (the node's
+// /v1/sessions/{id}/agent), at base, sending token as a bearer token. hc may be shared.
+func NewHTTPClient(hc *http.Client, base, token string) *Client {
+	return &Client{hc: hc, base: strings.TrimRight(base, "/"), token: token}
 }
 
 // Socket is the socket path the client dials.
@@ -53,7 +61,7 @@ func (c *Client) Socket() string { return c.socket }
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType string) (*http.Response, error) {
-	u := clientBase + path
+	u := c.base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
@@ -63,6 +71,9 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -259,12 +270,17 @@ func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*webs
 	if command != "" {
 		q.Set("command", command)
 	}
-	u := "ws://agent/v1/pty"
+	u := "ws" + strings.TrimPrefix(c.base, "http") + "/v1/pty"
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
+	hdr := http.Header{}
+	if c.token != "" {
+		hdr.Set("Authorization", "Bearer "+c.token)
+	}
 	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{
 		HTTPClient:      c.hc,
+		HTTPHeader:      hdr,
 		CompressionMode: websocket.CompressionDisabled,
 	})
 	if err != nil {

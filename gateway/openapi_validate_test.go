@@ -121,11 +121,23 @@ func decodeNDJSON(in *content.DecodeInput) (any, error) {
 
 // checkResponse validates resp (whose body has already been read into body) against the
 // document and answers the problems found, none when the response conforms. It re-attaches
-// body to resp, before and after validation.
+// body to resp, before and after validation. A 101 (a WebSocket upgrade) is checked for its
+// status and headers only, on a copy: its Body is the connection, left as it is.
 func checkResponse(req *http.Request, resp *http.Response, body []byte) error {
 	v, err := openAPIValidator()
 	if err != nil {
 		return err
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		up := *resp
+		up.Body = http.NoBody
+		if up.Request == nil {
+			up.Request = req
+		}
+		if ok, verrs := v.ValidateHttpResponse(req, &up); !ok || len(verrs) > 0 {
+			return formatValidationErrors(req, &up, nil, verrs)
+		}
+		return nil
 	}
 	if resp.Request == nil {
 		resp.Request = req
@@ -223,6 +235,10 @@ var registeredRoutes = []string{
 	"DELETE /v1/sessions/{id}",
 	"POST /v1/sessions/{id}", // {id}:pause, :resume, :snapshot
 	"POST /v1/sessions/{id}/exec",
+	"GET /v1/sessions/{id}/pty",
+	"GET /v1/sessions/{id}/files",
+	"PUT /v1/sessions/{id}/files",
+	"DELETE /v1/sessions/{id}/files",
 	"GET /v1/snapshots",
 	"GET /v1/snapshots/{id}",
 	"DELETE /v1/snapshots/{id}",
@@ -328,6 +344,12 @@ const goodSession = `{"id":"sess_0VcQ9aBcDeFgHiJkLm","object":"session","tier":2
 const goodSnapshot = `{"id":"snap_0VcQ9aBcDeFgHiJkLm","object":"snapshot","session_id":"sess_0VcQ9aBcDeFgHiJkLm","include_memory":false,
 "state":"ready","size_bytes":0,"created_at":"2025-01-02T03:04:05.000Z","template":"tpl_base@sha256:0123abcd","tier":2}`
 
+const goodFileList = `{"object":"list","data":[
+{"name":"etc","size":4096,"mode":"0755","is_dir":true,"mod_time":"2025-01-02T03:04:05.123456789Z"},
+{"name":"a.txt","size":3,"mode":"0644","is_dir":false,"mod_time":"2025-01-02T03:04:05Z"},
+{"name":"link","size":5,"mode":"0777","is_dir":false,"is_symlink":true,"mod_time":"2025-01-02T03:04:05.5Z"}],
+"next_cursor":null}`
+
 func TestOpenAPIAcceptsGoodResponses(t *testing.T) {
 	errBody := func(typ, code string) string {
 		return `{"error":{"type":"` + typ + `","code":"` + code + `","message":"m"}}`
@@ -357,6 +379,23 @@ func TestOpenAPIAcceptsGoodResponses(t *testing.T) {
 		{"GET", "/v1/sessions/sess_x", 401, "application/json", errBody("unauthenticated", "unauthenticated"), nil},
 		{"GET", "/healthz", 200, "application/json", `{"status":"ok"}`, nil},
 		{"PUT", "/v1/nowhere", 404, "application/json", errBody("not_found", "no_route"), nil},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=/etc/hostname", 200, "application/octet-stream", "\x00\xffbinary\n", nil},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=empty", 200, "application/octet-stream", "", nil},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=/&list=1", 200, "application/json", goodFileList, nil},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=/none", 404, "application/json", errBody("not_found", "not_found"), nil},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files", 400, "application/json",
+			`{"error":{"type":"invalid_request","code":"invalid_request","message":"path: required","param":"path"}}`, nil},
+		{"PUT", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a.txt", 204, "", "", nil},
+		{"PUT", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a.txt", 413, "application/json", errBody("invalid_request", "too_large"), nil},
+		{"PUT", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a.txt", 409, "application/json", errBody("invalid_state", "invalid_state"), nil},
+		{"PUT", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a.txt", 503, "application/json", errBody("api_error", "no_node"), nil},
+		{"DELETE", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a.txt", 204, "", "", nil},
+		{"DELETE", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a.txt", 502, "application/json", errBody("api_error", "node_error"), nil},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/pty?cols=0", 400, "application/json",
+			`{"error":{"type":"invalid_request","code":"invalid_request","message":"cols: must be an integer 1–1000","param":"cols"}}`, nil},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/pty", 426, "text/plain; charset=utf-8", "WebSocket protocol violation\n", []string{"Upgrade", "websocket"}},
+		{"GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/pty", 101, "", "",
+			[]string{"Upgrade", "websocket", "Connection", "Upgrade", "Sec-WebSocket-Accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="}},
 	}
 	for _, c := range cases {
 		req, resp, body := fakeResponse(c.method, c.target, c.status, c.ctype, c.body, c.header...)
@@ -397,6 +436,14 @@ func TestOpenAPIRejectsWrongResponse(t *testing.T) {
 		{"wrong error code for status", "GET", "/v1/sessions/sess_x", 404, "application/json", `{"error":{"type":"invalid_state","code":"invalid_state","message":"m"}}`, nil},
 		{"list without next_cursor", "GET", "/v1/snapshots", 200, "application/json", `{"object":"list","data":[]}`, nil},
 		{"unrouted but not no_route", "GET", "/v1/nowhere", 200, "application/json", `{"status":"ok"}`, nil},
+		{"file list entry without mode", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=/&list=1", 200, "application/json",
+			strings.Replace(goodFileList, `"mode":"0644",`, ``, 1), nil},
+		{"file list with a cursor", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=/&list=1", 200, "application/json",
+			strings.Replace(goodFileList, `"next_cursor":null`, `"next_cursor":"x"`, 1), nil},
+		{"file put answering 200", "PUT", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a.txt", 200, "application/json", `{"path":"a.txt","size":1}`, nil},
+		{"101 without Upgrade", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/pty", 101, "", "", nil},
+		{"101 on a files route", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=a", 101, "", "",
+			[]string{"Upgrade", "websocket", "Connection", "Upgrade", "Sec-WebSocket-Accept", "x"}},
 		{"ndjson without end line", "POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/x-ndjson", `{"stream":"stdout","data":"hi\n"}` + "\n", nil},
 	}
 	for _, c := range cases {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,7 +53,8 @@ type live struct {
 	mu     sync.Mutex
 	g      *guest
 	agent  *agent.Client
-	cancel context.CancelFunc // stops the event watcher
+	proxy  *httputil.ReverseProxy // to the agent, for the node's API
+	cancel context.CancelFunc     // stops the event watcher
 }
 
 // Node runs guests for sessions. Safe for concurrent use.

@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/session"
+	"wb/store"
 )
 
 // quiesceFor is how long the agent stays off its socket for a memory snapshot.
-const quiesceFor = 800 * time.Millisecond
+const quiesceFor = 400 * time.Millisecond
 
 // touch records activity: it resets the idle timer and re-arms the idle warning.
 // The caller holds l.mu.
@@ -142,39 +144,58 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 		return false, info.SizeBytes, err
 	}
 	// A guest holding a host socket cannot be checkpointed: the agent lets go of its socket
-	// for a moment, the guest is checkpointed (which stops it) and restored right away.
-	if err := l.agent.Quiesce(ctx, quiesceFor); err != nil {
-		return false, 0, fmt.Errorf("quiesce agent: %w", err)
-	}
-	l.agent.Close()
-	info, snapErr := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
-	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
-	if snapErr != nil {
-		// The checkpoint may have stopped the guest; bring it back from what it had.
-		if st, err := n.Driver.Info(ctx, l.g.GuestID); err == nil && st.State != "stopped" {
-			return false, 0, snapErr
+	// for a moment and the guest is checkpointed, which stops it. It goes on at once as a new
+	// guest restored from the checkpoint, while the old one is deleted in the background
+	// (runsc takes a second or two to reap a sandbox here). If the checkpoint loses the race
+	// with the agent's return, it is tried once more with a longer window.
+	var info hypervisor.SnapshotInfo
+	for _, window := range []time.Duration{quiesceFor, 4 * quiesceFor} {
+		if err = l.agent.Quiesce(ctx, window); err != nil {
+			return false, 0, fmt.Errorf("quiesce agent: %w", err)
+		}
+		l.agent.Close()
+		info, err = n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
+		if err == nil {
+			break
+		}
+		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
+			return false, 0, fmt.Errorf("snapshot: checkpoint stopped the guest: %w", err)
+		}
+		n.Logger.Warn("node: checkpoint failed; retrying", "session", s.ID, "err", err)
+		_ = removeAll(dir)
+		hctx, cancel := context.WithTimeout(ctx, window+10*time.Second)
+		err = waitHealthy(hctx, l.agent)
+		cancel()
+		if err != nil {
+			return false, 0, fmt.Errorf("snapshot: agent did not come back: %w", err)
 		}
 	}
-	if err := n.Driver.Delete(ctx, l.g.GuestID); err != nil {
-		return false, 0, fmt.Errorf("snapshot: remove checkpointed guest: %w", err)
+	if err != nil {
+		return false, 0, err
 	}
-	if snapErr != nil {
-		return false, 0, snapErr
-	}
-	// The snapshot holds the writable layer; the restore unpacks it into an empty one.
-	if err := removeAll(spec.Writable); err != nil {
-		return false, 0, fmt.Errorf("snapshot: clear the writable layer: %w", err)
-	}
+	old := l.g.GuestID
+	l.g.GuestID = randomID("g-")
+	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
 	if err := n.Driver.Restore(ctx, spec, dir); err != nil {
 		return false, 0, fmt.Errorf("snapshot: restore the guest: %w", err)
 	}
-	l.agent = n.agentFor(l.g.GuestID)
-	hctx, cancel := context.WithTimeout(ctx, quiesceFor+30*time.Second)
+	n.save(l)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		bg := context.WithoutCancel(ctx)
+		_ = n.Driver.Delete(bg, old)
+		_ = removeAll(n.guestDir(old))
+	}()
+	l.agent, l.proxy = n.agentFor(l.g.GuestID), nil
+	hctx, cancel := context.WithTimeout(ctx, 4*quiesceFor+30*time.Second)
 	defer cancel()
 	if err := waitHealthy(hctx, l.agent); err != nil {
 		return false, 0, fmt.Errorf("snapshot: guest did not come back: %w", err)
 	}
-	l.cancel()
+	if l.cancel != nil {
+		l.cancel()
+	}
 	n.watch(l)
 	return info.Memory, info.SizeBytes, nil
 }
@@ -186,17 +207,32 @@ func (n *Node) DeleteSnapshot(id string) error {
 
 // Stop tears down a session the control plane moved to stopping, and ends it.
 func (n *Node) Stop(ctx context.Context, s *session.Session) error {
+	if s.StateReason == nil {
+		return errors.New("node: stop without a reason")
+	}
+	// endNow ends a session that has no guest to tear down here.
+	endNow := func() error {
+		rctx, cancel := n.redis(ctx)
+		defer cancel()
+		_, err := n.Store.Transition(rctx, store.Change{Project: s.ProjectID, ID: s.ID, From: session.Stopping,
+			To: s.StateReason.Terminal(), Driver: session.Node, Reason: *s.StateReason, Rule: deref(s.Rule)})
+		var ce *store.ConflictError
+		if errors.As(err, &ce) {
+			return nil
+		}
+		return err
+	}
 	l, err := n.lookup(s.ID)
 	if err != nil {
-		return err
+		return endNow() // never provisioned here, or already gone
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.g.State.Terminal() || l.g.State == session.Stopping {
-		return nil
+	if l.g.State.Terminal() {
+		return endNow() // its start failed while the stop was on its way
 	}
-	if s.StateReason == nil {
-		return errors.New("node: stop without a reason")
+	if l.g.State == session.Stopping {
+		return nil
 	}
 	n.sample(ctx, l)
 	l.g.State, l.g.Reason, l.g.Rule = session.Stopping, *s.StateReason, deref(s.Rule)

@@ -3,6 +3,9 @@
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+command -v runsc >/dev/null || need+=(runsc)
+command -v runc >/dev/null || need+=(runc)
+[ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need+=(busybox-static)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2

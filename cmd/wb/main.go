@@ -20,6 +20,7 @@ Usage:
 
 Commands:
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
+  node      run guests for a control plane that shares its Redis
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
   version   print the version
 
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serve(ctx, args[1:], stdout, stderr)
 	case "agent":
 		return agent.Main(args[1:])
+	case "node":
+		return nodeCmd(ctx, args[1:], stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])

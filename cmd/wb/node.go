@@ -1,29 +1,51 @@
 package main
 
 import (
+	"context"
 	"debug/elf"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/node"
-	"wb/session"
 	"wb/store"
 )
 
-// startNode builds the templates and the embedded node of `wb serve`. With --runtime none it
-// answers a catalog without guests: sessions are admitted and stay pending.
-func startNode(f serveFlags, st *store.Store, log *slog.Logger) (*node.Node, session.Catalog, error) {
+// nodeFlags configure a node, in `wb node` and in `wb serve`.
+type nodeFlags struct {
+	id, region, zone string
+	runtime, dataDir string
+	pool, vcpu, mem  int
+}
+
+func (f *nodeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
+	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` for templates, guests, snapshots and the node's journal")
+	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
+	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
+	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
+}
+
+// buildNode assembles the templates and the node. It answers a nil node for --runtime none.
+func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*node.Node, templates.Catalog, error) {
 	tplDir := filepath.Join(f.dataDir, "templates")
 	cat, err := templates.Assemble(tplDir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("templates in %s: %w", tplDir, err)
 	}
 	if f.runtime == "none" {
-		return nil, node.CatalogOf(cat), nil
+		return nil, cat, nil
 	}
 	rt := f.runtime
 	if rt == "auto" {
@@ -45,15 +67,33 @@ func startNode(f serveFlags, st *store.Store, log *slog.Logger) (*node.Node, ses
 	}
 	nd, err := node.New(node.Config{
 		Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: self,
-		Info: store.NodeInfo{ID: "node_local", Addr: "in-process", Region: f.region, Zone: f.region + "-a",
-			Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
+		Info: store.NodeInfo{ID: f.id, Addr: addr, Region: f.region, Zone: f.zone,
+			Tiers: []int{1, 2, 3, 4}, VCPU: f.vcpu, MemoryMiB: f.mem},
 		Pools: pools, Logger: log,
 	})
 	if err != nil {
 		return nil, nil, err
 	}
-	log.Info("node ready", "runtime", drv.Name(), "templates", cat.Names())
-	return nd, nd.Catalog(), nil
+	log.Info("node ready", "id", f.id, "runtime", drv.Name(), "addr", addr, "templates", cat.Names())
+	return nd, cat, nil
+}
+
+// runNode serves the node's API on ln and runs the node until ctx ends.
+func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Listener, token string) {
+	srv := &http.Server{Handler: nd.Handler(token), ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error { return nd.Run(ctx) })
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
 }
 
 // agentBinary is this executable, which must be static to run inside a bare guest.
@@ -73,4 +113,69 @@ func agentBinary() (string, error) {
 		}
 	}
 	return self, nil
+}
+
+// nodeCmd is `wb node`: one host's guests, registered in a shared Redis.
+func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("wb node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f nodeFlags
+	f.register(fs)
+	redisURL := fs.String("redis", "", "Redis `URL` shared with the control plane (required)")
+	addr := fs.String("addr", "127.0.0.1:7070", "`host:port` of the node API")
+	advertise := fs.String("advertise", "", "`URL` the control plane uses to reach the node API (default http://ADDR)")
+	token := fs.String("token", os.Getenv("WB_NODE_TOKEN"), "bearer `token` the control plane sends (default $WB_NODE_TOKEN; required)")
+	level := fs.String("log-level", "info", "log `level`: debug, info, warn, error")
+	fs.StringVar(&f.id, "id", hostnameOr("node_1"), "node `id`")
+	fs.StringVar(&f.region, "region", "local", "`region` this node serves")
+	fs.StringVar(&f.zone, "zone", "local-a", "`zone` of this node")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: wb node --redis URL --token TOKEN [flags]\n\nRuns guests for the control plane: registers in Redis, keeps warm pools, enforces\ntimers (even while Redis is away), and serves exec, PTY and files.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *redisURL == "" || *token == "" {
+		fs.Usage()
+		return errors.New("wb node needs --redis and --token")
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	rdb, closeRedis, err := openRedis(*redisURL)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("--addr: %w", err)
+	}
+	if *advertise == "" {
+		*advertise = "http://" + ln.Addr().String()
+	}
+	nd, _, err := buildNode(f, store.New(rdb), *advertise, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if nd == nil {
+		ln.Close()
+		return errors.New("wb node needs a runtime; --runtime none is for wb serve")
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	runNode(gctx, g, nd, ln, *token)
+	err = g.Wait()
+	nd.Close(context.Background())
+	return err
+}
+
+func hostnameOr(def string) string {
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return "node_" + h
+	}
+	return def
 }

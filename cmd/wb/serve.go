@@ -18,9 +18,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"wb/gateway"
+	"wb/node"
+	nodeclient "wb/node/client"
 	"wb/placer"
 	"wb/quota"
-	"wb/session"
 	"wb/store"
 	"wb/webhooks"
 )
@@ -33,9 +34,7 @@ type serveFlags struct {
 	apiKey    string
 	region    string
 	logLevel  string
-	runtime   string
-	dataDir   string
-	pool      int
+	node      nodeFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -49,9 +48,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.apiKey, "api-key", os.Getenv("WB_API_KEY"), "API `key` bound to the dev project (default $WB_API_KEY, else random)")
 	fs.StringVar(&f.region, "region", "local", "`name` of the region this machine serves")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
-	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
-	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` for templates, guests, snapshots and the node's journal")
-	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
+	f.node.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -115,23 +112,27 @@ Flags:
 		return err
 	}
 
-	nd, catalog, err := startNode(f, st, log)
+	// The embedded node serves its API on a loopback port, as a remote `wb node` would.
+	nodeLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	var prov placer.Provisioner = noNode{}
-	var guests gateway.Guests
-	if nd != nil {
-		prov, guests = nd, nd
-		defer nd.Close(context.WithoutCancel(ctx))
+	f.node.id, f.node.region, f.node.zone = "node_local", f.region, f.region+"-a"
+	nd, tpls, err := buildNode(f.node, st, "http://"+nodeLn.Addr().String(), log)
+	if err != nil {
+		ln.Close()
+		nodeLn.Close()
+		return err
 	}
-	pl := placer.New(placer.Config{Store: st, Provisioner: prov, Logger: log})
+	nodeToken := store.NewAPIKey("wb_node_")
+	nodes := nodeclient.New(st, nodeToken)
+	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Logger: log})
 	reg := webhooks.NewRegistry(rdb)
 	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log})
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: reg,
-		Guests: guests, Catalog: catalog, Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
+		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: gateway.NewMetrics(st),
 	})
 	if err != nil {
@@ -148,7 +149,10 @@ Flags:
 	g.Go(func() error { return pl.Run(gctx) })
 	g.Go(func() error { return disp.Run(gctx) })
 	if nd != nil {
-		g.Go(func() error { return nd.Run(gctx) })
+		runNode(gctx, g, nd, nodeLn, nodeToken)
+		defer nd.Close(context.WithoutCancel(ctx))
+	} else {
+		nodeLn.Close()
 	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -194,12 +198,4 @@ func openRedis(url string) (redis.UniversalClient, func(), error) {
 	}
 	rdb := redis.NewClient(opts)
 	return rdb, func() { rdb.Close() }, nil
-}
-
-// noNode is the provisioner until a node is attached: placement needs a registered node, so
-// it is never called; sessions stay pending until their provisioning deadline.
-type noNode struct{}
-
-func (noNode) Provision(context.Context, store.NodeInfo, *session.Session) error {
-	return errors.New("no node is attached to this deployment")
 }

@@ -158,6 +158,10 @@ func (d *Driver) CgroupPath(id string) string { return d.cgroupParent + "/" + id
 // tests; it fails harmlessly while guests still exist.
 func (d *Driver) RemoveCgroupParent() error { return d.cg.removeDirs(d.cgroupParent) }
 
+// ConsoleLog is the file that receives guest id's init stdout and stderr (and the runtime's
+// own errors on create and restore).
+func (d *Driver) ConsoleLog(id string) string { return filepath.Join(d.BundleDir(id), consoleFile) }
+
 // BundleDir is guest id's bundle directory.
 func (d *Driver) BundleDir(id string) string { return filepath.Join(d.bundleRoot, id) }
 
@@ -233,6 +237,9 @@ func (d *Driver) prepare(s hypervisor.Spec) (string, error) {
 		p := filepath.Join(s.Writable, w.Subdir)
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return "", fmt.Errorf("oci: writable layer: %w", err)
+		}
+		if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
+			return "", fmt.Errorf("oci: writable layer: %s is not a directory", p)
 		}
 		if err := os.Chmod(p, fs.FileMode(w.Mode&0o777)|modeBits(w.Mode)); err != nil {
 			return "", fmt.Errorf("oci: writable layer: %w", err)
