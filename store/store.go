@@ -258,7 +258,7 @@ func decode(m map[string]string) (*session.Session, error) {
 		IdleTimeoutS: int(num("idle_s")), MaxLifetimeS: int(num("life_s")),
 		StartedAt: session.AtMillis(num("started")), ExpiresAt: session.AtMillis(num("expires")),
 		LastActivityAt: session.AtMillis(num("activity")), Connect: st.Connect,
-		UsageToDate:       session.Usage{SessionS: num("u_s"), CPUMs: num("u_cpu"), MemGiBMs: num("u_mem"), EgressBytes: num("u_egress")},
+		UsageToDate:       session.Usage{SessionS: num("u_ms") / 1000, CPUMs: num("u_cpu"), MemGiBMs: num("u_mem"), EgressBytes: num("u_egress")},
 		Rule:              str("rule"),
 		IdleWarningAt:     session.AtMillis(num("idle_warn")),
 		LifetimeWarningAt: session.AtMillis(num("life_warn")),

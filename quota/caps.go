@@ -1,0 +1,179 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/session"
+)
+
+// Limits are a project's spend caps and concurrency (PUT /v1/limits). A cap of 0 is none.
+type Limits struct {
+	MonthlySpendCapMicroUSD        int64 `json:"monthly_spend_cap_micro_usd"`
+	EndUserMonthlySpendCapMicroUSD int64 `json:"end_user_monthly_spend_cap_micro_usd"`
+	Concurrency                    int   `json:"concurrency"`
+}
+
+// SoftCapPercent is where a cap warns before it stops anything.
+const SoftCapPercent = 80
+
+func limitsKey(p string) string { return "wb:{" + p + "}:limits" }
+
+// capFlag marks a cap reached this month; admissions in its scope answer 402 while it is set.
+func capFlag(p, endUser, level, month string) string {
+	if endUser == "" {
+		return "wb:{" + p + "}:capped:" + level + ":" + month
+	}
+	return "wb:{" + p + "}:capped:" + level + ":eu:" + endUser + ":" + month
+}
+
+// GetLimits reads a project's caps (concurrency is the store's and is filled in by callers).
+func GetLimits(ctx context.Context, rdb redis.UniversalClient, project string) (Limits, error) {
+	m, err := rdb.HGetAll(ctx, limitsKey(project)).Result()
+	if err != nil {
+		return Limits{}, fmt.Errorf("limits: %w", err)
+	}
+	n := func(k string) int64 { v, _ := strconv.ParseInt(m[k], 10, 64); return v }
+	return Limits{MonthlySpendCapMicroUSD: n("cap"), EndUserMonthlySpendCapMicroUSD: n("eu_cap")}, nil
+}
+
+// SetLimits writes a project's caps after checking them.
+func SetLimits(ctx context.Context, rdb redis.UniversalClient, project string, l Limits) error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"monthly_spend_cap_micro_usd", l.MonthlySpendCapMicroUSD}, {"end_user_monthly_spend_cap_micro_usd", l.EndUserMonthlySpendCapMicroUSD}} {
+		if f.v < 0 || f.v > 1e15 {
+			return &session.FieldError{Field: f.name, Message: fmt.Sprintf("must be 0 (no cap) to 10^15 micro-USD, got %d", f.v)}
+		}
+	}
+	return rdb.HSet(ctx, limitsKey(project), "cap", l.MonthlySpendCapMicroUSD, "eu_cap", l.EndUserMonthlySpendCapMicroUSD).Err()
+}
+
+// CapEvent is a cap crossed: the project's, or one end user's.
+type CapEvent struct {
+	Project       string `json:"project_id"`
+	EndUser       string `json:"end_user_id,omitempty"`
+	Scope         string `json:"scope"` // project | end_user
+	Level         string `json:"level"` // soft | hard
+	SpendMicroUSD int64  `json:"spend_micro_usd"`
+	CapMicroUSD   int64  `json:"cap_micro_usd"`
+	Month         string `json:"month"`
+}
+
+// Caps watches settled spend against the caps and calls OnCap once per cap, level and month.
+type Caps struct {
+	rdb   redis.UniversalClient
+	onCap func(context.Context, CapEvent)
+	log   *slog.Logger
+	mu    sync.Mutex
+	cache map[string]cachedLimits
+}
+
+type cachedLimits struct {
+	l  Limits
+	at time.Time
+}
+
+// NewCaps returns a cap watcher that calls onCap (in the settler's goroutine) when a cap is
+// first crossed.
+func NewCaps(rdb redis.UniversalClient, onCap func(context.Context, CapEvent), log *slog.Logger) *Caps {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Caps{rdb: rdb, onCap: onCap, log: log, cache: map[string]cachedLimits{}}
+}
+
+func (c *Caps) limits(ctx context.Context, project string) (Limits, error) {
+	c.mu.Lock()
+	e, ok := c.cache[project]
+	c.mu.Unlock()
+	if ok && time.Since(e.at) < time.Second {
+		return e.l, nil
+	}
+	l, err := GetLimits(ctx, c.rdb, project)
+	if err != nil {
+		return l, err
+	}
+	c.mu.Lock()
+	c.cache[project] = cachedLimits{l, time.Now()}
+	c.mu.Unlock()
+	return l, nil
+}
+
+// observe checks the month totals (nano-USD) after a settled record.
+func (c *Caps) observe(ctx context.Context, r Record, projectNano, endUserNano int64) {
+	l, err := c.limits(ctx, r.ProjectID)
+	if err != nil {
+		c.log.Warn("caps: limits", "project", r.ProjectID, "err", err)
+		return
+	}
+	month := monthOf(time.UnixMilli(r.ToMs))
+	c.check(ctx, CapEvent{Project: r.ProjectID, Scope: "project", SpendMicroUSD: projectNano / 1000, CapMicroUSD: l.MonthlySpendCapMicroUSD, Month: month})
+	if r.EndUserID != "" {
+		c.check(ctx, CapEvent{Project: r.ProjectID, EndUser: r.EndUserID, Scope: "end_user", SpendMicroUSD: endUserNano / 1000, CapMicroUSD: l.EndUserMonthlySpendCapMicroUSD, Month: month})
+	}
+}
+
+func (c *Caps) check(ctx context.Context, ev CapEvent) {
+	if ev.CapMicroUSD <= 0 {
+		return
+	}
+	for _, lv := range []struct {
+		level string
+		at    int64
+	}{{"hard", ev.CapMicroUSD}, {"soft", ev.CapMicroUSD * SoftCapPercent / 100}} {
+		if ev.SpendMicroUSD < lv.at {
+			continue
+		}
+		first, err := c.rdb.SetNX(ctx, capFlag(ev.Project, ev.EndUser, lv.level, ev.Month), ev.SpendMicroUSD, 40*24*time.Hour).Result()
+		if err != nil {
+			c.log.Warn("caps: flag", "err", err)
+			return
+		}
+		if first {
+			ev.Level = lv.level
+			c.log.Info("spend cap crossed", "project", ev.Project, "end_user", ev.EndUser, "level", ev.Level, "spend_micro_usd", ev.SpendMicroUSD, "cap_micro_usd", ev.CapMicroUSD)
+			if c.onCap != nil {
+				c.onCap(ctx, ev)
+			}
+		}
+		return // the hard cap implies the soft one
+	}
+}
+
+// Capped reports whether admissions for the project (and end user) are stopped by a hard cap
+// this month, and which scope stopped them.
+func Capped(ctx context.Context, rdb redis.UniversalClient, project, endUser string, now time.Time) (string, error) {
+	month := monthOf(now)
+	keys := []string{capFlag(project, "", "hard", month)}
+	if endUser != "" {
+		keys = append(keys, capFlag(project, endUser, "hard", month))
+	}
+	for i, k := range keys {
+		err := rdb.Get(ctx, k).Err()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if i == 0 {
+			return "project", nil
+		}
+		return "end_user", nil
+	}
+	return "", nil
+}
+
+// Uncap lifts a hard cap's admission stop (after the cap was raised).
+func Uncap(ctx context.Context, rdb redis.UniversalClient, project string, now time.Time) error {
+	return rdb.Del(ctx, capFlag(project, "", "hard", monthOf(now)), capFlag(project, "", "soft", monthOf(now))).Err()
+}

@@ -1,0 +1,131 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/session"
+)
+
+// UsageLine is settled usage of one session, one end user, or the whole project.
+type UsageLine struct {
+	SessionID          string `json:"session_id,omitempty"`
+	EndUserID          string `json:"end_user_id,omitempty"`
+	SessionS           int64  `json:"session_s"`
+	PausedS            int64  `json:"paused_s"`
+	CPUMs              int64  `json:"cpu_ms"`
+	MemGiBMs           int64  `json:"mem_gib_ms"`
+	EgressBytes        int64  `json:"egress_bytes"`
+	CostMicro          int64  `json:"cost_micro_usd"`
+	ms, pausedMs, nano int64
+}
+
+// Report is the answer of GET /v1/usage.
+type Report struct {
+	Object  string      `json:"object"` // "usage"
+	From    string      `json:"from"`
+	To      string      `json:"to"`
+	GroupBy string      `json:"group_by"`
+	Totals  UsageLine   `json:"totals"`
+	Data    []UsageLine `json:"data"`
+}
+
+// MaxReportHours bounds one report's range.
+const MaxReportHours = 24 * 93
+
+// BuildReport sums the hourly buckets of [from, to) (whole hours, UTC) by session or end user.
+func BuildReport(ctx context.Context, rdb redis.UniversalClient, project string, from, to time.Time, groupBy string) (Report, error) {
+	if groupBy != "session" && groupBy != "end_user" {
+		return Report{}, &session.FieldError{Field: "group_by", Message: fmt.Sprintf("must be session or end_user, got %q", groupBy)}
+	}
+	from, to = from.UTC().Truncate(time.Hour), to.UTC()
+	if !to.After(from) {
+		return Report{}, &session.FieldError{Field: "to", Message: "must be after from"}
+	}
+	if to.Sub(from) > MaxReportHours*time.Hour {
+		return Report{}, &session.FieldError{Field: "to", Message: fmt.Sprintf("a report spans at most %d days", MaxReportHours/24)}
+	}
+	var cmds []*redis.MapStringStringCmd
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for h := from; h.Before(to); h = h.Add(time.Hour) {
+			cmds = append(cmds, p.HGetAll(ctx, hourKey(project, h)))
+		}
+		return nil
+	})
+	if err != nil {
+		return Report{}, fmt.Errorf("usage report: %w", err)
+	}
+	prefix := "s:"
+	if groupBy == "end_user" {
+		prefix = "e:"
+	}
+	lines := map[string]*UsageLine{}
+	var total UsageLine
+	for _, c := range cmds {
+		for k, v := range c.Val() {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			if metric, ok := strings.CutPrefix(k, "t:"); ok {
+				total.add(metric, n)
+				continue
+			}
+			rest, ok := strings.CutPrefix(k, prefix)
+			if !ok {
+				continue
+			}
+			i := strings.LastIndexByte(rest, ':')
+			if i < 0 {
+				continue
+			}
+			key, metric := rest[:i], rest[i+1:]
+			l := lines[key]
+			if l == nil {
+				l = &UsageLine{}
+				if groupBy == "session" {
+					l.SessionID = key
+				} else {
+					l.EndUserID = key
+				}
+				lines[key] = l
+			}
+			l.add(metric, n)
+		}
+	}
+	rep := Report{Object: "usage", From: from.Format(session.TimeLayout), To: to.Format(session.TimeLayout), GroupBy: groupBy, Data: []UsageLine{}}
+	for _, l := range lines {
+		rep.Data = append(rep.Data, l.finish())
+	}
+	sort.Slice(rep.Data, func(i, j int) bool {
+		return rep.Data[i].SessionID+rep.Data[i].EndUserID < rep.Data[j].SessionID+rep.Data[j].EndUserID
+	})
+	rep.Totals = total.finish()
+	return rep, nil
+}
+
+func (l *UsageLine) add(metric string, n int64) {
+	switch metric {
+	case "session_ms":
+		l.ms += n
+	case "paused_ms":
+		l.pausedMs += n
+	case "cpu_ms":
+		l.CPUMs += n
+	case "mem_gib_ms":
+		l.MemGiBMs += n
+	case "egress_bytes":
+		l.EgressBytes += n
+	case "cost_nano":
+		l.nano += n
+	}
+}
+
+func (l *UsageLine) finish() UsageLine {
+	out := *l
+	out.SessionS, out.PausedS, out.CostMicro = l.ms/1000, l.pausedMs/1000, l.nano/1000
+	return out
+}

@@ -1,0 +1,306 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/store"
+)
+
+// settleScript applies a run of one session's consecutive usage records (seqs min..max, all
+// in one hour) once: a run wholly at or below the session's last settled seq is a replay and
+// changes nothing; a run that straddles it answers -1 and the caller settles its records one
+// by one. It adds the run's sums to the session's usage_to_date and cost, to the project's
+// and end user's spend counters (hour, day, month) and to the hourly report bucket, and
+// answers {applied, project month total, end-user month total} in nano-USD.
+//
+// KEYS: seq hash, session hash, spend hash, hour bucket
+// ARGV: session, min seq, end user, session_ms, paused_ms, cpu_ms, mem_gib_ms, egress,
+// cost nano, hour, day, month, max seq
+var settleScript = redis.NewScript(`
+local sid, eu = ARGV[1], ARGV[3]
+local last = tonumber(redis.call('HGET', KEYS[1], sid) or '0')
+if tonumber(ARGV[13]) <= last then return {0, 0, 0} end
+if tonumber(ARGV[2]) <= last then return {-1, 0, 0} end
+redis.call('HSET', KEYS[1], sid, ARGV[13])
+local names = {'session_ms', 'paused_ms', 'cpu_ms', 'mem_gib_ms', 'egress_bytes', 'cost_nano'}
+local vals = {ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  local fields = {'u_ms', 'u_paused_ms', 'u_cpu', 'u_mem', 'u_egress', 'cost_nano'}
+  for i = 1, 6 do redis.call('HINCRBY', KEYS[2], fields[i], vals[i]) end
+end
+local cost = ARGV[9]
+local m = redis.call('HINCRBY', KEYS[3], 'm:' .. ARGV[12], cost)
+redis.call('HINCRBY', KEYS[3], 'd:' .. ARGV[11], cost)
+redis.call('HINCRBY', KEYS[3], 'h:' .. ARGV[10], cost)
+local em = 0
+if eu ~= '' then
+  em = redis.call('HINCRBY', KEYS[3], 'eu:' .. eu .. ':m:' .. ARGV[12], cost)
+  redis.call('HINCRBY', KEYS[3], 'eu:' .. eu .. ':d:' .. ARGV[11], cost)
+  redis.call('HINCRBY', KEYS[3], 'eu:' .. eu .. ':h:' .. ARGV[10], cost)
+end
+for i = 1, 6 do
+  redis.call('HINCRBY', KEYS[4], 's:' .. sid .. ':' .. names[i], vals[i])
+  redis.call('HINCRBY', KEYS[4], 'e:' .. eu .. ':' .. names[i], vals[i])
+  redis.call('HINCRBY', KEYS[4], 't:' .. names[i], vals[i])
+end
+redis.call('EXPIRE', KEYS[4], 34560000)
+return {1, m, em}
+`)
+
+// Keys of a project's settled usage.
+func seqKey(p string) string   { return "wb:{" + p + "}:usage:seq" }
+func spendKey(p string) string { return "wb:{" + p + "}:spend" }
+func hourKey(p string, t time.Time) string {
+	return "wb:{" + p + "}:usage:h:" + t.UTC().Format("2006010215")
+}
+func sessionKey(p, id string) string { return "wb:{" + p + "}:s:" + id }
+func monthOf(t time.Time) string     { return t.UTC().Format("200601") }
+
+// settlerGroup is the consumer group of settlers on every usage stream.
+const settlerGroup = "settler"
+
+// Settler consumes usage records and settles them exactly once.
+type Settler struct {
+	rdb      redis.UniversalClient
+	prices   Prices
+	caps     *Caps // nil: no spend caps
+	consumer string
+	log      *slog.Logger
+	poll     time.Duration
+	batch    int64
+}
+
+// SettlerOptions configure a Settler.
+type SettlerOptions struct {
+	Prices   Prices
+	Caps     *Caps
+	Consumer string        // default host-pid
+	Poll     time.Duration // default 200 ms
+	Batch    int           // records per read, default 512
+	Logger   *slog.Logger
+}
+
+// NewSettler returns a settler.
+func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
+	if o.Consumer == "" {
+		h, _ := os.Hostname()
+		o.Consumer = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	if o.Poll == 0 {
+		o.Poll = 200 * time.Millisecond
+	}
+	if o.Batch == 0 {
+		o.Batch = 512
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Prices.SessionPerSecond == nil {
+		o.Prices = DefaultPrices()
+	}
+	return &Settler{rdb: rdb, prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger, poll: o.Poll, batch: int64(o.Batch)}
+}
+
+// Run settles every project's records until ctx ends.
+func (s *Settler) Run(ctx context.Context) error {
+	groups := map[string]bool{}
+	for {
+		projects, err := s.rdb.SMembers(ctx, store.ProjectsKey).Result()
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("settler: list projects", "err", err)
+		}
+		busy := false
+		for _, p := range projects {
+			if !groups[p] {
+				if err := s.ensureGroup(ctx, p); err != nil {
+					continue
+				}
+				groups[p] = true
+			}
+			n, err := s.SettleProject(ctx, p)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("settler", "project", p, "err", err)
+			}
+			busy = busy || n > 0
+		}
+		if busy {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(s.poll):
+		}
+	}
+}
+
+func (s *Settler) ensureGroup(ctx context.Context, project string) error {
+	err := s.rdb.XGroupCreateMkStream(ctx, UsageStream(project), settlerGroup, "0").Err()
+	if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
+		return err
+	}
+	return nil
+}
+
+// SettleProject settles what is waiting in one project's stream: first records this
+// consumer read but never acknowledged (a crash mid-batch), then records idle on another
+// consumer for 30 s, then new ones. It answers how many it handled.
+func (s *Settler) SettleProject(ctx context.Context, project string) (int, error) {
+	if err := s.ensureGroup(ctx, project); err != nil {
+		return 0, err
+	}
+	stream := UsageStream(project)
+	total := 0
+	for _, start := range []string{"0", ">"} {
+		res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: s.consumer,
+			Streams: []string{stream, start}, Count: s.batch, Block: -1}).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return total, err
+		}
+		for _, st := range res {
+			n, err := s.settle(ctx, project, st.Messages)
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+	}
+	claimed, _, err := s.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: stream, Group: settlerGroup,
+		Consumer: s.consumer, MinIdle: 30 * time.Second, Start: "0", Count: s.batch}).Result()
+	if err == nil && len(claimed) > 0 {
+		n, err := s.settle(ctx, project, claimed)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// run is consecutive records of one session in one hour, settled in one script call.
+type run struct {
+	first, last Record
+	sum         Record // usage sums; cost in costNano
+	costNano    int64
+	records     []Record
+}
+
+// runs groups a batch by session and hour, keeping each session's order.
+func (s *Settler) runs(project string, msgs []redis.XMessage) []*run {
+	var out []*run
+	open := map[string]*run{}
+	for _, m := range msgs {
+		r, err := DecodeRecord(m.Values)
+		if err != nil || r.ProjectID != project {
+			s.log.Error("settler: dropping bad record", "id", m.ID, "err", err)
+			continue
+		}
+		hour := time.UnixMilli(r.ToMs).UTC().Format("2006010215")
+		k := r.SessionID + "|" + hour
+		cur := open[k]
+		if cur == nil || r.Seq != cur.last.Seq+1 {
+			cur = &run{first: r}
+			open[k] = cur
+			out = append(out, cur)
+		}
+		cur.last = r
+		cur.records = append(cur.records, r)
+		cur.sum.SessionMs += r.SessionMs
+		cur.sum.PausedMs += r.PausedMs
+		cur.sum.CPUMs += r.CPUMs
+		cur.sum.MemGiBMs += r.MemGiBMs
+		cur.sum.EgressBytes += r.EgressBytes
+		cur.costNano += s.prices.Cost(r)
+	}
+	return out
+}
+
+// settle applies a batch in one pipeline, then acknowledges it. A crash between the two
+// replays the batch, which the seq check turns into no-ops.
+func (s *Settler) settle(ctx context.Context, project string, msgs []redis.XMessage) (int, error) {
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	if err := s.apply(ctx, project, s.runs(project, msgs)); err != nil {
+		return 0, err
+	}
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	if err := s.rdb.XAck(ctx, UsageStream(project), settlerGroup, ids...).Err(); err != nil {
+		return 0, fmt.Errorf("settle ack: %w", err)
+	}
+	return len(msgs), nil
+}
+
+func (s *Settler) apply(ctx context.Context, project string, runs []*run) error {
+	cmds := make([]*redis.Cmd, len(runs))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range runs {
+			at := time.UnixMilli(r.last.ToMs).UTC()
+			cmds[i] = settleScript.EvalSha(ctx, p, []string{seqKey(project), sessionKey(project, r.first.SessionID), spendKey(project), hourKey(project, at)},
+				r.first.SessionID, r.first.Seq, r.first.EndUserID, r.sum.SessionMs, r.sum.PausedMs, r.sum.CPUMs, r.sum.MemGiBMs,
+				r.sum.EgressBytes, r.costNano, at.Format("2006010215"), at.Format("20060102"), monthOf(at), r.last.Seq)
+		}
+		return nil
+	})
+	if isNoScript(err) {
+		// First use on this server: load the script and redo the batch (the seq check makes
+		// the redo exact).
+		if err := settleScript.Load(ctx, s.rdb).Err(); err != nil {
+			return fmt.Errorf("settle: load script: %w", err)
+		}
+		return s.apply(ctx, project, runs)
+	}
+	if err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	var split []*run
+	for i, r := range runs {
+		res, err := cmds[i].Int64Slice()
+		if err != nil {
+			return fmt.Errorf("settle %s: %w", r.first.ID(), err)
+		}
+		switch {
+		case res[0] == -1: // straddles what a previous, interrupted settler applied
+			for _, rec := range r.records {
+				split = append(split, &run{first: rec, last: rec, sum: rec, costNano: s.prices.Cost(rec), records: []Record{rec}})
+			}
+		case res[0] == 1 && s.caps != nil:
+			s.caps.observe(ctx, r.last, res[1], res[2])
+		}
+	}
+	if len(split) > 0 {
+		return s.apply(ctx, project, split)
+	}
+	return nil
+}
+
+func isNoScript(err error) bool { return err != nil && strings.Contains(err.Error(), "NOSCRIPT") }
+
+// Spend answers a project's (or, with endUser, an end user's) spend this month in micro-USD.
+func Spend(ctx context.Context, rdb redis.UniversalClient, project, endUser string, at time.Time) (int64, error) {
+	field := "m:" + monthOf(at)
+	if endUser != "" {
+		field = "eu:" + endUser + ":" + field
+	}
+	v, err := rdb.HGet(ctx, spendKey(project), field).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, _ := strconv.ParseInt(v, 10, 64)
+	return n / 1000, nil
+}

@@ -1,0 +1,274 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/internal/redistest"
+	"wb/session"
+	"wb/store"
+)
+
+var t0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+
+// records makes n records for each of the sessions, one second of running each.
+func records(project string, sessions []string, n int) []Record {
+	var out []Record
+	for i := 1; i <= n; i++ {
+		for j, s := range sessions {
+			from := t0.Add(time.Duration(i-1) * time.Second)
+			out = append(out, Record{SessionID: s, ProjectID: project, EndUserID: fmt.Sprintf("eu_%d", j%2), Tier: 2, SizeClass: "s",
+				MemoryMiB: 2048, DiskGiB: 10, Seq: int64(i), FromMs: from.UnixMilli(), ToMs: from.Add(time.Second).UnixMilli(),
+				State: session.Running, SessionMs: 1000, CPUMs: 10, MemGiBMs: 500, EgressBytes: 1000})
+		}
+	}
+	return out
+}
+
+func appendAll(t testing.TB, rdb redis.UniversalClient, rs []Record) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, r := range rs {
+			p.XAdd(ctx, &redis.XAddArgs{Stream: UsageStream(r.ProjectID), Values: r.Values()})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func counters(t *testing.T, rdb redis.UniversalClient, project string) map[string]string {
+	t.Helper()
+	m, err := rdb.HGetAll(context.Background(), spendKey(project)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := rdb.HGetAll(context.Background(), hourKey(project, t0)).Result()
+	for k, v := range b {
+		m["bucket:"+k] = v
+	}
+	return m
+}
+
+func TestCost(t *testing.T) {
+	p := DefaultPrices()
+	r := Record{Tier: 2, SizeClass: "s", SessionMs: 1500}
+	if got := p.Cost(r); got != 1500*28 {
+		t.Fatalf("running cost %d", got)
+	}
+	paused := Record{Tier: 2, SizeClass: "s", MemoryMiB: 2048, DiskGiB: 10, PausedMs: msPerMonth}
+	if got := p.Cost(paused); got != 12*100_000*1000 {
+		t.Fatalf("a month paused with 12 GiB: %d nano", got)
+	}
+	if got := p.Cost(Record{EgressBytes: 2_000_000_000}); got != 2*50_000*1000 {
+		t.Fatalf("2 GB egress: %d", got)
+	}
+	if got := p.Cost(Record{Tier: 1, SizeClass: "custom", SessionMs: 1000}); got != 28*1000 {
+		t.Fatalf("unpriced size pays the tier's largest: %d", got)
+	}
+}
+
+// Exactly once: a settler that dies mid-stream (reads, settles part, never acks) and a new
+// one that replays everything end with the counters of a clean run.
+func TestSettlerExactlyOnce(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			rs := records("proj_a", []string{"sess_1", "sess_2", "sess_3"}, 40)
+			// Clean run on project b with the same records.
+			clean := make([]Record, len(rs))
+			for i, r := range rs {
+				r.ProjectID = "proj_b"
+				clean[i] = r
+			}
+			appendAll(t, rdb, rs)
+			appendAll(t, rdb, clean)
+			s := NewSettler(rdb, SettlerOptions{Consumer: "c1", Batch: 50})
+			if n, err := s.SettleProject(ctx, "proj_b"); err != nil || n == 0 {
+				t.Fatalf("clean: %d %v", n, err)
+			}
+			for n, err := s.SettleProject(ctx, "proj_b"); n > 0; n, err = s.SettleProject(ctx, "proj_b") {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Crash: a settler applies half a batch's worth and dies before acking.
+			if err := s.ensureGroup(ctx, "proj_a"); err != nil {
+				t.Fatal(err)
+			}
+			res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: "dead", Streams: []string{UsageStream("proj_a"), ">"}, Count: 60}).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			half := NewSettler(rdb, SettlerOptions{Consumer: "dead"})
+			partial := res[0].Messages[:30]
+			if _, err := half.settle(ctx, "proj_a", partial); err != nil {
+				t.Fatal(err)
+			}
+			// Un-ack those 30 again, as if the crash came before the ack.
+			if err := rdb.Do(ctx, "XCLAIM", UsageStream("proj_a"), settlerGroup, "dead", 0, partial[0].ID, "FORCE").Err(); err != nil {
+				t.Fatal(err)
+			}
+			restarted := NewSettler(rdb, SettlerOptions{Consumer: "dead"}) // same consumer name: reads its own pending first
+			for i := 0; i < 20; i++ {
+				if _, err := restarted.SettleProject(ctx, "proj_a"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// And a second settler replays everything from the start (another group member's
+			// view after XAUTOCLAIM): nothing changes.
+			if err := rdb.XGroupDestroy(ctx, UsageStream("proj_a"), settlerGroup).Err(); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 20; i++ {
+				if _, err := NewSettler(rdb, SettlerOptions{Consumer: "c2"}).SettleProject(ctx, "proj_a"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a, bb := counters(t, rdb, "proj_a"), counters(t, rdb, "proj_b")
+			if len(a) == 0 || fmt.Sprint(a) != fmt.Sprint(bb) {
+				t.Fatalf("replayed counters differ from a clean run:\n%v\n%v", a, bb)
+			}
+			want := int64(3*40*(1000*28+1000*50_000/1_000_000)) / 1000 // running + egress
+			if got, _ := Spend(ctx, rdb, "proj_a", "", t0); got != want {
+				t.Fatalf("spend %d micro-USD, want %d", got, want)
+			}
+			if pending, _ := rdb.XPending(ctx, UsageStream("proj_a"), settlerGroup).Result(); pending.Count != 0 {
+				t.Fatalf("%d records left unacknowledged", pending.Count)
+			}
+		})
+	}
+}
+
+func TestSettlerUpdatesSessionAndReport(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	if _, err := st.EnsureProject(ctx, "proj_r", "r"); err != nil {
+		t.Fatal(err)
+	}
+	eu := "eu_0"
+	sess := &session.Session{ID: "sess_r1", ProjectID: "proj_r", Tier: 2, State: session.Pending, EndUserID: &eu,
+		CreatedAt: *session.At(t0), IdleTimeoutS: 300, MaxLifetimeS: 3600}
+	if _, err := st.Create(ctx, sess, 10); err != nil {
+		t.Fatal(err)
+	}
+	rs := records("proj_r", []string{"sess_r1"}, 5)
+	rs = append(rs, Record{SessionID: "sess_r1", ProjectID: "proj_r", EndUserID: eu, Tier: 2, SizeClass: "s", MemoryMiB: 2048, DiskGiB: 10,
+		Seq: 6, FromMs: t0.Add(5 * time.Second).UnixMilli(), ToMs: t0.Add(65 * time.Second).UnixMilli(), State: session.Paused, PausedMs: 60_000})
+	appendAll(t, rdb, rs)
+	done := make(chan struct{})
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { _ = NewSettler(rdb, SettlerOptions{Poll: 10 * time.Millisecond}).Run(cctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	var got *session.Session
+	for time.Now().Before(deadline) {
+		got, _ = st.Get(ctx, "proj_r", "sess_r1")
+		if got.UsageToDate.SessionS == 5 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got.UsageToDate.SessionS != 5 || got.UsageToDate.CPUMs != 50 || got.UsageToDate.EgressBytes != 5000 {
+		t.Fatalf("usage_to_date %+v", got.UsageToDate)
+	}
+	rep, err := BuildReport(ctx, rdb, "proj_r", t0, t0.Add(time.Hour), "session")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Data) != 1 || rep.Data[0].SessionS != 5 || rep.Data[0].PausedS != 60 || rep.Totals.SessionS != 5 {
+		t.Fatalf("report %+v", rep)
+	}
+	pausedNano := int64(60_000) * 12 * 100_000 * 1000 / msPerMonth
+	if want := (5*(1000*28+50) + pausedNano) / 1000; rep.Totals.CostMicro != want {
+		t.Fatalf("cost %d, want %d", rep.Totals.CostMicro, want)
+	}
+	byEU, _ := BuildReport(ctx, rdb, "proj_r", t0, t0.Add(time.Hour), "end_user")
+	if len(byEU.Data) != 1 || byEU.Data[0].EndUserID != eu {
+		t.Fatalf("by end user %+v", byEU)
+	}
+	for _, bad := range []struct {
+		from, to time.Time
+		g        string
+	}{{t0, t0, "session"}, {t0, t0.Add(time.Hour), "tier"}, {t0, t0.Add(100 * 24 * time.Hour), "session"}} {
+		if _, err := BuildReport(ctx, rdb, "proj_r", bad.from, bad.to, bad.g); err == nil {
+			t.Errorf("report %v accepted", bad)
+		}
+	}
+}
+
+func TestCaps(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	var mu sync.Mutex
+	var events []CapEvent
+	caps := NewCaps(rdb, func(_ context.Context, ev CapEvent) {
+		mu.Lock()
+		events = append(events, ev)
+		mu.Unlock()
+	}, nil)
+	// 28 micro-USD per record; project cap 1000 → soft at 800 (record 29), hard at 1000 (record 36).
+	if err := SetLimits(ctx, rdb, "proj_c", Limits{MonthlySpendCapMicroUSD: 1000, EndUserMonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetLimits(ctx, rdb, "proj_c", Limits{MonthlySpendCapMicroUSD: -1}); err == nil {
+		t.Fatal("negative cap accepted")
+	}
+	appendAll(t, rdb, records("proj_c", []string{"sess_c"}, 50))
+	s := NewSettler(rdb, SettlerOptions{Caps: caps, Batch: 7})
+	for i := 0; i < 20; i++ {
+		if _, err := s.SettleProject(ctx, "proj_c"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got := map[string]int{}
+	for _, ev := range events {
+		got[ev.Scope+"/"+ev.Level]++
+	}
+	// Each cap fires hard exactly once; soft at most once, and not when one batch crossed both.
+	if got["project/hard"] != 1 || got["end_user/hard"] != 1 || got["project/soft"] > 1 || got["end_user/soft"] > 1 {
+		t.Fatalf("cap events %v", events)
+	}
+	if scope, _ := Capped(ctx, rdb, "proj_c", "", t0); scope != "project" {
+		t.Fatalf("capped scope %q", scope)
+	}
+	if scope, _ := Capped(ctx, rdb, "proj_other", "", t0); scope != "" {
+		t.Fatal("another project capped")
+	}
+}
+
+// BenchmarkSettler: records settled per second from one project's stream, against a local
+// redis-server (the records are appended first, outside the clock).
+func BenchmarkSettler(b *testing.B) {
+	ctx := context.Background()
+	rdb := redistest.Server(b)
+	var sessions []string
+	for i := 0; i < 100; i++ {
+		sessions = append(sessions, fmt.Sprintf("sess_%03d", i))
+	}
+	rs := records("proj_bench", sessions, (b.N+99)/100)
+	appendAll(b, rdb, rs)
+	s := NewSettler(rdb, SettlerOptions{Batch: 1000})
+	b.ResetTimer()
+	start := time.Now()
+	total := 0
+	for total < len(rs) {
+		n, err := s.SettleProject(ctx, "proj_bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += n
+	}
+	b.ReportMetric(float64(total)/time.Since(start).Seconds(), "records/s")
+}
