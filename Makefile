@@ -23,6 +23,7 @@ test: deps
 # Benchmarks against a local redis-server that the benchmarks start themselves.
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./store/ ./gateway/
+	$(GO) test -run '^$$' -bench . -benchtime 20x ./hypervisor/oci/ ./conformance/
 
 lint:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }

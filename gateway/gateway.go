@@ -142,6 +142,9 @@ func (s *Server) routes() {
 	api("GET /v1/webhook_endpoints/{id}/deliveries", s.listDeliveries)
 
 	api("GET /v1/templates", s.listTemplates)
+	api("GET /v1/limits", s.getLimits)
+	api("PUT /v1/limits", s.putLimits)
+	api("GET /v1/usage", s.usage)
 	m.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &apiError{Status: 404, Type: "not_found", Code: "no_route", Message: "no route " + r.Method + " " + r.URL.Path})
 	}))

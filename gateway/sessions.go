@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"wb/quota"
 	"wb/session"
 	"wb/store"
 )
@@ -42,6 +43,17 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 		s.Metrics.admission.WithLabelValues("rate_limited").Inc()
 		return nil, nil, &apiError{Status: 429, Type: "rate_limited", Code: "rate_limited", RetryAfter: wait,
 			Message: fmt.Sprintf("project over its rate of %d creates/s; retry after %s", p.RatePerSec, wait.Round(time.Millisecond))}
+	}
+	// A crossed hard spend cap stops admissions in its scope (quota.Enforcer keeps the flag).
+	now0 := s.Now()
+	scope, err := quota.Capped(ctx, s.Store.Redis(), p.ID, req.EndUserID, now0)
+	if err != nil {
+		return nil, nil, err
+	}
+	if scope != "" {
+		s.Metrics.admission.WithLabelValues("spend_capped").Inc()
+		return nil, nil, &apiError{Status: 402, Type: "spend_cap_reached", Code: "spend_cap_reached",
+			Message: fmt.Sprintf("the %s's monthly spend cap is reached; raise it with PUT /v1/limits", strings.ReplaceAll(scope, "_", " "))}
 	}
 	// 4. the admission decision point
 	active, err := s.Store.ActiveCount(ctx, p.ID)
@@ -95,6 +107,9 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 			s.Metrics.admission.WithLabelValues("concurrency_limited").Inc()
 		}
 		return nil, nil, err
+	}
+	if quota.SoftCapped(ctx, s.Store, p.ID, req.EndUserID, now0.UTC().Format("200601")) {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("over %d%% of a monthly spend cap", quota.SoftCapPercent))
 	}
 	label := "allow"
 	if len(d.Warnings) > 0 {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"wb/quota"
 	"wb/session"
 )
 
@@ -22,6 +23,7 @@ type pending struct {
 	Event  string         `json:"event,omitempty"`
 	At     time.Time      `json:"at"`
 	Cold   *bool          `json:"cold,omitempty"`
+	Usage  *quota.Record  `json:"usage,omitempty"`
 }
 
 // guest is the node's record of one session's guest. It is written to disk on every change,
@@ -29,6 +31,8 @@ type pending struct {
 type guest struct {
 	SessionID string            `json:"session_id"`
 	Project   string            `json:"project_id"`
+	EndUserID string            `json:"end_user_id,omitempty"`
+	Seq       int64             `json:"seq"` // of the last usage record
 	GuestID   string            `json:"guest_id"`
 	Tier      int               `json:"tier"`
 	Template  string            `json:"template"`
@@ -76,10 +80,6 @@ func (g *guest) expiry() time.Time {
 
 func (g *guest) lifetimeWarning() time.Time {
 	return g.StartedAt.Add(time.Duration(g.MaxLifetimeS) * time.Second * session.LifetimeWarningPercent / 100)
-}
-
-func (g *guest) usage() session.Usage {
-	return session.Usage{SessionS: g.BilledMs / 1000, CPUMs: g.CPUMs, MemGiBMs: g.MemGiBMs, EgressBytes: g.EgressBytes}
 }
 
 // journal keeps one JSON file per guest under dir.

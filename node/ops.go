@@ -278,7 +278,6 @@ func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason s
 		return
 	}
 	n.destroy(ctx, l)
-	n.flushUsageOf(ctx, l)
 	n.flush(ctx, l)
 }
 
@@ -286,8 +285,7 @@ func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason s
 // its reason leads to. The caller holds l.mu.
 func (n *Node) finish(ctx context.Context, l *live) {
 	g := l.g
-	n.sample(ctx, l)
-	n.flushUsageOf(ctx, l)
+	n.sample(ctx, l) // the final meter: stopping bills until here
 	n.destroy(ctx, l)
 	to := g.Reason.Terminal()
 	g.Pending = append(g.Pending, pending{Kind: "transition", From: session.Stopping, To: to, Driver: session.Node,

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/hypervisor"
+	"wb/quota"
 	"wb/session"
 	"wb/store"
 )
@@ -15,7 +18,11 @@ import (
 // cold start (or a restore from a snapshot), then probes the agent and reports the session
 // running. On failure the session fails with start_failure.
 func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Session) error {
-	l := &live{g: &guest{SessionID: sess.ID, Project: sess.ProjectID, Tier: sess.Tier, Template: sess.Template,
+	eu := ""
+	if sess.EndUserID != nil {
+		eu = *sess.EndUserID
+	}
+	l := &live{g: &guest{SessionID: sess.ID, Project: sess.ProjectID, EndUserID: eu, Tier: sess.Tier, Template: sess.Template,
 		Resources: sess.Resources, State: session.Provisioning, IdleTimeoutS: sess.IdleTimeoutS, MaxLifetimeS: sess.MaxLifetimeS}}
 	n.mu.Lock()
 	if _, dup := n.guests[sess.ID]; dup {
@@ -163,6 +170,8 @@ func (n *Node) flush(ctx context.Context, l *live) {
 			}
 		case "warning":
 			err = n.Store.MarkWarning(rctx, g.Project, g.SessionID, p.Event, p.At)
+		case "usage":
+			err = n.Store.Redis().XAdd(rctx, &redis.XAddArgs{Stream: quota.UsageStream(g.Project), Values: p.Usage.Values()}).Err()
 		}
 		cancel()
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"wb/quota"
 	"wb/session"
 )
 
@@ -54,8 +55,10 @@ func (n *Node) warnings(ctx context.Context, l *live, now time.Time) {
 	}
 }
 
-// sample adds the time since the last sample to the guest's usage: billed time while the
-// state bills session seconds, memory × time, and CPU from its cgroup. The caller holds l.mu.
+// sample measures the guest since the last sample and queues the interval as a usage record:
+// billed time while the state bills session seconds, paused time, CPU from its cgroup and
+// memory × time. It runs every flush period and at every state change, so an interval is
+// spent in one state. The caller holds l.mu.
 func (n *Node) sample(ctx context.Context, l *live) {
 	g := l.g
 	now := n.Now()
@@ -67,47 +70,47 @@ func (n *Node) sample(ctx context.Context, l *live) {
 	if dt <= 0 {
 		return
 	}
+	rec := quota.Record{SessionID: g.SessionID, ProjectID: g.Project, EndUserID: g.EndUserID, Tier: g.Tier,
+		SizeClass: g.Resources.SizeClass, MemoryMiB: g.Resources.MemoryMiB, DiskGiB: g.Resources.DiskGiB,
+		FromMs: g.SampledAt.UnixMilli(), ToMs: now.UnixMilli(), State: g.State}
 	g.SampledAt = now
-	if g.State.BillsSessionSeconds() {
-		g.BilledMs += dt
+	switch {
+	case g.State.BillsSessionSeconds():
+		rec.SessionMs = dt
+	case g.State == session.Paused:
+		rec.PausedMs = dt
 	}
-	if g.GuestID == "" || g.State.Terminal() {
-		return
+	if g.GuestID != "" && !g.State.Terminal() {
+		if st, err := n.Driver.Stats(ctx, g.GuestID); err == nil {
+			// CPU from the cgroup's counter, as deltas: a warm guest's counter starts before
+			// its session does, and a restored guest's starts again at zero.
+			delta := st.CPUMs - g.CPURaw
+			if delta < 0 {
+				delta = st.CPUMs
+			}
+			g.CPURaw = st.CPUMs
+			rec.CPUMs = delta
+			rec.MemGiBMs = st.MemoryBytes * dt / (1 << 30)
+		}
 	}
-	st, err := n.Driver.Stats(ctx, g.GuestID)
-	if err != nil {
-		return
-	}
-	// CPU from the cgroup's counter, as deltas: a warm guest's counter starts before its
-	// session does, and a restored guest's starts again at zero.
-	delta := st.CPUMs - g.CPURaw
-	if delta < 0 {
-		delta = st.CPUMs
-	}
-	g.CPUMs, g.CPURaw = g.CPUMs+delta, st.CPUMs
-	g.MemGiBMs += st.MemoryBytes * dt / (1 << 30)
+	g.BilledMs += rec.SessionMs
+	g.CPUMs += rec.CPUMs
+	g.MemGiBMs += rec.MemGiBMs
+	g.Seq++
+	rec.Seq = g.Seq
+	g.Pending = append(g.Pending, pending{Kind: "usage", Usage: &rec, At: now})
 }
 
-// flushUsage samples every guest and writes its usage_to_date.
+// flushUsage samples every running or paused guest and sends its records.
 func (n *Node) flushUsage(ctx context.Context) {
 	for _, l := range n.all() {
 		if !l.mu.TryLock() {
 			continue
 		}
-		if !l.g.State.Terminal() && l.g.State != session.Provisioning {
+		if st := l.g.State; st == session.Running || st == session.Paused {
 			n.sample(ctx, l)
-			n.save(l)
-			n.flushUsageOf(ctx, l)
+			n.flush(ctx, l)
 		}
 		l.mu.Unlock()
-	}
-}
-
-// flushUsageOf writes one guest's usage to Redis, best effort. The caller holds l.mu.
-func (n *Node) flushUsageOf(ctx context.Context, l *live) {
-	rctx, cancel := n.redis(ctx)
-	defer cancel()
-	if err := n.Store.SetUsage(rctx, l.g.Project, l.g.SessionID, l.g.usage()); err != nil && ctx.Err() == nil {
-		n.Logger.Debug("node: usage flush", "session", l.g.SessionID, "err", err)
 	}
 }

@@ -10,23 +10,6 @@ import (
 	"wb/session"
 )
 
-// usageScript writes a live session's usage estimate; a missing session stays missing.
-var usageScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'u_s', ARGV[1], 'u_cpu', ARGV[2], 'u_mem', ARGV[3], 'u_egress', ARGV[4])
-return 1
-`)
-
-// SetUsage records the node's latest usage figures for a session (usage_to_date).
-func (s *Store) SetUsage(ctx context.Context, project, id string, u session.Usage) error {
-	err := usageScript.Run(ctx, s.rdb, []string{projectKeys(project).session(id)},
-		u.SessionS, u.CPUMs, u.MemGiBMs, u.EgressBytes).Err()
-	if err != nil {
-		return fmt.Errorf("set usage %s: %w", id, err)
-	}
-	return nil
-}
-
 // warningScript sets idle_warn or life_warn once and appends the warning event.
 // KEYS: session hash, outbox. ARGV: field, at ms, event field/value args.
 var warningScript = redis.NewScript(`

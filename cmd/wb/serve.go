@@ -34,6 +34,7 @@ type serveFlags struct {
 	apiKey    string
 	region    string
 	logLevel  string
+	prices    string
 	node      nodeFlags
 }
 
@@ -49,6 +50,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.region, "region", "local", "`name` of the region this machine serves")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
 	f.node.register(fs)
+	fs.StringVar(&f.prices, "prices", "", "JSON price `file` (see quota/PRICES.md); empty uses the defaults")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -127,6 +129,16 @@ Flags:
 	}
 	nodeToken := store.NewAPIKey("wb_node_")
 	nodes := nodeclient.New(st, nodeToken)
+	prices := quota.DefaultPrices()
+	if f.prices != "" {
+		if prices, err = quota.LoadPrices(f.prices); err != nil {
+			ln.Close()
+			nodeLn.Close()
+			return fmt.Errorf("--prices: %w", err)
+		}
+	}
+	enforcer := &quota.Enforcer{Store: st, Stopper: nodes, Logger: log}
+	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
 	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Logger: log})
 	reg := webhooks.NewRegistry(rdb)
 	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log})
@@ -148,6 +160,7 @@ Flags:
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return pl.Run(gctx) })
 	g.Go(func() error { return disp.Run(gctx) })
+	g.Go(func() error { return settler.Run(gctx) })
 	if nd != nil {
 		runNode(gctx, g, nd, nodeLn, nodeToken)
 		defer nd.Close(context.WithoutCancel(ctx))

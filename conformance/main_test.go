@@ -1,0 +1,323 @@
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// deployment is one running wb platform the tests talk to: either the external one named by
+// WB_URL and WB_API_KEY, or a `wb serve` process started by TestMain.
+type deployment struct {
+	name    string // subtest name: the runtime, or "external"
+	runtime string // runsc, runc, or "" when unknown (external)
+	url     string
+	apiKey  string
+	admin   string
+	local   bool // on this machine's loopback (benchmarks run only then)
+
+	// Set when TestMain started the process.
+	bin     string
+	tmp     string // holds data/, stdout, stderr
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	waitErr error
+
+	mu      sync.Mutex
+	created []string // session ids the tests made
+}
+
+var (
+	deployments []*deployment
+	binPath     string // the wb binary TestMain built ("" for an external deployment)
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	// Most of the time is spent waiting on guests: allow more parallel tests than cores,
+	// unless -parallel was given.
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		_ = flag.Set("test.parallel", "8")
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	if u, k := os.Getenv("WB_URL"), os.Getenv("WB_API_KEY"); u != "" && k != "" {
+		deployments = []*deployment{{name: "external", url: strings.TrimRight(u, "/"), apiKey: k,
+			admin: os.Getenv("WB_ADMIN_KEY"), local: isLoopback(u)}}
+		return m.Run()
+	}
+	tmp, err := os.MkdirTemp("", "wb-conformance-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	binPath, err = buildWB(tmp)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "conformance: build wb:", err)
+		return 1
+	}
+	runtimes := []string{"runsc", "runc"}
+	ds := make([]*deployment, len(runtimes))
+	errs := make([]error, len(runtimes))
+	var wg sync.WaitGroup
+	for i, rt := range runtimes {
+		wg.Go(func() { ds[i], errs[i] = startServer(binPath, rt, "--pool", "1") })
+	}
+	wg.Wait()
+	defer func() {
+		for _, d := range ds {
+			if d != nil {
+				d.stop()
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintln(os.Stderr, "conformance: start wb serve:", err)
+		return 1
+	}
+	deployments = ds
+	code := m.Run()
+	if code != 0 {
+		for _, d := range ds {
+			d.printStderr()
+		}
+	}
+	return code
+}
+
+func isLoopback(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// buildWB builds the static wb binary from the module that holds this package.
+func buildWB(dir string) (string, error) {
+	root, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
+			break
+		}
+		parent := filepath.Dir(root)
+		if parent == root {
+			return "", errors.New("no go.mod above the package directory")
+		}
+		root = parent
+	}
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(gobin); err != nil {
+		gobin = "go"
+	}
+	out := filepath.Join(dir, "wb")
+	cmd := exec.Command(gobin, "build", "-o", out, "./cmd/wb")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// startServer runs `wb serve` on a free loopback port with its own data dir and waits (bounded)
+// for its three stdout lines.
+func startServer(bin, rt string, extra ...string) (*deployment, error) {
+	tmp, err := os.MkdirTemp("", "wb-conf-"+rt+"-")
+	if err != nil {
+		return nil, err
+	}
+	d := &deployment{name: rt, runtime: rt, local: true, bin: bin, tmp: tmp, exited: make(chan struct{})}
+	stdout, err := os.Create(filepath.Join(tmp, "stdout"))
+	if err != nil {
+		return nil, err
+	}
+	defer stdout.Close()
+	stderr, err := os.Create(filepath.Join(tmp, "stderr"))
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "data"), "--runtime", rt}, extra...)
+	cmd := exec.Command(bin, args...)
+	for _, kv := range os.Environ() {
+		// wb serve takes its keys from these when set; let it make fresh ones.
+		if !strings.HasPrefix(kv, "WB_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	// If this test process dies, so does the server.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	d.cmd = cmd
+	go func() { d.waitErr = cmd.Wait(); close(d.exited) }()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		vals := readEnvLines(filepath.Join(tmp, "stdout"))
+		if vals["WB_URL"] != "" && vals["WB_API_KEY"] != "" && vals["WB_ADMIN_KEY"] != "" {
+			d.url, d.apiKey, d.admin = vals["WB_URL"], vals["WB_API_KEY"], vals["WB_ADMIN_KEY"]
+			return d, nil
+		}
+		select {
+		case <-d.exited:
+			err := fmt.Errorf("wb serve --runtime %s exited before printing WB_URL, WB_API_KEY, WB_ADMIN_KEY (%v); stderr:\n%s", rt, d.waitErr, d.stderrTail(100))
+			d.stop()
+			return nil, err
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			err := fmt.Errorf("wb serve --runtime %s printed no WB_URL/WB_API_KEY/WB_ADMIN_KEY within 60 s; stderr:\n%s", rt, d.stderrTail(100))
+			d.stop()
+			return nil, err
+		}
+	}
+}
+
+func readEnvLines(path string) map[string]string {
+	out := map[string]string{}
+	f, err := os.Open(path)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// stop sends SIGTERM, then SIGKILL after 10 s, and removes the data dir.
+func (d *deployment) stop() {
+	if d.cmd == nil {
+		return
+	}
+	select {
+	case <-d.exited:
+	default:
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.exited:
+		case <-time.After(10 * time.Second):
+			fmt.Fprintf(os.Stderr, "conformance: wb serve (%s) ignored SIGTERM for 10 s; killing it\n", d.name)
+			_ = d.cmd.Process.Kill()
+			<-d.exited
+		}
+	}
+	if !mountedBelow(d.tmp) {
+		_ = os.RemoveAll(d.tmp)
+	}
+}
+
+// restart replaces the server process with a fresh one (new data dir, port and keys).
+func (d *deployment) restart() error {
+	d.stop()
+	nd, err := startServer(d.bin, d.runtime, "--pool", "1")
+	if err != nil {
+		return err
+	}
+	d.url, d.apiKey, d.admin = nd.url, nd.apiKey, nd.admin
+	d.tmp, d.cmd, d.exited = nd.tmp, nd.cmd, nd.exited
+	go func() { <-nd.exited; d.waitErr = nd.waitErr }()
+	d.mu.Lock()
+	d.created = nil
+	d.mu.Unlock()
+	return nil
+}
+
+// mountedBelow reports whether anything is mounted under dir (then it is not removed).
+func mountedBelow(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *deployment) stderrTail(lines int) string {
+	if d.tmp == "" {
+		return ""
+	}
+	b, _ := os.ReadFile(filepath.Join(d.tmp, "stderr"))
+	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(ls) > lines {
+		ls = append([]string{fmt.Sprintf("… (%d earlier lines)", len(ls)-lines)}, ls[len(ls)-lines:]...)
+	}
+	return strings.Join(ls, "\n")
+}
+
+func (d *deployment) printStderr() {
+	if d.cmd == nil {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "\n===== wb serve --runtime %s (%s) stderr =====\n%s\n===== end %s =====\n", d.runtime, d.url, d.stderrTail(300), d.runtime)
+}
+
+func (d *deployment) track(id string) {
+	d.mu.Lock()
+	d.created = append(d.created, id)
+	d.mu.Unlock()
+}
+
+func (d *deployment) tracked() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.created...)
+}
+
+// forEach runs f as a parallel subtest per deployment.
+func forEach(t *testing.T, f func(t *testing.T, d *deployment)) {
+	if len(deployments) == 0 {
+		t.Fatal("no deployment: TestMain did not run")
+	}
+	for _, d := range deployments {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, d)
+		})
+	}
+}
+
+func bg(t testing.TB, timeout time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	return ctx
+}

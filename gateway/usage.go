@@ -1,0 +1,125 @@
+package gateway
+
+import (
+	"net/http"
+	"time"
+
+	"wb/quota"
+	"wb/store"
+)
+
+type limitsBody struct {
+	Object                         string `json:"object"`
+	MonthlySpendCapMicroUSD        int64  `json:"monthly_spend_cap_micro_usd"`
+	EndUserMonthlySpendCapMicroUSD int64  `json:"end_user_monthly_spend_cap_micro_usd"`
+	Concurrency                    int    `json:"concurrency"`
+	SpendThisMonthMicroUSD         int64  `json:"spend_this_month_micro_usd"`
+}
+
+func (s *Server) limits(r *http.Request, p store.Project) (limitsBody, error) {
+	l, err := quota.GetLimits(r.Context(), s.Store.Redis(), p.ID)
+	if err != nil {
+		return limitsBody{}, err
+	}
+	spend, err := quota.Spend(r.Context(), s.Store.Redis(), p.ID, "", s.Now())
+	if err != nil {
+		return limitsBody{}, err
+	}
+	return limitsBody{Object: "limits", MonthlySpendCapMicroUSD: l.MonthlySpendCapMicroUSD,
+		EndUserMonthlySpendCapMicroUSD: l.EndUserMonthlySpendCapMicroUSD, Concurrency: p.Concurrency, SpendThisMonthMicroUSD: spend}, nil
+}
+
+func (s *Server) getLimits(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	body, err := s.limits(r, p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, body)
+	return nil
+}
+
+// putLimits sets the spend caps and the concurrency limit. Fields left out keep their value;
+// raising a cap above this month's spend lifts the admission stop.
+func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	b, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req struct {
+		MonthlySpendCapMicroUSD        *int64 `json:"monthly_spend_cap_micro_usd"`
+		EndUserMonthlySpendCapMicroUSD *int64 `json:"end_user_monthly_spend_cap_micro_usd"`
+		Concurrency                    *int   `json:"concurrency"`
+	}
+	if err := decodeStrict(b, &req); err != nil {
+		return err
+	}
+	ctx := r.Context()
+	cur, err := quota.GetLimits(ctx, s.Store.Redis(), p.ID)
+	if err != nil {
+		return err
+	}
+	if req.MonthlySpendCapMicroUSD != nil {
+		cur.MonthlySpendCapMicroUSD = *req.MonthlySpendCapMicroUSD
+	}
+	if req.EndUserMonthlySpendCapMicroUSD != nil {
+		cur.EndUserMonthlySpendCapMicroUSD = *req.EndUserMonthlySpendCapMicroUSD
+	}
+	if req.Concurrency != nil {
+		if err := s.Store.SetConcurrency(ctx, p.ID, *req.Concurrency); err != nil {
+			return err
+		}
+		p.Concurrency = *req.Concurrency
+		s.auth.mu.Lock()
+		clear(s.auth.m) // the cached plan is stale
+		s.auth.mu.Unlock()
+	}
+	if err := quota.SetLimits(ctx, s.Store.Redis(), p.ID, cur); err != nil {
+		return err
+	}
+	spend, err := quota.Spend(ctx, s.Store.Redis(), p.ID, "", s.Now())
+	if err != nil {
+		return err
+	}
+	if cur.MonthlySpendCapMicroUSD == 0 || cur.MonthlySpendCapMicroUSD > spend {
+		if err := quota.Uncap(ctx, s.Store.Redis(), p.ID, s.Now()); err != nil {
+			return err
+		}
+	}
+	body, err := s.limits(r, p)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, body)
+	return nil
+}
+
+// usage serves GET /v1/usage?from=&to=&group_by=session|end_user (default: this month so far,
+// by session).
+func (s *Server) usage(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	q := r.URL.Query()
+	now := s.Now().UTC()
+	from := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	to := now.Add(time.Hour).Truncate(time.Hour)
+	for _, f := range []struct {
+		name string
+		out  *time.Time
+	}{{"from", &from}, {"to", &to}} {
+		if v := q.Get(f.name); v != "" {
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				return errInvalid(f.name, "must be an RFC 3339 time, got %q", v)
+			}
+			*f.out = t
+		}
+	}
+	groupBy := q.Get("group_by")
+	if groupBy == "" {
+		groupBy = "session"
+	}
+	rep, err := quota.BuildReport(r.Context(), s.Store.Redis(), p.ID, from, to, groupBy)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, rep)
+	return nil
+}

@@ -1,0 +1,608 @@
+package node_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/hypervisor"
+	"wb/hypervisor/oci"
+	"wb/hypervisor/templates"
+	"wb/internal/redistest"
+	"wb/node"
+	"wb/session"
+	"wb/store"
+)
+
+// Set by TestMain: the static wb binary for guests (and for `wb node` subprocesses), and the
+// assembled templates, shared read-only by every test.
+var (
+	wbBin   string
+	catalog templates.Catalog
+)
+
+// Timer tests use the contract's minimums; these are the margins the contract tests allow.
+const (
+	tick   = 50 * time.Millisecond
+	margin = 2 * time.Second
+	poll   = 100 * time.Millisecond
+)
+
+func TestMain(m *testing.M) {
+	// The timer tests mostly sleep: run them all at once rather than GOMAXPROCS at a time,
+	// unless -parallel was given.
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "32")
+	}
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	tmp, err := os.MkdirTemp("", "wb-node-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node tests:", err)
+		return 1
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "node tests:", err)
+		return 1
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node tests:", err)
+		return 1
+	}
+	wbBin = filepath.Join(tmp, "wb")
+	build := exec.Command("go", "build", "-o", wbBin, "./cmd/wb")
+	build.Dir = filepath.Dir(wd) // the module root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "node tests: build a static wb: %v\n%s", err, out)
+		return 1
+	}
+	catalog, err = templates.Assemble(filepath.Join(tmp, "templates"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "node tests: templates:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+func randHex(t testing.TB, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// tempDir is t.TempDir readable by the runtimes' helpers.
+func tempDir(t testing.TB) string {
+	t.Helper()
+	d := t.TempDir()
+	if err := os.Chmod(d, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// logWriter sends log lines to t.Log until the test ends, and drops them after, so that a
+// late log line of a background goroutine never panics the test binary.
+type logWriter struct {
+	mu   sync.Mutex
+	t    testing.TB
+	done bool
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	w := &logWriter{t: t}
+	t.Cleanup(func() { // registered first, so it runs after every other cleanup
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// redisClient is a client of addr that gives up quickly while the server is away.
+func redisClient(t testing.TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// newStore starts a redis-server of the test's own and a store over it.
+func newStore(t testing.TB) (*store.Store, *redistest.Proc) {
+	t.Helper()
+	p := redistest.StartProc(t)
+	return store.New(redisClient(t, p.Addr())), p
+}
+
+// newDriver returns a driver with its own state root, bundle root and cgroup parent under
+// base, whose guests are all stopped and deleted when the test ends, even on failure.
+func newDriver(t testing.TB, runtime, base string) *oci.Driver {
+	t.Helper()
+	d := openDriver(t, runtime, base, "/wbnodetest-"+randHex(t, 4))
+	t.Cleanup(func() {
+		reapAll(t, d)
+		if err := d.RemoveCgroupParent(); err != nil {
+			t.Logf("remove cgroup parent: %v", err)
+		}
+	})
+	return d
+}
+
+func openDriver(t testing.TB, runtime, base, cgroupParent string) *oci.Driver {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the node tests need root: the OCI runtimes create cgroups and namespaces")
+	}
+	d, err := oci.New(oci.Options{
+		Runtime:      runtime,
+		StateRoot:    filepath.Join(base, "state"),
+		BundleRoot:   filepath.Join(base, "bundles"),
+		CgroupParent: cgroupParent,
+		Logger:       testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// reapAll stops and deletes every guest d knows.
+func reapAll(t testing.TB, d *oci.Driver) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ids, err := d.List(ctx)
+	if err != nil {
+		t.Logf("cleanup: list guests: %v", err)
+		return
+	}
+	for _, id := range ids {
+		if err := d.Stop(ctx, id); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+			t.Logf("cleanup: stop %s: %v", id, err)
+		}
+		if err := d.Delete(ctx, id); err != nil {
+			t.Logf("cleanup: delete %s: %v", id, err)
+		}
+	}
+}
+
+// nodeConfig is a node of the test's: fast ticks, a 1 s usage flush.
+func nodeConfig(t testing.TB, st *store.Store, d hypervisor.Driver, dataDir, id string) node.Config {
+	return node.Config{
+		Store: st, Driver: d, Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
+		Info: store.NodeInfo{ID: id, Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a",
+			Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
+		Tick: tick, Flush: time.Second, Heartbeat: time.Second,
+		Logger: testLogger(t),
+	}
+}
+
+// running is a node whose Run goroutine the test controls.
+type running struct {
+	*node.Node
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// stop cancels Run and waits for it to return; guests keep running.
+func (r *running) stop(t testing.TB) {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("node Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("node Run did not return 30 s after its context ended")
+	}
+}
+
+// startNode builds a node and runs it until the test ends; it returns once the node has
+// recovered its journal and heartbeated.
+func startNode(t testing.TB, cfg node.Config) *running {
+	t.Helper()
+	n, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{Node: n, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- n.Run(ctx) }()
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { cancel(); <-r.done }) })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nodes, err := cfg.Store.Nodes(ctx)
+		if err == nil && slices.ContainsFunc(nodes, func(i store.NodeInfo) bool { return i.ID == cfg.Info.ID }) {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s never registered: %v", cfg.Info.ID, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// sessionOpts shape a test session.
+type sessionOpts struct {
+	tier         int
+	template     string
+	idleS, lifeS int
+	res          session.Resources
+}
+
+func small() session.Resources {
+	return session.Resources{VCPU: 1, MemoryMiB: 256, DiskGiB: 1, SizeClass: "s"}
+}
+
+// newPending writes a pending session, as the gateway does after admission.
+func newPending(t testing.TB, st *store.Store, project string, o sessionOpts) *session.Session {
+	t.Helper()
+	if o.tier == 0 {
+		o.tier = 2
+	}
+	if o.template == "" {
+		tpl := catalog[templates.Base]
+		o.template = tpl.Name + "@" + tpl.Digest
+	}
+	if o.res == (session.Resources{}) {
+		o.res = small()
+	}
+	now := time.Now()
+	s := &session.Session{ID: session.NewID("sess_", now), Tier: o.tier, State: session.Pending, ProjectID: project,
+		Template: o.template, Region: "local", CreatedAt: *session.At(now), IdleTimeoutS: o.idleS, MaxLifetimeS: o.lifeS,
+		Resources: o.res}
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := st.EnsureProject(ctx, project, project); err != nil {
+		t.Fatal(err)
+	}
+	out, err := st.Create(ctx, s, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// placed writes a pending session and places it on nodeID, as the placer does.
+func placed(t testing.TB, st *store.Store, project, nodeID string, o sessionOpts) *session.Session {
+	t.Helper()
+	s := newPending(t, st, project, o)
+	out, err := st.Transition(ctxT(t, 10*time.Second), store.Change{Project: project, ID: s.ID, From: session.Pending,
+		To: session.Provisioning, Driver: session.Placer, Zone: "local-a", NodeID: nodeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// provision places a session on n and starts it; it answers the session as Redis has it,
+// running.
+func provision(t testing.TB, st *store.Store, n *node.Node, project string, o sessionOpts) *session.Session {
+	t.Helper()
+	s := placed(t, st, project, n.Info.ID, o)
+	if err := n.Provision(ctxT(t, time.Minute), n.Info, s); err != nil {
+		t.Fatalf("provision %s: %v", s.ID, err)
+	}
+	got := get(t, st, project, s.ID)
+	if got.State != session.Running || got.StartedAt == nil {
+		t.Fatalf("after Provision the session is %s (started_at %v), want running", got.State, got.StartedAt)
+	}
+	return got
+}
+
+func get(t testing.TB, st *store.Store, project, id string) *session.Session {
+	t.Helper()
+	s, err := st.Get(ctxT(t, 10*time.Second), project, id)
+	if err != nil {
+		t.Fatalf("get %s: %v", id, err)
+	}
+	return s
+}
+
+// waitState polls until the session is in a state of want, and answers it with when it was
+// seen. It fails the test after timeout.
+func waitState(t testing.TB, st *store.Store, project, id string, timeout time.Duration, want ...session.State) (*session.Session, time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last *session.Session
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s, err := st.Get(ctx, project, id)
+		cancel()
+		seen := time.Now()
+		if err == nil {
+			last = s
+			if slices.Contains(want, s.State) {
+				return s, seen
+			}
+		}
+		if seen.After(deadline) {
+			state := session.State("?")
+			if last != nil {
+				state = last.State
+			}
+			t.Fatalf("session %s is %s %v after waiting %v for %v (err %v)", id, state, reasonOf(last), timeout, want, err)
+		}
+		time.Sleep(poll)
+	}
+}
+
+func reasonOf(s *session.Session) string {
+	if s == nil || s.StateReason == nil {
+		return ""
+	}
+	return "(" + string(*s.StateReason) + ")"
+}
+
+// events answers the outbox entries of one session, in stream order.
+func events(t testing.TB, st *store.Store, project, id string) []store.Event {
+	t.Helper()
+	msgs, err := st.Redis().XRange(ctxT(t, 10*time.Second), store.Outbox(project), "-", "+").Result()
+	if err != nil {
+		t.Fatalf("read outbox: %v", err)
+	}
+	var out []store.Event
+	for _, m := range msgs {
+		ev, err := store.DecodeEvent(m.ID, m.Values)
+		if err != nil {
+			t.Fatalf("outbox: %v", err)
+		}
+		if ev.SessionID == id {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func types(evs []store.Event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.Type
+	}
+	return out
+}
+
+func eventsOf(evs []store.Event, typ string) []store.Event {
+	var out []store.Event
+	for _, e := range evs {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// waitEvent polls the outbox until the session has n events of typ.
+func waitEvent(t testing.TB, st *store.Store, project, id, typ string, n int, timeout time.Duration) store.Event {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		evs := eventsOf(events(t, st, project, id), typ)
+		if len(evs) >= n {
+			return evs[n-1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d× %s for %s within %v: outbox %v", n, typ, id, timeout, types(events(t, st, project, id)))
+		}
+		time.Sleep(poll)
+	}
+}
+
+func atMs(ms int64) time.Time { return time.UnixMilli(ms) }
+
+// within fails unless lo ≤ got ≤ hi.
+func within(t testing.TB, what string, got, lo, hi time.Time) {
+	t.Helper()
+	if got.Before(lo) || got.After(hi) {
+		t.Errorf("%s at %s, want within [%s, %s] (%+.3fs from the start of the window)", what,
+			got.Format("15:04:05.000"), lo.Format("15:04:05.000"), hi.Format("15:04:05.000"), got.Sub(lo).Seconds())
+	} else {
+		t.Logf("%s at %+.3fs into its window [%s, %s]", what, got.Sub(lo).Seconds(), lo.Format("15:04:05.000"), hi.Format("15:04:05.000"))
+	}
+}
+
+// sleepUntil sleeps until at.
+func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
+
+func execReq(cmd string) session.ExecRequest {
+	b, _ := json.Marshal(cmd)
+	return session.ExecRequest{Command: b}
+}
+
+// execIn runs cmd in the session's guest through the node.
+func execIn(ctx context.Context, n *node.Node, s *session.Session, cmd string) (session.ExecResult, error) {
+	return n.Exec(ctx, s, execReq(cmd), nil, nil)
+}
+
+// guestGone checks that the runtime no longer has guest id: not listed, and Info says not
+// found (or stopped).
+func guestGone(t testing.TB, d *oci.Driver, id string) error {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	ids, err := d.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list: %w", err)
+	}
+	if slices.Contains(ids, id) {
+		return fmt.Errorf("guest %s is still in %s list: %v", id, d.Name(), ids)
+	}
+	info, err := d.Info(ctx, id)
+	if err == nil && info.State != hypervisor.StateStopped {
+		return fmt.Errorf("guest %s is %s", id, info.State)
+	}
+	if err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+		return fmt.Errorf("info %s: %w", id, err)
+	}
+	return nil
+}
+
+// waitGuestGone polls guestGone until timeout.
+func waitGuestGone(t testing.TB, d *oci.Driver, id string, timeout time.Duration) error {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := guestGone(t, d, id)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(poll)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// durableRedis is a redis-server with an append-only file that fsyncs every write, so its
+// data survives Stop and Start (on the same port). redistest.Proc runs without persistence.
+type durableRedis struct {
+	t    testing.TB
+	dir  string
+	port int
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startDurableRedis(t testing.TB) *durableRedis {
+	t.Helper()
+	r := &durableRedis{t: t, dir: t.TempDir()}
+	t.Cleanup(r.Stop)
+	for attempt := 0; ; attempt++ {
+		r.port = freePort(t)
+		if err := r.start(); err == nil {
+			return r
+		} else if attempt == 2 {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (r *durableRedis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
+
+func (r *durableRedis) start() error {
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
+		"--dir", r.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+		"--daemonize", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-done:
+			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+			return fmt.Errorf("redis-server on %s exited: %s", r.Addr(), log)
+		default:
+		}
+		if ping(r.Addr()) == nil {
+			r.cmd, r.done = cmd, done
+			return nil
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-done
+			return fmt.Errorf("redis-server on %s not ready", r.Addr())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Start restarts the server on its port.
+func (r *durableRedis) Start() {
+	r.t.Helper()
+	var err error
+	for range 10 {
+		if err = r.start(); err == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond) // the old socket may linger
+	}
+	r.t.Fatal(err)
+}
+
+// Stop shuts the server down (SIGTERM: it syncs its append-only file) and waits.
+func (r *durableRedis) Stop() {
+	if r.cmd == nil {
+		return
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		_ = r.cmd.Process.Kill()
+		<-r.done
+	}
+	r.cmd, r.done = nil, nil
+}
+
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "+PONG\r\n" {
+		return fmt.Errorf("PING: %q", line)
+	}
+	return nil
+}

@@ -1,0 +1,307 @@
+package policies
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Mode says what a policy's verdicts do.
+type Mode string
+
+// Modes. Enforce: denials deny, kills kill, stops stop. Warn: they become warnings (grants
+// such as allow_egress and defaults still apply). Dryrun: nothing applies; the decision log
+// records what would have happened ("would deny").
+const (
+	ModeEnforce Mode = "enforce"
+	ModeWarn    Mode = "warn"
+	ModeDryrun  Mode = "dryrun"
+)
+
+// Valid reports whether m is one of the three modes.
+func (m Mode) Valid() bool { return m == ModeEnforce || m == ModeWarn || m == ModeDryrun }
+
+// Version is one stored revision of a project's policy. Revisions are immutable.
+type Version struct {
+	ID        string    `json:"id"` // pol_NAME@N
+	Name      string    `json:"name"`
+	Version   int       `json:"version"`
+	Mode      Mode      `json:"mode"`
+	Point     string    `json:"point"` // from the module's package
+	Digest    string    `json:"digest"`
+	CreatedAt time.Time `json:"created_at"`
+	Masked    []string  `json:"masked,omitempty"`
+}
+
+// Errors.
+var (
+	// ErrNotFound: no such policy or version.
+	ErrNotFound = errors.New("policies: not found")
+	// ErrInvalid: a malformed name, id, mode or source (not a compile error).
+	ErrInvalid = errors.New("policies: invalid argument")
+)
+
+// MaxSourceBytes bounds an uploaded policy.
+const MaxSourceBytes = 256 << 10
+
+// IDPrefix starts every policy id.
+const IDPrefix = "pol_"
+
+func validName(name string) bool {
+	if len(name) < 1 || len(name) > 64 {
+		return false
+	}
+	for i := range len(name) {
+		c := name[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// FormatID answers "pol_NAME@N".
+func FormatID(name string, version int) string {
+	return IDPrefix + name + "@" + strconv.Itoa(version)
+}
+
+// ParseID splits "pol_NAME@N" (version N) or "pol_NAME" (version 0: the latest).
+func ParseID(id string) (name string, version int, err error) {
+	rest, ok := strings.CutPrefix(id, IDPrefix)
+	if !ok {
+		return "", 0, fmt.Errorf("%w: policy id %q must look like pol_NAME@N", ErrInvalid, id)
+	}
+	name = rest
+	if i := strings.LastIndexByte(rest, '@'); i >= 0 {
+		name = rest[:i]
+		version, err = strconv.Atoi(rest[i+1:])
+		if err != nil || version < 1 {
+			return "", 0, fmt.Errorf("%w: policy id %q must look like pol_NAME@N with N ≥ 1", ErrInvalid, id)
+		}
+	}
+	if !validName(name) {
+		return "", 0, fmt.Errorf("%w: policy name %q must match [a-z0-9_]{1,64}", ErrInvalid, name)
+	}
+	return name, version, nil
+}
+
+// Redis keys of a project's policies and decision log, hash-tagged like store's.
+func latestKey(project string) string         { return "wb:{" + project + "}:pol:latest" }
+func versionsKey(project, name string) string { return "wb:{" + project + "}:pol:v:" + name }
+
+// DecisionsKey is the project's decision-log stream.
+func DecisionsKey(project string) string { return "wb:{" + project + "}:decisions" }
+
+// putScript allocates the next version of a policy and stores it, atomically: KEYS[1] is
+// the latest hash (name → N), KEYS[2] the versions hash (N → record).
+const putScript = `
+local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('HSET', KEYS[2], n, ARGV[2])
+return n`
+
+// record is a stored revision; its name and number are in its keys.
+type record struct {
+	Mode      Mode      `json:"mode"`
+	Point     string    `json:"point"`
+	Digest    string    `json:"digest"`
+	CreatedAt time.Time `json:"created_at"`
+	Masked    []string  `json:"masked,omitempty"`
+	Source    string    `json:"source"`
+}
+
+func (r record) version(name string, n int) Version {
+	return Version{ID: FormatID(name, n), Name: name, Version: n, Mode: r.Mode, Point: r.Point,
+		Digest: r.Digest, CreatedAt: r.CreatedAt, Masked: r.Masked}
+}
+
+func digest(source string) string {
+	sum := sha256.Sum256([]byte(source))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func validProject(project string) error {
+	if project == "" || strings.ContainsAny(project, "{}") {
+		return fmt.Errorf("%w: project id %q", ErrInvalid, project)
+	}
+	return nil
+}
+
+// Put compiles source and stores it as the next version of the project's policy name.
+// A source that does not compile, or whose package is not wb.admission, wb.runtime or
+// wb.spend, is a *CompileError. An empty mode is enforce. The new version takes effect at
+// once on this engine and within Options.Refresh on others.
+func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mode) (Version, error) {
+	if err := validProject(project); err != nil {
+		return Version{}, err
+	}
+	if !validName(name) {
+		return Version{}, fmt.Errorf("%w: policy name %q must match [a-z0-9_]{1,64}", ErrInvalid, name)
+	}
+	if mode == "" {
+		mode = ModeEnforce
+	}
+	if !mode.Valid() {
+		return Version{}, fmt.Errorf("%w: mode %q must be enforce, warn or dryrun", ErrInvalid, mode)
+	}
+	if len(source) > MaxSourceBytes {
+		return Version{}, fmt.Errorf("%w: policy source is %d bytes, at most %d", ErrInvalid, len(source), MaxSourceBytes)
+	}
+	c, err := compile(ctx, e.caps, name+".rego", source)
+	if err != nil {
+		return Version{}, err
+	}
+	rec := record{Mode: mode, Point: c.point, Digest: digest(source), CreatedAt: time.Now().UTC().Truncate(time.Millisecond),
+		Masked: c.masked, Source: source}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return Version{}, fmt.Errorf("policies: encode %s: %w", name, err)
+	}
+	n, err := e.putScript.Run(ctx, e.rdb, []string{latestKey(project), versionsKey(project, name)}, name, b).Int()
+	if err != nil {
+		return Version{}, fmt.Errorf("policies: store %s: %w", name, err)
+	}
+	v := rec.version(name, n)
+	p := &policy{Version: v, compiled: c}
+	e.cache.put(project, p)
+	e.publish(project, p)
+	return v, nil
+}
+
+// Versions answers every version of a policy, oldest first, or ErrNotFound.
+func (e *Engine) Versions(ctx context.Context, project, name string) ([]Version, error) {
+	if !validName(name) {
+		return nil, fmt.Errorf("%w: policy name %q must match [a-z0-9_]{1,64}", ErrInvalid, name)
+	}
+	all, err := e.rdb.HGetAll(ctx, versionsKey(project, name)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("policies: versions of %s: %w", name, err)
+	}
+	if len(all) == 0 {
+		return nil, fmt.Errorf("%w: policy %s", ErrNotFound, IDPrefix+name)
+	}
+	out := make([]Version, 0, len(all))
+	for f, raw := range all {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		var rec record
+		if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+			return nil, fmt.Errorf("policies: decode %s: %w", FormatID(name, n), err)
+		}
+		out = append(out, rec.version(name, n))
+	}
+	slices.SortFunc(out, func(a, b Version) int { return a.Version - b.Version })
+	return out, nil
+}
+
+// Policies answers the latest version of each of the project's policies, by name.
+func (e *Engine) Policies(ctx context.Context, project string) ([]Version, error) {
+	recs, err := e.latest(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Version, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, r.version)
+	}
+	return out, nil
+}
+
+// Get answers one version and its source. id is "pol_NAME@N", or "pol_NAME" for the
+// latest version (resolve a request's policy_id with it, then pin the answered ID).
+func (e *Engine) Get(ctx context.Context, project, id string) (Version, string, error) {
+	name, n, err := ParseID(id)
+	if err != nil {
+		return Version{}, "", err
+	}
+	rec, n, err := e.fetch(ctx, project, name, n)
+	if err != nil {
+		return Version{}, "", err
+	}
+	return rec.version(name, n), rec.Source, nil
+}
+
+// fetch reads version n of name (0: the latest).
+func (e *Engine) fetch(ctx context.Context, project, name string, n int) (record, int, error) {
+	if n == 0 {
+		var err error
+		n, err = e.rdb.HGet(ctx, latestKey(project), name).Int()
+		if errors.Is(err, redis.Nil) {
+			return record{}, 0, fmt.Errorf("%w: policy %s", ErrNotFound, IDPrefix+name)
+		}
+		if err != nil {
+			return record{}, 0, fmt.Errorf("policies: latest of %s: %w", name, err)
+		}
+	}
+	raw, err := e.rdb.HGet(ctx, versionsKey(project, name), strconv.Itoa(n)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return record{}, 0, fmt.Errorf("%w: policy %s", ErrNotFound, FormatID(name, n))
+	}
+	if err != nil {
+		return record{}, 0, fmt.Errorf("policies: get %s: %w", FormatID(name, n), err)
+	}
+	var rec record
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		return record{}, 0, fmt.Errorf("policies: decode %s: %w", FormatID(name, n), err)
+	}
+	return rec, n, nil
+}
+
+type stored struct {
+	version Version
+	source  string
+}
+
+// latest reads the latest version of each policy of the project, sorted by name.
+func (e *Engine) latest(ctx context.Context, project string) ([]stored, error) {
+	idx, err := e.rdb.HGetAll(ctx, latestKey(project)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("policies: list %s: %w", project, err)
+	}
+	names := make([]string, 0, len(idx))
+	for name := range idx {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	cmds := make([]*redis.StringCmd, len(names))
+	nums := make([]int, len(names))
+	if len(names) > 0 {
+		_, err = e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, name := range names {
+				nums[i], _ = strconv.Atoi(idx[name])
+				cmds[i] = p.HGet(ctx, versionsKey(project, name), idx[name])
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("policies: list %s: %w", project, err)
+		}
+	}
+	out := make([]stored, 0, len(names))
+	for i, name := range names {
+		raw, err := cmds[i].Bytes()
+		if errors.Is(err, redis.Nil) {
+			continue // allocated by a Put whose write is not visible yet: cannot happen with the script
+		}
+		if err != nil {
+			return nil, fmt.Errorf("policies: get %s: %w", FormatID(name, nums[i]), err)
+		}
+		var rec record
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			return nil, fmt.Errorf("policies: decode %s: %w", FormatID(name, nums[i]), err)
+		}
+		out = append(out, stored{version: rec.version(name, nums[i]), source: rec.Source})
+	}
+	return out, nil
+}

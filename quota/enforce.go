@@ -1,0 +1,116 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"wb/session"
+	"wb/store"
+)
+
+// Stopper tears down a session's guest once it is stopping (the node's client).
+type Stopper interface {
+	Stop(ctx context.Context, s *session.Session) error
+}
+
+// SpendDecision is what the spend decision point says about a crossed cap.
+type SpendDecision struct {
+	Stop          bool     // stop the running sessions in scope
+	DenyAdmission bool     // answer new admissions in scope with 402
+	Warnings      []string // logged, and sent with quota.exceeded
+}
+
+// Enforcer acts on crossed caps: it asks the spend decision point, stops the sessions in
+// scope (stopping → stopped, reason spend_cap, driver metering), fires quota.exceeded once,
+// and leaves the admission stop in place unless the decision lifts it.
+type Enforcer struct {
+	Store   *store.Store
+	Stopper Stopper
+	// Decide is the spend decision point (Rego and plugins); nil means the default: a hard cap
+	// stops the sessions in scope and denies admissions; a soft cap only warns.
+	Decide func(ctx context.Context, ev CapEvent) (SpendDecision, error)
+	Logger *slog.Logger
+}
+
+// OnCap is the Caps callback.
+func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
+	log := e.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	d := SpendDecision{Stop: ev.Level == "hard", DenyAdmission: ev.Level == "hard"}
+	if e.Decide != nil {
+		var err error
+		if d, err = e.Decide(ctx, ev); err != nil {
+			log.Error("spend decision failed; applying the default", "err", err)
+			d = SpendDecision{Stop: ev.Level == "hard", DenyAdmission: ev.Level == "hard"}
+		}
+	}
+	if ev.Level == "hard" && !d.DenyAdmission {
+		_ = e.Store.Redis().Del(ctx, capFlag(ev.Project, ev.EndUser, "hard", ev.Month)).Err()
+	}
+	if ev.Level == "hard" {
+		obj := map[string]any{"object": "quota", "project_id": ev.Project, "scope": ev.Scope, "level": ev.Level,
+			"spend_micro_usd": ev.SpendMicroUSD, "cap_micro_usd": ev.CapMicroUSD, "month": ev.Month,
+			"sessions_stopped": d.Stop, "admissions_denied": d.DenyAdmission, "warnings": d.Warnings}
+		if ev.EndUser != "" {
+			obj["end_user_id"] = ev.EndUser
+		}
+		if _, err := e.Store.AppendEvent(ctx, ev.Project, session.EventQuotaExceeded, "", obj); err != nil {
+			log.Error("quota.exceeded event", "err", err)
+		}
+	}
+	if d.Stop {
+		e.stopScope(ctx, ev, log)
+	}
+}
+
+// stopScope stops every live session of the project (or of the end user).
+func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, log *slog.Logger) {
+	for _, st := range []session.State{session.Running, session.Paused} {
+		ids, err := e.Store.IDsInState(ctx, ev.Project, st, 100000)
+		if err != nil {
+			log.Error("spend cap: list sessions", "err", err)
+			return
+		}
+		for _, id := range ids {
+			s, err := e.Store.Get(ctx, ev.Project, id)
+			if err != nil || s.State != st {
+				continue
+			}
+			if ev.EndUser != "" && (s.EndUserID == nil || *s.EndUserID != ev.EndUser) {
+				continue
+			}
+			out, err := e.Store.Transition(ctx, store.Change{Project: ev.Project, ID: id, From: st, To: session.Stopping,
+				Driver: session.Metering, Reason: session.SpendCap, Version: s.Version})
+			var ce *store.ConflictError
+			if errors.As(err, &ce) {
+				continue
+			}
+			if err != nil {
+				log.Error("spend cap: stop session", "session", id, "err", err)
+				continue
+			}
+			if e.Stopper != nil {
+				if err := e.Stopper.Stop(ctx, out); err != nil {
+					log.Error("spend cap: tear down", "session", id, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// SoftCapped reports whether the project (or the end user) passed its soft cap in month.
+func SoftCapped(ctx context.Context, st *store.Store, project, endUser, month string) bool {
+	keys := []string{capFlag(project, "", "soft", month)}
+	if endUser != "" {
+		keys = append(keys, capFlag(project, endUser, "soft", month))
+	}
+	for _, k := range keys {
+		if n, _ := st.Redis().Exists(ctx, k).Result(); n > 0 {
+			return true
+		}
+	}
+	return false
+}
