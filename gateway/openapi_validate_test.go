@@ -250,6 +250,9 @@ var registeredRoutes = []string{
 	"DELETE /v1/webhook_endpoints/{id}",
 	"GET /v1/webhook_endpoints/{id}/deliveries",
 	"GET /v1/templates",
+	"GET /v1/limits",
+	"PUT /v1/limits",
+	"GET /v1/usage",
 }
 
 func TestOpenAPIDocument(t *testing.T) {
@@ -459,6 +462,89 @@ func TestOpenAPIRejectsWrongResponse(t *testing.T) {
 		}
 		if b, _ := io.ReadAll(resp.Body); !bytes.Equal(b, body) {
 			t.Errorf("%s: body not re-attached", c.name)
+		}
+	}
+}
+
+const goodLimits = `{"object":"limits","monthly_spend_cap_micro_usd":50000000,"end_user_monthly_spend_cap_micro_usd":0,
+"concurrency":100,"spend_this_month_micro_usd":1234}`
+
+const usageTotals = `{"session_s":70,"paused_s":10,"cpu_ms":3000,"mem_gib_ms":140000,"egress_bytes":512,"cost_micro_usd":99}`
+
+const goodUsageBySession = `{"object":"usage","from":"2025-01-01T00:00:00.000Z","to":"2025-01-02T04:00:00.000Z","group_by":"session",
+"totals":` + usageTotals + `,"data":[
+{"session_id":"sess_0VcQ9aBcDeFgHiJkLm","session_s":60,"paused_s":10,"cpu_ms":2000,"mem_gib_ms":120000,"egress_bytes":512,"cost_micro_usd":80},
+{"session_id":"sess_0VcQ9aBcDeFgHiJkLn","session_s":10,"paused_s":0,"cpu_ms":1000,"mem_gib_ms":20000,"egress_bytes":0,"cost_micro_usd":19}]}`
+
+// The sessions without an end user are summed in a line without end_user_id.
+const goodUsageByEndUser = `{"object":"usage","from":"2025-01-01T00:00:00.000Z","to":"2025-01-02T04:00:00.000Z","group_by":"end_user",
+"totals":` + usageTotals + `,"data":[
+{"session_s":10,"paused_s":0,"cpu_ms":1000,"mem_gib_ms":20000,"egress_bytes":0,"cost_micro_usd":19},
+{"end_user_id":"user_1","session_s":60,"paused_s":10,"cpu_ms":2000,"mem_gib_ms":120000,"egress_bytes":512,"cost_micro_usd":80}]}`
+
+// TestOpenAPILimitsUsageAndSpendCap checks the document against synthetic answers of
+// GET/PUT /v1/limits, GET /v1/usage (both group_by forms) and the 402 of the creates, shaped
+// as limitsBody, quota.Report and apiError marshal them.
+func TestOpenAPILimitsUsageAndSpendCap(t *testing.T) {
+	capped := `{"error":{"type":"spend_cap_reached","code":"spend_cap_reached","message":"the project's monthly spend cap is reached; raise it with PUT /v1/limits"}}`
+	emptyUsage := `{"object":"usage","from":"2025-01-01T00:00:00.000Z","to":"2025-01-01T01:00:00.000Z","group_by":"session",
+"totals":{"session_s":0,"paused_s":0,"cpu_ms":0,"mem_gib_ms":0,"egress_bytes":0,"cost_micro_usd":0},"data":[]}`
+	good := []struct {
+		method, target string
+		status         int
+		body           string
+		header         []string
+	}{
+		{"GET", "/v1/limits", 200, goodLimits, nil},
+		{"PUT", "/v1/limits", 200, strings.Replace(goodLimits, `"concurrency":100`, `"concurrency":0`, 1), nil},
+		{"PUT", "/v1/limits", 400, `{"error":{"type":"invalid_request","code":"invalid_request","message":"concurrency: must be 0–100000, got -1","param":"concurrency"}}`, nil},
+		{"PUT", "/v1/limits", 415, `{"error":{"type":"invalid_request","code":"unsupported_media_type","message":"m"}}`, nil},
+		{"GET", "/v1/limits", 401, `{"error":{"type":"unauthenticated","code":"unauthenticated","message":"m"}}`, nil},
+		{"GET", "/v1/usage", 200, goodUsageBySession, nil},
+		{"GET", "/v1/usage?group_by=session&from=2025-01-01T00:00:00Z&to=2025-01-02T03:30:00Z", 200, goodUsageBySession, nil},
+		{"GET", "/v1/usage?group_by=end_user", 200, goodUsageByEndUser, nil},
+		{"GET", "/v1/usage?from=2025-01-01T00:00:00Z&to=2025-01-01T01:00:00Z", 200, emptyUsage, nil},
+		{"GET", "/v1/usage?group_by=tenant", 400, `{"error":{"type":"invalid_request","code":"invalid_request","message":"group_by: must be session or end_user, got \"tenant\"","param":"group_by"}}`, nil},
+		{"GET", "/v1/usage?from=yesterday", 400, `{"error":{"type":"invalid_request","code":"invalid_request","message":"from: must be an RFC 3339 time, got \"yesterday\"","param":"from"}}`, nil},
+		{"GET", "/v1/usage", 500, `{"error":{"type":"api_error","code":"internal","message":"internal error; it has been logged"}}`, nil},
+		{"POST", "/v1/sessions", 402, capped, nil},
+		{"POST", "/v1/runs", 402, capped, nil},
+		{"POST", "/v1/sessions", 201, strings.Replace(goodSession, `"running"`, `"pending"`, 1),
+			[]string{"Warning", `299 wb "over 80% of a monthly spend cap"`}},
+	}
+	for _, c := range good {
+		req, resp, body := fakeResponse(c.method, c.target, c.status, "application/json", c.body+"\n", c.header...)
+		if err := checkResponse(req, resp, body); err != nil {
+			t.Error(err)
+		}
+	}
+
+	bad := []struct {
+		name, method, target string
+		status               int
+		body                 string
+	}{
+		{"limits without spend", "GET", "/v1/limits", 200, strings.Replace(goodLimits, `,"spend_this_month_micro_usd":1234`, ``, 1)},
+		{"negative cap", "GET", "/v1/limits", 200, strings.Replace(goodLimits, `50000000`, `-1`, 1)},
+		{"concurrency over 100000", "PUT", "/v1/limits", 200, strings.Replace(goodLimits, `"concurrency":100`, `"concurrency":100001`, 1)},
+		{"limits wrong object", "PUT", "/v1/limits", 200, strings.Replace(goodLimits, `"limits"`, `"limit"`, 1)},
+		{"usage without totals", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `"totals":`+usageTotals+`,`, ``, 1)},
+		{"usage totals with an id", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `"totals":{`, `"totals":{"session_id":"sess_x",`, 1)},
+		{"usage by session, line without session_id", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `"session_id":"sess_0VcQ9aBcDeFgHiJkLn",`, ``, 1)},
+		{"usage by session, line with end_user_id", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `{"session_id"`, `{"end_user_id":"u","session_id"`, 1)},
+		{"usage by end user, line with session_id", "GET", "/v1/usage?group_by=end_user", 200, strings.Replace(goodUsageByEndUser, `{"end_user_id"`, `{"session_id":"sess_x","end_user_id"`, 1)},
+		{"usage bogus group_by", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `"group_by":"session"`, `"group_by":"tenant"`, 1)},
+		{"usage from without ms", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `00:00:00.000Z`, `00:00:00Z`, 1)},
+		{"usage unknown field in a line", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `"paused_s":0,`, `"paused_s":0,"region":"x",`, 1)},
+		{"402 with another code", "POST", "/v1/sessions", 402, `{"error":{"type":"spend_cap_reached","code":"rate_limited","message":"m"}}`},
+		{"402 on a route that does not answer it", "GET", "/v1/limits", 402, capped},
+	}
+	for _, c := range bad {
+		req, resp, body := fakeResponse(c.method, c.target, c.status, "application/json", c.body+"\n")
+		if err := checkResponse(req, resp, body); err == nil {
+			t.Errorf("%s: validation passed, want a failure", c.name)
+		} else {
+			t.Logf("%s: %s", c.name, strings.SplitN(err.Error(), "\n  body:", 2)[0])
 		}
 	}
 }

@@ -64,6 +64,9 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 	if req.EndUserMonthlySpendCapMicroUSD != nil {
 		cur.EndUserMonthlySpendCapMicroUSD = *req.EndUserMonthlySpendCapMicroUSD
 	}
+	if err := cur.Validate(); err != nil {
+		return err
+	}
 	if req.Concurrency != nil {
 		if err := s.Store.SetConcurrency(ctx, p.ID, *req.Concurrency); err != nil {
 			return err

@@ -46,6 +46,14 @@ func GetLimits(ctx context.Context, rdb redis.UniversalClient, project string) (
 
 // SetLimits writes a project's caps after checking them.
 func SetLimits(ctx context.Context, rdb redis.UniversalClient, project string, l Limits) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	return rdb.HSet(ctx, limitsKey(project), "cap", l.MonthlySpendCapMicroUSD, "eu_cap", l.EndUserMonthlySpendCapMicroUSD).Err()
+}
+
+// Validate checks the caps' ranges.
+func (l Limits) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int64
@@ -54,7 +62,7 @@ func SetLimits(ctx context.Context, rdb redis.UniversalClient, project string, l
 			return &session.FieldError{Field: f.name, Message: fmt.Sprintf("must be 0 (no cap) to 10^15 micro-USD, got %d", f.v)}
 		}
 	}
-	return rdb.HSet(ctx, limitsKey(project), "cap", l.MonthlySpendCapMicroUSD, "eu_cap", l.EndUserMonthlySpendCapMicroUSD).Err()
+	return nil
 }
 
 // CapEvent is a cap crossed: the project's, or one end user's.

@@ -1,0 +1,76 @@
+package gateway
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/quota"
+	"wb/session"
+)
+
+func TestLimitsAndSpendCap(t *testing.T) {
+	e := newEnv(t)
+	var l limitsBody
+	e.mustDo("GET", "/v1/limits", e.key, nil, 200, &l)
+	if l.MonthlySpendCapMicroUSD != 0 || l.Concurrency != 100 {
+		t.Fatalf("defaults %+v", l)
+	}
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"monthly_spend_cap_micro_usd": 1000, "concurrency": 5}, 200, &l)
+	if l.MonthlySpendCapMicroUSD != 1000 || l.Concurrency != 5 || l.EndUserMonthlySpendCapMicroUSD != 0 {
+		t.Fatalf("put %+v", l)
+	}
+	expectError(t, e.do("PUT", "/v1/limits", e.key, map[string]any{"monthly_spend_cap_micro_usd": -1}), 400, "invalid_request", "monthly_spend_cap_micro_usd")
+	expectError(t, e.do("PUT", "/v1/limits", e.key, map[string]any{"concurrency": -1}), 400, "invalid_request", "concurrency")
+	expectError(t, e.do("PUT", "/v1/limits", e.key, map[string]any{"cap": 1}), 400, "invalid_request", "cap")
+
+	// Settle enough usage to cross the cap: the hard cap stops admissions with 402.
+	ctx := context.Background()
+	now := time.Now()
+	rec := quota.Record{SessionID: "sess_x", ProjectID: e.projA, Tier: 2, SizeClass: "s", Seq: 1,
+		FromMs: now.Add(-time.Minute).UnixMilli(), ToMs: now.UnixMilli(), State: session.Running, SessionMs: 60_000}
+	if err := e.rdb.XAdd(ctx, &redis.XAddArgs{Stream: quota.UsageStream(e.projA), Values: rec.Values()}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var fired []quota.CapEvent
+	s := quota.NewSettler(e.rdb, quota.SettlerOptions{Caps: quota.NewCaps(e.rdb, func(_ context.Context, ev quota.CapEvent) { fired = append(fired, ev) }, nil)})
+	if _, err := s.SettleProject(ctx, e.projA); err != nil {
+		t.Fatal(err)
+	}
+	if len(fired) != 1 || fired[0].Level != "hard" || fired[0].SpendMicroUSD != 60*28 {
+		t.Fatalf("cap events %+v", fired)
+	}
+	msg := expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2}), 402, "spend_cap_reached", "")
+	if !strings.Contains(msg, "PUT /v1/limits") {
+		t.Fatalf("402 does not say what to do: %s", msg)
+	}
+	expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"tier": 1, "runtime": "python3", "code": "1"}), 402, "spend_cap_reached", "")
+	// Raising the cap above the spend lifts the stop.
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"monthly_spend_cap_micro_usd": 10_000_000}, 200, &l)
+	if l.SpendThisMonthMicroUSD != 60*28 {
+		t.Fatalf("spend %d", l.SpendThisMonthMicroUSD)
+	}
+	e.create(e.key, map[string]any{"tier": 2, "region": "far"})
+
+	var rep quota.Report
+	e.mustDo("GET", "/v1/usage?group_by=session", e.key, nil, 200, &rep)
+	if len(rep.Data) != 1 || rep.Data[0].SessionID != "sess_x" || rep.Data[0].SessionS != 60 || rep.Totals.CostMicro != 60*28 {
+		t.Fatalf("usage %+v", rep)
+	}
+	from := now.Add(-2 * time.Hour).UTC().Format(time.RFC3339)
+	e.mustDo("GET", "/v1/usage?group_by=end_user&from="+from, e.key, nil, 200, &rep)
+	if len(rep.Data) != 1 || rep.Data[0].EndUserID != "" || rep.GroupBy != "end_user" {
+		t.Fatalf("by end user %+v", rep)
+	}
+	expectError(t, e.do("GET", "/v1/usage?group_by=tier", e.key, nil), 400, "invalid_request", "group_by")
+	expectError(t, e.do("GET", "/v1/usage?from=yesterday", e.key, nil), 400, "invalid_request", "from")
+	// Another project sees none of it.
+	_, keyB := e.newProject("B", nil)
+	e.mustDo("GET", "/v1/usage", keyB, nil, 200, &rep)
+	if len(rep.Data) != 0 || rep.Totals.SessionS != 0 {
+		t.Fatalf("B sees A's usage: %+v", rep)
+	}
+}
