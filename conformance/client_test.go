@@ -226,11 +226,24 @@ type execResult struct {
 // exec runs req in session id, expects 200 and returns the result.
 func (d *deployment) exec(t testing.TB, id string, req map[string]any) execResult {
 	t.Helper()
-	r := d.call(t, "POST", "/v1/sessions/"+id+"/exec", req)
-	expect(t, r, 200, fmt.Sprintf("exec %v", req["command"]))
-	var res execResult
-	r.decode(t, &res)
-	return res
+	for attempt := 1; ; attempt++ {
+		r := d.call(t, "POST", "/v1/sessions/"+id+"/exec", req)
+		if isExecFlake(r) && attempt < 4 {
+			// A platform bug that Exec/reliability shows on its own; retried here so that the
+			// other tests check what they are about.
+			t.Logf("exec %v: %s (platform bug, see Exec/reliability); retrying", req["command"], r)
+			continue
+		}
+		expect(t, r, 200, fmt.Sprintf("exec %v", req["command"]))
+		var res execResult
+		r.decode(t, &res)
+		return res
+	}
+}
+
+// isExecFlake: the exec failed in the platform (502 exec_failed), not because of the command.
+func isExecFlake(r *response) bool {
+	return r.status == 502 && r.apiError().Error.Code == "exec_failed"
 }
 
 // sh runs cmd with /bin/sh -c, expects exit 0, and returns stdout.
@@ -265,8 +278,22 @@ func (l streamLine) bytes() ([]byte, error) {
 }
 
 // streamExec runs req with Accept: application/x-ndjson and calls each for every output
-// line; it returns the final line.
-func (d *deployment) streamExec(ctx context.Context, id string, req map[string]any, each func(stream string, b []byte)) (streamLine, error) {
+// line; it returns the final line. Like exec, it retries the platform's exec_failed flake (see
+// Exec/reliability): at once when no output came yet, else only with a reset, called first.
+func (d *deployment) streamExec(ctx context.Context, id string, req map[string]any, reset func(), each func(stream string, b []byte)) (streamLine, error) {
+	for attempt := 1; ; attempt++ {
+		got := false
+		l, err := d.streamExecOnce(ctx, id, req, func(stream string, b []byte) { got = true; each(stream, b) })
+		if err == nil || attempt == 4 || ctx.Err() != nil || !strings.Contains(err.Error(), "exec_failed") || (got && reset == nil) {
+			return l, err
+		}
+		if got {
+			reset()
+		}
+	}
+}
+
+func (d *deployment) streamExecOnce(ctx context.Context, id string, req map[string]any, each func(stream string, b []byte)) (streamLine, error) {
 	raw, _ := json.Marshal(req)
 	hr, err := http.NewRequestWithContext(ctx, "POST", d.url+"/v1/sessions/"+id+"/exec", bytes.NewReader(raw))
 	if err != nil {

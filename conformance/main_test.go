@@ -35,6 +35,7 @@ type deployment struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	waitErr error
+	prevLog string // stderr of the processes restart replaced
 
 	mu      sync.Mutex
 	created []string // session ids the tests made
@@ -243,6 +244,7 @@ func (d *deployment) stop() {
 
 // restart replaces the server process with a fresh one (new data dir, port and keys).
 func (d *deployment) restart() error {
+	d.prevLog += d.stderrTail(300) + "\n----- restarted -----\n"
 	d.stop()
 	nd, err := startServer(d.bin, d.runtime, "--pool", "1")
 	if err != nil {
@@ -288,7 +290,7 @@ func (d *deployment) printStderr() {
 	if d.cmd == nil {
 		return
 	}
-	fmt.Fprintf(os.Stderr, "\n===== wb serve --runtime %s (%s) stderr =====\n%s\n===== end %s =====\n", d.runtime, d.url, d.stderrTail(300), d.runtime)
+	fmt.Fprintf(os.Stderr, "\n===== wb serve --runtime %s (%s) stderr =====\n%s\n===== end %s =====\n", d.runtime, d.url, d.prevLog+d.stderrTail(300), d.runtime)
 }
 
 func (d *deployment) track(id string) {

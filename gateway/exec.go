@@ -78,7 +78,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 		mu.Lock()
 		defer mu.Unlock()
 		start()
-		if err := enc.Encode(c); err != nil {
+		if err := enc.Encode(c.Wire()); err != nil {
 			return fmt.Errorf("client went away: %w", err)
 		}
 		if flusher != nil {

@@ -154,6 +154,10 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	}
 	l.mu.Unlock()
 	r.Header.Del("Authorization")
+	// The agent answers an exec while its request may still be arriving; without full duplex
+	// the server would close the request body once the answer starts, and the proxy would cut
+	// the agent's connection mid-answer.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	proxy.ServeHTTP(w, r)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -72,8 +73,16 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		}
 	default:
 		if id, ok := n.pool.take(tpl.Name, sess.Resources); ok {
-			l.g.GuestID, l.g.Cold = id, false
-			break
+			// A warm guest may have died while it waited: check before handing it out.
+			hctx, cancel := context.WithTimeout(ctx, time.Second)
+			err := n.agentFor(id).Health(hctx)
+			cancel()
+			if err == nil {
+				l.g.GuestID, l.g.Cold = id, false
+				break
+			}
+			n.Logger.Warn("node: warm guest unhealthy; starting cold", "guest", id, "err", err)
+			n.destroy(ctx, &live{g: &guest{GuestID: id}})
 		}
 		l.g.GuestID, l.g.Cold = sess.ID, true
 		spec := n.spec(l.g.GuestID, tpl, sess.Resources)
@@ -99,7 +108,8 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 func (n *Node) watch(l *live) {
 	ctx, cancel := context.WithCancel(n.ctx)
 	l.cancel = cancel
-	ch, err := n.Driver.Events(ctx, l.g.GuestID)
+	watched := l.g.GuestID
+	ch, err := n.Driver.Events(ctx, watched)
 	if err != nil {
 		n.Logger.Error("node: events", "session", l.g.SessionID, "err", err)
 		cancel()
@@ -109,13 +119,26 @@ func (n *Node) watch(l *live) {
 	go func() {
 		defer n.wg.Done()
 		for ev := range ch {
-			if ev.Type != hypervisor.EventOOM {
+			l.mu.Lock()
+			if ctx.Err() != nil || l.g.GuestID != watched {
+				l.mu.Unlock() // the guest was replaced (a live snapshot) or torn down on purpose
 				continue
 			}
-			l.mu.Lock()
-			if l.g.State == session.Running {
+			st := l.g.State
+			switch {
+			case ev.Type == hypervisor.EventOOM && st == session.Running:
 				n.Logger.Warn("guest OOM", "session", l.g.SessionID)
 				n.end(ctx, l, session.Node, session.OOM, "")
+			case ev.Type == hypervisor.EventExit && (st == session.Running || st == session.Paused):
+				// The guest died under us. An OOM that took the whole guest is an OOM; anything
+				// else is what the seed calls a host failure, which the node reports under the
+				// placer's name because it is the first to know.
+				if s, err := n.Driver.Stats(ctx, l.g.GuestID); err == nil && s.OOMKills > 0 && st == session.Running {
+					n.end(ctx, l, session.Node, session.OOM, "")
+				} else {
+					n.Logger.Warn("guest exited", "session", l.g.SessionID)
+					n.end(ctx, l, session.Placer, session.HostFailure, "")
+				}
 			}
 			l.mu.Unlock()
 		}

@@ -1,7 +1,9 @@
 package session
 
 import (
+	"encoding/base64"
 	"encoding/json"
+	"unicode/utf8"
 	"fmt"
 )
 
@@ -67,4 +69,15 @@ type ExecResult struct {
 type ExecChunk struct {
 	Stream string `json:"stream"` // stdout | stderr
 	Data   string `json:"data"`
+	// Encoding is "base64" when Data is base64 of bytes that are not valid UTF-8.
+	Encoding string `json:"encoding,omitempty"`
+}
+
+// Wire returns the chunk as it goes on the wire: raw bytes that are not valid UTF-8 are
+// base64-encoded, so that JSON carries them without loss.
+func (c ExecChunk) Wire() ExecChunk {
+	if c.Encoding == "" && !utf8.ValidString(c.Data) {
+		return ExecChunk{Stream: c.Stream, Data: base64.StdEncoding.EncodeToString([]byte(c.Data)), Encoding: "base64"}
+	}
+	return c
 }

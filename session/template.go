@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -58,7 +59,9 @@ func (c Catalog) Runtime(name string) (Template, Runtime, error) {
 			if r.Name == name {
 				return t, r, nil
 			}
-			names = append(names, r.Name)
+			if !slices.Contains(names, r.Name) {
+				names = append(names, r.Name)
+			}
 		}
 	}
 	return Template{}, Runtime{}, &FieldError{Field: "runtime", Message: fmt.Sprintf("unknown runtime %q; available: %s", name, strings.Join(names, ", "))}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -51,7 +53,10 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	if rt == "auto" {
 		rt = ""
 	}
-	drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"), Logger: log})
+	// Runtime state and cgroups belong to this data dir, so that two nodes on one host never
+	// see (or reap) each other's guests.
+	drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"),
+		StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
 	}
@@ -178,4 +183,11 @@ func hostnameOr(def string) string {
 		return "node_" + h
 	}
 	return def
+}
+
+// cgroupName is a stable cgroup directory name for a node: its id and a digest of its data dir.
+func cgroupName(dataDir, id string) string {
+	abs, _ := filepath.Abs(dataDir)
+	sum := sha256.Sum256([]byte(abs))
+	return id + "-" + hex.EncodeToString(sum[:4])
 }

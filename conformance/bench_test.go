@@ -1,0 +1,298 @@
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Benchmarks run against the same deployments as the tests (an external one only when it is on
+// this machine's loopback). They report latency percentiles with b.ReportMetric; ns/op is the
+// mean of the timed part. Each sub-benchmark stays well within ~30 s at -benchtime=20x.
+
+func forEachBench(b *testing.B, f func(b *testing.B, d *deployment)) {
+	if len(deployments) == 0 {
+		b.Fatal("no deployment: TestMain did not run")
+	}
+	for _, d := range deployments {
+		b.Run(d.name, func(b *testing.B) {
+			if !d.local {
+				b.Skipf("%s is not on this machine (%s): latency numbers would measure the network", d.name, d.url)
+			}
+			start := time.Now()
+			f(b, d)
+			if testing.Verbose() {
+				b.Logf("b.N=%d took %s", b.N, time.Since(start).Round(time.Millisecond))
+			}
+		})
+	}
+}
+
+// percentile of sorted durations, in milliseconds.
+func pct(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(p*float64(len(s))+0.999999) - 1
+	i = min(max(i, 0), len(s)-1)
+	return float64(s[i].Microseconds()) / 1000
+}
+
+func reportPct(b *testing.B, prefix string, ds []time.Duration, ps ...float64) {
+	for _, p := range ps {
+		b.ReportMetric(pct(ds, p), fmt.Sprintf("%sp%d-ms", prefix, int(p*100)))
+	}
+}
+
+// createAndWait creates a session and polls it every 2 ms until it runs. It answers the time
+// from the POST to the first GET that says running, and the session.
+func (d *deployment) createAndWait(b *testing.B, body map[string]any) (time.Duration, sessionObj) {
+	b.Helper()
+	start := time.Now()
+	s := d.createSession(b, body)
+	deadline := start.Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := d.request(ctx, "GET", "/v1/sessions/"+s.ID, nil, nil)
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var g sessionObj
+		_ = json.Unmarshal(r.body, &g)
+		if g.State == "running" {
+			return time.Since(start), g
+		}
+		if terminal[g.State] || time.Now().After(deadline) {
+			b.Fatalf("session %s: %s (state_reason %s), want running", s.ID, g.State, g.reason())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+var coldBody = map[string]any{"tier": 2, "resources": map[string]any{"memory_mib": 1536}}
+
+// BenchmarkCreateWarm: tier 2, default size, served by the warm pool. Between iterations the
+// pool refills: the wait is a measured cold start plus a margin, raised whenever a session
+// still came up cold (cold-starts counts those).
+func BenchmarkCreateWarm(b *testing.B) {
+	forEachBench(b, func(b *testing.B, d *deployment) {
+		b.StopTimer()
+		var cold time.Duration
+		for range 2 { // how long a refill takes, roughly (the second, without first-use costs)
+			el, s := d.createAndWait(b, coldBody)
+			d.deleteSession(s.ID)
+			cold = el
+		}
+		wait := cold*5/4 + 150*time.Millisecond
+		time.Sleep(wait)
+		var ds []time.Duration
+		colds := 0
+		for range b.N {
+			b.StartTimer()
+			el, s := d.createAndWait(b, map[string]any{"tier": 2})
+			b.StopTimer()
+			ds = append(ds, el)
+			if s.ColdStart == nil || *s.ColdStart {
+				colds++
+				wait = min(wait*3/2, 10*time.Second)
+			}
+			d.deleteSession(s.ID)
+			time.Sleep(wait) // the pool refills
+		}
+		reportPct(b, "", ds, 0.5, 0.99)
+		b.ReportMetric(float64(colds), "cold-starts")
+	})
+}
+
+// BenchmarkCreateCold: a size no pool holds (memory_mib 1536), so every guest boots.
+func BenchmarkCreateCold(b *testing.B) {
+	forEachBench(b, func(b *testing.B, d *deployment) {
+		b.StopTimer()
+		var ds []time.Duration
+		warm := 0
+		for range b.N {
+			b.StartTimer()
+			el, s := d.createAndWait(b, coldBody)
+			b.StopTimer()
+			ds = append(ds, el)
+			if s.ColdStart != nil && !*s.ColdStart {
+				warm++
+			}
+			d.deleteSession(s.ID)
+		}
+		reportPct(b, "", ds, 0.5, 0.99)
+		if warm > 0 {
+			b.Logf("%d of %d 'cold' sessions said cold_start false", warm, len(ds))
+		}
+	})
+}
+
+// BenchmarkExec: round trip of `true` through the gateway, and the same minus the duration_ms
+// the guest reports (the platform's overhead). exec-502 counts the exec flake, retried.
+func BenchmarkExec(b *testing.B) {
+	forEachBench(b, func(b *testing.B, d *deployment) {
+		b.StopTimer()
+		s := d.newSession(b, nil)
+		ctx := context.Background()
+		body := map[string]any{"command": []string{"true"}}
+		var total, over []time.Duration
+		flakes := 0
+		for range b.N {
+			for {
+				b.StartTimer()
+				start := time.Now()
+				r, err := d.request(ctx, "POST", "/v1/sessions/"+s.ID+"/exec", body, nil)
+				el := time.Since(start)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if isExecFlake(r) && flakes < 100 {
+					flakes++
+					continue
+				}
+				if r.status != 200 {
+					b.Fatalf("exec true: %s", r)
+				}
+				var res execResult
+				_ = json.Unmarshal(r.body, &res)
+				total = append(total, el)
+				over = append(over, el-time.Duration(res.DurationMs)*time.Millisecond)
+				break
+			}
+		}
+		reportPct(b, "", total, 0.5, 0.99)
+		reportPct(b, "overhead-", over, 0.5, 0.99)
+		b.ReportMetric(float64(flakes), "exec-502")
+	})
+}
+
+// BenchmarkPauseResume: latency of :pause and of :resume.
+func BenchmarkPauseResume(b *testing.B) {
+	forEachBench(b, func(b *testing.B, d *deployment) {
+		b.StopTimer()
+		s := d.newSession(b, nil)
+		var pause, resume []time.Duration
+		for range b.N {
+			for _, a := range []struct {
+				action string
+				out    *[]time.Duration
+			}{{"pause", &pause}, {"resume", &resume}} {
+				b.StartTimer()
+				start := time.Now()
+				r := d.call(b, "POST", "/v1/sessions/"+s.ID+":"+a.action, nil)
+				el := time.Since(start)
+				b.StopTimer()
+				expect(b, r, 200, ":"+a.action)
+				*a.out = append(*a.out, el)
+			}
+		}
+		reportPct(b, "pause-", pause, 0.5)
+		reportPct(b, "resume-", resume, 0.5)
+	})
+}
+
+// BenchmarkSnapshotRestore: :snapshot (with memory where the runtime keeps it: runsc) and
+// restore_from → running.
+func BenchmarkSnapshotRestore(b *testing.B) {
+	forEachBench(b, func(b *testing.B, d *deployment) {
+		b.StopTimer()
+		memory := d.runtime != "runc"
+		s := d.newSession(b, nil)
+		var snaps, restores []time.Duration
+		withMem := 0
+		for range b.N {
+			b.StartTimer()
+			start := time.Now()
+			r := d.call(b, "POST", "/v1/sessions/"+s.ID+":snapshot", map[string]any{"include_memory": memory})
+			el := time.Since(start)
+			b.StopTimer()
+			expect(b, r, 201, ":snapshot")
+			var snap snapshotObj
+			r.decode(b, &snap)
+			if snap.State != "ready" {
+				b.Fatalf("snapshot answered in %s; this benchmark expects it ready", snap.State)
+			}
+			if snap.IncludeMemory {
+				withMem++
+			}
+			snaps = append(snaps, el)
+			b.StartTimer()
+			el, ns := d.createAndWait(b, map[string]any{"tier": 2, "restore_from": snap.ID})
+			b.StopTimer()
+			restores = append(restores, el)
+			d.deleteSession(ns.ID)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_, _ = d.request(ctx, "DELETE", "/v1/snapshots/"+snap.ID, nil, nil)
+			cancel()
+			// The source keeps running for the next iteration.
+			if g := d.getSession(b, s.ID); g.State != "running" {
+				s = d.newSession(b, nil)
+			}
+		}
+		reportPct(b, "snapshot-", snaps, 0.5, 0.99)
+		reportPct(b, "restore-", restores, 0.5, 0.99)
+		b.ReportMetric(float64(withMem), "with-memory")
+	})
+}
+
+// BenchmarkRunsPython: tier-1 ephemeral python3 runs from 4 concurrent clients.
+func BenchmarkRunsPython(b *testing.B) {
+	forEachBench(b, func(b *testing.B, d *deployment) {
+		const clients = 4
+		body := map[string]any{"tier": 1, "runtime": "python3", "code": "print(6*7)"}
+		var next, failed atomic.Int64
+		var mu sync.Mutex
+		var lat []time.Duration
+		var firstErr string
+		b.ResetTimer()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range clients {
+			wg.Go(func() {
+				for next.Add(1) <= int64(b.N) {
+					ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+					t0 := time.Now()
+					r, err := d.request(ctx, "POST", "/v1/runs", body, nil)
+					el := time.Since(t0)
+					cancel()
+					var run runObj
+					if err == nil {
+						_ = json.Unmarshal(r.body, &run)
+					}
+					mu.Lock()
+					lat = append(lat, el)
+					if err != nil || run.State != "succeeded" || run.Stdout != "42\n" {
+						failed.Add(1)
+						if firstErr == "" {
+							if err != nil {
+								firstErr = err.Error()
+							} else {
+								firstErr = r.String()
+							}
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		el := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/el.Seconds(), "runs/s")
+		reportPct(b, "", lat, 0.5, 0.99)
+		b.ReportMetric(float64(failed.Load()), "failed")
+		if f := failed.Load(); f > 0 {
+			b.Logf("%d of %d runs failed; first: %s", f, b.N, strings.TrimSpace(firstErr))
+		}
+	})
+}
