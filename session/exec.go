@@ -3,8 +3,8 @@ package session
 import (
 	"encoding/base64"
 	"encoding/json"
-	"unicode/utf8"
 	"fmt"
+	"unicode/utf8"
 )
 
 // Exec limits.
