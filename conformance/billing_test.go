@@ -1,0 +1,188 @@
+package conformance
+
+import (
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+)
+
+// tenant makes a fresh project through the admin API and answers a deployment view that
+// speaks as it, so that spend caps and usage do not touch the other tests' project.
+func (d *deployment) tenant(t *testing.T, name string) *deployment {
+	t.Helper()
+	r, err := d.request(bg(t, 30*time.Second), "POST", "/v1/admin/projects", map[string]any{"name": name},
+		http.Header{"Authorization": {"Bearer " + d.admin}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, r, 201, "POST /v1/admin/projects")
+	var p struct {
+		ProjectID string `json:"project_id"`
+		APIKey    string `json:"api_key"`
+	}
+	r.decode(t, &p)
+	return &deployment{name: d.name, runtime: d.runtime, url: d.url, apiKey: p.APIKey, admin: d.admin, local: d.local}
+}
+
+type usageLine struct {
+	SessionID string `json:"session_id"`
+	SessionS  int64  `json:"session_s"`
+	PausedS   int64  `json:"paused_s"`
+	CPUMs     int64  `json:"cpu_ms"`
+	CostMicro int64  `json:"cost_micro_usd"`
+}
+
+type timedSession struct {
+	sessionObj
+	StartedAt *time.Time `json:"started_at"`
+	StoppedAt *time.Time `json:"stopped_at"`
+	CreatedAt time.Time  `json:"created_at"`
+	Usage     struct {
+		SessionS int64 `json:"session_s"`
+	} `json:"usage_to_date"`
+}
+
+// TestBilling: a cold session runs N s, pauses M s, resumes and stops. Its settled
+// session_s is its running time within 1 s (provisioning not counted), and the pause is
+// billed only as paused GiB.
+func TestBilling(t *testing.T) {
+	forEach(t, func(t *testing.T, d *deployment) {
+		d = d.tenant(t, "billing-"+d.name)
+		// A size the warm pool does not hold: a cold start.
+		s := d.createSession(t, map[string]any{"tier": 2, "resources": map[string]any{"memory_mib": 1536}})
+		d.waitState(t, s.ID, "running", 60*time.Second)
+		time.Sleep(3 * time.Second)
+		expect(t, d.call(t, "POST", "/v1/sessions/"+s.ID+":pause", nil), 200, "pause")
+		pausedFrom := time.Now()
+		time.Sleep(3 * time.Second)
+		expect(t, d.call(t, "POST", "/v1/sessions/"+s.ID+":resume", nil), 200, "resume")
+		paused := time.Since(pausedFrom)
+		time.Sleep(time.Second)
+		deleted := time.Now()
+		expect(t, d.call(t, "DELETE", "/v1/sessions/"+s.ID, nil), 202, "delete")
+		d.waitState(t, s.ID, "stopped", 60*time.Second)
+		var final timedSession
+		d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &final)
+		if final.ColdStart == nil || !*final.ColdStart || final.StartedAt == nil || final.StoppedAt == nil {
+			t.Fatalf("want a cold, started and stopped session: %+v", final)
+		}
+		// Billing runs from started_at to the final meter, which the node takes as soon as the
+		// session is stopping (the teardown after it is not billed).
+		running := deleted.Sub(*final.StartedAt) - paused
+		provisioning := final.StartedAt.Sub(final.CreatedAt)
+
+		// Settled usage arrives within seconds of the final meter.
+		var line usageLine
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var rep struct {
+				Data []usageLine `json:"data"`
+			}
+			d.call(t, "GET", "/v1/usage?group_by=session", nil).decode(t, &rep)
+			for _, l := range rep.Data {
+				if l.SessionID == s.ID {
+					line = l
+				}
+			}
+			if math.Abs(float64(line.SessionS)-running.Seconds()) <= 1 && line.PausedS >= 2 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Logf("provisioning %s, running %s, paused %s → billed %d s running, %d s paused, %d µUSD",
+			provisioning, running, paused, line.SessionS, line.PausedS, line.CostMicro)
+		if math.Abs(float64(line.SessionS)-running.Seconds()) > 1 {
+			t.Errorf("session_s %d, running time %s (±1 s)", line.SessionS, running)
+		}
+		if billedWithProvisioning := (running + provisioning).Seconds(); provisioning > time.Second && float64(line.SessionS) >= billedWithProvisioning-0.5 {
+			t.Errorf("provisioning (%s) was billed: session_s %d", provisioning, line.SessionS)
+		}
+		if math.Abs(float64(line.PausedS)-paused.Seconds()) > 1 {
+			t.Errorf("paused_s %d, paused time %s (±1 s)", line.PausedS, paused)
+		}
+		// Cost: 1536 MiB fits size s, 28 µUSD per running second on tier 2; the pause costs
+		// paused_gib_month only, a tiny fraction of a running second.
+		perSecond := int64(28)
+		lo, hi := (line.SessionS)*perSecond, (line.SessionS+1)*perSecond+1
+		if line.CostMicro < lo || line.CostMicro > hi {
+			t.Errorf("cost %d µUSD for %d running s at %d µUSD/s: the pause was billed as running?", line.CostMicro, line.SessionS, perSecond)
+		}
+		d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &final)
+		if final.Usage.SessionS != line.SessionS {
+			t.Errorf("usage_to_date.session_s %d, settled %d", final.Usage.SessionS, line.SessionS)
+		}
+	})
+}
+
+// TestSpendCap: a tiny cap and a running loop. The session stops with spend_cap within 10 s
+// of the cap being crossed, quota.exceeded fires once, and the next create answers 402.
+func TestSpendCap(t *testing.T) {
+	forEach(t, func(t *testing.T, d *deployment) {
+		if !d.local {
+			t.Skip("needs a webhook receiver the deployment can reach")
+		}
+		d = d.tenant(t, "cap-"+d.name)
+		var mu sync.Mutex
+		exceeded := 0
+		recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			var ev struct{ Type string }
+			_ = json.Unmarshal(b, &ev)
+			if ev.Type == "quota.exceeded" {
+				mu.Lock()
+				exceeded++
+				mu.Unlock()
+			}
+		}))
+		defer recv.Close()
+		expect(t, d.call(t, "POST", "/v1/webhook_endpoints", map[string]any{"url": recv.URL, "events": []string{"quota.exceeded"}}), 201, "webhook endpoint")
+		// Tier 2 size s costs 28 µUSD/s: 100 µUSD is crossed after about 3.6 s of running.
+		const capMicro, rate = 100, 28
+		expect(t, d.call(t, "PUT", "/v1/limits", map[string]any{"monthly_spend_cap_micro_usd": capMicro}), 200, "PUT /v1/limits")
+		s := d.newSession(t, nil)
+		d.sh(t, s.ID, "(while :; do :; done) >/dev/null 2>&1 &")
+		deadline := time.Now().Add(60 * time.Second)
+		var got timedSession
+		for time.Now().Before(deadline) {
+			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
+			if terminal[got.State] {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if got.State != "stopped" || got.reason() != "spend_cap" {
+			t.Fatalf("session ended %s (%s), want stopped (spend_cap)", got.State, got.reason())
+		}
+		crossed := got.StartedAt.Add(capMicro * time.Second / rate)
+		if late := got.StoppedAt.Sub(crossed); late > 10*time.Second {
+			t.Errorf("stopped %s after the cap was crossed (want ≤ 10 s)", late)
+		}
+		r := d.call(t, "POST", "/v1/sessions", map[string]any{"tier": 2})
+		expect(t, r, 402, "create after the cap")
+		if e := r.apiError(); e.Error.Code != "spend_cap_reached" {
+			t.Errorf("402 code %q", e.Error.Code)
+		}
+		// quota.exceeded arrives, once.
+		wait := time.Now().Add(20 * time.Second)
+		for time.Now().Before(wait) {
+			mu.Lock()
+			n := exceeded
+			mu.Unlock()
+			if n > 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(2 * time.Second) // room for a duplicate to show up
+		mu.Lock()
+		defer mu.Unlock()
+		if exceeded != 1 {
+			t.Errorf("quota.exceeded delivered %d times, want 1", exceeded)
+		}
+	})
+}
