@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/plugins"
+	"wb/policies"
 	"wb/quota"
 	"wb/session"
 	"wb/store"
@@ -39,7 +41,9 @@ type Guests interface {
 type Config struct {
 	Store    *store.Store
 	Limiter  *quota.RateLimiter
-	Admitter session.Admitter // nil: allow all
+	Admitter session.Admitter // nil: Chain of Policies and Plugins (allow all without them)
+	Policies *policies.Engine // Rego: admission, and the policy routes (nil: none)
+	Plugins  *plugins.Host    // tenant Wasm: admission, and the plugin routes (nil: none)
 	Guests   Guests           // nil until a node is attached
 	Webhooks *webhooks.Registry
 	Tiers    session.Tiers
@@ -76,7 +80,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("gateway: Catalog and Regions must not be empty")
 	}
 	if cfg.Admitter == nil {
-		cfg.Admitter = session.AllowAll{}
+		cfg.Admitter = Chain{Policies: cfg.Policies, Plugins: cfg.Plugins, Now: cfg.Now}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -145,6 +149,13 @@ func (s *Server) routes() {
 	api("GET /v1/limits", s.getLimits)
 	api("PUT /v1/limits", s.putLimits)
 	api("GET /v1/usage", s.usage)
+	api("PUT /v1/policies/{name}", s.putPolicy)
+	api("GET /v1/policies", s.listPolicies)
+	api("GET /v1/policies/{name}", s.getPolicy)
+	api("PUT /v1/plugins/{name}", s.putPlugin)
+	api("GET /v1/plugins", s.listPlugins)
+	api("GET /v1/plugins/{name}", s.getPlugin)
+	api("DELETE /v1/plugins/{name}", s.deletePlugin)
 	m.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &apiError{Status: 404, Type: "not_found", Code: "no_route", Message: "no route " + r.Method + " " + r.URL.Path})
 	}))

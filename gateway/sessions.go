@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"wb/plugins"
+	"wb/policies"
 	"wb/quota"
 	"wb/session"
 	"wb/store"
 )
 
-var policyIDPattern = regexp.MustCompile(`^pol_[a-z0-9_]{1,64}@[1-9][0-9]{0,8}$`)
+var policyIDPattern = regexp.MustCompile(`^pol_[a-z0-9_]{1,64}(@[1-9][0-9]{0,8})?$`)
 
 // admit runs steps 2–5 of the admission pipeline for a create request body and answers the
 // session in pending, plus any warnings from the deciders.
@@ -74,8 +75,8 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 		return nil, nil, &apiError{Status: 403, Type: "denied", Code: "denied", Message: msg}
 	}
 	if len(d.Patch) > 0 {
-		if req, err = applyPatch(req, d.Patch); err != nil {
-			return nil, nil, err
+		if req, err = plugins.ApplyPatch(req, d); err != nil {
+			return nil, nil, fmt.Errorf("admission patch: %w", err)
 		}
 	}
 	st, err := req.Validate(s.Tiers)
@@ -145,26 +146,23 @@ func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session
 	if req.Region != "" && !contains(s.Regions, req.Region) {
 		return errInvalid("region", "unknown region %q; available: %s", req.Region, strings.Join(s.Regions, ", "))
 	}
-	if req.PolicyID != "" && !policyIDPattern.MatchString(req.PolicyID) {
-		return errInvalid("policy_id", "must look like pol_name@N (a policy version), got %q", req.PolicyID)
+	if req.PolicyID != "" {
+		if !policyIDPattern.MatchString(req.PolicyID) {
+			return errInvalid("policy_id", "must look like pol_name@N (a policy version) or pol_name (its latest), got %q", req.PolicyID)
+		}
+		if s.Policies != nil {
+			// Pin the exact version: the session keeps it for its whole life.
+			v, _, err := s.Policies.Get(ctx, p.ID, req.PolicyID)
+			if err != nil {
+				if errors.Is(err, policies.ErrNotFound) || errors.Is(err, policies.ErrInvalid) {
+					return errInvalid("policy_id", "no policy %q in this project", req.PolicyID)
+				}
+				return err
+			}
+			req.PolicyID = v.ID
+		}
 	}
 	return nil
-}
-
-// applyPatch overlays a decider's defaults on the request, field by field, strictly.
-func applyPatch(req session.CreateRequest, patch map[string]any) (session.CreateRequest, error) {
-	b, _ := json.Marshal(req)
-	var m map[string]any
-	_ = json.Unmarshal(b, &m)
-	for k, v := range patch {
-		m[k] = v
-	}
-	b, _ = json.Marshal(m)
-	var out session.CreateRequest
-	if err := decodeStrict(b, &out); err != nil {
-		return req, fmt.Errorf("admission patch: %w", err)
-	}
-	return out, nil
 }
 
 func templateOrDefault(t string, c session.Catalog) string {

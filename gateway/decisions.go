@@ -1,0 +1,313 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"wb/plugins"
+	"wb/policies"
+	"wb/session"
+	"wb/store"
+)
+
+// Chain is the admission decision point: the platform's and the project's Rego policies,
+// then the project's Wasm plugins in order. Any deny wins, and the reasons of every decider
+// that denied are returned; warnings of all are kept; patches merge in order.
+type Chain struct {
+	Policies *policies.Engine // nil: none
+	Plugins  *plugins.Host    // nil: none
+	Now      func() time.Time
+}
+
+// Admit runs the chain.
+func (c Chain) Admit(ctx context.Context, in session.AdmissionInput) (session.Decision, error) {
+	var ds []session.Decision
+	if c.Policies != nil {
+		d, err := c.Policies.Admit(ctx, in)
+		if err != nil {
+			return session.Decision{}, fmt.Errorf("admission policies: %w", err)
+		}
+		ds = append(ds, d)
+	}
+	if c.Plugins != nil {
+		now := time.Now
+		if c.Now != nil {
+			now = c.Now
+		}
+		input, err := plugins.Admission(in, now()).Marshal()
+		if err != nil {
+			return session.Decision{}, err
+		}
+		pds, err := c.Plugins.Decide(ctx, in.ProjectID, session.PointAdmission, input)
+		if err != nil {
+			return session.Decision{}, fmt.Errorf("admission plugins: %w", err)
+		}
+		ds = append(ds, pds...)
+	}
+	return Combine(ds...), nil
+}
+
+// Combine merges decisions: allowed only if all allow.
+func Combine(ds ...session.Decision) session.Decision {
+	out := session.Decision{Allow: true}
+	var deciders []string
+	for _, d := range ds {
+		if d.Decider != "" {
+			deciders = append(deciders, d.Decider)
+		}
+		out.Warnings = append(out.Warnings, d.Warnings...)
+		if !d.Allow {
+			out.Allow = false
+			for _, r := range d.Reasons {
+				if d.Decider != "" && strings.HasPrefix(d.Decider, "plugin ") && !strings.HasPrefix(r, d.Decider) {
+					r = d.Decider + ": " + r
+				}
+				out.Reasons = append(out.Reasons, r)
+			}
+			if len(d.Reasons) == 0 {
+				out.Reasons = append(out.Reasons, "denied by "+d.Decider)
+			}
+		}
+		if len(d.Patch) > 0 {
+			out.Patch, _ = mergePatch(out.Patch, d.Patch).(map[string]any)
+		}
+	}
+	out.Decider = strings.Join(deciders, ", ")
+	return out
+}
+
+// mergePatch is RFC 7386: objects merge key by key, null deletes, anything else replaces.
+func mergePatch(target any, patch map[string]any) any {
+	t, ok := target.(map[string]any)
+	if !ok {
+		t = map[string]any{}
+	}
+	out := make(map[string]any, len(t)+len(patch))
+	for k, v := range t {
+		out[k] = v
+	}
+	for k, v := range patch {
+		switch pv := v.(type) {
+		case nil:
+			delete(out, k)
+		case map[string]any:
+			out[k] = mergePatch(out[k], pv)
+		default:
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// policyError maps the policies package's errors to API errors.
+func policyError(err error) error {
+	var ce *policies.CompileError
+	switch {
+	case errors.As(err, &ce):
+		msg := ce.Error()
+		param := "body"
+		if len(ce.Errors) > 0 {
+			param = fmt.Sprintf("body:%d:%d", ce.Errors[0].Row, ce.Errors[0].Col)
+		}
+		return &apiError{Status: 400, Type: "invalid_request", Code: "policy_compile_error", Param: param, Message: msg}
+	case errors.Is(err, policies.ErrNotFound):
+		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: "no such policy in this project"}
+	case errors.Is(err, policies.ErrInvalid):
+		return errInvalid("", "%s", strings.TrimPrefix(err.Error(), "policies: "))
+	}
+	return err
+}
+
+func pluginError(err error) error {
+	var ve *plugins.ValidationError
+	switch {
+	case errors.As(err, &ve):
+		return &apiError{Status: 400, Type: "invalid_request", Code: "invalid_plugin", Param: "body", Message: ve.Error()}
+	case errors.Is(err, plugins.ErrNotFound):
+		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: "no such plugin in this project"}
+	}
+	var fe *session.FieldError
+	if errors.As(err, &fe) {
+		return err
+	}
+	if err != nil && strings.Contains(err.Error(), "plugins:") && !strings.Contains(err.Error(), "redis") {
+		return errInvalid("", "%s", err.Error())
+	}
+	return err
+}
+
+// MaxPolicyBytes and MaxPluginBytes bound the uploads.
+const (
+	MaxPolicyBytes = 256 << 10
+	MaxPluginBytes = 10 << 20
+)
+
+func readRaw(r *http.Request, limit int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return nil, errInvalid("body", "could not read the body: %v", err)
+	}
+	if int64(len(b)) > limit {
+		return nil, &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("the body is over %d bytes", limit)}
+	}
+	if len(b) == 0 {
+		return nil, errInvalid("body", "the body is empty")
+	}
+	return b, nil
+}
+
+// putPolicy: PUT /v1/policies/{name}?mode=enforce|warn|dryrun with the Rego as the body.
+func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	if s.Policies == nil {
+		return &apiError{Status: 503, Type: "api_error", Code: "no_policies", Message: "policies are not enabled here"}
+	}
+	mode := policies.Mode(r.URL.Query().Get("mode"))
+	if mode == "" {
+		mode = policies.ModeEnforce
+	}
+	if !mode.Valid() {
+		return errInvalid("mode", "must be enforce, warn or dryrun, got %q", mode)
+	}
+	src, err := readRaw(r, MaxPolicyBytes)
+	if err != nil {
+		return err
+	}
+	v, err := s.Policies.Put(r.Context(), p.ID, r.PathValue("name"), string(src), mode)
+	if err != nil {
+		return policyError(err)
+	}
+	writeJSON(w, 201, policyBody(v))
+	return nil
+}
+
+func policyBody(v policies.Version) map[string]any {
+	return map[string]any{"object": "policy", "id": v.ID, "name": v.Name, "version": v.Version, "mode": v.Mode,
+		"point": v.Point, "digest": v.Digest, "created_at": session.At(v.CreatedAt), "masked": v.Masked}
+}
+
+func (s *Server) listPolicies(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	if s.Policies == nil {
+		writeJSON(w, 200, listBody([]map[string]any{}, ""))
+		return nil
+	}
+	vs, err := s.Policies.Policies(r.Context(), p.ID)
+	if err != nil {
+		return policyError(err)
+	}
+	out := []map[string]any{}
+	for _, v := range vs {
+		out = append(out, policyBody(v))
+	}
+	writeJSON(w, 200, listBody(out, ""))
+	return nil
+}
+
+// getPolicy: GET /v1/policies/{name} lists its versions, newest first.
+func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	if s.Policies == nil {
+		return policyError(policies.ErrNotFound)
+	}
+	vs, err := s.Policies.Versions(r.Context(), p.ID, r.PathValue("name"))
+	if err != nil {
+		return policyError(err)
+	}
+	if len(vs) == 0 {
+		return policyError(policies.ErrNotFound)
+	}
+	out := []map[string]any{}
+	for i := len(vs) - 1; i >= 0; i-- {
+		out = append(out, policyBody(vs[i]))
+	}
+	writeJSON(w, 200, listBody(out, ""))
+	return nil
+}
+
+// putPlugin: PUT /v1/plugins/{name}?points=admission,runtime&order=N&fail_open=true, body wasm.
+func (s *Server) putPlugin(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	if s.Plugins == nil {
+		return &apiError{Status: 503, Type: "api_error", Code: "no_plugins", Message: "plugins are not enabled here"}
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" && ct != "application/wasm" && ct != "application/octet-stream" {
+		return &apiError{Status: 415, Type: "invalid_request", Code: "unsupported_media_type", Message: fmt.Sprintf("Content-Type must be application/wasm, got %q", ct)}
+	}
+	q := r.URL.Query()
+	points := []string{session.PointAdmission}
+	if v := q.Get("points"); v != "" {
+		points = strings.Split(v, ",")
+	}
+	order := 0
+	if v := q.Get("order"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1000 {
+			return errInvalid("order", "must be an integer 0–1000, got %q", v)
+		}
+		order = n
+	}
+	failOpen := false
+	switch v := q.Get("fail_open"); v {
+	case "", "false":
+	case "true":
+		failOpen = true
+	default:
+		return errInvalid("fail_open", "must be true or false, got %q", v)
+	}
+	wasm, err := readRaw(r, MaxPluginBytes)
+	if err != nil {
+		return err
+	}
+	pl, err := s.Plugins.Put(r.Context(), p.ID, r.PathValue("name"), wasm, points, order, failOpen)
+	if err != nil {
+		return pluginError(err)
+	}
+	writeJSON(w, 201, pluginBody(pl))
+	return nil
+}
+
+func pluginBody(pl plugins.Plugin) map[string]any {
+	return map[string]any{"object": "plugin", "name": pl.Name, "digest": pl.Digest, "points": pl.Points, "order": pl.Order,
+		"fail_open": pl.FailOpen, "size_bytes": pl.SizeBytes, "created_at": session.At(pl.CreatedAt)}
+}
+
+func (s *Server) listPlugins(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	out := []map[string]any{}
+	if s.Plugins != nil {
+		pls, err := s.Plugins.List(r.Context(), p.ID)
+		if err != nil {
+			return pluginError(err)
+		}
+		for _, pl := range pls {
+			out = append(out, pluginBody(pl))
+		}
+	}
+	writeJSON(w, 200, listBody(out, ""))
+	return nil
+}
+
+func (s *Server) getPlugin(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	if s.Plugins == nil {
+		return pluginError(plugins.ErrNotFound)
+	}
+	pl, err := s.Plugins.Get(r.Context(), p.ID, r.PathValue("name"))
+	if err != nil {
+		return pluginError(err)
+	}
+	writeJSON(w, 200, pluginBody(pl))
+	return nil
+}
+
+func (s *Server) deletePlugin(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	if s.Plugins == nil {
+		return pluginError(plugins.ErrNotFound)
+	}
+	if err := s.Plugins.Delete(r.Context(), p.ID, r.PathValue("name")); err != nil {
+		return pluginError(err)
+	}
+	writeJSON(w, 200, map[string]any{"object": "plugin", "name": r.PathValue("name"), "deleted": true})
+	return nil
+}
