@@ -119,7 +119,12 @@ func policyError(err error) error {
 	case errors.Is(err, policies.ErrNotFound):
 		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: "no such policy in this project"}
 	case errors.Is(err, policies.ErrInvalid):
-		return errInvalid("", "%s", strings.TrimPrefix(err.Error(), "policies: "))
+		msg := strings.TrimPrefix(err.Error(), "policies: ")
+		param := ""
+		if strings.Contains(msg, "policy name") {
+			param = "name"
+		}
+		return errInvalid(param, "%s", msg)
 	}
 	return err
 }
@@ -187,8 +192,12 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, p store.Proje
 }
 
 func policyBody(v policies.Version) map[string]any {
+	masked := v.Masked
+	if masked == nil {
+		masked = []string{}
+	}
 	return map[string]any{"object": "policy", "id": v.ID, "name": v.Name, "version": v.Version, "mode": v.Mode,
-		"point": v.Point, "digest": v.Digest, "created_at": session.At(v.CreatedAt), "masked": v.Masked}
+		"point": v.Point, "digest": v.Digest, "created_at": session.At(v.CreatedAt), "masked": masked}
 }
 
 func (s *Server) listPolicies(w http.ResponseWriter, r *http.Request, p store.Project) error {

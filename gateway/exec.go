@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 
+	"wb/agent"
 	"wb/session"
 	"wb/store"
 )
@@ -29,6 +31,11 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		return session.ExecResult{}, err
 	}
 	res, err := g.Exec(ctx, sess, req, argv, out)
+	var ae *agent.Error
+	if errors.As(err, &ae) && ae.Status == http.StatusForbidden {
+		// The runtime decision point killed the session for this command.
+		return res, &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
+	}
 	if err != nil {
 		return res, &apiError{Status: 502, Type: "api_error", Code: "exec_failed", Message: "the node could not run the command: " + err.Error()}
 	}

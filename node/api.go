@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -144,6 +145,28 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		apiErr(w, 409, err)
 		return
+	}
+	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/agent/v1/exec") {
+		// The runtime decision point sees every command before the guest runs it.
+		body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
+		if err != nil {
+			apiErr(w, 400, err)
+			return
+		}
+		var req struct {
+			Argv []string `json:"argv"`
+		}
+		_ = json.Unmarshal(body, &req)
+		l.mu.Lock()
+		err = n.checkExec(r.Context(), l, req.Argv)
+		l.mu.Unlock()
+		var ke *KilledError
+		if errors.As(err, &ke) {
+			writeJSON(w, 403, map[string]map[string]string{"error": {"code": "policy_violation", "message": ke.Error(), "param": ke.Rule}})
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
 	}
 	l.mu.Lock()
 	proxy := l.proxy

@@ -32,6 +32,7 @@ type guest struct {
 	SessionID string            `json:"session_id"`
 	Project   string            `json:"project_id"`
 	EndUserID string            `json:"end_user_id,omitempty"`
+	PolicyID  string            `json:"policy_id,omitempty"`
 	Seq       int64             `json:"seq"` // of the last usage record
 	GuestID   string            `json:"guest_id"`
 	Tier      int               `json:"tier"`

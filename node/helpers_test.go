@@ -100,10 +100,21 @@ func randHex(t testing.TB, n int) string {
 	return hex.EncodeToString(b)
 }
 
-// tempDir is t.TempDir readable by the runtimes' helpers.
+// tempDir is a fresh directory readable by the runtimes' helpers, removed when the test
+// ends. Its path is short: a guest's agent socket lives at
+// <data dir>/guests/<session id>/agent/agent.sock, which must fit a Unix socket address
+// (108 bytes), and t.TempDir's paths carry the test's name.
 func tempDir(t testing.TB) string {
 	t.Helper()
-	d := t.TempDir()
+	d, err := os.MkdirTemp("", "wbn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(d); err != nil {
+			t.Logf("remove %s: %v", d, err)
+		}
+	})
 	if err := os.Chmod(d, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +198,32 @@ func openDriver(t testing.TB, runtime, base, cgroupParent string) *oci.Driver {
 	if err != nil {
 		t.Fatal(err)
 	}
+	stateRoots.Store(d, filepath.Join(base, "state"))
 	return d
+}
+
+// stateRoots maps each test driver to its runtime's --root, for diagnostics.
+var stateRoots sync.Map
+
+// runtimeState is the runtime's own view of guest id (`<runtime> --root R state id`): its
+// status ("running", "stopped", …) and a printable description. The driver's Info cannot
+// serve here: it answers not-found once the guest's bundle is gone, running or not.
+func runtimeState(d *oci.Driver, id string) (status, desc string) {
+	root, ok := stateRoots.Load(d)
+	if !ok {
+		return "", "?"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, d.Name(), "--root", root.(string), "state", id).CombinedOutput()
+	var st struct {
+		Status string `json:"status"`
+		Pid    int    `json:"pid"`
+	}
+	if err == nil && json.Unmarshal(out, &st) == nil {
+		return st.Status, fmt.Sprintf("%s (pid %d)", st.Status, st.Pid)
+	}
+	return "", strings.TrimSpace(string(out))
 }
 
 // reapAll stops and deletes every guest d knows.
@@ -209,14 +245,36 @@ func reapAll(t testing.TB, d *oci.Driver) {
 	}
 }
 
+// timedDriver logs how long the node's teardown calls take: they sit between a timer's
+// deadline and the session's terminal state.
+type timedDriver struct {
+	*oci.Driver
+	log *slog.Logger
+}
+
+func (d timedDriver) Stop(ctx context.Context, id string) error {
+	t0 := time.Now()
+	err := d.Driver.Stop(ctx, id)
+	d.log.Info("test: driver Stop", "guest", id, "took", time.Since(t0), "err", err)
+	return err
+}
+
+func (d timedDriver) Delete(ctx context.Context, id string) error {
+	t0 := time.Now()
+	err := d.Driver.Delete(ctx, id)
+	d.log.Info("test: driver Delete", "guest", id, "took", time.Since(t0), "err", err)
+	return err
+}
+
 // nodeConfig is a node of the test's: fast ticks, a 1 s usage flush.
-func nodeConfig(t testing.TB, st *store.Store, d hypervisor.Driver, dataDir, id string) node.Config {
+func nodeConfig(t testing.TB, st *store.Store, d *oci.Driver, dataDir, id string) node.Config {
+	log := testLogger(t)
 	return node.Config{
-		Store: st, Driver: d, Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
+		Store: st, Driver: timedDriver{d, log}, Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
 		Info: store.NodeInfo{ID: id, Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a",
 			Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
 		Tick: tick, Flush: time.Second, Heartbeat: time.Second,
-		Logger: testLogger(t),
+		Logger: log,
 	}
 }
 
@@ -224,21 +282,25 @@ func nodeConfig(t testing.TB, st *store.Store, d hypervisor.Driver, dataDir, id 
 type running struct {
 	*node.Node
 	cancel context.CancelFunc
-	done   chan error
+	done   chan struct{} // closed when Run has returned
+	err    error         // what Run returned
+	once   sync.Once
 }
 
 // stop cancels Run and waits for it to return; guests keep running.
 func (r *running) stop(t testing.TB) {
 	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Errorf("node Run: %v", err)
+	r.once.Do(func() {
+		r.cancel()
+		select {
+		case <-r.done:
+			if r.err != nil {
+				t.Errorf("node Run: %v", r.err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("node Run did not return 30 s after its context ended")
 		}
-	case <-time.After(30 * time.Second):
-		t.Error("node Run did not return 30 s after its context ended")
-	}
+	})
 }
 
 // startNode builds a node and runs it until the test ends; it returns once the node has
@@ -250,10 +312,9 @@ func startNode(t testing.TB, cfg node.Config) *running {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{Node: n, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- n.Run(ctx) }()
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { cancel(); <-r.done }) })
+	r := &running{Node: n, cancel: cancel, done: make(chan struct{})}
+	go func() { r.err = n.Run(ctx); close(r.done) }()
+	t.Cleanup(func() { r.stop(t) })
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		nodes, err := cfg.Store.Nodes(ctx)
@@ -458,24 +519,30 @@ func execIn(ctx context.Context, n *node.Node, s *session.Session, cmd string) (
 	return n.Exec(ctx, s, execReq(cmd), nil, nil)
 }
 
-// guestGone checks that the runtime no longer has guest id: not listed, and Info says not
-// found (or stopped).
+// guestGone checks that the runtime no longer has guest id at all: torn down and deleted.
 func guestGone(t testing.TB, d *oci.Driver, id string) error {
 	t.Helper()
-	ctx := ctxT(t, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	ids, err := d.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list: %w", err)
 	}
 	if slices.Contains(ids, id) {
-		return fmt.Errorf("guest %s is still in %s list: %v", id, d.Name(), ids)
+		_, desc := runtimeState(d, id)
+		return fmt.Errorf("guest %s is still in %s's list %v: %s", id, d.Name(), ids, desc)
 	}
-	info, err := d.Info(ctx, id)
-	if err == nil && info.State != hypervisor.StateStopped {
-		return fmt.Errorf("guest %s is %s", id, info.State)
+	return nil
+}
+
+// guestStopped checks that guest id no longer runs: deleted, or stopped.
+func guestStopped(t testing.TB, d *oci.Driver, id string) error {
+	t.Helper()
+	if guestGone(t, d, id) == nil {
+		return nil
 	}
-	if err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
-		return fmt.Errorf("info %s: %w", id, err)
+	if st, desc := runtimeState(d, id); st != "stopped" {
+		return fmt.Errorf("guest %s is %s", id, desc)
 	}
 	return nil
 }

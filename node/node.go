@@ -30,6 +30,8 @@ type Config struct {
 	DataDir   string         // guests, snapshots and the journal
 	AgentBin  string         // the static wb binary placed in every guest
 	Tiers     session.Tiers
+	// Runtime is the runtime decision point for guest events (nil: none).
+	Runtime RuntimeChecker
 	// Pools lists the warm pools to keep: a number of booted guests per (template, size class).
 	Pools []Pool
 	// Tick is the timer resolution (default 100 ms); Flush the usage flush period (default 5 s);

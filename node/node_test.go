@@ -2,10 +2,14 @@ package node_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"wb/hypervisor"
 	"wb/hypervisor/templates"
 	"wb/session"
 	"wb/store"
@@ -13,16 +17,16 @@ import (
 
 // TestIdleTimeout: a running session nobody uses gets its idle warning at 80 % of
 // idle_timeout_s and is stopped (idle_timeout) at the deadline; activity before the deadline
-// pushes the deadline back and re-arms the warning.
+// pushes the deadline back and re-arms the warning. Every subtest has a node of its own.
 func TestIdleTimeout(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
-	n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_idle"))
 
 	t.Run("no activity", func(t *testing.T) {
 		t.Parallel()
 		const project = "proj_idle"
+		st, _ := newStore(t)
+		d := newDriver(t, "runsc", tempDir(t))
+		n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_idle"))
 		s := provision(t, st, n.Node, project, sessionOpts{idleS: 30, lifeS: 600})
 		started := s.StartedAt.Time
 		deadline := started.Add(30 * time.Second)
@@ -52,6 +56,9 @@ func TestIdleTimeout(t *testing.T) {
 	t.Run("activity pushes the deadline", func(t *testing.T) {
 		t.Parallel()
 		const project = "proj_idle_act"
+		st, _ := newStore(t)
+		d := newDriver(t, "runsc", tempDir(t))
+		n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_idle_act"))
 		s := provision(t, st, n.Node, project, sessionOpts{idleS: 30, lifeS: 600})
 		started := s.StartedAt.Time
 		first := started.Add(30 * time.Second)
@@ -85,6 +92,45 @@ func TestIdleTimeout(t *testing.T) {
 		within(t, "stopped_at", end.StoppedAt.Time, before.Add(30*time.Second), after.Add(30*time.Second+margin))
 		if err := waitGuestGone(t, d, s.ID, 5*time.Second); err != nil {
 			t.Error(err)
+		}
+		checkSlots(t, st, project)
+	})
+
+	// Three sessions started together idle out together: each must stop within the margin of
+	// its own deadline, however many end at once.
+	t.Run("three sessions at once", func(t *testing.T) {
+		t.Parallel()
+		const project = "proj_idle_three"
+		st, _ := newStore(t)
+		d := newDriver(t, "runsc", tempDir(t))
+		n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_idle_three"))
+		ss := make([]*session.Session, 3)
+		for i := range ss {
+			ss[i] = placed(t, st, project, n.Info.ID, sessionOpts{idleS: 30, lifeS: 600})
+		}
+		errs := make([]error, len(ss))
+		var wg sync.WaitGroup
+		for i, s := range ss {
+			wg.Go(func() { errs[i] = n.Provision(context.Background(), n.Info, s) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("provision %s: %v", ss[i].ID, err)
+			}
+			ss[i] = get(t, st, project, ss[i].ID)
+		}
+		for _, s := range ss {
+			deadline := s.StartedAt.Add(30 * time.Second)
+			end, _ := waitState(t, st, project, s.ID, time.Until(deadline)+margin+10*time.Second, session.Stopped, session.Failed, session.Expired)
+			checkEnded(t, end, session.Stopped, session.IdleTimeout)
+			evs := events(t, st, project, s.ID)
+			if stopping := eventsOf(evs, session.EventStopping); len(stopping) == 1 {
+				within(t, s.ID+" session.stopping", atMs(stopping[0].AtMs), deadline, deadline.Add(margin))
+			} else {
+				t.Errorf("%s: outbox %v", s.ID, types(evs))
+			}
+			within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin))
 		}
 		checkSlots(t, st, project)
 	})
@@ -201,5 +247,138 @@ func checkSlots(t testing.TB, st *store.Store, project string) {
 	n, err := st.ActiveCount(ctxT(t, 5*time.Second), project)
 	if err != nil || n != 0 {
 		t.Errorf("project %s holds %d slots (%v), want 0", project, n, err)
+	}
+}
+
+// TestRedisOutage: the idle timer fires on time while Redis is away: each guest is gone by
+// its deadline + 2 s, and once Redis is back the node replays what it missed, at the times it
+// happened. With one session, and with three (the node's loop serves them all).
+func TestRedisOutage(t *testing.T) {
+	t.Parallel()
+	for _, k := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d sessions", k), func(t *testing.T) {
+			t.Parallel()
+			testRedisOutage(t, k)
+		})
+	}
+}
+
+func testRedisOutage(t *testing.T, k int) {
+	project := fmt.Sprintf("proj_outage_%d", k)
+	r := startDurableRedis(t)
+	st := store.New(redisClient(t, r.Addr()))
+	d := newDriver(t, "runsc", tempDir(t))
+	n := startNode(t, nodeConfig(t, st, d, tempDir(t), fmt.Sprintf("node_outage_%d", k)))
+	var ss []*session.Session
+	for range k {
+		ss = append(ss, provision(t, st, n.Node, project, sessionOpts{idleS: 30, lifeS: 600}))
+	}
+	deadline := func(s *session.Session) time.Time { return s.StartedAt.Add(30 * time.Second) }
+	first, last := ss[0].StartedAt.Time, ss[k-1].StartedAt.Time
+
+	sleepUntil(last.Add(5 * time.Second))
+	r.Stop()
+	t.Logf("redis down at %+.1fs", time.Since(first).Seconds())
+	for _, s := range ss {
+		sleepUntil(deadline(s).Add(margin))
+		if err := guestStopped(t, d, s.ID); err != nil {
+			t.Errorf("Redis is away and the idle deadline passed %v ago, yet: %v", margin, err)
+		}
+	}
+	sleepUntil(deadline(ss[k-1]).Add(margin + 2*time.Second))
+	r.Start()
+	t.Logf("redis up at %+.1fs", time.Since(first).Seconds())
+
+	for _, s := range ss {
+		started := s.StartedAt.Time
+		end, _ := waitState(t, st, project, s.ID, 15*time.Second, session.Stopped, session.Failed, session.Expired)
+		checkEnded(t, end, session.Stopped, session.IdleTimeout)
+		within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline(s), deadline(s).Add(margin))
+		evs := events(t, st, project, s.ID)
+		if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
+			session.EventStopping, session.EventStopped}; !slices.Equal(types(evs), want) {
+			t.Errorf("%s: outbox %v, want %v", s.ID, types(evs), want)
+			continue
+		}
+		within(t, s.ID+" replayed idle_warning", atMs(evs[3].AtMs), started.Add(24*time.Second), started.Add(24*time.Second+margin))
+		within(t, s.ID+" replayed session.stopping", atMs(evs[4].AtMs), deadline(s), deadline(s).Add(margin))
+		if end.IdleWarningAt == nil {
+			t.Errorf("%s: idle_warning_at not set after the replay", s.ID)
+		}
+		if err := guestGone(t, d, s.ID); err != nil {
+			t.Error(err)
+		}
+	}
+	checkSlots(t, st, project)
+}
+
+// TestNodeRestart: a node that stops leaves its guests running; a new node on the same data
+// dir and runtime state picks them up from its journal and enforces the original deadline.
+func TestNodeRestart(t *testing.T) {
+	t.Parallel()
+	const project = "proj_restart"
+	st, _ := newStore(t)
+	base, dataDir := tempDir(t), tempDir(t)
+	d := newDriver(t, "runsc", base)
+	a := startNode(t, nodeConfig(t, st, d, dataDir, "node_restart"))
+	s := provision(t, st, a.Node, project, sessionOpts{idleS: 30, lifeS: 600})
+	started := s.StartedAt.Time
+	deadline := started.Add(30 * time.Second)
+
+	sleepUntil(started.Add(8 * time.Second))
+	a.stop(t)
+	if info, err := d.Info(ctxT(t, 10*time.Second), s.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("after the node stopped its guest is %+v (%v), want running", info, err)
+	}
+	// A new node process: a new driver on the same state root, bundles and cgroup parent.
+	d2 := openDriver(t, "runsc", base, strings.TrimSuffix(d.CgroupPath(""), "/"))
+	b := startNode(t, nodeConfig(t, st, d2, dataDir, "node_restart"))
+	_ = b
+	t.Logf("node restarted at %+.1fs", time.Since(started).Seconds())
+
+	warn := waitEvent(t, st, project, s.ID, session.EventIdleWarning, 1, time.Until(deadline))
+	within(t, "idle_warning event", atMs(warn.AtMs), started.Add(24*time.Second), started.Add(24*time.Second+margin))
+	end, seen := waitState(t, st, project, s.ID, time.Until(deadline)+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
+	checkEnded(t, end, session.Stopped, session.IdleTimeout)
+	within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin))
+	within(t, "stopped state observed", seen, deadline, deadline.Add(margin+poll))
+	if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
+		session.EventStopping, session.EventStopped}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
+		t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
+	}
+	if err := waitGuestGone(t, d2, s.ID, 5*time.Second); err != nil {
+		t.Error(err)
+	}
+	checkSlots(t, st, project)
+}
+
+// TestOOM: a guest that outgrows its memory fails the session with oom, tears the guest
+// down and releases the slot, under runsc and under runc.
+func TestOOM(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	for _, rt := range []string{"runsc", "runc"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			project := "proj_oom_" + rt
+			d := newDriver(t, rt, tempDir(t))
+			n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_oom_"+rt))
+			s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600,
+				res: session.Resources{VCPU: 1, MemoryMiB: 64, DiskGiB: 1, SizeClass: "s"}})
+			res, err := execIn(ctxT(t, time.Minute), n.Node, s, `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo survived ${#x}`)
+			t.Logf("exec: exit %d, stdout %q, stderr %q, err %v", res.ExitCode, res.Stdout, res.Stderr, err)
+			if err == nil && res.ExitCode == 0 {
+				t.Fatalf("the allocation survived a 64 MiB limit: %q", res.Stdout)
+			}
+			end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired)
+			checkEnded(t, end, session.Failed, session.OOM)
+			checkSlots(t, st, project)
+			if evs := types(events(t, st, project, s.ID)); evs[len(evs)-1] != session.EventFailed {
+				t.Errorf("outbox %v, want it to end with %s", evs, session.EventFailed)
+			}
+			if err := waitGuestGone(t, d, s.ID, 10*time.Second); err != nil {
+				t.Errorf("the session failed with oom but its guest was not torn down: %v", err)
+			}
+		})
 	}
 }

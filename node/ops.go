@@ -66,6 +66,12 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	if err != nil {
 		return session.ExecResult{}, err
 	}
+	l.mu.Lock()
+	err = n.checkExec(ctx, l, areq.Argv)
+	l.mu.Unlock()
+	if err != nil {
+		return session.ExecResult{}, err
+	}
 	res, err := l.agent.Exec(ctx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
 	return res, err

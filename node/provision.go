@@ -23,7 +23,11 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	if sess.EndUserID != nil {
 		eu = *sess.EndUserID
 	}
-	l := &live{g: &guest{SessionID: sess.ID, Project: sess.ProjectID, EndUserID: eu, Tier: sess.Tier, Template: sess.Template,
+	pol := ""
+	if sess.PolicyID != nil {
+		pol = *sess.PolicyID
+	}
+	l := &live{g: &guest{SessionID: sess.ID, Project: sess.ProjectID, EndUserID: eu, PolicyID: pol, Tier: sess.Tier, Template: sess.Template,
 		Resources: sess.Resources, State: session.Provisioning, IdleTimeoutS: sess.IdleTimeoutS, MaxLifetimeS: sess.MaxLifetimeS}}
 	n.mu.Lock()
 	if _, dup := n.guests[sess.ID]; dup {

@@ -167,6 +167,16 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		ln.Close()
 		return err
 	}
+	if nd != nil {
+		pol, plug, err := decisionPoints(ctx, rdb, f.dataDir, nil, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer pol.Close(context.WithoutCancel(ctx))
+		defer plug.Close(context.WithoutCancel(ctx))
+		nd.Runtime = runtimeChecker{pol, plug}
+	}
 	if nd == nil {
 		ln.Close()
 		return errors.New("wb node needs a runtime; --runtime none is for wb serve")

@@ -137,7 +137,19 @@ Flags:
 			return fmt.Errorf("--prices: %w", err)
 		}
 	}
-	enforcer := &quota.Enforcer{Store: st, Stopper: nodes, Logger: log}
+	metrics := gateway.NewMetrics(st)
+	pol, plug, err := decisionPoints(ctx, rdb, f.node.dataDir, metrics.Registry(), log)
+	if err != nil {
+		ln.Close()
+		nodeLn.Close()
+		return err
+	}
+	defer pol.Close(context.WithoutCancel(ctx))
+	defer plug.Close(context.WithoutCancel(ctx))
+	if nd != nil {
+		nd.Runtime = runtimeChecker{pol, plug}
+	}
+	enforcer := &quota.Enforcer{Store: st, Stopper: nodes, Decide: spendDecider(pol), Logger: log}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
 	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Logger: log})
 	reg := webhooks.NewRegistry(rdb)
@@ -145,7 +157,7 @@ Flags:
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: reg,
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
-		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: gateway.NewMetrics(st),
+		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 	})
 	if err != nil {
 		ln.Close()

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"wb/node"
+	"wb/plugins"
+	"wb/policies"
+	"wb/quota"
+	"wb/session"
+)
+
+// decisionPoints starts the Rego engine and the Wasm plugin host shared by admission, the
+// nodes' runtime checks and spend caps.
+func decisionPoints(ctx context.Context, rdb redis.UniversalClient, dataDir string, reg prometheus.Registerer, log *slog.Logger) (*policies.Engine, *plugins.Host, error) {
+	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, Metrics: reg})
+	if err != nil {
+		return nil, nil, err
+	}
+	host, err := plugins.NewHost(ctx, rdb, plugins.Options{CacheDir: filepath.Join(dataDir, "wasm-cache"), Logger: log})
+	if err != nil {
+		_ = pol.Close(ctx)
+		return nil, nil, err
+	}
+	return pol, host, nil
+}
+
+// runtimeChecker is the runtime decision point: the session's pinned policy, then the
+// project's runtime plugins; any kill wins.
+type runtimeChecker struct {
+	pol  *policies.Engine
+	plug *plugins.Host
+}
+
+func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event map[string]any) (bool, string, error) {
+	d, err := c.pol.Runtime(ctx, s.Project, s.PolicyID, event)
+	if err != nil {
+		return false, "", err
+	}
+	if d.Kill {
+		return true, d.Rule, nil
+	}
+	typ, _ := event["type"].(string)
+	sess := &session.Session{ID: s.ID, Object: session.ObjectName, ProjectID: s.Project, Tier: s.Tier}
+	if s.EndUserID != "" {
+		sess.EndUserID = &s.EndUserID
+	}
+	if s.PolicyID != "" {
+		sess.PolicyID = &s.PolicyID
+	}
+	now := time.Now()
+	in, err := plugins.Runtime(s.Project, sess, plugins.RuntimeEvent{Type: typ, AtMs: now.UnixMilli(), Data: event}, now).Marshal()
+	if err != nil {
+		return false, "", err
+	}
+	ds, err := c.plug.Decide(ctx, s.Project, "runtime", in)
+	if err != nil {
+		return false, "", err
+	}
+	for _, pd := range ds {
+		if !pd.Allow {
+			return true, pd.Decider, nil
+		}
+	}
+	return false, "", nil
+}
+
+// spendDecider is the spend decision point: the platform's and the project's spend policies.
+func spendDecider(pol *policies.Engine) func(context.Context, quota.CapEvent) (quota.SpendDecision, error) {
+	return func(ctx context.Context, ev quota.CapEvent) (quota.SpendDecision, error) {
+		in := map[string]any{"plan": map[string]any{}, "end_user_id": ev.EndUser, "caps": map[string]any{}}
+		caps := in["caps"].(map[string]any)
+		if ev.Scope == "project" {
+			in["project_spend_micro_usd"] = ev.SpendMicroUSD
+			caps["monthly_spend_cap_micro_usd"] = ev.CapMicroUSD
+		} else {
+			in["end_user_spend_micro_usd"] = ev.SpendMicroUSD
+			caps["end_user_monthly_spend_cap_micro_usd"] = ev.CapMicroUSD
+		}
+		d, err := pol.Spend(ctx, ev.Project, in)
+		if err != nil {
+			return quota.SpendDecision{}, err
+		}
+		if ev.Level == "soft" {
+			return quota.SpendDecision{Warnings: d.Warnings}, nil
+		}
+		return quota.SpendDecision{Stop: d.StopScope != "", DenyAdmission: d.DenyAdmission, Warnings: d.Warnings}, nil
+	}
+}

@@ -1,0 +1,192 @@
+package node_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"wb/hypervisor/oci"
+	"wb/internal/redistest"
+	"wb/node/client"
+	"wb/placer"
+	"wb/session"
+	"wb/store"
+)
+
+// wbNode is a `wb node` subprocess.
+type wbNode struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+func startWBNode(t testing.TB, dataDir, redisAddr, token, id string, port int) *wbNode {
+	t.Helper()
+	logf, err := os.CreateTemp(t.TempDir(), "wb-node-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(wbBin, "node", "--redis", "redis://"+redisAddr, "--token", token, "--addr", "127.0.0.1:"+strconv.Itoa(port),
+		"--data-dir", dataDir, "--runtime", "runsc", "--pool", "0", "--id", id, "--region", "local", "--log-level", "debug")
+	cmd.Stdout, cmd.Stderr = logf, logf // a file, not a pipe: guests must not hold the test's pipe open
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := &wbNode{cmd: cmd, done: make(chan struct{}), log: logf.Name()}
+	go func() { _ = cmd.Wait(); close(w.done) }()
+	t.Cleanup(func() {
+		w.signal(syscall.SIGKILL)
+		<-w.done
+		if t.Failed() || os.Getenv("WB_TEST_NODE_LOGS") != "" {
+			b, _ := os.ReadFile(w.log)
+			t.Logf("wb node %s log:\n%s", id, b)
+		}
+	})
+	return w
+}
+
+func (w *wbNode) signal(sig syscall.Signal) {
+	select {
+	case <-w.done:
+	default:
+		_ = w.cmd.Process.Signal(sig)
+	}
+}
+
+func (w *wbNode) wait(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-w.done:
+	case <-time.After(timeout):
+		t.Fatalf("wb node did not exit within %v", timeout)
+	}
+}
+
+// waitRegistered waits for the node's heartbeat registration, newer than after.
+func waitRegistered(t testing.TB, st *store.Store, w *wbNode, id string, after time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		nodes, err := st.Nodes(context.Background())
+		if err == nil && slices.ContainsFunc(nodes, func(n store.NodeInfo) bool { return n.ID == id && n.HeartbeatAt.After(after) }) {
+			return
+		}
+		select {
+		case <-w.done:
+			b, _ := os.ReadFile(w.log)
+			t.Fatalf("wb node exited before registering: %s\n%s", w.cmd.ProcessState, b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wb node %s did not register within 90 s (%v)", id, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestNodeKilled: a `wb node` killed with SIGKILL stops heartbeating; the placer fails its
+// running session with host_failure and releases the slot. A new `wb node` on the same data
+// dir reaps the orphaned guest of the ended session.
+func TestNodeKilled(t *testing.T) {
+	t.Parallel()
+	const (
+		project = "proj_k9"
+		token   = "tok_k9"
+		nodeID  = "node_k9"
+		hbTO    = 3 * time.Second
+	)
+	rp := redistest.StartProc(t)
+	st := store.New(redisClient(t, rp.Addr()))
+	dataDir := tempDir(t)
+	// The subprocess's guests, seen through a driver on the same runtime state as its own
+	// (cmd/wb buildNode: state and bundles in the data dir, cgroups under /wb/<id>-<digest>),
+	// to check on them and to clean them up even if the test fails.
+	hd, err := oci.New(oci.Options{Runtime: "runsc", StateRoot: filepath.Join(dataDir, "oci-state"),
+		BundleRoot: filepath.Join(dataDir, "bundles"), CgroupParent: "/wb/" + cgroupName(dataDir, nodeID), Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateRoots.Store(hd, filepath.Join(dataDir, "oci-state"))
+	t.Cleanup(func() {
+		reapAll(t, hd)
+		_ = hd.RemoveCgroupParent()
+	})
+
+	t0 := time.Now()
+	w := startWBNode(t, dataDir, rp.Addr(), token, nodeID, freePort(t))
+	waitRegistered(t, st, w, nodeID, t0.Add(-time.Second))
+
+	pctx, stopPlacer := context.WithCancel(context.Background())
+	p := placer.New(placer.Config{Store: st, Provisioner: client.New(st, token), HeartbeatTimeout: hbTO,
+		SweepEvery: 200 * time.Millisecond, Logger: testLogger(t)})
+	placerDone := make(chan struct{})
+	go func() { _ = p.Run(pctx); close(placerDone) }()
+	t.Cleanup(func() { stopPlacer(); <-placerDone })
+
+	s := newPending(t, st, project, sessionOpts{idleS: 300, lifeS: 600, template: "tpl_base"})
+	p.Kick(project)
+	run, _ := waitState(t, st, project, s.ID, 20*time.Second, session.Running, session.Failed, session.Stopped, session.Expired)
+	if run.State != session.Running || run.NodeID != nodeID {
+		t.Fatalf("session is %s %s on %q, want running on %s", run.State, reasonOf(run), run.NodeID, nodeID)
+	}
+	ids, err := hd.List(ctxT(t, 10*time.Second))
+	if err != nil || !slices.Contains(ids, s.ID) {
+		t.Fatalf("the running session's guest is not in the node's runtime state: %v (%v)", ids, err)
+	}
+
+	w.signal(syscall.SIGKILL)
+	w.wait(t, 10*time.Second)
+	killed := time.Now()
+	end, seen := waitState(t, st, project, s.ID, hbTO+10*time.Second, session.Failed, session.Stopped, session.Expired)
+	checkEnded(t, end, session.Failed, session.HostFailure)
+	if took := seen.Sub(killed); took > hbTO+3*time.Second {
+		t.Errorf("host_failure %v after the kill, want within the heartbeat timeout %v + 3 s", took, hbTO)
+	} else {
+		t.Logf("host_failure %.1fs after the kill", took.Seconds())
+	}
+	checkSlots(t, st, project)
+	// The guest outlives its node: nobody tears it down until a node starts on the data dir.
+	ids, err = hd.List(ctxT(t, 10*time.Second))
+	orphan := err == nil && slices.Contains(ids, s.ID)
+	if orphan {
+		_, desc := runtimeState(hd, s.ID)
+		t.Logf("after the kill the guest is orphaned: %s", desc)
+	} else {
+		t.Log("after the kill the guest is gone")
+	}
+
+	// A new node on the same data dir: its recovery finds the session ended and reaps the guest.
+	t1 := time.Now()
+	w2 := startWBNode(t, dataDir, rp.Addr(), token, nodeID, freePort(t))
+	waitRegistered(t, st, w2, nodeID, t1)
+	if err := waitGuestGone(t, hd, s.ID, 30*time.Second); err != nil {
+		t.Errorf("the restarted node left the guest of the failed session: %v", err)
+	}
+	if ents, err := os.ReadDir(filepath.Join(dataDir, "node", "journal")); err != nil || len(ents) != 0 {
+		t.Errorf("journal after the reap: %v (%v), want empty", ents, err)
+	}
+	if got := get(t, st, project, s.ID); got.State != session.Failed || got.StateReason == nil || *got.StateReason != session.HostFailure {
+		t.Errorf("after the restart the session is %s %s, want failed (host_failure)", got.State, reasonOf(got))
+	}
+	w2.signal(syscall.SIGTERM)
+	w2.wait(t, 30*time.Second)
+	if code := w2.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("wb node exited %d after SIGTERM", code)
+	}
+}
+
+// cgroupName mirrors cmd/wb's: a node's cgroup parent is /wb/<id>-<digest of its data dir>.
+func cgroupName(dataDir, id string) string {
+	abs, _ := filepath.Abs(dataDir)
+	sum := sha256.Sum256([]byte(abs))
+	return id + "-" + hex.EncodeToString(sum[:4])
+}

@@ -1,0 +1,58 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"wb/session"
+)
+
+// RuntimeSession is what the runtime decision point knows of a session.
+type RuntimeSession struct {
+	ID        string `json:"id"`
+	Project   string `json:"project_id"`
+	PolicyID  string `json:"policy_id,omitempty"`
+	EndUserID string `json:"end_user_id,omitempty"`
+	Tier      int    `json:"tier"`
+}
+
+// RuntimeChecker is the runtime decision point (the session's pinned Rego policy and the
+// project's plugins): it answers whether a guest event kills the session, and by which rule.
+type RuntimeChecker interface {
+	Check(ctx context.Context, s RuntimeSession, event map[string]any) (kill bool, rule string, err error)
+}
+
+// KilledError is an event that a policy answered with a kill.
+type KilledError struct{ Rule string }
+
+func (e *KilledError) Error() string {
+	return fmt.Sprintf("forbidden by policy rule %s; the session is stopped (policy_violation)", e.Rule)
+}
+
+// checkExec asks the runtime decision point about an exec; a kill ends the session with
+// policy_violation and the rule. The caller holds l.mu.
+func (n *Node) checkExec(ctx context.Context, l *live, argv []string) error {
+	if n.Runtime == nil || len(argv) == 0 {
+		return nil
+	}
+	g := l.g
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	args := make([]any, len(argv))
+	for i, a := range argv {
+		args[i] = a
+	}
+	kill, rule, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
+		EndUserID: g.EndUserID, Tier: g.Tier}, map[string]any{"type": "exec", "argv": args})
+	if err != nil {
+		n.Logger.Warn("node: runtime decision failed; allowing", "session", g.SessionID, "err", err)
+		return nil
+	}
+	if !kill {
+		return nil
+	}
+	n.Logger.Warn("policy kill", "session", g.SessionID, "rule", rule, "argv", argv)
+	n.end(ctx, l, session.Policy, session.PolicyViolation, rule)
+	return &KilledError{Rule: rule}
+}
