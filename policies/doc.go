@@ -1,4 +1,54 @@
 // Package policies holds the platform's Rego (admission, runtime, spend) and the OPA engine
 // that evaluates it at each decision point, with versioned uploads and modes
 // enforce | warn | dryrun.
+//
+// # Rego contracts
+//
+// Every policy is one Rego v1 module whose package names its decision point. The shipped
+// modules (admission.rego, runtime.rego, spend.rego, with their *_test.rego; run them with
+// `opa test policies/`) always run; a project's policies run beside them.
+//
+//	package wb.admission
+//	  input:  {"request": CreateRequest, "project_id", "plan": {"concurrency", "rate_per_sec"},
+//	           "active_sessions"}
+//	  deny     set of messages: any enforced message denies the create
+//	  warn     set of messages
+//	  defaults object: fields for the request where the caller gave none
+//
+//	package wb.runtime
+//	  input:  one guest event plus "session": {"id", "tier", "end_user_id", …}
+//	          {"type": "exec"|"process_start", "argv": [...]}
+//	          {"type": "egress", "host", "port"}
+//	          {"type": "resource_sample", "cpu_ms", "memory_bytes"}
+//	  kill         object rule → message, or a set of rule names: kills the session
+//	  allow_egress boolean, default false
+//
+//	package wb.spend
+//	  input:  {"project_spend_micro_usd", "end_user_spend_micro_usd", "end_user_id", "plan",
+//	           "caps": {"monthly_spend_cap_micro_usd", "end_user_monthly_spend_cap_micro_usd"}}
+//	  stop_sessions  "project" | "end_user" (undefined: nothing to stop)
+//	  deny_admission boolean
+//	  warn           set of messages
+//
+// A policy may declare masked := ["request.metadata.secret", …]: dotted paths into its input
+// ("*" matches any key or element) whose values the decision log writes as "***".
+//
+// # Modes
+//
+// enforce: denials deny, kills kill, stops stop. warn: they become warnings; grants
+// (defaults, allow_egress) still apply. dryrun: nothing applies; the decision log records
+// what would have happened ("would deny").
+//
+// # Storage and evaluation
+//
+// Versions are immutable, numbered 1, 2, 3… per (project, name) and kept in Redis under the
+// project's hash tag: wb:{P}:pol:latest (name → latest N), wb:{P}:pol:v:NAME (N → source and
+// metadata). Each revision is compiled and prepared once and cached by (project, id).
+// Admission and spend use each policy's latest version: a decision takes one immutable
+// snapshot of the project's set, so a concurrent upload never mixes revisions inside a
+// decision. Runtime uses the version the session pinned (pol_NAME@N) for its whole life.
+//
+// Every decision goes to a bounded asynchronous log: slog and the stream wb:{P}:decisions
+// (MAXLEN ~ 10000). A full buffer drops entries and counts them
+// (wb_policy_decision_log_dropped_total).
 package policies

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -179,6 +178,9 @@ func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mod
 
 // Versions answers every version of a policy, oldest first, or ErrNotFound.
 func (e *Engine) Versions(ctx context.Context, project, name string) ([]Version, error) {
+	if err := validProject(project); err != nil {
+		return nil, err
+	}
 	if !validName(name) {
 		return nil, fmt.Errorf("%w: policy name %q must match [a-z0-9_]{1,64}", ErrInvalid, name)
 	}
@@ -234,6 +236,9 @@ func (e *Engine) Get(ctx context.Context, project, id string) (Version, string, 
 
 // fetch reads version n of name (0: the latest).
 func (e *Engine) fetch(ctx context.Context, project, name string, n int) (record, int, error) {
+	if err := validProject(project); err != nil {
+		return record{}, 0, err
+	}
 	if n == 0 {
 		var err error
 		n, err = e.rdb.HGet(ctx, latestKey(project), name).Int()
@@ -265,6 +270,9 @@ type stored struct {
 
 // latest reads the latest version of each policy of the project, sorted by name.
 func (e *Engine) latest(ctx context.Context, project string) ([]stored, error) {
+	if err := validProject(project); err != nil {
+		return nil, err
+	}
 	idx, err := e.rdb.HGetAll(ctx, latestKey(project)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("policies: list %s: %w", project, err)

@@ -21,6 +21,7 @@ Usage:
 Commands:
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
   node      run guests for a control plane that shares its Redis
+  plugins   test a Wasm plugin locally, or push it to a project
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
   version   print the version
 
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return agent.Main(args[1:])
 	case "node":
 		return nodeCmd(ctx, args[1:], stderr)
+	case "plugins":
+		return pluginsCmd(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])

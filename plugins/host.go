@@ -1,0 +1,278 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+)
+
+// Defaults of Options.
+const (
+	DefaultMemoryLimitPages = 256 // 16 MiB
+	DefaultTimeout          = 20 * time.Millisecond
+	DefaultPoolSize         = 4
+	DefaultMaxOutputBytes   = 64 << 10
+	DefaultInitTimeout      = time.Second
+	DefaultRefreshInterval  = time.Second
+
+	// MaxTimeout bounds a project's per-call timeout (SetLimits).
+	MaxTimeout = 10 * time.Second
+	// maxPages is the most a Wasm 32-bit memory can have (4 GiB).
+	maxPages = 65536
+)
+
+// Options configure a Host. Zero values take the defaults.
+type Options struct {
+	// MemoryLimitPages caps each instance's linear memory, in 64 KiB pages (default 256 =
+	// 16 MiB). SetLimits overrides it per project.
+	MemoryLimitPages uint32
+	// Timeout is the deadline of one decide call (default 20ms). SetLimits overrides it per
+	// project.
+	Timeout time.Duration
+	// PoolSize bounds the instances of one (project, digest) (default 4); a call waits, under
+	// its context, while all are busy.
+	PoolSize int
+	// MaxOutputBytes bounds a result (default 64 KiB).
+	MaxOutputBytes int
+	// CacheDir, when set, keeps compiled code on disk across restarts (wazero's compilation
+	// cache); compiled code is shared in memory across the host's runtimes either way.
+	CacheDir string
+	// Logger receives the host's and the plugins' logs (default slog.Default()).
+	Logger *slog.Logger
+	// InitTimeout is the deadline for starting an instance (its _initialize; default 1s).
+	InitTimeout time.Duration
+	// RefreshInterval is how often a project's plugin set is checked against Redis for changes
+	// made through other replicas (default 1s).
+	RefreshInterval time.Duration
+}
+
+func (o *Options) defaults() error {
+	if o.MemoryLimitPages == 0 {
+		o.MemoryLimitPages = DefaultMemoryLimitPages
+	}
+	if o.MemoryLimitPages > maxPages {
+		return fmt.Errorf("plugins: MemoryLimitPages %d is more than %d", o.MemoryLimitPages, maxPages)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.PoolSize <= 0 {
+		o.PoolSize = DefaultPoolSize
+	}
+	if o.MaxOutputBytes <= 0 {
+		o.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.InitTimeout <= 0 {
+		o.InitTimeout = DefaultInitTimeout
+	}
+	if o.RefreshInterval <= 0 {
+		o.RefreshInterval = DefaultRefreshInterval
+	}
+	return nil
+}
+
+// Host runs the projects' plugins. It is safe for concurrent use.
+type Host struct {
+	rdb   redis.UniversalClient
+	o     Options
+	log   *slog.Logger
+	cache wazero.CompilationCache
+
+	start time.Time // for a monotonic clock
+
+	bg   context.Context // ends at Close: background refreshes
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	runtimes map[uint32]wazero.Runtime // by memory limit in pages
+	modules  map[moduleKey]*module
+	projects map[string]*project
+}
+
+// NewHost makes a host. rdb may be nil for a host that only validates and runs one-shot calls
+// (Validate, Call).
+func NewHost(ctx context.Context, rdb redis.UniversalClient, o Options) (*Host, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	cache := wazero.NewCompilationCache()
+	if o.CacheDir != "" {
+		var err error
+		if cache, err = wazero.NewCompilationCacheWithDir(o.CacheDir); err != nil {
+			return nil, fmt.Errorf("plugins: compilation cache %s: %w", o.CacheDir, err)
+		}
+	}
+	h := &Host{rdb: rdb, o: o, log: o.Logger, cache: cache, start: time.Now(),
+		runtimes: map[uint32]wazero.Runtime{}, modules: map[moduleKey]*module{}, projects: map[string]*project{}}
+	h.bg, h.stop = context.WithCancel(context.WithoutCancel(ctx))
+	// The default runtime, now, so that a broken setup fails here.
+	if _, err := h.runtime(ctx, o.MemoryLimitPages); err != nil {
+		h.stop()
+		_ = cache.Close(ctx)
+		return nil, err
+	}
+	return h, nil
+}
+
+// Close stops the host: it closes every instance, compiled module and runtime. Calls running
+// at that moment fail.
+func (h *Host) Close(ctx context.Context) error {
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil
+	}
+	h.closed = true
+	rts := h.runtimes
+	h.runtimes, h.modules, h.projects = nil, nil, nil
+	h.mu.Unlock()
+	h.stop()
+	h.wg.Wait()
+	var errs []error
+	for _, r := range rts {
+		errs = append(errs, r.Close(ctx))
+	}
+	errs = append(errs, h.cache.Close(ctx))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("plugins: close: %w", err)
+	}
+	return nil
+}
+
+// runtime answers the runtime for a memory limit, making it on first use: wasi_snapshot_preview1
+// and the wb module instantiated in it.
+func (h *Host) runtime(ctx context.Context, pages uint32) (wazero.Runtime, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, ErrClosed
+	}
+	if r, ok := h.runtimes[pages]; ok {
+		return r, nil
+	}
+	cfg := wazero.NewRuntimeConfig().
+		WithCloseOnContextDone(true).
+		WithMemoryLimitPages(pages).
+		WithCompilationCache(h.cache).
+		WithDebugInfoEnabled(false).
+		WithMemoryCapacityFromMax(true)
+	r := wazero.NewRuntimeWithConfig(ctx, cfg)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r); err != nil {
+		_ = r.Close(ctx)
+		return nil, fmt.Errorf("plugins: instantiate WASI: %w", err)
+	}
+	_, err := r.NewHostModuleBuilder(ModuleWB).
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(h.hostLog), []api.ValueType{i32, i32, i32}, nil).
+		WithParameterNames("level", "ptr", "len").Export("log").
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostConfigGet), []api.ValueType{i32, i32, i32, i32}, []api.ValueType{i32}).
+		WithParameterNames("key_ptr", "key_len", "out_ptr", "out_cap").Export("config_get").
+		Instantiate(ctx)
+	if err != nil {
+		_ = r.Close(ctx)
+		return nil, fmt.Errorf("plugins: instantiate the wb module: %w", err)
+	}
+	h.runtimes[pages] = r
+	return r, nil
+}
+
+// Compiled modules, shared by every pool (and one-shot call) of one (memory limit, digest).
+
+type moduleKey struct {
+	pages  uint32
+	digest string
+}
+
+type module struct {
+	key   moduleKey
+	ready chan struct{} // closed when cm or err is set
+	cm    wazero.CompiledModule
+	rt    wazero.Runtime
+	err   error
+	refs  int // guarded by Host.mu
+}
+
+// acquireModule answers the compiled module of digest for a memory limit, compiling it (the
+// bytes from fetch) if no one has. Release it with releaseModule.
+func (h *Host) acquireModule(ctx context.Context, pages uint32, digest string, fetch func(context.Context) ([]byte, error)) (*module, error) {
+	rt, err := h.runtime(ctx, pages)
+	if err != nil {
+		return nil, err
+	}
+	key := moduleKey{pages, digest}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
+	m, ok := h.modules[key]
+	if ok {
+		m.refs++
+		h.mu.Unlock()
+		select {
+		case <-m.ready:
+		case <-ctx.Done():
+			h.releaseModule(m)
+			return nil, ctx.Err()
+		}
+		if m.err != nil {
+			h.releaseModule(m)
+			return nil, m.err
+		}
+		return m, nil
+	}
+	m = &module{key: key, ready: make(chan struct{}), rt: rt, refs: 1}
+	h.modules[key] = m
+	h.mu.Unlock()
+
+	wasm, err := fetch(ctx)
+	if err == nil && Digest(wasm) != digest {
+		err = fmt.Errorf("stored module does not match its digest %s", digest)
+	}
+	if err == nil {
+		start := time.Now()
+		m.cm, err = rt.CompileModule(ctx, wasm)
+		if err == nil {
+			h.log.Debug("plugin compiled", "digest", digest, "pages", pages, "took", time.Since(start))
+		}
+	}
+	m.err = err
+	close(m.ready)
+	if err != nil {
+		h.mu.Lock()
+		if h.modules[key] == m {
+			delete(h.modules, key) // the next caller tries again
+		}
+		h.mu.Unlock()
+		h.releaseModule(m)
+		return nil, err
+	}
+	return m, nil
+}
+
+func (h *Host) releaseModule(m *module) {
+	h.mu.Lock()
+	m.refs--
+	last := m.refs == 0
+	if last && h.modules[m.key] == m {
+		delete(h.modules, m.key)
+	}
+	h.mu.Unlock()
+	if last && m.cm != nil {
+		_ = m.cm.Close(context.Background())
+	}
+}

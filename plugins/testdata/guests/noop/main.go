@@ -1,0 +1,8 @@
+// Command noop allows everything: the cheapest SDK plugin, for benchmarks.
+package main
+
+import "wb/plugins/sdk"
+
+func init() { sdk.Handle(func(sdk.Input) sdk.Decision { return sdk.Allow() }) }
+
+func main() {}

@@ -1,0 +1,358 @@
+package policies
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+)
+
+// shippedFS holds the platform's Rego and its tests (*_test.rego, run by the tests and by
+// `opa test policies/`).
+//
+//go:embed *.rego
+var shippedFS embed.FS
+
+// Options configure an Engine. Zero values take the defaults.
+type Options struct {
+	Logger      *slog.Logger
+	DecisionLog DecisionLogOptions
+	// Metrics registers wb_policy_decision_log_dropped_total when set.
+	Metrics prometheus.Registerer
+	// Refresh is how stale a project's set of latest policies may get before it is re-read
+	// from Redis (Puts on this engine apply at once). Default 1 s.
+	Refresh time.Duration
+	// EvalTimeout bounds the project policies of one decision, in wall time; a project
+	// policy that runs out of it fails closed (an enforced deny or kill). Default 250 ms.
+	EvalTimeout time.Duration
+	// CacheSize bounds the prepared revisions kept in memory (pinned and latest). Default 4096.
+	CacheSize int
+}
+
+// DecisionLogOptions configure the asynchronous decision log.
+type DecisionLogOptions struct {
+	// Buffer is the number of decisions queued for writing; beyond it they are dropped and
+	// counted. Default 4096.
+	Buffer int
+	// MaxLen caps each project's stream (XADD MAXLEN ~). Default 10000.
+	MaxLen int64
+}
+
+// Engine evaluates the shipped Rego and the projects' policies at the three decision points.
+// It is safe for concurrent use.
+type Engine struct {
+	rdb         redis.UniversalClient
+	log         *slog.Logger
+	caps        *ast.Capabilities
+	refresh     time.Duration
+	evalTimeout time.Duration
+	putScript   *redis.Script
+
+	shipped  map[string]*policy // by point
+	projects sync.Map           // project → *projectState
+	cache    *preparedCache
+	loads    singleflight.Group
+
+	dlog *decisionLog
+}
+
+// policy is one evaluable revision: a shipped module (ID "platform") or a project's version.
+type policy struct {
+	Version
+	*compiled       // nil when err is set
+	err       error // a stored revision that no longer compiles
+}
+
+func (p *policy) decider() string {
+	if p.ID == shippedID {
+		return shippedID
+	}
+	return "policy " + p.ID
+}
+
+const shippedID = "platform"
+
+// New compiles the shipped policies and starts the decision log's writer. Close stops it.
+func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, error) {
+	if rdb == nil {
+		return nil, errors.New("policies: a Redis client is required")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = time.Second
+	}
+	if o.EvalTimeout <= 0 {
+		o.EvalTimeout = 250 * time.Millisecond
+	}
+	if o.CacheSize <= 0 {
+		o.CacheSize = 4096
+	}
+	e := &Engine{
+		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout,
+		putScript: redis.NewScript(putScript),
+		shipped:   map[string]*policy{},
+		cache:     &preparedCache{max: o.CacheSize, m: map[string]*policy{}},
+	}
+	files, err := fs.Glob(shippedFS, "*.rego")
+	if err != nil {
+		return nil, fmt.Errorf("policies: shipped: %w", err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.rego") {
+			continue
+		}
+		src, err := shippedFS.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("policies: shipped %s: %w", f, err)
+		}
+		c, err := compile(ctx, e.caps, f, string(src))
+		if err != nil {
+			return nil, fmt.Errorf("policies: shipped %s: %w", f, err)
+		}
+		e.shipped[c.point] = &policy{compiled: c, Version: Version{
+			ID: shippedID, Name: strings.TrimSuffix(f, ".rego"), Mode: ModeEnforce, Point: c.point,
+			Digest: digest(string(src)), Masked: c.masked,
+		}}
+	}
+	for _, pt := range []string{PointAdmission, PointRuntime, PointSpend} {
+		if e.shipped[pt] == nil {
+			return nil, fmt.Errorf("policies: no shipped policy for %s", pt)
+		}
+	}
+	dl, err := newDecisionLog(rdb, o.Logger, o.DecisionLog, o.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	e.dlog = dl
+	return e, nil
+}
+
+// Close stops the decision log after writing what it holds, or when ctx ends. Decisions
+// made after Close are still answered; their log entries are dropped and counted.
+func (e *Engine) Close(ctx context.Context) error { return e.dlog.close(ctx) }
+
+// Dropped answers how many decision-log entries were dropped because the buffer was full.
+func (e *Engine) Dropped() uint64 { return e.dlog.dropped.Load() }
+
+// Shipped answers the source of the platform's policy at a point, for display.
+func (e *Engine) Shipped(point string) (Version, string, error) {
+	p := e.shipped[point]
+	if p == nil {
+		return Version{}, "", fmt.Errorf("%w: point %q", ErrNotFound, point)
+	}
+	src, err := shippedFS.ReadFile(p.Name + ".rego")
+	if err != nil {
+		return Version{}, "", fmt.Errorf("policies: shipped %s: %w", p.Name, err)
+	}
+	return p.Version, string(src), nil
+}
+
+// preparedCache keeps prepared revisions by (project, id). Revisions are immutable, so an
+// entry never goes stale; beyond max, arbitrary entries are evicted.
+type preparedCache struct {
+	mu  sync.RWMutex
+	max int
+	m   map[string]*policy
+}
+
+func cacheKey(project, id string) string { return project + "\x00" + id }
+
+func (c *preparedCache) get(project, id string) *policy {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.m[cacheKey(project, id)]
+}
+
+func (c *preparedCache) put(project string, p *policy) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.m {
+		if len(c.m) < c.max {
+			break
+		}
+		delete(c.m, k)
+	}
+	c.m[cacheKey(project, p.ID)] = p
+}
+
+// policySet is an immutable snapshot of a project's latest policies. A decision loads one
+// snapshot and evaluates it to the end, so a swap never mixes revisions within a decision.
+type policySet struct {
+	byName  map[string]*policy
+	byPoint map[string][]*policy // sorted by name
+	loaded  time.Time
+}
+
+func newPolicySet(ps []*policy, loaded time.Time) *policySet {
+	s := &policySet{byName: map[string]*policy{}, byPoint: map[string][]*policy{}, loaded: loaded}
+	slices.SortFunc(ps, func(a, b *policy) int { return strings.Compare(a.Name, b.Name) })
+	for _, p := range ps {
+		s.byName[p.Name] = p
+		s.byPoint[p.Point] = append(s.byPoint[p.Point], p)
+	}
+	return s
+}
+
+func (s *policySet) all() []*policy {
+	out := make([]*policy, 0, len(s.byName))
+	for _, p := range s.byName {
+		out = append(out, p)
+	}
+	return out
+}
+
+// with answers a copy of s where p replaces an older version of its name.
+func (s *policySet) with(p *policy) *policySet {
+	if cur := s.byName[p.Name]; cur != nil && cur.Version.Version >= p.Version.Version {
+		return s
+	}
+	ps := s.all()
+	ps = slices.DeleteFunc(ps, func(q *policy) bool { return q.Name == p.Name })
+	return newPolicySet(append(ps, p), s.loaded)
+}
+
+type projectState struct {
+	mu  sync.Mutex // serialises loads and swaps
+	cur atomic.Pointer[policySet]
+}
+
+func (e *Engine) state(project string) *projectState {
+	if st, ok := e.projects.Load(project); ok {
+		return st.(*projectState)
+	}
+	st, _ := e.projects.LoadOrStore(project, &projectState{})
+	return st.(*projectState)
+}
+
+// publish swaps p into the project's latest set, if the set is loaded.
+func (e *Engine) publish(project string, p *policy) {
+	st := e.state(project)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if cur := st.cur.Load(); cur != nil {
+		st.cur.Store(cur.with(p))
+	}
+}
+
+// policySet answers the project's latest policies, re-reading Redis when the snapshot is
+// older than Options.Refresh. While one caller refreshes, the others keep the old snapshot.
+func (e *Engine) policySet(ctx context.Context, project string) (*policySet, error) {
+	if err := validProject(project); err != nil {
+		return nil, err
+	}
+	st := e.state(project)
+	cur := st.cur.Load()
+	if cur != nil && time.Since(cur.loaded) < e.refresh {
+		return cur, nil
+	}
+	if cur != nil {
+		if !st.mu.TryLock() {
+			return cur, nil
+		}
+	} else {
+		st.mu.Lock()
+	}
+	defer st.mu.Unlock()
+	if now := st.cur.Load(); now != nil && time.Since(now.loaded) < e.refresh {
+		return now, nil
+	}
+	cur = st.cur.Load()
+	next, err := e.load(ctx, project, cur)
+	if err != nil {
+		if cur == nil {
+			return nil, err
+		}
+		e.log.WarnContext(ctx, "policies: refresh failed; keeping the loaded policies", "project", project, "err", err)
+		next = newPolicySet(cur.all(), time.Now())
+	}
+	st.cur.Store(next)
+	return next, nil
+}
+
+// load reads the project's latest versions and prepares those not already prepared.
+func (e *Engine) load(ctx context.Context, project string, cur *policySet) (*policySet, error) {
+	loaded := time.Now()
+	recs, err := e.latest(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	ps := make([]*policy, 0, len(recs))
+	for _, r := range recs {
+		if cur != nil {
+			if p := cur.byName[r.version.Name]; p != nil && p.Version.Version >= r.version.Version {
+				ps = append(ps, p) // Redis is never behind a version this engine published
+				continue
+			}
+		}
+		ps = append(ps, e.prepare(ctx, project, r))
+	}
+	if cur != nil { // versions published here while Redis was read
+		for _, p := range cur.byName {
+			if !slices.ContainsFunc(ps, func(q *policy) bool { return q.Name == p.Name }) {
+				ps = append(ps, p)
+			}
+		}
+	}
+	return newPolicySet(ps, loaded), nil
+}
+
+// prepare answers the cached prepared revision, or compiles the stored source.
+func (e *Engine) prepare(ctx context.Context, project string, r stored) *policy {
+	if p := e.cache.get(project, r.version.ID); p != nil && p.Digest == r.version.Digest {
+		return p
+	}
+	v, _, _ := e.loads.Do(cacheKey(project, r.version.ID), func() (any, error) {
+		// Shared by every caller waiting on this key, and cached: not cut short by the
+		// first caller's cancellation.
+		ctx := context.WithoutCancel(ctx)
+		p := &policy{Version: r.version}
+		p.compiled, p.err = compile(ctx, e.caps, r.version.Name+".rego", r.source)
+		if p.err != nil {
+			e.log.ErrorContext(ctx, "policies: stored policy does not compile", "project", project, "policy", r.version.ID, "err", p.err)
+			p.compiled = nil
+		} else if p.point != r.version.Point {
+			p.compiled, p.err = nil, fmt.Errorf("policy %s now compiles for point %s, stored as %s", r.version.ID, p.point, r.version.Point)
+		}
+		e.cache.put(project, p)
+		return p, nil
+	})
+	return v.(*policy)
+}
+
+// pinned answers the exact revision id of the project's policy.
+func (e *Engine) pinned(ctx context.Context, project, id string) (*policy, error) {
+	if p := e.cache.get(project, id); p != nil {
+		return p, nil
+	}
+	name, n, err := ParseID(id)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%w: policy id %q must pin a version (pol_NAME@N)", ErrInvalid, id)
+	}
+	if canonical := FormatID(name, n); canonical != id {
+		if p := e.cache.get(project, canonical); p != nil {
+			return p, nil
+		}
+	}
+	rec, n, err := e.fetch(ctx, project, name, n)
+	if err != nil {
+		return nil, err
+	}
+	return e.prepare(ctx, project, stored{version: rec.version(name, n), source: rec.Source}), nil
+}
