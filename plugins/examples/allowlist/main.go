@@ -3,10 +3,11 @@
 //
 // Configuration key "allowlist": entries separated by ";", each END_USER=TEMPLATE,TEMPLATE…
 // where END_USER "*" applies to every end user without an entry of their own and to requests
-// without an end_user_id. Without the key the built-in list allows base, python and node to
-// everyone.
+// without an end_user_id. Without the key the built-in list allows the platform's two
+// templates to everyone. A template is matched by its name; a pinned "name@sha256:…" counts
+// as its name.
 //
-//	allowlist = "alice=python,node;bob=base;*=base"
+//	allowlist = "alice=tpl_dev_polyglot;bob=tpl_base;*=tpl_base"
 package main
 
 import (
@@ -17,7 +18,7 @@ import (
 	"wb/plugins/sdk"
 )
 
-var builtin = map[string][]string{"*": {"base", "python", "node"}}
+var builtin = map[string][]string{"*": {"tpl_base", "tpl_dev_polyglot"}}
 
 func parse(s string) map[string][]string {
 	m := map[string][]string{}
@@ -57,7 +58,8 @@ func decide(in sdk.Input) sdk.Decision {
 	if !ok {
 		return sdk.Deny("no template is allowed for " + who)
 	}
-	if slices.Contains(allowed, in.Request.Template) {
+	name, _, _ := strings.Cut(in.Request.Template, "@")
+	if slices.Contains(allowed, name) {
 		return sdk.Allow()
 	}
 	return sdk.Deny("template " + strconv.Quote(in.Request.Template) + " is not on the allowlist for " + who +

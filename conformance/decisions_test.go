@@ -1,0 +1,198 @@
+package conformance
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestPolicyKill: with a policy pinned that forbids a command, running that command fails
+// the session with policy_violation and the rule, and the session.failed webhook carries both.
+func TestPolicyKill(t *testing.T) {
+	forEach(t, func(t *testing.T, d *deployment) {
+		if !d.local {
+			t.Skip("needs a webhook receiver the deployment can reach")
+		}
+		d = d.tenant(t, "kill-"+d.name)
+		var mu sync.Mutex
+		var failed []map[string]any
+		recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			var ev struct {
+				Type string         `json:"type"`
+				Data map[string]any `json:"data"`
+			}
+			if json.Unmarshal(b, &ev) == nil && ev.Type == "session.failed" {
+				mu.Lock()
+				failed = append(failed, ev.Data)
+				mu.Unlock()
+			}
+		}))
+		defer recv.Close()
+		expect(t, d.call(t, "POST", "/v1/webhook_endpoints", map[string]any{"url": recv.URL, "events": []string{"session.failed"}}), 201, "webhook endpoint")
+		policy := `package wb.runtime
+
+kill contains "no_wget" if {
+	input.type == "exec"
+	some arg in input.argv
+	contains(arg, "wget")
+}
+`
+		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/build_tools?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		expect(t, r, 201, "PUT /v1/policies/build_tools")
+		s := d.newSession(t, map[string]any{"policy_id": "pol_build_tools@1"})
+		if out := d.sh(t, s.ID, "echo allowed"); out != "allowed\n" {
+			t.Fatalf("an allowed command: %q", out)
+		}
+		r = d.call(t, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "wget http://example.com/"})
+		expect(t, r, 403, "exec of a forbidden command")
+		if e := r.apiError(); e.Error.Code != "policy_violation" || !strings.Contains(e.Error.Message, "no_wget") {
+			t.Fatalf("403 does not name the rule: %s", r)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		var got struct {
+			State       string  `json:"state"`
+			StateReason *string `json:"state_reason"`
+			Rule        *string `json:"rule"`
+		}
+		for time.Now().Before(deadline) {
+			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
+			if terminal[got.State] {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if got.State != "failed" || got.StateReason == nil || *got.StateReason != "policy_violation" || got.Rule == nil || *got.Rule != "no_wget" {
+			t.Fatalf("session after the kill: %+v", got)
+		}
+		for time.Now().Before(deadline) {
+			mu.Lock()
+			n := len(failed)
+			mu.Unlock()
+			if n > 0 {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(failed) != 1 || failed[0]["reason"] != "policy_violation" || failed[0]["rule"] != "no_wget" {
+			t.Fatalf("session.failed webhooks: %v", failed)
+		}
+	})
+}
+
+var (
+	examplesOnce sync.Once
+	examplesDir  string
+	examplesErr  error
+)
+
+// buildExamples builds the example plugins from source (GOOS=wasip1, c-shared).
+func buildExamples(t *testing.T) string {
+	t.Helper()
+	examplesOnce.Do(func() {
+		wd, _ := os.Getwd()
+		root := filepath.Dir(wd)
+		examplesDir, examplesErr = os.MkdirTemp("", "wb-plugins-")
+		if examplesErr != nil {
+			return
+		}
+		for _, name := range []string{"allowlist", "tiercap", "requiremeta"} {
+			cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-buildmode=c-shared", "-o",
+				filepath.Join(examplesDir, name+".wasm"), "./plugins/examples/"+name)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				examplesErr = &buildError{name, string(out), err}
+				return
+			}
+		}
+	})
+	if examplesErr != nil {
+		t.Fatal(examplesErr)
+	}
+	return examplesDir
+}
+
+type buildError struct {
+	name, out string
+	err       error
+}
+
+func (e *buildError) Error() string { return "build " + e.name + ": " + e.err.Error() + "\n" + e.out }
+
+func (d *deployment) pushPlugin(t *testing.T, dir, name, query string) {
+	t.Helper()
+	wasm, err := os.ReadFile(filepath.Join(dir, name+".wasm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.request(bg(t, time.Minute), "PUT", "/v1/plugins/"+name+"?"+query, wasm, http.Header{"Content-Type": {"application/wasm"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, r, 201, "PUT /v1/plugins/"+name)
+}
+
+// TestPlugins: the example plugins, built from source, through POST /v1/sessions: a deny
+// answers 403 with the plugin's reason, an allow passes, a patch is applied.
+func TestPlugins(t *testing.T) {
+	dir := buildExamples(t)
+	forEach(t, func(t *testing.T, d *deployment) {
+		d = d.tenant(t, "plugins-"+d.name)
+		d.pushPlugin(t, dir, "requiremeta", "points=admission&order=1")
+		d.pushPlugin(t, dir, "tiercap", "points=admission&order=2")
+		d.pushPlugin(t, dir, "allowlist", "points=admission&order=3")
+		var list struct {
+			Data []struct {
+				Name  string `json:"name"`
+				Order int    `json:"order"`
+			} `json:"data"`
+		}
+		d.call(t, "GET", "/v1/plugins", nil).decode(t, &list)
+		if len(list.Data) != 3 {
+			t.Fatalf("plugins listed: %+v", list)
+		}
+		meta := map[string]any{"team": "infra", "cost_center": "cc1"}
+		// Deny, with the plugin's reason.
+		r := d.call(t, "POST", "/v1/sessions", map[string]any{"tier": 2, "template": "tpl_base"})
+		expect(t, r, 403, "create without metadata")
+		if msg := r.apiError().Error.Message; !strings.Contains(msg, "team") || !strings.Contains(msg, "requiremeta") {
+			t.Fatalf("403 message %q does not name the plugin and the missing keys", msg)
+		}
+		// Allow.
+		r = d.call(t, "POST", "/v1/sessions", map[string]any{"tier": 2, "template": "tpl_base", "metadata": meta})
+		expect(t, r, 201, "create with metadata")
+		var s sessionObj
+		r.decode(t, &s)
+		d.track(s.ID)
+		t.Cleanup(func() { d.deleteSession(s.ID) })
+		// Patch: a free_ end user's tier is lowered to 1.
+		r = d.call(t, "POST", "/v1/sessions", map[string]any{"tier": 2, "template": "tpl_base", "end_user_id": "free_bob", "metadata": meta})
+		expect(t, r, 201, "create for a free user")
+		r.decode(t, &s)
+		d.track(s.ID)
+		t.Cleanup(func() { d.deleteSession(s.ID) })
+		if s.Tier != 1 || !strings.Contains(r.header.Get("Warning"), "tier") {
+			t.Fatalf("tiercap's patch not applied: tier %d, Warning %q", s.Tier, r.header.Get("Warning"))
+		}
+		// Bad uploads are refused with the reason.
+		r, _ = d.request(bg(t, 30*time.Second), "PUT", "/v1/plugins/junk", []byte("not wasm"), http.Header{"Content-Type": {"application/wasm"}})
+		expect(t, r, 400, "PUT a module that is not wasm")
+		expect(t, d.call(t, "DELETE", "/v1/plugins/allowlist", nil), 200, "DELETE plugin")
+		expect(t, d.call(t, "GET", "/v1/plugins/allowlist", nil), 404, "GET deleted plugin")
+	})
+}
