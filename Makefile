@@ -22,7 +22,8 @@ test: deps
 
 # Benchmarks against a local redis-server that the benchmarks start themselves.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./store/ ./gateway/
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./store/ ./gateway/ ./policies/ ./plugins/
+	$(GO) test -run '^$$' -bench . -benchtime 200000x ./quota/
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./hypervisor/oci/ ./conformance/
 
 lint:
