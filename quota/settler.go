@@ -70,13 +70,14 @@ const settlerGroup = "settler"
 
 // Settler consumes usage records and settles them exactly once.
 type Settler struct {
-	rdb      redis.UniversalClient
-	prices   Prices
-	caps     *Caps // nil: no spend caps
-	consumer string
-	log      *slog.Logger
-	poll     time.Duration
-	batch    int64
+	rdb         redis.UniversalClient
+	prices      Prices
+	caps        *Caps // nil: no spend caps
+	consumer    string
+	log         *slog.Logger
+	poll        time.Duration
+	batch       int64
+	accrueEvery time.Duration
 }
 
 // SettlerOptions configure a Settler.
@@ -86,7 +87,9 @@ type SettlerOptions struct {
 	Consumer string        // default host-pid
 	Poll     time.Duration // default 200 ms
 	Batch    int           // records per read, default 512
-	Logger   *slog.Logger
+	// AccrueEvery is how often snapshot storage is billed (default 1 min).
+	AccrueEvery time.Duration
+	Logger      *slog.Logger
 }
 
 // NewSettler returns a settler.
@@ -101,19 +104,29 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 	if o.Batch == 0 {
 		o.Batch = 512
 	}
+	if o.AccrueEvery == 0 {
+		o.AccrueEvery = time.Minute
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	if o.Prices.SessionPerSecond == nil {
 		o.Prices = DefaultPrices()
 	}
-	return &Settler{rdb: rdb, prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger, poll: o.Poll, batch: int64(o.Batch)}
+	return &Settler{rdb: rdb, prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger, poll: o.Poll, batch: int64(o.Batch), accrueEvery: o.AccrueEvery}
 }
 
 // Run settles every project's records until ctx ends.
 func (s *Settler) Run(ctx context.Context) error {
 	groups := map[string]bool{}
+	lastAccrual := time.Now()
 	for {
+		if time.Since(lastAccrual) >= s.accrueEvery {
+			lastAccrual = time.Now()
+			if err := s.AccrueSnapshots(ctx, lastAccrual); err != nil && ctx.Err() == nil {
+				s.log.Warn("settler: snapshot storage", "err", err)
+			}
+		}
 		projects, err := s.rdb.SMembers(ctx, store.ProjectsKey).Result()
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("settler: list projects", "err", err)

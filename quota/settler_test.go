@@ -272,3 +272,33 @@ func BenchmarkSettler(b *testing.B) {
 	}
 	b.ReportMetric(float64(total)/time.Since(start).Seconds(), "records/s")
 }
+
+// Snapshot storage bills snapshot_gib_month for as long as the snapshot is kept, once.
+func TestSnapshotStorage(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	if _, err := st.EnsureProject(ctx, "proj_s", "s"); err != nil {
+		t.Fatal(err)
+	}
+	snap := session.Snapshot{ID: "snap_1", Object: "snapshot", State: session.SnapshotReady, SizeBytes: 2 << 30, CreatedAt: *session.At(t0)}
+	if err := st.PutObject(ctx, "proj_s", store.KindSnapshot, snap.ID, snap); err != nil {
+		t.Fatal(err)
+	}
+	failed := session.Snapshot{ID: "snap_2", Object: "snapshot", State: session.SnapshotFailed, SizeBytes: 1 << 30, CreatedAt: *session.At(t0)}
+	_ = st.PutObject(ctx, "proj_s", store.KindSnapshot, failed.ID, failed)
+	s := NewSettler(rdb, SettlerOptions{})
+	// Half a month in three steps, one of them repeated: 2 GiB × 0.5 month × 20,000 µUSD.
+	for _, at := range []time.Duration{msPerMonth / 6, msPerMonth / 3, msPerMonth / 3, msPerMonth / 2} {
+		if err := s.AccrueSnapshots(ctx, t0.Add(at*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := Spend(ctx, rdb, "proj_s", "", t0.Add(msPerMonth/2*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(2 * 20_000 / 2); got < want-1 || got > want {
+		t.Fatalf("snapshot storage billed %d µUSD, want %d", got, want)
+	}
+}

@@ -1,0 +1,105 @@
+package quota
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/store"
+)
+
+// accrueScript bills one snapshot's storage from its last accrual to now, once: a run that
+// finds the snapshot already accrued up to (or past) now changes nothing.
+// KEYS: accrual hash, spend hash, hour bucket. ARGV: snapshot id, from ms, to ms, cost nano,
+// hour, day, month.
+var accrueScript = redis.NewScript(`
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[2])
+if tonumber(ARGV[3]) <= last then return {0, 0} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+local cost = ARGV[4]
+local m = redis.call('HINCRBY', KEYS[2], 'm:' .. ARGV[7], cost)
+redis.call('HINCRBY', KEYS[2], 'd:' .. ARGV[6], cost)
+redis.call('HINCRBY', KEYS[2], 'h:' .. ARGV[5], cost)
+redis.call('HINCRBY', KEYS[3], 't:cost_nano', cost)
+redis.call('HINCRBY', KEYS[3], 't:snapshot_cost_nano', cost)
+redis.call('EXPIRE', KEYS[3], 34560000)
+return {1, m}
+`)
+
+func accrualKey(p string) string { return "wb:{" + p + "}:snapacc" }
+
+// SnapshotCost is the storage price of size bytes for ms, in nano-USD.
+func (p Prices) SnapshotCost(size, ms int64) int64 {
+	// size × ms × (micro-USD per GiB-month × 1000 nano) / (2^30 bytes × ms per month), in
+	// big integers: the product overflows int64 for large snapshots.
+	n := new(big.Int).Mul(big.NewInt(size), big.NewInt(ms))
+	n.Mul(n, big.NewInt(p.SnapshotGiBMonth*1000))
+	n.Quo(n, new(big.Int).Mul(big.NewInt(1<<30), big.NewInt(msPerMonth)))
+	return n.Int64()
+}
+
+// AccrueSnapshots bills every ready snapshot of every project for its storage up to now.
+// Run it periodically (the settler does, every AccrueEvery); each run is idempotent.
+func (s *Settler) AccrueSnapshots(ctx context.Context, now time.Time) error {
+	projects, err := s.rdb.SMembers(ctx, store.ProjectsKey).Result()
+	if err != nil {
+		return err
+	}
+	for _, p := range projects {
+		cursor := ""
+		for {
+			items, next, err := store.New(s.rdb).ListObjects(ctx, p, store.KindSnapshot, 100, cursor)
+			if err != nil {
+				return fmt.Errorf("accrue snapshots of %s: %w", p, err)
+			}
+			for _, raw := range items {
+				var snap struct {
+					ID        string    `json:"id"`
+					State     string    `json:"state"`
+					SizeBytes int64     `json:"size_bytes"`
+					CreatedAt time.Time `json:"created_at"`
+				}
+				if json.Unmarshal(raw, &snap) != nil || snap.State != "ready" {
+					continue
+				}
+				if err := s.accrue(ctx, p, snap.ID, snap.SizeBytes, snap.CreatedAt, now); err != nil {
+					return err
+				}
+			}
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+	}
+	return nil
+}
+
+func (s *Settler) accrue(ctx context.Context, project, id string, size int64, created, now time.Time) error {
+	last, err := s.rdb.HGet(ctx, accrualKey(project), id).Int64()
+	if err != nil && err != redis.Nil {
+		return err
+	}
+	if err == redis.Nil {
+		last = created.UnixMilli()
+	}
+	ms := now.UnixMilli() - last
+	if ms <= 0 {
+		return nil
+	}
+	cost := s.prices.SnapshotCost(size, ms)
+	at := now.UTC()
+	res, err := accrueScript.Run(ctx, s.rdb, []string{accrualKey(project), spendKey(project), hourKey(project, at)},
+		id, last, now.UnixMilli(), cost, at.Format("2006010215"), at.Format("20060102"), monthOf(at)).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("accrue snapshot %s: %w", id, err)
+	}
+	if res[0] == 1 && s.caps != nil {
+		s.caps.observe(ctx, Record{ProjectID: project, ToMs: now.UnixMilli()}, res[1], 0)
+	}
+	return nil
+}
