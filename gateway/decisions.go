@@ -137,13 +137,6 @@ func pluginError(err error) error {
 	case errors.Is(err, plugins.ErrNotFound):
 		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: "no such plugin in this project"}
 	}
-	var fe *session.FieldError
-	if errors.As(err, &fe) {
-		return err
-	}
-	if err != nil && strings.Contains(err.Error(), "plugins:") && !strings.Contains(err.Error(), "redis") {
-		return errInvalid("", "%s", err.Error())
-	}
 	return err
 }
 

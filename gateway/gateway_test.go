@@ -601,7 +601,7 @@ func TestLimits(t *testing.T) {
 	// One token a second: of a few quick requests, one at least is over the rate (a slow
 	// machine may refill a token between two of them, so no single one is certain).
 	for i := 0; i < 5; i++ {
-		if r = e.do("POST", "/v1/sessions", keyC, map[string]any{"tier": 2}); r.status == 429 && strings.Contains(string(r.body), "rate_limited") {
+		if r = e.do("POST", "/v1/sessions", keyC, map[string]any{"tier": 2}); r.status == 429 && strings.Contains(string(r.body), `"code":"rate_limited"`) {
 			break
 		}
 	}

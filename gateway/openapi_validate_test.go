@@ -253,6 +253,13 @@ var registeredRoutes = []string{
 	"GET /v1/limits",
 	"PUT /v1/limits",
 	"GET /v1/usage",
+	"PUT /v1/policies/{name}",
+	"GET /v1/policies",
+	"GET /v1/policies/{name}",
+	"PUT /v1/plugins/{name}",
+	"GET /v1/plugins",
+	"GET /v1/plugins/{name}",
+	"DELETE /v1/plugins/{name}",
 }
 
 func TestOpenAPIDocument(t *testing.T) {
@@ -538,6 +545,117 @@ func TestOpenAPILimitsUsageAndSpendCap(t *testing.T) {
 		{"usage unknown field in a line", "GET", "/v1/usage", 200, strings.Replace(goodUsageBySession, `"paused_s":0,`, `"paused_s":0,"region":"x",`, 1)},
 		{"402 with another code", "POST", "/v1/sessions", 402, `{"error":{"type":"spend_cap_reached","code":"rate_limited","message":"m"}}`},
 		{"402 on a route that does not answer it", "GET", "/v1/limits", 402, capped},
+	}
+	for _, c := range bad {
+		req, resp, body := fakeResponse(c.method, c.target, c.status, "application/json", c.body+"\n")
+		if err := checkResponse(req, resp, body); err == nil {
+			t.Errorf("%s: validation passed, want a failure", c.name)
+		} else {
+			t.Logf("%s: %s", c.name, strings.SplitN(err.Error(), "\n  body:", 2)[0])
+		}
+	}
+}
+
+const goodPolicy = `{"object":"policy","id":"pol_tier4@2","name":"tier4","version":2,"mode":"warn","point":"admission",
+"digest":"sha256:d4ea31a4720282dfa7fb1c8ff8693500b9d726e78b9f1a3dac0667e8cd0b2006","created_at":"2025-01-02T03:04:05.678Z",
+"masked":["request.metadata.secret"]}`
+
+const goodPlugin = `{"object":"plugin","name":"tier-cap","digest":"sha256:0123abcd","points":["admission","runtime"],"order":10,
+"fail_open":false,"size_bytes":2094356,"created_at":"2025-01-02T03:04:05.678Z"}`
+
+// TestOpenAPIPoliciesAndPlugins checks the document against synthetic answers of the policy
+// and plugin routes, shaped as policyBody, pluginBody and apiError marshal them, and the 403
+// policy_violation of exec (runExec).
+func TestOpenAPIPoliciesAndPlugins(t *testing.T) {
+	errBody := func(typ, code, param string) string {
+		if param != "" {
+			return `{"error":{"type":"` + typ + `","code":"` + code + `","message":"m","param":"` + param + `"}}`
+		}
+		return `{"error":{"type":"` + typ + `","code":"` + code + `","message":"m"}}`
+	}
+	list := func(items ...string) string {
+		return `{"object":"list","data":[` + strings.Join(items, ",") + `],"next_cursor":null}`
+	}
+	v1 := strings.NewReplacer(`@2"`, `@1"`, `"version":2`, `"version":1`, `"warn"`, `"enforce"`).Replace(goodPolicy)
+	killed := `{"error":{"type":"denied","code":"policy_violation","message":"pol_net@1: no curl"}}`
+	good := []struct {
+		method, target string
+		status         int
+		body           string
+	}{
+		{"PUT", "/v1/policies/tier4?mode=warn", 201, goodPolicy},
+		{"PUT", "/v1/policies/tier4", 201, strings.Replace(goodPolicy, `["request.metadata.secret"]`, `[]`, 1)},
+		{"PUT", "/v1/policies/net?mode=enforce", 201, strings.Replace(goodPolicy, `"admission"`, `"runtime"`, 1)},
+		{"PUT", "/v1/policies/tier4", 400, `{"error":{"type":"invalid_request","code":"policy_compile_error","message":"policy does not compile: line 5, column 1: rego_parse_error: unexpected } token","param":"body:5:1"}}`},
+		{"PUT", "/v1/policies/tier4?mode=loud", 400, errBody("invalid_request", "invalid_request", "mode")},
+		{"PUT", "/v1/policies/Bad-Name", 400, errBody("invalid_request", "invalid_request", "name")},
+		{"PUT", "/v1/policies/tier4", 400, errBody("invalid_request", "invalid_request", "body")},
+		{"PUT", "/v1/policies/tier4", 401, errBody("unauthenticated", "unauthenticated", "")},
+		{"PUT", "/v1/policies/tier4", 413, errBody("invalid_request", "too_large", "")},
+		{"PUT", "/v1/policies/tier4", 503, errBody("api_error", "no_policies", "")},
+		{"GET", "/v1/policies", 200, list(goodPolicy)},
+		{"GET", "/v1/policies", 200, list()},
+		{"GET", "/v1/policies/tier4", 200, list(goodPolicy, v1)},
+		{"GET", "/v1/policies/nope", 404, errBody("not_found", "not_found", "")},
+		{"GET", "/v1/policies/Bad-Name", 400, errBody("invalid_request", "invalid_request", "name")},
+		{"PUT", "/v1/plugins/tier-cap?points=admission,runtime&order=10", 201, goodPlugin},
+		{"PUT", "/v1/plugins/tier-cap?fail_open=true", 201, strings.NewReplacer(`"admission","runtime"`, `"spend"`, `"fail_open":false`, `"fail_open":true`).Replace(goodPlugin)},
+		{"PUT", "/v1/plugins/tier-cap", 400, errBody("invalid_request", "invalid_plugin", "body")},
+		{"PUT", "/v1/plugins/tier-cap?order=-1", 400, errBody("invalid_request", "invalid_request", "order")},
+		{"PUT", "/v1/plugins/tier-cap?fail_open=yes", 400, errBody("invalid_request", "invalid_request", "fail_open")},
+		{"PUT", "/v1/plugins/tier-cap", 413, errBody("invalid_request", "too_large", "")},
+		{"PUT", "/v1/plugins/tier-cap", 415, errBody("invalid_request", "unsupported_media_type", "")},
+		{"PUT", "/v1/plugins/tier-cap", 503, errBody("api_error", "no_plugins", "")},
+		{"GET", "/v1/plugins", 200, list(goodPlugin)},
+		{"GET", "/v1/plugins", 200, list()},
+		{"GET", "/v1/plugins/tier-cap", 200, goodPlugin},
+		{"GET", "/v1/plugins/nope", 404, errBody("not_found", "not_found", "")},
+		{"DELETE", "/v1/plugins/tier-cap", 200, `{"object":"plugin","name":"tier-cap","deleted":true}`},
+		{"DELETE", "/v1/plugins/nope", 404, errBody("not_found", "not_found", "")},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 403, killed},
+		{"POST", "/v1/sessions", 403, errBody("denied", "denied", "")},
+		{"POST", "/v1/runs", 403, errBody("denied", "denied", "")},
+	}
+	for _, c := range good {
+		req, resp, body := fakeResponse(c.method, c.target, c.status, "application/json", c.body+"\n")
+		if err := checkResponse(req, resp, body); err != nil {
+			t.Error(err)
+		}
+	}
+	// A runtime kill after output started ends the stream with an error line.
+	req, resp, body := fakeResponse("POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/x-ndjson",
+		`{"stream":"stdout","data":"hi\n"}`+"\n"+killed+"\n")
+	if err := checkResponse(req, resp, body); err != nil {
+		t.Error(err)
+	}
+
+	bad := []struct {
+		name, method, target string
+		status               int
+		body                 string
+	}{
+		{"policy without masked", "PUT", "/v1/policies/tier4", 201, strings.Replace(goodPolicy, `,
+"masked":["request.metadata.secret"]`, ``, 1)},
+		{"policy masked null", "PUT", "/v1/policies/tier4", 201, strings.Replace(goodPolicy, `["request.metadata.secret"]`, `null`, 1)},
+		{"policy bogus mode", "PUT", "/v1/policies/tier4", 201, strings.Replace(goodPolicy, `"warn"`, `"loud"`, 1)},
+		{"policy bogus point", "PUT", "/v1/policies/tier4", 201, strings.Replace(goodPolicy, `"admission"`, `"exec"`, 1)},
+		{"policy id without version", "PUT", "/v1/policies/tier4", 201, strings.Replace(goodPolicy, `"pol_tier4@2"`, `"pol_tier4"`, 1)},
+		{"policy version 0", "PUT", "/v1/policies/tier4", 201, strings.Replace(goodPolicy, `"version":2`, `"version":0`, 1)},
+		{"policy answering 200 to a put", "PUT", "/v1/policies/tier4", 200, goodPolicy},
+		{"policy versions not a list", "GET", "/v1/policies/tier4", 200, goodPolicy},
+		{"policy compile error as invalid_plugin", "PUT", "/v1/policies/tier4", 400, errBody("invalid_request", "invalid_plugin", "body")},
+		{"plugin where a policy is expected", "PUT", "/v1/policies/tier4", 201, goodPlugin},
+		{"plugin without points", "PUT", "/v1/plugins/tier-cap", 201, strings.Replace(goodPlugin, `"points":["admission","runtime"],`, ``, 1)},
+		{"plugin with no points", "PUT", "/v1/plugins/tier-cap", 201, strings.Replace(goodPlugin, `["admission","runtime"]`, `[]`, 1)},
+		{"plugin bogus point", "GET", "/v1/plugins/tier-cap", 200, strings.Replace(goodPlugin, `"runtime"]`, `"exec"]`, 1)},
+		{"plugin with config", "GET", "/v1/plugins/tier-cap", 200, strings.Replace(goodPlugin, `"order":10,`, `"order":10,"config":{"a":"b"},`, 1)},
+		{"plugin fail_open as a string", "GET", "/v1/plugins/tier-cap", 200, strings.Replace(goodPlugin, `"fail_open":false`, `"fail_open":"false"`, 1)},
+		{"plugin deleted with an id", "DELETE", "/v1/plugins/tier-cap", 200, `{"id":"tier-cap","object":"plugin","deleted":true}`},
+		{"plugin 415 with another code", "PUT", "/v1/plugins/tier-cap", 415, errBody("invalid_request", "invalid_request", "")},
+		{"no_plugins on a policy route", "PUT", "/v1/policies/tier4", 503, errBody("api_error", "no_plugins", "")},
+		{"415 on a policy put", "PUT", "/v1/policies/tier4", 415, errBody("invalid_request", "unsupported_media_type", "")},
+		{"exec 403 denied", "POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 403, errBody("denied", "denied", "")},
+		{"create 403 policy_violation", "POST", "/v1/sessions", 403, killed},
 	}
 	for _, c := range bad {
 		req, resp, body := fakeResponse(c.method, c.target, c.status, "application/json", c.body+"\n")

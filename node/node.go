@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"wb/agent"
@@ -53,6 +54,8 @@ type Pool struct {
 // live is a guest the node runs for a session. mu guards g and serializes operations on it.
 type live struct {
 	mu     sync.Mutex
+	fl     sync.Mutex // serializes flushes of g.Pending, which run without mu
+	warned bool       // an outage was logged for this guest
 	g      *guest
 	agent  *agent.Client
 	proxy  *httputil.ReverseProxy // to the agent, for the node's API
@@ -67,7 +70,11 @@ type Node struct {
 	guests  map[string]*live // by session id
 	pool    *warmPool
 	wg      sync.WaitGroup
-	ctx     context.Context // the Run context, for work that outlives a request
+	// ctx outlives requests: background flushes and teardowns use it. Run cancels it on return.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// redisDown is set while Redis does not answer, so that replays back off.
+	redisDown atomic.Bool
 }
 
 // New prepares a node: its directories, and its journal from a previous run.
@@ -101,7 +108,12 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("node: %w", err)
 		}
 	}
-	n := &Node{Config: cfg, journal: journal{filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, ctx: context.Background()}
+	// A guest's agent socket lives under DataDir; Unix socket paths are at most 107 bytes.
+	if sock := filepath.Join(cfg.DataDir, "guests", "wp-000000000000", "agent", "agent.sock"); len(sock) > 100 {
+		return nil, fmt.Errorf("node: data dir %s is too long for the guests' Unix sockets (%d > 100 bytes)", cfg.DataDir, len(sock))
+	}
+	n := &Node{Config: cfg, journal: journal{filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n)
 	return n, nil
 }
@@ -110,37 +122,54 @@ func New(cfg Config) (*Node, error) {
 // enforces timers, flushes usage, replays what Redis missed, and keeps the warm pools full.
 // Guests keep running when Run returns, so a restarted node picks them up again.
 func (n *Node) Run(ctx context.Context) error {
-	n.ctx = ctx
-	if err := n.recover(ctx); err != nil {
+	defer n.cancel()
+	stop := context.AfterFunc(ctx, n.cancel)
+	defer stop()
+	if err := n.recover(n.ctx); err != nil {
 		return err
 	}
-	n.heartbeat(ctx)
+	// Timers run alone on their own ticker: they never wait for Redis or for a teardown.
+	// Heartbeats, usage flushes and replays have loops of their own.
+	loops := []struct {
+		every time.Duration
+		do    func(context.Context)
+	}{
+		{n.Heartbeat, n.heartbeat},
+		{n.Flush, n.flushUsage},
+		{n.Tick, n.replay},
+	}
+	n.heartbeat(n.ctx)
+	for _, lp := range loops {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			tick := time.NewTicker(lp.every)
+			defer tick.Stop()
+			for {
+				select {
+				case <-n.ctx.Done():
+					return
+				case <-tick.C:
+					lp.do(n.ctx)
+				}
+			}
+		}()
+	}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		n.pool.run(ctx)
+		n.pool.run(n.ctx)
 	}()
 	tick := time.NewTicker(n.Tick)
 	defer tick.Stop()
-	lastFlush, lastBeat := n.Now(), n.Now()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-n.ctx.Done():
 			n.wg.Wait()
 			return nil
 		case <-tick.C:
+			n.timers(n.ctx, n.Now())
 		}
-		now := n.Now()
-		n.timers(ctx, now)
-		if now.Sub(lastFlush) >= n.Flush {
-			lastFlush = now
-			n.flushUsage(ctx)
-		}
-		if now.Sub(lastBeat) >= n.Heartbeat {
-			lastBeat = now
-			n.heartbeat(ctx)
-		}
-		n.replay(ctx)
 	}
 }
 

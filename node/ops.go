@@ -243,7 +243,7 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	n.sample(ctx, l)
 	l.g.State, l.g.Reason, l.g.Rule = session.Stopping, *s.StateReason, deref(s.Rule)
 	n.save(l)
-	n.finish(ctx, l)
+	n.teardownAsync(l)
 	return nil
 }
 
@@ -266,7 +266,9 @@ func (n *Node) Retime(_ context.Context, s *session.Session) {
 }
 
 // end stops the guest for reason, as driver: to stopping and then its terminal state, or
-// straight to the terminal state where the contract says so (OOM). The caller holds l.mu.
+// straight to the terminal state where the contract says so (OOM, a dead guest). It records
+// the transition and leaves the teardown and the Redis writes to the background, so that a
+// timer never waits on them. The caller holds l.mu.
 func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason session.Reason, rule string) {
 	g := l.g
 	next, err := session.Next(g.State, driver, reason)
@@ -278,27 +280,38 @@ func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason s
 	g.Pending = append(g.Pending, pending{Kind: "transition", From: g.State, To: next, Driver: driver, Reason: reason, Rule: rule, At: n.Now()})
 	g.State, g.Reason, g.Rule = next, reason, rule
 	n.save(l)
-	n.flush(ctx, l)
-	if next == session.Stopping {
-		n.finish(ctx, l)
-		return
-	}
-	n.destroy(ctx, l)
-	n.flush(ctx, l)
+	n.flushAsync(l)
+	n.teardownAsync(l)
 }
 
-// finish tears down a stopping guest: final usage, container gone, then the terminal state
-// its reason leads to. The caller holds l.mu.
-func (n *Node) finish(ctx context.Context, l *live) {
+func (n *Node) teardownAsync(l *live) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.teardown(n.ctx, l)
+	}()
+}
+
+// teardown takes the final meter, kills the guest and records the terminal state at once;
+// removing the container (a second or two with runsc) comes after, outside the lock.
+func (n *Node) teardown(ctx context.Context, l *live) {
+	l.mu.Lock()
 	g := l.g
-	n.sample(ctx, l) // the final meter: stopping bills until here
-	n.destroy(ctx, l)
-	to := g.Reason.Terminal()
-	g.Pending = append(g.Pending, pending{Kind: "transition", From: session.Stopping, To: to, Driver: session.Node,
-		Reason: g.Reason, Rule: g.Rule, At: n.Now()})
-	g.State = to
+	if g.State == session.Stopping {
+		n.sample(ctx, l) // the final meter: stopping bills until here
+	}
+	n.kill(ctx, l)
+	if g.State == session.Stopping {
+		to := g.Reason.Terminal()
+		g.Pending = append(g.Pending, pending{Kind: "transition", From: session.Stopping, To: to, Driver: session.Node,
+			Reason: g.Reason, Rule: g.Rule, At: n.Now()})
+		g.State = to
+	}
 	n.save(l)
+	guestID := g.GuestID
+	l.mu.Unlock()
 	n.flush(ctx, l)
+	n.remove(ctx, guestID)
 	n.pool.kick()
 }
 

@@ -37,10 +37,10 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	n.guests[sess.ID] = l
 	n.mu.Unlock()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	tier, _ := n.Tiers.Tier(sess.Tier)
 	sctx, cancel := context.WithTimeout(ctx, tier.ProvisionDeadline())
 	defer cancel()
+	// The outcome reaches Redis before Provision returns (flush runs unlocked).
 	if err := n.start(sctx, l, sess); err != nil {
 		n.Logger.Error("node: start failed", "session", sess.ID, "err", err)
 		n.destroy(context.WithoutCancel(ctx), l)
@@ -48,6 +48,7 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 			Driver: session.Node, Reason: session.StartFailure, At: n.Now()})
 		l.g.State, l.g.Reason = session.Failed, session.StartFailure
 		n.save(l)
+		l.mu.Unlock()
 		n.flush(ctx, l)
 		return err
 	}
@@ -57,8 +58,9 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	l.g.Pending = append(l.g.Pending, pending{Kind: "transition", From: session.Provisioning, To: session.Running,
 		Driver: session.Node, At: now, Cold: &cold})
 	n.save(l)
-	n.flush(ctx, l)
 	n.watch(l)
+	l.mu.Unlock()
+	n.flush(ctx, l)
 	return nil
 }
 
@@ -132,16 +134,16 @@ func (n *Node) watch(l *live) {
 			switch {
 			case ev.Type == hypervisor.EventOOM && st == session.Running:
 				n.Logger.Warn("guest OOM", "session", l.g.SessionID)
-				n.end(ctx, l, session.Node, session.OOM, "")
+				n.end(n.ctx, l, session.Node, session.OOM, "")
 			case ev.Type == hypervisor.EventExit && (st == session.Running || st == session.Paused):
 				// The guest died under us. An OOM that took the whole guest is an OOM; anything
 				// else is what the seed calls a host failure, which the node reports under the
 				// placer's name because it is the first to know.
 				if s, err := n.Driver.Stats(ctx, l.g.GuestID); err == nil && s.OOMKills > 0 && st == session.Running {
-					n.end(ctx, l, session.Node, session.OOM, "")
+					n.end(n.ctx, l, session.Node, session.OOM, "")
 				} else {
 					n.Logger.Warn("guest exited", "session", l.g.SessionID)
-					n.end(ctx, l, session.Placer, session.HostFailure, "")
+					n.end(n.ctx, l, session.Placer, session.HostFailure, "")
 				}
 			}
 			l.mu.Unlock()
@@ -149,8 +151,16 @@ func (n *Node) watch(l *live) {
 	}()
 }
 
-// destroy removes the guest's container and files. The caller holds l.mu.
+// destroy kills the guest and removes its container and files. The caller holds l.mu.
 func (n *Node) destroy(ctx context.Context, l *live) {
+	n.kill(ctx, l)
+	n.remove(ctx, l.g.GuestID)
+}
+
+// kill stops watching the guest and kills it; it leaves the container to remove. The caller
+// holds l.mu. It runs on its own context: a kill must not be cut short with the watcher's.
+func (n *Node) kill(ctx context.Context, l *live) {
+	ctx = context.WithoutCancel(ctx)
 	if l.cancel != nil {
 		l.cancel()
 	}
@@ -163,10 +173,18 @@ func (n *Node) destroy(ctx context.Context, l *live) {
 	if err := n.Driver.Stop(ctx, l.g.GuestID); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
 		n.Logger.Warn("node: stop guest", "guest", l.g.GuestID, "err", err)
 	}
-	if err := n.Driver.Delete(ctx, l.g.GuestID); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
-		n.Logger.Warn("node: delete guest", "guest", l.g.GuestID, "err", err)
+}
+
+// remove deletes a stopped guest's container and files (slow on runsc: call it unlocked).
+func (n *Node) remove(ctx context.Context, guestID string) {
+	if guestID == "" {
+		return
 	}
-	_ = removeAll(n.guestDir(l.g.GuestID))
+	ctx = context.WithoutCancel(ctx)
+	if err := n.Driver.Delete(ctx, guestID); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+		n.Logger.Warn("node: delete guest", "guest", guestID, "err", err)
+	}
+	_ = removeAll(n.guestDir(guestID))
 }
 
 func (n *Node) save(l *live) {
@@ -175,60 +193,103 @@ func (n *Node) save(l *live) {
 	}
 }
 
-// flush applies l's pending changes to Redis in order; it stops at the first that cannot be
-// applied for want of Redis, and drops the guest once it has ended and Redis knows. The
-// caller holds l.mu.
-func (n *Node) flush(ctx context.Context, l *live) {
-	g := l.g
-	for len(g.Pending) > 0 {
-		p := g.Pending[0]
-		rctx, cancel := n.redis(ctx)
-		var err error
-		switch p.Kind {
-		case "transition":
-			_, err = n.Store.Transition(rctx, store.Change{Project: g.Project, ID: g.SessionID, From: p.From, To: p.To,
-				Driver: p.Driver, Reason: p.Reason, Rule: p.Rule, ColdStart: p.Cold, At: p.At})
-			var ce *store.ConflictError
-			var te *session.TransitionError
-			if errors.As(err, &ce) || errors.As(err, &te) || errors.Is(err, store.ErrNotFound) {
-				// Someone else moved the session (a DELETE, the placer): theirs stands.
-				n.Logger.Info("node: transition superseded", "session", g.SessionID, "from", p.From, "to", p.To, "err", err)
-				err = nil
-			}
-		case "warning":
-			err = n.Store.MarkWarning(rctx, g.Project, g.SessionID, p.Event, p.At)
-		case "usage":
-			err = n.Store.Redis().XAdd(rctx, &redis.XAddArgs{Stream: quota.UsageStream(g.Project), Values: p.Usage.Values()}).Err()
-		}
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				n.Logger.Warn("node: redis unreachable; will replay", "session", g.SessionID, "pending", len(g.Pending), "err", err)
-			}
-			n.save(l)
-			return
-		}
-		g.Pending = g.Pending[1:]
-	}
-	if g.State.Terminal() {
-		_ = n.journal.remove(g.SessionID)
-		n.mu.Lock()
-		delete(n.guests, g.SessionID)
-		n.mu.Unlock()
-		return
-	}
-	n.save(l)
+// flushAsync flushes l's pending changes in the background.
+func (n *Node) flushAsync(l *live) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.flush(n.ctx, l)
+	}()
 }
 
-// replay retries every guest's pending changes.
+// flush applies l's pending changes to Redis in order, without holding l.mu while it waits
+// on Redis (so timers never wait for it). It stops at the first change Redis does not take
+// for want of an answer (replay retries it), and forgets the guest once it has ended and
+// Redis knows. It answers whether everything was applied.
+func (n *Node) flush(ctx context.Context, l *live) bool {
+	l.fl.Lock()
+	defer l.fl.Unlock()
+	l.mu.Lock()
+	todo := append([]pending(nil), l.g.Pending...)
+	project, id := l.g.Project, l.g.SessionID
+	l.mu.Unlock()
+	done := 0
+	var failed error
+	for _, p := range todo {
+		if failed = n.apply(ctx, project, id, p); failed != nil {
+			break
+		}
+		done++
+	}
+	if len(todo) > 0 {
+		n.redisDown.Store(failed != nil)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.g
+	g.Pending = g.Pending[done:]
+	if failed != nil && ctx.Err() == nil && !n.warned(l) {
+		n.Logger.Warn("node: redis unreachable; will replay", "session", id, "pending", len(g.Pending), "err", failed)
+	}
+	if g.State.Terminal() && len(g.Pending) == 0 {
+		_ = n.journal.remove(id)
+		n.mu.Lock()
+		if n.guests[id] == l {
+			delete(n.guests, id)
+		}
+		n.mu.Unlock()
+		return true
+	}
+	n.save(l)
+	return failed == nil
+}
+
+// warned rate-limits the outage warning to once per guest and outage.
+func (n *Node) warned(l *live) bool {
+	was := l.warned
+	l.warned = true
+	return was
+}
+
+// apply writes one pending change to Redis.
+func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
+	rctx, cancel := n.redis(ctx)
+	defer cancel()
+	switch p.Kind {
+	case "transition":
+		_, err := n.Store.Transition(rctx, store.Change{Project: project, ID: id, From: p.From, To: p.To,
+			Driver: p.Driver, Reason: p.Reason, Rule: p.Rule, ColdStart: p.Cold, At: p.At})
+		var ce *store.ConflictError
+		var te *session.TransitionError
+		if errors.As(err, &ce) || errors.As(err, &te) || errors.Is(err, store.ErrNotFound) {
+			// Someone else moved the session (a DELETE, the placer): theirs stands.
+			n.Logger.Info("node: transition superseded", "session", id, "from", p.From, "to", p.To, "err", err)
+			return nil
+		}
+		return err
+	case "warning":
+		return n.Store.MarkWarning(rctx, project, id, p.Event, p.At)
+	case "usage":
+		return n.Store.Redis().XAdd(rctx, &redis.XAddArgs{Stream: quota.UsageStream(project), Values: p.Usage.Values()}).Err()
+	}
+	return nil
+}
+
+// replay retries every guest's pending changes; while Redis is down it probes with one
+// guest a round instead of waiting on each.
 func (n *Node) replay(ctx context.Context) {
 	for _, l := range n.all() {
-		if !l.mu.TryLock() {
+		l.mu.Lock()
+		has := len(l.g.Pending) > 0
+		l.mu.Unlock()
+		if !has {
 			continue
 		}
-		if len(l.g.Pending) > 0 {
-			n.flush(ctx, l)
+		if !n.flush(ctx, l) && n.redisDown.Load() {
+			return
 		}
+		l.mu.Lock()
+		l.warned = false
 		l.mu.Unlock()
 	}
 }
@@ -256,9 +317,18 @@ func (n *Node) recover(ctx context.Context) error {
 		if err != nil || info.State == hypervisor.StateStopped {
 			n.Logger.Warn("node: guest gone after restart", "session", g.SessionID, "err", err)
 			l.mu.Lock()
-			if g.State == session.Provisioning || g.State == session.Stopping {
-				n.finish(ctx, l)
-			} else {
+			switch g.State {
+			case session.Stopping:
+				g.Pending = append(g.Pending, pending{Kind: "transition", From: session.Stopping, To: g.Reason.Terminal(),
+					Driver: session.Node, Reason: g.Reason, Rule: g.Rule, At: n.Now()})
+				g.State = g.Reason.Terminal()
+				n.save(l)
+			case session.Provisioning:
+				g.Pending = append(g.Pending, pending{Kind: "transition", From: session.Provisioning, To: session.Failed,
+					Driver: session.Node, Reason: session.StartFailure, At: n.Now()})
+				g.State, g.Reason = session.Failed, session.StartFailure
+				n.save(l)
+			default:
 				// The host lost the guest (a reboot): what the placer reports for a dead host.
 				// The node reports it under the placer's name because it is the first to know.
 				g.Pending = append(g.Pending, pending{Kind: "transition", From: g.State, To: session.Failed,

@@ -51,7 +51,7 @@ func (n *Node) warnings(ctx context.Context, l *live, now time.Time) {
 	}
 	if fired {
 		n.save(l)
-		n.flush(ctx, l)
+		n.flushAsync(l)
 	}
 }
 
@@ -107,10 +107,14 @@ func (n *Node) flushUsage(ctx context.Context) {
 		if !l.mu.TryLock() {
 			continue
 		}
-		if st := l.g.State; st == session.Running || st == session.Paused {
+		st := l.g.State
+		if st == session.Running || st == session.Paused {
 			n.sample(ctx, l)
-			n.flush(ctx, l)
+			n.save(l)
 		}
 		l.mu.Unlock()
+		if st == session.Running || st == session.Paused {
+			n.flush(ctx, l)
+		}
 	}
 }
