@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -70,6 +71,7 @@ type Driver struct {
 	cg            cgroupHost
 	eventInterval time.Duration
 	log           *slog.Logger
+	diskOnce      sync.Once
 }
 
 var _ hypervisor.Driver = (*Driver)(nil)
@@ -342,8 +344,15 @@ func readTail(path string, from int64) string {
 // Create writes the bundle and creates the container (not started).
 func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
 	t0 := time.Now()
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	if err := d.attachDisk(ctx, s); err != nil {
+		return err
+	}
 	bundle, err := d.prepare(s)
 	if err != nil {
+		_ = detachDisk(s)
 		return err
 	}
 	con, off, err := openConsole(bundle)
@@ -459,6 +468,11 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	}
 	if err := d.rt.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil && !isNotExist(err) {
 		errs = append(errs, d.wrap("delete", id, err))
+	}
+	if g, err := d.loadGuest(id); err == nil {
+		if err := detachDisk(g.Spec); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := d.cg.removeDirs(d.CgroupPath(id)); err != nil {
 		d.log.Debug("remove cgroup", "id", id, "err", err)

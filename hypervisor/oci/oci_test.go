@@ -505,3 +505,40 @@ func TestPausedGuest(t *testing.T) {
 		})
 	}
 }
+
+// TestDiskLimit: the writable layer holds DiskGiB and no more; past it the guest gets ENOSPC,
+// and deleting the guest leaves no mount or image behind.
+func TestDiskLimit(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			s.DiskGiB = 1
+			g, _, _, _ := boot(t, d, s)
+			if out := g.mustRun(`head -c 100000000 /dev/zero > /workspace/ok && echo fine`); !strings.Contains(out, "fine") {
+				t.Fatalf("100 MB within a 1 GiB disk: %q", out)
+			}
+			// busybox reports ENOSPC as an I/O error; what matters is that the write stops.
+			code, out := g.run(`head -c 1200000000 /dev/zero > /workspace/big; echo "exit $?"; stat -c %s /workspace/big`)
+			lines := strings.Fields(out)
+			size, _ := strconv.ParseInt(lines[len(lines)-1], 10, 64)
+			if code != 0 || !strings.Contains(out, "exit 1") || size <= 0 || size > 1<<30 {
+				t.Fatalf("1.2 GB on a 1 GiB disk: code %d, %q (want the write to stop at the limit)", code, out)
+			}
+			if err := d.Stop(ctxT(t, time.Minute), s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Delete(ctxT(t, time.Minute), s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(s.Writable + ".img"); !os.IsNotExist(err) {
+				t.Fatalf("disk image left behind: %v", err)
+			}
+			mounts, _ := os.ReadFile("/proc/self/mountinfo")
+			if strings.Contains(string(mounts), s.Writable) {
+				t.Fatal("writable layer still mounted")
+			}
+		})
+	}
+}

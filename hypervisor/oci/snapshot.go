@@ -147,6 +147,9 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 	if _, err := d.loadGuest(s.ID); err == nil {
 		return fmt.Errorf("oci: guest %s already exists", s.ID)
 	}
+	if err := d.attachDisk(ctx, s); err != nil {
+		return err
+	}
 	if err := readLayer(ctx, filepath.Join(dir, rec.Layer), s.Writable); err != nil {
 		return err
 	}
