@@ -97,7 +97,7 @@ func TestValidate(t *testing.T) {
 		})
 	}
 	// The host still validates and runs good modules afterwards.
-	d, _, err := h.Call(ctx, guests["allowlist"], admission(t, session.CreateRequest{Tier: intp(1), Template: "python"}))
+	d, _, err := h.Call(ctx, guests["allowlist"], admission(t, session.CreateRequest{Tier: intp(1), Template: "tpl_dev_polyglot"}))
 	if err != nil || !d.Allow {
 		t.Fatalf("%+v %v", d, err)
 	}
@@ -460,7 +460,7 @@ func TestCall(t *testing.T) {
 		t.Fatalf("%+v %v %v", d, took, err)
 	}
 	d, _, err = h.Call(ctx, guests["allowlist"], in)
-	if err != nil || d.Allow || !strings.Contains(d.Reasons[0], `template "gpu" is not on the allowlist for end user "bob" (allowed: base, python, node)`) {
+	if err != nil || d.Allow || !strings.Contains(d.Reasons[0], `template "gpu" is not on the allowlist for end user "bob" (allowed: tpl_base, tpl_dev_polyglot)`) {
 		t.Fatalf("%+v %v", d, err)
 	}
 	_, _, err = h.Call(ctx, spinPlugin(`{"allow":true}`, 1<<30), in, WithLimits(Limits{Timeout: 20 * time.Millisecond}))

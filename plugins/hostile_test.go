@@ -44,7 +44,7 @@ func TestHostile(t *testing.T) {
 		}
 	}
 	roomy(good)
-	goodIn := admission(t, session.CreateRequest{Tier: intp(1), Template: "python", EndUserID: "u"})
+	goodIn := admission(t, session.CreateRequest{Tier: intp(1), Template: "tpl_dev_polyglot@sha256:00", EndUserID: "u"})
 	badIn := admission(t, session.CreateRequest{Tier: intp(1), Template: "windows", EndUserID: "u"})
 	checkGood := func(t *testing.T) {
 		t.Helper()
