@@ -71,8 +71,10 @@ func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event 
 	return false, "", nil
 }
 
-// spendDecider is the spend decision point: the platform's and the project's spend policies.
-func spendDecider(pol *policies.Engine) func(context.Context, quota.CapEvent) (quota.SpendDecision, error) {
+// spendDecider is the spend decision point: the platform's and the project's spend policies,
+// then the project's spend plugins, any of which can deny (stop the sessions in scope and
+// new admissions) with its reasons.
+func spendDecider(pol *policies.Engine, plug *plugins.Host) func(context.Context, quota.CapEvent) (quota.SpendDecision, error) {
 	return func(ctx context.Context, ev quota.CapEvent) (quota.SpendDecision, error) {
 		in := map[string]any{"plan": map[string]any{}, "end_user_id": ev.EndUser, "caps": map[string]any{}}
 		caps := in["caps"].(map[string]any)
@@ -87,9 +89,26 @@ func spendDecider(pol *policies.Engine) func(context.Context, quota.CapEvent) (q
 		if err != nil {
 			return quota.SpendDecision{}, err
 		}
-		if ev.Level == "soft" {
-			return quota.SpendDecision{Warnings: d.Warnings}, nil
+		out := quota.SpendDecision{Warnings: d.Warnings}
+		if ev.Level == "hard" {
+			out.Stop, out.DenyAdmission = d.StopScope != "", d.DenyAdmission
 		}
-		return quota.SpendDecision{Stop: d.StopScope != "", DenyAdmission: d.DenyAdmission, Warnings: d.Warnings}, nil
+		raw, err := plugins.SpendInput(ev.Project, nil, plugins.Spend{Scope: ev.Scope, EndUserID: ev.EndUser, Level: ev.Level,
+			SpendMicroUSD: ev.SpendMicroUSD, CapMicroUSD: ev.CapMicroUSD, Month: ev.Month}, time.Now()).Marshal()
+		if err != nil {
+			return out, err
+		}
+		ds, err := plug.Decide(ctx, ev.Project, "spend", raw)
+		if err != nil {
+			return out, err
+		}
+		for _, pd := range ds {
+			out.Warnings = append(out.Warnings, pd.Warnings...)
+			if !pd.Allow {
+				out.Stop, out.DenyAdmission = true, true
+				out.Warnings = append(out.Warnings, pd.Reasons...)
+			}
+		}
+		return out, nil
 	}
 }

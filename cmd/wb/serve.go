@@ -149,7 +149,7 @@ Flags:
 	if nd != nil {
 		nd.Runtime = runtimeChecker{pol, plug}
 	}
-	enforcer := &quota.Enforcer{Store: st, Stopper: nodes, Decide: spendDecider(pol), Logger: log}
+	enforcer := &quota.Enforcer{Store: st, Stopper: nodes, Decide: spendDecider(pol, plug), Logger: log}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
 	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Logger: log})
 	reg := webhooks.NewRegistry(rdb)
