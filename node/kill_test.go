@@ -17,6 +17,7 @@ import (
 	"wb/internal/redistest"
 	"wb/node/client"
 	"wb/placer"
+	"wb/quota"
 	"wb/session"
 	"wb/store"
 )
@@ -143,6 +144,8 @@ func TestNodeKilled(t *testing.T) {
 		t.Fatalf("the running session's guest is not in the node's runtime state: %v (%v)", ids, err)
 	}
 
+	// Let the node send a usage record (it flushes every 5 s), then kill it.
+	time.Sleep(6 * time.Second)
 	w.signal(syscall.SIGKILL)
 	w.wait(t, 10*time.Second)
 	killed := time.Now()
@@ -154,6 +157,25 @@ func TestNodeKilled(t *testing.T) {
 		t.Logf("host_failure %.1fs after the kill", took.Seconds())
 	}
 	checkSlots(t, st, project)
+	// Billing stops at the last usage event received: what was settled by the failure is all
+	// there is, however long the orphaned guest lingers.
+	settler := quota.NewSettler(st.Redis(), quota.SettlerOptions{Consumer: "test"})
+	settle := func() int64 {
+		for i := 0; i < 5; i++ {
+			if _, err := settler.SettleProject(ctxT(t, 10*time.Second), project); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return get(t, st, project, s.ID).UsageToDate.SessionS
+	}
+	billed := settle()
+	if billed < 4 || float64(billed) > killed.Sub(run.StartedAt.Time).Seconds()+1 {
+		t.Errorf("billed %d s for a session that ran %s before its node died", billed, killed.Sub(run.StartedAt.Time))
+	}
+	time.Sleep(6 * time.Second)
+	if again := settle(); again != billed {
+		t.Errorf("billing went on after the host failure: %d s, then %d s", billed, again)
+	}
 	// The guest outlives its node: nobody tears it down until a node starts on the data dir.
 	ids, err = hd.List(ctxT(t, 10*time.Second))
 	orphan := err == nil && slices.Contains(ids, s.ID)
