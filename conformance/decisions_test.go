@@ -196,3 +196,41 @@ func TestPlugins(t *testing.T) {
 		expect(t, d.call(t, "GET", "/v1/plugins/allowlist", nil), 404, "GET deleted plugin")
 	})
 }
+
+// TestPolicyKillOnResources: a runtime rule on the node's resource samples kills a session
+// that burns CPU.
+func TestPolicyKillOnResources(t *testing.T) {
+	forEach(t, func(t *testing.T, d *deployment) {
+		d = d.tenant(t, "res-"+d.name)
+		policy := `package wb.runtime
+
+kill contains "cpu_hog" if {
+	input.type == "resource_sample"
+	input.cpu_ms > 500
+}
+`
+		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/no_hogs?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		expect(t, r, 201, "PUT /v1/policies/no_hogs")
+		s := d.newSession(t, map[string]any{"policy_id": "pol_no_hogs"})
+		d.sh(t, s.ID, "(while :; do :; done) >/dev/null 2>&1 &")
+		deadline := time.Now().Add(40 * time.Second)
+		var got struct {
+			State       string  `json:"state"`
+			StateReason *string `json:"state_reason"`
+			Rule        *string `json:"rule"`
+		}
+		for time.Now().Before(deadline) {
+			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
+			if terminal[got.State] {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if got.State != "failed" || got.Rule == nil || *got.Rule != "cpu_hog" {
+			t.Fatalf("a CPU hog under a cpu_hog rule: %+v", got)
+		}
+	})
+}

@@ -36,15 +36,33 @@ func (n *Node) checkExec(ctx context.Context, l *live, argv []string) error {
 	if n.Runtime == nil || len(argv) == 0 {
 		return nil
 	}
-	g := l.g
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
 	args := make([]any, len(argv))
 	for i, a := range argv {
 		args[i] = a
 	}
+	return n.check(ctx, l, map[string]any{"type": "exec", "argv": args})
+}
+
+// checkEvent asks the runtime decision point about a guest event seen outside a request
+// (a resource sample); a kill ends the session. The caller does not hold l.mu.
+func (n *Node) checkEvent(ctx context.Context, l *live, event map[string]any) {
+	if n.Runtime == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State == session.Running {
+		_ = n.check(ctx, l, event)
+	}
+}
+
+// check runs the runtime decision point on one event. The caller holds l.mu.
+func (n *Node) check(ctx context.Context, l *live, event map[string]any) error {
+	g := l.g
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	kill, rule, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
-		EndUserID: g.EndUserID, Tier: g.Tier}, map[string]any{"type": "exec", "argv": args})
+		EndUserID: g.EndUserID, Tier: g.Tier}, event)
 	if err != nil {
 		n.Logger.Warn("node: runtime decision failed; allowing", "session", g.SessionID, "err", err)
 		return nil
@@ -52,7 +70,7 @@ func (n *Node) checkExec(ctx context.Context, l *live, argv []string) error {
 	if !kill {
 		return nil
 	}
-	n.Logger.Warn("policy kill", "session", g.SessionID, "rule", rule, "argv", argv)
+	n.Logger.Warn("policy kill", "session", g.SessionID, "rule", rule, "event", event["type"])
 	n.end(ctx, l, session.Policy, session.PolicyViolation, rule)
 	return &KilledError{Rule: rule}
 }

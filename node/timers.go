@@ -108,13 +108,22 @@ func (n *Node) flushUsage(ctx context.Context) {
 			continue
 		}
 		st := l.g.State
+		var sample map[string]any
 		if st == session.Running || st == session.Paused {
 			n.sample(ctx, l)
 			n.save(l)
+			if p := l.g.Pending; st == session.Running && len(p) > 0 && p[len(p)-1].Usage != nil {
+				u := p[len(p)-1].Usage
+				sample = map[string]any{"type": "resource_sample", "cpu_ms": u.CPUMs, "interval_ms": u.ToMs - u.FromMs,
+					"memory_bytes": u.MemGiBMs * (1 << 30) / max(1, u.ToMs-u.FromMs)}
+			}
 		}
 		l.mu.Unlock()
 		if st == session.Running || st == session.Paused {
 			n.flush(ctx, l)
+		}
+		if sample != nil {
+			n.checkEvent(ctx, l, sample)
 		}
 	}
 }
