@@ -48,6 +48,10 @@ type Config struct {
 	Root string
 	// Logger receives the agent's logs; nil discards them.
 	Logger *slog.Logger
+	// EgressListen and EgressSocket, when both are set, relay TCP connections made to
+	// EgressListen (an address on the guest's loopback, given to processes as their HTTP proxy)
+	// to the node's egress proxy on the host Unix socket EgressSocket.
+	EgressListen, EgressSocket string
 	// Reap makes the agent reap orphaned children, as PID 1 must. The reaper never collects a
 	// child the agent started itself (an exec's or a PTY's): it peeks at zombies with
 	// waitid(WNOWAIT) and collects only pids it does not know, so exit codes are never stolen.
@@ -58,6 +62,7 @@ type Config struct {
 // server is one Serve call's state. It holds no package-level state.
 type server struct {
 	ctx    context.Context // Serve's
+	fwd    *forwarder      // nil without egress
 	root   string
 	socket string
 	log    *slog.Logger
@@ -123,6 +128,14 @@ func Serve(ctx context.Context, cfg Config) error {
 		<-reaperDone
 	}()
 
+	if cfg.EgressListen != "" && cfg.EgressSocket != "" {
+		eln, err := net.Listen("tcp", cfg.EgressListen)
+		if err != nil {
+			return fmt.Errorf("agent: egress listener: %w", err)
+		}
+		s.fwd = newForwarder(cfg.EgressSocket)
+		go s.fwd.serve(ctx, eln)
+	}
 	ln, err := listenUnix(socket)
 	if err != nil {
 		return err
@@ -158,6 +171,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		// Quiesce: nothing of the host's may stay open in the guest.
 		_ = g.srv.Close()
 		s.closeSessions()
+		if s.fwd != nil {
+			s.fwd.pause()
+		}
 		<-serveErr
 		log.Info("agent quiesced", "for", quiesce)
 		t := time.NewTimer(quiesce)
@@ -174,6 +190,9 @@ func Serve(ctx context.Context, cfg Config) error {
 				return nil
 			}
 			return err
+		}
+		if s.fwd != nil {
+			s.fwd.resume()
 		}
 		log.Info("agent listening again", "socket", socket)
 	}

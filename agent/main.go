@@ -28,6 +28,8 @@ func Main(args []string) error {
 	socket := fs.String("socket", "/run/wb/agent.sock", "Unix socket to listen on (its directory is created; a stale socket is replaced)")
 	root := fs.String("root", "/workspace", "default working directory of exec and pty, and base of relative file paths (created if missing)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	egressListen := fs.String("egress-listen", "", "guest loopback address (host:port) to relay to the node's egress proxy; empty: no egress")
+	egressSocket := fs.String("egress-socket", "/run/wb/egress.sock", "Unix socket of the node's egress proxy")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
@@ -53,5 +55,8 @@ func Main(args []string) error {
 		Root:   *root,
 		Logger: logger,
 		Reap:   os.Getpid() == 1,
+
+		EgressListen: *egressListen,
+		EgressSocket: *egressSocket,
 	})
 }

@@ -3,6 +3,7 @@ package conformance
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -231,6 +233,93 @@ kill contains "cpu_hog" if {
 		}
 		if got.State != "failed" || got.Rule == nil || *got.Rule != "cpu_hog" {
 			t.Fatalf("a CPU hog under a cpu_hog rule: %+v", got)
+		}
+	})
+}
+
+// TestEgress: guests have no network; a policy that allows a host:port opens it through the
+// node's proxy. A direct connection fails, an allowed one works and is counted, a denied one
+// is refused, and one a kill rule names (the cloud metadata address) kills the session.
+func TestEgress(t *testing.T) {
+	forEach(t, func(t *testing.T, d *deployment) {
+		if !d.local {
+			t.Skip("needs servers on the deployment's loopback")
+		}
+		d = d.tenant(t, "egress-"+d.name)
+		var hits [2]atomic.Int32
+		var addrs [2]string
+		for i := range 2 {
+			ln, err := net.Listen("tcp", "127.0.0.2:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits[i].Add(1)
+				io.WriteString(w, "hello from the host\n")
+			})}
+			go srv.Serve(ln)
+			t.Cleanup(func() { srv.Close() })
+			addrs[i] = ln.Addr().String()
+		}
+		_, allowedPort, _ := net.SplitHostPort(addrs[0])
+		policy := `package wb.runtime
+
+allow_egress if {
+	input.type == "egress"
+	input.host == "127.0.0.2"
+	input.port == ` + allowedPort + `
+}
+`
+		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/egress?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		expect(t, r, 201, "PUT /v1/policies/egress")
+		s := d.newSession(t, map[string]any{"policy_id": "pol_egress"})
+		host, port, _ := net.SplitHostPort(addrs[0])
+		if out := d.sh(t, s.ID, "nc -w 2 "+host+" "+port+" </dev/null >/dev/null 2>&1; echo direct=$?"); !strings.Contains(out, "direct=1") {
+			t.Errorf("a direct connection from the guest: %q (want it to fail)", out)
+		}
+		if hits[0].Load() != 0 {
+			t.Fatal("the direct connection reached the host")
+		}
+		if out := d.sh(t, s.ID, "wget -q -O - http://"+addrs[0]+"/ 2>&1; echo rc=$?"); !strings.Contains(out, "hello from the host") {
+			t.Fatalf("an allowed host:port through the proxy: %q", out)
+		}
+		if out := d.sh(t, s.ID, "wget -q -O - http://"+addrs[1]+"/ 2>&1; echo rc=$?"); strings.Contains(out, "hello") || hits[1].Load() != 0 {
+			t.Fatalf("a denied host:port went through: %q", out)
+		}
+		// egress_bytes reaches usage_to_date with the next usage record.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var got struct {
+				Usage struct {
+					EgressBytes int64 `json:"egress_bytes"`
+				} `json:"usage_to_date"`
+			}
+			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
+			if got.Usage.EgressBytes > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("egress_bytes still 0")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		// The platform's kill rule on the cloud metadata address stops the session.
+		d.sh(t, s.ID, "wget -q -O - http://169.254.169.254/latest/ >/dev/null 2>&1; true") // busybox wget crashes with -T
+		var got struct {
+			State string  `json:"state"`
+			Rule  *string `json:"rule"`
+		}
+		for deadline = time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
+			if terminal[got.State] {
+				break
+			}
+		}
+		if got.State != "failed" || got.Rule == nil || *got.Rule != "metadata_egress" {
+			t.Fatalf("after egress to the metadata address: %+v", got)
 		}
 	})
 }

@@ -59,6 +59,7 @@ type live struct {
 	g      *guest
 	agent  *agent.Client
 	proxy  *httputil.ReverseProxy // to the agent, for the node's API
+	egress *egressProxy           // the guest's way out
 	cancel context.CancelFunc     // stops the event watcher
 }
 
@@ -225,9 +226,11 @@ func (n *Node) spec(guestID string, tpl templates.Template, res session.Resource
 	return hypervisor.Spec{
 		ID: guestID, RootFS: tpl.RootFS, Writable: filepath.Join(dir, "writable"), AgentDir: filepath.Join(dir, "agent"),
 		AgentBin: n.AgentBin,
-		Args:     []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace},
-		Env:      tpl.Env, ReadOnlyBinds: tpl.Binds,
-		VCPU: res.VCPU, MemoryMiB: res.MemoryMiB, DiskGiB: res.DiskGiB, Pids: 1024,
+		Args: []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace,
+			"--egress-listen", GuestProxy, "--egress-socket", hypervisor.GuestAgentDir + "/egress.sock"},
+		Env:           append(append([]string{}, tpl.Env...), egressEnv()...),
+		ReadOnlyBinds: tpl.Binds,
+		VCPU:          res.VCPU, MemoryMiB: res.MemoryMiB, DiskGiB: res.DiskGiB, Pids: 1024,
 	}
 }
 

@@ -203,6 +203,7 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 		l.cancel()
 	}
 	n.watch(l)
+	n.startEgress(l)
 	return info.Memory, info.SizeBytes, nil
 }
 

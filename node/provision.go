@@ -59,6 +59,7 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 		Driver: session.Node, At: now, Cold: &cold})
 	n.save(l)
 	n.watch(l)
+	n.startEgress(l)
 	l.mu.Unlock()
 	n.flush(ctx, l)
 	return nil
@@ -164,6 +165,7 @@ func (n *Node) kill(ctx context.Context, l *live) {
 	if l.cancel != nil {
 		l.cancel()
 	}
+	l.stopEgress()
 	if l.agent != nil {
 		l.agent.Close()
 	}
@@ -341,7 +343,10 @@ func (n *Node) recover(ctx context.Context) error {
 		}
 		l.agent = n.agentFor(g.GuestID)
 		if g.State == session.Running || g.State == session.Paused {
+			l.mu.Lock()
 			n.watch(l)
+			n.startEgress(l)
+			l.mu.Unlock()
 		}
 		n.Logger.Info("node: guest recovered", "session", g.SessionID, "state", g.State)
 	}

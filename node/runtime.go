@@ -17,10 +17,17 @@ type RuntimeSession struct {
 	Tier      int    `json:"tier"`
 }
 
+// Verdict is the runtime decision point's answer about one guest event.
+type Verdict struct {
+	Kill        bool   // stop the session: policy_violation, with Rule
+	Rule        string //
+	AllowEgress bool   // for an egress event: the connection may go out
+}
+
 // RuntimeChecker is the runtime decision point (the session's pinned Rego policy and the
-// project's plugins): it answers whether a guest event kills the session, and by which rule.
+// project's plugins).
 type RuntimeChecker interface {
-	Check(ctx context.Context, s RuntimeSession, event map[string]any) (kill bool, rule string, err error)
+	Check(ctx context.Context, s RuntimeSession, event map[string]any) (Verdict, error)
 }
 
 // KilledError is an event that a policy answered with a kill.
@@ -40,7 +47,8 @@ func (n *Node) checkExec(ctx context.Context, l *live, argv []string) error {
 	for i, a := range argv {
 		args[i] = a
 	}
-	return n.check(ctx, l, map[string]any{"type": "exec", "argv": args})
+	_, err := n.check(ctx, l, map[string]any{"type": "exec", "argv": args})
+	return err
 }
 
 // checkEvent asks the runtime decision point about a guest event seen outside a request
@@ -52,25 +60,27 @@ func (n *Node) checkEvent(ctx context.Context, l *live, event map[string]any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.g.State == session.Running {
-		_ = n.check(ctx, l, event)
+		_, _ = n.check(ctx, l, event)
 	}
 }
 
-// check runs the runtime decision point on one event. The caller holds l.mu.
-func (n *Node) check(ctx context.Context, l *live, event map[string]any) error {
+// check runs the runtime decision point on one event; a kill ends the session. The caller
+// holds l.mu.
+func (n *Node) check(ctx context.Context, l *live, event map[string]any) (Verdict, error) {
 	g := l.g
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	kill, rule, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
+	v, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
 		EndUserID: g.EndUserID, Tier: g.Tier}, event)
 	if err != nil {
-		n.Logger.Warn("node: runtime decision failed; allowing", "session", g.SessionID, "err", err)
-		return nil
+		n.Logger.Warn("node: runtime decision failed", "session", g.SessionID, "err", err)
+		return Verdict{}, nil
 	}
-	if !kill {
-		return nil
+	if !v.Kill {
+		return v, nil
 	}
+	rule := v.Rule
 	n.Logger.Warn("policy kill", "session", g.SessionID, "rule", rule, "event", event["type"])
 	n.end(ctx, l, session.Policy, session.PolicyViolation, rule)
-	return &KilledError{Rule: rule}
+	return v, &KilledError{Rule: rule}
 }

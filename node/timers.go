@@ -93,6 +93,9 @@ func (n *Node) sample(ctx context.Context, l *live) {
 			rec.MemGiBMs = st.MemoryBytes * dt / (1 << 30)
 		}
 	}
+	if l.egress != nil {
+		rec.EgressBytes = l.egress.bytes.Swap(0)
+	}
 	g.BilledMs += rec.SessionMs
 	g.CPUMs += rec.CPUMs
 	g.MemGiBMs += rec.MemGiBMs

@@ -38,13 +38,13 @@ type runtimeChecker struct {
 	plug *plugins.Host
 }
 
-func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event map[string]any) (bool, string, error) {
+func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event map[string]any) (node.Verdict, error) {
 	d, err := c.pol.Runtime(ctx, s.Project, s.PolicyID, event)
 	if err != nil {
-		return false, "", err
+		return node.Verdict{}, err
 	}
 	if d.Kill {
-		return true, d.Rule, nil
+		return node.Verdict{Kill: true, Rule: d.Rule}, nil
 	}
 	typ, _ := event["type"].(string)
 	sess := &session.Session{ID: s.ID, Object: session.ObjectName, ProjectID: s.Project, Tier: s.Tier}
@@ -57,18 +57,18 @@ func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event 
 	now := time.Now()
 	in, err := plugins.Runtime(s.Project, sess, plugins.RuntimeEvent{Type: typ, AtMs: now.UnixMilli(), Data: event}, now).Marshal()
 	if err != nil {
-		return false, "", err
+		return node.Verdict{}, err
 	}
 	ds, err := c.plug.Decide(ctx, s.Project, "runtime", in)
 	if err != nil {
-		return false, "", err
+		return node.Verdict{}, err
 	}
 	for _, pd := range ds {
 		if !pd.Allow {
-			return true, pd.Decider, nil
+			return node.Verdict{Kill: true, Rule: pd.Decider}, nil
 		}
 	}
-	return false, "", nil
+	return node.Verdict{AllowEgress: d.AllowEgress}, nil
 }
 
 // spendDecider is the spend decision point: the platform's and the project's spend policies,
