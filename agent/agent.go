@@ -129,12 +129,11 @@ func Serve(ctx context.Context, cfg Config) error {
 	}()
 
 	if cfg.EgressListen != "" && cfg.EgressSocket != "" {
-		eln, err := net.Listen("tcp", cfg.EgressListen)
-		if err != nil {
+		s.fwd = newForwarder(cfg.EgressListen, cfg.EgressSocket)
+		if err := s.fwd.listen(); err != nil {
 			return fmt.Errorf("agent: egress listener: %w", err)
 		}
-		s.fwd = newForwarder(cfg.EgressSocket)
-		go s.fwd.serve(ctx, eln)
+		go s.fwd.serve(ctx)
 	}
 	ln, err := listenUnix(socket)
 	if err != nil {

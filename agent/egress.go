@@ -11,35 +11,64 @@ import (
 // forwarder is the guest's only way out: a TCP listener on the guest's loopback (the
 // HTTP proxy address its processes are given) whose connections it relays, byte for byte,
 // to the node's egress proxy on a host Unix socket. The node asks the runtime policy about
-// each connection. Paused (a quiesce), it holds no host socket at all.
+// each connection. Paused (a quiesce), it holds neither a host socket nor a listener: this
+// gVisor cannot checkpoint a TCP endpoint.
 type forwarder struct {
+	addr     string // guest loopback address to listen on
 	upstream string // host Unix socket
 	mu       sync.Mutex
 	paused   bool
+	ln       net.Listener
 	conns    map[net.Conn]struct{}
+	resumed  chan struct{}
 }
 
-func newForwarder(upstream string) *forwarder {
-	return &forwarder{upstream: upstream, conns: map[net.Conn]struct{}{}}
+func newForwarder(addr, upstream string) *forwarder {
+	return &forwarder{addr: addr, upstream: upstream, conns: map[net.Conn]struct{}{}, resumed: make(chan struct{}, 1)}
 }
 
-// serve accepts on ln until ctx ends.
-func (f *forwarder) serve(ctx context.Context, ln net.Listener) {
+// listen opens the listener; Serve calls it first so that a bad address fails at start.
+func (f *forwarder) listen() error {
+	ln, err := net.Listen("tcp", f.addr)
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.ln = ln
+	f.mu.Unlock()
+	return nil
+}
+
+// serve accepts until ctx ends, listening again after every pause.
+func (f *forwarder) serve(ctx context.Context) {
 	go func() {
 		<-ctx.Done()
-		_ = ln.Close()
 		f.pause()
 	}()
 	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
+		f.mu.Lock()
+		ln := f.ln
+		f.mu.Unlock()
+		if ln != nil {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					break
+				}
+				go f.relay(c)
 			}
-			time.Sleep(10 * time.Millisecond)
-			continue
 		}
-		go f.relay(c)
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.resumed:
+		}
+		for ctx.Err() == nil {
+			if err := f.listen(); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 }
 
@@ -81,13 +110,16 @@ func closeWrite(c net.Conn) {
 	}
 }
 
-// pause closes every relayed host connection and refuses new ones until resume.
+// pause closes the listener and every relayed host connection until resume.
 func (f *forwarder) pause() {
 	f.mu.Lock()
 	f.paused = true
-	conns := f.conns
-	f.conns = map[net.Conn]struct{}{}
+	conns, ln := f.conns, f.ln
+	f.conns, f.ln = map[net.Conn]struct{}{}, nil
 	f.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+	}
 	for c := range conns {
 		_ = c.Close()
 	}
@@ -97,4 +129,8 @@ func (f *forwarder) resume() {
 	f.mu.Lock()
 	f.paused = false
 	f.mu.Unlock()
+	select {
+	case f.resumed <- struct{}{}:
+	default:
+	}
 }
