@@ -35,7 +35,8 @@ type Config struct {
 	Runtime RuntimeChecker
 	// Pools lists the warm pools to keep: a number of booted guests per (template, size class).
 	Pools []Pool
-	// Tick is the timer resolution (default 100 ms); Flush the usage flush period (default 5 s);
+	// Tick is the timer resolution (default 100 ms); Flush the usage flush period (default 4 s,
+	// so that usage_to_date, settled within a second, is at most 5 s stale);
 	// Heartbeat the registration refresh (default 2 s).
 	Tick, Flush, Heartbeat time.Duration
 	// RedisTimeout bounds every Redis call, so an outage never stalls the timers (default 2 s).
@@ -87,7 +88,7 @@ func New(cfg Config) (*Node, error) {
 		cfg.Tick = 100 * time.Millisecond
 	}
 	if cfg.Flush == 0 {
-		cfg.Flush = 5 * time.Second
+		cfg.Flush = 4 * time.Second
 	}
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = 2 * time.Second
