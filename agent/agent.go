@@ -373,6 +373,8 @@ func (s *server) routes() http.Handler {
 		switch r.URL.Path {
 		case "/v1/health":
 			h = onlyMethod(r, http.MethodGet, s.handleHealth)
+		case "/v1/procs":
+			h = onlyMethod(r, http.MethodGet, s.handleProcs)
 		case "/v1/exec":
 			allow = http.MethodPost
 			h = onlyMethod(r, allow, s.handleExec)

@@ -854,3 +854,21 @@ func TestPTYHangupKillsJobs(t *testing.T) {
 	_ = conn.CloseNow()
 	waitPidGone(t, pid)
 }
+
+func TestProcs(t *testing.T) {
+	c, _ := startAgent(t, false)
+	ctx := testCtx(t, 10*time.Second)
+	procs, err := c.Procs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := false
+	for _, p := range procs {
+		if p.PID == os.Getpid() && len(p.Argv) > 0 {
+			self = true
+		}
+	}
+	if !self {
+		t.Fatalf("the test process is not among %d processes", len(procs))
+	}
+}

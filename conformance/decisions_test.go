@@ -323,3 +323,40 @@ allow_egress if {
 		}
 	})
 }
+
+// TestPolicyKillOnProcessStart: a process that a runtime rule forbids, started indirectly (not
+// the exec's own command), is seen by the node and kills the session.
+func TestPolicyKillOnProcessStart(t *testing.T) {
+	forEach(t, func(t *testing.T, d *deployment) {
+		d = d.tenant(t, "proc-"+d.name)
+		policy := `package wb.runtime
+
+kill contains "no_sleepers" if {
+	input.type == "process_start"
+	some arg in input.argv
+	arg == "3333"
+}
+`
+		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/procs?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		expect(t, r, 201, "PUT /v1/policies/procs")
+		s := d.newSession(t, map[string]any{"policy_id": "pol_procs"})
+		d.sh(t, s.ID, "(sleep 3333) >/dev/null 2>&1 &")
+		deadline := time.Now().Add(30 * time.Second)
+		var got struct {
+			State string  `json:"state"`
+			Rule  *string `json:"rule"`
+		}
+		for ; time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
+			if terminal[got.State] {
+				break
+			}
+		}
+		if got.State != "failed" || got.Rule == nil || *got.Rule != "no_sleepers" {
+			t.Fatalf("a forbidden process left running: %+v", got)
+		}
+	})
+}

@@ -61,6 +61,7 @@ type live struct {
 	agent  *agent.Client
 	proxy  *httputil.ReverseProxy // to the agent, for the node's API
 	egress *egressProxy           // the guest's way out
+	seen   map[int]bool           // guest pids already reported as process_start
 	cancel context.CancelFunc     // stops the event watcher
 }
 

@@ -84,3 +84,46 @@ func (n *Node) check(ctx context.Context, l *live, event map[string]any) (Verdic
 	n.end(ctx, l, session.Policy, session.PolicyViolation, rule)
 	return v, &KilledError{Rule: rule}
 }
+
+// checkProcesses puts every process that appeared in the guest since the last look to the
+// runtime decision point as a process_start event. It looks every flush period, so a process
+// that lives shorter may go unseen (its exec was checked all the same).
+func (n *Node) checkProcesses(ctx context.Context, l *live) {
+	if n.Runtime == nil {
+		return
+	}
+	l.mu.Lock()
+	c := l.agent
+	l.mu.Unlock()
+	if c == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	procs, err := c.Procs(pctx)
+	cancel()
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	if l.seen == nil {
+		l.seen = map[int]bool{1: true} // the agent
+	}
+	var fresh []map[string]any
+	now := map[int]bool{}
+	for _, p := range procs {
+		now[p.PID] = true
+		if !l.seen[p.PID] {
+			argv := make([]any, len(p.Argv))
+			for i, a := range p.Argv {
+				argv[i] = a
+			}
+			fresh = append(fresh, map[string]any{"type": "process_start", "pid": p.PID, "argv": argv})
+		}
+	}
+	now[1] = true
+	l.seen = now
+	l.mu.Unlock()
+	for _, ev := range fresh {
+		n.checkEvent(ctx, l, ev)
+	}
+}

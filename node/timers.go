@@ -127,6 +127,7 @@ func (n *Node) flushUsage(ctx context.Context) {
 		}
 		if sample != nil {
 			n.checkEvent(ctx, l, sample)
+			n.checkProcesses(ctx, l)
 		}
 	}
 }
