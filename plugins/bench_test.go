@@ -31,7 +31,7 @@ func BenchmarkDecide(b *testing.B) {
 			h, _ := newTestHost(b, mini(b), Options{Timeout: time.Second})
 			const p = "proj-bench"
 			mustPut(b, h, p, c.name, c.wasm, 0, false)
-			in := admission(b, session.CreateRequest{Tier: intp(1), Template: "python", EndUserID: "user_1",
+			in := admission(b, session.CreateRequest{Tier: intp(1), Template: "tpl_dev_polyglot", EndUserID: "user_1",
 				Metadata: map[string]string{"team": "core", "cost_center": "42"}})
 			ctx := context.Background()
 			for range 200 { // warm: the instance's heap, the caches
