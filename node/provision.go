@@ -36,6 +36,7 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	}
 	n.guests[sess.ID] = l
 	n.mu.Unlock()
+	t0 := time.Now()
 	l.mu.Lock()
 	tier, _ := n.Tiers.Tier(sess.Tier)
 	sctx, cancel := context.WithTimeout(ctx, tier.ProvisionDeadline())
@@ -58,10 +59,22 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	l.g.Pending = append(l.g.Pending, pending{Kind: "transition", From: session.Provisioning, To: session.Running,
 		Driver: session.Node, At: now, Cold: &cold})
 	n.save(l)
-	n.watch(l)
 	n.startEgress(l)
 	l.mu.Unlock()
 	n.flush(ctx, l)
+	n.Logger.Debug("node: provisioned", "session", sess.ID, "cold", cold, "took", time.Since(t0))
+	// The CPU baseline (a warm guest's counter started before its session) is read once the
+	// session is reported running: on runsc it can take a runtime call.
+	// So is the event watch (its first look at the guest runs the runtime on runsc).
+	st, err := n.Driver.Stats(ctx, l.g.GuestID)
+	l.mu.Lock()
+	if err == nil && l.g.CPURaw == 0 {
+		l.g.CPURaw = st.CPUMs
+	}
+	if l.g.State == session.Running {
+		n.watch(l)
+	}
+	l.mu.Unlock()
 	return nil
 }
 
@@ -80,14 +93,17 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		}
 	default:
 		if id, ok := n.pool.take(tpl.Name, sess.Resources); ok {
-			// A warm guest may have died while it waited: check before handing it out.
+			// A warm guest may have died while it waited: its health probe is the one the
+			// session needs anyway, on the client the session keeps.
+			c := n.agentFor(id)
 			hctx, cancel := context.WithTimeout(ctx, time.Second)
-			err := n.agentFor(id).Health(hctx)
+			err := c.Health(hctx)
 			cancel()
 			if err == nil {
-				l.g.GuestID, l.g.Cold = id, false
+				l.g.GuestID, l.g.Cold, l.agent = id, false, c
 				break
 			}
+			c.Close()
 			n.Logger.Warn("node: warm guest unhealthy; starting cold", "guest", id, "err", err)
 			n.destroy(ctx, &live{g: &guest{GuestID: id}})
 		}
@@ -101,12 +117,11 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		}
 	}
 	n.save(l)
-	l.agent = n.agentFor(l.g.GuestID)
-	if err := waitHealthy(ctx, l.agent); err != nil {
-		return fmt.Errorf("health probe: %w", err)
-	}
-	if st, err := n.Driver.Stats(ctx, l.g.GuestID); err == nil {
-		l.g.CPURaw = st.CPUMs // count only what the session uses from here
+	if l.agent == nil { // a cold start or a restore: probe until the agent answers
+		l.agent = n.agentFor(l.g.GuestID)
+		if err := waitHealthy(ctx, l.agent); err != nil {
+			return fmt.Errorf("health probe: %w", err)
+		}
 	}
 	return nil
 }
