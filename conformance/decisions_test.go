@@ -49,37 +49,21 @@ kill contains "no_wget" if {
 	contains(arg, "wget")
 }
 `
-		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/build_tools?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		expect(t, r, 201, "PUT /v1/policies/build_tools")
+		d.putPolicy(t, "build_tools", "enforce", policy)
 		s := d.newSession(t, map[string]any{"policy_id": "pol_build_tools@1"})
 		if out := d.sh(t, s.ID, "echo allowed"); out != "allowed\n" {
 			t.Fatalf("an allowed command: %q", out)
 		}
-		r = d.call(t, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "wget http://example.com/"})
+		r := d.call(t, "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "wget http://example.com/"})
 		expect(t, r, 403, "exec of a forbidden command")
 		if e := r.apiError(); e.Error.Code != "policy_violation" || !strings.Contains(e.Error.Message, "no_wget") {
 			t.Fatalf("403 does not name the rule: %s", r)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		var got struct {
-			State       string  `json:"state"`
-			StateReason *string `json:"state_reason"`
-			Rule        *string `json:"rule"`
-		}
-		for time.Now().Before(deadline) {
-			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
-			if terminal[got.State] {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		got := d.waitEnded(t, s.ID, 30*time.Second)
 		if got.State != "failed" || got.StateReason == nil || *got.StateReason != "policy_violation" || got.Rule == nil || *got.Rule != "no_wget" {
 			t.Fatalf("session after the kill: %+v", got)
 		}
-		for time.Now().Before(deadline) {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
 			mu.Lock()
 			n := len(failed)
 			mu.Unlock()
@@ -211,26 +195,10 @@ kill contains "cpu_hog" if {
 	input.cpu_ms > 500
 }
 `
-		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/no_hogs?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		expect(t, r, 201, "PUT /v1/policies/no_hogs")
+		d.putPolicy(t, "no_hogs", "enforce", policy)
 		s := d.newSession(t, map[string]any{"policy_id": "pol_no_hogs"})
 		d.sh(t, s.ID, "(while :; do :; done) >/dev/null 2>&1 &")
-		deadline := time.Now().Add(40 * time.Second)
-		var got struct {
-			State       string  `json:"state"`
-			StateReason *string `json:"state_reason"`
-			Rule        *string `json:"rule"`
-		}
-		for time.Now().Before(deadline) {
-			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
-			if terminal[got.State] {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		got := d.waitEnded(t, s.ID, 40*time.Second)
 		if got.State != "failed" || got.Rule == nil || *got.Rule != "cpu_hog" {
 			t.Fatalf("a CPU hog under a cpu_hog rule: %+v", got)
 		}
@@ -270,11 +238,7 @@ allow_egress if {
 	input.port == ` + allowedPort + `
 }
 `
-		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/egress?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		expect(t, r, 201, "PUT /v1/policies/egress")
+		d.putPolicy(t, "egress", "enforce", policy)
 		s := d.newSession(t, map[string]any{"policy_id": "pol_egress"})
 		host, port, _ := net.SplitHostPort(addrs[0])
 		if out := d.sh(t, s.ID, "nc -w 2 "+host+" "+port+" </dev/null >/dev/null 2>&1; echo direct=$?"); !strings.Contains(out, "direct=1") {
@@ -308,16 +272,7 @@ allow_egress if {
 		}
 		// The platform's kill rule on the cloud metadata address stops the session.
 		d.sh(t, s.ID, "wget -q -O - http://169.254.169.254/latest/ >/dev/null 2>&1; true") // busybox wget crashes with -T
-		var got struct {
-			State string  `json:"state"`
-			Rule  *string `json:"rule"`
-		}
-		for deadline = time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
-			if terminal[got.State] {
-				break
-			}
-		}
+		got := d.waitEnded(t, s.ID, 20*time.Second)
 		if got.State != "failed" || got.Rule == nil || *got.Rule != "metadata_egress" {
 			t.Fatalf("after egress to the metadata address: %+v", got)
 		}
@@ -337,26 +292,42 @@ kill contains "no_sleepers" if {
 	arg == "3333"
 }
 `
-		r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/procs?mode=enforce", []byte(policy), http.Header{"Content-Type": {"text/plain"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		expect(t, r, 201, "PUT /v1/policies/procs")
+		d.putPolicy(t, "procs", "enforce", policy)
 		s := d.newSession(t, map[string]any{"policy_id": "pol_procs"})
 		d.sh(t, s.ID, "(sleep 3333) >/dev/null 2>&1 &")
-		deadline := time.Now().Add(30 * time.Second)
-		var got struct {
-			State string  `json:"state"`
-			Rule  *string `json:"rule"`
-		}
-		for ; time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			d.call(t, "GET", "/v1/sessions/"+s.ID, nil).decode(t, &got)
-			if terminal[got.State] {
-				break
-			}
-		}
+		got := d.waitEnded(t, s.ID, 30*time.Second)
 		if got.State != "failed" || got.Rule == nil || *got.Rule != "no_sleepers" {
 			t.Fatalf("a forbidden process left running: %+v", got)
 		}
 	})
+}
+
+// ended is a session after its end: its state, reason and rule.
+type ended struct {
+	State       string  `json:"state"`
+	StateReason *string `json:"state_reason"`
+	Rule        *string `json:"rule"`
+}
+
+// waitEnded polls the session until it is terminal or timeout passes, and answers what it saw.
+func (d *deployment) waitEnded(t *testing.T, id string, timeout time.Duration) ended {
+	t.Helper()
+	var got ended
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		d.call(t, "GET", "/v1/sessions/"+id, nil).decode(t, &got)
+		if terminal[got.State] {
+			break
+		}
+	}
+	return got
+}
+
+// putPolicy uploads Rego as the deployment's project and expects 201.
+func (d *deployment) putPolicy(t *testing.T, name, mode, src string) {
+	t.Helper()
+	r, err := d.request(bg(t, 30*time.Second), "PUT", "/v1/policies/"+name+"?mode="+mode, []byte(src), http.Header{"Content-Type": {"text/plain"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, r, 201, "PUT /v1/policies/"+name)
 }
