@@ -142,17 +142,51 @@ func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
 	return id, nil
 }
 
-// drain destroys every warm guest.
+// drain destroys every warm guest, in parallel.
 func (p *warmPool) drain(ctx context.Context) {
 	p.mu.Lock()
 	all := p.ready
 	p.ready = map[poolKey][]string{}
 	p.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, ids := range all {
 		for _, id := range ids {
-			_ = p.n.Driver.Stop(ctx, id)
-			_ = p.n.Driver.Delete(ctx, id)
-			_ = removeAll(p.n.guestDir(id))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = p.n.Driver.Stop(ctx, id)
+				_ = p.n.Driver.Delete(ctx, id)
+				_ = removeAll(p.n.guestDir(id))
+			}()
 		}
 	}
+	wg.Wait()
+}
+
+// DestroyAll removes every guest this node runs, sessions' and the warm pool's, and forgets
+// them. `wb serve` calls it on exit when its Redis is embedded: the sessions' state dies with
+// the process, so nothing could ever claim their guests again.
+func (n *Node) DestroyAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n.pool.drain(ctx)
+	}()
+	for _, l := range n.all() {
+		wg.Add(1)
+		go func() { // in parallel: a runsc delete takes a second or two
+			defer wg.Done()
+			l.mu.Lock()
+			n.kill(ctx, l)
+			id, sid := l.g.GuestID, l.g.SessionID
+			l.mu.Unlock()
+			n.remove(ctx, id)
+			_ = n.journal.remove(sid)
+			n.mu.Lock()
+			delete(n.guests, sid)
+			n.mu.Unlock()
+		}()
+	}
+	wg.Wait()
 }

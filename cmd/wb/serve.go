@@ -175,7 +175,12 @@ Flags:
 	g.Go(func() error { return settler.Run(gctx) })
 	if nd != nil {
 		runNode(gctx, g, nd, nodeLn, nodeToken)
-		defer nd.Close(context.WithoutCancel(ctx))
+		if f.redisURL == "" {
+			// Embedded Redis: the sessions end with the process, so must their guests.
+			defer nd.DestroyAll(context.WithoutCancel(ctx))
+		} else {
+			defer nd.Close(context.WithoutCancel(ctx))
+		}
 	} else {
 		nodeLn.Close()
 	}
