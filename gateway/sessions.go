@@ -47,7 +47,7 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 	}
 	// A crossed hard spend cap stops admissions in its scope (quota.Enforcer keeps the flag).
 	now0 := s.Now()
-	scope, err := quota.Capped(ctx, s.Store.Redis(), p.ID, req.EndUserID, now0)
+	scope, softCapped, err := quota.CapState(ctx, s.Store.Redis(), p.ID, req.EndUserID, now0)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -109,7 +109,7 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 		}
 		return nil, nil, err
 	}
-	if quota.SoftCapped(ctx, s.Store, p.ID, req.EndUserID, now0.UTC().Format("200601")) {
+	if softCapped {
 		d.Warnings = append(d.Warnings, fmt.Sprintf("over %d%% of a monthly spend cap", quota.SoftCapPercent))
 	}
 	label := "allow"

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -157,31 +156,35 @@ func (c *Caps) check(ctx context.Context, ev CapEvent) {
 	}
 }
 
-// Capped reports whether admissions for the project (and end user) are stopped by a hard cap
-// this month, and which scope stopped them.
-func Capped(ctx context.Context, rdb redis.UniversalClient, project, endUser string, now time.Time) (string, error) {
-	month := monthOf(now)
-	keys := []string{capFlag(project, "", "hard", month)}
-	if endUser != "" {
-		keys = append(keys, capFlag(project, endUser, "hard", month))
-	}
-	for i, k := range keys {
-		err := rdb.Get(ctx, k).Err()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		if i == 0 {
-			return "project", nil
-		}
-		return "end_user", nil
-	}
-	return "", nil
-}
-
 // Uncap lifts a hard cap's admission stop (after the cap was raised).
 func Uncap(ctx context.Context, rdb redis.UniversalClient, project string, now time.Time) error {
 	return rdb.Del(ctx, capFlag(project, "", "hard", monthOf(now)), capFlag(project, "", "soft", monthOf(now))).Err()
+}
+
+// CapState answers, in one round trip, which hard cap stops admissions for the project (and
+// end user) this month ("project", "end_user" or "") and whether a soft cap was passed.
+func CapState(ctx context.Context, rdb redis.UniversalClient, project, endUser string, now time.Time) (string, bool, error) {
+	month := monthOf(now)
+	keys := []string{capFlag(project, "", "hard", month), capFlag(project, "", "soft", month)}
+	if endUser != "" {
+		keys = append(keys, capFlag(project, endUser, "hard", month), capFlag(project, endUser, "soft", month))
+	}
+	cmds := make([]*redis.IntCmd, len(keys))
+	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.Exists(ctx, k)
+		}
+		return nil
+	}); err != nil {
+		return "", false, fmt.Errorf("spend caps: %w", err)
+	}
+	set := func(i int) bool { return i < len(cmds) && cmds[i].Val() > 0 }
+	scope := ""
+	switch {
+	case set(0):
+		scope = "project"
+	case set(2):
+		scope = "end_user"
+	}
+	return scope, set(1) || set(3), nil
 }

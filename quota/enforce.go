@@ -100,17 +100,3 @@ func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, log *slog.Logger)
 		}
 	}
 }
-
-// SoftCapped reports whether the project (or the end user) passed its soft cap in month.
-func SoftCapped(ctx context.Context, st *store.Store, project, endUser, month string) bool {
-	keys := []string{capFlag(project, "", "soft", month)}
-	if endUser != "" {
-		keys = append(keys, capFlag(project, endUser, "soft", month))
-	}
-	for _, k := range keys {
-		if n, _ := st.Redis().Exists(ctx, k).Result(); n > 0 {
-			return true
-		}
-	}
-	return false
-}

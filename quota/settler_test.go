@@ -240,10 +240,10 @@ func TestCaps(t *testing.T) {
 	if got["project/hard"] != 1 || got["end_user/hard"] != 1 || got["project/soft"] > 1 || got["end_user/soft"] > 1 {
 		t.Fatalf("cap events %v", events)
 	}
-	if scope, _ := Capped(ctx, rdb, "proj_c", "", t0); scope != "project" {
-		t.Fatalf("capped scope %q", scope)
+	if scope, soft, _ := CapState(ctx, rdb, "proj_c", "eu_0", t0); scope != "project" || !soft {
+		t.Fatalf("capped scope %q soft %v", scope, soft)
 	}
-	if scope, _ := Capped(ctx, rdb, "proj_other", "", t0); scope != "" {
+	if scope, soft, _ := CapState(ctx, rdb, "proj_other", "", t0); scope != "" || soft {
 		t.Fatal("another project capped")
 	}
 }
