@@ -22,8 +22,9 @@ test: deps
 
 # Benchmarks against a local redis-server that the benchmarks start themselves.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./store/ ./gateway/ ./plugins/
-	GOGC=400 $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./policies/  # as wb runs (cmd/wb sets GOGC 400)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./store/ ./plugins/
+	# The gateway and policies as wb runs them: cmd/wb sets GOGC 400.
+	GOGC=400 $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./gateway/ ./policies/
 	$(GO) test -run '^$$' -bench . -benchtime 200000x ./quota/
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./hypervisor/oci/ ./conformance/
 
