@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,10 +14,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -568,108 +565,4 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// durableRedis is a redis-server with an append-only file that fsyncs every write, so its
-// data survives Stop and Start (on the same port). redistest.Proc runs without persistence.
-type durableRedis struct {
-	t    testing.TB
-	dir  string
-	port int
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startDurableRedis(t testing.TB) *durableRedis {
-	t.Helper()
-	r := &durableRedis{t: t, dir: t.TempDir()}
-	t.Cleanup(r.Stop)
-	for attempt := 0; ; attempt++ {
-		r.port = freePort(t)
-		if err := r.start(); err == nil {
-			return r
-		} else if attempt == 2 {
-			t.Fatal(err)
-		}
-	}
-}
-
-func (r *durableRedis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
-
-func (r *durableRedis) start() error {
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1",
-		"--dir", r.dir, "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-		"--daemonize", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-done:
-			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-			return fmt.Errorf("redis-server on %s exited: %s", r.Addr(), log)
-		default:
-		}
-		if ping(r.Addr()) == nil {
-			r.cmd, r.done = cmd, done
-			return nil
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			<-done
-			return fmt.Errorf("redis-server on %s not ready", r.Addr())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// Start restarts the server on its port.
-func (r *durableRedis) Start() {
-	r.t.Helper()
-	var err error
-	for range 10 {
-		if err = r.start(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond) // the old socket may linger
-	}
-	r.t.Fatal(err)
-}
-
-// Stop shuts the server down (SIGTERM: it syncs its append-only file) and waits.
-func (r *durableRedis) Stop() {
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-r.done:
-	case <-time.After(10 * time.Second):
-		_ = r.cmd.Process.Kill()
-		<-r.done
-	}
-	r.cmd, r.done = nil, nil
-}
-
-func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != "+PONG\r\n" {
-		return fmt.Errorf("PING: %q", line)
-	}
-	return nil
 }

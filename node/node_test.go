@@ -11,6 +11,7 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/templates"
+	"wb/internal/redistest"
 	"wb/session"
 	"wb/store"
 )
@@ -265,7 +266,7 @@ func TestRedisOutage(t *testing.T) {
 
 func testRedisOutage(t *testing.T, k int) {
 	project := fmt.Sprintf("proj_outage_%d", k)
-	r := startDurableRedis(t)
+	r := redistest.StartDurableProc(t)
 	st := store.New(redisClient(t, r.Addr()))
 	d := newDriver(t, "runsc", tempDir(t))
 	n := startNode(t, nodeConfig(t, st, d, tempDir(t), fmt.Sprintf("node_outage_%d", k)))

@@ -38,6 +38,7 @@ type Proc struct {
 	bin     string
 	dir     string
 	cluster bool
+	durable bool // keep an append-only file, fsynced on every write, across Stop/Start
 
 	mu      sync.Mutex
 	port    int           // 0 until first successful start
@@ -53,13 +54,25 @@ func StartProc(t testing.TB) *Proc {
 	return startProc(t, false)
 }
 
+// StartDurableProc starts a real redis-server whose data survives Stop and Start: an
+// append-only file fsynced on every write (for tests of Redis outages).
+func StartDurableProc(t testing.TB) *Proc {
+	t.Helper()
+	return startProcWith(t, false, true)
+}
+
 func startProc(t testing.TB, cluster bool) *Proc {
+	t.Helper()
+	return startProcWith(t, cluster, false)
+}
+
+func startProcWith(t testing.TB, cluster, durable bool) *Proc {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("redistest: redis-server not found on PATH (%v); %s", err, installHint)
 	}
-	p := &Proc{t: t, bin: bin, dir: t.TempDir(), cluster: cluster}
+	p := &Proc{t: t, bin: bin, dir: t.TempDir(), cluster: cluster, durable: durable}
 	t.Cleanup(p.Stop)
 	p.Start()
 	return p
@@ -127,6 +140,9 @@ func (p *Proc) startOnce() (retry bool, err error) {
 		"--appendonly", "no",
 		"--daemonize", "no",
 		"--logfile", "",
+	}
+	if p.durable {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
 	}
 	if p.cluster {
 		args = append(args,
