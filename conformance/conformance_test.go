@@ -465,6 +465,22 @@ func testPauseResume(t *testing.T, d *deployment) {
 }
 
 func testSnapshot(t *testing.T, d *deployment) {
+	t.Run("delete", func(t *testing.T) {
+		t.Parallel()
+		if d.tmp == "" {
+			t.Skip("needs the deployment's data dir")
+		}
+		s := d.newSession(t, nil)
+		snap := d.snapshot(t, s.ID, false)
+		dir := filepath.Join(d.tmp, "data", "node", "snapshots", snap.ID)
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("the snapshot's files are not on the node: %v", err)
+		}
+		expect(t, d.call(t, "DELETE", "/v1/snapshots/"+snap.ID, nil), 200, "DELETE snapshot")
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Fatalf("DELETE left the snapshot's files on the node: %v", err)
+		}
+	})
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
 		s := d.newSession(t, nil)

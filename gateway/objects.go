@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -48,6 +49,15 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, p store.
 	}
 	if err := s.Store.DeleteObject(r.Context(), p.ID, store.KindSnapshot, id); err != nil {
 		return err
+	}
+	// The snapshot's files live on a node; the object is gone either way, so a node that
+	// cannot be reached now only leaves files behind, which the log says.
+	if d, ok := s.Guests.(interface {
+		DeleteSnapshot(ctx context.Context, id string) error
+	}); ok {
+		if err := d.DeleteSnapshot(r.Context(), id); err != nil {
+			s.log.Warn("delete snapshot files", "snapshot", id, "err", err)
+		}
 	}
 	writeJSON(w, 200, map[string]any{"id": id, "object": "snapshot", "deleted": true})
 	return nil

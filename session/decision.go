@@ -39,11 +39,3 @@ type Plan struct {
 type Admitter interface {
 	Admit(ctx context.Context, in AdmissionInput) (Decision, error)
 }
-
-// AllowAll is the default admission decision point: it allows everything.
-type AllowAll struct{}
-
-// Admit allows.
-func (AllowAll) Admit(context.Context, AdmissionInput) (Decision, error) {
-	return Decision{Allow: true, Decider: "default"}, nil
-}

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -185,4 +186,22 @@ func (c *Client) Stop(ctx context.Context, s *session.Session) error {
 		return nil // never placed: nothing to tear down
 	}
 	return c.call(ctx, s.NodeID, "POST", "/v1/sessions/"+s.ID+":stop", s, nil)
+}
+
+// DeleteSnapshot removes a snapshot's files from every node that may hold them.
+func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
+	nodes, err := c.st.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range nodes {
+		c.mu.Lock()
+		c.addrs[n.ID] = n.Addr
+		c.mu.Unlock()
+		if err := c.call(ctx, n.ID, "DELETE", "/v1/snapshots/"+id, nil, nil); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
