@@ -126,7 +126,8 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var f nodeFlags
 	f.register(fs)
-	redisURL := fs.String("redis", "", "Redis `URL` shared with the control plane (required)")
+	redisURL := fs.String("redis", "", "Redis `URL` shared with the control plane (required): redis://[user:password@]host:port/0, rediss://… for TLS, or a Cluster's redis://user:password@h1:p1,h2:p2,h3:p3")
+	redisCA := fs.String("redis-ca", "", "PEM `file` of the CA that signed a rediss:// server's certificate (default: the system's roots)")
 	addr := fs.String("addr", "127.0.0.1:7070", "`host:port` of the node API")
 	advertise := fs.String("advertise", "", "`URL` the control plane uses to reach the node API (default http://ADDR)")
 	token := fs.String("token", os.Getenv("WB_NODE_TOKEN"), "bearer `token` the control plane sends (default $WB_NODE_TOKEN; required)")
@@ -150,7 +151,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	rdb, closeRedis, err := openRedis(*redisURL)
+	rdb, closeRedis, err := openRedis(*redisURL, *redisCA)
 	if err != nil {
 		return err
 	}

@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"wb/gateway"
@@ -29,6 +27,7 @@ import (
 type serveFlags struct {
 	addr      string
 	redisURL  string
+	redisCA   string
 	publicURL string
 	adminKey  string
 	apiKey    string
@@ -43,7 +42,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var f serveFlags
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on; 127.0.0.1:0 picks a free port")
-	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL` (redis://host:port/0, or redis://h1:p1,h2:p2,h3:p3 for a Cluster); empty embeds an in-process Redis-compatible server whose state ends with the process")
+	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL`: redis://[user:password@]host:port/0, rediss://… for TLS, or redis://user:password@h1:p1,h2:p2,h3:p3 for a Cluster; empty embeds an in-process Redis-compatible server on loopback, with a random password, whose state ends with the process")
+	fs.StringVar(&f.redisCA, "redis-ca", "", "PEM `file` of the CA that signed a rediss:// server's certificate (default: the system's roots)")
 	fs.StringVar(&f.publicURL, "public-url", "", "base `URL` callers use to reach this server, for connect URLs (default http://ADDR)")
 	fs.StringVar(&f.adminKey, "admin-key", os.Getenv("WB_ADMIN_KEY"), "admin `key` for /v1/admin routes (default $WB_ADMIN_KEY, else random)")
 	fs.StringVar(&f.apiKey, "api-key", os.Getenv("WB_API_KEY"), "API `key` bound to the dev project (default $WB_API_KEY, else random)")
@@ -77,7 +77,7 @@ Flags:
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	rdb, closeRedis, err := openRedis(f.redisURL)
+	rdb, closeRedis, err := openRedis(f.redisURL, f.redisCA)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,7 @@ Flags:
 	err = rdb.Ping(pingCtx).Err()
 	cancel()
 	if err != nil {
-		return fmt.Errorf("--redis %s: %w", f.redisURL, err)
+		return fmt.Errorf("--redis %s: %w", redisLabel(f.redisURL), err)
 	}
 
 	ln, err := net.Listen("tcp", f.addr)
@@ -198,34 +198,4 @@ Flags:
 		return srv.Shutdown(sctx)
 	})
 	return g.Wait()
-}
-
-func redisLabel(u string) string {
-	if u == "" {
-		return "embedded"
-	}
-	return u
-}
-
-// openRedis connects to url, or embeds miniredis when url is empty.
-func openRedis(url string) (redis.UniversalClient, func(), error) {
-	if url == "" {
-		m := miniredis.NewMiniRedis()
-		if err := m.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis: %w", err)
-		}
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		return rdb, func() { rdb.Close(); m.Close() }, nil
-	}
-	rest, ok := strings.CutPrefix(url, "redis://")
-	if host, _, _ := strings.Cut(rest, "/"); ok && strings.Contains(host, ",") {
-		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(host, ",")})
-		return rdb, func() { rdb.Close() }, nil
-	}
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--redis: %w", err)
-	}
-	rdb := redis.NewClient(opts)
-	return rdb, func() { rdb.Close() }, nil
 }

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// openRedis connects to rawURL, or embeds miniredis when it is empty. The embedded server
+// listens on loopback and requires a password made at random for this start, so nothing
+// else on the machine (a guest that found a way to loopback, another user) can read or
+// write the platform's state. caFile, when set, is the PEM bundle that verifies a rediss://
+// server (otherwise the system roots do).
+func openRedis(rawURL, caFile string) (redis.UniversalClient, func(), error) {
+	if rawURL == "" {
+		pw, err := randomPassword()
+		if err != nil {
+			return nil, nil, fmt.Errorf("embedded redis: %w", err)
+		}
+		m := miniredis.NewMiniRedis()
+		m.RequireAuth(pw)
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return nil, nil, fmt.Errorf("embedded redis: %w", err)
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), Password: pw})
+		return rdb, func() { rdb.Close(); m.Close() }, nil
+	}
+	rdb, err := dialRedis(rawURL, caFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--redis %s: %w", redisLabel(rawURL), err)
+	}
+	return rdb, func() { rdb.Close() }, nil
+}
+
+// dialRedis builds a client for redis://[user:pass@]host:port/db or rediss://… (TLS), or a
+// Cluster client when the host part lists several comma-separated addresses
+// (redis://user:pass@h1:p1,h2:p2,h3:p3).
+func dialRedis(rawURL, caFile string) (redis.UniversalClient, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, errors.New("not a URL: use redis://[user:password@]host:port/0 or rediss:// for TLS")
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, fmt.Errorf("scheme %q: use redis://[user:password@]host:port/0, or rediss:// for TLS", u.Scheme)
+	}
+	var roots *x509.CertPool
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-ca: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--redis-ca %s: no PEM certificate in it", caFile)
+		}
+		if u.Scheme != "rediss" {
+			return nil, errors.New("--redis-ca is given but the URL is redis://; use rediss:// for TLS")
+		}
+	}
+	withRoots := func(c *tls.Config) {
+		if c != nil && roots != nil {
+			c.RootCAs = roots
+		}
+	}
+	if hosts := strings.Split(u.Host, ","); len(hosts) > 1 {
+		// One URL per the Cluster client's form: the first seed in the host, the rest as addr.
+		cu := *u
+		cu.Host, cu.Path = hosts[0], ""
+		q := cu.Query()
+		for _, h := range hosts[1:] {
+			q.Add("addr", h)
+		}
+		cu.RawQuery = q.Encode()
+		opts, err := redis.ParseClusterURL(cu.String())
+		if err != nil {
+			return nil, err
+		}
+		withRoots(opts.TLSConfig)
+		return redis.NewClusterClient(opts), nil
+	}
+	opts, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	withRoots(opts.TLSConfig)
+	return redis.NewClient(opts), nil
+}
+
+// redisLabel is the Redis URL as logs and errors show it: the password never appears.
+func redisLabel(rawURL string) string {
+	if rawURL == "" {
+		return "embedded"
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+func randomPassword() (string, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestEmbeddedRedisNeedsPassword: the embedded Redis answers only a client that knows this
+// start's password, and each start has its own.
+func TestEmbeddedRedisNeedsPassword(t *testing.T) {
+	ctx := context.Background()
+	var addrs, passwords []string
+	for range 2 {
+		rdb, closeRedis, err := openRedis("", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeRedis()
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			t.Fatalf("wb's own client: %v", err)
+		}
+		opts := rdb.(*redis.Client).Options()
+		addrs, passwords = append(addrs, opts.Addr), append(passwords, opts.Password)
+		if !strings.HasPrefix(opts.Addr, "127.0.0.1:") {
+			t.Errorf("embedded redis listens on %s, want loopback", opts.Addr)
+		}
+	}
+	if passwords[0] == "" || passwords[0] == passwords[1] {
+		t.Fatalf("passwords %q: want a different random one per start", passwords)
+	}
+	for _, c := range []struct{ name, pw string }{{"no password", ""}, {"another start's password", passwords[1]}} {
+		intruder := redis.NewClient(&redis.Options{Addr: addrs[0], Password: c.pw, MaxRetries: -1})
+		_, err := intruder.Keys(ctx, "*").Result()
+		intruder.Close()
+		if err == nil {
+			t.Errorf("%s: KEYS * answered", c.name)
+		}
+	}
+}
+
+func TestRedisURLs(t *testing.T) {
+	for _, c := range []struct {
+		url, user, pw string
+		tls           bool
+		cluster       []string
+		err           string
+	}{
+		{url: "redis://127.0.0.1:6379/0"},
+		{url: "redis://wb:s3cret@127.0.0.1:6379/2", user: "wb", pw: "s3cret"},
+		{url: "rediss://:s3cret@redis.example:6380/0", pw: "s3cret", tls: true},
+		{url: "redis://wb:pw@h1:7000,h2:7001,h3:7002", user: "wb", pw: "pw", cluster: []string{"h1:7000", "h2:7001", "h3:7002"}},
+		{url: "rediss://wb:pw@h1:7000,h2:7001/0", user: "wb", pw: "pw", tls: true, cluster: []string{"h1:7000", "h2:7001"}},
+		{url: "http://127.0.0.1:6379", err: `scheme "http"`},
+		{url: "127.0.0.1:6379", err: "redis://"},
+	} {
+		rdb, err := dialRedis(c.url, "")
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: error %v, want one with %q", c.url, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.url, err)
+			continue
+		}
+		var user, pw string
+		var tls bool
+		switch r := rdb.(type) {
+		case *redis.Client:
+			o := r.Options()
+			user, pw, tls = o.Username, o.Password, o.TLSConfig != nil
+			if c.cluster != nil {
+				t.Errorf("%s: a single client, want a Cluster", c.url)
+			}
+		case *redis.ClusterClient:
+			o := r.Options()
+			user, pw, tls = o.Username, o.Password, o.TLSConfig != nil
+			if strings.Join(o.Addrs, ",") != strings.Join(c.cluster, ",") {
+				t.Errorf("%s: cluster seeds %v, want %v", c.url, o.Addrs, c.cluster)
+			}
+		}
+		rdb.Close()
+		if user != c.user || pw != c.pw || tls != c.tls {
+			t.Errorf("%s: user %q password %q tls %v; want %q %q %v", c.url, user, pw, tls, c.user, c.pw, c.tls)
+		}
+		if c.pw != "" && strings.Contains(redisLabel(c.url), c.pw) {
+			t.Errorf("%s: the label %q shows the password", c.url, redisLabel(c.url))
+		}
+	}
+	if _, _, err := openRedis("redis://wb:hunter2@127.0.0.1:1,x", ""); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("an error names the password: %v", err)
+	}
+}
+
+// TestRedisPasswordAndTLS: a real redis-server with TLS only, a password and an ACL user;
+// wb connects with rediss:// and --redis-ca, and not without the right password or CA.
+func TestRedisPasswordAndTLS(t *testing.T) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not installed")
+	}
+	dir := t.TempDir()
+	caFile, otherCA := writeTestPKI(t, dir)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command(bin, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--tls-cert-file", filepath.Join(dir, "server.crt"), "--tls-key-file", filepath.Join(dir, "server.key"),
+		"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no", "--requirepass", "default-pw",
+		"--save", "", "--appendonly", "no", "--dir", dir)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+
+	ctx := context.Background()
+	base := fmt.Sprintf("127.0.0.1:%d/0", port)
+	ping := func(url, ca string) error {
+		rdb, closeRedis, err := openRedis(url, ca)
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		return rdb.Ping(pctx).Err()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for err := ping("rediss://:default-pw@"+base, caFile); err != nil; err = ping("rediss://:default-pw@"+base, caFile) {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server with TLS never answered: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	admin, closeAdmin, err := openRedis("rediss://:default-pw@"+base, caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAdmin()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "wb", "on", ">wb-pw", "~*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping("rediss://wb:wb-pw@"+base, caFile); err != nil {
+		t.Errorf("ACL user over TLS: %v", err)
+	}
+	for _, c := range []struct{ name, url, ca string }{
+		{"wrong password", "rediss://wb:nope@" + base, caFile},
+		{"no password", "rediss://" + base, caFile},
+		{"plain text to the TLS port", "redis://:default-pw@" + base, ""},
+		{"a CA that did not sign the server", "rediss://:default-pw@" + base, otherCA},
+	} {
+		if err := ping(c.url, c.ca); err == nil {
+			t.Errorf("%s: connected", c.name)
+		}
+	}
+}
+
+// writeTestPKI writes a CA, a server certificate for 127.0.0.1 signed by it, and a second,
+// unrelated CA; it returns the two CA files.
+func writeTestPKI(t *testing.T, dir string) (caFile, otherCA string) {
+	t.Helper()
+	newCA := func(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+		der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &key.PublicKey, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, _ := x509.ParseCertificate(der)
+		return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	}
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ca, caKey, caPEM := newCA("wb test CA")
+	_, _, otherPEM := newCA("someone else's CA")
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "redis"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("server.crt", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	write("server.key", pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}))
+	return write("ca.crt", caPEM), write("other-ca.crt", otherPEM)
+}
