@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test bench lint deps build
+.PHONY: run test bench lint deps build security
 
 # Install what the platform needs from Debian's packages when it is missing.
 deps:
@@ -19,6 +19,10 @@ run: deps build
 test: deps
 	$(GO) vet $(PKGS)
 	$(GO) test $(TESTFLAGS) $(PKGS)
+
+# The adversarial suite alone, with its table of attacks and results (make test runs it too).
+security: deps
+	$(GO) test -count=1 -v -run 'TestAdversarial' ./conformance/
 
 # Benchmarks against a local redis-server that the benchmarks start themselves.
 bench: deps
