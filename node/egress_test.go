@@ -101,7 +101,9 @@ func countingListener(t *testing.T, network, addr string) (port int, accepted *a
 	return ln.Addr().(*net.TCPAddr).Port, accepted
 }
 
-func allowAll(context.Context, map[string]any) (Verdict, error) { return Verdict{AllowEgress: true}, nil }
+func allowAll(context.Context, map[string]any) (Verdict, error) {
+	return Verdict{AllowEgress: true}, nil
+}
 
 // TestEgressRefusesLoopback is the attack: a session whose policy allows all egress asks
 // the node's proxy for a service on the host's loopback, in every spelling. Every attempt

@@ -191,31 +191,20 @@ func (g *Guard) Resolve(ctx context.Context, host string) ([]netip.Addr, error) 
 }
 
 func (g *Guard) resolve(ctx context.Context, network, host string) ([]netip.Addr, error) {
-	a, name, err := ParseHost(host)
+	addrs, err := g.lookup(ctx, network, host)
 	if err != nil {
 		return nil, err
 	}
-	var addrs []netip.Addr
-	switch {
-	case a.IsValid():
-		addrs = []netip.Addr{a}
-	case name == "localhost" || strings.HasSuffix(name, ".localhost"):
-		// RFC 6761: always loopback, whatever a resolver says.
-		return nil, &DeniedError{Host: host, Addr: netip.IPv6Loopback(), Reason: "a localhost name is loopback (RFC 6761)"}
-	default:
-		got, err := g.resolver.LookupNetIP(ctx, network, name)
-		if err != nil {
-			return nil, fmt.Errorf("resolve %s: %w", name, err)
-		}
-		for _, a := range got {
-			a = a.Unmap()
-			if !slices.Contains(addrs, a) {
-				addrs = append(addrs, a)
-			}
-		}
-		if len(addrs) == 0 {
-			return nil, fmt.Errorf("resolve %s: no addresses", name)
-		}
+	if err := g.CheckAll(host, addrs); err != nil {
+		return nil, err
+	}
+	return addrs, nil
+}
+
+// CheckAll checks every address host resolved to: nil, or the first denial, naming host.
+func (g *Guard) CheckAll(host string, addrs []netip.Addr) error {
+	if len(addrs) == 0 {
+		return fmt.Errorf("%s: no address to check", host)
 	}
 	for _, a := range addrs {
 		if err := g.Check(a); err != nil {
@@ -223,8 +212,43 @@ func (g *Guard) resolve(ctx context.Context, network, host string) ([]netip.Addr
 			if errors.As(err, &de) {
 				de.Host = host
 			}
-			return nil, err
+			return err
 		}
+	}
+	return nil
+}
+
+// Lookup resolves host once, the way Resolve does, without checking the answer: for a
+// caller that must see the addresses (to put them to a policy) before CheckAll refuses
+// them. A localhost name answers ::1 and 127.0.0.1 without a lookup (RFC 6761).
+func (g *Guard) Lookup(ctx context.Context, host string) ([]netip.Addr, error) {
+	return g.lookup(ctx, "ip", host)
+}
+
+func (g *Guard) lookup(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	a, name, err := ParseHost(host)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case a.IsValid():
+		return []netip.Addr{a.WithZone("")}, nil
+	case name == "localhost" || strings.HasSuffix(name, ".localhost"):
+		return []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}, nil
+	}
+	got, err := g.resolver.LookupNetIP(ctx, network, name)
+	if err != nil {
+		return nil, fmt.Errorf("resolve %s: %w", name, err)
+	}
+	var addrs []netip.Addr
+	for _, a := range got {
+		a = a.WithZone("").Unmap()
+		if a.IsValid() && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("resolve %s: no addresses", name)
 	}
 	return addrs, nil
 }
