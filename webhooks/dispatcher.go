@@ -39,7 +39,9 @@ const (
 // Options configure a Dispatcher. Zero values take the defaults.
 type Options struct {
 	// HTTPClient sends the deliveries. Default: a client with Timeout that does not follow
-	// redirects (a 3xx is a failure).
+	// redirects (a 3xx is a failure) and dials through the registry's guard, so that every
+	// new connection to an endpoint is resolved, checked and dialled like egress (unless the
+	// registry allows private addresses). A client given here is used as it is.
 	HTTPClient *http.Client
 	// Timeout bounds one attempt (default 10 s).
 	Timeout time.Duration
@@ -79,13 +81,14 @@ func DefaultBackoff(attempt int) time.Duration {
 	return d - rand.N(d/5+1)
 }
 
-func (o Options) withDefaults() Options {
+func (o Options) withDefaults(reg *Registry) Options {
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second
 	}
-	if o.HTTPClient == nil {
+	if o.HTTPClient == nil && reg != nil {
 		o.HTTPClient = &http.Client{
-			Timeout: o.Timeout,
+			Transport: reg.transport(),
+			Timeout:   o.Timeout,
 			CheckRedirect: func(*http.Request, []*http.Request) error {
 				return http.ErrUseLastResponse
 			},
@@ -143,7 +146,7 @@ type Dispatcher struct {
 
 // NewDispatcher returns a dispatcher; Run starts it.
 func NewDispatcher(rdb redis.UniversalClient, reg *Registry, opts Options) *Dispatcher {
-	o := opts.withDefaults()
+	o := opts.withDefaults(reg)
 	return &Dispatcher{
 		rdb: rdb, reg: reg, o: o,
 		holder: o.Consumer + "/" + session.NewID("", time.Now()),
