@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"wb/internal/netguard"
 	"wb/internal/redistest"
@@ -163,5 +167,53 @@ func TestEndpointCap(t *testing.T) {
 	}
 	if NewRegistry(rdb).maxEndpoints != DefaultMaxEndpoints {
 		t.Fatal("the default cap")
+	}
+}
+
+// TestFairConcurrency: a project whose endpoint hangs cannot take every delivery slot:
+// another project's deliveries start at once, long before the hung ones time out.
+func TestFairConcurrency(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	st := store.New(rdb)
+	reg := NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
+
+	release := make(chan struct{})
+	var hanging atomic.Int32
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hanging.Add(1)
+		defer hanging.Add(-1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); slow.Close() })
+	hog := newProject(t, st, "hog")
+	if _, err := reg.Create(ctx, hog, slow.URL+"/hook", []string{AllEvents}); err != nil {
+		t.Fatal(err)
+	}
+	opts := fastOptions("fair")
+	opts.Concurrency = 4
+	opts.Timeout = 60 * time.Second // the hung deliveries hold their slots for the whole test
+	d := NewDispatcher(rdb, reg, opts)
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(dctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	runSessions(t, st, hog, 8) // 8 queues, every head hangs
+	waitFor(t, "the hog's deliveries to hang", func() bool { return hanging.Load() >= 2 })
+
+	polite := newProject(t, st, "polite")
+	rcv := newReceiver(t, nil)
+	createEndpoint(t, reg, polite, rcv, AllEvents)
+	start := time.Now()
+	runSessions(t, st, polite, 1)
+	waitFor(t, "the polite project's deliveries", func() bool { return len(rcv.succeeded()) >= len(publicLifecycle) })
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("the polite project waited %v", took)
+	}
+	if n := hanging.Load(); n > 3 {
+		t.Fatalf("the hog holds %d of 4 slots", n)
 	}
 }
