@@ -165,7 +165,11 @@ func startServer(bin, rt string, extra ...string) (*deployment, error) {
 		return nil, err
 	}
 	defer stderr.Close()
-	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "data"), "--runtime", rt}, extra...)
+	// The tests' webhook receivers listen on 127.0.0.1, and TestEgress's servers on
+	// 127.0.0.2: both are opened on purpose; the rest of loopback stays denied. A test that
+	// needs the default passes "--allow-private-webhooks=false" in extra (the last one wins).
+	args := append([]string{"serve", "--addr", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "data"), "--runtime", rt,
+		"--allow-private-webhooks", "--egress-allow-cidr", "127.0.0.2/32"}, extra...)
 	cmd := exec.Command(bin, args...)
 	for _, kv := range os.Environ() {
 		// wb serve takes its keys from these when set; let it make fresh ones.

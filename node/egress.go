@@ -7,12 +7,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"time"
 
+	"wb/internal/netguard"
 	"wb/session"
 )
 
@@ -29,7 +31,8 @@ func egressEnv() []string {
 
 // egressProxy serves one guest's egress socket: each connection (CONNECT host:port, or a
 // plain HTTP request in absolute form) is put to the runtime decision point as an egress
-// event; allowed ones are dialled from the node and their bytes out counted as egress_bytes.
+// event, then to the platform's deny list (Config.Egress); allowed ones are dialled from the
+// node and their bytes out counted as egress_bytes.
 type egressProxy struct {
 	srv   *http.Server
 	bytes atomic.Int64 // sent by the guest, since the last usage sample
@@ -48,7 +51,10 @@ func (n *Node) startEgress(l *live) {
 		return
 	}
 	p := &egressProxy{}
-	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.serveEgress(l, p, w, r) }),
+	gate := egressGate{guard: n.Egress, ask: func(ctx context.Context, event map[string]any) (Verdict, error) {
+		return n.askEgress(ctx, l, event)
+	}}
+	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }),
 		ReadHeaderTimeout: 30 * time.Second}
 	l.egress = p
 	go func() { _ = p.srv.Serve(ln) }()
@@ -61,52 +67,165 @@ func (l *live) stopEgress() {
 	}
 }
 
-func (n *Node) serveEgress(l *live, p *egressProxy, w http.ResponseWriter, r *http.Request) {
-	host, port := r.URL.Hostname(), r.URL.Port()
-	if r.Method == http.MethodConnect {
-		host, port, _ = net.SplitHostPort(r.Host)
-	} else if port == "" {
-		port = "80"
-	}
-	pn, err := strconv.Atoi(port)
-	if host == "" || err != nil || !(r.Method == http.MethodConnect || r.URL.IsAbs()) {
-		http.Error(w, "wb egress proxy: send CONNECT host:port or an absolute http:// URL", http.StatusBadRequest)
-		return
-	}
+var errNotRunning = errors.New("the session is not running")
+
+// askEgress puts one egress event to the session's runtime decision point; a kill ends the
+// session. An allowed attempt counts as activity.
+func (n *Node) askEgress(ctx context.Context, l *live, event map[string]any) (Verdict, error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.g.State != session.Running {
-		l.mu.Unlock()
-		http.Error(w, "wb egress proxy: the session is not running", http.StatusForbidden)
-		return
+		return Verdict{}, errNotRunning
 	}
 	var v Verdict
+	var err error
 	if n.Runtime != nil {
-		v, err = n.check(r.Context(), l, map[string]any{"type": "egress", "host": host, "port": pn})
+		v, err = n.check(ctx, l, event)
 	}
 	if err == nil && v.AllowEgress {
 		n.touch(l)
 	}
-	l.mu.Unlock()
+	return v, err
+}
+
+// egressGate decides one egress attempt: the session's policy first, the platform's deny
+// list after, which no policy can lift.
+type egressGate struct {
+	guard *netguard.Guard
+	// ask is the runtime decision point, for one egress event.
+	ask func(ctx context.Context, event map[string]any) (Verdict, error)
+}
+
+// egressRefusal is an attempt the gate refused, as the guest is told.
+type egressRefusal struct {
+	status int
+	msg    string
+}
+
+// decide answers the addresses to dial for host:port, or why not.
+//
+// A numeric host (in any spelling a resolver accepts) is put to the policy once, with its
+// address. A name is put to the policy before it is resolved, so that a guest whose policy
+// allows no egress cannot use the node's resolver to send anything out; once the policy
+// allows it, the name is resolved once and put to the policy again with the addresses, so
+// that a rule about an address (the platform's metadata kill) matches whatever name led
+// there. The addresses are then checked against the deny list, and exactly they are dialled.
+func (gt egressGate) decide(ctx context.Context, host string, port int) ([]netip.Addr, *egressRefusal) {
+	a, name, err := netguard.ParseHost(host)
+	if err != nil {
+		return nil, &egressRefusal{http.StatusBadRequest, "wb egress proxy: " + err.Error()}
+	}
+	var addrs []netip.Addr
+	if a.IsValid() {
+		addrs = []netip.Addr{a.WithZone("")}
+	}
+	if r := gt.allowed(ctx, host, port, addrs); r != nil {
+		return nil, r
+	}
+	if name != "" {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		addrs, err = gt.guard.Lookup(rctx, host)
+		cancel()
+		if err != nil {
+			return nil, &egressRefusal{http.StatusBadGateway, "wb egress proxy: " + err.Error()}
+		}
+		if r := gt.allowed(ctx, host, port, addrs); r != nil {
+			return nil, r
+		}
+	}
+	if err := gt.guard.CheckAll(host, addrs); err != nil {
+		return nil, &egressRefusal{http.StatusForbidden, "wb egress proxy: " + err.Error()}
+	}
+	return addrs, nil
+}
+
+// allowed asks the policy about one egress event; addrs nil means not resolved yet.
+func (gt egressGate) allowed(ctx context.Context, host string, port int, addrs []netip.Addr) *egressRefusal {
+	event := map[string]any{"type": "egress", "host": host, "port": port}
+	if addrs != nil {
+		event["addresses"] = eventAddresses(addrs)
+	}
+	v, err := gt.ask(ctx, event)
 	var ke *KilledError
 	switch {
 	case errors.As(err, &ke):
-		http.Error(w, "wb egress proxy: "+ke.Error(), http.StatusForbidden)
-		return
+		return &egressRefusal{http.StatusForbidden, "wb egress proxy: " + ke.Error()}
+	case err != nil:
+		return &egressRefusal{http.StatusForbidden, "wb egress proxy: " + err.Error()}
 	case !v.AllowEgress:
-		http.Error(w, fmt.Sprintf("wb egress proxy: egress to %s:%d is not allowed by the session's policy", host, pn), http.StatusForbidden)
+		return &egressRefusal{http.StatusForbidden, fmt.Sprintf("wb egress proxy: egress to %s is not allowed by the session's policy", net.JoinHostPort(host, strconv.Itoa(port)))}
+	}
+	return nil
+}
+
+// eventAddresses lists addrs for a policy, each under every form a rule must match
+// (an IPv4-mapped address as IPv4, a NAT64 or 6to4 one with its IPv4 address too).
+func eventAddresses(addrs []netip.Addr) []any {
+	out := []any{}
+	seen := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		for _, f := range netguard.Forms(a) {
+			if !seen[f] {
+				seen[f] = true
+				out = append(out, f.String())
+			}
+		}
+	}
+	return out
+}
+
+// egressTarget is the host and port a request asks for: CONNECT's authority, or an absolute
+// URL's host and the port it will really use (its own, else 80 for http, 443 for https).
+func egressTarget(r *http.Request) (string, int, error) {
+	var host, port string
+	switch {
+	case r.Method == http.MethodConnect:
+		var err error
+		if host, port, err = net.SplitHostPort(r.Host); err != nil {
+			return "", 0, errors.New("CONNECT needs host:port")
+		}
+	case r.URL.IsAbs() && (r.URL.Scheme == "http" || r.URL.Scheme == "https"):
+		host, port = r.URL.Hostname(), r.URL.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[r.URL.Scheme]
+		}
+	default:
+		return "", 0, errors.New("send CONNECT host:port or an absolute http:// or https:// URL")
+	}
+	pn, err := strconv.Atoi(port)
+	if host == "" || err != nil || pn < 1 || pn > 65535 {
+		return "", 0, errors.New("the target needs a host and a port 1–65535")
+	}
+	return host, pn, nil
+}
+
+func (p *egressProxy) serve(w http.ResponseWriter, r *http.Request, gate egressGate) {
+	host, port, err := egressTarget(r)
+	if err != nil {
+		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	target := net.JoinHostPort(host, port)
+	addrs, refused := gate.decide(r.Context(), host, port)
+	if refused != nil {
+		http.Error(w, refused.msg, refused.status)
+		return
+	}
+	// Only the checked addresses are dialled: nothing is resolved again.
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return gate.guard.DialAddrs(dctx, "tcp", addrs, uint16(port))
+	}
 	if r.Method == http.MethodConnect {
-		p.tunnel(w, target)
+		p.tunnel(w, r, dial)
 		return
 	}
-	p.forward(w, r)
+	p.forward(w, r, dial)
 }
 
 // tunnel answers CONNECT: dial, then relay both ways.
-func (p *egressProxy) tunnel(w http.ResponseWriter, target string) {
-	up, err := net.DialTimeout("tcp", target, 10*time.Second)
+func (p *egressProxy) tunnel(w http.ResponseWriter, r *http.Request, dial func(context.Context, string, string) (net.Conn, error)) {
+	up, err := dial(r.Context(), "tcp", "")
 	if err != nil {
 		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadGateway)
 		return
@@ -131,15 +250,18 @@ func (p *egressProxy) tunnel(w http.ResponseWriter, target string) {
 	<-done
 }
 
-// forward relays one plain HTTP request.
-func (p *egressProxy) forward(w http.ResponseWriter, r *http.Request) {
+// forward relays one plain HTTP request (or an https:// one, which the node encrypts),
+// through a transport that dials only the checked addresses and follows no redirect.
+func (p *egressProxy) forward(w http.ResponseWriter, r *http.Request, dial func(context.Context, string, string) (net.Conn, error)) {
 	out := r.Clone(context.WithoutCancel(r.Context()))
 	out.RequestURI = ""
 	out.Header.Del("Proxy-Connection")
 	out.Header.Del("Proxy-Authorization")
 	cr := &countingReader{r: r.Body}
 	out.Body = cr
-	resp, err := http.DefaultTransport.RoundTrip(out.WithContext(r.Context()))
+	tr := &http.Transport{DialContext: dial, DisableKeepAlives: true, TLSHandshakeTimeout: 10 * time.Second}
+	defer tr.CloseIdleConnections()
+	resp, err := tr.RoundTrip(out.WithContext(r.Context()))
 	p.bytes.Add(cr.n + headerBytes(r))
 	if err != nil {
 		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadGateway)

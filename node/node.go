@@ -18,6 +18,7 @@ import (
 	"wb/agent"
 	"wb/hypervisor"
 	"wb/hypervisor/templates"
+	"wb/internal/netguard"
 	"wb/session"
 	"wb/store"
 )
@@ -33,6 +34,10 @@ type Config struct {
 	Tiers     session.Tiers
 	// Runtime is the runtime decision point for guest events (nil: none).
 	Runtime RuntimeChecker
+	// Egress checks and dials every connection a guest's policy allows: the platform's deny
+	// list, the operator's allow prefixes and the platform's own addresses, which the caller
+	// keeps current (default: the deny list alone).
+	Egress *netguard.Guard
 	// Pools lists the warm pools to keep: a number of booted guests per (template, size class).
 	Pools []Pool
 	// Tick is the timer resolution (default 100 ms); Flush the usage flush period (default 4 s,
@@ -102,6 +107,13 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Egress == nil {
+		g, err := netguard.New(netguard.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("node: egress guard: %w", err)
+		}
+		cfg.Egress = g
 	}
 	if cfg.Tiers == (session.Tiers{}) {
 		cfg.Tiers = session.DefaultTiers()

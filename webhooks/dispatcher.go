@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,7 +40,9 @@ const (
 // Options configure a Dispatcher. Zero values take the defaults.
 type Options struct {
 	// HTTPClient sends the deliveries. Default: a client with Timeout that does not follow
-	// redirects (a 3xx is a failure).
+	// redirects (a 3xx is a failure) and dials through the registry's guard, so that every
+	// new connection to an endpoint is resolved, checked and dialled like egress (unless the
+	// registry allows private addresses). A client given here is used as it is.
 	HTTPClient *http.Client
 	// Timeout bounds one attempt (default 10 s).
 	Timeout time.Duration
@@ -59,7 +62,9 @@ type Options struct {
 	// ClaimIdle is how long a project's outbox stays held by a dispatcher that stopped
 	// renewing its hold, and the minimum idle time of the XAUTOCLAIM sweep (default 30 s).
 	ClaimIdle time.Duration
-	// Concurrency bounds the deliveries in flight (default 32).
+	// Concurrency bounds the deliveries in flight (default 32). The N projects that have work
+	// may each hold Concurrency/(N+1) of it (a lone project half), so one project's slow
+	// endpoints never hold every slot and another's deliveries start at once.
 	Concurrency int
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
@@ -79,13 +84,14 @@ func DefaultBackoff(attempt int) time.Duration {
 	return d - rand.N(d/5+1)
 }
 
-func (o Options) withDefaults() Options {
+func (o Options) withDefaults(reg *Registry) Options {
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second
 	}
-	if o.HTTPClient == nil {
+	if o.HTTPClient == nil && reg != nil {
 		o.HTTPClient = &http.Client{
-			Timeout: o.Timeout,
+			Transport: reg.transport(),
+			Timeout:   o.Timeout,
 			CheckRedirect: func(*http.Request, []*http.Request) error {
 				return http.ErrUseLastResponse
 			},
@@ -139,17 +145,21 @@ type Dispatcher struct {
 	log    *slog.Logger
 	sem    chan struct{}
 	public []string
+
+	fair    sync.Mutex
+	wanting map[string]bool // projects with deliveries in flight or due
 }
 
 // NewDispatcher returns a dispatcher; Run starts it.
 func NewDispatcher(rdb redis.UniversalClient, reg *Registry, opts Options) *Dispatcher {
-	o := opts.withDefaults()
+	o := opts.withDefaults(reg)
 	return &Dispatcher{
 		rdb: rdb, reg: reg, o: o,
-		holder: o.Consumer + "/" + session.NewID("", time.Now()),
-		log:    o.Logger.With("component", "webhooks", "consumer", o.Consumer),
-		sem:    make(chan struct{}, o.Concurrency),
-		public: session.PublicEvents(),
+		holder:  o.Consumer + "/" + session.NewID("", time.Now()),
+		log:     o.Logger.With("component", "webhooks", "consumer", o.Consumer),
+		sem:     make(chan struct{}, o.Concurrency),
+		public:  session.PublicEvents(),
+		wanting: map[string]bool{},
 	}
 }
 
@@ -205,6 +215,7 @@ type projectLoop struct {
 	swept        time.Time
 
 	inflight sync.WaitGroup
+	busy     atomic.Int32 // deliveries in flight
 }
 
 func (l *projectLoop) poke() {
@@ -529,14 +540,51 @@ func (l *projectLoop) plan(m redis.XMessage, eps []Endpoint) (names []string, en
 	return names, enc
 }
 
-// dispatch leases the project's due queues and attempts their heads.
+// share is how many deliveries project may have in flight: an equal part of Concurrency
+// among the projects with work, itself included, and one more, so that a project whose
+// work just arrived finds a part free at once instead of waiting for others' slow
+// endpoints to time out; at least one.
+func (d *Dispatcher) share(project string) int {
+	d.fair.Lock()
+	defer d.fair.Unlock()
+	n := len(d.wanting)
+	if !d.wanting[project] {
+		n++
+	}
+	return max(1, cap(d.sem)/(n+1))
+}
+
+// want records whether project has deliveries in flight or due.
+func (d *Dispatcher) want(project string, wants bool) {
+	d.fair.Lock()
+	defer d.fair.Unlock()
+	if wants {
+		d.wanting[project] = true
+	} else {
+		delete(d.wanting, project)
+	}
+}
+
+// dispatch leases the project's due queues, up to its fair share of the free slots, and
+// attempts their heads.
 func (l *projectLoop) dispatch(ctx context.Context) {
 	d := l.d
-	free := cap(d.sem) - len(d.sem)
-	if free <= 0 || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return
 	}
+	inflight := int(l.busy.Load())
+	free := min(cap(d.sem)-len(d.sem), d.share(l.project)-inflight)
 	now := d.nowMs()
+	if free <= 0 {
+		wants := inflight > 0
+		if !wants {
+			// Waiting for a slot is work only if something is due.
+			n, err := d.rdb.ZCount(ctx, l.k.due(), "-inf", strconv.FormatInt(now, 10)).Result()
+			wants = err != nil || n > 0
+		}
+		d.want(l.project, wants)
+		return
+	}
 	lease := now + (d.o.Timeout + leaseMargin).Milliseconds()
 	// Detached, so that a lease taken just as ctx ends is known, and handed back.
 	wctx, cancel := detached(ctx)
@@ -546,6 +594,7 @@ func (l *projectLoop) dispatch(ctx context.Context) {
 		l.log.Warn("claim due deliveries", "err", err)
 		return
 	}
+	d.want(l.project, len(names) > 0 || inflight > 0)
 	for i, name := range names {
 		select {
 		case d.sem <- struct{}{}:
@@ -555,8 +604,9 @@ func (l *projectLoop) dispatch(ctx context.Context) {
 			}
 			return
 		}
+		l.busy.Add(1)
 		l.inflight.Go(func() {
-			defer func() { <-d.sem }()
+			defer func() { <-d.sem; l.busy.Add(-1) }()
 			l.deliver(ctx, name, lease)
 		})
 	}

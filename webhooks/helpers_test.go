@@ -130,7 +130,7 @@ func startDispatcher(t *testing.T, rdb redis.UniversalClient, opts Options) (sto
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	d := NewDispatcher(rdb, NewRegistry(rdb), opts)
+	d := NewDispatcher(rdb, NewRegistry(rdb, RegistryOptions{AllowPrivate: true}), opts)
 	go func() { done <- d.Run(ctx) }()
 	var once sync.Once
 	stop = func() {

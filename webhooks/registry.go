@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
@@ -18,8 +19,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/internal/netguard"
 	"wb/session"
+	"wb/store"
 )
+
+// resolveTimeout bounds the lookup of an endpoint's host at registration.
+const resolveTimeout = 5 * time.Second
 
 // Object names and id prefixes.
 const (
@@ -35,6 +41,9 @@ const (
 // Limits.
 const (
 	MaxURLLen = 2048
+	// DefaultMaxEndpoints is how many endpoints a project may register unless
+	// RegistryOptions.MaxEndpoints says otherwise.
+	DefaultMaxEndpoints = 16
 	// MaxLogEntries is how many delivery attempts each endpoint's log keeps.
 	MaxLogEntries = 1000
 	// MaxDeliveriesLimit bounds a Deliveries page; 0 asks for DefaultDeliveriesLimit.
@@ -88,13 +97,70 @@ type Delivery struct {
 
 // Registry stores webhook endpoints and their delivery logs. Safe for concurrent use.
 type Registry struct {
-	rdb redis.UniversalClient
-	now func() time.Time
+	rdb          redis.UniversalClient
+	now          func() time.Time
+	guard        *netguard.Guard
+	allowPrivate bool
+	maxEndpoints int
 }
 
-// NewRegistry returns a Registry over any go-redis client (single server, Cluster, Ring).
-func NewRegistry(rdb redis.UniversalClient) *Registry {
-	return &Registry{rdb: rdb, now: time.Now}
+// RegistryOptions configure a Registry. Zero values take the defaults.
+type RegistryOptions struct {
+	// AllowPrivate lets endpoint URLs resolve to loopback and other non-public addresses, at
+	// registration and at delivery: for local testing only (`wb serve
+	// --allow-private-webhooks`). By default such URLs are refused, as egress is.
+	AllowPrivate bool
+	// Guard resolves, checks and dials endpoint hosts (default: the platform deny list, with
+	// the system resolver).
+	Guard *netguard.Guard
+	// MaxEndpoints caps each project's endpoints (default DefaultMaxEndpoints).
+	MaxEndpoints int
+}
+
+// NewRegistry returns a Registry over any go-redis client (single server, Cluster, Ring),
+// configured by at most one RegistryOptions.
+func NewRegistry(rdb redis.UniversalClient, opts ...RegistryOptions) *Registry {
+	var o RegistryOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.Guard == nil {
+		o.Guard, _ = netguard.New(netguard.Options{}) // no allow prefixes: cannot fail
+	}
+	if o.MaxEndpoints <= 0 {
+		o.MaxEndpoints = DefaultMaxEndpoints
+	}
+	return &Registry{rdb: rdb, now: time.Now, guard: o.Guard, allowPrivate: o.AllowPrivate, maxEndpoints: o.MaxEndpoints}
+}
+
+// checkHost refuses an endpoint URL whose host resolves to any address wb does not connect
+// to on a tenant's behalf (loopback, private, link-local, metadata, the platform's own).
+func (r *Registry) checkHost(ctx context.Context, raw string) error {
+	if r.allowPrivate {
+		return nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return &session.FieldError{Field: "url", Message: "is not a valid URL"}
+	}
+	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
+	if _, err := r.guard.Resolve(rctx, u.Hostname()); err != nil {
+		return &session.FieldError{Field: "url", Message: fmt.Sprintf(
+			"must reach a public address: %v (a receiver on this machine needs wb serve --allow-private-webhooks)", err)}
+	}
+	return nil
+}
+
+// transport delivers to endpoints: each new connection is resolved once, checked like
+// registration, and dialled at the checked address.
+func (r *Registry) transport() *http.Transport {
+	if r.allowPrivate {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.Proxy = nil
+		return t
+	}
+	return r.guard.Transport()
 }
 
 // ValidateURL checks an endpoint URL: absolute http or https, with a host, at most
@@ -150,13 +216,18 @@ func NewSecret() string {
 }
 
 // Create registers an endpoint for the project and returns it with its secret, which is
-// shown only here.
+// shown only here. The URL's host must resolve to public addresses only (unless
+// AllowPrivate), and the project may have at most MaxEndpoints endpoints.
 func (r *Registry) Create(ctx context.Context, project, rawURL string, events []string) (Endpoint, error) {
 	if err := ValidateURL(rawURL); err != nil {
 		return Endpoint{}, err
 	}
 	events, err := ValidateEvents(events)
 	if err != nil {
+		return Endpoint{}, err
+	}
+	// Last, after the checks that need no lookup.
+	if err := r.checkHost(ctx, rawURL); err != nil {
 		return Endpoint{}, err
 	}
 	now := r.now()
@@ -168,8 +239,13 @@ func (r *Registry) Create(ctx context.Context, project, rawURL string, events []
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("encode webhook endpoint: %w", err)
 	}
-	if err := r.rdb.HSet(ctx, projectKeys(project).endpoints(), e.ID, b).Err(); err != nil {
+	added, err := createScript.Run(ctx, r.rdb, []string{projectKeys(project).endpoints()}, e.ID, b, r.maxEndpoints).Int()
+	if err != nil {
 		return Endpoint{}, fmt.Errorf("create webhook endpoint: %w", err)
+	}
+	if added == 0 {
+		return Endpoint{}, &store.ConflictError{Message: fmt.Sprintf(
+			"the project already has %d webhook endpoints, the most it may have; delete one (DELETE /v1/webhook_endpoints/{id}) or subscribe an existing one to more events", r.maxEndpoints)}
 	}
 	return e, nil
 }

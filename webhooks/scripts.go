@@ -7,6 +7,14 @@ import "github.com/redis/go-redis/v9"
 // holdScript takes or renews the hold on a project's outbox.
 //
 // KEYS: owner. ARGV: me, ttl ms. Answers 1 if newly taken, 2 if renewed, 0 if another holds it.
+// createScript adds an endpoint unless the project already has ARGV[3]: 1 if added, else 0.
+// KEYS: endpoints. ARGV: id, endpoint JSON, max.
+var createScript = redis.NewScript(`
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+`)
+
 var holdScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then

@@ -39,7 +39,7 @@ func TestRegistry(t *testing.T) {
 
 func testRegistry(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	reg := NewRegistry(rdb)
+	reg := NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	all := []string{AllEvents}
 	bad := []struct {
 		url    string
@@ -186,7 +186,7 @@ func TestDelivery(t *testing.T) {
 
 func testDelivery(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	project := newProject(t, st, "delivery")
 	rcv := newReceiver(t, failFirst(3))
 	ep := createEndpoint(t, reg, project, rcv, AllEvents)
@@ -286,7 +286,7 @@ func testDelivery(t *testing.T, rdb redis.UniversalClient) {
 // TestProjectsIsolated: project B's endpoint gets none of project A's events.
 func TestProjectsIsolated(t *testing.T) {
 	rdb := redistest.Server(t)
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	a, b := newProject(t, st, "a"), newProject(t, st, "b")
 	ra, rb := newReceiver(t, nil), newReceiver(t, nil)
 	createEndpoint(t, reg, a, ra, AllEvents)
@@ -327,7 +327,7 @@ func TestProjectsIsolated(t *testing.T) {
 // endpoint of the same project gets everything.
 func TestEventFilter(t *testing.T) {
 	rdb := redistest.Server(t)
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	project := newProject(t, st, "filter")
 	rRun, rAll := newReceiver(t, nil), newReceiver(t, nil)
 	createEndpoint(t, reg, project, rRun, session.EventRunning)
@@ -365,7 +365,7 @@ func TestRestartContinuesRetries(t *testing.T) {
 
 func testRestart(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	project := newProject(t, st, "restart")
 	down := func(int, string) int { return http.StatusServiceUnavailable }
 	rcv := newReceiver(t, down)
@@ -439,7 +439,7 @@ func testRestart(t *testing.T, rdb redis.UniversalClient) {
 // session's next event goes out after it.
 func TestGiveUp(t *testing.T) {
 	rdb := redistest.Server(t)
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	project := newProject(t, st, "giveup")
 	rcv := newReceiver(t, func(_ int, typ string) int {
 		if typ == session.EventPending {
@@ -480,7 +480,7 @@ func TestGiveUp(t *testing.T) {
 // TestEndpointDeleted: deleting an endpoint drops what was queued for it.
 func TestEndpointDeleted(t *testing.T) {
 	rdb := redistest.Server(t)
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	project := newProject(t, st, "deleted")
 	rcv := newReceiver(t, func(int, string) int { return http.StatusBadGateway })
 	ep := createEndpoint(t, reg, project, rcv, AllEvents)
@@ -583,7 +583,7 @@ func TestBuildPayload(t *testing.T) {
 // in order per session.
 func TestTwoDispatchers(t *testing.T) {
 	rdb := redistest.Server(t)
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	project := newProject(t, st, "two")
 	r1, r2 := newReceiver(t, failFirst(3)), newReceiver(t, nil)
 	createEndpoint(t, reg, project, r1, AllEvents)
@@ -608,7 +608,7 @@ func TestTwoDispatchers(t *testing.T) {
 func TestTakeOver(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
-	st, reg := store.New(rdb), NewRegistry(rdb)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
 	project := newProject(t, st, "takeover")
 	rcv := newReceiver(t, nil)
 	createEndpoint(t, reg, project, rcv, AllEvents)

@@ -20,6 +20,7 @@ import (
 
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
+	"wb/internal/netguard"
 	"wb/node"
 	"wb/store"
 )
@@ -29,6 +30,7 @@ type nodeFlags struct {
 	id, region, zone string
 	runtime, dataDir string
 	pool, vcpu, mem  int
+	egressAllow      cidrFlag
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -37,6 +39,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
+	fs.Var(&f.egressAllow, "egress-allow-cidr", "`CIDR` that guests whose policy allows egress may reach although it is not public (say 10.20.0.0/16 for a private package mirror); repeatable. Loopback opens only for a prefix inside 127.0.0.0/8 or ::1; the platform's own addresses (this host, Redis, gateways, nodes) never open")
 }
 
 // buildNode assembles the templates and the node. It answers a nil node for --runtime none.
@@ -70,8 +73,12 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 			pools = append(pools, node.Pool{Template: name, SizeClass: "s", Size: f.pool})
 		}
 	}
+	guard, err := netguard.New(netguard.Options{Allow: f.egressAllow.prefixes})
+	if err != nil {
+		return nil, nil, fmt.Errorf("--egress-allow-cidr: %w", err)
+	}
 	nd, err := node.New(node.Config{
-		Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: self,
+		Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: self, Egress: guard,
 		Info: store.NodeInfo{ID: f.id, Addr: addr, Region: f.region, Zone: f.zone,
 			Tiers: []int{1, 2, 3, 4}, VCPU: f.vcpu, MemoryMiB: f.mem},
 		Pools: pools, Logger: log,
@@ -83,9 +90,11 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	return nd, cat, nil
 }
 
-// runNode serves the node's API on ln and runs the node until ctx ends.
-func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Listener, token string) {
-	srv := &http.Server{Handler: nd.Handler(token), ReadHeaderTimeout: 10 * time.Second}
+// runNode serves the node's API on ln and runs the node until ctx ends, keeping the
+// platform's addresses denied to its guests current.
+func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Listener, token string, platform *platformAddrs) {
+	srv := &http.Server{Handler: platform.learnGateways(nd.Handler(token), token), ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error { platform.run(ctx); return nil })
 	g.Go(func() error { return nd.Run(ctx) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -163,7 +172,8 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if *advertise == "" {
 		*advertise = "http://" + ln.Addr().String()
 	}
-	nd, _, err := buildNode(f, store.New(rdb), *advertise, log)
+	st := store.New(rdb)
+	nd, _, err := buildNode(f, st, *advertise, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -182,8 +192,10 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		ln.Close()
 		return errors.New("wb node needs a runtime; --runtime none is for wb serve")
 	}
+	platform := &platformAddrs{guards: []*netguard.Guard{nd.Egress}, st: st, rdb: rdb, nodes: []string{*advertise, ln.Addr().String()}, log: log}
+	platform.refresh(ctx)
 	g, gctx := errgroup.WithContext(ctx)
-	runNode(gctx, g, nd, ln, *token)
+	runNode(gctx, g, nd, ln, *token, platform)
 	err = g.Wait()
 	nd.Close(context.Background())
 	return err

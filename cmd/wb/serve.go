@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"wb/gateway"
+	"wb/internal/netguard"
 	"wb/node"
 	nodeclient "wb/node/client"
 	"wb/placer"
@@ -35,6 +36,8 @@ type serveFlags struct {
 	logLevel  string
 	prices    string
 	node      nodeFlags
+
+	allowPrivateWebhooks bool
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -51,6 +54,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
 	f.node.register(fs)
 	fs.StringVar(&f.prices, "prices", "", "JSON price `file` (see quota/PRICES.md); empty uses the defaults")
+	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -152,7 +156,19 @@ Flags:
 	enforcer := &quota.Enforcer{Store: st, Stopper: nodes, Decide: spendDecider(pol, plug), Logger: log}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
 	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Logger: log})
-	reg := webhooks.NewRegistry(rdb)
+	webhookGuard, err := netguard.New(netguard.Options{})
+	if err != nil {
+		ln.Close()
+		nodeLn.Close()
+		return err
+	}
+	platform := &platformAddrs{guards: []*netguard.Guard{webhookGuard}, st: st, rdb: rdb, gateways: []string{url, f.publicURL},
+		nodes: []string{nodeLn.Addr().String()}, log: log}
+	if nd != nil {
+		platform.guards = append(platform.guards, nd.Egress)
+	}
+	platform.refresh(ctx)
+	reg := webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: f.allowPrivateWebhooks, Guard: webhookGuard})
 	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log})
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: reg,
@@ -174,7 +190,7 @@ Flags:
 	g.Go(func() error { return disp.Run(gctx) })
 	g.Go(func() error { return settler.Run(gctx) })
 	if nd != nil {
-		runNode(gctx, g, nd, nodeLn, nodeToken)
+		runNode(gctx, g, nd, nodeLn, nodeToken, platform)
 		if f.redisURL == "" {
 			// Embedded Redis: the sessions end with the process, so must their guests.
 			defer nd.DestroyAll(context.WithoutCancel(ctx))
@@ -183,6 +199,7 @@ Flags:
 		}
 	} else {
 		nodeLn.Close()
+		g.Go(func() error { platform.run(gctx); return nil })
 	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
