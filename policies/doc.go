@@ -17,7 +17,8 @@
 //
 //	package wb.runtime
 //	  input:  one guest event plus "session": {"id", "tier", "end_user_id", …}
-//	          {"type": "exec"|"process_start", "argv": [...]}
+//	          {"type": "exec"|"process_start", "argv": [...]}  (a PTY's command is an exec
+//	           with "pty": true and argv ["/bin/sh", "-c", command], or ["/bin/sh"])
 //	          {"type": "egress", "host", "port"}
 //	          {"type": "resource_sample", "cpu_ms", "memory_bytes"}
 //	  kill         object rule → message, or a set of rule names: kills the session
@@ -38,6 +39,14 @@
 // enforce: denials deny, kills kill, stops stop. warn: they become warnings; grants
 // (defaults, allow_egress) still apply. dryrun: nothing applies; the decision log records
 // what would have happened ("would deny").
+//
+// # Failures
+//
+// The platform's rules run first and on their own; their kills and denials always apply. A
+// project policy that cannot answer (it fails, runs out of time or memory, or its pinned
+// version cannot be loaded) fails closed in enforce mode: at admission it denies, at runtime
+// the event is refused (RuntimeDecision.Deny: no exec, no egress) while a kill by the
+// platform's rules stands; in warn mode the failure is a warning.
 //
 // # Storage and evaluation
 //

@@ -29,6 +29,11 @@ type RuntimeDecision struct {
 	Message string `json:"message,omitempty"`
 	// AllowEgress: let an egress event through (default false).
 	AllowEgress bool `json:"allow_egress"`
+	// Deny: the session's project policy could not answer (missing, failing or out of time),
+	// so the event is refused: no egress, no exec. The session is not killed for it; a kill
+	// by the platform's rules stands beside it.
+	Deny       bool   `json:"deny,omitempty"`
+	DenyReason string `json:"deny_reason,omitempty"`
 	// Warnings: kills downgraded by warn mode.
 	Warnings []string `json:"warnings,omitempty"`
 	Decider  string   `json:"decider,omitempty"`
@@ -197,23 +202,19 @@ func (e *Engine) Admit(ctx context.Context, in session.AdmissionInput) (session.
 	return d, nil
 }
 
-// Runtime decides one guest event: the shipped wb.runtime and, when policyID is set, that
-// exact version of the project's runtime policy (pol_NAME@N, pinned for the session's life).
-// event is the event object ({"type": "exec", "argv": [...]} …) with its "session".
+// Runtime decides one guest event: the shipped wb.runtime first, on its own, then, when
+// policyID is set, that exact version of the project's runtime policy (pol_NAME@N, pinned for
+// the session's life). event is the event object ({"type": "exec", "argv": [...]} …) with
+// its "session".
+//
+// The platform's rules always apply: a kill they answer stands whatever the project's policy
+// does. A project policy that cannot answer (it is missing, does not compile, fails or runs out
+// of time) fails closed in enforce mode: the decision has Deny set and the event is refused
+// (no egress, no exec), though the session is not killed for it. An error is answered only
+// when the platform's own rules cannot decide; the caller must then refuse the event too.
 func (e *Engine) Runtime(ctx context.Context, project, policyID string, event map[string]any) (RuntimeDecision, error) {
 	if err := validProject(project); err != nil {
 		return RuntimeDecision{}, err
-	}
-	ps := []*policy{e.shipped[PointRuntime]}
-	if policyID != "" {
-		p, err := e.pinned(ctx, project, policyID)
-		if err != nil {
-			return RuntimeDecision{}, err
-		}
-		if p.Point != PointRuntime {
-			return RuntimeDecision{}, fmt.Errorf("%w: %s is a %s policy, not a runtime one", ErrInvalid, policyID, p.Point)
-		}
-		ps = append(ps, p)
 	}
 	if event == nil {
 		event = map[string]any{}
@@ -228,20 +229,43 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 	var d RuntimeDecision
 	allow := false
 	var deciders []string
-	for _, p := range ps {
-		doc, err := ev.eval(ctx, p)
+	platform := e.shipped[PointRuntime]
+	ps := []*policy{platform}
+	doc, err := ev.eval(ctx, platform)
+	if err != nil {
+		return RuntimeDecision{}, fmt.Errorf("policies: platform runtime: %w", err)
+	}
+	docs := []map[string]any{doc}
+	if policyID != "" {
+		p, err := e.pinned(ctx, project, policyID)
+		if err == nil && p.Point != PointRuntime {
+			err = fmt.Errorf("%w: %s is a %s policy, not a runtime one", ErrInvalid, policyID, p.Point)
+		}
 		if err != nil {
-			if p.ID == shippedID {
-				return RuntimeDecision{}, fmt.Errorf("policies: platform runtime: %w", err)
+			// The session's policy cannot be found: nothing it would allow is allowed.
+			d.Deny, d.DenyReason = true, fmt.Sprintf("the session's policy %s cannot be used: %v", policyID, err)
+			ev.outcomes = append(ev.outcomes, Outcome{Policy: policyID, Mode: ModeEnforce, Outcome: "error"})
+			e.log.WarnContext(ctx, "policies: pinned runtime policy unavailable", "project", project, "policy", policyID, "err", err)
+		} else {
+			doc, err := ev.eval(ctx, p)
+			if err != nil {
+				e.log.WarnContext(ctx, "policies: policy evaluation failed", "project", project, "policy", p.ID, "err", err)
+				doc = nil
+				switch p.Mode {
+				case ModeEnforce:
+					d.Deny, d.DenyReason = true, fmt.Sprintf("%s: evaluation failed, so the event is refused: %v", p.ID, err)
+				case ModeWarn:
+					d.Warnings = append(d.Warnings, fmt.Sprintf("%s (warn mode, would refuse the event): evaluation failed: %v", p.ID, err))
+				}
 			}
-			if topdown.IsCancel(err) {
-				// Out of time (or the caller gave up): a kill cannot be taken back, so the
-				// caller decides what a missing answer means.
-				return RuntimeDecision{}, fmt.Errorf("policies: runtime policy %s: %w", p.ID, err)
-			}
-			// A failing pinned policy fails closed in enforce mode.
-			doc = map[string]any{"kill": map[string]any{"policy_error": "evaluation failed: " + err.Error()}}
-			e.log.WarnContext(ctx, "policies: policy evaluation failed", "project", project, "policy", p.ID, "err", err)
+			ps, docs = append(ps, p), append(docs, doc)
+		}
+	}
+	for i, p := range ps {
+		doc := docs[i]
+		if doc == nil {
+			ev.record(p, "error")
+			continue
 		}
 		kills := killRules(doc["kill"])
 		egress := doc["allow_egress"] == true
@@ -271,7 +295,7 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 		}
 		ev.record(p, outcome)
 	}
-	d.AllowEgress = allow && !d.Kill
+	d.AllowEgress = allow && !d.Kill && !d.Deny
 	if !d.Kill {
 		for _, p := range ps {
 			deciders = append(deciders, p.decider())
@@ -282,6 +306,8 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 	switch {
 	case d.Kill:
 		outcome = "kill " + d.Rule
+	case d.Deny:
+		outcome = "deny: " + d.DenyReason
 	case d.AllowEgress:
 		outcome = "allow egress"
 	}
