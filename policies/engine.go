@@ -37,6 +37,10 @@ type Options struct {
 	// EvalTimeout bounds the project policies of one decision, in wall time; a project
 	// policy that runs out of it fails closed (an enforced deny or kill). Default 250 ms.
 	EvalTimeout time.Duration
+	// EvalMemory bounds what the builtins of one policy evaluation may make (strings,
+	// arrays, sets, objects), in bytes; an evaluation that would go over fails, closed.
+	// Default 32 MiB.
+	EvalMemory int64
 	// CacheSize bounds the prepared revisions kept in memory (pinned and latest). Default 4096.
 	CacheSize int
 }
@@ -58,6 +62,7 @@ type Engine struct {
 	caps        *ast.Capabilities
 	refresh     time.Duration
 	evalTimeout time.Duration
+	evalMemory  int64
 	putScript   *redis.Script
 
 	shipped  map[string]*policy // by point
@@ -101,8 +106,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 	if o.CacheSize <= 0 {
 		o.CacheSize = 4096
 	}
+	if o.EvalMemory <= 0 {
+		o.EvalMemory = defaultEvalMemory
+	}
 	e := &Engine{
-		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout,
+		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory,
 		putScript: redis.NewScript(putScript),
 		shipped:   map[string]*policy{},
 		cache:     &preparedCache{max: o.CacheSize, m: map[string]*policy{}},

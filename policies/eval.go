@@ -100,10 +100,10 @@ func (ev *evaluation) eval(ctx context.Context, p *policy) (map[string]any, erro
 		bounded, ev.release = context.WithTimeout(ctx, ev.e.evalTimeout)
 		ev.stops = append(ev.stops, context.AfterFunc(bounded, ev.interrupt.Cancel))
 	}
-	rs, err := p.pq.Eval(ctx, rego.EvalParsedInput(ev.input), rego.EvalExternalCancel(ev.interrupt),
+	rs, err := p.pq.Eval(withBudget(ctx, ev.e.evalMemory), rego.EvalParsedInput(ev.input), rego.EvalExternalCancel(ev.interrupt),
 		rego.EvalMetrics(metrics.NoOp()))
 	if err != nil {
-		return nil, err
+		return nil, &evalError{msg: unbounded(err.Error()), err: err}
 	}
 	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return map[string]any{}, nil
@@ -111,6 +111,16 @@ func (ev *evaluation) eval(ctx context.Context, p *policy) (map[string]any, erro
 	doc, _ := rs[0].Expressions[0].Value.(map[string]any)
 	return doc, nil
 }
+
+// evalError is an evaluation's error as the policy's author wrote the calls (bounded builtins
+// under their own names).
+type evalError struct {
+	msg string
+	err error
+}
+
+func (e *evalError) Error() string { return e.msg }
+func (e *evalError) Unwrap() error { return e.err }
 
 func (ev *evaluation) record(p *policy, outcome string) {
 	ev.outcomes = append(ev.outcomes, Outcome{Policy: p.ID, Mode: p.Mode, Outcome: outcome})
