@@ -86,7 +86,7 @@ func sourceError(e *ast.Error) SourceError {
 		}
 	}
 	if e.Code != "" {
-		se.Message = e.Code + ": " + e.Message
+		se.Message = e.Code + ": " + se.Message
 	}
 	if e.Location != nil {
 		se.Row, se.Col = e.Location.Row, e.Location.Col

@@ -41,6 +41,10 @@ type Options struct {
 	// arrays, sets, objects), in bytes; an evaluation that would go over fails, closed.
 	// Default 32 MiB.
 	EvalMemory int64
+	// MaxProjectEvals bounds the decisions that evaluate one project's policies at once on
+	// this engine (each may use EvalMemory); more wait for a slot within EvalTimeout, then
+	// fail closed. Default 4.
+	MaxProjectEvals int
 	// CacheSize bounds the prepared revisions kept in memory (pinned and latest). Default 4096.
 	CacheSize int
 }
@@ -63,6 +67,8 @@ type Engine struct {
 	refresh     time.Duration
 	evalTimeout time.Duration
 	evalMemory  int64
+	evalSlots   int
+	slots       sync.Map // project → chan struct{}: its decisions evaluating its policies
 	putScript   *redis.Script
 
 	shipped  map[string]*policy // by point
@@ -109,8 +115,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 	if o.EvalMemory <= 0 {
 		o.EvalMemory = defaultEvalMemory
 	}
+	if o.MaxProjectEvals <= 0 {
+		o.MaxProjectEvals = 4
+	}
 	e := &Engine{
-		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory,
+		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory, evalSlots: o.MaxProjectEvals,
 		putScript: redis.NewScript(putScript),
 		shipped:   map[string]*policy{},
 		cache:     &preparedCache{max: o.CacheSize, m: map[string]*policy{}},

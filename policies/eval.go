@@ -70,6 +70,8 @@ type evaluation struct {
 	interrupt topdown.Cancel
 	stops     []func() bool
 	release   context.CancelFunc
+	// slot is the project's evaluation slot this decision holds, if any.
+	slot chan struct{}
 }
 
 func (e *Engine) begin(ctx context.Context, project, point string, input ast.Value) *evaluation {
@@ -86,6 +88,18 @@ func (ev *evaluation) done() {
 	if ev.release != nil {
 		ev.release()
 	}
+	if ev.slot != nil {
+		<-ev.slot
+	}
+}
+
+// projectSlots answers the semaphore of a project's evaluations.
+func (e *Engine) projectSlots(project string) chan struct{} {
+	if s, ok := e.slots.Load(project); ok {
+		return s.(chan struct{})
+	}
+	s, _ := e.slots.LoadOrStore(project, make(chan struct{}, max(e.evalSlots, 1)))
+	return s.(chan struct{})
 }
 
 // eval runs p's query on the decision's input and answers its package document. Project
@@ -99,6 +113,19 @@ func (ev *evaluation) eval(ctx context.Context, p *policy) (map[string]any, erro
 		var bounded context.Context
 		bounded, ev.release = context.WithTimeout(ctx, ev.e.evalTimeout)
 		ev.stops = append(ev.stops, context.AfterFunc(bounded, ev.interrupt.Cancel))
+		// A project's policies run a few decisions at a time, so that its decisions
+		// together stay within a few EvalMemory budgets however many arrive at once.
+		slots := ev.e.projectSlots(ev.project)
+		select {
+		case slots <- struct{}{}:
+			ev.slot = slots
+		case <-bounded.Done():
+			ev.slot = nil
+		}
+	}
+	if p.ID != shippedID && ev.slot == nil {
+		return nil, fmt.Errorf("project %s has %d decisions evaluating its policies already; none ended within %v",
+			ev.project, cap(ev.e.projectSlots(ev.project)), ev.e.evalTimeout)
 	}
 	rs, err := p.pq.Eval(withBudget(ctx, ev.e.evalMemory), rego.EvalParsedInput(ev.input), rego.EvalExternalCancel(ev.interrupt),
 		rego.EvalMetrics(metrics.NoOp()))

@@ -159,3 +159,43 @@ func TestHostilePolicies(t *testing.T) {
 		}
 	}
 }
+
+// TestHostileConcurrent: many creates at once against one project's memory-hungry policy
+// evaluate a few at a time, so the heap stays within a few evaluation budgets; all fail
+// closed.
+func TestHostileConcurrent(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{EvalTimeout: time.Second})
+	src, err := os.ReadFile(filepath.Join(hostileDir, "concat_doubling.rego"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Put(ctx, "proj_hostile_many", "hostile", string(src), ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Admit(ctx, admission("proj_hostile_many", 2, nil)); err != nil { // loads the set
+		t.Fatal(err)
+	}
+	const n = 24
+	m := startMemPeak()
+	var wg sync.WaitGroup
+	decisions := make(chan bool, n)
+	for range n {
+		wg.Go(func() {
+			d, err := e.Admit(ctx, admission("proj_hostile_many", 2, nil))
+			decisions <- err == nil && !d.Allow
+		})
+	}
+	wg.Wait()
+	heap, rss := m.end()
+	close(decisions)
+	for denied := range decisions {
+		if !denied {
+			t.Error("a create was not denied")
+		}
+	}
+	if heap >= 256<<20 {
+		t.Errorf("%d concurrent creates grew the heap by %s (RSS %s), want less than 256 MiB", n, bytesText(int64(heap)), bytesText(int64(rss)))
+	}
+	t.Logf("%d concurrent creates: heap +%s, RSS +%s", n, bytesText(int64(heap)), bytesText(int64(rss)))
+}
