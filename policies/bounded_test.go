@@ -95,3 +95,25 @@ func TestSaneNumber(t *testing.T) {
 		}
 	}
 }
+
+// TestMessagesBounded: a policy's deny says at most 64 messages of at most 1 KiB each.
+func TestMessagesBounded(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{})
+	src := "package wb.admission\n\nxs := concat(\"\", [\"x\" | some _ in numbers.range(1, 2000)])\n\ndeny contains sprintf(\"%d %s\", [i, xs]) if some i in numbers.range(1, 1000)\n"
+	if _, err := e.Put(ctx, "proj_msgs", "many", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission("proj_msgs", 2, nil))
+	if err != nil || d.Allow {
+		t.Fatalf("%v %v", d.Allow, err)
+	}
+	if len(d.Reasons) != maxMessages+1 || !strings.HasSuffix(d.Reasons[maxMessages], "… and 936 more") {
+		t.Errorf("%d reasons, last %q", len(d.Reasons), d.Reasons[len(d.Reasons)-1])
+	}
+	for _, r := range d.Reasons {
+		if len(r) > maxMessageBytes+64 {
+			t.Errorf("a reason of %d bytes", len(r))
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/metrics"
@@ -455,9 +456,39 @@ func prefixed(p *policy, note string, msgs []string) []string {
 	return out
 }
 
+// Bounds on what one policy's deny or warn says: the answer and the decision log carry them.
+const (
+	maxMessages     = 64
+	maxMessageBytes = 1024
+)
+
 // messages reads a deny or warn value: a set or array of strings (other elements are
-// written as JSON), a single string, true, or an object (its "key: value" pairs).
+// written as JSON), a single string, true, or an object (its "key: value" pairs). It keeps
+// the first maxMessages, each cut to maxMessageBytes, and says how many more there were.
 func messages(v any) []string {
+	out := allMessages(v)
+	more := len(out) - maxMessages
+	if more > 0 {
+		out = append(out[:maxMessages:maxMessages], fmt.Sprintf("… and %d more", more))
+	}
+	for i, m := range out {
+		out[i] = clip(m, maxMessageBytes)
+	}
+	return out
+}
+
+// clip cuts s to at most n bytes (on a rune boundary), marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+func allMessages(v any) []string {
 	switch x := v.(type) {
 	case nil:
 		return nil
@@ -522,6 +553,9 @@ func killRules(v any) []killRule {
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].rule < out[j].rule })
+	for i := range out { // a rule's name is stored with the session that it stops
+		out[i].rule, out[i].message = clip(out[i].rule, 128), clip(out[i].message, maxMessageBytes)
+	}
 	return out
 }
 
