@@ -160,13 +160,22 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		l.mu.Lock()
 		err = n.checkExec(r.Context(), l, req.Argv)
 		l.mu.Unlock()
-		var ke *KilledError
-		if errors.As(err, &ke) {
-			writeJSON(w, 403, map[string]map[string]string{"error": {"code": "policy_violation", "message": ke.Error(), "param": ke.Rule}})
+		if err != nil {
+			writeRuntimeRefusal(w, err)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
+	}
+	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/agent/v1/pty") {
+		// A PTY's command is an exec like any other.
+		l.mu.Lock()
+		err := n.checkPTY(r.Context(), l, r.URL.Query().Get("command"))
+		l.mu.Unlock()
+		if err != nil {
+			writeRuntimeRefusal(w, err)
+			return
+		}
 	}
 	l.mu.Lock()
 	proxy := l.proxy
@@ -182,6 +191,18 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	// the agent's connection mid-answer.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	proxy.ServeHTTP(w, r)
+}
+
+// writeRuntimeRefusal answers a command the runtime decision point did not allow: 403
+// policy_violation when a policy killed the session, 403 policy_error when the session's
+// policy could not decide (the command fails closed).
+func writeRuntimeRefusal(w http.ResponseWriter, err error) {
+	var ke *KilledError
+	if errors.As(err, &ke) {
+		writeJSON(w, 403, map[string]map[string]string{"error": {"code": "policy_violation", "message": ke.Error(), "param": ke.Rule}})
+		return
+	}
+	writeJSON(w, 403, map[string]map[string]string{"error": {"code": "policy_error", "message": err.Error()}})
 }
 
 // agentProxy forwards /v1/sessions/{id}/agent/<rest> to /<rest> on the agent's socket, streaming

@@ -22,6 +22,10 @@ type Verdict struct {
 	Kill        bool   // stop the session: policy_violation, with Rule
 	Rule        string //
 	AllowEgress bool   // for an egress event: the connection may go out
+	// Deny refuses the event without stopping the session: the project's policy could not
+	// answer (it failed or ran out of time), so the event fails closed. Reason says why.
+	Deny   bool
+	Reason string
 }
 
 // RuntimeChecker is the runtime decision point (the session's pinned Rego policy and the
@@ -37,9 +41,34 @@ func (e *KilledError) Error() string {
 	return fmt.Sprintf("forbidden by policy rule %s; the session is stopped (policy_violation)", e.Rule)
 }
 
+// RefusedError is an event refused because the runtime decision point could not allow it
+// (the project's policy failed or ran out of time, or the decision point was unreachable):
+// the event fails closed, the session goes on.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string {
+	return "refused: the session's runtime policy could not decide (" + e.Reason + "); fix or re-pin the policy, or retry"
+}
+
 // checkExec asks the runtime decision point about an exec; a kill ends the session with
-// policy_violation and the rule. The caller holds l.mu.
+// policy_violation and the rule (*KilledError); a policy that cannot decide refuses the exec
+// (*RefusedError). The caller holds l.mu.
 func (n *Node) checkExec(ctx context.Context, l *live, argv []string) error {
+	return n.checkCommand(ctx, l, argv, false)
+}
+
+// checkPTY asks the runtime decision point about the command of a PTY, as an exec event
+// with "pty": true and the argv the agent will run: /bin/sh -c command, or an interactive
+// /bin/sh. The caller holds l.mu.
+func (n *Node) checkPTY(ctx context.Context, l *live, command string) error {
+	argv := []string{"/bin/sh"}
+	if command != "" {
+		argv = append(argv, "-c", command)
+	}
+	return n.checkCommand(ctx, l, argv, true)
+}
+
+func (n *Node) checkCommand(ctx context.Context, l *live, argv []string, pty bool) error {
 	if n.Runtime == nil || len(argv) == 0 {
 		return nil
 	}
@@ -47,7 +76,11 @@ func (n *Node) checkExec(ctx context.Context, l *live, argv []string) error {
 	for i, a := range argv {
 		args[i] = a
 	}
-	_, err := n.check(ctx, l, map[string]any{"type": "exec", "argv": args})
+	event := map[string]any{"type": "exec", "argv": args}
+	if pty {
+		event["pty"] = true
+	}
+	_, err := n.check(ctx, l, event)
 	return err
 }
 
@@ -64,8 +97,9 @@ func (n *Node) checkEvent(ctx context.Context, l *live, event map[string]any) {
 	}
 }
 
-// check runs the runtime decision point on one event; a kill ends the session. The caller
-// holds l.mu.
+// check runs the runtime decision point on one event; a kill ends the session
+// (*KilledError). An event the decision point cannot allow fails closed: a failed decision
+// or a Deny answers *RefusedError, with AllowEgress false. The caller holds l.mu.
 func (n *Node) check(ctx context.Context, l *live, event map[string]any) (Verdict, error) {
 	g := l.g
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -73,10 +107,14 @@ func (n *Node) check(ctx context.Context, l *live, event map[string]any) (Verdic
 	v, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
 		EndUserID: g.EndUserID, Tier: g.Tier}, event)
 	if err != nil {
-		n.Logger.Warn("node: runtime decision failed", "session", g.SessionID, "err", err)
-		return Verdict{}, nil
+		n.Logger.Warn("node: runtime decision failed; the event is refused", "session", g.SessionID, "event", event["type"], "err", err)
+		return Verdict{Deny: true, Reason: err.Error()}, &RefusedError{Reason: err.Error()}
 	}
 	if !v.Kill {
+		if v.Deny {
+			n.Logger.Warn("node: runtime policy refused the event", "session", g.SessionID, "event", event["type"], "reason", v.Reason)
+			return Verdict{Deny: true, Reason: v.Reason}, &RefusedError{Reason: v.Reason}
+		}
 		return v, nil
 	}
 	rule := v.Rule

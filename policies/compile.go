@@ -67,7 +67,7 @@ func compileError(err error) error {
 	if !errors.As(err, &errs) {
 		var one *ast.Error
 		if !errors.As(err, &one) {
-			return &CompileError{Errors: []SourceError{{Message: err.Error()}}}
+			return &CompileError{Errors: []SourceError{{Message: unbounded(err.Error())}}}
 		}
 		errs = ast.Errors{one}
 	}
@@ -79,9 +79,14 @@ func compileError(err error) error {
 }
 
 func sourceError(e *ast.Error) SourceError {
-	se := SourceError{Code: e.Code, Message: e.Message}
+	se := SourceError{Code: e.Code, Message: unbounded(e.Message)}
+	if name, ok := strings.CutPrefix(se.Message, "undefined function "); ok {
+		if why, ok := forbiddenBuiltins[name]; ok {
+			se.Message += fmt.Sprintf(": %s is not available to policies (it %s)", name, why)
+		}
+	}
 	if e.Code != "" {
-		se.Message = e.Code + ": " + e.Message
+		se.Message = e.Code + ": " + se.Message
 	}
 	if e.Location != nil {
 		se.Row, se.Col = e.Location.Row, e.Location.Col
@@ -95,21 +100,6 @@ func locError(loc *ast.Location, msg string) *CompileError {
 		se.Row, se.Col = loc.Row, loc.Col
 	}
 	return &CompileError{Errors: []SourceError{se}}
-}
-
-// capabilities are OPA's builtins minus those that reach the network or the host (a
-// tenant's policy runs inside the control plane), and no network for the compiler.
-func capabilities() *ast.Capabilities {
-	c := ast.CapabilitiesForThisVersion()
-	c.Builtins = slices.DeleteFunc(c.Builtins, func(b *ast.Builtin) bool {
-		switch b.Name {
-		case "http.send", "net.lookup_ip_addr", "opa.runtime", "providers.aws.sign_req", "trace":
-			return true
-		}
-		return false
-	})
-	c.AllowNet = []string{}
-	return c
 }
 
 // compiled is one module parsed, checked and prepared for evaluation.
@@ -137,16 +127,20 @@ func compile(ctx context.Context, caps *ast.Capabilities, filename, source strin
 	if err != nil {
 		return nil, err
 	}
-	c := ast.NewCompiler().WithCapabilities(caps)
+	if err := checkStaticSize(mod); err != nil {
+		return nil, err
+	}
+	c := newCompiler(caps)
 	c.Compile(map[string]*ast.Module{filename: mod})
 	if c.Failed() {
 		return nil, compileError(c.Errors)
 	}
-	pq, err := rego.New(
+	opts := append([]func(*rego.Rego){
 		rego.Compiler(c),
-		rego.Query("data."+pkg),
+		rego.Query("data." + pkg),
 		rego.SetRegoVersion(ast.RegoV1),
-	).PrepareForEval(ctx)
+	}, boundedFunctions()...)
+	pq, err := rego.New(opts...).PrepareForEval(ctx)
 	if err != nil {
 		return nil, compileError(err)
 	}

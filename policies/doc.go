@@ -17,7 +17,8 @@
 //
 //	package wb.runtime
 //	  input:  one guest event plus "session": {"id", "tier", "end_user_id", …}
-//	          {"type": "exec"|"process_start", "argv": [...]}
+//	          {"type": "exec"|"process_start", "argv": [...]}  (a PTY's command is an exec
+//	           with "pty": true and argv ["/bin/sh", "-c", command], or ["/bin/sh"])
 //	          {"type": "egress", "host", "port"}
 //	          {"type": "resource_sample", "cpu_ms", "memory_bytes"}
 //	  kill         object rule → message, or a set of rule names: kills the session
@@ -38,6 +39,39 @@
 // enforce: denials deny, kills kill, stops stop. warn: they become warnings; grants
 // (defaults, allow_egress) still apply. dryrun: nothing applies; the decision log records
 // what would have happened ("would deny").
+//
+// # What a policy may do
+//
+// A project's Rego runs inside the control plane, so it is bounded (bounded.go):
+//
+//   - No network, no host, no randomness: http.send, net.lookup_ip_addr,
+//     providers.aws.sign_req, opa.runtime, trace, json.match_schema and json.verify_schema
+//     (they load $ref schemas from files and URLs), rand.intn and uuid.rfc4122 (a decision
+//     must follow from its input) are not available, nor are the builtins whose work inside
+//     one call has no useful bound: strings.render_template, graph.reachable_paths,
+//     regex.globs_match, rego.parse_module. A policy that calls one does not compile.
+//     time.now_ns stays (time-of-day rules), and so do io.jwt.* with keys given inline.
+//   - Time: a project's policies get Options.EvalTimeout (250 ms) per decision.
+//   - Memory: the builtins that make strings or collections (sprintf, concat, replace,
+//     numbers.range, split, regex.*, json/yaml (un)marshal, array.concat, union, …) run as
+//     bounded versions that estimate what a call will make before making it and charge it to
+//     the evaluation's budget, Options.EvalMemory (32 MiB); sprintf widths are at most 1000.
+//     Numbers have at most 1000 digits. Going over fails the evaluation.
+//   - Size at upload: a value written out of rules that name rules (OPA's type checker walks
+//     it expanded) may have at most 100,000 terms.
+//   - Concurrency: at most Options.MaxProjectEvals decisions of one project evaluate its
+//     policies at once; others wait within their deadline.
+//
+// testdata/hostile holds policies that try each of these; the tests and the conformance
+// suite run them.
+//
+// # Failures
+//
+// The platform's rules run first and on their own; their kills and denials always apply. A
+// project policy that cannot answer (it fails, runs out of time or memory, or its pinned
+// version cannot be loaded) fails closed in enforce mode: at admission it denies, at runtime
+// the event is refused (RuntimeDecision.Deny: no exec, no egress) while a kill by the
+// platform's rules stands; in warn mode the failure is a warning.
 //
 // # Storage and evaluation
 //

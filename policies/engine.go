@@ -37,6 +37,14 @@ type Options struct {
 	// EvalTimeout bounds the project policies of one decision, in wall time; a project
 	// policy that runs out of it fails closed (an enforced deny or kill). Default 250 ms.
 	EvalTimeout time.Duration
+	// EvalMemory bounds what the builtins of one policy evaluation may make (strings,
+	// arrays, sets, objects), in bytes; an evaluation that would go over fails, closed.
+	// Default 32 MiB.
+	EvalMemory int64
+	// MaxProjectEvals bounds the decisions that evaluate one project's policies at once on
+	// this engine (each may use EvalMemory); more wait for a slot within EvalTimeout, then
+	// fail closed. Default 4.
+	MaxProjectEvals int
 	// CacheSize bounds the prepared revisions kept in memory (pinned and latest). Default 4096.
 	CacheSize int
 }
@@ -58,6 +66,9 @@ type Engine struct {
 	caps        *ast.Capabilities
 	refresh     time.Duration
 	evalTimeout time.Duration
+	evalMemory  int64
+	evalSlots   int
+	slots       sync.Map // project → chan struct{}: its decisions evaluating its policies
 	putScript   *redis.Script
 
 	shipped  map[string]*policy // by point
@@ -101,8 +112,14 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 	if o.CacheSize <= 0 {
 		o.CacheSize = 4096
 	}
+	if o.EvalMemory <= 0 {
+		o.EvalMemory = defaultEvalMemory
+	}
+	if o.MaxProjectEvals <= 0 {
+		o.MaxProjectEvals = 4
+	}
 	e := &Engine{
-		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout,
+		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory, evalSlots: o.MaxProjectEvals,
 		putScript: redis.NewScript(putScript),
 		shipped:   map[string]*policy{},
 		cache:     &preparedCache{max: o.CacheSize, m: map[string]*policy{}},

@@ -332,14 +332,16 @@ func TestVersionsAndPinning(t *testing.T) {
 			t.Errorf("%s: @2 on pypi egress: %+v %v", name, d, err)
 		}
 	}
-	if _, err := e.Runtime(ctx, "proj_p", "pol_build_tools", curl); !errors.Is(err, ErrInvalid) {
-		t.Errorf("unpinned id: %v, want ErrInvalid", err)
-	}
-	if _, err := e.Runtime(ctx, "proj_p", "pol_build_tools@9", curl); !errors.Is(err, ErrNotFound) {
-		t.Errorf("missing version: %v, want ErrNotFound", err)
-	}
-	if _, err := e.Runtime(ctx, "proj_p", other.ID, curl); !errors.Is(err, ErrInvalid) {
-		t.Errorf("admission policy pinned at runtime: %v, want ErrInvalid", err)
+	// A pinned id that cannot be used refuses every event (fail closed) without an error.
+	for id, want := range map[string]string{
+		"pol_build_tools":   "must pin a version",
+		"pol_build_tools@9": ErrNotFound.Error(),
+		other.ID:            "not a runtime one",
+	} {
+		d, err := e.Runtime(ctx, "proj_p", id, curl)
+		if err != nil || !d.Deny || d.Kill || d.AllowEgress || !strings.Contains(d.DenyReason, want) {
+			t.Errorf("Runtime pinned to %s: %+v %v, want a deny naming %q", id, d, err, want)
+		}
 	}
 }
 
@@ -760,5 +762,80 @@ func TestHotReload(t *testing.T) {
 	d, err := other.Admit(ctx, admission("proj_h", 2, nil))
 	if err != nil || !slices.Equal(d.Warnings, []string{v2}) {
 		t.Errorf("other engine after its refresh: %+v %v", d, err)
+	}
+}
+
+// TestRuntimeFailsClosed: a project runtime policy that fails or runs out of time refuses
+// the event (Deny, no egress) and never discards the platform's kill.
+func TestRuntimeFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{EvalTimeout: 50 * time.Millisecond})
+	slow := `package wb.runtime
+
+allow_egress if {
+	some i in numbers.range(1, 20000)
+	some j in numbers.range(1, 20000)
+	i * j < 0
+}
+
+allow_egress if input.type == "egress"
+`
+	failing := `package wb.runtime
+
+mode := "a" if input.type != ""
+
+mode := "b" if input.type != ""
+
+allow_egress := true
+`
+	metadata := map[string]any{"type": "egress", "host": "169.254.169.254", "port": 80}
+	pypi := map[string]any{"type": "egress", "host": "pypi.org", "port": 443}
+	miner := map[string]any{"type": "exec", "argv": []any{"xmrig"}}
+	ls := map[string]any{"type": "exec", "argv": []any{"ls"}}
+	for _, tc := range []struct{ name, src, reason string }{
+		{"slow", slow, "evaluation failed"},
+		{"failing", failing, "evaluation failed"},
+	} {
+		v, err := e.Put(ctx, "proj_fc", tc.name, tc.src, ModeEnforce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range []map[string]any{metadata, pypi, miner, ls} {
+			start := time.Now()
+			d, err := e.Runtime(ctx, "proj_fc", v.ID, ev)
+			if err != nil {
+				t.Fatalf("%s on %v: %v", tc.name, ev, err)
+			}
+			if el := time.Since(start); el > 5*time.Second {
+				t.Errorf("%s on %v took %v", tc.name, ev, el)
+			}
+			if !d.Deny || d.AllowEgress || !strings.Contains(d.DenyReason, v.ID+": "+tc.reason) {
+				t.Errorf("%s on %v: %+v, want a deny naming %s", tc.name, ev, d, v.ID)
+			}
+			wantKill := map[string]string{"169.254.169.254": "metadata_egress", "xmrig": "crypto_miner"}
+			rule := ""
+			if h, _ := ev["host"].(string); h != "" {
+				rule = wantKill[h]
+			} else {
+				rule = wantKill[ev["argv"].([]any)[0].(string)]
+			}
+			if d.Kill != (rule != "") || d.Rule != rule {
+				t.Errorf("%s on %v: %+v, want the platform's kill %q to stand", tc.name, ev, d, rule)
+			}
+		}
+	}
+	// warn mode: the failure is a warning and the event goes on.
+	v, err := e.Put(ctx, "proj_fc", "failing_warn", failing, ModeWarn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Runtime(ctx, "proj_fc", v.ID, ls)
+	if err != nil || d.Deny || len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "would refuse the event") {
+		t.Errorf("warn mode failure: %+v %v", d, err)
+	}
+	// A pinned policy that cannot be found keeps the platform's kill too.
+	d, err = e.Runtime(ctx, "proj_fc", "pol_gone@3", metadata)
+	if err != nil || !d.Deny || !d.Kill || d.Rule != "metadata_egress" {
+		t.Errorf("missing pinned policy on metadata egress: %+v %v", d, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/metrics"
@@ -29,6 +30,11 @@ type RuntimeDecision struct {
 	Message string `json:"message,omitempty"`
 	// AllowEgress: let an egress event through (default false).
 	AllowEgress bool `json:"allow_egress"`
+	// Deny: the session's project policy could not answer (missing, failing or out of time),
+	// so the event is refused: no egress, no exec. The session is not killed for it; a kill
+	// by the platform's rules stands beside it.
+	Deny       bool   `json:"deny,omitempty"`
+	DenyReason string `json:"deny_reason,omitempty"`
 	// Warnings: kills downgraded by warn mode.
 	Warnings []string `json:"warnings,omitempty"`
 	Decider  string   `json:"decider,omitempty"`
@@ -65,6 +71,8 @@ type evaluation struct {
 	interrupt topdown.Cancel
 	stops     []func() bool
 	release   context.CancelFunc
+	// slot is the project's evaluation slot this decision holds, if any.
+	slot chan struct{}
 }
 
 func (e *Engine) begin(ctx context.Context, project, point string, input ast.Value) *evaluation {
@@ -81,6 +89,18 @@ func (ev *evaluation) done() {
 	if ev.release != nil {
 		ev.release()
 	}
+	if ev.slot != nil {
+		<-ev.slot
+	}
+}
+
+// projectSlots answers the semaphore of a project's evaluations.
+func (e *Engine) projectSlots(project string) chan struct{} {
+	if s, ok := e.slots.Load(project); ok {
+		return s.(chan struct{})
+	}
+	s, _ := e.slots.LoadOrStore(project, make(chan struct{}, max(e.evalSlots, 1)))
+	return s.(chan struct{})
 }
 
 // eval runs p's query on the decision's input and answers its package document. Project
@@ -94,11 +114,24 @@ func (ev *evaluation) eval(ctx context.Context, p *policy) (map[string]any, erro
 		var bounded context.Context
 		bounded, ev.release = context.WithTimeout(ctx, ev.e.evalTimeout)
 		ev.stops = append(ev.stops, context.AfterFunc(bounded, ev.interrupt.Cancel))
+		// A project's policies run a few decisions at a time, so that its decisions
+		// together stay within a few EvalMemory budgets however many arrive at once.
+		slots := ev.e.projectSlots(ev.project)
+		select {
+		case slots <- struct{}{}:
+			ev.slot = slots
+		case <-bounded.Done():
+			ev.slot = nil
+		}
 	}
-	rs, err := p.pq.Eval(ctx, rego.EvalParsedInput(ev.input), rego.EvalExternalCancel(ev.interrupt),
+	if p.ID != shippedID && ev.slot == nil {
+		return nil, fmt.Errorf("project %s has %d decisions evaluating its policies already; none ended within %v",
+			ev.project, cap(ev.e.projectSlots(ev.project)), ev.e.evalTimeout)
+	}
+	rs, err := p.pq.Eval(withBudget(ctx, ev.e.evalMemory), rego.EvalParsedInput(ev.input), rego.EvalExternalCancel(ev.interrupt),
 		rego.EvalMetrics(metrics.NoOp()))
 	if err != nil {
-		return nil, err
+		return nil, &evalError{msg: unbounded(err.Error()), err: err}
 	}
 	if len(rs) == 0 || len(rs[0].Expressions) == 0 {
 		return map[string]any{}, nil
@@ -106,6 +139,16 @@ func (ev *evaluation) eval(ctx context.Context, p *policy) (map[string]any, erro
 	doc, _ := rs[0].Expressions[0].Value.(map[string]any)
 	return doc, nil
 }
+
+// evalError is an evaluation's error as the policy's author wrote the calls (bounded builtins
+// under their own names).
+type evalError struct {
+	msg string
+	err error
+}
+
+func (e *evalError) Error() string { return e.msg }
+func (e *evalError) Unwrap() error { return e.err }
 
 func (ev *evaluation) record(p *policy, outcome string) {
 	ev.outcomes = append(ev.outcomes, Outcome{Policy: p.ID, Mode: p.Mode, Outcome: outcome})
@@ -197,23 +240,19 @@ func (e *Engine) Admit(ctx context.Context, in session.AdmissionInput) (session.
 	return d, nil
 }
 
-// Runtime decides one guest event: the shipped wb.runtime and, when policyID is set, that
-// exact version of the project's runtime policy (pol_NAME@N, pinned for the session's life).
-// event is the event object ({"type": "exec", "argv": [...]} …) with its "session".
+// Runtime decides one guest event: the shipped wb.runtime first, on its own, then, when
+// policyID is set, that exact version of the project's runtime policy (pol_NAME@N, pinned for
+// the session's life). event is the event object ({"type": "exec", "argv": [...]} …) with
+// its "session".
+//
+// The platform's rules always apply: a kill they answer stands whatever the project's policy
+// does. A project policy that cannot answer (it is missing, does not compile, fails or runs out
+// of time) fails closed in enforce mode: the decision has Deny set and the event is refused
+// (no egress, no exec), though the session is not killed for it. An error is answered only
+// when the platform's own rules cannot decide; the caller must then refuse the event too.
 func (e *Engine) Runtime(ctx context.Context, project, policyID string, event map[string]any) (RuntimeDecision, error) {
 	if err := validProject(project); err != nil {
 		return RuntimeDecision{}, err
-	}
-	ps := []*policy{e.shipped[PointRuntime]}
-	if policyID != "" {
-		p, err := e.pinned(ctx, project, policyID)
-		if err != nil {
-			return RuntimeDecision{}, err
-		}
-		if p.Point != PointRuntime {
-			return RuntimeDecision{}, fmt.Errorf("%w: %s is a %s policy, not a runtime one", ErrInvalid, policyID, p.Point)
-		}
-		ps = append(ps, p)
 	}
 	if event == nil {
 		event = map[string]any{}
@@ -228,20 +267,43 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 	var d RuntimeDecision
 	allow := false
 	var deciders []string
-	for _, p := range ps {
-		doc, err := ev.eval(ctx, p)
+	platform := e.shipped[PointRuntime]
+	ps := []*policy{platform}
+	doc, err := ev.eval(ctx, platform)
+	if err != nil {
+		return RuntimeDecision{}, fmt.Errorf("policies: platform runtime: %w", err)
+	}
+	docs := []map[string]any{doc}
+	if policyID != "" {
+		p, err := e.pinned(ctx, project, policyID)
+		if err == nil && p.Point != PointRuntime {
+			err = fmt.Errorf("%w: %s is a %s policy, not a runtime one", ErrInvalid, policyID, p.Point)
+		}
 		if err != nil {
-			if p.ID == shippedID {
-				return RuntimeDecision{}, fmt.Errorf("policies: platform runtime: %w", err)
+			// The session's policy cannot be found: nothing it would allow is allowed.
+			d.Deny, d.DenyReason = true, fmt.Sprintf("the session's policy %s cannot be used: %v", policyID, err)
+			ev.outcomes = append(ev.outcomes, Outcome{Policy: policyID, Mode: ModeEnforce, Outcome: "error"})
+			e.log.WarnContext(ctx, "policies: pinned runtime policy unavailable", "project", project, "policy", policyID, "err", err)
+		} else {
+			doc, err := ev.eval(ctx, p)
+			if err != nil {
+				e.log.WarnContext(ctx, "policies: policy evaluation failed", "project", project, "policy", p.ID, "err", err)
+				doc = nil
+				switch p.Mode {
+				case ModeEnforce:
+					d.Deny, d.DenyReason = true, fmt.Sprintf("%s: evaluation failed, so the event is refused: %v", p.ID, err)
+				case ModeWarn:
+					d.Warnings = append(d.Warnings, fmt.Sprintf("%s (warn mode, would refuse the event): evaluation failed: %v", p.ID, err))
+				}
 			}
-			if topdown.IsCancel(err) {
-				// Out of time (or the caller gave up): a kill cannot be taken back, so the
-				// caller decides what a missing answer means.
-				return RuntimeDecision{}, fmt.Errorf("policies: runtime policy %s: %w", p.ID, err)
-			}
-			// A failing pinned policy fails closed in enforce mode.
-			doc = map[string]any{"kill": map[string]any{"policy_error": "evaluation failed: " + err.Error()}}
-			e.log.WarnContext(ctx, "policies: policy evaluation failed", "project", project, "policy", p.ID, "err", err)
+			ps, docs = append(ps, p), append(docs, doc)
+		}
+	}
+	for i, p := range ps {
+		doc := docs[i]
+		if doc == nil {
+			ev.record(p, "error")
+			continue
 		}
 		kills := killRules(doc["kill"])
 		egress := doc["allow_egress"] == true
@@ -271,7 +333,7 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 		}
 		ev.record(p, outcome)
 	}
-	d.AllowEgress = allow && !d.Kill
+	d.AllowEgress = allow && !d.Kill && !d.Deny
 	if !d.Kill {
 		for _, p := range ps {
 			deciders = append(deciders, p.decider())
@@ -282,6 +344,8 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 	switch {
 	case d.Kill:
 		outcome = "kill " + d.Rule
+	case d.Deny:
+		outcome = "deny: " + d.DenyReason
 	case d.AllowEgress:
 		outcome = "allow egress"
 	}
@@ -392,9 +456,39 @@ func prefixed(p *policy, note string, msgs []string) []string {
 	return out
 }
 
+// Bounds on what one policy's deny or warn says: the answer and the decision log carry them.
+const (
+	maxMessages     = 64
+	maxMessageBytes = 1024
+)
+
 // messages reads a deny or warn value: a set or array of strings (other elements are
-// written as JSON), a single string, true, or an object (its "key: value" pairs).
+// written as JSON), a single string, true, or an object (its "key: value" pairs). It keeps
+// the first maxMessages, each cut to maxMessageBytes, and says how many more there were.
 func messages(v any) []string {
+	out := allMessages(v)
+	more := len(out) - maxMessages
+	if more > 0 {
+		out = append(out[:maxMessages:maxMessages], fmt.Sprintf("… and %d more", more))
+	}
+	for i, m := range out {
+		out[i] = clip(m, maxMessageBytes)
+	}
+	return out
+}
+
+// clip cuts s to at most n bytes (on a rune boundary), marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+func allMessages(v any) []string {
 	switch x := v.(type) {
 	case nil:
 		return nil
@@ -459,6 +553,9 @@ func killRules(v any) []killRule {
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].rule < out[j].rule })
+	for i := range out { // a rule's name is stored with the session that it stops
+		out[i].rule, out[i].message = clip(out[i].rule, 128), clip(out[i].message, maxMessageBytes)
+	}
 	return out
 }
 

@@ -10,7 +10,8 @@ import (
 )
 
 // TestShippedRego runs the shipped *_test.rego through OPA's tester, as `opa test policies/`
-// does, with the engine's capabilities (so a shipped rule cannot rely on a denied builtin).
+// does, with the engine's capabilities and bounded builtins (so a shipped rule cannot rely on
+// a denied builtin).
 func TestShippedRego(t *testing.T) {
 	files, err := fs.Glob(shippedFS, "*.rego")
 	if err != nil {
@@ -28,8 +29,12 @@ func TestShippedRego(t *testing.T) {
 		}
 		mods[f] = m
 	}
-	c := ast.NewCompiler().WithCapabilities(capabilities())
-	ch, err := tester.NewRunner().SetCompiler(c).SetModules(mods).RunTests(context.Background(), nil)
+	var bounded []*tester.Builtin
+	for _, f := range boundedFunctions() {
+		bounded = append(bounded, &tester.Builtin{Func: f})
+	}
+	ch, err := tester.NewRunner().SetCompiler(newCompiler(capabilities())).AddCustomBuiltins(bounded).
+		SetModules(mods).RunTests(withBudget(context.Background(), 0), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,7 @@
 # the session's pinned policy (policy_id).
 #
 # Input:  one event, plus the session it came from:
-#           {"type": "exec",            "argv": [...]}
+#           {"type": "exec",            "argv": [...]}   (a PTY: "pty": true, argv ["/bin/sh", "-c", cmd])
 #           {"type": "process_start",   "argv": [...]}
 #           {"type": "egress",          "host": "...", "port": n, "addresses": [...]}
 #           {"type": "resource_sample", "cpu_ms": n, "memory_bytes": n}

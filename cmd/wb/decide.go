@@ -31,8 +31,11 @@ func decisionPoints(ctx context.Context, rdb redis.UniversalClient, dataDir stri
 	return pol, host, nil
 }
 
-// runtimeChecker is the runtime decision point: the session's pinned policy, then the
-// project's runtime plugins; any kill wins.
+// runtimeChecker is the runtime decision point: the platform's rules and the session's pinned
+// policy, then the project's runtime plugins; any kill wins. The platform's kill always
+// stands; a project policy or plugin that cannot answer refuses the event (Deny) without
+// killing the session. An error means the platform's own rules could not decide: the node
+// refuses the event then too.
 type runtimeChecker struct {
 	pol  *policies.Engine
 	plug *plugins.Host
@@ -46,6 +49,9 @@ func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event 
 	if d.Kill {
 		return node.Verdict{Kill: true, Rule: d.Rule}, nil
 	}
+	if d.Deny {
+		return node.Verdict{Deny: true, Reason: d.DenyReason}, nil
+	}
 	typ, _ := event["type"].(string)
 	sess := &session.Session{ID: s.ID, Object: session.ObjectName, ProjectID: s.Project, Tier: s.Tier}
 	if s.EndUserID != "" {
@@ -57,11 +63,11 @@ func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event 
 	now := time.Now()
 	in, err := plugins.Runtime(s.Project, sess, plugins.RuntimeEvent{Type: typ, AtMs: now.UnixMilli(), Data: event}, now).Marshal()
 	if err != nil {
-		return node.Verdict{}, err
+		return node.Verdict{Deny: true, Reason: "the runtime plugins' input: " + err.Error()}, nil
 	}
 	ds, err := c.plug.Decide(ctx, s.Project, "runtime", in)
 	if err != nil {
-		return node.Verdict{}, err
+		return node.Verdict{Deny: true, Reason: "runtime plugins: " + err.Error()}, nil
 	}
 	for _, pd := range ds {
 		if !pd.Allow {

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/internal/redistest"
+	"wb/node"
+	"wb/plugins"
+	"wb/policies"
+)
+
+// TestRuntimeCheckerFailsClosed: a pinned policy that runs out of time refuses the event
+// (exec and egress alike) and never hides the platform's kill; a working one decides.
+func TestRuntimeCheckerFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	log := slog.New(slog.DiscardHandler)
+	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, EvalTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pol.Close(ctx) })
+	host, err := plugins.NewHost(ctx, rdb, plugins.Options{CacheDir: t.TempDir(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = host.Close(ctx) })
+	c := runtimeChecker{pol: pol, plug: host}
+
+	slow, err := pol.Put(ctx, "proj_dc", "slow", `package wb.runtime
+
+allow_egress if {
+	some i in numbers.range(1, 20000)
+	some j in numbers.range(1, 20000)
+	i * j < 0
+}
+`, policies.ModeEnforce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := pol.Put(ctx, "proj_dc", "open", "package wb.runtime\n\nallow_egress := true\n", policies.ModeEnforce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := func(policyID string) node.RuntimeSession {
+		return node.RuntimeSession{ID: "sess_dc", Project: "proj_dc", PolicyID: policyID, Tier: 2}
+	}
+	metadata := map[string]any{"type": "egress", "host": "169.254.169.254", "port": 80}
+	pypi := map[string]any{"type": "egress", "host": "pypi.org", "port": 443}
+	miner := map[string]any{"type": "exec", "argv": []any{"/usr/bin/xmrig"}}
+	ls := map[string]any{"type": "exec", "argv": []any{"ls"}}
+	for _, tc := range []struct {
+		name     string
+		policyID string
+		event    map[string]any
+		want     node.Verdict
+	}{
+		{"slow policy, metadata egress", slow.ID, metadata, node.Verdict{Kill: true, Rule: "metadata_egress"}},
+		{"slow policy, miner", slow.ID, miner, node.Verdict{Kill: true, Rule: "crypto_miner"}},
+		{"slow policy, egress", slow.ID, pypi, node.Verdict{Deny: true}},
+		{"slow policy, exec", slow.ID, ls, node.Verdict{Deny: true}},
+		{"missing policy, exec", "pol_gone@1", ls, node.Verdict{Deny: true}},
+		{"open policy, egress", open.ID, pypi, node.Verdict{AllowEgress: true}},
+		{"open policy, metadata egress", open.ID, metadata, node.Verdict{Kill: true, Rule: "metadata_egress"}},
+		{"open policy, exec", open.ID, ls, node.Verdict{AllowEgress: true}},
+	} {
+		v, err := c.Check(ctx, sess(tc.policyID), tc.event)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if tc.want.Deny && (v.Reason == "" || !strings.Contains(v.Reason, tc.policyID)) {
+			t.Errorf("%s: reason %q does not name %s", tc.name, v.Reason, tc.policyID)
+		}
+		v.Reason = ""
+		if v != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, v, tc.want)
+		}
+	}
+}

@@ -1,0 +1,120 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"wb/agent"
+	"wb/node"
+	"wb/session"
+)
+
+// fakeChecker answers runtime events the way the test sets: a kill for a listed program,
+// a deny, or an error (a failing or unreachable decision point). It records what it saw.
+type fakeChecker struct {
+	mu     sync.Mutex
+	kill   string // argv word that gets the session killed
+	deny   string // argv word answered with Deny
+	broken string // argv word answered with an error
+	seen   []map[string]any
+}
+
+func (c *fakeChecker) Check(_ context.Context, _ node.RuntimeSession, event map[string]any) (node.Verdict, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen = append(c.seen, event)
+	argv, _ := event["argv"].([]any)
+	has := func(word string) bool {
+		return word != "" && slices.ContainsFunc(argv, func(a any) bool { s, _ := a.(string); return strings.Contains(s, word) })
+	}
+	switch {
+	case has(c.kill):
+		return node.Verdict{Kill: true, Rule: "no_" + c.kill}, nil
+	case has(c.deny):
+		return node.Verdict{Deny: true, Reason: "policy pol_x@1: evaluation failed: timed out"}, nil
+	case has(c.broken):
+		return node.Verdict{}, errors.New("policies: platform runtime: boom")
+	}
+	return node.Verdict{}, nil
+}
+
+func (c *fakeChecker) events() []map[string]any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.seen)
+}
+
+// TestRuntimeChecks: every exec and every PTY command goes to the runtime decision point.
+// A policy that cannot decide (Deny, or an error) refuses the command and the session goes
+// on; a kill refuses it and ends the session (failed, policy_violation).
+func TestRuntimeChecks(t *testing.T) {
+	t.Parallel()
+	const project = "proj_rtchk"
+	st, _ := newStore(t)
+	d := newDriver(t, "runsc", tempDir(t))
+	checker := &fakeChecker{kill: "xmrig", deny: "denied-cmd", broken: "broken-cmd"}
+	cfg := nodeConfig(t, st, d, tempDir(t), "node_rtchk")
+	cfg.Runtime = checker
+	n := startNode(t, cfg)
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	srv := httptest.NewServer(n.Handler("tok"))
+	t.Cleanup(srv.Close)
+	ac := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+s.ID+"/agent", "tok")
+
+	// Refused without a kill: exec through the node's Go API and through its HTTP proxy,
+	// and a PTY.
+	for _, cmd := range []string{"echo denied-cmd", "echo broken-cmd"} {
+		_, err := execIn(ctxT(t, 30*time.Second), n.Node, s, cmd)
+		var re *node.RefusedError
+		if !errors.As(err, &re) {
+			t.Errorf("exec %q: %v, want a *node.RefusedError", cmd, err)
+		}
+		_, err = ac.Exec(ctxT(t, 30*time.Second), agent.ExecRequest{Argv: []string{"/bin/sh", "-c", cmd}}, nil)
+		var ae *agent.Error
+		if !errors.As(err, &ae) || ae.Status != 403 || !strings.Contains(ae.Message, "could not decide") {
+			t.Errorf("exec %q over HTTP: %v, want 403 naming the refusal", cmd, err)
+		}
+		conn, resp, err := ac.PTY(ctxT(t, 30*time.Second), 80, 24, cmd)
+		if err == nil {
+			conn.CloseNow()
+			t.Errorf("PTY %q was opened, want it refused", cmd)
+		} else if resp == nil || resp.StatusCode != 403 {
+			t.Errorf("PTY %q: %v (%v), want 403", cmd, err, resp)
+		}
+	}
+	if got := get(t, st, project, s.ID); got.State != session.Running {
+		t.Fatalf("after refused commands the session is %s %s, want running", got.State, reasonOf(got))
+	}
+	// An allowed PTY opens, and the decision point saw its command as an exec.
+	conn, _, err := ac.PTY(ctxT(t, 30*time.Second), 80, 24, "echo fine")
+	if err != nil {
+		t.Fatalf("allowed PTY: %v", err)
+	}
+	conn.CloseNow()
+	if !slices.ContainsFunc(checker.events(), func(ev map[string]any) bool {
+		argv, _ := ev["argv"].([]any)
+		return ev["type"] == "exec" && ev["pty"] == true && slices.Equal(argv, []any{"/bin/sh", "-c", "echo fine"})
+	}) {
+		t.Errorf("the PTY's command was not put to the decision point: %v", checker.events())
+	}
+
+	// A PTY whose command the policy kills is refused, and the session is stopped.
+	conn, resp, err := ac.PTY(ctxT(t, 30*time.Second), 80, 24, "xmrig --donate-level 0")
+	if err == nil {
+		conn.CloseNow()
+		t.Fatal("a PTY running a killed command was opened")
+	}
+	if resp == nil || resp.StatusCode != 403 {
+		t.Errorf("killed PTY: %v (%v), want 403", err, resp)
+	}
+	end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Stopped, session.Failed, session.Expired)
+	if end.State != session.Failed || end.StateReason == nil || *end.StateReason != session.PolicyViolation {
+		t.Errorf("after the killed PTY the session is %s %s, want failed (policy_violation)", end.State, reasonOf(end))
+	}
+}

@@ -1,0 +1,119 @@
+package policies
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// TestBoundedBuiltinsWork: within their bounds the bounded builtins answer as OPA's do, under
+// their own names, template strings included.
+func TestBoundedBuiltinsWork(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{})
+	src := `package wb.admission
+
+deny contains sprintf("%5d|%-4s|%v", [42, "ab", [1, 2]])
+
+deny contains concat("-", ["a", "b", "c"])
+
+deny contains replace("aXbX", "X", "y")
+
+deny contains strings.replace_n({"a": "1", "b": "2"}, "abc")
+
+deny contains regex.replace("a1b22", "[0-9]+", "#")
+
+deny contains json.marshal(json.unmarshal("{\"k\":[1,2.5,\"x\"]}"))
+
+deny contains format_int(count(numbers.range(1, 1000)) * 1000000007, 10)
+
+deny contains concat(",", split("x,y", ","))
+
+deny contains $"tier {input.request.tier} of {count(array.concat([1], [2, 3]))}"
+
+deny contains upper(base64.decode(base64.encode("ok")))
+
+deny contains msg if {
+	s := {1, 2} | {3}
+	msg := sprintf("%d %d", [count(s), count(union({{1}, {2, 3}}))])
+}
+`
+	if _, err := e.Put(ctx, "proj_bw", "ok", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission("proj_bw", 2, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"   42|ab  |[1, 2]", "a-b-c", "ayby", "12c", "a#b#", `{"k":[1,2.5,"x"]}`, "1000000007000",
+		"x,y", "tier 2 of 3", "OK", "3 3"}
+	for _, w := range want {
+		if !slices.Contains(d.Reasons, "pol_ok@1: "+w) {
+			t.Errorf("no reason %q in %q", w, d.Reasons)
+		}
+	}
+
+	// Errors name the builtins as the author wrote them.
+	_, err = e.Put(ctx, "proj_bw", "bad", "package wb.admission\n\ndeny contains sprintf(1, 2)\n", ModeEnforce)
+	var ce *CompileError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "sprintf") || strings.Contains(err.Error(), boundedPrefix) {
+		t.Errorf("type error: %v", err)
+	}
+	_, err = e.Put(ctx, "proj_bw", "bad", "package wb.admission\n\ndeny contains x if x := opa.runtime().env.HOME\n", ModeEnforce)
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "opa.runtime is not available to policies") {
+		t.Errorf("forbidden builtin: %v", err)
+	}
+	// A rule named like a builtin stays the policy's own.
+	if _, err := e.Put(ctx, "proj_bw2", "own", "package wb.admission\n\nlower := \"mine\"\n\ndeny contains lower\n", ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := e.Admit(ctx, admission("proj_bw2", 2, nil)); err != nil || !slices.Equal(d.Reasons, []string{"pol_own@1: mine"}) {
+		t.Errorf("a rule named lower: %+v %v", d, err)
+	}
+	// An evaluation's error names the builtin as written, and errors.Is finds the budget.
+	if _, err := e.Put(ctx, "proj_bw3", "big", "package wb.admission\n\ndeny contains \"x\" if count(numbers.range(1, 100000000)) > 0\n", ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err = e.Admit(ctx, admission("proj_bw3", 2, nil))
+	if err != nil || d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], "numbers.range would make") || strings.Contains(d.Reasons[0], boundedPrefix) {
+		t.Errorf("over budget: %+v %v", d, err)
+	}
+}
+
+func TestSaneNumber(t *testing.T) {
+	for n, want := range map[string]bool{
+		"1": true, "-12.5": true, "1e300": true, "1e999": true, "1e1000": false, "1e999999999": false,
+		"1e-5": true, "1e-99999999": false, strings.Repeat("9", 1000): true, strings.Repeat("9", 1003): false,
+		"1E+10": true, "1ex": false,
+	} {
+		if got := saneNumber(ast.Number(n)); got != want {
+			t.Errorf("saneNumber(%.20s) = %v, want %v", n, got, want)
+		}
+	}
+}
+
+// TestMessagesBounded: a policy's deny says at most 64 messages of at most 1 KiB each.
+func TestMessagesBounded(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{})
+	src := "package wb.admission\n\nxs := concat(\"\", [\"x\" | some _ in numbers.range(1, 2000)])\n\ndeny contains sprintf(\"%d %s\", [i, xs]) if some i in numbers.range(1, 1000)\n"
+	if _, err := e.Put(ctx, "proj_msgs", "many", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission("proj_msgs", 2, nil))
+	if err != nil || d.Allow {
+		t.Fatalf("%v %v", d.Allow, err)
+	}
+	if len(d.Reasons) != maxMessages+1 || !strings.HasSuffix(d.Reasons[maxMessages], "… and 936 more") {
+		t.Errorf("%d reasons, last %q", len(d.Reasons), d.Reasons[len(d.Reasons)-1])
+	}
+	for _, r := range d.Reasons {
+		if len(r) > maxMessageBytes+64 {
+			t.Errorf("a reason of %d bytes", len(r))
+		}
+	}
+}
