@@ -29,6 +29,8 @@ type nodeFlags struct {
 	id, region, zone string
 	runtime, dataDir string
 	pool, vcpu, mem  int
+	// allowUnlimitedDisk starts guests without a disk limit when the host cannot enforce one.
+	allowUnlimitedDisk bool
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -37,6 +39,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
+	fs.BoolVar(&f.allowUnlimitedDisk, "allow-unlimited-disk", false, "start guests without a disk limit when this host cannot make their ext4 loop images (default: such guests fail to start)")
 }
 
 // buildNode assembles the templates and the node. It answers a nil node for --runtime none.
@@ -56,7 +59,8 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	// Runtime state and cgroups belong to this data dir, so that two nodes on one host never
 	// see (or reap) each other's guests.
 	drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"),
-		StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log})
+		StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log,
+		AllowUnlimitedDisk: f.allowUnlimitedDisk})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
 	}
