@@ -12,7 +12,8 @@ import (
 const (
 	// GuestWorkspace is where the guest's writable workspace is mounted.
 	GuestWorkspace = "/workspace"
-	// GuestAgentDir is where Spec.AgentDir is mounted (read-write); the agent's socket lives there.
+	// GuestAgentDir is where Spec.AgentDir is mounted; the agent's socket lives there. Drivers
+	// that can make it unwritable by the guest once the agent listens (see Spec.AgentSocket).
 	GuestAgentDir = "/run/wb"
 	// GuestAgentBin is where Spec.AgentBin is mounted (read-only).
 	GuestAgentBin = "/run/wb-bin/wb"

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"wb/agent"
 	"wb/session"
 )
 
@@ -189,8 +190,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 func agentProxy(sock string) *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
+			return agent.DialSocket(ctx, sock)
 		},
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,

@@ -62,9 +62,10 @@ type Options struct {
 // DefaultRunscFlags are the global flags runsc needs on the hosts we know: the ptrace platform
 // (KVM hangs on PVM hosts), no network stack (gVisor's netstack refuses to run in the root
 // netns here, and guests get loopback only), host Unix sockets allowed in bind mounts (the
-// agent's socket), and no overlay on the root (it is read-only anyway; writes go to binds).
+// agent's socket), no overlay on the root (it is read-only anyway; writes go to binds), and the
+// spec's seccomp profile applied inside the sandbox too.
 func DefaultRunscFlags() []string {
-	return []string{"--platform=ptrace", "--network=none", "--host-uds=all", "--overlay2=none"}
+	return []string{"--platform=ptrace", "--network=none", "--host-uds=all", "--overlay2=none", "--oci-seccomp"}
 }
 
 // Driver is a hypervisor.Driver backed by an OCI runtime.
