@@ -93,6 +93,25 @@ type specOptions struct {
 // sentry is itself the guest's kernel and runs as no user the guest could become.
 func (o specOptions) userNS() bool { return !o.runsc }
 
+// guestSeccomp is the profile for this runtime. gVisor (build 2022) ignores errnoRet, so
+// Docker's "clone3 fails with ENOSYS" rule would answer EPERM and glibc would not fall back to
+// clone (threads fail); its sentry has no clone3 of its own, so letting the call through
+// answers the same ENOSYS.
+func guestSeccomp(o specOptions) *specs.LinuxSeccomp {
+	if o.seccomp == nil || !o.runsc {
+		return o.seccomp
+	}
+	sc := *o.seccomp
+	sc.Syscalls = nil
+	for _, r := range o.seccomp.Syscalls {
+		if r.Action == specs.ActErrno && slices.Equal(r.Names, []string{"clone3"}) {
+			r = specs.LinuxSyscall{Names: []string{"clone3"}, Action: specs.ActAllow}
+		}
+		sc.Syscalls = append(sc.Syscalls, r)
+	}
+	return &sc
+}
+
 // defaultSeccomp is Docker's default seccomp profile (github.com/moby/profiles/seccomp) for a
 // process with capabilities(): syscalls outside it fail with EPERM.
 func defaultSeccomp() (*specs.LinuxSeccomp, error) {
@@ -213,7 +232,7 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 			Namespaces:    namespaces,
 			UIDMappings:   uidMap,
 			GIDMappings:   gidMap,
-			Seccomp:       o.seccomp,
+			Seccomp:       guestSeccomp(o),
 			MaskedPaths:   maskedPaths(),
 			ReadonlyPaths: readonlyPaths(),
 		},
