@@ -37,8 +37,7 @@ type Client struct {
 func NewClient(socketPath string) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socketPath)
+			return DialSocket(ctx, socketPath)
 		},
 		MaxIdleConns:        8,
 		MaxIdleConnsPerHost: 8,

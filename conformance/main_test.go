@@ -69,6 +69,10 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "conformance:", err)
 		return 1
 	}
+	if err := os.Chmod(tmp, 0o755); err != nil { // runc's guest root must reach the wb binary (the agent)
+		fmt.Fprintln(os.Stderr, "conformance:", err)
+		return 1
+	}
 	defer os.RemoveAll(tmp)
 	binPath, err = buildWB(tmp)
 	if err != nil {
@@ -152,6 +156,9 @@ func buildWB(dir string) (string, error) {
 func startServer(bin, rt string, extra ...string) (*deployment, error) {
 	tmp, err := os.MkdirTemp("", "wb-conf-"+rt+"-")
 	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(tmp, 0o755); err != nil { // runc's guest root is an unprivileged uid: it must reach the data dir
 		return nil, err
 	}
 	d := &deployment{name: rt, runtime: rt, local: true, bin: bin, tmp: tmp, exited: make(chan struct{})}

@@ -12,7 +12,8 @@ import (
 const (
 	// GuestWorkspace is where the guest's writable workspace is mounted.
 	GuestWorkspace = "/workspace"
-	// GuestAgentDir is where Spec.AgentDir is mounted (read-write); the agent's socket lives there.
+	// GuestAgentDir is where Spec.AgentDir is mounted; the agent's socket lives there. Drivers
+	// that can make it unwritable by the guest once the agent listens (see Spec.AgentSocket).
 	GuestAgentDir = "/run/wb"
 	// GuestAgentBin is where Spec.AgentBin is mounted (read-only).
 	GuestAgentBin = "/run/wb-bin/wb"
@@ -52,6 +53,7 @@ type Spec struct {
 	Writable      string   `json:"writable"`           // host dir of the writable layer (see WritableMounts)
 	AgentDir      string   `json:"agent_dir"`          // host dir mounted read-write at /run/wb
 	AgentBin      string   `json:"agent_bin"`          // host path of the static wb binary, mounted read-only at /run/wb-bin/wb; optional
+	AgentSocket   string   `json:"agent_socket"`       // file name of the agent's socket in AgentDir; when set, a driver that can seals AgentDir once it exists
 	Args          []string `json:"args"`               // init process
 	Env           []string `json:"env,omitempty"`      // init environment; a default PATH is added when none is given
 	ReadOnlyBinds []Bind   `json:"ro_binds,omitempty"` // extra read-only binds (toolchains)
@@ -88,6 +90,9 @@ func (s Spec) Validate() error {
 	}
 	if s.AgentBin != "" && !filepath.IsAbs(s.AgentBin) {
 		return fmt.Errorf("hypervisor: agent bin must be an absolute path, got %q", s.AgentBin)
+	}
+	if s.AgentSocket != "" && (s.AgentSocket != filepath.Base(s.AgentSocket) || s.AgentSocket == "." || s.AgentSocket == "..") {
+		return fmt.Errorf("hypervisor: agent socket must be a plain file name in the agent dir, got %q", s.AgentSocket)
 	}
 	if len(s.Args) == 0 {
 		return errors.New("hypervisor: spec has no init args")

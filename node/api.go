@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"wb/agent"
 	"wb/session"
 )
 
@@ -210,8 +211,7 @@ func writeRuntimeRefusal(w http.ResponseWriter, err error) {
 func agentProxy(sock string) *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
+			return agent.DialSocket(ctx, sock)
 		},
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"wb/agent"
 	"wb/internal/netguard"
 	"wb/session"
 )
@@ -47,6 +48,12 @@ func (n *Node) startEgress(l *live) {
 	_ = os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
+		n.Logger.Warn("node: egress proxy", "session", l.g.SessionID, "err", err)
+		return
+	}
+	// Guest root may be an unprivileged host uid (runc's user namespace): let it connect.
+	if err := agent.ChmodSocket(sock, 0o666); err != nil {
+		_ = ln.Close()
 		n.Logger.Warn("node: egress proxy", "session", l.g.SessionID, "err", err)
 		return
 	}

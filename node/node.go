@@ -239,7 +239,7 @@ func (n *Node) spec(guestID string, tpl templates.Template, res session.Resource
 	dir := n.guestDir(guestID)
 	return hypervisor.Spec{
 		ID: guestID, RootFS: tpl.RootFS, Writable: filepath.Join(dir, "writable"), AgentDir: filepath.Join(dir, "agent"),
-		AgentBin: n.AgentBin,
+		AgentBin: n.AgentBin, AgentSocket: "agent.sock",
 		Args: []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace,
 			"--egress-listen", GuestProxy, "--egress-socket", hypervisor.GuestAgentDir + "/egress.sock"},
 		Env:           append(append([]string{}, tpl.Env...), egressEnv()...),

@@ -31,6 +31,8 @@ type nodeFlags struct {
 	runtime, dataDir string
 	pool, vcpu, mem  int
 	egressAllow      cidrFlag
+	// allowUnlimitedDisk starts guests without a disk limit when the host cannot enforce one.
+	allowUnlimitedDisk bool
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -40,6 +42,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
 	fs.Var(&f.egressAllow, "egress-allow-cidr", "`CIDR` that guests whose policy allows egress may reach although it is not public (say 10.20.0.0/16 for a private package mirror); repeatable. Loopback opens only for a prefix inside 127.0.0.0/8 or ::1; the platform's own addresses (this host, Redis, gateways, nodes) never open")
+	fs.BoolVar(&f.allowUnlimitedDisk, "allow-unlimited-disk", false, "start guests without a disk limit when this host cannot make their ext4 loop images (default: such guests fail to start)")
 }
 
 // buildNode assembles the templates and the node. It answers a nil node for --runtime none.
@@ -59,7 +62,8 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	// Runtime state and cgroups belong to this data dir, so that two nodes on one host never
 	// see (or reap) each other's guests.
 	drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"),
-		StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log})
+		StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log,
+		AllowUnlimitedDisk: f.allowUnlimitedDisk})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
 	}

@@ -17,8 +17,9 @@ func diskImage(s hypervisor.Spec) string { return filepath.Clean(s.Writable) + "
 
 // attachDisk puts the guest's writable layer on an ext4 file system of DiskGiB (a sparse
 // image on a loop device), so that the guest's disk use stops at its allowance with ENOSPC.
-// It is idempotent, and leaves the layer as a plain directory (no limit) when the host has
-// no loop devices, saying so once in the log.
+// It is idempotent. When the image cannot be made or mounted the guest does not start, unless
+// the operator allowed unlimited disks (then the layer stays a plain directory, said once in
+// the log).
 func (d *Driver) attachDisk(ctx context.Context, s hypervisor.Spec) error {
 	if s.DiskGiB <= 0 {
 		return os.MkdirAll(s.Writable, 0o755)
@@ -61,10 +62,15 @@ func (d *Driver) attachDisk(ctx context.Context, s hypervisor.Spec) error {
 }
 
 func (d *Driver) noDisk(s hypervisor.Spec, err error) error {
-	d.diskOnce.Do(func() {
-		d.log.Warn("guest disk limits are off: this host cannot mount loop devices", "err", err)
-	})
 	os.Remove(diskImage(s))
+	if !d.unlimitedDisk {
+		return fmt.Errorf("oci: guest %s: cannot enforce its %d GiB disk limit (ext4 loop image): %w; "+
+			"fix loop devices and mkfs.ext4 on this host, or start wb with --allow-unlimited-disk to run guests without a disk limit",
+			s.ID, s.DiskGiB, err)
+	}
+	d.diskOnce.Do(func() {
+		d.log.Warn("guest disk limits are off (--allow-unlimited-disk): this host cannot mount loop devices", "err", err)
+	})
 	return nil
 }
 

@@ -75,10 +75,7 @@ func newDriver(t testing.TB, runtime string) *oci.Driver {
 // catalog assembles the templates once per test.
 func catalog(t testing.TB) templates.Catalog {
 	t.Helper()
-	dir := t.TempDir()
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := reachableTempDir(t)
 	cat, err := templates.Assemble(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -86,10 +83,23 @@ func catalog(t testing.TB) templates.Catalog {
 	return cat
 }
 
+// reachableTempDir is a t.TempDir that runc's guest root (an unprivileged host uid) can
+// search, its parent included.
+func reachableTempDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // jobRunner is the test's stand-in for the agent: it announces readiness, then runs every
 // /run/wb/jobs/NAME.sh and leaves NAME.rc and NAME.out in /run/wb/out.
-const jobRunner = `echo ready > /run/wb/ready
-mkdir -p /run/wb/jobs /run/wb/out
+const jobRunner = `mkdir -p /run/wb/jobs /run/wb/out
+echo ready > /run/wb/ready
 while :; do
   for j in /run/wb/jobs/*.sh; do
     [ -e "$j" ] || continue
@@ -111,10 +121,7 @@ type guest struct {
 // guestSpec builds a spec on template tpl with fresh host dirs.
 func guestSpec(t testing.TB, tpl templates.Template, script string) hypervisor.Spec {
 	t.Helper()
-	dir := t.TempDir()
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	dir := reachableTempDir(t)
 	return hypervisor.Spec{
 		ID:            "t" + randHex(t, 6),
 		RootFS:        tpl.RootFS,

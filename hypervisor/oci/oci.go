@@ -20,6 +20,7 @@ import (
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"wb/hypervisor"
 )
@@ -49,6 +50,10 @@ type Options struct {
 	EventInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// AllowUnlimitedDisk lets a guest with a disk limit start without one when the host
+	// cannot make its ext4 loop image (the operator's --allow-unlimited-disk); by default
+	// such a guest does not start.
+	AllowUnlimitedDisk bool
 
 	// cgroupProbe and mountinfo are overridable for tests of the cgroup detection.
 	cgroupProbe, mountinfo string
@@ -57,9 +62,10 @@ type Options struct {
 // DefaultRunscFlags are the global flags runsc needs on the hosts we know: the ptrace platform
 // (KVM hangs on PVM hosts), no network stack (gVisor's netstack refuses to run in the root
 // netns here, and guests get loopback only), host Unix sockets allowed in bind mounts (the
-// agent's socket), and no overlay on the root (it is read-only anyway; writes go to binds).
+// agent's socket), no overlay on the root (it is read-only anyway; writes go to binds), and the
+// spec's seccomp profile applied inside the sandbox too.
 func DefaultRunscFlags() []string {
-	return []string{"--platform=ptrace", "--network=none", "--host-uds=all", "--overlay2=none"}
+	return []string{"--platform=ptrace", "--network=none", "--host-uds=all", "--overlay2=none", "--oci-seccomp"}
 }
 
 // Driver is a hypervisor.Driver backed by an OCI runtime.
@@ -72,6 +78,8 @@ type Driver struct {
 	eventInterval time.Duration
 	log           *slog.Logger
 	diskOnce      sync.Once
+	seccomp       *specs.LinuxSeccomp
+	unlimitedDisk bool
 }
 
 var _ hypervisor.Driver = (*Driver)(nil)
@@ -124,6 +132,10 @@ func New(o Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	sc, err := defaultSeccomp()
+	if err != nil {
+		return nil, err
+	}
 	for _, d := range []string{o.StateRoot, o.BundleRoot} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("oci: %w", err)
@@ -144,6 +156,8 @@ func New(o Options) (*Driver, error) {
 		cg:            cg,
 		eventInterval: o.EventInterval,
 		log:           o.Logger.With("driver", "oci", "runtime", name),
+		seccomp:       sc,
+		unlimitedDisk: o.AllowUnlimitedDisk,
 	}, nil
 }
 
@@ -212,7 +226,7 @@ func (d *Driver) loadGuest(id string) (guestRecord, error) {
 }
 
 // prepare creates the writable dirs and writes the bundle of s.
-func (d *Driver) prepare(s hypervisor.Spec) (string, error) {
+func (d *Driver) prepare(s hypervisor.Spec) (_ string, err error) {
 	if err := s.Validate(); err != nil {
 		return "", err
 	}
@@ -235,6 +249,9 @@ func (d *Driver) prepare(s hypervisor.Spec) (string, error) {
 			return "", fmt.Errorf("oci: agent bin %s: not a regular file (%v)", s.AgentBin, err)
 		}
 	}
+	if err := d.checkReachable(s); err != nil {
+		return "", err
+	}
 	for _, w := range hypervisor.WritableMounts() {
 		p := filepath.Join(s.Writable, w.Subdir)
 		if err := os.MkdirAll(p, 0o755); err != nil {
@@ -246,16 +263,30 @@ func (d *Driver) prepare(s hypervisor.Spec) (string, error) {
 		if err := os.Chmod(p, fs.FileMode(w.Mode&0o777)|modeBits(w.Mode)); err != nil {
 			return "", fmt.Errorf("oci: writable layer: %w", err)
 		}
+		if d.userNS() {
+			// Owned by guest root, which is an unprivileged host uid.
+			if err := os.Lchown(p, guestRootID, guestRootID); err != nil {
+				return "", fmt.Errorf("oci: writable layer: %w", err)
+			}
+		}
 	}
 	bundle := d.BundleDir(s.ID)
 	if _, err := os.Stat(filepath.Join(bundle, guestFile)); err == nil {
 		return "", fmt.Errorf("oci: guest %s already exists", s.ID)
 	}
+	if err := d.mountAgentDir(s); err != nil {
+		return "", err
+	}
+	defer func() {
+		if err != nil {
+			_ = unmountAgentDir(s)
+		}
+	}()
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return "", fmt.Errorf("oci: bundle: %w", err)
 	}
 	rec := guestRecord{Spec: s, CgroupsPath: d.CgroupPath(s.ID), Runtime: d.name}
-	cfg := ociSpec(s, specOptions{runsc: d.name == RuntimeRunsc, cgroupsPath: rec.CgroupsPath, swap: d.cg.swap, nofile: guestNofile()})
+	cfg := ociSpec(s, specOptions{runsc: d.name == RuntimeRunsc, cgroupsPath: rec.CgroupsPath, swap: d.cg.swap, nofile: guestNofile(), seccomp: d.seccomp})
 	if err := writeJSON(filepath.Join(bundle, configFile), cfg); err != nil {
 		return "", err
 	}
@@ -378,15 +409,17 @@ func (d *Driver) cleanupFailed(id string) {
 	}
 }
 
-// Boot starts the init process.
+// Boot starts the init process (and, with Spec.AgentSocket, waits for the agent's socket and
+// seals the agent dir, see sealAgentDir).
 func (d *Driver) Boot(ctx context.Context, id string) error {
-	if _, err := d.loadGuest(id); err != nil {
+	g, err := d.loadGuest(id)
+	if err != nil {
 		return err
 	}
 	if err := d.rt.Start(ctx, id); err != nil {
 		return d.wrap("start", id, err)
 	}
-	return nil
+	return d.sealAgentDir(ctx, g.Spec)
 }
 
 // Pause freezes the guest (runc: cgroup freezer; runsc: the sentry stops its tasks).
@@ -471,6 +504,9 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	}
 	if g, err := d.loadGuest(id); err == nil {
 		if err := detachDisk(g.Spec); err != nil {
+			errs = append(errs, err)
+		}
+		if err := unmountAgentDir(g.Spec); err != nil {
 			errs = append(errs, err)
 		}
 	}

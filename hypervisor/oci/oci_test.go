@@ -433,7 +433,8 @@ func TestPolyglot(t *testing.T) {
 				case "node":
 					script = shJoin(append(r.Argv, "console.log(6*7)"))
 				case "gcc":
-					script = `printf 'int main(){return 42;}' > /tmp/a.c && ` + shJoin(r.Argv) + ` -o /tmp/a /tmp/a.c && /tmp/a; echo "exit=$?"`
+					// Programs run from /workspace only (/tmp is noexec).
+					script = `printf 'int main(){return 42;}' > /tmp/a.c && ` + shJoin(r.Argv) + ` -o /workspace/a /tmp/a.c && /workspace/a; echo "exit=$?"`
 				case "go":
 					script = shJoin(append(r.Argv, "version"))
 				default:

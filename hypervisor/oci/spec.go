@@ -1,11 +1,13 @@
 package oci
 
 import (
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 
+	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"wb/hypervisor"
@@ -26,20 +28,22 @@ const (
 	runscPidsPerProc = 12
 )
 
-// capabilities is the minimal set a root init gets: enough to own, chmod and kill its own files
-// and processes in its writable dirs; no admin, raw net, module, ptrace or mknod.
+// capabilities is Docker's default set, nothing more: enough for a root init to own, chmod and
+// kill its own files and processes and to drop privileges; no admin, module, ptrace or time.
 func capabilities() []string {
 	return []string{
 		"CAP_AUDIT_WRITE", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
-		"CAP_KILL", "CAP_NET_BIND_SERVICE", "CAP_SETGID", "CAP_SETUID",
+		"CAP_KILL", "CAP_MKNOD", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SETFCAP",
+		"CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT",
 	}
 }
 
-// maskedPaths and readonlyPaths are runc's default spec's.
+// maskedPaths and readonlyPaths are Docker's defaults (a superset of runc's).
 func maskedPaths() []string {
 	return []string{
-		"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+		"/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+		"/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
 	}
 }
 
@@ -47,12 +51,32 @@ func readonlyPaths() []string {
 	return []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 }
 
-func bindMount(src, dst string, ro bool) specs.Mount {
-	mode := "rw"
-	if ro {
-		mode = "ro"
+// Guest user namespace (runc): guest uid/gid 0..guestIDCount-1 are host ids from guestRootID
+// on, none of which is a host account, so guest root is an unprivileged user on the host.
+const (
+	guestRootID  = 100000
+	guestIDCount = 65536
+)
+
+// Mount option sets. The workspace may hold programs; every other writable place is data only.
+var (
+	optsWorkspace = []string{"rbind", "rw", "nosuid", "nodev"}
+	optsData      = []string{"rbind", "rw", "nosuid", "nodev", "noexec"}
+)
+
+// readOnlyBind is a host toolchain dir: read-only down through its submounts ("rro", which
+// runc 1.1 applies with mount_setattr; gVisor's sentry makes its whole view of the bind
+// read-only with plain "ro").
+func readOnlyBind(src, dst string, runsc bool) specs.Mount {
+	opts := []string{"rbind", "ro", "nosuid", "nodev"}
+	if !runsc {
+		opts = append(opts, "rro")
 	}
-	return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", mode, "nosuid", "nodev"}}
+	return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: opts}
+}
+
+func bindMount(src, dst string, opts []string) specs.Mount {
+	return specs.Mount{Destination: dst, Type: "bind", Source: src, Options: slices.Clone(opts)}
 }
 
 // specOptions are the host facts the OCI config depends on.
@@ -61,6 +85,42 @@ type specOptions struct {
 	cgroupsPath string
 	swap        bool   // the host accounts swap (v1 memsw / v2 memory.swap.max): pin swap to the memory limit
 	nofile      uint64 // RLIMIT_NOFILE for the guest; runc cannot raise it above the caller's hard limit
+	// seccomp is the guest's syscall filter (Docker's default profile, see defaultSeccomp).
+	seccomp *specs.LinuxSeccomp
+}
+
+// userNS reports whether the guest gets its own user namespace: runc only, since gVisor's
+// sentry is itself the guest's kernel and runs as no user the guest could become.
+func (o specOptions) userNS() bool { return !o.runsc }
+
+// guestSeccomp is the profile for this runtime. gVisor (build 2022) ignores errnoRet, so
+// Docker's "clone3 fails with ENOSYS" rule would answer EPERM and glibc would not fall back to
+// clone (threads fail); its sentry has no clone3 of its own, so letting the call through
+// answers the same ENOSYS.
+func guestSeccomp(o specOptions) *specs.LinuxSeccomp {
+	if o.seccomp == nil || !o.runsc {
+		return o.seccomp
+	}
+	sc := *o.seccomp
+	sc.Syscalls = nil
+	for _, r := range o.seccomp.Syscalls {
+		if r.Action == specs.ActErrno && slices.Equal(r.Names, []string{"clone3"}) {
+			r = specs.LinuxSyscall{Names: []string{"clone3"}, Action: specs.ActAllow}
+		}
+		sc.Syscalls = append(sc.Syscalls, r)
+	}
+	return &sc
+}
+
+// defaultSeccomp is Docker's default seccomp profile (github.com/moby/profiles/seccomp) for a
+// process with capabilities(): syscalls outside it fail with EPERM.
+func defaultSeccomp() (*specs.LinuxSeccomp, error) {
+	caps := capabilities()
+	p, err := seccomp.GetDefaultProfile(&specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}})
+	if err != nil {
+		return nil, fmt.Errorf("oci: default seccomp profile: %w", err)
+	}
+	return p, nil
 }
 
 // guestNofile is 65536 open files, or less when this process's hard limit is lower.
@@ -85,7 +145,7 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 
 	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "noexec", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 	}
@@ -100,14 +160,18 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 		return strings.Count(filepath.Clean(a.Target), "/") - strings.Count(filepath.Clean(b.Target), "/")
 	})
 	for _, b := range binds {
-		mounts = append(mounts, bindMount(b.Source, b.Target, true))
+		mounts = append(mounts, readOnlyBind(b.Source, b.Target, o.runsc))
 	}
 	for _, w := range hypervisor.WritableMounts() {
-		mounts = append(mounts, bindMount(filepath.Join(s.Writable, w.Subdir), w.Target, false))
+		opts := optsData
+		if w.Target == hypervisor.GuestWorkspace {
+			opts = optsWorkspace
+		}
+		mounts = append(mounts, bindMount(filepath.Join(s.Writable, w.Subdir), w.Target, opts))
 	}
-	mounts = append(mounts, bindMount(s.AgentDir, hypervisor.GuestAgentDir, false))
+	mounts = append(mounts, bindMount(s.AgentDir, hypervisor.GuestAgentDir, optsData))
 	if s.AgentBin != "" {
-		mounts = append(mounts, bindMount(s.AgentBin, hypervisor.GuestAgentBin, true))
+		mounts = append(mounts, bindMount(s.AgentBin, hypervisor.GuestAgentBin, []string{"bind", "ro", "nosuid", "nodev"}))
 	}
 
 	res := &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}}
@@ -129,6 +193,17 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 			limit = runscPidsBase + limit*runscPidsPerProc
 		}
 		res.Pids = &specs.LinuxPids{Limit: &limit}
+	}
+
+	namespaces := []specs.LinuxNamespace{
+		{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+		{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+	}
+	var uidMap, gidMap []specs.LinuxIDMapping
+	if o.userNS() {
+		namespaces = append(namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		uidMap = []specs.LinuxIDMapping{{ContainerID: 0, HostID: guestRootID, Size: guestIDCount}}
+		gidMap = slices.Clone(uidMap)
 	}
 
 	return &specs.Spec{
@@ -154,10 +229,10 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 			Resources:   res,
 			// A new, empty network namespace: loopback only, so the guest cannot reach the
 			// host's loopback or any other network.
-			Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
-			},
+			Namespaces:    namespaces,
+			UIDMappings:   uidMap,
+			GIDMappings:   gidMap,
+			Seccomp:       guestSeccomp(o),
 			MaskedPaths:   maskedPaths(),
 			ReadonlyPaths: readonlyPaths(),
 		},

@@ -77,13 +77,46 @@ func TestOCISpec(t *testing.T) {
 		ReadOnlyBinds: []hypervisor.Bind{{Source: "/usr/lib/x", Target: "/usr/lib/x"}, {Source: "/usr", Target: "/usr"}},
 		VCPU:          2, MemoryMiB: 512, Pids: 100,
 	}
+	sc, err := defaultSeccomp()
+	if err != nil || sc.DefaultAction != specs.ActErrno || len(sc.Syscalls) < 10 {
+		t.Fatalf("default seccomp profile: %+v, %v", sc, err)
+	}
 	for _, runsc := range []bool{false, true} {
-		c := ociSpec(s, specOptions{runsc: runsc, cgroupsPath: "/wb/g1", swap: true, nofile: 1024})
+		c := ociSpec(s, specOptions{runsc: runsc, cgroupsPath: "/wb/g1", swap: true, nofile: 1024, seccomp: sc})
 		if !c.Root.Readonly || c.Root.Path != s.RootFS {
 			t.Fatalf("root = %+v", c.Root)
 		}
-		if !c.Process.NoNewPrivileges || slices.Contains(c.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") || slices.Contains(c.Process.Capabilities.Bounding, "CAP_NET_RAW") {
+		docker := []string{"CAP_AUDIT_WRITE", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_MKNOD",
+			"CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+		pc := c.Process.Capabilities
+		for _, set := range [][]string{pc.Bounding, pc.Effective, pc.Permitted} {
+			if !slices.Equal(slices.Sorted(slices.Values(set)), docker) {
+				t.Fatalf("capabilities %v, want Docker's default %v", set, docker)
+			}
+		}
+		if !c.Process.NoNewPrivileges || len(pc.Inheritable) != 0 || len(pc.Ambient) != 0 {
 			t.Fatalf("process privileges: %+v", c.Process)
+		}
+		if c.Linux.Seccomp == nil || c.Linux.Seccomp.DefaultAction != specs.ActErrno || len(c.Linux.Seccomp.Syscalls) != len(sc.Syscalls) {
+			t.Fatal("no seccomp profile")
+		}
+		for _, p := range []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"} {
+			if !slices.Contains(c.Linux.MaskedPaths, p) {
+				t.Fatalf("%s is not masked: %v", p, c.Linux.MaskedPaths)
+			}
+		}
+		if !slices.Contains(c.Linux.ReadonlyPaths, "/proc/sys") {
+			t.Fatalf("/proc/sys is not read-only: %v", c.Linux.ReadonlyPaths)
+		}
+		hasUserNS := slices.ContainsFunc(c.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.UserNamespace })
+		if hasUserNS == runsc {
+			t.Fatalf("runsc=%v: user namespace %v", runsc, hasUserNS)
+		}
+		if !runsc {
+			want := []specs.LinuxIDMapping{{ContainerID: 0, HostID: guestRootID, Size: guestIDCount}}
+			if !slices.Equal(c.Linux.UIDMappings, want) || !slices.Equal(c.Linux.GIDMappings, want) || guestRootID == 0 {
+				t.Fatalf("id mappings %v %v", c.Linux.UIDMappings, c.Linux.GIDMappings)
+			}
 		}
 		var ns []specs.LinuxNamespaceType
 		for _, n := range c.Linux.Namespaces {
@@ -113,6 +146,16 @@ func TestOCISpec(t *testing.T) {
 			idx[m.Destination] = i
 			if m.Type == "bind" && m.Destination != "/workspace" && m.Destination != "/tmp" && m.Destination != "/root" && m.Destination != "/run/wb" && !slices.Contains(m.Options, "ro") {
 				t.Fatalf("bind %s is not read-only: %v", m.Destination, m.Options)
+			}
+			writable := m.Type == "tmpfs" || m.Type == "bind" && !slices.Contains(m.Options, "ro")
+			if writable && !slices.Contains(m.Options, "nosuid") {
+				t.Fatalf("writable %s is not nosuid: %v", m.Destination, m.Options)
+			}
+			if writable && m.Destination != "/workspace" && (!slices.Contains(m.Options, "noexec") || m.Destination != "/dev" && !slices.Contains(m.Options, "nodev")) {
+				t.Fatalf("writable %s is not nosuid,nodev,noexec: %v", m.Destination, m.Options)
+			}
+			if (m.Destination == "/usr" || m.Destination == "/usr/lib/x") && slices.Contains(m.Options, "rro") == runsc {
+				t.Fatalf("runsc=%v: toolchain bind %s options %v", runsc, m.Destination, m.Options)
 			}
 		}
 		for _, d := range []string{"/proc", "/dev", "/dev/pts", "/dev/shm", "/sys", "/usr", "/usr/lib/x", "/workspace", "/tmp", "/root", "/run/wb", "/run/wb-bin/wb"} {

@@ -1,0 +1,144 @@
+package oci
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"wb/hypervisor"
+)
+
+const (
+	// agentDirTmpfs bounds the agent dir (sockets and a few small files): a guest cannot fill
+	// the host's disk through it.
+	agentDirTmpfs = "size=1m,nr_inodes=1024,mode=0755"
+	// agentSocketWait is how long Boot waits for the agent to bind its socket before sealing.
+	agentSocketWait = 30 * time.Second
+)
+
+// userNS reports whether this driver's guests get a user namespace (see specOptions.userNS).
+func (d *Driver) userNS() bool { return d.name == RuntimeRunc }
+
+// mountAgentDir puts a small tmpfs on the host's agent dir, owned by guest root so that the
+// agent can bind its socket there (sealAgentDir takes it back). Idempotent.
+func (d *Driver) mountAgentDir(s hypervisor.Spec) error {
+	if mounted(s.AgentDir) {
+		return nil
+	}
+	owner := 0
+	if d.userNS() {
+		owner = guestRootID
+	}
+	data := fmt.Sprintf("%s,uid=%d,gid=%d", agentDirTmpfs, owner, owner)
+	if err := syscall.Mount("tmpfs", s.AgentDir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, data); err != nil {
+		return fmt.Errorf("oci: agent dir %s: mount a tmpfs: %w", s.AgentDir, err)
+	}
+	return nil
+}
+
+// unmountAgentDir removes the agent dir's tmpfs, if it has one.
+func unmountAgentDir(s hypervisor.Spec) error {
+	if s.AgentDir == "" || !mounted(s.AgentDir) {
+		return nil
+	}
+	if err := syscall.Unmount(s.AgentDir, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("oci: unmount the agent dir: %w", err)
+	}
+	return nil
+}
+
+// sealAgentDir waits until the agent has bound Spec.AgentSocket, then gives the agent dir to
+// host root (mode 0755): guest root, an unmapped-to-root host uid, can then neither remove nor
+// replace the socket, nor plant anything beside it. Only runc guests (user namespace) can be
+// sealed this way; inside gVisor, guest root is root over its own mounts.
+func (d *Driver) sealAgentDir(ctx context.Context, s hypervisor.Spec) error {
+	if s.AgentSocket == "" || !d.userNS() {
+		return nil
+	}
+	sock := filepath.Join(s.AgentDir, s.AgentSocket)
+	isSocket := func() (bool, error) {
+		fi, err := os.Lstat(sock)
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("oci: agent socket: %w", err)
+		}
+		if fi.Mode().Type() != fs.ModeSocket {
+			return false, fmt.Errorf("oci: guest %s: %s is a %v, not the agent's socket", s.ID, s.AgentSocket, fi.Mode().Type())
+		}
+		return true, nil
+	}
+	deadline := time.Now().Add(agentSocketWait)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		ok, err := isSocket()
+		if err != nil {
+			return err
+		}
+		if ok {
+			break
+		}
+		if n%40 == 39 {
+			if info, err := d.Info(ctx, s.ID); err == nil && info.State == hypervisor.StateStopped {
+				return fmt.Errorf("oci: guest %s exited before its agent listened on %s", s.ID, s.AgentSocket)
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("oci: guest %s: the agent did not listen on %s within %v", s.ID, s.AgentSocket, agentSocketWait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("oci: guest %s: waiting for the agent's socket: %w", s.ID, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	if err := os.Lchown(s.AgentDir, 0, 0); err != nil {
+		return fmt.Errorf("oci: seal the agent dir: %w", err)
+	}
+	if err := os.Chmod(s.AgentDir, 0o755); err != nil {
+		return fmt.Errorf("oci: seal the agent dir: %w", err)
+	}
+	// The socket must still be the one the agent bound (nothing else ran to swap it, but check).
+	if ok, err := isSocket(); err != nil || !ok {
+		return errors.Join(fmt.Errorf("oci: guest %s: the agent's socket changed while sealing", s.ID), err)
+	}
+	return nil
+}
+
+// checkReachable makes sure guest root (an unprivileged host uid under runc's user namespace)
+// can reach every host path the guest mounts: each parent directory must let others search it.
+func (d *Driver) checkReachable(s hypervisor.Spec) error {
+	if !d.userNS() {
+		return nil
+	}
+	paths := []string{s.RootFS, s.Writable, s.AgentDir}
+	if s.AgentBin != "" {
+		paths = append(paths, s.AgentBin)
+	}
+	for _, b := range s.ReadOnlyBinds {
+		paths = append(paths, b.Source)
+	}
+	for _, p := range paths {
+		for dir := filepath.Dir(filepath.Clean(p)); ; dir = filepath.Dir(dir) {
+			fi, err := os.Stat(dir)
+			if err != nil {
+				return fmt.Errorf("oci: %s: %w", dir, err)
+			}
+			if fi.Mode().Perm()&0o001 == 0 {
+				return fmt.Errorf("oci: guest root (host uid %d) cannot reach %s: directory %s has mode %v; chmod o+x %s",
+					guestRootID, p, dir, fi.Mode().Perm(), dir)
+			}
+			if dir == "/" {
+				break
+			}
+		}
+	}
+	return nil
+}
