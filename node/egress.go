@@ -49,7 +49,7 @@ func (n *Node) startEgress(l *live) {
 	}
 	p := &egressProxy{}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.serveEgress(l, p, w, r) }),
-		ReadHeaderTimeout: 30 * time.Second}
+		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	l.egress = p
 	go func() { _ = p.srv.Serve(ln) }()
 }
