@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +55,7 @@ func toAPIError(err error) *apiError {
 	var te *session.TransitionError
 	var ce *store.ConflictError
 	var le *store.ConcurrencyError
+	var pe *store.PlanLimitError
 	switch {
 	case errors.As(err, &ae):
 		return ae
@@ -61,6 +65,8 @@ func toAPIError(err error) *apiError {
 		return errState("%s", ce.Error())
 	case errors.As(err, &te):
 		return errState("the session cannot go from %s to %s: %s", te.From, te.To, te.Message)
+	case errors.As(err, &pe):
+		return errPlanLimit(pe.Field, "%s", pe.Error())
 	case errors.As(err, &le):
 		return &apiError{Status: 429, Type: "rate_limited", Code: "concurrency_limit", Message: le.Error() + "; stop a session or raise the limit", RetryAfter: time.Second}
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, webhooks.ErrNotFound):
@@ -91,4 +97,39 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// Host paths and internal addresses never reach a tenant: a node's or agent's error may name
+// the node's directories (/var/lib/wb/...), sockets, or the host:port of a node or Redis.
+var (
+	internalURL  = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"'<>]+`)
+	bracketed    = regexp.MustCompile(`\[[0-9A-Za-z:.%]+\](:\d{1,5})?`)
+	ipv6Like     = regexp.MustCompile(`[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f.]*(%[0-9A-Za-z]+)?`)
+	internalIPv4 = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}(:\d{1,5})?\b`)
+	internalHost = regexp.MustCompile(`\b[A-Za-z0-9-]*[A-Za-z][A-Za-z0-9-]*(\.[A-Za-z0-9-]+)*:\d{1,5}\b|\blocalhost\b`)
+	hostPath     = regexp.MustCompile(`(^|[\s"'=(:,])/[^\s"',;:)]*`)
+)
+
+// redactInternal replaces URLs, IP addresses, host:port pairs and absolute paths in msg with
+// placeholders, leaving the rest of the message readable.
+func redactInternal(msg string) string {
+	const addr = "<internal address>"
+	msg = internalURL.ReplaceAllString(msg, addr)
+	msg = bracketed.ReplaceAllString(msg, addr)
+	msg = ipv6Like.ReplaceAllStringFunc(msg, func(m string) string {
+		if _, err := netip.ParseAddr(m); err != nil {
+			return m
+		}
+		return addr
+	})
+	msg = internalIPv4.ReplaceAllString(msg, addr)
+	msg = internalHost.ReplaceAllString(msg, addr)
+	return hostPath.ReplaceAllString(msg, "$1<host path>")
+}
+
+// errUpstream is a 502 for a failure of the node or the guest's agent: the caller learns what
+// failed, with host paths and internal addresses replaced; the log keeps the detail.
+func (s *Server) errUpstream(ctx context.Context, code, what string, err error) *apiError {
+	s.log.WarnContext(ctx, what, "code", code, "err", err)
+	return &apiError{Status: 502, Type: "api_error", Code: code, Message: what + ": " + redactInternal(err.Error())}
 }

@@ -37,7 +37,7 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		return res, &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
 	}
 	if err != nil {
-		return res, &apiError{Status: 502, Type: "api_error", Code: "exec_failed", Message: "the node could not run the command: " + err.Error()}
+		return res, s.errUpstream(ctx, "exec_failed", "the node could not run the command", err)
 	}
 	return res, nil
 }

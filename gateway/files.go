@@ -34,7 +34,7 @@ func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*s
 	}
 	c, err := g.Agent(ctx, sess)
 	if err != nil {
-		return nil, nil, &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the node could not reach the guest: " + err.Error()}
+		return nil, nil, s.errUpstream(ctx, "node_error", "the node could not reach the guest", err)
 	}
 	return sess, c, nil
 }
@@ -51,7 +51,7 @@ func filePath(r *http.Request) (string, error) {
 }
 
 // agentError maps an agent's error answer (404, 400, 413) to the API's.
-func agentError(err error) error {
+func (s *Server) agentError(ctx context.Context, err error) error {
 	var ae *agent.Error
 	if errors.As(err, &ae) {
 		switch ae.Status {
@@ -63,7 +63,7 @@ func agentError(err error) error {
 			return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: ae.Message}
 		}
 	}
-	return &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the guest's agent failed: " + err.Error()}
+	return s.errUpstream(ctx, "node_error", "the guest's agent failed", err)
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project) error {
@@ -78,14 +78,14 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project
 	if r.URL.Query().Get("list") == "1" {
 		entries, err := c.ListDir(r.Context(), path)
 		if err != nil {
-			return agentError(err)
+			return s.agentError(r.Context(), err)
 		}
 		writeJSON(w, 200, listBody(entries, ""))
 		return nil
 	}
 	rc, err := c.OpenFile(r.Context(), path)
 	if err != nil {
-		return agentError(err)
+		return s.agentError(r.Context(), err)
 	}
 	defer rc.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -110,7 +110,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, p store.Project
 		if errors.As(err, &mbe) {
 			return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("files are at most %d bytes", MaxFileBytes)}
 		}
-		return agentError(err)
+		return s.agentError(r.Context(), err)
 	}
 	w.WriteHeader(204)
 	return nil
@@ -126,7 +126,7 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p store.Proj
 		return err
 	}
 	if err := c.DeleteFile(r.Context(), path); err != nil {
-		return agentError(err)
+		return s.agentError(r.Context(), err)
 	}
 	w.WriteHeader(204)
 	return nil
@@ -154,7 +154,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	defer cancel()
 	up, _, err := c.PTY(ctx, dims[0], dims[1], q.Get("command"))
 	if err != nil {
-		return agentError(err)
+		return s.agentError(r.Context(), err)
 	}
 	defer up.CloseNow()
 	down, err := websocket.Accept(w, r, nil)

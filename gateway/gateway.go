@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -52,6 +51,11 @@ type Config struct {
 	// PublicURL is the base of connect URLs (http://127.0.0.1:8080).
 	PublicURL string
 	AdminKey  string
+	// MetricsToken, when set, is a second bearer token /metrics accepts besides AdminKey.
+	MetricsToken string
+	// MetricsElsewhere: the operator serves Metrics.Handler on its own address, so the API
+	// answers 404 for /metrics.
+	MetricsElsewhere bool
 	// Kick tells the placer that a project has a new pending session (may be nil).
 	Kick    func(project string)
 	Logger  *slog.Logger
@@ -117,8 +121,12 @@ func (s *Server) routes() {
 	api := func(pattern string, h handler) { m.Handle(pattern, s.authed(h)) }
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
 	m.HandleFunc("GET /v1/openapi.json", serveOpenAPI)
-	m.Handle("GET /metrics", s.Metrics.Handler())
+	if !s.MetricsElsewhere {
+		m.Handle("GET /metrics", s.metricsGuard(s.Metrics.Handler()))
+	}
 	m.HandleFunc("POST /v1/admin/projects", s.adminCreateProject)
+	m.Handle("GET /v1/admin/projects/{id}/plan", s.admin(s.adminGetPlan))
+	m.Handle("PUT /v1/admin/projects/{id}/plan", s.admin(s.adminPutPlan))
 
 	api("POST /v1/sessions", s.idempotent(s.createSession))
 	api("GET /v1/sessions", s.listSessions)
@@ -218,8 +226,7 @@ func (s *Server) authenticate(ctx context.Context, key string) (store.Project, e
 }
 
 func (s *Server) adminCreateProject(w http.ResponseWriter, r *http.Request) {
-	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if s.AdminKey == "" || subtle.ConstantTimeCompare([]byte(key), []byte(s.AdminKey)) != 1 {
+	if !s.isAdmin(r) {
 		s.writeError(w, r, &apiError{Status: 401, Type: "unauthenticated", Code: "unauthenticated", Message: "this route needs the admin key"})
 		return
 	}

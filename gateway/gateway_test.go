@@ -651,7 +651,7 @@ func TestTemplatesMetricsOpenAPI(t *testing.T) {
 	}
 	e.running(map[string]any{"tier": 2})
 	expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 0}), 400, "invalid_request", "tier")
-	r := e.do("GET", "/metrics", "", nil)
+	r := e.do("GET", "/metrics", adminKey, nil)
 	for _, want := range []string{
 		`wb_http_requests_total{method="POST",route="POST /v1/sessions",status="201"} 1`,
 		`wb_http_requests_total{method="POST",route="POST /v1/sessions",status="400"} 1`,

@@ -2,8 +2,10 @@ package gateway
 
 import (
 	"context"
+	"crypto/subtle"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,6 +54,20 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // Handler serves /metrics.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// metricsGuard lets only the operator read h: the admin key or the metrics token.
+func (s *Server) metricsGuard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		tokenOK := s.MetricsToken != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.MetricsToken)) == 1
+		if !tokenOK && !s.isAdmin(r) {
+			s.writeError(w, r, &apiError{Status: 401, Type: "unauthenticated", Code: "unauthenticated",
+				Message: "/metrics needs the admin key or the metrics token (Authorization: Bearer ...)"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 type statusWriter struct {

@@ -228,6 +228,8 @@ var registeredRoutes = []string{
 	"GET /v1/openapi.json",
 	"GET /metrics",
 	"POST /v1/admin/projects",
+	"GET /v1/admin/projects/{id}/plan",
+	"PUT /v1/admin/projects/{id}/plan",
 	"POST /v1/sessions",
 	"GET /v1/sessions",
 	"GET /v1/sessions/{id}",
@@ -474,7 +476,8 @@ func TestOpenAPIRejectsWrongResponse(t *testing.T) {
 }
 
 const goodLimits = `{"object":"limits","monthly_spend_cap_micro_usd":50000000,"end_user_monthly_spend_cap_micro_usd":0,
-"concurrency":100,"spend_this_month_micro_usd":1234}`
+"concurrency":100,"rate_per_sec":100,"burst":200,"snapshot_count":100,"snapshot_gib":50,"node_share_pct":50,"spend_this_month_micro_usd":1234,
+"plan":{"concurrency":100,"rate_per_sec":100,"burst":200,"snapshot_count":100,"snapshot_gib":50,"node_share_pct":50}}`
 
 const usageTotals = `{"session_s":70,"paused_s":10,"cpu_ms":3000,"mem_gib_ms":140000,"egress_bytes":512,"cost_micro_usd":99}`
 

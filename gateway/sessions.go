@@ -421,7 +421,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, sess *session.Ses
 		return err
 	}
 	if err := g.Pause(r.Context(), sess); err != nil {
-		return &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the node could not pause the guest: " + err.Error()}
+		return s.errUpstream(r.Context(), "node_error", "the node could not pause the guest", err)
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Running, To: session.Paused, Driver: session.Caller, Version: sess.Version})
@@ -445,7 +445,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, sess *session.Se
 		return err
 	}
 	if err := g.Resume(r.Context(), sess); err != nil {
-		return &apiError{Status: 502, Type: "api_error", Code: "node_error", Message: "the node could not resume the guest: " + err.Error()}
+		return s.errUpstream(r.Context(), "node_error", "the node could not resume the guest", err)
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Paused, To: session.Running, Driver: session.Caller, Version: sess.Version})
@@ -473,6 +473,9 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		return err
 	}
 	ctx := r.Context()
+	if err := s.snapshotRoom(ctx, sess.ProjectID, 0); err != nil {
+		return err
+	}
 	if _, err := s.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Running, To: session.Snapshotting, Driver: session.Caller, Version: sess.Version}); err != nil {
 		return err
@@ -487,15 +490,24 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		snap.State = session.SnapshotFailed
 		s.log.Error("snapshot", "session", sess.ID, "err", snapErr)
 	}
-	if err := s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap); err != nil {
-		return err
+	var overPlan error
+	if snapErr == nil {
+		overPlan = s.snapshotOverPlan(bg, sess.ProjectID, snap.ID, size)
+	}
+	if overPlan == nil {
+		if err := s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap); err != nil {
+			return err
+		}
 	}
 	if _, err := s.Store.Transition(bg, store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
 		return err
 	}
+	if overPlan != nil {
+		return overPlan
+	}
 	if snapErr != nil {
-		return &apiError{Status: 502, Type: "api_error", Code: "snapshot_failed", Message: "the node could not take the snapshot: " + snapErr.Error()}
+		return s.errUpstream(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
 	}
 	if _, err := s.Store.AppendEvent(bg, sess.ProjectID, session.EventSnapshotReady, sess.ID, snap); err != nil {
 		return err

@@ -12,8 +12,11 @@ type limitsBody struct {
 	Object                         string `json:"object"`
 	MonthlySpendCapMicroUSD        int64  `json:"monthly_spend_cap_micro_usd"`
 	EndUserMonthlySpendCapMicroUSD int64  `json:"end_user_monthly_spend_cap_micro_usd"`
-	Concurrency                    int    `json:"concurrency"`
-	SpendThisMonthMicroUSD         int64  `json:"spend_this_month_micro_usd"`
+	// The plan limits in force: the operator's plan, lowered where the project chose to.
+	store.Plan
+	SpendThisMonthMicroUSD int64 `json:"spend_this_month_micro_usd"`
+	// PlanLimits is the operator's plan: the most each plan limit can be set to here.
+	PlanLimits store.Plan `json:"plan"`
 }
 
 func (s *Server) limits(r *http.Request, p store.Project) (limitsBody, error) {
@@ -26,7 +29,8 @@ func (s *Server) limits(r *http.Request, p store.Project) (limitsBody, error) {
 		return limitsBody{}, err
 	}
 	return limitsBody{Object: "limits", MonthlySpendCapMicroUSD: l.MonthlySpendCapMicroUSD,
-		EndUserMonthlySpendCapMicroUSD: l.EndUserMonthlySpendCapMicroUSD, Concurrency: p.Concurrency, SpendThisMonthMicroUSD: spend}, nil
+		EndUserMonthlySpendCapMicroUSD: l.EndUserMonthlySpendCapMicroUSD, Plan: p.Plan,
+		SpendThisMonthMicroUSD: spend, PlanLimits: p.Granted}, nil
 }
 
 func (s *Server) getLimits(w http.ResponseWriter, r *http.Request, p store.Project) error {
@@ -38,8 +42,9 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 	return nil
 }
 
-// putLimits sets the spend caps and the concurrency limit. Fields left out keep their value;
-// raising a cap above this month's spend lifts the admission stop.
+// putLimits sets the spend caps and lowers plan limits. Fields left out keep their value;
+// raising a plan limit above the plan is 403 plan_limit, and nothing changes; raising a cap
+// above this month's spend lifts the admission stop.
 func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	b, err := readBody(r)
 	if err != nil {
@@ -48,7 +53,7 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 	var req struct {
 		MonthlySpendCapMicroUSD        *int64 `json:"monthly_spend_cap_micro_usd"`
 		EndUserMonthlySpendCapMicroUSD *int64 `json:"end_user_monthly_spend_cap_micro_usd"`
-		Concurrency                    *int   `json:"concurrency"`
+		store.PlanChange
 	}
 	if err := decodeStrict(b, &req); err != nil {
 		return err
@@ -67,14 +72,14 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 	if err := cur.Validate(); err != nil {
 		return err
 	}
-	if req.Concurrency != nil {
-		if err := s.Store.SetConcurrency(ctx, p.ID, *req.Concurrency); err != nil {
+	if req.PlanChange != (store.PlanChange{}) {
+		if err := s.Store.LowerLimits(ctx, p.ID, req.PlanChange); err != nil {
 			return err
 		}
-		p.Concurrency = *req.Concurrency
-		s.auth.mu.Lock()
-		clear(s.auth.m) // the cached plan is stale
-		s.auth.mu.Unlock()
+		if p, err = s.Store.GetProject(ctx, p.ID); err != nil {
+			return err
+		}
+		s.forgetProjects()
 	}
 	if err := quota.SetLimits(ctx, s.Store.Redis(), p.ID, cur); err != nil {
 		return err

@@ -62,7 +62,7 @@ func (n *Node) startEgress(l *live) {
 		return n.askEgress(ctx, l, event)
 	}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }),
-		ReadHeaderTimeout: 30 * time.Second}
+		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	l.egress = p
 	go func() { _ = p.srv.Serve(ln) }()
 }

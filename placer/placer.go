@@ -117,15 +117,23 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 		}
 		return
 	}
+	share, err := p.projectShare(ctx, project)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: project's share of nodes", "project", project, "err", err)
+		}
+		return
+	}
 	for _, id := range ids {
 		sess, err := p.Store.Get(ctx, project, id)
 		if err != nil || sess.State != session.Pending {
 			continue
 		}
-		node, ok := p.choose(nodes, sess)
+		node, ok := p.choose(nodes, sess, share)
 		if !ok {
 			continue // stays pending; the deadline sweep fails it if nothing frees up
 		}
+		share.add(node.ID, sess)
 		out, err := p.Store.Transition(ctx, store.Change{Project: project, ID: id, From: session.Pending,
 			To: session.Provisioning, Driver: session.Placer, Version: sess.Version, Zone: node.Zone, NodeID: node.ID})
 		if err != nil {
@@ -147,15 +155,49 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 	}
 }
 
-// choose picks the live node in the session's region that offers its tier and has the most
-// free memory after in-flight placements, and claims the session's resources on it.
-func (p *Placer) choose(nodes []store.NodeInfo, sess *session.Session) (store.NodeInfo, bool) {
+// share is what one project holds on each node, against its plan's share of any node.
+type share struct {
+	pct  int
+	used map[string]store.NodeUse
+}
+
+func (p *Placer) projectShare(ctx context.Context, project string) (*share, error) {
+	proj, err := p.Store.GetProject(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	used, err := p.Store.NodeUsage(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	return &share{pct: proj.NodeSharePct, used: used}, nil
+}
+
+// fits reports whether sess keeps the project within its share of node n.
+func (sh *share) fits(n store.NodeInfo, sess *session.Session) bool {
+	u := sh.used[n.ID]
+	return (u.VCPU+sess.Resources.VCPU)*100 <= n.VCPU*sh.pct &&
+		(u.MemoryMiB+sess.Resources.MemoryMiB)*100 <= n.MemoryMiB*sh.pct
+}
+
+func (sh *share) add(node string, sess *session.Session) {
+	u := sh.used[node]
+	u.VCPU += sess.Resources.VCPU
+	u.MemoryMiB += sess.Resources.MemoryMiB
+	sh.used[node] = u
+}
+
+// choose picks the live node in the session's region that offers its tier, has room within
+// the project's share of it, and has the most free memory after in-flight placements; it
+// claims the session's resources on it.
+func (p *Placer) choose(nodes []store.NodeInfo, sess *session.Session, sh *share) (store.NodeInfo, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.Now()
 	best, bestFree := -1, -1
 	for i, n := range nodes {
-		if now.Sub(n.HeartbeatAt) > p.HeartbeatTimeout || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) {
+		if now.Sub(n.HeartbeatAt) > p.HeartbeatTimeout || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) ||
+			!sh.fits(n, sess) {
 			continue
 		}
 		vcpu, mem := n.VCPU-n.UsedVCPU, n.MemoryMiB-n.UsedMemoryMiB

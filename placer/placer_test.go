@@ -52,6 +52,10 @@ func setup(t *testing.T) (*store.Store, *recorder, *Placer, *time.Time) {
 	if _, err := st.EnsureProject(ctx, "proj_a", "a"); err != nil {
 		t.Fatal(err)
 	}
+	// proj_a may fill a node: these tests are about capacity; TestNodeShare is about shares.
+	if err := st.SetPlan(ctx, "proj_a", store.PlanChange{NodeSharePct: ptr(100)}); err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range []store.NodeInfo{
 		{ID: "n_small", Region: "r1", Zone: "r1-a", Tiers: []int{1, 2}, VCPU: 4, MemoryMiB: 4096},
 		{ID: "n_big", Region: "r1", Zone: "r1-b", Tiers: []int{2, 3}, VCPU: 16, MemoryMiB: 65536, UsedMemoryMiB: 40000},
@@ -127,5 +131,61 @@ func TestDeadlineAndHostFailure(t *testing.T) {
 	}
 	if nodes, _ := st.Nodes(ctx); len(nodes) != 0 {
 		t.Fatalf("dead nodes still registered: %d", len(nodes))
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestNodeShare: the attack is one project filling a node so that no other project's session
+// fits. A project's placed sessions hold at most its plan's share of any node's vCPUs and
+// memory; past it, its sessions stay pending while another project's still place.
+func TestNodeShare(t *testing.T) {
+	st, rec, p, _ := setup(t)
+	ctx := context.Background()
+	for _, id := range []string{"proj_greedy", "proj_other"} {
+		if _, err := st.EnsureProject(ctx, id, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// n_small (tier 1, 4 vCPU, 4096 MiB) is the only node for tier 1 in r1. At 50 %,
+	// proj_greedy gets 2 vCPU and 2048 MiB of it: two 1024 MiB sessions, not three.
+	if err := st.SetPlan(ctx, "proj_greedy", store.PlanChange{NodeSharePct: ptr(50)}); err != nil {
+		t.Fatal(err)
+	}
+	var greedy []*session.Session
+	for range 3 {
+		greedy = append(greedy, pending(t, st, "proj_greedy", "r1", 1, 1024))
+	}
+	p.PlaceProject(ctx, "proj_greedy")
+	p.wg.Wait()
+	var waiting []*session.Session
+	for _, s := range greedy {
+		if rec.nodeOf(s.ID) == "" {
+			waiting = append(waiting, s)
+		}
+	}
+	if len(waiting) != 1 {
+		t.Fatalf("%d of proj_greedy's 3 sessions wait, want 1 (n_small holds 2 in its 50 %% share)", len(waiting))
+	}
+	// Another placement round, with the first two placed, still holds the line.
+	p.PlaceProject(ctx, "proj_greedy")
+	p.wg.Wait()
+	if got, _ := st.Get(ctx, "proj_greedy", waiting[0].ID); got.State != session.Pending {
+		t.Fatalf("the session past the share is %s on %s, want pending", got.State, got.NodeID)
+	}
+	other := pending(t, st, "proj_other", "r1", 1, 1024)
+	p.PlaceProject(ctx, "proj_other")
+	p.wg.Wait()
+	if rec.nodeOf(other.ID) != "n_small" {
+		t.Fatal("another project's session did not place on the node proj_greedy shares")
+	}
+	// The operator raises the share: the waiting session places.
+	if err := st.SetPlan(ctx, "proj_greedy", store.PlanChange{NodeSharePct: ptr(75)}); err != nil {
+		t.Fatal(err)
+	}
+	p.PlaceProject(ctx, "proj_greedy")
+	p.wg.Wait()
+	if rec.nodeOf(waiting[0].ID) != "n_small" {
+		t.Fatal("not placed after the share grew")
 	}
 }

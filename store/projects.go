@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -19,22 +18,25 @@ import (
 // ProjectsKey is the set of every project id; consumers of per-project streams walk it.
 const ProjectsKey = "wb:projects"
 
-// Project is a tenant and its plan's limits.
+// Project is a tenant and the limits in force for it.
 type Project struct {
 	ID   string `json:"project_id"`
 	Name string `json:"name"`
-	// Concurrency is the number of sessions that may be active at once.
-	Concurrency int `json:"concurrency"`
-	// RatePerSec and Burst bound the project's request rate on admission.
-	RatePerSec int `json:"rate_per_sec"`
-	Burst      int `json:"burst"`
+	// Plan holds the limits in force: the operator's plan, lowered where the tenant chose to.
+	Plan
+	// Granted is the operator's plan as set (PUT /v1/admin/projects/{id}/plan).
+	Granted Plan `json:"-"`
 }
 
 // Plan defaults for a new project.
 const (
-	DefaultConcurrency = 100
-	DefaultRatePerSec  = 100
-	DefaultBurst       = 200
+	DefaultConcurrency   = 100
+	DefaultRatePerSec    = 100
+	DefaultBurst         = 200
+	DefaultSnapshotCount = 100
+	DefaultSnapshotGiB   = 50
+	// DefaultNodeSharePct keeps one project from filling a node on its own.
+	DefaultNodeSharePct = 50
 )
 
 // ErrBadKey: the API key is unknown.
@@ -61,8 +63,7 @@ func (s *Store) CreateProject(ctx context.Context, name string) (Project, string
 	if name == "" || len(name) > 100 {
 		return Project{}, "", &session.FieldError{Field: "name", Message: "is required, 1–100 characters"}
 	}
-	p := Project{ID: session.NewID("proj_", s.now()), Name: name,
-		Concurrency: DefaultConcurrency, RatePerSec: DefaultRatePerSec, Burst: DefaultBurst}
+	p := Project{ID: session.NewID("proj_", s.now()), Name: name, Plan: DefaultPlan(), Granted: DefaultPlan()}
 	key := NewAPIKey("wb_live_")
 	if err := s.putProject(ctx, p); err != nil {
 		return Project{}, "", err
@@ -75,7 +76,7 @@ func (s *Store) CreateProject(ctx context.Context, name string) (Project, string
 
 func (s *Store) putProject(ctx context.Context, p Project) error {
 	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		pl.HSet(ctx, projectKey(p.ID), "name", p.Name, "concurrency", p.Concurrency, "rate", p.RatePerSec, "burst", p.Burst)
+		pl.HSet(ctx, projectKey(p.ID), append([]any{"name", p.Name}, p.Granted.hashArgs()...)...)
 		pl.SAdd(ctx, ProjectsKey, p.ID)
 		return nil
 	})
@@ -114,16 +115,13 @@ func (s *Store) GetProject(ctx context.Context, id string) (Project, error) {
 	if len(m) == 0 {
 		return Project{}, ErrNotFound
 	}
-	atoi := func(k string) int { v, _ := strconv.Atoi(m[k]); return v }
-	return Project{ID: id, Name: m["name"], Concurrency: atoi("concurrency"), RatePerSec: atoi("rate"), Burst: atoi("burst")}, nil
+	granted, inForce := planFromHash(m)
+	return Project{ID: id, Name: m["name"], Plan: inForce, Granted: granted}, nil
 }
 
-// SetConcurrency changes a project's concurrency limit.
+// SetConcurrency changes a project's plan concurrency (an operator's setting).
 func (s *Store) SetConcurrency(ctx context.Context, id string, n int) error {
-	if n < 0 || n > 100000 {
-		return &session.FieldError{Field: "concurrency", Message: fmt.Sprintf("must be 0–100000, got %d", n)}
-	}
-	return s.rdb.HSet(ctx, projectKey(id), "concurrency", n).Err()
+	return s.SetPlan(ctx, id, PlanChange{Concurrency: &n})
 }
 
 // Projects lists every project id.
@@ -140,14 +138,11 @@ func (s *Store) EnsureProject(ctx context.Context, id, name string) (Project, er
 	if !errors.Is(err, ErrNotFound) {
 		return p, err
 	}
-	p = Project{ID: id, Name: name, Concurrency: DefaultConcurrency, RatePerSec: DefaultRatePerSec, Burst: DefaultBurst}
+	p = Project{ID: id, Name: name, Plan: DefaultPlan(), Granted: DefaultPlan()}
 	return p, s.putProject(ctx, p)
 }
 
-// SetRate changes a project's admission rate (per second) and burst.
+// SetRate changes a project's plan rate (creates per second) and burst (an operator's setting).
 func (s *Store) SetRate(ctx context.Context, id string, rate, burst int) error {
-	if rate < 0 || burst < 1 {
-		return &session.FieldError{Field: "rate_per_sec", Message: "rate must be ≥ 0 and burst ≥ 1"}
-	}
-	return s.rdb.HSet(ctx, projectKey(id), "rate", rate, "burst", burst).Err()
+	return s.SetPlan(ctx, id, PlanChange{RatePerSec: &rate, Burst: &burst})
 }

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -97,7 +98,7 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 // runNode serves the node's API on ln and runs the node until ctx ends, keeping the
 // platform's addresses denied to its guests current.
 func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Listener, token string, platform *platformAddrs) {
-	srv := &http.Server{Handler: platform.learnGateways(nd.Handler(token), token), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: platform.learnGateways(nd.Handler(token), token), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	g.Go(func() error { platform.run(ctx); return nil })
 	g.Go(func() error { return nd.Run(ctx) })
 	g.Go(func() error {
@@ -143,21 +144,28 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	redisCA := fs.String("redis-ca", "", "PEM `file` of the CA that signed a rediss:// server's certificate (default: the system's roots)")
 	addr := fs.String("addr", "127.0.0.1:7070", "`host:port` of the node API")
 	advertise := fs.String("advertise", "", "`URL` the control plane uses to reach the node API (default http://ADDR)")
-	token := fs.String("token", os.Getenv("WB_NODE_TOKEN"), "bearer `token` the control plane sends (default $WB_NODE_TOKEN; required)")
+	fs.String("token", "", "refused: a token on the command line shows in ps and /proc to every user of the host; use --token-file or $WB_NODE_TOKEN")
+	tokenFile := fs.String("token-file", "", "`file` holding the bearer token the control plane sends (else $WB_NODE_TOKEN; one is required)")
 	level := fs.String("log-level", "info", "log `level`: debug, info, warn, error")
 	fs.StringVar(&f.id, "id", hostnameOr("node_1"), "node `id`")
 	fs.StringVar(&f.region, "region", "local", "`region` this node serves")
 	fs.StringVar(&f.zone, "zone", "local-a", "`zone` of this node")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: wb node --redis URL --token TOKEN [flags]\n\nRuns guests for the control plane: registers in Redis, keeps warm pools, enforces\ntimers (even while Redis is away), and serves exec, PTY and files.\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage: wb node --redis URL --token-file FILE [flags]\n\nRuns guests for the control plane: registers in Redis, keeps warm pools, enforces\ntimers (even while Redis is away), and serves exec, PTY and files.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *redisURL == "" || *token == "" {
+	onCommandLine := false
+	fs.Visit(func(f *flag.Flag) { onCommandLine = onCommandLine || f.Name == "token" })
+	token, err := nodeToken(onCommandLine, *tokenFile, os.Getenv("WB_NODE_TOKEN"))
+	if err != nil {
+		return err
+	}
+	if *redisURL == "" {
 		fs.Usage()
-		return errors.New("wb node needs --redis and --token")
+		return errors.New("wb node needs --redis")
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -199,10 +207,33 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	platform := &platformAddrs{guards: []*netguard.Guard{nd.Egress}, st: st, rdb: rdb, nodes: []string{*advertise, ln.Addr().String()}, log: log}
 	platform.refresh(ctx)
 	g, gctx := errgroup.WithContext(ctx)
-	runNode(gctx, g, nd, ln, *token, platform)
+	runNode(gctx, g, nd, ln, token, platform)
 	err = g.Wait()
 	nd.Close(context.Background())
 	return err
+}
+
+// nodeToken answers the node's bearer token from --token-file or $WB_NODE_TOKEN. A token on
+// the command line is refused: every user of the host can read a process's arguments.
+func nodeToken(onCommandLine bool, file, env string) (string, error) {
+	if onCommandLine {
+		return "", errors.New("wb node: --token is refused: a token on the command line shows in ps and /proc to every user of this host; put it in a file readable only by wb (--token-file FILE) or in $WB_NODE_TOKEN")
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--token-file: %w", err)
+		}
+		tok := strings.TrimSpace(string(b))
+		if tok == "" {
+			return "", fmt.Errorf("--token-file %s is empty; write the node token in it", file)
+		}
+		return tok, nil
+	}
+	if env != "" {
+		return env, nil
+	}
+	return "", errors.New("wb node needs its token: --token-file FILE, or $WB_NODE_TOKEN")
 }
 
 func hostnameOr(def string) string {

@@ -38,6 +38,10 @@ type serveFlags struct {
 	node      nodeFlags
 
 	allowPrivateWebhooks bool
+	// metricsToken is a second bearer token for /metrics; metricsAddr serves /metrics on an
+	// operator-only address instead of the API's.
+	metricsToken string
+	metricsAddr  string
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -55,6 +59,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f.node.register(fs)
 	fs.StringVar(&f.prices, "prices", "", "JSON price `file` (see quota/PRICES.md); empty uses the defaults")
 	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
+	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -96,6 +102,14 @@ Flags:
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
+	}
+	var metricsLn net.Listener
+	if f.metricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", f.metricsAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer metricsLn.Close() // on the error paths; Shutdown closes it otherwise
 	}
 	url := "http://" + ln.Addr().String()
 	if f.publicURL == "" {
@@ -174,13 +188,14 @@ Flags:
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: reg,
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
+		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "",
 	})
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	defer gw.Close()
-	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 
 	fmt.Fprintf(stdout, "WB_URL=%s\nWB_API_KEY=%s\nWB_ADMIN_KEY=%s\n", url, f.apiKey, f.adminKey)
 	log.Info("wb serve ready", "url", url, "redis", redisLabel(f.redisURL))
@@ -207,6 +222,9 @@ Flags:
 		}
 		return nil
 	})
+	if metricsLn != nil {
+		serveMetrics(gctx, g, metricsLn, metrics.Handler(), log)
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down")
@@ -215,4 +233,25 @@ Flags:
 		return srv.Shutdown(sctx)
 	})
 	return g.Wait()
+}
+
+// serveMetrics serves /metrics on ln, an address only the operator's network reaches, until
+// ctx ends.
+func serveMetrics(ctx context.Context, g *errgroup.Group, ln net.Listener, h http.Handler, log *slog.Logger) {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	log.Info("metrics served", "url", "http://"+ln.Addr().String()+"/metrics")
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	})
 }

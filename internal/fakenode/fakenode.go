@@ -4,6 +4,7 @@
 package fakenode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,10 +30,11 @@ type Node struct {
 	// MemorySnapshots: whether snapshots can include memory.
 	MemorySnapshots bool
 
-	mu     sync.Mutex
-	paused map[string]bool
-	agents map[string]*fakeAgent
-	calls  []string
+	mu            sync.Mutex
+	snapshotBytes int64 // what Snapshot answers (0: 4096)
+	paused        map[string]bool
+	agents        map[string]*fakeAgent
+	calls         []string
 }
 
 // New registers a node with generous capacity in region "local".
@@ -166,7 +168,22 @@ func (n *Node) Resume(_ context.Context, s *session.Session) error {
 // Snapshot answers a fixed size.
 func (n *Node) Snapshot(_ context.Context, s *session.Session, id string, mem bool) (bool, int64, error) {
 	n.record("snapshot", s.ID)
-	return mem && n.MemorySnapshots, 4096, nil
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return mem && n.MemorySnapshots, cmp.Or(n.snapshotBytes, 4096), nil
+}
+
+// SetSnapshotBytes sets the size every snapshot answers from now on.
+func (n *Node) SetSnapshotBytes(b int64) {
+	n.mu.Lock()
+	n.snapshotBytes = b
+	n.mu.Unlock()
+}
+
+// DeleteSnapshot records the deletion of a snapshot's files.
+func (n *Node) DeleteSnapshot(_ context.Context, id string) error {
+	n.record("delete_snapshot", id)
+	return nil
 }
 
 // Stop ends a stopping session with the terminal state its reason leads to.

@@ -1,0 +1,123 @@
+package gateway
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"wb/store"
+)
+
+// The plan is the operator's: PUT /v1/admin/projects/{id}/plan sets it with the admin key. A
+// tenant's PUT /v1/limits may only lower it (store.LowerLimits); raising is 403 plan_limit.
+
+// isAdmin reports whether r carries the admin key.
+func (s *Server) isAdmin(r *http.Request) bool {
+	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return s.AdminKey != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.AdminKey)) == 1
+}
+
+// admin wraps an operator route: it answers 401 without the admin key.
+func (s *Server) admin(h func(w http.ResponseWriter, r *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.isAdmin(r) {
+			s.writeError(w, r, &apiError{Status: 401, Type: "unauthenticated", Code: "unauthenticated", Message: "this route needs the admin key"})
+			return
+		}
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+type planBody struct {
+	Object    string `json:"object"`
+	ProjectID string `json:"project_id"`
+	store.Plan
+}
+
+func (s *Server) adminGetPlan(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.Store.GetProject(r.Context(), r.PathValue("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		return errNotFound("project", r.PathValue("id"))
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, planBody{"plan", p.ID, p.Granted})
+	return nil
+}
+
+// adminPutPlan sets a project's plan limits; fields left out keep their value.
+func (s *Server) adminPutPlan(w http.ResponseWriter, r *http.Request) error {
+	b, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	var req store.PlanChange
+	if err := decodeStrict(b, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if err := s.Store.SetPlan(r.Context(), id, req); errors.Is(err, store.ErrNotFound) {
+		return errNotFound("project", id)
+	} else if err != nil {
+		return err
+	}
+	s.forgetProjects()
+	return s.adminGetPlan(w, r)
+}
+
+// forgetProjects drops the cached key → project lookups, whose limits are now stale.
+func (s *Server) forgetProjects() {
+	s.auth.mu.Lock()
+	clear(s.auth.m)
+	s.auth.mu.Unlock()
+}
+
+// errPlanLimit is a 403 for a request past one of the plan's limits.
+func errPlanLimit(param, format string, args ...any) *apiError {
+	return &apiError{Status: 403, Type: "denied", Code: "plan_limit", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// snapshotRoom refuses a new snapshot of addBytes when the project's snapshots would pass
+// its plan's count or bytes. Before the snapshot is taken addBytes is 0: a project already
+// at either limit is refused before any work.
+func (s *Server) snapshotRoom(ctx context.Context, project string, addBytes int64) error {
+	p, err := s.Store.GetProject(ctx, project)
+	if err != nil {
+		return err
+	}
+	n, used, err := s.Store.SnapshotUsage(ctx, project)
+	if err != nil {
+		return err
+	}
+	if n+1 > p.SnapshotCount {
+		return errPlanLimit("snapshot_count", "the project keeps %d snapshots and its plan allows %d (snapshot_count); delete one with DELETE /v1/snapshots/{id}", n, p.SnapshotCount)
+	}
+	if used+max(addBytes, 1) > p.SnapshotBytes() {
+		return errPlanLimit("snapshot_gib", "the project's snapshots would hold %d bytes and its plan allows %d GiB (snapshot_gib); delete snapshots with DELETE /v1/snapshots/{id}", used+addBytes, p.SnapshotGiB)
+	}
+	return nil
+}
+
+// snapshotOverPlan checks a snapshot just taken against the plan; one that does not fit has
+// its files deleted from the node, and the refusal is answered.
+func (s *Server) snapshotOverPlan(ctx context.Context, project, snapshotID string, size int64) error {
+	err := s.snapshotRoom(ctx, project, size)
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		return err
+	}
+	if d, ok := s.Guests.(interface {
+		DeleteSnapshot(ctx context.Context, id string) error
+	}); ok {
+		if derr := d.DeleteSnapshot(ctx, snapshotID); derr != nil {
+			s.log.Warn("delete snapshot files past the plan", "snapshot", snapshotID, "err", derr)
+		}
+	}
+	return err
+}
