@@ -30,6 +30,9 @@ type Client struct {
 	socket string
 	base   string // URL base of every request
 	token  string // bearer token sent with every request, if set
+	// MaxOutputBytes caps each stream of a buffered Exec (nil out); 0 means
+	// session.DefaultMaxOutputBytes. Set it before the first Exec.
+	MaxOutputBytes int
 }
 
 // NewClient returns a client of the agent listening on socketPath. Requests have no timeout of
@@ -126,7 +129,8 @@ func (c *Client) Health(ctx context.Context) error {
 }
 
 // Exec runs req and passes each output chunk to out as it arrives (Data holds the raw bytes).
-// With a nil out, the output is collected into the result's Stdout and Stderr instead. An error
+// With a nil out, the output is collected into the result's Stdout and Stderr instead, at most
+// MaxOutputBytes of each (the rest is read, counted and dropped: see ExecResult.Truncated). An error
 // from out stops the exec (the agent kills it) and is returned. Cancelling ctx kills it too.
 // A command that cannot start is a result with exit code 127 (not found) or 126, not an error.
 func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.ExecChunk) error) (session.ExecResult, error) {
@@ -139,7 +143,11 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 		return session.ExecResult{}, err
 	}
 	defer resp.Body.Close()
-	var stdout, stderr strings.Builder
+	var buffered *session.OutputBuffer
+	if out == nil {
+		buffered = session.NewOutputBuffer(c.MaxOutputBytes)
+		out = buffered.Add
+	}
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var l execLine
@@ -150,25 +158,15 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 			return session.ExecResult{}, fmt.Errorf("agent: exec: the answer ended without a result: %w", err)
 		}
 		if l.ExitCode != nil {
-			return session.ExecResult{
-				ExitCode:   *l.ExitCode,
-				Stdout:     stdout.String(),
-				Stderr:     stderr.String(),
-				DurationMs: l.DurationMs,
-				TimedOut:   l.TimedOut,
-			}, nil
+			res := session.ExecResult{ExitCode: *l.ExitCode, DurationMs: l.DurationMs, TimedOut: l.TimedOut}
+			if buffered != nil {
+				buffered.Fill(&res)
+			}
+			return res, nil
 		}
 		ch, err := l.chunk()
 		if err != nil {
 			return session.ExecResult{}, err
-		}
-		if out == nil {
-			if ch.Stream == "stdout" {
-				stdout.WriteString(ch.Data)
-			} else {
-				stderr.WriteString(ch.Data)
-			}
-			continue
 		}
 		if err := out(ch); err != nil {
 			return session.ExecResult{}, fmt.Errorf("agent: exec: output: %w", err)

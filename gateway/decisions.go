@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -50,10 +52,90 @@ func (c Chain) Admit(ctx context.Context, in session.AdmissionInput) (session.De
 		}
 		ds = append(ds, pds...)
 	}
+	// A patch outside the patchable fields fails the create closed, naming its decider and field.
+	for _, d := range ds {
+		if field, why := patchViolation(d.Decider, d.Patch); why != "" {
+			return session.Decision{}, &apiError{Status: 403, Type: "denied", Code: "denied", Param: field, Message: why}
+		}
+	}
 	return Combine(ds...), nil
 }
 
-// Combine merges decisions: allowed only if all allow.
+// PatchableFields are the fields of a create request an admission patch may set, change or
+// remove: limits and labels. What the session runs (template, restore_from, volume_id), where
+// (region), under which runtime policy (policy_id) and who pays (end_user_id) stay the caller's.
+// A patch touching any other field is a deny of its decider (fail closed). The patched request
+// is validated again in full (ranges, tier limits, references, reserved metadata keys).
+var PatchableFields = []string{"tier", "resources", "idle_timeout_s", "max_lifetime_s", "metadata"}
+
+// PatchViolation answers why patch may not be applied, naming the field and decider, or "".
+func PatchViolation(decider string, patch map[string]any) string {
+	_, why := patchViolation(decider, patch)
+	return why
+}
+
+func patchViolation(decider string, patch map[string]any) (field, why string) {
+	if decider == "" {
+		decider = "an admission decider"
+	}
+	keys := make([]string, 0, len(patch))
+	for k := range patch {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !slices.Contains(PatchableFields, k) {
+			return k, fmt.Sprintf("%s: a patch may not set %q (patchable fields: %s)", decider, k, strings.Join(PatchableFields, ", "))
+		}
+	}
+	if md, ok := patch["metadata"].(map[string]any); ok {
+		for k := range md {
+			if session.ReservedMetadataKey(k) {
+				return "metadata." + k, fmt.Sprintf("%s: a patch may not set metadata key %q: the %s prefix belongs to the platform", decider, k, session.ReservedMetadataPrefix)
+			}
+		}
+	}
+	return "", ""
+}
+
+// applyAdmissionPatch applies the chain's patch to req and validates the result again in full,
+// references included. Anything wrong is the decider's doing, so it is a deny (403) naming the
+// field and the decider, never a request the caller did not send.
+func (s *Server) applyAdmissionPatch(ctx context.Context, p store.Project, req session.CreateRequest, d session.Decision) (session.CreateRequest, error) {
+	decider := d.Decider
+	if decider == "" {
+		decider = "an admission decider"
+	}
+	deny := func(param, format string, args ...any) error {
+		return &apiError{Status: 403, Type: "denied", Code: "denied", Param: param, Message: fmt.Sprintf(format, args...)}
+	}
+	if field, why := patchViolation(decider, d.Patch); why != "" {
+		return req, deny(field, "%s", why)
+	}
+	patched, err := plugins.ApplyPatch(req, d)
+	if err != nil {
+		return req, deny("", "%s: the patch does not fit the request: %v", decider, err)
+	}
+	if _, err := patched.Validate(s.Tiers); err != nil {
+		var fe *session.FieldError
+		if errors.As(err, &fe) {
+			return req, deny(fe.Field, "%s: the patched request is invalid: %v", decider, fe)
+		}
+		return req, err
+	}
+	if err := s.validateRefs(ctx, p, &patched); err != nil {
+		if ae := toAPIError(err); ae.Status == 400 {
+			return req, deny(ae.Param, "%s: the patched request is invalid: %s", decider, ae.Message)
+		}
+		return req, err
+	}
+	return patched, nil
+}
+
+// Combine merges decisions: allowed only if all allow. A decision whose patch touches a field
+// outside PatchableFields counts as a deny. Patches compose in order into one merge patch that
+// has the effect of applying them one after another: a later value wins and a null is kept, so
+// it still removes the field from the request.
 func Combine(ds ...session.Decision) session.Decision {
 	out := session.Decision{Allow: true}
 	var deciders []string
@@ -62,6 +144,9 @@ func Combine(ds ...session.Decision) session.Decision {
 			deciders = append(deciders, d.Decider)
 		}
 		out.Warnings = append(out.Warnings, d.Warnings...)
+		if v := PatchViolation(d.Decider, d.Patch); v != "" {
+			d.Allow, d.Reasons, d.Patch = false, append(d.Reasons, v), nil
+		}
 		if !d.Allow {
 			out.Allow = false
 			for _, r := range d.Reasons {
@@ -75,34 +160,33 @@ func Combine(ds ...session.Decision) session.Decision {
 			}
 		}
 		if len(d.Patch) > 0 {
-			out.Patch, _ = mergePatch(out.Patch, d.Patch).(map[string]any)
+			if out.Patch == nil {
+				out.Patch = map[string]any{}
+			}
+			composePatch(out.Patch, d.Patch)
 		}
 	}
 	out.Decider = strings.Join(deciders, ", ")
 	return out
 }
 
-// mergePatch is RFC 7386: objects merge key by key, null deletes, anything else replaces.
-func mergePatch(target any, patch map[string]any) any {
-	t, ok := target.(map[string]any)
-	if !ok {
-		t = map[string]any{}
-	}
-	out := make(map[string]any, len(t)+len(patch))
-	for k, v := range t {
-		out[k] = v
-	}
-	for k, v := range patch {
-		switch pv := v.(type) {
-		case nil:
-			delete(out, k)
-		case map[string]any:
-			out[k] = mergePatch(out[k], pv)
-		default:
-			out[k] = v
+// composePatch folds the merge patch next into acc so that applying acc equals applying acc
+// then next. Nulls stay (they remove). One case cannot be expressed in a single merge patch:
+// a null followed by an object for the same key; the object is then merged, not substituted.
+func composePatch(acc, next map[string]any) {
+	for k, v := range next {
+		nv, isObj := v.(map[string]any)
+		if !isObj {
+			acc[k] = v
+			continue
 		}
+		cur, ok := acc[k].(map[string]any)
+		if !ok {
+			cur = map[string]any{}
+			acc[k] = cur
+		}
+		composePatch(cur, nv)
 	}
-	return out
 }
 
 // policyError maps the policies package's errors to API errors.

@@ -161,3 +161,92 @@ func TestChainPrecedence(t *testing.T) {
 		t.Fatal("two allows denied")
 	}
 }
+
+// A tenant's admission policy patches the request through defaults. Patches may touch only
+// PatchableFields, never a reserved metadata key, and the patched request is validated again:
+// anything else is a 403 naming the field and the policy.
+func TestAdmissionPatchIsConfined(t *testing.T) {
+	e := newEnv(t, withDecisionPoints(t))
+	_, keyB := e.newProject("victim", nil)
+	e.putPolicy(keyB, "open", "enforce", "package wb.runtime\n\nallow_egress := true\n")
+	cases := []struct {
+		name, defaults, param string
+	}{
+		{"restore_from", `{"restore_from": "snap_0000000000000000000000000"}`, "restore_from"},
+		{"policy_id", `{"policy_id": "pol_open@1"}`, "policy_id"},
+		{"region", `{"region": "far"}`, "region"},
+		{"template", `{"template": "tpl_dev_polyglot"}`, "template"},
+		{"end_user_id", `{"end_user_id": "someone_else"}`, "end_user_id"},
+		{"reserved_metadata", `{"metadata": {"wb.owner": "platform"}}`, "metadata.wb.owner"},
+		{"idle_out_of_range", `{"idle_timeout_s": 999999999}`, "idle_timeout_s"},
+		{"tier_out_of_range", `{"tier": 9}`, "tier"},
+		{"resources_over_tier", `{"resources": {"vcpu": 64}}`, "*"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, key := e.newProject("patch-"+c.name, nil)
+			if r := e.putPolicy(key, "inject", "enforce", "package wb.admission\n\ndefaults := "+c.defaults+"\n"); r.status != 201 {
+				t.Fatalf("PUT policy: %d %s", r.status, r.body)
+			}
+			msg := expectError(t, e.do("POST", "/v1/sessions", key, map[string]any{"tier": 2}), 403, "denied", c.param)
+			if !strings.Contains(msg, "pol_inject@1") {
+				t.Fatalf("the reason does not name the policy: %s", msg)
+			}
+		})
+	}
+	// What a policy may do: set limits and labels, validated.
+	_, key := e.newProject("patch-ok", nil)
+	e.putPolicy(key, "labels", "enforce", "package wb.admission\n\ndefaults := {\"idle_timeout_s\": 120, \"metadata\": {\"team\": \"core\"}}\n")
+	var s session.Session
+	e.mustDo("POST", "/v1/sessions", key, map[string]any{"tier": 2, "metadata": map[string]string{"x": "1"}}, 201, &s)
+	if s.IdleTimeoutS != 120 || s.Metadata["team"] != "core" || s.Metadata["x"] != "1" {
+		t.Fatalf("patch not applied: idle %d metadata %v", s.IdleTimeoutS, s.Metadata)
+	}
+}
+
+type patchingAdmitter struct{ patch map[string]any }
+
+func (a patchingAdmitter) Admit(context.Context, session.AdmissionInput) (session.Decision, error) {
+	return session.Decision{Allow: true, Decider: "plugin sneaky", Patch: a.patch}, nil
+}
+
+// An Admitter other than Chain gets the same confinement: the gateway checks the final patch.
+func TestAdmissionPatchFromAnyAdmitter(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.Admitter = patchingAdmitter{map[string]any{"restore_from": "snap_x"}}
+	})
+	msg := expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2}), 403, "denied", "restore_from")
+	if !strings.Contains(msg, "plugin sneaky") {
+		t.Fatal(msg)
+	}
+	// The caller itself cannot set a reserved key either.
+	expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2, "metadata": map[string]string{"wb.owner": "x"}}), 400, "invalid_request", "metadata.wb.owner")
+}
+
+// Combine keeps a later decider's null, so applying the combined patch removes the field, as
+// plugins/ABI.md promises; a patch outside the patchable fields turns its decision into a deny.
+func TestCombineKeepsNullsAndConfinesPatches(t *testing.T) {
+	d := Combine(
+		session.Decision{Allow: true, Decider: "plugin a", Patch: map[string]any{"idle_timeout_s": 60.0, "metadata": map[string]any{"a": "1"}}},
+		session.Decision{Allow: true, Decider: "plugin b", Patch: map[string]any{"idle_timeout_s": nil, "metadata": map[string]any{"secret": nil}}},
+	)
+	if !d.Allow {
+		t.Fatalf("denied: %v", d.Reasons)
+	}
+	idle, tier := 300, 2
+	req := session.CreateRequest{Tier: &tier, IdleTimeoutS: &idle, Metadata: map[string]string{"secret": "s", "keep": "k"}}
+	got, err := plugins.ApplyPatch(req, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.IdleTimeoutS != nil || got.Metadata["secret"] != "" || got.Metadata["a"] != "1" || got.Metadata["keep"] != "k" {
+		t.Fatalf("combined patch %v gave idle %v metadata %v", d.Patch, got.IdleTimeoutS, got.Metadata)
+	}
+	d = Combine(
+		session.Decision{Allow: true, Decider: "plugin ok", Patch: map[string]any{"tier": 1.0}},
+		session.Decision{Allow: true, Decider: "plugin bad", Patch: map[string]any{"policy_id": "pol_open@1"}},
+	)
+	if d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], `plugin bad: a patch may not set "policy_id"`) || d.Patch["policy_id"] != nil {
+		t.Fatalf("%+v", d)
+	}
+}

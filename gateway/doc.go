@@ -2,4 +2,15 @@
 // (validate → rate limit → admission decision → slot + persist), sessions, snapshots, runs,
 // webhook endpoints, the OpenAPI document and Prometheus metrics, and the exec proxy that
 // `wb serve` uses to reach guests.
+//
+// Admission patches (from policies' defaults and plugins) may touch only PatchableFields; the
+// patched request is validated again in full, references included, and anything wrong is a
+// 403 naming the field and the decider.
+//
+// Work is bounded per project: a buffered exec or run keeps at most Config.MaxOutputBytes of
+// each stream (8 MiB; the rest is counted and dropped, "truncated": true), an answer kept for
+// an Idempotency-Key replay at most Config.MaxReplayBytes, and execs in progress and async
+// runs are capped per project on each gateway (429 with Retry-After past the cap). Streams
+// (NDJSON exec, PTY) are not capped: every hop copies one frame at a time, so a slow reader
+// slows the guest instead of filling memory.
 package gateway

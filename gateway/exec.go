@@ -14,7 +14,8 @@ import (
 	"wb/store"
 )
 
-// runExec checks that sess can run a command and runs it, recording activity.
+// runExec checks that sess can run a command and runs it, recording activity. With a nil out
+// the output is collected, at most MaxOutputBytes per stream (the rest counted and dropped).
 func (s *Server) runExec(ctx context.Context, sess *session.Session, req session.ExecRequest, out func(session.ExecChunk) error) (session.ExecResult, error) {
 	argv, err := req.Argv()
 	if err != nil {
@@ -30,7 +31,15 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 	if err := s.Store.Touch(ctx, sess.ProjectID, sess.ID); err != nil {
 		return session.ExecResult{}, err
 	}
+	var buffered *session.OutputBuffer
+	if out == nil {
+		buffered = session.NewOutputBuffer(s.MaxOutputBytes)
+		out = buffered.Add
+	}
 	res, err := g.Exec(ctx, sess, req, argv, out)
+	if buffered != nil && err == nil {
+		buffered.Fill(&res)
+	}
 	var ae *agent.Error
 	if errors.As(err, &ae) && ae.Status == http.StatusForbidden {
 		// The runtime decision point killed the session for this command.
@@ -55,6 +64,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 	if err != nil {
 		return err
 	}
+	if err := s.execs.acquire(p.ID, s.MaxConcurrentExecs); err != nil {
+		return err
+	}
+	defer s.execs.release(p.ID)
 	if !strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") {
 		res, err := s.runExec(r.Context(), sess, req, nil)
 		if err != nil {

@@ -61,6 +61,15 @@ type Config struct {
 	Logger  *slog.Logger
 	Metrics *Metrics
 	Now     func() time.Time
+	// MaxOutputBytes caps each stream of a buffered exec or run result (0:
+	// session.DefaultMaxOutputBytes, 8 MiB); MaxReplayBytes caps an answer kept for an
+	// Idempotency-Key replay (0: 2×MaxOutputBytes + 1 MiB).
+	MaxOutputBytes int
+	MaxReplayBytes int
+	// MaxConcurrentExecs and MaxAsyncRuns cap a project's execs in progress and its queued or
+	// running async runs on this gateway (0: DefaultMaxConcurrentExecs, DefaultMaxAsyncRuns).
+	MaxConcurrentExecs int
+	MaxAsyncRuns       int
 }
 
 // Server is the HTTP API.
@@ -73,6 +82,8 @@ type Server struct {
 	bg     sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
+	// execs and asyncRuns count work in progress per project, for the caps above.
+	execs, asyncRuns *projectSlots
 }
 
 // New returns a Server. Call Close to stop its background work.
@@ -98,8 +109,21 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Tiers == (session.Tiers{}) {
 		cfg.Tiers = session.DefaultTiers()
 	}
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = session.DefaultMaxOutputBytes
+	}
+	if cfg.MaxReplayBytes <= 0 {
+		cfg.MaxReplayBytes = 2*cfg.MaxOutputBytes + 1<<20
+	}
+	if cfg.MaxConcurrentExecs <= 0 {
+		cfg.MaxConcurrentExecs = DefaultMaxConcurrentExecs
+	}
+	if cfg.MaxAsyncRuns <= 0 {
+		cfg.MaxAsyncRuns = DefaultMaxAsyncRuns
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel}
+	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,
+		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs")}
 	s.auth = authCache{ttl: 5 * time.Second, m: map[string]authEntry{}}
 	s.routes()
 	return s, nil

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -13,12 +15,26 @@ import (
 // MaxIdempotencyKeyLen bounds the Idempotency-Key header.
 const MaxIdempotencyKeyLen = 255
 
-// recorder keeps a copy of what a handler writes.
+// recorder keeps a copy of what a handler writes, up to max bytes; past it the copy is
+// dropped (over), so that a long stream never piles up in memory.
 type recorder struct {
 	http.ResponseWriter
-	status int
-	buf    bytes.Buffer
+	status  int
+	buf     bytes.Buffer
+	max     int
+	over    bool
+	written int64
 }
+
+// Flush passes flushes on, so that a streamed answer still streams.
+func (r *recorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (r *recorder) WriteHeader(code int) {
 	r.status = code
@@ -29,7 +45,14 @@ func (r *recorder) Write(b []byte) (int, error) {
 	if r.status == 0 {
 		r.status = 200
 	}
-	r.buf.Write(b)
+	r.written += int64(len(b))
+	if !r.over && r.buf.Len()+len(b) > r.max {
+		r.over = true
+		r.buf = bytes.Buffer{}
+	}
+	if !r.over {
+		r.buf.Write(b)
+	}
 	return r.ResponseWriter.Write(b)
 }
 
@@ -65,7 +88,7 @@ func (s *Server) idempotent(h handler) handler {
 			return nil
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		rw := &recorder{ResponseWriter: w}
+		rw := &recorder{ResponseWriter: w, max: s.MaxReplayBytes}
 		herr := h(rw, r, p)
 		if herr != nil {
 			s.writeError(rw, r, herr)
@@ -81,7 +104,14 @@ func (s *Server) idempotent(h handler) handler {
 		if warn := rw.Header().Get("Warning"); warn != "" {
 			hdr["Warning"] = warn
 		}
-		if err := s.Store.IdemFinish(ctx, p.ID, key, store.IdemRecord{Fingerprint: fp, Status: rw.status, Header: hdr, Body: rw.buf.Bytes()}); err != nil {
+		rec = &store.IdemRecord{Fingerprint: fp, Status: rw.status, Header: hdr, Body: rw.buf.Bytes()}
+		if rw.over {
+			// Too big to keep: a retry learns that, and the request is still not run twice.
+			b, _ := json.Marshal(map[string]*apiError{"error": {Type: "idempotency_error", Code: "replay_too_large",
+				Message: fmt.Sprintf("the first answer to this Idempotency-Key was %d bytes, over the %d kept for replays (status %d); the request is not run again: read its result from the session or run it created", rw.written, s.MaxReplayBytes, rw.status)}})
+			rec.Status, rec.Header, rec.Body = 409, map[string]string{"Content-Type": "application/json"}, append(b, '\n')
+		}
+		if err := s.Store.IdemFinish(ctx, p.ID, key, *rec); err != nil {
 			s.log.Error("idempotency finish", "err", err)
 		}
 		return nil

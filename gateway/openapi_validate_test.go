@@ -383,7 +383,7 @@ func TestOpenAPIAcceptsGoodResponses(t *testing.T) {
 		{"POST", "/v1/sessions", 429, "application/json", errBody("rate_limited", "concurrency_limit"), []string{"Retry-After", "1"}},
 		{"GET", "/v1/sessions?limit=2", 200, "application/json", `{"object":"list","data":[` + goodSession + `],"next_cursor":"sess_0VcQ9aBcDeFgHiJkLm"}`, nil},
 		{"DELETE", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 202, "application/json", strings.Replace(goodSession, `"running"`, `"stopping"`, 1), nil},
-		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/json", `{"exit_code":0,"stdout":"hi\n","stderr":"","duration_ms":3}`, nil},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/json", `{"exit_code":0,"stdout":"hi\n","stderr":"","duration_ms":3,"truncated":false,"stdout_bytes":3,"stderr_bytes":0}`, nil},
 		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 200, "application/x-ndjson",
 			`{"stream":"stdout","data":"hi\n"}` + "\n" + `{"exit_code":0,"duration_ms":3,"timed_out":false}` + "\n", nil},
 		{"GET", "/v1/snapshots", 200, "application/json", `{"object":"list","data":[` + goodSnapshot + `],"next_cursor":null}`, nil},

@@ -45,6 +45,20 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	default:
 		return errInvalid("wait", "wait must be true or false, got %q", v)
 	}
+	// Caps first, so that a refused run leaves nothing behind (an ephemeral run's session).
+	slots, max := s.execs, s.MaxConcurrentExecs
+	if !wait {
+		slots, max = s.asyncRuns, s.MaxAsyncRuns
+	}
+	if err := slots.acquire(p.ID, max); err != nil {
+		return err
+	}
+	held := true
+	defer func() {
+		if held {
+			slots.release(p.ID)
+		}
+	}()
 	exec := session.ExecRequest{Command: req.Command, Env: req.Env, Cwd: req.Cwd, Stdin: req.Stdin, TimeoutS: req.TimeoutS}
 	var work func(ctx context.Context, run *session.Run) error
 	if req.SessionID != "" {
@@ -127,8 +141,10 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	if !wait {
 		queued := *run
 		s.bg.Add(1)
+		held = false // the goroutine releases it
 		go func() {
 			defer s.bg.Done()
+			defer slots.release(p.ID)
 			do(s.ctx)
 		}()
 		writeJSON(w, 202, queued)
@@ -150,6 +166,7 @@ func (s *Server) execRun(ctx context.Context, sess *session.Session, req session
 		return err
 	}
 	run.ExitCode, run.Stdout, run.Stderr, run.DurationMs = &res.ExitCode, res.Stdout, res.Stderr, &res.DurationMs
+	run.Truncated, run.StdoutBytes, run.StderrBytes = res.Truncated, res.StdoutBytes, res.StderrBytes
 	run.FinishedAt = session.At(s.Now())
 	run.State = session.RunSucceeded
 	if res.ExitCode != 0 {

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
 	"wb/session"
@@ -75,8 +74,9 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 		return nil, nil, &apiError{Status: 403, Type: "denied", Code: "denied", Message: msg}
 	}
 	if len(d.Patch) > 0 {
-		if req, err = plugins.ApplyPatch(req, d); err != nil {
-			return nil, nil, fmt.Errorf("admission patch: %w", err)
+		if req, err = s.applyAdmissionPatch(ctx, p, req, d); err != nil {
+			s.Metrics.admission.WithLabelValues("deny").Inc()
+			return nil, nil, err
 		}
 	}
 	st, err := req.Validate(s.Tiers)

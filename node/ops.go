@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
 	"wb/agent"
@@ -143,7 +142,10 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 	if err != nil {
 		return false, 0, err
 	}
-	dir := filepath.Join(n.DataDir, "snapshots", snapshotID)
+	dir, err := n.snapshotDir(snapshotID)
+	if err != nil {
+		return false, 0, err
+	}
 	memory = memory && n.Driver.Name() == "runsc"
 	if !memory {
 		info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, false)
@@ -209,7 +211,11 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 
 // DeleteSnapshot removes a snapshot's files.
 func (n *Node) DeleteSnapshot(id string) error {
-	return removeAll(filepath.Join(n.DataDir, "snapshots", id))
+	dir, err := n.snapshotDir(id)
+	if err != nil {
+		return err
+	}
+	return removeAll(dir)
 }
 
 // Stop tears down a session the control plane moved to stopping, and ends it.

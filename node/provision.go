@@ -88,7 +88,11 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 	case sess.RestoreFrom != nil:
 		l.g.GuestID, l.g.Cold = sess.ID, true
 		spec := n.spec(l.g.GuestID, tpl, sess.Resources)
-		if err := n.Driver.Restore(ctx, spec, filepath.Join(n.DataDir, "snapshots", *sess.RestoreFrom)); err != nil {
+		dir, err := n.snapshotDir(*sess.RestoreFrom)
+		if err != nil {
+			return fmt.Errorf("restore_from: %w", err)
+		}
+		if err := n.Driver.Restore(ctx, spec, dir); err != nil {
 			return fmt.Errorf("restore %s: %w", *sess.RestoreFrom, err)
 		}
 	default:
@@ -417,4 +421,14 @@ func (n *Node) endedElsewhere(ctx context.Context, g *guest) bool {
 	n.destroy(ctx, l)
 	_ = n.journal.remove(g.SessionID)
 	return true
+}
+
+// snapshotDir answers the directory of snapshot id. The id comes from the control plane (a
+// create's restore_from), so anything but a snapshot id is refused: the path never leaves
+// DataDir/snapshots.
+func (n *Node) snapshotDir(id string) (string, error) {
+	if !session.ValidID("snap_", id) {
+		return "", fmt.Errorf("node: %q is not a snapshot id (snap_ and 18 letters or digits)", id)
+	}
+	return filepath.Join(n.DataDir, "snapshots", id), nil
 }

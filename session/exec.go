@@ -63,6 +63,11 @@ type ExecResult struct {
 	Stderr     string `json:"stderr"`
 	DurationMs int64  `json:"duration_ms"`
 	TimedOut   bool   `json:"timed_out,omitempty"`
+	// Truncated: the command wrote more than the buffered result keeps (DefaultMaxOutputBytes
+	// per stream unless configured); StdoutBytes and StderrBytes count everything it wrote.
+	Truncated   bool  `json:"truncated"`
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
 }
 
 // ExecChunk is one line of a streamed exec (Accept: application/x-ndjson).

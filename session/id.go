@@ -2,6 +2,7 @@ package session
 
 import (
 	"crypto/rand"
+	"strings"
 	"time"
 )
 
@@ -24,4 +25,19 @@ func NewID(prefix string, now time.Time) string {
 		rnd[i] = base62[int(rnd[i])%62]
 	}
 	return string(b)
+}
+
+// ValidID reports whether id is prefix followed by the 18 base62 characters of NewID: an id of
+// that form is a plain file name, safe to join into a path.
+func ValidID(prefix, id string) bool {
+	rest, ok := strings.CutPrefix(id, prefix)
+	if !ok || len(rest) != 18 {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if strings.IndexByte(base62, rest[i]) < 0 {
+			return false
+		}
+	}
+	return true
 }

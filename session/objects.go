@@ -32,16 +32,20 @@ const (
 
 // Run is one command run in a session, or an ephemeral tier-1 run.
 type Run struct {
-	ID         string  `json:"id"`
-	Object     string  `json:"object"` // "run"
-	SessionID  *string `json:"session_id"`
-	State      string  `json:"state"`
-	ExitCode   *int    `json:"exit_code"`
-	Stdout     string  `json:"stdout"`
-	Stderr     string  `json:"stderr"`
-	Error      *string `json:"error"`
-	StartedAt  *Time   `json:"started_at"`
-	FinishedAt *Time   `json:"finished_at"`
-	DurationMs *int64  `json:"duration_ms"`
-	CreatedAt  Time    `json:"created_at"`
+	ID        string  `json:"id"`
+	Object    string  `json:"object"` // "run"
+	SessionID *string `json:"session_id"`
+	State     string  `json:"state"`
+	ExitCode  *int    `json:"exit_code"`
+	Stdout    string  `json:"stdout"`
+	Stderr    string  `json:"stderr"`
+	// As in ExecResult: the output kept is capped per stream; the counts are of all of it.
+	Truncated   bool    `json:"truncated"`
+	StdoutBytes int64   `json:"stdout_bytes"`
+	StderrBytes int64   `json:"stderr_bytes"`
+	Error       *string `json:"error"`
+	StartedAt   *Time   `json:"started_at"`
+	FinishedAt  *Time   `json:"finished_at"`
+	DurationMs  *int64  `json:"duration_ms"`
+	CreatedAt   Time    `json:"created_at"`
 }

@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -27,6 +28,13 @@ const (
 	MaxMetadataKeyLen = 40
 	MaxMetadataValLen = 500
 )
+
+// ReservedMetadataPrefix starts the metadata keys that belong to the platform; a request (or an
+// admission patch) may not set them.
+const ReservedMetadataPrefix = "wb."
+
+// ReservedMetadataKey reports whether k belongs to the platform.
+func ReservedMetadataKey(k string) bool { return strings.HasPrefix(k, ReservedMetadataPrefix) }
 
 // Settings are the validated, defaulted values of a create request.
 type Settings struct {
@@ -74,6 +82,9 @@ func (r *CreateRequest) Validate(tiers Tiers) (Settings, error) {
 	for k, v := range r.Metadata {
 		if k == "" || len(k) > MaxMetadataKeyLen {
 			return Settings{}, &FieldError{Field: "metadata", Message: fmt.Sprintf("keys must be 1–%d characters", MaxMetadataKeyLen)}
+		}
+		if ReservedMetadataKey(k) {
+			return Settings{}, &FieldError{Field: "metadata." + k, Message: fmt.Sprintf("is reserved: the %s prefix belongs to the platform; use another key", ReservedMetadataPrefix)}
 		}
 		if len(v) > MaxMetadataValLen {
 			return Settings{}, &FieldError{Field: "metadata." + k, Message: fmt.Sprintf("at most %d characters", MaxMetadataValLen)}

@@ -132,6 +132,10 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 	if rec.Format != snapshotFormat {
 		return fmt.Errorf("oci: snapshot %s: unknown format %d", dir, rec.Format)
 	}
+	// The record is a file on disk: its layer must name a file inside dir, nothing more.
+	if !plainFileName(rec.Layer) {
+		return fmt.Errorf("oci: snapshot %s: layer %q is not a plain file name", dir, rec.Layer)
+	}
 	if rec.Memory {
 		if rec.Runtime != d.name {
 			return fmt.Errorf("oci: snapshot %s holds %s memory; this driver is %s", dir, rec.Runtime, d.name)
@@ -388,4 +392,9 @@ func readLayer(ctx context.Context, src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// plainFileName reports whether name is one path element: not empty, not . or .., no separator.
+func plainFileName(name string) bool {
+	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, `/\`) && filepath.IsLocal(name)
 }

@@ -234,3 +234,29 @@ func TestLayerRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot record is a file on the node's disk; a layer name in it that climbs out of the
+// snapshot's directory is refused before any path is opened.
+func TestRestoreRefusesLayerOutsideSnapshot(t *testing.T) {
+	base := t.TempDir()
+	spec := hypervisor.Spec{ID: "g1", RootFS: "/nonexistent-rootfs", Writable: filepath.Join(base, "w"),
+		AgentDir: filepath.Join(base, "a"), Args: []string{"/wb", "agent"}}
+	for _, layer := range []string{"../../etc/passwd", "/etc/passwd", "..", "", "a/b", `..\x`} {
+		dir := filepath.Join(base, "snap")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeJSON(filepath.Join(dir, snapshotMeta), snapshotRecord{Format: snapshotFormat, Runtime: "runc", Layer: layer}); err != nil {
+			t.Fatal(err)
+		}
+		err := (&Driver{name: "runc"}).Restore(context.Background(), spec, dir)
+		if err == nil || !strings.Contains(err.Error(), "not a plain file name") {
+			t.Fatalf("layer %q: %v", layer, err)
+		}
+	}
+	for _, ok := range []string{"writable.tar", "layer-2.tar"} {
+		if !plainFileName(ok) {
+			t.Fatalf("%q refused", ok)
+		}
+	}
+}

@@ -1,0 +1,59 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/session"
+)
+
+// A buffered Exec (nil out) keeps MaxOutputBytes per stream and counts the rest.
+func TestBufferedExecIsCapped(t *testing.T) {
+	t.Parallel()
+	c, _ := startAgent(t, false)
+	c.MaxOutputBytes = 64 << 10
+	res, err := c.Exec(testCtx(t, 120*time.Second), ExecRequest{
+		Argv: []string{"sh", "-c", "yes | head -c 3000000; echo oops >&2"},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Truncated || len(res.Stdout) != 64<<10 || res.StdoutBytes != 3000000 || res.Stderr != "oops\n" || res.StderrBytes != 5 {
+		t.Fatalf("truncated %v, stdout %d of %d bytes, stderr %q (%d)", res.Truncated, len(res.Stdout), res.StdoutBytes, res.Stderr, res.StderrBytes)
+	}
+}
+
+// A stream is back-pressured: while its reader stalls, the command blocks on its pipe instead
+// of its output piling up in the agent.
+func TestStreamIsBackPressured(t *testing.T) {
+	t.Parallel()
+	c, _ := startAgent(t, false)
+	marker := filepath.Join(t.TempDir(), "wrote-all")
+	const n = 64 << 20
+	stalled := false
+	res, err := c.Exec(testCtx(t, 300*time.Second), ExecRequest{
+		Argv: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a; touch %s", n, marker)},
+	}, func(ch session.ExecChunk) error {
+		if !stalled {
+			stalled = true
+			time.Sleep(2 * time.Second)
+			if _, err := os.Stat(marker); err == nil {
+				return fmt.Errorf("the command wrote all %d bytes while nobody read: output is buffered without bound", n)
+			}
+		}
+		if strings.Trim(ch.Data, "a") != "" {
+			return fmt.Errorf("foreign bytes")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("exit %d", res.ExitCode)
+	}
+}

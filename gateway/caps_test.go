@@ -1,0 +1,221 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"wb/session"
+)
+
+// heapPeak samples the live heap objects of this process until stop is called, and answers
+// the highest figure seen.
+func heapPeak(t *testing.T) (stop func() uint64) {
+	t.Helper()
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	var peak uint64
+	done, quit := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			metrics.Read(sample)
+			peak = max(peak, sample[0].Value.Uint64())
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() uint64 { close(quit); <-done; return peak }
+}
+
+// yes through a buffered exec: the answer keeps MaxOutputBytes, says truncated and counts every
+// byte, and the gateway's heap stays flat while the command writes ~100× the cap. The guest is
+// a real agent (fakenode) running the host's yes.
+func TestBufferedExecOutputIsCapped(t *testing.T) {
+	const maxOut = 1 << 20
+	const total = 64 << 20
+	e := newEnv(t, func(c *Config) { c.MaxOutputBytes = maxOut })
+	// fakenode heartbeats once; this test may outlive the placer's 10 s heartbeat timeout.
+	hbCtx, stopHB := context.WithCancel(context.Background())
+	defer stopHB()
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-tick.C:
+				_ = e.node.Heartbeat(hbCtx)
+			}
+		}
+	}()
+	s := e.running(map[string]any{"tier": 2})
+	// Warm up (connections, the agent), then measure from a collected heap.
+	e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"}, 200, nil)
+	var base [1]metrics.Sample
+	base[0].Name = "/memory/classes/heap/objects:bytes"
+	// A low GOGC keeps garbage from hiding what is live: the peak is then close to the live heap.
+	defer debug.SetGCPercent(debug.SetGCPercent(20))
+	runtime.GC()
+	metrics.Read(base[:])
+	stop := heapPeak(t)
+	var res session.ExecResult
+	e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{
+		"command": "yes | head -c " + strconv.Itoa(total) + "; yes e | head -c 3000000 >&2", "timeout_s": 600}, 200, &res)
+	peak := stop()
+	if !res.Truncated || res.StdoutBytes != total || res.StderrBytes != 3000000 || len(res.Stdout) != maxOut || len(res.Stderr) != maxOut ||
+		!strings.HasPrefix(res.Stdout, "y\ny\n") || res.ExitCode != 0 {
+		t.Fatalf("truncated %v stdout %d of %d bytes, stderr %d of %d, exit %d", res.Truncated, len(res.Stdout), res.StdoutBytes, len(res.Stderr), res.StderrBytes, res.ExitCode)
+	}
+	grew := int64(peak) - int64(base[0].Value.Uint64())
+	t.Logf("heap: %d MiB before, peak %d MiB (+%d MiB) while the command wrote %d MiB", base[0].Value.Uint64()>>20, peak>>20, grew>>20, total>>20)
+	if grew > 40<<20 {
+		t.Fatalf("the heap grew by %d MiB for a %d MiB cap: output is being kept", grew>>20, maxOut>>20)
+	}
+	// A run stores the same bounded result.
+	var run session.Run
+	e.mustDo("POST", "/v1/runs", e.key, map[string]any{"session_id": s.ID, "command": "yes | head -c 3000000"}, 201, &run)
+	if !run.Truncated || run.StdoutBytes != 3000000 || len(run.Stdout) != maxOut {
+		t.Fatalf("run: truncated %v, %d of %d bytes", run.Truncated, len(run.Stdout), run.StdoutBytes)
+	}
+	e.mustDo("GET", "/v1/runs/"+run.ID, e.key, nil, 200, &run)
+	if !run.Truncated || len(run.Stdout) != maxOut {
+		t.Fatalf("stored run: truncated %v, %d bytes", run.Truncated, len(run.Stdout))
+	}
+	// Small output is whole and says so.
+	e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "echo hi"}, 200, &res)
+	if res.Truncated || res.Stdout != "hi\n" || res.StdoutBytes != 3 {
+		t.Fatalf("%+v", res)
+	}
+}
+
+// An answer too big to keep for an Idempotency-Key replay is not kept: the retry gets a 409
+// that says so, and the command does not run again.
+func TestIdempotencyReplayIsBounded(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxOutputBytes = 64 << 10; c.MaxReplayBytes = 32 << 10 })
+	s := e.running(map[string]any{"tier": 2})
+	marker := filepath.Join(t.TempDir(), "ran")
+	body := map[string]any{"command": "echo x >> " + marker + "; yes | head -c 100000"}
+	r := e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, body, 200, nil, "Idempotency-Key", "big-1")
+	if len(r.body) < 64<<10 {
+		t.Fatalf("first answer %d bytes", len(r.body))
+	}
+	msg := expectError(t, e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, body, "Idempotency-Key", "big-1"), 409, "replay_too_large", "")
+	if !strings.Contains(msg, "not run again") {
+		t.Fatal(msg)
+	}
+	if b, _ := os.ReadFile(marker); string(b) != "x\n" {
+		t.Fatalf("the command ran %d times", strings.Count(string(b), "x"))
+	}
+	// A small answer still replays.
+	r = e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "echo small"}, 200, nil, "Idempotency-Key", "small-1")
+	again := e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "echo small"}, 200, nil, "Idempotency-Key", "small-1")
+	if again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, r.body) {
+		t.Fatalf("replay %q: %s", again.header.Get("Idempotent-Replayed"), again.body)
+	}
+}
+
+// Execs in progress and async runs per project are capped; past the cap, 429 with
+// Retry-After; another project is not affected; a slot frees when its work ends.
+func TestExecAndRunCaps(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxConcurrentExecs = 2; c.MaxAsyncRuns = 1 })
+	s := e.running(map[string]any{"tier": 2})
+	gate := filepath.Join(t.TempDir(), "go")
+	waitGate := "while [ ! -e " + gate + " ]; do sleep 0.02; done; echo done"
+	post := func(path string, body any) (int, []byte) {
+		raw, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", e.url+path, bytes.NewReader(raw))
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, []byte(err.Error())
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.Bytes()
+	}
+	var wg sync.WaitGroup
+	statuses := make(chan int, 2)
+	for range 2 {
+		wg.Go(func() {
+			st, _ := post("/v1/sessions/"+s.ID+"/exec", map[string]any{"command": waitGate, "timeout_s": 600})
+			statuses <- st
+		})
+	}
+	inFlight := func(ps *projectSlots) int {
+		ps.mu.Lock()
+		defer ps.mu.Unlock()
+		return ps.n[e.projA]
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for inFlight(e.gw.execs) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two execs never started")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r := e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"})
+	msg := expectError(t, r, 429, "too_many_execs", "")
+	if r.header.Get("Retry-After") != "1" || !strings.Contains(msg, "2 execs in progress") {
+		t.Fatalf("Retry-After %q: %s", r.header.Get("Retry-After"), msg)
+	}
+	expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"session_id": s.ID, "command": "true"}), 429, "too_many_execs", "")
+	// The async-run cap is its own: one queued or running run.
+	var run session.Run
+	e.mustDo("POST", "/v1/runs?wait=false", e.key, map[string]any{"session_id": s.ID, "command": waitGate, "timeout_s": 600}, 202, &run)
+	r = e.do("POST", "/v1/runs?wait=false", e.key, map[string]any{"session_id": s.ID, "command": "true"})
+	if msg := expectError(t, r, 429, "too_many_runs", ""); r.header.Get("Retry-After") == "" || !strings.Contains(msg, "1 async run") {
+		t.Fatalf("Retry-After %q: %s", r.header.Get("Retry-After"), msg)
+	}
+	// Another project is not affected.
+	_, keyB := e.newProject("B", nil)
+	var sb session.Session
+	e.mustDo("POST", "/v1/sessions", keyB, map[string]any{"tier": 2}, 201, &sb)
+	e.waitState(keyB, sb.ID, session.Running)
+	e.mustDo("POST", "/v1/sessions/"+sb.ID+"/exec", keyB, map[string]any{"command": "true"}, 200, nil)
+	// Let the work end: the slots free.
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for range 2 {
+		if st := <-statuses; st != 200 {
+			t.Fatalf("a held exec answered %d", st)
+		}
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for inFlight(e.gw.asyncRuns) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the async run never finished")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"}, 200, nil)
+	e.mustDo("POST", "/v1/runs?wait=false", e.key, map[string]any{"session_id": s.ID, "command": "true"}, 202, &run)
+	deadline = time.Now().Add(60 * time.Second)
+	for run.State != session.RunSucceeded {
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is %s", run.ID, run.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+		e.mustDo("GET", "/v1/runs/"+run.ID, e.key, nil, 200, &run)
+	}
+}
