@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // cgroupHost describes the host's cgroup layout: v2 (unified) or v1 (per-controller
@@ -187,4 +189,60 @@ func (h cgroupHost) removeDirs(p string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Process limits of a guest.
+//
+// A runc guest's processes are host processes: the pids cgroup's limit is Spec.Pids, and the
+// agent (PID 1, which keeps spare threads) outlives a guest that reaches it.
+//
+// A runsc guest on the ptrace platform costs the host far more than one task per process:
+// every guest address space is a host stub process with one thread per sentry thread that
+// ever ran it, and the sentry itself needs about 60. Measured on runsc 20221219: a fork bomb
+// held to 512 guest processes grows the sandbox by ~300–400 host tasks a second (6.8k after
+// 12 s, then more slowly toward guest processes × sentry threads); without a guest limit
+// it reaches any host limit within seconds, and the sandbox dies when it does. So the guest
+// gets a limit of its own inside gVisor (the agent puts every exec and PTY process in a pids
+// cgroup of gVisor's cgroupfs, which it needs CAP_SYS_ADMIN to mount and then drops), well
+// below the sandbox's host limit.
+const (
+	runscPidsBase    = 128
+	runscPidsPerProc = 12
+	// runscHostPidsMin is the least host limit of a runsc sandbox: the host tasks grow with
+	// time under a fork bomb whatever the guest's own limit, so a small guest limit does not
+	// make a small host limit safe.
+	runscHostPidsMin = 8192
+	// runscGuestPidsMax caps the guest's own limit under runsc.
+	runscGuestPidsMax = 512
+	// agentPidsMaxEnv is agent.PidsMaxEnv (a test checks they agree): how the agent learns
+	// the guest's own process limit.
+	agentPidsMaxEnv = "WB_AGENT_PIDS_MAX"
+)
+
+// pidsLimits returns the host pids cgroup limit of a guest allowed pids processes, and the
+// limit the agent enforces inside the guest (0: none, the host's is the guest's).
+func pidsLimits(pids int, runsc bool) (host, guest int64) {
+	if pids <= 0 {
+		return 0, 0
+	}
+	if !runsc {
+		return int64(pids), 0
+	}
+	guest = int64(min(pids, runscGuestPidsMax))
+	return max(runscPidsBase+int64(pids)*runscPidsPerProc, runscHostPidsMin), guest
+}
+
+// guestLimitsProcess gives the agent what it needs to enforce an in-guest process limit:
+// the limit in its environment and CAP_SYS_ADMIN to mount gVisor's cgroupfs (the agent drops
+// it from every thread before it serves, so no guest process ever holds it).
+func guestLimitsProcess(p *specs.Process, guestPids int64) {
+	if guestPids <= 0 {
+		return
+	}
+	p.Env = append(p.Env, fmt.Sprintf("%s=%d", agentPidsMaxEnv, guestPids))
+	for _, set := range []*[]string{&p.Capabilities.Bounding, &p.Capabilities.Effective, &p.Capabilities.Permitted} {
+		if !slices.Contains(*set, "CAP_SYS_ADMIN") {
+			*set = append(slices.Clone(*set), "CAP_SYS_ADMIN")
+		}
+	}
 }

@@ -16,14 +16,6 @@ const (
 	ociVersion  = "1.0.2"
 	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	cpuPeriod   = 100000
-
-	// gVisor's ptrace platform runs each guest process as several host tasks (stub process,
-	// tracer threads), all charged to the guest's pids cgroup; the sandbox itself needs
-	// about 60. Going over the host limit kills the whole sandbox, so the host limit for a
-	// runsc guest is scaled from the guest's process allowance (measured: 52 guest
-	// processes ≈ 512 host tasks).
-	runscPidsBase    = 128
-	runscPidsPerProc = 12
 )
 
 // capabilities is the minimal set a root init gets: enough to own, chmod and kill its own files
@@ -123,15 +115,12 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 		quota, period := int64(s.VCPU)*cpuPeriod, uint64(cpuPeriod)
 		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
-	if s.Pids > 0 {
-		limit := int64(s.Pids)
-		if o.runsc {
-			limit = runscPidsBase + limit*runscPidsPerProc
-		}
-		res.Pids = &specs.LinuxPids{Limit: &limit}
+	hostPids, guestPids := pidsLimits(s.Pids, o.runsc) // see cgroup.go
+	if hostPids > 0 {
+		res.Pids = &specs.LinuxPids{Limit: &hostPids}
 	}
 
-	return &specs.Spec{
+	spec := &specs.Spec{
 		Version: ociVersion,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
@@ -162,4 +151,6 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 			ReadonlyPaths: readonlyPaths(),
 		},
 	}
+	guestLimitsProcess(spec.Process, guestPids)
+	return spec
 }

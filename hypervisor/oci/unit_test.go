@@ -11,6 +11,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"wb/agent"
 	"wb/hypervisor"
 )
 
@@ -82,8 +83,12 @@ func TestOCISpec(t *testing.T) {
 		if !c.Root.Readonly || c.Root.Path != s.RootFS {
 			t.Fatalf("root = %+v", c.Root)
 		}
-		if !c.Process.NoNewPrivileges || slices.Contains(c.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") || slices.Contains(c.Process.Capabilities.Bounding, "CAP_NET_RAW") {
+		// runsc's agent gets CAP_SYS_ADMIN to mount gVisor's pids cgroup, and drops it.
+		if !c.Process.NoNewPrivileges || slices.Contains(c.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") != runsc || slices.Contains(c.Process.Capabilities.Bounding, "CAP_NET_RAW") {
 			t.Fatalf("process privileges: %+v", c.Process)
+		}
+		if got := slices.Contains(c.Process.Env, agentPidsMaxEnv+"=100"); got != runsc {
+			t.Fatalf("runsc %v: the agent's process limit in the env %v: %v", runsc, c.Process.Env, got)
 		}
 		var ns []specs.LinuxNamespaceType
 		for _, n := range c.Linux.Namespaces {
@@ -103,7 +108,7 @@ func TestOCISpec(t *testing.T) {
 		}
 		wantPids := int64(100)
 		if runsc {
-			wantPids = runscPidsBase + 100*runscPidsPerProc
+			wantPids = runscHostPidsMin
 		}
 		if *r.Pids.Limit != wantPids {
 			t.Fatalf("pids = %d, want %d", *r.Pids.Limit, wantPids)
@@ -188,6 +193,32 @@ func TestLayerRoundTrip(t *testing.T) {
 		}
 		if _, err := os.Lstat(filepath.Join(filepath.Dir(out), "escape")); err == nil {
 			t.Errorf("%s: file escaped the destination", name)
+		}
+	}
+}
+
+// The guest's own process limit sits well below its sandbox's host limit under runsc, whose
+// ptrace platform spends many host tasks per guest process; under runc they are one.
+func TestPidsLimits(t *testing.T) {
+	if agentPidsMaxEnv != agent.PidsMaxEnv {
+		t.Fatalf("the driver sets %s, the agent reads %s", agentPidsMaxEnv, agent.PidsMaxEnv)
+	}
+	for _, c := range []struct {
+		pids        int
+		runsc       bool
+		host, guest int64
+	}{
+		{0, false, 0, 0}, {0, true, 0, 0},
+		{1024, false, 1024, 0},
+		{1024, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMax},
+		{128, true, runscHostPidsMin, 128},
+	} {
+		host, guest := pidsLimits(c.pids, c.runsc)
+		if host != c.host || guest != c.guest {
+			t.Errorf("pidsLimits(%d, runsc %v) = host %d, guest %d; want %d, %d", c.pids, c.runsc, host, guest, c.host, c.guest)
+		}
+		if c.runsc && c.pids > 0 && guest*runscPidsPerProc > host {
+			t.Errorf("runsc %d: the guest limit %d leaves the host limit %d no headroom", c.pids, guest, host)
 		}
 	}
 }

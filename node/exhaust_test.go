@@ -1,0 +1,200 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/hypervisor/templates"
+	"wb/node"
+	"wb/session"
+	"wb/store"
+)
+
+// attack is one way a guest exhausts what it has. Each runs bounded in time: by the exec's
+// own timeout (the agent kills the exec's process group) and by timeout(1) inside the guest.
+type attack struct {
+	name     string
+	cmd      string
+	timeoutS int
+	// oomOK: the attack may end the session with oom (a memory hog under runsc, where the
+	// kernel's OOM killer takes the whole sandbox); then the session must be failed (oom).
+	oomOK bool
+	// check looks at the attack's own result (its clear error, or its normal output).
+	check func(t *testing.T, res session.ExecResult, err error)
+}
+
+func attacks() []attack {
+	return []attack{
+		{name: "fork bomb", timeoutS: 6, cmd: `timeout 5 sh -c 'f(){ f|f& }; f; sleep 30'; sleep 30`,
+			check: func(t *testing.T, res session.ExecResult, err error) {
+				if err != nil {
+					t.Fatalf("the exec that ran the fork bomb got no answer: %v", err)
+				}
+				if res.ExitCode != 124 {
+					t.Errorf("fork bomb: exit %d, want its timeout (124)", res.ExitCode)
+				}
+				if !strings.Contains(res.Stderr, "fork") && !strings.Contains(res.Stderr, "Resource temporarily unavailable") {
+					t.Errorf("fork bomb: stderr %q says nothing of the process limit", tail(res.Stderr))
+				}
+			}},
+		{name: "fd bomb", timeoutS: 30, cmd: `cd /workspace && timeout 25 python3 -c '
+import os, sys
+for i in range(8):
+    if os.fork() == 0:
+        fds = []
+        try:
+            while True:
+                r, w = os.pipe(); fds += [r, w]
+                fds.append(os.open("/workspace/fd%d" % (len(fds) % 64), os.O_RDONLY | os.O_CREAT))
+        except OSError as e:
+            print("child %d stopped at %d fds: %s" % (i, len(fds), e), flush=True)
+        os._exit(0)
+for i in range(8):
+    os.wait()
+print("fd bomb done")
+'; rm -f /workspace/fd*`,
+			check: func(t *testing.T, res session.ExecResult, err error) {
+				if err != nil || !strings.Contains(res.Stdout, "fd bomb done") || !strings.Contains(res.Stdout, "Too many open files") {
+					t.Errorf("fd bomb: exit %d, stdout %q, stderr %q, err %v; want every child stopped at its fd limit", res.ExitCode, tail(res.Stdout), tail(res.Stderr), err)
+				}
+			}},
+		{name: "disk fill", timeoutS: 120, cmd: `timeout 110 head -c 1300000000 /dev/zero > /workspace/fill; echo "exit $?"; ls -l /workspace/fill; if echo x > /tmp/more; then echo TMP-WRITABLE; fi; rm -f /workspace/fill /tmp/more; echo removed`,
+			check: func(t *testing.T, res session.ExecResult, err error) {
+				// 1.3 GB on a 1 GiB disk: the write stops with ENOSPC (busybox says "I/O error").
+				if err != nil || !strings.Contains(res.Stdout, "exit 1") || !strings.Contains(res.Stdout, "removed") {
+					t.Errorf("disk fill: exit %d, stdout %q, stderr %q, err %v; want the write to stop at the disk's size", res.ExitCode, tail(res.Stdout), tail(res.Stderr), err)
+				}
+			}},
+		{name: "cpu spin", timeoutS: 10, cmd: `for i in 1 2 3 4 5 6 7 8; do timeout 6 sh -c 'while :; do :; done' & done; wait; echo spun`,
+			check: func(t *testing.T, res session.ExecResult, err error) {
+				if err != nil || !strings.Contains(res.Stdout, "spun") {
+					t.Errorf("cpu spin: exit %d, stdout %q, err %v", res.ExitCode, tail(res.Stdout), err)
+				}
+			}},
+		{name: "memory hog", timeoutS: 60, oomOK: true, cmd: `timeout 50 sh -c 'x=$(head -c 600000000 /dev/zero | tr "\0" a); echo survived ${#x}'`,
+			check: func(t *testing.T, res session.ExecResult, err error) {
+				if err == nil && strings.Contains(res.Stdout, "survived") {
+					t.Errorf("the allocation survived a 256 MiB limit: %q", tail(res.Stdout))
+				}
+			}},
+	}
+}
+
+func tail(s string) string {
+	if len(s) > 400 {
+		return "…" + s[len(s)-400:]
+	}
+	return s
+}
+
+func execTimed(ctx context.Context, n *node.Node, s *session.Session, cmd string, timeoutS int) (session.ExecResult, error) {
+	b, _ := json.Marshal(cmd)
+	return n.Exec(ctx, s, session.ExecRequest{Command: b, TimeoutS: &timeoutS}, nil, nil)
+}
+
+// TestExhaustion: a fork bomb, an fd bomb, a full disk, a CPU spin and a memory hog each stay
+// inside their session, under runsc and under runc: after each, the session is still running
+// (or failed with oom after the memory hog), another exec in it answers, another session on
+// the same node is unaffected, and DELETE still works.
+func TestExhaustion(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	for _, rt := range []string{"runsc", "runc"} {
+		t.Run(rt, func(t *testing.T) {
+			project := "proj_exhaust_" + rt
+			d := newDriver(t, rt, tempDir(t))
+			n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_exhaust_"+rt))
+			tpl := catalog[templates.DevPolyglot]
+			opts := sessionOpts{idleS: 900, lifeS: 1800, template: tpl.Name + "@" + tpl.Digest}
+			victim := provision(t, st, n.Node, project, opts)
+			neighbour := provision(t, st, n.Node, project, opts)
+			alive := func(t *testing.T, who string, s *session.Session) {
+				t.Helper()
+				res, err := execTimed(ctxT(t, 30*time.Second), n.Node, s, "echo alive", 20)
+				if err != nil || res.ExitCode != 0 || res.Stdout != "alive\n" {
+					t.Fatalf("%s: exec after the attack: exit %d, stdout %q, stderr %q, err %v", who, res.ExitCode, res.Stdout, tail(res.Stderr), err)
+				}
+			}
+			for _, a := range attacks() {
+				t.Run(strings.ReplaceAll(a.name, " ", "_"), func(t *testing.T) {
+					t0 := time.Now()
+					res, err := execTimed(ctxT(t, time.Duration(a.timeoutS+30)*time.Second), n.Node, victim, a.cmd, a.timeoutS)
+					t.Logf("%s %s: %.1fs, exit %d, stdout %q, stderr %q, err %v", rt, a.name, time.Since(t0).Seconds(), res.ExitCode, tail(res.Stdout), tail(res.Stderr), err)
+					a.check(t, res, err)
+					// Whatever the attack left running in the background goes (PID 1, the
+					// agent, is spared by kill -1).
+					_, _ = execTimed(ctxT(t, 30*time.Second), n.Node, victim, "kill -9 -1; kill -9 -1; true", 10)
+
+					alive(t, "the neighbour", neighbour)
+					got := get(t, st, project, victim.ID)
+					if a.oomOK && got.State != session.Running {
+						end, _ := waitState(t, st, project, victim.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired)
+						checkEnded(t, end, session.Failed, session.OOM)
+						t.Logf("%s: the memory hog failed its session with oom", rt)
+						return
+					}
+					if got.State != session.Running {
+						t.Fatalf("after the %s the session is %s %s, want running", a.name, got.State, reasonOf(got))
+					}
+					alive(t, "the attacked session", victim)
+				})
+			}
+			// DELETE still works, on the attacked session (if it still runs) and its neighbour.
+			for _, s := range []*session.Session{victim, neighbour} {
+				if got := get(t, st, project, s.ID); got.State == session.Running {
+					deleteSession(t, st, n.Node, project, s.ID)
+				}
+			}
+			for _, id := range []string{victim.ID, neighbour.ID} {
+				if err := waitGuestGone(t, d, id, 30*time.Second); err != nil {
+					t.Error(err)
+				}
+			}
+			checkSlots(t, st, project)
+		})
+	}
+}
+
+// deleteSession does what DELETE does: running → stopping (caller, deleted), then the node
+// tears the guest down and the session stops.
+func deleteSession(t *testing.T, st *store.Store, n *node.Node, project, id string) {
+	t.Helper()
+	s, err := st.Transition(ctxT(t, 10*time.Second), store.Change{Project: project, ID: id, From: session.Running,
+		To: session.Stopping, Driver: session.Caller, Reason: session.Deleted})
+	if err != nil {
+		t.Fatalf("delete %s: %v", id, err)
+	}
+	if err := n.Stop(ctxT(t, time.Minute), s); err != nil {
+		t.Fatalf("delete %s: node stop: %v", id, err)
+	}
+	end, _ := waitState(t, st, project, id, time.Minute, session.Stopped, session.Failed, session.Expired)
+	checkEnded(t, end, session.Stopped, session.Deleted)
+}
+
+// TestGuestCrash: a guest that kills its own init (the agent) dies by its own doing while its
+// host works: the session fails with guest_crash, never host_failure, under runsc and runc.
+func TestGuestCrash(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	for _, rt := range []string{"runsc", "runc"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			project := "proj_crash_" + rt
+			d := newDriver(t, rt, tempDir(t))
+			n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_crash_"+rt))
+			s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+			// SIGTERM is the one signal PID 1 (the agent) takes from inside: it ends it.
+			res, err := execIn(ctxT(t, 30*time.Second), n.Node, s, "kill -TERM 1; sleep 10")
+			t.Logf("exec: exit %d, err %v", res.ExitCode, err)
+			end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired)
+			checkEnded(t, end, session.Failed, session.GuestCrash)
+			checkSlots(t, st, project)
+			if err := waitGuestGone(t, d, s.ID, 10*time.Second); err != nil {
+				t.Errorf("the session failed with guest_crash but its guest was not torn down: %v", err)
+			}
+		})
+	}
+}
