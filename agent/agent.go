@@ -68,7 +68,10 @@ type Config struct {
 	// exec and PTY process starts in a pids cgroup with this pids.max, so a fork bomb meets it
 	// while the agent (outside that cgroup) keeps answering. It needs a cgroupfs the agent may
 	// mount (gVisor's, with CAP_SYS_ADMIN); without one the agent logs a warning and the
-	// sandbox's limit applies alone.
+	// sandbox's limit applies alone. When the guest's processes stay at the limit for 2 s
+	// (every fork failing: a fork bomb), the agent SIGKILLs them all, with the limit at 0
+	// meanwhile, and logs it: under gVisor's ptrace platform a bomb left churning keeps
+	// adding host threads until the sandbox dies.
 	PidsMax int
 }
 
@@ -133,6 +136,10 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		spareThreads(spareOSThreads)
 	}
+
+	guardCtx, stopGuard := context.WithCancel(ctx)
+	defer stopGuard()
+	go s.procs.cg.guard(guardCtx, log)
 
 	reapCtx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
 	reaperDone := make(chan struct{})

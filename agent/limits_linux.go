@@ -3,6 +3,8 @@
 package agent
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -21,6 +24,15 @@ const (
 	linuxCapV3     = 0x20080522
 	guestCgroupDir = "/sys/fs/cgroup"
 	workCgroup     = "wb-work"
+
+	// atLimitFor is how long the guest's processes may stay at their limit before the agent
+	// ends them all. gVisor's ptrace platform keeps adding host threads while a fork bomb
+	// churns at the limit (~300–600 a second here), so a bomb left alone would take the
+	// sandbox down in seconds; a guest whose every fork fails has nothing left to lose.
+	atLimitFor     = 2 * time.Second
+	atLimitCheck   = 200 * time.Millisecond
+	killAllRounds  = 200
+	killAllBetween = 10 * time.Millisecond
 )
 
 // childCgroup is the pids cgroup every exec and PTY process starts in, so that the guest's
@@ -87,6 +99,76 @@ func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) {
 	leave()
 	runtime.UnlockOSThread()
 	return pid, err
+}
+
+// guard ends every process of the work cgroup whenever they have stayed at their limit for
+// atLimitFor, until ctx ends.
+func (c *childCgroup) guard(ctx context.Context, log *slog.Logger) {
+	if c == nil {
+		return
+	}
+	tick := time.NewTicker(atLimitCheck)
+	defer tick.Stop()
+	var since time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		cur, err := readCgroupInt(filepath.Join(c.work, "pids.current"))
+		if err != nil || cur < c.max {
+			since = time.Time{}
+			continue
+		}
+		if since.IsZero() {
+			log.Debug("agent: the guest's processes are at their limit", "pids_max", c.max, "current", cur)
+			since = time.Now()
+			continue
+		}
+		if time.Since(since) < atLimitFor {
+			continue
+		}
+		n := c.killAll()
+		log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", time.Since(since).Round(time.Millisecond), "killed", n)
+		since = time.Time{}
+	}
+}
+
+// killAll SIGKILLs every process of the work cgroup, with its limit at 0 meanwhile so that
+// none can fork a replacement, and answers how many it signalled.
+func (c *childCgroup) killAll() int {
+	maxFile := filepath.Join(c.work, "pids.max")
+	_ = os.WriteFile(maxFile, []byte("0"), 0)
+	defer func() { _ = os.WriteFile(maxFile, []byte(strconv.Itoa(c.max)), 0) }()
+	n := 0
+	for range killAllRounds {
+		b, err := os.ReadFile(filepath.Join(c.work, "cgroup.procs"))
+		if err != nil {
+			return n
+		}
+		pids := bytes.Fields(b)
+		if len(pids) == 0 {
+			return n
+		}
+		for _, p := range pids {
+			if pid, err := strconv.Atoi(string(p)); err == nil && pid > 1 {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					n++
+				}
+			}
+		}
+		time.Sleep(killAllBetween)
+	}
+	return n
+}
+
+func readCgroupInt(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(string(bytes.TrimSpace(b)))
 }
 
 // dropSysAdmin removes CAP_SYS_ADMIN from every thread of the agent (bounding, effective,

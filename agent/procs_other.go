@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 )
@@ -20,3 +21,5 @@ func setupChildCgroup(_ *slog.Logger, _ int) *childCgroup { return nil }
 func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) { return startFn() }
 
 func dropSysAdmin() error { return nil }
+
+func (c *childCgroup) guard(_ context.Context, _ *slog.Logger) {}

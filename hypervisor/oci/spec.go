@@ -115,7 +115,7 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 		quota, period := int64(s.VCPU)*cpuPeriod, uint64(cpuPeriod)
 		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
-	hostPids, guestPids := pidsLimits(s.Pids, o.runsc) // see cgroup.go
+	hostPids, guestPids := pidsLimits(s.Pids, s.MemoryMiB, o.runsc) // see cgroup.go
 	if hostPids > 0 {
 		res.Pids = &specs.LinuxPids{Limit: &hostPids}
 	}

@@ -87,7 +87,7 @@ func TestOCISpec(t *testing.T) {
 		if !c.Process.NoNewPrivileges || slices.Contains(c.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") != runsc || slices.Contains(c.Process.Capabilities.Bounding, "CAP_NET_RAW") {
 			t.Fatalf("process privileges: %+v", c.Process)
 		}
-		if got := slices.Contains(c.Process.Env, agentPidsMaxEnv+"=100"); got != runsc {
+		if got := slices.Contains(c.Process.Env, agentPidsMaxEnv+"=100"); got != runsc { // 512 MiB allows 128
 			t.Fatalf("runsc %v: the agent's process limit in the env %v: %v", runsc, c.Process.Env, got)
 		}
 		var ns []specs.LinuxNamespaceType
@@ -204,18 +204,21 @@ func TestPidsLimits(t *testing.T) {
 		t.Fatalf("the driver sets %s, the agent reads %s", agentPidsMaxEnv, agent.PidsMaxEnv)
 	}
 	for _, c := range []struct {
-		pids        int
-		runsc       bool
-		host, guest int64
+		pids, memoryMiB int
+		runsc           bool
+		host, guest     int64
 	}{
-		{0, false, 0, 0}, {0, true, 0, 0},
-		{1024, false, 1024, 0},
-		{1024, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMax},
-		{128, true, runscHostPidsMin, 128},
+		{0, 0, false, 0, 0}, {0, 256, true, 0, 0},
+		{1024, 256, false, 1024, 0},
+		{1024, 0, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMax},
+		{1024, 4096, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMax},
+		{1024, 256, true, runscPidsBase + 1024*runscPidsPerProc, 64},
+		{1024, 64, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMin},
+		{128, 0, true, runscHostPidsMin, 128},
 	} {
-		host, guest := pidsLimits(c.pids, c.runsc)
+		host, guest := pidsLimits(c.pids, c.memoryMiB, c.runsc)
 		if host != c.host || guest != c.guest {
-			t.Errorf("pidsLimits(%d, runsc %v) = host %d, guest %d; want %d, %d", c.pids, c.runsc, host, guest, c.host, c.guest)
+			t.Errorf("pidsLimits(%d, %d MiB, runsc %v) = host %d, guest %d; want %d, %d", c.pids, c.memoryMiB, c.runsc, host, guest, c.host, c.guest)
 		}
 		if c.runsc && c.pids > 0 && guest*runscPidsPerProc > host {
 			t.Errorf("runsc %d: the guest limit %d leaves the host limit %d no headroom", c.pids, guest, host)
