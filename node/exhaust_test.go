@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +113,7 @@ func TestExhaustion(t *testing.T) {
 			tpl := catalog[templates.DevPolyglot]
 			opts := sessionOpts{idleS: 900, lifeS: 1800, template: tpl.Name + "@" + tpl.Digest}
 			neighbour := provision(t, st, n.Node, project, opts)
+			guestLimits(t, n.Node, rt, neighbour)
 			for _, a := range attacks() {
 				t.Run(strings.ReplaceAll(a.name, " ", "_"), func(t *testing.T) {
 					victim := provision(t, st, n.Node, project, opts)
@@ -146,6 +148,34 @@ func TestExhaustion(t *testing.T) {
 			checkSlots(t, st, project)
 		})
 	}
+}
+
+// guestLimits: no guest process holds CAP_SYS_ADMIN (under runsc the agent holds it only to
+// mount gVisor's pids cgroup, then drops it), and under runsc an exec's processes start in
+// the agent's pids cgroup.
+func guestLimits(t *testing.T, n *node.Node, rt string, s *session.Session) {
+	t.Helper()
+	res, err := execTimed(ctxT(t, 30*time.Second), n, s, "grep -E '^Cap(Bnd|Prm|Eff)' /proc/self/status; cat /proc/self/cgroup", 20)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("read the guest's capabilities: exit %d, %q, %v", res.ExitCode, res.Stderr, err)
+	}
+	for _, line := range strings.Split(res.Stdout, "\n") {
+		name, hex, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "Cap") {
+			continue
+		}
+		caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", name, line, err)
+		}
+		if caps&(1<<21) != 0 {
+			t.Errorf("%s: a guest process holds CAP_SYS_ADMIN (%s)", rt, line)
+		}
+	}
+	if inCgroup := strings.Contains(res.Stdout, "/wb-work"); inCgroup != (rt == "runsc") {
+		t.Errorf("%s: an exec's cgroups:\n%s(want the agent's pids cgroup wb-work under runsc only)", rt, res.Stdout)
+	}
+	t.Logf("%s: a guest process's capabilities and cgroups:\n%s", rt, res.Stdout)
 }
 
 // alive waits (20 s at most) until an exec in s answers "alive". Until then an exec may be
