@@ -229,6 +229,9 @@ func TestGuestCrash(t *testing.T) {
 			// SIGTERM is the one signal PID 1 (the agent) takes from inside: it ends it.
 			res, err := execIn(ctxT(t, 30*time.Second), n.Node, s, "kill -TERM 1; sleep 10")
 			t.Logf("exec: exit %d, err %v", res.ExitCode, err)
+			if err != nil && !strings.Contains(err.Error(), "reason guest_crash") {
+				t.Errorf("the exec whose guest crashed under it: %v; want the error to name guest_crash", err)
+			}
 			end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired)
 			checkEnded(t, end, session.Failed, session.GuestCrash)
 			checkSlots(t, st, project)
