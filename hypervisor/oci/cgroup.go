@@ -13,6 +13,8 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"wb/hypervisor"
 )
 
 // cgroupHost describes the host's cgroup layout: v2 (unified) or v1 (per-controller
@@ -247,9 +249,10 @@ func pidsLimits(pids, memoryMiB int, runsc bool) (host, guest int64) {
 // the limit in its environment, CAP_SYS_ADMIN to mount gVisor's cgroupfs, and CAP_SETPCAP to
 // drop CAP_SYS_ADMIN from its bounding set, which it does on every thread before it serves,
 // so no guest process ever holds CAP_SYS_ADMIN. (CAP_SETPCAP stays, as in Docker's default
-// set: it only lets a process give up capabilities.)
+// set: it only lets a process give up capabilities.) Only an init that is the agent gets
+// them: another init would keep CAP_SYS_ADMIN.
 func guestLimitsProcess(p *specs.Process, guestPids int64) {
-	if guestPids <= 0 {
+	if guestPids <= 0 || len(p.Args) < 2 || p.Args[0] != hypervisor.GuestAgentBin || p.Args[1] != "agent" {
 		return
 	}
 	p.Env = append(p.Env, fmt.Sprintf("%s=%d", agentPidsMaxEnv, guestPids))

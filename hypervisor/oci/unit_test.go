@@ -87,6 +87,11 @@ func TestOCISpec(t *testing.T) {
 		if !c.Process.NoNewPrivileges || slices.Contains(c.Process.Capabilities.Bounding, "CAP_SYS_ADMIN") != runsc || slices.Contains(c.Process.Capabilities.Bounding, "CAP_NET_RAW") {
 			t.Fatalf("process privileges: %+v", c.Process)
 		}
+		other := s
+		other.Args = []string{"/bin/sh", "-c", "sleep 1"}
+		if o := ociSpec(other, specOptions{runsc: runsc, cgroupsPath: "/wb/g1", nofile: 1024}).Process; slices.Contains(o.Capabilities.Bounding, "CAP_SYS_ADMIN") || slices.ContainsFunc(o.Env, func(e string) bool { return strings.HasPrefix(e, agentPidsMaxEnv) }) {
+			t.Fatalf("an init that is not the agent gets the agent's privileges: %+v", o)
+		}
 		if got := slices.Contains(c.Process.Env, agentPidsMaxEnv+"=100"); got != runsc { // 512 MiB allows 128
 			t.Fatalf("runsc %v: the agent's process limit in the env %v: %v", runsc, c.Process.Env, got)
 		}
