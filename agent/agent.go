@@ -35,7 +35,10 @@ const (
 	ExitNotFound = 127
 
 	outputChunkBytes = 32 << 10
-	shutdownGrace    = 5 * time.Second
+	// spareOSThreads is how many OS threads the agent makes at start and keeps idle: Go dies
+	// when it cannot create a thread, and a guest at its process limit leaves none to create.
+	spareOSThreads = 24
+	shutdownGrace  = 5 * time.Second
 )
 
 // Config configures Serve.
@@ -57,6 +60,19 @@ type Config struct {
 	// waitid(WNOWAIT) and collects only pids it does not know, so exit codes are never stolen.
 	// It assumes nothing else in the process starts children.
 	Reap bool
+	// Init says the agent is the guest's init: it drops CAP_SYS_ADMIN (which it may hold only
+	// to mount the pids cgroup of PidsMax) from every thread before it serves, and keeps a few
+	// spare OS threads, so that a guest at its process limit cannot starve it of threads.
+	Init bool
+	// PidsMax, when positive, is the guest's process limit, kept below the sandbox's: every
+	// exec and PTY process starts in a pids cgroup with this pids.max, so a fork bomb meets it
+	// while the agent (outside that cgroup) keeps answering. It needs a cgroupfs the agent may
+	// mount (gVisor's, with CAP_SYS_ADMIN); without one the agent logs a warning and the
+	// sandbox's limit applies alone. When the guest's processes stay at the limit for 2 s
+	// (every fork failing: a fork bomb), the agent SIGKILLs them all, with the limit at 0
+	// meanwhile, and logs it: under gVisor's ptrace platform a bomb left churning keeps
+	// adding host threads until the sandbox dies.
+	PidsMax int
 }
 
 // server is one Serve call's state. It holds no package-level state.
@@ -112,6 +128,18 @@ func Serve(ctx context.Context, cfg Config) error {
 		quiesceCh: make(chan time.Duration, 1),
 		sessions:  map[*websocket.Conn]context.CancelFunc{},
 	}
+
+	s.procs.cg = setupChildCgroup(log, cfg.PidsMax)
+	if cfg.Init {
+		if err := dropSysAdmin(); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		spareThreads(spareOSThreads)
+	}
+
+	guardCtx, stopGuard := context.WithCancel(ctx)
+	defer stopGuard()
+	go s.procs.cg.guard(guardCtx, log)
 
 	reapCtx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
 	reaperDone := make(chan struct{})

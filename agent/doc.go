@@ -34,6 +34,12 @@
 //     socket and can be checkpointed (runsc refuses while one is open); a restored guest's timer
 //     simply goes on and it listens again, as does the original.
 //
+// Exhaustion stays in the guest: with Config.PidsMax (runsc guests) every exec and PTY
+// process starts in a pids cgroup of gVisor's, below the sandbox's host limit, and the agent
+// ends them all when they stay at that limit (a fork bomb); as the guest's init it drops
+// CAP_SYS_ADMIN once that cgroup is set up and keeps spare OS threads; a command refused for
+// the process limit gets exit 126 and says so.
+//
 // As PID 1 (Config.Reap) the agent reaps orphans without ever collecting its own children's
 // statuses: see procTable.
 package agent

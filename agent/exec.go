@@ -241,7 +241,7 @@ func (s *server) runExec(ctx context.Context, spec execSpec, emit func(stream st
 		if errors.Is(err, fs.ErrNotExist) {
 			code = ExitNotFound
 		}
-		return fail(code, fmt.Sprintf("cannot start %q: %v", spec.argv[0], err))
+		return fail(code, startError(spec.argv[0], err))
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -427,4 +427,13 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%q: executable file not found in $PATH", file)
+}
+
+// startError explains why a command could not start; a guest at its process limit (EAGAIN
+// from fork) is told so, and what to do.
+func startError(argv0 string, err error) string {
+	if errors.Is(err, syscall.EAGAIN) {
+		return fmt.Sprintf("cannot start %q: the guest is at its process limit (%v); end some of its processes, or wait for them to end, and try again", argv0, err)
+	}
+	return fmt.Sprintf("cannot start %q: %v", argv0, err)
 }

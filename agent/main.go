@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 )
 
@@ -30,6 +31,7 @@ func Main(args []string) error {
 	level := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	egressListen := fs.String("egress-listen", "", "guest loopback address (host:port) to relay to the node's egress proxy; empty: no egress")
 	egressSocket := fs.String("egress-socket", "/run/wb/egress.sock", "Unix socket of the node's egress proxy")
+	pidsMax := fs.Int("pids-max", envInt(PidsMaxEnv), "the guest's process limit: exec and PTY processes start in a pids cgroup of this size (where the agent can mount one), below the sandbox's own limit; 0: none (default $"+PidsMaxEnv+")")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
@@ -43,6 +45,7 @@ func Main(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("wb agent: unexpected argument %q (see wb agent --help)", fs.Arg(0))
 	}
+	_ = os.Unsetenv(PidsMaxEnv) // the guest's processes have no use for it
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
 		return fmt.Errorf("wb agent: --log-level: %w", err)
@@ -55,8 +58,24 @@ func Main(args []string) error {
 		Root:   *root,
 		Logger: logger,
 		Reap:   os.Getpid() == 1,
+		Init:   os.Getpid() == 1,
+
+		PidsMax: *pidsMax,
 
 		EgressListen: *egressListen,
 		EgressSocket: *egressSocket,
 	})
+}
+
+// PidsMaxEnv is the environment variable through which a driver gives the agent its
+// --pids-max (the OCI driver does, for runsc guests).
+const PidsMaxEnv = "WB_AGENT_PIDS_MAX"
+
+// envInt is the integer in environment variable name, 0 when unset or not a number.
+func envInt(name string) int {
+	n, err := strconv.Atoi(os.Getenv(name))
+	if err != nil {
+		return 0
+	}
+	return n
 }

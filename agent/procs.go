@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 // ours, and otherwise collects exactly that pid. Starting a child and recording its pid happen
 // under the same lock as a reaper pass, so no child of ours is ever seen unrecorded.
 type procTable struct {
+	cg   *childCgroup // where children start; nil: where the agent runs
 	mu   sync.Mutex
 	ours map[int]struct{}
 	poke chan struct{} // a child of ours was collected: a zombie may have been hidden behind it
@@ -36,7 +38,7 @@ func newProcTable() *procTable {
 func (t *procTable) start(startFn func() (int, error)) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	pid, err := startFn()
+	pid, err := t.cg.startIn(startFn)
 	if err != nil {
 		return 0, err
 	}
@@ -136,4 +138,23 @@ func procSession(pid int) (int, bool) {
 	}
 	sid, err := strconv.Atoi(f[3])
 	return sid, err == nil
+}
+
+// spareThreads makes the Go runtime create n OS threads now: each of n goroutines holds a
+// thread of its own until all of them do, then lets it go. Go keeps idle threads for reuse and
+// never ends them, so the agent has them when the guest's processes leave no room for new ones.
+func spareThreads(n int) {
+	var held, release sync.WaitGroup
+	held.Add(n)
+	release.Add(1)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			held.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	held.Wait()
+	release.Done()
 }

@@ -2,9 +2,24 @@
 
 package agent
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"log/slog"
+)
 
 // peekZombie is Linux-only; elsewhere the reaper does nothing.
 func peekZombie() (int, error) {
 	return 0, errors.New("agent: reaping is supported on Linux only")
 }
+
+// childCgroup is Linux-only; elsewhere children start where the agent runs.
+type childCgroup struct{}
+
+func setupChildCgroup(_ *slog.Logger, _ int) *childCgroup { return nil }
+
+func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) { return startFn() }
+
+func dropSysAdmin() error { return nil }
+
+func (c *childCgroup) guard(_ context.Context, _ *slog.Logger) {}

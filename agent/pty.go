@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -113,7 +114,11 @@ func (s *server) handlePTY(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		_ = ptmx.Close()
 		s.log.Warn("pty: start failed", "err", err)
-		_ = ws.Close(websocket.StatusInternalError, "cannot start the command")
+		reason := "cannot start the command"
+		if errors.Is(err, syscall.EAGAIN) {
+			reason = "cannot start the command: the guest is at its process limit"
+		}
+		_ = ws.Close(websocket.StatusInternalError, reason)
 		return
 	}
 	s.log.Info("pty started", "pid", pid, "cols", cols, "rows", rows)

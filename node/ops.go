@@ -73,7 +73,33 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	}
 	res, err := l.agent.Exec(ctx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
+	if err != nil && ctx.Err() == nil {
+		err = n.whyExecBroke(ctx, l, err)
+	}
 	return res, err
+}
+
+// whyExecBroke explains an exec whose answer broke off because its guest died under it (a
+// memory hog the OOM killer took, a guest that crashed): the watcher notices within a poll
+// or two, so it waits up to two seconds for the session to end and names state and reason.
+func (n *Node) whyExecBroke(ctx context.Context, l *live, err error) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		l.mu.Lock()
+		st, reason := l.g.State, l.g.Reason
+		l.mu.Unlock()
+		if st != session.Running && reason != "" {
+			return fmt.Errorf("node: the session's guest ended during the exec (session %s, reason %s): %w", st, reason, err)
+		}
+		if st != session.Running || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Agent answers the agent of the session's running guest, for files and PTY.

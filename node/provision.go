@@ -130,7 +130,8 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 	return nil
 }
 
-// watch follows the guest's events: an OOM kill fails the session with oom.
+// watch follows the guest's events: an OOM kill fails the session with oom, a guest that
+// dies of anything else while running fails it with guest_crash.
 func (n *Node) watch(l *live) {
 	ctx, cancel := context.WithCancel(n.ctx)
 	l.cancel = cancel
@@ -156,13 +157,21 @@ func (n *Node) watch(l *live) {
 				n.Logger.Warn("guest OOM", "session", l.g.SessionID)
 				n.end(n.ctx, l, session.Node, session.OOM, "")
 			case ev.Type == hypervisor.EventExit && (st == session.Running || st == session.Paused):
-				// The guest died under us. An OOM that took the whole guest is an OOM; anything
-				// else is what the seed calls a host failure, which the node reports under the
-				// placer's name because it is the first to know.
-				if s, err := n.Driver.Stats(ctx, l.g.GuestID); err == nil && s.OOMKills > 0 && st == session.Running {
+				// The guest died under us while this host works (the node is here to see it).
+				// An OOM that took the whole guest is an OOM; a running guest that died
+				// otherwise did so by its own doing (its sandbox gave out under what it ran):
+				// guest_crash, never host_failure, which is for hosts. A paused guest runs
+				// nothing that could kill it, so its death is the host's, reported under the
+				// placer's name because the node is the first to know.
+				s, serr := n.Driver.Stats(ctx, l.g.GuestID)
+				switch {
+				case st == session.Running && serr == nil && s.OOMKills > 0:
 					n.end(n.ctx, l, session.Node, session.OOM, "")
-				} else {
-					n.Logger.Warn("guest exited", "session", l.g.SessionID)
+				case st == session.Running:
+					n.Logger.Warn("guest crashed", "session", l.g.SessionID, "stats", s, "stats_err", serr)
+					n.end(n.ctx, l, session.Node, session.GuestCrash, "")
+				default:
+					n.Logger.Warn("paused guest exited", "session", l.g.SessionID)
 					n.end(n.ctx, l, session.Placer, session.HostFailure, "")
 				}
 			}

@@ -20,6 +20,10 @@ const (
 	HostFailure      Reason = "host_failure"
 	OOM              Reason = "oom"
 	StartFailure     Reason = "start_failure"
+	// GuestCrash is a guest that died by its own doing (its sandbox gave out under what it
+	// ran, e.g. a fork bomb past its limits) while its host kept working; host_failure stays
+	// for hosts.
+	GuestCrash Reason = "guest_crash"
 )
 
 // terminalFor is the terminal state each reason leads to (seed 000, "Failure semantics").
@@ -34,12 +38,13 @@ var terminalFor = map[Reason]State{
 	HostFailure:      Failed,
 	OOM:              Failed,
 	StartFailure:     Failed,
+	GuestCrash:       Failed,
 }
 
 // Reasons lists every reason.
 func Reasons() []Reason {
 	return []Reason{Deleted, IdleTimeout, MaxLifetime, Eviction, PolicyViolation, SpendCap,
-		ProvisionTimeout, HostFailure, OOM, StartFailure}
+		ProvisionTimeout, HostFailure, OOM, StartFailure, GuestCrash}
 }
 
 // ParseReason returns the reason named s, or a *FieldError naming field.

@@ -77,6 +77,7 @@ func expectedTransitions() []row {
 		// additions
 		{Stopping, Expired, Node, MaxLifetime},
 		{Running, Failed, Node, OOM},
+		{Running, Failed, Node, GuestCrash},
 		{Pending, Failed, Timer, ProvisionTimeout},
 		{Pending, Stopped, Caller, Deleted},
 		{Provisioning, Stopping, Caller, Deleted},
@@ -131,7 +132,7 @@ func TestNoTransitionOutsideTable(t *testing.T) {
 			}
 		}
 	}
-	if n != 10*9*7*11 {
+	if n != 10*9*7*12 {
 		t.Fatalf("checked %d combinations", n)
 	}
 	// Every rule row is in the expected list, so the table holds nothing unexplained.
@@ -223,7 +224,7 @@ func TestUnknownNamesAreFieldErrors(t *testing.T) {
 func TestReasonTerminal(t *testing.T) {
 	want := map[Reason]State{
 		MaxLifetime: Expired,
-		HostFailure: Failed, OOM: Failed, PolicyViolation: Failed, StartFailure: Failed, ProvisionTimeout: Failed,
+		HostFailure: Failed, OOM: Failed, PolicyViolation: Failed, StartFailure: Failed, ProvisionTimeout: Failed, GuestCrash: Failed,
 		Deleted: Stopped, IdleTimeout: Stopped, SpendCap: Stopped, Eviction: Stopped,
 	}
 	if len(Reasons()) != len(want) {
@@ -260,6 +261,7 @@ func TestFailureSemantics(t *testing.T) {
 		{"cold start exceeded the deadline", Provisioning, Timer, ProvisionTimeout, []State{Failed}, EventFailed},
 		{"host died while running", Running, Placer, HostFailure, []State{Failed}, EventFailed},
 		{"guest OOM", Running, Node, OOM, []State{Failed}, EventFailed},
+		{"guest crashed by its own doing", Running, Node, GuestCrash, []State{Failed}, EventFailed},
 		{"policy violation", Running, Policy, PolicyViolation, []State{Stopping, Failed}, EventFailed},
 		{"spend cap breached", Running, Metering, SpendCap, []State{Stopping, Stopped}, EventStopped},
 		{"maximum lifetime reached", Running, Timer, MaxLifetime, []State{Stopping, Expired}, EventExpired},

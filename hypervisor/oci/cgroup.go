@@ -11,6 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"wb/hypervisor"
 )
 
 // cgroupHost describes the host's cgroup layout: v2 (unified) or v1 (per-controller
@@ -187,4 +191,76 @@ func (h cgroupHost) removeDirs(p string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Process limits of a guest.
+//
+// A runc guest's processes are host processes: the pids cgroup's limit is Spec.Pids, and the
+// agent (PID 1, which keeps spare threads) outlives a guest that reaches it.
+//
+// A runsc guest on the ptrace platform costs the host far more than one task per process:
+// every guest address space is a host stub process with one thread per sentry thread that
+// ever ran it, and the sentry itself needs about 60. Measured on runsc 20221219: a fork bomb
+// held to 256–512 guest processes grows the sandbox by ~300–600 host tasks a second, on and
+// on (toward guest processes × sentry threads, past 10k); without a guest limit it reaches
+// any host limit within seconds, and the sandbox dies when it does. So the guest gets a
+// limit of its own inside gVisor (the agent puts every exec and PTY process in a pids cgroup
+// of gVisor's cgroupfs, which it needs CAP_SYS_ADMIN to mount and then drops), well below
+// the sandbox's host limit, and the agent ends the guest's processes when they stay at that
+// limit for two seconds (agent.Config.PidsMax). At 512 the bomb's churn starved the agent of
+// CPU long enough for the sandbox to die first; at 256 the agent ended it after 4 s.
+const (
+	runscPidsBase    = 128
+	runscPidsPerProc = 12
+	// runscHostPidsMin is the least host limit of a runsc sandbox: the host tasks grow with
+	// time under a fork bomb whatever the guest's own limit, so a small guest limit does not
+	// make a small host limit safe.
+	runscHostPidsMin = 8192
+	// runscGuestPidsMax caps the guest's own limit under runsc.
+	runscGuestPidsMax = 256
+	// runscMiBPerProc and runscGuestPidsMin size the guest's own limit to its memory.
+	runscMiBPerProc   = 4
+	runscGuestPidsMin = 32
+	// agentPidsMaxEnv is agent.PidsMaxEnv (a test checks they agree): how the agent learns
+	// the guest's own process limit.
+	agentPidsMaxEnv = "WB_AGENT_PIDS_MAX"
+)
+
+// pidsLimits returns the host pids cgroup limit of a guest allowed pids processes in
+// memoryMiB (0: unlimited), and the limit the agent enforces inside the guest (0: none, the
+// host's is the guest's).
+func pidsLimits(pids, memoryMiB int, runsc bool) (host, guest int64) {
+	if pids <= 0 {
+		return 0, 0
+	}
+	if !runsc {
+		return int64(pids), 0
+	}
+	guest = int64(min(pids, runscGuestPidsMax))
+	if memoryMiB > 0 {
+		// Each guest process and its host threads cost the sandbox memory too: a bomb of 256
+		// in 256 MiB ran the sandbox out of memory before the agent could end it.
+		guest = min(guest, max(int64(memoryMiB/runscMiBPerProc), runscGuestPidsMin))
+	}
+	return max(runscPidsBase+int64(pids)*runscPidsPerProc, runscHostPidsMin), guest
+}
+
+// guestLimitsProcess gives the agent what it needs to enforce an in-guest process limit:
+// the limit in its environment, CAP_SYS_ADMIN to mount gVisor's cgroupfs, and CAP_SETPCAP to
+// drop CAP_SYS_ADMIN from its bounding set, which it does on every thread before it serves,
+// so no guest process ever holds CAP_SYS_ADMIN. (CAP_SETPCAP stays, as in Docker's default
+// set: it only lets a process give up capabilities.) Only an init that is the agent gets
+// them: another init would keep CAP_SYS_ADMIN.
+func guestLimitsProcess(p *specs.Process, guestPids int64) {
+	if guestPids <= 0 || len(p.Args) < 2 || p.Args[0] != hypervisor.GuestAgentBin || p.Args[1] != "agent" {
+		return
+	}
+	p.Env = append(p.Env, fmt.Sprintf("%s=%d", agentPidsMaxEnv, guestPids))
+	for _, set := range []*[]string{&p.Capabilities.Bounding, &p.Capabilities.Effective, &p.Capabilities.Permitted} {
+		for _, c := range []string{"CAP_SYS_ADMIN", "CAP_SETPCAP"} {
+			if !slices.Contains(*set, c) {
+				*set = append(slices.Clone(*set), c)
+			}
+		}
+	}
 }

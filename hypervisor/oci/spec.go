@@ -18,14 +18,6 @@ const (
 	ociVersion  = "1.0.2"
 	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	cpuPeriod   = 100000
-
-	// gVisor's ptrace platform runs each guest process as several host tasks (stub process,
-	// tracer threads), all charged to the guest's pids cgroup; the sandbox itself needs
-	// about 60. Going over the host limit kills the whole sandbox, so the host limit for a
-	// runsc guest is scaled from the guest's process allowance (measured: 52 guest
-	// processes ≈ 512 host tasks).
-	runscPidsBase    = 128
-	runscPidsPerProc = 12
 )
 
 // capabilities is Docker's default set, nothing more: enough for a root init to own, chmod and
@@ -109,6 +101,9 @@ func guestSeccomp(o specOptions) *specs.LinuxSeccomp {
 		}
 		sc.Syscalls = append(sc.Syscalls, r)
 	}
+	// The agent mounts gVisor's own pids cgroup (see guestLimitsProcess) before it drops
+	// CAP_SYS_ADMIN; every later mount fails in the sentry for want of the capability.
+	sc.Syscalls = append(sc.Syscalls, specs.LinuxSyscall{Names: []string{"mount", "umount2"}, Action: specs.ActAllow})
 	return &sc
 }
 
@@ -187,12 +182,9 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 		quota, period := int64(s.VCPU)*cpuPeriod, uint64(cpuPeriod)
 		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
-	if s.Pids > 0 {
-		limit := int64(s.Pids)
-		if o.runsc {
-			limit = runscPidsBase + limit*runscPidsPerProc
-		}
-		res.Pids = &specs.LinuxPids{Limit: &limit}
+	hostPids, guestPids := pidsLimits(s.Pids, s.MemoryMiB, o.runsc) // see cgroup.go
+	if hostPids > 0 {
+		res.Pids = &specs.LinuxPids{Limit: &hostPids}
 	}
 
 	namespaces := []specs.LinuxNamespace{
@@ -206,7 +198,7 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 		gidMap = slices.Clone(uidMap)
 	}
 
-	return &specs.Spec{
+	spec := &specs.Spec{
 		Version: ociVersion,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
@@ -237,4 +229,6 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 			ReadonlyPaths: readonlyPaths(),
 		},
 	}
+	guestLimitsProcess(spec.Process, guestPids)
+	return spec
 }

@@ -11,6 +11,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"wb/agent"
 	"wb/hypervisor"
 )
 
@@ -88,6 +89,10 @@ func TestOCISpec(t *testing.T) {
 		}
 		docker := []string{"CAP_AUDIT_WRITE", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_MKNOD",
 			"CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+		if runsc {
+			// runsc's agent gets CAP_SYS_ADMIN to mount gVisor's pids cgroup, and drops it.
+			docker = slices.Sorted(slices.Values(append(docker, "CAP_SYS_ADMIN")))
+		}
 		pc := c.Process.Capabilities
 		for _, set := range [][]string{pc.Bounding, pc.Effective, pc.Permitted} {
 			if !slices.Equal(slices.Sorted(slices.Values(set)), docker) {
@@ -97,7 +102,7 @@ func TestOCISpec(t *testing.T) {
 		if !c.Process.NoNewPrivileges || len(pc.Inheritable) != 0 || len(pc.Ambient) != 0 {
 			t.Fatalf("process privileges: %+v", c.Process)
 		}
-		if c.Linux.Seccomp == nil || c.Linux.Seccomp.DefaultAction != specs.ActErrno || len(c.Linux.Seccomp.Syscalls) != len(sc.Syscalls) {
+		if c.Linux.Seccomp == nil || c.Linux.Seccomp.DefaultAction != specs.ActErrno || len(c.Linux.Seccomp.Syscalls) < len(sc.Syscalls) {
 			t.Fatal("no seccomp profile")
 		}
 		for _, p := range []string{"/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"} {
@@ -118,6 +123,14 @@ func TestOCISpec(t *testing.T) {
 				t.Fatalf("id mappings %v %v", c.Linux.UIDMappings, c.Linux.GIDMappings)
 			}
 		}
+		other := s
+		other.Args = []string{"/bin/sh", "-c", "sleep 1"}
+		if o := ociSpec(other, specOptions{runsc: runsc, cgroupsPath: "/wb/g1", nofile: 1024}).Process; slices.Contains(o.Capabilities.Bounding, "CAP_SYS_ADMIN") || slices.ContainsFunc(o.Env, func(e string) bool { return strings.HasPrefix(e, agentPidsMaxEnv) }) {
+			t.Fatalf("an init that is not the agent gets the agent's privileges: %+v", o)
+		}
+		if got := slices.Contains(c.Process.Env, agentPidsMaxEnv+"=100"); got != runsc { // 512 MiB allows 128
+			t.Fatalf("runsc %v: the agent's process limit in the env %v: %v", runsc, c.Process.Env, got)
+		}
 		var ns []specs.LinuxNamespaceType
 		for _, n := range c.Linux.Namespaces {
 			if n.Path != "" {
@@ -136,7 +149,7 @@ func TestOCISpec(t *testing.T) {
 		}
 		wantPids := int64(100)
 		if runsc {
-			wantPids = runscPidsBase + 100*runscPidsPerProc
+			wantPids = runscHostPidsMin
 		}
 		if *r.Pids.Limit != wantPids {
 			t.Fatalf("pids = %d, want %d", *r.Pids.Limit, wantPids)
@@ -257,6 +270,35 @@ func TestRestoreRefusesLayerOutsideSnapshot(t *testing.T) {
 	for _, ok := range []string{"writable.tar", "layer-2.tar"} {
 		if !plainFileName(ok) {
 			t.Fatalf("%q refused", ok)
+		}
+	}
+}
+
+// The guest's own process limit sits well below its sandbox's host limit under runsc, whose
+// ptrace platform spends many host tasks per guest process; under runc they are one.
+func TestPidsLimits(t *testing.T) {
+	if agentPidsMaxEnv != agent.PidsMaxEnv {
+		t.Fatalf("the driver sets %s, the agent reads %s", agentPidsMaxEnv, agent.PidsMaxEnv)
+	}
+	for _, c := range []struct {
+		pids, memoryMiB int
+		runsc           bool
+		host, guest     int64
+	}{
+		{0, 0, false, 0, 0}, {0, 256, true, 0, 0},
+		{1024, 256, false, 1024, 0},
+		{1024, 0, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMax},
+		{1024, 4096, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMax},
+		{1024, 256, true, runscPidsBase + 1024*runscPidsPerProc, 64},
+		{1024, 64, true, runscPidsBase + 1024*runscPidsPerProc, runscGuestPidsMin},
+		{128, 0, true, runscHostPidsMin, 128},
+	} {
+		host, guest := pidsLimits(c.pids, c.memoryMiB, c.runsc)
+		if host != c.host || guest != c.guest {
+			t.Errorf("pidsLimits(%d, %d MiB, runsc %v) = host %d, guest %d; want %d, %d", c.pids, c.memoryMiB, c.runsc, host, guest, c.host, c.guest)
+		}
+		if c.runsc && c.pids > 0 && guest*runscPidsPerProc > host {
+			t.Errorf("runsc %d: the guest limit %d leaves the host limit %d no headroom", c.pids, guest, host)
 		}
 	}
 }
