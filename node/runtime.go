@@ -107,8 +107,10 @@ func (n *Node) check(ctx context.Context, l *live, event map[string]any) (Verdic
 	v, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
 		EndUserID: g.EndUserID, Tier: g.Tier}, event)
 	if err != nil {
+		// The detail stays in the log: it may name internal addresses.
 		n.Logger.Warn("node: runtime decision failed; the event is refused", "session", g.SessionID, "event", event["type"], "err", err)
-		return Verdict{Deny: true, Reason: err.Error()}, &RefusedError{Reason: err.Error()}
+		const reason = "the runtime decision point did not answer"
+		return Verdict{Deny: true, Reason: reason}, &RefusedError{Reason: reason}
 	}
 	if !v.Kill {
 		if v.Deny {

@@ -69,7 +69,7 @@ var forbiddenBuiltins = map[string]string{
 
 // sizeFunc estimates, before the call, the bytes a builtin will make from its operands. It
 // may stop counting once past limit.
-type sizeFunc func(ops []*ast.Term, limit int64) (int64, error)
+type sizeFunc func(ops []*ast.Term, limit int64, stop func() bool) (int64, error)
 
 // boundedBuiltin is how one builtin is bounded: an estimate before the call (nil: operands'
 // size bounds the output), and whether its output is fresh all the way down (charged in full)
@@ -310,10 +310,14 @@ func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBui
 			}
 		}
 		left := b.left.Load()
+		stop := func() bool { return bctx.Cancel != nil && bctx.Cancel.Cancelled() }
 		if bb.estimate != nil {
-			est, err := bb.estimate(ops, left)
+			est, err := bb.estimate(ops, left, stop)
 			if err != nil {
 				return nil, rego.NewHaltError(fmt.Errorf("%s: %w", name, err))
+			}
+			if stop() {
+				return nil, rego.NewHaltError(fmt.Errorf("%s: timed out", name))
 			}
 			if est > left {
 				return nil, b.overrun(name, est)
@@ -334,7 +338,7 @@ func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBui
 		limit := left + 1
 		var made int64
 		if bb.deep {
-			made = textSize(out.Value, limit, termBytes)
+			made = textSize(out.Value, limit, termBytes, stop)
 		} else {
 			made = shallowSize(out.Value)
 		}
@@ -446,11 +450,15 @@ func shallowSize(v ast.Value) int64 {
 // textSize estimates v's size written out as JSON, each element costing perTerm more; it
 // stops counting past limit, so a small value shared many times over costs no more time than
 // the limit.
-func textSize(v ast.Value, limit, perTerm int64) int64 {
-	var n int64
+func textSize(v ast.Value, limit, perTerm int64, stop func() bool) int64 {
+	var n, nodes int64
 	var walk func(v ast.Value)
 	walk = func(v ast.Value) {
 		if n > limit {
+			return
+		}
+		if nodes++; nodes%4096 == 0 && stop() { // the evaluation's deadline passed
+			n = limit + 1
 			return
 		}
 		switch x := v.(type) {
@@ -485,7 +493,9 @@ func str(ops []*ast.Term, i int) string {
 
 // lengthOf: the output is at most factor bytes per byte of the first operand.
 func lengthOf(factor int64) sizeFunc {
-	return func(ops []*ast.Term, _ int64) (int64, error) { return length(ops[0].Value)*factor + 16, nil }
+	return func(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
+		return length(ops[0].Value)*factor + 16, nil
+	}
 }
 
 // textOf: the output is at most factor times the text of the first operand (each element
@@ -495,10 +505,10 @@ func textOf(factor int64, perTerm bool, extra int) sizeFunc {
 	if perTerm {
 		per = termBytes
 	}
-	return func(ops []*ast.Term, limit int64) (int64, error) {
-		n := factor * textSize(ops[0].Value, limit, per)
+	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
+		n := factor * textSize(ops[0].Value, limit, per, stop)
 		if extra > 0 && extra < len(ops) {
-			n += textSize(ops[extra].Value, limit, termBytes)
+			n += textSize(ops[extra].Value, limit, termBytes, stop)
 		}
 		return n, nil
 	}
@@ -506,7 +516,7 @@ func textOf(factor int64, perTerm bool, extra int) sizeFunc {
 
 // elementsOf: one term per element of the operands named.
 func elementsOf(idx ...int) sizeFunc {
-	return func(ops []*ast.Term, _ int64) (int64, error) {
+	return func(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 		var n int64
 		for _, i := range idx {
 			if i < len(ops) {
@@ -520,14 +530,14 @@ func elementsOf(idx ...int) sizeFunc {
 // piecesOf: up to one piece per byte of operand s (a string), each piece costing the
 // string's worth per piece of groups.
 func piecesOf(s int, groups int64) sizeFunc {
-	return func(ops []*ast.Term, _ int64) (int64, error) {
+	return func(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 		n := int64(len(str(ops, s))) + 1
 		return n*groups*termBytes + n, nil
 	}
 }
 
 func stringAtMost(i, max int) sizeFunc {
-	return func(ops []*ast.Term, _ int64) (int64, error) {
+	return func(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 		if s, ok := ops[i].Value.(ast.String); ok && len(s) > max {
 			return 0, fmt.Errorf("operand %d is longer than %d bytes", i+1, max)
 		}
@@ -538,7 +548,7 @@ func stringAtMost(i, max int) sizeFunc {
 // estimateSprintf bounds sprintf's output: the format, each verb's width and precision, and
 // the text of the values (a value can be printed once per verb that names it). Widths and
 // precisions above 1000, and * ones, are refused.
-func estimateSprintf(ops []*ast.Term, limit int64) (int64, error) {
+func estimateSprintf(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
 	format := str(ops, 0)
 	var widths, verbs int64
 	for i := 0; i < len(format); i++ {
@@ -581,7 +591,7 @@ func estimateSprintf(ops []*ast.Term, limit int64) (int64, error) {
 	if len(ops) > 1 {
 		var largest int64
 		each(ops[1].Value, func(t *ast.Term) {
-			n := textSize(t.Value, limit, 0)
+			n := textSize(t.Value, limit, 0, stop)
 			values += n
 			largest = max(largest, n)
 		})
@@ -593,14 +603,14 @@ func estimateSprintf(ops []*ast.Term, limit int64) (int64, error) {
 	return int64(len(format)) + widths + values, nil
 }
 
-func estimateConcat(ops []*ast.Term, _ int64) (int64, error) {
+func estimateConcat(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	delim := int64(len(str(ops, 0)))
 	var n int64
 	each(ops[1].Value, func(t *ast.Term) { n += length(t.Value) + delim })
 	return n, nil
 }
 
-func estimateReplace(ops []*ast.Term, _ int64) (int64, error) {
+func estimateReplace(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	s, old, repl := str(ops, 0), str(ops, 1), str(ops, 2)
 	var hits int
 	if old == "" {
@@ -611,7 +621,7 @@ func estimateReplace(ops []*ast.Term, _ int64) (int64, error) {
 	return int64(len(s)) + int64(hits)*int64(max(len(repl)-len(old), 0)), nil
 }
 
-func estimateReplaceN(ops []*ast.Term, _ int64) (int64, error) {
+func estimateReplaceN(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	var longest int64
 	if o, ok := ops[0].Value.(ast.Object); ok {
 		o.Foreach(func(_, v *ast.Term) { longest = max(longest, length(v.Value)) })
@@ -622,12 +632,12 @@ func estimateReplaceN(ops []*ast.Term, _ int64) (int64, error) {
 
 // estimateRegexReplace: every match (at most one per byte, and one more) gets the
 // replacement, each $ in which can bring back a match (together at most the whole input).
-func estimateRegexReplace(ops []*ast.Term, _ int64) (int64, error) {
+func estimateRegexReplace(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	s, value := int64(len(str(ops, 0))), str(ops, 2)
 	return s + (s+1)*int64(len(value)) + int64(strings.Count(value, "$"))*s, nil
 }
 
-func estimateSplit(ops []*ast.Term, _ int64) (int64, error) {
+func estimateSplit(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	s, delim := str(ops, 0), str(ops, 1)
 	var pieces int
 	if delim == "" {
@@ -638,7 +648,7 @@ func estimateSplit(ops []*ast.Term, _ int64) (int64, error) {
 	return int64(pieces)*termBytes + int64(len(s)), nil
 }
 
-func estimateCIDRExpand(ops []*ast.Term, _ int64) (int64, error) {
+func estimateCIDRExpand(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	p, err := netip.ParsePrefix(str(ops, 0))
 	if err != nil {
 		return 0, nil // the builtin reports it
@@ -650,7 +660,7 @@ func estimateCIDRExpand(ops []*ast.Term, _ int64) (int64, error) {
 	return int64(1<<host) * (termBytes + 40), nil
 }
 
-func estimateProduct(ops []*ast.Term, _ int64) (int64, error) {
+func estimateProduct(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	a, b := max(length(ops[0].Value), 1), max(length(ops[1].Value), 1)
 	if a > 1<<24 || b > 1<<24 {
 		return 1 << 62, nil
@@ -659,8 +669,8 @@ func estimateProduct(ops []*ast.Term, _ int64) (int64, error) {
 }
 
 // estimateMarshalIndent: with indent and prefix every line carries them, once per level.
-func estimateMarshalIndent(ops []*ast.Term, limit int64) (int64, error) {
-	n := textSize(ops[0].Value, limit, 0)
+func estimateMarshalIndent(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
+	n := textSize(ops[0].Value, limit, 0, stop)
 	if len(ops) < 2 {
 		return n, nil
 	}
@@ -686,7 +696,7 @@ func depthOf(v ast.Value, d int) int {
 }
 
 // estimateRange: one term per number in the range.
-func estimateRange(ops []*ast.Term, _ int64) (int64, error) {
+func estimateRange(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	var ends [3]int64
 	for i := range min(len(ops), 3) {
 		n, ok := ops[i].Value.(ast.Number)
@@ -717,13 +727,17 @@ func estimateRange(ops []*ast.Term, _ int64) (int64, error) {
 }
 
 // estimateFlatten counts the leaves array.flatten will copy, stopping past the limit.
-func estimateFlatten(ops []*ast.Term, limit int64) (int64, error) {
+func estimateFlatten(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
 	var n int64
 	var walk func(v ast.Value)
 	walk = func(v ast.Value) {
 		a, ok := v.(*ast.Array)
 		if !ok {
 			n += termBytes
+			return
+		}
+		if stop() {
+			n = limit + 1
 			return
 		}
 		for i := 0; i < a.Len() && n <= limit; i++ {
@@ -734,13 +748,13 @@ func estimateFlatten(ops []*ast.Term, limit int64) (int64, error) {
 	return n, nil
 }
 
-func estimateUnion(ops []*ast.Term, _ int64) (int64, error) {
+func estimateUnion(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	var n int64
 	each(ops[0].Value, func(t *ast.Term) { n += length(t.Value) * termBytes })
 	return n, nil
 }
 
-func estimateProductDigits(ops []*ast.Term, _ int64) (int64, error) {
+func estimateProductDigits(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	var digits int64
 	each(ops[0].Value, func(t *ast.Term) { digits += length(t.Value) })
 	if digits > maxNumberDigits {
@@ -749,7 +763,7 @@ func estimateProductDigits(ops []*ast.Term, _ int64) (int64, error) {
 	return digits, nil
 }
 
-func estimateShift(ops []*ast.Term, _ int64) (int64, error) {
+func estimateShift(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	if n, ok := ops[1].Value.(ast.Number); ok {
 		if v, ok := n.Int64(); !ok || v > 4*maxNumberDigits {
 			return 0, fmt.Errorf("a shift of more than %d bits makes a number of more than %d digits", 4*maxNumberDigits, maxNumberDigits)

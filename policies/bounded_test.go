@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -99,7 +100,7 @@ func TestSaneNumber(t *testing.T) {
 // TestMessagesBounded: a policy's deny says at most 64 messages of at most 1 KiB each.
 func TestMessagesBounded(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t, nil, Options{})
+	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a cold machine under -race is slow
 	src := "package wb.admission\n\nxs := concat(\"\", [\"x\" | some _ in numbers.range(1, 2000)])\n\ndeny contains sprintf(\"%d %s\", [i, xs]) if some i in numbers.range(1, 1000)\n"
 	if _, err := e.Put(ctx, "proj_msgs", "many", src, ModeEnforce); err != nil {
 		t.Fatal(err)
