@@ -93,7 +93,10 @@ func countingListener(t *testing.T, network, addr string) (port int, accepted *a
 				return
 			}
 			accepted.Add(1)
-			_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nreached\n")
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+				_, _ = io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\nreached\n")
+			}
 			c.Close()
 		}
 	})
