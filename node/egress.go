@@ -269,7 +269,7 @@ func (p *egressProxy) forward(w http.ResponseWriter, r *http.Request, dial func(
 	tr := &http.Transport{DialContext: dial, DisableKeepAlives: true, TLSHandshakeTimeout: 10 * time.Second}
 	defer tr.CloseIdleConnections()
 	resp, err := tr.RoundTrip(out.WithContext(r.Context()))
-	p.bytes.Add(cr.n + headerBytes(r))
+	p.bytes.Add(cr.n.Load() + headerBytes(r))
 	if err != nil {
 		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadGateway)
 		return
@@ -294,9 +294,11 @@ func headerBytes(r *http.Request) int64 {
 	return n
 }
 
+// countingReader counts a request body's bytes; atomic, because the transport may still be
+// reading the body in its own goroutine when RoundTrip returns.
 type countingReader struct {
 	r io.ReadCloser
-	n int64
+	n atomic.Int64
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {
@@ -304,7 +306,7 @@ func (c *countingReader) Read(b []byte) (int, error) {
 		return 0, io.EOF
 	}
 	n, err := c.r.Read(b)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 
