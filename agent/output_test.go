@@ -17,7 +17,7 @@ func TestBufferedExecIsCapped(t *testing.T) {
 	c, _ := startAgent(t, false)
 	c.MaxOutputBytes = 64 << 10
 	res, err := c.Exec(testCtx(t, 120*time.Second), ExecRequest{
-		Argv: []string{"sh", "-c", "yes | head -c 3000000; echo oops >&2"},
+		TimeoutS: 600, Argv: []string{"sh", "-c", "yes | head -c 3000000; echo oops >&2"},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -33,10 +33,10 @@ func TestStreamIsBackPressured(t *testing.T) {
 	t.Parallel()
 	c, _ := startAgent(t, false)
 	marker := filepath.Join(t.TempDir(), "wrote-all")
-	const n = 64 << 20
+	const n = 16 << 20
 	stalled := false
 	res, err := c.Exec(testCtx(t, 300*time.Second), ExecRequest{
-		Argv: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a; touch %s", n, marker)},
+		TimeoutS: 600, Argv: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a; touch %s", n, marker)},
 	}, func(ch session.ExecChunk) error {
 		if !stalled {
 			stalled = true

@@ -145,7 +145,7 @@ func Combine(ds ...session.Decision) session.Decision {
 		}
 		out.Warnings = append(out.Warnings, d.Warnings...)
 		if v := PatchViolation(d.Decider, d.Patch); v != "" {
-			d.Allow, d.Reasons, d.Patch = false, append(d.Reasons, v), nil
+			d.Allow, d.Reasons, d.Patch = false, append(slices.Clip(d.Reasons), v), nil
 		}
 		if !d.Allow {
 			out.Allow = false
