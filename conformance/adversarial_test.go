@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,7 +30,12 @@ func TestAdversarial(t *testing.T) {
 		a, b := d.tenant(t, "adv-a-"+d.name), d.tenant(t, "adv-b-"+d.name)
 		t.Run("cross_tenant", func(t *testing.T) { testCrossTenant(t, rep, a, b) })
 		t.Run("egress_to_platform", func(t *testing.T) { testEgressToPlatform(t, rep, d, a) })
-		t.Run("patch_injection", func(t *testing.T) { testPatchInjection(t, rep, a, b) })
+		t.Run("patch_injection", func(t *testing.T) { testPatchInjection(t, rep, d, b) })
+		t.Run("hostile_rego", func(t *testing.T) { testHostileRego(t, rep, d) })
+		t.Run("output_flood", func(t *testing.T) { testOutputFlood(t, rep, d, a) })
+		t.Run("runc_escape", func(t *testing.T) { testRuncEscape(t, rep, d, a) })
+		t.Run("exhaustion", func(t *testing.T) { testExhaustion(t, rep, a) })
+		t.Run("tenant_settings", func(t *testing.T) { testTenantSettings(t, rep, a) })
 	})
 }
 
@@ -74,8 +80,8 @@ func (r *report) table(name string) string {
 			res = "GOT THROUGH"
 		}
 		got := a.got
-		if len(got) > 70 {
-			got = got[:70] + "…"
+		if len(got) > 110 {
+			got = got[:110] + "…"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.area, a.what, a.want, strings.ReplaceAll(got, "\n", " "), res)
 	}
@@ -137,7 +143,12 @@ func testCrossTenant(t *testing.T, rep *report, a, b *deployment) {
 			b.deleteSession(s.ID)
 		}
 		ok := r.status >= 400 && r.status < 500 && !strings.Contains(string(r.body), "a-secret")
-		rep.add(t, "cross-tenant", rt.method+" "+rt.path, "4xx", r.String(), ok)
+		what := rt.method + " " + rt.path
+		if m, isMap := rt.body.(map[string]any); isMap && rt.method == "POST" {
+			b, _ := json.Marshal(m)
+			what += " " + string(b)
+		}
+		rep.add(t, "cross-tenant", what, "4xx", r.String(), ok)
 	}
 	for _, list := range []string{"/v1/sessions", "/v1/snapshots", "/v1/policies", "/v1/webhook_endpoints"} {
 		r := b.call(t, "GET", list, nil)
@@ -207,7 +218,7 @@ func testEgressToPlatform(t *testing.T, rep *report, d, a *deployment) {
 	}
 	for _, tg := range targets {
 		// CONNECT through the guest's proxy, and a plain absolute-URI request through it.
-		cmd := fmt.Sprintf(`printf 'CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n' | nc -w 3 127.0.0.1 3128 | head -1; wget -q -T 3 -O - http://%s/ 2>&1 | head -c 200; true`, tg, tg, tg)
+		cmd := fmt.Sprintf(`printf 'CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n' | nc -w 3 127.0.0.1 3128 | head -1; wget -q -O - http://%s/ 2>&1 | head -c 200; true`, tg, tg, tg)
 		res := a.exec(t, s.ID, map[string]any{"command": cmd, "timeout_s": 20})
 		out := res.Stdout + res.Stderr
 		ok := !strings.Contains(out, " 200 ") && !strings.Contains(out, "+PONG") && !strings.Contains(out, "WB_")
@@ -259,24 +270,29 @@ func listeningPorts(pid int) ([]int, error) {
 // testPatchInjection: a tenant's admission policy that fills in restore_from or policy_id
 // (another project's snapshot, a policy that is not the caller's) or a reserved wb.* key is
 // refused: the patched request is validated again, and those fields are not patchable.
-func testPatchInjection(t *testing.T, rep *report, a, b *deployment) {
+// Each attempt is made by a fresh project: a project's admission policies apply to all of
+// its creates.
+func testPatchInjection(t *testing.T, rep *report, d, b *deployment) {
 	victim := b.newSession(t, nil)
 	bSnap := b.snapshot(t, victim.ID, false)
-	for _, c := range []struct{ what, defaults string }{
-		{"restore_from: another project's snapshot", `{"restore_from": "` + bSnap.ID + `"}`},
-		{"restore_from: a path", `{"restore_from": "../../../etc"}`},
-		{"policy_id: a policy of another project", `{"policy_id": "pol_adv@1"}`},
-		{"reserved wb.* metadata", `{"metadata": {"wb.node": "node_local"}}`},
+	b.putPolicy(t, "theirs", "enforce", "package wb.admission\n\nwarn contains \"b's policy\" if true\n")
+	for i, c := range []struct{ what, field, defaults string }{
+		{"restore_from: another project's snapshot", "restore_from", `{"restore_from": "` + bSnap.ID + `"}`},
+		{"restore_from: a path", "restore_from", `{"restore_from": "../../../etc"}`},
+		{"policy_id: another project's policy", "policy_id", `{"policy_id": "pol_theirs@1"}`},
+		{"reserved wb.* metadata", "metadata", `{"metadata": {"wb.node": "node_local"}}`},
 	} {
-		name := fmt.Sprintf("inject%d", len(rep.rows))
-		a.putPolicy(t, name, "enforce", "package wb.admission\n\ndefaults := "+c.defaults+"\n")
-		r := a.call(t, "POST", "/v1/sessions", map[string]any{"tier": 2, "policy_id": "pol_" + name + "@1"})
+		a := d.tenant(t, fmt.Sprintf("adv-patch%d-%s", i, d.name))
+		a.putPolicy(t, "inject", "enforce", "package wb.admission\n\ndefaults := "+c.defaults+"\n")
+		r := a.call(t, "POST", "/v1/sessions", map[string]any{"tier": 2})
 		if r.status == 201 {
 			var s sessionObj
 			_ = json.Unmarshal(r.body, &s)
 			a.deleteSession(s.ID)
 		}
-		rep.add(t, "patch", c.what, "4xx", r.String(), r.status >= 400 && r.status < 500)
+		msg := r.apiError().Error.Message
+		rep.add(t, "patch", c.what, "4xx naming "+c.field, fmt.Sprintf("HTTP %d %s", r.status, msg),
+			r.status >= 400 && r.status < 500 && strings.Contains(msg, c.field))
 	}
 }
 
@@ -314,4 +330,247 @@ func hostFile(dir, name string) (found bool, uid uint32, mode fs.FileMode) {
 		return nil
 	})
 	return
+}
+
+// rssWatch samples the resident set of pid every 20 ms until stop is called, and answers
+// the highest value seen above the first.
+func rssWatch(t *testing.T, pid int) (stop func() (base, peakGrowth int64)) {
+	base, err := rssBytes(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peak atomic.Int64
+	peak.Store(base)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			if v, err := rssBytes(pid); err == nil && v > peak.Load() {
+				peak.Store(v)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	return func() (int64, int64) {
+		close(done)
+		wg.Wait()
+		return base, peak.Load() - base
+	}
+}
+
+// testHostileRego: every policy in policies/testdata/hostile is uploaded and used; each
+// upload is refused or each decision answers within the deadline, and the server's resident
+// memory grows by less than 256 MiB over all of them.
+func testHostileRego(t *testing.T, rep *report, d *deployment) {
+	files, _ := filepath.Glob("../policies/testdata/hostile/*.rego")
+	if len(files) < 10 {
+		t.Fatalf("want at least 10 hostile policies in policies/testdata/hostile, found %d", len(files))
+	}
+	var stop func() (int64, int64)
+	if d.local && d.cmd != nil {
+		stop = rssWatch(t, d.cmd.Process.Pid)
+	}
+	const deadline = 10 * time.Second
+	for i, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A project of its own: a project's admission policies apply to all of its creates.
+		a := d.tenant(t, fmt.Sprintf("adv-rego%d-%s", i, d.name))
+		name := "hostile"
+		what := filepath.Base(f)
+		r, err := a.request(bg(t, time.Minute), "PUT", "/v1/policies/"+name+"?mode=enforce", src, http.Header{"Content-Type": {"text/plain"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectCompileError := strings.Contains(string(src), "# expect: compile_error")
+		if r.status == 400 || expectCompileError {
+			rep.add(t, "hostile rego", what+": upload", "400 naming the problem", r.String(), r.status == 400)
+			continue
+		}
+		if r.status != 201 {
+			rep.add(t, "hostile rego", what+": upload", "201 or 400", r.String(), false)
+			continue
+		}
+		start := time.Now()
+		var got *response
+		switch {
+		case strings.Contains(string(src), "package wb.admission"):
+			got, err = a.request(bg(t, deadline), "POST", "/v1/sessions", map[string]any{"tier": 2, "policy_id": "pol_" + name + "@1"}, nil)
+			if err == nil && got.status == 201 {
+				var s sessionObj
+				_ = json.Unmarshal(got.body, &s)
+				a.deleteSession(s.ID)
+			}
+		case strings.Contains(string(src), "package wb.runtime"):
+			s := a.newSession(t, map[string]any{"policy_id": "pol_" + name + "@1"})
+			start = time.Now()
+			got, err = a.request(bg(t, deadline), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "true"}, nil)
+		default:
+			continue
+		}
+		took := time.Since(start)
+		if err != nil {
+			rep.add(t, "hostile rego", what, "an answer within "+deadline.String(), err.Error(), false)
+			continue
+		}
+		rep.add(t, "hostile rego", what, "refused (4xx) within "+deadline.String(),
+			fmt.Sprintf("HTTP %d in %s", got.status, took.Round(time.Millisecond)), took < deadline && got.status >= 400 && got.status < 500)
+	}
+	if stop != nil {
+		base, growth := stop()
+		rep.add(t, "hostile rego", "wb serve's RSS over all of them", "grows < 256 MiB",
+			fmt.Sprintf("%d MiB → +%d MiB", base>>20, growth>>20), growth < 256<<20)
+	}
+}
+
+// testOutputFlood: `yes` through a buffered exec for 30 s answers a truncated result with the
+// full byte count, and the server's memory stays flat.
+func testOutputFlood(t *testing.T, rep *report, d, a *deployment) {
+	s := a.newSession(t, nil)
+	var stop func() (int64, int64)
+	if d.local && d.cmd != nil {
+		stop = rssWatch(t, d.cmd.Process.Pid)
+	}
+	r, err := a.request(bg(t, 2*time.Minute), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "timeout 30 yes; true", "timeout_s": 90}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Stdout          string `json:"stdout"`
+		StdoutTruncated bool   `json:"truncated"`
+		StdoutBytes     int64  `json:"stdout_bytes"`
+	}
+	_ = json.Unmarshal(r.body, &res)
+	rep.add(t, "output", "`yes` for 30 s through buffered exec", "200, truncated, full count > kept",
+		fmt.Sprintf("HTTP %d, kept %d MiB, truncated %v, counted %d MiB", r.status, len(res.Stdout)>>20, res.StdoutTruncated, res.StdoutBytes>>20),
+		r.status == 200 && res.StdoutTruncated && res.StdoutBytes > int64(len(res.Stdout)) && len(res.Stdout) <= 8<<20)
+	if stop != nil {
+		base, growth := stop()
+		rep.add(t, "output", "wb serve's RSS during the flood", "grows < 128 MiB",
+			fmt.Sprintf("%d MiB → +%d MiB", base>>20, growth>>20), growth < 128<<20)
+	}
+	out := a.sh(t, s.ID, "echo alive")
+	rep.add(t, "output", "an exec after the flood", "alive", out, strings.Contains(out, "alive"))
+}
+
+// testRuncEscape: from a runc guest, the ways out of a container all fail.
+func testRuncEscape(t *testing.T, rep *report, d, a *deployment) {
+	if d.runtime != "runc" {
+		t.Skip("runc only: gVisor has its own kernel")
+	}
+	s := a.newSession(t, map[string]any{"template": "tpl_dev_polyglot"})
+	try := func(what, cmd string, held func(out string) bool) {
+		res := a.exec(t, s.ID, map[string]any{"command": cmd, "timeout_s": 30})
+		out := strings.TrimSpace(res.Stdout + res.Stderr)
+		rep.add(t, "runc guest", what, "fails", out, held(out))
+	}
+	py := func(src string) string { return "python3 -c '" + src + "' 2>&1" }
+	try("unshare(CLONE_NEWUSER)", py(`import ctypes; l=ctypes.CDLL(None, use_errno=True); print("rc", l.unshare(0x10000000), ctypes.get_errno())`),
+		func(out string) bool { return !strings.Contains(out, "rc 0 ") })
+	try("unshare -Ur", "unshare -Ur true; echo rc=$?", func(out string) bool { return !strings.Contains(out, "rc=0") })
+	try("mount a tmpfs", "mkdir -p /workspace/m; mount -t tmpfs x /workspace/m; echo rc=$?", func(out string) bool { return !strings.Contains(out, "rc=0") })
+	name := fmt.Sprintf("suid-%d", time.Now().UnixNano())
+	a.exec(t, s.ID, map[string]any{"command": "cp /bin/busybox /workspace/" + name + " && chmod 4755 /workspace/" + name + "; ls -ln /workspace/" + name})
+	found, uid, mode := false, uint32(0), fs.FileMode(0)
+	if d.local && d.tmp != "" {
+		found, uid, mode = hostFile(d.tmp, name)
+	}
+	rep.add(t, "runc guest", "a setuid-root file the host can see", "none", fmt.Sprintf("found %v, uid %d, mode %v", found, uid, mode),
+		!found || uid != 0 || mode&fs.ModeSetuid == 0)
+	try("replace or remove the agent's socket",
+		`for s in $(find / \( -path /proc -o -path /sys \) -prune -o -type s -print 2>/dev/null); do rm -f "$s" && echo removed "$s"; ln -sf /etc/passwd "$s" 2>/dev/null && echo linked "$s"; done; echo checked`,
+		func(out string) bool { return !strings.Contains(out, "removed") && !strings.Contains(out, "linked") })
+	try("seccomp", "grep Seccomp: /proc/self/status", func(out string) bool { return strings.Contains(out, "2") })
+	out := a.sh(t, s.ID, "echo alive")
+	rep.add(t, "runc guest", "an exec after the attempts", "alive", out, strings.Contains(out, "alive"))
+}
+
+// testExhaustion: a fork bomb, an fd bomb, a disk fill, a memory hog and a CPU spin each stay
+// inside their session: it keeps running (or fails with oom for the memory hog), another exec
+// answers, and a bystander session on the same node is unaffected.
+func testExhaustion(t *testing.T, rep *report, a *deployment) {
+	bystander := a.newSession(t, nil)
+	attacks := []struct {
+		name, template, cmd string
+		resources           map[string]any
+		oomOK               bool
+	}{
+		{name: "fork bomb", cmd: `timeout -s KILL 15 sh -c 'f(){ f|f& }; f' >/dev/null 2>&1; echo done`},
+		{name: "fd bomb", template: "tpl_dev_polyglot", cmd: "timeout -s KILL 15 python3 -c '" +
+			`import os
+for i in range(16):
+    if os.fork() == 0:
+        fds = []
+        try:
+            while True: fds.append(os.open("/dev/null", 0))
+        except OSError as e: print(len(fds), e)
+        os._exit(0)
+for i in range(16): os.wait()` + "' 2>&1 | tail -2; echo done"},
+		{name: "disk fill", resources: map[string]any{"disk_gib": 1}, cmd: "dd if=/dev/zero of=/workspace/fill bs=1M count=4096 2>&1 | tail -1; rm -f /workspace/fill; echo done"},
+		{name: "memory hog", template: "tpl_dev_polyglot", resources: map[string]any{"memory_mib": 512}, oomOK: true,
+			cmd: "timeout -s KILL 20 python3 -c 'b=[]\nwhile True: b.append(bytearray(32<<20))' 2>&1 | tail -1; echo done"},
+		{name: "CPU spin", cmd: `timeout -s KILL 10 sh -c 'for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait'; echo done`},
+	}
+	for _, at := range attacks {
+		body := map[string]any{}
+		if at.template != "" {
+			body["template"] = at.template
+		}
+		if at.resources != nil {
+			body["resources"] = at.resources
+		}
+		s := a.newSession(t, body)
+		r, err := a.request(bg(t, 2*time.Minute), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": at.cmd, "timeout_s": 60}, nil)
+		got := "no answer"
+		if err == nil {
+			got = r.String()
+		}
+		rep.add(t, "exhaustion", at.name+": the attack's own exec", "an answer, no 5xx", got, err == nil && r.status < 500)
+		// The session lives on (or ended with a guest reason), and answers again.
+		var alive string
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+			st := a.getSession(t, s.ID)
+			if terminal[st.State] {
+				alive = st.State + " " + st.reason()
+				break
+			}
+			r, err := a.request(bg(t, 30*time.Second), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "echo alive", "timeout_s": 20}, nil)
+			if err == nil && r.status == 200 && strings.Contains(string(r.body), "alive") {
+				alive = "running, exec answers"
+				break
+			}
+		}
+		held := alive == "running, exec answers" || (at.oomOK && alive == "failed oom")
+		rep.add(t, "exhaustion", at.name+": the session after it", "running and answering", alive, held)
+		r = a.call(t, "DELETE", "/v1/sessions/"+s.ID, nil)
+		rep.add(t, "exhaustion", at.name+": DELETE after it", "2xx", r.String(), r.status < 300)
+		out := a.sh(t, bystander.ID, "echo bystander")
+		rep.add(t, "exhaustion", at.name+": a bystander session", "answers", out, strings.Contains(out, "bystander"))
+	}
+}
+
+// testTenantSettings: a tenant cannot raise its plan's limits, nor register a webhook to a
+// private address on a deployment that does not allow them.
+func testTenantSettings(t *testing.T, rep *report, a *deployment) {
+	r := a.call(t, "PUT", "/v1/limits", map[string]any{"concurrency": 100000})
+	rep.add(t, "tenant settings", `PUT /v1/limits {"concurrency":100000}`, "403", r.String(), r.status == 403)
+	if binPath == "" {
+		t.Skip("webhook targets: needs a wb serve the test starts without --allow-private-webhooks")
+	}
+	plain, err := startServer(binPath, "none", "--allow-private-webhooks=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(plain.stop)
+	p := plain.tenant(t, "hooks")
+	for _, u := range []string{"http://127.0.0.1:22/", "http://[::1]:22/", "http://2130706433:22/", "http://localhost:22/", "http://169.254.169.254/", "http://10.0.0.1/"} {
+		r := p.call(t, "POST", "/v1/webhook_endpoints", map[string]any{"url": u, "events": []string{"session.failed"}})
+		rep.add(t, "tenant settings", "webhook to "+u, "400", r.String(), r.status == 400)
+	}
 }
