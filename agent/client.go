@@ -281,6 +281,10 @@ func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*webs
 		CompressionMode: websocket.CompressionDisabled,
 	})
 	if err != nil {
+		if resp != nil && resp.StatusCode >= 400 && resp.Body != nil {
+			// The node or the agent refused the PTY (a policy, a missing session): say why.
+			return nil, resp, fmt.Errorf("agent: pty: %w", readError(resp))
+		}
 		return nil, resp, fmt.Errorf("agent: pty: %w", err)
 	}
 	conn.SetReadLimit(ptyReadLimit)

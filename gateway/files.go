@@ -153,6 +153,10 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	up, _, err := c.PTY(ctx, dims[0], dims[1], q.Get("command"))
+	if ae := (*agent.Error)(nil); errors.As(err, &ae) && ae.Status == http.StatusForbidden {
+		// The runtime decision point refused the PTY's command (or killed the session for it).
+		return &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
+	}
 	if err != nil {
 		return s.agentError(r.Context(), err)
 	}
