@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"wb/agent"
 	"wb/session"
@@ -46,9 +47,38 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		return res, &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
 	}
 	if err != nil {
+		if ended := s.endedDuring(ctx, sess); ended != nil {
+			return res, ended
+		}
 		return res, s.errUpstream(ctx, "exec_failed", "the node could not run the command", err)
 	}
 	return res, nil
+}
+
+// endedDuring explains an exec whose answer broke off because its guest died under it (a
+// memory hog the OOM killer took, a guest that crashed): the node records the end within a
+// poll or two, so it waits up to three seconds for the session to turn terminal and answers
+// 409 naming the state and reason; nil when it did not end.
+func (s *Server) endedDuring(ctx context.Context, sess *session.Session) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		cur, err := s.Store.Get(ctx, sess.ProjectID, sess.ID)
+		if err == nil && cur.State.Terminal() {
+			reason := "no reason recorded"
+			if cur.StateReason != nil {
+				reason = string(*cur.StateReason)
+			}
+			return errState("the session's guest ended during the exec: the session is %s (%s)", cur.State, reason)
+		}
+		if err != nil || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) error {

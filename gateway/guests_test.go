@@ -2,16 +2,19 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
 	"wb/agent"
 	"wb/internal/fakenode"
 	"wb/session"
+	"wb/store"
 )
 
 // policyNode is a fake node whose agent proxy refuses every PTY, as a node does when the
@@ -49,5 +52,35 @@ func TestPTYRefusedByPolicy(t *testing.T) {
 	got := string(body[:n])
 	if resp.StatusCode != 403 || !strings.Contains(got, `"policy_violation"`) || !strings.Contains(got, "crypto_miner") {
 		t.Fatalf("refused PTY: HTTP %d %s; want 403 policy_violation naming the rule", resp.StatusCode, got)
+	}
+}
+
+// dyingNode is a fake node whose guest dies of OOM under every exec: the node records the
+// end in Redis, and the exec's answer breaks off.
+type dyingNode struct {
+	*fakenode.Node
+	st *store.Store
+}
+
+func (n dyingNode) Exec(ctx context.Context, s *session.Session, _ session.ExecRequest, _ []string, _ func(session.ExecChunk) error) (session.ExecResult, error) {
+	go func() {
+		time.Sleep(300 * time.Millisecond) // the node notices a little after the answer broke
+		_, _ = n.st.Transition(context.Background(), store.Change{Project: s.ProjectID, ID: s.ID,
+			From: session.Running, To: session.Failed, Driver: session.Node, Reason: session.OOM})
+	}()
+	return session.ExecResult{}, errors.New("agent: exec: the answer ended without a result: unexpected EOF")
+}
+
+// TestExecGuestDiedUnderIt: an exec whose guest died under it answers 409 naming the state
+// and reason the node recorded, not a 502 about a broken answer.
+func TestExecGuestDiedUnderIt(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.Guests = dyingNode{Node: c.Guests.(*fakenode.Node), st: c.Store}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	r := e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "python3 -c 'b=[]\nwhile True: b.append(bytearray(1<<20))'"})
+	msg := expectError(t, r, 409, "invalid_state", "*")
+	if !strings.Contains(msg, "failed") || !strings.Contains(msg, "oom") {
+		t.Fatalf("message %q: want it to name the state and the reason", msg)
 	}
 }
