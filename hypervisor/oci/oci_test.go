@@ -73,7 +73,9 @@ echo hello > /workspace/hello.txt && echo tmp > /tmp/t.txt && echo home > /root/
 			t.Logf("%s: guest /proc shows %d processes", rt, n)
 
 			// The guest has a working loopback of its own ...
-			out = g.mustRun(`(nc -l -p 7777 > /tmp/lo.txt &) ; sleep 0.3; echo over-lo | nc -w 2 127.0.0.1 7777; sleep 0.3; cat /tmp/lo.txt`)
+			// (Retried, not slept on: a loaded host may start the listener late.)
+			out = g.mustRun(`(nc -l -p 7777 > /tmp/lo.txt &) ; for i in $(seq 50); do echo over-lo | nc -w 2 127.0.0.1 7777 && break; sleep 0.1; done; ` +
+				`for i in $(seq 50); do grep -q over-lo /tmp/lo.txt && break; sleep 0.1; done; cat /tmp/lo.txt`)
 			if !strings.Contains(out, "over-lo") {
 				t.Fatalf("guest loopback does not work: %q", out)
 			}
