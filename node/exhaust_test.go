@@ -34,8 +34,10 @@ func attacks() []attack {
 				if err != nil {
 					t.Fatalf("the exec that ran the fork bomb got no answer: %v", err)
 				}
-				if res.ExitCode != 124 {
-					t.Errorf("fork bomb: exit %d, want its timeout (124)", res.ExitCode)
+				// Its timeout (124), or 137 when the agent's guard ended a bomb that stayed at
+				// the process limit (a loaded host lets the bomb hold the limit longer).
+				if res.ExitCode != 124 && res.ExitCode != 137 {
+					t.Errorf("fork bomb: exit %d, want its timeout (124) or the guard's kill (137)", res.ExitCode)
 				}
 				if !strings.Contains(res.Stderr, "fork") && !strings.Contains(res.Stderr, "Resource temporarily unavailable") {
 					t.Errorf("fork bomb: stderr %q says nothing of the process limit", tail(res.Stderr))

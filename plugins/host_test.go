@@ -18,13 +18,17 @@ import (
 
 func TestValidate(t *testing.T) {
 	h, _ := newTestHost(t, nil, Options{})
-	ctx := ctxT(t)
 	for _, name := range []string{"allowlist", "tiercap", "requiremeta", "noop", "hostile"} {
-		d, err := h.Validate(ctx, guests[name])
+		// A deadline per module: each is a cold wazero compile, over a minute under -race on
+		// a slow or loaded machine; one deadline for all five failed there.
+		vctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		d, err := h.Validate(vctx, guests[name])
+		cancel()
 		if err != nil || d != Digest(guests[name]) || !strings.HasPrefix(d, "sha256:") || len(d) != 71 {
 			t.Fatalf("%s: %q %v", name, d, err)
 		}
 	}
+	ctx := ctxT(t)
 	if _, err := h.Validate(ctx, constPlugin(`{"allow":true}`)); err != nil {
 		t.Fatal(err)
 	}
