@@ -282,8 +282,12 @@ func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*webs
 	})
 	if err != nil {
 		if resp != nil && resp.StatusCode >= 400 && resp.Body != nil {
-			// The node or the agent refused the PTY (a policy, a missing session): say why.
-			return nil, resp, fmt.Errorf("agent: pty: %w", readError(resp))
+			// The node or the agent refused the PTY (a policy, a bad size): say why, and leave
+			// the body readable for the caller.
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+			why := readError(&http.Response{StatusCode: resp.StatusCode, Status: resp.Status, Body: io.NopCloser(bytes.NewReader(b))})
+			return nil, resp, fmt.Errorf("agent: pty: %w", why)
 		}
 		return nil, resp, fmt.Errorf("agent: pty: %w", err)
 	}
