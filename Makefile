@@ -18,10 +18,10 @@ run: deps build
 
 test: deps
 	$(GO) vet $(PKGS)
-	$(GO) test $(TESTFLAGS) -skip 'TestAdversarial' $(PKGS)
-	# The adversarial suite fork-bombs, floods and starves real guests: it runs on its own, so
-	# that the other packages' timing tests (idle deadlines, pause) do not run beside it.
-	$(GO) test $(TESTFLAGS) -run 'TestAdversarial' ./conformance/
+	$(GO) test $(TESTFLAGS) -skip '^(TestAdversarial|TestExhaustion)$$' $(PKGS)
+	# The attacks fork-bomb, flood and starve real guests: they run after the rest, one package
+	# at a time, so that the timing tests (idle deadlines, pause, checkpoint) never run beside them.
+	$(GO) test $(TESTFLAGS) -p 1 -run '^(TestAdversarial|TestExhaustion)$$' ./node/ ./conformance/
 
 # The adversarial suite alone, with its table of attacks and results (make test runs it too).
 security: deps
