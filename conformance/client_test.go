@@ -354,7 +354,13 @@ type snapshotObj struct {
 // snapshot takes a snapshot of id and waits until it is ready.
 func (d *deployment) snapshot(t testing.TB, id string, memory bool) snapshotObj {
 	t.Helper()
-	r := d.call(t, "POST", "/v1/sessions/"+id+":snapshot", map[string]any{"include_memory": memory})
+	return d.awaitSnapshot(t, id, d.call(t, "POST", "/v1/sessions/"+id+":snapshot", map[string]any{"include_memory": memory}))
+}
+
+// awaitSnapshot expects r, the answer to POST :snapshot of session id, to be 201 and waits
+// until the snapshot is ready.
+func (d *deployment) awaitSnapshot(t testing.TB, id string, r *response) snapshotObj {
+	t.Helper()
 	expect(t, r, 201, "POST :snapshot")
 	var s snapshotObj
 	r.decode(t, &s)

@@ -13,8 +13,10 @@ import (
 	"wb/store"
 )
 
-// quiesceFor is how long the agent stays off its socket for a memory snapshot.
-const quiesceFor = 400 * time.Millisecond
+// quiesceFor is how long the agent stays off its socket for a memory snapshot: long enough
+// for runsc checkpoint to finish on a loaded host (at 400 ms, checkpoints under `make test`
+// load lost the race with the agent's return and stopped the guest).
+const quiesceFor = time.Second
 
 // touch records activity: it resets the idle timer and re-arms the idle warning.
 // The caller holds l.mu.
