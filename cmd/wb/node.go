@@ -101,18 +101,7 @@ func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Liste
 	srv := &http.Server{Handler: platform.learnGateways(nd.Handler(token), token), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	g.Go(func() error { platform.run(ctx); return nil })
 	g.Go(func() error { return nd.Run(ctx) })
-	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(sctx)
-	})
+	serveUntil(ctx, g, srv, ln, 5*time.Second)
 }
 
 // agentBinary is this executable, which must be static to run inside a bare guest.

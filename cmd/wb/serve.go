@@ -216,23 +216,29 @@ Flags:
 		nodeLn.Close()
 		g.Go(func() error { platform.run(gctx); return nil })
 	}
+	serveUntil(gctx, g, srv, ln, 10*time.Second)
+	if metricsLn != nil {
+		serveMetrics(gctx, g, metricsLn, metrics.Handler(), log)
+	}
+	g.Go(func() error { <-gctx.Done(); log.Info("shutting down"); return nil })
+	return g.Wait()
+}
+
+// serveUntil serves srv on ln in g until ctx ends, then shuts it down, giving requests in
+// flight up to grace to finish.
+func serveUntil(ctx context.Context, g *errgroup.Group, srv *http.Server, ln net.Listener, grace time.Duration) {
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err
 		}
 		return nil
 	})
-	if metricsLn != nil {
-		serveMetrics(gctx, g, metricsLn, metrics.Handler(), log)
-	}
 	g.Go(func() error {
-		<-gctx.Done()
-		log.Info("shutting down")
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), grace)
 		defer cancel()
 		return srv.Shutdown(sctx)
 	})
-	return g.Wait()
 }
 
 // serveMetrics serves /metrics on ln, an address only the operator's network reaches, until
@@ -242,16 +248,5 @@ func serveMetrics(ctx context.Context, g *errgroup.Group, ln net.Listener, h htt
 	mux.Handle("GET /metrics", h)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("metrics served", "url", "http://"+ln.Addr().String()+"/metrics")
-	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(sctx)
-	})
+	serveUntil(ctx, g, srv, ln, 5*time.Second)
 }
