@@ -53,8 +53,9 @@ type platformAddrs struct {
 	nodes    []string // of the nodes known at start (this one's own API), besides the registered
 	log      *slog.Logger
 
-	mu      sync.Mutex
-	learned []netip.Addr // gateways seen calling the node API with its token
+	mu         sync.Mutex
+	registered []netip.Addr // of the gateways registered in Redis
+	learned    []netip.Addr // gateways seen calling the node API with its token
 }
 
 // refreshEvery is how often the platform's addresses are looked at again (nodes join and
@@ -78,21 +79,25 @@ func (p *platformAddrs) run(ctx context.Context) {
 func (p *platformAddrs) refresh(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if ifs, err := net.InterfaceAddrs(); err == nil {
-		var as []netip.Addr
-		for _, a := range ifs {
-			if n, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(n.IP); ok {
-					as = append(as, ip.Unmap())
-				}
-			}
-		}
+	if as, err := hostAddrs(); err == nil {
 		p.set("this host's interfaces", as)
 	}
 	p.set("redis", p.resolveAll(ctx, redisAddrs(ctx, p.rdb)))
 	if p.st == nil {
 		p.set("nodes", p.resolveAll(ctx, p.nodes))
 	} else {
+		if gws, err := p.st.Gateways(ctx); err == nil {
+			var hosts []string
+			for _, g := range gws {
+				hosts = append(hosts, g.Addrs...)
+			}
+			as := p.resolveAll(ctx, hosts)
+			p.mu.Lock()
+			p.registered = as
+			p.mu.Unlock()
+		} else {
+			p.log.Warn("egress guard: list gateways", "err", err)
+		}
 		if nodes, err := p.st.Nodes(ctx); err == nil {
 			hosts := slices.Clone(p.nodes)
 			for _, n := range nodes {
@@ -170,9 +175,62 @@ func (p *platformAddrs) refreshGateways(ctx context.Context) {
 	defer cancel()
 	gws := p.resolveAll(ctx, p.gateways)
 	p.mu.Lock()
+	gws = append(gws, p.registered...)
 	gws = append(gws, p.learned...)
 	p.mu.Unlock()
 	p.set("gateways", gws)
+}
+
+// hostAddrs lists the addresses of this host's interfaces.
+func hostAddrs() ([]netip.Addr, error) {
+	ifs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var as []netip.Addr
+	for _, a := range ifs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				as = append(as, ip.Unmap())
+			}
+		}
+	}
+	return as, nil
+}
+
+// registerGateway keeps this gateway registered in Redis with every address it listens or
+// sends from (its URLs and this host's interfaces), so that every node refuses guests'
+// egress to it before it ever calls them; it removes the registration when ctx ends.
+func registerGateway(ctx context.Context, st *store.Store, id string, urls []string, log *slog.Logger) {
+	beat := func() {
+		addrs := slices.Clone(urls)
+		if as, err := hostAddrs(); err == nil {
+			for _, a := range as {
+				addrs = append(addrs, a.String())
+			}
+		}
+		bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := st.GatewayHeartbeat(bctx, store.GatewayInfo{ID: id, Addrs: addrs}); err != nil {
+			log.Warn("gateway heartbeat", "err", err)
+		}
+	}
+	beat()
+	tick := time.NewTicker(refreshEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if err := st.RemoveGateway(rctx, id); err != nil {
+				log.Warn("gateway deregister", "err", err)
+			}
+			return
+		case <-tick.C:
+			beat()
+		}
+	}
 }
 
 // redisAddrs lists the Redis servers rdb talks to (every node of a Cluster).

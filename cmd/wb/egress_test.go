@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -30,6 +31,10 @@ func TestPlatformAddrs(t *testing.T) {
 	if err := st.Heartbeat(ctx, store.NodeInfo{ID: "node_far", Addr: "http://127.0.0.7:7070"}); err != nil {
 		t.Fatal(err)
 	}
+	// A gateway on another host that has never called this node.
+	if err := st.GatewayHeartbeat(ctx, store.GatewayInfo{ID: "gw_far", Addrs: []string{"http://127.0.0.30:8080", "127.0.0.31"}}); err != nil {
+		t.Fatal(err)
+	}
 	g, err := netguard.New(netguard.Options{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +48,7 @@ func TestPlatformAddrs(t *testing.T) {
 			t.Errorf("%s: %v; want %s among them", src, denied[src], want)
 		}
 	}
-	for _, a := range []string{"127.0.0.1", "127.0.0.7", "127.0.0.8", "127.0.0.9"} {
+	for _, a := range []string{"127.0.0.1", "127.0.0.7", "127.0.0.8", "127.0.0.9", "127.0.0.30", "127.0.0.31"} {
 		if err := g.Check(netip.MustParseAddr(a)); err == nil || !strings.Contains(err.Error(), "platform itself") {
 			t.Errorf("%s: %v; want it refused as the platform's", a, err)
 		}
@@ -61,6 +66,46 @@ func TestPlatformAddrs(t *testing.T) {
 	}
 	if g.Check(netip.MustParseAddr("127.0.0.21")) == nil || g.Check(netip.MustParseAddr("127.0.0.20")) != nil {
 		t.Errorf("learned gateways: %v", g.Denied()["gateways"])
+	}
+	if g.Check(netip.MustParseAddr("127.0.0.30")) == nil {
+		t.Errorf("learning a gateway forgot the registered ones: %v", g.Denied()["gateways"])
+	}
+}
+
+// TestRegisterGateway: a gateway registers its URLs and this host's interfaces while it runs,
+// and removes itself when it stops.
+func TestRegisterGateway(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	st := store.New(rdb)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		registerGateway(ctx, st, "gw_test", []string{"http://gw.example:8080"}, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	var got []store.GatewayInfo
+	for i := 0; i < 500 && len(got) == 0; i++ {
+		time.Sleep(10 * time.Millisecond)
+		var err error
+		if got, err = st.Gateways(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 1 || got[0].ID != "gw_test" {
+		t.Fatalf("registered: %+v", got)
+	}
+	addrs := " " + strings.Join(got[0].Addrs, " ") + " "
+	for _, want := range []string{"http://gw.example:8080", "127.0.0.1"} {
+		if !strings.Contains(addrs, " "+want+" ") {
+			t.Errorf("registered addresses %s lack %s", addrs, want)
+		}
+	}
+	cancel()
+	<-done
+	if got, _ := st.Gateways(context.Background()); len(got) != 0 {
+		t.Fatalf("still registered after stopping: %+v", got)
 	}
 }
 

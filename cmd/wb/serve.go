@@ -21,6 +21,7 @@ import (
 	nodeclient "wb/node/client"
 	"wb/placer"
 	"wb/quota"
+	"wb/session"
 	"wb/store"
 	"wb/webhooks"
 )
@@ -201,6 +202,10 @@ Flags:
 	log.Info("wb serve ready", "url", url, "redis", redisLabel(f.redisURL))
 
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		registerGateway(gctx, st, session.NewID("gw_", time.Now()), []string{url, f.publicURL}, log)
+		return nil
+	})
 	g.Go(func() error { return pl.Run(gctx) })
 	g.Go(func() error { return disp.Run(gctx) })
 	g.Go(func() error { return settler.Run(gctx) })
