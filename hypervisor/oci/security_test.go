@@ -2,6 +2,7 @@ package oci_test
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -234,6 +235,34 @@ func TestGuestContainment(t *testing.T) {
 			mustFail(t, c, "write the agent socket", "echo x > /run/wb/agent.sock")
 			if err := c.Health(ctxT(t, 10*time.Second)); err != nil {
 				t.Errorf("the agent stopped answering: %v", err)
+			}
+			if !runc {
+				// Inside gVisor guest root owns its mounts, and the agent as well: it can
+				// replace the socket, which cuts off only its own session. The node must
+				// never follow what it planted to a host path.
+				hostSock := filepath.Join(reachableTempDir(t), "host.sock")
+				ln, err := net.Listen("unix", hostSock)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ln.Close()
+				sh(t, c, "rm -f /run/wb/agent.sock && ln -s "+hostSock+" /run/wb/agent.sock")
+				if fi, err := os.Lstat(filepath.Join(s.AgentDir, "agent.sock")); err != nil || fi.Mode().Type() != os.ModeSymlink {
+					t.Fatalf("the guest's symlink did not reach the host's agent dir: %v, %v", fi, err)
+				}
+				conn, err := agent.DialSocket(ctxT(t, 10*time.Second), filepath.Join(s.AgentDir, "agent.sock"))
+				if err == nil {
+					conn.Close()
+				}
+				if err == nil || !strings.Contains(err.Error(), "agent.sock") {
+					t.Errorf("dial through the guest's symlink: %v; want a refusal to follow it", err)
+				}
+				t.Logf("dial through the guest's symlink: %v", err)
+				ln.(*net.UnixListener).SetDeadline(time.Now().Add(100 * time.Millisecond))
+				if conn, err := ln.Accept(); err == nil {
+					conn.Close()
+					t.Error("the host socket behind the guest's symlink saw a connection")
+				}
 			}
 		})
 	}
