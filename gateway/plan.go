@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"wb/session"
 	"wb/store"
 )
 
@@ -83,10 +84,9 @@ func errPlanLimit(param, format string, args ...any) *apiError {
 	return &apiError{Status: 403, Type: "denied", Code: "plan_limit", Param: param, Message: fmt.Sprintf(format, args...)}
 }
 
-// snapshotRoom refuses a new snapshot of addBytes when the project's snapshots would pass
-// its plan's count or bytes. Before the snapshot is taken addBytes is 0: a project already
-// at either limit is refused before any work.
-func (s *Server) snapshotRoom(ctx context.Context, project string, addBytes int64) error {
+// snapshotRoom refuses a snapshot before any work when the project is already at its plan's
+// snapshot count or bytes (recordSnapshot checks again, atomically, once the size is known).
+func (s *Server) snapshotRoom(ctx context.Context, project string) error {
 	p, err := s.Store.GetProject(ctx, project)
 	if err != nil {
 		return err
@@ -98,26 +98,35 @@ func (s *Server) snapshotRoom(ctx context.Context, project string, addBytes int6
 	if n+1 > p.SnapshotCount {
 		return errPlanLimit("snapshot_count", "the project keeps %d snapshots and its plan allows %d (snapshot_count); delete one with DELETE /v1/snapshots/{id}", n, p.SnapshotCount)
 	}
-	if used+max(addBytes, 1) > p.SnapshotBytes() {
-		return errPlanLimit("snapshot_gib", "the project's snapshots would hold %d bytes and its plan allows %d GiB (snapshot_gib); delete snapshots with DELETE /v1/snapshots/{id}", used+addBytes, p.SnapshotGiB)
+	if used+1 > p.SnapshotBytes() {
+		return errPlanLimit("snapshot_gib", "the project's snapshots hold %d bytes and its plan allows %d GiB (snapshot_gib); delete snapshots with DELETE /v1/snapshots/{id}", used, p.SnapshotGiB)
 	}
 	return nil
 }
 
-// snapshotOverPlan checks a snapshot just taken against the plan; one that does not fit has
-// its files deleted from the node, and the refusal is answered.
-func (s *Server) snapshotOverPlan(ctx context.Context, project, snapshotID string, size int64) error {
-	err := s.snapshotRoom(ctx, project, size)
-	var ae *apiError
-	if !errors.As(err, &ae) {
+// recordSnapshot records a snapshot just taken, if the project's plan has room for it; one
+// that does not fit has its files deleted from the node, and the refusal is answered. The
+// check and the record are one step in the store, so snapshots taken at once cannot pass
+// the plan together.
+func (s *Server) recordSnapshot(ctx context.Context, project string, snap session.Snapshot) error {
+	p, err := s.Store.GetProject(ctx, project)
+	if err != nil {
+		return err
+	}
+	err = s.Store.PutSnapshot(ctx, project, snap.ID, snap, max(snap.SizeBytes, 1), p.SnapshotCount, p.SnapshotBytes())
+	var le *store.SnapshotLimitError
+	if !errors.As(err, &le) {
 		return err
 	}
 	if d, ok := s.Guests.(interface {
 		DeleteSnapshot(ctx context.Context, id string) error
 	}); ok {
-		if derr := d.DeleteSnapshot(ctx, snapshotID); derr != nil {
-			s.log.Warn("delete snapshot files past the plan", "snapshot", snapshotID, "err", derr)
+		if derr := d.DeleteSnapshot(ctx, snap.ID); derr != nil {
+			s.log.Warn("delete snapshot files past the plan", "snapshot", snap.ID, "err", derr)
 		}
 	}
-	return err
+	if le.Limit == "snapshot_count" {
+		return errPlanLimit("snapshot_count", "the project keeps %d snapshots and its plan allows %d (snapshot_count); delete one with DELETE /v1/snapshots/{id}", le.Count, p.SnapshotCount)
+	}
+	return errPlanLimit("snapshot_gib", "the project's snapshots would hold %d bytes and its plan allows %d GiB (snapshot_gib); delete snapshots with DELETE /v1/snapshots/{id}", le.Bytes+snap.SizeBytes, p.SnapshotGiB)
 }

@@ -3,7 +3,9 @@ package gateway
 import (
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"wb/session"
 	"wb/store"
@@ -119,5 +121,36 @@ func TestSnapshotPlan(t *testing.T) {
 	expectError(t, e.do("POST", snapPath, e.key, nil), 403, "plan_limit", "snapshot_gib")
 	if len(e.node.Calls()) != before {
 		t.Fatalf("the node was asked for a snapshot the plan refuses: %v", e.node.Calls()[before:])
+	}
+}
+
+// TestSnapshotPlanConcurrent: snapshots of several sessions taken at once, each passing the
+// check made before the work, cannot pass the plan's count together.
+func TestSnapshotPlanConcurrent(t *testing.T) {
+	e := newEnv(t)
+	const n = 5
+	var ids []string
+	for range n {
+		ids = append(ids, e.running(map[string]any{"tier": 2}).ID)
+	}
+	e.mustDo("PUT", "/v1/admin/projects/"+e.projA+"/plan", adminKey, map[string]any{"snapshot_count": 1}, 200, nil)
+	e.node.SetSnapshotDelay(300 * time.Millisecond)
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() { codes[i] = e.do("POST", "/v1/sessions/"+id+":snapshot", e.key, nil).status })
+	}
+	wg.Wait()
+	slices.Sort(codes)
+	if want := []int{201, 403, 403, 403, 403}; !slices.Equal(codes, want) {
+		t.Fatalf("answers %v; want %v", codes, want)
+	}
+	var list struct{ Data []session.Snapshot }
+	e.mustDo("GET", "/v1/snapshots", e.key, nil, 200, &list)
+	if len(list.Data) != 1 {
+		t.Fatalf("%d snapshots kept; the plan allows 1", len(list.Data))
+	}
+	for _, id := range ids {
+		e.waitState(e.key, id, session.Running)
 	}
 }

@@ -473,7 +473,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		return err
 	}
 	ctx := r.Context()
-	if err := s.snapshotRoom(ctx, sess.ProjectID, 0); err != nil {
+	if err := s.snapshotRoom(ctx, sess.ProjectID); err != nil {
 		return err
 	}
 	if _, err := s.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID,
@@ -490,21 +490,19 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		snap.State = session.SnapshotFailed
 		s.log.Error("snapshot", "session", sess.ID, "err", snapErr)
 	}
-	var overPlan error
+	// A snapshot that passes the plan (a 403) is not recorded; one that failed is, as failed.
+	var recordErr error
 	if snapErr == nil {
-		overPlan = s.snapshotOverPlan(bg, sess.ProjectID, snap.ID, size)
-	}
-	if overPlan == nil {
-		if err := s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap); err != nil {
-			return err
-		}
+		recordErr = s.recordSnapshot(bg, sess.ProjectID, snap)
+	} else {
+		recordErr = s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap)
 	}
 	if _, err := s.Store.Transition(bg, store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
-		return err
+		return errors.Join(err, recordErr)
 	}
-	if overPlan != nil {
-		return overPlan
+	if recordErr != nil {
+		return recordErr
 	}
 	if snapErr != nil {
 		return s.errUpstream(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)

@@ -254,3 +254,62 @@ func (s *Store) NodeUsage(ctx context.Context, project string) (map[string]NodeU
 	}
 	return out, nil
 }
+
+// putSnapshotScript records a snapshot unless the project's snapshots would then pass the
+// plan's count or bytes (a rewrite of a recorded snapshot counts once): the check and the
+// write are one step, so snapshots taken at once, through any gateway, cannot pass the plan
+// together.
+//
+// KEYS: objects hash, objects index
+// ARGV: id, JSON, max count, max bytes, this snapshot's bytes
+var putSnapshotScript = redis.NewScript(`
+local all = redis.call('HGETALL', KEYS[1])
+local n, used = 0, 0
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] then
+    n = n + 1
+    local ok, o = pcall(cjson.decode, all[i + 1])
+    if ok and type(o) == 'table' and type(o.size_bytes) == 'number' then used = used + o.size_bytes end
+  end
+end
+if n + 1 > tonumber(ARGV[3]) then return {'snapshot_count', n, string.format('%.0f', used)} end
+if used + tonumber(ARGV[5]) > tonumber(ARGV[4]) then return {'snapshot_gib', n, string.format('%.0f', used)} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+return {'OK'}
+`)
+
+// SnapshotLimitError is a snapshot refused because the project's snapshots would pass its
+// plan: Limit names the plan field, Count and Bytes are what the project keeps already.
+type SnapshotLimitError struct {
+	Limit string // "snapshot_count" or "snapshot_gib"
+	Count int
+	Bytes int64
+}
+
+func (e *SnapshotLimitError) Error() string {
+	return fmt.Sprintf("the project's %d snapshots of %d bytes leave no room for another under its plan's %s", e.Count, e.Bytes, e.Limit)
+}
+
+// PutSnapshot records a snapshot of size bytes as id, or answers a *SnapshotLimitError and
+// changes nothing when the project would then keep more than maxCount snapshots or maxBytes.
+func (s *Store) PutSnapshot(ctx context.Context, project, id string, snap any, size int64, maxCount int, maxBytes int64) error {
+	b, err := json.Marshal(snap)
+	if err != nil {
+		return fmt.Errorf("encode snapshot %s: %w", id, err)
+	}
+	k := projectKeys(project)
+	res, err := putSnapshotScript.Run(ctx, s.rdb, []string{k.objects(KindSnapshot), k.objIndex(KindSnapshot)},
+		id, b, maxCount, maxBytes, size).Slice()
+	if err != nil {
+		return fmt.Errorf("put snapshot %s: %w", id, err)
+	}
+	if len(res) == 3 {
+		limit, _ := res[0].(string)
+		n, _ := res[1].(int64)
+		usedStr, _ := res[2].(string)
+		used, _ := strconv.ParseInt(usedStr, 10, 64)
+		return &SnapshotLimitError{Limit: limit, Count: int(n), Bytes: used}
+	}
+	return nil
+}

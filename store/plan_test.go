@@ -2,7 +2,11 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"wb/internal/redistest"
@@ -110,5 +114,64 @@ func TestUsageAgainstPlan(t *testing.T) {
 	}
 	if len(use) != 1 || use["n1"] != (NodeUse{VCPU: 1, MemoryMiB: 2048}) {
 		t.Fatalf("node usage %+v", use)
+	}
+}
+
+// TestPutSnapshotWithinPlan: snapshots recorded at once, as through several gateways, never
+// pass the plan's count or bytes together; rewriting a recorded snapshot takes no new room.
+func TestPutSnapshotWithinPlan(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			s := New(b.New(t))
+			project := "proj_snaps_" + b.Name
+			type snap struct {
+				ID        string `json:"id"`
+				SizeBytes int64  `json:"size_bytes"`
+			}
+			var wg sync.WaitGroup
+			var ok, refused atomic.Int32
+			for i := range 12 {
+				wg.Go(func() {
+					id := fmt.Sprintf("snap_%02d", i)
+					err := s.PutSnapshot(ctx, project, id, snap{id, 1 << 30}, 1<<30, 3, 100<<30)
+					var le *SnapshotLimitError
+					switch {
+					case err == nil:
+						ok.Add(1)
+					case errors.As(err, &le) && le.Limit == "snapshot_count":
+						refused.Add(1)
+					default:
+						t.Errorf("%s: %v", id, err)
+					}
+				})
+			}
+			wg.Wait()
+			if ok.Load() != 3 || refused.Load() != 9 {
+				t.Fatalf("%d recorded, %d refused; want 3 and 9", ok.Load(), refused.Load())
+			}
+			n, used, err := s.SnapshotUsage(ctx, project)
+			if err != nil || n != 3 || used != 3<<30 {
+				t.Fatalf("usage %d, %d, %v", n, used, err)
+			}
+			// Bytes: 3 GiB kept, 4 GiB allowed, a 2 GiB snapshot does not fit.
+			err = s.PutSnapshot(ctx, project, "snap_big", snap{"snap_big", 2 << 30}, 2<<30, 10, 4<<30)
+			var le *SnapshotLimitError
+			if !errors.As(err, &le) || le.Limit != "snapshot_gib" || le.Count != 3 || le.Bytes != 3<<30 {
+				t.Fatalf("over bytes: %v", err)
+			}
+			// A recorded snapshot rewritten (its state changes) needs no new slot.
+			ids, _, err := s.ListObjects(ctx, project, KindSnapshot, 10, "")
+			if err != nil || len(ids) != 3 {
+				t.Fatalf("list: %d, %v", len(ids), err)
+			}
+			var first snap
+			if err := json.Unmarshal(ids[0], &first); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.PutSnapshot(ctx, project, first.ID, first, first.SizeBytes, 3, 3<<30); err != nil {
+				t.Fatalf("rewrite %s at the count limit: %v", first.ID, err)
+			}
+		})
 	}
 }

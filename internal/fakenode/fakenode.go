@@ -31,6 +31,7 @@ type Node struct {
 	MemorySnapshots bool
 
 	mu            sync.Mutex
+	snapshotDelay time.Duration
 	snapshotBytes int64 // what Snapshot answers (0: 4096)
 	paused        map[string]bool
 	agents        map[string]*fakeAgent
@@ -165,12 +166,27 @@ func (n *Node) Resume(_ context.Context, s *session.Session) error {
 	return nil
 }
 
-// Snapshot answers a fixed size.
-func (n *Node) Snapshot(_ context.Context, s *session.Session, id string, mem bool) (bool, int64, error) {
+// Snapshot answers a fixed size, after the delay SetSnapshotDelay set.
+func (n *Node) Snapshot(ctx context.Context, s *session.Session, id string, mem bool) (bool, int64, error) {
 	n.record("snapshot", s.ID)
+	n.mu.Lock()
+	delay := n.snapshotDelay
+	n.mu.Unlock()
+	select {
+	case <-time.After(delay):
+	case <-ctx.Done():
+		return false, 0, ctx.Err()
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return mem && n.MemorySnapshots, cmp.Or(n.snapshotBytes, 4096), nil
+}
+
+// SetSnapshotDelay makes every snapshot from now on take d, as a real one takes time.
+func (n *Node) SetSnapshotDelay(d time.Duration) {
+	n.mu.Lock()
+	n.snapshotDelay = d
+	n.mu.Unlock()
 }
 
 // SetSnapshotBytes sets the size every snapshot answers from now on.
