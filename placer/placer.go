@@ -100,8 +100,41 @@ func (p *Placer) Run(ctx context.Context) error {
 	}
 }
 
-// PlaceProject places every pending session of project that fits on a live node.
+// PlaceProject places every pending session of project that fits on a live node. Placements
+// of one project are serialized across placers (Store.LockPlacement), so that its share of a
+// node is checked against every placement already made; when another placer is placing the
+// project, that one places this round too.
 func (p *Placer) PlaceProject(ctx context.Context, project string) {
+	lock, err := p.Store.LockPlacement(ctx, project)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: lock", "project", project, "err", err)
+		}
+		return
+	}
+	if lock == nil {
+		return
+	}
+	for {
+		p.placeProject(ctx, project)
+		again, err := lock.Done(context.WithoutCancel(ctx))
+		if err != nil {
+			p.Logger.Warn("placer: unlock", "project", project, "err", err)
+			return
+		}
+		if !again {
+			return
+		}
+		if ctx.Err() != nil {
+			if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
+				p.Logger.Warn("placer: unlock", "project", project, "err", err)
+			}
+			return
+		}
+	}
+}
+
+func (p *Placer) placeProject(ctx context.Context, project string) {
 	ids, err := p.Store.IDsInState(ctx, project, session.Pending, 256)
 	if err != nil {
 		p.Logger.Error("placer: list pending", "project", project, "err", err)

@@ -2,6 +2,7 @@ package placer
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -187,5 +188,55 @@ func TestNodeShare(t *testing.T) {
 	p.wg.Wait()
 	if rec.nodeOf(waiting[0].ID) != "n_small" {
 		t.Fatal("not placed after the share grew")
+	}
+}
+
+// TestNodeShareAcrossPlacers: placers of several gateways placing one project at once still
+// keep it within its share of a node: each checks the share against what the others placed.
+func TestNodeShareAcrossPlacers(t *testing.T) {
+	st, rec, _, now := setup(t)
+	ctx := context.Background()
+	for round := range 10 {
+		// Fresh placers each round: their in-flight claims (never expired on this frozen
+		// clock) would otherwise fill the node.
+		p1 := New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: 5 * time.Second, Now: func() time.Time { return *now }})
+		p2 := New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: 5 * time.Second, Now: func() time.Time { return *now }})
+		project := fmt.Sprintf("proj_race%d", round)
+		if _, err := st.EnsureProject(ctx, project, project); err != nil {
+			t.Fatal(err)
+		}
+		// n_small is the only tier-1 node in r1: 4 vCPU, so 2 at 50 %.
+		if err := st.SetPlan(ctx, project, store.PlanChange{NodeSharePct: ptr(50)}); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for range 6 {
+			ids = append(ids, pending(t, st, project, "r1", 1, 256).ID)
+		}
+		var wg sync.WaitGroup
+		for _, p := range []*Placer{p1, p2, p1, p2} {
+			wg.Go(func() { p.PlaceProject(ctx, project) })
+		}
+		wg.Wait()
+		p1.wg.Wait()
+		p2.wg.Wait()
+		placed := 0
+		for _, id := range ids {
+			if s, err := st.Get(ctx, project, id); err == nil && s.State != session.Pending {
+				placed++
+			}
+		}
+		if placed != 2 {
+			t.Fatalf("round %d: %d of the project's 1-vCPU sessions placed on a 4-vCPU node at a 50 %% share; want 2", round, placed)
+		}
+		// Free the node for the next round.
+		for _, id := range ids {
+			if s, err := st.Get(ctx, project, id); err == nil && s.State != session.Pending {
+				if _, err := st.Transition(ctx, store.Change{Project: project, ID: id, From: s.State, To: session.Failed,
+					Driver: session.Node, Reason: session.StartFailure}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	}
 }

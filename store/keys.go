@@ -15,3 +15,7 @@ func (k keys) active() string                  { return k.p + "active" }
 
 // Outbox is the project's event stream: every transition appends to it in the same script.
 func Outbox(project string) string { return projectKeys(project).p + "outbox" }
+
+// placing is the project's placement lock; placeAgain asks its holder for another round.
+func (k keys) placing() string    { return k.p + "placing" }
+func (k keys) placeAgain() string { return k.p + "placing:again" }
