@@ -82,6 +82,26 @@ func (f planField) check(v int) error {
 	return nil
 }
 
+// planValue is one plan limit a PlanChange sets, and its value.
+type planValue struct {
+	planField
+	v int
+}
+
+// values answers the limits c sets, each checked against its field's range.
+func (c *PlanChange) values() ([]planValue, error) {
+	var out []planValue
+	for _, f := range planFields {
+		if v := f.change(c); v != nil {
+			if err := f.check(*v); err != nil {
+				return nil, err
+			}
+			out = append(out, planValue{f, *v})
+		}
+	}
+	return out, nil
+}
+
 func (p Plan) hashArgs() []any {
 	args := make([]any, 0, 2*len(planFields))
 	for _, f := range planFields {
@@ -122,16 +142,13 @@ func (e *PlanLimitError) Error() string {
 // SetPlan changes the operator's plan of project id; fields left nil keep their value.
 // ErrNotFound if there is no such project.
 func (s *Store) SetPlan(ctx context.Context, id string, c PlanChange) error {
+	values, err := c.values()
+	if err != nil {
+		return err
+	}
 	var args []any
-	for _, f := range planFields {
-		v := f.change(&c)
-		if v == nil {
-			continue
-		}
-		if err := f.check(*v); err != nil {
-			return err
-		}
-		args = append(args, f.hash, *v)
+	for _, pv := range values {
+		args = append(args, pv.hash, pv.v)
 	}
 	n, err := s.rdb.Exists(ctx, projectKey(id)).Result()
 	if err != nil {
@@ -153,27 +170,24 @@ func (s *Store) SetPlan(ctx context.Context, id string, c PlanChange) error {
 // refused with a *PlanLimitError naming the field and changes nothing; a value equal to the
 // plan's drops the tenant's own value, so the project follows the plan again.
 func (s *Store) LowerLimits(ctx context.Context, id string, c PlanChange) error {
+	values, err := c.values()
+	if err != nil {
+		return err
+	}
 	p, err := s.GetProject(ctx, id) // fresh: the caller's copy may predate the operator's change
 	if err != nil {
 		return err
 	}
 	set, drop := []any{}, []string{}
-	for _, f := range planFields {
-		v := f.change(&c)
-		if v == nil {
-			continue
-		}
-		if err := f.check(*v); err != nil {
-			return err
-		}
-		plan := *f.of(&p.Granted)
+	for _, pv := range values {
+		plan := *pv.of(&p.Granted)
 		switch {
-		case *v > plan:
-			return &PlanLimitError{Field: f.name, Asked: *v, Plan: plan}
-		case *v == plan:
-			drop = append(drop, "own_"+f.hash)
+		case pv.v > plan:
+			return &PlanLimitError{Field: pv.name, Asked: pv.v, Plan: plan}
+		case pv.v == plan:
+			drop = append(drop, "own_"+pv.hash)
 		default:
-			set = append(set, "own_"+f.hash, *v)
+			set = append(set, "own_"+pv.hash, pv.v)
 		}
 	}
 	if len(set) == 0 && len(drop) == 0 {
