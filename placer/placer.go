@@ -105,6 +105,13 @@ func (p *Placer) Run(ctx context.Context) error {
 // node is checked against every placement already made; when another placer is placing the
 // project, that one places this round too.
 func (p *Placer) PlaceProject(ctx context.Context, project string) {
+	// Most projects have nothing pending most of the time: look before taking the lock.
+	if ids, err := p.Store.IDsInState(ctx, project, session.Pending, 1); err != nil || len(ids) == 0 {
+		if err != nil && ctx.Err() == nil {
+			p.Logger.Error("placer: list pending", "project", project, "err", err)
+		}
+		return
+	}
 	lock, err := p.Store.LockPlacement(ctx, project)
 	if err != nil {
 		if ctx.Err() == nil {
