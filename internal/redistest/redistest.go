@@ -193,6 +193,16 @@ func (p *Proc) startOnce() (retry bool, err error) {
 
 // Stop terminates the server (SIGTERM, then SIGKILL after 5 s) and waits for
 // it to exit. No-op if not running.
+// Pid answers the server's process id (0 while stopped), for tests that measure its CPU.
+func (p *Proc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 func (p *Proc) Stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
