@@ -21,6 +21,7 @@ import (
 
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
+	"wb/internal/datadir"
 	"wb/internal/netguard"
 	"wb/node"
 	"wb/store"
@@ -160,6 +161,13 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
+	// Before anything reads or writes the data dir: a second node on it would reap the first
+	// one's guests as orphans.
+	lock, err := datadir.Acquire(f.dataDir, "wb node")
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	rdb, closeRedis, err := openRedis(*redisURL, *redisCA)
 	if err != nil {
