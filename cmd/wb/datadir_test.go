@@ -40,6 +40,28 @@ func TestServeRefusesABusyDataDir(t *testing.T) {
 	}
 }
 
+// TestNodeRefusesABusyDataDir: `wb node` takes the same lock, before it reaches Redis.
+func TestNodeRefusesABusyDataDir(t *testing.T) {
+	dir := t.TempDir()
+	lock, err := datadir.Acquire(dir, "wb serve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("wb_node_x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"node", "--redis", "redis://127.0.0.1:1/0", "--token-file", tokenFile, "--addr", "127.0.0.1:0",
+		"--runtime", "runc", "--data-dir", dir}, io.Discard, io.Discard)
+	var held *datadir.HeldError
+	if !errors.As(err, &held) || held.Holder.Command != "wb serve" || held.Holder.PID != os.Getpid() {
+		t.Fatalf("wb node on a locked data dir: %v, want the lock's message naming wb serve, pid %d", err, os.Getpid())
+	}
+}
+
 // TestTwoServesOneDataDirKeepGuests runs the real binary under runsc: a second `wb serve` on
 // the data dir of a running one exits non-zero with the lock's message and leaves the first
 // one's warm guests running; after the first is killed with SIGKILL (its gVisor sandboxes
