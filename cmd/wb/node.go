@@ -39,7 +39,7 @@ type nodeFlags struct {
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
-	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` for templates, guests, snapshots and the node's journal")
+	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` of this instance alone (it is locked): templates, guests, snapshots, the runtime's state, the node's journal")
 	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
