@@ -1,6 +1,3 @@
-// Package oci is the local guest back end: it drives gVisor's runsc (preferred) or runc through
-// github.com/containerd/go-runc. Each guest is one OCI container whose bundle (config.json,
-// console log, the guest's Spec) lives under Options.BundleRoot/<id>.
 package oci
 
 import (
