@@ -1,7 +1,7 @@
-// Package agent is `wb agent`, the process inside every guest (a runsc or runc container, later
-// a VM), run as its init (PID 1). It serves HTTP/1.1 on a Unix socket in a bind-mounted host
-// directory, which the node reaches with Client. It imports nothing of wb's but wb/session and
-// builds with CGO_ENABLED=0.
+// Package agent is `wb agent`, the process inside every guest (a runsc or runc container), run
+// as its init (PID 1). It serves HTTP/1.1 on a Unix socket in a bind-mounted host directory,
+// which the node reaches with Client. It imports nothing of wb's but wb/session and builds
+// with CGO_ENABLED=0.
 //
 // Routes (errors are JSON {"error":{"code","message","param"}}):
 //
@@ -20,8 +20,9 @@
 //   - GET /v1/pty?cols=&rows=&command=&cwd= → WebSocket to a PTY running /bin/sh (or
 //     /bin/sh -c command) with TERM=xterm; binary frames carry terminal bytes both ways; the text
 //     frame {"type":"resize","cols":N,"rows":N} resizes. At exit the agent sends
-//     {"type":"exit","exit_code":N} and closes with 1000; a client that goes away gets every process of
-//     the terminal's session SIGHUP, then SIGKILL if the shell still runs 2 s later. cols/rows must be 1–1000 (400 naming the parameter).
+//     {"type":"exit","exit_code":N} and closes with 1000; a client that goes away gets every
+//     process of the terminal's session SIGHUP, then SIGKILL if the shell still runs 2 s later.
+//     cols/rows must be 1–1000 (400 naming the parameter).
 //   - GET /v1/files?path=P reads raw bytes (404 missing, 400 directory); GET ...&list=1 lists a
 //     directory as [FileInfo]; PUT /v1/files?path=P[&mode=0755] writes the body atomically (temp
 //     file, fsync, rename; parents created; 413 over 100 MiB); DELETE removes a file or an empty

@@ -1,7 +1,8 @@
 // Package gateway is the public HTTP API v1: authentication, the admission pipeline
 // (validate → rate limit → admission decision → slot + persist), sessions, snapshots, runs,
-// webhook endpoints, the OpenAPI document and Prometheus metrics, and the exec proxy that
-// `wb serve` uses to reach guests.
+// webhook endpoints, templates, limits and usage, policy and plugin uploads, the admin routes
+// for projects and plans, the OpenAPI document (openapi.json) and Prometheus metrics, and the
+// exec, PTY and files proxy through which `wb serve` reaches guests.
 //
 // Admission patches (from policies' defaults and plugins) may touch only PatchableFields; the
 // patched request is validated again in full, references included, and anything wrong is a

@@ -18,7 +18,7 @@ import (
 	"wb/webhooks"
 )
 
-// apiError is the error body of API.md: {"error": {type, code, message, param}}.
+// apiError is the API's error body (Error in openapi.json): {"error": {type, code, message, param}}.
 type apiError struct {
 	Status     int           `json:"-"`
 	Type       string        `json:"type"`

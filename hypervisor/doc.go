@@ -1,10 +1,9 @@
-// Package hypervisor is the guest back-end interface every driver implements (create, boot,
-// pause, resume, snapshot, restore, stop, delete, info, stats, events) and the types it speaks:
-// Spec (one guest: template rootfs mounted read-only, a writable layer on the host for
-// /workspace, /tmp and /root, the agent's dir and binary, toolchain binds, limits), Info,
-// Stats, Event, SnapshotInfo.
+// Package hypervisor is the guest back-end interface (Driver: create, boot, pause, resume,
+// snapshot, restore, stop, delete, info, stats, events) and the types it speaks: Spec (one
+// guest: template rootfs mounted read-only, a writable layer on the host for /workspace, /tmp
+// and /root, the agent's dir and binary, toolchain binds, limits), Info, Stats, Event and
+// SnapshotInfo.
 //
-// Drivers: hypervisor/oci (gVisor runsc or runc, through go-runc) and hypervisor/cloudhv
-// (Cloud Hypervisor's REST API). Templates (root filesystems and their digests) are assembled
-// by hypervisor/templates.
+// One driver exists: hypervisor/oci (gVisor's runsc, or runc, through go-runc). Templates
+// (root filesystems and their digests) are assembled by hypervisor/templates.
 package hypervisor

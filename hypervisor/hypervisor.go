@@ -156,7 +156,7 @@ var ErrNotFound = errors.New("hypervisor: guest not found")
 
 // Driver is a guest back end.
 type Driver interface {
-	// Name is "runsc", "runc" or "cloudhv".
+	// Name is the back end: "runsc" or "runc" for hypervisor/oci.
 	Name() string
 	// Create prepares the guest (bundle, writable dirs) and creates it without starting init.
 	Create(ctx context.Context, s Spec) error

@@ -1,5 +1,20 @@
-// Package node is `wb node`: it runs guests through package hypervisor, keeps warm pools,
-// enforces idle and lifetime timers locally (surviving control-plane outages), probes guest
-// health, meters usage, applies runtime policy kills and serves exec, PTY and files.
-// It lands with the guests issue.
+// Package node is `wb node`, and the node that `wb serve` embeds: it runs the guests of the
+// sessions placed on it through a hypervisor.Driver and owns what happens to them there.
+//
+//   - Provisioning: a booted guest from a warm pool (Config.Pools) when one fits, else a cold
+//     start or a restore from a snapshot; the session runs once its agent answers.
+//   - Timers: idle and lifetime stops, their warnings and the pause limit fire on the node,
+//     so a control-plane outage cannot extend them. Each guest is journaled under
+//     DataDir/journal; transitions Redis missed are replayed when it answers again, and a
+//     restarted node takes its guests back from the journal and reaps any guest that no entry
+//     owns (the data dir is its own: cmd/wb locks it).
+//   - Guest events: an OOM kill fails the session with oom, any other death with guest_crash;
+//     execs, process starts, egress and resource samples go to the runtime decision point
+//     (Config.Runtime), whose kill stops the session. A guest's only way out is the node's
+//     egress proxy, which dials through Config.Egress.
+//   - Usage: CPU and memory from the guest's cgroup and egress bytes, sent as usage records
+//     every Config.Flush and at each state change; heartbeats keep the node registered.
+//   - Pause, resume, snapshots (files under DataDir/snapshots) and stop.
+//   - The node API (Handler): provisioning and the guest controls for the control plane, and a
+//     proxy to each guest's agent (exec, files, PTY). node/client is the control plane's side.
 package node

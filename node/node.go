@@ -123,9 +123,12 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("node: %w", err)
 		}
 	}
-	// A guest's agent socket lives under DataDir; Unix socket paths are at most 107 bytes.
-	if sock := filepath.Join(cfg.DataDir, "guests", "wp-000000000000", "agent", "agent.sock"); len(sock) > 100 {
-		return nil, fmt.Errorf("node: data dir %s is too long for the guests' Unix sockets (%d > 100 bytes)", cfg.DataDir, len(sock))
+	// A guest's sockets live under DataDir (the agent's, and the egress proxy's, which the node
+	// listens on), named by the longest guest id, a session's; a Unix socket address holds at
+	// most 107 bytes.
+	if sock := filepath.Join(cfg.DataDir, "guests", session.NewID("sess_", time.Now()), "agent", "egress.sock"); len(sock) > 107 {
+		return nil, fmt.Errorf("node: data dir %s is too long for the guests' Unix sockets: %s would be %d bytes, and at most 107 fit; use a shorter data dir",
+			cfg.DataDir, sock, len(sock))
 	}
 	n := &Node{Config: cfg, journal: journal{filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())

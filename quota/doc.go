@@ -1,3 +1,12 @@
-// Package quota owns money and limits on top of Redis: per-project rate limits now; the usage
-// ledger and its settler, prices, spend counters and caps as the metering issue lands.
+// Package quota owns money and limits on top of Redis:
+//
+//   - rate limits: a token bucket per project, shared by every gateway (RateLimiter);
+//   - prices: the table of quota/PRICES.md, in micro-USD (Prices, LoadPrices);
+//   - usage: the records nodes write to each project's usage stream (Record), settled exactly
+//     once by the Settler into the session's usage_to_date, hourly cost buckets and monthly
+//     spend counters, with snapshot storage accrued beside them;
+//   - caps: a project's and its end users' monthly spend caps (Limits), watched on settled
+//     spend (Caps) and acted on by the Enforcer, which asks the spend decision point, stops
+//     the sessions in scope and sends quota.exceeded once;
+//   - reports: GET /v1/usage, summed from the hourly buckets (BuildReport).
 package quota

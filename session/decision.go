@@ -2,7 +2,8 @@ package session
 
 import "context"
 
-// Decision points (ARCHITECTURE.md): admission of a create, runtime events of a guest, spend.
+// Decision points: admission of a create, runtime events of a guest, spend (a crossed cap).
+// At each, the platform's Rego decides first, then the project's policies and plugins.
 const (
 	PointAdmission = "admission"
 	PointRuntime   = "runtime"

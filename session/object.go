@@ -52,8 +52,8 @@ type Usage struct {
 	EgressBytes int64 `json:"egress_bytes"`
 }
 
-// Session is the session object: field for field the seed's example, then the additions of
-// API.md. Nullable fields are pointers so that they marshal as null, never disappear.
+// Session is the session object, the Session schema of gateway/openapi.json. Nullable fields
+// are pointers so that they marshal as null, never disappear.
 type Session struct {
 	ID             string    `json:"id"`
 	Object         string    `json:"object"`
@@ -76,7 +76,7 @@ type Session struct {
 	Connect        Connect   `json:"connect"`
 	UsageToDate    Usage     `json:"usage_to_date"`
 
-	// Additions (API.md).
+	// Beyond the seed's example object.
 	StateReason       *Reason           `json:"state_reason"`
 	Rule              *string           `json:"rule"`
 	IdleWarningAt     *Time             `json:"idle_warning_at"`

@@ -325,7 +325,7 @@ func TestEventTypes(t *testing.T) {
 		}
 	}
 	if len(PublicEvents()) != 13 {
-		t.Errorf("%d public events, API.md lists 13", len(PublicEvents()))
+		t.Errorf("%d public events, the API's WebhookEventType lists 13", len(PublicEvents()))
 	}
 }
 

@@ -132,8 +132,9 @@ func Next(from State, driver Driver, reason Reason) (State, error) {
 		Message: fmt.Sprintf("a %s session cannot be stopped for %s by %s", from, reason, driver)}
 }
 
-// Event types written to the outbox. The public ones are webhooks (API.md); the others are
-// internal (placer, metering) and never delivered to callers.
+// Event types written to the outbox. The public ones are webhooks (WebhookEventType in
+// gateway/openapi.json); the others are internal (placer, metering) and never delivered to
+// callers.
 const (
 	EventPending         = "session.pending"
 	EventProvisioning    = "session.provisioning"
@@ -153,7 +154,7 @@ const (
 	EventQuotaExceeded   = "quota.exceeded"
 )
 
-// PublicEvents are the webhook event types of API.md.
+// PublicEvents are the webhook event types (WebhookEventType in gateway/openapi.json).
 func PublicEvents() []string {
 	return []string{EventPending, EventRunning, EventPaused, EventResumed, EventStopping,
 		EventStopped, EventFailed, EventExpired, EventIdleWarning, EventLifetimeWarning,

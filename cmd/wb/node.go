@@ -21,6 +21,7 @@ import (
 
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
+	"wb/internal/datadir"
 	"wb/internal/netguard"
 	"wb/node"
 	"wb/store"
@@ -38,7 +39,7 @@ type nodeFlags struct {
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
-	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` for templates, guests, snapshots and the node's journal")
+	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` of this instance alone (it is locked): templates, guests, snapshots, the runtime's state, the node's journal")
 	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
@@ -160,6 +161,13 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
+	// Before anything reads or writes the data dir: a second node on it would reap the first
+	// one's guests as orphans.
+	lock, err := datadir.Acquire(f.dataDir, "wb node")
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	rdb, closeRedis, err := openRedis(*redisURL, *redisCA)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"wb/gateway"
+	"wb/internal/datadir"
 	"wb/internal/netguard"
 	"wb/node"
 	nodeclient "wb/node/client"
@@ -86,6 +87,13 @@ Flags:
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
+	// Before anything reads or writes the data dir: a second instance on it would reap the
+	// first one's guests as orphans.
+	lock, err := datadir.Acquire(f.node.dataDir, "wb serve")
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	rdb, closeRedis, err := openRedis(f.redisURL, f.redisCA)

@@ -1,6 +1,3 @@
-// Package oci is the local guest back end: it drives gVisor's runsc (preferred) or runc through
-// github.com/containerd/go-runc. Each guest is one OCI container whose bundle (config.json,
-// console log, the guest's Spec) lives under Options.BundleRoot/<id>.
 package oci
 
 import (
@@ -37,10 +34,10 @@ type Options struct {
 	Runtime string
 	// RuntimePath is the runtime binary; default: looked up on PATH by Runtime's name.
 	RuntimePath string
-	// StateRoot is the runtime's --root (its state dir); one per driver instance.
-	// Default: /run/wb/oci/<runtime>.
-	StateRoot string
-	// BundleRoot holds one bundle dir per guest. Default: /var/lib/wb/bundles.
+	// StateRoot is the runtime's --root (its state dir) and BundleRoot holds one bundle dir
+	// per guest. Both are required and belong to one driver: a driver lists (and its node
+	// reaps) every guest it finds there. wb puts them in its data dir, which it locks.
+	StateRoot  string
 	BundleRoot string
 	// CgroupParent is the cgroup under which each guest gets <CgroupParent>/<id>. Default: /wb.
 	CgroupParent string
@@ -104,11 +101,8 @@ func New(o Options) (*Driver, error) {
 		}
 		bin = p
 	}
-	if o.StateRoot == "" {
-		o.StateRoot = filepath.Join("/run/wb/oci", name)
-	}
-	if o.BundleRoot == "" {
-		o.BundleRoot = "/var/lib/wb/bundles"
+	if o.StateRoot == "" || o.BundleRoot == "" {
+		return nil, errors.New("oci: Options.StateRoot and Options.BundleRoot are required: give each driver its own (wb uses <data dir>/oci-state and <data dir>/bundles), since a driver takes every guest it finds there for its own")
 	}
 	if o.CgroupParent == "" {
 		o.CgroupParent = "/wb"

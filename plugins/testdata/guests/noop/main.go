@@ -1,4 +1,3 @@
-// Command noop allows everything: the cheapest SDK plugin, for benchmarks.
 package main
 
 import "wb/plugins/sdk"

@@ -1,0 +1,2 @@
+// Command noop allows everything: the cheapest SDK plugin, for benchmarks.
+package main
