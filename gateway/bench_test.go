@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/internal/redistest"
 	"wb/plugins"
 	"wb/quota"
@@ -25,9 +27,13 @@ import (
 // benchServer is the gateway alone (default-allow admission, no placer) on a loopback port
 // over a local redis-server, with a project whose limits the load cannot reach.
 func benchServer(b *testing.B, opts ...func(*Config)) (url, key, project string) {
-	rdb := redistest.Server(b)
+	return benchServerOn(b, redistest.Server(b), opts...)
+}
+
+// benchServerOn is benchServer over rdb.
+func benchServerOn(b *testing.B, rdb redis.UniversalClient, opts ...func(*Config)) (url, key, project string) {
 	st := store.New(rdb)
-	cfg := Config{Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: webhooks.NewRegistry(rdb),
+	cfg := Config{Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: quota.NewAccounts(rdb), Webhooks: webhooks.NewRegistry(rdb),
 		Catalog: session.Catalog{{Name: "tpl_base", Digest: "sha256:aaaa"}}, Regions: []string{"local"},
 		Logger: nil, Metrics: NewMetrics(st)}
 	for _, o := range opts {
@@ -165,8 +171,9 @@ func BenchmarkCreateWithPlugin(b *testing.B) {
 		b.Fatal(err)
 	}
 	var host *plugins.Host
-	url, key, project := benchServer(b, func(c *Config) {
-		host, err = plugins.NewHost(context.Background(), c.Store.Redis(), plugins.Options{Timeout: 100 * time.Millisecond})
+	rdb := redistest.Server(b)
+	url, key, project := benchServerOn(b, rdb, func(c *Config) {
+		host, err = plugins.NewHost(context.Background(), rdb, plugins.Options{Timeout: 100 * time.Millisecond})
 		if err != nil {
 			b.Fatal(err)
 		}

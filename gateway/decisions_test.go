@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"wb/internal/redistest"
 	"wb/plugins"
 	"wb/policies"
 	"wb/session"
@@ -19,14 +22,15 @@ deny contains "tier 4 needs a plan" if {
 }
 `
 
-func withDecisionPoints(t *testing.T) envOpt {
+// withDecisionPoints gives the gateway policies and plugins kept in rdb, its store's Redis.
+func withDecisionPoints(t *testing.T, rdb redis.UniversalClient) envOpt {
 	return func(c *Config) {
 		ctx := context.Background()
-		pol, err := policies.New(ctx, c.Store.Redis(), policies.Options{})
+		pol, err := policies.New(ctx, rdb, policies.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		host, err := plugins.NewHost(ctx, c.Store.Redis(), plugins.Options{Timeout: time.Second})
+		host, err := plugins.NewHost(ctx, rdb, plugins.Options{Timeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,7 +46,8 @@ func (e *env) putPolicy(key, name, mode, src string) response {
 
 // A policy that denies tier 4 to end users without a plan, in each mode.
 func TestPolicyModes(t *testing.T) {
-	e := newEnv(t, withDecisionPoints(t))
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb))
 	for _, mode := range []string{"enforce", "warn", "dryrun"} {
 		t.Run(mode, func(t *testing.T) {
 			projID, key := e.newProject("modes-"+mode, nil)
@@ -92,7 +97,8 @@ func TestPolicyModes(t *testing.T) {
 }
 
 func TestPolicyUploadsAndPinning(t *testing.T) {
-	e := newEnv(t, withDecisionPoints(t))
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb))
 	cases := []struct {
 		name, src string
 		line      string
@@ -166,7 +172,8 @@ func TestChainPrecedence(t *testing.T) {
 // PatchableFields, never a reserved metadata key, and the patched request is validated again:
 // anything else is a 403 naming the field and the policy.
 func TestAdmissionPatchIsConfined(t *testing.T) {
-	e := newEnv(t, withDecisionPoints(t))
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb))
 	_, keyB := e.newProject("victim", nil)
 	e.putPolicy(keyB, "open", "enforce", "package wb.runtime\n\nallow_egress := true\n")
 	cases := []struct {

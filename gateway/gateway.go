@@ -40,6 +40,7 @@ type Guests interface {
 type Config struct {
 	Store    *store.Store
 	Limiter  *quota.RateLimiter
+	Accounts *quota.Accounts  // spend caps, spend and usage reports
 	Admitter session.Admitter // nil: Chain of Policies and Plugins (allow all without them)
 	Policies *policies.Engine // Rego: admission, and the policy routes (nil: none)
 	Plugins  *plugins.Host    // tenant Wasm: admission, and the plugin routes (nil: none)
@@ -88,8 +89,8 @@ type Server struct {
 
 // New returns a Server. Call Close to stop its background work.
 func New(cfg Config) (*Server, error) {
-	if cfg.Store == nil || cfg.Limiter == nil || cfg.Webhooks == nil {
-		return nil, errors.New("gateway: Store, Limiter and Webhooks are required")
+	if cfg.Store == nil || cfg.Limiter == nil || cfg.Accounts == nil || cfg.Webhooks == nil {
+		return nil, errors.New("gateway: Store, Limiter, Accounts and Webhooks are required")
 	}
 	if len(cfg.Catalog) == 0 || len(cfg.Regions) == 0 {
 		return nil, errors.New("gateway: Catalog and Regions must not be empty")

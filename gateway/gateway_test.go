@@ -57,7 +57,7 @@ func newEnvOn(t *testing.T, rdb redis.UniversalClient, opts ...envOpt) *env {
 	done := make(chan struct{})
 	go func() { _ = pl.Run(ctx); close(done) }()
 	cfg := Config{
-		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: true}), Guests: node,
+		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: quota.NewAccounts(rdb), Webhooks: webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: true}), Guests: node,
 		Catalog: session.Catalog{
 			{Name: "tpl_base", Digest: "sha256:aaaa", Runtimes: []session.Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}},
 			{Name: "tpl_dev_polyglot", Digest: "sha256:bbbb", Runtimes: []session.Runtime{{Name: "python3", Argv: []string{"python3", "-c"}}}},

@@ -46,7 +46,7 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 	}
 	// A crossed hard spend cap stops admissions in its scope (quota.Enforcer keeps the flag).
 	now0 := s.Now()
-	scope, softCapped, err := quota.CapState(ctx, s.Store.Redis(), p.ID, req.EndUserID, now0)
+	scope, softCapped, err := s.Accounts.CapState(ctx, p.ID, req.EndUserID, now0)
 	if err != nil {
 		return nil, nil, err
 	}

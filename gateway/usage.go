@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"wb/quota"
 	"wb/store"
 )
 
@@ -20,11 +19,11 @@ type limitsBody struct {
 }
 
 func (s *Server) limits(r *http.Request, p store.Project) (limitsBody, error) {
-	l, err := quota.GetLimits(r.Context(), s.Store.Redis(), p.ID)
+	l, err := s.Accounts.Limits(r.Context(), p.ID)
 	if err != nil {
 		return limitsBody{}, err
 	}
-	spend, err := quota.Spend(r.Context(), s.Store.Redis(), p.ID, "", s.Now())
+	spend, err := s.Accounts.Spend(r.Context(), p.ID, "", s.Now())
 	if err != nil {
 		return limitsBody{}, err
 	}
@@ -59,7 +58,7 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 		return err
 	}
 	ctx := r.Context()
-	cur, err := quota.GetLimits(ctx, s.Store.Redis(), p.ID)
+	cur, err := s.Accounts.Limits(ctx, p.ID)
 	if err != nil {
 		return err
 	}
@@ -81,15 +80,15 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 		}
 		s.forgetProjects()
 	}
-	if err := quota.SetLimits(ctx, s.Store.Redis(), p.ID, cur); err != nil {
+	if err := s.Accounts.SetLimits(ctx, p.ID, cur); err != nil {
 		return err
 	}
-	spend, err := quota.Spend(ctx, s.Store.Redis(), p.ID, "", s.Now())
+	spend, err := s.Accounts.Spend(ctx, p.ID, "", s.Now())
 	if err != nil {
 		return err
 	}
 	if cur.MonthlySpendCapMicroUSD == 0 || cur.MonthlySpendCapMicroUSD > spend {
-		if err := quota.Uncap(ctx, s.Store.Redis(), p.ID, s.Now()); err != nil {
+		if err := s.Accounts.Uncap(ctx, p.ID, s.Now()); err != nil {
 			return err
 		}
 	}
@@ -124,7 +123,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request, p store.Project) 
 	if groupBy == "" {
 		groupBy = "session"
 	}
-	rep, err := quota.BuildReport(r.Context(), s.Store.Redis(), p.ID, from, to, groupBy)
+	rep, err := s.Accounts.Report(r.Context(), p.ID, from, to, groupBy)
 	if err != nil {
 		return err
 	}

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"wb/quota"
 	"wb/session"
 )
@@ -32,7 +30,7 @@ func TestLimitsAndSpendCap(t *testing.T) {
 	now := time.Now()
 	rec := quota.Record{SessionID: "sess_x", ProjectID: e.projA, Tier: 2, SizeClass: "s", Seq: 1,
 		FromMs: now.Add(-time.Minute).UnixMilli(), ToMs: now.UnixMilli(), State: session.Running, SessionMs: 60_000}
-	if err := e.rdb.XAdd(ctx, &redis.XAddArgs{Stream: quota.UsageStream(e.projA), Values: rec.Values()}).Err(); err != nil {
+	if err := e.st.AppendUsage(ctx, e.projA, rec.Values()); err != nil {
 		t.Fatal(err)
 	}
 	var fired []quota.CapEvent

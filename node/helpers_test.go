@@ -439,16 +439,12 @@ func reasonOf(s *session.Session) string {
 // events answers the outbox entries of one session, in stream order.
 func events(t testing.TB, st *store.Store, project, id string) []store.Event {
 	t.Helper()
-	msgs, err := st.Redis().XRange(ctxT(t, 10*time.Second), store.Outbox(project), "-", "+").Result()
+	all, err := st.OutboxEvents(ctxT(t, 10*time.Second), project)
 	if err != nil {
-		t.Fatalf("read outbox: %v", err)
+		t.Fatal(err)
 	}
 	var out []store.Event
-	for _, m := range msgs {
-		ev, err := store.DecodeEvent(m.ID, m.Values)
-		if err != nil {
-			t.Fatalf("outbox: %v", err)
-		}
+	for _, ev := range all {
 		if ev.SessionID == id {
 			out = append(out, ev)
 		}

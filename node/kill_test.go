@@ -160,7 +160,7 @@ func TestNodeKilled(t *testing.T) {
 	checkSlots(t, st, project)
 	// Billing stops at the last usage event received: what was settled by the failure is all
 	// there is, however long the orphaned guest lingers.
-	settler := quota.NewSettler(st.Redis(), quota.SettlerOptions{Consumer: "test"})
+	settler := quota.NewSettler(redisClient(t, rp.Addr()), quota.SettlerOptions{Consumer: "test"})
 	settle := func() int64 {
 		for i := 0; i < 5; i++ {
 			if _, err := settler.SettleProject(ctxT(t, 10*time.Second), project); err != nil {

@@ -7,10 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"wb/hypervisor"
-	"wb/quota"
 	"wb/session"
 	"wb/store"
 )
@@ -300,7 +297,7 @@ func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
 	case "warning":
 		return n.Store.MarkWarning(rctx, project, id, p.Event, p.At)
 	case "usage":
-		return n.Store.Redis().XAdd(rctx, &redis.XAddArgs{Stream: quota.UsageStream(project), Values: p.Usage.Values()}).Err()
+		return n.Store.AppendUsage(rctx, project, p.Usage.Values())
 	}
 	return nil
 }

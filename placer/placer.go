@@ -78,9 +78,8 @@ func (p *Placer) Kick(project string) {
 // Run places on kicks (in-process and over Redis Pub/Sub) and sweeps periodically, until
 // ctx ends.
 func (p *Placer) Run(ctx context.Context) error {
-	sub := p.Store.Redis().Subscribe(ctx, store.PlacerKickChannel)
-	defer sub.Close()
-	remote := sub.Channel()
+	remote, stop := p.Store.PlacerKicks(ctx)
+	defer stop()
 	tick := time.NewTicker(p.SweepEvery)
 	defer tick.Stop()
 	defer p.wg.Wait()
@@ -90,10 +89,12 @@ func (p *Placer) Run(ctx context.Context) error {
 			return nil
 		case project := <-p.kicks:
 			p.PlaceProject(ctx, project)
-		case msg, ok := <-remote:
-			if ok {
-				p.PlaceProject(ctx, msg.Payload)
+		case project, ok := <-remote:
+			if !ok {
+				remote = nil // the subscription ended; sweeps go on
+				continue
 			}
+			p.PlaceProject(ctx, project)
 		case <-tick.C:
 			p.Sweep(ctx)
 		}

@@ -2,7 +2,8 @@
 // (ABI.md), the compile cache, bounded instance pools, memory and time limits. plugins/sdk is
 // for authors; plugins/examples has three real plugins.
 //
-// A Host keeps the project's plugins in Redis (every key under wb:{PROJECT}:plugin:…):
+// A Host keeps the project's plugins in Redis (every key under wb:{PROJECT}:plugin:…, laid out
+// in store/keys.go):
 //
 //	wb:{P}:plugin:meta          hash NAME → Plugin JSON (config included)
 //	wb:{P}:plugin:wasm:HEX      the module, by sha256 digest (shared by names with one digest)

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/session"
+	"wb/store"
 )
 
 // Plugin is one uploaded plugin of a project.
@@ -66,17 +67,20 @@ const (
 	maxOrder       = 1_000_000
 )
 
-// Redis keys of one project's plugins (see doc.go).
-type keys struct{ p string }
-
-func projectKeys(project string) keys { return keys{"wb:{" + project + "}:plugin:"} }
-
-func (k keys) meta() string   { return k.p + "meta" }
-func (k keys) limits() string { return k.p + "limits" }
-func (k keys) ver() string    { return k.p + "ver" }
-func (k keys) wasm(digest string) string {
-	return k.p + "wasm:" + strings.TrimPrefix(digest, "sha256:")
+// keys are the Redis keys of one project's plugins, as store/keys.go lays them out.
+type keys struct {
+	project string
+	pk      store.PluginKeys
 }
+
+func projectKeys(project string) keys {
+	return keys{project: project, pk: store.ProjectKeys(project).Plugins()}
+}
+
+func (k keys) meta() string              { return k.pk.Meta() }
+func (k keys) limits() string            { return k.pk.Limits() }
+func (k keys) ver() string               { return k.pk.Version() }
+func (k keys) wasm(digest string) string { return k.pk.Wasm(digest) }
 
 func checkProject(project string) error {
 	if project == "" || len(project) > session.MaxIDLen || strings.ContainsAny(project, "{}") {
@@ -346,7 +350,7 @@ func (h *Host) decodeAll(project string, raw map[string]string) map[string]Plugi
 // that the module blobs are deleted only when no plugin refers to them any more, and bumps the
 // version.
 func (h *Host) update(ctx context.Context, k keys, change func(all map[string]Plugin, pipe redis.Pipeliner)) error {
-	project := strings.TrimSuffix(strings.TrimPrefix(k.p, "wb:{"), "}:plugin:")
+	project := k.project
 	for range 10 {
 		err := h.rdb.Watch(ctx, func(tx *redis.Tx) error {
 			raw, err := tx.HGetAll(ctx, k.meta()).Result()

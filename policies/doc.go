@@ -76,7 +76,7 @@
 // # Storage and evaluation
 //
 // Versions are immutable, numbered 1, 2, 3… per (project, name) and kept in Redis under the
-// project's hash tag: wb:{P}:pol:latest (name → latest N), wb:{P}:pol:v:NAME (N → source and
+// project's hash tag (store/keys.go lays the keys out): wb:{P}:pol:latest (name → latest N), wb:{P}:pol:v:NAME (N → source and
 // metadata). Each revision is compiled and prepared once and cached by (project, id).
 // Admission and spend use each policy's latest version: a decision takes one immutable
 // snapshot of the project's set, so a concurrent upload never mixes revisions inside a

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"wb/store"
 )
 
 // Mode says what a policy's verdicts do.
@@ -94,12 +96,14 @@ func ParseID(id string) (name string, version int, err error) {
 	return name, version, nil
 }
 
-// Redis keys of a project's policies and decision log, hash-tagged like store's.
-func latestKey(project string) string         { return "wb:{" + project + "}:pol:latest" }
-func versionsKey(project, name string) string { return "wb:{" + project + "}:pol:v:" + name }
+// Redis keys of a project's policies and decision log (store/keys.go lays them out).
+func latestKey(project string) string { return store.ProjectKeys(project).Policies().Latest() }
+func versionsKey(project, name string) string {
+	return store.ProjectKeys(project).Policies().Versions(name)
+}
 
 // DecisionsKey is the project's decision-log stream.
-func DecisionsKey(project string) string { return "wb:{" + project + "}:decisions" }
+func DecisionsKey(project string) string { return store.ProjectKeys(project).Policies().Decisions() }
 
 // putScript allocates the next version of a policy and stores it, atomically: KEYS[1] is
 // the latest hash (name → N), KEYS[2] the versions hash (N → record).

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/session"
+	"wb/store"
 )
 
 // Limits are a project's spend caps and concurrency (PUT /v1/limits). A cap of 0 is none.
@@ -23,32 +24,22 @@ type Limits struct {
 // SoftCapPercent is where a cap warns before it stops anything.
 const SoftCapPercent = 80
 
-func limitsKey(p string) string { return "wb:{" + p + "}:limits" }
-
 // capFlag marks a cap reached this month; admissions in its scope answer 402 while it is set.
 func capFlag(p, endUser, level, month string) string {
 	if endUser == "" {
-		return "wb:{" + p + "}:capped:" + level + ":" + month
+		return store.ProjectKeys(p).CapFlag(level, month)
 	}
-	return "wb:{" + p + "}:capped:" + level + ":eu:" + endUser + ":" + month
+	return store.ProjectKeys(p).EndUserCapFlag(endUser, level, month)
 }
 
-// GetLimits reads a project's caps (concurrency is the store's and is filled in by callers).
-func GetLimits(ctx context.Context, rdb redis.UniversalClient, project string) (Limits, error) {
-	m, err := rdb.HGetAll(ctx, limitsKey(project)).Result()
+// getLimits reads a project's caps.
+func getLimits(ctx context.Context, rdb redis.UniversalClient, project string) (Limits, error) {
+	m, err := rdb.HGetAll(ctx, store.ProjectKeys(project).Limits()).Result()
 	if err != nil {
 		return Limits{}, fmt.Errorf("limits: %w", err)
 	}
 	n := func(k string) int64 { v, _ := strconv.ParseInt(m[k], 10, 64); return v }
 	return Limits{MonthlySpendCapMicroUSD: n("cap"), EndUserMonthlySpendCapMicroUSD: n("eu_cap")}, nil
-}
-
-// SetLimits writes a project's caps after checking them.
-func SetLimits(ctx context.Context, rdb redis.UniversalClient, project string, l Limits) error {
-	if err := l.Validate(); err != nil {
-		return err
-	}
-	return rdb.HSet(ctx, limitsKey(project), "cap", l.MonthlySpendCapMicroUSD, "eu_cap", l.EndUserMonthlySpendCapMicroUSD).Err()
 }
 
 // Validate checks the caps' ranges.
@@ -105,7 +96,7 @@ func (c *Caps) limits(ctx context.Context, project string) (Limits, error) {
 	if ok && time.Since(e.at) < time.Second {
 		return e.l, nil
 	}
-	l, err := GetLimits(ctx, c.rdb, project)
+	l, err := getLimits(ctx, c.rdb, project)
 	if err != nil {
 		return l, err
 	}
@@ -154,37 +145,4 @@ func (c *Caps) check(ctx context.Context, ev CapEvent) {
 		}
 		return // the hard cap implies the soft one
 	}
-}
-
-// Uncap lifts a hard cap's admission stop (after the cap was raised).
-func Uncap(ctx context.Context, rdb redis.UniversalClient, project string, now time.Time) error {
-	return rdb.Del(ctx, capFlag(project, "", "hard", monthOf(now)), capFlag(project, "", "soft", monthOf(now))).Err()
-}
-
-// CapState answers, in one round trip, which hard cap stops admissions for the project (and
-// end user) this month ("project", "end_user" or "") and whether a soft cap was passed.
-func CapState(ctx context.Context, rdb redis.UniversalClient, project, endUser string, now time.Time) (string, bool, error) {
-	month := monthOf(now)
-	keys := []string{capFlag(project, "", "hard", month), capFlag(project, "", "soft", month)}
-	if endUser != "" {
-		keys = append(keys, capFlag(project, endUser, "hard", month), capFlag(project, endUser, "soft", month))
-	}
-	cmds := make([]*redis.IntCmd, len(keys))
-	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			cmds[i] = p.Exists(ctx, k)
-		}
-		return nil
-	}); err != nil {
-		return "", false, fmt.Errorf("spend caps: %w", err)
-	}
-	set := func(i int) bool { return i < len(cmds) && cmds[i].Val() > 0 }
-	scope := ""
-	switch {
-	case set(0):
-		scope = "project"
-	case set(2):
-		scope = "end_user"
-	}
-	return scope, set(1) || set(3), nil
 }

@@ -25,8 +25,10 @@ type SpendDecision struct {
 // scope (stopping → stopped, reason spend_cap, driver metering), fires quota.exceeded once,
 // and leaves the admission stop in place unless the decision lifts it.
 type Enforcer struct {
-	Store   *store.Store
-	Stopper Stopper
+	Store *store.Store
+	// Accounts lifts the admission stop when the decision lets admissions go on.
+	Accounts *Accounts
+	Stopper  Stopper
 	// Decide is the spend decision point (Rego and plugins); nil means the default: a hard cap
 	// stops the sessions in scope and denies admissions; a soft cap only warns.
 	Decide func(ctx context.Context, ev CapEvent) (SpendDecision, error)
@@ -48,7 +50,11 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 		}
 	}
 	if ev.Level == "hard" && !d.DenyAdmission {
-		_ = e.Store.Redis().Del(ctx, capFlag(ev.Project, ev.EndUser, "hard", ev.Month)).Err()
+		if e.Accounts == nil {
+			log.Error("spend decision lets admissions go on, but the enforcer has no Accounts to lift the stop with", "project", ev.Project)
+		} else if err := e.Accounts.liftStop(ctx, ev); err != nil {
+			log.Error("spend decision: lift the admission stop", "project", ev.Project, "end_user", ev.EndUser, "err", err)
+		}
 	}
 	if ev.Level == "hard" {
 		obj := map[string]any{"object": "quota", "project_id": ev.Project, "scope": ev.Scope, "level": ev.Level,

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"wb/store"
 )
 
 // tokenBucket refills rate tokens per second up to burst, and takes one if it can.
@@ -45,7 +47,7 @@ func (l *RateLimiter) Allow(ctx context.Context, project string, rate, burst int
 	if rate <= 0 {
 		return false, time.Second, nil
 	}
-	res, err := tokenBucket.Run(ctx, l.rdb, []string{"wb:{" + project + "}:rl"}, rate, max(burst, 1), l.now().UnixMilli()).Int64Slice()
+	res, err := tokenBucket.Run(ctx, l.rdb, []string{store.ProjectKeys(project).RateBucket()}, rate, max(burst, 1), l.now().UnixMilli()).Int64Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("rate limit %s: %w", project, err)
 	}

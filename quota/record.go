@@ -7,9 +7,6 @@ import (
 	"wb/session"
 )
 
-// UsageStream is the project's stream of usage records, written by nodes.
-func UsageStream(project string) string { return "wb:{" + project + "}:usage" }
-
 // Record is one interval of one session's usage, measured on its node. Seq increases by one
 // per record of a session, which is what makes settling idempotent.
 type Record struct {

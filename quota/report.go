@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/session"
+	"wb/store"
 )
 
 // UsageLine is settled usage of one session, one end user, or the whole project.
@@ -39,8 +40,8 @@ type Report struct {
 // MaxReportHours bounds one report's range.
 const MaxReportHours = 24 * 93
 
-// BuildReport sums the hourly buckets of [from, to) (whole hours, UTC) by session or end user.
-func BuildReport(ctx context.Context, rdb redis.UniversalClient, project string, from, to time.Time, groupBy string) (Report, error) {
+// Report sums the hourly buckets of [from, to) (whole hours, UTC) by session or end user.
+func (a *Accounts) Report(ctx context.Context, project string, from, to time.Time, groupBy string) (Report, error) {
 	if groupBy != "session" && groupBy != "end_user" {
 		return Report{}, &session.FieldError{Field: "group_by", Message: fmt.Sprintf("must be session or end_user, got %q", groupBy)}
 	}
@@ -52,9 +53,9 @@ func BuildReport(ctx context.Context, rdb redis.UniversalClient, project string,
 		return Report{}, &session.FieldError{Field: "to", Message: fmt.Sprintf("a report spans at most %d days", MaxReportHours/24)}
 	}
 	var cmds []*redis.MapStringStringCmd
-	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := a.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for h := from; h.Before(to); h = h.Add(time.Hour) {
-			cmds = append(cmds, p.HGetAll(ctx, hourKey(project, h)))
+			cmds = append(cmds, p.HGetAll(ctx, store.ProjectKeys(project).UsageHour(h)))
 		}
 		return nil
 	})

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,11 +17,11 @@ import (
 // settleScript applies a run of one session's consecutive usage records (seqs min..max, all
 // in one hour) once: a run wholly at or below the session's last settled seq is a replay and
 // changes nothing; a run that straddles it answers -1 and the caller settles its records one
-// by one. It adds the run's sums to the session's usage_to_date and cost, to the project's
-// and end user's spend counters (hour, day, month) and to the hourly report bucket, and
-// answers {applied, project month total, end-user month total} in nano-USD.
+// by one. It adds the run's sums to the project's and end user's spend counters (hour, day,
+// month) and to the hourly report bucket, and answers {applied, project month total, end-user
+// month total} in nano-USD. (The session's own usage to date is the store's: AddSessionUsage.)
 //
-// KEYS: seq hash, session hash, spend hash, hour bucket
+// KEYS: seq hash, spend hash, hour bucket
 // ARGV: session, min seq, end user, session_ms, paused_ms, cpu_ms, mem_gib_ms, egress,
 // cost nano, hour, day, month, max seq
 var settleScript = redis.NewScript(`
@@ -33,37 +32,26 @@ if tonumber(ARGV[2]) <= last then return {-1, 0, 0} end
 redis.call('HSET', KEYS[1], sid, ARGV[13])
 local names = {'session_ms', 'paused_ms', 'cpu_ms', 'mem_gib_ms', 'egress_bytes', 'cost_nano'}
 local vals = {ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  local fields = {'u_ms', 'u_paused_ms', 'u_cpu', 'u_mem', 'u_egress', 'cost_nano'}
-  for i = 1, 6 do redis.call('HINCRBY', KEYS[2], fields[i], vals[i]) end
-end
 local cost = ARGV[9]
-local m = redis.call('HINCRBY', KEYS[3], 'm:' .. ARGV[12], cost)
-redis.call('HINCRBY', KEYS[3], 'd:' .. ARGV[11], cost)
-redis.call('HINCRBY', KEYS[3], 'h:' .. ARGV[10], cost)
+local m = redis.call('HINCRBY', KEYS[2], 'm:' .. ARGV[12], cost)
+redis.call('HINCRBY', KEYS[2], 'd:' .. ARGV[11], cost)
+redis.call('HINCRBY', KEYS[2], 'h:' .. ARGV[10], cost)
 local em = 0
 if eu ~= '' then
-  em = redis.call('HINCRBY', KEYS[3], 'eu:' .. eu .. ':m:' .. ARGV[12], cost)
-  redis.call('HINCRBY', KEYS[3], 'eu:' .. eu .. ':d:' .. ARGV[11], cost)
-  redis.call('HINCRBY', KEYS[3], 'eu:' .. eu .. ':h:' .. ARGV[10], cost)
+  em = redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':m:' .. ARGV[12], cost)
+  redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':d:' .. ARGV[11], cost)
+  redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':h:' .. ARGV[10], cost)
 end
 for i = 1, 6 do
-  redis.call('HINCRBY', KEYS[4], 's:' .. sid .. ':' .. names[i], vals[i])
-  redis.call('HINCRBY', KEYS[4], 'e:' .. eu .. ':' .. names[i], vals[i])
-  redis.call('HINCRBY', KEYS[4], 't:' .. names[i], vals[i])
+  redis.call('HINCRBY', KEYS[3], 's:' .. sid .. ':' .. names[i], vals[i])
+  redis.call('HINCRBY', KEYS[3], 'e:' .. eu .. ':' .. names[i], vals[i])
+  redis.call('HINCRBY', KEYS[3], 't:' .. names[i], vals[i])
 end
-redis.call('EXPIRE', KEYS[4], 34560000)
+redis.call('EXPIRE', KEYS[3], 34560000)
 return {1, m, em}
 `)
 
-// Keys of a project's settled usage.
-func seqKey(p string) string   { return "wb:{" + p + "}:usage:seq" }
-func spendKey(p string) string { return "wb:{" + p + "}:spend" }
-func hourKey(p string, t time.Time) string {
-	return "wb:{" + p + "}:usage:h:" + t.UTC().Format("2006010215")
-}
-func sessionKey(p, id string) string { return "wb:{" + p + "}:s:" + id }
-func monthOf(t time.Time) string     { return t.UTC().Format("200601") }
+func monthOf(t time.Time) string { return t.UTC().Format("200601") }
 
 // settlerGroup is the consumer group of settlers on every usage stream.
 const settlerGroup = "settler"
@@ -71,6 +59,7 @@ const settlerGroup = "settler"
 // Settler consumes usage records and settles them exactly once.
 type Settler struct {
 	rdb         redis.UniversalClient
+	store       *store.Store
 	prices      Prices
 	caps        *Caps // nil: no spend caps
 	consumer    string
@@ -113,7 +102,7 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 	if o.Prices.SessionPerSecond == nil {
 		o.Prices = DefaultPrices()
 	}
-	return &Settler{rdb: rdb, prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger, poll: o.Poll, batch: int64(o.Batch), accrueEvery: o.AccrueEvery}
+	return &Settler{rdb: rdb, store: store.New(rdb), prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger, poll: o.Poll, batch: int64(o.Batch), accrueEvery: o.AccrueEvery}
 }
 
 // Run settles every project's records until ctx ends.
@@ -157,7 +146,7 @@ func (s *Settler) Run(ctx context.Context) error {
 }
 
 func (s *Settler) ensureGroup(ctx context.Context, project string) error {
-	err := s.rdb.XGroupCreateMkStream(ctx, UsageStream(project), settlerGroup, "0").Err()
+	err := s.rdb.XGroupCreateMkStream(ctx, store.ProjectKeys(project).UsageStream(), settlerGroup, "0").Err()
 	if err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
 		return err
 	}
@@ -171,7 +160,7 @@ func (s *Settler) SettleProject(ctx context.Context, project string) (int, error
 	if err := s.ensureGroup(ctx, project); err != nil {
 		return 0, err
 	}
-	stream := UsageStream(project)
+	stream := store.ProjectKeys(project).UsageStream()
 	total := 0
 	for _, start := range []string{"0", ">"} {
 		res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: s.consumer,
@@ -250,18 +239,19 @@ func (s *Settler) settle(ctx context.Context, project string, msgs []redis.XMess
 	for i, m := range msgs {
 		ids[i] = m.ID
 	}
-	if err := s.rdb.XAck(ctx, UsageStream(project), settlerGroup, ids...).Err(); err != nil {
+	if err := s.rdb.XAck(ctx, store.ProjectKeys(project).UsageStream(), settlerGroup, ids...).Err(); err != nil {
 		return 0, fmt.Errorf("settle ack: %w", err)
 	}
 	return len(msgs), nil
 }
 
 func (s *Settler) apply(ctx context.Context, project string, runs []*run) error {
+	k := store.ProjectKeys(project)
 	cmds := make([]*redis.Cmd, len(runs))
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range runs {
 			at := time.UnixMilli(r.last.ToMs).UTC()
-			cmds[i] = settleScript.EvalSha(ctx, p, []string{seqKey(project), sessionKey(project, r.first.SessionID), spendKey(project), hourKey(project, at)},
+			cmds[i] = settleScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.Spend(), k.UsageHour(at)},
 				r.first.SessionID, r.first.Seq, r.first.EndUserID, r.sum.SessionMs, r.sum.PausedMs, r.sum.CPUMs, r.sum.MemGiBMs,
 				r.sum.EgressBytes, r.costNano, at.Format("2006010215"), at.Format("20060102"), monthOf(at), r.last.Seq)
 		}
@@ -278,7 +268,7 @@ func (s *Settler) apply(ctx context.Context, project string, runs []*run) error 
 	if err != nil {
 		return fmt.Errorf("settle: %w", err)
 	}
-	var split []*run
+	var split, settled []*run
 	for i, r := range runs {
 		res, err := cmds[i].Int64Slice()
 		if err != nil {
@@ -286,12 +276,17 @@ func (s *Settler) apply(ctx context.Context, project string, runs []*run) error 
 		}
 		switch {
 		case res[0] == -1: // straddles what a previous, interrupted settler applied
-			for _, rec := range r.records {
-				split = append(split, &run{first: rec, last: rec, sum: rec, costNano: s.prices.Cost(rec), records: []Record{rec}})
-			}
+			split = append(split, r.split(s.prices)...)
+			continue
 		case res[0] == 1 && s.caps != nil:
 			s.caps.observe(ctx, r.last, res[1], res[2])
 		}
+		// Applied now or before: the session's usage to date may still lack it (a crash
+		// between the two), and the store adds each run once.
+		settled = append(settled, r)
+	}
+	if err := s.addToSessions(ctx, project, settled); err != nil {
+		return err
 	}
 	if len(split) > 0 {
 		return s.apply(ctx, project, split)
@@ -299,21 +294,36 @@ func (s *Settler) apply(ctx context.Context, project string, runs []*run) error 
 	return nil
 }
 
-func isNoScript(err error) bool { return err != nil && strings.Contains(err.Error(), "NOSCRIPT") }
-
-// Spend answers a project's (or, with endUser, an end user's) spend this month in micro-USD.
-func Spend(ctx context.Context, rdb redis.UniversalClient, project, endUser string, at time.Time) (int64, error) {
-	field := "m:" + monthOf(at)
-	if endUser != "" {
-		field = "eu:" + endUser + ":" + field
+// split is the run as runs of one record each.
+func (r *run) split(prices Prices) []*run {
+	out := make([]*run, len(r.records))
+	for i, rec := range r.records {
+		out[i] = &run{first: rec, last: rec, sum: rec, costNano: prices.Cost(rec), records: []Record{rec}}
 	}
-	v, err := rdb.HGet(ctx, spendKey(project), field).Result()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	n, _ := strconv.ParseInt(v, 10, 64)
-	return n / 1000, nil
+	return out
 }
+
+// addToSessions adds settled runs to their sessions' usage to date; a run that an earlier,
+// interrupted settler added in part is added again record by record.
+func (s *Settler) addToSessions(ctx context.Context, project string, runs []*run) error {
+	adds := make([]store.SessionUsage, len(runs))
+	for i, r := range runs {
+		adds[i] = store.SessionUsage{ID: r.first.SessionID, FromSeq: r.first.Seq, ToSeq: r.last.Seq,
+			SessionMs: r.sum.SessionMs, PausedMs: r.sum.PausedMs, CPUMs: r.sum.CPUMs, MemGiBMs: r.sum.MemGiBMs,
+			EgressBytes: r.sum.EgressBytes, CostNano: r.costNano}
+	}
+	straddled, err := s.store.AddSessionUsage(ctx, project, adds)
+	if err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	var split []*run
+	for _, i := range straddled {
+		split = append(split, runs[i].split(s.prices)...)
+	}
+	if len(split) > 0 {
+		return s.addToSessions(ctx, project, split)
+	}
+	return nil
+}
+
+func isNoScript(err error) bool { return err != nil && strings.Contains(err.Error(), "NOSCRIPT") }

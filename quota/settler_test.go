@@ -35,7 +35,7 @@ func appendAll(t testing.TB, rdb redis.UniversalClient, rs []Record) {
 	ctx := context.Background()
 	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, r := range rs {
-			p.XAdd(ctx, &redis.XAddArgs{Stream: UsageStream(r.ProjectID), Values: r.Values()})
+			p.XAdd(ctx, &redis.XAddArgs{Stream: store.ProjectKeys(r.ProjectID).UsageStream(), Values: r.Values()})
 		}
 		return nil
 	})
@@ -46,11 +46,11 @@ func appendAll(t testing.TB, rdb redis.UniversalClient, rs []Record) {
 
 func counters(t *testing.T, rdb redis.UniversalClient, project string) map[string]string {
 	t.Helper()
-	m, err := rdb.HGetAll(context.Background(), spendKey(project)).Result()
+	m, err := rdb.HGetAll(context.Background(), store.ProjectKeys(project).Spend()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := rdb.HGetAll(context.Background(), hourKey(project, t0)).Result()
+	b, _ := rdb.HGetAll(context.Background(), store.ProjectKeys(project).UsageHour(t0)).Result()
 	for k, v := range b {
 		m["bucket:"+k] = v
 	}
@@ -104,7 +104,7 @@ func TestSettlerExactlyOnce(t *testing.T) {
 			if err := s.ensureGroup(ctx, "proj_a"); err != nil {
 				t.Fatal(err)
 			}
-			res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: "dead", Streams: []string{UsageStream("proj_a"), ">"}, Count: 60}).Result()
+			res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: "dead", Streams: []string{store.ProjectKeys("proj_a").UsageStream(), ">"}, Count: 60}).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,7 +114,7 @@ func TestSettlerExactlyOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Un-ack those 30 again, as if the crash came before the ack.
-			if err := rdb.Do(ctx, "XCLAIM", UsageStream("proj_a"), settlerGroup, "dead", 0, partial[0].ID, "FORCE").Err(); err != nil {
+			if err := rdb.Do(ctx, "XCLAIM", store.ProjectKeys("proj_a").UsageStream(), settlerGroup, "dead", 0, partial[0].ID, "FORCE").Err(); err != nil {
 				t.Fatal(err)
 			}
 			restarted := NewSettler(rdb, SettlerOptions{Consumer: "dead"}) // same consumer name: reads its own pending first
@@ -125,7 +125,7 @@ func TestSettlerExactlyOnce(t *testing.T) {
 			}
 			// And a second settler replays everything from the start (another group member's
 			// view after XAUTOCLAIM): nothing changes.
-			if err := rdb.XGroupDestroy(ctx, UsageStream("proj_a"), settlerGroup).Err(); err != nil {
+			if err := rdb.XGroupDestroy(ctx, store.ProjectKeys("proj_a").UsageStream(), settlerGroup).Err(); err != nil {
 				t.Fatal(err)
 			}
 			for i := 0; i < 20; i++ {
@@ -138,10 +138,10 @@ func TestSettlerExactlyOnce(t *testing.T) {
 				t.Fatalf("replayed counters differ from a clean run:\n%v\n%v", a, bb)
 			}
 			want := int64(3*40*(1000*28+1000*50_000/1_000_000)) / 1000 // running + egress
-			if got, _ := Spend(ctx, rdb, "proj_a", "", t0); got != want {
+			if got, _ := NewAccounts(rdb).Spend(ctx, "proj_a", "", t0); got != want {
 				t.Fatalf("spend %d micro-USD, want %d", got, want)
 			}
-			if pending, _ := rdb.XPending(ctx, UsageStream("proj_a"), settlerGroup).Result(); pending.Count != 0 {
+			if pending, _ := rdb.XPending(ctx, store.ProjectKeys("proj_a").UsageStream(), settlerGroup).Result(); pending.Count != 0 {
 				t.Fatalf("%d records left unacknowledged", pending.Count)
 			}
 		})
@@ -181,7 +181,7 @@ func TestSettlerUpdatesSessionAndReport(t *testing.T) {
 	if got.UsageToDate.SessionS != 5 || got.UsageToDate.CPUMs != 50 || got.UsageToDate.EgressBytes != 5000 {
 		t.Fatalf("usage_to_date %+v", got.UsageToDate)
 	}
-	rep, err := BuildReport(ctx, rdb, "proj_r", t0, t0.Add(time.Hour), "session")
+	rep, err := NewAccounts(rdb).Report(ctx, "proj_r", t0, t0.Add(time.Hour), "session")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestSettlerUpdatesSessionAndReport(t *testing.T) {
 	if want := (5*(1000*28+50) + pausedNano) / 1000; rep.Totals.CostMicro != want {
 		t.Fatalf("cost %d, want %d", rep.Totals.CostMicro, want)
 	}
-	byEU, _ := BuildReport(ctx, rdb, "proj_r", t0, t0.Add(time.Hour), "end_user")
+	byEU, _ := NewAccounts(rdb).Report(ctx, "proj_r", t0, t0.Add(time.Hour), "end_user")
 	if len(byEU.Data) != 1 || byEU.Data[0].EndUserID != eu {
 		t.Fatalf("by end user %+v", byEU)
 	}
@@ -200,7 +200,7 @@ func TestSettlerUpdatesSessionAndReport(t *testing.T) {
 		from, to time.Time
 		g        string
 	}{{t0, t0, "session"}, {t0, t0.Add(time.Hour), "tier"}, {t0, t0.Add(100 * 24 * time.Hour), "session"}} {
-		if _, err := BuildReport(ctx, rdb, "proj_r", bad.from, bad.to, bad.g); err == nil {
+		if _, err := NewAccounts(rdb).Report(ctx, "proj_r", bad.from, bad.to, bad.g); err == nil {
 			t.Errorf("report %v accepted", bad)
 		}
 	}
@@ -217,10 +217,10 @@ func TestCaps(t *testing.T) {
 		mu.Unlock()
 	}, nil)
 	// 28 micro-USD per record; project cap 1000 → soft at 800 (record 29), hard at 1000 (record 36).
-	if err := SetLimits(ctx, rdb, "proj_c", Limits{MonthlySpendCapMicroUSD: 1000, EndUserMonthlySpendCapMicroUSD: 100}); err != nil {
+	if err := NewAccounts(rdb).SetLimits(ctx, "proj_c", Limits{MonthlySpendCapMicroUSD: 1000, EndUserMonthlySpendCapMicroUSD: 100}); err != nil {
 		t.Fatal(err)
 	}
-	if err := SetLimits(ctx, rdb, "proj_c", Limits{MonthlySpendCapMicroUSD: -1}); err == nil {
+	if err := NewAccounts(rdb).SetLimits(ctx, "proj_c", Limits{MonthlySpendCapMicroUSD: -1}); err == nil {
 		t.Fatal("negative cap accepted")
 	}
 	appendAll(t, rdb, records("proj_c", []string{"sess_c"}, 50))
@@ -240,10 +240,10 @@ func TestCaps(t *testing.T) {
 	if got["project/hard"] != 1 || got["end_user/hard"] != 1 || got["project/soft"] > 1 || got["end_user/soft"] > 1 {
 		t.Fatalf("cap events %v", events)
 	}
-	if scope, soft, _ := CapState(ctx, rdb, "proj_c", "eu_0", t0); scope != "project" || !soft {
+	if scope, soft, _ := NewAccounts(rdb).CapState(ctx, "proj_c", "eu_0", t0); scope != "project" || !soft {
 		t.Fatalf("capped scope %q soft %v", scope, soft)
 	}
-	if scope, soft, _ := CapState(ctx, rdb, "proj_other", "", t0); scope != "" || soft {
+	if scope, soft, _ := NewAccounts(rdb).CapState(ctx, "proj_other", "", t0); scope != "" || soft {
 		t.Fatal("another project capped")
 	}
 }
@@ -294,7 +294,7 @@ func TestSnapshotStorage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := Spend(ctx, rdb, "proj_s", "", t0.Add(msPerMonth/2*time.Millisecond))
+	got, err := NewAccounts(rdb).Spend(ctx, "proj_s", "", t0.Add(msPerMonth/2*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

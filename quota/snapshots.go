@@ -30,8 +30,6 @@ redis.call('EXPIRE', KEYS[3], 34560000)
 return {1, m}
 `)
 
-func accrualKey(p string) string { return "wb:{" + p + "}:snapacc" }
-
 // SnapshotCost is the storage price of size bytes for ms, in nano-USD.
 func (p Prices) SnapshotCost(size, ms int64) int64 {
 	// size × ms × (micro-USD per GiB-month × 1000 nano) / (2^30 bytes × ms per month), in
@@ -52,7 +50,7 @@ func (s *Settler) AccrueSnapshots(ctx context.Context, now time.Time) error {
 	for _, p := range projects {
 		cursor := ""
 		for {
-			items, next, err := store.New(s.rdb).ListObjects(ctx, p, store.KindSnapshot, 100, cursor)
+			items, next, err := s.store.ListObjects(ctx, p, store.KindSnapshot, 100, cursor)
 			if err != nil {
 				return fmt.Errorf("accrue snapshots of %s: %w", p, err)
 			}
@@ -80,7 +78,8 @@ func (s *Settler) AccrueSnapshots(ctx context.Context, now time.Time) error {
 }
 
 func (s *Settler) accrue(ctx context.Context, project, id string, size int64, created, now time.Time) error {
-	last, err := s.rdb.HGet(ctx, accrualKey(project), id).Int64()
+	k := store.ProjectKeys(project)
+	last, err := s.rdb.HGet(ctx, k.SnapshotAccrual(), id).Int64()
 	if err != nil && err != redis.Nil {
 		return err
 	}
@@ -93,7 +92,7 @@ func (s *Settler) accrue(ctx context.Context, project, id string, size int64, cr
 	}
 	cost := s.prices.SnapshotCost(size, ms)
 	at := now.UTC()
-	res, err := accrueScript.Run(ctx, s.rdb, []string{accrualKey(project), spendKey(project), hourKey(project, at)},
+	res, err := accrueScript.Run(ctx, s.rdb, []string{k.SnapshotAccrual(), k.Spend(), k.UsageHour(at)},
 		id, last, now.UnixMilli(), cost, at.Format("2006010215"), at.Format("20060102"), monthOf(at)).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("accrue snapshot %s: %w", id, err)

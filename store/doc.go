@@ -2,7 +2,11 @@
 // that compare state and version, reserve or release concurrency slots, maintain the list
 // indexes and append the event to the project's outbox stream in one atomic step. Beside
 // them: projects, their hashed API keys and the operator's plans; idempotency records;
-// snapshots and runs (JSON objects); node and gateway registrations; placement locks. Every
-// project key carries the project as its hash tag, so each script touches one Redis Cluster
-// slot.
+// snapshots and runs (JSON objects); node and gateway registrations; placement locks.
+//
+// It owns the key space: keys.go names every Redis key and channel of the platform, what each
+// holds and who writes it, and other packages take their keys from it (ProjectKeys). Packages
+// that run their own commands on their keys (quota, policies, webhooks, plugins) get the
+// client from the wiring in cmd/wb; the client under a Store is not handed out. Every key of a
+// project carries the project as its hash tag, so each script touches one Redis Cluster slot.
 package store

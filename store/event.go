@@ -82,3 +82,21 @@ func DecodeEvent(streamID string, values map[string]any) (Event, error) {
 	}
 	return ev, nil
 }
+
+// OutboxEvents answers every entry still in the project's outbox, oldest first: for
+// inspecting a project (consumers read it through consumer groups instead).
+func (s *Store) OutboxEvents(ctx context.Context, project string) ([]Event, error) {
+	msgs, err := s.rdb.XRange(ctx, Outbox(project), "-", "+").Result()
+	if err != nil {
+		return nil, fmt.Errorf("read the outbox of %s: %w", project, err)
+	}
+	out := make([]Event, 0, len(msgs))
+	for _, m := range msgs {
+		ev, err := DecodeEvent(m.ID, m.Values)
+		if err != nil {
+			return nil, fmt.Errorf("read the outbox of %s: %w", project, err)
+		}
+		out = append(out, ev)
+	}
+	return out, nil
+}

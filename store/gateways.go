@@ -9,10 +9,6 @@ import (
 	"wb/session"
 )
 
-// GatewaysKey is the hash of gateway registrations (gateway id → JSON). Nodes read it to
-// refuse guests' egress to any gateway, including ones that have not called them yet.
-const GatewaysKey = "wb:gateways"
-
 // GatewayForgetAfter is how long a gateway that stopped heartbeating stays registered. Its
 // addresses stay denied that long; a gateway that crashed and comes back under a new id is
 // registered again at once.

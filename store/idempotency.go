@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,16 +28,11 @@ var ErrIdemMismatch = errors.New("Idempotency-Key was already used with a differ
 // ErrIdemInFlight: the first request with this key is still running.
 var ErrIdemInFlight = errors.New("a request with this Idempotency-Key is still in progress")
 
-func idemKey(project, key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return projectKeys(project).p + "idem:" + hex.EncodeToString(sum[:])
-}
-
 // IdemBegin claims key for a request whose fingerprint is fp. It answers the stored record
 // when the key has already been answered (same fp), ErrIdemMismatch for another fp,
 // ErrIdemInFlight while the first is running, or (nil, nil) when the caller now owns the key.
 func (s *Store) IdemBegin(ctx context.Context, project, key, fp string) (*IdemRecord, error) {
-	k := idemKey(project, key)
+	k := ProjectKeys(project).idempotency(key)
 	claim, _ := json.Marshal(IdemRecord{Fingerprint: fp})
 	ok, err := s.rdb.SetNX(ctx, k, claim, IdempotencyTTL).Result()
 	if err != nil {
@@ -72,7 +65,7 @@ func (s *Store) IdemBegin(ctx context.Context, project, key, fp string) (*IdemRe
 func (s *Store) IdemFinish(ctx context.Context, project, key string, rec IdemRecord) error {
 	rec.Done = true
 	b, _ := json.Marshal(rec)
-	if err := s.rdb.SetArgs(ctx, idemKey(project, key), b, redis.SetArgs{Mode: "XX", KeepTTL: true}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if err := s.rdb.SetArgs(ctx, ProjectKeys(project).idempotency(key), b, redis.SetArgs{Mode: "XX", KeepTTL: true}).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("idempotency: %w", err)
 	}
 	return nil
@@ -80,5 +73,5 @@ func (s *Store) IdemFinish(ctx context.Context, project, key string, rec IdemRec
 
 // IdemRelease forgets key, so that a request that failed retryably can be sent again.
 func (s *Store) IdemRelease(ctx context.Context, project, key string) error {
-	return s.rdb.Del(ctx, idemKey(project, key)).Err()
+	return s.rdb.Del(ctx, ProjectKeys(project).idempotency(key)).Err()
 }

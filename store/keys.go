@@ -1,21 +1,215 @@
 package store
 
-import "wb/session"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"time"
 
-// keys names every Redis key of one project. The {project} hash tag puts them in one slot.
-type keys struct{ p string }
+	"wb/session"
+)
 
-func projectKeys(project string) keys { return keys{"wb:{" + project + "}:"} }
+// This file lays out the whole Redis key space: every key and channel any package uses, what
+// it holds, its type and who writes it. No other package builds a key: they take them from
+// here. The names are fixed (stored data and Lua scripts depend on them; keys_test.go holds
+// every one).
+//
+// Every key of a project carries the project as hash tag, "wb:{PROJECT}:…", so each script and
+// transaction touches one Redis Cluster slot. The few global keys have no tag.
 
-func (k keys) session(id string) string        { return k.p + "s:" + id }
-func (k keys) all() string                     { return k.p + "all" }
-func (k keys) byState(s session.State) string  { return k.p + "st:" + string(s) }
-func (k keys) byEndUser(endUser string) string { return k.p + "eu:" + endUser }
-func (k keys) active() string                  { return k.p + "active" }
+// Global keys.
+const (
+	// ProjectsKey is a set of every project id; consumers of per-project streams walk it.
+	// Written by store (CreateProject, EnsureProject).
+	ProjectsKey = "wb:projects"
 
-// Outbox is the project's event stream: every transition appends to it in the same script.
-func Outbox(project string) string { return projectKeys(project).p + "outbox" }
+	// NodesKey is a hash of node registrations, node id → NodeInfo JSON. Written by store
+	// (Heartbeat, from every `wb node`; Forget).
+	NodesKey = "wb:nodes"
 
-// placing is the project's placement lock; placeAgain asks its holder for another round.
-func (k keys) placing() string    { return k.p + "placing" }
-func (k keys) placeAgain() string { return k.p + "placing:again" }
+	// GatewaysKey is a hash of gateway registrations, gateway id → GatewayInfo JSON. Nodes
+	// read it to refuse guests' egress to any gateway, including ones that have not called
+	// them yet. Written by store (GatewayHeartbeat).
+	GatewaysKey = "wb:gateways"
+
+	// PlacerKickChannel is a Pub/Sub channel on which a project with a new pending session is
+	// announced to every placer (payload: the project id). Read by store (PlacerKicks).
+	PlacerKickChannel = "wb:kick:placer"
+)
+
+// apiKeyKey is a string, the project id the API key belongs to, under the key's SHA-256 (the
+// key itself is never stored): "wb:apikey:HEX". Written by store (CreateProject, AddAPIKey).
+func apiKeyKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "wb:apikey:" + hex.EncodeToString(sum[:])
+}
+
+// ProjectKeyspace names every key of one project.
+type ProjectKeyspace struct{ p string } // "wb:{PROJECT}:"
+
+// ProjectKeys answers the keys of project.
+func ProjectKeys(project string) ProjectKeyspace { return ProjectKeyspace{"wb:{" + project + "}:"} }
+
+// Sessions, written only by store's scripts.
+
+// session is a hash: one session (doc JSON, state, ver, timers, node, …), and its usage to
+// date (u_ms, u_paused_ms, u_cpu, u_mem, u_egress, cost_nano, through u_seq) from
+// AddSessionUsage.
+func (k ProjectKeyspace) session(id string) string { return k.p + "s:" + id }
+
+// all is a sorted set (score 0, by id) of every session, for listing.
+func (k ProjectKeyspace) all() string { return k.p + "all" }
+
+// byState is a sorted set (score 0, by id) of the sessions in state s.
+func (k ProjectKeyspace) byState(s session.State) string { return k.p + "st:" + string(s) }
+
+// byEndUser is a sorted set (score 0, by id) of the end user's sessions.
+func (k ProjectKeyspace) byEndUser(endUser string) string { return k.p + "eu:" + endUser }
+
+// active is a set of the session ids holding a concurrency slot.
+func (k ProjectKeyspace) active() string { return k.p + "active" }
+
+// Outbox is a stream of the project's events: every transition appends to it in the same
+// script (store), and anything else that must reach webhooks appends through AppendEvent.
+// Read by webhooks' dispatcher (consumer group).
+func (k ProjectKeyspace) Outbox() string { return k.p + "outbox" }
+
+// Outbox is ProjectKeys(project).Outbox().
+func Outbox(project string) string { return ProjectKeys(project).Outbox() }
+
+// placing is a string, the token of the placer holding the project's placement lock (with a
+// lease); placeAgain is a string flag asking its holder for another round. Written by store
+// (LockPlacement).
+func (k ProjectKeyspace) placing() string    { return k.p + "placing" }
+func (k ProjectKeyspace) placeAgain() string { return k.p + "placing:again" }
+
+// project is a hash: the project's name and plan (granted and lowered limits). Written by
+// store.
+func (k ProjectKeyspace) project() string { return k.p + "project" }
+
+// objects is a hash, id → JSON, of the project's objects of one kind (snapshots, volumes,
+// runs, …); objIndex is a sorted set (score 0, by id) of the same ids, for listing. Written
+// by store.
+func (k ProjectKeyspace) objects(kind string) string  { return k.p + "obj:" + kind }
+func (k ProjectKeyspace) objIndex(kind string) string { return k.p + "idx:" + kind }
+
+// idempotency is a hash: one Idempotency-Key's fingerprint, state and stored answer, under
+// the key's SHA-256, with a TTL. Written by store (IdemBegin, IdemEnd).
+func (k ProjectKeyspace) idempotency(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return k.p + "idem:" + hex.EncodeToString(sum[:])
+}
+
+// Money and limits, written by quota.
+
+// Limits is a hash: the project's spend caps in micro-USD, fields cap and eu_cap (PUT
+// /v1/limits). Written by quota.Accounts.
+func (k ProjectKeyspace) Limits() string { return k.p + "limits" }
+
+// CapFlag is a string, the spend in micro-USD when the project's cap of level (soft | hard)
+// was crossed in month (YYYYMM), with a 40-day TTL; while the hard one exists, admissions
+// answer 402. Written by quota.Caps; deleted by quota.Accounts (a raised cap) and
+// quota.Enforcer (a decision that lifts the stop).
+func (k ProjectKeyspace) CapFlag(level, month string) string {
+	return k.p + "capped:" + level + ":" + month
+}
+
+// EndUserCapFlag is CapFlag for one end user's cap.
+func (k ProjectKeyspace) EndUserCapFlag(endUser, level, month string) string {
+	return k.p + "capped:" + level + ":eu:" + endUser + ":" + month
+}
+
+// RateBucket is a hash, fields tokens and ts (ms), the project's token bucket of creates,
+// with a TTL of one refill. Written by quota.RateLimiter's script.
+func (k ProjectKeyspace) RateBucket() string { return k.p + "rl" }
+
+// UsageStream is a stream of usage records (fields as quota.Record.Values), one per interval
+// of one session. Written by nodes (store.AppendUsage); read by quota's settler (consumer
+// group "settler").
+func (k ProjectKeyspace) UsageStream() string { return k.p + "usage" }
+
+// UsageSeq is a hash, session id → the last usage seq settled into the spend counters.
+// Written by quota's settle script, which it makes exactly-once.
+func (k ProjectKeyspace) UsageSeq() string { return k.p + "usage:seq" }
+
+// Spend is a hash of settled spend in nano-USD: fields m:YYYYMM, d:YYYYMMDD, h:YYYYMMDDHH for
+// the project and eu:END_USER:m:… (d:, h:) for each end user. Written by quota's settle and
+// accrual scripts.
+func (k ProjectKeyspace) Spend() string { return k.p + "spend" }
+
+// UsageHour is a hash, the usage settled in the hour of t (UTC): s:SESSION:METRIC,
+// e:END_USER:METRIC and t:METRIC, with a 400-day TTL; GET /v1/usage sums them. Written by
+// quota's settle and accrual scripts.
+func (k ProjectKeyspace) UsageHour(t time.Time) string {
+	return k.p + "usage:h:" + t.UTC().Format("2006010215")
+}
+
+// SnapshotAccrual is a hash, snapshot id → the time in ms up to which its storage is billed.
+// Written by quota's accrual script.
+func (k ProjectKeyspace) SnapshotAccrual() string { return k.p + "snapacc" }
+
+// Policies names the keys of the project's Rego policies and decision log.
+func (k ProjectKeyspace) Policies() PolicyKeys { return PolicyKeys{k.p} }
+
+// PolicyKeys are the keys of one project's policies, written by policies.Engine.
+type PolicyKeys struct{ p string }
+
+// Latest is a hash, policy name → its latest version number.
+func (k PolicyKeys) Latest() string { return k.p + "pol:latest" }
+
+// Versions is a hash, version number → that revision's JSON (source included).
+func (k PolicyKeys) Versions(name string) string { return k.p + "pol:v:" + name }
+
+// Decisions is a stream, the masked decision log of every decision point, trimmed.
+func (k PolicyKeys) Decisions() string { return k.p + "decisions" }
+
+// Webhooks names the keys of the project's webhook endpoints and deliveries.
+func (k ProjectKeyspace) Webhooks() WebhookKeys { return WebhookKeys{k.p + "wh:"} }
+
+// WebhookKeys are the keys of one project's webhooks, written by webhooks' registry and
+// dispatcher.
+type WebhookKeys struct{ p string }
+
+// Endpoints is a hash, endpoint id → endpoint JSON, secret included.
+func (k WebhookKeys) Endpoints() string { return k.p + "endpoints" }
+
+// Log is a stream of the endpoint's delivery attempts, trimmed to webhooks.MaxLogEntries.
+func (k WebhookKeys) Log(endpoint string) string { return k.p + "log:" + endpoint }
+
+// Due is a sorted set of queue names ("ENDPOINT/SESSION"); the score is the time in ms at
+// which the queue's head may next be attempted, or the end of the lease of the dispatcher
+// that is attempting it.
+func (k WebhookKeys) Due() string { return k.p + "due" }
+
+// Queue is a list of pending deliveries to one endpoint for one session (queue name
+// "ENDPOINT/SESSION", session "" for project-wide events), oldest first; the head is the one
+// being attempted.
+func (k WebhookKeys) Queue(name string) string { return k.p + "q:" + name }
+
+// QueueMeta is a hash holding the queue head's attempt count and first attempt time.
+func (k WebhookKeys) QueueMeta(name string) string { return k.p + "qm:" + name }
+
+// Owner is a string, the dispatcher that consumes the project's outbox, with a TTL.
+func (k WebhookKeys) Owner() string { return k.p + "owner" }
+
+// Plugins names the keys of the project's Wasm plugins.
+func (k ProjectKeyspace) Plugins() PluginKeys { return PluginKeys{k.p + "plugin:"} }
+
+// PluginKeys are the keys of one project's plugins, written by plugins.Host.
+type PluginKeys struct{ p string }
+
+// Meta is a hash, plugin name → Plugin JSON (config included).
+func (k PluginKeys) Meta() string { return k.p + "meta" }
+
+// Wasm is a string, the module with the given sha256 digest ("sha256:HEX" or HEX), shared by
+// every name that has that digest.
+func (k PluginKeys) Wasm(digest string) string {
+	return k.p + "wasm:" + strings.TrimPrefix(digest, "sha256:")
+}
+
+// Limits is a hash, fields pages and timeout_ms: the project's plugin limits.
+func (k PluginKeys) Limits() string { return k.p + "limits" }
+
+// Version is a counter bumped by every change of the keys above; replicas poll it to see a
+// change made through another one.
+func (k PluginKeys) Version() string { return k.p + "ver" }

@@ -47,7 +47,7 @@ func (s *Store) List(ctx context.Context, project string, q ListQuery) (Page, er
 	if q.Cursor != "" && (!strings.HasPrefix(q.Cursor, "sess_") || !validCursor(q.Cursor)) {
 		return Page{}, &session.FieldError{Field: "cursor", Message: "not a cursor this API returned"}
 	}
-	k := projectKeys(project)
+	k := ProjectKeys(project)
 	index := k.all()
 	switch {
 	case q.State != "":
@@ -113,7 +113,7 @@ func (s *Store) List(ctx context.Context, project string, q ListQuery) (Page, er
 	return page, nil
 }
 
-func (s *Store) dropStale(ctx context.Context, k keys, ids []any) {
+func (s *Store) dropStale(ctx context.Context, k ProjectKeyspace, ids []any) {
 	if len(ids) == 0 {
 		return
 	}
@@ -154,7 +154,7 @@ func (s *Store) CountByState(ctx context.Context) (map[session.State]int64, erro
 	}
 	out := map[session.State]int64{}
 	for _, p := range projects {
-		k := projectKeys(p)
+		k := ProjectKeys(p)
 		cmds := map[session.State]*redis.IntCmd{}
 		if _, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
 			for _, st := range session.States() {
@@ -173,7 +173,7 @@ func (s *Store) CountByState(ctx context.Context) (map[session.State]int64, erro
 
 // IDsInState lists up to limit ids of the project's sessions in state, oldest first.
 func (s *Store) IDsInState(ctx context.Context, project string, st session.State, limit int64) ([]string, error) {
-	ids, err := s.rdb.ZRangeByLex(ctx, projectKeys(project).byState(st), &redis.ZRangeBy{Min: "-", Max: "+", Count: limit}).Result()
+	ids, err := s.rdb.ZRangeByLex(ctx, ProjectKeys(project).byState(st), &redis.ZRangeBy{Min: "-", Max: "+", Count: limit}).Result()
 	if err != nil {
 		return nil, fmt.Errorf("sessions in %s: %w", st, err)
 	}

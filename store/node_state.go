@@ -36,7 +36,7 @@ func (s *Store) MarkWarning(ctx context.Context, project, id, eventType string, 
 	}
 	args := []any{field, at.UnixMilli(), "id", session.NewID("evt_", at), "type", eventType,
 		"session_id", id, "project_id", project, "at", at.UnixMilli()}
-	if err := warningScript.Run(ctx, s.rdb, []string{projectKeys(project).session(id), Outbox(project)}, args...).Err(); err != nil {
+	if err := warningScript.Run(ctx, s.rdb, []string{ProjectKeys(project).session(id), Outbox(project)}, args...).Err(); err != nil {
 		return fmt.Errorf("mark %s %s: %w", eventType, id, err)
 	}
 	return nil
@@ -44,5 +44,5 @@ func (s *Store) MarkWarning(ctx context.Context, project, id, eventType string, 
 
 // ClearIdleWarning re-arms the idle warning after activity.
 func (s *Store) ClearIdleWarning(ctx context.Context, project, id string) error {
-	return s.rdb.HDel(ctx, projectKeys(project).session(id), "idle_warn").Err()
+	return s.rdb.HDel(ctx, ProjectKeys(project).session(id), "idle_warn").Err()
 }

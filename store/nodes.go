@@ -9,13 +9,6 @@ import (
 	"wb/session"
 )
 
-// NodesKey is the hash of node registrations (node id → JSON).
-const NodesKey = "wb:nodes"
-
-// PlacerKickChannel is the Pub/Sub channel on which gateways tell placers that a project has
-// a new pending session.
-const PlacerKickChannel = "wb:kick:placer"
-
 // NodeInfo is a node's registration and its latest heartbeat.
 type NodeInfo struct {
 	ID     string `json:"id"`

@@ -13,8 +13,6 @@ import (
 
 // Objects other than sessions (snapshots, runs) are JSON documents in one hash per kind and
 // project, with a lexicographic index for newest-first lists.
-func (k keys) objects(kind string) string  { return k.p + "obj:" + kind }
-func (k keys) objIndex(kind string) string { return k.p + "idx:" + kind }
 
 // Kinds of stored objects.
 const (
@@ -28,7 +26,7 @@ func (s *Store) PutObject(ctx context.Context, project, kind, id string, v any) 
 	if err != nil {
 		return fmt.Errorf("encode %s %s: %w", kind, id, err)
 	}
-	k := projectKeys(project)
+	k := ProjectKeys(project)
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSet(ctx, k.objects(kind), id, b)
 		p.ZAdd(ctx, k.objIndex(kind), redis.Z{Member: id})
@@ -42,7 +40,7 @@ func (s *Store) PutObject(ctx context.Context, project, kind, id string, v any) 
 
 // GetObject reads an object into v, or answers ErrNotFound.
 func (s *Store) GetObject(ctx context.Context, project, kind, id string, v any) error {
-	b, err := s.rdb.HGet(ctx, projectKeys(project).objects(kind), id).Bytes()
+	b, err := s.rdb.HGet(ctx, ProjectKeys(project).objects(kind), id).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return ErrNotFound
 	}
@@ -57,7 +55,7 @@ func (s *Store) GetObject(ctx context.Context, project, kind, id string, v any) 
 
 // DeleteObject removes an object; ErrNotFound if there was none.
 func (s *Store) DeleteObject(ctx context.Context, project, kind, id string) error {
-	k := projectKeys(project)
+	k := ProjectKeys(project)
 	var del *redis.IntCmd
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		del = p.HDel(ctx, k.objects(kind), id)
@@ -88,7 +86,7 @@ func (s *Store) ListObjects(ctx context.Context, project, kind string, limit int
 		}
 		max = "(" + cursor
 	}
-	k := projectKeys(project)
+	k := ProjectKeys(project)
 	ids, err := s.rdb.ZRevRangeByLex(ctx, k.objIndex(kind), &redis.ZRangeBy{Max: max, Min: "-", Count: int64(limit + 1)}).Result()
 	if err != nil {
 		return nil, "", fmt.Errorf("list %s: %w", kind, err)

@@ -43,7 +43,7 @@ func (s *Store) SetTimers(ctx context.Context, sess *session.Session) (*session.
 	args := []any{sess.Version, sess.IdleTimeoutS, sess.MaxLifetimeS, exp,
 		"id", session.NewID("evt_", s.now()), "type", EventTimersChanged, "session_id", sess.ID,
 		"project_id", sess.ProjectID, "at", now}
-	res, err := timersScript.Run(ctx, s.rdb, []string{projectKeys(sess.ProjectID).session(sess.ID), Outbox(sess.ProjectID)}, args...).StringSlice()
+	res, err := timersScript.Run(ctx, s.rdb, []string{ProjectKeys(sess.ProjectID).session(sess.ID), Outbox(sess.ProjectID)}, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("set timers %s: %w", sess.ID, err)
 	}
@@ -69,5 +69,5 @@ return 1
 // Touch records activity on a session (it resets the idle timer); a missing session is left
 // missing.
 func (s *Store) Touch(ctx context.Context, project, id string) error {
-	return touchScript.Run(ctx, s.rdb, []string{projectKeys(project).session(id)}, s.now().UnixMilli()).Err()
+	return touchScript.Run(ctx, s.rdb, []string{ProjectKeys(project).session(id)}, s.now().UnixMilli()).Err()
 }

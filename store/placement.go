@@ -45,7 +45,7 @@ func (s *Store) LockPlacement(ctx context.Context, project string) (*Placement, 
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	token := hex.EncodeToString(b)
-	k := projectKeys(project)
+	k := ProjectKeys(project)
 	ok, err := s.rdb.SetNX(ctx, k.placing(), token, PlacementLease).Result()
 	if err != nil {
 		return nil, fmt.Errorf("lock placement of %s: %w", project, err)
@@ -68,7 +68,7 @@ func (s *Store) LockPlacement(ctx context.Context, project string) (*Placement, 
 // Done ends a round. It answers true when another round was asked for meanwhile: the lock is
 // still held, and the caller places again and calls Done again.
 func (p *Placement) Done(ctx context.Context) (again bool, err error) {
-	k := projectKeys(p.project)
+	k := ProjectKeys(p.project)
 	n, err := placementDoneScript.Run(ctx, p.s.rdb, []string{k.placing(), k.placeAgain()}, p.token, PlacementLease.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("end placement round of %s: %w", p.project, err)
@@ -87,8 +87,26 @@ return 0
 
 // Release gives the lock up without another round (the placer is stopping).
 func (p *Placement) Release(ctx context.Context) error {
-	if err := releaseScript.Run(ctx, p.s.rdb, []string{projectKeys(p.project).placing()}, p.token).Err(); err != nil {
+	if err := releaseScript.Run(ctx, p.s.rdb, []string{ProjectKeys(p.project).placing()}, p.token).Err(); err != nil {
 		return fmt.Errorf("release placement lock of %s: %w", p.project, err)
 	}
 	return nil
+}
+
+// PlacerKicks subscribes to PlacerKickChannel and answers the projects announced on it. Call
+// stop when done: it ends the subscription and closes kicks.
+func (s *Store) PlacerKicks(ctx context.Context) (kicks <-chan string, stop func()) {
+	sub := s.rdb.Subscribe(ctx, PlacerKickChannel)
+	out := make(chan string)
+	go func() {
+		defer close(out)
+		for msg := range sub.Channel() {
+			select {
+			case out <- msg.Payload:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, func() { _ = sub.Close() }
 }

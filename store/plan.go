@@ -150,7 +150,7 @@ func (s *Store) SetPlan(ctx context.Context, id string, c PlanChange) error {
 	for _, pv := range values {
 		args = append(args, pv.hash, pv.v)
 	}
-	n, err := s.rdb.Exists(ctx, projectKey(id)).Result()
+	n, err := s.rdb.Exists(ctx, ProjectKeys(id).project()).Result()
 	if err != nil {
 		return fmt.Errorf("set plan of %s: %w", id, err)
 	}
@@ -160,7 +160,7 @@ func (s *Store) SetPlan(ctx context.Context, id string, c PlanChange) error {
 	if len(args) == 0 {
 		return nil
 	}
-	if err := s.rdb.HSet(ctx, projectKey(id), args...).Err(); err != nil {
+	if err := s.rdb.HSet(ctx, ProjectKeys(id).project(), args...).Err(); err != nil {
 		return fmt.Errorf("set plan of %s: %w", id, err)
 	}
 	return nil
@@ -195,10 +195,10 @@ func (s *Store) LowerLimits(ctx context.Context, id string, c PlanChange) error 
 	}
 	_, err = s.rdb.TxPipelined(ctx, func(pl redis.Pipeliner) error {
 		if len(set) > 0 {
-			pl.HSet(ctx, projectKey(p.ID), set...)
+			pl.HSet(ctx, ProjectKeys(p.ID).project(), set...)
 		}
 		if len(drop) > 0 {
-			pl.HDel(ctx, projectKey(p.ID), drop...)
+			pl.HDel(ctx, ProjectKeys(p.ID).project(), drop...)
 		}
 		return nil
 	})
@@ -210,7 +210,7 @@ func (s *Store) LowerLimits(ctx context.Context, id string, c PlanChange) error 
 
 // SnapshotUsage answers how many snapshots the project keeps (in any state) and their bytes.
 func (s *Store) SnapshotUsage(ctx context.Context, project string) (int, int64, error) {
-	vals, err := s.rdb.HVals(ctx, projectKeys(project).objects(KindSnapshot)).Result()
+	vals, err := s.rdb.HVals(ctx, ProjectKeys(project).objects(KindSnapshot)).Result()
 	if err != nil {
 		return 0, 0, fmt.Errorf("snapshot usage of %s: %w", project, err)
 	}
@@ -233,7 +233,7 @@ type NodeUse struct{ VCPU, MemoryMiB int }
 // NodeUsage answers, per node id, the resources the project's placed live sessions hold
 // (pending ones are on no node yet).
 func (s *Store) NodeUsage(ctx context.Context, project string) (map[string]NodeUse, error) {
-	k := projectKeys(project)
+	k := ProjectKeys(project)
 	ids, err := s.rdb.SMembers(ctx, k.active()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("node usage of %s: %w", project, err)
@@ -312,7 +312,7 @@ func (s *Store) PutSnapshot(ctx context.Context, project, id string, snap any, s
 	if err != nil {
 		return fmt.Errorf("encode snapshot %s: %w", id, err)
 	}
-	k := projectKeys(project)
+	k := ProjectKeys(project)
 	res, err := putSnapshotScript.Run(ctx, s.rdb, []string{k.objects(KindSnapshot), k.objIndex(KindSnapshot)},
 		id, b, maxCount, maxBytes, size).Slice()
 	if err != nil {

@@ -3,9 +3,7 @@ package store
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,9 +12,6 @@ import (
 
 	"wb/session"
 )
-
-// ProjectsKey is the set of every project id; consumers of per-project streams walk it.
-const ProjectsKey = "wb:projects"
 
 // Project is a tenant and the limits in force for it.
 type Project struct {
@@ -41,13 +36,6 @@ const (
 
 // ErrBadKey: the API key is unknown.
 var ErrBadKey = errors.New("unknown API key")
-
-func apiKeyKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return "wb:apikey:" + hex.EncodeToString(sum[:])
-}
-
-func projectKey(id string) string { return projectKeys(id).p + "project" }
 
 // NewAPIKey returns a fresh random key with the given prefix ("wb_live_", "wb_admin_").
 func NewAPIKey(prefix string) string {
@@ -76,7 +64,7 @@ func (s *Store) CreateProject(ctx context.Context, name string) (Project, string
 
 func (s *Store) putProject(ctx context.Context, p Project) error {
 	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		pl.HSet(ctx, projectKey(p.ID), append([]any{"name", p.Name}, p.Granted.hashArgs()...)...)
+		pl.HSet(ctx, ProjectKeys(p.ID).project(), append([]any{"name", p.Name}, p.Granted.hashArgs()...)...)
 		pl.SAdd(ctx, ProjectsKey, p.ID)
 		return nil
 	})
@@ -108,7 +96,7 @@ func (s *Store) Authenticate(ctx context.Context, key string) (Project, error) {
 
 // GetProject reads a project and its limits.
 func (s *Store) GetProject(ctx context.Context, id string) (Project, error) {
-	m, err := s.rdb.HGetAll(ctx, projectKey(id)).Result()
+	m, err := s.rdb.HGetAll(ctx, ProjectKeys(id).project()).Result()
 	if err != nil {
 		return Project{}, fmt.Errorf("get project %s: %w", id, err)
 	}

@@ -66,9 +66,6 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	return s
 }
 
-// Redis returns the underlying client.
-func (s *Store) Redis() redis.UniversalClient { return s.rdb }
-
 // static is the part of a session that is fixed at creation, kept as one JSON field.
 type static struct {
 	ID          string            `json:"id"`
@@ -107,7 +104,7 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*
 	created := sess.CreatedAt.UnixMilli()
 	hash := []any{"doc", doc, "state", string(session.Pending), "ver", 1,
 		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created}
-	k := projectKeys(sess.ProjectID)
+	k := ProjectKeys(sess.ProjectID)
 	eu, hasEU := "", "0"
 	if sess.EndUserID != nil {
 		eu, hasEU = *sess.EndUserID, "1"
@@ -146,7 +143,7 @@ func eventFields(id, project string, from, to session.State, d session.Driver, r
 
 // Get returns the session, or ErrNotFound if the project has no such session.
 func (s *Store) Get(ctx context.Context, project, id string) (*session.Session, error) {
-	m, err := s.rdb.HGetAll(ctx, projectKeys(project).session(id)).Result()
+	m, err := s.rdb.HGetAll(ctx, ProjectKeys(project).session(id)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("get session %s: %w", id, err)
 	}
@@ -205,7 +202,7 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 		terminal, int64(s.retention / time.Second), len(extra)}
 	args = append(args, extra...)
 	args = append(args, eventFields(c.ID, c.Project, c.From, c.To, c.Driver, c.Reason, c.Rule, now)...)
-	k := projectKeys(c.Project)
+	k := ProjectKeys(c.Project)
 	res, err := transitionScript.Run(ctx, s.rdb, []string{
 		k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project),
 	}, args...).StringSlice()
@@ -231,7 +228,7 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 
 // ActiveCount is the number of concurrency slots the project holds.
 func (s *Store) ActiveCount(ctx context.Context, project string) (int64, error) {
-	return s.rdb.SCard(ctx, projectKeys(project).active()).Result()
+	return s.rdb.SCard(ctx, ProjectKeys(project).active()).Result()
 }
 
 // decode builds a session from its hash.

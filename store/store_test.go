@@ -85,7 +85,7 @@ func step(t *testing.T, s *Store, c Change) *session.Session {
 
 func outbox(t *testing.T, s *Store, project string) []redis.XMessage {
 	t.Helper()
-	msgs, err := s.Redis().XRange(context.Background(), Outbox(project), "-", "+").Result()
+	msgs, err := s.rdb.XRange(context.Background(), Outbox(project), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -483,12 +483,12 @@ func testRaceCreates(t *testing.T, s *Store, p string) {
 func testRetention(t *testing.T, s *Store, p string) {
 	ctx := context.Background()
 	sess := mustCreate(t, s, newPending(p, ""), 5)
-	key := projectKeys(p).session(sess.ID)
-	if ttl, _ := s.Redis().TTL(ctx, key).Result(); ttl > 0 {
+	key := ProjectKeys(p).session(sess.ID)
+	if ttl, _ := s.rdb.TTL(ctx, key).Result(); ttl > 0 {
 		t.Fatalf("live session has a TTL %s", ttl)
 	}
 	step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Stopped, Driver: session.Caller, Reason: session.Deleted})
-	if ttl, _ := s.Redis().TTL(ctx, key).Result(); ttl <= 0 || ttl > time.Hour {
+	if ttl, _ := s.rdb.TTL(ctx, key).Result(); ttl <= 0 || ttl > time.Hour {
 		t.Fatalf("terminal TTL %s, want ≤ 1h", ttl)
 	}
 }
@@ -595,7 +595,7 @@ func TestIdempotency(t *testing.T) {
 	if rec, err := s.IdemBegin(ctx, "q", "k1", "fp2"); rec != nil || err != nil {
 		t.Fatal("keys are not per project")
 	}
-	if ttl := rdb.TTL(ctx, idemKey("p", "k1")).Val(); ttl <= 23*time.Hour {
+	if ttl := rdb.TTL(ctx, ProjectKeys("p").idempotency("k1")).Val(); ttl <= 23*time.Hour {
 		t.Fatalf("ttl %s", ttl)
 	}
 }

@@ -176,7 +176,8 @@ Flags:
 	if nd != nil {
 		nd.Runtime = runtimeChecker{pol, plug}
 	}
-	enforcer := &quota.Enforcer{Store: st, Stopper: nodes, Decide: spendDecider(pol, plug), Logger: log}
+	accounts := quota.NewAccounts(rdb)
+	enforcer := &quota.Enforcer{Store: st, Accounts: accounts, Stopper: nodes, Decide: spendDecider(pol, plug), Logger: log}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
 	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Logger: log})
 	webhookGuard, err := netguard.New(netguard.Options{})
@@ -194,7 +195,7 @@ Flags:
 	reg := webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: f.allowPrivateWebhooks, Guard: webhookGuard})
 	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log})
 	gw, err := gateway.New(gateway.Config{
-		Store: st, Limiter: quota.NewRateLimiter(rdb), Webhooks: reg,
+		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: accounts, Webhooks: reg,
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "",
