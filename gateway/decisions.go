@@ -6,21 +6,20 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"wb/decide"
 	"wb/plugins"
 	"wb/policies"
 	"wb/session"
 	"wb/store"
 )
 
-// Chain is the admission decision point: the platform's and the project's Rego policies,
-// then the project's Wasm plugins in order. Any deny wins, and the reasons of every decider
-// that denied are returned; warnings of all are kept; patches merge in order.
+// Chain is the admission decision point as the gateway asks it: package decide composes the
+// platform's and the project's Rego policies and the project's Wasm plugins; Chain only turns
+// a patch that may not be applied into the API's 403 naming the field.
 type Chain struct {
 	Policies *policies.Engine // nil: none
 	Plugins  *plugins.Host    // nil: none
@@ -29,73 +28,19 @@ type Chain struct {
 
 // Admit runs the chain.
 func (c Chain) Admit(ctx context.Context, in session.AdmissionInput) (session.Decision, error) {
-	var ds []session.Decision
-	if c.Policies != nil {
-		d, err := c.Policies.Admit(ctx, in)
-		if err != nil {
-			return session.Decision{}, fmt.Errorf("admission policies: %w", err)
-		}
-		ds = append(ds, d)
+	d := decide.Decider{Now: c.Now}
+	if c.Policies != nil { // a nil *Engine in the interface would not be nil
+		d.Policies = c.Policies
 	}
 	if c.Plugins != nil {
-		now := time.Now
-		if c.Now != nil {
-			now = c.Now
-		}
-		input, err := plugins.Admission(in, now()).Marshal()
-		if err != nil {
-			return session.Decision{}, err
-		}
-		pds, err := c.Plugins.Decide(ctx, in.ProjectID, session.PointAdmission, input)
-		if err != nil {
-			return session.Decision{}, fmt.Errorf("admission plugins: %w", err)
-		}
-		ds = append(ds, pds...)
+		d.Plugins = c.Plugins
 	}
-	// A patch outside the patchable fields fails the create closed, naming its decider and field.
-	for _, d := range ds {
-		if field, why := patchViolation(d.Decider, d.Patch); why != "" {
-			return session.Decision{}, &apiError{Status: 403, Type: "denied", Code: "denied", Param: field, Message: why}
-		}
+	out, err := d.Admit(ctx, in)
+	var pe *decide.PatchError
+	if errors.As(err, &pe) {
+		return session.Decision{}, &apiError{Status: 403, Type: "denied", Code: "denied", Param: pe.Field, Message: pe.Reason}
 	}
-	return Combine(ds...), nil
-}
-
-// PatchableFields are the fields of a create request an admission patch may set, change or
-// remove: limits and labels. What the session runs (template, restore_from, volume_id), where
-// (region), under which runtime policy (policy_id) and who pays (end_user_id) stay the caller's.
-// A patch touching any other field is a deny of its decider (fail closed). The patched request
-// is validated again in full (ranges, tier limits, references, reserved metadata keys).
-var PatchableFields = []string{"tier", "resources", "idle_timeout_s", "max_lifetime_s", "metadata"}
-
-// PatchViolation answers why patch may not be applied, naming the field and decider, or "".
-func PatchViolation(decider string, patch map[string]any) string {
-	_, why := patchViolation(decider, patch)
-	return why
-}
-
-func patchViolation(decider string, patch map[string]any) (field, why string) {
-	if decider == "" {
-		decider = "an admission decider"
-	}
-	keys := make([]string, 0, len(patch))
-	for k := range patch {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if !slices.Contains(PatchableFields, k) {
-			return k, fmt.Sprintf("%s: a patch may not set %q (patchable fields: %s)", decider, k, strings.Join(PatchableFields, ", "))
-		}
-	}
-	if md, ok := patch["metadata"].(map[string]any); ok {
-		for k := range md {
-			if session.ReservedMetadataKey(k) {
-				return "metadata." + k, fmt.Sprintf("%s: a patch may not set metadata key %q: the %s prefix belongs to the platform", decider, k, session.ReservedMetadataPrefix)
-			}
-		}
-	}
-	return "", ""
+	return out, err
 }
 
 // applyAdmissionPatch applies the chain's patch to req and validates the result again in full,
@@ -109,8 +54,8 @@ func (s *Server) applyAdmissionPatch(ctx context.Context, p store.Project, req s
 	deny := func(param, format string, args ...any) error {
 		return &apiError{Status: 403, Type: "denied", Code: "denied", Param: param, Message: fmt.Sprintf(format, args...)}
 	}
-	if field, why := patchViolation(decider, d.Patch); why != "" {
-		return req, deny(field, "%s", why)
+	if pe := decide.CheckPatch(decider, d.Patch); pe != nil {
+		return req, deny(pe.Field, "%s", pe.Reason)
 	}
 	patched, err := plugins.ApplyPatch(req, d)
 	if err != nil {
@@ -130,63 +75,6 @@ func (s *Server) applyAdmissionPatch(ctx context.Context, p store.Project, req s
 		return req, err
 	}
 	return patched, nil
-}
-
-// Combine merges decisions: allowed only if all allow. A decision whose patch touches a field
-// outside PatchableFields counts as a deny. Patches compose in order into one merge patch that
-// has the effect of applying them one after another: a later value wins and a null is kept, so
-// it still removes the field from the request.
-func Combine(ds ...session.Decision) session.Decision {
-	out := session.Decision{Allow: true}
-	var deciders []string
-	for _, d := range ds {
-		if d.Decider != "" {
-			deciders = append(deciders, d.Decider)
-		}
-		out.Warnings = append(out.Warnings, d.Warnings...)
-		if v := PatchViolation(d.Decider, d.Patch); v != "" {
-			d.Allow, d.Reasons, d.Patch = false, append(slices.Clip(d.Reasons), v), nil
-		}
-		if !d.Allow {
-			out.Allow = false
-			for _, r := range d.Reasons {
-				if d.Decider != "" && strings.HasPrefix(d.Decider, "plugin ") && !strings.HasPrefix(r, d.Decider) {
-					r = d.Decider + ": " + r
-				}
-				out.Reasons = append(out.Reasons, r)
-			}
-			if len(d.Reasons) == 0 {
-				out.Reasons = append(out.Reasons, "denied by "+d.Decider)
-			}
-		}
-		if len(d.Patch) > 0 {
-			if out.Patch == nil {
-				out.Patch = map[string]any{}
-			}
-			composePatch(out.Patch, d.Patch)
-		}
-	}
-	out.Decider = strings.Join(deciders, ", ")
-	return out
-}
-
-// composePatch folds the merge patch next into acc so that applying acc equals applying acc
-// then next. Nulls stay (they remove). One case cannot be expressed in a single merge patch:
-// a null followed by an object for the same key; the object is then merged, not substituted.
-func composePatch(acc, next map[string]any) {
-	for k, v := range next {
-		nv, isObj := v.(map[string]any)
-		if !isObj {
-			acc[k] = v
-			continue
-		}
-		cur, ok := acc[k].(map[string]any)
-		if !ok {
-			cur = map[string]any{}
-			acc[k] = cur
-		}
-		composePatch(cur, nv)
-	}
 }
 
 // policyError maps the policies package's errors to API errors.

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
+	"wb/internal/wasmtest"
 	"wb/plugins"
 	"wb/policies"
 	"wb/session"
@@ -150,24 +153,6 @@ func TestPolicyUploadsAndPinning(t *testing.T) {
 	expectError(t, e.do("POST", "/v1/sessions", keyB, map[string]any{"tier": 2, "policy_id": "pol_build_tools"}), 400, "invalid_request", "policy_id")
 }
 
-// Any deny wins and the reasons of every decider are returned.
-func TestChainPrecedence(t *testing.T) {
-	d := Combine(
-		session.Decision{Allow: false, Reasons: []string{"pol_a@1: no"}, Decider: "policy pol_a@1"},
-		session.Decision{Allow: true, Warnings: []string{"careful"}, Decider: "plugin ok", Patch: map[string]any{"metadata": map[string]any{"a": "1"}}},
-		session.Decision{Allow: false, Reasons: []string{"tier too high"}, Decider: "plugin cap", Patch: map[string]any{"metadata": map[string]any{"b": "2"}}},
-	)
-	if d.Allow || len(d.Reasons) != 2 || d.Reasons[1] != "plugin cap: tier too high" || d.Warnings[0] != "careful" {
-		t.Fatalf("%+v", d)
-	}
-	if m := d.Patch["metadata"].(map[string]any); m["a"] != "1" || m["b"] != "2" {
-		t.Fatalf("patches did not merge: %v", d.Patch)
-	}
-	if all := Combine(session.Decision{Allow: true}, session.Decision{Allow: true}); !all.Allow {
-		t.Fatal("two allows denied")
-	}
-}
-
 // A tenant's admission policy patches the request through defaults. Patches may touch only
 // PatchableFields, never a reserved metadata key, and the patched request is validated again:
 // anything else is a 403 naming the field and the policy.
@@ -230,30 +215,38 @@ func TestAdmissionPatchFromAnyAdmitter(t *testing.T) {
 	expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2, "metadata": map[string]string{"wb.owner": "x"}}), 400, "invalid_request", "metadata.wb.owner")
 }
 
-// Combine keeps a later decider's null, so applying the combined patch removes the field, as
-// plugins/ABI.md promises; a patch outside the patchable fields turns its decision into a deny.
-func TestCombineKeepsNullsAndConfinesPatches(t *testing.T) {
-	d := Combine(
-		session.Decision{Allow: true, Decider: "plugin a", Patch: map[string]any{"idle_timeout_s": 60.0, "metadata": map[string]any{"a": "1"}}},
-		session.Decision{Allow: true, Decider: "plugin b", Patch: map[string]any{"idle_timeout_s": nil, "metadata": map[string]any{"secret": nil}}},
-	)
-	if !d.Allow {
-		t.Fatalf("denied: %v", d.Reasons)
+// A Rego policy and a plugin both remove fields of the create request with nulls (RFC 7386):
+// the session is created without them. The chain composes the deciders' patches keeping the
+// nulls; merged with apply semantics they would vanish and nothing would be removed.
+func TestAdmissionPatchesRemoveFields(t *testing.T) {
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb))
+	_, key := e.newProject("scrub", nil)
+	if r := e.putPolicy(key, "scrub", "enforce", "package wb.admission\n\ndefaults := {\"idle_timeout_s\": null, \"metadata\": {\"secret\": null}}\n"); r.status != 201 {
+		t.Fatalf("PUT policy: %d %s", r.status, r.body)
 	}
-	idle, tier := 300, 2
-	req := session.CreateRequest{Tier: &tier, IdleTimeoutS: &idle, Metadata: map[string]string{"secret": "s", "keep": "k"}}
-	got, err := plugins.ApplyPatch(req, d)
-	if err != nil {
+	strip := wasmtest.ConstPlugin(`{"allow":true,"warnings":["stripped"],"patch":{"max_lifetime_s":null,"metadata":{"token":null,"team":"core"}}}`)
+	if r := e.do("PUT", "/v1/plugins/strip?points=admission", key, strip, "Content-Type", "application/wasm"); r.status != 201 {
+		t.Fatalf("PUT plugin: %d %s", r.status, r.body)
+	}
+	var plain, s session.Session
+	e.mustDo("POST", "/v1/sessions", e.key, map[string]any{"tier": 2}, 201, &plain) // the tier's defaults
+	r := e.do("POST", "/v1/sessions", key, map[string]any{"tier": 2, "idle_timeout_s": 600, "max_lifetime_s": 7200,
+		"metadata": map[string]string{"secret": "s", "token": "t", "keep": "k"}})
+	if r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	if err := json.Unmarshal(r.body, &s); err != nil {
 		t.Fatal(err)
 	}
-	if got.IdleTimeoutS != nil || got.Metadata["secret"] != "" || got.Metadata["a"] != "1" || got.Metadata["keep"] != "k" {
-		t.Fatalf("combined patch %v gave idle %v metadata %v", d.Patch, got.IdleTimeoutS, got.Metadata)
+	if want := map[string]string{"keep": "k", "team": "core"}; !maps.Equal(s.Metadata, want) {
+		t.Errorf("metadata %v, want %v", s.Metadata, want)
 	}
-	d = Combine(
-		session.Decision{Allow: true, Decider: "plugin ok", Patch: map[string]any{"tier": 1.0}},
-		session.Decision{Allow: true, Decider: "plugin bad", Patch: map[string]any{"policy_id": "pol_open@1"}},
-	)
-	if d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], `plugin bad: a patch may not set "policy_id"`) || d.Patch["policy_id"] != nil {
-		t.Fatalf("%+v", d)
+	if s.IdleTimeoutS != plain.IdleTimeoutS || s.MaxLifetimeS != plain.MaxLifetimeS {
+		t.Errorf("idle %d, lifetime %d: want the tier's defaults %d, %d (the nulls removed the caller's)",
+			s.IdleTimeoutS, s.MaxLifetimeS, plain.IdleTimeoutS, plain.MaxLifetimeS)
+	}
+	if !strings.Contains(r.header.Get("Warning"), "stripped") {
+		t.Errorf("the plugin's warning is lost: Warning %q", r.header.Get("Warning"))
 	}
 }

@@ -4,9 +4,10 @@
 // for projects and plans, the OpenAPI document (openapi.json) and Prometheus metrics, and the
 // exec, PTY and files proxy through which `wb serve` reaches guests.
 //
-// Admission patches (from policies' defaults and plugins) may touch only PatchableFields; the
-// patched request is validated again in full, references included, and anything wrong is a
-// 403 naming the field and the decider.
+// The admission decision itself (Rego, then plugins, their patches composed) belongs to package
+// decide; the gateway asks it through Chain, applies the patch (fields in
+// decide.PatchableFields only), validates the patched request again in full, references
+// included, and answers anything wrong as a 403 naming the field and the decider.
 //
 // Work is bounded per project: a buffered exec or run keeps at most Config.MaxOutputBytes of
 // each stream (8 MiB; the rest is counted and dropped, "truncated": true), an answer kept for

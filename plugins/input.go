@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"wb/internal/mergepatch"
 	"wb/session"
 )
 
@@ -72,8 +73,8 @@ func (in Input) Marshal() ([]byte, error) {
 }
 
 // ApplyPatch applies the patches of decisions, in order, to a create request as JSON merge
-// patches (RFC 7386): a key set to null is removed, an object is merged key by key, anything
-// else replaces. The caller validates the result again.
+// patches (RFC 7386, internal/mergepatch): a key set to null is removed, an object is merged
+// key by key, anything else replaces. The caller validates the result again.
 func ApplyPatch(req session.CreateRequest, decisions ...session.Decision) (session.CreateRequest, error) {
 	var doc map[string]any
 	patched := false
@@ -90,7 +91,7 @@ func ApplyPatch(req session.CreateRequest, decisions ...session.Decision) (sessi
 				return req, fmt.Errorf("decode request: %w", err)
 			}
 		}
-		doc = mergePatch(doc, d.Patch).(map[string]any)
+		doc, _ = mergepatch.Apply(doc, d.Patch).(map[string]any)
 		patched = true
 	}
 	if !patched {
@@ -105,22 +106,4 @@ func ApplyPatch(req session.CreateRequest, decisions ...session.Decision) (sessi
 		return req, fmt.Errorf("patch does not fit the request: %w", err)
 	}
 	return out, nil
-}
-
-func mergePatch(target any, patch map[string]any) any {
-	t, ok := target.(map[string]any)
-	if !ok {
-		t = map[string]any{}
-	}
-	for k, v := range patch {
-		switch v := v.(type) {
-		case nil:
-			delete(t, k)
-		case map[string]any:
-			t[k] = mergePatch(t[k], v)
-		default:
-			t[k] = v
-		}
-	}
-	return t
 }

@@ -5,12 +5,13 @@
 #          "plan": {"concurrency": n, "rate_per_sec": n}, "active_sessions": n}
 # Output: deny     set of messages; any message denies the create
 #         warn     set of messages; surfaced to the caller, never deny
-#         defaults object merged into the request for fields the caller left out
+#         defaults object: a merge patch on the request (null removes a field)
 #
-# defaults is applied as a merge patch, and a patch may touch only tier, resources,
-# idle_timeout_s, max_lifetime_s and metadata (no wb.* key). Any other field (template,
-# region, restore_from, policy_id, volume_id, end_user_id) denies the create, naming the
-# field and the policy; the patched request is validated again in full.
+# defaults is applied as a JSON merge patch (RFC 7386): a value sets the field, over the
+# caller's; an object merges key by key; null removes the field. A patch may touch only tier,
+# resources, idle_timeout_s, max_lifetime_s and metadata (no wb.* key). Any other field
+# (template, region, restore_from, policy_id, volume_id, end_user_id) denies the create,
+# naming the field and the policy; the patched request is validated again in full.
 package wb.admission
 
 # concurrency <= 0 means the plan sets no concurrency limit.

@@ -13,7 +13,12 @@
 //	           "active_sessions"}
 //	  deny     set of messages: any enforced message denies the create
 //	  warn     set of messages
-//	  defaults object: fields for the request where the caller gave none
+//	  defaults object: a JSON merge patch (RFC 7386) on the request, limited to tier,
+//	           resources, idle_timeout_s, max_lifetime_s and metadata (no wb.* key): a value
+//	           sets a field (over the caller's), an object merges key by key, null removes
+//	           the field, the caller's value included ({"metadata": {"secret": null}}). Of
+//	           two policies setting one field, the earlier wins (the platform's, then the
+//	           project's by name); the plugins' patches apply after (plugins/ABI.md)
 //
 //	package wb.runtime
 //	  input:  one guest event plus "session": {"id", "tier", "end_user_id", …}
@@ -71,7 +76,9 @@
 // project policy that cannot answer (it fails, runs out of time or memory, or its pinned
 // version cannot be loaded) fails closed in enforce mode: at admission it denies, at runtime
 // the event is refused (RuntimeDecision.Deny: no exec, no egress) while a kill by the
-// platform's rules stands; in warn mode the failure is a warning.
+// platform's rules stands; in warn mode the failure is a warning. At spend, a failing project
+// policy is a warning and stops nothing; the platform's cap still does (package decide, which
+// composes these decisions with the project's plugins, states each point's failure mode).
 //
 // # Storage and evaluation
 //

@@ -4,16 +4,15 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"wb/decide"
 	"wb/node"
 	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
-	"wb/session"
 )
 
 // decisionPoints starts the Rego engine and the Wasm plugin host shared by admission, the
@@ -31,90 +30,48 @@ func decisionPoints(ctx context.Context, rdb redis.UniversalClient, dataDir stri
 	return pol, host, nil
 }
 
-// runtimeChecker is the runtime decision point: the platform's rules and the session's pinned
-// policy, then the project's runtime plugins; any kill wins. The platform's kill always
-// stands; a project policy or plugin that cannot answer refuses the event (Deny) without
-// killing the session. An error means the platform's own rules could not decide: the node
-// refuses the event then too.
+// runtimeChecker wires the node's runtime decision point to decide.Decider.Runtime, which owns
+// the composition and its failure mode (package decide's doc).
 type runtimeChecker struct {
 	pol  *policies.Engine
 	plug *plugins.Host
+	log  *slog.Logger
 }
 
 func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event map[string]any) (node.Verdict, error) {
-	d, err := c.pol.Runtime(ctx, s.Project, s.PolicyID, event)
+	d := decide.Decider{Policies: c.pol, Plugins: c.plug, Logger: c.log}
+	v, err := d.Runtime(ctx, decide.RuntimeInput{
+		Session: decide.Session{ID: s.ID, Project: s.Project, PolicyID: s.PolicyID, EndUserID: s.EndUserID, Tier: s.Tier},
+		Event:   decide.EventFromMap(event),
+	})
 	if err != nil {
 		return node.Verdict{}, err
 	}
-	if d.Kill {
-		return node.Verdict{Kill: true, Rule: d.Rule}, nil
+	if len(v.Warnings) > 0 {
+		c.log.WarnContext(ctx, "runtime decision warnings", "project", s.Project, "session", s.ID, "event", event["type"], "warnings", v.Warnings)
 	}
-	if d.Deny {
-		return node.Verdict{Deny: true, Reason: d.DenyReason}, nil
-	}
-	typ, _ := event["type"].(string)
-	sess := &session.Session{ID: s.ID, Object: session.ObjectName, ProjectID: s.Project, Tier: s.Tier}
-	if s.EndUserID != "" {
-		sess.EndUserID = &s.EndUserID
-	}
-	if s.PolicyID != "" {
-		sess.PolicyID = &s.PolicyID
-	}
-	now := time.Now()
-	in, err := plugins.Runtime(s.Project, sess, plugins.RuntimeEvent{Type: typ, AtMs: now.UnixMilli(), Data: event}, now).Marshal()
-	if err != nil {
-		return node.Verdict{Deny: true, Reason: "the runtime plugins' input: " + err.Error()}, nil
-	}
-	ds, err := c.plug.Decide(ctx, s.Project, "runtime", in)
-	if err != nil {
-		return node.Verdict{Deny: true, Reason: "runtime plugins: " + err.Error()}, nil
-	}
-	for _, pd := range ds {
-		if !pd.Allow {
-			return node.Verdict{Kill: true, Rule: pd.Decider}, nil
-		}
-	}
-	return node.Verdict{AllowEgress: d.AllowEgress}, nil
+	return node.Verdict{Kill: v.Kill, Rule: v.Rule, AllowEgress: v.AllowEgress, Deny: v.Refuse, Reason: v.Reason}, nil
 }
 
-// spendDecider is the spend decision point: the platform's and the project's spend policies,
-// then the project's spend plugins, any of which can deny (stop the sessions in scope and
-// new admissions) with its reasons.
-func spendDecider(pol *policies.Engine, plug *plugins.Host) func(context.Context, quota.CapEvent) (quota.SpendDecision, error) {
+// spendDecider wires quota's enforcer to decide.Decider.Spend. The enforcer stops the
+// sessions of the crossed cap's scope; a wider stop asked by a decider is logged.
+func spendDecider(pol *policies.Engine, plug *plugins.Host, log *slog.Logger) func(context.Context, quota.CapEvent) (quota.SpendDecision, error) {
+	d := decide.Decider{Policies: pol, Plugins: plug, Logger: log}
 	return func(ctx context.Context, ev quota.CapEvent) (quota.SpendDecision, error) {
-		in := map[string]any{"plan": map[string]any{}, "end_user_id": ev.EndUser, "caps": map[string]any{}}
-		caps := in["caps"].(map[string]any)
-		if ev.Scope == "project" {
-			in["project_spend_micro_usd"] = ev.SpendMicroUSD
-			caps["monthly_spend_cap_micro_usd"] = ev.CapMicroUSD
-		} else {
-			in["end_user_spend_micro_usd"] = ev.SpendMicroUSD
-			caps["end_user_monthly_spend_cap_micro_usd"] = ev.CapMicroUSD
-		}
-		d, err := pol.Spend(ctx, ev.Project, in)
+		scope, err := decide.ParseScope(ev.Scope)
 		if err != nil {
 			return quota.SpendDecision{}, err
 		}
-		out := quota.SpendDecision{Warnings: d.Warnings}
-		if ev.Level == "hard" {
-			out.Stop, out.DenyAdmission = d.StopScope != "", d.DenyAdmission
-		}
-		raw, err := plugins.SpendInput(ev.Project, nil, plugins.Spend{Scope: ev.Scope, EndUserID: ev.EndUser, Level: ev.Level,
-			SpendMicroUSD: ev.SpendMicroUSD, CapMicroUSD: ev.CapMicroUSD, Month: ev.Month}, time.Now()).Marshal()
+		level, err := decide.ParseLevel(ev.Level)
 		if err != nil {
-			return out, err
+			return quota.SpendDecision{}, err
 		}
-		ds, err := plug.Decide(ctx, ev.Project, "spend", raw)
-		if err != nil {
-			return out, err
+		out := d.Spend(ctx, decide.SpendInput{Project: ev.Project, Scope: scope, EndUserID: ev.EndUser, Level: level,
+			SpendMicroUSD: ev.SpendMicroUSD, CapMicroUSD: ev.CapMicroUSD, Month: ev.Month})
+		if out.Stop > scope {
+			log.WarnContext(ctx, "spend decision asks to stop a wider scope than the crossed cap's; stopping the cap's scope",
+				"project", ev.Project, "cap_scope", scope.String(), "asked", out.Stop.String())
 		}
-		for _, pd := range ds {
-			out.Warnings = append(out.Warnings, pd.Warnings...)
-			if !pd.Allow {
-				out.Stop, out.DenyAdmission = true, true
-				out.Warnings = append(out.Warnings, pd.Reasons...)
-			}
-		}
-		return out, nil
+		return quota.SpendDecision{Stop: out.Stop != decide.ScopeNone, DenyAdmission: out.DenyAdmission, Warnings: out.Warnings}, nil
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"wb/node"
 	"wb/plugins"
 	"wb/policies"
+	"wb/quota"
 )
 
 // TestRuntimeCheckerFailsClosed: a pinned policy that runs out of time refuses the event
@@ -29,7 +30,7 @@ func TestRuntimeCheckerFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = host.Close(ctx) })
-	c := runtimeChecker{pol: pol, plug: host}
+	c := runtimeChecker{pol: pol, plug: host, log: log}
 
 	slow, err := pol.Put(ctx, "proj_dc", "slow", `package wb.runtime
 
@@ -80,5 +81,41 @@ allow_egress if {
 		if v != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, v, tc.want)
 		}
+	}
+}
+
+// TestSpendDeciderKeepsPlatformCap: a project's spend policy that runs out of time does not
+// keep the platform's hard cap from stopping the end user's sessions; a soft cap stops nothing;
+// a cap event the decision point cannot read is an error (quota then applies its default).
+func TestSpendDeciderKeepsPlatformCap(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	log := slog.New(slog.DiscardHandler)
+	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, EvalTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pol.Close(ctx) })
+	host, err := plugins.NewHost(ctx, rdb, plugins.Options{CacheDir: t.TempDir(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = host.Close(ctx) })
+	if _, err := pol.Put(ctx, "proj_sd", "slow", "package wb.spend\n\nstop_sessions := \"end_user\" if {\n\tsome i in numbers.range(1, 20000)\n\tsome j in numbers.range(1, 20000)\n\ti * j < 0\n}\n", policies.ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	spend := spendDecider(pol, host, log)
+	ev := quota.CapEvent{Project: "proj_sd", EndUser: "u1", Scope: "end_user", Level: "hard", SpendMicroUSD: 5e6, CapMicroUSD: 5e6, Month: "2026-05"}
+	d, err := spend(ctx, ev)
+	if err != nil || !d.Stop || !d.DenyAdmission || !strings.Contains(strings.Join(d.Warnings, "|"), "pol_slow@1") {
+		t.Fatalf("hard: %+v %v", d, err)
+	}
+	ev.Level, ev.SpendMicroUSD = "soft", 4e6
+	if d, err := spend(ctx, ev); err != nil || d.Stop || d.DenyAdmission {
+		t.Fatalf("soft: %+v %v", d, err)
+	}
+	ev.Scope = "tenant"
+	if _, err := spend(ctx, ev); err == nil {
+		t.Fatal("a bad scope was read")
 	}
 }

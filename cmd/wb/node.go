@@ -195,7 +195,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		defer pol.Close(context.WithoutCancel(ctx))
 		defer plug.Close(context.WithoutCancel(ctx))
-		nd.Runtime = runtimeChecker{pol, plug}
+		nd.Runtime = runtimeChecker{pol, plug, log}
 	}
 	if nd == nil {
 		ln.Close()

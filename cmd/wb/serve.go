@@ -174,10 +174,10 @@ Flags:
 	defer pol.Close(context.WithoutCancel(ctx))
 	defer plug.Close(context.WithoutCancel(ctx))
 	if nd != nil {
-		nd.Runtime = runtimeChecker{pol, plug}
+		nd.Runtime = runtimeChecker{pol, plug, log}
 	}
 	accounts := quota.NewAccounts(rdb)
-	enforcer := &quota.Enforcer{Store: st, Accounts: accounts, Stopper: nodes, Decide: spendDecider(pol, plug), Logger: log}
+	enforcer := &quota.Enforcer{Store: st, Accounts: accounts, Stopper: nodes, Decide: spendDecider(pol, plug, log), Logger: log}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
 	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Logger: log})
 	webhookGuard, err := netguard.New(netguard.Options{})
