@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 	"wb/webhooks"
@@ -125,6 +126,26 @@ func redactInternal(msg string) string {
 	msg = internalIPv4.ReplaceAllString(msg, addr)
 	msg = internalHost.ReplaceAllString(msg, addr)
 	return hostPath.ReplaceAllString(msg, "$1<host path>")
+}
+
+// errNode maps a node's refusal to the API error of the same status and code: a 409 (the
+// guest's state on the node does not allow it; the message names that state) and a 404 (the
+// node holds no guest for the session). Anything else the node answered, and a node that
+// could not be reached, is errUpstream's 502 with code.
+func (s *Server) errNode(ctx context.Context, code, what string, err error) *apiError {
+	var ne *nodeapi.Error
+	if errors.As(err, &ne) {
+		msg := what + ": " + redactInternal(ne.Message)
+		switch ne.Status {
+		case http.StatusConflict:
+			return &apiError{Status: 409, Type: "invalid_state", Code: "invalid_state", Message: msg}
+		case http.StatusNotFound:
+			if ne.Code == nodeapi.CodeNotFound {
+				return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: msg}
+			}
+		}
+	}
+	return s.errUpstream(ctx, code, what, err)
 }
 
 // errUpstream is a 502 for a failure of the node or the guest's agent: the caller learns what
