@@ -69,7 +69,7 @@ type RetimeRequest struct {
 // Reason; the node tears the guest down and ends the session.
 type StopRequest struct {
 	ProjectID string         `json:"project_id"`
-	Reason    session.Reason `json:"state_reason"`
+	Reason    session.Reason `json:"state_reason,omitempty"`
 	Rule      string         `json:"rule,omitempty"` // the policy rule that stopped it, if any
 }
 
