@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/agent"
 	"wb/internal/fakenode"
 	"wb/node/client"
 	"wb/node/nodeapi"
@@ -169,5 +170,42 @@ func TestNodeRefusalThroughClient(t *testing.T) {
 	msg = expectError(t, e.do("POST", "/v1/sessions/"+s.ID+":snapshot", e.key, nil), 502, "snapshot_failed", "")
 	if strings.Contains(msg, "/var/lib") {
 		t.Errorf("snapshot's 502 %q leaks a host path", msg)
+	}
+}
+
+// stoppingNode is a fake node whose guests are stopping there while the store still says
+// running: its proxy to the agent answers 409 invalid_state, as the node's handler does.
+type stoppingNode struct {
+	*fakenode.Node
+	proxy *httptest.Server
+}
+
+func (n stoppingNode) Agent(context.Context, *session.Session) (*agent.Client, error) {
+	return agent.NewHTTPClient(http.DefaultClient, n.proxy.URL, ""), nil
+}
+
+func (n stoppingNode) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, _ []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	c, _ := n.Agent(ctx, s)
+	return c.Exec(ctx, agent.ExecRequest{Argv: []string{"true"}}, out)
+}
+
+// TestNodeProxyRefusal: files and exec on a guest the node says is not running answer 409
+// naming the node's state, not a 400 about the path or a 502.
+func TestNodeProxyRefusal(t *testing.T) {
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		_ = json.NewEncoder(w).Encode(nodeapi.ErrorBody{Error: &nodeapi.Error{Code: nodeapi.CodeInvalidState, Message: "node: session sess_x is stopping here"}})
+	}))
+	t.Cleanup(proxy.Close)
+	e := newEnv(t, func(c *Config) { c.Guests = stoppingNode{Node: c.Guests.(*fakenode.Node), proxy: proxy} })
+	s := e.running(map[string]any{"tier": 2})
+	for _, r := range []response{
+		e.do("GET", "/v1/sessions/"+s.ID+"/files?path=a.txt", e.key, nil),
+		e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"}),
+	} {
+		if msg := expectError(t, r, 409, "invalid_state", ""); !strings.Contains(msg, "stopping") {
+			t.Errorf("409 message %q: want it to name the node's state", msg)
+		}
 	}
 }

@@ -1,6 +1,8 @@
-// Package client is the control plane's side of the node API: it provisions sessions on
-// nodes (placer.Provisioner) and reaches their guests (gateway.Guests), finding each
-// session's node through the registrations in Redis.
+// Package client is the control plane's side of the node API (its types are package
+// nodeapi): it provisions sessions on nodes (placer.Provisioner) and reaches their guests
+// (gateway.Guests), finding each session's node through the registrations in Redis. A node's
+// error answer is an *nodeapi.Error, with its status and code; a node it cannot reach is any
+// other error.
 package client
 
 import (
