@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"wb/agent"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 	"wb/webhooks"
@@ -125,6 +127,38 @@ func redactInternal(msg string) string {
 	msg = internalIPv4.ReplaceAllString(msg, addr)
 	msg = internalHost.ReplaceAllString(msg, addr)
 	return hostPath.ReplaceAllString(msg, "$1<host path>")
+}
+
+// errNode maps a node's refusal to the API error of the same status and code: a 409 (the
+// guest's state on the node does not allow it; the message names that state) and a 404 (the
+// node holds no guest for the session). Anything else the node answered, and a node that
+// could not be reached, is errUpstream's 502 with code.
+func (s *Server) errNode(ctx context.Context, code, what string, err error) *apiError {
+	switch status, msg := nodeRefusal(err); status {
+	case http.StatusConflict:
+		return &apiError{Status: 409, Type: "invalid_state", Code: "invalid_state", Message: what + ": " + redactInternal(msg)}
+	case http.StatusNotFound:
+		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: what + ": " + redactInternal(msg)}
+	}
+	return s.errUpstream(ctx, code, what, err)
+}
+
+// nodeRefusal answers the status and message of the node's refusal in err: an answer of its
+// API (*nodeapi.Error), or its proxy's answer that the guest is not running there (an
+// *agent.Error with the node's invalid_state); 0 for anything else.
+func nodeRefusal(err error) (int, string) {
+	var ne *nodeapi.Error
+	if errors.As(err, &ne) {
+		if ne.Code == nodeapi.CodeInvalidState || ne.Code == nodeapi.CodeNotFound {
+			return ne.Status, ne.Message
+		}
+		return 0, ""
+	}
+	var ae *agent.Error
+	if errors.As(err, &ae) && ae.Code == nodeapi.CodeInvalidState {
+		return ae.Status, ae.Message
+	}
+	return 0, ""
 }
 
 // errUpstream is a 502 for a failure of the node or the guest's agent: the caller learns what

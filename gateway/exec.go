@@ -50,7 +50,7 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		if ended := s.endedDuring(ctx, sess); ended != nil {
 			return res, ended
 		}
-		return res, s.errUpstream(ctx, "exec_failed", "the node could not run the command", err)
+		return res, s.errNode(ctx, "exec_failed", "the node could not run the command", err)
 	}
 	return res, nil
 }

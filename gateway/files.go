@@ -12,6 +12,7 @@ import (
 	"github.com/coder/websocket"
 
 	"wb/agent"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 )
@@ -50,10 +51,11 @@ func filePath(r *http.Request) (string, error) {
 	return p, nil
 }
 
-// agentError maps an agent's error answer (404, 400, 413) to the API's.
+// agentError maps an agent's error answer (404, 400, 413) to the API's, and the node's
+// (its proxy's) as errNode does.
 func (s *Server) agentError(ctx context.Context, err error) error {
 	var ae *agent.Error
-	if errors.As(err, &ae) {
+	if errors.As(err, &ae) && ae.Code != nodeapi.CodeInvalidState {
 		switch ae.Status {
 		case 404:
 			return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: ae.Message}
@@ -63,7 +65,7 @@ func (s *Server) agentError(ctx context.Context, err error) error {
 			return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: ae.Message}
 		}
 	}
-	return s.errUpstream(ctx, "node_error", "the guest's agent failed", err)
+	return s.errNode(ctx, "node_error", "the guest's agent failed", err)
 }
 
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project) error {

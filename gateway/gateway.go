@@ -25,8 +25,9 @@ type Guests interface {
 	Agent(ctx context.Context, s *session.Session) (*agent.Client, error)
 	// Touch records activity (a PTY frame).
 	Touch(s *session.Session)
-	// Retime hands the node a session's new timers after a PATCH.
-	Retime(ctx context.Context, s *session.Session)
+	// Retime hands the node a session's new timers after a PATCH; an error when the node
+	// cannot apply them (it keeps the old ones).
+	Retime(ctx context.Context, s *session.Session) error
 	Pause(ctx context.Context, s *session.Session) error
 	Resume(ctx context.Context, s *session.Session) error
 	// Snapshot saves the guest; memory only when asked and the back end can. It answers

@@ -267,6 +267,12 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p store.Pr
 	return nil
 }
 
+// patchSession changes a session's timers. The node that runs the guest enforces them, so it
+// hears of them first and the store records them only once the node has applied them: a node
+// that refuses leaves both with the old timers, and a store write that loses a race re-reads
+// and hands the node the re-applied timers before writing again, so the last timers each side
+// got are the same. (Writing the store first and rolling it back on a refusal would show
+// timers no node ever enforced in between, and its rollback could itself lose a race.)
 func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	body, err := readBody(r)
 	if err != nil {
@@ -276,31 +282,55 @@ func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p store.Pr
 	if err := decodeStrict(body, &req); err != nil {
 		return err
 	}
+	ctx := r.Context()
 	for attempt := 0; ; attempt++ {
-		sess, err := s.loadSession(r.Context(), p, r.PathValue("id"))
+		sess, err := s.loadSession(ctx, p, r.PathValue("id"))
 		if err != nil {
 			return err
 		}
-		if sess.State.Terminal() {
+		if sess.State.Terminal() || sess.State == session.Stopping {
 			return errState("session is %s; its timers can no longer change", sess.State)
 		}
 		next, err := session.ApplyPatch(s.Tiers, *sess, req, s.Now())
 		if err != nil {
 			return err
 		}
-		out, err := s.Store.SetTimers(r.Context(), &next)
+		// A session not placed yet has no node: the placer hands its node the stored timers.
+		told := s.Guests != nil && sess.NodeID != ""
+		if told {
+			if err := s.Guests.Retime(ctx, &next); err != nil {
+				return s.errNode(ctx, "node_error", fmt.Sprintf("the node could not apply the new timers (the session is %s)", sess.State), err)
+			}
+		}
+		out, err := s.Store.SetTimers(ctx, &next)
 		var ce *store.ConflictError
 		if errors.As(err, &ce) && !ce.Current.Terminal() && attempt < 5 {
-			continue // changed under us: re-read and re-apply
+			continue // changed under us: re-read, re-apply, and tell the node again
 		}
 		if err != nil {
+			if told {
+				s.restoreTimers(ctx, sess)
+			}
 			return err
-		}
-		if s.Guests != nil {
-			s.Guests.Retime(r.Context(), out)
 		}
 		writeJSON(w, 200, out)
 		return nil
+	}
+}
+
+// restoreTimers hands the node back the timers the store holds for sess (those it held before
+// a PATCH whose store write failed after the node applied the new ones).
+func (s *Server) restoreTimers(ctx context.Context, sess *session.Session) {
+	ctx = context.WithoutCancel(ctx)
+	cur, err := s.Store.Get(ctx, sess.ProjectID, sess.ID)
+	if err != nil {
+		cur = sess // the write failed, so the store most likely still holds what was read
+	}
+	if cur.State.Terminal() {
+		return
+	}
+	if err := s.Guests.Retime(ctx, cur); err != nil {
+		s.log.ErrorContext(ctx, "PATCH: the node may keep timers the store does not hold", "session", sess.ID, "node", sess.NodeID, "err", err)
 	}
 }
 
@@ -421,7 +451,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, sess *session.Ses
 		return err
 	}
 	if err := g.Pause(r.Context(), sess); err != nil {
-		return s.errUpstream(r.Context(), "node_error", "the node could not pause the guest", err)
+		return s.errNode(r.Context(), "node_error", "the node could not pause the guest", err)
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Running, To: session.Paused, Driver: session.Caller, Version: sess.Version})
@@ -445,7 +475,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, sess *session.Se
 		return err
 	}
 	if err := g.Resume(r.Context(), sess); err != nil {
-		return s.errUpstream(r.Context(), "node_error", "the node could not resume the guest", err)
+		return s.errNode(r.Context(), "node_error", "the node could not resume the guest", err)
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Paused, To: session.Running, Driver: session.Caller, Version: sess.Version})
@@ -505,7 +535,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		return recordErr
 	}
 	if snapErr != nil {
-		return s.errUpstream(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
+		return s.errNode(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
 	}
 	if _, err := s.Store.AppendEvent(bg, sess.ProjectID, session.EventSnapshotReady, sess.ID, snap); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -15,29 +16,36 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/node/nodeapi"
 	"wb/session"
 )
 
-// Handler serves the node's API to the control plane: provisioning and the guest controls,
-// and /v1/sessions/{id}/agent/…, a reverse proxy to the session's agent (exec, files, PTY over
-// WebSocket) that counts every call as activity. Every request carries token as a bearer token.
+// Handler serves the node's API to the control plane (its types are package nodeapi):
+// provisioning and the guest controls, and /v1/sessions/{id}/agent/…, a reverse proxy to the
+// session's agent (exec, files, PTY over WebSocket) that counts every call as activity. Every
+// request but /healthz carries token as a bearer token. Errors answer nodeapi.ErrorBody.
 func (n *Node) Handler(token string) http.Handler {
 	m := http.NewServeMux()
-	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
-	m.HandleFunc("POST /v1/provision", n.apiProvision)
-	m.HandleFunc("POST /v1/sessions/{id}", n.apiAction)
-	m.HandleFunc("DELETE /v1/snapshots/{id}", func(w http.ResponseWriter, r *http.Request) {
+	m.HandleFunc(nodeapi.RouteHealth, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, 200, nodeapi.Health{Status: "ok"})
+	})
+	m.HandleFunc(nodeapi.RouteProvision, n.apiProvision)
+	m.HandleFunc(nodeapi.RouteSessionAction, n.apiAction)
+	m.HandleFunc(nodeapi.RouteDeleteSnapshot, func(w http.ResponseWriter, r *http.Request) {
 		if err := n.DeleteSnapshot(r.PathValue("id")); err != nil {
-			apiErr(w, 500, err)
+			writeError(w, err)
 			return
 		}
 		w.WriteHeader(204)
 	})
-	m.HandleFunc("/v1/sessions/{id}/agent/", n.apiAgent)
+	m.HandleFunc(nodeapi.RouteAgent, n.apiAgent)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeAPIError(w, &nodeapi.Error{Status: 404, Code: nodeapi.CodeNoRoute, Message: "node: no route " + r.Method + " " + r.URL.Path})
+	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(key), []byte(token)) != 1 {
-			apiErr(w, 401, errors.New("node: bad or missing token"))
+		if r.URL.Path != nodeapi.PathHealth && subtle.ConstantTimeCompare([]byte(key), []byte(token)) != 1 {
+			writeAPIError(w, &nodeapi.Error{Status: 401, Code: nodeapi.CodeUnauthenticated, Message: "node: bad or missing token"})
 			return
 		}
 		m.ServeHTTP(w, r)
@@ -50,43 +58,56 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func apiErr(w http.ResponseWriter, status int, err error) {
-	writeJSON(w, status, map[string]map[string]string{"error": {"message": err.Error()}})
+func writeAPIError(w http.ResponseWriter, e *nodeapi.Error) {
+	writeJSON(w, e.Status, nodeapi.ErrorBody{Error: e})
 }
 
-func decodeSession(r *http.Request) (*session.Session, error) {
-	var s session.Session
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&s); err != nil {
-		return nil, err
+// writeError answers err with the status and code its kind has: a body or field the node
+// cannot use is a 400, a session it holds no guest for a 404, a state that does not allow
+// the operation a 409, anything else the node's own failure, a 500.
+func writeError(w http.ResponseWriter, err error) {
+	var (
+		ng *NoGuestError
+		se *StateError
+		fe *session.FieldError
+		ne *nodeapi.Error
+	)
+	e := &nodeapi.Error{Status: 500, Code: nodeapi.CodeInternal, Message: err.Error()}
+	switch {
+	case errors.As(err, &ne):
+		e = ne
+	case errors.As(err, &ng):
+		e.Status, e.Code = 404, nodeapi.CodeNotFound
+	case errors.As(err, &se):
+		e.Status, e.Code = 409, nodeapi.CodeInvalidState
+	case errors.As(err, &fe):
+		e.Status, e.Code, e.Param = 400, nodeapi.CodeInvalidRequest, fe.Field
 	}
-	return &s, nil
+	writeAPIError(w, e)
+}
+
+// decodeBody reads a JSON request body of at most limit bytes into v; what it cannot read is
+// a 400.
+func decodeBody(r *http.Request, limit int64, v any) error {
+	if err := json.NewDecoder(io.LimitReader(r.Body, limit)).Decode(v); err != nil {
+		return &nodeapi.Error{Status: 400, Code: nodeapi.CodeInvalidRequest, Param: "body", Message: "node: cannot read the request body: " + err.Error()}
+	}
+	return nil
 }
 
 // apiProvision starts a guest in the background: the node reports the outcome through Redis.
 func (n *Node) apiProvision(w http.ResponseWriter, r *http.Request) {
-	s, err := decodeSession(r)
-	if err != nil {
-		apiErr(w, 400, err)
+	var s nodeapi.ProvisionRequest
+	if err := decodeBody(r, 1<<20, &s); err != nil {
+		writeError(w, err)
 		return
 	}
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		_ = n.Provision(n.ctx, n.Info, s)
+		_ = n.Provision(n.ctx, n.Info, &s)
 	}()
-	writeJSON(w, 202, map[string]string{"session_id": s.ID})
-}
-
-// SnapshotRequest is the body of POST /v1/sessions/{id}:snapshot.
-type SnapshotRequest struct {
-	SnapshotID    string `json:"snapshot_id"`
-	IncludeMemory bool   `json:"include_memory"`
-}
-
-// SnapshotResult answers it.
-type SnapshotResult struct {
-	Memory    bool  `json:"memory"`
-	SizeBytes int64 `json:"size_bytes"`
+	writeJSON(w, 202, nodeapi.ProvisionAccepted{SessionID: s.ID})
 }
 
 func (n *Node) apiAction(w http.ResponseWriter, r *http.Request) {
@@ -95,48 +116,56 @@ func (n *Node) apiAction(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var err error
 	switch action {
-	case "pause":
+	case nodeapi.ActionPause:
 		err = n.Pause(ctx, ref)
-	case "resume":
+	case nodeapi.ActionResume:
 		err = n.Resume(ctx, ref)
-	case "touch":
+	case nodeapi.ActionTouch:
 		n.Touch(ref)
-	case "stop", "retime":
-		var s *session.Session
-		if s, err = decodeSession(r); err == nil {
-			s.ID = id
-			if action == "stop" {
-				err = n.Stop(ctx, s)
-			} else {
-				n.Retime(ctx, s)
-			}
+	case nodeapi.ActionRetime:
+		var req nodeapi.RetimeRequest
+		if err = decodeBody(r, 1<<16, &req); err == nil {
+			err = n.Retime(ctx, &session.Session{ID: id, IdleTimeoutS: req.IdleTimeoutS, MaxLifetimeS: req.MaxLifetimeS})
 		}
-	case "snapshot":
-		var req SnapshotRequest
-		if err = json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil {
-			apiErr(w, 400, err)
-			return
+	case nodeapi.ActionStop:
+		var req nodeapi.StopRequest
+		if err = decodeBody(r, 1<<16, &req); err == nil {
+			err = n.Stop(ctx, stopped(id, req))
+		}
+	case nodeapi.ActionSnapshot:
+		var req nodeapi.SnapshotRequest
+		if err = decodeBody(r, 1<<16, &req); err != nil {
+			break
 		}
 		if !validName(req.SnapshotID) {
-			apiErr(w, 400, errors.New("node: bad snapshot id"))
+			err = &session.FieldError{Field: "snapshot_id", Message: fmt.Sprintf("%q is not a usable snapshot id (1–128 letters, digits, _ or -)", req.SnapshotID)}
+			break
+		}
+		var res nodeapi.SnapshotResult
+		if res.Memory, res.SizeBytes, err = n.Snapshot(ctx, ref, req.SnapshotID, req.IncludeMemory); err == nil {
+			writeJSON(w, 200, res)
 			return
 		}
-		mem, size, err := n.Snapshot(ctx, ref, req.SnapshotID, req.IncludeMemory)
-		if err != nil {
-			apiErr(w, 409, err)
-			return
-		}
-		writeJSON(w, 200, SnapshotResult{Memory: mem, SizeBytes: size})
-		return
 	default:
-		apiErr(w, 404, errors.New("node: unknown action "+action))
-		return
+		err = &nodeapi.Error{Status: 404, Code: nodeapi.CodeNoRoute, Message: fmt.Sprintf("node: unknown action %q", action)}
 	}
 	if err != nil {
-		apiErr(w, 409, err)
+		writeError(w, err)
 		return
 	}
 	w.WriteHeader(204)
+}
+
+// stopped is the session a StopRequest describes, as Node.Stop takes it.
+func stopped(id string, req nodeapi.StopRequest) *session.Session {
+	s := &session.Session{ID: id, ProjectID: req.ProjectID}
+	if req.Reason != "" {
+		s.StateReason = &req.Reason
+	}
+	if req.Rule != "" {
+		s.Rule = &req.Rule
+	}
+	return s
 }
 
 // apiAgent proxies to the session's agent while it runs.
@@ -144,14 +173,14 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	l, err := n.running(&session.Session{ID: id})
 	if err != nil {
-		apiErr(w, 409, err)
+		writeError(w, err)
 		return
 	}
 	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/agent/v1/exec") {
 		// The runtime decision point sees every command before the guest runs it.
 		body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
 		if err != nil {
-			apiErr(w, 400, err)
+			writeAPIError(w, &nodeapi.Error{Status: 400, Code: nodeapi.CodeInvalidRequest, Param: "body", Message: "node: cannot read the request body: " + err.Error()})
 			return
 		}
 		var req struct {
@@ -200,10 +229,10 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 func writeRuntimeRefusal(w http.ResponseWriter, err error) {
 	var ke *KilledError
 	if errors.As(err, &ke) {
-		writeJSON(w, 403, map[string]map[string]string{"error": {"code": "policy_violation", "message": ke.Error(), "param": ke.Rule}})
+		writeAPIError(w, &nodeapi.Error{Status: 403, Code: nodeapi.CodePolicyViolation, Message: ke.Error(), Param: ke.Rule})
 		return
 	}
-	writeJSON(w, 403, map[string]map[string]string{"error": {"code": "policy_error", "message": err.Error()}})
+	writeAPIError(w, &nodeapi.Error{Status: 403, Code: nodeapi.CodePolicyError, Message: err.Error()})
 }
 
 // agentProxy forwards /v1/sessions/{id}/agent/<rest> to /<rest> on the agent's socket, streaming
@@ -227,7 +256,7 @@ func agentProxy(sock string) *httputil.ReverseProxy {
 			pr.Out.URL.RawPath = ""
 		},
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			apiErr(w, 502, err)
+			writeAPIError(w, &nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: "node: the guest's agent did not answer: " + err.Error()})
 		},
 	}
 }

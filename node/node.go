@@ -220,7 +220,7 @@ func (n *Node) lookup(id string) (*live, error) {
 	defer n.mu.Unlock()
 	l, ok := n.guests[id]
 	if !ok {
-		return nil, fmt.Errorf("node: no guest for session %s", id)
+		return nil, &NoGuestError{SessionID: id}
 	}
 	return l, nil
 }

@@ -51,7 +51,7 @@ func (n *Node) running(s *session.Session) (*live, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.g.State != session.Running {
-		return nil, fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+		return nil, &StateError{SessionID: s.ID, State: l.g.State}
 	}
 	n.touch(l)
 	return l, nil
@@ -122,7 +122,7 @@ func (n *Node) Pause(ctx context.Context, s *session.Session) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.g.State != session.Running {
-		return fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+		return &StateError{SessionID: s.ID, State: l.g.State}
 	}
 	n.sample(ctx, l)
 	if err := n.Driver.Pause(ctx, l.g.GuestID); err != nil {
@@ -142,7 +142,7 @@ func (n *Node) Resume(ctx context.Context, s *session.Session) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.g.State != session.Paused {
-		return fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+		return &StateError{SessionID: s.ID, State: l.g.State}
 	}
 	n.sample(ctx, l) // bills the pause as paused, not running
 	if err := n.Driver.Resume(ctx, l.g.GuestID); err != nil {
@@ -164,7 +164,7 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.g.State != session.Running {
-		return false, 0, fmt.Errorf("node: session %s is %s here", s.ID, l.g.State)
+		return false, 0, &StateError{SessionID: s.ID, State: l.g.State}
 	}
 	tpl, err := n.template(l.g.Template)
 	if err != nil {
@@ -249,7 +249,7 @@ func (n *Node) DeleteSnapshot(id string) error {
 // Stop tears down a session the control plane moved to stopping, and ends it.
 func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	if s.StateReason == nil {
-		return errors.New("node: stop without a reason")
+		return &session.FieldError{Field: "state_reason", Message: "required: the reason the session is stopping for"}
 	}
 	// endNow ends a session that has no guest to tear down here.
 	endNow := func() error {
@@ -282,14 +282,29 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	return nil
 }
 
-// Retime takes new timers from a PATCH.
-func (n *Node) Retime(_ context.Context, s *session.Session) {
+// Retime takes a session's new timers from a PATCH and enforces them from now on. It refuses
+// timers outside the session's tier (a *session.FieldError), a session it holds no guest for
+// (*NoGuestError: not placed here, or not yet) and one whose guest is stopping or ended here
+// (*StateError): the gateway then keeps the timers the node enforces.
+func (n *Node) Retime(_ context.Context, s *session.Session) error {
 	l, err := n.lookup(s.ID)
 	if err != nil {
-		return
+		return err
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	switch l.g.State {
+	case session.Provisioning, session.Running, session.Paused:
+	default:
+		return &StateError{SessionID: s.ID, State: l.g.State, Detail: "its timers can no longer change"}
+	}
+	tier, err := n.Tiers.Tier(l.g.Tier)
+	if err != nil {
+		return err
+	}
+	if err := tier.ValidateTimeouts(s.IdleTimeoutS, s.MaxLifetimeS); err != nil {
+		return err
+	}
 	if l.g.MaxLifetimeS != s.MaxLifetimeS {
 		l.g.LifeWarned = false
 	}
@@ -298,6 +313,29 @@ func (n *Node) Retime(_ context.Context, s *session.Session) {
 	}
 	l.g.IdleTimeoutS, l.g.MaxLifetimeS = s.IdleTimeoutS, s.MaxLifetimeS
 	n.save(l)
+	return nil
+}
+
+// NoGuestError is an operation on a session the node holds no guest for: never provisioned
+// here, not yet, or already removed.
+type NoGuestError struct{ SessionID string }
+
+func (e *NoGuestError) Error() string { return "node: no guest for session " + e.SessionID }
+
+// StateError is an operation the state of the session's guest here does not allow; the
+// message names the state.
+type StateError struct {
+	SessionID string
+	State     session.State
+	Detail    string // why the state does not allow it, when the state alone does not say
+}
+
+func (e *StateError) Error() string {
+	msg := fmt.Sprintf("node: session %s is %s here", e.SessionID, e.State)
+	if e.Detail != "" {
+		msg += "; " + e.Detail
+	}
+	return msg
 }
 
 // end stops the guest for reason, as driver: to stopping and then its terminal state, or

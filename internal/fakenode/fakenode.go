@@ -28,6 +28,8 @@ type Node struct {
 	MemorySnapshots bool
 
 	mu            sync.Mutex
+	retimeErr     error             // what Retime answers (nil: it applies the timers)
+	timers        map[string]Timers // session → the timers the node enforces
 	snapshotDelay time.Duration
 	snapshotBytes int64 // what Snapshot answers (0: 4096)
 	paused        map[string]bool
@@ -37,7 +39,7 @@ type Node struct {
 
 // New registers a node with generous capacity in region "local".
 func New(ctx context.Context, st *store.Store, dir string) (*Node, error) {
-	n := &Node{Store: st, Dir: dir, paused: map[string]bool{}, agents: map[string]*fakeAgent{}, MemorySnapshots: true,
+	n := &Node{Store: st, Dir: dir, paused: map[string]bool{}, agents: map[string]*fakeAgent{}, timers: map[string]Timers{}, MemorySnapshots: true,
 		Info: store.NodeInfo{ID: "node_fake", Addr: "127.0.0.1:0", Region: "local", Zone: "local-a",
 			Tiers: []int{1, 2, 3, 4}, VCPU: 1000, MemoryMiB: 1 << 30}}
 	return n, n.Heartbeat(ctx)
@@ -63,6 +65,9 @@ func (n *Node) record(op, id string) {
 // with start_failure).
 func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, s *session.Session) error {
 	n.record("provision", s.ID)
+	n.mu.Lock()
+	n.timers[s.ID] = Timers{IdleTimeoutS: s.IdleTimeoutS, MaxLifetimeS: s.MaxLifetimeS}
+	n.mu.Unlock()
 	if n.Hang {
 		return nil
 	}
@@ -128,8 +133,35 @@ func (n *Node) Agent(_ context.Context, s *session.Session) (*agent.Client, erro
 // Touch records activity.
 func (n *Node) Touch(s *session.Session) { n.record("touch", s.ID) }
 
-// Retime records new timers.
-func (n *Node) Retime(_ context.Context, s *session.Session) { n.record("retime", s.ID) }
+// Timers are a session's timers as the node enforces them.
+type Timers struct{ IdleTimeoutS, MaxLifetimeS int }
+
+// Retime applies new timers, or answers the error SetRetimeError set and keeps the old ones.
+func (n *Node) Retime(_ context.Context, s *session.Session) error {
+	n.record("retime", s.ID)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.retimeErr != nil {
+		return n.retimeErr
+	}
+	n.timers[s.ID] = Timers{IdleTimeoutS: s.IdleTimeoutS, MaxLifetimeS: s.MaxLifetimeS}
+	return nil
+}
+
+// SetRetimeError makes every Retime from now on answer err (nil: apply the timers again).
+func (n *Node) SetRetimeError(err error) {
+	n.mu.Lock()
+	n.retimeErr = err
+	n.mu.Unlock()
+}
+
+// EnforcedTimers answers the timers the node enforces for a session it provisioned.
+func (n *Node) EnforcedTimers(sessionID string) (Timers, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	t, ok := n.timers[sessionID]
+	return t, ok
+}
 
 // Exec runs argv through the session's agent.
 func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, _ []string, out func(session.ExecChunk) error) (session.ExecResult, error) {

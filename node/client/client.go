@@ -1,6 +1,8 @@
-// Package client is the control plane's side of the node API: it provisions sessions on
-// nodes (placer.Provisioner) and reaches their guests (gateway.Guests), finding each
-// session's node through the registrations in Redis.
+// Package client is the control plane's side of the node API (its types are package
+// nodeapi): it provisions sessions on nodes (placer.Provisioner) and reaches their guests
+// (gateway.Guests), finding each session's node through the registrations in Redis. A node's
+// error answer is an *nodeapi.Error, with its status and code; a node it cannot reach is any
+// other error.
 package client
 
 import (
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 )
@@ -65,6 +68,9 @@ func (c *Client) addr(ctx context.Context, nodeID string) (string, error) {
 	return a, nil
 }
 
+// call sends in (when not nil) as JSON and decodes the answer into out (when not nil). An
+// error answer of the node is an *nodeapi.Error with its status and code, wrapped with the
+// node's id; a failure to reach the node is any other error.
 func (c *Client) call(ctx context.Context, nodeID, method, path string, in, out any) error {
 	base, err := c.addr(ctx, nodeID)
 	if err != nil {
@@ -90,17 +96,13 @@ func (c *Client) call(ctx context.Context, nodeID, method, path string, in, out 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		var e struct {
-			Error struct{ Message string } `json:"error"`
-		}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
-			return fmt.Errorf("node %s: %s", nodeID, e.Error.Message)
-		}
-		return fmt.Errorf("node %s: %s", nodeID, resp.Status)
+		return fmt.Errorf("node %s: %w", nodeID, nodeapi.ParseError(resp.StatusCode, b))
 	}
 	if out != nil {
-		return json.NewDecoder(resp.Body).Decode(out)
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return fmt.Errorf("node %s: %s %s: decode the answer: %w", nodeID, method, path, err)
+		}
 	}
 	return nil
 }
@@ -110,7 +112,8 @@ func (c *Client) Provision(ctx context.Context, n store.NodeInfo, s *session.Ses
 	c.mu.Lock()
 	c.addrs[n.ID] = n.Addr
 	c.mu.Unlock()
-	return c.call(ctx, n.ID, "POST", "/v1/provision", s, nil)
+	var accepted nodeapi.ProvisionAccepted
+	return c.call(ctx, n.ID, "POST", nodeapi.PathProvision, (*nodeapi.ProvisionRequest)(s), &accepted)
 }
 
 // Agent answers a client of the session's agent, through its node's proxy.
@@ -119,7 +122,7 @@ func (c *Client) Agent(ctx context.Context, s *session.Session) (*agent.Client, 
 	if err != nil {
 		return nil, err
 	}
-	return agent.NewHTTPClient(c.hc, base+"/v1/sessions/"+s.ID+"/agent", c.token), nil
+	return agent.NewHTTPClient(c.hc, base+nodeapi.AgentBase(s.ID), c.token), nil
 }
 
 // Exec runs a command in the session's guest.
@@ -151,32 +154,32 @@ func (c *Client) Touch(s *session.Session) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = c.call(ctx, s.NodeID, "POST", "/v1/sessions/"+s.ID+":touch", nil, nil)
+	_ = c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionTouch), nil, nil)
 }
 
-// Retime hands the node new timers.
-func (c *Client) Retime(ctx context.Context, s *session.Session) {
-	_ = c.call(ctx, s.NodeID, "POST", "/v1/sessions/"+s.ID+":retime", s, nil)
+// Retime hands the node the session's new timers; the node refuses timers it cannot apply
+// (an *nodeapi.Error: 404 when it holds no guest for the session, 409 when the guest is
+// stopping or ended there).
+func (c *Client) Retime(ctx context.Context, s *session.Session) error {
+	return c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionRetime),
+		nodeapi.RetimeRequest{IdleTimeoutS: s.IdleTimeoutS, MaxLifetimeS: s.MaxLifetimeS}, nil)
 }
 
 // Pause freezes the guest.
 func (c *Client) Pause(ctx context.Context, s *session.Session) error {
-	return c.call(ctx, s.NodeID, "POST", "/v1/sessions/"+s.ID+":pause", nil, nil)
+	return c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionPause), nil, nil)
 }
 
 // Resume thaws it.
 func (c *Client) Resume(ctx context.Context, s *session.Session) error {
-	return c.call(ctx, s.NodeID, "POST", "/v1/sessions/"+s.ID+":resume", nil, nil)
+	return c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionResume), nil, nil)
 }
 
 // Snapshot saves it.
 func (c *Client) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
-	var res struct {
-		Memory    bool  `json:"memory"`
-		SizeBytes int64 `json:"size_bytes"`
-	}
-	err := c.call(ctx, s.NodeID, "POST", "/v1/sessions/"+s.ID+":snapshot",
-		map[string]any{"snapshot_id": snapshotID, "include_memory": memory}, &res)
+	var res nodeapi.SnapshotResult
+	err := c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionSnapshot),
+		nodeapi.SnapshotRequest{SnapshotID: snapshotID, IncludeMemory: memory}, &res)
 	return res.Memory, res.SizeBytes, err
 }
 
@@ -185,7 +188,14 @@ func (c *Client) Stop(ctx context.Context, s *session.Session) error {
 	if s.NodeID == "" {
 		return nil // never placed: nothing to tear down
 	}
-	return c.call(ctx, s.NodeID, "POST", "/v1/sessions/"+s.ID+":stop", s, nil)
+	req := nodeapi.StopRequest{ProjectID: s.ProjectID}
+	if s.StateReason != nil {
+		req.Reason = *s.StateReason
+	}
+	if s.Rule != nil {
+		req.Rule = *s.Rule
+	}
+	return c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionStop), req, nil)
 }
 
 // DeleteSnapshot removes a snapshot's files from every node that may hold them.
@@ -199,7 +209,7 @@ func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 		c.mu.Lock()
 		c.addrs[n.ID] = n.Addr
 		c.mu.Unlock()
-		if err := c.call(ctx, n.ID, "DELETE", "/v1/snapshots/"+id, nil, nil); err != nil {
+		if err := c.call(ctx, n.ID, "DELETE", nodeapi.SnapshotPath(id), nil, nil); err != nil {
 			errs = append(errs, err)
 		}
 	}
