@@ -347,7 +347,7 @@ func TestSnapshotMemoryRunsc(t *testing.T) {
 		t.Fatalf("guest after checkpoint: %+v, %v (want stopped)", info, err)
 	}
 	at := readInt(t, count)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // the point: 3 of the counter's ticks, had it kept running
 	if now := readInt(t, count); now != at {
 		t.Fatalf("counter moved after the checkpoint (%d → %d)", at, now)
 	}
