@@ -314,7 +314,7 @@ func startNode(t testing.TB, cfg node.Config) *running {
 	r := &running{Node: n, cancel: cancel, done: make(chan struct{})}
 	go func() { r.err = n.Run(ctx); close(r.done) }()
 	t.Cleanup(func() { r.stop(t) })
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		nodes, err := cfg.Store.Nodes(ctx)
 		if err == nil && slices.ContainsFunc(nodes, func(i store.NodeInfo) bool { return i.ID == cfg.Info.ID }) {
@@ -384,7 +384,7 @@ func placed(t testing.TB, st *store.Store, project, nodeID string, o sessionOpts
 func provision(t testing.TB, st *store.Store, n *node.Node, project string, o sessionOpts) *session.Session {
 	t.Helper()
 	s := placed(t, st, project, n.Info.ID, o)
-	if err := n.Provision(ctxT(t, time.Minute), n.Info, s); err != nil {
+	if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, s); err != nil { // a cold, busy machine boots slowly
 		t.Fatalf("provision %s: %v", s.ID, err)
 	}
 	got := get(t, st, project, s.ID)
