@@ -402,10 +402,10 @@ func testIsolation(t *testing.T, d *deployment) {
 func startCounter(t testing.TB, d *deployment, id string, atLeast int) {
 	t.Helper()
 	d.sh(t, id, `(i=0; while :; do i=$((i+1)); echo $i > /workspace/c; sleep 0.1; done) >/dev/null 2>&1 &`)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for readCounter(t, d, id) < atLeast {
 		if time.Now().After(deadline) {
-			t.Fatalf("the counter did not reach %d within 20 s", atLeast)
+			t.Fatalf("the counter did not reach %d within 60 s", atLeast)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -734,14 +734,14 @@ func testRuns(t *testing.T, d *deployment) {
 		expect(t, r, 200, "GET /v1/runs/"+run.ID)
 		// Ephemeral: its session is gone (or going) once the run ended.
 		if run.SessionID != "" {
-			deadline := time.Now().Add(10 * time.Second)
+			deadline := time.Now().Add(60 * time.Second)
 			for {
 				s := d.getSession(t, run.SessionID)
 				if terminal[s.State] {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Errorf("the ephemeral run's session %s is still %s 10 s after the run", s.ID, s.State)
+					t.Errorf("the ephemeral run's session %s is still %s 60 s after the run", s.ID, s.State)
 					break
 				}
 				time.Sleep(100 * time.Millisecond)
