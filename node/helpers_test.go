@@ -265,10 +265,17 @@ func (d timedDriver) Delete(ctx context.Context, id string) error {
 	return err
 }
 
-// nodeConfig is a node of the test's: fast ticks, a 1 s usage flush.
+// nodeConfig is a node of the test's: fast ticks, a 1 s usage flush, and tiers whose cold
+// start is allowed 20 s (a provision deadline of 60 s): the default 3 s (9 s) is for a
+// production host, not for a 2-core machine booting the tests' many guests at once.
 func nodeConfig(t testing.TB, st *store.Store, d *oci.Driver, dataDir, id string) node.Config {
 	log := testLogger(t)
+	tiers := session.DefaultTiers()
+	for i := range tiers {
+		tiers[i].ColdP95 = max(tiers[i].ColdP95, 20*time.Second)
+	}
 	return node.Config{
+		Tiers: tiers,
 		Store: st, Driver: timedDriver{d, log}, Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
 		Info: store.NodeInfo{ID: id, Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a",
 			Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
