@@ -64,7 +64,7 @@ func startAgent(t *testing.T, reap bool) (*Client, Config) {
 			t.Errorf("Serve did not return after its context ended")
 		}
 	})
-	waitHealthy(t, c, 5*time.Second)
+	waitHealthy(t, c, 30*time.Second)
 	return c, cfg
 }
 
@@ -708,7 +708,7 @@ func TestQuiesce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitHealthy(t, c, 5*time.Second) // the idle connection is accepted by now
+		waitHealthy(t, c, 30*time.Second) // the idle connection is accepted by now
 		pty, _, err := c.PTY(ctx, 80, 24, "")
 		if err != nil {
 			t.Fatal(err)
@@ -725,12 +725,12 @@ func TestQuiesce(t *testing.T) {
 		if _, err := os.Stat(cfg.Socket); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("round %d: the socket file is still there: %v", round, err)
 		}
-		_ = idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_ = idle.SetReadDeadline(time.Now().Add(30 * time.Second))
 		if n, err := idle.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
 			t.Errorf("round %d: idle connection read = %d, %v; want EOF", round, n, err)
 		}
 		idle.Close()
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		for {
 			if _, _, err := pty.Read(rctx); err != nil {
 				break
@@ -739,7 +739,7 @@ func TestQuiesce(t *testing.T) {
 		cancel()
 		pty.CloseNow()
 
-		waitHealthy(t, c, 10*time.Second)
+		waitHealthy(t, c, 30*time.Second)
 		if elapsed := time.Since(start); elapsed < d {
 			t.Errorf("round %d: listening again after %v, before %v", round, elapsed, d)
 		}
@@ -765,7 +765,7 @@ func TestStaleSocketAndShutdown(t *testing.T) {
 	go func() { done <- Serve(ctx, Config{Socket: sock, Root: filepath.Join(dir, "root")}) }()
 	c := NewClient(sock)
 	defer c.Close()
-	waitHealthy(t, c, 5*time.Second)
+	waitHealthy(t, c, 30*time.Second)
 
 	// Shutdown kills what runs.
 	var pid int

@@ -40,6 +40,7 @@ func TestStreamIsBackPressured(t *testing.T) {
 	}, func(ch session.ExecChunk) error {
 		if !stalled {
 			stalled = true
+			// The point: a stalled reader. 2 s is ample for 16 MiB to pass if nothing held it back.
 			time.Sleep(2 * time.Second)
 			if _, err := os.Stat(marker); err == nil {
 				return fmt.Errorf("the command wrote all %d bytes while nobody read: output is buffered without bound", n)

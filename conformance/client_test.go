@@ -212,7 +212,7 @@ func (d *deployment) newSession(t testing.TB, extra map[string]any) sessionObj {
 		body[k] = v
 	}
 	s := d.createSession(t, body)
-	return d.waitState(t, s.ID, "running", 60*time.Second)
+	return d.waitState(t, s.ID, "running", 3*time.Minute)
 }
 
 type execResult struct {
@@ -372,13 +372,13 @@ func (d *deployment) awaitSnapshot(t testing.TB, id string, r *response) snapsho
 		defer cancel()
 		_, _ = d.request(ctx, "DELETE", "/v1/snapshots/"+s.ID, nil, nil)
 	})
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(3 * time.Minute)
 	for s.State != "ready" {
 		if s.State == "failed" {
 			t.Fatalf("snapshot %s failed", s.ID)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("snapshot %s still %s after 60 s", s.ID, s.State)
+			t.Fatalf("snapshot %s still %s after 3 minutes", s.ID, s.State)
 		}
 		time.Sleep(50 * time.Millisecond)
 		r := d.call(t, "GET", "/v1/snapshots/"+s.ID, nil)

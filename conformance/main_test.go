@@ -193,7 +193,7 @@ func startServer(bin, rt string, extra ...string) (*deployment, error) {
 	d.cmd = cmd
 	go func() { d.waitErr = cmd.Wait(); close(d.exited) }()
 
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(3 * time.Minute) // a fresh machine's first start does the most
 	for {
 		vals := readEnvLines(filepath.Join(tmp, "stdout"))
 		if vals["WB_URL"] != "" && vals["WB_API_KEY"] != "" && vals["WB_ADMIN_KEY"] != "" {
@@ -208,7 +208,7 @@ func startServer(bin, rt string, extra ...string) (*deployment, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			err := fmt.Errorf("wb serve --runtime %s printed no WB_URL/WB_API_KEY/WB_ADMIN_KEY within 60 s; stderr:\n%s", rt, d.stderrTail(100))
+			err := fmt.Errorf("wb serve --runtime %s printed no WB_URL/WB_API_KEY/WB_ADMIN_KEY within 3 minutes; stderr:\n%s", rt, d.stderrTail(100))
 			d.stop()
 			return nil, err
 		}

@@ -73,7 +73,7 @@ func TestPolicyModes(t *testing.T) {
 					t.Fatalf("dryrun: %d, Warning %q", r.status, r.header.Get("Warning"))
 				}
 				// The decision log (a Redis stream, written asynchronously) says would-deny.
-				deadline := time.Now().Add(5 * time.Second)
+				deadline := time.Now().Add(30 * time.Second)
 				for {
 					entries, _ := e.rdb.XRange(context.Background(), policies.DecisionsKey(projID), "-", "+").Result()
 					found := false

@@ -237,7 +237,7 @@ func TestGuestCrash(t *testing.T) {
 			end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired)
 			checkEnded(t, end, session.Failed, session.GuestCrash)
 			checkSlots(t, st, project)
-			if err := waitGuestGone(t, d, s.ID, 10*time.Second); err != nil {
+			if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
 				t.Errorf("the session failed with guest_crash but its guest was not torn down: %v", err)
 			}
 		})

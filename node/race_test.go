@@ -48,6 +48,6 @@ func TestProvisionBeforeRun(t *testing.T) {
 	if resp.StatusCode != 202 {
 		t.Fatalf("provision: %s", resp.Status)
 	}
-	end, _ := waitState(t, st, project, s.ID, 10*time.Second, session.Failed, session.Running)
+	end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Running)
 	checkEnded(t, end, session.Failed, session.StartFailure)
 }

@@ -19,11 +19,8 @@ import (
 func TestValidate(t *testing.T) {
 	h, _ := newTestHost(t, nil, Options{})
 	for _, name := range []string{"allowlist", "tiercap", "requiremeta", "noop", "hostile"} {
-		// A deadline per module: each is a cold wazero compile, over a minute under -race on
-		// a slow or loaded machine; one deadline for all five failed there.
-		vctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		d, err := h.Validate(vctx, guests[name])
-		cancel()
+		// TestMain compiled each into the shared cache: this loads it.
+		d, err := h.Validate(ctxT(t), guests[name])
 		if err != nil || d != Digest(guests[name]) || !strings.HasPrefix(d, "sha256:") || len(d) != 71 {
 			t.Fatalf("%s: %q %v", name, d, err)
 		}
@@ -345,14 +342,18 @@ func TestHotSwap(t *testing.T) {
 	if err := h.SetLimits(ctx, p, Limits{Timeout: MaxTimeout}); err != nil {
 		t.Fatal(err)
 	}
-	// v1 logs "start" and then spins long enough for the swap to happen meanwhile.
-	v1 := logSpinPlugin(`{"allow":true,"warnings":["v1"]}`, 30_000_000)
+	// v1 logs "start", and the log call (the sink's on) holds it until the swap is done: the
+	// calls are in flight during the swap on any machine, with no spin to time.
+	v1 := logSpinPlugin(`{"allow":true,"warnings":["v1"]}`, 1)
 	mustPut(t, h, p, "swap", v1, 0, false)
-	started := make(chan struct{}, 8)
+	started, release := make(chan struct{}, 8), make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
 	sink.mu.Lock()
 	sink.on = func(msg string) {
 		if msg == "start" {
 			started <- struct{}{}
+			<-release
 		}
 	}
 	sink.mu.Unlock()
@@ -375,6 +376,7 @@ func TestHotSwap(t *testing.T) {
 	if d := one(t, decide(t, h, p, in)); !slices.Equal(d.Warnings, []string{"v2"}) {
 		t.Fatalf("after the swap: %+v", d)
 	}
+	releaseOnce()
 	wg.Wait()
 	for _, d := range results {
 		if !d.Allow || !slices.Equal(d.Warnings, []string{"v1"}) {
@@ -394,12 +396,17 @@ func TestHotSwap(t *testing.T) {
 func TestPoolBound(t *testing.T) {
 	h, sink := newTestHost(t, mini(t), Options{PoolSize: 1, Timeout: MaxTimeout})
 	const p = "proj-pool"
-	mustPut(t, h, p, "slow", logSpinPlugin(`{"allow":true}`, 20_000_000), 0, false)
-	started := make(chan struct{}, 1)
+	// The first call holds the only instance: its log call (the sink's on) returns once the
+	// second call has given up, however slow the machine.
+	mustPut(t, h, p, "slow", logSpinPlugin(`{"allow":true}`, 1), 0, false)
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce)
 	sink.mu.Lock()
 	sink.on = func(msg string) {
 		if msg == "start" {
 			started <- struct{}{}
+			<-release
 		}
 	}
 	sink.mu.Unlock()
@@ -417,6 +424,7 @@ func TestPoolBound(t *testing.T) {
 	if _, err := h.Decide(ctx, p, session.PointAdmission, in); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("waiting call: %v", err)
 	}
+	releaseOnce()
 	<-done
 }
 

@@ -2,17 +2,21 @@ package plugins
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/tetratelabs/wazero"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -29,10 +33,11 @@ var (
 		"rawgo":       "./testdata/guests/rawgo",
 	}
 	guests   = map[string][]byte{}
-	cacheDir string // compilation cache shared by the tests' hosts
+	cacheDir string // compilation cache shared by the tests' hosts, warmed by TestMain
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
 	os.Exit(run(m))
 }
 
@@ -44,36 +49,122 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	cacheDir = filepath.Join(dir, "cache")
-	if err := buildGuests(dir); err != nil {
+	start := time.Now()
+	paths, err := buildGuests(dir)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	built := time.Now()
+	// Every Go guest compiled once, before any test and under no test's deadline: a cold
+	// compile of one takes a minute or more in a race-instrumented binary on a slow machine.
+	if err := warmCache(cacheDir, paths); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if testing.Verbose() {
+		fmt.Fprintf(os.Stderr, "plugins tests: guests built in %s, compiled in %s\n",
+			built.Sub(start).Round(time.Millisecond), time.Since(built).Round(time.Millisecond))
 	}
 	return m.Run()
 }
 
-// buildGuests builds every Go guest with GOOS=wasip1 GOARCH=wasm -buildmode=c-shared.
-func buildGuests(dir string) error {
-	gobin, err := exec.LookPath("go")
+// buildGuests builds every Go guest with GOOS=wasip1 GOARCH=wasm -buildmode=c-shared (one
+// package per go build: c-shared takes one main package), and answers the files' paths.
+func buildGuests(dir string) ([]string, error) {
+	gobin, err := goCommand()
 	if err != nil {
-		gobin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
-		if _, err := os.Stat(gobin); err != nil {
-			return fmt.Errorf("no go command to build the guests: %w", err)
-		}
+		return nil, err
 	}
+	var (
+		mu    sync.Mutex
+		errs  []error
+		paths []string
+		wg    sync.WaitGroup
+	)
 	for name, pkg := range guestDirs {
-		out := filepath.Join(dir, name+".wasm")
-		cmd := exec.Command(gobin, "build", "-buildmode=c-shared", "-trimpath", "-o", out, pkg)
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %w\n%s", pkg, err, b)
-		}
-		b, err := os.ReadFile(out)
-		if err != nil {
-			return err
-		}
-		guests[name] = b
+		wg.Go(func() {
+			out := filepath.Join(dir, name+".wasm")
+			cmd := exec.Command(gobin, "build", "-buildmode=c-shared", "-trimpath", "-o", out, pkg)
+			cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+			b, err := cmd.CombinedOutput()
+			if err != nil {
+				err = fmt.Errorf("build %s: %w\n%s", pkg, err, b)
+			} else {
+				b, err = os.ReadFile(out)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			guests[name] = b
+			paths = append(paths, out)
+		})
+	}
+	wg.Wait()
+	return paths, errors.Join(errs...)
+}
+
+// warmCache compiles the modules into dir with testdata/warmcache, a program built without
+// -race: wazero's compiler runs several times faster there, and the code it writes is the
+// same. The tests' hosts then load it from dir.
+func warmCache(dir string, wasm []string) error {
+	gobin, err := goCommand()
+	if err != nil {
+		return err
+	}
+	version, err := wazeroVersion(dir)
+	if err != nil {
+		return err
+	}
+	// wazero files its cache under its version and checks it in every entry. A test binary
+	// carries no module versions, so its wazero says "dev"; the program must say the same,
+	// through the variable wazero's own CLI sets this way.
+	args := []string{"run", "-ldflags=-X github.com/tetratelabs/wazero/internal/version.version=" + version,
+		"./testdata/warmcache", dir}
+	cmd := exec.Command(gobin, append(args, wasm...)...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("compile the guests into %s: %w\n%s", dir, err, b)
 	}
 	return nil
+}
+
+// wazeroVersion answers the version wazero reports in this binary, read from the name of
+// the subdirectory that a compilation cache makes in dir: wazero-VERSION-GOARCH-GOOS.
+func wazeroVersion(dir string) (string, error) {
+	ctx := context.Background()
+	c, err := wazero.NewCompilationCacheWithDir(dir)
+	if err != nil {
+		return "", err
+	}
+	if err := c.Close(ctx); err != nil {
+		return "", err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	suffix := "-" + runtime.GOARCH + "-" + runtime.GOOS
+	for _, e := range entries {
+		if v, ok := strings.CutPrefix(e.Name(), "wazero-"); ok && strings.HasSuffix(v, suffix) {
+			return strings.TrimSuffix(v, suffix), nil
+		}
+	}
+	return "", fmt.Errorf("no wazero-VERSION%s directory in %s", suffix, dir)
+}
+
+func goCommand() (string, error) {
+	gobin, err := exec.LookPath("go")
+	if err == nil {
+		return gobin, nil
+	}
+	gobin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	if _, err := os.Stat(gobin); err != nil {
+		return "", fmt.Errorf("no go command to build the guests: %w", err)
+	}
+	return gobin, nil
 }
 
 // logSink collects the host's log lines.
@@ -135,8 +226,18 @@ func mini(t testing.TB) redis.UniversalClient {
 	return c
 }
 
+// ctxT is the context of a test's calls. It ends a little before the test binary's -timeout
+// would stop everything (so that a stuck call fails its own test, with a message), not at a
+// fixed figure that a slow machine can reach: TestMain compiled the Go guests, and a test's
+// own calls are quick.
 func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	d := time.Now().Add(10 * time.Minute)
+	if tt, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if end, ok := tt.Deadline(); ok {
+			d = end.Add(-time.Until(end) / 20)
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }

@@ -169,7 +169,7 @@ func TestSettlerUpdatesSessionAndReport(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	go func() { _ = NewSettler(rdb, SettlerOptions{Poll: 10 * time.Millisecond}).Run(cctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	var got *session.Session
 	for time.Now().Before(deadline) {
 		got, _ = st.Get(ctx, "proj_r", "sess_r1")

@@ -299,7 +299,7 @@ func TestProjectsIsolated(t *testing.T) {
 	}
 	waitFor(t, "A's events", func() bool { return len(ra.succeeded()) >= 8 })
 	waitFor(t, "B's events", func() bool { return len(rb.succeeded()) >= 2 })
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the point: room for a stray or duplicate request to show
 
 	for name, c := range map[string]struct {
 		r       *receiver
@@ -337,7 +337,7 @@ func TestEventFilter(t *testing.T) {
 	runSessions(t, st, project, 2)
 	waitFor(t, "all events", func() bool { return len(rAll.succeeded()) >= 8 })
 	waitFor(t, "running events", func() bool { return len(rRun.succeeded()) >= 2 })
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the point: room for a stray or duplicate request to show
 	if got := rRun.all(); len(got) != 2 || got[0].Payload.Type != session.EventRunning || got[1].Payload.Type != session.EventRunning {
 		t.Errorf("running-only endpoint got %+v", got)
 	}
@@ -388,7 +388,7 @@ func testRestart(t *testing.T, rdb redis.UniversalClient) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the point: room for a stray or duplicate request to show
 	if got := len(rcv.all()); got != n {
 		t.Fatalf("%d requests after the dispatcher stopped", got-n)
 	}
@@ -400,7 +400,7 @@ func testRestart(t *testing.T, rdb redis.UniversalClient) {
 	rcv.setPolicy(nil)
 	startDispatcher(t, rdb, fastOptions("second"))
 	waitFor(t, "the rest", func() bool { return len(rcv.succeeded()) >= 5 })
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the point: room for a stray or duplicate request to show
 
 	events := outbox(t, rdb, project)
 	reqs := rcv.all()
@@ -500,7 +500,7 @@ func TestEndpointDeleted(t *testing.T) {
 		return err == nil && n == 0
 	})
 	n := len(rcv.all())
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the point: room for a stray or duplicate request to show
 	if len(rcv.all()) != n {
 		t.Error("deliveries go on to a deleted endpoint")
 	}
@@ -593,7 +593,7 @@ func TestTwoDispatchers(t *testing.T) {
 
 	runSessions(t, st, project, 5)
 	waitFor(t, "all events", func() bool { return len(r1.succeeded()) >= 20 && len(r2.succeeded()) >= 10 })
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the point: room for a stray or duplicate request to show
 	events := outbox(t, rdb, project)
 	for _, r := range []*receiver{r1, r2} {
 		checkOrder(t, r.all(), events)
@@ -637,7 +637,7 @@ func TestTakeOver(t *testing.T) {
 	}
 	startDispatcher(t, rdb, fastOptions("alive"))
 	waitFor(t, "all events", func() bool { return len(rcv.succeeded()) >= 4 })
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // the point: room for a stray or duplicate request to show
 	var types []string
 	for _, q := range rcv.all() {
 		types = append(types, q.Payload.Type)

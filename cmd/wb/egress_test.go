@@ -86,7 +86,7 @@ func TestRegisterGateway(t *testing.T) {
 		close(done)
 	}()
 	var got []store.GatewayInfo
-	for i := 0; i < 500 && len(got) == 0; i++ {
+	for deadline := time.Now().Add(30 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 		var err error
 		if got, err = st.Gateways(context.Background()); err != nil {

@@ -217,7 +217,7 @@ func (g *guest) mustRun(script string) string {
 // boot creates and boots s, waits for the job runner, and returns the guest and latencies.
 func boot(t testing.TB, d *oci.Driver, s hypervisor.Spec) (g *guest, create, start, ready time.Duration) {
 	t.Helper()
-	ctx := ctxT(t, 60*time.Second)
+	ctx := ctxT(t, 3*time.Minute) // create and boot, on a cold, busy machine
 	g = track(t, d, s)
 	t0 := time.Now()
 	if err := d.Create(ctx, s); err != nil {
@@ -228,7 +228,7 @@ func boot(t testing.TB, d *oci.Driver, s hypervisor.Spec) (g *guest, create, sta
 		t.Fatal(err)
 	}
 	t2 := time.Now()
-	waitFile(t, filepath.Join(s.AgentDir, "ready"), 30*time.Second)
+	waitFile(t, filepath.Join(s.AgentDir, "ready"), 2*time.Minute)
 	return g, t1.Sub(t0), t2.Sub(t1), time.Since(t0)
 }
 

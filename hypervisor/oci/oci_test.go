@@ -23,7 +23,7 @@ func TestGuestLifecycle(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
 			d := newDriver(t, rt)
-			ctx := ctxT(t, 3*time.Minute)
+			ctx := ctxT(t, 10*time.Minute) // the whole test's steps: generous for a cold, busy machine
 			s := guestSpec(t, cat[templates.Base], jobRunner)
 			g, create, start, ready := boot(t, d, s)
 			t.Logf("%s: create %s, boot %s, create→ready %s", rt, ms(create), ms(start), ms(ready))
@@ -207,7 +207,7 @@ func TestOOM(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
 			d := newDriver(t, rt)
-			ctx := ctxT(t, 2*time.Minute)
+			ctx := ctxT(t, 10*time.Minute) // the whole test's steps: generous for a cold, busy machine
 			s := guestSpec(t, cat[templates.Base], `echo ready > /run/wb/ready; sleep 1; awk 'BEGIN { s = "a"; for (i = 0; i < 28; i++) s = s s; print length(s) }' > /workspace/survived; while :; do sleep 1; done`)
 			s.MemoryMiB = 64
 			track(t, d, s)
@@ -266,7 +266,7 @@ func TestSnapshotDiskOnly(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
 			d := newDriver(t, rt)
-			ctx := ctxT(t, 3*time.Minute)
+			ctx := ctxT(t, 10*time.Minute) // the whole test's steps: generous for a cold, busy machine
 			s := guestSpec(t, cat[templates.Base], jobRunner)
 			g, _, _, _ := boot(t, d, s)
 			g.mustRun(`mkdir -p /workspace/src && echo 'print("hi")' > /workspace/src/main.py && chmod 600 /workspace/src/main.py && ln -s src/main.py /workspace/link && echo secret > /root/.token && echo scratch > /tmp/s`)
@@ -322,7 +322,7 @@ func TestSnapshotDiskOnly(t *testing.T) {
 func TestSnapshotMemoryRunsc(t *testing.T) {
 	cat := catalog(t)
 	d := newDriver(t, "runsc")
-	ctx := ctxT(t, 3*time.Minute)
+	ctx := ctxT(t, 10*time.Minute) // the whole test's steps: generous for a cold, busy machine
 	s := guestSpec(t, cat[templates.Base], `echo ready > /run/wb/ready; i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done`)
 	boot(t, d, s)
 	count := filepath.Join(hypervisor.WorkspaceDir(s.Writable), "count")
@@ -347,7 +347,7 @@ func TestSnapshotMemoryRunsc(t *testing.T) {
 		t.Fatalf("guest after checkpoint: %+v, %v (want stopped)", info, err)
 	}
 	at := readInt(t, count)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // the point: 3 of the counter's ticks, had it kept running
 	if now := readInt(t, count); now != at {
 		t.Fatalf("counter moved after the checkpoint (%d → %d)", at, now)
 	}
@@ -460,7 +460,7 @@ func TestPausedGuest(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
 			d := newDriver(t, rt)
-			ctx := ctxT(t, 2*time.Minute)
+			ctx := ctxT(t, 10*time.Minute) // the whole test's steps: generous for a cold, busy machine
 			a := guestSpec(t, cat[templates.Base], jobRunner)
 			boot(t, d, a)
 			if err := d.Pause(ctx, a.ID); err != nil {

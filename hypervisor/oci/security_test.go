@@ -75,7 +75,7 @@ func agentGuest(t *testing.T, d *oci.Driver, tpl templates.Template, binds []hyp
 	s.Args = []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace}
 	s.ReadOnlyBinds = append(s.ReadOnlyBinds, binds...)
 	track(t, d, s)
-	ctx := ctxT(t, 2*time.Minute)
+	ctx := ctxT(t, 3*time.Minute) // create, boot and the agent's first answer, on a cold, busy machine
 	if err := d.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}

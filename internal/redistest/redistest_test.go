@@ -141,7 +141,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}
 		StartProc(t).Stop()
 	})
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for runtime.NumGoroutine() > before {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<16)
