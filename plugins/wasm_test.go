@@ -1,5 +1,7 @@
 package plugins
 
+import "wb/internal/wasmtest"
+
 // A tiny WebAssembly encoder for hand-written test modules (there is no wat2wasm here).
 
 const (
@@ -31,52 +33,15 @@ const (
 	blockEmpty    = 0x40
 )
 
-func uleb(v uint64) []byte {
-	var b []byte
-	for {
-		c := byte(v & 0x7f)
-		v >>= 7
-		if v != 0 {
-			b = append(b, c|0x80)
-			continue
-		}
-		return append(b, c)
-	}
-}
-
-func sleb(v int64) []byte {
-	var b []byte
-	for {
-		c := byte(v & 0x7f)
-		v >>= 7
-		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
-			return append(b, c)
-		}
-		b = append(b, c|0x80)
-	}
-}
-
-func wstr(s string) []byte { return append(uleb(uint64(len(s))), s...) }
-
-func vec(items ...[]byte) []byte {
-	out := uleb(uint64(len(items)))
-	for _, it := range items {
-		out = append(out, it...)
-	}
-	return out
-}
-
-func section(id byte, body []byte) []byte {
-	return append(append([]byte{id}, uleb(uint64(len(body)))...), body...)
-}
-
-func cat(parts ...[]byte) []byte {
-	var out []byte
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
+// The encoding helpers are shared with tests outside this package.
+var (
+	uleb    = wasmtest.ULEB
+	sleb    = wasmtest.SLEB
+	wstr    = wasmtest.Str
+	vec     = wasmtest.Vec
+	section = wasmtest.Section
+	cat     = wasmtest.Cat
+)
 
 func i32c(v int32) []byte { return append([]byte{opI32Const}, sleb(int64(v))...) }
 func i64c(v int64) []byte { return append([]byte{opI64Const}, sleb(v)...) }

@@ -1,6 +1,6 @@
-// Package wasmtest builds tiny WebAssembly plugins for tests outside package plugins, which
-// cannot build Go guests cheaply (each is compiled cold by wazero): a module written byte by
-// byte against plugins/ABI.md.
+// Package wasmtest builds tiny WebAssembly modules for tests, byte by byte (there is no
+// wat2wasm here): the encoding helpers, and ConstPlugin for tests outside package plugins,
+// which cannot build Go guests cheaply (each is compiled cold by wazero).
 package wasmtest
 
 // ConstPlugin is a plugin whose decide answers result (a JSON result of plugins/ABI.md) to
@@ -10,27 +10,28 @@ func ConstPlugin(result string) []byte {
 	const inputAt = 1024
 	const i32, i64, end = 0x7f, 0x7e, 0x0b
 	body := func(code []byte) []byte {
-		b := cat(vec(), code, []byte{end}) // no locals
-		return cat(uleb(uint64(len(b))), b)
+		b := Cat(Vec(), code, []byte{end}) // no locals
+		return Cat(ULEB(uint64(len(b))), b)
 	}
 	out := []byte("\x00asm\x01\x00\x00\x00")
-	out = append(out, section(1, vec([]byte{0x60, 1, i32, 1, i32}, []byte{0x60, 2, i32, i32, 1, i64}))...) // types: alloc, decide
-	out = append(out, section(3, vec([]byte{0}, []byte{1}))...)                                            // functions
-	out = append(out, section(5, vec([]byte{0, 1}))...)                                                    // memory: min 1 page
-	out = append(out, section(7, vec(
-		cat(wstr("memory"), []byte{2, 0}),
-		cat(wstr("alloc"), []byte{0, 0}),
-		cat(wstr("decide"), []byte{0, 1}),
+	out = append(out, Section(1, Vec([]byte{0x60, 1, i32, 1, i32}, []byte{0x60, 2, i32, i32, 1, i64}))...) // types: alloc, decide
+	out = append(out, Section(3, Vec([]byte{0}, []byte{1}))...)                                            // functions
+	out = append(out, Section(5, Vec([]byte{0, 1}))...)                                                    // memory: min 1 page
+	out = append(out, Section(7, Vec(
+		Cat(Str("memory"), []byte{2, 0}),
+		Cat(Str("alloc"), []byte{0, 0}),
+		Cat(Str("decide"), []byte{0, 1}),
 	))...)
-	out = append(out, section(10, vec(
-		body(cat([]byte{0x41}, sleb(inputAt))),            // i32.const inputAt
-		body(cat([]byte{0x42}, sleb(int64(len(result))))), // i64.const (0 << 32) | len
+	out = append(out, Section(10, Vec(
+		body(Cat([]byte{0x41}, SLEB(inputAt))),            // i32.const inputAt
+		body(Cat([]byte{0x42}, SLEB(int64(len(result))))), // i64.const (0 << 32) | len
 	))...)
-	out = append(out, section(11, vec(cat([]byte{0, 0x41, 0, end}, wstr(result))))...) // data at 0
+	out = append(out, Section(11, Vec(Cat([]byte{0, 0x41, 0, end}, Str(result))))...) // data at 0
 	return out
 }
 
-func uleb(v uint64) []byte {
+// ULEB encodes v as unsigned LEB128.
+func ULEB(v uint64) []byte {
 	var b []byte
 	for {
 		c := byte(v & 0x7f)
@@ -43,7 +44,8 @@ func uleb(v uint64) []byte {
 	}
 }
 
-func sleb(v int64) []byte {
+// SLEB encodes v as signed LEB128.
+func SLEB(v int64) []byte {
 	var b []byte
 	for {
 		c := byte(v & 0x7f)
@@ -55,21 +57,25 @@ func sleb(v int64) []byte {
 	}
 }
 
-func wstr(s string) []byte { return append(uleb(uint64(len(s))), s...) }
+// Str encodes a name: its length, then its bytes.
+func Str(s string) []byte { return append(ULEB(uint64(len(s))), s...) }
 
-func vec(items ...[]byte) []byte {
-	out := uleb(uint64(len(items)))
+// Vec encodes a vector: its length, then its items.
+func Vec(items ...[]byte) []byte {
+	out := ULEB(uint64(len(items)))
 	for _, it := range items {
 		out = append(out, it...)
 	}
 	return out
 }
 
-func section(id byte, body []byte) []byte {
-	return append(append([]byte{id}, uleb(uint64(len(body)))...), body...)
+// Section encodes a section of id.
+func Section(id byte, body []byte) []byte {
+	return append(append([]byte{id}, ULEB(uint64(len(body)))...), body...)
 }
 
-func cat(parts ...[]byte) []byte {
+// Cat concatenates parts.
+func Cat(parts ...[]byte) []byte {
 	var out []byte
 	for _, p := range parts {
 		out = append(out, p...)
