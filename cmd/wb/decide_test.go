@@ -14,12 +14,11 @@ import (
 	"wb/quota"
 )
 
-// TestRuntimeCheckerFailsClosed: a pinned policy that runs out of time refuses the event
-// (exec and egress alike) and never hides the platform's kill; a working one decides.
-func TestRuntimeCheckerFailsClosed(t *testing.T) {
+// decisionPointsForTest answers a policy engine whose evaluations time out after 50 ms and a
+// plugin host, both on a fresh Redis.
+func decisionPointsForTest(t *testing.T, log *slog.Logger) (*policies.Engine, *plugins.Host) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
-	log := slog.New(slog.DiscardHandler)
 	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, EvalTimeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -30,6 +29,15 @@ func TestRuntimeCheckerFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = host.Close(ctx) })
+	return pol, host
+}
+
+// TestRuntimeCheckerFailsClosed: a pinned policy that runs out of time refuses the event
+// (exec and egress alike) and never hides the platform's kill; a working one decides.
+func TestRuntimeCheckerFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	pol, host := decisionPointsForTest(t, log)
 	c := runtimeChecker{pol: pol, plug: host, log: log}
 
 	slow, err := pol.Put(ctx, "proj_dc", "slow", `package wb.runtime
@@ -89,18 +97,8 @@ allow_egress if {
 // a cap event the decision point cannot read is an error (quota then applies its default).
 func TestSpendDeciderKeepsPlatformCap(t *testing.T) {
 	ctx := context.Background()
-	rdb := redistest.Server(t)
 	log := slog.New(slog.DiscardHandler)
-	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, EvalTimeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pol.Close(ctx) })
-	host, err := plugins.NewHost(ctx, rdb, plugins.Options{CacheDir: t.TempDir(), Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = host.Close(ctx) })
+	pol, host := decisionPointsForTest(t, log)
 	if _, err := pol.Put(ctx, "proj_sd", "slow", "package wb.spend\n\nstop_sessions := \"end_user\" if {\n\tsome i in numbers.range(1, 20000)\n\tsome j in numbers.range(1, 20000)\n\ti * j < 0\n}\n", policies.ModeEnforce); err != nil {
 		t.Fatal(err)
 	}
