@@ -86,34 +86,31 @@ func errPlanLimit(param, format string, args ...any) *apiError {
 
 // snapshotRoom refuses a snapshot before any work when the project is already at its plan's
 // snapshot count or bytes (recordSnapshot checks again, atomically, once the size is known).
-func (s *Server) snapshotRoom(ctx context.Context, project string) error {
+// It answers the project, whose plan recordSnapshot then holds the snapshot to.
+func (s *Server) snapshotRoom(ctx context.Context, project string) (store.Project, error) {
 	p, err := s.Store.GetProject(ctx, project)
 	if err != nil {
-		return err
+		return p, err
 	}
 	n, used, err := s.Store.SnapshotUsage(ctx, project)
 	if err != nil {
-		return err
+		return p, err
 	}
 	if n+1 > p.SnapshotCount {
-		return errPlanLimit("snapshot_count", "the project keeps %d snapshots and its plan allows %d (snapshot_count); delete one with DELETE /v1/snapshots/{id}", n, p.SnapshotCount)
+		return p, errPlanLimit("snapshot_count", "the project keeps %d snapshots and its plan allows %d (snapshot_count); delete one with DELETE /v1/snapshots/{id}", n, p.SnapshotCount)
 	}
 	if used+1 > p.SnapshotBytes() {
-		return errPlanLimit("snapshot_gib", "the project's snapshots hold %d bytes and its plan allows %d GiB (snapshot_gib); delete snapshots with DELETE /v1/snapshots/{id}", used, p.SnapshotGiB)
+		return p, errPlanLimit("snapshot_gib", "the project's snapshots hold %d bytes and its plan allows %d GiB (snapshot_gib); delete snapshots with DELETE /v1/snapshots/{id}", used, p.SnapshotGiB)
 	}
-	return nil
+	return p, nil
 }
 
 // recordSnapshot records a snapshot just taken, if the project's plan has room for it; one
 // that does not fit has its files deleted from the node, and the refusal is answered. The
 // check and the record are one step in the store, so snapshots taken at once cannot pass
 // the plan together.
-func (s *Server) recordSnapshot(ctx context.Context, project string, snap session.Snapshot) error {
-	p, err := s.Store.GetProject(ctx, project)
-	if err != nil {
-		return err
-	}
-	err = s.Store.PutSnapshot(ctx, project, snap.ID, snap, max(snap.SizeBytes, 1), p.SnapshotCount, p.SnapshotBytes())
+func (s *Server) recordSnapshot(ctx context.Context, p store.Project, snap session.Snapshot) error {
+	err := s.Store.PutSnapshot(ctx, p.ID, snap.ID, snap, max(snap.SizeBytes, 1), p.SnapshotCount, p.SnapshotBytes())
 	var le *store.SnapshotLimitError
 	if !errors.As(err, &le) {
 		return err

@@ -503,7 +503,8 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		return err
 	}
 	ctx := r.Context()
-	if err := s.snapshotRoom(ctx, sess.ProjectID); err != nil {
+	proj, err := s.snapshotRoom(ctx, sess.ProjectID)
+	if err != nil {
 		return err
 	}
 	if _, err := s.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID,
@@ -523,7 +524,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 	// A snapshot that passes the plan (a 403) is not recorded; one that failed is, as failed.
 	var recordErr error
 	if snapErr == nil {
-		recordErr = s.recordSnapshot(bg, sess.ProjectID, snap)
+		recordErr = s.recordSnapshot(bg, proj, snap)
 	} else {
 		recordErr = s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap)
 	}
