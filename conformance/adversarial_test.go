@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -100,7 +101,10 @@ func testCrossTenant(t *testing.T, rep *report, a, b *deployment) {
 	var wh struct {
 		ID string `json:"id"`
 	}
-	r := a.call(t, "POST", "/v1/webhook_endpoints", map[string]any{"url": "https://hooks.example.com/a", "events": []string{"session.failed"}})
+	// A's receiver listens on loopback: a test never resolves or dials a name outside it.
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	t.Cleanup(recv.Close)
+	r := a.call(t, "POST", "/v1/webhook_endpoints", map[string]any{"url": recv.URL + "/a", "events": []string{"session.failed"}})
 	expect(t, r, 201, "A's webhook endpoint")
 	r.decode(t, &wh)
 

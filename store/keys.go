@@ -37,6 +37,11 @@ const (
 	PlacerKickChannel = "wb:kick:placer"
 )
 
+// signalKey is a stream of signals of one kind of work, field p the project with work,
+// trimmed to about signalMaxLen entries. Written by store (Signal) after every write that
+// makes such work; read by the worker of that kind with a consumer group (Signals).
+func signalKey(w Work) string { return "wb:signal:" + string(w) }
+
 // apiKeyKey is a string, the project id the API key belongs to, under the key's SHA-256 (the
 // key itself is never stored): "wb:apikey:HEX". Written by store (CreateProject, AddAPIKey).
 func apiKeyKey(key string) string {

@@ -1,0 +1,144 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Work names a kind of background work that a project can have waiting: each kind has a
+// signal stream that every writer of such work appends the project to, and that the worker
+// of that kind reads with a consumer group and a blocking read. So an idle platform does
+// nothing: no worker walks every project to find the few with work.
+//
+// A signal is a hint, delivered at least once: the worker that reads it handles all of the
+// project's waiting work of that kind (its own per-project stream, lists, sets), then
+// acknowledges it. A signal lost (a writer that died between its write and its signal) costs
+// latency, not work: each worker sweeps every project when it starts and, rarely, after.
+type Work string
+
+const (
+	// WorkOutbox: the project's outbox has events for the webhook dispatcher.
+	WorkOutbox Work = "outbox"
+	// WorkUsage: the project's usage stream has records for the settler.
+	WorkUsage Work = "usage"
+	// WorkPending: the project has a pending session for the placer.
+	WorkPending Work = "pending"
+)
+
+// signalMaxLen bounds a signal stream (approximately, as XADD MAXLEN ~ does): signals only
+// ever name projects with work, so the newest 100,000 are plenty, and a burst cannot grow
+// the stream without bound.
+const signalMaxLen = 100_000
+
+// signalClaimIdle is how long a signal may stay read and unacknowledged (a worker died
+// handling it) before another worker claims it.
+const signalClaimIdle = 30 * time.Second
+
+// Signal is one read signal: the project with work, and the stream entry to acknowledge.
+type Signal struct {
+	ID      string
+	Project string
+}
+
+// Signal appends project to the signal stream of w. Writers call it after (or pipelined
+// with) the write that made the work.
+func (s *Store) Signal(ctx context.Context, w Work, project string) error {
+	return signal(ctx, s.rdb, w, project).Err()
+}
+
+// signal queues the signal on c, a client or a pipeline.
+func signal(ctx context.Context, c redis.Cmdable, w Work, project string) *redis.StringCmd {
+	return c.XAdd(ctx, &redis.XAddArgs{Stream: signalKey(w), MaxLen: signalMaxLen, Approx: true,
+		Values: []any{"p", project}})
+}
+
+// Signals reads signals of w for consumer in group: first any this consumer read and never
+// acknowledged, then any another consumer left unacknowledged for signalClaimIdle, then new
+// ones, waiting up to wait for one (0: do not wait). It answers at most count signals, and
+// none (no error) when wait passes. The group is created on first use and reads the stream
+// from its start: no signal sent before a worker first ran is lost.
+func (s *Store) Signals(ctx context.Context, w Work, group, consumer string, wait time.Duration, count int) ([]Signal, error) {
+	key := signalKey(w)
+	if err := s.rdb.XGroupCreateMkStream(ctx, key, group, "0").Err(); err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
+		return nil, err
+	}
+	// Own unacknowledged signals first (this consumer restarted under the same name).
+	got, err := s.readSignals(ctx, key, group, consumer, "0", -1, count)
+	if err != nil || len(got) > 0 {
+		return got, err
+	}
+	claimed, _, err := s.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: key, Group: group, Consumer: consumer,
+		MinIdle: signalClaimIdle, Start: "0", Count: int64(count)}).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	if len(claimed) > 0 {
+		return toSignals(claimed), nil
+	}
+	block := wait
+	if block <= 0 {
+		block = -1 // go-redis: no BLOCK argument
+	}
+	return s.readSignals(ctx, key, group, consumer, ">", block, count)
+}
+
+func (s *Store) readSignals(ctx context.Context, key, group, consumer, start string, block time.Duration, count int) ([]Signal, error) {
+	res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: consumer,
+		Streams: []string{key, start}, Count: int64(count), Block: block}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []Signal
+	for _, st := range res {
+		out = append(out, toSignals(st.Messages)...)
+	}
+	return out, nil
+}
+
+func toSignals(msgs []redis.XMessage) []Signal {
+	out := make([]Signal, 0, len(msgs))
+	for _, m := range msgs {
+		p, _ := m.Values["p"].(string)
+		out = append(out, Signal{ID: m.ID, Project: p})
+	}
+	return out
+}
+
+// AckSignals acknowledges handled signals of w in group and deletes them: a signal is read
+// by one group per kind of work, so once acknowledged it has no reader left.
+func (s *Store) AckSignals(ctx context.Context, w Work, group string, sigs []Signal) error {
+	if len(sigs) == 0 {
+		return nil
+	}
+	ids := make([]string, len(sigs))
+	for i, sg := range sigs {
+		ids[i] = sg.ID
+	}
+	key := signalKey(w)
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAck(ctx, key, group, ids...)
+		p.XDel(ctx, key, ids...)
+		return nil
+	})
+	return err
+}
+
+// SignalProjects answers the distinct projects of sigs, in the order first seen: a burst
+// of one project's events is handled once.
+func SignalProjects(sigs []Signal) []string {
+	var out []string
+	for _, sg := range sigs {
+		if sg.Project != "" && !slices.Contains(out, sg.Project) {
+			out = append(out, sg.Project)
+		}
+	}
+	return out
+}
