@@ -48,6 +48,7 @@ func (s *Store) AppendEvent(ctx context.Context, project, typ, sessionID string,
 	if err != nil {
 		return "", fmt.Errorf("append %s event: %w", typ, err)
 	}
+	s.signalAfter(ctx, project, WorkOutbox)
 	return id, nil
 }
 

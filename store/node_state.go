@@ -39,6 +39,7 @@ func (s *Store) MarkWarning(ctx context.Context, project, id, eventType string, 
 	if err := warningScript.Run(ctx, s.rdb, []string{ProjectKeys(project).session(id), Outbox(project)}, args...).Err(); err != nil {
 		return fmt.Errorf("mark %s %s: %w", eventType, id, err)
 	}
+	s.signalAfter(ctx, project, WorkOutbox)
 	return nil
 }
 

@@ -54,6 +54,7 @@ func (s *Store) SetTimers(ctx context.Context, sess *session.Session) (*session.
 		v, _ := strconv.ParseInt(res[2], 10, 64)
 		return nil, &ConflictError{Current: session.State(res[1]), Version: v}
 	}
+	s.signalAfter(ctx, sess.ProjectID, WorkOutbox)
 	m := make(map[string]string, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
 		m[res[i]] = res[i+1]

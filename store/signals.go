@@ -51,6 +51,18 @@ func (s *Store) Signal(ctx context.Context, w Work, project string) error {
 	return signal(ctx, s.rdb, w, project).Err()
 }
 
+// signalAfter signals each kind of work in ws for project, in one round trip, after a write
+// that made it. A failed signal is not the write's failure (the write is done): the work
+// waits for the worker's next sweep instead.
+func (s *Store) signalAfter(ctx context.Context, project string, ws ...Work) {
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, w := range ws {
+			signal(ctx, p, w, project)
+		}
+		return nil
+	})
+}
+
 // signal queues the signal on c, a client or a pipeline.
 func signal(ctx context.Context, c redis.Cmdable, w Work, project string) *redis.StringCmd {
 	return c.XAdd(ctx, &redis.XAddArgs{Stream: signalKey(w), MaxLen: signalMaxLen, Approx: true,

@@ -76,3 +76,56 @@ func TestSignals(t *testing.T) {
 		})
 	}
 }
+
+// TestWritesSignal: every write that makes background work signals it: a create (pending,
+// outbox), a transition (outbox), an event (outbox), a usage record (usage).
+func TestWritesSignal(t *testing.T) {
+	s := New(redistest.Server(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const project = "proj_sig"
+	read := func(w Work) []string {
+		t.Helper()
+		sigs, err := s.Signals(ctx, w, "test", "c", 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.AckSignals(ctx, w, "test", sigs); err != nil {
+			t.Fatal(err)
+		}
+		var ps []string
+		for _, sg := range sigs {
+			ps = append(ps, sg.Project)
+		}
+		return ps
+	}
+	sess, err := s.Create(ctx, newPending(project, ""), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read(WorkPending); !slices.Equal(got, []string{project}) {
+		t.Fatalf("pending signals after a create: %v", got)
+	}
+	if got := read(WorkOutbox); !slices.Equal(got, []string{project}) {
+		t.Fatalf("outbox signals after a create: %v", got)
+	}
+	if _, err := s.Transition(ctx, Change{Project: project, ID: sess.ID, From: "pending", To: "failed",
+		Driver: "timer", Reason: "provision_timeout", Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AppendEvent(ctx, project, "snapshot.ready", sess.ID, map[string]string{"id": "snap_1"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(WorkOutbox); !slices.Equal(got, []string{project, project}) {
+		t.Fatalf("outbox signals after a transition and an event: %v", got)
+	}
+	if err := s.AppendUsage(ctx, project, []any{"session_id", sess.ID, "seq", 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(WorkUsage); !slices.Equal(got, []string{project}) {
+		t.Fatalf("usage signals after a record: %v", got)
+	}
+	if got := read(WorkPending); len(got) != 0 {
+		t.Fatalf("pending signals nobody made: %v", got)
+	}
+}

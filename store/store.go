@@ -125,6 +125,7 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*
 		used, _ := strconv.Atoi(res[1])
 		return nil, &ConcurrencyError{Limit: limit, Used: used}
 	}
+	s.signalAfter(ctx, sess.ProjectID, WorkPending, WorkOutbox)
 	out := *sess
 	out.Object = session.ObjectName
 	out.Version = 1
@@ -219,6 +220,7 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 		return nil, &ConflictError{Current: session.Stopping, Message: fmt.Sprintf(
 			"session is stopping for %s; it must end with that reason, not %q", res[1], c.Reason)}
 	}
+	s.signalAfter(ctx, c.Project, WorkOutbox)
 	m := make(map[string]string, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {
 		m[res[i]] = res[i+1]

@@ -14,6 +14,7 @@ func (s *Store) AppendUsage(ctx context.Context, project string, fields []any) e
 	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: ProjectKeys(project).UsageStream(), Values: fields}).Err(); err != nil {
 		return fmt.Errorf("append usage of %s: %w", project, err)
 	}
+	s.signalAfter(ctx, project, WorkUsage)
 	return nil
 }
 
