@@ -68,7 +68,7 @@ type Config struct {
 	// exec and PTY process starts in a pids cgroup with this pids.max, so a fork bomb meets it
 	// while the agent (outside that cgroup) keeps answering. It needs a cgroupfs the agent may
 	// mount (gVisor's, with CAP_SYS_ADMIN); without one the agent logs a warning and the
-	// sandbox's limit applies alone. When the guest's processes stay at the limit for 2 s
+	// sandbox's limit applies alone. When the guest's processes stay at the limit for 1 s
 	// (every fork failing: a fork bomb), the agent SIGKILLs them all, with the limit at 0
 	// meanwhile, and logs it: under gVisor's ptrace platform a bomb left churning keeps
 	// adding host threads until the sandbox dies.

@@ -28,9 +28,11 @@ const (
 	// atLimitFor is how long the guest's processes may stay at their limit before the agent
 	// ends them all. gVisor's ptrace platform keeps adding host threads while a fork bomb
 	// churns at the limit (~300–600 a second here), so a bomb left alone would take the
-	// sandbox down in seconds; a guest whose every fork fails has nothing left to lose.
-	atLimitFor     = 2 * time.Second
-	atLimitCheck   = 200 * time.Millisecond
+	// sandbox down in seconds; a guest whose every fork fails has nothing left to lose. One
+	// second, not two: on a loaded host the churn until the agent acts is what kills a
+	// sandbox (CI saw one die under a fork bomb with two).
+	atLimitFor     = time.Second
+	atLimitCheck   = 100 * time.Millisecond
 	killAllRounds  = 200
 	killAllBetween = 10 * time.Millisecond
 )

@@ -207,7 +207,7 @@ func (h cgroupHost) removeDirs(p string) error {
 // limit of its own inside gVisor (the agent puts every exec and PTY process in a pids cgroup
 // of gVisor's cgroupfs, which it needs CAP_SYS_ADMIN to mount and then drops), well below
 // the sandbox's host limit, and the agent ends the guest's processes when they stay at that
-// limit for two seconds (agent.Config.PidsMax). At 512 the bomb's churn starved the agent of
+// limit for a second (agent.Config.PidsMax). At 512 the bomb's churn starved the agent of
 // CPU long enough for the sandbox to die first; at 256 the agent ended it after 4 s.
 const (
 	runscPidsBase    = 128
