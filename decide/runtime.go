@@ -19,38 +19,23 @@ type Session struct {
 	Tier      int
 }
 
-// EventType names what happened in a guest. New types may appear: deciders allow what they
-// do not know.
-type EventType string
+// EventType and Event are the guest events the nodes report (session.GuestEvent).
+type (
+	EventType = session.GuestEventType
+	Event     = session.GuestEvent
+)
 
 // The event types the nodes report.
 const (
-	EventExec           EventType = "exec"            // a command started through the API (or a PTY's, PTY set)
-	EventProcessStart   EventType = "process_start"   // a process seen in the guest
-	EventEgress         EventType = "egress"          // an outbound connection asked of the egress proxy
-	EventResourceSample EventType = "resource_sample" // the guest's usage over the last interval
+	EventExec           = session.GuestExec
+	EventProcessStart   = session.GuestProcessStart
+	EventEgress         = session.GuestEgress
+	EventResourceSample = session.GuestResourceSample
 )
 
-// Event is one guest event. Only the fields of its Type are read.
-type Event struct {
-	Type EventType
-	// exec, process_start
-	Argv []string
-	PTY  bool // exec: the command of a PTY
-	PID  int  // process_start
-	// egress
-	Host      string
-	Port      int
-	Addresses []string // what Host resolved to, when known
-	// resource_sample
-	CPUMs       int64
-	IntervalMs  int64
-	MemoryBytes int64
-}
-
-// fields is the event as the deciders read it (policies/runtime.rego's input, plugins/ABI.md's
-// event.data): "type" and the fields of its type.
-func (e Event) fields() map[string]any {
+// eventFields is the event as the deciders read it (policies/runtime.rego's input,
+// plugins/ABI.md's event.data): "type" and the fields of its type.
+func eventFields(e Event) map[string]any {
 	m := map[string]any{"type": string(e.Type)}
 	switch e.Type {
 	case EventExec, EventProcessStart:
@@ -88,7 +73,7 @@ type RuntimeInput struct {
 
 // regoInput is policies/runtime.rego's input: the event's fields plus "session".
 func (in RuntimeInput) regoInput() map[string]any {
-	m := in.Event.fields()
+	m := eventFields(in.Event)
 	s := map[string]any{"id": in.Session.ID, "tier": in.Session.Tier}
 	if in.Session.EndUserID != "" {
 		s["end_user_id"] = in.Session.EndUserID
@@ -147,7 +132,7 @@ func (d Decider) Runtime(ctx context.Context, in RuntimeInput) (RuntimeVerdict, 
 	}
 	now := d.now()
 	input, err := plugins.Runtime(in.Session.Project, in.Session.plugins(),
-		plugins.RuntimeEvent{Type: string(in.Event.Type), AtMs: now.UnixMilli(), Data: in.Event.fields()}, now).Marshal()
+		plugins.RuntimeEvent{Type: string(in.Event.Type), AtMs: now.UnixMilli(), Data: eventFields(in.Event)}, now).Marshal()
 	if err != nil {
 		return refuse("the runtime plugins' input: %v", err)
 	}

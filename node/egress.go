@@ -58,7 +58,7 @@ func (n *Node) startEgress(l *live) {
 		return
 	}
 	p := &egressProxy{}
-	gate := egressGate{guard: n.Egress, ask: func(ctx context.Context, event map[string]any) (Verdict, error) {
+	gate := egressGate{guard: n.Egress, ask: func(ctx context.Context, event session.GuestEvent) (Verdict, error) {
 		return n.askEgress(ctx, l, event)
 	}}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }),
@@ -78,7 +78,7 @@ var errNotRunning = errors.New("the session is not running")
 
 // askEgress puts one egress event to the session's runtime decision point; a kill ends the
 // session. An allowed attempt counts as activity.
-func (n *Node) askEgress(ctx context.Context, l *live, event map[string]any) (Verdict, error) {
+func (n *Node) askEgress(ctx context.Context, l *live, event session.GuestEvent) (Verdict, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.g.State != session.Running {
@@ -100,7 +100,7 @@ func (n *Node) askEgress(ctx context.Context, l *live, event map[string]any) (Ve
 type egressGate struct {
 	guard *netguard.Guard
 	// ask is the runtime decision point, for one egress event.
-	ask func(ctx context.Context, event map[string]any) (Verdict, error)
+	ask func(ctx context.Context, event session.GuestEvent) (Verdict, error)
 }
 
 // egressRefusal is an attempt the gate refused, as the guest is told.
@@ -148,9 +148,9 @@ func (gt egressGate) decide(ctx context.Context, host string, port int) ([]netip
 
 // allowed asks the policy about one egress event; addrs nil means not resolved yet.
 func (gt egressGate) allowed(ctx context.Context, host string, port int, addrs []netip.Addr) *egressRefusal {
-	event := map[string]any{"type": "egress", "host": host, "port": port}
+	event := session.GuestEvent{Type: session.GuestEgress, Host: host, Port: port}
 	if addrs != nil {
-		event["addresses"] = eventAddresses(addrs)
+		event.Addresses = eventAddresses(addrs)
 	}
 	v, err := gt.ask(ctx, event)
 	var ke *KilledError
@@ -167,8 +167,8 @@ func (gt egressGate) allowed(ctx context.Context, host string, port int, addrs [
 
 // eventAddresses lists addrs for a policy, each under every form a rule must match
 // (an IPv4-mapped address as IPv4, a NAT64 or 6to4 one with its IPv4 address too).
-func eventAddresses(addrs []netip.Addr) []any {
-	out := []any{}
+func eventAddresses(addrs []netip.Addr) []string {
+	out := []string{}
 	seen := map[netip.Addr]bool{}
 	for _, a := range addrs {
 		for _, f := range netguard.Forms(a) {

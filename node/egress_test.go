@@ -21,6 +21,7 @@ import (
 
 	"wb/internal/netguard"
 	"wb/policies"
+	"wb/session"
 )
 
 // stubResolver answers names from a table and counts lookups; it never sends a packet.
@@ -105,7 +106,7 @@ func countingListener(t *testing.T, network, addr string) (port int, accepted *a
 	return ln.Addr().(*net.TCPAddr).Port, accepted
 }
 
-func allowAll(context.Context, map[string]any) (Verdict, error) {
+func allowAll(context.Context, session.GuestEvent) (Verdict, error) {
 	return Verdict{AllowEgress: true}, nil
 }
 
@@ -176,8 +177,8 @@ func TestEgressPolicyFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var events []map[string]any
-	deny := func(_ context.Context, ev map[string]any) (Verdict, error) {
+	var events []session.GuestEvent
+	deny := func(_ context.Context, ev session.GuestEvent) (Verdict, error) {
 		mu.Lock()
 		events = append(events, ev)
 		mu.Unlock()
@@ -192,7 +193,7 @@ func TestEgressPolicyFirst(t *testing.T) {
 			t.Errorf("GET %s: %d; want 403", target, code)
 		}
 		mu.Lock()
-		if len(events) != 1 || events[0]["port"] != port || events[0]["addresses"] != nil {
+		if len(events) != 1 || events[0].Port != port || events[0].Addresses != nil {
 			t.Errorf("GET %s: events %v; want one, on port %d, without addresses", target, events, port)
 		}
 		mu.Unlock()
@@ -225,8 +226,12 @@ func TestEgressMetadataKill(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = eng.Close(ctx) })
 	// The platform's rules, and a tenant that allows every egress.
-	ask := func(ctx context.Context, ev map[string]any) (Verdict, error) {
-		d, err := eng.Runtime(ctx, "proj_egress", "", ev)
+	ask := func(ctx context.Context, ev session.GuestEvent) (Verdict, error) {
+		addrs := make([]any, len(ev.Addresses))
+		for i, a := range ev.Addresses {
+			addrs[i] = a
+		}
+		d, err := eng.Runtime(ctx, "proj_egress", "", map[string]any{"type": string(ev.Type), "host": ev.Host, "port": ev.Port, "addresses": addrs})
 		if err != nil {
 			return Verdict{}, err
 		}

@@ -31,7 +31,7 @@ type Verdict struct {
 // RuntimeChecker is the runtime decision point (the session's pinned Rego policy and the
 // project's plugins).
 type RuntimeChecker interface {
-	Check(ctx context.Context, s RuntimeSession, event map[string]any) (Verdict, error)
+	Check(ctx context.Context, s RuntimeSession, event session.GuestEvent) (Verdict, error)
 }
 
 // KilledError is an event that a policy answered with a kill.
@@ -72,21 +72,13 @@ func (n *Node) checkCommand(ctx context.Context, l *live, argv []string, pty boo
 	if n.Runtime == nil || len(argv) == 0 {
 		return nil
 	}
-	args := make([]any, len(argv))
-	for i, a := range argv {
-		args[i] = a
-	}
-	event := map[string]any{"type": "exec", "argv": args}
-	if pty {
-		event["pty"] = true
-	}
-	_, err := n.check(ctx, l, event)
+	_, err := n.check(ctx, l, session.GuestEvent{Type: session.GuestExec, Argv: argv, PTY: pty})
 	return err
 }
 
 // checkEvent asks the runtime decision point about a guest event seen outside a request
 // (a resource sample); a kill ends the session. The caller does not hold l.mu.
-func (n *Node) checkEvent(ctx context.Context, l *live, event map[string]any) {
+func (n *Node) checkEvent(ctx context.Context, l *live, event session.GuestEvent) {
 	if n.Runtime == nil {
 		return
 	}
@@ -100,7 +92,7 @@ func (n *Node) checkEvent(ctx context.Context, l *live, event map[string]any) {
 // check runs the runtime decision point on one event; a kill ends the session
 // (*KilledError). An event the decision point cannot allow fails closed: a failed decision
 // or a Deny answers *RefusedError, with AllowEgress false. The caller holds l.mu.
-func (n *Node) check(ctx context.Context, l *live, event map[string]any) (Verdict, error) {
+func (n *Node) check(ctx context.Context, l *live, event session.GuestEvent) (Verdict, error) {
 	g := l.g
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -108,19 +100,19 @@ func (n *Node) check(ctx context.Context, l *live, event map[string]any) (Verdic
 		EndUserID: g.EndUserID, Tier: g.Tier}, event)
 	if err != nil {
 		// The detail stays in the log: it may name internal addresses.
-		n.Logger.Warn("node: runtime decision failed; the event is refused", "session", g.SessionID, "event", event["type"], "err", err)
+		n.Logger.Warn("node: runtime decision failed; the event is refused", "session", g.SessionID, "event", event.Type, "err", err)
 		const reason = "the runtime decision point did not answer"
 		return Verdict{Deny: true, Reason: reason}, &RefusedError{Reason: reason}
 	}
 	if !v.Kill {
 		if v.Deny {
-			n.Logger.Warn("node: runtime policy refused the event", "session", g.SessionID, "event", event["type"], "reason", v.Reason)
+			n.Logger.Warn("node: runtime policy refused the event", "session", g.SessionID, "event", event.Type, "reason", v.Reason)
 			return Verdict{Deny: true, Reason: v.Reason}, &RefusedError{Reason: v.Reason}
 		}
 		return v, nil
 	}
 	rule := v.Rule
-	n.Logger.Warn("policy kill", "session", g.SessionID, "rule", rule, "event", event["type"])
+	n.Logger.Warn("policy kill", "session", g.SessionID, "rule", rule, "event", event.Type)
 	n.end(ctx, l, session.Policy, session.PolicyViolation, rule)
 	return v, &KilledError{Rule: rule}
 }
@@ -148,16 +140,12 @@ func (n *Node) checkProcesses(ctx context.Context, l *live) {
 	if l.seen == nil {
 		l.seen = map[int]bool{1: true} // the agent
 	}
-	var fresh []map[string]any
+	var fresh []session.GuestEvent
 	now := map[int]bool{}
 	for _, p := range procs {
 		now[p.PID] = true
 		if !l.seen[p.PID] {
-			argv := make([]any, len(p.Argv))
-			for i, a := range p.Argv {
-				argv[i] = a
-			}
-			fresh = append(fresh, map[string]any{"type": "process_start", "pid": p.PID, "argv": argv})
+			fresh = append(fresh, session.GuestEvent{Type: session.GuestProcessStart, PID: p.PID, Argv: p.Argv})
 		}
 	}
 	now[1] = true

@@ -22,16 +22,15 @@ type fakeChecker struct {
 	kill   string // argv word that gets the session killed
 	deny   string // argv word answered with Deny
 	broken string // argv word answered with an error
-	seen   []map[string]any
+	seen   []session.GuestEvent
 }
 
-func (c *fakeChecker) Check(_ context.Context, _ node.RuntimeSession, event map[string]any) (node.Verdict, error) {
+func (c *fakeChecker) Check(_ context.Context, _ node.RuntimeSession, event session.GuestEvent) (node.Verdict, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seen = append(c.seen, event)
-	argv, _ := event["argv"].([]any)
 	has := func(word string) bool {
-		return word != "" && slices.ContainsFunc(argv, func(a any) bool { s, _ := a.(string); return strings.Contains(s, word) })
+		return word != "" && slices.ContainsFunc(event.Argv, func(a string) bool { return strings.Contains(a, word) })
 	}
 	switch {
 	case has(c.kill):
@@ -44,7 +43,7 @@ func (c *fakeChecker) Check(_ context.Context, _ node.RuntimeSession, event map[
 	return node.Verdict{}, nil
 }
 
-func (c *fakeChecker) events() []map[string]any {
+func (c *fakeChecker) events() []session.GuestEvent {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.seen)
@@ -97,9 +96,8 @@ func TestRuntimeChecks(t *testing.T) {
 		t.Fatalf("allowed PTY: %v", err)
 	}
 	conn.CloseNow()
-	if !slices.ContainsFunc(checker.events(), func(ev map[string]any) bool {
-		argv, _ := ev["argv"].([]any)
-		return ev["type"] == "exec" && ev["pty"] == true && slices.Equal(argv, []any{"/bin/sh", "-c", "echo fine"})
+	if !slices.ContainsFunc(checker.events(), func(ev session.GuestEvent) bool {
+		return ev.Type == session.GuestExec && ev.PTY && slices.Equal(ev.Argv, []string{"/bin/sh", "-c", "echo fine"})
 	}) {
 		t.Errorf("the PTY's command was not put to the decision point: %v", checker.events())
 	}

@@ -111,14 +111,14 @@ func (n *Node) flushUsage(ctx context.Context) {
 			continue
 		}
 		st := l.g.State
-		var sample map[string]any
+		var sample *session.GuestEvent
 		if st == session.Running || st == session.Paused {
 			n.sample(ctx, l)
 			n.save(l)
 			if p := l.g.Pending; st == session.Running && len(p) > 0 && p[len(p)-1].Usage != nil {
 				u := p[len(p)-1].Usage
-				sample = map[string]any{"type": "resource_sample", "cpu_ms": u.CPUMs, "interval_ms": u.ToMs - u.FromMs,
-					"memory_bytes": u.MemGiBMs * (1 << 30) / max(1, u.ToMs-u.FromMs)}
+				sample = &session.GuestEvent{Type: session.GuestResourceSample, CPUMs: u.CPUMs, IntervalMs: u.ToMs - u.FromMs,
+					MemoryBytes: u.MemGiBMs * (1 << 30) / max(1, u.ToMs-u.FromMs)}
 			}
 		}
 		l.mu.Unlock()
@@ -126,7 +126,7 @@ func (n *Node) flushUsage(ctx context.Context) {
 			n.flush(ctx, l)
 		}
 		if sample != nil {
-			n.checkEvent(ctx, l, sample)
+			n.checkEvent(ctx, l, *sample)
 			n.checkProcesses(ctx, l)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
+	"wb/session"
 )
 
 // decisionPoints starts the Rego engine and the Wasm plugin host shared by admission, the
@@ -38,17 +39,17 @@ type runtimeChecker struct {
 	log  *slog.Logger
 }
 
-func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event map[string]any) (node.Verdict, error) {
+func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event session.GuestEvent) (node.Verdict, error) {
 	d := decide.Decider{Policies: c.pol, Plugins: c.plug, Logger: c.log}
 	v, err := d.Runtime(ctx, decide.RuntimeInput{
 		Session: decide.Session{ID: s.ID, Project: s.Project, PolicyID: s.PolicyID, EndUserID: s.EndUserID, Tier: s.Tier},
-		Event:   decide.EventFromMap(event),
+		Event:   event,
 	})
 	if err != nil {
 		return node.Verdict{}, err
 	}
 	if len(v.Warnings) > 0 {
-		c.log.WarnContext(ctx, "runtime decision warnings", "project", s.Project, "session", s.ID, "event", event["type"], "warnings", v.Warnings)
+		c.log.WarnContext(ctx, "runtime decision warnings", "project", s.Project, "session", s.ID, "event", event.Type, "warnings", v.Warnings)
 	}
 	return node.Verdict{Kill: v.Kill, Rule: v.Rule, AllowEgress: v.AllowEgress, Deny: v.Refuse, Reason: v.Reason}, nil
 }

@@ -12,6 +12,7 @@ import (
 	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
+	"wb/session"
 )
 
 // decisionPointsForTest answers a policy engine whose evaluations time out after 50 ms and a
@@ -58,14 +59,14 @@ allow_egress if {
 	sess := func(policyID string) node.RuntimeSession {
 		return node.RuntimeSession{ID: "sess_dc", Project: "proj_dc", PolicyID: policyID, Tier: 2}
 	}
-	metadata := map[string]any{"type": "egress", "host": "169.254.169.254", "port": 80}
-	pypi := map[string]any{"type": "egress", "host": "pypi.org", "port": 443}
-	miner := map[string]any{"type": "exec", "argv": []any{"/usr/bin/xmrig"}}
-	ls := map[string]any{"type": "exec", "argv": []any{"ls"}}
+	metadata := session.GuestEvent{Type: session.GuestEgress, Host: "169.254.169.254", Port: 80}
+	pypi := session.GuestEvent{Type: session.GuestEgress, Host: "pypi.org", Port: 443}
+	miner := session.GuestEvent{Type: session.GuestExec, Argv: []string{"/usr/bin/xmrig"}}
+	ls := session.GuestEvent{Type: session.GuestExec, Argv: []string{"ls"}}
 	for _, tc := range []struct {
 		name     string
 		policyID string
-		event    map[string]any
+		event    session.GuestEvent
 		want     node.Verdict
 	}{
 		{"slow policy, metadata egress", slow.ID, metadata, node.Verdict{Kill: true, Rule: "metadata_egress"}},
