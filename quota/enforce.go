@@ -16,7 +16,10 @@ type Stopper interface {
 
 // SpendDecision is what the spend decision point says about a crossed cap.
 type SpendDecision struct {
-	Stop          bool     // stop the running sessions in scope
+	Stop bool // stop the running sessions in scope
+	// StopProject widens Stop to every session of the project when the crossed cap is one
+	// end user's: a tenant's decider may judge that one user's overspend stops them all.
+	StopProject   bool
 	DenyAdmission bool     // answer new admissions in scope with 402
 	Warnings      []string // logged, and sent with quota.exceeded
 }
@@ -68,7 +71,11 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 		}
 	}
 	if d.Stop {
-		e.stopScope(ctx, ev, log)
+		scope := ev
+		if d.StopProject {
+			scope.EndUser = ""
+		}
+		e.stopScope(ctx, scope, log)
 	}
 }
 

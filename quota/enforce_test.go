@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"wb/internal/redistest"
+	"wb/session"
 	"wb/store"
 )
 
@@ -56,4 +58,59 @@ func TestEnforcerAdmissionStop(t *testing.T) {
 
 func keepAdmissions(context.Context, CapEvent) (SpendDecision, error) {
 	return SpendDecision{Warnings: []string{"let them through"}}, nil
+}
+
+// An end user's crossed cap stops that user's sessions; a decision that widens the stop to
+// the project stops every user's.
+func TestEnforcerStopScope(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	for i, c := range []struct {
+		name        string
+		decide      func(context.Context, CapEvent) (SpendDecision, error)
+		wantStopped map[string]bool // end user → their session stopped
+	}{
+		{name: "default", wantStopped: map[string]bool{"eu_1": true, "eu_2": false}},
+		{name: "widened to the project", wantStopped: map[string]bool{"eu_1": true, "eu_2": true},
+			decide: func(context.Context, CapEvent) (SpendDecision, error) {
+				return SpendDecision{Stop: true, StopProject: true, DenyAdmission: true}, nil
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			project := fmt.Sprintf("proj_scope%d", i)
+			ids := map[string]string{}
+			for _, eu := range []string{"eu_1", "eu_2"} {
+				now := time.Now()
+				s, err := st.Create(ctx, &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending,
+					ProjectID: project, EndUserID: &eu, Template: "tpl_base", Region: "local", CreatedAt: *session.At(now),
+					IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, ch := range []store.Change{
+					{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+					{From: session.Provisioning, To: session.Running, Driver: session.Node},
+				} {
+					ch.Project, ch.ID = project, s.ID
+					if _, err := st.Transition(ctx, ch); err != nil {
+						t.Fatal(err)
+					}
+				}
+				ids[eu] = s.ID
+			}
+			e := &Enforcer{Store: st, Decide: c.decide}
+			e.OnCap(ctx, CapEvent{Project: project, EndUser: "eu_1", Scope: "end_user", Level: "hard",
+				SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+			for eu, want := range c.wantStopped {
+				s, err := st.Get(ctx, project, ids[eu])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := s.State == session.Stopping; got != want {
+					t.Errorf("%s's session is %s; stopped %v, want %v", eu, s.State, got, want)
+				}
+			}
+		})
+	}
 }

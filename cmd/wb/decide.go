@@ -55,7 +55,8 @@ func (c runtimeChecker) Check(ctx context.Context, s node.RuntimeSession, event 
 }
 
 // spendDecider wires quota's enforcer to decide.Decider.Spend. The enforcer stops the
-// sessions of the crossed cap's scope; a wider stop asked by a decider is logged.
+// sessions of the scope the decision names: the crossed cap's, or the whole project when a
+// decider widens an end user's cap to it.
 func spendDecider(pol *policies.Engine, plug *plugins.Host, log *slog.Logger) func(context.Context, quota.CapEvent) (quota.SpendDecision, error) {
 	d := decide.Decider{Policies: pol, Plugins: plug, Logger: log}
 	return func(ctx context.Context, ev quota.CapEvent) (quota.SpendDecision, error) {
@@ -69,10 +70,7 @@ func spendDecider(pol *policies.Engine, plug *plugins.Host, log *slog.Logger) fu
 		}
 		out := d.Spend(ctx, decide.SpendInput{Project: ev.Project, Scope: scope, EndUserID: ev.EndUser, Level: level,
 			SpendMicroUSD: ev.SpendMicroUSD, CapMicroUSD: ev.CapMicroUSD, Month: ev.Month})
-		if out.Stop > scope {
-			log.WarnContext(ctx, "spend decision asks to stop a wider scope than the crossed cap's; stopping the cap's scope",
-				"project", ev.Project, "cap_scope", scope.String(), "asked", out.Stop.String())
-		}
-		return quota.SpendDecision{Stop: out.Stop != decide.ScopeNone, DenyAdmission: out.DenyAdmission, Warnings: out.Warnings}, nil
+		return quota.SpendDecision{Stop: out.Stop != decide.ScopeNone, StopProject: out.Stop == decide.ScopeProject,
+			DenyAdmission: out.DenyAdmission, Warnings: out.Warnings}, nil
 	}
 }
