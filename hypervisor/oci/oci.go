@@ -421,10 +421,35 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	if _, err := d.loadGuest(id); err != nil {
 		return err
 	}
-	if err := d.rt.Pause(ctx, id); err != nil {
+	if err := retryFreeze(ctx, func() error { return d.rt.Pause(ctx, id) }); err != nil {
 		return d.wrap("pause", id, err)
 	}
 	return nil
+}
+
+// freezeAttempts and freezeBackoff bound retryFreeze.
+const (
+	freezeAttempts = 4
+	freezeBackoff  = 100 * time.Millisecond
+)
+
+// retryFreeze runs pause, again after a short wait when it failed with runc's "unable to
+// freeze": the cgroup v1 freezer gives up when the guest's tasks keep forking or sit in
+// the kernel while it works (seen on loaded hosts), and leaves them thawed, so another try
+// is safe. Any other failure, or the last one, is returned as is.
+func retryFreeze(ctx context.Context, pause func() error) error {
+	var err error
+	for i := range freezeAttempts {
+		if err = pause(); err == nil || !strings.Contains(err.Error(), "unable to freeze") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(freezeBackoff << i):
+		}
+	}
+	return err
 }
 
 // Resume thaws a paused guest.
