@@ -169,7 +169,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	rdb, closeRedis, err := openRedis(*redisURL, *redisCA)
+	rdb, closeRedis, err := openRedis(ctx, *redisURL, *redisCA, "")
 	if err != nil {
 		return err
 	}

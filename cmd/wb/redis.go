@@ -1,38 +1,34 @@
 package main
 
 import (
-	"crypto/rand"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"strings"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"wb/internal/redisproc"
 )
 
-// openRedis connects to rawURL, or embeds miniredis when it is empty. The embedded server
-// listens on loopback and requires a password made at random for this start, so nothing
-// else on the machine (a guest that found a way to loopback, another user) can read or
-// write the platform's state. caFile, when set, is the PEM bundle that verifies a rediss://
-// server (otherwise the system roots do).
-func openRedis(rawURL, caFile string) (redis.UniversalClient, func(), error) {
+// openRedis connects to rawURL, or, when it is empty, starts the embedded Redis: a real
+// redis-server of this process's own (internal/redisproc), reachable only through a Unix
+// socket in embedDir, with a password made at random for this start, so nothing else on the
+// machine (a guest that found a way out, another user) can read or write the platform's
+// state. caFile, when set, is the PEM bundle that verifies a rediss:// server (otherwise the
+// system roots do).
+func openRedis(ctx context.Context, rawURL, caFile, embedDir string) (redis.UniversalClient, func(), error) {
 	if rawURL == "" {
-		pw, err := randomPassword()
+		srv, err := redisproc.Start(ctx, embedDir)
 		if err != nil {
 			return nil, nil, fmt.Errorf("embedded redis: %w", err)
 		}
-		m := miniredis.NewMiniRedis()
-		m.RequireAuth(pw)
-		if err := m.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, nil, fmt.Errorf("embedded redis: %w", err)
-		}
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr(), Password: pw})
-		return rdb, func() { rdb.Close(); m.Close() }, nil
+		rdb := redis.NewClient(srv.Options())
+		return rdb, func() { rdb.Close(); srv.Close() }, nil
 	}
 	rdb, err := dialRedis(rawURL, caFile)
 	if err != nil {
@@ -105,12 +101,4 @@ func redisLabel(rawURL string) string {
 		return "(unparsable URL)"
 	}
 	return u.Redacted()
-}
-
-func randomPassword() (string, error) {
-	b := make([]byte, 24)
-	if _, err := rand.Read(b); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(b), nil
 }

@@ -22,36 +22,62 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestEmbeddedRedisNeedsPassword: the embedded Redis answers only a client that knows this
-// start's password, and each start has its own.
-func TestEmbeddedRedisNeedsPassword(t *testing.T) {
+// TestEmbeddedRedis: the embedded Redis is a real redis-server on a Unix socket that only
+// its owner may reach; it answers only a client that knows this start's password (each start
+// has its own), and it ends with its parent.
+func TestEmbeddedRedis(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed")
+	}
 	ctx := context.Background()
-	var addrs, passwords []string
+	dir := t.TempDir()
+	var passwords []string
+	var sock string
 	for range 2 {
-		rdb, closeRedis, err := openRedis("", "")
+		rdb, closeRedis, err := openRedis(ctx, "", "", filepath.Join(dir, "redis"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer closeRedis()
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			t.Fatalf("wb's own client: %v", err)
 		}
+		info, err := rdb.Info(ctx, "server").Result()
+		if err != nil || !strings.Contains(info, "redis_version:") {
+			t.Fatalf("INFO server: %v %q; want a real redis-server", err, info)
+		}
 		opts := rdb.(*redis.Client).Options()
-		addrs, passwords = append(addrs, opts.Addr), append(passwords, opts.Password)
-		if !strings.HasPrefix(opts.Addr, "127.0.0.1:") {
-			t.Errorf("embedded redis listens on %s, want loopback", opts.Addr)
+		sock = opts.Addr
+		passwords = append(passwords, opts.Password)
+		if opts.Network != "unix" {
+			t.Errorf("embedded redis listens on %s %s, want a Unix socket", opts.Network, opts.Addr)
+		}
+		if st, err := os.Stat(filepath.Dir(sock)); err != nil || st.Mode().Perm() != 0o700 {
+			t.Errorf("the socket's directory: %v %v; want mode 0700", st.Mode(), err)
+		}
+		if len(passwords) == 1 {
+			for _, c := range []struct{ name, pw string }{{"no password", ""}, {"a wrong password", "nope"}} {
+				intruder := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, Password: c.pw, MaxRetries: -1})
+				_, err := intruder.Keys(ctx, "*").Result()
+				intruder.Close()
+				if err == nil {
+					t.Errorf("%s: KEYS * answered", c.name)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(filepath.Dir(sock), "redis.log")); err != nil {
+				t.Errorf("the server's log: %v", err)
+			}
+		}
+		closeRedis()
+		if err := rdb.Ping(ctx).Err(); err == nil {
+			t.Fatal("the client answers after close")
 		}
 	}
 	if passwords[0] == "" || passwords[0] == passwords[1] {
 		t.Fatalf("passwords %q: want a different random one per start", passwords)
 	}
-	for _, c := range []struct{ name, pw string }{{"no password", ""}, {"another start's password", passwords[1]}} {
-		intruder := redis.NewClient(&redis.Options{Addr: addrs[0], Password: c.pw, MaxRetries: -1})
-		_, err := intruder.Keys(ctx, "*").Result()
-		intruder.Close()
-		if err == nil {
-			t.Errorf("%s: KEYS * answered", c.name)
-		}
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		t.Fatal("the embedded server still listens after close")
 	}
 }
 
@@ -105,7 +131,7 @@ func TestRedisURLs(t *testing.T) {
 			t.Errorf("%s: the label %q shows the password", c.url, redisLabel(c.url))
 		}
 	}
-	if _, _, err := openRedis("redis://wb:hunter2@127.0.0.1:1,x", ""); err == nil || strings.Contains(err.Error(), "hunter2") {
+	if _, _, err := openRedis(context.Background(), "redis://wb:hunter2@127.0.0.1:1,x", "", ""); err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("an error names the password: %v", err)
 	}
 }
@@ -138,7 +164,7 @@ func TestRedisPasswordAndTLS(t *testing.T) {
 	ctx := context.Background()
 	base := fmt.Sprintf("127.0.0.1:%d/0", port)
 	ping := func(url, ca string) error {
-		rdb, closeRedis, err := openRedis(url, ca)
+		rdb, closeRedis, err := openRedis(context.Background(), url, ca, "")
 		if err != nil {
 			return err
 		}
@@ -154,7 +180,7 @@ func TestRedisPasswordAndTLS(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	admin, closeAdmin, err := openRedis("rediss://:default-pw@"+base, caFile)
+	admin, closeAdmin, err := openRedis(context.Background(), "rediss://:default-pw@"+base, caFile, "")
 	if err != nil {
 		t.Fatal(err)
 	}

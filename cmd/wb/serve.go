@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -51,7 +52,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var f serveFlags
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on; 127.0.0.1:0 picks a free port")
-	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL`: redis://[user:password@]host:port/0, rediss://… for TLS, or redis://user:password@h1:p1,h2:p2,h3:p3 for a Cluster; empty embeds an in-process Redis-compatible server on loopback, with a random password, whose state ends with the process")
+	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL`: redis://[user:password@]host:port/0, rediss://… for TLS, or redis://user:password@h1:p1,h2:p2,h3:p3 for a Cluster; empty starts a redis-server of wb's own on a Unix socket in <data-dir>/redis, with a random password, whose state ends with the process")
 	fs.StringVar(&f.redisCA, "redis-ca", "", "PEM `file` of the CA that signed a rediss:// server's certificate (default: the system's roots)")
 	fs.StringVar(&f.publicURL, "public-url", "", "base `URL` callers use to reach this server, for connect URLs (default http://ADDR)")
 	fs.StringVar(&f.adminKey, "admin-key", os.Getenv("WB_ADMIN_KEY"), "admin `key` for /v1/admin routes (default $WB_ADMIN_KEY, else random)")
@@ -96,7 +97,7 @@ Flags:
 	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	rdb, closeRedis, err := openRedis(f.redisURL, f.redisCA)
+	rdb, closeRedis, err := openRedis(ctx, f.redisURL, f.redisCA, filepath.Join(f.node.dataDir, "redis"))
 	if err != nil {
 		return err
 	}
