@@ -33,6 +33,7 @@ type nodeFlags struct {
 	runtime, dataDir string
 	pool, vcpu, mem  int
 	egressAllow      cidrFlag
+	coldP95          coldP95Flag
 	// allowUnlimitedDisk starts guests without a disk limit when the host cannot enforce one.
 	allowUnlimitedDisk bool
 }
@@ -44,6 +45,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
 	fs.Var(&f.egressAllow, "egress-allow-cidr", "`CIDR` that guests whose policy allows egress may reach although it is not public (say 10.20.0.0/16 for a private package mirror); repeatable. Loopback opens only for a prefix inside 127.0.0.0/8 or ::1; the platform's own addresses (this host, Redis, gateways, nodes) never open")
+	fs.Var(&f.coldP95, "cold-p95", "`TIER=DURATION`: a tier's cold-start p95 as this deployment measures it, from which its provisioning deadline follows (3×); repeatable, say 2=5s (default 1=2s, 2=3s, 3=5s, 4=10s)")
 	fs.BoolVar(&f.allowUnlimitedDisk, "allow-unlimited-disk", false, "start guests without a disk limit when this host cannot make their ext4 loop images (default: such guests fail to start)")
 }
 
@@ -87,7 +89,7 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 		Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: self, Egress: guard,
 		Info: store.NodeInfo{ID: f.id, Addr: addr, Region: f.region, Zone: f.zone,
 			Tiers: []int{1, 2, 3, 4}, VCPU: f.vcpu, MemoryMiB: f.mem},
-		Pools: pools, Logger: log,
+		Pools: pools, Tiers: f.coldP95.tiers(), Logger: log,
 	})
 	if err != nil {
 		return nil, nil, err
