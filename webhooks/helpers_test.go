@@ -126,9 +126,14 @@ func fastOptions(consumer string) Options {
 // stop fails the test if Run does not return promptly.
 func startDispatcher(t *testing.T, rdb redis.UniversalClient, opts Options) (stop func()) {
 	t.Helper()
+	return runDispatcher(t, NewDispatcher(rdb, NewRegistry(rdb, RegistryOptions{AllowPrivate: true}), opts))
+}
+
+// runDispatcher is startDispatcher for a dispatcher made by the test.
+func runDispatcher(t *testing.T, d *Dispatcher) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	d := NewDispatcher(rdb, NewRegistry(rdb, RegistryOptions{AllowPrivate: true}), opts)
 	go func() { done <- d.Run(ctx) }()
 	var once sync.Once
 	stop = func() {
