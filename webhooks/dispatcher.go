@@ -241,6 +241,7 @@ func (d *Dispatcher) readSignals(ctx context.Context, out chan<- []store.Signal,
 	for ctx.Err() == nil {
 		sigs, err := d.st.Signals(ctx, store.WorkOutbox, Group, d.o.Consumer, maxWait, readCount)
 		if ctx.Err() != nil {
+			d.handBack(ctx, sigs)
 			return
 		}
 		ok := err == nil
@@ -251,6 +252,7 @@ func (d *Dispatcher) readSignals(ctx context.Context, out chan<- []store.Signal,
 			select {
 			case out <- sigs:
 			case <-ctx.Done():
+				d.handBack(ctx, sigs)
 				return
 			}
 			select {
@@ -269,23 +271,43 @@ func (d *Dispatcher) readSignals(ctx context.Context, out chan<- []store.Signal,
 	}
 }
 
+// handBack gives signals read too late (Run has returned) back to the other dispatchers:
+// it signals their projects anew and acknowledges them, since they would otherwise wait
+// for this consumer to come back, or to be claimed from it.
+func (d *Dispatcher) handBack(ctx context.Context, sigs []store.Signal) {
+	if len(sigs) == 0 {
+		return
+	}
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	for _, p := range store.SignalProjects(sigs) {
+		if err := d.st.Signal(wctx, store.WorkOutbox, p); err != nil {
+			return
+		}
+	}
+	_ = d.st.AckSignals(wctx, store.WorkOutbox, Group, sigs)
+}
+
 // handleSignals handles each signalled project once and acknowledges the signals of those
-// it handled; false if any failed (their signals are read again).
+// it handled; false if any failed (their signals are read again). Signals left unhandled
+// because ctx ended are handed back.
 func (d *Dispatcher) handleSignals(ctx context.Context, sigs []store.Signal) bool {
 	failed := map[string]bool{}
 	for _, p := range store.SignalProjects(sigs) {
-		if ctx.Err() != nil {
-			return false
-		}
-		if !d.handle(ctx, p, false) {
+		if ctx.Err() != nil || !d.handle(ctx, p, false) {
 			failed[p] = true
 		}
 	}
-	var done []store.Signal
+	var done, left []store.Signal
 	for _, sg := range sigs {
-		if !failed[sg.Project] {
+		if failed[sg.Project] {
+			left = append(left, sg)
+		} else {
 			done = append(done, sg)
 		}
+	}
+	if ctx.Err() != nil {
+		d.handBack(ctx, left)
 	}
 	wctx, cancel := detached(ctx)
 	defer cancel()
@@ -345,8 +367,8 @@ func strs(v any) []string {
 // deliveries; false if Redis failed it.
 func (d *Dispatcher) handle(ctx context.Context, p string, picked bool) bool {
 	log := d.log.With("project", p)
-	ok := d.consume(ctx, p, log)
-	return d.dispatch(ctx, p, picked, log) && ok
+	held, ok := d.consume(ctx, p, log)
+	return d.dispatch(ctx, p, picked, held, log) && ok
 }
 
 // sweep checks every project once: an outbox with entries is read (what it holds may never
@@ -391,7 +413,7 @@ func (d *Dispatcher) sweep(ctx context.Context) {
 		}
 		for i, p := range ids {
 			if ctx.Err() == nil && lens[i].Val() > 0 {
-				d.consume(ctx, p, d.log.With("project", p))
+				d.handle(ctx, p, false)
 			}
 		}
 		if cursor = next; cursor == 0 {
@@ -406,8 +428,9 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // consume moves the project's new outbox entries into delivery queues, holding its outbox
-// meanwhile; false if Redis failed it.
-func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) bool {
+// meanwhile. held: another dispatcher holds it (and was asked to read it once more); ok:
+// false if Redis failed it.
+func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (held, ok bool) {
 	k, stream := projectKeys(p), store.Outbox(p)
 	ttl := d.o.ClaimIdle.Milliseconds()
 	res, err := takeScript.Run(ctx, d.rdb, []string{k.owner(), k.again(), stream},
@@ -416,7 +439,7 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) bo
 		if ctx.Err() == nil {
 			log.Warn("take outbox", "err", err)
 		}
-		return false
+		return false, false
 	}
 	switch res[0] {
 	case 0:
@@ -425,11 +448,11 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) bo
 		at := d.nowMs() + max(res[1], 0)
 		if err := d.rdb.ZAddLT(ctx, store.WebhooksDueKey, redis.Z{Score: float64(at), Member: p}).Err(); err != nil {
 			log.Warn("schedule held outbox", "err", err)
-			return false
+			return true, false
 		}
-		return true
+		return true, true
 	case 2:
-		return true // nothing to read
+		return false, true // nothing to read
 	}
 	start := ">"
 	if res[1] > 0 {
@@ -442,33 +465,33 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) bo
 			d.letGo(ctx, p, true, log)
 			if err := d.st.Signal(ctx, store.WorkOutbox, p); err != nil {
 				log.Warn("signal the rest of the outbox", "err", err)
-				return false
+				return false, false
 			}
-			return true
+			return false, true
 		}
 		if !d.o.Now().Before(renewAt) {
 			if n, err := renewScript.Run(ctx, d.rdb, []string{k.owner()}, d.holder, ttl).Int(); err != nil || n == 0 {
 				if err != nil && ctx.Err() == nil {
 					log.Warn("renew outbox hold", "err", err)
 				}
-				return err == nil // lost: the new holder reads it
+				return false, err == nil // lost: the new holder reads it
 			}
 			renewAt = d.o.Now().Add(d.o.ClaimIdle / 3)
 		}
 		msgs, err := d.read(ctx, p, start)
 		if errors.Is(err, errNotHeld) {
-			return true
+			return false, true // lost: the new holder reads it
 		}
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("read outbox", "err", err)
 			}
 			d.letGo(ctx, p, true, log)
-			return false
+			return false, false
 		}
 		if len(msgs) > 0 && !d.process(ctx, p, msgs, log) {
 			d.letGo(ctx, p, true, log)
-			return false
+			return false, false
 		}
 		if len(msgs) == readCount {
 			continue
@@ -478,7 +501,7 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) bo
 			continue
 		}
 		if !d.letGo(ctx, p, false, log) {
-			return true
+			return false, true
 		}
 		// Another dispatcher found it held meanwhile: read once more.
 	}
@@ -686,7 +709,11 @@ func (d *Dispatcher) inFlight(project string) int {
 // dispatch leases the project's due queues, up to its fair share of the free slots, starts
 // attempting their heads, and brings the project's entry in the global due set up to date;
 // false if Redis failed it.
-func (d *Dispatcher) dispatch(ctx context.Context, p string, picked bool, log *slog.Logger) bool {
+//
+// held: another dispatcher holds the project's outbox, and consume lowered the project's
+// entry to when that hold lapses; a resync now could raise it past that, so none is made:
+// the entry comes due then, or earlier.
+func (d *Dispatcher) dispatch(ctx context.Context, p string, picked, held bool, log *slog.Logger) bool {
 	if ctx.Err() != nil {
 		return false
 	}
@@ -735,7 +762,7 @@ func (d *Dispatcher) dispatch(ctx context.Context, p string, picked bool, log *s
 		}
 		return true
 	}
-	if !picked && len(names) == 0 && left == 0 {
+	if held || !picked && len(names) == 0 && left == 0 {
 		// Nothing was due and nothing changed: the project's entry, if any, is still right.
 		return true
 	}

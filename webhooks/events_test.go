@@ -272,13 +272,18 @@ func TestSweepFindsLostWork(t *testing.T) {
 	}
 
 	rb.setPolicy(nil)
-	opts := fastOptions("second")
-	opts.SweepInterval = 200 * time.Millisecond
-	startDispatcher(t, rdb, opts)
+	stop = startDispatcher(t, rdb, fastOptions("second")) // the next sweep is 5 min away
 	waitFor(t, "a's events", func() bool { return len(ra.succeeded()) == len(publicLifecycle) })
 	waitFor(t, "b's retry", func() bool { return len(rb.succeeded()) == 1 })
+	stop()
 
-	// An event appended with no signal while the dispatcher runs.
+	// An event appended with no signal after the start sweep.
+	opts := fastOptions("third")
+	opts.SweepInterval = 200 * time.Millisecond
+	d := NewDispatcher(rdb, reg, opts)
+	swept := sweepDone(d)
+	runDispatcher(t, d)
+	await(t, "the start sweep", swept)
 	sid := "sess_unsignalled"
 	if err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: store.Outbox(a), Values: []any{
 		"id", session.NewID("evt_", time.Now()), "type", session.EventSnapshotReady, "session_id", sid,
