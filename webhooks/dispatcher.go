@@ -186,8 +186,8 @@ func NewDispatcher(rdb redis.UniversalClient, reg *Registry, opts Options) *Disp
 //
 // The blocking read of the signals runs in a goroutine of its own that Run does not wait
 // for: Redis cannot be told to end a blocking read when ctx ends, so it ends at most maxWait
-// later (or when the client is closed), without handling what it read; those signals are
-// read again by this consumer, or claimed by another one.
+// later (or when the client is closed), without handling what it read: it signals those
+// projects anew, for the other dispatchers.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.rdb == nil || d.reg == nil {
 		return errors.New("webhooks: dispatcher needs a Redis client and a registry")
@@ -335,8 +335,9 @@ func (d *Dispatcher) handleDue(ctx context.Context) time.Duration {
 		return retryPause
 	}
 	picked := strs(res[0])
-	for _, p := range picked {
+	for i, p := range picked {
 		if ctx.Err() != nil {
+			d.dueNow(ctx, picked[i:]) // hand back the leases on those not handled
 			break
 		}
 		d.handle(ctx, p, true)
@@ -350,6 +351,19 @@ func (d *Dispatcher) handleDue(ctx context.Context) time.Duration {
 		return maxWait
 	}
 	return min(time.Duration(int64(at)-now)*time.Millisecond, maxWait)
+}
+
+// dueNow makes projects due at once (lowering their entries, which is always safe).
+func (d *Dispatcher) dueNow(ctx context.Context, projects []string) {
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	now := float64(d.nowMs())
+	for _, p := range projects {
+		if err := d.rdb.ZAddLT(wctx, store.WebhooksDueKey, redis.Z{Score: now, Member: p}).Err(); err != nil {
+			d.log.Warn("hand back due project", "project", p, "err", err)
+			return
+		}
+	}
 }
 
 func strs(v any) []string {
