@@ -88,27 +88,29 @@ if tonumber(g['pending']) == 0 and g['lag'] == 0 and not cur then
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('DEL', KEYS[2])
-if tonumber(g['pending']) > 0 then
-  local others = false
-  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[3])) do
-    local f = fields(c)
-    if f['name'] ~= ARGV[4] and tonumber(f['pending']) > 0 then others = true end
+local others = false
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[3])) do
+  local f = fields(c)
+  if f['name'] ~= ARGV[4] then
+    others = true
+    if tonumber(f['pending']) > 0 then
+      local start = '0-0'
+      repeat
+        start = redis.call('XAUTOCLAIM', KEYS[3], ARGV[3], ARGV[4], 0, start, 'COUNT', 1000, 'JUSTID')[1]
+      until start == '0-0'
+      break
+    end
   end
-  if others then
-    local start = '0-0'
-    repeat
-      start = redis.call('XAUTOCLAIM', KEYS[3], ARGV[3], ARGV[4], 0, start, 'COUNT', 1000, 'JUSTID')[1]
-    until start == '0-0'
-  end
+end
+if others then
   for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[3])) do
     local f = fields(c)
     if f['name'] ~= ARGV[4] and tonumber(f['pending']) == 0 then
       redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[3], f['name'])
     end
   end
-  g = group(KEYS[3], ARGV[3])
 end
-return {1, tonumber(g['pending'])}
+return {1, tonumber(group(KEYS[3], ARGV[3])['pending'])}
 `)
 
 // renewScript renews the hold if it is ours. KEYS: owner. ARGV: me, ttl ms. Answers 1 if

@@ -604,7 +604,8 @@ func TestTwoDispatchers(t *testing.T) {
 }
 
 // TestTakeOver: entries read by a consumer that died, holding the outbox, are claimed once
-// its hold lapses and delivered before the entries that came after them.
+// its hold lapses and delivered before the entries that came after them; the dead consumer
+// is removed.
 func TestTakeOver(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
@@ -647,5 +648,10 @@ func TestTakeOver(t *testing.T) {
 	}
 	if p, err := rdb.XPending(ctx, stream, Group).Result(); err != nil || p.Count != 0 {
 		t.Errorf("pending %+v %v", p, err)
+	}
+	// The dead consumer is gone: it would stay in the group for ever.
+	cs, err := rdb.XInfoConsumers(ctx, stream, Group).Result()
+	if err != nil || len(cs) != 1 || cs[0].Name != outboxConsumer {
+		t.Errorf("consumers %+v %v", cs, err)
 	}
 }
