@@ -353,17 +353,26 @@ func (d *Dispatcher) handleDue(ctx context.Context) time.Duration {
 	return min(time.Duration(int64(at)-now)*time.Millisecond, maxWait)
 }
 
-// dueNow makes projects due at once (lowering their entries, which is always safe).
+// dueNow makes projects due at once.
 func (d *Dispatcher) dueNow(ctx context.Context, projects []string) {
-	wctx, cancel := detached(ctx)
-	defer cancel()
-	now := float64(d.nowMs())
+	now := d.nowMs()
 	for _, p := range projects {
-		if err := d.rdb.ZAddLT(wctx, store.WebhooksDueKey, redis.Z{Score: now, Member: p}).Err(); err != nil {
-			d.log.Warn("hand back due project", "project", p, "err", err)
+		if !d.dueAt(ctx, p, now) {
 			return
 		}
 	}
+}
+
+// dueAt makes the project due at ms at the latest (lowering its entry, which is always
+// safe).
+func (d *Dispatcher) dueAt(ctx context.Context, p string, ms int64) bool {
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	if err := d.rdb.ZAddLT(wctx, store.WebhooksDueKey, redis.Z{Score: float64(ms), Member: p}).Err(); err != nil {
+		d.log.Warn("schedule project", "project", p, "err", err)
+		return false
+	}
+	return true
 }
 
 func strs(v any) []string {
@@ -382,6 +391,11 @@ func strs(v any) []string {
 func (d *Dispatcher) handle(ctx context.Context, p string, picked bool) bool {
 	log := d.log.With("project", p)
 	held, ok := d.consume(ctx, p, log)
+	if !ok {
+		// Entries may be left pending: be due again shortly, whether or not a signal is.
+		d.dueAt(ctx, p, d.nowMs()+retryPause.Milliseconds())
+		held = true
+	}
 	return d.dispatch(ctx, p, picked, held, log) && ok
 }
 
@@ -442,8 +456,9 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // consume moves the project's new outbox entries into delivery queues, holding its outbox
-// meanwhile. held: another dispatcher holds it (and was asked to read it once more); ok:
-// false if Redis failed it.
+// meanwhile. held: another dispatcher holds it (and was asked to read it once more), or this
+// one lost its hold midway, and the project's entry in the global due set was lowered to
+// when the outbox must be read again; ok: false if Redis failed it.
 func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (held, ok bool) {
 	k, stream := projectKeys(p), store.Outbox(p)
 	ttl := d.o.ClaimIdle.Milliseconds()
@@ -459,12 +474,7 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 	case 0:
 		// Another dispatcher holds it and reads it once more before letting go (the again
 		// flag). Should it die meanwhile, its hold lapses in res[1] ms: be due then.
-		at := d.nowMs() + max(res[1], 0)
-		if err := d.rdb.ZAddLT(ctx, store.WebhooksDueKey, redis.Z{Score: float64(at), Member: p}).Err(); err != nil {
-			log.Warn("schedule held outbox", "err", err)
-			return true, false
-		}
-		return true, true
+		return true, d.dueAt(ctx, p, d.nowMs()+max(res[1], 0))
 	case 2:
 		return false, true // nothing to read
 	}
@@ -488,13 +498,16 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 				if err != nil && ctx.Err() == nil {
 					log.Warn("renew outbox hold", "err", err)
 				}
-				return false, err == nil // lost: the new holder reads it
+				if err != nil {
+					return false, false
+				}
+				return d.lostHold(ctx, p, log)
 			}
 			renewAt = d.o.Now().Add(d.o.ClaimIdle / 3)
 		}
 		msgs, err := d.read(ctx, p, start)
 		if errors.Is(err, errNotHeld) {
-			return false, true // lost: the new holder reads it
+			return d.lostHold(ctx, p, log)
 		}
 		if err != nil {
 			if ctx.Err() == nil {
@@ -503,9 +516,13 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 			d.letGo(ctx, p, true, log)
 			return false, false
 		}
-		if len(msgs) > 0 && !d.process(ctx, p, msgs, log) {
-			d.letGo(ctx, p, true, log)
-			return false, false
+		if len(msgs) > 0 {
+			if err := d.process(ctx, p, msgs, log); errors.Is(err, errNotHeld) {
+				return d.lostHold(ctx, p, log)
+			} else if err != nil {
+				d.letGo(ctx, p, true, log)
+				return false, false
+			}
 		}
 		if len(msgs) == readCount {
 			continue
@@ -519,6 +536,15 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 		}
 		// Another dispatcher found it held meanwhile: read once more.
 	}
+}
+
+// lostHold: this dispatcher's hold lapsed while it read the outbox (it stalled for
+// ClaimIdle). Another may have taken it, or none: the project is made due at once, so that
+// whichever dispatcher picks it reads what is left.
+func (d *Dispatcher) lostHold(ctx context.Context, p string, log *slog.Logger) (held, ok bool) {
+	log.Warn("outbox hold lapsed while reading it")
+	d.dueNow(ctx, []string{p})
+	return true, true
 }
 
 // letGo ends a read of the outbox (trimming it) unless another dispatcher asked for one
@@ -603,22 +629,22 @@ type task struct {
 	Body      string `json:"body"`
 }
 
-// process queues the deliveries of msgs in order; false when it stopped at an entry that
-// must be read again. Entries that go nowhere are acknowledged together at the end: they
+// process queues the deliveries of msgs in order; an error when it stopped at an entry that
+// must be read again (errNotHeld: by the dispatcher that holds the outbox now). Entries that go nowhere are acknowledged together at the end: they
 // change nothing, so their order does not matter.
-func (d *Dispatcher) process(ctx context.Context, p string, msgs []redis.XMessage, log *slog.Logger) bool {
+func (d *Dispatcher) process(ctx context.Context, p string, msgs []redis.XMessage, log *slog.Logger) error {
 	k, stream := projectKeys(p), store.Outbox(p)
 	eps, err := d.reg.list(ctx, p)
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Warn("list endpoints", "err", err)
 		}
-		return false
+		return err
 	}
 	var skipped []string
 	for _, m := range msgs {
 		if ctx.Err() != nil {
-			return false
+			return ctx.Err()
 		}
 		names, enc := d.plan(m, eps, log)
 		if len(names) == 0 {
@@ -636,10 +662,10 @@ func (d *Dispatcher) process(ctx context.Context, p string, msgs []redis.XMessag
 		cancel()
 		if err != nil {
 			log.Warn("queue outbox entry", "entry", m.ID, "err", err)
-			return false
+			return err
 		}
 		if res == -1 {
-			return false // hold lost: the new holder queues it
+			return errNotHeld
 		}
 	}
 	if len(skipped) > 0 {
@@ -647,10 +673,10 @@ func (d *Dispatcher) process(ctx context.Context, p string, msgs []redis.XMessag
 		defer cancel()
 		if err := d.rdb.XAck(wctx, stream, Group, skipped...).Err(); err != nil {
 			log.Warn("acknowledge outbox entries", "err", err)
-			return false
+			return err
 		}
 	}
-	return true
+	return nil
 }
 
 // plan returns the queues that one outbox entry goes to and the task queued on each; none
