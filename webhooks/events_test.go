@@ -346,3 +346,49 @@ func testOutboxTrimmed(t *testing.T, rdb redis.UniversalClient) {
 		t.Errorf("the outbox starts at %v, want the other group's pending %s", first, read[0].Messages[1].ID)
 	}
 }
+
+// TestHeldOutboxReadAgain: a dispatcher that finds a project's outbox held by another asks
+// the holder for one more read (its letGo answers "read again" once) and makes the project
+// due when the hold would lapse, in case the holder died.
+func TestHeldOutboxReadAgain(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
+	project := newProject(t, st, rdb, "held")
+	rcv := newReceiver(t, nil)
+	createEndpoint(t, reg, project, rcv, AllEvents)
+	k := projectKeys(project)
+	const other = "other/1"
+	if err := rdb.Set(ctx, k.owner(), other, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	startDispatcher(t, rdb, fastOptions("t1"))
+	if _, err := runSession(st, project, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the request to read again", func() bool {
+		n, err := rdb.Exists(ctx, k.again()).Result()
+		return err == nil && n == 1
+	})
+	waitFor(t, "the project due when the hold lapses", func() bool {
+		s, err := rdb.ZScore(ctx, store.WebhooksDueKey, project).Result()
+		return err == nil && s > float64(time.Now().Add(30*time.Second).UnixMilli())
+	})
+	letGo := func() int {
+		n, err := letGoScript.Run(ctx, rdb, []string{k.owner(), k.again(), store.Outbox(project)},
+			other, time.Minute.Milliseconds(), Group, "0").Int()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := letGo(); n != 1 {
+		t.Fatalf("the holder's first letGo answered %d, want 1 (read again)", n)
+	}
+	if n := letGo(); n != 0 {
+		t.Fatalf("the holder's second letGo answered %d, want 0 (let go)", n)
+	}
+	if len(rcv.all()) != 0 {
+		t.Fatal("delivered while another dispatcher held the outbox")
+	}
+}
