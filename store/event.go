@@ -41,7 +41,7 @@ func (s *Store) AppendEvent(ctx context.Context, project, typ, sessionID string,
 	}
 	now := s.now()
 	id := session.NewID("evt_", now)
-	err = s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: Outbox(project), Values: []any{
+	err = s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: Outbox(project), MaxLen: outboxMaxLen, Approx: true, Values: []any{
 		"id", id, "type", typ, "session_id", sessionID, "project_id", project,
 		"at", now.UnixMilli(), "object", b,
 	}}).Err()

@@ -32,6 +32,12 @@ const (
 	// them yet. Written by store (GatewayHeartbeat).
 	GatewaysKey = "wb:gateways"
 
+	// WebhooksDueKey is a sorted set of the projects with webhook deliveries queued, score
+	// the time in ms at which the earliest may be attempted (or at which a dispatcher's
+	// lease on the project or on one of its deliveries ends): dispatchers wait for its first
+	// member instead of polling every project. Written by webhooks' dispatcher.
+	WebhooksDueKey = "wb:webhooks:due"
+
 	// PlacerKickChannel is a Pub/Sub channel on which a project with a new pending session is
 	// announced to every placer (payload: the project id). Read by store (PlacerKicks).
 	PlacerKickChannel = "wb:kick:placer"
@@ -75,9 +81,18 @@ func (k ProjectKeyspace) byEndUser(endUser string) string { return k.p + "eu:" +
 func (k ProjectKeyspace) active() string { return k.p + "active" }
 
 // Outbox is a stream of the project's events: every transition appends to it in the same
-// script (store), and anything else that must reach webhooks appends through AppendEvent.
-// Read by webhooks' dispatcher (consumer group).
+// script (store), and anything else that must reach webhooks appends through AppendEvent,
+// each trimming it to about outboxMaxLen entries. Read by webhooks' dispatcher (consumer
+// group "webhooks"), which trims what every group has acknowledged.
 func (k ProjectKeyspace) Outbox() string { return k.p + "outbox" }
+
+// outboxMaxLen bounds an outbox (approximately, XADD MAXLEN ~) whatever reads it: a project
+// with no endpoint, or a dispatcher down for long, cannot grow it without bound.
+// outboxMaxLenLua is the same number as the scripts spell it.
+const (
+	outboxMaxLen    = 100_000
+	outboxMaxLenLua = "100000"
+)
 
 // Outbox is ProjectKeys(project).Outbox().
 func Outbox(project string) string { return ProjectKeys(project).Outbox() }
@@ -196,6 +211,10 @@ func (k WebhookKeys) QueueMeta(name string) string { return k.p + "qm:" + name }
 
 // Owner is a string, the dispatcher that consumes the project's outbox, with a TTL.
 func (k WebhookKeys) Owner() string { return k.p + "owner" }
+
+// Again is a string flag, with a TTL, set by a dispatcher that found the outbox held by
+// another: the holder reads the outbox once more before it lets go.
+func (k WebhookKeys) Again() string { return k.p + "again" }
 
 // Plugins names the keys of the project's Wasm plugins.
 func (k ProjectKeyspace) Plugins() PluginKeys { return PluginKeys{k.p + "plugin:"} }

@@ -21,7 +21,7 @@ local e = {}
 for i = 3, #ARGV do e[#e + 1] = ARGV[i] end
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
-redis.call('XADD', KEYS[2], '*', unpack(e))
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
 return 1
 `)
 

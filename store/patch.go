@@ -25,7 +25,7 @@ local e = {}
 for i = 5, #ARGV do e[#e + 1] = ARGV[i] end
 e[#e + 1] = 'version'
 e[#e + 1] = ver
-redis.call('XADD', KEYS[2], '*', unpack(e))
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
 return redis.call('HGETALL', KEYS[1])
 `)
 

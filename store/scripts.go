@@ -26,7 +26,7 @@ e[#e + 1] = 'version'
 e[#e + 1] = '1'
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
-redis.call('XADD', KEYS[5], '*', unpack(e))
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
 return {'OK'}
 `)
 
@@ -81,6 +81,6 @@ e[#e + 1] = 'version'
 e[#e + 1] = ver
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
-redis.call('XADD', KEYS[5], '*', unpack(e))
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
 return all
 `)

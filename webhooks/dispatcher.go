@@ -13,9 +13,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,17 +22,25 @@ import (
 	"wb/store"
 )
 
-// Group is the consumer group the dispatcher reads each project's outbox with.
+// Group is the consumer group the dispatcher reads each project's outbox with, and the
+// outbox signals (store.WorkOutbox) with.
 const Group = "webhooks"
 
+// outboxConsumer is the one consumer of Group in every project's outbox. Only the dispatcher
+// holding the outbox reads or acknowledges it, so the consumer needs no name of its own:
+// whoever takes the hold next finds the entries a dispatcher that died left pending with one
+// read from "0", and no dead consumer is left behind per dispatcher run.
+const outboxConsumer = "dispatcher"
+
 const (
-	readCount     = 100             // outbox entries per XREADGROUP
-	readRounds    = 10              // XREADGROUP calls per poll at most
-	redisTimeout  = 5 * time.Second // for the writes that must finish even when stopping
-	leaseMargin   = 30 * time.Second
-	maxBodyRead   = 64 << 10
-	maxErrLen     = 500
-	staleConsumer = time.Hour // a consumer idle this long with nothing pending is removed
+	readCount    = 100              // outbox entries per XREADGROUP, and signals per read
+	readRounds   = 10               // XREADGROUP calls per handling of a project at most
+	maxWait      = 30 * time.Second // longest wait for a signal or a due delivery
+	retryPause   = time.Second      // after a failed read of the signals
+	redisTimeout = 5 * time.Second  // for the writes that must finish even when stopping
+	leaseMargin  = 30 * time.Second
+	maxBodyRead  = 64 << 10
+	maxErrLen    = 500
 )
 
 // Options configure a Dispatcher. Zero values take the defaults.
@@ -46,7 +52,8 @@ type Options struct {
 	HTTPClient *http.Client
 	// Timeout bounds one attempt (default 10 s).
 	Timeout time.Duration
-	// Consumer names this dispatcher in the consumer group (default host-pid).
+	// Consumer names this dispatcher in the consumer group of the outbox signals
+	// (default host-pid).
 	Consumer string
 	// Backoff is the wait after the attempt-th failed attempt of a delivery
 	// (default DefaultBackoff).
@@ -54,14 +61,13 @@ type Options struct {
 	// RetryWindow: a delivery is given up when an attempt made at least this long after its
 	// first attempt fails (default 24 h), so it is retried for at least that long.
 	RetryWindow time.Duration
-	// PollInterval is how often each project's outbox and due retries are polled
-	// (default 250 ms).
-	PollInterval time.Duration
-	// ProjectsInterval is how often new projects are looked for (default 1 s).
-	ProjectsInterval time.Duration
 	// ClaimIdle is how long a project's outbox stays held by a dispatcher that stopped
-	// renewing its hold, and the minimum idle time of the XAUTOCLAIM sweep (default 30 s).
+	// renewing its hold (it died reading it) (default 30 s).
 	ClaimIdle time.Duration
+	// SweepInterval is how often every project is checked for work whose signal was lost (a
+	// writer that died between its write and its signal) (default 5 min); the first check is
+	// at start.
+	SweepInterval time.Duration
 	// Concurrency bounds the deliveries in flight (default 32). The N projects that have work
 	// may each hold Concurrency/(N+1) of it (a lone project half), so one project's slow
 	// endpoints never hold every slot and another's deliveries start at once.
@@ -107,14 +113,11 @@ func (o Options) withDefaults(reg *Registry) Options {
 	if o.RetryWindow <= 0 {
 		o.RetryWindow = 24 * time.Hour
 	}
-	if o.PollInterval <= 0 {
-		o.PollInterval = 250 * time.Millisecond
-	}
-	if o.ProjectsInterval <= 0 {
-		o.ProjectsInterval = time.Second
-	}
 	if o.ClaimIdle <= 0 {
 		o.ClaimIdle = 30 * time.Second
+	}
+	if o.SweepInterval <= 0 {
+		o.SweepInterval = 5 * time.Minute
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 32
@@ -130,23 +133,35 @@ func (o Options) withDefaults(reg *Registry) Options {
 
 // Dispatcher delivers every project's public events to its endpoints.
 //
-// Each project's outbox is consumed by one dispatcher at a time (a hold with a TTL, fencing
-// every ack), through the consumer group Group. For each entry it appends one task per
-// subscribed endpoint to the queue of (endpoint, session) and acks the entry in the same
-// Lua script, so an entry is acked exactly when its deliveries are durably queued. Any
-// dispatcher then leases due queues and attempts their heads; a queue's next task is
-// attempted only after its head succeeded or was given up, which keeps each session's
+// It works only when told to: it blocks on a read of the outbox signals (consumer group
+// Group, shared by every dispatcher, so each signal goes to one of them) until a project's
+// outbox has events, or until the first project of the global due set (store.WebhooksDueKey)
+// has a delivery due, and then handles exactly those projects. An idle platform costs a few
+// commands per maxWait, however many projects it has.
+//
+// A project's outbox is read by one dispatcher at a time (a hold with a TTL, fencing every
+// ack), through its consumer group Group. For each entry it appends one task per subscribed
+// endpoint to the queue of (endpoint, session) and acks the entry in the same Lua script, so
+// an entry is acked exactly when its deliveries are durably queued, and queued in stream
+// order. Any dispatcher then leases due queues and attempts their heads; a queue's next task
+// is attempted only after its head succeeded or was given up, which keeps each session's
 // events in order per endpoint without blocking other sessions or endpoints.
 type Dispatcher struct {
 	rdb    redis.UniversalClient
+	st     *store.Store
 	reg    *Registry
 	o      Options
 	holder string // the value of a project's owner key while this dispatcher holds it
 	log    *slog.Logger
 	sem    chan struct{}
 	public []string
+	wake   chan struct{} // a delivery finished: a slot is free, a queue may be due
+	swept  func()        // tests: called after each sweep
+
+	inflight sync.WaitGroup
 
 	fair    sync.Mutex
+	busy    map[string]int  // deliveries in flight per project
 	wanting map[string]bool // projects with deliveries in flight or due
 }
 
@@ -154,91 +169,283 @@ type Dispatcher struct {
 func NewDispatcher(rdb redis.UniversalClient, reg *Registry, opts Options) *Dispatcher {
 	o := opts.withDefaults(reg)
 	return &Dispatcher{
-		rdb: rdb, reg: reg, o: o,
+		rdb: rdb, st: store.New(rdb), reg: reg, o: o,
 		holder:  o.Consumer + "/" + session.NewID("", time.Now()),
 		log:     o.Logger.With("component", "webhooks", "consumer", o.Consumer),
 		sem:     make(chan struct{}, o.Concurrency),
 		public:  session.PublicEvents(),
+		wake:    make(chan struct{}, 1),
+		swept:   func() {},
+		busy:    map[string]int{},
 		wanting: map[string]bool{},
 	}
 }
 
 // Run delivers until ctx is cancelled, then waits for the attempts in flight (an attempt cut
 // short is handed back, to be made again) and returns nil.
+//
+// The blocking read of the signals runs in a goroutine of its own that Run does not wait
+// for: Redis cannot be told to end a blocking read when ctx ends, so it ends at most maxWait
+// later (or when the client is closed), without handling what it read: it signals those
+// projects anew, for the other dispatchers.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if d.rdb == nil || d.reg == nil {
 		return errors.New("webhooks: dispatcher needs a Redis client and a registry")
 	}
-	var wg sync.WaitGroup
 	defer d.o.HTTPClient.CloseIdleConnections()
-	defer wg.Wait()
-	started := map[string]bool{}
-	tick := time.NewTicker(d.o.ProjectsInterval)
-	defer tick.Stop()
+	defer d.inflight.Wait()
+	signals := make(chan []store.Signal)
+	handled := make(chan bool)
+	go d.readSignals(ctx, signals, handled)
+	d.sweep(ctx)
+	nextSweep := d.o.Now().Add(d.o.SweepInterval)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
-		ids, err := d.rdb.SMembers(ctx, store.ProjectsKey).Result()
-		if err != nil && ctx.Err() == nil {
-			d.log.Warn("list projects", "err", err)
-		}
-		for _, p := range ids {
-			if started[p] || ctx.Err() != nil {
-				continue
-			}
-			started[p] = true
-			l := &projectLoop{d: d, project: p, k: projectKeys(p), wake: make(chan struct{}, 1),
-				log: d.log.With("project", p)}
-			wg.Go(func() { l.run(ctx) })
-		}
+		wait := min(d.handleDue(ctx), nextSweep.Sub(d.o.Now()))
+		timer.Reset(max(wait, 0))
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
+		case sigs := <-signals:
+			ok := d.handleSignals(ctx, sigs)
+			select {
+			case handled <- ok:
+			case <-ctx.Done():
+				return nil
+			}
+		case <-d.wake:
+		case <-timer.C:
+		}
+		if ctx.Err() == nil && !d.o.Now().Before(nextSweep) {
+			d.sweep(ctx)
+			nextSweep = d.o.Now().Add(d.o.SweepInterval)
 		}
 	}
 }
 
 func (d *Dispatcher) nowMs() int64 { return d.o.Now().UnixMilli() }
 
-// projectLoop consumes one project's outbox and attempts its due deliveries.
-type projectLoop struct {
-	d       *Dispatcher
-	project string
-	k       keys
-	log     *slog.Logger
-	wake    chan struct{}
-
-	// Owned by run's goroutine.
-	groupReady   bool
-	holding      bool
-	renewAt      time.Time
-	checkPending bool // read our own pending entries before new ones
-	swept        time.Time
-
-	inflight sync.WaitGroup
-	busy     atomic.Int32 // deliveries in flight
-}
-
-func (l *projectLoop) poke() {
+// poke wakes Run.
+func (d *Dispatcher) poke() {
 	select {
-	case l.wake <- struct{}{}:
+	case d.wake <- struct{}{}:
 	default:
 	}
 }
 
-func (l *projectLoop) run(ctx context.Context) {
-	defer l.inflight.Wait()
-	defer l.letGo()
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		l.consume(ctx)
-		l.dispatch(ctx)
-		timer.Reset(l.d.o.PollInterval)
-		select {
-		case <-ctx.Done():
+// readSignals reads the outbox signals, blocking up to maxWait, and hands each batch to
+// Run, waiting until Run has handled it (and acknowledged what it handled) before reading
+// again, since a read answers this consumer's unacknowledged signals first.
+func (d *Dispatcher) readSignals(ctx context.Context, out chan<- []store.Signal, handled <-chan bool) {
+	for ctx.Err() == nil {
+		sigs, err := d.st.Signals(ctx, store.WorkOutbox, Group, d.o.Consumer, maxWait, readCount)
+		if ctx.Err() != nil {
+			d.handBack(ctx, sigs)
 			return
-		case <-l.wake:
-		case <-timer.C:
+		}
+		ok := err == nil
+		if err != nil {
+			d.log.Warn("read outbox signals", "err", err)
+		}
+		if len(sigs) > 0 {
+			select {
+			case out <- sigs:
+			case <-ctx.Done():
+				d.handBack(ctx, sigs)
+				return
+			}
+			select {
+			case ok = <-handled:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if !ok { // Redis failing: do not spin on it
+			select {
+			case <-time.After(retryPause):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// handBack gives signals read too late (Run has returned) back to the other dispatchers:
+// it signals their projects anew and acknowledges them, since they would otherwise wait
+// for this consumer to come back, or to be claimed from it.
+func (d *Dispatcher) handBack(ctx context.Context, sigs []store.Signal) {
+	if len(sigs) == 0 {
+		return
+	}
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	for _, p := range store.SignalProjects(sigs) {
+		if err := d.st.Signal(wctx, store.WorkOutbox, p); err != nil {
+			return
+		}
+	}
+	_ = d.st.AckSignals(wctx, store.WorkOutbox, Group, sigs)
+}
+
+// handleSignals handles each signalled project once and acknowledges the signals of those
+// it handled; false if any failed (their signals are read again). Signals left unhandled
+// because ctx ended are handed back.
+func (d *Dispatcher) handleSignals(ctx context.Context, sigs []store.Signal) bool {
+	failed := map[string]bool{}
+	for _, p := range store.SignalProjects(sigs) {
+		if ctx.Err() != nil || !d.handle(ctx, p, false) {
+			failed[p] = true
+		}
+	}
+	var done, left []store.Signal
+	for _, sg := range sigs {
+		if failed[sg.Project] {
+			left = append(left, sg)
+		} else {
+			done = append(done, sg)
+		}
+	}
+	if ctx.Err() != nil {
+		d.handBack(ctx, left)
+	}
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	if err := d.st.AckSignals(wctx, store.WorkOutbox, Group, done); err != nil {
+		d.log.Warn("acknowledge outbox signals", "err", err)
+		return false
+	}
+	return len(failed) == 0
+}
+
+// handleDue handles the projects of the global due set whose time has come, as many as
+// there are free delivery slots, and answers how long to wait for the next one.
+func (d *Dispatcher) handleDue(ctx context.Context) time.Duration {
+	if ctx.Err() != nil {
+		return maxWait
+	}
+	free := cap(d.sem) - len(d.sem)
+	now := d.nowMs()
+	lease := now + (d.o.Timeout + leaseMargin).Milliseconds()
+	res, err := pickScript.Run(ctx, d.rdb, []string{store.WebhooksDueKey}, now, lease, free).Slice()
+	if err != nil || len(res) != 2 {
+		if ctx.Err() == nil {
+			d.log.Warn("read due projects", "err", err)
+		}
+		return retryPause
+	}
+	picked := strs(res[0])
+	for i, p := range picked {
+		if ctx.Err() != nil {
+			d.dueNow(ctx, picked[i:]) // hand back the leases on those not handled
+			break
+		}
+		d.handle(ctx, p, true)
+	}
+	if len(picked) > 0 {
+		return 0 // look again: more may be due
+	}
+	first, _ := res[1].(string)
+	at, err := strconv.ParseFloat(first, 64)
+	if err != nil || free == 0 { // nothing queued, or no slot free: a finished delivery wakes Run
+		return maxWait
+	}
+	return min(time.Duration(int64(at)-now)*time.Millisecond, maxWait)
+}
+
+// dueNow makes projects due at once.
+func (d *Dispatcher) dueNow(ctx context.Context, projects []string) {
+	now := d.nowMs()
+	for _, p := range projects {
+		if !d.dueAt(ctx, p, now) {
+			return
+		}
+	}
+}
+
+// dueAt makes the project due at ms at the latest (lowering its entry, which is always
+// safe).
+func (d *Dispatcher) dueAt(ctx context.Context, p string, ms int64) bool {
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	if err := d.rdb.ZAddLT(wctx, store.WebhooksDueKey, redis.Z{Score: float64(ms), Member: p}).Err(); err != nil {
+		d.log.Warn("schedule project", "project", p, "err", err)
+		return false
+	}
+	return true
+}
+
+func strs(v any) []string {
+	l, _ := v.([]any)
+	out := make([]string, 0, len(l))
+	for _, x := range l {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// handle moves the project's new outbox entries into delivery queues and starts its due
+// deliveries; false if Redis failed it.
+func (d *Dispatcher) handle(ctx context.Context, p string, picked bool) bool {
+	log := d.log.With("project", p)
+	held, ok := d.consume(ctx, p, log)
+	if !ok {
+		// Entries may be left pending: be due again shortly, whether or not a signal is.
+		d.dueAt(ctx, p, d.nowMs()+retryPause.Milliseconds())
+		held = true
+	}
+	return d.dispatch(ctx, p, picked, held, log) && ok
+}
+
+// sweep checks every project once: an outbox with entries is read (what it holds may never
+// have been signalled), and a project with queued deliveries is put in the global due set
+// at its earliest (it may have been dropped from it).
+func (d *Dispatcher) sweep(ctx context.Context) {
+	defer d.swept()
+	var cursor uint64
+	for ctx.Err() == nil {
+		ids, next, err := d.rdb.SScan(ctx, store.ProjectsKey, cursor, "", 1000).Result()
+		if err != nil {
+			if ctx.Err() == nil {
+				d.log.Warn("sweep projects", "err", err)
+			}
+			return
+		}
+		lens := make([]*redis.IntCmd, len(ids))
+		firsts := make([]*redis.ZSliceCmd, len(ids))
+		_, err = d.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for i, p := range ids {
+				lens[i] = pl.XLen(ctx, store.Outbox(p))
+				firsts[i] = pl.ZRangeWithScores(ctx, projectKeys(p).due(), 0, 0)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			if ctx.Err() == nil {
+				d.log.Warn("sweep projects", "err", err)
+			}
+			return
+		}
+		_, err = d.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for i, p := range ids {
+				if z := firsts[i].Val(); len(z) > 0 {
+					pl.ZAddLT(ctx, store.WebhooksDueKey, redis.Z{Score: z[0].Score, Member: p})
+				}
+			}
+			return nil
+		})
+		if err != nil && ctx.Err() == nil {
+			d.log.Warn("sweep projects", "err", err)
+		}
+		for i, p := range ids {
+			if ctx.Err() == nil && lens[i].Val() > 0 {
+				d.handle(ctx, p, false)
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return
 		}
 	}
 }
@@ -248,150 +455,125 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), redisTimeout)
 }
 
-func (l *projectLoop) letGo() {
-	if !l.holding {
-		return
+// consume moves the project's new outbox entries into delivery queues, holding its outbox
+// meanwhile. held: another dispatcher holds it (and was asked to read it once more), or this
+// one lost its hold midway, and the project's entry in the global due set was lowered to
+// when the outbox must be read again; ok: false if Redis failed it.
+func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (held, ok bool) {
+	k, stream := projectKeys(p), store.Outbox(p)
+	ttl := d.o.ClaimIdle.Milliseconds()
+	res, err := takeScript.Run(ctx, d.rdb, []string{k.owner(), k.again(), stream},
+		d.holder, ttl, Group, outboxConsumer).Int64Slice()
+	if err != nil || len(res) != 2 {
+		if ctx.Err() == nil {
+			log.Warn("take outbox", "err", err)
+		}
+		return false, false
 	}
-	ctx, cancel := detached(context.Background())
-	defer cancel()
-	if err := letGoScript.Run(ctx, l.d.rdb, []string{l.k.owner()}, l.d.holder).Err(); err != nil {
-		l.log.Warn("let go of outbox", "err", err)
+	switch res[0] {
+	case 0:
+		// Another dispatcher holds it and reads it once more before letting go (the again
+		// flag). Should it die meanwhile, its hold lapses in res[1] ms: be due then.
+		return true, d.dueAt(ctx, p, d.nowMs()+max(res[1], 0))
+	case 2:
+		return false, true // nothing to read
 	}
-	l.holding = false
+	start := ">"
+	if res[1] > 0 {
+		start = "0" // left pending by a dispatcher that died holding it: those first
+	}
+	renewAt := d.o.Now().Add(d.o.ClaimIdle / 3)
+	for rounds := 0; ; rounds++ {
+		if rounds == readRounds {
+			// Others wait: let go, and signal the rest to be read later (by any dispatcher).
+			d.letGo(ctx, p, true, log)
+			if err := d.st.Signal(ctx, store.WorkOutbox, p); err != nil {
+				log.Warn("signal the rest of the outbox", "err", err)
+				return false, false
+			}
+			return false, true
+		}
+		if !d.o.Now().Before(renewAt) {
+			if n, err := renewScript.Run(ctx, d.rdb, []string{k.owner()}, d.holder, ttl).Int(); err != nil || n == 0 {
+				if err != nil && ctx.Err() == nil {
+					log.Warn("renew outbox hold", "err", err)
+				}
+				if err != nil {
+					return false, false
+				}
+				return d.lostHold(ctx, p, log)
+			}
+			renewAt = d.o.Now().Add(d.o.ClaimIdle / 3)
+		}
+		msgs, err := d.read(ctx, p, start)
+		if errors.Is(err, errNotHeld) {
+			return d.lostHold(ctx, p, log)
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("read outbox", "err", err)
+			}
+			d.letGo(ctx, p, true, log)
+			return false, false
+		}
+		if len(msgs) > 0 {
+			if err := d.process(ctx, p, msgs, log); errors.Is(err, errNotHeld) {
+				return d.lostHold(ctx, p, log)
+			} else if err != nil {
+				d.letGo(ctx, p, true, log)
+				return false, false
+			}
+		}
+		if len(msgs) == readCount {
+			continue
+		}
+		if start == "0" {
+			start = ">"
+			continue
+		}
+		if !d.letGo(ctx, p, false, log) {
+			return false, true
+		}
+		// Another dispatcher found it held meanwhile: read once more.
+	}
 }
 
-// consume moves new outbox entries into delivery queues while this dispatcher holds the
-// project's outbox.
-func (l *projectLoop) consume(ctx context.Context) {
-	d, stream := l.d, store.Outbox(l.project)
-	if !l.groupReady {
-		err := d.rdb.XGroupCreateMkStream(ctx, stream, Group, "0").Err()
-		if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
-			if ctx.Err() == nil {
-				l.log.Warn("create consumer group", "err", err)
-			}
-			return
-		}
-		l.groupReady = true
+// lostHold: this dispatcher's hold lapsed while it read the outbox (it stalled for
+// ClaimIdle). Another may have taken it, or none: the project is made due at once, so that
+// whichever dispatcher picks it reads what is left.
+func (d *Dispatcher) lostHold(ctx context.Context, p string, log *slog.Logger) (held, ok bool) {
+	log.Warn("outbox hold lapsed while reading it")
+	d.dueNow(ctx, []string{p})
+	return true, true
+}
+
+// letGo ends a read of the outbox (trimming it) unless another dispatcher asked for one
+// more read and force is false; true if it asked.
+func (d *Dispatcher) letGo(ctx context.Context, p string, force bool, log *slog.Logger) bool {
+	k := projectKeys(p)
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	f := "0"
+	if force {
+		f = "1"
 	}
-	now := d.o.Now()
-	if !l.holding || !now.Before(l.renewAt) {
-		res, err := holdScript.Run(ctx, d.rdb, []string{l.k.owner()}, d.holder, d.o.ClaimIdle.Milliseconds()).Int()
-		if err != nil {
-			if ctx.Err() == nil {
-				l.log.Warn("hold outbox", "err", err)
-			}
-			return
-		}
-		if res == 0 {
-			l.holding = false
-			return
-		}
-		if res == 1 || !l.holding {
-			// Newly held: whoever held it before is fenced off, so take over everything
-			// it left pending and deliver that first, in stream order.
-			if _, err := l.claim(ctx, 0); err != nil {
-				return
-			}
-			l.checkPending = true
-			l.swept = now
-		}
-		l.holding = true
-		l.renewAt = now.Add(d.o.ClaimIdle / 3)
+	n, err := letGoScript.Run(wctx, d.rdb, []string{k.owner(), k.again(), store.Outbox(p)},
+		d.holder, d.o.ClaimIdle.Milliseconds(), Group, f).Int()
+	if err != nil {
+		log.Warn("let go of outbox", "err", err)
+		return false
 	}
-	if now.Sub(l.swept) >= d.o.ClaimIdle/2 {
-		n, err := l.claim(ctx, d.o.ClaimIdle)
-		if err != nil {
-			return
-		}
-		if n > 0 {
-			l.checkPending = true
-		}
-		l.swept = now
-		l.removeStaleConsumers(ctx)
-	}
-	for range readRounds {
-		id := ">"
-		if l.checkPending {
-			id = "0"
-		}
-		msgs, err := l.read(ctx, id)
-		if err != nil {
-			if strings.Contains(err.Error(), "NOGROUP") {
-				l.groupReady = false
-			}
-			if ctx.Err() == nil && !errors.Is(err, errNotHeld) {
-				l.log.Warn("read outbox", "err", err)
-			}
-			return
-		}
-		if len(msgs) == 0 {
-			if l.checkPending {
-				l.checkPending = false
-				continue
-			}
-			return
-		}
-		if !l.process(ctx, msgs) {
-			l.checkPending = true
-			return
-		}
-		if !l.checkPending && len(msgs) < readCount {
-			return
-		}
-	}
+	return n == 1
 }
 
 // errNotHeld: another dispatcher holds the project's outbox now.
 var errNotHeld = errors.New("outbox held by another dispatcher")
 
-// claim moves to this consumer the entries pending for at least minIdle on others.
-func (l *projectLoop) claim(ctx context.Context, minIdle time.Duration) (int, error) {
-	n, start := 0, "0-0"
-	for range 1000 {
-		res, err := autoclaimScript.Run(ctx, l.d.rdb, []string{l.k.owner(), store.Outbox(l.project)},
-			l.d.holder, Group, l.d.o.Consumer, minIdle.Milliseconds(), start, readCount).Result()
-		if err == nil {
-			if v, ok := res.(int64); ok && v == -1 {
-				l.holding = false
-				return n, errNotHeld
-			}
-		}
-		var next string
-		var ids []any
-		if err == nil {
-			next, ids, err = parseAutoclaim(res)
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				l.log.Warn("claim pending outbox entries", "err", err)
-			}
-			return n, fmt.Errorf("xautoclaim: %w", err)
-		}
-		n += len(ids)
-		if next == "0-0" || next == "" {
-			break
-		}
-		start = next
-	}
-	return n, nil
-}
-
-func parseAutoclaim(res any) (string, []any, error) {
-	r, ok := res.([]any)
-	if !ok || len(r) < 2 {
-		return "", nil, fmt.Errorf("unexpected XAUTOCLAIM reply %T", res)
-	}
-	next, _ := r[0].(string)
-	ids, _ := r[1].([]any)
-	return next, ids, nil
-}
-
-// read reads up to readCount entries for this consumer: its own pending ones from id "0",
-// new ones from ">". It reads nothing unless this dispatcher holds the outbox.
-func (l *projectLoop) read(ctx context.Context, id string) ([]redis.XMessage, error) {
-	res, err := readScript.Run(ctx, l.d.rdb, []string{l.k.owner(), store.Outbox(l.project)},
-		l.d.holder, Group, l.d.o.Consumer, readCount, id).Result()
+// read reads up to readCount entries: those pending from "0", new ones from ">". It reads
+// nothing unless this dispatcher holds the outbox.
+func (d *Dispatcher) read(ctx context.Context, p, start string) ([]redis.XMessage, error) {
+	res, err := readScript.Run(ctx, d.rdb, []string{projectKeys(p).owner(), store.Outbox(p)},
+		d.holder, Group, outboxConsumer, readCount, start).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -399,7 +581,6 @@ func (l *projectLoop) read(ctx context.Context, id string) ([]redis.XMessage, er
 		return nil, err
 	}
 	if v, ok := res.(int64); ok && v == -1 {
-		l.holding = false
 		return nil, errNotHeld
 	}
 	return parseRead(res)
@@ -440,20 +621,6 @@ func parseRead(res any) ([]redis.XMessage, error) {
 	return out, nil
 }
 
-// removeStaleConsumers drops consumers of earlier runs that have nothing pending.
-func (l *projectLoop) removeStaleConsumers(ctx context.Context) {
-	stream := store.Outbox(l.project)
-	cs, err := l.d.rdb.XInfoConsumers(ctx, stream, Group).Result()
-	if err != nil {
-		return
-	}
-	for _, c := range cs {
-		if c.Name != l.d.o.Consumer && c.Pending == 0 && c.Idle >= staleConsumer {
-			_ = l.d.rdb.XGroupDelConsumer(ctx, stream, Group, c.Name).Err()
-		}
-	}
-}
-
 // task is one queued delivery.
 type task struct {
 	EventID   string `json:"event_id"`
@@ -462,61 +629,68 @@ type task struct {
 	Body      string `json:"body"`
 }
 
-// process queues the deliveries of msgs in order; false when it stopped at an entry that
-// must be read again.
-func (l *projectLoop) process(ctx context.Context, msgs []redis.XMessage) bool {
-	d, stream := l.d, store.Outbox(l.project)
-	eps, err := d.reg.list(ctx, l.project)
+// process queues the deliveries of msgs in order; an error when it stopped at an entry that
+// must be read again (errNotHeld: by the dispatcher that holds the outbox now). Entries that go nowhere are acknowledged together at the end: they
+// change nothing, so their order does not matter.
+func (d *Dispatcher) process(ctx context.Context, p string, msgs []redis.XMessage, log *slog.Logger) error {
+	k, stream := projectKeys(p), store.Outbox(p)
+	eps, err := d.reg.list(ctx, p)
 	if err != nil {
 		if ctx.Err() == nil {
-			l.log.Warn("list endpoints", "err", err)
+			log.Warn("list endpoints", "err", err)
 		}
-		return false
+		return err
 	}
+	var skipped []string
 	for _, m := range msgs {
 		if ctx.Err() != nil {
-			return false
+			return ctx.Err()
 		}
-		names, enc := l.plan(m, eps)
-		wctx, cancel := detached(ctx)
+		names, enc := d.plan(m, eps, log)
 		if len(names) == 0 {
-			err = d.rdb.XAck(wctx, stream, Group, m.ID).Err()
-		} else {
-			ks := []string{l.k.owner(), stream, l.k.due()}
-			args := []any{d.holder, Group, m.ID, d.nowMs()}
-			for _, n := range names {
-				ks = append(ks, l.k.queue(n))
-				args = append(args, n, enc)
-			}
-			var res int
-			res, err = enqueueScript.Run(wctx, d.rdb, ks, args...).Int()
-			if err == nil && res == -1 {
-				l.holding = false
-				cancel()
-				return false
-			}
+			skipped = append(skipped, m.ID)
+			continue
 		}
+		ks := []string{k.owner(), stream, k.due()}
+		args := []any{d.holder, Group, m.ID, d.nowMs()}
+		for _, n := range names {
+			ks = append(ks, k.queue(n))
+			args = append(args, n, enc)
+		}
+		wctx, cancel := detached(ctx)
+		res, err := enqueueScript.Run(wctx, d.rdb, ks, args...).Int()
 		cancel()
 		if err != nil {
-			l.log.Warn("queue outbox entry", "entry", m.ID, "err", err)
-			return false
+			log.Warn("queue outbox entry", "entry", m.ID, "err", err)
+			return err
+		}
+		if res == -1 {
+			return errNotHeld
 		}
 	}
-	return true
+	if len(skipped) > 0 {
+		wctx, cancel := detached(ctx)
+		defer cancel()
+		if err := d.rdb.XAck(wctx, stream, Group, skipped...).Err(); err != nil {
+			log.Warn("acknowledge outbox entries", "err", err)
+			return err
+		}
+	}
+	return nil
 }
 
 // plan returns the queues that one outbox entry goes to and the task queued on each; none
 // for an entry that is not delivered (an internal or unreadable one, or no subscriber).
-func (l *projectLoop) plan(m redis.XMessage, eps []Endpoint) (names []string, enc string) {
+func (d *Dispatcher) plan(m redis.XMessage, eps []Endpoint, log *slog.Logger) (names []string, enc string) {
 	if m.Values == nil { // deleted from the stream while pending
 		return nil, ""
 	}
 	ev, err := store.DecodeEvent(m.ID, m.Values)
 	if err != nil {
-		l.log.Error("skip unreadable outbox entry", "entry", m.ID, "err", err)
+		log.Error("skip unreadable outbox entry", "entry", m.ID, "err", err)
 		return nil, ""
 	}
-	if !slices.Contains(l.d.public, ev.Type) {
+	if !slices.Contains(d.public, ev.Type) {
 		return nil, ""
 	}
 	for _, e := range eps {
@@ -534,7 +708,7 @@ func (l *projectLoop) plan(m redis.XMessage, eps []Endpoint) (names []string, en
 		enc = string(b)
 	}
 	if err != nil {
-		l.log.Error("skip outbox entry", "entry", m.ID, "event", ev.ID, "err", err)
+		log.Error("skip outbox entry", "entry", m.ID, "event", ev.ID, "err", err)
 		return nil, ""
 	}
 	return names, enc
@@ -565,106 +739,188 @@ func (d *Dispatcher) want(project string, wants bool) {
 	}
 }
 
-// dispatch leases the project's due queues, up to its fair share of the free slots, and
-// attempts their heads.
-func (l *projectLoop) dispatch(ctx context.Context) {
-	d := l.d
+// inFlight answers how many deliveries of project are in flight here.
+func (d *Dispatcher) inFlight(project string) int {
+	d.fair.Lock()
+	defer d.fair.Unlock()
+	return d.busy[project]
+}
+
+// dispatch leases the project's due queues, up to its fair share of the free slots, starts
+// attempting their heads, and brings the project's entry in the global due set up to date;
+// false if Redis failed it.
+//
+// held: another dispatcher holds the project's outbox, and consume lowered the project's
+// entry to when that hold lapses; a resync now could raise it past that, so none is made:
+// the entry comes due then, or earlier.
+func (d *Dispatcher) dispatch(ctx context.Context, p string, picked, held bool, log *slog.Logger) bool {
 	if ctx.Err() != nil {
-		return
+		return false
 	}
-	inflight := int(l.busy.Load())
-	free := min(cap(d.sem)-len(d.sem), d.share(l.project)-inflight)
+	k := projectKeys(p)
+	inflight := d.inFlight(p)
+	free := max(0, min(cap(d.sem)-len(d.sem), d.share(p)-inflight))
 	now := d.nowMs()
-	if free <= 0 {
-		wants := inflight > 0
-		if !wants {
-			// Waiting for a slot is work only if something is due.
-			n, err := d.rdb.ZCount(ctx, l.k.due(), "-inf", strconv.FormatInt(now, 10)).Result()
-			wants = err != nil || n > 0
-		}
-		d.want(l.project, wants)
-		return
-	}
 	lease := now + (d.o.Timeout + leaseMargin).Milliseconds()
 	// Detached, so that a lease taken just as ctx ends is known, and handed back.
 	wctx, cancel := detached(ctx)
-	names, err := claimScript.Run(wctx, d.rdb, []string{l.k.due()}, now, lease, free).StringSlice()
+	res, err := claimScript.Run(wctx, d.rdb, []string{k.due()}, now, lease, free).Slice()
 	cancel()
-	if err != nil {
-		l.log.Warn("claim due deliveries", "err", err)
-		return
+	if err != nil || len(res) != 2 {
+		log.Warn("claim due deliveries", "err", err)
+		return false
 	}
-	d.want(l.project, len(names) > 0 || inflight > 0)
+	names := strs(res[0])
+	left, _ := res[1].(int64)
+	d.want(p, inflight+len(names) > 0 || left > 0)
 	for i, name := range names {
 		select {
 		case d.sem <- struct{}{}:
 		case <-ctx.Done():
 			for _, n := range names[i:] {
-				l.release(ctx, n, lease)
+				d.release(ctx, p, n, lease, log)
 			}
-			return
+			d.resync(ctx, p, log)
+			return false
 		}
-		l.busy.Add(1)
-		l.inflight.Go(func() {
-			defer func() { <-d.sem; l.busy.Add(-1) }()
-			l.deliver(ctx, name, lease)
+		d.fair.Lock()
+		d.busy[p]++
+		d.fair.Unlock()
+		d.inflight.Go(func() {
+			defer d.finished(ctx, p, log)
+			d.deliver(ctx, p, name, lease, log)
 		})
 	}
+	if left > 0 && inflight+len(names) > 0 {
+		// Queues wait for the project's share, which its own deliveries in flight free as
+		// they finish, each bringing its entry up to date (finished). Until then the entry
+		// need only come due should this dispatcher die: when the leases end.
+		err := d.rdb.ZAddLT(ctx, store.WebhooksDueKey, redis.Z{Score: float64(lease), Member: p}).Err()
+		if err != nil && ctx.Err() == nil {
+			log.Warn("schedule waiting deliveries", "err", err)
+			return false
+		}
+		return true
+	}
+	if held || !picked && len(names) == 0 && left == 0 {
+		// Nothing was due and nothing changed: the project's entry, if any, is still right.
+		return true
+	}
+	return d.resync(ctx, p, log)
 }
 
-func (l *projectLoop) release(ctx context.Context, name string, lease int64) {
+// finished ends a delivery: it frees its slot and brings the project's entry in the global
+// due set up to date (the queue's next head may be due now, or its retry later).
+func (d *Dispatcher) finished(ctx context.Context, p string, log *slog.Logger) {
+	<-d.sem
+	d.fair.Lock()
+	if d.busy[p]--; d.busy[p] <= 0 {
+		delete(d.busy, p)
+		delete(d.wanting, p)
+	}
+	d.fair.Unlock()
+	d.resync(ctx, p, log)
+	d.poke()
+}
+
+// resync sets the project's entry in the global due set to the earliest score of its due
+// queues, or removes it when it has none.
+//
+// Every change to a project's due queues is followed by a resync or by a ZADD LT of the new
+// score: lowering the entry is always safe (at worst the project is handled once for
+// nothing), but raising it could hide a queue that another dispatcher just made due, and
+// the two keys live in different Cluster slots, so no script can do both. So resync raises
+// it to the earliest score it read, then reads again and lowers it to what that read found:
+// a change made after the first read is either in the second read or followed by its own
+// ZADD LT after the raise.
+func (d *Dispatcher) resync(ctx context.Context, p string, log *slog.Logger) bool {
 	wctx, cancel := detached(ctx)
 	defer cancel()
-	if err := releaseScript.Run(wctx, l.d.rdb, []string{l.k.due()}, name, lease, l.d.nowMs()).Err(); err != nil {
-		l.log.Warn("hand back delivery", "queue", name, "err", err)
+	due := projectKeys(p).due()
+	first := func() (float64, bool, error) {
+		z, err := d.rdb.ZRangeWithScores(wctx, due, 0, 0).Result()
+		if err != nil || len(z) == 0 {
+			return 0, false, err
+		}
+		return z[0].Score, true, nil
+	}
+	at, ok, err := first()
+	if err == nil {
+		if ok {
+			err = d.rdb.ZAdd(wctx, store.WebhooksDueKey, redis.Z{Score: at, Member: p}).Err()
+		} else {
+			err = d.rdb.ZRem(wctx, store.WebhooksDueKey, p).Err()
+		}
+	}
+	var again float64
+	var okAgain bool
+	if err == nil {
+		again, okAgain, err = first()
+	}
+	if err == nil && okAgain && (!ok || again < at) {
+		err = d.rdb.ZAddLT(wctx, store.WebhooksDueKey, redis.Z{Score: again, Member: p}).Err()
+	}
+	if err != nil {
+		log.Warn("schedule due deliveries", "err", err)
+		return false
+	}
+	return true
+}
+
+func (d *Dispatcher) release(ctx context.Context, p, name string, lease int64, log *slog.Logger) {
+	wctx, cancel := detached(ctx)
+	defer cancel()
+	if err := releaseScript.Run(wctx, d.rdb, []string{projectKeys(p).due()}, name, lease, d.nowMs()).Err(); err != nil {
+		log.Warn("hand back delivery", "queue", name, "err", err)
 	}
 }
 
-func (l *projectLoop) drop(ctx context.Context, name string, lease int64, all bool) {
+func (d *Dispatcher) drop(ctx context.Context, p, name string, lease int64, all bool, log *slog.Logger) {
+	k := projectKeys(p)
 	wctx, cancel := detached(ctx)
 	defer cancel()
 	a := "0"
 	if all {
 		a = "1"
 	}
-	err := dropScript.Run(wctx, l.d.rdb, []string{l.k.due(), l.k.queue(name), l.k.meta(name)}, name, lease, a, l.d.nowMs()).Err()
+	err := dropScript.Run(wctx, d.rdb, []string{k.due(), k.queue(name), k.meta(name)}, name, lease, a, d.nowMs()).Err()
 	if err != nil {
-		l.log.Warn("drop delivery queue", "queue", name, "err", err)
+		log.Warn("drop delivery queue", "queue", name, "err", err)
 	}
 }
 
 // deliver attempts the head of one leased queue and records the outcome.
-func (l *projectLoop) deliver(ctx context.Context, name string, lease int64) {
-	d := l.d
+func (d *Dispatcher) deliver(ctx context.Context, p, name string, lease int64, log *slog.Logger) {
+	k := projectKeys(p)
 	epID := queueEndpoint(name)
 	var head *redis.StringCmd
 	var meta *redis.SliceCmd
 	var epCmd *redis.StringCmd
 	_, err := d.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		head = p.LIndex(ctx, l.k.queue(name), 0)
-		meta = p.HMGet(ctx, l.k.meta(name), "attempt", "first")
-		epCmd = p.HGet(ctx, l.k.endpoints(), epID)
+		head = p.LIndex(ctx, k.queue(name), 0)
+		meta = p.HMGet(ctx, k.meta(name), "attempt", "first")
+		epCmd = p.HGet(ctx, k.endpoints(), epID)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		if ctx.Err() == nil {
-			l.log.Warn("read delivery queue", "queue", name, "err", err)
+			log.Warn("read delivery queue", "queue", name, "err", err)
 		}
-		l.release(ctx, name, lease)
+		d.release(ctx, p, name, lease, log)
 		return
 	}
 	if errors.Is(epCmd.Err(), redis.Nil) {
-		l.drop(ctx, name, lease, true) // the endpoint was deleted
+		d.drop(ctx, p, name, lease, true, log) // the endpoint was deleted
 		return
 	}
 	if errors.Is(head.Err(), redis.Nil) {
-		l.drop(ctx, name, lease, false)
+		d.drop(ctx, p, name, lease, false, log)
 		return
 	}
 	ep, err := decodeEndpoint([]byte(epCmd.Val()))
 	if err != nil {
-		l.log.Error("undecodable endpoint", "endpoint", epID, "err", err)
-		l.release(ctx, name, lease)
+		log.Error("undecodable endpoint", "endpoint", epID, "err", err)
+		d.release(ctx, p, name, lease, log)
 		return
 	}
 	start := d.o.Now()
@@ -685,10 +941,10 @@ func (l *projectLoop) deliver(ctx context.Context, name string, lease int64) {
 	if err := json.Unmarshal([]byte(head.Val()), &t); err != nil {
 		r.err, r.permanent = "undecodable queued delivery: "+err.Error(), true
 	} else {
-		r = l.post(ctx, ep, t, start)
+		r = d.post(ctx, ep, t, start)
 	}
 	if !r.ok() && ctx.Err() != nil {
-		l.release(ctx, name, lease) // cut short by shutdown: not an attempt
+		d.release(ctx, p, name, lease, log) // cut short by shutdown: not an attempt
 		return
 	}
 	now := d.o.Now()
@@ -720,24 +976,22 @@ func (l *projectLoop) deliver(ctx context.Context, name string, lease int64) {
 	}
 	b, err := json.Marshal(dl)
 	if err != nil {
-		l.log.Error("encode delivery", "err", err)
+		log.Error("encode delivery", "err", err)
 		return
 	}
 	wctx, cancel := detached(ctx)
 	defer cancel()
 	res, err := completeScript.Run(wctx, d.rdb,
-		[]string{l.k.due(), l.k.queue(name), l.k.meta(name), l.k.endpoints(), l.k.log(ep.ID)},
+		[]string{k.due(), k.queue(name), k.meta(name), k.endpoints(), k.log(ep.ID)},
 		name, lease, mode, score, attempt, first, ep.ID, b, MaxLogEntries).Int()
 	switch {
 	case err != nil:
-		l.log.Warn("record delivery", "queue", name, "event", t.EventID, "err", err)
-	case res == 2:
-		l.poke()
+		log.Warn("record delivery", "queue", name, "event", t.EventID, "err", err)
 	case res == -1:
-		l.log.Warn("delivery lease lost; another dispatcher repeats it", "queue", name, "event", t.EventID)
+		log.Warn("delivery lease lost; another dispatcher repeats it", "queue", name, "event", t.EventID)
 	}
 	if dl.Status != StatusSucceeded {
-		l.log.Info("webhook delivery failed", "endpoint", ep.ID, "event", t.EventID,
+		log.Info("webhook delivery failed", "endpoint", ep.ID, "event", t.EventID,
 			"attempt", attempt, "status", dl.Status, "response_status", r.status, "err", r.err)
 	}
 }
@@ -752,12 +1006,12 @@ type result struct {
 func (r result) ok() bool { return r.status >= 200 && r.status < 300 && r.err == "" }
 
 // post makes one signed attempt, stamped at.
-func (l *projectLoop) post(ctx context.Context, ep Endpoint, t task, at time.Time) result {
+func (d *Dispatcher) post(ctx context.Context, ep Endpoint, t task, at time.Time) result {
 	key, err := SecretKey(ep.Secret)
 	if err != nil {
 		return result{err: err.Error(), permanent: true}
 	}
-	actx, cancel := context.WithTimeout(ctx, l.d.o.Timeout)
+	actx, cancel := context.WithTimeout(ctx, d.o.Timeout)
 	defer cancel()
 	body := []byte(t.Body)
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, ep.URL, bytes.NewReader(body))
@@ -771,7 +1025,7 @@ func (l *projectLoop) post(ctx context.Context, ep Endpoint, t task, at time.Tim
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
 	req.Header.Set(HeaderSignature, Sign(key, t.EventID, ts, body))
 	start := time.Now()
-	resp, err := l.d.o.HTTPClient.Do(req)
+	resp, err := d.o.HTTPClient.Do(req)
 	if err != nil {
 		return result{err: truncate(err.Error()), dur: time.Since(start)}
 	}

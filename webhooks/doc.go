@@ -1,4 +1,9 @@
 // Package webhooks keeps each project's webhook endpoints in Redis and delivers the public
 // events of the project's outbox stream to them, signed per Standard Webhooks, with durable
 // retries that keep each (endpoint, session) pair in order and a bounded per-endpoint log.
+//
+// The dispatcher works on events, not sweeps: it waits on the outbox signals (store's
+// WorkOutbox stream) and on the earliest due delivery of a global sorted set of projects, so
+// an idle platform costs it nothing however many projects it has; it trims each outbox to
+// what every consumer group still needs.
 package webhooks

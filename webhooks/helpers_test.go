@@ -112,15 +112,13 @@ func failFirst(n int) func(int, string) int {
 	}
 }
 
-// fastOptions retry after 10 ms and poll every 10 ms.
+// fastOptions retry after 10 ms.
 func fastOptions(consumer string) Options {
 	return Options{
-		Consumer:         consumer,
-		Backoff:          func(int) time.Duration { return 10 * time.Millisecond },
-		PollInterval:     10 * time.Millisecond,
-		ProjectsInterval: 20 * time.Millisecond,
-		Timeout:          5 * time.Second,
-		Logger:           slog.New(slog.DiscardHandler),
+		Consumer: consumer,
+		Backoff:  func(int) time.Duration { return 10 * time.Millisecond },
+		Timeout:  5 * time.Second,
+		Logger:   slog.New(slog.DiscardHandler),
 	}
 }
 
@@ -128,9 +126,14 @@ func fastOptions(consumer string) Options {
 // stop fails the test if Run does not return promptly.
 func startDispatcher(t *testing.T, rdb redis.UniversalClient, opts Options) (stop func()) {
 	t.Helper()
+	return runDispatcher(t, NewDispatcher(rdb, NewRegistry(rdb, RegistryOptions{AllowPrivate: true}), opts))
+}
+
+// runDispatcher is startDispatcher for a dispatcher made by the test.
+func runDispatcher(t *testing.T, d *Dispatcher) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	d := NewDispatcher(rdb, NewRegistry(rdb, RegistryOptions{AllowPrivate: true}), opts)
 	go func() { done <- d.Run(ctx) }()
 	var once sync.Once
 	stop = func() {
@@ -161,13 +164,32 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func newProject(t *testing.T, st *store.Store, name string) string {
+// newProject creates a project whose outbox keeps every event for the test to compare the
+// deliveries with (see keepOutbox).
+func newProject(t *testing.T, st *store.Store, rdb redis.UniversalClient, name string) string {
+	t.Helper()
+	p := newBareProject(t, st, name)
+	keepOutbox(t, rdb, p)
+	return p
+}
+
+// newBareProject creates a project, its outbox trimmed as the dispatcher consumes it.
+func newBareProject(t *testing.T, st *store.Store, name string) string {
 	t.Helper()
 	p, _, err := st.CreateProject(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p.ID
+}
+
+// keepOutbox adds a consumer group that never reads to the project's outbox: the dispatcher
+// trims only what every group has acknowledged, so the outbox keeps every event.
+func keepOutbox(t *testing.T, rdb redis.UniversalClient, project string) {
+	t.Helper()
+	if err := rdb.XGroupCreateMkStream(context.Background(), store.Outbox(project), "inspector", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func createEndpoint(t *testing.T, reg *Registry, project string, rcv *receiver, events ...string) Endpoint {

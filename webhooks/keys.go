@@ -19,6 +19,7 @@ func (k keys) due() string                { return k.wh.Due() }
 func (k keys) queue(name string) string   { return k.wh.Queue(name) }
 func (k keys) meta(name string) string    { return k.wh.QueueMeta(name) }
 func (k keys) owner() string              { return k.wh.Owner() }
+func (k keys) again() string              { return k.wh.Again() }
 
 // queueName names the queue of (endpoint, session).
 func queueName(endpoint, sessionID string) string { return endpoint + "/" + sessionID }

@@ -2,11 +2,8 @@ package webhooks
 
 import "github.com/redis/go-redis/v9"
 
-// Every script touches the keys of one project only (one Cluster slot).
+// Every script but pickScript touches the keys of one project only (one Cluster slot).
 
-// holdScript takes or renews the hold on a project's outbox.
-//
-// KEYS: owner. ARGV: me, ttl ms. Answers 1 if newly taken, 2 if renewed, 0 if another holds it.
 // createScript adds an endpoint unless the project already has ARGV[3]: 1 if added, else 0.
 // KEYS: endpoints. ARGV: id, endpoint JSON, max.
 var createScript = redis.NewScript(`
@@ -15,22 +12,130 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 `)
 
-var holdScript = redis.NewScript(`
+// luaOutbox holds the Lua functions of the scripts that read an outbox's consumer groups.
+//
+// group(stream, name) answers the group's XINFO GROUPS fields (name, pending,
+// last-delivered-id, lag, …) by name, or nil. trim(stream) removes the entries every group
+// has acknowledged: those before the oldest one still pending, or through the last one
+// delivered, in whichever group is furthest behind.
+const luaOutbox = `
+local function fields(flat)
+  local f = {}
+  for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
+  return f
+end
+local function group(stream, name)
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local f = fields(g)
+    if f['name'] == name then return f end
+  end
+  return nil
+end
+local function parseid(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function before(a, b)
+  local ams, aseq = parseid(a)
+  local bms, bseq = parseid(b)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
+local function trim(stream)
+  if redis.call('EXISTS', stream) == 0 then return end
+  local keep = nil
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local f = fields(g)
+    local from
+    if tonumber(f['pending']) > 0 then
+      from = redis.call('XPENDING', stream, f['name'])[2]
+    else
+      local ms, seq = parseid(f['last-delivered-id'])
+      from = string.format('%d-%d', ms, seq + 1)
+    end
+    if keep == nil or before(from, keep) then keep = from end
+  end
+  if keep then redis.call('XTRIM', stream, 'MINID', keep) end
+end
+`
+
+// takeScript takes the hold on a project's outbox to read it, unless it has nothing to read.
+//
+// Held by another: it sets the again flag, which makes the holder read once more before it
+// lets go, so that nothing written while it held the outbox waits for a later signal.
+// Nothing to read (no entry pending or undelivered in the group): it trims the outbox and
+// does not take the hold. Taken: every entry that any other consumer left pending (a
+// dispatcher that died holding it, or one of an older version, each under its own name) is
+// claimed by consumer and those consumers are removed, so that one read from "0" finds
+// them, in stream order, before the new ones.
+//
+// KEYS: owner, again, outbox. ARGV: me, ttl ms, group, consumer.
+// Answers {0, owner's ttl ms} (held by another), {1, pending} (taken), {2, 0} (nothing to read).
+var takeScript = redis.NewScript(luaOutbox + `
 local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 2
+if cur and cur ~= ARGV[1] then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+  return {0, redis.call('PTTL', KEYS[1])}
 end
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
+if redis.call('EXISTS', KEYS[3]) == 0 then return {2, 0} end
+local g = group(KEYS[3], ARGV[3])
+if not g then
+  redis.call('XGROUP', 'CREATE', KEYS[3], ARGV[3], '0')
+  g = group(KEYS[3], ARGV[3])
 end
-return 0
+if tonumber(g['pending']) == 0 and g['lag'] == 0 and not cur then
+  trim(KEYS[3])
+  return {2, 0}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('DEL', KEYS[2])
+local others = false
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[3])) do
+  local f = fields(c)
+  if f['name'] ~= ARGV[4] then
+    others = true
+    if tonumber(f['pending']) > 0 then
+      local start = '0-0'
+      repeat
+        start = redis.call('XAUTOCLAIM', KEYS[3], ARGV[3], ARGV[4], 0, start, 'COUNT', 1000, 'JUSTID')[1]
+      until start == '0-0'
+      break
+    end
+  end
+end
+if others then
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[3], ARGV[3])) do
+    local f = fields(c)
+    if f['name'] ~= ARGV[4] and tonumber(f['pending']) == 0 then
+      redis.call('XGROUP', 'DELCONSUMER', KEYS[3], ARGV[3], f['name'])
+    end
+  end
+end
+return {1, tonumber(group(KEYS[3], ARGV[3])['pending'])}
 `)
 
-// letGoScript gives up the hold if it is ours. KEYS: owner. ARGV: me.
-var letGoScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+// renewScript renews the hold if it is ours. KEYS: owner. ARGV: me, ttl ms. Answers 1 if
+// renewed, 0 if lost.
+var renewScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+`)
+
+// letGoScript ends a read of the outbox: if another dispatcher asked for one more read
+// (the again flag) and force is not set, the hold is kept (renewed) for it; otherwise the
+// outbox is trimmed and the hold given up.
+//
+// KEYS: owner, again, outbox. ARGV: me, ttl ms, group, force (1|0).
+// Answers 1 (read again), 0 (let go), -1 (not ours any more).
+var letGoScript = redis.NewScript(luaOutbox + `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('EXISTS', KEYS[2]) == 1 and ARGV[4] ~= '1' then
+  redis.call('DEL', KEYS[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+trim(KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2])
 return 0
 `)
 
@@ -53,11 +158,30 @@ return 1
 // claimScript leases up to N due queues: their score becomes the lease's end, which is the
 // lease's token too.
 //
-// KEYS: due. ARGV: now ms, lease end ms, N. Answers the queue names.
+// KEYS: due. ARGV: now ms, lease end ms, N. Answers {queue names, how many due queues are
+// left unleased}.
 var claimScript = redis.NewScript(`
-local names = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
-for _, n in ipairs(names) do redis.call('ZADD', KEYS[1], 'XX', ARGV[2], n) end
-return names
+local names = {}
+if tonumber(ARGV[3]) > 0 then
+  names = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+  for _, n in ipairs(names) do redis.call('ZADD', KEYS[1], 'XX', ARGV[2], n) end
+end
+return {names, redis.call('ZCOUNT', KEYS[1], '-inf', ARGV[1])}
+`)
+
+// pickScript leases up to N due projects of the global due set (KEYS[1], store.WebhooksDueKey,
+// the one script here that is not a project's): their score becomes the lease's end, so that
+// a dispatcher that dies handling one leaves it due again then.
+//
+// ARGV: now ms, lease end ms, N. Answers {projects, earliest score left (” if none)}.
+var pickScript = redis.NewScript(`
+local ps = {}
+if tonumber(ARGV[3]) > 0 then
+  ps = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+  for _, p in ipairs(ps) do redis.call('ZADD', KEYS[1], 'XX', ARGV[2], p) end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {ps, first[2] or ''}
 `)
 
 // releaseScript hands a leased queue back, due at once, without counting an attempt.
@@ -127,15 +251,4 @@ return 1
 var readScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
 return redis.call('XREADGROUP', 'GROUP', ARGV[2], ARGV[3], 'COUNT', ARGV[4], 'STREAMS', KEYS[2], ARGV[5])
-`)
-
-// autoclaimScript moves pending outbox entries idle for min-idle ms to the consumer if the
-// caller holds the outbox.
-//
-// KEYS: owner, outbox. ARGV: me, group, consumer, min-idle ms, start, count.
-// Answers -1 (not held) or {next start, claimed ids}.
-var autoclaimScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local r = redis.call('XAUTOCLAIM', KEYS[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], 'COUNT', ARGV[6], 'JUSTID')
-return {r[1], r[2]}
 `)

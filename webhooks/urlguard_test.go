@@ -103,7 +103,7 @@ func TestDeliveryRefusesRebinding(t *testing.T) {
 	rdb := redistest.Server(t)
 	ctx := context.Background()
 	st := store.New(rdb)
-	project := newProject(t, st, "rebind")
+	project := newProject(t, st, rdb, "rebind")
 	rcv := newReceiver(t, nil)
 	_, port, _ := net.SplitHostPort(rcv.srv.Listener.Addr().String())
 	res := &scriptedResolver{lookups: map[string]int{}, answers: map[string][][]netip.Addr{
@@ -189,7 +189,7 @@ func TestFairConcurrency(t *testing.T) {
 		}
 	}))
 	t.Cleanup(func() { close(release); slow.Close() })
-	hog := newProject(t, st, "hog")
+	hog := newProject(t, st, rdb, "hog")
 	if _, err := reg.Create(ctx, hog, slow.URL+"/hook", []string{AllEvents}); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestFairConcurrency(t *testing.T) {
 	runSessions(t, st, hog, 8) // 8 queues, every head hangs
 	waitFor(t, "the hog's deliveries to hang", func() bool { return hanging.Load() >= 2 })
 
-	polite := newProject(t, st, "polite")
+	polite := newProject(t, st, rdb, "polite")
 	rcv := newReceiver(t, nil)
 	createEndpoint(t, reg, polite, rcv, AllEvents)
 	start := time.Now()

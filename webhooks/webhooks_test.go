@@ -187,7 +187,7 @@ func TestDelivery(t *testing.T) {
 func testDelivery(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	project := newProject(t, st, "delivery")
+	project := newProject(t, st, rdb, "delivery")
 	rcv := newReceiver(t, failFirst(3))
 	ep := createEndpoint(t, reg, project, rcv, AllEvents)
 	startDispatcher(t, rdb, fastOptions("t1"))
@@ -287,7 +287,7 @@ func testDelivery(t *testing.T, rdb redis.UniversalClient) {
 func TestProjectsIsolated(t *testing.T) {
 	rdb := redistest.Server(t)
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	a, b := newProject(t, st, "a"), newProject(t, st, "b")
+	a, b := newProject(t, st, rdb, "a"), newProject(t, st, rdb, "b")
 	ra, rb := newReceiver(t, nil), newReceiver(t, nil)
 	createEndpoint(t, reg, a, ra, AllEvents)
 	createEndpoint(t, reg, b, rb, AllEvents)
@@ -328,7 +328,7 @@ func TestProjectsIsolated(t *testing.T) {
 func TestEventFilter(t *testing.T) {
 	rdb := redistest.Server(t)
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	project := newProject(t, st, "filter")
+	project := newProject(t, st, rdb, "filter")
 	rRun, rAll := newReceiver(t, nil), newReceiver(t, nil)
 	createEndpoint(t, reg, project, rRun, session.EventRunning)
 	createEndpoint(t, reg, project, rAll, AllEvents)
@@ -366,7 +366,7 @@ func TestRestartContinuesRetries(t *testing.T) {
 func testRestart(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	project := newProject(t, st, "restart")
+	project := newProject(t, st, rdb, "restart")
 	down := func(int, string) int { return http.StatusServiceUnavailable }
 	rcv := newReceiver(t, down)
 	ep := createEndpoint(t, reg, project, rcv, AllEvents)
@@ -440,7 +440,7 @@ func testRestart(t *testing.T, rdb redis.UniversalClient) {
 func TestGiveUp(t *testing.T) {
 	rdb := redistest.Server(t)
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	project := newProject(t, st, "giveup")
+	project := newProject(t, st, rdb, "giveup")
 	rcv := newReceiver(t, func(_ int, typ string) int {
 		if typ == session.EventPending {
 			return http.StatusInternalServerError
@@ -481,7 +481,7 @@ func TestGiveUp(t *testing.T) {
 func TestEndpointDeleted(t *testing.T) {
 	rdb := redistest.Server(t)
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	project := newProject(t, st, "deleted")
+	project := newProject(t, st, rdb, "deleted")
 	rcv := newReceiver(t, func(int, string) int { return http.StatusBadGateway })
 	ep := createEndpoint(t, reg, project, rcv, AllEvents)
 	startDispatcher(t, rdb, fastOptions("t1"))
@@ -584,7 +584,7 @@ func TestBuildPayload(t *testing.T) {
 func TestTwoDispatchers(t *testing.T) {
 	rdb := redistest.Server(t)
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	project := newProject(t, st, "two")
+	project := newProject(t, st, rdb, "two")
 	r1, r2 := newReceiver(t, failFirst(3)), newReceiver(t, nil)
 	createEndpoint(t, reg, project, r1, AllEvents)
 	createEndpoint(t, reg, project, r2, session.EventPending, session.EventStopped)
@@ -604,12 +604,13 @@ func TestTwoDispatchers(t *testing.T) {
 }
 
 // TestTakeOver: entries read by a consumer that died, holding the outbox, are claimed once
-// its hold lapses and delivered before the entries that came after them.
+// its hold lapses and delivered before the entries that came after them; the dead consumer
+// is removed.
 func TestTakeOver(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
 	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
-	project := newProject(t, st, "takeover")
+	project := newProject(t, st, rdb, "takeover")
 	rcv := newReceiver(t, nil)
 	createEndpoint(t, reg, project, rcv, AllEvents)
 
@@ -647,5 +648,10 @@ func TestTakeOver(t *testing.T) {
 	}
 	if p, err := rdb.XPending(ctx, stream, Group).Result(); err != nil || p.Count != 0 {
 		t.Errorf("pending %+v %v", p, err)
+	}
+	// The dead consumer is gone: it would stay in the group for ever.
+	cs, err := rdb.XInfoConsumers(ctx, stream, Group).Result()
+	if err != nil || len(cs) != 1 || cs[0].Name != outboxConsumer {
+		t.Errorf("consumers %+v %v", cs, err)
 	}
 }
