@@ -197,7 +197,7 @@ Flags:
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: accounts, Webhooks: reg,
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
-		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
+		AdminKey: f.adminKey, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "",
 	})
 	if err != nil {
