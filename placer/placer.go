@@ -466,12 +466,20 @@ func (p *Placer) expireDeadlines(ctx context.Context, now time.Time) time.Time {
 	for _, ref := range due {
 		if p.expire(ctx, ref, now) {
 			done = append(done, ref)
-		} else if len(due) < 256 && (next.IsZero() || next.After(now.Add(retryAfter))) {
-			next = now.Add(retryAfter) // not settled: try again soon, not at once
 		}
 	}
 	if err := p.Store.ForgetProvisionDeadlines(ctx, done...); err != nil && ctx.Err() == nil {
 		p.Logger.Warn("placer: provisioning deadlines", "err", err)
+	}
+	// Entries not settled (an error, a conflict, a deadline moved) are tried again soon,
+	// not at once; and at once only while the batches make progress.
+	retry := now.Add(retryAfter)
+	switch {
+	case len(done) == len(due):
+	case len(done) == 0:
+		return retry
+	case next.IsZero() || next.After(retry):
+		return retry
 	}
 	return next
 }
