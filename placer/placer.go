@@ -97,7 +97,7 @@ func New(cfg Config) *Placer {
 // Run works until ctx ends. It sweeps once at start, then waits on signals of pending
 // sessions (store.WorkPending) and places their projects, and wakes on its own only when a
 // provisioning deadline or a node's heartbeat may lapse, and for the rare full sweep: an
-// idle platform costs it a few commands a second, however many projects it holds.
+// idle platform costs it a few commands every few seconds, however many projects it holds.
 func (p *Placer) Run(ctx context.Context) error {
 	defer p.wg.Wait()
 	p.sweepProjects(ctx)

@@ -122,7 +122,7 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 // Run settles until ctx ends. It sweeps every project once at start, then waits on usage
 // signals (store.WorkUsage) and settles the projects they name, and wakes on its own only
 // to bill snapshot storage and for the rare full sweep: an idle platform costs it a few
-// commands a second, however many projects it holds.
+// commands every few seconds, however many projects it holds.
 func (s *Settler) Run(ctx context.Context) error {
 	s.sweep(ctx)
 	now := time.Now()
