@@ -236,11 +236,8 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 	if err != nil {
 		return nil, fmt.Errorf("transition %s %s→%s: %w", c.ID, c.From, c.To, err)
 	}
-	switch res[0] {
-	case "NOTFOUND", "CONFLICT", "REASON":
-		if c.NodeID != "" {
-			s.unindexFailedPlacement(ctx, c.NodeID, ref)
-		}
+	if failed := res[0] == "NOTFOUND" || res[0] == "CONFLICT" || res[0] == "REASON"; failed && c.NodeID != "" {
+		s.unindexFailedPlacement(ctx, c.NodeID, ref)
 	}
 	switch res[0] {
 	case "NOTFOUND":
