@@ -53,7 +53,7 @@ func newEnvOn(t *testing.T, rdb redis.UniversalClient, opts ...envOpt) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pl := placer.New(placer.Config{Store: st, Provisioner: node, SweepEvery: 50 * time.Millisecond})
+	pl := placer.New(placer.Config{Store: st, Provisioner: node})
 	done := make(chan struct{})
 	go func() { _ = pl.Run(ctx); close(done) }()
 	cfg := Config{
@@ -62,7 +62,7 @@ func newEnvOn(t *testing.T, rdb redis.UniversalClient, opts ...envOpt) *env {
 			{Name: "tpl_base", Digest: "sha256:aaaa", Runtimes: []session.Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}},
 			{Name: "tpl_dev_polyglot", Digest: "sha256:bbbb", Runtimes: []session.Runtime{{Name: "python3", Argv: []string{"python3", "-c"}}}},
 		},
-		Regions: []string{"local", "far"}, AdminKey: adminKey, Kick: pl.Kick, Metrics: NewMetrics(st),
+		Regions: []string{"local", "far"}, AdminKey: adminKey, Metrics: NewMetrics(st),
 	}
 	for _, o := range opts {
 		o(&cfg)

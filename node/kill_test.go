@@ -129,13 +129,12 @@ func TestNodeKilled(t *testing.T) {
 
 	pctx, stopPlacer := context.WithCancel(context.Background())
 	p := placer.New(placer.Config{Store: st, Provisioner: client.New(st, token), HeartbeatTimeout: hbTO,
-		SweepEvery: 200 * time.Millisecond, Logger: testLogger(t)})
+		Logger: testLogger(t)})
 	placerDone := make(chan struct{})
 	go func() { _ = p.Run(pctx); close(placerDone) }()
 	t.Cleanup(func() { stopPlacer(); <-placerDone })
 
 	s := newPending(t, st, project, sessionOpts{idleS: 300, lifeS: 600, template: "tpl_base"})
-	p.Kick(project)
 	run, _ := waitState(t, st, project, s.ID, 20*time.Second, session.Running, session.Failed, session.Stopped, session.Expired)
 	if run.State != session.Running || run.NodeID != nodeID {
 		t.Fatalf("session is %s %s on %q, want running on %s", run.State, reasonOf(run), run.NodeID, nodeID)

@@ -2,4 +2,11 @@
 // tier and free capacity, records the placement on the session, and asks the node to
 // provision. It also keeps the backstops no node owns: the provisioning deadline (3 × the
 // tier's cold p95) and host failure when a node's heartbeat lapses.
+//
+// It works from events, not sweeps: it waits on the pending signals (store.WorkPending,
+// consumer group "placer"), wakes on its own when the earliest provisioning deadline
+// (store's sorted set) or a node's heartbeat may lapse, fails a dead node's sessions from
+// the node's index, and retries only the projects whose sessions found no room. It walks
+// every project once at start and every Config.FullSweepEvery (5 min), for signals lost
+// to a crash.
 package placer

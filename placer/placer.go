@@ -3,7 +3,9 @@ package placer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -22,24 +24,45 @@ type Provisioner interface {
 type Config struct {
 	Store       *store.Store
 	Provisioner Provisioner
-	Tiers       session.Tiers
+	// Tiers give the provisioning deadlines; give the store the same (store.WithTiers).
+	Tiers session.Tiers
 	// HeartbeatTimeout: a node silent for longer is dead and its sessions fail with
 	// host_failure. Default 10 s.
 	HeartbeatTimeout time.Duration
-	// SweepEvery: how often deadlines, dead nodes and unplaced sessions are checked. Default 500 ms.
-	SweepEvery time.Duration
-	Logger     *slog.Logger
-	Now        func() time.Time
+	// FullSweepEvery: how often, besides at start, the placer visits every project with
+	// sessions, to place what a lost signal left pending and repair the indexes it works
+	// from. Default 5 min.
+	FullSweepEvery time.Duration
+	// Consumer names this placer in the placers' consumer group of pending signals: unique
+	// per placer, and the same across its restarts. Default host-pid.
+	Consumer string
+	Logger   *slog.Logger
+	Now      func() time.Time
 }
+
+// signalGroup is the placers' consumer group on the pending signals.
+const signalGroup = "placer"
+
+// maxWait bounds one blocking read of signals, so that signals a dead placer left are
+// claimed (store.Signals) even on a platform with nothing else to do.
+const maxWait = 10 * time.Second
+
+// retryAfter is how long the placer waits after Redis failed it.
+const retryAfter = time.Second
+
+// retryWaiting is how often pending sessions that found no room are tried again.
+const retryWaiting = 500 * time.Millisecond
 
 // Placer is safe for concurrent use; run one or more (placements are compare-and-set).
 type Placer struct {
 	Config
-	kicks chan string
-	mu    sync.Mutex
+	mu sync.Mutex
 	// inflight holds placements not yet reflected in the node's heartbeat.
 	inflight map[string][]claim
-	wg       sync.WaitGroup
+	// waiting holds the projects whose pending sessions found no room: room frees up with
+	// no signal (a session ends, a node's heartbeat shows more free), so they are retried.
+	waiting map[string]bool
+	wg      sync.WaitGroup
 }
 
 type claim struct {
@@ -52,8 +75,12 @@ func New(cfg Config) *Placer {
 	if cfg.HeartbeatTimeout == 0 {
 		cfg.HeartbeatTimeout = 10 * time.Second
 	}
-	if cfg.SweepEvery == 0 {
-		cfg.SweepEvery = 500 * time.Millisecond
+	if cfg.FullSweepEvery == 0 {
+		cfg.FullSweepEvery = 5 * time.Minute
+	}
+	if cfg.Consumer == "" {
+		h, _ := os.Hostname()
+		cfg.Consumer = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -64,40 +91,83 @@ func New(cfg Config) *Placer {
 	if cfg.Tiers == (session.Tiers{}) {
 		cfg.Tiers = session.DefaultTiers()
 	}
-	return &Placer{Config: cfg, kicks: make(chan string, 1024), inflight: map[string][]claim{}}
+	return &Placer{Config: cfg, inflight: map[string][]claim{}, waiting: map[string]bool{}}
 }
 
-// Kick tells the placer that project has a new pending session. It never blocks.
-func (p *Placer) Kick(project string) {
-	select {
-	case p.kicks <- project:
-	default: // full: the next sweep places it
-	}
-}
-
-// Run places on kicks (in-process and over Redis Pub/Sub) and sweeps periodically, until
-// ctx ends.
+// Run works until ctx ends. It sweeps once at start, then waits on signals of pending
+// sessions (store.WorkPending) and places their projects, and wakes on its own only when a
+// provisioning deadline or a node's heartbeat may lapse, and for the rare full sweep: an
+// idle platform costs it a few commands every few seconds, however many projects it holds.
 func (p *Placer) Run(ctx context.Context) error {
-	remote, stop := p.Store.PlacerKicks(ctx)
-	defer stop()
-	tick := time.NewTicker(p.SweepEvery)
-	defer tick.Stop()
 	defer p.wg.Wait()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case project := <-p.kicks:
-			p.PlaceProject(ctx, project)
-		case project, ok := <-remote:
-			if !ok {
-				remote = nil // the subscription ended; sweeps go on
-				continue
-			}
-			p.PlaceProject(ctx, project)
-		case <-tick.C:
-			p.Sweep(ctx)
+	p.sweepProjects(ctx)
+	now := p.Now()
+	nextSweep := now.Add(p.FullSweepEvery)
+	var nextNodes, nextDeadline, nextRetry time.Time // zero: due now
+	for ctx.Err() == nil {
+		now = p.Now()
+		if !now.Before(nextSweep) {
+			p.sweepProjects(ctx)
+			nextSweep = now.Add(p.FullSweepEvery)
 		}
+		waiting := p.waitingProjects()
+		if len(waiting) > 0 && !now.Before(nextRetry) {
+			for _, project := range waiting {
+				p.PlaceProject(ctx, project)
+			}
+			nextRetry = now.Add(retryWaiting)
+		}
+		if !now.Before(nextNodes) {
+			nextNodes = p.checkNodes(ctx, now)
+		}
+		// Read every round: a session created meanwhile may fall due before the one known.
+		nextDeadline = p.expireDeadlines(ctx, now)
+		wake := earliest(nextSweep, nextNodes, now.Add(maxWait))
+		if !nextDeadline.IsZero() {
+			wake = earliest(wake, nextDeadline)
+		}
+		if len(waiting) > 0 {
+			wake = earliest(wake, nextRetry)
+		}
+		if !wake.After(now) {
+			continue
+		}
+		sigs, err := p.Store.Signals(ctx, store.WorkPending, signalGroup, p.Consumer, wake.Sub(now), 64)
+		if err != nil {
+			if ctx.Err() == nil {
+				p.Logger.Error("placer: read pending signals", "err", err)
+				sleep(ctx, retryAfter)
+			}
+			continue
+		}
+		for _, project := range store.SignalProjects(sigs) {
+			p.PlaceProject(ctx, project)
+		}
+		if ctx.Err() != nil {
+			return nil // not acknowledged: read again by this consumer, or claimed by another
+		}
+		if err := p.Store.AckSignals(ctx, store.WorkPending, signalGroup, sigs); err != nil {
+			p.Logger.Warn("placer: acknowledge signals", "err", err)
+		}
+	}
+	return nil
+}
+
+func earliest(t time.Time, more ...time.Time) time.Time {
+	for _, u := range more {
+		if u.Before(t) {
+			t = u
+		}
+	}
+	return t
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
@@ -111,6 +181,7 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 		if err != nil && ctx.Err() == nil {
 			p.Logger.Error("placer: list pending", "project", project, "err", err)
 		}
+		p.setWaiting(project, err != nil)
 		return
 	}
 	lock, err := p.Store.LockPlacement(ctx, project)
@@ -124,7 +195,7 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 		return
 	}
 	for {
-		p.placeProject(ctx, project)
+		p.setWaiting(project, p.placeProject(ctx, project))
 		again, err := lock.Done(context.WithoutCancel(ctx))
 		if err != nil {
 			p.Logger.Warn("placer: unlock", "project", project, "err", err)
@@ -142,37 +213,43 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 	}
 }
 
-func (p *Placer) placeProject(ctx context.Context, project string) {
-	ids, err := p.Store.IDsInState(ctx, project, session.Pending, 256)
+// placeProject places what it can of the project's pending sessions; it answers true when
+// some stay pending (no room yet, or an error).
+func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
+	const most = 256
+	ids, err := p.Store.IDsInState(ctx, project, session.Pending, most)
 	if err != nil {
 		p.Logger.Error("placer: list pending", "project", project, "err", err)
-		return
+		return true
 	}
 	if len(ids) == 0 {
-		return
+		return false
 	}
+	left = len(ids) == most
 	nodes, err := p.Store.Nodes(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.Logger.Error("placer: list nodes", "err", err)
 		}
-		return
+		return true
 	}
 	share, err := p.projectShare(ctx, project)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.Logger.Error("placer: project's share of nodes", "project", project, "err", err)
 		}
-		return
+		return true
 	}
 	for _, id := range ids {
 		sess, err := p.Store.Get(ctx, project, id)
 		if err != nil || sess.State != session.Pending {
+			left = left || err != nil
 			continue
 		}
 		node, ok := p.choose(nodes, sess, share)
 		if !ok {
-			continue // stays pending; the deadline sweep fails it if nothing frees up
+			left = true // stays pending: retried until room frees up or its deadline fails it
+			continue
 		}
 		share.add(node.ID, sess)
 		out, err := p.Store.Transition(ctx, store.Change{Project: project, ID: id, From: session.Pending,
@@ -181,6 +258,7 @@ func (p *Placer) placeProject(ctx context.Context, project string) {
 			var ce *store.ConflictError
 			if !errors.As(err, &ce) { // a conflict means another placer or a DELETE won
 				p.Logger.Error("placer: place", "session", id, "err", err)
+				left = true
 			}
 			p.release(node.ID, sess)
 			continue
@@ -194,6 +272,29 @@ func (p *Placer) placeProject(ctx context.Context, project string) {
 			}
 		}()
 	}
+	return left
+}
+
+// setWaiting records whether project has pending sessions that found no room, which Run
+// retries every retryWaiting until they place or their deadline fails them.
+func (p *Placer) setWaiting(project string, waiting bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if waiting {
+		p.waiting[project] = true
+	} else {
+		delete(p.waiting, project)
+	}
+}
+
+func (p *Placer) waitingProjects() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.waiting))
+	for project := range p.waiting {
+		out = append(out, project)
+	}
+	return out
 }
 
 // share is what one project holds on each node, against its plan's share of any node.
@@ -274,85 +375,237 @@ func (p *Placer) release(node string, sess *session.Session) {
 	}
 }
 
-// Sweep places what kicks missed, fails sessions past their provisioning deadline, and fails
-// the sessions of nodes whose heartbeat lapsed.
+// Sweep does at once what Run does over time: it places every project's pending sessions,
+// repairs the indexes, fails the sessions past their provisioning deadline and those of
+// nodes whose heartbeat lapsed.
 func (p *Placer) Sweep(ctx context.Context) {
-	projects, err := p.Store.Projects(ctx)
-	if err != nil {
-		p.Logger.Error("placer: sweep", "err", err)
-		return
-	}
-	nodes, err := p.Store.Nodes(ctx)
-	if err != nil {
-		p.Logger.Error("placer: sweep", "err", err)
-		return
-	}
+	p.sweepProjects(ctx)
 	now := p.Now()
-	dead := map[string]bool{}
-	for _, n := range nodes {
-		if now.Sub(n.HeartbeatAt) > p.HeartbeatTimeout {
-			dead[n.ID] = true
+	p.checkNodes(ctx, now)
+	for {
+		next := p.expireDeadlines(ctx, now)
+		if !next.Equal(now) {
+			return
 		}
+	}
+}
+
+// sweepProjects is the one walk over every project, at start and every FullSweepEvery: a
+// round trip per few hundred projects finds the few with sessions; for each, it places what
+// is pending (its signal may have been lost) and indexes its sessions' deadlines and nodes
+// (sessions written before the indexes existed).
+func (p *Placer) sweepProjects(ctx context.Context) {
+	projects, err := p.Store.Projects(ctx)
+	if err == nil {
+		projects, err = p.Store.ActiveProjects(ctx, projects)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: sweep", "err", err)
+		}
+		return
 	}
 	for _, project := range projects {
-		p.PlaceProject(ctx, project)
-		p.deadlines(ctx, project, now)
-		if len(dead) > 0 {
-			p.hostFailures(ctx, project, dead)
-		}
-	}
-	for id := range dead {
-		p.Logger.Warn("placer: node heartbeat lapsed; its sessions failed with host_failure", "node", id)
-		if err := p.Store.RemoveNode(ctx, id); err != nil {
-			p.Logger.Error("placer: remove node", "node", id, "err", err)
-		}
-	}
-}
-
-func (p *Placer) deadlines(ctx context.Context, project string, now time.Time) {
-	for _, st := range []session.State{session.Pending, session.Provisioning} {
-		ids, err := p.Store.IDsInState(ctx, project, st, 1024)
-		if err != nil {
-			p.Logger.Error("placer: deadlines", "project", project, "err", err)
+		if ctx.Err() != nil {
 			return
 		}
-		for _, id := range ids {
-			sess, err := p.Store.Get(ctx, project, id)
-			if err != nil || sess.State != st {
-				continue
-			}
-			tier, err := p.Tiers.Tier(sess.Tier)
-			if err != nil || now.Sub(sess.CreatedAt.Time) <= tier.ProvisionDeadline() {
-				continue
-			}
-			_, err = p.Store.Transition(ctx, store.Change{Project: project, ID: id, From: st, To: session.Failed,
-				Driver: session.Timer, Reason: session.ProvisionTimeout, Version: sess.Version})
-			if err == nil {
-				p.Logger.Warn("provisioning deadline passed", "session", id, "state", st, "deadline", tier.ProvisionDeadline())
-			}
-		}
+		p.PlaceProject(ctx, project)
+		p.reindex(ctx, project)
 	}
 }
 
-func (p *Placer) hostFailures(ctx context.Context, project string, dead map[string]bool) {
-	for _, st := range []session.State{session.Provisioning, session.Running, session.Paused, session.Snapshotting, session.Stopping} {
+// reindex records the provisioning deadline of the project's pending and provisioning
+// sessions and the node of its placed ones, where missing.
+func (p *Placer) reindex(ctx context.Context, project string) {
+	for _, st := range []session.State{session.Pending, session.Provisioning, session.Running, session.Paused,
+		session.Snapshotting, session.Stopping} {
 		ids, err := p.Store.IDsInState(ctx, project, st, 100000)
 		if err != nil {
-			p.Logger.Error("placer: host failures", "project", project, "err", err)
+			p.Logger.Error("placer: reindex", "project", project, "err", err)
 			return
 		}
 		for _, id := range ids {
 			sess, err := p.Store.Get(ctx, project, id)
-			if err != nil || sess.State != st || !dead[sess.NodeID] {
+			if err != nil {
 				continue
 			}
-			if _, err := p.Store.Transition(ctx, store.Change{Project: project, ID: id, From: st, To: session.Failed,
-				Driver: session.Placer, Reason: session.HostFailure, Version: sess.Version}); err != nil {
-				var ce *store.ConflictError
-				if !errors.As(err, &ce) {
-					p.Logger.Error("placer: host failure", "session", id, "err", err)
-				}
+			ref := store.SessionRef{Project: project, ID: id}
+			if at, ok := p.deadline(sess); ok && (sess.State == session.Pending || sess.State == session.Provisioning) {
+				err = p.Store.ScheduleProvisionDeadline(ctx, ref, at, false)
+			}
+			if err == nil && sess.NodeID != "" && !sess.State.Terminal() {
+				err = p.Store.AddNodeSession(ctx, sess.NodeID, ref)
+			}
+			if err != nil && ctx.Err() == nil {
+				p.Logger.Error("placer: reindex", "session", id, "err", err)
 			}
 		}
 	}
+}
+
+// deadline is when sess must have left pending and provisioning.
+func (p *Placer) deadline(sess *session.Session) (time.Time, bool) {
+	tier, err := p.Tiers.Tier(sess.Tier)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return sess.CreatedAt.Add(tier.ProvisionDeadline()), true
+}
+
+// expireDeadlines fails the sessions (up to a batch) whose provisioning deadline is past
+// and answers when the next falls due (zero: none; now: more are due, or Redis failed).
+func (p *Placer) expireDeadlines(ctx context.Context, now time.Time) time.Time {
+	due, next, err := p.Store.DueProvisionDeadlines(ctx, now, 256)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: provisioning deadlines", "err", err)
+		}
+		return now.Add(retryAfter)
+	}
+	var done []store.SessionRef
+	for _, ref := range due {
+		if p.expire(ctx, ref, now) {
+			done = append(done, ref)
+		}
+	}
+	if err := p.Store.ForgetProvisionDeadlines(ctx, done...); err != nil && ctx.Err() == nil {
+		p.Logger.Warn("placer: provisioning deadlines", "err", err)
+	}
+	// Entries not settled (an error, a conflict, a deadline moved) are tried again soon,
+	// not at once; and at once only while the batches make progress.
+	retry := now.Add(retryAfter)
+	switch {
+	case len(done) == len(due):
+	case len(done) == 0:
+		return retry
+	case next.IsZero() || next.After(retry):
+		return retry
+	}
+	return next
+}
+
+// expire fails the session with provision_timeout if it is still pending or provisioning
+// past its deadline. It answers true when the session needs no deadline any more (it left
+// provisioning, it is gone, or it failed now); a deadline the placer's tiers put later is
+// moved there, and answers false after that too (the entry stays, with its new time).
+func (p *Placer) expire(ctx context.Context, ref store.SessionRef, now time.Time) bool {
+	sess, err := p.Store.Get(ctx, ref.Project, ref.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return true
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: provisioning deadline", "session", ref.ID, "err", err)
+		}
+		return false
+	}
+	if sess.State != session.Pending && sess.State != session.Provisioning {
+		return true
+	}
+	at, ok := p.deadline(sess)
+	if !ok {
+		return true // a tier the placer does not know: no deadline, as before the index
+	}
+	if at.After(now) {
+		if err := p.Store.ScheduleProvisionDeadline(ctx, ref, at, true); err != nil && ctx.Err() == nil {
+			p.Logger.Error("placer: provisioning deadline", "session", ref.ID, "err", err)
+		}
+		return false
+	}
+	_, err = p.Store.Transition(ctx, store.Change{Project: ref.Project, ID: ref.ID, From: sess.State, To: session.Failed,
+		Driver: session.Timer, Reason: session.ProvisionTimeout, Version: sess.Version})
+	if err != nil {
+		var ce *store.ConflictError
+		if !errors.As(err, &ce) && ctx.Err() == nil {
+			p.Logger.Error("placer: provisioning deadline", "session", ref.ID, "err", err)
+		}
+		return false // it moved meanwhile: look again
+	}
+	tier, _ := p.Tiers.Tier(sess.Tier)
+	p.Logger.Warn("provisioning deadline passed", "session", ref.ID, "state", sess.State, "deadline", tier.ProvisionDeadline())
+	return true
+}
+
+// checkNodes fails the sessions of every node whose heartbeat lapsed, and answers when to
+// look again: when the next heartbeat known may lapse, or after HeartbeatTimeout (a node
+// that registers meanwhile cannot lapse sooner).
+func (p *Placer) checkNodes(ctx context.Context, now time.Time) time.Time {
+	nodes, err := p.Store.Nodes(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: list nodes", "err", err)
+		}
+		return now.Add(retryAfter)
+	}
+	next := now.Add(p.HeartbeatTimeout)
+	for _, n := range nodes {
+		lapse := n.HeartbeatAt.Add(p.HeartbeatTimeout)
+		if now.After(lapse) {
+			p.nodeFailed(ctx, n.ID)
+		} else {
+			next = earliest(next, lapse.Add(time.Millisecond))
+		}
+	}
+	return next
+}
+
+// nodeFailed fails every session on a dead node with host_failure, from the node's index
+// of sessions (no project is walked), and forgets the node.
+func (p *Placer) nodeFailed(ctx context.Context, node string) {
+	refs, err := p.Store.NodeSessions(ctx, node)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.Logger.Error("placer: host failure", "node", node, "err", err)
+		}
+		return
+	}
+	var done []store.SessionRef
+	for _, ref := range refs {
+		if p.hostFailure(ctx, node, ref) {
+			done = append(done, ref)
+		}
+	}
+	if err := p.Store.ForgetNodeSessions(ctx, node, done...); err != nil && ctx.Err() == nil {
+		p.Logger.Warn("placer: host failure", "node", node, "err", err)
+	}
+	if len(done) < len(refs) {
+		return // the node stays registered, and dead: the next check tries the rest
+	}
+	p.Logger.Warn("placer: node heartbeat lapsed; its sessions failed with host_failure", "node", node, "sessions", len(refs))
+	if err := p.Store.RemoveNode(ctx, node); err != nil {
+		p.Logger.Error("placer: remove node", "node", node, "err", err)
+	}
+}
+
+// hostFailure fails one session of a dead node; it answers true when the session is no
+// longer on the node (failed now, ended before, gone, or placed elsewhere).
+func (p *Placer) hostFailure(ctx context.Context, node string, ref store.SessionRef) bool {
+	for range 3 { // a conflict: the session moved meanwhile; look again
+		sess, err := p.Store.Get(ctx, ref.Project, ref.ID)
+		if errors.Is(err, store.ErrNotFound) {
+			return true
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				p.Logger.Error("placer: host failure", "session", ref.ID, "err", err)
+			}
+			return false
+		}
+		if sess.NodeID != node || sess.State.Terminal() {
+			return true
+		}
+		_, err = p.Store.Transition(ctx, store.Change{Project: ref.Project, ID: ref.ID, From: sess.State, To: session.Failed,
+			Driver: session.Placer, Reason: session.HostFailure, Version: sess.Version})
+		var ce *store.ConflictError
+		if err == nil {
+			return true
+		}
+		if !errors.As(err, &ce) {
+			if ctx.Err() == nil {
+				p.Logger.Error("placer: host failure", "session", ref.ID, "err", err)
+			}
+			return false
+		}
+	}
+	return false
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -53,32 +54,44 @@ return {1, m, em}
 
 func monthOf(t time.Time) string { return t.UTC().Format("200601") }
 
-// settlerGroup is the consumer group of settlers on every usage stream.
+// settlerGroup is the consumer group of settlers on every usage stream, and on the usage
+// signals.
 const settlerGroup = "settler"
+
+// maxWait bounds one blocking read of usage signals, so that signals a dead settler left
+// are claimed (store.Signals) even when nothing else happens.
+const maxWait = 10 * time.Second
+
+// retryAfter is how long the settler waits after Redis failed it.
+const retryAfter = time.Second
 
 // Settler consumes usage records and settles them exactly once.
 type Settler struct {
-	rdb         redis.UniversalClient
-	store       *store.Store
-	prices      Prices
-	caps        *Caps // nil: no spend caps
-	consumer    string
-	log         *slog.Logger
-	poll        time.Duration
-	batch       int64
-	accrueEvery time.Duration
+	rdb            redis.UniversalClient
+	store          *store.Store
+	prices         Prices
+	caps           *Caps // nil: no spend caps
+	consumer       string
+	log            *slog.Logger
+	batch          int64
+	accrueEvery    time.Duration
+	fullSweepEvery time.Duration
 }
 
 // SettlerOptions configure a Settler.
 type SettlerOptions struct {
-	Prices   Prices
-	Caps     *Caps
-	Consumer string        // default host-pid
-	Poll     time.Duration // default 200 ms
-	Batch    int           // records per read, default 512
+	Prices Prices
+	Caps   *Caps
+	// Consumer names this settler in the settlers' consumer groups: unique per settler, and
+	// the same across its restarts. Default host-pid.
+	Consumer string
+	Batch    int // records per read, default 512
 	// AccrueEvery is how often snapshot storage is billed (default 1 min).
 	AccrueEvery time.Duration
-	Logger      *slog.Logger
+	// FullSweepEvery: how often, besides at start, the settler looks at every project's
+	// usage stream, for records whose signal was lost. Default 5 min.
+	FullSweepEvery time.Duration
+	Logger         *slog.Logger
 }
 
 // NewSettler returns a settler.
@@ -87,14 +100,14 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 		h, _ := os.Hostname()
 		o.Consumer = fmt.Sprintf("%s-%d", h, os.Getpid())
 	}
-	if o.Poll == 0 {
-		o.Poll = 200 * time.Millisecond
-	}
 	if o.Batch == 0 {
 		o.Batch = 512
 	}
 	if o.AccrueEvery == 0 {
 		o.AccrueEvery = time.Minute
+	}
+	if o.FullSweepEvery == 0 {
+		o.FullSweepEvery = 5 * time.Minute
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -102,47 +115,151 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 	if o.Prices.SessionPerSecond == nil {
 		o.Prices = DefaultPrices()
 	}
-	return &Settler{rdb: rdb, store: store.New(rdb), prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger, poll: o.Poll, batch: int64(o.Batch), accrueEvery: o.AccrueEvery}
+	return &Settler{rdb: rdb, store: store.New(rdb), prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger,
+		batch: int64(o.Batch), accrueEvery: o.AccrueEvery, fullSweepEvery: o.FullSweepEvery}
 }
 
-// Run settles every project's records until ctx ends.
+// Run settles until ctx ends. It sweeps every project once at start, then waits on usage
+// signals (store.WorkUsage) and settles the projects they name, and wakes on its own only
+// to bill snapshot storage and for the rare full sweep: an idle platform costs it a few
+// commands every few seconds, however many projects it holds.
 func (s *Settler) Run(ctx context.Context) error {
-	groups := map[string]bool{}
-	lastAccrual := time.Now()
-	for {
-		if time.Since(lastAccrual) >= s.accrueEvery {
-			lastAccrual = time.Now()
-			if err := s.AccrueSnapshots(ctx, lastAccrual); err != nil && ctx.Err() == nil {
+	s.sweep(ctx)
+	now := time.Now()
+	nextAccrual, nextSweep := now.Add(s.accrueEvery), now.Add(s.fullSweepEvery)
+	for ctx.Err() == nil {
+		now = time.Now()
+		if !now.Before(nextAccrual) {
+			if err := s.AccrueSnapshots(ctx, now); err != nil && ctx.Err() == nil {
 				s.log.Warn("settler: snapshot storage", "err", err)
 			}
+			nextAccrual = now.Add(s.accrueEvery)
 		}
-		projects, err := s.rdb.SMembers(ctx, store.ProjectsKey).Result()
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("settler: list projects", "err", err)
+		if !now.Before(nextSweep) {
+			s.sweep(ctx)
+			nextSweep = now.Add(s.fullSweepEvery)
 		}
-		busy := false
-		for _, p := range projects {
-			if !groups[p] {
-				if err := s.ensureGroup(ctx, p); err != nil {
-					continue
-				}
-				groups[p] = true
+		wake := now.Add(maxWait)
+		for _, t := range []time.Time{nextAccrual, nextSweep} {
+			if t.Before(wake) {
+				wake = t
 			}
-			n, err := s.SettleProject(ctx, p)
-			if err != nil && ctx.Err() == nil {
-				s.log.Warn("settler", "project", p, "err", err)
-			}
-			busy = busy || n > 0
 		}
-		if busy {
+		if !wake.After(now) {
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(s.poll):
+		sigs, err := s.store.Signals(ctx, store.WorkUsage, settlerGroup, s.consumer, wake.Sub(now), 64)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("settler: read usage signals", "err", err)
+				sleep(ctx, retryAfter)
+			}
+			continue
+		}
+		var handled []store.Signal
+		failed := false
+		for _, p := range store.SignalProjects(sigs) {
+			if err := s.drain(ctx, p); err != nil {
+				failed = true
+				if ctx.Err() == nil {
+					s.log.Warn("settler", "project", p, "err", err)
+				}
+				continue // its signals stay unacknowledged: read again
+			}
+			for _, sg := range sigs {
+				if sg.Project == p {
+					handled = append(handled, sg)
+				}
+			}
+		}
+		if err := s.store.AckSignals(ctx, store.WorkUsage, settlerGroup, handled); err != nil && ctx.Err() == nil {
+			s.log.Warn("settler: acknowledge signals", "err", err)
+		}
+		if failed {
+			sleep(ctx, retryAfter)
 		}
 	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// drain settles the project until its stream has nothing waiting.
+func (s *Settler) drain(ctx context.Context, project string) error {
+	for ctx.Err() == nil {
+		n, err := s.SettleProject(ctx, project)
+		if err != nil || n == 0 {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// sweep is the one walk over every project, at start and every FullSweepEvery: a round
+// trip per few hundred projects finds the usage streams with records the settlers have not
+// settled (delivered to none, or left unacknowledged), which it settles; and it indexes
+// the projects with snapshots, for accrual.
+func (s *Settler) sweep(ctx context.Context) {
+	projects, err := s.store.Projects(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("settler: sweep", "err", err)
+		}
+		return
+	}
+	if err := s.store.IndexSnapshotProjects(ctx, projects); err != nil && ctx.Err() == nil {
+		s.log.Warn("settler: sweep", "err", err)
+	}
+	waiting, err := s.unsettled(ctx, projects)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("settler: sweep", "err", err)
+		}
+		return
+	}
+	for _, p := range waiting {
+		if err := s.drain(ctx, p); err != nil && ctx.Err() == nil {
+			s.log.Warn("settler", "project", p, "err", err)
+		}
+	}
+}
+
+// unsettled answers the projects, of projects, whose usage stream has records the
+// settlers' group has not delivered or not acknowledged (or has no group yet).
+func (s *Settler) unsettled(ctx context.Context, projects []string) ([]string, error) {
+	const batch = 500
+	var out []string
+	for start := 0; start < len(projects); start += batch {
+		part := projects[start:min(start+batch, len(projects))]
+		cmds := make([]*redis.XInfoGroupsCmd, len(part))
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, project := range part {
+				cmds[i] = p.XInfoGroups(ctx, store.ProjectKeys(project).UsageStream())
+			}
+			return nil
+		})
+		for i, c := range cmds {
+			groups, err := c.Result()
+			if err != nil {
+				if strings.Contains(err.Error(), "no such key") {
+					continue // no usage ever recorded
+				}
+				return nil, fmt.Errorf("usage stream of %s: %w", part[i], err)
+			}
+			g := slices.IndexFunc(groups, func(g redis.XInfoGroup) bool { return g.Name == settlerGroup })
+			if g < 0 || groups[g].Pending > 0 || groups[g].Lag != 0 {
+				out = append(out, part[i])
+			}
+		}
+	}
+	return out, nil
 }
 
 func (s *Settler) ensureGroup(ctx context.Context, project string) error {

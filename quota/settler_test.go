@@ -167,7 +167,7 @@ func TestSettlerUpdatesSessionAndReport(t *testing.T) {
 	appendAll(t, rdb, rs)
 	done := make(chan struct{})
 	cctx, cancel := context.WithCancel(ctx)
-	go func() { _ = NewSettler(rdb, SettlerOptions{Poll: 10 * time.Millisecond}).Run(cctx); close(done) }()
+	go func() { _ = NewSettler(rdb, SettlerOptions{}).Run(cctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(30 * time.Second)
 	var got *session.Session

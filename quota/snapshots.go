@@ -40,19 +40,25 @@ func (p Prices) SnapshotCost(size, ms int64) int64 {
 	return n.Int64()
 }
 
-// AccrueSnapshots bills every ready snapshot of every project for its storage up to now.
+// AccrueSnapshots bills every ready snapshot for its storage up to now. It visits only the
+// projects with snapshots (store.SnapshotProjects), and drops those it finds with none.
 // Run it periodically (the settler does, every AccrueEvery); each run is idempotent.
 func (s *Settler) AccrueSnapshots(ctx context.Context, now time.Time) error {
-	projects, err := s.rdb.SMembers(ctx, store.ProjectsKey).Result()
+	projects, err := s.store.SnapshotProjects(ctx)
 	if err != nil {
 		return err
 	}
 	for _, p := range projects {
 		cursor := ""
-		for {
+		for first := true; ; first = false {
 			items, next, err := s.store.ListObjects(ctx, p, store.KindSnapshot, 100, cursor)
 			if err != nil {
 				return fmt.Errorf("accrue snapshots of %s: %w", p, err)
+			}
+			if first && len(items) == 0 {
+				if err := s.store.ForgetSnapshotProject(ctx, p); err != nil {
+					return fmt.Errorf("accrue snapshots of %s: %w", p, err)
+				}
 			}
 			for _, raw := range items {
 				var snap struct {

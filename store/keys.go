@@ -38,10 +38,25 @@ const (
 	// member instead of polling every project. Written by webhooks' dispatcher.
 	WebhooksDueKey = "wb:webhooks:due"
 
-	// PlacerKickChannel is a Pub/Sub channel on which a project with a new pending session is
-	// announced to every placer (payload: the project id). Read by store (PlacerKicks).
-	PlacerKickChannel = "wb:kick:placer"
+	// provisionDeadlinesKey is a sorted set of the sessions that may still be pending or
+	// provisioning, member "PROJECT/SESSION", score the provisioning deadline in ms. Written by
+	// store (Create adds before the session exists; Transition removes when it leaves
+	// provisioning; ScheduleProvisionDeadline, ForgetProvisionDeadlines); read by the placer
+	// (DueProvisionDeadlines), which fails the sessions past theirs.
+	provisionDeadlinesKey = "wb:deadlines:provision"
+
+	// snapshotProjectsKey is a set of the projects that have snapshots (perhaps none left).
+	// Written by store (PutObject and PutSnapshot after the snapshot, ForgetSnapshotProject,
+	// IndexSnapshotProjects); read by quota's settler to bill snapshot storage.
+	snapshotProjectsKey = "wb:snapshots:projects"
 )
+
+// nodeSessionsKey is a set of the sessions placed on one node and not yet ended (perhaps
+// some that have), members "PROJECT/SESSION". Written by store (Transition adds before it
+// places, removes on a terminal state; AddNodeSession, ForgetNodeSessions); read by the
+// placer (NodeSessions) to fail them when the node's heartbeat lapses. Its own hash tag:
+// one node's set is one slot.
+func nodeSessionsKey(node string) string { return "wb:node:{" + node + "}:sessions" }
 
 // signalKey is a stream of signals of one kind of work, field p the project with work,
 // trimmed to about signalMaxLen entries. Written by store (Signal) after every write that

@@ -35,6 +35,9 @@ func (s *Store) PutObject(ctx context.Context, project, kind, id string, v any) 
 	if err != nil {
 		return fmt.Errorf("put %s %s: %w", kind, id, err)
 	}
+	if kind == KindSnapshot {
+		return s.indexSnapshotProject(ctx, project)
+	}
 	return nil
 }
 

@@ -92,21 +92,3 @@ func (p *Placement) Release(ctx context.Context) error {
 	}
 	return nil
 }
-
-// PlacerKicks subscribes to PlacerKickChannel and answers the projects announced on it. Call
-// stop when done: it ends the subscription and closes kicks.
-func (s *Store) PlacerKicks(ctx context.Context) (kicks <-chan string, stop func()) {
-	sub := s.rdb.Subscribe(ctx, PlacerKickChannel)
-	out := make(chan string)
-	go func() {
-		defer close(out)
-		for msg := range sub.Channel() {
-			select {
-			case out <- msg.Payload:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out, func() { _ = sub.Close() }
-}

@@ -325,5 +325,5 @@ func (s *Store) PutSnapshot(ctx context.Context, project, id string, snap any, s
 		used, _ := strconv.ParseInt(usedStr, 10, 64)
 		return &SnapshotLimitError{Limit: limit, Count: int(n), Bytes: used}
 	}
-	return nil
+	return s.indexSnapshotProject(ctx, project)
 }

@@ -73,7 +73,10 @@ func signal(ctx context.Context, c redis.Cmdable, w Work, project string) *redis
 // acknowledged, then any another consumer left unacknowledged for signalClaimIdle, then new
 // ones, waiting up to wait for one (0: do not wait). It answers at most count signals, and
 // none (no error) when wait passes. The group is created on first use and reads the stream
-// from its start: no signal sent before a worker first ran is lost.
+// from its start: no signal sent before a worker first ran is lost. When ctx ends during the
+// wait it answers ctx's error at once (a blocking read does not end with its context: it
+// ends by itself within wait, and what it read stays unacknowledged, for this consumer's
+// next read).
 func (s *Store) Signals(ctx context.Context, w Work, group, consumer string, wait time.Duration, count int) ([]Signal, error) {
 	key := signalKey(w)
 	if err := s.rdb.XGroupCreateMkStream(ctx, key, group, "0").Err(); err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
@@ -92,11 +95,24 @@ func (s *Store) Signals(ctx context.Context, w Work, group, consumer string, wai
 	if len(claimed) > 0 {
 		return toSignals(claimed), nil
 	}
-	block := wait
-	if block <= 0 {
-		block = -1 // go-redis: no BLOCK argument
+	if wait <= 0 {
+		return s.readSignals(ctx, key, group, consumer, ">", -1, count) // go-redis: -1 is no BLOCK
 	}
-	return s.readSignals(ctx, key, group, consumer, ">", block, count)
+	type read struct {
+		sigs []Signal
+		err  error
+	}
+	done := make(chan read, 1)
+	go func() {
+		sigs, err := s.readSignals(context.WithoutCancel(ctx), key, group, consumer, ">", wait, count)
+		done <- read{sigs, err}
+	}()
+	select {
+	case r := <-done:
+		return r.sigs, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 func (s *Store) readSignals(ctx context.Context, key, group, consumer, start string, block time.Duration, count int) ([]Signal, error) {

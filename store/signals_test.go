@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -127,5 +128,45 @@ func TestWritesSignal(t *testing.T) {
 	}
 	if got := read(WorkPending); len(got) != 0 {
 		t.Fatalf("pending signals nobody made: %v", got)
+	}
+}
+
+// TestSignalsEndWithContext: a worker asked to stop while it waits for signals stops at
+// once, not when its wait passes, and loses no signal the abandoned read took.
+func TestSignalsEndWithContext(t *testing.T) {
+	s := New(redistest.Server(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Signals(wctx, WorkUsage, "g", "c", 2*time.Second, 10)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // let the read block
+	stopped := time.Now()
+	stop()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("read after its context ended: %v", err)
+	}
+	if d := time.Since(stopped); d > time.Second {
+		t.Fatalf("the read ended %v after its context, want at once", d)
+	}
+	// A signal the abandoned read takes stays this consumer's, unacknowledged.
+	if err := s.Signal(ctx, WorkUsage, "proj_a"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		got, err := s.Signals(ctx, WorkUsage, "g", "c", 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) == 1 && got[0].Project == "proj_a" {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the signal was lost")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"testing"
-	"time"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -72,39 +71,6 @@ func TestAppendUsage(t *testing.T) {
 	msgs, err := s.rdb.XRange(ctx, ProjectKeys("proj_a").UsageStream(), "-", "+").Result()
 	if err != nil || len(msgs) != 1 || msgs[0].Values["session"] != "sess_1" || msgs[0].Values["seq"] != "1" {
 		t.Fatalf("usage stream %v %v", msgs, err)
-	}
-}
-
-func TestPlacerKicks(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s := New(redistest.Server(t))
-	kicks, stop := s.PlacerKicks(ctx)
-	// The subscription is in place once a publish reaches a subscriber.
-	for {
-		n, err := s.rdb.Publish(ctx, PlacerKickChannel, "proj_k").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the subscription never started")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	select {
-	case p := <-kicks:
-		if p != "proj_k" {
-			t.Fatalf("kick for %q, want proj_k", p)
-		}
-	case <-ctx.Done():
-		t.Fatal("no kick")
-	}
-	stop()
-	for range kicks { // closed by stop
 	}
 }
 

@@ -183,7 +183,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if *advertise == "" {
 		*advertise = "http://" + ln.Addr().String()
 	}
-	st := store.New(rdb)
+	st := store.New(rdb, store.WithTiers(f.coldP95.tiers()))
 	nd, _, err := buildNode(f, st, *advertise, log)
 	if err != nil {
 		ln.Close()

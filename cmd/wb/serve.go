@@ -125,7 +125,7 @@ Flags:
 	if f.publicURL == "" {
 		f.publicURL = url
 	}
-	st := store.New(rdb)
+	st := store.New(rdb, store.WithTiers(f.node.coldP95.tiers()))
 	if f.adminKey == "" {
 		f.adminKey = store.NewAPIKey("wb_admin_")
 	}
@@ -198,7 +198,7 @@ Flags:
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: accounts, Webhooks: reg,
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
-		AdminKey: f.adminKey, Kick: pl.Kick, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
+		AdminKey: f.adminKey, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "", Tiers: f.node.coldP95.tiers(),
 	})
 	if err != nil {

@@ -1,0 +1,264 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/session"
+)
+
+// Global indexes that let background workers find their work without walking every
+// project: the sessions each provisioning deadline falls on, the sessions on each node, the
+// projects with snapshots. Each is a hint kept next to the truth (the session hash, the
+// project's snapshot hash), never instead of it: its reader checks the truth before acting,
+// and drops entries the truth no longer backs.
+//
+// Redis Cluster: these keys live in other slots than the project's keys, so they cannot be
+// written in the project's scripts. Where a missing entry would cost a missed deadline or a
+// session never failed, the entry is written before the write it indexes (a stale entry is
+// harmless); elsewhere it is written after.
+
+// SessionRef names one session across projects, as the global indexes hold it.
+type SessionRef struct{ Project, ID string }
+
+// member is the index member: "PROJECT/SESSION" (session ids hold no "/").
+func (r SessionRef) member() string { return r.Project + "/" + r.ID }
+
+func parseRef(m string) (SessionRef, bool) {
+	i := strings.LastIndexByte(m, '/')
+	if i <= 0 || i == len(m)-1 {
+		return SessionRef{}, false
+	}
+	return SessionRef{Project: m[:i], ID: m[i+1:]}, true
+}
+
+func refMembers(refs []SessionRef) []any {
+	out := make([]any, len(refs))
+	for i, r := range refs {
+		out[i] = r.member()
+	}
+	return out
+}
+
+// provisionDeadline is when sess must have left pending and provisioning, by the store's
+// tiers; false for a tier the store does not know (no deadline: the gateway admits only
+// known tiers).
+func (s *Store) provisionDeadline(sess *session.Session) (time.Time, bool) {
+	t, err := s.tiers.Tier(sess.Tier)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return sess.CreatedAt.Add(t.ProvisionDeadline()), true
+}
+
+// ScheduleProvisionDeadline records that the session must leave pending and provisioning by
+// at, unless it already has a deadline recorded. Create records it; the placer calls this
+// for sessions written before the index existed, and to move an entry its own tiers put
+// later than the store's (replace).
+func (s *Store) ScheduleProvisionDeadline(ctx context.Context, r SessionRef, at time.Time, replace bool) error {
+	z := redis.ZAddArgs{NX: !replace, Members: []redis.Z{{Score: float64(at.UnixMilli()), Member: r.member()}}}
+	if err := s.rdb.ZAddArgs(ctx, provisionDeadlinesKey, z).Err(); err != nil {
+		return fmt.Errorf("schedule provisioning deadline of %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// DueProvisionDeadlines answers up to limit sessions whose provisioning deadline is at or
+// before now, earliest first, and when the next deadline after them falls (zero: none is
+// recorded; now: more than limit are due).
+func (s *Store) DueProvisionDeadlines(ctx context.Context, now time.Time, limit int) ([]SessionRef, time.Time, error) {
+	zs, err := s.rdb.ZRangeWithScores(ctx, provisionDeadlinesKey, 0, int64(limit)).Result()
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("read provisioning deadlines: %w", err)
+	}
+	var due []SessionRef
+	for _, z := range zs {
+		at := time.UnixMilli(int64(z.Score))
+		if at.After(now) {
+			return due, at, nil
+		}
+		if len(due) == limit {
+			return due, now, nil
+		}
+		m, _ := z.Member.(string)
+		if r, ok := parseRef(m); ok {
+			due = append(due, r)
+		} else if err := s.rdb.ZRem(ctx, provisionDeadlinesKey, m).Err(); err != nil {
+			return nil, time.Time{}, fmt.Errorf("drop bad provisioning deadline %q: %w", m, err)
+		}
+	}
+	return due, time.Time{}, nil
+}
+
+// ForgetProvisionDeadlines drops sessions from the deadline index (they left provisioning,
+// or no longer exist).
+func (s *Store) ForgetProvisionDeadlines(ctx context.Context, refs ...SessionRef) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	if err := s.rdb.ZRem(ctx, provisionDeadlinesKey, refMembers(refs)...).Err(); err != nil {
+		return fmt.Errorf("forget provisioning deadlines: %w", err)
+	}
+	return nil
+}
+
+// AddNodeSession records that the session is placed on node. Transition records it when it
+// places a session; the placer calls it for sessions placed before the index existed.
+func (s *Store) AddNodeSession(ctx context.Context, node string, r SessionRef) error {
+	if err := s.rdb.SAdd(ctx, nodeSessionsKey(node), r.member()).Err(); err != nil {
+		return fmt.Errorf("index session %s on node %s: %w", r.ID, node, err)
+	}
+	return nil
+}
+
+// NodeSessions answers the sessions recorded on node: every session placed there and not
+// yet ended, and perhaps some that have (check each session's state and node).
+func (s *Store) NodeSessions(ctx context.Context, node string) ([]SessionRef, error) {
+	ms, err := s.rdb.SMembers(ctx, nodeSessionsKey(node)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("sessions of node %s: %w", node, err)
+	}
+	out := make([]SessionRef, 0, len(ms))
+	for _, m := range ms {
+		if r, ok := parseRef(m); ok {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// ForgetNodeSessions drops sessions from node's index.
+func (s *Store) ForgetNodeSessions(ctx context.Context, node string, refs ...SessionRef) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	if err := s.rdb.SRem(ctx, nodeSessionsKey(node), refMembers(refs)...).Err(); err != nil {
+		return fmt.Errorf("forget sessions of node %s: %w", node, err)
+	}
+	return nil
+}
+
+// afterTransition keeps the global indexes after a transition out (c, out: the request and
+// the session after it), in the round trip that signals the outbox. Failures are not the
+// transition's: a stale entry is dropped by its reader.
+func (s *Store) afterTransition(ctx context.Context, c Change, out *session.Session) {
+	ref := SessionRef{Project: c.Project, ID: c.ID}
+	provisioning := func(st session.State) bool { return st == session.Pending || st == session.Provisioning }
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		signal(ctx, p, WorkOutbox, c.Project)
+		if provisioning(c.From) && !provisioning(c.To) {
+			p.ZRem(ctx, provisionDeadlinesKey, ref.member())
+		}
+		if c.To.Terminal() && out != nil && out.NodeID != "" {
+			p.SRem(ctx, nodeSessionsKey(out.NodeID), ref.member())
+		}
+		return nil
+	})
+}
+
+// SnapshotProjects answers the projects that have snapshots (and perhaps some whose last
+// snapshot was deleted: ForgetSnapshotProject drops those).
+func (s *Store) SnapshotProjects(ctx context.Context) ([]string, error) {
+	ps, err := s.rdb.SMembers(ctx, snapshotProjectsKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("projects with snapshots: %w", err)
+	}
+	return ps, nil
+}
+
+// indexSnapshotProject records that project has snapshots; called after each snapshot is
+// written (a crash between the two leaves the project out until the next full sweep:
+// IndexSnapshotProjects).
+func (s *Store) indexSnapshotProject(ctx context.Context, project string) error {
+	if err := s.rdb.SAdd(ctx, snapshotProjectsKey, project).Err(); err != nil {
+		return fmt.Errorf("index project %s as having snapshots: %w", project, err)
+	}
+	return nil
+}
+
+// ForgetSnapshotProject drops project from the projects with snapshots if it has none. It
+// removes first and checks after, so a snapshot written meanwhile (written, then indexed)
+// is either seen here and indexed again, or indexed after the removal.
+func (s *Store) ForgetSnapshotProject(ctx context.Context, project string) error {
+	if err := s.rdb.SRem(ctx, snapshotProjectsKey, project).Err(); err != nil {
+		return fmt.Errorf("forget project %s's snapshots: %w", project, err)
+	}
+	n, err := s.rdb.HLen(ctx, ProjectKeys(project).objects(KindSnapshot)).Result()
+	if err != nil {
+		return fmt.Errorf("count project %s's snapshots: %w", project, err)
+	}
+	if n > 0 {
+		return s.indexSnapshotProject(ctx, project)
+	}
+	return nil
+}
+
+// sweepBatch is how many projects a full sweep checks per round trip.
+const sweepBatch = 500
+
+// IndexSnapshotProjects records every one of projects that has snapshots (a full sweep:
+// repairs an index write lost to a crash). One round trip per sweepBatch projects.
+func (s *Store) IndexSnapshotProjects(ctx context.Context, projects []string) error {
+	counts, err := s.countEach(ctx, projects, func(p redis.Pipeliner, project string) *redis.IntCmd {
+		return p.HLen(ctx, ProjectKeys(project).objects(KindSnapshot))
+	})
+	if err != nil {
+		return fmt.Errorf("count snapshots: %w", err)
+	}
+	var has []any
+	for i, n := range counts {
+		if n > 0 {
+			has = append(has, projects[i])
+		}
+	}
+	if len(has) == 0 {
+		return nil
+	}
+	return s.rdb.SAdd(ctx, snapshotProjectsKey, has...).Err()
+}
+
+// ActiveProjects answers the projects, of projects, that have sessions holding a
+// concurrency slot (pending to stopping): the only ones a full sweep of the placer visits.
+// One round trip per sweepBatch projects.
+func (s *Store) ActiveProjects(ctx context.Context, projects []string) ([]string, error) {
+	counts, err := s.countEach(ctx, projects, func(p redis.Pipeliner, project string) *redis.IntCmd {
+		return p.SCard(ctx, ProjectKeys(project).active())
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find projects with sessions: %w", err)
+	}
+	var out []string
+	for i, n := range counts {
+		if n > 0 {
+			out = append(out, projects[i])
+		}
+	}
+	return out, nil
+}
+
+// countEach runs one counting command per project, pipelined in batches.
+func (s *Store) countEach(ctx context.Context, projects []string, count func(redis.Pipeliner, string) *redis.IntCmd) ([]int64, error) {
+	out := make([]int64, 0, len(projects))
+	for start := 0; start < len(projects); start += sweepBatch {
+		batch := projects[start:min(start+sweepBatch, len(projects))]
+		cmds := make([]*redis.IntCmd, len(batch))
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, project := range batch {
+				cmds[i] = count(p, project)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		for _, c := range cmds {
+			out = append(out, c.Val())
+		}
+	}
+	return out, nil
+}
