@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pb33f/go-yaml"
 	"github.com/pb33f/libopenapi"
 	"github.com/pb33f/libopenapi/datamodel/high/base"
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
@@ -105,6 +106,10 @@ func TestSchemaTypesFindDisagreements(t *testing.T) {
 		Plugin
 		Points []int `json:"points"`
 	}
+	type fromString struct {
+		Usage
+		From string `json:"from"` // the schema's from is a $ref to Timestamp with a description
+	}
 	type nestedField struct {
 		ID        string `json:"id"`
 		Object    string `json:"object"`
@@ -124,6 +129,7 @@ func TestSchemaTypesFindDisagreements(t *testing.T) {
 		{"extra field through an embedded struct", "Health", reflect.TypeFor[extra](), []string{`Health: field gateway.extra.Uptime (json "uptime_s") is not a property of the schema`}},
 		{"date-time as a string", "Plugin", reflect.TypeFor[notTime](), []string{`Plugin.created_at: the schema says format date-time; the Go type string is not session.Time or time.Time`}},
 		{"array items", "Plugin", reflect.TypeFor[itemKind](), []string{`Plugin.points[]: the schema says string, the Go type int is integer`}},
+		{"date-time behind a $ref with siblings", "Usage", reflect.TypeFor[fromString](), []string{`Usage.from: the schema says format date-time; the Go type string is not session.Time or time.Time`}},
 		{"nullable never null", "Session", reflect.TypeFor[nestedField](), []string{`Session.end_user_id: the schema allows null, but the field gateway.nestedField.EndUserID (string) is never null`, `Session: property "tier" is in the schema`}},
 	}
 	for _, c := range cases {
@@ -136,6 +142,23 @@ func TestSchemaTypesFindDisagreements(t *testing.T) {
 				}
 			}
 		})
+	}
+
+	// A property dropped from the document is found.
+	var raw map[string]any
+	if err := json.Unmarshal(OpenAPI(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	created := raw["components"].(map[string]any)["schemas"].(map[string]any)["WebhookEndpointCreated"].(map[string]any)
+	delete(created["properties"].(map[string]any), "secret")
+	created["required"] = []string{"id", "object", "url", "events", "created_at"}
+	dropped, err := json.Marshal(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `WebhookEndpointCreated: field gateway.WebhookEndpointCreated.Secret (json "secret") is not a property of the schema`
+	if joined := strings.Join(schemaTypeProblems(t, dropped, apiTypes), "\n"); !strings.Contains(joined, want) {
+		t.Errorf("want a problem containing\n  %s\ngot:\n  %s", want, strings.ReplaceAll(joined, "\n", "\n  "))
 	}
 
 	// A response that names a schema with no Go type is found, as is a type for no schema.
@@ -169,7 +192,7 @@ func schemaTypeProblems(t *testing.T, doc []byte, table map[string]reflect.Type,
 	if err != nil {
 		t.Fatalf("build the openapi.json model: %v", err)
 	}
-	c := &typeChecker{schemas: map[string]*base.SchemaProxy{}, seen: map[string]bool{}}
+	c := &typeChecker{schemas: map[string]*base.SchemaProxy{}, seen: map[string]bool{}, errorSchemas: map[*yaml.Node]bool{}, errorRoutes: map[string][]string{}}
 	for name, sp := range model.Model.Components.Schemas.FromOldest() {
 		c.schemas[name] = sp
 	}
@@ -188,14 +211,26 @@ func schemaTypeProblems(t *testing.T, doc []byte, table map[string]reflect.Type,
 	}
 	if !slices.Contains(opts, onlyTable) {
 		c.checkResponses(&model.Model, table)
+		for _, p := range c.errorOrder {
+			routes := c.errorRoutes[p]
+			shown := strings.Join(routes[:min(3, len(routes))], ", ")
+			if len(routes) > 3 {
+				shown += ", …"
+			}
+			c.fail("%s (in %d error responses: %s)", p, len(routes), shown)
+		}
 	}
 	return c.problems
 }
 
 type typeChecker struct {
-	schemas  map[string]*base.SchemaProxy
-	seen     map[string]bool // "schema name|Go type" already compared
-	problems []string
+	schemas map[string]*base.SchemaProxy
+	seen    map[string]bool // "schema name|Go type" already compared
+	// errorSchemas are the error responses' schemas compared already, by their node.
+	errorSchemas map[*yaml.Node]bool
+	errorRoutes  map[string][]string // a problem of error responses → the routes with it
+	errorOrder   []string
+	problems     []string
 }
 
 func (c *typeChecker) fail(format string, args ...any) {
@@ -216,15 +251,6 @@ func (c *typeChecker) checkResponses(doc *v3.Document, table map[string]reflect.
 					continue
 				}
 				where := fmt.Sprintf("%s %s %s", strings.ToUpper(method), path, code)
-				if resp.IsReference() {
-					// A shared response (components.responses): check it once, by its name.
-					ref := resp.GetReference()
-					if c.seen[ref] {
-						continue
-					}
-					c.seen[ref] = true
-					where += " " + strings.TrimPrefix(ref, "#/components/")
-				}
 				for ctype, mt := range resp.Content.FromOldest() {
 					if mt.Schema == nil || (ctype != "application/json" && ctype != "application/x-ndjson") {
 						continue
@@ -259,7 +285,23 @@ func (c *typeChecker) checkResponse(where, ctype string, sp *base.SchemaProxy, t
 			c.fail("%s %s: an inline response schema; name it in components.schemas and map it in apiTypes", where, ctype)
 		}
 	default:
-		c.compare(where+" error", sp, reflect.TypeFor[errorBody]())
+		// A response of components.responses is shared by many routes: compare it once.
+		if n := sp.GetValueNode(); n != nil {
+			if c.errorSchemas[n] {
+				return
+			}
+			c.errorSchemas[n] = true
+		}
+		// Many routes answer the same disagreement: say it once, with the routes.
+		before := len(c.problems)
+		c.compare("error response", sp, reflect.TypeFor[errorBody]())
+		for _, p := range c.problems[before:] {
+			if c.errorRoutes[p] == nil {
+				c.errorOrder = append(c.errorOrder, p)
+			}
+			c.errorRoutes[p] = append(c.errorRoutes[p], where)
+		}
+		c.problems = c.problems[:before]
 	}
 }
 
@@ -288,15 +330,22 @@ type flat struct {
 	hasObjects bool // properties or additionalProperties: false were given
 }
 
-func flatten(sp *base.SchemaProxy) flat {
+func (c *typeChecker) flatten(sp *base.SchemaProxy) flat {
 	f := flat{types: map[string]bool{}, props: map[string][]*base.SchemaProxy{}, required: map[string]bool{}}
-	f.merge(sp, 0)
+	f.merge(c.schemas, sp, 0)
 	return f
 }
 
-func (f *flat) merge(sp *base.SchemaProxy, depth int) {
+func (f *flat) merge(components map[string]*base.SchemaProxy, sp *base.SchemaProxy, depth int) {
+	if depth > 10 {
+		return
+	}
+	// A $ref with siblings (a description) builds as the siblings alone: add its target.
+	if target, ok := components[refName(sp)]; ok && target != sp {
+		f.merge(components, target, depth+1)
+	}
 	s := sp.Schema()
-	if s == nil || depth > 10 {
+	if s == nil {
 		return
 	}
 	for _, ty := range s.Type {
@@ -350,7 +399,7 @@ func (f *flat) merge(sp *base.SchemaProxy, depth int) {
 		f.oneOf = true
 	}
 	for _, a := range s.AllOf {
-		f.merge(a, depth+1)
+		f.merge(components, a, depth+1)
 	}
 }
 
@@ -415,7 +464,7 @@ func (c *typeChecker) compare(where string, sp *base.SchemaProxy, t reflect.Type
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	f := flatten(sp)
+	f := c.flatten(sp)
 	if f.oneOf {
 		c.fail("%s: a oneOf or anyOf schema has no single Go type; describe it with type and properties", where)
 		return
@@ -511,7 +560,7 @@ func (c *typeChecker) compareStruct(where string, f flat, t reflect.Type) {
 		pw := where + "." + name
 		nullable := false
 		for _, p := range f.props[name] {
-			if flatten(p).types["null"] {
+			if c.flatten(p).types["null"] {
 				nullable = true
 			}
 		}
