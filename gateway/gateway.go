@@ -291,8 +291,8 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ store.P
 		for _, rt := range t.Runtimes {
 			rts = append(rts, rt.Name)
 		}
-		out = append(out, Template{"template", t.Name, t.Digest, t.Ref(), rts,
-			session.Resources{VCPU: def.VCPU, MemoryMiB: def.MemoryMiB, DiskGiB: def.DiskGiB, SizeClass: def.Name}})
+		out = append(out, Template{Object: "template", Name: t.Name, Digest: t.Digest, Ref: t.Ref(), Runtimes: rts,
+			DefaultResources: session.Resources{VCPU: def.VCPU, MemoryMiB: def.MemoryMiB, DiskGiB: def.DiskGiB, SizeClass: def.Name}})
 	}
 	writeJSON(w, 200, session.NewList(out, ""))
 	return nil

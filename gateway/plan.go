@@ -42,7 +42,7 @@ func (s *Server) adminGetPlan(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, ProjectPlan{"plan", p.ID, p.Granted})
+	writeJSON(w, 200, ProjectPlan{Object: "plan", ProjectID: p.ID, Plan: p.Granted})
 	return nil
 }
 
