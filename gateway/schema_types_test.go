@@ -16,6 +16,7 @@ import (
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
 
 	"wb/agent"
+	"wb/policies"
 	"wb/quota"
 	"wb/session"
 	"wb/store"
@@ -61,6 +62,22 @@ var apiTypes = map[string]reflect.Type{
 	"PluginList":             reflect.TypeFor[session.List[Plugin]](),
 	"ErrorDetail":            reflect.TypeFor[apiError](),
 	"Error":                  reflect.TypeFor[errorBody](),
+}
+
+// goEnums are the Go types whose values are a closed set, with every value: a schema of such
+// a type must list exactly these in its enum.
+var goEnums = map[reflect.Type][]string{
+	reflect.TypeFor[session.State]():  enumStrings(session.States()),
+	reflect.TypeFor[session.Reason](): enumStrings(session.Reasons()),
+	reflect.TypeFor[policies.Mode]():  enumStrings([]policies.Mode{policies.ModeEnforce, policies.ModeWarn, policies.ModeDryrun}),
+}
+
+func enumStrings[T ~string](vs []T) []string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = string(v)
+	}
+	return out
 }
 
 // ndjsonStreams are response schemas that describe a stream of JSON lines as the array of
@@ -161,10 +178,29 @@ func TestSchemaTypesFindDisagreements(t *testing.T) {
 		t.Errorf("want a problem containing\n  %s\ngot:\n  %s", want, strings.ReplaceAll(joined, "\n", "\n  "))
 	}
 
+	// An enum that lists another value than the Go type's is found, both ways.
+	if err := json.Unmarshal(OpenAPI(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	raw["components"].(map[string]any)["schemas"].(map[string]any)["PolicyMode"].(map[string]any)["enum"] = []string{"enforce", "warn", "dry_run"}
+	otherEnum, err := json.Marshal(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(schemaTypeProblems(t, otherEnum, apiTypes), "\n")
+	for _, w := range []string{
+		`Policy.mode: the Go type policies.Mode has the value "dryrun", which the schema's enum lacks`,
+		`Policy.mode: the schema's enum has "dry_run", which the Go type policies.Mode does not`,
+	} {
+		if !strings.Contains(joined, w) {
+			t.Errorf("want a problem containing\n  %s\ngot:\n  %s", w, strings.ReplaceAll(joined, "\n", "\n  "))
+		}
+	}
+
 	// A response that names a schema with no Go type is found, as is a type for no schema.
 	doc := strings.Replace(string(OpenAPI()), `"$ref": "#/components/schemas/Health"`, `"$ref": "#/components/schemas/Status"`, 1)
 	doc = strings.Replace(doc, `"Health": {`, `"Status": {`, 1)
-	joined := strings.Join(schemaTypeProblems(t, []byte(doc), apiTypes), "\n")
+	joined = strings.Join(schemaTypeProblems(t, []byte(doc), apiTypes), "\n")
 	for _, w := range []string{
 		`GET /healthz 200 application/json answers schema Status, which has no Go type in apiTypes`,
 		`apiTypes maps Health, which is not a schema of components.schemas`,
@@ -327,7 +363,8 @@ type flat struct {
 	addl       []*base.SchemaProxy // additionalProperties schemas
 	addlFalse  bool
 	oneOf      bool
-	hasObjects bool // properties or additionalProperties: false were given
+	hasObjects bool     // properties or additionalProperties: false were given
+	enum       []string // the string values of enum (null left out); nil without one
 }
 
 func (c *typeChecker) flatten(sp *base.SchemaProxy) flat {
@@ -340,9 +377,11 @@ func (f *flat) merge(components map[string]*base.SchemaProxy, sp *base.SchemaPro
 	if depth > 10 {
 		return
 	}
-	// A $ref with siblings (a description) builds as the siblings alone: add its target.
+	// A $ref with siblings builds as the siblings alone, so read its target instead; the
+	// siblings next to a $ref only annotate it (a description).
 	if target, ok := components[refName(sp)]; ok && target != sp {
 		f.merge(components, target, depth+1)
+		return
 	}
 	s := sp.Schema()
 	if s == nil {
@@ -372,6 +411,14 @@ func (f *flat) merge(components map[string]*base.SchemaProxy, sp *base.SchemaPro
 	}
 	if s.Format != "" {
 		f.format = s.Format
+	}
+	for _, n := range s.Enum {
+		var v any
+		if n.Decode(&v) == nil {
+			if str, ok := v.(string); ok {
+				f.enum = append(f.enum, str)
+			}
+		}
 	}
 	if s.Properties != nil {
 		f.hasObjects = true
@@ -510,6 +557,9 @@ func (c *typeChecker) compare(where string, sp *base.SchemaProxy, t reflect.Type
 		c.fail("%s: the schema says %s, the Go type %s is %s", where, want[0], t, got)
 		return
 	}
+	if values, ok := goEnums[t]; ok {
+		c.compareEnum(where, f.enum, values, t)
+	}
 	switch got {
 	case "array":
 		if t.Elem().Kind() == reflect.Uint8 {
@@ -540,6 +590,24 @@ func (c *typeChecker) compare(where string, sp *base.SchemaProxy, t reflect.Type
 			return
 		}
 		c.compareStruct(where, f, t)
+	}
+}
+
+// compareEnum holds the schema's enum to every value of the Go enum t, both ways.
+func (c *typeChecker) compareEnum(where string, schema, goValues []string, t reflect.Type) {
+	if schema == nil {
+		c.fail("%s: the Go type %s takes only %v; the schema should list them in an enum", where, t, goValues)
+		return
+	}
+	for _, v := range goValues {
+		if !slices.Contains(schema, v) {
+			c.fail("%s: the Go type %s has the value %q, which the schema's enum lacks", where, t, v)
+		}
+	}
+	for _, v := range schema {
+		if !slices.Contains(goValues, v) {
+			c.fail("%s: the schema's enum has %q, which the Go type %s does not", where, v, t)
+		}
 	}
 }
 
