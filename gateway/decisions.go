@@ -152,33 +152,24 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request, p store.Proje
 	if err != nil {
 		return policyError(err)
 	}
-	writeJSON(w, 201, policyBody(v))
+	writeJSON(w, 201, policyObject(v))
 	return nil
-}
-
-func policyBody(v policies.Version) map[string]any {
-	masked := v.Masked
-	if masked == nil {
-		masked = []string{}
-	}
-	return map[string]any{"object": "policy", "id": v.ID, "name": v.Name, "version": v.Version, "mode": v.Mode,
-		"point": v.Point, "digest": v.Digest, "created_at": session.At(v.CreatedAt), "masked": masked}
 }
 
 func (s *Server) listPolicies(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	if s.Policies == nil {
-		writeJSON(w, 200, listBody([]map[string]any{}, ""))
+		writeJSON(w, 200, session.NewList[Policy](nil, ""))
 		return nil
 	}
 	vs, err := s.Policies.Policies(r.Context(), p.ID)
 	if err != nil {
 		return policyError(err)
 	}
-	out := []map[string]any{}
+	out := []Policy{}
 	for _, v := range vs {
-		out = append(out, policyBody(v))
+		out = append(out, policyObject(v))
 	}
-	writeJSON(w, 200, listBody(out, ""))
+	writeJSON(w, 200, session.NewList(out, ""))
 	return nil
 }
 
@@ -194,11 +185,11 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, p store.Proje
 	if len(vs) == 0 {
 		return policyError(policies.ErrNotFound)
 	}
-	out := []map[string]any{}
+	out := []Policy{}
 	for i := len(vs) - 1; i >= 0; i-- {
-		out = append(out, policyBody(vs[i]))
+		out = append(out, policyObject(vs[i]))
 	}
-	writeJSON(w, 200, listBody(out, ""))
+	writeJSON(w, 200, session.NewList(out, ""))
 	return nil
 }
 
@@ -239,27 +230,22 @@ func (s *Server) putPlugin(w http.ResponseWriter, r *http.Request, p store.Proje
 	if err != nil {
 		return pluginError(err)
 	}
-	writeJSON(w, 201, pluginBody(pl))
+	writeJSON(w, 201, pluginObject(pl))
 	return nil
 }
 
-func pluginBody(pl plugins.Plugin) map[string]any {
-	return map[string]any{"object": "plugin", "name": pl.Name, "digest": pl.Digest, "points": pl.Points, "order": pl.Order,
-		"fail_open": pl.FailOpen, "size_bytes": pl.SizeBytes, "created_at": session.At(pl.CreatedAt)}
-}
-
 func (s *Server) listPlugins(w http.ResponseWriter, r *http.Request, p store.Project) error {
-	out := []map[string]any{}
+	out := []Plugin{}
 	if s.Plugins != nil {
 		pls, err := s.Plugins.List(r.Context(), p.ID)
 		if err != nil {
 			return pluginError(err)
 		}
 		for _, pl := range pls {
-			out = append(out, pluginBody(pl))
+			out = append(out, pluginObject(pl))
 		}
 	}
-	writeJSON(w, 200, listBody(out, ""))
+	writeJSON(w, 200, session.NewList(out, ""))
 	return nil
 }
 
@@ -271,7 +257,7 @@ func (s *Server) getPlugin(w http.ResponseWriter, r *http.Request, p store.Proje
 	if err != nil {
 		return pluginError(err)
 	}
-	writeJSON(w, 200, pluginBody(pl))
+	writeJSON(w, 200, pluginObject(pl))
 	return nil
 }
 
@@ -282,6 +268,6 @@ func (s *Server) deletePlugin(w http.ResponseWriter, r *http.Request, p store.Pr
 	if err := s.Plugins.Delete(r.Context(), p.ID, r.PathValue("name")); err != nil {
 		return pluginError(err)
 	}
-	writeJSON(w, 200, map[string]any{"object": "plugin", "name": r.PathValue("name"), "deleted": true})
+	writeJSON(w, 200, PluginDeleted{Object: "plugin", Name: r.PathValue("name"), Deleted: true})
 	return nil
 }

@@ -9,6 +9,11 @@
 // decide.PatchableFields only), validates the patched request again in full, references
 // included, and answers anything wrong as a 403 naming the field and the decider.
 //
+// Every answer is a Go type, never a map: the contract's objects come from package session
+// (Session, Snapshot, Run, List, DeletedObject, the exec results), the rest are in
+// apiobjects.go (Policy, Plugin, Project, Limits, Usage, ...). schema_types_test.go holds each
+// to its schema in openapi.json, and fails when a response names a schema with no Go type.
+//
 // Work is bounded per project: a buffered exec or run keeps at most Config.MaxOutputBytes of
 // each stream (8 MiB; the rest is counted and dropped, "truncated": true), an answer kept for
 // an Idempotency-Key replay at most Config.MaxReplayBytes, and execs in progress and async

@@ -143,10 +143,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 	}
 	start()
 	if err != nil {
-		_ = enc.Encode(map[string]any{"error": toAPIError(err)})
+		_ = enc.Encode(errorBody{Error: *toAPIError(err)})
 		return nil
 	}
 	res.Stdout, res.Stderr = "", "" // already streamed
-	_ = enc.Encode(map[string]any{"exit_code": res.ExitCode, "duration_ms": res.DurationMs, "timed_out": res.TimedOut})
+	_ = enc.Encode(session.ExecEnd{ExitCode: res.ExitCode, DurationMs: res.DurationMs, TimedOut: res.TimedOut})
 	return nil
 }

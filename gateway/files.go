@@ -82,7 +82,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project
 		if err != nil {
 			return s.agentError(r.Context(), err)
 		}
-		writeJSON(w, 200, listBody(entries, ""))
+		writeJSON(w, 200, session.NewList(entries, ""))
 		return nil
 	}
 	rc, err := c.OpenFile(r.Context(), path)

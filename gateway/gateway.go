@@ -145,7 +145,7 @@ type handler func(w http.ResponseWriter, r *http.Request, p store.Project) error
 func (s *Server) routes() {
 	m := http.NewServeMux()
 	api := func(pattern string, h handler) { m.Handle(pattern, s.authed(h)) }
-	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, Health{Status: "ok"}) })
 	m.HandleFunc("GET /v1/openapi.json", serveOpenAPI)
 	if !s.MetricsElsewhere {
 		m.Handle("GET /metrics", s.metricsGuard(s.Metrics.Handler()))
@@ -280,39 +280,20 @@ func (s *Server) adminCreateProject(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, 201, map[string]any{"project_id": p.ID, "name": p.Name, "api_key": apiKey, "concurrency": p.Concurrency})
+	writeJSON(w, 201, Project{ProjectID: p.ID, Name: p.Name, APIKey: apiKey, Concurrency: p.Concurrency})
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ store.Project) error {
-	type tpl struct {
-		Object    string            `json:"object"`
-		Name      string            `json:"name"`
-		Digest    string            `json:"digest"`
-		Ref       string            `json:"ref"`
-		Runtimes  []string          `json:"runtimes"`
-		Resources session.Resources `json:"default_resources"`
-	}
 	def := session.SizeClasses()[0]
-	out := []tpl{}
+	out := []Template{}
 	for _, t := range s.Catalog {
 		rts := []string{}
 		for _, rt := range t.Runtimes {
 			rts = append(rts, rt.Name)
 		}
-		out = append(out, tpl{"template", t.Name, t.Digest, t.Ref(), rts,
-			session.Resources{VCPU: def.VCPU, MemoryMiB: def.MemoryMiB, DiskGiB: def.DiskGiB, SizeClass: def.Name}})
+		out = append(out, Template{Object: "template", Name: t.Name, Digest: t.Digest, Ref: t.Ref(), Runtimes: rts,
+			DefaultResources: session.Resources{VCPU: def.VCPU, MemoryMiB: def.MemoryMiB, DiskGiB: def.DiskGiB, SizeClass: def.Name}})
 	}
-	writeJSON(w, 200, listBody(out, ""))
+	writeJSON(w, 200, session.NewList(out, ""))
 	return nil
-}
-
-func listBody[T any](data []T, next string) map[string]any {
-	if data == nil {
-		data = []T{}
-	}
-	var cursor any
-	if next != "" {
-		cursor = next
-	}
-	return map[string]any{"object": "list", "data": data, "next_cursor": cursor}
 }

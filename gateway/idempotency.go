@@ -107,7 +107,7 @@ func (s *Server) idempotent(h handler) handler {
 		rec = &store.IdemRecord{Fingerprint: fp, Status: rw.status, Header: hdr, Body: rw.buf.Bytes()}
 		if rw.over {
 			// Too big to keep: a retry learns that, and the request is still not run twice.
-			b, _ := json.Marshal(map[string]*apiError{"error": {Type: "idempotency_error", Code: "replay_too_large",
+			b, _ := json.Marshal(errorBody{Error: apiError{Type: "idempotency_error", Code: "replay_too_large",
 				Message: fmt.Sprintf("the first answer to this Idempotency-Key was %d bytes, over the %d kept for replays (status %d); the request is not run again: read its result from the session or run it created", rw.written, s.MaxReplayBytes, rw.status)}})
 			rec.Status, rec.Header, rec.Body = 409, map[string]string{"Content-Type": "application/json"}, append(b, '\n')
 		}

@@ -109,7 +109,7 @@ func (m *Metrics) instrument(mux *http.ServeMux) http.Handler {
 					panic(v)
 				}
 				if sw.status == 0 {
-					writeJSON(sw, 500, map[string]any{"error": map[string]string{"type": "api_error", "code": "internal", "message": "internal error"}})
+					writeJSON(sw, 500, errorBody{Error: apiError{Type: "api_error", Code: "internal", Message: "internal error"}})
 				}
 			}
 			_, route := mux.Handler(r)

@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"wb/session"
@@ -22,19 +24,21 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request, p store.Pro
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, p store.Project) error {
-	return s.listObjects(w, r, p, store.KindSnapshot)
-}
-
-func (s *Server) listObjects(w http.ResponseWriter, r *http.Request, p store.Project, kind string) error {
 	limit, err := queryLimit(r)
 	if err != nil {
 		return err
 	}
-	items, next, err := s.Store.ListObjects(r.Context(), p.ID, kind, limit, r.URL.Query().Get("cursor"))
+	items, next, err := s.Store.ListObjects(r.Context(), p.ID, store.KindSnapshot, limit, r.URL.Query().Get("cursor"))
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, listBody(items, next))
+	snaps := make([]session.Snapshot, len(items))
+	for i, raw := range items {
+		if err := json.Unmarshal(raw, &snaps[i]); err != nil {
+			return fmt.Errorf("list snapshots: stored snapshot %d of the page: %w", i, err)
+		}
+	}
+	writeJSON(w, 200, session.NewList(snaps, next))
 	return nil
 }
 
@@ -59,7 +63,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, p store.
 			s.log.Warn("delete snapshot files", "snapshot", id, "err", err)
 		}
 	}
-	writeJSON(w, 200, map[string]any{"id": id, "object": "snapshot", "deleted": true})
+	writeJSON(w, 200, session.DeletedObject{ID: id, Object: "snapshot", Deleted: true})
 	return nil
 }
 
@@ -79,7 +83,7 @@ func (s *Server) createEndpoint(w http.ResponseWriter, r *http.Request, p store.
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 201, ep)
+	writeJSON(w, 201, WebhookEndpointCreated{WebhookEndpoint: endpointObject(ep), Secret: ep.Secret})
 	return nil
 }
 
@@ -88,7 +92,7 @@ func (s *Server) getEndpoint(w http.ResponseWriter, r *http.Request, p store.Pro
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, ep)
+	writeJSON(w, 200, endpointObject(ep))
 	return nil
 }
 
@@ -97,7 +101,11 @@ func (s *Server) listEndpoints(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, listBody(eps, ""))
+	out := make([]WebhookEndpoint, len(eps))
+	for i, ep := range eps {
+		out[i] = endpointObject(ep)
+	}
+	writeJSON(w, 200, session.NewList(out, ""))
 	return nil
 }
 
@@ -106,7 +114,7 @@ func (s *Server) deleteEndpoint(w http.ResponseWriter, r *http.Request, p store.
 	if err := s.Webhooks.Delete(r.Context(), p.ID, id); err != nil {
 		return err
 	}
-	writeJSON(w, 200, map[string]any{"id": id, "object": "webhook_endpoint", "deleted": true})
+	writeJSON(w, 200, session.DeletedObject{ID: id, Object: "webhook_endpoint", Deleted: true})
 	return nil
 }
 
@@ -122,6 +130,6 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request, p store.
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, listBody(ds, next))
+	writeJSON(w, 200, session.NewList(ds, next))
 	return nil
 }

@@ -494,7 +494,7 @@ const goodUsageByEndUser = `{"object":"usage","from":"2025-01-01T00:00:00.000Z",
 
 // TestOpenAPILimitsUsageAndSpendCap checks the document against synthetic answers of
 // GET/PUT /v1/limits, GET /v1/usage (both group_by forms) and the 402 of the creates, shaped
-// as limitsBody, quota.Report and apiError marshal them.
+// as Limits, Usage and apiError marshal them.
 func TestOpenAPILimitsUsageAndSpendCap(t *testing.T) {
 	capped := `{"error":{"type":"spend_cap_reached","code":"spend_cap_reached","message":"the project's monthly spend cap is reached; raise it with PUT /v1/limits"}}`
 	emptyUsage := `{"object":"usage","from":"2025-01-01T00:00:00.000Z","to":"2025-01-01T01:00:00.000Z","group_by":"session",
@@ -567,7 +567,7 @@ const goodPlugin = `{"object":"plugin","name":"tier-cap","digest":"sha256:0123ab
 "fail_open":false,"size_bytes":2094356,"created_at":"2025-01-02T03:04:05.678Z"}`
 
 // TestOpenAPIPoliciesAndPlugins checks the document against synthetic answers of the policy
-// and plugin routes, shaped as policyBody, pluginBody and apiError marshal them, and the 403
+// and plugin routes, shaped as Policy, Plugin and apiError marshal them, and the 403
 // policy_violation of exec (runExec).
 func TestOpenAPIPoliciesAndPlugins(t *testing.T) {
 	errBody := func(typ, code, param string) string {

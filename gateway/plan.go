@@ -34,12 +34,6 @@ func (s *Server) admin(h func(w http.ResponseWriter, r *http.Request) error) htt
 	})
 }
 
-type planBody struct {
-	Object    string `json:"object"`
-	ProjectID string `json:"project_id"`
-	store.Plan
-}
-
 func (s *Server) adminGetPlan(w http.ResponseWriter, r *http.Request) error {
 	p, err := s.Store.GetProject(r.Context(), r.PathValue("id"))
 	if errors.Is(err, store.ErrNotFound) {
@@ -48,7 +42,7 @@ func (s *Server) adminGetPlan(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, planBody{"plan", p.ID, p.Granted})
+	writeJSON(w, 200, ProjectPlan{Object: "plan", ProjectID: p.ID, Plan: p.Granted})
 	return nil
 }
 

@@ -30,7 +30,7 @@ func TestTenantCannotRaisePlan(t *testing.T) {
 	}
 	// A refused request changes nothing, not even the spend cap it carried.
 	expectError(t, e.do("PUT", "/v1/limits", e.key, map[string]any{"monthly_spend_cap_micro_usd": 5, "concurrency": 101}), 403, "plan_limit", "concurrency")
-	var l limitsBody
+	var l Limits
 	e.mustDo("GET", "/v1/limits", e.key, nil, 200, &l)
 	if l.Concurrency != 100 || l.MonthlySpendCapMicroUSD != 0 || l.PlanLimits != def || l.Plan != def {
 		t.Fatalf("after refusals: %+v", l)

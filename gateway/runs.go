@@ -100,7 +100,8 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		if _, err := exec.Argv(); err != nil {
 			return err
 		}
-		createBody, _ := json.Marshal(map[string]any{"tier": 1, "template": tpl.Name, "end_user_id": req.EndUserID})
+		tier := 1
+		createBody, _ := json.Marshal(session.CreateRequest{Tier: &tier, Template: tpl.Name, EndUserID: req.EndUserID})
 		sess, _, err := s.admit(r.Context(), p, createBody)
 		if err != nil {
 			return err

@@ -263,7 +263,7 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p store.Pr
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, listBody(page.Sessions, page.NextCursor))
+	writeJSON(w, 200, session.NewList(page.Sessions, page.NextCursor))
 	return nil
 }
 

@@ -7,27 +7,16 @@ import (
 	"wb/store"
 )
 
-type limitsBody struct {
-	Object                         string `json:"object"`
-	MonthlySpendCapMicroUSD        int64  `json:"monthly_spend_cap_micro_usd"`
-	EndUserMonthlySpendCapMicroUSD int64  `json:"end_user_monthly_spend_cap_micro_usd"`
-	// The plan limits in force: the operator's plan, lowered where the project chose to.
-	store.Plan
-	SpendThisMonthMicroUSD int64 `json:"spend_this_month_micro_usd"`
-	// PlanLimits is the operator's plan: the most each plan limit can be set to here.
-	PlanLimits store.Plan `json:"plan"`
-}
-
-func (s *Server) limits(r *http.Request, p store.Project) (limitsBody, error) {
+func (s *Server) limits(r *http.Request, p store.Project) (Limits, error) {
 	l, err := s.Accounts.Limits(r.Context(), p.ID)
 	if err != nil {
-		return limitsBody{}, err
+		return Limits{}, err
 	}
 	spend, err := s.Accounts.Spend(r.Context(), p.ID, "", s.Now())
 	if err != nil {
-		return limitsBody{}, err
+		return Limits{}, err
 	}
-	return limitsBody{Object: "limits", MonthlySpendCapMicroUSD: l.MonthlySpendCapMicroUSD,
+	return Limits{Object: "limits", MonthlySpendCapMicroUSD: l.MonthlySpendCapMicroUSD,
 		EndUserMonthlySpendCapMicroUSD: l.EndUserMonthlySpendCapMicroUSD, Plan: p.Plan,
 		SpendThisMonthMicroUSD: spend, PlanLimits: p.Granted}, nil
 }
@@ -127,6 +116,10 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request, p store.Project) 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, rep)
+	body, err := usageObject(rep)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, body)
 	return nil
 }

@@ -12,7 +12,7 @@ import (
 
 func TestLimitsAndSpendCap(t *testing.T) {
 	e := newEnv(t)
-	var l limitsBody
+	var l Limits
 	e.mustDo("GET", "/v1/limits", e.key, nil, 200, &l)
 	if l.MonthlySpendCapMicroUSD != 0 || l.Concurrency != 100 {
 		t.Fatalf("defaults %+v", l)

@@ -2,6 +2,8 @@
 // each bills, the transition table with the one driver allowed to make each transition, the
 // stop and fail reasons and the terminal state each leads to, tiers with their limits and
 // timers, and the Session object with its JSON. Beside it: the create request and its
-// validation, exec requests and buffered output, the Snapshot, Run and Template objects, ids,
-// and the decision points' inputs and Decision. Every other package speaks these types.
+// validation, exec requests, buffered output and the lines of a streamed exec, the Snapshot,
+// Run and Template objects, the list envelope (List) and the answer to a delete
+// (DeletedObject), ids, and the decision points' inputs and Decision. Every other package
+// speaks these types.
 package session

@@ -49,3 +49,39 @@ type Run struct {
 	DurationMs  *int64  `json:"duration_ms"`
 	CreatedAt   Time    `json:"created_at"`
 }
+
+// List is the envelope of every list the API answers: {"object": "list", "data": [...],
+// "next_cursor": "..." or null}.
+type List[T any] struct {
+	Object     string  `json:"object"` // "list"
+	Data       []T     `json:"data"`
+	NextCursor *string `json:"next_cursor"`
+}
+
+// NewList returns the page data with next as its cursor ("" for the last page: null). A nil
+// data is an empty list, never null.
+func NewList[T any](data []T, next string) List[T] {
+	if data == nil {
+		data = []T{}
+	}
+	l := List[T]{Object: "list", Data: data}
+	if next != "" {
+		l.NextCursor = &next
+	}
+	return l
+}
+
+// DeletedObject answers the delete of an object that has an id (a snapshot, a webhook
+// endpoint).
+type DeletedObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"` // the deleted object's kind
+	Deleted bool   `json:"deleted"`
+}
+
+// ExecEnd is the last line of a streamed exec that ran to its end.
+type ExecEnd struct {
+	ExitCode   int   `json:"exit_code"`
+	DurationMs int64 `json:"duration_ms"`
+	TimedOut   bool  `json:"timed_out"`
+}

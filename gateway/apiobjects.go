@@ -1,0 +1,172 @@
+package gateway
+
+import (
+	"fmt"
+	"time"
+
+	"wb/plugins"
+	"wb/policies"
+	"wb/quota"
+	"wb/session"
+	"wb/store"
+	"wb/webhooks"
+)
+
+// The objects of the API that the gateway shapes itself, each the schema of the same name in
+// openapi.json (schema_types_test.go holds them to it). The contract's own objects (Session,
+// Snapshot, Run, List, Deleted, the exec results) are in package session.
+
+// errorBody is every error answer: {"error": {type, code, message, param?}} (Error, and the
+// last line of a streamed exec that failed, ExecStreamError).
+type errorBody struct {
+	Error apiError `json:"error"`
+}
+
+// Health answers GET /healthz.
+type Health struct {
+	Status string `json:"status"` // "ok"
+}
+
+// Project answers POST /v1/admin/projects: the only time the API key is shown.
+type Project struct {
+	ProjectID   string `json:"project_id"`
+	Name        string `json:"name"`
+	APIKey      string `json:"api_key"`
+	Concurrency int    `json:"concurrency"`
+}
+
+// ProjectPlan is the operator's plan of one project.
+type ProjectPlan struct {
+	Object    string `json:"object"` // "plan"
+	ProjectID string `json:"project_id"`
+	store.Plan
+}
+
+// Limits answers GET and PUT /v1/limits.
+type Limits struct {
+	Object                         string `json:"object"` // "limits"
+	MonthlySpendCapMicroUSD        int64  `json:"monthly_spend_cap_micro_usd"`
+	EndUserMonthlySpendCapMicroUSD int64  `json:"end_user_monthly_spend_cap_micro_usd"`
+	// The plan limits in force: the operator's plan, lowered where the project chose to.
+	store.Plan
+	SpendThisMonthMicroUSD int64 `json:"spend_this_month_micro_usd"`
+	// PlanLimits is the operator's plan: the most each plan limit can be set to here.
+	PlanLimits store.Plan `json:"plan"`
+}
+
+// Template is one template of the catalog, as GET /v1/templates lists it.
+type Template struct {
+	Object           string            `json:"object"` // "template"
+	Name             string            `json:"name"`
+	Digest           string            `json:"digest"`
+	Ref              string            `json:"ref"`
+	Runtimes         []string          `json:"runtimes"`
+	DefaultResources session.Resources `json:"default_resources"`
+}
+
+// Policy is one version of a project's Rego policy.
+type Policy struct {
+	Object    string        `json:"object"` // "policy"
+	ID        string        `json:"id"`     // pol_NAME@VERSION
+	Name      string        `json:"name"`
+	Version   int           `json:"version"`
+	Mode      policies.Mode `json:"mode"`
+	Point     string        `json:"point"`
+	Digest    string        `json:"digest"`
+	CreatedAt session.Time  `json:"created_at"`
+	// Masked is never null: empty when the policy masks nothing.
+	Masked []string `json:"masked"`
+}
+
+func policyObject(v policies.Version) Policy {
+	masked := v.Masked
+	if masked == nil {
+		masked = []string{}
+	}
+	return Policy{Object: "policy", ID: v.ID, Name: v.Name, Version: v.Version, Mode: v.Mode,
+		Point: v.Point, Digest: v.Digest, CreatedAt: *session.At(v.CreatedAt), Masked: masked}
+}
+
+// Plugin is a project's Wasm plugin (its current module). Its config is not shown.
+type Plugin struct {
+	Object    string       `json:"object"` // "plugin"
+	Name      string       `json:"name"`
+	Digest    string       `json:"digest"`
+	Points    []string     `json:"points"`
+	Order     int          `json:"order"`
+	FailOpen  bool         `json:"fail_open"`
+	SizeBytes int          `json:"size_bytes"`
+	CreatedAt session.Time `json:"created_at"`
+}
+
+func pluginObject(pl plugins.Plugin) Plugin {
+	return Plugin{Object: "plugin", Name: pl.Name, Digest: pl.Digest, Points: pl.Points, Order: pl.Order,
+		FailOpen: pl.FailOpen, SizeBytes: pl.SizeBytes, CreatedAt: *session.At(pl.CreatedAt)}
+}
+
+// PluginDeleted answers DELETE /v1/plugins/{name}: plugins are named, not numbered.
+type PluginDeleted struct {
+	Object  string `json:"object"` // "plugin"
+	Name    string `json:"name"`
+	Deleted bool   `json:"deleted"`
+}
+
+// WebhookEndpoint is a project's webhook endpoint, without its secret.
+type WebhookEndpoint struct {
+	ID        string       `json:"id"`
+	Object    string       `json:"object"` // "webhook_endpoint"
+	URL       string       `json:"url"`
+	Events    []string     `json:"events"`
+	CreatedAt session.Time `json:"created_at"`
+}
+
+// WebhookEndpointCreated answers the create of an endpoint: the only time its secret is shown.
+type WebhookEndpointCreated struct {
+	WebhookEndpoint
+	Secret string `json:"secret"`
+}
+
+func endpointObject(ep webhooks.Endpoint) WebhookEndpoint {
+	return WebhookEndpoint{ID: ep.ID, Object: ep.Object, URL: ep.URL, Events: ep.Events, CreatedAt: ep.CreatedAt}
+}
+
+// Usage answers GET /v1/usage: quota's report, with typed times and totals that name no
+// session or end user.
+type Usage struct {
+	Object  string            `json:"object"` // "usage"
+	From    session.Time      `json:"from"`
+	To      session.Time      `json:"to"`
+	GroupBy string            `json:"group_by"`
+	Totals  UsageTotals       `json:"totals"`
+	Data    []quota.UsageLine `json:"data"`
+}
+
+// UsageTotals sums every line of a usage report.
+type UsageTotals struct {
+	SessionS    int64 `json:"session_s"`
+	PausedS     int64 `json:"paused_s"`
+	CPUMs       int64 `json:"cpu_ms"`
+	MemGiBMs    int64 `json:"mem_gib_ms"`
+	EgressBytes int64 `json:"egress_bytes"`
+	CostMicro   int64 `json:"cost_micro_usd"`
+}
+
+func usageObject(rep quota.Report) (Usage, error) {
+	from, err := time.Parse(time.RFC3339, rep.From)
+	if err != nil {
+		return Usage{}, fmt.Errorf("usage report: from: %w", err)
+	}
+	to, err := time.Parse(time.RFC3339, rep.To)
+	if err != nil {
+		return Usage{}, fmt.Errorf("usage report: to: %w", err)
+	}
+	t := rep.Totals
+	data := rep.Data
+	if data == nil {
+		data = []quota.UsageLine{}
+	}
+	return Usage{Object: rep.Object, From: *session.At(from), To: *session.At(to), GroupBy: rep.GroupBy,
+		Totals: UsageTotals{SessionS: t.SessionS, PausedS: t.PausedS, CPUMs: t.CPUMs, MemGiBMs: t.MemGiBMs,
+			EgressBytes: t.EgressBytes, CostMicro: t.CostMicro},
+		Data: data}, nil
+}
