@@ -58,11 +58,9 @@ type Config struct {
 	// MetricsElsewhere: the operator serves Metrics.Handler on its own address, so the API
 	// answers 404 for /metrics.
 	MetricsElsewhere bool
-	// Kick tells the placer that a project has a new pending session (may be nil).
-	Kick    func(project string)
-	Logger  *slog.Logger
-	Metrics *Metrics
-	Now     func() time.Time
+	Logger           *slog.Logger
+	Metrics          *Metrics
+	Now              func() time.Time
 	// MaxOutputBytes caps each stream of a buffered exec or run result (0:
 	// session.DefaultMaxOutputBytes, 8 MiB); MaxReplayBytes caps an answer kept for an
 	// Idempotency-Key replay (0: 2×MaxOutputBytes + 1 MiB).

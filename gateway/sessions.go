@@ -117,9 +117,6 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 		label = "warn"
 	}
 	s.Metrics.admission.WithLabelValues(label).Inc()
-	if s.Kick != nil {
-		s.Kick(p.ID)
-	}
 	return out, d.Warnings, nil
 }
 
