@@ -191,15 +191,11 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// drain settles the project until its stream has nothing waiting.
+// drain settles the project until its stream has nothing waiting (or another settler is at
+// it, and goes again for this call).
 func (s *Settler) drain(ctx context.Context, project string) error {
-	for ctx.Err() == nil {
-		n, err := s.SettleProject(ctx, project)
-		if err != nil || n == 0 {
-			return err
-		}
-	}
-	return ctx.Err()
+	_, err := s.SettleProject(ctx, project)
+	return err
 }
 
 // sweep is the one walk over every project, at start and every FullSweepEvery: a round
@@ -270,21 +266,57 @@ func (s *Settler) ensureGroup(ctx context.Context, project string) error {
 	return nil
 }
 
-// SettleProject settles what is waiting in one project's stream: first records this
-// consumer read but never acknowledged (a crash mid-batch), then records idle on another
-// consumer for 30 s, then new ones. It answers how many it handled.
+// SettleProject settles everything waiting in one project's stream and answers how many
+// records it handled. It works under the project's settlement lock (store.LockSettlement):
+// the settle script counts each session's records once by their seq, so two settlers working
+// on one project at once could settle a later batch before an earlier one and count the
+// earlier one as a replay. When another settler holds the lock it answers 0 at once, having
+// asked that settler for another round.
 func (s *Settler) SettleProject(ctx context.Context, project string) (int, error) {
 	if err := s.ensureGroup(ctx, project); err != nil {
 		return 0, err
 	}
-	stream := store.ProjectKeys(project).UsageStream()
+	lock, err := s.store.LockSettlement(ctx, project)
+	if err != nil || lock == nil {
+		return 0, err
+	}
 	total := 0
+	for {
+		n, err := s.settleBatch(ctx, project)
+		total += n
+		if err != nil {
+			_ = lock.Release(context.WithoutCancel(ctx))
+			return total, err
+		}
+		if n > 0 {
+			if err := lock.Renew(ctx); err != nil {
+				return total, err
+			}
+			continue
+		}
+		again, err := lock.Done(context.WithoutCancel(ctx))
+		if err != nil || !again {
+			return total, err
+		}
+	}
+}
+
+// settleBatch settles one batch of the project's stream, oldest first: the records another
+// consumer read and never acknowledged (with the lock held, nobody else is working on them:
+// that settler died or lost its lease), then this consumer's own, then new ones.
+func (s *Settler) settleBatch(ctx context.Context, project string) (int, error) {
+	stream := store.ProjectKeys(project).UsageStream()
+	if _, _, err := s.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: stream, Group: settlerGroup,
+		Consumer: s.consumer, MinIdle: 0, Start: "0", Count: s.batch}).Result(); err != nil && !errors.Is(err, redis.Nil) {
+		return 0, err
+	}
 	for _, start := range []string{"0", ">"} {
 		res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: s.consumer,
 			Streams: []string{stream, start}, Count: s.batch, Block: -1}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return total, err
+			return 0, err
 		}
+		total := 0
 		for _, st := range res {
 			n, err := s.settle(ctx, project, st.Messages)
 			total += n
@@ -292,17 +324,11 @@ func (s *Settler) SettleProject(ctx context.Context, project string) (int, error
 				return total, err
 			}
 		}
-	}
-	claimed, _, err := s.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: stream, Group: settlerGroup,
-		Consumer: s.consumer, MinIdle: 30 * time.Second, Start: "0", Count: s.batch}).Result()
-	if err == nil && len(claimed) > 0 {
-		n, err := s.settle(ctx, project, claimed)
-		total += n
-		if err != nil {
-			return total, err
+		if total > 0 {
+			return total, nil // one batch at a time: own pending first, new ones after
 		}
 	}
-	return total, nil
+	return 0, nil
 }
 
 // run is consecutive records of one session in one hour, settled in one script call.

@@ -118,6 +118,10 @@ func Outbox(project string) string { return ProjectKeys(project).Outbox() }
 func (k ProjectKeyspace) placing() string    { return k.p + "placing" }
 func (k ProjectKeyspace) placeAgain() string { return k.p + "placing:again" }
 
+// settling and settleAgain are the same for settling the project's usage (LockSettlement).
+func (k ProjectKeyspace) settling() string    { return k.p + "settling" }
+func (k ProjectKeyspace) settleAgain() string { return k.p + "settling:again" }
+
 // project is a hash: the project's name and plan (granted and lowered limits). Written by
 // store.
 func (k ProjectKeyspace) project() string { return k.p + "project" }

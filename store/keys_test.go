@@ -38,6 +38,8 @@ func TestKeyNames(t *testing.T) {
 		{Outbox("proj_1"), "wb:{proj_1}:outbox"},
 		{k.placing(), "wb:{proj_1}:placing"},
 		{k.placeAgain(), "wb:{proj_1}:placing:again"},
+		{k.settling(), "wb:{proj_1}:settling"},
+		{k.settleAgain(), "wb:{proj_1}:settling:again"},
 		{k.project(), "wb:{proj_1}:project"},
 		{k.objects(KindSnapshot), "wb:{proj_1}:obj:snapshot"},
 		{k.objIndex(KindRun), "wb:{proj_1}:idx:run"},
