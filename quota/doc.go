@@ -4,7 +4,10 @@
 //   - prices: the table of quota/PRICES.md, in micro-USD (Prices, LoadPrices);
 //   - usage: the records nodes write to each project's usage stream (Record), settled exactly
 //     once by the Settler into the session's usage_to_date, hourly cost buckets and monthly
-//     spend counters, with snapshot storage accrued beside them;
+//     spend counters, with snapshot storage accrued beside them. The Settler works from
+//     events: it waits on the usage signals (store.WorkUsage), settles one project at a time
+//     under its settlement lock, accrues only projects that have snapshots, and walks every
+//     project once at start and every few minutes for signals lost to a crash;
 //   - caps: a project's and its end users' monthly spend caps (Limits), watched on settled
 //     spend (Caps) and acted on by the Enforcer, which asks the spend decision point, stops
 //     the sessions in scope and sends quota.exceeded once;
