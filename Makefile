@@ -16,8 +16,13 @@ build:
 run: deps build
 	./bin/wb serve --addr 127.0.0.1:8080
 
+# vet -race compiles the packages as the race-instrumented tests do, so the tests reuse its work.
+# bin/wb-test is the static wb that the tests run as a server and as the guests' agent, built
+# once and shared through WB_TEST_BIN (internal/wbbin); a package tested alone builds its own.
+test: export WB_TEST_BIN := $(CURDIR)/bin/wb-test
 test: deps
-	$(GO) vet $(PKGS)
+	$(GO) vet -race $(PKGS)
+	CGO_ENABLED=0 $(GO) build -o bin/wb-test ./cmd/wb
 	$(GO) test $(TESTFLAGS) -skip '^(TestAdversarial|TestExhaustion)$$' $(PKGS)
 	# The attacks fork-bomb, flood and starve real guests: they run after the rest, one package
 	# at a time, so that the timing tests (idle deadlines, pause, checkpoint) never run beside them.

@@ -11,12 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"wb/internal/wbbin"
 )
 
 // deployment is one running wb platform the tests talk to: either the external one named by
@@ -74,7 +75,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(tmp)
-	binPath, err = buildWB(tmp)
+	binPath, err = wbbin.Install(tmp)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conformance: build wb:", err)
 		return 1
@@ -119,36 +120,6 @@ func isLoopback(raw string) bool {
 	}
 	ip := net.ParseIP(h)
 	return ip != nil && ip.IsLoopback()
-}
-
-// buildWB builds the static wb binary from the module that holds this package.
-func buildWB(dir string) (string, error) {
-	root, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(root)
-		if parent == root {
-			return "", errors.New("no go.mod above the package directory")
-		}
-		root = parent
-	}
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(gobin); err != nil {
-		gobin = "go"
-	}
-	out := filepath.Join(dir, "wb")
-	cmd := exec.Command(gobin, "build", "-o", out, "./cmd/wb")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%v\n%s", err, b)
-	}
-	return out, nil
 }
 
 // startServer runs `wb serve` on a free loopback port with its own data dir and waits (bounded)

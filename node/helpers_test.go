@@ -25,6 +25,7 @@ import (
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
+	"wb/internal/wbbin"
 	"wb/node"
 	"wb/session"
 	"wb/store"
@@ -69,17 +70,8 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "node tests:", err)
 		return 1
 	}
-	wd, err := os.Getwd()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "node tests:", err)
-		return 1
-	}
-	wbBin = filepath.Join(tmp, "wb")
-	build := exec.Command("go", "build", "-o", wbBin, "./cmd/wb")
-	build.Dir = filepath.Dir(wd) // the module root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "node tests: build a static wb: %v\n%s", err, out)
+	if wbBin, err = wbbin.Install(tmp); err != nil {
+		fmt.Fprintf(os.Stderr, "node tests: a static wb: %v\n", err)
 		return 1
 	}
 	catalog, err = templates.Assemble(filepath.Join(tmp, "templates"))

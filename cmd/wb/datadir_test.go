@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"wb/internal/datadir"
+	"wb/internal/wbbin"
 )
 
 // TestServeRefusesABusyDataDir: a second `wb serve` on the data dir of a running one returns
@@ -83,11 +83,9 @@ func TestTwoServesOneDataDirKeepGuests(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(tmp) })
-	bin := filepath.Join(tmp, "wb")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0") // guests run it: it must be static
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build wb: %v\n%s", err, out)
+	bin, err := wbbin.Install(tmp)
+	if err != nil {
+		t.Fatal(err)
 	}
 	dataDir := filepath.Join(tmp, "d")
 	stateRoot := filepath.Join(dataDir, "oci-state")
@@ -145,7 +143,8 @@ func TestTwoServesOneDataDirKeepGuests(t *testing.T) {
 	if after := runningGuests(t, runsc, stateRoot); !sameGuests(guests, after) {
 		t.Fatalf("the killed wb serve's sandboxes should outlive it: before %v, after %v", guests, after)
 	}
-	third := startBinary(t, bin, args...)
+	// No warm pool: it has only to reap, and booting new guests would only slow it down.
+	third := startBinary(t, bin, "serve", "--addr", "127.0.0.1:0", "--runtime", "runsc", "--pool", "0", "--data-dir", dataDir)
 	awaitCondition(t, 2*time.Minute, "the new wb serve reaping the killed one's guests", func() bool {
 		after := runningGuests(t, runsc, stateRoot)
 		for id := range guests {

@@ -16,6 +16,7 @@ import (
 	"wb/hypervisor"
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
+	"wb/internal/wbbin"
 )
 
 // dockerCapMask is CapBnd of Docker's default capability set (CHOWN, DAC_OVERRIDE, FOWNER,
@@ -45,25 +46,13 @@ func wbBinary(t testing.TB) string {
 			wbBinErr = err
 			return
 		}
-		wbBinPath = filepath.Join(dir, "wb")
-		cmd := exec.Command("go", "build", "-o", wbBinPath, "wb/cmd/wb")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			wbBinErr = &buildError{err: err, out: string(out)}
-		}
+		wbBinPath, wbBinErr = wbbin.Install(dir)
 	})
 	if wbBinErr != nil {
 		t.Fatalf("build wb: %v", wbBinErr)
 	}
 	return wbBinPath
 }
-
-type buildError struct {
-	err error
-	out string
-}
-
-func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
 
 // agentGuest boots a guest whose init is the real agent (its socket sealed, see
 // Spec.AgentSocket) and returns a client of it.
