@@ -395,6 +395,9 @@ func (p *Placer) Sweep(ctx context.Context) {
 // is pending (its signal may have been lost) and indexes its sessions' deadlines and nodes
 // (sessions written before the indexes existed).
 func (p *Placer) sweepProjects(ctx context.Context) {
+	if err := p.Store.ForgetIdleConsumers(ctx, store.WorkPending, signalGroup, store.IdleConsumerAge); err != nil && ctx.Err() == nil {
+		p.Logger.Warn("placer: forget idle consumers", "err", err)
+	}
 	projects, err := p.Store.Projects(ctx)
 	if err == nil {
 		projects, err = p.Store.ActiveProjects(ctx, projects)

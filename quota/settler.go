@@ -203,6 +203,9 @@ func (s *Settler) drain(ctx context.Context, project string) error {
 // settled (delivered to none, or left unacknowledged), which it settles; and it indexes
 // the projects with snapshots, for accrual.
 func (s *Settler) sweep(ctx context.Context) {
+	if err := s.store.ForgetIdleConsumers(ctx, store.WorkUsage, settlerGroup, store.IdleConsumerAge); err != nil && ctx.Err() == nil {
+		s.log.Warn("settler: forget idle consumers", "err", err)
+	}
 	projects, err := s.store.Projects(ctx)
 	if err != nil {
 		if ctx.Err() == nil {

@@ -170,3 +170,31 @@ func SignalProjects(sigs []Signal) []string {
 	}
 	return out
 }
+
+// IdleConsumerAge is how long a consumer of a signal group may stay silent, with nothing
+// pending, before workers remove it (ForgetIdleConsumers): every worker that ever ran joined
+// the group under its own name, and a restarted one never comes back under the old.
+const IdleConsumerAge = time.Hour
+
+// ForgetIdleConsumers removes from group's consumers of w's signals those silent for longer
+// than age with nothing pending (what a dead one left pending is claimed by a live one
+// first, see Signals). Workers call it from their rare sweeps, with IdleConsumerAge, so the
+// group does not grow with every restart.
+func (s *Store) ForgetIdleConsumers(ctx context.Context, w Work, group string, age time.Duration) error {
+	key := signalKey(w)
+	consumers, err := s.rdb.XInfoConsumers(ctx, key, group).Result()
+	if err != nil {
+		if strings.Contains(err.Error(), "no such key") || strings.Contains(err.Error(), "NOGROUP") {
+			return nil
+		}
+		return err
+	}
+	for _, c := range consumers {
+		if c.Pending == 0 && c.Idle > age {
+			if err := s.rdb.XGroupDelConsumer(ctx, key, group, c.Name).Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

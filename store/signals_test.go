@@ -170,3 +170,50 @@ func TestSignalsEndWithContext(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestForgetIdleConsumers: a consumer silent for longer than the age with nothing pending is
+// removed; one with a signal pending, and one heard from since, stay.
+func TestForgetIdleConsumers(t *testing.T) {
+	rdb := redistest.Server(t)
+	s := New(rdb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const age = 300 * time.Millisecond
+	if err := s.ForgetIdleConsumers(ctx, WorkUsage, "g", age); err != nil {
+		t.Fatalf("no stream yet: %v", err)
+	}
+	read := func(c string, ack bool) {
+		t.Helper()
+		if err := s.Signal(ctx, WorkUsage, "proj_"+c); err != nil {
+			t.Fatal(err)
+		}
+		sigs, err := s.Signals(ctx, WorkUsage, "g", c, 0, 1)
+		if err != nil || len(sigs) != 1 {
+			t.Fatalf("%s: %v %v", c, sigs, err)
+		}
+		if ack {
+			if err := s.AckSignals(ctx, WorkUsage, "g", sigs); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	read("gone", true)
+	read("busy", false)
+	time.Sleep(2 * age)
+	read("recent", true)
+	if err := s.ForgetIdleConsumers(ctx, WorkUsage, "g", age); err != nil {
+		t.Fatal(err)
+	}
+	consumers, err := rdb.XInfoConsumers(ctx, signalKey(WorkUsage), "g").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range consumers {
+		names = append(names, c.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, []string{"busy", "recent"}) {
+		t.Fatalf("consumers left: %v; want busy (a signal pending) and recent", names)
+	}
+}

@@ -404,6 +404,9 @@ func (d *Dispatcher) handle(ctx context.Context, p string, picked bool) bool {
 // at its earliest (it may have been dropped from it).
 func (d *Dispatcher) sweep(ctx context.Context) {
 	defer d.swept()
+	if err := d.st.ForgetIdleConsumers(ctx, store.WorkOutbox, Group, store.IdleConsumerAge); err != nil && ctx.Err() == nil {
+		d.log.Warn("forget idle consumers", "err", err)
+	}
 	var cursor uint64
 	for ctx.Err() == nil {
 		ids, next, err := d.rdb.SScan(ctx, store.ProjectsKey, cursor, "", 1000).Result()
