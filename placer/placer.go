@@ -393,7 +393,8 @@ func (p *Placer) Sweep(ctx context.Context) {
 // sweepProjects is the one walk over every project, at start and every FullSweepEvery: a
 // round trip per few hundred projects finds the few with sessions; for each, it places what
 // is pending (its signal may have been lost) and indexes its sessions' deadlines and nodes
-// (sessions written before the indexes existed).
+// where an entry is missing (a crash between a write and its index, or sessions written
+// before the indexes existed).
 func (p *Placer) sweepProjects(ctx context.Context) {
 	if err := p.Store.ForgetIdleConsumers(ctx, store.WorkPending, signalGroup, store.IdleConsumerAge); err != nil && ctx.Err() == nil {
 		p.Logger.Warn("placer: forget idle consumers", "err", err)

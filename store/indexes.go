@@ -19,9 +19,10 @@ import (
 // and drops entries the truth no longer backs.
 //
 // Redis Cluster: these keys live in other slots than the project's keys, so they cannot be
-// written in the project's scripts. Where a missing entry would cost a missed deadline or a
-// session never failed, the entry is written before the write it indexes (a stale entry is
-// harmless); elsewhere it is written after.
+// written in the project's scripts. They are written right after the write they index, in
+// the one round trip that also signals the work (afterCreate, afterTransition), so a create
+// or a placement costs two round trips, not more. A crash between the two leaves an entry
+// missing; the placer's full sweep (at start and every few minutes) writes it again.
 
 // SessionRef names one session across projects, as the global indexes hold it.
 type SessionRef struct{ Project, ID string }
@@ -108,7 +109,7 @@ func (s *Store) ForgetProvisionDeadlines(ctx context.Context, refs ...SessionRef
 }
 
 // AddNodeSession records that the session is placed on node. Transition records it when it
-// places a session; the placer calls it for sessions placed before the index existed.
+// places a session; the placer's sweep calls it for a placement whose entry is missing.
 func (s *Store) AddNodeSession(ctx context.Context, node string, r SessionRef) error {
 	if err := s.rdb.SAdd(ctx, nodeSessionsKey(node), r.member()).Err(); err != nil {
 		return fmt.Errorf("index session %s on node %s: %w", r.ID, node, err)
@@ -143,6 +144,21 @@ func (s *Store) ForgetNodeSessions(ctx context.Context, node string, refs ...Ses
 	return nil
 }
 
+// afterCreate signals the new session's work (placement, its pending event) and indexes its
+// provisioning deadline, in one round trip after the create.
+func (s *Store) afterCreate(ctx context.Context, sess *session.Session) {
+	at, hasDeadline := s.provisionDeadline(sess)
+	ref := SessionRef{Project: sess.ProjectID, ID: sess.ID}
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		signal(ctx, p, WorkPending, sess.ProjectID)
+		signal(ctx, p, WorkOutbox, sess.ProjectID)
+		if hasDeadline {
+			p.ZAddNX(ctx, provisionDeadlinesKey, redis.Z{Score: float64(at.UnixMilli()), Member: ref.member()})
+		}
+		return nil
+	})
+}
+
 // afterTransition keeps the global indexes after a transition out (c, out: the request and
 // the session after it), in the round trip that signals the outbox. Failures are not the
 // transition's: a stale entry is dropped by its reader.
@@ -151,6 +167,9 @@ func (s *Store) afterTransition(ctx context.Context, c Change, out *session.Sess
 	provisioning := func(st session.State) bool { return st == session.Pending || st == session.Provisioning }
 	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		signal(ctx, p, WorkOutbox, c.Project)
+		if c.NodeID != "" && !c.To.Terminal() {
+			p.SAdd(ctx, nodeSessionsKey(c.NodeID), ref.member())
+		}
 		if provisioning(c.From) && !provisioning(c.To) {
 			p.ZRem(ctx, provisionDeadlinesKey, ref.member())
 		}

@@ -40,7 +40,7 @@ const (
 
 	// provisionDeadlinesKey is a sorted set of the sessions that may still be pending or
 	// provisioning, member "PROJECT/SESSION", score the provisioning deadline in ms. Written by
-	// store (Create adds before the session exists; Transition removes when it leaves
+	// store (Create adds after the session is written; Transition removes when it leaves
 	// provisioning; ScheduleProvisionDeadline, ForgetProvisionDeadlines); read by the placer
 	// (DueProvisionDeadlines), which fails the sessions past theirs.
 	provisionDeadlinesKey = "wb:deadlines:provision"
@@ -52,7 +52,7 @@ const (
 )
 
 // nodeSessionsKey is a set of the sessions placed on one node and not yet ended (perhaps
-// some that have), members "PROJECT/SESSION". Written by store (Transition adds before it
+// some that have), members "PROJECT/SESSION". Written by store (Transition adds after it
 // places, removes on a terminal state; AddNodeSession, ForgetNodeSessions); read by the
 // placer (NodeSessions) to fail them when the node's heartbeat lapses. Its own hash tag:
 // one node's set is one slot.

@@ -115,16 +115,6 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*
 	if sess.EndUserID != nil {
 		eu, hasEU = *sess.EndUserID, "1"
 	}
-	// The provisioning deadline is indexed before the session exists, in its own command
-	// (the index is global: another Cluster slot than the script's): a crash between the two
-	// leaves an entry for no session, which the placer drops when it falls due, never a
-	// session without a deadline.
-	ref := SessionRef{Project: sess.ProjectID, ID: sess.ID}
-	if at, ok := s.provisionDeadline(sess); ok {
-		if err := s.ScheduleProvisionDeadline(ctx, ref, at, false); err != nil {
-			return nil, fmt.Errorf("create session %s: %w", sess.ID, err)
-		}
-	}
 	args := []any{sess.ID, limit, hasEU, len(hash)}
 	args = append(args, hash...)
 	args = append(args, eventFields(sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created)...)
@@ -138,11 +128,10 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*
 	case "EXISTS":
 		return nil, ErrExists
 	case "LIMIT":
-		_ = s.ForgetProvisionDeadlines(ctx, ref) // no session has this id (EXISTS is checked first)
 		used, _ := strconv.Atoi(res[1])
 		return nil, &ConcurrencyError{Limit: limit, Used: used}
 	}
-	s.signalAfter(ctx, sess.ProjectID, WorkPending, WorkOutbox)
+	s.afterCreate(ctx, sess)
 	out := *sess
 	out.Object = session.ObjectName
 	out.Version = 1
@@ -220,24 +209,12 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 		terminal, int64(s.retention / time.Second), len(extra)}
 	args = append(args, extra...)
 	args = append(args, eventFields(c.ID, c.Project, c.From, c.To, c.Driver, c.Reason, c.Rule, now)...)
-	ref := SessionRef{Project: c.Project, ID: c.ID}
-	if c.NodeID != "" {
-		// Indexed on the node before it is placed there, like the deadline in Create: a
-		// session placed on a node is always among the node's sessions, so its host failure
-		// is never missed.
-		if err := s.AddNodeSession(ctx, c.NodeID, ref); err != nil {
-			return nil, fmt.Errorf("transition %s %s→%s: %w", c.ID, c.From, c.To, err)
-		}
-	}
 	k := ProjectKeys(c.Project)
 	res, err := transitionScript.Run(ctx, s.rdb, []string{
 		k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project),
 	}, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("transition %s %s→%s: %w", c.ID, c.From, c.To, err)
-	}
-	if failed := res[0] == "NOTFOUND" || res[0] == "CONFLICT" || res[0] == "REASON"; failed && c.NodeID != "" {
-		s.unindexFailedPlacement(ctx, c.NodeID, ref)
 	}
 	switch res[0] {
 	case "NOTFOUND":
@@ -256,18 +233,6 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 	out, err := decode(m)
 	s.afterTransition(ctx, c, out)
 	return out, err
-}
-
-// unindexFailedPlacement undoes AddNodeSession of a placement that did not happen, unless
-// the session is on that node after all (another placer placed it there) and not ended.
-func (s *Store) unindexFailedPlacement(ctx context.Context, node string, ref SessionRef) {
-	cur, err := s.Get(ctx, ref.Project, ref.ID)
-	if err == nil && cur.NodeID == node && !cur.State.Terminal() {
-		return
-	}
-	if err == nil || errors.Is(err, ErrNotFound) {
-		_ = s.ForgetNodeSessions(ctx, node, ref)
-	}
 }
 
 // ActiveCount is the number of concurrency slots the project holds.
