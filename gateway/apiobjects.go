@@ -1,12 +1,8 @@
 package gateway
 
 import (
-	"fmt"
-	"time"
-
 	"wb/plugins"
 	"wb/policies"
-	"wb/quota"
 	"wb/session"
 	"wb/store"
 	"wb/webhooks"
@@ -128,45 +124,4 @@ type WebhookEndpointCreated struct {
 
 func endpointObject(ep webhooks.Endpoint) WebhookEndpoint {
 	return WebhookEndpoint{ID: ep.ID, Object: ep.Object, URL: ep.URL, Events: ep.Events, CreatedAt: ep.CreatedAt}
-}
-
-// Usage answers GET /v1/usage: quota's report, with typed times and totals that name no
-// session or end user.
-type Usage struct {
-	Object  string            `json:"object"` // "usage"
-	From    session.Time      `json:"from"`
-	To      session.Time      `json:"to"`
-	GroupBy string            `json:"group_by"`
-	Totals  UsageTotals       `json:"totals"`
-	Data    []quota.UsageLine `json:"data"`
-}
-
-// UsageTotals sums every line of a usage report.
-type UsageTotals struct {
-	SessionS    int64 `json:"session_s"`
-	PausedS     int64 `json:"paused_s"`
-	CPUMs       int64 `json:"cpu_ms"`
-	MemGiBMs    int64 `json:"mem_gib_ms"`
-	EgressBytes int64 `json:"egress_bytes"`
-	CostMicro   int64 `json:"cost_micro_usd"`
-}
-
-func usageObject(rep quota.Report) (Usage, error) {
-	from, err := time.Parse(time.RFC3339, rep.From)
-	if err != nil {
-		return Usage{}, fmt.Errorf("usage report: from: %w", err)
-	}
-	to, err := time.Parse(time.RFC3339, rep.To)
-	if err != nil {
-		return Usage{}, fmt.Errorf("usage report: to: %w", err)
-	}
-	t := rep.Totals
-	data := rep.Data
-	if data == nil {
-		data = []quota.UsageLine{}
-	}
-	return Usage{Object: rep.Object, From: *session.At(from), To: *session.At(to), GroupBy: rep.GroupBy,
-		Totals: UsageTotals{SessionS: t.SessionS, PausedS: t.PausedS, CPUMs: t.CPUMs, MemGiBMs: t.MemGiBMs,
-			EgressBytes: t.EgressBytes, CostMicro: t.CostMicro},
-		Data: data}, nil
 }

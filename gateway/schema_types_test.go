@@ -46,9 +46,9 @@ var apiTypes = map[string]reflect.Type{
 	"Plan":                   reflect.TypeFor[store.Plan](),
 	"ProjectPlan":            reflect.TypeFor[ProjectPlan](),
 	"Limits":                 reflect.TypeFor[Limits](),
-	"UsageTotals":            reflect.TypeFor[UsageTotals](),
+	"UsageTotals":            reflect.TypeFor[quota.UsageTotals](),
 	"UsageLine":              reflect.TypeFor[quota.UsageLine](),
-	"Usage":                  reflect.TypeFor[Usage](),
+	"Usage":                  reflect.TypeFor[quota.Report](),
 	"Policy":                 reflect.TypeFor[Policy](),
 	"Plugin":                 reflect.TypeFor[Plugin](),
 	"Health":                 reflect.TypeFor[Health](),
@@ -124,7 +124,7 @@ func TestSchemaTypesFindDisagreements(t *testing.T) {
 		Points []int `json:"points"`
 	}
 	type fromString struct {
-		Usage
+		quota.Report
 		From string `json:"from"` // the schema's from is a $ref to Timestamp with a description
 	}
 	type nestedField struct {

@@ -116,10 +116,6 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request, p store.Project) 
 	if err != nil {
 		return err
 	}
-	body, err := usageObject(rep)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, 200, body)
+	writeJSON(w, 200, rep)
 	return nil
 }

@@ -14,27 +14,32 @@ import (
 	"wb/store"
 )
 
-// UsageLine is settled usage of one session, one end user, or the whole project.
+// UsageTotals is settled usage summed over a report's range: of one session, one end user,
+// or the whole project.
+type UsageTotals struct {
+	SessionS    int64 `json:"session_s"`
+	PausedS     int64 `json:"paused_s"`
+	CPUMs       int64 `json:"cpu_ms"`
+	MemGiBMs    int64 `json:"mem_gib_ms"`
+	EgressBytes int64 `json:"egress_bytes"`
+	CostMicro   int64 `json:"cost_micro_usd"`
+}
+
+// UsageLine is settled usage of one session or one end user.
 type UsageLine struct {
-	SessionID          string `json:"session_id,omitempty"`
-	EndUserID          string `json:"end_user_id,omitempty"`
-	SessionS           int64  `json:"session_s"`
-	PausedS            int64  `json:"paused_s"`
-	CPUMs              int64  `json:"cpu_ms"`
-	MemGiBMs           int64  `json:"mem_gib_ms"`
-	EgressBytes        int64  `json:"egress_bytes"`
-	CostMicro          int64  `json:"cost_micro_usd"`
-	ms, pausedMs, nano int64
+	SessionID string `json:"session_id,omitempty"`
+	EndUserID string `json:"end_user_id,omitempty"`
+	UsageTotals
 }
 
 // Report is the answer of GET /v1/usage.
 type Report struct {
-	Object  string      `json:"object"` // "usage"
-	From    string      `json:"from"`
-	To      string      `json:"to"`
-	GroupBy string      `json:"group_by"`
-	Totals  UsageLine   `json:"totals"`
-	Data    []UsageLine `json:"data"`
+	Object  string       `json:"object"` // "usage"
+	From    session.Time `json:"from"`
+	To      session.Time `json:"to"`
+	GroupBy string       `json:"group_by"`
+	Totals  UsageTotals  `json:"totals"`
+	Data    []UsageLine  `json:"data"`
 }
 
 // MaxReportHours bounds one report's range.
@@ -66,8 +71,8 @@ func (a *Accounts) Report(ctx context.Context, project string, from, to time.Tim
 	if groupBy == "end_user" {
 		prefix = "e:"
 	}
-	lines := map[string]*UsageLine{}
-	var total UsageLine
+	lines := map[string]*usageSum{}
+	var total usageSum
 	for _, c := range cmds {
 		for k, v := range c.Val() {
 			n, _ := strconv.ParseInt(v, 10, 64)
@@ -86,47 +91,51 @@ func (a *Accounts) Report(ctx context.Context, project string, from, to time.Tim
 			key, metric := rest[:i], rest[i+1:]
 			l := lines[key]
 			if l == nil {
-				l = &UsageLine{}
-				if groupBy == "session" {
-					l.SessionID = key
-				} else {
-					l.EndUserID = key
-				}
+				l = &usageSum{}
 				lines[key] = l
 			}
 			l.add(metric, n)
 		}
 	}
-	rep := Report{Object: "usage", From: from.Format(session.TimeLayout), To: to.Format(session.TimeLayout), GroupBy: groupBy, Data: []UsageLine{}}
-	for _, l := range lines {
-		rep.Data = append(rep.Data, l.finish())
+	rep := Report{Object: "usage", From: *session.At(from), To: *session.At(to), GroupBy: groupBy,
+		Totals: total.totals(), Data: []UsageLine{}}
+	for key, l := range lines {
+		line := UsageLine{UsageTotals: l.totals()}
+		if groupBy == "session" {
+			line.SessionID = key
+		} else {
+			line.EndUserID = key
+		}
+		rep.Data = append(rep.Data, line)
 	}
 	sort.Slice(rep.Data, func(i, j int) bool {
 		return rep.Data[i].SessionID+rep.Data[i].EndUserID < rep.Data[j].SessionID+rep.Data[j].EndUserID
 	})
-	rep.Totals = total.finish()
 	return rep, nil
 }
 
-func (l *UsageLine) add(metric string, n int64) {
+// usageSum adds up the hourly buckets' metrics, in their stored units.
+type usageSum struct{ ms, pausedMs, cpuMs, memGiBMs, egress, nano int64 }
+
+func (u *usageSum) add(metric string, n int64) {
 	switch metric {
 	case "session_ms":
-		l.ms += n
+		u.ms += n
 	case "paused_ms":
-		l.pausedMs += n
+		u.pausedMs += n
 	case "cpu_ms":
-		l.CPUMs += n
+		u.cpuMs += n
 	case "mem_gib_ms":
-		l.MemGiBMs += n
+		u.memGiBMs += n
 	case "egress_bytes":
-		l.EgressBytes += n
+		u.egress += n
 	case "cost_nano":
-		l.nano += n
+		u.nano += n
 	}
 }
 
-func (l *UsageLine) finish() UsageLine {
-	out := *l
-	out.SessionS, out.PausedS, out.CostMicro = l.ms/1000, l.pausedMs/1000, l.nano/1000
-	return out
+// totals answers the sums in the API's units (seconds, micro-USD).
+func (u *usageSum) totals() UsageTotals {
+	return UsageTotals{SessionS: u.ms / 1000, PausedS: u.pausedMs / 1000, CPUMs: u.cpuMs, MemGiBMs: u.memGiBMs,
+		EgressBytes: u.egress, CostMicro: u.nano / 1000}
 }
