@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
+	"wb/internal/testwait"
 	"wb/quota"
 	"wb/store"
 )
@@ -63,7 +64,7 @@ func TestIdleCostsNothing(t *testing.T) {
 	go func() { _ = settler.Run(ctx); done <- struct{}{} }()
 	defer func() { cancel(); <-done; <-done }()
 	// Both have swept once they read signals.
-	waitFor(t, time.Minute, "the start sweeps", func() bool {
+	testwait.For(t, time.Minute, "the start sweeps", func() bool {
 		return hasGroup(rdb, "wb:signal:pending", "placer") && hasGroup(rdb, "wb:signal:usage", "settler")
 	})
 	before := commandsServed(t, rdb)

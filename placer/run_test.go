@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
+	"wb/internal/testwait"
 	"wb/session"
 	"wb/store"
 )
@@ -24,7 +25,7 @@ func runPlacer(t *testing.T, rdb redis.UniversalClient, p *Placer) {
 	done := make(chan struct{})
 	go func() { _ = p.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, 30*time.Second, "the placer reads pending signals", func() bool {
+	testwait.For(t, 30*time.Second, "the placer reads pending signals", func() bool {
 		return hasGroup(rdb, "wb:signal:pending", signalGroup)
 	})
 }
@@ -34,16 +35,6 @@ func hasGroup(rdb redis.UniversalClient, stream, group string) bool {
 	return slices.ContainsFunc(groups, func(g redis.XInfoGroup) bool { return g.Name == group })
 }
 
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", limit, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // runSetup is setup for a running placer: a real clock, nodes that stay alive for the
 // test (HeartbeatTimeout an hour, unless cfg says otherwise) and tiers (for both the store
@@ -86,7 +77,7 @@ func TestRunPlacesOnSignal(t *testing.T) {
 	runPlacer(t, rdb, New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: time.Hour, FullSweepEvery: time.Hour}))
 	start := time.Now()
 	s := pending(t, st, "proj_a", "r1", 1, 1024)
-	waitFor(t, 30*time.Second, "the session placed", func() bool { return rec.nodeOf(s.ID) == "n_small" })
+	testwait.For(t, 30*time.Second, "the session placed", func() bool { return rec.nodeOf(s.ID) == "n_small" })
 	if d := time.Since(start); d >= maxWait {
 		t.Fatalf("placed %v after its creation, want at once", d)
 	}
@@ -115,7 +106,7 @@ func TestRunProvisioningDeadline(t *testing.T) {
 	silent := pending(t, st, "proj_a", "r1", 1, 1024) // placed; the recorder never reports
 	deadline := 3 * tiers[0].ColdP95
 	for _, s := range []*session.Session{stuck, silent} {
-		waitFor(t, 30*time.Second, s.ID+" failed", func() bool { return state(t, st, "proj_a", s.ID).State == session.Failed })
+		testwait.For(t, 30*time.Second, s.ID+" failed", func() bool { return state(t, st, "proj_a", s.ID).State == session.Failed })
 		got := state(t, st, "proj_a", s.ID)
 		if got.StateReason == nil || *got.StateReason != session.ProvisionTimeout {
 			t.Fatalf("%s failed with %v, want provision_timeout", s.ID, got.StateReason)
@@ -214,7 +205,7 @@ func TestRunHostFailure(t *testing.T) {
 	}
 	onLive := pending(t, st, "proj_b", "r2", 1, 256)
 	for _, s := range append(slices.Clone(onDying), onLive) {
-		waitFor(t, 30*time.Second, s.ID+" placed", func() bool { return rec.nodeOf(s.ID) != "" })
+		testwait.For(t, 30*time.Second, s.ID+" placed", func() bool { return rec.nodeOf(s.ID) != "" })
 		// Running, so that the provisioning deadline is not what fails it.
 		if _, err := st.Transition(ctx, store.Change{Project: s.ProjectID, ID: s.ID, From: session.Provisioning,
 			To: session.Running, Driver: session.Node}); err != nil {
@@ -223,12 +214,12 @@ func TestRunHostFailure(t *testing.T) {
 	}
 	log.reset()
 	for _, s := range onDying {
-		waitFor(t, 30*time.Second, s.ID+" failed", func() bool { return state(t, st, s.ProjectID, s.ID).State == session.Failed })
+		testwait.For(t, 30*time.Second, s.ID+" failed", func() bool { return state(t, st, s.ProjectID, s.ID).State == session.Failed })
 		if got := state(t, st, s.ProjectID, s.ID); got.StateReason == nil || *got.StateReason != session.HostFailure {
 			t.Fatalf("%s failed with %v, want host_failure", s.ID, got.StateReason)
 		}
 	}
-	waitFor(t, 30*time.Second, "the dead node forgotten", func() bool {
+	testwait.For(t, 30*time.Second, "the dead node forgotten", func() bool {
 		nodes, _ := st.Nodes(ctx)
 		return !slices.ContainsFunc(nodes, func(n store.NodeInfo) bool { return n.ID == dying.ID })
 	})
@@ -256,7 +247,7 @@ func TestRunStartSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	runPlacer(t, rdb, New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: time.Hour, FullSweepEvery: time.Hour}))
-	waitFor(t, 30*time.Second, "the session placed", func() bool { return rec.nodeOf(s.ID) == "n_small" })
+	testwait.For(t, 30*time.Second, "the session placed", func() bool { return rec.nodeOf(s.ID) == "n_small" })
 }
 
 // countingRecorder counts provisions per session.
@@ -313,9 +304,9 @@ func TestRunPlacersShareSignals(t *testing.T) {
 	}
 	wg.Wait()
 	for _, s := range ids {
-		waitFor(t, 30*time.Second, s.ID+" placed", func() bool { return rec.count(s.ID) > 0 })
+		testwait.For(t, 30*time.Second, s.ID+" placed", func() bool { return rec.count(s.ID) > 0 })
 	}
-	waitFor(t, 30*time.Second, "every signal acknowledged", func() bool {
+	testwait.For(t, 30*time.Second, "every signal acknowledged", func() bool {
 		n, _ := rdb.XLen(ctx, "wb:signal:pending").Result()
 		return n == 0
 	})
@@ -337,10 +328,10 @@ func TestRunRetriesWaiting(t *testing.T) {
 	}
 	runPlacer(t, rdb, New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: time.Hour, FullSweepEvery: time.Hour}))
 	first := pending(t, st, "proj_a", "r1", 1, 2048)
-	waitFor(t, 30*time.Second, "the first placed", func() bool { return rec.nodeOf(first.ID) != "" })
+	testwait.For(t, 30*time.Second, "the first placed", func() bool { return rec.nodeOf(first.ID) != "" })
 	second := pending(t, st, "proj_a", "r1", 1, 2048)
 	// It waits: give the placer its signal's round.
-	waitFor(t, 30*time.Second, "the second's signal handled", func() bool {
+	testwait.For(t, 30*time.Second, "the second's signal handled", func() bool {
 		n, _ := rdb.XLen(ctx, "wb:signal:pending").Result()
 		return n == 0
 	})
@@ -351,5 +342,5 @@ func TestRunRetriesWaiting(t *testing.T) {
 		Driver: session.Node, Reason: session.StartFailure}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the second placed once room freed up", func() bool { return rec.nodeOf(second.ID) == "n_small" })
+	testwait.For(t, 30*time.Second, "the second placed once room freed up", func() bool { return rec.nodeOf(second.ID) == "n_small" })
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
+	"wb/internal/testwait"
 	"wb/session"
 	"wb/store"
 )
@@ -24,22 +25,12 @@ func runSettler(t *testing.T, rdb redis.UniversalClient, s *Settler) {
 	done := make(chan struct{})
 	go func() { _ = s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, 30*time.Second, "the settler reads usage signals", func() bool {
+	testwait.For(t, 30*time.Second, "the settler reads usage signals", func() bool {
 		groups, _ := rdb.XInfoGroups(context.Background(), "wb:signal:usage").Result()
 		return slices.ContainsFunc(groups, func(g redis.XInfoGroup) bool { return g.Name == settlerGroup })
 	})
 }
 
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", limit, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // settledMs is the session time the project's hour bucket holds.
 func settledMs(rdb redis.UniversalClient, project string) int64 {
@@ -63,7 +54,7 @@ func TestSettlerSettlesOnSignal(t *testing.T) {
 	if err := st.AppendUsage(ctx, "proj_sig", r.Values()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the record settled", func() bool { return settledMs(rdb, "proj_sig") == 1000 })
+	testwait.For(t, 30*time.Second, "the record settled", func() bool { return settledMs(rdb, "proj_sig") == 1000 })
 	// Nothing but the signal wakes the settler before maxWait: settled well before it.
 	if d := time.Since(start); d >= maxWait {
 		t.Fatalf("settled %v after the record, want at once", d)
@@ -98,10 +89,10 @@ func TestSettlersShareSignals(t *testing.T) {
 	wg.Wait()
 	for i := range projects {
 		p := fmt.Sprintf("proj_%d", i)
-		waitFor(t, 30*time.Second, p+" settled", func() bool { return settledMs(rdb, p) >= 2*perSession*1000 })
+		testwait.For(t, 30*time.Second, p+" settled", func() bool { return settledMs(rdb, p) >= 2*perSession*1000 })
 	}
 	// Both settlers are idle once every signal is acknowledged: then nothing more moves.
-	waitFor(t, 30*time.Second, "every signal acknowledged", func() bool {
+	testwait.For(t, 30*time.Second, "every signal acknowledged", func() bool {
 		n, _ := rdb.XLen(ctx, "wb:signal:usage").Result()
 		return n == 0
 	})
@@ -130,7 +121,7 @@ func TestSettlerStartSweep(t *testing.T) {
 	}
 	appendAll(t, rdb, records("proj_lost", []string{"sess_1"}, 3))
 	runSettler(t, rdb, NewSettler(rdb, SettlerOptions{Consumer: "c1", FullSweepEvery: time.Hour}))
-	waitFor(t, 30*time.Second, "the lost records settled", func() bool { return settledMs(rdb, "proj_lost") == 3000 })
+	testwait.For(t, 30*time.Second, "the lost records settled", func() bool { return settledMs(rdb, "proj_lost") == 3000 })
 }
 
 // TestAccrualVisitsProjectsWithSnapshots: snapshot storage is billed from the index of

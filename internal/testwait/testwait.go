@@ -1,0 +1,24 @@
+// Package testwait holds the tests' one way to wait on a condition: poll it until it holds,
+// and fail the test, naming what it waited for, when it does not within the limit. Tests
+// wait on conditions, never on fixed sleeps, so a slow machine takes longer but passes.
+package testwait
+
+import (
+	"testing"
+	"time"
+)
+
+// poll is how often For looks again.
+const poll = 5 * time.Millisecond
+
+// For polls cond until it holds, and fails t if it does not within limit.
+func For(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", limit, what)
+		}
+		time.Sleep(poll)
+	}
+}

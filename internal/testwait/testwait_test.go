@@ -1,0 +1,35 @@
+package testwait
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// recorder is a testing.TB whose Fatalf records the message and stops the goroutine.
+type recorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	panic(r)
+}
+
+func TestFor(t *testing.T) {
+	n := 0
+	For(t, time.Minute, "the third look", func() bool { n++; return n == 3 })
+	if n != 3 {
+		t.Fatalf("looked %d times, want 3", n)
+	}
+	r := &recorder{TB: t}
+	func() {
+		defer func() { _ = recover() }()
+		For(r, 20*time.Millisecond, "never", func() bool { return false })
+	}()
+	if r.msg != "waited 20ms for never" {
+		t.Fatalf("the failure says %q; want it to name the limit and what it waited for", r.msg)
+	}
+}
