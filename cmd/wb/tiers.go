@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,13 +25,7 @@ func (f *coldP95Flag) String() string {
 		return ""
 	}
 	var s []string
-	for _, n := range slices.Sorted(func(yield func(int) bool) {
-		for n := range *f {
-			if !yield(n) {
-				return
-			}
-		}
-	}) {
+	for _, n := range slices.Sorted(maps.Keys(*f)) {
 		s = append(s, fmt.Sprintf("%d=%s", n, (*f)[n]))
 	}
 	return strings.Join(s, ",")
