@@ -125,7 +125,8 @@ Flags:
 	if f.publicURL == "" {
 		f.publicURL = url
 	}
-	st := store.New(rdb, store.WithTiers(f.node.coldP95.tiers()))
+	tiers := f.node.coldP95.tiers() // the store, the placer and the gateway agree on them
+	st := store.New(rdb, store.WithTiers(tiers))
 	if f.adminKey == "" {
 		f.adminKey = store.NewAPIKey("wb_admin_")
 	}
@@ -180,7 +181,7 @@ Flags:
 	accounts := quota.NewAccounts(rdb)
 	enforcer := &quota.Enforcer{Store: st, Accounts: accounts, Stopper: nodes, Decide: spendDecider(pol, plug, log), Logger: log}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
-	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Tiers: f.node.coldP95.tiers(), Logger: log})
+	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Tiers: tiers, Logger: log})
 	webhookGuard, err := netguard.New(netguard.Options{})
 	if err != nil {
 		ln.Close()
@@ -199,7 +200,7 @@ Flags:
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: accounts, Webhooks: reg,
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
-		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "", Tiers: f.node.coldP95.tiers(),
+		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "", Tiers: tiers,
 	})
 	if err != nil {
 		ln.Close()
