@@ -49,6 +49,11 @@ const (
 	// Written by store (PutObject and PutSnapshot after the snapshot, ForgetSnapshotProject,
 	// IndexSnapshotProjects); read by quota's settler to bill snapshot storage.
 	snapshotProjectsKey = "wb:snapshots:projects"
+
+	// edgeSecretKey is a string of 32 random bytes that gateways and nodes share to sign and
+	// verify the edge's grants (internal/edgeauth). Written once by whoever reads it first
+	// (EdgeSecret, SET NX); never rotated while the fleet runs.
+	edgeSecretKey = "wb:edge:secret"
 )
 
 // nodeSessionsKey is a set of the sessions placed on one node and not yet ended (perhaps

@@ -24,6 +24,7 @@ func TestKeyNames(t *testing.T) {
 		{WebhooksDueKey, "wb:webhooks:due"},
 		{provisionDeadlinesKey, "wb:deadlines:provision"},
 		{snapshotProjectsKey, "wb:snapshots:projects"},
+		{edgeSecretKey, "wb:edge:secret"},
 		{nodeSessionsKey("node_1"), "wb:node:{node_1}:sessions"},
 		{signalKey(WorkOutbox), "wb:signal:outbox"},
 		{signalKey(WorkUsage), "wb:signal:usage"},

@@ -1,0 +1,116 @@
+package edgeauth
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Headers of the edge data path.
+const (
+	// HeaderCluster names the Envoy cluster (the node) that ext_authz chose; the routes of
+	// exec, PTY and files forward on it (`cluster_header`).
+	HeaderCluster = "x-wb-cluster"
+	// HeaderEdgeAuth carries the grant that ext_authz signed for the node.
+	HeaderEdgeAuth = "x-wb-edge-auth"
+)
+
+// Purposes keep the grants of one use from passing for another.
+const (
+	PurposeEdge    = "edge"    // ext_authz → node, in HeaderEdgeAuth
+	PurposeConnect = "connect" // gateway → caller, in a session's connect URLs
+)
+
+// version prefixes every grant, so that the format can change without ambiguity.
+const version = "v1"
+
+// maxGrantLen bounds what Verify reads: a grant is a few hundred bytes.
+const maxGrantLen = 2048
+
+// Grant is what a signed value says: who may reach which session, on which node, until when.
+type Grant struct {
+	SessionID string `json:"sid"`
+	ProjectID string `json:"pid"`
+	NodeID    string `json:"nid,omitempty"`
+	// Expires is in Unix seconds.
+	Expires int64 `json:"exp"`
+}
+
+// ExpiresAt is the grant's expiry as a time.
+func (g Grant) ExpiresAt() time.Time { return time.Unix(g.Expires, 0) }
+
+// ErrInvalid is the class of every Verify failure: a caller maps it to 401/403.
+var ErrInvalid = errors.New("edgeauth: invalid grant")
+
+// Signer signs and verifies the grants of one purpose.
+type Signer struct {
+	key []byte
+}
+
+// NewSigner keys a Signer from the shared secret and the purpose. The secret must hold at
+// least 32 bytes.
+func NewSigner(secret []byte, purpose string) (*Signer, error) {
+	if len(secret) < 32 {
+		return nil, fmt.Errorf("edgeauth: the secret has %d bytes; it needs at least 32", len(secret))
+	}
+	if purpose == "" {
+		return nil, errors.New("edgeauth: a purpose is required")
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("wb edge grant " + version + " " + purpose))
+	return &Signer{key: m.Sum(nil)}, nil
+}
+
+// Sign returns the grant as "v1.<payload>.<mac>", URL-safe base64 without padding, so that it
+// fits a header and a query parameter unescaped.
+func (s *Signer) Sign(g Grant) string {
+	payload, _ := json.Marshal(g) // a struct of strings and an int: never fails
+	p := base64.RawURLEncoding.EncodeToString(payload)
+	return version + "." + p + "." + base64.RawURLEncoding.EncodeToString(s.mac(p))
+}
+
+// Verify checks the signature and the expiry against now, and returns the grant. Every
+// failure wraps ErrInvalid and says which check failed.
+func (s *Signer) Verify(value string, now time.Time) (Grant, error) {
+	if len(value) > maxGrantLen {
+		return Grant{}, fmt.Errorf("%w: longer than %d bytes", ErrInvalid, maxGrantLen)
+	}
+	ver, rest, ok := strings.Cut(value, ".")
+	if !ok || ver != version {
+		return Grant{}, fmt.Errorf("%w: not a %s grant", ErrInvalid, version)
+	}
+	p, sig, ok := strings.Cut(rest, ".")
+	if !ok {
+		return Grant{}, fmt.Errorf("%w: no signature", ErrInvalid)
+	}
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, s.mac(p)) {
+		return Grant{}, fmt.Errorf("%w: bad signature", ErrInvalid)
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(p)
+	if err != nil {
+		return Grant{}, fmt.Errorf("%w: bad payload", ErrInvalid)
+	}
+	var g Grant
+	if err := json.Unmarshal(payload, &g); err != nil {
+		return Grant{}, fmt.Errorf("%w: bad payload", ErrInvalid)
+	}
+	if g.SessionID == "" || g.ProjectID == "" {
+		return Grant{}, fmt.Errorf("%w: no session or project", ErrInvalid)
+	}
+	if !now.Before(g.ExpiresAt()) {
+		return Grant{}, fmt.Errorf("%w: expired at %s", ErrInvalid, g.ExpiresAt().UTC().Format(time.RFC3339))
+	}
+	return g, nil
+}
+
+func (s *Signer) mac(payload string) []byte {
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte(payload))
+	return m.Sum(nil)
+}
