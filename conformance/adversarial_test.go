@@ -585,6 +585,9 @@ for i in range(16): os.wait()` + "' 2>&1 | tail -2; echo done"},
 		}
 		held := alive == "running, exec answers" || (at.oomOK && alive == "failed oom")
 		rep.add(t, "exhaustion", at.name+": the session after it", "running and answering", alive, held)
+		if !held {
+			t.Logf("what wb serve logged of %s:\n%s", s.ID, a.stderrLines(s.ID))
+		}
 		r = a.call(t, "DELETE", "/v1/sessions/"+s.ID, nil)
 		rep.add(t, "exhaustion", at.name+": DELETE after it", "2xx", r.String(), r.status < 300)
 		out := a.sh(t, bystander.ID, "echo bystander")

@@ -271,6 +271,22 @@ func (d *deployment) stderrTail(lines int) string {
 	return strings.Join(ls, "\n")
 }
 
+// stderrLines returns the lines of wb serve's stderr that mention substr (a session id), so
+// that a failure names what the server saw of it even where the whole log is cut.
+func (d *deployment) stderrLines(substr string) string {
+	if d.tmp == "" {
+		return ""
+	}
+	b, _ := os.ReadFile(filepath.Join(d.tmp, "stderr"))
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func (d *deployment) printStderr() {
 	if d.cmd == nil {
 		return

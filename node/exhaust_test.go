@@ -126,6 +126,14 @@ func TestExhaustion(t *testing.T) {
 
 					alive(t, n.Node, "the neighbour", neighbour)
 					got := get(t, st, project, victim.ID)
+					if a.oomOK {
+						// The OOM kill's event reaches the node a moment after the exec's
+						// answer: give it that moment before calling the session alive.
+						for deadline := time.Now().Add(5 * time.Second); got.State == session.Running && time.Now().Before(deadline); {
+							time.Sleep(poll)
+							got = get(t, st, project, victim.ID)
+						}
+					}
 					if a.oomOK && got.State != session.Running {
 						end, _ := waitState(t, st, project, victim.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired)
 						checkEnded(t, end, session.Failed, session.OOM)
