@@ -103,15 +103,15 @@ func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) {
 	return pid, err
 }
 
-// guard ends every process of the work cgroup whenever they have stayed at their limit for
-// atLimitFor, until ctx ends.
+// guard ends every process of the work cgroup once they have pressed on their limit for
+// atLimitFor (see bombWatch), until ctx ends.
 func (c *childCgroup) guard(ctx context.Context, log *slog.Logger) {
 	if c == nil {
 		return
 	}
 	tick := time.NewTicker(atLimitCheck)
 	defer tick.Stop()
-	var since time.Time
+	w := bombWatch{max: c.max}
 	for {
 		select {
 		case <-ctx.Done():
@@ -119,21 +119,16 @@ func (c *childCgroup) guard(ctx context.Context, log *slog.Logger) {
 		case <-tick.C:
 		}
 		cur, err := readCgroupInt(filepath.Join(c.work, "pids.current"))
-		if err != nil || cur < c.max {
-			since = time.Time{}
+		if err != nil {
 			continue
 		}
-		if since.IsZero() {
-			log.Debug("agent: the guest's processes are at their limit", "pids_max", c.max, "current", cur)
-			since = time.Now()
-			continue
-		}
-		if time.Since(since) < atLimitFor {
+		now := time.Now()
+		if !w.observe(cur, now) {
 			continue
 		}
 		n := c.killAll()
-		log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", time.Since(since).Round(time.Millisecond), "killed", n)
-		since = time.Time{}
+		log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", now.Sub(w.since).Round(time.Millisecond), "killed", n)
+		w = bombWatch{max: c.max}
 	}
 }
 

@@ -1,0 +1,33 @@
+package agent
+
+import "time"
+
+// bombWatch decides, from samples of the guest's process count, when its processes have
+// pressed on their limit long enough to be a fork bomb.
+//
+// A bomb does not sit exactly at the limit: every subshell whose fork fails exits, so the
+// count dips below the limit and refills between samples. Watching for "at the limit" alone
+// let a bomb that sampled one short now and then run on until its sandbox died (gVisor's
+// ptrace platform adds host threads all the while). So the watch arms when the count reaches
+// the limit (a fork failed) and stays armed while the count stays within a tenth of it; armed
+// for atLimitFor, it fires. A workload that merely runs many processes never reaches the limit
+// and is never armed; one that reaches it and falls back below nine tenths disarms.
+type bombWatch struct {
+	max   int
+	since time.Time // when armed; zero when not
+}
+
+// observe takes one sample and answers whether the guest's processes should all be ended.
+func (w *bombWatch) observe(cur int, now time.Time) bool {
+	switch {
+	case cur < w.max-w.max/10:
+		w.since = time.Time{}
+		return false
+	case w.since.IsZero():
+		if cur >= w.max {
+			w.since = now
+		}
+		return false
+	}
+	return now.Sub(w.since) >= atLimitFor
+}
