@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -25,10 +26,12 @@ import (
 	"github.com/letsencrypt/pebble/v2/va"
 	"github.com/letsencrypt/pebble/v2/wfe"
 	"github.com/miekg/dns"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"wb/internal/redistest"
 	"wb/internal/testwait"
+	"wb/store"
 )
 
 // pebble is an ACME CA (Pebble's own CA, VA and WFE, in this process) whose directory is
@@ -242,4 +245,88 @@ func TestCertmagicLogs(t *testing.T) {
 	if got := buf.String(); strings.Contains(got, "hidden") || !strings.Contains(got, `level=WARN msg=retrying attempt=2 identifier=localhost logger=obtain`) {
 		t.Fatalf("slog got %q", got)
 	}
+}
+
+// startReplica serves TLS on ln as one gateway replica does: its own Redis client, certmagic
+// config and cache, over the shared Redis at redisAddr.
+func startReplica(t *testing.T, ln net.Listener, redisAddr string, f tlsFlags) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { rdb.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	tlsLn, stop, err := f.listen(ctx, ln, store.New(rdb), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	go func() { _ = srv.Serve(tlsLn) }()
+	t.Cleanup(func() { srv.Close() })
+}
+
+func listenLoopback(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// TestTLSReplicas: the CA's validation may reach any replica behind the public name, not the
+// one that ordered; and replicas that start together order one certificate between them.
+func TestTLSReplicas(t *testing.T) {
+	acmeFlags := func(p *pebble, onDemand bool) tlsFlags {
+		return tlsFlags{domains: []string{"localhost"}, onDemand: onDemand, caURL: p.dirURL, caRoot: p.caRoot}
+	}
+
+	t.Run("another replica answers the challenge", func(t *testing.T) {
+		redisAddr := redistest.ServerAddr(t)
+		validated, ordering := listenLoopback(t), listenLoopback(t)
+		acme := startPebble(t, validated.Addr().(*net.TCPAddr).Port)
+		// The replica the CA dials orders nothing (on-demand, and no handshake asks it for
+		// localhost until the end); the other orders, and its challenge answer is in Redis.
+		startReplica(t, validated, redisAddr, acmeFlags(acme, true))
+		startReplica(t, ordering, redisAddr, acmeFlags(acme, false))
+		var leaf *x509.Certificate
+		testwait.For(t, 3*time.Minute, "the ordering replica to serve localhost's certificate", func() bool {
+			var err error
+			leaf, err = handshake(ordering.Addr().String(), "localhost", acme.roots)
+			return err == nil
+		})
+		if got, err := handshake(validated.Addr().String(), "localhost", acme.roots); err != nil || !got.Equal(leaf) {
+			t.Fatalf("the other replica: %v", err)
+		}
+		if n := acme.orders.Load(); n != 1 {
+			t.Fatalf("%d orders at the CA, want 1", n)
+		}
+	})
+
+	t.Run("replicas starting together order once", func(t *testing.T) {
+		redisAddr := redistest.ServerAddr(t)
+		lns := []net.Listener{listenLoopback(t), listenLoopback(t), listenLoopback(t)}
+		acme := startPebble(t, lns[0].Addr().(*net.TCPAddr).Port)
+		var wg sync.WaitGroup
+		for _, ln := range lns {
+			wg.Go(func() { startReplica(t, ln, redisAddr, acmeFlags(acme, false)) })
+		}
+		wg.Wait()
+		var first *x509.Certificate
+		for i, ln := range lns {
+			testwait.For(t, 3*time.Minute, fmt.Sprintf("replica %d to serve localhost's certificate", i), func() bool {
+				leaf, err := handshake(ln.Addr().String(), "localhost", acme.roots)
+				if err != nil {
+					return false
+				}
+				if first == nil {
+					first = leaf
+				}
+				return leaf.Equal(first)
+			})
+		}
+		if n := acme.orders.Load(); n != 1 {
+			t.Fatalf("%d orders at the CA from three replicas, want 1", n)
+		}
+	})
 }
