@@ -88,8 +88,7 @@ var _ certmagic.Storage = certStorage{}
 
 // listen wraps ln, the public listener, in TLS with certmagic's certificates for the flags'
 // names, answering the CA's TLS-ALPN-01 challenges on ln itself. Certificates for --tls-domain
-// are obtained (or loaded from Redis) in the background until ctx ends; stop ends their
-// maintenance.
+// are obtained (or loaded from Redis) in the background, and renewed, until stop.
 func (f *tlsFlags) listen(ctx context.Context, ln net.Listener, st *store.Store, log *slog.Logger) (tlsLn net.Listener, stop func(), err error) {
 	issuer := certmagic.ACMEIssuer{CA: f.caURL, Email: f.email, Agreed: true, DisableHTTPChallenge: true}
 	if f.caRoot != "" {
@@ -120,15 +119,17 @@ func (f *tlsFlags) listen(ctx context.Context, ln net.Listener, st *store.Store,
 	}
 	cfg = certmagic.New(cache, template)
 	cfg.Issuers = []certmagic.Issuer{certmagic.NewACMEIssuer(cfg, issuer)}
+	ctx, cancel := context.WithCancel(ctx) // ends ManageAsync's retries with stop
+	stop = func() { cancel(); cache.Stop() }
 	if err := cfg.ManageAsync(ctx, f.domains); err != nil {
-		cache.Stop()
+		stop()
 		return nil, nil, fmt.Errorf("--tls-domain: %w", err)
 	}
 	tc := cfg.TLSConfig()
 	tc.NextProtos = append([]string{"h2", "http/1.1"}, tc.NextProtos...)
 	tc.MinVersion = tls.VersionTLS12
 	log.Info("TLS on the public listener", "domains", f.domains, "on_demand", f.onDemand, "acme_ca", f.caURL)
-	return tls.NewListener(ln, tc), cache.Stop, nil
+	return tls.NewListener(ln, tc), stop, nil
 }
 
 // allow is on-demand TLS's decision: a certificate only for a name --tls-domain gives, or one
