@@ -71,7 +71,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 Runs the whole platform on this machine: the HTTP API, the placer and the webhook
 dispatcher. On start it prints three lines to stdout, for eval:
-  WB_URL=http://HOST:PORT
+  WB_URL=http://HOST:PORT   (https:// with --tls-domain)
   WB_API_KEY=...    (the dev project's key)
   WB_ADMIN_KEY=...
 Logs go to stderr. SIGINT or SIGTERM stops it cleanly.
