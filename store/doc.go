@@ -2,7 +2,9 @@
 // that compare state and version, reserve or release concurrency slots, maintain the list
 // indexes and append the event to the project's outbox stream in one atomic step. Beside
 // them: projects, their hashed API keys and the operator's plans; idempotency records;
-// snapshots and runs (JSON objects); node and gateway registrations; placement locks.
+// snapshots and runs (JSON objects); node and gateway registrations; placement locks; and the
+// gateways' TLS certificates and ACME state with their locks (CertStorage, certmagic's
+// Storage).
 //
 // It owns the key space: keys.go names every Redis key and channel of the platform, what each
 // holds and who writes it, and other packages take their keys from it (ProjectKeys). Packages

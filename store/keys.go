@@ -56,6 +56,26 @@ const (
 	edgeSecretKey = "wb:edge:secret"
 )
 
+// TLS certificates and ACME state: certmagic's Storage (CertStorage), shared by every gateway
+// that serves TLS so that one issues and all serve. One hash tag for the lot: one Cluster slot,
+// so a folder's Delete and the index stay one script (the set is small: a few KiB a name).
+const (
+	// certFilesKey is a hash, certmagic key → value: certificates, their private keys and
+	// metadata, ACME accounts, challenge tokens. Written by store (CertStorage).
+	certFilesKey = "wb:{tls}:files"
+
+	// certModifiedKey is a hash, certmagic key → the time in ms it was last stored.
+	certModifiedKey = "wb:{tls}:modified"
+
+	// certIndexKey is a sorted set (score 0, by key) of the keys in certFilesKey, for listing a
+	// folder as a range.
+	certIndexKey = "wb:{tls}:index"
+)
+
+// certLockKey is a string, the token of the CertStorage holding certmagic's lock name (an
+// issuance, a renewal), with a lease its holder renews. Written by store (CertStorage.Lock).
+func certLockKey(name string) string { return "wb:{tls}:lock:" + name }
+
 // nodeSessionsKey is a set of the sessions placed on one node and not yet ended (perhaps
 // some that have), members "PROJECT/SESSION". Written by store (Transition adds after it
 // places, removes on a terminal state; AddNodeSession, ForgetNodeSessions); read by the

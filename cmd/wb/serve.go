@@ -45,6 +45,7 @@ type serveFlags struct {
 	// operator-only address instead of the API's.
 	metricsToken string
 	metricsAddr  string
+	tls          tlsFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -60,6 +61,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.region, "region", "local", "`name` of the region this machine serves")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn, error")
 	f.node.register(fs)
+	f.tls.register(fs)
 	fs.StringVar(&f.prices, "prices", "", "JSON price `file` (see quota/PRICES.md); empty uses the defaults")
 	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
 	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
@@ -69,7 +71,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 Runs the whole platform on this machine: the HTTP API, the placer and the webhook
 dispatcher. On start it prints three lines to stdout, for eval:
-  WB_URL=http://HOST:PORT
+  WB_URL=http://HOST:PORT   (https:// with --tls-domain)
   WB_API_KEY=...    (the dev project's key)
   WB_ADMIN_KEY=...
 Logs go to stderr. SIGINT or SIGTERM stops it cleanly.
@@ -83,6 +85,9 @@ Flags:
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("wb serve takes no arguments, got %q", fs.Args())
+	}
+	if err := f.tls.check(); err != nil {
+		return err
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
@@ -121,7 +126,7 @@ Flags:
 		}
 		defer metricsLn.Close() // on the error paths; Shutdown closes it otherwise
 	}
-	url := "http://" + ln.Addr().String()
+	url := f.tls.scheme() + "://" + ln.Addr().String()
 	if f.publicURL == "" {
 		f.publicURL = url
 	}
@@ -208,6 +213,15 @@ Flags:
 	}
 	defer gw.Close()
 	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	if f.tls.enabled() {
+		tlsLn, stopTLS, err := f.tls.listen(ctx, ln, st, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer stopTLS()
+		ln = tlsLn
+	}
 
 	fmt.Fprintf(stdout, "WB_URL=%s\nWB_API_KEY=%s\nWB_ADMIN_KEY=%s\n", url, f.apiKey, f.adminKey)
 	log.Info("wb serve ready", "url", url, "redis", redisLabel(f.redisURL))
