@@ -157,11 +157,10 @@ func (l *testLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// provision places a session on the node and starts it through the node's API with the node
-// token, as the placer does, and waits until it runs.
-func (e *edgeNode) provision(t *testing.T, project string) *session.Session {
+// placed writes a session placed on the node, as the placer does, without starting it.
+func (e *edgeNode) placed(t *testing.T, project string) *session.Session {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := e.st.EnsureProject(ctx, project, project); err != nil {
 		t.Fatal(err)
@@ -179,6 +178,16 @@ func (e *edgeNode) provision(t *testing.T, project string) *session.Session {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// provision places a session on the node and starts it through the node's API with the node
+// token, as the placer does, and waits until it runs.
+func (e *edgeNode) provision(t *testing.T, project string) *session.Session {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s := e.placed(t, project)
 	if err := nodeclient.New(e.st, e.token).Provision(ctx, e.nd.Info, s); err != nil {
 		t.Fatalf("provision through the node token's API: %v", err)
 	}
@@ -341,6 +350,25 @@ func TestNodeEdgeDataPath(t *testing.T) {
 	})
 	if err != nil || r.ExitCode != 0 || !slices.Contains(out, "via-node-token\n") {
 		t.Fatalf("exec through the node token's API: %+v %q %v", r, out, err)
+	}
+
+	// A session the store says runs here, but whose guest this node does not hold: the
+	// node's refusal, 404, as the API answers it, not a 502.
+	ghost := e.placed(t, s.ProjectID)
+	ghost, err = e.st.Transition(ctx, store.Change{Project: ghost.ProjectID, ID: ghost.ID, From: session.Provisioning, To: session.Running,
+		Driver: session.Node, ColdStart: new(bool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gg := e.grant(ghost, e.nd.Info.ID, time.Minute)
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/v1/sessions/" + ghost.ID + "/exec", `{"command":"true"}`},
+		{"GET", "/v1/sessions/" + ghost.ID + "/files?path=/tmp", ""},
+	} {
+		status, _, body := e.call(t, c.method, c.path, []byte(c.body), auth, gg)
+		if code, msg := errorCode(body); status != 404 || code != "not_found" || !strings.Contains(msg, "no guest") {
+			t.Errorf("%s %s of a session this node does not run: %d %s; want 404 not_found", c.method, c.path, status, body)
+		}
 	}
 
 	// Activity on the data path reset the idle timer.
