@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"wb/hypervisor/oci"
@@ -113,7 +114,7 @@ func startEdgeNode(t *testing.T) *edgeNode {
 		tiers[i].ColdP95 = max(tiers[i].ColdP95, 20*time.Second) // a busy 2-core machine boots slowly
 	}
 	nd, err := node.New(node.Config{Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(tmp, "node"), AgentBin: bin,
-		Info: store.NodeInfo{ID: "node_edge", Addr: url, Region: "local", Zone: "local-a", Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
+		Info:  store.NodeInfo{ID: "node_edge", Addr: url, Region: "local", Zone: "local-a", Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
 		Tiers: tiers, Logger: log, Runtime: denyCommand{"forbidden-word"}})
 	if err != nil {
 		t.Fatal(err)
@@ -400,4 +401,109 @@ func TestNodeEdgeDataPath(t *testing.T) {
 	if code, msg := errorCode(body); status != 409 || code != "invalid_state" || !strings.Contains(msg, "stopped") {
 		t.Fatalf("exec in an ended session: %d %s; want 409 naming the state", status, body)
 	}
+}
+
+// TestServeNodeServesDataPath: in `wb serve`, the embedded node's address (its registration's
+// Addr, which the edge routes to) serves the data path: a session created through the API
+// runs an exec there with a grant, and refuses one without.
+func TestServeNodeServesDataPath(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runc needs root")
+	}
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Skip("runc is not installed")
+	}
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox-static is needed to assemble the templates")
+	}
+	tmp, err := os.MkdirTemp("", "wbs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := wbbin.Install(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(tmp, "d")
+	stateRoot := filepath.Join(dataDir, "oci-state")
+	// With a Redis of its own choosing, wb serve leaves its guests running when it stops (they
+	// belong to sessions that outlive it): remove them, and their mounts, here.
+	t.Cleanup(func() {
+		out, _ := exec.Command(runc, "--root", stateRoot, "list", "-q").Output()
+		for _, id := range strings.Fields(string(out)) {
+			_ = exec.Command(runc, "--root", stateRoot, "delete", "--force", id).Run()
+		}
+		unmountUnder(tmp)
+	})
+	redisAddr := redistest.ServerAddr(t)
+	p := startBinary(t, bin, "serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir,
+		"--redis", "redis://"+redisAddr, "--log-level", "warn")
+	api, key := p.env["WB_URL"], p.env["WB_API_KEY"]
+
+	do := func(method, url string, body string, hdr ...string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, strings.NewReader(body))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	status, body := do("POST", api+"/v1/sessions", `{"tier":2}`, "Authorization", "Bearer "+key)
+	var s session.Session
+	if err := json.Unmarshal(body, &s); status != 201 || err != nil {
+		t.Fatalf("create: %d %s", status, body)
+	}
+	t.Cleanup(func() { do("DELETE", api+"/v1/sessions/"+s.ID, "", "Authorization", "Bearer "+key) })
+	awaitCondition(t, 3*time.Minute, "the session running", func() bool {
+		_, body := do("GET", api+"/v1/sessions/"+s.ID, "", "Authorization", "Bearer "+key)
+		_ = json.Unmarshal(body, &s)
+		if s.State.Terminal() {
+			t.Fatalf("the session ended: %s\n%s", body, p.stderr())
+		}
+		return s.State == session.Running
+	})
+
+	st := store.New(redisClientOf(t, redisAddr))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nodes, err := st.Nodes(ctx)
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("registered nodes %+v (%v); want the embedded node", nodes, err)
+	}
+	secret, err := st.EdgeSecret(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, _ := edgeauth.NewSigner(secret, edgeauth.PurposeEdge)
+	grant := signer.Sign(edgeauth.Grant{SessionID: s.ID, ProjectID: s.ProjectID, NodeID: nodes[0].ID, Expires: time.Now().Add(time.Minute).Unix()})
+	execURL := nodes[0].Addr + "/v1/sessions/" + s.ID + "/exec"
+	status, body = do("POST", execURL, `{"command":"echo from-the-node"}`, edgeauth.HeaderEdgeAuth, grant)
+	if status != 200 || !strings.Contains(string(body), `"stdout":"from-the-node\n"`) {
+		t.Fatalf("exec on the embedded node's data path: %d %s", status, body)
+	}
+	if status, body = do("POST", execURL, `{"command":"true"}`); status != 401 {
+		t.Fatalf("exec on the node without a grant: %d %s", status, body)
+	}
+	// The API's exec, through the node token's API, still works.
+	status, body = do("POST", api+"/v1/sessions/"+s.ID+"/exec", `{"command":"echo via-api"}`, "Authorization", "Bearer "+key)
+	if status != 200 || !strings.Contains(string(body), "via-api") {
+		t.Fatalf("exec through the API: %d %s", status, body)
+	}
+}
+
+func redisClientOf(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
