@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,7 +45,12 @@ type DataPath struct {
 	fallback http.Handler
 
 	mu     sync.Mutex
-	grants *edgeauth.Signer // keyed by Store.EdgeSecret, read on first use
+	grants *edgeauth.Signer // keyed by secret, Store.EdgeSecret, read on first use
+	secret []byte
+	readAt time.Time // when the secret was last read
+	// recheck is how often a grant that does not verify may make the node read the secret
+	// again: a Redis that lost its data makes a new secret, which the gateways then sign with.
+	recheck time.Duration
 }
 
 // NewDataPath returns a DataPath. Call Close to end its PTY sessions.
@@ -72,7 +78,7 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: c, log: c.Logger, ctx: ctx, cancel: cancel,
 		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs")}
-	d := &DataPath{s: s, nodeID: cfg.NodeID, fallback: cfg.Fallback}
+	d := &DataPath{s: s, nodeID: cfg.NodeID, fallback: cfg.Fallback, recheck: 10 * time.Second}
 	m := http.NewServeMux()
 	s.dataRoutes(func(pattern string, h handler) { m.Handle(pattern, d.granted(h)) })
 	s.mux = m
@@ -124,11 +130,16 @@ func (d *DataPath) authorize(r *http.Request) (store.Project, error) {
 	if len(values) > 1 {
 		return store.Project{}, errEdgeAuth("send one " + edgeauth.HeaderEdgeAuth + " header, not several")
 	}
-	signer, err := d.signer(r.Context())
+	signer, err := d.signer(r.Context(), false)
 	if err != nil {
 		return store.Project{}, err
 	}
 	g, err := signer.Verify(values[0], d.s.Now())
+	if err != nil {
+		if fresh, ferr := d.signer(r.Context(), true); ferr == nil && fresh != signer {
+			g, err = fresh.Verify(values[0], d.s.Now())
+		}
+	}
 	if err != nil {
 		return store.Project{}, errEdgeAuth(edgeauth.HeaderEdgeAuth + ": " + err.Error() + "; ask the edge again")
 	}
@@ -141,21 +152,37 @@ func (d *DataPath) authorize(r *http.Request) (store.Project, error) {
 	return store.Project{ID: g.ProjectID}, nil
 }
 
-// signer answers the verifier of edge grants, reading the shared secret once: a node whose
-// Redis is away at start still starts, and its data path answers 503 until Redis does.
-func (d *DataPath) signer(ctx context.Context) (*edgeauth.Signer, error) {
+// signer answers the verifier of edge grants. It reads the shared secret on first use, so
+// that a node whose Redis is away at start still starts (its data path answers 503 until
+// Redis does), and again on recheck (a grant that did not verify) at most once every
+// d.recheck. Redis is read outside the lock: a slow Redis never holds up valid grants.
+func (d *DataPath) signer(ctx context.Context, recheck bool) (*edgeauth.Signer, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.grants != nil {
-		return d.grants, nil
+	cur := d.grants
+	fresh := cur != nil && (!recheck || time.Since(d.readAt) < d.recheck)
+	if cur != nil && !fresh {
+		d.readAt = time.Now() // one recheck per period, however many bad grants arrive
+	}
+	d.mu.Unlock()
+	if fresh {
+		return cur, nil
 	}
 	secret, err := d.s.Store.EdgeSecret(ctx)
+	var signer *edgeauth.Signer
 	if err == nil {
-		d.grants, err = edgeauth.NewSigner(secret, edgeauth.PurposeEdge)
+		signer, err = edgeauth.NewSigner(secret, edgeauth.PurposeEdge)
 	}
 	if err != nil {
-		d.s.log.WarnContext(ctx, "edge data path: no key for the grants", "err", err)
+		d.s.log.WarnContext(ctx, "edge data path: cannot read the grants' key", "err", err)
+		if cur != nil {
+			return cur, nil
+		}
 		return nil, &apiError{Status: 503, Type: "api_error", Code: "edge_unavailable", Message: "the node cannot read the edge's key from Redis yet; retry", RetryAfter: time.Second}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.grants == nil || !bytes.Equal(secret, d.secret) {
+		d.grants, d.secret, d.readAt = signer, secret, time.Now()
 	}
 	return d.grants, nil
 }

@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/redis/go-redis/v9"
 
 	"wb/internal/edgeauth"
 	"wb/session"
+	"wb/store"
 )
 
 // dataPathEnv is a gateway env plus a data path over the same fake node, as that node would
@@ -246,5 +248,57 @@ func TestDataPathHeaderValues(t *testing.T) {
 		if rec.Code != 401 || json.Unmarshal(rec.Body.Bytes(), &body) != nil || body.Error.Code != "unauthenticated" {
 			t.Errorf("header %.40q: %d %s, want 401 unauthenticated", v, rec.Code, rec.Body)
 		}
+	}
+}
+
+// TestDataPathSecret: a node that cannot read the grants' key answers 503 (not 401: the
+// grant may be fine); once it has the key, a new key in Redis (a Redis that lost its data)
+// is read again when a grant does not verify under the old one.
+func TestDataPathSecret(t *testing.T) {
+	d := newDataPathEnv(t)
+	s := d.running(map[string]any{"tier": 2})
+	dp, err := NewDataPath(DataPathConfig{Store: d.st, Guests: d.node, NodeID: d.nodeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	dp.recheck = 0
+	call := func(grant string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", "/v1/sessions/"+s.ID+"/files?path=.&list=1", nil)
+		req.Header.Set(edgeauth.HeaderEdgeAuth, grant)
+		rec := httptest.NewRecorder()
+		dp.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	if rec := call(d.grant(s)); rec.Code != 200 {
+		t.Fatalf("with the key: %d %s", rec.Code, rec.Body)
+	}
+	if err := d.rdb.FlushAll(context.Background()).Err(); err != nil { // the key and the session go
+		t.Fatal(err)
+	}
+	fresh, err := edgeauth.NewSigner(mustSecret(t, d.env), edgeauth.PurposeEdge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := fresh.Sign(edgeauth.Grant{SessionID: s.ID, ProjectID: s.ProjectID, NodeID: d.nodeID, Expires: time.Now().Add(time.Minute).Unix()})
+	if rec := call(g); rec.Code != 404 { // verified under the new key; the session is gone
+		t.Fatalf("a grant under the new key: %d %s; want 404 (the session went with Redis's data)", rec.Code, rec.Body)
+	}
+	if rec := call(d.grant(s)); rec.Code != 401 {
+		t.Fatalf("a grant under the old key: %d %s; want 401", rec.Code, rec.Body)
+	}
+
+	away := store.New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1}))
+	down, err := NewDataPath(DataPathConfig{Store: away, Guests: d.node, NodeID: d.nodeID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	req := httptest.NewRequest("POST", "/v1/sessions/"+s.ID+"/exec", strings.NewReader(`{"command":"true"}`))
+	req.Header.Set(edgeauth.HeaderEdgeAuth, g)
+	rec := httptest.NewRecorder()
+	down.Handler().ServeHTTP(rec, req)
+	if rec.Code != 503 || !strings.Contains(rec.Body.String(), "edge_unavailable") || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("Redis away at first use: %d %s; want 503 edge_unavailable with Retry-After", rec.Code, rec.Body)
 	}
 }
