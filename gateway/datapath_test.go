@@ -302,3 +302,24 @@ func TestDataPathSecret(t *testing.T) {
 		t.Fatalf("Redis away at first use: %d %s; want 503 edge_unavailable with Retry-After", rec.Code, rec.Body)
 	}
 }
+
+// TestDataPathOutputCap: the data path keeps MaxOutputBytes of each stream of a buffered exec
+// and says how much there was, as the API does.
+func TestDataPathOutputCap(t *testing.T) {
+	d := newDataPathEnv(t)
+	s := d.running(map[string]any{"tier": 2})
+	dp, err := NewDataPath(DataPathConfig{Store: d.st, Guests: d.node, NodeID: d.nodeID, MaxOutputBytes: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	srv := httptest.NewServer(dp.Handler())
+	defer srv.Close()
+	capped := *d.env
+	capped.url = srv.URL
+	var res session.ExecResult
+	capped.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", "", map[string]any{"command": "head -c 100 /dev/zero | tr '\\0' a"}, 200, &res, edgeauth.HeaderEdgeAuth, d.grant(s))
+	if !res.Truncated || len(res.Stdout) != 10 || res.StdoutBytes != 100 {
+		t.Fatalf("capped exec: truncated %v, %d bytes kept, stdout_bytes %d; want true, 10, 100", res.Truncated, len(res.Stdout), res.StdoutBytes)
+	}
+}
