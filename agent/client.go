@@ -33,6 +33,10 @@ type Client struct {
 	// MaxOutputBytes caps each stream of a buffered Exec (nil out); 0 means
 	// session.DefaultMaxOutputBytes. Set it before the first Exec.
 	MaxOutputBytes int
+	// CheckPTY, when set, sees the command of every PTY before the agent does, and its error
+	// refuses the PTY: a node's runtime decision point, for a client it hands out in process
+	// (over HTTP, the node's proxy checks).
+	CheckPTY func(ctx context.Context, command string) error
 }
 
 // NewClient returns a client of the agent listening on socketPath. Requests have no timeout of
@@ -257,6 +261,11 @@ func (c *Client) ListDir(ctx context.Context, path string) ([]FileInfo, error) {
 // sends {"type":"exit","exit_code":N} and closes with status 1000. On a refused handshake the
 // response (e.g. 400 naming the bad parameter) is returned with the error.
 func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*websocket.Conn, *http.Response, error) {
+	if c.CheckPTY != nil {
+		if err := c.CheckPTY(ctx, command); err != nil {
+			return nil, nil, fmt.Errorf("agent: pty: %w", err)
+		}
+	}
 	q := url.Values{}
 	if cols != 0 {
 		q.Set("cols", strconv.Itoa(cols))

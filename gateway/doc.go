@@ -4,6 +4,11 @@
 // for projects and plans, the OpenAPI document (openapi.json) and Prometheus metrics, and the
 // exec, PTY and files proxy through which `wb serve` reaches guests.
 //
+// The same exec, PTY and files handlers also serve the edge's data path on each node
+// (NewDataPath): Envoy sends those routes straight to the session's node, and the node runs
+// this package's handlers over its own guests, in process, so that the two paths cannot drift
+// apart. There a request's credential is the grant ext_authz signed (edgeauth), not an API key.
+//
 // The admission decision itself (Rego, then plugins, their patches composed) belongs to package
 // decide; the gateway asks it through Chain, applies the patch (fields in
 // decide.PatchableFields only), validates the patched request again in full, references

@@ -35,7 +35,7 @@ func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*s
 	}
 	c, err := g.Agent(ctx, sess)
 	if err != nil {
-		return nil, nil, s.errUpstream(ctx, "node_error", "the node could not reach the guest", err)
+		return nil, nil, s.errNode(ctx, "node_error", "the node could not reach the guest", err)
 	}
 	return sess, c, nil
 }

@@ -158,11 +158,7 @@ func (s *Server) routes() {
 	api("PATCH /v1/sessions/{id}", s.patchSession)
 	api("DELETE /v1/sessions/{id}", s.deleteSession)
 	api("POST /v1/sessions/{id}", s.idempotent(s.sessionAction)) // {id}:pause, :resume, :snapshot
-	api("POST /v1/sessions/{id}/exec", s.idempotent(s.exec))
-	api("GET /v1/sessions/{id}/pty", s.pty)
-	api("GET /v1/sessions/{id}/files", s.getFile)
-	api("PUT /v1/sessions/{id}/files", s.putFile)
-	api("DELETE /v1/sessions/{id}/files", s.deleteFile)
+	s.dataRoutes(api)
 
 	api("GET /v1/snapshots", s.listSnapshots)
 	api("GET /v1/snapshots/{id}", s.getSnapshot)
@@ -192,6 +188,16 @@ func (s *Server) routes() {
 		s.writeError(w, r, &apiError{Status: 404, Type: "not_found", Code: "no_route", Message: "no route " + r.Method + " " + r.URL.Path})
 	}))
 	s.mux = m
+}
+
+// dataRoutes mounts exec, PTY and files: the routes that the edge sends straight to the
+// session's node, which serves them with these same handlers (NewDataPath).
+func (s *Server) dataRoutes(handle func(pattern string, h handler)) {
+	handle("POST /v1/sessions/{id}/exec", s.idempotent(s.exec))
+	handle("GET /v1/sessions/{id}/pty", s.pty)
+	handle("GET /v1/sessions/{id}/files", s.getFile)
+	handle("PUT /v1/sessions/{id}/files", s.putFile)
+	handle("DELETE /v1/sessions/{id}/files", s.deleteFile)
 }
 
 // authed authenticates the bearer key (step 1 of admission) and calls h with its project.

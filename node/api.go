@@ -66,6 +66,11 @@ func writeAPIError(w http.ResponseWriter, e *nodeapi.Error) {
 // cannot use is a 400, a session it holds no guest for a 404, a state that does not allow
 // the operation a 409, anything else the node's own failure, a 500.
 func writeError(w http.ResponseWriter, err error) {
+	writeAPIError(w, apiError(err))
+}
+
+// apiError is err as the node's API answers it (see writeError).
+func apiError(err error) *nodeapi.Error {
 	var (
 		ng *NoGuestError
 		se *StateError
@@ -83,7 +88,7 @@ func writeError(w http.ResponseWriter, err error) {
 	case errors.As(err, &fe):
 		e.Status, e.Code, e.Param = 400, nodeapi.CodeInvalidRequest, fe.Field
 	}
-	writeAPIError(w, e)
+	return e
 }
 
 // decodeBody reads a JSON request body of at most limit bytes into v; what it cannot read is
@@ -227,12 +232,16 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 // policy_violation when a policy killed the session, 403 policy_error when the session's
 // policy could not decide (the command fails closed).
 func writeRuntimeRefusal(w http.ResponseWriter, err error) {
+	writeAPIError(w, runtimeRefusal(err))
+}
+
+// runtimeRefusal is the answer to a command the runtime decision point did not allow.
+func runtimeRefusal(err error) *nodeapi.Error {
 	var ke *KilledError
 	if errors.As(err, &ke) {
-		writeAPIError(w, &nodeapi.Error{Status: 403, Code: nodeapi.CodePolicyViolation, Message: ke.Error(), Param: ke.Rule})
-		return
+		return &nodeapi.Error{Status: 403, Code: nodeapi.CodePolicyViolation, Message: ke.Error(), Param: ke.Rule}
 	}
-	writeAPIError(w, &nodeapi.Error{Status: 403, Code: nodeapi.CodePolicyError, Message: err.Error()})
+	return &nodeapi.Error{Status: 403, Code: nodeapi.CodePolicyError, Message: err.Error()}
 }
 
 // agentProxy forwards /v1/sessions/{id}/agent/<rest> to /<rest> on the agent's socket, streaming

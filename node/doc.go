@@ -17,4 +17,6 @@
 //   - Pause, resume, snapshots (files under DataDir/snapshots) and stop.
 //   - The node API (Handler): provisioning and the guest controls for the control plane, and a
 //     proxy to each guest's agent (exec, files, PTY). node/client is the control plane's side.
+//   - Local: the guests for in-process callers, answering as node/client does; cmd/wb hands it
+//     to the gateway's data-path handlers, which the node serves to the edge.
 package node

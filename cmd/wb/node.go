@@ -98,10 +98,16 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	return nd, cat, nil
 }
 
-// runNode serves the node's API on ln and runs the node until ctx ends, keeping the
-// platform's addresses denied to its guests current.
+// runNode serves the node's API and the edge's data path on ln and runs the node until ctx
+// ends, keeping the platform's addresses denied to its guests current.
 func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Listener, token string, platform *platformAddrs) {
-	srv := &http.Server{Handler: platform.learnGateways(nd.Handler(token), token), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	edge, err := edgeDataPath(nd, platform.learnGateways(nd.Handler(token), token))
+	if err != nil {
+		g.Go(func() error { return err }) // fails the group: the process ends with err
+		return
+	}
+	srv := &http.Server{Handler: edge.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	g.Go(func() error { <-ctx.Done(); edge.Close(); return nil })
 	g.Go(func() error { platform.run(ctx); return nil })
 	g.Go(func() error { return nd.Run(ctx) })
 	serveUntil(ctx, g, srv, ln, 5*time.Second)

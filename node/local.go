@@ -1,0 +1,128 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"wb/agent"
+	"wb/session"
+)
+
+// Local is the node's guests as the gateway's exec, PTY and files handlers use them in
+// process, on the edge's data path that the node serves itself. It has the method set of
+// gateway.Guests (package node does not import gateway), and answers as node/client does
+// over the node's API, so that the handlers answer the same statuses either way: a session
+// the node holds no guest for is a *nodeapi.Error 404, a guest whose state does not allow the
+// call a 409, and a command the runtime decision point refused an *agent.Error 403 (the
+// node's proxy answers that, and the agent's client reads it so). Safe for concurrent use.
+type Local struct {
+	n *Node
+
+	mu      sync.Mutex
+	touched map[string]time.Time // session → last touch, so that PTY frames touch once a second
+}
+
+// Local answers the node's guests for in-process callers.
+func (n *Node) Local() *Local { return &Local{n: n, touched: map[string]time.Time{}} }
+
+// Exec runs a command in the session's guest, after the runtime decision point.
+func (c *Local) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	res, err := c.n.Exec(ctx, s, req, argv, out)
+	var (
+		ke *KilledError
+		re *RefusedError
+	)
+	if errors.As(err, &ke) || errors.As(err, &re) {
+		return res, refusalAsAgentError(err)
+	}
+	return res, asAPIError(err)
+}
+
+// Agent answers a client of the running guest's agent whose PTYs pass the runtime decision
+// point first, as they do through the node's proxy.
+func (c *Local) Agent(ctx context.Context, s *session.Session) (*agent.Client, error) {
+	l, err := c.n.running(s)
+	if err != nil {
+		return nil, asAPIError(err)
+	}
+	a := *l.agent
+	a.CheckPTY = func(ctx context.Context, command string) error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.g.State != session.Running {
+			e := apiError(&StateError{SessionID: s.ID, State: l.g.State})
+			return &agent.Error{Status: e.Status, Code: e.Code, Message: e.Message}
+		}
+		if err := c.n.checkPTY(ctx, l, command); err != nil {
+			return refusalAsAgentError(err)
+		}
+		return nil
+	}
+	return &a, nil
+}
+
+// Touch records activity, at most once a second per session: every PTY frame calls it, and
+// each touch writes the guest's journal.
+func (c *Local) Touch(s *session.Session) {
+	now := time.Now()
+	c.mu.Lock()
+	if now.Sub(c.touched[s.ID]) < time.Second {
+		c.mu.Unlock()
+		return
+	}
+	if len(c.touched) > 100000 {
+		clear(c.touched)
+	}
+	c.touched[s.ID] = now
+	c.mu.Unlock()
+	c.n.Touch(s)
+}
+
+// Retime applies a session's new timers.
+func (c *Local) Retime(ctx context.Context, s *session.Session) error {
+	return asAPIError(c.n.Retime(ctx, s))
+}
+
+// Pause freezes the guest.
+func (c *Local) Pause(ctx context.Context, s *session.Session) error {
+	return asAPIError(c.n.Pause(ctx, s))
+}
+
+// Resume thaws it.
+func (c *Local) Resume(ctx context.Context, s *session.Session) error {
+	return asAPIError(c.n.Resume(ctx, s))
+}
+
+// Snapshot saves it.
+func (c *Local) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
+	m, size, err := c.n.Snapshot(ctx, s, snapshotID, memory)
+	return m, size, asAPIError(err)
+}
+
+// Stop tears the guest down; the node ends the session.
+func (c *Local) Stop(ctx context.Context, s *session.Session) error {
+	return asAPIError(c.n.Stop(ctx, s))
+}
+
+// asAPIError answers a refusal of the node (no guest, a state that does not allow the call)
+// as the *nodeapi.Error its API would send, and any other error as it is: a field error
+// stays the caller's 400, a failure stays the node's.
+func asAPIError(err error) error {
+	var (
+		ng *NoGuestError
+		se *StateError
+	)
+	if errors.As(err, &ng) || errors.As(err, &se) {
+		return apiError(err)
+	}
+	return err
+}
+
+// refusalAsAgentError is a runtime refusal as the agent's client reads it from the node's
+// proxy.
+func refusalAsAgentError(err error) error {
+	e := runtimeRefusal(err)
+	return &agent.Error{Status: e.Status, Code: e.Code, Message: e.Message, Param: e.Param}
+}
