@@ -283,7 +283,10 @@ func TestSessionLookups(t *testing.T) {
 	var c sessionLookups
 	reads := 0
 	state := session.Running
-	load := func() (sessionFacts, error) { reads++; return sessionFacts{found: true, state: state, nodeID: "n"}, nil }
+	load := func() (sessionFacts, error) {
+		reads++
+		return sessionFacts{found: true, state: state, nodeID: "n"}, nil
+	}
 	t0 := time.Unix(1_800_000_000, 0)
 	get := func(at time.Time) session.State {
 		f, err := c.get("proj_a", "sess_a", at, load)
