@@ -227,13 +227,30 @@ func TestAuthzCheck(t *testing.T) {
 	}
 }
 
+// frozenClock is a Config.Now that follows time.Now until stop, then stays: with it, a
+// cached lookup never expires, so only an invalidation can change ext_authz's answer.
+type frozenClock struct{ at atomic.Pointer[time.Time] }
+
+func (c *frozenClock) now() time.Time {
+	if t := c.at.Load(); t != nil {
+		return *t
+	}
+	return time.Now()
+}
+
+func (c *frozenClock) stop() { now := time.Now(); c.at.Store(&now) }
+
 // TestAuthzRefusesPausedAtOnce: a session this gateway paused is refused by the very next
 // Check (409, the API's body), though the running one was cached a moment before, and is let
-// through again once resumed.
+// through again once resumed. The gateway's clock is stopped and the tail of session events
+// never started: the gateway's own transitions drop what it cached.
 func TestAuthzRefusesPausedAtOnce(t *testing.T) {
-	e := newEnv(t)
+	var clock frozenClock
+	e := newEnv(t, func(c *Config) { c.Now = clock.now })
+	e.gw.access.watch.Do(func() {}) // no tail of session events
 	c := authzClient(t, e)
 	s := e.running(map[string]any{"tier": 2})
+	clock.stop()
 	exec := "/v1/sessions/" + s.ID + "/exec"
 	allowed(t, check(t, c, "POST", exec, bearer(e.key)))
 	e.mustDo("POST", "/v1/sessions/"+s.ID+":pause", e.key, nil, 200, nil)
@@ -251,19 +268,11 @@ func TestAuthzRefusesPausedAtOnce(t *testing.T) {
 // timer, written straight to the store) reaches ext_authz's cache through the session events,
 // not through its expiry: the gateway's clock is stopped, so a cached lookup never expires.
 func TestAuthzHearsOtherWriters(t *testing.T) {
-	var frozen atomic.Pointer[time.Time]
-	e := newEnv(t, func(c *Config) {
-		c.Now = func() time.Time {
-			if t := frozen.Load(); t != nil {
-				return *t
-			}
-			return time.Now()
-		}
-	})
+	var clock frozenClock
+	e := newEnv(t, func(c *Config) { c.Now = clock.now })
 	c := authzClient(t, e)
 	s := e.running(map[string]any{"tier": 2})
-	now := time.Now()
-	frozen.Store(&now)
+	clock.stop()
 	exec := "/v1/sessions/" + s.ID + "/exec"
 	allowed(t, check(t, c, "POST", exec, bearer(e.key)))
 	if _, err := e.st.Transition(context.Background(), store.Change{Project: e.projA, ID: s.ID, From: session.Running,
