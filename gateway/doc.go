@@ -14,6 +14,12 @@
 // decide.PatchableFields only), validates the patched request again in full, references
 // included, and answers anything wrong as a 403 naming the field and the decider.
 //
+// The data path (exec, PTY, files) has a second door: Authz, the ext_authz gRPC service that an
+// Envoy fleet asks before it sends such a request straight to the session's node (authz.go).
+// Both doors authenticate alike, by API key or by the connect token that a session's connect
+// URLs carry (authz_access.go), and refuse a session that is not running with the same 409;
+// ext_authz caches what it reads of sessions and drops it on their events (authz_lookups.go).
+//
 // Every answer is a Go type, never a map: the contract's objects come from package session
 // (Session, Snapshot, Run, List, DeletedObject, the exec results), the rest are in
 // apiobjects.go (Policy, Plugin, Project, Limits, Usage, ...). schema_types_test.go holds each

@@ -23,7 +23,7 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		return session.ExecResult{}, err
 	}
 	if sess.State != session.Running {
-		return session.ExecResult{}, errState("session is %s; exec needs a running session", sess.State)
+		return session.ExecResult{}, errNeedsRunning(opExec, sess.State)
 	}
 	g, err := s.guests()
 	if err != nil {
@@ -110,7 +110,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 		return err
 	}
 	if sess.State != session.Running {
-		return errState("session is %s; exec needs a running session", sess.State)
+		return errNeedsRunning(opExec, sess.State)
 	}
 	// Streamed: one JSON line per chunk, then {"exit_code": N, ...}.
 	var mu sync.Mutex

@@ -27,7 +27,7 @@ func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*s
 		return nil, nil, err
 	}
 	if sess.State != session.Running {
-		return nil, nil, errState("session is %s; files and PTY need a running session", sess.State)
+		return nil, nil, errNeedsRunning(opFiles, sess.State)
 	}
 	g, err := s.guests()
 	if err != nil {
@@ -163,7 +163,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 		return s.agentError(r.Context(), err)
 	}
 	defer up.CloseNow()
-	down, err := websocket.Accept(w, r, nil)
+	down, err := websocket.Accept(w, r, ptyAcceptOptions(r))
 	if err != nil {
 		return nil // Accept has answered the caller
 	}

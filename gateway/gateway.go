@@ -84,6 +84,8 @@ type Server struct {
 	cancel context.CancelFunc
 	// execs and asyncRuns count work in progress per project, for the caps above.
 	execs, asyncRuns *projectSlots
+	// access is the data path's state: grant signers and ext_authz's lookups (authz*.go).
+	access edgeAccess
 }
 
 // New returns a Server. Call Close to stop its background work.
@@ -158,7 +160,8 @@ func (s *Server) routes() {
 	api("PATCH /v1/sessions/{id}", s.patchSession)
 	api("DELETE /v1/sessions/{id}", s.deleteSession)
 	api("POST /v1/sessions/{id}", s.idempotent(s.sessionAction)) // {id}:pause, :resume, :snapshot
-	s.dataRoutes(api)
+	// The data path: an API key, or the session's connect token (authz_access.go).
+	s.dataRoutes(func(pattern string, h handler) { m.Handle(pattern, s.dataPath(h)) })
 
 	api("GET /v1/snapshots", s.listSnapshots)
 	api("GET /v1/snapshots/{id}", s.getSnapshot)

@@ -243,7 +243,7 @@ func TestCreateSessionLifecycle(t *testing.T) {
 		s.Resources.SizeClass != "s" || s.IdleTimeoutS != 120 || s.MaxLifetimeS != 3600 || s.StartedAt != nil {
 		t.Fatalf("created %+v", s)
 	}
-	if s.Connect.ExecURL != e.url+"/v1/sessions/"+s.ID+"/exec" || !strings.HasPrefix(s.Connect.PTYURL, "ws://") {
+	if !strings.HasPrefix(s.Connect.ExecURL, e.url+"/v1/sessions/"+s.ID+"/exec?token=") || !strings.HasPrefix(s.Connect.PTYURL, "ws://") {
 		t.Fatalf("connect %+v", s.Connect)
 	}
 	r := e.waitState(e.key, s.ID, session.Running)

@@ -211,8 +211,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p store.P
 	for _, warn := range warnings {
 		w.Header().Add("Warning", `299 wb "`+strings.ReplaceAll(warn, `"`, `'`)+`"`)
 	}
-	writeJSON(w, 201, sess)
-	return nil
+	return s.writeSession(r.Context(), w, 201, sess)
 }
 
 func (s *Server) loadSession(ctx context.Context, p store.Project, id string) (*session.Session, error) {
@@ -228,8 +227,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request, p store.Proj
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, sess)
-	return nil
+	return s.writeSession(r.Context(), w, 200, sess)
 }
 
 func queryLimit(r *http.Request) (int, error) {
@@ -259,6 +257,11 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request, p store.Pr
 	page, err := s.Store.List(r.Context(), p.ID, lq)
 	if err != nil {
 		return err
+	}
+	for i, sess := range page.Sessions {
+		if page.Sessions[i], err = s.withConnectToken(r.Context(), sess); err != nil {
+			return err
+		}
 	}
 	writeJSON(w, 200, session.NewList(page.Sessions, page.NextCursor))
 	return nil
@@ -310,8 +313,7 @@ func (s *Server) patchSession(w http.ResponseWriter, r *http.Request, p store.Pr
 			}
 			return err
 		}
-		writeJSON(w, 200, out)
-		return nil
+		return s.writeSession(ctx, w, 200, out)
 	}
 }
 
@@ -353,6 +355,7 @@ func (s *Server) stop(ctx context.Context, p store.Project, id string) (*session
 		}
 		out, err := s.Store.Transition(ctx, store.Change{Project: p.ID, ID: id, From: sess.State, To: to,
 			Driver: session.Caller, Reason: session.Deleted})
+		s.forgetSessions(p.ID)
 		var ce *store.ConflictError
 		if errors.As(err, &ce) && attempt < 5 {
 			continue
@@ -389,8 +392,7 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
-	writeJSON(w, status, out)
-	return nil
+	return s.writeSession(r.Context(), w, status, out)
 }
 
 // sessionAction serves POST /v1/sessions/{id}:pause, :resume and :snapshot.
@@ -452,12 +454,12 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, sess *session.Ses
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Running, To: session.Paused, Driver: session.Caller, Version: sess.Version})
+	s.forgetSessions(sess.ProjectID) // ext_authz refuses the paused session from now on
 	if err != nil {
 		_ = g.Resume(context.WithoutCancel(r.Context()), sess) // the state moved on: undo
 		return err
 	}
-	writeJSON(w, 200, out)
-	return nil
+	return s.writeSession(r.Context(), w, 200, out)
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request, sess *session.Session, body []byte) error {
@@ -476,11 +478,11 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, sess *session.Se
 	}
 	out, err := s.Store.Transition(r.Context(), store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Paused, To: session.Running, Driver: session.Caller, Version: sess.Version})
+	s.forgetSessions(sess.ProjectID)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, 200, out)
-	return nil
+	return s.writeSession(r.Context(), w, 200, out)
 }
 
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.Session, body []byte) error {
@@ -508,6 +510,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		From: session.Running, To: session.Snapshotting, Driver: session.Caller, Version: sess.Version}); err != nil {
 		return err
 	}
+	s.forgetSessions(sess.ProjectID)
 	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID,
 		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
 	// The guest must come back to running whatever happens to the request from here.
@@ -529,6 +532,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 		From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
 		return errors.Join(err, recordErr)
 	}
+	s.forgetSessions(sess.ProjectID)
 	if recordErr != nil {
 		return recordErr
 	}

@@ -19,6 +19,9 @@ type GatewayInfo struct {
 	ID          string    `json:"id"`
 	Addrs       []string  `json:"addrs"` // URLs, host:port or bare addresses
 	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// AuthzAddr is the host:port of its ext_authz gRPC service (wb serve --authz-addr), which
+	// xds publishes as the endpoints of the wb_ext_authz cluster; empty when it serves none.
+	AuthzAddr string `json:"authz_addr,omitempty"`
 }
 
 // GatewayHeartbeat registers or refreshes a gateway.

@@ -199,11 +199,15 @@ func hostAddrs() ([]netip.Addr, error) {
 }
 
 // registerGateway keeps this gateway registered in Redis with every address it listens or
-// sends from (its URLs and this host's interfaces), so that every node refuses guests'
-// egress to it before it ever calls them; it removes the registration when ctx ends.
-func registerGateway(ctx context.Context, st *store.Store, id string, urls []string, log *slog.Logger) {
+// sends from (its URLs, its ext_authz address and this host's interfaces), so that every node
+// refuses guests' egress to it before it ever calls them, and xds finds its ext_authz
+// (authzAddr, empty for none); it removes the registration when ctx ends.
+func registerGateway(ctx context.Context, st *store.Store, id string, urls []string, authzAddr string, log *slog.Logger) {
 	beat := func() {
 		addrs := slices.Clone(urls)
+		if authzAddr != "" {
+			addrs = append(addrs, authzAddr)
+		}
 		if as, err := hostAddrs(); err == nil {
 			for _, a := range as {
 				addrs = append(addrs, a.String())
@@ -211,7 +215,7 @@ func registerGateway(ctx context.Context, st *store.Store, id string, urls []str
 		}
 		bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := st.GatewayHeartbeat(bctx, store.GatewayInfo{ID: id, Addrs: addrs}); err != nil {
+		if err := st.GatewayHeartbeat(bctx, store.GatewayInfo{ID: id, Addrs: addrs, AuthzAddr: authzAddr}); err != nil {
 			log.Warn("gateway heartbeat", "err", err)
 		}
 	}

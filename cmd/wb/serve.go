@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"wb/gateway"
 	"wb/internal/datadir"
@@ -46,6 +47,7 @@ type serveFlags struct {
 	metricsToken string
 	metricsAddr  string
 	tls          tlsFlags
+	authzAddr    string // ext_authz gRPC for the Envoy fleet (serve_authz.go)
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -66,6 +68,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
 	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
+	fs.StringVar(&f.authzAddr, "authz-addr", "", "`host:port` serving ext_authz (gRPC envoy.service.auth.v3.Authorization) to an Envoy fleet, on the operator's network only; recorded in this gateway's registration for xds; empty serves none")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -125,6 +128,16 @@ Flags:
 			return fmt.Errorf("--metrics-addr: %w", err)
 		}
 		defer metricsLn.Close() // on the error paths; Shutdown closes it otherwise
+	}
+	authzLn, err := listenAuthz(f.authzAddr)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	authzAddr := ""
+	if authzLn != nil {
+		defer authzLn.Close() // on the error paths; the gRPC server closes it otherwise
+		authzAddr = authzLn.Addr().String()
 	}
 	url := f.tls.scheme() + "://" + ln.Addr().String()
 	if f.publicURL == "" {
@@ -212,6 +225,12 @@ Flags:
 		return err
 	}
 	defer gw.Close()
+	var authz *grpc.Server
+	if authzLn != nil {
+		if authz, err = authzServer(ctx, gw); err != nil {
+			return err
+		}
+	}
 	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	if f.tls.enabled() {
 		tlsLn, stopTLS, err := f.tls.listen(ctx, ln, st, log)
@@ -228,7 +247,7 @@ Flags:
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		registerGateway(gctx, st, session.NewID("gw_", time.Now()), []string{url, f.publicURL}, log)
+		registerGateway(gctx, st, session.NewID("gw_", time.Now()), []string{url, f.publicURL}, authzAddr, log)
 		return nil
 	})
 	g.Go(func() error { return pl.Run(gctx) })
@@ -247,6 +266,9 @@ Flags:
 		g.Go(func() error { platform.run(gctx); return nil })
 	}
 	serveUntil(gctx, g, srv, ln, 10*time.Second)
+	if authz != nil {
+		serveAuthz(gctx, g, authz, authzLn, 10*time.Second, log)
+	}
 	if metricsLn != nil {
 		serveMetrics(gctx, g, metricsLn, metrics.Handler(), log)
 	}
