@@ -19,6 +19,9 @@ type GatewayInfo struct {
 	ID          string    `json:"id"`
 	Addrs       []string  `json:"addrs"` // URLs, host:port or bare addresses
 	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// AuthzAddr is where its ext_authz gRPC service listens (host:port), empty when off; xds
+	// publishes it as the endpoints of the Envoy cluster wb_ext_authz.
+	AuthzAddr string `json:"authz_addr,omitempty"`
 }
 
 // GatewayHeartbeat registers or refreshes a gateway.
