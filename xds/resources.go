@@ -309,10 +309,11 @@ func outlier() *clusterv3.OutlierDetection {
 	}
 }
 
-// assignment is a cluster's endpoints in one locality (weight 1: gRPC ignores localities
-// without a weight). status, when given, applies to every endpoint.
+// assignment is a cluster's endpoints in one locality, named and weighted because gRPC
+// rejects a locality without an id and ignores one without a weight. status, when given,
+// applies to every endpoint.
 func assignment(cluster string, addrs []netip.AddrPort, status *corev3.HealthStatus) *endpointv3.ClusterLoadAssignment {
-	loc := &endpointv3.LocalityLbEndpoints{LoadBalancingWeight: wrapperspb.UInt32(1)}
+	loc := &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: "wb"}, LoadBalancingWeight: wrapperspb.UInt32(1)}
 	for _, a := range addrs {
 		ep := &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{

@@ -106,12 +106,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		src: cfg.Source, opts: cfg.Options, log: cfg.Logger, pollEvery: cfg.PollEvery,
-		cache: cachev3.NewSnapshotCache(true, fleetHash{}, nil),
-		sent:  map[streamType]sentResponse{},
+		sent: map[streamType]sentResponse{},
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	// ads=false although everything is served over ADS: in "ADS mode" the cache answers a
+	// request only if it names every resource of its type, and a gRPC client asks for just
+	// the listener and cluster it needs. Envoy asks for all listeners and clusters anyway.
+	s.cache = cachev3.NewSnapshotCache(false, fleetHash{}, cacheLogger{s.log})
 	if s.pollEvery <= 0 {
 		s.pollEvery = 2 * time.Second
 	}
@@ -315,3 +318,11 @@ func (s *Server) callbacks() serverv3.CallbackFuncs {
 func shortType(typeURL string) string {
 	return typeURL[strings.LastIndexByte(typeURL, '.')+1:]
 }
+
+// cacheLogger passes go-control-plane's log lines to slog (its debug lines at debug level).
+type cacheLogger struct{ log *slog.Logger }
+
+func (l cacheLogger) Debugf(format string, args ...any) { l.log.Debug("xds cache: " + fmt.Sprintf(format, args...)) }
+func (l cacheLogger) Infof(format string, args ...any)  { l.log.Debug("xds cache: " + fmt.Sprintf(format, args...)) }
+func (l cacheLogger) Warnf(format string, args ...any)  { l.log.Warn("xds cache: " + fmt.Sprintf(format, args...)) }
+func (l cacheLogger) Errorf(format string, args ...any) { l.log.Error("xds cache: " + fmt.Sprintf(format, args...)) }
