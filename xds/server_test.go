@@ -46,7 +46,7 @@ func (s *staticSource) set(f Fleet, err error) {
 }
 
 // startServer serves s's ADS on a loopback port and answers its address.
-func startServer(t *testing.T, s *Server) string {
+func startServer(t testing.TB, s *Server) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -267,8 +267,8 @@ func TestGRPCClient(t *testing.T) {
 	}
 }
 
-// adsStream opens a raw ADS stream to addr.
-func adsConn(t *testing.T, addr string) discoveryv3.AggregatedDiscoveryServiceClient {
+// adsConn is an ADS client of addr.
+func adsConn(t testing.TB, addr string) discoveryv3.AggregatedDiscoveryServiceClient {
 	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
