@@ -22,7 +22,7 @@ const (
 	// future in-fleet gRPC caller reach the nodes without a proxy.
 	ListenerGRPCNodes = "wb_grpc_nodes"
 	// ClusterNodes holds every node that is not draining (the gRPC listener's only cluster).
-	ClusterNodes = "wb_nodes"
+	ClusterNodes      = "wb_nodes"
 	nodeClusterPrefix = "wb_node_"
 )
 
@@ -203,4 +203,3 @@ func dedupe(as []netip.AddrPort) []netip.AddrPort {
 	slices.SortFunc(as, func(a, b netip.AddrPort) int { return a.Compare(b) })
 	return slices.Compact(as)
 }
-

@@ -322,7 +322,13 @@ func shortType(typeURL string) string {
 // cacheLogger passes go-control-plane's log lines to slog (its debug lines at debug level).
 type cacheLogger struct{ log *slog.Logger }
 
-func (l cacheLogger) Debugf(format string, args ...any) { l.log.Debug("xds cache: " + fmt.Sprintf(format, args...)) }
-func (l cacheLogger) Infof(format string, args ...any)  { l.log.Debug("xds cache: " + fmt.Sprintf(format, args...)) }
-func (l cacheLogger) Warnf(format string, args ...any)  { l.log.Warn("xds cache: " + fmt.Sprintf(format, args...)) }
-func (l cacheLogger) Errorf(format string, args ...any) { l.log.Error("xds cache: " + fmt.Sprintf(format, args...)) }
+func (l cacheLogger) Debugf(format string, args ...any) { l.at(slog.LevelDebug, format, args) }
+func (l cacheLogger) Infof(format string, args ...any)  { l.at(slog.LevelDebug, format, args) }
+func (l cacheLogger) Warnf(format string, args ...any)  { l.at(slog.LevelWarn, format, args) }
+func (l cacheLogger) Errorf(format string, args ...any) { l.at(slog.LevelError, format, args) }
+
+func (l cacheLogger) at(level slog.Level, format string, args []any) {
+	if l.log.Enabled(context.Background(), level) { // the cache logs every request at debug
+		l.log.Log(context.Background(), level, "xds cache: "+fmt.Sprintf(format, args...))
+	}
+}

@@ -45,6 +45,7 @@ type serveFlags struct {
 	// operator-only address instead of the API's.
 	metricsToken string
 	metricsAddr  string
+	xds          xdsFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -64,6 +65,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
 	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
+	f.xds.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -207,6 +209,11 @@ Flags:
 		return err
 	}
 	defer gw.Close()
+	runXDS, err := listenXDS(ctx, f.xds, st, metrics.Registry(), log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 
 	fmt.Fprintf(stdout, "WB_URL=%s\nWB_API_KEY=%s\nWB_ADMIN_KEY=%s\n", url, f.apiKey, f.adminKey)
@@ -220,6 +227,7 @@ Flags:
 	g.Go(func() error { return pl.Run(gctx) })
 	g.Go(func() error { return disp.Run(gctx) })
 	g.Go(func() error { return settler.Run(gctx) })
+	runXDS(gctx, g)
 	if nd != nil {
 		runNode(gctx, g, nd, nodeLn, nodeToken, platform)
 		if f.redisURL == "" {
