@@ -208,19 +208,32 @@ func TestGRPCClient(t *testing.T) {
 		return seen[nodeA] && seen[nodeB]
 	})
 
+	onlyB := func(what string) {
+		t.Helper()
+		streak := 0
+		testwait.For(t, 30*time.Second, what+": 20 calls in a row to node-b", func() bool {
+			if callPeer(ctx, client) == nodeB {
+				streak++
+			} else {
+				streak = 0
+			}
+			return streak >= 20
+		})
+	}
+	// node-a drains: it leaves wb_nodes (and is DRAINING in its own cluster).
+	if err := st.Heartbeat(ctx, store.NodeInfo{ID: "node-a", Addr: "http://" + nodeA, Draining: true}); err != nil {
+		t.Fatal(err)
+	}
+	onlyB("node-a draining")
+	if err := st.Heartbeat(ctx, store.NodeInfo{ID: "node-a", Addr: "http://" + nodeA}); err != nil {
+		t.Fatal(err)
+	}
+	testwait.For(t, 30*time.Second, "calls reach node-a again after draining", func() bool { return callPeer(ctx, client) == nodeA })
 	// node-a leaves: every call goes to node-b.
 	if err := st.RemoveNode(ctx, "node-a"); err != nil {
 		t.Fatal(err)
 	}
-	streak := 0
-	testwait.For(t, 30*time.Second, "20 calls in a row to node-b", func() bool {
-		if callPeer(ctx, client) == nodeB {
-			streak++
-		} else {
-			streak = 0
-		}
-		return streak >= 20
-	})
+	onlyB("node-a removed")
 
 	// A rejected assignment: gRPC refuses two endpoints with one address. Stop polling so
 	// that only this test publishes.

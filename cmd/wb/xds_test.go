@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -108,12 +110,30 @@ func TestServeXDS(t *testing.T) {
 			for _, ep := range loc.GetLbEndpoints() {
 				sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
 				if sa.GetAddress() == u.Hostname() && strconv.Itoa(int(sa.GetPortValue())) == u.Port() {
+					checkXDSMetrics(t, env)
 					return
 				}
 			}
 		}
 		// The gateway registers itself right after starting: wait for the next version.
+		// (An ACK with the current version waits for a new snapshot.)
 		req = &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{xds.ClusterGateway},
 			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+	}
+}
+
+// checkXDSMetrics: the xDS server's metrics are on the gateway's /metrics.
+func checkXDSMetrics(t *testing.T, env map[string]string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", env["WB_URL"]+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+env["WB_ADMIN_KEY"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), "wb_xds_snapshots_published_total") || !strings.Contains(string(body), "wb_xds_responses_total") {
+		t.Errorf("/metrics lacks the xds metrics:\n%.2000s", body)
 	}
 }
