@@ -145,7 +145,7 @@ func parseHostPort(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), nil
 }
 
-// endpoint is a parsed fleet member, sorted by id.
+// parsedNode is a node whose address parsed.
 type parsedNode struct {
 	id, cluster string
 	addr        netip.AddrPort

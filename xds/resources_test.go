@@ -310,3 +310,19 @@ func TestBadAddressesSkipped(t *testing.T) {
 		t.Errorf("colliding ids: %v, skipped %v", err, r.Skipped)
 	}
 }
+
+// FuzzBuild: whatever Redis holds, Build neither panics nor yields an invalid snapshot.
+func FuzzBuild(f *testing.F) {
+	f.Add("node-a", "http://10.0.0.1:7070", "http://10.0.1.1:8080", "10.0.1.1:9001", false)
+	f.Add("", "", "", "", true)
+	f.Add("a/b", "[::1]:1", "http://0.0.0.0:80", "0.0.0.0:1", true)
+	f.Add("x", "http://[fe80::1%25eth0]:1", "https://10.0.0.1", "::ffff:10.0.0.1:5", false)
+	f.Fuzz(func(t *testing.T, id, addr, httpAddr, authzAddr string, draining bool) {
+		fl := fleet3()
+		fl.Nodes = append(fl.Nodes, Node{ID: id, Addr: addr, Draining: draining})
+		fl.Gateways = append(fl.Gateways, Gateway{ID: id, HTTPAddr: httpAddr, AuthzAddr: authzAddr})
+		if _, err := Build(fl, Options{}).Snapshot(); err != nil {
+			t.Fatalf("fleet %+v: %v", fl, err)
+		}
+	})
+}
