@@ -22,6 +22,8 @@ type NodeInfo struct {
 	UsedVCPU      int       `json:"used_vcpu"`
 	UsedMemoryMiB int       `json:"used_memory_mib"`
 	HeartbeatAt   time.Time `json:"heartbeat_at"`
+	// Draining: the node takes no new sessions; the edge (xds) marks its endpoint DRAINING.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // Heartbeat registers or refreshes a node.

@@ -23,6 +23,7 @@ Commands:
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
   node      run guests for a control plane that shares its Redis
   plugins   test a Wasm plugin locally, or push it to a project
+  envoy-bootstrap  print the bootstrap YAML of one Envoy of the fleet
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
   version   print the version
 
@@ -76,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nodeCmd(ctx, args[1:], stderr)
 	case "plugins":
 		return pluginsCmd(ctx, args[1:], stdout, stderr)
+	case "envoy-bootstrap":
+		return envoyBootstrap(args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])

@@ -48,6 +48,7 @@ type serveFlags struct {
 	metricsAddr  string
 	tls          tlsFlags
 	authzAddr    string // ext_authz gRPC for the Envoy fleet (serve_authz.go)
+	xds          xdsFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -69,6 +70,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
 	fs.StringVar(&f.authzAddr, "authz-addr", "", "`host:port` serving ext_authz (gRPC envoy.service.auth.v3.Authorization) to an Envoy fleet, on the operator's network only; recorded in this gateway's registration for xds; empty serves none")
+	f.xds.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -231,6 +233,11 @@ Flags:
 			return err
 		}
 	}
+	runXDS, err := listenXDS(ctx, f.xds, st, metrics.Registry(), log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	srv := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	if f.tls.enabled() {
 		tlsLn, stopTLS, err := f.tls.listen(ctx, ln, st, log)
@@ -253,6 +260,7 @@ Flags:
 	g.Go(func() error { return pl.Run(gctx) })
 	g.Go(func() error { return disp.Run(gctx) })
 	g.Go(func() error { return settler.Run(gctx) })
+	runXDS(gctx, g)
 	if nd != nil {
 		runNode(gctx, g, nd, nodeLn, nodeToken, platform)
 		if f.redisURL == "" {
