@@ -93,7 +93,7 @@ func (a *Authz) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.Ch
 		Status: &rpcstatus.Status{Code: int32(codes.OK)},
 		HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{
 			Headers: []*corev3.HeaderValueOption{
-				overwrite(edgeauth.HeaderCluster, nodeCluster(f.nodeID)),
+				overwrite(edgeauth.HeaderCluster, edgeauth.NodeCluster(f.nodeID)),
 				overwrite(edgeauth.HeaderEdgeAuth, grant),
 			},
 		}},

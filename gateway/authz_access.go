@@ -246,14 +246,3 @@ func (s *Server) writeSession(ctx context.Context, w http.ResponseWriter, status
 	return nil
 }
 
-// nodeCluster is the Envoy cluster of a node (the contract's xds.NodeCluster, copied so that
-// the gateway does not import xds): "wb_node_" and the node id, each character outside
-// [A-Za-z0-9_.-] replaced by "_".
-func nodeCluster(nodeID string) string {
-	return "wb_node_" + strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-' {
-			return r
-		}
-		return '_'
-	}, nodeID)
-}

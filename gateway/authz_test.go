@@ -344,8 +344,8 @@ func TestSessionLookups(t *testing.T) {
 
 func TestNodeCluster(t *testing.T) {
 	for in, want := range map[string]string{"node_local": "wb_node_node_local", "n-1.a": "wb_node_n-1.a", "a b/c:d": "wb_node_a_b_c_d", "é": "wb_node__"} {
-		if got := nodeCluster(in); got != want {
-			t.Errorf("nodeCluster(%q) = %q, want %q", in, got, want)
+		if got := edgeauth.NodeCluster(in); got != want {
+			t.Errorf("NodeCluster(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"wb/internal/edgeauth"
 	"wb/store"
 )
 
@@ -22,26 +23,13 @@ const (
 	// future in-fleet gRPC caller reach the nodes without a proxy.
 	ListenerGRPCNodes = "wb_grpc_nodes"
 	// ClusterNodes holds every node that is not draining (the gRPC listener's only cluster).
-	ClusterNodes      = "wb_nodes"
-	nodeClusterPrefix = "wb_node_"
+	ClusterNodes = "wb_nodes"
 )
 
 // NodeCluster is the Envoy cluster of one node: "wb_node_" and the node id with every
-// character outside [A-Za-z0-9_.-] replaced by "_". ext_authz sets x-wb-cluster to it.
-func NodeCluster(nodeID string) string {
-	var b strings.Builder
-	b.Grow(len(nodeClusterPrefix) + len(nodeID))
-	b.WriteString(nodeClusterPrefix)
-	for _, r := range nodeID {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == '-':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('_')
-		}
-	}
-	return b.String()
-}
+// character outside [A-Za-z0-9_.-] replaced by "_". ext_authz sets x-wb-cluster to it; both
+// take it from edgeauth, so they cannot disagree.
+func NodeCluster(nodeID string) string { return edgeauth.NodeCluster(nodeID) }
 
 // Fleet is what the resources are built from: the registered gateways and nodes.
 type Fleet struct {

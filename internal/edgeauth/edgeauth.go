@@ -20,6 +20,18 @@ const (
 	HeaderEdgeAuth = "x-wb-edge-auth"
 )
 
+// NodeCluster is the Envoy cluster of one node, the value of HeaderCluster: "wb_node_" and
+// the node id with every character outside [A-Za-z0-9_.-] replaced by "_". xds names the
+// clusters with it and ext_authz routes with it.
+func NodeCluster(nodeID string) string {
+	return "wb_node_" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-' {
+			return r
+		}
+		return '_'
+	}, nodeID)
+}
+
 // Purposes keep the grants of one use from passing for another.
 const (
 	PurposeEdge    = "edge"    // ext_authz → node, in HeaderEdgeAuth
