@@ -318,3 +318,20 @@ func unmountUnder(dir string) {
 		_ = syscall.Unmount(p, syscall.MNT_DETACH)
 	}
 }
+
+// TestServeNodeTokenFile: a --node-token-file that cannot be read, or holds nothing, stops
+// wb serve with the flag's name, before it serves anything.
+func TestServeNodeTokenFile(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{filepath.Join(t.TempDir(), "missing"), empty} {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		err := run(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--runtime", "none", "--data-dir", t.TempDir(), "--node-token-file", file, "--log-level", "error"}, io.Discard, io.Discard)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "--node-token-file") {
+			t.Errorf("--node-token-file %s: %v, want an error naming the flag", file, err)
+		}
+	}
+}

@@ -225,20 +225,25 @@ func nodeToken(onCommandLine bool, file, env string) (string, error) {
 		return "", errors.New("wb node: --token is refused: a token on the command line shows in ps and /proc to every user of this host; put it in a file readable only by wb (--token-file FILE) or in $WB_NODE_TOKEN")
 	}
 	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
-		}
-		tok := strings.TrimSpace(string(b))
-		if tok == "" {
-			return "", fmt.Errorf("--token-file %s is empty; write the node token in it", file)
-		}
-		return tok, nil
+		return readTokenFile("--token-file", file)
 	}
 	if env != "" {
 		return env, nil
 	}
 	return "", errors.New("wb node needs its token: --token-file FILE, or $WB_NODE_TOKEN")
+}
+
+// readTokenFile reads a token from the file that flag names, refusing an empty one.
+func readTokenFile(flag, file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("%s %s is empty; write the node token in it", flag, file)
+	}
+	return tok, nil
 }
 
 func hostnameOr(def string) string {

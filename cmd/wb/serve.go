@@ -44,11 +44,12 @@ type serveFlags struct {
 	allowPrivateWebhooks bool
 	// metricsToken is a second bearer token for /metrics; metricsAddr serves /metrics on an
 	// operator-only address instead of the API's.
-	metricsToken string
-	metricsAddr  string
-	tls          tlsFlags
-	authzAddr    string // ext_authz gRPC for the Envoy fleet (serve_authz.go)
-	xds          xdsFlags
+	metricsToken  string
+	metricsAddr   string
+	nodeTokenFile string
+	tls           tlsFlags
+	authzAddr     string // ext_authz gRPC for the Envoy fleet (serve_authz.go)
+	xds           xdsFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -68,6 +69,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.prices, "prices", "", "JSON price `file` (see quota/PRICES.md); empty uses the defaults")
 	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
 	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
+	fs.StringVar(&f.nodeTokenFile, "node-token-file", "", "`file` holding the token this gateway sends to every node (else $WB_NODE_TOKEN; else a random one, which only the embedded node knows): give separate `wb node`s the same token")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
 	fs.StringVar(&f.authzAddr, "authz-addr", "", "`host:port` serving ext_authz (gRPC envoy.service.auth.v3.Authorization) to an Envoy fleet, on the operator's network only; recorded in this gateway's registration for xds; empty serves none")
 	f.xds.register(fs)
@@ -176,7 +178,18 @@ Flags:
 		nodeLn.Close()
 		return err
 	}
-	nodeToken := store.NewAPIKey("wb_node_")
+	// The token this gateway sends to every node: separate `wb node`s must be given it too.
+	nodeToken := os.Getenv("WB_NODE_TOKEN")
+	if f.nodeTokenFile != "" {
+		if nodeToken, err = readTokenFile("--node-token-file", f.nodeTokenFile); err != nil {
+			ln.Close()
+			nodeLn.Close()
+			return fmt.Errorf("wb serve %w", err)
+		}
+	}
+	if nodeToken == "" {
+		nodeToken = store.NewAPIKey("wb_node_") // only the embedded node knows it
+	}
 	nodes := nodeclient.New(st, nodeToken)
 	prices := quota.DefaultPrices()
 	if f.prices != "" {
