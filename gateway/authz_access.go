@@ -245,4 +245,3 @@ func (s *Server) writeSession(ctx context.Context, w http.ResponseWriter, status
 	writeJSON(w, status, out)
 	return nil
 }
-

@@ -153,6 +153,8 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/admin/projects", s.adminCreateProject)
 	m.Handle("GET /v1/admin/projects/{id}/plan", s.admin(s.adminGetPlan))
 	m.Handle("PUT /v1/admin/projects/{id}/plan", s.admin(s.adminPutPlan))
+	m.Handle("GET /v1/admin/nodes", s.admin(s.adminListNodes))
+	m.Handle("PUT /v1/admin/nodes/{id}/draining", s.admin(s.adminDrainNode))
 
 	api("POST /v1/sessions", s.idempotent(s.createSession))
 	api("GET /v1/sessions", s.listSessions)

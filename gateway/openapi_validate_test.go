@@ -230,6 +230,8 @@ var registeredRoutes = []string{
 	"POST /v1/admin/projects",
 	"GET /v1/admin/projects/{id}/plan",
 	"PUT /v1/admin/projects/{id}/plan",
+	"GET /v1/admin/nodes",
+	"PUT /v1/admin/nodes/{id}/draining",
 	"POST /v1/sessions",
 	"GET /v1/sessions",
 	"GET /v1/sessions/{id}",

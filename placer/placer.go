@@ -329,16 +329,16 @@ func (sh *share) add(node string, sess *session.Session) {
 	sh.used[node] = u
 }
 
-// choose picks the live node in the session's region that offers its tier, has room within
-// the project's share of it, and has the most free memory after in-flight placements; it
-// claims the session's resources on it.
+// choose picks the live node in the session's region, not draining, that offers its tier,
+// has room within the project's share of it, and has the most free memory after in-flight
+// placements; it claims the session's resources on it.
 func (p *Placer) choose(nodes []store.NodeInfo, sess *session.Session, sh *share) (store.NodeInfo, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.Now()
 	best, bestFree := -1, -1
 	for i, n := range nodes {
-		if now.Sub(n.HeartbeatAt) > p.HeartbeatTimeout || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) ||
+		if n.Draining || now.Sub(n.HeartbeatAt) > p.HeartbeatTimeout || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) ||
 			!sh.fits(n, sess) {
 			continue
 		}

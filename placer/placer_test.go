@@ -102,6 +102,30 @@ func TestPlacement(t *testing.T) {
 	}
 }
 
+// TestPlacementSkipsDrainingNodes: a node an operator drains takes no new session (n_big is
+// the only one offering tier 3 in r1), and takes them again once the drain ends.
+func TestPlacementSkipsDrainingNodes(t *testing.T) {
+	st, rec, p, _ := setup(t)
+	ctx := context.Background()
+	if err := st.SetNodeDraining(ctx, "n_big", true); err != nil {
+		t.Fatal(err)
+	}
+	s := pending(t, st, "proj_a", "r1", 3, 2048)
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	if got := rec.nodeOf(s.ID); got != "" {
+		t.Fatalf("placed on draining node %q", got)
+	}
+	if err := st.SetNodeDraining(ctx, "n_big", false); err != nil {
+		t.Fatal(err)
+	}
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	if got := rec.nodeOf(s.ID); got != "n_big" {
+		t.Fatalf("after the drain ended: placed on %q, want n_big", got)
+	}
+}
+
 func TestDeadlineAndHostFailure(t *testing.T) {
 	st, _, p, now := setup(t)
 	ctx := context.Background()

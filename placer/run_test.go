@@ -35,7 +35,6 @@ func hasGroup(rdb redis.UniversalClient, stream, group string) bool {
 	return slices.ContainsFunc(groups, func(g redis.XInfoGroup) bool { return g.Name == group })
 }
 
-
 // runSetup is setup for a running placer: a real clock, nodes that stay alive for the
 // test (HeartbeatTimeout an hour, unless cfg says otherwise) and tiers (for both the store
 // and the placer).

@@ -31,7 +31,6 @@ func runSettler(t *testing.T, rdb redis.UniversalClient, s *Settler) {
 	})
 }
 
-
 // settledMs is the session time the project's hour bucket holds.
 func settledMs(rdb redis.UniversalClient, project string) int64 {
 	v, _ := rdb.HGet(context.Background(), store.ProjectKeys(project).UsageHour(t0), "t:session_ms").Result()

@@ -65,3 +65,41 @@ func TestGateways(t *testing.T) {
 		t.Fatalf("after gw_b left: %v", got)
 	}
 }
+
+// TestNodeDraining: a drain survives the node's own heartbeats (which rewrite its
+// registration) and ends when the operator ends it.
+func TestNodeDraining(t *testing.T) {
+	ctx := context.Background()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	s := New(rdb)
+	draining := func() bool {
+		ns, err := s.Nodes(ctx)
+		if err != nil || len(ns) != 1 {
+			t.Fatalf("Nodes = %v, %v", ns, err)
+		}
+		return ns[0].Draining
+	}
+	if err := s.Heartbeat(ctx, NodeInfo{ID: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetNodeDraining(ctx, "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Heartbeat(ctx, NodeInfo{ID: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	if !draining() {
+		t.Fatal("a heartbeat undid the drain")
+	}
+	if err := s.SetNodeDraining(ctx, "n1", false); err != nil {
+		t.Fatal(err)
+	}
+	if draining() {
+		t.Fatal("the drain did not end")
+	}
+	if err := s.SetNodeDraining(ctx, "", true); err == nil {
+		t.Fatal("a drain without a node id was accepted")
+	}
+}

@@ -27,6 +27,12 @@ const (
 	// (Heartbeat, from every `wb node`; Forget).
 	NodesKey = "wb:nodes"
 
+	// NodesDrainingKey is a set of the ids of the nodes an operator is draining: they take no
+	// new sessions and the edge marks them DRAINING. Apart from NodesKey so that a node's
+	// heartbeat, which rewrites its registration, never undoes a drain. Written by store
+	// (SetNodeDraining, from the admin API).
+	NodesDrainingKey = "wb:nodes:draining"
+
 	// GatewaysKey is a hash of gateway registrations, gateway id → GatewayInfo JSON. Nodes
 	// read it to refuse guests' egress to any gateway, including ones that have not called
 	// them yet. Written by store (GatewayHeartbeat).

@@ -25,6 +25,7 @@ func TestKeyNames(t *testing.T) {
 		{provisionDeadlinesKey, "wb:deadlines:provision"},
 		{snapshotProjectsKey, "wb:snapshots:projects"},
 		{edgeSecretKey, "wb:edge:secret"},
+		{NodesDrainingKey, "wb:nodes:draining"},
 		{nodeSessionsKey("node_1"), "wb:node:{node_1}:sessions"},
 		{certFilesKey, "wb:{tls}:files"},
 		{certModifiedKey, "wb:{tls}:modified"},

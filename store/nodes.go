@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/session"
 )
@@ -39,21 +42,47 @@ func (s *Store) Heartbeat(ctx context.Context, n NodeInfo) error {
 	return nil
 }
 
-// Nodes lists every registered node.
+// Nodes lists every registered node, each with whether an operator is draining it.
 func (s *Store) Nodes(ctx context.Context) ([]NodeInfo, error) {
-	m, err := s.rdb.HGetAll(ctx, NodesKey).Result()
-	if err != nil {
+	var all *redis.MapStringStringCmd
+	var draining *redis.StringSliceCmd
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		all = p.HGetAll(ctx, NodesKey)
+		draining = p.SMembers(ctx, NodesDrainingKey)
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
-	out := make([]NodeInfo, 0, len(m))
-	for id, raw := range m {
+	drain := draining.Val()
+	out := make([]NodeInfo, 0, len(all.Val()))
+	for id, raw := range all.Val() {
 		var n NodeInfo
 		if err := json.Unmarshal([]byte(raw), &n); err != nil {
 			return nil, fmt.Errorf("node %s: %w", id, err)
 		}
+		n.Draining = n.Draining || slices.Contains(drain, id)
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// SetNodeDraining starts (on) or ends (off) an operator's drain of a node: a draining node
+// takes no new sessions and the edge sends it no new connections, while the sessions it runs
+// go on. The node need not be registered yet.
+func (s *Store) SetNodeDraining(ctx context.Context, id string, on bool) error {
+	if id == "" {
+		return &session.FieldError{Field: "id", Message: "node id is required"}
+	}
+	var err error
+	if on {
+		err = s.rdb.SAdd(ctx, NodesDrainingKey, id).Err()
+	} else {
+		err = s.rdb.SRem(ctx, NodesDrainingKey, id).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("drain node %s: %w", id, err)
+	}
+	return nil
 }
 
 // RemoveNode forgets a node.
