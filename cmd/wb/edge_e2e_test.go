@@ -17,18 +17,22 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"wb/internal/edgeauth"
 	"wb/internal/redistest"
 	"wb/internal/wbbin"
 	"wb/session"
+	"wb/xds"
 )
 
 // startRuncServe starts the wb binary as `wb serve --runtime runc` with a Redis of the test's
@@ -109,7 +113,7 @@ func loggedAddr(t *testing.T, p *wbProcess, what string) string {
 // endpoints it learned over ADS (EDS).
 type edgeEnvoy struct {
 	authz authv3.AuthorizationClient
-	ads   discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	xds   *grpc.ClientConn
 	host  string // the edge's public host, as the caller sent it
 }
 
@@ -147,39 +151,76 @@ func (e *edgeEnvoy) allowed(t *testing.T, method, path string, hdr map[string]st
 	return added
 }
 
-// upstream answers the base URL of the one endpoint of cluster, from its ClusterLoadAssignment
-// over ADS, waiting for a snapshot that has one (the node registers as wb serve starts).
-func (e *edgeEnvoy) upstream(t *testing.T, cluster string) string {
+// resource answers the first resource of typeURL (names, or every one with none) that want
+// accepts, over a fresh ADS stream, waiting for a snapshot that has one (the node registers
+// as wb serve starts).
+func (e *edgeEnvoy) resource(t *testing.T, typeURL string, names []string, want func(*anypb.Any) bool) *anypb.Any {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ads, err := discoveryv3.NewAggregatedDiscoveryServiceClient(e.xds).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	node := &corev3.Node{Id: "envoy-e2e"}
-	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{cluster}}
+	req := &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names}
 	for {
-		if err := e.ads.Send(req); err != nil {
+		if err := ads.Send(req); err != nil {
 			t.Fatal(err)
 		}
-		resp, err := e.ads.Recv()
+		resp, err := ads.Recv()
 		if err != nil {
-			t.Fatalf("EDS %s: %v", cluster, err)
+			t.Fatalf("xDS %s %v: %v", typeURL, names, err)
 		}
 		for _, res := range resp.GetResources() {
-			var cla endpointv3.ClusterLoadAssignment
-			if err := res.UnmarshalTo(&cla); err != nil {
-				t.Fatal(err)
-			}
-			if cla.GetClusterName() != cluster {
-				continue
-			}
-			for _, loc := range cla.GetEndpoints() {
-				for _, ep := range loc.GetLbEndpoints() {
-					sa := ep.GetEndpoint().GetAddress().GetSocketAddress()
-					return "http://" + net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
-				}
+			if want(res) {
+				return res
 			}
 		}
 		// ACK, and wait for the next version.
-		req = &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{cluster},
+		req = &discoveryv3.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names,
 			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
 	}
+}
+
+// upstream answers the base URL of the node that serves method path once ext_authz set the
+// cluster header to cluster, resolved as Envoy does: wb_routes (RDS) picks the route and the
+// header it names, the cluster of that name (CDS) takes its endpoints from EDS, and its
+// ClusterLoadAssignment names the endpoint.
+func (e *edgeEnvoy) upstream(t *testing.T, method, path, cluster string) string {
+	t.Helper()
+	var rc routev3.RouteConfiguration
+	e.resource(t, resourcev3.RouteType, []string{xds.RouteConfigEdge}, func(a *anypb.Any) bool { return a.UnmarshalTo(&rc) == nil })
+	var chosen *routev3.Route
+	for _, vh := range rc.GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			re, err := regexp.Compile(r.GetMatch().GetSafeRegex().GetRegex())
+			prefix := r.GetMatch().GetPrefix()
+			methods := r.GetMatch().GetHeaders()
+			matches := (prefix != "" && strings.HasPrefix(path, prefix)) || (r.GetMatch().GetSafeRegex() != nil && err == nil && re.MatchString(path))
+			if matches && len(methods) > 0 {
+				mre, err := regexp.Compile(methods[0].GetStringMatch().GetSafeRegex().GetRegex())
+				matches = err == nil && mre.MatchString(method)
+			}
+			if matches && chosen == nil {
+				chosen = r
+			}
+		}
+	}
+	if h := chosen.GetRoute().GetClusterHeader(); h != edgeauth.HeaderCluster {
+		t.Fatalf("wb_routes sends %s %s by route %q to cluster header %q; want %s", method, path, chosen.GetName(), h, edgeauth.HeaderCluster)
+	}
+	var c clusterv3.Cluster
+	e.resource(t, resourcev3.ClusterType, nil, func(a *anypb.Any) bool { return a.UnmarshalTo(&c) == nil && c.GetName() == cluster })
+	if c.GetType() != clusterv3.Cluster_EDS {
+		t.Fatalf("cluster %s is %v; want EDS", cluster, c.GetType())
+	}
+	var cla endpointv3.ClusterLoadAssignment
+	e.resource(t, resourcev3.EndpointType, []string{cluster}, func(a *anypb.Any) bool {
+		return a.UnmarshalTo(&cla) == nil && cla.GetClusterName() == cluster && len(cla.GetEndpoints()) > 0 && len(cla.GetEndpoints()[0].GetLbEndpoints()) > 0
+	})
+	sa := cla.GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+	return "http://" + net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
 }
 
 // headerValue answers the value of name in pairs.
@@ -241,15 +282,11 @@ func TestEdgeEndToEnd(t *testing.T) {
 	defer xdsConn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	ads, err := discoveryv3.NewAggregatedDiscoveryServiceClient(xdsConn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	execURL, err := url.Parse(s.Connect.ExecURL)
 	if err != nil || s.Connect.ExecURL == "" {
 		t.Fatalf("connect.exec_url %q: %v", s.Connect.ExecURL, err)
 	}
-	envoy := &edgeEnvoy{authz: authv3.NewAuthorizationClient(authzConn), ads: ads, host: execURL.Host}
+	envoy := &edgeEnvoy{authz: authv3.NewAuthorizationClient(authzConn), xds: xdsConn, host: execURL.Host}
 	keyHeader := map[string]string{"authorization": byKey}
 	execPath := "/v1/sessions/" + s.ID + "/exec"
 
@@ -260,7 +297,7 @@ func TestEdgeEndToEnd(t *testing.T) {
 	if cluster == "" || headerValue(added, edgeauth.HeaderEdgeAuth) == "" {
 		t.Fatalf("Check added %q; want %s and %s", added, edgeauth.HeaderCluster, edgeauth.HeaderEdgeAuth)
 	}
-	node := envoy.upstream(t, cluster)
+	node := envoy.upstream(t, "POST", execPath, cluster)
 	withAdded := func(pairs []string, more ...string) []string { return append(append([]string(nil), pairs...), more...) }
 	status, _, body := httpDo(t, "POST", node+execPath, `{"command":"echo hi-$((6*7)); echo err >&2; exit 3"}`, withAdded(added, "Authorization", byKey)...)
 	var res session.ExecResult
@@ -291,6 +328,9 @@ func TestEdgeEndToEnd(t *testing.T) {
 		t.Fatalf("connect.pty_url %q: %v", s.Connect.PTYURL, err)
 	}
 	ptyAdded := envoy.allowed(t, "GET", ptyURL.RequestURI(), map[string]string{"upgrade": "websocket", "connection": "upgrade"})
+	if ptyNode := envoy.upstream(t, "GET", ptyURL.Path, headerValue(ptyAdded, edgeauth.HeaderCluster)); ptyNode != node {
+		t.Fatalf("the PTY goes to %s, exec to %s", ptyNode, node)
+	}
 	ws := http.Header{}
 	for i := 0; i+1 < len(ptyAdded); i += 2 {
 		ws.Set(ptyAdded[i], ptyAdded[i+1])
