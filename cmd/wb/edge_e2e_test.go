@@ -237,7 +237,7 @@ func headerValue(pairs []string, name string) string {
 // `wb serve --runtime runc --authz-addr --xds-addr`: ext_authz Check for a data-path request
 // (by API key, or by the connect URL's token), the x-wb-cluster it answers resolved through
 // the xDS server's EDS, and the request sent there with ext_authz's headers: exec (buffered
-// and streamed) and a PTY run in the guest. Without ext_authz's headers, or with another
+// and streamed), files and a PTY reach the guest. Without ext_authz's headers, or with another
 // session's grant, the node refuses and nothing runs; a bad key and a paused session are
 // denied by Check with the API's status and body.
 func TestEdgeEndToEnd(t *testing.T) {
@@ -320,6 +320,15 @@ func TestEdgeEndToEnd(t *testing.T) {
 	status, _, body = httpDo(t, "POST", node+execURL.RequestURI(), `{"command":"echo by-token"}`, byToken...)
 	if status != 200 || !strings.Contains(string(body), `"stdout":"by-token\n"`) {
 		t.Fatalf("exec by the connect token through the edge: %d %s", status, body)
+	}
+
+	// Files by API key, through the same chain.
+	files := "/v1/sessions/" + s.ID + "/files?path=/tmp/edge.txt"
+	if status, _, body := httpDo(t, "PUT", node+files, "through the edge", withAdded(envoy.allowed(t, "PUT", files, keyHeader), "Authorization", byKey)...); status != 204 {
+		t.Fatalf("PUT a file through the edge: %d %s", status, body)
+	}
+	if status, _, body := httpDo(t, "GET", node+files, "", withAdded(envoy.allowed(t, "GET", files, keyHeader), "Authorization", byKey)...); status != 200 || string(body) != "through the edge" {
+		t.Fatalf("GET a file through the edge: %d %q", status, body)
 	}
 
 	// A PTY by the connect pty_url's token, through the same chain.
