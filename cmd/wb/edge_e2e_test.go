@@ -236,7 +236,7 @@ func headerValue(pairs []string, name string) string {
 // TestEdgeEndToEnd chains the edge's parts the way an Envoy of the fleet would, against one
 // `wb serve --runtime runc --authz-addr --xds-addr`: ext_authz Check for a data-path request
 // (by API key, or by the connect URL's token), the x-wb-cluster it answers resolved through
-// the xDS server's EDS, and the request sent there with ext_authz's headers: exec (buffered
+// the xDS server's RDS, CDS and EDS, and the request sent there with ext_authz's headers: exec (buffered
 // and streamed), files and a PTY reach the guest. Without ext_authz's headers, or with another
 // session's grant, the node refuses and nothing runs; a bad key and a paused session are
 // denied by Check with the API's status and body.
