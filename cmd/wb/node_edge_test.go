@@ -407,57 +407,13 @@ func TestNodeEdgeDataPath(t *testing.T) {
 // Addr, which the edge routes to) serves the data path: a session created through the API
 // runs an exec there with a grant, and refuses one without.
 func TestServeNodeServesDataPath(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("runc needs root")
-	}
-	runc, err := exec.LookPath("runc")
-	if err != nil {
-		t.Skip("runc is not installed")
-	}
-	if _, err := exec.LookPath("busybox"); err != nil {
-		t.Skip("busybox-static is needed to assemble the templates")
-	}
-	tmp, err := os.MkdirTemp("", "wbs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin, err := wbbin.Install(tmp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dataDir := filepath.Join(tmp, "d")
-	stateRoot := filepath.Join(dataDir, "oci-state")
-	// With a Redis of its own choosing, wb serve leaves its guests running when it stops (they
-	// belong to sessions that outlive it): remove them, and their mounts, here.
-	t.Cleanup(func() {
-		out, _ := exec.Command(runc, "--root", stateRoot, "list", "-q").Output()
-		for _, id := range strings.Fields(string(out)) {
-			_ = exec.Command(runc, "--root", stateRoot, "delete", "--force", id).Run()
-		}
-		unmountUnder(tmp)
-	})
-	redisAddr := redistest.ServerAddr(t)
-	p := startBinary(t, bin, "serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir,
-		"--redis", "redis://"+redisAddr, "--log-level", "warn")
+	p, redisAddr := startRuncServe(t, "--log-level", "warn")
 	api, key := p.env["WB_URL"], p.env["WB_API_KEY"]
 
 	do := func(method, url string, body string, hdr ...string) (int, []byte) {
 		t.Helper()
-		req, _ := http.NewRequest(method, url, strings.NewReader(body))
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		status, _, b := httpDo(t, method, url, body, hdr...)
+		return status, b
 	}
 	status, body := do("POST", api+"/v1/sessions", `{"tier":2}`, "Authorization", "Bearer "+key)
 	var s session.Session
