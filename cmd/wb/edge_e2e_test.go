@@ -35,10 +35,9 @@ import (
 	"wb/xds"
 )
 
-// startRuncServe starts the wb binary as `wb serve --runtime runc` with a Redis of the test's
-// own and the extra args, and removes its guests (which outlive it, with such a Redis) and
-// their mounts when the test ends. It answers the process and the Redis address.
-func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
+// runcGuestDir skips the test where runc guests cannot run here, and answers runc's path, a
+// directory for the guests that the test removes, and the wb binary installed in it.
+func runcGuestDir(t *testing.T, prefix string) (runc, tmp, bin string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runc needs root")
@@ -51,7 +50,7 @@ func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
 		t.Skip("busybox-static is needed to assemble the templates")
 	}
 	// Not t.TempDir(): the test's name would make the guests' Unix socket paths too long.
-	tmp, err := os.MkdirTemp("", "wbs")
+	tmp, err = os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,10 +58,18 @@ func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
 	if err := os.Chmod(tmp, 0o755); err != nil { // the guest's user must reach the agent binary
 		t.Fatal(err)
 	}
-	bin, err := wbbin.Install(tmp)
-	if err != nil {
+	if bin, err = wbbin.Install(tmp); err != nil {
 		t.Fatal(err)
 	}
+	return runc, tmp, bin
+}
+
+// startRuncServe starts the wb binary as `wb serve --runtime runc` with a Redis of the test's
+// own and the extra args, and removes its guests (which outlive it, with such a Redis) and
+// their mounts when the test ends. It answers the process and the Redis address.
+func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
+	t.Helper()
+	runc, tmp, bin := runcGuestDir(t, "wbs")
 	dataDir := filepath.Join(tmp, "d")
 	stateRoot := filepath.Join(dataDir, "oci-state")
 	t.Cleanup(func() {

@@ -10,8 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,7 +26,6 @@ import (
 	"wb/internal/edgeauth"
 	"wb/internal/netguard"
 	"wb/internal/redistest"
-	"wb/internal/wbbin"
 	"wb/node"
 	nodeclient "wb/node/client"
 	"wb/session"
@@ -58,28 +55,7 @@ type edgeNode struct {
 
 func startEdgeNode(t *testing.T) *edgeNode {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("runc needs root")
-	}
-	if _, err := exec.LookPath("runc"); err != nil {
-		t.Skip("runc is not installed")
-	}
-	if _, err := exec.LookPath("busybox"); err != nil {
-		t.Skip("busybox-static is needed to assemble the templates")
-	}
-	// Not t.TempDir(): the test's name would make the guests' Unix socket paths too long.
-	tmp, err := os.MkdirTemp("", "wbe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	if err := os.Chmod(tmp, 0o755); err != nil { // the guest's user must reach the agent binary
-		t.Fatal(err)
-	}
-	bin, err := wbbin.Install(tmp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, tmp, bin := runcGuestDir(t, "wbe")
 	cat, err := templates.Assemble(filepath.Join(tmp, "templates"))
 	if err != nil {
 		t.Fatal(err)
