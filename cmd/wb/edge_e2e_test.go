@@ -351,22 +351,7 @@ func TestEdgeEndToEnd(t *testing.T) {
 	for i := 0; i+1 < len(ptyAdded); i += 2 {
 		ws.Set(ptyAdded[i], ptyAdded[i+1])
 	}
-	conn, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(node, "http")+ptyURL.RequestURI(), &websocket.DialOptions{HTTPHeader: ws})
-	if err != nil {
-		t.Fatalf("PTY through the edge: %v", err)
-	}
-	if err := conn.Write(ctx, websocket.MessageBinary, []byte("echo pty-$((6*7))\n")); err != nil {
-		t.Fatal(err)
-	}
-	var seen string
-	for !strings.Contains(seen, "pty-42") {
-		_, b, err := conn.Read(ctx)
-		if err != nil {
-			t.Fatalf("PTY read after %q: %v", seen, err)
-		}
-		seen += string(b)
-	}
-	conn.Close(websocket.StatusNormalClosure, "")
+	ptyEcho(ctx, t, "ws"+strings.TrimPrefix(node, "http")+ptyURL.RequestURI(), ws)
 
 	// Refused at the node: without ext_authz's headers (a caller that skips the edge), and with
 	// the grant ext_authz signed for another session. Nothing runs.
@@ -409,5 +394,26 @@ func TestEdgeEndToEnd(t *testing.T) {
 	d := envoy.check(t, "POST", execPath, keyHeader).GetDeniedResponse()
 	if d.GetStatus().GetCode() != 409 || d.GetBody() != string(apiBody) {
 		t.Errorf("Check of a paused session: %d %q; want the API's 409 %q", d.GetStatus().GetCode(), d.GetBody(), apiBody)
+	}
+}
+
+// ptyEcho opens the PTY at url with hdr, runs an echo in it and waits for its output.
+func ptyEcho(ctx context.Context, t *testing.T, url string, hdr http.Header) {
+	t.Helper()
+	conn, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: hdr})
+	if err != nil {
+		t.Fatalf("PTY %s: %v", url, err)
+	}
+	defer conn.Close(websocket.StatusNormalClosure, "")
+	if err := conn.Write(ctx, websocket.MessageBinary, []byte("echo pty-$((6*7))\n")); err != nil {
+		t.Fatal(err)
+	}
+	var seen string
+	for !strings.Contains(seen, "pty-42") {
+		_, b, err := conn.Read(ctx)
+		if err != nil {
+			t.Fatalf("PTY read after %q: %v", seen, err)
+		}
+		seen += string(b)
 	}
 }

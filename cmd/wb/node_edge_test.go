@@ -294,22 +294,7 @@ func TestNodeEdgeDataPath(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ws := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + s.ID + "/pty?cols=100&rows=30"
-	conn, _, err := websocket.Dial(ctx, ws, &websocket.DialOptions{HTTPHeader: http.Header{auth: {g}}})
-	if err != nil {
-		t.Fatalf("PTY: %v", err)
-	}
-	if err := conn.Write(ctx, websocket.MessageBinary, []byte("echo pty-$((6*7))\n")); err != nil {
-		t.Fatal(err)
-	}
-	var seen string
-	for !strings.Contains(seen, "pty-42") {
-		_, b, err := conn.Read(ctx)
-		if err != nil {
-			t.Fatalf("PTY read after %q: %v", seen, err)
-		}
-		seen += string(b)
-	}
-	conn.Close(websocket.StatusNormalClosure, "")
+	ptyEcho(ctx, t, ws, http.Header{auth: {g}})
 	_, resp, err := websocket.Dial(ctx, ws+"&command=forbidden-word", &websocket.DialOptions{HTTPHeader: http.Header{auth: {g}}})
 	if err == nil || resp == nil || resp.StatusCode != 403 {
 		t.Fatalf("a PTY whose command the policy refuses: %v %v; want 403", resp, err)
