@@ -129,7 +129,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		sessions:  map[*websocket.Conn]context.CancelFunc{},
 	}
 
-	s.procs.cg = setupChildCgroup(log, cfg.PidsMax)
+	s.procs.cg = setupChildCgroup(log, cfg.PidsMax, cfg.Init)
 	if cfg.Init {
 		if err := dropSysAdmin(); err != nil {
 			return fmt.Errorf("agent: %w", err)

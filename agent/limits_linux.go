@@ -45,11 +45,15 @@ type childCgroup struct {
 	work string // the work cgroup's directory
 	root string // the root cgroup's directory
 	max  int
+	// init: the agent is the guest's PID 1, so kill(-1) reaches every other process of the
+	// guest (they are all the work cgroup's) in one call, however fast a bomb forks.
+	init bool
 }
 
 // setupChildCgroup mounts a pids cgroup hierarchy at /sys/fs/cgroup and creates the work
 // cgroup with pids.max = max. It answers nil, with a warning in the log, where it cannot.
-func setupChildCgroup(log *slog.Logger, max int) *childCgroup {
+// init says the agent is the guest's PID 1.
+func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
 	if max <= 0 {
 		return nil
 	}
@@ -71,7 +75,7 @@ func setupChildCgroup(log *slog.Logger, max int) *childCgroup {
 		return fail("set "+work+"/pids.max", err)
 	}
 	log.Info("agent: the guest's processes start in a pids cgroup", "cgroup", work, "pids_max", max)
-	return &childCgroup{work: work, root: root, max: max}
+	return &childCgroup{work: work, root: root, max: max, init: init}
 }
 
 // enter moves the calling OS thread into the work cgroup (a child forked from it starts
@@ -133,7 +137,8 @@ func (c *childCgroup) guard(ctx context.Context, log *slog.Logger) {
 }
 
 // killAll SIGKILLs every process of the work cgroup, with its limit at 0 meanwhile so that
-// none can fork a replacement, and answers how many it signalled.
+// none can fork a replacement, and answers how many it signalled (as init, how many the
+// cgroup held when it began).
 func (c *childCgroup) killAll() int {
 	maxFile := filepath.Join(c.work, "pids.max")
 	_ = os.WriteFile(maxFile, []byte("0"), 0)
@@ -147,6 +152,15 @@ func (c *childCgroup) killAll() int {
 		pids := bytes.Fields(b)
 		if len(pids) == 0 {
 			return n
+		}
+		if c.init {
+			// One call signals them all, where reading and killing them one by one lets a
+			// starved agent fall behind.
+			if syscall.Kill(-1, syscall.SIGKILL) == nil {
+				n = max(n, len(pids))
+			}
+			time.Sleep(killAllBetween)
+			continue
 		}
 		for _, p := range pids {
 			if pid, err := strconv.Atoi(string(p)); err == nil && pid > 1 {

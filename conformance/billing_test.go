@@ -25,7 +25,11 @@ func (d *deployment) tenant(t *testing.T, name string) *deployment {
 		APIKey    string `json:"api_key"`
 	}
 	r.decode(t, &p)
-	return &deployment{name: d.name, runtime: d.runtime, url: d.url, apiKey: p.APIKey, admin: d.admin, local: d.local}
+	server := d
+	if d.server != nil {
+		server = d.server
+	}
+	return &deployment{name: d.name, runtime: d.runtime, url: d.url, apiKey: p.APIKey, admin: d.admin, local: d.local, server: server}
 }
 
 type usageLine struct {

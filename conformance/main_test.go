@@ -38,6 +38,10 @@ type deployment struct {
 	waitErr error
 	prevLog string // stderr of the processes restart replaced
 
+	// server is the deployment that owns the process, for a tenant's view of it (tenant):
+	// its log is the server's.
+	server *deployment
+
 	mu      sync.Mutex
 	created []string // session ids the tests made
 }
@@ -274,8 +278,11 @@ func (d *deployment) stderrTail(lines int) string {
 // stderrLines returns the lines of wb serve's stderr that mention substr (a session id), so
 // that a failure names what the server saw of it even where the whole log is cut.
 func (d *deployment) stderrLines(substr string) string {
+	if d.server != nil {
+		return d.server.stderrLines(substr)
+	}
 	if d.tmp == "" {
-		return ""
+		return "(not started by this test: no log)"
 	}
 	b, _ := os.ReadFile(filepath.Join(d.tmp, "stderr"))
 	var out []string
@@ -283,6 +290,9 @@ func (d *deployment) stderrLines(substr string) string {
 		if strings.Contains(l, substr) {
 			out = append(out, l)
 		}
+	}
+	if len(out) == 0 {
+		return "(no line of its log names " + substr + ")"
 	}
 	return strings.Join(out, "\n")
 }
@@ -323,4 +333,21 @@ func bg(t testing.TB, timeout time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// TestStderrLinesOfATenant: a tenant's view of a deployment finds the server's log lines of a
+// session (a failure of the adversarial suite once printed nothing: its tenants had no log).
+func TestStderrLinesOfATenant(t *testing.T) {
+	srv := &deployment{tmp: t.TempDir()}
+	log := "level=INFO msg=other\nlevel=WARN msg=\"guest crashed\" session=sess_x detail=...\n"
+	if err := os.WriteFile(filepath.Join(srv.tmp, "stderr"), []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tenant := &deployment{server: srv}
+	if got := tenant.stderrLines("sess_x"); !strings.Contains(got, "guest crashed") || strings.Contains(got, "other") {
+		t.Errorf("a tenant's stderrLines = %q, want the server's one line of sess_x", got)
+	}
+	if got := tenant.stderrLines("sess_y"); !strings.Contains(got, "no line") {
+		t.Errorf("stderrLines of an unknown session = %q, want it to say no line names it", got)
+	}
 }

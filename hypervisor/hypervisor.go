@@ -149,6 +149,9 @@ const (
 type Event struct {
 	Type string    `json:"type"` // EventOOM or EventExit
 	At   time.Time `json:"at"`
+	// Detail is what the driver saw of an exit, for the operator's log: the guest's last
+	// console lines and its cgroup's limits and counters. Never shown to the tenant.
+	Detail string `json:"detail,omitempty"`
 }
 
 // ErrNotFound is returned for a guest the driver does not know.

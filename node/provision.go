@@ -165,10 +165,10 @@ func (n *Node) watch(l *live) {
 				case st == session.Running && serr == nil && s.OOMKills > 0:
 					n.end(n.ctx, l, session.Node, session.OOM, "")
 				case st == session.Running:
-					n.Logger.Warn("guest crashed", "session", l.g.SessionID, "stats", s, "stats_err", serr)
+					n.Logger.Warn("guest crashed", "session", l.g.SessionID, "stats", s, "stats_err", serr, "detail", ev.Detail)
 					n.end(n.ctx, l, session.Node, session.GuestCrash, "")
 				default:
-					n.Logger.Warn("paused guest exited", "session", l.g.SessionID)
+					n.Logger.Warn("paused guest exited", "session", l.g.SessionID, "detail", ev.Detail)
 					n.end(n.ctx, l, session.Placer, session.HostFailure, "")
 				}
 			}

@@ -144,6 +144,35 @@ func (h cgroupHost) oomKills(p string) (int64, error) {
 	return readKeyed(filepath.Join(h.v1["memory"], p, "memory.oom_control"), "oom_kill")
 }
 
+// limitsReport names the guest cgroup's process and memory counters against their limits,
+// with how often each limit refused (pids.events max, memory failcnt), for a log line.
+// Counters it cannot read are left out.
+func (h cgroupHost) limitsReport(p string) string {
+	var pids, mem string
+	if h.v2 {
+		pids, mem = filepath.Join(h.v2Root, p), filepath.Join(h.v2Root, p)
+	} else {
+		pids, mem = filepath.Join(h.v1["pids"], p), filepath.Join(h.v1["memory"], p)
+	}
+	files := []string{filepath.Join(pids, "pids.current"), filepath.Join(pids, "pids.max"), filepath.Join(pids, "pids.events")}
+	if h.v2 {
+		files = append(files, filepath.Join(mem, "memory.current"), filepath.Join(mem, "memory.max"), filepath.Join(mem, "memory.events"))
+	} else {
+		files = append(files, filepath.Join(mem, "memory.usage_in_bytes"), filepath.Join(mem, "memory.max_usage_in_bytes"),
+			filepath.Join(mem, "memory.limit_in_bytes"), filepath.Join(mem, "memory.failcnt"), filepath.Join(mem, "memory.oom_control"))
+	}
+	var parts []string
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			parts = append(parts, filepath.Base(f)+"="+strings.Join(strings.Fields(string(b)), " "))
+		}
+	}
+	if len(parts) == 0 {
+		return "cgroup " + p + ": gone"
+	}
+	return "cgroup " + p + ": " + strings.Join(parts, ", ")
+}
+
 var errNoKey = errors.New("key not found")
 
 func readInt(path string) (int64, error) {

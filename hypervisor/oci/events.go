@@ -36,8 +36,12 @@ func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event
 func (d *Driver) watch(ctx context.Context, id, cgPath string, info hypervisor.Info, ooms int64, ch chan<- hypervisor.Event) {
 	defer close(ch)
 	send := func(typ string) bool {
+		ev := hypervisor.Event{Type: typ, At: time.Now()}
+		if typ == hypervisor.EventExit {
+			ev.Detail = d.exitDetail(id, cgPath)
+		}
 		select {
-		case ch <- hypervisor.Event{Type: typ, At: time.Now()}:
+		case ch <- ev:
 			return true
 		case <-ctx.Done():
 			return false
@@ -119,4 +123,28 @@ func procStart(pid int) (string, bool) {
 func procAlive(pid int, start string) bool {
 	s, ok := procStart(pid)
 	return ok && (start == "" || s == start)
+}
+
+// exitDetail describes a guest that exited, for the node's log: what its cgroup counted
+// (a sandbox killed at its host process limit or its memory limit says so there) and the
+// last lines of its console (the agent's log; runsc's own complaints).
+func (d *Driver) exitDetail(id, cgPath string) string {
+	const tail = 2048
+	var b strings.Builder
+	b.WriteString(d.cg.limitsReport(cgPath))
+	f, err := os.Open(d.ConsoleLog(id))
+	if err != nil {
+		fmt.Fprintf(&b, "; no console log: %v", err)
+		return b.String()
+	}
+	defer f.Close()
+	var buf []byte
+	if st, err := f.Stat(); err == nil {
+		off := max(st.Size()-tail, 0)
+		buf = make([]byte, st.Size()-off)
+		n, _ := f.ReadAt(buf, off)
+		buf = buf[:n]
+	}
+	fmt.Fprintf(&b, "; console tail: %q", buf)
+	return b.String()
 }

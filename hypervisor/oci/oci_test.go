@@ -168,6 +168,10 @@ wget -q -T 2 -O - http://127.0.0.1:` + strconv.Itoa(port) + `/ >> /workspace/nc.
 				if !ok || ev.Type != hypervisor.EventExit {
 					t.Fatalf("event after stop = %+v (open %v), want exit", ev, ok)
 				}
+				// The operator's log learns what the guest's cgroup counted and its last words.
+				if !strings.Contains(ev.Detail, "pids.max=") || !strings.Contains(ev.Detail, "console tail:") {
+					t.Errorf("exit event detail = %q, want the cgroup's pids counters and the console's tail", ev.Detail)
+				}
 			case <-time.After(10 * time.Second):
 				t.Fatal("no exit event within 10s of stop")
 			}
