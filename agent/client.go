@@ -54,6 +54,19 @@ func NewClient(socketPath string) *Client {
 	return &Client{hc: &http.Client{Transport: tr}, socket: socketPath, base: clientBase}
 }
 
+// NewDialClient returns a client of an agent reached through dial (a VM's agent over hybrid
+// vsock, say). Requests have no timeout of their own: bound them with their contexts.
+func NewDialClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
+	tr := &http.Transport{
+		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
+		MaxIdleConns:        8,
+		MaxIdleConnsPerHost: 8,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Client{hc: &http.Client{Transport: tr}, base: clientBase}
+}
+
 // NewHTTPClient returns a client of an agent reached over HTTP through a proxy (the node's
 // /v1/sessions/{id}/agent), at base, sending token as a bearer token. hc may be shared.
 func NewHTTPClient(hc *http.Client, base, token string) *Client {

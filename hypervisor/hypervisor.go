@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"time"
 )
@@ -152,6 +153,12 @@ type Event struct {
 	// Detail is what the driver saw of an exit, for the operator's log: the guest's last
 	// console lines and its cgroup's limits and counters. Never shown to the tenant.
 	Detail string `json:"detail,omitempty"`
+}
+
+// AgentDialer is a Driver whose guests' agents are reached through the driver (a VM's agent
+// listens on vsock) rather than on the Unix socket in Spec.AgentDir.
+type AgentDialer interface {
+	DialAgent(ctx context.Context, id string) (net.Conn, error)
 }
 
 // ErrNotFound is returned for a guest the driver does not know.

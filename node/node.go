@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http/httputil"
 	"os"
 	"path/filepath"
@@ -252,6 +253,9 @@ func (n *Node) spec(guestID string, tpl templates.Template, res session.Resource
 }
 
 func (n *Node) agentFor(guestID string) *agent.Client {
+	if d, ok := n.Driver.(hypervisor.AgentDialer); ok {
+		return agent.NewDialClient(func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, guestID) })
+	}
 	return agent.NewClient(filepath.Join(n.guestDir(guestID), "agent", "agent.sock"))
 }
 
