@@ -53,7 +53,7 @@ func churn(tb testing.TB, rate int, d time.Duration) (published, responses float
 			tb.Fatal(err)
 		}
 	}
-	s, err := New(ctx, Config{Source: StoreFleet{st}, PollEvery: 100 * time.Millisecond})
+	s, err := New(ctx, Config{Source: StoreFleet{Store: st}, PollEvery: 100 * time.Millisecond})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -36,13 +36,38 @@ type FleetSource interface {
 
 // StoreFleet reads the fleet from the node and gateway registrations in Redis: one HGETALL
 // each, cheap enough to poll.
-type StoreFleet struct{ Store *store.Store }
+type StoreFleet struct {
+	Store *store.Store
+	// HeartbeatTimeout: a node silent for longer is dead (the placer fails its sessions with
+	// host_failure after the same silence) and leaves the fleet, so that Envoy stops sending
+	// it connections; its next heartbeat brings it back. Zero means DefaultHeartbeatTimeout.
+	HeartbeatTimeout time.Duration
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultHeartbeatTimeout is the placer's default: the edge forgets a node when the placer
+// declares it dead.
+const DefaultHeartbeatTimeout = 10 * time.Second
 
 // Fleet implements FleetSource.
 func (s StoreFleet) Fleet(ctx context.Context) (Fleet, error) {
-	nodes, err := s.Store.Nodes(ctx)
+	all, err := s.Store.Nodes(ctx)
 	if err != nil {
 		return Fleet{}, err
+	}
+	timeout, now := s.HeartbeatTimeout, time.Now
+	if timeout <= 0 {
+		timeout = DefaultHeartbeatTimeout
+	}
+	if s.Now != nil {
+		now = s.Now
+	}
+	nodes := all[:0]
+	for _, n := range all {
+		if now().Sub(n.HeartbeatAt) <= timeout {
+			nodes = append(nodes, n)
+		}
 	}
 	gws, err := s.Store.Gateways(ctx)
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -193,7 +195,7 @@ func TestGRPCClient(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s, err := New(ctx, Config{Source: StoreFleet{st}, PollEvery: 50 * time.Millisecond})
+	s, err := New(ctx, Config{Source: StoreFleet{Store: st}, PollEvery: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,5 +346,48 @@ func TestReconnect(t *testing.T) {
 	}
 	if n := len(again.GetResources()); n != 0 || len(again.GetRemovedResources()) != 0 {
 		t.Errorf("reconnect with current versions: %d resources, removed %v; want none", n, again.GetRemovedResources())
+	}
+}
+
+// TestStoreFleetForgetsSilentNodes: a node whose heartbeat is older than the timeout leaves
+// the fleet (Envoy stops sending it connections), and comes back with its next heartbeat.
+func TestStoreFleetForgetsSilentNodes(t *testing.T) {
+	ctx := t.Context()
+	clock := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	st := store.New(redistest.Server(t), store.WithClock(func() time.Time { return clock }))
+	for _, id := range []string{"node-a", "node-b"} {
+		if err := st.Heartbeat(ctx, store.NodeInfo{ID: id, Addr: "http://127.0.0.1:1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func() string {
+		t.Helper()
+		f, err := StoreFleet{Store: st, HeartbeatTimeout: 10 * time.Second, Now: func() time.Time { return clock }}.Fleet(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, n := range f.Nodes {
+			out = append(out, n.ID)
+		}
+		sort.Strings(out)
+		return strings.Join(out, ",")
+	}
+	if got := ids(); got != "node-a,node-b" {
+		t.Fatalf("fleet of two fresh nodes = %q", got)
+	}
+	clock = clock.Add(10 * time.Second)
+	if got := ids(); got != "node-a,node-b" {
+		t.Errorf("fleet 10 s after the heartbeats (the timeout) = %q, want both", got)
+	}
+	clock = clock.Add(time.Second)
+	if got := ids(); got != "" {
+		t.Errorf("fleet 11 s after the heartbeats = %q, want no node", got)
+	}
+	if err := st.Heartbeat(ctx, store.NodeInfo{ID: "node-b", Addr: "http://127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(); got != "node-b" {
+		t.Errorf("fleet after node-b heartbeated again = %q, want node-b", got)
 	}
 }
