@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/pb33f/go-yaml"
 	"github.com/pb33f/libopenapi"
 	validator "github.com/pb33f/libopenapi-validator"
 	valerrors "github.com/pb33f/libopenapi-validator/errors"
@@ -41,7 +42,30 @@ func NewChecker() (*Checker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chspec: build the model: %w", err)
 	}
+	stringifyMappingKeys(model.Index.GetRootNode())
 	return &Checker{v: validator.NewValidatorFromV3Model(&model.Model)}, nil
+}
+
+// stringifyMappingKeys tags every mapping key of the parsed document as a string. The
+// document writes most status codes unquoted (`200:`), which YAML reads as integers; the
+// validator renders the whole document to JSON to compile a body schema that has $refs,
+// and encoding/json cannot encode a map with integer keys, so every body schema failed to
+// compile ("failed to unmarshal JSON schema resource …: EOF"). JSON keys are strings
+// anyway, so this changes no meaning; the embedded file stays byte for byte upstream's.
+func stringifyMappingKeys(n *yaml.Node) {
+	if n == nil {
+		return
+	}
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if k := n.Content[i]; k.Kind == yaml.ScalarNode && k.Tag != "!!str" {
+				k.Tag = "!!str"
+			}
+		}
+	}
+	for _, c := range n.Content {
+		stringifyMappingKeys(c)
+	}
 }
 
 // CheckRequest reports how r differs from the document. r's body is read and restored.
