@@ -64,6 +64,8 @@ func TestChecker(t *testing.T) {
 		{"boot of no VM: 404 and a chain (deviation)", "PUT", "/api/v1/vm.boot", "", 404, `["Error booting VM","VM is not created"]`, true, true},
 		{"create with a bad config: 400 and a chain (deviation)", "PUT", "/api/v1/vm.create", `{"payload":{"kernel":"/k"}}`, 400, `["Error creating VM","Invalid config"]`, true, true},
 		{"add-net duplicate: 409 and a chain (deviation)", "PUT", "/api/v1/vm.add-net", `{"tap":"tap0","id":"net0"}`, 409, `["Error adding net","Identifier net0 is not unique"]`, true, true},
+		{"resize while a vCPU removal is pending: 429", "PUT", "/api/v1/vm.resize", `{"desired_vcpus":1}`, 429, `["Too Many Requests"]`, true, true},
+		{"429 to anything but resize", "PUT", "/api/v1/vm.pause", "", 429, `["Too Many Requests"]`, true, false},
 		{"a 418 is no status the server sends", "PUT", "/api/v1/vm.boot", "", 418, "", true, false},
 		{"vmm.shutdown answers 204 (the document)", "PUT", "/api/v1/vmm.shutdown", "", 204, "", true, true},
 		{"create", "PUT", "/api/v1/vm.create", `{"payload":{"kernel":"/k","cmdline":"console=hvc0"}}`, 204, "", true, true},
