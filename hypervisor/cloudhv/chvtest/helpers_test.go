@@ -435,3 +435,5 @@ func (f *fake) counter() string {
 	b, _ := os.ReadFile(m[0])
 	return string(b)
 }
+
+func timeAfter() <-chan time.Time { return time.After(2 * time.Minute) }
