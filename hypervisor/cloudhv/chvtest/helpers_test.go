@@ -231,11 +231,19 @@ func unixClient(sock string) *http.Client {
 // it answered only what the document allows and left no mount, loop device or container.
 func startFake(t testing.TB) *fake {
 	t.Helper()
+	return startFakeWith(t, func(*chvtest.Options) {})
+}
+
+// startFakeWith is startFake with options changed by edit.
+func startFakeWith(t testing.TB, edit func(*chvtest.Options)) *fake {
+	t.Helper()
 	dir := reachableTempDir(t)
 	f := &fake{t: t, dir: dir, stateDir: filepath.Join(dir, "state"), sock: filepath.Join(dir, "api.sock"),
 		vsock: filepath.Join(dir, "vsock.sock"), events: &syncBuffer{}, done: make(chan error, 1)}
 	f.writable = writableImage(t, dir)
-	v, err := chvtest.New(chvtest.Options{APISocket: f.sock, Events: f.events, StateDir: f.stateDir, Logger: testLogger(t)})
+	o := chvtest.Options{APISocket: f.sock, Events: f.events, StateDir: f.stateDir, Logger: testLogger(t)}
+	edit(&o)
+	v, err := chvtest.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

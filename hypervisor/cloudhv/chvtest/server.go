@@ -218,13 +218,13 @@ func (v *VMM) dispatch(r *http.Request, body []byte) apiResponse {
 		}
 		return errorChain(http.StatusBadRequest, "Bad Request")
 	}
+	if ep.needsBody && len(body) == 0 {
+		return apiResponse{status: http.StatusBadRequest} // CH: no body, a bare 400
+	}
 	if v.opts.CheckBodies || len(body) == 0 {
 		if err := v.checker.CheckRequest(r); err != nil {
 			return errorChain(http.StatusBadRequest, "Bad Request", err.Error())
 		}
-	}
-	if ep.needsBody && len(body) == 0 {
-		return apiResponse{status: http.StatusBadRequest}
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
