@@ -376,4 +376,3 @@ func vmSetupChild(t *testing.T, root, disk string) {
 		t.Errorf("a second setup took steps: %v", again)
 	}
 }
-
