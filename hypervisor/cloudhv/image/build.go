@@ -95,6 +95,9 @@ func Build(ctx context.Context, o Options) (Manifest, error) {
 	if err := checkFile(o.WB, "wb binary (--wb)"); err != nil {
 		return m, err
 	}
+	if err := checkStatic(o.WB, "wb binary (--wb)"); err != nil {
+		return m, err
+	}
 	if o.Kernel != "" && o.KernelDeb != "" {
 		return m, errors.New("image: --kernel and --kernel-deb exclude each other")
 	}

@@ -3,6 +3,7 @@ package image
 import (
 	"context"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -129,6 +130,9 @@ func RootFSImage(ctx context.Context, cacheDir, templateRoot, wb string) (string
 	if err := checkFile(wb, "wb binary"); err != nil {
 		return "", err
 	}
+	if err := checkStatic(wb, "wb binary"); err != nil {
+		return "", err
+	}
 	tdigest, err := templates.Digest(templateRoot, nil)
 	if err != nil {
 		return "", fmt.Errorf("image: template %s: %w", templateRoot, err)
@@ -194,6 +198,22 @@ func WritableDisk(ctx context.Context, path string, size int64) error {
 		}
 	}
 	return mkfs(ctx, dir, path, "wb-writable", size)
+}
+
+// checkStatic refuses a dynamically linked ELF binary (one with an interpreter): the guest's
+// root has no C library, so the kernel could not start it as init.
+func checkStatic(path, what string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil // not ELF (a test's stand-in); the guest will say
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("image: %s %s is dynamically linked; the guest has no C library: build it with CGO_ENABLED=0 (make build)", what, path)
+		}
+	}
+	return nil
 }
 
 func checkFile(path, what string) error {

@@ -2,6 +2,7 @@ package image
 
 import (
 	"bytes"
+	"debug/elf"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -233,6 +234,22 @@ func TestBuildFromKernelDeb(t *testing.T) {
 	}
 }
 
+// dynamicBinary is a dynamically linked ELF executable of the host's.
+func dynamicBinary(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/usr/bin/dpkg", "/usr/bin/env", "/bin/ls"} {
+		if f, err := elf.Open(p); err == nil {
+			dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
+			f.Close()
+			if dynamic {
+				return p
+			}
+		}
+	}
+	t.Skip("no dynamically linked binary on this host")
+	return ""
+}
+
 func mustRead(t *testing.T, p string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(p)
@@ -260,6 +277,7 @@ func TestBuildErrors(t *testing.T) {
 		{"missing kernel", Options{Out: t.TempDir(), WB: wb, Kernel: missing}, []string{"--kernel", missing}},
 		{"missing kernel deb", Options{Out: t.TempDir(), WB: wb, KernelDeb: missing}, []string{"--kernel-deb", missing}},
 		{"both kernels", Options{Out: t.TempDir(), WB: wb, Kernel: wb, KernelDeb: wb}, []string{"--kernel", "--kernel-deb"}},
+		{"dynamic wb", Options{Out: t.TempDir(), WB: dynamicBinary(t), Kernel: wb}, []string{"--wb", "dynamically linked", "CGO_ENABLED=0"}},
 		{"odd size", Options{Out: t.TempDir(), WB: wb, Kernel: wb, Size: 1000}, []string{"--size"}},
 	} {
 		_, err := Build(ctx, c.o)
