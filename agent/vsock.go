@@ -62,7 +62,12 @@ func listenVsock(port uint32) (net.Listener, error) {
 			addr = vsockAddr{cid: vm.CID, port: vm.Port}
 		}
 	}
-	return &vsockListener{f: os.NewFile(uintptr(fd), addr.String()), addr: addr}, nil
+	return newVsockListener(fd, addr), nil
+}
+
+// newVsockListener wraps fd, a listening non-blocking stream socket.
+func newVsockListener(fd int, addr vsockAddr) *vsockListener {
+	return &vsockListener{f: os.NewFile(uintptr(fd), addr.String()), addr: addr}
 }
 
 func (l *vsockListener) Accept() (net.Conn, error) {

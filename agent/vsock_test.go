@@ -3,9 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,5 +150,65 @@ func TestVsockListenerClose(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close did not wake Accept")
+	}
+}
+
+// TestVsockListenerServesHTTP: the listener's accept loop and connections carry HTTP, with
+// the server's deadlines, until Shutdown. A Unix socket stands in for AF_VSOCK (no vsock
+// peer can connect here): the wrapper is the same for any stream socket.
+func TestVsockListenerServesHTTP(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "wbv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	path := filepath.Join(dir, "s")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		t.Fatal(err)
+	}
+	ln := newVsockListener(fd, vsockAddr{cid: 3, port: 1024})
+	if ln.Addr().String() != "vsock:3:1024" {
+		t.Errorf("Addr = %s", ln.Addr())
+	}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			fmt.Fprintf(w, "got %s", body)
+		}),
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}}
+	for i := range 3 { // fresh and reused connections
+		resp, err := hc.Post("http://vsock/", "text/plain", strings.NewReader(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != fmt.Sprintf("got %d", i) {
+			t.Errorf("response %q", b)
+		}
+	}
+	hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		t.Errorf("Serve after Shutdown = %v, want ErrServerClosed", err)
 	}
 }
