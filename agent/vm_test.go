@@ -217,10 +217,10 @@ func TestSetupVMDecisions(t *testing.T) {
 			if !slices.Equal(f.calls, c.calls) {
 				t.Errorf("calls:\n  %s\nwant:\n  %s", strings.Join(f.calls, "\n  "), strings.Join(c.calls, "\n  "))
 			}
-			// Once set up, a second run (e.g. a restarted agent) changes nothing.
+			// A second run on the same system (e.g. a restarted agent) changes nothing: what
+			// was made is found, what failed fails again.
 			f.calls = nil
-			clear(f.fail)
-			if setupVM(testLogger(), f, VMWritableDisk); len(f.calls) > 0 && len(c.calls) == len(fullSetup) {
+			if setupVM(testLogger(), f, VMWritableDisk); len(f.calls) > 0 {
 				t.Errorf("second run changed: %v", f.calls)
 			}
 		})

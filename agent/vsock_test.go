@@ -212,3 +212,12 @@ func TestVsockListenerServesHTTP(t *testing.T) {
 		t.Errorf("Serve after Shutdown = %v, want ErrServerClosed", err)
 	}
 }
+
+func TestVsockPortFlag(t *testing.T) {
+	t.Parallel()
+	for _, bad := range []string{"4294967296", "-1", "x"} {
+		if err := run(context.Background(), []string{"--vsock-port", bad}); err == nil || !strings.Contains(err.Error(), "vsock-port") {
+			t.Errorf("--vsock-port %s: %v", bad, err)
+		}
+	}
+}
