@@ -26,6 +26,7 @@ func vmModules() []string {
 const initScript = `#!/bin/busybox sh
 # wb guest initramfs (wb image build): load the VM's drivers, then run init= from root=.
 # Nothing is exported: init gets exactly the environment the kernel gave this script.
+# (Every command goes through $bb: PATH is not set to anything of ours.)
 bb=/bin/busybox
 $bb mount -t devtmpfs -o nosuid,mode=0755 devtmpfs /dev
 $bb mount -t proc -o nosuid,nodev,noexec proc /proc
@@ -50,7 +51,10 @@ if ! $bb mount -t ext4 -o ro "$root" /newroot; then
 fi
 $bb umount /proc
 $bb mount --move /dev /newroot/dev
-exec $bb switch_root /newroot "$init" "$@"
+# busybox sh exports SHLVL, PWD and, when it had none, its default PATH: init gets none of them.
+nopath=
+[ "$PATH" = /sbin:/usr/sbin:/bin:/usr/bin ] && nopath="-u PATH"
+exec $bb env -u SHLVL -u PWD $nopath $bb switch_root /newroot "$init" "$@"
 `
 
 // moduleIndex maps module names ("_" for "-") to their .ko files below dir.
