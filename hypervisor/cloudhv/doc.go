@@ -1,0 +1,53 @@
+// Package cloudhv is the Cloud Hypervisor back end: a hypervisor.Driver (and
+// hypervisor.AgentDialer) that runs each guest as a microVM in its own cloud-hypervisor
+// process, driven over CH's REST API (package chapi) on that process's Unix socket.
+//
+// A guest is a directory Options.StateDir/<id>: guest.json (the spec, the VMM's pid and start
+// time, the rootfs image), api.sock, vsock.sock (hybrid vsock), events (the event monitor),
+// vmm.log (the VMM's stdout and stderr), console.log and writable.img. Its disks are raw ext4
+// images (package image): the template's rootfs plus the static wb binary as init, cached by
+// content in Options.CacheDir and shared read-only, and a writable disk of Spec.DiskGiB holding
+// workspace/, tmp/ and root/. The kernel command line is image.Cmdline's console and root, init=
+// Spec.Args[0], Spec.Env as KEY=VALUE words (refused when the line cannot carry them), and after
+// " -- " init's arguments, with `wb agent --socket X` turned into `--vsock-port 1024`.
+//
+// The VMM process: `<binary> --api-socket path=<dir>/api.sock --event-monitor
+// path=<dir>/events`, in a session of its own, with stdout and stderr in vmm.log, so that it
+// outlives the node: a restarted node's driver finds every guest from its directory (List,
+// Info) and reaches it again. The event monitor is a file rather than an inherited pipe
+// (fd=), for the same reason: a pipe's reader dies with the node, after which CH's writes fail
+// (and the events are lost, nor can a new node reopen that pipe), while a file keeps every
+// event for whoever reads next. Events reads it from the start and polls its end. Each VMM is
+// put in a cgroup of its own (<CgroupParent>/<id>, v1 or v2) before the VM exists, so Stats'
+// CPU and memory cover the vCPU threads and whatever else the VMM runs.
+//
+// Lifecycle: Create starts the VMM, waits for vmm.ping and sends vm.create; Boot vm.boot;
+// Pause and Resume vm.pause and vm.resume; Stop vmm.shutdown (CH stops the vCPUs at once,
+// without asking the guest, and exits), SIGKILL of the VMM's process group and cgroup when it
+// has not exited within Options.StopGrace; Delete stops and removes the cgroup and directory
+// (never through a mount point). Info is "stopped" once the VMM is gone, else vm.info's state.
+// Events ends with one EventExit on vm/shutdown, vmm/shutdown or guest/panic (the VM has a
+// pvpanic device) in the event log, or on the VMM's exit. DialAgent speaks hybrid vsock:
+// "CONNECT 1024\n" on vsock.sock, "OK <port>\n" back, bounded by ctx and 10 s.
+//
+// Snapshots: the VM is paused; with memory, CH writes its snapshot to <dir>/vm (vm.snapshot);
+// the writable disk is copied sparsely into <dir>/writable.img while the VM is paused; then a
+// disk-only snapshot resumes the VM and a memory snapshot stops it (the caller restores).
+// Restore of a memory snapshot starts a new VMM and sends vm.restore {source_url, resume:
+// true}. CH restores the VM exactly as the snapshot's config.json describes it, paths
+// included (RestoreConfig can only replace net fds), so the driver stages a copy of the
+// snapshot (files hard-linked, memory-ranges being as large as the guest's memory) whose
+// config.json names the new guest's writable disk, vsock socket and console. A disk-only
+// restore creates and boots a new VM on a copy of the disk.
+//
+// Not carried into a VM: Spec.ReadOnlyBinds (a VM shares no host directories; the binds are
+// logged and left out), Spec.Pids (the guest's own kernel limits its processes), and the
+// agent's egress relay (its host socket in Spec.AgentDir is out of a VM's reach, so the egress
+// flags are dropped until egress goes over vsock or a tap). No EventOOM: an OOM kill happens in
+// the guest's kernel, which reports nothing to the host. A restore keeps the snapshot's disk
+// size.
+//
+// The fake VMM (chvtest) runs its guest as a runc container whose cgroup is its own (under
+// /wb-fakech-*), not below the VMM's: with it, Stats counts the fake's CPU and memory, not the
+// guest's. A real CH's guest is its VMM's threads, so there the counts are the guest's.
+package cloudhv

@@ -1,0 +1,259 @@
+package cloudhv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"wb/hypervisor"
+	"wb/hypervisor/cloudhv/chapi"
+)
+
+// Snapshot directory layout.
+const (
+	snapshotMeta   = "snapshot.json"
+	snapshotDisk   = "writable.img" // the writable disk, copied sparsely while the VM was paused
+	snapshotVM     = "vm"           // CH's snapshot (config.json, state.json, memory-ranges)
+	snapshotFormat = 1
+)
+
+// snapshotRecord is snapshot.json.
+type snapshotRecord struct {
+	Format    int       `json:"format"`
+	Driver    string    `json:"driver"`
+	GuestID   string    `json:"guest_id"`
+	Memory    bool      `json:"memory"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Snapshot pauses the VM (a running one), with memory has CH write its snapshot to dir/vm,
+// copies the writable disk into dir while the VM is paused, and then resumes it — or, after
+// a memory snapshot, stops it (the caller restores it, as the interface says). A guest that
+// is only created has nothing in memory: its disk is copied as it is.
+func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
+	var out hypervisor.SnapshotInfo
+	r, err := d.load(id)
+	if err != nil {
+		return out, err
+	}
+	info, err := d.Info(ctx, id)
+	if err != nil {
+		return out, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return out, fmt.Errorf("cloudhv: snapshot dir: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, snapshotMeta)); err == nil {
+		return out, fmt.Errorf("cloudhv: snapshot dir %s already holds a snapshot", dir)
+	}
+	booted := info.State == hypervisor.StateRunning || info.State == hypervisor.StatePaused
+	memory = memory && booted
+	c := d.client(id)
+	if info.State == hypervisor.StateRunning {
+		if err := c.PauseVM(ctx); err != nil {
+			return out, fmt.Errorf("cloudhv: snapshot %s: %w", id, err)
+		}
+		if !memory {
+			defer func() {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				if rerr := c.ResumeVM(rctx); rerr != nil {
+					d.log.Error("resume after a disk snapshot", "id", id, "err", rerr)
+				}
+			}()
+		}
+	}
+	if memory {
+		vm := filepath.Join(dir, snapshotVM)
+		if err := os.Mkdir(vm, 0o700); err != nil {
+			return out, fmt.Errorf("cloudhv: snapshot dir: %w", err)
+		}
+		if err := c.SnapshotVM(ctx, chapi.VmSnapshotConfig{DestinationURL: "file://" + vm}); err != nil {
+			return out, fmt.Errorf("cloudhv: snapshot %s: %w", id, err)
+		}
+	}
+	if err := copySparse(filepath.Join(d.GuestDir(id), writableDisk), filepath.Join(dir, snapshotDisk)); err != nil {
+		return out, fmt.Errorf("cloudhv: snapshot %s: writable disk: %w", id, err)
+	}
+	rec := snapshotRecord{Format: snapshotFormat, Driver: Name, GuestID: id, Memory: memory, CreatedAt: time.Now().UTC()}
+	if err := writeJSON(filepath.Join(dir, snapshotMeta), rec); err != nil {
+		return out, err
+	}
+	if memory {
+		if err := d.Stop(ctx, id); err != nil {
+			return out, fmt.Errorf("cloudhv: snapshot %s: stop after the memory snapshot: %w", id, err)
+		}
+	}
+	_ = r
+	out.Memory = memory
+	out.SizeBytes = dirAllocated(dir)
+	return out, nil
+}
+
+// Restore makes guest s from snapshot dir and runs it: a memory snapshot is restored by a
+// new VMM (vm.restore with resume) from a copy of CH's snapshot whose config names the new
+// guest's disk and vsock socket; a disk-only one boots afresh on a copy of the disk.
+func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	var rec snapshotRecord
+	b, err := os.ReadFile(filepath.Join(dir, snapshotMeta))
+	if err != nil {
+		return fmt.Errorf("cloudhv: snapshot %s: %w", dir, err)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return fmt.Errorf("cloudhv: snapshot %s: %w", dir, err)
+	}
+	if rec.Format != snapshotFormat || rec.Driver != Name {
+		return fmt.Errorf("cloudhv: snapshot %s is %s format %d, not a cloudhv snapshot of format %d", dir, rec.Driver, rec.Format, snapshotFormat)
+	}
+	disk := filepath.Join(dir, snapshotDisk)
+	if !rec.Memory {
+		if err := d.create(ctx, s, disk, ""); err != nil {
+			return err
+		}
+		if err := d.Boot(ctx, s.ID); err != nil {
+			d.cleanupFailed(s.ID)
+			return err
+		}
+		return nil
+	}
+	// CH restores the VM exactly as config.json describes it, paths included (RestoreConfig
+	// can only swap net fds): the copy given to the new VMM names the new guest's files.
+	staged, err := os.MkdirTemp(d.o.StateDir, ".restore-")
+	if err != nil {
+		return fmt.Errorf("cloudhv: restore: %w", err)
+	}
+	defer os.RemoveAll(staged)
+	if err := d.stageRestore(filepath.Join(dir, snapshotVM), staged, s); err != nil {
+		return err
+	}
+	return d.create(ctx, s, disk, staged)
+}
+
+// stageRestore copies CH's snapshot src into dst (hard links where it can: memory-ranges is
+// as large as the guest's memory), with config.json's writable disk and vsock socket moved to
+// guest s's.
+func (d *Driver) stageRestore(src, dst string, s hypervisor.Spec) error {
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		return fmt.Errorf("cloudhv: restore: %w", err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || e.Name() == "config.json" {
+			continue
+		}
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		if err := os.Link(from, to); err != nil {
+			if err := copySparse(from, to); err != nil {
+				return fmt.Errorf("cloudhv: restore: %w", err)
+			}
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		return fmt.Errorf("cloudhv: restore: %w", err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return fmt.Errorf("cloudhv: restore: config.json: %w", err)
+	}
+	gdir := d.GuestDir(s.ID)
+	disks, _ := cfg["disks"].([]any)
+	found := false
+	for _, x := range disks {
+		if m, ok := x.(map[string]any); ok && m["id"] == "writable" {
+			m["path"], found = filepath.Join(gdir, writableDisk), true
+		}
+	}
+	if !found {
+		return errors.New(`cloudhv: restore: the snapshot's config.json has no disk "writable"`)
+	}
+	vs, ok := cfg["vsock"].(map[string]any)
+	if !ok {
+		return errors.New("cloudhv: restore: the snapshot's config.json has no vsock device")
+	}
+	vs["socket"] = filepath.Join(gdir, vsockSocket)
+	if con, ok := cfg["console"].(map[string]any); ok && con["file"] != nil {
+		con["file"] = filepath.Join(gdir, consoleFile)
+	}
+	nb, err := json.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("cloudhv: restore: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "config.json"), nb, 0o600); err != nil {
+		return fmt.Errorf("cloudhv: restore: %w", err)
+	}
+	return nil
+}
+
+// copySparse copies file src to the new file dst, writing only src's data extents (found
+// with SEEK_DATA/SEEK_HOLE), so a sparse disk image stays sparse.
+func copySparse(src, dst string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(dst)
+		}
+	}()
+	size := fi.Size()
+	if err := out.Truncate(size); err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	fd := int(in.Fd())
+	for off := int64(0); off < size; {
+		data, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("seek data in %s: %w", src, err)
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole in %s: %w", src, err)
+		}
+		if _, err := io.CopyBuffer(io.NewOffsetWriter(out, data), io.NewSectionReader(in, data, hole-data), buf); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Sync()
+}
+
+// dirAllocated is the space the files under dir take on disk.
+func dirAllocated(dir string) int64 {
+	var total int64
+	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() {
+			total += max(allocated(p), 0)
+		}
+		return nil
+	})
+	return total
+}
