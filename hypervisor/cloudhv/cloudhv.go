@@ -410,6 +410,10 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 	// Before the VM exists: whatever the VMM starts (vCPU threads, a fake's guest) is
 	// accounted to it.
 	if err := d.cg.add(d.CgroupPath(id), r.Pid); err != nil {
+		if errors.Is(err, syscall.ESRCH) {
+			<-ex.done
+			return r, d.withLog(id, fmt.Errorf("cloudhv: guest %s: %s exited at once (%s)", id, d.o.Binary, ex.status))
+		}
 		_ = cmd.Process.Kill()
 		return r, err
 	}

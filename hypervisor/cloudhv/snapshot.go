@@ -40,10 +40,6 @@ type snapshotRecord struct {
 // is only created has nothing in memory: its disk is copied as it is.
 func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
 	var out hypervisor.SnapshotInfo
-	r, err := d.load(id)
-	if err != nil {
-		return out, err
-	}
 	info, err := d.Info(ctx, id)
 	if err != nil {
 		return out, err
@@ -92,7 +88,6 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 			return out, fmt.Errorf("cloudhv: snapshot %s: stop after the memory snapshot: %w", id, err)
 		}
 	}
-	_ = r
 	out.Memory = memory
 	out.SizeBytes = dirAllocated(dir)
 	return out, nil
