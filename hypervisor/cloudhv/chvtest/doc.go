@@ -108,6 +108,8 @@
 //   - vmm.ping answers version "v54.0-chvtest"; vm.info has no device_tree.
 //   - SIGKILL of the fake leaves its runc guest and mounts behind (CH's guest dies with it);
 //     SIGTERM/SIGINT shut down as vmm.shutdown does.
+//   - Only host-initiated vsock connections are bridged: a guest connecting out to the host
+//     (CH's "<socket>_<port>" listeners) is not.
 //   - --api-socket fd=N is not supported; unknown flags are refused.
 //
 // The VMM is the child subreaper of its process (to read init's exit status), so in library

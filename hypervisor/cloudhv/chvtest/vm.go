@@ -182,6 +182,7 @@ func (c *vmConfig) validate() *apiError {
 // vmInstance is a booted VM (CH's VmOwnership::Owned).
 type vmInstance struct {
 	state   string
+	devices int // CH's device name counter (_disk0, _net1, ...), continued by hot-plugs
 	guest   *guest
 	vsock   *hybridVsock
 	mu      sync.Mutex // guards state for the vsock gate
@@ -298,7 +299,8 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 		return nil, aerr
 	}
 	view, _ := cfg.view()
-	v.nameDevices(cfg, view)
+	devices := 0
+	v.nameDevices(cfg, view, &devices)
 	view, _ = cfg.view()
 	gc, err := guestConfigOf(view)
 	if err != nil {
@@ -312,6 +314,7 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 	}
 	vm := newInstance(g)
 	vm.state = statePaused
+	vm.devices = devices
 	if view.Vsock != nil {
 		vm.vsock, err = listenVsock(view.Vsock.Socket, g.vsockDir(), vm.waitRunning, v.log)
 		if err != nil {
@@ -332,8 +335,7 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 
 // nameDevices gives every device without an id CH's generated name (_disk0, _net1, ...,
 // one counter for all, in creation order).
-func (v *VMM) nameDevices(cfg *vmConfig, view vmConfigView) {
-	n := 0
+func (v *VMM) nameDevices(cfg *vmConfig, view vmConfigView, counter *int) {
 	used := map[string]bool{}
 	for _, d := range view.Disks {
 		used[d.ID] = true
@@ -341,10 +343,13 @@ func (v *VMM) nameDevices(cfg *vmConfig, view vmConfigView) {
 	for _, d := range view.Net {
 		used[d.ID] = true
 	}
+	if view.Vsock != nil {
+		used[view.Vsock.ID] = true
+	}
 	next := func(prefix string) string {
 		for {
-			name := fmt.Sprintf("%s%d", prefix, n)
-			n++
+			name := fmt.Sprintf("%s%d", prefix, *counter)
+			*counter++
 			if !used[name] {
 				used[name] = true
 				return name
@@ -684,7 +689,7 @@ func (v *VMM) apiAddVsock(ctx context.Context, body []byte) apiResponse {
 		return internal(act, err).response()
 	}
 	v.vm.vsock = sock
-	v.nameDevices(trial, view)
+	v.nameDevices(trial, view, &v.vm.devices)
 	v.cfg = trial
 	view, _ = trial.view()
 	return apiResponse{status: http.StatusOK, body: pciInfo(view.Vsock.ID, v.nextSlot(view))}
@@ -711,7 +716,7 @@ func (v *VMM) apiAddNet(ctx context.Context, body []byte) apiResponse {
 		return noContent()
 	}
 	view, _ := trial.view()
-	v.nameDevices(trial, view)
+	v.nameDevices(trial, view, &v.vm.devices)
 	view, _ = trial.view()
 	id := view.Net[len(view.Net)-1].ID
 	return apiResponse{status: http.StatusOK, body: pciInfo(id, v.nextSlot(view))}
