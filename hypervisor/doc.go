@@ -4,6 +4,7 @@
 // and /root, the agent's dir and binary, toolchain binds, limits), Info, Stats, Event and
 // SnapshotInfo.
 //
-// One driver exists: hypervisor/oci (gVisor's runsc, or runc, through go-runc). Templates
+// Drivers: hypervisor/oci (gVisor's runsc, or runc, through go-runc) and hypervisor/cloudhv
+// (one Cloud Hypervisor microVM per guest, also an AgentDialer). Templates
 // (root filesystems and their digests) are assembled by hypervisor/templates.
 package hypervisor

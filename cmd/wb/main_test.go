@@ -24,7 +24,7 @@ func TestHelp(t *testing.T) {
 	}{
 		{[]string{"--help"}, []string{"serve", "node", "agent", "plugins"}},
 		{[]string{"serve", "--help"}, []string{"-addr", "-redis", "-runtime", "-data-dir", "-prices", "WB_URL=", "-egress-allow-cidr", "-allow-private-webhooks", "-metrics-token", "-metrics-addr", "-tls-domain", "-tls-on-demand", "-acme-ca", "-acme-ca-root", "-acme-email", "-authz-addr", "-node-token-file"}},
-		{[]string{"node", "--help"}, []string{"-redis", "-token-file", "WB_NODE_TOKEN", "-advertise", "-runtime", "-egress-allow-cidr"}},
+		{[]string{"node", "--help"}, []string{"-redis", "-token-file", "WB_NODE_TOKEN", "-advertise", "-runtime", "-egress-allow-cidr", "-backend", "-ch-binary", "-kernel", "-initramfs"}},
 		{[]string{"plugins", "--help"}, []string{"wb plugins test", "wb plugins push"}},
 	} {
 		var out, errb bytes.Buffer

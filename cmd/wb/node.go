@@ -19,6 +19,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"wb/hypervisor"
+	"wb/hypervisor/cloudhv"
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/datadir"
@@ -36,6 +38,8 @@ type nodeFlags struct {
 	coldP95          coldP95Flag
 	// allowUnlimitedDisk starts guests without a disk limit when the host cannot enforce one.
 	allowUnlimitedDisk bool
+	// backend picks the guest driver: oci (--runtime) or cloudhv (--ch-binary, --kernel).
+	backend, chBinary, kernel, initramfs string
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -46,6 +50,10 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
 	fs.Var(&f.egressAllow, "egress-allow-cidr", "`CIDR` that guests whose policy allows egress may reach although it is not public (say 10.20.0.0/16 for a private package mirror); repeatable. Loopback opens only for a prefix inside 127.0.0.0/8 or ::1; the platform's own addresses (this host, Redis, gateways, nodes) never open")
 	fs.Var(&f.coldP95, "cold-p95", "`TIER=DURATION`: a tier's cold-start p95 as this deployment measures it, from which its provisioning deadline follows (3×); repeatable, say 2=5s (default 1=2s, 2=3s, 3=5s, 4=10s)")
+	fs.StringVar(&f.backend, "backend", "oci", "guest `back end`: oci (containers, see --runtime) or cloudhv (Cloud Hypervisor microVMs: needs --ch-binary and --kernel)")
+	fs.StringVar(&f.chBinary, "ch-binary", "", "cloud-hypervisor `executable` for --backend cloudhv")
+	fs.StringVar(&f.kernel, "kernel", "", "guest kernel `file` for --backend cloudhv (wb image build writes DIR/vmlinuz)")
+	fs.StringVar(&f.initramfs, "initramfs", "", "guest initramfs `file` for --backend cloudhv (wb image build writes DIR/initramfs.img)")
 	fs.BoolVar(&f.allowUnlimitedDisk, "allow-unlimited-disk", false, "start guests without a disk limit when this host cannot make their ext4 loop images (default: such guests fail to start)")
 }
 
@@ -59,17 +67,9 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	if f.runtime == "none" {
 		return nil, cat, nil
 	}
-	rt := f.runtime
-	if rt == "auto" {
-		rt = ""
-	}
-	// Runtime state and cgroups belong to this data dir, so that two nodes on one host never
-	// see (or reap) each other's guests.
-	drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"),
-		StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log,
-		AllowUnlimitedDisk: f.allowUnlimitedDisk})
+	drv, err := newDriver(f, log)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
+		return nil, nil, err
 	}
 	self, err := agentBinary()
 	if err != nil {
@@ -94,8 +94,40 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	if err != nil {
 		return nil, nil, err
 	}
-	log.Info("node ready", "id", f.id, "runtime", drv.Name(), "addr", addr, "templates", cat.Names())
+	log.Info("node ready", "id", f.id, "backend", drv.Name(), "addr", addr, "templates", cat.Names())
 	return nd, cat, nil
+}
+
+// newDriver makes the guest back end --backend names. Runtime state and cgroups belong to
+// the data dir, so that two nodes on one host never see (or reap) each other's guests.
+func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
+	switch f.backend {
+	case "", "oci":
+		if f.chBinary != "" || f.kernel != "" || f.initramfs != "" {
+			return nil, errors.New("--ch-binary, --kernel and --initramfs are for --backend cloudhv; add it, or drop them")
+		}
+		rt := f.runtime
+		if rt == "auto" {
+			rt = ""
+		}
+		drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"),
+			StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log,
+			AllowUnlimitedDisk: f.allowUnlimitedDisk})
+		if err != nil {
+			return nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
+		}
+		return drv, nil
+	case "cloudhv":
+		drv, err := cloudhv.New(context.Background(), cloudhv.Options{Binary: f.chBinary, Kernel: f.kernel, Initramfs: f.initramfs,
+			StateDir: filepath.Join(f.dataDir, "cloudhv"), CacheDir: filepath.Join(f.dataDir, "cloudhv-cache"),
+			CgroupParent: "/wb-cloudhv/" + cgroupName(f.dataDir, f.id), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("--backend cloudhv: %w", err)
+		}
+		return drv, nil
+	default:
+		return nil, fmt.Errorf("--backend %q: want oci or cloudhv", f.backend)
+	}
 }
 
 // runNode serves the node's API and the edge's data path on ln and runs the node until ctx
