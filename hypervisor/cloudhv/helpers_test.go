@@ -246,3 +246,7 @@ func (e *env) leftovers() []string {
 func newID() string { return "g" + strings.ToLower(rand.Text()[:10]) }
 
 func unixGetsid(pid int) (int, error) { return unix.Getsid(pid) }
+
+func (e *env) agentOfDriver(d *cloudhv.Driver, id string) *agent.Client {
+	return agent.NewDialClient(func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, id) })
+}
