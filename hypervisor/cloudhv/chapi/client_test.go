@@ -70,6 +70,9 @@ func TestClientContract(t *testing.T) {
 		if got.method != method || got.path != op {
 			t.Errorf("sent %s %s, want %s %s", got.method, got.path, method, op)
 		}
+		if !got.sized {
+			t.Errorf("%s sent its body without a Content-Length", op)
+		}
 		if body == "" {
 			if got.body != "" {
 				t.Errorf("%s sent body %q, want none", op, got.body)

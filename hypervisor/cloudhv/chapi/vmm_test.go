@@ -25,6 +25,9 @@ type answer struct {
 // received is one request the test VMM got.
 type received struct {
 	method, path, contentType, body string
+	// sized: the body came with a Content-Length, not chunked (CH's micro_http expects
+	// one).
+	sized bool
 }
 
 // contractVMM is a minimal stand-in for the VMM's API server on a Unix socket. Every
@@ -74,7 +77,8 @@ func (v *contractVMM) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	op := strings.TrimPrefix(r.URL.Path, chspec.BasePath+"/")
 	v.mu.Lock()
-	v.received = append(v.received, received{r.Method, op, r.Header.Get("Content-Type"), string(body)})
+	v.received = append(v.received, received{r.Method, op, r.Header.Get("Content-Type"), string(body),
+		r.ContentLength == int64(len(body)) && len(r.TransferEncoding) == 0})
 	a, ok := v.answers[r.Method+" "+op]
 	v.mu.Unlock()
 	if !ok {

@@ -1,9 +1,11 @@
 package chspec
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -93,5 +95,41 @@ func TestChecker(t *testing.T) {
 				t.Errorf("response body after the check: %q, want %q", b, tc.resp)
 			}
 		})
+	}
+}
+
+// TestCheckerConcurrent: one Checker serves many goroutines (the fake VMM checks each
+// request on its own goroutine); run with -race.
+func TestCheckerConcurrent(t *testing.T) {
+	c, err := NewChecker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 4 {
+				r, resp := exchange("PUT", "/api/v1/vm.create", wbVmConfig, 204, "")
+				if err := c.CheckRequest(r); err != nil {
+					errs <- err
+				}
+				r, resp = exchange("GET", "/api/v1/vm.info", "", 200, `{"config":`+wbVmConfig+`,"state":"Running"}`)
+				if err := c.CheckResponse(r, resp); err != nil {
+					errs <- err
+				}
+				bad, _ := exchange("PUT", "/api/v1/vm.resize", `{"desired_vcpus":"two"}`, 204, "")
+				if err := c.CheckRequest(bad); err == nil {
+					errs <- fmt.Errorf("goroutine %d, round %d: a string desired_vcpus passed", i, j)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
