@@ -22,7 +22,7 @@ func TestSnapshotRestore(t *testing.T) {
 			ctx := testCtx(t, 5*time.Minute)
 			s := e.spec(newID())
 			c := e.boot(t, ctx, s)
-			sh(t, ctx, c, "echo kept > /workspace/f && sync")
+			sh(t, ctx, c, "echo kept > /workspace/f")
 			dir := filepath.Join(e.base, "snap")
 			info, err := e.d.Snapshot(ctx, s.ID, dir, memory)
 			if err != nil {
