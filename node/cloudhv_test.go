@@ -6,7 +6,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,16 +50,7 @@ func newCloudHVDriver(t testing.TB, base string) *cloudhv.Driver {
 	if fakeCH.err != nil {
 		t.Fatalf("build fakech: %v\n%s", fakeCH.err, fakeCH.path)
 	}
-	kernel := filepath.Join(base, "vmlinuz")
-	if err := os.WriteFile(kernel, []byte("the fake VMM loads no kernel"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	d, err := cloudhv.New(context.Background(), cloudhv.Options{Binary: fakeCH.path, Kernel: kernel,
-		StateDir: filepath.Join(base, "ch"), CacheDir: filepath.Join(base, "chcache"),
-		CgroupParent: "/wbnodetest-ch-" + randHex(t, 4), Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := openCloudHVDriver(t, base, "/wbnodetest-ch-"+randHex(t, 4))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -69,6 +63,74 @@ func newCloudHVDriver(t testing.TB, base string) *cloudhv.Driver {
 		_ = d.RemoveCgroupParent()
 	})
 	return d
+}
+
+// openCloudHVDriver is a cloudhv driver on base's state dir (a restarted node opens a second).
+func openCloudHVDriver(t testing.TB, base, cgroupParent string) *cloudhv.Driver {
+	t.Helper()
+	kernel := filepath.Join(base, "vmlinuz")
+	if err := os.WriteFile(kernel, []byte("the fake VMM loads no kernel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := cloudhv.New(context.Background(), cloudhv.Options{Binary: fakeCH.path, Kernel: kernel,
+		StateDir: filepath.Join(base, "ch"), CacheDir: filepath.Join(base, "chcache"),
+		CgroupParent: cgroupParent, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestCloudHVNodeRestart: a node that stops leaves its VM running; a new node (and driver)
+// on the same dirs recovers it, reaches its agent, and fails the session with guest_crash
+// when its VMM dies.
+func TestCloudHVNodeRestart(t *testing.T) {
+	t.Parallel()
+	const project = "proj_chv_restart"
+	st, _ := newStore(t)
+	base, dataDir := tempDir(t), tempDir(t)
+	d := newCloudHVDriver(t, base)
+	cfg := nodeConfig(t, st, nil, dataDir, "node_chv_restart")
+	cfg.Driver = d
+	a := startNode(t, cfg)
+	s := provision(t, st, a.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	ctx := ctxT(t, 5*time.Minute)
+	if res, err := execIn(ctx, a.Node, s, "echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v, %v", res, err)
+	}
+	a.stop(t)
+	info, err := d.Info(ctx, s.ID)
+	if err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("after the node stopped its guest is %+v (%v), want running", info, err)
+	}
+	d2 := openCloudHVDriver(t, base, strings.TrimSuffix(d.CgroupPath(""), "/"))
+	if info, err := d2.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("the new driver sees the guest %+v (%v), want running", info, err)
+	}
+	cfg2 := nodeConfig(t, st, nil, dataDir, "node_chv_restart")
+	cfg2.Driver = d2
+	restarted := time.Now()
+	b := startNode(t, cfg2)
+	// startNode returns on the first node's registration; the new node heartbeats only once
+	// it has recovered its guests.
+	for {
+		nodes, err := st.Nodes(ctx)
+		if err == nil && slices.ContainsFunc(nodes, func(i store.NodeInfo) bool { return i.ID == cfg2.Info.ID && i.HeartbeatAt.After(restarted) }) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the restarted node never heartbeated")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if res, err := execIn(ctx, b.Node, s, "cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("exec through the restarted node: %+v, %v", res, err)
+	}
+	if err := syscall.Kill(info.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	end, _ := waitState(t, st, project, s.ID, time.Minute, session.Stopped, session.Failed, session.Expired)
+	checkEnded(t, end, session.Failed, session.GuestCrash)
 }
 
 // TestCloudHVSession runs a session's lifecycle on a node whose back end is the cloudhv
