@@ -44,8 +44,11 @@ const (
 // Config configures Serve.
 type Config struct {
 	// Socket is the Unix socket path to listen on, e.g. /run/wb/agent.sock. Its directory is
-	// created; a stale socket file is removed.
+	// created; a stale socket file is removed. Unused with VsockPort.
 	Socket string
+	// VsockPort, when set, makes the agent listen on this AF_VSOCK port (any context id)
+	// instead of Socket: the agent of a VM, reached by the host over the VMM's vsock device.
+	VsockPort uint32
 	// Root is the default working directory of exec and pty, and the base of relative file paths
 	// (e.g. /workspace). It is created if missing. Empty means "/".
 	Root string
@@ -77,12 +80,13 @@ type Config struct {
 
 // server is one Serve call's state. It holds no package-level state.
 type server struct {
-	ctx    context.Context // Serve's
-	fwd    *forwarder      // nil without egress
-	root   string
-	socket string
-	log    *slog.Logger
-	procs  *procTable
+	ctx       context.Context // Serve's
+	fwd       *forwarder      // nil without egress
+	root      string
+	socket    string
+	vsockPort uint32 // listen on this vsock port instead of socket
+	log       *slog.Logger
+	procs     *procTable
 
 	handlers  tracker            // in-flight handlers, waited for on shutdown
 	quiesceCh chan time.Duration // from the quiesce handler to the serve loop
@@ -95,12 +99,15 @@ type server struct {
 // connection, kills what the open execs and PTYs run, and returns nil. A quiesce request closes
 // the listener and all connections for a while and then listens again on the same path.
 func Serve(ctx context.Context, cfg Config) error {
-	if cfg.Socket == "" {
-		return errors.New("agent: Config.Socket is required")
+	if cfg.Socket == "" && cfg.VsockPort == 0 {
+		return errors.New("agent: Config.Socket or Config.VsockPort is required")
 	}
 	socket, err := filepath.Abs(cfg.Socket)
 	if err != nil {
 		return fmt.Errorf("agent: socket path: %w", err)
+	}
+	if cfg.VsockPort != 0 {
+		socket = ""
 	}
 	root := cfg.Root
 	if root == "" {
@@ -112,8 +119,10 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return fmt.Errorf("agent: create root: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
-		return fmt.Errorf("agent: create socket directory: %w", err)
+	if socket != "" {
+		if err := os.MkdirAll(filepath.Dir(socket), 0o755); err != nil {
+			return fmt.Errorf("agent: create socket directory: %w", err)
+		}
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -123,6 +132,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		ctx:       ctx,
 		root:      root,
 		socket:    socket,
+		vsockPort: cfg.VsockPort,
 		log:       log,
 		procs:     newProcTable(),
 		quiesceCh: make(chan time.Duration, 1),
@@ -163,11 +173,11 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 		go s.fwd.serve(ctx)
 	}
-	ln, err := listenUnix(socket)
+	ln, err := s.listen()
 	if err != nil {
 		return err
 	}
-	log.Info("agent listening", "socket", socket, "root", root, "pid", os.Getpid(), "reap", cfg.Reap)
+	log.Info("agent listening", "addr", ln.Addr().String(), "root", root, "pid", os.Getpid(), "reap", cfg.Reap)
 	for {
 		g := s.newGeneration(ctx, ln)
 		serveErr := make(chan error, 1)
@@ -184,7 +194,7 @@ func Serve(ctx context.Context, cfg Config) error {
 				_ = g.srv.Close()
 				s.closeSessions()
 				s.waitHandlers()
-				return fmt.Errorf("agent: serve %s: %w", socket, err)
+				return fmt.Errorf("agent: serve %s: %w", ln.Addr(), err)
 			}
 			// The quiesce handler closed the listener; it sends the duration once it has answered.
 			select {
@@ -221,7 +231,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		if s.fwd != nil {
 			s.fwd.resume()
 		}
-		log.Info("agent listening again", "socket", socket)
+		log.Info("agent listening again", "addr", ln.Addr().String())
 	}
 }
 
@@ -248,7 +258,7 @@ func (s *server) waitHandlers() {
 func (s *server) relisten(ctx context.Context) (net.Listener, error) {
 	delay := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		ln, err := listenUnix(s.socket)
+		ln, err := s.listen()
 		if err == nil {
 			return ln, nil
 		}
@@ -260,6 +270,14 @@ func (s *server) relisten(ctx context.Context) (net.Listener, error) {
 		}
 		delay = min(delay*2, 2*time.Second)
 	}
+}
+
+// listen binds the agent's vsock port or its Unix socket.
+func (s *server) listen() (net.Listener, error) {
+	if s.vsockPort != 0 {
+		return listenVsock(s.vsockPort)
+	}
+	return listenUnix(s.socket)
 }
 
 // listenUnix binds path, removing a stale socket file first (never any other kind of file).

@@ -41,6 +41,15 @@
 // CAP_SYS_ADMIN once that cgroup is set up and keeps spare OS threads; a command refused for
 // the process limit gets exit 126 and says so.
 //
+// In a VM (Cloud Hypervisor) the agent listens on a vsock port (Config.VsockPort, `wb agent
+// --vsock-port N`) instead of a Unix socket; with $WB_VSOCK_UNIX_DIR set (the test VMM, which
+// has no vsock device) on the Unix socket $WB_VSOCK_UNIX_DIR/N.sock. An agent that listens on
+// vsock and is PID 1 is a VM's init, and first does what a container runtime would (setupVM,
+// each step only where it is missing and where it can): /proc, /sys, /dev, /dev/pts, /dev/shm,
+// /sys/fs/cgroup, the writable disk /dev/vdb at /run/wb-writable with its workspace/, tmp/ and
+// root/ bound at /workspace, /tmp and /root, the hostname, lo. Its environment is the kernel
+// command line's KEY=VALUE words, which Linux gives init.
+//
 // As PID 1 (Config.Reap) the agent reaps orphans without ever collecting its own children's
 // statuses: see procTable.
 package agent

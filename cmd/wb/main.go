@@ -24,6 +24,7 @@ Commands:
   node      run guests for a control plane that shares its Redis
   plugins   test a Wasm plugin locally, or push it to a project
   envoy-bootstrap  print the bootstrap YAML of one Envoy of the fleet
+  image     build a Cloud Hypervisor guest image (kernel, initramfs, ext4 rootfs with wb as init)
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
   version   print the version
 
@@ -79,6 +80,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return pluginsCmd(ctx, args[1:], stdout, stderr)
 	case "envoy-bootstrap":
 		return envoyBootstrap(args[1:], stdout, stderr)
+	case "image":
+		return imageCmd(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown command %q", args[0])
