@@ -14,7 +14,6 @@
 //	                        new temp dir, removed at exit); it must be searchable (o+x) from /
 //	WB_FAKECH_RUNC          the runc binary (default: runc on PATH)
 //	WB_FAKECH_LOG           the fake's log file (default: stderr)
-//	WB_FAKECH_CHECK_BODIES  "1": also check request and response bodies against the document
 //
 // # What is faithful
 //

@@ -5,7 +5,7 @@
 //
 // --api-socket takes path=<p> (or a bare path); --event-monitor takes fd=<n> or path=<p>.
 // What only the fake needs comes from the environment (see chvtest's doc.go):
-// WB_FAKECH_STATE_DIR, WB_FAKECH_RUNC, WB_FAKECH_LOG, WB_FAKECH_CHECK_BODIES.
+// WB_FAKECH_STATE_DIR, WB_FAKECH_RUNC, WB_FAKECH_LOG.
 // It exits 0 after vmm.shutdown, a guest power-off or SIGTERM; 1 on an error; 3 when it sent
 // an answer its own checker rejected (a bug of the fake).
 package main
@@ -146,12 +146,11 @@ func run(args []string) error {
 	}
 
 	v, err := chvtest.New(chvtest.Options{
-		APISocket:   sock,
-		Events:      evw,
-		StateDir:    stateDir,
-		Runc:        os.Getenv("WB_FAKECH_RUNC"),
-		CheckBodies: os.Getenv("WB_FAKECH_CHECK_BODIES") == "1",
-		Logger:      log,
+		APISocket: sock,
+		Events:    evw,
+		StateDir:  stateDir,
+		Runc:      os.Getenv("WB_FAKECH_RUNC"),
+		Logger:    log,
 	})
 	if err != nil {
 		return err
