@@ -111,6 +111,7 @@ func TestDialVsock(t *testing.T) {
 		t.Errorf("sent %q", l)
 	}
 	b := make([]byte, 11)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second)) // a lost prefix must fail, not hang
 	if _, err := io.ReadFull(c, b); err != nil || string(b) != "first bytes" {
 		t.Errorf("bytes after the OK line: %q, %v", b, err)
 	}
