@@ -529,6 +529,8 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		return err
 	}
 	if !r.alive() {
+		// A VMM this process started may still be a zombie, whose cgroup cannot go yet.
+		d.waitGone(ctx, r)
 		d.cg.killAll(d.CgroupPath(id))
 		return nil
 	}

@@ -117,6 +117,11 @@ func TestVMMDiesBeforeBoot(t *testing.T) {
 	if err := e.d.Delete(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
+	for _, sub := range []string{"cpuacct", "memory"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", sub, e.d.CgroupPath(s.ID))); err == nil {
+			t.Errorf("the dead VMM's %s cgroup is left after delete", sub)
+		}
+	}
 	if _, err := e.d.DialAgent(ctx, "nosuch"); !errors.Is(err, hypervisor.ErrNotFound) {
 		t.Errorf("DialAgent of an unknown guest: %v; want ErrNotFound", err)
 	}
