@@ -117,7 +117,7 @@ func newEnv(t testing.TB) *env {
 		StateDir:     filepath.Join(base, "s"),
 		CacheDir:     filepath.Join(shared.dir, "cache"),
 		CgroupParent: "/wbtest-chd-" + strings.ToLower(rand.Text()[:8]),
-		Env:          []string{"TMPDIR=" + e.vmmTmp, "WB_FAKECH_CHECK_BODIES=1"},
+		Env:          []string{"TMPDIR=" + e.vmmTmp},
 		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	e.d, err = cloudhv.New(context.Background(), e.opts)
