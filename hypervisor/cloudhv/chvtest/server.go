@@ -123,7 +123,7 @@ func (v *VMM) Serve(ctx context.Context) error {
 		return fmt.Errorf("chvtest: api socket: %w", err)
 	}
 	ln.SetUnlinkOnClose(true)
-	srv := &http.Server{Handler: http.HandlerFunc(v.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: http.HandlerFunc(v.serveHTTP), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
