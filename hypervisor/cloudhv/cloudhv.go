@@ -19,6 +19,7 @@ import (
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv/chapi"
 	"wb/hypervisor/cloudhv/image"
+	"wb/internal/proc"
 )
 
 // Name is the driver's name (hypervisor.Driver.Name).
@@ -218,7 +219,7 @@ func (d *Driver) client(id string) *chapi.Client {
 }
 
 // alive reports whether r's VMM still runs.
-func (r record) alive() bool { return r.Pid > 0 && procAlive(r.Pid, r.Start) }
+func (r record) alive() bool { return r.Pid > 0 && proc.Alive(r.Pid, r.Start) }
 
 // List returns the ids of the guests in the state dir.
 func (d *Driver) List(context.Context) ([]string, error) {
@@ -402,7 +403,7 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 		close(ex.done)
 	}()
 	r.Pid = cmd.Process.Pid
-	r.Start, _ = procStart(r.Pid)
+	r.Start, _ = proc.Start(r.Pid)
 	if err := writeJSON(filepath.Join(dir, recordFile), r); err != nil {
 		_ = cmd.Process.Kill()
 		return r, err
@@ -697,28 +698,4 @@ func allocated(path string) int64 {
 		return st.Blocks * 512
 	}
 	return fi.Size()
-}
-
-// procStart returns the start time (field 22 of /proc/<pid>/stat) of a live process.
-func procStart(pid int) (string, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return "", false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return "", false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
-		return "", false
-	}
-	return f[19], true
-}
-
-// procAlive reports whether pid still runs and is the process that started at start.
-func procAlive(pid int, start string) bool {
-	s, ok := procStart(pid)
-	return ok && (start == "" || s == start)
 }

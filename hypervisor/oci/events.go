@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"wb/hypervisor"
+	"wb/internal/proc"
 )
 
 // Events polls the guest: its cgroup's OOM-kill counter (an "oom" event per new kill) and its
@@ -64,7 +65,7 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, info hypervisor.I
 		return
 	}
 	pid := info.Pid
-	start, _ := procStart(pid)
+	start, _ := proc.Start(pid)
 	tick := time.NewTicker(d.eventInterval)
 	defer tick.Stop()
 	for n := 1; ; n++ {
@@ -76,7 +77,7 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, info hypervisor.I
 		if !checkOOM() {
 			return
 		}
-		alive := pid > 0 && procAlive(pid, start)
+		alive := pid > 0 && proc.Alive(pid, start)
 		if alive && n%10 == 0 {
 			cur, err := d.Info(ctx, id)
 			switch {
@@ -98,31 +99,6 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, info hypervisor.I
 			return
 		}
 	}
-}
-
-// procStart returns the start time (field 22 of /proc/<pid>/stat) of a live process.
-func procStart(pid int) (string, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return "", false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return "", false
-	}
-	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); field 22 is f[19].
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
-		return "", false
-	}
-	return f[19], true
-}
-
-// procAlive reports whether pid still runs and is the same process (same start time).
-func procAlive(pid int, start string) bool {
-	s, ok := procStart(pid)
-	return ok && (start == "" || s == start)
 }
 
 // exitDetail describes a guest that exited, for the node's log: what its cgroup counted

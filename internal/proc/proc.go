@@ -1,0 +1,37 @@
+// Package proc identifies host processes across pid reuse: a pid together with its start
+// time names one process, which the guest drivers use to follow a sandbox or a VMM they
+// started (possibly before a restart of the node).
+package proc
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Start returns the start time (field 22 of /proc/<pid>/stat) of a live process; false for a
+// process that is gone or a zombie.
+func Start(pid int) (string, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return "", false
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); field 22 is f[19].
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return "", false
+	}
+	return f[19], true
+}
+
+// Alive reports whether pid still runs and is the process that started at start (any
+// process with that pid when start is empty).
+func Alive(pid int, start string) bool {
+	s, ok := Start(pid)
+	return ok && (start == "" || s == start)
+}
