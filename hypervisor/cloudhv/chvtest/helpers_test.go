@@ -227,6 +227,17 @@ func unixClient(sock string) *http.Client {
 	}}
 }
 
+// listening reports whether a server accepts on the unix socket. The file alone is not enough:
+// it exists from bind(2), and a connect before listen(2) is refused (CI saw this once).
+func listening(sock string) bool {
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
 // startFake serves a VMM in this process; the test's cleanup shuts it down and checks that
 // it answered only what the document allows and left no mount, loop device or container.
 func startFake(t testing.TB) *fake {
@@ -252,10 +263,7 @@ func startFakeWith(t testing.TB, edit func(*chvtest.Options)) *fake {
 	f.cancel = cancel
 	go func() { f.done <- v.Serve(ctx) }()
 	f.client = unixClient(f.sock)
-	waitFor(t, 30*time.Second, "the API socket", func() bool {
-		_, err := os.Stat(f.sock)
-		return err == nil
-	})
+	waitFor(t, 30*time.Second, "the API socket", func() bool { return listening(f.sock) })
 	t.Cleanup(func() {
 		f.cancel()
 		select {

@@ -262,7 +262,7 @@ func TestCommand(t *testing.T) {
 		b, _ := io.ReadAll(bufio.NewReader(pr))
 		events <- b
 	}()
-	waitFor(t, time.Minute, "the API socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	waitFor(t, time.Minute, "the API socket", func() bool { return listening(sock) })
 	c := unixClient(sock)
 	if code, body := doRequest(t, c, "GET", "vmm.ping", ""); code != http.StatusOK || !strings.Contains(body, `"version"`) {
 		t.Fatalf("ping: %d %s", code, body)
