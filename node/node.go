@@ -84,6 +84,10 @@ type Node struct {
 	cancel context.CancelFunc
 	// redisDown is set while Redis does not answer, so that replays back off.
 	redisDown atomic.Bool
+	// recovered is closed once Run has reloaded the journal's guests. Requests wait for it:
+	// before, a guest may be published without its agent client, and a new guest could be
+	// taken for an orphan and destroyed.
+	recovered chan struct{}
 }
 
 // New prepares a node: its directories, and its journal from a previous run.
@@ -131,7 +135,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: data dir %s is too long for the guests' Unix sockets: %s would be %d bytes, and at most 107 fit; use a shorter data dir",
 			cfg.DataDir, sock, len(sock))
 	}
-	n := &Node{Config: cfg, journal: journal{filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}}
+	n := &Node{Config: cfg, journal: journal{filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, recovered: make(chan struct{})}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n)
 	return n, nil
@@ -144,7 +148,9 @@ func (n *Node) Run(ctx context.Context) error {
 	defer n.cancel()
 	stop := context.AfterFunc(ctx, n.cancel)
 	defer stop()
-	if err := n.recover(n.ctx); err != nil {
+	err := n.recover(n.ctx)
+	close(n.recovered)
+	if err != nil {
 		return err
 	}
 	// Timers run alone on their own ticker: they never wait for Redis or for a teardown.
@@ -216,7 +222,23 @@ func (n *Node) heartbeat(ctx context.Context) {
 	}
 }
 
+// waitRecovered returns once the node has reloaded its journal's guests (see Node.recovered),
+// or with an error when ctx or the node ends first.
+func (n *Node) waitRecovered(ctx context.Context) error {
+	select {
+	case <-n.recovered:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("node: still recovering its guests after a restart: %w", ctx.Err())
+	case <-n.ctx.Done():
+		return errors.New("node: shutting down")
+	}
+}
+
 func (n *Node) lookup(id string) (*live, error) {
+	if err := n.waitRecovered(n.ctx); err != nil {
+		return nil, err
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	l, ok := n.guests[id]

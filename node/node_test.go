@@ -11,6 +11,7 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/templates"
+	"wb/node"
 	"wb/internal/redistest"
 	"wb/session"
 	"wb/store"
@@ -381,5 +382,81 @@ func TestOOM(t *testing.T) {
 				t.Errorf("the session failed with oom but its guest was not torn down: %v", err)
 			}
 		})
+	}
+}
+
+// gatedDriver holds the first Info call (recovery's) until gate closes, and says when it is
+// held: requests can reach a restarted node while it is still recovering its journal.
+type gatedDriver struct {
+	timedDriver
+	held chan struct{}
+	gate chan struct{}
+	once *sync.Once
+}
+
+func (d gatedDriver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
+	d.once.Do(func() {
+		close(d.held)
+		<-d.gate
+	})
+	return d.timedDriver.Info(ctx, id)
+}
+
+// TestRequestsDuringRecovery: an exec that reaches a restarted node while it is reloading
+// its guests waits for the recovery and then runs; it never finds a half-recovered guest
+// (once, one without its agent client: a nil dereference).
+func TestRequestsDuringRecovery(t *testing.T) {
+	t.Parallel()
+	const project = "proj_recovering"
+	st, _ := newStore(t)
+	base, dataDir := tempDir(t), tempDir(t)
+	d := newDriver(t, "runc", base)
+	a := startNode(t, nodeConfig(t, st, d, dataDir, "node_recovering"))
+	s := provision(t, st, a.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	a.stop(t)
+
+	cfg := nodeConfig(t, st, openDriver(t, "runc", base, strings.TrimSuffix(d.CgroupPath(""), "/")), dataDir, "node_recovering")
+	gd := gatedDriver{timedDriver: cfg.Driver.(timedDriver), held: make(chan struct{}), gate: make(chan struct{}), once: &sync.Once{}}
+	cfg.Driver = gd
+	b, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("node Run: %v", err)
+		}
+	})
+	select {
+	case <-gd.held:
+	case <-time.After(time.Minute):
+		t.Fatal("the restarted node never asked the driver about its guest")
+	}
+	type answer struct {
+		res session.ExecResult
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		res, err := execIn(ctxT(t, time.Minute), b, s, "echo still here")
+		got <- answer{res, err}
+	}()
+	select {
+	case a := <-got:
+		t.Fatalf("the exec answered while the node was still recovering: %+v, %v", a.res, a.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(gd.gate)
+	select {
+	case a := <-got:
+		if a.err != nil || a.res.ExitCode != 0 || a.res.Stdout != "still here\n" {
+			t.Fatalf("exec after recovery: %+v, %v; want exit 0 and \"still here\"", a.res, a.err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the exec never answered after the node recovered")
 	}
 }

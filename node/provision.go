@@ -16,6 +16,9 @@ import (
 // cold start (or a restore from a snapshot), then probes the agent and reports the session
 // running. On failure the session fails with start_failure.
 func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Session) error {
+	if err := n.waitRecovered(ctx); err != nil {
+		return err
+	}
 	eu := ""
 	if sess.EndUserID != nil {
 		eu = *sess.EndUserID
