@@ -11,8 +11,8 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/templates"
-	"wb/node"
 	"wb/internal/redistest"
+	"wb/node"
 	"wb/session"
 	"wb/store"
 )
