@@ -74,8 +74,11 @@ echo hello > /workspace/hello.txt && echo tmp > /tmp/t.txt && echo home > /root/
 
 			// The guest has a working loopback of its own ...
 			// (Retried, not slept on: a loaded host may start the listener late.)
-			out = g.mustRun(`(nc -l -p 7777 > /tmp/lo.txt &) ; for i in $(seq 50); do echo over-lo | nc -w 2 127.0.0.1 7777 && break; sleep 0.1; done; ` +
-				`for i in $(seq 50); do grep -q over-lo /tmp/lo.txt && break; sleep 0.1; done; cat /tmp/lo.txt`)
+			// Each attempt has a fresh listener on a port of its own: CI once saw one attempt's
+			// connection succeed and its listener write nothing.
+			out = g.mustRun(`for p in 7771 7772 7773 7774 7775; do (nc -l -p $p > /tmp/lo.$p &) ; ` +
+				`for i in $(seq 50); do echo over-lo | nc -w 2 127.0.0.1 $p && break; sleep 0.1; done; ` +
+				`for i in $(seq 30); do grep -q over-lo /tmp/lo.$p && break; sleep 0.1; done; grep -q over-lo /tmp/lo.$p && break; done; cat /tmp/lo.*`)
 			if !strings.Contains(out, "over-lo") {
 				t.Fatalf("guest loopback does not work: %q", out)
 			}
