@@ -386,7 +386,9 @@ func provision(t testing.TB, st *store.Store, n *node.Node, project string, o se
 	if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, s); err != nil { // a cold, busy machine boots slowly
 		t.Fatalf("provision %s: %v", s.ID, err)
 	}
-	got := get(t, st, project, s.ID)
+	// The node reports running to Redis; when Redis is slow (a loaded machine) the report is
+	// replayed a tick later, so wait for it rather than read once.
+	got, _ := waitState(t, st, project, s.ID, time.Minute, session.Running, session.Failed, session.Stopped, session.Expired)
 	if got.State != session.Running || got.StartedAt == nil {
 		t.Fatalf("after Provision the session is %s (started_at %v), want running", got.State, got.StartedAt)
 	}
