@@ -41,7 +41,7 @@ func TestVMModeInRuncGuest(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	wb, err := wbbin.Install(dir)
+	wb, err := wbbin.Agent(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

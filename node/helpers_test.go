@@ -31,11 +31,12 @@ import (
 	"wb/store"
 )
 
-// Set by TestMain: the static wb binary for guests (and for `wb node` subprocesses), and the
-// assembled templates, shared read-only by every test.
+// Set by TestMain: the static agent binary for guests, wb for `wb node` subprocesses (it
+// finds the agent beside it), and the assembled templates, shared read-only by every test.
 var (
-	wbBin   string
-	catalog templates.Catalog
+	wbBin     string
+	serverBin string
+	catalog   templates.Catalog
 )
 
 // Timer tests use the contract's minimums. margin is how late a timer's effect may land: the
@@ -70,10 +71,11 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "node tests:", err)
 		return 1
 	}
-	if wbBin, err = wbbin.Install(tmp); err != nil {
-		fmt.Fprintf(os.Stderr, "node tests: a static wb: %v\n", err)
+	if serverBin, err = wbbin.Install(tmp); err != nil {
+		fmt.Fprintf(os.Stderr, "node tests: wb and its agent: %v\n", err)
 		return 1
 	}
+	wbBin = filepath.Join(tmp, "wb-agent")
 	catalog, err = templates.Assemble(filepath.Join(tmp, "templates"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "node tests: templates:", err)

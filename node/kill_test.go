@@ -36,7 +36,7 @@ func startWBNode(t testing.TB, dataDir, redisAddr, token, id string, port int) *
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(wbBin, "node", "--redis", "redis://"+redisAddr, "--addr", "127.0.0.1:"+strconv.Itoa(port),
+	cmd := exec.Command(serverBin, "node", "--redis", "redis://"+redisAddr, "--addr", "127.0.0.1:"+strconv.Itoa(port),
 		"--data-dir", dataDir, "--runtime", "runsc", "--pool", "0", "--id", id, "--region", "local", "--log-level", "debug")
 	cmd.Env = append(os.Environ(), "WB_NODE_TOKEN="+token) // never on the command line
 	cmd.Stdout, cmd.Stderr = logf, logf                    // a file, not a pipe: guests must not hold the test's pipe open

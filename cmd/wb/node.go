@@ -40,6 +40,8 @@ type nodeFlags struct {
 	allowUnlimitedDisk bool
 	// backend picks the guest driver: oci (--runtime) or cloudhv (--ch-binary, --kernel).
 	backend, chBinary, kernel, initramfs string
+	// agentBin is the static binary put in every guest as its agent ("" : this executable).
+	agentBin string
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -54,6 +56,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.chBinary, "ch-binary", "", "cloud-hypervisor `executable` for --backend cloudhv")
 	fs.StringVar(&f.kernel, "kernel", "", "guest kernel `file` for --backend cloudhv (wb image build writes DIR/vmlinuz)")
 	fs.StringVar(&f.initramfs, "initramfs", "", "guest initramfs `file` for --backend cloudhv (wb image build writes DIR/initramfs.img)")
+	fs.StringVar(&f.agentBin, "agent-bin", "", "static `binary` that runs as every guest's agent: wb-agent (make build writes bin/wb-agent) or wb itself; default: wb-agent beside this executable, else this executable")
 	fs.BoolVar(&f.allowUnlimitedDisk, "allow-unlimited-disk", false, "start guests without a disk limit when this host cannot make their ext4 loop images (default: such guests fail to start)")
 }
 
@@ -71,7 +74,7 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	if err != nil {
 		return nil, nil, err
 	}
-	self, err := agentBinary()
+	agentBin, err := agentBinary(f.agentBin)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -86,7 +89,7 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 		return nil, nil, fmt.Errorf("--egress-allow-cidr: %w", err)
 	}
 	nd, err := node.New(node.Config{
-		Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: self, Egress: guard,
+		Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: agentBin, Egress: guard,
 		Info: store.NodeInfo{ID: f.id, Addr: addr, Region: f.region, Zone: f.zone,
 			Tiers: []int{1, 2, 3, 4}, VCPU: f.vcpu, MemoryMiB: f.mem},
 		Pools: pools, Tiers: f.coldP95.tiers(), Logger: log,
@@ -145,23 +148,37 @@ func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Liste
 	serveUntil(ctx, g, srv, ln, 5*time.Second)
 }
 
-// agentBinary is this executable, which must be static to run inside a bare guest.
-func agentBinary() (string, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return "", err
+// agentBinary is the guests' agent: path (--agent-bin), else wb-agent beside this executable
+// (a release ships both; make build writes bin/wb-agent), else this executable. It must be a
+// static binary: a bare guest has no dynamic loader to run anything else.
+func agentBinary(path string) (string, error) {
+	flagName := "--agent-bin " + path
+	if path == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return "", err
+		}
+		path, flagName = self, "this wb ("+self+")"
+		if beside := filepath.Join(filepath.Dir(self), "wb-agent"); fileExists(beside) {
+			path, flagName = beside, "the wb-agent beside wb ("+beside+")"
+		}
 	}
-	f, err := elf.Open(self)
+	f, err := elf.Open(path)
 	if err != nil {
-		return "", fmt.Errorf("inspect %s: %w", self, err)
+		return "", fmt.Errorf("%s: guests cannot run it as their agent: %w", flagName, err)
 	}
 	defer f.Close()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
-			return "", fmt.Errorf("%s is dynamically linked; guests need a static wb: build with CGO_ENABLED=0 (make build does)", self)
+			return "", fmt.Errorf("%s is dynamically linked, and guests need a static agent: build it with CGO_ENABLED=0 (make build does), or name a static one with --agent-bin", flagName)
 		}
 	}
-	return self, nil
+	return path, nil
+}
+
+func fileExists(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // nodeCmd is `wb node`: one host's guests, registered in a shared Redis.

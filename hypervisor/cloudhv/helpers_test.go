@@ -63,7 +63,7 @@ func setup() error {
 	if out, err := exec.Command(gobin, "build", "-o", shared.fakech, "wb/hypervisor/cloudhv/chvtest/fakech").CombinedOutput(); err != nil {
 		return fmt.Errorf("build fakech: %w\n%s", err, out)
 	}
-	if shared.wb, err = wbbin.Install(dir); err != nil {
+	if shared.wb, err = wbbin.Agent(dir); err != nil {
 		return err
 	}
 	cat, err := templates.AssembleWith(filepath.Join(dir, "tpl"), templates.Options{HostRoot: filepath.Join(dir, "nohost")})

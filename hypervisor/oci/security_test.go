@@ -46,7 +46,7 @@ func wbBinary(t testing.TB) string {
 			wbBinErr = err
 			return
 		}
-		wbBinPath, wbBinErr = wbbin.Install(dir)
+		wbBinPath, wbBinErr = wbbin.Agent(dir)
 	})
 	if wbBinErr != nil {
 		t.Fatalf("build wb: %v", wbBinErr)

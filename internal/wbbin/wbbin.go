@@ -10,19 +10,37 @@ import (
 	"runtime"
 )
 
-// EnvVar names a prebuilt static wb binary (CGO_ENABLED=0 go build ./cmd/wb) to use instead
-// of building one.
+// EnvVar names a prebuilt wb binary (go build ./cmd/wb) to run as a server instead of
+// building one.
 const EnvVar = "WB_TEST_BIN"
 
-// Install puts a static wb binary at dir/wb (mode 0755) and answers its path: a copy of the
-// one named by WB_TEST_BIN, or one built from the module that holds the calling test's
-// package. A copy, not the named file: the caller chose dir so that a guest's unprivileged
-// user can reach it.
+// AgentEnvVar names a prebuilt static agent binary (CGO_ENABLED=0 go build ./cmd/wb-agent) to
+// put in guests instead of building one.
+const AgentEnvVar = "WB_TEST_AGENT_BIN"
+
+// Install puts wb at dir/wb and the static agent at dir/wb-agent (mode 0755), where wb looks
+// for its guests' agent, and answers wb's path: copies of the binaries named by WB_TEST_BIN
+// and WB_TEST_AGENT_BIN, or builds from the module that holds the calling test's package.
+// Copies, not the named files: the caller chose dir so that a guest's unprivileged user can
+// reach them.
 func Install(dir string) (string, error) {
-	out := filepath.Join(dir, "wb")
-	if src := os.Getenv(EnvVar); src != "" {
+	if _, err := Agent(dir); err != nil {
+		return "", err
+	}
+	return install(dir, "wb", EnvVar, "wb/cmd/wb")
+}
+
+// Agent puts the static agent binary at dir/wb-agent (mode 0755): a copy of the one named by
+// WB_TEST_AGENT_BIN, or one built from cmd/wb-agent. It answers its path.
+func Agent(dir string) (string, error) {
+	return install(dir, "wb-agent", AgentEnvVar, "wb/cmd/wb-agent")
+}
+
+func install(dir, name, envVar, pkg string) (string, error) {
+	out := filepath.Join(dir, name)
+	if src := os.Getenv(envVar); src != "" {
 		if err := copyFile(src, out); err != nil {
-			return "", fmt.Errorf("%s=%s: %w (unset it to build wb instead)", EnvVar, src, err)
+			return "", fmt.Errorf("%s=%s: %w (unset it to build %s instead)", envVar, src, err, pkg)
 		}
 		return out, nil
 	}
@@ -31,10 +49,10 @@ func Install(dir string) (string, error) {
 		gobin = "go"
 	}
 	// The package path, not a directory: it resolves from any package of the module.
-	cmd := exec.Command(gobin, "build", "-o", out, "wb/cmd/wb")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // guests run it: it must be static
+	cmd := exec.Command(gobin, "build", "-o", out, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static: guests run the agent, and wb may be their agent
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build wb: %w\n%s", err, b)
+		return "", fmt.Errorf("build %s: %w\n%s", pkg, err, b)
 	}
 	return out, nil
 }

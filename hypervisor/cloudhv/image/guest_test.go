@@ -42,7 +42,7 @@ func TestRootFSImageRunsAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wb, err := wbbin.Install(dir)
+	wb, err := wbbin.Agent(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
