@@ -1,0 +1,151 @@
+package client
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"wb/internal/wbbin"
+)
+
+// server is a `wb serve --runtime runc --pool 0` of the test's own (with its own redis-server),
+// as cmd/wb's tests start one.
+type server struct {
+	url, apiKey string
+	stderr      string // path of its log
+}
+
+// startServe builds wb and its agent, starts `wb serve` with real runc guests, and stops it
+// and removes its guests and mounts when the test ends. Skips where runc cannot run.
+func startServe(t *testing.T) *server {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("runc guests need root")
+	}
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Skip("runc is not installed")
+	}
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox-static is needed to assemble the templates")
+	}
+	// Not t.TempDir(): the test's name would make the guests' Unix socket paths too long.
+	tmp, err := os.MkdirTemp("", "wbsdk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o755); err != nil { // the guest's user must reach the agent binary
+		t.Fatal(err)
+	}
+	bin, err := wbbin.Install(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(tmp, "d")
+	s := &server{stderr: filepath.Join(tmp, "stderr")}
+	stdoutPath := filepath.Join(tmp, "stdout")
+	stdout, err := os.Create(stdoutPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdout.Close()
+	stderr, err := os.Create(s.stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "WB_") { // wb serve takes its keys from these when set
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM} // if the test dies, so does wb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		stateRoot := filepath.Join(dataDir, "oci-state")
+		out, _ := exec.Command(runc, "--root", stateRoot, "list", "-q").Output()
+		for _, id := range strings.Fields(string(out)) {
+			_ = exec.Command(runc, "--root", stateRoot, "delete", "--force", id).Run()
+		}
+		unmountUnder(tmp)
+	})
+	deadline := time.Now().Add(3 * time.Minute) // a cold, loaded machine's first start does the most
+	for {
+		vals := readEnvLines(stdoutPath)
+		if vals["WB_URL"] != "" && vals["WB_API_KEY"] != "" {
+			s.url, s.apiKey = vals["WB_URL"], vals["WB_API_KEY"]
+			return s
+		}
+		select {
+		case <-exited:
+			t.Fatalf("wb serve exited before printing WB_URL and WB_API_KEY; log:\n%s", s.log())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wb serve printed no WB_URL/WB_API_KEY within 3 minutes; log:\n%s", s.log())
+		}
+	}
+}
+
+// log answers the end of the server's log, for a failure's message.
+func (s *server) log() string {
+	b, _ := os.ReadFile(s.stderr)
+	if len(b) > 8000 {
+		b = b[len(b)-8000:]
+	}
+	return string(b)
+}
+
+func readEnvLines(path string) map[string]string {
+	out := map[string]string{}
+	f, err := os.Open(path)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// unmountUnder detaches every mount below dir (the guests' root file systems), deepest first.
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
