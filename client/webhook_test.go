@@ -52,9 +52,13 @@ func TestVerifyWebhook(t *testing.T) {
 		h      http.Header
 		body   []byte
 	}{
-		"changed body":     {secret, signed(t, secret, "evt_1", now, body), append([]byte(nil), append(body[:len(body)-1:len(body)-1], ' ', '}')...)},
-		"another secret":   {webhooks.NewSecret(), signed(t, secret, "evt_1", now, body), body},
-		"another id":       {secret, func() http.Header { h := signed(t, secret, "evt_1", now, body); h.Set(webhooks.HeaderID, "evt_2"); return h }(), body},
+		"changed body":   {secret, signed(t, secret, "evt_1", now, body), append([]byte(nil), append(body[:len(body)-1:len(body)-1], ' ', '}')...)},
+		"another secret": {webhooks.NewSecret(), signed(t, secret, "evt_1", now, body), body},
+		"another id": {secret, func() http.Header {
+			h := signed(t, secret, "evt_1", now, body)
+			h.Set(webhooks.HeaderID, "evt_2")
+			return h
+		}(), body},
 		"stale timestamp":  {secret, signed(t, secret, "evt_1", now.Add(-10*time.Minute), body), body},
 		"future timestamp": {secret, signed(t, secret, "evt_1", now.Add(10*time.Minute), body), body},
 		"missing id":       {secret, missing, body},
