@@ -18,9 +18,9 @@ const openAPIPath = "../gateway/openapi.json"
 
 // operationsOutsideSDK are the document's operations the SDK deliberately does not call:
 // operator routes (admin key, metrics), the document itself, the health check, the catch-all
-// that only answers errors, and the limits (spend caps: a later part of the SDK).
+// that only answers errors.
 var operationsOutsideSDK = []string{"health", "metrics", "getOpenAPI", "adminCreateProject", "adminGetPlan",
-	"adminPutPlan", "adminListNodes", "adminDrainNode", "sessionActionMissing", "getLimits", "putLimits"}
+	"adminPutPlan", "adminListNodes", "adminDrainNode", "sessionActionMissing"}
 
 // methodOf maps an operationId to the Client method that calls it when the name is not the
 // operationId with its first letter upper-cased.

@@ -127,3 +127,15 @@ func (c *Client) doRaw(ctx context.Context, method, path string, q url.Values, b
 	}
 	return decodeJSON(resp, method, path, out)
 }
+
+// GetLimits answers the project's spend caps, plan limits and spend this month.
+func (c *Client) GetLimits(ctx context.Context) (*Limits, error) {
+	var l Limits
+	return &l, c.do(ctx, http.MethodGet, "/v1/limits", nil, nil, &l)
+}
+
+// PutLimits changes spend caps and lowers plan limits.
+func (c *Client) PutLimits(ctx context.Context, req PutLimitsRequest) (*Limits, error) {
+	var l Limits
+	return &l, c.do(ctx, http.MethodPut, "/v1/limits", nil, req, &l)
+}

@@ -250,3 +250,36 @@ type PluginDeleted struct {
 	Name    string `json:"name"`
 	Deleted bool   `json:"deleted"`
 }
+
+// Plan is a set of plan limits.
+type Plan struct {
+	Concurrency   int `json:"concurrency"`    // sessions active at once
+	RatePerSec    int `json:"rate_per_sec"`   // admission rate
+	Burst         int `json:"burst"`          // admission burst
+	SnapshotCount int `json:"snapshot_count"` // snapshots kept
+	SnapshotGiB   int `json:"snapshot_gib"`   // snapshot storage
+	NodeSharePct  int `json:"node_share_pct"` // share of any one node the project may hold
+}
+
+// Limits are the project's spend caps and the plan limits in force.
+type Limits struct {
+	Object                         string `json:"object"` // "limits"
+	MonthlySpendCapMicroUSD        int64  `json:"monthly_spend_cap_micro_usd"`
+	EndUserMonthlySpendCapMicroUSD int64  `json:"end_user_monthly_spend_cap_micro_usd"`
+	Plan                                  // in force: the operator's plan, lowered where the project chose to
+	SpendThisMonthMicroUSD         int64  `json:"spend_this_month_micro_usd"`
+	PlanLimits                     Plan   `json:"plan"` // the operator's plan: the most each limit may be set to
+}
+
+// PutLimitsRequest sets spend caps and lowers plan limits; nil fields keep their value.
+// Raising a plan limit above the operator's plan is refused (403).
+type PutLimitsRequest struct {
+	MonthlySpendCapMicroUSD        *int64 `json:"monthly_spend_cap_micro_usd,omitempty"`
+	EndUserMonthlySpendCapMicroUSD *int64 `json:"end_user_monthly_spend_cap_micro_usd,omitempty"`
+	Concurrency                    *int   `json:"concurrency,omitempty"`
+	RatePerSec                     *int   `json:"rate_per_sec,omitempty"`
+	Burst                          *int   `json:"burst,omitempty"`
+	SnapshotCount                  *int   `json:"snapshot_count,omitempty"`
+	SnapshotGiB                    *int   `json:"snapshot_gib,omitempty"`
+	NodeSharePct                   *int   `json:"node_share_pct,omitempty"`
+}
