@@ -143,7 +143,12 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 					return nil, fmt.Errorf("wb: rewind the body to retry: %w", err)
 				}
 			}
-			body = r.bodyReader
+			switch r.bodyReader.(type) {
+			case *bytes.Reader, *strings.Reader, *bytes.Buffer:
+				body = r.bodyReader // NewRequest takes its length from these
+			default:
+				body = struct{ io.Reader }{r.bodyReader} // hide Close: the transport would close the caller's file
+			}
 		case r.body != nil:
 			body = bytes.NewReader(r.body)
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -164,5 +165,51 @@ func TestNewChecksArguments(t *testing.T) {
 		if _, err := New(tc.url, tc.key); err == nil {
 			t.Errorf("New(%q, %q) accepted", tc.url, tc.key)
 		}
+	}
+}
+
+// TestUploadRetryRewindsAndKeepsFile: an upload answered 503 is sent again from the start of
+// a seekable body, and the caller's file is not closed by the transport.
+func TestUploadRetryRewindsAndKeepsFile(t *testing.T) {
+	var mu sync.Mutex
+	var bodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		n := len(bodies)
+		mu.Unlock()
+		if n == 1 {
+			w.WriteHeader(503)
+			return
+		}
+		w.WriteHeader(204)
+	}))
+	defer srv.Close()
+	c, err := New(srv.URL, "key_test", WithHTTPClient(srv.Client()), WithRetries(2, time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "upload")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.WriteString(f, "content"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UploadFile(context.Background(), "sess_1", "/tmp/x", f); err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 2 || bodies[0] != "content" || bodies[1] != "content" {
+		t.Errorf("bodies %q, want the whole content twice", bodies)
+	}
+	if _, err := f.Stat(); err != nil {
+		t.Errorf("the caller's file after the upload: %v (closed by the transport?)", err)
 	}
 }
