@@ -26,9 +26,9 @@ const Template = templates.Desktop
 
 // The display every desktop has, and where its parts live in the guest.
 const (
-	Display    = ":0"
-	Width      = 1280
-	Height     = 800
+	Display      = ":0"
+	Width        = 1280
+	Height       = 800
 	DevToolsPort = 9222
 	// ProfileDir is Chromium's profile (logins, history, downloads' records): under /root,
 	// which is on the guest's writable disk, as is /data/memory (templates.DesktopData).

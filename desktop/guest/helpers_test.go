@@ -34,10 +34,10 @@ func (a agentExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([]b
 
 // desktopEnv is one driver, the templates and the wb binary, shared by a test's guests.
 type desktopEnv struct {
-	t      testing.TB
-	d      *oci.Driver
-	tpl    templates.Template
-	wbBin  string
+	t     testing.TB
+	d     *oci.Driver
+	tpl   templates.Template
+	wbBin string
 }
 
 type desktopGuest struct {
