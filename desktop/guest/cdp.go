@@ -170,7 +170,9 @@ func evaluate(ctx context.Context, endpoint, script string, timeout time.Duratio
 		return evalOutput{}, fmt.Errorf("devtools: %w", err)
 	}
 	defer ws.CloseNow()
-	ws.SetReadLimit(MaxResultBytes + 64<<10)
+	// Room for a result of twice the bound (JSON escapes), so that one just over it gets a
+	// clear answer; beyond that the read itself fails.
+	ws.SetReadLimit(2*MaxResultBytes + 64<<10)
 	c := &cdpConn{ws: ws}
 
 	var bc struct {
@@ -205,6 +207,7 @@ func evaluate(ctx context.Context, endpoint, script string, timeout time.Duratio
 	// deadline (a few seconds later) covers a renderer that does not answer at all.
 	ectx, cancel := context.WithTimeout(ctx, timeout+3*time.Second)
 	defer cancel()
+	started := time.Now()
 	err = c.call(ectx, at.SessionID, "Runtime.evaluate", map[string]any{
 		"expression": script, "returnByValue": true, "awaitPromise": true, "replMode": false,
 		"timeout": timeout.Milliseconds(),
@@ -212,13 +215,22 @@ func evaluate(ctx context.Context, endpoint, script string, timeout time.Duratio
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) || ectx.Err() != nil:
 		return evalOutput{Error: &evalError{Message: fmt.Sprintf("no answer within %s", timeout), Timeout: true}}, nil
+	case err != nil && time.Since(started) >= timeout:
+		// Chromium answers a script that its timeout terminated with an internal error.
+		return evalOutput{Error: &evalError{Message: fmt.Sprintf("stopped after %s", timeout), Timeout: true}}, nil
+	case err != nil && strings.Contains(err.Error(), "read limited"):
+		return evalOutput{}, fmt.Errorf("the script's result is more than %d bytes; return less", MaxResultBytes)
 	case err != nil:
 		return evalOutput{}, err
 	}
 	if d := res.ExceptionDetails; d != nil {
 		return evalOutput{Error: exceptionError(d, timeout)}, nil
 	}
-	return evalOutput{Value: valueOf(res.Result)}, nil
+	v := valueOf(res.Result)
+	if len(v) > MaxResultBytes {
+		return evalOutput{Error: &evalError{Message: fmt.Sprintf("the script's result is %d bytes of JSON; at most %d: return less", len(v), MaxResultBytes)}}, nil
+	}
+	return evalOutput{Value: v}, nil
 }
 
 // exceptionError is a thrown exception in a person's terms: the exception's first line and

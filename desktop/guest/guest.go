@@ -59,7 +59,7 @@ const startTimeout = 90 * time.Second
 // reason.
 func startScript(waitS int) string {
 	return fmt.Sprintf(`set -u
-S=%[1]s; mkdir -p "$S" %[2]s %[3]s
+S=%[1]s; mkdir -p "$S" %[2]s %[3]s # %[2]s: /data/memory, through the /data symlink
 export DISPLAY=%[4]s HOME=/root
 running() { p=$(cat "$S/$1.pid" 2>/dev/null) && [ -n "$p" ] && grep -q "$2" "/proc/$p/cmdline" 2>/dev/null; }
 launch() { n=$1; shift; setsid "$@" </dev/null >"$S/$n.log" 2>&1 & echo $! >"$S/$n.pid"; }
@@ -87,7 +87,7 @@ until wget -q -O /dev/null http://127.0.0.1:%[9]d/json/version 2>/dev/null; do
   running chromium chromium || { echo "Chromium exited:"; tail -n 20 "$S/chromium.log"; exit 1; }
   sleep 0.1
 done
-`, stateDir, MemoryDir, ProfileDir, Display, Width, Height, waitS*10, waitS, DevToolsPort)
+`, stateDir, templates.DesktopDataTarget+"/memory", ProfileDir, Display, Width, Height, waitS*10, waitS, DevToolsPort)
 }
 
 // Start launches the display, the window manager and the browser when they are not running

@@ -160,9 +160,13 @@ func desktopMissing(hostRoot string) []string {
 }
 
 // DesktopData is the guest directory a desktop keeps its agent's memory under (DesktopData +
-// "/memory"): in tpl_desktop it is a symlink into /workspace, so it lives on the guest's
-// writable disk with the workspace and the browser profile (under /root).
-const DesktopData = "/data"
+// "/memory"): in tpl_desktop it is a symlink to DesktopDataTarget, so it lives on the guest's
+// writable disk with the workspace and the browser profile (under /root). The target does
+// not exist until the guest makes it.
+const (
+	DesktopData       = "/data"
+	DesktopDataTarget = hypervisor.GuestWorkspace + "/data"
+)
 
 // buildDesktop is tpl_dev_polyglot's tree (the host's /usr read-only, where Xvfb, the window
 // manager, Chromium and the fonts live) plus the bits of /etc they read, and /data pointing at
@@ -189,7 +193,7 @@ func buildDesktop(dir string, o Options, applets []string, tc toolchains) (Templ
 				return err
 			}
 		}
-		if err := os.Symlink("workspace/data", filepath.Join(root, strings.TrimPrefix(DesktopData, "/"))); err != nil {
+		if err := os.Symlink(DesktopDataTarget, filepath.Join(root, strings.TrimPrefix(DesktopData, "/"))); err != nil {
 			return err
 		}
 		return mountpoints(root, binds)
