@@ -1,18 +1,18 @@
 package guest
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"strconv"
+	"net"
 	"strings"
 	"time"
-
-	"github.com/coder/websocket"
 )
 
 // EvalCommand is the hidden subcommand of `wb agent` that RunJS runs in the guest.
@@ -35,17 +35,28 @@ func (e *evalError) jsError() *JSError {
 	return &JSError{Message: e.Message, Line: e.Line, Column: e.Column, Timeout: e.Timeout}
 }
 
-// EvalMain is `wb agent cdp-eval [--timeout-ms N]` in a desktop guest: it reads a script on
-// stdin, evaluates it through Chromium's DevTools on the guest's loopback in a new browser
-// context (disposed afterwards), and prints one JSON object: {"value": …} or {"error":
-// {"message", "line", "column", "timeout"}}. A failure to reach the browser is an error
-// (exit 1), not an answer.
+// EvalMain is `wb agent cdp-eval [--timeout-ms N | --ping]` in a desktop guest: it reads a
+// script on stdin, evaluates it through Chromium's DevTools (the relay's socket, see
+// RelayMain) in a new browser context (disposed afterwards), and prints one JSON object:
+// {"value": …} or {"error": {"message", "line", "column", "timeout"}}. A failure to reach
+// the browser is an error (exit 1), not an answer. --ping only checks that the browser
+// answers.
 func EvalMain(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("wb agent "+EvalCommand, flag.ContinueOnError)
 	timeoutMs := fs.Int64("timeout-ms", RunJSTimeout.Milliseconds(), "how long the script may run")
-	endpoint := fs.String("devtools", "127.0.0.1:"+strconv.Itoa(DevToolsPort), "Chromium's DevTools address (guest loopback)")
+	ping := fs.Bool("ping", false, "only check that the browser answers")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *ping {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := dialBrowser(pctx)
+		if err != nil {
+			return err
+		}
+		defer c.close()
+		return c.call(pctx, "", "Browser.getVersion", nil, nil)
 	}
 	if *timeoutMs < 1 || *timeoutMs > time.Hour.Milliseconds() {
 		return fmt.Errorf("--timeout-ms %d: want 1 ms to 1 h", *timeoutMs)
@@ -61,7 +72,7 @@ func EvalMain(ctx context.Context, args []string, stdin io.Reader, stdout io.Wri
 	// Setting up and tearing down the context gets its own allowance beyond the script's.
 	ctx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
 	defer cancel()
-	out, err := evaluate(ctx, *endpoint, string(script), timeout)
+	out, err := evaluate(ctx, string(script), timeout)
 	if err != nil {
 		return err
 	}
@@ -73,11 +84,30 @@ func EvalMain(ctx context.Context, args []string, stdin io.Reader, stdout io.Wri
 	return err
 }
 
-// cdpConn is a DevTools connection to the browser target (flat sessions).
+// cdpConn is a DevTools connection to the browser target (flat sessions) through the relay.
 type cdpConn struct {
-	ws     *websocket.Conn
+	conn   net.Conn
+	br     *bufio.Reader
 	nextID int64
 }
+
+// dialBrowser connects to the relay. Message ids start at a random point: the relay serves
+// clients one after another, and a late answer to an earlier client must not pass for ours.
+func dialBrowser(ctx context.Context) (*cdpConn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", relaySocket)
+	if err != nil {
+		return nil, fmt.Errorf("the browser's DevTools do not answer (is the desktop started?): %w", err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	var b [4]byte // Chromium wants ids that fit an int32
+	_, _ = rand.Read(b[:])
+	return &cdpConn{conn: conn, br: bufio.NewReaderSize(conn, 64<<10), nextID: int64(binary.BigEndian.Uint32(b[:]) >> 2)}, nil
+}
+
+func (c *cdpConn) close() { _ = c.conn.Close() }
 
 type cdpMessage struct {
 	ID        int64           `json:"id,omitempty"`
@@ -91,7 +121,7 @@ type cdpMessage struct {
 	} `json:"error,omitempty"`
 }
 
-// call sends one command and waits for its answer, skipping events.
+// call sends one command and waits for its answer, skipping events and others' answers.
 func (c *cdpConn) call(ctx context.Context, session, method string, params, result any) error {
 	c.nextID++
 	id := c.nextID
@@ -99,16 +129,27 @@ func (c *cdpConn) call(ctx context.Context, session, method string, params, resu
 	if err != nil {
 		return err
 	}
-	if err := c.ws.Write(ctx, websocket.MessageText, b); err != nil {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(time.Hour)
+	}
+	_ = c.conn.SetDeadline(dl)
+	if _, err := c.conn.Write(append(b, 0)); err != nil {
 		return fmt.Errorf("devtools %s: %w", method, err)
 	}
 	for {
-		_, data, err := c.ws.Read(ctx)
+		data, err := readMessage(c.br, maxCDPMessage)
+		if errors.Is(err, errTooLong) {
+			return fmt.Errorf("devtools %s: %w", method, err)
+		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("devtools %s: %w", method, ctx.Err())
+			}
 			return fmt.Errorf("devtools %s: %w", method, err)
 		}
 		var m cdpMessage
-		if err := json.Unmarshal(data, &m); err != nil {
+		if err := json.Unmarshal(data[:len(data)-1], &m); err != nil {
 			return fmt.Errorf("devtools %s: %w", method, err)
 		}
 		if m.ID != id {
@@ -122,26 +163,6 @@ func (c *cdpConn) call(ctx context.Context, session, method string, params, resu
 		}
 		return json.Unmarshal(m.Result, result)
 	}
-}
-
-// browserWebSocket asks DevTools for the browser target's WebSocket URL.
-func browserWebSocket(ctx context.Context, endpoint string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+endpoint+"/json/version", nil)
-	if err != nil {
-		return "", err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("the browser's DevTools do not answer (is the desktop started?): %w", err)
-	}
-	defer resp.Body.Close()
-	var v struct {
-		URL string `json:"webSocketDebuggerUrl"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&v); err != nil || !strings.HasPrefix(v.URL, "ws://") {
-		return "", fmt.Errorf("devtools /json/version: no webSocketDebuggerUrl (%v)", err)
-	}
-	return v.URL, nil
 }
 
 // remoteObject is the part of a CDP Runtime.RemoteObject that carries a value.
@@ -160,20 +181,12 @@ type exceptionDetails struct {
 	Exception    *remoteObject `json:"exception"`
 }
 
-func evaluate(ctx context.Context, endpoint, script string, timeout time.Duration) (evalOutput, error) {
-	wsURL, err := browserWebSocket(ctx, endpoint)
+func evaluate(ctx context.Context, script string, timeout time.Duration) (evalOutput, error) {
+	c, err := dialBrowser(ctx)
 	if err != nil {
 		return evalOutput{}, err
 	}
-	ws, _, err := websocket.Dial(ctx, wsURL, nil)
-	if err != nil {
-		return evalOutput{}, fmt.Errorf("devtools: %w", err)
-	}
-	defer ws.CloseNow()
-	// Room for a result of twice the bound (JSON escapes), so that one just over it gets a
-	// clear answer; beyond that the read itself fails.
-	ws.SetReadLimit(2*MaxResultBytes + 64<<10)
-	c := &cdpConn{ws: ws}
+	defer c.close()
 
 	var bc struct {
 		ID string `json:"browserContextId"`
@@ -218,7 +231,7 @@ func evaluate(ctx context.Context, endpoint, script string, timeout time.Duratio
 	case err != nil && time.Since(started) >= timeout:
 		// Chromium answers a script that its timeout terminated with an internal error.
 		return evalOutput{Error: &evalError{Message: fmt.Sprintf("stopped after %s", timeout), Timeout: true}}, nil
-	case err != nil && strings.Contains(err.Error(), "read limited"):
+	case errors.Is(err, errTooLong):
 		return evalOutput{}, fmt.Errorf("the script's result is more than %d bytes; return less", MaxResultBytes)
 	case err != nil:
 		return evalOutput{}, err

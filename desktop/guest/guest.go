@@ -26,10 +26,9 @@ const Template = templates.Desktop
 
 // The display every desktop has, and where its parts live in the guest.
 const (
-	Display      = ":0"
-	Width        = 1280
-	Height       = 800
-	DevToolsPort = 9222
+	Display = ":0"
+	Width   = 1280
+	Height  = 800
 	// ProfileDir is Chromium's profile (logins, history, downloads' records): under /root,
 	// which is on the guest's writable disk, as is /data/memory (templates.DesktopData).
 	ProfileDir = "/root/.config/chromium"
@@ -57,37 +56,48 @@ const startTimeout = 90 * time.Second
 // command line: /tmp is on the disk, so after a fresh start from the disk a stale pid file
 // may name a pid that a different process now has. Stale locks are removed for the same
 // reason.
+//
+// No process may bind a Unix socket on the disk (/tmp, /root, /workspace are host
+// directories): gVisor cannot checkpoint a socket bound on a host file system, and a sleep is
+// a checkpoint. So Xvfb listens on its abstract socket only (-nolisten unix), and Chromium's
+// TMPDIR (where its profile's SingletonSocket lives) is /dev/shm, a tmpfs inside the sandbox.
+// Nor may any process listen on TCP (this gVisor cannot checkpoint a TCP listener that is
+// waited on): Chromium's DevTools are a pipe, served on an abstract socket by RelayMain. Nor
+// may a process keep a deleted file of the disk open (gVisor cannot save it): Chromium's
+// persistent histograms (BrowserMetrics/*.pma in the profile, deleted while mapped) go to
+// /dev/shm through a symlink.
 func startScript(waitS int) string {
 	return fmt.Sprintf(`set -u
 S=%[1]s; mkdir -p "$S" %[2]s %[3]s # %[2]s: /data/memory, through the /data symlink
 export DISPLAY=%[4]s HOME=/root
+end=$(( $(date +%%s) + %[8]d ))
+late() { [ "$(date +%%s)" -ge $end ]; }
 running() { p=$(cat "$S/$1.pid" 2>/dev/null) && [ -n "$p" ] && grep -q "$2" "/proc/$p/cmdline" 2>/dev/null; }
 launch() { n=$1; shift; setsid "$@" </dev/null >"$S/$n.log" 2>&1 & echo $! >"$S/$n.pid"; }
 if ! running xvfb Xvfb; then
   rm -f /tmp/.X0-lock /tmp/.X11-unix/X0
   launch xvfb /usr/bin/Xvfb %[4]s -screen 0 %[5]dx%[6]dx24 -nolisten tcp -nolisten unix -noreset -dpi 96
 fi
-n=0
 until xwd -root -silent >/dev/null 2>&1; do
-  n=$((n+1)); [ $n -le %[7]d ] || { echo "the display did not answer within %[8]d s:"; tail -n 20 "$S/xvfb.log"; exit 1; }
+  late && { echo "the display did not answer within %[8]d s:"; tail -n 20 "$S/xvfb.log"; exit 1; }
   running xvfb Xvfb || { echo "Xvfb exited:"; tail -n 20 "$S/xvfb.log"; exit 1; }
   sleep 0.1
 done
 running wm matchbox || launch wm /usr/bin/matchbox-window-manager -use_titlebar no
-if ! running chromium chromium; then
-  rm -f %[3]s/SingletonLock %[3]s/SingletonSocket %[3]s/SingletonCookie %[3]s/DevToolsActivePort
-  launch chromium /usr/lib/chromium/chromium --no-sandbox --no-first-run --no-default-browser-check \
-    --user-data-dir=%[3]s --remote-debugging-address=127.0.0.1 --remote-debugging-port=%[9]d \
-    --disable-gpu --disable-dev-shm-usage --password-store=basic --disable-breakpad \
+if ! running chromium %[9]s; then
+  rm -rf %[3]s/SingletonLock %[3]s/SingletonSocket %[3]s/SingletonCookie %[3]s/BrowserMetrics
+  mkdir -p /dev/shm/BrowserMetrics && ln -s /dev/shm/BrowserMetrics %[3]s/BrowserMetrics
+  launch chromium env TMPDIR=/dev/shm %[10]s agent %[9]s /usr/lib/chromium/chromium --no-sandbox \
+    --no-first-run --no-default-browser-check --user-data-dir=%[3]s \
+    --disable-gpu --password-store=basic --disable-breakpad \
     --noerrdialogs --test-type --window-position=0,0 --window-size=%[5]d,%[6]d --start-maximized about:blank
 fi
-n=0
-until wget -q -O /dev/null http://127.0.0.1:%[9]d/json/version 2>/dev/null; do
-  n=$((n+1)); [ $n -le %[7]d ] || { echo "Chromium's DevTools did not answer within %[8]d s:"; tail -n 20 "$S/chromium.log"; exit 1; }
-  running chromium chromium || { echo "Chromium exited:"; tail -n 20 "$S/chromium.log"; exit 1; }
-  sleep 0.1
+until %[10]s agent %[11]s --ping >/dev/null 2>"$S/ping.log"; do
+  late && { echo "Chromium's DevTools did not answer within %[8]d s:"; tail -n 5 "$S/chromium.log"; cat "$S/ping.log"; exit 1; }
+  running chromium %[9]s || { echo "Chromium exited:"; tail -n 20 "$S/chromium.log"; exit 1; }
+  sleep 0.2
 done
-`, stateDir, templates.DesktopDataTarget+"/memory", ProfileDir, Display, Width, Height, waitS*10, waitS, DevToolsPort)
+`, stateDir, templates.DesktopDataTarget+"/memory", ProfileDir, Display, Width, Height, 0, waitS, RelayCommand, hypervisor.GuestAgentBin, EvalCommand)
 }
 
 // Start launches the display, the window manager and the browser when they are not running

@@ -41,8 +41,9 @@ type desktopEnv struct {
 }
 
 type desktopGuest struct {
-	spec hypervisor.Spec
-	ex   guest.Execer
+	spec  hypervisor.Spec
+	agent *agent.Client
+	ex    guest.Execer
 }
 
 func randHex(t testing.TB, n int) string {
@@ -185,5 +186,5 @@ func (e *desktopEnv) attach(ctx context.Context, s hypervisor.Spec) *desktopGues
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return &desktopGuest{spec: s, ex: agentExecer{c}}
+	return &desktopGuest{spec: s, agent: c, ex: agentExecer{c}}
 }
