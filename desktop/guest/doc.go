@@ -5,6 +5,7 @@
 //
 // Everything the guest answers is treated as hostile: sizes are bounded before decoding, and
 // the screenshot decoder (XWD → PNG, on the host) is fuzzed. The DevTools client runs inside
-// the guest (`wb agent cdp-eval`, EvalMain), since the guest has no network and Chromium's
-// DevTools listen on the guest's loopback only.
+// the guest (`wb agent cdp-eval`, EvalMain), since the guest has no network: Chromium runs
+// under `wb agent cdp-relay` (RelayMain), which serves its DevTools pipe on an abstract Unix
+// socket, not on TCP, so that a running desktop can be checkpointed by gVisor (its sleep).
 package guest
