@@ -6,6 +6,13 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v runsc >/dev/null || need+=(runsc)
 command -v runc >/dev/null || need+=(runc)
 [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need+=(busybox-static)
+# The desktop guest (tpl_desktop): an X display, a small window manager, Chromium, and xwd
+# for screenshots.
+[ -x /usr/bin/Xvfb ] || need+=(xvfb)
+[ -x /usr/bin/matchbox-window-manager ] || need+=(matchbox-window-manager)
+[ -x /usr/lib/chromium/chromium ] || need+=(chromium)
+[ -x /usr/bin/xwd ] || need+=(x11-apps)
+[ -d /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
@@ -14,6 +21,6 @@ if ((${#need[@]})); then
   echo "installing: ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq "${need[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 # The Debian package starts a system redis-server; the tests start their own.

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"wb/agent"
+	"wb/desktop/guest"
 )
 
 const usage = `wb — control plane and edge gateway for agent sandboxes.
@@ -73,6 +74,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "serve":
 		return serve(ctx, args[1:], stdout, stderr)
 	case "agent":
+		if len(args) > 1 && args[1] == guest.EvalCommand { // hidden: RunJS in a desktop guest
+			return guest.EvalMain(ctx, args[2:], os.Stdin, stdout)
+		}
+		if len(args) > 1 && args[1] == guest.RelayCommand { // hidden: a desktop's Chromium
+			return guest.RelayMain(ctx, args[2:])
+		}
 		return agent.Main(args[1:])
 	case "node":
 		return nodeCmd(ctx, args[1:], stderr)

@@ -24,6 +24,7 @@ import (
 const (
 	Base          = "tpl_base"
 	DevPolyglot   = "tpl_dev_polyglot"
+	Desktop       = "tpl_desktop"
 	defaultPATH   = "PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	rootfsDirName = "rootfs"
 )
@@ -129,7 +130,80 @@ func AssembleWith(dir string, o Options) (Catalog, error) {
 	poly.Env = []string{defaultPATH, "HOME=/root"}
 	poly.Runtimes = append([]Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}, tc.runtimes...)
 	cat[poly.Name] = poly
+
+	if missing := desktopMissing(o.HostRoot); len(missing) == 0 {
+		desk, err := buildDesktop(dir, o, applets, tc)
+		if err != nil {
+			return nil, err
+		}
+		cat[desk.Name] = desk
+	}
 	return cat, nil
+}
+
+// DesktopPrograms are the host programs tpl_desktop runs (from Debian's xvfb,
+// matchbox-window-manager, chromium and x11-apps: scripts/deps.sh installs them). Without
+// any of them the catalog has no tpl_desktop.
+func DesktopPrograms() []string {
+	return []string{"/usr/bin/Xvfb", "/usr/bin/xkbcomp", "/usr/bin/matchbox-window-manager", "/usr/lib/chromium/chromium", "/usr/bin/xwd"}
+}
+
+// desktopMissing lists the DesktopPrograms that hostRoot lacks.
+func desktopMissing(hostRoot string) []string {
+	var missing []string
+	for _, p := range DesktopPrograms() {
+		if fi, err := os.Stat(filepath.Join(hostRoot, p)); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+			missing = append(missing, p)
+		}
+	}
+	return missing
+}
+
+// DesktopData is the guest directory a desktop keeps its agent's memory under (DesktopData +
+// "/memory"): in tpl_desktop it is a symlink to DesktopDataTarget, so it lives on the guest's
+// writable disk with the workspace and the browser profile (under /root). The target does
+// not exist until the guest makes it.
+const (
+	DesktopData       = "/data"
+	DesktopDataTarget = hypervisor.GuestWorkspace + "/data"
+)
+
+// buildDesktop is tpl_dev_polyglot's tree (the host's /usr read-only, where Xvfb, the window
+// manager, Chromium and the fonts live) plus the bits of /etc they read, and /data pointing at
+// the writable disk.
+func buildDesktop(dir string, o Options, applets []string, tc toolchains) (Template, error) {
+	binds := slices.Clone(tc.binds)
+	// Fontconfig's configuration and cache, and Chromium's policies and launcher flags.
+	for _, p := range []string{"/etc/fonts", "/etc/chromium", "/etc/chromium.d", "/var/cache/fontconfig"} {
+		if fi, err := os.Stat(filepath.Join(o.HostRoot, p)); err == nil && fi.IsDir() {
+			binds = append(binds, hypervisor.Bind{Source: filepath.Join(o.HostRoot, p), Target: p})
+		}
+	}
+	t, err := build(dir, Desktop, binds, func(root string) error {
+		if err := writeBase(root, o.Busybox, applets); err != nil {
+			return err
+		}
+		for _, l := range tc.links {
+			p := filepath.Join(root, l.Target)
+			_ = os.RemoveAll(p)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return err
+			}
+			if err := os.Symlink(l.Source, p); err != nil {
+				return err
+			}
+		}
+		if err := os.Symlink(DesktopDataTarget, filepath.Join(root, strings.TrimPrefix(DesktopData, "/"))); err != nil {
+			return err
+		}
+		return mountpoints(root, binds)
+	})
+	if err != nil {
+		return t, err
+	}
+	t.Env = []string{defaultPATH, "HOME=/root"}
+	t.Runtimes = append([]Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}, tc.runtimes...)
+	return t, nil
 }
 
 // build assembles one template through fill in a scratch dir, digests it, and moves it into

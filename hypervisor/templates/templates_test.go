@@ -20,7 +20,11 @@ func TestAssemble(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cat.Names(); !slices.Equal(got, []string{templates.Base, templates.DevPolyglot}) {
+	want := []string{templates.Base, templates.DevPolyglot}
+	if _, ok := cat[templates.Desktop]; ok {
+		want = []string{templates.Base, templates.Desktop, templates.DevPolyglot}
+	}
+	if got := cat.Names(); !slices.Equal(got, want) {
 		t.Fatalf("names = %v", got)
 	}
 	base := cat[templates.Base]
@@ -69,8 +73,8 @@ func TestAssemble(t *testing.T) {
 		}
 	}
 	ents, _ := os.ReadDir(dir)
-	if len(ents) != 2 {
-		t.Errorf("template dir holds %d entries, want 2 (no scratch dirs left)", len(ents))
+	if len(ents) != len(want) {
+		t.Errorf("template dir holds %d entries, want %d (no scratch dirs left)", len(ents), len(want))
 	}
 
 	// The digest covers contents and binds.
@@ -111,4 +115,43 @@ func TestAssemble(t *testing.T) {
 		names = append(names, r.Name)
 	}
 	t.Logf("tpl_dev_polyglot runtimes %v, binds %v", names, poly.Binds)
+}
+
+// TestDesktopTemplate: with the desktop's Debian packages installed (scripts/deps.sh), the
+// catalog has tpl_desktop: the host's /usr, fontconfig's and Chromium's /etc, and /data on
+// the writable disk; without them it has none.
+func TestDesktopTemplate(t *testing.T) {
+	cat, err := templates.Assemble(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	desk, ok := cat[templates.Desktop]
+	if !ok {
+		t.Fatalf("no %s: install the desktop's packages (scripts/deps.sh needs %v)", templates.Desktop, templates.DesktopPrograms())
+	}
+	for _, target := range []string{"/usr", "/etc/fonts", "/etc/chromium.d"} {
+		if !slices.ContainsFunc(desk.Binds, func(b hypervisor.Bind) bool { return b.Target == target && b.Source == target }) {
+			t.Errorf("binds %v lack %s", desk.Binds, target)
+		}
+	}
+	for _, b := range desk.Binds {
+		if _, err := os.Lstat(filepath.Join(desk.RootFS, b.Target)); err != nil {
+			t.Errorf("no mount point for bind %s: %v", b.Target, err)
+		}
+	}
+	if l, err := os.Readlink(filepath.Join(desk.RootFS, "data")); err != nil || l != templates.DesktopDataTarget || !strings.HasPrefix(l, hypervisor.GuestWorkspace+"/") {
+		t.Errorf("/data -> %q (%v), want a link into the writable %s", l, err, hypervisor.GuestWorkspace)
+	}
+	if desk.Digest == cat[templates.DevPolyglot].Digest {
+		t.Error("desktop digest equals polyglot digest")
+	}
+
+	// A host without the programs (here: an empty host root) offers no desktop.
+	bare, err := templates.AssembleWith(t.TempDir(), templates.Options{HostRoot: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := bare[templates.Desktop]; ok {
+		t.Error("a host without Xvfb and Chromium offers tpl_desktop")
+	}
 }
