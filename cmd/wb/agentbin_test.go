@@ -1,0 +1,36 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestAgentBinary: --agent-bin must name a static binary, and a dynamic or missing one is an
+// error that names it and says what to do.
+func TestAgentBinary(t *testing.T) {
+	static := "/bin/busybox" // busybox-static: what scripts/deps.sh installs
+	if got, err := agentBinary(static); err != nil || got != static {
+		t.Errorf("agentBinary(%s) = %q, %v; want it accepted", static, got, err)
+	}
+	dynamic, err := filepath.EvalSymlinks("/bin/sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agentBinary(dynamic); err == nil || !strings.Contains(err.Error(), "--agent-bin "+dynamic) ||
+		!strings.Contains(err.Error(), "dynamically linked") || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+		t.Errorf("agentBinary(%s): %v, want a refusal naming the flag, the cause and the fix", dynamic, err)
+	}
+	missing := filepath.Join(t.TempDir(), "nothing")
+	if _, err := agentBinary(missing); err == nil || !strings.Contains(err.Error(), "--agent-bin "+missing) {
+		t.Errorf("agentBinary(%s): %v, want an error naming the flag", missing, err)
+	}
+	text := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(text, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agentBinary(text); err == nil || !strings.Contains(err.Error(), "guests cannot run it") {
+		t.Errorf("agentBinary(a script): %v, want a refusal", err)
+	}
+}
