@@ -1,6 +1,7 @@
 package desktop
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -156,3 +157,10 @@ const EventDeleted = "desktop.deleted"
 
 // EventType is the event of a transition into s.
 func EventType(s State) string { return "desktop." + string(s) }
+
+// Execer runs one command in a desktop's running guest and answers its result (a session
+// exec). It has the method set of wb/desktop/guest's Execer, whose Start the gateway calls
+// after each fresh (not restored) start.
+type Execer interface {
+	Exec(ctx context.Context, argv []string, stdin []byte) (stdout, stderr []byte, exitCode int, err error)
+}
