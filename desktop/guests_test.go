@@ -53,6 +53,29 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// files are the static wb and the templates, made once for the package's tests (in a
+// directory left behind in the system's temp dir: the tests' guests may still map it).
+type files struct {
+	bin  string
+	tpls templates.Catalog
+}
+
+var sharedFiles = sync.OnceValues(func() (files, error) {
+	dir, err := os.MkdirTemp("", "wbdfiles")
+	if err != nil {
+		return files{}, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return files{}, err
+	}
+	bin, err := wbbin.Install(dir)
+	if err != nil {
+		return files{}, err
+	}
+	tpls, err := templates.Assemble(filepath.Join(dir, "templates"))
+	return files{bin, tpls}, err
+})
+
 func startPlatform(t *testing.T, cfg func(*gateway.Config)) *platform {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -72,14 +95,11 @@ func startPlatform(t *testing.T, cfg func(*gateway.Config)) *platform {
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	bin, err := wbbin.Install(base)
+	shared, err := sharedFiles()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tpls, err := templates.Assemble(filepath.Join(base, "templates"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin, tpls := shared.bin, shared.tpls
 	drv, err := oci.New(oci.Options{Runtime: "runsc", StateRoot: filepath.Join(base, "state"), BundleRoot: filepath.Join(base, "bundles"),
 		CgroupParent: "/wbdesktest-" + fmt.Sprint(time.Now().UnixNano()), Logger: log})
 	if err != nil {
@@ -92,7 +112,7 @@ func startPlatform(t *testing.T, cfg func(*gateway.Config)) *platform {
 	}
 	st := store.New(rdb, store.WithTiers(tiers))
 	n, err := node.New(node.Config{Tiers: tiers, Store: st, Driver: drv, Templates: tpls, DataDir: filepath.Join(base, "data"), AgentBin: bin,
-		Info: store.NodeInfo{ID: "node_desk", Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a", Tiers: []int{1, 2, 3, 4}, VCPU: 4, MemoryMiB: 1 << 16},
+		Info:      store.NodeInfo{ID: "node_desk", Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a", Tiers: []int{1, 2, 3, 4}, VCPU: 4, MemoryMiB: 1 << 16},
 		Heartbeat: time.Second, Flush: time.Second, Logger: log})
 	if err != nil {
 		t.Fatal(err)
@@ -253,4 +273,55 @@ func TestDesktopWhatIsKept(t *testing.T) {
 	}
 	p.call("DELETE", "/v1/desktops/"+d.ID, nil, 200, nil)
 	p.call("GET", "/v1/desktops/"+d.ID, nil, 404, nil)
+}
+
+// TestDesktopIdleAndResize with a real runsc guest: a desktop left unused for the idle time
+// sleeps with its state; a resize while awake waits for the next start, so the next sleep
+// saves no state and the wake is fresh from the disk at the new size.
+func TestDesktopIdleAndResize(t *testing.T) {
+	// Long enough that the steps after the first wake finish before it falls idle again.
+	const idle = 8 * time.Second
+	p := startPlatform(t, func(c *gateway.Config) { c.DesktopIdle = idle })
+	var d desktop.Desktop
+	p.call("POST", "/v1/desktops", map[string]any{"name": "idle"}, 201, &d)
+	d = p.wait(d.ID, desktop.Running)
+	p.sh(d, "mkdir -p "+memoryDir+" && echo kept > "+memoryDir+"/note")
+	running := time.Now()
+	d = p.wait(d.ID, desktop.Asleep) // nobody uses it; GETs are no use
+	if el := time.Since(running); el < idle/2 {
+		t.Errorf("fell asleep %v after it ran; idle is %v", el, idle)
+	}
+	if !d.StateSaved {
+		t.Fatalf("an idle sleep saved no state: %s", d.Message)
+	}
+	p.call("POST", "/v1/desktops/"+d.ID+":wake", nil, 202, &d)
+	d = p.wait(d.ID, desktop.Running)
+
+	p.call("PATCH", "/v1/desktops/"+d.ID, map[string]any{"size": "m"}, 200, &d)
+	if d.Size != "s" || d.NextSize != "m" || d.State != desktop.Running {
+		t.Fatalf("resized while running: %+v", d)
+	}
+	p.call("POST", "/v1/desktops/"+d.ID+":sleep", nil, 202, &d)
+	d = p.wait(d.ID, desktop.Asleep)
+	if d.StateSaved || d.Size != "m" || !strings.Contains(d.Message, "resized") {
+		t.Fatalf("asleep after a resize: %+v", d)
+	}
+	p.call("POST", "/v1/desktops/"+d.ID+":wake", nil, 202, &d)
+	d = p.wait(d.ID, desktop.Running)
+	var s session.Session
+	p.call("GET", "/v1/sessions/"+d.SessionID, nil, 200, &s)
+	if s.Resources.SizeClass != "m" {
+		t.Errorf("woke at size %s", s.Resources.SizeClass)
+	}
+	if got := p.sh(d, "cat "+memoryDir+"/note"); got != "kept" {
+		t.Errorf("after a resize the file holds %q", got)
+	}
+	// The node offers 4 vCPUs: size xl (8) has no room, so Wake answers 409 and it stays asleep.
+	p.call("PATCH", "/v1/desktops/"+d.ID, map[string]any{"size": "xl"}, 200, &d)
+	p.call("POST", "/v1/desktops/"+d.ID+":sleep", nil, 202, &d)
+	d = p.wait(d.ID, desktop.Asleep)
+	p.call("POST", "/v1/desktops/"+d.ID+":wake", nil, 409, nil)
+	if d = p.wait(d.ID, desktop.Asleep); d.Size != "xl" {
+		t.Errorf("after a refused wake: %+v", d)
+	}
 }

@@ -106,7 +106,11 @@ func (s *Server) idleDesktop(ctx context.Context, ref store.DesktopRef, now time
 		_ = s.Store.SetDesktopIdle(ctx, ref.Project, ref.ID, deadline)
 		return
 	}
-	p := store.Project{ID: ref.Project}
+	p, err := s.Store.GetProject(ctx, ref.Project)
+	if err != nil {
+		s.log.Warn("desktop idle: read the project", "project", ref.Project, "err", err)
+		return
+	}
 	if _, err := s.moveDesktop(ctx, p, ref.ID, desktop.Idle); err != nil {
 		var ae *apiError
 		if !errors.As(err, &ae) || ae.Status != 409 {
