@@ -135,8 +135,13 @@ func TestDesktopLifecycle(t *testing.T) {
 		t.Errorf("the saved state %s outlived the stop", mem)
 	}
 
-	// any → Delete → gone.
+	// any → Delete → gone, and its disk with it.
+	disk, err := e.st.GetDesktop(context.Background(), e.projA, d.ID)
+	if err != nil || disk.DiskSnapshot == "" {
+		t.Fatalf("no disk snapshot: %+v %v", disk, err)
+	}
 	e.mustDo("DELETE", "/v1/desktops/"+d.ID, e.key, nil, 200, nil)
+	e.waitFor(func() bool { return !e.snapshotExists(disk.DiskSnapshot) })
 	expectError(t, e.do("GET", "/v1/desktops/"+d.ID, e.key, nil), 404, "not_found", "")
 	expectError(t, e.do("DELETE", "/v1/desktops/"+d.ID, e.key, nil), 404, "not_found", "")
 
@@ -288,6 +293,31 @@ func TestDesktopStateNotSaved(t *testing.T) {
 	e.mustDo("GET", "/v1/snapshots/"+*e.sessionOf(d.SessionID).RestoreFrom, e.key, nil, 200, &snap)
 	if snap.IncludeMemory {
 		t.Fatalf("woke from %+v", snap)
+	}
+}
+
+// TestDesktopStateNotRestored: a saved state that cannot be restored is given up: the
+// desktop wakes from its disk, and state_saved is left out.
+func TestDesktopStateNotRestored(t *testing.T) {
+	e := newDesktopEnv(t)
+	d := e.newDesktop(map[string]any{"name": "d"})
+	e.desktopAction(d.ID, "sleep", 202)
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+	rec, err := e.st.GetDesktop(context.Background(), e.projA, d.ID)
+	if err != nil || rec.MemorySnapshot == "" || rec.DiskSnapshot == "" {
+		t.Fatalf("asleep %+v %v", rec, err)
+	}
+	e.node.SetUnrestorable(rec.MemorySnapshot)
+	e.desktopAction(d.ID, "wake", 202)
+	d = e.waitDesktop(d.ID, desktop.Running)
+	if d.StateSaved || !strings.HasPrefix(d.Message, "state not saved") {
+		t.Errorf("woke %+v", d)
+	}
+	if s := e.sessionOf(d.SessionID); s.RestoreFrom == nil || *s.RestoreFrom != rec.DiskSnapshot {
+		t.Errorf("woke from %v, want the disk %s", s.RestoreFrom, rec.DiskSnapshot)
+	}
+	if e.snapshotExists(rec.MemorySnapshot) {
+		t.Errorf("the unrestorable state %s was kept", rec.MemorySnapshot)
 	}
 }
 

@@ -31,6 +31,7 @@ type Node struct {
 	retimeErr     error             // what Retime answers (nil: it applies the timers)
 	timers        map[string]Timers // session → the timers the node enforces
 	snapshotDelay time.Duration
+	badSnapshot   string // a provision restoring this snapshot fails (SetUnrestorable)
 	snapshotBytes int64 // what Snapshot answers (0: 4096)
 	paused        map[string]bool
 	agents        map[string]*fakeAgent
@@ -69,6 +70,14 @@ func (n *Node) SetStarts(fail, hang bool) {
 	n.mu.Unlock()
 }
 
+// SetUnrestorable makes provisions that restore snapshot id fail with start_failure, as a
+// snapshot that cannot be restored does.
+func (n *Node) SetUnrestorable(id string) {
+	n.mu.Lock()
+	n.badSnapshot = id
+	n.mu.Unlock()
+}
+
 // SetMemorySnapshots sets MemorySnapshots while other goroutines may use the node.
 func (n *Node) SetMemorySnapshots(on bool) {
 	n.mu.Lock()
@@ -96,6 +105,9 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, s *session.Sessi
 	n.mu.Lock()
 	n.timers[s.ID] = Timers{IdleTimeoutS: s.IdleTimeoutS, MaxLifetimeS: s.MaxLifetimeS}
 	hang, fail := n.Hang, n.FailStart
+	if s.RestoreFrom != nil && *s.RestoreFrom == n.badSnapshot {
+		fail = true
+	}
 	n.mu.Unlock()
 	if hang {
 		return nil
