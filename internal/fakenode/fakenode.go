@@ -32,7 +32,7 @@ type Node struct {
 	timers        map[string]Timers // session → the timers the node enforces
 	snapshotDelay time.Duration
 	badSnapshot   string // a provision restoring this snapshot fails (SetUnrestorable)
-	snapshotBytes int64 // what Snapshot answers (0: 4096)
+	snapshotBytes int64  // what Snapshot answers (0: 4096)
 	paused        map[string]bool
 	agents        map[string]*fakeAgent
 	calls         []string
