@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/desktop"
 	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
@@ -70,6 +71,14 @@ type Config struct {
 	// running async runs on this gateway (0: DefaultMaxConcurrentExecs, DefaultMaxAsyncRuns).
 	MaxConcurrentExecs int
 	MaxAsyncRuns       int
+	// DesktopIdle is how long a desktop may go unused before it sleeps (0:
+	// DefaultDesktopIdle, 15 minutes). DesktopTemplate is its sessions' template ("":
+	// tpl_desktop when the catalog has it, else the default). DesktopSetup, when set, runs
+	// in each fresh (not restored) desktop session before the desktop counts as running
+	// (wb/desktop/guest's Start: display, window manager, browser).
+	DesktopIdle     time.Duration
+	DesktopTemplate string
+	DesktopSetup    func(ctx context.Context, ex desktop.Execer) error
 }
 
 // Server is the HTTP API.
@@ -86,6 +95,8 @@ type Server struct {
 	execs, asyncRuns *projectSlots
 	// access is the data path's state: grant signers and ext_authz's lookups (authz*.go).
 	access edgeAccess
+	// idleKick wakes the desktop idle loop when this server sets an earlier deadline.
+	idleKick chan struct{}
 }
 
 // New returns a Server. Call Close to stop its background work.
@@ -127,7 +138,9 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,
 		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs")}
 	s.auth = authCache{ttl: 5 * time.Second, m: map[string]authEntry{}}
+	s.idleKick = make(chan struct{}, 1)
 	s.routes()
+	s.desktopWork(func() { s.runDesktopIdle(ctx) })
 	return s, nil
 }
 
@@ -177,6 +190,8 @@ func (s *Server) routes() {
 	api("GET /v1/webhook_endpoints/{id}", s.getEndpoint)
 	api("DELETE /v1/webhook_endpoints/{id}", s.deleteEndpoint)
 	api("GET /v1/webhook_endpoints/{id}/deliveries", s.listDeliveries)
+
+	s.desktopRoutes(api)
 
 	api("GET /v1/templates", s.listTemplates)
 	api("GET /v1/limits", s.getLimits)

@@ -253,6 +253,12 @@ var registeredRoutes = []string{
 	"GET /v1/webhook_endpoints/{id}",
 	"DELETE /v1/webhook_endpoints/{id}",
 	"GET /v1/webhook_endpoints/{id}/deliveries",
+	"POST /v1/desktops",
+	"GET /v1/desktops",
+	"GET /v1/desktops/{id}",
+	"PATCH /v1/desktops/{id}",
+	"DELETE /v1/desktops/{id}",
+	"POST /v1/desktops/{id}", // {id}:sleep, :wake, :stop, :start
 	"GET /v1/templates",
 	"GET /v1/limits",
 	"PUT /v1/limits",
@@ -296,9 +302,12 @@ func TestOpenAPIDocument(t *testing.T) {
 	for _, pattern := range registeredRoutes {
 		method, path, _ := strings.Cut(pattern, " ")
 		var docPaths []string
-		if pattern == "POST /v1/sessions/{id}" {
+		switch pattern {
+		case "POST /v1/sessions/{id}":
 			docPaths = []string{path, path + ":pause", path + ":resume", path + ":snapshot"}
-		} else {
+		case "POST /v1/desktops/{id}":
+			docPaths = []string{path + ":sleep", path + ":wake", path + ":stop", path + ":start"}
+		default:
 			docPaths = []string{path}
 		}
 		for _, p := range docPaths {
@@ -319,7 +328,7 @@ func TestOpenAPIDocument(t *testing.T) {
 	}
 	for p, item := range model.Model.Paths.PathItems.FromOldest() {
 		route := p
-		for _, a := range []string{":pause", ":resume", ":snapshot"} {
+		for _, a := range []string{":pause", ":resume", ":snapshot", ":sleep", ":wake", ":stop", ":start"} {
 			route = strings.TrimSuffix(route, a)
 		}
 		for m := range item.GetOperations().KeysFromOldest() {

@@ -16,6 +16,7 @@ import (
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
 
 	"wb/agent"
+	"wb/desktop"
 	"wb/policies"
 	"wb/quota"
 	"wb/session"
@@ -28,6 +29,8 @@ import (
 // endpoint cannot forget its type.
 var apiTypes = map[string]reflect.Type{
 	"Session":                reflect.TypeFor[session.Session](),
+	"Desktop":                reflect.TypeFor[desktop.Desktop](),
+	"DesktopList":            reflect.TypeFor[session.List[desktop.Desktop]](),
 	"Resources":              reflect.TypeFor[session.Resources](),
 	"Snapshot":               reflect.TypeFor[session.Snapshot](),
 	"Run":                    reflect.TypeFor[session.Run](),
@@ -71,6 +74,8 @@ var apiTypes = map[string]reflect.Type{
 // a type must list exactly these in its enum.
 var goEnums = map[reflect.Type][]string{
 	reflect.TypeFor[session.State]():  enumStrings(session.States()),
+	reflect.TypeFor[desktop.State]():  enumStrings(desktop.States()),
+	reflect.TypeFor[desktop.Size]():   enumStrings(desktop.Sizes()),
 	reflect.TypeFor[session.Reason](): enumStrings(session.Reasons()),
 	reflect.TypeFor[policies.Mode]():  enumStrings([]policies.Mode{policies.ModeEnforce, policies.ModeWarn, policies.ModeDryrun}),
 }

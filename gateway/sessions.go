@@ -25,6 +25,11 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 	if err := decodeStrict(body, &req); err != nil {
 		return nil, nil, err
 	}
+	return s.admitRequest(ctx, p, req)
+}
+
+// admitRequest is admit for a decoded request (a desktop's session comes this way).
+func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest) (*session.Session, []string, error) {
 	// 2. validate
 	if _, err := req.Validate(s.Tiers); err != nil {
 		s.Metrics.admission.WithLabelValues("invalid").Inc()
@@ -497,25 +502,35 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 	if sess.State != session.Running {
 		return errState("session is %s; only a running session can be snapshotted", sess.State)
 	}
-	g, err := s.guests()
+	snap, err := s.takeSnapshot(r.Context(), sess, req.IncludeMemory)
 	if err != nil {
 		return err
 	}
-	ctx := r.Context()
+	writeJSON(w, 201, snap)
+	return nil
+}
+
+// takeSnapshot snapshots a running session (running → snapshotting → running), records the
+// snapshot and appends snapshot.ready. A desktop's sleep and stop come this way too.
+func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includeMemory bool) (session.Snapshot, error) {
+	g, err := s.guests()
+	if err != nil {
+		return session.Snapshot{}, err
+	}
 	proj, err := s.snapshotRoom(ctx, sess.ProjectID)
 	if err != nil {
-		return err
+		return session.Snapshot{}, err
 	}
 	if _, err := s.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Running, To: session.Snapshotting, Driver: session.Caller, Version: sess.Version}); err != nil {
-		return err
+		return session.Snapshot{}, err
 	}
 	s.forgetSessions(sess.ProjectID)
 	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID,
 		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
 	// The guest must come back to running whatever happens to the request from here.
 	bg := context.WithoutCancel(ctx)
-	mem, size, snapErr := g.Snapshot(bg, sess, snap.ID, req.IncludeMemory)
+	mem, size, snapErr := g.Snapshot(bg, sess, snap.ID, includeMemory)
 	snap.IncludeMemory, snap.SizeBytes = mem, size
 	if snapErr != nil {
 		snap.State = session.SnapshotFailed
@@ -530,18 +545,17 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 	}
 	if _, err := s.Store.Transition(bg, store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
-		return errors.Join(err, recordErr)
+		return session.Snapshot{}, errors.Join(err, recordErr)
 	}
 	s.forgetSessions(sess.ProjectID)
 	if recordErr != nil {
-		return recordErr
+		return session.Snapshot{}, recordErr
 	}
 	if snapErr != nil {
-		return s.errNode(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
+		return session.Snapshot{}, s.errNode(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
 	}
 	if _, err := s.Store.AppendEvent(bg, sess.ProjectID, session.EventSnapshotReady, sess.ID, snap); err != nil {
-		return err
+		return session.Snapshot{}, err
 	}
-	writeJSON(w, 201, snap)
-	return nil
+	return snap, nil
 }

@@ -2,7 +2,9 @@
 // that compare state and version, reserve or release concurrency slots, maintain the list
 // indexes and append the event to the project's outbox stream in one atomic step. Beside
 // them: projects, their hashed API keys and the operator's plans; idempotency records;
-// snapshots and runs (JSON objects); node and gateway registrations; placement locks; and the
+// snapshots and runs (JSON objects); desktops (desktops.go: records written by
+// compare-and-set on their version, each change of state appending its event to the outbox,
+// and the idle deadlines of the awake ones); node and gateway registrations; placement locks; and the
 // gateways' TLS certificates and ACME state with their locks (CertStorage, certmagic's
 // Storage).
 //

@@ -56,6 +56,12 @@ const (
 	// IndexSnapshotProjects); read by quota's settler to bill snapshot storage.
 	snapshotProjectsKey = "wb:snapshots:projects"
 
+	// desktopIdleKey is a sorted set of the awake desktops, member "PROJECT/DESKTOP", score the
+	// time in ms at which each falls idle (its last use plus the idle time). Written by store
+	// (SetDesktopIdle, ForgetDesktopIdle, DeleteDesktop); read by the gateway's idle loop
+	// (DueDesktopIdle), which puts to sleep those still unused at their deadline.
+	desktopIdleKey = "wb:deadlines:desktop_idle"
+
 	// edgeSecretKey is a string of 32 random bytes that gateways and nodes share to sign and
 	// verify the edge's grants (internal/edgeauth). Written once by whoever reads it first
 	// (EdgeSecret, SET NX); never rotated while the fleet runs.
@@ -152,6 +158,15 @@ func (k ProjectKeyspace) placeAgain() string { return k.p + "placing:again" }
 // settling and settleAgain are the same for settling the project's usage (LockSettlement).
 func (k ProjectKeyspace) settling() string    { return k.p + "settling" }
 func (k ProjectKeyspace) settleAgain() string { return k.p + "settling:again" }
+
+// Desktops, written only by store (desktops.go).
+
+// desktop is a hash: one desktop record (doc JSON, ver, state), and its last use in ms (used),
+// which a touch writes without a new version.
+func (k ProjectKeyspace) desktop(id string) string { return k.p + "d:" + id }
+
+// desktops is a sorted set (score 0, by id) of the project's desktops, for listing.
+func (k ProjectKeyspace) desktops() string { return k.p + "desktops" }
 
 // project is a hash: the project's name and plan (granted and lowered limits). Written by
 // store.

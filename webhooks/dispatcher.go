@@ -173,7 +173,7 @@ func NewDispatcher(rdb redis.UniversalClient, reg *Registry, opts Options) *Disp
 		holder:  o.Consumer + "/" + session.NewID("", time.Now()),
 		log:     o.Logger.With("component", "webhooks", "consumer", o.Consumer),
 		sem:     make(chan struct{}, o.Concurrency),
-		public:  session.PublicEvents(),
+		public:  PublicEvents(),
 		wake:    make(chan struct{}, 1),
 		swept:   func() {},
 		busy:    map[string]int{},

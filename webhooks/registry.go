@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/desktop"
 	"wb/internal/netguard"
 	"wb/session"
 	"wb/store"
@@ -188,9 +189,13 @@ func ValidateURL(raw string) error {
 	return nil
 }
 
+// PublicEvents are the event types delivered to endpoints: the sessions' and the desktops'
+// (WebhookEventType in gateway/openapi.json, besides "*").
+func PublicEvents() []string { return append(session.PublicEvents(), desktop.Events()...) }
+
 // ValidateEvents checks an endpoint's event list and returns it without duplicates.
 func ValidateEvents(events []string) ([]string, error) {
-	valid := append(session.PublicEvents(), AllEvents)
+	valid := append(PublicEvents(), AllEvents)
 	if len(events) == 0 {
 		return nil, &session.FieldError{Field: "events", Message: fmt.Sprintf(
 			"give at least one event type; expected any of %s", strings.Join(valid, ", "))}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
+	"wb/desktop"
 	"wb/internal/redistest"
 	"wb/session"
 	"wb/store"
@@ -653,5 +654,53 @@ func TestTakeOver(t *testing.T) {
 	cs, err := rdb.XInfoConsumers(ctx, stream, Group).Result()
 	if err != nil || len(cs) != 1 || cs[0].Name != outboxConsumer {
 		t.Errorf("consumers %+v %v", cs, err)
+	}
+}
+
+// TestDesktopEvents: every transition of a desktop reaches the endpoints subscribed to it,
+// with the desktop as data.object, in order.
+func TestDesktopEvents(t *testing.T) {
+	rdb := redistest.Server(t)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
+	project := newProject(t, st, rdb, "desktops")
+	rAsleep, rAll := newReceiver(t, nil), newReceiver(t, nil)
+	createEndpoint(t, reg, project, rAsleep, "desktop.asleep")
+	createEndpoint(t, reg, project, rAll, AllEvents)
+	startDispatcher(t, rdb, fastOptions("t1"))
+
+	ctx := context.Background()
+	now := time.Now()
+	rec := desktop.Record{Desktop: desktop.Desktop{ID: session.NewID(desktop.IDPrefix, now), ProjectID: project, Name: "d",
+		Size: "s", State: desktop.Starting, CreatedAt: *session.At(now)}}
+	var err error
+	for _, to := range []desktop.State{"", desktop.Running, desktop.Stopping, desktop.Asleep} {
+		prev := rec.State
+		if to == "" {
+			prev = ""
+		} else {
+			rec.State = to
+		}
+		if rec, err = st.PutDesktop(ctx, rec, prev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.DeleteDesktop(ctx, project, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "desktop events", func() bool { return len(rAll.succeeded()) >= 5 && len(rAsleep.succeeded()) >= 1 })
+	var types []string
+	for _, q := range rAll.succeeded() {
+		types = append(types, q.Payload.Type)
+		var d desktop.Desktop
+		if err := json.Unmarshal(q.Payload.Data.Object, &d); err != nil || d.ID != rec.ID {
+			t.Errorf("%s: data.object %s", q.Payload.Type, q.Payload.Data.Object)
+		}
+	}
+	want := []string{"desktop.starting", "desktop.running", "desktop.stopping", "desktop.asleep", "desktop.deleted"}
+	if !slices.Equal(types, want) {
+		t.Errorf("delivered %v, want %v", types, want)
+	}
+	if got := rAsleep.succeeded(); len(got) != 1 || got[0].Payload.Type != "desktop.asleep" {
+		t.Errorf("the desktop.asleep endpoint got %+v", got)
 	}
 }

@@ -42,6 +42,7 @@ type serveFlags struct {
 	node      nodeFlags
 
 	allowPrivateWebhooks bool
+	desktopIdle          time.Duration
 	// metricsToken is a second bearer token for /metrics; metricsAddr serves /metrics on an
 	// operator-only address instead of the API's.
 	metricsToken  string
@@ -68,6 +69,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f.tls.register(fs)
 	fs.StringVar(&f.prices, "prices", "", "JSON price `file` (see quota/PRICES.md); empty uses the defaults")
 	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
+	fs.DurationVar(&f.desktopIdle, "desktop-idle", gateway.DefaultDesktopIdle, "how long a desktop may go unused (no MCP call, file sent or saved, visible console) before it sleeps (1s to just under the sessions' longest idle timeout)")
 	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
 	fs.StringVar(&f.nodeTokenFile, "node-token-file", "", "`file` holding the token this gateway sends to every node (else $WB_NODE_TOKEN; else a random one, which only the embedded node knows): give separate `wb node`s the same token")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
@@ -95,6 +97,11 @@ Flags:
 	}
 	if err := f.tls.check(); err != nil {
 		return err
+	}
+	// Above the sessions' longest idle timeout, the node would stop an unused desktop's
+	// session before the desktop sleeps.
+	if f.desktopIdle < time.Second || f.desktopIdle > time.Duration(session.IdleTimeoutMaxS-60)*time.Second {
+		return fmt.Errorf("--desktop-idle %s: must be 1s–%s", f.desktopIdle, time.Duration(session.IdleTimeoutMaxS-60)*time.Second)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
@@ -234,6 +241,7 @@ Flags:
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "", Tiers: tiers,
+		DesktopIdle: f.desktopIdle,
 	})
 	if err != nil {
 		ln.Close()

@@ -31,7 +31,8 @@ type Node struct {
 	retimeErr     error             // what Retime answers (nil: it applies the timers)
 	timers        map[string]Timers // session → the timers the node enforces
 	snapshotDelay time.Duration
-	snapshotBytes int64 // what Snapshot answers (0: 4096)
+	badSnapshot   string // a provision restoring this snapshot fails (SetUnrestorable)
+	snapshotBytes int64  // what Snapshot answers (0: 4096)
 	paused        map[string]bool
 	agents        map[string]*fakeAgent
 	calls         []string
@@ -46,7 +47,43 @@ func New(ctx context.Context, st *store.Store, dir string) (*Node, error) {
 }
 
 // Heartbeat refreshes the node's registration.
-func (n *Node) Heartbeat(ctx context.Context) error { return n.Store.Heartbeat(ctx, n.Info) }
+func (n *Node) Heartbeat(ctx context.Context) error {
+	n.mu.Lock()
+	info := n.Info
+	n.mu.Unlock()
+	return n.Store.Heartbeat(ctx, info)
+}
+
+// SetCapacity changes the vCPUs the node offers and heartbeats, while other goroutines may
+// use the node.
+func (n *Node) SetCapacity(ctx context.Context, vcpu int) error {
+	n.mu.Lock()
+	n.Info.VCPU = vcpu
+	n.mu.Unlock()
+	return n.Heartbeat(ctx)
+}
+
+// SetStarts sets FailStart and Hang while other goroutines may use the node.
+func (n *Node) SetStarts(fail, hang bool) {
+	n.mu.Lock()
+	n.FailStart, n.Hang = fail, hang
+	n.mu.Unlock()
+}
+
+// SetUnrestorable makes provisions that restore snapshot id fail with start_failure, as a
+// snapshot that cannot be restored does.
+func (n *Node) SetUnrestorable(id string) {
+	n.mu.Lock()
+	n.badSnapshot = id
+	n.mu.Unlock()
+}
+
+// SetMemorySnapshots sets MemorySnapshots while other goroutines may use the node.
+func (n *Node) SetMemorySnapshots(on bool) {
+	n.mu.Lock()
+	n.MemorySnapshots = on
+	n.mu.Unlock()
+}
 
 // Calls lists the operations the node was asked for, as "op:session".
 func (n *Node) Calls() []string {
@@ -67,12 +104,16 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, s *session.Sessi
 	n.record("provision", s.ID)
 	n.mu.Lock()
 	n.timers[s.ID] = Timers{IdleTimeoutS: s.IdleTimeoutS, MaxLifetimeS: s.MaxLifetimeS}
+	hang, fail := n.Hang, n.FailStart
+	if s.RestoreFrom != nil && *s.RestoreFrom == n.badSnapshot {
+		fail = true
+	}
 	n.mu.Unlock()
-	if n.Hang {
+	if hang {
 		return nil
 	}
 	c := store.Change{Project: s.ProjectID, ID: s.ID, From: session.Provisioning, To: session.Running, Driver: session.Node, ColdStart: new(bool)}
-	if n.FailStart {
+	if fail {
 		c.To, c.Reason, c.ColdStart = session.Failed, session.StartFailure, nil
 	} else if err := n.startAgent(s.ID); err != nil {
 		return err

@@ -1,0 +1,491 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"wb/desktop"
+	"wb/session"
+	"wb/store"
+)
+
+// A desktop runs on the same engine as sessions: while awake it is an ordinary session of its
+// project, made through the same admission path (tier DesktopTier, the desktop template, the
+// size's resources, idle and lifetime timers at the tier's most, since the desktop's own idle
+// time rules). Its disk is its latest disk snapshot; its sleep is a memory snapshot. Sleep =
+// a disk snapshot, a memory snapshot, then the session stops; Stop = a disk snapshot, then
+// the session stops; Wake = a new session restored from the memory snapshot (from the disk
+// when that fails, state_saved then left out); Start = a new session restored from the disk.
+// The work runs in the background (s.bg); every write of the record compares its version, so
+// a request that came in between (a stop while starting, a delete) wins and the work that
+// lost cleans up what it made.
+
+// DefaultDesktopIdle is how long a desktop may go unused before it sleeps (seed 001).
+const DefaultDesktopIdle = 15 * time.Minute
+
+// DesktopTier is the tier of desktops' sessions: the longest lifetime and every size.
+const DesktopTier = 4
+
+// desktopNodeSilence is how long a node may go without a heartbeat and still count as room
+// for a desktop (the placer's default heartbeat timeout).
+const desktopNodeSilence = 10 * time.Second
+
+// errDesktopMoved: the desktop left the state a piece of background work expected.
+var errDesktopMoved = errors.New("the desktop moved on")
+
+func (s *Server) desktopIdle() time.Duration {
+	if s.DesktopIdle > 0 {
+		return s.DesktopIdle
+	}
+	return DefaultDesktopIdle
+}
+
+// desktopTemplate is the template of a desktop's fresh sessions: DesktopTemplate, else
+// tpl_desktop when the catalog has it, else the catalog's default.
+func (s *Server) desktopTemplate() string {
+	if s.DesktopTemplate != "" {
+		return s.DesktopTemplate
+	}
+	if slices.ContainsFunc(s.Catalog, func(t session.Template) bool { return t.Name == "tpl_desktop" }) {
+		return "tpl_desktop"
+	}
+	return s.Catalog[0].Name
+}
+
+// desktopWork runs f in the background until the server closes.
+func (s *Server) desktopWork(f func()) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		f()
+	}()
+}
+
+// updateDesktop reads the desktop, lets f change it (f answers errDesktopMoved, or another
+// error, to give up) and writes it, again from the read when another write came first.
+func (s *Server) updateDesktop(ctx context.Context, project, id string, f func(*desktop.Record) error) (desktop.Record, error) {
+	for attempt := 0; ; attempt++ {
+		rec, err := s.Store.GetDesktop(ctx, project, id)
+		if err != nil {
+			return rec, err
+		}
+		next := rec
+		if err := f(&next); err != nil {
+			return rec, err
+		}
+		out, err := s.Store.PutDesktop(ctx, next, rec.State)
+		if errors.Is(err, store.ErrDesktopChanged) && attempt < 20 {
+			continue
+		}
+		return out, err
+	}
+}
+
+// moveDesktop makes a caller's (or an agent's) request for cause: it writes the state the
+// desktop enters at once and starts the work behind it.
+func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, cause desktop.Cause) (desktop.Record, error) {
+	for attempt := 0; ; attempt++ {
+		rec, err := s.Store.GetDesktop(ctx, p.ID, id)
+		if errors.Is(err, store.ErrNotFound) {
+			return rec, errNotFound("desktop", id)
+		}
+		if err != nil {
+			return rec, err
+		}
+		rec = s.reconcileDesktop(ctx, p, rec)
+		now, to, err := desktop.Next(rec.State, cause)
+		if err != nil {
+			return rec, errState("%s", err.Error())
+		}
+		next := rec
+		next.State, next.Message = now, ""
+		dropped := ""
+		fromMemory := false
+		switch now {
+		case desktop.Starting:
+			// No machine with room: 409, and the desktop stays as it is.
+			if err := s.desktopRoom(ctx, rec.Size); err != nil {
+				return rec, err
+			}
+			next.SessionID, next.Goal = "", ""
+			fromMemory = cause != desktop.Start && rec.MemorySnapshot != ""
+		case desktop.Stopping:
+			next.Goal = to
+		case desktop.Stopped: // asleep → stopped: the saved state is discarded
+			dropped = rec.MemorySnapshot
+			next.MemorySnapshot, next.StateSaved = "", false
+		}
+		out, err := s.Store.PutDesktop(ctx, next, rec.State)
+		if errors.Is(err, store.ErrDesktopChanged) && attempt < 5 {
+			continue
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			return rec, errNotFound("desktop", id)
+		}
+		if err != nil {
+			return rec, err
+		}
+		switch now {
+		case desktop.Starting:
+			s.desktopWork(func() { s.startDesktop(p, out, fromMemory) })
+		case desktop.Stopping:
+			s.desktopWork(func() { s.haltDesktop(p, out) })
+		case desktop.Stopped:
+			if dropped != "" {
+				s.dropSnapshot(ctx, p.ID, dropped)
+			}
+		}
+		return out, nil
+	}
+}
+
+// desktopRoom answers a 409 when no live node could take a session of size now.
+func (s *Server) desktopRoom(ctx context.Context, size desktop.Size) error {
+	if _, err := s.guests(); err != nil {
+		return err
+	}
+	nodes, err := s.Store.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	res := size.Resources()
+	for _, n := range nodes {
+		if n.Draining || s.Now().Sub(n.HeartbeatAt) > desktopNodeSilence || n.Region != s.Regions[0] || !slices.Contains(n.Tiers, DesktopTier) {
+			continue
+		}
+		if n.VCPU-n.UsedVCPU >= res.VCPU && n.MemoryMiB-n.UsedMemoryMiB >= res.MemoryMiB {
+			return nil
+		}
+	}
+	return &apiError{Status: 409, Type: "invalid_state", Code: "no_capacity", Message: fmt.Sprintf(
+		"no machine has room for a desktop of size %s (%d vCPU, %d MiB) now; the desktop stays as it is: try again later, or resize it", size, res.VCPU, res.MemoryMiB)}
+}
+
+// startDesktop makes the session of a desktop in starting: restored from its memory snapshot
+// (fromMemory), else from its disk snapshot, else fresh from the template; then it runs the
+// desktop's setup after a start that was not a memory restore, and marks the desktop running.
+func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bool) {
+	ctx := s.ctx
+	restore := rec.DiskSnapshot
+	if fromMemory {
+		restore = rec.MemorySnapshot
+	}
+	tier := DesktopTier
+	t, _ := s.Tiers.Tier(tier)
+	idle, life := session.IdleTimeoutMaxS, min(t.MaxLifetimeS, session.LifetimeMaxS)
+	size, _ := rec.StartSize()
+	req := session.CreateRequest{Tier: &tier, Resources: &session.ResourceRequest{SizeClass: string(size)},
+		IdleTimeoutS: &idle, MaxLifetimeS: &life, RestoreFrom: restore}
+	if restore == "" {
+		req.Template = s.desktopTemplate()
+	}
+	sess, _, err := s.admitRequest(ctx, p, req)
+	if err != nil {
+		s.failDesktop(ctx, p, rec.ID, "", "the desktop's session could not be made: "+toAPIError(err).Message)
+		return
+	}
+	// Record the session, so that a stop or delete from now on tears it down.
+	_, err = s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+		if r.State != desktop.Starting || r.SessionID != "" {
+			return errDesktopMoved
+		}
+		r.SessionID = sess.ID
+		return nil
+	})
+	if err != nil {
+		s.stopSession(ctx, p, sess.ID)
+		return
+	}
+	got, err := s.awaitSession(ctx, p, sess.ID, t.ProvisionDeadline()+time.Minute, func(st session.State) bool {
+		return st == session.Running || st.Terminal()
+	})
+	if err != nil || got.State != session.Running {
+		why := "it did not run in time"
+		if err == nil && got.StateReason != nil {
+			why = string(*got.StateReason)
+		}
+		s.stopSession(ctx, p, sess.ID)
+		if fromMemory {
+			// A saved state that cannot be restored is given up: wake from the disk.
+			s.log.Warn("desktop: the saved state could not be restored; waking from the disk", "desktop", rec.ID, "why", why)
+			next, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+				if r.State != desktop.Starting || r.SessionID != sess.ID {
+					return errDesktopMoved
+				}
+				r.SessionID, r.MemorySnapshot, r.StateSaved = "", "", false
+				r.Message = "state not saved: the saved state could not be restored (" + why + ")"
+				return nil
+			})
+			if err == nil {
+				s.dropSnapshot(ctx, p.ID, restore)
+				s.startDesktop(p, next, false)
+			}
+			return
+		}
+		s.failDesktop(ctx, p, rec.ID, sess.ID, "the desktop could not start: "+why)
+		return
+	}
+	if !fromMemory && s.DesktopSetup != nil {
+		if err := s.DesktopSetup(ctx, sessionExecer{s: s, sess: got}); err != nil {
+			s.log.Warn("desktop: setup failed", "desktop", rec.ID, "session", sess.ID, "err", err)
+			s.stopSession(ctx, p, sess.ID)
+			s.failDesktop(ctx, p, rec.ID, sess.ID, "the desktop could not start its display and browser: "+redactInternal(err.Error()))
+			return
+		}
+	}
+	now := s.Now()
+	_, err = s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+		if r.State != desktop.Starting || r.SessionID != sess.ID {
+			return errDesktopMoved
+		}
+		r.State = desktop.Running
+		return nil
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		s.stopSession(ctx, p, sess.ID) // deleted while it started
+		return
+	}
+	if err != nil {
+		return // a stop came first: it owns the session now
+	}
+	s.markUsed(ctx, p.ID, rec.ID, now)
+}
+
+// failDesktop moves a desktop in starting (with session sessionID, "" for none yet) to
+// failed with message.
+func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID, message string) {
+	_, err := s.updateDesktop(ctx, p.ID, id, func(r *desktop.Record) error {
+		if r.State != desktop.Starting || r.SessionID != sessionID {
+			return errDesktopMoved
+		}
+		if _, _, err := desktop.Next(r.State, desktop.StartFailed); err != nil {
+			return err
+		}
+		r.State, r.Message, r.SessionID = desktop.Failed, message, ""
+		return nil
+	})
+	if err != nil && !errors.Is(err, errDesktopMoved) && !errors.Is(err, store.ErrNotFound) {
+		s.log.Error("desktop: record a failed start", "desktop", id, "err", err)
+	}
+}
+
+// haltDesktop does the work of a desktop in stopping: the disk snapshot; for a sleep, the
+// memory snapshot (none when a resize waits: the state belongs to the old size); then the
+// session stops and the desktop is asleep or stopped.
+func (s *Server) haltDesktop(p store.Project, rec desktop.Record) {
+	ctx := s.ctx
+	sessID := rec.SessionID
+	var sess *session.Session
+	if sessID != "" {
+		t, _ := s.Tiers.Tier(DesktopTier)
+		got, err := s.awaitSession(ctx, p, sessID, t.ProvisionDeadline()+time.Minute, func(st session.State) bool {
+			return st == session.Running || st.Terminal()
+		})
+		if err == nil {
+			sess = got
+		}
+	}
+	disk, mem, saved, why := "", "", false, ""
+	if sess != nil && sess.State == session.Running {
+		snap, err := s.takeSnapshot(ctx, sess, false)
+		if err != nil {
+			why = "the disk could not be saved; it is as it was at the last sleep or stop (" + toAPIError(err).Message + ")"
+			s.log.Warn("desktop: disk snapshot", "desktop", rec.ID, "err", err)
+		} else {
+			disk = snap.ID
+		}
+		if rec.Goal == desktop.Asleep {
+			mem, saved, why = s.saveState(ctx, p, rec, sess.ID, why)
+		}
+	} else if sess != nil {
+		why = "state not saved: the desktop's session had ended"
+	}
+	if sessID != "" {
+		s.stopSession(ctx, p, sessID)
+		_, _ = s.awaitSession(ctx, p, sessID, 2*time.Minute, func(st session.State) bool { return st.Terminal() })
+	}
+	oldDisk := ""
+	_, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+		if r.State != desktop.Stopping || r.SessionID != sessID {
+			return errDesktopMoved
+		}
+		if err := desktop.Halt(r.State, r.Goal); err != nil {
+			return err
+		}
+		oldDisk = r.DiskSnapshot
+		if disk != "" {
+			r.DiskSnapshot = disk
+		}
+		r.State, r.Goal, r.SessionID = r.Goal, "", ""
+		r.MemorySnapshot, r.StateSaved, r.Message = mem, saved, why
+		if r.NextSize != "" { // the resize that waited: asleep or stopped, it has it now
+			r.Size, r.NextSize = r.NextSize, ""
+		}
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, errDesktopMoved) {
+			s.log.Error("desktop: record the end of a sleep or stop", "desktop", rec.ID, "err", err)
+		}
+		for _, id := range []string{disk, mem} { // deleted meanwhile: nothing keeps them
+			if id != "" {
+				s.dropSnapshot(ctx, p.ID, id)
+			}
+		}
+		return
+	}
+	if disk != "" && oldDisk != "" && oldDisk != disk {
+		s.dropSnapshot(ctx, p.ID, oldDisk)
+	}
+	if err := s.Store.ForgetDesktopIdle(ctx, p.ID, rec.ID); err != nil {
+		s.log.Warn("desktop: forget idle deadline", "desktop", rec.ID, "err", err)
+	}
+}
+
+// saveState takes a sleeping desktop's memory snapshot: it answers the snapshot, whether the
+// state was saved, and the message to show when not.
+func (s *Server) saveState(ctx context.Context, p store.Project, rec desktop.Record, sessionID, why string) (string, bool, string) {
+	if _, fresh := rec.StartSize(); fresh {
+		return "", false, "state not saved: the desktop was resized, and a saved state belongs to its old size"
+	}
+	sess, err := s.Store.Get(ctx, p.ID, sessionID) // the disk snapshot moved its version on
+	if err != nil || sess.State != session.Running {
+		return "", false, "state not saved: the desktop's session had ended"
+	}
+	snap, err := s.takeSnapshot(ctx, sess, true)
+	if err != nil {
+		s.log.Warn("desktop: memory snapshot", "desktop", rec.ID, "err", err)
+		return "", false, "state not saved: " + toAPIError(err).Message
+	}
+	if !snap.IncludeMemory {
+		s.dropSnapshot(ctx, p.ID, snap.ID)
+		return "", false, "state not saved: this machine's guests cannot save their memory"
+	}
+	if why != "" {
+		return snap.ID, true, why
+	}
+	return snap.ID, true, ""
+}
+
+// removeDesktop tears down what a deleted desktop left: its session and snapshots.
+func (s *Server) removeDesktop(p store.Project, rec desktop.Record) {
+	ctx := s.ctx
+	if rec.SessionID != "" {
+		s.stopSession(ctx, p, rec.SessionID)
+	}
+	for _, id := range []string{rec.DiskSnapshot, rec.MemorySnapshot} {
+		if id != "" {
+			s.dropSnapshot(ctx, p.ID, id)
+		}
+	}
+}
+
+// reconcileDesktop moves a running desktop whose session ended under it (its host failed,
+// its guest crashed, its lifetime ran out) to stopped: what is left is its disk.
+func (s *Server) reconcileDesktop(ctx context.Context, p store.Project, rec desktop.Record) desktop.Record {
+	if rec.State != desktop.Running || rec.SessionID == "" {
+		return rec
+	}
+	sess, err := s.Store.Get(ctx, p.ID, rec.SessionID)
+	if err == nil && !sess.State.Terminal() {
+		return rec
+	}
+	why := "its session is gone"
+	if err == nil && sess.StateReason != nil {
+		why = "its session ended: " + string(*sess.StateReason)
+	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return rec
+	}
+	out, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+		if r.State != desktop.Running || r.SessionID != rec.SessionID {
+			return errDesktopMoved
+		}
+		to, _, err := desktop.Next(r.State, desktop.SessionEnded)
+		if err != nil {
+			return err
+		}
+		r.State, r.SessionID, r.Message = to, "", "stopped: "+why+"; it starts fresh from its disk"
+		return nil
+	})
+	if err != nil {
+		return rec
+	}
+	_ = s.Store.ForgetDesktopIdle(ctx, p.ID, rec.ID)
+	return out
+}
+
+// stopSession asks for the session's end (a caller's delete), logging what fails.
+func (s *Server) stopSession(ctx context.Context, p store.Project, id string) {
+	for attempt := 0; attempt < 60; attempt++ {
+		_, _, err := s.stop(ctx, p, id)
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == 409 { // snapshotting: wait for it to end
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			continue
+		}
+		if err != nil && !errors.As(err, &ae) {
+			s.log.Warn("desktop: stop its session", "session", id, "err", err)
+		}
+		return
+	}
+}
+
+// awaitSession polls the session until done accepts its state, or until timeout.
+func (s *Server) awaitSession(ctx context.Context, p store.Project, id string, timeout time.Duration, done func(session.State) bool) (*session.Session, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		sess, err := s.Store.Get(ctx, p.ID, id)
+		if err == nil && done(sess.State) {
+			return sess, nil
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return sess, fmt.Errorf("session %s: %w", id, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// dropSnapshot deletes a snapshot's object and its files on the node.
+func (s *Server) dropSnapshot(ctx context.Context, project, id string) {
+	if err := s.Store.DeleteObject(ctx, project, store.KindSnapshot, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.log.Warn("desktop: delete snapshot", "snapshot", id, "err", err)
+	}
+	if d, ok := s.Guests.(interface {
+		DeleteSnapshot(ctx context.Context, id string) error
+	}); ok {
+		if err := d.DeleteSnapshot(ctx, id); err != nil {
+			s.log.Warn("desktop: delete snapshot files", "snapshot", id, "err", err)
+		}
+	}
+}
+
+// sessionExecer runs commands in a desktop's session for its setup.
+type sessionExecer struct {
+	s    *Server
+	sess *session.Session
+}
+
+func (e sessionExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([]byte, []byte, int, error) {
+	cmd, err := json.Marshal(argv)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	res, err := e.s.runExec(ctx, e.sess, session.ExecRequest{Command: cmd, Stdin: string(stdin)}, nil)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, nil
+}

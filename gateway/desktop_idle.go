@@ -1,0 +1,122 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"wb/desktop"
+	"wb/store"
+)
+
+// What counts as use (seed 001): an MCP tool call while it runs, a file sent, saved or
+// deleted, the console's screen in a visible tab. Each calls TouchDesktop; a listing never
+// does. An awake desktop falls idle DesktopIdle after its last use: its deadline sits in a
+// sorted set (store.DueDesktopIdle) that runDesktopIdle waits on, so the work grows with the
+// desktops that fall idle, not with the projects.
+
+// desktopIdlePoll bounds the idle loop's wait, so that deadlines other gateways set (which
+// do not kick this one) are seen within it.
+const desktopIdlePoll = 5 * time.Second
+
+// TouchDesktop records a use of the project's desktop now: an awake one stays awake for
+// DesktopIdle from now. A desktop that is not awake is left as it is (waking it is the
+// caller's choice: see moveDesktop with desktop.MCP or desktop.File). Answers a 404 error
+// when there is no such desktop.
+func (s *Server) TouchDesktop(ctx context.Context, project, id string) error {
+	st, err := s.Store.TouchDesktop(ctx, project, id, s.Now())
+	if errors.Is(err, store.ErrNotFound) {
+		return errNotFound("desktop", id)
+	}
+	if err != nil {
+		return err
+	}
+	if st.Awake() {
+		return s.setIdleDeadline(ctx, project, id, s.Now())
+	}
+	return nil
+}
+
+// markUsed records a use at now of a desktop that just started running.
+func (s *Server) markUsed(ctx context.Context, project, id string, now time.Time) {
+	if _, err := s.Store.TouchDesktop(ctx, project, id, now); err != nil {
+		s.log.Warn("desktop: mark used", "desktop", id, "err", err)
+	}
+	if err := s.setIdleDeadline(ctx, project, id, now); err != nil {
+		s.log.Warn("desktop: idle deadline", "desktop", id, "err", err)
+	}
+}
+
+func (s *Server) setIdleDeadline(ctx context.Context, project, id string, used time.Time) error {
+	if err := s.Store.SetDesktopIdle(ctx, project, id, used.Add(s.desktopIdle())); err != nil {
+		return err
+	}
+	select {
+	case s.idleKick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// runDesktopIdle puts to sleep the desktops whose idle deadline passed unused, until ctx ends.
+func (s *Server) runDesktopIdle(ctx context.Context) {
+	const batch = 16
+	for ctx.Err() == nil {
+		now := s.Now()
+		due, next, err := s.Store.DueDesktopIdle(ctx, now, batch)
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("desktop idle: read deadlines", "err", err)
+		}
+		for _, ref := range due {
+			s.idleDesktop(ctx, ref, now)
+		}
+		wait := desktopIdlePoll
+		if !next.IsZero() {
+			wait = min(wait, max(next.Sub(s.Now()), 10*time.Millisecond))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-s.idleKick:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// idleDesktop handles one due deadline: a running desktop unused since is put to sleep, one
+// used since gets its new deadline, and any other leaves the set.
+func (s *Server) idleDesktop(ctx context.Context, ref store.DesktopRef, now time.Time) {
+	rec, err := s.Store.GetDesktop(ctx, ref.Project, ref.ID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != desktop.Running) {
+		_ = s.Store.ForgetDesktopIdle(ctx, ref.Project, ref.ID)
+		return
+	}
+	if err != nil {
+		s.log.Warn("desktop idle: read", "desktop", ref.ID, "err", err)
+		return
+	}
+	used := rec.UpdatedAt.Time
+	if rec.LastUsedAt != nil {
+		used = rec.LastUsedAt.Time
+	}
+	if deadline := used.Add(s.desktopIdle()); deadline.After(now) {
+		_ = s.Store.SetDesktopIdle(ctx, ref.Project, ref.ID, deadline)
+		return
+	}
+	p, err := s.Store.GetProject(ctx, ref.Project)
+	if err != nil {
+		s.log.Warn("desktop idle: read the project", "project", ref.Project, "err", err)
+		return
+	}
+	if _, err := s.moveDesktop(ctx, p, ref.ID, desktop.Idle); err != nil {
+		var ae *apiError
+		if !errors.As(err, &ae) || ae.Status != 409 {
+			s.log.Warn("desktop idle: sleep", "desktop", ref.ID, "err", err)
+			return
+		}
+	}
+	_ = s.Store.ForgetDesktopIdle(ctx, ref.Project, ref.ID)
+}

@@ -1,0 +1,280 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/desktop"
+	"wb/session"
+)
+
+// Desktops are records (desktop.Record as JSON) in one hash each, written only through
+// compare-and-set scripts on their version that append the event of any change of state to
+// the project's outbox in the same step, so webhooks deliver every transition.
+
+// ErrDesktopChanged: the desktop is not at the version the caller read (another writer won).
+var ErrDesktopChanged = errors.New("the desktop changed concurrently")
+
+// desktopPutScript writes a desktop record if its version is the expected one (0: it must
+// not exist), indexes it, and appends the event (when given) carrying the record.
+//
+// KEYS: desktop hash, desktops index, outbox
+// ARGV: id, expected version, doc, state, event type ("" for none), event id, now ms, object,
+// project
+var desktopPutScript = redis.NewScript(`
+local ver = redis.call('HGET', KEYS[1], 'ver')
+if ARGV[2] == '0' then
+  if ver then return {'CONFLICT', ver} end
+  ver = '0'
+elseif not ver then
+  return {'NOTFOUND'}
+elseif ver ~= ARGV[2] then
+  return {'CONFLICT', ver}
+end
+local nv = tostring(tonumber(ver) + 1)
+redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'state', ARGV[4], 'ver', nv)
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+if ARGV[5] ~= '' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', 'id', ARGV[6], 'type', ARGV[5],
+    'session_id', ARGV[1], 'project_id', ARGV[9], 'at', ARGV[7], 'object', ARGV[8])
+end
+return {'OK', nv, redis.call('HGET', KEYS[1], 'used') or ''}
+`)
+
+// desktopDeleteScript removes a desktop and appends desktop.deleted with its last record.
+//
+// KEYS: desktop hash, desktops index, outbox
+// ARGV: id, event id, now ms, project
+var desktopDeleteScript = redis.NewScript(`
+local doc = redis.call('HGET', KEYS[1], 'doc')
+if not doc then return {'NOTFOUND'} end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', 'id', ARGV[2], 'type', '` + desktop.EventDeleted + `',
+  'session_id', ARGV[1], 'project_id', ARGV[4], 'at', ARGV[3], 'object', doc)
+return {'OK', doc}
+`)
+
+// desktopTouchScript records a use of an awake desktop; it answers the record's state.
+//
+// KEYS: desktop hash; ARGV: now ms
+var desktopTouchScript = redis.NewScript(`
+local st = redis.call('HGET', KEYS[1], 'state')
+if not st then return 'NOTFOUND' end
+if st == 'starting' or st == 'running' then redis.call('HSET', KEYS[1], 'used', ARGV[1]) end
+return st
+`)
+
+// PutDesktop writes r if the stored record is at r.Version (0: a new desktop), and appends
+// the event of its state when it differs from prev (prev "" for a new desktop; the same state
+// writes no event). It answers r at its new version; ErrDesktopChanged when another write
+// came first, ErrNotFound when the desktop is gone.
+func (s *Store) PutDesktop(ctx context.Context, r desktop.Record, prev desktop.State) (desktop.Record, error) {
+	now := s.now()
+	r.UpdatedAt = *session.At(now)
+	doc, err := json.Marshal(r)
+	if err != nil {
+		return r, fmt.Errorf("encode desktop %s: %w", r.ID, err)
+	}
+	typ, obj := "", []byte{}
+	if r.State != prev {
+		typ = desktop.EventType(r.State)
+		if obj, err = json.Marshal(r.Public()); err != nil {
+			return r, fmt.Errorf("encode desktop %s: %w", r.ID, err)
+		}
+	}
+	k := ProjectKeys(r.ProjectID)
+	res, err := desktopPutScript.Run(ctx, s.rdb, []string{k.desktop(r.ID), k.desktops(), Outbox(r.ProjectID)},
+		r.ID, r.Version, doc, string(r.State), typ, session.NewID("evt_", now), now.UnixMilli(), obj, r.ProjectID).StringSlice()
+	if err != nil {
+		return r, fmt.Errorf("put desktop %s: %w", r.ID, err)
+	}
+	switch res[0] {
+	case "NOTFOUND":
+		return r, ErrNotFound
+	case "CONFLICT":
+		return r, ErrDesktopChanged
+	}
+	r.Version, _ = strconv.ParseInt(res[1], 10, 64)
+	if used, _ := strconv.ParseInt(res[2], 10, 64); used > 0 {
+		r.LastUsedAt = session.AtMillis(used)
+	}
+	if typ != "" {
+		s.signalAfter(ctx, r.ProjectID, WorkOutbox)
+	}
+	return r, nil
+}
+
+// GetDesktop answers the project's desktop, or ErrNotFound.
+func (s *Store) GetDesktop(ctx context.Context, project, id string) (desktop.Record, error) {
+	vals, err := s.rdb.HMGet(ctx, ProjectKeys(project).desktop(id), "doc", "ver", "used").Result()
+	if err != nil {
+		return desktop.Record{}, fmt.Errorf("get desktop %s: %w", id, err)
+	}
+	return decodeDesktop(id, vals)
+}
+
+func decodeDesktop(id string, vals []any) (desktop.Record, error) {
+	var r desktop.Record
+	doc, _ := vals[0].(string)
+	if doc == "" {
+		return r, ErrNotFound
+	}
+	if err := json.Unmarshal([]byte(doc), &r); err != nil {
+		return r, fmt.Errorf("decode desktop %s: %w", id, err)
+	}
+	ver, _ := vals[1].(string)
+	r.Version, _ = strconv.ParseInt(ver, 10, 64)
+	if used, _ := vals[2].(string); used != "" {
+		if ms, _ := strconv.ParseInt(used, 10, 64); ms > 0 {
+			r.LastUsedAt = session.AtMillis(ms)
+		}
+	}
+	r.Object = desktop.ObjectName
+	return r, nil
+}
+
+// ListDesktops answers up to limit of the project's desktops, newest first, after cursor,
+// and the cursor of the next page ("" when none).
+func (s *Store) ListDesktops(ctx context.Context, project string, limit int, cursor string) ([]desktop.Record, string, error) {
+	if limit == 0 {
+		limit = 10
+	}
+	if limit < 1 || limit > MaxListLimit {
+		return nil, "", &session.FieldError{Field: "limit", Message: fmt.Sprintf("must be 1–%d, got %d", MaxListLimit, limit)}
+	}
+	max := "+"
+	if cursor != "" {
+		if !strings.HasPrefix(cursor, desktop.IDPrefix) || !validCursor(cursor) {
+			return nil, "", &session.FieldError{Field: "cursor", Message: "not a cursor this API returned"}
+		}
+		max = "(" + cursor
+	}
+	k := ProjectKeys(project)
+	ids, err := s.rdb.ZRevRangeByLex(ctx, k.desktops(), &redis.ZRangeBy{Max: max, Min: "-", Count: int64(limit + 1)}).Result()
+	if err != nil {
+		return nil, "", fmt.Errorf("list desktops: %w", err)
+	}
+	next := ""
+	if len(ids) > limit {
+		ids = ids[:limit]
+		next = ids[limit-1]
+	}
+	cmds := make([]*redis.SliceCmd, len(ids))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.HMGet(ctx, k.desktop(id), "doc", "ver", "used")
+		}
+		return nil
+	}); err != nil {
+		return nil, "", fmt.Errorf("list desktops: %w", err)
+	}
+	out := make([]desktop.Record, 0, len(ids))
+	for i, c := range cmds {
+		r, err := decodeDesktop(ids[i], c.Val())
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted between the index and the read
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, r)
+	}
+	return out, next, nil
+}
+
+// DeleteDesktop removes the desktop and its idle deadline, appends desktop.deleted, and
+// answers the record as it was (to clean up what lay behind it); ErrNotFound if none.
+func (s *Store) DeleteDesktop(ctx context.Context, project, id string) (desktop.Record, error) {
+	now := s.now()
+	k := ProjectKeys(project)
+	res, err := desktopDeleteScript.Run(ctx, s.rdb, []string{k.desktop(id), k.desktops(), Outbox(project)},
+		id, session.NewID("evt_", now), now.UnixMilli(), project).StringSlice()
+	if err != nil {
+		return desktop.Record{}, fmt.Errorf("delete desktop %s: %w", id, err)
+	}
+	if res[0] == "NOTFOUND" {
+		return desktop.Record{}, ErrNotFound
+	}
+	var r desktop.Record
+	if err := json.Unmarshal([]byte(res[1]), &r); err != nil {
+		return r, fmt.Errorf("decode desktop %s: %w", id, err)
+	}
+	s.signalAfter(ctx, project, WorkOutbox)
+	if err := s.ForgetDesktopIdle(ctx, project, id); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// TouchDesktop records a use of the desktop at now, if it is awake (starting or running),
+// and answers its state; ErrNotFound if there is no such desktop.
+func (s *Store) TouchDesktop(ctx context.Context, project, id string, now time.Time) (desktop.State, error) {
+	st, err := desktopTouchScript.Run(ctx, s.rdb, []string{ProjectKeys(project).desktop(id)}, now.UnixMilli()).Text()
+	if err != nil {
+		return "", fmt.Errorf("touch desktop %s: %w", id, err)
+	}
+	if st == "NOTFOUND" {
+		return "", ErrNotFound
+	}
+	return desktop.State(st), nil
+}
+
+// DesktopRef names one desktop of one project.
+type DesktopRef struct{ Project, ID string }
+
+func (r DesktopRef) member() string { return r.Project + "/" + r.ID }
+
+// SetDesktopIdle records when the desktop falls idle (its last use plus the idle time).
+func (s *Store) SetDesktopIdle(ctx context.Context, project, id string, at time.Time) error {
+	m := DesktopRef{project, id}.member()
+	if err := s.rdb.ZAdd(ctx, desktopIdleKey, redis.Z{Score: float64(at.UnixMilli()), Member: m}).Err(); err != nil {
+		return fmt.Errorf("set idle deadline of desktop %s: %w", id, err)
+	}
+	return nil
+}
+
+// ForgetDesktopIdle drops the desktop's idle deadline (it is no longer awake).
+func (s *Store) ForgetDesktopIdle(ctx context.Context, project, id string) error {
+	if err := s.rdb.ZRem(ctx, desktopIdleKey, DesktopRef{project, id}.member()).Err(); err != nil {
+		return fmt.Errorf("forget idle deadline of desktop %s: %w", id, err)
+	}
+	return nil
+}
+
+// DueDesktopIdle answers up to limit desktops whose idle deadline is at or before now,
+// earliest first, and when the next deadline after them falls (zero: none; now: more than
+// limit are due).
+func (s *Store) DueDesktopIdle(ctx context.Context, now time.Time, limit int) ([]DesktopRef, time.Time, error) {
+	zs, err := s.rdb.ZRangeWithScores(ctx, desktopIdleKey, 0, int64(limit)).Result()
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("read desktop idle deadlines: %w", err)
+	}
+	var due []DesktopRef
+	for _, z := range zs {
+		at := time.UnixMilli(int64(z.Score))
+		if at.After(now) {
+			return due, at, nil
+		}
+		if len(due) == limit {
+			return due, now, nil
+		}
+		m, _ := z.Member.(string)
+		p, id, ok := strings.Cut(m, "/")
+		if !ok || p == "" || id == "" {
+			if err := s.rdb.ZRem(ctx, desktopIdleKey, m).Err(); err != nil {
+				return nil, time.Time{}, fmt.Errorf("drop bad desktop idle deadline %q: %w", m, err)
+			}
+			continue
+		}
+		due = append(due, DesktopRef{p, id})
+	}
+	return due, time.Time{}, nil
+}
