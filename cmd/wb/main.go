@@ -74,11 +74,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "serve":
 		return serve(ctx, args[1:], stdout, stderr)
 	case "agent":
-		if len(args) > 1 && args[1] == guest.EvalCommand { // hidden: RunJS in a desktop guest
-			return guest.EvalMain(ctx, args[2:], os.Stdin, stdout)
-		}
-		if len(args) > 1 && args[1] == guest.RelayCommand { // hidden: a desktop's Chromium
-			return guest.RelayMain(ctx, args[2:])
+		if ok, err := guest.AgentCommand(ctx, args[1:], os.Stdin, stdout); ok { // hidden: a desktop guest's helpers
+			return err
 		}
 		return agent.Main(args[1:])
 	case "node":

@@ -276,3 +276,19 @@ func valueOf(o remoteObject) json.RawMessage {
 	}
 	return json.RawMessage("null")
 }
+
+// AgentCommand runs one of this package's hidden `wb agent` subcommands (cdp-eval,
+// cdp-relay), which run inside a desktop guest; args are those after "agent". It answers
+// false when args name none of them. Both wb and wb-agent call it, since a guest may run either.
+func AgentCommand(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) (bool, error) {
+	if len(args) == 0 {
+		return false, nil
+	}
+	switch args[0] {
+	case EvalCommand: // RunJS
+		return true, EvalMain(ctx, args[1:], stdin, stdout)
+	case RelayCommand: // the desktop's Chromium
+		return true, RelayMain(ctx, args[1:])
+	}
+	return false, nil
+}

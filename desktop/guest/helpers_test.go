@@ -104,7 +104,7 @@ func newEnv(t testing.TB, runtime string) *desktopEnv {
 	if err := os.Mkdir(binDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	wbBin, err := wbbin.Install(binDir)
+	wbBin, err := wbbin.Agent(binDir) // what a node puts in guests
 	if err != nil {
 		t.Fatal(err)
 	}
