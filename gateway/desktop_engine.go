@@ -483,7 +483,14 @@ func (e sessionExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	res, err := e.s.runExec(ctx, e.sess, session.ExecRequest{Command: cmd, Stdin: string(stdin)}, nil)
+	// The exec lasts as long as ctx allows (a desktop's display and browser take longer to
+	// start than an exec's default minute), up to the longest exec; without a deadline, ten
+	// minutes.
+	timeout := 600
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(max(1, int(time.Until(d)/time.Second)), session.ExecTimeoutMaxS)
+	}
+	res, err := e.s.runExec(ctx, e.sess, session.ExecRequest{Command: cmd, Stdin: string(stdin), TimeoutS: &timeout}, nil)
 	if err != nil {
 		return nil, nil, 0, err
 	}

@@ -17,7 +17,10 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"wb/desktop"
+	"wb/desktop/guest"
 	"wb/gateway"
+	"wb/hypervisor/templates"
 	"wb/internal/datadir"
 	"wb/internal/netguard"
 	"wb/node"
@@ -241,7 +244,7 @@ Flags:
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "", Tiers: tiers,
-		DesktopIdle: f.desktopIdle,
+		DesktopIdle: f.desktopIdle, DesktopSetup: desktopSetup(tpls),
 	})
 	if err != nil {
 		ln.Close()
@@ -330,4 +333,13 @@ func serveMetrics(ctx context.Context, g *errgroup.Group, ln net.Listener, h htt
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("metrics served", "url", "http://"+ln.Addr().String()+"/metrics")
 	serveUntil(ctx, g, srv, ln, 5*time.Second)
+}
+
+// desktopSetup starts a desktop's display and browser after each fresh start, when this node
+// offers tpl_desktop (the gateway then gives desktops that template); nil otherwise.
+func desktopSetup(tpls templates.Catalog) func(context.Context, desktop.Execer) error {
+	if _, ok := tpls[guest.Template]; !ok {
+		return nil
+	}
+	return func(ctx context.Context, ex desktop.Execer) error { return guest.Start(ctx, ex) }
 }
