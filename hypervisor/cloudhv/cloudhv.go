@@ -672,10 +672,12 @@ func (d *Driver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
 	return hypervisor.Info{State: st, Pid: r.Pid}, nil
 }
 
-// Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs) and
-// the space the writable disk image takes on the host.
-func (d *Driver) Stats(_ context.Context, id string) (hypervisor.Stats, error) {
-	if _, err := d.load(id); err != nil {
+// Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs), the
+// space the writable disk image takes on the host, and the VM's network counters
+// (vm.counters' rx_bytes and tx_bytes of its virtio-net devices).
+func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error) {
+	r, err := d.load(id)
+	if err != nil {
 		return hypervisor.Stats{}, err
 	}
 	out := hypervisor.Stats{DiskBytes: allocated(filepath.Join(d.GuestDir(id), writableDisk))}
@@ -684,7 +686,26 @@ func (d *Driver) Stats(_ context.Context, id string) (hypervisor.Stats, error) {
 		return out, fmt.Errorf("cloudhv: stats %s: %w", id, err)
 	}
 	out.CPUMs, out.MemoryBytes, out.OOMKills = cpu/1e6, mem, ooms
+	if r.alive() {
+		// Only a booted VM has counters (else 500 "VM is not running"): none is 0 bytes.
+		if c, err := d.client(id).VMCounters(ctx); err == nil {
+			out.NetRxBytes, out.NetTxBytes = netBytes(c)
+		}
+	}
 	return out, nil
+}
+
+// netBytes sums the byte counters of the VM's net devices (CH's virtio-net counters: rx_bytes,
+// tx_bytes, rx_frames, tx_frames; disks count read_bytes and write_bytes).
+func netBytes(c chapi.VmCounters) (rx, tx int64) {
+	for _, dev := range c {
+		if _, isNet := dev["tx_frames"]; !isNet {
+			continue
+		}
+		rx += int64(dev["rx_bytes"])
+		tx += int64(dev["tx_bytes"])
+	}
+	return rx, tx
 }
 
 // allocated is the space file path takes on disk (a sparse image: its written blocks), -1

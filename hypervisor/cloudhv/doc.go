@@ -47,7 +47,10 @@
 // the guest's kernel, which reports nothing to the host. A restore keeps the snapshot's disk
 // size.
 //
-// The fake VMM (chvtest) runs its guest as a runc container whose cgroup is its own (under
-// /wb-fakech-*), not below the VMM's: with it, Stats counts the fake's CPU and memory, not the
-// guest's. A real CH's guest is its VMM's threads, so there the counts are the guest's.
+// Usage (Stats): CPU time and memory from the VMM's cgroup, which holds everything the VMM
+// runs (a real CH's vCPU threads are the guest; the fake VMM nests its runc guest's cgroup
+// below its own, so there too a busy guest is VMM CPU time), OOM kills from it, the disk
+// image's allocated bytes, and NetRxBytes/NetTxBytes summed from vm.counters' virtio-net
+// devices (rx_bytes, tx_bytes). Stop and Delete kill and remove the VMM's cgroup with every
+// cgroup below it, in every v1 hierarchy.
 package cloudhv

@@ -74,7 +74,10 @@
 // after " -- " are init's arguments; before it, parameters the kernel knows (console=, root=,
 // ro, init=, panic=, ...) and module parameters (a dot in the key) are dropped, other
 // KEY=VALUE words become init's environment (after HOME=/ and TERM=linux) and other words
-// its arguments. The vsock device is a directory: the guest sees it at /run/wb-vsock (init
+// its arguments. With Options.NestCgroup (fakech sets it) the guest's cgroup is below the
+// VMM process's own (v1: its cpuacct and memory cgroup; v2: the VMM first moves itself to
+// <own>/vmm, as a cgroup with children may hold no process), so what the guest burns is
+// counted as the VMM's CPU and memory, as a real CH's vCPU threads are. The vsock device is a directory: the guest sees it at /run/wb-vsock (init
 // gets WB_VSOCK_UNIX_DIR=/run/wb-vsock) and listens on vsock port P as the Unix socket
 // $WB_VSOCK_UNIX_DIR/P.sock; CONNECT P is spliced to it.
 //

@@ -59,3 +59,20 @@ func equal(a, b []string) bool {
 	}
 	return true
 }
+
+func TestCgroupOf(t *testing.T) {
+	v1 := "12:cpu,cpuacct:/wb-cloudhv/g1\n4:memory:/wb-cloudhv/g1\n1:name=systemd:/\n0::/\n"
+	for _, c := range []struct{ text, controller, want string }{
+		{v1, "cpuacct", "/wb-cloudhv/g1"},
+		{v1, "memory", "/wb-cloudhv/g1"},
+		{v1, "", "/"},
+		{"0::/wb-cloudhv/g2\n", "", "/wb-cloudhv/g2"},
+	} {
+		if got, ok := cgroupOf(c.text, c.controller); !ok || got != c.want {
+			t.Errorf("cgroupOf(%q, %q) = %q, %v; want %q", c.text, c.controller, got, ok, c.want)
+		}
+	}
+	if _, ok := cgroupOf("0::/x\n", "memory"); ok {
+		t.Error("found a memory hierarchy in a v2-only file")
+	}
+}
