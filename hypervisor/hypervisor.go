@@ -165,6 +165,12 @@ type AgentDialer interface {
 	DialAgent(ctx context.Context, id string) (net.Conn, error)
 }
 
+// Resizer is a Driver that can change a running guest's CPU and memory (cloudhv: vm.resize,
+// vCPU and memory hotplug). A zero argument leaves that resource as it is.
+type Resizer interface {
+	Resize(ctx context.Context, id string, vcpu, memoryMiB int) error
+}
+
 // ErrNotFound is returned for a guest the driver does not know.
 var ErrNotFound = errors.New("hypervisor: guest not found")
 

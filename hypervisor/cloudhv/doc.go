@@ -47,6 +47,12 @@
 // the guest's kernel, which reports nothing to the host. A restore keeps the snapshot's disk
 // size.
 //
+// Resize (hypervisor.Resizer): vm.resize. A VM is created with max_vcpus the host's CPUs and
+// hotplug_size three times its memory (ACPI hotplug reserves address space, not memory), so
+// vCPUs go from 1 to the host's and memory grows in 128 MiB steps up to 4× its boot size;
+// memory never shrinks (CH's ACPI hotplug cannot take it back and answers a shrink with
+// success while changing nothing), so the driver refuses one.
+//
 // Usage (Stats): CPU time and memory from the VMM's cgroup, which holds everything the VMM
 // runs (a real CH's vCPU threads are the guest; the fake VMM nests its runc guest's cgroup
 // below its own, so there too a busy guest is VMM CPU time), OOM kills from it, the disk

@@ -99,7 +99,11 @@
 //     starts init afresh. What the guest wrote to its writable disk survives; its processes
 //     and memory do not.
 //   - vm.resize changes the guest's CPU quota and memory limit (runc update); there is no
-//     hotplug, balloon or ACPI notification.
+//     hotplug, balloon or ACPI notification. Memory follows CH's ACPI hotplug
+//     (memory_manager.rs): it grows in 128 MiB steps up to boot size + hotplug_size ("Not
+//     enough space in the hotplug RAM region", "The requested hotplug memory addition is not a
+//     valid size" otherwise), and a shrink or a VM without hotplug_size keeps the guest's
+//     memory (the config's memory.size changes anyway, as CH's does).
 //   - Net devices are accepted and listed (and counted, always 0) but the guest has no network
 //     interface: a runc guest gets a private network namespace with loopback only.
 //   - A paused guest is frozen with the cgroup freezer; its vsock streams already open stay
