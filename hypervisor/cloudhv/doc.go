@@ -40,6 +40,23 @@
 // config.json names the new guest's writable disk, vsock socket and console. A disk-only
 // restore creates and boots a new VM on a copy of the disk.
 //
+// Network (guestnet.go; built and tested, not yet wired into Create): a guest's network is a
+// namespace of its own holding only loopback and the VM's tap, so that the guest has no route
+// to anything but what listens there, the relay to the node's egress proxy:
+//
+//	ip netns add <ns>
+//	ip -n <ns> link set lo up
+//	ip -n <ns> tuntap add dev tap0 mode tap
+//	ip -n <ns> addr add 10.0.0.1/30 dev tap0
+//	ip -n <ns> link set tap0 up
+//
+// and a TCP listener made inside <ns> on 10.0.0.1:3128 relaying each connection to the
+// node's egress socket (Spec.AgentDir/egress.sock). No firewall rule is needed: the namespace
+// has no other interface and no route but the tap's /30. What remains: the VMM must run in
+// <ns> to open tap0 (CH opens a tap by name) with net [{tap: tap0, mac, ip: 10.0.0.2}] in
+// vm.create, the agent's egress relay given 10.0.0.1:3128 instead of its socket, and the fake
+// VMM's virtio-net stand-in (copying frames between tap0 and a tap in its runc guest).
+//
 // Not carried into a VM: Spec.ReadOnlyBinds (a VM shares no host directories; the binds are
 // logged and left out), Spec.Pids (the guest's own kernel limits its processes), and the
 // agent's egress relay (its host socket in Spec.AgentDir is out of a VM's reach, so the egress
