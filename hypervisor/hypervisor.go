@@ -132,6 +132,10 @@ type Stats struct {
 	MemoryBytes int64 `json:"memory_bytes"` // current memory usage
 	OOMKills    int64 `json:"oom_kills"`    // OOM kills in the guest's cgroup
 	DiskBytes   int64 `json:"disk_bytes"`   // bytes allocated by the writable layer (a walk; -1 when unknown)
+	// Bytes through the guest's network interfaces since it booted (a VM's virtio-net
+	// counters); 0 for a guest without a network (hypervisor/oci's have loopback only).
+	NetRxBytes int64 `json:"net_rx_bytes,omitempty"`
+	NetTxBytes int64 `json:"net_tx_bytes,omitempty"`
 }
 
 // SnapshotInfo describes a snapshot written by Driver.Snapshot.
@@ -159,6 +163,12 @@ type Event struct {
 // listens on vsock) rather than on the Unix socket in Spec.AgentDir.
 type AgentDialer interface {
 	DialAgent(ctx context.Context, id string) (net.Conn, error)
+}
+
+// Resizer is a Driver that can change a running guest's CPU and memory (cloudhv: vm.resize,
+// vCPU and memory hotplug). A zero argument leaves that resource as it is.
+type Resizer interface {
+	Resize(ctx context.Context, id string, vcpu, memoryMiB int) error
 }
 
 // ErrNotFound is returned for a guest the driver does not know.

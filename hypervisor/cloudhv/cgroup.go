@@ -13,11 +13,14 @@ import (
 )
 
 // cgroups is where each VMM's cgroup lives: on a v2 host one directory per VMM, on a v1 host
-// one per VMM in the cpuacct and memory hierarchies (all the driver reads).
+// one per VMM in the cpuacct and memory hierarchies (all the driver reads). What the VMM
+// makes below its cgroup (the fake VMM's runc guest does, in every v1 hierarchy) is the
+// VMM's: killed and removed with it.
 type cgroups struct {
-	v2Root  string // v2 mount point; "" on v1
-	cpuacct string // v1 mount points
-	memory  string
+	v2Root  string   // v2 mount point; "" on v1
+	cpuacct string   // v1 mount points
+	memory  string   //
+	v1All   []string // every v1 hierarchy's mount point, for removal
 }
 
 // detectCgroups reads the host's layout (as hypervisor/oci does: v2 when cgroup.controllers
@@ -40,9 +43,17 @@ func detectCgroups(mountinfo, unifiedProbe string) (cgroups, error) {
 			continue
 		}
 		pf, qf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 5 || len(qf) < 3 || qf[0] != "cgroup" || pf[3] != "/" {
+		if len(pf) < 5 || len(qf) < 3 || pf[3] != "/" {
 			continue
 		}
+		if qf[0] == "cgroup2" { // a hybrid host's controller-less tree: runc makes dirs there too
+			c.v1All = append(c.v1All, pf[4])
+			continue
+		}
+		if qf[0] != "cgroup" {
+			continue
+		}
+		c.v1All = append(c.v1All, pf[4])
 		for _, opt := range strings.Split(qf[2], ",") {
 			switch {
 			case opt == "cpuacct" && c.cpuacct == "":
@@ -99,38 +110,59 @@ func (c cgroups) add(p string, pid int) error {
 	return nil
 }
 
-// killAll SIGKILLs every process left in cgroup p.
-func (c cgroups) killAll(p string) {
-	for _, d := range c.dirs(p) {
-		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err != nil {
-			continue
+// tree lists cgroup dir and the cgroups below it, deepest first (a missing dir: none).
+func tree(dir string) []string {
+	var out []string
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, tree(filepath.Join(dir, e.Name()))...)
 		}
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return append(out, dir)
+}
+
+// pids lists the processes in cgroup p and below it.
+func (c cgroups) pids(p string) []int {
+	var out []int
+	for _, d := range c.dirs(p) {
+		for _, sub := range tree(d) {
+			b, err := os.ReadFile(filepath.Join(sub, "cgroup.procs"))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					out = append(out, pid)
+				}
 			}
 		}
 	}
+	return out
 }
 
-// empty reports whether no process is left in cgroup p (a missing cgroup is empty).
-func (c cgroups) empty(p string) bool {
-	for _, d := range c.dirs(p) {
-		b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-		if err == nil && strings.TrimSpace(string(b)) != "" {
-			return false
-		}
+// killAll SIGKILLs every process left in cgroup p or below it.
+func (c cgroups) killAll(p string) {
+	for _, pid := range c.pids(p) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	return true
 }
 
-// remove removes cgroup p; a missing one is fine.
+// remove removes cgroup p and the cgroups below it, in every hierarchy; missing ones are fine.
 func (c cgroups) remove(p string) error {
+	roots := []string{c.v2Root}
+	if c.v2Root == "" {
+		roots = c.v1All
+	}
 	var errs []error
-	for _, d := range c.dirs(p) {
-		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
+	for _, root := range roots {
+		for _, d := range tree(filepath.Join(root, p)) {
+			if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)

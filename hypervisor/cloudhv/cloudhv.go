@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,6 +80,7 @@ type Driver struct {
 var (
 	_ hypervisor.Driver      = (*Driver)(nil)
 	_ hypervisor.AgentDialer = (*Driver)(nil)
+	_ hypervisor.Resizer     = (*Driver)(nil)
 )
 
 // exitInfo is how a VMM this process started ended.
@@ -322,8 +324,10 @@ func (d *Driver) vmConfig(r record, cmdline string) chapi.VmConfig {
 		mem = defaultMemoryMiB << 20
 	}
 	return chapi.VmConfig{
-		Cpus:    &chapi.CpusConfig{BootVcpus: vcpus, MaxVcpus: vcpus},
-		Memory:  &chapi.MemoryConfig{Size: mem},
+		// Room to grow (Resize): vCPUs up to the host's, memory to hotplugFactor times the boot
+		// size (ACPI hotplug; the reserved range costs address space, not memory).
+		Cpus:    &chapi.CpusConfig{BootVcpus: vcpus, MaxVcpus: max(vcpus, runtime.NumCPU())},
+		Memory:  &chapi.MemoryConfig{Size: mem, HotplugSize: (hotplugFactor - 1) * mem},
 		Payload: chapi.PayloadConfig{Kernel: d.o.Kernel, Initramfs: d.o.Initramfs, Cmdline: cmdline},
 		Disks: []chapi.DiskConfig{
 			{ID: "rootfs", Path: r.RootFS, Readonly: true, ImageType: "Raw"},
@@ -342,7 +346,11 @@ const (
 	// Unix socket, so CIDs need not differ between guests.
 	guestCID         = 3
 	defaultMemoryMiB = 512
-	defaultDiskGiB   = 1
+	// hotplugFactor is how many times its boot memory a VM can grow to (Resize).
+	hotplugFactor = 4
+	// hotplugStep is CH's ACPI memory hotplug granularity: a DIMM is a multiple of 128 MiB.
+	hotplugStepMiB = 128
+	defaultDiskGiB = 1
 )
 
 // makeWritable makes the guest's writable disk of DiskGiB (1 GiB when 0).
@@ -521,6 +529,54 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	return nil
 }
 
+// Resize changes the running VM's vCPUs and memory (vm.resize); 0 leaves one as it is. vCPUs
+// go from 1 to the VM's max_vcpus (the host's CPUs). Memory only grows (CH's ACPI hotplug
+// cannot take memory back, and would answer a shrink with success while changing nothing), in
+// steps of 128 MiB, up to the VM's boot size plus its hotplug_size.
+func (d *Driver) Resize(ctx context.Context, id string, vcpu, memoryMiB int) error {
+	if vcpu < 0 || memoryMiB < 0 {
+		return fmt.Errorf("cloudhv: resize %s: vcpu %d and memory_mib %d must not be negative (0 keeps the current value)", id, vcpu, memoryMiB)
+	}
+	r, err := d.running(id)
+	if err != nil {
+		return err
+	}
+	c := d.client(id)
+	vi, err := c.VMInfo(ctx)
+	if err != nil {
+		return fmt.Errorf("cloudhv: resize %s: %w", id, err)
+	}
+	req := chapi.VmResize{DesiredVcpus: vcpu, DesiredRam: int64(memoryMiB) << 20}
+	if cpus := vi.Config.Cpus; vcpu > 0 && cpus != nil && vcpu > cpus.MaxVcpus {
+		return fmt.Errorf("cloudhv: resize %s: vcpu %d is more than the VM's max_vcpus %d: give at most %d", id, vcpu, cpus.MaxVcpus, cpus.MaxVcpus)
+	}
+	if m := vi.Config.Memory; memoryMiB > 0 && m != nil {
+		cur := int(m.Size >> 20)
+		// The hotplug range starts at the boot size (vm.resize moves memory.size, not it).
+		boot := r.Spec.MemoryMiB
+		if boot == 0 {
+			boot = defaultMemoryMiB
+		}
+		switch top := boot + int(m.HotplugSize>>20); {
+		case memoryMiB < cur:
+			return fmt.Errorf("cloudhv: resize %s: memory_mib %d is less than the VM's %d MiB: a VM's memory only grows (ACPI hotplug)", id, memoryMiB, cur)
+		case memoryMiB == cur:
+			req.DesiredRam = 0
+		case (memoryMiB-cur)%hotplugStepMiB != 0:
+			return fmt.Errorf("cloudhv: resize %s: memory_mib %d grows the VM's %d MiB by %d MiB: it grows in steps of %d MiB", id, memoryMiB, cur, memoryMiB-cur, hotplugStepMiB)
+		case memoryMiB > top:
+			return fmt.Errorf("cloudhv: resize %s: memory_mib %d is more than the VM can grow to (%d MiB)", id, memoryMiB, top)
+		}
+	}
+	if req == (chapi.VmResize{}) {
+		return nil
+	}
+	if err := c.ResizeVM(ctx, req); err != nil {
+		return fmt.Errorf("cloudhv: resize %s: %w", id, err)
+	}
+	return nil
+}
+
 // Stop kills the guest: vmm.shutdown, which stops the vCPUs at once (the guest is not asked)
 // and ends the VMM; a VMM that has not exited within StopGrace, or does not answer, is
 // SIGKILLed with everything left in its cgroup. It returns once the VMM is gone.
@@ -672,10 +728,12 @@ func (d *Driver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
 	return hypervisor.Info{State: st, Pid: r.Pid}, nil
 }
 
-// Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs) and
-// the space the writable disk image takes on the host.
-func (d *Driver) Stats(_ context.Context, id string) (hypervisor.Stats, error) {
-	if _, err := d.load(id); err != nil {
+// Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs), the
+// space the writable disk image takes on the host, and the VM's network counters
+// (vm.counters' rx_bytes and tx_bytes of its virtio-net devices).
+func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error) {
+	r, err := d.load(id)
+	if err != nil {
 		return hypervisor.Stats{}, err
 	}
 	out := hypervisor.Stats{DiskBytes: allocated(filepath.Join(d.GuestDir(id), writableDisk))}
@@ -684,7 +742,26 @@ func (d *Driver) Stats(_ context.Context, id string) (hypervisor.Stats, error) {
 		return out, fmt.Errorf("cloudhv: stats %s: %w", id, err)
 	}
 	out.CPUMs, out.MemoryBytes, out.OOMKills = cpu/1e6, mem, ooms
+	if r.alive() {
+		// Only a booted VM has counters (else 500 "VM is not running"): none is 0 bytes.
+		if c, err := d.client(id).VMCounters(ctx); err == nil {
+			out.NetRxBytes, out.NetTxBytes = netBytes(c)
+		}
+	}
 	return out, nil
+}
+
+// netBytes sums the byte counters of the VM's net devices (CH's virtio-net counters: rx_bytes,
+// tx_bytes, rx_frames, tx_frames; disks count read_bytes and write_bytes).
+func netBytes(c chapi.VmCounters) (rx, tx int64) {
+	for _, dev := range c {
+		if _, isNet := dev["tx_frames"]; !isNet {
+			continue
+		}
+		rx += int64(dev["rx_bytes"])
+		tx += int64(dev["tx_bytes"])
+	}
+	return rx, tx
 }
 
 // allocated is the space file path takes on disk (a sparse image: its written blocks), -1

@@ -40,6 +40,23 @@
 // config.json names the new guest's writable disk, vsock socket and console. A disk-only
 // restore creates and boots a new VM on a copy of the disk.
 //
+// Network (guestnet.go; built and tested, not yet wired into Create): a guest's network is a
+// namespace of its own holding only loopback and the VM's tap, so that the guest has no route
+// to anything but what listens there, the relay to the node's egress proxy:
+//
+//	ip netns add <ns>
+//	ip -n <ns> link set lo up
+//	ip -n <ns> tuntap add dev tap0 mode tap
+//	ip -n <ns> addr add 10.0.0.1/30 dev tap0
+//	ip -n <ns> link set tap0 up
+//
+// and a TCP listener made inside <ns> on 10.0.0.1:3128 relaying each connection to the
+// node's egress socket (Spec.AgentDir/egress.sock). No firewall rule is needed: the namespace
+// has no other interface and no route but the tap's /30. What remains: the VMM must run in
+// <ns> to open tap0 (CH opens a tap by name) with net [{tap: tap0, mac, ip: 10.0.0.2}] in
+// vm.create, the agent's egress relay given 10.0.0.1:3128 instead of its socket, and the fake
+// VMM's virtio-net stand-in (copying frames between tap0 and a tap in its runc guest).
+//
 // Not carried into a VM: Spec.ReadOnlyBinds (a VM shares no host directories; the binds are
 // logged and left out), Spec.Pids (the guest's own kernel limits its processes), and the
 // agent's egress relay (its host socket in Spec.AgentDir is out of a VM's reach, so the egress
@@ -47,7 +64,16 @@
 // the guest's kernel, which reports nothing to the host. A restore keeps the snapshot's disk
 // size.
 //
-// The fake VMM (chvtest) runs its guest as a runc container whose cgroup is its own (under
-// /wb-fakech-*), not below the VMM's: with it, Stats counts the fake's CPU and memory, not the
-// guest's. A real CH's guest is its VMM's threads, so there the counts are the guest's.
+// Resize (hypervisor.Resizer): vm.resize. A VM is created with max_vcpus the host's CPUs and
+// hotplug_size three times its memory (ACPI hotplug reserves address space, not memory), so
+// vCPUs go from 1 to the host's and memory grows in 128 MiB steps up to 4× its boot size;
+// memory never shrinks (CH's ACPI hotplug cannot take it back and answers a shrink with
+// success while changing nothing), so the driver refuses one.
+//
+// Usage (Stats): CPU time and memory from the VMM's cgroup, which holds everything the VMM
+// runs (a real CH's vCPU threads are the guest; the fake VMM nests its runc guest's cgroup
+// below its own, so there too a busy guest is VMM CPU time), OOM kills from it, the disk
+// image's allocated bytes, and NetRxBytes/NetTxBytes summed from vm.counters' virtio-net
+// devices (rx_bytes, tx_bytes). Stop and Delete kill and remove the VMM's cgroup with every
+// cgroup below it, in every v1 hierarchy.
 package cloudhv

@@ -74,7 +74,10 @@
 // after " -- " are init's arguments; before it, parameters the kernel knows (console=, root=,
 // ro, init=, panic=, ...) and module parameters (a dot in the key) are dropped, other
 // KEY=VALUE words become init's environment (after HOME=/ and TERM=linux) and other words
-// its arguments. The vsock device is a directory: the guest sees it at /run/wb-vsock (init
+// its arguments. With Options.NestCgroup (fakech sets it) the guest's cgroup is below the
+// VMM process's own (v1: its cpuacct and memory cgroup; v2: the VMM first moves itself to
+// <own>/vmm, as a cgroup with children may hold no process), so what the guest burns is
+// counted as the VMM's CPU and memory, as a real CH's vCPU threads are. The vsock device is a directory: the guest sees it at /run/wb-vsock (init
 // gets WB_VSOCK_UNIX_DIR=/run/wb-vsock) and listens on vsock port P as the Unix socket
 // $WB_VSOCK_UNIX_DIR/P.sock; CONNECT P is spliced to it.
 //
@@ -96,7 +99,11 @@
 //     starts init afresh. What the guest wrote to its writable disk survives; its processes
 //     and memory do not.
 //   - vm.resize changes the guest's CPU quota and memory limit (runc update); there is no
-//     hotplug, balloon or ACPI notification.
+//     hotplug, balloon or ACPI notification. Memory follows CH's ACPI hotplug
+//     (memory_manager.rs): it grows in 128 MiB steps up to boot size + hotplug_size ("Not
+//     enough space in the hotplug RAM region", "The requested hotplug memory addition is not a
+//     valid size" otherwise), and a shrink or a VM without hotplug_size keeps the guest's
+//     memory (the config's memory.size changes anyway, as CH's does).
 //   - Net devices are accepted and listed (and counted, always 0) but the guest has no network
 //     interface: a runc guest gets a private network namespace with loopback only.
 //   - A paused guest is frozen with the cgroup freezer; its vsock streams already open stay

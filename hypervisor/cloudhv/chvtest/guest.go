@@ -71,8 +71,12 @@ func randomID() string {
 
 // createGuest mounts the disks and creates the container (init not started yet).
 func (v *VMM) createGuest(ctx context.Context, gc guestConfig) (_ *guest, err error) {
+	drv, err := v.guestDriver()
+	if err != nil {
+		return nil, err
+	}
 	id := "chv-" + randomID()
-	g := &guest{id: id, dir: filepath.Join(v.opts.StateDir, id), drv: v.drv, runc: v.runc,
+	g := &guest{id: id, dir: filepath.Join(v.opts.StateDir, id), drv: drv, runc: v.runc,
 		runcRoot: v.runcRoot, log: v.log.With("guest", id), exited: make(chan struct{}), status: -1}
 	defer func() {
 		if err != nil {

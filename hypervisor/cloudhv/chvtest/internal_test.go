@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -58,4 +59,48 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+func TestCgroupOf(t *testing.T) {
+	v1 := "12:cpu,cpuacct:/wb-cloudhv/g1\n4:memory:/wb-cloudhv/g1\n1:name=systemd:/\n0::/\n"
+	for _, c := range []struct{ text, controller, want string }{
+		{v1, "cpuacct", "/wb-cloudhv/g1"},
+		{v1, "memory", "/wb-cloudhv/g1"},
+		{v1, "", "/"},
+		{"0::/wb-cloudhv/g2\n", "", "/wb-cloudhv/g2"},
+	} {
+		if got, ok := cgroupOf(c.text, c.controller); !ok || got != c.want {
+			t.Errorf("cgroupOf(%q, %q) = %q, %v; want %q", c.text, c.controller, got, ok, c.want)
+		}
+	}
+	if _, ok := cgroupOf("0::/x\n", "memory"); ok {
+		t.Error("found a memory hierarchy in a v2-only file")
+	}
+}
+
+// TestHotplugRAM: CH's ACPI memory hotplug as the fake applies it to its guest: growth in
+// 128 MiB DIMMs within boot size + hotplug_size; a shrink, or a VM without hotplug_size,
+// keeps the guest's memory.
+func TestHotplugRAM(t *testing.T) {
+	const mib = 1 << 20
+	vm := &vmInstance{bootRAM: 256 * mib, ram: 256 * mib, ramTop: 1024 * mib}
+	for _, c := range []struct {
+		desired, want int64
+		err           string
+	}{
+		{384 * mib, 384 * mib, ""},
+		{256 * mib, 0, ""}, // a shrink: nothing
+		{400 * mib, 0, "not a valid size"},
+		{1152 * mib, 0, "Not enough space in the hotplug RAM region"},
+		{1024 * mib, 1024 * mib, ""},
+	} {
+		got, aerr := vm.hotplugRAM(c.desired)
+		if got != c.want || (aerr == nil) != (c.err == "") || aerr != nil && !strings.Contains(aerr.Error(), c.err) {
+			t.Errorf("hotplugRAM(%d MiB) = %d, %v; want %d, %q", c.desired/mib, got, aerr, c.want, c.err)
+		}
+	}
+	fixed := &vmInstance{bootRAM: 256 * mib, ram: 256 * mib, ramTop: 256 * mib}
+	if got, aerr := fixed.hotplugRAM(512 * mib); got != 0 || aerr != nil {
+		t.Errorf("without hotplug_size: %d, %v; want the memory kept and no error", got, aerr)
+	}
 }

@@ -37,6 +37,10 @@ type Options struct {
 	Runc string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// NestCgroup puts the guest's cgroup below the VMM process's own, so that what the guest
+	// burns counts as the VMM's CPU and memory, as a real CH's guest (its vCPU threads) does.
+	// fakech sets it; in library use the VMM is the test process, whose cgroup is left alone.
+	NestCgroup bool
 }
 
 // VMM is one fake Cloud Hypervisor process: an API server and at most one VM.
@@ -45,10 +49,9 @@ type VMM struct {
 	log      *slog.Logger
 	checker  *chspec.Checker
 	events   *eventMonitor
-	drv      *oci.Driver
+	drv      *oci.Driver // made at the first boot (see guestDriver); guarded by mu
 	runc     string
 	runcRoot string
-	cgroup   string
 
 	badResponses atomic.Int64
 	exit         chan struct{} // closed when the VMM shuts down (vmm.shutdown, guest power-off)
@@ -85,13 +88,32 @@ func New(o Options) (*VMM, error) {
 		return nil, err
 	}
 	v := &VMM{opts: o, log: o.Logger.With("component", "fakech"), checker: checker, runc: o.Runc,
-		runcRoot: filepath.Join(o.StateDir, "runc"), cgroup: "/wb-fakech-" + randomID(), exit: make(chan struct{})}
-	v.drv, err = oci.New(oci.Options{Runtime: oci.RuntimeRunc, RuntimePath: o.Runc, StateRoot: v.runcRoot,
-		BundleRoot: filepath.Join(o.StateDir, "bundles"), CgroupParent: v.cgroup, Logger: v.log})
+		runcRoot: filepath.Join(o.StateDir, "runc"), exit: make(chan struct{})}
+	return v, nil
+}
+
+// guestDriver is the runc driver of the guest, made at the first boot: by then whoever
+// started the VMM has put it in its cgroup, below which a nesting VMM puts its guest's.
+// The caller holds v.mu.
+func (v *VMM) guestDriver() (*oci.Driver, error) {
+	if v.drv != nil {
+		return v.drv, nil
+	}
+	parent := "/wb-fakech-" + randomID()
+	if v.opts.NestCgroup {
+		own, err := nestCgroup(v.log)
+		if err != nil {
+			return nil, err
+		}
+		parent = strings.TrimSuffix(own, "/") + parent
+	}
+	drv, err := oci.New(oci.Options{Runtime: oci.RuntimeRunc, RuntimePath: v.runc, StateRoot: v.runcRoot,
+		BundleRoot: filepath.Join(v.opts.StateDir, "bundles"), CgroupParent: parent, Logger: v.log})
 	if err != nil {
 		return nil, fmt.Errorf("chvtest: %w", err)
 	}
-	return v, nil
+	v.drv = drv
+	return drv, nil
 }
 
 // Run serves one VMM until ctx ends or the VMM shuts down.
@@ -144,9 +166,13 @@ func (v *VMM) Serve(ctx context.Context) error {
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	v.shutdownGuest()
-	if err := v.drv.RemoveCgroupParent(); err != nil {
-		v.log.Debug("remove cgroup parent", "err", err)
+	v.mu.Lock()
+	if v.drv != nil {
+		if err := v.drv.RemoveCgroupParent(); err != nil {
+			v.log.Debug("remove cgroup parent", "err", err)
+		}
 	}
+	v.mu.Unlock()
 	v.events.close(5 * time.Second)
 	return nil
 }

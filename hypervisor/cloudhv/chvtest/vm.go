@@ -71,7 +71,8 @@ type vmConfigView struct {
 		MaxVcpus  int `json:"max_vcpus"`
 	} `json:"cpus"`
 	Memory *struct {
-		Size int64 `json:"size"`
+		Size        int64 `json:"size"`
+		HotplugSize int64 `json:"hotplug_size"`
 	} `json:"memory"`
 	Disks   []diskConfig `json:"disks"`
 	Net     []netConfig  `json:"net"`
@@ -181,13 +182,15 @@ func (c *vmConfig) validate() *apiError {
 
 // vmInstance is a booted VM (CH's VmOwnership::Owned).
 type vmInstance struct {
-	state   string
-	devices int // CH's device name counter (_disk0, _net1, ...), continued by hot-plugs
-	guest   *guest
-	vsock   *hybridVsock
-	mu      sync.Mutex // guards state for the vsock gate
-	changed chan struct{}
-	gone    bool
+	state string
+	// The guest's memory (bytes): at boot, now, and the end of its hotplug range.
+	bootRAM, ram, ramTop int64
+	devices              int // CH's device name counter (_disk0, _net1, ...), continued by hot-plugs
+	guest                *guest
+	vsock                *hybridVsock
+	mu                   sync.Mutex // guards state for the vsock gate
+	changed              chan struct{}
+	gone                 bool
 }
 
 func newInstance(g *guest) *vmInstance {
@@ -314,6 +317,9 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 	}
 	vm := newInstance(g)
 	vm.state = statePaused
+	if view.Memory != nil {
+		vm.bootRAM, vm.ram, vm.ramTop = view.Memory.Size, view.Memory.Size, view.Memory.Size+view.Memory.HotplugSize
+	}
 	vm.devices = devices
 	if view.Vsock != nil {
 		vm.vsock, err = listenVsock(view.Vsock.Socket, g.vsockDir(), vm.waitRunning, v.log)
@@ -633,7 +639,10 @@ func (v *VMM) apiResize(ctx context.Context, body []byte) apiResponse {
 			vcpus = *req.DesiredVcpus
 		}
 		if req.DesiredRAM != nil {
-			mem = *req.DesiredRAM
+			var aerr *apiError
+			if mem, aerr = v.vm.hotplugRAM(*req.DesiredRAM); aerr != nil {
+				return aerr.response()
+			}
 		}
 		if err := v.vm.guest.resize(ctx, vcpus, mem); err != nil {
 			return internal(actResize, err).response()
@@ -649,6 +658,28 @@ func (v *VMM) apiResize(ctx context.Context, body []byte) apiResponse {
 		v.events.emit("vm", "resized", nil)
 	}
 	return noContent()
+}
+
+// hotplugRAM is what CH's ACPI memory hotplug (memory_manager.rs resize) makes of
+// desired_ram on a booted VM: the guest's new memory, or 0 when it keeps what it has. A
+// shrink changes nothing (only a balloon takes memory back), nor does a VM booted without
+// hotplug_size; growth is one DIMM of a multiple of 128 MiB that must fit in the hotplug
+// range (boot size + hotplug_size). vm.resize updates the config's memory.size either way.
+func (vm *vmInstance) hotplugRAM(desired int64) (int64, *apiError) {
+	if desired <= vm.ram || vm.ramTop == vm.bootRAM {
+		return 0, nil
+	}
+	fail := func(msg string) *apiError {
+		return &apiError{status: http.StatusInternalServerError, chain: []string{actResize, "Memory manager error", msg}}
+	}
+	if (desired-vm.ram)%(128<<20) != 0 {
+		return 0, fail("The requested hotplug memory addition is not a valid size")
+	}
+	if desired > vm.ramTop {
+		return 0, fail("Not enough space in the hotplug RAM region")
+	}
+	vm.ram = desired
+	return desired, nil
 }
 
 // pciInfo is CH's PciDeviceInfo for a hot-plugged device.

@@ -151,6 +151,8 @@ func run(args []string) error {
 		StateDir:  stateDir,
 		Runc:      os.Getenv("WB_FAKECH_RUNC"),
 		Logger:    log,
+		// A process standing in for CH: its guest is accounted to it, as CH's vCPUs are.
+		NestCgroup: true,
 	})
 	if err != nil {
 		return err
