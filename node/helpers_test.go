@@ -160,11 +160,22 @@ func newStore(t testing.TB) (*store.Store, *redistest.Proc) {
 	return store.New(redisClient(t, p.Addr())), p
 }
 
-// newDriver returns a driver with its own state root, bundle root and cgroup parent under
-// base, whose guests are all stopped and deleted when the test ends, even on failure.
-func newDriver(t testing.TB, runtime, base string) *oci.Driver {
+// testDriver is what the tests need of a back end: the node's Driver, and what they look at
+// and clean up with. hypervisor/oci (runsc, runc) and hypervisor/cloudhv both are one.
+type testDriver interface {
+	hypervisor.Driver
+	hypervisor.MemorySnapshotter
+	List(ctx context.Context) ([]string, error)
+	CgroupPath(id string) string
+	RemoveCgroupParent() error
+}
+
+// newDriver returns a driver of backend ("runsc", "runc" or "cloudhv", the latter over the
+// fake VMM) with its own state under base and its own cgroup parent, whose guests are all
+// stopped and deleted when the test ends, even on failure.
+func newDriver(t testing.TB, backend, base string) testDriver {
 	t.Helper()
-	d := openDriver(t, runtime, base, "/wbnodetest-"+randHex(t, 4))
+	d := openDriver(t, backend, base, "/wbnodetest-"+randHex(t, 4))
 	t.Cleanup(func() {
 		reapAll(t, d)
 		if err := d.RemoveCgroupParent(); err != nil {
@@ -174,13 +185,18 @@ func newDriver(t testing.TB, runtime, base string) *oci.Driver {
 	return d
 }
 
-func openDriver(t testing.TB, runtime, base, cgroupParent string) *oci.Driver {
+// openDriver is a driver of backend on base's state and cgroupParent (a restarted node opens
+// a second on the first's).
+func openDriver(t testing.TB, backend, base, cgroupParent string) testDriver {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("the node tests need root: the OCI runtimes create cgroups and namespaces")
 	}
+	if backend == "cloudhv" {
+		return openCloudHVDriver(t, base, cgroupParent)
+	}
 	d, err := oci.New(oci.Options{
-		Runtime:      runtime,
+		Runtime:      backend,
 		StateRoot:    filepath.Join(base, "state"),
 		BundleRoot:   filepath.Join(base, "bundles"),
 		CgroupParent: cgroupParent,
@@ -193,19 +209,24 @@ func openDriver(t testing.TB, runtime, base, cgroupParent string) *oci.Driver {
 	return d
 }
 
-// stateRoots maps each test driver to its runtime's --root, for diagnostics.
+// stateRoots maps each OCI test driver to its runtime's --root, for diagnostics.
 var stateRoots sync.Map
 
-// runtimeState is the runtime's own view of guest id (`<runtime> --root R state id`): its
-// status ("running", "stopped", …) and a printable description. The driver's Info cannot
-// serve here: it answers not-found once the guest's bundle is gone, running or not.
-func runtimeState(d *oci.Driver, id string) (status, desc string) {
-	root, ok := stateRoots.Load(d)
-	if !ok {
-		return "", "?"
-	}
+// runtimeState is the back end's own view of guest id: its status ("running", "stopped", …)
+// and a printable description. For an OCI runtime it is `<runtime> --root R state id`: the
+// driver's Info cannot serve there, it answers not-found once the guest's bundle is gone,
+// running or not. A cloudhv guest is its VMM, which Info asks.
+func runtimeState(d testDriver, id string) (status, desc string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	root, ok := stateRoots.Load(d)
+	if !ok {
+		info, err := d.Info(ctx, id)
+		if err != nil {
+			return "", err.Error()
+		}
+		return string(info.State), fmt.Sprintf("%s (VMM pid %d)", info.State, info.Pid)
+	}
 	out, err := exec.CommandContext(ctx, d.Name(), "--root", root.(string), "state", id).CombinedOutput()
 	var st struct {
 		Status string `json:"status"`
@@ -218,8 +239,8 @@ func runtimeState(d *oci.Driver, id string) (status, desc string) {
 }
 
 // reapAll stops and deletes every guest d knows.
-func reapAll(t testing.TB, d *oci.Driver) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+func reapAll(t testing.TB, d testDriver) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ids, err := d.List(ctx)
 	if err != nil {
@@ -239,20 +260,36 @@ func reapAll(t testing.TB, d *oci.Driver) {
 // timedDriver logs how long the node's teardown calls take: they sit between a timer's
 // deadline and the session's terminal state.
 type timedDriver struct {
-	*oci.Driver
+	testDriver
 	log *slog.Logger
+}
+
+// timedDialer is a timedDriver over a driver whose guests' agents are reached through it:
+// the node type-asserts hypervisor.AgentDialer, which an embedded testDriver would hide.
+type timedDialer struct {
+	timedDriver
+	hypervisor.AgentDialer
+}
+
+// timed wraps d in a timedDriver that keeps the optional interfaces the node looks for.
+func timed(d testDriver, log *slog.Logger) hypervisor.Driver {
+	td := timedDriver{d, log}
+	if ad, ok := d.(hypervisor.AgentDialer); ok {
+		return timedDialer{td, ad}
+	}
+	return td
 }
 
 func (d timedDriver) Stop(ctx context.Context, id string) error {
 	t0 := time.Now()
-	err := d.Driver.Stop(ctx, id)
+	err := d.testDriver.Stop(ctx, id)
 	d.log.Info("test: driver Stop", "guest", id, "took", time.Since(t0), "err", err)
 	return err
 }
 
 func (d timedDriver) Delete(ctx context.Context, id string) error {
 	t0 := time.Now()
-	err := d.Driver.Delete(ctx, id)
+	err := d.testDriver.Delete(ctx, id)
 	d.log.Info("test: driver Delete", "guest", id, "took", time.Since(t0), "err", err)
 	return err
 }
@@ -260,7 +297,7 @@ func (d timedDriver) Delete(ctx context.Context, id string) error {
 // nodeConfig is a node of the test's: fast ticks, a 1 s usage flush, and tiers whose cold
 // start is allowed 20 s (a provision deadline of 60 s): the default 3 s (9 s) is for a
 // production host, not for a 2-core machine booting the tests' many guests at once.
-func nodeConfig(t testing.TB, st *store.Store, d *oci.Driver, dataDir, id string) node.Config {
+func nodeConfig(t testing.TB, st *store.Store, d testDriver, dataDir, id string) node.Config {
 	log := testLogger(t)
 	tiers := session.DefaultTiers()
 	for i := range tiers {
@@ -268,7 +305,7 @@ func nodeConfig(t testing.TB, st *store.Store, d *oci.Driver, dataDir, id string
 	}
 	return node.Config{
 		Tiers: tiers,
-		Store: st, Driver: timedDriver{d, log}, Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
+		Store: st, Driver: timed(d, log), Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
 		Info: store.NodeInfo{ID: id, Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a",
 			Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
 		Tick: tick, Flush: time.Second, Heartbeat: time.Second,
@@ -514,7 +551,7 @@ func execIn(ctx context.Context, n *node.Node, s *session.Session, cmd string) (
 }
 
 // guestGone checks that the runtime no longer has guest id at all: torn down and deleted.
-func guestGone(t testing.TB, d *oci.Driver, id string) error {
+func guestGone(t testing.TB, d testDriver, id string) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -530,7 +567,7 @@ func guestGone(t testing.TB, d *oci.Driver, id string) error {
 }
 
 // guestStopped checks that guest id no longer runs: deleted, or stopped.
-func guestStopped(t testing.TB, d *oci.Driver, id string) error {
+func guestStopped(t testing.TB, d testDriver, id string) error {
 	t.Helper()
 	if guestGone(t, d, id) == nil {
 		return nil
@@ -542,7 +579,7 @@ func guestStopped(t testing.TB, d *oci.Driver, id string) error {
 }
 
 // waitGuestGone polls guestGone until timeout.
-func waitGuestGone(t testing.TB, d *oci.Driver, id string, timeout time.Duration) error {
+func waitGuestGone(t testing.TB, d testDriver, id string, timeout time.Duration) error {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
