@@ -15,15 +15,21 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv"
+	"wb/hypervisor/cloudhv/image"
+	"wb/hypervisor/templates"
 	"wb/session"
 	"wb/store"
 )
 
-// fakeCH is the fake Cloud Hypervisor's command (chvtest/fakech), built once per test binary.
+// fakeCH is the fake Cloud Hypervisor's command (chvtest/fakech), built once per test binary,
+// and the rootfs image cache every cloudhv test driver shares: made there once, tpl_base's
+// image saves each test its own mkfs (at once, a dozen of them starve the machine).
 var fakeCH struct {
-	once sync.Once
-	path string
-	err  error
+	once  sync.Once
+	dir   string // removed by TestMain
+	path  string
+	cache string
+	err   error
 }
 
 // fakeCHPath builds the fake VMM once per test binary and answers its path.
@@ -35,12 +41,20 @@ func fakeCHPath(t testing.TB) string {
 			fakeCH.err = err
 			return
 		}
+		fakeCH.dir = dir
 		_ = os.Chmod(dir, 0o755)
 		fakeCH.path = filepath.Join(dir, "fakech")
 		out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", fakeCH.path, "wb/hypervisor/cloudhv/chvtest/fakech").CombinedOutput()
 		if err != nil {
 			fakeCH.err = err
 			fakeCH.path = string(out)
+			return
+		}
+		fakeCH.cache = filepath.Join(dir, "cache")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if _, err := image.RootFSImage(ctx, fakeCH.cache, catalog[templates.Base].RootFS, wbBin); err != nil {
+			fakeCH.err, fakeCH.path = err, "the rootfs image of "+templates.Base
 		}
 	})
 	if fakeCH.err != nil {
@@ -58,7 +72,7 @@ func openCloudHVDriver(t testing.TB, base, cgroupParent string) *cloudhv.Driver 
 		t.Fatal(err)
 	}
 	d, err := cloudhv.New(context.Background(), cloudhv.Options{Binary: bin, Kernel: kernel,
-		StateDir: filepath.Join(base, "ch"), CacheDir: filepath.Join(base, "chcache"),
+		StateDir: filepath.Join(base, "ch"), CacheDir: fakeCH.cache,
 		CgroupParent: cgroupParent, Logger: testLogger(t)}) // the fake checks every request and answer against the API document
 	if err != nil {
 		t.Fatal(err)

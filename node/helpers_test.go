@@ -79,6 +79,11 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "node tests: templates:", err)
 		return 1
 	}
+	defer func() {
+		if fakeCH.dir != "" {
+			os.RemoveAll(fakeCH.dir)
+		}
+	}()
 	return m.Run()
 }
 
