@@ -25,6 +25,16 @@ type oomView struct {
 	Pvpanic bool `json:"pvpanic"`
 }
 
+// oomViewOf reads cfg for watchOOM; the caller holds what guards cfg (the VMM's lock: a
+// resize changes the config).
+func oomViewOf(cfg *vmConfig) oomView {
+	var view oomView
+	if b, err := json.Marshal(cfg.raw); err == nil {
+		_ = json.Unmarshal(b, &view)
+	}
+	return view
+}
+
 // panicsOnOOM reports whether the command line sets sysctl.vm.panic_on_oom (1 or 2): the
 // fake's guest is one memory cgroup, so an OOM in it is the whole VM's.
 func panicsOnOOM(cmdline string) bool {
@@ -43,9 +53,8 @@ func panicsOnOOM(cmdline string) bool {
 // it (doc.go): the panic line on the console, guest/panic through pvpanic, and a hung VM (the
 // guest frozen, the VM left Running). Without panic_on_oom an OOM kill stays inside the guest,
 // as in a VM: the kernel kills a process and the host sees nothing.
-func (v *VMM) watchOOM(vm *vmInstance, cfg *vmConfig) {
-	var view oomView
-	if b, err := json.Marshal(cfg.raw); err != nil || json.Unmarshal(b, &view) != nil || !panicsOnOOM(view.Payload.Cmdline) {
+func (v *VMM) watchOOM(vm *vmInstance, view oomView) {
+	if !panicsOnOOM(view.Payload.Cmdline) {
 		return
 	}
 	ctx := context.Background() // the channel closes when the guest is gone
