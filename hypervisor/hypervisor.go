@@ -171,6 +171,12 @@ type Resizer interface {
 	Resize(ctx context.Context, id string, vcpu, memoryMiB int) error
 }
 
+// MemorySnapshotter is a Driver that says whether its Snapshot can save a guest's memory
+// (runsc's checkpoint, a VM's snapshot); a Driver that is not one saves the writable layer only.
+type MemorySnapshotter interface {
+	MemorySnapshots() bool
+}
+
 // ErrNotFound is returned for a guest the driver does not know.
 var ErrNotFound = errors.New("hypervisor: guest not found")
 

@@ -11,11 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"wb/agent"
 	"wb/node/nodeapi"
 	"wb/session"
 )
@@ -215,8 +213,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	l.mu.Lock()
 	proxy := l.proxy
 	if proxy == nil {
-		sock := filepath.Join(n.guestDir(l.g.GuestID), "agent", "agent.sock")
-		proxy = agentProxy(sock)
+		proxy = agentProxy(n.agentDial(l.g.GuestID))
 		l.proxy = proxy
 	}
 	l.mu.Unlock()
@@ -244,12 +241,12 @@ func runtimeRefusal(err error) *nodeapi.Error {
 	return &nodeapi.Error{Status: 403, Code: nodeapi.CodePolicyError, Message: err.Error()}
 }
 
-// agentProxy forwards /v1/sessions/{id}/agent/<rest> to /<rest> on the agent's socket, streaming
-// (exec output is flushed as it comes) and upgrading to WebSocket for the PTY.
-func agentProxy(sock string) *httputil.ReverseProxy {
+// agentProxy forwards /v1/sessions/{id}/agent/<rest> to /<rest> on the agent's connection
+// (dial), streaming (exec output is flushed as it comes) and upgrading to WebSocket for the PTY.
+func agentProxy(dial func(context.Context) (net.Conn, error)) *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return agent.DialSocket(ctx, sock)
+			return dial(ctx)
 		},
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,

@@ -31,9 +31,18 @@ func wantNodeError(t *testing.T, what string, err error, status int, code, param
 // what it cannot apply.
 func TestAPIThroughClient(t *testing.T) {
 	t.Parallel()
+	for _, rt := range []string{"runc", "cloudhv"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testAPIThroughClient(t, rt)
+		})
+	}
+}
+
+func testAPIThroughClient(t *testing.T, rt string) {
 	const project, token = "proj_api", "tok_api"
 	st, _ := newStore(t)
-	d := newDriver(t, "runc", tempDir(t))
+	d := newDriver(t, rt, tempDir(t))
 	var offset atomic.Int64
 	cfg := nodeConfig(t, st, d, tempDir(t), "node_api")
 	cfg.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }

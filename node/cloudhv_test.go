@@ -15,65 +15,64 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv"
+	"wb/hypervisor/cloudhv/image"
+	"wb/hypervisor/templates"
 	"wb/session"
 	"wb/store"
 )
 
-// fakeCH is the fake Cloud Hypervisor's command (chvtest/fakech), built once per test binary.
+// fakeCH is the fake Cloud Hypervisor's command (chvtest/fakech), built once per test binary,
+// and the rootfs image cache every cloudhv test driver shares: made there once, tpl_base's
+// image saves each test its own mkfs (at once, a dozen of them starve the machine).
 var fakeCH struct {
-	once sync.Once
-	path string
-	err  error
+	once  sync.Once
+	dir   string // removed by TestMain
+	path  string
+	cache string
+	err   error
 }
 
-// newCloudHVDriver returns a cloudhv driver over the fake VMM with its own state dir and
-// cgroup parent under base, whose guests are all deleted when the test ends.
-func newCloudHVDriver(t testing.TB, base string) *cloudhv.Driver {
+// fakeCHPath builds the fake VMM once per test binary and answers its path.
+func fakeCHPath(t testing.TB) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("the node tests need root")
-	}
 	fakeCH.once.Do(func() {
 		dir, err := os.MkdirTemp("", "wbn-fakech-")
 		if err != nil {
 			fakeCH.err = err
 			return
 		}
+		fakeCH.dir = dir
 		_ = os.Chmod(dir, 0o755)
 		fakeCH.path = filepath.Join(dir, "fakech")
 		out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", fakeCH.path, "wb/hypervisor/cloudhv/chvtest/fakech").CombinedOutput()
 		if err != nil {
 			fakeCH.err = err
 			fakeCH.path = string(out)
+			return
+		}
+		fakeCH.cache = filepath.Join(dir, "cache")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if _, err := image.RootFSImage(ctx, fakeCH.cache, catalog[templates.Base].RootFS, wbBin); err != nil {
+			fakeCH.err, fakeCH.path = err, "the rootfs image of "+templates.Base
 		}
 	})
 	if fakeCH.err != nil {
 		t.Fatalf("build fakech: %v\n%s", fakeCH.err, fakeCH.path)
 	}
-	d := openCloudHVDriver(t, base, "/wbnodetest-ch-"+randHex(t, 4))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		ids, _ := d.List(ctx)
-		for _, id := range ids {
-			if err := d.Delete(ctx, id); err != nil {
-				t.Logf("cleanup: delete %s: %v", id, err)
-			}
-		}
-		_ = d.RemoveCgroupParent()
-	})
-	return d
+	return fakeCH.path
 }
 
-// openCloudHVDriver is a cloudhv driver on base's state dir (a restarted node opens a second).
+// openCloudHVDriver is a cloudhv driver over the fake VMM on base's state dir.
 func openCloudHVDriver(t testing.TB, base, cgroupParent string) *cloudhv.Driver {
 	t.Helper()
+	bin := fakeCHPath(t)
 	kernel := filepath.Join(base, "vmlinuz")
 	if err := os.WriteFile(kernel, []byte("the fake VMM loads no kernel"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := cloudhv.New(context.Background(), cloudhv.Options{Binary: fakeCH.path, Kernel: kernel,
-		StateDir: filepath.Join(base, "ch"), CacheDir: filepath.Join(base, "chcache"),
+	d, err := cloudhv.New(context.Background(), cloudhv.Options{Binary: bin, Kernel: kernel,
+		StateDir: filepath.Join(base, "ch"), CacheDir: fakeCH.cache,
 		CgroupParent: cgroupParent, Logger: testLogger(t)}) // the fake checks every request and answer against the API document
 	if err != nil {
 		t.Fatal(err)
@@ -89,10 +88,8 @@ func TestCloudHVNodeRestart(t *testing.T) {
 	const project = "proj_chv_restart"
 	st, _ := newStore(t)
 	base, dataDir := tempDir(t), tempDir(t)
-	d := newCloudHVDriver(t, base)
-	cfg := nodeConfig(t, st, nil, dataDir, "node_chv_restart")
-	cfg.Driver = d
-	a := startNode(t, cfg)
+	d := newDriver(t, "cloudhv", base)
+	a := startNode(t, nodeConfig(t, st, d, dataDir, "node_chv_restart"))
 	s := provision(t, st, a.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
 	ctx := ctxT(t, 5*time.Minute)
 	if res, err := execIn(ctx, a.Node, s, "echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
@@ -103,12 +100,11 @@ func TestCloudHVNodeRestart(t *testing.T) {
 	if err != nil || info.State != hypervisor.StateRunning {
 		t.Fatalf("after the node stopped its guest is %+v (%v), want running", info, err)
 	}
-	d2 := openCloudHVDriver(t, base, strings.TrimSuffix(d.CgroupPath(""), "/"))
+	d2 := openDriver(t, "cloudhv", base, strings.TrimSuffix(d.CgroupPath(""), "/"))
 	if info, err := d2.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
 		t.Fatalf("the new driver sees the guest %+v (%v), want running", info, err)
 	}
-	cfg2 := nodeConfig(t, st, nil, dataDir, "node_chv_restart")
-	cfg2.Driver = d2
+	cfg2 := nodeConfig(t, st, d2, dataDir, "node_chv_restart")
 	restarted := time.Now()
 	b := startNode(t, cfg2)
 	// startNode returns on the first node's registration; the new node heartbeats only once
@@ -131,69 +127,4 @@ func TestCloudHVNodeRestart(t *testing.T) {
 	}
 	end, _ := waitState(t, st, project, s.ID, time.Minute, session.Stopped, session.Failed, session.Expired)
 	checkEnded(t, end, session.Failed, session.GuestCrash)
-}
-
-// TestCloudHVSession runs a session's lifecycle on a node whose back end is the cloudhv
-// driver over the fake VMM: provision (the agent reached over hybrid vsock), exec, pause,
-// resume, a disk snapshot, and a new session restored from it holding the file.
-func TestCloudHVSession(t *testing.T) {
-	t.Parallel()
-	const project = "proj_chv"
-	st, _ := newStore(t)
-	d := newCloudHVDriver(t, tempDir(t))
-	cfg := nodeConfig(t, st, nil, tempDir(t), "node_chv")
-	cfg.Driver = d // not wrapped: the node must see its AgentDialer
-	n := startNode(t, cfg)
-	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
-	ctx := ctxT(t, 5*time.Minute)
-	if res, err := execIn(ctx, n.Node, s, "echo kept > /workspace/f && cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
-		t.Fatalf("exec: %+v, %v", res, err)
-	}
-	if err := n.Pause(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StatePaused {
-		t.Fatalf("after the node's pause: %+v, %v", info, err)
-	}
-	if err := n.Resume(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := execIn(ctx, n.Node, s, "cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
-		t.Fatalf("exec after resume: %+v, %v", res, err)
-	}
-	snapID := session.NewID("snap_", time.Now())
-	if mem, size, err := n.Snapshot(ctx, s, snapID, true); err != nil || mem || size <= 0 {
-		t.Fatalf("snapshot: memory %v size %d err %v", mem, size, err)
-	}
-	if res, err := execIn(ctx, n.Node, s, "echo after > /workspace/g"); err != nil || res.ExitCode != 0 {
-		t.Fatalf("exec after the snapshot: %+v, %v", res, err)
-	}
-
-	restored := restoredSession(t, st, project, n.Info.ID, snapID)
-	if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, restored); err != nil {
-		t.Fatalf("provision from the snapshot: %v", err)
-	}
-	if res, err := execIn(ctx, n.Node, restored, "cat /workspace/f; ls /workspace"); err != nil || res.Stdout != "kept\nf\n" {
-		t.Fatalf("the restored session's /workspace: %+v, %v", res, err)
-	}
-}
-
-// restoredSession writes a session placed on nodeID that restores snapID.
-func restoredSession(t testing.TB, st *store.Store, project, nodeID, snapID string) *session.Session {
-	t.Helper()
-	tpl := catalog["tpl_base"]
-	now := time.Now()
-	s := &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending, ProjectID: project,
-		Template: tpl.Name + "@" + tpl.Digest, Region: "local", CreatedAt: *session.At(now), IdleTimeoutS: 600, MaxLifetimeS: 1200,
-		Resources: small(), RestoreFrom: &snapID}
-	ctx := ctxT(t, 10*time.Second)
-	if _, err := st.Create(ctx, s, 10); err != nil {
-		t.Fatal(err)
-	}
-	out, err := st.Transition(ctx, store.Change{Project: project, ID: s.ID, From: session.Pending,
-		To: session.Provisioning, Driver: session.Placer, Zone: "local-a", NodeID: nodeID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }

@@ -225,11 +225,12 @@ func deleteSession(t *testing.T, st *store.Store, n *node.Node, project, id stri
 }
 
 // TestGuestCrash: a guest that kills its own init (the agent) dies by its own doing while its
-// host works: the session fails with guest_crash, never host_failure, under runsc and runc.
+// host works: the session fails with guest_crash, never host_failure, under runsc and runc
+// and in a cloudhv VM.
 func TestGuestCrash(t *testing.T) {
 	t.Parallel()
 	st, _ := newStore(t)
-	for _, rt := range []string{"runsc", "runc"} {
+	for _, rt := range []string{"runsc", "runc", "cloudhv"} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
 			project := "proj_crash_" + rt

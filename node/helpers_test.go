@@ -81,6 +81,11 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "node tests: templates:", err)
 		return 1
 	}
+	defer func() {
+		if fakeCH.dir != "" {
+			os.RemoveAll(fakeCH.dir)
+		}
+	}()
 	return m.Run()
 }
 
@@ -162,11 +167,22 @@ func newStore(t testing.TB) (*store.Store, *redistest.Proc) {
 	return store.New(redisClient(t, p.Addr())), p
 }
 
-// newDriver returns a driver with its own state root, bundle root and cgroup parent under
-// base, whose guests are all stopped and deleted when the test ends, even on failure.
-func newDriver(t testing.TB, runtime, base string) *oci.Driver {
+// testDriver is what the tests need of a back end: the node's Driver, and what they look at
+// and clean up with. hypervisor/oci (runsc, runc) and hypervisor/cloudhv both are one.
+type testDriver interface {
+	hypervisor.Driver
+	hypervisor.MemorySnapshotter
+	List(ctx context.Context) ([]string, error)
+	CgroupPath(id string) string
+	RemoveCgroupParent() error
+}
+
+// newDriver returns a driver of backend ("runsc", "runc" or "cloudhv", the latter over the
+// fake VMM) with its own state under base and its own cgroup parent, whose guests are all
+// stopped and deleted when the test ends, even on failure.
+func newDriver(t testing.TB, backend, base string) testDriver {
 	t.Helper()
-	d := openDriver(t, runtime, base, "/wbnodetest-"+randHex(t, 4))
+	d := openDriver(t, backend, base, "/wbnodetest-"+randHex(t, 4))
 	t.Cleanup(func() {
 		reapAll(t, d)
 		if err := d.RemoveCgroupParent(); err != nil {
@@ -176,13 +192,18 @@ func newDriver(t testing.TB, runtime, base string) *oci.Driver {
 	return d
 }
 
-func openDriver(t testing.TB, runtime, base, cgroupParent string) *oci.Driver {
+// openDriver is a driver of backend on base's state and cgroupParent (a restarted node opens
+// a second on the first's).
+func openDriver(t testing.TB, backend, base, cgroupParent string) testDriver {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("the node tests need root: the OCI runtimes create cgroups and namespaces")
 	}
+	if backend == "cloudhv" {
+		return openCloudHVDriver(t, base, cgroupParent)
+	}
 	d, err := oci.New(oci.Options{
-		Runtime:      runtime,
+		Runtime:      backend,
 		StateRoot:    filepath.Join(base, "state"),
 		BundleRoot:   filepath.Join(base, "bundles"),
 		CgroupParent: cgroupParent,
@@ -195,19 +216,24 @@ func openDriver(t testing.TB, runtime, base, cgroupParent string) *oci.Driver {
 	return d
 }
 
-// stateRoots maps each test driver to its runtime's --root, for diagnostics.
+// stateRoots maps each OCI test driver to its runtime's --root, for diagnostics.
 var stateRoots sync.Map
 
-// runtimeState is the runtime's own view of guest id (`<runtime> --root R state id`): its
-// status ("running", "stopped", …) and a printable description. The driver's Info cannot
-// serve here: it answers not-found once the guest's bundle is gone, running or not.
-func runtimeState(d *oci.Driver, id string) (status, desc string) {
-	root, ok := stateRoots.Load(d)
-	if !ok {
-		return "", "?"
-	}
+// runtimeState is the back end's own view of guest id: its status ("running", "stopped", …)
+// and a printable description. For an OCI runtime it is `<runtime> --root R state id`: the
+// driver's Info cannot serve there, it answers not-found once the guest's bundle is gone,
+// running or not. A cloudhv guest is its VMM, which Info asks.
+func runtimeState(d testDriver, id string) (status, desc string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	root, ok := stateRoots.Load(d)
+	if !ok {
+		info, err := d.Info(ctx, id)
+		if err != nil {
+			return "", err.Error()
+		}
+		return string(info.State), fmt.Sprintf("%s (VMM pid %d)", info.State, info.Pid)
+	}
 	out, err := exec.CommandContext(ctx, d.Name(), "--root", root.(string), "state", id).CombinedOutput()
 	var st struct {
 		Status string `json:"status"`
@@ -220,8 +246,8 @@ func runtimeState(d *oci.Driver, id string) (status, desc string) {
 }
 
 // reapAll stops and deletes every guest d knows.
-func reapAll(t testing.TB, d *oci.Driver) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+func reapAll(t testing.TB, d testDriver) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ids, err := d.List(ctx)
 	if err != nil {
@@ -241,36 +267,95 @@ func reapAll(t testing.TB, d *oci.Driver) {
 // timedDriver logs how long the node's teardown calls take: they sit between a timer's
 // deadline and the session's terminal state.
 type timedDriver struct {
-	*oci.Driver
+	testDriver
 	log *slog.Logger
+}
+
+// timedDialer is a timedDriver over a driver whose guests' agents are reached through it:
+// the node type-asserts hypervisor.AgentDialer, which an embedded testDriver would hide.
+type timedDialer struct {
+	timedDriver
+	hypervisor.AgentDialer
+}
+
+// chvStarts bounds the cloudhv guests being made at once across the test binary: each is a
+// disk image, a VMM and a runc guest, and a dozen made together starve the timer tests.
+var chvStarts = make(chan struct{}, 2)
+
+func (d timedDriver) Create(ctx context.Context, s hypervisor.Spec) error {
+	if err := d.startSlot(ctx); err != nil {
+		return err
+	}
+	defer d.endSlot()
+	return d.testDriver.Create(ctx, s)
+}
+
+func (d timedDriver) Restore(ctx context.Context, s hypervisor.Spec, dir string) error {
+	if err := d.startSlot(ctx); err != nil {
+		return err
+	}
+	defer d.endSlot()
+	return d.testDriver.Restore(ctx, s, dir)
+}
+
+func (d timedDriver) startSlot(ctx context.Context) error {
+	if d.Name() != "cloudhv" {
+		return nil
+	}
+	select {
+	case chvStarts <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d timedDriver) endSlot() {
+	if d.Name() == "cloudhv" {
+		<-chvStarts
+	}
+}
+
+// timed wraps d in a timedDriver that keeps the optional interfaces the node looks for.
+func timed(d testDriver, log *slog.Logger) hypervisor.Driver {
+	td := timedDriver{d, log}
+	if ad, ok := d.(hypervisor.AgentDialer); ok {
+		return timedDialer{td, ad}
+	}
+	return td
 }
 
 func (d timedDriver) Stop(ctx context.Context, id string) error {
 	t0 := time.Now()
-	err := d.Driver.Stop(ctx, id)
+	err := d.testDriver.Stop(ctx, id)
 	d.log.Info("test: driver Stop", "guest", id, "took", time.Since(t0), "err", err)
 	return err
 }
 
 func (d timedDriver) Delete(ctx context.Context, id string) error {
 	t0 := time.Now()
-	err := d.Driver.Delete(ctx, id)
+	err := d.testDriver.Delete(ctx, id)
 	d.log.Info("test: driver Delete", "guest", id, "took", time.Since(t0), "err", err)
 	return err
 }
 
 // nodeConfig is a node of the test's: fast ticks, a 1 s usage flush, and tiers whose cold
 // start is allowed 20 s (a provision deadline of 60 s): the default 3 s (9 s) is for a
-// production host, not for a 2-core machine booting the tests' many guests at once.
-func nodeConfig(t testing.TB, st *store.Store, d *oci.Driver, dataDir, id string) node.Config {
+// production host, not for a 2-core machine booting the tests' many guests at once. A cloudhv
+// guest is allowed a minute (see chvStarts).
+func nodeConfig(t testing.TB, st *store.Store, d testDriver, dataDir, id string) node.Config {
 	log := testLogger(t)
 	tiers := session.DefaultTiers()
+	cold := 20 * time.Second
+	if d != nil && d.Name() == "cloudhv" {
+		cold = time.Minute // a VMM, two disk images and a runc guest, queued behind chvStarts
+	}
 	for i := range tiers {
-		tiers[i].ColdP95 = max(tiers[i].ColdP95, 20*time.Second)
+		tiers[i].ColdP95 = max(tiers[i].ColdP95, cold)
 	}
 	return node.Config{
 		Tiers: tiers,
-		Store: st, Driver: timedDriver{d, log}, Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
+		Store: st, Driver: timed(d, log), Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
 		Info: store.NodeInfo{ID: id, Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a",
 			Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
 		Tick: tick, Flush: time.Second, Heartbeat: time.Second,
@@ -518,7 +603,7 @@ func execIn(ctx context.Context, n *node.Node, s *session.Session, cmd string) (
 }
 
 // guestGone checks that the runtime no longer has guest id at all: torn down and deleted.
-func guestGone(t testing.TB, d *oci.Driver, id string) error {
+func guestGone(t testing.TB, d testDriver, id string) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -534,7 +619,7 @@ func guestGone(t testing.TB, d *oci.Driver, id string) error {
 }
 
 // guestStopped checks that guest id no longer runs: deleted, or stopped.
-func guestStopped(t testing.TB, d *oci.Driver, id string) error {
+func guestStopped(t testing.TB, d testDriver, id string) error {
 	t.Helper()
 	if guestGone(t, d, id) == nil {
 		return nil
@@ -546,7 +631,7 @@ func guestStopped(t testing.TB, d *oci.Driver, id string) error {
 }
 
 // waitGuestGone polls guestGone until timeout.
-func waitGuestGone(t testing.TB, d *oci.Driver, id string, timeout time.Duration) error {
+func waitGuestGone(t testing.TB, d testDriver, id string, timeout time.Duration) error {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {

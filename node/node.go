@@ -274,6 +274,16 @@ func (n *Node) spec(guestID string, tpl templates.Template, res session.Resource
 	}
 }
 
+// agentDial is how the node's agent proxy reaches guest guestID's agent: through the driver
+// (a VM's agent, on vsock), else on the socket in the guest's agent dir.
+func (n *Node) agentDial(guestID string) func(context.Context) (net.Conn, error) {
+	if d, ok := n.Driver.(hypervisor.AgentDialer); ok {
+		return func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, guestID) }
+	}
+	sock := filepath.Join(n.guestDir(guestID), "agent", "agent.sock")
+	return func(ctx context.Context) (net.Conn, error) { return agent.DialSocket(ctx, sock) }
+}
+
 func (n *Node) agentFor(guestID string) *agent.Client {
 	if d, ok := n.Driver.(hypervisor.AgentDialer); ok {
 		return agent.NewDialClient(func(ctx context.Context) (net.Conn, error) { return d.DialAgent(ctx, guestID) })

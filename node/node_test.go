@@ -19,15 +19,25 @@ import (
 
 // TestIdleTimeout: a running session nobody uses gets its idle warning at 80 % of
 // idle_timeout_s and is stopped (idle_timeout) at the deadline; activity before the deadline
-// pushes the deadline back and re-arms the warning. Every subtest has a node of its own.
+// pushes the deadline back and re-arms the warning. Every subtest has a node of its own, on
+// runsc and on cloudhv.
 func TestIdleTimeout(t *testing.T) {
 	t.Parallel()
+	for _, rt := range []string{"runsc", "cloudhv"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testIdleTimeout(t, rt)
+		})
+	}
+}
+
+func testIdleTimeout(t *testing.T, rt string) {
 
 	t.Run("no activity", func(t *testing.T) {
 		t.Parallel()
 		const project = "proj_idle"
 		st, _ := newStore(t)
-		d := newDriver(t, "runsc", tempDir(t))
+		d := newDriver(t, rt, tempDir(t))
 		n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_idle"))
 		s := provision(t, st, n.Node, project, sessionOpts{idleS: 30, lifeS: 600})
 		started := s.StartedAt.Time
@@ -59,7 +69,7 @@ func TestIdleTimeout(t *testing.T) {
 		t.Parallel()
 		const project = "proj_idle_act"
 		st, _ := newStore(t)
-		d := newDriver(t, "runsc", tempDir(t))
+		d := newDriver(t, rt, tempDir(t))
 		n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_idle_act"))
 		s := provision(t, st, n.Node, project, sessionOpts{idleS: 30, lifeS: 600})
 		started := s.StartedAt.Time
@@ -104,7 +114,7 @@ func TestIdleTimeout(t *testing.T) {
 		t.Parallel()
 		const project = "proj_idle_three"
 		st, _ := newStore(t)
-		d := newDriver(t, "runsc", tempDir(t))
+		d := newDriver(t, rt, tempDir(t))
 		n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_idle_three"))
 		ss := make([]*session.Session, 3)
 		for i := range ss {
@@ -142,9 +152,18 @@ func TestIdleTimeout(t *testing.T) {
 // max_lifetime_s and expires (max_lifetime) at started_at + max_lifetime_s.
 func TestMaxLifetime(t *testing.T) {
 	t.Parallel()
+	for _, rt := range []string{"runsc", "cloudhv"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testMaxLifetime(t, rt)
+		})
+	}
+}
+
+func testMaxLifetime(t *testing.T, rt string) {
 	const project = "proj_life"
 	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
+	d := newDriver(t, rt, tempDir(t))
 	n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_life"))
 	s := provision(t, st, n.Node, project, sessionOpts{idleS: 30, lifeS: 60})
 	started := s.StartedAt.Time
@@ -212,9 +231,18 @@ func TestMaxLifetime(t *testing.T) {
 // start_failure and releases its slot.
 func TestStartFailure(t *testing.T) {
 	t.Parallel()
+	for _, rt := range []string{"runsc", "cloudhv"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testStartFailure(t, rt)
+		})
+	}
+}
+
+func testStartFailure(t *testing.T, rt string) {
 	const project = "proj_startfail"
 	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
+	d := newDriver(t, rt, tempDir(t))
 	n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_startfail"))
 	s := placed(t, st, project, n.Info.ID, sessionOpts{idleS: 30, lifeS: 60,
 		template: templates.Base + "@sha256:0000000000000000000000000000000000000000000000000000000000000000"})
@@ -257,19 +285,21 @@ func checkSlots(t testing.TB, st *store.Store, project string) {
 // happened. With one session, and with three (the node's loop serves them all).
 func TestRedisOutage(t *testing.T) {
 	t.Parallel()
-	for _, k := range []int{1, 3} {
-		t.Run(fmt.Sprintf("%d sessions", k), func(t *testing.T) {
-			t.Parallel()
-			testRedisOutage(t, k)
-		})
+	for _, rt := range []string{"runsc", "cloudhv"} {
+		for _, k := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s/%d sessions", rt, k), func(t *testing.T) {
+				t.Parallel()
+				testRedisOutage(t, rt, k)
+			})
+		}
 	}
 }
 
-func testRedisOutage(t *testing.T, k int) {
+func testRedisOutage(t *testing.T, rt string, k int) {
 	project := fmt.Sprintf("proj_outage_%d", k)
 	r := redistest.StartDurableProc(t)
 	st := store.New(redisClient(t, r.Addr()))
-	d := newDriver(t, "runsc", tempDir(t))
+	d := newDriver(t, rt, tempDir(t))
 	n := startNode(t, nodeConfig(t, st, d, tempDir(t), fmt.Sprintf("node_outage_%d", k)))
 	var ss []*session.Session
 	for range k {
@@ -318,10 +348,19 @@ func testRedisOutage(t *testing.T, k int) {
 // dir and runtime state picks them up from its journal and enforces the original deadline.
 func TestNodeRestart(t *testing.T) {
 	t.Parallel()
+	for _, rt := range []string{"runsc", "cloudhv"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testNodeRestart(t, rt)
+		})
+	}
+}
+
+func testNodeRestart(t *testing.T, rt string) {
 	const project = "proj_restart"
 	st, _ := newStore(t)
 	base, dataDir := tempDir(t), tempDir(t)
-	d := newDriver(t, "runsc", base)
+	d := newDriver(t, rt, base)
 	a := startNode(t, nodeConfig(t, st, d, dataDir, "node_restart"))
 	s := provision(t, st, a.Node, project, sessionOpts{idleS: 30, lifeS: 600})
 	started := s.StartedAt.Time
@@ -333,7 +372,7 @@ func TestNodeRestart(t *testing.T) {
 		t.Fatalf("after the node stopped its guest is %+v (%v), want running", info, err)
 	}
 	// A new node process: a new driver on the same state root, bundles and cgroup parent.
-	d2 := openDriver(t, "runsc", base, strings.TrimSuffix(d.CgroupPath(""), "/"))
+	d2 := openDriver(t, rt, base, strings.TrimSuffix(d.CgroupPath(""), "/"))
 	b := startNode(t, nodeConfig(t, st, d2, dataDir, "node_restart"))
 	_ = b
 	t.Logf("node restarted at %+.1fs", time.Since(started).Seconds())
@@ -355,11 +394,12 @@ func TestNodeRestart(t *testing.T) {
 }
 
 // TestOOM: a guest that outgrows its memory fails the session with oom, tears the guest
-// down and releases the slot, under runsc and under runc.
+// down and releases the slot, under runsc, under runc and in a cloudhv VM (whose kernel
+// panics on an OOM and says why on its console).
 func TestOOM(t *testing.T) {
 	t.Parallel()
 	st, _ := newStore(t)
-	for _, rt := range []string{"runsc", "runc"} {
+	for _, rt := range []string{"runsc", "runc", "cloudhv"} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
 			project := "proj_oom_" + rt

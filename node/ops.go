@@ -174,7 +174,8 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 	if err != nil {
 		return false, 0, err
 	}
-	memory = memory && n.Driver.Name() == "runsc"
+	ms, ok := n.Driver.(hypervisor.MemorySnapshotter)
+	memory = memory && ok && ms.MemorySnapshots()
 	if !memory {
 		info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, false)
 		return false, info.SizeBytes, err
@@ -183,11 +184,16 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 	// for a moment and the guest is checkpointed, which stops it. It goes on at once as a new
 	// guest restored from the checkpoint, while the old one is deleted in the background
 	// (runsc takes a second or two to reap a sandbox here). If the checkpoint loses the race
-	// with the agent's return, it is tried once more with a longer window.
+	// with the agent's return, it is tried once more with a longer window. An agent reached
+	// through the driver (a VM's, on vsock) holds no host socket and stays: the driver may
+	// need it to flush the guest's disks before the snapshot.
+	_, viaDriver := n.Driver.(hypervisor.AgentDialer)
 	var info hypervisor.SnapshotInfo
 	for _, window := range []time.Duration{quiesceFor, 4 * quiesceFor} {
-		if err = l.agent.Quiesce(ctx, window); err != nil {
-			return false, 0, fmt.Errorf("quiesce agent: %w", err)
+		if !viaDriver {
+			if err = l.agent.Quiesce(ctx, window); err != nil {
+				return false, 0, fmt.Errorf("quiesce agent: %w", err)
+			}
 		}
 		l.agent.Close()
 		info, err = n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)

@@ -14,8 +14,17 @@ import (
 // node's own clock; a shorter pause is left alone.
 func TestPauseLimit(t *testing.T) {
 	t.Parallel()
+	for _, rt := range []string{"runc", "cloudhv"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testPauseLimit(t, rt)
+		})
+	}
+}
+
+func testPauseLimit(t *testing.T, rt string) {
 	st, _ := newStore(t)
-	d := newDriver(t, "runc", tempDir(t))
+	d := newDriver(t, rt, tempDir(t))
 	var offset atomic.Int64
 	cfg := nodeConfig(t, st, d, tempDir(t), "node_pause")
 	cfg.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }

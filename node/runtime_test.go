@@ -54,9 +54,18 @@ func (c *fakeChecker) events() []session.GuestEvent {
 // on; a kill refuses it and ends the session (failed, policy_violation).
 func TestRuntimeChecks(t *testing.T) {
 	t.Parallel()
+	for _, rt := range []string{"runsc", "cloudhv"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testRuntimeChecks(t, rt)
+		})
+	}
+}
+
+func testRuntimeChecks(t *testing.T, rt string) {
 	const project = "proj_rtchk"
 	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
+	d := newDriver(t, rt, tempDir(t))
 	checker := &fakeChecker{kill: "xmrig", deny: "denied-cmd", broken: "broken-cmd"}
 	cfg := nodeConfig(t, st, d, tempDir(t), "node_rtchk")
 	cfg.Runtime = checker

@@ -164,6 +164,9 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 // Name is "cloudhv".
 func (d *Driver) Name() string { return Name }
 
+// MemorySnapshots is true: a VM's snapshot always holds its memory.
+func (d *Driver) MemorySnapshots() bool { return true }
+
 // GuestDir is guest id's directory.
 func (d *Driver) GuestDir(id string) string { return filepath.Join(d.o.StateDir, id) }
 

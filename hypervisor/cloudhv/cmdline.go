@@ -48,7 +48,9 @@ func kernelCmdline(s hypervisor.Spec) (string, error) {
 	if !hasKey(env, "PATH") {
 		env = append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	}
-	words := []string{cmdlineBase(), "init=" + s.Args[0]}
+	// panic_on_oom: the guest's kernel would kill a process and tell the host nothing; a
+	// panic reaches the host (pvpanic) with the reason on the console (see Events).
+	words := []string{cmdlineBase(), "sysctl.vm.panic_on_oom=1", "init=" + s.Args[0]}
 	if err := plainWord(s.Args[0]); err != nil {
 		return "", fmt.Errorf("cloudhv: init %q: %w", s.Args[0], err)
 	}

@@ -16,8 +16,10 @@ import (
 
 // Events follows the guest: its VMM's event log (read from the start, so an end written
 // before the call is seen too) and its process. vm/shutdown, vmm/shutdown or guest/panic in
-// the log, or the VMM's exit, is one EventExit, after which the channel closes. OOM kills
-// happen inside the guest's own kernel, which reports none to the host: no EventOOM.
+// the log, or the VMM's exit, is one EventExit, after which the channel closes. An OOM
+// happens inside the guest's own kernel, which tells the host nothing of a process it kills;
+// so the guest boots with panic_on_oom (see kernelCmdline), and a panic whose console says
+// "Out of memory" is an EventOOM before the EventExit.
 func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event, error) {
 	r, err := d.load(id)
 	if err != nil {
@@ -35,6 +37,13 @@ func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event
 		if why == "" {
 			return // ctx ended
 		}
+		if why == guestPanic && d.outOfMemory(r) {
+			select {
+			case ch <- hypervisor.Event{Type: hypervisor.EventOOM, At: time.Now()}:
+			case <-ctx.Done():
+				return
+			}
+		}
 		ev := hypervisor.Event{Type: hypervisor.EventExit, At: time.Now(), Detail: d.exitDetail(r, why)}
 		select {
 		case ch <- ev:
@@ -42,6 +51,15 @@ func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event
 		}
 	}()
 	return ch, nil
+}
+
+// guestPanic is watch's answer for a guest/panic event.
+var guestPanic = fmt.Sprintf("event %s/%s", chapi.SourceGuest, chapi.EventPanic)
+
+// outOfMemory reports whether the guest's kernel panicked for want of memory: Linux says so
+// on the console ("Kernel panic - not syncing: Out of memory: ...") before pvpanic reports it.
+func (d *Driver) outOfMemory(r record) bool {
+	return strings.Contains(tail(filepath.Join(d.GuestDir(r.Spec.ID), consoleFile), 4096), "not syncing: Out of memory")
 }
 
 // watch reads the event log until the guest ends (answering why) or ctx ends ("").

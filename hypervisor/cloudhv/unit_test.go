@@ -23,7 +23,7 @@ func TestKernelCmdline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "console=hvc0 root=/dev/vda ro init=/run/wb-bin/wb PATH=/bin HOME=/root HTTP_PROXY=http://127.0.0.1:3128 -- agent --vsock-port 1024 --root /workspace"
+	want := "console=hvc0 root=/dev/vda ro sysctl.vm.panic_on_oom=1 init=/run/wb-bin/wb PATH=/bin HOME=/root HTTP_PROXY=http://127.0.0.1:3128 -- agent --vsock-port 1024 --root /workspace"
 	if got != want {
 		t.Errorf("cmdline\n got %q\nwant %q", got, want)
 	}

@@ -158,6 +158,10 @@ func New(o Options) (*Driver, error) {
 // Name is "runsc" or "runc".
 func (d *Driver) Name() string { return d.name }
 
+// MemorySnapshots reports whether Snapshot can save memory: runsc checkpoints, runc cannot
+// (it would need CRIU).
+func (d *Driver) MemorySnapshots() bool { return d.name == RuntimeRunsc }
+
 // CgroupV2 reports whether the host uses the unified cgroup hierarchy.
 func (d *Driver) CgroupV2() bool { return d.cg.v2 }
 

@@ -89,6 +89,11 @@
 //     and the process exits) and as a kernel panic otherwise ("Attempted to kill init"): a VM
 //     with "pvpanic": true emits guest/panic {"event":"panic"}, and the VM stays Running (a
 //     hung guest), as CH with panic=0. The fake does not reboot on panic=N.
+//   - The guest's "kernel" is one memory cgroup of the VM's size: an OOM kill in it is the
+//     VM's. With sysctl.vm.panic_on_oom=1 (or 2) on the command line the first one is a
+//     kernel panic, as in Linux: the panic line ("Kernel panic - not syncing: Out of memory:
+//     ...") is appended to a File console, a VM with "pvpanic": true emits guest/panic, and
+//     the guest is frozen (the VM stays Running, hung). Without it the kill stays inside.
 //   - The root image must hold every mount point the runtime needs (/proc /dev /sys /tmp
 //     /root /workspace /run): the guest's root is read-only. The guest's /run is a read-only
 //     host dir holding the image's /run entries (bound from the image), the vsock dir at

@@ -336,6 +336,7 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 		vm.setState(stateRunning)
 	}
 	go v.watchGuest(vm)
+	go v.watchOOM(vm, oomViewOf(cfg))
 	return vm, nil
 }
 
