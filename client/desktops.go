@@ -1,0 +1,90 @@
+package client
+
+import (
+	"context"
+	"iter"
+	"net/http"
+	"net/url"
+
+	"wb/desktop"
+)
+
+// Desktop is a desktop (seed 001): a long-lived machine that sleeps when unused and wakes when
+// asked (or on an MCP call); see the desktop package for its states.
+type Desktop = desktop.Desktop
+
+// CreateDesktopRequest is the body of POST /v1/desktops; Size "" is the smallest.
+type CreateDesktopRequest struct {
+	Name string       `json:"name"`
+	Size desktop.Size `json:"size,omitempty"`
+}
+
+// ResizeDesktopRequest is the body of PATCH /v1/desktops/{id}: an asleep or stopped desktop
+// has the new size at once, an awake one from its next start.
+type ResizeDesktopRequest struct {
+	Size desktop.Size `json:"size"`
+}
+
+// CreateDesktop creates a desktop; it answers it starting.
+func (c *Client) CreateDesktop(ctx context.Context, req CreateDesktopRequest) (*Desktop, error) {
+	var d Desktop
+	return &d, c.do(ctx, http.MethodPost, "/v1/desktops", nil, req, &d)
+}
+
+// GetDesktop answers a desktop.
+func (c *Client) GetDesktop(ctx context.Context, id string) (*Desktop, error) {
+	var d Desktop
+	return &d, c.do(ctx, http.MethodGet, "/v1/desktops/"+pathID(id), nil, nil, &d)
+}
+
+// ListDesktops answers one page of the project's desktops, newest first (listing is not use:
+// it keeps no desktop awake).
+func (c *Client) ListDesktops(ctx context.Context, page Page) (*List[Desktop], error) {
+	var l List[Desktop]
+	return &l, c.do(ctx, http.MethodGet, "/v1/desktops", pageQuery(url.Values{}, page), nil, &l)
+}
+
+// AllDesktops walks every page of ListDesktops; it stops at the first error, which it yields.
+func (c *Client) AllDesktops(ctx context.Context, page Page) iter.Seq2[Desktop, error] {
+	return paginate(func(cursor string) (*List[Desktop], error) {
+		page.Cursor = cursor
+		return c.ListDesktops(ctx, page)
+	}, page.Cursor)
+}
+
+// ResizeDesktop changes a desktop's size.
+func (c *Client) ResizeDesktop(ctx context.Context, id string, req ResizeDesktopRequest) (*Desktop, error) {
+	var d Desktop
+	return &d, c.do(ctx, http.MethodPatch, "/v1/desktops/"+pathID(id), nil, req, &d)
+}
+
+// DeleteDesktop removes a desktop, its disk and its saved state.
+func (c *Client) DeleteDesktop(ctx context.Context, id string) (*Deleted, error) {
+	var d Deleted
+	return &d, c.do(ctx, http.MethodDelete, "/v1/desktops/"+pathID(id), nil, nil, &d)
+}
+
+// SleepDesktop snapshots a running desktop and stops it; it answers it stopping.
+func (c *Client) SleepDesktop(ctx context.Context, id string) (*Desktop, error) {
+	return c.desktopAction(ctx, id, "sleep")
+}
+
+// WakeDesktop starts an asleep desktop from its saved state; it answers it starting.
+func (c *Client) WakeDesktop(ctx context.Context, id string) (*Desktop, error) {
+	return c.desktopAction(ctx, id, "wake")
+}
+
+// StopDesktop stops a desktop, keeping its disk only.
+func (c *Client) StopDesktop(ctx context.Context, id string) (*Desktop, error) {
+	return c.desktopAction(ctx, id, "stop")
+}
+
+// StartDesktop starts a stopped desktop fresh from its disk; it answers it starting.
+func (c *Client) StartDesktop(ctx context.Context, id string) (*Desktop, error) {
+	return c.desktopAction(ctx, id, "start")
+}
+
+func (c *Client) desktopAction(ctx context.Context, id, action string) (*Desktop, error) {
+	var d Desktop
+	return &d, c.do(ctx, http.MethodPost, "/v1/desktops/"+pathID(id)+":"+action, nil, struct{}{}, &d)
+}
