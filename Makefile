@@ -20,15 +20,19 @@ run: deps build
 
 # vet -race compiles the packages as the race-instrumented tests do, so the tests reuse its work.
 # bin/wb-test is the static wb that the tests run as a server, and bin/wb-agent beside it the
-# agent its guests run; each is built once and shared through WB_TEST_BIN and
-# WB_TEST_AGENT_BIN (internal/wbbin); a package tested alone builds its own. (A race-built
+# agent its guests run, and bin/fakech the fake Cloud Hypervisor; each is built once, static (so
+# they share compiled packages), and shared through WB_TEST_BIN, WB_TEST_AGENT_BIN and
+# WB_TEST_FAKECH (internal/wbbin); a package tested alone builds its own. (Three test binaries
+# each building a cgo fakech at once cost a cold run about eight minutes.) (A race-built
 # server would reuse the race build, but compiles tenants' Wasm several times slower.)
 test: export WB_TEST_BIN := $(CURDIR)/bin/wb-test
 test: export WB_TEST_AGENT_BIN := $(CURDIR)/bin/wb-agent
+test: export WB_TEST_FAKECH := $(CURDIR)/bin/fakech
 test: deps
 	$(GO) vet -race $(PKGS)
 	CGO_ENABLED=0 $(GO) build -o bin/wb-test ./cmd/wb
 	CGO_ENABLED=0 $(GO) build -o bin/wb-agent ./cmd/wb-agent
+	CGO_ENABLED=0 $(GO) build -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech
 	# -vet=off: the vet step above ran every analyzer on these packages already.
 	$(GO) test -vet=off $(TESTFLAGS) -skip '^(TestAdversarial|TestExhaustion)$$' $(PKGS)
 	# The attacks fork-bomb, flood and starve real guests: they run after the rest, one package

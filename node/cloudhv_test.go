@@ -3,9 +3,7 @@ package node_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +15,7 @@ import (
 	"wb/hypervisor/cloudhv"
 	"wb/hypervisor/cloudhv/image"
 	"wb/hypervisor/templates"
+	"wb/internal/wbbin"
 	"wb/session"
 	"wb/store"
 )
@@ -43,11 +42,8 @@ func fakeCHPath(t testing.TB) string {
 		}
 		fakeCH.dir = dir
 		_ = os.Chmod(dir, 0o755)
-		fakeCH.path = filepath.Join(dir, "fakech")
-		out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", fakeCH.path, "wb/hypervisor/cloudhv/chvtest/fakech").CombinedOutput()
-		if err != nil {
+		if fakeCH.path, err = wbbin.FakeCH(dir); err != nil {
 			fakeCH.err = err
-			fakeCH.path = string(out)
 			return
 		}
 		fakeCH.cache = filepath.Join(dir, "cache")

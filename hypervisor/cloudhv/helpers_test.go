@@ -10,18 +10,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"wb/agent"
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv"
 	"wb/hypervisor/templates"
 	"wb/internal/wbbin"
-
-	"golang.org/x/sys/unix"
 )
 
 // shared is what every test uses, built once per test binary: the fake VMM's command, a
@@ -58,10 +56,8 @@ func setup() error {
 	if err := os.Chmod(dir, 0o755); err != nil { // the runc guest's root is an unprivileged uid
 		return err
 	}
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	shared.fakech = filepath.Join(dir, "fakech")
-	if out, err := exec.Command(gobin, "build", "-o", shared.fakech, "wb/hypervisor/cloudhv/chvtest/fakech").CombinedOutput(); err != nil {
-		return fmt.Errorf("build fakech: %w\n%s", err, out)
+	if shared.fakech, err = wbbin.FakeCH(dir); err != nil {
+		return err
 	}
 	if shared.wb, err = wbbin.Agent(dir); err != nil {
 		return err

@@ -83,3 +83,14 @@ func copyFile(src, dst string) (err error) {
 	return out.Chmod(0o755) // whatever the umask
 
 }
+
+// FakeCHEnvVar names a prebuilt fake Cloud Hypervisor (CGO_ENABLED=0 go build
+// ./hypervisor/cloudhv/chvtest/fakech) to use instead of building one.
+const FakeCHEnvVar = "WB_TEST_FAKECH"
+
+// FakeCH puts the fake Cloud Hypervisor command at dir/fakech (mode 0755) and answers its
+// path: a copy of the one WB_TEST_FAKECH names, or one built static, as wb is, so that a cold
+// build shares wb's compiled packages instead of compiling them again for cgo.
+func FakeCH(dir string) (string, error) {
+	return install(dir, "fakech", FakeCHEnvVar, "wb/hypervisor/cloudhv/chvtest/fakech")
+}

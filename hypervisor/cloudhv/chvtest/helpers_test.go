@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"wb/hypervisor/cloudhv/chvtest"
+	"wb/internal/wbbin"
 )
 
 // shared holds what every test uses: the guest's init, the root image, the fake's binary.
@@ -86,8 +87,7 @@ func setup() error {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build the guest's init: %w: %s", err, out)
 	}
-	shared.fakech = filepath.Join(dir, "fakech")
-	if err := run("go", "build", "-o", shared.fakech, "./fakech"); err != nil {
+	if shared.fakech, err = wbbin.FakeCH(dir); err != nil {
 		return err
 	}
 	if err := run("cp", busybox, filepath.Join(root, "bin", "busybox")); err != nil {
