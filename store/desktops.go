@@ -253,28 +253,8 @@ func (s *Store) ForgetDesktopIdle(ctx context.Context, project, id string) error
 // earliest first, and when the next deadline after them falls (zero: none; now: more than
 // limit are due).
 func (s *Store) DueDesktopIdle(ctx context.Context, now time.Time, limit int) ([]DesktopRef, time.Time, error) {
-	zs, err := s.rdb.ZRangeWithScores(ctx, desktopIdleKey, 0, int64(limit)).Result()
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("read desktop idle deadlines: %w", err)
-	}
-	var due []DesktopRef
-	for _, z := range zs {
-		at := time.UnixMilli(int64(z.Score))
-		if at.After(now) {
-			return due, at, nil
-		}
-		if len(due) == limit {
-			return due, now, nil
-		}
-		m, _ := z.Member.(string)
+	return dueDeadlines(ctx, s, desktopIdleKey, "desktop idle deadline", now, limit, func(m string) (DesktopRef, bool) {
 		p, id, ok := strings.Cut(m, "/")
-		if !ok || p == "" || id == "" {
-			if err := s.rdb.ZRem(ctx, desktopIdleKey, m).Err(); err != nil {
-				return nil, time.Time{}, fmt.Errorf("drop bad desktop idle deadline %q: %w", m, err)
-			}
-			continue
-		}
-		due = append(due, DesktopRef{p, id})
-	}
-	return due, time.Time{}, nil
+		return DesktopRef{p, id}, ok && p != "" && id != ""
+	})
 }

@@ -73,11 +73,18 @@ func (s *Store) ScheduleProvisionDeadline(ctx context.Context, r SessionRef, at 
 // before now, earliest first, and when the next deadline after them falls (zero: none is
 // recorded; now: more than limit are due).
 func (s *Store) DueProvisionDeadlines(ctx context.Context, now time.Time, limit int) ([]SessionRef, time.Time, error) {
-	zs, err := s.rdb.ZRangeWithScores(ctx, provisionDeadlinesKey, 0, int64(limit)).Result()
+	return dueDeadlines(ctx, s, provisionDeadlinesKey, "provisioning deadline", now, limit, parseRef)
+}
+
+// dueDeadlines reads a sorted set of deadlines (score: Unix ms): up to limit members due at
+// or before now, earliest first, parsed by parse, and when the next deadline after them falls
+// (zero: none; now: more than limit are due). A member parse refuses is dropped from the set.
+func dueDeadlines[R any](ctx context.Context, s *Store, key, what string, now time.Time, limit int, parse func(string) (R, bool)) ([]R, time.Time, error) {
+	zs, err := s.rdb.ZRangeWithScores(ctx, key, 0, int64(limit)).Result()
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("read provisioning deadlines: %w", err)
+		return nil, time.Time{}, fmt.Errorf("read %ss: %w", what, err)
 	}
-	var due []SessionRef
+	var due []R
 	for _, z := range zs {
 		at := time.UnixMilli(int64(z.Score))
 		if at.After(now) {
@@ -87,10 +94,10 @@ func (s *Store) DueProvisionDeadlines(ctx context.Context, now time.Time, limit 
 			return due, now, nil
 		}
 		m, _ := z.Member.(string)
-		if r, ok := parseRef(m); ok {
+		if r, ok := parse(m); ok {
 			due = append(due, r)
-		} else if err := s.rdb.ZRem(ctx, provisionDeadlinesKey, m).Err(); err != nil {
-			return nil, time.Time{}, fmt.Errorf("drop bad provisioning deadline %q: %w", m, err)
+		} else if err := s.rdb.ZRem(ctx, key, m).Err(); err != nil {
+			return nil, time.Time{}, fmt.Errorf("drop bad %s %q: %w", what, m, err)
 		}
 	}
 	return due, time.Time{}, nil
