@@ -109,18 +109,8 @@ func AssembleWith(dir string, o Options) (Catalog, error) {
 
 	tc := detectToolchains(o.HostRoot)
 	poly, err := build(dir, DevPolyglot, tc.binds, func(root string) error {
-		if err := writeBase(root, o.Busybox, applets); err != nil {
+		if err := writeBaseWithLinks(root, o.Busybox, applets, tc.links); err != nil {
 			return err
-		}
-		for _, l := range tc.links {
-			p := filepath.Join(root, l.Target)
-			_ = os.RemoveAll(p)
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				return err
-			}
-			if err := os.Symlink(l.Source, p); err != nil {
-				return err
-			}
 		}
 		return mountpoints(root, tc.binds)
 	})
@@ -180,18 +170,8 @@ func buildDesktop(dir string, o Options, applets []string, tc toolchains) (Templ
 		}
 	}
 	t, err := build(dir, Desktop, binds, func(root string) error {
-		if err := writeBase(root, o.Busybox, applets); err != nil {
+		if err := writeBaseWithLinks(root, o.Busybox, applets, tc.links); err != nil {
 			return err
-		}
-		for _, l := range tc.links {
-			p := filepath.Join(root, l.Target)
-			_ = os.RemoveAll(p)
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				return err
-			}
-			if err := os.Symlink(l.Source, p); err != nil {
-				return err
-			}
 		}
 		if err := os.Symlink(DesktopDataTarget, filepath.Join(root, strings.TrimPrefix(DesktopData, "/"))); err != nil {
 			return err
@@ -266,6 +246,25 @@ func busyboxApplets(bin string) ([]string, error) {
 
 // writeBase lays out the busybox root: /bin/busybox and its applet links, /usr/bin/env, the
 // guest's mount points, and a minimal /etc.
+// writeBaseWithLinks is writeBase plus the host toolchains' symlinks (detectToolchains),
+// recreated in the rootfs: what tpl_dev_polyglot and tpl_desktop both start from.
+func writeBaseWithLinks(root, busybox string, applets []string, links []hypervisor.Bind) error {
+	if err := writeBase(root, busybox, applets); err != nil {
+		return err
+	}
+	for _, l := range links {
+		p := filepath.Join(root, l.Target)
+		_ = os.RemoveAll(p)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.Symlink(l.Source, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func writeBase(root, busybox string, applets []string) error {
 	for _, d := range []struct {
 		path string
