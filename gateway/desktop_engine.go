@@ -508,5 +508,8 @@ func (e sessionExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([
 	if err != nil {
 		return nil, nil, 0, err
 	}
+	if res.TimedOut {
+		return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, fmt.Errorf("%s did not finish within %ds", argv[0], timeout)
+	}
 	return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, nil
 }

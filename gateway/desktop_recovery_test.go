@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +103,42 @@ func TestDesktopSleepSurvivesItsGateway(t *testing.T) {
 	e.waitState(e.key, rec.SessionID, session.Stopped)
 	if due, _, _ := e.st.DueDesktopWork(ctx, time.Now().Add(time.Hour), 10); len(due) != 0 {
 		t.Errorf("leases left after the work: %v", due)
+	}
+}
+
+// TestDesktopSetupExecTimeout: a setup command lasts as long as the setup's context allows
+// (not an exec's default), and one that outlasts it fails the start with a message saying so.
+func TestDesktopSetupExecTimeout(t *testing.T) {
+	type result struct {
+		err     error
+		elapsed time.Duration
+	}
+	got := make(chan result, 1)
+	e := newDesktopEnv(t, func(c *Config) {
+		c.DesktopSetup = func(ctx context.Context, ex desktop.Execer) error {
+			ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, _, _, err := ex.Exec(ctx, []string{"sleep", "60"}, nil)
+			got <- result{err, time.Since(start)}
+			return err
+		}
+	})
+	var d desktop.Desktop
+	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the setup's exec never returned")
+	}
+	// The exec's own timeout (3 s, what the context leaves in whole seconds) ends it before
+	// the context does: a timeout the setup can report, not a cancelled call.
+	if r.err == nil || !strings.Contains(r.err.Error(), "did not finish within 3s") {
+		t.Errorf("exec answered %v after %s, want its timeout of 3s", r.err, r.elapsed)
+	}
+	d = e.waitDesktop(d.ID, desktop.Failed)
+	if !strings.Contains(d.Message, "did not finish within 3s") {
+		t.Errorf("failed with %q", d.Message)
 	}
 }
