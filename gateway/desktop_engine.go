@@ -131,9 +131,9 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 		}
 		switch now {
 		case desktop.Starting:
-			s.desktopWork(func() { s.startDesktop(p, out, fromMemory) })
+			s.transitionWork(p.ID, id, func() { s.startDesktop(p, out, fromMemory) })
 		case desktop.Stopping:
-			s.desktopWork(func() { s.haltDesktop(p, out) })
+			s.transitionWork(p.ID, id, func() { s.haltDesktop(p, out) })
 		case desktop.Stopped:
 			if dropped != "" {
 				s.dropSnapshot(ctx, p.ID, dropped)
@@ -183,24 +183,38 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 	if restore == "" {
 		req.Template = s.desktopTemplate()
 	}
-	sess, _, err := s.admitRequest(ctx, p, req)
-	if err != nil {
-		s.failDesktop(ctx, p, rec.ID, "", "the desktop's session could not be made: "+toAPIError(err).Message)
-		return
-	}
-	// Record the session, so that a stop or delete from now on tears it down.
-	_, err = s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
-		if r.State != desktop.Starting || r.SessionID != "" {
-			return errDesktopMoved
+	// The session's id is recorded before the session exists, so that a stop or delete from
+	// now on tears it down, and a gateway that takes this work over (desktop_recovery.go)
+	// finds it rather than making a second.
+	sessID := rec.SessionID
+	if sessID == "" {
+		sessID = session.NewID("sess_", s.Now())
+		_, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+			if r.State != desktop.Starting || r.SessionID != "" {
+				return errDesktopMoved
+			}
+			r.SessionID = sessID
+			return nil
+		})
+		if err != nil {
+			return
 		}
-		r.SessionID = sess.ID
-		return nil
-	})
-	if err != nil {
-		s.stopSession(ctx, p, sess.ID)
-		return
 	}
-	got, err := s.awaitSession(ctx, p, sess.ID, t.ProvisionDeadline()+time.Minute, func(st session.State) bool {
+	if _, err := s.Store.Get(ctx, p.ID, sessID); errors.Is(err, store.ErrNotFound) {
+		if _, _, err := s.admitRequest(ctx, p, req, sessID); err != nil {
+			s.failDesktop(ctx, p, rec.ID, sessID, "the desktop's session could not be made: "+toAPIError(err).Message)
+			return
+		}
+		// A stop or delete that came while it was admitted may have looked for the session
+		// before it existed: the session is this work's to end.
+		if cur, err := s.Store.GetDesktop(ctx, p.ID, rec.ID); err != nil || cur.State != desktop.Starting || cur.SessionID != sessID {
+			s.stopSession(ctx, p, sessID)
+			return
+		}
+	} else if err != nil {
+		return // Redis is away: the lease runs out and the work is resumed
+	}
+	got, err := s.awaitSession(ctx, p, sessID, t.ProvisionDeadline()+time.Minute, func(st session.State) bool {
 		return st == session.Running || st.Terminal()
 	})
 	if err != nil || got.State != session.Running {
@@ -208,12 +222,12 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		if err == nil && got.StateReason != nil {
 			why = string(*got.StateReason)
 		}
-		s.stopSession(ctx, p, sess.ID)
+		s.stopSession(ctx, p, sessID)
 		if fromMemory {
 			// A saved state that cannot be restored is given up: wake from the disk.
 			s.log.Warn("desktop: the saved state could not be restored; waking from the disk", "desktop", rec.ID, "why", why)
 			next, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
-				if r.State != desktop.Starting || r.SessionID != sess.ID {
+				if r.State != desktop.Starting || r.SessionID != sessID {
 					return errDesktopMoved
 				}
 				r.SessionID, r.MemorySnapshot, r.StateSaved = "", "", false
@@ -226,27 +240,27 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 			}
 			return
 		}
-		s.failDesktop(ctx, p, rec.ID, sess.ID, "the desktop could not start: "+why)
+		s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start: "+why)
 		return
 	}
 	if !fromMemory && s.DesktopSetup != nil {
 		if err := s.DesktopSetup(ctx, sessionExecer{s: s, sess: got}); err != nil {
-			s.log.Warn("desktop: setup failed", "desktop", rec.ID, "session", sess.ID, "err", err)
-			s.stopSession(ctx, p, sess.ID)
-			s.failDesktop(ctx, p, rec.ID, sess.ID, "the desktop could not start its display and browser: "+redactInternal(err.Error()))
+			s.log.Warn("desktop: setup failed", "desktop", rec.ID, "session", sessID, "err", err)
+			s.stopSession(ctx, p, sessID)
+			s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start its display and browser: "+redactInternal(err.Error()))
 			return
 		}
 	}
 	now := s.Now()
 	_, err = s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
-		if r.State != desktop.Starting || r.SessionID != sess.ID {
+		if r.State != desktop.Starting || r.SessionID != sessID {
 			return errDesktopMoved
 		}
 		r.State = desktop.Running
 		return nil
 	})
 	if errors.Is(err, store.ErrNotFound) {
-		s.stopSession(ctx, p, sess.ID) // deleted while it started
+		s.stopSession(ctx, p, sessID) // deleted while it started
 		return
 	}
 	if err != nil {
@@ -493,6 +507,9 @@ func (e sessionExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([
 	res, err := e.s.runExec(ctx, e.sess, session.ExecRequest{Command: cmd, Stdin: string(stdin), TimeoutS: &timeout}, nil)
 	if err != nil {
 		return nil, nil, 0, err
+	}
+	if res.TimedOut {
+		return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, fmt.Errorf("%s did not finish within %ds", argv[0], timeout)
 	}
 	return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, nil
 }

@@ -48,7 +48,7 @@ func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
-	s.desktopWork(func() { s.startDesktop(p, out, false) })
+	s.transitionWork(p.ID, id, func() { s.startDesktop(p, out, false) })
 	writeJSON(w, 201, out.Public())
 	return nil
 }

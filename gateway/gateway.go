@@ -79,6 +79,9 @@ type Config struct {
 	DesktopIdle     time.Duration
 	DesktopTemplate string
 	DesktopSetup    func(ctx context.Context, ex desktop.Execer) error
+	// DesktopLease is how long the work of a desktop's transition may go unrenewed (its
+	// gateway died) before another gateway resumes it (0: DefaultDesktopLease).
+	DesktopLease time.Duration
 }
 
 // Server is the HTTP API.
@@ -141,6 +144,7 @@ func New(cfg Config) (*Server, error) {
 	s.idleKick = make(chan struct{}, 1)
 	s.routes()
 	s.desktopWork(func() { s.runDesktopIdle(ctx) })
+	s.desktopWork(func() { s.runDesktopRecovery(ctx) })
 	return s, nil
 }
 

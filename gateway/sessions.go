@@ -25,11 +25,12 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 	if err := decodeStrict(body, &req); err != nil {
 		return nil, nil, err
 	}
-	return s.admitRequest(ctx, p, req)
+	return s.admitRequest(ctx, p, req, "")
 }
 
-// admitRequest is admit for a decoded request (a desktop's session comes this way).
-func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest) (*session.Session, []string, error) {
+// admitRequest is admit for a decoded request (a desktop's session comes this way, with the
+// id it recorded beforehand; "" makes a new one).
+func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest, id string) (*session.Session, []string, error) {
 	// 2. validate
 	if _, err := req.Validate(s.Tiers); err != nil {
 		s.Metrics.admission.WithLabelValues("invalid").Inc()
@@ -94,7 +95,9 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 	}
 	// 5. reserve a slot and persist pending, in one script
 	now := s.Now()
-	id := session.NewID("sess_", now)
+	if id == "" {
+		id = session.NewID("sess_", now)
+	}
 	sess := &session.Session{
 		ID: id, Object: session.ObjectName, Tier: st.Tier.Number, State: session.Pending, ProjectID: p.ID,
 		EndUserID: optional(req.EndUserID), Template: tpl.Ref(), Region: regionOrDefault(req.Region, s.Regions),

@@ -253,8 +253,75 @@ func (s *Store) ForgetDesktopIdle(ctx context.Context, project, id string) error
 // earliest first, and when the next deadline after them falls (zero: none; now: more than
 // limit are due).
 func (s *Store) DueDesktopIdle(ctx context.Context, now time.Time, limit int) ([]DesktopRef, time.Time, error) {
-	return dueDeadlines(ctx, s, desktopIdleKey, "desktop idle deadline", now, limit, func(m string) (DesktopRef, bool) {
-		p, id, ok := strings.Cut(m, "/")
-		return DesktopRef{p, id}, ok && p != "" && id != ""
-	})
+	return dueDeadlines(ctx, s, desktopIdleKey, "desktop idle deadline", now, limit, parseDesktopRef)
+}
+
+func parseDesktopRef(m string) (DesktopRef, bool) {
+	p, id, ok := strings.Cut(m, "/")
+	return DesktopRef{p, id}, ok && p != "" && id != ""
+}
+
+// Leases on a desktop's transition: the gateway that starts the work of a starting or
+// stopping desktop holds a lease (a token and an end time) and renews it while it works; when
+// the lease ends unrenewed (that gateway died) another gateway claims it and resumes the work.
+
+// desktopWorkScript sets, renews, claims or releases a lease, comparing tokens.
+//
+// KEYS: desktopWorkKey, desktopWorkerKey
+// ARGV: op (set, renew, claim, release), member, token, until ms, now ms
+var desktopWorkScript = redis.NewScript(`
+local op, m, tok = ARGV[1], ARGV[2], ARGV[3]
+local holder = redis.call('HGET', KEYS[2], m)
+if op == 'renew' or op == 'release' then
+  if holder ~= tok then return 0 end
+  if op == 'release' then
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('HDEL', KEYS[2], m)
+    return 1
+  end
+elseif op == 'claim' then
+  local ends = redis.call('ZSCORE', KEYS[1], m)
+  if not ends or tonumber(ends) > tonumber(ARGV[5]) then return 0 end
+end
+redis.call('ZADD', KEYS[1], ARGV[4], m)
+redis.call('HSET', KEYS[2], m, tok)
+return 1
+`)
+
+func (s *Store) desktopWork(ctx context.Context, op string, ref DesktopRef, token string, until, now time.Time) (bool, error) {
+	n, err := desktopWorkScript.Run(ctx, s.rdb, []string{desktopWorkKey, desktopWorkerKey},
+		op, ref.member(), token, until.UnixMilli(), now.UnixMilli()).Int()
+	if err != nil {
+		return false, fmt.Errorf("%s the work lease of desktop %s: %w", op, ref.ID, err)
+	}
+	return n == 1, nil
+}
+
+// SetDesktopWork gives the desktop's transition to the lease token until until, whoever held
+// it before (the work of a newer request supersedes the older).
+func (s *Store) SetDesktopWork(ctx context.Context, ref DesktopRef, token string, until time.Time) error {
+	_, err := s.desktopWork(ctx, "set", ref, token, until, until)
+	return err
+}
+
+// RenewDesktopWork extends lease token to until; false when token no longer holds it.
+func (s *Store) RenewDesktopWork(ctx context.Context, ref DesktopRef, token string, until time.Time) (bool, error) {
+	return s.desktopWork(ctx, "renew", ref, token, until, until)
+}
+
+// ReleaseDesktopWork ends lease token (the work is done); false when token no longer held it.
+func (s *Store) ReleaseDesktopWork(ctx context.Context, ref DesktopRef, token string) (bool, error) {
+	return s.desktopWork(ctx, "release", ref, token, time.Time{}, time.Time{})
+}
+
+// ClaimDesktopWork gives the desktop's transition to token until until if its lease ended at
+// or before now; false when another holder's lease still runs or there is none.
+func (s *Store) ClaimDesktopWork(ctx context.Context, ref DesktopRef, token string, now, until time.Time) (bool, error) {
+	return s.desktopWork(ctx, "claim", ref, token, until, now)
+}
+
+// DueDesktopWork answers up to limit desktops whose work lease ended at or before now,
+// earliest first, and when the next lease after them ends (zero: none; now: more are due).
+func (s *Store) DueDesktopWork(ctx context.Context, now time.Time, limit int) ([]DesktopRef, time.Time, error) {
+	return dueDeadlines(ctx, s, desktopWorkKey, "desktop work lease", now, limit, parseDesktopRef)
 }

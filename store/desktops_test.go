@@ -147,3 +147,63 @@ func TestDesktopIdleDeadlines(t *testing.T) {
 		t.Fatalf("after a use and a forget: due %v next %v", due, next)
 	}
 }
+
+// TestDesktopWorkLeases: a lease is renewed and released only by its holder, claimed only
+// once it has run out, and a new work's lease supersedes the old one's.
+func TestDesktopWorkLeases(t *testing.T) {
+	ctx := context.Background()
+	s := New(redistest.Server(t))
+	t0 := time.UnixMilli(1_800_000_000_000)
+	ref := DesktopRef{Project: "proj_w", ID: "desk_w"}
+	must := func(ok bool, err error) bool {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if err := s.SetDesktopWork(ctx, ref, "a", t0.Add(30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if must(s.ClaimDesktopWork(ctx, ref, "b", t0.Add(10*time.Second), t0.Add(40*time.Second))) {
+		t.Fatal("claimed a lease that still runs")
+	}
+	if must(s.RenewDesktopWork(ctx, ref, "b", t0.Add(time.Hour))) || must(s.ReleaseDesktopWork(ctx, ref, "b")) {
+		t.Fatal("a stranger renewed or released the lease")
+	}
+	if !must(s.RenewDesktopWork(ctx, ref, "a", t0.Add(60*time.Second))) {
+		t.Fatal("the holder could not renew")
+	}
+	if due, next, _ := s.DueDesktopWork(ctx, t0.Add(59*time.Second), 10); len(due) != 0 || !next.Equal(t0.Add(60*time.Second)) {
+		t.Fatalf("before the renewed end: due %v next %v", due, next)
+	}
+	// Its holder died: once the lease ran out, one claimant takes it over.
+	if due, _, _ := s.DueDesktopWork(ctx, t0.Add(61*time.Second), 10); len(due) != 1 || due[0] != ref {
+		t.Fatalf("after the end: due %v", due)
+	}
+	if !must(s.ClaimDesktopWork(ctx, ref, "b", t0.Add(61*time.Second), t0.Add(91*time.Second))) {
+		t.Fatal("could not claim a lease that ran out")
+	}
+	if must(s.ClaimDesktopWork(ctx, ref, "c", t0.Add(61*time.Second), t0.Add(91*time.Second))) {
+		t.Fatal("a second claimant took the lease too")
+	}
+	if must(s.RenewDesktopWork(ctx, ref, "a", t0.Add(time.Hour))) {
+		t.Fatal("the dead holder renewed the lease it lost")
+	}
+	// A newer request's work supersedes; the older work's release leaves it alone.
+	if err := s.SetDesktopWork(ctx, ref, "d", t0.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if must(s.ReleaseDesktopWork(ctx, ref, "b")) {
+		t.Fatal("superseded work released the newer lease")
+	}
+	if !must(s.ReleaseDesktopWork(ctx, ref, "d")) {
+		t.Fatal("the holder could not release")
+	}
+	if due, next, _ := s.DueDesktopWork(ctx, t0.Add(time.Hour), 10); len(due) != 0 || !next.IsZero() {
+		t.Fatalf("after release: due %v next %v", due, next)
+	}
+	if must(s.ClaimDesktopWork(ctx, ref, "e", t0.Add(time.Hour), t0.Add(2*time.Hour))) {
+		t.Fatal("claimed a released lease")
+	}
+}

@@ -62,6 +62,16 @@ const (
 	// (DueDesktopIdle), which puts to sleep those still unused at their deadline.
 	desktopIdleKey = "wb:deadlines:desktop_idle"
 
+	// desktopWorkKey is a sorted set of the desktops whose transition (starting, stopping)
+	// some gateway is working on, member "PROJECT/DESKTOP", score the time in ms at which that
+	// gateway's lease ends; desktopWorkerKey is a hash from the same member to the lease's
+	// token. Written by store (SetDesktopWork, RenewDesktopWork, ReleaseDesktopWork,
+	// ClaimDesktopWork); read by every gateway's recovery loop (DueDesktopWork), which takes
+	// over the work of a gateway that died mid-transition.
+	// One hash tag: one script writes both (Redis Cluster).
+	desktopWorkKey   = "wb:{desktops}:work"
+	desktopWorkerKey = "wb:{desktops}:worker"
+
 	// edgeSecretKey is a string of 32 random bytes that gateways and nodes share to sign and
 	// verify the edge's grants (internal/edgeauth). Written once by whoever reads it first
 	// (EdgeSecret, SET NX); never rotated while the fleet runs.

@@ -26,6 +26,8 @@ func TestKeyNames(t *testing.T) {
 		{snapshotProjectsKey, "wb:snapshots:projects"},
 		{edgeSecretKey, "wb:edge:secret"},
 		{desktopIdleKey, "wb:deadlines:desktop_idle"},
+		{desktopWorkKey, "wb:{desktops}:work"},
+		{desktopWorkerKey, "wb:{desktops}:worker"},
 		{k.desktop("desk_1"), "wb:{proj_1}:d:desk_1"},
 		{k.desktops(), "wb:{proj_1}:desktops"},
 		{NodesDrainingKey, "wb:nodes:draining"},

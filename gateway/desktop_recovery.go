@@ -1,0 +1,142 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"wb/desktop"
+	"wb/session"
+	"wb/store"
+)
+
+// The work behind a desktop's transition (starting, stopping) runs in the gateway that took
+// the request, under a lease in Redis that it renews while it works. A gateway that dies
+// mid-transition stops renewing; when its lease ends, any gateway's recovery loop claims it
+// and resumes the work from the record: a start from the session it recorded (admitted or
+// not), a stop or sleep from its snapshots. Without this a desktop would stay starting or
+// stopping for ever, and a started session would bill with no desktop to show for it.
+
+// DefaultDesktopLease is how long a transition's work may go unrenewed before another
+// gateway takes it over.
+const DefaultDesktopLease = 30 * time.Second
+
+func (s *Server) desktopLease() time.Duration {
+	if s.DesktopLease > 0 {
+		return s.DesktopLease
+	}
+	return DefaultDesktopLease
+}
+
+// transitionWork runs f, the work of the desktop's transition, in the background under a
+// new lease (superseding any older work's).
+func (s *Server) transitionWork(project, id string, f func()) {
+	ref := store.DesktopRef{Project: project, ID: id}
+	token := session.NewID("lease_", s.Now())
+	if err := s.Store.SetDesktopWork(s.ctx, ref, token, s.Now().Add(s.desktopLease())); err != nil {
+		// The work goes on; should this gateway die, nothing resumes it.
+		s.log.Warn("desktop: take the work lease", "desktop", id, "err", err)
+	}
+	s.desktopWork(func() { s.holdLease(ref, token, f) })
+}
+
+// holdLease renews lease token while f runs, and releases it when f is done. When the
+// gateway is closing, f stops early and the lease is left to run out, so that another
+// gateway resumes the work.
+func (s *Server) holdLease(ref store.DesktopRef, token string, f func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		lease := s.desktopLease()
+		t := time.NewTicker(lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-s.ctx.Done():
+				return
+			case <-t.C:
+				held, err := s.Store.RenewDesktopWork(s.ctx, ref, token, s.Now().Add(lease))
+				if err != nil && s.ctx.Err() == nil {
+					s.log.Warn("desktop: renew the work lease", "desktop", ref.ID, "err", err)
+				}
+				if err == nil && !held {
+					return // a newer request's work (or a recovery) holds it now
+				}
+			}
+		}
+	})
+	f()
+	close(done)
+	wg.Wait()
+	if s.ctx.Err() != nil {
+		return
+	}
+	if _, err := s.Store.ReleaseDesktopWork(s.ctx, ref, token); err != nil {
+		s.log.Warn("desktop: release the work lease", "desktop", ref.ID, "err", err)
+	}
+}
+
+// runDesktopRecovery takes over the transitions whose lease ran out, until ctx ends.
+func (s *Server) runDesktopRecovery(ctx context.Context) {
+	const batch = 16
+	for ctx.Err() == nil {
+		now := s.Now()
+		due, next, err := s.Store.DueDesktopWork(ctx, now, batch)
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("desktop recovery: read leases", "err", err)
+		}
+		for _, ref := range due {
+			s.recoverDesktop(ctx, ref, now)
+		}
+		wait := desktopIdlePoll
+		if !next.IsZero() {
+			wait = min(wait, max(next.Sub(s.Now()), 10*time.Millisecond))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// recoverDesktop claims the lapsed lease of one desktop and resumes its transition.
+func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now time.Time) {
+	token := session.NewID("lease_", now)
+	claimed, err := s.Store.ClaimDesktopWork(ctx, ref, token, now, now.Add(s.desktopLease()))
+	if err != nil || !claimed {
+		return // another gateway was first, or Redis is away: the next round sees
+	}
+	release := func() { _, _ = s.Store.ReleaseDesktopWork(ctx, ref, token) }
+	rec, err := s.Store.GetDesktop(ctx, ref.Project, ref.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		release()
+		return
+	}
+	if err != nil {
+		return // the claim runs out and is taken again
+	}
+	p, err := s.Store.GetProject(ctx, ref.Project)
+	if err != nil {
+		return
+	}
+	var work func()
+	switch rec.State {
+	case desktop.Starting:
+		// A start restores the memory snapshot exactly when the record still has one (a
+		// Start, from stopped or failed, never has; a wake that fell back dropped it).
+		work = func() { s.startDesktop(p, rec, rec.MemorySnapshot != "") }
+	case desktop.Stopping:
+		work = func() { s.haltDesktop(p, rec) }
+	default:
+		release() // the work ended, and its gateway died before it said so
+		return
+	}
+	s.log.Info("desktop: resuming a transition whose gateway stopped working on it", "desktop", rec.ID, "state", rec.State)
+	s.desktopWork(func() { s.holdLease(ref, token, work) })
+}

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/desktop"
+	"wb/session"
+	"wb/store"
+)
+
+// secondGateway starts another gateway on e's Redis and node, as a second replica would be,
+// and points e's requests at it.
+func (e *env) secondGateway(cfg func(*Config)) *Server {
+	e.t.Helper()
+	c := e.gw.Config
+	c.Metrics = NewMetrics(e.st)
+	if cfg != nil {
+		cfg(&c)
+	}
+	gw, err := New(c)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw.Handler())
+	gw.PublicURL = srv.URL
+	e.t.Cleanup(func() { srv.Close(); gw.Close() })
+	e.url = srv.URL
+	return gw
+}
+
+// TestDesktopStartSurvivesItsGateway: a gateway dies while a desktop starts (its session
+// admitted and running, its setup under way); another gateway takes the work over once the
+// dead one's lease runs out, and the desktop runs on the session already made, not a second.
+func TestDesktopStartSurvivesItsGateway(t *testing.T) {
+	inSetup := make(chan struct{}, 1)
+	e := newDesktopEnv(t, func(c *Config) {
+		c.DesktopLease = time.Second
+		c.DesktopSetup = func(ctx context.Context, _ desktop.Execer) error {
+			inSetup <- struct{}{}
+			<-ctx.Done() // the gateway dies in the middle of it
+			return ctx.Err()
+		}
+	})
+	var d desktop.Desktop
+	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
+	select {
+	case <-inSetup:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the desktop's setup never began")
+	}
+	e.gw.Close()
+	d = e.desktop(d.ID)
+	if d.State != desktop.Starting || d.SessionID == "" {
+		t.Fatalf("after its gateway died: %+v", d)
+	}
+	first := d.SessionID
+
+	setups := make(chan struct{}, 4)
+	e.secondGateway(func(c *Config) {
+		c.DesktopSetup = func(context.Context, desktop.Execer) error { setups <- struct{}{}; return nil }
+	})
+	d = e.waitDesktop(d.ID, desktop.Running)
+	if d.SessionID != first {
+		t.Errorf("resumed on session %s, want the one already made, %s", d.SessionID, first)
+	}
+	if len(setups) != 1 {
+		t.Errorf("the resumed start ran the setup %d times, want once", len(setups))
+	}
+	var list session.List[session.Session]
+	e.mustDo("GET", "/v1/sessions?state=running", e.key, nil, 200, &list)
+	if len(list.Data) != 1 {
+		t.Errorf("%d running sessions, want the desktop's one", len(list.Data))
+	}
+}
+
+// TestDesktopSleepSurvivesItsGateway: a desktop left in stopping by a gateway that died
+// (its lease ran out) is put to sleep by another, with its state saved.
+func TestDesktopSleepSurvivesItsGateway(t *testing.T) {
+	e := newDesktopEnv(t, func(c *Config) { c.DesktopLease = time.Second })
+	d := e.newDesktop(map[string]any{"name": "d"})
+	ctx := context.Background()
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a gateway leaves that died right after it accepted a Sleep.
+	rec.State, rec.Goal = desktop.Stopping, desktop.Asleep
+	if _, err := e.st.PutDesktop(ctx, rec, desktop.Running); err != nil {
+		t.Fatal(err)
+	}
+	ref := store.DesktopRef{Project: e.projA, ID: d.ID}
+	if err := e.st.SetDesktopWork(ctx, ref, "lease_of_the_dead", time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+	if !d.StateSaved {
+		t.Errorf("asleep without its state: %+v", d)
+	}
+	e.waitState(e.key, rec.SessionID, session.Stopped)
+	if due, _, _ := e.st.DueDesktopWork(ctx, time.Now().Add(time.Hour), 10); len(due) != 0 {
+		t.Errorf("leases left after the work: %v", due)
+	}
+}
+
+// TestDesktopSetupExecTimeout: a setup command lasts as long as the setup's context allows
+// (not an exec's default), and one that outlasts it fails the start with a message saying so.
+func TestDesktopSetupExecTimeout(t *testing.T) {
+	type result struct {
+		err     error
+		elapsed time.Duration
+	}
+	got := make(chan result, 1)
+	e := newDesktopEnv(t, func(c *Config) {
+		c.DesktopSetup = func(ctx context.Context, ex desktop.Execer) error {
+			ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, _, _, err := ex.Exec(ctx, []string{"sleep", "60"}, nil)
+			got <- result{err, time.Since(start)}
+			return err
+		}
+	})
+	var d desktop.Desktop
+	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the setup's exec never returned")
+	}
+	// The exec's own timeout (3 s, what the context leaves in whole seconds) ends it before
+	// the context does: a timeout the setup can report, not a cancelled call.
+	if r.err == nil || !strings.Contains(r.err.Error(), "did not finish within 3s") {
+		t.Errorf("exec answered %v after %s, want its timeout of 3s", r.err, r.elapsed)
+	}
+	d = e.waitDesktop(d.ID, desktop.Failed)
+	if !strings.Contains(d.Message, "did not finish within 3s") {
+		t.Errorf("failed with %q", d.Message)
+	}
+}
