@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"wb/desktop"
+	"wb/session"
 	"wb/store"
 )
 
@@ -32,9 +33,30 @@ func (s *Server) TouchDesktop(ctx context.Context, project, id string) error {
 		return err
 	}
 	if st.Awake() {
+		s.touchDesktopSession(ctx, project, id)
 		return s.setIdleDeadline(ctx, project, id, s.Now())
 	}
 	return nil
+}
+
+// touchDesktopSession passes a use of a desktop on to its session: a desktop used only
+// through its screen sends no exec, and the session's node would otherwise end the session
+// at the session's own idle timeout (two hours) however much the desktop is used.
+func (s *Server) touchDesktopSession(ctx context.Context, project, id string) {
+	rec, err := s.Store.GetDesktop(ctx, project, id)
+	if err != nil || rec.SessionID == "" {
+		return
+	}
+	sess, err := s.Store.Get(ctx, project, rec.SessionID)
+	if err != nil || sess.State != session.Running {
+		return
+	}
+	if err := s.Store.Touch(ctx, project, sess.ID); err != nil {
+		s.log.Warn("desktop: touch its session", "desktop", id, "session", sess.ID, "err", err)
+	}
+	if g, err := s.guests(); err == nil {
+		g.Touch(sess) // the node's idle timer; at most once a second per session
+	}
 }
 
 // markUsed records a use at now of a desktop that just started running.
