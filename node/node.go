@@ -56,6 +56,23 @@ type Pool struct {
 	Template  string
 	SizeClass string
 	Size      int
+	// Warm, when set, runs in each booted guest before it joins the pool (a desktop's display
+	// and browser: desktop/guest.Start), so that what a claim would start is started already.
+	// A guest whose warm-up fails is destroyed.
+	Warm func(ctx context.Context, ex Execer) error
+}
+
+// Execer runs one command in a guest and answers its output and exit code (a warm-up's
+// commands; the same shape as desktop.Execer).
+type Execer interface {
+	Exec(ctx context.Context, argv []string, stdin []byte) (stdout, stderr []byte, exitCode int, err error)
+}
+
+// PoolReady answers how many warm guests of template and size class wait to be claimed.
+func (n *Node) PoolReady(template, sizeClass string) int {
+	n.pool.mu.Lock()
+	defer n.pool.mu.Unlock()
+	return len(n.pool.ready[poolKey{template, sizeClass}])
 }
 
 // live is a guest the node runs for a session. mu guards g and serializes operations on it.

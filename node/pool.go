@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
 
+	"wb/agent"
 	"wb/session"
 )
 
@@ -139,7 +141,38 @@ func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
 		cleanup()
 		return "", err
 	}
+	if want.Warm != nil {
+		wctx, cancel := context.WithTimeout(ctx, warmUpTimeout)
+		defer cancel()
+		if err := want.Warm(wctx, agentExecer{c2}); err != nil {
+			cleanup()
+			return "", fmt.Errorf("warm-up: %w", err)
+		}
+	}
 	return id, nil
+}
+
+// warmUpTimeout bounds a pooled guest's warm-up (a desktop's browser starts in seconds; a
+// loaded machine takes a minute).
+const warmUpTimeout = 3 * time.Minute
+
+// agentExecer runs a warm-up's commands through the guest's agent; each lasts as long as the
+// warm-up's context allows.
+type agentExecer struct{ c *agent.Client }
+
+func (e agentExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([]byte, []byte, int, error) {
+	timeout := session.ExecTimeoutMaxS
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(max(1, int(time.Until(d)/time.Second)), session.ExecTimeoutMaxS)
+	}
+	res, err := e.c.Exec(ctx, agent.ExecRequest{Argv: argv, Stdin: stdin, TimeoutS: timeout}, nil)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if res.TimedOut {
+		return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, fmt.Errorf("%s did not finish within %ds", argv[0], timeout)
+	}
+	return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, nil
 }
 
 // drain destroys every warm guest, in parallel.

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -100,11 +102,13 @@ func TestTwoServesOneDataDirKeepGuests(t *testing.T) {
 	args := []string{"serve", "--addr", "127.0.0.1:0", "--runtime", "runsc", "--pool", "1", "--data-dir", dataDir}
 
 	first := startBinary(t, bin, args...)
-	// The warm pools hold one guest per template.
+	// The warm pools hold one guest per template (tpl_desktop's only where Chromium is
+	// installed); all of them boot before the second starts, so none boots meanwhile.
+	templates := templateCount(t, first.env["WB_URL"], first.env["WB_API_KEY"])
 	var guests map[string]int
-	awaitCondition(t, 3*time.Minute, "the first wb serve's two warm guests running", func() bool {
+	awaitCondition(t, 5*time.Minute, fmt.Sprintf("the first wb serve's %d warm guests running", templates), func() bool {
 		guests = runningGuests(t, runsc, stateRoot)
-		return len(guests) == 2
+		return len(guests) == templates
 	})
 
 	// Bounded: were the data dir not locked, the second would serve on.
@@ -275,6 +279,25 @@ func runningGuests(t *testing.T, runsc, root string) map[string]int {
 		}
 	}
 	return running
+}
+
+// templateCount answers how many templates wb serve at url offers.
+func templateCount(t *testing.T, url, key string) int {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url+"/v1/templates", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || len(list.Data) == 0 {
+		t.Fatalf("GET /v1/templates: %d %v", resp.StatusCode, err)
+	}
+	return len(list.Data)
 }
 
 func sameGuests(a, b map[string]int) bool {

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"wb/desktop/guest"
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv"
 	"wb/hypervisor/oci"
@@ -81,7 +82,11 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	var pools []node.Pool
 	if f.pool > 0 {
 		for _, name := range cat.Names() {
-			pools = append(pools, node.Pool{Template: name, SizeClass: "s", Size: f.pool})
+			pool := node.Pool{Template: name, SizeClass: "s", Size: f.pool}
+			if name == guest.Template { // a small desktop is ready in seconds: its browser already runs
+				pool.Warm = func(ctx context.Context, ex node.Execer) error { return guest.Start(ctx, ex) }
+			}
+			pools = append(pools, pool)
 		}
 	}
 	guard, err := netguard.New(netguard.Options{Allow: f.egressAllow.prefixes})

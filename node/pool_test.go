@@ -1,0 +1,88 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/hypervisor/templates"
+	"wb/node"
+	"wb/session"
+)
+
+// sizeS is exactly the size class "s": only such a session claims a pooled guest.
+func sizeS() session.Resources {
+	c := session.SizeClasses()[0]
+	return session.Resources{VCPU: c.VCPU, MemoryMiB: c.MemoryMiB, DiskGiB: c.DiskGiB, SizeClass: c.Name}
+}
+
+func awaitPool(t *testing.T, n *node.Node, want int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for n.PoolReady(templates.Base, "s") != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("the warm pool holds %d guests, want %d", n.PoolReady(templates.Base, "s"), want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestWarmPoolWarmUp: a pool's warm-up runs in each guest before it joins the pool, so that a
+// session claiming one finds what the warm-up started (a desktop finds its browser running);
+// a guest whose warm-up fails never joins.
+func TestWarmPoolWarmUp(t *testing.T) {
+	t.Parallel()
+	t.Run("claimed warm", func(t *testing.T) {
+		t.Parallel()
+		st, _ := newStore(t)
+		d := newDriver(t, "runc", tempDir(t))
+		cfg := nodeConfig(t, st, d, tempDir(t), "node_warm")
+		var warmed atomic.Int32
+		cfg.Pools = []node.Pool{{Template: templates.Base, SizeClass: "s", Size: 1,
+			Warm: func(ctx context.Context, ex node.Execer) error {
+				_, stderr, code, err := ex.Exec(ctx, []string{"sh", "-c", "echo warmed-up > warm.txt"}, nil)
+				if err == nil && code != 0 {
+					err = errors.New(string(stderr))
+				}
+				warmed.Add(1)
+				return err
+			}}}
+		n := startNode(t, cfg)
+		awaitPool(t, n.Node, 1)
+		s := provision(t, st, n.Node, "proj_warm", sessionOpts{res: sizeS(), idleS: 600, lifeS: 600})
+		res, err := execIn(ctxT(t, time.Minute), n.Node, s, "cat warm.txt")
+		if err != nil || strings.TrimSpace(res.Stdout) != "warmed-up" {
+			t.Fatalf("the claimed guest has %q (%v, stderr %q): it was not the warmed one", res.Stdout, err, res.Stderr)
+		}
+		if warmed.Load() < 1 {
+			t.Fatal("the warm-up never ran")
+		}
+	})
+	t.Run("warm-up fails", func(t *testing.T) {
+		t.Parallel()
+		st, _ := newStore(t)
+		d := newDriver(t, "runc", tempDir(t))
+		cfg := nodeConfig(t, st, d, tempDir(t), "node_cold")
+		var tries atomic.Int32
+		cfg.Pools = []node.Pool{{Template: templates.Base, SizeClass: "s", Size: 1,
+			Warm: func(ctx context.Context, ex node.Execer) error { tries.Add(1); return errors.New("no display") }}}
+		n := startNode(t, cfg)
+		deadline := time.Now().Add(3 * time.Minute)
+		for tries.Load() < 2 { // it failed, and the pool tried again
+			if time.Now().After(deadline) {
+				t.Fatalf("the warm-up ran %d times", tries.Load())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if got := n.PoolReady(templates.Base, "s"); got != 0 {
+			t.Errorf("%d guests joined the pool after their warm-up failed", got)
+		}
+		// The failed guests are gone: only ever one at a time exists.
+		if ids, err := d.List(ctxT(t, 30*time.Second)); err != nil || len(ids) > 1 {
+			t.Errorf("guests left behind by failed warm-ups: %v (%v)", ids, err)
+		}
+	})
+}
