@@ -22,26 +22,34 @@ export interface List<T> {
 
 /** ?limit= (at most 100) and ?cursor= of a list call. */
 export interface Page {
-  limit?: number;
-  cursor?: string;
+  limit?: number | undefined;
+  cursor?: string | undefined;
 }
 
 /** A command: a string run by /bin/sh -c, or an argv array. */
 export type Command = string | string[];
 
-export type CreateSessionParams = Camelize<Schemas["CreateSessionRequest"]>;
-export type PatchSessionParams = Camelize<Schemas["PatchSessionRequest"]>;
-export type SnapshotParams = Camelize<Schemas["SnapshotRequest"]>;
-export type ExecParams = Omit<Camelize<Schemas["ExecRequest"]>, "command"> & { command: Command };
+type OptionalKeys<T> = { [K in keyof T]-?: {} extends Pick<T, K> ? K : never }[keyof T];
+
+/**
+ * T whose optional properties also take undefined (left out of the request), so that a value
+ * read from a Map or an env var fits under exactOptionalPropertyTypes too.
+ */
+type Params<T> = { [K in Exclude<keyof T, OptionalKeys<T>>]: T[K] } & { [K in OptionalKeys<T>]?: T[K] | undefined };
+
+export type CreateSessionParams = Params<Camelize<Schemas["CreateSessionRequest"]>>;
+export type PatchSessionParams = Params<Camelize<Schemas["PatchSessionRequest"]>>;
+export type SnapshotParams = Params<Camelize<Schemas["SnapshotRequest"]>>;
+export type ExecParams = Params<Omit<Camelize<Schemas["ExecRequest"]>, "command">> & { command: Command };
 
 export interface ListSessionsParams extends Page {
-  state?: SessionState;
-  endUserId?: string;
+  state?: SessionState | undefined;
+  endUserId?: string | undefined;
 }
 
-type RunOptions = Pick<Camelize<Schemas["CreateRunRequest"]>, "endUserId" | "env" | "cwd" | "stdin" | "timeoutS"> & {
+type RunOptions = Params<Pick<Camelize<Schemas["CreateRunRequest"]>, "endUserId" | "env" | "cwd" | "stdin" | "timeoutS">> & {
   /** false: answer at once, in queued (GET the run later); default: wait for its end. */
-  wait?: boolean;
+  wait?: boolean | undefined;
 };
 
 /** A run in an existing session, or an ephemeral one (a fresh tier-1 session used once). */
@@ -56,8 +64,8 @@ export type ExecEvent =
 
 /** A terminal's size and command (default: the server's 80×24 running an interactive /bin/sh). */
 export interface PtyParams {
-  cols?: number;
-  rows?: number;
+  cols?: number | undefined;
+  rows?: number | undefined;
   /** Run under /bin/sh -c instead of an interactive shell. */
-  command?: string;
+  command?: string | undefined;
 }

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
-import { camelCase, snakeCase, toCamel, toSnake, type Session } from "../src/index.js";
+import { camelCase, snakeCase, toCamel, toSnake, Wb, type Session } from "../src/index.js";
 import { opaqueProperties } from "../src/case.js";
 
 test("keys map both ways at any depth; values, arrays and caller-keyed maps stay", () => {
@@ -76,4 +76,18 @@ test("the generated types read in camelCase", () => {
     stateReason: null,
   };
   assert.equal(s.usageToDate.memGibMs, 3);
+});
+
+test("options are camelCase only (a compile-time check)", () => {
+  const wb = new Wb({ url: "http://127.0.0.1:1", apiKey: "k" });
+  // Never called: tsc refuses the snake_case spelling, and the seed's lines compile.
+  const typed = async (store: Map<string, string>): Promise<void> => {
+    // @ts-expect-error idle_timeout_s is spelled idleTimeoutS
+    await wb.sessions.create({ tier: 2, idle_timeout_s: 120 });
+    await wb.sessions.create({ tier: 2, restoreFrom: store.get("conv") });
+    const run = await wb.runs.create({ sessionId: "sess_1", command: "true" });
+    const exitCode: number | null = run.exitCode;
+    void exitCode;
+  };
+  assert.equal(typeof typed, "function");
 });
