@@ -177,6 +177,38 @@ describe("seed 000 patterns against wb serve", { skip, timeout: 20 * 60_000 }, (
     }
   });
 
+  test("life cycle: wait, patch, list, pause, resume, execStream, errors", { timeout: 180_000 }, async () => {
+    const created = await wb.sessions.create({ tier: 2, metadata: { ticket_id: "T-1" } });
+    try {
+      const running = await wb.sessions.wait(created.id);
+      assert.equal(running.state, "running");
+      assert.deepEqual(running.metadata, { ticket_id: "T-1" }, "metadata keys pass as given, both ways");
+      const patched = await wb.sessions.patch(created.id, { idleTimeoutS: 600 });
+      assert.equal(patched.idleTimeoutS, 600);
+      const listed = await wb.sessions.list({ state: "running", limit: 100 });
+      assert.ok(listed.data.some((s) => s.id === created.id), "list answers the running session");
+      assert.equal((await wb.sessions.pause(created.id)).state, "paused");
+      await assert.rejects(wb.sessions.exec(created.id, { command: "true" }), (e: unknown) =>
+        e instanceof WbError && e.status === 409 && e.type === "invalid_state" && /paused/.test(e.message),
+      );
+      assert.equal((await wb.sessions.resume(created.id)).state, "running");
+      const events = [];
+      for await (const ev of wb.sessions.execStream(created.id, { command: "echo out; echo err >&2; exit 4" })) {
+        events.push("exitCode" in ev ? { exitCode: ev.exitCode } : { [ev.stream]: ev.data.toString() });
+      }
+      assert.deepEqual(events.filter((e) => "stdout" in e), [{ stdout: "out\n" }]);
+      assert.deepEqual(events.filter((e) => "stderr" in e), [{ stderr: "err\n" }]);
+      assert.deepEqual(events.at(-1), { exitCode: 4 });
+      await assert.rejects(wb.sessions.get("sess_nope"), (e: unknown) => e instanceof WbError && e.status === 404 && e.type === "not_found");
+      await assert.rejects(wb.sessions.pty("sess_nope"), (e: unknown) => e instanceof WbError && e.status === 404);
+      await assert.rejects(wb.sessions.create({ tier: 2, idleTimeoutS: 1 }), (e: unknown) =>
+        e instanceof WbError && e.status === 400 && e.param === "idle_timeout_s",
+      );
+    } finally {
+      await wb.sessions.delete(created.id);
+    }
+  });
+
   test("files: write, read, list, delete", { timeout: 180_000 }, async () => {
     const session = await wb.sessions.create({ tier: 2 });
     try {
