@@ -33,6 +33,9 @@ test: deps
 	CGO_ENABLED=0 $(GO) build -o bin/wb-test ./cmd/wb
 	CGO_ENABLED=0 $(GO) build -o bin/wb-agent ./cmd/wb-agent
 	CGO_ENABLED=0 $(GO) build -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech
+	# The TypeScript SDK: unit tests, its drift from the OpenAPI document, and seed 000's
+	# patterns against a wb serve of bin/wb-test with runc guests.
+	cd sdk/ts && npm ci --no-audit --no-fund && npm test
 	# -vet=off: the vet step above ran every analyzer on these packages already.
 	$(GO) test -vet=off $(TESTFLAGS) -skip '^(TestAdversarial|TestExhaustion)$$' $(PKGS)
 	# The attacks fork-bomb, flood and starve real guests: they run after the rest, one package

@@ -13,6 +13,9 @@ command -v runc >/dev/null || need+=(runc)
 [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
 [ -x /usr/bin/xwd ] || need+=(x11-apps)
 [ -d /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)
+# The TypeScript SDK's build and tests (sdk/ts: npm ci, npm test).
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
