@@ -14,7 +14,7 @@ type config struct{ url, apiKey string }
 
 // configInputs are the flags as given; *Set says a flag was given (even as "").
 type configInputs struct {
-	url, apiKey, profile         string
+	url, apiKey, profile       string
 	urlSet, keySet, profileSet bool
 }
 

@@ -430,7 +430,6 @@ func (p *progress) done() {
 	}
 }
 
-
 // nonZero is nil for 0 (the field left out), else &n.
 func nonZero(n int) *int {
 	if n == 0 {
