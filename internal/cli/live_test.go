@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -217,6 +218,7 @@ func TestLive(t *testing.T) {
 	})
 
 	t.Run("pty", func(t *testing.T) { testPTY(t, l, id) })
+	t.Run("pty in tmux", func(t *testing.T) { testPTYInTmux(t, l, id) })
 
 	t.Run("policies", func(t *testing.T) {
 		dir := t.TempDir()
@@ -455,5 +457,69 @@ func testPTY(t *testing.T, l *live, id string) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatalf("wb pty did not end within a minute of exit 3; screen:\n%q", screen.String())
+	}
+}
+
+// testPTYInTmux drives `wb pty` in a tmux pane, as a person would: a typed command's output
+// shows in the pane, resizing the window reaches the guest (stty size), and the shell's exit
+// code is wb's.
+func testPTYInTmux(t *testing.T, l *live, id string) {
+	tmuxBin, err := exec.LookPath("tmux")
+	if err != nil {
+		t.Skip("tmux is not installed")
+	}
+	dir, err := os.MkdirTemp("", "wbtmux") // short: the server's socket path must fit in 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock, exitFile := filepath.Join(dir, "s"), filepath.Join(dir, "exit")
+	tmux := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(tmuxBin, append([]string{"-S", sock, "-f", "/dev/null"}, args...)...)
+		cmd.Env = append(os.Environ(), "TERM=xterm-256color")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	shell := fmt.Sprintf("env WB_URL=%s WB_API_KEY=%s %s pty %s; echo $? > %s", l.srv.URL, l.srv.APIKey, l.srv.Bin, id, exitFile)
+	tmux("new-session", "-d", "-s", "wb", "-x", "80", "-y", "24", shell)
+	t.Cleanup(func() { _ = exec.Command(tmuxBin, "-S", sock, "kill-server").Run() })
+	// await types keys (again every few seconds: the shell may not be up, or the resize not
+	// through) until the pane shows re.
+	await := func(keys string, re *regexp.Regexp) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			tmux("send-keys", "-t", "wb", "-l", keys)
+			tmux("send-keys", "-t", "wb", "Enter")
+			for wait := time.Now().Add(3 * time.Second); time.Now().Before(wait); time.Sleep(100 * time.Millisecond) {
+				if re.MatchString(tmux("capture-pane", "-p", "-t", "wb")) {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the pane shows no %s within a minute:\n%s", re, tmux("capture-pane", "-p", "-t", "wb"))
+			}
+		}
+	}
+	await("echo tm''ux", regexp.MustCompile(`(?m)^tmux$`))
+	await("stty size", regexp.MustCompile(`(?m)^24 80$`))
+	tmux("resize-window", "-t", "wb", "-x", "100", "-y", "40")
+	await("stty size", regexp.MustCompile(`(?m)^40 100$`))
+	tmux("send-keys", "-t", "wb", "-l", "exit 3")
+	tmux("send-keys", "-t", "wb", "Enter")
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if b, _ := os.ReadFile(exitFile); strings.TrimSpace(string(b)) != "" {
+			if got := strings.TrimSpace(string(b)); got != "3" {
+				t.Fatalf("wb pty in tmux exited %s, want the shell's 3", got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wb pty did not end within a minute of exit 3:\n%s", tmux("capture-pane", "-p", "-t", "wb"))
+		}
 	}
 }

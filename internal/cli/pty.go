@@ -58,6 +58,9 @@ func (a *app) pty(ctx context.Context, c *client.Client, id, command string) err
 		return err
 	}
 	defer p.Close()
+	// SIGTERM (main's context) ends the terminal, so that the local one is restored.
+	stopClose := context.AfterFunc(ctx, func() { _ = p.Close() })
+	defer stopClose()
 	if termFD >= 0 {
 		old, err := term.MakeRaw(termFD)
 		if err != nil {
