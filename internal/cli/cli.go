@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -53,12 +52,17 @@ func exitCode(code int) error {
 	return &ExitError{Code: code}
 }
 
-// commands are the top-level names this package serves (besides cobra's own).
-var commands = []string{"sessions", "runs", "snapshots", "policies", "plugins", "usage", "webhooks", "desktops", "pty", "completion",
-	cobra.ShellCompRequestCmd, cobra.ShellCompNoDescRequestCmd}
-
-// Handles reports whether the command name is one of this package's.
-func Handles(name string) bool { return slices.Contains(commands, name) }
+// Handles reports whether the top-level command name is one of this package's (cobra's
+// __complete included: the completion scripts call it).
+func Handles(name string) bool {
+	switch name {
+	case "sessions", "session", "runs", "run", "snapshots", "snapshot", "policies", "policy", "plugins", "plugin",
+		"usage", "webhooks", "webhook", "desktops", "desktop", "pty", "completion",
+		cobra.ShellCompRequestCmd, cobra.ShellCompNoDescRequestCmd:
+		return true
+	}
+	return false
+}
 
 // app is one invocation: its streams, configuration flags and the client they make.
 type app struct {
