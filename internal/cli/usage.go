@@ -64,4 +64,3 @@ so far), one line per session or (--group-by end_user) per end user, and the tot
 	_ = cmd.RegisterFlagCompletionFunc("group-by", cobra.FixedCompletions([]string{"session", "end_user"}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
-

@@ -111,4 +111,3 @@ func (a *app) webhooksCmd() *cobra.Command {
 	cmd.AddCommand(create, ls, get, rm, deliveries)
 	return cmd
 }
-
