@@ -156,6 +156,28 @@ func TestLive(t *testing.T) {
 		if stdout, _, code := l.bin(t, "sessions", "exec", id, "--", "echo hello; exit 0"); code != 0 || stdout != "hello\n" {
 			t.Errorf("exec via sh -c: code %d, stdout %q", code, stdout)
 		}
+		// Output streams: the first line shows while the command still runs.
+		first := make(chan struct{})
+		a, _, _ := newTestApp(l.env, "")
+		a.Out = writerFunc(func(b []byte) (int, error) {
+			if bytes.Contains(b, []byte("first")) {
+				close(first)
+			}
+			return len(b), nil
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.run(ctx, []string{"sessions", "exec", id, "--", "echo first; sleep 120"}) }()
+		select {
+		case <-first:
+		case err := <-done:
+			t.Fatalf("exec ended (%v) before streaming its first line", err)
+		case <-time.After(time.Minute):
+			t.Fatal("exec streamed nothing within a minute of a command that printed at once")
+		}
+		cancel()
+		<-done
+
 		a, out, _ := newTestApp(l.env, "from stdin")
 		if err := a.run(context.Background(), []string{"sessions", "exec", id, "--stdin", "--", "cat"}); err != nil || out.String() != "from stdin" {
 			t.Errorf("exec --stdin: %v, %q", err, out.String())
@@ -523,3 +545,7 @@ func testPTYInTmux(t *testing.T, l *live, id string) {
 		}
 	}
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
