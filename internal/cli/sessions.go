@@ -230,9 +230,11 @@ func (a *app) sessionActionCmd(name, short string, call func(*client.Client, con
 
 func (a *app) sessionsRmCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:               "rm SESSION_ID...",
-		Aliases:           []string{"delete", "stop"},
-		Short:             "Stop and delete sessions",
+		Use:     "rm SESSION_ID...",
+		Aliases: []string{"delete", "stop"},
+		Short:   "Stop and delete sessions",
+		Long: `Stop sessions; each answers in stopping (or as it is, once stopped). With -o json one id prints
+the session object, several an array of them.`,
 		Example:           `  wb sessions rm sess_123 sess_456`,
 		Args:              atLeastArgs(1, "one or more SESSION_IDs"),
 		ValidArgsFunction: a.completeSessions,
