@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"wb/internal/servetest"
 )
 
 // TestLive drives a real `wb serve` with runc guests through the SDK: one tier-2 session
@@ -18,8 +20,8 @@ func TestLive(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts wb serve with real guests")
 	}
-	srv := startServe(t)
-	c, err := New(srv.url, srv.apiKey)
+	srv := servetest.Start(t)
+	c, err := New(srv.URL, srv.APIKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +29,7 @@ func TestLive(t *testing.T) {
 	defer cancel()
 	defer func() {
 		if t.Failed() {
-			t.Logf("wb serve's log:\n%s", srv.log())
+			t.Logf("wb serve's log:\n%s", srv.Log())
 		}
 	}()
 

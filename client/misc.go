@@ -62,10 +62,20 @@ func (c *Client) ListWebhookDeliveries(ctx context.Context, endpointID string, p
 	return &l, c.do(ctx, http.MethodGet, "/v1/webhook_endpoints/"+pathID(endpointID)+"/deliveries", pageQuery(nil, p), nil, &l)
 }
 
-// PutPolicy stores a new version of the named Rego policy and answers it.
+// PutPolicy stores a new version of the named Rego policy (mode enforce) and answers it.
 func (c *Client) PutPolicy(ctx context.Context, name, rego string) (*Policy, error) {
+	return c.PutPolicyMode(ctx, name, rego, "")
+}
+
+// PutPolicyMode is PutPolicy with the mode the version runs in: enforce, warn or dryrun ("":
+// the server's enforce).
+func (c *Client) PutPolicyMode(ctx context.Context, name, rego, mode string) (*Policy, error) {
+	var q url.Values
+	if mode != "" {
+		q = url.Values{"mode": {mode}}
+	}
 	var p Policy
-	return &p, c.doRaw(ctx, http.MethodPut, "/v1/policies/"+pathID(name), nil, []byte(rego), "text/plain", &p)
+	return &p, c.doRaw(ctx, http.MethodPut, "/v1/policies/"+pathID(name), q, []byte(rego), "text/plain", &p)
 }
 
 // ListPolicies answers the latest version of each of the project's policies.
@@ -81,11 +91,13 @@ func (c *Client) GetPolicyVersions(ctx context.Context, name string) (*List[Poli
 }
 
 // PutPluginRequest places a Wasm module: at the decision points named (admission, runtime,
-// spend), in Order among the project's plugins.
+// spend), in Order among the project's plugins; FailOpen allows (with a warning) when the
+// plugin fails instead of denying.
 type PutPluginRequest struct {
-	Wasm   []byte
-	Points []string
-	Order  int
+	Wasm     []byte
+	Points   []string
+	Order    int
+	FailOpen bool
 }
 
 // PutPlugin stores (or replaces) the named plugin.
@@ -96,6 +108,9 @@ func (c *Client) PutPlugin(ctx context.Context, name string, req PutPluginReques
 	}
 	if req.Order != 0 {
 		q.Set("order", strconv.Itoa(req.Order))
+	}
+	if req.FailOpen {
+		q.Set("fail_open", "true")
 	}
 	var p Plugin
 	return &p, c.doRaw(ctx, http.MethodPut, "/v1/plugins/"+pathID(name), q, req.Wasm, "application/wasm", &p)

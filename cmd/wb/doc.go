@@ -1,6 +1,7 @@
 // Command wb is the platform's one binary: `wb serve` runs everything on one machine, `wb node`
-// one more host for it, `wb agent` the process inside each guest, and `wb plugins` tests or
-// pushes a tenant's plugin. This package parses flags and wires packages. `wb serve` and
+// one more host for it, `wb agent` the process inside each guest. The callers' commands
+// (sessions, runs, plugins, …) are package internal/cli's; main dispatches their names to it.
+// This package parses flags and wires packages. `wb serve` and
 // `wb node` lock their --data-dir (internal/datadir) before they touch it, and keep their
 // runtime state inside it.
 package main

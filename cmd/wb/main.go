@@ -13,6 +13,7 @@ import (
 
 	"wb/agent"
 	"wb/desktop/guest"
+	"wb/internal/cli"
 )
 
 const usage = `wb — control plane and edge gateway for agent sandboxes.
@@ -20,10 +21,21 @@ const usage = `wb — control plane and edge gateway for agent sandboxes.
 Usage:
   wb <command> [flags]
 
-Commands:
+Commands for callers (the API of $WB_URL with $WB_API_KEY, or a profile; -o json):
+  sessions  create, ls, get, exec, pty, pause, resume, snapshot, rm
+  pty       an interactive terminal in a session (wb sessions pty)
+  runs      run a command in a session, or ephemeral code
+  snapshots ls, get, rm
+  policies  push, ls, and test a Rego policy locally
+  plugins   test a Wasm plugin locally; push, ls, get, rm
+  usage     usage and cost per session or end user
+  webhooks  create, ls, get, rm endpoints; their deliveries
+  desktops  create, ls, get, sleep, wake, stop, start, resize, rm
+  completion  print the shell completion script (bash, zsh, fish)
+
+Commands for operators:
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
   node      run guests for a control plane that shares its Redis
-  plugins   test a Wasm plugin locally, or push it to a project
   envoy-bootstrap  print the bootstrap YAML of one Envoy of the fleet
   image     build a Cloud Hypervisor guest image (kernel, initramfs, ext4 rootfs with wb as init)
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
@@ -53,6 +65,13 @@ func main() {
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
+	var exit *cli.ExitError // a remote command's exit code (exec, pty, runs)
+	if errors.As(err, &exit) {
+		if exit.Err != nil {
+			fmt.Fprintln(os.Stderr, "wb:", exit.Err)
+		}
+		os.Exit(exit.Code)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "wb:", err)
 		os.Exit(2)
@@ -63,6 +82,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return errors.New("no command given")
+	}
+	if cli.Handles(args[0]) {
+		return cli.Run(ctx, args, cli.Streams{In: os.Stdin, Out: stdout, Err: stderr})
 	}
 	switch args[0] {
 	case "-h", "--help", "help":
@@ -80,8 +102,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return agent.Main(args[1:])
 	case "node":
 		return nodeCmd(ctx, args[1:], stderr)
-	case "plugins":
-		return pluginsCmd(ctx, args[1:], stdout, stderr)
 	case "envoy-bootstrap":
 		return envoyBootstrap(args[1:], stdout, stderr)
 	case "image":

@@ -22,7 +22,7 @@ func TestHelp(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--help"}, []string{"serve", "node", "agent", "plugins"}},
+		{[]string{"--help"}, []string{"serve", "node", "agent", "plugins", "sessions", "pty", "desktops", "webhooks", "completion"}},
 		{[]string{"serve", "--help"}, []string{"-addr", "-redis", "-runtime", "-data-dir", "-prices", "WB_URL=", "-egress-allow-cidr", "-allow-private-webhooks", "-metrics-token", "-metrics-addr", "-tls-domain", "-tls-on-demand", "-acme-ca", "-acme-ca-root", "-acme-email", "-authz-addr", "-node-token-file", "-desktop-idle"}},
 		{[]string{"node", "--help"}, []string{"-redis", "-token-file", "WB_NODE_TOKEN", "-advertise", "-runtime", "-egress-allow-cidr", "-backend", "-ch-binary", "-kernel", "-initramfs"}},
 		{[]string{"plugins", "--help"}, []string{"wb plugins test", "wb plugins push"}},

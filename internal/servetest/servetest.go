@@ -1,4 +1,4 @@
-package client
+package servetest
 
 import (
 	"bufio"
@@ -14,16 +14,19 @@ import (
 	"wb/internal/wbbin"
 )
 
-// server is a `wb serve --runtime runc --pool 0` of the test's own (with its own redis-server),
-// as cmd/wb's tests start one.
-type server struct {
-	url, apiKey string
-	stderr      string // path of its log
+// Server is a `wb serve --runtime runc --pool 0` of the test's own (with its own redis-server).
+type Server struct {
+	URL, APIKey string
+	// Bin is the wb binary it runs, for tests that run other wb commands against it.
+	Bin    string
+	stderr string // path of its log
 }
 
-// startServe builds wb and its agent, starts `wb serve` with real runc guests, and stops it
-// and removes its guests and mounts when the test ends. Skips where runc cannot run.
-func startServe(t *testing.T) *server {
+// Start builds wb and its agent (or copies the ones wbbin's variables name), starts `wb
+// serve` with real runc guests, and stops it and removes its guests and mounts when the test
+// ends. Skips where runc cannot run. extraArgs are more flags of wb serve, e.g.
+// --allow-private-webhooks.
+func Start(t testing.TB, extraArgs ...string) *Server {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runc guests need root")
@@ -36,7 +39,7 @@ func startServe(t *testing.T) *server {
 		t.Skip("busybox-static is needed to assemble the templates")
 	}
 	// Not t.TempDir(): the test's name would make the guests' Unix socket paths too long.
-	tmp, err := os.MkdirTemp("", "wbsdk")
+	tmp, err := os.MkdirTemp("", "wbst")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +52,7 @@ func startServe(t *testing.T) *server {
 		t.Fatal(err)
 	}
 	dataDir := filepath.Join(tmp, "d")
-	s := &server{stderr: filepath.Join(tmp, "stderr")}
+	s := &Server{Bin: bin, stderr: filepath.Join(tmp, "stderr")}
 	stdoutPath := filepath.Join(tmp, "stdout")
 	stdout, err := os.Create(stdoutPath)
 	if err != nil {
@@ -61,7 +64,7 @@ func startServe(t *testing.T) *server {
 		t.Fatal(err)
 	}
 	defer stderr.Close()
-	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir)
+	cmd := exec.Command(bin, append([]string{"serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir}, extraArgs...)...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "WB_") { // wb serve takes its keys from these when set
 			cmd.Env = append(cmd.Env, kv)
@@ -93,22 +96,22 @@ func startServe(t *testing.T) *server {
 	for {
 		vals := readEnvLines(stdoutPath)
 		if vals["WB_URL"] != "" && vals["WB_API_KEY"] != "" {
-			s.url, s.apiKey = vals["WB_URL"], vals["WB_API_KEY"]
+			s.URL, s.APIKey = vals["WB_URL"], vals["WB_API_KEY"]
 			return s
 		}
 		select {
 		case <-exited:
-			t.Fatalf("wb serve exited before printing WB_URL and WB_API_KEY; log:\n%s", s.log())
+			t.Fatalf("wb serve exited before printing WB_URL and WB_API_KEY; log:\n%s", s.Log())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("wb serve printed no WB_URL/WB_API_KEY within 3 minutes; log:\n%s", s.log())
+			t.Fatalf("wb serve printed no WB_URL/WB_API_KEY within 3 minutes; log:\n%s", s.Log())
 		}
 	}
 }
 
-// log answers the end of the server's log, for a failure's message.
-func (s *server) log() string {
+// Log answers the end of the server's log, for a failure's message.
+func (s *Server) Log() string {
 	b, _ := os.ReadFile(s.stderr)
 	if len(b) > 8000 {
 		b = b[len(b)-8000:]

@@ -1,0 +1,299 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"wb/client"
+	"wb/plugins"
+	"wb/policies"
+)
+
+func (a *app) policiesCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "policies",
+		Aliases: []string{"policy"},
+		Short:   "Push, list and test the project's Rego policies",
+		Example: `  wb policies test guard.rego --input request.json
+  wb policies push guard.rego --mode warn
+  wb policies ls`,
+	}
+	var name, mode string
+	push := &cobra.Command{
+		Use:   "push FILE.rego",
+		Short: "Upload a new version of a policy",
+		Long: `Upload FILE.rego as the next version of the policy NAME (default: the file's base name). A
+module that does not compile is refused with its line and column. Sessions pin a version with
+wb sessions create --policy pol_NAME@VERSION.`,
+		Example: `  wb policies push guard.rego
+  wb policies push ./policies/tiers.rego --name tiers --mode dryrun`,
+		Args: exactArgs(1, "a FILE.rego"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if name == "" {
+				name = baseName(args[0])
+			}
+			p, err := c.PutPolicyMode(cmd.Context(), name, string(src), mode)
+			if err != nil {
+				return err
+			}
+			return a.print(p, policiesTable(a.now(), *p))
+		},
+	}
+	push.Flags().StringVar(&name, "name", "", "policy `name` (default: the file's base name)")
+	push.Flags().StringVar(&mode, "mode", "enforce", "`mode`: enforce, warn (deny becomes a warning) or dryrun (only logged)")
+	_ = push.RegisterFlagCompletionFunc("mode", cobra.FixedCompletions([]string{"enforce", "warn", "dryrun"}, cobra.ShellCompDirectiveNoFileComp))
+
+	ls := &cobra.Command{
+		Use:     "ls [NAME]",
+		Aliases: []string{"list"},
+		Short:   "List the latest version of each policy, or every version of NAME",
+		Example: `  wb policies ls
+  wb policies ls guard`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var l *client.List[client.Policy]
+			if len(args) == 1 {
+				l, err = c.GetPolicyVersions(cmd.Context(), args[0])
+			} else {
+				l, err = c.ListPolicies(cmd.Context())
+			}
+			if err != nil {
+				return err
+			}
+			return a.print(l.Data, policiesTable(a.now(), l.Data...))
+		},
+	}
+
+	var input string
+	var timeout time.Duration
+	test := &cobra.Command{
+		Use:   "test FILE.rego --input INPUT.json",
+		Short: "Evaluate a policy locally on one input and print its decision",
+		Long: `Compile FILE.rego as the platform would on upload (a module that fails here is refused by
+wb policies push) and evaluate it on INPUT.json, printing the package's document: deny and
+warn messages, defaults, kill, allow_egress, … Nothing is sent to the API. The input is the
+decision point's (see the policies package): at admission {"request": {...}, "project_id",
+"plan", "active_sessions"}.`,
+		Example: `  wb policies test guard.rego --input admission-input.json`,
+		Args:    exactArgs(1, "a FILE.rego"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if input == "" {
+				return fmt.Errorf("%s needs --input INPUT.json", cmd.CommandPath())
+			}
+			src, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			raw, err := os.ReadFile(input)
+			if err != nil {
+				return err
+			}
+			var in any
+			if err := json.Unmarshal(raw, &in); err != nil {
+				return fmt.Errorf("--input %s: %w", input, err)
+			}
+			ctx, cancel := contextWithTimeout(cmd, timeout)
+			defer cancel()
+			point, doc, err := policies.EvaluateLocal(ctx, filepath.Base(args[0]), string(src), in)
+			if err != nil {
+				return err
+			}
+			return writeJSON(a.Out, map[string]any{"point": point, "result": doc})
+		},
+	}
+	test.Flags().StringVar(&input, "input", "", "JSON `file` of the decision's input")
+	test.Flags().DurationVar(&timeout, "timeout", time.Second, "deadline of the evaluation")
+	cmd.AddCommand(push, ls, test)
+	return cmd
+}
+
+func baseName(file string) string {
+	return strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))
+}
+
+func (a *app) pluginsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "plugins",
+		Aliases: []string{"plugin"},
+		Short:   "Test a Wasm plugin locally, push it to the project, list and remove plugins",
+		Example: `  wb plugins test tiercap.wasm --input request.json
+  wb plugins push tiercap.wasm --points admission,runtime --order 10
+  wb plugins ls
+  wb plugins rm tiercap`,
+	}
+	var (
+		input, point, cfg string
+		timeout           time.Duration
+	)
+	test := &cobra.Command{
+		Use:   "test FILE.wasm --input REQUEST.json",
+		Short: "Run a plugin locally on one input and print its decision and timing",
+		Long: `Run FILE.wasm once, in the same host the platform uses, on INPUT: a whole decision input
+(with "point"), or just a create request, wrapped as an admission input. Prints the decision
+and how long the call took, as JSON.`,
+		Example: `  wb plugins test tiercap.wasm --input request.json --timeout 1s
+  wb plugins test guard.wasm --input runtime-event.json --config max_tier=2`,
+		Args: exactArgs(1, "a FILE.wasm"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if input == "" {
+				return fmt.Errorf("%s needs FILE.wasm and --input", cmd.CommandPath())
+			}
+			return a.pluginTest(cmd, args[0], input, point, cfg, timeout)
+		},
+	}
+	test.Flags().StringVar(&input, "input", "", "JSON `file` of the plugin's input (the create request alone, or a whole input with \"point\")")
+	test.Flags().StringVar(&point, "point", "admission", "decision `point` the input is for, when the file holds just a request")
+	test.Flags().DurationVar(&timeout, "timeout", 20*time.Millisecond, "deadline of the call")
+	test.Flags().StringVar(&cfg, "config", "", "plugin configuration as `k=v,k2=v2`")
+
+	var (
+		name     string
+		points   []string
+		order    int
+		failOpen bool
+	)
+	push := &cobra.Command{
+		Use:   "push FILE.wasm",
+		Short: "Upload a plugin to the project (replacing one of the same name)",
+		Example: `  wb plugins push tiercap.wasm
+  wb plugins push guard.wasm --name guard --points admission,runtime --order 5 --fail-open`,
+		Args: exactArgs(1, "a FILE.wasm"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			wasm, err := os.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if name == "" {
+				name = baseName(args[0])
+			}
+			p, err := c.PutPlugin(cmd.Context(), name, client.PutPluginRequest{Wasm: wasm, Points: points, Order: order, FailOpen: failOpen})
+			if err != nil {
+				return err
+			}
+			return a.print(p, pluginsTable(a.now(), *p))
+		},
+	}
+	push.Flags().StringVar(&name, "name", "", "plugin `name` (default: the file's base name)")
+	push.Flags().StringSliceVar(&points, "points", []string{"admission"}, "decision `points`, comma-separated: admission, runtime, spend")
+	push.Flags().IntVar(&order, "order", 0, "place in the project's chain (lower runs first)")
+	push.Flags().BoolVar(&failOpen, "fail-open", false, "on a plugin failure, allow (with a warning) instead of denying")
+
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the project's plugins",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.ListPlugins(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.print(l.Data, pluginsTable(a.now(), l.Data...))
+		},
+	}
+	get := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show a plugin",
+		Args:  exactArgs(1, "a plugin NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			p, err := c.GetPlugin(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.print(p, pluginsTable(a.now(), *p))
+		},
+	}
+	rm := &cobra.Command{
+		Use:     "rm NAME...",
+		Aliases: []string{"delete"},
+		Short:   "Remove plugins from the project",
+		Args:    atLeastArgs(1, "one or more plugin NAMEs"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return a.deleteEach(args, func(name string) (*client.Deleted, error) {
+				d, err := c.DeletePlugin(cmd.Context(), name)
+				if err != nil {
+					return nil, err
+				}
+				return &client.Deleted{ID: d.Name, Object: d.Object, Deleted: d.Deleted}, nil
+			})
+		},
+	}
+	cmd.AddCommand(test, push, ls, get, rm)
+	return cmd
+}
+
+// pluginTest is `wb plugins test`: one call of the plugin in a local host.
+func (a *app) pluginTest(cmd *cobra.Command, file, input, point, cfg string, timeout time.Duration) error {
+	ctx := cmd.Context()
+	wasm, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(input)
+	if err != nil {
+		return err
+	}
+	var probe map[string]any
+	if err := json.Unmarshal(raw, &probe); err != nil {
+		return fmt.Errorf("--input %s: %w", input, err)
+	}
+	if _, whole := probe["point"]; !whole {
+		// Just a create request: wrap it as the admission input the host would send.
+		raw, _ = json.Marshal(map[string]any{"point": point, "project_id": "proj_local", "at_ms": time.Now().UnixMilli(),
+			"request": probe, "plan": map[string]any{"concurrency": 100, "rate_per_sec": 100}, "active_sessions": 0})
+	}
+	host, err := plugins.NewHost(ctx, nil, plugins.Options{Timeout: timeout})
+	if err != nil {
+		return err
+	}
+	defer host.Close(ctx)
+	var opts []plugins.Option
+	if cfg != "" {
+		m := map[string]string{}
+		for _, kv := range strings.Split(cfg, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			m[k] = v
+		}
+		opts = append(opts, plugins.WithConfig(m))
+	}
+	opts = append(opts, plugins.WithLimits(plugins.Limits{Timeout: timeout}))
+	d, took, err := host.Call(ctx, wasm, raw, opts...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", filepath.Base(file), err)
+	}
+	return writeJSON(a.Out, map[string]any{"decision": d, "duration_us": took.Microseconds()})
+}
