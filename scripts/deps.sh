@@ -16,6 +16,8 @@ command -v runc >/dev/null || need+=(runc)
 # The TypeScript SDK's build and tests (sdk/ts: npm ci, npm test).
 command -v node >/dev/null || need+=(nodejs)
 command -v npm >/dev/null || need+=(npm)
+# The CLI's interactive-terminal test drives `wb pty` inside tmux (internal/cli).
+command -v tmux >/dev/null || need+=(tmux)
 if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
