@@ -196,6 +196,7 @@ func (p *platform) wait(id string, want desktop.State) desktop.Desktop {
 	p.t.Helper()
 	var d desktop.Desktop
 	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		d = desktop.Desktop{} // fresh each time: the API leaves out the fields that are unset
 		p.call("GET", "/v1/desktops/"+id, nil, 200, &d)
 		if d.State == want {
 			return d
