@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"time"
 
@@ -89,7 +90,7 @@ type server struct {
 	procs     *procTable
 
 	handlers  tracker            // in-flight handlers, waited for on shutdown
-	quiesceCh chan time.Duration // from the quiesce handler to the serve loop
+	quiesceCh chan quiesce // from the quiesce handler to the serve loop
 
 	mu       sync.Mutex
 	sessions map[*websocket.Conn]context.CancelFunc // open PTY websockets (hijacked connections)
@@ -135,7 +136,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		vsockPort: cfg.VsockPort,
 		log:       log,
 		procs:     newProcTable(),
-		quiesceCh: make(chan time.Duration, 1),
+		quiesceCh: make(chan quiesce, 1),
 		sessions:  map[*websocket.Conn]context.CancelFunc{},
 	}
 
@@ -183,12 +184,12 @@ func Serve(ctx context.Context, cfg Config) error {
 		serveErr := make(chan error, 1)
 		go func() { serveErr <- g.srv.Serve(ln) }()
 
-		var quiesce time.Duration
+		var q quiesce
 		select {
 		case <-ctx.Done():
 			s.shutdown(g, serveErr)
 			return nil
-		case quiesce = <-s.quiesceCh:
+		case q = <-s.quiesceCh:
 		case err := <-serveErr:
 			if !g.isQuiescing() {
 				_ = g.srv.Close()
@@ -201,7 +202,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			case <-ctx.Done():
 				s.shutdown(g, nil)
 				return nil
-			case quiesce = <-s.quiesceCh:
+			case q = <-s.quiesceCh:
 			}
 			serveErr <- nil
 		}
@@ -212,14 +213,10 @@ func Serve(ctx context.Context, cfg Config) error {
 			s.fwd.pause()
 		}
 		<-serveErr
-		log.Info("agent quiesced", "for", quiesce)
-		t := time.NewTimer(quiesce)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		log.Info("agent quiesced", "for", q.most, "resume_file", q.resumeFile)
+		if !s.awaitResume(ctx, q) {
 			s.waitHandlers()
 			return nil
-		case <-t.C:
 		}
 		if ln, err = s.relisten(ctx); err != nil {
 			s.waitHandlers()
@@ -466,6 +463,50 @@ func (s *server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 // quiesceRequest is the body of POST /v1/quiesce.
 type quiesceRequest struct {
 	ForMs int64 `json:"for_ms"`
+	// ResumeFile, when set, is a file name in the socket's directory whose appearance ends the
+	// quiesce before for_ms: the host creates it once its checkpoint is done, so the agent
+	// stays off exactly as long as the checkpoint takes (for_ms then only bounds it).
+	ResumeFile string `json:"resume_file,omitempty"`
+}
+
+// quiesce is one accepted quiesce: off for at most most, or until resumeFile appears.
+type quiesce struct {
+	most       time.Duration
+	resumeFile string
+}
+
+// resumeFilePattern: a plain file name, so the host names nothing outside the socket's directory.
+var resumeFilePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// resumePoll is how often a quiesced agent looks for its resume file.
+const resumePoll = 10 * time.Millisecond
+
+// awaitResume waits out a quiesce: until q.most has passed or q's resume file appears in the
+// socket's directory (it is then removed). It reports false when ctx ended first.
+func (s *server) awaitResume(ctx context.Context, q quiesce) bool {
+	t := time.NewTimer(q.most)
+	defer t.Stop()
+	var tick <-chan time.Time
+	path := ""
+	if q.resumeFile != "" && s.socket != "" {
+		path = filepath.Join(filepath.Dir(s.socket), q.resumeFile)
+		tk := time.NewTicker(resumePoll)
+		defer tk.Stop()
+		tick = tk.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-tick:
+			if _, err := os.Stat(path); err == nil {
+				_ = os.Remove(path)
+				return true
+			}
+		}
+	}
 }
 
 // handleQuiesce closes the listener and every connection, answers on its own (hijacked)
@@ -487,13 +528,17 @@ func (s *server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("for_ms must be 1–%d, got %d", MaxQuiesce.Milliseconds(), req.ForMs), "for_ms")
 		return
 	}
+	if req.ResumeFile != "" && !resumeFilePattern.MatchString(req.ResumeFile) {
+		writeError(w, http.StatusBadRequest, "invalid_request", "resume_file must be a file name of 1–64 letters, digits, '.', '_' or '-'", "resume_file")
+		return
+	}
 	g, _ := r.Context().Value(genKey{}).(*generation)
 	own, _ := r.Context().Value(connKey{}).(net.Conn)
 	if g == nil || own == nil {
 		writeError(w, http.StatusInternalServerError, "internal", "no connection state", "")
 		return
 	}
-	d := time.Duration(req.ForMs) * time.Millisecond
+	q := quiesce{most: time.Duration(req.ForMs) * time.Millisecond, resumeFile: req.ResumeFile}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "internal", "cannot take over the connection: "+err.Error(), "")
@@ -503,7 +548,7 @@ func (s *server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		_ = conn.Close()
 		return
 	}
-	defer func() { s.quiesceCh <- d }() // buffered; one quiesce per generation
+	defer func() { s.quiesceCh <- q }() // buffered; one quiesce per generation
 	s.closeSessions()
 	payload, _ := json.Marshal(map[string]any{"ok": true, "for_ms": req.ForMs})
 	_, _ = fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n%s\n", payload)

@@ -749,6 +749,50 @@ func TestQuiesce(t *testing.T) {
 	}
 }
 
+// TestQuiesceUntilResumeFile: a quiesce with a resume file stays off past any fixed window
+// until the host creates the file, then listens again at once and removes it; a file name
+// that could leave the socket's directory is refused.
+func TestQuiesceUntilResumeFile(t *testing.T) {
+	t.Parallel()
+	c, cfg := startAgent(t, false)
+	ctx := testCtx(t, 60*time.Second)
+	for _, bad := range []string{"../x", "a/b", "", strings.Repeat("x", 65)} {
+		body, _ := json.Marshal(map[string]any{"for_ms": 1000, "resume_file": bad})
+		status, answer := rawDo(t, cfg.Socket, http.MethodPost, "/v1/quiesce", body)
+		if bad == "" {
+			if status != 200 {
+				t.Fatalf("no resume file: %d %s", status, answer)
+			}
+			waitHealthy(t, c, 30*time.Second)
+			continue
+		}
+		if _, param := errorParam(t, answer); status != 400 || param != "resume_file" {
+			t.Errorf("resume_file %q: %d %s", bad, status, answer)
+		}
+	}
+
+	const off = 2 * time.Second // far past what the agent would wait without the file
+	if err := c.QuiesceUntil(ctx, 50*time.Second, "resume-1"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(off)
+	if err := c.Health(ctx); err == nil {
+		t.Fatal("back before its resume file was made")
+	}
+	resume := filepath.Join(filepath.Dir(cfg.Socket), "resume-1")
+	if err := os.WriteFile(resume, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	made := time.Now()
+	waitHealthy(t, c, 30*time.Second)
+	if took := time.Since(made); took > 10*time.Second {
+		t.Errorf("back %v after its resume file was made", took)
+	}
+	if _, err := os.Stat(resume); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the resume file was left behind: %v", err)
+	}
+}
+
 func TestStaleSocketAndShutdown(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -194,7 +194,14 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 // Quiesce asks the agent to close its listener and every connection for d (1 ms – 60 s) and
 // then listen again. When it returns nil, the agent already holds no socket of the host's.
 func (c *Client) Quiesce(ctx context.Context, d time.Duration) error {
-	body, _ := json.Marshal(quiesceRequest{ForMs: d.Milliseconds()})
+	return c.QuiesceUntil(ctx, d, "")
+}
+
+// QuiesceUntil is Quiesce that also ends when the file resumeFile (a plain name) appears in
+// the directory of the agent's socket, at most most after it began: the host creates the
+// file when it is done, so the agent is off no longer than the host needs.
+func (c *Client) QuiesceUntil(ctx context.Context, most time.Duration, resumeFile string) error {
+	body, _ := json.Marshal(quiesceRequest{ForMs: most.Milliseconds(), ResumeFile: resumeFile})
 	resp, err := c.do(ctx, http.MethodPost, "/v1/quiesce", nil, bytes.NewReader(body), "application/json")
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"wb/agent"
@@ -13,10 +14,18 @@ import (
 	"wb/store"
 )
 
-// quiesceFor is how long the agent stays off its socket for a memory snapshot: long enough
-// for runsc checkpoint to finish on a loaded host (at 400 ms, checkpoints under `make test`
-// load lost the race with the agent's return and stopped the guest).
-const quiesceFor = time.Second
+// quiesceMost bounds how long the agent stays off its socket for a memory snapshot should
+// the node never create its resume file (the node died mid-snapshot). A fixed window in its
+// place once lost the race with a slow checkpoint on a loaded host, which stopped the guest.
+const quiesceMost = 60 * time.Second
+
+// resumeAgent creates the resume file that ends a quiesce of guest id's agent.
+func (n *Node) resumeAgent(id, name string) error {
+	if err := os.WriteFile(filepath.Join(n.guestDir(id), "agent", name), nil, 0o644); err != nil {
+		return fmt.Errorf("resume the agent: %w", err)
+	}
+	return nil
+}
 
 // touch records activity: it resets the idle timer and re-arms the idle warning.
 // The caller holds l.mu.
@@ -181,45 +190,48 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 		return false, info.SizeBytes, err
 	}
 	// A guest holding a host socket cannot be checkpointed: the agent lets go of its socket
-	// for a moment and the guest is checkpointed, which stops it. It goes on at once as a new
-	// guest restored from the checkpoint, while the old one is deleted in the background
-	// (runsc takes a second or two to reap a sandbox here). If the checkpoint loses the race
-	// with the agent's return, it is tried once more with a longer window. An agent reached
-	// through the driver (a VM's, on vsock) holds no host socket and stays: the driver may
-	// need it to flush the guest's disks before the snapshot.
+	// and the guest is checkpointed, which stops it. It goes on at once as a new guest
+	// restored from the checkpoint, while the old one is deleted in the background (runsc
+	// takes a second or two to reap a sandbox here). The agent stays off until the node
+	// creates its resume file (at most quiesceMost): in the new guest's directory after the
+	// restore, or in the old one's when the checkpoint failed and the guest runs on; so the
+	// checkpoint may take as long as it takes on a loaded host, with no window to lose. An
+	// agent reached through the driver (a VM's, on vsock) holds no host socket and stays:
+	// the driver may need it to flush the guest's disks before the snapshot.
 	_, viaDriver := n.Driver.(hypervisor.AgentDialer)
-	var info hypervisor.SnapshotInfo
-	for _, window := range []time.Duration{quiesceFor, 4 * quiesceFor} {
-		if !viaDriver {
-			if err = l.agent.Quiesce(ctx, window); err != nil {
-				return false, 0, fmt.Errorf("quiesce agent: %w", err)
-			}
+	resume := randomID("resume-")
+	if !viaDriver {
+		if err = l.agent.QuiesceUntil(ctx, quiesceMost, resume); err != nil {
+			return false, 0, fmt.Errorf("quiesce agent: %w", err)
 		}
-		l.agent.Close()
-		info, err = n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
-		if err == nil {
-			break
-		}
+	}
+	l.agent.Close()
+	info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
+	if err != nil {
+		_ = removeAll(dir)
 		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
 			return false, 0, fmt.Errorf("snapshot: checkpoint stopped the guest: %w", err)
 		}
-		n.Logger.Warn("node: checkpoint failed; retrying", "session", s.ID, "err", err)
-		_ = removeAll(dir)
-		hctx, cancel := context.WithTimeout(ctx, window+10*time.Second)
-		err = waitHealthy(hctx, l.agent)
-		cancel()
-		if err != nil {
-			return false, 0, fmt.Errorf("snapshot: agent did not come back: %w", err)
+		if !viaDriver {
+			_ = n.resumeAgent(l.g.GuestID, resume)
 		}
-	}
-	if err != nil {
-		return false, 0, err
+		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if herr := waitHealthy(hctx, l.agent); herr != nil {
+			return false, 0, fmt.Errorf("snapshot: %w; and the agent did not come back: %w", err, herr)
+		}
+		return false, 0, fmt.Errorf("snapshot: checkpoint: %w", err)
 	}
 	old := l.g.GuestID
 	l.g.GuestID = randomID("g-")
 	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
 	if err := n.Driver.Restore(ctx, spec, dir); err != nil {
 		return false, 0, fmt.Errorf("snapshot: restore the guest: %w", err)
+	}
+	if !viaDriver { // after the restore: the driver mounts the guest's agent dir as it starts
+		if err := n.resumeAgent(l.g.GuestID, resume); err != nil {
+			return false, 0, fmt.Errorf("snapshot: %w", err)
+		}
 	}
 	n.save(l)
 	n.wg.Add(1)
@@ -230,7 +242,7 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 		_ = removeAll(n.guestDir(old))
 	}()
 	l.agent, l.proxy = n.agentFor(l.g.GuestID), nil
-	hctx, cancel := context.WithTimeout(ctx, 4*quiesceFor+30*time.Second)
+	hctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := waitHealthy(hctx, l.agent); err != nil {
 		return false, 0, fmt.Errorf("snapshot: guest did not come back: %w", err)

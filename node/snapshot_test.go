@@ -15,10 +15,7 @@ import (
 // in the session it goes on in, and a new session restored from it holding the file.
 func TestSnapshotRestore(t *testing.T) {
 	t.Parallel()
-	// runsc's memory snapshot (a live checkpoint) is left to the gateway's tests: a loaded
-	// machine lets the agent's quiesce window close before runsc checkpoints, which then
-	// fails and stops the guest.
-	for _, rt := range []string{"runc", "cloudhv"} {
+	for _, rt := range []string{"runsc", "runc", "cloudhv"} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
 			testSnapshotRestore(t, rt, rt != "runc")
