@@ -141,7 +141,7 @@ func awaitJS(t *testing.T, ctx context.Context, what, expr string, timeout time.
 	t.Helper()
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if _, err := chromedp.Run(sctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(100*time.Millisecond))); err != nil {
+	if _, err := chromedp.Run(sctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(timeout))); err != nil {
 		t.Fatalf("%s (%s): %v; the page shows state %q, error %q", what, expr, err,
 			eval[string](t, ctx, `(document.getElementById("state")||{}).textContent||""`),
 			eval[string](t, ctx, `(document.getElementById("error")||{}).textContent||""`))
@@ -168,6 +168,9 @@ func signIn(t *testing.T, ctx context.Context, base, key string) {
 	)
 	if got := eval[string](t, ctx, `sessionStorage.getItem("wb_api_key")`); got != key {
 		t.Fatalf("sessionStorage holds %q after signing in", got)
+	}
+	if shown := eval[bool](t, ctx, `document.getElementById("signin").offsetParent !== null`); shown {
+		t.Error("signed in, the page still shows the sign-in form")
 	}
 }
 
@@ -215,6 +218,7 @@ func TestConsoleSleepAndWake(t *testing.T) {
 		fmt.Sprintf(`(document.querySelector(%q)||{textContent:""}).textContent.includes("running")`, row), 30*time.Second)
 	awaitJS(t, ctx, "its session is listed",
 		fmt.Sprintf(`document.querySelector(%q) !== null`, fmt.Sprintf(`#sessions tr[data-id=%q]`, d.SessionID)), 30*time.Second)
+	saveScreenshot(t, ctx, "console-overview")
 
 	step(t, ctx, "open the desktop's page", chromedp.Click(chromedp.CSS(row+" a.open")), chromedp.WaitVisible(chromedp.ID("state")))
 	if loc := eval[string](t, ctx, `location.pathname + location.search`); loc != "/console/desktop.html?id="+url.QueryEscape(d.ID) {
@@ -303,9 +307,11 @@ func TestConsoleVisibility(t *testing.T) {
 			t.Fatalf("hidden for %v, the page still keeps the desktop awake (the grace is %v, idle %v)", time.Since(hidden), grace, idle)
 		}
 	}
-	if el := time.Since(hidden); el < grace {
+	el := time.Since(hidden)
+	if el < grace {
 		t.Fatalf("the desktop went %s %v after its page was hidden: the page stopped before its %v grace", d.State, el, grace)
 	}
+	t.Logf("hidden, the page kept the desktop awake for %v (grace %v, idle %v)", el.Round(100*time.Millisecond), grace, idle)
 	if on := eval[string](t, ctx, `document.body.dataset.heartbeat`); on != "off" {
 		t.Errorf("after the grace the page's heartbeat is %q, want off", on)
 	}
