@@ -250,6 +250,20 @@ func TestConsoleSleepAndWake(t *testing.T) {
 	}
 	saveScreenshot(t, ctx, "console-desktop")
 
+	// Resize while running waits for the next start; the node has no room for xl, so Wake
+	// then answers 409, which the page shows as the API's message, and the desktop stays.
+	step(t, ctx, "resize to xl", chromedp.Evaluate[chromedp.Void](`document.getElementById("new-size").value = "xl"`), chromedp.Click(chromedp.ID("resize")))
+	awaitJS(t, ctx, "the page shows the waiting resize", `document.getElementById("next-size").textContent.includes("xl from its next start")`, 30*time.Second)
+	step(t, ctx, "press Sleep again", chromedp.Click(chromedp.ID("sleep")))
+	awaitJS(t, ctx, "asleep without its state (a resize waited)", `document.getElementById("state").textContent === "asleep: state not saved"`, 3*time.Minute)
+	awaitJS(t, ctx, "the new size", `document.getElementById("size").textContent === "xl"`, 30*time.Second)
+	step(t, ctx, "press Wake with no room", chromedp.Click(chromedp.ID("wake")))
+	awaitJS(t, ctx, "the API's 409 is shown", `!document.getElementById("error").hidden && document.getElementById("error").textContent.includes("no machine has room")`, 30*time.Second)
+	p.call("GET", "/v1/desktops/"+d.ID, nil, 200, &d)
+	if d.State != desktop.Asleep || d.Size != "xl" {
+		t.Fatalf("after a refused wake the API says %s, size %s", d.State, d.Size)
+	}
+
 	step(t, ctx, "sign out", chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("signin")))
 	if got := eval[string](t, ctx, `sessionStorage.getItem("wb_api_key") || ""`); got != "" {
 		t.Errorf("after signing out sessionStorage still holds %q", got)

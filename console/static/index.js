@@ -50,13 +50,14 @@
     document.getElementById("desktops-empty").hidden = list.length > 0;
   }
 
-  function renderSessions(list, cost) {
+  function renderSessions(list, cost, desktopOf) {
     const body = document.querySelector("#sessions tbody");
     body.replaceChildren();
     for (const s of list) {
       const row = document.createElement("tr");
       row.dataset.id = s.id;
-      cell(row, s.id);
+      const backs = desktopOf.get(s.id);
+      cell(row, backs ? s.id + " (desktop " + backs + ")" : s.id);
       const badge = document.createElement("span");
       wb.stateBadge(badge, s.state);
       cell(row, "").appendChild(badge);
@@ -79,7 +80,7 @@
         costs(),
       ]);
       renderDesktops(desktops.data, cost);
-      renderSessions(sessions.data, cost);
+      renderSessions(sessions.data, cost, new Map(desktops.data.filter((d) => d.session_id).map((d) => [d.session_id, d.name])));
       document.body.dataset.loaded = "true";
       wb.showError(null);
     } catch (err) {
