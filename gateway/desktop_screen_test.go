@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"image/png"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,4 +120,28 @@ func TestDesktopHeartbeat(t *testing.T) {
 	}
 	expectError(t, e.do("POST", "/v1/desktops/"+d.ID+"/heartbeat", e.key, map[string]any{"x": 1}), 400, "invalid_request", "*")
 	expectError(t, e.do("POST", "/v1/desktops/desk_none/heartbeat", e.key, nil), 404, "not_found", "")
+}
+
+// TestConsoleMounted: the gateway serves the web console under /console/ (and /console
+// redirects there) without a key: the pages hold none; their scripts send the user's.
+func TestConsoleMounted(t *testing.T) {
+	e := newEnv(t)
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Get(e.url + "/console")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if (resp.StatusCode != http.StatusMovedPermanently && resp.StatusCode != http.StatusTemporaryRedirect) || resp.Header.Get("Location") != "/console/" {
+		t.Fatalf("GET /console: %d to %q, want a redirect to /console/", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	resp, err = http.Get(e.url + "/console/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `<form id="signin"`) {
+		t.Fatalf("GET /console/: %d %.200s", resp.StatusCode, b)
+	}
 }
