@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"iter"
 	"net/http"
 	"net/url"
@@ -87,4 +89,34 @@ func (c *Client) StartDesktop(ctx context.Context, id string) (*Desktop, error) 
 func (c *Client) desktopAction(ctx context.Context, id, action string) (*Desktop, error) {
 	var d Desktop
 	return &d, c.do(ctx, http.MethodPost, "/v1/desktops/"+pathID(id)+":"+action, nil, struct{}{}, &d)
+}
+
+// maxScreenBytes bounds the PNG GetDesktopScreen reads: a 1280×800 display is well below it.
+const maxScreenBytes = 32 << 20
+
+// GetDesktopScreen answers a PNG of a running desktop's display (409 for a desktop in any
+// other state). It never wakes the desktop and is not a use: it keeps it awake no longer.
+func (c *Client) GetDesktopScreen(ctx context.Context, id string) ([]byte, error) {
+	path := "/v1/desktops/" + pathID(id) + "/screen"
+	resp, err := c.send(ctx, request{method: http.MethodGet, path: path, accept: "image/png"})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxScreenBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("wb: read the answer of GET %s: %w", path, err)
+	}
+	if len(b) > maxScreenBytes {
+		return nil, fmt.Errorf("wb: GET %s answered more than %d bytes", path, maxScreenBytes)
+	}
+	return b, nil
+}
+
+// HeartbeatDesktop records a use of the desktop, as a console whose screen is visible does:
+// an awake desktop stays awake for the idle time from now; any other is left as it is (a
+// heartbeat never wakes one). It answers the desktop.
+func (c *Client) HeartbeatDesktop(ctx context.Context, id string) (*Desktop, error) {
+	var d Desktop
+	return &d, c.do(ctx, http.MethodPost, "/v1/desktops/"+pathID(id)+"/heartbeat", nil, struct{}{}, &d)
 }

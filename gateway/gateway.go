@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/console"
 	"wb/desktop"
 	"wb/plugins"
 	"wb/policies"
@@ -164,6 +165,7 @@ func (s *Server) routes() {
 	api := func(pattern string, h handler) { m.Handle(pattern, s.authed(h)) }
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, Health{Status: "ok"}) })
 	m.HandleFunc("GET /v1/openapi.json", serveOpenAPI)
+	m.Handle("GET "+console.Prefix+"/", console.Handler()) // the web console: pages that call this API
 	if !s.MetricsElsewhere {
 		m.Handle("GET /metrics", s.metricsGuard(s.Metrics.Handler()))
 	}

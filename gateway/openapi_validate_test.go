@@ -259,6 +259,8 @@ var registeredRoutes = []string{
 	"PATCH /v1/desktops/{id}",
 	"DELETE /v1/desktops/{id}",
 	"POST /v1/desktops/{id}", // {id}:sleep, :wake, :stop, :start
+	"GET /v1/desktops/{id}/screen",
+	"POST /v1/desktops/{id}/heartbeat",
 	"GET /v1/templates",
 	"GET /v1/limits",
 	"PUT /v1/limits",

@@ -1,0 +1,347 @@
+package desktop_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/target"
+	"github.com/chromedp/chromedp"
+
+	"wb/desktop"
+	"wb/gateway"
+	"wb/node"
+	"wb/session"
+)
+
+// The web console (wb/console) in headless Chromium against the whole engine with real runsc
+// guests. The desktops run tpl_base, whose "screen" is an XWD dump that the desktop's setup
+// writes to its disk and that the screenshot command reads back (screenFromDisk): the
+// console's screen then travels the real path (API, session exec in the guest, XWD → PNG)
+// without waiting for Chromium to start inside the guest, which is not what these tests test.
+
+// screenFile is where the fake desktop keeps its screen.
+const screenFile = "/workspace/screen.xwd"
+
+// screenFromDisk plays the desktop's display: the screenshot's `xwd -root` becomes a read of
+// screenFile in the same guest.
+type screenFromDisk struct{ *node.Local }
+
+func (g screenFromDisk) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	if len(argv) == 3 && strings.Contains(argv[2], "xwd -root") {
+		argv = []string{"/bin/sh", "-c", "gzip -1 < " + screenFile}
+		req.Command, _ = json.Marshal(argv)
+	}
+	return g.Local.Exec(ctx, s, req, argv, out)
+}
+
+// fakeScreen is a desktop's setup that writes its screen (a small drawn "desktop") to its disk.
+func fakeScreen(ctx context.Context, ex desktop.Execer) error {
+	_, stderr, code, err := ex.Exec(ctx, []string{"/bin/sh", "-c", "cat > " + screenFile}, drawnXWD(320, 200))
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return fmt.Errorf("write the screen: exit %d: %s", code, stderr)
+	}
+	return nil
+}
+
+// drawnXWD is an XWD dump (ZPixmap, TrueColor, 32 bits a pixel, as Xvfb writes at depth 24)
+// of a blue desktop with a white window and a title bar.
+func drawnXWD(w, h int) []byte {
+	var b bytes.Buffer
+	hdr := []uint32{100, 7, 2, 24, uint32(w), uint32(h), 0, 0, 32, 0, 32, 32, uint32(w * 4), 4,
+		0xff0000, 0xff00, 0xff, 8, 0, 0, uint32(w), uint32(h), 0, 0, 0}
+	_ = binary.Write(&b, binary.BigEndian, hdr)
+	for y := range h {
+		for x := range w {
+			px := uint32(0x20+x/16)<<16 | uint32(0x50+y/8)<<8 | 0x90 // the background: a gradient
+			inWindow := x > w/8 && x < w*7/8 && y > h/6 && y < h*5/6
+			switch {
+			case inWindow && y < h/6+12:
+				px = 0x303a50 // title bar
+			case inWindow:
+				px = 0xf4f4f4
+			}
+			_ = binary.Write(&b, binary.LittleEndian, px)
+		}
+	}
+	return b.Bytes()
+}
+
+func withConsoleScreen(c *gateway.Config) {
+	c.Guests = screenFromDisk{c.Guests.(*node.Local)}
+	c.DesktopSetup = fakeScreen
+}
+
+// browser starts a headless Chromium for the test, or skips the test when there is none.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	exe := ""
+	for _, p := range []string{"/usr/lib/chromium/chromium", "/usr/bin/chromium"} {
+		if _, err := os.Stat(p); err == nil {
+			exe = p
+			break
+		}
+	}
+	if exe == "" {
+		t.Skip("no Chromium (/usr/bin/chromium): scripts/deps.sh installs Debian's chromium package")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.WindowSize(1280, 1000))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	// The first run starts the browser; it must not carry a deadline (it would end the
+	// browser), so the deadline is on the step's context only.
+	start := make(chan error, 1)
+	go func() { start <- chromedp.Do(ctx) }()
+	select {
+	case err := <-start:
+		if err != nil {
+			t.Fatalf("start Chromium: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Chromium did not start within 2 minutes")
+	}
+	return ctx
+}
+
+// step runs steps in the browser, each call with its own deadline.
+func step(t *testing.T, ctx context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	if err := chromedp.Do(sctx, steps...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func eval[T any](t *testing.T, ctx context.Context, expr string) T {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(sctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("%s: %v", expr, err)
+	}
+	return v
+}
+
+// awaitJS polls the page until expr is true, within timeout.
+func awaitJS(t *testing.T, ctx context.Context, what, expr string, timeout time.Duration) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if _, err := chromedp.Run(sctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(timeout))); err != nil {
+		t.Fatalf("%s (%s): %v; the page shows state %q, error %q", what, expr, err,
+			eval[string](t, ctx, `(document.getElementById("state")||{}).textContent||""`),
+			eval[string](t, ctx, `(document.getElementById("error")||{}).textContent||""`))
+	}
+}
+
+// signIn opens the console and signs in with key, first showing that a wrong key gets the
+// API's own message.
+func signIn(t *testing.T, ctx context.Context, base, key string) {
+	t.Helper()
+	step(t, ctx, "open the console",
+		chromedp.Navigate(base+"/console/"),
+		chromedp.WaitVisible(chromedp.ID("key")),
+		chromedp.SendKeys(chromedp.ID("key"), "wb_live_wrong"),
+		chromedp.Click(chromedp.ID("signin-button")),
+	)
+	awaitJS(t, ctx, "a wrong key is refused with the API's message",
+		`!document.getElementById("error").hidden && document.getElementById("error").textContent.includes("unknown API key")`, 30*time.Second)
+	step(t, ctx, "sign in",
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("key").value = ""`),
+		chromedp.SendKeys(chromedp.ID("key"), key),
+		chromedp.Click(chromedp.ID("signin-button")),
+		chromedp.WaitVisible(chromedp.ID("overview")),
+	)
+	if got := eval[string](t, ctx, `sessionStorage.getItem("wb_api_key")`); got != key {
+		t.Fatalf("sessionStorage holds %q after signing in", got)
+	}
+	if shown := eval[bool](t, ctx, `document.getElementById("signin").offsetParent !== null`); shown {
+		t.Error("signed in, the page still shows the sign-in form")
+	}
+}
+
+// saveScreenshot writes the page's screenshot to a file that outlives the test, logs its
+// path, and copies it under $WB_TEST_ARTIFACTS when that is set.
+func saveScreenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(sctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	file := filepath.Join(os.TempDir(), fmt.Sprintf("wb-%s-%s.png", name, time.Now().UTC().Format("20060102T150405")))
+	if err := os.WriteFile(file, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot of the console: %s", file)
+	if dir := os.Getenv("WB_TEST_ARTIFACTS"); dir != "" {
+		art := filepath.Join(dir, name+".png")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(art, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot of the console: %s", art)
+	}
+}
+
+// TestConsoleSleepAndWake: sign in (a wrong key first), see the desktop and its session in
+// the lists, open the desktop's page and see its live screen, press Sleep and see it asleep,
+// press Wake and see it running again; a screenshot of the page is saved. The deployment's
+// idle time is the default 15 minutes, so only the buttons move the desktop.
+func TestConsoleSleepAndWake(t *testing.T) {
+	p := startPlatform(t, withConsoleScreen)
+	var d desktop.Desktop
+	p.call("POST", "/v1/desktops", map[string]any{"name": "console desk"}, 201, &d)
+	d = p.wait(d.ID, desktop.Running)
+	ctx := browser(t)
+	signIn(t, ctx, p.url, p.key)
+
+	row := fmt.Sprintf(`#desktops tr[data-id=%q]`, d.ID)
+	awaitJS(t, ctx, "the desktop is listed, running",
+		fmt.Sprintf(`(document.querySelector(%q)||{textContent:""}).textContent.includes("running")`, row), 30*time.Second)
+	awaitJS(t, ctx, "its session is listed",
+		fmt.Sprintf(`document.querySelector(%q) !== null`, fmt.Sprintf(`#sessions tr[data-id=%q]`, d.SessionID)), 30*time.Second)
+	saveScreenshot(t, ctx, "console-overview")
+
+	step(t, ctx, "open the desktop's page", chromedp.Click(chromedp.CSS(row+" a.open")), chromedp.WaitVisible(chromedp.ID("state")))
+	if loc := eval[string](t, ctx, `location.pathname + location.search`); loc != "/console/desktop.html?id="+url.QueryEscape(d.ID) {
+		t.Fatalf("the link opened %s", loc)
+	}
+	awaitJS(t, ctx, "the page shows it running", `document.getElementById("state").textContent === "running"`, 30*time.Second)
+	awaitJS(t, ctx, "the page shows its screen",
+		`!document.getElementById("screen").hidden && document.getElementById("screen").naturalWidth === 320`, 60*time.Second)
+	if dis := eval[bool](t, ctx, `document.getElementById("wake").disabled && !document.getElementById("sleep").disabled`); !dis {
+		t.Error("running: Wake should be disabled and Sleep enabled")
+	}
+
+	step(t, ctx, "press Sleep", chromedp.Click(chromedp.ID("sleep")))
+	awaitJS(t, ctx, "after Sleep the page shows it asleep", `document.getElementById("state").textContent === "asleep"`, 3*time.Minute)
+	p.call("GET", "/v1/desktops/"+d.ID, nil, 200, &d)
+	if d.State != desktop.Asleep || !d.StateSaved {
+		t.Fatalf("after Sleep the API says %s (state saved %v): %s", d.State, d.StateSaved, d.Message)
+	}
+	if eval[bool](t, ctx, `document.getElementById("screen").hidden`) != true {
+		t.Error("asleep, the page still shows a screen")
+	}
+
+	step(t, ctx, "press Wake", chromedp.Click(chromedp.ID("wake")))
+	awaitJS(t, ctx, "after Wake the page shows it running", `document.getElementById("state").textContent === "running"`, 3*time.Minute)
+	awaitJS(t, ctx, "the screen is back", `!document.getElementById("screen").hidden`, 60*time.Second)
+	p.call("GET", "/v1/desktops/"+d.ID, nil, 200, &d)
+	if d.State != desktop.Running {
+		t.Fatalf("after Wake the API says %s", d.State)
+	}
+	saveScreenshot(t, ctx, "console-desktop")
+
+	// Resize while running waits for the next start; the node has no room for xl, so Wake
+	// then answers 409, which the page shows as the API's message, and the desktop stays.
+	step(t, ctx, "resize to xl", chromedp.Evaluate[chromedp.Void](`document.getElementById("new-size").value = "xl"`), chromedp.Click(chromedp.ID("resize")))
+	awaitJS(t, ctx, "the page shows the waiting resize", `document.getElementById("next-size").textContent.includes("xl from its next start")`, 30*time.Second)
+	step(t, ctx, "press Sleep again", chromedp.Click(chromedp.ID("sleep")))
+	awaitJS(t, ctx, "asleep without its state (a resize waited)", `document.getElementById("state").textContent === "asleep: state not saved"`, 3*time.Minute)
+	awaitJS(t, ctx, "the new size", `document.getElementById("size").textContent === "xl"`, 30*time.Second)
+	step(t, ctx, "press Wake with no room", chromedp.Click(chromedp.ID("wake")))
+	awaitJS(t, ctx, "the API's 409 is shown", `!document.getElementById("error").hidden && document.getElementById("error").textContent.includes("no machine has room")`, 30*time.Second)
+	p.call("GET", "/v1/desktops/"+d.ID, nil, 200, &d)
+	if d.State != desktop.Asleep || d.Size != "xl" {
+		t.Fatalf("after a refused wake the API says %s, size %s", d.State, d.Size)
+	}
+
+	step(t, ctx, "sign out", chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("signin")))
+	if got := eval[string](t, ctx, `sessionStorage.getItem("wb_api_key") || ""`); got != "" {
+		t.Errorf("after signing out sessionStorage still holds %q", got)
+	}
+}
+
+// TestConsoleVisibility: a visible desktop page keeps the desktop awake well past its idle
+// time; hidden (another tab of the window in front), the page goes on for its grace, then
+// stops, and the desktop falls asleep an idle time later, not before the grace; visible
+// again, the page sends its heartbeat at once, which does not wake the desktop.
+func TestConsoleVisibility(t *testing.T) {
+	const (
+		idle      = 8 * time.Second
+		heartbeat = time.Second
+		grace     = 16 * time.Second
+	)
+	p := startPlatform(t, func(c *gateway.Config) { withConsoleScreen(c); c.DesktopIdle = idle })
+	var d desktop.Desktop
+	p.call("POST", "/v1/desktops", map[string]any{"name": "watched"}, 201, &d)
+	ctx := browser(t)
+	signIn(t, ctx, p.url, p.key)
+	d = p.wait(d.ID, desktop.Running)
+
+	page := fmt.Sprintf("%s/console/desktop.html?id=%s&heartbeat_ms=%d&hidden_grace_ms=%d",
+		p.url, url.QueryEscape(d.ID), heartbeat.Milliseconds(), grace.Milliseconds())
+	step(t, ctx, "open the desktop's page", chromedp.Navigate(page), chromedp.WaitVisible(chromedp.ID("state")))
+	if v := eval[string](t, ctx, `document.visibilityState`); v != "visible" {
+		t.Fatalf("the page is %s, want visible", v)
+	}
+	awaitJS(t, ctx, "the page sends heartbeats", `document.body.dataset.heartbeat === "on" && Number(document.body.dataset.heartbeats) > 0`, 30*time.Second)
+
+	// Visible: awake for three idle times.
+	for until := time.Now().Add(3 * idle); time.Now().Before(until); time.Sleep(500 * time.Millisecond) {
+		p.call("GET", "/v1/desktops/"+d.ID, nil, 200, &d)
+		if d.State != desktop.Running {
+			t.Fatalf("with its page visible the desktop went %s", d.State)
+		}
+	}
+
+	// Hidden: a second tab in the same window comes to the front.
+	first := chromedp.FromContext(ctx).Target.TargetID
+	if _, err := chromedp.CallBrowser(ctx, target.CreateTarget, target.CreateTargetParams{URL: "about:blank", NewWindow: new(false), Background: new(false)}); err != nil {
+		t.Fatalf("open a second tab: %v", err)
+	}
+	hidden := time.Now()
+	if v := eval[string](t, ctx, `document.visibilityState`); v != "hidden" {
+		t.Fatalf("behind another tab the page is %s, want hidden", v)
+	}
+	for deadline := hidden.Add(grace + idle + 2*time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		p.call("GET", "/v1/desktops/"+d.ID, nil, 200, &d)
+		if d.State != desktop.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hidden for %v, the page still keeps the desktop awake (the grace is %v, idle %v)", time.Since(hidden), grace, idle)
+		}
+	}
+	el := time.Since(hidden)
+	if el < grace {
+		t.Fatalf("the desktop went %s %v after its page was hidden: the page stopped before its %v grace", d.State, el, grace)
+	}
+	t.Logf("hidden, the page kept the desktop awake for %v (grace %v, idle %v)", el.Round(100*time.Millisecond), grace, idle)
+	if on := eval[string](t, ctx, `document.body.dataset.heartbeat`); on != "off" {
+		t.Errorf("after the grace the page's heartbeat is %q, want off", on)
+	}
+	d = p.wait(d.ID, desktop.Asleep)
+
+	// Visible again: a heartbeat at once, and the desktop stays asleep.
+	sent := eval[int](t, ctx, `Number(document.body.dataset.heartbeats)`)
+	if _, err := chromedp.CallBrowser(ctx, target.ActivateTarget, target.ActivateTargetParams{TargetID: first}); err != nil {
+		t.Fatalf("bring the page to the front: %v", err)
+	}
+	awaitJS(t, ctx, "the page is visible again", `document.visibilityState === "visible"`, 30*time.Second)
+	awaitJS(t, ctx, "visible again, it sends a heartbeat",
+		fmt.Sprintf(`Number(document.body.dataset.heartbeats) > %d && document.body.dataset.heartbeat === "on"`, sent), 5*time.Second)
+	awaitJS(t, ctx, "the page shows it asleep", `document.getElementById("state").textContent === "asleep"`, 30*time.Second)
+	p.call("GET", "/v1/desktops/"+d.ID, nil, 200, &d)
+	if d.State != desktop.Asleep {
+		t.Fatalf("a heartbeat from the page moved the asleep desktop to %s", d.State)
+	}
+}

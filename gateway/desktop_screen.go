@@ -1,0 +1,84 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"wb/desktop"
+	"wb/desktop/guest"
+	"wb/store"
+)
+
+// What the web console (wb/console) needs of a desktop beyond its object: its screen, and a
+// heartbeat while the screen is open in a visible tab (seed 001, "What counts as use").
+// Neither ever wakes a desktop: looking at a sleeping desktop is no reason to pay for it.
+
+// screenTimeout bounds one screenshot: the console asks again every few seconds.
+const screenTimeout = 30 * time.Second
+
+func (s *Server) desktopConsoleRoutes(api func(pattern string, h handler)) {
+	api("GET /v1/desktops/{id}/screen", s.desktopScreen)
+	api("POST /v1/desktops/{id}/heartbeat", s.desktopHeartbeat)
+}
+
+// desktopScreen answers a PNG of a running desktop's display. It is not a use: a console
+// left open keeps a desktop awake by its heartbeat, which stops when the tab is hidden.
+func (s *Server) desktopScreen(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	rec, err := s.loadDesktop(r, p, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	rec = s.reconcileDesktop(r.Context(), p, rec)
+	if rec.State != desktop.Running || rec.SessionID == "" {
+		return errState("desktop %s is %s: only a running desktop has a screen (Wake or Start it first)", rec.ID, rec.State)
+	}
+	sess, err := s.Store.Get(r.Context(), p.ID, rec.SessionID)
+	if errors.Is(err, store.ErrNotFound) {
+		return errState("desktop %s has no session now: it is going to sleep or stopping; try again", rec.ID)
+	}
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), screenTimeout)
+	defer cancel()
+	png, err := guest.Screenshot(ctx, sessionExecer{s: s, sess: sess})
+	if err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return ae
+		}
+		s.log.Warn("desktop: screenshot", "desktop", rec.ID, "session", sess.ID, "err", err)
+		return &apiError{Status: 502, Type: "api_error", Code: "screen_unavailable",
+			Message: "the desktop's screen could not be read: " + redactInternal(err.Error()) + "; try again"}
+	}
+	w.Header().Set("Content-Type", "image/png")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(png)
+	return nil
+}
+
+// desktopHeartbeat records a use of an awake desktop: the console sends it while its screen
+// is open in a visible tab. An asleep, stopped or failed desktop is left as it is; either
+// way it answers the desktop, so the console learns its state.
+func (s *Server) desktopHeartbeat(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	if err := emptyBody(body); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if err := s.TouchDesktop(r.Context(), p.ID, id); err != nil {
+		return err
+	}
+	rec, err := s.loadDesktop(r, p, id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, 200, rec.Public())
+	return nil
+}

@@ -1,0 +1,147 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/desktop"
+	"wb/internal/fakenode"
+	"wb/session"
+)
+
+// bashNode is the fake node with the guest's /bin/sh played by bash: the screenshot's
+// pipeline needs pipefail, which this host's /bin/sh (dash) lacks.
+type bashNode struct{ *fakenode.Node }
+
+func (n bashNode) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	if len(argv) > 0 && argv[0] == "/bin/sh" {
+		argv = append([]string{"/bin/bash"}, argv[1:]...)
+		req.Command, _ = json.Marshal(argv)
+	}
+	return n.Node.Exec(ctx, s, req, argv, out)
+}
+
+// fakeXWD puts an xwd on the PATH of the fake node's agent (it runs commands on this host)
+// that prints a real Xvfb dump, or fails while the file it answers names exists.
+func fakeXWD(t *testing.T) (failFlag string) {
+	t.Helper()
+	dump, err := filepath.Abs("../desktop/guest/testdata/xvfb-40x30x24.xwd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	failFlag = filepath.Join(dir, "fail")
+	script := "#!/bin/sh\n[ -e " + failFlag + " ] && { echo 'cannot open display' >&2; exit 1; }\nexec cat " + dump + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "xwd"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return failFlag
+}
+
+// TestDesktopScreen: a running desktop's screen is a PNG of its display, read through its
+// session; looking is no use (last_used_at stays); a desktop that is not running answers 409
+// naming its state and is not woken; a display that cannot be read answers 502.
+func TestDesktopScreen(t *testing.T) {
+	failFlag := fakeXWD(t)
+	e := newDesktopEnv(t, func(c *Config) { c.Guests = bashNode{c.Guests.(*fakenode.Node)} })
+	d := e.newDesktop(map[string]any{"name": "screen"})
+	before := e.desktop(d.ID).LastUsedAt
+
+	r := e.mustDo("GET", "/v1/desktops/"+d.ID+"/screen", e.key, nil, 200, nil)
+	if ct := r.header.Get("Content-Type"); ct != "image/png" {
+		t.Fatalf("Content-Type %q", ct)
+	}
+	img, err := png.Decode(bytes.NewReader(r.body))
+	if err != nil {
+		t.Fatalf("not a PNG: %v", err)
+	}
+	if b := img.Bounds(); b.Dx() != 40 || b.Dy() != 30 {
+		t.Fatalf("screen is %v, want the dump's 40×30", b)
+	}
+	if after := e.desktop(d.ID).LastUsedAt; after == nil || before == nil || !after.Equal(before.Time) {
+		t.Errorf("the screen counted as a use: last_used_at %v, was %v", after, before)
+	}
+
+	if err := os.WriteFile(failFlag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if msg := expectError(t, e.do("GET", "/v1/desktops/"+d.ID+"/screen", e.key, nil), 502, "screen_unavailable", ""); !strings.Contains(msg, "cannot open display") {
+		t.Errorf("502 message %q does not say why", msg)
+	}
+
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	msg := expectError(t, e.do("GET", "/v1/desktops/"+d.ID+"/screen", e.key, nil), 409, "invalid_state", "")
+	if !strings.Contains(msg, "asleep") {
+		t.Errorf("409 message %q does not name the state", msg)
+	}
+	if got := e.desktop(d.ID); got.State != desktop.Asleep {
+		t.Fatalf("the screen of an asleep desktop moved it to %s", got.State)
+	}
+	expectError(t, e.do("GET", "/v1/desktops/desk_none/screen", e.key, nil), 404, "not_found", "")
+}
+
+// TestDesktopHeartbeat: heartbeats keep a running desktop awake past its idle time; once
+// they stop it falls asleep; a heartbeat to an asleep desktop answers it asleep and leaves it
+// so.
+func TestDesktopHeartbeat(t *testing.T) {
+	const idle = 2 * time.Second
+	e := newDesktopEnv(t, func(c *Config) { c.DesktopIdle = idle })
+	d := e.newDesktop(map[string]any{"name": "beat"})
+	for until := time.Now().Add(2 * idle); time.Now().Before(until); time.Sleep(idle / 10) {
+		var got desktop.Desktop
+		e.mustDo("POST", "/v1/desktops/"+d.ID+"/heartbeat", e.key, nil, 200, &got)
+		if got.State != desktop.Running || got.ID != d.ID {
+			t.Fatalf("heartbeat answered %+v", got)
+		}
+	}
+	t0 := time.Now()
+	e.waitDesktop(d.ID, desktop.Asleep)
+	if el := time.Since(t0); el < idle/2 {
+		t.Errorf("fell asleep %v after the last heartbeat; idle is %v", el, idle)
+	}
+	var got desktop.Desktop
+	e.mustDo("POST", "/v1/desktops/"+d.ID+"/heartbeat", e.key, map[string]any{}, 200, &got)
+	if got.State != desktop.Asleep {
+		t.Fatalf("heartbeat to an asleep desktop answered %s", got.State)
+	}
+	if cur := e.desktop(d.ID); cur.State != desktop.Asleep {
+		t.Fatalf("a heartbeat moved an asleep desktop to %s", cur.State)
+	}
+	expectError(t, e.do("POST", "/v1/desktops/"+d.ID+"/heartbeat", e.key, map[string]any{"x": 1}), 400, "invalid_request", "*")
+	expectError(t, e.do("POST", "/v1/desktops/desk_none/heartbeat", e.key, nil), 404, "not_found", "")
+}
+
+// TestConsoleMounted: the gateway serves the web console under /console/ (and /console
+// redirects there) without a key: the pages hold none; their scripts send the user's.
+func TestConsoleMounted(t *testing.T) {
+	e := newEnv(t)
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Get(e.url + "/console")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if (resp.StatusCode != http.StatusMovedPermanently && resp.StatusCode != http.StatusTemporaryRedirect) || resp.Header.Get("Location") != "/console/" {
+		t.Fatalf("GET /console: %d to %q, want a redirect to /console/", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	resp, err = http.Get(e.url + "/console/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `<form id="signin"`) {
+		t.Fatalf("GET /console/: %d %.200s", resp.StatusCode, b)
+	}
+}
