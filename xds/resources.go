@@ -186,8 +186,27 @@ func edgeListener(o Options) *listenerv3.Listener {
 	}
 }
 
+// toGateway routes paths under prefix to the gateways, with timeout, without ext_authz.
+func toGateway(name, prefix string, timeout time.Duration) *routev3.Route {
+	return &routev3.Route{
+		Name:  name,
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: prefix}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterGateway},
+			Timeout:          durationpb.New(timeout),
+			IdleTimeout:      durationpb.New(timeout),
+		}},
+		// No ext_authz runs here, so nothing may reach the gateway as if it had.
+		RequestHeadersToRemove: []string{edgeauth.HeaderCluster, edgeauth.HeaderEdgeAuth},
+		TypedPerFilterConfig: map[string]*anypb.Any{
+			"envoy.filters.http.ext_authz": mustAny(&extauthzv3.ExtAuthzPerRoute{Override: &extauthzv3.ExtAuthzPerRoute_Disabled{Disabled: true}}),
+		},
+	}
+}
+
 // edgeRoutes is wb_routes: exec, PTY and files to the node ext_authz named, every other /v1/
-// route to the gateways without ext_authz (the gateway authenticates its own API).
+// route and the web console to the gateways without ext_authz (the gateway authenticates its
+// own API; the console's pages call it with the user's key).
 func edgeRoutes(o Options) *routev3.RouteConfiguration {
 	toNode := func(a *routev3.RouteAction) *routev3.Route_Route {
 		a.ClusterSpecifier = &routev3.RouteAction_ClusterHeader{ClusterHeader: edgeauth.HeaderCluster}
@@ -223,21 +242,8 @@ func edgeRoutes(o Options) *routev3.RouteConfiguration {
 			Match:  &routev3.RouteMatch{PathSpecifier: sessionPath("files"), Headers: method("^(GET|PUT|DELETE)$")},
 			Action: toNode(&routev3.RouteAction{Timeout: durationpb.New(o.FilesTimeout), IdleTimeout: durationpb.New(o.FilesTimeout)}),
 		},
-		{
-			Name:  "gateway",
-			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/v1/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: ClusterGateway},
-				// One-shot runs answer when their command ends: as long as an exec.
-				Timeout:     durationpb.New(o.ExecTimeout),
-				IdleTimeout: durationpb.New(o.ExecTimeout),
-			}},
-			// No ext_authz runs here, so nothing may reach the gateway as if it had.
-			RequestHeadersToRemove: []string{edgeauth.HeaderCluster, edgeauth.HeaderEdgeAuth},
-			TypedPerFilterConfig: map[string]*anypb.Any{
-				"envoy.filters.http.ext_authz": mustAny(&extauthzv3.ExtAuthzPerRoute{Override: &extauthzv3.ExtAuthzPerRoute_Disabled{Disabled: true}}),
-			},
-		},
+		toGateway("gateway", "/v1/", o.ExecTimeout), // one-shot runs answer when their command ends: as long as an exec
+		toGateway("console", "/console", 30*time.Second),
 	}
 	return &routev3.RouteConfiguration{
 		Name: RouteConfigEdge,
