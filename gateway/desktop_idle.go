@@ -16,7 +16,7 @@ import (
 // sorted set (store.DueDesktopIdle) that runDesktopIdle waits on, so the work grows with the
 // desktops that fall idle, not with the projects.
 
-// desktopIdlePoll bounds the idle loop's wait, so that deadlines other gateways set (which
+// desktopIdlePoll bounds the deadline loops' wait, so that deadlines other gateways set (which
 // do not kick this one) are seen within it.
 const desktopIdlePoll = 5 * time.Second
 
@@ -82,15 +82,24 @@ func (s *Server) setIdleDeadline(ctx context.Context, project, id string, used t
 
 // runDesktopIdle puts to sleep the desktops whose idle deadline passed unused, until ctx ends.
 func (s *Server) runDesktopIdle(ctx context.Context) {
+	s.runDesktopDeadlines(ctx, "desktop idle: read deadlines", s.Store.DueDesktopIdle, s.idleDesktop, s.idleKick)
+}
+
+// runDesktopDeadlines handles the desktops that due answers (a sorted set of deadlines), a
+// batch at a time, waiting until the next deadline, a kick, or desktopIdlePoll (deadlines
+// that other gateways set do not kick this one), until ctx ends.
+func (s *Server) runDesktopDeadlines(ctx context.Context, what string,
+	due func(context.Context, time.Time, int) ([]store.DesktopRef, time.Time, error),
+	handle func(context.Context, store.DesktopRef, time.Time), kick <-chan struct{}) {
 	const batch = 16
 	for ctx.Err() == nil {
 		now := s.Now()
-		due, next, err := s.Store.DueDesktopIdle(ctx, now, batch)
+		refs, next, err := due(ctx, now, batch)
 		if err != nil && ctx.Err() == nil {
-			s.log.Warn("desktop idle: read deadlines", "err", err)
+			s.log.Warn(what, "err", err)
 		}
-		for _, ref := range due {
-			s.idleDesktop(ctx, ref, now)
+		for _, ref := range refs {
+			handle(ctx, ref, now)
 		}
 		wait := desktopIdlePoll
 		if !next.IsZero() {
@@ -101,7 +110,7 @@ func (s *Server) runDesktopIdle(ctx context.Context) {
 		case <-ctx.Done():
 			t.Stop()
 			return
-		case <-s.idleKick:
+		case <-kick:
 			t.Stop()
 		case <-t.C:
 		}

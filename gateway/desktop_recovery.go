@@ -81,28 +81,7 @@ func (s *Server) holdLease(ref store.DesktopRef, token string, f func()) {
 
 // runDesktopRecovery takes over the transitions whose lease ran out, until ctx ends.
 func (s *Server) runDesktopRecovery(ctx context.Context) {
-	const batch = 16
-	for ctx.Err() == nil {
-		now := s.Now()
-		due, next, err := s.Store.DueDesktopWork(ctx, now, batch)
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn("desktop recovery: read leases", "err", err)
-		}
-		for _, ref := range due {
-			s.recoverDesktop(ctx, ref, now)
-		}
-		wait := desktopIdlePoll
-		if !next.IsZero() {
-			wait = min(wait, max(next.Sub(s.Now()), 10*time.Millisecond))
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
+	s.runDesktopDeadlines(ctx, "desktop recovery: read leases", s.Store.DueDesktopWork, s.recoverDesktop, nil)
 }
 
 // recoverDesktop claims the lapsed lease of one desktop and resumes its transition.
