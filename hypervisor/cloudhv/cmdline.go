@@ -50,7 +50,7 @@ func kernelCmdline(s hypervisor.Spec) (string, error) {
 	}
 	// panic_on_oom: the guest's kernel would kill a process and tell the host nothing; a
 	// panic reaches the host (pvpanic) with the reason on the console (see Events).
-	words := []string{cmdlineBase(), "sysctl.vm.panic_on_oom=1", "init=" + s.Args[0]}
+	words := []string{cmdlineBase(), "sysctl.vm.panic_on_oom=1", guestIPParam(), "init=" + s.Args[0]}
 	if err := plainWord(s.Args[0]); err != nil {
 		return "", fmt.Errorf("cloudhv: init %q: %w", s.Args[0], err)
 	}

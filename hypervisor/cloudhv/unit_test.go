@@ -23,7 +23,9 @@ func TestKernelCmdline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "console=hvc0 root=/dev/vda ro sysctl.vm.panic_on_oom=1 init=/run/wb-bin/wb PATH=/bin HOME=/root HTTP_PROXY=http://127.0.0.1:3128 -- agent --vsock-port 1024 --root /workspace"
+	// ip=: the guest's address on its tap (10.0.0.2/30, gateway the host end), as Linux's
+	// IP autoconfiguration reads it.
+	want := "console=hvc0 root=/dev/vda ro sysctl.vm.panic_on_oom=1 ip=10.0.0.2::10.0.0.1:255.255.255.252::eth0:off init=/run/wb-bin/wb PATH=/bin HOME=/root HTTP_PROXY=http://127.0.0.1:3128 -- agent --vsock-port 1024 --root /workspace"
 	if got != want {
 		t.Errorf("cmdline\n got %q\nwant %q", got, want)
 	}
