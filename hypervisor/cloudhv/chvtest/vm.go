@@ -191,7 +191,7 @@ type vmInstance struct {
 	guest                *guest
 	vsock                *hybridVsock
 	nets                 map[string]*netLink // by device id: the net devices joined to the guest
-	mu                   sync.Mutex // guards state for the vsock gate
+	mu                   sync.Mutex          // guards state for the vsock gate
 	changed              chan struct{}
 	gone                 bool
 }
