@@ -252,6 +252,16 @@ func (d *Driver) stopRelay(id string) {
 	}
 }
 
+// Close ends the egress relays this driver serves, as the end of the node's process does:
+// the guests, their namespaces and VMMs stay, and a new driver on the same state dir serves
+// their relays again.
+func (d *Driver) Close() {
+	d.relays.Range(func(id, _ any) bool {
+		d.stopRelay(id.(string))
+		return true
+	})
+}
+
 // adoptNetworks is a (restarted) driver's look at the namespaces of its guests: a running
 // guest's relay is served again (the previous process's died with it), and a namespace whose
 // guest has no record any more (a create or delete that did not finish) is removed. A

@@ -190,9 +190,9 @@ func TestGuestNetwork(t *testing.T) {
 		t.Errorf("net counters after a %d-byte download: rx %d → %d, tx %d → %d", bigBody, st1.NetRxBytes, st2.NetRxBytes, st1.NetTxBytes, st2.NetTxBytes)
 	}
 
-	// A node's process ends: its relay goes with it; the guest and its namespace stay. A new
-	// driver serves the relay again.
-	cloudhv.StopRelay(e.d, s.ID)
+	// A node's process ends (Close): its relay goes with it; the guest and its namespace
+	// stay. A new driver serves the relay again.
+	e.d.Close()
 	if code, _ := run(t, ctx, c, fetch+"/hello"); code == 0 {
 		t.Fatal("the guest reached the proxy with no relay: the test proves nothing")
 	}
