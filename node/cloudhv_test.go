@@ -22,6 +22,7 @@ import (
 	"wb/agent"
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv"
+	"wb/hypervisor/cloudhv/chapi"
 	"wb/hypervisor/cloudhv/image"
 	"wb/hypervisor/templates"
 	"wb/internal/netguard"
@@ -323,4 +324,76 @@ func loopbackListener(t *testing.T) (port string, accepted *atomic.Int32) {
 		}
 	}()
 	return fmt.Sprint(ln.Addr().(*net.TCPAddr).Port), accepted
+}
+
+// TestCloudHVResize: the node resizes a running cloudhv session in place through the
+// driver's hypervisor.Resizer (vm.resize: the fake's guest gets the new CPU quota and memory
+// limit); the session's resources and the node's used capacity follow. What the VM cannot
+// do (shrink its memory) is refused and changes nothing, as is a size below one.
+func TestCloudHVResize(t *testing.T) {
+	t.Parallel()
+	const project = "proj_chv_resize"
+	st, _ := newStore(t)
+	base, dataDir := tempDir(t), tempDir(t)
+	d := newDriver(t, "cloudhv", base)
+	cfg := nodeConfig(t, st, d, dataDir, "node_chv_resize")
+	a := startNode(t, cfg)
+	s := provision(t, st, a.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	ctx := ctxT(t, 3*time.Minute)
+	// used answers the node's used capacity from its first heartbeat after since.
+	used := func(since time.Time) (int, int) {
+		for {
+			nodes, err := st.Nodes(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range nodes {
+				if i.ID == cfg.Info.ID && i.HeartbeatAt.After(since) {
+					return i.UsedVCPU, i.UsedMemoryMiB
+				}
+			}
+			if ctx.Err() != nil {
+				t.Fatal("the node never heartbeated")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	ids, err := d.List(ctx)
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("guests: %v, %v", ids, err)
+	}
+	vmm := chapi.New(filepath.Join(d.(*cloudhv.Driver).GuestDir(ids[0]), "api.sock"))
+	vmSize := func() (int, int) {
+		vi, err := vmm.VMInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vi.Config.Cpus.BootVcpus, int(vi.Config.Memory.Size >> 20)
+	}
+	bigger := session.Resources{VCPU: 2, MemoryMiB: small().MemoryMiB + 128, DiskGiB: 1, SizeClass: "m"}
+	if err := a.Node.Resize(ctx, s, bigger); err != nil {
+		t.Fatal(err)
+	}
+	resized := time.Now()
+	if v, m := vmSize(); v != bigger.VCPU || m != bigger.MemoryMiB {
+		t.Errorf("the VM after the resize: %d vCPU, %d MiB; want %d, %d", v, m, bigger.VCPU, bigger.MemoryMiB)
+	}
+	if v, m := used(resized); v != bigger.VCPU || m != bigger.MemoryMiB {
+		t.Errorf("the node's used capacity %d vCPU, %d MiB; want %d, %d", v, m, bigger.VCPU, bigger.MemoryMiB)
+	}
+	for _, bad := range []session.Resources{{VCPU: 2, MemoryMiB: small().MemoryMiB}, {VCPU: 0, MemoryMiB: 512}} {
+		if err := a.Node.Resize(ctx, s, bad); err == nil {
+			t.Errorf("resize to %+v: no error", bad)
+		}
+	}
+	refused := time.Now()
+	if v, m := vmSize(); v != bigger.VCPU || m != bigger.MemoryMiB {
+		t.Errorf("the VM after refused resizes: %d vCPU, %d MiB; want %d, %d", v, m, bigger.VCPU, bigger.MemoryMiB)
+	}
+	if v, m := used(refused); v != bigger.VCPU || m != bigger.MemoryMiB {
+		t.Errorf("after refused resizes the node uses %d vCPU, %d MiB; want %d, %d", v, m, bigger.VCPU, bigger.MemoryMiB)
+	}
+	if res, err := execIn(ctx, a.Node, s, "echo alive"); err != nil || res.Stdout != "alive\n" {
+		t.Errorf("the resized guest: %+v, %v", res, err)
+	}
 }

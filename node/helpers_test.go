@@ -276,6 +276,7 @@ type timedDriver struct {
 type vmDriver interface {
 	hypervisor.AgentDialer
 	hypervisor.EgressRelayer
+	hypervisor.Resizer
 }
 
 // timedVM is a timedDriver over a VM driver, keeping its optional interfaces.
