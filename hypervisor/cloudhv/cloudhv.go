@@ -2,7 +2,6 @@ package cloudhv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv/chapi"
 	"wb/hypervisor/cloudhv/image"
+	"wb/hypervisor/internal/guestfile"
 	"wb/internal/proc"
 )
 
@@ -199,32 +199,12 @@ type record struct {
 
 func (d *Driver) load(id string) (record, error) {
 	var r record
-	if !hypervisor.ValidID(id) {
-		return r, fmt.Errorf("cloudhv: invalid guest id %q: %w", id, hypervisor.ErrNotFound)
-	}
-	b, err := os.ReadFile(filepath.Join(d.GuestDir(id), recordFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return r, fmt.Errorf("cloudhv: guest %s: %w", id, hypervisor.ErrNotFound)
-	}
-	if err != nil {
-		return r, fmt.Errorf("cloudhv: %w", err)
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("cloudhv: guest %s record: %w", id, err)
-	}
-	return r, nil
+	err := guestfile.ReadGuest("cloudhv", id, filepath.Join(d.GuestDir(id), recordFile), &r)
+	return r, err
 }
 
 func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return fmt.Errorf("cloudhv: encode %s: %w", filepath.Base(path), err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("cloudhv: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := guestfile.WriteJSON(path, v); err != nil {
 		return fmt.Errorf("cloudhv: %w", err)
 	}
 	return nil
@@ -769,7 +749,7 @@ func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error)
 	if err != nil {
 		return hypervisor.Stats{}, err
 	}
-	out := hypervisor.Stats{DiskBytes: allocated(filepath.Join(d.GuestDir(id), writableDisk))}
+	out := hypervisor.Stats{DiskBytes: guestfile.Allocated(filepath.Join(d.GuestDir(id), writableDisk))}
 	cpu, mem, ooms, err := d.cg.counters(d.CgroupPath(id))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return out, fmt.Errorf("cloudhv: stats %s: %w", id, err)
@@ -795,17 +775,4 @@ func netBytes(c chapi.VmCounters) (rx, tx int64) {
 		tx += int64(dev["tx_bytes"])
 	}
 	return rx, tx
-}
-
-// allocated is the space file path takes on disk (a sparse image: its written blocks), -1
-// when unknown.
-func allocated(path string) int64 {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return -1
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Blocks * 512
-	}
-	return fi.Size()
 }

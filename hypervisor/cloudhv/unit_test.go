@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"wb/hypervisor"
+	"wb/hypervisor/internal/guestfile"
 )
 
 func TestKernelCmdline(t *testing.T) {
@@ -172,7 +173,7 @@ func TestCopySparse(t *testing.T) {
 	if string(a) != string(b) {
 		t.Fatal("the copy differs")
 	}
-	if got := allocated(dst); got <= 0 || got > 1<<20 {
+	if got := guestfile.Allocated(dst); got <= 0 || got > 1<<20 {
 		t.Errorf("the copy takes %d bytes; want it sparse (a few KiB)", got)
 	}
 }
