@@ -112,8 +112,9 @@ func run(t *testing.T, ctx context.Context, c *agent.Client, cmd string) (int, s
 // the node's egress proxy on 10.0.0.1:3128 and through it a server on the host's loopback,
 // and reaches nothing else (the host's loopback services, other ports of 10.0.0.1, the web
 // server without the proxy). vm.counters' bytes grow with the traffic and show as Stats'
-// net bytes. The relay is served again by a restarted driver; Delete removes the namespace,
-// and a new driver removes a namespace of its own whose guest is gone.
+// net bytes. The relay is served again by a restarted driver; a guest restored from a memory
+// snapshot gets its own network; Delete removes the namespaces, and a new driver removes a
+// namespace of its own whose guest is gone.
 func TestGuestNetwork(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t, 5*time.Minute)
@@ -204,11 +205,31 @@ func TestGuestNetwork(t *testing.T) {
 		t.Fatalf("through the restarted driver's relay: %q", got)
 	}
 
-	if err := d2.Delete(ctx, s.ID); err != nil {
+	// A guest restored from a memory snapshot has a namespace, tap and relay of its own.
+	snap := filepath.Join(e.base, "snap")
+	if _, err := d2.Snapshot(ctx, s.ID, snap, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join("/run/netns", ns)); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("namespace %s after Delete: %v", ns, err)
+	s2 := e.spec(newID())
+	s2.Env = s.Env
+	if err := d2.Restore(ctx, s2, snap); err != nil {
+		t.Fatal(err)
+	}
+	stubEgress(t, s2.AgentDir, webAddr)
+	c2 := e.agentOfDriver(d2, s2.ID)
+	defer c2.Close()
+	waitHealthy(t, ctx, c2, 2*time.Minute)
+	if got := sh(t, ctx, c2, fetch+"/hello"); got != "hello from the host\n" {
+		t.Fatalf("from the restored guest: %q", got)
+	}
+
+	for _, id := range []string{s.ID, s2.ID} {
+		if err := d2.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join("/run/netns", d2.NetNamespace(id))); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("namespace of %s after Delete: %v", id, err)
+		}
 	}
 
 	// A namespace of this driver's whose guest has no record (a create that never finished)

@@ -118,7 +118,8 @@
 //     (client::gateway:netmask::device:off) to the guest's interface: the address and a
 //     default route via the gateway. CH would create a tap that does not exist; the fake
 //     leaves such a device unjoined (counters 0), so that a test never adds an interface to
-//     the host's namespace. Hot-plugged net devices (vm.add-net) are listed, not joined. The
+//     the host's namespace; in library use (without Options.JoinTaps, which fakech sets) it
+//     joins none. Hot-plugged net devices (vm.add-net) are listed, not joined. The
 //     fake neither sets the tap's ip and mask nor uses vhost, offloads or multiqueue.
 //   - A paused guest is frozen with the cgroup freezer; its vsock streams already open stay
 //     open (the guest just does not answer), new CONNECTs wait for the resume.

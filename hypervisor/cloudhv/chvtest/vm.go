@@ -327,7 +327,7 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 		vm.bootRAM, vm.ram, vm.ramTop = view.Memory.Size, view.Memory.Size, view.Memory.Size+view.Memory.HotplugSize
 	}
 	vm.devices = devices
-	if len(view.Net) > 0 {
+	if len(view.Net) > 0 && v.opts.JoinTaps {
 		ip, hasIP := parseIPParam(view.Payload.Cmdline)
 		links, err := linkNets(bootCtx, g, view.Net, ip, hasIP)
 		if err != nil {
