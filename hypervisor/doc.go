@@ -5,6 +5,7 @@
 // SnapshotInfo.
 //
 // Drivers: hypervisor/oci (gVisor's runsc, or runc, through go-runc) and hypervisor/cloudhv
-// (one Cloud Hypervisor microVM per guest, also an AgentDialer). Templates
-// (root filesystems and their digests) are assembled by hypervisor/templates.
+// (one Cloud Hypervisor microVM per guest, also an AgentDialer, an EgressRelayer: its guests'
+// one way out is its relay from their tap to the node's egress proxy, and a Resizer).
+// Templates (root filesystems and their digests) are assembled by hypervisor/templates.
 package hypervisor

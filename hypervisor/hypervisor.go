@@ -165,6 +165,19 @@ type AgentDialer interface {
 	DialAgent(ctx context.Context, id string) (net.Conn, error)
 }
 
+// EgressSocket is the file name, in Spec.AgentDir, of the Unix socket on which the node
+// serves the guest's egress proxy (an HTTP proxy: CONNECT or absolute-form requests).
+const EgressSocket = "egress.sock"
+
+// EgressRelayer is a Driver whose guests have a network of their own whose one way out is
+// the driver's relay to the node's egress proxy (EgressSocket in Spec.AgentDir). GuestProxy
+// is that proxy's host:port as the guest reaches it: the node tells guest processes to use
+// it and has the agent relay nothing (a guest of a Driver that is not one has loopback only,
+// and its agent relays GuestProxy of the node to the socket).
+type EgressRelayer interface {
+	GuestProxy() string
+}
+
 // Resizer is a Driver that can change a running guest's CPU and memory (cloudhv: vm.resize,
 // vCPU and memory hotplug). A zero argument leaves that resource as it is.
 type Resizer interface {

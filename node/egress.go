@@ -15,17 +15,20 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/internal/netguard"
 	"wb/session"
 )
 
 // GuestProxy is the HTTP proxy address guest processes are given: the agent relays it to the
-// node's egress proxy. Guests have no other way out (no network but loopback).
+// node's egress proxy. Guests have no other way out (no network but loopback). A driver
+// that gives its guests a network of their own (hypervisor.EgressRelayer) names its own.
 const GuestProxy = "127.0.0.1:3128"
 
-// egressEnv is the proxy environment of every guest process. Loopback stays in the guest.
-func egressEnv() []string {
-	u := "http://" + GuestProxy
+// egressEnv is the proxy environment of every guest process, for the proxy at host:port
+// proxy. Loopback stays in the guest.
+func egressEnv(proxy string) []string {
+	u := "http://" + proxy
 	return []string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
 		"NO_PROXY=localhost,127.0.0.1", "no_proxy=localhost,127.0.0.1"}
 }
@@ -44,7 +47,7 @@ func (n *Node) startEgress(l *live) {
 	if l.egress != nil {
 		_ = l.egress.srv.Close()
 	}
-	sock := filepath.Join(n.guestDir(l.g.GuestID), "agent", "egress.sock")
+	sock := filepath.Join(n.guestDir(l.g.GuestID), "agent", hypervisor.EgressSocket)
 	_ = os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
 	if err != nil {

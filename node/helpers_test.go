@@ -271,11 +271,18 @@ type timedDriver struct {
 	log *slog.Logger
 }
 
-// timedDialer is a timedDriver over a driver whose guests' agents are reached through it:
-// the node type-asserts hypervisor.AgentDialer, which an embedded testDriver would hide.
-type timedDialer struct {
-	timedDriver
+// vmDriver is what a VM driver (cloudhv) is besides a testDriver: the node type-asserts
+// these optional interfaces, which an embedded testDriver would hide.
+type vmDriver interface {
 	hypervisor.AgentDialer
+	hypervisor.EgressRelayer
+	hypervisor.Resizer
+}
+
+// timedVM is a timedDriver over a VM driver, keeping its optional interfaces.
+type timedVM struct {
+	timedDriver
+	vmDriver
 }
 
 // chvStarts bounds the cloudhv guests being made at once across the test binary: each is a
@@ -319,8 +326,8 @@ func (d timedDriver) endSlot() {
 // timed wraps d in a timedDriver that keeps the optional interfaces the node looks for.
 func timed(d testDriver, log *slog.Logger) hypervisor.Driver {
 	td := timedDriver{d, log}
-	if ad, ok := d.(hypervisor.AgentDialer); ok {
-		return timedDialer{td, ad}
+	if vm, ok := d.(vmDriver); ok {
+		return timedVM{td, vm}
 	}
 	return td
 }

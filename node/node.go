@@ -280,12 +280,18 @@ func (n *Node) guestDir(guestID string) string { return filepath.Join(n.DataDir,
 // spec is the hypervisor spec of a guest of tpl with res.
 func (n *Node) spec(guestID string, tpl templates.Template, res session.Resources) hypervisor.Spec {
 	dir := n.guestDir(guestID)
+	args := []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace}
+	proxy := GuestProxy
+	if r, ok := n.Driver.(hypervisor.EgressRelayer); ok {
+		proxy = r.GuestProxy() // the driver relays from the guest's network to the socket
+	} else {
+		args = append(args, "--egress-listen", GuestProxy, "--egress-socket", hypervisor.GuestAgentDir+"/"+hypervisor.EgressSocket)
+	}
 	return hypervisor.Spec{
 		ID: guestID, RootFS: tpl.RootFS, Writable: filepath.Join(dir, "writable"), AgentDir: filepath.Join(dir, "agent"),
 		AgentBin: n.AgentBin, AgentSocket: "agent.sock",
-		Args: []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace,
-			"--egress-listen", GuestProxy, "--egress-socket", hypervisor.GuestAgentDir + "/egress.sock"},
-		Env:           append(append([]string{}, tpl.Env...), egressEnv()...),
+		Args:          args,
+		Env:           append(append([]string{}, tpl.Env...), egressEnv(proxy)...),
 		ReadOnlyBinds: tpl.Binds,
 		VCPU:          res.VCPU, MemoryMiB: res.MemoryMiB, DiskGiB: res.DiskGiB, Pids: 1024,
 	}

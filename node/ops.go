@@ -162,6 +162,42 @@ func (n *Node) Resume(ctx context.Context, s *session.Session) error {
 	return nil
 }
 
+// Resize changes a running or paused session's vCPUs and memory in place, through the
+// driver's hypervisor.Resizer (a VM's vCPU and memory hotplug); the session's resources, its
+// usage records and the node's used capacity follow. A back end that cannot (the OCI ones)
+// refuses, as does the driver for a change it cannot make (a VM's memory only grows).
+func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resources) error {
+	if res.VCPU < 1 || res.MemoryMiB < 1 {
+		return &session.FieldError{Field: "resources", Message: fmt.Sprintf("vcpu %d and memory_mib %d must both be at least 1", res.VCPU, res.MemoryMiB)}
+	}
+	rz, ok := n.Driver.(hypervisor.Resizer)
+	if !ok {
+		return &StateError{SessionID: s.ID, State: session.Running,
+			Detail: fmt.Sprintf("the %s back end cannot resize a running guest: the new size applies from the session's next start", n.Driver.Name())}
+	}
+	l, err := n.lookup(s.ID)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State != session.Running && l.g.State != session.Paused {
+		return &StateError{SessionID: s.ID, State: l.g.State}
+	}
+	n.sample(ctx, l) // what ran so far is billed at the old size
+	if err := rz.Resize(ctx, l.g.GuestID, res.VCPU, res.MemoryMiB); err != nil {
+		return err
+	}
+	n.mu.Lock() // the heartbeat reads every guest's resources under n.mu
+	l.g.Resources.VCPU, l.g.Resources.MemoryMiB = res.VCPU, res.MemoryMiB
+	if res.SizeClass != "" {
+		l.g.Resources.SizeClass = res.SizeClass
+	}
+	n.mu.Unlock()
+	n.save(l)
+	return nil
+}
+
 // Snapshot saves the guest into the node's snapshot store: with memory when asked and the
 // back end can (the guest is checkpointed and restored at once: a brief pause), else its
 // writable layer only.

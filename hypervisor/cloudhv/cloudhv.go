@@ -2,7 +2,6 @@ package cloudhv
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv/chapi"
 	"wb/hypervisor/cloudhv/image"
+	"wb/hypervisor/internal/guestfile"
 	"wb/internal/proc"
 )
 
@@ -71,16 +71,19 @@ type Options struct {
 
 // Driver is a hypervisor.Driver that runs each guest in its own Cloud Hypervisor process.
 type Driver struct {
-	o      Options
-	cg     cgroups
-	log    *slog.Logger
-	exited sync.Map // pid → exitInfo, for VMMs this process started (and reaps)
+	o        Options
+	cg       cgroups
+	log      *slog.Logger
+	nsPrefix string   // of this driver's network namespaces (netnsPrefix)
+	exited   sync.Map // pid → exitInfo, for VMMs this process started (and reaps)
+	relays   sync.Map // guest id → *guestRelay this process serves
 }
 
 var (
-	_ hypervisor.Driver      = (*Driver)(nil)
-	_ hypervisor.AgentDialer = (*Driver)(nil)
-	_ hypervisor.Resizer     = (*Driver)(nil)
+	_ hypervisor.Driver        = (*Driver)(nil)
+	_ hypervisor.AgentDialer   = (*Driver)(nil)
+	_ hypervisor.Resizer       = (*Driver)(nil)
+	_ hypervisor.EgressRelayer = (*Driver)(nil)
 )
 
 // exitInfo is how a VMM this process started ended.
@@ -152,13 +155,21 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return nil, fmt.Errorf("cloudhv: each guest's network is set up with ip (iproute2), which is not on PATH: %w", err)
+	}
 	for _, d := range []string{o.StateDir, o.CacheDir} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("cloudhv: %w", err)
 		}
 	}
-	_ = ctx
-	return &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name)}, nil
+	d := &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name), nsPrefix: netnsPrefix(o.StateDir)}
+	// A restarted node's guests keep their namespaces and taps, but their relays died with
+	// the previous process.
+	if err := d.adoptNetworks(ctx); err != nil {
+		d.log.Warn("guest networks after a restart", "err", err)
+	}
+	return d, nil
 }
 
 // Name is "cloudhv".
@@ -188,32 +199,12 @@ type record struct {
 
 func (d *Driver) load(id string) (record, error) {
 	var r record
-	if !hypervisor.ValidID(id) {
-		return r, fmt.Errorf("cloudhv: invalid guest id %q: %w", id, hypervisor.ErrNotFound)
-	}
-	b, err := os.ReadFile(filepath.Join(d.GuestDir(id), recordFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return r, fmt.Errorf("cloudhv: guest %s: %w", id, hypervisor.ErrNotFound)
-	}
-	if err != nil {
-		return r, fmt.Errorf("cloudhv: %w", err)
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("cloudhv: guest %s record: %w", id, err)
-	}
-	return r, nil
+	err := guestfile.ReadGuest("cloudhv", id, filepath.Join(d.GuestDir(id), recordFile), &r)
+	return r, err
 }
 
 func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return fmt.Errorf("cloudhv: encode %s: %w", filepath.Base(path), err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("cloudhv: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := guestfile.WriteJSON(path, v); err != nil {
 		return fmt.Errorf("cloudhv: %w", err)
 	}
 	return nil
@@ -300,7 +291,19 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, disk, snap strin
 	if err := writeJSON(filepath.Join(dir, recordFile), rec); err != nil {
 		return err
 	}
+	// A namespace of this name is a leftover of an earlier guest of this id whose delete did
+	// not finish: this guest gets a clean one.
+	ns := d.NetNamespace(s.ID)
+	if err := removeGuestNet(ctx, ns); err != nil {
+		return err
+	}
+	if err := setupGuestNet(ctx, ns); err != nil {
+		return err
+	}
 	if rec, err = d.startVMM(ctx, rec); err != nil {
+		return err
+	}
+	if err := d.startRelay(rec); err != nil {
 		return err
 	}
 	c := d.client(s.ID)
@@ -336,6 +339,7 @@ func (d *Driver) vmConfig(r record, cmdline string) chapi.VmConfig {
 			{ID: "rootfs", Path: r.RootFS, Readonly: true, ImageType: "Raw"},
 			{ID: "writable", Path: filepath.Join(dir, writableDisk), ImageType: "Raw"},
 		},
+		Net:     []chapi.NetConfig{netConfig(s.ID)},
 		Vsock:   &chapi.VsockConfig{Cid: guestCID, Socket: filepath.Join(dir, vsockSocket)},
 		Console: &chapi.ConsoleConfig{Mode: "File", File: filepath.Join(dir, consoleFile)},
 		Serial:  &chapi.ConsoleConfig{Mode: "Null"},
@@ -372,8 +376,8 @@ func makeWritable(ctx context.Context, s hypervisor.Spec, path string) error {
 }
 
 // startVMM starts the guest's cloud-hypervisor in its own session (so it outlives the node:
-// a restarted node finds it through the record), puts it in its own cgroup and waits for
-// its API.
+// a restarted node finds it through the record) and in the guest's network namespace (where
+// it opens the tap), puts it in its own cgroup and waits for its API.
 func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 	id, dir := r.Spec.ID, d.GuestDir(r.Spec.ID)
 	for _, p := range []string{filepath.Join(dir, vsockSocket), filepath.Join(dir, apiSocket)} {
@@ -400,7 +404,7 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 	cmd.Env = append(os.Environ(), d.o.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	if err := startInNetns(d.NetNamespace(id), cmd); err != nil {
 		return r, fmt.Errorf("cloudhv: start %s: %w", d.o.Binary, err)
 	}
 	ex := &exitInfo{done: make(chan struct{})}
@@ -588,6 +592,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	defer d.stopRelay(id)
 	if !r.alive() {
 		// A VMM this process started may still be a zombie, whose cgroup cannot go yet.
 		d.waitGone(ctx, r)
@@ -641,8 +646,8 @@ func (d *Driver) waitGone(ctx context.Context, r record) bool {
 	}
 }
 
-// Delete stops the guest and removes its cgroup and directory. An unknown guest is not an
-// error.
+// Delete stops the guest and removes its cgroup, its network namespace (with the tap) and
+// its directory. An unknown guest is not an error.
 func (d *Driver) Delete(ctx context.Context, id string) error {
 	if !hypervisor.ValidID(id) {
 		return fmt.Errorf("cloudhv: invalid guest id %q", id)
@@ -658,7 +663,12 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if err := d.cg.remove(d.CgroupPath(id)); err != nil {
 		d.log.Debug("remove cgroup", "id", id, "err", err)
 	}
+	d.stopRelay(id)
 	if len(errs) == 0 {
+		// Once the VMM is gone: the namespace's name is all that keeps it (and the tap).
+		if err := removeGuestNet(ctx, d.NetNamespace(id)); err != nil {
+			errs = append(errs, err)
+		}
 		// Never remove through a mount: a VMM that left one would lose what it holds.
 		if m := mountsUnder(dir); len(m) > 0 {
 			errs = append(errs, fmt.Errorf("cloudhv: delete %s: %s is still mounted; unmount it first", id, strings.Join(m, ", ")))
@@ -739,7 +749,7 @@ func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error)
 	if err != nil {
 		return hypervisor.Stats{}, err
 	}
-	out := hypervisor.Stats{DiskBytes: allocated(filepath.Join(d.GuestDir(id), writableDisk))}
+	out := hypervisor.Stats{DiskBytes: guestfile.Allocated(filepath.Join(d.GuestDir(id), writableDisk))}
 	cpu, mem, ooms, err := d.cg.counters(d.CgroupPath(id))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return out, fmt.Errorf("cloudhv: stats %s: %w", id, err)
@@ -765,17 +775,4 @@ func netBytes(c chapi.VmCounters) (rx, tx int64) {
 		tx += int64(dev["tx_bytes"])
 	}
 	return rx, tx
-}
-
-// allocated is the space file path takes on disk (a sparse image: its written blocks), -1
-// when unknown.
-func allocated(path string) int64 {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return -1
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Blocks * 512
-	}
-	return fi.Size()
 }

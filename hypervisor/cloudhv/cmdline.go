@@ -34,9 +34,9 @@ func cmdlineBase() string {
 	return base
 }
 
-// kernelCmdline is the command line that boots s: init= its Args[0], its environment as
-// KEY=VALUE words, and after " -- " init's arguments, with the agent's --socket turned into
-// --vsock-port (a VM's agent is reached over vsock). Linux splits the line on spaces with
+// kernelCmdline is the command line that boots s: the guest's address (guestIPParam), init=
+// its Args[0], its environment as KEY=VALUE words, and after " -- " init's arguments, with
+// the agent's --socket turned into --vsock-port (a VM's agent is reached over vsock). Linux splits the line on spaces with
 // only double quotes to protect them, gives init at most 30 variables and 31 arguments, and
 // keeps words it knows (or with a dot in the key) for itself; anything the line cannot carry
 // faithfully is refused, naming the word.
@@ -50,7 +50,7 @@ func kernelCmdline(s hypervisor.Spec) (string, error) {
 	}
 	// panic_on_oom: the guest's kernel would kill a process and tell the host nothing; a
 	// panic reaches the host (pvpanic) with the reason on the console (see Events).
-	words := []string{cmdlineBase(), "sysctl.vm.panic_on_oom=1", "init=" + s.Args[0]}
+	words := []string{cmdlineBase(), "sysctl.vm.panic_on_oom=1", guestIPParam(), "init=" + s.Args[0]}
 	if err := plainWord(s.Args[0]); err != nil {
 		return "", fmt.Errorf("cloudhv: init %q: %w", s.Args[0], err)
 	}
@@ -92,7 +92,8 @@ func kernelCmdline(s hypervisor.Spec) (string, error) {
 
 // agentArgs is init's argv[1:]. For `wb agent`, --socket PATH becomes --vsock-port
 // image.AgentVsockPort, and the egress relay's flags are dropped: the egress socket is a
-// host Unix socket in the agent dir, which a VM cannot reach (see doc.go).
+// host Unix socket in the agent dir, which a VM cannot reach; the driver relays from the
+// guest's tap instead (see doc.go).
 func agentArgs(args []string) []string {
 	rest := args[1:]
 	if args[0] != hypervisor.GuestAgentBin || len(rest) == 0 || rest[0] != "agent" {

@@ -40,9 +40,10 @@
 // config.json names the new guest's writable disk, vsock socket and console. A disk-only
 // restore creates and boots a new VM on a copy of the disk.
 //
-// Network (guestnet.go; built and tested, not yet wired into Create): a guest's network is a
-// namespace of its own holding only loopback and the VM's tap, so that the guest has no route
-// to anything but what listens there, the relay to the node's egress proxy:
+// Network (guestnet.go, hypervisor.EgressRelayer): a guest's network is a namespace of its
+// own, NetNamespace(id) ("wbch-" + a digest of the state dir + "-" + id), holding only
+// loopback and the VM's tap, so that the guest has no route to anything but what listens
+// there, the relay to the node's egress proxy. Create makes it:
 //
 //	ip netns add <ns>
 //	ip -n <ns> link set lo up
@@ -50,17 +51,26 @@
 //	ip -n <ns> addr add 10.0.0.1/30 dev tap0
 //	ip -n <ns> link set tap0 up
 //
-// and a TCP listener made inside <ns> on 10.0.0.1:3128 relaying each connection to the
-// node's egress socket (Spec.AgentDir/egress.sock). No firewall rule is needed: the namespace
-// has no other interface and no route but the tap's /30. What remains: the VMM must run in
-// <ns> to open tap0 (CH opens a tap by name) with net [{tap: tap0, mac, ip: 10.0.0.2}] in
-// vm.create, the agent's egress relay given 10.0.0.1:3128 instead of its socket, and the fake
-// VMM's virtio-net stand-in (copying frames between tap0 and a tap in its runc guest).
+// starts the VMM inside it (forked from a thread that entered <ns>, so CH opens tap0 there;
+// `ip netns exec` would also give the VMM a mount namespace of its own and hide its mounts),
+// sends vm.create with net [{id: net0, tap: tap0, ip: 10.0.0.1, mask: 255.255.255.252, mac:
+// from the id}] (CH's ip and mask are the tap's, the host end) and puts the guest's own
+// address on its command line as Linux's ip=10.0.0.2::10.0.0.1:255.255.255.252::eth0:off.
+// The driver listens inside <ns> on 10.0.0.1:3128 and relays each connection to the node's
+// egress proxy socket (Spec.AgentDir/egress.sock); the node gives guest processes
+// http://10.0.0.1:3128 as their proxy (GuestProxy) and runs no relay in the agent. No
+// firewall rule is needed: the namespace has no other interface and no route but the tap's
+// /30, so neither the host's loopback (Redis, the node's API) nor anything else is
+// reachable. Stop ends the relay, Delete removes the namespace (with the tap) once the VMM is
+// gone. A relay lives in the node's process: a new driver (New) serves the relays of the
+// running guests it finds again (SO_REUSEPORT, in case the previous driver's listener is
+// still open in this process), removes namespaces of its own whose guest has no record, and
+// leaves a stopped guest's to Delete; Close ends them (the guests stay).
 //
 // Not carried into a VM: Spec.ReadOnlyBinds (a VM shares no host directories; the binds are
 // logged and left out), Spec.Pids (the guest's own kernel limits its processes), and the
-// agent's egress relay (its host socket in Spec.AgentDir is out of a VM's reach, so the egress
-// flags are dropped until egress goes over vsock or a tap). No EventOOM: an OOM kill happens in
+// agent's egress relay (its host socket in Spec.AgentDir is out of a VM's reach; the driver
+// relays instead, and drops the agent's egress flags should a spec carry them). No EventOOM: an OOM kill happens in
 // the guest's kernel, which reports nothing to the host. A restore keeps the snapshot's disk
 // size.
 //

@@ -2,15 +2,26 @@ package cloudhv
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"wb/hypervisor"
+	"wb/hypervisor/cloudhv/chapi"
 )
 
 // Guest network (see doc.go): each guest gets a network namespace of its own holding only
@@ -24,7 +35,56 @@ const (
 	guestNetGuest = "10.0.0.2"
 	guestNetMask  = 30
 	egressPort    = 3128
+	// guestNetDev is the guest's interface: virtio-net's first device in a guest kernel.
+	guestNetDev = "eth0"
+	// netnsDir is where `ip netns` keeps its named namespaces (bind mounts of nsfs).
+	netnsDir = "/run/netns"
 )
+
+// guestNetMaskDotted is guestNetMask as the dotted netmask CH's NetConfig and Linux's ip=
+// take.
+var guestNetMaskDotted = net.IP(net.CIDRMask(guestNetMask, 32)).String()
+
+// netnsPrefix is the prefix of the names of this driver's namespaces: "wbch-", eight hex
+// digits of the state dir's path (two drivers on one host, each with its own state dir, may
+// have guests of the same id) and "-". A namespace name is a file name in /run/netns.
+func netnsPrefix(stateDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return "wbch-" + hex.EncodeToString(sum[:4]) + "-"
+}
+
+// NetNamespace is the name (in /run/netns) of guest id's network namespace, which holds its
+// tap and its relay to the egress proxy.
+func (d *Driver) NetNamespace(id string) string { return d.nsPrefix + id }
+
+// GuestProxy is the egress proxy's address as a guest reaches it: the relay on the host end of
+// its tap (hypervisor.EgressRelayer).
+func (d *Driver) GuestProxy() string {
+	return net.JoinHostPort(guestNetHost, fmt.Sprint(egressPort))
+}
+
+// guestMAC is the MAC address of guest id's virtio-net device: locally administered, unicast,
+// and derived from the id, so a restarted node's driver would give the same.
+func guestMAC(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	sum[0] = sum[0]&0xfe | 0x02
+	return net.HardwareAddr(sum[:6]).String()
+}
+
+// netConfig is the VM's one virtio-net device: CH opens tap0 in the namespace it runs in and
+// gives it ip and mask (the host end, as setupGuestNet made it already; CH's NetConfig.ip is
+// the tap's, not the guest's); the guest's own address is on its command line (guestIPParam).
+func netConfig(id string) chapi.NetConfig {
+	return chapi.NetConfig{ID: "net0", Tap: guestTap, IP: guestNetHost, Mask: guestNetMaskDotted, Mac: guestMAC(id)}
+}
+
+// guestIPParam is Linux's ip= parameter for the guest's address (client:server:gateway:
+// netmask:hostname:device:autoconf): 10.0.0.2/30 on eth0 with the host end as its gateway.
+// The guest's kernel applies it when virtio-net is built in, else the image's initramfs
+// after loading the module; the fake VMM's "kernel" applies it to its guest's interface.
+func guestIPParam() string {
+	return fmt.Sprintf("ip=%s::%s:%s::%s:off", guestNetGuest, guestNetHost, guestNetMaskDotted, guestNetDev)
+}
 
 // guestNetCommands are the commands that set up a guest's network in the named namespace
 // ns (each run as `ip ARGS...`).
@@ -59,9 +119,20 @@ func removeGuestNet(ctx context.Context, ns string) error {
 	return nil
 }
 
-// listenIn listens on TCP addr inside network namespace ns.
+// listenIn listens on TCP addr inside network namespace ns, with SO_REUSEPORT: a restarted
+// node's driver listens again while the previous process's listener may not be closed yet
+// (two drivers in one process, as in tests); both relay to the same socket path.
 func listenIn(ns, addr string) (net.Listener, error) {
-	return inNetns(ns, func() (net.Listener, error) { return net.Listen("tcp", addr) })
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	return inNetns(ns, func() (net.Listener, error) { return lc.Listen(context.Background(), "tcp", addr) })
 }
 
 // inNetns runs f on a thread that entered network namespace ns: a socket belongs to the
@@ -76,7 +147,7 @@ func inNetns[T any](ns string, f func() (T, error)) (T, error) {
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
 		var r result
-		fd, err := unix.Open("/run/netns/"+ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		fd, err := unix.Open(filepath.Join(netnsDir, ns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			r.err = fmt.Errorf("cloudhv: open netns %s: %w", ns, err)
 		} else {
@@ -125,4 +196,109 @@ func relay(ln net.Listener, target string) {
 			<-done
 		}()
 	}
+}
+
+// guestRelay is the relay of one guest's namespace, served by this process.
+type guestRelay struct {
+	ln   net.Listener
+	done chan struct{} // closed when the relay has ended
+}
+
+// startRelay listens on guestNetHost:egressPort in r's namespace and relays each connection
+// to the node's egress socket in r's agent dir, until stopRelay or r's VMM exits (a guest
+// with no VMM reaches nothing; a relay of a previous driver in this process ends so too).
+func (d *Driver) startRelay(r record) error {
+	id := r.Spec.ID
+	ln, err := listenIn(d.NetNamespace(id), d.GuestProxy())
+	if err != nil {
+		return fmt.Errorf("cloudhv: guest %s: egress relay: %w", id, err)
+	}
+	gr := &guestRelay{ln: ln, done: make(chan struct{})}
+	if old, loaded := d.relays.Swap(id, gr); loaded {
+		old.(*guestRelay).stop()
+	}
+	go func() {
+		defer close(gr.done)
+		relay(ln, filepath.Join(r.Spec.AgentDir, hypervisor.EgressSocket))
+	}()
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-gr.done:
+				return
+			case <-t.C:
+				if !r.alive() {
+					gr.stop()
+					d.relays.CompareAndDelete(id, gr)
+					return
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+func (gr *guestRelay) stop() {
+	_ = gr.ln.Close()
+	<-gr.done
+}
+
+// stopRelay ends guest id's relay, if this process serves one.
+func (d *Driver) stopRelay(id string) {
+	if v, ok := d.relays.LoadAndDelete(id); ok {
+		v.(*guestRelay).stop()
+	}
+}
+
+// Close ends the egress relays this driver serves, as the end of the node's process does:
+// the guests, their namespaces and VMMs stay, and a new driver on the same state dir serves
+// their relays again.
+func (d *Driver) Close() {
+	d.relays.Range(func(id, _ any) bool {
+		d.stopRelay(id.(string))
+		return true
+	})
+}
+
+// adoptNetworks is a (restarted) driver's look at the namespaces of its guests: a running
+// guest's relay is served again (the previous process's died with it), and a namespace whose
+// guest has no record any more (a create or delete that did not finish) is removed. A
+// stopped guest's namespace stays until Delete.
+func (d *Driver) adoptNetworks(ctx context.Context) error {
+	ents, err := os.ReadDir(netnsDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cloudhv: guest networks: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		id, ok := strings.CutPrefix(e.Name(), d.nsPrefix)
+		if !ok {
+			continue
+		}
+		r, err := d.load(id)
+		switch {
+		case errors.Is(err, hypervisor.ErrNotFound):
+			d.log.Info("removing the network namespace of a guest that no longer exists", "netns", e.Name())
+			errs = append(errs, removeGuestNet(ctx, e.Name()))
+		case err != nil:
+			errs = append(errs, err)
+		case r.alive():
+			errs = append(errs, d.startRelay(r))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// startInNetns starts cmd with its network namespace ns: the fork happens on a thread that
+// entered ns (inNetns), so the child starts there, opens its tap there and never runs a
+// moment in the node's namespace. (`ip netns exec` would also unshare a mount namespace and
+// remount /sys, hiding the VMM's mounts from the node; nsenter would be one more program.)
+func startInNetns(ns string, cmd *exec.Cmd) error {
+	_, err := inNetns(ns, func() (struct{}, error) { return struct{}{}, cmd.Start() })
+	return err
 }

@@ -209,7 +209,8 @@ func sh(t testing.TB, ctx context.Context, c *agent.Client, cmd string) string {
 }
 
 // leftovers lists what of the test's guests is still on the host: processes started from
-// the fake's binary, mounts and loop devices below base, and files in the VMMs' TMPDIR.
+// the fake's binary, mounts and loop devices below base, the driver's network namespaces,
+// and files in the VMMs' TMPDIR.
 func (e *env) leftovers() []string {
 	var out []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/exe")
@@ -229,6 +230,13 @@ func (e *env) leftovers() []string {
 	for _, l := range loops {
 		if b, err := os.ReadFile(l); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), e.base) {
 			out = append(out, "loop device "+l+" of "+strings.TrimSpace(string(b)))
+		}
+	}
+	if ents, _ := os.ReadDir("/run/netns"); len(ents) > 0 {
+		for _, x := range ents {
+			if strings.HasPrefix(x.Name(), e.d.NetNamespace("")) {
+				out = append(out, "network namespace "+x.Name())
+			}
 		}
 	}
 	if ents, _ := os.ReadDir(e.vmmTmp); len(ents) > 0 {

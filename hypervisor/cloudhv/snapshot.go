@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"wb/agent"
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv/chapi"
+	"wb/hypervisor/internal/guestfile"
 )
 
 // Snapshot directory layout.
@@ -92,7 +92,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		}
 	}
 	out.Memory = memory
-	out.SizeBytes = dirAllocated(dir)
+	out.SizeBytes = guestfile.DiskUsage(dir)
 	return out, nil
 }
 
@@ -126,11 +126,7 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 		return err
 	}
 	var rec snapshotRecord
-	b, err := os.ReadFile(filepath.Join(dir, snapshotMeta))
-	if err != nil {
-		return fmt.Errorf("cloudhv: snapshot %s: %w", dir, err)
-	}
-	if err := json.Unmarshal(b, &rec); err != nil {
+	if err := guestfile.ReadJSON(filepath.Join(dir, snapshotMeta), &rec); err != nil {
 		return fmt.Errorf("cloudhv: snapshot %s: %w", dir, err)
 	}
 	if rec.Format != snapshotFormat || rec.Driver != Name {
@@ -264,16 +260,4 @@ func copySparse(src, dst string) (err error) {
 		off = hole
 	}
 	return out.Sync()
-}
-
-// dirAllocated is the space the files under dir take on disk.
-func dirAllocated(dir string) int64 {
-	var total int64
-	_ = filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
-		if err == nil && e.Type().IsRegular() {
-			total += max(allocated(p), 0)
-		}
-		return nil
-	})
-	return total
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"wb/hypervisor"
+	"wb/hypervisor/internal/guestfile"
 )
 
 func TestKernelCmdline(t *testing.T) {
@@ -23,7 +24,9 @@ func TestKernelCmdline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "console=hvc0 root=/dev/vda ro sysctl.vm.panic_on_oom=1 init=/run/wb-bin/wb PATH=/bin HOME=/root HTTP_PROXY=http://127.0.0.1:3128 -- agent --vsock-port 1024 --root /workspace"
+	// ip=: the guest's address on its tap (10.0.0.2/30, gateway the host end), as Linux's
+	// IP autoconfiguration reads it.
+	want := "console=hvc0 root=/dev/vda ro sysctl.vm.panic_on_oom=1 ip=10.0.0.2::10.0.0.1:255.255.255.252::eth0:off init=/run/wb-bin/wb PATH=/bin HOME=/root HTTP_PROXY=http://127.0.0.1:3128 -- agent --vsock-port 1024 --root /workspace"
 	if got != want {
 		t.Errorf("cmdline\n got %q\nwant %q", got, want)
 	}
@@ -170,7 +173,7 @@ func TestCopySparse(t *testing.T) {
 	if string(a) != string(b) {
 		t.Fatal("the copy differs")
 	}
-	if got := allocated(dst); got <= 0 || got > 1<<20 {
+	if got := guestfile.Allocated(dst); got <= 0 || got > 1<<20 {
 		t.Errorf("the copy takes %d bytes; want it sparse (a few KiB)", got)
 	}
 }

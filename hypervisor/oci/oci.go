@@ -2,7 +2,6 @@ package oci
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"wb/hypervisor"
+	"wb/hypervisor/internal/guestfile"
 )
 
 // Runtime names.
@@ -207,20 +207,8 @@ type guestRecord struct {
 
 func (d *Driver) loadGuest(id string) (guestRecord, error) {
 	var g guestRecord
-	if !hypervisor.ValidID(id) {
-		return g, fmt.Errorf("oci: invalid guest id %q: %w", id, hypervisor.ErrNotFound)
-	}
-	b, err := os.ReadFile(filepath.Join(d.BundleDir(id), guestFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return g, fmt.Errorf("oci: guest %s: %w", id, hypervisor.ErrNotFound)
-	}
-	if err != nil {
-		return g, fmt.Errorf("oci: %w", err)
-	}
-	if err := json.Unmarshal(b, &g); err != nil {
-		return g, fmt.Errorf("oci: guest %s record: %w", id, err)
-	}
-	return g, nil
+	err := guestfile.ReadGuest("oci", id, filepath.Join(d.BundleDir(id), guestFile), &g)
+	return g, err
 }
 
 // prepare creates the writable dirs and writes the bundle of s.
@@ -303,15 +291,7 @@ func modeBits(m uint32) fs.FileMode {
 }
 
 func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return fmt.Errorf("oci: encode %s: %w", filepath.Base(path), err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("oci: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := guestfile.WriteJSON(path, v); err != nil {
 		return fmt.Errorf("oci: %w", err)
 	}
 	return nil
@@ -593,35 +573,8 @@ func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error)
 		CPUMs:       raw.cpuNanos / 1e6,
 		MemoryBytes: raw.memoryBytes,
 		OOMKills:    raw.oomKills,
-		DiskBytes:   diskUsage(g.Spec.Writable),
+		DiskBytes:   guestfile.DiskUsage(g.Spec.Writable),
 	}, nil
-}
-
-// diskUsage is the space allocated by the files under dir, -1 if it cannot be walked.
-func diskUsage(dir string) int64 {
-	var total int64
-	err := filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		fi, err := e.Info()
-		if err != nil {
-			return nil //nolint:nilerr // vanished while walking
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			total += st.Blocks * 512
-		} else {
-			total += fi.Size()
-		}
-		return nil
-	})
-	if err != nil {
-		return -1
-	}
-	return total
 }
 
 func isNotExist(err error) bool {

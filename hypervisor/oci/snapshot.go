@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	gorunc "github.com/containerd/go-runc"
 
 	"wb/hypervisor"
+	"wb/hypervisor/internal/guestfile"
 )
 
 // Snapshot directory layout.
@@ -110,7 +110,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		return out, err
 	}
 	out.Memory = useMemory
-	out.SizeBytes = diskUsage(dir)
+	out.SizeBytes = guestfile.DiskUsage(dir)
 	return out, nil
 }
 
@@ -122,11 +122,7 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 		return err
 	}
 	var rec snapshotRecord
-	b, err := os.ReadFile(filepath.Join(dir, snapshotMeta))
-	if err != nil {
-		return fmt.Errorf("oci: snapshot %s: %w", dir, err)
-	}
-	if err := json.Unmarshal(b, &rec); err != nil {
+	if err := guestfile.ReadJSON(filepath.Join(dir, snapshotMeta), &rec); err != nil {
 		return fmt.Errorf("oci: snapshot %s: %w", dir, err)
 	}
 	if rec.Format != snapshotFormat {

@@ -11,6 +11,7 @@ var kernelParams = map[string]bool{
 	"ro": true, "rw": true, "init": true, "panic": true, "quiet": true, "debug": true,
 	"loglevel": true, "earlyprintk": true, "reboot": true, "nokaslr": true, "noapic": true,
 	"nomodules": true, "pci": true, "i8042.noaux": true, "tsc": true, "mitigations": true,
+	"ip": true, // the guest's address: the fake's kernel configures its interface (net.go)
 }
 
 // initProcess is what Linux makes of a command line for init.

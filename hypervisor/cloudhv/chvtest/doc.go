@@ -109,8 +109,18 @@
 //     enough space in the hotplug RAM region", "The requested hotplug memory addition is not a
 //     valid size" otherwise), and a shrink or a VM without hotplug_size keeps the guest's
 //     memory (the config's memory.size changes anyway, as CH's does).
-//   - Net devices are accepted and listed (and counted, always 0) but the guest has no network
-//     interface: a runc guest gets a private network namespace with loopback only.
+//   - virtio-net (net.go): a net device whose tap exists in the VMM's network namespace (the
+//     driver starts the VMM in the guest's namespace, where it made tap0) is joined to a tap
+//     the fake makes in the runc guest's network namespace (eth0, eth1, ... in device order,
+//     with the config's mac), and Ethernet frames are copied between the two; vm.counters
+//     counts them as CH's virtio-net does (rx_bytes/rx_frames what the guest received,
+//     tx_bytes/tx_frames what it sent). The "kernel" applies the command line's ip=
+//     (client::gateway:netmask::device:off) to the guest's interface: the address and a
+//     default route via the gateway. CH would create a tap that does not exist; the fake
+//     leaves such a device unjoined (counters 0), so that a test never adds an interface to
+//     the host's namespace; in library use (without Options.JoinTaps, which fakech sets) it
+//     joins none. Hot-plugged net devices (vm.add-net) are listed, not joined. The
+//     fake neither sets the tap's ip and mask nor uses vhost, offloads or multiqueue.
 //   - A paused guest is frozen with the cgroup freezer; its vsock streams already open stay
 //     open (the guest just does not answer), new CONNECTs wait for the resume.
 //   - Validation is partial: device ids must be unique, boot_vcpus in 1..=max_vcpus, a kernel

@@ -34,7 +34,7 @@ func TestBadResponsesCounted(t *testing.T) {
 // TestParseCmdline: Linux's split of the command line into init's path, arguments and
 // environment.
 func TestParseCmdline(t *testing.T) {
-	p := parseCmdline("console=hvc0 root=/dev/vda ro init=/run/wb-bin/wb quiet virtio_net.napi=1 WB_X=1 A=b=c single -- agent --vsock-port 1024")
+	p := parseCmdline("console=hvc0 root=/dev/vda ro ip=10.0.0.2::10.0.0.1:255.255.255.252::eth0:off init=/run/wb-bin/wb quiet virtio_net.napi=1 WB_X=1 A=b=c single -- agent --vsock-port 1024")
 	if p.Path != "/run/wb-bin/wb" {
 		t.Errorf("path %q", p.Path)
 	}
@@ -46,6 +46,20 @@ func TestParseCmdline(t *testing.T) {
 	}
 	if p := parseCmdline("console=hvc0"); p.Path != "/sbin/init" || len(p.Args) != 0 {
 		t.Errorf("no init=: %+v", p)
+	}
+}
+
+// TestParseIPParam: Linux's ip= as the fake's kernel reads it; autoconfiguration (dhcp) and
+// words after "--" are not an address.
+func TestParseIPParam(t *testing.T) {
+	p, ok := parseIPParam("console=hvc0 ip=10.0.0.2::10.0.0.1:255.255.255.252::eth0:off init=/x -- ip=1.2.3.4")
+	if want := (ipParam{Client: "10.0.0.2", Gateway: "10.0.0.1", Netmask: "255.255.255.252", Device: "eth0"}); !ok || p != want {
+		t.Errorf("ip=: %+v, %v; want %+v", p, ok, want)
+	}
+	for _, line := range []string{"ip=dhcp", "console=hvc0", "init=/x -- ip=1.2.3.4::1.2.3.1:255.0.0.0::eth0:off"} {
+		if p, ok := parseIPParam(line); ok {
+			t.Errorf("%q: %+v, want none", line, p)
+		}
 	}
 }
 

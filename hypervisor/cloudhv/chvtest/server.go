@@ -41,6 +41,11 @@ type Options struct {
 	// burns counts as the VMM's CPU and memory, as a real CH's guest (its vCPU threads) does.
 	// fakech sets it; in library use the VMM is the test process, whose cgroup is left alone.
 	NestCgroup bool
+	// JoinTaps joins each net device whose tap exists in the VMM's network namespace to the
+	// guest (net.go). fakech sets it: a driver starts it in the guest's own namespace. In
+	// library use the VMM is the test process, in the host's namespace, whose taps are not
+	// the fake's to take over.
+	JoinTaps bool
 }
 
 // VMM is one fake Cloud Hypervisor process: an API server and at most one VM.

@@ -51,7 +51,9 @@ type diskConfig struct {
 }
 
 type netConfig struct {
-	ID string `json:"id,omitempty"`
+	ID  string `json:"id,omitempty"`
+	Tap string `json:"tap,omitempty"`
+	Mac string `json:"mac,omitempty"`
 }
 
 type vsockConfig struct {
@@ -188,7 +190,8 @@ type vmInstance struct {
 	devices              int // CH's device name counter (_disk0, _net1, ...), continued by hot-plugs
 	guest                *guest
 	vsock                *hybridVsock
-	mu                   sync.Mutex // guards state for the vsock gate
+	nets                 map[string]*netLink // by device id: the net devices joined to the guest
+	mu                   sync.Mutex          // guards state for the vsock gate
 	changed              chan struct{}
 	gone                 bool
 }
@@ -233,6 +236,9 @@ func (vm *vmInstance) teardown(ctx context.Context) {
 	vm.mu.Unlock()
 	if vm.vsock != nil {
 		vm.vsock.close()
+	}
+	for _, l := range vm.nets {
+		l.close()
 	}
 	vm.guest.cleanup(ctx)
 }
@@ -321,6 +327,18 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 		vm.bootRAM, vm.ram, vm.ramTop = view.Memory.Size, view.Memory.Size, view.Memory.Size+view.Memory.HotplugSize
 	}
 	vm.devices = devices
+	if len(view.Net) > 0 && v.opts.JoinTaps {
+		ip, hasIP := parseIPParam(view.Payload.Cmdline)
+		links, err := linkNets(bootCtx, g, view.Net, ip, hasIP)
+		if err != nil {
+			vm.teardown(bootCtx)
+			return nil, &apiError{status: http.StatusInternalServerError, chain: []string{"Error creating virtio-net device", err.Error()}}
+		}
+		vm.nets = map[string]*netLink{}
+		for _, l := range links {
+			vm.nets[l.id] = l
+		}
+	}
 	if view.Vsock != nil {
 		vm.vsock, err = listenVsock(view.Vsock.Socket, g.vsockDir(), vm.waitRunning, v.log)
 		if err != nil {
@@ -593,8 +611,11 @@ func (v *VMM) apiCounters(_ context.Context, _ []byte) apiResponse {
 		out[d.ID] = diskCounters(dir)
 	}
 	for _, n := range view.Net {
-		// The fake's guest has no network device (doc.go): its counters stay 0.
+		// A device not joined to the guest (doc.go) counts nothing.
 		out[n.ID] = map[string]uint64{"rx_bytes": 0, "rx_frames": 0, "tx_bytes": 0, "tx_frames": 0}
+		if l, ok := v.vm.nets[n.ID]; ok {
+			out[n.ID] = l.counters()
+		}
 	}
 	b, _ := jsonMarshal(out)
 	return apiResponse{status: http.StatusOK, body: b}

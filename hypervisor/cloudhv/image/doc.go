@@ -5,7 +5,8 @@
 //     version), takes its vmlinuz (Cloud Hypervisor boots a bzImage directly), and writes an
 //     initramfs holding busybox and the modules that kernel needs for the VM's devices (virtio
 //     PCI, block, console, net, vsock; Debian builds them as modules) in dependency order read
-//     from each module's .modinfo; its /init loads them, mounts root= read-only and switches to
+//     from each module's .modinfo; its /init loads them, configures the static address of the
+//     command line's ip= (the driver's guest network), mounts root= read-only and switches to
 //     init= with the kernel command line's arguments and environment. It also lays out a busybox
 //     root filesystem with the wb binary at /run/wb-bin/wb (and /sbin/init → it), makes it an
 //     ext4 image with mkfs.ext4 -d, and writes manifest.json (files, sizes, SHA-256s, cmdline).

@@ -20,9 +20,11 @@ func vmModules() []string {
 	return []string{"virtio_pci", "virtio_blk", "virtio_console", "virtio_net", "vmw_vsock_virtio_transport", "virtio_balloon", "virtio_mem"}
 }
 
-// initScript is the initramfs's /init: load the modules, mount root= read-only, move /dev
-// there and switch to init= with the arguments and environment the kernel gave it (the
-// command line's words after "--" and its KEY=VALUE words).
+// initScript is the initramfs's /init: load the modules, bring up loopback and the static
+// address of the command line's ip= (Linux's own IP autoconfiguration runs before virtio_net,
+// a module here, is loaded), mount root= read-only, move /dev there and switch to init= with
+// the arguments and environment the kernel gave it (the command line's words after "--" and
+// its KEY=VALUE words).
 const initScript = `#!/bin/busybox sh
 # wb guest initramfs (wb image build): load the VM's drivers, then run init= from root=.
 # Nothing is exported: init gets exactly the environment the kernel gave this script.
@@ -35,13 +37,26 @@ while read -r m; do
 done < /modules
 root=/dev/vda
 init=/run/wb-bin/wb
+ipconf=
 for w in $($bb cat /proc/cmdline); do
 	case "$w" in
 	root=*) root="${w#root=}" ;;
 	init=*) init="${w#init=}" ;;
+	ip=*) ipconf="${w#ip=}" ;;
 	--) break ;;
 	esac
 done
+# ip=client:server:gateway:netmask:hostname:device:autoconf, a static address only.
+netup() {
+	case "$1" in ""|dhcp|bootp|rarp|any|on|off|none) return 0 ;; esac
+	dev="${6:-eth0}"
+	$bb ifconfig "$dev" "$1" netmask "${4:-255.255.255.0}" up || echo "wb initramfs: cannot configure $dev" >&2
+	[ -z "$3" ] || $bb route add default gw "$3" dev "$dev" || echo "wb initramfs: no route via $3" >&2
+}
+$bb ifconfig lo 127.0.0.1 up
+oldifs="$IFS"; IFS=:
+netup $ipconf
+IFS="$oldifs"
 n=0
 while [ ! -b "$root" ] && [ $n -lt 100 ]; do $bb usleep 50000; n=$((n+1)); done
 if ! $bb mount -t ext4 -o ro "$root" /newroot; then

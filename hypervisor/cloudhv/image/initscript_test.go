@@ -33,7 +33,8 @@ esac
 `
 
 // TestInitScript runs the initramfs's /init in a chroot with busybox's actions recorded: it
-// loads the modules in /modules' order, mounts root= read-only, moves /dev, and switches to
+// loads the modules in /modules' order, brings up loopback and ip='s address and default
+// route (the driver's guest network), mounts root= read-only, moves /dev, and switches to
 // init= with the arguments after "--" and the kernel's environment, adding nothing of its own.
 func TestInitScript(t *testing.T) {
 	t.Parallel()
@@ -57,7 +58,7 @@ func TestInitScript(t *testing.T) {
 		"bin/busybox": fakeBusybox,
 		"init":        initScript,
 		"modules":     "virtio\nvirtio_blk\n",
-		"cmdline":     "console=hvc0 root=/dev/vdz ro init=/run/wb-bin/wb WB_X=1 -- agent --vsock-port 1024\n",
+		"cmdline":     "console=hvc0 root=/dev/vdz ro ip=10.0.0.2::10.0.0.1:255.255.255.252::eth0:off init=/run/wb-bin/wb WB_X=1 -- agent --vsock-port 1024\n",
 	}
 	for p, c := range files {
 		if err := os.WriteFile(filepath.Join(dir, p), []byte(c), 0o755); err != nil {
@@ -91,6 +92,9 @@ func TestInitScript(t *testing.T) {
 		"mount -t proc -o nosuid,nodev,noexec proc /proc",
 		"insmod /lib/modules/virtio.ko",
 		"insmod /lib/modules/virtio_blk.ko",
+		"ifconfig lo 127.0.0.1 up",
+		"ifconfig eth0 10.0.0.2 netmask 255.255.255.252 up",
+		"route add default gw 10.0.0.1 dev eth0",
 		"mount -t ext4 -o ro /dev/vdz /newroot",
 		"umount /proc",
 		"mount --move /dev /newroot/dev",

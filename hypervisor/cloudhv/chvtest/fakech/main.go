@@ -153,6 +153,7 @@ func run(args []string) error {
 		Logger:    log,
 		// A process standing in for CH: its guest is accounted to it, as CH's vCPUs are.
 		NestCgroup: true,
+		JoinTaps:   true,
 	})
 	if err != nil {
 		return err
