@@ -22,7 +22,7 @@ func (s *Server) desktopRoutes(api func(pattern string, h handler)) {
 	api("PATCH /v1/desktops/{id}", s.patchDesktop)
 	api("DELETE /v1/desktops/{id}", s.deleteDesktop)
 	api("POST /v1/desktops/{id}", s.idempotent(s.desktopAction)) // {id}:sleep, :wake, :stop, :start
-	s.desktopUseRoutes(api) // files and the MCP endpoint (desktop_files.go, desktop_mcp.go)
+	s.desktopUseRoutes(api)
 }
 
 func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.Project) error {
