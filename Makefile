@@ -52,6 +52,7 @@ bench: deps
 	GOGC=400 $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./gateway/ ./policies/
 	$(GO) test -run '^$$' -bench . -benchtime 200000x ./quota/
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./hypervisor/oci/ ./conformance/
+	$(GO) test -run '^$$' -bench . -benchtime 5x ./desktop/
 	# Cloud Hypervisor: the client's own cost per call, beside a hand-written HTTP round trip.
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./hypervisor/cloudhv/chapi/
 

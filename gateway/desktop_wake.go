@@ -19,7 +19,7 @@ import (
 // Bounds of the wait's backoff between reads of the desktop.
 const (
 	desktopWaitFirst = 25 * time.Millisecond
-	desktopWaitMost  = 500 * time.Millisecond
+	desktopWaitMost  = 200 * time.Millisecond
 )
 
 // desktopWakeWait bounds how long a call waits for a desktop to run: its session's
