@@ -231,10 +231,7 @@ func (t *desktopTools) runCommand(ctx context.Context, sess *session.Session, in
 		req.TimeoutS = &in.TimeoutS
 	}
 	res, err := t.s.runExec(ctx, sess, req, nil)
-	if err != nil {
-		return nil, res, err
-	}
-	return nil, res, nil
+	return nil, res, err
 }
 
 // PathInput is the argument of read_file and list_files.

@@ -370,3 +370,31 @@ func TestDesktopReadyStates(t *testing.T) {
 		}
 	}
 }
+
+// TestDesktopMCPBehindProxy: a gateway listening on loopback behind a TLS proxy receives the
+// public Host; the endpoint serves it (the SDK's DNS-rebinding guard would answer 403), and
+// GET, the standalone stream, is 405.
+func TestDesktopMCPBehindProxy(t *testing.T) {
+	e := newDesktopEnv(t)
+	d := e.newDesktop(map[string]any{"name": "proxied"})
+	post := func(method, body string) *http.Response {
+		req, _ := http.NewRequest(method, d.MCPURL, strings.NewReader(body))
+		req.Host = "wb.example.com"
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}`
+	if resp := post("POST", init); resp.StatusCode != 200 {
+		t.Errorf("initialize through a proxy: %d", resp.StatusCode)
+	}
+	if resp := post("GET", ""); resp.StatusCode != 405 {
+		t.Errorf("GET: %d, want 405", resp.StatusCode)
+	}
+}
