@@ -55,6 +55,8 @@ bench: deps
 	GOGC=400 $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./gateway/ ./policies/
 	$(GO) test -run '^$$' -bench . -benchtime 200000x ./quota/
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./hypervisor/oci/ ./conformance/
+	# Desktops: sleep, and wake to the first MCP answer, beside a session's memory snapshot and restore.
+	$(GO) test -run '^$$' -bench . -benchtime 5x ./desktop/
 	# Cloud Hypervisor: the client's own cost per call, beside a hand-written HTTP round trip;
 	# the driver's lifecycle calls on a guest of the fake VMM, beside the bare API calls.
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./hypervisor/cloudhv/chapi/

@@ -120,3 +120,63 @@ func (c *Client) HeartbeatDesktop(ctx context.Context, id string) (*Desktop, err
 	var d Desktop
 	return &d, c.do(ctx, http.MethodPost, "/v1/desktops/"+pathID(id)+"/heartbeat", nil, struct{}{}, &d)
 }
+
+// A desktop's files are its session's, with the desktop's rules of use (seed 001): sending
+// or deleting a file is a use, which wakes an asleep desktop and answers once it runs;
+// reading or listing is none, and an asleep desktop answers 409 to it (wake it first).
+
+// ReadDesktopFile opens a file of a running desktop; the caller closes it.
+func (c *Client) ReadDesktopFile(ctx context.Context, desktopID, path string) (io.ReadCloser, error) {
+	return c.readFileAt(ctx, filesRoute("desktops", desktopID), path)
+}
+
+// DownloadDesktopFile answers a whole file of a running desktop.
+func (c *Client) DownloadDesktopFile(ctx context.Context, desktopID, path string) ([]byte, error) {
+	return c.downloadFileAt(ctx, filesRoute("desktops", desktopID), path)
+}
+
+// UploadDesktopFile writes content to path on a desktop (at most 100 MiB), waking it when
+// asleep. A content that is an io.Seeker can be retried on 429/503.
+func (c *Client) UploadDesktopFile(ctx context.Context, desktopID, path string, content io.Reader) error {
+	return c.uploadFileAt(ctx, filesRoute("desktops", desktopID), path, content)
+}
+
+// ListDesktopFiles lists a directory of a running desktop, sorted by name.
+func (c *Client) ListDesktopFiles(ctx context.Context, desktopID, dir string) (*List[FileInfo], error) {
+	return c.listFilesAt(ctx, filesRoute("desktops", desktopID), dir)
+}
+
+// DeleteDesktopFile removes a file of a desktop, waking it when asleep.
+func (c *Client) DeleteDesktopFile(ctx context.Context, desktopID, path string) error {
+	return c.do(ctx, http.MethodDelete, filesRoute("desktops", desktopID), filesQuery(path), nil, nil)
+}
+
+// MCPHTTPClient answers an HTTP client that sends this client's API key (and User-Agent),
+// over WithHTTPClient's transport: give it to an MCP client's Streamable HTTP transport with
+// a desktop's MCPURL, e.g. the official Go SDK's
+//
+//	&mcp.StreamableClientTransport{Endpoint: d.MCPURL, HTTPClient: c.MCPHTTPClient()}
+func (c *Client) MCPHTTPClient() *http.Client {
+	hc := *c.http
+	base := hc.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	hc.Transport = keyTransport{base: base, key: c.apiKey, userAgent: c.userAgent}
+	return &hc
+}
+
+// keyTransport adds the API key to each request.
+type keyTransport struct {
+	base           http.RoundTripper
+	key, userAgent string
+}
+
+func (t keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+t.key)
+	if t.userAgent != "" {
+		r.Header.Set("User-Agent", t.userAgent)
+	}
+	return t.base.RoundTrip(r)
+}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -84,4 +85,60 @@ func trimNewline(s string) string {
 		s = s[:len(s)-1]
 	}
 	return s
+}
+
+// TestDesktopFileCallsAndMCPClient: the desktop file calls use the desktop's files route, and
+// MCPHTTPClient sends the API key on any request (an MCP client's POSTs to mcp_url).
+func TestDesktopFileCallsAndMCPClient(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery+" "+string(b)+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		switch {
+		case r.Method == http.MethodGet && r.URL.Query().Get("list") == "1":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"object":"list","data":[{"name":"a.txt","size":3,"mode":"0644","is_dir":false,"mod_time":"2025-01-02T03:04:05Z"}],"next_cursor":null}`)
+		case r.Method == http.MethodGet:
+			w.Header().Set("Content-Type", "application/octet-stream")
+			_, _ = io.WriteString(w, "one")
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	defer srv.Close()
+	c, err := New(srv.URL, "wb_test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.UploadDesktopFile(ctx, "desk_1", "a.txt", strings.NewReader("one")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := c.DownloadDesktopFile(ctx, "desk_1", "a.txt"); err != nil || string(b) != "one" {
+		t.Fatalf("download: %q, %v", b, err)
+	}
+	if l, err := c.ListDesktopFiles(ctx, "desk_1", "."); err != nil || len(l.Data) != 1 || l.Data[0].Name != "a.txt" {
+		t.Fatalf("list: %+v, %v", l, err)
+	}
+	if err := c.DeleteDesktopFile(ctx, "desk_1", "a.txt"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.MCPHTTPClient().Post(srv.URL+"/v1/desktops/desk_1/mcp", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	want := []string{
+		`PUT /v1/desktops/desk_1/files?path=a.txt one Bearer wb_test`,
+		`GET /v1/desktops/desk_1/files?path=a.txt  Bearer wb_test`,
+		`GET /v1/desktops/desk_1/files?list=1&path=.  Bearer wb_test`,
+		`DELETE /v1/desktops/desk_1/files?path=a.txt  Bearer wb_test`,
+		`POST /v1/desktops/desk_1/mcp? {} Bearer wb_test`,
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("requests:\n%q\nwant:\n%q", got, want)
+	}
 }

@@ -20,7 +20,10 @@ const openAPIPath = "../gateway/openapi.json"
 // operator routes (admin key, metrics), the document itself, the health check, the catch-all
 // that only answers errors.
 var operationsOutsideSDK = []string{"health", "metrics", "getOpenAPI", "adminCreateProject", "adminGetPlan",
-	"adminPutPlan", "adminListNodes", "adminDrainNode", "sessionActionMissing"}
+	"adminPutPlan", "adminListNodes", "adminDrainNode", "sessionActionMissing",
+	// A desktop's MCP endpoint speaks MCP, not the API: an MCP client calls it, with
+	// MCPHTTPClient as its HTTP client.
+	"desktopMCP", "desktopMCPStream"}
 
 // methodOf maps an operationId to the Client method that calls it when the name is not the
 // operationId with its first letter upper-cased.
@@ -30,6 +33,9 @@ var methodOf = map[string]string{
 	"writeSessionFile":  "UploadFile",
 	"deleteSessionFile": "DeleteFile",
 	"openSessionPty":    "OpenPTY",
+	"readDesktopFile":   "ListDesktopFiles", // as readSessionFile
+	"writeDesktopFile":  "UploadDesktopFile",
+	"deleteDesktopFile": "DeleteDesktopFile",
 }
 
 // driftExceptions are deliberate differences, by "Schema.property" (the property only one

@@ -33,7 +33,7 @@ import (
 // platform is the whole engine in this process, as `wb serve` wires it: a redis-server, the
 // store, one node with real runsc guests, the placer and the gateway.
 type platform struct {
-	t   *testing.T
+	t   testing.TB
 	url string
 	key string
 }
@@ -76,7 +76,7 @@ var sharedFiles = sync.OnceValues(func() (files, error) {
 	return files{bin, tpls}, err
 })
 
-func startPlatform(t *testing.T, cfg func(*gateway.Config)) *platform {
+func startPlatform(t testing.TB, cfg func(*gateway.Config)) *platform {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("real guests need root")

@@ -23,6 +23,7 @@ func (s *Server) desktopRoutes(api func(pattern string, h handler)) {
 	api("DELETE /v1/desktops/{id}", s.deleteDesktop)
 	api("POST /v1/desktops/{id}", s.idempotent(s.desktopAction)) // {id}:sleep, :wake, :stop, :start
 	s.desktopConsoleRoutes(api)
+	s.desktopUseRoutes(api)
 }
 
 func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.Project) error {

@@ -20,6 +20,11 @@
 // URLs carry (authz_access.go), and refuse a session that is not running with the same 409;
 // ext_authz caches what it reads of sessions and drops it on their events (authz_lookups.go).
 //
+// A desktop's guest is used through its files routes and its MCP endpoint (desktop_files.go,
+// desktop_mcp.go: Streamable HTTP from the official Go SDK, stateless, behind the API key);
+// both first wait for the desktop to run, and a tool call or a file sent or deleted wakes an
+// asleep one (awakeDesktop, desktop_wake.go).
+//
 // Every answer is a Go type, never a map: the contract's objects come from package session
 // (Session, Snapshot, Run, List, DeletedObject, the exec results), the rest are in
 // apiobjects.go (Policy, Plugin, Project, Limits, Usage, ...). schema_types_test.go holds each

@@ -261,6 +261,11 @@ var registeredRoutes = []string{
 	"POST /v1/desktops/{id}", // {id}:sleep, :wake, :stop, :start
 	"GET /v1/desktops/{id}/screen",
 	"POST /v1/desktops/{id}/heartbeat",
+	"GET /v1/desktops/{id}/files",
+	"PUT /v1/desktops/{id}/files",
+	"DELETE /v1/desktops/{id}/files",
+	"POST /v1/desktops/{id}/mcp",
+	"GET /v1/desktops/{id}/mcp",
 	"GET /v1/templates",
 	"GET /v1/limits",
 	"PUT /v1/limits",

@@ -1,0 +1,400 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"wb/desktop"
+	"wb/session"
+)
+
+// mcpKey adds an API key to every request of an MCP client.
+type mcpKey struct{ key string }
+
+func (b mcpKey) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.key)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// mcpConnect connects the official SDK's client to a desktop's mcp_url with key.
+func mcpConnect(ctx context.Context, url, key string, opts *mcp.ClientOptions, sessOpts *mcp.ClientSessionOptions) (*mcp.ClientSession, error) {
+	c := mcp.NewClient(&mcp.Implementation{Name: "wb-test", Version: "1"}, opts)
+	return c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: mcpKey{key}}, MaxRetries: -1}, sessOpts)
+}
+
+func (e *env) mcpSession(d desktop.Desktop) *mcp.ClientSession {
+	e.t.Helper()
+	cs, err := mcpConnect(context.Background(), d.MCPURL, e.key, nil, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+// callTool calls a tool and fails the test on a JSON-RPC error or a tool error.
+func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if res.IsError {
+		t.Fatalf("%s: tool error: %s", name, textOf(res))
+	}
+	return res
+}
+
+func textOf(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// rpcError calls a tool that must be refused and answers the JSON-RPC error.
+func rpcError(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) *jsonrpc.Error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	var we *jsonrpc.Error
+	if !errors.As(err, &we) {
+		t.Fatalf("%s: want a JSON-RPC error, got %v (result %+v)", name, err, res)
+	}
+	return we
+}
+
+// TestDesktopMCPWakesOnToolCall: initialize and tools/list leave an asleep desktop asleep;
+// a tool call wakes it, waits, and answers; every tool works on the running desktop.
+func TestDesktopMCPWakesOnToolCall(t *testing.T) {
+	e := newDesktopEnv(t)
+	d := e.newDesktop(map[string]any{"name": "agent's"})
+	e.desktopAction(d.ID, "sleep", 202)
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+
+	cs := e.mcpSession(d)
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tool := range tools.Tools {
+		names = append(names, tool.Name)
+	}
+	slices.Sort(names)
+	if want := []string{"list_files", "read_file", "run_command", "run_js", "screenshot", "write_file"}; !slices.Equal(names, want) {
+		t.Fatalf("tools %v, want %v", names, want)
+	}
+	if got := e.desktop(d.ID); got.State != desktop.Asleep || !got.LastUsedAt.Equal(d.LastUsedAt.Time) {
+		t.Fatalf("after the handshake and tools/list: %s, last used %v (was %v)", got.State, got.LastUsedAt, d.LastUsedAt)
+	}
+
+	res := callTool(t, cs, "run_command", map[string]any{"command": "echo woke; echo oops >&2; exit 3"})
+	var out session.ExecResult
+	if err := json.Unmarshal([]byte(textOf(res)), &out); err != nil {
+		t.Fatalf("run_command answered %q: %v", textOf(res), err)
+	}
+	if out.Stdout != "woke\n" || out.Stderr != "oops\n" || out.ExitCode != 3 {
+		t.Fatalf("run_command: %+v", out)
+	}
+	woke := e.desktop(d.ID)
+	if woke.State != desktop.Running || woke.SessionID == "" {
+		t.Fatalf("after a tool call the desktop is %s", woke.State)
+	}
+	if s := e.sessionOf(woke.SessionID); s.RestoreFrom == nil {
+		t.Errorf("woke fresh, not from its saved state: %+v", s)
+	}
+
+	// The other tools, on the running desktop.
+	res = callTool(t, cs, "run_command", map[string]any{"argv": []string{"printf", "%s|", "a b", "c"}})
+	if !strings.Contains(textOf(res), `"stdout":"a b|c|"`) {
+		t.Errorf("run_command argv: %s", textOf(res))
+	}
+	callTool(t, cs, "write_file", map[string]any{"path": "notes/a.txt", "content": "hello"})
+	callTool(t, cs, "write_file", map[string]any{"path": "notes/b.bin", "content": "AP8=", "encoding": "base64"})
+	res = callTool(t, cs, "read_file", map[string]any{"path": "notes/a.txt"})
+	if got := res.StructuredContent; !strings.Contains(textOf(res), `"content":"hello"`) || !strings.Contains(textOf(res), `"encoding":"utf-8"`) {
+		t.Errorf("read_file: %s (%v)", textOf(res), got)
+	}
+	res = callTool(t, cs, "read_file", map[string]any{"path": "notes/b.bin"})
+	if !strings.Contains(textOf(res), `"content":"AP8="`) || !strings.Contains(textOf(res), `"encoding":"base64"`) {
+		t.Errorf("read_file of bytes: %s", textOf(res))
+	}
+	res = callTool(t, cs, "list_files", map[string]any{"path": "notes"})
+	if !strings.Contains(textOf(res), `"name":"a.txt"`) || !strings.Contains(textOf(res), `"name":"b.bin"`) {
+		t.Errorf("list_files: %s", textOf(res))
+	}
+	// A tool that ran and failed is a tool error, not a JSON-RPC error.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "read_file", Arguments: map[string]any{"path": "notes/none"}})
+	if err != nil || !res.IsError {
+		t.Errorf("read_file of no file: %v, %+v", err, res)
+	}
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{}})
+	if err != nil || !res.IsError || !strings.Contains(textOf(res), "command or argv") {
+		t.Errorf("run_command without a command: %v, %+v", err, res)
+	}
+}
+
+// TestDesktopMCPRefusals: a tool call to a stopped desktop is a 409 JSON-RPC error naming
+// the state and what to do, to a failed one a 502 with its message, with no machine with
+// room a 409 (and it stays asleep); another project's key is a 404, a bad key a 401.
+func TestDesktopMCPRefusals(t *testing.T) {
+	e := newDesktopEnv(t)
+	d := e.newDesktop(map[string]any{"name": "refused"})
+	e.desktopAction(d.ID, "stop", 202)
+	d = e.waitDesktop(d.ID, desktop.Stopped)
+	cs := e.mcpSession(d)
+	we := rpcError(t, cs, "run_command", map[string]any{"command": "true"})
+	if we.Code != 409 || !strings.Contains(we.Message, "stopped") || !strings.Contains(we.Message, ":start") {
+		t.Errorf("stopped: %d %q", we.Code, we.Message)
+	}
+	var data struct {
+		Status int    `json:"status"`
+		Type   string `json:"type"`
+		Code   string `json:"code"`
+	}
+	if err := json.Unmarshal(we.Data, &data); err != nil || data.Status != 409 || data.Code != "invalid_state" {
+		t.Errorf("stopped: data %s", we.Data)
+	}
+	if got := e.desktop(d.ID); got.State != desktop.Stopped {
+		t.Errorf("a refused call moved the desktop to %s", got.State)
+	}
+
+	// No machine with room: 409 no_capacity, and the desktop stays asleep.
+	e.desktopAction(d.ID, "start", 202)
+	e.waitDesktop(d.ID, desktop.Running)
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	if err := e.node.SetCapacity(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	we = rpcError(t, cs, "screenshot", nil)
+	if we.Code != 409 || !strings.Contains(we.Message, "no_capacity") {
+		t.Errorf("no room: %d %q", we.Code, we.Message)
+	}
+	if got := e.desktop(d.ID); got.State != desktop.Asleep {
+		t.Errorf("no room, yet the desktop is %s", got.State)
+	}
+	if err := e.node.SetCapacity(context.Background(), 1000); err != nil {
+		t.Fatal(err)
+	}
+
+	// A desktop that could not start.
+	e.node.SetStarts(true, false)
+	var f desktop.Desktop
+	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "fails"}, 201, &f)
+	f = e.waitDesktop(f.ID, desktop.Failed)
+	we = rpcError(t, e.mcpSession(f), "list_files", map[string]any{"path": "."})
+	if we.Code != 502 || !strings.Contains(we.Message, "failed") || !strings.Contains(we.Message, f.Message) {
+		t.Errorf("failed: %d %q (message %q)", we.Code, we.Message, f.Message)
+	}
+
+	// Keys: another project's desktop is not found; a bad key is unauthenticated.
+	_, keyB := e.newProject("B", nil)
+	ctx := context.Background()
+	if _, err := mcpConnect(ctx, d.MCPURL, keyB, nil, nil); err == nil || !strings.Contains(err.Error(), "Not Found") {
+		t.Errorf("another project's key: %v", err)
+	}
+	if _, err := mcpConnect(ctx, d.MCPURL, "wb_bad", nil, nil); err == nil || !strings.Contains(err.Error(), "Unauthorized") {
+		t.Errorf("a bad key: %v", err)
+	}
+	if _, err := mcpConnect(ctx, e.url+"/v1/desktops/desk_none/mcp", e.key, nil, nil); err == nil || !strings.Contains(err.Error(), "Not Found") {
+		t.Errorf("no such desktop: %v", err)
+	}
+}
+
+// TestDesktopMCPIdleClient: a connected MCP client that only pings (the 2025-11-25 protocol,
+// with keepalives) does not keep the desktop awake; a tool call that runs longer than the
+// idle time does, for as long as it runs.
+func TestDesktopMCPIdleClient(t *testing.T) {
+	const idle = 2 * time.Second
+	e := newDesktopEnv(t, func(c *Config) { c.DesktopIdle = idle })
+	d := e.newDesktop(map[string]any{"name": "idle"})
+	cs, err := mcpConnect(context.Background(), d.MCPURL, e.key, &mcp.ClientOptions{KeepAlive: idle / 8},
+		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+
+	// A call of twice the idle time keeps it awake to its end.
+	res := callTool(t, cs, "run_command", map[string]any{"command": fmt.Sprintf("sleep %d; echo done", int(2*idle/time.Second))})
+	if !strings.Contains(textOf(res), `"stdout":"done\n"`) {
+		t.Fatalf("long call: %s", textOf(res))
+	}
+	if got := e.desktop(d.ID); got.State != desktop.Running {
+		t.Fatalf("after a call longer than the idle time: %s", got.State)
+	}
+
+	// Then the client stays connected and pings: it sleeps.
+	t0 := time.Now()
+	e.waitDesktop(d.ID, desktop.Asleep)
+	if el := time.Since(t0); el < idle/2 {
+		t.Errorf("asleep %v after the call; idle is %v", el, idle)
+	}
+	if err := cs.Ping(context.Background(), nil); err != nil {
+		t.Errorf("the client's connection broke: %v", err)
+	}
+}
+
+// TestDesktopFilesUse: a listing or a read of an asleep desktop answers 409 and leaves it
+// asleep; a file sent wakes it and is written; deleting one is a use too.
+func TestDesktopFilesUse(t *testing.T) {
+	e := newDesktopEnv(t)
+	d := e.newDesktop(map[string]any{"name": "files"})
+	files := "/v1/desktops/" + d.ID + "/files?path="
+	e.mustDo("PUT", files+"a.txt", e.key, []byte("one"), 204, nil)
+	if r := e.do("GET", files+"a.txt", e.key, nil); r.status != 200 || string(r.body) != "one" {
+		t.Fatalf("read: %d %s", r.status, r.body)
+	}
+	e.desktopAction(d.ID, "sleep", 202)
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+
+	msg := expectError(t, e.do("GET", files+".&list=1", e.key, nil), 409, "invalid_state", "")
+	if !strings.Contains(msg, "asleep") || !strings.Contains(msg, ":wake") {
+		t.Errorf("listing an asleep desktop: %s", msg)
+	}
+	expectError(t, e.do("GET", files+"a.txt", e.key, nil), 409, "invalid_state", "")
+	if got := e.desktop(d.ID); got.State != desktop.Asleep {
+		t.Fatalf("a listing and a read moved it to %s", got.State)
+	}
+
+	e.mustDo("PUT", files+"b.txt", e.key, []byte("two"), 204, nil)
+	woke := e.desktop(d.ID)
+	if woke.State != desktop.Running || woke.LastUsedAt == nil || !woke.LastUsedAt.After(d.LastUsedAt.Time) {
+		t.Fatalf("after a file sent: %+v", woke)
+	}
+	if r := e.do("GET", files+"b.txt", e.key, nil); r.status != 200 || string(r.body) != "two" {
+		t.Fatalf("read after the wake: %d %s", r.status, r.body)
+	}
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	// (The fake node's guests keep no files across a sleep: write the file to delete again.)
+	e.mustDo("DELETE", files+"b.txt", e.key, nil, 404, nil)
+	if got := e.desktop(d.ID); got.State != desktop.Running {
+		t.Fatalf("after a file deleted: %s", got.State)
+	}
+
+	// Stopped: 409 for all, the desktop stays stopped.
+	e.desktopAction(d.ID, "stop", 202)
+	e.waitDesktop(d.ID, desktop.Stopped)
+	msg = expectError(t, e.do("PUT", files+"c.txt", e.key, []byte("x"), "Content-Type", "application/octet-stream"), 409, "invalid_state", "")
+	if !strings.Contains(msg, "stopped") || !strings.Contains(msg, ":start") {
+		t.Errorf("sending a file to a stopped desktop: %s", msg)
+	}
+	expectError(t, e.do("GET", "/v1/desktops/desk_none/files?path=a", e.key, nil), 404, "not_found", "")
+	expectError(t, e.do("PUT", "/v1/desktops/"+d.ID+"/files", e.key, []byte("x")), 400, "invalid_request", "path")
+}
+
+// TestMCPCallError: the JSON-RPC error of a refused call carries the API's status as its
+// code, the status and code in its message, and the API's error object as its data.
+func TestMCPCallError(t *testing.T) {
+	for _, tc := range []struct {
+		err     error
+		code    int64
+		message string
+	}{
+		{errState("desktop is stopped: start it"), 409, "409 invalid_state: desktop is stopped: start it"},
+		{errDesktopFailed(desktop.Record{Desktop: desktop.Desktop{ID: "desk_1", Message: "no display"}}), 502,
+			"502 desktop_failed: desktop is failed: no display; start it again (POST /v1/desktops/desk_1:start) or delete it"},
+		{errNotFound("desktop", "desk_2"), 404, `404 not_found: no desktop "desk_2" in this project`},
+		{errors.New("redis: connection refused 10.0.0.1:6379"), 500, "500 internal: internal error; it has been logged"},
+	} {
+		we := mcpCallError(tc.err)
+		if we.Code != tc.code || we.Message != tc.message {
+			t.Errorf("%v: %d %q, want %d %q", tc.err, we.Code, we.Message, tc.code, tc.message)
+		}
+		var data map[string]any
+		if err := json.Unmarshal(we.Data, &data); err != nil || data["status"] != float64(tc.code) || data["message"] == "" || data["type"] == "" {
+			t.Errorf("%v: data %s", tc.err, we.Data)
+		}
+		if strings.Contains(string(we.Data), "10.0.0.1") {
+			t.Errorf("an internal error leaked: %s", we.Data)
+		}
+	}
+}
+
+// TestDesktopReadyStates: what a call finds in each state, by cause.
+func TestDesktopReadyStates(t *testing.T) {
+	e := newDesktopEnv(t)
+	ctx := context.Background()
+	p, err := e.st.GetProject(ctx, e.projA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := func(st, goal desktop.State) desktop.Record {
+		return desktop.Record{Desktop: desktop.Desktop{ID: "desk_x", State: st, Message: "why"}, Goal: goal}
+	}
+	for _, tc := range []struct {
+		rec    desktop.Record
+		cause  desktop.Cause
+		status int // 0: wait
+	}{
+		{rec(desktop.Starting, ""), desktop.MCP, 0},
+		{rec(desktop.Starting, ""), "", 0},
+		{rec(desktop.Stopping, desktop.Asleep), desktop.MCP, 0},
+		{rec(desktop.Stopping, desktop.Asleep), "", 409},
+		{rec(desktop.Stopping, desktop.Stopped), desktop.MCP, 409},
+		{rec(desktop.Asleep, ""), "", 409},
+		{rec(desktop.Stopped, ""), desktop.File, 409},
+		{rec(desktop.Stopped, ""), "", 409},
+		{rec(desktop.Failed, ""), desktop.MCP, 502},
+		{rec(desktop.Failed, ""), "", 502},
+	} {
+		sess, err := e.gw.desktopReady(ctx, p, tc.rec, tc.cause)
+		status := 0
+		if err != nil {
+			status = toAPIError(err).Status
+		}
+		if sess != nil || status != tc.status {
+			t.Errorf("%s (to %q) for %q: %v %v, want status %d", tc.rec.State, tc.rec.Goal, tc.cause, sess, err, tc.status)
+		}
+	}
+}
+
+// TestDesktopMCPBehindProxy: a gateway listening on loopback behind a TLS proxy receives the
+// public Host; the endpoint serves it (the SDK's DNS-rebinding guard would answer 403), and
+// GET, the standalone stream, is 405.
+func TestDesktopMCPBehindProxy(t *testing.T) {
+	e := newDesktopEnv(t)
+	d := e.newDesktop(map[string]any{"name": "proxied"})
+	post := func(method, body string) *http.Response {
+		req, _ := http.NewRequest(method, d.MCPURL, strings.NewReader(body))
+		req.Host = "wb.example.com"
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}`
+	if resp := post("POST", init); resp.StatusCode != 200 {
+		t.Errorf("initialize through a proxy: %d", resp.StatusCode)
+	}
+	if resp := post("GET", ""); resp.StatusCode != 405 {
+		t.Errorf("GET: %d, want 405", resp.StatusCode)
+	}
+}
