@@ -778,6 +778,113 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/desktops/{id}/screen": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * A PNG of a running desktop's display
+         * @description What the web console shows as the desktop's live screen. Only a running desktop has one (409 naming its state otherwise); it never wakes a desktop, and it is not a use: it keeps no desktop awake (the console's heartbeat does, while its tab is visible).
+         */
+        get: operations["getDesktopScreen"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/desktops/{id}/heartbeat": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record that the desktop's screen is being watched
+         * @description A use of the desktop (seed 001, "What counts as use"): the web console sends it every 20 s while the desktop's page is visible, and for one minute after it is hidden. An awake desktop then stays awake for the idle time from now; an asleep, stopped or failed one is left as it is (a heartbeat never wakes a desktop). Answers the desktop, in whatever state it is.
+         */
+        post: operations["heartbeatDesktop"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/desktops/{id}/files": {
+        parameters: {
+            query: {
+                /** @description The path in the desktop: absolute, or relative to its working directory. At most 4096 bytes, no NUL. */
+                path: string;
+            };
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * Read a file, or list a directory, of a desktop
+         * @description As for sessions' files, in the desktop's session. Reading and listing are no use of the desktop: they never wake it and do not keep it awake. Running: answered. Starting: answered once it runs. Asleep (or going to sleep): 409 invalid_state; wake it first (:wake), or send a file or make an MCP tool call, which wake it. Stopping to stopped, stopped: 409 (start it). Failed: 502 desktop_failed.
+         */
+        get: operations["readDesktopFile"];
+        /**
+         * Send a file to a desktop
+         * @description As for sessions' files (atomic, parents made, mode 0644, at most 100 MiB), in the desktop's session. A file sent is a use of the desktop: an asleep desktop wakes (starting, then running) and the call answers once written; 409 no_capacity when no machine has room (it stays asleep); 409 for a stopped desktop (start it); 502 desktop_failed for a failed one.
+         */
+        put: operations["writeDesktopFile"];
+        post?: never;
+        /**
+         * Delete a file or an empty directory of a desktop
+         * @description A use of the desktop, which wakes as for a file sent. 400 for a directory that is not empty; 404 for no such desktop or file.
+         */
+        delete: operations["deleteDesktopFile"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/desktops/{id}/mcp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /**
+         * The standalone MCP stream (not offered)
+         * @description Always 405: the endpoint is stateless and sends nothing but answers to POSTs; MCP clients take 405 to mean no standalone stream.
+         */
+        get: operations["desktopMCPStream"];
+        put?: never;
+        /**
+         * Send an MCP message to a desktop
+         * @description The desktop's MCP endpoint (its mcp_url): Streamable HTTP (MCP 2025-03-26 and later), stateless: each POST carries one JSON-RPC message and is answered by itself, as JSON or an event stream. Authorization is the project's API key (401 without it; another project's desktop is 404). Tools: run_command, read_file, write_file, list_files, screenshot (PNG), run_js (a fresh browser context each call). initialize, server/discover, tools/list and ping neither wake the desktop nor count as use. A tool call is a use for as long as it runs; to an asleep desktop it wakes it and answers once it runs. A call the desktop's state refuses is a JSON-RPC error whose code is the HTTP status it stands for and whose data is the API's error object with that status: 409 (stopped: start it; no machine with room), 502 (failed: its message says why), 504 (it did not run in time). A tool that ran and failed is a result with isError.
+         */
+        post: operations["desktopMCP"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -3915,6 +4022,388 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             503: components["responses"]["NoNode"];
+        };
+    };
+    getDesktopScreen: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The display as a PNG. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "image/png": unknown;
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            403: components["responses"]["PolicyViolation"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["InternalError"];
+            /** @description The desktop's display could not be read (screen_unavailable), or the node could not run the command (exec_failed). */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "api_error";
+                            /** @enum {unknown} */
+                            code?: "screen_unavailable" | "exec_failed";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+            503: components["responses"]["NoNode"];
+        };
+    };
+    heartbeatDesktop: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["EmptyObject"];
+            };
+        };
+        responses: {
+            /** @description The desktop. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Desktop"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            500: components["responses"]["InternalError"];
+        };
+    };
+    readDesktopFile: {
+        parameters: {
+            query: {
+                /** @description The path in the desktop: absolute, or relative to its working directory. At most 4096 bytes, no NUL. */
+                path: string;
+                /** @description 1 to list the directory at path instead of reading a file. */
+                list?: "1";
+            };
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file's bytes, or with list=1 the directory's entries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": unknown;
+                    "application/json": components["schemas"]["FileList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["DesktopConflict"];
+            500: components["responses"]["InternalError"];
+            /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "api_error";
+                            /** @enum {unknown} */
+                            code?: "desktop_failed" | "node_error";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+            503: components["responses"]["NoNode"];
+            /** @description The desktop did not run in time after the wake (wake_timeout): try again. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "api_error";
+                            /** @enum {unknown} */
+                            code?: "wake_timeout";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+        };
+    };
+    writeDesktopFile: {
+        parameters: {
+            query: {
+                /** @description The path in the desktop: absolute, or relative to its working directory. At most 4096 bytes, no NUL. */
+                path: string;
+            };
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/octet-stream": unknown;
+                "*/*": unknown;
+            };
+        };
+        responses: {
+            /** @description Written. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["DesktopConflict"];
+            /** @description The body is over 100 MiB. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "invalid_request";
+                            /** @enum {unknown} */
+                            code?: "too_large";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+            500: components["responses"]["InternalError"];
+            /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "api_error";
+                            /** @enum {unknown} */
+                            code?: "desktop_failed" | "node_error";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+            503: components["responses"]["NoNode"];
+            /** @description The desktop did not run in time after the wake (wake_timeout): try again. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "api_error";
+                            /** @enum {unknown} */
+                            code?: "wake_timeout";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+        };
+    };
+    deleteDesktopFile: {
+        parameters: {
+            query: {
+                /** @description The path in the desktop: absolute, or relative to its working directory. At most 4096 bytes, no NUL. */
+                path: string;
+            };
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["DesktopConflict"];
+            500: components["responses"]["InternalError"];
+            /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "api_error";
+                            /** @enum {unknown} */
+                            code?: "desktop_failed" | "node_error";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+            503: components["responses"]["NoNode"];
+            /** @description The desktop did not run in time after the wake (wake_timeout): try again. */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "api_error";
+                            /** @enum {unknown} */
+                            code?: "wake_timeout";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+        };
+    };
+    desktopMCPStream: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+            /** @description No standalone stream (Allow: POST). */
+            405: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": unknown;
+                };
+            };
+            500: components["responses"]["InternalError"];
+        };
+    };
+    desktopMCP: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The desktop id (desk_...). */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": unknown;
+            };
+        };
+        responses: {
+            /** @description The JSON-RPC answer (tool errors and refusals included), as JSON or a text/event-stream. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": unknown;
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description A notification or a response was accepted. */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Not a JSON-RPC message, or an unsupported MCP-Protocol-Version. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": unknown;
+                    "application/json": unknown;
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+            /** @description The message is over 16 MiB. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": unknown;
+                };
+            };
+            /** @description Content-Type is not application/json. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": unknown;
+                };
+            };
+            500: components["responses"]["InternalError"];
         };
     };
 }
