@@ -228,8 +228,7 @@ func failureRows() []Row {
 			}
 			return saw, f.usageAfterErr
 		}},
-		{Seed: "000", Table: ft, Row: "Spend cap breached | stopping → stopped | quota.exceeded",
-			Skip: "needs a spend cap on the project, which every caller of the project shares"},
+		{Seed: "000", Table: ft, Row: "Spend cap breached | stopping → stopped | Up to the stop", Serial: true, Check: spendCapRow},
 		{Seed: "000", Table: ft, Row: "Maximum lifetime reached | expired | Up to expiry", Timeout: lifetimeTimeout, Check: func(ctx context.Context, e *Env) (string, error) {
 			f, err := expiredSession(ctx, e)
 			if err != nil {
@@ -269,4 +268,53 @@ func failureRows() []Row {
 			return saw, err
 		}},
 	}
+}
+
+// spendCapCushion is how far above this month's spend the row sets the cap: about ten seconds
+// of a small tier-2 session.
+const spendCapCushion = 300
+
+// spendCapRow sets the project's monthly cap a little above its spend, runs a busy session
+// until the cap stops it, checks that a create is then refused 402, and puts the cap back.
+func spendCapRow(ctx context.Context, e *Env) (string, error) {
+	lim, err := e.C.GetLimits(ctx)
+	if err != nil {
+		return "", err
+	}
+	prev := lim.MonthlySpendCapMicroUSD
+	defer func() {
+		// Put the cap back even when the row failed or ran out of time.
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = e.C.PutLimits(rctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &prev})
+	}()
+	capMicro := lim.SpendThisMonthMicroUSD + spendCapCushion
+	if _, err := e.C.PutLimits(ctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &capMicro}); err != nil {
+		return "", fmt.Errorf("set monthly_spend_cap_micro_usd: %w", err)
+	}
+	s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2})
+	if err != nil {
+		return "", err
+	}
+	if _, err := e.Sh(ctx, s.ID, "(while :; do :; done) >/dev/null 2>&1 &"); err != nil {
+		return "", err
+	}
+	end, err := e.WaitSession(ctx, s.ID, "stopped by the cap", func(s *client.Session) (bool, error) { return s.State.Terminal(), nil })
+	if err != nil {
+		return "", err
+	}
+	n, refusedErr := e.C.CreateSession(ctx, client.CreateSessionRequest{Tier: 2, EndUserID: e.Tag()})
+	if refusedErr == nil {
+		e.tracker().add(&e.tracker().sessions, n.ID)
+		refusedErr = errors.New("accepted")
+	}
+	saw := fmt.Sprintf("cap = spend + %d µUSD: session %s (%s) after %s; the next create → %s; cap put back to %d",
+		spendCapCushion, end.State, deref(end.StateReason), end.StoppedAt.Sub(end.StartedAt.Time).Round(time.Second), statusOf(refusedErr), prev)
+	switch {
+	case end.State != "stopped" || deref(end.StateReason) != "spend_cap":
+		return saw, errors.New("want stopped with state_reason spend_cap")
+	case apiStatus(refusedErr) != 402 || apiErr(refusedErr).Code != "spend_cap_reached":
+		return saw, errors.New("want a create refused 402 spend_cap_reached")
+	}
+	return saw, nil
 }

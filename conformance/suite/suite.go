@@ -22,6 +22,9 @@ type Row struct {
 	Row   string // the row as the seed writes it (and what of it is checked)
 	// Long rows need the seed's real timers: short mode skips them.
 	Long bool
+	// Serial rows run after all the others, one at a time: they change what the project's
+	// other sessions live under (its spend cap).
+	Serial bool
 	// Skip, when set, says why the row cannot be checked through the API; it is reported
 	// as SKIP with this reason.
 	Skip string
@@ -148,6 +151,9 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
 	for i, row := range rows {
+		if row.Serial {
+			continue
+		}
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
@@ -156,6 +162,12 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 		})
 	}
 	wg.Wait()
+	for i, row := range rows {
+		if row.Serial {
+			rep.Results[i] = s.runRow(ctx, row)
+			log.Info("row", "name", row.Name(), "status", rep.Results[i].Status, "saw", rep.Results[i].Saw)
+		}
+	}
 	rep.Leftovers = s.shared.cleanup(c)
 	for _, r := range rep.Results {
 		switch r.Status {

@@ -194,3 +194,28 @@ func TestRowsNamed(t *testing.T) {
 		seen[r.Name()] = true
 	}
 }
+
+// TestSerialRowsRunAlone: a serial row (one that changes the project's spend cap) runs after
+// every other row has ended, and keeps its place in the report.
+func TestSerialRowsRunAlone(t *testing.T) {
+	var running, done atomic.Int32
+	other := fakeRow("other", func(ctx context.Context, _ *Env) (string, error) {
+		running.Add(1)
+		defer running.Add(-1)
+		defer done.Add(1)
+		return "", sleepCtx(ctx, 20*time.Millisecond) // the point: still running if the serial row started early
+	})
+	serial := Row{Seed: "000", Table: "Fake", Row: "serial", Serial: true, Check: func(context.Context, *Env) (string, error) {
+		if running.Load() != 0 || done.Load() != 4 {
+			return "", errors.New("ran beside other rows")
+		}
+		return "alone", nil
+	}}
+	rep, err := Run(context.Background(), Options{URL: "http://127.0.0.1:1", Key: "k", Rows: []Row{other, serial, other, other, other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Results[1]; got.Row != "serial" || got.Status != Pass {
+		t.Errorf("the serial row: %+v", got)
+	}
+}
