@@ -30,9 +30,8 @@ It makes sessions, snapshots and desktops in the key's project (sessions with en
 wbconf_…) and deletes them all at the end, a failed row's too. Give it a project of its own:
 the spend-cap row, run last and alone, sets the project's monthly cap just above its spend
 until a session is stopped by it (then puts it back), and a cap stops every session of the
-project. Leave that row out with --run '^(?:[^S]|S[^p])' or any regexp that skips it. By default the timer rows use
-the smallest timers the API accepts (idle_timeout_s 30, max_lifetime_s 60: a few minutes in
-all); --long uses the seed's (300 s, 3600 s) and runs the rows that need real time (the
+project. By default the timer rows use the smallest timers the API accepts
+(idle_timeout_s 30, max_lifetime_s 60: about two minutes in all); --long uses the seed's (300 s, 3600 s) and runs the rows that need real time (the
 one-hour pause limit): over an hour.`,
 		Example: `  wb conformance --url https://wb.example.com --key wb_...
   wb conformance --run 'Snapshots|Pause'      # only the rows whose seed/table/row matches
