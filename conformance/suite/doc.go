@@ -9,5 +9,6 @@
 // session, snapshot and desktop it made deleted at the end, even when a check fails) and the
 // report (Report.WriteTable, JSON). Short mode uses the smallest timers the API accepts
 // (idle_timeout_s 30, max_lifetime_s 60); Long the seed's defaults (300, 3600), and only it
-// runs the rows that need real time (the one-hour pause limit).
+// runs the rows that need real time (the one-hour pause limit). The spend-cap row is Serial:
+// it runs last and alone, since a cap on the project stops every session in it.
 package suite
