@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test bench lint deps build security
+.PHONY: run test bench lint deps build security conformance
 
 # Install what the platform needs from Debian's packages when it is missing.
 deps:
@@ -45,6 +45,14 @@ test: deps
 # The adversarial suite alone, with its table of attacks and results (make test runs it too).
 security: deps
 	$(GO) test -count=1 -v -timeout 20m -run 'TestAdversarial' ./conformance/
+
+# The conformance suite (conformance/suite: every row of both seeds' tables, through the Go SDK)
+# against a wb serve of bin/wb with runc guests, printing its table. Its Go test starts, stops
+# and cleans up the server (internal/servetest), so CI and make test run the same thing.
+conformance: export WB_TEST_BIN := $(CURDIR)/bin/wb
+conformance: export WB_TEST_AGENT_BIN := $(CURDIR)/bin/wb-agent
+conformance: deps build
+	$(GO) test -count=1 -v -timeout 20m -run '^TestSuiteAgainstServe$$' ./conformance/suite/
 
 # Benchmarks against a local redis-server that the benchmarks start themselves.
 bench: deps

@@ -32,6 +32,7 @@ Commands for callers (the API of $WB_URL with $WB_API_KEY, or a profile; -o json
   webhooks  create, ls, get, rm endpoints; their deliveries
   desktops  create, ls, get, sleep, wake, stop, start, resize, rm
   completion  print the shell completion script (bash, zsh, fish)
+  conformance  check a deployment against every row of the seeds' tables (--long, --run)
 
 Commands for operators:
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)

@@ -57,7 +57,7 @@ func exitCode(code int) error {
 func Handles(name string) bool {
 	switch name {
 	case "sessions", "session", "runs", "run", "snapshots", "snapshot", "policies", "policy", "plugins", "plugin",
-		"usage", "webhooks", "webhook", "desktops", "desktop", "pty", "completion",
+		"usage", "webhooks", "webhook", "desktops", "desktop", "pty", "completion", "conformance",
 		cobra.ShellCompRequestCmd, cobra.ShellCompNoDescRequestCmd:
 		return true
 	}
@@ -160,7 +160,7 @@ with the remote command's code.`,
 		return fmt.Errorf("%w (run %q for its flags)", err, cmd.CommandPath()+" --help")
 	})
 	root.AddCommand(a.sessionsCmd(), a.ptyCmd(), a.runsCmd(), a.snapshotsCmd(), a.policiesCmd(), a.pluginsCmd(),
-		a.usageCmd(), a.webhooksCmd(), a.desktopsCmd())
+		a.usageCmd(), a.webhooksCmd(), a.desktopsCmd(), a.conformanceCmd())
 	a.root = root
 	return root
 }

@@ -1,0 +1,58 @@
+package suite
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/internal/servetest"
+)
+
+// knownDeviations are rows that `wb serve` is known to fail, each with why: the suite reports
+// them as FAIL (the deployment does not meet the contract there), and this test logs them
+// instead of failing, until one passes: then the test fails so the entry is removed.
+var knownDeviations = map[string]string{
+	"000/Session object/last_activity_at: follows every exec, run and file call": "file calls reset the node's idle timer " +
+		"(the row \"Resets on any run, exec, filesystem call\" passes) but do not move the object's last_activity_at: " +
+		"gateway/files.go never calls Store.Touch, as gateway/exec.go does",
+}
+
+// TestSuiteAgainstServe runs the whole short suite against a `wb serve` with runc guests, and
+// fails on any failed row (but the known deviations) or anything left behind. The table is
+// in the test's log.
+func TestSuiteAgainstServe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts wb serve and real guests")
+	}
+	srv := servetest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{URL: srv.URL, Key: srv.APIKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table strings.Builder
+	_ = rep.WriteTable(&table)
+	t.Logf("wb conformance against wb serve:\n%s", table.String())
+	failed := false
+	for _, r := range rep.Results {
+		name := r.Seed + "/" + r.Table + "/" + r.Row
+		why, known := knownDeviations[name]
+		switch {
+		case r.Status == Fail && known:
+			t.Logf("known deviation: %s: %s (%s)", name, r.Saw, why)
+		case r.Status == Fail:
+			t.Errorf("FAIL %s: %s", name, r.Saw)
+			failed = true
+		case known && r.Status == Pass:
+			t.Errorf("%s passes now: remove it from knownDeviations", name)
+		}
+	}
+	for _, l := range rep.Leftovers {
+		t.Errorf("left behind: %s", l)
+	}
+	if failed {
+		t.Logf("server log:\n%s", srv.Log())
+	}
+}

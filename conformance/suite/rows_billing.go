@@ -1,0 +1,320 @@
+package suite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"wb/client"
+)
+
+// billingFixture is a session that ran, paused, ran again and was deleted, with its settled
+// usage line (GET /v1/usage) and the spans the client measured.
+type billingFixture struct {
+	final        *client.Session
+	line         client.UsageLine
+	provisioning time.Duration // created_at → started_at
+	running      time.Duration // started_at → stopped_at, less the pause
+	paused       time.Duration // paused_at → the resume's answer
+	settleErr    error
+}
+
+const billingSpan = 4 * time.Second
+
+func billedSession(ctx context.Context, e *Env) (*billingFixture, error) {
+	return shared(ctx, e, "billing", func(ctx context.Context, e *Env) (*billingFixture, error) {
+		s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2})
+		if err != nil {
+			return nil, err
+		}
+		if err := sleepCtx(ctx, billingSpan); err != nil {
+			return nil, err
+		}
+		p, err := e.C.PauseSession(ctx, s.ID)
+		if err != nil {
+			return nil, fmt.Errorf("pause: %w", err)
+		}
+		if err := sleepCtx(ctx, billingSpan); err != nil {
+			return nil, err
+		}
+		if _, err := e.C.ResumeSession(ctx, s.ID); err != nil {
+			return nil, fmt.Errorf("resume: %w", err)
+		}
+		resumed := time.Now()
+		if err := sleepCtx(ctx, billingSpan/2); err != nil {
+			return nil, err
+		}
+		if _, err := e.C.DeleteSession(ctx, s.ID); err != nil {
+			return nil, fmt.Errorf("delete: %w", err)
+		}
+		final, err := e.WaitState(ctx, s.ID, "stopped")
+		if err != nil {
+			return nil, err
+		}
+		if final.StartedAt == nil || final.StoppedAt == nil || p.PausedAt == nil {
+			return nil, fmt.Errorf("a stopped session lacks started_at, stopped_at or (when paused) paused_at: %+v", final)
+		}
+		f := &billingFixture{final: final, provisioning: final.StartedAt.Sub(final.CreatedAt.Time),
+			paused: resumed.Sub(p.PausedAt.Time)}
+		f.running = final.StoppedAt.Sub(final.StartedAt.Time) - f.paused
+		// Settled usage arrives within seconds of the final meter.
+		settle, cancel := context.WithTimeout(ctx, 90*time.Second)
+		defer cancel()
+		f.settleErr = poll(settle, func() (bool, error) {
+			u, err := e.C.GetUsage(settle, client.UsageRequest{GroupBy: "session"})
+			if err != nil {
+				return false, err
+			}
+			for _, l := range u.Data {
+				if l.SessionID == s.ID {
+					f.line = l
+				}
+			}
+			return f.line.SessionS > 0 && f.line.PausedS > 0 && f.line.SessionS == final.UsageToDate.SessionS, nil
+		})
+		if f.settleErr == nil {
+			// The final figure: usage_to_date matches the settled line.
+			f.final, err = e.C.GetSession(ctx, s.ID)
+			if err != nil {
+				return nil, err
+			}
+		}
+		return f, nil
+	})
+}
+
+// within reports whether billed seconds n cover d to within 2 s (whole seconds, and the
+// requests' own time).
+func within(n int64, d time.Duration) bool {
+	return float64(n) >= d.Seconds()-2 && float64(n) <= d.Seconds()+2
+}
+
+func billingRows() []Row {
+	const bt = "Billing per state"
+	get := func(ctx context.Context, e *Env) (*billingFixture, string, error) {
+		f, err := billedSession(ctx, e)
+		if err != nil {
+			return nil, "", err
+		}
+		saw := fmt.Sprintf("GET /v1/usage: session_s %d, paused_s %d, cost %d µUSD; running %s, paused %s, provisioning %s",
+			f.line.SessionS, f.line.PausedS, f.line.CostMicroUSD, f.running.Round(100*time.Millisecond), f.paused.Round(100*time.Millisecond),
+			f.provisioning.Round(time.Millisecond))
+		if f.settleErr != nil {
+			return f, saw, fmt.Errorf("no settled usage line for the session matching its usage_to_date (%d): %w", f.final.UsageToDate.SessionS, f.settleErr)
+		}
+		return f, saw, nil
+	}
+	return []Row{
+		{Seed: "000", Table: bt, Row: "running | Yes | session_s accrues every second", Check: func(ctx context.Context, e *Env) (string, error) {
+			f, saw, err := get(ctx, e)
+			if err == nil && !within(f.line.SessionS, f.running) {
+				err = errors.New("want session_s = the running time (±2 s)")
+			}
+			return saw, err
+		}},
+		{Seed: "000", Table: bt, Row: "paused | Storage only | billed as paused_gib_month, not session_s", Check: func(ctx context.Context, e *Env) (string, error) {
+			f, saw, err := get(ctx, e)
+			if err == nil && (!within(f.line.PausedS, f.paused) || float64(f.line.SessionS) > (f.running+2*time.Second).Seconds()) {
+				err = errors.New("want paused_s = the pause (±2 s) and the pause left out of session_s")
+			}
+			return saw, err
+		}},
+		{Seed: "000", Table: bt, Row: "pending, provisioning | No | billing begins when the session reports running", Check: func(ctx context.Context, e *Env) (string, error) {
+			f, saw, err := get(ctx, e)
+			if err == nil && float64(f.line.SessionS) > (f.final.StoppedAt.Sub(f.final.StartedAt.Time)+2*time.Second).Seconds() {
+				err = errors.New("session_s exceeds started_at → stopped_at: the start was billed")
+			}
+			return saw, err
+		}},
+		{Seed: "000", Table: bt, Row: "stopped | No | usage_to_date equals the settled figure and stays", Check: func(ctx context.Context, e *Env) (string, error) {
+			f, saw, err := get(ctx, e)
+			if err != nil {
+				return saw, err
+			}
+			flat, err := e.flatUsage(ctx, f.final.ID)
+			saw += "; " + flat
+			if err == nil && f.final.UsageToDate.SessionS != f.line.SessionS {
+				err = fmt.Errorf("usage_to_date.session_s %d, settled %d", f.final.UsageToDate.SessionS, f.line.SessionS)
+			}
+			return saw, err
+		}},
+	}
+}
+
+// policyFixture is a session killed by its runtime policy.
+type policyFixture struct {
+	refused       error
+	ended         *client.Session
+	usageAfter    string
+	usageAfterErr error
+}
+
+const killRule = "conformance_no_wget"
+
+func policyKilled(ctx context.Context, e *Env) (*policyFixture, error) {
+	return shared(ctx, e, "policy", func(ctx context.Context, e *Env) (*policyFixture, error) {
+		pol, err := e.C.PutPolicy(ctx, "conformance_kill", `package wb.runtime
+
+kill contains "`+killRule+`" if {
+	input.type == "exec"
+	some arg in input.argv
+	contains(arg, "wget")
+}
+`)
+		if err != nil {
+			return nil, fmt.Errorf("push the runtime policy: %w", err)
+		}
+		s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2, PolicyID: pol.ID})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := e.Sh(ctx, s.ID, "echo allowed"); err != nil {
+			return nil, fmt.Errorf("a command the policy allows: %w", err)
+		}
+		f := &policyFixture{}
+		// Refused before it runs: nothing is dialled.
+		_, f.refused = e.C.Exec(ctx, s.ID, client.ExecRequest{Command: "wget http://example.com/"})
+		f.ended, err = e.WaitSession(ctx, s.ID, "ended", func(s *client.Session) (bool, error) { return s.State.Terminal(), nil })
+		if err != nil {
+			return nil, err
+		}
+		f.usageAfter, f.usageAfterErr = e.flatUsage(ctx, s.ID)
+		return f, nil
+	})
+}
+
+func failureRows() []Row {
+	const ft = "Failure semantics"
+	return []Row{
+		{Seed: "000", Table: ft, Row: "Cold start exceeded the deadline | failed, provision_timeout",
+			Skip: "a start slower than 3× the tier's cold p95 cannot be caused through the API"},
+		{Seed: "000", Table: ft, Row: "Host died while running | failed, host_failure",
+			Skip: "a host cannot be killed through the API"},
+		{Seed: "000", Table: ft, Row: "Guest OOM | failed | reason oom", Check: func(ctx context.Context, e *Env) (string, error) {
+			mem := 128
+			s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2, Resources: &client.ResourceRequest{MemoryMiB: &mem}})
+			if err != nil {
+				return "", err
+			}
+			// dd's buffer is bs bytes, filled from /dev/zero: twice the session's memory.
+			res, execErr := e.C.Exec(ctx, s.ID, client.ExecRequest{Command: "dd if=/dev/zero of=/dev/null bs=256M count=1"})
+			end, err := e.WaitSession(ctx, s.ID, "ended", func(s *client.Session) (bool, error) { return s.State.Terminal(), nil })
+			if err != nil {
+				return "", err
+			}
+			exit := statusOf(execErr)
+			if res != nil {
+				exit = fmt.Sprintf("exit %d", res.ExitCode)
+			}
+			saw := fmt.Sprintf("256 MiB in a 128 MiB session: exec %s; session %s (%s)", exit, end.State, deref(end.StateReason))
+			if end.State != "failed" || deref(end.StateReason) != "oom" {
+				return saw, errors.New("want failed with state_reason oom")
+			}
+			return saw, nil
+		}},
+		{Seed: "000", Table: ft, Row: "Policy violation | failed | policy_violation, with the rule", Check: func(ctx context.Context, e *Env) (string, error) {
+			f, err := policyKilled(ctx, e)
+			if err != nil {
+				return "", err
+			}
+			saw := fmt.Sprintf("exec answered %s; session %s (%s, rule %s); %s", statusOf(f.refused), f.ended.State, deref(f.ended.StateReason), deref(f.ended.Rule), f.usageAfter)
+			switch {
+			case apiStatus(f.refused) != 403 || apiErr(f.refused).Code != "policy_violation" || !strings.Contains(apiErr(f.refused).Message, killRule):
+				return saw, errors.New("want the exec refused 403 policy_violation naming the rule")
+			case f.ended.State != "failed" || deref(f.ended.StateReason) != "policy_violation" || deref(f.ended.Rule) != killRule:
+				return saw, errors.New("want failed, policy_violation, with the rule")
+			}
+			return saw, f.usageAfterErr
+		}},
+		{Seed: "000", Table: ft, Row: "Spend cap breached | stopping → stopped | Up to the stop", Serial: true, Check: spendCapRow},
+		{Seed: "000", Table: ft, Row: "Maximum lifetime reached | expired | Up to expiry", Timeout: lifetimeTimeout, Check: func(ctx context.Context, e *Env) (string, error) {
+			f, err := expiredSession(ctx, e)
+			if err != nil {
+				return "", err
+			}
+			saw := fmt.Sprintf("%s (%s); %s", f.ended.State, deref(f.ended.StateReason), f.usageAfter)
+			if f.ended.State != "expired" || deref(f.ended.StateReason) != "max_lifetime" {
+				return saw, errors.New("want expired with state_reason max_lifetime")
+			}
+			return saw, f.usageAfterErr
+		}},
+		{Seed: "000", Table: ft, Row: "Client disconnected | Unchanged | Continues", Check: func(ctx context.Context, e *Env) (string, error) {
+			s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2})
+			if err != nil {
+				return "", err
+			}
+			sctx, cancel := context.WithCancel(ctx)
+			var first string
+			for ev, err := range e.C.ExecStream(sctx, s.ID, client.ExecRequest{Command: "echo started; sleep 30"}) {
+				if err != nil {
+					cancel()
+					return "", fmt.Errorf("streamed exec: %w", err)
+				}
+				first = strings.TrimSpace(string(ev.Data))
+				break // closes the stream mid-command
+			}
+			cancel()
+			after, err := e.C.GetSession(ctx, s.ID)
+			if err != nil {
+				return "", err
+			}
+			out, err := e.Sh(ctx, s.ID, "echo still")
+			saw := fmt.Sprintf("stream closed after %q; the session is %s, exec answers %q", first, after.State, strings.TrimSpace(out))
+			if err == nil && after.State != "running" {
+				err = errors.New("want the session still running")
+			}
+			return saw, err
+		}},
+	}
+}
+
+// spendCapCushion is how far above this month's spend the row sets the cap: about ten seconds
+// of a small tier-2 session.
+const spendCapCushion = 300
+
+// spendCapRow sets the project's monthly cap a little above its spend, runs a busy session
+// until the cap stops it, checks that a create is then refused 402, and puts the cap back.
+func spendCapRow(ctx context.Context, e *Env) (string, error) {
+	lim, err := e.C.GetLimits(ctx)
+	if err != nil {
+		return "", err
+	}
+	prev := lim.MonthlySpendCapMicroUSD
+	defer func() {
+		// Put the cap back even when the row failed or ran out of time.
+		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = e.C.PutLimits(rctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &prev})
+	}()
+	capMicro := lim.SpendThisMonthMicroUSD + spendCapCushion
+	if _, err := e.C.PutLimits(ctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &capMicro}); err != nil {
+		return "", fmt.Errorf("set monthly_spend_cap_micro_usd: %w", err)
+	}
+	s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2})
+	if err != nil {
+		return "", err
+	}
+	if _, err := e.Sh(ctx, s.ID, "(while :; do :; done) >/dev/null 2>&1 &"); err != nil {
+		return "", err
+	}
+	end, err := e.WaitSession(ctx, s.ID, "stopped by the cap", func(s *client.Session) (bool, error) { return s.State.Terminal(), nil })
+	if err != nil {
+		return "", err
+	}
+	n, refusedErr := e.C.CreateSession(ctx, client.CreateSessionRequest{Tier: 2, EndUserID: e.Tag()})
+	if refusedErr == nil {
+		e.tracker().add(&e.tracker().sessions, n.ID)
+		refusedErr = errors.New("accepted")
+	}
+	saw := fmt.Sprintf("cap = spend + %d µUSD: session %s (%s) after %s; the next create → %s; cap put back to %d",
+		spendCapCushion, end.State, deref(end.StateReason), end.StoppedAt.Sub(end.StartedAt.Time).Round(time.Second), statusOf(refusedErr), prev)
+	switch {
+	case end.State != "stopped" || deref(end.StateReason) != "spend_cap":
+		return saw, errors.New("want stopped with state_reason spend_cap")
+	case apiStatus(refusedErr) != 402 || apiErr(refusedErr).Code != "spend_cap_reached":
+		return saw, errors.New("want a create refused 402 spend_cap_reached")
+	}
+	return saw, nil
+}
