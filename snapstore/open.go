@@ -17,10 +17,10 @@ import (
 //	file:///DIR
 //
 // For s3, credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and
-// AWS_SESSION_TOKEN); without endpoint it is AWS's own (https://s3.amazonaws.com). The
+// AWS_SESSION_TOKEN), looked up with getenv (os.Getenv); without endpoint it is AWS's own (https://s3.amazonaws.com). The
 // bucket must exist: Open checks it, so that a wrong URL fails at start, not at the first
 // snapshot.
-func Open(ctx context.Context, rawURL string) (*Store, error) {
+func Open(ctx context.Context, rawURL string, getenv func(string) string) (*Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot store %q: %w", rawURL, err)
@@ -35,13 +35,13 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 		}
 		return &Store{Blobs: Dir{Root: u.Path}, Name: "file://" + u.Path}, nil
 	case "s3":
-		return openS3(ctx, u)
+		return openS3(ctx, u, getenv)
 	default:
 		return nil, fmt.Errorf("snapshot store %q: the scheme must be s3:// or file://", rawURL)
 	}
 }
 
-func openS3(ctx context.Context, u *url.URL) (*Store, error) {
+func openS3(ctx context.Context, u *url.URL, getenv func(string) string) (*Store, error) {
 	bucket := u.Host
 	if bucket == "" {
 		return nil, fmt.Errorf("snapshot store %q: no bucket: say s3://BUCKET?endpoint=…", u.Redacted())
@@ -59,11 +59,12 @@ func openS3(ctx context.Context, u *url.URL) (*Store, error) {
 		}
 		endpoint, secure = eu.Host, eu.Scheme == "https"
 	}
-	if os.Getenv("AWS_ACCESS_KEY_ID") == "" || os.Getenv("AWS_SECRET_ACCESS_KEY") == "" {
+	id, secret := getenv("AWS_ACCESS_KEY_ID"), getenv("AWS_SECRET_ACCESS_KEY")
+	if id == "" || secret == "" {
 		return nil, fmt.Errorf("snapshot store s3://%s: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", bucket)
 	}
 	client, err := minio.New(endpoint, &minio.Options{
-		Creds: credentials.NewEnvAWS(), Secure: secure, Region: q.Get("region"),
+		Creds: credentials.NewStaticV4(id, secret, getenv("AWS_SESSION_TOKEN")), Secure: secure, Region: q.Get("region"),
 		// An S3-compatible server on its own host name seldom resolves BUCKET.HOST.
 		BucketLookup: minio.BucketLookupPath,
 	})

@@ -17,7 +17,7 @@ import (
 // backends answers each store kind over a fresh bucket or directory.
 func backends(t *testing.T) map[string]*snapstore.Store {
 	t.Helper()
-	dir, err := snapstore.Open(context.Background(), "file://"+t.TempDir())
+	dir, err := snapstore.Open(context.Background(), "file://"+t.TempDir(), s3test.Env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,8 +186,12 @@ func TestOpenRefusesBadURLs(t *testing.T) {
 		"s3://snapshots?endpoint=127.0.0.1:1",
 		"file://relative/dir",
 	} {
-		if _, err := snapstore.Open(context.Background(), u); err == nil {
+		if _, err := snapstore.Open(context.Background(), u, s3test.Env); err == nil {
 			t.Errorf("Open(%q) succeeded; want an error", u)
 		}
+	}
+	noEnv := func(string) string { return "" }
+	if _, err := snapstore.Open(context.Background(), srv.StoreURL(), noEnv); err == nil || !strings.Contains(err.Error(), "AWS_ACCESS_KEY_ID") {
+		t.Errorf("Open without credentials: %v, want an error naming AWS_ACCESS_KEY_ID", err)
 	}
 }

@@ -23,8 +23,7 @@ type Server struct {
 	failPuts atomic.Bool
 }
 
-// Start serves bucket "snapshots" until the test ends, and sets the AWS credential
-// variables the store reads (any non-empty pair: the fake checks no signatures).
+// Start serves bucket "snapshots" until the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
 	backend := s3mem.New()
@@ -42,8 +41,6 @@ func Start(t testing.TB) *Server {
 	}))
 	t.Cleanup(srv.Close)
 	s.URL = srv.URL
-	t.Setenv("AWS_ACCESS_KEY_ID", "test")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
 	return s
 }
 
@@ -52,10 +49,16 @@ func (s *Server) StoreURL() string {
 	return "s3://" + s.Bucket + "?endpoint=" + s.URL + "&region=us-east-1"
 }
 
+// Env answers the AWS credential variables for Open (any non-empty pair: the fake checks no
+// signatures).
+func Env(name string) string {
+	return map[string]string{"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test-secret"}[name]
+}
+
 // Open opens a store on the bucket.
 func (s *Server) Open(t testing.TB) *snapstore.Store {
 	t.Helper()
-	st, err := snapstore.Open(context.Background(), s.StoreURL())
+	st, err := snapstore.Open(context.Background(), s.StoreURL(), Env)
 	if err != nil {
 		t.Fatal(err)
 	}
