@@ -138,3 +138,41 @@ func awaitCounter(t *testing.T, ctx context.Context, n *node.Node, s *session.Se
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestSnapshotCacheBounded: with an object store, the node's snapshot directory is a cache
+// of at most SnapshotCacheBytes: a new snapshot evicts the least recently used one, which a
+// restore then fetches back.
+func TestSnapshotCacheBounded(t *testing.T) {
+	t.Parallel()
+	const project = "proj_objcache"
+	st, _ := newStore(t)
+	cfg := nodeConfig(t, st, newDriver(t, "runc", tempDir(t)), tempDir(t), "node_obj_cache")
+	cfg.Snapshots = s3test.Start(t).Open(t)
+	cfg.SnapshotCacheBytes = 1 // room for the newest snapshot only
+	n := startNode(t, cfg)
+	ctx := ctxT(t, 5*time.Minute)
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	if res, err := execIn(ctx, n.Node, s, "echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v, %v", res, err)
+	}
+	first, second := session.NewID("snap_", time.Now()), session.NewID("snap_", time.Now().Add(time.Millisecond))
+	for _, id := range []string{first, second} {
+		if _, _, err := n.Snapshot(ctx, s, id, false); err != nil {
+			t.Fatalf("snapshot %s: %v", id, err)
+		}
+	}
+	dir := func(id string) string { return filepath.Join(cfg.DataDir, "snapshots", id) }
+	if _, err := os.Stat(dir(first)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the older snapshot's cached copy is still there over the bound: %v", err)
+	}
+	if _, err := os.Stat(dir(second)); err != nil {
+		t.Fatalf("the newest snapshot's cached copy: %v", err)
+	}
+	restored := restoredSession(t, st, project, n.Info.ID, first)
+	if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, restored); err != nil {
+		t.Fatalf("provision from the evicted snapshot: %v", err)
+	}
+	if res, err := execIn(ctx, n.Node, restored, "cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("the restored session's /workspace/f: %+v, %v", res, err)
+	}
+}
