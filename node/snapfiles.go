@@ -105,7 +105,14 @@ func (n *Node) evictSnapshots(keep string) {
 	var all []cached
 	var total int64
 	for _, e := range entries {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+		if !e.IsDir() {
+			continue
+		}
+		if strings.HasPrefix(e.Name(), ".") {
+			// A download a crash interrupted (snapstore.Get's temporary directory).
+			if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > staleFetch {
+				_ = removeAll(filepath.Join(root, e.Name()))
+			}
 			continue
 		}
 		c := cached{id: e.Name()}
@@ -132,6 +139,10 @@ func (n *Node) evictSnapshots(keep string) {
 		n.Logger.Debug("node: evicted a cached snapshot", "snapshot", c.id, "bytes", c.bytes)
 	}
 }
+
+// staleFetch is how old a temporary download directory must be to be taken for one a crash
+// left: no download of a snapshot takes that long.
+const staleFetch = 6 * time.Hour
 
 func dirBytes(dir string) int64 {
 	var n int64
