@@ -35,18 +35,30 @@ func TestSnapshotAcrossNodes(t *testing.T) {
 	b, cfgB := start("node_obj_b")
 	ctx := ctxT(t, 8*time.Minute)
 
-	s := provision(t, st, a.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
-	if res, err := execIn(ctx, a.Node, s, "echo kept > /workspace/f && cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
-		t.Fatalf("exec: %+v, %v", res, err)
-	}
-	if res, err := execIn(ctx, a.Node, s, `(i=0; while :; do i=$((i+1)); echo $i > /workspace/c; sleep 0.1; done) >/dev/null 2>&1 &`); err != nil || res.ExitCode != 0 {
-		t.Fatalf("start the counter: %+v, %v", res, err)
-	}
-	before := awaitCounter(t, ctx, a.Node, s, 5, "the counter never started")
-
-	snapID := session.NewID("snap_", time.Now())
-	if mem, _, err := a.Snapshot(ctx, s, snapID, true); err != nil || !mem {
-		t.Fatalf("snapshot on A: memory %v err %v; want a runsc memory snapshot", mem, err)
+	// A runsc checkpoint can lose the race with the agent's return on a loaded machine (see
+	// node/ops.go quiesceFor), which stops the guest: tried again on a fresh session, as the
+	// conformance suite does, so that the object store's part is still checked.
+	var snapID string
+	var before int
+	for attempt := 1; ; attempt++ {
+		s := provision(t, st, a.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+		if res, err := execIn(ctx, a.Node, s, "echo kept > /workspace/f && cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
+			t.Fatalf("exec: %+v, %v", res, err)
+		}
+		if res, err := execIn(ctx, a.Node, s, `(i=0; while :; do i=$((i+1)); echo $i > /workspace/c; sleep 0.1; done) >/dev/null 2>&1 &`); err != nil || res.ExitCode != 0 {
+			t.Fatalf("start the counter: %+v, %v", res, err)
+		}
+		before = awaitCounter(t, ctx, a.Node, s, 5, "the counter never started")
+		snapID = session.NewID("snap_", time.Now())
+		mem, _, err := a.Snapshot(ctx, s, snapID, true)
+		if err != nil && strings.Contains(err.Error(), "checkpoint") && attempt < 3 {
+			t.Logf("memory snapshot, attempt %d: %.300s (runsc checkpoint race under load); again on a new session", attempt, err)
+			continue
+		}
+		if err != nil || !mem {
+			t.Fatalf("snapshot on A: memory %v err %v; want a runsc memory snapshot", mem, err)
+		}
+		break
 	}
 	local := filepath.Join(cfgA.DataDir, "snapshots", snapID)
 	if _, err := os.Stat(local); err != nil {
