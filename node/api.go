@@ -30,7 +30,7 @@ func (n *Node) Handler(token string) http.Handler {
 	m.HandleFunc(nodeapi.RouteProvision, n.apiProvision)
 	m.HandleFunc(nodeapi.RouteSessionAction, n.apiAction)
 	m.HandleFunc(nodeapi.RouteDeleteSnapshot, func(w http.ResponseWriter, r *http.Request) {
-		if err := n.DeleteSnapshot(r.PathValue("id")); err != nil {
+		if err := n.DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
 			writeError(w, err)
 			return
 		}

@@ -21,6 +21,7 @@ import (
 	"wb/hypervisor/templates"
 	"wb/internal/netguard"
 	"wb/session"
+	"wb/snapstore"
 	"wb/store"
 )
 
@@ -41,6 +42,12 @@ type Config struct {
 	Egress *netguard.Guard
 	// Pools lists the warm pools to keep: a number of booted guests per (template, size class).
 	Pools []Pool
+	// Snapshots is the object store every snapshot is uploaded to before it is reported
+	// taken, and fetched from by a node that restores one it lacks (nil: snapshots stay in
+	// DataDir/snapshots, restorable on this node only). SnapshotCacheBytes bounds what
+	// DataDir/snapshots keeps of them then (default 8 GiB; the least recently used go first).
+	Snapshots          *snapstore.Store
+	SnapshotCacheBytes int64
 	// Tick is the timer resolution (default 100 ms); Flush the usage flush period (default 4 s,
 	// so that usage_to_date, settled within a second, is at most 5 s stale);
 	// Heartbeat the registration refresh (default 2 s).
@@ -105,6 +112,9 @@ type Node struct {
 	// before, a guest may be published without its agent client, and a new guest could be
 	// taken for an orphan and destroyed.
 	recovered chan struct{}
+	// snapshotsInUse counts, by snapshot id, the takes and restores using its directory,
+	// which the cache's eviction leaves alone.
+	snapshotsInUse inUse
 }
 
 // New prepares a node: its directories, and its journal from a previous run.
@@ -136,6 +146,9 @@ func New(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("node: egress guard: %w", err)
 		}
 		cfg.Egress = g
+	}
+	if cfg.SnapshotCacheBytes == 0 {
+		cfg.SnapshotCacheBytes = 8 << 30
 	}
 	if cfg.Tiers == (session.Tiers{}) {
 		cfg.Tiers = session.DefaultTiers()

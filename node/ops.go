@@ -198,10 +198,10 @@ func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resou
 	return nil
 }
 
-// Snapshot saves the guest into the node's snapshot store: with memory when asked and the
+// takeSnapshot saves the guest into the node's snapshot directory: with memory when asked and the
 // back end can (the guest is checkpointed and restored at once: a brief pause), else its
 // writable layer only.
-func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
+func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
 	l, err := n.lookup(s.ID)
 	if err != nil {
 		return false, 0, err
@@ -289,15 +289,6 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 	n.watch(l)
 	n.startEgress(l)
 	return info.Memory, info.SizeBytes, nil
-}
-
-// DeleteSnapshot removes a snapshot's files.
-func (n *Node) DeleteSnapshot(id string) error {
-	dir, err := n.snapshotDir(id)
-	if err != nil {
-		return err
-	}
-	return removeAll(dir)
 }
 
 // Stop tears down a session the control plane moved to stopping, and ends it.

@@ -88,11 +88,13 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 	case sess.RestoreFrom != nil:
 		l.g.GuestID, l.g.Cold = sess.ID, true
 		spec := n.spec(l.g.GuestID, tpl, sess.Resources)
-		dir, err := n.snapshotDir(*sess.RestoreFrom)
+		dir, release, err := n.restoreDir(ctx, *sess.RestoreFrom)
 		if err != nil {
 			return fmt.Errorf("restore_from: %w", err)
 		}
-		if err := n.Driver.Restore(ctx, spec, dir); err != nil {
+		err = n.Driver.Restore(ctx, spec, dir)
+		release()
+		if err != nil {
 			return fmt.Errorf("restore %s: %w", *sess.RestoreFrom, err)
 		}
 	default:

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +23,7 @@ func TestSnapshotDirRefusesNonIDs(t *testing.T) {
 		if dir, err := n.snapshotDir(id); err == nil || !strings.Contains(err.Error(), "not a snapshot id") {
 			t.Fatalf("%q: dir %q err %v", id, dir, err)
 		}
-		if err := n.DeleteSnapshot(id); err == nil {
+		if err := n.DeleteSnapshot(context.Background(), id); err == nil {
 			t.Fatalf("DeleteSnapshot(%q) accepted", id)
 		}
 	}

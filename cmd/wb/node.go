@@ -27,6 +27,7 @@ import (
 	"wb/internal/datadir"
 	"wb/internal/netguard"
 	"wb/node"
+	"wb/snapstore"
 	"wb/store"
 )
 
@@ -43,6 +44,8 @@ type nodeFlags struct {
 	backend, chBinary, kernel, initramfs string
 	// agentBin is the static binary put in every guest as its agent ("" : this executable).
 	agentBin string
+	// snapshotStore is the object store URL snapshots go to ("": the data dir alone).
+	snapshotStore string
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -58,11 +61,12 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.kernel, "kernel", "", "guest kernel `file` for --backend cloudhv (wb image build writes DIR/vmlinuz)")
 	fs.StringVar(&f.initramfs, "initramfs", "", "guest initramfs `file` for --backend cloudhv (wb image build writes DIR/initramfs.img)")
 	fs.StringVar(&f.agentBin, "agent-bin", "", "static `binary` that runs as every guest's agent: wb-agent (make build writes bin/wb-agent) or wb itself; default: wb-agent beside this executable, else this executable")
+	fs.StringVar(&f.snapshotStore, "snapshot-store", "", "`URL` of the object store snapshots are uploaded to, so that any node can restore them: s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT&region=REGION (credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or file:///SHARED/DIR; the node keeps a bounded cache. Default: none, snapshots stay in the data dir and restore on this node only")
 	fs.BoolVar(&f.allowUnlimitedDisk, "allow-unlimited-disk", false, "start guests without a disk limit when this host cannot make their ext4 loop images (default: such guests fail to start)")
 }
 
 // buildNode assembles the templates and the node. It answers a nil node for --runtime none.
-func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*node.Node, templates.Catalog, error) {
+func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*node.Node, templates.Catalog, error) {
 	tplDir := filepath.Join(f.dataDir, "templates")
 	cat, err := templates.Assemble(tplDir)
 	if err != nil {
@@ -93,8 +97,15 @@ func buildNode(f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*no
 	if err != nil {
 		return nil, nil, fmt.Errorf("--egress-allow-cidr: %w", err)
 	}
+	var snapshots *snapstore.Store
+	if f.snapshotStore != "" {
+		if snapshots, err = snapstore.Open(ctx, f.snapshotStore, os.Getenv); err != nil {
+			return nil, nil, fmt.Errorf("--snapshot-store: %w", err)
+		}
+	}
 	nd, err := node.New(node.Config{
-		Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: agentBin, Egress: guard,
+		Snapshots: snapshots,
+		Store:     st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: agentBin, Egress: guard,
 		Info: store.NodeInfo{ID: f.id, Addr: addr, Region: f.region, Zone: f.zone,
 			Tiers: []int{1, 2, 3, 4}, VCPU: f.vcpu, MemoryMiB: f.mem},
 		Pools: pools, Tiers: f.coldP95.tiers(), Logger: log,
@@ -244,7 +255,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		*advertise = "http://" + ln.Addr().String()
 	}
 	st := store.New(rdb, store.WithTiers(f.coldP95.tiers()))
-	nd, _, err := buildNode(f, st, *advertise, log)
+	nd, _, err := buildNode(ctx, f, st, *advertise, log)
 	if err != nil {
 		ln.Close()
 		return err

@@ -182,7 +182,7 @@ Flags:
 		return err
 	}
 	f.node.id, f.node.region, f.node.zone = "node_local", f.region, f.region+"-a"
-	nd, tpls, err := buildNode(f.node, st, "http://"+nodeLn.Addr().String(), log)
+	nd, tpls, err := buildNode(ctx, f.node, st, "http://"+nodeLn.Addr().String(), log)
 	if err != nil {
 		ln.Close()
 		nodeLn.Close()
