@@ -20,7 +20,8 @@ import (
 // MaxFileBytes bounds one file upload.
 const MaxFileBytes = 100 << 20
 
-// guestAgent answers the agent of a running session of project p.
+// guestAgent answers the agent of a running session of project p, and records the call as
+// the session's activity (its last_activity_at), as exec does: every file call and PTY is use.
 func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*session.Session, *agent.Client, error) {
 	sess, err := s.loadSession(ctx, p, id)
 	if err != nil {
@@ -31,6 +32,9 @@ func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*s
 	}
 	g, err := s.guests()
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.Store.Touch(ctx, sess.ProjectID, sess.ID); err != nil {
 		return nil, nil, err
 	}
 	c, err := g.Agent(ctx, sess)

@@ -485,6 +485,32 @@ func TestExec(t *testing.T) {
 	}
 }
 
+// Every file call is the session's activity, as exec is (seed 000: "Resets on any run, exec,
+// filesystem call"): each moves last_activity_at, a missing file's read included.
+func TestFileCallsAreActivity(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	last := s.StartedAt.Time
+	base := "/v1/sessions/" + s.ID + "/files?path="
+	for _, call := range []struct {
+		method, path string
+		body         any
+		status       int
+	}{{"PUT", base + "a.txt", []byte("hi"), 204}, {"GET", base + "a.txt", nil, 200},
+		{"GET", base + "missing.txt", nil, 404}, {"DELETE", base + "a.txt", nil, 204}} {
+		time.Sleep(5 * time.Millisecond) // the store keeps milliseconds
+		if r := e.do(call.method, call.path, e.key, call.body); r.status != call.status {
+			t.Fatalf("%s %s: HTTP %d %s", call.method, call.path, r.status, r.body)
+		}
+		var got session.Session
+		e.mustDo("GET", "/v1/sessions/"+s.ID, e.key, nil, 200, &got)
+		if got.LastActivityAt == nil || !got.LastActivityAt.After(last) {
+			t.Fatalf("%s %s did not move last_activity_at: %v, before %v", call.method, call.path, got.LastActivityAt, last)
+		}
+		last = got.LastActivityAt.Time
+	}
+}
+
 func TestRuns(t *testing.T) {
 	e := newEnv(t)
 	s := e.running(map[string]any{"tier": 2})

@@ -12,11 +12,7 @@ import (
 // knownDeviations are rows that `wb serve` is known to fail, each with why: the suite reports
 // them as FAIL (the deployment does not meet the contract there), and this test logs them
 // instead of failing, until one passes: then the test fails so the entry is removed.
-var knownDeviations = map[string]string{
-	"000/Session object/last_activity_at: follows every exec, run and file call": "file calls reset the node's idle timer " +
-		"(the row \"Resets on any run, exec, filesystem call\" passes) but do not move the object's last_activity_at: " +
-		"gateway/files.go never calls Store.Touch, as gateway/exec.go does",
-}
+var knownDeviations = map[string]string{}
 
 // TestSuiteAgainstServe runs the whole short suite against a `wb serve` with runc guests, and
 // fails on any failed row (but the known deviations) or anything left behind. The table is

@@ -34,8 +34,12 @@ const (
 	ProfileDir = "/root/.config/chromium"
 	// MemoryDir is where a desktop's agent keeps what it remembers.
 	MemoryDir = templates.DesktopData + "/memory"
-	// stateDir holds the pid files and logs of the processes Start launches.
-	stateDir = "/tmp/wb-desktop"
+	// stateDir holds the pid files and logs of the processes Start launches. It is in the
+	// sandbox's memory (/dev/shm), never on the disk: a snapshot restores it with the
+	// processes it names, and a fresh start from the disk begins without it. On the disk, an
+	// earlier life's pid file names a pid that this life hands out again in the same order
+	// (a new pid namespace counts from 1), perhaps to the very grep that checks it.
+	stateDir = "/dev/shm/wb-desktop"
 )
 
 // Bounds of RunJS.
@@ -52,10 +56,9 @@ const startTimeout = 90 * time.Second
 
 // startScript starts (once) Xvfb, the window manager and Chromium, each in its own session
 // so that they outlive the exec, then waits until the display and DevTools answer. A
-// process counts as running only when its pid file names a live process with the expected
-// command line: /tmp is on the disk, so after a fresh start from the disk a stale pid file
-// may name a pid that a different process now has. Stale locks are removed for the same
-// reason.
+// process counts as running only when its pid file (in stateDir, of this life only) names a
+// live process with the expected command line. The X lock and Chromium's singleton files
+// are on the disk, so a fresh start removes them.
 //
 // No process may bind a Unix socket on the disk (/tmp, /root, /workspace are host
 // directories): gVisor cannot checkpoint a socket bound on a host file system, and a sleep is

@@ -60,7 +60,7 @@ func awaitDrawn(ctx context.Context, t *testing.T, ex guest.Execer) []byte {
 // pids is the pid files of the desktop's processes, as the guest has them.
 func pids(ctx context.Context, t *testing.T, ex guest.Execer) string {
 	t.Helper()
-	out, stderr, code, err := ex.Exec(ctx, []string{"/bin/sh", "-c", "cat /tmp/wb-desktop/xvfb.pid /tmp/wb-desktop/wm.pid /tmp/wb-desktop/chromium.pid"}, nil)
+	out, stderr, code, err := ex.Exec(ctx, []string{"/bin/sh", "-c", "cd /dev/shm/wb-desktop && cat xvfb.pid wm.pid chromium.pid"}, nil)
 	if err != nil || code != 0 {
 		t.Fatalf("pid files: %v %d %s", err, code, stderr)
 	}
@@ -181,6 +181,29 @@ func TestDesktopGuest(t *testing.T) {
 		}
 		t.Logf("an oversized result: %v", err)
 	})
+}
+
+// TestDesktopStartAfterAnEarlierLife starts a desktop on a disk that an earlier life left
+// pid files on, each naming a live process whose command line matches (as a pid handed out
+// again does): Start must launch the display and browser all the same.
+func TestDesktopStartAfterAnEarlierLife(t *testing.T) {
+	e := newEnv(t, "runc")
+	ctx := ctxT(t, 5*time.Minute)
+	g := e.boot(ctx)
+	decoy := `mkdir -p /tmp/wb-desktop && for n in xvfb wm chromium; do
+  setsid sh -c 'sleep 600; : Xvfb matchbox ` + guest.RelayCommand + `' </dev/null >/dev/null 2>&1 & echo $! > /tmp/wb-desktop/$n.pid
+done`
+	if out, stderr, code, err := g.ex.Exec(ctx, []string{"/bin/sh", "-c", decoy}, nil); err != nil || code != 0 {
+		t.Fatalf("decoys: %v %d %s %s", err, code, out, stderr)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := guest.Start(sctx, g.ex); err != nil {
+		t.Fatalf("Start beside an earlier life's pid files: %v", err)
+	}
+	if b, err := guest.Screenshot(ctx, g.ex); err != nil || len(b) == 0 {
+		t.Fatalf("no display after Start: %v", err)
+	}
 }
 
 // TestDesktopCheckpointRestore is what a desktop's sleep relies on: a running desktop is
