@@ -14,14 +14,25 @@ import (
 	"wb/snapstore/s3test"
 )
 
-// backends answers each store kind over a fresh bucket or directory.
+// backends answers each store kind over a fresh bucket or directory. With
+// WB_TEST_SNAPSHOT_STORE set to an s3:// store URL (credentials from AWS_ACCESS_KEY_ID and
+// AWS_SECRET_ACCESS_KEY), the same tests also run against that server, e.g. SeaweedFS's
+// `weed server -s3` (too slow to build for make test: see the README).
 func backends(t *testing.T) map[string]*snapstore.Store {
 	t.Helper()
 	dir, err := snapstore.Open(context.Background(), "file://"+t.TempDir(), s3test.Env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]*snapstore.Store{"s3": s3test.Start(t).Open(t), "dir": dir}
+	out := map[string]*snapstore.Store{"s3": s3test.Start(t).Open(t), "dir": dir}
+	if u := os.Getenv("WB_TEST_SNAPSHOT_STORE"); u != "" {
+		ext, err := snapstore.Open(context.Background(), u, os.Getenv)
+		if err != nil {
+			t.Fatalf("WB_TEST_SNAPSHOT_STORE: %v", err)
+		}
+		out["external"] = ext
+	}
+	return out
 }
 
 // writeSnapshot makes a snapshot directory with a nested file, an empty one and a big one.
