@@ -55,7 +55,7 @@ type serveFlags struct {
 	authzAddr     string // ext_authz gRPC for the Envoy fleet (serve_authz.go)
 	// nodeTimeout: a node silent for longer is dead, and its sessions fail with host_failure.
 	nodeTimeout time.Duration
-	xds           xdsFlags
+	xds         xdsFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
