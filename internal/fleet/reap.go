@@ -80,3 +80,7 @@ func unmountUnder(dir string) {
 		_ = syscall.Unmount(p, syscall.MNT_DETACH)
 	}
 }
+
+// CgroupParent is the cgroup below which the node's guests run (cmd/wb newDriver); it is
+// gone once the node's guests are.
+func (n *Node) CgroupParent() string { return "/wb/" + cgroupName(n.DataDir, n.ID) }
