@@ -45,8 +45,39 @@ func reapGuests(ctx context.Context, runtime string, n *Node) error {
 			errs = append(errs, fmt.Errorf("fleet: delete %s's guest %s: %w", n.ID, id, err))
 		}
 	}
-	if err := d.RemoveCgroupParent(); err != nil {
+	// A guest cut off mid-start (a warm-pool refill when the node was stopped) leaves its
+	// cgroup with no runtime state that List would show: every empty cgroup below the node's
+	// goes, deepest first (rmdir removes only a cgroup with no process in it).
+	if err := removeCgroupTree(n.CgroupParent()); err != nil {
 		errs = append(errs, fmt.Errorf("fleet: %s's cgroups: %w", n.ID, err))
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupTree removes the cgroup p (and every cgroup below it) in each hierarchy: the
+// v1 controllers mounted below /sys/fs/cgroup, and the v2 root itself.
+func removeCgroupTree(p string) error {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	var errs []error
+	for _, root := range roots {
+		top := filepath.Join(root, p)
+		if fi, err := os.Stat(top); err != nil || !fi.IsDir() {
+			continue
+		}
+		var dirs []string
+		_ = filepath.WalkDir(top, func(path string, de os.DirEntry, err error) error {
+			if err == nil && de.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		slices.SortFunc(dirs, func(a, b string) int { return len(b) - len(a) })
+		for _, d := range dirs {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
