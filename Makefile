@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test bench lint deps build security conformance
+.PHONY: run test bench lint deps build security conformance fleet
 
 # Install what the platform needs from Debian's packages when it is missing.
 deps:
@@ -17,6 +17,13 @@ build:
 # The whole platform on one machine: prints WB_URL, WB_API_KEY and WB_ADMIN_KEY.
 run: deps build
 	./bin/wb serve --addr 127.0.0.1:8080
+
+# A fleet on this machine (internal/fleet): a Redis Cluster of 3 primaries and 3 replicas, 3 wb
+# nodes (runc; RUNTIME=runsc for gVisor) and 2 gateways, on loopback. Prints WB_URL, WB_URLS,
+# WB_API_KEY and WB_ADMIN_KEY; Ctrl-C stops it and removes every process, guest and file.
+RUNTIME ?= runc
+fleet: deps build
+	./bin/wb fleet --runtime $(RUNTIME)
 
 # vet -race compiles the packages as the race-instrumented tests do, so the tests reuse its work.
 # bin/wb-test is the static wb that the tests run as a server, and bin/wb-agent beside it the

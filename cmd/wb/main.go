@@ -37,6 +37,7 @@ Commands for callers (the API of $WB_URL with $WB_API_KEY, or a profile; -o json
 Commands for operators:
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
   node      run guests for a control plane that shares its Redis
+  fleet     run a fleet on this machine: Redis Cluster, 3 nodes, 2 gateways
   envoy-bootstrap  print the bootstrap YAML of one Envoy of the fleet
   image     build a Cloud Hypervisor guest image (kernel, initramfs, ext4 rootfs with wb as init)
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
@@ -103,6 +104,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return agent.Main(args[1:])
 	case "node":
 		return nodeCmd(ctx, args[1:], stderr)
+	case "fleet":
+		return fleetCmd(ctx, args[1:], stdout, stderr)
 	case "envoy-bootstrap":
 		return envoyBootstrap(args[1:], stdout, stderr)
 	case "image":

@@ -203,7 +203,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var f nodeFlags
 	f.register(fs)
-	redisURL := fs.String("redis", "", "Redis `URL` shared with the control plane (required): redis://[user:password@]host:port/0, rediss://… for TLS, or a Cluster's redis://user:password@h1:p1,h2:p2,h3:p3")
+	redisURL := fs.String("redis", os.Getenv("WB_REDIS_URL"), "Redis `URL` shared with the control plane (required; default $WB_REDIS_URL, which keeps a password out of ps): redis://[user:password@]host:port/0, rediss://… for TLS, or a Cluster's redis://user:password@h1:p1,h2:p2,h3:p3")
 	redisCA := fs.String("redis-ca", "", "PEM `file` of the CA that signed a rediss:// server's certificate (default: the system's roots)")
 	addr := fs.String("addr", "127.0.0.1:7070", "`host:port` of the node API")
 	advertise := fs.String("advertise", "", "`URL` the control plane uses to reach the node API (default http://ADDR)")

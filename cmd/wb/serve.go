@@ -32,6 +32,12 @@ import (
 	"wb/webhooks"
 )
 
+// defaultNodeTimeout: the contract fails a dead host's sessions within 10 s of its death. A
+// node is found dead this long after its last heartbeat, then the placer fails its sessions:
+// measured in a fleet (conformance/chaos), 10 s here gave 9.8 s, at the bound; 7 s (three
+// missed heartbeats and a half) leaves room on a loaded machine.
+const defaultNodeTimeout = 7 * time.Second
+
 type serveFlags struct {
 	addr      string
 	redisURL  string
@@ -53,7 +59,9 @@ type serveFlags struct {
 	nodeTokenFile string
 	tls           tlsFlags
 	authzAddr     string // ext_authz gRPC for the Envoy fleet (serve_authz.go)
-	xds           xdsFlags
+	// nodeTimeout: a node silent for longer is dead, and its sessions fail with host_failure.
+	nodeTimeout time.Duration
+	xds         xdsFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -61,7 +69,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var f serveFlags
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "`host:port` to listen on; 127.0.0.1:0 picks a free port")
-	fs.StringVar(&f.redisURL, "redis", "", "Redis `URL`: redis://[user:password@]host:port/0, rediss://… for TLS, or redis://user:password@h1:p1,h2:p2,h3:p3 for a Cluster; empty starts a redis-server of wb's own on a Unix socket in <data-dir>/redis, with a random password, whose state ends with the process")
+	fs.StringVar(&f.redisURL, "redis", os.Getenv("WB_REDIS_URL"), "Redis `URL` (default $WB_REDIS_URL, which keeps a password out of ps): redis://[user:password@]host:port/0, rediss://… for TLS, or redis://user:password@h1:p1,h2:p2,h3:p3 for a Cluster; empty starts a redis-server of wb's own on a Unix socket in <data-dir>/redis, with a random password, whose state ends with the process")
 	fs.StringVar(&f.redisCA, "redis-ca", "", "PEM `file` of the CA that signed a rediss:// server's certificate (default: the system's roots)")
 	fs.StringVar(&f.publicURL, "public-url", "", "base `URL` callers use to reach this server, for connect URLs (default http://ADDR)")
 	fs.StringVar(&f.adminKey, "admin-key", os.Getenv("WB_ADMIN_KEY"), "admin `key` for /v1/admin routes (default $WB_ADMIN_KEY, else random)")
@@ -77,6 +85,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.nodeTokenFile, "node-token-file", "", "`file` holding the token this gateway sends to every node (else $WB_NODE_TOKEN; else a random one, which only the embedded node knows): give separate `wb node`s the same token")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
 	fs.StringVar(&f.authzAddr, "authz-addr", "", "`host:port` serving ext_authz (gRPC envoy.service.auth.v3.Authorization) to an Envoy fleet, on the operator's network only; recorded in this gateway's registration for xds; empty serves none")
+	fs.DurationVar(&f.nodeTimeout, "node-timeout", defaultNodeTimeout, "how long a node may go without a heartbeat (every 2 s) before it counts as dead and its sessions fail with host_failure, and the edge stops sending it connections (3s–5m)")
 	f.xds.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
@@ -100,6 +109,10 @@ Flags:
 	}
 	if err := f.tls.check(); err != nil {
 		return err
+	}
+	// Below three heartbeat periods, one late heartbeat of a loaded node would fail its sessions.
+	if f.nodeTimeout < 3*time.Second || f.nodeTimeout > 5*time.Minute {
+		return fmt.Errorf("--node-timeout %s: must be 3s–5m (nodes heartbeat every 2 s)", f.nodeTimeout)
 	}
 	// Above the sessions' longest idle timeout, the node would stop an unused desktop's
 	// session before the desktop sleeps.
@@ -224,7 +237,7 @@ Flags:
 	accounts := quota.NewAccounts(rdb)
 	enforcer := &quota.Enforcer{Store: st, Accounts: accounts, Stopper: nodes, Decide: spendDecider(pol, plug, log), Logger: log}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
-	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Tiers: tiers, Logger: log})
+	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Tiers: tiers, HeartbeatTimeout: f.nodeTimeout, Logger: log})
 	webhookGuard, err := netguard.New(netguard.Options{})
 	if err != nil {
 		ln.Close()
@@ -257,7 +270,7 @@ Flags:
 			return err
 		}
 	}
-	runXDS, err := listenXDS(ctx, f.xds, st, metrics.Registry(), log)
+	runXDS, err := listenXDS(ctx, f.xds, f.nodeTimeout, st, metrics.Registry(), log)
 	if err != nil {
 		ln.Close()
 		return err

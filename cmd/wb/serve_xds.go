@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -24,12 +25,13 @@ func (f *xdsFlags) register(fs *flag.FlagSet) {
 }
 
 // listenXDS opens the xDS listener before wb serve reports ready, and answers what runs it;
-// with no --xds-addr it runs nothing.
-func listenXDS(ctx context.Context, f xdsFlags, st *store.Store, reg prometheus.Registerer, log *slog.Logger) (func(context.Context, *errgroup.Group), error) {
+// with no --xds-addr it runs nothing. The edge forgets a node after nodeTimeout, the
+// silence after which the placer fails its sessions.
+func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *store.Store, reg prometheus.Registerer, log *slog.Logger) (func(context.Context, *errgroup.Group), error) {
 	if f.addr == "" {
 		return func(context.Context, *errgroup.Group) {}, nil
 	}
-	srv, err := xds.New(ctx, xds.Config{Source: xds.StoreFleet{Store: st}, Registerer: reg, Logger: log})
+	srv, err := xds.New(ctx, xds.Config{Source: xds.StoreFleet{Store: st, HeartbeatTimeout: nodeTimeout}, Registerer: reg, Logger: log})
 	if err != nil {
 		return nil, err
 	}

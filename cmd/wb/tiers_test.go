@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -71,5 +73,21 @@ func TestServeColdP95(t *testing.T) {
 	}
 	if s.StateReason == nil || *s.StateReason != "provision_timeout" {
 		t.Fatalf("failed with %v; want provision_timeout", s.StateReason)
+	}
+}
+
+// TestNodeTimeoutFlag: --node-timeout is refused below three of the nodes' 2 s heartbeats
+// (one late heartbeat would fail a live node's sessions) and above 5 minutes; its default
+// keeps the contract's bound on a dead host's sessions (failed within 10 s) with room for a
+// loaded placer (conformance/chaos measures it).
+func TestNodeTimeoutFlag(t *testing.T) {
+	for _, v := range []string{"2s", "6m", "-1s"} {
+		err := serve(context.Background(), []string{"--node-timeout", v, "--data-dir", t.TempDir()}, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--node-timeout") {
+			t.Errorf("--node-timeout %s: %v, want it refused", v, err)
+		}
+	}
+	if defaultNodeTimeout < 3*time.Second || defaultNodeTimeout > 8*time.Second {
+		t.Errorf("the default --node-timeout %v: a dead host's sessions must fail within 10 s, with room for the placer", defaultNodeTimeout)
 	}
 }

@@ -1,0 +1,117 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"wb/hypervisor"
+	"wb/hypervisor/oci"
+)
+
+// reapGuests destroys every guest in a node's runtime state and removes its cgroups, through
+// a driver on the same state as the node's own (cmd/wb newDriver: state and bundles in the
+// data dir, cgroups under /wb/<id>-<digest>). A node stopped cleanly leaves its sessions'
+// guests for its next start, and a killed one leaves them all: the fleet ends for good.
+func reapGuests(ctx context.Context, runtime string, n *Node) error {
+	if _, err := os.Stat(filepath.Join(n.DataDir, "oci-state")); errors.Is(err, os.ErrNotExist) {
+		return nil // never started a guest
+	}
+	d, err := oci.New(oci.Options{Runtime: runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
+		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + cgroupName(n.DataDir, n.ID),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return fmt.Errorf("fleet: reap %s's guests: %w", n.ID, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	ids, err := d.List(ctx)
+	if err != nil {
+		return fmt.Errorf("fleet: reap %s's guests: %w", n.ID, err)
+	}
+	var errs []error
+	for _, id := range ids {
+		if err := d.Stop(ctx, id); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("fleet: stop %s's guest %s: %w", n.ID, id, err))
+		}
+		if err := d.Delete(ctx, id); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("fleet: delete %s's guest %s: %w", n.ID, id, err))
+		}
+	}
+	// A guest cut off mid-start (a warm-pool refill when the node was stopped) leaves its
+	// cgroup with no runtime state that List would show: every empty cgroup below the node's
+	// goes, deepest first (rmdir removes only a cgroup with no process in it).
+	if err := removeCgroupTree(n.CgroupParent()); err != nil {
+		errs = append(errs, fmt.Errorf("fleet: %s's cgroups: %w", n.ID, err))
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupTree removes the cgroup p (and every cgroup below it) in each hierarchy: the
+// v1 controllers mounted below /sys/fs/cgroup, and the v2 root itself.
+func removeCgroupTree(p string) error {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	var errs []error
+	for _, root := range roots {
+		top := filepath.Join(root, p)
+		if fi, err := os.Stat(top); err != nil || !fi.IsDir() {
+			continue
+		}
+		var dirs []string
+		_ = filepath.WalkDir(top, func(path string, de os.DirEntry, err error) error {
+			if err == nil && de.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		slices.SortFunc(dirs, func(a, b string) int { return len(b) - len(a) })
+		for _, d := range dirs {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Guests answers the ids of the guests in the node's runtime state (running or not).
+func (f *Fleet) Guests(ctx context.Context, n *Node) ([]string, error) {
+	d, err := oci.New(oci.Options{Runtime: f.opts.Runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
+		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + cgroupName(n.DataDir, n.ID),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %s's guests: %w", n.ID, err)
+	}
+	return d.List(ctx)
+}
+
+// unmountUnder detaches every mount below dir (guests' root file systems and disks), deepest
+// first, so that removing dir cannot reach into a guest's files.
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
+
+// CgroupParent is the cgroup below which the node's guests run (cmd/wb newDriver); it is
+// gone once the node's guests are.
+func (n *Node) CgroupParent() string { return "/wb/" + cgroupName(n.DataDir, n.ID) }
