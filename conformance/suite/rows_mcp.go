@@ -316,9 +316,20 @@ func mcpRows() []Row {
 		if err != nil {
 			return "", err
 		}
-		asleep, err1 := f.get("stopping to asleep")
-		stopped, err2 := f.get("stopping to stopped")
-		return "to asleep: " + asleep + " | to stopped: " + stopped, errors.Join(err1, err2)
+		var failed []string
+		part := func(name string) string {
+			saw, err := f.get(name)
+			if err != nil {
+				failed = append(failed, name)
+				saw = strings.TrimPrefix(saw+"; "+err.Error(), "; ")
+			}
+			return name + ": " + saw
+		}
+		saw := part("stopping to asleep") + " | " + part("stopping to stopped")
+		if len(failed) > 0 {
+			return saw, fmt.Errorf("failed: %s", strings.Join(failed, ", "))
+		}
+		return saw, nil
 	}
 	return []Row{
 		row(lt, "starting | MCP call: Waits until it runs, then answers", "starting"),
