@@ -145,9 +145,43 @@ func (e *Env) Snapshot(ctx context.Context, id string, memory bool) (*client.Sna
 	return snap, err
 }
 
-// CreateDesktop creates a desktop and records it for deletion.
+// noRoomWait bounds how long the suite retries a call answered 409 no_capacity: no machine
+// with room for a desktop now (seed 001), which a loaded deployment answers while the other
+// rows' guests hold the room, or while its node's heartbeat is late.
+const noRoomWait = 2 * time.Minute
+
+// noRoom reports whether err is the API's 409 no_capacity.
+func noRoom(err error) bool {
+	e := apiErr(err)
+	return e != nil && e.Status == 409 && e.Code == "no_capacity"
+}
+
+// retryNoRoom calls f until it is not refused for want of room (refused says so), waiting
+// a few seconds between tries, for at most noRoomWait.
+func retryNoRoom(ctx context.Context, f func() (refused bool)) error {
+	deadline := time.Now().Add(noRoomWait)
+	for f() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no machine with room for %s", noRoomWait)
+		}
+		if err := sleepCtx(ctx, 3*time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateDesktop creates a desktop (trying again while no machine has room) and records it
+// for deletion.
 func (e *Env) CreateDesktop(ctx context.Context, name string) (*client.Desktop, error) {
-	d, err := e.C.CreateDesktop(ctx, client.CreateDesktopRequest{Name: name})
+	var d *client.Desktop
+	var err error
+	if rerr := retryNoRoom(ctx, func() bool {
+		d, err = e.C.CreateDesktop(ctx, client.CreateDesktopRequest{Name: name})
+		return noRoom(err)
+	}); rerr != nil && err == nil {
+		err = rerr
+	}
 	if err != nil {
 		return nil, fmt.Errorf("create a desktop: %w", err)
 	}

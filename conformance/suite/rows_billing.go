@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"wb/client"
+	"wb/desktop"
 )
 
 // billingFixture is a session that ran, paused, ran again and was deleted, with its settled
@@ -228,7 +229,7 @@ func failureRows() []Row {
 			}
 			return saw, f.usageAfterErr
 		}},
-		{Seed: "000", Table: ft, Row: "Spend cap breached | stopping → stopped | Up to the stop", Serial: true, Check: spendCapRow},
+		{Seed: "000", Table: ft, Row: "Spend cap breached | stopping → stopped | Up to the stop", Serial: true, Timeout: spendCapTimeout, Check: spendCapRow},
 		{Seed: "000", Table: ft, Row: "Maximum lifetime reached | expired | Up to expiry", Timeout: lifetimeTimeout, Check: func(ctx context.Context, e *Env) (string, error) {
 			f, err := expiredSession(ctx, e)
 			if err != nil {
@@ -274,46 +275,129 @@ func failureRows() []Row {
 // of a small tier-2 session.
 const spendCapCushion = 300
 
-// spendCapRow sets the project's monthly cap a little above its spend, runs a busy session
-// until the cap stops it, checks that a create is then refused 402, and puts the cap back.
+// spendCapTimeout bounds the serial rows that share the spend-cap fixture: a session run
+// until the cap stops it, and a desktop that fails to start under the cap.
+func spendCapTimeout(Timers) time.Duration { return 6 * time.Minute }
+
+// capFixture is the project's monthly cap set a little above its spend and a busy session
+// run until the cap stopped it (the states it was seen in), the create refused after, and a
+// desktop created while the cap stopped admissions, with an MCP tool call to it.
+type capFixture struct {
+	prev    int64
+	end     *client.Session
+	seen    []client.SessionState
+	refused error
+	// The desktop: as it ended its start (failed, its message saying why), the call to it,
+	// and its state after the call.
+	desk      *client.Desktop
+	deskSaw   string
+	deskErr   error
+	deskCall  mcpOutcome
+	deskAfter desktop.State
+}
+
+// spendCapped makes the spend-cap fixture, putting the cap back when it is done (even when
+// it failed or ran out of time). Its rows are Serial: the cap stops every session of the
+// project.
+func spendCapped(ctx context.Context, e *Env) (*capFixture, error) {
+	return shared(ctx, e, "spendcap", func(ctx context.Context, e *Env) (*capFixture, error) {
+		lim, err := e.C.GetLimits(ctx)
+		if err != nil {
+			return nil, err
+		}
+		f := &capFixture{prev: lim.MonthlySpendCapMicroUSD}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, _ = e.C.PutLimits(rctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &f.prev})
+		}()
+		// The session runs before the cap is set: the spend of the rows before (settling
+		// still) may cross the cap at once, and a crossing stops the sessions running then.
+		s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2})
+		if err != nil {
+			return nil, err
+		}
+		f.seen = []client.SessionState{s.State}
+		if _, err := e.Sh(ctx, s.ID, "(while :; do :; done) >/dev/null 2>&1 &"); err != nil {
+			return nil, err
+		}
+		if lim, err = e.C.GetLimits(ctx); err != nil {
+			return nil, err
+		}
+		capMicro := lim.SpendThisMonthMicroUSD + spendCapCushion
+		if _, err := e.C.PutLimits(ctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &capMicro}); err != nil {
+			return nil, fmt.Errorf("set monthly_spend_cap_micro_usd: %w", err)
+		}
+		f.end, err = e.WaitSession(ctx, s.ID, "stopped by the cap", func(s *client.Session) (bool, error) {
+			if f.seen[len(f.seen)-1] != s.State {
+				f.seen = append(f.seen, s.State)
+			}
+			return s.State.Terminal(), nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		n, err := e.C.CreateSession(ctx, client.CreateSessionRequest{Tier: 2, EndUserID: e.Tag()})
+		f.refused = err
+		if err == nil {
+			e.tracker().add(&e.tracker().sessions, n.ID)
+			f.refused = errors.New("accepted")
+		}
+		f.capDesktop(ctx, e)
+		return f, nil
+	})
+}
+
+// capDesktop creates a desktop while the cap stops admissions: its session cannot be made,
+// so it cannot start (seed 001: failed, message says why); then it makes a tool call to it.
+func (f *capFixture) capDesktop(ctx context.Context, e *Env) {
+	d, err := e.CreateDesktop(ctx, "conformance capped "+e.Tag())
+	if err != nil {
+		f.deskErr = err
+		return
+	}
+	f.deskSaw = "create answered " + string(d.State)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	got, seen, err := e.waitDesktop(wctx, d.ID, desktop.Failed, desktop.Running)
+	if err != nil {
+		f.deskErr = err
+		return
+	}
+	f.desk = got
+	f.deskSaw += fmt.Sprintf("; %s, message %q", joinDesktopStates(seen), got.Message)
+	if got.State != desktop.Failed {
+		f.deskErr = errors.New("the desktop started although the cap stops admissions: no failed desktop to call")
+		return
+	}
+	cs, err := e.mcpSession(ctx, got)
+	if err != nil {
+		f.deskErr = err
+		return
+	}
+	defer cs.Close()
+	f.deskCall = e.runCommand(ctx, cs, d.ID, mcpCommand)
+	if after, err := e.C.GetDesktop(ctx, d.ID); err != nil {
+		f.deskErr = err
+	} else {
+		f.deskAfter = after.State
+	}
+}
+
+// spendCapRow checks the cap: the busy session stopped with state_reason spend_cap, and a
+// create refused 402 after.
 func spendCapRow(ctx context.Context, e *Env) (string, error) {
-	lim, err := e.C.GetLimits(ctx)
+	f, err := spendCapped(ctx, e)
 	if err != nil {
 		return "", err
 	}
-	prev := lim.MonthlySpendCapMicroUSD
-	defer func() {
-		// Put the cap back even when the row failed or ran out of time.
-		rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = e.C.PutLimits(rctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &prev})
-	}()
-	capMicro := lim.SpendThisMonthMicroUSD + spendCapCushion
-	if _, err := e.C.PutLimits(ctx, client.PutLimitsRequest{MonthlySpendCapMicroUSD: &capMicro}); err != nil {
-		return "", fmt.Errorf("set monthly_spend_cap_micro_usd: %w", err)
-	}
-	s, err := e.Running(ctx, client.CreateSessionRequest{Tier: 2})
-	if err != nil {
-		return "", err
-	}
-	if _, err := e.Sh(ctx, s.ID, "(while :; do :; done) >/dev/null 2>&1 &"); err != nil {
-		return "", err
-	}
-	end, err := e.WaitSession(ctx, s.ID, "stopped by the cap", func(s *client.Session) (bool, error) { return s.State.Terminal(), nil })
-	if err != nil {
-		return "", err
-	}
-	n, refusedErr := e.C.CreateSession(ctx, client.CreateSessionRequest{Tier: 2, EndUserID: e.Tag()})
-	if refusedErr == nil {
-		e.tracker().add(&e.tracker().sessions, n.ID)
-		refusedErr = errors.New("accepted")
-	}
+	end := f.end
 	saw := fmt.Sprintf("cap = spend + %d µUSD: session %s (%s) after %s; the next create → %s; cap put back to %d",
-		spendCapCushion, end.State, deref(end.StateReason), end.StoppedAt.Sub(end.StartedAt.Time).Round(time.Second), statusOf(refusedErr), prev)
+		spendCapCushion, end.State, deref(end.StateReason), end.StoppedAt.Sub(end.StartedAt.Time).Round(time.Second), statusOf(f.refused), f.prev)
 	switch {
 	case end.State != "stopped" || deref(end.StateReason) != "spend_cap":
 		return saw, errors.New("want stopped with state_reason spend_cap")
-	case apiStatus(refusedErr) != 402 || apiErr(refusedErr).Code != "spend_cap_reached":
+	case apiStatus(f.refused) != 402 || apiErr(f.refused).Code != "spend_cap_reached":
 		return saw, errors.New("want a create refused 402 spend_cap_reached")
 	}
 	return saw, nil

@@ -237,7 +237,5 @@ func desktopRows() []Row {
 		row("What is kept", "Running processes | Across sleep: Yes, from the snapshot; across stop: No", "wake"),
 		{Seed: "001", Table: tt, Row: "running | 15 minutes without use | asleep",
 			Skip: "the idle sleep is the operator's --desktop-idle; not settable through the API"},
-		{Seed: "001", Table: "Session lifecycle", Row: "MCP calls per state (wakes, 409, 502)",
-			Skip: "the suite speaks the REST API through the Go SDK, which has no MCP client"},
 	}
 }

@@ -385,8 +385,27 @@ func transitionRows() []Row {
 			}
 			return saw, nil
 		}},
-		{Seed: "000", Table: tt, Row: "running → stopping | eviction, policy kill, spend cap",
-			Skip: "eviction and spend caps need the operator or the project's caps; the policy kill is in the failure table"},
+		{Seed: "000", Table: tt, Row: "running → stopping | eviction, policy kill, spend cap (reason recorded; eviction not checked: it cannot be caused through the API)",
+			Serial: true, Timeout: func(t Timers) time.Duration { return spendCapTimeout(t) + DefaultRowTimeout }, Check: func(ctx context.Context, e *Env) (string, error) {
+				// The sessions of the failure table's spend-cap and policy-kill rows.
+				capped, err := spendCapped(ctx, e)
+				if err != nil {
+					return "", err
+				}
+				killed, err := policyKilled(ctx, e)
+				if err != nil {
+					return "", err
+				}
+				saw := fmt.Sprintf("spend cap: %s (%s); policy kill: %s (%s, rule %s); eviction: not checked",
+					joinStates(capped.seen), deref(capped.end.StateReason), killed.ended.State, deref(killed.ended.StateReason), deref(killed.ended.Rule))
+				switch {
+				case capped.seen[0] != "running" || capped.end.State != "stopped" || deref(capped.end.StateReason) != "spend_cap":
+					return saw, errors.New("want a running session stopped by the cap, state_reason spend_cap")
+				case killed.ended.State != "failed" || deref(killed.ended.StateReason) != "policy_violation" || deref(killed.ended.Rule) != killRule:
+					return saw, errors.New("want a policy kill failed, state_reason policy_violation, with the rule")
+				}
+				return saw, nil
+			}},
 		{Seed: "000", Table: tt, Row: "stopping → stopped / failed | wbnode | Final usage flush", Check: func(ctx context.Context, e *Env) (string, error) {
 			f, err := deletedSession(ctx, e)
 			if err != nil {

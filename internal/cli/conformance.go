@@ -23,14 +23,16 @@ func (a *app) conformanceCmdOf(rows []suite.Row) *cobra.Command {
 		Long: `Check a deployment against the contract: every row of seed 000's tables (the session
 object field by field, states and who drives each transition, pause limits per tier,
 snapshots, timers and warnings, billing per state, the failure table) and seed 001's desktop
-states, transitions and what is kept. Each row is checked through the Go SDK and printed with
-PASS, FAIL or SKIP and what it saw; the last line sums them up. Exits 1 when a row fails.
+states, transitions, what is kept and what an MCP call does in each state. Each row is checked
+through the Go SDK (MCP calls through the official MCP Go SDK over the SDK's HTTP client) and
+printed with PASS, FAIL or SKIP and what it saw; the last line sums them up. Exits 1 when a
+row fails.
 
 It makes sessions, snapshots and desktops in the key's project (sessions with end_user_id
 wbconf_…) and deletes them all at the end, a failed row's too. Give it a project of its own:
-the spend-cap row, run last and alone, sets the project's monthly cap just above its spend
-until a session is stopped by it (then puts it back), and a cap stops every session of the
-project. By default the timer rows use the smallest timers the API accepts
+the spend-cap rows, run last and alone, set the project's monthly cap just above its spend
+until a session is stopped by it, create a desktop that cannot start under it (then put the
+cap back), and a cap stops every session of the project. By default the timer rows use the smallest timers the API accepts
 (idle_timeout_s 30, max_lifetime_s 60: about two minutes in all); --long uses the seed's (300 s, 3600 s) and runs the rows that need real time (the
 one-hour pause limit): over an hour.`,
 		Example: `  wb conformance --url https://wb.example.com --key wb_...
