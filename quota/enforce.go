@@ -79,37 +79,52 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 	}
 }
 
-// stopScope stops every live session of the project (or of the end user).
+// stopScope stops every live session of the project (or of the end user): running and
+// paused ones, and those admitted before the crossing that have yet to start (pending ones
+// end at once, starting ones are torn down), else they would run past the cap.
 func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, log *slog.Logger) {
-	for _, st := range []session.State{session.Running, session.Paused} {
+	for _, st := range []session.State{session.Pending, session.Provisioning, session.Running, session.Paused} {
 		ids, err := e.Store.IDsInState(ctx, ev.Project, st, 100000)
 		if err != nil {
 			log.Error("spend cap: list sessions", "err", err)
 			return
 		}
 		for _, id := range ids {
-			s, err := e.Store.Get(ctx, ev.Project, id)
-			if err != nil || s.State != st {
-				continue
-			}
-			if ev.EndUser != "" && (s.EndUserID == nil || *s.EndUserID != ev.EndUser) {
-				continue
-			}
-			out, err := e.Store.Transition(ctx, store.Change{Project: ev.Project, ID: id, From: st, To: session.Stopping,
-				Driver: session.Metering, Reason: session.SpendCap, Version: s.Version})
-			var ce *store.ConflictError
-			if errors.As(err, &ce) {
-				continue
-			}
-			if err != nil {
-				log.Error("spend cap: stop session", "session", id, "err", err)
-				continue
-			}
-			if e.Stopper != nil {
-				if err := e.Stopper.Stop(ctx, out); err != nil {
-					log.Error("spend cap: tear down", "session", id, "err", err)
-				}
+			e.stopOne(ctx, ev, id, log)
+		}
+	}
+}
+
+// stopOne stops one session of the scope, retrying when its state moved under it (a pending
+// session placed meanwhile is stopped as a starting one).
+func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slog.Logger) {
+	for attempt := 0; attempt < 5; attempt++ {
+		s, err := e.Store.Get(ctx, ev.Project, id)
+		if err != nil || s.State.Terminal() || s.State == session.Stopping {
+			return
+		}
+		if ev.EndUser != "" && (s.EndUserID == nil || *s.EndUserID != ev.EndUser) {
+			return
+		}
+		to, err := session.Next(s.State, session.Metering, session.SpendCap)
+		if err != nil {
+			return // snapshotting: no transition of metering leaves it (a known gap: see the note)
+		}
+		out, err := e.Store.Transition(ctx, store.Change{Project: ev.Project, ID: id, From: s.State, To: to,
+			Driver: session.Metering, Reason: session.SpendCap, Version: s.Version})
+		var ce *store.ConflictError
+		if errors.As(err, &ce) {
+			continue
+		}
+		if err != nil {
+			log.Error("spend cap: stop session", "session", id, "err", err)
+			return
+		}
+		if to == session.Stopping && e.Stopper != nil {
+			if err := e.Stopper.Stop(ctx, out); err != nil {
+				log.Error("spend cap: tear down", "session", id, "err", err)
 			}
 		}
+		return
 	}
 }

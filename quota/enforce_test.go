@@ -3,6 +3,8 @@ package quota
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -113,4 +115,67 @@ func TestEnforcerStopScope(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A hard cap also stops the sessions admitted before it was crossed that have yet to run: a
+// pending one ends at once (its slot freed), a starting one is torn down, so neither runs
+// past the cap.
+func TestEnforcerStopsSessionsNotYetRunning(t *testing.T) {
+	ctx := context.Background()
+	st := store.New(redistest.Server(t))
+	project := "proj_early"
+	mk := func(changes ...store.Change) string {
+		now := time.Now()
+		s, err := st.Create(ctx, &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending,
+			ProjectID: project, Template: "tpl_base", Region: "local", CreatedAt: *session.At(now),
+			IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ch := range changes {
+			ch.Project, ch.ID = project, s.ID
+			if _, err := st.Transition(ctx, ch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return s.ID
+	}
+	pending := mk()
+	starting := mk(store.Change{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"})
+	stopper := &recordingStopper{}
+	e := &Enforcer{Store: st, Stopper: stopper}
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+	for id, want := range map[string]session.State{pending: session.Stopped, starting: session.Stopping} {
+		s, err := st.Get(ctx, project, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.State != want || s.StateReason == nil || *s.StateReason != session.SpendCap {
+			t.Errorf("session %s: %s (%v), want %s (spend_cap)", id, s.State, s.StateReason, want)
+		}
+	}
+	if got := stopper.ids(); len(got) != 1 || got[0] != starting {
+		t.Errorf("torn down %v, want only the starting session %s", got, starting)
+	}
+	if n, err := st.ActiveCount(ctx, project); err != nil || n != 1 {
+		t.Errorf("active sessions %d (%v), want 1: the starting one until its node ends it", n, err)
+	}
+}
+
+type recordingStopper struct {
+	mu      sync.Mutex
+	stopped []string
+}
+
+func (r *recordingStopper) Stop(_ context.Context, s *session.Session) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = append(r.stopped, s.ID)
+	return nil
+}
+
+func (r *recordingStopper) ids() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.stopped)
 }

@@ -86,6 +86,8 @@ func expectedTransitions() []row {
 		{Paused, Stopping, Timer, MaxLifetime},
 		{Paused, Stopping, Placer, Eviction},
 		{Paused, Stopping, Metering, SpendCap},
+		{Pending, Stopped, Metering, SpendCap},
+		{Provisioning, Stopping, Metering, SpendCap},
 	}
 	for _, from := range []State{Provisioning, Running, Paused, Snapshotting, Stopping} {
 		rows = append(rows, row{from, Failed, Placer, HostFailure})
