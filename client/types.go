@@ -153,9 +153,11 @@ type UsageTotals struct {
 	CostMicroUSD int64 `json:"cost_micro_usd"`
 }
 
-// UsageLine is the settled usage of one session or one end user.
+// UsageLine is the settled usage of one session or one end user. DesktopID names the
+// desktop a session ran (by session): a desktop's cost is the sum of its lines.
 type UsageLine struct {
 	SessionID string `json:"session_id,omitempty"`
+	DesktopID string `json:"desktop_id,omitempty"`
 	EndUserID string `json:"end_user_id,omitempty"`
 	UsageTotals
 }

@@ -210,6 +210,7 @@ func TestConsoleSleepAndWake(t *testing.T) {
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "console desk"}, 201, &d)
 	d = p.wait(d.ID, desktop.Running)
+	sessions := []string{d.SessionID} // the desktop runs as a new session at each wake
 	ctx := browser(t)
 	signIn(t, ctx, p.url, p.key)
 
@@ -248,6 +249,7 @@ func TestConsoleSleepAndWake(t *testing.T) {
 	if d.State != desktop.Running {
 		t.Fatalf("after Wake the API says %s", d.State)
 	}
+	sessions = append(sessions, d.SessionID)
 	saveScreenshot(t, ctx, "console-desktop")
 
 	// Resize while running waits for the next start; the node has no room for xl, so Wake
@@ -264,10 +266,83 @@ func TestConsoleSleepAndWake(t *testing.T) {
 		t.Fatalf("after a refused wake the API says %s, size %s", d.State, d.Size)
 	}
 
+	// Asleep, the desktop's cost stops growing: the overview shows it as the sum of its two
+	// sessions' costs in the usage report, once their last usage has settled.
+	step(t, ctx, "back to the overview", chromedp.Navigate(p.url+"/console/"), chromedp.WaitVisible(chromedp.ID("overview")))
+	checkDesktopCost(t, ctx, p, d.ID, sessions)
+
 	step(t, ctx, "sign out", chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("signin")))
 	if got := eval[string](t, ctx, `sessionStorage.getItem("wb_api_key") || ""`); got != "" {
 		t.Errorf("after signing out sessionStorage still holds %q", got)
 	}
+}
+
+// checkDesktopCost waits until the overview's cost of desktop id is the sum of the settled
+// costs in GET /v1/usage of the desktop's sessions (those whose metadata names it: known, the
+// ones the test saw, plus any a failed wake made), the known ones priced and labelled with
+// the desktop, and the sum the same twice in a row (the last records settle a few seconds
+// after the sleep; the page refreshes every 5 s).
+func checkDesktopCost(t *testing.T, ctx context.Context, p *platform, id string, known []string) {
+	t.Helper()
+	var list struct {
+		Data []session.Session `json:"data"`
+	}
+	p.call("GET", "/v1/sessions?limit=100", nil, 200, &list)
+	ofDesktop := map[string]bool{}
+	for _, s := range list.Data {
+		if s.Metadata[session.DesktopMetadataKey] == id {
+			ofDesktop[s.ID] = true
+		}
+	}
+	for _, sid := range known {
+		if !ofDesktop[sid] {
+			t.Errorf("session %s of desktop %s does not carry %s=%s", sid, id, session.DesktopMetadataKey, id)
+		}
+	}
+	cell := fmt.Sprintf(`#desktops tr[data-id=%q] td.cost`, id)
+	var want int64
+	var shown, last string
+	var report []byte
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+		var rep struct {
+			Data []struct {
+				SessionID string `json:"session_id"`
+				DesktopID string `json:"desktop_id"`
+				Cost      int64  `json:"cost_micro_usd"`
+			} `json:"data"`
+		}
+		p.call("GET", "/v1/usage?group_by=session", nil, 200, &rep)
+		report, _ = json.Marshal(rep.Data)
+		cost := map[string]int64{}
+		want = 0
+		labelled := true
+		for _, l := range rep.Data {
+			if ofDesktop[l.SessionID] {
+				cost[l.SessionID] = l.Cost
+				want += l.Cost
+				labelled = labelled && l.DesktopID == id
+			}
+		}
+		priced := labelled
+		for _, sid := range known {
+			priced = priced && cost[sid] > 0
+		}
+		shown = eval[string](t, ctx, fmt.Sprintf(`(document.querySelector(%q)||{dataset:{}}).dataset.microUsd||""`, cell))
+		now := fmt.Sprint(want)
+		if priced && shown == now && last == now {
+			break
+		}
+		last = now
+		if time.Now().After(deadline) {
+			t.Fatalf("the overview shows a cost of %q µ$ for desktop %s; its sessions %v cost %d µ$ in all; usage report %s", shown, id, ofDesktop, want, report)
+		}
+	}
+	text := eval[string](t, ctx, fmt.Sprintf(`document.querySelector(%q).textContent`, cell))
+	if wantText := fmt.Sprintf("$%.6f", float64(want)/1e6); want < 10000 && text != wantText {
+		t.Errorf("the cost cell says %q, want %q", text, wantText)
+	}
+	t.Logf("desktop %s: %d µ$ over its sessions %v, shown as %s", id, want, ofDesktop, text)
+	saveScreenshot(t, ctx, "console-costs")
 }
 
 // TestConsoleVisibility: a visible desktop page keeps the desktop awake well past its idle

@@ -122,6 +122,9 @@ func startPlatform(t testing.TB, cfg func(*gateway.Config)) *platform {
 	wg.Go(func() { _ = n.Run(ctx) })
 	pl := placer.New(placer.Config{Store: st, Provisioner: n, Tiers: tiers, Logger: log})
 	wg.Go(func() { _ = pl.Run(ctx) })
+	// The settler, as `wb serve` runs it: GET /v1/usage answers settled usage.
+	settler := quota.NewSettler(rdb, quota.SettlerOptions{Consumer: "settler_desk", Logger: log})
+	wg.Go(func() { _ = settler.Run(ctx) })
 	gcfg := gateway.Config{Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: quota.NewAccounts(rdb),
 		Webhooks: webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: true}), Guests: n.Local(),
 		Catalog: node.CatalogOf(tpls), Regions: []string{"local"}, Tiers: tiers, Logger: log, DesktopTemplate: templates.Base}

@@ -201,7 +201,10 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		}
 	}
 	if _, err := s.Store.Get(ctx, p.ID, sessID); errors.Is(err, store.ErrNotFound) {
-		if _, _, err := s.admitRequest(ctx, p, req, sessID); err != nil {
+		// The mark makes each of the desktop's sessions known as its own, also to the usage
+		// report (quota's settler labels their usage with it): its cost is their sum.
+		marks := map[string]string{session.DesktopMetadataKey: rec.ID}
+		if _, _, err := s.admitRequest(ctx, p, req, sessID, marks); err != nil {
 			s.failDesktop(ctx, p, rec.ID, sessID, "the desktop's session could not be made: "+toAPIError(err).Message)
 			return
 		}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -9,7 +10,9 @@ import (
 
 	"wb/desktop"
 	"wb/internal/fakenode"
+	"wb/quota"
 	"wb/session"
+	"wb/store"
 )
 
 // desktopOf reads a desktop through the API.
@@ -447,4 +450,61 @@ func newDesktopEnv(t *testing.T, opts ...envOpt) *env {
 	e := newEnv(t, opts...)
 	heartbeating(t, e.node)
 	return e
+}
+
+// TestDesktopSessionsCarryTheDesktop: each session a desktop runs as (one per start or wake)
+// carries the desktop's id in its metadata, set by the platform after admission; the usage
+// report labels those sessions' lines with the desktop, also once a session is gone, so that
+// a desktop's cost this month is the sum of its lines.
+func TestDesktopSessionsCarryTheDesktop(t *testing.T) {
+	e := newDesktopEnv(t)
+	ctx := context.Background()
+	d := e.newDesktop(map[string]any{"name": "costed"})
+	s1 := d.SessionID
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	e.desktopAction(d.ID, "wake", 202)
+	s2 := e.waitDesktop(d.ID, desktop.Running).SessionID
+	plain := e.create(e.key, map[string]any{"tier": 2, "metadata": map[string]string{"desktop_id": d.ID}})
+	for _, id := range []string{s1, s2} {
+		if got := e.sessionOf(id).Metadata[session.DesktopMetadataKey]; got != d.ID {
+			t.Errorf("session %s of desktop %s has %s = %q", id, d.ID, session.DesktopMetadataKey, got)
+		}
+	}
+	if got, ok := e.sessionOf(plain.ID).Metadata[session.DesktopMetadataKey]; ok {
+		t.Errorf("a caller's session is marked as desktop %q's", got)
+	}
+
+	// Usage of the three sessions, settled: the desktop's lines name it, the other does not.
+	now := time.Now()
+	for i, id := range []string{s1, s2, plain.ID} {
+		rec := quota.Record{SessionID: id, ProjectID: e.projA, Tier: DesktopTier, SizeClass: "s", Seq: 1,
+			FromMs: now.Add(-time.Minute).UnixMilli(), ToMs: now.UnixMilli(), State: session.Running, SessionMs: int64(10_000 * (i + 1))}
+		if err := e.st.AppendUsage(ctx, e.projA, rec.Values()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := quota.NewSettler(e.rdb, quota.SettlerOptions{}).SettleProject(ctx, e.projA); err != nil {
+		t.Fatal(err)
+	}
+	// The report keeps naming the desktop after its sessions have expired from the store.
+	if err := e.rdb.Del(ctx, store.ProjectKeys(e.projA).SessionHash(s1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var rep quota.Report
+	e.mustDo("GET", "/v1/usage?group_by=session", e.key, nil, 200, &rep)
+	got := map[string]string{}
+	for _, l := range rep.Data {
+		got[l.SessionID] = l.DesktopID
+	}
+	if want := map[string]string{s1: d.ID, s2: d.ID, plain.ID: ""}; !maps.Equal(got, want) {
+		t.Errorf("usage lines' desktops %v, want %v", got, want)
+	}
+	var byEU quota.Report
+	e.mustDo("GET", "/v1/usage?group_by=end_user", e.key, nil, 200, &byEU)
+	for _, l := range byEU.Data {
+		if l.DesktopID != "" {
+			t.Errorf("an end user's line names desktop %s", l.DesktopID)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -25,12 +26,14 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 	if err := decodeStrict(body, &req); err != nil {
 		return nil, nil, err
 	}
-	return s.admitRequest(ctx, p, req, "")
+	return s.admitRequest(ctx, p, req, "", nil)
 }
 
 // admitRequest is admit for a decoded request (a desktop's session comes this way, with the
-// id it recorded beforehand; "" makes a new one).
-func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest, id string) (*session.Session, []string, error) {
+// id it recorded beforehand; "" makes a new one). marks are platform metadata (wb.* keys)
+// added to the session once it is admitted: validation and the deciders see the request
+// without them, as a caller's would be, and no patch can touch them.
+func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest, id string, marks map[string]string) (*session.Session, []string, error) {
 	// 2. validate
 	if _, err := req.Validate(s.Tiers); err != nil {
 		s.Metrics.admission.WithLabelValues("invalid").Inc()
@@ -103,7 +106,7 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 		EndUserID: optional(req.EndUserID), Template: tpl.Ref(), Region: regionOrDefault(req.Region, s.Regions),
 		Resources: st.Resources, VolumeID: optional(req.VolumeID), PolicyID: optional(req.PolicyID),
 		IdleTimeoutS: st.IdleTimeoutS, MaxLifetimeS: st.MaxLifetimeS, CreatedAt: *session.At(now),
-		RestoreFrom: optional(req.RestoreFrom), Metadata: req.Metadata,
+		RestoreFrom: optional(req.RestoreFrom), Metadata: withMarks(req.Metadata, marks),
 		Connect: session.Connect{
 			ExecURL: s.PublicURL + "/v1/sessions/" + id + "/exec",
 			PTYURL:  wsURL(s.PublicURL) + "/v1/sessions/" + id + "/pty",
@@ -126,6 +129,17 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 	}
 	s.Metrics.admission.WithLabelValues(label).Inc()
 	return out, d.Warnings, nil
+}
+
+// withMarks answers meta with the platform's marks added, in a new map.
+func withMarks(meta, marks map[string]string) map[string]string {
+	if len(marks) == 0 {
+		return meta
+	}
+	out := make(map[string]string, len(meta)+len(marks))
+	maps.Copy(out, meta)
+	maps.Copy(out, marks)
+	return out
 }
 
 // validateRefs checks the fields that name other things: template, region, policy, snapshot.

@@ -25,9 +25,11 @@ type UsageTotals struct {
 	CostMicro   int64 `json:"cost_micro_usd"`
 }
 
-// UsageLine is settled usage of one session or one end user.
+// UsageLine is settled usage of one session or one end user. DesktopID names the desktop a
+// session ran (group_by=session), so a desktop's cost is the sum of its lines.
 type UsageLine struct {
 	SessionID string `json:"session_id,omitempty"`
+	DesktopID string `json:"desktop_id,omitempty"`
 	EndUserID string `json:"end_user_id,omitempty"`
 	UsageTotals
 }
@@ -72,9 +74,14 @@ func (a *Accounts) Report(ctx context.Context, project string, from, to time.Tim
 		prefix = "e:"
 	}
 	lines := map[string]*usageSum{}
+	desks := map[string]string{} // session → its desktop
 	var total usageSum
 	for _, c := range cmds {
 		for k, v := range c.Val() {
+			if sid, ok := strings.CutPrefix(k, "sd:"); ok {
+				desks[sid] = v
+				continue
+			}
 			n, _ := strconv.ParseInt(v, 10, 64)
 			if metric, ok := strings.CutPrefix(k, "t:"); ok {
 				total.add(metric, n)
@@ -102,7 +109,7 @@ func (a *Accounts) Report(ctx context.Context, project string, from, to time.Tim
 	for key, l := range lines {
 		line := UsageLine{UsageTotals: l.totals()}
 		if groupBy == "session" {
-			line.SessionID = key
+			line.SessionID, line.DesktopID = key, desks[key]
 		} else {
 			line.EndUserID = key
 		}

@@ -21,8 +21,10 @@ import (
 // by one. It adds the run's sums to the project's and end user's spend counters (hour, day,
 // month) and to the hourly report bucket, and answers {applied, project month total, end-user
 // month total} in nano-USD. (The session's own usage to date is the store's: AddSessionUsage.)
+// A desktop's session is labelled in the bucket with its desktop (the session hash's desk),
+// so the report names the desktop after the session itself has expired.
 //
-// KEYS: seq hash, spend hash, hour bucket
+// KEYS: seq hash, spend hash, hour bucket, session hash
 // ARGV: session, min seq, end user, session_ms, paused_ms, cpu_ms, mem_gib_ms, egress,
 // cost nano, hour, day, month, max seq
 var settleScript = redis.NewScript(`
@@ -48,6 +50,8 @@ for i = 1, 6 do
   redis.call('HINCRBY', KEYS[3], 'e:' .. eu .. ':' .. names[i], vals[i])
   redis.call('HINCRBY', KEYS[3], 't:' .. names[i], vals[i])
 end
+local desk = redis.call('HGET', KEYS[4], 'desk')
+if desk then redis.call('HSET', KEYS[3], 'sd:' .. sid, desk) end
 redis.call('EXPIRE', KEYS[3], 34560000)
 return {1, m, em}
 `)
@@ -397,7 +401,7 @@ func (s *Settler) apply(ctx context.Context, project string, runs []*run) error 
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range runs {
 			at := time.UnixMilli(r.last.ToMs).UTC()
-			cmds[i] = settleScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.Spend(), k.UsageHour(at)},
+			cmds[i] = settleScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.Spend(), k.UsageHour(at), k.SessionHash(r.first.SessionID)},
 				r.first.SessionID, r.first.Seq, r.first.EndUserID, r.sum.SessionMs, r.sum.PausedMs, r.sum.CPUMs, r.sum.MemGiBMs,
 				r.sum.EgressBytes, r.costNano, at.Format("2006010215"), at.Format("20060102"), monthOf(at), r.last.Seq)
 		}

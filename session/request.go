@@ -33,6 +33,11 @@ const (
 // admission patch) may not set them.
 const ReservedMetadataPrefix = "wb."
 
+// DesktopMetadataKey marks the sessions a desktop runs as (one per start or wake): its value is
+// the desktop's id. The platform sets it after admission, so no caller can claim a session
+// for a desktop and admission decides on the request as the caller would have sent it.
+const DesktopMetadataKey = ReservedMetadataPrefix + "desktop_id"
+
 // ReservedMetadataKey reports whether k belongs to the platform.
 func ReservedMetadataKey(k string) bool { return strings.HasPrefix(k, ReservedMetadataPrefix) }
 

@@ -125,10 +125,14 @@ func ProjectKeys(project string) ProjectKeyspace { return ProjectKeyspace{"wb:{"
 
 // Sessions, written only by store's scripts.
 
-// session is a hash: one session (doc JSON, state, ver, timers, node, …), and its usage to
-// date (u_ms, u_paused_ms, u_cpu, u_mem, u_egress, cost_nano, through u_seq) from
-// AddSessionUsage.
+// session is a hash: one session (doc JSON, state, ver, timers, node, desk — the desktop it
+// runs, from its metadata, …), and its usage to date (u_ms, u_paused_ms, u_cpu, u_mem,
+// u_egress, cost_nano, through u_seq) from AddSessionUsage.
 func (k ProjectKeyspace) session(id string) string { return k.p + "s:" + id }
+
+// SessionHash is the session's hash (session), for quota's settle script, which reads its
+// desk field only.
+func (k ProjectKeyspace) SessionHash(id string) string { return k.session(id) }
 
 // all is a sorted set (score 0, by id) of every session, for listing.
 func (k ProjectKeyspace) all() string { return k.p + "all" }
@@ -233,8 +237,10 @@ func (k ProjectKeyspace) UsageSeq() string { return k.p + "usage:seq" }
 func (k ProjectKeyspace) Spend() string { return k.p + "spend" }
 
 // UsageHour is a hash, the usage settled in the hour of t (UTC): s:SESSION:METRIC,
-// e:END_USER:METRIC and t:METRIC, with a 400-day TTL; GET /v1/usage sums them. Written by
-// quota's settle and accrual scripts.
+// e:END_USER:METRIC and t:METRIC, with a 400-day TTL; GET /v1/usage sums them; and
+// sd:SESSION → the desktop the session ran, for a desktop's sessions, so that the report
+// names it for as long as the usage lasts (the session itself is kept only days after it
+// ends). Written by quota's settle and accrual scripts.
 func (k ProjectKeyspace) UsageHour(t time.Time) string {
 	return k.p + "usage:h:" + t.UTC().Format("2006010215")
 }

@@ -41,6 +41,7 @@ func TestKeyNames(t *testing.T) {
 		{signalKey(WorkPending), "wb:signal:pending"},
 		{apiKeyKey("wb_live_x"), "wb:apikey:86ca7c1f629888376e30816f516d17969a1f44564688bf4d07b321bb0614fb41"},
 		{k.session("sess_1"), "wb:{proj_1}:s:sess_1"},
+		{k.SessionHash("sess_1"), "wb:{proj_1}:s:sess_1"},
 		{k.all(), "wb:{proj_1}:all"},
 		{k.byState(session.Running), "wb:{proj_1}:st:running"},
 		{k.byEndUser("eu_1"), "wb:{proj_1}:eu:eu_1"},

@@ -110,6 +110,10 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*
 	created := sess.CreatedAt.UnixMilli()
 	hash := []any{"doc", doc, "state", string(session.Pending), "ver", 1,
 		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created}
+	if desk := sess.Metadata[session.DesktopMetadataKey]; desk != "" {
+		// For quota's settle script, which labels the session's usage with its desktop.
+		hash = append(hash, "desk", desk)
+	}
 	k := ProjectKeys(sess.ProjectID)
 	eu, hasEU := "", "0"
 	if sess.EndUserID != nil {

@@ -5,6 +5,8 @@
 
 (() => {
   const refreshMs = 5000;
+  // The metadata key the platform sets on a desktop's sessions (session.DesktopMetadataKey).
+  const deskKey = "wb.desktop_id";
   let timer = null;
 
   function cell(row, text, cls) {
@@ -15,14 +17,21 @@
     return td;
   }
 
-  // costs answers this month's settled cost of each session, from GET /v1/usage.
+  // costs answers this month's settled cost of each session and of each desktop, from GET
+  // /v1/usage. A desktop runs as a new session at each start or wake; the report names the
+  // desktop on each of those sessions' lines (also once the session is no longer listed), so
+  // its cost is their sum.
   async function costs() {
     const rep = await wb.call("GET", "/v1/usage?group_by=session");
-    const out = new Map();
-    for (const line of rep.data || []) out.set(line.session_id, line.cost_micro_usd);
+    const bySession = new Map();
+    const byDesktop = new Map();
+    for (const line of rep.data || []) {
+      bySession.set(line.session_id, line.cost_micro_usd);
+      if (line.desktop_id) byDesktop.set(line.desktop_id, (byDesktop.get(line.desktop_id) || 0) + line.cost_micro_usd);
+    }
     document.getElementById("totals").textContent =
       "This month: " + wb.money(rep.totals.cost_micro_usd) + " for " + wb.duration(rep.totals.session_s) + " of sessions (settled; the last few seconds arrive shortly).";
-    return out;
+    return { bySession, byDesktop };
   }
 
   function renderDesktops(list, cost) {
@@ -44,20 +53,22 @@
       st.appendChild(badge);
       cell(row, d.size + (d.next_size ? " → " + d.next_size : ""));
       cell(row, wb.when(d.last_used_at));
-      cell(row, d.session_id ? wb.money(cost.get(d.session_id) || 0) : "–", "num");
+      const spent = cost.byDesktop.get(d.id) || 0;
+      cell(row, wb.money(spent), "num cost").dataset.microUsd = String(spent);
       body.appendChild(row);
     }
     document.getElementById("desktops-empty").hidden = list.length > 0;
   }
 
-  function renderSessions(list, cost, desktopOf) {
+  // renderSessions lists the sessions; a desktop's (its metadata names it) says so.
+  function renderSessions(list, cost, desktopName) {
     const body = document.querySelector("#sessions tbody");
     body.replaceChildren();
     for (const s of list) {
       const row = document.createElement("tr");
       row.dataset.id = s.id;
-      const backs = desktopOf.get(s.id);
-      cell(row, backs ? s.id + " (desktop " + backs + ")" : s.id);
+      const desk = s.metadata && s.metadata[deskKey];
+      cell(row, desk ? s.id + " (desktop " + (desktopName.get(desk) || desk) + ")" : s.id);
       const badge = document.createElement("span");
       wb.stateBadge(badge, s.state);
       cell(row, "").appendChild(badge);
@@ -66,7 +77,7 @@
       cell(row, (s.template || "").split("@")[0]);
       cell(row, wb.duration(s.usage_to_date ? s.usage_to_date.session_s : null), "num");
       cell(row, s.usage_to_date ? (s.usage_to_date.cpu_ms / 1000).toFixed(1) + " s" : "–", "num");
-      cell(row, wb.money(cost.get(s.id) || 0), "num");
+      cell(row, wb.money(cost.bySession.get(s.id) || 0), "num");
       body.appendChild(row);
     }
     document.getElementById("sessions-empty").hidden = list.length > 0;
@@ -80,7 +91,7 @@
         costs(),
       ]);
       renderDesktops(desktops.data, cost);
-      renderSessions(sessions.data, cost, new Map(desktops.data.filter((d) => d.session_id).map((d) => [d.session_id, d.name])));
+      renderSessions(sessions.data, cost, new Map(desktops.data.map((d) => [d.id, d.name])));
       document.body.dataset.loaded = "true";
       wb.showError(null);
     } catch (err) {

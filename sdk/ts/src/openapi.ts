@@ -1265,6 +1265,8 @@ export interface components {
         /** @description Settled usage of one session (group_by=session) or one end user (group_by=end_user) over the range. With group_by=end_user, sessions without an end user are summed in one line without end_user_id. */
         UsageLine: {
             session_id?: string;
+            /** @description With group_by=session, the desktop this session ran (each start or wake of a desktop is a new session): a desktop's cost is the sum of its lines. Kept with the usage, after the session itself is no longer listed. */
+            desktop_id?: string;
             end_user_id?: string;
             /**
              * Format: int64
