@@ -21,7 +21,8 @@ import (
 )
 
 // trips records the Redis round trips made with one request's context: each command sent on
-// its own, and each pipeline, is one.
+// its own, and each pipeline, is one. A new connection's setup (HELLO, CLIENT SETINFO) is
+// not counted: the pool dials once per connection, not per request.
 type trips struct {
 	mu    sync.Mutex
 	calls []string // "evalsha", "pipeline[xadd xadd zadd]"
@@ -50,7 +51,7 @@ func (tripHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (tripHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if t, ok := ctx.Value(tripsKey{}).(*trips); ok {
+		if t, ok := ctx.Value(tripsKey{}).(*trips); ok && cmd.Name() != "hello" {
 			t.add(cmd.Name())
 		}
 		return next(ctx, cmd)
@@ -61,10 +62,14 @@ func (tripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if t, ok := ctx.Value(tripsKey{}).(*trips); ok {
 			names := make([]string, len(cmds))
+			setup := true
 			for i, c := range cmds {
 				names[i] = c.Name()
+				setup = setup && (names[i] == "client" || names[i] == "auth" || names[i] == "select")
 			}
-			t.add("pipeline[" + strings.Join(names, " ") + "]")
+			if !setup {
+				t.add("pipeline[" + strings.Join(names, " ") + "]")
+			}
 		}
 		return next(ctx, cmds)
 	}
