@@ -33,6 +33,13 @@ func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*sess
 // id it recorded beforehand; "" makes a new one). marks are platform metadata (wb.* keys)
 // added to the session once it is admitted: validation and the deciders see the request
 // without them, as a caller's would be, and no patch can touch them.
+//
+// The rate limit, the spend caps, the concurrency slot and the write are one store script.
+// When the admission decision cannot depend on the slots in use (no Rego, no plugin: it
+// allows everything), a create is that one round trip. Otherwise the decision needs the
+// slots in use, so a first script takes the token, checks the caps and counts them, and a
+// second reserves the slot and writes (two round trips, in today's order: no decider sees a
+// create the rate limit or a cap refused).
 func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest, id string, marks map[string]string) (*session.Session, []string, error) {
 	// 2. validate
 	if _, err := req.Validate(s.Tiers); err != nil {
@@ -43,49 +50,24 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 		s.Metrics.admission.WithLabelValues("invalid").Inc()
 		return nil, nil, err
 	}
-	// 3. rate limit
-	ok, wait, err := s.Limiter.Allow(ctx, p.ID, p.RatePerSec, p.Burst)
-	if err != nil {
-		return nil, nil, err
+	// 3. rate limit and spend caps (in the store's script, before anything is written)
+	if p.RatePerSec <= 0 {
+		return nil, nil, s.admissionRefusal(p, &store.RateLimitError{Wait: time.Second})
 	}
-	if !ok {
-		s.Metrics.admission.WithLabelValues("rate_limited").Inc()
-		return nil, nil, &apiError{Status: 429, Type: "rate_limited", Code: "rate_limited", RetryAfter: wait,
-			Message: fmt.Sprintf("project over its rate of %d creates/s; retry after %s", p.RatePerSec, wait.Round(time.Millisecond))}
-	}
-	// A crossed hard spend cap stops admissions in its scope (quota.Enforcer keeps the flag).
-	now0 := s.Now()
-	scope, softCapped, err := s.Accounts.CapState(ctx, p.ID, req.EndUserID, now0)
-	if err != nil {
-		return nil, nil, err
-	}
-	if scope != "" {
-		s.Metrics.admission.WithLabelValues("spend_capped").Inc()
-		return nil, nil, &apiError{Status: 402, Type: "spend_cap_reached", Code: "spend_cap_reached",
-			Message: fmt.Sprintf("the %s's monthly spend cap is reached; raise it with PUT /v1/limits", strings.ReplaceAll(scope, "_", " "))}
-	}
+	adm := store.Admission{RatePerSec: p.RatePerSec, Burst: p.Burst, CapMonth: quota.CapMonth(s.Now()), Concurrency: p.Concurrency}
 	// 4. the admission decision point
-	active, err := s.Store.ActiveCount(ctx, p.ID)
-	if err != nil {
-		return nil, nil, err
-	}
-	d, err := s.Admitter.Admit(ctx, session.AdmissionInput{Request: req, ProjectID: p.ID,
-		Plan: session.Plan{Concurrency: p.Concurrency, RatePerSec: p.RatePerSec}, Active: active})
-	if err != nil {
-		return nil, nil, err
-	}
-	if !d.Allow {
-		s.Metrics.admission.WithLabelValues("deny").Inc()
-		msg := strings.Join(d.Reasons, "; ")
-		if msg == "" {
-			msg = "denied by " + d.Decider
+	d := session.Decision{Allow: true}
+	if !s.allowsAll() {
+		chk, err := s.Store.CheckAdmission(ctx, p.ID, req.EndUserID, adm)
+		if err != nil {
+			return nil, nil, s.admissionRefusal(p, err)
 		}
-		return nil, nil, &apiError{Status: 403, Type: "denied", Code: "denied", Message: msg}
-	}
-	if len(d.Patch) > 0 {
-		if req, err = s.applyAdmissionPatch(ctx, p, req, d); err != nil {
-			s.Metrics.admission.WithLabelValues("deny").Inc()
+		adm.RatePerSec, adm.CapMonth = 0, "" // the token is taken and the caps are checked
+		if d, req, err = s.decideAdmission(ctx, p, req, chk.Active); err != nil {
 			return nil, nil, err
+		}
+		if chk.SoftCapped {
+			d.Warnings = append(d.Warnings, softCapWarning)
 		}
 	}
 	st, err := req.Validate(s.Tiers)
@@ -112,23 +94,74 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 			PTYURL:  wsURL(s.PublicURL) + "/v1/sessions/" + id + "/pty",
 		},
 	}
-	out, err := s.Store.Create(ctx, sess, p.Concurrency)
+	out, err := s.Store.Admit(ctx, sess, adm)
 	if err != nil {
-		var ce *store.ConcurrencyError
-		if errors.As(err, &ce) {
-			s.Metrics.admission.WithLabelValues("concurrency_limited").Inc()
-		}
-		return nil, nil, err
+		return nil, nil, s.admissionRefusal(p, err)
 	}
-	if softCapped {
-		d.Warnings = append(d.Warnings, fmt.Sprintf("over %d%% of a monthly spend cap", quota.SoftCapPercent))
+	if out.SoftCapped {
+		d.Warnings = append(d.Warnings, softCapWarning)
 	}
 	label := "allow"
 	if len(d.Warnings) > 0 {
 		label = "warn"
 	}
 	s.Metrics.admission.WithLabelValues(label).Inc()
-	return out, d.Warnings, nil
+	return out.Session, d.Warnings, nil
+}
+
+var softCapWarning = fmt.Sprintf("over %d%% of a monthly spend cap", quota.SoftCapPercent)
+
+// allowsAll reports whether the admission decision is the default one, which allows every
+// create unchanged whatever the request and the slots in use: it is then not asked.
+func (s *Server) allowsAll() bool {
+	c, ok := s.Admitter.(Chain)
+	return ok && c.Policies == nil && c.Plugins == nil
+}
+
+// decideAdmission asks the admission decision point about req with active slots in use and
+// answers the decision and the request with its patch applied.
+func (s *Server) decideAdmission(ctx context.Context, p store.Project, req session.CreateRequest, active int64) (session.Decision, session.CreateRequest, error) {
+	d, err := s.Admitter.Admit(ctx, session.AdmissionInput{Request: req, ProjectID: p.ID,
+		Plan: session.Plan{Concurrency: p.Concurrency, RatePerSec: p.RatePerSec}, Active: active})
+	if err != nil {
+		return d, req, err
+	}
+	if !d.Allow {
+		s.Metrics.admission.WithLabelValues("deny").Inc()
+		msg := strings.Join(d.Reasons, "; ")
+		if msg == "" {
+			msg = "denied by " + d.Decider
+		}
+		return d, req, &apiError{Status: 403, Type: "denied", Code: "denied", Message: msg}
+	}
+	if len(d.Patch) > 0 {
+		if req, err = s.applyAdmissionPatch(ctx, p, req, d); err != nil {
+			s.Metrics.admission.WithLabelValues("deny").Inc()
+			return d, req, err
+		}
+	}
+	return d, req, nil
+}
+
+// admissionRefusal turns the store's refusals of a create into the API's errors and counts
+// them.
+func (s *Server) admissionRefusal(p store.Project, err error) error {
+	var re *store.RateLimitError
+	var se *store.SpendCapError
+	var ce *store.ConcurrencyError
+	switch {
+	case errors.As(err, &re):
+		s.Metrics.admission.WithLabelValues("rate_limited").Inc()
+		return &apiError{Status: 429, Type: "rate_limited", Code: "rate_limited", RetryAfter: re.Wait,
+			Message: fmt.Sprintf("project over its rate of %d creates/s; retry after %s", p.RatePerSec, re.Wait.Round(time.Millisecond))}
+	case errors.As(err, &se):
+		s.Metrics.admission.WithLabelValues("spend_capped").Inc()
+		return &apiError{Status: 402, Type: "spend_cap_reached", Code: "spend_cap_reached",
+			Message: fmt.Sprintf("the %s's monthly spend cap is reached; raise it with PUT /v1/limits", strings.ReplaceAll(se.Scope, "_", " "))}
+	case errors.As(err, &ce):
+		s.Metrics.admission.WithLabelValues("concurrency_limited").Inc()
+	}
+	return err
 }
 
 // withMarks answers meta with the platform's marks added, in a new map.

@@ -146,3 +146,6 @@ func (c *Caps) check(ctx context.Context, ev CapEvent) {
 		return // the hard cap implies the soft one
 	}
 }
+
+// CapMonth answers the month (YYYYMM, UTC) whose cap flags stop admissions at t.
+func CapMonth(t time.Time) string { return monthOf(t) }

@@ -207,8 +207,8 @@ func (k ProjectKeyspace) Limits() string { return k.p + "limits" }
 
 // CapFlag is a string, the spend in micro-USD when the project's cap of level (soft | hard)
 // was crossed in month (YYYYMM), with a 40-day TTL; while the hard one exists, admissions
-// answer 402. Written by quota.Caps; deleted by quota.Accounts (a raised cap) and
-// quota.Enforcer (a decision that lifts the stop).
+// answer 402 (store's Admit reads them in its script). Written by quota.Caps; deleted by
+// quota.Accounts (a raised cap) and quota.Enforcer (a decision that lifts the stop).
 func (k ProjectKeyspace) CapFlag(level, month string) string {
 	return k.p + "capped:" + level + ":" + month
 }
@@ -219,7 +219,8 @@ func (k ProjectKeyspace) EndUserCapFlag(endUser, level, month string) string {
 }
 
 // RateBucket is a hash, fields tokens and ts (ms), the project's token bucket of creates,
-// with a TTL of one refill. Written by quota.RateLimiter's script.
+// with a TTL of one refill. Written by store's token-bucket scripts (TakeToken, for
+// quota.RateLimiter; Admit, for creates).
 func (k ProjectKeyspace) RateBucket() string { return k.p + "rl" }
 
 // UsageStream is a stream of usage records (fields as quota.Record.Values), one per interval

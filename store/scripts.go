@@ -2,32 +2,82 @@ package store
 
 import "github.com/redis/go-redis/v9"
 
-// createScript reserves a concurrency slot and writes a pending session, its index entries
-// and its outbox event, or changes nothing.
+// tokenBucketLua defines take_token(key, rate, burst, now): a token bucket that refills rate
+// tokens per second up to burst and takes one if it can, answering allowed (1|0) and the ms
+// until a token is there. One text for the rate limiter's own script and the admission script.
+const tokenBucketLua = `
+local function take_token(key, rate, burst, now)
+  local b = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens, ts = tonumber(b[1]), tonumber(b[2])
+  if not tokens then tokens, ts = burst, now end
+  if now > ts then tokens = math.min(burst, tokens + (now - ts) * rate / 1000) end
+  local allowed, wait = 0, 0
+  if tokens >= 1 then
+    tokens = tokens - 1
+    allowed = 1
+  else
+    wait = math.ceil((1 - tokens) * 1000 / rate)
+  end
+  redis.call('HSET', key, 'tokens', tostring(tokens), 'ts', string.format('%.0f', math.max(now, ts)))
+  redis.call('PEXPIRE', key, math.ceil(burst * 1000 / rate) + 1000)
+  return allowed, wait
+end
+`
+
+// tokenBucketScript takes one token. KEYS: bucket hash. ARGV: rate per s, burst, now ms.
+// Answers {allowed, retry_after_ms}.
+var tokenBucketScript = redis.NewScript(tokenBucketLua + `
+local allowed, wait = take_token(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+return {allowed, wait}
+`)
+
+// admitScript is a create's whole admission in one step: it takes a token from the project's
+// rate bucket, checks the month's spend-cap flags, reserves a concurrency slot and writes the
+// pending session, its index entries and its outbox event; or it stops at the first refusal
+// (the token taken stays taken, as when these were separate calls). With mode 'check' it
+// stops after the caps and answers the slots in use, writing nothing else.
 //
-// KEYS: session hash, all index, pending index, active set, outbox, end-user index
-// ARGV: id, slot limit, has end user (1|0), N, N hash field/value args, event field/value args
-var createScript = redis.NewScript(`
-local id = ARGV[1]
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'EXISTS'} end
-local used = redis.call('SCARD', KEYS[4])
-if used >= tonumber(ARGV[2]) then return {'LIMIT', tostring(used)} end
-redis.call('SADD', KEYS[4], id)
-local n = tonumber(ARGV[4])
+// KEYS: rate bucket, project hard cap flag, project soft cap flag, end-user hard cap flag,
+// end-user soft cap flag, session hash, all index, pending index, active set, outbox,
+// end-user index (all of one project: one Cluster slot)
+// ARGV: rate per s (0: no bucket), burst, now ms, caps (1|0), mode (write|check), id, slot
+// limit, has end user (1|0), N, N hash field/value args, event field/value args
+// Answers {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'} | {'LIMIT', used} |
+// {'OK', soft capped (1|0), used before this one}
+var admitScript = redis.NewScript(tokenBucketLua + `
+local rate = tonumber(ARGV[1])
+if rate > 0 then
+  local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[2]), tonumber(ARGV[3]))
+  if allowed == 0 then return {'RATE', tostring(wait)} end
+end
+local eu = ARGV[8] == '1'
+local soft = '0'
+if ARGV[4] == '1' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {'CAPPED', 'project'} end
+  if eu and redis.call('EXISTS', KEYS[4]) == 1 then return {'CAPPED', 'end_user'} end
+  if redis.call('EXISTS', KEYS[3]) == 1 or (eu and redis.call('EXISTS', KEYS[5]) == 1) then soft = '1' end
+end
+local used = redis.call('SCARD', KEYS[9])
+if ARGV[5] == 'check' then return {'OK', soft, tostring(used)} end
+local id = ARGV[6]
+if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS'} end
+if used >= tonumber(ARGV[7]) then return {'LIMIT', tostring(used)} end
+redis.call('SADD', KEYS[9], id)
+local n = tonumber(ARGV[9])
 local h = {}
-for i = 5, 4 + n do h[#h + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(h))
-redis.call('ZADD', KEYS[2], 0, id)
-redis.call('ZADD', KEYS[3], 0, id)
-if ARGV[3] == '1' then redis.call('ZADD', KEYS[6], 0, id) end
+for i = 10, 9 + n do h[#h + 1] = ARGV[i] end
+redis.call('HSET', KEYS[6], unpack(h))
+redis.call('ZADD', KEYS[7], 0, id)
+redis.call('ZADD', KEYS[8], 0, id)
+if eu then redis.call('ZADD', KEYS[11], 0, id) end
 local e = {}
-for i = 5 + n, #ARGV do e[#e + 1] = ARGV[i] end
+for i = 10 + n, #ARGV do e[#e + 1] = ARGV[i] end
 e[#e + 1] = 'version'
 e[#e + 1] = '1'
-local all = redis.call('HGETALL', KEYS[1])
+local all = redis.call('HGETALL', KEYS[6])
 for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
-return {'OK'}
+redis.call('XADD', KEYS[10], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
+return {'OK', soft, tostring(used)}
 `)
 
 // transitionScript compares state (and version, unless 0), writes the new state and the

@@ -92,54 +92,8 @@ type static struct {
 // with its session.pending event, atomically. sess.State must be pending and sess.ID,
 // ProjectID and CreatedAt set.
 func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*session.Session, error) {
-	if err := session.Check("", sess.State, session.APIGateway, ""); err != nil {
-		return nil, err
-	}
-	if sess.ID == "" || sess.ProjectID == "" {
-		return nil, &session.FieldError{Field: "id", Message: "id and project_id are required"}
-	}
-	doc, err := json.Marshal(static{
-		ID: sess.ID, Tier: sess.Tier, ProjectID: sess.ProjectID, EndUserID: sess.EndUserID,
-		Template: sess.Template, Region: sess.Region, Resources: sess.Resources,
-		VolumeID: sess.VolumeID, PolicyID: sess.PolicyID, RestoreFrom: sess.RestoreFrom,
-		Connect: sess.Connect, Metadata: sess.Metadata,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("encode session: %w", err)
-	}
-	created := sess.CreatedAt.UnixMilli()
-	hash := []any{"doc", doc, "state", string(session.Pending), "ver", 1,
-		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created}
-	if desk := sess.Metadata[session.DesktopMetadataKey]; desk != "" {
-		// For quota's settle script, which labels the session's usage with its desktop.
-		hash = append(hash, "desk", desk)
-	}
-	k := ProjectKeys(sess.ProjectID)
-	eu, hasEU := "", "0"
-	if sess.EndUserID != nil {
-		eu, hasEU = *sess.EndUserID, "1"
-	}
-	args := []any{sess.ID, limit, hasEU, len(hash)}
-	args = append(args, hash...)
-	args = append(args, eventFields(sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created)...)
-	res, err := createScript.Run(ctx, s.rdb, []string{
-		k.session(sess.ID), k.all(), k.byState(session.Pending), k.active(), Outbox(sess.ProjectID), k.byEndUser(eu),
-	}, args...).StringSlice()
-	if err != nil {
-		return nil, fmt.Errorf("create session %s: %w", sess.ID, err)
-	}
-	switch res[0] {
-	case "EXISTS":
-		return nil, ErrExists
-	case "LIMIT":
-		used, _ := strconv.Atoi(res[1])
-		return nil, &ConcurrencyError{Limit: limit, Used: used}
-	}
-	s.afterCreate(ctx, sess)
-	out := *sess
-	out.Object = session.ObjectName
-	out.Version = 1
-	return &out, nil
+	out, err := s.Admit(ctx, sess, Admission{Concurrency: limit})
+	return out.Session, err
 }
 
 func eventFields(id, project string, from, to session.State, d session.Driver, reason session.Reason, rule string, atMs int64) []any {
