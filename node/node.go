@@ -190,6 +190,7 @@ func (n *Node) Run(ctx context.Context) error {
 		do    func(context.Context)
 	}{
 		{n.Heartbeat, n.heartbeat},
+		{n.Heartbeat, n.reconcile},
 		{n.Flush, n.flushUsage},
 		{n.Tick, n.replay},
 	}

@@ -415,6 +415,62 @@ func (n *Node) reapOrphans(ctx context.Context, gs []*guest) {
 	}
 }
 
+// reconcile destroys the running or paused guests whose sessions ended elsewhere while the
+// node kept them: the placer declared a host failure when the node's heartbeat lapsed (a
+// loaded machine, a slow Redis) though the node lived, or the session is gone. Without it
+// such a guest runs, and is metered, until its own timers end it.
+func (n *Node) reconcile(ctx context.Context) {
+	var ls []*live
+	var refs []store.SessionRef
+	for _, l := range n.all() {
+		l.mu.Lock()
+		st, ref := l.g.State, store.SessionRef{Project: l.g.Project, ID: l.g.SessionID}
+		l.mu.Unlock()
+		if st == session.Running || st == session.Paused {
+			ls, refs = append(ls, l), append(refs, ref)
+		}
+	}
+	if len(refs) == 0 {
+		return
+	}
+	rctx, cancel := n.redis(ctx)
+	states, err := n.Store.States(rctx, refs)
+	cancel()
+	if err != nil {
+		return // Redis is away: keep the guests and their timers
+	}
+	for i, l := range ls {
+		if states[i] == "" || states[i].Terminal() {
+			n.endedHere(ctx, l, states[i])
+		}
+	}
+}
+
+// endedHere destroys the live guest l, whose session the control plane ended (as state; ""
+// when the session is gone). What the guest used until now is still recorded.
+func (n *Node) endedHere(ctx context.Context, l *live, state session.State) {
+	l.mu.Lock()
+	g := l.g
+	if g.State != session.Running && g.State != session.Paused {
+		l.mu.Unlock()
+		return
+	}
+	n.Logger.Warn("node: session ended elsewhere while its guest ran here; destroying the guest",
+		"session", g.SessionID, "state", state)
+	n.sample(ctx, l)
+	n.kill(ctx, l)
+	if state == "" {
+		state = session.Stopped
+	}
+	g.State = state
+	n.save(l)
+	guestID := g.GuestID
+	l.mu.Unlock()
+	n.flush(ctx, l)
+	n.remove(ctx, guestID)
+	n.pool.kick()
+}
+
 // endedElsewhere destroys a recovered guest whose session already ended while the node was
 // away (the placer declared a host failure, or it was deleted), and says so.
 func (n *Node) endedElsewhere(ctx context.Context, g *guest) bool {

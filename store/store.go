@@ -246,3 +246,27 @@ func decode(m map[string]string) (*session.Session, error) {
 	}
 	return s, nil
 }
+
+// States answers the state of each session of refs in one pipelined round trip; a session
+// that is gone answers "".
+func (s *Store) States(ctx context.Context, refs []SessionRef) ([]session.State, error) {
+	cmds := make([]*redis.StringCmd, len(refs))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range refs {
+			cmds[i] = p.HGet(ctx, ProjectKeys(r.Project).session(r.ID), "state")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("session states: %w", err)
+	}
+	out := make([]session.State, len(refs))
+	for i, c := range cmds {
+		v, err := c.Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("session state %s: %w", refs[i].ID, err)
+		}
+		out[i] = session.State(v)
+	}
+	return out, nil
+}
