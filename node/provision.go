@@ -417,8 +417,8 @@ func (n *Node) reapOrphans(ctx context.Context, gs []*guest) {
 
 // reconcile destroys the running or paused guests whose sessions ended elsewhere while the
 // node kept them: the placer declared a host failure when the node's heartbeat lapsed (a
-// loaded machine, a slow Redis) though the node lived, or the session is gone. Without it
-// such a guest runs, and is metered, until its own timers end it.
+// loaded machine, a slow Redis) though the node lived, or it was deleted meanwhile. Without
+// it such a guest runs, and is metered, until its own timers end it.
 func (n *Node) reconcile(ctx context.Context) {
 	var ls []*live
 	var refs []store.SessionRef
@@ -440,14 +440,16 @@ func (n *Node) reconcile(ctx context.Context) {
 		return // Redis is away: keep the guests and their timers
 	}
 	for i, l := range ls {
-		if states[i] == "" || states[i].Terminal() {
+		// Only an ended session: one that is gone may be Redis's loss (a restart without
+		// persistence, a failover), not the control plane's decision.
+		if states[i].Terminal() {
 			n.endedHere(ctx, l, states[i])
 		}
 	}
 }
 
-// endedHere destroys the live guest l, whose session the control plane ended (as state; ""
-// when the session is gone). What the guest used until now is still recorded.
+// endedHere destroys the live guest l, whose session the control plane ended (as state).
+// What the guest used until now is still recorded.
 func (n *Node) endedHere(ctx context.Context, l *live, state session.State) {
 	l.mu.Lock()
 	g := l.g
@@ -459,9 +461,6 @@ func (n *Node) endedHere(ctx context.Context, l *live, state session.State) {
 		"session", g.SessionID, "state", state)
 	n.sample(ctx, l)
 	n.kill(ctx, l)
-	if state == "" {
-		state = session.Stopped
-	}
 	g.State = state
 	n.save(l)
 	guestID := g.GuestID

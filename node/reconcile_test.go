@@ -9,7 +9,7 @@ import (
 )
 
 // TestSessionEndedElsewhere: the placer declares a host failure for a node that still lives
-// (its heartbeat lapsed on a loaded machine), or the session is gone: the node destroys the
+// (its heartbeat lapsed on a loaded machine), or deletes it: the node destroys the
 // guest within a few heartbeats rather than run and meter it until its own timers fire.
 func TestSessionEndedElsewhere(t *testing.T) {
 	t.Parallel()
