@@ -56,18 +56,11 @@ const retryWaiting = 500 * time.Millisecond
 // Placer is safe for concurrent use; run one or more (placements are compare-and-set).
 type Placer struct {
 	Config
-	mu sync.Mutex
-	// inflight holds placements not yet reflected in the node's heartbeat.
-	inflight map[string][]claim
+	mu sync.Mutex // guards waiting
 	// waiting holds the projects whose pending sessions found no room: room frees up with
 	// no signal (a session ends, a node's heartbeat shows more free), so they are retried.
 	waiting map[string]bool
 	wg      sync.WaitGroup
-}
-
-type claim struct {
-	vcpu, mem int
-	at        time.Time
 }
 
 // New returns a Placer.
@@ -91,7 +84,7 @@ func New(cfg Config) *Placer {
 	if cfg.Tiers == (session.Tiers{}) {
 		cfg.Tiers = session.DefaultTiers()
 	}
-	return &Placer{Config: cfg, inflight: map[string][]claim{}, waiting: map[string]bool{}}
+	return &Placer{Config: cfg, waiting: map[string]bool{}}
 }
 
 // Run works until ctx ends. It sweeps once at start, then waits on signals of pending
@@ -246,7 +239,14 @@ func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
 			left = left || err != nil
 			continue
 		}
-		node, ok := p.choose(nodes, sess, share)
+		node, ok, err := p.choose(ctx, nodes, sess, share)
+		if err != nil {
+			if ctx.Err() == nil {
+				p.Logger.Error("placer: claim room on a node", "session", id, "err", err)
+			}
+			left = true
+			continue
+		}
 		if !ok {
 			left = true // stays pending: retried until room frees up or its deadline fails it
 			continue
@@ -260,7 +260,7 @@ func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
 				p.Logger.Error("placer: place", "session", id, "err", err)
 				left = true
 			}
-			p.release(node.ID, sess)
+			p.release(context.WithoutCancel(ctx), node.ID, sess)
 			continue
 		}
 		p.wg.Add(1)
@@ -330,48 +330,66 @@ func (sh *share) add(node string, sess *session.Session) {
 }
 
 // choose picks the live node in the session's region, not draining, that offers its tier,
-// has room within the project's share of it, and has the most free memory after in-flight
-// placements; it claims the session's resources on it.
-func (p *Placer) choose(nodes []store.NodeInfo, sess *session.Session, sh *share) (store.NodeInfo, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// has room within the project's share of it, and has the most free memory after the claims
+// of placements its heartbeat may not show yet; it claims the session's resources on it.
+// The claims are in Redis (Store.ClaimOnNode), shared by every placer, and a claim is
+// checked and made in one script: placers of several gateways placing at once never fill the
+// same room. A node whose room another placer took since the read is passed for the next.
+func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, sess *session.Session, sh *share) (store.NodeInfo, bool, error) {
 	now := p.Now()
-	best, bestFree := -1, -1
-	for i, n := range nodes {
+	var cands []store.NodeInfo
+	var ids []string
+	for _, n := range nodes {
 		if n.Draining || now.Sub(n.HeartbeatAt) > p.HeartbeatTimeout || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) ||
 			!sh.fits(n, sess) {
 			continue
 		}
-		vcpu, mem := n.VCPU-n.UsedVCPU, n.MemoryMiB-n.UsedMemoryMiB
-		live := p.inflight[n.ID][:0]
-		for _, c := range p.inflight[n.ID] {
-			if now.Sub(c.at) < 2*p.HeartbeatTimeout {
-				live = append(live, c)
-				vcpu, mem = vcpu-c.vcpu, mem-c.mem
-			}
-		}
-		p.inflight[n.ID] = live
-		if vcpu >= sess.Resources.VCPU && mem >= sess.Resources.MemoryMiB && mem > bestFree {
-			best, bestFree = i, mem
+		cands = append(cands, n)
+		ids = append(ids, n.ID)
+	}
+	if len(cands) == 0 {
+		return store.NodeInfo{}, false, nil
+	}
+	window := p.claimWindow()
+	claims, err := p.Store.NodeClaims(ctx, ids, now, window)
+	if err != nil {
+		return store.NodeInfo{}, false, err
+	}
+	type ranked struct {
+		n              store.NodeInfo
+		memAfterClaims int
+	}
+	var fit []ranked
+	for _, n := range cands {
+		c := claims[n.ID]
+		vcpu, mem := n.VCPU-n.UsedVCPU-c.VCPU, n.MemoryMiB-n.UsedMemoryMiB-c.MemoryMiB
+		if vcpu >= sess.Resources.VCPU && mem >= sess.Resources.MemoryMiB {
+			fit = append(fit, ranked{n, mem})
 		}
 	}
-	if best < 0 {
-		return store.NodeInfo{}, false
+	slices.SortStableFunc(fit, func(a, b ranked) int { return b.memAfterClaims - a.memAfterClaims })
+	for _, r := range fit {
+		n := r.n
+		ok, err := p.Store.ClaimOnNode(ctx, n.ID, sess.ID, sess.Resources.VCPU, sess.Resources.MemoryMiB,
+			n.VCPU-n.UsedVCPU, n.MemoryMiB-n.UsedMemoryMiB, now, window)
+		if err != nil {
+			return store.NodeInfo{}, false, err
+		}
+		if ok {
+			return n, true, nil
+		}
 	}
-	n := nodes[best]
-	p.inflight[n.ID] = append(p.inflight[n.ID], claim{sess.Resources.VCPU, sess.Resources.MemoryMiB, now})
-	return n, true
+	return store.NodeInfo{}, false, nil
 }
 
-func (p *Placer) release(node string, sess *session.Session) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	cs := p.inflight[node]
-	for i, c := range cs {
-		if c.vcpu == sess.Resources.VCPU && c.mem == sess.Resources.MemoryMiB {
-			p.inflight[node] = slices.Delete(cs, i, i+1)
-			return
-		}
+// claimWindow is how long a placement's claim counts against its node: until its heartbeat
+// surely shows the session.
+func (p *Placer) claimWindow() time.Duration { return 2 * p.HeartbeatTimeout }
+
+func (p *Placer) release(ctx context.Context, node string, sess *session.Session) {
+	if err := p.Store.ReleaseOnNode(ctx, node, sess.ID, sess.Resources.VCPU, sess.Resources.MemoryMiB); err != nil && ctx.Err() == nil {
+		// It lapses with its window: the node's room is held that long.
+		p.Logger.Warn("placer: release claim", "session", sess.ID, "node", node, "err", err)
 	}
 }
 

@@ -221,8 +221,8 @@ func TestNodeShareAcrossPlacers(t *testing.T) {
 	st, rec, _, now := setup(t)
 	ctx := context.Background()
 	for round := range 10 {
-		// Fresh placers each round: their in-flight claims (never expired on this frozen
-		// clock) would otherwise fill the node.
+		// Fresh placers each round, as before the claims were shared (they are in Redis now,
+		// and released below).
 		p1 := New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: 5 * time.Second, Now: func() time.Time { return *now }})
 		p2 := New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: 5 * time.Second, Now: func() time.Time { return *now }})
 		project := fmt.Sprintf("proj_race%d", round)
@@ -260,7 +260,65 @@ func TestNodeShareAcrossPlacers(t *testing.T) {
 					Driver: session.Node, Reason: session.StartFailure}); err != nil {
 					t.Fatal(err)
 				}
+				// Its claim would count until its window lapses, never on this frozen clock.
+				if err := st.ReleaseOnNode(ctx, s.NodeID, s.ID, s.Resources.VCPU, s.Resources.MemoryMiB); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
+	}
+}
+
+// TestCapacityAcrossPlacers: placers of two gateways placing two projects at once fill a
+// node to its capacity, never past it: each sees the room the other claimed before the
+// node's heartbeat shows it.
+func TestCapacityAcrossPlacers(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	now := time.Now()
+	const n = 4 // n_one holds 4 sessions of 1 vCPU
+	var ps []*Placer
+	rec := &recorder{placed: map[string]string{}}
+	for range 2 {
+		st := store.New(rdb) // each gateway its own store, on the one Redis
+		ps = append(ps, New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: 5 * time.Second, Now: func() time.Time { return now }}))
+	}
+	st := ps[0].Store
+	if err := st.Heartbeat(ctx, store.NodeInfo{ID: "n_one", Region: "r1", Zone: "r1-a", Tiers: []int{1}, VCPU: n, MemoryMiB: 1 << 16}); err != nil {
+		t.Fatal(err)
+	}
+	projects := []string{"proj_a", "proj_b"}
+	var ids []store.SessionRef
+	for _, project := range projects {
+		if _, err := st.EnsureProject(ctx, project, project); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.SetPlan(ctx, project, store.PlanChange{NodeSharePct: ptr(100)}); err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			ids = append(ids, store.SessionRef{Project: project, ID: pending(t, st, project, "r1", 1, 256).ID})
+		}
+	}
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() { p.PlaceProject(ctx, projects[i]) })
+	}
+	wg.Wait()
+	for _, p := range ps {
+		p.wg.Wait()
+	}
+	placed := 0
+	for _, ref := range ids {
+		s, err := st.Get(ctx, ref.Project, ref.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.State == session.Provisioning && s.NodeID == "n_one" {
+			placed++
+		}
+	}
+	if placed != n {
+		t.Fatalf("%d sessions of 1 vCPU provisioning on a %d-vCPU node, want %d", placed, n, n)
 	}
 }

@@ -105,6 +105,13 @@ func certLockKey(name string) string { return "wb:{tls}:lock:" + name }
 // one node's set is one slot.
 func nodeSessionsKey(node string) string { return "wb:node:{" + node + "}:sessions" }
 
+// nodeClaimsKey is a sorted set of the placements made on one node that its heartbeat may not
+// reflect yet, member "SESSION|VCPU|MEMORY_MIB", score the time in ms of the claim; it
+// expires with its newest claim's window. Written by store (ClaimOnNode, ReleaseOnNode) for
+// every placer, so that placers of several gateways never fill the same free room; read by
+// the placer (NodeClaims) to rank nodes. Its node's hash tag: one script, one slot.
+func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" }
+
 // signalKey is a stream of signals of one kind of work, field p the project with work,
 // trimmed to about signalMaxLen entries. Written by store (Signal) after every write that
 // makes such work; read by the worker of that kind with a consumer group (Signals).

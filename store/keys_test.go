@@ -32,6 +32,7 @@ func TestKeyNames(t *testing.T) {
 		{k.desktops(), "wb:{proj_1}:desktops"},
 		{NodesDrainingKey, "wb:nodes:draining"},
 		{nodeSessionsKey("node_1"), "wb:node:{node_1}:sessions"},
+		{nodeClaimsKey("node_1"), "wb:node:{node_1}:claims"},
 		{certFilesKey, "wb:{tls}:files"},
 		{certModifiedKey, "wb:{tls}:modified"},
 		{certIndexKey, "wb:{tls}:index"},

@@ -1,0 +1,106 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A placement claims its session's resources on its node until the node's heartbeat shows
+// them (a window of a few heartbeats). The claims are in Redis, not in a placer's memory:
+// placers of several gateways placing different projects at once would otherwise each fill
+// the same free room before the node reports any of it.
+
+// claimScript drops the node's claims older than the window, and adds this one only if the
+// live claims and it fit in the free room the caller read from the node's heartbeat.
+//
+// KEYS: node's claims
+// ARGV: member, vcpu, mem, free vcpu, free mem, now ms, window ms
+// Answers {claimed (1|0), live claimed vcpu, live claimed mem} (the sums before this claim).
+var claimScript = redis.NewScript(`
+local now, window = tonumber(ARGV[6]), tonumber(ARGV[7])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local vcpu, mem = 0, 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if m ~= ARGV[1] then
+    local v, b = string.match(m, '|(%d+)|(%d+)$')
+    vcpu, mem = vcpu + (tonumber(v) or 0), mem + (tonumber(b) or 0)
+  end
+end
+if vcpu + tonumber(ARGV[2]) > tonumber(ARGV[4]) or mem + tonumber(ARGV[3]) > tonumber(ARGV[5]) then
+  return {0, vcpu, mem}
+end
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], window)
+return {1, vcpu, mem}
+`)
+
+func claimMember(sessionID string, vcpu, mem int) string {
+	return sessionID + "|" + strconv.Itoa(vcpu) + "|" + strconv.Itoa(mem)
+}
+
+// ClaimOnNode claims vcpu and mem on node for a session being placed there, if they fit,
+// with the node's other live claims (those made within window before now), in freeVCPU and
+// freeMem: the node's capacity less what its latest heartbeat reports in use. It answers
+// false, claiming nothing, when they do not fit. Claims lapse after window, by when the
+// node's heartbeat is to show the session.
+func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu, mem, freeVCPU, freeMem int, now time.Time, window time.Duration) (bool, error) {
+	res, err := claimScript.Run(ctx, s.rdb, []string{nodeClaimsKey(nodeID)},
+		claimMember(sessionID, vcpu, mem), vcpu, mem, freeVCPU, freeMem, now.UnixMilli(), window.Milliseconds()).Int64Slice()
+	if err != nil {
+		return false, fmt.Errorf("claim on node %s: %w", nodeID, err)
+	}
+	if len(res) < 1 {
+		return false, fmt.Errorf("claim on node %s: script answered %v", nodeID, res)
+	}
+	return res[0] == 1, nil
+}
+
+// ReleaseOnNode drops a session's claim on node (its placement did not happen).
+func (s *Store) ReleaseOnNode(ctx context.Context, nodeID, sessionID string, vcpu, mem int) error {
+	if err := s.rdb.ZRem(ctx, nodeClaimsKey(nodeID), claimMember(sessionID, vcpu, mem)).Err(); err != nil {
+		return fmt.Errorf("release claim on node %s: %w", nodeID, err)
+	}
+	return nil
+}
+
+// NodeClaims answers the sums of the live claims (made within window before now) on each of
+// nodes, in one round trip; a node with none is absent.
+func (s *Store) NodeClaims(ctx context.Context, nodes []string, now time.Time, window time.Duration) (map[string]NodeUse, error) {
+	out := map[string]NodeUse{}
+	if len(nodes) == 0 {
+		return out, nil
+	}
+	cmds := make([]*redis.StringSliceCmd, len(nodes))
+	min := "(" + strconv.FormatInt(now.UnixMilli()-window.Milliseconds(), 10)
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, n := range nodes {
+			cmds[i] = p.ZRangeByScore(ctx, nodeClaimsKey(n), &redis.ZRangeBy{Min: min, Max: "+inf"})
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("node claims: %w", err)
+	}
+	for i, n := range nodes {
+		for _, m := range cmds[i].Val() {
+			parts := strings.Split(m, "|")
+			if len(parts) < 3 {
+				continue
+			}
+			v, err1 := strconv.Atoi(parts[len(parts)-2])
+			b, err2 := strconv.Atoi(parts[len(parts)-1])
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			u := out[n]
+			u.VCPU += v
+			u.MemoryMiB += b
+			out[n] = u
+		}
+	}
+	return out, nil
+}

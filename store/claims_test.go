@@ -1,0 +1,93 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/internal/redistest"
+)
+
+// TestClaimOnNode: a claim is made only if it fits in the free room with the node's live
+// claims; claims older than the window stop counting; a released claim frees its room; a
+// session's own claim made again is not counted twice.
+func TestClaimOnNode(t *testing.T) {
+	ctx := context.Background()
+	s := New(redistest.Server(t))
+	now := time.UnixMilli(1_800_000_000_000)
+	const window = 10 * time.Second
+	claim := func(sess string, vcpu, mem int, at time.Time) bool {
+		t.Helper()
+		ok, err := s.ClaimOnNode(ctx, "n1", sess, vcpu, mem, 4, 4096, at, window)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !claim("s1", 2, 1024, now) || !claim("s2", 2, 1024, now.Add(time.Second)) {
+		t.Fatal("claims within the free room refused")
+	}
+	if claim("s3", 1, 256, now.Add(2*time.Second)) {
+		t.Fatal("a claim past the free vCPUs made")
+	}
+	if !claim("s2", 2, 1024, now.Add(2*time.Second)) {
+		t.Fatal("a session's own claim made again counted against itself")
+	}
+	got, err := s.NodeClaims(ctx, []string{"n1", "n2"}, now.Add(2*time.Second), window)
+	if err != nil || got["n1"] != (NodeUse{VCPU: 4, MemoryMiB: 2048}) || len(got) != 1 {
+		t.Fatalf("claims read %v, %v; want n1 4 vCPU 2048 MiB", got, err)
+	}
+	// Memory refuses as vCPUs do (on another node, whose claims are apart).
+	if ok, _ := s.ClaimOnNode(ctx, "n2", "s4", 1, 5000, 4, 4096, now, window); ok {
+		t.Fatal("a claim past the free memory made")
+	}
+	// s1's claim lapses with its window: its room is free again.
+	later := now.Add(window)
+	if !claim("s3", 2, 256, later) {
+		t.Fatal("a lapsed claim still counted")
+	}
+	if got, _ := s.NodeClaims(ctx, []string{"n1"}, later, window); got["n1"] != (NodeUse{VCPU: 4, MemoryMiB: 1280}) {
+		t.Fatalf("claims read %v after s1 lapsed; want 4 vCPU 1280 MiB", got)
+	}
+	// A release frees its room at once.
+	if claim("s5", 2, 256, later) {
+		t.Fatal("a claim past the free vCPUs made")
+	}
+	if err := s.ReleaseOnNode(ctx, "n1", "s3", 2, 256); err != nil {
+		t.Fatal(err)
+	}
+	if !claim("s5", 2, 256, later) {
+		t.Fatal("a released claim still counted")
+	}
+	// The key expires with its newest claim's window.
+	if ttl := s.rdb.PTTL(ctx, nodeClaimsKey("n1")).Val(); ttl <= 0 || ttl > window {
+		t.Fatalf("claims key TTL %v, want within %v", ttl, window)
+	}
+}
+
+// TestClaimOnNodeConcurrent: many claimers at once never claim more than the room.
+func TestClaimOnNodeConcurrent(t *testing.T) {
+	ctx := context.Background()
+	s := New(redistest.Server(t))
+	now := time.Now()
+	var made atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Go(func() {
+			ok, err := s.ClaimOnNode(ctx, "n1", fmt.Sprintf("s%d", i), 1, 100, 8, 1<<20, now, time.Minute)
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				made.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if made.Load() != 8 {
+		t.Fatalf("%d claims of 1 vCPU made on 8 free vCPUs, want 8", made.Load())
+	}
+}
