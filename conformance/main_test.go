@@ -89,7 +89,7 @@ func run(m *testing.M) int {
 	errs := make([]error, len(runtimes))
 	var wg sync.WaitGroup
 	for i, rt := range runtimes {
-		wg.Go(func() { ds[i], errs[i] = startServer(binPath, rt, "--pool", "1") })
+		wg.Go(func() { ds[i], errs[i] = startServer(binPath, rt, "--pool", "1", "--desktop-pool", "0") })
 	}
 	wg.Wait()
 	defer func() {
@@ -235,7 +235,7 @@ func (d *deployment) stop() {
 func (d *deployment) restart() error {
 	d.prevLog += d.stderrTail(300) + "\n----- restarted -----\n"
 	d.stop()
-	nd, err := startServer(d.bin, d.runtime, "--pool", "1")
+	nd, err := startServer(d.bin, d.runtime, "--pool", "1", "--desktop-pool", "0")
 	if err != nil {
 		return err
 	}

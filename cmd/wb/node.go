@@ -36,8 +36,10 @@ type nodeFlags struct {
 	id, region, zone string
 	runtime, dataDir string
 	pool, vcpu, mem  int
-	egressAllow      cidrFlag
-	coldP95          coldP95Flag
+	// desktopPool sizes tpl_desktop's pool apart: its warm-up starts a browser (-1: --pool).
+	desktopPool int
+	egressAllow cidrFlag
+	coldP95     coldP95Flag
 	// allowUnlimitedDisk starts guests without a disk limit when the host cannot enforce one.
 	allowUnlimitedDisk bool
 	// backend picks the guest driver: oci (--runtime) or cloudhv (--ch-binary, --kernel).
@@ -52,6 +54,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
 	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` of this instance alone (it is locked): templates, guests, snapshots, the runtime's state, the node's journal")
 	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
+	fs.IntVar(&f.desktopPool, "desktop-pool", -1, "warm small desktops to keep, their display and browser already started (each costs a browser's start in CPU); -1: as --pool")
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
 	fs.IntVar(&f.mem, "memory-mib", 1<<20, "memory (MiB) this node offers to guests")
 	fs.Var(&f.egressAllow, "egress-allow-cidr", "`CIDR` that guests whose policy allows egress may reach although it is not public (say 10.20.0.0/16 for a private package mirror); repeatable. Loopback opens only for a prefix inside 127.0.0.0/8 or ::1; the platform's own addresses (this host, Redis, gateways, nodes) never open")
@@ -83,16 +86,7 @@ func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, l
 	if err != nil {
 		return nil, nil, err
 	}
-	var pools []node.Pool
-	if f.pool > 0 {
-		for _, name := range cat.Names() {
-			pool := node.Pool{Template: name, SizeClass: "s", Size: f.pool}
-			if name == guest.Template { // a small desktop is ready in seconds: its browser already runs
-				pool.Warm = func(ctx context.Context, ex node.Execer) error { return guest.Start(ctx, ex) }
-			}
-			pools = append(pools, pool)
-		}
-	}
+	pools := warmPools(cat.Names(), f.pool, f.desktopPool)
 	guard, err := netguard.New(netguard.Options{Allow: f.egressAllow.prefixes})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--egress-allow-cidr: %w", err)
@@ -323,4 +317,23 @@ func cgroupName(dataDir, id string) string {
 	abs, _ := filepath.Abs(dataDir)
 	sum := sha256.Sum256([]byte(abs))
 	return id + "-" + hex.EncodeToString(sum[:4])
+}
+
+// warmPools answers the node's warm pools: size of each template in names (size class s),
+// but desktopPool for tpl_desktop when it is not -1. A warm desktop's browser already runs.
+func warmPools(names []string, size, desktopPool int) []node.Pool {
+	var pools []node.Pool
+	for _, name := range names {
+		pool := node.Pool{Template: name, SizeClass: "s", Size: size}
+		if name == guest.Template { // a small desktop is ready in seconds: its browser already runs
+			pool.Warm = func(ctx context.Context, ex node.Execer) error { return guest.Start(ctx, ex) }
+			if desktopPool >= 0 {
+				pool.Size = desktopPool
+			}
+		}
+		if pool.Size > 0 {
+			pools = append(pools, pool)
+		}
+	}
+	return pools
 }
