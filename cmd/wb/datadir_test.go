@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"wb/internal/datadir"
+	"wb/internal/fleet"
 	"wb/internal/wbbin"
 )
 
@@ -97,7 +97,7 @@ func TestTwoServesOneDataDirKeepGuests(t *testing.T) {
 		for id := range runningGuests(t, runsc, stateRoot) {
 			_ = exec.Command(runsc, "--root", stateRoot, "delete", "--force", id).Run()
 		}
-		unmountUnder(tmp)
+		fleet.UnmountUnder(tmp)
 	})
 	args := []string{"serve", "--addr", "127.0.0.1:0", "--runtime", "runsc", "--pool", "1", "--data-dir", dataDir}
 
@@ -321,24 +321,6 @@ func awaitCondition(t *testing.T, timeout time.Duration, what string, cond func(
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// unmountUnder detaches every mount below dir (guests' disks and agent dirs), deepest first.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			points = append(points, f[4])
-		}
-	}
-	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
-	for _, p := range points {
-		_ = syscall.Unmount(p, syscall.MNT_DETACH)
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"wb/internal/edgeauth"
+	"wb/internal/fleet"
 	"wb/internal/redistest"
 	"wb/internal/wbbin"
 	"wb/session"
@@ -77,7 +78,7 @@ func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
 		for _, id := range strings.Fields(string(out)) {
 			_ = exec.Command(runc, "--root", stateRoot, "delete", "--force", id).Run()
 		}
-		unmountUnder(tmp)
+		fleet.UnmountUnder(tmp)
 	})
 	redisAddr := redistest.ServerAddr(t)
 	p := startBinary(t, bin, append([]string{"serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir,

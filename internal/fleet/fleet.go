@@ -282,7 +282,7 @@ func (f *Fleet) stop(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	unmountUnder(f.opts.Dir)
+	UnmountUnder(f.opts.Dir)
 	if f.Redis != nil {
 		_ = f.Redis.Close()
 	}

@@ -93,9 +93,9 @@ func (f *Fleet) Guests(ctx context.Context, n *Node) ([]string, error) {
 	return d.List(ctx)
 }
 
-// unmountUnder detaches every mount below dir (guests' root file systems and disks), deepest
+// UnmountUnder detaches every mount below dir (guests' root file systems and disks), deepest
 // first, so that removing dir cannot reach into a guest's files.
-func unmountUnder(dir string) {
+func UnmountUnder(dir string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return

@@ -5,12 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"wb/internal/fleet"
 	"wb/internal/wbbin"
 )
 
@@ -90,7 +90,7 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 		for _, id := range strings.Fields(string(out)) {
 			_ = exec.Command(runc, "--root", stateRoot, "delete", "--force", id).Run()
 		}
-		unmountUnder(tmp)
+		fleet.UnmountUnder(tmp)
 	})
 	deadline := time.Now().Add(3 * time.Minute) // a cold, loaded machine's first start does the most
 	for {
@@ -133,22 +133,4 @@ func readEnvLines(path string) map[string]string {
 		}
 	}
 	return out
-}
-
-// unmountUnder detaches every mount below dir (the guests' root file systems), deepest first.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			points = append(points, f[4])
-		}
-	}
-	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
-	for _, p := range points {
-		_ = syscall.Unmount(p, syscall.MNT_DETACH)
-	}
 }
