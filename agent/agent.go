@@ -89,7 +89,7 @@ type server struct {
 	log       *slog.Logger
 	procs     *procTable
 
-	handlers  tracker            // in-flight handlers, waited for on shutdown
+	handlers  tracker      // in-flight handlers, waited for on shutdown
 	quiesceCh chan quiesce // from the quiesce handler to the serve loop
 
 	mu       sync.Mutex
