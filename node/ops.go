@@ -19,6 +19,12 @@ import (
 // place once lost the race with a slow checkpoint on a loaded host, which stopped the guest.
 const quiesceMost = 60 * time.Second
 
+// resumeFile names the file that ends the quiesce of a memory snapshot's agent. It derives from
+// the snapshot's id, so that whichever node restores the snapshot, into whichever guest, knows
+// it: the restored agent is still waiting for it (for at most quiesceMost, which a restore
+// into a new session once waited out in full).
+func resumeFile(snapshotID string) string { return "resume-" + snapshotID }
+
 // resumeAgent creates the resume file that ends a quiesce of guest id's agent.
 func (n *Node) resumeAgent(id, name string) error {
 	if err := os.WriteFile(filepath.Join(n.guestDir(id), "agent", name), nil, 0o644); err != nil {
@@ -235,7 +241,7 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	// agent reached through the driver (a VM's, on vsock) holds no host socket and stays:
 	// the driver may need it to flush the guest's disks before the snapshot.
 	_, viaDriver := n.Driver.(hypervisor.AgentDialer)
-	resume := randomID("resume-")
+	resume := resumeFile(snapshotID)
 	if !viaDriver {
 		if err = l.agent.QuiesceUntil(ctx, quiesceMost, resume); err != nil {
 			return false, 0, fmt.Errorf("quiesce agent: %w", err)

@@ -97,6 +97,14 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		if err != nil {
 			return fmt.Errorf("restore %s: %w", *sess.RestoreFrom, err)
 		}
+		// A memory snapshot's agent was quiesced until its resume file appears; the driver
+		// has mounted the new guest's agent dir by now. (A disk-only restore boots an agent
+		// that never looks for the file; one reached through the driver was never quiesced.)
+		if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
+			if err := n.resumeAgent(l.g.GuestID, resumeFile(*sess.RestoreFrom)); err != nil {
+				return fmt.Errorf("restore %s: %w", *sess.RestoreFrom, err)
+			}
+		}
 	default:
 		if id, ok := n.pool.take(tpl.Name, sess.Resources); ok {
 			// A warm guest may have died while it waited: its health probe is the one the

@@ -54,8 +54,15 @@ func testSnapshotRestore(t *testing.T, rt string, wantMemory bool) {
 	}
 
 	restored := restoredSession(t, st, project, n.Info.ID, snapID)
+	t0 := time.Now()
 	if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, restored); err != nil {
 		t.Fatalf("provision from the snapshot: %v", err)
+	}
+	// The snapshot's agent was quiesced for the checkpoint, for at most a minute
+	// (quiesceMost) unless the node ends it: a restore that waits the minute out is a bug
+	// (it failed every restore whose provisioning deadline was shorter), not load.
+	if took := time.Since(t0); took > 30*time.Second {
+		t.Errorf("the restored session took %v to provision: its agent waited out the quiesce", took)
 	}
 	if res, err := execIn(ctx, n.Node, restored, "cat /workspace/f; ls /workspace"); err != nil || res.Stdout != "kept\nf\n" {
 		t.Fatalf("the restored session's /workspace: %+v, %v", res, err)
