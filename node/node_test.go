@@ -53,8 +53,8 @@ func testIdleTimeout(t *testing.T, rt string) {
 
 		end, seen := waitState(t, st, project, s.ID, time.Until(deadline)+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
-		within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin))
-		within(t, "stopped state observed", seen, deadline, deadline.Add(margin+poll))
+		within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin+teardown))
+		within(t, "stopped state observed", seen, deadline, deadline.Add(margin+teardown+poll))
 		if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
 			session.EventStopping, session.EventStopped}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 			t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
@@ -101,7 +101,7 @@ func testIdleTimeout(t *testing.T, rt string) {
 		within(t, "second idle_warning event", atMs(warn.AtMs), before.Add(24*time.Second), after.Add(24*time.Second+margin))
 		end, _ := waitState(t, st, project, s.ID, time.Until(after.Add(30*time.Second))+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
-		within(t, "stopped_at", end.StoppedAt.Time, before.Add(30*time.Second), after.Add(30*time.Second+margin))
+		within(t, "stopped_at", end.StoppedAt.Time, before.Add(30*time.Second), after.Add(30*time.Second+margin+teardown))
 		if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
 			t.Error(err)
 		}
@@ -142,7 +142,7 @@ func testIdleTimeout(t *testing.T, rt string) {
 			} else {
 				t.Errorf("%s: outbox %v", s.ID, types(evs))
 			}
-			within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin))
+			within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin+teardown))
 		}
 		checkSlots(t, st, project)
 	})
@@ -208,8 +208,8 @@ func testMaxLifetime(t *testing.T, rt string) {
 	stopBusy()
 	execs, stopBusy = <-busy, nil
 	checkEnded(t, end, session.Expired, session.MaxLifetime)
-	within(t, "stopped_at", end.StoppedAt.Time, expiry, expiry.Add(margin))
-	within(t, "expired state observed", seen, expiry, expiry.Add(margin+poll))
+	within(t, "stopped_at", end.StoppedAt.Time, expiry, expiry.Add(margin+teardown))
+	within(t, "expired state observed", seen, expiry, expiry.Add(margin+teardown+poll))
 	if execs < 10 { // one every 3 s, up to 20; a loaded machine's slow execs make fewer
 		t.Errorf("only %d execs succeeded in the session's minute; the test wanted one every 3 s", execs)
 	}
@@ -325,7 +325,7 @@ func testRedisOutage(t *testing.T, rt string, k int) {
 		started := s.StartedAt.Time
 		end, _ := waitState(t, st, project, s.ID, 15*time.Second, session.Stopped, session.Failed, session.Expired)
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
-		within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline(s), deadline(s).Add(margin))
+		within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline(s), deadline(s).Add(margin+teardown))
 		evs := events(t, st, project, s.ID)
 		if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
 			session.EventStopping, session.EventStopped}; !slices.Equal(types(evs), want) {
@@ -381,8 +381,8 @@ func testNodeRestart(t *testing.T, rt string) {
 	within(t, "idle_warning event", atMs(warn.AtMs), started.Add(24*time.Second), started.Add(24*time.Second+margin))
 	end, seen := waitState(t, st, project, s.ID, time.Until(deadline)+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
 	checkEnded(t, end, session.Stopped, session.IdleTimeout)
-	within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin))
-	within(t, "stopped state observed", seen, deadline, deadline.Add(margin+poll))
+	within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin+teardown))
+	within(t, "stopped state observed", seen, deadline, deadline.Add(margin+teardown+poll))
 	if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
 		session.EventStopping, session.EventStopped}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 		t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
