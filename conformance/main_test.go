@@ -88,8 +88,10 @@ func run(m *testing.M) int {
 	ds := make([]*deployment, len(runtimes))
 	errs := make([]error, len(runtimes))
 	var wg sync.WaitGroup
+	// --plugin-timeout 1s: the plugins' 20 ms default is a production budget; a cold make test
+	// starves the CPU past it, and the tests here check what plugins decide, not how fast.
 	for i, rt := range runtimes {
-		wg.Go(func() { ds[i], errs[i] = startServer(binPath, rt, "--pool", "1", "--desktop-pool", "0") })
+		wg.Go(func() { ds[i], errs[i] = startServer(binPath, rt, "--pool", "1", "--desktop-pool", "0", "--plugin-timeout", "1s") })
 	}
 	wg.Wait()
 	defer func() {
@@ -235,7 +237,7 @@ func (d *deployment) stop() {
 func (d *deployment) restart() error {
 	d.prevLog += d.stderrTail(300) + "\n----- restarted -----\n"
 	d.stop()
-	nd, err := startServer(d.bin, d.runtime, "--pool", "1", "--desktop-pool", "0")
+	nd, err := startServer(d.bin, d.runtime, "--pool", "1", "--desktop-pool", "0", "--plugin-timeout", "1s")
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -18,12 +19,12 @@ import (
 
 // decisionPoints starts the Rego engine and the Wasm plugin host shared by admission, the
 // nodes' runtime checks and spend caps.
-func decisionPoints(ctx context.Context, rdb redis.UniversalClient, dataDir string, reg prometheus.Registerer, log *slog.Logger) (*policies.Engine, *plugins.Host, error) {
+func decisionPoints(ctx context.Context, rdb redis.UniversalClient, dataDir string, pluginTimeout time.Duration, reg prometheus.Registerer, log *slog.Logger) (*policies.Engine, *plugins.Host, error) {
 	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, Metrics: reg})
 	if err != nil {
 		return nil, nil, err
 	}
-	host, err := plugins.NewHost(ctx, rdb, plugins.Options{CacheDir: filepath.Join(dataDir, "wasm-cache"), Logger: log})
+	host, err := plugins.NewHost(ctx, rdb, plugins.Options{CacheDir: filepath.Join(dataDir, "wasm-cache"), Timeout: pluginTimeout, Logger: log})
 	if err != nil {
 		_ = pol.Close(ctx)
 		return nil, nil, err

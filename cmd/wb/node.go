@@ -27,6 +27,7 @@ import (
 	"wb/internal/datadir"
 	"wb/internal/netguard"
 	"wb/node"
+	"wb/plugins"
 	"wb/snapstore"
 	"wb/store"
 )
@@ -48,6 +49,16 @@ type nodeFlags struct {
 	agentBin string
 	// snapshotStore is the object store URL snapshots go to ("": the data dir alone).
 	snapshotStore string
+	// pluginTimeout is the deadline of one call into a tenant's Wasm plugin.
+	pluginTimeout time.Duration
+}
+
+// check refuses flag values out of range, naming the flag.
+func (f *nodeFlags) check() error {
+	if f.pluginTimeout < time.Millisecond || f.pluginTimeout > plugins.MaxTimeout {
+		return fmt.Errorf("--plugin-timeout %s: must be 1ms–%s", f.pluginTimeout, plugins.MaxTimeout)
+	}
+	return nil
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
@@ -65,6 +76,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.initramfs, "initramfs", "", "guest initramfs `file` for --backend cloudhv (wb image build writes DIR/initramfs.img)")
 	fs.StringVar(&f.agentBin, "agent-bin", "", "static `binary` that runs as every guest's agent: wb-agent (make build writes bin/wb-agent) or wb itself; default: wb-agent beside this executable, else this executable")
 	fs.StringVar(&f.snapshotStore, "snapshot-store", "", "`URL` of the object store snapshots are uploaded to, so that any node can restore them: s3://BUCKET[/PREFIX]?endpoint=http://HOST:PORT&region=REGION (credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY) or file:///SHARED/DIR; the node keeps a bounded cache. Default: none, snapshots stay in the data dir and restore on this node only")
+	fs.DurationVar(&f.pluginTimeout, "plugin-timeout", plugins.DefaultTimeout, "deadline of one call into a tenant's Wasm plugin, unless the project's plan sets its own (1ms–10s); a plugin past it is a timeout, which denies unless the plugin fails open. Raise it on hosts where a loaded CPU can hold a call that long")
 	fs.BoolVar(&f.allowUnlimitedDisk, "allow-unlimited-disk", false, "start guests without a disk limit when this host cannot make their ext4 loop images (default: such guests fail to start)")
 }
 
@@ -214,6 +226,9 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if err := f.check(); err != nil {
+		return err
+	}
 	onCommandLine := false
 	fs.Visit(func(f *flag.Flag) { onCommandLine = onCommandLine || f.Name == "token" })
 	token, err := nodeToken(onCommandLine, *tokenFile, os.Getenv("WB_NODE_TOKEN"))
@@ -255,7 +270,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if nd != nil {
-		pol, plug, err := decisionPoints(ctx, rdb, f.dataDir, nil, log)
+		pol, plug, err := decisionPoints(ctx, rdb, f.dataDir, f.pluginTimeout, nil, log)
 		if err != nil {
 			ln.Close()
 			return err

@@ -110,6 +110,9 @@ Flags:
 	if err := f.tls.check(); err != nil {
 		return err
 	}
+	if err := f.node.check(); err != nil {
+		return err
+	}
 	// Below three heartbeat periods, one late heartbeat of a loaded node would fail its sessions.
 	if f.nodeTimeout < 3*time.Second || f.nodeTimeout > 5*time.Minute {
 		return fmt.Errorf("--node-timeout %s: must be 3s–5m (nodes heartbeat every 2 s)", f.nodeTimeout)
@@ -223,7 +226,7 @@ Flags:
 		}
 	}
 	metrics := gateway.NewMetrics(st)
-	pol, plug, err := decisionPoints(ctx, rdb, f.node.dataDir, metrics.Registry(), log)
+	pol, plug, err := decisionPoints(ctx, rdb, f.node.dataDir, f.node.pluginTimeout, metrics.Registry(), log)
 	if err != nil {
 		ln.Close()
 		nodeLn.Close()

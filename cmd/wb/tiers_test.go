@@ -91,3 +91,18 @@ func TestNodeTimeoutFlag(t *testing.T) {
 		t.Errorf("the default --node-timeout %v: a dead host's sessions must fail within 10 s, with room for the placer", defaultNodeTimeout)
 	}
 }
+
+// TestPluginTimeoutFlag: --plugin-timeout is refused outside 1ms–10s (the per-project bound),
+// by wb serve and wb node alike, naming the flag.
+func TestPluginTimeoutFlag(t *testing.T) {
+	for _, v := range []string{"0s", "500us", "11s", "-1ms"} {
+		err := serve(context.Background(), []string{"--plugin-timeout", v, "--data-dir", t.TempDir()}, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--plugin-timeout") || !strings.Contains(err.Error(), "1ms–10s") {
+			t.Errorf("wb serve --plugin-timeout %s: %v, want it refused", v, err)
+		}
+		err = nodeCmd(context.Background(), []string{"--plugin-timeout", v, "--redis", "redis://127.0.0.1:1"}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--plugin-timeout") || !strings.Contains(err.Error(), "1ms–10s") {
+			t.Errorf("wb node --plugin-timeout %s: %v, want it refused", v, err)
+		}
+	}
+}
