@@ -407,12 +407,14 @@ func TestOOM(t *testing.T) {
 			n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_oom_"+rt))
 			s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600,
 				res: session.Resources{VCPU: 1, MemoryMiB: 64, DiskGiB: 1, SizeClass: "s"}})
-			res, err := execIn(ctxT(t, time.Minute), n.Node, s, `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo survived ${#x}`)
+			// Minutes, not seconds: under runsc on a loaded 2-core machine (a cold make test)
+			// the pipe filled 64 MiB too slowly for one minute.
+			res, err := execIn(ctxT(t, 3*time.Minute), n.Node, s, `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo survived ${#x}`)
 			t.Logf("exec: exit %d, stdout %q, stderr %q, err %v", res.ExitCode, res.Stdout, res.Stderr, err)
 			if err == nil && res.ExitCode == 0 {
 				t.Fatalf("the allocation survived a 64 MiB limit: %q", res.Stdout)
 			}
-			end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired)
+			end, _ := waitState(t, st, project, s.ID, time.Minute, session.Failed, session.Stopped, session.Expired)
 			checkEnded(t, end, session.Failed, session.OOM)
 			checkSlots(t, st, project)
 			if evs := types(events(t, st, project, s.ID)); evs[len(evs)-1] != session.EventFailed {

@@ -192,7 +192,9 @@ func (g *guest) run(script string) (int, string) {
 	if err := os.Rename(tmp, filepath.Join(jobs, name+".sh")); err != nil {
 		g.t.Fatal(err)
 	}
-	out := waitFile(g.t, filepath.Join(g.spec.AgentDir, "out", name+".out"), 60*time.Second)
+	// Three minutes: TestDiskLimit's job writes 1.2 GB through runsc's gofer, which took over
+	// a minute in a cold make test (packages side by side on 2 cores).
+	out := waitFile(g.t, filepath.Join(g.spec.AgentDir, "out", name+".out"), 3*time.Minute)
 	rcs, err := os.ReadFile(filepath.Join(g.spec.AgentDir, "out", name+".rc"))
 	if err != nil {
 		g.t.Fatal(err)

@@ -84,8 +84,9 @@ func copyFile(src, dst string) (err error) {
 
 }
 
-// FakeCHEnvVar names a prebuilt fake Cloud Hypervisor (CGO_ENABLED=0 go build
-// ./hypervisor/cloudhv/chvtest/fakech) to use instead of building one.
+// FakeCHEnvVar names a prebuilt fake Cloud Hypervisor (go build [-race]
+// ./hypervisor/cloudhv/chvtest/fakech; it runs on the host only, so it may be dynamic) to use
+// instead of building one.
 const FakeCHEnvVar = "WB_TEST_FAKECH"
 
 // FakeCH puts the fake Cloud Hypervisor command at dir/fakech (mode 0755) and answers its
