@@ -407,9 +407,11 @@ func TestOOM(t *testing.T) {
 			n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_oom_"+rt))
 			s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600,
 				res: session.Resources{VCPU: 1, MemoryMiB: 64, DiskGiB: 1, SizeClass: "s"}})
-			// Minutes, not seconds: under runsc on a loaded 2-core machine (a cold make test)
-			// the pipe filled 64 MiB too slowly for one minute.
-			res, err := execIn(ctxT(t, 3*time.Minute), n.Node, s, `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo survived ${#x}`)
+			// Minutes, not the exec's default minute: under runsc on a loaded 2-core machine (a
+			// cold make test) the pipe had not filled 64 MiB when that minute ended (exit 124).
+			req, limit := execReq(`x=$(head -c 200000000 /dev/zero | tr '\0' a); echo survived ${#x}`), 170
+			req.TimeoutS = &limit
+			res, err := n.Exec(ctxT(t, 3*time.Minute), s, req, nil, nil)
 			t.Logf("exec: exit %d, stdout %q, stderr %q, err %v", res.ExitCode, res.Stdout, res.Stderr, err)
 			if err == nil && res.ExitCode == 0 {
 				t.Fatalf("the allocation survived a 64 MiB limit: %q", res.Stdout)
