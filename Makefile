@@ -31,7 +31,7 @@ fleet: deps build
 # table: p50/p99/max per operation, errors, achieved rate, a baseline measured in the same run
 # (GET /healthz and a Redis PING at the same rate) and the leaks: sessions still active (API),
 # the project's concurrency slots (Redis) and every node's guests. Exits 3 on a leak.
-BENCH_RATE ?= 4
+BENCH_RATE ?= 1
 bench-fleet: deps build
 	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s
 
