@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test bench lint deps build security conformance fleet
+.PHONY: run test bench lint deps build security conformance fleet bench-fleet
 
 # Install what the platform needs from Debian's packages when it is missing.
 deps:
@@ -24,6 +24,16 @@ run: deps build
 RUNTIME ?= runc
 fleet: deps build
 	./bin/wb fleet --runtime $(RUNTIME)
+
+# The fleet under load: wb load --fleet starts a fleet as make fleet does (no warm pool: every
+# guest left after the run is a leak), drives both gateways open-loop for 60 s at BENCH_RATE flows/s
+# (create → exec → delete, ephemeral runs, pause/resume), deletes what it made, and prints the
+# table: p50/p99/max per operation, errors, achieved rate, a baseline measured in the same run
+# (GET /healthz and a Redis PING at the same rate) and the leaks: sessions still active (API),
+# the project's concurrency slots (Redis) and every node's guests. Exits 3 on a leak.
+BENCH_RATE ?= 1
+bench-fleet: deps build
+	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s
 
 # vet -race compiles the packages as the race-instrumented tests do, so the tests reuse its work.
 # bin/wb-test is the static wb that the tests run as a server, and bin/wb-agent beside it the

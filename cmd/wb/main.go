@@ -38,6 +38,7 @@ Commands for operators:
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
   node      run guests for a control plane that shares its Redis
   fleet     run a fleet on this machine: Redis Cluster, 3 nodes, 2 gateways
+  load      drive the API open-loop at a fixed rate; latency table, errors, leaks (--fleet)
   envoy-bootstrap  print the bootstrap YAML of one Envoy of the fleet
   image     build a Cloud Hypervisor guest image (kernel, initramfs, ext4 rootfs with wb as init)
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
@@ -106,6 +107,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nodeCmd(ctx, args[1:], stderr)
 	case "fleet":
 		return fleetCmd(ctx, args[1:], stdout, stderr)
+	case "load":
+		return loadCmd(ctx, args[1:], stdout, stderr)
 	case "envoy-bootstrap":
 		return envoyBootstrap(args[1:], stdout, stderr)
 	case "image":
