@@ -6,12 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/agent"
 	"wb/node/nodeapi"
@@ -75,8 +79,28 @@ func toAPIError(err error) *apiError {
 		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: "no such object in this project"}
 	case errors.Is(err, store.ErrIdemMismatch), errors.Is(err, store.ErrIdemInFlight):
 		return &apiError{Status: 409, Type: "idempotency_error", Code: "idempotency_key_reused", Message: err.Error()}
+	case storeUnavailable(err):
+		return &apiError{Status: 503, Type: "api_error", Code: "store_unavailable", RetryAfter: time.Second,
+			Message: "the platform's data store is unreachable or failing over; retry shortly (a create with the same Idempotency-Key)"}
 	}
 	return &apiError{Status: 500, Type: "api_error", Code: "internal", Message: "internal error; it has been logged"}
+}
+
+// storeUnavailable tells an error of Redis being away (a Cluster primary killed and its
+// replica not yet promoted, a connection refused, reset or timed out) from a bug: the first
+// is the caller's to retry (503), the second a 500.
+func storeUnavailable(err error) bool {
+	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	if errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
 }
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {

@@ -81,12 +81,25 @@ type Options struct {
 // DefaultBackoff waits 5 s after the first failure and doubles each time up to 1 h per wait,
 // less a random jitter of up to 20 %. With the default 24 h RetryWindow that makes about 35
 // attempts.
-func DefaultBackoff(attempt int) time.Duration {
+func DefaultBackoff(attempt int) time.Duration { return backoff(attempt, DefaultMaxBackoff) }
+
+// DefaultMaxBackoff is DefaultBackoff's longest wait between two attempts.
+const DefaultMaxBackoff = time.Hour
+
+// BackoffUpTo is DefaultBackoff with its waits capped at most (at least 1 ms): an endpoint that
+// comes back is retried at most about that long after (an operator's choice: wb serve
+// --webhook-max-backoff).
+func BackoffUpTo(most time.Duration) func(attempt int) time.Duration {
+	most = max(most, time.Millisecond)
+	return func(attempt int) time.Duration { return backoff(attempt, most) }
+}
+
+func backoff(attempt int, most time.Duration) time.Duration {
 	d := 5 * time.Second
-	for i := 1; i < attempt && d < time.Hour; i++ {
+	for i := 1; i < attempt && d < most; i++ {
 		d *= 2
 	}
-	d = min(d, time.Hour)
+	d = min(d, most)
 	return d - rand.N(d/5+1)
 }
 

@@ -553,6 +553,24 @@ func TestDefaultBackoff(t *testing.T) {
 	}
 }
 
+// TestBackoffUpTo: an operator's cap shortens every wait to at most the cap (so an endpoint
+// that comes back is retried within it), and leaves the shorter early waits as they are.
+func TestBackoffUpTo(t *testing.T) {
+	b := BackoffUpTo(2 * time.Second)
+	for attempt := 1; attempt < 100; attempt++ {
+		if d := b(attempt); d <= 0 || d > 2*time.Second {
+			t.Fatalf("wait %d is %s, want at most the cap of 2s", attempt, d)
+		}
+	}
+	b = BackoffUpTo(time.Minute)
+	if w := b(1); w < 4*time.Second || w > 5*time.Second {
+		t.Errorf("first wait %s under a 1m cap, want DefaultBackoff's 4–5 s", w)
+	}
+	if w := b(20); w < 48*time.Second || w > time.Minute {
+		t.Errorf("late wait %s under a 1m cap", w)
+	}
+}
+
 func TestBuildPayload(t *testing.T) {
 	rule := "no-crypto-mining"
 	ev := store.Event{ID: "evt_x", Type: session.EventFailed, SessionID: "sess_1", AtMs: 1791278062118,

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -81,6 +82,7 @@ func dialRedis(rawURL, caFile string) (redis.UniversalClient, error) {
 			return nil, err
 		}
 		withRoots(opts.TLSConfig)
+		opts.ClusterStateReloadInterval = clusterReloadInterval
 		return redis.NewClusterClient(opts), nil
 	}
 	opts, err := redis.ParseURL(rawURL)
@@ -90,6 +92,13 @@ func dialRedis(rawURL, caFile string) (redis.UniversalClient, error) {
 	withRoots(opts.TLSConfig)
 	return redis.NewClient(opts), nil
 }
+
+// clusterReloadInterval is how often a Cluster client reloads the slot map. go-redis learns
+// a new one from a MOVED answer or every ClusterStateReloadInterval (60 s by default); a
+// primary killed and replaced by its replica answers no MOVED (it answers nothing), so every
+// write to its slots failed for up to a minute after the takeover (conformance/chaos). A
+// reload is one CLUSTER SLOTS, in the background, at most once per interval.
+const clusterReloadInterval = time.Second
 
 // redisLabel is the Redis URL as logs and errors show it: the password never appears.
 func redisLabel(rawURL string) string {

@@ -122,6 +122,11 @@ func TestRedisURLs(t *testing.T) {
 			if strings.Join(o.Addrs, ",") != strings.Join(c.cluster, ",") {
 				t.Errorf("%s: cluster seeds %v, want %v", c.url, o.Addrs, c.cluster)
 			}
+			// A replica that took over from a killed primary is found within a second, not
+			// go-redis's default minute.
+			if o.ClusterStateReloadInterval != clusterReloadInterval || clusterReloadInterval > time.Second {
+				t.Errorf("%s: the slot map is reloaded every %v, want every %v (at most 1s)", c.url, o.ClusterStateReloadInterval, clusterReloadInterval)
+			}
 		}
 		rdb.Close()
 		if user != c.user || pw != c.pw || tls != c.tls {

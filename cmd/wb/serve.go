@@ -51,7 +51,10 @@ type serveFlags struct {
 	node      nodeFlags
 
 	allowPrivateWebhooks bool
-	desktopIdle          time.Duration
+	// webhookMaxBackoff caps the wait between two attempts of a delivery: an endpoint back
+	// from an outage gets its events at most about this long after.
+	webhookMaxBackoff time.Duration
+	desktopIdle       time.Duration
 	// metricsToken is a second bearer token for /metrics; metricsAddr serves /metrics on an
 	// operator-only address instead of the API's.
 	metricsToken  string
@@ -80,6 +83,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f.tls.register(fs)
 	fs.StringVar(&f.prices, "prices", "", "JSON price `file` (see quota/PRICES.md); empty uses the defaults")
 	fs.BoolVar(&f.allowPrivateWebhooks, "allow-private-webhooks", false, "let webhook URLs resolve to loopback and private addresses, for testing with a receiver on this machine; by default they must be public")
+	fs.DurationVar(&f.webhookMaxBackoff, "webhook-max-backoff", webhooks.DefaultMaxBackoff, "longest wait between two attempts of a webhook delivery (waits start at 5 s and double): an endpoint back from an outage gets its events at most about this long after (1s–24h)")
 	fs.DurationVar(&f.desktopIdle, "desktop-idle", gateway.DefaultDesktopIdle, "how long a desktop may go unused (no MCP call, file sent or saved, visible console) before it sleeps (1s to just under the sessions' longest idle timeout)")
 	fs.StringVar(&f.metricsToken, "metrics-token", os.Getenv("WB_METRICS_TOKEN"), "bearer `token` a scraper may send to /metrics besides the admin key (default $WB_METRICS_TOKEN)")
 	fs.StringVar(&f.nodeTokenFile, "node-token-file", "", "`file` holding the token this gateway sends to every node (else $WB_NODE_TOKEN; else a random one, which only the embedded node knows): give separate `wb node`s the same token")
@@ -116,6 +120,11 @@ Flags:
 	// Below three heartbeat periods, one late heartbeat of a loaded node would fail its sessions.
 	if f.nodeTimeout < 3*time.Second || f.nodeTimeout > 5*time.Minute {
 		return fmt.Errorf("--node-timeout %s: must be 3s–5m (nodes heartbeat every 2 s)", f.nodeTimeout)
+	}
+	// Below a second, a dead endpoint would be hammered; above the 24 h retry window, a
+	// delivery would get no second attempt.
+	if f.webhookMaxBackoff < time.Second || f.webhookMaxBackoff > 24*time.Hour {
+		return fmt.Errorf("--webhook-max-backoff %s: must be 1s–24h", f.webhookMaxBackoff)
 	}
 	// Above the sessions' longest idle timeout, the node would stop an unused desktop's
 	// session before the desktop sleeps.
@@ -254,7 +263,7 @@ Flags:
 	}
 	platform.refresh(ctx)
 	reg := webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: f.allowPrivateWebhooks, Guard: webhookGuard})
-	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log})
+	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log, Backoff: webhooks.BackoffUpTo(f.webhookMaxBackoff)})
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: accounts, Webhooks: reg,
 		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),

@@ -106,3 +106,14 @@ func TestPluginTimeoutFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestWebhookMaxBackoffFlag: --webhook-max-backoff is refused below a second (a dead endpoint
+// would be hammered) and above the 24 h retry window (a delivery would get one attempt).
+func TestWebhookMaxBackoffFlag(t *testing.T) {
+	for _, v := range []string{"500ms", "25h", "0s"} {
+		err := serve(context.Background(), []string{"--webhook-max-backoff", v, "--data-dir", t.TempDir()}, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--webhook-max-backoff") {
+			t.Errorf("--webhook-max-backoff %s: %v, want it refused", v, err)
+		}
+	}
+}

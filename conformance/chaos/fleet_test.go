@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -76,7 +77,9 @@ func startFleet(t *testing.T) *env {
 		}
 	}
 	f, err := fleet.Start(ctx, fleet.Options{Dir: filepath.Join(tmp, "f"), Bin: bin, Runtime: "runc",
-		NodeVCPU: 2, NodeMemoryMiB: 4096, NodeTimeout: nodeTimeout, GatewayArgs: slow, NodeArgs: slow, Logf: t.Logf})
+		NodeVCPU: 2, NodeMemoryMiB: 4096, NodeTimeout: nodeTimeout, NodeArgs: slow, Logf: t.Logf,
+		// A webhook receiver on loopback; a receiver back from an outage is retried within 1 s.
+		GatewayArgs: append(slices.Clip(slow), "--allow-private-webhooks", "--webhook-max-backoff", "1s")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,11 +261,16 @@ func (e *env) activeSlots(t *testing.T) int64 {
 // ends); a session snapshotted on node A is restored on node B with its files; and a node
 // killed with SIGKILL (chaos): its sessions fail with host_failure within 10 s, their slots
 // and the node's room are released, their usage is settled exactly once and stops at the
-// last record, and a session restored from one's snapshot runs on another node.
+// last record, and a session restored from one's snapshot runs on another node. Between
+// them: a webhook receiver down, then back (webhooks_test.go), and the Redis Cluster primary
+// of the project's slot killed (redis_test.go); both before the node is killed, while all
+// three nodes have room.
 func TestFleet(t *testing.T) {
 	e := startFleet(t)
 	t.Run("spread and capacity", e.spreadAndCapacity)
 	t.Run("restore on another node", e.restoreElsewhere)
+	t.Run("webhook receiver down", e.webhookReceiverDown)
+	t.Run("redis primary killed", e.redisPrimaryKilled)
 	t.Run("node killed", e.nodeKilled)
 }
 

@@ -53,8 +53,10 @@ func (f *Fleet) startRedis(ctx context.Context) error {
 		}
 	}
 	f.RedisURL = "redis://default:" + pw + "@" + strings.Join(addrs, ",")
+	// Reloading the slot map every second (as wb does) follows a replica that took over.
 	f.Redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Password: pw, DialTimeout: 2 * time.Second,
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+		ClusterStateReloadInterval: time.Second,
+		MaintNotificationsConfig:   &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
 	f.opts.Logf("fleet: Redis Cluster at %s (3 primaries, 3 replicas)", strings.Join(addrs, ","))
 	return nil
 }

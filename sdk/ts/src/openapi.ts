@@ -1989,7 +1989,7 @@ export interface components {
                 };
             };
         };
-        /** @description No node is attached to this deployment. */
+        /** @description No node is attached to this deployment (no_node), or the platform's data store is unreachable or failing over (store_unavailable). */
         NoNode: {
             headers: {
                 [name: string]: unknown;
@@ -2000,7 +2000,7 @@ export interface components {
                         /** @enum {unknown} */
                         type?: "api_error";
                         /** @enum {unknown} */
-                        code?: "no_node";
+                        code?: "no_node" | "store_unavailable";
                     } & components["schemas"]["ErrorDetail"];
                 };
             };
@@ -2083,6 +2083,22 @@ export interface components {
                         type?: "invalid_state" | "idempotency_error";
                         /** @enum {unknown} */
                         code?: "invalid_state" | "no_capacity" | "idempotency_key_reused" | "replay_too_large";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
+        /** @description The platform's data store (Redis) is unreachable or failing over; retry after Retry-After (a create with the same Idempotency-Key). */
+        StoreUnavailable: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "api_error";
+                        /** @enum {unknown} */
+                        code?: "store_unavailable";
                     } & components["schemas"]["ErrorDetail"];
                 };
             };
@@ -2210,6 +2226,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     adminGetPlan: {
@@ -2236,6 +2253,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     adminPutPlan: {
@@ -2269,6 +2287,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     listSessions: {
@@ -2299,6 +2318,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     createSession: {
@@ -2337,6 +2357,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getSession: {
@@ -2363,6 +2384,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     sessionActionMissing: {
@@ -2387,6 +2409,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     deleteSession: {
@@ -2423,6 +2446,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     updateSession: {
@@ -2473,6 +2497,7 @@ export interface operations {
                     };
                 };
             };
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     pauseSession: {
@@ -2978,6 +3003,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getSnapshot: {
@@ -3004,6 +3030,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     deleteSnapshot: {
@@ -3030,6 +3057,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     createRun: {
@@ -3080,6 +3108,7 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRunRequests"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getRun: {
@@ -3106,6 +3135,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     listWebhookEndpoints: {
@@ -3128,6 +3158,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     createWebhookEndpoint: {
@@ -3162,6 +3193,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getWebhookEndpoint: {
@@ -3188,6 +3220,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     deleteWebhookEndpoint: {
@@ -3214,6 +3247,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     listWebhookDeliveries: {
@@ -3246,6 +3280,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     listTemplates: {
@@ -3268,6 +3303,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getLimits: {
@@ -3290,6 +3326,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     putLimits: {
@@ -3320,6 +3357,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getUsage: {
@@ -3350,6 +3388,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     listPolicies: {
@@ -3372,6 +3411,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getPolicyVersions: {
@@ -3399,6 +3439,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     putPolicy: {
@@ -3501,6 +3542,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     getPlugin: {
@@ -3527,6 +3569,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     putPlugin: {
@@ -3654,6 +3697,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     adminListNodes: {
@@ -3676,6 +3720,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     adminDrainNode: {
@@ -3709,6 +3754,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     listDesktops: {
@@ -3737,6 +3783,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     createDesktop: {
@@ -3798,6 +3845,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     deleteDesktop: {
@@ -3824,6 +3872,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     resizeDesktop: {
@@ -3858,6 +3907,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     sleepDesktop: {
@@ -3896,6 +3946,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     wakeDesktop: {
@@ -3984,6 +4035,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     startDesktop: {
@@ -4102,6 +4154,7 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     readDesktopFile: {
@@ -4340,6 +4393,7 @@ export interface operations {
                 };
             };
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     desktopMCP: {
@@ -4406,6 +4460,7 @@ export interface operations {
                 };
             };
             500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
 }

@@ -1,0 +1,69 @@
+package gateway
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"wb/internal/redistest"
+)
+
+// TestStoreUnavailable: while Redis is away (here stopped; in a fleet, a Cluster primary
+// killed until its replica takes over) the API answers 503 store_unavailable with a
+// Retry-After, not a 500 (which it answered before), and serves again once Redis is back.
+func TestStoreUnavailable(t *testing.T) {
+	p := redistest.StartDurableProc(t) // its data outlives the stop, to serve again after
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DialTimeout: time.Second,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	t.Cleanup(func() { rdb.Close() })
+	e := newEnvOn(t, rdb)
+	e.create(e.key, map[string]any{"tier": 2}) // the key is now in the gateway's auth cache
+	p.Stop()
+	for _, c := range []struct{ method, path string }{{"POST", "/v1/sessions"}, {"GET", "/v1/sessions"}, {"GET", "/v1/snapshots"}} {
+		var body any
+		if c.method == "POST" {
+			body = map[string]any{"tier": 2}
+		}
+		r := e.do(c.method, c.path, e.key, body)
+		code, _, msg := r.errorOf(t)
+		if r.status != 503 || code != "store_unavailable" || r.header.Get("Retry-After") == "" {
+			t.Errorf("%s %s with Redis stopped: %d %s %q (Retry-After %q), want 503 store_unavailable with a Retry-After",
+				c.method, c.path, r.status, code, msg, r.header.Get("Retry-After"))
+		}
+	}
+	p.Start()
+	// The client's pool waits out its dial backoff before it reconnects.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		r := e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2})
+		if r.status == 201 {
+			break
+		}
+		if r.status != 503 || time.Now().After(deadline) {
+			t.Fatalf("POST /v1/sessions with Redis back: %d %s", r.status, r.body)
+		}
+	}
+}
+
+// redisErr is an error answer of a Redis server, as go-redis returns one.
+type redisErr string
+
+func (e redisErr) Error() string { return string(e) }
+func (redisErr) RedisError()     {}
+
+func TestStoreUnavailableErrors(t *testing.T) {
+	for _, err := range []error{redisErr("CLUSTERDOWN The cluster is down"), redisErr("TRYAGAIN Multiple keys request during rehashing of slot"),
+		redisErr("LOADING Redis is loading the dataset in memory"), redisErr("READONLY You can't write against a read only replica."),
+		redisErr("MASTERDOWN Link with MASTER is down"), redis.ErrPoolTimeout} {
+		if ae := toAPIError(fmt.Errorf("create session: %w", err)); ae.Status != 503 || ae.Code != "store_unavailable" {
+			t.Errorf("%v: %d %s, want 503 store_unavailable", err, ae.Status, ae.Code)
+		}
+	}
+	for _, err := range []error{redisErr("ERR unknown command"), redisErr("WRONGTYPE Operation against a key holding the wrong kind of value"), fmt.Errorf("a bug")} {
+		if ae := toAPIError(fmt.Errorf("create session: %w", err)); ae.Status != 500 {
+			t.Errorf("%v: %d %s, want 500", err, ae.Status, ae.Code)
+		}
+	}
+}
