@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -608,6 +609,75 @@ func TestIdempotency(t *testing.T) {
 		t.Fatal("new key replayed")
 	}
 	expectError(t, e.do("POST", "/v1/sessions", e.key, body, "Idempotency-Key", strings.Repeat("k", 256)), 400, "invalid_request", "Idempotency-Key")
+}
+
+// TestIdempotencyGatewayDied: a gateway killed holding an Idempotency-Key (its claim made,
+// its lease no longer renewed) leaves the key to a retry once the lease lapses, and the
+// retry answers the one session of that key: the one the dead gateway made, when it got that
+// far, or a new one, never a second. Before leases the key answered 409 "in progress" for
+// its whole 24 h, and a retry that took it over would have made a second session.
+func TestIdempotencyGatewayDied(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	proj, err := e.st.GetProject(ctx, e.projA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 3 * time.Second
+	dead := store.New(e.rdb, store.WithIdemLease(lease)) // the killed gateway's store
+	body := []byte(`{"tier":2,"region":"far"}`)
+	fp := fingerprint(httptest.NewRequest("POST", "/v1/sessions", nil), body)
+	ids := func() []string {
+		var list struct{ Data []session.Session }
+		e.mustDo("GET", "/v1/sessions?limit=100", e.key, nil, 200, &list)
+		var out []string
+		for _, s := range list.Data {
+			out = append(out, s.ID)
+		}
+		return out
+	}
+	for _, wrote := range []bool{true, false} {
+		key := fmt.Sprintf("died-wrote-%v", wrote)
+		_, claim, err := dead.IdemBegin(ctx, e.projA, key, fp)
+		if err != nil || claim == nil {
+			t.Fatalf("%s: the dead gateway's claim: %v", key, err)
+		}
+		var made string
+		if wrote { // killed after its write, before its answer was recorded
+			var req session.CreateRequest
+			if err := json.Unmarshal(body, &req); err != nil {
+				t.Fatal(err)
+			}
+			sess, _, err := e.gw.admitRequest(ctx, proj, req, "sess_"+claim.Ref, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			made = sess.ID
+		}
+		before := ids()
+		// Within the lease the key is held: 409, which a client retries.
+		expectError(t, e.do("POST", "/v1/sessions", e.key, body, "Idempotency-Key", key), 409, "idempotency_key_reused", "")
+		time.Sleep(lease + 500*time.Millisecond)
+		var got session.Session
+		e.mustDo("POST", "/v1/sessions", e.key, body, 201, &got, "Idempotency-Key", key)
+		if made != "" && got.ID != made {
+			t.Fatalf("%s: the retry answered %s, a second session besides the dead gateway's %s", key, got.ID, made)
+		}
+		after := ids()
+		if want := len(before) + 1; wrote {
+			want = len(before)
+			if len(after) != want {
+				t.Fatalf("%s: %d sessions after the retry, want %d (the dead gateway's only): %v", key, len(after), want, after)
+			}
+		} else if len(after) != want || !slices.Contains(after, got.ID) {
+			t.Fatalf("%s: sessions %v after the retry, want %v and its %s", key, after, before, got.ID)
+		}
+		var again session.Session
+		r := e.mustDo("POST", "/v1/sessions", e.key, body, 201, &again, "Idempotency-Key", key)
+		if again.ID != got.ID || r.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%s: the next retry answered %s (replayed %q), want %s", key, again.ID, r.header.Get("Idempotent-Replayed"), got.ID)
+		}
+	}
 }
 
 func TestLimits(t *testing.T) {

@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"wb/store"
 )
@@ -56,9 +58,37 @@ func (r *recorder) Write(b []byte) (int, error) {
 	return r.ResponseWriter.Write(b)
 }
 
+// idemRefKey is the request context's key for the Idempotency-Key claim's ref.
+type idemRefKey struct{}
+
+// idemRef is what a handler learns of the Idempotency-Key its request holds.
+type idemRef struct {
+	// ref names what the request creates (a session "sess_" + ref): the same for every
+	// request that holds the key in turn, so a retry that takes over from a gateway that died
+	// mid-request finds what that one created instead of creating it again.
+	ref string
+	// resumed: an earlier request with this key ended without an answer.
+	resumed bool
+}
+
+// idemRefOf answers the request's claim on its Idempotency-Key (zero: it sent none).
+func idemRefOf(ctx context.Context) idemRef {
+	r, _ := ctx.Value(idemRefKey{}).(idemRef)
+	return r
+}
+
+// fingerprint is what makes two requests with one Idempotency-Key the same request.
+func fingerprint(r *http.Request, body []byte) string {
+	sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery+"\n"), body...))
+	return hex.EncodeToString(sum[:])
+}
+
 // idempotent makes a POST honour Idempotency-Key: the same key and body within 24 h answer
-// the first result; the same key with another body answers 409. Errors a retry could fix
-// (429, 5xx) are not remembered.
+// the first result; the same key with another body answers 409, as does the same key while
+// another request with it runs. A request holds the key with a lease its gateway renews: a
+// gateway killed mid-request leaves the key to the first retry after the lease (10 s), which
+// creates under the same ref (idemRef) and so finds what the dead one created. Errors a
+// retry could fix (429, 5xx) are not remembered.
 func (s *Server) idempotent(h handler) handler {
 	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
 		key := r.Header.Get("Idempotency-Key")
@@ -72,9 +102,8 @@ func (s *Server) idempotent(h handler) handler {
 		if err != nil {
 			return err
 		}
-		sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery+"\n"), body...))
-		fp := hex.EncodeToString(sum[:])
-		rec, err := s.Store.IdemBegin(r.Context(), p.ID, key, fp)
+		fp := fingerprint(r, body)
+		rec, claim, err := s.Store.IdemBegin(r.Context(), p.ID, key, fp)
 		if err != nil {
 			return err
 		}
@@ -87,15 +116,22 @@ func (s *Server) idempotent(h handler) handler {
 			_, _ = w.Write(rec.Body)
 			return nil
 		}
+		// The answer is recorded even when the caller has gone: a retry wants it.
+		ctx := context.WithoutCancel(r.Context())
+		stop := s.renewIdem(ctx, p.ID, key, claim)
+		r = r.WithContext(context.WithValue(r.Context(), idemRefKey{}, idemRef{ref: claim.Ref, resumed: claim.Resumed}))
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		rw := &recorder{ResponseWriter: w, max: s.MaxReplayBytes}
 		herr := h(rw, r, p)
 		if herr != nil {
 			s.writeError(rw, r, herr)
 		}
-		ctx := r.Context()
+		stop()
 		if rw.status == 429 || rw.status >= 500 || rw.status == 0 {
-			if err := s.Store.IdemRelease(ctx, p.ID, key); err != nil {
+			// A 429 is a refusal before anything is written: the key is forgotten. After a
+			// 5xx (or no answer) something may have been: a retry with this body takes the
+			// key over with its ref.
+			if err := s.Store.IdemRelease(ctx, p.ID, key, claim, rw.status == 429); err != nil {
 				s.log.Error("idempotency release", "err", err)
 			}
 			return nil
@@ -111,9 +147,32 @@ func (s *Server) idempotent(h handler) handler {
 				Message: fmt.Sprintf("the first answer to this Idempotency-Key was %d bytes, over the %d kept for replays (status %d); the request is not run again: read its result from the session or run it created", rw.written, s.MaxReplayBytes, rw.status)}})
 			rec.Status, rec.Header, rec.Body = 409, map[string]string{"Content-Type": "application/json"}, append(b, '\n')
 		}
-		if err := s.Store.IdemFinish(ctx, p.ID, key, *rec); err != nil {
+		if err := s.Store.IdemFinish(ctx, p.ID, key, claim, *rec); err != nil {
 			s.log.Error("idempotency finish", "err", err)
 		}
 		return nil
 	}
+}
+
+// renewIdem renews claim's lease every third of it until the answered stop, so that no retry
+// takes over from a request that is alive, however long it runs.
+func (s *Server) renewIdem(ctx context.Context, project, key string, claim *store.IdemClaim) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(s.Store.IdemLease() / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				if ok, err := s.Store.IdemRenew(ctx, project, key, claim); err != nil || !ok {
+					s.log.Warn("idempotency lease", "held", ok, "err", err)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }

@@ -22,11 +22,16 @@ var policyIDPattern = regexp.MustCompile(`^pol_[a-z0-9_]{1,64}(@[1-9][0-9]{0,8})
 // admit runs steps 2–5 of the admission pipeline for a create request body and answers the
 // session in pending, plus any warnings from the deciders.
 func (s *Server) admit(ctx context.Context, p store.Project, body []byte) (*session.Session, []string, error) {
+	return s.admitBody(ctx, p, body, "")
+}
+
+// admitBody is admit with the new session's id chosen by the caller ("": a new one).
+func (s *Server) admitBody(ctx context.Context, p store.Project, body []byte, id string) (*session.Session, []string, error) {
 	var req session.CreateRequest
 	if err := decodeStrict(body, &req); err != nil {
 		return nil, nil, err
 	}
-	return s.admitRequest(ctx, p, req, "", nil)
+	return s.admitRequest(ctx, p, req, id, nil)
 }
 
 // admitRequest is admit for a decoded request (a desktop's session comes this way, with the
@@ -259,7 +264,28 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
-	sess, warnings, err := s.admit(r.Context(), p, body)
+	ctx := r.Context()
+	// With an Idempotency-Key the session is named after the key's claim, which every
+	// request holding the key in turn shares: a retry that took the key over from a gateway
+	// that died mid-create answers the session that one made, if it made it, instead of a
+	// second one.
+	var id string
+	if ir := idemRefOf(ctx); ir.ref != "" {
+		id = "sess_" + ir.ref
+		if ir.resumed {
+			if sess, err := s.Store.Get(ctx, p.ID, id); err == nil {
+				return s.writeSession(ctx, w, 201, sess)
+			} else if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+		}
+	}
+	sess, warnings, err := s.admitBody(ctx, p, body, id)
+	if id != "" && errors.Is(err, store.ErrExists) { // made by the dead request meanwhile
+		if sess, err = s.Store.Get(ctx, p.ID, id); err == nil {
+			return s.writeSession(ctx, w, 201, sess)
+		}
+	}
 	if err != nil {
 		return err
 	}

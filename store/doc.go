@@ -1,7 +1,9 @@
 // Package store holds live state in Redis. Sessions are written only through Lua scripts
 // that compare state and version, reserve or release concurrency slots, maintain the list
 // indexes and append the event to the project's outbox stream in one atomic step. Beside
-// them: projects, their hashed API keys and the operator's plans; idempotency records;
+// them: projects, their hashed API keys and the operator's plans; idempotency records (each
+// held by its request through a lease its gateway renews, so that a retry takes over the key
+// of a request whose gateway died, under the same ref: idempotency.go);
 // snapshots and runs (JSON objects); desktops (desktops.go: records written by
 // compare-and-set on their version, each change of state appending its event to the outbox,
 // and the idle deadlines of the awake ones); node and gateway registrations; placement locks; and the

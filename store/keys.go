@@ -199,12 +199,19 @@ func (k ProjectKeyspace) project() string { return k.p + "project" }
 func (k ProjectKeyspace) objects(kind string) string  { return k.p + "obj:" + kind }
 func (k ProjectKeyspace) objIndex(kind string) string { return k.p + "idx:" + kind }
 
-// idempotency is a hash: one Idempotency-Key's fingerprint, state and stored answer, under
-// the key's SHA-256, with a TTL. Written by store (IdemBegin, IdemEnd).
+// idempotency is a string: one Idempotency-Key's record as JSON (fingerprint, ref, state and
+// stored answer), under the key's SHA-256, with a TTL. Written by store (IdemBegin,
+// IdemFinish, IdemRelease).
 func (k ProjectKeyspace) idempotency(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return k.p + "idem:" + hex.EncodeToString(sum[:])
 }
+
+// idempotencyLease is a string with a short TTL: the token of the request that holds the
+// Idempotency-Key now, renewed by its gateway while it works. A record with no lease and no
+// answer was left by a request that died (or failed retryably): a retry takes it over.
+// Written by store (IdemBegin, IdemRenew, IdemFinish, IdemRelease).
+func (k ProjectKeyspace) idempotencyLease(key string) string { return k.idempotency(key) + ":lease" }
 
 // Money and limits, written by quota.
 

@@ -57,6 +57,7 @@ func TestKeyNames(t *testing.T) {
 		{k.objects(KindSnapshot), "wb:{proj_1}:obj:snapshot"},
 		{k.objIndex(KindRun), "wb:{proj_1}:idx:run"},
 		{k.idempotency("key-1"), "wb:{proj_1}:idem:be2974546978e3739e6d6da85c4be9f334ce32df2b9fd4b6ff1b55c0d57e9d44"},
+		{k.idempotencyLease("key-1"), "wb:{proj_1}:idem:be2974546978e3739e6d6da85c4be9f334ce32df2b9fd4b6ff1b55c0d57e9d44:lease"},
 		{k.Limits(), "wb:{proj_1}:limits"},
 		{k.CapFlag("hard", "202603"), "wb:{proj_1}:capped:hard:202603"},
 		{k.EndUserCapFlag("eu_1", "soft", "202603"), "wb:{proj_1}:capped:soft:eu:eu_1:202603"},

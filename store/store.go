@@ -48,6 +48,8 @@ type Store struct {
 	now       func() time.Time
 	// tiers give each new session its provisioning deadline (provisionDeadline).
 	tiers session.Tiers
+	// idemLease is how long an Idempotency-Key's claim outlives its last renewal.
+	idemLease time.Duration
 }
 
 // Option configures a Store.
@@ -63,9 +65,19 @@ func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = no
 // session.DefaultTiers); give the placer the same.
 func WithTiers(t session.Tiers) Option { return func(s *Store) { s.tiers = t } }
 
+// WithIdemLease sets how long a request's claim on an Idempotency-Key outlives its last
+// renewal (default DefaultIdemLease; tests shorten it).
+func WithIdemLease(d time.Duration) Option {
+	return func(s *Store) {
+		if d > 0 {
+			s.idemLease = d
+		}
+	}
+}
+
 // New returns a Store over any go-redis client: a single server, a Cluster or a Ring.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{rdb: rdb, retention: 7 * 24 * time.Hour, now: time.Now, tiers: session.DefaultTiers()}
+	s := &Store{rdb: rdb, retention: 7 * 24 * time.Hour, now: time.Now, tiers: session.DefaultTiers(), idemLease: DefaultIdemLease}
 	for _, o := range opts {
 		o(s)
 	}

@@ -576,26 +576,103 @@ func TestIdempotency(t *testing.T) {
 	rdb, _ := redistest.Mini(t)
 	s := New(rdb)
 	ctx := context.Background()
-	if rec, err := s.IdemBegin(ctx, "p", "k1", "fp1"); rec != nil || err != nil {
-		t.Fatalf("first: %v %v", rec, err)
+	rec, c, err := s.IdemBegin(ctx, "p", "k1", "fp1")
+	if rec != nil || c == nil || c.Ref == "" || c.Resumed || err != nil {
+		t.Fatalf("first: %v %+v %v", rec, c, err)
 	}
-	if _, err := s.IdemBegin(ctx, "p", "k1", "fp1"); !errors.Is(err, ErrIdemInFlight) {
+	if _, _, err := s.IdemBegin(ctx, "p", "k1", "fp1"); !errors.Is(err, ErrIdemInFlight) {
 		t.Fatalf("in flight: %v", err)
 	}
-	if err := s.IdemFinish(ctx, "p", "k1", IdemRecord{Fingerprint: "fp1", Status: 201, Body: []byte("{}")}); err != nil {
+	if err := s.IdemFinish(ctx, "p", "k1", c, IdemRecord{Fingerprint: "fp1", Status: 201, Body: []byte("{}")}); err != nil {
 		t.Fatal(err)
 	}
-	rec, err := s.IdemBegin(ctx, "p", "k1", "fp1")
+	rec, _, err = s.IdemBegin(ctx, "p", "k1", "fp1")
 	if err != nil || rec.Status != 201 || string(rec.Body) != "{}" {
 		t.Fatalf("replay: %+v %v", rec, err)
 	}
-	if _, err := s.IdemBegin(ctx, "p", "k1", "fp2"); !errors.Is(err, ErrIdemMismatch) {
+	if _, _, err := s.IdemBegin(ctx, "p", "k1", "fp2"); !errors.Is(err, ErrIdemMismatch) {
 		t.Fatalf("mismatch: %v", err)
 	}
-	if rec, err := s.IdemBegin(ctx, "q", "k1", "fp2"); rec != nil || err != nil {
+	if rec, c, err := s.IdemBegin(ctx, "q", "k1", "fp2"); rec != nil || c == nil || err != nil {
 		t.Fatal("keys are not per project")
 	}
 	if ttl := rdb.TTL(ctx, ProjectKeys("p").idempotency("k1")).Val(); ttl <= 23*time.Hour {
 		t.Fatalf("ttl %s", ttl)
+	}
+}
+
+// TestIdempotencyTakeover: a request whose gateway dies holding a key stops renewing its
+// lease; once the lease lapses a retry takes the key over with the same ref (it may find
+// what the dead request created), and the dead request's late answer cannot overwrite the
+// retry's. Before leases, the key answered "in progress" for its whole 24 h.
+func TestIdempotencyTakeover(t *testing.T) {
+	rdb, m := redistest.Mini(t)
+	s := New(rdb, WithIdemLease(3*time.Second))
+	ctx := context.Background()
+	_, dead, err := s.IdemBegin(ctx, "p", "k", "fp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.FastForward(2 * time.Second)
+	if _, _, err := s.IdemBegin(ctx, "p", "k", "fp"); !errors.Is(err, ErrIdemInFlight) {
+		t.Fatalf("within the lease: %v", err)
+	}
+	if ok, err := s.IdemRenew(ctx, "p", "k", dead); !ok || err != nil {
+		t.Fatalf("renew: %v %v", ok, err)
+	}
+	m.FastForward(2 * time.Second) // 4 s after the claim, 2 s after the renewal
+	if _, _, err := s.IdemBegin(ctx, "p", "k", "fp"); !errors.Is(err, ErrIdemInFlight) {
+		t.Fatalf("within the renewed lease: %v", err)
+	}
+	m.FastForward(2 * time.Second) // the holder died: no renewal
+	if _, _, err := s.IdemBegin(ctx, "p", "k", "other"); !errors.Is(err, ErrIdemMismatch) {
+		t.Fatalf("another body after the lease: %v", err)
+	}
+	rec, retry, err := s.IdemBegin(ctx, "p", "k", "fp")
+	if err != nil || rec != nil || retry == nil || !retry.Resumed || retry.Ref != dead.Ref {
+		t.Fatalf("after the lease lapsed: %+v %+v %v, want a resumed claim with ref %s", rec, retry, err, dead.Ref)
+	}
+	if _, _, err := s.IdemBegin(ctx, "p", "k", "fp"); !errors.Is(err, ErrIdemInFlight) {
+		t.Fatalf("the retry holds the key: %v", err)
+	}
+	if ok, _ := s.IdemRenew(ctx, "p", "k", dead); ok {
+		t.Fatal("the dead request renewed a lease it lost")
+	}
+	if err := s.IdemFinish(ctx, "p", "k", dead, IdemRecord{Fingerprint: "fp", Status: 500}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.IdemFinish(ctx, "p", "k", retry, IdemRecord{Fingerprint: "fp", Status: 201, Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.IdemRelease(ctx, "p", "k", dead, true); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, err := s.IdemBegin(ctx, "p", "k", "fp"); err != nil || rec == nil || rec.Status != 201 || rec.Ref != dead.Ref {
+		t.Fatalf("the answer: %+v %v, want the retry's 201", rec, err)
+	}
+
+	// Released (a retryable failure): the next request takes over at once, with the ref.
+	_, c, _ := s.IdemBegin(ctx, "p", "r", "fp")
+	if err := s.IdemRelease(ctx, "p", "r", c, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, again, err := s.IdemBegin(ctx, "p", "r", "fp"); err != nil || again == nil || !again.Resumed || again.Ref != c.Ref {
+		t.Fatalf("after a release: %+v %v", again, err)
+	}
+	// Forgotten (refused: nothing written): the key is new again, for any body.
+	_, c, _ = s.IdemBegin(ctx, "p", "f", "fp")
+	if err := s.IdemRelease(ctx, "p", "f", c, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, again, err := s.IdemBegin(ctx, "p", "f", "other"); err != nil || again == nil || again.Resumed || again.Ref == c.Ref {
+		t.Fatalf("after forgetting: %+v %v", again, err)
+	}
+	// A claim of a gateway from before leases (no ref, no lease) is in flight, as then: its
+	// gateway renews nothing, and a takeover could run its request twice.
+	if err := rdb.Set(ctx, ProjectKeys("p").idempotency("old"), `{"fp":"fp","done":false}`, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.IdemBegin(ctx, "p", "old", "fp"); !errors.Is(err, ErrIdemInFlight) {
+		t.Fatalf("an old gateway's claim: %v", err)
 	}
 }
