@@ -39,8 +39,9 @@ type env struct {
 
 // startFleet starts a fleet whose nodes each hold two sessions of size s (1 vCPU, 2 GiB), and
 // lets the dev project use all of any node (its plan's node_share_pct, 50 by default). It
-// checks at the end that Stop left no guest, cgroup, process or file.
-func startFleet(t *testing.T) *env {
+// checks at the end that Stop left no guest, cgroup, process or file. tune changes the
+// fleet's options before it starts.
+func startFleet(t *testing.T, tune ...func(*fleet.Options)) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runc guests need root")
@@ -76,10 +77,14 @@ func startFleet(t *testing.T) *env {
 			t.Fatalf("WB_CHAOS_NODE_TIMEOUT: %v", err)
 		}
 	}
-	f, err := fleet.Start(ctx, fleet.Options{Dir: filepath.Join(tmp, "f"), Bin: bin, Runtime: "runc",
+	o := fleet.Options{Dir: filepath.Join(tmp, "f"), Bin: bin, Runtime: "runc",
 		NodeVCPU: 2, NodeMemoryMiB: 4096, NodeTimeout: nodeTimeout, NodeArgs: slow, Logf: t.Logf,
 		// A webhook receiver on loopback; a receiver back from an outage is retried within 1 s.
-		GatewayArgs: append(slices.Clip(slow), "--allow-private-webhooks", "--webhook-max-backoff", "1s")})
+		GatewayArgs: append(slices.Clip(slow), "--allow-private-webhooks", "--webhook-max-backoff", "1s")}
+	for _, fn := range tune {
+		fn(&o)
+	}
+	f, err := fleet.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,6 +71,8 @@ type Fleet struct {
 
 	stopOnce sync.Once
 	stopErr  error
+
+	gwMu sync.Mutex // guards gateways: RestartGateway replaces one
 }
 
 // Node is one `wb node` of the fleet.
@@ -182,36 +184,15 @@ func (f *Fleet) startNode(i int) error {
 }
 
 func (f *Fleet) startGateway(ctx context.Context, i int) error {
-	name := "gw" + strconv.Itoa(i+1)
-	args := []string{"serve", "--addr", "127.0.0.1:0", "--runtime", "none", "--data-dir", filepath.Join(f.opts.Dir, name)}
-	if f.opts.NodeTimeout > 0 {
-		args = append(args, "--node-timeout", f.opts.NodeTimeout.String())
-	}
-	stdout := filepath.Join(f.opts.Dir, name+".out")
-	p, err := startProc(f.opts.Bin, append(args, f.opts.GatewayArgs...), f.env(), filepath.Join(f.opts.Dir, name+".log"), &stdout)
+	p, u, err := f.runGateway(ctx, i, "127.0.0.1:0", "")
 	if err != nil {
-		return fmt.Errorf("fleet: gateway %s: %w", name, err)
+		return err
 	}
+	f.gwMu.Lock()
+	defer f.gwMu.Unlock()
 	f.gateways = append(f.gateways, p)
-	// A cold machine's first start assembles the templates: minutes, not seconds.
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		b, _ := os.ReadFile(stdout)
-		for _, line := range strings.Split(string(b), "\n") {
-			if u, ok := strings.CutPrefix(line, "WB_URL="); ok {
-				f.GatewayURLs = append(f.GatewayURLs, u)
-				f.opts.Logf("fleet: gateway %s at %s", name, u)
-				return nil
-			}
-		}
-		if p.exited() {
-			return fmt.Errorf("fleet: gateway %s exited at start: %s", name, p.tail())
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("fleet: gateway %s printed no WB_URL within 3 minutes: %s", name, p.tail())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f.GatewayURLs = append(f.GatewayURLs, u)
+	return nil
 }
 
 func (f *Fleet) waitRegistered(ctx context.Context, n *Node) error {
@@ -243,7 +224,7 @@ func (n *Node) Log() string { return n.proc.tail() }
 // Logs answers the end of every process's log, for a failing test's message.
 func (f *Fleet) Logs() string {
 	var b strings.Builder
-	for i, g := range f.gateways {
+	for i, g := range f.gatewayProcs() {
 		fmt.Fprintf(&b, "--- gateway %d:\n%s\n", i+1, g.tail())
 	}
 	for _, n := range f.Nodes {
@@ -271,7 +252,7 @@ func (f *Fleet) stop(ctx context.Context) error {
 		}
 		wg.Wait()
 	}
-	stopAll(f.gateways, 30*time.Second)
+	stopAll(f.gatewayProcs(), 30*time.Second)
 	nodes := make([]*proc, 0, len(f.Nodes))
 	for _, n := range f.Nodes {
 		nodes = append(nodes, n.proc)
