@@ -475,13 +475,13 @@ func (e *env) controlPlaneDown(t *testing.T) {
 	}
 	t.Logf("gateways down; the nodes' timers fired, after their deadlines: %s", strings.Join(figures, "; "))
 
+	back := time.Now() // the first gateway back delivers what the outage left
 	for i := range e.f.GatewayURLs {
 		if err := e.f.RestartGateway(ctx, i); err != nil {
 			t.Fatal(err)
 		}
 	}
-	up := time.Now()
-	downFor := up.Sub(down)
+	downFor := back.Sub(down)
 
 	// Through the API: each ended for its timer, at its deadline; every event delivered,
 	// in order, those of the outage after it; its usage settled once.
@@ -515,9 +515,9 @@ func (e *env) controlPlaneDown(t *testing.T) {
 		}
 		outage := got[slices.Index(types, session.EventRunning)+1:]
 		for _, d := range outage { // the timers' events: written during the outage
-			if d.came.Before(up) || d.at.After(up) {
+			if d.came.Before(back) || d.at.After(back) {
 				t.Errorf("session %s: %s of %s delivered at %s; the gateways were down until %s",
-					x.s.ID, d.typ, d.at.Format("15:04:05.000"), d.came.Format("15:04:05.000"), up.Format("15:04:05.000"))
+					x.s.ID, d.typ, d.at.Format("15:04:05.000"), d.came.Format("15:04:05.000"), back.Format("15:04:05.000"))
 			}
 		}
 		recorded := e.recordedMs(t, x.s.ID)
@@ -529,7 +529,7 @@ func (e *env) controlPlaneDown(t *testing.T) {
 			t.Errorf("session %s: billed %d ms, but it ran %v", x.s.ID, settled, ran)
 		}
 		figures = append(figures, fmt.Sprintf("%s %s (%s) stopped_at %+.1fs after the deadline, its %d events delivered in order (%d after the restart, within %.1fs), %d ms settled",
-			x.s.ID, end.State, reasonOf(end), end.StoppedAt.Sub(x.deadline).Seconds(), len(got), len(outage), got[len(got)-1].came.Sub(up).Seconds(), settled))
+			x.s.ID, end.State, reasonOf(end), end.StoppedAt.Sub(x.deadline).Seconds(), len(got), len(outage), got[len(got)-1].came.Sub(back).Seconds(), settled))
 	}
 	time.Sleep(5 * time.Second) // longer than a node's usage flush: a second settlement shows
 	for _, x := range ss {
