@@ -4,5 +4,8 @@
 // killed. Each case logs its figure. The fleet keeps wb's real timings (a node counts as dead after
 // wb serve's --node-timeout; WB_CHAOS_NODE_TIMEOUT sets another; a Redis primary is replaced
 // after a 2 s cluster-node-timeout) but for the webhook receiver's outage, the ten
-// minutes shortened to 20 s with --webhook-max-backoff 1s, and runs in about two minutes.
+// minutes shortened to 20 s with --webhook-max-backoff 1s. TestFleet shares one fleet across
+// its cases (about two minutes); TestGateways starts one with room for 24 sessions, kills a
+// gateway while 20 clients create through it and then both while the nodes' timers run
+// (about two minutes more: the timers' 30 s and 60 s minimums).
 package chaos
