@@ -91,7 +91,9 @@ func run(m *testing.M) int {
 	// --plugin-timeout 1s: the plugins' 20 ms default is a production budget; a cold make test
 	// starves the CPU past it, and the tests here check what plugins decide, not how fast.
 	for i, rt := range runtimes {
-		wg.Go(func() { ds[i], errs[i] = startServer(binPath, rt, "--pool", "1", "--desktop-pool", "0", "--plugin-timeout", "1s") })
+		wg.Go(func() {
+			ds[i], errs[i] = startServer(binPath, rt, "--pool", "1", "--desktop-pool", "0", "--plugin-timeout", "1s")
+		})
 	}
 	wg.Wait()
 	defer func() {
