@@ -43,7 +43,9 @@ func attacks() []attack {
 					t.Errorf("fork bomb: stderr %q says nothing of the process limit", tail(res.Stderr))
 				}
 			}},
-		{name: "fd bomb", timeoutS: 30, cmd: `cd /workspace && timeout 25 python3 -c '
+		// 8 children × 65536 fds, a third of them files through runsc's gofer: 26 s was not
+		// enough in a cold make test's last step, and a quiet machine took 34 s.
+		{name: "fd bomb", timeoutS: 110, cmd: `cd /workspace && timeout 100 python3 -c '
 import os, sys
 for i in range(8):
     if os.fork() == 0:
