@@ -46,7 +46,7 @@ var (
 const (
 	tick     = 50 * time.Millisecond
 	margin   = 5 * time.Second
-	teardown = 10 * time.Second
+	teardown = 20 * time.Second
 	poll     = 100 * time.Millisecond
 )
 

@@ -51,7 +51,7 @@ func testIdleTimeout(t *testing.T, rt string) {
 		}
 		within(t, "idle_warning_at", got.IdleWarningAt.Time, started.Add(24*time.Second), started.Add(24*time.Second+margin))
 
-		end, seen := waitState(t, st, project, s.ID, time.Until(deadline)+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
+		end, seen := waitState(t, st, project, s.ID, time.Until(deadline)+margin+teardown+poll, session.Stopped, session.Failed, session.Expired)
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
 		within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin+teardown))
 		within(t, "stopped state observed", seen, deadline, deadline.Add(margin+teardown+poll))
@@ -99,7 +99,7 @@ func testIdleTimeout(t *testing.T, rt string) {
 
 		warn := waitEvent(t, st, project, s.ID, session.EventIdleWarning, 2, time.Until(after.Add(30*time.Second)))
 		within(t, "second idle_warning event", atMs(warn.AtMs), before.Add(24*time.Second), after.Add(24*time.Second+margin))
-		end, _ := waitState(t, st, project, s.ID, time.Until(after.Add(30*time.Second))+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
+		end, _ := waitState(t, st, project, s.ID, time.Until(after.Add(30*time.Second))+margin+teardown+poll, session.Stopped, session.Failed, session.Expired)
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
 		within(t, "stopped_at", end.StoppedAt.Time, before.Add(30*time.Second), after.Add(30*time.Second+margin+teardown))
 		if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
@@ -134,7 +134,7 @@ func testIdleTimeout(t *testing.T, rt string) {
 		}
 		for _, s := range ss {
 			deadline := s.StartedAt.Add(30 * time.Second)
-			end, _ := waitState(t, st, project, s.ID, time.Until(deadline)+margin+10*time.Second, session.Stopped, session.Failed, session.Expired)
+			end, _ := waitState(t, st, project, s.ID, time.Until(deadline)+margin+teardown+poll, session.Stopped, session.Failed, session.Expired)
 			checkEnded(t, end, session.Stopped, session.IdleTimeout)
 			evs := events(t, st, project, s.ID)
 			if stopping := eventsOf(evs, session.EventStopping); len(stopping) == 1 {
@@ -204,7 +204,7 @@ func testMaxLifetime(t *testing.T, rt string) {
 		t.Errorf("lifetime_warning_at not set after the warning (session %s)", got.State)
 	}
 
-	end, seen := waitState(t, st, project, s.ID, time.Until(expiry)+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
+	end, seen := waitState(t, st, project, s.ID, time.Until(expiry)+margin+teardown+poll, session.Stopped, session.Failed, session.Expired)
 	stopBusy()
 	execs, stopBusy = <-busy, nil
 	checkEnded(t, end, session.Expired, session.MaxLifetime)
@@ -323,7 +323,7 @@ func testRedisOutage(t *testing.T, rt string, k int) {
 
 	for _, s := range ss {
 		started := s.StartedAt.Time
-		end, _ := waitState(t, st, project, s.ID, 15*time.Second, session.Stopped, session.Failed, session.Expired)
+		end, _ := waitState(t, st, project, s.ID, margin+teardown+poll, session.Stopped, session.Failed, session.Expired)
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
 		within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline(s), deadline(s).Add(margin+teardown))
 		evs := events(t, st, project, s.ID)
@@ -379,7 +379,7 @@ func testNodeRestart(t *testing.T, rt string) {
 
 	warn := waitEvent(t, st, project, s.ID, session.EventIdleWarning, 1, time.Until(deadline))
 	within(t, "idle_warning event", atMs(warn.AtMs), started.Add(24*time.Second), started.Add(24*time.Second+margin))
-	end, seen := waitState(t, st, project, s.ID, time.Until(deadline)+margin+5*time.Second, session.Stopped, session.Failed, session.Expired)
+	end, seen := waitState(t, st, project, s.ID, time.Until(deadline)+margin+teardown+poll, session.Stopped, session.Failed, session.Expired)
 	checkEnded(t, end, session.Stopped, session.IdleTimeout)
 	within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin+teardown))
 	within(t, "stopped state observed", seen, deadline, deadline.Add(margin+teardown+poll))

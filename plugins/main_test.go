@@ -220,6 +220,12 @@ func newTestHost(t testing.TB, rdb redis.UniversalClient, o Options) (*Host, *lo
 	if o.CacheDir == "" {
 		o.CacheDir = cacheDir
 	}
+	if o.InitTimeout == 0 {
+		// A Go guest's _initialize takes milliseconds, but a race-instrumented wazero on a
+		// loaded 2-core machine ran past the default 1 s (CI failed TestNoLeak so). The
+		// deadline itself is tested with its own host in TestValidate.
+		o.InitTimeout = 30 * time.Second
+	}
 	h, err := NewHost(context.Background(), rdb, o)
 	if err != nil {
 		t.Fatal(err)
