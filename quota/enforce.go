@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"wb/session"
 	"wb/store"
@@ -81,9 +82,10 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 
 // stopScope stops every live session of the project (or of the end user): running and
 // paused ones, and those admitted before the crossing that have yet to start (pending ones
-// end at once, starting ones are torn down), else they would run past the cap.
+// end at once, starting ones are torn down), else they would run past the cap. A session
+// taking a snapshot is stopped once the snapshot is taken and it is running again.
 func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, log *slog.Logger) {
-	for _, st := range []session.State{session.Pending, session.Provisioning, session.Running, session.Paused} {
+	for _, st := range []session.State{session.Pending, session.Provisioning, session.Running, session.Paused, session.Snapshotting} {
 		ids, err := e.Store.IDsInState(ctx, ev.Project, st, 100000)
 		if err != nil {
 			log.Error("spend cap: list sessions", "err", err)
@@ -106,9 +108,15 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slo
 		if ev.EndUser != "" && (s.EndUserID == nil || *s.EndUserID != ev.EndUser) {
 			return
 		}
+		if s.State == session.Snapshotting {
+			// No transition leaves snapshotting but the caller's own (back to running, or
+			// failed with the host): wait for it in the background, not in the settler's loop.
+			go e.stopAfterSnapshot(context.WithoutCancel(ctx), ev, id, log)
+			return
+		}
 		to, err := session.Next(s.State, session.Metering, session.SpendCap)
 		if err != nil {
-			return // snapshotting: no transition of metering leaves it (a known gap: see the note)
+			return
 		}
 		out, err := e.Store.Transition(ctx, store.Change{Project: ev.Project, ID: id, From: s.State, To: to,
 			Driver: session.Metering, Reason: session.SpendCap, Version: s.Version})
@@ -126,5 +134,36 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slo
 			}
 		}
 		return
+	}
+}
+
+// snapshotWait bounds how long a spend-cap stop waits for a session's snapshot to end: far
+// longer than a snapshot takes (seconds), short enough that a stuck one leaves no goroutine.
+const snapshotWait = 10 * time.Minute
+
+// stopAfterSnapshot waits until session id leaves snapshotting, then stops it as stopOne does.
+func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, id string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, snapshotWait)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			log.Error("spend cap: the session's snapshot did not end; it was not stopped", "session", id, "waited", snapshotWait)
+			return
+		case <-tick.C:
+		}
+		s, err := e.Store.Get(ctx, ev.Project, id)
+		if err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return
+			}
+			continue // Redis away for a moment: ask again
+		}
+		if s.State != session.Snapshotting {
+			e.stopOne(ctx, ev, id, log)
+			return
+		}
 	}
 }

@@ -179,3 +179,64 @@ func (r *recordingStopper) ids() []string {
 	defer r.mu.Unlock()
 	return slices.Clone(r.stopped)
 }
+
+// A hard cap crossed while a session takes a snapshot stops it once the snapshot is taken:
+// snapshotting has no transition of metering's, and the session would otherwise run on past
+// the cap when the caller's snapshot returned it to running.
+func TestEnforcerStopsSessionAfterItsSnapshot(t *testing.T) {
+	ctx := context.Background()
+	st := store.New(redistest.Server(t))
+	project := "proj_snapcap"
+	now := time.Now()
+	s, err := st.Create(ctx, &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending,
+		ProjectID: project, Template: "tpl_base", Region: "local", CreatedAt: *session.At(now),
+		IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []store.Change{
+		{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node},
+		{From: session.Running, To: session.Snapshotting, Driver: session.Caller},
+	} {
+		ch.Project, ch.ID = project, s.ID
+		if _, err := st.Transition(ctx, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopper := &recordingStopper{}
+	e := &Enforcer{Store: st, Stopper: stopper}
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+
+	// The snapshot is still being taken: nothing moves under it.
+	time.Sleep(300 * time.Millisecond)
+	if got, err := st.Get(ctx, project, s.ID); err != nil || got.State != session.Snapshotting {
+		t.Fatalf("during the snapshot: %v %v, want snapshotting", got.State, err)
+	}
+	if _, err := st.Transition(ctx, store.Change{Project: project, ID: s.ID, From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := st.Get(ctx, project, s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == session.Stopping {
+			if got.StateReason == nil || *got.StateReason != session.SpendCap {
+				t.Errorf("stopping for %v, want spend_cap", got.StateReason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %s 20 s after its snapshot ended; want stopping (spend_cap)", got.State)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(stopper.ids()) == 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := stopper.ids(); len(got) != 1 || got[0] != s.ID {
+		t.Errorf("torn down %v, want %s", got, s.ID)
+	}
+}
