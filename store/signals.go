@@ -117,7 +117,7 @@ func (s *Store) Signals(ctx context.Context, w Work, group, consumer string, wai
 
 func (s *Store) readSignals(ctx context.Context, key, group, consumer, start string, block time.Duration, count int) ([]Signal, error) {
 	res, err := s.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: consumer,
-		Streams: []string{key, start}, Count: int64(count), Block: block}).Result()
+		Streams: []string{key, start}, Count: int64(count), Block: blockArg(block)}).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -197,4 +197,15 @@ func (s *Store) ForgetIdleConsumers(ctx context.Context, w Work, group string, a
 		}
 	}
 	return nil
+}
+
+// blockArg is go-redis's Block for a wait: none at or below zero (-1 sends no BLOCK), and
+// at least a millisecond above it. go-redis sends whole milliseconds, and BLOCK 0 blocks
+// for ever: a wait of 400 µs (a placer whose next deadline was that near) hung the read
+// until the client's socket timeout, 10 s later, and the deadline passed unenforced.
+func blockArg(wait time.Duration) time.Duration {
+	if wait <= 0 {
+		return -1
+	}
+	return max(wait, time.Millisecond)
 }

@@ -217,3 +217,24 @@ func TestForgetIdleConsumers(t *testing.T) {
 		t.Fatalf("consumers left: %v; want busy (a signal pending) and recent", names)
 	}
 }
+
+// TestSignalsWaitUnderAMillisecond: a wait shorter than Redis's unit ends about when it
+// should. go-redis sends BLOCK in whole milliseconds, and BLOCK 0 blocks for ever: a placer
+// whose next deadline was 400 µs away waited out the client's socket timeout (10 s) instead.
+func TestSignalsWaitUnderAMillisecond(t *testing.T) {
+	s := New(redistest.Server(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, wait := range []time.Duration{time.Nanosecond, 400 * time.Microsecond, 999 * time.Microsecond} {
+		start := time.Now()
+		if got, err := s.Signals(ctx, WorkPending, "g", "c", wait, 10); err != nil || len(got) != 0 {
+			t.Fatalf("wait %v: %v %v", wait, got, err)
+		}
+		if _, _, err := s.TailSignals(ctx, WorkPending, "", wait, 10); err != nil {
+			t.Fatalf("tail, wait %v: %v", wait, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("a wait of %v took %v", wait, d)
+		}
+	}
+}

@@ -29,11 +29,7 @@ func (s *Store) TailSignals(ctx context.Context, w Work, after string, wait time
 			after = last[0].ID
 		}
 	}
-	block := wait
-	if block <= 0 {
-		block = -1 // go-redis: no BLOCK
-	}
-	res, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{key, after}, Count: int64(count), Block: block}).Result()
+	res, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{key, after}, Count: int64(count), Block: blockArg(wait)}).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, after, nil
 	}
