@@ -35,7 +35,8 @@ BENCH_RATE ?= 1
 bench-fleet: deps build
 	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s
 
-# vet -race compiles the packages as the race-instrumented tests do, so the tests reuse its work.
+# go vet is make lint's (CI runs both): its analysis of every package and every dependency
+# (for facts) took about as long again as compiling them, minutes of a cold make test.
 # bin/wb-test is the static wb that the tests run as a server, and bin/wb-agent beside it the
 # agent its guests run, and bin/fakech the fake Cloud Hypervisor; each is built once, static (so
 # they share compiled packages), and shared through WB_TEST_BIN, WB_TEST_AGENT_BIN and
@@ -46,16 +47,15 @@ test: export WB_TEST_BIN := $(CURDIR)/bin/wb-test
 test: export WB_TEST_AGENT_BIN := $(CURDIR)/bin/wb-agent
 test: export WB_TEST_FAKECH := $(CURDIR)/bin/fakech
 test: deps
-	$(GO) vet -race $(PKGS)
 	CGO_ENABLED=0 $(GO) build -o bin/wb-test ./cmd/wb
 	CGO_ENABLED=0 $(GO) build -o bin/wb-agent ./cmd/wb-agent
-	# The fake VMM runs on the host only: built as the tests are (-race), it links what vet
-	# compiled above, where a static build compiled its OpenAPI validator again (3 min cold).
+	# The fake VMM runs on the host only: built as the tests are (-race), it shares their
+	# compiled packages, where a static build compiled its OpenAPI validator again (3 min cold).
 	$(GO) build -race -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech
 	# The TypeScript SDK: unit tests, its drift from the OpenAPI document, and seed 000's
 	# patterns against a wb serve of bin/wb-test with runc guests.
 	cd sdk/ts && npm ci --no-audit --no-fund && npm test
-	# -vet=off: the vet step above ran every analyzer on these packages already.
+	# -vet=off: make lint runs every analyzer.
 	$(GO) test -vet=off $(TESTFLAGS) -skip '^(TestAdversarial|TestExhaustion)$$' $(PKGS)
 	# The attacks fork-bomb, flood and starve real guests: they run after the rest, one package
 	# at a time, so that the timing tests (idle deadlines, pause, checkpoint) never run beside them.
