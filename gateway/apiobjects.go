@@ -31,6 +31,14 @@ type Project struct {
 	Concurrency int    `json:"concurrency"`
 }
 
+// APIKeyRevoked answers DELETE /v1/admin/projects/{id}/keys/{prefix}.
+type APIKeyRevoked struct {
+	Object    string `json:"object"` // "api_key"
+	ProjectID string `json:"project_id"`
+	Prefix    string `json:"prefix"`
+	Revoked   bool   `json:"revoked"`
+}
+
 // ProjectPlan is the operator's plan of one project.
 type ProjectPlan struct {
 	Object    string `json:"object"` // "plan"

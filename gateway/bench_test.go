@@ -114,6 +114,23 @@ func BenchmarkCreateSession(b *testing.B) {
 	reportLatencies(b, all, time.Since(start))
 }
 
+// BenchmarkRedisPing: one PING round trip, from as many clients as BenchmarkCreateSession
+// has: the baseline, measured in the same run, that a create's cost is read against.
+func BenchmarkRedisPing(b *testing.B) {
+	rdb := redistest.Server(b)
+	ctx := context.Background()
+	b.SetParallelism(4)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
 // BenchmarkCreateAt2000PerSec: an open-loop load of 2,000 creates/s for 3 s (the issue's
 // target rate); p99 is measured at that rate, not at saturation.
 func BenchmarkCreateAt2000PerSec(b *testing.B) {

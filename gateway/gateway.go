@@ -141,9 +141,10 @@ func New(cfg Config) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,
 		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs")}
-	s.auth = authCache{ttl: 5 * time.Second, m: map[string]authEntry{}}
+	s.auth = authCache{m: map[string]authEntry{}}
 	s.idleKick = make(chan struct{}, 1)
 	s.routes()
+	s.watchChanges(ctx)
 	s.desktopWork(func() { s.runDesktopIdle(ctx) })
 	s.desktopWork(func() { s.runDesktopRecovery(ctx) })
 	return s, nil
@@ -172,6 +173,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/admin/projects", s.adminCreateProject)
 	m.Handle("GET /v1/admin/projects/{id}/plan", s.admin(s.adminGetPlan))
 	m.Handle("PUT /v1/admin/projects/{id}/plan", s.admin(s.adminPutPlan))
+	m.Handle("DELETE /v1/admin/projects/{id}/keys/{prefix}", s.admin(s.adminRevokeKey))
 	m.Handle("GET /v1/admin/nodes", s.admin(s.adminListNodes))
 	m.Handle("PUT /v1/admin/nodes/{id}/draining", s.admin(s.adminDrainNode))
 
@@ -248,36 +250,18 @@ func (s *Server) authed(h handler) http.Handler {
 	})
 }
 
-type authEntry struct {
-	p   store.Project
-	exp time.Time
-}
-
-// authCache keeps recent key → project lookups for a few seconds, off the hot path's Redis.
-type authCache struct {
-	mu  sync.Mutex
-	ttl time.Duration
-	m   map[string]authEntry
-}
-
+// authenticate answers key's project: kept (caches.go), or read and kept.
 func (s *Server) authenticate(ctx context.Context, key string) (store.Project, error) {
 	now := s.Now()
-	s.auth.mu.Lock()
-	e, ok := s.auth.m[key]
-	s.auth.mu.Unlock()
-	if ok && now.Before(e.exp) {
-		return e.p, nil
+	p, ok, gen := s.auth.get(key, now)
+	if ok {
+		return p, nil
 	}
 	p, err := s.Store.Authenticate(ctx, key)
 	if err != nil {
 		return p, err
 	}
-	s.auth.mu.Lock()
-	if len(s.auth.m) > 10000 {
-		clear(s.auth.m)
-	}
-	s.auth.m[key] = authEntry{p, now.Add(s.auth.ttl)}
-	s.auth.mu.Unlock()
+	s.auth.put(key, p, now, gen)
 	return p, nil
 }
 

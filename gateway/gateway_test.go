@@ -693,7 +693,7 @@ func TestLimits(t *testing.T) {
 	if err := e.st.SetRate(context.Background(), projC, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	e.gw.auth.m = map[string]authEntry{} // drop the cached plan
+	// SetRate returns once the gateway has dropped the project it kept (store.Changes).
 	// One token a second: of a few quick requests, one at least is over the rate (a slow
 	// machine may refill a token between two of them, so no single one is certain).
 	for i := 0; i < 5; i++ {

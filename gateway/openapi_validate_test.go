@@ -230,6 +230,7 @@ var registeredRoutes = []string{
 	"POST /v1/admin/projects",
 	"GET /v1/admin/projects/{id}/plan",
 	"PUT /v1/admin/projects/{id}/plan",
+	"DELETE /v1/admin/projects/{id}/keys/{prefix}",
 	"GET /v1/admin/nodes",
 	"PUT /v1/admin/nodes/{id}/draining",
 	"POST /v1/sessions",

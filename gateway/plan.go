@@ -62,15 +62,26 @@ func (s *Server) adminPutPlan(w http.ResponseWriter, r *http.Request) error {
 	} else if err != nil {
 		return err
 	}
-	s.forgetProjects()
+	// SetPlan returned once every gateway dropped the project (caches.go); this one again, in
+	// case its own subscription is late.
+	s.auth.forget(id)
 	return s.adminGetPlan(w, r)
 }
 
-// forgetProjects drops the cached key → project lookups, whose limits are now stale.
-func (s *Server) forgetProjects() {
-	s.auth.mu.Lock()
-	clear(s.auth.m)
-	s.auth.mu.Unlock()
+// adminRevokeKey: DELETE /v1/admin/projects/{id}/keys/{prefix} revokes the project's API key
+// whose first characters are prefix (store.KeyPrefix). It answers once every gateway has
+// dropped the key: from then on it is refused everywhere.
+func (s *Server) adminRevokeKey(w http.ResponseWriter, r *http.Request) error {
+	id, prefix := r.PathValue("id"), r.PathValue("prefix")
+	if err := s.Store.RevokeAPIKey(r.Context(), id, prefix); errors.Is(err, store.ErrNotFound) {
+		return &apiError{Status: 404, Type: "not_found", Code: "not_found",
+			Message: fmt.Sprintf("project %q has no API key with prefix %q (a key's prefix is its first 16 characters)", id, prefix)}
+	} else if err != nil {
+		return err
+	}
+	s.auth.forget(id)
+	writeJSON(w, 200, APIKeyRevoked{Object: "api_key", ProjectID: id, Prefix: prefix, Revoked: true})
+	return nil
 }
 
 // errPlanLimit is a 403 for a request past one of the plan's limits.

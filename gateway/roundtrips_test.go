@@ -79,7 +79,12 @@ func (tripHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 // the round trips each request makes (and only the request's: not the background loops').
 func tripServer(t *testing.T, opts ...func(*Config, redis.UniversalClient)) (url, key, project string, tr *trips) {
 	t.Helper()
-	rdb := redistest.Server(t)
+	return tripServerOn(t, redistest.Server(t), opts...)
+}
+
+// tripServerOn is tripServer over rdb.
+func tripServerOn(t *testing.T, rdb *redis.Client, opts ...func(*Config, redis.UniversalClient)) (url, key, project string, tr *trips) {
+	t.Helper()
 	rdb.AddHook(tripHook{})
 	st := store.New(rdb)
 	cfg := Config{Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: quota.NewAccounts(rdb), Webhooks: webhooks.NewRegistry(rdb),

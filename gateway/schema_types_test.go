@@ -48,6 +48,7 @@ var apiTypes = map[string]reflect.Type{
 	"Project":                reflect.TypeFor[Project](),
 	"Plan":                   reflect.TypeFor[store.Plan](),
 	"ProjectPlan":            reflect.TypeFor[ProjectPlan](),
+	"APIKeyRevoked":          reflect.TypeFor[APIKeyRevoked](),
 	"Node":                   reflect.TypeFor[Node](),
 	"NodeList":               reflect.TypeFor[session.List[Node]](),
 	"NodeDrain":              reflect.TypeFor[NodeDrain](),

@@ -67,7 +67,7 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 		if p, err = s.Store.GetProject(ctx, p.ID); err != nil {
 			return err
 		}
-		s.forgetProjects()
+		s.auth.forget(p.ID) // every gateway's is dropped before LowerLimits returns; this one's in any case
 	}
 	if err := s.Accounts.SetLimits(ctx, p.ID, cur); err != nil {
 		return err

@@ -12,7 +12,9 @@
 //
 // Each replica caches a project's plugin set and checks the counter at most once per
 // Options.RefreshInterval, so a change made through another replica is seen within that
-// interval (one made through this Host is seen at once). A module is compiled once per digest
+// interval (one made through this Host is seen at once). Gateways do better: every change is
+// announced on store.Changes, and Put, Delete and SetLimits return only once each gateway has
+// dropped its copy (Forget), so the next decision on any gateway reads the new set. A module is compiled once per digest
 // (wazero's compilation cache, one runtime per memory limit sharing it); each (project, digest)
 // has a bounded pool of instances, created on demand and reused call after call. Every call runs
 // under its own deadline with WithCloseOnContextDone; an instance that fails in any way is

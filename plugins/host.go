@@ -12,6 +12,8 @@ import (
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"wb/store"
 )
 
 // Defaults of Options.
@@ -100,6 +102,10 @@ type Host struct {
 	runtimes map[uint32]wazero.Runtime // by memory limit in pages
 	modules  map[moduleKey]*module
 	projects map[string]*project
+
+	// changes announces Put, Delete and SetLimits to every gateway, and each drops its copy
+	// of the project's set (Forget). nil without Redis.
+	changes *store.Changes
 }
 
 // NewHost makes a host. rdb may be nil for a host that only validates and runs one-shot calls
@@ -117,6 +123,9 @@ func NewHost(ctx context.Context, rdb redis.UniversalClient, o Options) (*Host, 
 	}
 	h := &Host{rdb: rdb, o: o, log: o.Logger, cache: cache, start: time.Now(),
 		runtimes: map[uint32]wazero.Runtime{}, modules: map[moduleKey]*module{}, projects: map[string]*project{}}
+	if rdb != nil {
+		h.changes = store.NewChanges(rdb, o.Logger)
+	}
 	h.bg, h.stop = context.WithCancel(context.WithoutCancel(ctx))
 	// The default runtime, now, so that a broken setup fails here.
 	if _, err := h.runtime(ctx, o.MemoryLimitPages); err != nil {

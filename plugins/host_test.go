@@ -503,3 +503,32 @@ func TestCall(t *testing.T) {
 		t.Fatalf("%+v %v", d, err)
 	}
 }
+
+// TestForget: a host whose own refresh would take an hour reads a project's set again at its
+// next decision once told to Forget it (a gateway is told by store.Changes), and ForgetAll
+// does the same for every project.
+func TestForget(t *testing.T) {
+	rdb := mini(t)
+	a, _ := newTestHost(t, rdb, Options{})
+	b, _ := newTestHost(t, rdb, Options{RefreshInterval: time.Hour})
+	const p = "proj-forget"
+	in := admission(t, session.CreateRequest{Tier: intp(1)})
+	if ds := decide(t, b, p, in); len(ds) != 0 {
+		t.Fatalf("%+v", ds)
+	}
+	mustPut(t, a, p, "deny", constPlugin(`{"allow":false,"reasons":["v1"]}`), 0, false)
+	if ds := decide(t, b, p, in); len(ds) != 0 {
+		t.Fatalf("b read the set again without being told: %+v", ds)
+	}
+	b.Forget(p)
+	if ds := decide(t, b, p, in); len(ds) != 1 || !slices.Equal(ds[0].Reasons, []string{"v1"}) {
+		t.Fatalf("after Forget: %+v", ds)
+	}
+	if err := a.Delete(ctxT(t), p, "deny"); err != nil {
+		t.Fatal(err)
+	}
+	b.ForgetAll()
+	if ds := decide(t, b, p, in); len(ds) != 0 {
+		t.Fatalf("after ForgetAll: %+v", ds)
+	}
+}

@@ -98,8 +98,9 @@ func (h *Host) needRedis() error {
 
 // Put validates wasm and stores it as the project's plugin name (replacing any), for the
 // points given, run at order among the project's plugins, failing open or closed. Calls
-// already running finish on the old version; calls from now on, on this replica, use the new
-// one (other replicas within Options.RefreshInterval).
+// already running finish on the old version; calls from now on use the new one, on this
+// replica and on the gateways', which drop their copy of the set before Put returns
+// (store.Changes, Forget); other replicas within Options.RefreshInterval.
 func (h *Host) Put(ctx context.Context, project, name string, wasm []byte, points []string, order int, failOpen bool, opts ...Option) (Plugin, error) {
 	var o options
 	for _, f := range opts {
@@ -151,6 +152,7 @@ func (h *Host) Put(ctx context.Context, project, name string, wasm []byte, point
 	if err != nil {
 		return Plugin{}, err
 	}
+	h.changes.Publish(ctx, project, store.ChangePlugins)
 	s, err := h.reload(ctx, project)
 	if err != nil {
 		return Plugin{}, err
@@ -189,6 +191,7 @@ func (h *Host) Delete(ctx context.Context, project, name string) error {
 	if !found {
 		return ErrNotFound
 	}
+	h.changes.Publish(ctx, project, store.ChangePlugins)
 	_, err = h.reload(ctx, project)
 	return err
 }
@@ -261,6 +264,7 @@ func (h *Host) SetLimits(ctx context.Context, project string, l Limits) error {
 	if err != nil {
 		return fmt.Errorf("plugins: set limits of %s: %w", project, err)
 	}
+	h.changes.Publish(ctx, project, store.ChangePlugins)
 	_, err = h.reload(ctx, project)
 	return err
 }
@@ -384,9 +388,34 @@ type project struct {
 	snap       atomic.Pointer[snapshot]
 	checked    atomic.Int64 // Host.since at the last check against Redis
 	refreshing atomic.Bool
+	// gen counts Forgets: a set read before the latest one is not used, whenever its read
+	// ends.
+	gen atomic.Uint64
+}
+
+// Forget drops the project's loaded plugin set: another replica changed it (a gateway hears
+// of it through store.Changes). The next decision reads it again, reusing the pools of the
+// plugins that did not change.
+func (h *Host) Forget(id string) {
+	h.mu.Lock()
+	pr := h.projects[id]
+	h.mu.Unlock()
+	if pr != nil {
+		pr.gen.Add(1)
+	}
+}
+
+// ForgetAll is Forget for every project.
+func (h *Host) ForgetAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, pr := range h.projects {
+		pr.gen.Add(1)
+	}
 }
 
 type snapshot struct {
+	gen     uint64 // the project's gen when its read began
 	ver     int64
 	limits  Limits
 	byPoint map[string][]*entry
@@ -431,7 +460,7 @@ func (h *Host) snapshot(ctx context.Context, id string) (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s := pr.snap.Load(); s != nil {
+	if s := pr.snap.Load(); s != nil && s.gen == pr.gen.Load() {
 		if h.now()-pr.checked.Load() >= int64(h.o.RefreshInterval) && pr.refreshing.CompareAndSwap(false, true) {
 			h.mu.Lock()
 			if h.closed {
@@ -446,7 +475,7 @@ func (h *Host) snapshot(ctx context.Context, id string) (*snapshot, error) {
 	}
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	if s := pr.snap.Load(); s != nil {
+	if s := pr.snap.Load(); s != nil && s.gen == pr.gen.Load() {
 		return s, nil
 	}
 	return h.load(ctx, pr)
@@ -499,6 +528,7 @@ func (h *Host) load(ctx context.Context, pr *project) (*snapshot, error) {
 		return nil, err
 	}
 	k := projectKeys(pr.id)
+	gen := pr.gen.Load()
 	var ver *redis.StringCmd
 	var meta, lim *redis.MapStringStringCmd
 	_, err := h.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -518,7 +548,7 @@ func (h *Host) load(ctx context.Context, pr *project) (*snapshot, error) {
 	sortPlugins(plugins)
 
 	old := pr.snap.Load()
-	s := &snapshot{ver: v, limits: h.resolveLimits(lim.Val()), byPoint: map[string][]*entry{}, pools: map[moduleKey]*pool{}}
+	s := &snapshot{gen: gen, ver: v, limits: h.resolveLimits(lim.Val()), byPoint: map[string][]*entry{}, pools: map[moduleKey]*pool{}}
 	for _, p := range plugins {
 		e := &entry{p: p, decider: "plugin " + p.Name}
 		key := moduleKey{s.limits.MemoryLimitPages, p.Digest}

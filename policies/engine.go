@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
+
+	"wb/store"
 )
 
 // shippedFS holds the platform's Rego and its tests (*_test.rego, run by the tests and by
@@ -77,6 +79,8 @@ type Engine struct {
 	loads    singleflight.Group
 
 	dlog *decisionLog
+	// changes announces a Put to every gateway, and each drops its copy (Forget).
+	changes *store.Changes
 }
 
 // policy is one evaluable revision: a shipped module (ID "platform") or a project's version.
@@ -155,6 +159,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 		return nil, err
 	}
 	e.dlog = dl
+	e.changes = store.NewChanges(rdb, o.Logger)
 	return e, nil
 }
 
@@ -212,10 +217,11 @@ type policySet struct {
 	byName  map[string]*policy
 	byPoint map[string][]*policy // sorted by name
 	loaded  time.Time
+	gen     uint64 // the project's generation when its read began (projectState.gen)
 }
 
-func newPolicySet(ps []*policy, loaded time.Time) *policySet {
-	s := &policySet{byName: map[string]*policy{}, byPoint: map[string][]*policy{}, loaded: loaded}
+func newPolicySet(ps []*policy, loaded time.Time, gen uint64) *policySet {
+	s := &policySet{byName: map[string]*policy{}, byPoint: map[string][]*policy{}, loaded: loaded, gen: gen}
 	slices.SortFunc(ps, func(a, b *policy) int { return strings.Compare(a.Name, b.Name) })
 	for _, p := range ps {
 		s.byName[p.Name] = p
@@ -239,12 +245,31 @@ func (s *policySet) with(p *policy) *policySet {
 	}
 	ps := s.all()
 	ps = slices.DeleteFunc(ps, func(q *policy) bool { return q.Name == p.Name })
-	return newPolicySet(append(ps, p), s.loaded)
+	return newPolicySet(append(ps, p), s.loaded, s.gen)
 }
 
 type projectState struct {
 	mu  sync.Mutex // serialises loads and swaps
 	cur atomic.Pointer[policySet]
+	// gen counts Forgets: a set read before the latest one is not used, and a read that
+	// began before it does not pass for fresh whenever it ends.
+	gen atomic.Uint64
+}
+
+// Forget drops the project's loaded policies: another engine stored a version (a gateway
+// hears of it through store.Changes). The next decision reads them again.
+func (e *Engine) Forget(project string) {
+	if st, ok := e.projects.Load(project); ok {
+		st.(*projectState).gen.Add(1)
+	}
+}
+
+// ForgetAll is Forget for every project.
+func (e *Engine) ForgetAll() {
+	e.projects.Range(func(_, st any) bool {
+		st.(*projectState).gen.Add(1)
+		return true
+	})
 }
 
 func (e *Engine) state(project string) *projectState {
@@ -272,11 +297,16 @@ func (e *Engine) policySet(ctx context.Context, project string) (*policySet, err
 		return nil, err
 	}
 	st := e.state(project)
+	fresh := func(s *policySet) bool {
+		return s != nil && s.gen == st.gen.Load() && time.Since(s.loaded) < e.refresh
+	}
 	cur := st.cur.Load()
-	if cur != nil && time.Since(cur.loaded) < e.refresh {
+	if fresh(cur) {
 		return cur, nil
 	}
-	if cur != nil {
+	if cur != nil && cur.gen == st.gen.Load() {
+		// Only old: one caller reads it again while the others keep it. A forgotten set is
+		// waited for instead: its project changed.
 		if !st.mu.TryLock() {
 			return cur, nil
 		}
@@ -284,24 +314,26 @@ func (e *Engine) policySet(ctx context.Context, project string) (*policySet, err
 		st.mu.Lock()
 	}
 	defer st.mu.Unlock()
-	if now := st.cur.Load(); now != nil && time.Since(now.loaded) < e.refresh {
+	if now := st.cur.Load(); fresh(now) {
 		return now, nil
 	}
+	gen := st.gen.Load()
 	cur = st.cur.Load()
-	next, err := e.load(ctx, project, cur)
+	next, err := e.load(ctx, project, cur, gen)
 	if err != nil {
 		if cur == nil {
 			return nil, err
 		}
 		e.log.WarnContext(ctx, "policies: refresh failed; keeping the loaded policies", "project", project, "err", err)
-		next = newPolicySet(cur.all(), time.Now())
+		next = newPolicySet(cur.all(), time.Now(), gen)
 	}
 	st.cur.Store(next)
 	return next, nil
 }
 
-// load reads the project's latest versions and prepares those not already prepared.
-func (e *Engine) load(ctx context.Context, project string, cur *policySet) (*policySet, error) {
+// load reads the project's latest versions and prepares those not already prepared; gen is
+// the project's generation before the read.
+func (e *Engine) load(ctx context.Context, project string, cur *policySet, gen uint64) (*policySet, error) {
 	loaded := time.Now()
 	recs, err := e.latest(ctx, project)
 	if err != nil {
@@ -324,7 +356,7 @@ func (e *Engine) load(ctx context.Context, project string, cur *policySet) (*pol
 			}
 		}
 	}
-	return newPolicySet(ps, loaded), nil
+	return newPolicySet(ps, loaded, gen), nil
 }
 
 // prepare answers the cached prepared revision, or compiles the stored source.

@@ -843,3 +843,45 @@ allow_egress := true
 		t.Errorf("missing pinned policy on metadata egress: %+v %v", d, err)
 	}
 }
+
+// TestForget: an engine whose own refresh would take an hour reads a project's policies again
+// at its next decision once told to Forget them (a gateway is told by store.Changes), and
+// ForgetAll does the same for every project.
+func TestForget(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	a := newEngine(t, rdb, Options{})
+	b := newEngine(t, rdb, Options{Refresh: time.Hour})
+	marked := func(want string) bool {
+		t.Helper()
+		d, err := b.Admit(ctx, admission("proj_f", 2, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range d.Warnings {
+			if strings.Contains(w, "revision ") {
+				return w == want
+			}
+		}
+		return want == ""
+	}
+	if !marked("") {
+		t.Fatal("a marker before any policy")
+	}
+	for n, forget := range []func(){func() { b.Forget("proj_f") }, b.ForgetAll} {
+		if _, err := a.Put(ctx, "proj_f", "marker", hotPolicy(n+1), ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+		was := ""
+		if n > 0 {
+			was = fmt.Sprintf("pol_marker@%d: revision %d", n, n)
+		}
+		if !marked(was) {
+			t.Fatalf("revision %d: b read the policies again without being told", n+1)
+		}
+		forget()
+		if want := fmt.Sprintf("pol_marker@%d: revision %d", n+1, n+1); !marked(want) {
+			t.Fatalf("after the Forget: not %q", want)
+		}
+	}
+}

@@ -142,7 +142,8 @@ func validProject(project string) error {
 // Put compiles source and stores it as the next version of the project's policy name.
 // A source that does not compile, or whose package is not wb.admission, wb.runtime or
 // wb.spend, is a *CompileError. An empty mode is enforce. The new version takes effect at
-// once on this engine and within Options.Refresh on others.
+// once on this engine, and on the engines of the gateways before Put returns (they Forget the
+// project's set when store.Changes tells them; other engines within Options.Refresh).
 func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mode) (Version, error) {
 	if err := validProject(project); err != nil {
 		return Version{}, err
@@ -177,6 +178,7 @@ func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mod
 	p := &policy{Version: v, compiled: c}
 	e.cache.put(project, p)
 	e.publish(project, p)
+	e.changes.Publish(ctx, project, store.ChangePolicies)
 	return v, nil
 }
 

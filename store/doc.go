@@ -8,7 +8,9 @@
 // compare-and-set on their version, each change of state appending its event to the outbox,
 // and the idle deadlines of the awake ones); node and gateway registrations; placement locks; and the
 // gateways' TLS certificates and ACME state with their locks (CertStorage, certmagic's
-// Storage).
+// Storage); and the announcements of changes that gateways cache (changes.go: an API key
+// revoked, a plan changed, a policy or plugin stored), each waited for until every gateway
+// has dropped its copy.
 //
 // It owns the key space: keys.go names every Redis key and channel of the platform, what each
 // holds and who writes it, and other packages take their keys from it (ProjectKeys). Packages

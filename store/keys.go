@@ -76,7 +76,19 @@ const (
 	// verify the edge's grants (internal/edgeauth). Written once by whoever reads it first
 	// (EdgeSecret, SET NX); never rotated while the fleet runs.
 	edgeSecretKey = "wb:edge:secret"
+
+	// ChangesChannel is a Pub/Sub channel (sharded Pub/Sub in a Redis Cluster, where a plain
+	// PUBLISH counts one node's subscribers only) of ProjectChange messages, JSON: a project whose
+	// configuration that gateways cache (its API keys, its plan, its policies, its plugins)
+	// has changed. Published by store (Changes.Publish: the store's own writes, policies.Engine
+	// and plugins.Host); every gateway subscribes (Changes.Watch).
+	ChangesChannel = "wb:changes"
 )
+
+// changeAckKey is a list, one element per subscriber that has dropped its copy of what
+// ProjectChange id announced, with a short TTL. Written by each gateway (Changes.Watch); the writer
+// pops from it (BLPOP) until every subscriber has answered or its wait is over.
+func changeAckKey(id string) string { return "wb:changes:ack:" + id }
 
 // TLS certificates and ACME state: certmagic's Storage (CertStorage), shared by every gateway
 // that serves TLS so that one issues and all serve. One hash tag for the lot: one Cluster slot,
@@ -119,9 +131,15 @@ func signalKey(w Work) string { return "wb:signal:" + string(w) }
 
 // apiKeyKey is a string, the project id the API key belongs to, under the key's SHA-256 (the
 // key itself is never stored): "wb:apikey:HEX". Written by store (CreateProject, AddAPIKey).
-func apiKeyKey(key string) string {
+func apiKeyKey(key string) string { return apiKeyHashKey(apiKeyHash(key)) }
+
+// apiKeyHashKey is apiKeyKey by the key's SHA-256 in hex, as a project's apiKeys index holds it.
+func apiKeyHashKey(sum string) string { return "wb:apikey:" + sum }
+
+// apiKeyHash is the hex SHA-256 of an API key.
+func apiKeyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
-	return "wb:apikey:" + hex.EncodeToString(sum[:])
+	return hex.EncodeToString(sum[:])
 }
 
 // ProjectKeyspace names every key of one project.
@@ -192,6 +210,11 @@ func (k ProjectKeyspace) desktops() string { return k.p + "desktops" }
 // project is a hash: the project's name and plan (granted and lowered limits). Written by
 // store.
 func (k ProjectKeyspace) project() string { return k.p + "project" }
+
+// apiKeys is a hash, an API key's prefix (KeyPrefix) → the key's SHA-256 in hex: the
+// project's keys, by the part of each that may be shown, so that an operator can revoke one.
+// Written by store (AddAPIKey, RevokeAPIKey).
+func (k ProjectKeyspace) apiKeys() string { return k.p + "apikeys" }
 
 // objects is a hash, id → JSON, of the project's objects of one kind (snapshots, volumes,
 // runs, …); objIndex is a sorted set (score 0, by id) of the same ids, for listing. Written

@@ -139,7 +139,8 @@ func (e *PlanLimitError) Error() string {
 		e.Field, e.Asked, e.Plan)
 }
 
-// SetPlan changes the operator's plan of project id; fields left nil keep their value.
+// SetPlan changes the operator's plan of project id; fields left nil keep their value, and
+// waits until every gateway has dropped its copy of the project (Changes.Publish).
 // ErrNotFound if there is no such project.
 func (s *Store) SetPlan(ctx context.Context, id string, c PlanChange) error {
 	values, err := c.values()
@@ -163,12 +164,14 @@ func (s *Store) SetPlan(ctx context.Context, id string, c PlanChange) error {
 	if err := s.rdb.HSet(ctx, ProjectKeys(id).project(), args...).Err(); err != nil {
 		return fmt.Errorf("set plan of %s: %w", id, err)
 	}
+	s.changes.Publish(ctx, id, ChangePlan)
 	return nil
 }
 
 // LowerLimits records the tenant's own values of plan limits. A value above the plan is
 // refused with a *PlanLimitError naming the field and changes nothing; a value equal to the
-// plan's drops the tenant's own value, so the project follows the plan again.
+// plan's drops the tenant's own value, so the project follows the plan again. Like SetPlan, it
+// waits until every gateway has dropped its copy of the project.
 func (s *Store) LowerLimits(ctx context.Context, id string, c PlanChange) error {
 	values, err := c.values()
 	if err != nil {
@@ -205,6 +208,7 @@ func (s *Store) LowerLimits(ctx context.Context, id string, c PlanChange) error 
 	if err != nil {
 		return fmt.Errorf("lower limits of %s: %w", p.ID, err)
 	}
+	s.changes.Publish(ctx, p.ID, ChangePlan)
 	return nil
 }
 

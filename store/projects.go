@@ -74,11 +74,50 @@ func (s *Store) putProject(ctx context.Context, p Project) error {
 	return nil
 }
 
-// AddAPIKey binds key to project.
+// KeyPrefix is the part of an API key that may be shown and names it to RevokeAPIKey: its
+// first 16 characters ("wb_live_" and 8 random ones: enough to tell a project's keys apart,
+// far too few to guess the other 24), or the first half of a shorter key.
+func KeyPrefix(key string) string { return key[:min(16, len(key)/2)] }
+
+// AddAPIKey binds key to project. A new key is in no gateway's cache: nothing to announce.
 func (s *Store) AddAPIKey(ctx context.Context, project, key string) error {
-	if err := s.rdb.Set(ctx, apiKeyKey(key), project, 0).Err(); err != nil {
-		return fmt.Errorf("store API key: %w", err)
+	sum := apiKeyHash(key)
+	// The index first: a key that works is always one that can be revoked. The two keys are
+	// in different Cluster slots, so they cannot be one transaction.
+	if err := s.rdb.HSet(ctx, ProjectKeys(project).apiKeys(), KeyPrefix(key), sum).Err(); err != nil {
+		return fmt.Errorf("index API key of %s: %w", project, err)
 	}
+	if err := s.rdb.Set(ctx, apiKeyHashKey(sum), project, 0).Err(); err != nil {
+		return fmt.Errorf("store API key of %s: %w", project, err)
+	}
+	return nil
+}
+
+// RevokeAPIKey deletes the project's API key whose KeyPrefix is prefix, then waits until
+// every gateway has dropped it (Changes.Publish). ErrNotFound if the project has no such key.
+func (s *Store) RevokeAPIKey(ctx context.Context, project, prefix string) error {
+	idx := ProjectKeys(project).apiKeys()
+	sum, err := s.rdb.HGet(ctx, idx, prefix).Result()
+	if errors.Is(err, redis.Nil) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("revoke API key of %s: %w", project, err)
+	}
+	// A key is bound to one project for ever: delete it only if it is this one's.
+	owner, err := s.rdb.Get(ctx, apiKeyHashKey(sum)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("revoke API key of %s: %w", project, err)
+	}
+	if owner == project {
+		if err := s.rdb.Del(ctx, apiKeyHashKey(sum)).Err(); err != nil {
+			return fmt.Errorf("revoke API key of %s: %w", project, err)
+		}
+	}
+	if err := s.rdb.HDel(ctx, idx, prefix).Err(); err != nil {
+		return fmt.Errorf("revoke API key of %s: %w", project, err)
+	}
+	s.changes.Publish(ctx, project, ChangeKeys)
 	return nil
 }
 

@@ -50,6 +50,8 @@ type Store struct {
 	tiers session.Tiers
 	// idemLease is how long an Idempotency-Key's claim outlives its last renewal.
 	idemLease time.Duration
+	// changes announces the writes of what gateways cache (changes.go).
+	changes *Changes
 }
 
 // Option configures a Store.
@@ -81,6 +83,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	for _, o := range opts {
 		o(s)
 	}
+	s.changes = NewChanges(rdb, nil)
 	return s
 }
 

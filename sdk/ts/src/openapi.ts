@@ -105,6 +105,31 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/admin/projects/{id}/keys/{prefix}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The project id (proj_...). */
+                id: string;
+                /** @description The key's prefix: its first 16 characters (wb_live_ and 8 more). */
+                prefix: string;
+            };
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke one of a project's API keys
+         * @description Needs the admin key. Answers once every gateway has dropped the key: from then on every request with it is 401, on any gateway.
+         */
+        delete: operations["adminRevokeKey"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions": {
         parameters: {
             query?: never;
@@ -1609,6 +1634,14 @@ export interface components {
              */
             node_share_pct: number;
         };
+        APIKeyRevoked: {
+            /** @constant */
+            object: "api_key";
+            project_id: string;
+            prefix: string;
+            /** @constant */
+            revoked: true;
+        };
         /** @description The operator's plan of one project. */
         ProjectPlan: {
             /** @constant */
@@ -2286,6 +2319,35 @@ export interface operations {
             404: components["responses"]["NotFound"];
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
+        };
+    };
+    adminRevokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The project id (proj_...). */
+                id: string;
+                /** @description The key's prefix: its first 16 characters (wb_live_ and 8 more). */
+                prefix: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The key is revoked. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["APIKeyRevoked"];
+                };
+            };
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
             500: components["responses"]["InternalError"];
             503: components["responses"]["StoreUnavailable"];
         };
