@@ -106,7 +106,7 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 			}
 		}
 	default:
-		if id, ok := n.pool.take(tpl.Name, sess.Resources); ok {
+		if id, ok := n.pool.take(tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
 			// A warm guest may have died while it waited: its health probe is the one the
 			// session needs anyway, on the client the session keeps.
 			c := n.agentFor(id)
