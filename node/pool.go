@@ -20,9 +20,13 @@ import (
 // over (see target), up to Max and within the node's free capacity. Each run destroys its
 // guest, so runs/s beyond a burst the pool absorbs are bounded by the refill rate: at most
 // PoolParallel boots at a time, each taking bootTook (a create, boot and agent probe, plus
-// the runner's start). Measured on a loaded 2-core host (2 boots at a time, while runs and
-// teardowns ran): runc about 0.15 s a boot, so some 10 guests/s; runsc about 0.5 s, some 4
-// guests/s. That, and the teardowns' CPU, is the ceiling of sustained tier-1 runs per node.
+// the runner's start), so the refill limit is PoolParallel / bootTook guests a second. Where
+// it comes from: a boot is a loop-mounted ext4 image made (mkfs.ext4), a runtime create and
+// start, the agent's first answer and, in a run pool, python3's start; a run's teardown (kill,
+// delete, unmount) costs about as much CPU again. Measured on a 2-core host shared with other
+// work (load average 15-30, where a bare python3 -c took 0.2-1.1 s): runc's create alone took
+// 0.3-1 s and sustained runs reached 1.2-1.3 a second; runsc's create took 1.4-3.4 s and
+// runs 0.4-0.5 a second. On such a host the CPU, not PoolParallel, is the bound.
 type warmPool struct {
 	n        *Node
 	mu       sync.Mutex
