@@ -94,6 +94,7 @@ type server struct {
 
 	mu       sync.Mutex
 	sessions map[*websocket.Conn]context.CancelFunc // open PTY websockets (hijacked connections)
+	runners  map[string]*waitingRunner              // started runners waiting for their exec, by name
 }
 
 // Serve listens on cfg.Socket and serves the agent's API until ctx is done, then closes every
@@ -138,6 +139,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		procs:     newProcTable(),
 		quiesceCh: make(chan quiesce, 1),
 		sessions:  map[*websocket.Conn]context.CancelFunc{},
+		runners:   map[string]*waitingRunner{},
 	}
 
 	s.procs.cg = setupChildCgroup(log, cfg.PidsMax, cfg.Init)
@@ -239,6 +241,7 @@ func (s *server) shutdown(g *generation, serveErr <-chan error) {
 		<-serveErr
 	}
 	s.waitHandlers()
+	s.dropRunners()
 	s.log.Info("agent stopped")
 }
 
@@ -421,6 +424,9 @@ func (s *server) routes() http.Handler {
 		case "/v1/exec":
 			allow = http.MethodPost
 			h = onlyMethod(r, allow, s.handleExec)
+		case "/v1/runners":
+			allow = http.MethodPost
+			h = onlyMethod(r, allow, s.handleRunners)
 		case "/v1/pty":
 			h = onlyMethod(r, http.MethodGet, s.handlePTY)
 		case "/v1/quiesce":

@@ -191,6 +191,27 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 	}
 }
 
+// StartRunner starts a runner (see RunnerRequest) and answers its pid once it is ready; a
+// loader that fails is an *Error 502 runner_failed quoting its stderr.
+func (c *Client) StartRunner(ctx context.Context, req RunnerRequest) (int, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return 0, fmt.Errorf("agent: runner: encode request: %w", err)
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/v1/runners", nil, bytes.NewReader(body), "application/json")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		PID int `json:"pid"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return 0, fmt.Errorf("agent: POST /v1/runners: decode answer: %w", err)
+	}
+	return out.PID, nil
+}
+
 // Quiesce asks the agent to close its listener and every connection for d (1 ms – 60 s) and
 // then listen again. When it returns nil, the agent already holds no socket of the host's.
 func (c *Client) Quiesce(ctx context.Context, d time.Duration) error {

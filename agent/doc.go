@@ -17,6 +17,10 @@
 //     the reason on stderr). A client that goes away gets its process group killed. Background
 //     processes that outlive the command survive it; their hold on stdout/stderr is cut after
 //     250 ms of silence (5 s at most) once the command exited. Invalid bodies are 400s.
+//     With "runner" naming a runner that waits and fits argv, the code goes to it instead.
+//   - POST /v1/runners, body RunnerRequest → 201 {"name","pid"} once the loader (argv plus the
+//     loader) said it is ready on fd 4; 502 runner_failed, with its stderr, when it exited or
+//     stayed silent first. It then waits for one exec's frame on fd 3 (see ExecRequest.Runner).
 //   - GET /v1/pty?cols=&rows=&command=&cwd= → WebSocket to a PTY running /bin/sh (or
 //     /bin/sh -c command) with TERM=xterm; binary frames carry terminal bytes both ways; the text
 //     frame {"type":"resize","cols":N,"rows":N} resizes. At exit the agent sends

@@ -38,6 +38,7 @@ type execSpec struct {
 	dir     string
 	stdin   []byte
 	timeout time.Duration
+	runner  string // a pre-started runner to use if one fits (ExecRequest.Runner)
 }
 
 // decodeExecRequest parses and validates a POST /v1/exec body. Its errors are 400s naming the
@@ -91,6 +92,7 @@ func decodeExecRequest(body []byte, root string) (execSpec, *Error) {
 		dir:     dir,
 		stdin:   req.Stdin,
 		timeout: time.Duration(timeout) * time.Second,
+		runner:  req.Runner,
 	}, nil
 }
 
@@ -200,18 +202,54 @@ func (s *server) runExec(ctx context.Context, spec execSpec, emit func(stream st
 		err := emit("stderr", []byte("wb agent: "+msg+"\n"))
 		return resultLine{ExitCode: code, DurationMs: elapsed()}, err != nil
 	}
+	if spec.runner != "" {
+		if p := s.claimRunner(spec); p != nil {
+			return s.streamProc(ctx, p, spec.timeout, start, emit)
+		}
+	}
+	p, failed := s.startProc(spec)
+	if failed != "" {
+		code := ExitCannotRun
+		if p.notFound {
+			code = ExitNotFound
+		}
+		return fail(code, failed)
+	}
+	return s.streamProc(ctx, p, spec.timeout, start, emit)
+}
+
+// proc is a started command: its output pipes, and a channel closed once it was waited for.
+type proc struct {
+	cmd        *exec.Cmd
+	pid        int
+	outR, errR *os.File
+	waited     chan struct{}
+	notFound   bool // why it did not start: not found (127), else cannot run (126)
+}
+
+// startProc starts spec's command with its output on pipes, and waits for it in the
+// background. It answers why it could not start ("" when it did).
+func (s *server) startProc(spec execSpec) (*proc, string) {
+	return s.startProcFiles(spec, nil, nil)
+}
+
+// startProcFiles is startProc with the command's stdin (nil: spec.stdin, or /dev/null) and
+// extra files (fd 3 on) given.
+func (s *server) startProcFiles(spec execSpec, stdin *os.File, extra []*os.File) (*proc, string) {
+	p := &proc{}
 	path, err := lookPath(spec.argv[0], envValue(spec.env, "PATH"), spec.dir)
 	if err != nil {
-		return fail(ExitNotFound, err.Error())
+		p.notFound = true
+		return p, err.Error()
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		return fail(ExitCannotRun, "cannot create a pipe: "+err.Error())
+		return p, "cannot create a pipe: " + err.Error()
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		_, _ = outR.Close(), outW.Close()
-		return fail(ExitCannotRun, "cannot create a pipe: "+err.Error())
+		return p, "cannot create a pipe: " + err.Error()
 	}
 	cmd := &exec.Cmd{
 		Path:        path,
@@ -220,12 +258,16 @@ func (s *server) runExec(ctx context.Context, spec execSpec, emit func(stream st
 		Dir:         spec.dir,
 		Stdout:      outW,
 		Stderr:      errW,
+		ExtraFiles:  extra,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 		// Stdin is copied by a goroutine of os/exec; a background process that keeps the pipe
 		// open without reading must not hold Wait up.
 		WaitDelay: time.Second,
 	}
-	if len(spec.stdin) > 0 {
+	switch {
+	case stdin != nil:
+		cmd.Stdin = stdin
+	case len(spec.stdin) > 0:
 		cmd.Stdin = bytes.NewReader(spec.stdin)
 	}
 	pid, err := s.procs.start(func() (int, error) {
@@ -237,13 +279,24 @@ func (s *server) runExec(ctx context.Context, spec execSpec, emit func(stream st
 	_, _ = outW.Close(), errW.Close()
 	if err != nil {
 		_, _ = outR.Close(), errR.Close()
-		code := ExitCannotRun
-		if errors.Is(err, fs.ErrNotExist) {
-			code = ExitNotFound
-		}
-		return fail(code, startError(spec.argv[0], err))
+		p.notFound = errors.Is(err, fs.ErrNotExist)
+		return p, startError(spec.argv[0], err)
 	}
+	p.cmd, p.pid, p.outR, p.errR, p.waited = cmd, pid, outR, errR, make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // ErrWaitDelay at worst; ProcessState is set regardless
+		s.procs.release(pid)
+		close(p.waited)
+	}()
+	return p, ""
+}
 
+// streamProc passes p's output to emit as it comes until p exits (killing its process group
+// at timeout, or when the client goes away), and answers its result and whether the client
+// went away. It closes p's pipes.
+func (s *server) streamProc(ctx context.Context, p *proc, timeout time.Duration, start time.Time, emit func(stream string, data []byte) error) (resultLine, bool) {
+	elapsed := func() int64 { return time.Since(start).Milliseconds() }
+	outR, errR, pid := p.outR, p.errR, p.pid
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	drain := &drainState{}
@@ -255,15 +308,10 @@ func (s *server) runExec(ctx context.Context, spec execSpec, emit func(stream st
 		readers.Wait()
 		close(chunks)
 	}()
-	waited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait() // ErrWaitDelay at worst; ProcessState is set regardless
-		s.procs.release(pid)
-		close(waited)
-	}()
+	waited := p.waited
 	killGroup := func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }
 
-	timer := time.NewTimer(spec.timeout)
+	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var exited, timedOut, gone bool
 	ctxDone := ctx.Done()
@@ -299,7 +347,7 @@ func (s *server) runExec(ctx context.Context, spec execSpec, emit func(stream st
 		}
 	}
 	_, _ = outR.Close(), errR.Close()
-	res := resultLine{ExitCode: exitCode(cmd.ProcessState), DurationMs: elapsed(), TimedOut: timedOut}
+	res := resultLine{ExitCode: exitCode(p.cmd.ProcessState), DurationMs: elapsed(), TimedOut: timedOut}
 	if timedOut {
 		res.ExitCode = ExitTimedOut
 	}

@@ -24,6 +24,23 @@ type ExecRequest struct {
 	// TimeoutS is the timeout in seconds: 0 means session.ExecTimeoutDefaultS; at most
 	// session.ExecTimeoutMaxS.
 	TimeoutS int `json:"timeout_s"`
+	// Runner names a runner started beforehand (POST /v1/runners) to run the command in, when
+	// one of that name waits and Argv is its Argv plus one argument (the code): the code goes
+	// to the waiting process instead of a new one starting. Without such a runner (none was
+	// started, it was used, it died) the command runs as usual. A runner serves one exec.
+	Runner string `json:"runner,omitempty"`
+}
+
+// RunnerRequest is the body of POST /v1/runners: start Argv plus Loader, a program that
+// writes one byte on fd 4 once it is ready, then reads one exec's input from fd 3 until EOF
+// (see Runner's frame) and runs it as Argv plus the code would. The agent answers once the
+// byte came, or with an error (the loader's stderr in its message) when it exited first or
+// stayed silent for ReadyTimeoutS (default 30).
+type RunnerRequest struct {
+	Name          string   `json:"name"`
+	Argv          []string `json:"argv"`
+	Loader        string   `json:"loader"`
+	ReadyTimeoutS int      `json:"ready_timeout_s,omitempty"`
 }
 
 // ExecRequestFrom turns the public API's exec request into the agent's, after validating it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -245,10 +246,19 @@ func BenchmarkSnapshotRestore(b *testing.B) {
 	})
 }
 
-// BenchmarkRunsPython: tier-1 ephemeral python3 runs from 4 concurrent clients.
-func BenchmarkRunsPython(b *testing.B) {
+// BenchmarkRunsPython: tier-1 ephemeral python3 runs from 4 concurrent clients, and beside
+// them a bare `python3 -c 'print(6*7)'` on this host (bare-p50-ms, bare-p99-ms), the
+// baseline of the same run.
+func BenchmarkRunsPython(b *testing.B) { benchRuns(b, 4) }
+
+// BenchmarkRunsPython1: the same from one client, back to back.
+func BenchmarkRunsPython1(b *testing.B) { benchRuns(b, 1) }
+
+func benchRuns(b *testing.B, clients int) {
 	forEachBench(b, func(b *testing.B, d *deployment) {
-		const clients = 4
+		b.StopTimer()
+		bare := barePython(b, 20)
+		b.StartTimer()
 		body := map[string]any{"tier": 1, "runtime": "python3", "code": "print(6*7)"}
 		var next, failed atomic.Int64
 		var mu sync.Mutex
@@ -290,9 +300,24 @@ func BenchmarkRunsPython(b *testing.B) {
 		b.StopTimer()
 		b.ReportMetric(float64(b.N)/el.Seconds(), "runs/s")
 		reportPct(b, "", lat, 0.5, 0.99)
+		reportPct(b, "bare-", bare, 0.5, 0.99)
 		b.ReportMetric(float64(failed.Load()), "failed")
 		if f := failed.Load(); f > 0 {
 			b.Logf("%d of %d runs failed; first: %s", f, b.N, strings.TrimSpace(firstErr))
 		}
 	})
+}
+
+// barePython times n runs of python3 -c 'print(6*7)' on this host.
+func barePython(b *testing.B, n int) []time.Duration {
+	b.Helper()
+	var ds []time.Duration
+	for range n {
+		t0 := time.Now()
+		if out, err := exec.Command("python3", "-c", "print(6*7)").Output(); err != nil || string(out) != "42\n" {
+			b.Fatalf("bare python3: %q %v", out, err)
+		}
+		ds = append(ds, time.Since(t0))
+	}
+	return ds
 }

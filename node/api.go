@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"wb/agent"
 	"wb/node/nodeapi"
 	"wb/session"
 )
@@ -186,16 +187,24 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 			writeAPIError(w, &nodeapi.Error{Status: 400, Code: nodeapi.CodeInvalidRequest, Param: "body", Message: "node: cannot read the request body: " + err.Error()})
 			return
 		}
-		var req struct {
-			Argv []string `json:"argv"`
-		}
-		_ = json.Unmarshal(body, &req)
+		var req agent.ExecRequest
+		decoded := json.Unmarshal(body, &req) == nil
 		l.mu.Lock()
 		err = n.checkExec(r.Context(), l, req.Argv)
+		ref := l.g.Template
 		l.mu.Unlock()
 		if err != nil {
 			writeRuntimeRefusal(w, err)
 			return
+		}
+		// A run's code goes to the guest's waiting interpreter, as in process (Node.Exec). A
+		// body the agent would refuse is passed as it came, for the agent's answer.
+		if decoded && req.Runner == "" {
+			if req.Runner = n.runnerFor(ref, req.Argv, req.Env); req.Runner != "" {
+				if b, err := json.Marshal(req); err == nil {
+					body = b
+				}
+			}
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))

@@ -430,6 +430,7 @@ type sessionOpts struct {
 	template     string
 	idleS, lifeS int
 	res          session.Resources
+	meta         map[string]string
 }
 
 func small() session.Resources {
@@ -452,7 +453,7 @@ func newPending(t testing.TB, st *store.Store, project string, o sessionOpts) *s
 	now := time.Now()
 	s := &session.Session{ID: session.NewID("sess_", now), Tier: o.tier, State: session.Pending, ProjectID: project,
 		Template: o.template, Region: "local", CreatedAt: *session.At(now), IdleTimeoutS: o.idleS, MaxLifetimeS: o.lifeS,
-		Resources: o.res}
+		Resources: o.res, Metadata: o.meta}
 	ctx := ctxT(t, 10*time.Second)
 	if _, err := st.EnsureProject(ctx, project, project); err != nil {
 		t.Fatal(err)

@@ -42,6 +42,8 @@ type Config struct {
 	Egress *netguard.Guard
 	// Pools lists the warm pools to keep: a number of booted guests per (template, size class).
 	Pools []Pool
+	// PoolParallel is how many warm guests the node boots at a time (default: its CPUs).
+	PoolParallel int
 	// Snapshots is the object store every snapshot is uploaded to before it is reported
 	// taken, and fetched from by a node that restores one it lacks (nil: snapshots stay in
 	// DataDir/snapshots, restorable on this node only). SnapshotCacheBytes bounds what
@@ -67,6 +69,14 @@ type Pool struct {
 	// and browser: desktop/guest.Start), so that what a claim would start is started already.
 	// A guest whose warm-up fails is destroyed.
 	Warm func(ctx context.Context, ex Execer) error
+	// Runner, a runtime of the template (python3), makes this a pool for that runtime's
+	// ephemeral runs: each guest starts the runtime's interpreter and leaves it waiting for a
+	// run's code (see runnerFor), and only a run's session (session.RunMetadataKey) claims
+	// one. A runtime without a runner here gets plain warm guests.
+	Runner string
+	// Max, above Size, lets the pool grow with the rate of claims asked of it, up to Max and
+	// within the node's free capacity (see warmPool.target).
+	Max int
 }
 
 // Execer runs one command in a guest and answers its output and exit code (a warm-up's
@@ -75,11 +85,18 @@ type Execer interface {
 	Exec(ctx context.Context, argv []string, stdin []byte) (stdout, stderr []byte, exitCode int, err error)
 }
 
-// PoolReady answers how many warm guests of template and size class wait to be claimed.
+// PoolReady answers how many warm guests of template and size class wait to be claimed
+// (those of runner pools aside).
 func (n *Node) PoolReady(template, sizeClass string) int {
+	return n.RunnerPoolReady(template, sizeClass, "")
+}
+
+// RunnerPoolReady answers how many warm guests of template and size class with runtime's
+// runner started wait to be claimed.
+func (n *Node) RunnerPoolReady(template, sizeClass, runtime string) int {
 	n.pool.mu.Lock()
 	defer n.pool.mu.Unlock()
-	return len(n.pool.ready[poolKey{template, sizeClass}])
+	return len(n.pool.ready[poolKey{template, sizeClass, runtime}])
 }
 
 // live is a guest the node runs for a session. mu guards g and serializes operations on it.
@@ -236,14 +253,20 @@ func (n *Node) redis(ctx context.Context) (context.Context, context.CancelFunc) 
 	return context.WithTimeout(ctx, n.RedisTimeout)
 }
 
+// sessionUsage is what the sessions' guests hold.
+func (n *Node) sessionUsage() (vcpu, mem int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, l := range n.guests {
+		vcpu += l.g.Resources.VCPU
+		mem += l.g.Resources.MemoryMiB
+	}
+	return vcpu, mem
+}
+
 func (n *Node) heartbeat(ctx context.Context) {
 	info := n.Info
-	n.mu.Lock()
-	for _, l := range n.guests {
-		info.UsedVCPU += l.g.Resources.VCPU
-		info.UsedMemoryMiB += l.g.Resources.MemoryMiB
-	}
-	n.mu.Unlock()
+	info.UsedVCPU, info.UsedMemoryMiB = n.sessionUsage()
 	pv, pm := n.pool.usage()
 	info.UsedVCPU, info.UsedMemoryMiB = info.UsedVCPU+pv, info.UsedMemoryMiB+pm
 	rctx, cancel := n.redis(ctx)

@@ -84,10 +84,12 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	}
 	l.mu.Lock()
 	err = n.checkExec(ctx, l, areq.Argv)
+	ref := l.g.Template
 	l.mu.Unlock()
 	if err != nil {
 		return session.ExecResult{}, err
 	}
+	areq.Runner = n.runnerFor(ref, areq.Argv, areq.Env)
 	res, err := l.agent.Exec(ctx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
 	if err != nil && ctx.Err() == nil {

@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"fmt"
+	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -11,18 +13,52 @@ import (
 	"wb/session"
 )
 
-// warmPool keeps booted guests per (template, size class), ready to be claimed.
+// warmPool keeps booted guests per (template, size class, runner), ready to be claimed.
+//
+// A pool holds at least its Size; a runner pool (Pool.Max above Size) grows with the rate of
+// claims asked of it over the last rateWindow: what that rate claims during one boot, twice
+// over (see target), up to Max and within the node's free capacity. Each run destroys its
+// guest, so runs/s beyond a burst the pool absorbs are bounded by the refill rate: at most
+// PoolParallel boots at a time, each taking bootTook (a create, boot and agent probe, plus
+// the runner's start), so the refill limit is PoolParallel / bootTook guests a second. Where
+// it comes from: a boot is a loop-mounted ext4 image made (mkfs.ext4), a runtime create and
+// start, the agent's first answer and, in a run pool, python3's start; a run's teardown (kill,
+// delete, unmount) costs about as much CPU again. Measured on a 2-core host shared with other
+// work (load average 15-30, where a bare python3 -c took 0.2-1.1 s): runc's create alone took
+// 0.3-1 s and sustained runs reached 1.2-1.3 a second; runsc's create took 1.4-3.4 s and
+// runs 0.4-0.5 a second. On such a host the CPU, not PoolParallel, is the bound.
 type warmPool struct {
-	n     *Node
-	mu    sync.Mutex
-	ready map[poolKey][]string // guest ids with a healthy agent
-	kicks chan struct{}
+	n        *Node
+	mu       sync.Mutex
+	ready    map[poolKey][]string // guest ids with a healthy agent
+	booting  map[poolKey]int
+	demand   map[poolKey][]time.Time   // claims asked of the key (served or not) within rateWindow
+	bootTook map[poolKey]time.Duration // moving average of a boot
+	backoff  map[poolKey]time.Time     // no boots of the key before, after one failed
+	kicks    chan struct{}
+	slots    chan struct{} // one per boot in flight
+	wg       sync.WaitGroup
 }
 
-type poolKey struct{ template, size string }
+type poolKey struct{ template, size, runner string }
+
+func (w Pool) key() poolKey { return poolKey{w.Template, w.SizeClass, w.Runner} }
+
+const (
+	// rateWindow is how far back the claim rate that sizes a runner pool looks.
+	rateWindow = 10 * time.Second
+	// failBackoff is how long a pool whose boot failed waits before it boots again.
+	failBackoff = 2 * time.Second
+)
 
 func newWarmPool(n *Node) *warmPool {
-	return &warmPool{n: n, ready: map[poolKey][]string{}, kicks: make(chan struct{}, 1)}
+	par := n.PoolParallel
+	if par <= 0 {
+		par = max(1, runtime.NumCPU())
+	}
+	return &warmPool{n: n, ready: map[poolKey][]string{}, booting: map[poolKey]int{}, demand: map[poolKey][]time.Time{},
+		bootTook: map[poolKey]time.Duration{}, backoff: map[poolKey]time.Time{},
+		kicks: make(chan struct{}, 1), slots: make(chan struct{}, par)}
 }
 
 func classOf(name string) (session.SizeClass, bool) {
@@ -33,23 +69,69 @@ func classOf(name string) (session.SizeClass, bool) {
 	return session.SizeClasses()[i], true
 }
 
-// take claims a warm guest of template whose size class is exactly res.
-func (p *warmPool) take(template string, res session.Resources) (string, bool) {
+// take claims a warm guest of template whose size class is exactly res: one whose runner
+// (runtime) waits when runner is set and the pool has one, else a plain one.
+func (p *warmPool) take(template string, res session.Resources, runner string) (string, bool) {
 	c, ok := classOf(res.SizeClass)
 	if !ok || c.VCPU != res.VCPU || c.MemoryMiB != res.MemoryMiB || c.DiskGiB != res.DiskGiB {
 		return "", false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	k := poolKey{template, res.SizeClass}
-	ids := p.ready[k]
-	if len(ids) == 0 {
-		return "", false
+	keys := []poolKey{{template, res.SizeClass, runner}}
+	if runner != "" {
+		keys = append(keys, poolKey{template, res.SizeClass, ""})
 	}
-	id := ids[0]
-	p.ready[k] = ids[1:]
-	p.kick()
-	return id, true
+	p.noteDemand(keys[0], time.Now())
+	p.kick() // served or not, the pool may have to grow or refill
+	for _, k := range keys {
+		if ids := p.ready[k]; len(ids) > 0 {
+			p.ready[k] = ids[1:]
+			return ids[0], true
+		}
+	}
+	return "", false
+}
+
+// noteDemand records a claim asked of k. The caller holds p.mu.
+func (p *warmPool) noteDemand(k poolKey, now time.Time) {
+	d := p.demand[k]
+	i := 0
+	for i < len(d) && now.Sub(d[i]) > rateWindow {
+		i++
+	}
+	d = append(d[i:], now)
+	if len(d) > 4096 { // a bound; a rate this high sizes the pool at Max anyway
+		d = d[len(d)-4096:]
+	}
+	p.demand[k] = d
+}
+
+// target is how many guests pool w should hold (ready or booting) now. The caller holds p.mu.
+func (p *warmPool) target(w Pool, now time.Time) int {
+	most := max(w.Max, w.Size)
+	if most == w.Size {
+		return w.Size
+	}
+	k := w.key()
+	n := 0
+	for _, t := range p.demand[k] {
+		if now.Sub(t) <= rateWindow {
+			n++
+		}
+	}
+	if n == 0 {
+		return w.Size
+	}
+	took := p.bootTook[k]
+	if took == 0 {
+		took = time.Second
+	}
+	// A claimed guest is replaced one boot later: the claims of a boot's time must find one
+	// ready, twice over for bursts.
+	rate := float64(n) / rateWindow.Seconds()
+	need := int(math.Ceil(2 * rate * took.Seconds()))
+	return min(most, max(w.Size, need))
 }
 
 // kick asks the pool to refill; it never blocks.
@@ -60,19 +142,30 @@ func (p *warmPool) kick() {
 	}
 }
 
+// usage is what the pool's guests hold, those booting included.
 func (p *warmPool) usage() (vcpu, mem int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.usageLocked()
+}
+
+func (p *warmPool) usageLocked() (vcpu, mem int) {
 	for k, ids := range p.ready {
 		c, _ := classOf(k.size)
 		vcpu += c.VCPU * len(ids)
 		mem += c.MemoryMiB * len(ids)
 	}
+	for k, n := range p.booting {
+		c, _ := classOf(k.size)
+		vcpu += c.VCPU * n
+		mem += c.MemoryMiB * n
+	}
 	return vcpu, mem
 }
 
-// run refills the pools on every kick and every few seconds, one guest at a time.
+// run refills the pools on every kick and every few seconds, PoolParallel boots at a time.
 func (p *warmPool) run(ctx context.Context) {
+	defer p.wg.Wait()
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	p.kick()
@@ -87,28 +180,80 @@ func (p *warmPool) run(ctx context.Context) {
 	}
 }
 
+// refill starts boots while a pool is short and a slot is free; each boot kicks the pool
+// again as it ends.
 func (p *warmPool) refill(ctx context.Context) {
-	for _, want := range p.n.Pools {
-		for ctx.Err() == nil {
-			k := poolKey{want.Template, want.SizeClass}
-			p.mu.Lock()
-			have := len(p.ready[k])
-			p.mu.Unlock()
-			if have >= want.Size {
-				break
-			}
+	for ctx.Err() == nil {
+		select {
+		case p.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		want, ok := p.next(time.Now())
+		if !ok {
+			<-p.slots
+			return
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer func() { <-p.slots; p.kick() }()
+			k := want.key()
+			t0 := time.Now()
 			id, err := p.boot(ctx, want)
-			if err != nil {
-				if ctx.Err() == nil {
-					p.n.Logger.Error("node: warm pool", "template", want.Template, "size", want.SizeClass, "err", err)
-				}
-				break
-			}
+			took := time.Since(t0)
 			p.mu.Lock()
-			p.ready[k] = append(p.ready[k], id)
+			p.booting[k]--
+			if err == nil {
+				p.ready[k] = append(p.ready[k], id)
+				if old := p.bootTook[k]; old > 0 {
+					took = (3*old + took) / 4
+				}
+				p.bootTook[k] = took
+			} else {
+				p.backoff[k] = time.Now().Add(failBackoff)
+			}
 			p.mu.Unlock()
+			if err != nil && ctx.Err() == nil {
+				p.n.Logger.Error("node: warm pool", "template", want.Template, "size", want.SizeClass, "runner", want.Runner, "err", err)
+			}
+		}()
+	}
+}
+
+// next picks the pool to boot a guest for, and counts it booting: the one furthest below its
+// target. A pool grows beyond its Size only into the node's free capacity.
+func (p *warmPool) next(now time.Time) (Pool, bool) {
+	usedV, usedM := p.n.sessionUsage()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pv, pm := p.usageLocked()
+	freeV, freeM := p.n.Info.VCPU-usedV-pv, p.n.Info.MemoryMiB-usedM-pm
+	best, short := -1, 0
+	for i, w := range p.n.Pools {
+		k := w.key()
+		if now.Before(p.backoff[k]) {
+			continue
+		}
+		have := len(p.ready[k]) + p.booting[k]
+		gap := p.target(w, now) - have
+		if gap <= 0 {
+			continue
+		}
+		c, _ := classOf(w.SizeClass)
+		if have >= w.Size && (c.VCPU > freeV || c.MemoryMiB > freeM) {
+			continue
+		}
+		if gap > short {
+			best, short = i, gap
 		}
 	}
+	if best < 0 {
+		return Pool{}, false
+	}
+	w := p.n.Pools[best]
+	p.booting[w.key()]++
+	return w, true
 }
 
 func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
@@ -149,7 +294,23 @@ func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
 			return "", fmt.Errorf("warm-up: %w", err)
 		}
 	}
+	if want.Runner != "" {
+		// A runner that does not start leaves a plain warm guest: its runs start the
+		// interpreter as usual (the agent finds no runner), slower but the same.
+		req, ok := runnerRequest(tpl, want.Runner)
+		if !ok {
+			p.n.Logger.Warn("node: warm pool: no runner for this runtime here", "template", want.Template, "runner", want.Runner)
+		} else if _, err := startRunner(ctx, c2, req); err != nil {
+			p.n.Logger.Warn("node: warm pool: runner did not start; runs in this guest start their interpreter", "guest", id, "runner", want.Runner, "err", err)
+		}
+	}
 	return id, nil
+}
+
+func startRunner(ctx context.Context, c *agent.Client, req agent.RunnerRequest) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return c.StartRunner(ctx, req)
 }
 
 // warmUpTimeout bounds a pooled guest's warm-up (a desktop's browser starts in seconds; a

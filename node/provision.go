@@ -71,10 +71,17 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	if err == nil && l.g.CPURaw == 0 {
 		l.g.CPURaw = st.CPUMs
 	}
+	var wctx context.Context
+	watched := ""
 	if l.g.State == session.Running {
-		n.watch(l)
+		wctx, watched = n.beginWatch(l)
 	}
 	l.mu.Unlock()
+	// The watch's first look runs the runtime (runc state, a process): not under l.mu, where
+	// the session's first exec (a run's only one) would wait for it.
+	if watched != "" {
+		n.startWatch(wctx, l, watched)
+	}
 	return nil
 }
 
@@ -106,7 +113,7 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 			}
 		}
 	default:
-		if id, ok := n.pool.take(tpl.Name, sess.Resources); ok {
+		if id, ok := n.pool.take(tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
 			// A warm guest may have died while it waited: its health probe is the one the
 			// session needs anyway, on the client the session keeps.
 			c := n.agentFor(id)
@@ -143,13 +150,26 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 // watch follows the guest's events: an OOM kill fails the session with oom, a guest that
 // dies of anything else while running fails it with guest_crash.
 func (n *Node) watch(l *live) {
+	ctx, watched := n.beginWatch(l)
+	n.startWatch(ctx, l, watched)
+}
+
+// beginWatch makes the watch's context, which kill cancels, and answers it with the guest it
+// watches. The caller holds l.mu.
+func (n *Node) beginWatch(l *live) (context.Context, string) {
 	ctx, cancel := context.WithCancel(n.ctx)
 	l.cancel = cancel
-	watched := l.g.GuestID
+	return ctx, l.g.GuestID
+}
+
+// startWatch starts following guest watched's events until ctx ends; the caller may hold l.mu
+// or not.
+func (n *Node) startWatch(ctx context.Context, l *live, watched string) {
 	ch, err := n.Driver.Events(ctx, watched)
 	if err != nil {
-		n.Logger.Error("node: events", "session", l.g.SessionID, "err", err)
-		cancel()
+		if ctx.Err() == nil {
+			n.Logger.Error("node: events", "guest", watched, "err", err)
+		}
 		return
 	}
 	n.wg.Add(1)

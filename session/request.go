@@ -38,6 +38,11 @@ const ReservedMetadataPrefix = "wb."
 // for a desktop and admission decides on the request as the caller would have sent it.
 const DesktopMetadataKey = ReservedMetadataPrefix + "desktop_id"
 
+// RunMetadataKey marks the session of an ephemeral tier-1 run (POST /v1/runs): its value is
+// the run's runtime, so that the node hands it a warm guest whose interpreter already waits
+// for the code. The platform sets it after admission, as DesktopMetadataKey.
+const RunMetadataKey = ReservedMetadataPrefix + "run_runtime"
+
 // ReservedMetadataKey reports whether k belongs to the platform.
 func ReservedMetadataKey(k string) bool { return strings.HasPrefix(k, ReservedMetadataPrefix) }
 

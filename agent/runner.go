@@ -1,0 +1,212 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// A runner is an interpreter started before the exec that uses it (a warm tier-1 guest's
+// python3, its start already paid): it waits on fd 3 for one exec's frame and runs it as the
+// plain command would. An exec that names it and fits it hands it the frame instead of
+// starting a process; any other exec, or one that finds it gone, runs as usual.
+
+const (
+	runnerReadyDefault = 30 * time.Second
+	runnerStderrMax    = 4 << 10 // of a failed loader's stderr, in the error
+)
+
+// waitingRunner is a started runner waiting for its exec.
+type waitingRunner struct {
+	argv          []string // what an exec's argv must start with (plus one argument)
+	p             *proc
+	stdinW, codeW *os.File
+}
+
+func (r *waitingRunner) close() {
+	_ = syscall.Kill(-r.p.pid, syscall.SIGKILL)
+	_, _ = r.stdinW.Close(), r.codeW.Close()
+	<-r.p.waited
+	_, _ = r.p.outR.Close(), r.p.errR.Close()
+}
+
+// runnerFrame is what a runner reads on fd 3: the working directory, each environment entry
+// after a NUL, two NULs, then the code. (No part holds a NUL: exec requests are validated.)
+func runnerFrame(dir string, env []string, code string) []byte {
+	var b bytes.Buffer
+	b.WriteString(dir)
+	for _, kv := range env {
+		b.WriteByte(0)
+		b.WriteString(kv)
+	}
+	b.WriteString("\x00\x00")
+	b.WriteString(code)
+	return b.Bytes()
+}
+
+func (s *server) handleRunners(w http.ResponseWriter, r *http.Request) {
+	var req RunnerRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxExecBodyBytes))
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", "the body must be a JSON object (RunnerRequest): "+err.Error(), "")
+		return
+	}
+	switch {
+	case req.Name == "":
+		writeAPIError(w, badRequest("name", "name is required"))
+		return
+	case len(req.Argv) == 0 || req.Argv[0] == "":
+		writeAPIError(w, badRequest("argv", "argv is required: a non-empty array of strings with a non-empty first element"))
+		return
+	case req.Loader == "" || strings.IndexByte(req.Loader, 0) >= 0:
+		writeAPIError(w, badRequest("loader", "loader is required, without NUL bytes"))
+		return
+	case req.ReadyTimeoutS < 0 || req.ReadyTimeoutS > 600:
+		writeAPIError(w, badRequest("ready_timeout_s", "ready_timeout_s must be 0 (the default, 30) or 1–600, got %d", req.ReadyTimeoutS))
+		return
+	}
+	for i, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			writeAPIError(w, badRequest("argv", "argv[%d] contains a NUL byte", i))
+			return
+		}
+	}
+	ready := runnerReadyDefault
+	if req.ReadyTimeoutS > 0 {
+		ready = time.Duration(req.ReadyTimeoutS) * time.Second
+	}
+	pid, err := s.startRunner(r, req, ready)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "runner_failed", err.Error(), "loader")
+		return
+	}
+	s.log.Info("runner ready", "name", req.Name, "pid", pid)
+	writeJSON(w, http.StatusCreated, map[string]any{"name": req.Name, "pid": pid})
+}
+
+// startRunner starts req's loader and waits until it says it is ready; the runner then waits
+// under req.Name (replacing one of that name).
+func (s *server) startRunner(r *http.Request, req RunnerRequest, ready time.Duration) (int, error) {
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("cannot create a pipe: %w", err)
+	}
+	codeR, codeW, err := os.Pipe()
+	if err != nil {
+		_, _ = stdinR.Close(), stdinW.Close()
+		return 0, fmt.Errorf("cannot create a pipe: %w", err)
+	}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		_, _, _, _ = stdinR.Close(), stdinW.Close(), codeR.Close(), codeW.Close()
+		return 0, fmt.Errorf("cannot create a pipe: %w", err)
+	}
+	spec := execSpec{argv: append(slices.Clone(req.Argv), req.Loader), env: commandEnv(nil), dir: s.root}
+	p, failed := s.startProcFiles(spec, stdinR, []*os.File{codeR, readyW})
+	_, _, _ = stdinR.Close(), codeR.Close(), readyW.Close()
+	if failed != "" {
+		_, _, _ = stdinW.Close(), codeW.Close(), readyR.Close()
+		return 0, errors.New(failed)
+	}
+	wr := &waitingRunner{argv: slices.Clone(req.Argv), p: p, stdinW: stdinW, codeW: codeW}
+	got := make(chan error, 1)
+	go func() {
+		var b [1]byte
+		_, err := readyR.Read(b[:])
+		got <- err
+	}()
+	timer := time.NewTimer(ready)
+	defer timer.Stop()
+	var why string
+	select {
+	case err = <-got:
+		if err == nil {
+			break
+		}
+		why = "it exited before it was ready"
+		<-p.waited
+		why += fmt.Sprintf(" (exit code %d)", exitCode(p.cmd.ProcessState))
+	case <-timer.C:
+		why = fmt.Sprintf("it was not ready within %s", ready)
+	case <-r.Context().Done():
+		why = "the caller went away"
+	}
+	_ = readyR.Close()
+	if why != "" {
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		<-p.waited
+		msg := tail(p.errR)
+		wr.close()
+		return 0, fmt.Errorf("runner %s: %s; its stderr: %q", req.Name, why, msg)
+	}
+	s.mu.Lock()
+	old := s.runners[req.Name]
+	s.runners[req.Name] = wr
+	s.mu.Unlock()
+	if old != nil {
+		old.close()
+	}
+	return p.pid, nil
+}
+
+// tail reads what f holds, at most runnerStderrMax bytes, without waiting for more.
+func tail(f *os.File) string {
+	_ = f.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	b, _ := io.ReadAll(io.LimitReader(f, runnerStderrMax))
+	return string(b)
+}
+
+// claimRunner hands spec to the runner it names, when one waits, lives and fits spec's argv,
+// and answers the runner's process; nil when spec must run as usual.
+func (s *server) claimRunner(spec execSpec) *proc {
+	s.mu.Lock()
+	wr := s.runners[spec.runner]
+	if wr == nil || len(spec.argv) != len(wr.argv)+1 || !slices.Equal(spec.argv[:len(wr.argv)], wr.argv) {
+		s.mu.Unlock()
+		return nil
+	}
+	delete(s.runners, spec.runner)
+	s.mu.Unlock()
+	select {
+	case <-wr.p.waited: // it died while it waited
+		s.log.Warn("runner died before its exec; running it as usual", "name", spec.runner, "exit_code", exitCode(wr.p.cmd.ProcessState))
+		wr.close()
+		return nil
+	default:
+	}
+	frame := runnerFrame(spec.dir, spec.env, spec.argv[len(spec.argv)-1])
+	// Both writes may block on a full pipe until the code reads; neither holds up the output.
+	go func() {
+		_, _ = wr.codeW.Write(frame)
+		_ = wr.codeW.Close()
+	}()
+	go func() {
+		if len(spec.stdin) > 0 {
+			_, _ = wr.stdinW.Write(spec.stdin)
+		}
+		_ = wr.stdinW.Close()
+	}()
+	return wr.p
+}
+
+// dropRunners kills every waiting runner (on shutdown).
+func (s *server) dropRunners() {
+	s.mu.Lock()
+	rs := s.runners
+	s.runners = map[string]*waitingRunner{}
+	s.mu.Unlock()
+	for _, wr := range rs {
+		wr.close()
+	}
+}

@@ -1,0 +1,144 @@
+package agent
+
+import (
+	"errors"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// testLoader is a bare python3 runner: ready on fd 4, the frame from fd 3, the code run.
+const testLoader = `import os, sys
+os.write(4, b"r")
+os.close(4)
+b = b""
+while True:
+    c = os.read(3, 65536)
+    if not c:
+        break
+    b += c
+head, _, code = b.partition(b"\0\0")
+exec(code.decode())
+`
+
+func python(t *testing.T) string {
+	t.Helper()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on this host")
+	}
+	return py
+}
+
+// TestRunner: an exec naming a waiting runner runs in the runner's process, started before
+// the exec (its pid is the runner's); the runner serves one exec, and the next runs as usual.
+func TestRunner(t *testing.T) {
+	py := python(t)
+	c, _ := startAgent(t, false)
+	ctx := testCtx(t, time.Minute)
+	pid, err := c.StartRunner(ctx, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: testLoader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := ExecRequest{Argv: []string{py, "-c", "import os, sys; print(os.getpid()); print(sys.stdin.read(), file=sys.stderr); sys.exit(5)"},
+		Stdin: []byte("in"), Runner: "py"}
+	res, err := c.Exec(ctx, req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(res.Stdout) != strconv.Itoa(pid) || res.Stderr != "in\n" || res.ExitCode != 5 {
+		t.Fatalf("exec through the runner (pid %d): stdout %q stderr %q exit %d; want its pid, the stdin, exit 5", pid, res.Stdout, res.Stderr, res.ExitCode)
+	}
+	res, err = c.Exec(ctx, req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(res.Stdout) == strconv.Itoa(pid) || res.Stderr != "in\n" || res.ExitCode != 5 {
+		t.Fatalf("second exec: stdout %q stderr %q exit %d; want a new process", res.Stdout, res.Stderr, res.ExitCode)
+	}
+}
+
+// TestRunnerFallbacks: an exec whose argv does not fit the runner runs as usual and leaves the
+// runner waiting; one whose runner died meanwhile runs as usual too.
+func TestRunnerFallbacks(t *testing.T) {
+	py := python(t)
+	c, _ := startAgent(t, false)
+	ctx := testCtx(t, time.Minute)
+	pid, err := c.StartRunner(ctx, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: testLoader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Exec(ctx, ExecRequest{Argv: []string{"sh", "-c", "echo $$"}, Runner: "py"}, nil)
+	if err != nil || res.ExitCode != 0 || strings.TrimSpace(res.Stdout) == strconv.Itoa(pid) {
+		t.Fatalf("sh through a python runner: %+v %v", res, err)
+	}
+	code := "import os; print(os.getpid())"
+	res, err = c.Exec(ctx, ExecRequest{Argv: []string{py, "-c", code}, Runner: "py"}, nil)
+	if err != nil || strings.TrimSpace(res.Stdout) != strconv.Itoa(pid) {
+		t.Fatalf("the runner was not left waiting by the exec that did not fit: %+v %v", res, err)
+	}
+	pid, err = c.StartRunner(ctx, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: testLoader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitPidGone(t, pid)
+	time.Sleep(50 * time.Millisecond) // its waiter notices
+	res, err = c.Exec(ctx, ExecRequest{Argv: []string{py, "-c", code}, Runner: "py"}, nil)
+	if err != nil || res.ExitCode != 0 || strings.TrimSpace(res.Stdout) == strconv.Itoa(pid) || strings.TrimSpace(res.Stdout) == "" {
+		t.Fatalf("after its runner died, the exec answered %+v %v; want it run as usual", res, err)
+	}
+}
+
+// TestRunnerTimeout: an exec in a runner is killed at its timeout like any other.
+func TestRunnerTimeout(t *testing.T) {
+	py := python(t)
+	c, _ := startAgent(t, false)
+	ctx := testCtx(t, time.Minute)
+	pid, err := c.StartRunner(ctx, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: testLoader})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res, err := c.Exec(ctx, ExecRequest{Argv: []string{py, "-c", "import time; print('up', flush=True); time.sleep(60)"}, Runner: "py", TimeoutS: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.TimedOut || res.ExitCode != ExitTimedOut || res.Stdout != "up\n" {
+		t.Fatalf("exec past its timeout: %+v", res)
+	}
+	if el := time.Since(start); el > 30*time.Second {
+		t.Fatalf("the timed-out exec took %s", el)
+	}
+	waitPidGone(t, pid)
+}
+
+// TestRunnerLoaderFails: a loader that exits before it is ready is an error quoting its
+// stderr, and no runner waits.
+func TestRunnerLoaderFails(t *testing.T) {
+	py := python(t)
+	c, _ := startAgent(t, false)
+	ctx := testCtx(t, time.Minute)
+	_, err := c.StartRunner(ctx, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: "import sys; sys.stderr.write('no interpreter today'); sys.exit(3)"})
+	var ae *Error
+	if !errors.As(err, &ae) || ae.Status != 502 || ae.Code != "runner_failed" || !strings.Contains(ae.Message, "no interpreter today") || !strings.Contains(ae.Message, "exit code 3") {
+		t.Fatalf("StartRunner with a failing loader: %v", err)
+	}
+	res, err := c.Exec(ctx, ExecRequest{Argv: []string{py, "-c", "print(6*7)"}, Runner: "py"}, nil)
+	if err != nil || res.Stdout != "42\n" || res.ExitCode != 0 {
+		t.Fatalf("exec after the runner failed: %+v %v", res, err)
+	}
+	_, err = c.StartRunner(ctx, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: "import time; time.sleep(60)", ReadyTimeoutS: 1})
+	if !errors.As(err, &ae) || ae.Status != 502 || !strings.Contains(ae.Message, "not ready within") {
+		t.Fatalf("StartRunner with a loader never ready: %v", err)
+	}
+	_, err = c.StartRunner(ctx, RunnerRequest{Name: "", Argv: []string{py}, Loader: "x"})
+	if !errors.As(err, &ae) || ae.Status != 400 || ae.Param != "name" {
+		t.Fatalf("StartRunner without a name: %v", err)
+	}
+}

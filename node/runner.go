@@ -1,0 +1,149 @@
+package node
+
+import (
+	"slices"
+	"strings"
+
+	"wb/agent"
+	"wb/hypervisor/templates"
+)
+
+// A warm tier-1 guest of a runner pool (Pool.Runner) has its runtime's interpreter started
+// already, waiting in the guest's agent for one run's code (agent.RunnerRequest): a run then
+// pays neither the guest's start nor the interpreter's. Runtimes without a loader here run
+// as a plain exec, in a warm guest all the same.
+
+// runnerSpec is how one runtime's interpreter is started ahead of its code.
+type runnerSpec struct {
+	// loader is the program given to the runtime's argv in place of the code.
+	loader string
+	// coldEnv are the environment names (or name prefixes, ending in "*") that the
+	// interpreter reads as it starts: a run that sets one runs as a plain exec, so that it
+	// takes effect as it would.
+	coldEnv []string
+}
+
+// pythonLoader runs one exec's code as `python3 -c CODE` would: in a fresh __main__ (the
+// globals -c starts with), with sys.argv ['-c'], the exec's environment and working
+// directory, the code compiled as "<string>", an uncaught exception's traceback printed
+// without the loader's frame and exit code 1, SystemExit as the interpreter handles it. It
+// imports nothing os and sys did not (both are loaded at every start). It says it is ready
+// on fd 4 and reads the frame (agent.runnerFrame) from fd 3.
+const pythonLoader = `_wb_g = dict(globals())
+def _wb_run(g):
+    import os, sys
+    os.write(4, b"r")
+    os.close(4)
+    chunks = []
+    while True:
+        c = os.read(3, 65536)
+        if not c:
+            break
+        chunks.append(c)
+    os.close(3)
+    head, _, code = b"".join(chunks).partition(b"\0\0")
+    parts = head.split(b"\0")
+    os.environb.clear()
+    os.environb.update(kv.split(b"=", 1) for kv in parts[1:])
+    os.chdir(parts[0])
+    src = code.decode("utf-8", "surrogateescape")
+    m = sys.modules["__main__"].__dict__
+    m.clear()
+    m.update(g)
+    del g, head, parts, chunks, c, code
+    try:
+        exec(compile(src, "<string>", "exec"), m)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        if e.__traceback__ is not None:
+            e.__traceback__ = e.__traceback__.tb_next
+        sys.excepthook(type(e), e, e.__traceback__)
+        del e
+        sys.exit(1)
+_wb_run(_wb_g)
+`
+
+// runnerFor answers the runner of runtime name, if it has one.
+func runnerFor(name string) (runnerSpec, bool) {
+	switch name {
+	case "python3":
+		return runnerSpec{loader: pythonLoader, coldEnv: []string{"PYTHON*", "LANG", "LC_*"}}, true
+	}
+	return runnerSpec{}, false
+}
+
+// coldEnvSet reports whether env sets a name the interpreter reads as it starts.
+func (r runnerSpec) coldEnvSet(env map[string]string) bool {
+	for k := range env {
+		for _, c := range r.coldEnv {
+			if k == c || strings.HasSuffix(c, "*") && strings.HasPrefix(k, strings.TrimSuffix(c, "*")) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// runnerRequest answers the agent request that starts runtime rtName's runner in a guest of
+// tpl; false when tpl has no such runtime or the runtime has no runner.
+func runnerRequest(tpl templates.Template, rtName string) (agent.RunnerRequest, bool) {
+	spec, ok := runnerFor(rtName)
+	if !ok {
+		return agent.RunnerRequest{}, false
+	}
+	i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == rtName })
+	if i < 0 || len(tpl.Runtimes[i].Argv) == 0 {
+		return agent.RunnerRequest{}, false
+	}
+	return agent.RunnerRequest{Name: rtName, Argv: tpl.Runtimes[i].Argv, Loader: spec.loader}, true
+}
+
+// runnerOf answers the runner an exec of argv with env may use in a guest of tpl: the runtime
+// whose argv plus one argument (the code) argv is, when that runtime has a runner and env sets
+// nothing its interpreter reads at start; "" otherwise (the agent runs it as usual, as it does
+// when no runner waits).
+func runnerOf(tpl templates.Template, argv []string, env map[string]string) string {
+	for _, r := range tpl.Runtimes {
+		if len(argv) != len(r.Argv)+1 || !slices.Equal(argv[:len(r.Argv)], r.Argv) {
+			continue
+		}
+		if spec, ok := runnerFor(r.Name); ok && !spec.coldEnvSet(env) {
+			return r.Name
+		}
+	}
+	return ""
+}
+
+// runnerFor is runnerOf for a guest of the template tplRef names ("" when it is unknown).
+func (n *Node) runnerFor(tplRef string, argv []string, env map[string]string) string {
+	tpl, err := n.template(tplRef)
+	if err != nil {
+		return ""
+	}
+	return runnerOf(tpl, argv, env)
+}
+
+// RunnerPools answers a runner pool (size class s, tier 1's default) for each runtime of the
+// catalog that has a runner here, on the template a run of that runtime uses (the first that
+// offers it, as session.Catalog.Runtime picks): at least size guests, growing with the runs'
+// rate up to most.
+func RunnerPools(c templates.Catalog, size, most int) []Pool {
+	if size <= 0 && most <= 0 {
+		return nil
+	}
+	var out []Pool
+	seen := map[string]bool{}
+	for _, t := range CatalogOf(c) {
+		for _, r := range t.Runtimes {
+			if seen[r.Name] {
+				continue
+			}
+			seen[r.Name] = true
+			if _, ok := runnerFor(r.Name); ok {
+				out = append(out, Pool{Template: t.Name, SizeClass: "s", Size: max(size, 0), Max: most, Runner: r.Name})
+			}
+		}
+	}
+	return out
+}
