@@ -127,9 +127,9 @@ func (n *Node) runnerFor(tplRef string, argv []string, env map[string]string) st
 // RunnerPools answers a runner pool (size class s, tier 1's default) for each runtime of the
 // catalog that has a runner here, on the template a run of that runtime uses (the first that
 // offers it, as session.Catalog.Runtime picks): at least size guests, growing with the runs'
-// rate up to most.
+// rate up to most. size 0 is none: no pool, not one that grows from nothing.
 func RunnerPools(c templates.Catalog, size, most int) []Pool {
-	if size <= 0 && most <= 0 {
+	if size <= 0 {
 		return nil
 	}
 	var out []Pool

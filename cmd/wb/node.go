@@ -68,7 +68,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
 	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` of this instance alone (it is locked): templates, guests, snapshots, the runtime's state, the node's journal")
 	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
-	fs.IntVar(&f.runPool, "run-pool", 1, "warm guests to keep per runtime with a runner (python3) for ephemeral runs (POST /v1/runs), the runtime's interpreter started and waiting for the code")
+	fs.IntVar(&f.runPool, "run-pool", 0, "warm guests to keep per runtime with a runner (python3) for ephemeral runs (POST /v1/runs), the runtime's interpreter started and waiting for the code; 0: none, runs start their interpreter (1 makes a python run several times faster)")
 	fs.IntVar(&f.runPoolMax, "run-pool-max", 8, "most warm guests a runtime's run pool grows to with the rate of runs (within the node's free capacity); at most --run-pool keeps it fixed")
 	fs.IntVar(&f.desktopPool, "desktop-pool", -1, "warm small desktops to keep, their display and browser already started (each costs a browser's start in CPU); -1: as --pool")
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
