@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test bench lint deps build security conformance fleet bench-fleet
+.PHONY: run test bench lint deps build security conformance fleet bench-fleet bench-fleet-search
 
 # Install what the platform needs from Debian's packages when it is missing.
 deps:
@@ -34,6 +34,13 @@ fleet: deps build
 BENCH_RATE ?= 1
 bench-fleet: deps build
 	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s
+
+# The highest rate the fleet sustains with create p99 ≤ BENCH_P99, no failed flow and no leak:
+# from BENCH_RATE, doubling, then halving the gap (a step of 60 s each; a table per step on
+# stderr, the search's table on stdout).
+BENCH_P99 ?= 10ms
+bench-fleet-search: deps build
+	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s --search-p99 $(BENCH_P99)
 
 # go vet is make lint's (CI runs both): its analysis of every package and every dependency
 # (for facts) took about as long again as compiling them, minutes of a cold make test.

@@ -53,6 +53,8 @@ type loadOpts struct {
 	fleet         bool
 	fleetRuntime  string
 	fleetDir      string
+	searchP99     time.Duration
+	searchMax     float64
 }
 
 type urlList []string
@@ -91,6 +93,8 @@ func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&o.fleet, "fleet", false, "start a fleet on this machine (2 gateways, 3 nodes, Redis Cluster; as wb fleet, with no warm pool), run against both gateways, also check every node's guests, then stop it")
 	fs.StringVar(&o.fleetRuntime, "fleet-runtime", "runc", "with --fleet: the nodes' guest runtime")
 	fs.StringVar(&o.fleetDir, "fleet-dir", "", "with --fleet: the fleet's `dir` (default: a new one under /tmp)")
+	fs.DurationVar(&o.searchP99, "search-p99", 0, "search for the highest rate whose create p99 is at most this `duration`, with no failed flow and no leak: from --rate, doubling, then halving the gap to within 25 %; each step runs --duration and prints its table on stderr; 0: one run at --rate")
+	fs.Float64Var(&o.searchMax, "search-max", 64, "with --search-p99: the highest rate tried, in flows per `second`")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb load [flags]
 
@@ -108,6 +112,7 @@ Exit code 0, or 3 when anything leaked (or could not be checked), 2 when the run
 
   wb load --url $WB_URL --key $WB_API_KEY --rate 10 --duration 30s --redis redis://...
   wb load --fleet --rate 8 --duration 60s         (make bench-fleet)
+  wb load --fleet --rate 1 --search-p99 10ms      (make bench-fleet-search)
 
 Flags:
 `)
@@ -138,6 +143,9 @@ Flags:
 	if o.concurrency < 1 {
 		return fmt.Errorf("--concurrency: want ≥ 1, got %d", o.concurrency)
 	}
+	if o.searchP99 < 0 || (o.searchP99 > 0 && o.searchMax < o.rate) {
+		return fmt.Errorf("--search-p99 %s, --search-max %g: want a duration ≥ 0 and a maximum ≥ --rate (%g)", o.searchP99, o.searchMax, o.rate)
+	}
 	o.urls = urls
 	if len(o.urls) == 0 && !o.fleet {
 		env := os.Getenv("WB_URLS")
@@ -147,32 +155,81 @@ Flags:
 		_ = urls.Set(env)
 		o.urls = urls
 	}
-	var rep *loadgen.Report
-	if o.fleet {
-		rep, err = loadOnFleet(ctx, o, stderr)
-	} else {
+	if !o.fleet {
 		if len(o.urls) == 0 {
 			return errors.New("--url: no gateway given (nor $WB_URLS, $WB_URL)")
 		}
 		if o.key == "" {
 			return errors.New("--key: no API key given (nor $WB_API_KEY)")
 		}
-		var rdb redis.UniversalClient
-		if o.redisURL != "" {
-			if rdb, err = dialRedis(o.redisURL, ""); err != nil {
-				return fmt.Errorf("--redis %s: %w", redisLabel(o.redisURL), err)
-			}
-			defer rdb.Close()
+	}
+	var reps []*loadgen.Report
+	var search *loadgen.SearchResult
+	err = withLoadTarget(ctx, o, stderr, func(o loadOpts, rdb redis.UniversalClient, guests guestLister) error {
+		if o.searchP99 == 0 {
+			rep, err := runLoad(ctx, o, rdb, guests)
+			reps = append(reps, rep)
+			return err
 		}
-		rep, err = runLoad(ctx, o, rdb, nil)
+		var err error
+		search, err = loadgen.Search(ctx, loadgen.SearchConfig{Start: o.rate, Max: o.searchMax, CreateP99: o.searchP99},
+			func(ctx context.Context, rate float64) (*loadgen.Report, error) {
+				step := o
+				step.rate = rate
+				fmt.Fprintf(stderr, "load: search: %g flows/s for %s\n", rate, o.duration)
+				rep, err := runLoad(ctx, step, rdb, guests)
+				if err == nil {
+					_ = rep.WriteText(stderr)
+				}
+				return rep, err
+			})
+		if search != nil {
+			reps = search.Reports
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case search != nil && o.output == "json":
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(search)
+	case search != nil:
+		err = search.WriteText(stdout)
+	default:
+		err = writeLoadReport(stdout, o.output, reps[0])
 	}
 	if err != nil {
 		return err
 	}
-	if err := writeLoadReport(stdout, o.output, rep); err != nil {
-		return err
+	for _, rep := range reps {
+		if err := loadOutcome(rep); err != nil {
+			return err
+		}
 	}
-	return loadOutcome(rep)
+	return nil
+}
+
+// guestLister lists every node's guests (nil: the nodes cannot be reached from here).
+type guestLister func(context.Context) (map[string][]string, error)
+
+// withLoadTarget calls body with the deployment to load: with --fleet a fleet it starts and
+// stops around it, else --url's gateways (and --redis's Redis, when given).
+func withLoadTarget(ctx context.Context, o loadOpts, stderr io.Writer, body func(loadOpts, redis.UniversalClient, guestLister) error) error {
+	if o.fleet {
+		return loadOnFleet(ctx, o, stderr, body)
+	}
+	var rdb redis.UniversalClient
+	if o.redisURL != "" {
+		var err error
+		if rdb, err = dialRedis(o.redisURL, ""); err != nil {
+			return fmt.Errorf("--redis %s: %w", redisLabel(o.redisURL), err)
+		}
+		defer rdb.Close()
+	}
+	return body(o, rdb, nil)
 }
 
 // loadOutcome is the run's exit: exitLeaked when anything was left behind.
@@ -192,17 +249,17 @@ func writeLoadReport(w io.Writer, format string, rep *loadgen.Report) error {
 	return rep.WriteText(w)
 }
 
-// loadOnFleet starts a fleet, runs the load against all its gateways, checks the nodes'
-// guests too, and stops it. No warm pool: every guest a node has after the run is a leak.
-func loadOnFleet(ctx context.Context, o loadOpts, stderr io.Writer) (*loadgen.Report, error) {
+// loadOnFleet starts a fleet, runs body against all its gateways (checking the nodes' guests
+// too), and stops it. No warm pool: every guest a node has after a run is a leak.
+func loadOnFleet(ctx context.Context, o loadOpts, stderr io.Writer, body func(loadOpts, redis.UniversalClient, guestLister) error) error {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	dir := o.fleetDir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "wbl"); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	logf := func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
@@ -210,7 +267,7 @@ func loadOnFleet(ctx context.Context, o loadOpts, stderr io.Writer) (*loadgen.Re
 	fl, err := fleet.Start(startCtx, fleet.Options{Dir: dir, Bin: self, Runtime: o.fleetRuntime, Pool: 0, Logf: logf})
 	cancel()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() {
 		if err := fl.Stop(context.WithoutCancel(ctx)); err != nil {
@@ -231,11 +288,11 @@ func loadOnFleet(ctx context.Context, o loadOpts, stderr io.Writer) (*loadgen.Re
 		return out, errors.Join(errs...)
 	}
 	logf("load: fleet ready; %s at %g flows/s on %d gateways", o.duration, o.rate, len(o.urls))
-	rep, err := runLoad(ctx, o, fl.Redis, guests)
+	err = body(o, fl.Redis, guests)
 	if err != nil {
 		logf("%s", fl.Logs())
 	}
-	return rep, err
+	return err
 }
 
 // loadTarget is what the flows call: an SDK client per gateway, picked round-robin by the
@@ -267,8 +324,7 @@ func (t *loadTarget) noteDeleted(id string) {
 
 // runLoad runs the baseline, the load, the final deletes and the leak checks. rdb (nil: none)
 // reaches the deployment's Redis; guests (nil: none) lists the nodes' guests.
-func runLoad(ctx context.Context, o loadOpts, rdb redis.UniversalClient,
-	guests func(context.Context) (map[string][]string, error)) (*loadgen.Report, error) {
+func runLoad(ctx context.Context, o loadOpts, rdb redis.UniversalClient, guests guestLister) (*loadgen.Report, error) {
 	// One transport with room for every flow in flight: the default keeps 2 idle connections
 	// per host, and new TCP connections would be measured as the API's latency.
 	tr := http.DefaultTransport.(*http.Transport).Clone()

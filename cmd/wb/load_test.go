@@ -23,7 +23,7 @@ func TestLoadHelpAndFlags(t *testing.T) {
 	if err != nil && !strings.Contains(err.Error(), "help") {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"open-loop", "-rate", "-duration", "-url", "-key", "-mix", "-tier", "-concurrency", "-redis", "-fleet", "-baseline", "coordinated omission", "Exit code"} {
+	for _, w := range []string{"open-loop", "-rate", "-duration", "-url", "-key", "-mix", "-tier", "-concurrency", "-redis", "-fleet", "-baseline", "-search-p99", "-search-max", "coordinated omission", "Exit code"} {
 		if !strings.Contains(errb.String(), w) {
 			t.Errorf("wb load --help lacks %q:\n%s", w, errb.String())
 		}
@@ -34,6 +34,8 @@ func TestLoadHelpAndFlags(t *testing.T) {
 		{"--tier", "7"},
 		{"-o", "yaml"},
 		{"--concurrency", "0"},
+		{"--search-p99", "-1s"},
+		{"--search-p99", "10ms", "--search-max", "0.5"},
 		{"extra"},
 	} {
 		args := append([]string{"load", "--url", "http://127.0.0.1:1", "--key", "k"}, bad...)
