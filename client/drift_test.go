@@ -20,7 +20,7 @@ const openAPIPath = "../gateway/openapi.json"
 // operator routes (admin key, metrics), the document itself, the health check, the catch-all
 // that only answers errors.
 var operationsOutsideSDK = []string{"health", "metrics", "getOpenAPI", "adminCreateProject", "adminGetPlan",
-	"adminPutPlan", "adminListNodes", "adminDrainNode", "sessionActionMissing",
+	"adminPutPlan", "adminListNodes", "adminDrainNode", "adminRevokeKey", "sessionActionMissing",
 	// A desktop's MCP endpoint speaks MCP, not the API: an MCP client calls it, with
 	// MCPHTTPClient as its HTTP client.
 	"desktopMCP", "desktopMCPStream"}
