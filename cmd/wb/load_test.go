@@ -84,7 +84,10 @@ func TestLoadAgainstServe(t *testing.T) {
 		t.Skip("starts wb serve with real guests")
 	}
 	redisURL := "redis://" + redistest.ServerAddr(t) + "/0"
-	srv := servetest.Start(t, "--redis", redisURL)
+	// Provisioning deadlines for a loaded machine (3 × cold p95: a minute): this test counts
+	// flows and leaks, and at the default 6 s a cold make test's busiest minute failed four
+	// sessions whose runc create and start took longer.
+	srv := servetest.Start(t, "--redis", redisURL, "--cold-p95", "1=20s", "--cold-p95", "2=20s")
 	defer func() {
 		if t.Failed() {
 			t.Logf("wb serve's log:\n%s", srv.Log())
