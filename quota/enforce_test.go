@@ -124,22 +124,7 @@ func TestEnforcerStopsSessionsNotYetRunning(t *testing.T) {
 	ctx := context.Background()
 	st := store.New(redistest.Server(t))
 	project := "proj_early"
-	mk := func(changes ...store.Change) string {
-		now := time.Now()
-		s, err := st.Create(ctx, &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending,
-			ProjectID: project, Template: "tpl_base", Region: "local", CreatedAt: *session.At(now),
-			IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, ch := range changes {
-			ch.Project, ch.ID = project, s.ID
-			if _, err := st.Transition(ctx, ch); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return s.ID
-	}
+	mk := func(changes ...store.Change) string { return newSession(t, st, project, nil, changes...) }
 	pending := mk()
 	starting := mk(store.Change{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"})
 	stopper := &recordingStopper{}
@@ -187,23 +172,10 @@ func TestEnforcerStopsSessionAfterItsSnapshot(t *testing.T) {
 	ctx := context.Background()
 	st := store.New(redistest.Server(t))
 	project := "proj_snapcap"
-	now := time.Now()
-	s, err := st.Create(ctx, &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending,
-		ProjectID: project, Template: "tpl_base", Region: "local", CreatedAt: *session.At(now),
-		IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ch := range []store.Change{
-		{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
-		{From: session.Provisioning, To: session.Running, Driver: session.Node},
-		{From: session.Running, To: session.Snapshotting, Driver: session.Caller},
-	} {
-		ch.Project, ch.ID = project, s.ID
-		if _, err := st.Transition(ctx, ch); err != nil {
-			t.Fatal(err)
-		}
-	}
+	s := &session.Session{ID: newSession(t, st, project, nil,
+		store.Change{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		store.Change{From: session.Provisioning, To: session.Running, Driver: session.Node},
+		store.Change{From: session.Running, To: session.Snapshotting, Driver: session.Caller})}
 	stopper := &recordingStopper{}
 	e := &Enforcer{Store: st, Stopper: stopper}
 	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
@@ -239,4 +211,25 @@ func TestEnforcerStopsSessionAfterItsSnapshot(t *testing.T) {
 	if got := stopper.ids(); len(got) != 1 || got[0] != s.ID {
 		t.Errorf("torn down %v, want %s", got, s.ID)
 	}
+}
+
+// newSession creates a pending session of project (of end user eu, when not nil), takes it
+// through changes, and answers its id.
+func newSession(t *testing.T, st *store.Store, project string, eu *string, changes ...store.Change) string {
+	t.Helper()
+	ctx := context.Background()
+	now := time.Now()
+	s, err := st.Create(ctx, &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending,
+		ProjectID: project, EndUserID: eu, Template: "tpl_base", Region: "local", CreatedAt: *session.At(now),
+		IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range changes {
+		ch.Project, ch.ID = project, s.ID
+		if _, err := st.Transition(ctx, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s.ID
 }
