@@ -720,7 +720,9 @@ func (d *Driver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
 		if chapi.IsNotCreated(err) {
 			return hypervisor.Info{State: hypervisor.StateStopped}, nil
 		}
-		if !r.alive() {
+		// A VMM closes its API socket only on its way out, after vmm.shutdown has stopped
+		// the vCPUs: one still exiting (or gone meanwhile) runs no guest.
+		if !r.alive() || apiClosed(err) {
 			return hypervisor.Info{State: hypervisor.StateStopped}, nil
 		}
 		return hypervisor.Info{}, fmt.Errorf("cloudhv: guest %s: %w", id, err)
@@ -739,6 +741,12 @@ func (d *Driver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
 		return hypervisor.Info{}, fmt.Errorf("cloudhv: guest %s: vm.info state %q is not one of cloud-hypervisor's", id, vi.State)
 	}
 	return hypervisor.Info{State: st, Pid: r.Pid}, nil
+}
+
+// apiClosed: nothing listens on the API socket any more (removed, or left without a listener).
+// A VMM that hangs still listens: its calls time out instead.
+func apiClosed(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs), the

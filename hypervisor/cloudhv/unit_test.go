@@ -12,6 +12,7 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/internal/guestfile"
+	"wb/internal/proc"
 )
 
 func TestKernelCmdline(t *testing.T) {
@@ -175,5 +176,45 @@ func TestCopySparse(t *testing.T) {
 	}
 	if got := guestfile.Allocated(dst); got <= 0 || got > 1<<20 {
 		t.Errorf("the copy takes %d bytes; want it sparse (a few KiB)", got)
+	}
+}
+
+// TestInfoOfAVMMLeaving: a VMM that still runs but has closed its API (after vmm.shutdown,
+// on its way out) runs no guest: Info says stopped rather than failing, so that a teardown in
+// progress does not read as a guest that still runs.
+func TestInfoOfAVMMLeaving(t *testing.T) {
+	d := &Driver{o: Options{StateDir: t.TempDir()}}
+	start, ok := proc.Start(os.Getpid())
+	if !ok {
+		t.Fatal("no start time for this process")
+	}
+	for name, leave := range map[string]func(sock string) error{
+		"socket removed": func(string) error { return nil },
+		"socket without a listener": func(sock string) error {
+			ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+			if err != nil {
+				return err
+			}
+			ln.SetUnlinkOnClose(false)
+			return ln.Close()
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			id := "sess_" + strings.ReplaceAll(name, " ", "")
+			if err := os.MkdirAll(d.GuestDir(id), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			// This test's own process stands in for the VMM: alive, with no API.
+			if err := writeJSON(filepath.Join(d.GuestDir(id), recordFile), record{Pid: os.Getpid(), Start: start}); err != nil {
+				t.Fatal(err)
+			}
+			if err := leave(filepath.Join(d.GuestDir(id), apiSocket)); err != nil {
+				t.Fatal(err)
+			}
+			info, err := d.Info(context.Background(), id)
+			if err != nil || info.State != hypervisor.StateStopped {
+				t.Fatalf("Info = %+v, %v; want %s", info, err, hypervisor.StateStopped)
+			}
+		})
 	}
 }
