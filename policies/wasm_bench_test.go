@@ -102,7 +102,9 @@ func envGlue(minPages, maxPages uint32) []byte {
 		}
 	}
 	name := func(b []byte, s string) []byte { return append(uleb(b, uint32(len(s))), s...) }
-	section := func(b []byte, id byte, body []byte) []byte { return append(uleb(append(b, id), uint32(len(body))), body...) }
+	section := func(b []byte, id byte, body []byte) []byte {
+		return append(uleb(append(b, id), uint32(len(body))), body...)
+	}
 
 	var types, imports, exports []byte
 	types = uleb(types, uint32(len(hostFuncs)))
