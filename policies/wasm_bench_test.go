@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -436,22 +437,12 @@ func sortedSets(doc map[string]any) map[string]any {
 	for k, v := range doc {
 		if a, ok := v.([]any); ok {
 			a = slices.Clone(a)
-			slices.SortFunc(a, func(x, y any) int { return compareText(text(x), text(y)) })
+			slices.SortFunc(a, func(x, y any) int { return strings.Compare(text(x), text(y)) })
 			v = a
 		}
 		out[k] = v
 	}
 	return out
-}
-
-func compareText(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // TestWasmAdmissionMatchesGo: the Wasm build of the shipped admission policy decides as
