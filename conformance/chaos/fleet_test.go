@@ -75,7 +75,7 @@ func startFleet(t *testing.T, tune ...func(*fleet.Options)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s timings: %+v", tm.name, tm)
+	t.Logf("timings %v", tm)
 	o := fleet.Options{Dir: filepath.Join(tmp, "f"), Bin: bin, Runtime: "runc",
 		NodeVCPU: 2, NodeMemoryMiB: 4096, NodeTimeout: tm.nodeTimeout, ClusterNodeTimeout: tm.clusterNodeTimeout,
 		NodeArgs: slow, Logf: t.Logf,

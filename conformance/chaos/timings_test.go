@@ -64,6 +64,15 @@ func loadTimings() (timings, error) {
 	return tm, nil
 }
 
+func (tm timings) String() string {
+	nt := "wb serve's default"
+	if tm.nodeTimeout > 0 {
+		nt = tm.nodeTimeout.String()
+	}
+	return fmt.Sprintf("%s: webhook receiver down %v, webhook waits capped at %v (delivered within %v after), cluster-node-timeout %v, --node-timeout %s",
+		tm.name, tm.receiverDown, tm.maxBackoff(), tm.deliveredWithin(), tm.clusterNodeTimeout, nt)
+}
+
 // maxBackoff is the cap on the gateways' webhook waits in force.
 func (tm timings) maxBackoff() time.Duration {
 	if tm.webhookMaxBackoff > 0 {
