@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test bench lint deps build security conformance fleet bench-fleet bench-fleet-search
+.PHONY: run test bench lint deps build security conformance fleet bench-fleet bench-chaos bench-fleet-search
 
 # Install what the platform needs from Debian's packages when it is missing.
 deps:
@@ -31,9 +31,24 @@ fleet: deps build
 # table: p50/p99/max per operation, errors, achieved rate, a baseline measured in the same run
 # (GET /healthz and a Redis PING at the same rate) and the leaks: sessions still active (API),
 # the project's concurrency slots (Redis) and every node's guests. Exits 3 on a leak.
+# Then the chaos suite at real timings (make bench-chaos).
 BENCH_RATE ?= 1
 bench-fleet: deps build
 	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s
+	$(MAKE) --no-print-directory bench-chaos
+
+# The chaos suite (conformance/chaos, as root) at real timings, WB_CHAOS_TIMINGS=real: the
+# webhook receiver down for ten minutes under wb's default backoff (no --webhook-max-backoff),
+# the Redis Cluster's default cluster-node-timeout of 15 s, the gateways' default --node-timeout;
+# make test runs it with short ones. About 25 minutes. Prints each case's figure lines, its
+# other log lines and errors, and PASS/FAIL; the whole log (with the fleet's logs of a failed
+# case) stays in the file it names. Fails when the suite does.
+bench-chaos: deps build
+	@log=$$(mktemp /tmp/wb-chaos-real.XXXXXX); \
+	WB_CHAOS_TIMINGS=real WB_TEST_BIN=$(CURDIR)/bin/wb WB_TEST_AGENT_BIN=$(CURDIR)/bin/wb-agent \
+		$(GO) test -count=1 -v -timeout 60m -run . ./conformance/chaos/ >$$log 2>&1; rc=$$?; \
+	grep -E '_test\.go:[0-9]+: |^ *--- |^(ok|FAIL|PASS|panic)' $$log; \
+	echo "chaos suite at real timings: exit $$rc, full log in $$log"; exit $$rc
 
 # The highest rate the fleet sustains with create p99 ≤ BENCH_P99, no failed flow and no leak:
 # from BENCH_RATE, doubling, then halving the gap (a step of 60 s each; a table per step on

@@ -95,12 +95,22 @@ func BackoffUpTo(most time.Duration) func(attempt int) time.Duration {
 }
 
 func backoff(attempt int, most time.Duration) time.Duration {
+	lo, hi := BackoffRange(attempt, most)
+	return hi - rand.N(hi-lo+1)
+}
+
+// BackoffRange answers the bounds of the wait after the attempt-th failed attempt when the
+// waits are capped at most (DefaultMaxBackoff for DefaultBackoff): 5 s doubled per attempt up
+// to most, less a jitter of up to 20 %. Tests derive from it how long after an outage an
+// endpoint hears again.
+func BackoffRange(attempt int, most time.Duration) (lo, hi time.Duration) {
+	most = max(most, time.Millisecond)
 	d := 5 * time.Second
 	for i := 1; i < attempt && d < most; i++ {
 		d *= 2
 	}
 	d = min(d, most)
-	return d - rand.N(d/5+1)
+	return d - d/5, d
 }
 
 func (o Options) withDefaults(reg *Registry) Options {

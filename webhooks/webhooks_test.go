@@ -571,6 +571,31 @@ func TestBackoffUpTo(t *testing.T) {
 	}
 }
 
+// TestBackoffRange: the bounds are 5 s doubled per attempt up to the cap, less 20 %, and every
+// wait BackoffUpTo draws lies within them.
+func TestBackoffRange(t *testing.T) {
+	for _, c := range []struct {
+		attempt int
+		most    time.Duration
+		hi      time.Duration
+	}{
+		{1, DefaultMaxBackoff, 5 * time.Second}, {3, DefaultMaxBackoff, 20 * time.Second},
+		{8, DefaultMaxBackoff, 640 * time.Second}, {11, DefaultMaxBackoff, time.Hour}, {50, DefaultMaxBackoff, time.Hour},
+		{1, time.Second, time.Second}, {4, time.Minute, 40 * time.Second}, {5, time.Minute, time.Minute},
+	} {
+		lo, hi := BackoffRange(c.attempt, c.most)
+		if hi != c.hi || lo != hi-hi/5 {
+			t.Errorf("BackoffRange(%d, %v) = %v, %v; want %v, %v", c.attempt, c.most, lo, hi, c.hi-c.hi/5, c.hi)
+		}
+		b := BackoffUpTo(c.most)
+		for range 200 {
+			if d := b(c.attempt); d < lo || d > hi {
+				t.Fatalf("BackoffUpTo(%v)(%d) = %v, outside [%v, %v]", c.most, c.attempt, d, lo, hi)
+			}
+		}
+	}
+}
+
 func TestBuildPayload(t *testing.T) {
 	rule := "no-crypto-mining"
 	ev := store.Event{ID: "evt_x", Type: session.EventFailed, SessionID: "sess_1", AtMs: 1791278062118,

@@ -31,10 +31,10 @@ const (
 
 // env is a started fleet and a client on each gateway.
 type env struct {
-	f           *fleet.Fleet
-	c           []*client.Client
-	bg          context.Context
-	nodeTimeout time.Duration
+	f  *fleet.Fleet
+	c  []*client.Client
+	bg context.Context
+	tm timings
 }
 
 // startFleet starts a fleet whose nodes each hold two sessions of size s (1 vCPU, 2 GiB), and
@@ -71,16 +71,16 @@ func startFleet(t *testing.T, tune ...func(*fleet.Options)) *env {
 	slow := []string{"--cold-p95", "2=20s"}
 	// The gateways find a dead node after wb serve's default --node-timeout, which must keep
 	// the contract's 10 s; WB_CHAOS_NODE_TIMEOUT sets another, to measure it.
-	var nodeTimeout time.Duration
-	if v := os.Getenv("WB_CHAOS_NODE_TIMEOUT"); v != "" {
-		if nodeTimeout, err = time.ParseDuration(v); err != nil {
-			t.Fatalf("WB_CHAOS_NODE_TIMEOUT: %v", err)
-		}
+	tm, err := loadTimings()
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Logf("timings %v", tm)
 	o := fleet.Options{Dir: filepath.Join(tmp, "f"), Bin: bin, Runtime: "runc",
-		NodeVCPU: 2, NodeMemoryMiB: 4096, NodeTimeout: nodeTimeout, NodeArgs: slow, Logf: t.Logf,
-		// A webhook receiver on loopback; a receiver back from an outage is retried within 1 s.
-		GatewayArgs: append(slices.Clip(slow), "--allow-private-webhooks", "--webhook-max-backoff", "1s")}
+		NodeVCPU: 2, NodeMemoryMiB: 4096, NodeTimeout: tm.nodeTimeout, ClusterNodeTimeout: tm.clusterNodeTimeout,
+		NodeArgs: slow, Logf: t.Logf,
+		// A webhook receiver on loopback.
+		GatewayArgs: append(append(slices.Clip(slow), "--allow-private-webhooks"), tm.gatewayArgs()...)}
 	for _, fn := range tune {
 		fn(&o)
 	}
@@ -88,7 +88,7 @@ func startFleet(t *testing.T, tune ...func(*fleet.Options)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{f: f, bg: context.Background(), nodeTimeout: nodeTimeout}
+	e := &env{f: f, bg: context.Background(), tm: tm}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("fleet logs:\n%s", f.Logs())
@@ -107,6 +107,13 @@ func startFleet(t *testing.T, tune ...func(*fleet.Options)) *env {
 	}
 	e.admin(t, "PUT", "/v1/admin/projects/"+project+"/plan", map[string]any{"node_share_pct": 100}, nil)
 	return e
+}
+
+// figure logs one of a case's figures on a line of its own that begins "figure (<timings>
+// timings):", which make bench-fleet picks out of the suite's log.
+func (e *env) figure(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Logf("figure (%s timings): %s", e.tm.name, fmt.Sprintf(format, args...))
 }
 
 // checkNothingLeft: after Stop, no cgroup of any node's guests (a cgroup goes only when its
@@ -341,7 +348,7 @@ func (e *env) spreadAndCapacity(t *testing.T) {
 			t.Errorf("node %s uses %d vCPU / %d MiB of %d / %d", n.ID, n.UsedVCPU, n.UsedMemoryMiB, n.VCPU, n.MemoryMiB)
 		}
 	}
-	t.Logf("six sessions through both gateways, by zone: %v; the seventh waits", perZone)
+	e.figure(t, "six sessions through both gateways, by zone: %v; the seventh waits", perZone)
 
 	// One ends: the seventh takes its room, on its node.
 	freed := zoneOf(running[0])
@@ -373,7 +380,7 @@ func (e *env) restoreElsewhere(t *testing.T) {
 	if got := e.exec(t, 0, b.ID, "cat /workspace/f"); got != "kept-on-"+zoneOf(a)+"\n" {
 		t.Fatalf("the restored session's /workspace/f reads %q", got)
 	}
-	t.Logf("snapshot %s taken on %s (zone %s), restored on zone %s with its files", snap, nodeA.ID, zoneOf(a), zoneOf(b))
+	e.figure(t, "snapshot %s taken on %s (zone %s), restored on zone %s with its files", snap, nodeA.ID, zoneOf(a), zoneOf(b))
 	e.delete(t, b.ID)
 }
 
@@ -433,10 +440,10 @@ func (e *env) nodeKilled(t *testing.T) {
 		slowest = max(slowest, took)
 	}
 	timeout := "wb serve's default"
-	if e.nodeTimeout > 0 {
-		timeout = e.nodeTimeout.String()
+	if e.tm.nodeTimeout > 0 {
+		timeout = e.tm.nodeTimeout.String()
 	}
-	t.Logf("kill -9 of %s with %d running sessions: each failed with host_failure, the last %.1fs after the kill (--node-timeout %s, bound %v)",
+	e.figure(t, "kill -9 of %s with %d running sessions: each failed with host_failure, the last %.1fs after the kill (--node-timeout %s, bound %v)",
 		dead.ID, len(victims), slowest.Seconds(), timeout, hostFailureWithin)
 	if slowest > hostFailureWithin {
 		t.Errorf("host_failure came %v after the kill, want within %v", slowest, hostFailureWithin)
@@ -465,7 +472,7 @@ func (e *env) nodeKilled(t *testing.T) {
 		if time.Duration(settled)*time.Millisecond > ran+time.Second {
 			t.Errorf("session %s: billed %d ms, but it ran %v before its node died", v.ID, settled, ran)
 		}
-		t.Logf("session %s: ran %.1fs until the kill; its records sum to %d ms, settled %d ms (billing stops at the last record)",
+		e.figure(t, "session %s: ran %.1fs until the kill; its records sum to %d ms, settled %d ms (billing stops at the last record)",
 			v.ID, ran.Seconds(), recorded, settled)
 	}
 	time.Sleep(5 * time.Second) // longer than a flush: were anyone still metering, it shows
@@ -483,7 +490,7 @@ func (e *env) nodeKilled(t *testing.T) {
 	if got := e.exec(t, 1, r.ID, "cat /workspace/f"); got != "before-the-kill\n" {
 		t.Fatalf("the restored session's /workspace/f reads %q", got)
 	}
-	t.Logf("snapshot %s of a session of the killed %s restored in zone %s", snap, dead.ID, zoneOf(r))
+	e.figure(t, "snapshot %s of a session of the killed %s restored in zone %s", snap, dead.ID, zoneOf(r))
 }
 
 // recordedMs sums session_ms over the session's usage records in the project's usage stream,

@@ -281,7 +281,7 @@ func (e *env) gatewayKilled(t *testing.T) {
 
 	slices.Sort(took)
 	pct := func(p float64) time.Duration { return took[min(len(took)-1, int(p*float64(len(took))))] }
-	t.Logf("%d clients, gateway 1 killed after %d creates were sent (%d answered, %d cut off, %d refused); "+
+	e.figure(t, "%d clients, gateway 1 killed after %d creates were sent (%d answered, %d cut off, %d refused); "+
 		"the kill left %d keys in flight, %d of them with their session written: %d sessions, 0 duplicates; "+
 		"first attempt to answer p50 %.1fs, p99 %.1fs (lease %v), retries on gateway 2: up to %d, %d answered \"in progress\"; %d run, ended: %v",
 		clients, sentBefore, answered, cut, refused, orphaned, written, len(ids), pct(0.5).Seconds(), pct(0.99).Seconds(),
@@ -291,7 +291,7 @@ func (e *env) gatewayKilled(t *testing.T) {
 	if err := e.f.RestartGateway(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("gateway 1 back %.1fs after the kill", time.Since(killedAt).Seconds())
+	e.figure(t, "gateway 1 back %.1fs after the kill", time.Since(killedAt).Seconds())
 	for _, c := range cs[:3] {
 		if a, err := e.post(ctx, 0, c.key, body); err != nil || a.status != 201 || a.id != c.id {
 			t.Errorf("key %s on the restarted gateway 1: %+v, %v; want 201 with %s", c.key, a, err, c.id)
@@ -473,7 +473,7 @@ func (e *env) controlPlaneDown(t *testing.T) {
 		figures = append(figures, fmt.Sprintf("%s (%ds) stopping %+.1fs, %s %+.1fs", x.reason, min(x.idleS, x.lifeS),
 			time.UnixMilli(stopping.AtMs).Sub(x.deadline).Seconds(), end.Type, time.UnixMilli(end.AtMs).Sub(x.deadline).Seconds()))
 	}
-	t.Logf("gateways down; the nodes' timers fired, after their deadlines: %s", strings.Join(figures, "; "))
+	e.figure(t, "gateways down; the nodes' timers fired, after their deadlines: %s", strings.Join(figures, "; "))
 
 	back := time.Now() // the first gateway back delivers what the outage left
 	for i := range e.f.GatewayURLs {
@@ -544,7 +544,7 @@ func (e *env) controlPlaneDown(t *testing.T) {
 	if _, err := e.c[0].DeleteWebhookEndpoint(ctx, ep.ID); err != nil {
 		t.Error(err)
 	}
-	t.Logf("both gateways down %.1fs while %d sessions ran; after the restart: %s",
+	e.figure(t, "both gateways down %.1fs while %d sessions ran; after the restart: %s",
 		downFor.Seconds(), len(ss), strings.Join(figures, "; "))
 }
 

@@ -128,7 +128,8 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 	due := last.Add(time.Duration(idle.IdleTimeoutS) * time.Second)
 
 	// The stream starts a few seconds before the kill, which comes 1.5 s before the idle
-	// timer: the Cluster's node timeout (2 s) and the election put the timer in the failover.
+	// timer: the Cluster's node timeout (the timings': 2 s short, 15 s real) and the election
+	// put the timer in the failover.
 	var mu sync.Mutex
 	var killedAt, tookOverAt time.Time
 	killed := func() time.Time { mu.Lock(); defer mu.Unlock(); return killedAt }
@@ -155,7 +156,8 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 	mu.Lock()
 	killedAt = time.Now()
 	mu.Unlock()
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	// The replica takes over after the node timeout, then the vote and every server's slot map.
+	wctx, cancel := context.WithTimeout(ctx, e.tm.clusterNodeTimeout+time.Minute)
 	promoted, err := e.f.WaitFailover(wctx, primary, key)
 	cancel()
 	if err != nil {
@@ -165,8 +167,8 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 	tookOverAt = time.Now()
 	takeover := tookOverAt.Sub(killedAt)
 	mu.Unlock()
-	t.Logf("kill -9 of the Redis primary %s (the project's slot): its replica %s took over %.1fs after (cluster_state:ok on every live server); the idle timer was due %.1fs after the kill",
-		primary, promoted, takeover.Seconds(), due.Sub(killedAt).Seconds())
+	e.figure(t, "kill -9 of the Redis primary %s (the project's slot): its replica %s took over %.1fs after (cluster_state:ok on every live server; cluster-node-timeout %v); the idle timer was due %.1fs after the kill",
+		primary, promoted, takeover.Seconds(), e.tm.clusterNodeTimeout, due.Sub(killedAt).Seconds())
 
 	// Creates go on for a while after the takeover: they must succeed again.
 	time.Sleep(5 * time.Second)
@@ -192,7 +194,7 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 			t.Errorf("no create through gateway %d succeeded in the 5 s after the takeover", i+1)
 		}
 	}
-	t.Logf("creates through both gateways: %d succeeded (%d after the takeover), %d failed with 503 %v (from %.1fs to %.1fs after the kill), %d otherwise; slowest %v (bound %v)",
+	e.figure(t, "creates through both gateways: %d succeeded (%d after the takeover), %d failed with 503 %v (from %.1fs to %.1fs after the kill), %d otherwise; slowest %v (bound %v)",
 		ok, okAfter, unavailable, codes, first503.Seconds(), last503.Seconds(), countBad(outs), slowest.Round(time.Millisecond), createTimeout)
 
 	// The node enforced the idle timer through the failover.
@@ -201,9 +203,11 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 		t.Errorf("the idle session is %s (%s), want stopped (idle_timeout)", s.State, reasonOf(s))
 	} else {
 		late := s.StoppedAt.Sub(due)
-		t.Logf("the idle session (idle_timeout_s %d) stopped with idle_timeout %.1fs after its deadline, which fell %.1fs into the failover",
+		e.figure(t, "the idle session (idle_timeout_s %d) stopped with idle_timeout %.1fs after its deadline, which fell %.1fs into the failover",
 			idle.IdleTimeoutS, late.Seconds(), due.Sub(killedAt).Seconds())
 		// stopped_at is the guest's teardown's end, up to 10 s after the timer on a loaded machine.
+		// Not the failover's length: the node enforces its timers without Redis (at real
+		// timings the takeover comes about 15 s after the deadline).
 		if late < -2*time.Second || late > 20*time.Second {
 			t.Errorf("the idle session stopped %v after its deadline, want within -2s…20s", late)
 		}
@@ -236,7 +240,7 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 			t.Errorf("session %s: settled %d ms, but its usage records sum to %d ms", l.ID, settled, recorded)
 		}
 	}
-	t.Logf("usage: %d records of %d sessions, %d of them measured during the failover and written after it; each settled exactly once (settled = sum of records, seqs 1…n without a gap)",
+	e.figure(t, "usage: %d records of %d sessions, %d of them measured during the failover and written after it; each settled exactly once (settled = sum of records, seqs 1…n without a gap)",
 		records, len(long)+1, replayed)
 	if n := e.activeSlots(t); n != 0 {
 		t.Errorf("the project holds %d slots after every session ended", n)

@@ -16,17 +16,6 @@ import (
 	"wb/session"
 )
 
-const (
-	// receiverDown stands for the ten minutes. The fleet's gateways run with
-	// --webhook-max-backoff 1s (fleet_test.go) where wb's default waits up to an hour, so
-	// ten minutes against an hour's cap become 20 s against 1 s. With the default waits
-	// (5 s, doubled) a delivery first refused at the outage's start is next tried at 28 s or
-	// later: the bound below fails.
-	receiverDown = 20 * time.Second
-	// deliveredWithin bounds how long after the receiver is back each event arrives.
-	deliveredWithin = 6 * time.Second
-)
-
 // arrival is one delivery attempt a receiver saw.
 type arrival struct {
 	id, typ, session string
@@ -95,10 +84,15 @@ func (r *receiver) delivered(ids []string) (map[string][]arrival, int) {
 }
 
 // webhookReceiverDown: one endpoint stays up (the control), another refuses every delivery
-// with 503 for receiverDown while sessions go from pending to stopped, then comes back. Each
-// event the control got reaches it afterwards, none lost, in the control's order per
-// session and in order of created_at, within deliveredWithin of its return.
+// with 503 for the timings' receiverDown (short: 20 s, the gateways' waits capped at 1 s; real:
+// the ten minutes with wb's default waits, up to an hour) while sessions go from
+// pending to stopped, then comes back. Each event the control got reaches it afterwards, none
+// lost, in the control's order per session and in order of created_at, within deliveredWithin
+// of its return: the longest wait the backoff can be in at the outage's end (timings.go;
+// short: 1 s, where the default waits would first retry 28 s or more after the outage's start
+// and fail it; real: 640 s), and slack.
 func (e *env) webhookReceiverDown(t *testing.T) {
+	receiverDown, deliveredWithin := e.tm.receiverDown, e.tm.deliveredWithin()
 	events := []string{session.EventPending, session.EventRunning, session.EventStopping, session.EventStopped}
 	control, flaky := newReceiver(t), newReceiver(t)
 	flaky.down.Store(true)
@@ -132,7 +126,7 @@ func (e *env) webhookReceiverDown(t *testing.T) {
 	// The control has every event (it was up); the flaky one must catch up.
 	var want, got map[string][]arrival
 	var refused int
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(deliveredWithin + time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		want, _ = control.delivered(ids)
 		got, refused = flaky.delivered(ids)
 		complete := true
@@ -167,8 +161,8 @@ func (e *env) webhookReceiverDown(t *testing.T) {
 			slowest = max(slowest, a.at.Sub(upAt.Add(max(0, a.created.Sub(upAt)))))
 		}
 	}
-	t.Logf("webhook receiver down for %v (the issue's ten minutes, with --webhook-max-backoff 1s): %d events of %d sessions delivered after, none lost, in order per session; the last %.1fs after the receiver was back (bound %v); %d attempts refused during the outage",
-		receiverDown, total, len(ids), slowest.Seconds(), deliveredWithin, refused)
+	e.figure(t, "webhook receiver down for %v (the issue's ten minutes; waits between attempts capped at %v): %d events of %d sessions delivered after, none lost, in order per session; the last %.1fs after the receiver was back (bound %v: the longest wait in force, %v, and %v); %d attempts refused during the outage",
+		receiverDown, e.tm.maxBackoff(), total, len(ids), slowest.Seconds(), deliveredWithin, e.tm.retriedWithin(), pickupSlack, refused)
 	if slowest > deliveredWithin {
 		t.Errorf("an event arrived %v after the receiver was back, want within %v", slowest, deliveredWithin)
 	}
