@@ -12,13 +12,14 @@ mkdir -p "$(dirname "$out")" "$(dirname "$table")"
 : >"$out"
 failed=()
 
-# bench ENV... -- runs go test's benchmarks with ENV (NAME=VALUE…) and the rest as arguments.
+# bench ENV... -- runs go test's benchmarks with ENV (NAME=VALUE…) and the rest as arguments;
+# past go test's default 10 minutes, which the conformance benchmarks can take on a busy machine.
 bench() {
 	local env=()
 	while [ "$1" != "--" ]; do env+=("$1"); shift; done
 	shift
-	echo "+ ${env[*]} $GO test -run '^\$' -bench . $*"
-	env "${env[@]}" "$GO" test -run '^$' -bench . "$@" 2>&1 | tee -a "$out" || failed+=("$*")
+	echo "+ ${env[*]} $GO test -run '^\$' -bench . -timeout 40m $*"
+	env "${env[@]}" "$GO" test -run '^$' -bench . -timeout 40m "$@" 2>&1 | tee -a "$out" || failed+=("$*")
 }
 
 # The store (beside redis-benchmark's SET on a redis-server of its own), plugins, netguard.
