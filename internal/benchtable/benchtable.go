@@ -218,7 +218,7 @@ func Table(run Run, pairs []Pair) []Row {
 // Write prints rows as an aligned table: package, benchmark, figure, baseline, ratio.
 func Write(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PACKAGE\tBENCHMARK\tFIGURE\tBASELINE (same run)\tRATIO")
+	fmt.Fprintln(tw, "PACKAGE\tBENCHMARK\tFIGURE\tBASELINE (same run)\tFIGURE/BASELINE")
 	for _, r := range rows {
 		f := r.Figure
 		base, ratio := "—", "—"

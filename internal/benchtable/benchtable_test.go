@@ -113,7 +113,7 @@ func TestTableCaptured(t *testing.T) {
 	}
 	text := out.String()
 	for _, want := range []string{
-		`(?m)^PACKAGE +BENCHMARK +FIGURE +BASELINE \(same run\) +RATIO`,
+		`(?m)^PACKAGE +BENCHMARK +FIGURE +BASELINE \(same run\) +FIGURE/BASELINE$`,
 		`(?m)^hypervisor/oci +CreateBoot/runc +2\.02s/op +CreateBoot/bare-runc: 1\.124s/op +1\.8×`,
 		// Pings/s has no declared baseline, and no figure here is read against it.
 		`(?m)^gateway +RedisPing +23771 pings/s +— +—`,
@@ -122,6 +122,52 @@ func TestTableCaptured(t *testing.T) {
 	} {
 		if !regexp.MustCompile(want).MatchString(text) {
 			t.Errorf("the table has no line matching %s:\n%s", want, text)
+		}
+	}
+}
+
+// A whole make bench run (captured here): every declared pair names a figure the benchmarks
+// report, under the unit they report it with, and its baseline is in the same run.
+func TestPairsMeetFullRun(t *testing.T) {
+	run := parseFile(t, "make-bench.txt")
+	if len(run.Skipped) != 0 {
+		t.Errorf("skipped %q", run.Skipped)
+	}
+	rows := Table(run, Pairs())
+	for _, p := range Pairs() {
+		found := false
+		for _, r := range rows {
+			if p.matches(r.Figure.Ref) && r.Want == p.baselineOf(r.Figure.Ref) {
+				found = true
+				if r.Baseline == nil {
+					t.Errorf("%s %s %s: its baseline %+v is not in the run", p.Figure.Pkg, r.Figure.Bench, p.Figure.Unit, r.Want)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no figure in the run matches %+v", p.Figure)
+		}
+	}
+	// Spot checks against the raw lines: the driver beside the bare runtime, a run beside
+	// the bare python3, the store beside redis-benchmark across a name, a package and a unit.
+	for _, c := range []struct {
+		fig  Ref
+		want float64
+	}{
+		{Ref{"wb/hypervisor/oci", "CreateBoot/runsc", "sec/op"}, 461686481.0 / 272755403},
+		{Ref{"wb/conformance", "RunsPython/runc", "p50-ms"}, 1431 / 452.5},
+		{Ref{"wb/quota", "Settler", "records/s"}, 67846.0 / 46083},
+		{Ref{"wb/store", "ChangePublish", "sec/op"}, 254920e-9 / 165e-6},
+	} {
+		var got []float64
+		for _, r := range rows {
+			if r.Figure.Ref == c.fig {
+				x, _ := r.Ratio()
+				got = append(got, x)
+			}
+		}
+		if len(got) != 1 || math.Abs(got[0]-c.want) > 1e-3*c.want {
+			t.Errorf("%+v: ratios %v, want %.4g", c.fig, got, c.want)
 		}
 	}
 }

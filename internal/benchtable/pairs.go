@@ -50,7 +50,9 @@ func Pairs() []Pair {
 
 		// plugins: the SDK and the example beside a hand-written module; the cache beside none.
 		{Ref{plugins, "Decide/rawgo", "p50_µs"}, Ref{"", "Decide/raw", "p50_µs"}, "the Go runtime's entry and exit"},
+		{Ref{plugins, "Decide/rawgo", "p99_µs"}, Ref{"", "Decide/raw", "p99_µs"}, "the Go runtime's entry and exit"},
 		{Ref{plugins, "Decide/noop", "p50_µs"}, Ref{"", "Decide/raw", "p50_µs"}, "the SDK's decoding and encoding"},
+		{Ref{plugins, "Decide/noop", "p99_µs"}, Ref{"", "Decide/raw", "p99_µs"}, "the SDK's decoding and encoding"},
 		{Ref{plugins, "Decide/allowlist", "p50_µs"}, Ref{"", "Decide/raw", "p50_µs"}, "the example plugin"},
 		{Ref{plugins, "Decide/allowlist", "p99_µs"}, Ref{"", "Decide/raw", "p99_µs"}, "the example plugin"},
 		{Ref{plugins, "Compile/cached", "sec/op"}, Ref{"", "Compile/cold", "sec/op"}, "what the compilation cache saves"},
@@ -62,6 +64,7 @@ func Pairs() []Pair {
 		// and a no-op gRPC call at the same concurrency.
 		{Ref{gateway, "CreateSession", "sec/op"}, Ref{"", "RedisPing", "sec/op"}, "8 clients each"},
 		{Ref{gateway, "CreateSession", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "8 clients each"},
+		{Ref{gateway, "CreateSession", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "8 clients each"},
 		{Ref{gateway, "CreateSession", "creates/s"}, Ref{"", "RedisPing", "pings/s"}, "8 clients each"},
 		{Ref{gateway, "CreateAt2000PerSec", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at 2,000/s beside a PING"},
 		{Ref{gateway, "CreateAt2000PerSec", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "a create at 2,000/s beside a PING"},
@@ -114,6 +117,7 @@ func Pairs() []Pair {
 			Pair{Ref{conf, "CreateCold/" + rt, "p50-ms"}, bare, "a cold session beside a bare run"},
 			Pair{Ref{conf, "CreateCold/" + rt, "p99-ms"}, bare, "a cold session beside a bare run"},
 			Pair{Ref{conf, "CreateWarm/" + rt, "p50-ms"}, bare, "a warm session beside a bare run"},
+			Pair{Ref{conf, "CreateWarm/" + rt, "p99-ms"}, bare, "a warm session beside a bare run"},
 		)
 	}
 	for _, who := range []string{"wb", "redis"} {
