@@ -97,21 +97,13 @@ conformance: export WB_TEST_AGENT_BIN := $(CURDIR)/bin/wb-agent
 conformance: deps build
 	$(GO) test -count=1 -v -timeout 20m -run '^TestSuiteAgainstServe$$' ./conformance/suite/
 
-# Benchmarks against a local redis-server that the benchmarks start themselves.
+# Every package's benchmarks (scripts/bench.sh says which, and how long each): their output in
+# bin/bench.txt, then one table (internal/benchtable, also in bin/bench-table.txt) of each
+# figure beside its baseline measured in the same run (redis-benchmark, a bare runc/runsc run
+# of the same root file system, a bare python3, a PING, …) and their ratio. The benchmarks
+# start their own redis-server on loopback. A failing package does not stop the others.
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./store/ ./plugins/ ./internal/netguard/
-	# xds: snapshot build for 1,000 nodes; xDS pushes per minute under 100 session creates/s.
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./xds/
-	# The gateway and policies as wb runs them: cmd/wb sets GOGC 400.
-	GOGC=400 $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./gateway/ ./policies/
-	$(GO) test -run '^$$' -bench . -benchtime 200000x ./quota/
-	$(GO) test -run '^$$' -bench . -benchtime 20x ./hypervisor/oci/ ./conformance/
-	# Desktops: sleep, and wake to the first MCP answer, beside a session's memory snapshot and restore.
-	$(GO) test -run '^$$' -bench . -benchtime 5x ./desktop/
-	# Cloud Hypervisor: the client's own cost per call, beside a hand-written HTTP round trip;
-	# the driver's lifecycle calls on a guest of the fake VMM, beside the bare API calls.
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./hypervisor/cloudhv/chapi/
-	$(GO) test -run '^$$' -bench . -benchtime 200x ./hypervisor/cloudhv/
+	GO="$(GO)" ./scripts/bench.sh
 
 lint:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }

@@ -3,6 +3,8 @@
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
+# make bench's baseline for the store: redis-benchmark (store BenchmarkRedisBenchmarkSet).
+command -v redis-benchmark >/dev/null || need+=(redis-tools)
 command -v runsc >/dev/null || need+=(runsc)
 command -v runc >/dev/null || need+=(runc)
 [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need+=(busybox-static)

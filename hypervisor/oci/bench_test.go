@@ -2,19 +2,28 @@ package oci_test
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 )
 
 // BenchmarkCreateBoot measures create + boot of a busybox guest until its init has written
-// its ready file (stop and delete are outside the timer).
+// its ready file (stop and delete are outside the timer). Beside each runtime, in the same
+// run, its baseline bare-RUNTIME: the runtime alone running `sh -c true` on the same root
+// file system to its exit.
 func BenchmarkCreateBoot(b *testing.B) {
 	cat := catalog(b)
 	for _, rt := range runtimes() {
+		b.Run("bare-"+rt, func(b *testing.B) { bareRun(b, rt, cat[templates.Base].RootFS) })
 		b.Run(rt, func(b *testing.B) {
 			d := newDriver(b, rt)
 			ctx := context.Background()
@@ -39,6 +48,51 @@ func BenchmarkCreateBoot(b *testing.B) {
 				b.StartTimer()
 			}
 		})
+	}
+}
+
+// bareRun times `RUNTIME run` of the runtime's own default spec (`runc spec`: its
+// namespaces, no cgroup limits, no agent, no writable layer, no binds) with the template's
+// root file system read-only and `/bin/sh -c true`, to the process's exit; the runtime
+// deletes the container on exit. runsc gets the driver's default global flags.
+func bareRun(b *testing.B, rt, rootfs string) {
+	if _, err := exec.LookPath(rt); err != nil {
+		b.Fatalf("%s is not installed: %v", rt, err)
+	}
+	bundle, state := b.TempDir(), b.TempDir()
+	if out, err := exec.Command("runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
+		b.Fatalf("runc spec: %v: %s", err, out)
+	}
+	cfgPath := filepath.Join(bundle, "config.json")
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var cfg specs.Spec
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		b.Fatalf("runc spec's config.json: %v", err)
+	}
+	cfg.Root = &specs.Root{Path: rootfs, Readonly: true}
+	cfg.Process.Terminal = false
+	cfg.Process.Args = []string{"/bin/sh", "-c", "true"}
+	if raw, err = json.Marshal(&cfg); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, raw, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	global := []string{"--root", state}
+	if rt == oci.RuntimeRunsc {
+		global = append(global, oci.DefaultRunscFlags()...)
+	}
+	ctx := b.Context()
+	n := 0
+	for b.Loop() {
+		n++
+		args := append(append([]string(nil), global...), "run", "--bundle", bundle, "bare"+strconv.Itoa(n))
+		if out, err := exec.CommandContext(ctx, rt, args...).CombinedOutput(); err != nil {
+			b.Fatalf("%s run: %v: %s", rt, err, out)
+		}
 	}
 }
 

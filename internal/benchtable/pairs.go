@@ -1,0 +1,128 @@
+package benchtable
+
+// Ref names one metric of one benchmark: the Go package ("wb/store"), the benchmark's name
+// without "Benchmark" and without its -GOMAXPROCS suffix ("Dial/bare"), and the unit as the
+// benchmark reports it ("p50-µs"), except ns/op, which is sec/op (benchfmt's tidy unit).
+type Ref struct {
+	Pkg   string
+	Bench string
+	Unit  string
+}
+
+// A Pair declares that a figure is read against a baseline. In Figure, Bench may be a
+// path.Match pattern ("RunsPython/*": every deployment). In Baseline, an empty Pkg means the
+// figure's package, and an empty Bench the figure's own benchmark (the same result line).
+// The two units are the same, both times (sec/op, …-ns, …-µs, …-ms: compared in seconds), or
+// both rates (…/s).
+type Pair struct {
+	Figure   Ref
+	Baseline Ref
+	Why      string
+}
+
+// Pairs is the declaration: every figure that has a baseline, and which. A fresh slice each
+// call, so no caller can change another's.
+func Pairs() []Pair {
+	const (
+		store    = "wb/store"
+		plugins  = "wb/plugins"
+		netguard = "wb/internal/netguard"
+		gateway  = "wb/gateway"
+		policies = "wb/policies"
+		quota    = "wb/quota"
+		oci      = "wb/hypervisor/oci"
+		conf     = "wb/conformance"
+		desktop  = "wb/desktop"
+		chapi    = "wb/hypervisor/cloudhv/chapi"
+		cloudhv  = "wb/hypervisor/cloudhv"
+	)
+	redisSet := Ref{store, "RedisBenchmarkSet", ""}
+	with := func(r Ref, unit string) Ref { r.Unit = unit; return r }
+	ps := []Pair{
+		// store: a state change's Lua script against redis-benchmark's SET, 16 clients each.
+		{Ref{store, "Create", "p50-µs"}, with(redisSet, "p50-µs"), "a create's script beside a bare SET"},
+		{Ref{store, "Create", "p99-µs"}, with(redisSet, "p99-µs"), "a create's script beside a bare SET"},
+		{Ref{store, "Create", "ops/s"}, with(redisSet, "requests/s"), "a create's script beside a bare SET"},
+		{Ref{store, "Transition", "p50-µs"}, with(redisSet, "p50-µs"), "a transition's script beside a bare SET"},
+		{Ref{store, "Transition", "p99-µs"}, with(redisSet, "p99-µs"), "a transition's script beside a bare SET"},
+		{Ref{store, "Transition", "ops/s"}, with(redisSet, "requests/s"), "a transition's script beside a bare SET"},
+		{Ref{store, "ChangePublish", "sec/op"}, Ref{gateway, "RedisPing", "p50-µs"}, "PUBLISH and two BLPOPs beside one PING"},
+
+		// plugins: the SDK and the example beside a hand-written module; the cache beside none.
+		{Ref{plugins, "Decide/rawgo", "p50_µs"}, Ref{"", "Decide/raw", "p50_µs"}, "the Go runtime's entry and exit"},
+		{Ref{plugins, "Decide/rawgo", "p99_µs"}, Ref{"", "Decide/raw", "p99_µs"}, "the Go runtime's entry and exit"},
+		{Ref{plugins, "Decide/noop", "p50_µs"}, Ref{"", "Decide/raw", "p50_µs"}, "the SDK's decoding and encoding"},
+		{Ref{plugins, "Decide/noop", "p99_µs"}, Ref{"", "Decide/raw", "p99_µs"}, "the SDK's decoding and encoding"},
+		{Ref{plugins, "Decide/allowlist", "p50_µs"}, Ref{"", "Decide/raw", "p50_µs"}, "the example plugin"},
+		{Ref{plugins, "Decide/allowlist", "p99_µs"}, Ref{"", "Decide/raw", "p99_µs"}, "the example plugin"},
+		{Ref{plugins, "Compile/cached", "sec/op"}, Ref{"", "Compile/cold", "sec/op"}, "what the compilation cache saves"},
+
+		// netguard: a guarded dial beside a bare net.Dialer of the same listener.
+		{Ref{netguard, "Dial/guarded", "sec/op"}, Ref{"", "Dial/bare", "sec/op"}, "parse and check"},
+
+		// gateway: a create beside a PING at the same parallelism; ext_authz beside a bare GET
+		// and a no-op gRPC call at the same concurrency.
+		{Ref{gateway, "CreateSession", "sec/op"}, Ref{"", "RedisPing", "sec/op"}, "8 clients each"},
+		{Ref{gateway, "CreateSession", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "8 clients each"},
+		{Ref{gateway, "CreateSession", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "8 clients each"},
+		{Ref{gateway, "CreateSession", "creates/s"}, Ref{"", "RedisPing", "pings/s"}, "8 clients each"},
+		{Ref{gateway, "CreateAt2000PerSec", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at 2,000/s beside a PING"},
+		{Ref{gateway, "CreateAt2000PerSec", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "a create at 2,000/s beside a PING"},
+		{Ref{gateway, "CreateWithPlugin", "p50-µs"}, Ref{"", "CreateAt2000PerSec", "p50-µs"}, "one plugin in the chain"},
+		{Ref{gateway, "CreateWithPlugin", "p99-µs"}, Ref{"", "CreateAt2000PerSec", "p99-µs"}, "one plugin in the chain"},
+		{Ref{gateway, "AuthzCheck", "p50-µs"}, Ref{"", "", "grpc-noop-p50-µs"}, "Check beside gRPC alone"},
+		{Ref{gateway, "AuthzCheck", "p99-µs"}, Ref{"", "", "grpc-noop-p99-µs"}, "Check beside gRPC alone"},
+		{Ref{gateway, "AuthzCheck", "p50-µs"}, Ref{"", "", "redis-get-p50-µs"}, "Check beside one uncached lookup"},
+		{Ref{gateway, "AuthzCheck", "p99-µs"}, Ref{"", "", "redis-get-p99-µs"}, "Check beside one uncached lookup"},
+		{Ref{gateway, "AuthzCheck", "checks/s"}, Ref{"", "", "redis-gets/s"}, "Check beside one uncached lookup"},
+
+		// policies: the engine beside the bare prepared query; a tenant policy beside none.
+		{Ref{policies, "AdmitShipped", "p50-µs"}, Ref{"", "ShippedAdmissionEval", "p50-µs"}, "the engine around the query"},
+		{Ref{policies, "AdmitShipped", "p99-µs"}, Ref{"", "ShippedAdmissionEval", "p99-µs"}, "the engine around the query"},
+		{Ref{policies, "AdmitShippedAndTenant", "p50-µs"}, Ref{"", "AdmitShipped", "p50-µs"}, "one tenant policy more"},
+		{Ref{policies, "AdmitShippedAndTenant", "p99-µs"}, Ref{"", "AdmitShipped", "p99-µs"}, "one tenant policy more"},
+
+		// quota: records settled beside bare SETs.
+		{Ref{quota, "Settler", "records/s"}, with(redisSet, "requests/s"), "a record's settlement beside a bare SET"},
+
+		// desktop: sleep and wake beside the sessions API's memory snapshot and restore.
+		{Ref{desktop, "DesktopSleepWake", "sleep-p50-ms"}, Ref{"", "", "baseline-snapshot-mem-p50-ms"}, "sleep beside a memory snapshot"},
+		{Ref{desktop, "DesktopSleepWake", "sleep-p99-ms"}, Ref{"", "", "baseline-snapshot-mem-p99-ms"}, "sleep beside a memory snapshot"},
+		{Ref{desktop, "DesktopSleepWake", "wake-to-mcp-answer-p50-ms"}, Ref{"", "", "baseline-restore-to-exec-p50-ms"}, "wake beside a restore"},
+		{Ref{desktop, "DesktopSleepWake", "wake-to-mcp-answer-p99-ms"}, Ref{"", "", "baseline-restore-to-exec-p99-ms"}, "wake beside a restore"},
+
+		// Cloud Hypervisor: the client beside a hand-written exchange; the driver beside chapi.
+		{Ref{chapi, "ClientPause", "sec/op"}, Ref{"", "BaselineRawPut", "sec/op"}, "the same PUT by hand"},
+		{Ref{chapi, "ClientResize", "sec/op"}, Ref{"", "BaselineRawPut", "sec/op"}, "a PUT by hand"},
+		{Ref{chapi, "ClientCreate", "sec/op"}, Ref{"", "BaselineRawPut", "sec/op"}, "a PUT by hand"},
+		{Ref{chapi, "ClientPing", "sec/op"}, Ref{"", "BaselineRawPut", "sec/op"}, "a request by hand"},
+		{Ref{chapi, "ClientInfo", "sec/op"}, Ref{"", "BaselineRawPut", "sec/op"}, "a request by hand"},
+		{Ref{cloudhv, "Calls/driver/Info", "sec/op"}, Ref{"", "Calls/bare/vm.info", "sec/op"}, "the driver's own cost"},
+		{Ref{cloudhv, "Calls/driver/PauseResume", "sec/op"}, Ref{"", "Calls/bare/vm.pause+vm.resume", "sec/op"}, "the driver's own cost"},
+		{Ref{cloudhv, "Calls/driver/Stats", "sec/op"}, Ref{"", "Calls/bare/vm.info", "sec/op"}, "beside one API call"},
+		{Ref{cloudhv, "Calls/driver/DialAgent", "sec/op"}, Ref{"", "Calls/bare/vmm.ping", "sec/op"}, "beside one API call"},
+
+		// conformance: a run beside a bare python3 on the host; an idle fleet beside one project.
+		{Ref{conf, "RunsPython/*", "p50-ms"}, Ref{"", "", "bare-p50-ms"}, "a run beside a bare python3"},
+		{Ref{conf, "RunsPython/*", "p99-ms"}, Ref{"", "", "bare-p99-ms"}, "a run beside a bare python3"},
+		{Ref{conf, "RunsPython1/*", "p50-ms"}, Ref{"", "", "bare-p50-ms"}, "a run beside a bare python3"},
+		{Ref{conf, "RunsPython1/*", "p99-ms"}, Ref{"", "", "bare-p99-ms"}, "a run beside a bare python3"},
+	}
+	// The OCI driver and the platform's cold start beside a bare `runc run`/`runsc run` of the
+	// same root file system (hypervisor/oci BenchmarkCreateBoot/bare-…).
+	for _, rt := range []string{"runc", "runsc"} {
+		bare := Ref{oci, "CreateBoot/bare-" + rt, "sec/op"}
+		ps = append(ps,
+			Pair{Ref{oci, "CreateBoot/" + rt, "sec/op"}, bare, "the driver's create and boot"},
+			Pair{Ref{conf, "CreateCold/" + rt, "p50-ms"}, bare, "a cold session beside a bare run"},
+			Pair{Ref{conf, "CreateCold/" + rt, "p99-ms"}, bare, "a cold session beside a bare run"},
+			Pair{Ref{conf, "CreateWarm/" + rt, "p50-ms"}, bare, "a warm session beside a bare run"},
+			Pair{Ref{conf, "CreateWarm/" + rt, "p99-ms"}, bare, "a warm session beside a bare run"},
+		)
+	}
+	for _, who := range []string{"wb", "redis"} {
+		u := who + "-cpu-%core"
+		ps = append(ps, Pair{Ref{conf, "IdleCPU/projects=10000", u}, Ref{"", "IdleCPU/projects=1", u}, "10,000 idle projects beside one"})
+	}
+	return ps
+}
