@@ -100,7 +100,9 @@ func (s *Signer) Verify(value string, now time.Time) (Grant, error) {
 	if !ok {
 		return Grant{}, fmt.Errorf("%w: no signature", ErrInvalid)
 	}
-	got, err := base64.RawURLEncoding.DecodeString(sig)
+	// Strict: the signature's last character has two unused bits, and a lenient decoder
+	// accepts four spellings of one signature (a token changed there still verified).
+	got, err := base64.RawURLEncoding.Strict().DecodeString(sig)
 	if err != nil || !hmac.Equal(got, s.mac(p)) {
 		return Grant{}, fmt.Errorf("%w: bad signature", ErrInvalid)
 	}

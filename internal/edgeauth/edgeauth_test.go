@@ -10,6 +10,8 @@ import (
 
 var secret = bytes.Repeat([]byte{7}, 32)
 
+const base64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
 func signer(t *testing.T, purpose string) *Signer {
 	t.Helper()
 	s, err := NewSigner(secret, purpose)
@@ -44,6 +46,14 @@ func TestSignVerify(t *testing.T) {
 	forged := s.Sign(Grant{SessionID: "sess_b", ProjectID: "proj_a", Expires: g.Expires})
 	if _, err := s.Verify(parts[0]+"."+strings.Split(forged, ".")[1]+"."+parts[2], now); !errors.Is(err, ErrInvalid) {
 		t.Errorf("a swapped payload passed: %v", err)
+	}
+	// One signature, one spelling: its last character's unused bits set is refused.
+	last := strings.IndexByte(base64URL, parts[2][len(parts[2])-1])
+	for _, alt := range []int{last ^ 1, last ^ 2, last ^ 3} {
+		respelled := parts[0] + "." + parts[1] + "." + parts[2][:len(parts[2])-1] + string(base64URL[alt])
+		if _, err := s.Verify(respelled, now); !errors.Is(err, ErrInvalid) {
+			t.Errorf("the signature respelled in its unused bits passed: %v", err)
+		}
 	}
 	for _, bad := range []string{"", "v1", "v1.", "v1.x.y", "v2." + parts[1] + "." + parts[2], strings.Repeat("a", 5000)} {
 		if _, err := s.Verify(bad, now); !errors.Is(err, ErrInvalid) {
