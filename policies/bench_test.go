@@ -73,15 +73,7 @@ func timed(b *testing.B, op func()) {
 func BenchmarkShippedAdmissionEval(b *testing.B) {
 	ctx := context.Background()
 	e := &Engine{}
-	src, err := shippedFS.ReadFile("admission.rego")
-	if err != nil {
-		b.Fatal(err)
-	}
-	c, err := compile(ctx, capabilities(), "admission.rego", string(src))
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := &policy{Version: Version{ID: shippedID, Mode: ModeEnforce}, compiled: c}
+	p := &policy{Version: Version{ID: shippedID, Mode: ModeEnforce}, compiled: compileShipped(b)}
 	in := benchInput()
 	timed(b, func() {
 		ev := e.begin(ctx, in.ProjectID, PointAdmission, admissionValue(in))
@@ -98,3 +90,17 @@ func BenchmarkAdmitShipped(b *testing.B) { benchAdmit(b, "") }
 
 // BenchmarkAdmitShippedAndTenant: the shipped policy plus one enforced project policy.
 func BenchmarkAdmitShippedAndTenant(b *testing.B) { benchAdmit(b, tier4Policy) }
+
+// compileShipped compiles the shipped wb.admission as the engine does.
+func compileShipped(tb testing.TB) *compiled {
+	tb.Helper()
+	src, err := shippedFS.ReadFile("admission.rego")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c, err := compile(context.Background(), capabilities(), "admission.rego", string(src))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}

@@ -26,10 +26,7 @@ func BenchmarkShippedAdmissionEvalOptions(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := compile(ctx, capabilities(), "admission.rego", string(src))
-	if err != nil {
-		b.Fatal(err)
-	}
+	c := compileShipped(b)
 	in := admissionValue(benchInput())
 	run := func(name string, pq rego.PreparedEvalQuery, extra ...rego.EvalOption) {
 		b.Run(name, func(b *testing.B) {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"wb/internal/wasmtest"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
@@ -92,44 +93,23 @@ var hostFuncs = []struct {
 // imports memory and functions from one module, "env", and a wazero host module cannot
 // export a memory.
 func envGlue(minPages, maxPages uint32) []byte {
-	uleb := func(b []byte, v uint32) []byte {
-		for {
-			c := byte(v & 0x7f)
-			v >>= 7
-			if v != 0 {
-				b = append(b, c|0x80)
-				continue
-			}
-			return append(b, c)
-		}
-	}
-	name := func(b []byte, s string) []byte { return append(uleb(b, uint32(len(s))), s...) }
-	section := func(b []byte, id byte, body []byte) []byte {
-		return append(uleb(append(b, id), uint32(len(body))), body...)
-	}
-
-	var types, imports, exports []byte
-	types = uleb(types, uint32(len(hostFuncs)))
-	imports = uleb(imports, uint32(len(hostFuncs)))
-	exports = uleb(exports, uint32(len(hostFuncs)+1))
+	var types, imports, exports [][]byte
 	for i, f := range hostFuncs {
-		types = append(uleb(append(types, 0x60), uint32(f.params)), bytes.Repeat([]byte{0x7f}, f.params)...)
+		result := []byte{0}
 		if f.result {
-			types = append(types, 1, 0x7f)
-		} else {
-			types = append(types, 0)
+			result = []byte{1, 0x7f}
 		}
-		imports = uleb(append(name(name(imports, "wbhost"), f.name), 0x00), uint32(i))
-		exports = uleb(append(name(exports, f.name), 0x00), uint32(i))
+		types = append(types, wasmtest.Cat([]byte{0x60}, wasmtest.ULEB(uint64(f.params)), bytes.Repeat([]byte{0x7f}, f.params), result))
+		imports = append(imports, wasmtest.Cat(wasmtest.Str("wbhost"), wasmtest.Str(f.name), []byte{0x00}, wasmtest.ULEB(uint64(i))))
+		exports = append(exports, wasmtest.Cat(wasmtest.Str(f.name), []byte{0x00}, wasmtest.ULEB(uint64(i))))
 	}
-	exports = append(name(exports, "memory"), 0x02, 0)
-	memory := uleb(uleb([]byte{1, 0x01}, minPages), maxPages)
-
-	out := []byte("\x00asm\x01\x00\x00\x00")
-	out = section(out, 1, types)
-	out = section(out, 2, imports)
-	out = section(out, 5, memory)
-	return section(out, 7, exports)
+	exports = append(exports, wasmtest.Cat(wasmtest.Str("memory"), []byte{0x02, 0}))
+	memory := wasmtest.Cat([]byte{1, 0x01}, wasmtest.ULEB(uint64(minPages)), wasmtest.ULEB(uint64(maxPages)))
+	return wasmtest.Cat([]byte("\x00asm\x01\x00\x00\x00"),
+		wasmtest.Section(1, wasmtest.Vec(types...)),
+		wasmtest.Section(2, wasmtest.Vec(imports...)),
+		wasmtest.Section(5, memory),
+		wasmtest.Section(7, wasmtest.Vec(exports...)))
 }
 
 func newWasmAdmission(ctx context.Context, policy []byte) (*wasmAdmission, error) {
@@ -372,16 +352,7 @@ func (w *wasmAdmission) admit(ctx context.Context, in session.AdmissionInput) (m
 // goAdmission answers the Go evaluator's package document for in, as Admit evaluates the
 // shipped policy.
 func goAdmission(tb testing.TB) func(context.Context, session.AdmissionInput) (map[string]any, error) {
-	ctx := context.Background()
-	src, err := shippedFS.ReadFile("admission.rego")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c, err := compile(ctx, capabilities(), "admission.rego", string(src))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &policy{Version: Version{ID: shippedID, Mode: ModeEnforce}, compiled: c}
+	p := &policy{Version: Version{ID: shippedID, Mode: ModeEnforce}, compiled: compileShipped(tb)}
 	e := &Engine{}
 	return func(ctx context.Context, in session.AdmissionInput) (map[string]any, error) {
 		ev := e.begin(ctx, in.ProjectID, PointAdmission, admissionValue(in))
