@@ -278,6 +278,7 @@ func (e *env) activeSlots(t *testing.T) int64 {
 // of the project's slot killed (redis_test.go); both before the node is killed, while all
 // three nodes have room.
 func TestFleet(t *testing.T) {
+	t.Parallel() // beside TestGateways: each has a fleet of its own, and mostly waits on it
 	e := startFleet(t)
 	t.Run("spread and capacity", e.spreadAndCapacity)
 	t.Run("restore on another node", e.restoreElsewhere)

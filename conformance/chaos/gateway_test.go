@@ -44,6 +44,7 @@ const (
 // back the API shows each session ended for its timer, with its events in order and its
 // usage settled once. (A fleet of its own: TestFleet's nodes hold six sessions.)
 func TestGateways(t *testing.T) {
+	t.Parallel()
 	e := startFleet(t, func(o *fleet.Options) { o.NodeVCPU, o.NodeMemoryMiB = 8, 16384 })
 	t.Run("gateway killed while creating", e.gatewayKilled)
 	t.Run("control plane down", e.controlPlaneDown)
