@@ -1,7 +1,6 @@
 # wb — see README.md. Every target works on a fresh Debian machine as root.
 GO        ?= go
 PKGS      ?= ./...
-TESTFLAGS ?= -race -count=1 -timeout 20m
 
 .PHONY: run test bench lint deps build security conformance fleet bench-fleet bench-chaos bench-fleet-search
 
@@ -69,21 +68,18 @@ test: export WB_TEST_BIN := $(CURDIR)/bin/wb-test
 test: export WB_TEST_AGENT_BIN := $(CURDIR)/bin/wb-agent
 test: export WB_TEST_FAKECH := $(CURDIR)/bin/fakech
 test: deps
-	CGO_ENABLED=0 $(GO) build -o bin/wb-test ./cmd/wb
-	CGO_ENABLED=0 $(GO) build -o bin/wb-agent ./cmd/wb-agent
+	# -s -w: no symbol table or DWARF, as go test links its binaries: it halved the link.
+	CGO_ENABLED=0 $(GO) build -ldflags='-s -w' -o bin/wb-test ./cmd/wb
+	CGO_ENABLED=0 $(GO) build -ldflags='-s -w' -o bin/wb-agent ./cmd/wb-agent
 	# The fake VMM runs on the host only: built as the tests are (-race), it shares their
 	# compiled packages, where a static build compiled its OpenAPI validator again (3 min cold).
-	$(GO) build -race -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech
+	$(GO) build -race -ldflags='-s -w' -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech
 	# The TypeScript SDK: unit tests, its drift from the OpenAPI document, and seed 000's
 	# patterns against a wb serve of bin/wb-test with runc guests.
 	cd sdk/ts && npm ci --no-audit --no-fund && npm test
-	# -vet=off: make lint runs every analyzer. Two packages at a time (go test's default on two
-	# cores): at three, a cold run saved 2.5 minutes once, then failed three deadline tests where
-	# plugins, policies and node's timer tests ran together (policies took 141 s, not 15).
-	$(GO) test -vet=off $(TESTFLAGS) -skip '^(TestAdversarial|TestExhaustion)$$' $(PKGS)
-	# The attacks fork-bomb, flood and starve real guests: they run after the rest, one package
-	# at a time, so that the timing tests (idle deadlines, pause, checkpoint) never run beside them.
-	$(GO) test -vet=off $(TESTFLAGS) -p 1 -run '^(TestAdversarial|TestExhaustion)$$' ./node/ ./conformance/
+	# Every package with -race, the waiting ones (desktops, the chaos suite) in a lane of their
+	# own beside go test's two packages at a time, then the attacks alone (scripts/test.sh).
+	GO="$(GO)" PKGS="$(PKGS)" ./scripts/test.sh
 
 # The adversarial suite alone, with its table of attacks and results (make test runs it too).
 security: deps
