@@ -56,29 +56,17 @@ BENCH_P99 ?= 10ms
 bench-fleet-search: deps build
 	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s --search-p99 $(BENCH_P99)
 
+# Every test, with -race (scripts/test.sh says how: the builds the tests share, the packages
+# that mostly wait in a lane of their own beside go test's two at a time, the attacks alone).
 # go vet is make lint's (CI runs both): its analysis of every package and every dependency
 # (for facts) took about as long again as compiling them, minutes of a cold make test.
 # bin/wb-test is the static wb that the tests run as a server, and bin/wb-agent beside it the
-# agent its guests run, and bin/fakech the fake Cloud Hypervisor; each is built once, static (so
-# they share compiled packages), and shared through WB_TEST_BIN, WB_TEST_AGENT_BIN and
+# agent its guests run, and bin/fakech the fake Cloud Hypervisor; each is built once (the two
+# static ones share compiled packages), and shared through WB_TEST_BIN, WB_TEST_AGENT_BIN and
 # WB_TEST_FAKECH (internal/wbbin); a package tested alone builds its own. (Three test binaries
 # each building a cgo fakech at once cost a cold run about eight minutes.) (A race-built
 # server would reuse the race build, but compiles tenants' Wasm several times slower.)
-test: export WB_TEST_BIN := $(CURDIR)/bin/wb-test
-test: export WB_TEST_AGENT_BIN := $(CURDIR)/bin/wb-agent
-test: export WB_TEST_FAKECH := $(CURDIR)/bin/fakech
 test: deps
-	# -s -w: no symbol table or DWARF, as go test links its binaries: it halved the link.
-	CGO_ENABLED=0 $(GO) build -ldflags='-s -w' -o bin/wb-test ./cmd/wb
-	CGO_ENABLED=0 $(GO) build -ldflags='-s -w' -o bin/wb-agent ./cmd/wb-agent
-	# The fake VMM runs on the host only: built as the tests are (-race), it shares their
-	# compiled packages, where a static build compiled its OpenAPI validator again (3 min cold).
-	$(GO) build -race -ldflags='-s -w' -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech
-	# The TypeScript SDK: unit tests, its drift from the OpenAPI document, and seed 000's
-	# patterns against a wb serve of bin/wb-test with runc guests.
-	cd sdk/ts && npm ci --no-audit --no-fund && npm test
-	# Every package with -race, the waiting ones (desktops, the chaos suite) in a lane of their
-	# own beside go test's two packages at a time, then the attacks alone (scripts/test.sh).
 	GO="$(GO)" PKGS="$(PKGS)" ./scripts/test.sh
 
 # The adversarial suite alone, with its table of attacks and results (make test runs it too).
