@@ -157,14 +157,15 @@ func TestPairsMeetFullRun(t *testing.T) {
 		fig  Ref
 		want float64
 	}{
-		{Ref{"wb/hypervisor/oci", "CreateBoot/runsc", "sec/op"}, 3696413225.0 / 4209800741},
-		{Ref{"wb/hypervisor/oci", "PauseResume/runc", "sec/op"}, 162290791.0 / 111023809},
-		{Ref{"wb/hypervisor/oci", "PauseResume/runsc", "resume-p99-ms"}, 237.9 / 988.6},
-		{Ref{"wb/hypervisor/oci", "CheckpointRestore/runsc", "sec/op"}, 3182436179.0 / 2990951393},
-		{Ref{"wb/hypervisor/oci", "CheckpointRestore/runsc", "snapshot-p50-ms"}, 395.1 / 411.2},
-		{Ref{"wb/conformance", "PauseResume/runsc", "pause-p50-ms"}, 59.06 / 243.0},
-		{Ref{"wb/conformance", "SnapshotRestore/runsc", "restore-p99-ms"}, 1872 / 1334.0},
-		{Ref{"wb/conformance", "SnapshotRestore/runc", "snapshot-p50-ms"}, 168.1e-3 / 0.111023809},
+		{Ref{"wb/hypervisor/oci", "CreateBoot/runsc", "sec/op"}, 4360347987.0 / 2266994840},
+		{Ref{"wb/hypervisor/oci", "PauseResume/runc", "sec/op"}, 137083471.0 / 127442158},
+		{Ref{"wb/hypervisor/oci", "PauseResume/runsc", "resume-p99-ms"}, 182.9 / 194.4},
+		{Ref{"wb/hypervisor/oci", "CheckpointRestore/runsc", "sec/op"}, 4309928292.0 / 2961069276},
+		{Ref{"wb/hypervisor/oci", "CheckpointRestore/runsc", "snapshot-p50-ms"}, 862.1 / 356.3},
+		{Ref{"wb/conformance", "PauseResume/runsc", "pause-p50-ms"}, 59.06 / 113.6},
+		{Ref{"wb/conformance", "SnapshotRestore/runsc", "snapshot-p50-ms"}, 1635 / 1186.0},
+		{Ref{"wb/conformance", "SnapshotRestore/runsc", "restore-p99-ms"}, 1872 / 1119.0},
+		{Ref{"wb/conformance", "SnapshotRestore/runc", "snapshot-p50-ms"}, 168.1e-3 / 0.127442158},
 		{Ref{"wb/conformance", "RunsPython/runc", "p50-ms"}, 1431 / 452.5},
 		{Ref{"wb/quota", "Settler", "records/s"}, 67846.0 / 46083},
 		{Ref{"wb/store", "ChangePublish", "sec/op"}, 254920e-9 / 165e-6},
