@@ -29,8 +29,9 @@ bench -- -benchmem -benchtime 2s ./xds/
 # The gateway and policies as wb runs them: cmd/wb sets GOGC 400.
 bench GOGC=400 -- -benchmem -benchtime 2s ./gateway/ ./policies/
 bench -- -benchtime 200000x ./quota/
-# The OCI driver beside a bare `runc run`/`runsc run` of the same root file system; the
-# platform's sessions and runs (beside a bare python3 on the host).
+# The OCI driver beside the bare runtime on the same root file system (`runc run`/`runsc run`;
+# pause + resume; runsc checkpoint, delete, restore); the platform's sessions and runs (beside
+# those, and a bare python3 on the host).
 bench -- -benchtime 20x ./hypervisor/oci/ ./conformance/
 # Desktops: sleep, and wake to the first MCP answer, beside a session's memory snapshot and restore.
 bench -- -benchtime 5x ./desktop/

@@ -3,15 +3,19 @@ package oci_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"wb/hypervisor/internal/guestfile"
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 )
@@ -51,15 +55,28 @@ func BenchmarkCreateBoot(b *testing.B) {
 	}
 }
 
-// bareRun times `RUNTIME run` of the runtime's own default spec (`runc spec`: its
-// namespaces, no cgroup limits, no agent, no writable layer, no binds) with the template's
-// root file system read-only and `/bin/sh -c true`, to the process's exit; the runtime
-// deletes the container on exit. runsc gets the driver's default global flags.
+// bareRun times `RUNTIME run` of the runtime's own default spec (bareBundle) running
+// `/bin/sh -c true`, to the process's exit; the runtime deletes the container on exit.
 func bareRun(b *testing.B, rt, rootfs string) {
-	if _, err := exec.LookPath(rt); err != nil {
-		b.Fatalf("%s is not installed: %v", rt, err)
+	bundle := bareBundle(b, rootfs, "true")
+	global := bareGlobal(b, rt)
+	ctx := b.Context()
+	n := 0
+	for b.Loop() {
+		n++
+		args := append(append([]string(nil), global...), "run", "--bundle", bundle, "bare"+strconv.Itoa(n))
+		if out, err := exec.CommandContext(ctx, rt, args...).CombinedOutput(); err != nil {
+			b.Fatalf("%s run: %v: %s", rt, err, out)
+		}
 	}
-	bundle, state := b.TempDir(), b.TempDir()
+}
+
+// bareBundle writes a bundle of the runtime's own default spec (`runc spec`: its namespaces,
+// no cgroup limits, no agent, no writable layer, no binds) with rootfs read-only and
+// `/bin/sh -c script` as its process.
+func bareBundle(b *testing.B, rootfs, script string) string {
+	b.Helper()
+	bundle := b.TempDir()
 	if out, err := exec.Command("runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
 		b.Fatalf("runc spec: %v: %s", err, out)
 	}
@@ -74,75 +91,216 @@ func bareRun(b *testing.B, rt, rootfs string) {
 	}
 	cfg.Root = &specs.Root{Path: rootfs, Readonly: true}
 	cfg.Process.Terminal = false
-	cfg.Process.Args = []string{"/bin/sh", "-c", "true"}
+	cfg.Process.Args = []string{"/bin/sh", "-c", script}
 	if raw, err = json.Marshal(&cfg); err != nil {
 		b.Fatal(err)
 	}
 	if err := os.WriteFile(cfgPath, raw, 0o600); err != nil {
 		b.Fatal(err)
 	}
-	global := []string{"--root", state}
+	return bundle
+}
+
+// bareGlobal is the runtime's global flags for a bare container: a state root of its own,
+// and for runsc the driver's default flags.
+func bareGlobal(b *testing.B, rt string) []string {
+	b.Helper()
+	if _, err := exec.LookPath(rt); err != nil {
+		b.Fatalf("%s is not installed: %v", rt, err)
+	}
+	global := []string{"--root", b.TempDir()}
 	if rt == oci.RuntimeRunsc {
 		global = append(global, oci.DefaultRunscFlags()...)
 	}
-	ctx := b.Context()
-	n := 0
-	for b.Loop() {
-		n++
-		args := append(append([]string(nil), global...), "run", "--bundle", bundle, "bare"+strconv.Itoa(n))
-		if out, err := exec.CommandContext(ctx, rt, args...).CombinedOutput(); err != nil {
-			b.Fatalf("%s run: %v: %s", rt, err, out)
-		}
+	return global
+}
+
+// bareLoop is the bare containers' process: a shell that wakes every 100 ms, as the driver's
+// benchmark guests do.
+const bareLoop = "while :; do sleep 0.1; done"
+
+// bareCmd runs one `RUNTIME GLOBAL... ARGS...` to its exit; the container's own output (it
+// inherits the runtime's stdio on run and restore) goes to log, so that no pipe waits on it.
+func bareCmd(b *testing.B, rt string, global []string, log *os.File, args ...string) {
+	b.Helper()
+	cmd := exec.CommandContext(b.Context(), rt, append(append([]string(nil), global...), args...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("%s %s: %v (output in %s)", rt, strings.Join(args, " "), err, log.Name())
 	}
 }
 
-// BenchmarkPauseResume measures one pause + resume round trip of a running guest.
+// bareDetached starts a bare container (bareBundle with bareLoop) detached, under a fresh
+// id, and force-deletes it when the benchmark ends. It answers the id, the global flags
+// and the log of the runtime's and the container's output.
+func bareDetached(b *testing.B, rt, rootfs string) (id, bundle string, global []string, log *os.File) {
+	b.Helper()
+	bundle = bareBundle(b, rootfs, bareLoop)
+	global = bareGlobal(b, rt)
+	log, err := os.Create(filepath.Join(b.TempDir(), "bare.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	id = "bare" + randHex(b, 6)
+	b.Cleanup(func() {
+		// A paused runsc container must be thawed before delete (see Driver.Delete).
+		_ = exec.Command(rt, append(append([]string(nil), global...), "resume", id)...).Run()
+		if out, err := exec.Command(rt, append(append([]string(nil), global...), "delete", "--force", id)...).CombinedOutput(); err != nil {
+			b.Logf("%s delete --force %s: %v: %s", rt, id, err, out)
+		}
+		_ = log.Close()
+	})
+	bareCmd(b, rt, global, log, "run", "--detach", "--bundle", bundle, id)
+	return id, bundle, global, log
+}
+
+// imageBytes is the size of a runsc checkpoint image dir, which must hold one.
+func imageBytes(b *testing.B, dir string) int64 {
+	b.Helper()
+	n := guestfile.DiskUsage(dir)
+	if n == 0 {
+		b.Fatalf("no checkpoint image in %s", dir)
+	}
+	return n
+}
+
+// timed runs f and appends its duration to *ds.
+func timed(ds *[]time.Duration, f func()) {
+	t0 := time.Now()
+	f()
+	*ds = append(*ds, time.Since(t0))
+}
+
+// reportPct reports the 50th and 99th percentiles of ds, in ms, as PREFIX-p50-ms and
+// PREFIX-p99-ms.
+func reportPct(b *testing.B, prefix string, ds []time.Duration) {
+	if len(ds) == 0 {
+		return
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	for _, p := range []int{50, 99} {
+		i := min(max((p*len(s)+99)/100-1, 0), len(s)-1)
+		b.ReportMetric(float64(s[i].Microseconds())/1000, fmt.Sprintf("%s-p%d-ms", prefix, p))
+	}
+}
+
+// BenchmarkPauseResume measures one pause + resume round trip of a running guest, and
+// pause-… and resume-… each. Beside each runtime, in the same run, its baseline
+// bare-RUNTIME: `RUNTIME pause` + `RUNTIME resume` of a bare container (bareDetached) on the
+// same root file system.
 func BenchmarkPauseResume(b *testing.B) {
 	cat := catalog(b)
 	for _, rt := range runtimes() {
+		b.Run("bare-"+rt, func(b *testing.B) {
+			id, _, global, log := bareDetached(b, rt, cat[templates.Base].RootFS)
+			var pause, resume []time.Duration
+			for b.Loop() {
+				timed(&pause, func() { bareCmd(b, rt, global, log, "pause", id) })
+				timed(&resume, func() { bareCmd(b, rt, global, log, "resume", id) })
+			}
+			reportPct(b, "pause", pause)
+			reportPct(b, "resume", resume)
+		})
 		b.Run(rt, func(b *testing.B) {
 			d := newDriver(b, rt)
 			ctx := context.Background()
 			s := guestSpec(b, cat[templates.Base], jobRunner)
 			boot(b, d, s)
+			var pause, resume []time.Duration
 			for b.Loop() {
-				if err := d.Pause(ctx, s.ID); err != nil {
-					b.Fatal(err)
-				}
-				if err := d.Resume(ctx, s.ID); err != nil {
-					b.Fatal(err)
-				}
+				timed(&pause, func() {
+					if err := d.Pause(ctx, s.ID); err != nil {
+						b.Fatal(err)
+					}
+				})
+				timed(&resume, func() {
+					if err := d.Resume(ctx, s.ID); err != nil {
+						b.Fatal(err)
+					}
+				})
 			}
+			reportPct(b, "pause", pause)
+			reportPct(b, "resume", resume)
 		})
 	}
 }
 
 // BenchmarkCheckpointRestore measures the runsc "live snapshot": a memory snapshot (which
-// stops the guest), delete, and a memory restore under the same id.
+// stops the guest), delete, and a memory restore under the same id, with each step's
+// percentiles. Beside it, in the same run, its baseline bare-runsc: `runsc checkpoint
+// --image-path`, `runsc delete` and `runsc restore --detach` of a bare container
+// (bareDetached) on the same root file system, and checkpoint-and-restore, the two without
+// the delete (what a session's memory snapshot waits for: node deletes the old guest in the
+// background).
 func BenchmarkCheckpointRestore(b *testing.B) {
 	cat := catalog(b)
-	d := newDriver(b, "runsc")
-	ctx := context.Background()
-	s := guestSpec(b, cat[templates.Base], `echo ready > /run/wb/ready; i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done`)
-	boot(b, d, s)
-	dirs := b.TempDir()
-	n := 0
-	for b.Loop() {
-		n++
-		snap := filepath.Join(dirs, "snap"+strconv.Itoa(n))
-		si, err := d.Snapshot(ctx, s.ID, snap, true)
-		if err != nil {
-			b.Fatal(err)
+	b.Run("bare-runsc", func(b *testing.B) {
+		rt := oci.RuntimeRunsc
+		id, bundle, global, log := bareDetached(b, rt, cat[templates.Base].RootFS)
+		dirs := b.TempDir()
+		var ckpt, del, restore, both []time.Duration
+		var image int64
+		n := 0
+		for b.Loop() {
+			n++
+			img := filepath.Join(dirs, "img"+strconv.Itoa(n))
+			timed(&ckpt, func() { bareCmd(b, rt, global, log, "checkpoint", "--image-path", img, id) })
+			image += imageBytes(b, img)
+			timed(&del, func() { bareCmd(b, rt, global, log, "delete", id) })
+			timed(&restore, func() {
+				bareCmd(b, rt, global, log, "restore", "--image-path", img, "--detach", "--bundle", bundle, id)
+			})
+			b.StopTimer()
+			both = append(both, ckpt[len(ckpt)-1]+restore[len(restore)-1])
+			if err := os.RemoveAll(filepath.Join(dirs, "img"+strconv.Itoa(n-1))); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
 		}
-		if !si.Memory {
-			b.Fatal("no memory snapshot")
+		b.ReportMetric(float64(image)/float64(n)/1e6, "image-MB")
+		reportPct(b, "checkpoint", ckpt)
+		reportPct(b, "delete", del)
+		reportPct(b, "restore", restore)
+		reportPct(b, "checkpoint-and-restore", both)
+	})
+	b.Run("runsc", func(b *testing.B) {
+		d := newDriver(b, oci.RuntimeRunsc)
+		ctx := context.Background()
+		s := guestSpec(b, cat[templates.Base], `echo ready > /run/wb/ready; i=0; while :; do i=$((i+1)); echo $i > /workspace/count; sleep 0.1; done`)
+		boot(b, d, s)
+		dirs := b.TempDir()
+		var snapshot, del, restore []time.Duration
+		var image int64
+		n := 0
+		for b.Loop() {
+			n++
+			snap := filepath.Join(dirs, "snap"+strconv.Itoa(n))
+			timed(&snapshot, func() {
+				si, err := d.Snapshot(ctx, s.ID, snap, true)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !si.Memory {
+					b.Fatal("no memory snapshot")
+				}
+			})
+			image += imageBytes(b, filepath.Join(snap, "memory")) // the driver's runsc image dir
+			timed(&del, func() {
+				if err := d.Delete(ctx, s.ID); err != nil {
+					b.Fatal(err)
+				}
+			})
+			s.Writable = filepath.Join(dirs, "w"+strconv.Itoa(n))
+			timed(&restore, func() {
+				if err := d.Restore(ctx, s, snap); err != nil {
+					b.Fatal(err)
+				}
+			})
 		}
-		if err := d.Delete(ctx, s.ID); err != nil {
-			b.Fatal(err)
-		}
-		s.Writable = filepath.Join(dirs, "w"+strconv.Itoa(n))
-		if err := d.Restore(ctx, s, snap); err != nil {
-			b.Fatal(err)
-		}
-	}
+		b.ReportMetric(float64(image)/float64(n)/1e6, "image-MB")
+		reportPct(b, "snapshot", snapshot)
+		reportPct(b, "delete", del)
+		reportPct(b, "restore", restore)
+	})
 }

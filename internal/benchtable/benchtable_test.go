@@ -126,7 +126,9 @@ func TestTableCaptured(t *testing.T) {
 	}
 }
 
-// A whole make bench run (captured here): every declared pair names a figure the benchmarks
+// A whole make bench run (captured here; its hypervisor/oci part from a later run of that
+// package alone at make bench's -benchtime 20x, on a loaded machine, once the pause and
+// checkpoint baselines existed): every declared pair names a figure the benchmarks
 // report, under the unit they report it with, and its baseline is in the same run.
 func TestPairsMeetFullRun(t *testing.T) {
 	run := parseFile(t, "make-bench.txt")
@@ -148,13 +150,22 @@ func TestPairsMeetFullRun(t *testing.T) {
 			t.Errorf("no figure in the run matches %+v", p.Figure)
 		}
 	}
-	// Spot checks against the raw lines: the driver beside the bare runtime, a run beside
-	// the bare python3, the store beside redis-benchmark across a name, a package and a unit.
+	// Spot checks against the raw lines: the driver beside the bare runtime (boot, pause and
+	// resume, checkpoint and restore), the API beside it, a run beside the bare python3, the
+	// store beside redis-benchmark across a name, a package and a unit.
 	for _, c := range []struct {
 		fig  Ref
 		want float64
 	}{
-		{Ref{"wb/hypervisor/oci", "CreateBoot/runsc", "sec/op"}, 461686481.0 / 272755403},
+		{Ref{"wb/hypervisor/oci", "CreateBoot/runsc", "sec/op"}, 4360347987.0 / 2266994840},
+		{Ref{"wb/hypervisor/oci", "PauseResume/runc", "sec/op"}, 137083471.0 / 127442158},
+		{Ref{"wb/hypervisor/oci", "PauseResume/runsc", "resume-p99-ms"}, 182.9 / 194.4},
+		{Ref{"wb/hypervisor/oci", "CheckpointRestore/runsc", "sec/op"}, 4309928292.0 / 2961069276},
+		{Ref{"wb/hypervisor/oci", "CheckpointRestore/runsc", "snapshot-p50-ms"}, 862.1 / 356.3},
+		{Ref{"wb/conformance", "PauseResume/runsc", "pause-p50-ms"}, 59.06 / 113.6},
+		{Ref{"wb/conformance", "SnapshotRestore/runsc", "snapshot-p50-ms"}, 1635 / 1186.0},
+		{Ref{"wb/conformance", "SnapshotRestore/runsc", "restore-p99-ms"}, 1872 / 1119.0},
+		{Ref{"wb/conformance", "SnapshotRestore/runc", "snapshot-p50-ms"}, 168.1e-3 / 0.127442158},
 		{Ref{"wb/conformance", "RunsPython/runc", "p50-ms"}, 1431 / 452.5},
 		{Ref{"wb/quota", "Settler", "records/s"}, 67846.0 / 46083},
 		{Ref{"wb/store", "ChangePublish", "sec/op"}, 254920e-9 / 165e-6},
@@ -169,6 +180,36 @@ func TestPairsMeetFullRun(t *testing.T) {
 		if len(got) != 1 || math.Abs(got[0]-c.want) > 1e-3*c.want {
 			t.Errorf("%+v: ratios %v, want %.4g", c.fig, got, c.want)
 		}
+	}
+}
+
+// Issue 17: in a whole make bench run, every figure the OCI driver reports, and every pause,
+// resume, snapshot and restore percentile of the platform's, stands beside a baseline of the same
+// run (a bare runtime's), and the bare runs are shown only as baselines.
+func TestPauseAndCheckpointHaveBaselines(t *testing.T) {
+	run := parseFile(t, "make-bench.txt")
+	rows := Table(run, Pairs())
+	n := 0
+	for _, r := range rows {
+		f := r.Figure
+		base, _, _ := strings.Cut(f.Bench, "/")
+		switch {
+		case f.Pkg == "wb/hypervisor/oci":
+		case f.Pkg == "wb/conformance" && strings.HasSuffix(f.Unit, "-ms") && (base == "PauseResume" || base == "SnapshotRestore"):
+		default:
+			continue
+		}
+		n++
+		if strings.Contains(f.Bench, "/bare-") {
+			t.Errorf("%s %s %s: a bare run has a row of its own", f.Pkg, f.Bench, f.Unit)
+			continue
+		}
+		if _, ok := r.Ratio(); !ok {
+			t.Errorf("%s %s %s: no baseline and ratio (want %+v)", f.Pkg, f.Bench, f.Unit, r.Want)
+		}
+	}
+	if n < 30 {
+		t.Errorf("%d rows checked; the run lacks the OCI and conformance benchmarks", n)
 	}
 }
 

@@ -2,7 +2,8 @@ package benchtable
 
 // Ref names one metric of one benchmark: the Go package ("wb/store"), the benchmark's name
 // without "Benchmark" and without its -GOMAXPROCS suffix ("Dial/bare"), and the unit as the
-// benchmark reports it ("p50-µs"), except ns/op, which is sec/op (benchfmt's tidy unit).
+// benchmark reports it ("p50-µs"), except where benchfmt tidies it: ns/op is sec/op, and
+// X-MB is X-B (in bytes).
 type Ref struct {
 	Pkg   string
 	Bench string
@@ -118,6 +119,46 @@ func Pairs() []Pair {
 			Pair{Ref{conf, "CreateCold/" + rt, "p99-ms"}, bare, "a cold session beside a bare run"},
 			Pair{Ref{conf, "CreateWarm/" + rt, "p50-ms"}, bare, "a warm session beside a bare run"},
 			Pair{Ref{conf, "CreateWarm/" + rt, "p99-ms"}, bare, "a warm session beside a bare run"},
+		)
+	}
+	// Pause and resume, the driver's and the platform's, beside a bare `RUNTIME pause` +
+	// `RUNTIME resume` of a bare container on the same root file system (hypervisor/oci
+	// BenchmarkPauseResume/bare-…).
+	for _, rt := range []string{"runc", "runsc"} {
+		bare := Ref{oci, "PauseResume/bare-" + rt, "sec/op"}
+		ps = append(ps, Pair{Ref{oci, "PauseResume/" + rt, "sec/op"}, bare, "the driver's pause and resume"})
+		for _, u := range []string{"pause-p50-ms", "pause-p99-ms", "resume-p50-ms", "resume-p99-ms"} {
+			ps = append(ps, Pair{Ref{oci, "PauseResume/" + rt, u}, with(bare, u), "the driver's, beside the bare runtime's"})
+		}
+		ps = append(ps, Pair{Ref{conf, "PauseResume/" + rt, "sec/op"}, bare, "the API's pause and resume"})
+		for _, u := range []string{"pause-p50-ms", "resume-p50-ms"} {
+			ps = append(ps, Pair{Ref{conf, "PauseResume/" + rt, u}, with(bare, u), "the API's, beside the bare runtime's"})
+		}
+	}
+	// runsc's snapshot with memory, delete and restore, the driver's and the platform's, beside
+	// a bare `runsc checkpoint`, `runsc delete` and `runsc restore` of a bare container on the
+	// same root file system (hypervisor/oci BenchmarkCheckpointRestore/bare-runsc).
+	bareCkpt := Ref{oci, "CheckpointRestore/bare-runsc", "sec/op"}
+	ps = append(ps,
+		Pair{Ref{oci, "CheckpointRestore/runsc", "sec/op"}, bareCkpt, "snapshot, delete, restore beside the bare runsc's"},
+		// image-B: benchfmt's tidy unit for the benchmarks' image-MB.
+		Pair{Ref{oci, "CheckpointRestore/runsc", "image-B"}, with(bareCkpt, "image-B"), "the memory image beside the bare runsc's"},
+	)
+	for _, p := range []string{"p50", "p99"} {
+		ckpt, restore := with(bareCkpt, "checkpoint-"+p+"-ms"), with(bareCkpt, "restore-"+p+"-ms")
+		both := with(bareCkpt, "checkpoint-and-restore-"+p+"-ms")
+		ps = append(ps,
+			Pair{Ref{oci, "CheckpointRestore/runsc", "snapshot-" + p + "-ms"}, ckpt, "the driver's memory snapshot beside a bare checkpoint"},
+			Pair{Ref{oci, "CheckpointRestore/runsc", "delete-" + p + "-ms"}, with(bareCkpt, "delete-"+p+"-ms"), "the driver's delete beside a bare one"},
+			Pair{Ref{oci, "CheckpointRestore/runsc", "restore-" + p + "-ms"}, restore, "the driver's restore beside a bare one"},
+			// A session's memory snapshot checkpoints the guest and restores it under a new id
+			// (node takeSnapshot), the old one deleted in the background.
+			Pair{Ref{conf, "SnapshotRestore/runsc", "snapshot-" + p + "-ms"}, both, "the API's memory snapshot beside a bare checkpoint and restore"},
+			Pair{Ref{conf, "SnapshotRestore/runsc", "restore-" + p + "-ms"}, restore, "a restore to running beside a bare one"},
+			// runc keeps no memory: its snapshot pauses, writes the layer and resumes, and its
+			// restore boots afresh.
+			Pair{Ref{conf, "SnapshotRestore/runc", "snapshot-" + p + "-ms"}, Ref{oci, "PauseResume/bare-runc", "sec/op"}, "a disk snapshot beside a bare pause and resume"},
+			Pair{Ref{conf, "SnapshotRestore/runc", "restore-" + p + "-ms"}, Ref{oci, "CreateBoot/bare-runc", "sec/op"}, "a disk restore (a boot) beside a bare run"},
 		)
 	}
 	for _, who := range []string{"wb", "redis"} {
