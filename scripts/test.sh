@@ -46,7 +46,7 @@ for p in "${all[@]}"; do
 done
 bins=$(mktemp -d /tmp/wb-test-bins.XXXXXX)
 logs=$(mktemp -d /tmp/wb-test-logs.XXXXXX)
-trap 'rm -rf "$bins" "$logs"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$bins" "$logs"' EXIT
 
 # 1. -s -w: no symbol table or DWARF, as go test links its own binaries; it halved the link.
 # -vet=off: make lint runs every analyzer.
@@ -90,7 +90,7 @@ waitingLane() {
 	step "sdk/ts (npm test)" sdk/ts sh -c 'npm ci --no-audit --no-fund && npm test' || rc=1
 	for p in "${waiting[@]}"; do
 		step "$p" "$("$GO" list -f '{{.Dir}}' "$p")" "$bins/$(basename "$p").test" \
-			-test.count=1 -test.timeout=20m -test.skip "$ATTACKS" || rc=1
+			-test.paniconexit0 -test.count=1 -test.timeout=20m -test.skip "$ATTACKS" || rc=1
 	done
 	return $rc
 }
