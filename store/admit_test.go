@@ -298,3 +298,26 @@ func TestReserveConcurrent(t *testing.T) {
 		t.Fatalf("%d reservations left", n)
 	}
 }
+
+// TestCommitAfterScriptFlush: Commit's pipelined EVALSHA relies on Reserve having loaded the
+// script; when Redis lost it in between (a restart, SCRIPT FLUSH) the write is made anyway.
+func TestCommitAfterScriptFlush(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	s := New(rdb)
+	p := "proj_flush"
+	sess := newPending(p, "")
+	r, err := s.Reserve(ctx, p, sess.ID, "", Admission{RatePerSec: 10, Burst: 10, Concurrency: 2})
+	if err != nil || !r.Held() {
+		t.Fatalf("reserve: %+v, %v", r, err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, r, sess); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, p, sess.ID); err != nil || got.State != session.Pending {
+		t.Fatalf("get: %+v, %v", got, err)
+	}
+}
