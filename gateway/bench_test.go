@@ -18,6 +18,7 @@ import (
 
 	"wb/internal/redistest"
 	"wb/plugins"
+	"wb/policies"
 	"wb/quota"
 	"wb/session"
 	"wb/store"
@@ -227,4 +228,43 @@ func BenchmarkCreateWithPlugin(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		openLoop(b, c, url, key)
 	}
+}
+
+// BenchmarkCreateWithRego: BenchmarkCreateSession's load with the Rego engine in the
+// admission chain (the platform's shipped policy and the project's empty set), as `wb serve`
+// runs: the decision reads the slots in use.
+func BenchmarkCreateWithRego(b *testing.B) {
+	rdb := redistest.Server(b)
+	url, key, _ := benchServerOn(b, rdb, func(c *Config) {
+		pol, err := policies.New(context.Background(), rdb, policies.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = pol.Close(context.Background()) })
+		c.Policies = pol
+	})
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	if _, err := post(c, url, key); err != nil { // load the scripts and the policy set outside the clock
+		b.Fatal(err)
+	}
+	var mu sync.Mutex
+	var all []time.Duration
+	b.SetParallelism(4)
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		var mine []time.Duration
+		for pb.Next() {
+			d, err := post(c, url, key)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			mine = append(mine, d)
+		}
+		mu.Lock()
+		all = append(all, mine...)
+		mu.Unlock()
+	})
+	reportLatencies(b, all, time.Since(start))
 }

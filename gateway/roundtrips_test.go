@@ -109,13 +109,15 @@ func tripServerOn(t *testing.T, rdb *redis.Client, opts ...func(*Config, redis.U
 	return srv.URL, key, p.ID, tr
 }
 
-// TestCreateRoundTrips: a common create (no restore_from, no policy_id) with the default
-// decision point (no Rego, no plugin: it allows all) makes one admission round trip (rate
-// limit, spend caps, slot and write in one script) and one more that signals its work and
-// indexes its provisioning deadline: those keys are global, outside the project's Cluster
-// slot, so no script of the project's may write them. With the Rego engine, whose platform
-// policy reads the slots in use, the admission takes two: the rate limit, the caps and the
-// count, then the slot and the write.
+// TestCreateRoundTrips: a common create (no restore_from, no policy_id) makes one admission
+// round trip (the rate limit, the spend caps and the slot in one script) and one more, a
+// pipeline that signals its work and indexes its provisioning deadline: those keys are
+// global, outside the project's Cluster slot, so no script of the project's may write them.
+// With the default decision point (no Rego, no plugin: it allows all) the admission script
+// also writes the session and that pipeline holds only the signals. With the Rego engine,
+// whose platform policy reads the slots in use, the decision needs the count the admission
+// script answers, so the session's write (its own script) rides in that pipeline, ahead of
+// the signals, instead of taking a round trip of its own.
 func TestCreateRoundTrips(t *testing.T) {
 	withRego := func(c *Config, rdb redis.UniversalClient) {
 		ctx := context.Background()
@@ -130,10 +132,10 @@ func TestCreateRoundTrips(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		opts []func(*Config, redis.UniversalClient)
-		want []string // the round trips before the signals' pipeline
+		pipe []string // what the pipeline after the admission holds besides the signals
 	}{
-		{"default", nil, []string{"evalsha"}},
-		{"rego", []func(*Config, redis.UniversalClient){withRego}, []string{"evalsha", "evalsha"}},
+		{"default", nil, nil},
+		{"rego", []func(*Config, redis.UniversalClient){withRego}, []string{"evalsha"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			url, key, _, tr := tripServer(t, c.opts...)
@@ -146,16 +148,146 @@ func TestCreateRoundTrips(t *testing.T) {
 				if i == 0 {
 					continue
 				}
-				n := len(c.want)
-				if len(calls) != n+1 || !slices.Equal(calls[:n], c.want) || !strings.HasPrefix(calls[n], "pipeline[") {
-					t.Fatalf("a create made %d round trips, want %d (%q, then the signals): %q", len(calls), n+1, c.want, calls)
+				if len(calls) != 2 || calls[0] != "evalsha" || !strings.HasPrefix(calls[1], "pipeline[") {
+					t.Fatalf("a create made %d round trips, want 2 (the admission script, then the signals' pipeline): %q", len(calls), calls)
 				}
-				for _, name := range strings.Fields(strings.Trim(strings.TrimPrefix(calls[n], "pipeline["), "]")) {
+				names := strings.Fields(strings.Trim(strings.TrimPrefix(calls[1], "pipeline["), "]"))
+				if len(names) < len(c.pipe) || !slices.Equal(names[:len(c.pipe)], c.pipe) {
+					t.Fatalf("the pipeline after the admission is %q, want it to start with %q", calls[1], c.pipe)
+				}
+				for _, name := range names[len(c.pipe):] {
 					if name != "xadd" && name != "zadd" {
-						t.Fatalf("the pipeline after the admission has %s: %q", name, calls[n])
+						t.Fatalf("the pipeline after the admission has %s: %q", name, calls[1])
 					}
 				}
 			}
 		})
 	}
+}
+
+// refuseSome is the platform's Rego, then a refusal of the creates of end user eu_refuse; it
+// records the slots in use each decision is handed.
+type refuseSome struct {
+	Chain
+	mu   *sync.Mutex
+	seen *[]int64
+}
+
+func (r refuseSome) Admit(ctx context.Context, in session.AdmissionInput) (session.Decision, error) {
+	r.mu.Lock()
+	*r.seen = append(*r.seen, in.Active)
+	r.mu.Unlock()
+	d, err := r.Chain.Admit(ctx, in)
+	if err == nil && in.Request.EndUserID == "eu_refuse" {
+		d.Allow, d.Reasons = false, []string{"refused"}
+	}
+	return d, err
+}
+
+// TestCreateDecidedHoldsLimits: creates whose decision reads the slots in use (the platform's
+// Rego) hold a slot while they are decided: sent at once they never pass the plan's
+// concurrency, each decision sees the slots held before its create's, and a refused create
+// leaves nothing (no slot, no session, no event).
+func TestCreateDecidedHoldsLimits(t *testing.T) {
+	rdb := redistest.Server(t)
+	var mu sync.Mutex
+	var seen []int64
+	url, key, project, _ := tripServerOn(t, rdb, func(c *Config, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		pol, err := policies.New(ctx, rdb, policies.Options{Refresh: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pol.Close(ctx) })
+		c.Admitter = refuseSome{Chain: Chain{Policies: pol}, mu: &mu, seen: &seen}
+	})
+	ctx := context.Background()
+	st := store.New(rdb)
+	const limit = 4
+	if err := st.SetConcurrency(ctx, project, limit); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetRate(ctx, project, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{}
+	create := func(endUser string) int {
+		req, _ := http.NewRequest("POST", url+"/v1/sessions", strings.NewReader(`{"tier":2,"end_user_id":"`+endUser+`"}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	left := func(want int64) {
+		t.Helper()
+		if n, err := st.ActiveCount(ctx, project); err != nil || n != want {
+			t.Fatalf("%d slots held (%v), want %d", n, err, want)
+		}
+		if page, err := st.List(ctx, project, store.ListQuery{}); err != nil || int64(len(page.Sessions)) != want {
+			t.Fatalf("%d sessions (%v), want %d", len(page.Sessions), err, want)
+		}
+		if evs, err := st.OutboxEvents(ctx, project); err != nil || int64(len(evs)) != want {
+			t.Fatalf("%d events (%v), want %d", len(evs), err, want)
+		}
+	}
+
+	// One at a time: the refused create leaves nothing, and each decision sees the slots held.
+	if c := create("eu_refuse"); c != 403 {
+		t.Fatalf("refused create: %d", c)
+	}
+	left(0)
+	if c := create("eu_1"); c != 201 {
+		t.Fatalf("create: %d", c)
+	}
+	left(1)
+	if !slices.Equal(seen, []int64{0, 0}) {
+		t.Fatalf("the decisions saw %v slots in use, want [0 0]", seen)
+	}
+
+	// At once: refused creates hold a slot only while decided, so fewer may be written than
+	// there are slots, never more.
+	codes := make(chan int, 16)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			eu := "eu_1"
+			if i%2 == 0 {
+				eu = "eu_refuse"
+			}
+			codes <- create(eu)
+		}()
+	}
+	wg.Wait()
+	close(codes)
+	written := int64(1)
+	for c := range codes {
+		switch c {
+		case 201:
+			written++
+		case 403:
+		default:
+			t.Fatalf("a create answered %d", c)
+		}
+	}
+	if written > limit {
+		t.Fatalf("%d sessions written, limit %d", written, limit)
+	}
+	left(written)
+	for written < limit {
+		if c := create("eu_1"); c != 201 {
+			t.Fatalf("create %d of %d: %d", written+1, limit, c)
+		}
+		written++
+	}
+	if c := create("eu_1"); c != 403 { // the platform's Rego refuses it, seeing every slot held
+		t.Fatalf("a create past the limit: %d", c)
+	}
+	left(limit)
 }

@@ -39,12 +39,15 @@ func (s *Server) admitBody(ctx context.Context, p store.Project, body []byte, id
 // added to the session once it is admitted: validation and the deciders see the request
 // without them, as a caller's would be, and no patch can touch them.
 //
-// The rate limit, the spend caps, the concurrency slot and the write are one store script.
-// When the admission decision cannot depend on the slots in use (no Rego, no plugin: it
-// allows everything), a create is that one round trip. Otherwise the decision needs the
-// slots in use, so a first script takes the token, checks the caps and counts them, and a
-// second reserves the slot and writes (two round trips, in today's order: no decider sees a
-// create the rate limit or a cap refused).
+// The rate limit, the spend caps, the concurrency slot and the write are one store script
+// when the admission decision cannot depend on the slots in use (no Rego, no plugin: it
+// allows everything): a create is that one round trip, then the signals of its work.
+// Otherwise the decision needs the slots in use (the platform's Rego reads them), so one
+// script takes the token, checks the caps and holds a slot, answering the slots held before
+// it (no decider sees a create the rate limit or a cap refused, as before); the decision
+// sees that count; then the session's write rides in the signals' pipeline (Store.Commit),
+// or a refusal gives the slot back (Store.Release). Again one round trip before the
+// signals, and the limits hold exactly: the slot is held from the count to the write.
 func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest, id string, marks map[string]string) (*session.Session, []string, error) {
 	// 2. validate
 	if _, err := req.Validate(s.Tiers); err != nil {
@@ -60,18 +63,34 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 		return nil, nil, s.admissionRefusal(p, &store.RateLimitError{Wait: time.Second})
 	}
 	adm := store.Admission{RatePerSec: p.RatePerSec, Burst: p.Burst, CapMonth: quota.CapMonth(s.Now()), Concurrency: p.Concurrency}
+	if id == "" {
+		id = session.NewID("sess_", s.Now())
+	}
 	// 4. the admission decision point
 	d := session.Decision{Allow: true}
+	var resv *store.Reservation // the slot held while the decision is made
 	if !s.allowsAll() {
-		chk, err := s.Store.CheckAdmission(ctx, p.ID, req.EndUserID, adm)
+		r, err := s.Store.Reserve(ctx, p.ID, id, req.EndUserID, adm)
 		if err != nil {
 			return nil, nil, s.admissionRefusal(p, err)
 		}
-		adm.RatePerSec, adm.CapMonth = 0, "" // the token is taken and the caps are checked
-		if d, req, err = s.decideAdmission(ctx, p, req, chk.Active); err != nil {
+		if r.Held() {
+			resv = &r
+			defer func() {
+				if resv != nil { // not written: nothing of the create stays
+					if err := s.Store.Release(context.WithoutCancel(ctx), *resv); err != nil {
+						s.log.ErrorContext(ctx, "a refused create's slot is held until it lapses", "session", id, "err", err)
+					}
+				}
+			}()
+		}
+		if d, req, err = s.decideAdmission(ctx, p, req, r.Active); err != nil {
 			return nil, nil, err
 		}
-		if chk.SoftCapped {
+		if err := r.Err(); err != nil { // the id is taken or no slot was free
+			return nil, nil, s.admissionRefusal(p, err)
+		}
+		if r.SoftCapped {
 			d.Warnings = append(d.Warnings, softCapWarning)
 		}
 	}
@@ -85,9 +104,6 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 	}
 	// 5. reserve a slot and persist pending, in one script
 	now := s.Now()
-	if id == "" {
-		id = session.NewID("sess_", now)
-	}
 	sess := &session.Session{
 		ID: id, Object: session.ObjectName, Tier: st.Tier.Number, State: session.Pending, ProjectID: p.ID,
 		EndUserID: optional(req.EndUserID), Template: tpl.Ref(), Region: regionOrDefault(req.Region, s.Regions),
@@ -99,7 +115,16 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 			PTYURL:  wsURL(s.PublicURL) + "/v1/sessions/" + id + "/pty",
 		},
 	}
-	out, err := s.Store.Admit(ctx, sess, adm)
+	var out store.Admitted
+	if resv != nil {
+		out, err = s.Store.Commit(ctx, *resv, sess)
+		if err == nil {
+			resv = nil
+		}
+		out.SoftCapped = false // warned above, with the decision
+	} else {
+		out, err = s.Store.Admit(ctx, sess, adm)
+	}
 	if err != nil {
 		return nil, nil, s.admissionRefusal(p, err)
 	}

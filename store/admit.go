@@ -58,25 +58,12 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	if sess.ID == "" || sess.ProjectID == "" {
 		return Admitted{}, &session.FieldError{Field: "id", Message: "id and project_id are required"}
 	}
-	doc, err := json.Marshal(static{
-		ID: sess.ID, Tier: sess.Tier, ProjectID: sess.ProjectID, EndUserID: sess.EndUserID,
-		Template: sess.Template, Region: sess.Region, Resources: sess.Resources,
-		VolumeID: sess.VolumeID, PolicyID: sess.PolicyID, RestoreFrom: sess.RestoreFrom,
-		Connect: sess.Connect, Metadata: sess.Metadata,
-	})
+	fields, err := s.sessionFields(sess)
 	if err != nil {
-		return Admitted{}, fmt.Errorf("encode session: %w", err)
+		return Admitted{}, err
 	}
-	created := sess.CreatedAt.UnixMilli()
-	hash := []any{"doc", doc, "state", string(session.Pending), "ver", 1,
-		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created}
-	if desk := sess.Metadata[session.DesktopMetadataKey]; desk != "" {
-		// For quota's settle script, which labels the session's usage with its desktop.
-		hash = append(hash, "desk", desk)
-	}
-	args := a.args("write", sess.ID, sess.EndUserID, s.now, len(hash))
-	args = append(args, hash...)
-	args = append(args, eventFields(sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created)...)
+	args := a.args("write", sess.ID, sess.EndUserID, s.now, fields.n)
+	args = append(args, fields.args...)
 	res, err := admitScript.Run(ctx, s.rdb, admitKeys(sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth), args...).StringSlice()
 	if err != nil {
 		return Admitted{}, fmt.Errorf("create session %s: %w", sess.ID, err)
@@ -91,6 +78,198 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	cp.Version = 1
 	out.Session = &cp
 	return out, nil
+}
+
+// written is a pending session as the admission scripts write it: its hash's fields (n
+// values, field and value each) and then its session.pending event's.
+type written struct {
+	args []any
+	n    int
+}
+
+func (s *Store) sessionFields(sess *session.Session) (written, error) {
+	doc, err := json.Marshal(static{
+		ID: sess.ID, Tier: sess.Tier, ProjectID: sess.ProjectID, EndUserID: sess.EndUserID,
+		Template: sess.Template, Region: sess.Region, Resources: sess.Resources,
+		VolumeID: sess.VolumeID, PolicyID: sess.PolicyID, RestoreFrom: sess.RestoreFrom,
+		Connect: sess.Connect, Metadata: sess.Metadata,
+	})
+	if err != nil {
+		return written{}, fmt.Errorf("encode session: %w", err)
+	}
+	created := sess.CreatedAt.UnixMilli()
+	hash := []any{"doc", doc, "state", string(session.Pending), "ver", 1,
+		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created}
+	if desk := sess.Metadata[session.DesktopMetadataKey]; desk != "" {
+		// For quota's settle script, which labels the session's usage with its desktop.
+		hash = append(hash, "desk", desk)
+	}
+	n := len(hash)
+	hash = append(hash, eventFields(sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created)...)
+	return written{args: hash, n: n}, nil
+}
+
+// ReservationLapse is how long a slot held by Reserve stays held without a Commit or a
+// Release: after it, the next Reserve of the project gives it back (the create's gateway is
+// taken to have died in between) and a late Commit fails. Far above any decision's deadline.
+const ReservationLapse = time.Minute
+
+// Reservation is a create's admission before its decision (Reserve): the token is taken, the
+// caps are checked and, unless Err answers why not, a slot is held under the session's id.
+type Reservation struct {
+	Project, ID string
+	// SoftCapped: a soft spend cap in scope was passed this month.
+	SoftCapped bool
+	// Active is the slots the project held before this create's: the count its decision sees.
+	Active int64
+	limit  int
+	status string // HELD, EXISTS or FULL
+}
+
+// Held reports whether r holds a slot, which Commit or Release must then end.
+func (r Reservation) Held() bool { return r.status == "HELD" }
+
+// Err answers why the create cannot be written, nil when r holds a slot: ErrExists (a session
+// has the id) or a *ConcurrencyError. These refuse only after the decision, whose refusals
+// answer first, as when the slot was taken after it.
+func (r Reservation) Err() error {
+	switch r.status {
+	case "HELD":
+		return nil
+	case "EXISTS":
+		return ErrExists
+	}
+	return &ConcurrencyError{Limit: r.limit, Used: int(r.Active)}
+}
+
+// Reserve is the first part of a create's admission whose decision needs the slots in use,
+// in one round trip: it takes a token from the project's rate bucket and checks the
+// spend-cap flags, answering a *RateLimitError or a *SpendCapError at the first refusal (no
+// decision sees those creates), then holds one of a.Concurrency slots under id, for
+// ReservationLapse, and answers the slots held before it. When id is taken or no slot is
+// free it holds none and says so in Err. A held slot ends with Commit or Release.
+func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admission) (Reservation, error) {
+	if id == "" || project == "" {
+		return Reservation{}, &session.FieldError{Field: "id", Message: "id and project_id are required"}
+	}
+	at := a.At
+	if at.IsZero() {
+		at = s.now()
+	}
+	caps := "0"
+	if a.CapMonth != "" {
+		caps = "1"
+	}
+	res, err := reserveScript.Run(ctx, s.rdb, reserveKeys(project, id, endUser, a.CapMonth),
+		"reserve", id, hasEndUser(endUser), max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps,
+		a.Concurrency, ReservationLapse.Milliseconds()).StringSlice()
+	if err != nil {
+		return Reservation{}, fmt.Errorf("admission of %s: %w", id, err)
+	}
+	switch res[0] {
+	case "HELD", "EXISTS", "FULL":
+		if len(res) < 3 {
+			break
+		}
+		active, err := strconv.ParseInt(res[2], 10, 64)
+		if err != nil {
+			return Reservation{}, fmt.Errorf("admission of %s: slots in use %q: %w", id, res[2], err)
+		}
+		return Reservation{Project: project, ID: id, SoftCapped: res[1] == "1", Active: active, limit: a.Concurrency, status: res[0]}, nil
+	}
+	_, err = admitAnswer(res, a)
+	if err == nil {
+		err = fmt.Errorf("reserve script answered %q", res)
+	}
+	return Reservation{}, err
+}
+
+// Commit writes sess in pending with its session.pending event in the slot r holds (as Admit
+// writes it), and signals its work in the same round trip: the write's script first, then
+// the signals, in one pipeline. On a Cluster the pipeline's commands for other slots may run
+// before the write, so there the write is its own round trip, ahead of the signals. It
+// answers ErrExists when a session has the id, and an error when r lapsed. sess is as for
+// Create, with r's project and id.
+func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session) (Admitted, error) {
+	if !r.Held() || sess.ProjectID != r.Project || sess.ID != r.ID {
+		return Admitted{}, fmt.Errorf("commit %s: the reservation is of %s/%s and holds %s", sess.ID, r.Project, r.ID, r.status)
+	}
+	if err := session.Check("", sess.State, session.APIGateway, ""); err != nil {
+		return Admitted{}, err
+	}
+	fields, err := s.sessionFields(sess)
+	if err != nil {
+		return Admitted{}, err
+	}
+	eu := ""
+	if sess.EndUserID != nil {
+		eu = *sess.EndUserID
+	}
+	keys := reserveKeys(r.Project, r.ID, eu, "")
+	args := append([]any{"commit", r.ID, hasEndUser(eu), fields.n}, fields.args...)
+	var res []string
+	if _, cluster := s.rdb.(*redis.ClusterClient); cluster {
+		if res, err = reserveScript.Run(ctx, s.rdb, keys, args...).StringSlice(); err == nil && res[0] == "OK" {
+			s.afterCreate(ctx, sess)
+		}
+	} else {
+		var cmd *redis.Cmd
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			cmd = reserveScript.EvalSha(ctx, p, keys, args...)
+			s.signalCreate(ctx, p, sess)
+			return nil
+		})
+		res, err = cmd.StringSlice()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") { // flushed since Reserve loaded it: the signals went early, send them again
+			if res, err = reserveScript.Run(ctx, s.rdb, keys, args...).StringSlice(); err == nil && res[0] == "OK" {
+				s.afterCreate(ctx, sess)
+			}
+		}
+	}
+	if err != nil {
+		return Admitted{}, fmt.Errorf("create session %s: %w", sess.ID, err)
+	}
+	switch res[0] {
+	case "OK":
+	case "EXISTS":
+		return Admitted{}, ErrExists
+	default:
+		return Admitted{}, fmt.Errorf("create session %s: its slot lapsed before it was written (over %s after it was reserved)", sess.ID, ReservationLapse)
+	}
+	cp := *sess
+	cp.Object = session.ObjectName
+	cp.Version = 1
+	return Admitted{Session: &cp, SoftCapped: r.SoftCapped, Active: r.Active}, nil
+}
+
+// Release gives back the slot r holds, for a create refused after Reserve: nothing of it
+// stays (no slot, no session, no event). A session written under r's id keeps its slot (a
+// Commit whose answer was lost).
+func (s *Store) Release(ctx context.Context, r Reservation) error {
+	if !r.Held() {
+		return nil
+	}
+	if err := reserveScript.Run(ctx, s.rdb, reserveKeys(r.Project, r.ID, "", ""), "release", r.ID, "0").Err(); err != nil {
+		return fmt.Errorf("release the slot of %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+func hasEndUser(endUser string) string {
+	if endUser != "" {
+		return "1"
+	}
+	return "0"
+}
+
+func reserveKeys(project, id, endUser, month string) []string {
+	k := ProjectKeys(project)
+	return []string{
+		k.RateBucket(), k.CapFlag("hard", month), k.CapFlag("soft", month),
+		k.EndUserCapFlag(endUser, "hard", month), k.EndUserCapFlag(endUser, "soft", month),
+		k.session(id), k.all(), k.byState(session.Pending), k.active(), k.Outbox(), k.byEndUser(endUser),
+		k.reservations(),
+	}
 }
 
 // CheckAdmission is Admit's first part alone: it takes a token and checks the spend caps for

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,5 +110,214 @@ func TestAdmit(t *testing.T) {
 				t.Fatalf("get: %+v, %v", got, err)
 			}
 		})
+	}
+}
+
+// TestReserve: the admission around a decision (Reserve, then Commit or Release) against
+// redis-server, miniredis and a Cluster: the refusals before the decision in Admit's order,
+// the slots counted and held, a refused create leaving nothing (no slot, no session, no
+// event), and a hold whose gateway never came back given back once it lapses.
+func TestReserve(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			rdb := b.New(t)
+			ctx := context.Background()
+			at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+			s := New(rdb, WithClock(func() time.Time { return at }))
+			p := "proj_reserve" + b.Name
+			k := ProjectKeys(p)
+			a := Admission{RatePerSec: 1, Burst: 2, CapMonth: "202612", Concurrency: 2}
+			nothingOf := func(id string, slots, sessions, events int64) {
+				t.Helper()
+				if n, _ := rdb.SCard(ctx, k.active()).Result(); n != slots {
+					t.Errorf("%d slots held, want %d", n, slots)
+				}
+				if n, _ := rdb.ZCard(ctx, k.all()).Result(); n != sessions {
+					t.Errorf("%d sessions listed, want %d", n, sessions)
+				}
+				if n, _ := rdb.XLen(ctx, k.Outbox()).Result(); n != events {
+					t.Errorf("%d events, want %d", n, events)
+				}
+				if _, err := s.Get(ctx, p, id); !errors.Is(err, ErrNotFound) {
+					t.Errorf("%s: %v, want not found", id, err)
+				}
+			}
+
+			// Held, then committed: the session is written with its event, in its slot.
+			one := newPending(p, "eu_1")
+			r, err := s.Reserve(ctx, p, one.ID, "eu_1", a)
+			if err != nil || !r.Held() || r.Active != 0 || r.Err() != nil {
+				t.Fatalf("reserve: %+v, %v", r, err)
+			}
+			out, err := s.Commit(ctx, r, one)
+			if err != nil || out.Session.Version != 1 || out.Active != 0 {
+				t.Fatalf("commit: %+v, %v", out, err)
+			}
+			if got, err := s.Get(ctx, p, one.ID); err != nil || got.State != session.Pending || *got.EndUserID != "eu_1" {
+				t.Fatalf("get: %+v, %v", got, err)
+			}
+			if n, _ := rdb.ZCard(ctx, k.byEndUser("eu_1")).Result(); n != 1 {
+				t.Fatalf("%d sessions of eu_1", n)
+			}
+			// Held, then released (a decision refused it): nothing of it stays.
+			two := newPending(p, "")
+			if r, err = s.Reserve(ctx, p, two.ID, "", a); err != nil || !r.Held() || r.Active != 1 {
+				t.Fatalf("reserve: %+v, %v", r, err)
+			}
+			if err := s.Release(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			nothingOf(two.ID, 1, 1, 1)
+			if _, err := s.Commit(ctx, r, two); err == nil {
+				t.Fatal("a released reservation committed")
+			}
+			nothingOf(two.ID, 1, 1, 1)
+			// The bucket is empty (two tokens taken).
+			var re *RateLimitError
+			if _, err := s.Reserve(ctx, p, "sess_x", "", a); !errors.As(err, &re) || re.Wait != time.Second {
+				t.Fatalf("over the rate: %v", err)
+			}
+			a.RatePerSec, a.Burst = 100, 100
+			at = at.Add(10 * time.Second)
+			// The id of a session: no slot held, ErrExists after the decision.
+			if r, err = s.Reserve(ctx, p, one.ID, "", a); err != nil || r.Held() || !errors.Is(r.Err(), ErrExists) || r.Active != 1 {
+				t.Fatalf("reserve an existing id: %+v, %v", r, err)
+			}
+			// The last slot held by a create whose gateway never comes back: the next is FULL.
+			lost := newPending(p, "")
+			if r, err = s.Reserve(ctx, p, lost.ID, "", a); err != nil || !r.Held() {
+				t.Fatalf("reserve: %+v, %v", r, err)
+			}
+			var ce *ConcurrencyError
+			if r, err = s.Reserve(ctx, p, "sess_y", "", a); err != nil || r.Held() || !errors.As(r.Err(), &ce) || ce.Used != 2 || ce.Limit != 2 {
+				t.Fatalf("reserve past the concurrency: %+v, %v", r, err)
+			}
+			// Once the hold lapses, the next reservation gives its slot back; its late commit fails.
+			at = at.Add(ReservationLapse + time.Second)
+			three := newPending(p, "")
+			if r, err = s.Reserve(ctx, p, three.ID, "", a); err != nil || !r.Held() || r.Active != 1 {
+				t.Fatalf("reserve after a lapse: %+v, %v", r, err)
+			}
+			lr := Reservation{Project: p, ID: lost.ID, status: "HELD"}
+			if _, err := s.Commit(ctx, lr, lost); err == nil {
+				t.Fatal("a lapsed reservation committed")
+			}
+			nothingOf(lost.ID, 2, 1, 1)
+			if _, err := s.Commit(ctx, r, three); err != nil {
+				t.Fatal(err)
+			}
+			// Caps refuse before any slot is held; the soft one is told.
+			at = at.Add(10 * time.Second)
+			if err := rdb.Set(ctx, k.CapFlag("soft", "202612"), 1, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			a.Concurrency = 10
+			if r, err = s.Reserve(ctx, p, "sess_soft", "", a); err != nil || !r.SoftCapped || r.Active != 2 {
+				t.Fatalf("soft cap: %+v, %v", r, err)
+			}
+			if err := s.Release(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.Set(ctx, k.EndUserCapFlag("eu_1", "hard", "202612"), 1, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			var se *SpendCapError
+			if _, err := s.Reserve(ctx, p, "sess_z", "eu_1", a); !errors.As(err, &se) || se.Scope != "end_user" {
+				t.Fatalf("the user's hard cap: %v", err)
+			}
+			nothingOf("sess_z", 2, 2, 2)
+			if n, _ := rdb.ZCard(ctx, k.reservations()).Result(); n != 0 {
+				t.Fatalf("%d reservations left", n)
+			}
+		})
+	}
+}
+
+// TestReserveConcurrent: creates reserving, deciding and committing or releasing at once
+// never hold more slots than the limit, and every slot left is a written session's.
+func TestReserveConcurrent(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	s := New(rdb)
+	const p, limit, creates = "proj_reserve_race", 5, 64
+	a := Admission{RatePerSec: 1000, Burst: 1000, Concurrency: limit}
+	var mu sync.Mutex
+	held, most, written := 0, 0, 0
+	var wg sync.WaitGroup
+	for i := range creates {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sess := newPending(p, "")
+			sess.ID = fmt.Sprintf("sess_race%03d", i)
+			r, err := s.Reserve(ctx, p, sess.ID, "", a)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if !r.Held() {
+				return
+			}
+			mu.Lock()
+			held++
+			most = max(most, held+written)
+			mu.Unlock()
+			// Counted from after the hold began to before it ends (or becomes the
+			// session's), so never more here than in the store.
+			mu.Lock()
+			held--
+			if i%3 != 0 {
+				written++
+			}
+			mu.Unlock()
+			if i%3 == 0 { // refused by its decision
+				err = s.Release(ctx, r)
+			} else {
+				_, err = s.Commit(ctx, r, sess)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	k := ProjectKeys(p)
+	if most > limit || written > limit || written == 0 {
+		t.Fatalf("%d slots held at once and %d written, limit %d", most, written, limit)
+	}
+	if n, _ := rdb.SCard(ctx, k.active()).Result(); n != int64(written) {
+		t.Fatalf("%d slots held, %d sessions written", n, written)
+	}
+	if n, _ := rdb.ZCard(ctx, k.all()).Result(); n != int64(written) {
+		t.Fatalf("%d sessions listed, %d written", n, written)
+	}
+	if n, _ := rdb.XLen(ctx, k.Outbox()).Result(); n != int64(written) {
+		t.Fatalf("%d events, %d written", n, written)
+	}
+	if n, _ := rdb.ZCard(ctx, k.reservations()).Result(); n != 0 {
+		t.Fatalf("%d reservations left", n)
+	}
+}
+
+// TestCommitAfterScriptFlush: Commit's pipelined EVALSHA relies on Reserve having loaded the
+// script; when Redis lost it in between (a restart, SCRIPT FLUSH) the write is made anyway.
+func TestCommitAfterScriptFlush(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	s := New(rdb)
+	p := "proj_flush"
+	sess := newPending(p, "")
+	r, err := s.Reserve(ctx, p, sess.ID, "", Admission{RatePerSec: 10, Burst: 10, Concurrency: 2})
+	if err != nil || !r.Held() {
+		t.Fatalf("reserve: %+v, %v", r, err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, r, sess); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, p, sess.ID); err != nil || got.State != session.Pending {
+		t.Fatalf("get: %+v, %v", got, err)
 	}
 }

@@ -154,16 +154,20 @@ func (s *Store) ForgetNodeSessions(ctx context.Context, node string, refs ...Ses
 // afterCreate signals the new session's work (placement, its pending event) and indexes its
 // provisioning deadline, in one round trip after the create.
 func (s *Store) afterCreate(ctx context.Context, sess *session.Session) {
-	at, hasDeadline := s.provisionDeadline(sess)
-	ref := SessionRef{Project: sess.ProjectID, ID: sess.ID}
 	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		signal(ctx, p, WorkPending, sess.ProjectID)
-		signal(ctx, p, WorkOutbox, sess.ProjectID)
-		if hasDeadline {
-			p.ZAddNX(ctx, provisionDeadlinesKey, redis.Z{Score: float64(at.UnixMilli()), Member: ref.member()})
-		}
+		s.signalCreate(ctx, p, sess)
 		return nil
 	})
+}
+
+// signalCreate queues afterCreate's commands on p.
+func (s *Store) signalCreate(ctx context.Context, p redis.Pipeliner, sess *session.Session) {
+	signal(ctx, p, WorkPending, sess.ProjectID)
+	signal(ctx, p, WorkOutbox, sess.ProjectID)
+	if at, ok := s.provisionDeadline(sess); ok {
+		ref := SessionRef{Project: sess.ProjectID, ID: sess.ID}
+		p.ZAddNX(ctx, provisionDeadlinesKey, redis.Z{Score: float64(at.UnixMilli()), Member: ref.member()})
+	}
 }
 
 // afterTransition keeps the global indexes after a transition out (c, out: the request and

@@ -171,6 +171,11 @@ func (k ProjectKeyspace) byEndUser(endUser string) string { return k.p + "eu:" +
 // active is a set of the session ids holding a concurrency slot.
 func (k ProjectKeyspace) active() string { return k.p + "active" }
 
+// reservations is a sorted set of the session ids holding a slot (in active) before their
+// session is written, scored with the time (ms) the hold lapses: a create whose decision
+// needs the slots in use holds one while it is decided (Reserve).
+func (k ProjectKeyspace) reservations() string { return k.p + "reservations" }
+
 // Outbox is a stream of the project's events: every transition appends to it in the same
 // script (store), and anything else that must reach webhooks appends through AppendEvent,
 // each trimming it to about outboxMaxLen entries. Read by webhooks' dispatcher (consumer

@@ -80,6 +80,86 @@ redis.call('XADD', KEYS[10], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack
 return {'OK', soft, tostring(used)}
 `)
 
+// reserveScript is a create's admission in two steps around its decision, for a decision
+// that needs the slots in use: mode 'reserve' takes the token, checks the caps and holds a
+// slot (the step admitScript takes first), answering the slots held before it; then, once
+// the decision allows, mode 'commit' writes the session as admitScript does, or, when it
+// refuses, mode 'release' gives the slot back. A held slot is also an entry of the
+// reservations zset scored with when it lapses: 'commit' and 'release' remove it, and
+// 'reserve' gives back the slots of lapsed ones (their gateway died in between), so a slot
+// is never held for good by a create that never finished. One script for the three modes:
+// 'reserve' (run with EVAL's fallback) loads it for the 'commit' that follows in a pipeline.
+//
+// KEYS: rate bucket, project hard cap flag, project soft cap flag, end-user hard cap flag,
+// end-user soft cap flag, session hash, all index, pending index, active set, outbox,
+// end-user index, reservations (all of one project: one Cluster slot)
+// ARGV: mode (reserve|commit|release), id, has end user (1|0), then
+// reserve: rate per s (0: no bucket), burst, now ms, caps (1|0), slot limit, lapse ms
+// commit: N, N hash field/value args, event field/value args
+// Answers, reserve: {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'|'FULL'|'HELD', soft
+// capped (1|0), used before this one} (only 'HELD' holds a slot); commit: {'OK'} |
+// {'EXISTS'} | {'LAPSED'}; release: {'OK'}
+var reserveScript = redis.NewScript(tokenBucketLua + `
+local mode, id, eu = ARGV[1], ARGV[2], ARGV[3] == '1'
+if mode == 'release' then
+  -- A session written under this id owns the slot (a commit whose answer was lost).
+  if redis.call('EXISTS', KEYS[6]) == 0 and redis.call('ZREM', KEYS[12], id) == 1 then
+    redis.call('SREM', KEYS[9], id)
+  end
+  return {'OK'}
+end
+if mode == 'commit' then
+  if redis.call('EXISTS', KEYS[6]) == 1 then
+    redis.call('ZREM', KEYS[12], id)
+    return {'EXISTS'}
+  end
+  if redis.call('ZREM', KEYS[12], id) == 0 then return {'LAPSED'} end
+  local n = tonumber(ARGV[4])
+  local h = {}
+  for i = 5, 4 + n do h[#h + 1] = ARGV[i] end
+  redis.call('HSET', KEYS[6], unpack(h))
+  redis.call('ZADD', KEYS[7], 0, id)
+  redis.call('ZADD', KEYS[8], 0, id)
+  if eu then redis.call('ZADD', KEYS[11], 0, id) end
+  local e = {}
+  for i = 5 + n, #ARGV do e[#e + 1] = ARGV[i] end
+  e[#e + 1] = 'version'
+  e[#e + 1] = '1'
+  local all = redis.call('HGETALL', KEYS[6])
+  for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
+  redis.call('XADD', KEYS[10], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
+  return {'OK'}
+end
+local rate, now = tonumber(ARGV[4]), tonumber(ARGV[6])
+if rate > 0 then
+  local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[5]), now)
+  if allowed == 0 then return {'RATE', tostring(wait)} end
+end
+local soft = '0'
+if ARGV[7] == '1' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {'CAPPED', 'project'} end
+  if eu and redis.call('EXISTS', KEYS[4]) == 1 then return {'CAPPED', 'end_user'} end
+  if redis.call('EXISTS', KEYS[3]) == 1 or (eu and redis.call('EXISTS', KEYS[5]) == 1) then soft = '1' end
+end
+for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, 16)) do
+  redis.call('ZREM', KEYS[12], lapsed)
+  redis.call('SREM', KEYS[9], lapsed)
+end
+local used = redis.call('SCARD', KEYS[9])
+if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS', soft, tostring(used)} end
+local lapse = string.format('%.0f', now + tonumber(ARGV[9]))
+if redis.call('SISMEMBER', KEYS[9], id) == 1 then
+  -- Held already under this id: a retry that took an Idempotency-Key over from a request
+  -- that has not finished. They share the one slot; the first to commit writes the session.
+  redis.call('ZADD', KEYS[12], lapse, id)
+  return {'HELD', soft, tostring(used - 1)}
+end
+if used >= tonumber(ARGV[8]) then return {'FULL', soft, tostring(used)} end
+redis.call('SADD', KEYS[9], id)
+redis.call('ZADD', KEYS[12], lapse, id)
+return {'HELD', soft, tostring(used)}
+`)
+
 // transitionScript compares state (and version, unless 0), writes the new state and the
 // timestamps it implies, moves the session between state indexes, releases the slot and sets
 // a retention TTL on a terminal state, and appends the event, which carries the whole hash
