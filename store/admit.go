@@ -62,7 +62,7 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	if err != nil {
 		return Admitted{}, err
 	}
-	args := a.args("write", sess.ID, sess.EndUserID, s.now, fields.n)
+	args := a.args(sess.ID, sess.EndUserID, s.now, fields.n)
 	args = append(args, fields.args...)
 	res, err := admitScript.Run(ctx, s.rdb, admitKeys(sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth), args...).StringSlice()
 	if err != nil {
@@ -272,22 +272,6 @@ func reserveKeys(project, id, endUser, month string) []string {
 	}
 }
 
-// CheckAdmission is Admit's first part alone: it takes a token and checks the spend caps for
-// project (and endUser, when not ""), and answers the slots the project holds, writing
-// nothing else. For a create whose decision needs those slots, or has already failed (the
-// rate limit and the caps answer first).
-func (s *Store) CheckAdmission(ctx context.Context, project, endUser string, a Admission) (Admitted, error) {
-	var eu *string
-	if endUser != "" {
-		eu = &endUser
-	}
-	res, err := admitScript.Run(ctx, s.rdb, admitKeys(project, "", eu, a.CapMonth), a.args("check", "", eu, s.now, 0)...).StringSlice()
-	if err != nil {
-		return Admitted{}, fmt.Errorf("admission of %s: %w", project, err)
-	}
-	return admitAnswer(res, a)
-}
-
 // TakeToken takes one token from project's bucket of rate tokens a second (up to burst). When
 // the bucket is empty it answers false and how long until a token is there.
 func TakeToken(ctx context.Context, rdb redis.Scripter, project string, rate, burst int, now time.Time) (bool, time.Duration, error) {
@@ -312,7 +296,7 @@ func admitKeys(project, id string, endUser *string, month string) []string {
 }
 
 // args answers the script's arguments up to N (the hash's length).
-func (a Admission) args(mode, id string, endUser *string, clock func() time.Time, n int) []any {
+func (a Admission) args(id string, endUser *string, clock func() time.Time, n int) []any {
 	at := a.At
 	if at.IsZero() {
 		at = clock()
@@ -324,7 +308,7 @@ func (a Admission) args(mode, id string, endUser *string, clock func() time.Time
 	if endUser != nil {
 		hasEU = "1"
 	}
-	return []any{max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps, mode, id, a.Concurrency, hasEU, n}
+	return []any{max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps, id, a.Concurrency, hasEU, n}
 }
 
 func admitAnswer(res []string, a Admission) (Admitted, error) {

@@ -25,6 +25,16 @@ func TestAdmit(t *testing.T) {
 			p := "proj_admit" + b.Name
 			k := ProjectKeys(p)
 			a := Admission{RatePerSec: 1, Burst: 2, CapMonth: "202612", Concurrency: 2}
+			// check is a decided create's first step alone (Reserve), its slot given back.
+			probes := 0
+			check := func(eu string, a Admission) (Reservation, error) {
+				probes++
+				r, err := s.Reserve(ctx, p, fmt.Sprintf("sess_probe%d", probes), eu, a)
+				if err == nil {
+					err = s.Release(ctx, r)
+				}
+				return r, err
+			}
 
 			// Two tokens, two slots: two admitted, then the bucket is empty.
 			for i := range 2 {
@@ -44,7 +54,7 @@ func TestAdmit(t *testing.T) {
 				t.Fatalf("over the concurrency: %v", err)
 			}
 			// The token that create took stays taken (as when the rate limit was its own call).
-			if _, err := s.CheckAdmission(ctx, p, "", a); !errors.As(err, &re) {
+			if _, err := check("", a); !errors.As(err, &re) {
 				t.Fatalf("the refused create's token came back: %v", err)
 			}
 
@@ -77,13 +87,13 @@ func TestAdmit(t *testing.T) {
 			if _, err := s.Admit(ctx, newPending(p, "eu_1"), a); !errors.As(err, &se) || se.Scope != "project" {
 				t.Fatalf("the project's hard cap: %v", err)
 			}
-			if _, err := s.CheckAdmission(ctx, p, "", a); !errors.As(err, &se) || se.Scope != "project" {
+			if _, err := check("", a); !errors.As(err, &se) || se.Scope != "project" {
 				t.Fatalf("check, the project's hard cap: %v", err)
 			}
 			// Another month's flags do not count.
 			next := a
 			next.CapMonth = "202701"
-			chk, err := s.CheckAdmission(ctx, p, "eu_1", next)
+			chk, err := check("eu_1", next)
 			if err != nil || chk.SoftCapped || chk.Active != 5 {
 				t.Fatalf("next month: %+v, %v", chk, err)
 			}

@@ -34,14 +34,14 @@ return {allowed, wait}
 // admitScript is a create's whole admission in one step: it takes a token from the project's
 // rate bucket, checks the month's spend-cap flags, reserves a concurrency slot and writes the
 // pending session, its index entries and its outbox event; or it stops at the first refusal
-// (the token taken stays taken, as when these were separate calls). With mode 'check' it
-// stops after the caps and answers the slots in use, writing nothing else.
+// (the token taken stays taken, as when these were separate calls). A create whose decision
+// needs the slots in use goes through reserveScript instead.
 //
 // KEYS: rate bucket, project hard cap flag, project soft cap flag, end-user hard cap flag,
 // end-user soft cap flag, session hash, all index, pending index, active set, outbox,
 // end-user index (all of one project: one Cluster slot)
-// ARGV: rate per s (0: no bucket), burst, now ms, caps (1|0), mode (write|check), id, slot
-// limit, has end user (1|0), N, N hash field/value args, event field/value args
+// ARGV: rate per s (0: no bucket), burst, now ms, caps (1|0), id, slot limit, has end user
+// (1|0), N, N hash field/value args, event field/value args
 // Answers {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'} | {'LIMIT', used} |
 // {'OK', soft capped (1|0), used before this one}
 var admitScript = redis.NewScript(tokenBucketLua + `
@@ -50,7 +50,7 @@ if rate > 0 then
   local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[2]), tonumber(ARGV[3]))
   if allowed == 0 then return {'RATE', tostring(wait)} end
 end
-local eu = ARGV[8] == '1'
+local eu = ARGV[7] == '1'
 local soft = '0'
 if ARGV[4] == '1' then
   if redis.call('EXISTS', KEYS[2]) == 1 then return {'CAPPED', 'project'} end
@@ -58,20 +58,19 @@ if ARGV[4] == '1' then
   if redis.call('EXISTS', KEYS[3]) == 1 or (eu and redis.call('EXISTS', KEYS[5]) == 1) then soft = '1' end
 end
 local used = redis.call('SCARD', KEYS[9])
-if ARGV[5] == 'check' then return {'OK', soft, tostring(used)} end
-local id = ARGV[6]
+local id = ARGV[5]
 if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS'} end
-if used >= tonumber(ARGV[7]) then return {'LIMIT', tostring(used)} end
+if used >= tonumber(ARGV[6]) then return {'LIMIT', tostring(used)} end
 redis.call('SADD', KEYS[9], id)
-local n = tonumber(ARGV[9])
+local n = tonumber(ARGV[8])
 local h = {}
-for i = 10, 9 + n do h[#h + 1] = ARGV[i] end
+for i = 9, 8 + n do h[#h + 1] = ARGV[i] end
 redis.call('HSET', KEYS[6], unpack(h))
 redis.call('ZADD', KEYS[7], 0, id)
 redis.call('ZADD', KEYS[8], 0, id)
 if eu then redis.call('ZADD', KEYS[11], 0, id) end
 local e = {}
-for i = 10 + n, #ARGV do e[#e + 1] = ARGV[i] end
+for i = 9 + n, #ARGV do e[#e + 1] = ARGV[i] end
 e[#e + 1] = 'version'
 e[#e + 1] = '1'
 local all = redis.call('HGETALL', KEYS[6])
