@@ -93,6 +93,12 @@ func reportLatencies(b *testing.B, d []time.Duration, elapsed time.Duration) {
 func BenchmarkCreateSession(b *testing.B) {
 	url, key, _ := benchServer(b)
 	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	createInParallel(b, c, url, key)
+}
+
+// createInParallel posts creates from 4×GOMAXPROCS clients for b.N in all, and reports
+// their latencies.
+func createInParallel(b *testing.B, c *http.Client, url, key string) {
 	var mu sync.Mutex
 	var all []time.Duration
 	b.SetParallelism(4)
@@ -247,24 +253,5 @@ func BenchmarkCreateWithRego(b *testing.B) {
 	if _, err := post(c, url, key); err != nil { // load the scripts and the policy set outside the clock
 		b.Fatal(err)
 	}
-	var mu sync.Mutex
-	var all []time.Duration
-	b.SetParallelism(4)
-	b.ResetTimer()
-	start := time.Now()
-	b.RunParallel(func(pb *testing.PB) {
-		var mine []time.Duration
-		for pb.Next() {
-			d, err := post(c, url, key)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			mine = append(mine, d)
-		}
-		mu.Lock()
-		all = append(all, mine...)
-		mu.Unlock()
-	})
-	reportLatencies(b, all, time.Since(start))
+	createInParallel(b, c, url, key)
 }

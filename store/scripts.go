@@ -31,6 +31,29 @@ local allowed, wait = take_token(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), 
 return {allowed, wait}
 `)
 
+// writePendingLua writes a pending session (admitScript, reserveScript's commit): ARGV[at] is
+// N, then N hash field/value args, then the session.pending event's field/value args; the
+// event carries the whole hash. KEYS as admitScript's: 6 the session hash, 7 the all index,
+// 8 the pending index, 10 the outbox, 11 the end-user index.
+const writePendingLua = `
+local function write_pending(id, eu, at)
+  local n = tonumber(ARGV[at])
+  local h = {}
+  for i = at + 1, at + n do h[#h + 1] = ARGV[i] end
+  redis.call('HSET', KEYS[6], unpack(h))
+  redis.call('ZADD', KEYS[7], 0, id)
+  redis.call('ZADD', KEYS[8], 0, id)
+  if eu then redis.call('ZADD', KEYS[11], 0, id) end
+  local e = {}
+  for i = at + 1 + n, #ARGV do e[#e + 1] = ARGV[i] end
+  e[#e + 1] = 'version'
+  e[#e + 1] = '1'
+  local all = redis.call('HGETALL', KEYS[6])
+  for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
+  redis.call('XADD', KEYS[10], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
+end
+`
+
 // admitScript is a create's whole admission in one step: it takes a token from the project's
 // rate bucket, checks the month's spend-cap flags, reserves a concurrency slot and writes the
 // pending session, its index entries and its outbox event; or it stops at the first refusal
@@ -44,7 +67,7 @@ return {allowed, wait}
 // (1|0), N, N hash field/value args, event field/value args
 // Answers {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'} | {'LIMIT', used} |
 // {'OK', soft capped (1|0), used before this one}
-var admitScript = redis.NewScript(tokenBucketLua + `
+var admitScript = redis.NewScript(tokenBucketLua + writePendingLua + `
 local rate = tonumber(ARGV[1])
 if rate > 0 then
   local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[2]), tonumber(ARGV[3]))
@@ -62,20 +85,7 @@ local id = ARGV[5]
 if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS'} end
 if used >= tonumber(ARGV[6]) then return {'LIMIT', tostring(used)} end
 redis.call('SADD', KEYS[9], id)
-local n = tonumber(ARGV[8])
-local h = {}
-for i = 9, 8 + n do h[#h + 1] = ARGV[i] end
-redis.call('HSET', KEYS[6], unpack(h))
-redis.call('ZADD', KEYS[7], 0, id)
-redis.call('ZADD', KEYS[8], 0, id)
-if eu then redis.call('ZADD', KEYS[11], 0, id) end
-local e = {}
-for i = 9 + n, #ARGV do e[#e + 1] = ARGV[i] end
-e[#e + 1] = 'version'
-e[#e + 1] = '1'
-local all = redis.call('HGETALL', KEYS[6])
-for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
-redis.call('XADD', KEYS[10], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
+write_pending(id, eu, 8)
 return {'OK', soft, tostring(used)}
 `)
 
@@ -98,7 +108,7 @@ return {'OK', soft, tostring(used)}
 // Answers, reserve: {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'|'FULL'|'HELD', soft
 // capped (1|0), used before this one} (only 'HELD' holds a slot); commit: {'OK'} |
 // {'EXISTS'} | {'LAPSED'}; release: {'OK'}
-var reserveScript = redis.NewScript(tokenBucketLua + `
+var reserveScript = redis.NewScript(tokenBucketLua + writePendingLua + `
 local mode, id, eu = ARGV[1], ARGV[2], ARGV[3] == '1'
 if mode == 'release' then
   -- A session written under this id owns the slot (a commit whose answer was lost).
@@ -113,20 +123,7 @@ if mode == 'commit' then
     return {'EXISTS'}
   end
   if redis.call('ZREM', KEYS[12], id) == 0 then return {'LAPSED'} end
-  local n = tonumber(ARGV[4])
-  local h = {}
-  for i = 5, 4 + n do h[#h + 1] = ARGV[i] end
-  redis.call('HSET', KEYS[6], unpack(h))
-  redis.call('ZADD', KEYS[7], 0, id)
-  redis.call('ZADD', KEYS[8], 0, id)
-  if eu then redis.call('ZADD', KEYS[11], 0, id) end
-  local e = {}
-  for i = 5 + n, #ARGV do e[#e + 1] = ARGV[i] end
-  e[#e + 1] = 'version'
-  e[#e + 1] = '1'
-  local all = redis.call('HGETALL', KEYS[6])
-  for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
-  redis.call('XADD', KEYS[10], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
+  write_pending(id, eu, 4)
   return {'OK'}
 end
 local rate, now = tonumber(ARGV[4]), tonumber(ARGV[6])
