@@ -192,7 +192,8 @@ func (e *env) waitFor(cond func() bool) {
 func TestDesktopOtherRequestsAre409(t *testing.T) {
 	// The start held in starting below never reports: its session fails at the provisioning
 	// deadline, which the stop waits out. 3 s (not the desktop tier's default 30 s) is still
-	// far above the few hundred ms a start takes here.
+	// 25x the 120 ms a start took here, and the refusals checked while it is starting take
+	// some 20-50 ms of that window.
 	tiers := session.DefaultTiers()
 	tiers[DesktopTier-1].ColdP95 = time.Second
 	e := newEnvTiers(t, redistest.Server(t), tiers)
