@@ -48,13 +48,20 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 
 func newEnvOn(t *testing.T, rdb redis.UniversalClient, opts ...envOpt) *env {
 	t.Helper()
+	return newEnvTiers(t, rdb, session.DefaultTiers(), opts...)
+}
+
+// newEnvTiers is newEnvOn with tiers given to the store, the placer and the gateway alike
+// (a test shortens a tier's provisioning deadline rather than wait out the default).
+func newEnvTiers(t *testing.T, rdb redis.UniversalClient, tiers session.Tiers, opts ...envOpt) *env {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	st := store.New(rdb)
+	st := store.New(rdb, store.WithTiers(tiers))
 	node, err := fakenode.New(ctx, st, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pl := placer.New(placer.Config{Store: st, Provisioner: node})
+	pl := placer.New(placer.Config{Store: st, Provisioner: node, Tiers: tiers})
 	done := make(chan struct{})
 	go func() { _ = pl.Run(ctx); close(done) }()
 	cfg := Config{
@@ -63,7 +70,7 @@ func newEnvOn(t *testing.T, rdb redis.UniversalClient, opts ...envOpt) *env {
 			{Name: "tpl_base", Digest: "sha256:aaaa", Runtimes: []session.Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}},
 			{Name: "tpl_dev_polyglot", Digest: "sha256:bbbb", Runtimes: []session.Runtime{{Name: "python3", Argv: []string{"python3", "-c"}}}},
 		},
-		Regions: []string{"local", "far"}, AdminKey: adminKey, Metrics: NewMetrics(st),
+		Regions: []string{"local", "far"}, AdminKey: adminKey, Metrics: NewMetrics(st), Tiers: tiers,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -636,13 +643,14 @@ func TestIdempotencyGatewayDied(t *testing.T) {
 		}
 		return out
 	}
+	// Both cases' keys are claimed first, so that one wait outlasts both leases.
+	made := map[bool]string{}
 	for _, wrote := range []bool{true, false} {
 		key := fmt.Sprintf("died-wrote-%v", wrote)
 		_, claim, err := dead.IdemBegin(ctx, e.projA, key, fp)
 		if err != nil || claim == nil {
 			t.Fatalf("%s: the dead gateway's claim: %v", key, err)
 		}
-		var made string
 		if wrote { // killed after its write, before its answer was recorded
 			var req session.CreateRequest
 			if err := json.Unmarshal(body, &req); err != nil {
@@ -652,12 +660,16 @@ func TestIdempotencyGatewayDied(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			made = sess.ID
+			made[wrote] = sess.ID
 		}
-		before := ids()
 		// Within the lease the key is held: 409, which a client retries.
 		expectError(t, e.do("POST", "/v1/sessions", e.key, body, "Idempotency-Key", key), 409, "idempotency_key_reused", "")
-		time.Sleep(lease + 500*time.Millisecond)
+	}
+	time.Sleep(lease + 500*time.Millisecond)
+	for _, wrote := range []bool{true, false} {
+		key := fmt.Sprintf("died-wrote-%v", wrote)
+		made := made[wrote]
+		before := ids()
 		var got session.Session
 		e.mustDo("POST", "/v1/sessions", e.key, body, 201, &got, "Idempotency-Key", key)
 		if made != "" && got.ID != made {
