@@ -30,7 +30,7 @@ import (
 type warmPool struct {
 	n        *Node
 	mu       sync.Mutex
-	ready    map[poolKey][]string // guest ids with a healthy agent
+	ready    map[poolKey][]warmGuest // guests with a healthy agent
 	booting  map[poolKey]int
 	demand   map[poolKey][]time.Time   // claims asked of the key (served or not) within rateWindow
 	bootTook map[poolKey]time.Duration // moving average of a boot
@@ -41,6 +41,15 @@ type warmPool struct {
 }
 
 type poolKey struct{ template, size, runner string }
+
+// warmGuest is a ready guest and the agent client its boot probed it with: the claim's
+// health probe reuses that client's open connection instead of dialling the agent again
+// (a new connection into a gVisor guest costs an accept in the sandbox, a few ms on a
+// loaded host).
+type warmGuest struct {
+	id    string
+	agent *agent.Client
+}
 
 func (w Pool) key() poolKey { return poolKey{w.Template, w.SizeClass, w.Runner} }
 
@@ -56,7 +65,7 @@ func newWarmPool(n *Node) *warmPool {
 	if par <= 0 {
 		par = max(1, runtime.NumCPU())
 	}
-	return &warmPool{n: n, ready: map[poolKey][]string{}, booting: map[poolKey]int{}, demand: map[poolKey][]time.Time{},
+	return &warmPool{n: n, ready: map[poolKey][]warmGuest{}, booting: map[poolKey]int{}, demand: map[poolKey][]time.Time{},
 		bootTook: map[poolKey]time.Duration{}, backoff: map[poolKey]time.Time{},
 		kicks: make(chan struct{}, 1), slots: make(chan struct{}, par)}
 }
@@ -70,11 +79,14 @@ func classOf(name string) (session.SizeClass, bool) {
 }
 
 // take claims a warm guest of template whose size class is exactly res: one whose runner
-// (runtime) waits when runner is set and the pool has one, else a plain one.
-func (p *warmPool) take(template string, res session.Resources, runner string) (string, bool) {
+// (runtime) waits when runner is set and the pool has one, else a plain one. A claim that
+// found no guest kicks the refill at once; one that found a guest leaves the kick to its
+// caller, once the claim is served (see Provision): the refill's boot (a runtime create,
+// mkfs, a sandbox start) would otherwise take the CPU from the claim on a small host.
+func (p *warmPool) take(template string, res session.Resources, runner string) (warmGuest, bool) {
 	c, ok := classOf(res.SizeClass)
 	if !ok || c.VCPU != res.VCPU || c.MemoryMiB != res.MemoryMiB || c.DiskGiB != res.DiskGiB {
-		return "", false
+		return warmGuest{}, false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -83,14 +95,14 @@ func (p *warmPool) take(template string, res session.Resources, runner string) (
 		keys = append(keys, poolKey{template, res.SizeClass, ""})
 	}
 	p.noteDemand(keys[0], time.Now())
-	p.kick() // served or not, the pool may have to grow or refill
 	for _, k := range keys {
-		if ids := p.ready[k]; len(ids) > 0 {
-			p.ready[k] = ids[1:]
-			return ids[0], true
+		if gs := p.ready[k]; len(gs) > 0 {
+			p.ready[k] = gs[1:]
+			return gs[0], true
 		}
 	}
-	return "", false
+	p.kick() // the pool may have to grow or refill
+	return warmGuest{}, false
 }
 
 // noteDemand records a claim asked of k. The caller holds p.mu.
@@ -200,12 +212,12 @@ func (p *warmPool) refill(ctx context.Context) {
 			defer func() { <-p.slots; p.kick() }()
 			k := want.key()
 			t0 := time.Now()
-			id, err := p.boot(ctx, want)
+			g, err := p.boot(ctx, want)
 			took := time.Since(t0)
 			p.mu.Lock()
 			p.booting[k]--
 			if err == nil {
-				p.ready[k] = append(p.ready[k], id)
+				p.ready[k] = append(p.ready[k], g)
 				if old := p.bootTook[k]; old > 0 {
 					took = (3*old + took) / 4
 				}
@@ -256,10 +268,10 @@ func (p *warmPool) next(now time.Time) (Pool, bool) {
 	return w, true
 }
 
-func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
+func (p *warmPool) boot(ctx context.Context, want Pool) (_ warmGuest, err error) {
 	tpl, err := p.n.template(want.Template)
 	if err != nil {
-		return "", err
+		return warmGuest{}, err
 	}
 	c, _ := classOf(want.SizeClass)
 	id := randomID("wp-")
@@ -272,26 +284,30 @@ func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
 	}
 	if err := p.n.Driver.Create(ctx, spec); err != nil {
 		cleanup()
-		return "", err
+		return warmGuest{}, err
 	}
 	if err := p.n.Driver.Boot(ctx, id); err != nil {
 		cleanup()
-		return "", err
+		return warmGuest{}, err
 	}
 	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	c2 := p.n.agentFor(id)
-	defer c2.Close()
+	defer func() {
+		if err != nil {
+			c2.Close()
+		}
+	}()
 	if err := waitHealthy(hctx, c2); err != nil {
 		cleanup()
-		return "", err
+		return warmGuest{}, err
 	}
 	if want.Warm != nil {
 		wctx, cancel := context.WithTimeout(ctx, warmUpTimeout)
 		defer cancel()
 		if err := want.Warm(wctx, agentExecer{c2}); err != nil {
 			cleanup()
-			return "", fmt.Errorf("warm-up: %w", err)
+			return warmGuest{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
 	if want.Runner != "" {
@@ -304,7 +320,7 @@ func (p *warmPool) boot(ctx context.Context, want Pool) (string, error) {
 			p.n.Logger.Warn("node: warm pool: runner did not start; runs in this guest start their interpreter", "guest", id, "runner", want.Runner, "err", err)
 		}
 	}
-	return id, nil
+	return warmGuest{id: id, agent: c2}, nil
 }
 
 func startRunner(ctx context.Context, c *agent.Client, req agent.RunnerRequest) (int, error) {
@@ -340,11 +356,13 @@ func (e agentExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([]b
 func (p *warmPool) drain(ctx context.Context) {
 	p.mu.Lock()
 	all := p.ready
-	p.ready = map[poolKey][]string{}
+	p.ready = map[poolKey][]warmGuest{}
 	p.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, ids := range all {
-		for _, id := range ids {
+	for _, gs := range all {
+		for _, g := range gs {
+			g.agent.Close()
+			id := g.id
 			wg.Add(1)
 			go func() {
 				defer wg.Done()

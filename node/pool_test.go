@@ -86,3 +86,32 @@ func TestWarmPoolWarmUp(t *testing.T) {
 		}
 	})
 }
+
+// TestWarmClaimReusesAgentConnection: a warm claim's health probe goes over the connection
+// the pool's boot opened to the guest's agent (a new connection into a gVisor guest costs an
+// accept in the sandbox), and the pool refills once the claim is served.
+func TestWarmClaimReusesAgentConnection(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	d := newDriver(t, "runc", tempDir(t))
+	dataDir := tempDir(t)
+	cfg := nodeConfig(t, st, d, dataDir, "node_warm_conn")
+	dials := &atomic.Int64{}
+	cfg.Driver = dialingDriver{timedDriver: cfg.Driver.(timedDriver), dataDir: dataDir, dials: dials}
+	cfg.Pools = []node.Pool{{Template: templates.Base, SizeClass: "s", Size: 1}}
+	n := startNode(t, cfg)
+	awaitPool(t, n.Node, 1)
+	before := dials.Load()
+	s := provision(t, st, n.Node, "proj_warm_conn", sessionOpts{res: sizeS(), idleS: 600, lifeS: 600})
+	if got := get(t, st, "proj_warm_conn", s.ID); got.State != session.Running || got.ColdStart == nil || *got.ColdStart {
+		t.Fatalf("session %s (cold_start %v), want a running warm start", got.State, got.ColdStart)
+	}
+	if after := dials.Load(); after != before {
+		t.Fatalf("the warm claim dialled the agent %d times, want 0 (the pool's connection)", after-before)
+	}
+	res, err := execIn(ctxT(t, time.Minute), n.Node, s, "echo warm")
+	if err != nil || strings.TrimSpace(res.Stdout) != "warm" {
+		t.Fatalf("exec = %+v, %v", res, err)
+	}
+	awaitPool(t, n.Node, 1)
+}

@@ -51,6 +51,7 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 		n.save(l)
 		l.mu.Unlock()
 		n.flush(ctx, l)
+		n.pool.kick()
 		return err
 	}
 	now := n.Now()
@@ -62,6 +63,9 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	n.startEgress(l)
 	l.mu.Unlock()
 	n.flush(ctx, l)
+	// A claimed warm guest is replaced now that the session is reported running, not while
+	// its claim wanted the CPU (see warmPool.take).
+	n.pool.kick()
 	n.Logger.Debug("node: provisioned", "session", sess.ID, "cold", cold, "took", time.Since(t0))
 	// The CPU baseline (a warm guest's counter started before its session) is read once the
 	// session is reported running: on runsc it can take a runtime call.
@@ -113,10 +117,11 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 			}
 		}
 	default:
-		if id, ok := n.pool.take(tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
+		if w, ok := n.pool.take(tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
 			// A warm guest may have died while it waited: its health probe is the one the
-			// session needs anyway, on the client the session keeps.
-			c := n.agentFor(id)
+			// session needs anyway, on the client the session keeps (the one the pool's boot
+			// probed it with: its connection is open).
+			id, c := w.id, w.agent
 			hctx, cancel := context.WithTimeout(ctx, time.Second)
 			err := c.Health(hctx)
 			cancel()

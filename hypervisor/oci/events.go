@@ -16,25 +16,37 @@ import (
 // init/sandbox process (an "exit" event once it is gone, confirmed with the runtime's state
 // every ten polls). The channel closes after "exit" or when ctx ends. The same polling works
 // for runc and runsc and for cgroup v1 and v2 (runsc events carries no OOM notifications).
+// A guest this driver created, whose process still lives, is followed from that process
+// without a first runtime call (see rememberInit).
 func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event, error) {
 	g, err := d.loadGuest(id)
 	if err != nil {
 		return nil, err
 	}
-	info, err := d.Info(ctx, id)
-	if err != nil {
-		return nil, err
+	var p initProc
+	if known, ok := d.knownInit(id); ok {
+		p = known
+	} else {
+		info, err := d.Info(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if info.State != hypervisor.StateStopped {
+			p.pid = info.Pid
+			p.start, _ = proc.Start(p.pid)
+		}
 	}
 	baseline, err := d.cg.oomKills(g.CgroupsPath)
 	if err != nil {
 		baseline = 0
 	}
 	ch := make(chan hypervisor.Event, 16)
-	go d.watch(ctx, id, g.CgroupsPath, info, baseline, ch)
+	go d.watch(ctx, id, g.CgroupsPath, p, baseline, ch)
 	return ch, nil
 }
 
-func (d *Driver) watch(ctx context.Context, id, cgPath string, info hypervisor.Info, ooms int64, ch chan<- hypervisor.Event) {
+// watch follows process p of guest id (a zero p: the guest had stopped).
+func (d *Driver) watch(ctx context.Context, id, cgPath string, p initProc, ooms int64, ch chan<- hypervisor.Event) {
 	defer close(ch)
 	send := func(typ string) bool {
 		ev := hypervisor.Event{Type: typ, At: time.Now()}
@@ -60,12 +72,11 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, info hypervisor.I
 		}
 		return true
 	}
-	if info.State == hypervisor.StateStopped {
+	if p.pid == 0 {
 		send(hypervisor.EventExit)
 		return
 	}
-	pid := info.Pid
-	start, _ := proc.Start(pid)
+	pid, start := p.pid, p.start
 	tick := time.NewTicker(d.eventInterval)
 	defer tick.Stop()
 	for n := 1; ; n++ {

@@ -20,6 +20,7 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/internal/guestfile"
+	"wb/internal/proc"
 )
 
 // Runtime names.
@@ -77,6 +78,17 @@ type Driver struct {
 	diskOnce      sync.Once
 	seccomp       *specs.LinuxSeccomp
 	unlimitedDisk bool
+
+	initMu sync.Mutex
+	inits  map[string]initProc // guest id → its process as this driver's create found it
+}
+
+// initProc is a guest's process as the runtime's create wrote it to its pid file (runc: the
+// container's init; runsc: the sandbox), with its start time, which tells it from a later
+// process with the same pid.
+type initProc struct {
+	pid   int
+	start string
 }
 
 var _ hypervisor.Driver = (*Driver)(nil)
@@ -152,6 +164,7 @@ func New(o Options) (*Driver, error) {
 		log:           o.Logger.With("driver", "oci", "runtime", name),
 		seccomp:       sc,
 		unlimitedDisk: o.AllowUnlimitedDisk,
+		inits:         map[string]initProc{},
 	}, nil
 }
 
@@ -196,6 +209,7 @@ const (
 	configFile  = "config.json"
 	guestFile   = "wb-guest.json"
 	consoleFile = "console.log"
+	pidFile     = "init.pid"
 )
 
 // guestRecord is what the driver keeps about a guest beside its OCI config.
@@ -369,13 +383,49 @@ func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
 		return err
 	}
 	defer con.Close()
-	if err := d.rt.Create(ctx, s.ID, bundle, &gorunc.CreateOpts{IO: con}); err != nil {
+	pf := filepath.Join(bundle, pidFile)
+	if err := d.rt.Create(ctx, s.ID, bundle, &gorunc.CreateOpts{IO: con, PidFile: pf}); err != nil {
 		err = con.withTail(off, fmt.Errorf("oci: %s create %s: %w", d.name, s.ID, err))
 		d.cleanupFailed(s.ID)
 		return err
 	}
+	d.rememberInit(s.ID, pf)
 	d.log.Debug("guest created", "id", s.ID, "took", time.Since(t0))
 	return nil
+}
+
+// rememberInit notes the process the runtime's create wrote to pid file pf, so that Events
+// can follow the guest without asking the runtime for its state (on runsc, a `runsc state`
+// is a process start and a sandbox RPC: tens of ms on a session's first moments). A pid file
+// that cannot be read leaves Events to ask the runtime, as it does for a guest this driver
+// did not create (a restore, or one found after a restart).
+func (d *Driver) rememberInit(id, pf string) {
+	pid, err := gorunc.ReadPidFile(pf)
+	if err != nil {
+		d.log.Debug("create: no pid file", "id", id, "err", err)
+		return
+	}
+	start, ok := proc.Start(pid)
+	if !ok {
+		return
+	}
+	d.initMu.Lock()
+	d.inits[id] = initProc{pid: pid, start: start}
+	d.initMu.Unlock()
+}
+
+// knownInit answers guest id's process as its create found it, while that process lives.
+func (d *Driver) knownInit(id string) (initProc, bool) {
+	d.initMu.Lock()
+	p, ok := d.inits[id]
+	d.initMu.Unlock()
+	return p, ok && proc.Alive(p.pid, p.start)
+}
+
+func (d *Driver) forgetInit(id string) {
+	d.initMu.Lock()
+	delete(d.inits, id)
+	d.initMu.Unlock()
 }
 
 // cleanupFailed removes what a failed create or restore left.
@@ -492,6 +542,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if !hypervisor.ValidID(id) {
 		return fmt.Errorf("oci: invalid guest id %q", id)
 	}
+	d.forgetInit(id)
 	var errs []error
 	if d.name == RuntimeRunsc {
 		// runsc delete --force panics on a paused container ("invalid state transition:
