@@ -206,7 +206,6 @@ func saveScreenshot(t *testing.T, ctx context.Context, name string) {
 // press Wake and see it running again; a screenshot of the page is saved. The deployment's
 // idle time is the default 15 minutes, so only the buttons move the desktop.
 func TestConsoleSleepAndWake(t *testing.T) {
-	t.Parallel()
 	p := startPlatform(t, withConsoleScreen)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "console desk"}, 201, &d)

@@ -32,11 +32,6 @@ import (
 
 // platform is the whole engine in this process, as `wb serve` wires it: a redis-server, the
 // store, one node with real runsc guests, the placer and the gateway.
-//
-// Each test starts a platform of its own. Those with no idle timer of their own call
-// t.Parallel: they mostly wait, on guests and on Chromium starting. Those with one (an idle
-// time of seconds) run alone, before them: beside another desktop, a loaded machine
-// stretched their steps past the idle time.
 type platform struct {
 	t   testing.TB
 	url string
@@ -242,7 +237,6 @@ const memoryDir = "/workspace/memory"
 // runsc guest: across a sleep the disk (a file) and the running processes (a background
 // sleep) come back; across a stop only the disk; the name and MCP URL across both.
 func TestDesktopWhatIsKept(t *testing.T) {
-	t.Parallel()
 	p := startPlatform(t, nil)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "kept"}, 201, &d)

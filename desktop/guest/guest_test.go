@@ -78,7 +78,6 @@ func runJS(ctx context.Context, t *testing.T, ex guest.Execer, script string) st
 
 // TestDesktopGuest starts a desktop in gVisor and drives it as the desktop API does.
 func TestDesktopGuest(t *testing.T) {
-	t.Parallel() // the guest tests mostly wait on Chromium: a guest of their own each
 	e := newEnv(t, "runsc")
 	ctx := ctxT(t, 10*time.Minute) // the whole test; a cold, busy machine starts Chromium slowly
 	g := e.boot(ctx)
@@ -188,7 +187,6 @@ func TestDesktopGuest(t *testing.T) {
 // pid files on, each naming a live process whose command line matches (as a pid handed out
 // again does): Start must launch the display and browser all the same.
 func TestDesktopStartAfterAnEarlierLife(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, "runc")
 	ctx := ctxT(t, 5*time.Minute)
 	g := e.boot(ctx)
@@ -212,7 +210,6 @@ done`
 // checkpointed with its memory (runsc) and restored into a new guest, and its display and
 // browser answer there as the same processes, without Start.
 func TestDesktopCheckpointRestore(t *testing.T) {
-	t.Parallel()
 	e := newEnv(t, "runsc")
 	ctx := ctxT(t, 10*time.Minute)
 	g := e.boot(ctx)
