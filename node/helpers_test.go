@@ -393,8 +393,10 @@ func (r *running) stop(t testing.TB) {
 			if r.err != nil {
 				t.Errorf("node Run: %v", r.err)
 			}
-		case <-time.After(30 * time.Second):
-			t.Error("node Run did not return 30 s after its context ended")
+		// Two minutes: under a heavy load a warm pool guest's runsc stop and delete took 32 s
+		// together just before Run's exit, and 30 s was not enough.
+		case <-time.After(2 * time.Minute):
+			t.Error("node Run did not return 2 min after its context ended")
 		}
 	})
 }

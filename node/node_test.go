@@ -130,7 +130,9 @@ func testIdleTimeout(t *testing.T, rt string) {
 			if err != nil {
 				t.Fatalf("provision %s: %v", ss[i].ID, err)
 			}
-			ss[i] = get(t, st, project, ss[i].ID)
+			// Provision answers once the guest runs; on a loaded machine its transition to
+			// running may still be on its way to Redis (replayed), so wait for it.
+			ss[i], _ = waitState(t, st, project, ss[i].ID, time.Minute, session.Running)
 		}
 		for _, s := range ss {
 			deadline := s.StartedAt.Add(30 * time.Second)
