@@ -339,7 +339,8 @@ func testRedisOutage(t *testing.T, rt string, k int) {
 		if end.IdleWarningAt == nil {
 			t.Errorf("%s: idle_warning_at not set after the replay", s.ID)
 		}
-		if err := guestGone(t, d, s.ID); err != nil {
+		// The node reports stopped once the guest is stopped, then deletes it unlocked.
+		if err := waitGuestGone(t, d, s.ID, teardown); err != nil {
 			t.Error(err)
 		}
 	}
