@@ -383,6 +383,12 @@ func pump(ctx context.Context, stream string, f *os.File, out chan<- outChunk, d
 	for {
 		drain.arm(f)
 		n, err := f.Read(buf[held:])
+		if errors.Is(err, os.ErrDeadlineExceeded) && !drain.over() {
+			// The drain deadline can pass before this goroutine reads at all (a loaded host):
+			// what the command wrote before it exited is in the pipe still. An echo's output
+			// was lost so. Take what is there without waiting; more, and the loop goes on.
+			n, err = readReady(f, buf[held:])
+		}
 		data := buf[:held+n]
 		if err != nil {
 			if len(data) > 0 {
@@ -427,6 +433,44 @@ func (d *drainState) begin(files ...*os.File) {
 	for _, f := range files {
 		_ = f.SetReadDeadline(now.Add(drainIdle))
 	}
+}
+
+// over reports whether the drain's hard stop has passed: nothing more is read then.
+func (d *drainState) over() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.exited && !time.Now().Before(d.hardStop)
+}
+
+// readReady reads what f's pipe holds now, without waiting (f is non-blocking, as os.Pipe
+// makes it) and whatever f's deadline: n > 0 with a nil error, or 0 with io.EOF (the writers
+// are gone) or os.ErrDeadlineExceeded (nothing there).
+func readReady(f *os.File, buf []byte) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	if err := rc.Control(func(fd uintptr) {
+		for {
+			n, rerr = syscall.Read(int(fd), buf)
+			if rerr != syscall.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return 0, err
+	}
+	switch {
+	case rerr == syscall.EAGAIN:
+		return 0, os.ErrDeadlineExceeded
+	case rerr != nil:
+		return 0, rerr
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 func (d *drainState) arm(f *os.File) {

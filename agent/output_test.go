@@ -58,3 +58,34 @@ func TestStreamIsBackPressured(t *testing.T) {
 		t.Fatalf("exit %d", res.ExitCode)
 	}
 }
+
+// Output already in the pipe is read even when the drain deadline passed before the reader
+// got to it: on a loaded host an exec of "echo N" once answered exit 0 and no stdout, its
+// reader having been woken by the deadline, not by the data.
+func TestOutputInThePipeOutlivesThePassedDeadline(t *testing.T) {
+	t.Parallel()
+	for _, writerOpen := range []bool{false, true} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.WriteString("81\n"); err != nil {
+			t.Fatal(err)
+		}
+		if !writerOpen {
+			_ = w.Close() // the command exited
+		}
+		_ = r.SetReadDeadline(time.Now().Add(-time.Second))
+		out := make(chan outChunk, 4)
+		pump(t.Context(), "stdout", r, out, &drainState{})
+		close(out)
+		var got strings.Builder
+		for c := range out {
+			got.Write(c.data)
+		}
+		if got.String() != "81\n" {
+			t.Errorf("writer open %v: read %q, want the pipe's %q", writerOpen, got.String(), "81\n")
+		}
+		_, _ = r.Close(), w.Close()
+	}
+}
