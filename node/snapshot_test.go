@@ -60,8 +60,10 @@ func testSnapshotRestore(t *testing.T, rt string, wantMemory bool) {
 	}
 	// The snapshot's agent was quiesced for the checkpoint, for at most a minute
 	// (quiesceMost) unless the node ends it: a restore that waits the minute out is a bug
-	// (it failed every restore whose provisioning deadline was shorter), not load.
-	if took := time.Since(t0); took > 30*time.Second {
+	// (it failed every restore whose provisioning deadline was shorter), not load. A VM's
+	// agent is never quiesced, and its restore may queue behind the test binary's other
+	// cloudhv guests (chvStarts): 71 s in one CI run.
+	if took := time.Since(t0); rt != "cloudhv" && took > 30*time.Second {
 		t.Errorf("the restored session took %v to provision: its agent waited out the quiesce", took)
 	}
 	if res, err := execIn(ctx, n.Node, restored, "cat /workspace/f; ls /workspace"); err != nil || res.Stdout != "kept\nf\n" {
