@@ -286,4 +286,15 @@ func TestDesktopMCPScreenshotAndJS(t *testing.T) {
 	if err != nil || !res.IsError || !strings.Contains(text(res), "boom") {
 		t.Errorf("run_js that throws: %v, %+v", err, res)
 	}
+	// A caller's time limit: an endless loop ends at it, and one beyond the most is refused.
+	t0 := time.Now()
+	res, err = tool(cs, "run_js", map[string]any{"script": "while (true) {}", "timeout_ms": 1000})
+	if err != nil || !res.IsError || !strings.Contains(text(res), "did not finish in time") {
+		t.Errorf("run_js of an endless loop with timeout_ms 1000: %v, %+v", err, res)
+	}
+	t.Logf("an endless loop with timeout_ms 1000 answered after %s", time.Since(t0))
+	res, err = tool(cs, "run_js", map[string]any{"script": "1", "timeout_ms": 30001})
+	if err != nil || !res.IsError || !strings.Contains(text(res), "timeout_ms must be 1 to 30000") {
+		t.Errorf("run_js with timeout_ms 30001: %v, %+v", err, res)
+	}
 }

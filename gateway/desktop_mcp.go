@@ -385,14 +385,18 @@ func (t *desktopTools) screenshot(ctx context.Context, sess *session.Session, _ 
 
 // RunJSInput is run_js's argument.
 type RunJSInput struct {
-	Script string `json:"script" jsonschema:"JavaScript to evaluate in a fresh browser context; its value (a promise is awaited) is the answer"`
+	Script    string `json:"script" jsonschema:"JavaScript to evaluate in a fresh browser context; its value (a promise is awaited) is the answer"`
+	TimeoutMs int64  `json:"timeout_ms,omitempty" jsonschema:"how long the script may run, in milliseconds: 1 to 30000 (the default)"`
 }
 
 func (t *desktopTools) runJS(ctx context.Context, sess *session.Session, in RunJSInput) (*mcp.CallToolResult, any, error) {
 	// RunJS keeps 5 s of the deadline to tear its context down and answer.
+	if in.TimeoutMs < 0 || in.TimeoutMs > guest.RunJSTimeout.Milliseconds() {
+		return nil, nil, fmt.Errorf("timeout_ms must be 1 to %d (milliseconds), got %d", guest.RunJSTimeout.Milliseconds(), in.TimeoutMs)
+	}
 	ctx, cancel := context.WithTimeout(ctx, guest.RunJSTimeout+10*time.Second)
 	defer cancel()
-	v, err := guest.RunJS(ctx, sessionExecer{s: t.s, sess: sess}, in.Script)
+	v, err := guest.RunJS(ctx, sessionExecer{s: t.s, sess: sess}, in.Script, time.Duration(in.TimeoutMs)*time.Millisecond)
 	if err != nil {
 		return nil, nil, err
 	}

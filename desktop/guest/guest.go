@@ -165,20 +165,27 @@ func (e *JSError) Error() string {
 
 // RunJS evaluates script in the desktop's browser in a browser context of its own (nothing
 // is kept between calls) and returns its value as JSON (a promise is awaited; undefined is
-// null). A script that throws or runs out of time is a *JSError.
-func RunJS(ctx context.Context, ex Execer, script string) (json.RawMessage, error) {
+// null). The script may run for limit (0: RunJSTimeout, its most), and for no longer than
+// ctx's deadline less 5 s. A script that throws or runs out of time is a *JSError.
+func RunJS(ctx context.Context, ex Execer, script string, limit time.Duration) (json.RawMessage, error) {
 	if len(script) > MaxScriptBytes {
 		return nil, fmt.Errorf("run_js: script is %d bytes; at most %d", len(script), MaxScriptBytes)
 	}
 	if strings.TrimSpace(script) == "" {
 		return nil, errors.New("run_js: script is empty")
 	}
-	limit := RunJSTimeout
-	if d, ok := ctx.Deadline(); ok && time.Until(d)-5*time.Second < limit {
-		limit = time.Until(d) - 5*time.Second // room to tear the context down and answer
+	switch {
+	case limit == 0:
+		limit = RunJSTimeout
+	case limit < time.Millisecond || limit > RunJSTimeout:
+		return nil, fmt.Errorf("run_js: the time limit must be 1 ms to %s, got %s", RunJSTimeout, limit)
 	}
-	if limit < time.Second {
-		return nil, errors.New("run_js: less than 6 s left before the call's deadline")
+	if d, ok := ctx.Deadline(); ok {
+		left := time.Until(d) - 5*time.Second // room to tear the context down and answer
+		if left < min(limit, time.Second) {
+			return nil, errors.New("run_js: less than 6 s left before the call's deadline")
+		}
+		limit = min(limit, left)
 	}
 	argv := []string{hypervisor.GuestAgentBin, "agent", EvalCommand, "--timeout-ms", strconv.FormatInt(limit.Milliseconds(), 10)}
 	stdout, stderr, code, err := ex.Exec(ctx, argv, []byte(script))

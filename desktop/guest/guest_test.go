@@ -69,7 +69,7 @@ func pids(ctx context.Context, t *testing.T, ex guest.Execer) string {
 
 func runJS(ctx context.Context, t *testing.T, ex guest.Execer, script string) string {
 	t.Helper()
-	v, err := guest.RunJS(ctx, ex, script)
+	v, err := guest.RunJS(ctx, ex, script, 0)
 	if err != nil {
 		t.Fatalf("RunJS(%q): %v", script, err)
 	}
@@ -148,7 +148,7 @@ func TestDesktopGuest(t *testing.T) {
 	})
 
 	t.Run("exception", func(t *testing.T) {
-		_, err := guest.RunJS(ctx, g.ex, "const a = 1;\nthrow new Error('boom')")
+		_, err := guest.RunJS(ctx, g.ex, "const a = 1;\nthrow new Error('boom')", 0)
 		var je *guest.JSError
 		if !errors.As(err, &je) || je.Line != 2 || !strings.Contains(je.Message, "Error: boom") || je.Timeout {
 			t.Fatalf("err = %#v (%v), want a JSError on line 2 with Error: boom", je, err)
@@ -157,10 +157,11 @@ func TestDesktopGuest(t *testing.T) {
 	})
 
 	t.Run("endless loop", func(t *testing.T) {
-		lctx, cancel := context.WithTimeout(ctx, time.Minute) // 10 s for the script; a loaded machine answers late
+		// 2 s for the script (spinning a core all the while); a loaded machine answers late.
+		lctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
 		t0 := time.Now()
-		_, err := guest.RunJS(lctx, g.ex, "while (true) {}")
+		_, err := guest.RunJS(lctx, g.ex, "while (true) {}", 2*time.Second)
 		var je *guest.JSError
 		if !errors.As(err, &je) || !je.Timeout {
 			t.Fatalf("err = %v, want a timeout JSError", err)
@@ -172,10 +173,10 @@ func TestDesktopGuest(t *testing.T) {
 	})
 
 	t.Run("bounds", func(t *testing.T) {
-		if _, err := guest.RunJS(ctx, g.ex, strings.Repeat(" ", guest.MaxScriptBytes+1)); err == nil || !strings.Contains(err.Error(), "at most") {
+		if _, err := guest.RunJS(ctx, g.ex, strings.Repeat(" ", guest.MaxScriptBytes+1), 0); err == nil || !strings.Contains(err.Error(), "at most") {
 			t.Errorf("oversized script: %v", err)
 		}
-		_, err := guest.RunJS(ctx, g.ex, "'x'.repeat(5 * 1024 * 1024)")
+		_, err := guest.RunJS(ctx, g.ex, "'x'.repeat(5 * 1024 * 1024)", 0)
 		if err == nil || !strings.Contains(err.Error(), "result") {
 			t.Errorf("oversized result: %v", err)
 		}
