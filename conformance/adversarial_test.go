@@ -466,7 +466,7 @@ func testHostileRego(t *testing.T, rep *report, d *deployment) {
 	}
 }
 
-// testOutputFlood: `yes` through a buffered exec for 30 s answers a truncated result with the
+// testOutputFlood: `yes` through a buffered exec for 10 s answers a truncated result with the
 // full byte count, and the server's memory stays flat.
 func testOutputFlood(t *testing.T, rep *report, d, a *deployment) {
 	s := a.newSession(t, nil)
@@ -474,7 +474,7 @@ func testOutputFlood(t *testing.T, rep *report, d, a *deployment) {
 	if d.local && d.cmd != nil {
 		stop = rssWatch(t, d.cmd.Process.Pid)
 	}
-	r, err := a.request(bg(t, 2*time.Minute), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "timeout 30 yes; true", "timeout_s": 90}, nil)
+	r, err := a.request(bg(t, 2*time.Minute), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "timeout 10 yes; true", "timeout_s": 90}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +484,7 @@ func testOutputFlood(t *testing.T, rep *report, d, a *deployment) {
 		StdoutBytes     int64  `json:"stdout_bytes"`
 	}
 	_ = json.Unmarshal(r.body, &res)
-	rep.add(t, "output", "`yes` for 30 s through buffered exec", "200, truncated, full count > kept",
+	rep.add(t, "output", "`yes` for 10 s through buffered exec", "200, truncated, full count > kept",
 		fmt.Sprintf("HTTP %d, kept %d MiB, truncated %v, counted %d MiB", r.status, len(res.Stdout)>>20, res.StdoutTruncated, res.StdoutBytes>>20),
 		r.status == 200 && res.StdoutTruncated && res.StdoutBytes > int64(len(res.Stdout)) && len(res.Stdout) <= 8<<20)
 	if stop != nil {
@@ -538,7 +538,7 @@ func testExhaustion(t *testing.T, rep *report, a *deployment) {
 		resources           map[string]any
 		oomOK               bool
 	}{
-		{name: "fork bomb", cmd: `timeout -s KILL 15 sh -c 'f(){ f|f& }; f' >/dev/null 2>&1; echo done`},
+		{name: "fork bomb", cmd: `timeout -s KILL 5 sh -c 'f(){ f|f& }; f' >/dev/null 2>&1; echo done`},
 		{name: "fd bomb", template: "tpl_dev_polyglot", cmd: "timeout -s KILL 15 python3 -c '" +
 			`import os
 for i in range(16):
@@ -552,7 +552,7 @@ for i in range(16): os.wait()` + "' 2>&1 | tail -2; echo done"},
 		{name: "disk fill", resources: map[string]any{"disk_gib": 1}, cmd: "dd if=/dev/zero of=/workspace/fill bs=1M count=4096 2>&1 | tail -1; rm -f /workspace/fill; echo done"},
 		{name: "memory hog", template: "tpl_dev_polyglot", resources: map[string]any{"memory_mib": 512}, oomOK: true,
 			cmd: "timeout -s KILL 20 python3 -c 'b=[]\nwhile True: b.append(bytearray(32<<20))' 2>&1 | tail -1; echo done"},
-		{name: "CPU spin", cmd: `timeout -s KILL 10 sh -c 'for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait'; echo done`},
+		{name: "CPU spin", cmd: `timeout -s KILL 5 sh -c 'for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait'; echo done`},
 	}
 	for _, at := range attacks {
 		body := map[string]any{}
