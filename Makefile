@@ -56,7 +56,7 @@ BENCH_P99 ?= 10ms
 bench-fleet-search: deps build
 	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s --search-p99 $(BENCH_P99)
 
-# Every test, with -race (scripts/test.sh says how: the builds the tests share side by side,
+# Every test, with -race (scripts/test.sh says how: the builds the tests share, one after another,
 # the SDK's tests, go test on every package two at a time, then the attacks alone).
 # go vet is make lint's (CI runs both): its analysis of every package and every dependency
 # (for facts) took about as long again as compiling them, minutes of a cold make test.
