@@ -75,7 +75,7 @@ func (s *Server) adminRevokeKey(w http.ResponseWriter, r *http.Request) error {
 	id, prefix := r.PathValue("id"), r.PathValue("prefix")
 	if err := s.Store.RevokeAPIKey(r.Context(), id, prefix); errors.Is(err, store.ErrNotFound) {
 		return &apiError{Status: 404, Type: "not_found", Code: "not_found",
-			Message: fmt.Sprintf("project %q has no API key with prefix %q (a key's prefix is its first 16 characters)", id, prefix)}
+			Message: fmt.Sprintf("project %q has no API key with prefix %q (a key's prefix is its first 16 characters; a key made before keys were indexed is found once it has been used)", id, prefix)}
 	} else if err != nil {
 		return err
 	}

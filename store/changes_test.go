@@ -170,6 +170,39 @@ func TestRevokeAPIKey(t *testing.T) {
 	}
 }
 
+// TestRevokeAPIKeyMadeBeforeTheIndex: a key made before keys were indexed by prefix (only
+// its wb:apikey:HEX) is not found by its prefix until it is used; its first authentication
+// indexes it, and then its prefix revokes it.
+func TestRevokeAPIKeyMadeBeforeTheIndex(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			s := New(rdb)
+			p, _, err := s.CreateProject(ctx, "legacy")
+			if err != nil {
+				t.Fatal(err)
+			}
+			const legacy = "wb_live_madebeforetheindex0123456789ab"
+			if err := rdb.Set(ctx, apiKeyHashKey(apiKeyHash(legacy)), p.ID, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.RevokeAPIKey(ctx, p.ID, KeyPrefix(legacy)); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("an unindexed key was found by its prefix: %v", err)
+			}
+			if got, err := s.Authenticate(ctx, legacy); err != nil || got.ID != p.ID {
+				t.Fatalf("Authenticate: %v, %v", got.ID, err)
+			}
+			if err := s.RevokeAPIKey(ctx, p.ID, KeyPrefix(legacy)); err != nil {
+				t.Fatalf("revoke the key once used: %v", err)
+			}
+			if _, err := s.Authenticate(ctx, legacy); !errors.Is(err, ErrBadKey) {
+				t.Fatalf("a revoked key authenticates: %v", err)
+			}
+		})
+	}
+}
+
 // BenchmarkChangePublish: the cost a write adds to announce its change and wait for two
 // gateways' acknowledgements (PUBLISH, then a BLPOP for each), against a local redis-server.
 func BenchmarkChangePublish(b *testing.B) {

@@ -129,11 +129,9 @@ func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" 
 // makes such work; read by the worker of that kind with a consumer group (Signals).
 func signalKey(w Work) string { return "wb:signal:" + string(w) }
 
-// apiKeyKey is a string, the project id the API key belongs to, under the key's SHA-256 (the
-// key itself is never stored): "wb:apikey:HEX". Written by store (CreateProject, AddAPIKey).
-func apiKeyKey(key string) string { return apiKeyHashKey(apiKeyHash(key)) }
-
-// apiKeyHashKey is apiKeyKey by the key's SHA-256 in hex, as a project's apiKeys index holds it.
+// apiKeyHashKey is a string, the project id an API key belongs to, under the key's SHA-256 in
+// hex (sum, as a project's apiKeys index holds it; the key itself is never stored):
+// "wb:apikey:HEX". Written by store (CreateProject, AddAPIKey).
 func apiKeyHashKey(sum string) string { return "wb:apikey:" + sum }
 
 // apiKeyHash is the hex SHA-256 of an API key.

@@ -122,15 +122,29 @@ func (s *Store) RevokeAPIKey(ctx context.Context, project, prefix string) error 
 }
 
 // Authenticate returns the project that key belongs to, or ErrBadKey.
+//
+// A key made before the project's keys were indexed by prefix (AddAPIKey) has no entry in
+// the index, and its prefix cannot be derived from its hash: the key is indexed here, where
+// it is at hand, so that a key in use can always be revoked (RevokeAPIKey). HSETNX keeps an
+// existing entry, and shares the project read's round trip (one hash slot, {project}).
 func (s *Store) Authenticate(ctx context.Context, key string) (Project, error) {
-	id, err := s.rdb.Get(ctx, apiKeyKey(key)).Result()
+	sum := apiKeyHash(key)
+	id, err := s.rdb.Get(ctx, apiKeyHashKey(sum)).Result()
 	if errors.Is(err, redis.Nil) {
 		return Project{}, ErrBadKey
 	}
 	if err != nil {
 		return Project{}, fmt.Errorf("authenticate: %w", err)
 	}
-	return s.GetProject(ctx, id)
+	var get *redis.MapStringStringCmd
+	if _, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		get = pl.HGetAll(ctx, ProjectKeys(id).project())
+		pl.HSetNX(ctx, ProjectKeys(id).apiKeys(), KeyPrefix(key), sum)
+		return nil
+	}); err != nil {
+		return Project{}, fmt.Errorf("get project %s: %w", id, err)
+	}
+	return projectFromHash(id, get.Val())
 }
 
 // GetProject reads a project and its limits.
@@ -139,6 +153,11 @@ func (s *Store) GetProject(ctx context.Context, id string) (Project, error) {
 	if err != nil {
 		return Project{}, fmt.Errorf("get project %s: %w", id, err)
 	}
+	return projectFromHash(id, m)
+}
+
+// projectFromHash reads project id from its hash (ErrNotFound when empty).
+func projectFromHash(id string, m map[string]string) (Project, error) {
 	if len(m) == 0 {
 		return Project{}, ErrNotFound
 	}
