@@ -31,6 +31,7 @@ import (
 	"wb/internal/edgeauth"
 	"wb/internal/fleet"
 	"wb/internal/redistest"
+	"wb/internal/servetest"
 	"wb/internal/wbbin"
 	"wb/session"
 	"wb/xds"
@@ -68,8 +69,7 @@ func runcGuestDir(t *testing.T, prefix string) (runc, tmp, bin string) {
 // startRuncServe starts the wb binary as `wb serve --runtime runc` with a Redis of the test's
 // own and the extra args, and removes its guests (which outlive it, with such a Redis) and
 // their mounts when the test ends. It answers the process and the Redis address. Its tiers'
-// cold starts are allowed 20 s (a 60 s provisioning deadline), as conformance's are: beside
-// other packages' guests, a runc start once took more than tier 2's production 9 s.
+// cold starts are servetest's (a loaded machine's).
 func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
 	t.Helper()
 	runc, tmp, bin := runcGuestDir(t, "wbs")
@@ -84,7 +84,7 @@ func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
 	})
 	redisAddr := redistest.ServerAddr(t)
 	p := startBinary(t, bin, append([]string{"serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir,
-		"--redis", "redis://" + redisAddr, "--cold-p95", "1=20s", "--cold-p95", "2=20s"}, args...)...)
+		"--redis", "redis://" + redisAddr}, append(servetest.LoadedColdStarts(), args...)...)...)
 	return p, redisAddr
 }
 
