@@ -99,18 +99,28 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 }
 
 // whyExecBroke explains an exec whose answer broke off because its guest died under it (a
-// memory hog the OOM killer took, a guest that crashed): the watcher notices within a poll
-// or two, so it waits up to two seconds for the session to end and names state and reason.
+// memory hog the OOM killer took, a guest that crashed): it waits for the watcher to end the
+// session, and names state and reason. It stops waiting as soon as the guest's agent answers
+// (the guest lives: the answer broke for another reason), and after brokenExecWait at most:
+// a loaded host may take seconds to report a guest's death, and a fixed short wait answered
+// such an exec without its reason.
 func (n *Node) whyExecBroke(ctx context.Context, l *live, err error) error {
-	deadline := time.Now().Add(2 * time.Second)
+	ctx, cancel := context.WithTimeout(ctx, brokenExecWait)
+	defer cancel()
 	for {
 		l.mu.Lock()
-		st, reason := l.g.State, l.g.Reason
+		st, reason, ag := l.g.State, l.g.Reason, l.agent
 		l.mu.Unlock()
 		if st != session.Running && reason != "" {
 			return fmt.Errorf("node: the session's guest ended during the exec (session %s, reason %s): %w", st, reason, err)
 		}
-		if st != session.Running || time.Now().After(deadline) {
+		if st != session.Running || ag == nil {
+			return err
+		}
+		hctx, hcancel := context.WithTimeout(ctx, time.Second)
+		alive := ag.Health(hctx) == nil
+		hcancel()
+		if alive {
 			return err
 		}
 		select {
@@ -120,6 +130,9 @@ func (n *Node) whyExecBroke(ctx context.Context, l *live, err error) error {
 		}
 	}
 }
+
+// brokenExecWait bounds whyExecBroke's wait for the watcher's verdict.
+const brokenExecWait = 30 * time.Second
 
 // Agent answers the agent of the session's running guest, for files and PTY.
 func (n *Node) Agent(_ context.Context, s *session.Session) (*agent.Client, error) {
