@@ -51,7 +51,7 @@ func EvalMain(ctx context.Context, args []string, stdin io.Reader, stdout io.Wri
 	if *ping {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		c, err := dialBrowser(pctx)
+		c, err := dialBrowser(pctx, relaySocket)
 		if err != nil {
 			return err
 		}
@@ -69,10 +69,11 @@ func EvalMain(ctx context.Context, args []string, stdin io.Reader, stdout io.Wri
 		return fmt.Errorf("the script is more than %d bytes", MaxScriptBytes)
 	}
 	timeout := time.Duration(*timeoutMs) * time.Millisecond
-	// Setting up and tearing down the context gets its own allowance beyond the script's.
-	ctx, cancel := context.WithTimeout(ctx, timeout+10*time.Second)
+	// Setting up and tearing down the context gets its own allowance beyond the script's:
+	// on a loaded host a new renderer has taken more than ten seconds to answer.
+	ctx, cancel := context.WithTimeout(ctx, timeout+setupAllowance)
 	defer cancel()
-	out, err := evaluate(ctx, string(script), timeout)
+	out, err := evaluate(ctx, relaySocket, string(script), timeout)
 	if err != nil {
 		return err
 	}
@@ -84,6 +85,10 @@ func EvalMain(ctx context.Context, args []string, stdin io.Reader, stdout io.Wri
 	return err
 }
 
+// setupAllowance bounds, beyond the script's own time, the making of a browser context and
+// its renderer, and its disposal.
+const setupAllowance = 30 * time.Second
+
 // cdpConn is a DevTools connection to the browser target (flat sessions) through the relay.
 type cdpConn struct {
 	conn   net.Conn
@@ -93,9 +98,9 @@ type cdpConn struct {
 
 // dialBrowser connects to the relay. Message ids start at a random point: the relay serves
 // clients one after another, and a late answer to an earlier client must not pass for ours.
-func dialBrowser(ctx context.Context) (*cdpConn, error) {
+func dialBrowser(ctx context.Context, socket string) (*cdpConn, error) {
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", relaySocket)
+	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
 		return nil, fmt.Errorf("the browser's DevTools do not answer (is the desktop started?): %w", err)
 	}
@@ -155,14 +160,19 @@ func (c *cdpConn) call(ctx context.Context, session, method string, params, resu
 		if m.ID != id {
 			continue
 		}
-		if m.Error != nil {
-			return fmt.Errorf("devtools %s: %s (%d)", method, m.Error.Message, m.Error.Code)
-		}
-		if result == nil {
-			return nil
-		}
-		return json.Unmarshal(m.Result, result)
+		return m.result(method, result)
 	}
+}
+
+// result is an answer's error, or its result decoded into result (unless nil).
+func (m *cdpMessage) result(method string, result any) error {
+	if m.Error != nil {
+		return fmt.Errorf("devtools %s: %s (%d)", method, m.Error.Message, m.Error.Code)
+	}
+	if result == nil {
+		return nil
+	}
+	return json.Unmarshal(m.Result, result)
 }
 
 // remoteObject is the part of a CDP Runtime.RemoteObject that carries a value.
@@ -181,36 +191,34 @@ type exceptionDetails struct {
 	Exception    *remoteObject `json:"exception"`
 }
 
-func evaluate(ctx context.Context, script string, timeout time.Duration) (evalOutput, error) {
-	c, err := dialBrowser(ctx)
+// evaluate runs script in a fresh browser context of the browser that the relay on socket
+// serves: the relay's spare when one is ready, else one it makes (and disposes of). Either
+// way the page's renderer answers before the script's time starts.
+func evaluate(ctx context.Context, socket, script string, timeout time.Duration) (evalOutput, error) {
+	c, err := dialBrowser(ctx, socket)
 	if err != nil {
 		return evalOutput{}, err
 	}
 	defer c.close()
 
-	var bc struct {
-		ID string `json:"browserContextId"`
-	}
-	if err := c.call(ctx, "", "Target.createBrowserContext", map[string]any{"disposeOnDetach": true}, &bc); err != nil {
-		return evalOutput{}, err
-	}
-	defer func() {
-		// The context goes even when the script's time ran out: its own short deadline.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = c.call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": bc.ID}, nil)
-	}()
-	var tg struct {
-		ID string `json:"targetId"`
-	}
-	if err := c.call(ctx, "", "Target.createTarget", map[string]any{"url": "about:blank", "browserContextId": bc.ID, "background": true}, &tg); err != nil {
-		return evalOutput{}, err
-	}
-	var at struct {
-		SessionID string `json:"sessionId"`
-	}
-	if err := c.call(ctx, "", "Target.attachToTarget", map[string]any{"targetId": tg.ID, "flatten": true}, &at); err != nil {
-		return evalOutput{}, err
+	var s spare
+	if err := c.call(ctx, "", claimSpareMethod, nil, &s); err != nil || s.SessionID == "" {
+		// None ready (or a relay from before spares): make one. The relay disposes of a
+		// spare once its client leaves; this one is ours to dispose of.
+		made, err := newContext(ctx, c.call)
+		if err != nil {
+			return evalOutput{}, err
+		}
+		s = *made
+		defer func() {
+			// The context goes even when the script's time ran out: its own short deadline.
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = c.call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": s.ContextID}, nil)
+		}()
+		if err := c.call(ctx, s.SessionID, "Runtime.evaluate", map[string]any{"expression": "0"}, nil); err != nil {
+			return evalOutput{}, err
+		}
 	}
 	var res struct {
 		Result           remoteObject      `json:"result"`
@@ -221,7 +229,7 @@ func evaluate(ctx context.Context, script string, timeout time.Duration) (evalOu
 	ectx, cancel := context.WithTimeout(ctx, timeout+3*time.Second)
 	defer cancel()
 	started := time.Now()
-	err = c.call(ectx, at.SessionID, "Runtime.evaluate", map[string]any{
+	err = c.call(ectx, s.SessionID, "Runtime.evaluate", map[string]any{
 		"expression": script, "returnByValue": true, "awaitPromise": true, "replMode": false,
 		"timeout": timeout.Milliseconds(),
 	}, &res)

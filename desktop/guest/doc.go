@@ -8,4 +8,6 @@
 // the guest (`wb agent cdp-eval`, EvalMain), since the guest has no network: Chromium runs
 // under `wb agent cdp-relay` (RelayMain), which serves its DevTools pipe on an abstract Unix
 // socket, not on TCP, so that a running desktop can be checkpointed by gVisor (its sleep).
+// Between calls the relay keeps a spare browser context whose renderer already answers, so a
+// call does not wait for a new renderer (seconds under gVisor).
 package guest

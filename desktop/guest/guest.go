@@ -123,11 +123,21 @@ func Start(ctx context.Context, ex Execer) error {
 // Screenshot returns a PNG of the whole display. The guest sends an XWD dump, gzipped (a
 // desktop is mostly flat colour); the host decodes it within bounds and encodes the PNG.
 func Screenshot(ctx context.Context, ex Execer) ([]byte, error) {
-	stdout, stderr, code, err := ex.Exec(ctx, []string{"/bin/sh", "-c", "set -o pipefail; xwd -root -silent -display " + Display + " | gzip -1"}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("desktop: screenshot: %w", err)
-	}
-	if code != 0 {
+	var stdout []byte
+	for attempt := 1; ; attempt++ {
+		out, stderr, code, err := ex.Exec(ctx, []string{"/bin/sh", "-c", "set -o pipefail; xwd -root -silent -display " + Display + " | gzip -1"}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("desktop: screenshot: %w", err)
+		}
+		if code == 0 {
+			stdout = out
+			break
+		}
+		// xwd walks the windows for their colour maps: one that goes meanwhile (a menu, a
+		// browser context's window) fails it with BadWindow. The next look does not see it.
+		if attempt < 3 && bytes.Contains(stderr, []byte("BadWindow")) {
+			continue
+		}
 		return nil, fmt.Errorf("desktop: screenshot (exit %d; is the desktop started?): %s", code, tail(nil, stderr))
 	}
 	zr, err := gzip.NewReader(bytes.NewReader(stdout))

@@ -69,10 +69,12 @@ func pids(ctx context.Context, t *testing.T, ex guest.Execer) string {
 
 func runJS(ctx context.Context, t *testing.T, ex guest.Execer, script string) string {
 	t.Helper()
+	t0 := time.Now()
 	v, err := guest.RunJS(ctx, ex, script, 0)
 	if err != nil {
 		t.Fatalf("RunJS(%q): %v", script, err)
 	}
+	t.Logf("run_js %q: %s", script, time.Since(t0))
 	return string(v)
 }
 
@@ -135,6 +137,15 @@ func TestDesktopGuest(t *testing.T) {
 		}
 		if got := runJS(ctx, t, g.ex, "undefined"); got != "null" {
 			t.Errorf("undefined = %s", got)
+		}
+		// The spare browser context the relay keeps between calls is not shown: the display
+		// still shows the browser's window, not a blank page.
+		shot, err := guest.Screenshot(ctx, g.ex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := screenColours(t, shot); n < 16 {
+			t.Errorf("after run_js, the display shows %d colours: a blank page covers the browser", n)
 		}
 	})
 
@@ -225,8 +236,11 @@ func TestDesktopCheckpointRestore(t *testing.T) {
 	}
 
 	dir := filepath.Join(t.TempDir(), "snap")
-	// As the node does: the agent lets go of its host socket while the guest is checkpointed.
-	if err := g.agent.Quiesce(ctx, 45*time.Second); err != nil {
+	// As the node does: the agent lets go of its host socket while the guest is checkpointed,
+	// until the restored guest's host puts the resume file beside its socket (without it the
+	// restored agent answered only once the 45 s were over).
+	const resume = "resume-desktop"
+	if err := g.agent.QuiesceUntil(ctx, 45*time.Second, resume); err != nil {
 		t.Fatal(err)
 	}
 	g.agent.Close()
@@ -244,6 +258,9 @@ func TestDesktopCheckpointRestore(t *testing.T) {
 	e.track(r)
 	t0 = time.Now()
 	if err := e.d.Restore(ctx, r, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.AgentDir, resume), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	rg := e.attach(ctx, r)

@@ -2,6 +2,8 @@ package guest
 
 import (
 	"bytes"
+	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"image/color"
 	"image/png"
@@ -134,4 +136,45 @@ func FuzzDecodeXWD(f *testing.F) {
 			t.Fatalf("%v from %d bytes", r, len(b))
 		}
 	})
+}
+
+// scriptedExecer answers its execs in turn with the results it holds, and counts them.
+type scriptedExecer struct {
+	results []execResult
+	calls   int
+}
+
+type execResult struct {
+	stdout, stderr []byte
+	code           int
+}
+
+func (e *scriptedExecer) Exec(context.Context, []string, []byte) ([]byte, []byte, int, error) {
+	r := e.results[min(e.calls, len(e.results)-1)]
+	e.calls++
+	return r.stdout, r.stderr, r.code, nil
+}
+
+// TestScreenshotRetriesAGoneWindow: a window that goes while xwd walks the windows fails it
+// with BadWindow; Screenshot looks again. Other failures are answered at once.
+func TestScreenshotRetriesAGoneWindow(t *testing.T) {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(fakeXWD(t, 2, 2, false, []uint32{1, 2, 3, 4}))
+	_ = zw.Close()
+	badWindow := execResult{stderr: []byte("X Error of failed request:  BadWindow (invalid Window parameter)"), code: 1}
+	ok := execResult{stdout: gz.Bytes()}
+
+	e := &scriptedExecer{results: []execResult{badWindow, ok}}
+	if b, err := Screenshot(context.Background(), e); err != nil || len(b) == 0 || e.calls != 2 {
+		t.Errorf("after one BadWindow: %d bytes, %v, %d execs; want a PNG after 2", len(b), err, e.calls)
+	}
+	e = &scriptedExecer{results: []execResult{badWindow}}
+	if _, err := Screenshot(context.Background(), e); err == nil || !strings.Contains(err.Error(), "BadWindow") || e.calls != 3 {
+		t.Errorf("BadWindow every time: %v after %d execs; want the error after 3", err, e.calls)
+	}
+	e = &scriptedExecer{results: []execResult{{stderr: []byte("xwd:  unable to open display ':0'"), code: 1}, ok}}
+	if _, err := Screenshot(context.Background(), e); err == nil || !strings.Contains(err.Error(), "is the desktop started") || e.calls != 1 {
+		t.Errorf("no display: %v after %d execs; want the error at once", err, e.calls)
+	}
 }
