@@ -93,7 +93,7 @@ func run(m *testing.M) int {
 	// starves the CPU past it, and the tests here check what plugins decide, not how fast.
 	for i, rt := range runtimes {
 		wg.Go(func() {
-			ds[i], errs[i] = startServer(binPath, rt, "--pool", "1", "--desktop-pool", "0", "--run-pool", "1", "--plugin-timeout", "1s")
+			ds[i], errs[i] = startServer(binPath, rt, "--pool", "1", "--desktop-pool", "0", "--plugin-timeout", "1s")
 		})
 	}
 	wg.Wait()

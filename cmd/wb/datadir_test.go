@@ -99,7 +99,7 @@ func TestTwoServesOneDataDirKeepGuests(t *testing.T) {
 		}
 		fleet.UnmountUnder(tmp)
 	})
-	args := []string{"serve", "--addr", "127.0.0.1:0", "--runtime", "runsc", "--pool", "1", "--data-dir", dataDir}
+	args := []string{"serve", "--addr", "127.0.0.1:0", "--runtime", "runsc", "--pool", "1", "--run-pool", "0", "--data-dir", dataDir}
 
 	first := startBinary(t, bin, args...)
 	// The warm pools hold one guest per template (tpl_desktop's only where Chromium is

@@ -39,7 +39,8 @@ type nodeFlags struct {
 	pool, vcpu, mem  int
 	// desktopPool sizes tpl_desktop's pool apart: its warm-up starts a browser (-1: --pool).
 	desktopPool int
-	// runPool and runPoolMax size the run pools: warm guests whose interpreter waits for a run.
+	// runPool and runPoolMax size the run pools: warm guests whose interpreter waits for a run
+	// (-1: --pool).
 	runPool     int
 	runPoolMax  int
 	egressAllow cidrFlag
@@ -68,7 +69,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.runtime, "runtime", "auto", "guest `runtime`: runsc (gVisor), runc, auto (runsc if installed, else runc) or none (no node: sessions stay pending)")
 	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/wb", "`dir` of this instance alone (it is locked): templates, guests, snapshots, the runtime's state, the node's journal")
 	fs.IntVar(&f.pool, "pool", 1, "warm guests to keep per template (size class s)")
-	fs.IntVar(&f.runPool, "run-pool", 0, "warm guests to keep per runtime with a runner (python3) for ephemeral runs (POST /v1/runs), the runtime's interpreter started and waiting for the code; 0: none, runs start their interpreter (1 makes a python run several times faster)")
+	fs.IntVar(&f.runPool, "run-pool", -1, "warm guests to keep per runtime with a runner (python3) for ephemeral runs (POST /v1/runs), the runtime's interpreter started and waiting for the code (a python run several times faster); 0: none, runs start their interpreter; -1: as --pool")
 	fs.IntVar(&f.runPoolMax, "run-pool-max", 8, "most warm guests a runtime's run pool grows to with the rate of runs (within the node's free capacity); at most --run-pool keeps it fixed")
 	fs.IntVar(&f.desktopPool, "desktop-pool", -1, "warm small desktops to keep, their display and browser already started (each costs a browser's start in CPU); -1: as --pool")
 	fs.IntVar(&f.vcpu, "vcpu", 64, "vCPUs this node offers to guests")
@@ -103,7 +104,7 @@ func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, l
 	if err != nil {
 		return nil, nil, err
 	}
-	pools := append(warmPools(cat.Names(), f.pool, f.desktopPool), node.RunnerPools(cat, f.runPool, f.runPoolMax)...)
+	pools := append(warmPools(cat.Names(), f.pool, f.desktopPool), node.RunnerPools(cat, f.runPoolSize(), f.runPoolMax)...)
 	guard, err := netguard.New(netguard.Options{Allow: f.egressAllow.prefixes})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--egress-allow-cidr: %w", err)
@@ -337,6 +338,15 @@ func cgroupName(dataDir, id string) string {
 	abs, _ := filepath.Abs(dataDir)
 	sum := sha256.Sum256([]byte(abs))
 	return id + "-" + hex.EncodeToString(sum[:4])
+}
+
+// runPoolSize is --run-pool, which defaults to --pool: runs are as fast as the node's
+// sessions are warm, unless asked otherwise.
+func (f *nodeFlags) runPoolSize() int {
+	if f.runPool < 0 {
+		return f.pool
+	}
+	return f.runPool
 }
 
 // warmPools answers the node's warm pools: size of each template in names (size class s),

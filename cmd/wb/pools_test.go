@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"testing"
 
@@ -32,6 +33,31 @@ func TestWarmPools(t *testing.T) {
 		}
 		if got != c.want {
 			t.Errorf("--pool %d --desktop-pool %d: pools %q, want %q", c.pool, c.desktop, got, c.want)
+		}
+	}
+}
+
+// TestRunPoolFollowsPool: the run pools are on wherever the warm pools are (--run-pool
+// defaults to --pool), and --run-pool sizes them apart.
+func TestRunPoolFollowsPool(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 1},
+		{[]string{"--pool", "0"}, 0},
+		{[]string{"--pool", "3"}, 3},
+		{[]string{"--run-pool", "0"}, 0},
+		{[]string{"--pool", "0", "--run-pool", "2"}, 2},
+	} {
+		var f nodeFlags
+		fs := flag.NewFlagSet("node", flag.ContinueOnError)
+		f.register(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.runPoolSize(); got != c.want {
+			t.Errorf("%q: run pool %d, want %d", c.args, got, c.want)
 		}
 	}
 }
