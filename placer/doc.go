@@ -8,5 +8,7 @@
 // (store's sorted set) or a node's heartbeat may lapse, fails a dead node's sessions from
 // the node's index, and retries only the projects whose sessions found no room. It walks
 // every project once at start and every Config.FullSweepEvery (5 min), for signals lost
-// to a crash.
+// to a crash. A wait that ends far later than meant (the host or Redis stalled) gives every
+// node a full heartbeat timeout from then: the placer could not have seen the heartbeats it
+// missed, and a stalled host's own node must not fail its sessions for it.
 package placer

@@ -56,10 +56,13 @@ const retryWaiting = 500 * time.Millisecond
 // Placer is safe for concurrent use; run one or more (placements are compare-and-set).
 type Placer struct {
 	Config
-	mu sync.Mutex // guards waiting
+	mu sync.Mutex // guards waiting and resumed
 	// waiting holds the projects whose pending sessions found no room: room frees up with
 	// no signal (a session ends, a node's heartbeat shows more free), so they are retried.
 	waiting map[string]bool
+	// resumed is when Run's wait last ended late (see stallSlack): heartbeats are judged from
+	// then at the earliest, since the placer could not have seen the ones it missed.
+	resumed time.Time
 	wg      sync.WaitGroup
 }
 
@@ -126,6 +129,11 @@ func (p *Placer) Run(ctx context.Context) error {
 			continue
 		}
 		sigs, err := p.Store.Signals(ctx, store.WorkPending, signalGroup, p.Consumer, wake.Sub(now), 64)
+		// The wait overran: this process or Redis stalled (a busy round of placements does
+		// not count: it is not a wait).
+		if back := p.Now(); back.Sub(wake) > p.stallSlack() {
+			p.noteStall(back, back.Sub(wake))
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				p.Logger.Error("placer: read pending signals", "err", err)
@@ -548,9 +556,26 @@ func (p *Placer) expire(ctx context.Context, ref store.SessionRef, now time.Time
 	return true
 }
 
+// stallSlack is how much later than it meant to Run's wait for signals may end before the
+// placer counts itself stalled: its process or host paused (a loaded host, a guest's syscall storm
+// under gVisor's ptrace platform stalled this one for over ten seconds), or Redis answered
+// that late. Heartbeats that were due meanwhile could not have been seen in time.
+func (p *Placer) stallSlack() time.Duration { return max(time.Second, p.HeartbeatTimeout/5) }
+
+// noteStall records that Run's wait ended late: from now on a node's heartbeat lapses
+// HeartbeatTimeout after now at the earliest, so that a node that was stalled with the
+// placer, or whose heartbeats the placer could not read, is not failed for it.
+func (p *Placer) noteStall(now time.Time, late time.Duration) {
+	p.mu.Lock()
+	p.resumed = now
+	p.mu.Unlock()
+	p.Logger.Warn("placer: woke up late; nodes get a full heartbeat timeout from now", "late", late, "heartbeat_timeout", p.HeartbeatTimeout)
+}
+
 // checkNodes fails the sessions of every node whose heartbeat lapsed, and answers when to
 // look again: when the next heartbeat known may lapse, or after HeartbeatTimeout (a node
-// that registers meanwhile cannot lapse sooner).
+// that registers meanwhile cannot lapse sooner). A heartbeat lapses HeartbeatTimeout after
+// it was written, or after the placer last woke up from a stall, whichever is later.
 func (p *Placer) checkNodes(ctx context.Context, now time.Time) time.Time {
 	nodes, err := p.Store.Nodes(ctx)
 	if err != nil {
@@ -559,9 +584,12 @@ func (p *Placer) checkNodes(ctx context.Context, now time.Time) time.Time {
 		}
 		return now.Add(retryAfter)
 	}
+	p.mu.Lock()
+	resumed := p.resumed
+	p.mu.Unlock()
 	next := now.Add(p.HeartbeatTimeout)
 	for _, n := range nodes {
-		lapse := n.HeartbeatAt.Add(p.HeartbeatTimeout)
+		lapse := latest(n.HeartbeatAt, resumed).Add(p.HeartbeatTimeout)
 		if now.After(lapse) {
 			p.nodeFailed(ctx, n.ID)
 		} else {
@@ -630,4 +658,11 @@ func (p *Placer) hostFailure(ctx context.Context, node string, ref store.Session
 		}
 	}
 	return false
+}
+
+func latest(t, u time.Time) time.Time {
+	if u.After(t) {
+		return u
+	}
+	return t
 }

@@ -3,9 +3,11 @@ package placer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -342,4 +344,84 @@ func TestRunRetriesWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, 30*time.Second, "the second placed once room freed up", func() bool { return rec.nodeOf(second.ID) == "n_small" })
+}
+
+// stallLog records whether the placer logged a stall.
+type stallLog struct{ noted atomic.Bool }
+
+func (l *stallLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *stallLog) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "woke up late") {
+		l.noted.Store(true)
+	}
+	return nil
+}
+func (l *stallLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *stallLog) WithGroup(string) slog.Handler      { return l }
+
+// TestRunStallIsNotAHostFailure: when the placer's wait ends far later than it meant (its
+// host stalled with the nodes on it: a clock jump stands in for the stall here), a node whose
+// heartbeats stopped during the stall and resume after it keeps its sessions; a node that
+// stays silent still fails its sessions, a heartbeat timeout after the stall.
+func TestRunStallIsNotAHostFailure(t *testing.T) {
+	rdb := redistest.Server(t)
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	st := store.New(rdb, store.WithClock(clock))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := st.EnsureProject(ctx, "proj_a", "a"); err != nil {
+		t.Fatal(err)
+	}
+	stalled := store.NodeInfo{ID: "n_stalled", Region: "r1", Zone: "r1-a", Tiers: []int{1}, VCPU: 64, MemoryMiB: 1 << 20}
+	dead := store.NodeInfo{ID: "n_dead", Region: "r2", Zone: "r2-a", Tiers: []int{1}, VCPU: 64, MemoryMiB: 1 << 20}
+	var beating, deadBeating atomic.Bool
+	beating.Store(true)
+	deadBeating.Store(true)
+	var beats sync.WaitGroup
+	beats.Add(1)
+	go func() {
+		defer beats.Done()
+		for ctx.Err() == nil {
+			if beating.Load() {
+				_ = st.Heartbeat(ctx, stalled)
+			}
+			if deadBeating.Load() {
+				_ = st.Heartbeat(ctx, dead)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	defer beats.Wait()
+	defer cancel()
+	rec := &recorder{placed: map[string]string{}}
+	const timeout = 2 * time.Second
+	log := &stallLog{}
+	runPlacer(t, rdb, New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: timeout, FullSweepEvery: time.Hour,
+		Now: clock, Logger: slog.New(log)}))
+	onStalled, onDead := pending(t, st, "proj_a", "r1", 1, 256), pending(t, st, "proj_a", "r2", 1, 256)
+	for _, s := range []*session.Session{onStalled, onDead} {
+		testwait.For(t, 30*time.Second, s.ID+" placed", func() bool { return rec.nodeOf(s.ID) != "" })
+		if _, err := st.Transition(ctx, store.Change{Project: s.ProjectID, ID: s.ID, From: session.Provisioning,
+			To: session.Running, Driver: session.Node}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The stall: no heartbeat from either node, and the clock jumps 30 s while the placer waits.
+	beating.Store(false)
+	deadBeating.Store(false)
+	time.Sleep(300 * time.Millisecond) // a heartbeat under way has landed
+	offset.Store(int64(30 * time.Second))
+	testwait.For(t, 30*time.Second, "the placer notes its stall", log.noted.Load)
+	beating.Store(true) // n_stalled comes back; n_dead does not
+
+	testwait.For(t, 30*time.Second, onDead.ID+" failed", func() bool { return state(t, st, onDead.ProjectID, onDead.ID).State == session.Failed })
+	if got := state(t, st, onDead.ProjectID, onDead.ID); got.StateReason == nil || *got.StateReason != session.HostFailure {
+		t.Fatalf("the silent node's session failed with %v, want host_failure", got.StateReason)
+	}
+	time.Sleep(2 * timeout) // n_stalled heartbeats meanwhile
+	if got := state(t, st, onStalled.ProjectID, onStalled.ID); got.State != session.Running {
+		t.Fatalf("the session on the node that was stalled with the placer is %s, want running", got.State)
+	}
 }
