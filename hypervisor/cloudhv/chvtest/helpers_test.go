@@ -295,14 +295,22 @@ func checkNoLeaks(t testing.TB, stateDir string, images ...string) {
 		}
 	}
 	for _, img := range append(images, shared.rootImage) {
-		out, err := exec.Command("losetup", "-j", img).CombinedOutput()
-		if err != nil {
-			t.Errorf("losetup -j %s: %v: %s", img, err, out)
+		// A busy disk is detached lazily (unmount's MNT_DETACH): its loop device goes once
+		// the guest's last process has, a moment after the VM was deleted on a loaded host.
+		var out []byte
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			var err error
+			if out, err = exec.Command("losetup", "-j", img).CombinedOutput(); err != nil {
+				t.Errorf("losetup -j %s: %v: %s", img, err, out)
+			}
+			// The root image is shared by tests that may run in parallel: only this test's
+			// state dir matters there, checked through the mounts above.
+			if img == shared.rootImage || strings.TrimSpace(string(out)) == "" || err != nil || time.Now().After(deadline) {
+				break
+			}
 		}
-		// The root image is shared by tests that may run in parallel: only this test's
-		// state dir matters there, checked through the mounts above.
 		if img != shared.rootImage && strings.TrimSpace(string(out)) != "" {
-			t.Errorf("loop device left on %s: %s", img, out)
+			t.Errorf("loop device left on %s 15 s after the VM went: %s", img, out)
 		}
 	}
 	out, err := exec.Command("runc", "--root", filepath.Join(stateDir, "runc"), "list", "-q").CombinedOutput()
