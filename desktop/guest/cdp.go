@@ -210,15 +210,7 @@ func evaluate(ctx context.Context, socket, script string, timeout time.Duration)
 			return evalOutput{}, err
 		}
 		s = *made
-		defer func() {
-			// The context goes even when the script's time ran out: its own short deadline.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = c.call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": s.ContextID}, nil)
-		}()
-		if err := c.call(ctx, s.SessionID, "Runtime.evaluate", map[string]any{"expression": "0"}, nil); err != nil {
-			return evalOutput{}, err
-		}
+		defer func() { _ = disposeContext(ctx, c.call, s.ContextID) }()
 	}
 	var res struct {
 		Result           remoteObject      `json:"result"`

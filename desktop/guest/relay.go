@@ -248,17 +248,15 @@ func (r *relay) keepSpare(ctx context.Context) {
 		}
 		r.mu.Unlock()
 		for _, id := range claimed {
-			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if err := r.call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": id}, nil); err != nil {
+			if err := disposeContext(ctx, r.call, id); err != nil {
 				r.log.Warn("relay: dispose of a claimed browser context", "err", err)
 			}
-			cancel()
 		}
 		if ready {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, spareTimeout)
-		s, err := r.makeSpare(sctx)
+		s, err := newContext(sctx, r.call)
 		cancel()
 		if err != nil {
 			// The next client makes its own; its leaving tries again.
@@ -269,21 +267,6 @@ func (r *relay) keepSpare(ctx context.Context) {
 		close(making)
 		r.mu.Unlock()
 	}
-}
-
-// makeSpare makes a browser context with a blank page and waits until its renderer answers.
-func (r *relay) makeSpare(ctx context.Context) (*spare, error) {
-	s, err := newContext(ctx, r.call)
-	if err != nil {
-		return nil, err
-	}
-	if err := r.call(ctx, s.SessionID, "Runtime.evaluate", map[string]any{"expression": "0"}, nil); err != nil {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = r.call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": s.ContextID}, nil)
-		return nil, err
-	}
-	return s, nil
 }
 
 // call is the relay's own DevTools call.
@@ -317,7 +300,8 @@ func (r *relay) call(ctx context.Context, session, method string, params, result
 // callFunc is a DevTools call: the relay's own, or a client's (cdpConn.call).
 type callFunc func(ctx context.Context, session, method string, params, result any) error
 
-// newContext makes a browser context with one blank page and attaches to it.
+// newContext makes a browser context with one blank page, attaches to it, and waits until
+// the page's renderer answers (a script's time must not include the renderer's start).
 func newContext(ctx context.Context, call callFunc) (*spare, error) {
 	var s spare
 	if err := call(ctx, "", "Target.createBrowserContext", map[string]any{"disposeOnDetach": true}, &s); err != nil {
@@ -331,13 +315,22 @@ func newContext(ctx context.Context, call callFunc) (*spare, error) {
 		s.TargetID = tg.ID
 		err = call(ctx, "", "Target.attachToTarget", map[string]any{"targetId": tg.ID, "flatten": true}, &s)
 	}
+	if err == nil {
+		err = call(ctx, s.SessionID, "Runtime.evaluate", map[string]any{"expression": "0"}, nil)
+	}
 	if err != nil {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = call(dctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": s.ContextID}, nil)
+		_ = disposeContext(ctx, call, s.ContextID)
 		return nil, err
 	}
 	return &s, nil
+}
+
+// disposeContext disposes of browser context id, within a deadline of its own: a context goes
+// even when the caller's time ran out.
+func disposeContext(ctx context.Context, call callFunc, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return call(ctx, "", "Target.disposeBrowserContext", map[string]any{"browserContextId": id}, nil)
 }
 
 var errTooLong = errors.New("devtools message too long")
