@@ -3,107 +3,86 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
-	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/pb33f/libopenapi"
-	validator "github.com/pb33f/libopenapi-validator"
-	"github.com/pb33f/libopenapi-validator/config"
-	"github.com/pb33f/libopenapi-validator/content"
-	valerrors "github.com/pb33f/libopenapi-validator/errors"
-	"github.com/pb33f/libopenapi-validator/helpers"
-	"github.com/pb33f/libopenapi-validator/radix"
-	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
 )
 
 // openAPIValidator validates responses against OpenAPI(); build once per test binary (sync.Once).
-var openAPIValidator = sync.OnceValues(func() (validator.Validator, error) {
-	doc, err := libopenapi.NewDocument(OpenAPI())
+var openAPIValidator = sync.OnceValues(func() (routers.Router, error) {
+	doc, err := openapi3.NewLoader().LoadFromData(OpenAPI())
 	if err != nil {
-		return nil, fmt.Errorf("parse openapi.json: %w", err)
+		return nil, fmt.Errorf("load openapi.json: %w", err)
 	}
-	model, err := doc.BuildV3Model()
+	// gorillamux tries the paths in InMatchingOrder, where /v1/sessions/{id}:pause comes
+	// before /v1/sessions/{id} (whose {id} also matches "sess_x:pause"); the legacy router
+	// routes sess_x:pause to /v1/sessions/{id}.
+	router, err := gorillamux.NewRouter(doc)
 	if err != nil {
-		return nil, fmt.Errorf("build the openapi.json model: %w", err)
+		return nil, fmt.Errorf("route openapi.json: %w", err)
 	}
-	v := validator.NewValidatorFromV3Model(&model.Model,
-		// /v1/sessions/{id}:pause and its siblings need a path lookup that sees the action.
-		config.WithPathTree(newActionLookup(&model.Model)),
-		// A streamed exec answers one JSON value per line; the document describes the body as
-		// the array of those lines, so decode it that way.
-		config.WithBodyDecoder("application/x-ndjson", content.DecoderFunc(decodeNDJSON)),
-	)
-	v.SetDocument(doc) // for ValidateDocument
-	return v, nil
+	// A streamed exec answers one JSON value per line; the document describes the body as
+	// the array of those lines, so decode it that way. openapi3filter has no per-call
+	// decoder option, only this registry.
+	openapi3filter.RegisterBodyDecoder("application/x-ndjson", decodeNDJSON)
+	return router, nil
 })
 
-// actionLookup finds the path of a request as the validator's radix tree does, except that
-// templates whose segments mix a parameter with literal text (/v1/sessions/{id}:pause) are
-// tried first: the tree alone would route sess_x:pause to /v1/sessions/{id}, as its {id}
-// also matches "sess_x:pause".
-type actionLookup struct {
-	tree    *radix.PathTree
-	actions []actionPath
-}
-
-type actionPath struct {
-	re   *regexp.Regexp
-	path string
-	item *v3.PathItem
-}
-
-var templateParam = regexp.MustCompile(`\{[^{}/]+\}`)
-
-func newActionLookup(doc *v3.Document) *actionLookup {
-	l := &actionLookup{tree: radix.BuildPathTree(doc)}
-	for path, item := range doc.Paths.PathItems.FromOldest() {
-		mixed := false
-		for _, seg := range strings.Split(path, "/") {
-			if strings.Contains(seg, "{") && !(strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") && strings.Count(seg, "{") == 1) {
-				mixed = true
-			}
-		}
-		if !mixed {
-			continue
-		}
-		var b strings.Builder
-		b.WriteString("^")
-		last := 0
-		for _, m := range templateParam.FindAllStringIndex(path, -1) {
-			b.WriteString(regexp.QuoteMeta(path[last:m[0]]))
-			b.WriteString("[^/]+")
-			last = m[1]
-		}
-		b.WriteString(regexp.QuoteMeta(path[last:]) + "$")
-		l.actions = append(l.actions, actionPath{regexp.MustCompile(b.String()), path, item})
+// responseOptions: an undocumented status fails, every schema error is reported, and
+// schemas are validated as JSON Schema 2020-12 (type arrays with "null", const, if/then,
+// contains). openapi3filter does that by itself for a 3.1 document; asking for it too
+// keeps it should the document's version line change.
+func responseOptions() *openapi3filter.Options {
+	o := &openapi3filter.Options{
+		IncludeResponseStatus:   true,
+		MultiError:              true,
+		SchemaValidationOptions: []openapi3.SchemaValidationOption{openapi3.EnableJSONSchema2020()},
 	}
-	return l
+	o.WithCustomSchemaErrorFunc(schemaProblem)
+	return o
 }
 
-func (l *actionLookup) Lookup(urlPath string) (*v3.PathItem, string, bool) {
-	for _, a := range l.actions {
-		if a.re.MatchString(urlPath) {
-			return a.item, a.path, true
-		}
+// jsonSchemaHead starts the reason of every error of the JSON Schema 2020-12 validator; the
+// URL is the name kin-openapi gives the schema it compiles, not one of ours.
+const jsonSchemaHead = "jsonschema validation failed with 'https://example.com/schema.json#'"
+
+// schemaProblem says where the value fails and why, without the schema and value dumps
+// of SchemaError.Error().
+func schemaProblem(e *openapi3.SchemaError) string {
+	// The 2020-12 validator's reason already names each failing path, one per line.
+	if rest, ok := strings.CutPrefix(e.Reason, jsonSchemaHead); ok {
+		return rest
 	}
-	return l.tree.Lookup(urlPath)
+	// A schema with no 2020-12 keyword in it (const, if, contains...) is validated by
+	// kin-openapi's own validator, whose reason leaves the path out.
+	reason := e.Reason
+	if e.Origin != nil {
+		reason = e.Origin.Error()
+	}
+	return fmt.Sprintf("at '/%s': %s", strings.Join(e.JSONPointer(), "/"), reason)
 }
 
 // decodeNDJSON decodes newline-delimited JSON into the array of its lines.
-func decodeNDJSON(in *content.DecodeInput) (any, error) {
+func decodeNDJSON(body io.Reader, _ http.Header, _ *openapi3.SchemaRef, _ openapi3filter.EncodingFn) (any, error) {
 	lines := []any{}
-	if in == nil || in.Body == nil {
+	if body == nil {
 		return lines, nil
 	}
-	sc := bufio.NewScanner(in.Body)
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
 	for n := 1; sc.Scan(); n++ {
 		line := bytes.TrimSpace(sc.Bytes())
@@ -121,49 +100,36 @@ func decodeNDJSON(in *content.DecodeInput) (any, error) {
 
 // checkResponse validates resp (whose body has already been read into body) against the
 // document and answers the problems found, none when the response conforms. It re-attaches
-// body to resp, before and after validation. A 101 (a WebSocket upgrade) is checked for its
-// status and headers only, on a copy: its Body is the connection, left as it is.
+// body to resp. A 101 (a WebSocket upgrade) is checked for its status and headers only: its
+// Body is the connection, left as it is.
 func checkResponse(req *http.Request, resp *http.Response, body []byte) error {
-	v, err := openAPIValidator()
+	router, err := openAPIValidator()
 	if err != nil {
 		return err
 	}
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		up := *resp
-		up.Body = http.NoBody
-		if up.Request == nil {
-			up.Request = req
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	route, params, err := router.FindRoute(req)
+	if err != nil {
+		if isNoRoute(resp, body) {
+			// A request to no documented operation: the server's catch-all answers 404
+			// no_route, which OpenAPI has no way to describe. Anything else there is a mismatch.
+			return nil
 		}
-		if ok, verrs := v.ValidateHttpResponse(req, &up); !ok || len(verrs) > 0 {
-			return formatValidationErrors(req, &up, nil, verrs)
-		}
-		return nil
+		return formatValidationErrors(req, resp, body, err)
 	}
-	if resp.Request == nil {
-		resp.Request = req
+	err = openapi3filter.ValidateResponse(context.Background(), &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route},
+		Status:                 resp.StatusCode,
+		Header:                 resp.Header,
+		Body:                   io.NopCloser(bytes.NewReader(body)),
+		Options:                responseOptions(),
+	})
+	if err != nil {
+		return formatValidationErrors(req, resp, body, err)
 	}
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	defer func() { resp.Body = io.NopCloser(bytes.NewReader(body)) }()
-	ok, verrs := v.ValidateHttpResponse(req, resp)
-	if ok && len(verrs) == 0 {
-		return nil
-	}
-	if unrouted(verrs) && isNoRoute(resp, body) {
-		// A request to no documented operation: the server's catch-all answers 404 no_route,
-		// which OpenAPI has no way to describe. Anything else there is a mismatch.
-		return nil
-	}
-	return formatValidationErrors(req, resp, body, verrs)
-}
-
-// unrouted reports whether every error says the document has no operation for the request.
-func unrouted(verrs []*valerrors.ValidationError) bool {
-	for _, e := range verrs {
-		if e.ValidationType != helpers.PathValidation {
-			return false
-		}
-	}
-	return len(verrs) > 0
+	return nil
 }
 
 // isNoRoute reports whether the response is the catch-all's {"error": {type: not_found,
@@ -184,21 +150,11 @@ func isNoRoute(resp *http.Response, body []byte) bool {
 	return e.Error["type"] == "not_found" && e.Error["code"] == "no_route" && msg != ""
 }
 
-func formatValidationErrors(req *http.Request, resp *http.Response, body []byte, verrs []*valerrors.ValidationError) error {
+func formatValidationErrors(req *http.Request, resp *http.Response, body []byte, err error) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s → %d (%s) does not match openapi.json:", req.Method, req.URL.RequestURI(), resp.StatusCode, resp.Header.Get("Content-Type"))
-	for _, e := range verrs {
-		fmt.Fprintf(&b, "\n  - %s", e.Message)
-		if e.Reason != "" && e.Reason != e.Message {
-			fmt.Fprintf(&b, ": %s", e.Reason)
-		}
-		for _, f := range e.SchemaValidationErrors {
-			loc := f.FieldPath
-			if loc == "" {
-				loc = f.KeywordLocation
-			}
-			fmt.Fprintf(&b, "\n      %s: %s", loc, f.Reason)
-		}
+	for _, p := range problems(err) {
+		fmt.Fprintf(&b, "\n  - %s", strings.ReplaceAll(p, "\n", "\n      "))
 	}
 	const maxBody = 2000
 	shown := string(body)
@@ -207,6 +163,31 @@ func formatValidationErrors(req *http.Request, resp *http.Response, body []byte,
 	}
 	fmt.Fprintf(&b, "\n  body: %s", shown)
 	return errors.New(b.String())
+}
+
+// problems flattens a validation error into one line per problem.
+func problems(err error) []string {
+	var out []string
+	switch e := err.(type) {
+	case openapi3.MultiError:
+		for _, e := range e {
+			out = append(out, problems(e)...)
+		}
+	case *openapi3filter.ResponseError:
+		if e.Err == nil {
+			return []string{e.Reason}
+		}
+		for _, p := range problems(e.Err) {
+			sep := ": "
+			if strings.HasPrefix(p, "\n") {
+				sep = ":" // the 2020-12 validator's lines
+			}
+			out = append(out, e.Reason+sep+p)
+		}
+	default:
+		out = append(out, err.Error())
+	}
+	return out
 }
 
 // validateResponse fails t unless resp conforms to the OpenAPI document for req. body is the
@@ -281,31 +262,21 @@ var registeredRoutes = []string{
 }
 
 func TestOpenAPIDocument(t *testing.T) {
-	doc, err := libopenapi.NewDocument(OpenAPI())
+	doc, err := openapi3.NewLoader().LoadFromData(OpenAPI())
 	if err != nil {
-		t.Fatalf("parse: %v", err)
+		t.Fatalf("load: %v", err)
 	}
-	if v := doc.GetVersion(); !strings.HasPrefix(v, "3.1") {
+	if v := doc.OpenAPI; !strings.HasPrefix(v, "3.1") || !doc.IsOpenAPI31OrLater() {
 		t.Fatalf("openapi version %q, want 3.1.x", v)
 	}
-	model, err := doc.BuildV3Model()
-	if err != nil {
-		t.Fatalf("build v3 model: %v", err)
-	}
-	if model == nil {
-		t.Fatal("build v3 model: nil model")
-	}
-	v, err := openAPIValidator()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, verrs := v.ValidateDocument(); !ok {
-		for _, e := range verrs {
-			t.Errorf("document: %s: %s", e.Message, e.Reason)
-			for _, f := range e.SchemaValidationErrors {
-				t.Errorf("  %s: %s", f.KeywordLocation, f.Reason)
-			}
+	// Validate checks 3.1 documents with JSON Schema 2020-12 on its own (IsOpenAPI31OrLater).
+	if err := doc.Validate(context.Background(), openapi3.EnableMultiError(), openapi3.EnableSchemaFormatValidation()); err != nil {
+		for _, p := range problems(err) {
+			t.Errorf("document: %s", p)
 		}
+	}
+	if _, err := openAPIValidator(); err != nil {
+		t.Fatal(err)
 	}
 	for _, pattern := range registeredRoutes {
 		method, path, _ := strings.Cut(pattern, " ")
@@ -319,12 +290,12 @@ func TestOpenAPIDocument(t *testing.T) {
 			docPaths = []string{path}
 		}
 		for _, p := range docPaths {
-			item, ok := model.Model.Paths.PathItems.Get(p)
-			if !ok || item == nil {
+			item := doc.Paths.Value(p)
+			if item == nil {
 				t.Errorf("%s: no path %s in openapi.json", pattern, p)
 				continue
 			}
-			if item.GetOperations().GetOrZero(strings.ToLower(method)) == nil {
+			if item.GetOperation(method) == nil {
 				t.Errorf("%s: path %s has no %s operation", pattern, p, method)
 			}
 		}
@@ -334,12 +305,12 @@ func TestOpenAPIDocument(t *testing.T) {
 	for _, pattern := range registeredRoutes {
 		known[pattern] = true
 	}
-	for p, item := range model.Model.Paths.PathItems.FromOldest() {
+	for _, p := range slices.Sorted(maps.Keys(doc.Paths.Map())) {
 		route := p
 		for _, a := range []string{":pause", ":resume", ":snapshot", ":sleep", ":wake", ":stop", ":start"} {
 			route = strings.TrimSuffix(route, a)
 		}
-		for m := range item.GetOperations().KeysFromOldest() {
+		for _, m := range slices.Sorted(maps.Keys(doc.Paths.Value(p).Operations())) {
 			if !known[strings.ToUpper(m)+" "+route] {
 				t.Errorf("openapi.json documents %s %s, which routes() does not register", strings.ToUpper(m), p)
 			}
@@ -458,6 +429,9 @@ func TestOpenAPIRejectsWrongResponse(t *testing.T) {
 		{"missing state", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", string(missing), nil},
 		{"bogus state", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"running"`, `"bogus"`, 1), nil},
 		{"omitted nullable", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"zone":null,`, ``, 1), nil},
+		{"nullable of another type", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"zone":null`, `"zone":5`, 1), nil},
+		{"null where not nullable", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"region":"local"`, `"region":null`, 1), nil},
+		{"object not the const", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"object":"session"`, `"object":"snapshot"`, 1), nil},
 		{"tier 5", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `"tier":2`, `"tier":5`, 1), nil},
 		{"time without ms", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `05.000Z`, `05Z`, 1), nil},
 		{"extra field", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm", 200, "application/json", strings.Replace(goodSession, `{"id"`, `{"version":3,"id"`, 1), nil},
@@ -465,6 +439,7 @@ func TestOpenAPIRejectsWrongResponse(t *testing.T) {
 		{"snapshot where session expected", "POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm:pause", 200, "application/json", goodSnapshot, nil},
 		{"429 without Retry-After", "POST", "/v1/sessions", 429, "application/json", `{"error":{"type":"rate_limited","code":"rate_limited","message":"m"}}`, nil},
 		{"wrong error code for status", "GET", "/v1/sessions/sess_x", 404, "application/json", `{"error":{"type":"invalid_state","code":"invalid_state","message":"m"}}`, nil},
+		{"error param null", "GET", "/v1/sessions/sess_x", 404, "application/json", `{"error":{"type":"not_found","code":"not_found","message":"m","param":null}}`, nil},
 		{"list without next_cursor", "GET", "/v1/snapshots", 200, "application/json", `{"object":"list","data":[]}`, nil},
 		{"unrouted but not no_route", "GET", "/v1/nowhere", 200, "application/json", `{"status":"ok"}`, nil},
 		{"file list entry without mode", "GET", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/files?path=/&list=1", 200, "application/json",

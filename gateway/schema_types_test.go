@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -10,10 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pb33f/go-yaml"
-	"github.com/pb33f/libopenapi"
-	"github.com/pb33f/libopenapi/datamodel/high/base"
-	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
+	"github.com/getkin/kin-openapi/openapi3"
 
 	"wb/agent"
 	"wb/desktop"
@@ -229,18 +227,11 @@ const onlyTable checkOption = 1
 // every response of the document with the table; it answers one line per disagreement.
 func schemaTypeProblems(t *testing.T, doc []byte, table map[string]reflect.Type, opts ...checkOption) []string {
 	t.Helper()
-	d, err := libopenapi.NewDocument(doc)
+	d, err := openapi3.NewLoader().LoadFromData(doc)
 	if err != nil {
-		t.Fatalf("parse openapi.json: %v", err)
+		t.Fatalf("load openapi.json: %v", err)
 	}
-	model, err := d.BuildV3Model()
-	if err != nil {
-		t.Fatalf("build the openapi.json model: %v", err)
-	}
-	c := &typeChecker{schemas: map[string]*base.SchemaProxy{}, seen: map[string]bool{}, errorSchemas: map[*yaml.Node]bool{}, errorRoutes: map[string][]string{}}
-	for name, sp := range model.Model.Components.Schemas.FromOldest() {
-		c.schemas[name] = sp
-	}
+	c := &typeChecker{schemas: d.Components.Schemas, seen: map[string]bool{}, errorSchemas: map[*openapi3.Schema]bool{}, errorRoutes: map[string][]string{}}
 	names := make([]string, 0, len(table))
 	for name := range table {
 		names = append(names, name)
@@ -255,7 +246,7 @@ func schemaTypeProblems(t *testing.T, doc []byte, table map[string]reflect.Type,
 		c.compare(name, sp, table[name])
 	}
 	if !slices.Contains(opts, onlyTable) {
-		c.checkResponses(&model.Model, table)
+		c.checkResponses(d, table)
 		for _, p := range c.errorOrder {
 			routes := c.errorRoutes[p]
 			shown := strings.Join(routes[:min(3, len(routes))], ", ")
@@ -269,10 +260,11 @@ func schemaTypeProblems(t *testing.T, doc []byte, table map[string]reflect.Type,
 }
 
 type typeChecker struct {
-	schemas map[string]*base.SchemaProxy
+	schemas openapi3.Schemas
 	seen    map[string]bool // "schema name|Go type" already compared
-	// errorSchemas are the error responses' schemas compared already, by their node.
-	errorSchemas map[*yaml.Node]bool
+	// errorSchemas are the error responses' schemas compared already: a response of
+	// components.responses resolves to one *Schema wherever it is used.
+	errorSchemas map[*openapi3.Schema]bool
 	errorRoutes  map[string][]string // a problem of error responses → the routes with it
 	errorOrder   []string
 	problems     []string
@@ -284,19 +276,25 @@ func (c *typeChecker) fail(format string, args ...any) {
 
 // checkResponses requires every JSON answer of every operation to have a Go type: a 2xx names
 // a schema of the table (or a stream whose lines do); an error answer (its schema inline in
-// components.responses) is compared with errorBody.
-func (c *typeChecker) checkResponses(doc *v3.Document, table map[string]reflect.Type) {
-	for path, item := range doc.Paths.PathItems.FromOldest() {
-		for method, op := range item.GetOperations().FromOldest() {
+// components.responses) is compared with errorBody. The document's maps are walked sorted, so
+// that the problems come out in the same order each run.
+func (c *typeChecker) checkResponses(doc *openapi3.T, table map[string]reflect.Type) {
+	for _, path := range slices.Sorted(maps.Keys(doc.Paths.Map())) {
+		ops := doc.Paths.Value(path).Operations()
+		for _, method := range slices.Sorted(maps.Keys(ops)) {
+			op := ops[method]
 			if op.Responses == nil {
 				continue
 			}
-			for code, resp := range op.Responses.Codes.FromOldest() {
-				if resp.Content == nil {
+			codes := op.Responses.Map()
+			for _, code := range slices.Sorted(maps.Keys(codes)) {
+				resp := codes[code].Value
+				if resp == nil || resp.Content == nil {
 					continue
 				}
 				where := fmt.Sprintf("%s %s %s", strings.ToUpper(method), path, code)
-				for ctype, mt := range resp.Content.FromOldest() {
+				for _, ctype := range slices.Sorted(maps.Keys(resp.Content)) {
+					mt := resp.Content[ctype]
 					if mt.Schema == nil || (ctype != "application/json" && ctype != "application/x-ndjson") {
 						continue
 					}
@@ -307,16 +305,16 @@ func (c *typeChecker) checkResponses(doc *v3.Document, table map[string]reflect.
 	}
 }
 
-func (c *typeChecker) checkResponse(where, ctype string, sp *base.SchemaProxy, table map[string]reflect.Type) {
+func (c *typeChecker) checkResponse(where, ctype string, sp *openapi3.SchemaRef, table map[string]reflect.Type) {
 	name := refName(sp)
 	switch {
 	case name != "" && ndjsonStreams[name]:
-		s := sp.Schema()
-		if s == nil || s.Items == nil || !s.Items.IsA() || s.Items.A.Schema() == nil || len(s.Items.A.Schema().OneOf) == 0 {
+		s := sp.Value
+		if s == nil || s.Items == nil || s.Items.Value == nil || len(s.Items.Value.OneOf) == 0 {
 			c.fail("%s %s: stream schema %s must be an array whose items are a oneOf of $refs", where, ctype, name)
 			return
 		}
-		for _, line := range s.Items.A.Schema().OneOf {
+		for _, line := range s.Items.Value.OneOf {
 			if ln := refName(line); ln == "" || table[ln] == nil {
 				c.fail("%s %s: a line of stream %s is schema %q, which has no Go type in apiTypes", where, ctype, name, ln)
 			}
@@ -331,11 +329,11 @@ func (c *typeChecker) checkResponse(where, ctype string, sp *base.SchemaProxy, t
 		}
 	default:
 		// A response of components.responses is shared by many routes: compare it once.
-		if n := sp.GetValueNode(); n != nil {
-			if c.errorSchemas[n] {
+		if s := sp.Value; s != nil {
+			if c.errorSchemas[s] {
 				return
 			}
-			c.errorSchemas[n] = true
+			c.errorSchemas[s] = true
 		}
 		// Many routes answer the same disagreement: say it once, with the routes.
 		before := len(c.problems)
@@ -350,12 +348,11 @@ func (c *typeChecker) checkResponse(where, ctype string, sp *base.SchemaProxy, t
 	}
 }
 
-func refName(sp *base.SchemaProxy) string {
-	if sp == nil || !sp.IsReference() {
+func refName(sp *openapi3.SchemaRef) string {
+	if sp == nil {
 		return ""
 	}
-	ref := sp.GetReference()
-	if name, ok := strings.CutPrefix(ref, "#/components/schemas/"); ok {
+	if name, ok := strings.CutPrefix(sp.Ref, "#/components/schemas/"); ok {
 		return name
 	}
 	return ""
@@ -365,41 +362,39 @@ func refName(sp *base.SchemaProxy) string {
 type flat struct {
 	types      map[string]bool // "string", "integer", ..., and "null" when nullable
 	format     string
-	props      map[string][]*base.SchemaProxy // a property's schemas, one per allOf branch
-	propOrder  []string
+	props      map[string][]*openapi3.SchemaRef // a property's schemas, one per allOf branch
+	propOrder  []string                         // sorted within each schema: kin-openapi keeps no order
 	required   map[string]bool
-	items      []*base.SchemaProxy
-	addl       []*base.SchemaProxy // additionalProperties schemas
+	items      []*openapi3.SchemaRef
+	addl       []*openapi3.SchemaRef // additionalProperties schemas
 	addlFalse  bool
 	oneOf      bool
 	hasObjects bool     // properties or additionalProperties: false were given
 	enum       []string // the string values of enum (null left out); nil without one
 }
 
-func (c *typeChecker) flatten(sp *base.SchemaProxy) flat {
-	f := flat{types: map[string]bool{}, props: map[string][]*base.SchemaProxy{}, required: map[string]bool{}}
-	f.merge(c.schemas, sp, 0)
+func (c *typeChecker) flatten(sp *openapi3.SchemaRef) flat {
+	f := flat{types: map[string]bool{}, props: map[string][]*openapi3.SchemaRef{}, required: map[string]bool{}}
+	f.merge(sp, 0)
 	return f
 }
 
-func (f *flat) merge(components map[string]*base.SchemaProxy, sp *base.SchemaProxy, depth int) {
-	if depth > 10 {
+// merge adds sp to f. The loader resolves a $ref to its target's schema (a copy with the
+// siblings applied, when the $ref has siblings), so sp.Value is what the JSON may be.
+func (f *flat) merge(sp *openapi3.SchemaRef, depth int) {
+	if depth > 10 || sp == nil {
 		return
 	}
-	// A $ref with siblings builds as the siblings alone, so read its target instead; the
-	// siblings next to a $ref only annotate it (a description).
-	if target, ok := components[refName(sp)]; ok && target != sp {
-		f.merge(components, target, depth+1)
-		return
-	}
-	s := sp.Schema()
+	s := sp.Value
 	if s == nil {
 		return
 	}
-	for _, ty := range s.Type {
-		f.types[ty] = true
+	if s.Type != nil {
+		for _, ty := range s.Type.Slice() {
+			f.types[ty] = true
+		}
 	}
-	if s.Nullable != nil && *s.Nullable {
+	if s.Nullable {
 		f.types["null"] = true
 	}
 	for _, v := range constAndEnum(s) {
@@ -421,59 +416,55 @@ func (f *flat) merge(components map[string]*base.SchemaProxy, sp *base.SchemaPro
 	if s.Format != "" {
 		f.format = s.Format
 	}
-	for _, n := range s.Enum {
-		var v any
-		if n.Decode(&v) == nil {
-			if str, ok := v.(string); ok {
-				f.enum = append(f.enum, str)
-			}
+	for _, v := range s.Enum {
+		if str, ok := v.(string); ok {
+			f.enum = append(f.enum, str)
 		}
 	}
 	if s.Properties != nil {
 		f.hasObjects = true
-		for name, p := range s.Properties.FromOldest() {
+		for _, name := range slices.Sorted(maps.Keys(s.Properties)) {
 			if _, ok := f.props[name]; !ok {
 				f.propOrder = append(f.propOrder, name)
 			}
-			f.props[name] = append(f.props[name], p)
+			f.props[name] = append(f.props[name], s.Properties[name])
 		}
 	}
 	for _, r := range s.Required {
 		f.required[r] = true
 	}
-	if s.Items != nil && s.Items.IsA() && s.Items.A != nil {
-		f.items = append(f.items, s.Items.A)
+	if s.Items != nil && s.Items.Value != nil {
+		f.items = append(f.items, s.Items)
 	}
-	if s.AdditionalProperties != nil {
-		if s.AdditionalProperties.IsA() && s.AdditionalProperties.A != nil {
-			f.addl = append(f.addl, s.AdditionalProperties.A)
-		} else if s.AdditionalProperties.IsB() && !s.AdditionalProperties.B {
-			f.addlFalse, f.hasObjects = true, true
-		}
+	if a := s.AdditionalProperties; a.Schema != nil && a.Schema.Value != nil {
+		f.addl = append(f.addl, a.Schema)
+	} else if a.Has != nil && !*a.Has {
+		f.addlFalse, f.hasObjects = true, true
 	}
 	if len(s.OneOf) > 0 || len(s.AnyOf) > 0 {
 		f.oneOf = true
 	}
 	for _, a := range s.AllOf {
-		f.merge(components, a, depth+1)
+		f.merge(a, depth+1)
 	}
 }
 
-// constAndEnum answers the schema's const and enum values, decoded as JSON would.
-func constAndEnum(s *base.Schema) []any {
-	var out []any
-	nodes := s.Enum
+// constAndEnum answers the schema's const and enum values, numbers as float64 as JSON
+// would decode them.
+func constAndEnum(s *openapi3.Schema) []any {
+	values := slices.Clone(s.Enum)
 	if s.Const != nil {
-		nodes = append(nodes, s.Const)
+		values = append(values, s.Const)
 	}
-	for _, n := range nodes {
-		var v any
-		if err := n.Decode(&v); err != nil {
-			continue
-		}
+	var out []any
+	for _, v := range values {
 		switch x := v.(type) {
-		case int, int64, uint64:
-			out = append(out, float64(reflect.ValueOf(x).Convert(reflect.TypeFor[float64]()).Float()))
+		case json.Number:
+			if n, err := x.Float64(); err == nil {
+				out = append(out, n)
+			}
+		case int, int64, uint64, float32:
+			out = append(out, reflect.ValueOf(x).Convert(reflect.TypeFor[float64]()).Float())
 		default:
 			out = append(out, v)
 		}
@@ -509,7 +500,7 @@ func kindOf(t reflect.Type) string {
 
 // compare holds the schema at where to the Go type t, recursing into properties, items and
 // additionalProperties.
-func (c *typeChecker) compare(where string, sp *base.SchemaProxy, t reflect.Type) {
+func (c *typeChecker) compare(where string, sp *openapi3.SchemaRef, t reflect.Type) {
 	if name := refName(sp); name != "" {
 		key := name + "|" + t.String()
 		if c.seen[key] {

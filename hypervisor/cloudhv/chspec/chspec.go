@@ -2,18 +2,18 @@ package chspec
 
 import (
 	"bytes"
+	"context"
 	_ "embed"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 
-	"github.com/pb33f/go-yaml"
-	"github.com/pb33f/libopenapi"
-	validator "github.com/pb33f/libopenapi-validator"
-	valerrors "github.com/pb33f/libopenapi-validator/errors"
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
 )
 
 //go:embed cloud-hypervisor.yaml
@@ -27,45 +27,47 @@ func Document() []byte { return bytes.Clone(document) }
 const BasePath = "/api/v1"
 
 // Checker validates requests and responses against the document. It is safe for concurrent
-// use.
+// use: the document and its router are only read after NewChecker.
 type Checker struct {
-	v validator.Validator
+	router routers.Router
+	// options: every mismatch named, not only the first; the document declares no security.
+	options openapi3filter.Options
 }
 
 // NewChecker parses the document once.
 func NewChecker() (*Checker, error) {
-	doc, err := libopenapi.NewDocument(document)
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromData(document)
 	if err != nil {
 		return nil, fmt.Errorf("chspec: parse cloud-hypervisor.yaml: %w", err)
 	}
-	model, err := doc.BuildV3Model()
-	if err != nil {
-		return nil, fmt.Errorf("chspec: build the model: %w", err)
+	if err := doc.Validate(loader.Context); err != nil {
+		return nil, fmt.Errorf("chspec: cloud-hypervisor.yaml is no valid OpenAPI document: %w", err)
 	}
-	stringifyMappingKeys(model.Index.GetRootNode())
-	return &Checker{v: validator.NewValidatorFromV3Model(&model.Model)}, nil
+	// Routes are matched on the path below BasePath (the checks strip it), whatever host
+	// or scheme the caller used: the real server listens on a Unix socket.
+	doc.Servers = nil
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		return nil, fmt.Errorf("chspec: route the document's paths: %w", err)
+	}
+	return &Checker{router: router, options: openapi3filter.Options{MultiError: true, AuthenticationFunc: openapi3filter.NoopAuthenticationFunc}}, nil
 }
 
-// stringifyMappingKeys tags every mapping key of the parsed document as a string. The
-// document writes most status codes unquoted (`200:`), which YAML reads as integers; the
-// validator renders the whole document to JSON to compile a body schema that has $refs,
-// and encoding/json cannot encode a map with integer keys, so every body schema failed to
-// compile ("failed to unmarshal JSON schema resource …: EOF"). JSON keys are strings
-// anyway, so this changes no meaning; the embedded file stays byte for byte upstream's.
-func stringifyMappingKeys(n *yaml.Node) {
-	if n == nil {
-		return
+// route finds r's operation; r's body is left alone.
+func (c *Checker) route(r *http.Request, body []byte) (*openapi3filter.RequestValidationInput, error) {
+	op, ok := strings.CutPrefix(r.URL.Path, BasePath)
+	if !ok || !strings.HasPrefix(op, "/") {
+		return nil, fmt.Errorf("chspec: %s %s: path is not below %s", r.Method, r.URL.Path, BasePath)
 	}
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if k := n.Content[i]; k.Kind == yaml.ScalarNode && k.Tag != "!!str" {
-				k.Tag = "!!str"
-			}
-		}
+	rc := r.Clone(r.Context())
+	rc.URL.Path, rc.URL.RawPath = op, ""
+	rc.Body = io.NopCloser(bytes.NewReader(body))
+	route, params, err := c.router.FindRoute(rc)
+	if err != nil {
+		return nil, fmt.Errorf("chspec: %s %s: %w", r.Method, r.URL.Path, err)
 	}
-	for _, c := range n.Content {
-		stringifyMappingKeys(c)
-	}
+	return &openapi3filter.RequestValidationInput{Request: rc, PathParams: params, Route: route, Options: &c.options}, nil
 }
 
 // CheckRequest reports how r differs from the document. r's body is read and restored.
@@ -74,13 +76,12 @@ func (c *Checker) CheckRequest(r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(r.URL.Path, BasePath+"/") {
-		return fmt.Errorf("chspec: %s %s: path is not below %s", r.Method, r.URL.Path, BasePath)
+	in, err := c.route(r, body)
+	if err != nil {
+		return err
 	}
-	rc := r.Clone(r.Context())
-	rc.Body = io.NopCloser(bytes.NewReader(body))
-	if ok, errs := c.v.ValidateHttpRequest(rc); !ok {
-		return describe(r, "request", errs)
+	if err := openapi3filter.ValidateRequest(context.Background(), in); err != nil {
+		return mismatch(r, "request", err)
 	}
 	return nil
 }
@@ -116,12 +117,14 @@ func (c *Checker) CheckResponse(r *http.Request, resp *http.Response) error {
 		}
 		return nil
 	}
-	rc := r.Clone(r.Context())
-	rc.Body = http.NoBody
-	rr := *resp
-	rr.Body = io.NopCloser(bytes.NewReader(body))
-	if ok, errs := c.v.ValidateHttpResponse(rc, &rr); !ok {
-		return describe(r, "response", errs)
+	in, err := c.route(r, nil)
+	if err != nil {
+		return err
+	}
+	out := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: resp.StatusCode, Header: resp.Header,
+		Body: io.NopCloser(bytes.NewReader(body)), Options: &c.options}
+	if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
+		return mismatch(r, "response", err)
 	}
 	return nil
 }
@@ -139,19 +142,8 @@ func restoreBody(b *io.ReadCloser) ([]byte, error) {
 	return data, nil
 }
 
-func describe(r *http.Request, what string, errs []*valerrors.ValidationError) error {
-	var out []error
-	for _, e := range errs {
-		msg := e.Message
-		if e.Reason != "" {
-			msg += ": " + e.Reason
-		}
-		for _, se := range e.SchemaValidationErrors {
-			msg += "; " + se.KeywordLocation + ": " + se.Reason
-		}
-		out = append(out, errors.New(msg))
-	}
-	return fmt.Errorf("chspec: %s %s: %s does not match cloud-hypervisor.yaml: %w", r.Method, r.URL.Path, what, errors.Join(out...))
+func mismatch(r *http.Request, what string, err error) error {
+	return fmt.Errorf("chspec: %s %s: %s does not match cloud-hypervisor.yaml: %w", r.Method, r.URL.Path, what, err)
 }
 
 func truncate(b []byte) string {
