@@ -539,16 +539,18 @@ func testExhaustion(t *testing.T, rep *report, a *deployment) {
 		oomOK               bool
 	}{
 		{name: "fork bomb", cmd: `timeout -s KILL 5 sh -c 'f(){ f|f& }; f' >/dev/null 2>&1; echo done`},
+		// 4 children, each to its own fd limit: 16 took 53-60 s under runsc (each fd is the
+		// sandbox's), for no more proof, and beside the runc attacks stalled this host.
 		{name: "fd bomb", template: "tpl_dev_polyglot", cmd: "timeout -s KILL 15 python3 -c '" +
 			`import os
-for i in range(16):
+for i in range(4):
     if os.fork() == 0:
         fds = []
         try:
             while True: fds.append(os.open("/dev/null", 0))
         except OSError as e: print(len(fds), e)
         os._exit(0)
-for i in range(16): os.wait()` + "' 2>&1 | tail -2; echo done"},
+for i in range(4): os.wait()` + "' 2>&1 | tail -2; echo done"},
 		{name: "disk fill", resources: map[string]any{"disk_gib": 1}, cmd: "dd if=/dev/zero of=/workspace/fill bs=1M count=4096 2>&1 | tail -1; rm -f /workspace/fill; echo done"},
 		{name: "memory hog", template: "tpl_dev_polyglot", resources: map[string]any{"memory_mib": 512}, oomOK: true,
 			cmd: "timeout -s KILL 20 python3 -c 'b=[]\nwhile True: b.append(bytearray(32<<20))' 2>&1 | tail -1; echo done"},
