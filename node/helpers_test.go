@@ -350,22 +350,27 @@ func (d timedDriver) Delete(ctx context.Context, id string) error {
 	return err
 }
 
+// loadedTiers are the default tiers with cold starts allowed at least cold.
+func loadedTiers(cold time.Duration) session.Tiers {
+	tiers := session.DefaultTiers()
+	for i := range tiers {
+		tiers[i].ColdP95 = max(tiers[i].ColdP95, cold)
+	}
+	return tiers
+}
+
 // nodeConfig is a node of the test's: fast ticks, a 1 s usage flush, and tiers whose cold
 // start is allowed 20 s (a provision deadline of 60 s): the default 3 s (9 s) is for a
 // production host, not for a 2-core machine booting the tests' many guests at once. A cloudhv
 // guest is allowed a minute (see chvStarts).
 func nodeConfig(t testing.TB, st *store.Store, d testDriver, dataDir, id string) node.Config {
 	log := testLogger(t)
-	tiers := session.DefaultTiers()
 	cold := 20 * time.Second
 	if d != nil && d.Name() == "cloudhv" {
 		cold = time.Minute // a VMM, two disk images and a runc guest, queued behind chvStarts
 	}
-	for i := range tiers {
-		tiers[i].ColdP95 = max(tiers[i].ColdP95, cold)
-	}
 	return node.Config{
-		Tiers: tiers,
+		Tiers: loadedTiers(cold),
 		Store: st, Driver: timed(d, log), Templates: catalog, DataDir: dataDir, AgentBin: wbBin,
 		Info: store.NodeInfo{ID: id, Addr: "http://127.0.0.1:1", Region: "local", Zone: "local-a",
 			Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},

@@ -15,6 +15,7 @@ import (
 
 	"wb/hypervisor/oci"
 	"wb/internal/redistest"
+	"wb/internal/servetest"
 	"wb/node/client"
 	"wb/placer"
 	"wb/quota"
@@ -36,8 +37,11 @@ func startWBNode(t testing.TB, dataDir, redisAddr, token, id string, port int) *
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(serverBin, "node", "--redis", "redis://"+redisAddr, "--addr", "127.0.0.1:"+strconv.Itoa(port),
-		"--data-dir", dataDir, "--runtime", "runsc", "--pool", "0", "--id", id, "--region", "local", "--log-level", "debug")
+	// Loaded cold starts, as the test's placer has: the node ends a start at the tier's
+	// provisioning deadline too.
+	cmd := exec.Command(serverBin, append([]string{"node", "--redis", "redis://" + redisAddr, "--addr", "127.0.0.1:" + strconv.Itoa(port),
+		"--data-dir", dataDir, "--runtime", "runsc", "--pool", "0", "--id", id, "--region", "local", "--log-level", "debug"},
+		servetest.LoadedColdStarts()...)...)
 	cmd.Env = append(os.Environ(), "WB_NODE_TOKEN="+token) // never on the command line
 	cmd.Stdout, cmd.Stderr = logf, logf                    // a file, not a pipe: guests must not hold the test's pipe open
 	if err := cmd.Start(); err != nil {
@@ -128,8 +132,10 @@ func TestNodeKilled(t *testing.T) {
 	waitRegistered(t, st, w, nodeID, t0.Add(-time.Second))
 
 	pctx, stopPlacer := context.WithCancel(context.Background())
+	// Tiers as nodeConfig's: a cold run's busy cores took 8.6 s to create this runsc guest,
+	// and the default 3 s cold start (a 9 s deadline) failed it with provision_timeout.
 	p := placer.New(placer.Config{Store: st, Provisioner: client.New(st, token), HeartbeatTimeout: hbTO,
-		Logger: testLogger(t)})
+		Tiers: loadedTiers(20 * time.Second), Logger: testLogger(t)})
 	placerDone := make(chan struct{})
 	go func() { _ = p.Run(pctx); close(placerDone) }()
 	t.Cleanup(func() { stopPlacer(); <-placerDone })
