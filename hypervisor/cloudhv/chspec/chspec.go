@@ -2,7 +2,6 @@ package chspec
 
 import (
 	"bytes"
-	"context"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -80,7 +79,7 @@ func (c *Checker) CheckRequest(r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := openapi3filter.ValidateRequest(context.Background(), in); err != nil {
+	if err := openapi3filter.ValidateRequest(r.Context(), in); err != nil {
 		return mismatch(r, "request", err)
 	}
 	return nil
@@ -123,7 +122,7 @@ func (c *Checker) CheckResponse(r *http.Request, resp *http.Response) error {
 	}
 	out := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: resp.StatusCode, Header: resp.Header,
 		Body: io.NopCloser(bytes.NewReader(body)), Options: &c.options}
-	if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
+	if err := openapi3filter.ValidateResponse(r.Context(), out); err != nil {
 		return mismatch(r, "response", err)
 	}
 	return nil
