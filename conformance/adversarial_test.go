@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,7 +37,7 @@ func TestAdversarial(t *testing.T) {
 		t.Run("hostile_rego", func(t *testing.T) { testHostileRego(t, rep, d) })
 		t.Run("output_flood", func(t *testing.T) { testOutputFlood(t, rep, d, a) })
 		t.Run("runc_escape", func(t *testing.T) { testRuncEscape(t, rep, d, a) })
-		t.Run("exhaustion", func(t *testing.T) { testExhaustion(t, rep, a) })
+		t.Run("exhaustion", func(t *testing.T) { testExhaustion(t, rep, d, a) })
 		t.Run("tenant_settings", func(t *testing.T) { testTenantSettings(t, rep, a) })
 	})
 }
@@ -529,32 +531,51 @@ func testRuncEscape(t *testing.T, rep *report, d, a *deployment) {
 }
 
 // testExhaustion: a fork bomb, an fd bomb, a disk fill, a memory hog and a CPU spin each stay
-// inside their session: it keeps running (or fails with oom for the memory hog), another exec
-// answers, and a bystander session on the same node is unaffected.
-func testExhaustion(t *testing.T, rep *report, a *deployment) {
-	bystander := a.newSession(t, nil)
+// inside their session, each in a fresh one: the attack's own exec answers and names the limit
+// it hit, the session keeps running (or fails with oom for the memory hog) and answers again,
+// a bystander session on the same node is unaffected, DELETE stops the session and its guest
+// leaves the runtime, and afterwards the project's concurrency slots are all free. First, no
+// guest process holds CAP_SYS_ADMIN.
+func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
+	bystander := a.newSession(t, map[string]any{"template": "tpl_dev_polyglot"})
+	testGuestLimits(t, rep, d, a, bystander.ID)
 	attacks := []struct {
 		name, template, cmd string
 		resources           map[string]any
+		timeoutS            int // the exec's; 60 when 0
 		oomOK               bool
+		// limit: the attack's output names the limit it hit.
+		limit func(out string) bool
 	}{
-		{name: "fork bomb", cmd: `timeout -s KILL 5 sh -c 'f(){ f|f& }; f' >/dev/null 2>&1; echo done`},
+		// The exec's own time limit ends it: the agent kills the exec's process group, the bomb
+		// with it, and its stderr is the exec's (a pipe to tail would wait on every child).
+		{name: "fork bomb", timeoutS: 6, cmd: `sh -c 'f(){ f|f& }; f; sleep 30'`,
+			limit: func(out string) bool {
+				return strings.Contains(out, "fork") || strings.Contains(out, "Resource temporarily unavailable")
+			}},
 		// 4 children, each to its own fd limit: 16 took 53-60 s under runsc (each fd is the
-		// sandbox's), for no more proof, and beside the runc attacks stalled this host.
-		{name: "fd bomb", template: "tpl_dev_polyglot", cmd: "timeout -s KILL 15 python3 -c '" +
+		// sandbox's), for no more proof, and beside the runc attacks stalled this host. A child
+		// flushes its line: os._exit drops what print buffered.
+		{name: "fd bomb", template: "tpl_dev_polyglot", timeoutS: 90, cmd: "timeout -s KILL 80 python3 -c '" +
 			`import os
 for i in range(4):
     if os.fork() == 0:
         fds = []
         try:
             while True: fds.append(os.open("/dev/null", 0))
-        except OSError as e: print(len(fds), e)
+        except OSError as e: print(len(fds), e, flush=True)
         os._exit(0)
-for i in range(4): os.wait()` + "' 2>&1 | tail -2; echo done"},
-		{name: "disk fill", resources: map[string]any{"disk_gib": 1}, cmd: "dd if=/dev/zero of=/workspace/fill bs=1M count=4096 2>&1 | tail -1; rm -f /workspace/fill; echo done"},
+for i in range(4): os.wait()` + "' 2>&1 | tail -2; echo done",
+			limit: func(out string) bool { return strings.Contains(out, "Too many open files") }},
+		{name: "disk fill", resources: map[string]any{"disk_gib": 1}, cmd: "dd if=/dev/zero of=/workspace/fill bs=1M count=4096 2>&1 | tail -3; rm -f /workspace/fill; echo done",
+			limit: func(out string) bool { return strings.Contains(out, "No space left on device") }},
+		// Past the session's memory at once: python filling a list of 32 MiB buffers took
+		// seconds of small page faults under runsc's ptrace platform.
 		{name: "memory hog", template: "tpl_dev_polyglot", resources: map[string]any{"memory_mib": 512}, oomOK: true,
-			cmd: "timeout -s KILL 20 python3 -c 'b=[]\nwhile True: b.append(bytearray(32<<20))' 2>&1 | tail -1; echo done"},
-		{name: "CPU spin", cmd: `timeout -s KILL 5 sh -c 'for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait'; echo done`},
+			cmd:   `timeout -s KILL 20 python3 -c 'x = b"a" * 900000000; print("survived", len(x))' 2>&1 | tail -1; echo "exit $?"; echo done`,
+			limit: func(out string) bool { return !strings.Contains(out, "survived") }},
+		{name: "CPU spin", cmd: `timeout -s KILL 5 sh -c 'for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait'; echo done`,
+			limit: func(out string) bool { return true }},
 	}
 	for _, at := range attacks {
 		body := map[string]any{}
@@ -564,13 +585,24 @@ for i in range(4): os.wait()` + "' 2>&1 | tail -2; echo done"},
 		if at.resources != nil {
 			body["resources"] = at.resources
 		}
+		if at.timeoutS == 0 {
+			at.timeoutS = 60
+		}
 		s := a.newSession(t, body)
-		r, err := a.request(bg(t, 2*time.Minute), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": at.cmd, "timeout_s": 60}, nil)
-		got := "no answer"
+		r, err := a.request(bg(t, time.Duration(at.timeoutS+60)*time.Second), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": at.cmd, "timeout_s": at.timeoutS}, nil)
+		got, out := "no answer", ""
 		if err == nil {
 			got = r.String()
+			var res execResult
+			_ = json.Unmarshal(r.body, &res)
+			out = res.Stdout + res.Stderr
 		}
-		rep.add(t, "exhaustion", at.name+": the attack's own exec", "an answer, no 5xx", got, err == nil && r.status < 500)
+		answered := err == nil && r.status < 500
+		rep.add(t, "exhaustion", at.name+": the attack's own exec", "an answer, no 5xx", got, answered)
+		// The memory hog may take its sandbox with it (runsc): then there is no output.
+		if answered && (r.status == 200 || !at.oomOK) {
+			rep.add(t, "exhaustion", at.name+": its output", "names the limit it hit", strings.ReplaceAll(lastBytes(out, 200), "\n", " "), r.status == 200 && at.limit(out))
+		}
 		// The session lives on (or ended with a guest reason), and answers again.
 		var alive string
 		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
@@ -592,9 +624,112 @@ for i in range(4): os.wait()` + "' 2>&1 | tail -2; echo done"},
 		}
 		r = a.call(t, "DELETE", "/v1/sessions/"+s.ID, nil)
 		rep.add(t, "exhaustion", at.name+": DELETE after it", "2xx", r.String(), r.status < 300)
-		out := a.sh(t, bystander.ID, "echo bystander")
+		if alive == "running, exec answers" {
+			end := a.waitEnded(t, s.ID, time.Minute)
+			reason := "null"
+			if end.StateReason != nil {
+				reason = *end.StateReason
+			}
+			rep.add(t, "exhaustion", at.name+": the session after DELETE", "stopped deleted", end.State+" "+reason, end.State == "stopped" && reason == "deleted")
+		}
+		if left := guestLeft(t, d, s.ID); left != "" {
+			rep.add(t, "exhaustion", at.name+": its guest after DELETE", "gone from the runtime", left, false)
+		}
+		out = a.sh(t, bystander.ID, "echo bystander")
 		rep.add(t, "exhaustion", at.name+": a bystander session", "answers", out, strings.Contains(out, "bystander"))
 	}
+	testSlotsFree(t, rep, a)
+}
+
+// testGuestLimits: no guest process holds CAP_SYS_ADMIN (under runsc the agent holds it only to
+// mount gVisor's pids cgroup, then drops it), and under runsc an exec's processes start in the
+// agent's pids cgroup, where the agent counts them.
+func testGuestLimits(t *testing.T, rep *report, d, a *deployment, id string) {
+	out := a.sh(t, id, "grep -E '^Cap(Bnd|Prm|Eff)' /proc/self/status; cat /proc/self/cgroup")
+	var sysAdmin []string
+	for _, line := range strings.Split(out, "\n") {
+		name, hex, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "Cap") {
+			continue
+		}
+		caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", name, line, err)
+		}
+		if caps&(1<<21) != 0 {
+			sysAdmin = append(sysAdmin, line)
+		}
+	}
+	rep.add(t, "exhaustion", "CAP_SYS_ADMIN in a guest process", "none", fmt.Sprintf("%v", sysAdmin), len(sysAdmin) == 0)
+	if d.runtime == "runsc" {
+		rep.add(t, "exhaustion", "an exec's cgroup under runsc", "the agent's pids cgroup, wb-work", strings.ReplaceAll(out, "\n", " "), strings.Contains(out, "/wb-work"))
+	}
+}
+
+// guestLeft answers what is left of guest id in the runtime of a local deployment 30 s after
+// its session ended, or "" when it is gone (or the deployment is not the test's own).
+func guestLeft(t *testing.T, d *deployment, id string) string {
+	t.Helper()
+	if !d.local || d.tmp == "" || (d.runtime != "runsc" && d.runtime != "runc") {
+		return ""
+	}
+	root := filepath.Join(d.tmp, "data", "oci-state")
+	var last string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		// runsc's list has no -q: the first column, under a header.
+		out, err := exec.Command(d.runtime, "--root", root, "list").CombinedOutput()
+		var ids []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 0 {
+				ids = append(ids, f[0])
+			}
+		}
+		if err != nil {
+			last = fmt.Sprintf("%s --root %s list: %v: %s", d.runtime, root, err, out)
+		} else if !slices.Contains(ids, id) {
+			return ""
+		} else {
+			last = fmt.Sprintf("%s still lists it", d.runtime)
+		}
+		if time.Now().After(deadline) {
+			return last
+		}
+	}
+}
+
+// testSlotsFree: after the attacks, the project's concurrency counter holds exactly its active
+// sessions: with the limit lowered to them plus one, one more session is admitted. A slot the
+// attacks leaked would make it 429 concurrency_limit.
+func testSlotsFree(t *testing.T, rep *report, a *deployment) {
+	active := 0
+	for _, st := range nonTerminal {
+		active += len(a.listSessions(t, st))
+	}
+	var limits struct {
+		Concurrency int `json:"concurrency"`
+	}
+	a.call(t, "GET", "/v1/limits", nil).decode(t, &limits)
+	expect(t, a.call(t, "PUT", "/v1/limits", map[string]any{"concurrency": active + 1}), 200, "PUT /v1/limits")
+	defer expect(t, a.call(t, "PUT", "/v1/limits", map[string]any{"concurrency": limits.Concurrency}), 200, "PUT /v1/limits back")
+	r, err := a.request(bg(t, time.Minute), "POST", "/v1/sessions", map[string]any{"tier": 2}, nil)
+	got := "no answer"
+	if err == nil {
+		got = r.String()
+		var s sessionObj
+		if r.status == 201 && json.Unmarshal(r.body, &s) == nil {
+			a.track(s.ID)
+			a.deleteSession(s.ID)
+		}
+	}
+	rep.add(t, "exhaustion", fmt.Sprintf("a create with concurrency lowered to the %d active sessions + 1", active), "201", got, err == nil && r.status == 201)
+}
+
+// lastBytes answers s's last n bytes, marked as cut when it is longer.
+func lastBytes(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
 }
 
 // testTenantSettings: a tenant cannot raise its plan's limits, nor register a webhook to a
