@@ -83,7 +83,7 @@ one-hour pause limit): over an hour.`,
 	f := cmd.Flags()
 	f.BoolVar(&long, "long", false, "use the seed's timers (idle 300 s, lifetime 3600 s) and run the rows that need them; takes over an hour")
 	f.StringVar(&run, "run", "", "check only the rows whose \"seed/table/row\" matches this `regexp`")
-	f.IntVar(&parallel, "parallel", 4, "check at most `n` rows at once")
+	f.IntVar(&parallel, "parallel", 8, "check at most `n` rows at once (most of the timer rows' time is waiting)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log each row on stderr as it ends")
 	// --key is the root's --api-key (normalized), as the issue spells the command.
 	return cmd
