@@ -105,7 +105,7 @@ func (m *desktopMCP) server(p store.Project, rec desktop.Record) *mcp.Server {
 	mcp.AddTool(srv, &mcp.Tool{Name: "list_files", Description: "List a directory of the desktop."}, useTool(t, t.listFiles))
 	mcp.AddTool(srv, &mcp.Tool{Name: "screenshot", Description: "A PNG image of the desktop's whole display."}, useTool(t, t.screenshot))
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_js", Description: "Run JavaScript in the desktop's browser, in a fresh browser context (nothing is kept between calls), " +
-		"and answer its value as JSON (a promise is awaited)."}, useTool(t, t.runJS))
+		fmt.Sprintf("and answer its value as JSON (a promise is awaited; at most %d MiB of it).", guest.MaxResultBytes>>20)}, useTool(t, t.runJS))
 	return srv
 }
 

@@ -45,7 +45,11 @@ const (
 // Bounds of RunJS.
 const (
 	MaxScriptBytes = 1 << 20
-	MaxResultBytes = 4 << 20
+	// MaxResultBytes bounds a script's value as JSON. Chromium serializes the whole value and
+	// carries it over the DevTools pipe before the size can be checked: under gVisor on a
+	// loaded 2-core host a 5 MiB string took over 30 s (twice, in cold make test runs). A
+	// megabyte is more than an agent's context takes; read_file carries bigger files.
+	MaxResultBytes = 1 << 20
 	// RunJSTimeout is how long a script may run; a caller's earlier deadline wins.
 	RunJSTimeout = 30 * time.Second
 )

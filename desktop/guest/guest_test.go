@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"image"
 	"image/png"
 	"os"
@@ -187,7 +188,8 @@ func TestDesktopGuest(t *testing.T) {
 		if _, err := guest.RunJS(ctx, g.ex, strings.Repeat(" ", guest.MaxScriptBytes+1), 0); err == nil || !strings.Contains(err.Error(), "at most") {
 			t.Errorf("oversized script: %v", err)
 		}
-		_, err := guest.RunJS(ctx, g.ex, "'x'.repeat(5 * 1024 * 1024)", 0)
+		// Its JSON is the string and its two quotes: 3 bytes past the bound.
+		_, err := guest.RunJS(ctx, g.ex, fmt.Sprintf("'x'.repeat(%d)", guest.MaxResultBytes+1), 0)
 		if err == nil || !strings.Contains(err.Error(), "result") {
 			t.Errorf("oversized result: %v", err)
 		}
