@@ -206,7 +206,6 @@ func saveScreenshot(t *testing.T, ctx context.Context, name string) {
 // press Wake and see it running again; a screenshot of the page is saved. The deployment's
 // idle time is the default 15 minutes, so only the buttons move the desktop.
 func TestConsoleSleepAndWake(t *testing.T) {
-	t.Parallel()
 	p := startPlatform(t, withConsoleScreen)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "console desk"}, 201, &d)
@@ -351,7 +350,6 @@ func checkDesktopCost(t *testing.T, ctx context.Context, p *platform, id string,
 // stops, and the desktop falls asleep an idle time later, not before the grace; visible
 // again, the page sends its heartbeat at once, which does not wake the desktop.
 func TestConsoleVisibility(t *testing.T) {
-	t.Parallel()
 	const (
 		// idle is the time from running to the page's first heartbeat at most: a loaded
 		// machine took over 8 s there (and the desktop fell asleep before the page opened).

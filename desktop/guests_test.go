@@ -76,9 +76,6 @@ var sharedFiles = sync.OnceValues(func() (files, error) {
 	return files{bin, tpls}, err
 })
 
-// startPlatform starts a platform of the test's own: its Redis, runsc state and cgroup. So the
-// tests with real guests run in parallel (go test's -parallel, the cores): most of their time
-// is spent waiting on idle timers and graces, 225 s of a warm run one after another.
 func startPlatform(t testing.TB, cfg func(*gateway.Config)) *platform {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -240,7 +237,6 @@ const memoryDir = "/workspace/memory"
 // runsc guest: across a sleep the disk (a file) and the running processes (a background
 // sleep) come back; across a stop only the disk; the name and MCP URL across both.
 func TestDesktopWhatIsKept(t *testing.T) {
-	t.Parallel()
 	p := startPlatform(t, nil)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "kept"}, 201, &d)
@@ -287,7 +283,6 @@ func TestDesktopWhatIsKept(t *testing.T) {
 // sleeps with its state; a resize while awake waits for the next start, so the next sleep
 // saves no state and the wake is fresh from the disk at the new size.
 func TestDesktopIdleAndResize(t *testing.T) {
-	t.Parallel()
 	// Long enough that the steps after the first wake finish before it falls idle again.
 	const idle = 8 * time.Second
 	p := startPlatform(t, func(c *gateway.Config) { c.DesktopIdle = idle })
