@@ -550,8 +550,9 @@ func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
 		limit func(out string) bool
 	}{
 		// The exec's own time limit ends it: the agent kills the exec's process group, the bomb
-		// with it, and its stderr is the exec's (a pipe to tail would wait on every child).
-		{name: "fork bomb", timeoutS: 6, cmd: `sh -c 'f(){ f|f& }; f; sleep 30'`,
+		// with it, and its stderr is the exec's (a pipe to tail would wait on every child). 15 s:
+		// in a cold make test, runsc's bomb had not yet reached the process limit after 6.
+		{name: "fork bomb", timeoutS: 15, cmd: `sh -c 'f(){ f|f& }; f; sleep 30'`,
 			limit: func(out string) bool {
 				return strings.Contains(out, "fork") || strings.Contains(out, "Resource temporarily unavailable")
 			}},
