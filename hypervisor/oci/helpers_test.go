@@ -40,9 +40,9 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// newDriver returns a driver with its own state root, bundle root and cgroup parent. A
-// missing runtime fails the test with an install hint.
-func newDriver(t testing.TB, runtime string) *oci.Driver {
+// newDriver returns a driver with its own state root, bundle root and cgroup parent, each
+// of edit applied to its options. A missing runtime fails the test with an install hint.
+func newDriver(t testing.TB, runtime string, edit ...func(*oci.Options)) *oci.Driver {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatalf("the OCI driver tests need root (runtimes create cgroups and namespaces)")
@@ -51,13 +51,17 @@ func newDriver(t testing.TB, runtime string) *oci.Driver {
 		t.Fatalf("%s is not installed: apt-get install -y %s (Debian 12 package %q)", runtime, runtime, runtime)
 	}
 	base := t.TempDir()
-	d, err := oci.New(oci.Options{
+	o := oci.Options{
 		Runtime:      runtime,
 		StateRoot:    filepath.Join(base, "state"),
 		BundleRoot:   filepath.Join(base, "bundles"),
 		CgroupParent: "/wbtest-" + randHex(t, 4),
 		Logger:       slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
-	})
+	}
+	for _, e := range edit {
+		e(&o)
+	}
+	d, err := oci.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

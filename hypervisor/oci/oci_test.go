@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"wb/hypervisor"
+	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 )
 
@@ -321,6 +323,62 @@ func TestSnapshotDiskOnly(t *testing.T) {
 				t.Fatal("restore into a non-empty writable layer succeeded")
 			}
 		})
+	}
+}
+
+// TestBusyFreezerIsRetried: runc's cgroup v1 freezer gives up ("unable to freeze") when a
+// loaded host's guest keeps forking; Pause and a disk snapshot, which freezes the guest to
+// copy its layer, both try again. runc here is a wrapper that fails its first pause as the
+// real one did in a cold make test.
+func TestBusyFreezerIsRetried(t *testing.T) {
+	real, err := exec.LookPath("runc")
+	if err != nil {
+		t.Fatal("runc is not installed: apt-get install -y runc")
+	}
+	dir := t.TempDir()
+	failed := filepath.Join(dir, "failed-once")
+	wrapper := filepath.Join(dir, "runc")
+	script := `#!/bin/sh
+for a in "$@"; do
+	if [ "$a" = pause ] && [ ! -e ` + shQuote(failed) + ` ]; then
+		: > ` + shQuote(failed) + `
+		echo 'time="2026-12-02T13:19:12Z" level=error msg="unable to freeze"' >&2
+		exit 1
+	fi
+done
+exec ` + shQuote(real) + ` "$@"
+`
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := newDriver(t, oci.RuntimeRunc, func(o *oci.Options) { o.RuntimePath = wrapper })
+	ctx := ctxT(t, 5*time.Minute)
+	s := guestSpec(t, catalog(t)[templates.Base], jobRunner)
+	boot(t, d, s)
+
+	if err := d.Pause(ctx, s.ID); err != nil {
+		t.Fatalf("pause after one busy freeze: %v", err)
+	}
+	if _, err := os.Stat(failed); err != nil {
+		t.Fatalf("the wrapper never failed a pause: %v", err)
+	}
+	if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StatePaused {
+		t.Fatalf("guest after pause: %+v, %v (want paused)", info, err)
+	}
+	if err := d.Resume(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(failed); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Snapshot(ctx, s.ID, filepath.Join(t.TempDir(), "snap"), false); err != nil {
+		t.Fatalf("disk snapshot after one busy freeze: %v", err)
+	}
+	if _, err := os.Stat(failed); err != nil {
+		t.Fatalf("the wrapper never failed the snapshot's pause: %v", err)
+	}
+	if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("guest after a disk snapshot: %+v, %v (want running)", info, err)
 	}
 }
 

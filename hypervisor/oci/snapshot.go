@@ -82,7 +82,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		}
 		d.log.Debug("guest checkpointed", "id", id, "took", time.Since(t0))
 	case info.State == hypervisor.StateRunning:
-		if err := d.rt.Pause(ctx, id); err != nil {
+		if err := retryFreeze(ctx, func() error { return d.rt.Pause(ctx, id) }); err != nil {
 			return out, d.wrap("pause", id, err)
 		}
 		defer func() {
