@@ -257,13 +257,22 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	// the driver may need it to flush the guest's disks before the snapshot.
 	_, viaDriver := n.Driver.(hypervisor.AgentDialer)
 	resume := resumeFile(snapshotID)
+	// took: each step's duration, logged once the guest is back (where a snapshot's time goes).
+	var took []any
+	t := time.Now()
+	mark := func(step string) {
+		took = append(took, step, time.Since(t).Round(time.Microsecond))
+		t = time.Now()
+	}
 	if !viaDriver {
 		if err = l.agent.QuiesceUntil(ctx, quiesceMost, resume); err != nil {
 			return false, 0, fmt.Errorf("quiesce agent: %w", err)
 		}
 	}
 	l.agent.Close()
+	mark("quiesce")
 	info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
+	mark("checkpoint")
 	if err != nil {
 		_ = removeAll(dir)
 		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
@@ -285,12 +294,14 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	if err := n.Driver.Restore(ctx, spec, dir); err != nil {
 		return false, 0, fmt.Errorf("snapshot: restore the guest: %w", err)
 	}
+	mark("restore")
 	if !viaDriver { // after the restore: the driver mounts the guest's agent dir as it starts
 		if err := n.resumeAgent(l.g.GuestID, resume); err != nil {
 			return false, 0, fmt.Errorf("snapshot: %w", err)
 		}
 	}
 	n.save(l)
+	mark("save")
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -304,11 +315,14 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	if err := waitHealthy(hctx, l.agent); err != nil {
 		return false, 0, fmt.Errorf("snapshot: guest did not come back: %w", err)
 	}
+	mark("agent_back")
 	if l.cancel != nil {
 		l.cancel()
 	}
 	n.watch(l)
 	n.startEgress(l)
+	mark("watch")
+	n.Logger.Info("node: memory snapshot taken", append([]any{"session", s.ID, "snapshot", snapshotID, "bytes", info.SizeBytes}, took...)...)
 	return info.Memory, info.SizeBytes, nil
 }
 

@@ -1,7 +1,6 @@
 package oci_test
 
 import (
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,30 +22,7 @@ func TestEventsWithoutRuntimeCall(t *testing.T) {
 	cat := catalog(t)
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
-			real, err := exec.LookPath(rt)
-			if err != nil {
-				t.Fatalf("%s is not installed: %v", rt, err)
-			}
-			base := t.TempDir()
-			calls := filepath.Join(base, "calls")
-			wrapper := filepath.Join(base, rt)
-			script := "#!/bin/sh\necho \"$*\" >> " + calls + "\nexec " + real + " \"$@\"\n"
-			if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			newDriver(t, rt) // the root and runtime checks
-			d, err := oci.New(oci.Options{
-				Runtime:      rt,
-				RuntimePath:  wrapper,
-				StateRoot:    filepath.Join(base, "state"),
-				BundleRoot:   filepath.Join(base, "bundles"),
-				CgroupParent: "/wbtest-" + randHex(t, 4),
-				Logger:       slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = d.RemoveCgroupParent() })
+			d, calls := countingDriver(t, rt)
 			s := guestSpec(t, cat[templates.Base], jobRunner)
 			boot(t, d, s)
 			ctx := ctxT(t, time.Minute)
@@ -82,6 +58,72 @@ func TestEventsWithoutRuntimeCall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEventsAfterRestoreWithoutRuntimeCall: a guest restored from runsc memory is followed
+// from the pid file its restore wrote, as a created one is: a live snapshot restores the
+// session's guest and watches it again while the caller waits (a `runsc state` took up to
+// two seconds of a snapshot's time on a loaded host).
+func TestEventsAfterRestoreWithoutRuntimeCall(t *testing.T) {
+	cat := catalog(t)
+	d, calls := countingDriver(t, oci.RuntimeRunsc)
+	ctx := ctxT(t, 5*time.Minute)
+	s := guestSpec(t, cat[templates.Base], jobRunner)
+	boot(t, d, s)
+	dir := filepath.Join(t.TempDir(), "snap")
+	if si, err := d.Snapshot(ctx, s.ID, dir, true); err != nil || !si.Memory {
+		t.Fatalf("memory snapshot: %+v, %v", si, err)
+	}
+	r := guestSpec(t, cat[templates.Base], jobRunner)
+	track(t, d, r)
+	if err := d.Restore(ctx, r, dir); err != nil {
+		t.Fatal(err)
+	}
+	info, err := d.Info(ctx, r.ID)
+	if err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("restored guest: %+v, %v (want running)", info, err)
+	}
+	raw, err := os.ReadFile(filepath.Join(d.BundleDir(r.ID), "init.pid"))
+	if pid, perr := strconv.Atoi(strings.TrimSpace(string(raw))); err != nil || perr != nil || pid != info.Pid {
+		t.Fatalf("restore's pid file says %q (%v), the runtime's state pid %d", raw, err, info.Pid)
+	}
+	before := runtimeCalls(t, calls)
+	events, err := d.Events(ctx, r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := runtimeCalls(t, calls); after != before {
+		t.Fatalf("Events on a restored guest ran the runtime %d times (%s), want none", after-before, lastCall(t, calls))
+	}
+	if err := d.Stop(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev, ok := <-events:
+		if !ok || ev.Type != hypervisor.EventExit {
+			t.Fatalf("event after stop = %+v (open %v), want exit", ev, ok)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no exit event within 20s of stop")
+	}
+}
+
+// countingDriver is a driver whose runtime is a wrapper that appends each call's arguments
+// to the file it answers.
+func countingDriver(t *testing.T, rt string) (*oci.Driver, string) {
+	t.Helper()
+	real, err := exec.LookPath(rt)
+	if err != nil {
+		t.Fatalf("%s is not installed: %v", rt, err)
+	}
+	base := t.TempDir()
+	calls := filepath.Join(base, "calls")
+	wrapper := filepath.Join(base, rt)
+	script := "#!/bin/sh\necho \"$*\" >> " + calls + "\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return newDriver(t, rt, func(o *oci.Options) { o.RuntimePath = wrapper }), calls
 }
 
 func runtimeCalls(t *testing.T, path string) int {

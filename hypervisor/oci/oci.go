@@ -394,11 +394,11 @@ func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
 	return nil
 }
 
-// rememberInit notes the process the runtime's create wrote to pid file pf, so that Events
-// can follow the guest without asking the runtime for its state (on runsc, a `runsc state`
-// is a process start and a sandbox RPC: tens of ms on a session's first moments). A pid file
-// that cannot be read leaves Events to ask the runtime, as it does for a guest this driver
-// did not create (a restore, or one found after a restart).
+// rememberInit notes the process the runtime's create or restore wrote to pid file pf, so
+// that Events can follow the guest without asking the runtime for its state (on runsc, a
+// `runsc state` is a process start and a sandbox RPC: tens of ms on a session's first
+// moments, a second on a loaded host). A pid file that cannot be read leaves Events to ask
+// the runtime, as it does for a guest this driver found after a restart.
 func (d *Driver) rememberInit(id, pf string) {
 	pid, err := gorunc.ReadPidFile(pf)
 	if err != nil {

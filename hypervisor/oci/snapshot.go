@@ -147,12 +147,15 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 	if _, err := d.loadGuest(s.ID); err == nil {
 		return fmt.Errorf("oci: guest %s already exists", s.ID)
 	}
+	t0 := time.Now()
 	if err := d.attachDisk(ctx, s); err != nil {
 		return err
 	}
+	disk := time.Since(t0)
 	if err := readLayer(ctx, filepath.Join(dir, rec.Layer), s.Writable); err != nil {
 		return err
 	}
+	layer := time.Since(t0) - disk
 	if !rec.Memory {
 		if err := d.Create(ctx, s); err != nil {
 			return err
@@ -163,7 +166,7 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 		}
 		return nil
 	}
-	t0 := time.Now()
+	t0 = time.Now()
 	bundle, err := d.prepare(s)
 	if err != nil {
 		return err
@@ -173,17 +176,20 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 		return err
 	}
 	defer con.Close()
+	pf := filepath.Join(bundle, pidFile)
 	_, err = d.rt.Restore(ctx, s.ID, bundle, &gorunc.RestoreOpts{
 		CheckpointOpts: gorunc.CheckpointOpts{ImagePath: filepath.Join(dir, snapshotMemory)},
 		IO:             con,
 		Detach:         true,
+		PidFile:        pf,
 	})
 	if err != nil {
 		err = con.withTail(off, fmt.Errorf("oci: %s restore %s: %w", d.name, s.ID, err))
 		d.cleanupFailed(s.ID)
 		return err
 	}
-	d.log.Debug("guest restored", "id", s.ID, "took", time.Since(t0))
+	d.rememberInit(s.ID, pf)
+	d.log.Debug("guest restored", "id", s.ID, "took", time.Since(t0), "disk", disk, "layer", layer)
 	return nil
 }
 
