@@ -226,6 +226,9 @@ func (p *warmPool) refill(ctx context.Context) {
 				p.backoff[k] = time.Now().Add(failBackoff)
 			}
 			p.mu.Unlock()
+			if err == nil {
+				p.n.Logger.Debug("node: warm pool: guest ready", "template", want.Template, "size", want.SizeClass, "runner", want.Runner, "guest", g.id, "took", time.Since(t0))
+			}
 			if err != nil && ctx.Err() == nil {
 				p.n.Logger.Error("node: warm pool", "template", want.Template, "size", want.SizeClass, "runner", want.Runner, "err", err)
 			}
