@@ -289,6 +289,18 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		return false, 0, fmt.Errorf("snapshot: checkpoint: %w", err)
 	}
 	old := l.g.GuestID
+	// The checkpoint stopped the old guest: it is deleted in the background once this ends,
+	// whatever the outcome, and not sooner: a runsc delete takes a second or two of CPU,
+	// which the new guest's first moments need on a small host.
+	defer func() {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			bg := context.WithoutCancel(ctx)
+			_ = n.Driver.Delete(bg, old)
+			_ = removeAll(n.guestDir(old))
+		}()
+	}()
 	l.g.GuestID = randomID("g-")
 	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
 	if err := n.Driver.Restore(ctx, spec, dir); err != nil {
@@ -302,13 +314,6 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	}
 	n.save(l)
 	mark("save")
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		bg := context.WithoutCancel(ctx)
-		_ = n.Driver.Delete(bg, old)
-		_ = removeAll(n.guestDir(old))
-	}()
 	l.agent, l.proxy = n.agentFor(l.g.GuestID), nil
 	hctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
