@@ -89,6 +89,9 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	return nil
 }
 
+// warmProbeTimeout bounds the health probe of a claimed warm guest.
+const warmProbeTimeout = 5 * time.Second
+
 // start boots the guest and waits for its agent. The caller holds l.mu.
 func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error {
 	tpl, err := n.template(sess.Template)
@@ -120,9 +123,11 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		if w, ok := n.pool.take(tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
 			// A warm guest may have died while it waited: its health probe is the one the
 			// session needs anyway, on the client the session keeps (the one the pool's boot
-			// probed it with: its connection is open).
+			// probed it with: its connection is open). A dead guest fails the probe at once;
+			// a live one on a loaded host may take seconds to answer, still far less than a
+			// cold start (a 1 s bound sent runs cold under load).
 			id, c := w.id, w.agent
-			hctx, cancel := context.WithTimeout(ctx, time.Second)
+			hctx, cancel := context.WithTimeout(ctx, warmProbeTimeout)
 			err := c.Health(hctx)
 			cancel()
 			if err == nil {
