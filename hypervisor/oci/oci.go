@@ -455,6 +455,12 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	if _, err := d.loadGuest(id); err != nil {
 		return err
 	}
+	return d.freeze(ctx, id)
+}
+
+// freeze pauses guest id through the runtime, trying again when runc's freezer gave up
+// (retryFreeze). Pause and a disk snapshot both freeze through it.
+func (d *Driver) freeze(ctx context.Context, id string) error {
 	if err := retryFreeze(ctx, func() error { return d.rt.Pause(ctx, id) }); err != nil {
 		return d.wrap("pause", id, err)
 	}

@@ -82,8 +82,8 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		}
 		d.log.Debug("guest checkpointed", "id", id, "took", time.Since(t0))
 	case info.State == hypervisor.StateRunning:
-		if err := retryFreeze(ctx, func() error { return d.rt.Pause(ctx, id) }); err != nil {
-			return out, d.wrap("pause", id, err)
+		if err := d.freeze(ctx, id); err != nil {
+			return out, err
 		}
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
