@@ -190,6 +190,14 @@ type MemorySnapshotter interface {
 	MemorySnapshots() bool
 }
 
+// LayerAdopter is a Driver that can restore a memory snapshot into a new guest which takes
+// over the writable layer of the guest the snapshot was just taken from (stopped by it),
+// instead of making a new disk and unpacking the snapshot's copy: the two are the same, byte
+// for byte, and a new disk is most of what a restore costs beyond the runtime's own.
+type LayerAdopter interface {
+	RestoreAdopting(ctx context.Context, s Spec, dir, from string) error
+}
+
 // ErrNotFound is returned for a guest the driver does not know.
 var ErrNotFound = errors.New("hypervisor: guest not found")
 

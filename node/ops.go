@@ -303,7 +303,14 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	}()
 	l.g.GuestID = randomID("g-")
 	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
-	if err := n.Driver.Restore(ctx, spec, dir); err != nil {
+	restore := n.Driver.Restore
+	if a, ok := n.Driver.(hypervisor.LayerAdopter); ok {
+		// The new guest takes over the old one's disk: no new disk to make and fill.
+		restore = func(ctx context.Context, s hypervisor.Spec, dir string) error {
+			return a.RestoreAdopting(ctx, s, dir, old)
+		}
+	}
+	if err := restore(ctx, spec, dir); err != nil {
 		return false, 0, fmt.Errorf("snapshot: restore the guest: %w", err)
 	}
 	mark("restore")

@@ -469,6 +469,73 @@ func TestSnapshotMemoryRunsc(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+
+	// The node's live snapshot: the new guest takes over the checkpointed one's disk.
+	dir3 := filepath.Join(t.TempDir(), "snap3")
+	if _, err := d.Snapshot(ctx, r.ID, dir3, true); err != nil {
+		t.Fatal(err)
+	}
+	at3 := readInt(t, rcount)
+	// Written after the snapshot: only a guest that took over the layer (not one that
+	// unpacked the snapshot's copy) sees it.
+	if err := os.WriteFile(filepath.Join(hypervisor.WorkspaceDir(r.Writable), "after"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := guestSpec(t, cat[templates.Base], "exit 1")
+	track(t, d, a)
+	if err := d.RestoreAdopting(ctx, a, dir3, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(hypervisor.WorkspaceDir(a.Writable), "after")); err != nil {
+		t.Fatalf("adopting restore: the old layer's file is not there: %v", err)
+	}
+	if _, err := os.Stat(a.Writable + ".img"); err != nil {
+		t.Fatalf("adopting restore: the disk image is not the new guest's: %v", err)
+	}
+	if mountOptions(t, r.Writable) != "" {
+		t.Fatal("adopting restore: the old layer is still mounted")
+	}
+	if o := mountOptions(t, a.Writable); !strings.Contains(o, "nodev") || !strings.Contains(o, "nosuid") {
+		t.Fatalf("adopted layer mounted with %q, want nodev and nosuid kept", o)
+	}
+	if err := d.Delete(ctx, r.ID); err != nil { // the old guest goes; the new one runs on
+		t.Fatal(err)
+	}
+	acount := filepath.Join(hypervisor.WorkspaceDir(a.Writable), "count")
+	deadline = time.Now().Add(20 * time.Second)
+	for readInt(t, acount) <= at3+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("adopting restore: counter stuck at %d (snapshot at %d)", readInt(t, acount), at3)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := d.Stop(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if mountOptions(t, a.Writable) != "" {
+		t.Fatal("the adopted layer is still mounted after its guest was deleted")
+	}
+	if _, err := os.Stat(a.Writable + ".img"); !os.IsNotExist(err) {
+		t.Fatalf("the adopted disk image was left behind: %v", err)
+	}
+}
+
+// mountOptions is the per-mount options of the mount at dir ("" when dir is not a mount point).
+func mountOptions(t testing.TB, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for l := range strings.Lines(string(b)) {
+		if f := strings.Fields(l); len(f) > 5 && f[4] == filepath.Clean(dir) {
+			return f[5]
+		}
+	}
+	return ""
 }
 
 // TestPolyglot runs the host's toolchains inside tpl_dev_polyglot.

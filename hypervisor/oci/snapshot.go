@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
@@ -118,6 +119,19 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 // s.Writable (which must be empty), then the guest's memory is restored (runsc restore
 // --detach) when the snapshot has it, else the guest boots afresh.
 func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) error {
+	return d.restore(ctx, s, dir, "")
+}
+
+// RestoreAdopting is Restore of a memory snapshot just taken of guest from (which its
+// checkpoint stopped): the new guest takes over from's writable layer, disk and all, instead
+// of a new disk with the snapshot's copy unpacked into it. from is left with no layer; it is
+// still to be deleted. A snapshot without memory, or from with another disk size, is
+// restored as Restore does.
+func (d *Driver) RestoreAdopting(ctx context.Context, s hypervisor.Spec, dir, from string) error {
+	return d.restore(ctx, s, dir, from)
+}
+
+func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from string) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
@@ -148,12 +162,20 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 		return fmt.Errorf("oci: guest %s already exists", s.ID)
 	}
 	t0 := time.Now()
-	if err := d.attachDisk(ctx, s); err != nil {
+	adopted, err := d.adoptLayer(rec, s, from)
+	if err != nil {
 		return err
 	}
+	if !adopted {
+		if err := d.attachDisk(ctx, s); err != nil {
+			return err
+		}
+	}
 	disk := time.Since(t0)
-	if err := readLayer(ctx, filepath.Join(dir, rec.Layer), s.Writable); err != nil {
-		return err
+	if !adopted {
+		if err := readLayer(ctx, filepath.Join(dir, rec.Layer), s.Writable); err != nil {
+			return err
+		}
 	}
 	layer := time.Since(t0) - disk
 	if !rec.Memory {
@@ -189,8 +211,51 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 		return err
 	}
 	d.rememberInit(s.ID, pf)
-	d.log.Debug("guest restored", "id", s.ID, "took", time.Since(t0), "disk", disk, "layer", layer)
+	d.log.Debug("guest restored", "id", s.ID, "took", time.Since(t0), "disk", disk, "layer", layer, "adopted", adopted)
 	return nil
+}
+
+// adoptLayer moves guest from's writable layer to s, for a restore of the memory snapshot rec
+// just taken of from: a mounted disk is bound at s.Writable (its mount flags go with it) and
+// its image renamed to s's, and the old mount point let go; a plain directory is renamed.
+// false (and nothing done) when there is nothing to adopt: no from, a snapshot without
+// memory or not of from, or a layer that differs in its disk size.
+func (d *Driver) adoptLayer(rec snapshotRecord, s hypervisor.Spec, from string) (bool, error) {
+	if from == "" || !rec.Memory || rec.GuestID != from {
+		return false, nil
+	}
+	g, err := d.loadGuest(from)
+	if err != nil {
+		return false, err
+	}
+	old := g.Spec
+	if old.DiskGiB != s.DiskGiB || old.Writable == "" {
+		return false, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(filepath.Clean(s.Writable)), 0o755); err != nil {
+		return false, fmt.Errorf("oci: writable layer: %w", err)
+	}
+	if !mounted(old.Writable) {
+		if err := os.Rename(old.Writable, s.Writable); err != nil {
+			return false, fmt.Errorf("oci: adopt the writable layer of %s: %w", from, err)
+		}
+		return true, nil
+	}
+	if err := os.MkdirAll(s.Writable, 0o755); err != nil {
+		return false, fmt.Errorf("oci: writable layer: %w", err)
+	}
+	if err := syscall.Mount(old.Writable, s.Writable, "", syscall.MS_BIND, ""); err != nil {
+		return false, fmt.Errorf("oci: adopt the disk of %s: bind its layer: %w", from, err)
+	}
+	if err := os.Rename(diskImage(old), diskImage(s)); err != nil {
+		_ = syscall.Unmount(s.Writable, syscall.MNT_DETACH)
+		return false, fmt.Errorf("oci: adopt the disk of %s: %w", from, err)
+	}
+	// The loop device stays attached through the new mount; when that goes, it goes too.
+	if err := syscall.Unmount(old.Writable, syscall.MNT_DETACH); err != nil {
+		d.log.Warn("adopted disk: unmount the old layer", "id", from, "err", err)
+	}
+	return true, nil
 }
 
 // writeLayer tars the writable layer (directories, regular files, symlinks; sockets, fifos and
