@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -130,4 +131,65 @@ func lastCall(t *testing.T, path string) string {
 	b, _ := os.ReadFile(path)
 	l := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return l[len(l)-1]
+}
+
+// TestSnapshotAsksNoState: a snapshot of a guest this driver started knows the guest's state
+// (running, or paused by Pause) without asking the runtime: a `runsc state` is a process
+// start, about 0.1 s of a live snapshot here. The runtime runs only for what the snapshot
+// does: runsc resumes the paused guest and checkpoints it; runc freezes and thaws it.
+func TestSnapshotAsksNoState(t *testing.T) {
+	cat := catalog(t)
+	for rt, want := range map[string][]string{
+		oci.RuntimeRunsc: {"resume", "checkpoint"},
+		oci.RuntimeRunc:  {"pause", "resume"},
+	} {
+		t.Run(rt, func(t *testing.T) {
+			d, calls := countingDriver(t, rt)
+			ctx := ctxT(t, 5*time.Minute)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			g, _, _, _ := boot(t, d, s)
+			if rt == oci.RuntimeRunsc {
+				if err := d.Pause(ctx, s.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := runtimeCalls(t, calls)
+			si, err := d.Snapshot(ctx, s.ID, filepath.Join(t.TempDir(), "snap"), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if si.Memory != (rt == oci.RuntimeRunsc) {
+				t.Fatalf("snapshot %+v: memory %v, want %v", si, si.Memory, rt == oci.RuntimeRunsc)
+			}
+			if got := subcommands(t, calls, before); !slices.Equal(got, want) {
+				t.Fatalf("the snapshot ran the runtime for %v, want %v", got, want)
+			}
+			if rt == oci.RuntimeRunc {
+				g.mustRun("true") // thawed: it still runs jobs
+			}
+		})
+	}
+}
+
+// subcommands names the runtime calls logged in path after the first skip: each one's first
+// word that is an OCI runtime subcommand (the global flags before it are not).
+func subcommands(t *testing.T, path string, skip int) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := []string{"state", "create", "start", "pause", "resume", "checkpoint", "restore", "kill", "delete", "events", "ps", "exec"}
+	var out []string
+	for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if i < skip {
+			continue
+		}
+		name := "?"
+		if j := slices.IndexFunc(strings.Fields(l), func(w string) bool { return slices.Contains(known, w) }); j >= 0 {
+			name = strings.Fields(l)[j]
+		}
+		out = append(out, name)
+	}
+	return out
 }

@@ -85,10 +85,12 @@ type Driver struct {
 
 // initProc is a guest's process as the runtime's create wrote it to its pid file (runc: the
 // container's init; runsc: the sandbox), with its start time, which tells it from a later
-// process with the same pid.
+// process with the same pid, and the state this driver last put the guest in (created,
+// running or paused) while that process lives.
 type initProc struct {
 	pid   int
 	start string
+	state hypervisor.State
 }
 
 var _ hypervisor.Driver = (*Driver)(nil)
@@ -389,7 +391,7 @@ func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
 		d.cleanupFailed(s.ID)
 		return err
 	}
-	d.rememberInit(s.ID, pf)
+	d.rememberInit(s.ID, pf, hypervisor.StateCreated)
 	d.log.Debug("guest created", "id", s.ID, "took", time.Since(t0))
 	return nil
 }
@@ -399,7 +401,7 @@ func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
 // `runsc state` is a process start and a sandbox RPC: tens of ms on a session's first
 // moments, a second on a loaded host). A pid file that cannot be read leaves Events to ask
 // the runtime, as it does for a guest this driver found after a restart.
-func (d *Driver) rememberInit(id, pf string) {
+func (d *Driver) rememberInit(id, pf string, state hypervisor.State) {
 	pid, err := gorunc.ReadPidFile(pf)
 	if err != nil {
 		d.log.Debug("create: no pid file", "id", id, "err", err)
@@ -410,7 +412,33 @@ func (d *Driver) rememberInit(id, pf string) {
 		return
 	}
 	d.initMu.Lock()
-	d.inits[id] = initProc{pid: pid, start: start}
+	d.inits[id] = initProc{pid: pid, start: start, state: state}
+	d.initMu.Unlock()
+}
+
+// knownState is guest id's state without a runtime call, for a guest this driver created or
+// restored: stopped once the process its create found is gone, else what the driver last did
+// to it. false for a guest it found after a restart (ask Info).
+func (d *Driver) knownState(id string) (hypervisor.State, bool) {
+	d.initMu.Lock()
+	p, ok := d.inits[id]
+	d.initMu.Unlock()
+	switch {
+	case !ok:
+		return "", false
+	case !proc.Alive(p.pid, p.start):
+		return hypervisor.StateStopped, true
+	}
+	return p.state, true
+}
+
+// setKnownState notes what the driver just did to guest id (see knownState).
+func (d *Driver) setKnownState(id string, state hypervisor.State) {
+	d.initMu.Lock()
+	if p, ok := d.inits[id]; ok {
+		p.state = state
+		d.inits[id] = p
+	}
 	d.initMu.Unlock()
 }
 
@@ -447,6 +475,7 @@ func (d *Driver) Boot(ctx context.Context, id string) error {
 	if err := d.rt.Start(ctx, id); err != nil {
 		return d.wrap("start", id, err)
 	}
+	d.setKnownState(id, hypervisor.StateRunning)
 	return d.sealAgentDir(ctx, g.Spec)
 }
 
@@ -455,7 +484,11 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 	if _, err := d.loadGuest(id); err != nil {
 		return err
 	}
-	return d.freeze(ctx, id)
+	if err := d.freeze(ctx, id); err != nil {
+		return err
+	}
+	d.setKnownState(id, hypervisor.StatePaused)
+	return nil
 }
 
 // freeze pauses guest id through the runtime, trying again when runc's freezer gave up
@@ -500,6 +533,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	if err := d.rt.Resume(ctx, id); err != nil {
 		return d.wrap("resume", id, err)
 	}
+	d.setKnownState(id, hypervisor.StateRunning)
 	return nil
 }
 
