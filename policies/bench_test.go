@@ -104,3 +104,25 @@ func compileShipped(tb testing.TB) *compiled {
 	}
 	return c
 }
+
+// BenchmarkRuntimeExec: one exec event through the whole engine (the shipped wb.runtime, the
+// decision log), as the node asks before every exec and PTY.
+func BenchmarkRuntimeExec(b *testing.B) {
+	ctx := context.Background()
+	e, err := New(ctx, redistest.Server(b), Options{Logger: slog.New(slog.DiscardHandler), Refresh: time.Hour,
+		DecisionLog: DecisionLogOptions{Buffer: 1 << 16}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = e.Close(ctx) })
+	event := func() map[string]any {
+		return map[string]any{"type": "exec", "argv": []any{"/bin/sh", "-c", "pip install -r requirements.txt"},
+			"session": map[string]any{"id": "sess_bench", "tier": 2}}
+	}
+	timed(b, func() {
+		d, err := e.Runtime(ctx, "proj_bench", "", event())
+		if err != nil || d.Kill || d.Deny {
+			b.Fatalf("%+v %v", d, err)
+		}
+	})
+}
