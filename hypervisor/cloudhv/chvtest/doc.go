@@ -11,7 +11,9 @@
 // What only the fake needs comes from the environment:
 //
 //	WB_FAKECH_STATE_DIR     where the guest's mounts, runc state and bundles live (default: a
-//	                        new temp dir, removed at exit); it must be searchable (o+x) from /
+//	                        new temp dir, removed at exit; the next fakech to start removes,
+//	                        with its mounts, one that a fakech killed with SIGKILL left);
+//	                        it must be searchable (o+x) from /
 //	WB_FAKECH_RUNC          the runc binary (default: runc on PATH)
 //	WB_FAKECH_LOG           the fake's log file (default: stderr)
 //

@@ -26,6 +26,9 @@ import (
 	"wb/hypervisor/cloudhv/chvtest"
 )
 
+// stateDirPrefix names the state dirs fakech makes for itself under the temp dir.
+const stateDirPrefix = "fakech-"
+
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "fakech:", err)
@@ -127,11 +130,17 @@ func run(args []string) error {
 
 	stateDir := os.Getenv("WB_FAKECH_STATE_DIR")
 	if stateDir == "" {
-		d, err := os.MkdirTemp("", "fakech-")
+		// A fakech killed with SIGKILL (the tests' VMM crash) cannot remove its dir nor
+		// unmount its guest's disks: the next one does.
+		chvtest.ReapStale(os.TempDir(), stateDirPrefix, log)
+		d, err := os.MkdirTemp("", stateDirPrefix)
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
+		if err := chvtest.ClaimStateDir(d); err != nil {
+			return err
+		}
 		stateDir = d
 	}
 	stateDir, err := filepath.Abs(stateDir)
