@@ -11,11 +11,8 @@ import (
 	"wb/session"
 )
 
-// benchAdmit times Engine.Admit call by call and reports p50 and p99 besides ns/op and
-// allocs/op. The project's policy set is loaded before the timer starts; the decision log
-// writes to Redis in the background as in production. Target: p99 ≤ 100 µs for the shipped
-// policy alone.
-func benchAdmit(b *testing.B, tenant string) {
+// benchEngine is an engine on its own Redis, as wb runs it, without its log lines.
+func benchEngine(b *testing.B) *Engine {
 	ctx := context.Background()
 	e, err := New(ctx, redistest.Server(b), Options{Logger: slog.New(slog.DiscardHandler), Refresh: time.Hour,
 		DecisionLog: DecisionLogOptions{Buffer: 1 << 16}})
@@ -23,6 +20,16 @@ func benchAdmit(b *testing.B, tenant string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = e.Close(ctx) })
+	return e
+}
+
+// benchAdmit times Engine.Admit call by call and reports p50 and p99 besides ns/op and
+// allocs/op. The project's policy set is loaded before the timer starts; the decision log
+// writes to Redis in the background as in production. Target: p99 ≤ 100 µs for the shipped
+// policy alone.
+func benchAdmit(b *testing.B, tenant string) {
+	ctx := context.Background()
+	e := benchEngine(b)
 	if tenant != "" {
 		if _, err := e.Put(ctx, "proj_bench", "tenant", tenant, ModeEnforce); err != nil {
 			b.Fatal(err)
@@ -109,12 +116,7 @@ func compileShipped(tb testing.TB) *compiled {
 // decision log), as the node asks before every exec and PTY.
 func BenchmarkRuntimeExec(b *testing.B) {
 	ctx := context.Background()
-	e, err := New(ctx, redistest.Server(b), Options{Logger: slog.New(slog.DiscardHandler), Refresh: time.Hour,
-		DecisionLog: DecisionLogOptions{Buffer: 1 << 16}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = e.Close(ctx) })
+	e := benchEngine(b)
 	event := func() map[string]any {
 		return map[string]any{"type": "exec", "argv": []any{"/bin/sh", "-c", "pip install -r requirements.txt"},
 			"session": map[string]any{"id": "sess_bench", "tier": 2}}
