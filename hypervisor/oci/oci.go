@@ -420,13 +420,11 @@ func (d *Driver) rememberInit(id, pf string, state hypervisor.State) {
 // restored: stopped once the process its create found is gone, else what the driver last did
 // to it. false for a guest it found after a restart (ask Info).
 func (d *Driver) knownState(id string) (hypervisor.State, bool) {
-	d.initMu.Lock()
-	p, ok := d.inits[id]
-	d.initMu.Unlock()
+	p, alive, ok := d.lookupInit(id)
 	switch {
 	case !ok:
 		return "", false
-	case !proc.Alive(p.pid, p.start):
+	case !alive:
 		return hypervisor.StateStopped, true
 	}
 	return p.state, true
@@ -444,10 +442,17 @@ func (d *Driver) setKnownState(id string, state hypervisor.State) {
 
 // knownInit answers guest id's process as its create found it, while that process lives.
 func (d *Driver) knownInit(id string) (initProc, bool) {
+	p, alive, _ := d.lookupInit(id)
+	return p, alive
+}
+
+// lookupInit answers guest id's process as its create found it, whether that process still
+// lives, and whether this driver knows it at all.
+func (d *Driver) lookupInit(id string) (p initProc, alive, ok bool) {
 	d.initMu.Lock()
-	p, ok := d.inits[id]
+	p, ok = d.inits[id]
 	d.initMu.Unlock()
-	return p, ok && proc.Alive(p.pid, p.start)
+	return p, ok && proc.Alive(p.pid, p.start), ok
 }
 
 func (d *Driver) forgetInit(id string) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -306,32 +307,50 @@ func unmount(dir string) error {
 	return nil
 }
 
-// mountSource is the source (e.g. /dev/loop3) of the mount at dir in this mount namespace.
+// mountSource is the source (e.g. /dev/loop3) of the mount at dir in this mount namespace
+// (the last one mounted there).
 func mountSource(dir string) (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mounts()
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
 	dir = filepath.Clean(dir)
-	src := ""
-	found := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 || unescapeMount(fields[4]) != dir {
-			continue
-		}
-		for i, f := range fields {
-			if f == "-" && i+2 < len(fields) {
-				src, found = fields[i+2], true
-			}
+	src, found := "", false
+	for _, m := range ms {
+		if m.point == dir && m.source != "" {
+			src, found = m.source, true
 		}
 	}
 	if !found {
 		return "", fs.ErrNotExist
 	}
 	return src, nil
+}
+
+// mountEntry is one mount of this mount namespace: where, and from what.
+type mountEntry struct{ point, source string }
+
+// mounts lists this mount namespace's mounts, from /proc/self/mountinfo, in mount order.
+func mounts() ([]mountEntry, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		m := mountEntry{point: unescapeMount(fields[4])}
+		if i := slices.Index(fields, "-"); i >= 0 && i+2 < len(fields) {
+			m.source = fields[i+2]
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
 }
 
 func unescapeMount(s string) string {

@@ -1,7 +1,6 @@
 package chvtest
 
 import (
-	"bufio"
 	"fmt"
 	"log/slog"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"wb/internal/proc"
 )
@@ -60,31 +58,22 @@ func ReapStale(parent, prefix string, log *slog.Logger) int {
 	return n
 }
 
-// unmountBelow detaches every mount at or below dir, deepest first.
+// unmountBelow unmounts every mount at or below dir, deepest first.
 func unmountBelow(dir string) error {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mounts()
 	if err != nil {
 		return err
 	}
-	defer f.Close()
 	dir = filepath.Clean(dir)
 	var points []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
+	for _, m := range ms {
+		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+			points = append(points, m.point)
 		}
-		if p := unescapeMount(fields[4]); p == dir || strings.HasPrefix(p, dir+"/") {
-			points = append(points, p)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
 	}
 	slices.SortFunc(points, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 	for _, p := range points {
-		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && err != syscall.EINVAL && err != syscall.ENOENT {
+		if err := unmount(p); err != nil {
 			return fmt.Errorf("unmount %s: %w", p, err)
 		}
 	}
