@@ -225,4 +225,8 @@ type Driver interface {
 	Stats(ctx context.Context, id string) (Stats, error)
 	// Events streams OOM and exit events until ctx ends or the guest exits (then the channel closes).
 	Events(ctx context.Context, id string) (<-chan Event, error)
+	// KnownRunning answers, without a runtime call or a round trip into the guest, whether
+	// guest id still runs with its agent: known is false where the driver cannot tell (a
+	// guest it did not start, or a VM, whose agent can die while its VMM lives).
+	KnownRunning(id string) (running, known bool)
 }

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"wb/hypervisor/templates"
+	"wb/internal/proc"
 	"wb/node"
 	"wb/session"
 )
@@ -114,4 +116,45 @@ func TestWarmClaimReusesAgentConnection(t *testing.T) {
 		t.Fatalf("exec = %+v, %v", res, err)
 	}
 	awaitPool(t, n.Node, 1)
+}
+
+// TestWarmClaimOfDeadGuest: a warm guest that died while it waited in the pool is not
+// claimed: the session starts cold and runs, and the dead guest is cleaned up.
+func TestWarmClaimOfDeadGuest(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	d := newDriver(t, "runc", tempDir(t))
+	cfg := nodeConfig(t, st, d, tempDir(t), "node_warm_dead")
+	cfg.Pools = []node.Pool{{Template: templates.Base, SizeClass: "s", Size: 1}}
+	n := startNode(t, cfg)
+	awaitPool(t, n.Node, 1)
+	ids, err := d.List(ctxT(t, 30*time.Second))
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("guests %v (%v), want the one warm guest", ids, err)
+	}
+	warm := ids[0]
+	info, err := d.Info(ctxT(t, 30*time.Second), warm)
+	if err != nil || info.Pid <= 0 {
+		t.Fatalf("warm guest %s: %+v, %v", warm, info, err)
+	}
+	if err := syscall.Kill(info.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); proc.Alive(info.Pid, ""); {
+		if time.Now().After(deadline) {
+			t.Fatalf("warm guest %s's process %d outlived SIGKILL by a minute", warm, info.Pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s := provision(t, st, n.Node, "proj_warm_dead", sessionOpts{res: sizeS(), idleS: 600, lifeS: 600})
+	if s.ColdStart == nil || !*s.ColdStart {
+		t.Fatalf("the session claimed the dead warm guest (cold_start %v)", s.ColdStart)
+	}
+	res, err := execIn(ctxT(t, time.Minute), n.Node, s, "echo cold")
+	if err != nil || strings.TrimSpace(res.Stdout) != "cold" {
+		t.Fatalf("exec = %+v, %v", res, err)
+	}
+	if err := guestGone(t, d, warm); err != nil { // destroyed before the cold start
+		t.Fatal(err)
+	}
 }

@@ -749,6 +749,10 @@ func apiClosed(err error) bool {
 	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
+// KnownRunning never knows: a VM's agent can die while its VMM runs on (the guest kernel's
+// panic is an event, not the VMM's end), so only a probe of the agent tells.
+func (d *Driver) KnownRunning(string) (running, known bool) { return false, false }
+
 // Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs), the
 // space the writable disk image takes on the host, and the VM's network counters
 // (vm.counters' rx_bytes and tx_bytes of its virtio-net devices).

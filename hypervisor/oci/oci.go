@@ -430,6 +430,13 @@ func (d *Driver) knownState(id string) (hypervisor.State, bool) {
 	return p.state, true
 }
 
+// KnownRunning: a container's init is the guest's agent, so the agent lives while the
+// process the driver's create found does (see knownState).
+func (d *Driver) KnownRunning(id string) (running, known bool) {
+	st, ok := d.knownState(id)
+	return ok && st == hypervisor.StateRunning, ok
+}
+
 // setKnownState notes what the driver just did to guest id (see knownState).
 func (d *Driver) setKnownState(id string, state hypervisor.State) {
 	d.initMu.Lock()

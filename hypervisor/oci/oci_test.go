@@ -37,6 +37,8 @@ func TestGuestLifecycle(t *testing.T) {
 			if info.State != hypervisor.StateRunning || info.Pid <= 0 {
 				t.Fatalf("info after boot = %+v, want running with a pid", info)
 			}
+			knownRunning(t, d, s.ID, "after boot", true, true)
+			knownRunning(t, d, "wp-unknown", "of a guest it never made", false, false)
 
 			// The template root is read-only; the writable dirs are not, and land on the host.
 			out := g.mustRun(`if echo x > /rootfile 2>/dev/null; then echo ROOT-WRITABLE; else echo root-denied; fi
@@ -130,6 +132,7 @@ wget -q -T 2 -O - http://127.0.0.1:` + strconv.Itoa(port) + `/ >> /workspace/nc.
 			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StatePaused {
 				t.Fatalf("info after pause = %+v, %v", info, err)
 			}
+			knownRunning(t, d, s.ID, "after pause", false, true)
 			t0 = time.Now()
 			if err := d.Resume(ctx, s.ID); err != nil {
 				t.Fatal(err)
@@ -138,6 +141,7 @@ wget -q -T 2 -O - http://127.0.0.1:` + strconv.Itoa(port) + `/ >> /workspace/nc.
 			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
 				t.Fatalf("info after resume = %+v, %v", info, err)
 			}
+			knownRunning(t, d, s.ID, "after resume", true, true)
 			g.mustRun("true")
 			t.Logf("%s: pause %s, resume %s", rt, ms(pause), ms(resume))
 
@@ -183,6 +187,7 @@ wget -q -T 2 -O - http://127.0.0.1:` + strconv.Itoa(port) + `/ >> /workspace/nc.
 			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateStopped {
 				t.Fatalf("info after stop = %+v, %v", info, err)
 			}
+			knownRunning(t, d, s.ID, "after stop", false, true)
 			t0 = time.Now()
 			if err := d.Delete(ctx, s.ID); err != nil {
 				t.Fatal(err)
@@ -679,5 +684,13 @@ func TestDiskLimit(t *testing.T) {
 				t.Fatal("writable layer still mounted")
 			}
 		})
+	}
+}
+
+// knownRunning checks what the driver knows of guest id without asking the runtime.
+func knownRunning(t *testing.T, d *oci.Driver, id, when string, running, known bool) {
+	t.Helper()
+	if r, k := d.KnownRunning(id); r != running || k != known {
+		t.Fatalf("KnownRunning %s = %v, %v; want %v, %v", when, r, k, running, known)
 	}
 }
