@@ -42,10 +42,10 @@ type warmPool struct {
 
 type poolKey struct{ template, size, runner string }
 
-// warmGuest is a ready guest and the agent client its boot probed it with: the claim's
-// health probe reuses that client's open connection instead of dialling the agent again
-// (a new connection into a gVisor guest costs an accept in the sandbox, a few ms on a
-// loaded host).
+// warmGuest is a ready guest and the agent client its boot probed it with: the session
+// keeps that client's open connection (and a claim that must probe the agent, see
+// warmAlive, uses it) instead of dialling the agent again (a new connection into a gVisor
+// guest costs an accept in the sandbox, a few ms on a loaded host).
 type warmGuest struct {
 	id    string
 	agent *agent.Client

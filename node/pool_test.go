@@ -89,8 +89,8 @@ func TestWarmPoolWarmUp(t *testing.T) {
 	})
 }
 
-// TestWarmClaimReusesAgentConnection: a warm claim's health probe goes over the connection
-// the pool's boot opened to the guest's agent (a new connection into a gVisor guest costs an
+// TestWarmClaimReusesAgentConnection: a warm claim's session reaches the guest's agent over
+// the connection the pool's boot opened (a new connection into a gVisor guest costs an
 // accept in the sandbox), and the pool refills once the claim is served.
 func TestWarmClaimReusesAgentConnection(t *testing.T) {
 	t.Parallel()
