@@ -177,20 +177,16 @@ func sleep(ctx context.Context, d time.Duration) {
 // node is checked against every placement already made; when another placer is placing the
 // project, that one places this round too.
 func (p *Placer) PlaceProject(ctx context.Context, project string) {
-	// Most projects have nothing pending most of the time: look before taking the lock.
-	if ids, err := p.Store.IDsInState(ctx, project, session.Pending, 1); err != nil || len(ids) == 0 {
-		if err != nil && ctx.Err() == nil {
-			p.Logger.Error("placer: list pending", "project", project, "err", err)
-		}
-		p.setWaiting(project, err != nil)
-		return
-	}
-	lock, err := p.Store.LockPlacement(ctx, project)
+	lock, pending, err := p.Store.LockPlacement(ctx, project)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.Logger.Error("placer: lock", "project", project, "err", err)
 		}
+		p.setWaiting(project, true)
 		return
+	}
+	if !pending {
+		p.setWaiting(project, false)
 	}
 	if lock == nil {
 		return
@@ -218,36 +214,19 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 // some stay pending (no room yet, or an error).
 func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
 	const most = 256
-	ids, err := p.Store.IDsInState(ctx, project, session.Pending, most)
-	if err != nil {
-		p.Logger.Error("placer: list pending", "project", project, "err", err)
-		return true
-	}
-	if len(ids) == 0 {
-		return false
-	}
-	left = len(ids) == most
-	nodes, err := p.Store.Nodes(ctx)
+	now := p.Now()
+	v, err := p.Store.ReadPlacement(ctx, project, most, now, p.claimWindow(), func(n store.NodeInfo) bool { return p.live(now, n) })
 	if err != nil {
 		if ctx.Err() == nil {
-			p.Logger.Error("placer: list nodes", "err", err)
+			p.Logger.Error("placer: read placement", "project", project, "err", err)
 		}
 		return true
 	}
-	share, err := p.projectShare(ctx, project)
-	if err != nil {
-		if ctx.Err() == nil {
-			p.Logger.Error("placer: project's share of nodes", "project", project, "err", err)
-		}
-		return true
-	}
-	for _, id := range ids {
-		sess, err := p.Store.Get(ctx, project, id)
-		if err != nil || sess.State != session.Pending {
-			left = left || err != nil
-			continue
-		}
-		node, ok, err := p.choose(ctx, nodes, sess, share)
+	left = v.More
+	share := &share{pct: v.Project.NodeSharePct, used: v.Usage}
+	for _, sess := range v.Pending {
+		id := sess.ID
+		node, ok, err := p.choose(ctx, v.Nodes, v.Claims, sess, share)
 		if err != nil {
 			if ctx.Err() == nil {
 				p.Logger.Error("placer: claim room on a node", "session", id, "err", err)
@@ -311,18 +290,6 @@ type share struct {
 	used map[string]store.NodeUse
 }
 
-func (p *Placer) projectShare(ctx context.Context, project string) (*share, error) {
-	proj, err := p.Store.GetProject(ctx, project)
-	if err != nil {
-		return nil, err
-	}
-	used, err := p.Store.NodeUsage(ctx, project)
-	if err != nil {
-		return nil, err
-	}
-	return &share{pct: proj.NodeSharePct, used: used}, nil
-}
-
 // fits reports whether sess keeps the project within its share of node n.
 func (sh *share) fits(n store.NodeInfo, sess *session.Session) bool {
 	u := sh.used[n.ID]
@@ -343,25 +310,15 @@ func (sh *share) add(node string, sess *session.Session) {
 // The claims are in Redis (Store.ClaimOnNode), shared by every placer, and a claim is
 // checked and made in one script: placers of several gateways placing at once never fill the
 // same room. A node whose room another placer took since the read is passed for the next.
-func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, sess *session.Session, sh *share) (store.NodeInfo, bool, error) {
+// claims is the round's read of the nodes' claims; choose adds the one it makes.
+func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[string]store.NodeUse, sess *session.Session, sh *share) (store.NodeInfo, bool, error) {
 	now := p.Now()
 	var cands []store.NodeInfo
-	var ids []string
 	for _, n := range nodes {
-		if n.Draining || now.Sub(n.HeartbeatAt) > p.HeartbeatTimeout || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) ||
-			!sh.fits(n, sess) {
+		if !p.live(now, n) || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) || !sh.fits(n, sess) {
 			continue
 		}
 		cands = append(cands, n)
-		ids = append(ids, n.ID)
-	}
-	if len(cands) == 0 {
-		return store.NodeInfo{}, false, nil
-	}
-	window := p.claimWindow()
-	claims, err := p.Store.NodeClaims(ctx, ids, now, window)
-	if err != nil {
-		return store.NodeInfo{}, false, err
 	}
 	type ranked struct {
 		n              store.NodeInfo
@@ -379,15 +336,24 @@ func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, sess *sessi
 	for _, r := range fit {
 		n := r.n
 		ok, err := p.Store.ClaimOnNode(ctx, n.ID, sess.ID, sess.Resources.VCPU, sess.Resources.MemoryMiB,
-			n.VCPU-n.UsedVCPU, n.MemoryMiB-n.UsedMemoryMiB, now, window)
+			n.VCPU-n.UsedVCPU, n.MemoryMiB-n.UsedMemoryMiB, now, p.claimWindow())
 		if err != nil {
 			return store.NodeInfo{}, false, err
 		}
 		if ok {
+			c := claims[n.ID]
+			c.VCPU += sess.Resources.VCPU
+			c.MemoryMiB += sess.Resources.MemoryMiB
+			claims[n.ID] = c
 			return n, true, nil
 		}
 	}
 	return store.NodeInfo{}, false, nil
+}
+
+// live reports whether node n takes new sessions at now: it beats, and no operator drains it.
+func (p *Placer) live(now time.Time, n store.NodeInfo) bool {
+	return !n.Draining && now.Sub(n.HeartbeatAt) <= p.HeartbeatTimeout
 }
 
 // claimWindow is how long a placement's claim counts against its node: until its heartbeat

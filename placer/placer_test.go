@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -44,7 +47,10 @@ func pending(t *testing.T, st *store.Store, project, region string, tier, mem in
 }
 
 func setup(t *testing.T) (*store.Store, *recorder, *Placer, *time.Time) {
-	rdb := redistest.Server(t)
+	return setupOn(t, redistest.Server(t))
+}
+
+func setupOn(t *testing.T, rdb *redis.Client) (*store.Store, *recorder, *Placer, *time.Time) {
 	st := store.New(rdb)
 	rec := &recorder{placed: map[string]string{}}
 	now := time.Now()
@@ -100,6 +106,59 @@ func TestPlacement(t *testing.T) {
 	if (rec.nodeOf(a.ID) == "") == (rec.nodeOf(b.ID) == "") {
 		t.Fatalf("capacity not honoured: a→%q b→%q", rec.nodeOf(a.ID), rec.nodeOf(b.ID))
 	}
+}
+
+// roundTrips counts a client's calls to Redis: one per command, one per pipeline.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// TestPlacementRoundTrips: a placement is on the path of every create, and each round trip to
+// Redis is a share of the create's latency: placing one session reads what the round needs
+// in two round trips, however many sessions the project runs and nodes there are.
+func TestPlacementRoundTrips(t *testing.T) {
+	rdb := redistest.Server(t)
+	rt := &roundTrips{}
+	rdb.AddHook(rt)
+	st, rec, p, _ := setupOn(t, rdb)
+	ctx := context.Background()
+	for range 5 { // the project runs others (the first round also loads the scripts)
+		s := pending(t, st, "proj_a", "r2", 2, 256)
+		p.PlaceProject(ctx, "proj_a")
+		p.wg.Wait()
+		if rec.nodeOf(s.ID) == "" {
+			t.Fatalf("%s not placed", s.ID)
+		}
+	}
+	s := pending(t, st, "proj_a", "r2", 2, 256)
+	before := rt.n.Load()
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	got := rt.n.Load() - before
+	if rec.nodeOf(s.ID) != "n_other" {
+		t.Fatalf("%s placed on %q, want n_other", s.ID, rec.nodeOf(s.ID))
+	}
+	// The lock (with its look for pending sessions), the two reads, the claim, the
+	// transition (its script and its index pipeline), the round's end.
+	const want = 7
+	if got > want {
+		t.Fatalf("placing one session took %d round trips to Redis, want at most %d", got, want)
+	}
+	t.Logf("placing one session: %d round trips", got)
 }
 
 // TestPlacementSkipsDrainingNodes: a node an operator drains takes no new session (n_big is

@@ -71,20 +71,30 @@ func (s *Store) ReleaseOnNode(ctx context.Context, nodeID, sessionID string, vcp
 // NodeClaims answers the sums of the live claims (made within window before now) on each of
 // nodes, in one round trip; a node with none is absent.
 func (s *Store) NodeClaims(ctx context.Context, nodes []string, now time.Time, window time.Duration) (map[string]NodeUse, error) {
-	out := map[string]NodeUse{}
 	if len(nodes) == 0 {
-		return out, nil
+		return map[string]NodeUse{}, nil
 	}
 	cmds := make([]*redis.StringSliceCmd, len(nodes))
-	min := "(" + strconv.FormatInt(now.UnixMilli()-window.Milliseconds(), 10)
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, n := range nodes {
-			cmds[i] = p.ZRangeByScore(ctx, nodeClaimsKey(n), &redis.ZRangeBy{Min: min, Max: "+inf"})
+			cmds[i] = liveClaims(ctx, p, n, now, window)
 		}
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("node claims: %w", err)
 	}
+	return claimsFrom(nodes, cmds), nil
+}
+
+// liveClaims queues the read of node's claims made within window before now.
+func liveClaims(ctx context.Context, p redis.Pipeliner, node string, now time.Time, window time.Duration) *redis.StringSliceCmd {
+	min := "(" + strconv.FormatInt(now.UnixMilli()-window.Milliseconds(), 10)
+	return p.ZRangeByScore(ctx, nodeClaimsKey(node), &redis.ZRangeBy{Min: min, Max: "+inf"})
+}
+
+// claimsFrom sums the claims liveClaims read of each of nodes; a node with none is absent.
+func claimsFrom(nodes []string, cmds []*redis.StringSliceCmd) map[string]NodeUse {
+	out := map[string]NodeUse{}
 	for i, n := range nodes {
 		for _, m := range cmds[i].Val() {
 			parts := strings.Split(m, "|")
@@ -102,5 +112,5 @@ func (s *Store) NodeClaims(ctx context.Context, nodes []string, now time.Time, w
 			out[n] = u
 		}
 	}
-	return out, nil
+	return out
 }

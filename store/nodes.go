@@ -53,14 +53,18 @@ func (s *Store) Nodes(ctx context.Context) ([]NodeInfo, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
-	drain := draining.Val()
-	out := make([]NodeInfo, 0, len(all.Val()))
-	for id, raw := range all.Val() {
+	return nodesFrom(all.Val(), draining.Val())
+}
+
+// nodesFrom reads the nodes hash (NodesKey) and the ids of draining nodes.
+func nodesFrom(all map[string]string, draining []string) ([]NodeInfo, error) {
+	out := make([]NodeInfo, 0, len(all))
+	for id, raw := range all {
 		var n NodeInfo
 		if err := json.Unmarshal([]byte(raw), &n); err != nil {
 			return nil, fmt.Errorf("node %s: %w", id, err)
 		}
-		n.Draining = n.Draining || slices.Contains(drain, id)
+		n.Draining = n.Draining || slices.Contains(draining, id)
 		out = append(out, n)
 	}
 	return out, nil

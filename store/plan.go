@@ -253,6 +253,12 @@ func (s *Store) NodeUsage(ctx context.Context, project string) (map[string]NodeU
 			return nil, fmt.Errorf("node usage of %s: %w", project, err)
 		}
 	}
+	return usageFrom(project, cmds)
+}
+
+// usageFrom sums, per node, what the project's sessions hold from their node and doc fields
+// (HMGET node doc of each).
+func usageFrom(project string, cmds []*redis.SliceCmd) (map[string]NodeUse, error) {
 	out := map[string]NodeUse{}
 	for _, c := range cmds {
 		v := c.Val()
