@@ -33,7 +33,7 @@ func (r *recorder) nodeOf(id string) string {
 	return r.placed[id]
 }
 
-func pending(t *testing.T, st *store.Store, project, region string, tier, mem int) *session.Session {
+func pending(t testing.TB, st *store.Store, project, region string, tier, mem int) *session.Session {
 	t.Helper()
 	now := time.Now()
 	s := &session.Session{ID: session.NewID("sess_", now), Tier: tier, State: session.Pending, ProjectID: project,
@@ -50,7 +50,7 @@ func setup(t *testing.T) (*store.Store, *recorder, *Placer, *time.Time) {
 	return setupOn(t, redistest.Server(t))
 }
 
-func setupOn(t *testing.T, rdb *redis.Client) (*store.Store, *recorder, *Placer, *time.Time) {
+func setupOn(t testing.TB, rdb *redis.Client) (*store.Store, *recorder, *Placer, *time.Time) {
 	st := store.New(rdb)
 	rec := &recorder{placed: map[string]string{}}
 	now := time.Now()

@@ -29,6 +29,8 @@ bench -- -benchmem -benchtime 2s ./xds/
 # The gateway and policies as wb runs them: cmd/wb sets GOGC 400.
 bench GOGC=400 -- -benchmem -benchtime 2s ./gateway/ ./policies/
 bench -- -benchtime 200000x ./quota/
+# The placer: one placement at a time, beside a PING.
+bench -- -benchtime 2000x ./placer/
 # The OCI driver beside the bare runtime on the same root file system (`runc run`/`runsc run`;
 # pause + resume; runsc checkpoint, delete, restore); the platform's sessions and runs (beside
 # those, and a bare python3 on the host).

@@ -31,6 +31,7 @@ func Pairs() []Pair {
 		gateway  = "wb/gateway"
 		policies = "wb/policies"
 		quota    = "wb/quota"
+		placer   = "wb/placer"
 		oci      = "wb/hypervisor/oci"
 		conf     = "wb/conformance"
 		desktop  = "wb/desktop"
@@ -48,6 +49,10 @@ func Pairs() []Pair {
 		{Ref{store, "Transition", "p99-µs"}, with(redisSet, "p99-µs"), "a transition's script beside a bare SET"},
 		{Ref{store, "Transition", "ops/s"}, with(redisSet, "requests/s"), "a transition's script beside a bare SET"},
 		{Ref{store, "ChangePublish", "sec/op"}, Ref{gateway, "RedisPing", "p50-µs"}, "PUBLISH and two BLPOPs beside one PING"},
+
+		// placer: one placement (a create's path) beside one PING on the same client.
+		{Ref{placer, "PlaceOne", "p50-µs"}, Ref{"", "", "ping-p50-µs"}, "one placement beside one PING"},
+		{Ref{placer, "PlaceOne", "p99-µs"}, Ref{"", "", "ping-p99-µs"}, "one placement beside one PING"},
 
 		// plugins: the SDK and the example beside a hand-written module; the cache beside none.
 		{Ref{plugins, "Decide/rawgo", "p50_µs"}, Ref{"", "Decide/raw", "p50_µs"}, "the Go runtime's entry and exit"},
