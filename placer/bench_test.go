@@ -17,8 +17,7 @@ import (
 // placement makes (round-trips/op).
 func BenchmarkPlaceOne(b *testing.B) {
 	rdb := redistest.Server(b)
-	rt := &roundTrips{}
-	rdb.AddHook(rt)
+	rt := countRoundTrips(rdb)
 	st, rec, p, now := setupOn(b, rdb)
 	ctx := context.Background()
 	var place, ping []time.Duration

@@ -111,6 +111,13 @@ func TestPlacement(t *testing.T) {
 // roundTrips counts a client's calls to Redis: one per command, one per pipeline.
 type roundTrips struct{ n atomic.Int64 }
 
+// countRoundTrips counts rdb's calls from now on.
+func countRoundTrips(rdb *redis.Client) *roundTrips {
+	rt := &roundTrips{}
+	rdb.AddHook(rt)
+	return rt
+}
+
 func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -132,8 +139,7 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // in two round trips, however many sessions the project runs and nodes there are.
 func TestPlacementRoundTrips(t *testing.T) {
 	rdb := redistest.Server(t)
-	rt := &roundTrips{}
-	rdb.AddHook(rt)
+	rt := countRoundTrips(rdb)
 	st, rec, p, _ := setupOn(t, rdb)
 	ctx := context.Background()
 	for range 5 { // the project runs others (the first round also loads the scripts)

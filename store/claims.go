@@ -68,24 +68,6 @@ func (s *Store) ReleaseOnNode(ctx context.Context, nodeID, sessionID string, vcp
 	return nil
 }
 
-// NodeClaims answers the sums of the live claims (made within window before now) on each of
-// nodes, in one round trip; a node with none is absent.
-func (s *Store) NodeClaims(ctx context.Context, nodes []string, now time.Time, window time.Duration) (map[string]NodeUse, error) {
-	if len(nodes) == 0 {
-		return map[string]NodeUse{}, nil
-	}
-	cmds := make([]*redis.StringSliceCmd, len(nodes))
-	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, n := range nodes {
-			cmds[i] = liveClaims(ctx, p, n, now, window)
-		}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("node claims: %w", err)
-	}
-	return claimsFrom(nodes, cmds), nil
-}
-
 // liveClaims queues the read of node's claims made within window before now.
 func liveClaims(ctx context.Context, p redis.Pipeliner, node string, now time.Time, window time.Duration) *redis.StringSliceCmd {
 	min := "(" + strconv.FormatInt(now.UnixMilli()-window.Milliseconds(), 10)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/internal/redistest"
 )
 
@@ -36,7 +38,7 @@ func TestClaimOnNode(t *testing.T) {
 	if !claim("s2", 2, 1024, now.Add(2*time.Second)) {
 		t.Fatal("a session's own claim made again counted against itself")
 	}
-	got, err := s.NodeClaims(ctx, []string{"n1", "n2"}, now.Add(2*time.Second), window)
+	got, err := nodeClaims(ctx, s, []string{"n1", "n2"}, now.Add(2*time.Second), window)
 	if err != nil || got["n1"] != (NodeUse{VCPU: 4, MemoryMiB: 2048}) || len(got) != 1 {
 		t.Fatalf("claims read %v, %v; want n1 4 vCPU 2048 MiB", got, err)
 	}
@@ -49,7 +51,7 @@ func TestClaimOnNode(t *testing.T) {
 	if !claim("s3", 2, 256, later) {
 		t.Fatal("a lapsed claim still counted")
 	}
-	if got, _ := s.NodeClaims(ctx, []string{"n1"}, later, window); got["n1"] != (NodeUse{VCPU: 4, MemoryMiB: 1280}) {
+	if got, _ := nodeClaims(ctx, s, []string{"n1"}, later, window); got["n1"] != (NodeUse{VCPU: 4, MemoryMiB: 1280}) {
 		t.Fatalf("claims read %v after s1 lapsed; want 4 vCPU 1280 MiB", got)
 	}
 	// A release frees its room at once.
@@ -90,4 +92,18 @@ func TestClaimOnNodeConcurrent(t *testing.T) {
 	if made.Load() != 8 {
 		t.Fatalf("%d claims of 1 vCPU made on 8 free vCPUs, want 8", made.Load())
 	}
+}
+
+// nodeClaims reads the live claims of nodes as ReadPlacement does, in one round trip.
+func nodeClaims(ctx context.Context, s *Store, nodes []string, now time.Time, window time.Duration) (map[string]NodeUse, error) {
+	cmds := make([]*redis.StringSliceCmd, len(nodes))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, n := range nodes {
+			cmds[i] = liveClaims(ctx, p, n, now, window)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return claimsFrom(nodes, cmds), nil
 }

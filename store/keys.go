@@ -121,7 +121,7 @@ func nodeSessionsKey(node string) string { return "wb:node:{" + node + "}:sessio
 // reflect yet, member "SESSION|VCPU|MEMORY_MIB", score the time in ms of the claim; it
 // expires with its newest claim's window. Written by store (ClaimOnNode, ReleaseOnNode) for
 // every placer, so that placers of several gateways never fill the same free room; read by
-// the placer (NodeClaims) to rank nodes. Its node's hash tag: one script, one slot.
+// the placer (ReadPlacement) to rank nodes. Its node's hash tag: one script, one slot.
 func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" }
 
 // signalKey is a stream of signals of one kind of work, field p the project with work,
