@@ -35,6 +35,8 @@ type warmPool struct {
 	demand   map[poolKey][]time.Time   // claims asked of the key (served or not) within rateWindow
 	bootTook map[poolKey]time.Duration // moving average of a boot
 	backoff  map[poolKey]time.Time     // no boots of the key before, after one failed
+	waiting  map[poolKey]int           // claims waiting for a boot of the key in flight
+	landed   chan struct{}             // closed (and replaced) as each boot ends
 	kicks    chan struct{}
 	slots    chan struct{} // one per boot in flight
 	wg       sync.WaitGroup
@@ -58,6 +60,9 @@ const (
 	rateWindow = 10 * time.Second
 	// failBackoff is how long a pool whose boot failed waits before it boots again.
 	failBackoff = 2 * time.Second
+	// firstBootWait bounds a claim's wait for a pool's first boot (see take), whose time is
+	// not known yet: a cold start takes about as long.
+	firstBootWait = 5 * time.Second
 )
 
 func newWarmPool(n *Node) *warmPool {
@@ -66,7 +71,7 @@ func newWarmPool(n *Node) *warmPool {
 		par = max(1, runtime.NumCPU())
 	}
 	return &warmPool{n: n, ready: map[poolKey][]warmGuest{}, booting: map[poolKey]int{}, demand: map[poolKey][]time.Time{},
-		bootTook: map[poolKey]time.Duration{}, backoff: map[poolKey]time.Time{},
+		bootTook: map[poolKey]time.Duration{}, backoff: map[poolKey]time.Time{}, waiting: map[poolKey]int{}, landed: make(chan struct{}),
 		kicks: make(chan struct{}, 1), slots: make(chan struct{}, par)}
 }
 
@@ -83,7 +88,12 @@ func classOf(name string) (session.SizeClass, bool) {
 // found no guest kicks the refill at once; one that found a guest leaves the kick to its
 // caller, once the claim is served (see Provision): the refill's boot (a runtime create,
 // mkfs, a sandbox start) would otherwise take the CPU from the claim on a small host.
-func (p *warmPool) take(template string, res session.Resources, runner string) (warmGuest, bool) {
+//
+// A claim that finds none ready while a boot of its pool is in flight that no other claim
+// waits for waits for that boot, up to one boot's time (bootWait), rather than start its own
+// guest cold: the boot in flight started earlier, so it is ready sooner, and on a small host
+// a cold start beside it would take CPU from both.
+func (p *warmPool) take(ctx context.Context, template string, res session.Resources, runner string) (warmGuest, bool) {
 	c, ok := classOf(res.SizeClass)
 	if !ok || c.VCPU != res.VCPU || c.MemoryMiB != res.MemoryMiB || c.DiskGiB != res.DiskGiB {
 		return warmGuest{}, false
@@ -94,15 +104,47 @@ func (p *warmPool) take(template string, res session.Resources, runner string) (
 	if runner != "" {
 		keys = append(keys, poolKey{template, res.SizeClass, ""})
 	}
-	p.noteDemand(keys[0], time.Now())
-	for _, k := range keys {
-		if gs := p.ready[k]; len(gs) > 0 {
-			p.ready[k] = gs[1:]
-			return gs[0], true
+	own := keys[0]
+	p.noteDemand(own, time.Now())
+	var deadline time.Time
+	for {
+		for _, k := range keys {
+			if gs := p.ready[k]; len(gs) > 0 {
+				p.ready[k] = gs[1:]
+				return gs[0], true
+			}
 		}
+		if deadline.IsZero() {
+			p.kick() // the pool may have to grow or refill
+			if p.booting[own] <= p.waiting[own] {
+				return warmGuest{}, false
+			}
+			deadline = time.Now().Add(p.bootWait(own))
+			p.waiting[own]++
+			defer func() { p.waiting[own]-- }() // runs before the deferred Unlock
+		} else if p.booting[own] < p.waiting[own] || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return warmGuest{}, false // the boot failed, or took too long
+		}
+		landed := p.landed
+		p.mu.Unlock()
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-landed:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		p.mu.Lock()
 	}
-	p.kick() // the pool may have to grow or refill
-	return warmGuest{}, false
+}
+
+// bootWait is how long a claim waits for a boot in flight: the pool's average boot, or
+// firstBootWait before the pool has one. The caller holds p.mu.
+func (p *warmPool) bootWait(k poolKey) time.Duration {
+	if took := p.bootTook[k]; took > 0 {
+		return took
+	}
+	return firstBootWait
 }
 
 // noteDemand records a claim asked of k. The caller holds p.mu.
@@ -225,6 +267,8 @@ func (p *warmPool) refill(ctx context.Context) {
 			} else {
 				p.backoff[k] = time.Now().Add(failBackoff)
 			}
+			close(p.landed) // wakes the claims waiting for a boot (see take)
+			p.landed = make(chan struct{})
 			p.mu.Unlock()
 			if err == nil {
 				p.n.Logger.Debug("node: warm pool: guest ready", "template", want.Template, "size", want.SizeClass, "runner", want.Runner, "guest", g.id, "took", time.Since(t0))

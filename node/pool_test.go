@@ -118,6 +118,39 @@ func TestWarmClaimReusesAgentConnection(t *testing.T) {
 	awaitPool(t, n.Node, 1)
 }
 
+// TestWarmClaimWaitsForBootInFlight: a claim that finds the pool empty while its boot is in
+// flight waits for that guest rather than start its own cold.
+func TestWarmClaimWaitsForBootInFlight(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	d := newDriver(t, "runc", tempDir(t))
+	cfg := nodeConfig(t, st, d, tempDir(t), "node_warm_inflight")
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	cfg.Pools = []node.Pool{{Template: templates.Base, SizeClass: "s", Size: 1,
+		Warm: func(ctx context.Context, ex node.Execer) error {
+			select {
+			case started <- struct{}{}:
+			default:
+			}
+			select { // the first boot stays in flight until the claim below has begun
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		}}}
+	n := startNode(t, cfg)
+	select {
+	case <-started:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the pool's first boot never reached its warm-up")
+	}
+	time.AfterFunc(time.Second, func() { close(release) }) // well within firstBootWait (5 s)
+	s := provision(t, st, n.Node, "proj_warm_inflight", sessionOpts{res: sizeS(), idleS: 600, lifeS: 600})
+	if got := get(t, st, "proj_warm_inflight", s.ID); got.ColdStart == nil || *got.ColdStart {
+		t.Fatal("the session started cold; want the guest whose boot was in flight")
+	}
+}
+
 // TestWarmClaimOfDeadGuest: a warm guest that died while it waited in the pool is not
 // claimed: the session starts cold and runs, and the dead guest is cleaned up.
 func TestWarmClaimOfDeadGuest(t *testing.T) {

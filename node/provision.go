@@ -141,7 +141,7 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 			}
 		}
 	default:
-		if w, ok := n.pool.take(tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
+		if w, ok := n.pool.take(ctx, tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
 			// A warm guest may have died while it waited (see warmAlive).
 			id, c := w.id, w.agent
 			err := n.warmAlive(ctx, id, c)
