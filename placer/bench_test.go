@@ -17,7 +17,7 @@ import (
 // placement makes (round-trips/op).
 func BenchmarkPlaceOne(b *testing.B) {
 	rdb := redistest.Server(b)
-	rt := countRoundTrips(rdb)
+	rt := redistest.CountRoundTrips(rdb)
 	st, rec, p, now := setupOn(b, rdb)
 	ctx := context.Background()
 	var place, ping []time.Duration
@@ -31,7 +31,7 @@ func BenchmarkPlaceOne(b *testing.B) {
 			b.Fatal(err)
 		}
 		ping = append(ping, time.Since(t0))
-		before := rt.n.Load()
+		before := rt.Load()
 		b.StartTimer()
 		t0 = time.Now()
 		p.PlaceProject(ctx, "proj_a")
@@ -43,7 +43,7 @@ func BenchmarkPlaceOne(b *testing.B) {
 		}
 		if i > 0 {
 			place = append(place, el)
-			trips += rt.n.Load() - before
+			trips += rt.Load() - before
 		}
 		// It ends, and its claim goes: the node's room and the project's share stay free.
 		if _, err := st.Transition(ctx, store.Change{Project: "proj_a", ID: s.ID, From: session.Provisioning, To: session.Failed,

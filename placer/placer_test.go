@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,38 +107,12 @@ func TestPlacement(t *testing.T) {
 	}
 }
 
-// roundTrips counts a client's calls to Redis: one per command, one per pipeline.
-type roundTrips struct{ n atomic.Int64 }
-
-// countRoundTrips counts rdb's calls from now on.
-func countRoundTrips(rdb *redis.Client) *roundTrips {
-	rt := &roundTrips{}
-	rdb.AddHook(rt)
-	return rt
-}
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.n.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 // TestPlacementRoundTrips: a placement is on the path of every create, and each round trip to
 // Redis is a share of the create's latency: placing one session reads what the round needs
 // in two round trips, however many sessions the project runs and nodes there are.
 func TestPlacementRoundTrips(t *testing.T) {
 	rdb := redistest.Server(t)
-	rt := countRoundTrips(rdb)
+	rt := redistest.CountRoundTrips(rdb)
 	st, rec, p, _ := setupOn(t, rdb)
 	ctx := context.Background()
 	for range 5 { // the project runs others (the first round also loads the scripts)
@@ -151,10 +124,10 @@ func TestPlacementRoundTrips(t *testing.T) {
 		}
 	}
 	s := pending(t, st, "proj_a", "r2", 2, 256)
-	before := rt.n.Load()
+	before := rt.Load()
 	p.PlaceProject(ctx, "proj_a")
 	p.wg.Wait()
-	got := rt.n.Load() - before
+	got := rt.Load() - before
 	if rec.nodeOf(s.ID) != "n_other" {
 		t.Fatalf("%s placed on %q, want n_other", s.ID, rec.nodeOf(s.ID))
 	}

@@ -62,9 +62,11 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	if err != nil {
 		return Admitted{}, err
 	}
-	args := a.args(sess.ID, sess.EndUserID, s.now, fields.n)
-	args = append(args, fields.args...)
-	res, err := admitScript.Run(ctx, s.rdb, admitKeys(sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth), args...).StringSlice()
+	sig := s.createSignals(sess)
+	args := append(a.args(sess.ID, sess.EndUserID, s.now), sig.args...)
+	args = append(append(args, fields.n), fields.args...)
+	keys := append(admitKeys(sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth), sig.keys...)
+	res, err := admitScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return Admitted{}, fmt.Errorf("create session %s: %w", sess.ID, err)
 	}
@@ -72,7 +74,9 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	if err != nil {
 		return Admitted{}, err
 	}
-	s.afterCreate(ctx, sess)
+	if !sig.inScript() {
+		s.afterCreate(ctx, sess)
+	}
 	cp := *sess
 	cp.Object = session.ObjectName
 	cp.Version = 1
@@ -184,10 +188,8 @@ func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admi
 	return Reservation{}, err
 }
 
-// Commit writes sess in pending with its session.pending event in the slot r holds (as Admit
-// writes it), and signals its work in the same round trip: the write's script first, then
-// the signals, in one pipeline. On a Cluster the pipeline's commands for other slots may run
-// before the write, so there the write is its own round trip, ahead of the signals. It
+// Commit writes sess in pending with its session.pending event in the slot r holds, and
+// signals its work, as Admit does: in one round trip on one Redis, in two on a Cluster. It
 // answers ErrExists when a session has the id, and an error when r lapsed. sess is as for
 // Create, with r's project and id.
 func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session) (Admitted, error) {
@@ -205,32 +207,19 @@ func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session
 	if sess.EndUserID != nil {
 		eu = *sess.EndUserID
 	}
-	keys := reserveKeys(r.Project, r.ID, eu, "")
-	args := append([]any{"commit", r.ID, hasEndUser(eu), fields.n}, fields.args...)
-	var res []string
-	if _, cluster := s.rdb.(*redis.ClusterClient); cluster {
-		if res, err = reserveScript.Run(ctx, s.rdb, keys, args...).StringSlice(); err == nil && res[0] == "OK" {
-			s.afterCreate(ctx, sess)
-		}
-	} else {
-		var cmd *redis.Cmd
-		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			cmd = reserveScript.EvalSha(ctx, p, keys, args...)
-			s.signalCreate(ctx, p, sess)
-			return nil
-		})
-		res, err = cmd.StringSlice()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") { // flushed since Reserve loaded it: the signals went early, send them again
-			if res, err = reserveScript.Run(ctx, s.rdb, keys, args...).StringSlice(); err == nil && res[0] == "OK" {
-				s.afterCreate(ctx, sess)
-			}
-		}
-	}
+	sig := s.createSignals(sess)
+	args := append([]any{"commit", r.ID, hasEndUser(eu)}, sig.args...)
+	args = append(append(args, fields.n), fields.args...)
+	keys := append(reserveKeys(r.Project, r.ID, eu, ""), sig.keys...)
+	res, err := reserveScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return Admitted{}, fmt.Errorf("create session %s: %w", sess.ID, err)
 	}
 	switch res[0] {
 	case "OK":
+		if !sig.inScript() {
+			s.afterCreate(ctx, sess)
+		}
 	case "EXISTS":
 		return Admitted{}, ErrExists
 	default:
@@ -295,8 +284,8 @@ func admitKeys(project, id string, endUser *string, month string) []string {
 	}
 }
 
-// args answers the script's arguments up to N (the hash's length).
-func (a Admission) args(id string, endUser *string, clock func() time.Time, n int) []any {
+// args answers the script's arguments up to signal_created's.
+func (a Admission) args(id string, endUser *string, clock func() time.Time) []any {
 	at := a.At
 	if at.IsZero() {
 		at = clock()
@@ -308,7 +297,7 @@ func (a Admission) args(id string, endUser *string, clock func() time.Time, n in
 	if endUser != nil {
 		hasEU = "1"
 	}
-	return []any{max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps, id, a.Concurrency, hasEU, n}
+	return []any{max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps, id, a.Concurrency, hasEU}
 }
 
 func admitAnswer(res []string, a Admission) (Admitted, error) {

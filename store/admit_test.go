@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -329,5 +330,99 @@ func TestCommitAfterScriptFlush(t *testing.T) {
 	}
 	if got, err := s.Get(ctx, p, sess.ID); err != nil || got.State != session.Pending {
 		t.Fatalf("get: %+v, %v", got, err)
+	}
+}
+
+// TestCreateSignals: each way of creating (Admit, Reserve then Commit) signals the project's
+// pending and outbox work and indexes the provisioning deadline, and a refused create does
+// none of it; on one Redis all of it in the create's one round trip, on a Cluster (where
+// those keys are in other slots) in one more.
+func TestCreateSignals(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			rdb := b.New(t)
+			rt := redistest.CountRoundTrips(rdb)
+			s := New(rdb)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			p := "proj_sig_" + b.Name
+			a := Admission{RatePerSec: 1000, Burst: 1000, Concurrency: 3}
+			want := int64(1)
+			if b.Name == "cluster" {
+				want = 2
+			}
+			read := func(w Work) int {
+				t.Helper()
+				sigs, err := s.Signals(ctx, w, "test", "c", 0, 100)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.AckSignals(ctx, w, "test", sigs); err != nil {
+					t.Fatal(err)
+				}
+				for _, sg := range sigs {
+					if sg.Project != p {
+						t.Fatalf("%s signal of %q", w, sg.Project)
+					}
+				}
+				return len(sigs)
+			}
+			deadlines := func() []SessionRef {
+				t.Helper()
+				due, _, err := s.DueProvisionDeadlines(ctx, time.Now().Add(time.Hour), 100)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return due
+			}
+			// The scripts load on first use (NOSCRIPT, then EVAL): count from the second create.
+			if _, err := s.Admit(ctx, newPending(p, ""), a); err != nil {
+				t.Fatal(err)
+			}
+			before := rt.Load()
+			admitted, err := s.Admit(ctx, newPending(p, "eu_1"), a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := rt.Load() - before; n != want {
+				t.Errorf("Admit took %d round trips, want %d", n, want)
+			}
+			r, err := s.Reserve(ctx, p, session.NewID("sess_", time.Now()), "", a)
+			if err != nil || !r.Held() {
+				t.Fatalf("reserve: %+v %v", r, err)
+			}
+			committed := newPending(p, "")
+			committed.ID = r.ID
+			before = rt.Load()
+			if _, err := s.Commit(ctx, r, committed); err != nil {
+				t.Fatal(err)
+			}
+			if n := rt.Load() - before; n != want {
+				t.Errorf("Commit took %d round trips, want %d", n, want)
+			}
+			if n := read(WorkPending); n != 3 {
+				t.Errorf("%d pending signals after 3 creates", n)
+			}
+			if n := read(WorkOutbox); n != 3 {
+				t.Errorf("%d outbox signals after 3 creates", n)
+			}
+			due := deadlines()
+			if len(due) != 3 || !slices.Contains(due, SessionRef{Project: p, ID: admitted.Session.ID}) ||
+				!slices.Contains(due, SessionRef{Project: p, ID: committed.ID}) {
+				t.Errorf("provisioning deadlines after 3 creates: %v", due)
+			}
+
+			// Refused: the slots are full.
+			var ce *ConcurrencyError
+			if _, err := s.Admit(ctx, newPending(p, ""), a); !errors.As(err, &ce) {
+				t.Fatalf("fourth create: %v", err)
+			}
+			if r, err := s.Reserve(ctx, p, session.NewID("sess_", time.Now()), "", a); err != nil || r.Held() {
+				t.Fatalf("fourth reservation: %+v %v", r, err)
+			}
+			if np, no, nd := read(WorkPending), read(WorkOutbox), len(deadlines()); np+no != 0 || nd != 3 {
+				t.Errorf("refused creates left %d pending and %d outbox signals, and %d deadlines (want 3)", np, no, nd)
+			}
+		})
 	}
 }

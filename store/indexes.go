@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,11 +19,13 @@ import (
 // project's snapshot hash), never instead of it: its reader checks the truth before acting,
 // and drops entries the truth no longer backs.
 //
-// Redis Cluster: these keys live in other slots than the project's keys, so they cannot be
-// written in the project's scripts. They are written right after the write they index, in
-// the one round trip that also signals the work (afterCreate, afterTransition), so a create
-// or a placement costs two round trips, not more. A crash between the two leaves an entry
-// missing; the placer's full sweep (at start and every few minutes) writes it again.
+// On one Redis a create's script writes its deadline and its signals itself (createSignals),
+// so a create is one round trip. On a Redis Cluster these keys live in other slots than the
+// project's keys, so they cannot be written in the project's scripts: they are written right
+// after the write they index, in the one round trip that also signals the work
+// (afterCreate, afterTransition), so a create or a placement costs two round trips, not
+// more. A crash between the two leaves an entry missing; the placer's full sweep (at start
+// and every few minutes) writes it again.
 
 // SessionRef names one session across projects, as the global indexes hold it.
 type SessionRef struct{ Project, ID string }
@@ -151,23 +154,44 @@ func (s *Store) ForgetNodeSessions(ctx context.Context, node string, refs ...Ses
 	return nil
 }
 
-// afterCreate signals the new session's work (placement, its pending event) and indexes its
-// provisioning deadline, in one round trip after the create.
-func (s *Store) afterCreate(ctx context.Context, sess *session.Session) {
-	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		s.signalCreate(ctx, p, sess)
-		return nil
-	})
+// createWrites is what a create's script is given for signal_created: the global keys
+// (none on a Cluster) and the arguments.
+type createWrites struct {
+	keys []string
+	args []any
 }
 
-// signalCreate queues afterCreate's commands on p.
-func (s *Store) signalCreate(ctx context.Context, p redis.Pipeliner, sess *session.Session) {
-	signal(ctx, p, WorkPending, sess.ProjectID)
-	signal(ctx, p, WorkOutbox, sess.ProjectID)
+// inScript reports whether the script signals the create (else afterCreate must).
+func (w createWrites) inScript() bool { return len(w.keys) > 0 }
+
+// createSignals answers signal_created's keys and arguments for sess: the writes of
+// afterCreate, made by the create's script on one Redis; on a Cluster no keys (they are in
+// other slots), and the caller calls afterCreate.
+func (s *Store) createSignals(sess *session.Session) createWrites {
+	deadline := ""
 	if at, ok := s.provisionDeadline(sess); ok {
-		ref := SessionRef{Project: sess.ProjectID, ID: sess.ID}
-		p.ZAddNX(ctx, provisionDeadlinesKey, redis.Z{Score: float64(at.UnixMilli()), Member: ref.member()})
+		deadline = strconv.FormatInt(at.UnixMilli(), 10)
 	}
+	w := createWrites{args: []any{sess.ProjectID, SessionRef{Project: sess.ProjectID, ID: sess.ID}.member(), deadline}}
+	if _, cluster := s.rdb.(*redis.ClusterClient); !cluster {
+		w.keys = []string{signalKey(WorkPending), signalKey(WorkOutbox), provisionDeadlinesKey}
+	}
+	return w
+}
+
+// afterCreate signals the new session's work (placement, its pending event) and indexes its
+// provisioning deadline, in one round trip after the create: on a Cluster, where the
+// create's script cannot (signal_created).
+func (s *Store) afterCreate(ctx context.Context, sess *session.Session) {
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		signal(ctx, p, WorkPending, sess.ProjectID)
+		signal(ctx, p, WorkOutbox, sess.ProjectID)
+		if at, ok := s.provisionDeadline(sess); ok {
+			ref := SessionRef{Project: sess.ProjectID, ID: sess.ID}
+			p.ZAddNX(ctx, provisionDeadlinesKey, redis.Z{Score: float64(at.UnixMilli()), Member: ref.member()})
+		}
+		return nil
+	})
 }
 
 // afterTransition keeps the global indexes after a transition out (c, out: the request and

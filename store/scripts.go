@@ -54,6 +54,24 @@ local function write_pending(id, eu, at)
 end
 `
 
+// signalCreatedLua defines signal_created(k, at), which makes a create one round trip on one
+// Redis: it signals the project's pending and outbox work and indexes the session's
+// provisioning deadline in the script that wrote it. Those keys are global, in other slots
+// than the project's on a Cluster, where a script must not touch them: there the caller
+// passes none, signal_created does nothing, and the caller signals after (afterCreate).
+// KEYS[k], KEYS[k+1], KEYS[k+2]: the pending and outbox signal streams, the provisioning
+// deadlines; ARGV[at], ARGV[at+1], ARGV[at+2]: the project, the deadline's member, the
+// deadline in ms (empty for none). The same writes as afterCreate's.
+const signalCreatedLua = `
+local function signal_created(k, at)
+  if #KEYS < k + 2 then return end
+  for i = k, k + 1 do
+    redis.call('XADD', KEYS[i], 'MAXLEN', '~', ` + signalMaxLenLua + `, '*', 'p', ARGV[at])
+  end
+  if ARGV[at + 2] ~= '' then redis.call('ZADD', KEYS[k + 2], 'NX', ARGV[at + 2], ARGV[at + 1]) end
+end
+`
+
 // admitScript is a create's whole admission in one step: it takes a token from the project's
 // rate bucket, checks the month's spend-cap flags, reserves a concurrency slot and writes the
 // pending session, its index entries and its outbox event; or it stops at the first refusal
@@ -62,12 +80,13 @@ end
 //
 // KEYS: rate bucket, project hard cap flag, project soft cap flag, end-user hard cap flag,
 // end-user soft cap flag, session hash, all index, pending index, active set, outbox,
-// end-user index (all of one project: one Cluster slot)
+// end-user index (all of one project: one Cluster slot); on one Redis, then signal_created's
+// three
 // ARGV: rate per s (0: no bucket), burst, now ms, caps (1|0), id, slot limit, has end user
-// (1|0), N, N hash field/value args, event field/value args
+// (1|0), signal_created's three, N, N hash field/value args, event field/value args
 // Answers {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'} | {'LIMIT', used} |
 // {'OK', soft capped (1|0), used before this one}
-var admitScript = redis.NewScript(tokenBucketLua + writePendingLua + `
+var admitScript = redis.NewScript(tokenBucketLua + writePendingLua + signalCreatedLua + `
 local rate = tonumber(ARGV[1])
 if rate > 0 then
   local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[2]), tonumber(ARGV[3]))
@@ -85,7 +104,8 @@ local id = ARGV[5]
 if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS'} end
 if used >= tonumber(ARGV[6]) then return {'LIMIT', tostring(used)} end
 redis.call('SADD', KEYS[9], id)
-write_pending(id, eu, 8)
+write_pending(id, eu, 11)
+signal_created(12, 8)
 return {'OK', soft, tostring(used)}
 `)
 
@@ -101,14 +121,15 @@ return {'OK', soft, tostring(used)}
 //
 // KEYS: rate bucket, project hard cap flag, project soft cap flag, end-user hard cap flag,
 // end-user soft cap flag, session hash, all index, pending index, active set, outbox,
-// end-user index, reservations (all of one project: one Cluster slot)
+// end-user index, reservations (all of one project: one Cluster slot); for commit on one
+// Redis, then signal_created's three
 // ARGV: mode (reserve|commit|release), id, has end user (1|0), then
 // reserve: rate per s (0: no bucket), burst, now ms, caps (1|0), slot limit, lapse ms
-// commit: N, N hash field/value args, event field/value args
+// commit: signal_created's three, N, N hash field/value args, event field/value args
 // Answers, reserve: {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'|'FULL'|'HELD', soft
 // capped (1|0), used before this one} (only 'HELD' holds a slot); commit: {'OK'} |
 // {'EXISTS'} | {'LAPSED'}; release: {'OK'}
-var reserveScript = redis.NewScript(tokenBucketLua + writePendingLua + `
+var reserveScript = redis.NewScript(tokenBucketLua + writePendingLua + signalCreatedLua + `
 local mode, id, eu = ARGV[1], ARGV[2], ARGV[3] == '1'
 if mode == 'release' then
   -- A session written under this id owns the slot (a commit whose answer was lost).
@@ -123,7 +144,8 @@ if mode == 'commit' then
     return {'EXISTS'}
   end
   if redis.call('ZREM', KEYS[12], id) == 0 then return {'LAPSED'} end
-  write_pending(id, eu, 4)
+  write_pending(id, eu, 7)
+  signal_created(13, 4)
   return {'OK'}
 end
 local rate, now = tonumber(ARGV[4]), tonumber(ARGV[6])

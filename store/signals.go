@@ -32,8 +32,11 @@ const (
 
 // signalMaxLen bounds a signal stream (approximately, as XADD MAXLEN ~ does): signals only
 // ever name projects with work, so the newest 100,000 are plenty, and a burst cannot grow
-// the stream without bound.
-const signalMaxLen = 100_000
+// the stream without bound. signalMaxLenLua is the same number as the scripts spell it.
+const (
+	signalMaxLen    = 100_000
+	signalMaxLenLua = "100000"
+)
 
 // signalClaimIdle is how long a signal may stay read and unacknowledged (a worker died
 // handling it) before another worker claims it.
