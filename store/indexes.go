@@ -196,9 +196,17 @@ func (s *Store) afterCreate(ctx context.Context, sess *session.Session) {
 
 // afterTransition keeps the global indexes after a transition out (c, out: the request and
 // the session after it), in the round trip that signals the outbox. Failures are not the
-// transition's: a stale entry is dropped by its reader.
-func (s *Store) afterTransition(ctx context.Context, c Change, out *session.Session) {
+// transition's: a stale entry is dropped by its reader. When the transition's script did
+// that (inScript, on one Redis), what is left is to drop an ended session from its node's
+// set, which the script could not name before it read the node.
+func (s *Store) afterTransition(ctx context.Context, c Change, out *session.Session, inScript bool) {
 	ref := SessionRef{Project: c.Project, ID: c.ID}
+	if inScript {
+		if c.To.Terminal() && out != nil && out.NodeID != "" {
+			s.rdb.SRem(ctx, nodeSessionsKey(out.NodeID), ref.member())
+		}
+		return
+	}
 	provisioning := func(st session.State) bool { return st == session.Pending || st == session.Provisioning }
 	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		signal(ctx, p, WorkOutbox, c.Project)

@@ -159,3 +159,61 @@ func testSnapshotProjects(t *testing.T, s *Store) {
 		t.Fatalf("active projects %v %v", active, err)
 	}
 }
+
+// TestTransitionRoundTrips: on one Redis a transition keeps the global indexes and signals
+// the outbox in its own script, one round trip (an ending session takes one more, to leave
+// its node's set); on a Cluster, where those keys are in other slots, every transition takes
+// two. Each transition signals the outbox once either way.
+func TestTransitionRoundTrips(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			rdb := b.New(t)
+			rt := redistest.CountRoundTrips(rdb)
+			s := New(rdb)
+			ctx := ctxMinute(t)
+			p := "proj_trips_" + b.Name
+			one := int64(1)
+			if b.Name == "cluster" {
+				one = 2
+			}
+			warm := mustCreate(t, s, newPending(p, ""), 10) // loads the script
+			step(t, s, Change{Project: p, ID: warm.ID, From: session.Pending, To: session.Failed,
+				Driver: session.Timer, Reason: session.ProvisionTimeout})
+			if sigs, err := s.Signals(ctx, WorkOutbox, "test", "c", 0, 100); err != nil {
+				t.Fatal(err)
+			} else if err := s.AckSignals(ctx, WorkOutbox, "test", sigs); err != nil {
+				t.Fatal(err)
+			}
+			a := mustCreate(t, s, newPending(p, ""), 10)
+			if sigs, _ := s.Signals(ctx, WorkOutbox, "test", "c", 0, 100); len(sigs) != 1 {
+				t.Fatalf("%d outbox signals after a create", len(sigs))
+			} else if err := s.AckSignals(ctx, WorkOutbox, "test", sigs); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range []struct {
+				change Change
+				trips  int64
+			}{
+				{Change{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "node_t"}, one},
+				{Change{From: session.Provisioning, To: session.Running, Driver: session.Node}, one},
+				{Change{From: session.Running, To: session.Failed, Driver: session.Node, Reason: session.OOM}, 2},
+			} {
+				c.change.Project, c.change.ID = p, a.ID
+				before := rt.Load()
+				step(t, s, c.change)
+				if n := rt.Load() - before; n != c.trips {
+					t.Errorf("%s→%s took %d round trips, want %d", c.change.From, c.change.To, n, c.trips)
+				}
+			}
+			if sigs, _ := s.Signals(ctx, WorkOutbox, "test", "c", 0, 100); len(sigs) != 3 {
+				t.Errorf("%d outbox signals after 3 transitions", len(sigs))
+			}
+			if got, _ := s.NodeSessions(ctx, "node_t"); len(got) != 0 {
+				t.Errorf("an ended session stays on its node: %v", got)
+			}
+			if due, _, _ := s.DueProvisionDeadlines(ctx, time.Now().Add(time.Hour), 10); len(due) != 0 {
+				t.Errorf("deadlines left: %v", due)
+			}
+		})
+	}
+}

@@ -183,9 +183,18 @@ return {'HELD', soft, tostring(used)}
 // a retention TTL on a terminal state, and appends the event, which carries the whole hash
 // (fields prefixed "h.") so consumers see the session as of that version. It answers the hash.
 //
-// KEYS: session hash, from-state index, to-state index, active set, outbox
+// On one Redis it also keeps the global indexes and signals the outbox (Transition's
+// afterTransition does that on a Cluster, where those keys are in other slots): with the
+// keys of the outbox's signal stream and the provisioning deadlines, it signals, and drops
+// the deadline of a session that leaves pending and provisioning; with the node's session
+// set as well (a transition that names the node), it adds the session to it, unless the
+// session ends.
+//
+// KEYS: session hash, from-state index, to-state index, active set, outbox; on one Redis,
+// then the outbox signal stream, the provisioning deadlines and, for a named node, its set
 // ARGV: id, from, to, expected version, reason, rule, now ms, terminal (1|0), retention s,
-// N, N extra hash field/value args, event field/value args
+// project, the session's member of the global indexes, N, N extra hash field/value args,
+// event field/value args
 var transitionScript = redis.NewScript(`
 local id, from, to, now = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
 local cur = redis.call('HMGET', KEYS[1], 'state', 'ver', 'reason', 'life_s')
@@ -215,16 +224,22 @@ if ARGV[8] == '1' then
   redis.call('SREM', KEYS[4], id)
   redis.call('EXPIRE', KEYS[1], ARGV[9])
 end
-local n = tonumber(ARGV[10])
+local n = tonumber(ARGV[12])
 if n > 0 then
   local h = {}
-  for i = 11, 10 + n do h[#h + 1] = ARGV[i] end
+  for i = 13, 12 + n do h[#h + 1] = ARGV[i] end
   redis.call('HSET', KEYS[1], unpack(h))
 end
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZADD', KEYS[3], 0, id)
+if #KEYS >= 7 then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ` + signalMaxLenLua + `, '*', 'p', ARGV[10])
+  local placing = {pending = true, provisioning = true}
+  if placing[from] and not placing[to] then redis.call('ZREM', KEYS[7], ARGV[11]) end
+  if KEYS[8] and ARGV[8] ~= '1' then redis.call('SADD', KEYS[8], ARGV[11]) end
+end
 local e = {}
-for i = 11 + n, #ARGV do e[#e + 1] = ARGV[i] end
+for i = 13 + n, #ARGV do e[#e + 1] = ARGV[i] end
 e[#e + 1] = 'version'
 e[#e + 1] = ver
 local all = redis.call('HGETALL', KEYS[1])

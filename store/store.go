@@ -178,14 +178,21 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 	if c.To.Terminal() {
 		terminal = "1"
 	}
+	ref := SessionRef{Project: c.Project, ID: c.ID}
 	args := []any{c.ID, string(c.From), string(c.To), c.Version, string(c.Reason), c.Rule, now,
-		terminal, int64(s.retention / time.Second), len(extra)}
+		terminal, int64(s.retention / time.Second), c.Project, ref.member(), len(extra)}
 	args = append(args, extra...)
 	args = append(args, eventFields(c.ID, c.Project, c.From, c.To, c.Driver, c.Reason, c.Rule, now)...)
 	k := ProjectKeys(c.Project)
-	res, err := transitionScript.Run(ctx, s.rdb, []string{
-		k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project),
-	}, args...).StringSlice()
+	keys := []string{k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project)}
+	_, cluster := s.rdb.(*redis.ClusterClient)
+	if !cluster { // the script keeps the global indexes too (transitionScript)
+		keys = append(keys, signalKey(WorkOutbox), provisionDeadlinesKey)
+		if c.NodeID != "" {
+			keys = append(keys, nodeSessionsKey(c.NodeID))
+		}
+	}
+	res, err := transitionScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("transition %s %s→%s: %w", c.ID, c.From, c.To, err)
 	}
@@ -204,7 +211,7 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 		m[res[i]] = res[i+1]
 	}
 	out, err := decode(m)
-	s.afterTransition(ctx, c, out)
+	s.afterTransition(ctx, c, out, !cluster)
 	return out, err
 }
 
