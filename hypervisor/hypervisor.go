@@ -190,6 +190,14 @@ type MemorySnapshotter interface {
 	MemorySnapshots() bool
 }
 
+// OOMCounter is a Driver that reads a guest's count of OOM kills alone, cheaply enough to read
+// around every exec: the node reads it there, so that an exec that an OOM kill ended answers
+// after its session failed with oom, not up to one of Events' polls later. (A VM's kernel
+// that runs out of memory panics: its guest exits, and Events says so.)
+type OOMCounter interface {
+	OOMKills(ctx context.Context, id string) (int64, error)
+}
+
 // LayerAdopter is a Driver that can restore a memory snapshot into a new guest which takes
 // over the writable layer of the guest the snapshot was just taken from (stopped by it),
 // instead of making a new disk and unpacking the snapshot's copy: the two are the same, byte

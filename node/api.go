@@ -191,11 +191,17 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		decoded := json.Unmarshal(body, &req) == nil
 		l.mu.Lock()
 		err = n.checkExec(r.Context(), l, req.Argv)
-		ref := l.g.Template
+		ref, guest := l.g.Template, l.g.GuestID
 		l.mu.Unlock()
 		if err != nil {
 			writeRuntimeRefusal(w, err)
 			return
+		}
+		// As Node.Exec does: an OOM kill during the exec fails the session before its result
+		// goes out.
+		if ooms, counted := n.oomKills(r.Context(), guest); counted {
+			_ = http.NewResponseController(w).EnableFullDuplex()
+			w = &beforeExecResult{ResponseWriter: w, check: func() { n.endIfOOM(r.Context(), l, guest, ooms) }}
 		}
 		// A run's code goes to the guest's waiting interpreter, as in process (Node.Exec). A
 		// body the agent would refuse is passed as it came, for the agent's answer.
@@ -232,6 +238,62 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	// the agent's connection mid-answer.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	proxy.ServeHTTP(w, r)
+	if b, ok := w.(*beforeExecResult); ok {
+		b.end()
+	}
+}
+
+// execResultKey is how an exec's result line starts to be told from its output lines in the
+// agent's answer (agent/doc.go): an output line carries the guest's bytes in a JSON string,
+// where a quote is always escaped, so these bytes appear in the result line only.
+var execResultKey = []byte(`"exit_code"`)
+
+// beforeExecResult passes an exec's answer through and calls check once, before it writes the
+// bytes where the result line starts (or when the answer ends without one: the guest's agent
+// went, perhaps with the guest), so that what check does is done before the caller can read
+// the result. It keeps the key's last bytes of each write, for a key split between two.
+type beforeExecResult struct {
+	http.ResponseWriter
+	check   func()
+	checked bool
+	tail    []byte
+}
+
+func (w *beforeExecResult) Write(b []byte) (int, error) {
+	if !w.checked && w.sawKey(b) {
+		w.checked = true
+		w.check()
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// sawKey reports whether the key ends in b, alone or after the tail of the writes before.
+func (w *beforeExecResult) sawKey(b []byte) bool {
+	k := len(execResultKey) - 1
+	if bytes.Contains(b, execResultKey) {
+		return true
+	}
+	joined := append(w.tail, b[:min(len(b), k)]...)
+	if bytes.Contains(joined, execResultKey) {
+		return true
+	}
+	if len(b) >= k {
+		w.tail = append(w.tail[:0], b[len(b)-k:]...)
+	} else { // joined is the tail and all of b
+		w.tail = append(w.tail[:0], joined[max(0, len(joined)-k):]...)
+	}
+	return false
+}
+
+// Unwrap lets http.ResponseController (the proxy's flushes) reach the server's writer.
+func (w *beforeExecResult) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// end runs check if the answer had no result line.
+func (w *beforeExecResult) end() {
+	if !w.checked {
+		w.checked = true
+		w.check()
+	}
 }
 
 // writeRuntimeRefusal answers a command the runtime decision point did not allow: 403

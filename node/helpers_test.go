@@ -183,10 +183,11 @@ type testDriver interface {
 
 // newDriver returns a driver of backend ("runsc", "runc" or "cloudhv", the latter over the
 // fake VMM) with its own state under base and its own cgroup parent, whose guests are all
-// stopped and deleted when the test ends, even on failure.
-func newDriver(t testing.TB, backend, base string) testDriver {
+// stopped and deleted when the test ends, even on failure. opts change an OCI driver's
+// options.
+func newDriver(t testing.TB, backend, base string, opts ...func(*oci.Options)) testDriver {
 	t.Helper()
-	d := openDriver(t, backend, base, "/wbnodetest-"+randHex(t, 4))
+	d := openDriver(t, backend, base, "/wbnodetest-"+randHex(t, 4), opts...)
 	t.Cleanup(func() {
 		reapAll(t, d)
 		if err := d.RemoveCgroupParent(); err != nil {
@@ -198,7 +199,7 @@ func newDriver(t testing.TB, backend, base string) testDriver {
 
 // openDriver is a driver of backend on base's state and cgroupParent (a restarted node opens
 // a second on the first's).
-func openDriver(t testing.TB, backend, base, cgroupParent string) testDriver {
+func openDriver(t testing.TB, backend, base, cgroupParent string, opts ...func(*oci.Options)) testDriver {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("the node tests need root: the OCI runtimes create cgroups and namespaces")
@@ -206,13 +207,17 @@ func openDriver(t testing.TB, backend, base, cgroupParent string) testDriver {
 	if backend == "cloudhv" {
 		return openCloudHVDriver(t, base, cgroupParent)
 	}
-	d, err := oci.New(oci.Options{
+	o := oci.Options{
 		Runtime:      backend,
 		StateRoot:    filepath.Join(base, "state"),
 		BundleRoot:   filepath.Join(base, "bundles"),
 		CgroupParent: cgroupParent,
 		Logger:       testLogger(t),
-	})
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	d, err := oci.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,6 +339,16 @@ func timed(d testDriver, log *slog.Logger) hypervisor.Driver {
 		return timedVM{td, vm}
 	}
 	return td
+}
+
+// OOMKills passes an OCI driver's count of OOM kills through (hypervisor.OOMCounter, which
+// the embedded testDriver would hide); over another driver it fails, and the node does
+// without, as it does over a driver that is no OOMCounter.
+func (d timedDriver) OOMKills(ctx context.Context, id string) (int64, error) {
+	if c, ok := d.testDriver.(hypervisor.OOMCounter); ok {
+		return c.OOMKills(ctx, id)
+	}
+	return 0, errors.ErrUnsupported
 }
 
 func (d timedDriver) Stop(ctx context.Context, id string) error {

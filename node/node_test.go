@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"wb/hypervisor"
+	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
 	"wb/node"
@@ -437,6 +439,35 @@ func TestOOM(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOOMBeforeTheExecAnswers: an exec that an OOM kill ended answers after its session failed
+// with oom, so the caller's next call finds it failed. Under runc the OOM killer takes the
+// process alone and the guest lives on to answer that call; the driver's poll of the OOM
+// count is an hour apart here, so only the node's look at the count at the exec's end can
+// see the kill in time.
+func TestOOMBeforeTheExecAnswers(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	project := "proj_oom_exec"
+	d := newDriver(t, "runc", tempDir(t), func(o *oci.Options) { o.EventInterval = time.Hour })
+	n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_oom_exec"))
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600,
+		res: session.Resources{VCPU: 1, MemoryMiB: 64, DiskGiB: 1, SizeClass: "s"}})
+	ctx := ctxT(t, 3*time.Minute)
+	res, err := n.Exec(ctx, s, execReq(`x=$(head -c 200000000 /dev/zero | tr '\0' a); echo survived ${#x}`), nil, nil)
+	t.Logf("exec: exit %d, stdout %q, stderr %q, err %v", res.ExitCode, res.Stdout, res.Stderr, err)
+	if err == nil && res.ExitCode == 0 {
+		t.Fatalf("the allocation survived a 64 MiB limit: %q", res.Stdout)
+	}
+	res, err = n.Exec(ctx, s, execReq("echo alive"), nil, nil)
+	var se *node.StateError
+	if !errors.As(err, &se) || se.State != session.Failed {
+		t.Fatalf("the exec after the OOM kill: exit %d, stdout %q, err %v; want the session failed", res.ExitCode, res.Stdout, err)
+	}
+	end, _ := waitState(t, st, project, s.ID, time.Minute, session.Failed, session.Stopped, session.Expired)
+	checkEnded(t, end, session.Failed, session.OOM)
+	checkSlots(t, st, project)
 }
 
 // gatedDriver holds the first Info call (recovery's) until gate closes, and says when it is

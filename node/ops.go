@@ -84,18 +84,51 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	}
 	l.mu.Lock()
 	err = n.checkExec(ctx, l, areq.Argv)
-	ref := l.g.Template
+	ref, guest := l.g.Template, l.g.GuestID
 	l.mu.Unlock()
 	if err != nil {
 		return session.ExecResult{}, err
 	}
 	areq.Runner = n.runnerFor(ref, areq.Argv, areq.Env)
+	ooms, counted := n.oomKills(ctx, guest)
 	res, err := l.agent.Exec(ctx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
+	if counted {
+		n.endIfOOM(ctx, l, guest, ooms)
+	}
 	if err != nil && ctx.Err() == nil {
 		err = n.whyExecBroke(ctx, l, err)
 	}
 	return res, err
+}
+
+// oomKills answers guest's count of OOM kills, where the driver reads it
+// (hypervisor.OOMCounter).
+func (n *Node) oomKills(ctx context.Context, guest string) (int64, bool) {
+	c, ok := n.Driver.(hypervisor.OOMCounter)
+	if !ok {
+		return 0, false
+	}
+	k, err := c.OOMKills(ctx, guest)
+	return k, err == nil
+}
+
+// endIfOOM fails the session with oom when its guest counts more OOM kills than before (an
+// exec's start): the exec that the kill ended then answers after the session failed, as the
+// contract's "failed, up to the kill" wants, and the caller's next call finds it so, where
+// Events' poll could report it only after that call (runc: the OOM killer takes the process,
+// and the guest lives on to answer it).
+func (n *Node) endIfOOM(ctx context.Context, l *live, guest string, before int64) {
+	after, ok := n.oomKills(ctx, guest)
+	if !ok || after <= before {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State == session.Running && l.g.GuestID == guest {
+		n.Logger.Warn("guest OOM during an exec", "session", l.g.SessionID)
+		n.end(n.ctx, l, session.Node, session.OOM, "")
+	}
 }
 
 // whyExecBroke explains an exec whose answer broke off because its guest died under it (a

@@ -654,6 +654,19 @@ func (d *Driver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
 	return hypervisor.Info{State: st, Pid: pid}, nil
 }
 
+// OOMKills reads the count of OOM kills in the guest's cgroup (hypervisor.OOMCounter).
+func (d *Driver) OOMKills(_ context.Context, id string) (int64, error) {
+	g, err := d.loadGuest(id)
+	if err != nil {
+		return 0, err
+	}
+	n, err := d.cg.oomKills(g.CgroupsPath)
+	if err != nil {
+		return 0, fmt.Errorf("oci: OOM kills of %s: %w", id, err)
+	}
+	return n, nil
+}
+
 // Stats reads the guest's cgroup (CPU, memory, OOM kills) and sizes its writable layer.
 func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error) {
 	g, err := d.loadGuest(id)

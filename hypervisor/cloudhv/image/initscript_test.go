@@ -1,6 +1,7 @@
 package image
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // fakeBusybox stands for /bin/busybox in the initramfs under test: it runs the real one's sh
@@ -66,13 +68,23 @@ func TestInitScript(t *testing.T) {
 		}
 	}
 	// As the kernel starts it: the command line's args after "--", and its environment.
-	cmd := exec.Command("/init", "agent", "--vsock-port", "1024")
-	cmd.Env = []string{"HOME=/", "TERM=linux", "WB_X=1"}
-	// A private mount namespace of its own (Go makes / private in it), for the fake's /proc.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: dir, Unshareflags: syscall.CLONE_NEWNS}
-	cmd.Dir = "/"
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("/init: %v\n%s", err, out)
+	// ETXTBSY: a parallel test's fork, made while a file above was open to be written, holds
+	// that file open until its child execs (golang/go#22315); the exec works once it has.
+	for try := 0; ; try++ {
+		cmd := exec.Command("/init", "agent", "--vsock-port", "1024")
+		cmd.Env = []string{"HOME=/", "TERM=linux", "WB_X=1"}
+		// A private mount namespace of its own (Go makes / private in it), for the fake's /proc.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: dir, Unshareflags: syscall.CLONE_NEWNS}
+		cmd.Dir = "/"
+		out, err := cmd.CombinedOutput()
+		if errors.Is(err, syscall.ETXTBSY) && try < 50 {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("/init: %v\n%s", err, out)
+		}
+		break
 	}
 	log, err := os.ReadFile(filepath.Join(dir, "log"))
 	if err != nil {
