@@ -543,7 +543,7 @@ func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
 	attacks := []struct {
 		name, template, cmd string
 		resources           map[string]any
-		timeoutS            int // the exec's; 60 when 0
+		timeoutS            int  // the exec's; 60 when 0
 		oom                 bool // the attack is an OOM kill: its session fails with oom
 		// limit: the attack's output names the limit it hit (nil: a CPU spin hits none, it
 		// only gets its share).
