@@ -16,5 +16,7 @@
 // holds and who writes it, and other packages take their keys from it (ProjectKeys). Packages
 // that run their own commands on their keys (quota, policies, webhooks, plugins) get the
 // client from the wiring in cmd/wb; the client under a Store is not handed out. Every key of a
-// project carries the project as its hash tag, so each script touches one Redis Cluster slot.
+// project carries the project as its hash tag, so each script touches one Redis Cluster slot;
+// on one Redis, a create's or a transition's script also writes the global signals and
+// indexes, so each is one round trip (indexes.go).
 package store

@@ -19,13 +19,14 @@ import (
 // project's snapshot hash), never instead of it: its reader checks the truth before acting,
 // and drops entries the truth no longer backs.
 //
-// On one Redis a create's script writes its deadline and its signals itself (createSignals),
-// so a create is one round trip. On a Redis Cluster these keys live in other slots than the
-// project's keys, so they cannot be written in the project's scripts: they are written right
-// after the write they index, in the one round trip that also signals the work
-// (afterCreate, afterTransition), so a create or a placement costs two round trips, not
-// more. A crash between the two leaves an entry missing; the placer's full sweep (at start
-// and every few minutes) writes it again.
+// On one Redis a create's or a transition's script writes these entries and the work's
+// signals itself (createSignals, transitionScript), so each is one round trip (an ending
+// session takes one more, to leave its node's set). On a Redis Cluster these keys live in
+// other slots than the project's keys, so they cannot be written in the project's scripts:
+// they are written right after the write they index, in the one round trip that also
+// signals the work (afterCreate, afterTransition), so a create or a placement costs two
+// round trips, not more. A crash between the two leaves an entry missing; the placer's full
+// sweep (at start and every few minutes) writes it again.
 
 // SessionRef names one session across projects, as the global indexes hold it.
 type SessionRef struct{ Project, ID string }

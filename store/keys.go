@@ -15,7 +15,9 @@ import (
 // every one).
 //
 // Every key of a project carries the project as hash tag, "wb:{PROJECT}:…", so each script and
-// transaction touches one Redis Cluster slot. The few global keys have no tag.
+// transaction touches one Redis Cluster slot. The few global keys have no tag: on one Redis (no
+// Cluster) the create and transition scripts write the signal streams and the session indexes
+// too, and on a Cluster a pipeline after the script does (indexes.go).
 
 // Global keys.
 const (
@@ -46,7 +48,7 @@ const (
 
 	// provisionDeadlinesKey is a sorted set of the sessions that may still be pending or
 	// provisioning, member "PROJECT/SESSION", score the provisioning deadline in ms. Written by
-	// store (Create adds after the session is written; Transition removes when it leaves
+	// store (Create adds with or after the session's write; Transition removes when it leaves
 	// provisioning; ScheduleProvisionDeadline, ForgetProvisionDeadlines); read by the placer
 	// (DueProvisionDeadlines), which fails the sessions past theirs.
 	provisionDeadlinesKey = "wb:deadlines:provision"
@@ -111,7 +113,7 @@ const (
 func certLockKey(name string) string { return "wb:{tls}:lock:" + name }
 
 // nodeSessionsKey is a set of the sessions placed on one node and not yet ended (perhaps
-// some that have), members "PROJECT/SESSION". Written by store (Transition adds after it
+// some that have), members "PROJECT/SESSION". Written by store (Transition adds when it
 // places, removes on a terminal state; AddNodeSession, ForgetNodeSessions); read by the
 // placer (NodeSessions) to fail them when the node's heartbeat lapses. Its own hash tag:
 // one node's set is one slot.
@@ -125,8 +127,8 @@ func nodeSessionsKey(node string) string { return "wb:node:{" + node + "}:sessio
 func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" }
 
 // signalKey is a stream of signals of one kind of work, field p the project with work,
-// trimmed to about signalMaxLen entries. Written by store (Signal) after every write that
-// makes such work; read by the worker of that kind with a consumer group (Signals).
+// trimmed to about signalMaxLen entries. Written by store (Signal; the create and transition
+// scripts on one Redis) with or after every write that makes such work; read by the worker of that kind with a consumer group (Signals).
 func signalKey(w Work) string { return "wb:signal:" + string(w) }
 
 // apiKeyHashKey is a string, the project id an API key belongs to, under the key's SHA-256 in
