@@ -167,28 +167,16 @@ func testSnapshotProjects(t *testing.T, s *Store) {
 func TestTransitionRoundTrips(t *testing.T) {
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
-			rdb := b.New(t)
-			rt := redistest.CountRoundTrips(rdb)
-			s := New(rdb)
+			s, rt, one := countedStore(t, b)
 			ctx := ctxMinute(t)
 			p := "proj_trips_" + b.Name
-			one := int64(1)
-			if b.Name == "cluster" {
-				one = 2
-			}
 			warm := mustCreate(t, s, newPending(p, ""), 10) // loads the script
 			step(t, s, Change{Project: p, ID: warm.ID, From: session.Pending, To: session.Failed,
 				Driver: session.Timer, Reason: session.ProvisionTimeout})
-			if sigs, err := s.Signals(ctx, WorkOutbox, "test", "c", 0, 100); err != nil {
-				t.Fatal(err)
-			} else if err := s.AckSignals(ctx, WorkOutbox, "test", sigs); err != nil {
-				t.Fatal(err)
-			}
+			takeSignals(t, ctx, s, WorkOutbox)
 			a := mustCreate(t, s, newPending(p, ""), 10)
-			if sigs, _ := s.Signals(ctx, WorkOutbox, "test", "c", 0, 100); len(sigs) != 1 {
-				t.Fatalf("%d outbox signals after a create", len(sigs))
-			} else if err := s.AckSignals(ctx, WorkOutbox, "test", sigs); err != nil {
-				t.Fatal(err)
+			if n := len(takeSignals(t, ctx, s, WorkOutbox)); n != 1 {
+				t.Fatalf("%d outbox signals after a create", n)
 			}
 			for _, c := range []struct {
 				change Change
@@ -205,8 +193,8 @@ func TestTransitionRoundTrips(t *testing.T) {
 					t.Errorf("%s→%s took %d round trips, want %d", c.change.From, c.change.To, n, c.trips)
 				}
 			}
-			if sigs, _ := s.Signals(ctx, WorkOutbox, "test", "c", 0, 100); len(sigs) != 3 {
-				t.Errorf("%d outbox signals after 3 transitions", len(sigs))
+			if n := len(takeSignals(t, ctx, s, WorkOutbox)); n != 3 {
+				t.Errorf("%d outbox signals after 3 transitions", n)
 			}
 			if got, _ := s.NodeSessions(ctx, "node_t"); len(got) != 0 {
 				t.Errorf("an ended session stays on its node: %v", got)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/internal/redistest"
 )
 
@@ -85,21 +87,7 @@ func TestWritesSignal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const project = "proj_sig"
-	read := func(w Work) []string {
-		t.Helper()
-		sigs, err := s.Signals(ctx, w, "test", "c", 0, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.AckSignals(ctx, w, "test", sigs); err != nil {
-			t.Fatal(err)
-		}
-		var ps []string
-		for _, sg := range sigs {
-			ps = append(ps, sg.Project)
-		}
-		return ps
-	}
+	read := func(w Work) []string { return takeSignals(t, ctx, s, w) }
 	sess, err := s.Create(ctx, newPending(project, ""), 10)
 	if err != nil {
 		t.Fatal(err)
@@ -237,4 +225,35 @@ func TestSignalsWaitUnderAMillisecond(t *testing.T) {
 			t.Errorf("a wait of %v took %v", wait, d)
 		}
 	}
+}
+
+// takeSignals reads and acknowledges the signals of w waiting for the tests' consumer, and
+// answers their projects.
+func takeSignals(t *testing.T, ctx context.Context, s *Store, w Work) []string {
+	t.Helper()
+	sigs, err := s.Signals(ctx, w, "test", "c", 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AckSignals(ctx, w, "test", sigs); err != nil {
+		t.Fatal(err)
+	}
+	var ps []string
+	for _, sg := range sigs {
+		ps = append(ps, sg.Project)
+	}
+	return ps
+}
+
+// countedStore is a Store over a new client of b whose round trips rt counts, and how many a
+// create's or a placement's write takes there: one on one Redis, two on a Cluster (whose
+// global keys are in other slots than the project's).
+func countedStore(t *testing.T, b redistest.Backend) (s *Store, rt *redistest.RoundTrips, oneWrite int64) {
+	rdb := b.New(t)
+	rt = redistest.CountRoundTrips(rdb)
+	oneWrite = 1
+	if _, cluster := rdb.(*redis.ClusterClient); cluster {
+		oneWrite = 2
+	}
+	return New(rdb), rt, oneWrite
 }
