@@ -200,7 +200,6 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
 		if ooms, counted := n.oomKills(r.Context(), guest); counted {
-			_ = http.NewResponseController(w).EnableFullDuplex()
 			w = &beforeExecResult{ResponseWriter: w, check: func() { n.endIfOOM(r.Context(), l, guest, ooms) }}
 		}
 		// A run's code goes to the guest's waiting interpreter, as in process (Node.Exec). A
@@ -239,7 +238,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	proxy.ServeHTTP(w, r)
 	if b, ok := w.(*beforeExecResult); ok {
-		b.end()
+		b.checkOnce() // the answer had no result line
 	}
 }
 
@@ -261,10 +260,17 @@ type beforeExecResult struct {
 
 func (w *beforeExecResult) Write(b []byte) (int, error) {
 	if !w.checked && w.sawKey(b) {
+		w.checkOnce()
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// checkOnce runs check unless it ran.
+func (w *beforeExecResult) checkOnce() {
+	if !w.checked {
 		w.checked = true
 		w.check()
 	}
-	return w.ResponseWriter.Write(b)
 }
 
 // sawKey reports whether the key ends in b, alone or after the tail of the writes before.
@@ -287,14 +293,6 @@ func (w *beforeExecResult) sawKey(b []byte) bool {
 
 // Unwrap lets http.ResponseController (the proxy's flushes) reach the server's writer.
 func (w *beforeExecResult) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// end runs check if the answer had no result line.
-func (w *beforeExecResult) end() {
-	if !w.checked {
-		w.checked = true
-		w.check()
-	}
-}
 
 // writeRuntimeRefusal answers a command the runtime decision point did not allow: 403
 // policy_violation when a policy killed the session, 403 policy_error when the session's

@@ -39,7 +39,7 @@ func TestBeforeExecResult(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		w.end()
+		w.checkOnce()
 		// Before the key's last byte is written, by the write that holds it.
 		if calls != 1 || at >= keyEnd || atWriteEnd < keyEnd {
 			t.Fatalf("writes of %d bytes: %d checks, the last after %d bytes, in a write to byte %d; want one, in the write that ends the key (byte %d), before it",
@@ -57,8 +57,8 @@ func TestBeforeExecResult(t *testing.T) {
 	if calls != 0 {
 		t.Fatal("an output line that quotes the key set the check off")
 	}
-	w.end()
-	w.end()
+	w.checkOnce()
+	w.checkOnce()
 	if calls != 1 || !bytes.Equal(rec.Body.Bytes(), []byte(strings.Repeat(out, 3))) {
 		t.Fatalf("%d checks after an answer without a result", calls)
 	}

@@ -174,7 +174,7 @@ func (s *Store) createSignals(sess *session.Session) createWrites {
 		deadline = strconv.FormatInt(at.UnixMilli(), 10)
 	}
 	w := createWrites{args: []any{sess.ProjectID, SessionRef{Project: sess.ProjectID, ID: sess.ID}.member(), deadline}}
-	if _, cluster := s.rdb.(*redis.ClusterClient); !cluster {
+	if s.oneRedis {
 		w.keys = []string{signalKey(WorkPending), signalKey(WorkOutbox), provisionDeadlinesKey}
 	}
 	return w

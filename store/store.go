@@ -52,6 +52,9 @@ type Store struct {
 	idemLease time.Duration
 	// changes announces the writes of what gateways cache (changes.go).
 	changes *Changes
+	// oneRedis: not a Cluster, so the create and transition scripts may write the global
+	// signals and indexes too (indexes.go).
+	oneRedis bool
 }
 
 // Option configures a Store.
@@ -84,6 +87,8 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 		o(s)
 	}
 	s.changes = NewChanges(rdb, nil)
+	_, cluster := rdb.(*redis.ClusterClient)
+	s.oneRedis = !cluster
 	return s
 }
 
@@ -185,8 +190,7 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 	args = append(args, eventFields(c.ID, c.Project, c.From, c.To, c.Driver, c.Reason, c.Rule, now)...)
 	k := ProjectKeys(c.Project)
 	keys := []string{k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project)}
-	_, cluster := s.rdb.(*redis.ClusterClient)
-	if !cluster { // the script keeps the global indexes too (transitionScript)
+	if s.oneRedis { // the script keeps the global indexes too (transitionScript)
 		keys = append(keys, signalKey(WorkOutbox), provisionDeadlinesKey)
 		if c.NodeID != "" {
 			keys = append(keys, nodeSessionsKey(c.NodeID))
@@ -211,7 +215,7 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 		m[res[i]] = res[i+1]
 	}
 	out, err := decode(m)
-	s.afterTransition(ctx, c, out, !cluster)
+	s.afterTransition(ctx, c, out, s.oneRedis)
 	return out, err
 }
 
