@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -256,4 +257,12 @@ func countedStore(t *testing.T, b redistest.Backend) (s *Store, rt *redistest.Ro
 		oneWrite = 2
 	}
 	return New(rdb), rt, oneWrite
+}
+
+// TestSignalMaxLen: the scripts that signal (signal_created, the transition script) trim the
+// streams to the bound Signal does.
+func TestSignalMaxLen(t *testing.T) {
+	if strconv.Itoa(signalMaxLen) != signalMaxLenLua {
+		t.Fatalf("signalMaxLen %d, the scripts' %s", signalMaxLen, signalMaxLenLua)
+	}
 }
