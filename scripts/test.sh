@@ -5,15 +5,15 @@
 #     WB_TEST_BIN) and the agent its guests run (bin/wb-agent), then the race-built fake Cloud
 #     Hypervisor (bin/fakech). One after the other: built side by side (they share no compiled
 #     package), one cold run's builds took 545 s, where the last session's took 460.
-#  2. The TypeScript SDK's tests, then go test on every package, two at a time (go test's
-#     default on two cores). Tried and given up: the packages that mostly wait (desktops, the
-#     chaos suite) in a lane of their own beside go test's two, compiled first. A cold run took
-#     35.7 minutes, not 34.5: two cores are busy compiling or testing nearly all the time, the
-#     first test started 200 s later (the compile go test had spread between tests came first),
-#     the packages beside the lane slowed (cmd/wb 201 s, not 117), and plugins' call deadlines
-#     failed with three packages running at once, as they had at -p 3. Also given up: the
-#     longest packages first. node then ran beside desktop while the rest still compiled, and
-#     two of its timing tests failed; in go list's order the two lanes already end together.
+#  2. The TypeScript SDK's tests, then go test on every package, three at a time. Two at a
+#     time (go test's default on two cores) left a third of the CPU idle over the packages'
+#     run (sampled every 10 s in one cold run: 34 % idle from the first test to the last),
+#     since the longest packages mostly wait on guests and timers (the chaos suite and the
+#     conformance suite beside each other: 88 % idle). Three at a time: 18 % idle, and that
+#     phase took 662 s, not 794. Tried before and given up, when a cold run took 35 minutes:
+#     the packages that mostly wait in a lane of their own beside go test's two (slower: that
+#     lane's compile came first), and the longest packages first (node then ran beside
+#     desktop while the rest compiled, and two of its timing tests failed).
 #  3. The attacks (fork bombs, floods, starved guests: conformance's TestAdversarial), after
 #     the rest, so that no timing test (idle deadlines, pause, checkpoint) runs beside them.
 #     (node had its own exhaustion test, the same five attacks with finer checks: 106 s of a
@@ -43,7 +43,7 @@ CGO_ENABLED=0 "$GO" build -ldflags='-s -w' -o bin/wb-agent ./cmd/wb-agent || exi
 # against a wb serve of bin/wb-test with runc guests. -vet=off: make lint runs every analyzer.
 rc=0
 (cd sdk/ts && npm ci --no-audit --no-fund && npm test) || rc=1
-"$GO" test -vet=off -race -count=1 -timeout 20m -skip "$ATTACKS" "${all[@]}" || rc=1
+"$GO" test -vet=off -race -count=1 -timeout 20m -p 3 -skip "$ATTACKS" "${all[@]}" || rc=1
 
 # 3.
 attack=()
