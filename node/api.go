@@ -106,11 +106,10 @@ func (n *Node) apiProvision(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		_ = n.Provision(n.ctx, n.Info, &s)
-	}()
+	if !n.goBackground(func() { _ = n.Provision(n.ctx, n.Info, &s) }) {
+		writeError(w, &nodeapi.Error{Status: 503, Code: nodeapi.CodeUnavailable, Message: "node: shutting down; it starts no guest for session " + s.ID})
+		return
+	}
 	writeJSON(w, 202, nodeapi.ProvisionAccepted{SessionID: s.ID})
 }
 

@@ -119,7 +119,12 @@ type Node struct {
 	mu      sync.Mutex
 	guests  map[string]*live // by session id
 	pool    *warmPool
+	// wg counts the background work (goBackground) that Run waits for before it returns;
+	// winding, under bgMu, is set once it waits, and then no new work starts: a WaitGroup's
+	// Add from zero may not race its Wait.
 	wg      sync.WaitGroup
+	bgMu    sync.Mutex
+	winding bool
 	// ctx outlives requests: background flushes and teardowns use it. Run cancels it on return.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -238,12 +243,38 @@ func (n *Node) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-n.ctx.Done():
-			n.wg.Wait()
+			n.windDown()
 			return nil
 		case <-tick.C:
 			n.timers(n.ctx, n.Now())
 		}
 	}
+}
+
+// goBackground runs f beside its caller; Run waits for it before it returns. Once Run is
+// winding down it starts nothing and answers false: the node's API still answers requests
+// (a DELETE, a provision) while its server shuts down, and what such a request leaves undone
+// (a teardown, a flush) is in the journal for the node's next start.
+func (n *Node) goBackground(f func()) bool {
+	n.bgMu.Lock()
+	defer n.bgMu.Unlock()
+	if n.winding {
+		return false
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// windDown waits for the background work, and from now on starts none (goBackground).
+func (n *Node) windDown() {
+	n.bgMu.Lock()
+	n.winding = true
+	n.bgMu.Unlock()
+	n.wg.Wait()
 }
 
 // Close destroys the warm pool's guests (session guests are left to their sessions).

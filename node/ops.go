@@ -325,15 +325,11 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	// The checkpoint stopped the old guest: it is deleted in the background once this ends,
 	// whatever the outcome, and not sooner: a runsc delete takes a second or two of CPU,
 	// which the new guest's first moments need on a small host.
-	defer func() {
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			bg := context.WithoutCancel(ctx)
-			_ = n.Driver.Delete(bg, old)
-			_ = removeAll(n.guestDir(old))
-		}()
-	}()
+	defer n.goBackground(func() {
+		bg := context.WithoutCancel(ctx)
+		_ = n.Driver.Delete(bg, old)
+		_ = removeAll(n.guestDir(old))
+	})
 	l.g.GuestID = randomID("g-")
 	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
 	restore := n.Driver.Restore
@@ -483,11 +479,7 @@ func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason s
 }
 
 func (n *Node) teardownAsync(l *live) {
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		n.teardown(n.ctx, l)
-	}()
+	n.goBackground(func() { n.teardown(n.ctx, l) })
 }
 
 // teardown takes the final meter, kills the guest and records the terminal state at once;

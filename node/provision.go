@@ -197,9 +197,8 @@ func (n *Node) startWatch(ctx context.Context, l *live, watched string) {
 		}
 		return
 	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
+	// When the node winds down, ctx has ended with it, and the driver closes ch.
+	n.goBackground(func() {
 		for ev := range ch {
 			l.mu.Lock()
 			if ctx.Err() != nil || l.g.GuestID != watched {
@@ -232,7 +231,7 @@ func (n *Node) startWatch(ctx context.Context, l *live, watched string) {
 			}
 			l.mu.Unlock()
 		}
-	}()
+	})
 }
 
 // destroy kills the guest and removes its container and files. The caller holds l.mu.
@@ -280,11 +279,7 @@ func (n *Node) save(l *live) {
 
 // flushAsync flushes l's pending changes in the background.
 func (n *Node) flushAsync(l *live) {
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		n.flush(n.ctx, l)
-	}()
+	n.goBackground(func() { n.flush(n.ctx, l) })
 }
 
 // flush applies l's pending changes to Redis in order, without holding l.mu while it waits

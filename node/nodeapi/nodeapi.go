@@ -96,6 +96,7 @@ const (
 	CodeInvalidState     = "invalid_state"     // 409: the guest's state here does not allow it; the message names the state
 	CodeInternal         = "internal"          // 500: the node failed (the runtime, its disk, Redis)
 	CodeAgentUnreachable = "agent_unreachable" // 502: the guest's agent did not answer the proxy
+	CodeUnavailable      = "unavailable"       // 503: the node is shutting down and starts nothing new
 	CodeHTTPError        = "http_error"        // an answer that carried no error body (a proxy in between)
 )
 
