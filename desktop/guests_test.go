@@ -53,7 +53,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// files are the static wb and the templates, made once for the package's tests (in a
+// files are the static agent (wb-agent) and the templates, made once for the package's tests (in a
 // directory left behind in the system's temp dir: the tests' guests may still map it).
 type files struct {
 	bin  string
@@ -68,7 +68,7 @@ var sharedFiles = sync.OnceValues(func() (files, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return files{}, err
 	}
-	bin, err := wbbin.Install(dir)
+	bin, err := wbbin.Agent(dir)
 	if err != nil {
 		return files{}, err
 	}

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # make test, after make deps: every test, with -race.
 #
-#  1. The builds the tests share: the static wb that the tests run as a server (bin/wb-test,
-#     WB_TEST_BIN) and the agent its guests run (bin/wb-agent), then the race-built fake Cloud
-#     Hypervisor (bin/fakech). One after the other: built side by side (they share no compiled
-#     package), one cold run's builds took 545 s, where the last session's took 460.
+#  1. The builds the tests share: the wb that the tests run as a server (bin/wb-test,
+#     WB_TEST_BIN) and the fake Cloud Hypervisor (bin/fakech), both built as the tests are
+#     (-race), and the static agent that guests run (bin/wb-agent). Both servers run on the
+#     host only, so they share the tests' compiled packages: a static wb-test compiled every
+#     package a second time (131 s of a cold run's 170 s of builds). Their race reports go to
+#     files (GORACE's log_path, below) that fail the run, as a test's own race fails its test.
 #  2. The TypeScript SDK's tests beside go test on every package, three at a time. Two at a
 #     time (go test's default on two cores) left a third of the CPU idle over the packages'
 #     run (sampled every 10 s in one cold run: 34 % idle from the first test to the last),
@@ -31,13 +33,14 @@ mapfile -t all < <("$GO" list $PKGS) || exit 1
 [ ${#all[@]} -gt 0 ] || exit 1
 
 # 1. -s -w: no symbol table or DWARF, as go test links its own binaries; it halved the link.
-CGO_ENABLED=0 "$GO" build -ldflags='-s -w' -o bin/wb-test ./cmd/wb || exit 1
+"$GO" build -race -ldflags='-s -w' -o bin/wb-test ./cmd/wb || exit 1
 CGO_ENABLED=0 "$GO" build -ldflags='-s -w' -o bin/wb-agent ./cmd/wb-agent || exit 1
-# The fake VMM runs on the host only: built as the tests are (-race), it shares their compiled
-# packages (its OpenAPI checker, kin-openapi, among them), where a static build compiled them
-# again. (With libopenapi-validator this build took 5.5 minutes cold: 470 CPU-seconds to
-# compile that validator under -race, where kin-openapi takes about 40.)
 "$GO" build -race -ldflags='-s -w' -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech || exit 1
+# Every race-built process of the run (the test binaries, and the servers they start, whose
+# stderr no one reads) writes its race reports to race_dir/report.PID.
+race_dir=$PWD/bin/race
+rm -rf "$race_dir" && mkdir -p "$race_dir" || exit 1
+export GORACE="log_path=$race_dir/report${GORACE:+ $GORACE}"
 
 # 2. The SDK: its unit tests, its drift from the OpenAPI document, and seed 000's patterns
 # against a wb serve of bin/wb-test with runc guests. It mostly waits (npm, node's timers, a
@@ -65,4 +68,12 @@ done
 if [ ${#attack[@]} -gt 0 ]; then
 	"$GO" test -vet=off -race -count=1 -timeout 20m -p 1 -run "$ATTACKS" "${attack[@]}" || rc=1
 fi
+
+# 4. The race reports.
+for r in "$race_dir"/report.*; do
+	[ -e "$r" ] || continue
+	echo "race detected: $r"
+	cat "$r"
+	rc=1
+done
 exit $rc

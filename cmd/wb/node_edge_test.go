@@ -89,7 +89,7 @@ func startEdgeNode(t *testing.T) *edgeNode {
 	for i := range tiers {
 		tiers[i].ColdP95 = max(tiers[i].ColdP95, 20*time.Second) // a busy 2-core machine boots slowly
 	}
-	nd, err := node.New(node.Config{Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(tmp, "node"), AgentBin: bin,
+	nd, err := node.New(node.Config{Store: st, Driver: drv, Templates: cat, DataDir: filepath.Join(tmp, "node"), AgentBin: filepath.Join(filepath.Dir(bin), "wb-agent"),
 		Info:  store.NodeInfo{ID: "node_edge", Addr: url, Region: "local", Zone: "local-a", Tiers: []int{1, 2, 3, 4}, VCPU: 64, MemoryMiB: 1 << 20},
 		Tiers: tiers, Logger: log, Runtime: denyCommand{"forbidden-word"}})
 	if err != nil {
