@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # make test, after make deps: every test, with -race.
 #
-#  1. The builds the tests share: the wb that the tests run as a server (bin/wb-test,
-#     WB_TEST_BIN) and the fake Cloud Hypervisor (bin/fakech), both built as the tests are
-#     (-race), and the static agent that guests run (bin/wb-agent). Both servers run on the
-#     host only, so they share the tests' compiled packages: a static wb-test compiled every
-#     package a second time (131 s of a cold run's 170 s of builds). Their race reports go to
-#     files (GORACE's log_path, below) that fail the run, as a test's own race fails its test.
+#  1. The builds the tests share: the static wb that the tests run as a server (bin/wb-test,
+#     WB_TEST_BIN) and the agent its guests run (bin/wb-agent), then the race-built fake Cloud
+#     Hypervisor (bin/fakech). One after the other: built side by side (they share no compiled
+#     package), one cold run's builds took 545 s, where the last session's took 460. Tried and
+#     given up: wb-test built with -race, sharing the tests' compiled packages (the static
+#     build is 131 s of a cold run's builds). The run took as long (857 s, not 819–870): every
+#     test that starts wb ran slower (conformance 162 s, not 67–80; cmd/wb 117, not 61–69), and
+#     the attack suite's memory bounds on wb serve failed (race detection multiplies memory).
+#     It did find a race in wb node's shutdown (fixed in cde284d): to look for more, run
+#     `go build -race -o bin/wb-test ./cmd/wb` and the packages that start wb by hand, with
+#     WB_TEST_BIN and GORACE's log_path set as below.
 #  2. The TypeScript SDK's tests beside go test on every package, three at a time. Two at a
 #     time (go test's default on two cores) left a third of the CPU idle over the packages'
 #     run (sampled every 10 s in one cold run: 34 % idle from the first test to the last),
@@ -33,11 +38,14 @@ mapfile -t all < <("$GO" list $PKGS) || exit 1
 [ ${#all[@]} -gt 0 ] || exit 1
 
 # 1. -s -w: no symbol table or DWARF, as go test links its own binaries; it halved the link.
-"$GO" build -race -ldflags='-s -w' -o bin/wb-test ./cmd/wb || exit 1
+CGO_ENABLED=0 "$GO" build -ldflags='-s -w' -o bin/wb-test ./cmd/wb || exit 1
 CGO_ENABLED=0 "$GO" build -ldflags='-s -w' -o bin/wb-agent ./cmd/wb-agent || exit 1
+# The fake VMM runs on the host only: built as the tests are (-race), it shares their compiled
+# packages (its OpenAPI checker, kin-openapi, among them), where a static build compiled them
+# again.
 "$GO" build -race -ldflags='-s -w' -o bin/fakech ./hypervisor/cloudhv/chvtest/fakech || exit 1
-# Every race-built process of the run (the test binaries, and the servers they start, whose
-# stderr no one reads) writes its race reports to race_dir/report.PID.
+# Every race-built process of the run (the test binaries, and the fake VMM they start, whose
+# stderr no one reads) writes its race reports to race_dir/report.PID, which fail the run.
 race_dir=$PWD/bin/race
 rm -rf "$race_dir" && mkdir -p "$race_dir" || exit 1
 export GORACE="log_path=$race_dir/report${GORACE:+ $GORACE}"
