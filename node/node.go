@@ -119,9 +119,9 @@ type Node struct {
 	mu      sync.Mutex
 	guests  map[string]*live // by session id
 	pool    *warmPool
-	// wg counts the background work (goBackground) that Run waits for before it returns;
-	// winding, under bgMu, is set once it waits, and then no new work starts: a WaitGroup's
-	// Add from zero may not race its Wait.
+	// wg counts the background work that Run waits for before it returns; only goBackground
+	// adds to it. winding, under bgMu, is set once Run waits (windDown), and then no new work
+	// starts: a WaitGroup's Add from zero may not race its Wait.
 	wg      sync.WaitGroup
 	bgMu    sync.Mutex
 	winding bool
@@ -218,9 +218,7 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	n.heartbeat(n.ctx)
 	for _, lp := range loops {
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
+		n.goBackground(func() {
 			tick := time.NewTicker(lp.every)
 			defer tick.Stop()
 			for {
@@ -231,13 +229,9 @@ func (n *Node) Run(ctx context.Context) error {
 					lp.do(n.ctx)
 				}
 			}
-		}()
+		})
 	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		n.pool.run(n.ctx)
-	}()
+	n.goBackground(func() { n.pool.run(n.ctx) })
 	tick := time.NewTicker(n.Tick)
 	defer tick.Stop()
 	for {

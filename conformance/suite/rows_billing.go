@@ -20,10 +20,10 @@ type billingFixture struct {
 	// The final meter comes between the DELETE and stopped_at (which the node records once
 	// the guest is killed, a second or more later on a busy machine): what is billed lies
 	// between the running time up to each, less the pause.
-	runningToDelete time.Duration // started_at → the DELETE, less the pause
-	running         time.Duration // started_at → stopped_at, less the pause
-	paused          time.Duration // paused_at → the resume's answer
-	settleErr       error
+	runningToDelete  time.Duration // started_at → the DELETE, less the pause
+	runningToStopped time.Duration // started_at → stopped_at, less the pause
+	paused           time.Duration // paused_at → the resume's answer
+	settleErr        error
 }
 
 const billingSpan = 4 * time.Second
@@ -64,7 +64,7 @@ func billedSession(ctx context.Context, e *Env) (*billingFixture, error) {
 		}
 		f := &billingFixture{final: final, provisioning: final.StartedAt.Sub(final.CreatedAt.Time),
 			paused: resumed.Sub(p.PausedAt.Time)}
-		f.running = final.StoppedAt.Sub(final.StartedAt.Time) - f.paused
+		f.runningToStopped = final.StoppedAt.Sub(final.StartedAt.Time) - f.paused
 		f.runningToDelete = deleted.Sub(final.StartedAt.Time) - f.paused
 		// Settled usage arrives within seconds of the final meter.
 		settle, cancel := context.WithTimeout(ctx, 90*time.Second)
@@ -111,7 +111,7 @@ func billingRows() []Row {
 			return nil, "", err
 		}
 		saw := fmt.Sprintf("GET /v1/usage: session_s %d, paused_s %d, cost %d µUSD; running %s to the DELETE, %s to stopped_at, paused %s, provisioning %s",
-			f.line.SessionS, f.line.PausedS, f.line.CostMicroUSD, f.runningToDelete.Round(100*time.Millisecond), f.running.Round(100*time.Millisecond),
+			f.line.SessionS, f.line.PausedS, f.line.CostMicroUSD, f.runningToDelete.Round(100*time.Millisecond), f.runningToStopped.Round(100*time.Millisecond),
 			f.paused.Round(100*time.Millisecond), f.provisioning.Round(time.Millisecond))
 		if f.settleErr != nil {
 			return f, saw, fmt.Errorf("no settled usage line for the session matching its usage_to_date (%d): %w", f.final.UsageToDate.SessionS, f.settleErr)
@@ -121,14 +121,14 @@ func billingRows() []Row {
 	return []Row{
 		{Seed: "000", Table: bt, Row: "running | Yes | session_s accrues every second", Check: func(ctx context.Context, e *Env) (string, error) {
 			f, saw, err := get(ctx, e)
-			if err == nil && !between(f.line.SessionS, f.runningToDelete, f.running) {
+			if err == nil && !between(f.line.SessionS, f.runningToDelete, f.runningToStopped) {
 				err = errors.New("want session_s = the running time up to the final meter, which is between the DELETE and stopped_at (±2 s)")
 			}
 			return saw, err
 		}},
 		{Seed: "000", Table: bt, Row: "paused | Storage only | billed as paused_gib_month, not session_s", Check: func(ctx context.Context, e *Env) (string, error) {
 			f, saw, err := get(ctx, e)
-			if err == nil && (!within(f.line.PausedS, f.paused) || float64(f.line.SessionS) > (f.running+2*time.Second).Seconds()) {
+			if err == nil && (!within(f.line.PausedS, f.paused) || float64(f.line.SessionS) > (f.runningToStopped+2*time.Second).Seconds()) {
 				err = errors.New("want paused_s = the pause (±2 s) and the pause left out of session_s")
 			}
 			return saw, err
