@@ -57,7 +57,8 @@ bench-fleet-search: deps build
 	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s --search-p99 $(BENCH_P99)
 
 # Every test, with -race (scripts/test.sh says how: the builds the tests share, one after another,
-# the SDK's tests, go test on every package two at a time, then the attacks alone).
+# the Debian packages installed while wb builds, the SDK's tests, go test on every package
+# three at a time, then the attacks alone).
 # go vet is make lint's (CI runs both): its analysis of every package and every dependency
 # (for facts) took about as long again as compiling them, minutes of a cold make test.
 # bin/wb-test is the static wb that the tests run as a server, and bin/wb-agent beside it the
@@ -66,7 +67,7 @@ bench-fleet-search: deps build
 # WB_TEST_FAKECH (internal/wbbin); a package tested alone builds its own. (Three test binaries
 # each building a cgo fakech at once cost a cold run about eight minutes.) (A race-built
 # server would reuse the race build, but compiles tenants' Wasm several times slower.)
-test: deps
+test:
 	GO="$(GO)" PKGS="$(PKGS)" ./scripts/test.sh
 
 # The adversarial suite alone, with its table of attacks and results (make test runs it too).

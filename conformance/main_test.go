@@ -61,7 +61,11 @@ func TestMain(m *testing.M) {
 	if !explicit {
 		_ = flag.Set("test.parallel", "8")
 	}
-	os.Exit(run(m))
+	code := run(m)
+	if examplesDir != "" { // built by the first test that needed the example plugins
+		os.RemoveAll(examplesDir)
+	}
+	os.Exit(code)
 }
 
 func run(m *testing.M) int {

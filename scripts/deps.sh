@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Installs what wb's tests and `wb serve` need from Debian's packages, when missing.
+# With --missing it installs nothing: it prints the missing packages' names, and fails when
+# there are some that this user cannot install (make test checks first, then installs them in
+# the background while it builds).
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
@@ -24,6 +27,10 @@ if ((${#need[@]})); then
   if [ "$(id -u)" != 0 ]; then
     echo "missing: ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
     exit 1
+  fi
+  if [ "${1:-}" = --missing ]; then
+    echo "${need[*]}"
+    exit 0
   fi
   echo "installing: ${need[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# make test, after make deps: every test, with -race.
+# make test: every test, with -race.
 #
+#  0. The Debian packages the tests need (scripts/deps.sh), when some are missing: installed
+#     in the background while step 1 builds, since neither needs the other, and on a fresh
+#     machine apt mostly waits on the network (72 s on a fresh Debian 12) where the builds
+#     keep both cores busy for two minutes and more. Checked first, so that a user who cannot
+#     install them learns it at once. go test waits for them.
 #  1. The builds the tests share: the static wb that the tests run as a server (bin/wb-test,
 #     WB_TEST_BIN) and the agent its guests run (bin/wb-agent), then the race-built fake Cloud
 #     Hypervisor (bin/fakech). One after the other: built side by side (they share no compiled
@@ -34,6 +39,31 @@ PKGS=${PKGS:-./...}
 ATTACKS='^TestAdversarial$'
 export WB_TEST_BIN=$PWD/bin/wb-test WB_TEST_AGENT_BIN=$PWD/bin/wb-agent WB_TEST_FAKECH=$PWD/bin/fakech
 
+# 0.
+missing=$(./scripts/deps.sh --missing) || exit 1
+deps=
+if [ -n "$missing" ]; then
+	echo "installing in the background while wb builds: $missing"
+	deps_log=$(mktemp)
+	# A session of its own: an interrupted run (Ctrl-C) leaves apt to finish, where a dpkg
+	# killed halfway leaves a machine that needs dpkg --configure -a.
+	setsid ./scripts/deps.sh >"$deps_log" 2>&1 &
+	deps=$!
+fi
+# waitDeps waits for step 0; a failed install ends the run, with apt's output.
+waitDeps() {
+	[ -n "$deps" ] || return 0
+	local rc=0
+	wait $deps || rc=$?
+	cat "$deps_log"
+	rm -f "$deps_log"
+	if ((rc)); then
+		echo "FAIL	scripts/deps.sh (installing $missing: exit $rc)"
+		exit 1
+	fi
+	deps=
+}
+
 mapfile -t all < <("$GO" list $PKGS) || exit 1
 [ ${#all[@]} -gt 0 ] || exit 1
 
@@ -54,6 +84,7 @@ export GORACE="log_path=$race_dir/report${GORACE:+ $GORACE}"
 # against a wb serve of bin/wb-test with runc guests. It mostly waits (npm, node's timers, a
 # guest), so it runs beside go test's first compiles, in a session of its own that an
 # interrupted run stops; its output follows go test's. -vet=off: make lint runs every analyzer.
+waitDeps
 rc=0
 sdk_log=$(mktemp)
 setsid bash -c 'cd sdk/ts && npm ci --no-audit --no-fund && npm test' >"$sdk_log" 2>&1 &

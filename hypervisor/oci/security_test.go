@@ -29,24 +29,33 @@ const (
 
 var (
 	wbBinOnce sync.Once
+	wbBinDir  string // removed by TestMain
 	wbBinPath string
 	wbBinErr  error
 )
+
+// TestMain removes the agent that wbBinary put in a directory of its own (every make test
+// left one behind, 7 MB each, before it did).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if wbBinDir != "" {
+		os.RemoveAll(wbBinDir)
+	}
+	os.Exit(code)
+}
 
 // wbBinary builds the static wb binary (the real agent) once per test process.
 func wbBinary(t testing.TB) string {
 	t.Helper()
 	wbBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "wb-oci-agent-")
-		if err != nil {
-			wbBinErr = err
+		wbBinDir, wbBinErr = os.MkdirTemp("", "wb-oci-agent-")
+		if wbBinErr != nil {
 			return
 		}
-		if err := os.Chmod(dir, 0o755); err != nil {
-			wbBinErr = err
+		if wbBinErr = os.Chmod(wbBinDir, 0o755); wbBinErr != nil {
 			return
 		}
-		wbBinPath, wbBinErr = wbbin.Agent(dir)
+		wbBinPath, wbBinErr = wbbin.Agent(wbBinDir)
 	})
 	if wbBinErr != nil {
 		t.Fatalf("build wb: %v", wbBinErr)
