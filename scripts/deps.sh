@@ -5,6 +5,10 @@
 # the background while it builds).
 set -euo pipefail
 need=()
+# go test -race needs cgo, and cgo a C compiler and libc's headers: without them a fresh Debian
+# answers "-race requires cgo".
+command -v "${CC:-gcc}" >/dev/null || need+=(gcc)
+[ -e /usr/include/stdio.h ] || need+=(libc6-dev)
 command -v redis-server >/dev/null || need+=(redis-server)
 # make bench's baseline for the store: redis-benchmark (store BenchmarkRedisBenchmarkSet).
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
