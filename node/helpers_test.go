@@ -114,7 +114,7 @@ func tempDir(t testing.TB) string {
 	}
 	t.Cleanup(func() {
 		if err := os.RemoveAll(d); err != nil {
-			t.Logf("remove %s: %v", d, err)
+			t.Errorf("remove %s: %v (a guest's mount left in it?)", d, err)
 		}
 	})
 	if err := os.Chmod(d, 0o755); err != nil {
@@ -383,6 +383,13 @@ func nodeConfig(t testing.TB, st *store.Store, d testDriver, dataDir, id string)
 	cold := 20 * time.Second
 	if d != nil && d.Name() == "cloudhv" {
 		cold = time.Minute // a VMM, two disk images and a runc guest, queued behind chvStarts
+	}
+	if d != nil {
+		// The guests go before the data dir does, since their disks and agent dirs are mounted
+		// in it (the test made dataDir, so its removal runs after this). The driver's own
+		// cleanup reaps them too, but after: the data dir's removal then failed on the
+		// mounts, and each make test left a dozen directories behind.
+		t.Cleanup(func() { reapAll(t, d) })
 	}
 	return node.Config{
 		Tiers: loadedTiers(cold),

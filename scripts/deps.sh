@@ -9,6 +9,11 @@ need=()
 # answers "-race requires cgo".
 command -v "${CC:-gcc}" >/dev/null || need+=(gcc)
 [ -e /usr/include/stdio.h ] || need+=(libc6-dev)
+# The cloudhv backend sets up each guest's network (a tap device) with ip.
+command -v ip >/dev/null || need+=(iproute2)
+# The templates' python (tpl_dev_polyglot, tier-1 python runs and their waiting runner) is the
+# host's /usr/bin/python3, bound into the guests.
+[ -x /usr/bin/python3 ] || need+=(python3)
 command -v redis-server >/dev/null || need+=(redis-server)
 # make bench's baseline for the store: redis-benchmark (store BenchmarkRedisBenchmarkSet).
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
