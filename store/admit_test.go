@@ -17,6 +17,7 @@ import (
 // Cluster (every key in the project's slot): each refusal in its order, and nothing written
 // but the token a refused create took.
 func TestAdmit(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			rdb := b.New(t)
@@ -129,6 +130,7 @@ func TestAdmit(t *testing.T) {
 // the slots counted and held, a refused create leaving nothing (no slot, no session, no
 // event), and a hold whose gateway never came back given back once it lapses.
 func TestReserve(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			rdb := b.New(t)
@@ -247,6 +249,7 @@ func TestReserve(t *testing.T) {
 // TestReserveConcurrent: creates reserving, deciding and committing or releasing at once
 // never hold more slots than the limit, and every slot left is a written session's.
 func TestReserveConcurrent(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Server(t)
 	ctx := context.Background()
 	s := New(rdb)
@@ -313,6 +316,7 @@ func TestReserveConcurrent(t *testing.T) {
 // TestCommitAfterScriptFlush: Commit's pipelined EVALSHA relies on Reserve having loaded the
 // script; when Redis lost it in between (a restart, SCRIPT FLUSH) the write is made anyway.
 func TestCommitAfterScriptFlush(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Server(t)
 	ctx := context.Background()
 	s := New(rdb)
@@ -338,6 +342,7 @@ func TestCommitAfterScriptFlush(t *testing.T) {
 // none of it; on one Redis all of it in the create's one round trip, on a Cluster (where
 // those keys are in other slots) in one more.
 func TestCreateSignals(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			s, rt, want := countedStore(t, b)

@@ -180,6 +180,7 @@ func parseRedisBenchmarkCSV(out []byte) (rps, p50, p99 float64, err error) {
 // TestParseRedisBenchmarkCSV: the baseline's numbers from redis-benchmark 7's --csv output
 // (captured here), and an error naming what is missing otherwise.
 func TestParseRedisBenchmarkCSV(t *testing.T) {
+	t.Parallel()
 	out := "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n" +
 		"\"SET\",\"20533.88\",\"0.517\",\"0.064\",\"0.271\",\"1.207\",\"4.479\",\"84.671\"\n"
 	rps, p50, p99, err := parseRedisBenchmarkCSV([]byte(out))

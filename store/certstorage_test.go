@@ -19,6 +19,7 @@ import (
 // TestCertStorage: certmagic's Storage semantics (values, folders by component, recursive and
 // flat listings, Stat, Delete of a folder, the missing-key error) on every Redis back end.
 func TestCertStorage(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
@@ -127,6 +128,7 @@ func TestCertStorage(t *testing.T) {
 // TestCertStorageBounds: a value over MaxCertValue and an empty key are refused, and nothing
 // is stored for them.
 func TestCertStorageBounds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c := New(redistest.Server(t)).CertStorage(0)
 	if err := c.Store(ctx, "big", make([]byte, MaxCertValue)); err != nil {
@@ -147,6 +149,7 @@ func TestCertStorageBounds(t *testing.T) {
 // keeps the lock past its lease by renewing it; a waiter gives up when its context ends; a
 // release wakes the waiter; Unlock of a lock not held is an error.
 func TestCertStorageLock(t *testing.T) {
+	t.Parallel()
 	addr := redistest.ServerAddr(t)
 	const lease = time.Second
 	open := func() *CertStorage {
@@ -210,6 +213,7 @@ func TestCertStorageLock(t *testing.T) {
 // TestCertStorageLockContention: goroutines of two storages take one lock in turns; no two are
 // ever inside at once.
 func TestCertStorageLockContention(t *testing.T) {
+	t.Parallel()
 	addr := redistest.ServerAddr(t)
 	var storages []*CertStorage
 	for range 2 {
@@ -250,6 +254,7 @@ func TestCertStorageLockContention(t *testing.T) {
 // TestCertStorageLockCrashedHolder: a holder that dies (its connection gone, nobody renewing)
 // loses the lock one lease later, and another storage takes it.
 func TestCertStorageLockCrashedHolder(t *testing.T) {
+	t.Parallel()
 	addr := redistest.ServerAddr(t)
 	const lease = time.Second
 	crashed := redis.NewClient(&redis.Options{Addr: addr})

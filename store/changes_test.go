@@ -73,6 +73,7 @@ func (w *watcher) got() ([]ProjectChange, []bool) {
 // no subscriber it returns at once; a subscriber that does not answer is waited for a bounded
 // time only.
 func TestChanges(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			rdb := b.New(t)
@@ -117,6 +118,7 @@ func TestChanges(t *testing.T) {
 // is told it was lost (it must trust nothing it holds) and then that it holds again (it
 // drops everything: what was published meanwhile is lost).
 func TestChangesResubscribe(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Server(t)
 	w := startWatcher(t, rdb)
 	if err := rdb.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err(); err != nil {
@@ -133,6 +135,7 @@ func TestChangesResubscribe(t *testing.T) {
 
 // TestRevokeAPIKey: a key is revoked by its prefix, within its own project only.
 func TestRevokeAPIKey(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
@@ -174,6 +177,7 @@ func TestRevokeAPIKey(t *testing.T) {
 // its wb:apikey:HEX) is not found by its prefix until it is used; its first authentication
 // indexes it, and then its prefix revokes it.
 func TestRevokeAPIKeyMadeBeforeTheIndex(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()

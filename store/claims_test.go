@@ -17,6 +17,7 @@ import (
 // claims; claims older than the window stop counting; a released claim frees its room; a
 // session's own claim made again is not counted twice.
 func TestClaimOnNode(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	now := time.UnixMilli(1_800_000_000_000)
@@ -72,6 +73,7 @@ func TestClaimOnNode(t *testing.T) {
 
 // TestClaimOnNodeConcurrent: many claimers at once never claim more than the room.
 func TestClaimOnNodeConcurrent(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	now := time.Now()

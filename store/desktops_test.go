@@ -16,6 +16,7 @@ import (
 // of state appends its event (with the desktop as data.object) to the outbox, a touch marks
 // only an awake desktop used, lists page newest first, and a delete appends desktop.deleted.
 func TestDesktops(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
@@ -124,6 +125,7 @@ func TestDesktops(t *testing.T) {
 // TestDesktopIdleDeadlines: the due desktops are those whose deadline passed, earliest first,
 // with the time of the next one.
 func TestDesktopIdleDeadlines(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	t0 := time.UnixMilli(1_800_000_000_000)
@@ -151,6 +153,7 @@ func TestDesktopIdleDeadlines(t *testing.T) {
 // TestDesktopWorkLeases: a lease is renewed and released only by its holder, claimed only
 // once it has run out, and a new work's lease supersedes the old one's.
 func TestDesktopWorkLeases(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	t0 := time.UnixMilli(1_800_000_000_000)

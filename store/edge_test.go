@@ -13,6 +13,7 @@ import (
 // TestEdgeSecret: concurrent first readers (a gateway and a node starting together) all get
 // one secret, and a later reader gets the same one.
 func TestEdgeSecret(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})

@@ -13,6 +13,7 @@ import (
 // TestGateways: a gateway's heartbeat registers its addresses; one silent for
 // GatewayForgetAfter is forgotten, and one that shuts down removes itself.
 func TestGateways(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -69,6 +70,7 @@ func TestGateways(t *testing.T) {
 // TestNodeDraining: a drain survives the node's own heartbeats (which rewrite its
 // registration) and ends when the operator ends it.
 func TestNodeDraining(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})

@@ -14,6 +14,7 @@ import (
 // TestIndexes: the global indexes follow the sessions and snapshots they index, on every
 // backend (the Cluster case proves no write spans two slots).
 func TestIndexes(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			rdb := b.New(t)
@@ -165,6 +166,7 @@ func testSnapshotProjects(t *testing.T, s *Store) {
 // its node's set); on a Cluster, where those keys are in other slots, every transition takes
 // two. Each transition signals the outbox once either way.
 func TestTransitionRoundTrips(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			s, rt, one := countedStore(t, b)

@@ -15,6 +15,7 @@ import (
 // TestKeyNames pins every key's name: stored data and Lua scripts depend on them, so a
 // constructor that answers another name is a migration, not a refactor.
 func TestKeyNames(t *testing.T) {
+	t.Parallel()
 	k := ProjectKeys("proj_1")
 	hour := time.Date(2026, 3, 4, 5, 6, 7, 0, time.FixedZone("x", 3600))
 	for _, c := range []struct{ got, want string }{
@@ -96,6 +97,7 @@ func TestKeyNames(t *testing.T) {
 // TestNoKeysOutsideStore: keys.go is the one place that names a key; any other package that
 // spells one out by hand would drift from it unnoticed.
 func TestNoKeysOutsideStore(t *testing.T) {
+	t.Parallel()
 	key := regexp.MustCompile(`"wb:[a-z{]`)
 	root, err := filepath.Abs("..")
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 // TestOutboxBounded: every writer of the outbox trims it to about outboxMaxLen entries, so
 // an outbox that nobody reads (a project with no endpoint, a dispatcher down) stays bounded.
 func TestOutboxBounded(t *testing.T) {
+	t.Parallel()
 	if strconv.Itoa(outboxMaxLen) != outboxMaxLenLua {
 		t.Fatalf("outboxMaxLen %d, the scripts' %s", outboxMaxLen, outboxMaxLenLua)
 	}

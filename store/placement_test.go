@@ -18,6 +18,7 @@ import (
 // gets the holder to place another round; a lock whose holder died expires with its lease;
 // a project with nothing pending is not locked, nor its holder asked for a round.
 func TestLockPlacement(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -90,6 +91,7 @@ func TestLockPlacement(t *testing.T) {
 // hold per node, and the live claims of the candidate nodes only; on every backend (in a
 // cluster the nodes' keys and the project's live in different slots).
 func TestReadPlacement(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()

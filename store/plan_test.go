@@ -16,6 +16,7 @@ import (
 // TestPlan: the operator sets the plan; the tenant may only lower it, and a lowered value
 // stays below a later plan; the limits in force are the smaller of the two.
 func TestPlan(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	p, _, err := s.CreateProject(ctx, "a")
@@ -89,6 +90,7 @@ func TestPlan(t *testing.T) {
 
 // TestUsageAgainstPlan: snapshot count and bytes, and what a project's sessions hold per node.
 func TestUsageAgainstPlan(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	const p = "proj_u"
@@ -120,6 +122,7 @@ func TestUsageAgainstPlan(t *testing.T) {
 // TestPutSnapshotWithinPlan: snapshots recorded at once, as through several gateways, never
 // pass the plan's count or bytes together; rewriting a recorded snapshot takes no new room.
 func TestPutSnapshotWithinPlan(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()

@@ -17,6 +17,7 @@ import (
 // sent while it waits, an unacknowledged signal is read again by its consumer, and an
 // acknowledged one is gone.
 func TestSignals(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			s := New(b.New(t))
@@ -84,6 +85,7 @@ func TestSignals(t *testing.T) {
 // TestWritesSignal: every write that makes background work signals it: a create (pending,
 // outbox), a transition (outbox), an event (outbox), a usage record (usage).
 func TestWritesSignal(t *testing.T) {
+	t.Parallel()
 	s := New(redistest.Server(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -123,6 +125,7 @@ func TestWritesSignal(t *testing.T) {
 // TestSignalsEndWithContext: a worker asked to stop while it waits for signals stops at
 // once, not when its wait passes, and loses no signal the abandoned read took.
 func TestSignalsEndWithContext(t *testing.T) {
+	t.Parallel()
 	s := New(redistest.Server(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -163,6 +166,7 @@ func TestSignalsEndWithContext(t *testing.T) {
 // TestForgetIdleConsumers: a consumer silent for longer than the age with nothing pending is
 // removed; one with a signal pending, and one heard from since, stay.
 func TestForgetIdleConsumers(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Server(t)
 	s := New(rdb)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -211,6 +215,7 @@ func TestForgetIdleConsumers(t *testing.T) {
 // should. go-redis sends BLOCK in whole milliseconds, and BLOCK 0 blocks for ever: a placer
 // whose next deadline was 400 µs away waited out the client's socket timeout (10 s) instead.
 func TestSignalsWaitUnderAMillisecond(t *testing.T) {
+	t.Parallel()
 	s := New(redistest.Server(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -262,6 +267,7 @@ func countedStore(t *testing.T, b redistest.Backend) (s *Store, rt *redistest.Ro
 // TestSignalMaxLen: the scripts that signal (signal_created, the transition script) trim the
 // streams to the bound Signal does.
 func TestSignalMaxLen(t *testing.T) {
+	t.Parallel()
 	if strconv.Itoa(signalMaxLen) != signalMaxLenLua {
 		t.Fatalf("signalMaxLen %d, the scripts' %s", signalMaxLen, signalMaxLenLua)
 	}

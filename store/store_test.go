@@ -19,6 +19,7 @@ import (
 
 // TestStore runs the whole suite against a real redis-server, miniredis and a 3-node Cluster.
 func TestStore(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		fn   func(t *testing.T, s *Store, project string)
@@ -494,6 +495,7 @@ func testRetention(t *testing.T, s *Store, p string) {
 }
 
 func TestEventCarriesSession(t *testing.T) {
+	t.Parallel()
 	rdb, _ := redistest.Mini(t)
 	s := New(rdb)
 	p := "proj_ev"
@@ -521,6 +523,7 @@ func TestEventCarriesSession(t *testing.T) {
 }
 
 func TestAppendEvent(t *testing.T) {
+	t.Parallel()
 	rdb, _ := redistest.Mini(t)
 	s := New(rdb)
 	id, err := s.AppendEvent(context.Background(), "proj_a", session.EventSnapshotReady, "sess_1", map[string]any{"id": "snap_1"})
@@ -535,6 +538,7 @@ func TestAppendEvent(t *testing.T) {
 }
 
 func TestObjects(t *testing.T) {
+	t.Parallel()
 	rdb, _ := redistest.Mini(t)
 	s := New(rdb)
 	ctx := context.Background()
@@ -573,6 +577,7 @@ func TestObjects(t *testing.T) {
 }
 
 func TestIdempotency(t *testing.T) {
+	t.Parallel()
 	rdb, _ := redistest.Mini(t)
 	s := New(rdb)
 	ctx := context.Background()
@@ -606,6 +611,7 @@ func TestIdempotency(t *testing.T) {
 // what the dead request created), and the dead request's late answer cannot overwrite the
 // retry's. Before leases, the key answered "in progress" for its whole 24 h.
 func TestIdempotencyTakeover(t *testing.T) {
+	t.Parallel()
 	rdb, m := redistest.Mini(t)
 	s := New(rdb, WithIdemLease(3*time.Second))
 	ctx := context.Background()

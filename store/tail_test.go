@@ -11,6 +11,7 @@ import (
 // TestTailSignals: a tail started from now hears only later signals, in order, whatever a
 // consumer group does with them, and a transition signals its project.
 func TestTailSignals(t *testing.T) {
+	t.Parallel()
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			s := New(b.New(t))

@@ -9,6 +9,7 @@ import (
 )
 
 func TestAddSessionUsage(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	sess := mustCreate(t, s, newPending("proj_u", ""), 10)
@@ -63,6 +64,7 @@ func TestAddSessionUsage(t *testing.T) {
 }
 
 func TestAppendUsage(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	if err := s.AppendUsage(ctx, "proj_a", []any{"session", "sess_1", "seq", 1}); err != nil {
@@ -75,6 +77,7 @@ func TestAppendUsage(t *testing.T) {
 }
 
 func TestOutboxEvents(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
 	sess := mustCreate(t, s, newPending("proj_o", ""), 10)
