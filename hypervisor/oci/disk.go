@@ -54,6 +54,12 @@ func (d *Driver) attachDisk(ctx context.Context, s hypervisor.Spec) error {
 		}
 	}
 	if err := run("mount", "-o", "loop,nodev,nosuid", img, s.Writable); err != nil {
+		// mount killed by ctx after the kernel had mounted (a node stopping mid-boot) failed
+		// all the same: undo it, since without the guest's record nothing else knows to, and
+		// the guest's directory would keep a mount and a loop device that no one owns.
+		if mounted(s.Writable) {
+			_ = syscall.Unmount(s.Writable, syscall.MNT_DETACH)
+		}
 		return d.noDisk(s, err)
 	}
 	// An empty layer, as a plain directory would be (a restore unpacks into it).

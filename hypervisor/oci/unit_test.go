@@ -3,10 +3,14 @@ package oci
 import (
 	"archive/tar"
 	"context"
+	"io"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -300,5 +304,35 @@ func TestPidsLimits(t *testing.T) {
 		if c.runsc && c.pids > 0 && guest*runscPidsPerProc > host {
 			t.Errorf("runsc %d: the guest limit %d leaves the host limit %d no headroom", c.pids, guest, host)
 		}
+	}
+}
+
+// TestFailedMountLeavesNoMount: a mount that mounted and still failed (as when the caller's
+// context kills mount(8) after the kernel finished: a node stopping while a warm guest
+// boots) leaves no mount behind. It left one that nothing owned, and the node tests' data
+// dirs could not be removed.
+func TestFailedMountLeavesNoMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a loop device: needs root")
+	}
+	real, err := exec.LookPath("mount")
+	if err != nil {
+		t.Skip("no mount(8)")
+	}
+	bin := t.TempDir()
+	fake := "#!/bin/sh\n" + real + " \"$@\" || exit 2\necho 'killed after mounting' >&2\nexit 1\n"
+	if err := os.WriteFile(filepath.Join(bin, "mount"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	s := hypervisor.Spec{ID: "g-mount", Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1}
+	err = d.attachDisk(context.Background(), s)
+	if err == nil || !strings.Contains(err.Error(), "killed after mounting") {
+		t.Fatalf("attachDisk = %v, want the failed mount's error", err)
+	}
+	if mounted(s.Writable) {
+		_ = syscall.Unmount(s.Writable, syscall.MNT_DETACH)
+		t.Fatal("the failed mount is still mounted")
 	}
 }
