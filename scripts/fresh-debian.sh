@@ -21,9 +21,10 @@ goroot=$(go env GOROOT)
 cleanup() { [ "${KEEP:-}" = 1 ] || rm -rf "$dir"; }
 trap cleanup EXIT
 
-debootstrap --variant=minbase bookworm "$dir" http://deb.debian.org/debian >"$dir.debootstrap.log" 2>&1 ||
-	{ tail -20 "$dir.debootstrap.log"; exit 1; }
-rm -f "$dir.debootstrap.log"
+log=$(mktemp)
+debootstrap --variant=minbase bookworm "$dir" http://deb.debian.org/debian >"$log" 2>&1 ||
+	{ tail -20 "$log"; rm -f "$log"; exit 1; }
+rm -f "$log"
 mkdir -p "$dir/usr/local/share/ca-certificates"
 cp /usr/local/share/ca-certificates/*.crt "$dir/usr/local/share/ca-certificates/" 2>/dev/null || true
 # What a newcomer brings besides Go; not timed.

@@ -50,19 +50,6 @@ if [ -n "$missing" ]; then
 	setsid ./scripts/deps.sh >"$deps_log" 2>&1 &
 	deps=$!
 fi
-# waitDeps waits for step 0; a failed install ends the run, with apt's output.
-waitDeps() {
-	[ -n "$deps" ] || return 0
-	local rc=0
-	wait $deps || rc=$?
-	cat "$deps_log"
-	rm -f "$deps_log"
-	if ((rc)); then
-		echo "FAIL	scripts/deps.sh (installing $missing: exit $rc)"
-		exit 1
-	fi
-	deps=
-}
 
 mapfile -t all < <("$GO" list $PKGS) || exit 1
 [ ${#all[@]} -gt 0 ] || exit 1
@@ -71,8 +58,17 @@ mapfile -t all < <("$GO" list $PKGS) || exit 1
 CGO_ENABLED=0 "$GO" build -ldflags='-s -w' -o bin/wb-test ./cmd/wb || exit 1
 CGO_ENABLED=0 "$GO" build -ldflags='-s -w' -o bin/wb-agent ./cmd/wb-agent || exit 1
 # Everything from here on builds with -race, hence cgo and a C compiler, which step 0 may be
-# installing.
-waitDeps
+# installing: wait for it; a failed install ends the run, with apt's output.
+if [ -n "$deps" ]; then
+	deps_rc=0
+	wait $deps || deps_rc=$?
+	cat "$deps_log"
+	rm -f "$deps_log"
+	if ((deps_rc)); then
+		echo "FAIL	scripts/deps.sh (installing $missing: exit $deps_rc)"
+		exit 1
+	fi
+fi
 # The fake VMM runs on the host only: built as the tests are (-race), it shares their compiled
 # packages (its OpenAPI checker, kin-openapi, among them), where a static build compiled them
 # again.
