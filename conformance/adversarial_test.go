@@ -531,24 +531,16 @@ func testRuncEscape(t *testing.T, rep *report, d, a *deployment) {
 	rep.add(t, "runc guest", "an exec after the attempts", "alive", out, strings.Contains(out, "alive"))
 }
 
-// testExhaustion: a fork bomb, an fd bomb, a disk fill, a memory hog and a CPU spin each stay
-// inside their session, each in a fresh one: the attack's own exec answers and names the limit
-// it hit, the session keeps running and answers again (the memory hog's fails with oom),
-// a bystander session on the same node is unaffected, DELETE stops the session and its guest
-// leaves the runtime, and afterwards the project's concurrency slots are all free. First, no
-// guest process holds CAP_SYS_ADMIN.
+// testExhaustion: a fork bomb, an fd bomb, a disk fill, a memory hog and a CPU spin, all at
+// once, each in a fresh session, each stay inside it: the attack's own exec answers and names
+// the limit it hit, the session keeps running and answers again (the memory hog's fails with
+// oom), a bystander session on the same node is unaffected, DELETE stops the session and its
+// guest leaves the runtime, and afterwards the project's concurrency slots are all free.
+// First, no guest process holds CAP_SYS_ADMIN.
 func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
 	bystander := a.newSession(t, map[string]any{"template": "tpl_dev_polyglot"})
 	testGuestLimits(t, rep, d, a, bystander.ID)
-	attacks := []struct {
-		name, template, cmd string
-		resources           map[string]any
-		timeoutS            int  // the exec's; 60 when 0
-		oom                 bool // the attack is an OOM kill: its session fails with oom
-		// limit: the attack's output names the limit it hit (nil: a CPU spin hits none, it
-		// only gets its share).
-		limit func(out string) bool
-	}{
+	attacks := []exhaustionAttack{
 		// The exec's own time limit ends it: the agent kills the exec's process group, the bomb
 		// with it, and its stderr is the exec's (a pipe to tail would wait on every child). 15 s:
 		// in a cold make test, runsc's bomb had not yet reached the process limit after 6.
@@ -579,77 +571,105 @@ for i in range(4): os.wait()` + "' 2>&1 | tail -2; echo done",
 			limit: func(out string) bool { return !strings.Contains(out, "survived") }},
 		{name: "CPU spin", cmd: `timeout -s KILL 5 sh -c 'for i in 1 2 3 4 5 6 7 8; do (while :; do :; done) & done; wait'; echo done`},
 	}
-	for _, at := range attacks {
-		body := map[string]any{}
-		if at.template != "" {
-			body["template"] = at.template
-		}
-		if at.resources != nil {
-			body["resources"] = at.resources
-		}
-		if at.timeoutS == 0 {
-			at.timeoutS = 60
-		}
-		s := a.newSession(t, body)
-		r, err := a.request(bg(t, time.Duration(at.timeoutS+60)*time.Second), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": at.cmd, "timeout_s": at.timeoutS}, nil)
-		got, out := "no answer", ""
-		if err == nil {
-			got = r.String()
-			var res execResult
-			_ = json.Unmarshal(r.body, &res)
-			out = res.Stdout + res.Stderr
-		}
-		answered := err == nil && r.status < 500
-		rep.add(t, "exhaustion", at.name+": the attack's own exec", "an answer, no 5xx", got, answered)
-		// The memory hog may take its sandbox with it (runsc): then there is no output.
-		if at.limit != nil && answered && (r.status == 200 || !at.oom) {
-			rep.add(t, "exhaustion", at.name+": its output", "names the limit it hit", strings.ReplaceAll(lastBytes(out, 200), "\n", " "), r.status == 200 && at.limit(out))
-		}
-		// The session lives on (or ended with a guest reason), and answers again.
-		var alive string
-		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-			st := a.getSession(t, s.ID)
-			if terminal[st.State] {
-				alive = st.State + " " + st.reason()
-				break
-			}
-			r, err := a.request(bg(t, 30*time.Second), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "echo alive", "timeout_s": 20}, nil)
-			if err == nil && r.status == 200 && strings.Contains(string(r.body), "alive") {
-				alive = "running, exec answers"
-				break
-			}
-		}
-		// The memory hog's OOM kill fails its session (the contract's "guest OOM"), before the
-		// hog's exec answers; every other attack leaves its session running.
-		want, held := "running and answering", alive == "running, exec answers"
-		if at.oom {
-			want, held = "failed oom", alive == "failed oom"
-		}
-		rep.add(t, "exhaustion", at.name+": the session after it", want, alive, held)
-		if !held {
-			t.Logf("what wb serve logged of %s:\n%s", s.ID, a.stderrLines(s.ID))
-		}
-		r = a.call(t, "DELETE", "/v1/sessions/"+s.ID, nil)
-		rep.add(t, "exhaustion", at.name+": DELETE after it", "2xx", r.String(), r.status < 300)
-		if alive == "running, exec answers" {
-			end := a.waitEnded(t, s.ID, time.Minute)
-			reason := "null"
-			if end.StateReason != nil {
-				reason = *end.StateReason
-			}
-			// An OOM kill during an exec fails the session before that exec answers (the node
-			// reads the guest's OOM count at its end), so a session still answering has had
-			// none, and DELETE ends it.
-			rep.add(t, "exhaustion", at.name+": the session after DELETE", "stopped deleted", end.State+" "+reason,
-				end.State == "stopped" && reason == "deleted")
-		}
-		if left, checked := guestLeft(t, d, s.ID); checked {
-			rep.add(t, "exhaustion", at.name+": its guest after DELETE", "gone from the runtime", cmp.Or(left, "gone"), left == "")
-		}
-		out = a.sh(t, bystander.ID, "echo bystander")
-		rep.add(t, "exhaustion", at.name+": a bystander session", "answers", out, strings.Contains(out, "bystander"))
+	// The attacks run at once, each in its own subtest and session: one after the other they
+	// took 41-43 s (the disk fill alone 16-22: a GiB of new blocks on this host's disk, beside
+	// the other runtime's), and at once each also proves that the others' sessions stay
+	// isolated while it runs. Each keeps its rows, in order, for the table.
+	rows := make([]report, len(attacks))
+	var wg sync.WaitGroup
+	for i, at := range attacks {
+		rep := &rows[i]
+		wg.Go(func() { t.Run(at.name, func(t *testing.T) { exhaust(t, rep, d, a, bystander.ID, at) }) })
+	}
+	wg.Wait()
+	for i := range rows {
+		rep.rows = append(rep.rows, rows[i].rows...)
 	}
 	testSlotsFree(t, rep, a)
+}
+
+// exhaustionAttack is one of testExhaustion's attacks.
+type exhaustionAttack struct {
+	name, template, cmd string
+	resources           map[string]any
+	timeoutS            int  // the exec's; 60 when 0
+	oom                 bool // the attack is an OOM kill: its session fails with oom
+	// limit: the attack's output names the limit it hit (nil: a CPU spin hits none, it
+	// only gets its share).
+	limit func(out string) bool
+}
+
+// exhaust runs one attack in a fresh session of a and records what happened to it, to its
+// session and to the bystander session.
+func exhaust(t *testing.T, rep *report, d, a *deployment, bystander string, at exhaustionAttack) {
+	body := map[string]any{}
+	if at.template != "" {
+		body["template"] = at.template
+	}
+	if at.resources != nil {
+		body["resources"] = at.resources
+	}
+	if at.timeoutS == 0 {
+		at.timeoutS = 60
+	}
+	s := a.newSession(t, body)
+	r, err := a.request(bg(t, time.Duration(at.timeoutS+60)*time.Second), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": at.cmd, "timeout_s": at.timeoutS}, nil)
+	got, out := "no answer", ""
+	if err == nil {
+		got = r.String()
+		var res execResult
+		_ = json.Unmarshal(r.body, &res)
+		out = res.Stdout + res.Stderr
+	}
+	answered := err == nil && r.status < 500
+	rep.add(t, "exhaustion", at.name+": the attack's own exec", "an answer, no 5xx", got, answered)
+	// The memory hog may take its sandbox with it (runsc): then there is no output.
+	if at.limit != nil && answered && (r.status == 200 || !at.oom) {
+		rep.add(t, "exhaustion", at.name+": its output", "names the limit it hit", strings.ReplaceAll(lastBytes(out, 200), "\n", " "), r.status == 200 && at.limit(out))
+	}
+	// The session lives on (or ended with a guest reason), and answers again.
+	var alive string
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		st := a.getSession(t, s.ID)
+		if terminal[st.State] {
+			alive = st.State + " " + st.reason()
+			break
+		}
+		r, err := a.request(bg(t, 30*time.Second), "POST", "/v1/sessions/"+s.ID+"/exec", map[string]any{"command": "echo alive", "timeout_s": 20}, nil)
+		if err == nil && r.status == 200 && strings.Contains(string(r.body), "alive") {
+			alive = "running, exec answers"
+			break
+		}
+	}
+	// The memory hog's OOM kill fails its session (the contract's "guest OOM"), before the
+	// hog's exec answers; every other attack leaves its session running.
+	want, held := "running and answering", alive == "running, exec answers"
+	if at.oom {
+		want, held = "failed oom", alive == "failed oom"
+	}
+	rep.add(t, "exhaustion", at.name+": the session after it", want, alive, held)
+	if !held {
+		t.Logf("what wb serve logged of %s:\n%s", s.ID, a.stderrLines(s.ID))
+	}
+	r = a.call(t, "DELETE", "/v1/sessions/"+s.ID, nil)
+	rep.add(t, "exhaustion", at.name+": DELETE after it", "2xx", r.String(), r.status < 300)
+	if alive == "running, exec answers" {
+		end := a.waitEnded(t, s.ID, time.Minute)
+		reason := "null"
+		if end.StateReason != nil {
+			reason = *end.StateReason
+		}
+		// An OOM kill during an exec fails the session before that exec answers (the node
+		// reads the guest's OOM count at its end), so a session still answering has had
+		// none, and DELETE ends it.
+		rep.add(t, "exhaustion", at.name+": the session after DELETE", "stopped deleted", end.State+" "+reason,
+			end.State == "stopped" && reason == "deleted")
+	}
+	if left, checked := guestLeft(t, d, s.ID); checked {
+		rep.add(t, "exhaustion", at.name+": its guest after DELETE", "gone from the runtime", cmp.Or(left, "gone"), left == "")
+	}
+	out = a.sh(t, bystander, "echo bystander")
+	rep.add(t, "exhaustion", at.name+": a bystander session", "answers", out, strings.Contains(out, "bystander"))
 }
 
 // testGuestLimits: no guest process holds CAP_SYS_ADMIN (under runsc the agent holds it only to
