@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"wb/internal/servetest"
+	"wb/internal/testwait"
 	"wb/internal/wbbin"
 )
 
@@ -54,13 +55,8 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	// Most of the time is spent waiting on guests: allow more parallel tests than cores,
-	// unless -parallel was given.
-	explicit := false
-	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
-	if !explicit {
-		_ = flag.Set("test.parallel", "8")
-	}
+	// Most of the time is spent waiting on guests: allow more parallel tests than cores.
+	testwait.Parallel(8)
 	code := run(m)
 	if examplesDir != "" { // built by the first test that needed the example plugins
 		os.RemoveAll(examplesDir)

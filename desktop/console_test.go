@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"image/png"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -174,31 +175,38 @@ func signIn(t *testing.T, ctx context.Context, base, key string) {
 	}
 }
 
-// saveScreenshot writes the page's screenshot to a file that outlives the test, logs its
-// path, and copies it under $WB_TEST_ARTIFACTS when that is set.
+// saveScreenshot takes the page's screenshot, checks that it is an image of the page's size,
+// and writes it under $WB_TEST_ARTIFACTS when that is set (for a person to look at; without
+// it nothing is left behind: every make test once left three in /tmp).
 func saveScreenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
 	sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	png, err := chromedp.Run(sctx, chromedp.CaptureScreenshot())
+	buf, err := chromedp.Run(sctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
 	}
-	file := filepath.Join(os.TempDir(), fmt.Sprintf("wb-%s-%s.png", name, time.Now().UTC().Format("20060102T150405")))
-	if err := os.WriteFile(file, png, 0o644); err != nil {
+	width, height := eval[int](t, ctx, `window.innerWidth`), eval[int](t, ctx, `window.innerHeight`)
+	cfg, err := png.DecodeConfig(bytes.NewReader(buf))
+	if err != nil {
+		t.Fatalf("the %s screenshot is not a PNG: %v", name, err)
+	}
+	if cfg.Width < width || cfg.Height < height {
+		t.Errorf("the %s screenshot is %dx%d, the page %dx%d", name, cfg.Width, cfg.Height, width, height)
+	}
+	dir := os.Getenv("WB_TEST_ARTIFACTS")
+	if dir == "" {
+		t.Logf("screenshot of the console (%s, %dx%d): set WB_TEST_ARTIFACTS to keep it", name, cfg.Width, cfg.Height)
+		return
+	}
+	art := filepath.Join(dir, name+".png")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("screenshot of the console: %s", file)
-	if dir := os.Getenv("WB_TEST_ARTIFACTS"); dir != "" {
-		art := filepath.Join(dir, name+".png")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(art, png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("screenshot of the console: %s", art)
+	if err := os.WriteFile(art, buf, 0o644); err != nil {
+		t.Fatal(err)
 	}
+	t.Logf("screenshot of the console: %s", art)
 }
 
 // TestConsoleSleepAndWake: sign in (a wrong key first), see the desktop and its session in
@@ -206,6 +214,7 @@ func saveScreenshot(t *testing.T, ctx context.Context, name string) {
 // press Wake and see it running again; a screenshot of the page is saved. The deployment's
 // idle time is the default 15 minutes, so only the buttons move the desktop.
 func TestConsoleSleepAndWake(t *testing.T) {
+	t.Parallel()
 	p := startPlatform(t, withConsoleScreen)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "console desk"}, 201, &d)
@@ -350,6 +359,7 @@ func checkDesktopCost(t *testing.T, ctx context.Context, p *platform, id string,
 // stops, and the desktop falls asleep an idle time later, not before the grace; visible
 // again, the page sends its heartbeat at once, which does not wake the desktop.
 func TestConsoleVisibility(t *testing.T) {
+	t.Parallel()
 	const (
 		// idle is the time from running to the page's first heartbeat at most: a loaded
 		// machine took over 8 s there (and the desktop fell asleep before the page opened).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
+	"wb/internal/testwait"
 	"wb/internal/wbbin"
 	"wb/node"
 	"wb/placer"
@@ -51,6 +53,16 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		w.t.Log(strings.TrimRight(string(p), "\n"))
 	}
 	return len(p), nil
+}
+
+// TestMain lets the nine tests with real guests run all at once: each starts its own platform
+// and mostly waits (on idle times, sleeps and wakes, a browser; half the machine's CPU stayed
+// idle). One after the other the package took 149 s, two at a time (GOMAXPROCS) 106, four
+// 85, all at once 76-84: then TestConsoleVisibility's own 57 s of idle times is most of it.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	testwait.Parallel(10)
+	os.Exit(m.Run())
 }
 
 // files are the static agent (wb-agent) and the templates, made once for the package's tests (in a
@@ -237,6 +249,7 @@ const memoryDir = "/workspace/memory"
 // runsc guest: across a sleep the disk (a file) and the running processes (a background
 // sleep) come back; across a stop only the disk; the name and MCP URL across both.
 func TestDesktopWhatIsKept(t *testing.T) {
+	t.Parallel()
 	p := startPlatform(t, nil)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "kept"}, 201, &d)
@@ -283,6 +296,7 @@ func TestDesktopWhatIsKept(t *testing.T) {
 // sleeps with its state; a resize while awake waits for the next start, so the next sleep
 // saves no state and the wake is fresh from the disk at the new size.
 func TestDesktopIdleAndResize(t *testing.T) {
+	t.Parallel()
 	// Long enough that the steps after the first wake finish before it falls idle again.
 	const idle = 8 * time.Second
 	p := startPlatform(t, func(c *gateway.Config) { c.DesktopIdle = idle })

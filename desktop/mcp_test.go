@@ -127,6 +127,7 @@ func (p *platform) get(id string) desktop.Desktop {
 // does not wake it, a file sent does; a tool call to a stopped desktop is a 409 JSON-RPC
 // error and leaves it stopped.
 func TestDesktopMCPRealGuest(t *testing.T) {
+	t.Parallel()
 	p := startPlatform(t, nil)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "mcp"}, 201, &d)
@@ -201,6 +202,7 @@ func TestDesktopMCPRealGuest(t *testing.T) {
 // TestDesktopMCPFailedRealGuest: a desktop whose setup fails is failed, and a tool call to it
 // is a 502 JSON-RPC error with its message.
 func TestDesktopMCPFailedRealGuest(t *testing.T) {
+	t.Parallel()
 	p := startPlatform(t, func(c *gateway.Config) {
 		c.DesktopSetup = func(ctx context.Context, ex desktop.Execer) error {
 			_, _, code, err := ex.Exec(ctx, []string{"/bin/sh", "-c", "exit 7"}, nil)
@@ -223,6 +225,7 @@ func TestDesktopMCPFailedRealGuest(t *testing.T) {
 // to its end; then a connected MCP client that only pings (2025-11-25, keepalives) does not,
 // and it sleeps after the idle time.
 func TestDesktopMCPIdleRealGuest(t *testing.T) {
+	t.Parallel()
 	const idle = 8 * time.Second
 	p := startPlatform(t, func(c *gateway.Config) { c.DesktopIdle = idle })
 	var d desktop.Desktop
@@ -246,6 +249,7 @@ func TestDesktopMCPIdleRealGuest(t *testing.T) {
 // screenshot tool answers a PNG of the display; run_js answers a script's value, in a fresh
 // browser context each call (nothing kept between calls).
 func TestDesktopMCPScreenshotAndJS(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat("/usr/lib/chromium/chromium"); err != nil {
 		t.Skip("Chromium is not installed (scripts/deps.sh)")
 	}

@@ -12,6 +12,7 @@ import (
 // the snapshot discarded: the start after it is fresh from the disk, the file kept, the
 // process gone) and running or starting → Stop (a stop while it starts).
 func TestDesktopSeedRowsOnGuests(t *testing.T) {
+	t.Parallel()
 	p := startPlatform(t, nil)
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "rows"}, 201, &d)

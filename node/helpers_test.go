@@ -25,6 +25,7 @@ import (
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
+	"wb/internal/testwait"
 	"wb/internal/wbbin"
 	"wb/node"
 	"wb/session"
@@ -51,16 +52,16 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	// The timer tests mostly sleep: run several at once rather than GOMAXPROCS at a time,
-	// unless -parallel was given. Not all: 32 at once (every test of the package, with real
-	// guests, fake VMMs and a wb node process) starved a 2-core machine until the timers'
-	// effects landed 45 s late and the node could not stop within 30 s.
+	// The timer tests mostly sleep: run several at once rather than GOMAXPROCS at a time.
+	// 16: the package has about 16 leaf tests that wait 25-64 s
+	// on timers (idle, lifetime, heartbeats), and with 8 at once half of them waited for the
+	// others, so the package took 120-133 s on 2 cores, and 85 s with 16 (108 s with 12; as
+	// much CPU each). Beside two spinning processes, 107 s, and every timer landed at most
+	// 1.4 s into its 5 s window. Once, 32 at once (every test of the package, with real guests,
+	// fake VMMs and a wb node process) starved a 2-core machine until the timers' effects
+	// landed 45 s late and the node could not stop within 30 s.
 	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		_ = flag.Set("test.parallel", "8")
-	}
+	testwait.Parallel(16)
 	os.Exit(runMain(m))
 }
 

@@ -1,6 +1,7 @@
 package testwait
 
 import (
+	"flag"
 	"fmt"
 	"testing"
 	"time"
@@ -31,5 +32,25 @@ func TestFor(t *testing.T) {
 	}()
 	if r.msg != "waited 20ms for never" {
 		t.Fatalf("the failure says %q; want it to name the limit and what it waited for", r.msg)
+	}
+}
+
+// TestParallel: Parallel sets -parallel when the command line did not, and leaves a value that
+// was given (here, set by its first call) alone.
+func TestParallel(t *testing.T) {
+	f := flag.Lookup("test.parallel")
+	was, wasGiven := f.Value.String(), false
+	flag.Visit(func(g *flag.Flag) { wasGiven = wasGiven || g == f })
+	if wasGiven {
+		t.Skip("-parallel was given on the command line")
+	}
+	t.Cleanup(func() { _ = f.Value.Set(was) })
+	Parallel(13)
+	if got := f.Value.String(); got != "13" {
+		t.Fatalf("-parallel %s after Parallel(13), want 13", got)
+	}
+	Parallel(7)
+	if got := f.Value.String(); got != "13" {
+		t.Fatalf("-parallel %s after Parallel(7) once it was set, want 13 kept", got)
 	}
 }
