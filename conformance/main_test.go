@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -54,7 +53,6 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
 	// Most of the time is spent waiting on guests: allow more parallel tests than cores.
 	testwait.Parallel(8)
 	code := run(m)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -60,7 +59,6 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // idle). One after the other the package took 149 s, two at a time (GOMAXPROCS) 106, four
 // 85, all at once 76-84: then TestConsoleVisibility's own 57 s of idle times is most of it.
 func TestMain(m *testing.M) {
-	flag.Parse()
 	testwait.Parallel(10)
 	os.Exit(m.Run())
 }

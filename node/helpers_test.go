@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -53,14 +52,12 @@ const (
 
 func TestMain(m *testing.M) {
 	// The timer tests mostly sleep: run several at once rather than GOMAXPROCS at a time.
-	// 16: the package has about 16 leaf tests that wait 25-64 s
-	// on timers (idle, lifetime, heartbeats), and with 8 at once half of them waited for the
-	// others, so the package took 120-133 s on 2 cores, and 85 s with 16 (108 s with 12; as
-	// much CPU each). Beside two spinning processes, 107 s, and every timer landed at most
-	// 1.4 s into its 5 s window. Once, 32 at once (every test of the package, with real guests,
-	// fake VMMs and a wb node process) starved a 2-core machine until the timers' effects
-	// landed 45 s late and the node could not stop within 30 s.
-	flag.Parse()
+	// 16: about 16 leaf tests wait 25-64 s on timers (idle, lifetime, heartbeats), and with 8
+	// at once half of them waited for the others: the package took 120-133 s on 2 cores, 85 s
+	// with 16 (108 s with 12; as much CPU each). Beside two spinning processes, 107 s, and
+	// every timer landed at most 1.4 s into its 5 s window. Once, 32 at once (every test of
+	// the package, with real guests, fake VMMs and a wb node process) starved a 2-core machine
+	// until the timers' effects landed 45 s late and the node could not stop within 30 s.
 	testwait.Parallel(16)
 	os.Exit(runMain(m))
 }
