@@ -2,6 +2,7 @@ package oci_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,6 +167,61 @@ func TestSnapshotAsksNoState(t *testing.T) {
 			}
 			if rt == oci.RuntimeRunc {
 				g.mustRun("true") // thawed: it still runs jobs
+			}
+		})
+	}
+}
+
+// TestStopDeleteAskNoState: ending a guest this driver started (running, or paused) runs the
+// runtime only for what it does: thaw a paused runsc guest (which refuses signals while
+// paused), kill, delete; it knows the guest's state, and that the guest stopped, from the
+// process the runtime's create reported. Each `runsc state` is a process start and a sandbox
+// RPC, and a session's end took three. The guest still ends stopped, as the runtime says.
+func TestStopDeleteAskNoState(t *testing.T) {
+	cat := catalog(t)
+	for _, c := range []struct {
+		rt     string
+		paused bool
+		want   []string
+	}{
+		{oci.RuntimeRunsc, false, []string{"kill", "delete"}},
+		{oci.RuntimeRunsc, true, []string{"resume", "kill", "delete"}},
+		{oci.RuntimeRunc, false, []string{"kill", "delete"}},
+		{oci.RuntimeRunc, true, []string{"kill", "delete"}}, // runc thaws it for SIGKILL itself
+	} {
+		name := c.rt
+		if c.paused {
+			name += "/paused"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			d, calls := countingDriver(t, c.rt)
+			ctx := ctxT(t, 3*time.Minute)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, d, s)
+			if c.paused {
+				if err := d.Pause(ctx, s.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := runtimeCalls(t, calls)
+			if err := d.Stop(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			stopped := runtimeCalls(t, calls)
+			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateStopped {
+				t.Fatalf("info after stop = %+v, %v; want stopped", info, err)
+			}
+			got := subcommands(t, calls, before)[:stopped-before]
+			if err := d.Delete(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, subcommands(t, calls, stopped+1)...)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("stop and delete ran the runtime for %v, want %v", got, c.want)
+			}
+			if _, err := d.Info(ctx, s.ID); !errors.Is(err, hypervisor.ErrNotFound) {
+				t.Fatalf("info after delete: %v, want ErrNotFound", err)
 			}
 		})
 	}
