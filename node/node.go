@@ -110,6 +110,11 @@ type live struct {
 	egress *egressProxy           // the guest's way out
 	seen   map[int]bool           // guest pids already reported as process_start
 	cancel context.CancelFunc     // stops the event watcher
+	// shownIn is the heartbeat (Node.beats) that first showed the guest's resources, 0
+	// before one did; claimGone: its placement's claim is released (see heartbeat). Both
+	// under the node's mu.
+	shownIn   uint64
+	claimGone bool
 }
 
 // Node runs guests for sessions. Safe for concurrent use.
@@ -118,6 +123,7 @@ type Node struct {
 	journal journal
 	mu      sync.Mutex
 	guests  map[string]*live // by session id
+	beats   uint64           // heartbeats written, under mu
 	pool    *warmPool
 	// wg counts the background work that Run waits for before it returns; only goBackground
 	// adds to it. winding, under bgMu, is set once Run waits (windDown), and then no new work
@@ -289,15 +295,83 @@ func (n *Node) sessionUsage() (vcpu, mem int) {
 	return vcpu, mem
 }
 
+// heartbeat writes what the node's guests use, then releases the placement claims
+// (store.ClaimOnNode) of the sessions an earlier heartbeat already showed: their resources
+// are in the node's used figures now, and a claim left to lapse with its window (twice the
+// heartbeat timeout, 14 s by default) counted each short session twice for that long, so that
+// a node's whole capacity allowed only capacity ÷ window placements a second. A session's
+// claim goes one heartbeat after the first that shows it, not with it: a placer that read the
+// node's heartbeat just before then reads the claims still counts it (a session that ended
+// needs neither: see releaseClaimOf).
 func (n *Node) heartbeat(ctx context.Context) {
 	info := n.Info
-	info.UsedVCPU, info.UsedMemoryMiB = n.sessionUsage()
+	var fresh, shown []*live
+	n.mu.Lock()
+	for _, l := range n.guests {
+		info.UsedVCPU += l.g.Resources.VCPU
+		info.UsedMemoryMiB += l.g.Resources.MemoryMiB
+		switch {
+		case l.shownIn == 0:
+			fresh = append(fresh, l)
+		case !l.claimGone:
+			shown = append(shown, l)
+		}
+	}
+	n.mu.Unlock()
 	pv, pm := n.pool.usage()
 	info.UsedVCPU, info.UsedMemoryMiB = info.UsedVCPU+pv, info.UsedMemoryMiB+pm
 	rctx, cancel := n.redis(ctx)
 	defer cancel()
-	if err := n.Store.Heartbeat(rctx, info); err != nil && ctx.Err() == nil {
-		n.Logger.Warn("node: heartbeat", "err", err)
+	if err := n.Store.Heartbeat(rctx, info); err != nil {
+		if ctx.Err() == nil {
+			n.Logger.Warn("node: heartbeat", "err", err)
+		}
+		return
+	}
+	var claims []store.Claim
+	n.mu.Lock()
+	n.beats++
+	for _, l := range fresh {
+		if l.shownIn == 0 {
+			l.shownIn = n.beats
+		}
+	}
+	for _, l := range shown {
+		if !l.claimGone {
+			l.claimGone = true
+			claims = append(claims, claimOf(l))
+		}
+	}
+	n.mu.Unlock()
+	n.releaseClaims(rctx, claims...)
+}
+
+// claimOf is the placement claim of l's session on this node, as the placer made it.
+func claimOf(l *live) store.Claim {
+	return store.Claim{Session: l.g.SessionID, VCPU: l.g.Resources.VCPU, MemoryMiB: l.g.Resources.MemoryMiB}
+}
+
+// releaseClaimOf releases the placement claim of l's session, which has ended on this node
+// and left its guests, unless a heartbeat released it already: its resources are free, in
+// every heartbeat from now on and in none of the claims. Called under n.mu; the release
+// runs in the background.
+func (n *Node) releaseClaimOf(l *live) {
+	if l.claimGone {
+		return
+	}
+	l.claimGone = true
+	c := claimOf(l)
+	n.goBackground(func() {
+		rctx, cancel := n.redis(n.ctx)
+		defer cancel()
+		n.releaseClaims(rctx, c)
+	})
+}
+
+// releaseClaims drops claims on this node; those it cannot drop lapse with their window.
+func (n *Node) releaseClaims(ctx context.Context, claims ...store.Claim) {
+	if err := n.Store.ReleaseOnNode(ctx, n.Info.ID, claims...); err != nil && ctx.Err() == nil {
+		n.Logger.Debug("node: release placement claims", "claims", len(claims), "err", err)
 	}
 }
 

@@ -316,6 +316,7 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 		n.mu.Lock()
 		if n.guests[id] == l {
 			delete(n.guests, id)
+			n.releaseClaimOf(l)
 		}
 		n.mu.Unlock()
 		return true

@@ -64,7 +64,7 @@ func BenchmarkPlaceOne(b *testing.B) {
 			Driver: session.Node, Reason: session.StartFailure}); err != nil {
 			b.Fatal(err)
 		}
-		if err := st.ReleaseOnNode(ctx, "n_other", s.ID, s.Resources.VCPU, s.Resources.MemoryMiB); err != nil {
+		if err := st.ReleaseOnNode(ctx, "n_other", store.Claim{Session: s.ID, VCPU: s.Resources.VCPU, MemoryMiB: s.Resources.MemoryMiB}); err != nil {
 			b.Fatal(err)
 		}
 	}

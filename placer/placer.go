@@ -361,7 +361,7 @@ func (p *Placer) live(now time.Time, n store.NodeInfo) bool {
 func (p *Placer) claimWindow() time.Duration { return 2 * p.HeartbeatTimeout }
 
 func (p *Placer) release(ctx context.Context, node string, sess *session.Session) {
-	if err := p.Store.ReleaseOnNode(ctx, node, sess.ID, sess.Resources.VCPU, sess.Resources.MemoryMiB); err != nil && ctx.Err() == nil {
+	if err := p.Store.ReleaseOnNode(ctx, node, store.Claim{Session: sess.ID, VCPU: sess.Resources.VCPU, MemoryMiB: sess.Resources.MemoryMiB}); err != nil && ctx.Err() == nil {
 		// It lapses with its window: the node's room is held that long.
 		p.Logger.Warn("placer: release claim", "session", sess.ID, "node", node, "err", err)
 	}

@@ -299,7 +299,7 @@ func TestNodeShareAcrossPlacers(t *testing.T) {
 					t.Fatal(err)
 				}
 				// Its claim would count until its window lapses, never on this frozen clock.
-				if err := st.ReleaseOnNode(ctx, s.NodeID, s.ID, s.Resources.VCPU, s.Resources.MemoryMiB); err != nil {
+				if err := st.ReleaseOnNode(ctx, s.NodeID, store.Claim{Session: s.ID, VCPU: s.Resources.VCPU, MemoryMiB: s.Resources.MemoryMiB}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -60,10 +60,25 @@ func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu,
 	return res[0] == 1, nil
 }
 
-// ReleaseOnNode drops a session's claim on node (its placement did not happen).
-func (s *Store) ReleaseOnNode(ctx context.Context, nodeID, sessionID string, vcpu, mem int) error {
-	if err := s.rdb.ZRem(ctx, nodeClaimsKey(nodeID), claimMember(sessionID, vcpu, mem)).Err(); err != nil {
-		return fmt.Errorf("release claim on node %s: %w", nodeID, err)
+// Claim is a session's claim on a node (ClaimOnNode): its id and the vCPUs and memory its
+// placement claimed there.
+type Claim struct {
+	Session         string
+	VCPU, MemoryMiB int
+}
+
+// ReleaseOnNode drops claims on node: the placer's, whose placement did not happen; the
+// node's, once its heartbeat shows the session, or once the session ended there.
+func (s *Store) ReleaseOnNode(ctx context.Context, nodeID string, claims ...Claim) error {
+	if len(claims) == 0 {
+		return nil
+	}
+	members := make([]any, len(claims))
+	for i, c := range claims {
+		members[i] = claimMember(c.Session, c.VCPU, c.MemoryMiB)
+	}
+	if err := s.rdb.ZRem(ctx, nodeClaimsKey(nodeID), members...).Err(); err != nil {
+		return fmt.Errorf("release %d claims on node %s: %w", len(claims), nodeID, err)
 	}
 	return nil
 }

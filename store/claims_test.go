@@ -59,7 +59,7 @@ func TestClaimOnNode(t *testing.T) {
 	if claim("s5", 2, 256, later) {
 		t.Fatal("a claim past the free vCPUs made")
 	}
-	if err := s.ReleaseOnNode(ctx, "n1", "s3", 2, 256); err != nil {
+	if err := s.ReleaseOnNode(ctx, "n1", Claim{"s3", 2, 256}); err != nil {
 		t.Fatal(err)
 	}
 	if !claim("s5", 2, 256, later) {
@@ -68,6 +68,16 @@ func TestClaimOnNode(t *testing.T) {
 	// The key expires with its newest claim's window.
 	if ttl := s.rdb.PTTL(ctx, nodeClaimsKey("n1")).Val(); ttl <= 0 || ttl > window {
 		t.Fatalf("claims key TTL %v, want within %v", ttl, window)
+	}
+	// Several at once (a node's heartbeat showing its sessions), and none.
+	if err := s.ReleaseOnNode(ctx, "n1", Claim{"s5", 2, 256}, Claim{"s2", 2, 1024}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseOnNode(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := nodeClaims(ctx, s, []string{"n1"}, later, window); got["n1"] != (NodeUse{}) {
+		t.Fatalf("claims read %v after every claim was released; want none", got)
 	}
 }
 

@@ -1,0 +1,95 @@
+package node_test
+
+import (
+	"testing"
+	"time"
+
+	"wb/node"
+	"wb/session"
+	"wb/store"
+)
+
+// TestPlacementClaimsEnd: the placement claims the placer makes on a node (store.ClaimOnNode,
+// held for a window of twice the heartbeat timeout unless released) end when the node no
+// longer needs them: a running session's once a heartbeat after the first that shows it is
+// written, an ended session's at once. Left to their window, they held the node's room that
+// long after each short session, and a fleet placed no more than its capacity ÷ 14 s sessions
+// a second (wb load: 1.75 flows/s on 3 nodes waited seconds in pending, 2/s failed sessions
+// with provision_timeout). The claims here are made with an hour's window, so only the node
+// can end them.
+func TestPlacementClaimsEnd(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	const capacity = 64 // nodeConfig's vCPUs
+	claim := func(t *testing.T, nodeID, sessionID string, vcpu int) bool {
+		t.Helper()
+		ok, err := st.ClaimOnNode(ctxT(t, 10*time.Second), nodeID, sessionID, vcpu, 256, capacity, 1<<20, time.Now(), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	// fits answers whether vcpu more fit beside the node's live claims (the probe's own claim
+	// is released at once).
+	fits := func(t *testing.T, nodeID string, vcpu int) bool {
+		t.Helper()
+		ok := claim(t, nodeID, "probe", vcpu)
+		if ok {
+			if err := st.ReleaseOnNode(ctxT(t, 10*time.Second), nodeID, store.Claim{Session: "probe", VCPU: vcpu, MemoryMiB: 256}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ok
+	}
+	// start places a session on n with its claim, as the placer does, and starts it.
+	start := func(t *testing.T, n *node.Node, project string) *session.Session {
+		t.Helper()
+		s := placed(t, st, project, n.Info.ID, sessionOpts{idleS: 300, lifeS: 600, res: small()})
+		if !claim(t, n.Info.ID, s.ID, s.Resources.VCPU) {
+			t.Fatalf("no room to claim for %s", s.ID)
+		}
+		if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, s); err != nil {
+			t.Fatalf("provision %s: %v", s.ID, err)
+		}
+		if got, _ := waitState(t, st, project, s.ID, time.Minute, session.Running, session.Failed, session.Stopped); got.State != session.Running {
+			t.Fatalf("the session is %s %s, want running", got.State, reasonOf(got))
+		}
+		return s
+	}
+	waitFits := func(t *testing.T, nodeID string, vcpu int, why string) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); !fits(t, nodeID, vcpu); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d vCPUs still do not fit beside the claims 20 s after %s", vcpu, why)
+			}
+		}
+	}
+
+	t.Run("shown by heartbeats", func(t *testing.T) {
+		t.Parallel()
+		cfg := nodeConfig(t, st, newDriver(t, "runc", tempDir(t)), tempDir(t), "node_claims_hb")
+		cfg.Heartbeat = 500 * time.Millisecond
+		n := startNode(t, cfg)
+		start(t, n.Node, "proj_claims_hb")
+		waitFits(t, n.Info.ID, capacity, "the session ran, its room in the heartbeats")
+	})
+
+	t.Run("ended", func(t *testing.T) {
+		t.Parallel()
+		cfg := nodeConfig(t, st, newDriver(t, "runc", tempDir(t)), tempDir(t), "node_claims_end")
+		cfg.Heartbeat = time.Hour // the first heartbeat only, at the node's start: none shows a session
+		n := startNode(t, cfg)
+		const project = "proj_claims_end"
+		start(t, n.Node, project)
+		ended := start(t, n.Node, project)
+		if fits(t, n.Info.ID, capacity-1) {
+			t.Fatal("the two sessions' claims did not count")
+		}
+		deleteSession(t, st, n.Node, project, ended.ID)
+		waitFits(t, n.Info.ID, capacity-1, "one of the two sessions ended")
+		// No heartbeat showed the other, running session: its claim stays.
+		if fits(t, n.Info.ID, capacity) {
+			t.Fatal("the claim of a running session that no heartbeat showed was released")
+		}
+	})
+}
