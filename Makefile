@@ -2,7 +2,7 @@
 GO        ?= go
 PKGS      ?= ./...
 
-.PHONY: run test bench lint deps build security conformance fleet bench-fleet bench-chaos bench-fleet-search
+.PHONY: run test bench lint deps build security conformance fleet bench-fleet bench-chaos
 
 # Install what the platform needs from Debian's packages when it is missing.
 deps:
@@ -25,15 +25,19 @@ fleet: deps build
 	./bin/wb fleet --runtime $(RUNTIME)
 
 # The fleet under load: wb load --fleet starts a fleet as make fleet does (no warm pool: every
-# guest left after the run is a leak), drives both gateways open-loop for 60 s at BENCH_RATE flows/s
-# (create → exec → delete, ephemeral runs, pause/resume), deletes what it made, and prints the
-# table: p50/p99/max per operation, errors, achieved rate, a baseline measured in the same run
-# (GET /healthz and a Redis PING at the same rate) and the leaks: sessions still active (API),
-# the project's concurrency slots (Redis) and every node's guests. Exits 3 on a leak.
-# Then the chaos suite at real timings (make bench-chaos).
+# guest left after a run is a leak) and searches for the highest rate it sustains with create
+# p99 ≤ BENCH_P99, no failed flow and no leak: from BENCH_RATE flows/s, doubling, then halving
+# the gap, each step driving both gateways open-loop for 60 s (create → exec → delete,
+# ephemeral runs, pause/resume) and deleting what it made (each step's table on stderr). It
+# prints the steps, then the whole table of the best rate's run: p50/p99/max per operation,
+# errors, achieved rate, a baseline measured in the same run (GET /healthz and a Redis PING at
+# the same rate) and the leaks (sessions still active (API), the project's concurrency slots
+# (Redis), every node's guests). Exits 3 on a leak. Then the chaos suite at real timings
+# (make bench-chaos).
 BENCH_RATE ?= 1
+BENCH_P99 ?= 10ms
 bench-fleet: deps build
-	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s
+	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s --search-p99 $(BENCH_P99)
 	$(MAKE) --no-print-directory bench-chaos
 
 # The chaos suite (conformance/chaos, as root) at real timings, WB_CHAOS_TIMINGS=real: the
@@ -48,13 +52,6 @@ bench-chaos: deps build
 		$(GO) test -count=1 -v -timeout 60m -run . ./conformance/chaos/ >$$log 2>&1; rc=$$?; \
 	grep -E '_test\.go:[0-9]+: |^ *--- |^(ok|FAIL|PASS|panic)' $$log; \
 	echo "chaos suite at real timings: exit $$rc, full log in $$log"; exit $$rc
-
-# The highest rate the fleet sustains with create p99 ≤ BENCH_P99, no failed flow and no leak:
-# from BENCH_RATE, doubling, then halving the gap (a step of 60 s each; a table per step on
-# stderr, the search's table on stdout).
-BENCH_P99 ?= 10ms
-bench-fleet-search: deps build
-	./bin/wb load --fleet --fleet-runtime $(RUNTIME) --rate $(BENCH_RATE) --duration 60s --search-p99 $(BENCH_P99)
 
 # Every test, with -race (scripts/test.sh says how: the builds the tests share, one after another,
 # the Debian packages installed while wb builds, the SDK's tests, go test on every package

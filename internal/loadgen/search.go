@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -129,7 +130,7 @@ func roundRate(r float64) float64 {
 	return float64(int64(r*100+0.5)) / 100
 }
 
-// WriteText prints the steps and the outcome.
+// WriteText prints the steps, the outcome and the whole table of the best rate's run.
 func (s *SearchResult) WriteText(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "wb load --search: the highest rate with create p99 ≤ %.1f ms, no failed flow and no leak\n\n", s.CreateP99Ms)
@@ -147,11 +148,15 @@ func (s *SearchResult) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "%g\t%.1f\t%.1f\t%s\t%d\t%s\n", st.Rate, st.CreateP50Ms, st.CreateP99Ms, base, st.FailedFlows, res)
 	}
 	tw.Flush()
-	if s.Best > 0 {
-		fmt.Fprintf(&b, "\nhighest rate that met the goal: %g flows/s\n", s.Best)
-	} else {
+	best := slices.IndexFunc(s.Steps, func(st SearchStep) bool { return st.Pass && st.Rate == s.Best })
+	if best < 0 || best >= len(s.Reports) {
 		b.WriteString("\nno rate tried met the goal\n")
+		_, err := io.WriteString(w, b.String())
+		return err
 	}
-	_, err := io.WriteString(w, b.String())
-	return err
+	fmt.Fprintf(&b, "\nhighest rate that met the goal: %g flows/s; its run:\n\n", s.Best)
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return err
+	}
+	return s.Reports[best].WriteText(w)
 }

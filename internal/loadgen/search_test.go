@@ -47,6 +47,14 @@ func TestSearchFindsTheHighestRateWithinPrecision(t *testing.T) {
 	if !strings.Contains(b.String(), "highest rate that met the goal: 13 flows/s") || !strings.Contains(b.String(), "0.5") {
 		t.Fatalf("table:\n%s", b.String())
 	}
+	// Then the whole table of the run at 13 flows/s, as a run at one rate prints it.
+	var run strings.Builder
+	if err := res.Reports[len(res.Reports)-1].WriteText(&run); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(b.String(), run.String()) || !strings.Contains(run.String(), "target 13.00 flows/s") {
+		t.Fatalf("the search's output does not end with its best run's table:\n%s\n--- the run at 13 flows/s:\n%s", b.String(), run.String())
+	}
 }
 
 func TestSearchFailedFlowsAndLimits(t *testing.T) {
