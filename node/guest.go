@@ -46,10 +46,13 @@ type guest struct {
 	MaxLifetimeS int       `json:"max_lifetime_s"`
 	StartedAt    time.Time `json:"started_at"`
 	LastActivity time.Time `json:"last_activity"`
-	PausedAt     time.Time `json:"paused_at"`
-	IdleWarned   bool      `json:"idle_warned"`
-	LifeWarned   bool      `json:"life_warned"`
-	Cold         bool      `json:"cold"`
+	// ActivityUntil: the journal counts the guest active until then (see touch), which a
+	// restart takes as its last activity when later than LastActivity.
+	ActivityUntil time.Time `json:"activity_until,omitzero"`
+	PausedAt      time.Time `json:"paused_at"`
+	IdleWarned    bool      `json:"idle_warned"`
+	LifeWarned    bool      `json:"life_warned"`
+	Cold          bool      `json:"cold"`
 
 	// Usage so far, and when it was last sampled.
 	BilledMs    int64     `json:"billed_ms"`

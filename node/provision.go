@@ -387,6 +387,9 @@ func (n *Node) recover(ctx context.Context) error {
 		if !g.State.Terminal() && n.endedElsewhere(ctx, g) {
 			continue
 		}
+		if g.ActivityUntil.After(g.LastActivity) {
+			g.LastActivity = g.ActivityUntil // activity the journal did not learn of (see touch)
+		}
 		l := &live{g: g}
 		n.mu.Lock()
 		n.guests[g.SessionID] = l
