@@ -26,14 +26,14 @@ fleet: deps build
 
 # The fleet under load: wb load --fleet starts a fleet as make fleet does (no warm pool: every
 # guest left after a run is a leak) and searches for the highest rate it sustains with create
-# p99 ≤ BENCH_P99, no failed flow and no leak: from BENCH_RATE flows/s, doubling, then halving
-# the gap, each step driving both gateways open-loop for 60 s (create → exec → delete,
-# ephemeral runs, pause/resume) and deleting what it made (each step's table on stderr). It
-# prints the steps, then the whole table of the best rate's run: p50/p99/max per operation,
-# errors, achieved rate, a baseline measured in the same run (GET /healthz and a Redis PING at
-# the same rate) and the leaks (sessions still active (API), the project's concurrency slots
-# (Redis), every node's guests). Exits 3 on a leak. Then the chaos suite at real timings
-# (make bench-chaos).
+# p99 ≤ BENCH_P99, no failed flow and no leak: from BENCH_RATE flows/s, doubling (halving when
+# that rate fails), then halving the gap, each step driving both gateways open-loop for 60 s
+# (create → exec → delete, ephemeral runs, pause/resume) and deleting what it made (each
+# step's table on stderr). It prints the steps, then the whole table of the best rate's run:
+# p50/p99/max per operation, errors, achieved rate, a baseline measured in the same run (GET
+# /healthz and a Redis PING at the same rate) and the leaks (sessions still active (API), the
+# project's concurrency slots (Redis), every node's guests). Exits 3 on a leak. Then the chaos
+# suite at real timings (make bench-chaos).
 BENCH_RATE ?= 1
 BENCH_P99 ?= 10ms
 bench-fleet: deps build

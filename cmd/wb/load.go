@@ -93,7 +93,7 @@ func loadCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&o.fleet, "fleet", false, "start a fleet on this machine (2 gateways, 3 nodes, Redis Cluster; as wb fleet, with no warm pool), run against both gateways, also check every node's guests, then stop it")
 	fs.StringVar(&o.fleetRuntime, "fleet-runtime", "runc", "with --fleet: the nodes' guest runtime")
 	fs.StringVar(&o.fleetDir, "fleet-dir", "", "with --fleet: the fleet's `dir` (default: a new one under /tmp)")
-	fs.DurationVar(&o.searchP99, "search-p99", 0, "search for the highest rate whose create p99 is at most this `duration`, with no failed flow and no leak: from --rate, doubling, then halving the gap to within 25 %; each step runs --duration and prints its table on stderr, and the output ends with the best rate's; 0: one run at --rate")
+	fs.DurationVar(&o.searchP99, "search-p99", 0, "search for the highest rate whose create p99 is at most this `duration`, with no failed flow and no leak: from --rate, doubling (or halving, to an eighth at most, when --rate fails), then halving the gap to within 25 %; each step runs --duration and prints its table on stderr, and the output ends with the best rate's; 0: one run at --rate")
 	fs.Float64Var(&o.searchMax, "search-max", 64, "with --search-p99: the highest rate tried, in flows per `second`")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb load [flags]

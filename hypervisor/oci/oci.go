@@ -552,7 +552,7 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 // Stop SIGKILLs the guest and waits until it is stopped. A guest this driver created or
 // restored is known stopped once its process is gone (knownState), so the common stop asks
 // the runtime only to kill: on runsc each `runsc state` is a process start and a sandbox RPC
-// (about 30 ms, 13 ms of CPU, here), and a session's end used to take three. While the
+// (about 30 ms, 17 ms of CPU, here), and a session's end used to take three. While the
 // process lingers, the runtime's state is asked every tenth poll, as Events does.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	state, known := d.knownState(id)

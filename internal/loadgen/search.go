@@ -69,8 +69,9 @@ func judge(rate float64, r *Report, goal time.Duration) SearchStep {
 }
 
 // Search finds the highest rate that meets the goal: it doubles the rate from Start until a
-// step fails (or Max passes), then halves the gap between the highest pass and the lowest
-// failure until they are within Precision. Latency grows with load, so one failure bounds
+// step fails (or Max passes), or, when Start itself fails, halves it (three times at most)
+// until one passes; then it halves the gap between the highest pass and the lowest failure
+// until they are within Precision. Latency grows with load, so one failure bounds
 // the search from above; a noisy machine can make that bound low, which the table shows.
 func Search(ctx context.Context, cfg SearchConfig, step Step) (*SearchResult, error) {
 	if cfg.Start <= 0 || cfg.Max < cfg.Start {
@@ -105,6 +106,19 @@ func Search(ctx context.Context, cfg SearchConfig, step Step) (*SearchResult, er
 		pass = rate
 		if rate >= cfg.Max {
 			return res, nil
+		}
+	}
+	// The first rate failed: halve it, down to an eighth of it, until one passes (a busy
+	// machine's start that was too high still finds a rate and its table).
+	for rate := cfg.Start / 2; pass == 0 && rate >= cfg.Start/8; rate /= 2 {
+		ok, err := try(roundRate(rate))
+		if err != nil {
+			return res, err
+		}
+		if ok {
+			pass = roundRate(rate)
+		} else {
+			fail = roundRate(rate)
 		}
 	}
 	for pass > 0 && fail/pass > cfg.Precision {

@@ -73,10 +73,16 @@ func TestSearchFailedFlowsAndLimits(t *testing.T) {
 	if err != nil || res.Best != 10 || !slices.Equal(tried, []float64{3, 6, 10}) {
 		t.Fatalf("best %v tried %v err %v", res.Best, tried, err)
 	}
-	// The first rate fails: no rate met the goal, and nothing more is tried.
+	// The first rate fails: the search goes down, halving, until one passes, then closes in.
 	tried = nil
 	res, err = Search(context.Background(), SearchConfig{Start: 20, Max: 100, CreateP99: 10 * time.Millisecond}, fakeStep(&tried, 1000))
-	if err != nil || res.Best != 0 || len(tried) != 1 {
+	if err != nil || res.Best != 10 || !slices.Equal(tried, []float64{20, 10, 15, 12.5}) {
+		t.Fatalf("best %v tried %v err %v", res.Best, tried, err)
+	}
+	// Down to an eighth of the first rate at most: then no rate met the goal.
+	tried = nil
+	res, err = Search(context.Background(), SearchConfig{Start: 100, Max: 100, CreateP99: 10 * time.Millisecond}, fakeStep(&tried, 1000))
+	if err != nil || res.Best != 0 || !slices.Equal(tried, []float64{100, 50, 25, 12.5}) {
 		t.Fatalf("best %v tried %v err %v", res.Best, tried, err)
 	}
 	// A run that cannot be made ends the search with its error; bad bounds are refused.
