@@ -399,6 +399,20 @@ func nodeConfig(t testing.TB, st *store.Store, d testDriver, dataDir, id string)
 	}
 }
 
+// restartableNode starts node id on runtime rt, with a data dir and runtime state of its own
+// that reopen hands to a second node, as a restarted node process finds them: the same data
+// dir, and a new driver on the same state root, bundles and cgroup parent.
+func restartableNode(t *testing.T, st *store.Store, rt, id string) (a *running, d testDriver, reopen func() (testDriver, node.Config)) {
+	t.Helper()
+	base, dataDir := tempDir(t), tempDir(t)
+	d = newDriver(t, rt, base)
+	a = startNode(t, nodeConfig(t, st, d, dataDir, id))
+	return a, d, func() (testDriver, node.Config) {
+		d2 := openDriver(t, rt, base, strings.TrimSuffix(d.CgroupPath(""), "/"))
+		return d2, nodeConfig(t, st, d2, dataDir, id)
+	}
+}
+
 // running is a node whose Run goroutine the test controls.
 type running struct {
 	*node.Node

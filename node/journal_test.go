@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -75,9 +74,7 @@ func TestRestartKeepsUnjournaledActivity(t *testing.T) {
 	t.Parallel()
 	const project = "proj_journal_restart"
 	st, _ := newStore(t)
-	base, dataDir := tempDir(t), tempDir(t)
-	d := newDriver(t, "runc", base)
-	a := startNode(t, nodeConfig(t, st, d, dataDir, "node_journal_restart"))
+	a, _, reopen := restartableNode(t, st, "runc", "node_journal_restart")
 	s := provision(t, st, a.Node, project, sessionOpts{idleS: 30, lifeS: 600})
 	if _, err := execIn(ctxT(t, 30*time.Second), a.Node, s, "true"); err != nil {
 		t.Fatal(err)
@@ -88,8 +85,8 @@ func TestRestartKeepsUnjournaledActivity(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.stop(t)
-	d2 := openDriver(t, "runc", base, strings.TrimSuffix(d.CgroupPath(""), "/"))
-	startNode(t, nodeConfig(t, st, d2, dataDir, "node_journal_restart"))
+	_, cfg := reopen()
+	startNode(t, cfg)
 	deadline := last.Add(30 * time.Second)
 	stopping := waitEvent(t, st, project, s.ID, session.EventStopping, 1, time.Until(deadline)+margin+teardown)
 	// Up to activitySaved late is by design (the journal counts that much ahead).

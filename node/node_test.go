@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -371,9 +370,7 @@ func TestNodeRestart(t *testing.T) {
 func testNodeRestart(t *testing.T, rt string) {
 	const project = "proj_restart"
 	st, _ := newStore(t)
-	base, dataDir := tempDir(t), tempDir(t)
-	d := newDriver(t, rt, base)
-	a := startNode(t, nodeConfig(t, st, d, dataDir, "node_restart"))
+	a, d, reopen := restartableNode(t, st, rt, "node_restart")
 	s := provision(t, st, a.Node, project, sessionOpts{idleS: 30, lifeS: 600})
 	started := s.StartedAt.Time
 	deadline := started.Add(30 * time.Second)
@@ -383,10 +380,8 @@ func testNodeRestart(t *testing.T, rt string) {
 	if info, err := d.Info(ctxT(t, 10*time.Second), s.ID); err != nil || info.State != hypervisor.StateRunning {
 		t.Fatalf("after the node stopped its guest is %+v (%v), want running", info, err)
 	}
-	// A new node process: a new driver on the same state root, bundles and cgroup parent.
-	d2 := openDriver(t, rt, base, strings.TrimSuffix(d.CgroupPath(""), "/"))
-	b := startNode(t, nodeConfig(t, st, d2, dataDir, "node_restart"))
-	_ = b
+	d2, cfg := reopen()
+	startNode(t, cfg)
 	t.Logf("node restarted at %+.1fs", time.Since(started).Seconds())
 
 	warn := waitEvent(t, st, project, s.ID, session.EventIdleWarning, 1, time.Until(deadline))
@@ -494,13 +489,11 @@ func TestRequestsDuringRecovery(t *testing.T) {
 	t.Parallel()
 	const project = "proj_recovering"
 	st, _ := newStore(t)
-	base, dataDir := tempDir(t), tempDir(t)
-	d := newDriver(t, "runc", base)
-	a := startNode(t, nodeConfig(t, st, d, dataDir, "node_recovering"))
+	a, _, reopen := restartableNode(t, st, "runc", "node_recovering")
 	s := provision(t, st, a.Node, project, sessionOpts{idleS: 300, lifeS: 600})
 	a.stop(t)
 
-	cfg := nodeConfig(t, st, openDriver(t, "runc", base, strings.TrimSuffix(d.CgroupPath(""), "/")), dataDir, "node_recovering")
+	_, cfg := reopen()
 	gd := gatedDriver{timedDriver: cfg.Driver.(timedDriver), held: make(chan struct{}), gate: make(chan struct{}), once: &sync.Once{}}
 	cfg.Driver = gd
 	b, err := node.New(cfg)
