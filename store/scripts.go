@@ -33,8 +33,9 @@ return {allowed, wait}
 
 // writePendingLua writes a pending session (admitScript, reserveScript's commit): ARGV[at] is
 // N, then N hash field/value args, then the session.pending event's field/value args; the
-// event carries the whole hash. KEYS as admitScript's: 6 the session hash, 7 the all index,
-// 8 the pending index, 10 the outbox, 11 the end-user index.
+// event carries the whole hash. Its callers have checked that no session has the id. KEYS as
+// admitScript's: 6 the session hash, 7 the all index, 8 the pending index, 10 the outbox, 11
+// the end-user index.
 const writePendingLua = `
 local function write_pending(id, eu, at)
   local n = tonumber(ARGV[at])
@@ -48,8 +49,9 @@ local function write_pending(id, eu, at)
   for i = at + 1 + n, #ARGV do e[#e + 1] = ARGV[i] end
   e[#e + 1] = 'version'
   e[#e + 1] = '1'
-  local all = redis.call('HGETALL', KEYS[6])
-  for i = 1, #all, 2 do e[#e + 1] = 'h.' .. all[i]; e[#e + 1] = all[i + 1] end
+  -- The hash is exactly h (no session had the id), so the event copies it from here
+  -- rather than reading it back (an HGETALL: 5 of a create's 45 µs of script).
+  for i = 1, n, 2 do e[#e + 1] = 'h.' .. h[i]; e[#e + 1] = h[i + 1] end
   redis.call('XADD', KEYS[10], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
 end
 `
