@@ -110,11 +110,9 @@ type live struct {
 	egress *egressProxy           // the guest's way out
 	seen   map[int]bool           // guest pids already reported as process_start
 	cancel context.CancelFunc     // stops the event watcher
-	// shownIn is the heartbeat (Node.beats) that first showed the guest's resources, 0
-	// before one did; claimGone: its placement's claim is released (see heartbeat). Both
-	// under the node's mu.
-	shownIn   uint64
-	claimGone bool
+	// shown: a heartbeat written showed the guest's resources; claimGone: its placement's
+	// claim is released (see heartbeat). Both under the node's mu.
+	shown, claimGone bool
 }
 
 // Node runs guests for sessions. Safe for concurrent use.
@@ -123,7 +121,6 @@ type Node struct {
 	journal journal
 	mu      sync.Mutex
 	guests  map[string]*live // by session id
-	beats   uint64           // heartbeats written, under mu
 	pool    *warmPool
 	// wg counts the background work that Run waits for before it returns; only goBackground
 	// adds to it. winding, under bgMu, is set once Run waits (windDown), and then no new work
@@ -311,7 +308,7 @@ func (n *Node) heartbeat(ctx context.Context) {
 		info.UsedVCPU += l.g.Resources.VCPU
 		info.UsedMemoryMiB += l.g.Resources.MemoryMiB
 		switch {
-		case l.shownIn == 0:
+		case !l.shown:
 			fresh = append(fresh, l)
 		case !l.claimGone:
 			shown = append(shown, l)
@@ -330,11 +327,8 @@ func (n *Node) heartbeat(ctx context.Context) {
 	}
 	var claims []store.Claim
 	n.mu.Lock()
-	n.beats++
 	for _, l := range fresh {
-		if l.shownIn == 0 {
-			l.shownIn = n.beats
-		}
+		l.shown = true
 	}
 	for _, l := range shown {
 		if !l.claimGone {

@@ -110,15 +110,16 @@ func Search(ctx context.Context, cfg SearchConfig, step Step) (*SearchResult, er
 	}
 	// The first rate failed: halve it, down to an eighth of it, until one passes (a busy
 	// machine's start that was too high still finds a rate and its table).
-	for rate := cfg.Start / 2; pass == 0 && rate >= cfg.Start/8; rate /= 2 {
-		ok, err := try(roundRate(rate))
+	for half := cfg.Start / 2; pass == 0 && half >= cfg.Start/8; half /= 2 {
+		rate := roundRate(half)
+		ok, err := try(rate)
 		if err != nil {
 			return res, err
 		}
 		if ok {
-			pass = roundRate(rate)
+			pass = rate
 		} else {
-			fail = roundRate(rate)
+			fail = rate
 		}
 	}
 	for pass > 0 && fail/pass > cfg.Precision {
