@@ -155,11 +155,27 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 	if err != nil {
 		return session.ExecResult{}, fmt.Errorf("agent: exec: encode request: %w", err)
 	}
-	resp, err := c.do(ctx, http.MethodPost, "/v1/exec", nil, bytes.NewReader(body), "application/json")
+	// ctx ends the request until its result; then the request lives on for its answer's end
+	// (see release), which it does not wait for.
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	detach := context.AfterFunc(ctx, cancel)
+	resp, err := c.do(rctx, http.MethodPost, "/v1/exec", nil, bytes.NewReader(body), "application/json")
 	if err != nil {
+		detach()
+		cancel()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", err, ctx.Err())
+		}
 		return session.ExecResult{}, err
 	}
-	defer resp.Body.Close()
+	released := false
+	defer func() {
+		if !released {
+			detach()
+			cancel()
+			resp.Body.Close()
+		}
+	}()
 	var buffered *session.OutputBuffer
 	if out == nil {
 		buffered = session.NewOutputBuffer(c.MaxOutputBytes)
@@ -179,6 +195,9 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 			if buffered != nil {
 				buffered.Fill(&res)
 			}
+			if released = detach(); released {
+				go release(resp.Body, cancel)
+			}
 			return res, nil
 		}
 		ch, err := l.chunk()
@@ -189,6 +208,24 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 			return session.ExecResult{}, fmt.Errorf("agent: exec: output: %w", err)
 		}
 	}
+}
+
+// releaseWait is how long release waits for the end of an answer after its result.
+const releaseWait = time.Second
+
+// release reads what is left of a streamed answer, its result read, closes it and ends its
+// request (cancel). The transport reuses a connection only once its answer was read to the
+// end, before its request ended, and that end (the last, empty chunk) comes just after the
+// result line: an answer closed at its result, or whose caller's request ended first, cost
+// the next call a new connection (a TCP or socket dial, a server goroutine and its buffers),
+// and through a gateway more than half of all execs did so. An answer that goes on is cut
+// after releaseWait or 64 KiB, and its connection closed.
+func release(body io.ReadCloser, cancel context.CancelFunc) {
+	t := time.AfterFunc(releaseWait, cancel)
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, 64<<10))
+	t.Stop()
+	_ = body.Close()
+	cancel()
 }
 
 // StartRunner starts a runner (see RunnerRequest) and answers its pid once it is ready; a
