@@ -198,7 +198,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		}
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
-		if ooms, counted := n.oomKills(r.Context(), guest); counted {
+		if ooms, counted := n.oomsBefore(r.Context(), l, guest); counted {
 			w = &beforeExecResult{ResponseWriter: w, check: func() { n.endIfOOM(r.Context(), l, guest, ooms) }}
 		}
 		// A run's code goes to the guest's waiting interpreter, as in process (Node.Exec). A

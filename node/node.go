@@ -110,6 +110,9 @@ type live struct {
 	egress *egressProxy           // the guest's way out
 	seen   map[int]bool           // guest pids already reported as process_start
 	cancel context.CancelFunc     // stops the event watcher
+	// ooms is the count of OOM kills the node last read for guest oomGuest (see oomsBefore).
+	ooms     int64
+	oomGuest string
 	// shown: a heartbeat written showed the guest's resources; claimGone: its placement's
 	// claim is released (see heartbeat). Both under the node's mu.
 	shown, claimGone bool

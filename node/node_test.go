@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -463,6 +464,67 @@ func TestOOMBeforeTheExecAnswers(t *testing.T) {
 	end, _ := waitState(t, st, project, s.ID, time.Minute, session.Failed, session.Stopped, session.Expired)
 	checkEnded(t, end, session.Failed, session.OOM)
 	checkSlots(t, st, project)
+}
+
+// oomCounting counts the node's reads of a guest's OOM count.
+type oomCounting struct {
+	timedDriver
+	reads *atomic.Int32
+}
+
+func (d oomCounting) OOMKills(ctx context.Context, id string) (int64, error) {
+	d.reads.Add(1)
+	return d.timedDriver.OOMKills(ctx, id)
+}
+
+// TestOOMBetweenExecs: an exec reads its guest's OOM count once, at its end (the node keeps
+// the count it read last), and an OOM kill between two execs (a background job's) fails the
+// session by the next exec's answer, as Events' poll would have later (an hour apart here).
+func TestOOMBetweenExecs(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	project := "proj_oom_between"
+	d := newDriver(t, "runc", tempDir(t), func(o *oci.Options) { o.EventInterval = time.Hour })
+	cfg := nodeConfig(t, st, d, tempDir(t), "node_oom_between")
+	reads := &atomic.Int32{}
+	cfg.Driver = oomCounting{timedDriver: cfg.Driver.(timedDriver), reads: reads}
+	n := startNode(t, cfg)
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600,
+		res: session.Resources{VCPU: 1, MemoryMiB: 64, DiskGiB: 1, SizeClass: "s"}})
+	ctx := ctxT(t, 3*time.Minute)
+	const execs = 5
+	for range execs {
+		if res, err := n.Exec(ctx, s, execReq("true"), nil, nil); err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec true: %+v %v", res, err)
+		}
+	}
+	if got := reads.Load(); got > execs+1 {
+		t.Errorf("%d execs read the OOM count %d times, want once each and once more for the first", execs, got)
+	}
+
+	res, err := n.Exec(ctx, s, execReq(`(x=$(head -c 200000000 /dev/zero | tr '\0' a)) </dev/null >/dev/null 2>&1 &`), nil, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec of the background hog: %+v %v", res, err)
+	}
+	ids, err := d.List(ctx)
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("guests %v (%v), want the session's one", ids, err)
+	}
+	for k := int64(0); k < 1; {
+		if k, err = d.(hypervisor.OOMCounter).OOMKills(ctx, ids[0]); err != nil || ctx.Err() != nil {
+			t.Fatalf("the background hog was never OOM-killed: %v %v", err, ctx.Err())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	res, err = n.Exec(ctx, s, execReq("echo after"), nil, nil)
+	t.Logf("the exec after the kill: %+v %v", res, err)
+	_, err = n.Exec(ctx, s, execReq("echo alive"), nil, nil)
+	var se *node.StateError
+	if !errors.As(err, &se) || se.State != session.Failed {
+		t.Fatalf("an exec after the exec that followed the OOM kill: %v; want the session failed", err)
+	}
+	end, _ := waitState(t, st, project, s.ID, time.Minute, session.Failed, session.Stopped, session.Expired)
+	checkEnded(t, end, session.Failed, session.OOM)
 }
 
 // gatedDriver holds the first Info call (recovery's) until gate closes, and says when it is

@@ -101,7 +101,7 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 		return session.ExecResult{}, err
 	}
 	areq.Runner = n.runnerFor(ref, areq.Argv, areq.Env)
-	ooms, counted := n.oomKills(ctx, guest)
+	ooms, counted := n.oomsBefore(ctx, l, guest)
 	res, err := l.agent.Exec(ctx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
 	if counted {
@@ -124,20 +124,49 @@ func (n *Node) oomKills(ctx context.Context, guest string) (int64, bool) {
 	return k, err == nil
 }
 
+// oomsBefore answers guest's count of OOM kills as an exec starts: the count the node last
+// read for it, at an exec's end, else read now. Any kill the count gains fails the session
+// (Events reports each), so one the exec's end finds that came before the exec fails it as
+// Events' poll would, only sooner; and an exec reads the count once, not twice.
+func (n *Node) oomsBefore(ctx context.Context, l *live, guest string) (int64, bool) {
+	l.mu.Lock()
+	if l.oomGuest == guest {
+		k := l.ooms
+		l.mu.Unlock()
+		return k, true
+	}
+	l.mu.Unlock()
+	k, ok := n.oomKills(ctx, guest)
+	if ok {
+		l.mu.Lock()
+		if l.oomGuest != guest || k > l.ooms {
+			l.ooms, l.oomGuest = k, guest
+		}
+		l.mu.Unlock()
+	}
+	return k, ok
+}
+
 // endIfOOM fails the session with oom when its guest counts more OOM kills than before (an
-// exec's start): the exec that the kill ended then answers after the session failed, as the
-// contract's "failed, up to the kill" wants, and the caller's next call finds it so, where
-// Events' poll could report it only after that call (runc: the OOM killer takes the process,
-// and the guest lives on to answer it).
+// exec's start, see oomsBefore): the exec that the kill ended then answers after the session
+// failed, as the contract's "failed, up to the kill" wants, and the caller's next call finds
+// it so, where Events' poll could report it only after that call (runc: the OOM killer takes
+// the process, and the guest lives on to answer it).
 func (n *Node) endIfOOM(ctx context.Context, l *live, guest string, before int64) {
 	after, ok := n.oomKills(ctx, guest)
-	if !ok || after <= before {
+	if !ok {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.oomGuest != guest || after > l.ooms {
+		l.ooms, l.oomGuest = after, guest
+	}
+	if after <= before {
+		return
+	}
 	if l.g.State == session.Running && l.g.GuestID == guest {
-		n.Logger.Warn("guest OOM during an exec", "session", l.g.SessionID)
+		n.Logger.Warn("guest OOM, seen at an exec's end", "session", l.g.SessionID)
 		n.end(n.ctx, l, session.Node, session.OOM, "")
 	}
 }

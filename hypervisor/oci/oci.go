@@ -462,6 +462,20 @@ func (d *Driver) lookupInit(id string) (p initProc, alive, ok bool) {
 	return p, ok && proc.Alive(p.pid, p.start), ok
 }
 
+// guestCgroup is guest id's cgroup path. A guest this driver created or restored has the
+// path its create wrote in the guest's record (CgroupPath), so the record is not read: an
+// exec reads the guest's OOM count, and the record's read and decoding were most of that.
+func (d *Driver) guestCgroup(id string) (string, error) {
+	d.initMu.Lock()
+	_, known := d.inits[id]
+	d.initMu.Unlock()
+	if known {
+		return d.CgroupPath(id), nil
+	}
+	g, err := d.loadGuest(id)
+	return g.CgroupsPath, err
+}
+
 func (d *Driver) forgetInit(id string) {
 	d.initMu.Lock()
 	delete(d.inits, id)
@@ -695,11 +709,11 @@ func (d *Driver) Info(ctx context.Context, id string) (hypervisor.Info, error) {
 
 // OOMKills reads the count of OOM kills in the guest's cgroup (hypervisor.OOMCounter).
 func (d *Driver) OOMKills(_ context.Context, id string) (int64, error) {
-	g, err := d.loadGuest(id)
+	cg, err := d.guestCgroup(id)
 	if err != nil {
 		return 0, err
 	}
-	n, err := d.cg.oomKills(g.CgroupsPath)
+	n, err := d.cg.oomKills(cg)
 	if err != nil {
 		return 0, fmt.Errorf("oci: OOM kills of %s: %w", id, err)
 	}

@@ -264,6 +264,22 @@ func TestOOM(t *testing.T) {
 			if st.OOMKills < 1 {
 				t.Fatalf("stats after oom = %+v, want OOMKills ≥ 1", st)
 			}
+			// The node reads the count alone around every exec: for a guest this driver
+			// created, without its record (hidden here).
+			rec := filepath.Join(d.BundleDir(s.ID), "wb-guest.json")
+			if err := os.Rename(rec, rec+".hidden"); err != nil {
+				t.Fatal(err)
+			}
+			k, err := d.OOMKills(ctx, s.ID)
+			if err := os.Rename(rec+".hidden", rec); err != nil {
+				t.Fatal(err)
+			}
+			if err != nil || k != st.OOMKills {
+				t.Fatalf("OOMKills = %d, %v; want %d as Stats says", k, err, st.OOMKills)
+			}
+			if _, err := d.OOMKills(ctx, "wb-no-such-guest"); err == nil {
+				t.Error("OOMKills of a guest that does not exist answered no error")
+			}
 			if b, err := os.ReadFile(filepath.Join(hypervisor.WorkspaceDir(s.Writable), "survived")); err == nil && len(b) > 0 {
 				t.Fatalf("the allocation succeeded past the memory limit: %s", b)
 			}
