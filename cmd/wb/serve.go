@@ -264,9 +264,13 @@ Flags:
 	platform.refresh(ctx)
 	reg := webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: f.allowPrivateWebhooks, Guard: webhookGuard})
 	disp := webhooks.NewDispatcher(rdb, reg, webhooks.Options{Logger: log, Backoff: webhooks.BackoffUpTo(f.webhookMaxBackoff)})
+	var guests gateway.Guests = nodes
+	if nd != nil {
+		guests = embeddedGuests{nodeID: nd.Info.ID, local: nd.Local(), remote: nodes}
+	}
 	gw, err := gateway.New(gateway.Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: accounts, Webhooks: reg,
-		Guests: nodes, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
+		Guests: guests, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "", Tiers: tiers,
 		DesktopIdle: f.desktopIdle, DesktopSetup: desktopSetup(tpls),
