@@ -2,10 +2,12 @@ package oci_test
 
 import (
 	"context"
+	"encoding/binary"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -141,6 +143,11 @@ func TestGuestContainment(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(sub, syscall.MNT_DETACH) })
+	if runtime.GOARCH == "amd64" {
+		if err := os.WriteFile(filepath.Join(tool, "int80"), int80Program(), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	binds := []hypervisor.Bind{{Source: tool, Target: "/opt/tool"}}
 
 	for _, rt := range runtimes() {
@@ -174,6 +181,11 @@ func TestGuestContainment(t *testing.T) {
 				}
 			}
 			mustFail(t, c, "new user namespace", "unshare -Ur true")
+			if runtime.GOARCH == "amd64" {
+				// The kernel's 32-bit entry (int $0x80) from a 64-bit program: the filter
+				// admits the native ABI alone.
+				mustFail(t, c, "a 32-bit system call", "/opt/tool/int80")
+			}
 			mustFail(t, c, "mount", "mount -t tmpfs x /mnt")
 			mustFail(t, c, "remount the root", "mount -o remount,rw /")
 
@@ -303,4 +315,43 @@ func TestDiskLimitRequired(t *testing.T) {
 	if err := d2.Create(ctxT(t, time.Minute), s2); err != nil {
 		t.Fatalf("with AllowUnlimitedDisk: %v", err)
 	}
+}
+
+// int80Program is a static x86-64 Linux program, a bare ELF file of 152 bytes, that makes
+// one system call through the kernel's 32-bit entry (getpid, int $0x80) and exits 0 when it
+// was answered, 1 when it failed; a filter that refuses the 32-bit ABI kills it (SIGSYS).
+func int80Program() []byte {
+	code := []byte{
+		0xb8, 0x14, 0x00, 0x00, 0x00, // mov eax, 20 (getpid on i386)
+		0xcd, 0x80, // int 0x80
+		0x85, 0xc0, // test eax, eax
+		0x78, 0x09, // js fail
+		0x31, 0xff, // xor edi, edi
+		0xb8, 0x3c, 0x00, 0x00, 0x00, // mov eax, 60 (exit)
+		0x0f, 0x05, // syscall
+		0xbf, 0x01, 0x00, 0x00, 0x00, // fail: mov edi, 1
+		0xb8, 0x3c, 0x00, 0x00, 0x00, // mov eax, 60
+		0x0f, 0x05, // syscall
+	}
+	const base, headers = 0x400000, 64 + 56
+	le := binary.LittleEndian
+	b := make([]byte, headers, headers+len(code))
+	copy(b, []byte{0x7f, 'E', 'L', 'F', 2, 1, 1}) // 64-bit, little-endian, version 1
+	le.PutUint16(b[16:], 2)                       // an executable
+	le.PutUint16(b[18:], 0x3e)                    // x86-64
+	le.PutUint32(b[20:], 1)
+	le.PutUint64(b[24:], base+headers) // entry: the code after the headers
+	le.PutUint64(b[32:], 64)           // program headers at 64
+	le.PutUint16(b[52:], 64)           // ELF header size
+	le.PutUint16(b[54:], 56)           // program header size
+	le.PutUint16(b[56:], 1)            // one program header
+	ph := b[64:]
+	le.PutUint32(ph[0:], 1) // PT_LOAD
+	le.PutUint32(ph[4:], 5) // readable, executable
+	le.PutUint64(ph[16:], base)
+	le.PutUint64(ph[24:], base)
+	le.PutUint64(ph[32:], uint64(headers+len(code)))
+	le.PutUint64(ph[40:], uint64(headers+len(code)))
+	le.PutUint64(ph[48:], 0x1000)
+	return append(b, code...)
 }

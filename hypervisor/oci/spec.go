@@ -3,6 +3,7 @@ package oci
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -108,14 +109,41 @@ func guestSeccomp(o specOptions) *specs.LinuxSeccomp {
 }
 
 // defaultSeccomp is Docker's default seccomp profile (github.com/moby/profiles/seccomp) for a
-// process with capabilities(): syscalls outside it fail with EPERM.
+// process with capabilities(), syscalls outside it failing with EPERM, for this machine's own
+// architecture alone (nativeArch). Docker's also admits the 32-bit ABIs (i386 and x32 beside
+// x86_64): the kernel's compat entry points, a long record of privilege escalations, which
+// gVisor does not offer at all. A guest's 32-bit system call now kills its thread (SIGSYS),
+// on runc as it fails on runsc. And runc's init compiles the filter for every architecture
+// listed, at each guest's start: one instead of three is 18 ms less CPU and wall time per
+// `runc run` here (57 → 39 ms, 30 runs each; 34 ms without any filter).
 func defaultSeccomp() (*specs.LinuxSeccomp, error) {
 	caps := capabilities()
 	p, err := seccomp.GetDefaultProfile(&specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}})
 	if err != nil {
 		return nil, fmt.Errorf("oci: default seccomp profile: %w", err)
 	}
+	if a, ok := nativeArch(runtime.GOARCH); ok {
+		p.Architectures = []specs.Arch{a}
+	}
 	return p, nil
+}
+
+// nativeArch is the seccomp architecture of a 64-bit GOARCH; false for the rest, which keep
+// Docker's list.
+func nativeArch(goarch string) (specs.Arch, bool) {
+	switch goarch {
+	case "amd64":
+		return specs.ArchX86_64, true
+	case "arm64":
+		return specs.ArchAARCH64, true
+	case "ppc64le":
+		return specs.ArchPPC64LE, true
+	case "s390x":
+		return specs.ArchS390X, true
+	case "riscv64":
+		return specs.ArchRISCV64, true
+	}
+	return "", false
 }
 
 // guestNofile is 65536 open files, or less when this process's hard limit is lower.
