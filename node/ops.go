@@ -139,12 +139,18 @@ func (n *Node) oomsBefore(ctx context.Context, l *live, guest string) (int64, bo
 	k, ok := n.oomKills(ctx, guest)
 	if ok {
 		l.mu.Lock()
-		if l.oomGuest != guest || k > l.ooms {
-			l.ooms, l.oomGuest = k, guest
-		}
+		l.keepOOMs(guest, k)
 		l.mu.Unlock()
 	}
 	return k, ok
+}
+
+// keepOOMs keeps k as guest's count of OOM kills unless a higher one of it is kept (two
+// execs' ends may read in one order and keep in the other). The caller holds l.mu.
+func (l *live) keepOOMs(guest string, k int64) {
+	if l.oomGuest != guest || k > l.ooms {
+		l.ooms, l.oomGuest = k, guest
+	}
 }
 
 // endIfOOM fails the session with oom when its guest counts more OOM kills than before (an
@@ -159,9 +165,7 @@ func (n *Node) endIfOOM(ctx context.Context, l *live, guest string, before int64
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.oomGuest != guest || after > l.ooms {
-		l.ooms, l.oomGuest = after, guest
-	}
+	l.keepOOMs(guest, after)
 	if after <= before {
 		return
 	}
