@@ -14,7 +14,7 @@ import (
 // pending is a change the node made that Redis has not recorded yet: a transition, a warning
 // or a usage figure. The node applies them in order once Redis answers.
 type pending struct {
-	Kind   string         `json:"kind"` // "transition" | "warning"
+	Kind   string         `json:"kind"` // "transition" | "warning" | "rearm" | "usage"
 	From   session.State  `json:"from,omitempty"`
 	To     session.State  `json:"to,omitempty"`
 	Driver session.Driver `json:"driver,omitempty"`

@@ -46,10 +46,12 @@ func (n *Node) touch(l *live) {
 	now := n.Now()
 	l.g.LastActivity = now
 	if l.g.IdleWarned {
+		// The re-arm joins the pending changes, behind the warning's own write: written
+		// straight to Redis, it could land before a warning still queued (a loaded node, or
+		// Redis away), and the session kept idle_warning_at after its activity.
 		l.g.IdleWarned = false
-		rctx, cancel := n.redis(n.ctx)
-		_ = n.Store.ClearIdleWarning(rctx, l.g.Project, l.g.SessionID)
-		cancel()
+		l.g.Pending = append(l.g.Pending, pending{Kind: "rearm", Event: session.EventIdleWarning, At: now})
+		defer n.flushAsync(l)
 	} else if now.Before(l.g.ActivityUntil) {
 		return
 	}

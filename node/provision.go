@@ -350,6 +350,8 @@ func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
 		return err
 	case "warning":
 		return n.Store.MarkWarning(rctx, project, id, p.Event, p.At)
+	case "rearm":
+		return n.Store.ClearIdleWarning(rctx, project, id)
 	case "usage":
 		return n.Store.AppendUsage(rctx, project, p.Usage.Values())
 	}
