@@ -206,6 +206,13 @@ type LayerAdopter interface {
 	RestoreAdopting(ctx context.Context, s Spec, dir, from string) error
 }
 
+// Launcher is a Driver that can create and boot a guest in one step, for less than Create
+// then Boot cost (hypervisor/oci: one runtime process, `run --detach`, where they start two).
+// Launch leaves what Create then Boot leave, and on failure what a failed Create leaves.
+type Launcher interface {
+	Launch(ctx context.Context, s Spec) error
+}
+
 // ErrNotFound is returned for a guest the driver does not know.
 var ErrNotFound = errors.New("hypervisor: guest not found")
 

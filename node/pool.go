@@ -329,11 +329,7 @@ func (p *warmPool) boot(ctx context.Context, want Pool) (_ warmGuest, err error)
 		_ = p.n.Driver.Delete(bg, id)
 		_ = removeAll(p.n.guestDir(id))
 	}
-	if err := p.n.Driver.Create(ctx, spec); err != nil {
-		cleanup()
-		return warmGuest{}, err
-	}
-	if err := p.n.Driver.Boot(ctx, id); err != nil {
+	if err := p.n.launch(ctx, spec); err != nil {
 		cleanup()
 		return warmGuest{}, err
 	}

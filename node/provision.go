@@ -154,12 +154,8 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 			n.destroy(ctx, &live{g: &guest{GuestID: id}})
 		}
 		l.g.GuestID, l.g.Cold = sess.ID, true
-		spec := n.spec(l.g.GuestID, tpl, sess.Resources)
-		if err := n.Driver.Create(ctx, spec); err != nil {
-			return fmt.Errorf("create guest: %w", err)
-		}
-		if err := n.Driver.Boot(ctx, spec.ID); err != nil {
-			return fmt.Errorf("boot guest: %w", err)
+		if err := n.launch(ctx, n.spec(l.g.GuestID, tpl, sess.Resources)); err != nil {
+			return err
 		}
 	}
 	n.save(l)
@@ -168,6 +164,23 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		if err := waitHealthy(ctx, l.agent); err != nil {
 			return fmt.Errorf("health probe: %w", err)
 		}
+	}
+	return nil
+}
+
+// launch creates and boots a guest, in one step where the driver can (hypervisor.Launcher).
+func (n *Node) launch(ctx context.Context, spec hypervisor.Spec) error {
+	if l, ok := n.Driver.(hypervisor.Launcher); ok {
+		if err := l.Launch(ctx, spec); err != nil {
+			return fmt.Errorf("launch guest: %w", err)
+		}
+		return nil
+	}
+	if err := n.Driver.Create(ctx, spec); err != nil {
+		return fmt.Errorf("create guest: %w", err)
+	}
+	if err := n.Driver.Boot(ctx, spec.ID); err != nil {
+		return fmt.Errorf("boot guest: %w", err)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package oci_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -174,7 +176,7 @@ func TestSnapshotAsksNoState(t *testing.T) {
 
 // TestStopDeleteAskNoState: ending a guest this driver started (running, or paused) runs the
 // runtime only for what it does: thaw a paused runsc guest (which refuses signals while
-// paused), kill, delete; it knows the guest's state, and that the guest stopped, from the
+// paused), kill (a running runc guest's init is killed through a pidfd, no runtime), delete; it knows the guest's state, and that the guest stopped, from the
 // process the runtime's create reported. Each `runsc state` is a process start and a sandbox
 // RPC, and a session's end took three. The guest still ends stopped, as the runtime says.
 func TestStopDeleteAskNoState(t *testing.T) {
@@ -186,7 +188,7 @@ func TestStopDeleteAskNoState(t *testing.T) {
 	}{
 		{oci.RuntimeRunsc, false, []string{"kill", "delete"}},
 		{oci.RuntimeRunsc, true, []string{"resume", "kill", "delete"}},
-		{oci.RuntimeRunc, false, []string{"kill", "delete"}},
+		{oci.RuntimeRunc, false, []string{"delete"}},        // its init killed through a pidfd
 		{oci.RuntimeRunc, true, []string{"kill", "delete"}}, // runc thaws it for SIGKILL itself
 	} {
 		name := c.rt
@@ -198,7 +200,16 @@ func TestStopDeleteAskNoState(t *testing.T) {
 			d, calls := countingDriver(t, c.rt)
 			ctx := ctxT(t, 3*time.Minute)
 			s := guestSpec(t, cat[templates.Base], jobRunner)
-			boot(t, d, s)
+			g, _, _, _ := boot(t, d, s)
+			// A process beside the init: killing the init must take it too.
+			var bgPids []int
+			if c.rt == oci.RuntimeRunc {
+				secs := fmt.Sprint(4000 + rand.IntN(5000))
+				g.mustRun("sleep " + secs + " </dev/null >/dev/null 2>&1 &")
+				if bgPids = hostPids("sleep\x00" + secs + "\x00"); len(bgPids) != 1 {
+					t.Fatalf("the guest's background sleep %s is %v on the host, want one process", secs, bgPids)
+				}
+			}
 			if c.paused {
 				if err := d.Pause(ctx, s.ID); err != nil {
 					t.Fatal(err)
@@ -209,6 +220,11 @@ func TestStopDeleteAskNoState(t *testing.T) {
 				t.Fatal(err)
 			}
 			stopped := runtimeCalls(t, calls)
+			if len(bgPids) > 0 {
+				if err := waitGone(bgPids, 10*time.Second); err != nil {
+					t.Errorf("after stop, the guest's background process lives on: %v", err)
+				}
+			}
 			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateStopped {
 				t.Fatalf("info after stop = %+v, %v; want stopped", info, err)
 			}
@@ -235,7 +251,7 @@ func subcommands(t *testing.T, path string, skip int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	known := []string{"state", "create", "start", "pause", "resume", "checkpoint", "restore", "kill", "delete", "events", "ps", "exec"}
+	known := []string{"state", "create", "run", "start", "pause", "resume", "checkpoint", "restore", "kill", "delete", "events", "ps", "exec"}
 	var out []string
 	for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		if i < skip {
@@ -248,4 +264,97 @@ func subcommands(t *testing.T, path string, skip int) []string {
 		out = append(out, name)
 	}
 	return out
+}
+
+// TestLaunch: Launch creates and starts a guest with one runtime call (`run --detach`), where
+// Create then Boot make two (a runtime's start is most of a warm pool's refill beyond the
+// guest's own work); the guest runs as a booted one does, and the driver follows its init
+// without asking the runtime. A launch that fails names the runtime's error and leaves nothing.
+func TestLaunch(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			d, calls := countingDriver(t, rt)
+			ctx := ctxT(t, 3*time.Minute)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			g := track(t, d, s)
+			if err := d.Launch(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			if got := subcommands(t, calls, 0); !slices.Equal(got, []string{"run"}) {
+				t.Fatalf("launch ran the runtime for %v, want [run]", got)
+			}
+			if running, known := d.KnownRunning(s.ID); !running || !known {
+				t.Fatalf("after launch the driver knows the guest running=%v known=%v, want both", running, known)
+			}
+			waitFile(t, filepath.Join(s.AgentDir, "ready"), 2*time.Minute)
+			if out := g.mustRun("echo hi"); out != "hi\n" {
+				t.Fatalf("job in the launched guest: %q", out)
+			}
+			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
+				t.Fatalf("info after launch = %+v, %v; want running", info, err)
+			}
+
+			bad := guestSpec(t, cat[templates.Base], "")
+			bad.Args = []string{"/no/such/program"}
+			err := d.Launch(ctx, bad)
+			if err == nil {
+				track(t, d, bad)
+				t.Fatal("a launch of a program the guest lacks succeeded")
+			}
+			if !strings.Contains(err.Error(), "run "+bad.ID) {
+				t.Errorf("launch error %q does not name the runtime's run of the guest", err)
+			}
+			t.Logf("the failed launch: %v", err)
+			if _, err := d.Info(ctx, bad.ID); !errors.Is(err, hypervisor.ErrNotFound) {
+				t.Errorf("info after a failed launch: %v, want ErrNotFound", err)
+			}
+			if _, err := os.Stat(d.BundleDir(bad.ID)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a failed launch left its bundle: %v", err)
+			}
+		})
+	}
+}
+
+// hostPids answers the host's processes whose command line is cmdline (NUL-separated, with
+// its trailing NUL), zombies left out.
+func hostPids(cmdline string) []int {
+	dirs, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range dirs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && string(b) == cmdline {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// waitGone waits until none of pids runs (a zombie counts as gone).
+func waitGone(pids []int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var alive []int
+		for _, pid := range pids {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:])); len(f) > 0 && f[0] != "Z" {
+				alive = append(alive, pid)
+			}
+		}
+		if len(alive) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pids %v still run %v later", alive, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
