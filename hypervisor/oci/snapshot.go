@@ -187,14 +187,7 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	}
 	layer := time.Since(t0) - disk
 	if !rec.Memory {
-		if err := d.Create(ctx, s); err != nil {
-			return err
-		}
-		if err := d.Boot(ctx, s.ID); err != nil {
-			d.cleanupFailed(s.ID)
-			return err
-		}
-		return nil
+		return d.Launch(ctx, s)
 	}
 	t0 = time.Now()
 	bundle, err := d.prepare(s)
