@@ -113,6 +113,8 @@ func Pairs() []Pair {
 		{Ref{conf, "RunsPython/*", "p99-ms"}, Ref{"", "", "bare-p99-ms"}, "a run beside a bare python3"},
 		{Ref{conf, "RunsPython1/*", "p50-ms"}, Ref{"", "", "bare-p50-ms"}, "a run beside a bare python3"},
 		{Ref{conf, "RunsPython1/*", "p99-ms"}, Ref{"", "", "bare-p99-ms"}, "a run beside a bare python3"},
+		{Ref{conf, "RunsPythonPaced/*", "p50-ms"}, Ref{"", "", "bare-p50-ms"}, "a run beside a bare python3"},
+		{Ref{conf, "RunsPythonPaced/*", "p99-ms"}, Ref{"", "", "bare-p99-ms"}, "a run beside a bare python3"},
 	}
 	// The OCI driver and the platform's cold start beside a bare `runc run`/`runsc run` of the
 	// same root file system (hypervisor/oci BenchmarkCreateBoot/bare-…).
