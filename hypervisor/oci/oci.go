@@ -77,6 +77,7 @@ type Driver struct {
 	eventInterval time.Duration
 	log           *slog.Logger
 	diskOnce      sync.Once
+	diskMu        sync.Mutex // held while a disk template is made (diskTemplate)
 	seccomp       *specs.LinuxSeccomp
 	unlimitedDisk bool
 

@@ -2,16 +2,17 @@ package oci
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -307,32 +308,63 @@ func TestPidsLimits(t *testing.T) {
 	}
 }
 
-// TestFailedMountLeavesNoMount: a mount that mounted and still failed (as when the caller's
-// context kills mount(8) after the kernel finished: a node stopping while a warm guest
-// boots) leaves no mount behind. It left one that nothing owned, and the node tests' data
-// dirs could not be removed.
+// TestFailedMountLeavesNoMount: a disk image whose mount fails (here it holds no file
+// system) leaves neither a mount nor a loop device attached to it, and the guest does not
+// start; a good one mounts, and its loop device goes with its unmount.
 func TestFailedMountLeavesNoMount(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounts a loop device: needs root")
 	}
-	real, err := exec.LookPath("mount")
-	if err != nil {
-		t.Skip("no mount(8)")
-	}
-	bin := t.TempDir()
-	fake := "#!/bin/sh\n" + real + " \"$@\" || exit 2\necho 'killed after mounting' >&2\nexit 1\n"
-	if err := os.WriteFile(filepath.Join(bin, "mount"), []byte(fake), 0o755); err != nil {
+	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil)), bundleRoot: t.TempDir()}
+	s := hypervisor.Spec{ID: "g-mount", Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1}
+	if err := os.WriteFile(diskImage(s), bytes.Repeat([]byte("not ext4"), 1<<16), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	s := hypervisor.Spec{ID: "g-mount", Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1}
-	err = d.attachDisk(context.Background(), s)
-	if err == nil || !strings.Contains(err.Error(), "killed after mounting") {
-		t.Fatalf("attachDisk = %v, want the failed mount's error", err)
+	err := d.attachDisk(context.Background(), s)
+	if err == nil || !strings.Contains(err.Error(), "mount") || !strings.Contains(err.Error(), "disk limit") {
+		t.Fatalf("attachDisk of an image without a file system = %v, want the failed mount named", err)
 	}
 	if mounted(s.Writable) {
 		_ = syscall.Unmount(s.Writable, syscall.MNT_DETACH)
 		t.Fatal("the failed mount is still mounted")
 	}
+	if devs := loopsOf(t, diskImage(s)); len(devs) > 0 {
+		t.Fatalf("the failed mount left loop devices %v attached to the image", devs)
+	}
+
+	s.ID, s.Writable = "g-mount2", filepath.Join(t.TempDir(), "writable")
+	if err := d.attachDisk(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if !mounted(s.Writable) {
+		t.Fatal("the guest's disk is not mounted")
+	}
+	if devs := loopsOf(t, diskImage(s)); len(devs) != 1 {
+		t.Fatalf("the mounted image is on loop devices %v, want one", devs)
+	}
+	if err := os.WriteFile(filepath.Join(s.Writable, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatalf("write on the guest's disk: %v", err)
+	}
+	if err := detachDisk(s); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(loopsOf(t, diskImage(s))) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("loop devices %v still attached 10 s after the unmount", loopsOf(t, diskImage(s)))
+		}
+	}
+}
+
+// loopsOf answers the loop devices backed by file (deleted or not).
+func loopsOf(t *testing.T, file string) []string {
+	t.Helper()
+	paths, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var out []string
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err == nil && strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == file {
+			out = append(out, filepath.Base(filepath.Dir(filepath.Dir(p))))
+		}
+	}
+	return out
 }
