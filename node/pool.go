@@ -20,13 +20,14 @@ import (
 // over (see target), up to Max and within the node's free capacity. Each run destroys its
 // guest, so runs/s beyond a burst the pool absorbs are bounded by the refill rate: at most
 // PoolParallel boots at a time, each taking bootTook (a create, boot and agent probe, plus
-// the runner's start), so the refill limit is PoolParallel / bootTook guests a second. Where
-// it comes from: a boot is a loop-mounted ext4 image made (mkfs.ext4), a runtime create and
-// start, the agent's first answer and, in a run pool, python3's start; a run's teardown (kill,
-// delete, unmount) costs about as much CPU again. Measured on a 2-core host shared with other
-// work (load average 15-30, where a bare python3 -c took 0.2-1.1 s): runc's create alone took
-// 0.3-1 s and sustained runs reached 1.2-1.3 a second; runsc's create took 1.4-3.4 s and
-// runs 0.4-0.5 a second. On such a host the CPU, not PoolParallel, is the bound.
+// the runner's start), so the refill limit is PoolParallel / bootTook guests a second, and
+// below it the host's CPU: every run pays for a whole guest's life. Where that goes, for a
+// tier-1 python3 run on runc (4 clients on a 2-core host, perf record of the whole host, about
+// 110-150 ms of CPU a run): the runtime's own processes (`runc run --detach`, `runc delete`)
+// and its init about a third; wb itself (the API, the node, the guest's disk image copied
+// and loop-mounted, its bundle and journal) about a fifth; python3's start in the guest, the guest's
+// agent, Redis and the kernel's work for each the rest. On runsc (ptrace platform here) the
+// sandbox running the agent's and python3's start is two thirds of about 400 ms a run.
 type warmPool struct {
 	n        *Node
 	mu       sync.Mutex
@@ -86,8 +87,8 @@ func classOf(name string) (session.SizeClass, bool) {
 // take claims a warm guest of template whose size class is exactly res: one whose runner
 // (runtime) waits when runner is set and the pool has one, else a plain one. A claim that
 // found no guest kicks the refill at once; one that found a guest leaves the kick to its
-// caller, once the claim is served (see Provision): the refill's boot (a runtime create,
-// mkfs, a sandbox start) would otherwise take the CPU from the claim on a small host.
+// caller, once the claim is served (see Provision): the refill's boot (a runtime start, a
+// disk image, a sandbox start) would otherwise take the CPU from the claim on a small host.
 //
 // A claim that finds none ready while a boot of its pool is in flight that no other claim
 // waits for waits for that boot, up to one boot's time (bootWait), rather than start its own
