@@ -176,8 +176,9 @@ func TestSnapshotAsksNoState(t *testing.T) {
 
 // TestStopDeleteAskNoState: ending a guest this driver started (running, or paused) runs the
 // runtime only for what it does: thaw a paused runsc guest (which refuses signals while
-// paused), kill (a running runc guest's init is killed through a pidfd, no runtime), delete; it knows the guest's state, and that the guest stopped, from the
-// process the runtime's create reported. Each `runsc state` is a process start and a sandbox
+// paused), kill (a running runc guest's init is killed through a pidfd, no runtime),
+// delete; it knows the guest's state, and that the guest stopped, from the process the
+// runtime's create reported. Each `runsc state` is a process start and a sandbox
 // RPC, and a session's end took three. The guest still ends stopped, as the runtime says.
 func TestStopDeleteAskNoState(t *testing.T) {
 	cat := catalog(t)
@@ -238,6 +239,15 @@ func TestStopDeleteAskNoState(t *testing.T) {
 			}
 			if _, err := d.Info(ctx, s.ID); !errors.Is(err, hypervisor.ErrNotFound) {
 				t.Fatalf("info after delete: %v, want ErrNotFound", err)
+			}
+			// The runtime no longer knows the guest, and its cgroups are gone.
+			if ids, err := d.List(ctx); err != nil || slices.Contains(ids, s.ID) {
+				t.Fatalf("the runtime lists %v after the delete (%v); want the guest gone", ids, err)
+			}
+			for _, ctrl := range []string{"", "memory", "pids", "cpu", "freezer"} {
+				if dir := filepath.Join("/sys/fs/cgroup", ctrl, d.CgroupPath(s.ID)); exists(dir) {
+					t.Errorf("the guest's cgroup %s is left after the delete", dir)
+				}
 			}
 		})
 	}
@@ -357,4 +367,9 @@ func waitGone(pids []int, timeout time.Duration) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
