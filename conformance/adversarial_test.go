@@ -542,9 +542,10 @@ func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
 	testGuestLimits(t, rep, d, a, bystander.ID)
 	attacks := []exhaustionAttack{
 		// The exec's own time limit ends it: the agent kills the exec's process group, the bomb
-		// with it, and its stderr is the exec's (a pipe to tail would wait on every child). 15 s:
-		// in a cold make test, runsc's bomb had not yet reached the process limit after 6.
-		{name: "fork bomb", timeoutS: 15, cmd: `sh -c 'f(){ f|f& }; f; sleep 30'`,
+		// with it, and its stderr is the exec's (a pipe to tail would wait on every child). 30 s:
+		// in a cold make test, runsc's bomb had not yet reached the process limit after 6, and
+		// on a slower machine not after 15 (beside the other attacks, under ptrace).
+		{name: "fork bomb", timeoutS: 30, cmd: `sh -c 'f(){ f|f& }; f; sleep 60'`,
 			limit: func(out string) bool {
 				return strings.Contains(out, "fork") || strings.Contains(out, "Resource temporarily unavailable")
 			}},

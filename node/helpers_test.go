@@ -368,6 +368,16 @@ func (d timedDriver) Stop(ctx context.Context, id string) error {
 	return err
 }
 
+// Stats logs a slow read: the node holds the guest's lock around it.
+func (d timedDriver) Stats(ctx context.Context, id string) (hypervisor.Stats, error) {
+	t0 := time.Now()
+	st, err := d.testDriver.Stats(ctx, id)
+	if took := time.Since(t0); took > 200*time.Millisecond {
+		d.log.Info("test: driver Stats", "guest", id, "took", took, "err", err)
+	}
+	return st, err
+}
+
 func (d timedDriver) Delete(ctx context.Context, id string) error {
 	t0 := time.Now()
 	err := d.testDriver.Delete(ctx, id)

@@ -59,11 +59,13 @@ func TestExecsWriteTheJournalRarely(t *testing.T) {
 			off += unix.SizeofInotifyEvent + int(ev.Len)
 		}
 	}
-	// Once a second for the activity, once a second for the node's usage flush (nodeConfig's
-	// Flush), which samples the guest and saves it, for every second begun; and a few for the
-	// session's start, whose flushes may still land (every exec wrote it twice: 80 times).
+	// Once a second for the activity, and twice a second for the node's usage flush
+	// (nodeConfig's Flush: it saves the sample it queued, then the journal without it once
+	// Redis has it), for every second begun; and a few for the session's start, whose flushes
+	// may still land (every exec wrote it twice: 80 times; a cold make test's 40 execs took
+	// 9.5 s and wrote it 29 times, beyond the 24 that two a second allowed).
 	elapsed := time.Since(start)
-	if most := 4 + 2*int((elapsed+time.Second-1)/time.Second); writes > most {
+	if most := 4 + 3*int((elapsed+time.Second-1)/time.Second); writes > most {
 		t.Fatalf("%d execs in %v wrote the journal %d times, want at most %d", execs, time.Since(start).Round(time.Millisecond), writes, most)
 	}
 	t.Logf("%d execs in %v wrote the journal %d times", execs, time.Since(start).Round(time.Millisecond), writes)

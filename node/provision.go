@@ -71,7 +71,7 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	// The CPU baseline (a warm guest's counter started before its session) is read once the
 	// session is reported running: on runsc it can take a runtime call.
 	// So is the event watch (its first look at the guest runs the runtime on runsc).
-	st, err := n.Driver.Stats(ctx, l.g.GuestID)
+	st, err := n.stats(ctx, l.g.GuestID)
 	l.mu.Lock()
 	if err == nil && l.g.CPURaw == 0 {
 		l.g.CPURaw = st.CPUMs
@@ -230,7 +230,7 @@ func (n *Node) startWatch(ctx context.Context, l *live, watched string) {
 				// guest_crash, never host_failure, which is for hosts. A paused guest runs
 				// nothing that could kill it, so its death is the host's, reported under the
 				// placer's name because the node is the first to know.
-				s, serr := n.Driver.Stats(ctx, l.g.GuestID)
+				s, serr := n.stats(ctx, l.g.GuestID)
 				switch {
 				case st == session.Running && serr == nil && s.OOMKills > 0:
 					n.end(n.ctx, l, session.Node, session.OOM, "")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"wb/hypervisor"
 	"wb/quota"
 	"wb/session"
 )
@@ -55,6 +56,18 @@ func (n *Node) warnings(ctx context.Context, l *live, now time.Time) {
 	}
 }
 
+// statsTimeout bounds a read of a guest's counters.
+const statsTimeout = time.Second
+
+// stats reads a guest's counters, bounded by statsTimeout: the node reads them under the
+// guest's lock (the timers skip a guest whose lock is held, and a teardown waits for it) or
+// before a provision answers, and a VMM's API can be slow to answer, or never.
+func (n *Node) stats(ctx context.Context, guestID string) (hypervisor.Stats, error) {
+	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
+	defer cancel()
+	return n.Driver.Stats(ctx, guestID)
+}
+
 // sample measures the guest since the last sample and queues the interval as a usage record:
 // billed time while the state bills session seconds, paused time, CPU from its cgroup and
 // memory × time. It runs every flush period and at every state change, so an interval is
@@ -81,7 +94,9 @@ func (n *Node) sample(ctx context.Context, l *live) {
 		rec.PausedMs = dt
 	}
 	if g.GuestID != "" && !g.State.Terminal() {
-		if st, err := n.Driver.Stats(ctx, g.GuestID); err == nil {
+		// A sample without the counters loses nothing: CPURaw stays, so the next sample's
+		// delta covers both intervals.
+		if st, err := n.stats(ctx, g.GuestID); err == nil {
 			// CPU from the cgroup's counter, as deltas: a warm guest's counter starts before
 			// its session does, and a restored guest's starts again at zero.
 			delta := st.CPUMs - g.CPURaw

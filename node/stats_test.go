@@ -1,0 +1,58 @@
+package node_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"wb/hypervisor"
+	"wb/session"
+	"wb/store"
+)
+
+// hungStats is a driver whose counters never answer: a VMM's API that hangs.
+type hungStats struct{ testDriver }
+
+func (hungStats) Stats(ctx context.Context, _ string) (hypervisor.Stats, error) {
+	<-ctx.Done()
+	return hypervisor.Stats{}, ctx.Err()
+}
+
+// TestHungStatsHoldNoSession: a guest's counters that never answer delay neither a stop nor
+// the teardown after it. The node reads them under the guest's lock (each sample, at every
+// state change and usage flush), so an unbounded read held the timers and the teardown
+// behind it: a cold make test's idle timer fired 7 s late.
+func TestHungStatsHoldNoSession(t *testing.T) {
+	t.Parallel()
+	const project = "proj_hung_stats"
+	st, _ := newStore(t)
+	d := newDriver(t, "runc", tempDir(t))
+	n := startNode(t, nodeConfig(t, st, hungStats{d}, tempDir(t), "node_hung_stats"))
+	t0 := time.Now()
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	// Provision reads the counters once the session runs (its CPU baseline): bounded, it
+	// answers in seconds, not at the end of its three minutes.
+	if took := time.Since(t0); took > time.Minute {
+		t.Fatalf("Provision took %v behind the hung counters", took)
+	}
+	time.Sleep(1500 * time.Millisecond) // a usage flush or two, each with its bounded read
+	s, err := st.Transition(ctxT(t, 10*time.Second), store.Change{Project: project, ID: s.ID, From: session.Running,
+		To: session.Stopping, Driver: session.Caller, Reason: session.Deleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 = time.Now()
+	if err := n.Stop(ctxT(t, 2*time.Minute), s); err != nil {
+		t.Fatal(err)
+	}
+	// One bounded read per sample, and a flush's may hold the lock first: seconds, never the
+	// minutes of Stop's context.
+	if took := time.Since(t0); took > 20*time.Second {
+		t.Fatalf("Stop took %v behind the hung counters", took)
+	}
+	end, _ := waitState(t, st, project, s.ID, time.Minute, session.Stopped, session.Failed, session.Expired)
+	checkEnded(t, end, session.Stopped, session.Deleted)
+	if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
+		t.Error(err)
+	}
+}
