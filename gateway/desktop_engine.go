@@ -119,7 +119,14 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 			dropped = rec.MemorySnapshot
 			next.MemorySnapshot, next.StateSaved = "", false
 		}
-		out, err := s.Store.PutDesktop(ctx, next, rec.State)
+		var out desktop.Record
+		if cause == desktop.Idle {
+			// Only if still unused: a use (a tool call beginning) records no version, and
+			// one since the caller found the desktop idle must keep it awake.
+			out, err = s.Store.PutDesktopIfUnused(ctx, next, rec.State, s.Now().Add(-s.desktopIdle()))
+		} else {
+			out, err = s.Store.PutDesktop(ctx, next, rec.State)
+		}
 		if errors.Is(err, store.ErrDesktopChanged) && attempt < 5 {
 			continue
 		}

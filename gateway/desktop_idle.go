@@ -143,6 +143,11 @@ func (s *Server) idleDesktop(ctx context.Context, ref store.DesktopRef, now time
 		return
 	}
 	if _, err := s.moveDesktop(ctx, p, ref.ID, desktop.Idle); err != nil {
+		var used *store.DesktopUsedError
+		if errors.As(err, &used) { // used since it was read: awake until its new deadline
+			_ = s.Store.SetDesktopIdle(ctx, ref.Project, ref.ID, used.At.Add(s.desktopIdle()))
+			return
+		}
 		var ae *apiError
 		if !errors.As(err, &ae) || ae.Status != 409 {
 			s.log.Warn("desktop idle: sleep", "desktop", ref.ID, "err", err)

@@ -22,12 +22,21 @@ import (
 // ErrDesktopChanged: the desktop is not at the version the caller read (another writer won).
 var ErrDesktopChanged = errors.New("the desktop changed concurrently")
 
+// DesktopUsedError: PutDesktopIfUnused found a use at or after its bound (a use records no
+// version: see desktopTouchScript). At is that use.
+type DesktopUsedError struct{ At time.Time }
+
+func (e *DesktopUsedError) Error() string {
+	return fmt.Sprintf("the desktop was used at %s", e.At.UTC().Format(time.RFC3339Nano))
+}
+
 // desktopPutScript writes a desktop record if its version is the expected one (0: it must
-// not exist), indexes it, and appends the event (when given) carrying the record.
+// not exist) and, when ARGV[10] is given, it was not used since then (ms); it indexes it,
+// and appends the event (when given) carrying the record.
 //
 // KEYS: desktop hash, desktops index, outbox
 // ARGV: id, expected version, doc, state, event type ("" for none), event id, now ms, object,
-// project
+// project, unused since ms ("" for no bound)
 var desktopPutScript = redis.NewScript(`
 local ver = redis.call('HGET', KEYS[1], 'ver')
 if ARGV[2] == '0' then
@@ -37,6 +46,10 @@ elseif not ver then
   return {'NOTFOUND'}
 elseif ver ~= ARGV[2] then
   return {'CONFLICT', ver}
+end
+if ARGV[10] ~= '' then
+  local used = redis.call('HGET', KEYS[1], 'used')
+  if used and tonumber(used) >= tonumber(ARGV[10]) then return {'USED', used} end
 end
 local nv = tostring(tonumber(ver) + 1)
 redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'state', ARGV[4], 'ver', nv)
@@ -77,6 +90,17 @@ return st
 // writes no event). It answers r at its new version; ErrDesktopChanged when another write
 // came first, ErrNotFound when the desktop is gone.
 func (s *Store) PutDesktop(ctx context.Context, r desktop.Record, prev desktop.State) (desktop.Record, error) {
+	return s.putDesktop(ctx, r, prev, "")
+}
+
+// PutDesktopIfUnused is PutDesktop that also refuses, with a *DesktopUsedError, when the
+// desktop was used at or after unusedSince: an idle desktop is put to sleep only if no use
+// came between the read that found it idle and the write (a tool call that began meanwhile).
+func (s *Store) PutDesktopIfUnused(ctx context.Context, r desktop.Record, prev desktop.State, unusedSince time.Time) (desktop.Record, error) {
+	return s.putDesktop(ctx, r, prev, strconv.FormatInt(unusedSince.UnixMilli(), 10))
+}
+
+func (s *Store) putDesktop(ctx context.Context, r desktop.Record, prev desktop.State, unusedSince string) (desktop.Record, error) {
 	now := s.now()
 	r.UpdatedAt = *session.At(now)
 	doc, err := json.Marshal(r)
@@ -92,7 +116,7 @@ func (s *Store) PutDesktop(ctx context.Context, r desktop.Record, prev desktop.S
 	}
 	k := ProjectKeys(r.ProjectID)
 	res, err := desktopPutScript.Run(ctx, s.rdb, []string{k.desktop(r.ID), k.desktops(), Outbox(r.ProjectID)},
-		r.ID, r.Version, doc, string(r.State), typ, session.NewID("evt_", now), now.UnixMilli(), obj, r.ProjectID).StringSlice()
+		r.ID, r.Version, doc, string(r.State), typ, session.NewID("evt_", now), now.UnixMilli(), obj, r.ProjectID, unusedSince).StringSlice()
 	if err != nil {
 		return r, fmt.Errorf("put desktop %s: %w", r.ID, err)
 	}
@@ -101,6 +125,9 @@ func (s *Store) PutDesktop(ctx context.Context, r desktop.Record, prev desktop.S
 		return r, ErrNotFound
 	case "CONFLICT":
 		return r, ErrDesktopChanged
+	case "USED":
+		used, _ := strconv.ParseInt(res[1], 10, 64)
+		return r, &DesktopUsedError{At: time.UnixMilli(used)}
 	}
 	r.Version, _ = strconv.ParseInt(res[1], 10, 64)
 	if used, _ := strconv.ParseInt(res[2], 10, 64); used > 0 {
