@@ -66,7 +66,9 @@ func billedSession(ctx context.Context, e *Env) (*billingFixture, error) {
 			paused: resumed.Sub(p.PausedAt.Time)}
 		f.runningToStopped = final.StoppedAt.Sub(final.StartedAt.Time) - f.paused
 		f.runningToDelete = deleted.Sub(final.StartedAt.Time) - f.paused
-		// Settled usage arrives within seconds of the final meter.
+		// Settled usage arrives within seconds of the final meter, and the session's
+		// usage_to_date with it: the settler adds both, so a session read when it stopped may
+		// not have the last record yet (a cold make test read 8 s there, then 9 s settled).
 		settle, cancel := context.WithTimeout(ctx, 90*time.Second)
 		defer cancel()
 		f.settleErr = poll(settle, func() (bool, error) {
@@ -79,15 +81,16 @@ func billedSession(ctx context.Context, e *Env) (*billingFixture, error) {
 					f.line = l
 				}
 			}
-			return f.line.SessionS > 0 && f.line.PausedS > 0 && f.line.SessionS == final.UsageToDate.SessionS, nil
-		})
-		if f.settleErr == nil {
-			// The final figure: usage_to_date matches the settled line.
-			f.final, err = e.C.GetSession(ctx, s.ID)
-			if err != nil {
-				return nil, err
+			if f.line.SessionS == 0 || f.line.PausedS == 0 {
+				return false, nil
 			}
-		}
+			cur, err := e.C.GetSession(settle, s.ID)
+			if err != nil {
+				return false, err
+			}
+			f.final = cur
+			return f.line.SessionS == cur.UsageToDate.SessionS, nil
+		})
 		return f, nil
 	})
 }
