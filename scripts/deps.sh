@@ -17,6 +17,8 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v redis-server >/dev/null || need+=(redis-server)
 # make bench's baseline for the store: redis-benchmark (store BenchmarkRedisBenchmarkSet).
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
+# ... and for the gateway's saturated creates beside it: wrk (gateway BenchmarkCreateSaturated).
+command -v wrk >/dev/null || need+=(wrk)
 command -v runsc >/dev/null || need+=(runsc)
 command -v runc >/dev/null || need+=(runc)
 [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need+=(busybox-static)
