@@ -10,10 +10,18 @@ import (
 	"wb/store"
 )
 
-// hungStats is a driver whose counters never answer: a VMM's API that hangs.
-type hungStats struct{ testDriver }
+// hungStats is a driver whose counters never answer: a VMM's API that hangs. Each read
+// is announced on reads, when there is room.
+type hungStats struct {
+	testDriver
+	reads chan struct{}
+}
 
-func (hungStats) Stats(ctx context.Context, _ string) (hypervisor.Stats, error) {
+func (h hungStats) Stats(ctx context.Context, _ string) (hypervisor.Stats, error) {
+	select {
+	case h.reads <- struct{}{}:
+	default:
+	}
 	<-ctx.Done()
 	return hypervisor.Stats{}, ctx.Err()
 }
@@ -27,7 +35,8 @@ func TestHungStatsHoldNoSession(t *testing.T) {
 	const project = "proj_hung_stats"
 	st, _ := newStore(t)
 	d := newDriver(t, "runc", tempDir(t))
-	n := startNode(t, nodeConfig(t, st, hungStats{d}, tempDir(t), "node_hung_stats"))
+	reads := make(chan struct{}, 1)
+	n := startNode(t, nodeConfig(t, st, hungStats{d, reads}, tempDir(t), "node_hung_stats"))
 	t0 := time.Now()
 	s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600})
 	// Provision reads the counters once the session runs (its CPU baseline): bounded, it
@@ -35,7 +44,16 @@ func TestHungStatsHoldNoSession(t *testing.T) {
 	if took := time.Since(t0); took > time.Minute {
 		t.Fatalf("Provision took %v behind the hung counters", took)
 	}
-	time.Sleep(1500 * time.Millisecond) // a usage flush or two, each with its bounded read
+	// The usage flush reads the counters without the guest's lock: a use (which takes it)
+	// during the read does not wait for it. (Under the lock, a cold make test's reads of up to
+	// 2 s held off the timers, and the idle warning came seconds late.)
+	<-reads // Provision's own, or an earlier flush's
+	<-reads
+	t1 := time.Now()
+	n.Touch(s)
+	if took := time.Since(t1); took > 500*time.Millisecond {
+		t.Errorf("a use during the usage flush's read of the counters waited %v for it", took)
+	}
 	s, err := st.Transition(ctxT(t, 10*time.Second), store.Change{Project: project, ID: s.ID, From: session.Running,
 		To: session.Stopping, Driver: session.Caller, Reason: session.Deleted})
 	if err != nil {

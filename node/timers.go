@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"wb/hypervisor"
@@ -73,6 +74,12 @@ func (n *Node) stats(ctx context.Context, guestID string) (hypervisor.Stats, err
 // memory × time. It runs every flush period and at every state change, so an interval is
 // spent in one state. The caller holds l.mu.
 func (n *Node) sample(ctx context.Context, l *live) {
+	n.sampleWith(l, func(guestID string) (hypervisor.Stats, error) { return n.stats(ctx, guestID) })
+}
+
+// sampleWith is sample with the guest's counters from counters (the caller may have read
+// them before it took l.mu). The caller holds l.mu.
+func (n *Node) sampleWith(l *live, counters func(guestID string) (hypervisor.Stats, error)) {
 	g := l.g
 	now := n.Now()
 	if g.SampledAt.IsZero() {
@@ -96,7 +103,7 @@ func (n *Node) sample(ctx context.Context, l *live) {
 	if g.GuestID != "" && !g.State.Terminal() {
 		// A sample without the counters loses nothing: CPURaw stays, so the next sample's
 		// delta covers both intervals.
-		if st, err := n.stats(ctx, g.GuestID); err == nil {
+		if st, err := counters(g.GuestID); err == nil {
 			// CPU from the cgroup's counter, as deltas: a warm guest's counter starts before
 			// its session does, and a restored guest's starts again at zero.
 			delta := st.CPUMs - g.CPURaw
@@ -125,21 +132,34 @@ func (n *Node) flushUsage(ctx context.Context) {
 		if !l.mu.TryLock() {
 			continue
 		}
-		st := l.g.State
+		st, guestID, sampledAt := l.g.State, l.g.GuestID, l.g.SampledAt
+		l.mu.Unlock()
+		if st != session.Running && st != session.Paused {
+			continue
+		}
+		// The counters are read before the lock is taken again: on a loaded host a read took
+		// up to 2 s, and the timers skip a guest whose lock is held (its idle warning came
+		// seconds late). They are used only if no other sample came in between (its newer
+		// counter would make this one's delta negative) and the guest is the same one.
+		stats, statsErr := n.stats(ctx, guestID)
+		l.mu.Lock()
+		if l.g.State != st {
+			l.mu.Unlock()
+			continue // a state change sampled it
+		}
+		if l.g.GuestID != guestID || !l.g.SampledAt.Equal(sampledAt) {
+			statsErr = errors.New("the guest was sampled or replaced since its counters were read")
+		}
+		n.sampleWith(l, func(string) (hypervisor.Stats, error) { return stats, statsErr })
+		n.save(l)
 		var sample *session.GuestEvent
-		if st == session.Running || st == session.Paused {
-			n.sample(ctx, l)
-			n.save(l)
-			if p := l.g.Pending; st == session.Running && len(p) > 0 && p[len(p)-1].Usage != nil {
-				u := p[len(p)-1].Usage
-				sample = &session.GuestEvent{Type: session.GuestResourceSample, CPUMs: u.CPUMs, IntervalMs: u.ToMs - u.FromMs,
-					MemoryBytes: u.MemGiBMs * (1 << 30) / max(1, u.ToMs-u.FromMs)}
-			}
+		if p := l.g.Pending; st == session.Running && len(p) > 0 && p[len(p)-1].Usage != nil {
+			u := p[len(p)-1].Usage
+			sample = &session.GuestEvent{Type: session.GuestResourceSample, CPUMs: u.CPUMs, IntervalMs: u.ToMs - u.FromMs,
+				MemoryBytes: u.MemGiBMs * (1 << 30) / max(1, u.ToMs-u.FromMs)}
 		}
 		l.mu.Unlock()
-		if st == session.Running || st == session.Paused {
-			n.flush(ctx, l)
-		}
+		n.flush(ctx, l)
 		if sample != nil {
 			n.checkEvent(ctx, l, *sample)
 			n.checkProcesses(ctx, l)
