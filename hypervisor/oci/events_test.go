@@ -207,7 +207,14 @@ func TestStopDeleteAskNoState(t *testing.T) {
 			if c.rt == oci.RuntimeRunc {
 				secs := fmt.Sprint(4000 + rand.IntN(5000))
 				g.mustRun("sleep " + secs + " </dev/null >/dev/null 2>&1 &")
-				if bgPids = hostPids("sleep\x00" + secs + "\x00"); len(bgPids) != 1 {
+				// The shell answers once it has forked; the child may not have become sleep yet
+				// (a cold make test looked at once and found none).
+				for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+					if bgPids = hostPids("sleep\x00" + secs + "\x00"); len(bgPids) != 0 || time.Now().After(deadline) {
+						break
+					}
+				}
+				if len(bgPids) != 1 {
 					t.Fatalf("the guest's background sleep %s is %v on the host, want one process", secs, bgPids)
 				}
 			}
