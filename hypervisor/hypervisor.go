@@ -213,6 +213,13 @@ type Launcher interface {
 	Launch(ctx context.Context, s Spec) error
 }
 
+// CgroupOwner is a Driver whose guests' cgroups sit below a parent cgroup of its own.
+// RemoveCgroupParent removes that parent once it is empty, and fails harmlessly while a
+// guest's cgroup is still below it.
+type CgroupOwner interface {
+	RemoveCgroupParent() error
+}
+
 // ErrNotFound is returned for a guest the driver does not know.
 var ErrNotFound = errors.New("hypervisor: guest not found")
 

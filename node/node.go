@@ -278,7 +278,29 @@ func (n *Node) windDown() {
 }
 
 // Close destroys the warm pool's guests (session guests are left to their sessions).
-func (n *Node) Close(ctx context.Context) { n.pool.drain(ctx) }
+func (n *Node) Close(ctx context.Context) {
+	n.pool.drain(ctx)
+	n.removeCgroupParent()
+}
+
+// removeCgroupParent removes the driver's cgroup parent when the node runs no guest: each
+// node's parent is its own, and one left behind by every node that ever ran here adds up
+// (a cold make test left a hundred).
+func (n *Node) removeCgroupParent() {
+	c, ok := n.Driver.(hypervisor.CgroupOwner)
+	if !ok {
+		return
+	}
+	n.mu.Lock()
+	left := len(n.guests)
+	n.mu.Unlock()
+	if left > 0 {
+		return
+	}
+	if err := c.RemoveCgroupParent(); err != nil {
+		n.Logger.Debug("cgroup parent left", "err", err)
+	}
+}
 
 func (n *Node) redis(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, n.RedisTimeout)

@@ -445,4 +445,5 @@ func (n *Node) DestroyAll(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
+	n.removeCgroupParent()
 }

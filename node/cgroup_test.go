@@ -1,0 +1,56 @@
+package node_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/session"
+	"wb/store"
+)
+
+// TestCloseRemovesCgroupParent: a node that closes with no guest left removes its driver's
+// cgroup parent; one that still runs a session's guest keeps it (the guest lives on for the
+// node's next start). Before, every node that ever ran on a host left its empty parent in
+// every controller: a hundred after one cold make test.
+func TestCloseRemovesCgroupParent(t *testing.T) {
+	t.Parallel()
+	const project = "proj_cgroup_parent"
+	st, _ := newStore(t)
+	d := newDriver(t, "runc", tempDir(t))
+	n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_cgroup_parent"))
+	parent := cgroupDir(t, strings.TrimSuffix(d.CgroupPath(""), "/"))
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	n.Close(ctxT(t, time.Minute))
+	if _, err := os.Stat(parent); err != nil {
+		t.Fatalf("a node closed with a session's guest running removed its cgroup parent: %v", err)
+	}
+	s, err := st.Transition(ctxT(t, 10*time.Second), store.Change{Project: project, ID: s.ID, From: session.Running,
+		To: session.Stopping, Driver: session.Caller, Reason: session.Deleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Stop(ctxT(t, 2*time.Minute), s); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	n.stop(t)
+	n.Close(ctxT(t, time.Minute))
+	if _, err := os.Stat(parent); err == nil {
+		t.Fatalf("a node closed with no guest left kept its cgroup parent %s", parent)
+	}
+}
+
+// cgroupDir is cgroup p's directory in the memory controller (cgroup v1) or the unified
+// hierarchy (v2).
+func cgroupDir(t *testing.T, p string) string {
+	t.Helper()
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return filepath.Join("/sys/fs/cgroup", p)
+	}
+	return filepath.Join("/sys/fs/cgroup/memory", p)
+}
