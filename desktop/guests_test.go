@@ -222,6 +222,15 @@ func (p *platform) wait(id string, want desktop.State) desktop.Desktop {
 	return d
 }
 
+// use sends the desktop a file: a use (seed 001), which keeps it awake for its idle time
+// from now. (An exec in its session is not one.)
+func (p *platform) use(d desktop.Desktop) {
+	p.t.Helper()
+	if status, body := p.raw("PUT", "/v1/desktops/"+d.ID+"/files?path="+memoryDir+"/used", []byte("used")); status != 204 {
+		p.t.Fatalf("a file sent to the desktop: %d %s", status, body)
+	}
+}
+
 // sh runs a command in the desktop's session and answers its stdout.
 func (p *platform) sh(d desktop.Desktop, cmd string) string {
 	p.t.Helper()
@@ -317,6 +326,10 @@ func TestDesktopIdleAndResize(t *testing.T) {
 	if d.Size != "s" || d.NextSize != "m" || d.State != desktop.Running {
 		t.Fatalf("resized while running: %+v", d)
 	}
+	// A use right before each sleep: on a loaded machine the steps since the last use took
+	// longer than the idle time, the idle loop was putting it to sleep, and the sleep answered
+	// 409 (stopping).
+	p.use(d)
 	p.call("POST", "/v1/desktops/"+d.ID+":sleep", nil, 202, &d)
 	d = p.wait(d.ID, desktop.Asleep)
 	if d.StateSaved || d.Size != "m" || !strings.Contains(d.Message, "resized") {
@@ -334,6 +347,7 @@ func TestDesktopIdleAndResize(t *testing.T) {
 	}
 	// The node offers 4 vCPUs: size xl (8) has no room, so Wake answers 409 and it stays asleep.
 	p.call("PATCH", "/v1/desktops/"+d.ID, map[string]any{"size": "xl"}, 200, &d)
+	p.use(d)
 	p.call("POST", "/v1/desktops/"+d.ID+":sleep", nil, 202, &d)
 	d = p.wait(d.ID, desktop.Asleep)
 	p.call("POST", "/v1/desktops/"+d.ID+":wake", nil, 409, nil)
