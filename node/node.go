@@ -116,6 +116,9 @@ type live struct {
 	// shown: a heartbeat written showed the guest's resources; claimGone: its placement's
 	// claim is released (see heartbeat). Both under the node's mu.
 	shown, claimGone bool
+	// busySince is when the timers first found mu held, in a run of such ticks (the timers'
+	// goroutine alone uses it).
+	busySince time.Time
 }
 
 // Node runs guests for sessions. Safe for concurrent use.

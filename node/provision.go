@@ -285,8 +285,12 @@ func (n *Node) remove(ctx context.Context, guestID string) {
 }
 
 func (n *Node) save(l *live) {
+	start := time.Now()
 	if err := n.journal.save(l.g); err != nil {
 		n.Logger.Error("node: journal", "err", err)
+	}
+	if took := time.Since(start); took >= busyGuestLog {
+		n.Logger.Warn("node: a journal write was slow (the disk is busy); the guest was held as long", "session", l.g.SessionID, "took", took)
 	}
 }
 

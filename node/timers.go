@@ -15,7 +15,17 @@ import (
 func (n *Node) timers(ctx context.Context, now time.Time) {
 	for _, l := range n.all() {
 		if !l.mu.TryLock() { // an operation is under way; the next tick sees it
+			if l.busySince.IsZero() {
+				l.busySince = now
+			}
 			continue
+		}
+		if !l.busySince.IsZero() {
+			// An operation that holds a guest for seconds holds its timers off as long.
+			if held := now.Sub(l.busySince); held >= busyGuestLog {
+				n.Logger.Warn("node: a guest's timers waited for an operation on it", "session", l.g.SessionID, "waited", held)
+			}
+			l.busySince = time.Time{}
 		}
 		g := l.g
 		switch g.State {
@@ -56,6 +66,10 @@ func (n *Node) warnings(ctx context.Context, l *live, now time.Time) {
 		n.flushAsync(l)
 	}
 }
+
+// busyGuestLog: the timers log a guest whose lock they found held for this long, and a
+// journal write that took this long is logged too (it is made under the lock).
+const busyGuestLog = time.Second
 
 // statsTimeout bounds a read of a guest's counters.
 const statsTimeout = time.Second
