@@ -10,11 +10,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"wb/hypervisor"
 	"wb/hypervisor/internal/guestfile"
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
@@ -71,10 +74,44 @@ func bareRun(b *testing.B, rt, rootfs string) {
 	}
 }
 
+// BenchmarkRunsPython/bare-RUNTIME is the ceiling of tier-1 python runs on this host, for
+// the platform's RunsPython (conformance, 4 clients): 4 clients, each a loop of bare `RUNTIME run`s of
+// tpl_dev_polyglot (its root file system and toolchain binds, read-only) running
+// `python3 -c 'print(6*7)'` to its exit, where the runtime deletes the container. A run of
+// the platform destroys its guest too, so its pool refills one guest per run, and its runs/s
+// cannot pass this one's, whatever else it saves.
+func BenchmarkRunsPython(b *testing.B) {
+	cat := catalog(b)
+	tpl := cat[templates.DevPolyglot]
+	for _, rt := range runtimes() {
+		b.Run("bare-"+rt, func(b *testing.B) {
+			bundle := bareBundle(b, tpl.RootFS, "python3 -c 'print(6*7)'", tpl.Binds...)
+			global := bareGlobal(b, rt)
+			var next atomic.Int64
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+						args := append(append([]string(nil), global...), "run", "--bundle", bundle, "py"+strconv.FormatInt(i, 10))
+						out, err := exec.CommandContext(b.Context(), rt, args...).CombinedOutput()
+						if err != nil || !strings.Contains(string(out), "42") {
+							b.Errorf("%s run: %v: %s", rt, err, out)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "runs/s")
+		})
+	}
+}
+
 // bareBundle writes a bundle of the runtime's own default spec (`runc spec`: its namespaces,
-// no cgroup limits, no agent, no writable layer, no binds) with rootfs read-only and
-// `/bin/sh -c script` as its process.
-func bareBundle(b *testing.B, rootfs, script string) string {
+// no cgroup limits, no agent, no writable layer) with rootfs read-only, binds (read-only)
+// and `/bin/sh -c script` as its process.
+func bareBundle(b *testing.B, rootfs, script string, binds ...hypervisor.Bind) string {
 	b.Helper()
 	bundle := b.TempDir()
 	if out, err := exec.Command("runc", "spec", "--bundle", bundle).CombinedOutput(); err != nil {
@@ -92,6 +129,10 @@ func bareBundle(b *testing.B, rootfs, script string) string {
 	cfg.Root = &specs.Root{Path: rootfs, Readonly: true}
 	cfg.Process.Terminal = false
 	cfg.Process.Args = []string{"/bin/sh", "-c", script}
+	for _, bd := range binds {
+		cfg.Mounts = append(cfg.Mounts, specs.Mount{Destination: bd.Target, Type: "bind", Source: bd.Source,
+			Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
 	if raw, err = json.Marshal(&cfg); err != nil {
 		b.Fatal(err)
 	}

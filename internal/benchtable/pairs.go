@@ -131,6 +131,10 @@ func Pairs() []Pair {
 			Pair{Ref{conf, "CreateCold/" + rt, "p99-ms"}, bare, "a cold session beside a bare run"},
 			Pair{Ref{conf, "CreateWarm/" + rt, "p50-ms"}, bare, "a warm session beside a bare run"},
 			Pair{Ref{conf, "CreateWarm/" + rt, "p99-ms"}, bare, "a warm session beside a bare run"},
+			// Each run destroys its guest: bare runs of python on the same template, 4 clients
+			// each, are the ceiling of the platform's.
+			Pair{Ref{conf, "RunsPython/" + rt, "runs/s"}, Ref{oci, "RunsPython/bare-" + rt, "runs/s"}, "4 clients' runs beside 4 clients' bare runs of python"},
+			Pair{Ref{conf, "RunsPython/" + rt, "sec/op"}, Ref{oci, "RunsPython/bare-" + rt, "sec/op"}, "4 clients' runs beside 4 clients' bare runs of python"},
 		)
 	}
 	// Pause and resume, the driver's and the platform's, beside a bare `RUNTIME pause` +
