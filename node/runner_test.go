@@ -107,3 +107,26 @@ func TestRunnerPool(t *testing.T) {
 		})
 	}
 }
+
+// TestRunsUseThePolyglotTemplate: a one-shot run of each of the host's toolchains, and its
+// warm run pool, use tpl_dev_polyglot, never tpl_desktop (which sorts before it, and whose
+// guests carry the desktop's binds: runs there took twice as long to refill).
+func TestRunsUseThePolyglotTemplate(t *testing.T) {
+	if _, ok := catalog[templates.Desktop]; !ok {
+		t.Fatalf("no %s in the catalog: install the desktop's packages (scripts/deps.sh)", templates.Desktop)
+	}
+	cat := node.CatalogOf(catalog)
+	pools := node.RunnerPools(catalog, 1, 1)
+	if len(pools) == 0 {
+		t.Fatal("no run pools on this host")
+	}
+	for _, p := range pools {
+		if p.Template != templates.DevPolyglot {
+			t.Errorf("the %s run pool is on %s", p.Runner, p.Template)
+		}
+		tpl, _, err := cat.Runtime(p.Runner)
+		if err != nil || tpl.Name != templates.DevPolyglot {
+			t.Errorf("a %s run goes to %s (%v)", p.Runner, tpl.Name, err)
+		}
+	}
+}

@@ -182,7 +182,12 @@ func buildDesktop(dir string, o Options, applets []string, tc toolchains) (Templ
 		return t, err
 	}
 	t.Env = []string{defaultPATH, "HOME=/root"}
-	t.Runtimes = append([]Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}, tc.runtimes...)
+	// Only sh: a template's runtimes are what one-shot runs use it for (session.Catalog
+	// Runtime, the node's run pools), and a run wants the lightest guest with its runtime.
+	// Listing the toolchains here sent every python3 run (tpl_desktop sorts first) to a guest
+	// with the desktop's binds, and on one host halved the runs a second. Its sessions still
+	// run the host's python3 and node through /usr.
+	t.Runtimes = []Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}
 	return t, nil
 }
 
