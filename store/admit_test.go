@@ -417,3 +417,55 @@ func TestCreateSignals(t *testing.T) {
 		})
 	}
 }
+
+// TestAdmitCapFlags: every combination of the four spend-cap flags (the project's and the
+// end user's, hard and soft), against a create with and without that end user, through
+// Admit and Reserve: a hard cap refuses (the project's first), else a soft one warns, and
+// the end user's count only for that user's creates.
+func TestAdmitCapFlags(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	s := New(rdb)
+	for mask := range 16 {
+		p := fmt.Sprintf("proj_capflags%d", mask)
+		k := ProjectKeys(p)
+		flags := []string{k.CapFlag("hard", "202612"), k.CapFlag("soft", "202612"),
+			k.EndUserCapFlag("eu_1", "hard", "202612"), k.EndUserCapFlag("eu_1", "soft", "202612")}
+		for i, f := range flags {
+			if mask&(1<<i) != 0 {
+				if err := rdb.Set(ctx, f, 1, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		a := Admission{CapMonth: "202612", Concurrency: 100}
+		for _, eu := range []string{"", "eu_1"} {
+			projHard, projSoft := mask&1 != 0, mask&2 != 0
+			userHard, userSoft := eu != "" && mask&4 != 0, eu != "" && mask&8 != 0
+			wantScope := ""
+			switch {
+			case projHard:
+				wantScope = "project"
+			case userHard:
+				wantScope = "end_user"
+			}
+			wantSoft := wantScope == "" && (projSoft || userSoft)
+			out, err := s.Admit(ctx, newPending(p, eu), a)
+			var se *SpendCapError
+			switch {
+			case wantScope != "" && (!errors.As(err, &se) || se.Scope != wantScope):
+				t.Errorf("flags %04b, end user %q: Admit %+v, %v; want capped %s", mask, eu, out, err, wantScope)
+			case wantScope == "" && (err != nil || out.SoftCapped != wantSoft):
+				t.Errorf("flags %04b, end user %q: Admit %+v, %v; want soft capped %v", mask, eu, out, err, wantSoft)
+			}
+			r, err := s.Reserve(ctx, p, session.NewID("sess_", time.Now()), eu, a)
+			switch {
+			case wantScope != "" && (!errors.As(err, &se) || se.Scope != wantScope):
+				t.Errorf("flags %04b, end user %q: Reserve %+v, %v; want capped %s", mask, eu, r, err, wantScope)
+			case wantScope == "" && (err != nil || r.SoftCapped != wantSoft):
+				t.Errorf("flags %04b, end user %q: Reserve %+v, %v; want soft capped %v", mask, eu, r, err, wantSoft)
+			}
+		}
+	}
+}

@@ -74,6 +74,24 @@ local function signal_created(k, at)
 end
 `
 
+// capFlagsLua defines cap_flags(eu): the scope whose hard spend cap is reached ('project',
+// then 'end_user'; nil for none) and whether a soft one is ('1'|'0'), from the flags KEYS[2]
+// to KEYS[5] (project hard, project soft, end-user hard, end-user soft; the end user's only
+// when eu). One text for admitScript and reserveScript; one EXISTS over them all answers
+// the common case, no flag set (two calls fewer per create, which measured no faster: a
+// create's script spends 67 µs, about half in its commands).
+const capFlagsLua = `
+local function cap_flags(eu)
+  local n
+  if eu then n = redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+  else n = redis.call('EXISTS', KEYS[2], KEYS[3]) end
+  if n == 0 then return nil, '0' end
+  if redis.call('EXISTS', KEYS[2]) == 1 then return 'project', '0' end
+  if eu and redis.call('EXISTS', KEYS[4]) == 1 then return 'end_user', '0' end
+  return nil, '1'
+end
+`
+
 // admitScript is a create's whole admission in one step: it takes a token from the project's
 // rate bucket, checks the month's spend-cap flags, reserves a concurrency slot and writes the
 // pending session, its index entries and its outbox event; or it stops at the first refusal
@@ -88,7 +106,7 @@ end
 // (1|0), signal_created's three, N, N hash field/value args, event field/value args
 // Answers {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'} | {'LIMIT', used} |
 // {'OK', soft capped (1|0), used before this one}
-var admitScript = redis.NewScript(tokenBucketLua + writePendingLua + signalCreatedLua + `
+var admitScript = redis.NewScript(tokenBucketLua + capFlagsLua + writePendingLua + signalCreatedLua + `
 local rate = tonumber(ARGV[1])
 if rate > 0 then
   local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[2]), tonumber(ARGV[3]))
@@ -97,9 +115,9 @@ end
 local eu = ARGV[7] == '1'
 local soft = '0'
 if ARGV[4] == '1' then
-  if redis.call('EXISTS', KEYS[2]) == 1 then return {'CAPPED', 'project'} end
-  if eu and redis.call('EXISTS', KEYS[4]) == 1 then return {'CAPPED', 'end_user'} end
-  if redis.call('EXISTS', KEYS[3]) == 1 or (eu and redis.call('EXISTS', KEYS[5]) == 1) then soft = '1' end
+  local capped
+  capped, soft = cap_flags(eu)
+  if capped then return {'CAPPED', capped} end
 end
 local used = redis.call('SCARD', KEYS[9])
 local id = ARGV[5]
@@ -131,7 +149,7 @@ return {'OK', soft, tostring(used)}
 // Answers, reserve: {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'|'FULL'|'HELD', soft
 // capped (1|0), used before this one} (only 'HELD' holds a slot); commit: {'OK'} |
 // {'EXISTS'} | {'LAPSED'}; release: {'OK'}
-var reserveScript = redis.NewScript(tokenBucketLua + writePendingLua + signalCreatedLua + `
+var reserveScript = redis.NewScript(tokenBucketLua + capFlagsLua + writePendingLua + signalCreatedLua + `
 local mode, id, eu = ARGV[1], ARGV[2], ARGV[3] == '1'
 if mode == 'release' then
   -- A session written under this id owns the slot (a commit whose answer was lost).
@@ -157,9 +175,9 @@ if rate > 0 then
 end
 local soft = '0'
 if ARGV[7] == '1' then
-  if redis.call('EXISTS', KEYS[2]) == 1 then return {'CAPPED', 'project'} end
-  if eu and redis.call('EXISTS', KEYS[4]) == 1 then return {'CAPPED', 'end_user'} end
-  if redis.call('EXISTS', KEYS[3]) == 1 or (eu and redis.call('EXISTS', KEYS[5]) == 1) then soft = '1' end
+  local capped
+  capped, soft = cap_flags(eu)
+  if capped then return {'CAPPED', capped} end
 end
 for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, 16)) do
   redis.call('ZREM', KEYS[12], lapsed)
