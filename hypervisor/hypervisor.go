@@ -131,7 +131,6 @@ type Stats struct {
 	CPUMs       int64 `json:"cpu_ms"`       // CPU time used since creation
 	MemoryBytes int64 `json:"memory_bytes"` // current memory usage
 	OOMKills    int64 `json:"oom_kills"`    // OOM kills in the guest's cgroup
-	DiskBytes   int64 `json:"disk_bytes"`   // bytes allocated by the writable layer (a walk; -1 when unknown)
 	// Bytes through the guest's network interfaces since it booted (a VM's virtio-net
 	// counters); 0 for a guest without a network (hypervisor/oci's have loopback only).
 	NetRxBytes int64 `json:"net_rx_bytes,omitempty"`

@@ -753,15 +753,14 @@ func apiClosed(err error) bool {
 // panic is an event, not the VMM's end), so only a probe of the agent tells.
 func (d *Driver) KnownRunning(string) (running, known bool) { return false, false }
 
-// Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs), the
-// space the writable disk image takes on the host, and the VM's network counters
-// (vm.counters' rx_bytes and tx_bytes of its virtio-net devices).
+// Stats reads the VMM's cgroup (CPU, memory and OOM kills of everything the VMM runs) and
+// the VM's network counters (vm.counters' rx_bytes and tx_bytes of its virtio-net devices).
 func (d *Driver) Stats(ctx context.Context, id string) (hypervisor.Stats, error) {
 	r, err := d.load(id)
 	if err != nil {
 		return hypervisor.Stats{}, err
 	}
-	out := hypervisor.Stats{DiskBytes: guestfile.Allocated(filepath.Join(d.GuestDir(id), writableDisk))}
+	var out hypervisor.Stats
 	cpu, mem, ooms, err := d.cg.counters(d.CgroupPath(id))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return out, fmt.Errorf("cloudhv: stats %s: %w", id, err)

@@ -158,8 +158,8 @@ wget -q -T 2 -O - http://127.0.0.1:` + strconv.Itoa(port) + `/ >> /workspace/nc.
 				g.mustRun("i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done")
 			}
 			t.Logf("%s: stats %+v", rt, st)
-			if st.CPUMs <= 0 || st.MemoryBytes <= 0 || st.DiskBytes <= 0 {
-				t.Fatalf("stats = %+v, want cpu, memory and disk > 0", st)
+			if st.CPUMs <= 0 || st.MemoryBytes <= 0 {
+				t.Fatalf("stats = %+v, want cpu and memory > 0", st)
 			}
 
 			// Stop → exit event; delete leaves nothing.
