@@ -20,7 +20,9 @@ import (
 func decisionPointsForTest(t *testing.T, log *slog.Logger) (*policies.Engine, *plugins.Host) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
-	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, EvalTimeout: 50 * time.Millisecond})
+	// 1 s: the slow policies below never finish in it (4e8 iterations), and a loaded cold
+	// make test took more than the 50 ms it was to answer an open policy (denied: fails closed).
+	pol, err := policies.New(ctx, rdb, policies.Options{Logger: log, EvalTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
