@@ -78,6 +78,19 @@ func (g *guest) idleWarning() time.Time {
 	return g.idleDeadline().Add(-time.Duration(g.IdleTimeoutS) * time.Second * (100 - session.IdleWarningPercent) / 100)
 }
 
+// timerDue reports whether one of the guest's timers (a warning, the idle deadline, the
+// lifetime, a pause's end) is due at now.
+func (g *guest) timerDue(now time.Time) bool {
+	switch g.State {
+	case session.Running:
+		return !now.Before(g.expiry()) || !now.Before(g.idleDeadline()) ||
+			(!g.LifeWarned && !now.Before(g.lifetimeWarning())) || (!g.IdleWarned && !now.Before(g.idleWarning()))
+	case session.Paused:
+		return !now.Before(g.expiry()) || !now.Before(g.PausedAt.Add(session.PauseMax))
+	}
+	return false
+}
+
 func (g *guest) expiry() time.Time {
 	return g.StartedAt.Add(time.Duration(g.MaxLifetimeS) * time.Second)
 }
@@ -87,20 +100,34 @@ func (g *guest) lifetimeWarning() time.Time {
 }
 
 // journal keeps one JSON file per guest under dir.
-type journal struct{ dir string }
+type journal struct {
+	dir string
+	// write replaces the file at path with b; nil: writeReplacing (tests slow it down).
+	write func(path string, b []byte) error
+}
 
 func (j journal) path(id string) string { return filepath.Join(j.dir, id+".json") }
 
-func (j journal) save(g *guest) error {
-	b, err := json.Marshal(g)
-	if err != nil {
-		return fmt.Errorf("journal %s: %w", g.SessionID, err)
+// put replaces guest id's entry with b.
+func (j journal) put(id string, b []byte) error {
+	write := j.write
+	if write == nil {
+		write = writeReplacing
 	}
-	tmp := j.path(g.SessionID) + ".tmp"
+	if err := write(j.path(id), b); err != nil {
+		return fmt.Errorf("journal %s: %w", id, err)
+	}
+	return nil
+}
+
+// writeReplacing writes b to a temporary file and renames it over path, so that a crash
+// leaves the old entry or the new one, never part of one.
+func writeReplacing(path string, b []byte) error {
+	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("journal %s: %w", g.SessionID, err)
+		return err
 	}
-	return os.Rename(tmp, j.path(g.SessionID))
+	return os.Rename(tmp, path)
 }
 
 func (j journal) remove(id string) error {

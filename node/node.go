@@ -119,6 +119,14 @@ type live struct {
 	// busySince is when the timers first found mu held, in a run of such ticks (the timers'
 	// goroutine alone uses it).
 	busySince time.Time
+	// jseq numbers g's journal entries (under mu), and jnext is the newest taken (under jq,
+	// never held across a write); jmu serializes the writes, and jwritten is the newest that
+	// landed (see saveLater).
+	jseq     uint64
+	jq       sync.Mutex
+	jnext    journalEntry
+	jmu      sync.Mutex
+	jwritten uint64
 }
 
 // Node runs guests for sessions. Safe for concurrent use.
@@ -196,7 +204,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: data dir %s is too long for the guests' Unix sockets: %s would be %d bytes, and at most 107 fit; use a shorter data dir",
 			cfg.DataDir, sock, len(sock))
 	}
-	n := &Node{Config: cfg, journal: journal{filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, recovered: make(chan struct{})}
+	n := &Node{Config: cfg, journal: journal{dir: filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, recovered: make(chan struct{})}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n)
 	return n, nil

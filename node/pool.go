@@ -438,7 +438,7 @@ func (n *Node) DestroyAll(ctx context.Context) {
 			id, sid := l.g.GuestID, l.g.SessionID
 			l.mu.Unlock()
 			n.remove(ctx, id)
-			_ = n.journal.remove(sid)
+			n.forgetJournal(l, sid)
 			n.mu.Lock()
 			delete(n.guests, sid)
 			n.mu.Unlock()

@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"time"
 
@@ -284,13 +286,73 @@ func (n *Node) remove(ctx context.Context, guestID string) {
 	_ = removeAll(n.guestDir(guestID))
 }
 
-func (n *Node) save(l *live) {
-	start := time.Now()
-	if err := n.journal.save(l.g); err != nil {
-		n.Logger.Error("node: journal", "err", err)
+func (n *Node) save(l *live) { n.saveLater(l)() }
+
+// saveLater takes the guest's journal entry as it is now (the caller holds l.mu) and answers
+// its write, for the caller to make once it has let go of l.mu: on a saturated disk journal
+// writes took seconds, and the timers skip a guest whose lock is held. The write lands the
+// newest entry taken, unless one as new has landed or the entry was removed since
+// (forgetJournal).
+//
+// The journal is written ahead: a flush sends Redis a guest's pending changes only once an
+// entry that holds them has landed (landJournal), so Redis never holds a usage record the
+// journal lacks, whose sequence number a restarted node would give to another interval (the
+// settler takes each number once).
+func (n *Node) saveLater(l *live) func() {
+	l.jseq++
+	seq, id := l.jseq, l.g.SessionID
+	b, err := json.Marshal(l.g)
+	if err != nil {
+		n.Logger.Error("node: journal", "session", id, "err", err)
+		return func() {}
 	}
+	l.jq.Lock()
+	if seq > l.jnext.seq {
+		l.jnext = journalEntry{seq: seq, id: id, b: b}
+	}
+	l.jq.Unlock()
+	return func() { n.landJournal(l, seq) }
+}
+
+// journalEntry is a guest's journal entry taken, numbered, to be written.
+type journalEntry struct {
+	seq uint64
+	id  string
+	b   []byte
+}
+
+// landJournal makes sure an entry numbered seq or newer has landed, writing the newest taken
+// if none has. It does not need l.mu, and must not be called with it held but by save.
+func (n *Node) landJournal(l *live, seq uint64) {
+	l.jmu.Lock()
+	defer l.jmu.Unlock()
+	if l.jwritten >= seq {
+		return
+	}
+	l.jq.Lock()
+	e := l.jnext
+	l.jq.Unlock()
+	if e.seq <= l.jwritten {
+		return
+	}
+	start := time.Now()
+	if err := n.journal.put(e.id, e.b); err != nil {
+		n.Logger.Error("node: journal", "err", err)
+		return
+	}
+	l.jwritten = e.seq
 	if took := time.Since(start); took >= busyGuestLog {
-		n.Logger.Warn("node: a journal write was slow (the disk is busy); the guest was held as long", "session", l.g.SessionID, "took", took)
+		n.Logger.Warn("node: a journal write was slow (the disk is busy)", "session", e.id, "took", took)
+	}
+}
+
+// forgetJournal removes session id's journal entry (l's); no entry taken before lands after.
+func (n *Node) forgetJournal(l *live, id string) {
+	l.jmu.Lock()
+	defer l.jmu.Unlock()
+	l.jwritten = math.MaxUint64
+	if err := n.journal.remove(id); err != nil {
+		n.Logger.Warn("node: journal", "session", id, "err", err)
 	}
 }
 
@@ -308,8 +370,9 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 	defer l.fl.Unlock()
 	l.mu.Lock()
 	todo := append([]pending(nil), l.g.Pending...)
-	project, id := l.g.Project, l.g.SessionID
+	project, id, seq := l.g.Project, l.g.SessionID, l.jseq
 	l.mu.Unlock()
+	n.landJournal(l, seq) // written ahead: see saveLater
 	done := 0
 	var failed error
 	for _, p := range todo {
@@ -322,23 +385,28 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 		n.redisDown.Store(failed != nil)
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	g := l.g
 	g.Pending = g.Pending[done:]
 	if failed != nil && ctx.Err() == nil && !n.warned(l) {
 		n.Logger.Warn("node: redis unreachable; will replay", "session", id, "pending", len(g.Pending), "err", failed)
 	}
 	if g.State.Terminal() && len(g.Pending) == 0 {
-		_ = n.journal.remove(id)
+		n.forgetJournal(l, id)
 		n.mu.Lock()
 		if n.guests[id] == l {
 			delete(n.guests, id)
 			n.releaseClaimOf(l)
 		}
 		n.mu.Unlock()
+		l.mu.Unlock()
 		return true
 	}
-	n.save(l)
+	// Written unlocked: an entry that does not land before a crash still holds the changes
+	// Redis took, which replay again harmlessly (a transition Redis has is superseded, a
+	// usage record's sequence number is settled once).
+	write := n.saveLater(l)
+	l.mu.Unlock()
+	write()
 	return failed == nil
 }
 
@@ -556,7 +624,7 @@ func (n *Node) endedElsewhere(ctx context.Context, g *guest) bool {
 	n.Logger.Info("node: session ended while the node was away", "session", g.SessionID)
 	l := &live{g: g}
 	n.destroy(ctx, l)
-	_ = n.journal.remove(g.SessionID)
+	n.forgetJournal(l, g.SessionID)
 	return true
 }
 

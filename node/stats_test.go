@@ -1,12 +1,7 @@
 package node_test
 
 import (
-	"bytes"
 	"context"
-	"io"
-	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -78,57 +73,4 @@ func TestHungStatsHoldNoSession(t *testing.T) {
 	if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
 		t.Error(err)
 	}
-}
-
-// slowPause is a driver whose Pause takes pauseFor: an operation that holds a guest's lock.
-type slowPause struct {
-	testDriver
-	pauseFor time.Duration
-}
-
-func (d slowPause) Pause(ctx context.Context, id string) error {
-	time.Sleep(d.pauseFor)
-	return d.testDriver.Pause(ctx, id)
-}
-
-// TestTimersLogABusyGuest: the timers skip a guest whose lock an operation holds; when that
-// lasted a second or more they say so, naming the guest (a cold make test's idle stop came
-// 5 s late and nothing in the log said why).
-func TestTimersLogABusyGuest(t *testing.T) {
-	t.Parallel()
-	const project = "proj_busy_guest"
-	st, _ := newStore(t)
-	d := newDriver(t, "runc", tempDir(t))
-	var logs lockedBuffer
-	cfg := nodeConfig(t, st, slowPause{d, 1500 * time.Millisecond}, tempDir(t), "node_busy_guest")
-	cfg.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, &logWriter{t: t}), nil))
-	n := startNode(t, cfg)
-	s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600})
-	if err := n.Pause(ctxT(t, time.Minute), s); err != nil {
-		t.Fatal(err)
-	}
-	want := `msg="node: a guest's timers waited for an operation on it" session=` + s.ID
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), want); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line %q after a 1.5 s pause", want)
-		}
-	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

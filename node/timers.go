@@ -20,14 +20,15 @@ func (n *Node) timers(ctx context.Context, now time.Time) {
 			}
 			continue
 		}
+		g := l.g
 		if !l.busySince.IsZero() {
-			// An operation that holds a guest for seconds holds its timers off as long.
-			if held := now.Sub(l.busySince); held >= busyGuestLog {
-				n.Logger.Warn("node: a guest's timers waited for an operation on it", "session", l.g.SessionID, "waited", held)
+			// An operation that holds a guest for seconds holds its timers off as long; said
+			// when one of them came due meanwhile (a provision holds a guest that has none).
+			if held := now.Sub(l.busySince); held >= busyGuestLog && g.timerDue(now) {
+				n.Logger.Warn("node: a guest's timers waited for an operation on it", "session", g.SessionID, "state", g.State, "waited", held)
 			}
 			l.busySince = time.Time{}
 		}
-		g := l.g
 		switch g.State {
 		case session.Running:
 			switch {
@@ -165,7 +166,7 @@ func (n *Node) flushUsage(ctx context.Context) {
 			statsErr = errors.New("the guest was sampled or replaced since its counters were read")
 		}
 		n.sampleWith(l, func(string) (hypervisor.Stats, error) { return stats, statsErr })
-		n.save(l)
+		write := n.saveLater(l)
 		var sample *session.GuestEvent
 		if p := l.g.Pending; st == session.Running && len(p) > 0 && p[len(p)-1].Usage != nil {
 			u := p[len(p)-1].Usage
@@ -173,6 +174,7 @@ func (n *Node) flushUsage(ctx context.Context) {
 				MemoryBytes: u.MemGiBMs * (1 << 30) / max(1, u.ToMs-u.FromMs)}
 		}
 		l.mu.Unlock()
+		write() // unlocked, and before the flush sends Redis the sample it holds
 		n.flush(ctx, l)
 		if sample != nil {
 			n.checkEvent(ctx, l, *sample)
