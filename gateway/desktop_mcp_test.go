@@ -225,13 +225,14 @@ func TestDesktopMCPRefusals(t *testing.T) {
 // TestDesktopMCPIdleClient: a connected MCP client that only pings (the 2025-11-25 protocol,
 // with keepalives) does not keep the desktop awake; a tool call that runs longer than the
 // idle time does, for as long as it runs. The SDK's keepalive gives each ping half its
-// period (125 ms here) and closes the session at the first miss by default: a loaded cold
-// make test missed one, so ten in a row are allowed.
+// period and closes the session at the first miss by default: a loaded cold make test missed
+// one, then ten in a row of 125 ms, so a ping a second (two in the idle time), ten misses
+// allowed.
 func TestDesktopMCPIdleClient(t *testing.T) {
 	const idle = 2 * time.Second
 	e := newDesktopEnv(t, func(c *Config) { c.DesktopIdle = idle })
 	d := e.newDesktop(map[string]any{"name": "idle"})
-	cs, err := mcpConnect(context.Background(), d.MCPURL, e.key, &mcp.ClientOptions{KeepAlive: idle / 8, KeepAliveFailureThreshold: 10},
+	cs, err := mcpConnect(context.Background(), d.MCPURL, e.key, &mcp.ClientOptions{KeepAlive: idle / 2, KeepAliveFailureThreshold: 10},
 		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	if err != nil {
 		t.Fatal(err)
