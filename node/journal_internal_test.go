@@ -39,6 +39,16 @@ func (g gatedWrites) write(path string, b []byte) error {
 	return writeReplacing(path, b)
 }
 
+// open lets every write through from now on; stop ends the announcements' reader.
+func (g gatedWrites) open() (stop func()) {
+	go func() {
+		for range g.started {
+		}
+	}()
+	close(g.release)
+	return func() { close(g.started) }
+}
+
 // TestUsageFlushWritesTheJournalUnlocked: the usage flush writes the guest's journal entry
 // without holding the guest's lock (a cold make test's writes took up to 4.4 s on a saturated
 // disk, and the timers, which skip a guest whose lock is held, fired 5 s late), and sends
@@ -77,17 +87,13 @@ func TestUsageFlushWritesTheJournalUnlocked(t *testing.T) {
 	if got := rdb.XLen(context.Background(), usage).Val(); got != 0 {
 		t.Fatalf("Redis has %d usage records before the journal entry holding them landed", got)
 	}
-	go func() {
-		for range gate.started { // the flush's own write, once Redis took the record
-		}
-	}()
-	close(gate.release)
+	stop := gate.open() // the flush's own write, once Redis took the record, goes through too
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the usage flush did not end")
 	}
-	close(gate.started)
+	stop()
 	if got := rdb.XLen(context.Background(), usage).Val(); got != 1 {
 		t.Fatalf("Redis has %d usage records after the flush, want 1", got)
 	}
@@ -119,15 +125,11 @@ func TestUsageFlushWritesTheJournalUnlocked(t *testing.T) {
 	if got := rdb.XLen(context.Background(), usage).Val(); got != 1 {
 		t.Fatalf("Redis has %d usage records before the journal entry holding the second landed, want 1", got)
 	}
-	go func() {
-		for range gate.started {
-		}
-	}()
-	close(gate.release)
+	stop = gate.open()
 	if ok := <-flushed; !ok {
 		t.Fatal("the second flush failed")
 	}
-	close(gate.started)
+	stop()
 	if got := rdb.XLen(context.Background(), usage).Val(); got != 2 {
 		t.Fatalf("Redis has %d usage records after the second flush, want 2", got)
 	}
