@@ -82,8 +82,8 @@ var errNotRunning = errors.New("the session is not running")
 // askEgress puts one egress event to the session's runtime decision point; a kill ends the
 // session. An allowed attempt counts as activity.
 func (n *Node) askEgress(ctx context.Context, l *live, event session.GuestEvent) (Verdict, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l)
+	defer op.unlock()
 	if l.g.State != session.Running {
 		return Verdict{}, errNotRunning
 	}
@@ -93,7 +93,7 @@ func (n *Node) askEgress(ctx context.Context, l *live, event session.GuestEvent)
 		v, err = n.check(ctx, l, event)
 	}
 	if err == nil && v.AllowEgress {
-		n.touch(l)
+		op.land = n.touch(l)
 	}
 	return v, err
 }

@@ -220,3 +220,151 @@ func TestTimersLogABusyGuest(t *testing.T) {
 type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// lifecycle is a driver that answers Stats and records the guests it was asked to stop;
+// pause, resume and delete succeed.
+type lifecycle struct {
+	countersOnly
+	stopped chan string
+}
+
+func (d lifecycle) Stop(_ context.Context, id string) error {
+	d.stopped <- id
+	return nil
+}
+func (lifecycle) Pause(context.Context, string) error  { return nil }
+func (lifecycle) Resume(context.Context, string) error { return nil }
+func (lifecycle) Delete(context.Context, string) error { return nil }
+
+// gatedNode is a node over lifecycle whose journal writes wait for the test (gatedWrites)
+// until it calls open, which the test's end does too (the node's background work, which it
+// waits for, may be waiting for a write).
+func gatedNode(t *testing.T) (n *Node, d lifecycle, started <-chan struct{}, open func()) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wbg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	d = lifecycle{stopped: make(chan string, 4)}
+	gate := gatedWrites{started: make(chan struct{}), release: make(chan struct{})}
+	var once sync.Once
+	stop := func() {}
+	open = func() { once.Do(func() { stop = gate.open() }) }
+	t.Cleanup(func() { stop() })
+	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}}, DataDir: dir,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.cancel(); n.windDown() })
+	close(n.recovered) // no journal to reload: Run is not called
+	n.journal.write = gate.write
+	t.Cleanup(open)
+	return n, d, gate.started, open
+}
+
+func journaled(t *testing.T, n *Node, id string) session.State {
+	t.Helper()
+	var g guest
+	b, err := os.ReadFile(n.journal.path(id))
+	if err != nil || json.Unmarshal(b, &g) != nil {
+		t.Fatalf("journal of %s: %s, %v", id, b, err)
+	}
+	return g.State
+}
+
+// TestTimersDoNotWaitForTheJournal: the timers, which serve every guest of the node in turn,
+// take a stop's or a warning's journal entry without writing it (the flush and the teardown
+// write it), so a disk that holds a write for seconds does not hold every other guest's
+// timers as long; and the teardown kills the guest only once the stopping entry has landed.
+func TestTimersDoNotWaitForTheJournal(t *testing.T) {
+	n, d, started, open := gatedNode(t)
+	now := time.Now()
+	for id, started := range map[string]time.Duration{
+		"sess_idle_out": 200 * time.Second, // idle for longer than its 100 s
+		"sess_warned":   85 * time.Second,  // its idle warning (at 80 s) is due
+	} {
+		n.guests[id] = &live{g: &guest{SessionID: id, Project: "proj_timers", GuestID: "g_" + id, State: session.Running, Tier: 2,
+			StartedAt: now.Add(-started), SampledAt: now, IdleTimeoutS: 100, MaxLifetimeS: 3600}}
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); n.timers(context.Background(), now) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the timers waited for a journal write")
+	}
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing wrote the journal entries the timers took")
+	}
+	select {
+	case id := <-d.stopped:
+		t.Fatalf("%s was killed before its stopping entry landed", id)
+	case <-time.After(500 * time.Millisecond):
+	}
+	open()
+	select {
+	case id := <-d.stopped:
+		if id != "g_sess_idle_out" {
+			t.Fatalf("stopped %s, want g_sess_idle_out", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the idle guest was never torn down")
+	}
+	n.windDown() // the flushes and the teardown have written
+	if got := journaled(t, n, "sess_warned"); got != session.Running {
+		t.Fatalf("the warned guest's journal says %s", got)
+	}
+}
+
+// TestOperationsWriteTheJournalUnlocked: a pause writes its journal entry after it let go of
+// the guest's lock (the timers skip a guest whose lock is held) but before it answers; and a
+// resume right after is journaled too (it was not when the guest had been active within the
+// last second: a node restarted then would have thought the running guest paused).
+func TestOperationsWriteTheJournalUnlocked(t *testing.T) {
+	n, _, started, open := gatedNode(t)
+	const id = "sess_op"
+	now := time.Now()
+	l := &live{g: &guest{SessionID: id, Project: "proj_op", GuestID: "g_op", State: session.Running, Tier: 2,
+		StartedAt: now, SampledAt: now, IdleTimeoutS: 600, MaxLifetimeS: 3600}}
+	n.guests[id] = l
+	s := &session.Session{ID: id, ProjectID: "proj_op"}
+	paused := make(chan error, 1)
+	go func() { paused <- n.Pause(context.Background(), s) }()
+	select {
+	case <-started:
+	case err := <-paused:
+		t.Fatalf("the pause answered (%v) before its journal entry was written", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pause wrote no journal entry")
+	}
+	if !l.mu.TryLock() {
+		t.Fatal("the pause holds the guest's lock while it writes the journal")
+	}
+	l.mu.Unlock()
+	select {
+	case err := <-paused:
+		t.Fatalf("the pause answered (%v) before its journal entry landed", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	open()
+	if err := <-paused; err != nil {
+		t.Fatal(err)
+	}
+	if got := journaled(t, n, id); got != session.Paused {
+		t.Fatalf("the journal after the pause says %s", got)
+	}
+
+	l.mu.Lock()
+	l.g.ActivityUntil = time.Now().Add(time.Minute) // active just before the pause
+	l.mu.Unlock()
+	if err := n.Resume(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if got := journaled(t, n, id); got != session.Running {
+		t.Fatalf("the journal after the resume says %s", got)
+	}
+}

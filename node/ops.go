@@ -41,8 +41,9 @@ const activitySaved = time.Second
 // rename, which ext4 flushes) took about 0.6 ms here, and every exec touched twice. A write
 // for activity counts the next activitySaved as active too (ActivityUntil), so a restart
 // finds the last activity late by at most that much, never early: the idle timer may fire
-// that much late after a restart, never before its time. The caller holds l.mu.
-func (n *Node) touch(l *live) {
+// that much late after a restart, never before its time. The caller holds l.mu, and makes
+// the write touch answers once it has let go of it, before it goes on.
+func (n *Node) touch(l *live) (land func()) {
 	now := n.Now()
 	l.g.LastActivity = now
 	if l.g.IdleWarned {
@@ -53,10 +54,10 @@ func (n *Node) touch(l *live) {
 		l.g.Pending = append(l.g.Pending, pending{Kind: "rearm", Event: session.EventIdleWarning, At: now})
 		defer n.flushAsync(l)
 	} else if now.Before(l.g.ActivityUntil) {
-		return
+		return func() {}
 	}
 	l.g.ActivityUntil = now.Add(activitySaved)
-	n.save(l)
+	return n.saveLater(l)
 }
 
 // Touch records activity on a session (a PTY frame, a file call).
@@ -66,8 +67,9 @@ func (n *Node) Touch(s *session.Session) {
 		return
 	}
 	l.mu.Lock()
-	n.touch(l)
+	land := n.touch(l)
 	l.mu.Unlock()
+	land()
 }
 
 // running answers the session's guest if it is running here.
@@ -77,11 +79,13 @@ func (n *Node) running(s *session.Session) (*live, error) {
 		return nil, err
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.g.State != session.Running {
-		return nil, &StateError{SessionID: s.ID, State: l.g.State}
+	if st := l.g.State; st != session.Running {
+		l.mu.Unlock()
+		return nil, &StateError{SessionID: s.ID, State: st}
 	}
-	n.touch(l)
+	land := n.touch(l)
+	l.mu.Unlock()
+	land()
 	return l, nil
 }
 
@@ -228,8 +232,8 @@ func (n *Node) Pause(ctx context.Context, s *session.Session) error {
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l)
+	defer op.unlock()
 	if l.g.State != session.Running {
 		return &StateError{SessionID: s.ID, State: l.g.State}
 	}
@@ -238,7 +242,7 @@ func (n *Node) Pause(ctx context.Context, s *session.Session) error {
 		return err
 	}
 	l.g.State, l.g.PausedAt = session.Paused, n.Now()
-	n.save(l)
+	op.land = n.saveLater(l)
 	return nil
 }
 
@@ -248,8 +252,8 @@ func (n *Node) Resume(ctx context.Context, s *session.Session) error {
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l)
+	defer op.unlock()
 	if l.g.State != session.Paused {
 		return &StateError{SessionID: s.ID, State: l.g.State}
 	}
@@ -258,7 +262,8 @@ func (n *Node) Resume(ctx context.Context, s *session.Session) error {
 		return err
 	}
 	l.g.State, l.g.PausedAt = session.Running, time.Time{}
-	n.touch(l)
+	l.g.ActivityUntil = time.Time{} // the touch saves the state change too
+	op.land = n.touch(l)
 	return nil
 }
 
@@ -279,8 +284,8 @@ func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resou
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l)
+	defer op.unlock()
 	if l.g.State != session.Running && l.g.State != session.Paused {
 		return &StateError{SessionID: s.ID, State: l.g.State}
 	}
@@ -294,7 +299,7 @@ func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resou
 		l.g.Resources.SizeClass = res.SizeClass
 	}
 	n.mu.Unlock()
-	n.save(l)
+	op.land = n.saveLater(l)
 	return nil
 }
 
@@ -434,8 +439,8 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	if err != nil {
 		return endNow() // never provisioned here, or already gone
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l)
+	defer op.unlock()
 	if l.g.State.Terminal() {
 		return endNow() // its start failed while the stop was on its way
 	}
@@ -444,7 +449,7 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	}
 	n.sample(ctx, l)
 	l.g.State, l.g.Reason, l.g.Rule = session.Stopping, *s.StateReason, deref(s.Rule)
-	n.save(l)
+	op.land = n.saveLater(l)
 	n.teardownAsync(l)
 	return nil
 }
@@ -458,8 +463,8 @@ func (n *Node) Retime(_ context.Context, s *session.Session) error {
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l)
+	defer op.unlock()
 	switch l.g.State {
 	case session.Provisioning, session.Running, session.Paused:
 	default:
@@ -479,7 +484,7 @@ func (n *Node) Retime(_ context.Context, s *session.Session) error {
 		l.g.IdleWarned = false
 	}
 	l.g.IdleTimeoutS, l.g.MaxLifetimeS = s.IdleTimeoutS, s.MaxLifetimeS
-	n.save(l)
+	op.land = n.saveLater(l)
 	return nil
 }
 
@@ -519,7 +524,10 @@ func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason s
 	n.sample(ctx, l)
 	g.Pending = append(g.Pending, pending{Kind: "transition", From: g.State, To: next, Driver: driver, Reason: reason, Rule: rule, At: n.Now()})
 	g.State, g.Reason, g.Rule = next, reason, rule
-	n.save(l)
+	// Taken, not written: the flush lands it before it sends Redis the transition, and the
+	// teardown before it kills the guest. The timers, which call end for every guest in turn,
+	// never wait on the disk (a saturated one took seconds a write).
+	n.saveLater(l)
 	n.flushAsync(l)
 	n.teardownAsync(l)
 }
@@ -531,6 +539,12 @@ func (n *Node) teardownAsync(l *live) {
 // teardown takes the final meter, kills the guest and records the terminal state at once;
 // removing the container (a second or two with runsc) comes after, outside the lock.
 func (n *Node) teardown(ctx context.Context, l *live) {
+	// The stopping entry lands before the guest is killed: a node that dies in between finds
+	// the guest stopping and ends it for the same reason, not as a guest that vanished.
+	l.mu.Lock()
+	seq := l.jseq
+	l.mu.Unlock()
+	n.landJournal(l, seq)
 	l.mu.Lock()
 	g := l.g
 	if g.State == session.Stopping {
@@ -543,7 +557,7 @@ func (n *Node) teardown(ctx context.Context, l *live) {
 			Reason: g.Reason, Rule: g.Rule, At: n.Now()})
 		g.State = to
 	}
-	n.save(l)
+	n.saveLater(l) // the flush lands it first
 	guestID := g.GuestID
 	l.mu.Unlock()
 	n.flush(ctx, l)

@@ -288,6 +288,25 @@ func (n *Node) remove(ctx context.Context, guestID string) {
 
 func (n *Node) save(l *live) { n.saveLater(l)() }
 
+// guestOp is an operation's hold on a guest's lock, with the journal write it took under
+// it (saveLater, touch): unlock lets go of the lock first and then writes, before the
+// operation answers.
+type guestOp struct {
+	l    *live
+	land func()
+}
+
+// lockFor takes l.mu for an operation; defer its unlock.
+func lockFor(l *live) *guestOp {
+	l.mu.Lock()
+	return &guestOp{l: l, land: func() {}}
+}
+
+func (op *guestOp) unlock() {
+	op.l.mu.Unlock()
+	op.land()
+}
+
 // saveLater takes the guest's journal entry as it is now (the caller holds l.mu) and answers
 // its write, for the caller to make once it has let go of l.mu: on a saturated disk journal
 // writes took seconds, and the timers skip a guest whose lock is held. The write lands the

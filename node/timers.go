@@ -63,13 +63,13 @@ func (n *Node) warnings(ctx context.Context, l *live, now time.Time) {
 		g.Pending = append(g.Pending, pending{Kind: "warning", Event: session.EventIdleWarning, At: now})
 	}
 	if fired {
-		n.save(l)
+		n.saveLater(l) // landed by the flush, before it sends the warning: not on the timers' loop
 		n.flushAsync(l)
 	}
 }
 
 // busyGuestLog: the timers log a guest whose lock they found held for this long, and a
-// journal write that took this long is logged too (it is made under the lock).
+// journal write that took this long is logged too.
 const busyGuestLog = time.Second
 
 // statsTimeout bounds a read of a guest's counters.
