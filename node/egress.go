@@ -82,7 +82,7 @@ var errNotRunning = errors.New("the session is not running")
 // askEgress puts one egress event to the session's runtime decision point; a kill ends the
 // session. An allowed attempt counts as activity.
 func (n *Node) askEgress(ctx context.Context, l *live, event session.GuestEvent) (Verdict, error) {
-	op := lockFor(l)
+	op := lockFor(l, "egress check")
 	defer op.unlock()
 	if l.g.State != session.Running {
 		return Verdict{}, errNotRunning

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -169,7 +170,7 @@ func TestJournalWritesLandInOrder(t *testing.T) {
 // TestTimersLogABusyGuest: the timers skip a guest whose lock an operation holds; when one
 // of its timers came due meanwhile and the wait lasted a second or more, they say so, naming
 // the guest (a cold make test's idle stop came 5 s late and nothing in the log said why). A
-// wait with no timer due (a provision's) is not worth a line.
+// wait with no timer due (a provision's) is not worth a line. The line names the operation.
 func TestTimersLogABusyGuest(t *testing.T) {
 	dir, err := os.MkdirTemp("", "wbt")
 	if err != nil {
@@ -202,12 +203,12 @@ func TestTimersLogABusyGuest(t *testing.T) {
 		n.mu.Lock()
 		n.guests = map[string]*live{c.id: l}
 		n.mu.Unlock()
-		l.mu.Lock() // an operation under way
+		op := lockFor(l, "snapshot") // an operation under way
 		n.timers(context.Background(), t0)
-		l.mu.Unlock()
+		op.unlock()
 		n.timers(context.Background(), t0.Add(1500*time.Millisecond))
 		mu.Lock()
-		got := strings.Contains(logs.String(), `msg="node: a guest's timers waited for an operation on it" session=`+c.id)
+		got := regexp.MustCompile(`msg="node: a guest's timers waited for an operation on it" session=` + c.id + ` .* operation=snapshot`).MatchString(logs.String())
 		mu.Unlock()
 		if got != c.wantLine {
 			t.Errorf("%s: a line for a 1.5 s wait: %v, want %v", c.id, got, c.wantLine)

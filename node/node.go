@@ -116,9 +116,13 @@ type live struct {
 	// shown: a heartbeat written showed the guest's resources; claimGone: its placement's
 	// claim is released (see heartbeat). Both under the node's mu.
 	shown, claimGone bool
-	// busySince is when the timers first found mu held, in a run of such ticks (the timers'
-	// goroutine alone uses it).
+	// busySince is when the timers first found mu held, in a run of such ticks, and busyWith
+	// the operation they last found holding it (the timers' goroutine alone uses both).
 	busySince time.Time
+	busyWith  string
+	// holder names the operation that holds mu, for the timers' log (nil: one that does
+	// not say; see lockFor).
+	holder atomic.Pointer[string]
 	// jseq numbers g's journal entries (under mu), and jnext is the newest taken (under jq,
 	// never held across a write); jmu serializes the writes, and jwritten is the newest that
 	// landed (see saveLater).

@@ -99,10 +99,10 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	if err != nil {
 		return session.ExecResult{}, err
 	}
-	l.mu.Lock()
+	op := lockFor(l, "exec policy check")
 	err = n.checkExec(ctx, l, areq.Argv)
 	ref, guest := l.g.Template, l.g.GuestID
-	l.mu.Unlock()
+	op.unlock()
 	if err != nil {
 		return session.ExecResult{}, err
 	}
@@ -232,7 +232,7 @@ func (n *Node) Pause(ctx context.Context, s *session.Session) error {
 	if err != nil {
 		return err
 	}
-	op := lockFor(l)
+	op := lockFor(l, "pause")
 	defer op.unlock()
 	if l.g.State != session.Running {
 		return &StateError{SessionID: s.ID, State: l.g.State}
@@ -252,7 +252,7 @@ func (n *Node) Resume(ctx context.Context, s *session.Session) error {
 	if err != nil {
 		return err
 	}
-	op := lockFor(l)
+	op := lockFor(l, "resume")
 	defer op.unlock()
 	if l.g.State != session.Paused {
 		return &StateError{SessionID: s.ID, State: l.g.State}
@@ -284,7 +284,7 @@ func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resou
 	if err != nil {
 		return err
 	}
-	op := lockFor(l)
+	op := lockFor(l, "resize")
 	defer op.unlock()
 	if l.g.State != session.Running && l.g.State != session.Paused {
 		return &StateError{SessionID: s.ID, State: l.g.State}
@@ -311,8 +311,8 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	if err != nil {
 		return false, 0, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l, "snapshot")
+	defer op.unlock()
 	if l.g.State != session.Running {
 		return false, 0, &StateError{SessionID: s.ID, State: l.g.State}
 	}
@@ -439,7 +439,7 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	if err != nil {
 		return endNow() // never provisioned here, or already gone
 	}
-	op := lockFor(l)
+	op := lockFor(l, "stop")
 	defer op.unlock()
 	if l.g.State.Terminal() {
 		return endNow() // its start failed while the stop was on its way
@@ -463,7 +463,7 @@ func (n *Node) Retime(_ context.Context, s *session.Session) error {
 	if err != nil {
 		return err
 	}
-	op := lockFor(l)
+	op := lockFor(l, "retime")
 	defer op.unlock()
 	switch l.g.State {
 	case session.Provisioning, session.Running, session.Paused:
@@ -545,7 +545,7 @@ func (n *Node) teardown(ctx context.Context, l *live) {
 	seq := l.jseq
 	l.mu.Unlock()
 	n.landJournal(l, seq)
-	l.mu.Lock()
+	op := lockFor(l, "teardown")
 	g := l.g
 	if g.State == session.Stopping {
 		n.sample(ctx, l) // the final meter: stopping bills until here
@@ -559,7 +559,7 @@ func (n *Node) teardown(ctx context.Context, l *live) {
 	}
 	n.saveLater(l) // the flush lands it first
 	guestID := g.GuestID
-	l.mu.Unlock()
+	op.unlock()
 	n.flush(ctx, l)
 	n.remove(ctx, guestID)
 	n.pool.kick()

@@ -296,13 +296,16 @@ type guestOp struct {
 	land func()
 }
 
-// lockFor takes l.mu for an operation; defer its unlock.
-func lockFor(l *live) *guestOp {
+// lockFor takes l.mu for the operation named what (the timers' log names it should they
+// wait for it); defer its unlock.
+func lockFor(l *live, what string) *guestOp {
 	l.mu.Lock()
+	l.holder.Store(&what)
 	return &guestOp{l: l, land: func() {}}
 }
 
 func (op *guestOp) unlock() {
+	op.l.holder.Store(nil)
 	op.l.mu.Unlock()
 	op.land()
 }

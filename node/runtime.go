@@ -82,8 +82,8 @@ func (n *Node) checkEvent(ctx context.Context, l *live, event session.GuestEvent
 	if n.Runtime == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	op := lockFor(l, "runtime policy check")
+	defer op.unlock()
 	if l.g.State == session.Running {
 		_, _ = n.check(ctx, l, event)
 	}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -18,6 +19,9 @@ func (n *Node) timers(ctx context.Context, now time.Time) {
 			if l.busySince.IsZero() {
 				l.busySince = now
 			}
+			if h := l.holder.Load(); h != nil {
+				l.busyWith = *h
+			}
 			continue
 		}
 		g := l.g
@@ -25,9 +29,10 @@ func (n *Node) timers(ctx context.Context, now time.Time) {
 			// An operation that holds a guest for seconds holds its timers off as long; said
 			// when one of them came due meanwhile (a provision holds a guest that has none).
 			if held := now.Sub(l.busySince); held >= busyGuestLog && g.timerDue(now) {
-				n.Logger.Warn("node: a guest's timers waited for an operation on it", "session", g.SessionID, "state", g.State, "waited", held)
+				n.Logger.Warn("node: a guest's timers waited for an operation on it", "session", g.SessionID, "state", g.State,
+					"waited", held, "operation", cmp.Or(l.busyWith, "unnamed"))
 			}
-			l.busySince = time.Time{}
+			l.busySince, l.busyWith = time.Time{}, ""
 		}
 		switch g.State {
 		case session.Running:
