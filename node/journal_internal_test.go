@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -367,5 +370,88 @@ func TestOperationsWriteTheJournalUnlocked(t *testing.T) {
 	}
 	if got := journaled(t, n, id); got != session.Running {
 		t.Fatalf("the journal after the resume says %s", got)
+	}
+}
+
+// memorySnapshots is a driver that takes memory snapshots; it records each checkpoint.
+type memorySnapshots struct {
+	countersOnly
+	checkpoints chan string
+}
+
+func (memorySnapshots) MemorySnapshots() bool { return true }
+
+func (d memorySnapshots) Snapshot(_ context.Context, id, _ string, _ bool) (hypervisor.SnapshotInfo, error) {
+	d.checkpoints <- id
+	return hypervisor.SnapshotInfo{}, errors.New("no checkpoint here")
+}
+
+// TestSnapshotBoundsTheQuiesce: an agent that never answers the quiesce that comes before a
+// memory snapshot fails the snapshot in quiesceAnswer, and frees the guest's lock, which the
+// snapshot holds (a cold make test's desktop snapshot waited 18 minutes for an answer, and
+// every flush, replay and reconcile of the node waited behind it); the resume file is made,
+// for an agent that did quiesce, and no checkpoint is taken.
+func TestSnapshotBoundsTheQuiesce(t *testing.T) {
+	dir, err := os.MkdirTemp("", "wbq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	d := memorySnapshots{checkpoints: make(chan string, 1)}
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}}, DataDir: dir,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	n.quiesceAnswer = 300 * time.Millisecond
+	const guestID = "g_mute"
+	sock := filepath.Join(n.guestDir(guestID), "agent", "agent.sock")
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // an agent that reads the request and never answers
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
+	}()
+	now := time.Now()
+	l := &live{agent: n.agentFor(guestID), g: &guest{SessionID: "sess_mute", Project: "proj_mute", GuestID: guestID,
+		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now, SampledAt: now, IdleTimeoutS: 600, MaxLifetimeS: 3600}}
+	n.guests["sess_mute"] = l
+	const snap = "snap_0123456789abcdefgh"
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_mute", ProjectID: "proj_mute"}, snap, true)
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the snapshot still waits for the agent's answer to its quiesce")
+	}
+	if err == nil || !strings.Contains(err.Error(), "the agent did not quiesce") {
+		t.Fatalf("snapshot: %v, want the quiesce's failure", err)
+	}
+	if !l.mu.TryLock() {
+		t.Fatal("the failed snapshot kept the guest's lock")
+	}
+	l.mu.Unlock()
+	if _, err := os.Stat(filepath.Join(n.guestDir(guestID), "agent", resumeFile(snap))); err != nil {
+		t.Fatalf("no resume file after the failed quiesce: %v", err)
+	}
+	select {
+	case id := <-d.checkpoints:
+		t.Fatalf("%s was checkpointed though its agent never quiesced", id)
+	default:
 	}
 }

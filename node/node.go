@@ -151,6 +151,8 @@ type Node struct {
 	cancel context.CancelFunc
 	// redisDown is set while Redis does not answer, so that replays back off.
 	redisDown atomic.Bool
+	// quiesceAnswer is the const of that name (tests shorten it).
+	quiesceAnswer time.Duration
 	// recovered is closed once Run has reloaded the journal's guests. Requests wait for it:
 	// before, a guest may be published without its agent client, and a new guest could be
 	// taken for an orphan and destroyed.
@@ -208,7 +210,8 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("node: data dir %s is too long for the guests' Unix sockets: %s would be %d bytes, and at most 107 fit; use a shorter data dir",
 			cfg.DataDir, sock, len(sock))
 	}
-	n := &Node{Config: cfg, journal: journal{dir: filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, recovered: make(chan struct{})}
+	n := &Node{Config: cfg, journal: journal{dir: filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, recovered: make(chan struct{}),
+		quiesceAnswer: quiesceAnswer}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n)
 	return n, nil

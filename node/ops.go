@@ -19,6 +19,11 @@ import (
 // place once lost the race with a slow checkpoint on a loaded host, which stopped the guest.
 const quiesceMost = 60 * time.Second
 
+// quiesceAnswer bounds the wait for the agent's answer to a quiesce, which it gives once it
+// has closed its sockets: at once, but for a loaded host. A cold make test saw one never
+// come, and the snapshot, which holds the guest's lock, held it for good.
+const quiesceAnswer = 30 * time.Second
+
 // resumeFile names the file that ends the quiesce of a memory snapshot's agent. It derives from
 // the snapshot's id, so that whichever node restores the snapshot, into whichever guest, knows
 // it: the restored agent is still waiting for it (for at most quiesceMost, which a restore
@@ -349,8 +354,13 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		t = time.Now()
 	}
 	if !viaDriver {
-		if err = l.agent.QuiesceUntil(ctx, quiesceMost, resume); err != nil {
-			return false, 0, fmt.Errorf("quiesce agent: %w", err)
+		qctx, cancel := context.WithTimeout(ctx, n.quiesceAnswer)
+		err = l.agent.QuiesceUntil(qctx, quiesceMost, resume)
+		cancel()
+		if err != nil {
+			// The agent may have quiesced and its answer got lost: the resume file ends that.
+			_ = n.resumeAgent(l.g.GuestID, resume)
+			return false, 0, fmt.Errorf("snapshot: the agent did not quiesce: %w", err)
 		}
 	}
 	l.agent.Close()
