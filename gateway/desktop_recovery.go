@@ -45,6 +45,8 @@ func (s *Server) transitionWork(project, id string, f func()) {
 // gateway is closing, f stops early and the lease is left to run out, so that another
 // gateway resumes the work.
 func (s *Server) holdLease(ref store.DesktopRef, token string, f func()) {
+	s.leases.begin(ref, token)
+	defer s.leases.end(ref, token)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -84,8 +86,18 @@ func (s *Server) runDesktopRecovery(ctx context.Context) {
 	s.runDesktopDeadlines(ctx, "desktop recovery: read leases", s.Store.DueDesktopWork, s.recoverDesktop, nil)
 }
 
-// recoverDesktop claims the lapsed lease of one desktop and resumes its transition.
+// recoverDesktop claims the lapsed lease of one desktop and resumes its transition. A lease
+// that lapsed while this server still works on it (its renewals failed: Redis away, or a host
+// so loaded that they came late) is renewed instead: a second work beside the first fought
+// it (a cold make test's sleep found the session snapshotting, and the desktop went to sleep
+// without its state).
 func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now time.Time) {
+	if mine, ok := s.leases.working(ref); ok {
+		if _, err := s.Store.RenewDesktopWork(ctx, ref, mine, now.Add(s.desktopLease())); err != nil {
+			s.log.Warn("desktop: renew the work lease", "desktop", ref.ID, "err", err)
+		}
+		return
+	}
 	token := session.NewID("lease_", now)
 	claimed, err := s.Store.ClaimDesktopWork(ctx, ref, token, now, now.Add(s.desktopLease()))
 	if err != nil || !claimed {
@@ -118,4 +130,36 @@ func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now t
 	}
 	s.log.Info("desktop: resuming a transition whose gateway stopped working on it", "desktop", rec.ID, "state", rec.State)
 	s.desktopWork(func() { s.holdLease(ref, token, work) })
+}
+
+// workingLeases is the desktop transitions a server works on: for each desktop, the lease
+// token of its newest work still running here.
+type workingLeases struct {
+	mu   sync.Mutex
+	work map[store.DesktopRef]string
+}
+
+func (w *workingLeases) begin(ref store.DesktopRef, token string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.work == nil {
+		w.work = map[store.DesktopRef]string{}
+	}
+	w.work[ref] = token
+}
+
+// end forgets token's work, unless a newer work on the desktop runs.
+func (w *workingLeases) end(ref store.DesktopRef, token string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.work[ref] == token {
+		delete(w.work, ref)
+	}
+}
+
+func (w *workingLeases) working(ref store.DesktopRef) (string, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	token, ok := w.work[ref]
+	return token, ok
 }

@@ -142,3 +142,53 @@ func TestDesktopSetupExecTimeout(t *testing.T) {
 		t.Errorf("failed with %q", d.Message)
 	}
 }
+
+// TestDesktopRecoveryLeavesItsOwnWork: a transition whose lease lapsed while this gateway
+// still works on it (its renewals came late, or Redis was away) is not taken over by this
+// gateway's recovery, which renews the lease instead: a second work beside the first fought
+// it (a cold make test's sleep found its session snapshotting by the first, and the desktop
+// went to sleep without its state).
+func TestDesktopRecoveryLeavesItsOwnWork(t *testing.T) {
+	inSetup := make(chan struct{}, 4)
+	release := make(chan struct{})
+	e := newDesktopEnv(t, func(c *Config) {
+		c.DesktopLease = time.Minute // renewed every 20 s: not while the test looks
+		c.DesktopSetup = func(ctx context.Context, _ desktop.Execer) error {
+			inSetup <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		}
+	})
+	var d desktop.Desktop
+	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
+	select {
+	case <-inSetup:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the desktop's setup never began")
+	}
+	ref := store.DesktopRef{Project: e.projA, ID: d.ID}
+	token, ok := e.gw.leases.working(ref)
+	if !ok {
+		t.Fatal("the gateway does not know it works on the desktop's start")
+	}
+	ctx := context.Background()
+	if err := e.st.SetDesktopWork(ctx, ref, token, time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	e.gw.recoverDesktop(ctx, ref, time.Now())
+	select {
+	case <-inSetup:
+		t.Fatal("the recovery started the desktop a second time, beside the start still under way")
+	case <-time.After(5 * time.Second):
+	}
+	if due, _, err := e.st.DueDesktopWork(ctx, time.Now(), 10); err != nil || len(due) != 0 {
+		t.Errorf("after the recovery's look the lease is still lapsed: %v, %v", due, err)
+	}
+	close(release)
+	if d = e.waitDesktop(d.ID, desktop.Running); d.State != desktop.Running {
+		t.Fatalf("the desktop after its setup: %+v", d)
+	}
+}

@@ -101,6 +101,8 @@ type Server struct {
 	access edgeAccess
 	// idleKick wakes the desktop idle loop when this server sets an earlier deadline.
 	idleKick chan struct{}
+	// leases is the desktop transitions this server works on (desktop_recovery.go).
+	leases workingLeases
 }
 
 // New returns a Server. Call Close to stop its background work.
