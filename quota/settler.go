@@ -165,7 +165,7 @@ func (s *Settler) Run(ctx context.Context) error {
 		for _, p := range store.SignalProjects(sigs) {
 			if err := s.drain(ctx, p); err != nil {
 				failed = true
-				if ctx.Err() == nil {
+				if ctx.Err() == nil && !errors.Is(err, errSettlementHeld) {
 					s.log.Warn("settler", "project", p, "err", err)
 				}
 				continue // its signals stay unacknowledged: read again
@@ -195,12 +195,23 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// drain settles the project until its stream has nothing waiting (or another settler is at
-// it, and goes again for this call).
+// drain settles the project until its stream has nothing waiting. When another settler holds
+// the project's lock, it answers errSettlementHeld, so that the
+// signals that named the project are read again (after retryAfter) rather than acknowledged:
+// the holder was asked for another round, but a holder whose round failed (its Redis primary
+// was killed mid-round, and its release with it) never makes that round, and its lock holds
+// for PlacementLease. Acknowledged meanwhile, the last signals of a chaos test's sessions
+// left their usage unsettled until the next full sweep, minutes later.
 func (s *Settler) drain(ctx context.Context, project string) error {
-	_, err := s.SettleProject(ctx, project)
+	_, held, err := s.settleProject(ctx, project)
+	if err == nil && held {
+		return errSettlementHeld
+	}
 	return err
 }
+
+// errSettlementHeld: another settler holds the project's settlement lock (drain).
+var errSettlementHeld = errors.New("another settler holds the project's settlement lock")
 
 // sweep is the one walk over every project, at start and every FullSweepEvery: a round
 // trip per few hundred projects finds the usage streams with records the settlers have not
@@ -228,7 +239,7 @@ func (s *Settler) sweep(ctx context.Context) {
 		return
 	}
 	for _, p := range waiting {
-		if err := s.drain(ctx, p); err != nil && ctx.Err() == nil {
+		if err := s.drain(ctx, p); err != nil && ctx.Err() == nil && !errors.Is(err, errSettlementHeld) {
 			s.log.Warn("settler", "project", p, "err", err)
 		}
 	}
@@ -280,30 +291,35 @@ func (s *Settler) ensureGroup(ctx context.Context, project string) error {
 // earlier one as a replay. When another settler holds the lock it answers 0 at once, having
 // asked that settler for another round.
 func (s *Settler) SettleProject(ctx context.Context, project string) (int, error) {
+	n, _, err := s.settleProject(ctx, project)
+	return n, err
+}
+
+// settleProject is SettleProject that also answers whether another settler held the lock.
+func (s *Settler) settleProject(ctx context.Context, project string) (total int, held bool, err error) {
 	if err := s.ensureGroup(ctx, project); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	lock, err := s.store.LockSettlement(ctx, project)
 	if err != nil || lock == nil {
-		return 0, err
+		return 0, err == nil, err
 	}
-	total := 0
 	for {
 		n, err := s.settleBatch(ctx, project)
 		total += n
 		if err != nil {
 			_ = lock.Release(context.WithoutCancel(ctx))
-			return total, err
+			return total, false, err
 		}
 		if n > 0 {
 			if err := lock.Renew(ctx); err != nil {
-				return total, err
+				return total, false, err
 			}
 			continue
 		}
 		again, err := lock.Done(context.WithoutCancel(ctx))
 		if err != nil || !again {
-			return total, err
+			return total, false, err
 		}
 	}
 }

@@ -302,3 +302,33 @@ func TestSnapshotStorage(t *testing.T) {
 		t.Fatalf("snapshot storage billed %d µUSD, want %d", got, want)
 	}
 }
+
+// TestSettlerRetriesAProjectWhoseLockIsHeld: a usage signal for a project whose settlement
+// lock another settler holds is read again until this settler gets the lock, not
+// acknowledged: a holder whose round died (its Redis primary killed mid-round) never makes
+// the round it was asked for, and a chaos test's last records stayed unsettled until the
+// next full sweep, minutes later.
+func TestSettlerRetriesAProjectWhoseLockIsHeld(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	const project = "proj_held"
+	if lock, err := store.New(rdb).LockSettlement(ctx, project); err != nil || lock == nil {
+		t.Fatalf("take the lock as the dead settler: %v, %v", lock, err)
+	}
+	s := NewSettler(rdb, SettlerOptions{Consumer: "alive", FullSweepEvery: time.Hour})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	appendAll(t, rdb, records(project, []string{"sess_held"}, 3))
+	if err := store.New(rdb).Signal(ctx, store.WorkUsage, project); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(store.PlacementLease + 30*time.Second)
+	for len(counters(t, rdb, project)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the records were not settled %v after the dead settler's lock ran out", 30*time.Second)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
