@@ -32,6 +32,20 @@ func (e *env) secondGateway(cfg func(*Config)) *Server {
 	return gw
 }
 
+// createInSetup creates a desktop and waits for its setup to begin (the setup sends on
+// inSetup).
+func (e *env) createInSetup(inSetup <-chan struct{}) desktop.Desktop {
+	e.t.Helper()
+	var d desktop.Desktop
+	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
+	select {
+	case <-inSetup:
+	case <-time.After(90 * time.Second):
+		e.t.Fatal("the desktop's setup never began")
+	}
+	return d
+}
+
 // TestDesktopStartSurvivesItsGateway: a gateway dies while a desktop starts (its session
 // admitted and running, its setup under way); another gateway takes the work over once the
 // dead one's lease runs out, and the desktop runs on the session already made, not a second.
@@ -45,13 +59,7 @@ func TestDesktopStartSurvivesItsGateway(t *testing.T) {
 			return ctx.Err()
 		}
 	})
-	var d desktop.Desktop
-	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
-	select {
-	case <-inSetup:
-	case <-time.After(90 * time.Second):
-		t.Fatal("the desktop's setup never began")
-	}
+	d := e.createInSetup(inSetup)
 	e.gw.Close()
 	d = e.desktop(d.ID)
 	if d.State != desktop.Starting || d.SessionID == "" {
@@ -162,13 +170,7 @@ func TestDesktopRecoveryLeavesItsOwnWork(t *testing.T) {
 			return nil
 		}
 	})
-	var d desktop.Desktop
-	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
-	select {
-	case <-inSetup:
-	case <-time.After(90 * time.Second):
-		t.Fatal("the desktop's setup never began")
-	}
+	d := e.createInSetup(inSetup)
 	ref := store.DesktopRef{Project: e.projA, ID: d.ID}
 	token, ok := e.gw.leases.working(ref)
 	if !ok {
