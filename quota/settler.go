@@ -196,17 +196,14 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // drain settles the project until its stream has nothing waiting. When another settler holds
-// the project's lock, it answers errSettlementHeld, so that the
-// signals that named the project are read again (after retryAfter) rather than acknowledged:
-// the holder was asked for another round, but a holder whose round failed (its Redis primary
-// was killed mid-round, and its release with it) never makes that round, and its lock holds
-// for PlacementLease. Acknowledged meanwhile, the last signals of a chaos test's sessions
-// left their usage unsettled until the next full sweep, minutes later.
+// the project's lock it answers errSettlementHeld, so that the signals that named the project
+// are read again (after retryAfter) rather than acknowledged: the holder was asked for another
+// round, but a holder whose round failed (its Redis primary was killed mid-round, and its
+// release with it) never makes that round, and its lock holds for PlacementLease.
+// Acknowledged meanwhile, the last signals of a chaos test's sessions left their usage
+// unsettled until the next full sweep, minutes later.
 func (s *Settler) drain(ctx context.Context, project string) error {
-	_, held, err := s.settleProject(ctx, project)
-	if err == nil && held {
-		return errSettlementHeld
-	}
+	_, err := s.settleProject(ctx, project)
 	return err
 }
 
@@ -291,35 +288,42 @@ func (s *Settler) ensureGroup(ctx context.Context, project string) error {
 // earlier one as a replay. When another settler holds the lock it answers 0 at once, having
 // asked that settler for another round.
 func (s *Settler) SettleProject(ctx context.Context, project string) (int, error) {
-	n, _, err := s.settleProject(ctx, project)
+	n, err := s.settleProject(ctx, project)
+	if errors.Is(err, errSettlementHeld) {
+		return n, nil
+	}
 	return n, err
 }
 
-// settleProject is SettleProject that also answers whether another settler held the lock.
-func (s *Settler) settleProject(ctx context.Context, project string) (total int, held bool, err error) {
+// settleProject is SettleProject that answers errSettlementHeld when another settler holds
+// the lock.
+func (s *Settler) settleProject(ctx context.Context, project string) (total int, err error) {
 	if err := s.ensureGroup(ctx, project); err != nil {
-		return 0, false, err
+		return 0, err
 	}
 	lock, err := s.store.LockSettlement(ctx, project)
-	if err != nil || lock == nil {
-		return 0, err == nil, err
+	if err != nil {
+		return 0, err
+	}
+	if lock == nil {
+		return 0, errSettlementHeld
 	}
 	for {
 		n, err := s.settleBatch(ctx, project)
 		total += n
 		if err != nil {
 			_ = lock.Release(context.WithoutCancel(ctx))
-			return total, false, err
+			return total, err
 		}
 		if n > 0 {
 			if err := lock.Renew(ctx); err != nil {
-				return total, false, err
+				return total, err
 			}
 			continue
 		}
 		again, err := lock.Done(context.WithoutCancel(ctx))
 		if err != nil || !again {
-			return total, false, err
+			return total, err
 		}
 	}
 }
