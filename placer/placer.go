@@ -189,6 +189,10 @@ func (p *Placer) PlaceProject(ctx context.Context, project string) {
 		p.setWaiting(project, false)
 	}
 	if lock == nil {
+		// Another placer holds the lock and was asked for another round; should its round
+		// have died (its Redis primary killed mid-round) it makes none, so the project is
+		// retried as one waiting for room is, until this placer gets the lock.
+		p.setWaiting(project, pending)
 		return
 	}
 	for {

@@ -425,3 +425,20 @@ func TestRunStallIsNotAHostFailure(t *testing.T) {
 		t.Fatalf("the session on the node that was stalled with the placer is %s, want running", got.State)
 	}
 }
+
+// TestRunRetriesAProjectWhoseLockIsHeld: a project whose placement lock another placer holds
+// is retried (as one waiting for room is) until this placer gets the lock: a holder whose
+// round died (its Redis primary killed mid-round) never makes the round it was asked for,
+// and the project's pending sessions waited for the next full sweep.
+func TestRunRetriesAProjectWhoseLockIsHeld(t *testing.T) {
+	tiers := session.DefaultTiers()
+	tiers[1].ColdP95 = time.Minute // no provisioning deadline while the test waits
+	rdb, st, rec := runSetup(t, tiers)
+	s := pending(t, st, "proj_a", "r1", 2, 1024)
+	if lock, _, err := st.LockPlacement(context.Background(), "proj_a"); err != nil || lock == nil {
+		t.Fatalf("take the lock as the dead placer: %v, %v", lock, err)
+	}
+	runPlacer(t, rdb, New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: time.Hour, FullSweepEvery: time.Hour}))
+	testwait.For(t, store.PlacementLease+30*time.Second, "the session placed once the dead placer's lock ran out",
+		func() bool { return rec.nodeOf(s.ID) == "n_small" })
+}
