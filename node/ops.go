@@ -242,11 +242,13 @@ func (n *Node) Pause(ctx context.Context, s *session.Session) error {
 	if l.g.State != session.Running {
 		return &StateError{SessionID: s.ID, State: l.g.State}
 	}
-	n.sample(ctx, l)
 	if err := n.Driver.Pause(ctx, l.g.GuestID); err != nil {
 		return err
 	}
-	l.g.State, l.g.PausedAt = session.Paused, n.Now()
+	// Billed as running until the guest is frozen (a loaded host's freeze took seconds), and
+	// as paused from then: the pause begins at that sample.
+	n.sample(ctx, l)
+	l.g.State, l.g.PausedAt = session.Paused, l.g.SampledAt
 	op.land = n.saveLater(l)
 	return nil
 }
@@ -262,10 +264,10 @@ func (n *Node) Resume(ctx context.Context, s *session.Session) error {
 	if l.g.State != session.Paused {
 		return &StateError{SessionID: s.ID, State: l.g.State}
 	}
-	n.sample(ctx, l) // bills the pause as paused, not running
 	if err := n.Driver.Resume(ctx, l.g.GuestID); err != nil {
 		return err
 	}
+	n.sample(ctx, l) // bills the pause, and the thaw, as paused: running begins once it runs
 	l.g.State, l.g.PausedAt = session.Running, time.Time{}
 	l.g.ActivityUntil = time.Time{} // the touch saves the state change too
 	op.land = n.touch(l)
