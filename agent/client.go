@@ -190,6 +190,9 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 			}
 			return session.ExecResult{}, fmt.Errorf("agent: exec: the answer ended without a result: %w", err)
 		}
+		if l.Broken != nil {
+			return session.ExecResult{}, &Error{Status: l.Broken.Status, Code: l.Broken.Code, Message: l.Broken.Message}
+		}
 		if l.ExitCode != nil {
 			res := session.ExecResult{ExitCode: *l.ExitCode, DurationMs: l.DurationMs, TimedOut: l.TimedOut}
 			if buffered != nil {

@@ -18,6 +18,9 @@
 //     processes that outlive the command survive it; their hold on stdout/stderr is cut after
 //     250 ms of silence (5 s at most) once the command exited. Invalid bodies are 400s.
 //     With "runner" naming a runner that waits and fits argv, the code goes to it instead.
+//     A proxy in front of the agent (the node's) may end an answer that broke off (the guest
+//     died under it) with {"error":{"status":N,"code","message"}}, the reason it knows;
+//     Client.Exec answers it as an *Error.
 //   - POST /v1/runners, body RunnerRequest → 201 {"name","pid"} once the loader (argv plus the
 //     loader) said it is ready on fd 4; 502 runner_failed, with its stderr, when it exited or
 //     stayed silent first. It then waits for one exec's frame on fd 3 (see ExecRequest.Runner).

@@ -62,6 +62,17 @@ type execLine struct {
 	ExitCode   *int  `json:"exit_code,omitempty"`
 	DurationMs int64 `json:"duration_ms,omitempty"`
 	TimedOut   bool  `json:"timed_out,omitempty"`
+
+	Broken *BrokenLine `json:"error,omitempty"` // a proxy's reason the answer broke off
+}
+
+// BrokenLine is the last line that a proxy in front of the agent (the node's) may add to an
+// exec answer that broke off, with the reason it knows: {"error":{"status","code","message"}}.
+// The client answers it as an *Error of that status and code.
+type BrokenLine struct {
+	Status  int    `json:"status"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
 }
 
 // chunkLine is an output line. Data is the bytes as a JSON string when they are valid UTF-8

@@ -47,8 +47,12 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		return res, &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
 	}
 	if err != nil {
-		if ended := s.endedDuring(ctx, sess); ended != nil {
-			return res, ended
+		// The node names the guest's end when it knows it (Node.whyExecBroke): a refusal
+		// needs no wait for Redis, which a loaded host updates seconds later.
+		if status, _ := nodeRefusal(err); status == 0 {
+			if ended := s.endedDuring(ctx, sess); ended != nil {
+				return res, ended
+			}
 		}
 		return res, s.errNode(ctx, "exec_failed", "the node could not run the command", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"wb/agent"
 	"wb/internal/fakenode"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 )
@@ -82,5 +83,30 @@ func TestExecGuestDiedUnderIt(t *testing.T) {
 	msg := expectError(t, r, 409, "invalid_state", "*")
 	if !strings.Contains(msg, "failed") || !strings.Contains(msg, "oom") {
 		t.Fatalf("message %q: want it to name the state and the reason", msg)
+	}
+}
+
+// namingNode is a fake node that names its guest's end in the broken exec's answer, as
+// Node.Exec does once its watcher saw the guest die, and records the end in Redis after.
+type namingNode struct{ dyingNode }
+
+func (n namingNode) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	_, _ = n.dyingNode.Exec(ctx, s, req, argv, out)
+	return session.ExecResult{}, &nodeapi.Error{Status: 409, Code: nodeapi.CodeInvalidState,
+		Message: "node: session " + s.ID + " is failed here; its guest ended during the exec (reason oom): unexpected EOF"}
+}
+
+// TestExecGuestEndNamedByTheNode: the node's refusal of a broken exec is the answer, at once:
+// the gateway does not wait for Redis to record the end (a loaded host's record came more
+// than the gateway's three seconds later, and the exec answered 502).
+func TestExecGuestEndNamedByTheNode(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.Guests = namingNode{dyingNode{Node: c.Guests.(*fakenode.Node), st: c.Store}}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	r := e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"})
+	msg := expectError(t, r, 409, "invalid_state", "*")
+	if !strings.Contains(msg, "its guest ended during the exec (reason oom)") {
+		t.Fatalf("message %q: want the node's, not one read from Redis after a wait", msg)
 	}
 }

@@ -226,7 +226,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	l.mu.Lock()
 	proxy := l.proxy
 	if proxy == nil {
-		proxy = agentProxy(n.agentDial(l.g.GuestID))
+		proxy = agentProxy(n.agentDial(l.g.GuestID), func(ctx context.Context, err error) error { return n.whyExecBroke(ctx, l, err) })
 		l.proxy = proxy
 	}
 	l.mu.Unlock()
@@ -311,7 +311,7 @@ func runtimeRefusal(err error) *nodeapi.Error {
 
 // agentProxy forwards /v1/sessions/{id}/agent/<rest> to /<rest> on the agent's connection
 // (dial), streaming (exec output is flushed as it comes) and upgrading to WebSocket for the PTY.
-func agentProxy(dial func(context.Context) (net.Conn, error)) *httputil.ReverseProxy {
+func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(context.Context, error) error) *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dial(ctx)
@@ -329,11 +329,53 @@ func agentProxy(dial func(context.Context) (net.Conn, error)) *httputil.ReverseP
 			}
 			pr.Out.URL.RawPath = ""
 		},
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/v1/exec" {
+				resp.Body = &explainedExec{body: resp.Body, ctx: resp.Request.Context(), whyBroke: whyBroke, atLineStart: true}
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			writeAPIError(w, &nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: "node: the guest's agent did not answer: " + err.Error()})
 		},
 	}
 }
+
+// explainedExec is an exec's answer from the agent, passed through; when it breaks off and
+// whyBroke names a refusal of the guest's state (its guest died under it: Node.whyExecBroke),
+// it ends with that refusal as an agent.BrokenLine, so that the caller learns the reason at
+// once, as Node.Exec's caller in process does, and need not wait for Redis to record it.
+type explainedExec struct {
+	body        io.ReadCloser
+	ctx         context.Context
+	whyBroke    func(context.Context, error) error
+	atLineStart bool          // the bytes passed so far end a line: a line may follow
+	tail        *bytes.Reader // the refusal's line, once the answer broke
+}
+
+func (e *explainedExec) Read(p []byte) (int, error) {
+	if e.tail != nil {
+		return e.tail.Read(p)
+	}
+	n, err := e.body.Read(p)
+	if n > 0 {
+		e.atLineStart = p[n-1] == '\n'
+	}
+	if err == nil || errors.Is(err, io.EOF) || !e.atLineStart {
+		return n, err
+	}
+	why := e.whyBroke(e.ctx, err)
+	var se *StateError
+	if !errors.As(why, &se) {
+		return n, err
+	}
+	ae := apiError(se)
+	line, _ := json.Marshal(map[string]agent.BrokenLine{"error": {Status: ae.Status, Code: ae.Code, Message: ae.Message}})
+	e.tail = bytes.NewReader(append(line, '\n'))
+	return n, nil
+}
+
+func (e *explainedExec) Close() error { return e.body.Close() }
 
 func validName(s string) bool {
 	if s == "" || len(s) > 128 {

@@ -2,9 +2,18 @@ package node
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"wb/agent"
+	"wb/node/nodeapi"
+	"wb/session"
 )
 
 // TestBeforeExecResult: the check runs once, before the bytes that complete the result
@@ -61,5 +70,59 @@ func TestBeforeExecResult(t *testing.T) {
 	w.checkOnce()
 	if calls != 1 || !bytes.Equal(rec.Body.Bytes(), []byte(strings.Repeat(out, 3))) {
 		t.Fatalf("%d checks after an answer without a result", calls)
+	}
+}
+
+// TestAgentProxyExplainsABrokenExec: an exec's answer that breaks off after whole lines ends,
+// through the node's proxy, with the refusal whyBroke names (the guest's end), which the
+// agent's client answers as an *agent.Error of its status and code, after the output that
+// came; an answer broken mid-line, or whose guest lives, stays broken.
+func TestAgentProxyExplainsABrokenExec(t *testing.T) {
+	cases := []struct {
+		name, sent  string
+		alive       bool
+		wantRefusal bool
+	}{
+		{name: "after a line", sent: `{"stream":"stdout","data":"x"}` + "\n", wantRefusal: true},
+		{name: "before any line", sent: "", wantRefusal: true},
+		{name: "mid-line", sent: `{"stream":"stdout","da`},
+		{name: "the guest lives", sent: `{"stream":"stdout","data":"x"}` + "\n", alive: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			guest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				w.WriteHeader(200)
+				_, _ = io.WriteString(w, c.sent)
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler) // the guest died: its connection breaks
+			}))
+			defer guest.Close()
+			dial := func(ctx context.Context) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, "tcp", guest.Listener.Addr().String())
+			}
+			whyBroke := func(_ context.Context, err error) error {
+				if c.alive {
+					return err
+				}
+				return &StateError{SessionID: "sess_x", State: session.Failed, Detail: "its guest ended during the exec (reason oom): " + err.Error()}
+			}
+			front := httptest.NewServer(agentProxy(dial, whyBroke))
+			defer front.Close()
+			var got []string
+			_, err := agent.NewHTTPClient(front.Client(), front.URL+"/v1/sessions/sess_x/agent", "").Exec(context.Background(),
+				agent.ExecRequest{Argv: []string{"hog"}}, func(ch session.ExecChunk) error { got = append(got, ch.Data); return nil })
+			var ae *agent.Error
+			refused := errors.As(err, &ae)
+			if refused != c.wantRefusal {
+				t.Fatalf("exec: %v (%T); want a refusal %v", err, err, c.wantRefusal)
+			}
+			if refused && (ae.Status != 409 || ae.Code != nodeapi.CodeInvalidState || !strings.Contains(ae.Message, "failed") || !strings.Contains(ae.Message, "reason oom")) {
+				t.Errorf("refusal %+v: want 409 invalid_state naming the state and reason", ae)
+			}
+			if want := strings.Contains(c.sent, `"data":"x"`); want != (len(got) == 1 && got[0] == "x") {
+				t.Errorf("output %q; the guest sent %q", got, c.sent)
+			}
+		})
 	}
 }

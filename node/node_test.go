@@ -5,19 +5,24 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"wb/agent"
 	"wb/hypervisor"
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
 	"wb/node"
+	"wb/node/client"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 )
@@ -469,7 +474,9 @@ func testNodeRestart(t *testing.T, rt string) {
 
 // TestOOM: a guest that outgrows its memory fails the session with oom, tears the guest
 // down and releases the slot, under runsc, under runc and in a cloudhv VM (whose kernel
-// panics on an OOM and says why on its console).
+// panics on an OOM and says why on its console). The runsc guest's exec goes through the
+// node's API (the sandbox mostly dies with the hog, and the exec's answer breaks off), the
+// others' in process: an exec the kill broke off names the guest's end either way.
 func TestOOM(t *testing.T) {
 	t.Parallel()
 	st, _ := newStore(t)
@@ -478,17 +485,42 @@ func TestOOM(t *testing.T) {
 			t.Parallel()
 			project := "proj_oom_" + rt
 			d := newDriver(t, rt, tempDir(t))
-			n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_oom_"+rt))
+			cfg := nodeConfig(t, st, d, tempDir(t), "node_oom_"+rt)
+			exec := func(n *node.Node) execFunc { return n.Exec }
+			if rt == "runsc" {
+				exec = throughAPI(t, st, &cfg)
+			}
+			n := startNode(t, cfg)
 			s := provision(t, st, n.Node, project, sessionOpts{idleS: 300, lifeS: 600,
 				res: session.Resources{VCPU: 1, MemoryMiB: 64, DiskGiB: 1, SizeClass: "s"}})
 			// Minutes, not the exec's default minute: under runsc on a loaded 2-core machine (a
 			// cold make test) the pipe had not filled 64 MiB when that minute ended (exit 124).
 			req, limit := execReq(`x=$(head -c 200000000 /dev/zero | tr '\0' a); echo survived ${#x}`), 170
 			req.TimeoutS = &limit
-			res, err := n.Exec(ctxT(t, 3*time.Minute), s, req, nil, nil)
+			res, err := exec(n.Node)(ctxT(t, 3*time.Minute), s, req, nil, nil)
 			t.Logf("exec: exit %d, stdout %q, stderr %q, err %v", res.ExitCode, res.Stdout, res.Stderr, err)
 			if err == nil && res.ExitCode == 0 {
 				t.Fatalf("the allocation survived a 64 MiB limit: %q", res.Stdout)
+			}
+			// An exec the kill broke off (the sandbox or the VM went with it) is refused as
+			// the guest's state, which the gateway answers as a 409 at once: in process a
+			// *node.StateError, through the API the *agent.Error the node's proxy ended it with.
+			var (
+				se *node.StateError
+				ae *agent.Error
+			)
+			switch {
+			case err == nil:
+			case errors.As(err, &se):
+				if se.State != session.Failed || !strings.Contains(se.Detail, "reason oom") {
+					t.Errorf("the broken exec's refusal %v: want the session failed, naming reason oom", err)
+				}
+			case errors.As(err, &ae):
+				if ae.Status != 409 || ae.Code != nodeapi.CodeInvalidState || !strings.Contains(ae.Message, "failed") || !strings.Contains(ae.Message, "reason oom") {
+					t.Errorf("the broken exec's refusal %v: want a 409 invalid_state naming the failed state and reason oom", err)
+				}
+			default:
+				t.Errorf("the broken exec's error: %v (%T); want a refusal naming the guest's end", err, err)
 			}
 			end, _ := waitState(t, st, project, s.ID, time.Minute, session.Failed, session.Stopped, session.Expired)
 			checkEnded(t, end, session.Failed, session.OOM)
@@ -500,6 +532,23 @@ func TestOOM(t *testing.T) {
 				t.Errorf("the session failed with oom but its guest was not torn down: %v", err)
 			}
 		})
+	}
+}
+
+// execFunc is an exec as Node.Exec has it.
+type execFunc func(context.Context, *session.Session, session.ExecRequest, []string, func(session.ExecChunk) error) (session.ExecResult, error)
+
+// throughAPI serves the node that cfg makes on its API, and answers its execs sent there by
+// the control plane's client.
+func throughAPI(t *testing.T, st *store.Store, cfg *node.Config) func(*node.Node) execFunc {
+	const token = "tok_exec"
+	srv := httptest.NewUnstartedServer(nil)
+	cfg.Info.Addr = "http://" + srv.Listener.Addr().String()
+	t.Cleanup(srv.Close)
+	return func(n *node.Node) execFunc {
+		srv.Config.Handler = n.Handler(token)
+		srv.Start()
+		return client.New(st, token).Exec
 	}
 }
 

@@ -197,10 +197,13 @@ func (n *Node) whyExecBroke(ctx context.Context, l *live, err error) error {
 	defer cancel()
 	for {
 		l.mu.Lock()
-		st, reason, ag := l.g.State, l.g.Reason, l.agent
+		st, reason, ag, id := l.g.State, l.g.Reason, l.agent, l.g.SessionID
 		l.mu.Unlock()
 		if st != session.Running && reason != "" {
-			return fmt.Errorf("node: the session's guest ended during the exec (session %s, reason %s): %w", st, reason, err)
+			// A refusal of the guest's state, as the exec's caller would have had a moment
+			// later: the gateway answers 409 naming it, without waiting for Redis to say so.
+			return &StateError{SessionID: id, State: st,
+				Detail: fmt.Sprintf("its guest ended during the exec (reason %s): %v", reason, err)}
 		}
 		if st != session.Running || ag == nil {
 			return err
