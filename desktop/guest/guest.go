@@ -61,7 +61,9 @@ const startTimeout = 90 * time.Second
 // startScript starts (once) Xvfb, the window manager and Chromium, each in its own session
 // so that they outlive the exec, then waits until the display and DevTools answer. A
 // process counts as running only when its pid file (in stateDir, of this life only) names a
-// live process with the expected command line. The X lock and Chromium's singleton files
+// live process with the expected command line, or one whose command line reads empty since it
+// is in the middle of an exec (a loaded host's start once failed there, "Xvfb exited" with
+// nothing in its log). The X lock and Chromium's singleton files
 // are on the disk, so a fresh start removes them.
 //
 // No process may bind a Unix socket on the disk (/tmp, /root, /workspace are host
@@ -79,15 +81,15 @@ S=%[1]s; mkdir -p "$S" %[2]s %[3]s # %[2]s: /data/memory, through the /data syml
 export DISPLAY=%[4]s HOME=/root
 end=$(( $(date +%%s) + %[8]d ))
 late() { [ "$(date +%%s)" -ge $end ]; }
-running() { p=$(cat "$S/$1.pid" 2>/dev/null) && [ -n "$p" ] && grep -q "$2" "/proc/$p/cmdline" 2>/dev/null; }
-launch() { n=$1; shift; setsid "$@" </dev/null >"$S/$n.log" 2>&1 & echo $! >"$S/$n.pid"; }
+P=/proc
+%[12]s
 if ! running xvfb Xvfb; then
   rm -f /tmp/.X0-lock /tmp/.X11-unix/X0
   launch xvfb /usr/bin/Xvfb %[4]s -screen 0 %[5]dx%[6]dx24 -nolisten tcp -nolisten unix -noreset -dpi 96
 fi
 until xwd -root -silent >/dev/null 2>&1; do
   late && { echo "the display did not answer within %[8]d s:"; tail -n 20 "$S/xvfb.log"; exit 1; }
-  running xvfb Xvfb || { echo "Xvfb exited:"; tail -n 20 "$S/xvfb.log"; exit 1; }
+  running xvfb Xvfb || { exited xvfb Xvfb; exit 1; }
   sleep 0.1
 done
 running wm matchbox || launch wm /usr/bin/matchbox-window-manager -use_titlebar no
@@ -101,11 +103,27 @@ if ! running chromium %[9]s; then
 fi
 until %[10]s agent %[11]s --ping >/dev/null 2>"$S/ping.log"; do
   late && { echo "Chromium's DevTools did not answer within %[8]d s:"; tail -n 5 "$S/chromium.log"; cat "$S/ping.log"; exit 1; }
-  running chromium %[9]s || { echo "Chromium exited:"; tail -n 20 "$S/chromium.log"; exit 1; }
+  running chromium %[9]s || { exited chromium Chromium; exit 1; }
   sleep 0.2
 done
-`, stateDir, templates.DesktopDataTarget+"/memory", ProfileDir, Display, Width, Height, 0, waitS, RelayCommand, hypervisor.GuestAgentBin, EvalCommand)
+`, stateDir, templates.DesktopDataTarget+"/memory", ProfileDir, Display, Width, Height, 0, waitS, RelayCommand, hypervisor.GuestAgentBin, EvalCommand, processes)
 }
+
+// processes are startScript's shell functions for its processes, in state directory $S,
+// with their pid files and logs there; /proc is $P.
+//   - running NAME MATCH: NAME's pid file names a live process whose command line has MATCH,
+//     or one in the middle of an exec (setsid's of the program), whose command line reads
+//     empty; a dead one (a zombie's command line reads empty too) does not count.
+//   - launch NAME ARGV...: starts ARGV in a session of its own, for its pid file and log.
+//   - exited NAME LABEL: says LABEL exited, with its exit status when this shell launched it
+//     (a signal's shows as 128+N), and the tail of its log.
+const processes = `running() {
+  p=$(cat "$S/$1.pid" 2>/dev/null) && [ -n "$p" ] || return 1
+  grep -q "$2" "$P/$p/cmdline" 2>/dev/null && return 0
+  [ -z "$(tr -d '\0' 2>/dev/null <"$P/$p/cmdline")" ] && read -r _ _ st _ 2>/dev/null <"$P/$p/stat" && [ "$st" != Z ] && [ "$st" != X ]
+}
+launch() { n=$1; shift; setsid "$@" </dev/null >"$S/$n.log" 2>&1 & echo $! >"$S/$n.pid"; }
+exited() { wait "$(cat "$S/$1.pid")" 2>/dev/null; echo "$2 exited (status $?):"; tail -n 20 "$S/$1.log"; }`
 
 // Start launches the display, the window manager and the browser when they are not running
 // (it is idempotent) and returns once the display and the browser's DevTools answer.
