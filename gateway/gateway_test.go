@@ -48,7 +48,18 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 
 func newEnvOn(t *testing.T, rdb redis.UniversalClient, opts ...envOpt) *env {
 	t.Helper()
-	return newEnvTiers(t, rdb, session.DefaultTiers(), opts...)
+	return newEnvTiers(t, rdb, patientTiers(), opts...)
+}
+
+// patientTiers are the default tiers with a provisioning deadline of minutes: the fake node
+// starts each guest's agent as a process, and on a loaded machine (a cold make test) one took
+// longer than tier 2's 9 s, which failed a session that a test waited to see running.
+func patientTiers() session.Tiers {
+	tiers := session.DefaultTiers()
+	for i := range tiers {
+		tiers[i].ColdP95 = time.Minute
+	}
+	return tiers
 }
 
 // newEnvTiers is newEnvOn with tiers given to the store, the placer and the gateway alike
