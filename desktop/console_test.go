@@ -277,7 +277,14 @@ func TestConsoleSleepAndWake(t *testing.T) {
 
 	// Resize while running waits for the next start; the node has no room for xl, so Wake
 	// then answers 409, which the page shows as the API's message, and the desktop stays.
-	step(t, ctx, "resize to xl", chromedp.Evaluate[chromedp.Void](`document.getElementById("new-size").value = "xl"`), chromedp.Click(chromedp.ID("resize")))
+	// Chosen as a person chooses it (the change event), which the page's 2 s poll must leave
+	// alone: it reset a choice made just before the click, which then sent the current size.
+	step(t, ctx, "choose xl", chromedp.Evaluate[chromedp.Void](`(() => { const s = document.getElementById("new-size"); s.value = "xl"; s.dispatchEvent(new Event("change")); })()`))
+	time.Sleep(2500 * time.Millisecond) // a poll or two
+	if got := eval[string](t, ctx, `document.getElementById("new-size").value`); got != "xl" {
+		t.Fatalf("the page's poll reset the size chosen to %q", got)
+	}
+	step(t, ctx, "resize to xl", chromedp.Click(chromedp.ID("resize")))
 	awaitJS(t, ctx, "the page shows the waiting resize", `document.getElementById("next-size").textContent.includes("xl from its next start")`, 30*time.Second)
 	step(t, ctx, "press Sleep again", chromedp.Click(chromedp.ID("sleep")))
 	awaitJS(t, ctx, "asleep without its state (a resize waited)", `document.getElementById("state").textContent === "asleep: state not saved"`, 3*time.Minute)

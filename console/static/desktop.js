@@ -16,6 +16,9 @@
   let desktop = null;
   let beatTimer = null, graceTimer = null, screenTimer = null;
   let screenURL = null, screenBusy = false;
+  // A size chosen and not yet sent: the poll leaves the choice alone (it reset a choice made
+  // just before the Resize click, which then sent the current size).
+  let sizeChosen = false;
 
   const $ = (sel) => document.getElementById(sel);
 
@@ -39,7 +42,7 @@
     document.body.dataset.state = d.state;
     $("message").textContent = d.message || "";
     for (const [action, states] of Object.entries(allowed)) $(action).disabled = !states.includes(d.state);
-    if (document.activeElement !== $("new-size")) $("new-size").value = d.next_size || d.size;
+    if (!sizeChosen && document.activeElement !== $("new-size")) $("new-size").value = d.next_size || d.size;
     if (d.state !== "running") {
       $("screen").hidden = true;
       $("screen-note").textContent = "No screen: the desktop is " + $("state").textContent + ".";
@@ -68,7 +71,9 @@
   async function resize() {
     wb.showError(null);
     try {
-      show(await wb.call("PATCH", path, { body: { size: $("new-size").value } }));
+      const d = await wb.call("PATCH", path, { body: { size: $("new-size").value } });
+      sizeChosen = false;
+      show(d);
     } catch (err) {
       if (!wb.onAuthError(err)) wb.showError(err);
     }
@@ -149,6 +154,7 @@
     screenMs = wb.setting("screen_ms", "screenMs");
     for (const action of Object.keys(allowed)) $(action).addEventListener("click", () => act(action));
     $("resize").addEventListener("click", resize);
+    $("new-size").addEventListener("change", () => { sizeChosen = true; });
     document.addEventListener("visibilitychange", onVisibility);
     load();
     setInterval(load, pollMs);
