@@ -61,6 +61,9 @@ type guest struct {
 	EgressBytes int64     `json:"egress_bytes"`
 	CPURaw      int64     `json:"cpu_raw"` // the cgroup's counter at the last sample
 	SampledAt   time.Time `json:"sampled_at"`
+	// UncountedMs is the time sampled since the last sample with the counters, whose memory
+	// the next such sample bills (its reading stands for the whole span).
+	UncountedMs int64 `json:"uncounted_ms,omitempty"`
 
 	Pending []pending `json:"pending,omitempty"`
 }

@@ -13,12 +13,14 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"wb/hypervisor"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
+	"wb/quota"
 	"wb/session"
 	"wb/store"
 )
@@ -453,5 +455,75 @@ func TestSnapshotBoundsTheQuiesce(t *testing.T) {
 	case id := <-d.checkpoints:
 		t.Fatalf("%s was checkpointed though its agent never quiesced", id)
 	default:
+	}
+}
+
+// statsCounting is lifecycle whose counters count their reads: 500 ms of CPU and 1 GiB.
+type statsCounting struct {
+	lifecycle
+	reads *atomic.Int64
+}
+
+func (d statsCounting) Stats(context.Context, string) (hypervisor.Stats, error) {
+	d.reads.Add(1)
+	return hypervisor.Stats{CPUMs: 500, MemoryBytes: 1 << 30}, nil
+}
+
+// TestEndLeavesTheCountersToTheFinalMeter: a stop that the timers make (end, on the loop that
+// serves every guest in turn) reads no counters, whose read took seconds on a loaded host;
+// the teardown's final meter reads them once, and bills the memory of the whole span since
+// the last read.
+func TestEndLeavesTheCountersToTheFinalMeter(t *testing.T) {
+	dir, err := os.MkdirTemp("", "wbe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	rdb := redistest.Server(t)
+	d := statsCounting{lifecycle: lifecycle{stopped: make(chan string, 4)}, reads: new(atomic.Int64)}
+	// The node's clock stands still: the final meter comes within the stop's millisecond,
+	// as it can on a quick host, and must read the counters all the same.
+	now := time.Now()
+	n, err := New(Config{Store: store.New(rdb), Driver: d, Templates: templates.Catalog{"tpl": {}}, DataDir: dir,
+		Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.cancel(); n.windDown() })
+	close(n.recovered) // no journal to reload: Run is not called
+	const project, id = "proj_end", "sess_end"
+	l := &live{g: &guest{SessionID: id, Project: project, GuestID: "g_end", State: session.Running, Tier: 2,
+		StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-10 * time.Second), IdleTimeoutS: 600, MaxLifetimeS: 600}}
+	n.guests[id] = l
+	l.mu.Lock()
+	n.end(context.Background(), l, session.Timer, session.IdleTimeout, "")
+	reads := d.reads.Load()
+	l.mu.Unlock()
+	if reads != 0 {
+		t.Errorf("end read the guest's counters %d times", reads)
+	}
+	select {
+	case <-d.stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the guest was never torn down")
+	}
+	n.windDown() // the teardown's flush has sent the records
+	if got := d.reads.Load(); got != 1 {
+		t.Errorf("the counters were read %d times by the stop, want once (the final meter)", got)
+	}
+	msgs, err := rdb.XRange(context.Background(), store.ProjectKeys(project).UsageStream(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cpu, mem int64
+	for _, m := range msgs {
+		r, err := quota.DecodeRecord(m.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cpu, mem = cpu+r.CPUMs, mem+r.MemGiBMs
+	}
+	if cpu != 500 || mem < 10_000 || mem > 70_000 {
+		t.Errorf("records bill %d ms of CPU and %d GiB·ms; want 500 and 1 GiB over the 10 s and more since the last read", cpu, mem)
 	}
 }

@@ -536,7 +536,14 @@ func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason s
 		n.Logger.Error("node: cannot end session", "session", g.SessionID, "err", err)
 		return
 	}
-	n.sample(ctx, l)
+	// The state's end. To stopping without the counters: the timers call end for every guest
+	// in turn, and a loaded host's read took seconds; the teardown's final meter reads them
+	// for both. Straight to a terminal state there is no final meter.
+	if next.Terminal() {
+		n.sample(ctx, l)
+	} else {
+		n.sampleWith(l, withoutCounters)
+	}
 	g.Pending = append(g.Pending, pending{Kind: "transition", From: g.State, To: next, Driver: driver, Reason: reason, Rule: rule, At: n.Now()})
 	g.State, g.Reason, g.Rule = next, reason, rule
 	// Taken, not written: the flush lands it before it sends Redis the transition, and the

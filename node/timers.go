@@ -97,6 +97,11 @@ func (n *Node) sample(ctx context.Context, l *live) {
 	n.sampleWith(l, func(guestID string) (hypervisor.Stats, error) { return n.stats(ctx, guestID) })
 }
 
+// withoutCounters is sampleWith's counters for a sample that reads none.
+func withoutCounters(string) (hypervisor.Stats, error) { return hypervisor.Stats{}, errNoCounters }
+
+var errNoCounters = errors.New("node: the counters are left to the next sample")
+
 // sampleWith is sample with the guest's counters from counters (the caller may have read
 // them before it took l.mu). The caller holds l.mu.
 func (n *Node) sampleWith(l *live, counters func(guestID string) (hypervisor.Stats, error)) {
@@ -108,7 +113,12 @@ func (n *Node) sampleWith(l *live, counters func(guestID string) (hypervisor.Sta
 	}
 	dt := now.Sub(g.SampledAt).Milliseconds()
 	if dt <= 0 {
-		return
+		if g.UncountedMs == 0 || g.GuestID == "" || g.State.Terminal() {
+			return
+		}
+		// Within the millisecond of a sample that left its counters to this one (a stop's
+		// final meter, right after the stop): read them all the same.
+		dt, now = 0, g.SampledAt
 	}
 	rec := quota.Record{SessionID: g.SessionID, ProjectID: g.Project, EndUserID: g.EndUserID, Tier: g.Tier,
 		SizeClass: g.Resources.SizeClass, MemoryMiB: g.Resources.MemoryMiB, DiskGiB: g.Resources.DiskGiB,
@@ -122,7 +132,7 @@ func (n *Node) sampleWith(l *live, counters func(guestID string) (hypervisor.Sta
 	}
 	if g.GuestID != "" && !g.State.Terminal() {
 		// A sample without the counters loses nothing: CPURaw stays, so the next sample's
-		// delta covers both intervals.
+		// delta covers both intervals, and that sample's memory stands for both too.
 		if st, err := counters(g.GuestID); err == nil {
 			// CPU from the cgroup's counter, as deltas: a warm guest's counter starts before
 			// its session does, and a restored guest's starts again at zero.
@@ -132,7 +142,12 @@ func (n *Node) sampleWith(l *live, counters func(guestID string) (hypervisor.Sta
 			}
 			g.CPURaw = st.CPUMs
 			rec.CPUMs = delta
-			rec.MemGiBMs = st.MemoryBytes * dt / (1 << 30)
+			rec.MemGiBMs = st.MemoryBytes * (dt + g.UncountedMs) / (1 << 30)
+			g.UncountedMs = 0
+		} else {
+			// Within reason: a guest whose counters stay unreadable for hours is billed its
+			// memory from its last hour's.
+			g.UncountedMs = min(g.UncountedMs+dt, time.Hour.Milliseconds())
 		}
 	}
 	if l.egress != nil {
