@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -226,7 +227,8 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	l.mu.Lock()
 	proxy := l.proxy
 	if proxy == nil {
-		proxy = agentProxy(n.agentDial(l.g.GuestID), func(ctx context.Context, err error) error { return n.whyExecBroke(ctx, l, err) })
+		proxy = agentProxy(n.agentDial(l.g.GuestID), func(ctx context.Context, err error) error { return n.whyExecBroke(ctx, l, err) },
+			n.Logger.With("session", id))
 		l.proxy = proxy
 	}
 	l.mu.Unlock()
@@ -311,7 +313,7 @@ func runtimeRefusal(err error) *nodeapi.Error {
 
 // agentProxy forwards /v1/sessions/{id}/agent/<rest> to /<rest> on the agent's connection
 // (dial), streaming (exec output is flushed as it comes) and upgrading to WebSocket for the PTY.
-func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(context.Context, error) error) *httputil.ReverseProxy {
+func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(context.Context, error) error, log *slog.Logger) *httputil.ReverseProxy {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dial(ctx)
@@ -338,6 +340,7 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			writeAPIError(w, &nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: "node: the guest's agent did not answer: " + err.Error()})
 		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), // an answer that broke off
 	}
 }
 

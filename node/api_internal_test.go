@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -107,7 +108,9 @@ func TestAgentProxyExplainsABrokenExec(t *testing.T) {
 				}
 				return &StateError{SessionID: "sess_x", State: session.Failed, Detail: "its guest ended during the exec (reason oom): " + err.Error()}
 			}
-			front := httptest.NewServer(agentProxy(dial, whyBroke))
+			var logged bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&logged, nil))
+			front := httptest.NewServer(agentProxy(dial, whyBroke, log))
 			defer front.Close()
 			var got []string
 			_, err := agent.NewHTTPClient(front.Client(), front.URL+"/v1/sessions/sess_x/agent", "").Exec(context.Background(),
@@ -122,6 +125,11 @@ func TestAgentProxyExplainsABrokenExec(t *testing.T) {
 			}
 			if want := strings.Contains(c.sent, `"data":"x"`); want != (len(got) == 1 && got[0] == "x") {
 				t.Errorf("output %q; the guest sent %q", got, c.sent)
+			}
+			// An answer that stays broken is the node's warning, in its log.
+			front.Close()
+			if broken := strings.Contains(logged.String(), "level=WARN") && strings.Contains(logged.String(), "body copy"); broken == c.wantRefusal {
+				t.Errorf("the node's log %q; want a warning only of an answer that stays broken", logged.String())
 			}
 		})
 	}
