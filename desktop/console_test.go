@@ -153,9 +153,23 @@ func awaitJS(t *testing.T, ctx context.Context, what, expr string, timeout time.
 // API's own message.
 func signIn(t *testing.T, ctx context.Context, base, key string) {
 	t.Helper()
-	step(t, ctx, "open the console",
-		chromedp.Navigate(base+"/console/"),
-		chromedp.WaitVisible(chromedp.ID("key")),
+	// A cold make test's navigation once never ended (its step's 90 s ran out, and which of
+	// its actions hung is unknown): the page is opened again, up to three times, each given
+	// 30 s, and what the page was doing is logged.
+	opened := false
+	for attempt := 1; attempt <= 3 && !opened; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := chromedp.Do(actx, chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("key")))
+		cancel()
+		if opened = err == nil; !opened {
+			t.Logf("open the console, attempt %d: %v (at %s, %s)", attempt, err,
+				eval[string](t, ctx, `location.href`), eval[string](t, ctx, `document.readyState`))
+		}
+	}
+	if !opened {
+		t.Fatal("open the console: three navigations did not show the sign-in form")
+	}
+	step(t, ctx, "sign in with a wrong key",
 		chromedp.SendKeys(chromedp.ID("key"), "wb_live_wrong"),
 		chromedp.Click(chromedp.ID("signin-button")),
 	)

@@ -304,8 +304,11 @@ func TestDesktopWhatIsKept(t *testing.T) {
 // saves no state and the wake is fresh from the disk at the new size.
 func TestDesktopIdleAndResize(t *testing.T) {
 	t.Parallel()
-	// Long enough that the steps after the first wake finish before it falls idle again.
-	const idle = 8 * time.Second
+	// Long enough that the steps after the first wake finish before it falls idle again: at
+	// 8 s a cold make test's wake, PATCH and use took longer, the idle loop slept it first
+	// (resized, without its state), the use woke it at the new size, and the test's own
+	// sleep then saved the new session's state.
+	const idle = 20 * time.Second
 	p := startPlatform(t, func(c *gateway.Config) { c.DesktopIdle = idle })
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "idle"}, 201, &d)
@@ -321,6 +324,7 @@ func TestDesktopIdleAndResize(t *testing.T) {
 	}
 	p.call("POST", "/v1/desktops/"+d.ID+":wake", nil, 202, &d)
 	d = p.wait(d.ID, desktop.Running)
+	p.use(d)
 
 	p.call("PATCH", "/v1/desktops/"+d.ID, map[string]any{"size": "m"}, 200, &d)
 	if d.Size != "s" || d.NextSize != "m" || d.State != desktop.Running {
