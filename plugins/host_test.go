@@ -440,7 +440,7 @@ func TestPoolBound(t *testing.T) {
 
 // TestLimits: a project's limits replace the host's.
 func TestLimits(t *testing.T) {
-	h, _ := newTestHost(t, mini(t), Options{})
+	h, _ := newTestHost(t, mini(t), Options{Timeout: DefaultTimeout})
 	ctx := ctxT(t)
 	const p = "proj-limits"
 	in := admission(t, session.CreateRequest{Tier: intp(1)})

@@ -33,13 +33,13 @@ func bigGrow() []byte {
 // TestHostile: each misbehaving plugin gets a clear deny (or, fail-open, an allow with a
 // warning), and the host keeps serving a good plugin correctly after each.
 func TestHostile(t *testing.T) {
-	h, sink := newTestHost(t, mini(t), Options{})
+	h, sink := newTestHost(t, mini(t), Options{Timeout: DefaultTimeout})
 	const good = "proj-good"
 	mustPut(t, h, good, "allowlist", guests["allowlist"], 0, false)
 	// Generous limits where a timeout is not the point: the machine may be loaded.
 	roomy := func(project string) {
 		t.Helper()
-		if err := h.SetLimits(ctxT(t), project, Limits{Timeout: time.Second}); err != nil {
+		if err := h.SetLimits(ctxT(t), project, Limits{Timeout: MaxTimeout}); err != nil {
 			t.Fatal(err)
 		}
 	}
