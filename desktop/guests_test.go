@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,21 +61,29 @@ func (w *logWriter) Write(p []byte) (int, error) {
 // 85, all at once 76-84: then TestConsoleVisibility's own 57 s of idle times is most of it.
 func TestMain(m *testing.M) {
 	testwait.Parallel(10)
-	os.Exit(m.Run())
+	code := m.Run()
+	// Every test's guests are gone: the shared files go too (every make test left 7 MB).
+	if dir := sharedFilesDir.Load(); dir != nil {
+		_ = os.RemoveAll(*dir)
+	}
+	os.Exit(code)
 }
 
-// files are the static agent (wb-agent) and the templates, made once for the package's tests (in a
-// directory left behind in the system's temp dir: the tests' guests may still map it).
+// files are the static agent (wb-agent) and the templates, made once for the package's tests,
+// in sharedFilesDir (removed once they all ran: the tests' guests may map them until then).
 type files struct {
 	bin  string
 	tpls templates.Catalog
 }
+
+var sharedFilesDir atomic.Pointer[string]
 
 var sharedFiles = sync.OnceValues(func() (files, error) {
 	dir, err := os.MkdirTemp("", "wbdfiles")
 	if err != nil {
 		return files{}, err
 	}
+	sharedFilesDir.Store(&dir)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return files{}, err
 	}
