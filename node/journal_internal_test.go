@@ -242,29 +242,37 @@ func (lifecycle) Pause(context.Context, string) error  { return nil }
 func (lifecycle) Resume(context.Context, string) error { return nil }
 func (lifecycle) Delete(context.Context, string) error { return nil }
 
-// gatedNode is a node over lifecycle whose journal writes wait for the test (gatedWrites)
-// until it calls open, which the test's end does too (the node's background work, which it
-// waits for, may be waiting for a write).
-func gatedNode(t *testing.T) (n *Node, d lifecycle, started <-chan struct{}, open func()) {
+// idleNode is a node of cfg whose Run is not called (it has no journal to reload), with a data
+// dir and a template of its own; its background work is waited for when the test ends.
+func idleNode(t *testing.T, cfg Config) *Node {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "wbg")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	cfg.DataDir, cfg.Templates, cfg.Logger = dir, templates.Catalog{"tpl": {}}, slog.New(slog.DiscardHandler)
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.cancel(); n.windDown() })
+	close(n.recovered)
+	return n
+}
+
+// gatedNode is a node over lifecycle whose journal writes wait for the test (gatedWrites)
+// until it calls open, which the test's end does too (the node's background work, which it
+// waits for, may be waiting for a write).
+func gatedNode(t *testing.T) (n *Node, d lifecycle, started <-chan struct{}, open func()) {
+	t.Helper()
 	d = lifecycle{stopped: make(chan string, 4)}
 	gate := gatedWrites{started: make(chan struct{}), release: make(chan struct{})}
 	var once sync.Once
 	stop := func() {}
 	open = func() { once.Do(func() { stop = gate.open() }) }
 	t.Cleanup(func() { stop() })
-	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}}, DataDir: dir,
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.cancel(); n.windDown() })
-	close(n.recovered) // no journal to reload: Run is not called
+	n = idleNode(t, Config{Store: store.New(redistest.Server(t)), Driver: d})
 	n.journal.write = gate.write
 	t.Cleanup(open)
 	return n, d, gate.started, open
@@ -474,23 +482,12 @@ func (d statsCounting) Stats(context.Context, string) (hypervisor.Stats, error) 
 // the teardown's final meter reads them once, and bills the memory of the whole span since
 // the last read.
 func TestEndLeavesTheCountersToTheFinalMeter(t *testing.T) {
-	dir, err := os.MkdirTemp("", "wbe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	rdb := redistest.Server(t)
 	d := statsCounting{lifecycle: lifecycle{stopped: make(chan string, 4)}, reads: new(atomic.Int64)}
 	// The node's clock stands still: the final meter comes within the stop's millisecond,
 	// as it can on a quick host, and must read the counters all the same.
 	now := time.Now()
-	n, err := New(Config{Store: store.New(rdb), Driver: d, Templates: templates.Catalog{"tpl": {}}, DataDir: dir,
-		Logger: slog.New(slog.DiscardHandler), Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.cancel(); n.windDown() })
-	close(n.recovered) // no journal to reload: Run is not called
+	n := idleNode(t, Config{Store: store.New(rdb), Driver: d, Now: func() time.Time { return now }})
 	const project, id = "proj_end", "sess_end"
 	l := &live{g: &guest{SessionID: id, Project: project, GuestID: "g_end", State: session.Running, Tier: 2,
 		StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-10 * time.Second), IdleTimeoutS: 600, MaxLifetimeS: 600}}
