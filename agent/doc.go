@@ -6,13 +6,14 @@
 // Routes (errors are JSON {"error":{"code","message","param"}}):
 //
 //   - GET /v1/health → {"ok":true,"pid":N}.
-//   - POST /v1/exec, body ExecRequest → 200 application/x-ndjson, streamed: output lines
+//   - POST /v1/exec, body ExecRequest → 200 application/x-ndjson, streamed (the status goes
+//     out with the first output, or with the result of a command that wrote none): output lines
 //     {"stream":"stdout"|"stderr","data":"..."} of at most 32 KiB each, flushed as they come
 //     (data is the bytes as a JSON string when they are valid UTF-8, which a chunk boundary never
 //     breaks; otherwise base64 with "encoding":"base64"), then {"exit_code":N,"duration_ms":N,
-//     "timed_out":bool}. The command runs directly (argv[0] looked up in its PATH), in its own
-//     process group, in Cwd (default Root), with the agent's environment, PATH/HOME/LANG
-//     defaulted, plus Env. Exit codes: the status, 128+N for signal N, 124 on timeout (the group
+//     "timed_out":bool} (duration_ms to the nearest millisecond). The command runs directly
+//     (argv[0] looked up in its PATH), in its own process group, in Cwd (default Root), with
+//     the agent's environment, PATH/HOME/LANG defaulted, plus Env. Exit codes: the status, 128+N for signal N, 124 on timeout (the group
 //     gets SIGKILL), 127 when the command or cwd is not found and 126 when it cannot start (with
 //     the reason on stderr). A client that goes away gets its process group killed. Background
 //     processes that outlive the command survive it; their hold on stdout/stderr is cut after

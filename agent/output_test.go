@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,5 +88,46 @@ func TestOutputInThePipeOutlivesThePassedDeadline(t *testing.T) {
 			t.Errorf("writer open %v: read %q, want the pipe's %q", writerOpen, got.String(), "81\n")
 		}
 		_, _ = r.Close(), w.Close()
+	}
+}
+
+// An exec's status goes out with its first output or its result, not before the command
+// runs: under gVisor each write to the agent's socket costs its caller a third of a
+// millisecond, and a command without output is answered in one write, status and result
+// together.
+func TestSilentExecAnswersInOneWrite(t *testing.T) {
+	t.Parallel()
+	_, cfg := startAgent(t, false)
+	conn, err := net.Dial("unix", cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"argv":["sleep","0.3"]}`
+	if _, err := fmt.Fprintf(conn, "POST /v1/exec HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	buf := make([]byte, 64<<10)
+	n, err := conn.Read(buf) // the first bytes to arrive
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := string(buf[:n])
+	if !strings.HasPrefix(first, "HTTP/1.1 200") || !strings.Contains(first, `"exit_code":0`) || !strings.HasSuffix(first, "}\n") {
+		t.Errorf("the first read got %q; want the status and the whole result together", first)
+	}
+}
+
+// duration_ms is rounded, not truncated: callers subtract it from their round trip to see
+// the platform's share, and a truncated 0.9 ms command counted 0.9 ms to the platform.
+func TestDurationRoundsToTheNearestMillisecond(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want int64
+	}{{0, 0}, {499 * time.Microsecond, 0}, {500 * time.Microsecond, 1}, {900 * time.Microsecond, 1}, {1499 * time.Microsecond, 1}, {2*time.Second + 600*time.Microsecond, 2001}} {
+		if got := roundedMs(c.d); got != c.want {
+			t.Errorf("roundedMs(%v) = %d, want %d", c.d, got, c.want)
+		}
 	}
 }

@@ -337,7 +337,14 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 			}
 			return nil
 		},
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// An exec's answer may break before its status: the agent sends that with the
+			// command's first output or its result. The guest's end is then the refusal itself.
+			var se *StateError
+			if r.URL.Path == "/v1/exec" && errors.As(whyBroke(r.Context(), err), &se) {
+				writeAPIError(w, apiError(se))
+				return
+			}
 			writeAPIError(w, &nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: "node: the guest's agent did not answer: " + err.Error()})
 		},
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), // an answer that broke off

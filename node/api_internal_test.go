@@ -80,18 +80,24 @@ func TestBeforeExecResult(t *testing.T) {
 // came; an answer broken mid-line, or whose guest lives, stays broken.
 func TestAgentProxyExplainsABrokenExec(t *testing.T) {
 	cases := []struct {
-		name, sent  string
-		alive       bool
-		wantRefusal bool
+		name, sent    string
+		beforeHeaders bool // the agent sends its status with the first output or the result
+		alive         bool
+		wantRefusal   bool
 	}{
 		{name: "after a line", sent: `{"stream":"stdout","data":"x"}` + "\n", wantRefusal: true},
 		{name: "before any line", sent: "", wantRefusal: true},
+		{name: "before its status", beforeHeaders: true, wantRefusal: true},
 		{name: "mid-line", sent: `{"stream":"stdout","da`},
 		{name: "the guest lives", sent: `{"stream":"stdout","data":"x"}` + "\n", alive: true},
+		{name: "the guest lives, before its status", beforeHeaders: true, alive: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			guest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				if c.beforeHeaders {
+					panic(http.ErrAbortHandler)
+				}
 				w.Header().Set("Content-Type", "application/x-ndjson")
 				w.WriteHeader(200)
 				_, _ = io.WriteString(w, c.sent)
@@ -116,12 +122,18 @@ func TestAgentProxyExplainsABrokenExec(t *testing.T) {
 			_, err := agent.NewHTTPClient(front.Client(), front.URL+"/v1/sessions/sess_x/agent", "").Exec(context.Background(),
 				agent.ExecRequest{Argv: []string{"hog"}}, func(ch session.ExecChunk) error { got = append(got, ch.Data); return nil })
 			var ae *agent.Error
-			refused := errors.As(err, &ae)
+			refused := errors.As(err, &ae) && ae.Status == 409
 			if refused != c.wantRefusal {
 				t.Fatalf("exec: %v (%T); want a refusal %v", err, err, c.wantRefusal)
 			}
 			if refused && (ae.Status != 409 || ae.Code != nodeapi.CodeInvalidState || !strings.Contains(ae.Message, "failed") || !strings.Contains(ae.Message, "reason oom")) {
 				t.Errorf("refusal %+v: want 409 invalid_state naming the state and reason", ae)
+			}
+			if c.beforeHeaders {
+				if !refused && !strings.Contains(err.Error(), nodeapi.CodeAgentUnreachable) {
+					t.Errorf("exec: %v; want the node's %s", err, nodeapi.CodeAgentUnreachable)
+				}
+				return // no answer began: nothing broke off to log
 			}
 			if want := strings.Contains(c.sent, `"data":"x"`); want != (len(got) == 1 && got[0] == "x") {
 				t.Errorf("output %q; the guest sent %q", got, c.sent)
