@@ -29,15 +29,20 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 	if err != nil {
 		return session.ExecResult{}, err
 	}
-	if err := s.Store.Touch(ctx, sess.ProjectID, sess.ID); err != nil {
-		return session.ExecResult{}, err
-	}
+	// The activity is recorded while the command runs, not before: one Redis round trip less
+	// on every exec's way. The answer waits for it, so that activity is never recorded after it.
+	touched := make(chan error, 1)
+	go func() { touched <- s.Store.Touch(context.WithoutCancel(ctx), sess.ProjectID, sess.ID) }()
 	var buffered *session.OutputBuffer
 	if out == nil {
 		buffered = session.NewOutputBuffer(s.MaxOutputBytes)
 		out = buffered.Add
 	}
 	res, err := g.Exec(ctx, sess, req, argv, out)
+	if terr := <-touched; terr != nil {
+		// The command ran: its answer stands. The node records the activity too (its idle timer).
+		s.log.WarnContext(ctx, "exec: the session's activity was not recorded", "session", sess.ID, "err", terr)
+	}
 	if buffered != nil && err == nil {
 		buffered.Fill(&res)
 	}
