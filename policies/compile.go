@@ -107,6 +107,10 @@ type compiled struct {
 	point  string
 	masked []string
 	pq     rego.PreparedEvalQuery
+	// deterministic: the module calls no built-in whose answer may change between two calls
+	// with the same arguments (time.now_ns, http.send, rand.intn, …), so that its document is
+	// a function of the input alone.
+	deterministic bool
 }
 
 // compile parses one Rego v1 module, checks that its package is a decision point's, reads
@@ -144,7 +148,20 @@ func compile(ctx context.Context, caps *ast.Capabilities, filename, source strin
 	if err != nil {
 		return nil, compileError(err)
 	}
-	return &compiled{point: point, masked: masked, pq: pq}, nil
+	return &compiled{point: point, masked: masked, pq: pq, deterministic: len(nondeterministicCalls(mod)) == 0}, nil
+}
+
+// nondeterministicCalls names the built-ins mod calls whose answers may change between two
+// calls with the same arguments.
+func nondeterministicCalls(mod *ast.Module) []string {
+	var names []string
+	ast.WalkRefs(mod, func(r ast.Ref) bool {
+		if b, ok := ast.BuiltinMap[r.String()]; ok && b.Nondeterministic && !slices.Contains(names, b.Name) {
+			names = append(names, b.Name)
+		}
+		return false
+	})
+	return names
 }
 
 // maskedPaths reads `masked := ["request.metadata.secret", ...]`: dotted paths into the

@@ -73,10 +73,12 @@ type Engine struct {
 	slots       sync.Map // project → chan struct{}: its decisions evaluating its policies
 	putScript   *redis.Script
 
-	shipped  map[string]*policy // by point
-	projects sync.Map           // project → *projectState
-	cache    *preparedCache
-	loads    singleflight.Group
+	shipped map[string]*policy // by point
+	// runtimeMemo keeps the shipped runtime policy's documents (it is deterministic).
+	runtimeMemo docMemo
+	projects    sync.Map // project → *projectState
+	cache       *preparedCache
+	loads       singleflight.Group
 
 	dlog *decisionLog
 	// changes announces a Put to every gateway, and each drops its copy (Forget).

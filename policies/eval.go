@@ -269,7 +269,11 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 	var deciders []string
 	platform := e.shipped[PointRuntime]
 	ps := []*policy{platform}
-	doc, err := ev.eval(ctx, platform)
+	key := ""
+	if platform.deterministic {
+		key = memoKey(event)
+	}
+	doc, err := ev.evalRemembered(ctx, platform, &e.runtimeMemo, key)
 	if err != nil {
 		return RuntimeDecision{}, fmt.Errorf("policies: platform runtime: %w", err)
 	}
