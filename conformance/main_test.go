@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/internal/fleet"
 	"wb/internal/servetest"
 	"wb/internal/testwait"
 	"wb/internal/wbbin"
@@ -212,7 +213,8 @@ func readEnvLines(path string) map[string]string {
 	return out
 }
 
-// stop sends SIGTERM, then SIGKILL after 10 s, and removes the data dir.
+// stop sends SIGTERM, then SIGKILL after 10 s, reaps what the server left, and removes the
+// data dir.
 func (d *deployment) stop() {
 	if d.cmd == nil {
 		return
@@ -229,6 +231,12 @@ func (d *deployment) stop() {
 			<-d.exited
 		}
 	}
+	// wb serve destroys its guests as it stops (its Redis, and so its sessions, end with it);
+	// one killed leaves them, and their cgroups, to this.
+	if err := fleet.Reap(context.Background(), d.runtime, filepath.Join(d.tmp, "data"), fleet.ServeNodeID); err != nil {
+		fmt.Fprintf(os.Stderr, "conformance: wb serve (%s) left guests: %v\n", d.name, err)
+	}
+	fleet.UnmountUnder(d.tmp)
 	if !mountedBelow(d.tmp) {
 		_ = os.RemoveAll(d.tmp)
 	}

@@ -54,6 +54,17 @@ func reapGuests(ctx context.Context, runtime string, n *Node) error {
 	return errors.Join(errs...)
 }
 
+// ServeNodeID is the id of the node `wb serve` runs (cmd/wb).
+const ServeNodeID = "node_local"
+
+// Reap destroys the guests of a node that will not start again, and removes its cgroups: what
+// a test's `wb serve` or `wb node` leaves once stopped (cleanly, it leaves its sessions'
+// guests for its next start; killed, all of them). runtime is the node's (runc or runsc),
+// dataDir its --data-dir and id its id (ServeNodeID for `wb serve`).
+func Reap(ctx context.Context, runtime, dataDir, id string) error {
+	return reapGuests(ctx, runtime, &Node{ID: id, DataDir: dataDir})
+}
+
 // removeCgroupTree removes the cgroup p (and every cgroup below it) in each hierarchy: the
 // v1 controllers mounted below /sys/fs/cgroup, and the v2 root itself.
 func removeCgroupTree(p string) error {

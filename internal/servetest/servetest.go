@@ -2,6 +2,7 @@ package servetest
 
 import (
 	"bufio"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,8 +37,7 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 	if os.Geteuid() != 0 {
 		t.Skip("runc guests need root")
 	}
-	runc, err := exec.LookPath("runc")
-	if err != nil {
+	if _, err := exec.LookPath("runc"); err != nil {
 		t.Skip("runc is not installed")
 	}
 	if _, err := exec.LookPath("busybox"); err != nil {
@@ -90,10 +90,8 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
-		stateRoot := filepath.Join(dataDir, "oci-state")
-		out, _ := exec.Command(runc, "--root", stateRoot, "list", "-q").Output()
-		for _, id := range strings.Fields(string(out)) {
-			_ = exec.Command(runc, "--root", stateRoot, "delete", "--force", id).Run()
+		if err := fleet.Reap(context.Background(), "runc", dataDir, fleet.ServeNodeID); err != nil {
+			t.Logf("servetest: wb serve's guests: %v", err) // what a leak left is the machine's, not the test's
 		}
 		fleet.UnmountUnder(tmp)
 	})
