@@ -1,6 +1,7 @@
 package oci_test
 
 import (
+	"context"
 	"errors"
 	"net"
 	"os"
@@ -709,4 +710,57 @@ func knownRunning(t *testing.T, d *oci.Driver, id, when string, running, known b
 	if r, k := d.KnownRunning(id); r != running || k != known {
 		t.Fatalf("KnownRunning %s = %v, %v; want %v, %v", when, r, k, running, known)
 	}
+}
+
+// TestCreateCutOffLeavesNothing: a create whose context ends while the runtime is still
+// creating (a warm-pool boot when its node stops) leaves no guest process, runtime state or
+// cgroup behind. runsc killed in the middle of its create once left a sandbox running that
+// its state did not know, so that no delete could find it.
+func TestCreateCutOffLeavesNothing(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt) // its cleanup fails the test if a guest's cgroup is left
+			for _, after := range []time.Duration{5, 20, 40, 80, 150} {
+				after *= time.Millisecond
+				s := guestSpec(t, cat[templates.Base], jobRunner)
+				ctx, cancel := context.WithTimeout(context.Background(), after)
+				err := d.Create(ctx, s)
+				cancel()
+				if err == nil {
+					track(t, d, s) // the create beat the cut
+					continue
+				}
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Logf("create cut off after %v: %v", after, err)
+				}
+				ids, lerr := d.List(ctxT(t, time.Minute))
+				if lerr != nil {
+					t.Fatal(lerr)
+				}
+				if slices.Contains(ids, s.ID) {
+					t.Errorf("create cut off after %v: the runtime still lists %s", after, s.ID)
+				}
+				if procs := processesNaming(s.ID); len(procs) > 0 {
+					t.Errorf("create cut off after %v: processes of %s still run: %q", after, s.ID, procs)
+				}
+			}
+		})
+	}
+}
+
+// processesNaming answers the command lines of the host's processes that name id.
+func processesNaming(id string) []string {
+	var out []string
+	dirs, _ := os.ReadDir("/proc")
+	for _, de := range dirs {
+		if _, err := strconv.Atoi(de.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", de.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), id) {
+			out = append(out, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
 }

@@ -200,11 +200,14 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	}
 	defer con.Close()
 	pf := filepath.Join(bundle, pidFile)
-	_, err = d.rt.Restore(ctx, s.ID, bundle, &gorunc.RestoreOpts{
-		CheckpointOpts: gorunc.CheckpointOpts{ImagePath: filepath.Join(dir, snapshotMemory)},
-		IO:             con,
-		Detach:         true,
-		PidFile:        pf,
+	err = d.startsGuest(ctx, s.ID, func(ctx context.Context) error {
+		_, err := d.rt.Restore(ctx, s.ID, bundle, &gorunc.RestoreOpts{
+			CheckpointOpts: gorunc.CheckpointOpts{ImagePath: filepath.Join(dir, snapshotMemory)},
+			IO:             con,
+			Detach:         true,
+			PidFile:        pf,
+		})
+		return err
 	})
 	if err != nil {
 		err = con.withTail(off, fmt.Errorf("oci: %s restore %s: %w", d.name, s.ID, err))
