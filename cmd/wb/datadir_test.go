@@ -94,8 +94,8 @@ func TestTwoServesOneDataDirKeepGuests(t *testing.T) {
 	// Whatever happens, no sandbox or mount of this test outlives it (a wb killed with
 	// SIGKILL leaves both).
 	t.Cleanup(func() {
-		for id := range runningGuests(t, runsc, stateRoot) {
-			_ = exec.Command(runsc, "--root", stateRoot, "delete", "--force", id).Run()
+		if err := fleet.Reap(context.Background(), "runsc", dataDir, fleet.ServeNodeID); err != nil {
+			t.Logf("wb serve's guests: %v", err)
 		}
 		fleet.UnmountUnder(tmp)
 	})

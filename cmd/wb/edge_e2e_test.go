@@ -72,13 +72,11 @@ func runcGuestDir(t *testing.T, prefix string) (runc, tmp, bin string) {
 // cold starts are servetest's (a loaded machine's).
 func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
 	t.Helper()
-	runc, tmp, bin := runcGuestDir(t, "wbs")
+	_, tmp, bin := runcGuestDir(t, "wbs")
 	dataDir := filepath.Join(tmp, "d")
-	stateRoot := filepath.Join(dataDir, "oci-state")
 	t.Cleanup(func() {
-		out, _ := exec.Command(runc, "--root", stateRoot, "list", "-q").Output()
-		for _, id := range strings.Fields(string(out)) {
-			_ = exec.Command(runc, "--root", stateRoot, "delete", "--force", id).Run()
+		if err := fleet.Reap(context.Background(), "runc", dataDir, fleet.ServeNodeID); err != nil {
+			t.Logf("wb serve's guests: %v", err)
 		}
 		fleet.UnmountUnder(tmp)
 	})
