@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -50,21 +49,6 @@ func TestBufferedExecOutputIsCapped(t *testing.T) {
 	const maxOut = 1 << 20
 	const total = 64 << 20
 	e := newEnv(t, func(c *Config) { c.MaxOutputBytes = maxOut })
-	// fakenode heartbeats once; this test may outlive the placer's 10 s heartbeat timeout.
-	hbCtx, stopHB := context.WithCancel(context.Background())
-	defer stopHB()
-	go func() {
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-hbCtx.Done():
-				return
-			case <-tick.C:
-				_ = e.node.Heartbeat(hbCtx)
-			}
-		}
-	}()
 	s := e.running(map[string]any{"tier": 2})
 	// Warm up (connections, the agent), then measure from a collected heap.
 	e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"}, 200, nil)

@@ -15,7 +15,7 @@ import (
 // file) reaches its session's node and its last activity, so that the session's own idle
 // timer never ends a desktop in use.
 func TestDesktopUseReachesItsSession(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "d"})
 	before := e.sessionOf(d.SessionID).LastActivityAt
 	time.Sleep(20 * time.Millisecond) // activity times are in ms
@@ -38,7 +38,7 @@ func TestDesktopUseReachesItsSession(t *testing.T) {
 // before it.
 func TestDesktopUsedBetweenIdleReadAndSleep(t *testing.T) {
 	const idle = time.Hour // the loop never finds it idle by itself
-	e := newDesktopEnv(t, func(c *Config) { c.DesktopIdle = idle })
+	e := newEnv(t, func(c *Config) { c.DesktopIdle = idle })
 	ctx := context.Background()
 	d := e.newDesktop(map[string]any{"name": "d"})
 	p, err := e.st.GetProject(ctx, e.projA)

@@ -84,7 +84,7 @@ func rpcError(t *testing.T, cs *mcp.ClientSession, name string, args map[string]
 // TestDesktopMCPWakesOnToolCall: initialize and tools/list leave an asleep desktop asleep;
 // a tool call wakes it, waits, and answers; every tool works on the running desktop.
 func TestDesktopMCPWakesOnToolCall(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "agent's"})
 	e.desktopAction(d.ID, "sleep", 202)
 	d = e.waitDesktop(d.ID, desktop.Asleep)
@@ -158,7 +158,7 @@ func TestDesktopMCPWakesOnToolCall(t *testing.T) {
 // the state and what to do, to a failed one a 502 with its message, with no machine with
 // room a 409 (and it stays asleep); another project's key is a 404, a bad key a 401.
 func TestDesktopMCPRefusals(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "refused"})
 	e.desktopAction(d.ID, "stop", 202)
 	d = e.waitDesktop(d.ID, desktop.Stopped)
@@ -230,7 +230,7 @@ func TestDesktopMCPRefusals(t *testing.T) {
 // allowed.
 func TestDesktopMCPIdleClient(t *testing.T) {
 	const idle = 2 * time.Second
-	e := newDesktopEnv(t, func(c *Config) { c.DesktopIdle = idle })
+	e := newEnv(t, func(c *Config) { c.DesktopIdle = idle })
 	d := e.newDesktop(map[string]any{"name": "idle"})
 	cs, err := mcpConnect(context.Background(), d.MCPURL, e.key, &mcp.ClientOptions{KeepAlive: idle / 2, KeepAliveFailureThreshold: 10},
 		&mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
@@ -262,7 +262,7 @@ func TestDesktopMCPIdleClient(t *testing.T) {
 // TestDesktopFilesUse: a listing or a read of an asleep desktop answers 409 and leaves it
 // asleep; a file sent wakes it and is written; deleting one is a use too.
 func TestDesktopFilesUse(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "files"})
 	files := "/v1/desktops/" + d.ID + "/files?path="
 	e.mustDo("PUT", files+"a.txt", e.key, []byte("one"), 204, nil)
@@ -338,7 +338,7 @@ func TestMCPCallError(t *testing.T) {
 
 // TestDesktopReadyStates: what a call finds in each state, by cause.
 func TestDesktopReadyStates(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	ctx := context.Background()
 	p, err := e.st.GetProject(ctx, e.projA)
 	if err != nil {
@@ -378,7 +378,7 @@ func TestDesktopReadyStates(t *testing.T) {
 // public Host; the endpoint serves it (the SDK's DNS-rebinding guard would answer 403), and
 // GET, the standalone stream, is 405.
 func TestDesktopMCPBehindProxy(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "proxied"})
 	post := func(method, body string) *http.Response {
 		req, _ := http.NewRequest(method, d.MCPURL, strings.NewReader(body))

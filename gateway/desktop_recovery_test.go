@@ -51,7 +51,7 @@ func (e *env) createInSetup(inSetup <-chan struct{}) desktop.Desktop {
 // dead one's lease runs out, and the desktop runs on the session already made, not a second.
 func TestDesktopStartSurvivesItsGateway(t *testing.T) {
 	inSetup := make(chan struct{}, 1)
-	e := newDesktopEnv(t, func(c *Config) {
+	e := newEnv(t, func(c *Config) {
 		c.DesktopLease = time.Second
 		c.DesktopSetup = func(ctx context.Context, _ desktop.Execer) error {
 			inSetup <- struct{}{}
@@ -88,7 +88,7 @@ func TestDesktopStartSurvivesItsGateway(t *testing.T) {
 // TestDesktopSleepSurvivesItsGateway: a desktop left in stopping by a gateway that died
 // (its lease ran out) is put to sleep by another, with its state saved.
 func TestDesktopSleepSurvivesItsGateway(t *testing.T) {
-	e := newDesktopEnv(t, func(c *Config) { c.DesktopLease = time.Second })
+	e := newEnv(t, func(c *Config) { c.DesktopLease = time.Second })
 	d := e.newDesktop(map[string]any{"name": "d"})
 	ctx := context.Background()
 	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
@@ -122,7 +122,7 @@ func TestDesktopSetupExecTimeout(t *testing.T) {
 		elapsed time.Duration
 	}
 	got := make(chan result, 1)
-	e := newDesktopEnv(t, func(c *Config) {
+	e := newEnv(t, func(c *Config) {
 		c.DesktopSetup = func(ctx context.Context, ex desktop.Execer) error {
 			ctx, cancel := context.WithTimeout(ctx, 4*time.Second)
 			defer cancel()
@@ -159,7 +159,7 @@ func TestDesktopSetupExecTimeout(t *testing.T) {
 func TestDesktopRecoveryLeavesItsOwnWork(t *testing.T) {
 	inSetup := make(chan struct{}, 4)
 	release := make(chan struct{})
-	e := newDesktopEnv(t, func(c *Config) {
+	e := newEnv(t, func(c *Config) {
 		c.DesktopLease = time.Minute // renewed every 20 s: not while the test looks
 		c.DesktopSetup = func(ctx context.Context, _ desktop.Execer) error {
 			inSetup <- struct{}{}

@@ -53,7 +53,7 @@ func fakeXWD(t *testing.T) (failFlag string) {
 // naming its state and is not woken; a display that cannot be read answers 502.
 func TestDesktopScreen(t *testing.T) {
 	failFlag := fakeXWD(t)
-	e := newDesktopEnv(t, func(c *Config) { c.Guests = bashNode{c.Guests.(*fakenode.Node)} })
+	e := newEnv(t, func(c *Config) { c.Guests = bashNode{c.Guests.(*fakenode.Node)} })
 	d := e.newDesktop(map[string]any{"name": "screen"})
 	before := e.desktop(d.ID).LastUsedAt
 
@@ -96,7 +96,7 @@ func TestDesktopScreen(t *testing.T) {
 // so.
 func TestDesktopHeartbeat(t *testing.T) {
 	const idle = 2 * time.Second
-	e := newDesktopEnv(t, func(c *Config) { c.DesktopIdle = idle })
+	e := newEnv(t, func(c *Config) { c.DesktopIdle = idle })
 	d := e.newDesktop(map[string]any{"name": "beat"})
 	for until := time.Now().Add(2 * idle); time.Now().Before(until); time.Sleep(idle / 10) {
 		var got desktop.Desktop

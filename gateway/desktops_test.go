@@ -72,7 +72,7 @@ func (e *env) snapshotExists(id string) bool {
 // stop, start, stop while asleep, delete; each wakes or starts the way the seed says (a wake
 // restores the memory snapshot, a start the disk) and each transition reaches the outbox.
 func TestDesktopLifecycle(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	var created desktop.Desktop
 	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "my desk"}, 201, &created)
 	if !strings.HasPrefix(created.ID, "desk_") || created.Size != "s" || created.MCPURL != e.url+"/v1/desktops/"+created.ID+"/mcp" {
@@ -197,7 +197,6 @@ func TestDesktopOtherRequestsAre409(t *testing.T) {
 	tiers := session.DefaultTiers()
 	tiers[DesktopTier-1].ColdP95 = time.Second
 	e := newEnvTiers(t, redistest.Server(t), tiers)
-	heartbeating(t, e.node)
 	d := e.newDesktop(map[string]any{"name": "d"})
 	refuse := func(state desktop.State, actions ...string) {
 		t.Helper()
@@ -244,7 +243,7 @@ func TestDesktopOtherRequestsAre409(t *testing.T) {
 
 // TestDesktopBadRequests: clear 400s naming the field, 404 for another project's desktop.
 func TestDesktopBadRequests(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	for _, c := range []struct {
 		body  any
 		param string
@@ -286,7 +285,7 @@ func TestDesktopBadRequests(t *testing.T) {
 // TestDesktopStateNotSaved: a host that cannot save memory still lets the desktop sleep,
 // from its disk: state_saved is left out, the message says so, and it wakes from the disk.
 func TestDesktopStateNotSaved(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	e.node.SetMemorySnapshots(false)
 	d := e.newDesktop(map[string]any{"name": "d"})
 	e.desktopAction(d.ID, "sleep", 202)
@@ -310,7 +309,7 @@ func TestDesktopStateNotSaved(t *testing.T) {
 // TestDesktopStateNotRestored: a saved state that cannot be restored is given up: the
 // desktop wakes from its disk, and state_saved is left out.
 func TestDesktopStateNotRestored(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "d"})
 	e.desktopAction(d.ID, "sleep", 202)
 	d = e.waitDesktop(d.ID, desktop.Asleep)
@@ -334,7 +333,7 @@ func TestDesktopStateNotRestored(t *testing.T) {
 
 // TestDesktopResize is the seed's "Changing the size".
 func TestDesktopResize(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "d"})
 	// Awake: it keeps running at its size, and has the new one from its next start.
 	var got desktop.Desktop
@@ -397,7 +396,7 @@ func TestDesktopResize(t *testing.T) {
 // TestDesktopIdle: a desktop unused for the idle time sleeps; a listing is no use, a touch is.
 func TestDesktopIdle(t *testing.T) {
 	const idle = 2 * time.Second
-	e := newDesktopEnv(t, func(c *Config) { c.DesktopIdle = idle })
+	e := newEnv(t, func(c *Config) { c.DesktopIdle = idle })
 	d := e.newDesktop(map[string]any{"name": "d"})
 	// Touched for longer than the idle time, it stays awake.
 	until := time.Now().Add(2 * idle)
@@ -434,8 +433,7 @@ func TestDesktopIdle(t *testing.T) {
 	}
 }
 
-// heartbeating keeps the fake node's registration fresh while the test runs: desktop tests
-// outlast the placer's heartbeat timeout, and a desktop wakes only where a live node has room.
+// heartbeating keeps the fake node's registration fresh while the test runs, every second.
 func heartbeating(t *testing.T, n *fakenode.Node) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -453,19 +451,12 @@ func heartbeating(t *testing.T, n *fakenode.Node) {
 	}()
 }
 
-// newDesktopEnv is newEnv with the fake node heartbeating.
-func newDesktopEnv(t *testing.T, opts ...envOpt) *env {
-	e := newEnv(t, opts...)
-	heartbeating(t, e.node)
-	return e
-}
-
 // TestDesktopSessionsCarryTheDesktop: each session a desktop runs as (one per start or wake)
 // carries the desktop's id in its metadata, set by the platform after admission; the usage
 // report labels those sessions' lines with the desktop, also once a session is gone, so that
 // a desktop's cost this month is the sum of its lines.
 func TestDesktopSessionsCarryTheDesktop(t *testing.T) {
-	e := newDesktopEnv(t)
+	e := newEnv(t)
 	ctx := context.Background()
 	d := e.newDesktop(map[string]any{"name": "costed"})
 	s1 := d.SessionID

@@ -72,6 +72,9 @@ func newEnvTiers(t *testing.T, rdb redis.UniversalClient, tiers session.Tiers, o
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As a real node does: a test that outlasts the placer's heartbeat timeout (10 s), as a
+	// loaded machine makes many, would find the node dead and its sessions left pending.
+	heartbeating(t, node)
 	pl := placer.New(placer.Config{Store: st, Provisioner: node, Tiers: tiers})
 	done := make(chan struct{})
 	go func() { _ = pl.Run(ctx); close(done) }()
@@ -886,4 +889,13 @@ func TestDeleteWhileProvisioning(t *testing.T) {
 		t.Fatal(del.State)
 	}
 	e.waitState(e.key, s.ID, session.Stopped)
+}
+
+// TestEnvNodeOutlivesTheHeartbeatTimeout: the tests' fake node heartbeats as a real node does,
+// so a session created past the placer's heartbeat timeout (10 s) is placed. A loaded machine
+// stretched TestConnectURLs past it, and its sessions stayed pending.
+func TestEnvNodeOutlivesTheHeartbeatTimeout(t *testing.T) {
+	e := newEnv(t)
+	time.Sleep(11 * time.Second)
+	e.running(map[string]any{"tier": 2})
 }
