@@ -2,8 +2,6 @@ package node_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"wb/hypervisor/oci"
+	"wb/internal/datadir"
 	"wb/internal/redistest"
 	"wb/internal/servetest"
 	"wb/node/client"
@@ -117,7 +116,7 @@ func TestNodeKilled(t *testing.T) {
 	// (cmd/wb buildNode: state and bundles in the data dir, cgroups under /wb/<id>-<digest>),
 	// to check on them and to clean them up even if the test fails.
 	hd, err := oci.New(oci.Options{Runtime: "runsc", StateRoot: filepath.Join(dataDir, "oci-state"),
-		BundleRoot: filepath.Join(dataDir, "bundles"), CgroupParent: "/wb/" + cgroupName(dataDir, nodeID), Logger: testLogger(t)})
+		BundleRoot: filepath.Join(dataDir, "bundles"), CgroupParent: "/wb/" + datadir.CgroupName(dataDir, nodeID), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,11 +213,4 @@ func TestNodeKilled(t *testing.T) {
 	if code := w2.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("wb node exited %d after SIGTERM", code)
 	}
-}
-
-// cgroupName mirrors cmd/wb's: a node's cgroup parent is /wb/<id>-<digest of its data dir>.
-func cgroupName(dataDir, id string) string {
-	abs, _ := filepath.Abs(dataDir)
-	sum := sha256.Sum256([]byte(abs))
-	return id + "-" + hex.EncodeToString(sum[:4])
 }

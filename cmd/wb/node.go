@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"debug/elf"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -142,7 +140,7 @@ func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
 			rt = ""
 		}
 		drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"),
-			StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + cgroupName(f.dataDir, f.id), Logger: log,
+			StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + datadir.CgroupName(f.dataDir, f.id), Logger: log,
 			AllowUnlimitedDisk: f.allowUnlimitedDisk})
 		if err != nil {
 			return nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
@@ -151,7 +149,7 @@ func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
 	case "cloudhv":
 		drv, err := cloudhv.New(context.Background(), cloudhv.Options{Binary: f.chBinary, Kernel: f.kernel, Initramfs: f.initramfs,
 			StateDir: filepath.Join(f.dataDir, "cloudhv"), CacheDir: filepath.Join(f.dataDir, "cloudhv-cache"),
-			CgroupParent: "/wb-cloudhv/" + cgroupName(f.dataDir, f.id), Logger: log})
+			CgroupParent: "/wb-cloudhv/" + datadir.CgroupName(f.dataDir, f.id), Logger: log})
 		if err != nil {
 			return nil, fmt.Errorf("--backend cloudhv: %w", err)
 		}
@@ -331,13 +329,6 @@ func hostnameOr(def string) string {
 		return "node_" + h
 	}
 	return def
-}
-
-// cgroupName is a stable cgroup directory name for a node: its id and a digest of its data dir.
-func cgroupName(dataDir, id string) string {
-	abs, _ := filepath.Abs(dataDir)
-	sum := sha256.Sum256([]byte(abs))
-	return id + "-" + hex.EncodeToString(sum[:4])
 }
 
 // runPoolSize is --run-pool, which defaults to --pool: runs are as fast as the node's

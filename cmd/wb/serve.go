@@ -22,6 +22,7 @@ import (
 	"wb/gateway"
 	"wb/hypervisor/templates"
 	"wb/internal/datadir"
+	"wb/internal/fleet"
 	"wb/internal/netguard"
 	"wb/node"
 	nodeclient "wb/node/client"
@@ -206,7 +207,7 @@ Flags:
 		ln.Close()
 		return err
 	}
-	f.node.id, f.node.region, f.node.zone = "node_local", f.region, f.region+"-a"
+	f.node.id, f.node.region, f.node.zone = fleet.ServeNodeID, f.region, f.region+"-a"
 	nd, tpls, err := buildNode(ctx, f.node, st, "http://"+nodeLn.Addr().String(), log)
 	if err != nil {
 		ln.Close()

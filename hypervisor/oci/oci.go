@@ -409,17 +409,16 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 	pf := filepath.Join(bundle, pidFile)
 	opts := &gorunc.CreateOpts{IO: con, PidFile: pf}
 	verb, state := "create", hypervisor.StateCreated
-	err = d.startsGuest(ctx, s.ID, func(ctx context.Context) error {
+	if run {
+		verb, state, opts.Detach = "run", hypervisor.StateRunning, true
+	}
+	err = startsGuest(ctx, func(ctx context.Context) error {
 		if run {
-			opts.Detach = true
 			_, err := d.rt.Run(ctx, s.ID, bundle, opts)
 			return err
 		}
 		return d.rt.Create(ctx, s.ID, bundle, opts)
 	})
-	if run {
-		verb, state = "run", hypervisor.StateRunning
-	}
 	if err != nil {
 		err = con.withTail(off, fmt.Errorf("oci: %s %s %s: %w", d.name, verb, s.ID, err))
 		d.cleanupFailed(s.ID)
@@ -434,12 +433,12 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 // which runs to its end whatever its caller's context says.
 const runtimeStartTimeout = 2 * time.Minute
 
-// startsGuest runs start, a runtime command that starts guest id, to its end even when ctx
+// startsGuest runs start, a runtime command that starts a guest, to its end even when ctx
 // ends first: runsc killed in the middle of its create or restore can leave a sandbox running
 // that its state does not know, and that no delete then finds (a warm-pool boot cut off by a
 // node's stop once left one running). A start that ctx no longer wants is then an error of
 // ctx, and the caller deletes what it made.
-func (d *Driver) startsGuest(ctx context.Context, id string, start func(context.Context) error) error {
+func startsGuest(ctx context.Context, start func(context.Context) error) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runtimeStartTimeout)
 	defer cancel()
 	if err := start(sctx); err != nil {

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -272,13 +271,6 @@ func (f *Fleet) stop(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("fleet: remove %s: %w", f.opts.Dir, err))
 	}
 	return errors.Join(errs...)
-}
-
-// cgroupName mirrors cmd/wb's: a node's cgroup parent is /wb/<id>-<digest of its data dir>.
-func cgroupName(dataDir, id string) string {
-	abs, _ := filepath.Abs(dataDir)
-	sum := sha256.Sum256([]byte(abs))
-	return id + "-" + hex.EncodeToString(sum[:4])
 }
 
 func randomHex(n int) string {

@@ -14,6 +14,7 @@ import (
 
 	"wb/hypervisor"
 	"wb/hypervisor/oci"
+	"wb/internal/datadir"
 )
 
 // reapGuests destroys every guest in a node's runtime state and removes its cgroups, through
@@ -25,7 +26,7 @@ func reapGuests(ctx context.Context, runtime string, n *Node) error {
 		return nil // never started a guest
 	}
 	d, err := oci.New(oci.Options{Runtime: runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
-		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + cgroupName(n.DataDir, n.ID),
+		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + datadir.CgroupName(n.DataDir, n.ID),
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return fmt.Errorf("fleet: reap %s's guests: %w", n.ID, err)
@@ -96,7 +97,7 @@ func removeCgroupTree(p string) error {
 // Guests answers the ids of the guests in the node's runtime state (running or not).
 func (f *Fleet) Guests(ctx context.Context, n *Node) ([]string, error) {
 	d, err := oci.New(oci.Options{Runtime: f.opts.Runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
-		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + cgroupName(n.DataDir, n.ID),
+		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + datadir.CgroupName(n.DataDir, n.ID),
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %s's guests: %w", n.ID, err)
@@ -125,4 +126,4 @@ func UnmountUnder(dir string) {
 
 // CgroupParent is the cgroup below which the node's guests run (cmd/wb newDriver); it is
 // gone once the node's guests are.
-func (n *Node) CgroupParent() string { return "/wb/" + cgroupName(n.DataDir, n.ID) }
+func (n *Node) CgroupParent() string { return "/wb/" + datadir.CgroupName(n.DataDir, n.ID) }
