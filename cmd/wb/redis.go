@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/internal/redisconn"
 	"wb/internal/redisproc"
 )
 
@@ -82,6 +83,9 @@ func dialRedis(rawURL, caFile string) (redis.UniversalClient, error) {
 			return nil, err
 		}
 		withRoots(opts.TLSConfig)
+		if opts.TLSConfig == nil {
+			opts.Dialer = redisconn.Dialer(opts.DialTimeout)
+		}
 		opts.ClusterStateReloadInterval = clusterReloadInterval
 		return redis.NewClusterClient(opts), nil
 	}
@@ -90,6 +94,9 @@ func dialRedis(rawURL, caFile string) (redis.UniversalClient, error) {
 		return nil, err
 	}
 	withRoots(opts.TLSConfig)
+	if opts.TLSConfig == nil { // a TLS connection is opaque to go-redis already
+		opts.Dialer = redisconn.Dialer(opts.DialTimeout)
+	}
 	return redis.NewClient(opts), nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,6 +83,11 @@ func TestEmbeddedRedis(t *testing.T) {
 }
 
 func TestRedisURLs(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	for _, c := range []struct {
 		url, user, pw string
 		tls           bool
@@ -109,16 +115,17 @@ func TestRedisURLs(t *testing.T) {
 		}
 		var user, pw string
 		var tls bool
+		var dial func(context.Context, string, string) (net.Conn, error)
 		switch r := rdb.(type) {
 		case *redis.Client:
 			o := r.Options()
-			user, pw, tls = o.Username, o.Password, o.TLSConfig != nil
+			user, pw, tls, dial = o.Username, o.Password, o.TLSConfig != nil, o.Dialer
 			if c.cluster != nil {
 				t.Errorf("%s: a single client, want a Cluster", c.url)
 			}
 		case *redis.ClusterClient:
 			o := r.Options()
-			user, pw, tls = o.Username, o.Password, o.TLSConfig != nil
+			user, pw, tls, dial = o.Username, o.Password, o.TLSConfig != nil, o.Dialer
 			if strings.Join(o.Addrs, ",") != strings.Join(c.cluster, ",") {
 				t.Errorf("%s: cluster seeds %v, want %v", c.url, o.Addrs, c.cluster)
 			}
@@ -131,6 +138,19 @@ func TestRedisURLs(t *testing.T) {
 		rdb.Close()
 		if user != c.user || pw != c.pw || tls != c.tls {
 			t.Errorf("%s: user %q password %q tls %v; want %q %q %v", c.url, user, pw, tls, c.user, c.pw, c.tls)
+		}
+		if !tls && dial == nil {
+			t.Errorf("%s: the client dials with go-redis's own dialer, whose connections it peeks at before every command (want redisconn.Dialer)", c.url)
+		} else if !tls {
+			// go-redis peeks at a syscall.Conn's socket before every command.
+			conn, err := dial(context.Background(), "tcp", l.Addr().String())
+			if err != nil {
+				t.Fatalf("%s: dial: %v", c.url, err)
+			}
+			if _, peeks := conn.(syscall.Conn); peeks {
+				t.Errorf("%s: the client's connections are a %T, which go-redis peeks at (want redisconn.Dialer's)", c.url, conn)
+			}
+			conn.Close()
 		}
 		if c.pw != "" && strings.Contains(redisLabel(c.url), c.pw) {
 			t.Errorf("%s: the label %q shows the password", c.url, redisLabel(c.url))

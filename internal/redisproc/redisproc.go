@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"wb/internal/redisconn"
 )
 
 const (
@@ -119,7 +121,7 @@ func Start(ctx context.Context, dir string) (*Server, error) {
 
 // Options are a go-redis client's options for the server.
 func (s *Server) Options() *redis.Options {
-	return &redis.Options{Network: "unix", Addr: s.Socket, Password: s.Password}
+	return &redis.Options{Network: "unix", Addr: s.Socket, Password: s.Password, Dialer: redisconn.Dialer(0)}
 }
 
 // Close stops the server (SIGTERM, then SIGKILL after a grace) and waits for it.

@@ -44,6 +44,16 @@ func TestStart(t *testing.T) {
 	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// Its clients' connections are opaque to go-redis, which would otherwise peek at the
+	// socket before every command (redisconn.Dialer).
+	if c, err := s.Options().Dialer(ctx, "unix", s.Socket); err != nil {
+		t.Error(err)
+	} else {
+		if _, peeks := c.(syscall.Conn); peeks {
+			t.Errorf("a client's connection is a %T, which go-redis peeks at", c)
+		}
+		c.Close()
+	}
 	if st, _ := os.Stat(dir); st.Mode().Perm() != 0o700 {
 		t.Errorf("dir mode %v, want 0700", st.Mode().Perm())
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"wb/internal/redisconn"
 )
 
 const (
@@ -266,6 +268,7 @@ func nodeOptions(addr string) *redis.Options {
 	return &redis.Options{
 		Addr:                     addr,
 		DialTimeout:              2 * time.Second,
+		Dialer:                   redisconn.Dialer(2 * time.Second),
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
 }
@@ -348,6 +351,7 @@ func Cluster(t testing.TB) *redis.ClusterClient {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs:                    addrs,
 		DialTimeout:              2 * time.Second,
+		Dialer:                   redisconn.Dialer(2 * time.Second),
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
 	t.Cleanup(func() { _ = cc.Close() })
