@@ -2,12 +2,16 @@ package gateway
 
 import (
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // BenchmarkCreateSaturated: POST /v1/sessions saturated by wrk from 16 connections for 5 s,
@@ -17,31 +21,119 @@ import (
 // clients are Go's net/http in the gateway's own process: on two cores they took a good part
 // of the CPU that the creates/s figure then lacked.)
 func BenchmarkCreateSaturated(b *testing.B) {
-	bin, err := exec.LookPath("wrk")
-	if err != nil {
-		b.Fatalf("wrk (Debian package wrk) is not installed: %v", err)
-	}
-	url, key, _ := benchServer(b)
-	script := filepath.Join(b.TempDir(), "create.lua")
-	if err := os.WriteFile(script, []byte(wrkCreateScript(key)), 0o600); err != nil {
-		b.Fatal(err)
-	}
+	url, key := wrkServer(b)
 	var res wrkResult
 	for b.Loop() {
-		out, err := exec.CommandContext(b.Context(), bin, "-t2", "-c16", "-d5s", "-s", script, url+"/v1/sessions").CombinedOutput()
-		if err != nil {
-			b.Fatalf("wrk: %v\n%s", err, out)
-		}
-		if res, err = parseWrk(out); err != nil {
-			b.Fatal(err)
-		}
-		if res.failed > 0 {
-			b.Fatalf("wrk: %d of %d creates failed (an error status, or no answer)\n%s", res.failed, res.requests, out)
-		}
+		res = saturate(b, url, key, 5*time.Second)
 	}
 	b.ReportMetric(res.perSec, "creates/s")
 	b.ReportMetric(res.p50us, "p50-µs")
 	b.ReportMetric(res.p99us, "p99-µs")
+}
+
+// BenchmarkCreateHalfSaturated: the latency target is "at half of saturation": wrk
+// finds the saturated rate (3 s), then creates arrive open loop at half of it for 5 s, from
+// a process of their own (this test binary again, TestOpenLoopClient), each measured from
+// when it was due, so that a stall counts as its callers would feel it (no coordinated
+// omission). The client is Go's net/http, which costs the machine more than wrk does.
+func BenchmarkCreateHalfSaturated(b *testing.B) {
+	url, key := wrkServer(b)
+	var rate, p50, p99 float64
+	for b.Loop() {
+		rate = saturate(b, url, key, 3*time.Second).perSec / 2
+		cmd := exec.CommandContext(b.Context(), os.Args[0], "-test.run=^TestOpenLoopClient$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("WB_OPEN_LOOP=%s %s %.0f 5", url, key, rate))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Fatalf("the open-loop client: %v\n%s", err, out)
+		}
+		if _, err := fmt.Sscanf(lineAfter(string(out), "wb-open-loop "), "%g %g", &p50, &p99); err != nil {
+			b.Fatalf("the open-loop client's summary: %v\n%s", err, out)
+		}
+	}
+	b.ReportMetric(rate, "creates/s")
+	b.ReportMetric(p50, "p50-µs")
+	b.ReportMetric(p99, "p99-µs")
+	b.ReportMetric(p99/p50, "p99/p50")
+}
+
+// TestOpenLoopClient is BenchmarkCreateHalfSaturated's client, in a process of its own: with
+// WB_OPEN_LOOP="URL KEY RATE SECONDS" it sends creates at RATE per second for SECONDS,
+// create i due at start + i/RATE whatever came before, and prints "wb-open-loop P50 P99" in
+// µs, each create measured from when it was due. Any failed create fails it.
+func TestOpenLoopClient(t *testing.T) {
+	spec := os.Getenv("WB_OPEN_LOOP")
+	if spec == "" {
+		t.Skip("BenchmarkCreateHalfSaturated's client; runs when it sets WB_OPEN_LOOP")
+	}
+	var url, key string
+	var rate, secs float64
+	if _, err := fmt.Sscanf(spec, "%s %s %g %g", &url, &key, &rate, &secs); err != nil || rate*secs < 1 {
+		t.Fatalf("WB_OPEN_LOOP %q: want URL KEY RATE SECONDS, at least one create (%v)", spec, err)
+	}
+	c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}, Timeout: 30 * time.Second}
+	n := int(rate * secs)
+	lat := make([]time.Duration, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		due := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
+		time.Sleep(time.Until(due))
+		wg.Go(func() {
+			if _, err := post(c, url, key); err != nil {
+				errs <- err
+			}
+			lat[i] = time.Since(due)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("a create failed (of %d): %v", n, err)
+	}
+	slices.Sort(lat)
+	q := func(p float64) int64 { return lat[int(float64(n-1)*p)].Microseconds() }
+	fmt.Printf("wb-open-loop %d %d\n", q(0.5), q(0.99))
+}
+
+// lineAfter is the rest of out's first line that starts with prefix ("" when none does).
+func lineAfter(out, prefix string) string {
+	for line := range strings.Lines(out) {
+		if rest, ok := strings.CutPrefix(line, prefix); ok {
+			return rest
+		}
+	}
+	return ""
+}
+
+// wrkServer is benchServer for a load from wrk.
+func wrkServer(b *testing.B) (url, key string) {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		b.Fatalf("wrk (Debian package wrk) is not installed: %v", err)
+	}
+	url, key, _ = benchServer(b)
+	return url, key
+}
+
+// saturate runs wrk's creates from 16 connections for d.
+func saturate(b *testing.B, url, key string, d time.Duration) wrkResult {
+	script := filepath.Join(b.TempDir(), "create.lua")
+	if err := os.WriteFile(script, []byte(wrkCreateScript(key)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	out, err := exec.CommandContext(b.Context(), "wrk", "-t2", "-c16", "-d"+d.String(), "-s", script, url+"/v1/sessions").CombinedOutput()
+	if err != nil {
+		b.Fatalf("wrk: %v\n%s", err, out)
+	}
+	res, err := parseWrk(out)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res.failed > 0 {
+		b.Fatalf("wrk: %d of %d creates failed (an error status, or no answer)\n%s", res.failed, res.requests, out)
+	}
+	return res
 }
 
 // wrkCreateScript is wrk's script for creates with key: every request the same POST, and a

@@ -77,6 +77,9 @@ func Pairs() []Pair {
 		{Ref{gateway, "CreateSession", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "8 clients each"},
 		{Ref{gateway, "CreateSession", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "8 clients each"},
 		{Ref{gateway, "CreateSession", "creates/s"}, Ref{"", "RedisPing", "pings/s"}, "8 clients each"},
+		// Open loop at half of wrk's saturated rate: the p99 ≤ 3 ms and ≤ 4 × p50.
+		{Ref{gateway, "CreateHalfSaturated", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at half of saturation beside a PING"},
+		{Ref{gateway, "CreateHalfSaturated", "p99-µs"}, Ref{"", "CreateHalfSaturated", "p50-µs"}, "at half of saturation, the tail beside the median"},
 		{Ref{gateway, "CreateAt2000PerSec", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at 2,000/s beside a PING"},
 		{Ref{gateway, "CreateAt2000PerSec", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "a create at 2,000/s beside a PING"},
 		{Ref{gateway, "CreateWithPlugin", "p50-µs"}, Ref{"", "CreateAt2000PerSec", "p50-µs"}, "one plugin in the chain"},
