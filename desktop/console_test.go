@@ -97,7 +97,15 @@ func browser(t *testing.T) context.Context {
 	if exe == "" {
 		t.Skip("no Chromium (/usr/bin/chromium): scripts/deps.sh installs Debian's chromium package")
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.WindowSize(1280, 1000))
+	// Chromium leaves its singleton directory (org.chromium.Chromium.*) in $TMPDIR: one of the
+	// test's own, removed after the browser stops (cleanups run last first).
+	tmp, err := os.MkdirTemp("", "wbchrome-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.WindowSize(1280, 1000),
+		chromedp.Env("TMPDIR="+tmp))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
