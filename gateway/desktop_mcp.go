@@ -158,9 +158,16 @@ func toolMessage(err error) string {
 // than the idle time keeps the desktop awake.
 func (s *Server) holdDesktop(ctx context.Context, project, id string) (release func()) {
 	ctx = context.WithoutCancel(ctx)
+	every := min(max(s.desktopIdle()/4, 100*time.Millisecond), mcpMostTouchEvery)
 	touch := func() {
+		start := time.Now()
 		if err := s.TouchDesktop(ctx, project, id); err != nil {
 			s.log.WarnContext(ctx, "desktop mcp: record a use", "desktop", id, "err", err)
+		}
+		// The next use is recorded only after this one: one that takes the idle time lets
+		// the desktop fall idle during the call.
+		if took := time.Since(start); took > every {
+			s.log.WarnContext(ctx, "desktop mcp: recording a use was slow", "desktop", id, "took", took, "every", every)
 		}
 	}
 	touch()
@@ -168,7 +175,7 @@ func (s *Server) holdDesktop(ctx context.Context, project, id string) (release f
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		tick := time.NewTicker(min(max(s.desktopIdle()/4, 100*time.Millisecond), mcpMostTouchEvery))
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
 			select {
