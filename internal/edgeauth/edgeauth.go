@@ -7,7 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -62,6 +65,9 @@ var ErrInvalid = errors.New("edgeauth: invalid grant")
 // Signer signs and verifies the grants of one purpose.
 type Signer struct {
 	key []byte
+	// macs keeps keyed HMACs for reuse: hmac.New hashes the key's two pads, and a Reset
+	// restores them from a saved state (half the cost of a grant's Sign and Verify).
+	macs sync.Pool
 }
 
 // NewSigner keys a Signer from the shared secret and the purpose. The secret must hold at
@@ -75,7 +81,8 @@ func NewSigner(secret []byte, purpose string) (*Signer, error) {
 	}
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte("wb edge grant " + version + " " + purpose))
-	return &Signer{key: m.Sum(nil)}, nil
+	key := m.Sum(nil)
+	return &Signer{key: key, macs: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}, nil
 }
 
 // Sign returns the grant as "v1.<payload>.<mac>", URL-safe base64 without padding, so that it
@@ -124,7 +131,10 @@ func (s *Signer) Verify(value string, now time.Time) (Grant, error) {
 }
 
 func (s *Signer) mac(payload string) []byte {
-	m := hmac.New(sha256.New, s.key)
-	m.Write([]byte(payload))
-	return m.Sum(nil)
+	m := s.macs.Get().(hash.Hash)
+	m.Reset()
+	_, _ = io.WriteString(m, payload) // a hash takes every write
+	sum := m.Sum(nil)
+	s.macs.Put(m)
+	return sum
 }
