@@ -773,10 +773,12 @@ func TestTemplatesMetricsOpenAPI(t *testing.T) {
 	}
 	e.running(map[string]any{"tier": 2})
 	expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 0}), 400, "invalid_request", "tier")
+	e.do("GET", "/v1/no/such/route", e.key, nil)
 	r := e.do("GET", "/metrics", adminKey, nil)
 	for _, want := range []string{
 		`wb_http_requests_total{method="POST",route="POST /v1/sessions",status="201"} 1`,
 		`wb_http_requests_total{method="POST",route="POST /v1/sessions",status="400"} 1`,
+		`wb_http_requests_total{method="GET",route="unmatched",status="404"} 1`, // not by its path
 		`wb_http_request_duration_seconds_bucket{method="GET",route="GET /v1/sessions/{id}",status="200"`,
 		`wb_admission_decisions_total{decision="allow"} 1`,
 		`wb_admission_decisions_total{decision="invalid"} 1`,

@@ -112,7 +112,7 @@ func (m *Metrics) instrument(mux *http.ServeMux) http.Handler {
 					writeJSON(sw, 500, errorBody{Error: apiError{Type: "api_error", Code: "internal", Message: "internal error"}})
 				}
 			}
-			_, route := mux.Handler(r)
+			route := r.Pattern // what mux matched, set on r as it routed it: no second lookup
 			if route == "" || route == "/" {
 				route = "unmatched"
 			}
