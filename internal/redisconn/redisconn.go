@@ -16,9 +16,10 @@ const defaultTimeout = 5 * time.Second
 // Why: each time go-redis takes a connection from its pool, it peeks at a syscall.Conn's
 // socket (a recvfrom with MSG_PEEK) to find one the server closed. That is one more system
 // call per command: on a create, which is one command, 3–4 % of the gateway's saturated
-// creates/s (gateway's BenchmarkCreateSaturated, paired runs). go-redis skips the peek for a connection it cannot see through, as it does for
-// every TLS connection. A connection the server closed is then found by the command that
-// uses it, which go-redis retries on a new one (TestClosedConnectionIsRedialled).
+// creates/s (gateway's BenchmarkCreateSaturated, paired runs). go-redis skips the peek for
+// a connection it cannot see through, as it does for every TLS connection. A connection the
+// server closed is then found by the command that uses it, which go-redis retries on a new
+// one (TestClosedConnectionIsRedialled).
 func Dialer(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if timeout <= 0 {
 		timeout = defaultTimeout
