@@ -25,18 +25,25 @@ const desktopIdlePoll = 5 * time.Second
 // caller's choice: see moveDesktop with desktop.MCP or desktop.File). Answers a 404 error
 // when there is no such desktop.
 func (s *Server) TouchDesktop(ctx context.Context, project, id string) error {
+	awake, err := s.recordDesktopUse(ctx, project, id)
+	if awake {
+		s.touchDesktopSession(ctx, project, id)
+	}
+	return err
+}
+
+// recordDesktopUse is TouchDesktop's record of the use on the desktop itself: its last use,
+// and, when it is awake, its idle deadline. It answers whether the desktop is awake; the
+// caller passes the use on to its session (touchDesktopSession).
+func (s *Server) recordDesktopUse(ctx context.Context, project, id string) (awake bool, err error) {
 	st, err := s.Store.TouchDesktop(ctx, project, id, s.Now())
 	if errors.Is(err, store.ErrNotFound) {
-		return errNotFound("desktop", id)
+		return false, errNotFound("desktop", id)
 	}
-	if err != nil {
-		return err
+	if err != nil || !st.Awake() {
+		return false, err
 	}
-	if st.Awake() {
-		s.touchDesktopSession(ctx, project, id)
-		return s.setIdleDeadline(ctx, project, id, s.Now())
-	}
-	return nil
+	return true, s.setIdleDeadline(ctx, project, id, s.Now())
 }
 
 // touchDesktopSession passes a use of a desktop on to its session: a desktop used only

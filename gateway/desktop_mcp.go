@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -155,19 +156,30 @@ func toolMessage(err error) string {
 
 // holdDesktop records uses of the desktop from now until the returned func is called (and
 // then once more): a tool call is a use for as long as it runs (seed 001), so a call longer
-// than the idle time keeps the desktop awake.
+// than the idle time keeps the desktop awake. Each use is recorded on the desktop first, and
+// passed on to its session in the background, one at a time: the session's node may take
+// seconds to answer (its guest's lock, a journal write on a busy disk), and the desktop
+// must not fall idle meanwhile.
 func (s *Server) holdDesktop(ctx context.Context, project, id string) (release func()) {
 	ctx = context.WithoutCancel(ctx)
 	every := min(max(s.desktopIdle()/4, 100*time.Millisecond), mcpMostTouchEvery)
+	var passing atomic.Bool // a use on its way to the session
 	touch := func() {
 		start := time.Now()
-		if err := s.TouchDesktop(ctx, project, id); err != nil {
+		awake, err := s.recordDesktopUse(ctx, project, id)
+		if err != nil {
 			s.log.WarnContext(ctx, "desktop mcp: record a use", "desktop", id, "err", err)
 		}
 		// The next use is recorded only after this one: one that takes the idle time lets
 		// the desktop fall idle during the call.
 		if took := time.Since(start); took > every {
 			s.log.WarnContext(ctx, "desktop mcp: recording a use was slow", "desktop", id, "took", took, "every", every)
+		}
+		if awake && passing.CompareAndSwap(false, true) {
+			go func() {
+				defer passing.Store(false)
+				s.touchDesktopSession(ctx, project, id)
+			}()
 		}
 	}
 	touch()

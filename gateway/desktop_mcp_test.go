@@ -259,6 +259,32 @@ func TestDesktopMCPIdleClient(t *testing.T) {
 	}
 }
 
+// TestDesktopMCPCallOutlivesASlowNode: a node slow to record a session's activity (its
+// guest's lock held, a journal write on a busy disk; here Touch waits four idle times)
+// does not let the desktop fall idle during a tool call longer than the idle time: the
+// desktop's own uses are recorded without waiting for it.
+func TestDesktopMCPCallOutlivesASlowNode(t *testing.T) {
+	const idle = 2 * time.Second
+	e := newEnv(t, func(c *Config) { c.DesktopIdle = idle })
+	d := e.newDesktop(map[string]any{"name": "slow node"})
+	cs, err := mcpConnect(context.Background(), d.MCPURL, e.key, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	release := e.node.BlockTouches()
+	defer release()
+	stop := time.AfterFunc(4*idle, release) // bounded, so that a touch in the call's path ends
+	defer stop.Stop()
+	res := callTool(t, cs, "run_command", map[string]any{"command": fmt.Sprintf("sleep %d; echo done", int(2*idle/time.Second))})
+	if !strings.Contains(textOf(res), `"stdout":"done\n"`) {
+		t.Fatalf("long call: %s", textOf(res))
+	}
+	if got := e.desktop(d.ID); got.State != desktop.Running {
+		t.Fatalf("after a call longer than the idle time, with a slow node: %s", got.State)
+	}
+}
+
 // TestDesktopFilesUse: a listing or a read of an asleep desktop answers 409 and leaves it
 // asleep; a file sent wakes it and is written; deleting one is a use too.
 func TestDesktopFilesUse(t *testing.T) {

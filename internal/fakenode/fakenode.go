@@ -36,6 +36,7 @@ type Node struct {
 	paused        map[string]bool
 	agents        map[string]*fakeAgent
 	calls         []string
+	touchGate     chan struct{} // while set, Touch waits for it to close (BlockTouches)
 }
 
 // New registers a node with generous capacity in region "local".
@@ -171,8 +172,34 @@ func (n *Node) Agent(_ context.Context, s *session.Session) (*agent.Client, erro
 	return a.client, nil
 }
 
-// Touch records activity.
-func (n *Node) Touch(s *session.Session) { n.record("touch", s.ID) }
+// Touch records activity, once BlockTouches lets it.
+func (n *Node) Touch(s *session.Session) {
+	n.record("touch", s.ID)
+	n.mu.Lock()
+	gate := n.touchGate
+	n.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+}
+
+// BlockTouches makes every Touch wait until release is called, as a real node's does behind
+// a guest's lock held for seconds (a journal write on a busy disk).
+func (n *Node) BlockTouches() (release func()) {
+	gate := make(chan struct{})
+	n.mu.Lock()
+	n.touchGate = gate
+	n.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.mu.Lock()
+			n.touchGate = nil
+			n.mu.Unlock()
+			close(gate)
+		})
+	}
+}
 
 // Timers are a session's timers as the node enforces them.
 type Timers struct{ IdleTimeoutS, MaxLifetimeS int }
