@@ -240,13 +240,7 @@ func TestDesktopMCPIdleClient(t *testing.T) {
 	defer cs.Close()
 
 	// A call of twice the idle time keeps it awake to its end.
-	res := callTool(t, cs, "run_command", map[string]any{"command": fmt.Sprintf("sleep %d; echo done", int(2*idle/time.Second))})
-	if !strings.Contains(textOf(res), `"stdout":"done\n"`) {
-		t.Fatalf("long call: %s", textOf(res))
-	}
-	if got := e.desktop(d.ID); got.State != desktop.Running {
-		t.Fatalf("after a call longer than the idle time: %s", got.State)
-	}
+	callPastIdle(t, e, cs, d.ID, idle, "")
 
 	// Then the client stays connected and pings: it sleeps.
 	t0 := time.Now()
@@ -276,12 +270,19 @@ func TestDesktopMCPCallOutlivesASlowNode(t *testing.T) {
 	defer release()
 	stop := time.AfterFunc(4*idle, release) // bounded, so that a touch in the call's path ends
 	defer stop.Stop()
+	callPastIdle(t, e, cs, d.ID, idle, ", with a slow node")
+}
+
+// callPastIdle runs a tool call of twice the idle time on desktop id, and fails the test
+// unless the call ends well and the desktop still runs after it (how adds to the message).
+func callPastIdle(t *testing.T, e *env, cs *mcp.ClientSession, id string, idle time.Duration, how string) {
+	t.Helper()
 	res := callTool(t, cs, "run_command", map[string]any{"command": fmt.Sprintf("sleep %d; echo done", int(2*idle/time.Second))})
 	if !strings.Contains(textOf(res), `"stdout":"done\n"`) {
-		t.Fatalf("long call: %s", textOf(res))
+		t.Fatalf("long call%s: %s", how, textOf(res))
 	}
-	if got := e.desktop(d.ID); got.State != desktop.Running {
-		t.Fatalf("after a call longer than the idle time, with a slow node: %s", got.State)
+	if got := e.desktop(id); got.State != desktop.Running {
+		t.Fatalf("after a call longer than the idle time%s: %s", how, got.State)
 	}
 }
 
