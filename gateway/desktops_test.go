@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"wb/desktop"
-	"wb/internal/fakenode"
 	"wb/internal/redistest"
 	"wb/quota"
 	"wb/session"
@@ -431,24 +430,6 @@ func TestDesktopIdle(t *testing.T) {
 	if err := e.gw.TouchDesktop(context.Background(), e.projA, "desk_none"); err == nil {
 		t.Error("touch of no desktop answered no error")
 	}
-}
-
-// heartbeating keeps the fake node's registration fresh while the test runs, every second.
-func heartbeating(t *testing.T, n *fakenode.Node) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-				_ = n.Heartbeat(ctx)
-			}
-		}
-	}()
 }
 
 // TestDesktopSessionsCarryTheDesktop: each session a desktop runs as (one per start or wake)

@@ -38,6 +38,24 @@ type env struct {
 	projA string
 }
 
+// heartbeating keeps the fake node's registration fresh while the test runs, every second.
+func heartbeating(t *testing.T, n *fakenode.Node) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+				_ = n.Heartbeat(ctx)
+			}
+		}
+	}()
+}
+
 type envOpt func(*Config)
 
 func newEnv(t *testing.T, opts ...envOpt) *env {

@@ -37,22 +37,21 @@ import (
 	"wb/xds"
 )
 
-// runcGuestDir skips the test where runc guests cannot run here, and answers runc's path, a
-// directory for the guests that the test removes, and the wb binary installed in it.
-func runcGuestDir(t *testing.T, prefix string) (runc, tmp, bin string) {
+// runcGuestDir skips the test where runc guests cannot run here, and answers a directory for
+// the guests that the test removes, and the wb binary installed in it.
+func runcGuestDir(t *testing.T, prefix string) (tmp, bin string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("runc needs root")
 	}
-	runc, err := exec.LookPath("runc")
-	if err != nil {
+	if _, err := exec.LookPath("runc"); err != nil {
 		t.Skip("runc is not installed")
 	}
 	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("busybox-static is needed to assemble the templates")
 	}
 	// Not t.TempDir(): the test's name would make the guests' Unix socket paths too long.
-	tmp, err = os.MkdirTemp("", prefix)
+	tmp, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +62,7 @@ func runcGuestDir(t *testing.T, prefix string) (runc, tmp, bin string) {
 	if bin, err = wbbin.Install(tmp); err != nil {
 		t.Fatal(err)
 	}
-	return runc, tmp, bin
+	return tmp, bin
 }
 
 // startRuncServe starts the wb binary as `wb serve --runtime runc` with a Redis of the test's
@@ -72,7 +71,7 @@ func runcGuestDir(t *testing.T, prefix string) (runc, tmp, bin string) {
 // cold starts are servetest's (a loaded machine's).
 func startRuncServe(t *testing.T, args ...string) (*wbProcess, string) {
 	t.Helper()
-	_, tmp, bin := runcGuestDir(t, "wbs")
+	tmp, bin := runcGuestDir(t, "wbs")
 	dataDir := filepath.Join(tmp, "d")
 	t.Cleanup(func() {
 		if err := fleet.Reap(context.Background(), "runc", dataDir, fleet.ServeNodeID); err != nil {

@@ -55,7 +55,7 @@ type edgeNode struct {
 
 func startEdgeNode(t *testing.T) *edgeNode {
 	t.Helper()
-	_, tmp, bin := runcGuestDir(t, "wbe")
+	tmp, bin := runcGuestDir(t, "wbe")
 	cat, err := templates.Assemble(filepath.Join(tmp, "templates"))
 	if err != nil {
 		t.Fatal(err)

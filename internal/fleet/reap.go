@@ -25,9 +25,7 @@ func reapGuests(ctx context.Context, runtime string, n *Node) error {
 	if _, err := os.Stat(filepath.Join(n.DataDir, "oci-state")); errors.Is(err, os.ErrNotExist) {
 		return nil // never started a guest
 	}
-	d, err := oci.New(oci.Options{Runtime: runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
-		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + datadir.CgroupName(n.DataDir, n.ID),
-		Logger: slog.New(slog.DiscardHandler)})
+	d, err := n.driver(runtime)
 	if err != nil {
 		return fmt.Errorf("fleet: reap %s's guests: %w", n.ID, err)
 	}
@@ -96,13 +94,19 @@ func removeCgroupTree(p string) error {
 
 // Guests answers the ids of the guests in the node's runtime state (running or not).
 func (f *Fleet) Guests(ctx context.Context, n *Node) ([]string, error) {
-	d, err := oci.New(oci.Options{Runtime: f.opts.Runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
-		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: "/wb/" + datadir.CgroupName(n.DataDir, n.ID),
-		Logger: slog.New(slog.DiscardHandler)})
+	d, err := n.driver(f.opts.Runtime)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: %s's guests: %w", n.ID, err)
 	}
 	return d.List(ctx)
+}
+
+// driver is an OCI driver of runtime on the node's own state, bundles and cgroups (cmd/wb
+// newDriver's), for the fleet to see and reap its guests.
+func (n *Node) driver(runtime string) (*oci.Driver, error) {
+	return oci.New(oci.Options{Runtime: runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
+		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: n.CgroupParent(),
+		Logger: slog.New(slog.DiscardHandler)})
 }
 
 // UnmountUnder detaches every mount below dir (guests' root file systems and disks), deepest
