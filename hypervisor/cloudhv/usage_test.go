@@ -43,7 +43,10 @@ func TestUsageCountsTheGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.MemoryBytes-after.MemoryBytes < hold {
-		t.Fatalf("memory while the guest holds 64 MiB: %d → %d bytes; the guest's memory is not counted as the VMM's", after.MemoryBytes, st.MemoryBytes)
+	// The cgroup's count moves by more than the guest's own pages (the page cache, the
+	// exec'd shells that came and went), so the test asks for half of what is held: without
+	// the nesting the VMM's count does not move by megabytes at all. CI once saw 63.8 MiB.
+	if st.MemoryBytes-after.MemoryBytes < hold/2 {
+		t.Fatalf("memory while the guest holds 64 MiB: %d → %d bytes; want a growth of at least 32 MiB: the guest's memory is not counted as the VMM's", after.MemoryBytes, st.MemoryBytes)
 	}
 }
