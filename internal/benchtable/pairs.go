@@ -80,6 +80,7 @@ func Pairs() []Pair {
 		// Open loop at half of wrk's saturated rate: the p99 ≤ 3 ms and ≤ 4 × p50.
 		{Ref{gateway, "CreateHalfSaturated", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at half of saturation beside a PING"},
 		{Ref{gateway, "CreateHalfSaturated", "p99-µs"}, Ref{"", "CreateHalfSaturated", "p50-µs"}, "at half of saturation, the tail beside the median"},
+		{Ref{gateway, "CreateHalfSaturated", "late-p99-µs"}, Ref{"", "CreateHalfSaturated", "p99-µs"}, "how late the open-loop client sent, beside the tail"},
 		{Ref{gateway, "CreateAt2000PerSec", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at 2,000/s beside a PING"},
 		{Ref{gateway, "CreateAt2000PerSec", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "a create at 2,000/s beside a PING"},
 		{Ref{gateway, "CreateWithPlugin", "p50-µs"}, Ref{"", "CreateAt2000PerSec", "p50-µs"}, "one plugin in the chain"},
