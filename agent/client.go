@@ -124,7 +124,7 @@ func (c *Client) getJSON(ctx context.Context, path string, q url.Values, v any) 
 		return err
 	}
 	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	if err := json.NewDecoder(boundAnswer(resp.Body)).Decode(v); err != nil {
 		return fmt.Errorf("agent: GET %s: decode answer: %w", path, err)
 	}
 	return nil
@@ -181,10 +181,13 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 		buffered = session.NewOutputBuffer(c.MaxOutputBytes)
 		out = buffered.Add
 	}
-	dec := json.NewDecoder(resp.Body)
+	dec := json.NewDecoder(boundLines(resp.Body))
 	for {
 		var l execLine
 		if err := dec.Decode(&l); err != nil {
+			if errors.Is(err, errTooLong) {
+				return session.ExecResult{}, fmt.Errorf("agent: exec: %w", err)
+			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
@@ -246,7 +249,7 @@ func (c *Client) StartRunner(ctx context.Context, req RunnerRequest) (int, error
 	var out struct {
 		PID int `json:"pid"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+	if err := json.NewDecoder(boundAnswer(resp.Body)).Decode(&out); err != nil {
 		return 0, fmt.Errorf("agent: POST /v1/runners: decode answer: %w", err)
 	}
 	return out.PID, nil
@@ -389,4 +392,63 @@ func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*webs
 func Resize(ctx context.Context, conn *websocket.Conn, cols, rows int) error {
 	b, _ := json.Marshal(ptyMessage{Type: "resize", Cols: cols, Rows: rows})
 	return conn.Write(ctx, websocket.MessageText, b)
+}
+
+// Bounds on what the client reads of an agent's answer. The agent is a guest's process, and
+// a guest may put its own server in its place: each bound keeps a hostile answer from filling
+// the memory of the node or the gateway that reads it.
+const (
+	// maxAnswerLine bounds a line of an exec's answer: the agent's longest, a 32 KiB chunk
+	// whose every byte JSON escapes as \u00XX, is under 200 KiB.
+	maxAnswerLine = 1 << 20
+	// maxAnswerBytes bounds any other JSON answer (a health check, a runner's start, a
+	// directory's listing: a hundred thousand entries fit).
+	maxAnswerBytes = 16 << 20
+)
+
+// errTooLong is the error of an answer past one of its bounds.
+var errTooLong = errors.New("the agent's answer is too long")
+
+// boundLines reads r, an answer of lines, failing at the first line longer than
+// maxAnswerLine.
+func boundLines(r io.Reader) io.Reader {
+	return &boundedReader{r: r, max: maxAnswerLine, lines: true}
+}
+
+// boundAnswer reads r, failing past maxAnswerBytes.
+func boundAnswer(r io.Reader) io.Reader { return &boundedReader{r: r, max: maxAnswerBytes} }
+
+// boundedReader fails once it has read more than max bytes: in all, or, with lines, since
+// the last newline.
+type boundedReader struct {
+	r     io.Reader
+	max   int
+	n     int // bytes read: in all, or since the last newline
+	lines bool
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	for data := p[:n]; ; {
+		i := -1
+		if b.lines {
+			i = bytes.IndexByte(data, '\n')
+		}
+		if i < 0 {
+			b.n += len(data)
+			break
+		}
+		if b.n += i; b.n > b.max {
+			break
+		}
+		b.n, data = 0, data[i+1:]
+	}
+	if b.n > b.max {
+		what := "an answer longer than"
+		if b.lines {
+			what = "a line longer than"
+		}
+		return n, fmt.Errorf("%w: %s %d bytes", errTooLong, what, b.max)
+	}
+	return n, err
 }

@@ -1,13 +1,19 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"wb/session"
 )
 
 // TestExecReusesConnections: an exec reads its answer to the end, so that the next call
@@ -91,5 +97,92 @@ func TestExecAnswerHeldOpen(t *testing.T) {
 	case <-closed:
 	case <-time.After(releaseWait + 10*time.Second):
 		t.Fatalf("the connection of an answer held open was not closed %s after its result", releaseWait+10*time.Second)
+	}
+}
+
+// endlessAnswer serves every request an answer that begins with head and then never ends a
+// line: 'A's, until the client goes away or 256 MiB are out. It counts the bytes it wrote.
+func endlessAnswer(t *testing.T, head string, wrote *atomic.Int64) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		n, err := w.Write([]byte(head))
+		wrote.Add(int64(n))
+		block := bytes.Repeat([]byte("A"), 64<<10)
+		for err == nil && wrote.Load() < 256<<20 {
+			n, err = w.Write(block)
+			wrote.Add(int64(n))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestExecLineBounded: a hostile guest's agent (a guest may replace its agent's socket) that
+// sends an exec answer whose line never ends is cut off at maxAnswerLine, with an error that
+// says so, instead of filling the memory of the node or gateway that reads it.
+func TestExecLineBounded(t *testing.T) {
+	t.Parallel()
+	for _, head := range []string{`{"stream":"stdout","data":"`, `{"stream":"stdout","data":"hi"}` + "\n" + `{"exit_code":0,"pad":"`} {
+		var wrote atomic.Int64
+		srv := endlessAnswer(t, head, &wrote)
+		c := NewHTTPClient(srv.Client(), srv.URL, "")
+		var got int
+		_, err := c.Exec(testCtx(t, time.Minute), ExecRequest{Argv: []string{"true"}}, func(ch session.ExecChunk) error {
+			got += len(ch.Data)
+			return nil
+		})
+		if err == nil || !strings.Contains(err.Error(), "line longer than") {
+			t.Fatalf("exec of an endless line: %v; want a line too long", err)
+		}
+		// What the client read, beside what sat in the transport's buffers when it stopped.
+		if w := wrote.Load(); w > maxAnswerLine+8<<20 {
+			t.Errorf("the server wrote %d bytes before the client stopped reading; want about %d", w, maxAnswerLine)
+		}
+		if strings.Contains(head, "hi") && got != 2 {
+			t.Errorf("the output before the endless line: %d bytes, want 2", got)
+		}
+	}
+}
+
+// TestAnswerBounded: a hostile guest's agent that answers a listing or a health check without
+// end is cut off at maxAnswerBytes.
+func TestAnswerBounded(t *testing.T) {
+	t.Parallel()
+	var wrote atomic.Int64
+	srv := endlessAnswer(t, `[{"name":"`, &wrote)
+	c := NewHTTPClient(srv.Client(), srv.URL, "")
+	_, err := c.ListDir(testCtx(t, time.Minute), "/")
+	if err == nil || !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("list of an endless answer: %v; want an answer too long", err)
+	}
+	if w := wrote.Load(); w > maxAnswerBytes+8<<20 {
+		t.Errorf("the server wrote %d bytes before the client stopped reading; want about %d", w, maxAnswerBytes)
+	}
+}
+
+// TestBoundedReader: a line longer than the bound fails, wherever it falls in a read, and
+// lines at the bound pass; without lines, the bound is on the whole.
+func TestBoundedReader(t *testing.T) {
+	for _, c := range []struct {
+		in    string
+		lines bool
+		ok    bool
+	}{
+		{"aaa\nbbb\nccc", true, true},
+		{"aaa\nbbbb\nc\n", true, false}, // the long line is inside one read, ended
+		{"aaaa", true, false},
+		{"a\nb\nc\nd\ne\n", true, true},
+		{"a\nb\nc\nd\ne\n", false, false},
+		{"abc", false, true},
+	} {
+		r := &boundedReader{r: strings.NewReader(c.in), max: 3, lines: c.lines}
+		got, err := io.ReadAll(r)
+		if c.ok != (err == nil) || (err != nil && !errors.Is(err, errTooLong)) {
+			t.Errorf("%q (lines %v): %v; want ok %v", c.in, c.lines, err, c.ok)
+		}
+		if c.ok && string(got) != c.in {
+			t.Errorf("%q: read %q", c.in, got)
+		}
 	}
 }
