@@ -147,6 +147,9 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err := dropSysAdmin(); err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
+		if err := undumpable(); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
 		spareThreads(spareOSThreads)
 	}
 

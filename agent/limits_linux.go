@@ -21,6 +21,7 @@ const (
 	capSysAdmin    = 21 // CAP_SYS_ADMIN
 	prCapbsetRead  = 23 // PR_CAPBSET_READ
 	prCapbsetDrop  = 24 // PR_CAPBSET_DROP
+	prSetDumpable  = 4  // PR_SET_DUMPABLE
 	linuxCapV3     = 0x20080522
 	guestCgroupDir = "/sys/fs/cgroup"
 	workCgroup     = "wb-work"
@@ -180,6 +181,20 @@ func readCgroupInt(path string) (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(string(bytes.TrimSpace(b)))
+}
+
+// undumpable keeps the guest's own processes out of the agent: a process that is not dumpable
+// cannot be traced, and its /proc files (mem, environ, its open files under fd) are opened
+// only with CAP_SYS_PTRACE, which no guest process holds, root in the guest included.
+// Without it, guest root could write through /proc/1/fd/2 to the agent's stderr: under runsc
+// that is the host's console log of the guest, which grew on the host's disk past the
+// guest's disk allowance; and by ptrace it could stop the agent or speak in its place. The
+// flag is the process's, not a thread's; what the agent starts is dumpable again at its exec.
+func undumpable() error {
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetDumpable, 0, 0); errno != 0 {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE, 0): %w", errno)
+	}
+	return nil
 }
 
 // dropSysAdmin removes CAP_SYS_ADMIN from every thread of the agent (bounding, effective,

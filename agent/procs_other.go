@@ -22,4 +22,6 @@ func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) { return
 
 func dropSysAdmin() error { return nil }
 
+func undumpable() error { return nil }
+
 func (c *childCgroup) guard(_ context.Context, _ *slog.Logger) {}

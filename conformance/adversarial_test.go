@@ -38,6 +38,7 @@ func TestAdversarial(t *testing.T) {
 		t.Run("hostile_rego", func(t *testing.T) { testHostileRego(t, rep, d) })
 		t.Run("output_flood", func(t *testing.T) { testOutputFlood(t, rep, d, a) })
 		t.Run("runc_escape", func(t *testing.T) { testRuncEscape(t, rep, d, a) })
+		t.Run("agent_integrity", func(t *testing.T) { testAgentIntegrity(t, rep, d, a) })
 		t.Run("exhaustion", func(t *testing.T) { testExhaustion(t, rep, d, a) })
 		t.Run("tenant_settings", func(t *testing.T) { testTenantSettings(t, rep, a) })
 	})
@@ -529,6 +530,29 @@ func testRuncEscape(t *testing.T, rep *report, d, a *deployment) {
 	try("seccomp", "grep Seccomp: /proc/self/status", func(out string) bool { return strings.Contains(out, "2") })
 	out := a.sh(t, s.ID, "echo alive")
 	rep.add(t, "runc guest", "an exec after the attempts", "alive", out, strings.Contains(out, "alive"))
+}
+
+// testAgentIntegrity: a guest's processes, root in the guest, cannot reach into its agent
+// (PID 1, whose answers the node and the gateway read): not its memory, not by ptrace. Under
+// runc, not its open files or environment either. gVisor lets guest root reopen the agent's
+// stdio through /proc/1/fd, which is the host's console log of the guest: there a write stops
+// at the console's bound (the OCI driver's tmpfs of 4 MiB) instead of filling the host's disk.
+func testAgentIntegrity(t *testing.T, rep *report, d, a *deployment) {
+	s := a.newSession(t, map[string]any{"template": "tpl_dev_polyglot"})
+	try := func(what, cmd string) {
+		res := a.exec(t, s.ID, map[string]any{"command": cmd + "; echo rc=$?", "timeout_s": 60})
+		out := strings.TrimSpace(res.Stdout + res.Stderr)
+		rep.add(t, "agent", what, "fails", out, !strings.Contains(out, "rc=0"))
+	}
+	try("write 64 MiB to the agent's stderr (the host's console log)", "head -c 67108864 /dev/zero >> /proc/1/fd/2")
+	try("read the agent's memory", "head -c 16 /proc/1/mem >/dev/null")
+	try("ptrace the agent", `python3 -c 'import ctypes,sys; l=ctypes.CDLL(None, use_errno=True); sys.exit(0 if l.ptrace(16, 1, 0, 0) == 0 else 1)'`)
+	if d.runtime == "runc" {
+		try("write to the agent's stdout", "echo x >> /proc/1/fd/1")
+		try("read the agent's environment", "cat /proc/1/environ >/dev/null")
+	}
+	out := a.sh(t, s.ID, "echo alive")
+	rep.add(t, "agent", "an exec after the attempts", "alive", out, strings.Contains(out, "alive"))
 }
 
 // testExhaustion: a fork bomb, an fd bomb, a disk fill, a memory hog and a CPU spin, all at

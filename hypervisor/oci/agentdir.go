@@ -21,6 +21,40 @@ const (
 	agentSocketWait = 30 * time.Second
 )
 
+// consoleTmpfs bounds a guest's console log. The guest's init (its agent) writes to it, and
+// so can guest root: under runsc, /proc/1/fd/2 reopens the agent's stderr, the host file
+// itself, which grew on the host's disk past the guest's disk allowance. On a tmpfs of its
+// own, a write past the bound fails with ENOSPC; the agent's own log (a line an exec) fills it
+// only after tens of thousands of commands, and the runtime's errors before any of them.
+const consoleTmpfs = "size=4m,nr_inodes=16,mode=0700"
+
+// mountConsole puts the console log's tmpfs on bundle's console dir. Idempotent.
+func mountConsole(bundle string) error {
+	dir := filepath.Join(bundle, consoleDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("oci: console log: %w", err)
+	}
+	if mounted(dir) {
+		return nil
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, consoleTmpfs); err != nil {
+		return fmt.Errorf("oci: console log %s: mount a tmpfs: %w", dir, err)
+	}
+	return nil
+}
+
+// unmountConsole removes the console log's tmpfs from bundle, if it has one.
+func unmountConsole(bundle string) error {
+	dir := filepath.Join(bundle, consoleDir)
+	if !mounted(dir) {
+		return nil
+	}
+	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("oci: unmount the console log: %w", err)
+	}
+	return nil
+}
+
 // userNS reports whether this driver's guests get a user namespace (see specOptions.userNS).
 func (d *Driver) userNS() bool { return d.name == RuntimeRunc }
 

@@ -190,8 +190,10 @@ func (d *Driver) CgroupPath(id string) string { return d.cgroupParent + "/" + id
 func (d *Driver) RemoveCgroupParent() error { return d.cg.removeDirs(d.cgroupParent) }
 
 // ConsoleLog is the file that receives guest id's init stdout and stderr (and the runtime's
-// own errors on create and restore).
-func (d *Driver) ConsoleLog(id string) string { return filepath.Join(d.BundleDir(id), consoleFile) }
+// own errors on create and restore). It lives on a small tmpfs of its own (mountConsole).
+func (d *Driver) ConsoleLog(id string) string {
+	return filepath.Join(d.BundleDir(id), consoleDir, consoleFile)
+}
 
 // BundleDir is guest id's bundle directory.
 func (d *Driver) BundleDir(id string) string { return filepath.Join(d.bundleRoot, id) }
@@ -213,6 +215,7 @@ const (
 	configFile  = "config.json"
 	guestFile   = "wb-guest.json"
 	consoleFile = "console.log"
+	consoleDir  = "console" // in the bundle: the console log's tmpfs
 	pidFile     = "init.pid"
 )
 
@@ -289,6 +292,14 @@ func (d *Driver) prepare(s hypervisor.Spec) (_ string, err error) {
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return "", fmt.Errorf("oci: bundle: %w", err)
 	}
+	if err := mountConsole(bundle); err != nil {
+		return "", err
+	}
+	defer func() {
+		if err != nil {
+			_ = unmountConsole(bundle)
+		}
+	}()
 	rec := guestRecord{Spec: s, CgroupsPath: d.CgroupPath(s.ID), Runtime: d.name}
 	cfg := ociSpec(s, specOptions{runsc: d.name == RuntimeRunsc, cgroupsPath: rec.CgroupsPath, swap: d.cg.swap, nofile: guestNofile(), seccomp: d.seccomp})
 	if err := writeJSON(filepath.Join(bundle, configFile), cfg); err != nil {
@@ -320,7 +331,7 @@ func writeJSON(path string, v any) error {
 type consoleIO struct{ f *os.File }
 
 func openConsole(bundle string) (*consoleIO, int64, error) {
-	f, err := os.OpenFile(filepath.Join(bundle, consoleFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(filepath.Join(bundle, consoleDir, consoleFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, 0, fmt.Errorf("oci: console log: %w", err)
 	}
@@ -719,6 +730,9 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	}
 	if err := d.cg.removeDirs(d.CgroupPath(id)); err != nil {
 		d.log.Debug("remove cgroup", "id", id, "err", err)
+	}
+	if err := unmountConsole(d.BundleDir(id)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(d.BundleDir(id)); err != nil {
 		errs = append(errs, fmt.Errorf("oci: remove bundle: %w", err))

@@ -764,3 +764,45 @@ func processesNaming(id string) []string {
 	}
 	return out
 }
+
+// TestConsoleBounded: guest root writing to its init's stdio, the host's console log of the
+// guest (runsc lets it reopen /proc/1/fd/N, the host file itself; runc's user namespace does
+// not), stops at the console's 4 MiB instead of filling the host's disk; the guest goes on,
+// and its delete leaves no mount. The job runner, the test's init, keeps the console at fd 10
+// while a job's output is redirected; the job writes 64 MiB to each of its fds that is the
+// console (runc names the file, runsc a host file).
+func TestConsoleBounded(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			d := newDriver(t, rt)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			g, _, _, _ := boot(t, d, s)
+			out := g.mustRun(`n=0; for f in /proc/1/fd/*; do case $(readlink $f) in *console.log|host:*) n=$((n+1)); head -c 67108864 /dev/zero >> $f 2>/dev/null; echo "$f: exit $?";; esac; done; echo "consoles $n"`)
+			if !strings.Contains(out, "consoles ") || strings.Contains(out, "consoles 0") {
+				t.Fatalf("found no console among the init's fds: %q", out)
+			}
+			st, err := os.Stat(d.ConsoleLog(s.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Size() > 4<<20 {
+				t.Errorf("the console log is %d bytes after the guest wrote 64 MiB to it; want at most 4 MiB (%s)", st.Size(), out)
+			}
+			t.Logf("console log %d bytes; %s", st.Size(), strings.ReplaceAll(strings.TrimSpace(out), "\n", "; "))
+			if out := g.mustRun("echo alive"); !strings.Contains(out, "alive") {
+				t.Fatalf("a job after: %q", out)
+			}
+			if err := d.Stop(ctxT(t, time.Minute), s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Delete(ctxT(t, time.Minute), s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), d.BundleDir(s.ID)) {
+				t.Fatal("the console's tmpfs is still mounted after the delete")
+			}
+		})
+	}
+}
