@@ -70,8 +70,14 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 	}
 	useMemory := memory && d.name == RuntimeRunsc &&
 		(state == hypervisor.StateRunning || state == hypervisor.StatePaused)
+	maxLayer := int64(g.Spec.DiskGiB) << 30
 	switch {
 	case useMemory:
+		// The checkpoint stops the guest: a layer that writeLayer would refuse is refused
+		// before it, so that the refusal does not cost the guest.
+		if err := checkLayerSize(g.Spec.Writable, maxLayer); err != nil {
+			return out, err
+		}
 		t0 := time.Now()
 		img := filepath.Join(dir, snapshotMemory)
 		if err := os.MkdirAll(img, 0o700); err != nil {
@@ -105,7 +111,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 	if memory && !useMemory {
 		d.log.Debug("memory snapshot not available; disk only", "id", id, "state", state)
 	}
-	if err := writeLayer(ctx, g.Spec.Writable, filepath.Join(dir, snapshotLayer)); err != nil {
+	if err := writeLayer(ctx, g.Spec.Writable, filepath.Join(dir, snapshotLayer), maxLayer); err != nil {
 		return out, err
 	}
 	rec := snapshotRecord{
@@ -264,8 +270,10 @@ func (d *Driver) adoptLayer(rec snapshotRecord, s hypervisor.Spec, from string) 
 
 // writeLayer tars the writable layer (directories, regular files, symlinks; sockets, fifos and
 // devices are skipped). Files are opened through an os.Root so that a symlink the guest
-// planted cannot make the host read outside the layer.
-func writeLayer(ctx context.Context, src, dst string) (err error) {
+// planted cannot make the host read outside the layer. With maxBytes above 0 the files' sizes
+// may add up to that much: archive/tar writes no holes, so a guest's sparse file, which costs
+// it no disk, would be written whole on the host's (a 1 GiB disk holds a sparse file of 16 TiB).
+func writeLayer(ctx context.Context, src, dst string, maxBytes int64) (err error) {
 	root, err := os.OpenRoot(src)
 	if err != nil {
 		return fmt.Errorf("oci: writable layer: %w", err)
@@ -282,6 +290,7 @@ func writeLayer(ctx context.Context, src, dst string) (err error) {
 	}()
 	bw := bufio.NewWriterSize(f, 1<<20)
 	tw := tar.NewWriter(bw)
+	var total int64
 	walkErr := fs.WalkDir(root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -329,6 +338,9 @@ func writeLayer(ctx context.Context, src, dst string) (err error) {
 			if !rfi.Mode().IsRegular() {
 				return nil
 			}
+			if total += rfi.Size(); maxBytes > 0 && total > maxBytes {
+				return layerTooBig(maxBytes, p)
+			}
 			hdr.Size = rfi.Size()
 			if err := tw.WriteHeader(hdr); err != nil {
 				return err
@@ -350,6 +362,42 @@ func writeLayer(ctx context.Context, src, dst string) (err error) {
 		return fmt.Errorf("oci: snapshot layer: %w", err)
 	}
 	return f.Sync()
+}
+
+// layerTooBig is writeLayer's refusal of a layer past maxBytes, at file p.
+func layerTooBig(maxBytes int64, p string) error {
+	return fmt.Errorf("the guest's files add up to more than its disk allowance of %d bytes, at %s: "+
+		"a sparse file counts at its whole size (remove or shrink it, then snapshot again)", maxBytes, p)
+}
+
+// checkLayerSize answers writeLayer's refusal of src with maxBytes, from the files' sizes alone.
+func checkLayerSize(src string, maxBytes int64) error {
+	if maxBytes <= 0 {
+		return nil
+	}
+	root, err := os.OpenRoot(src)
+	if err != nil {
+		return fmt.Errorf("oci: writable layer: %w", err)
+	}
+	defer root.Close()
+	var total int64
+	err = fs.WalkDir(root.FS(), ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil || !e.Type().IsRegular() {
+			return err
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return err
+		}
+		if total += fi.Size(); total > maxBytes {
+			return layerTooBig(maxBytes, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("oci: snapshot layer: %w", err)
+	}
+	return nil
 }
 
 // readLayer unpacks a layer tar into dst, which must be missing or empty. Everything is

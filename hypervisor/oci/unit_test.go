@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -211,7 +212,7 @@ func TestLayerRoundTrip(t *testing.T) {
 	must(os.Mkdir(filepath.Join(src, "tmp"), 0o755))
 	must(os.Chmod(filepath.Join(src, "tmp"), os.ModeSticky|0o777))
 	tarPath := filepath.Join(t.TempDir(), "l.tar")
-	must(writeLayer(ctx, src, tarPath))
+	must(writeLayer(ctx, src, tarPath, 0))
 	dst := filepath.Join(t.TempDir(), "w")
 	must(readLayer(ctx, tarPath, dst))
 	b, err := os.ReadFile(filepath.Join(dst, "workspace", "a", "b", "f.txt"))
@@ -425,5 +426,39 @@ func TestDiskTemplate(t *testing.T) {
 		if fi.Blocks*512 > 1<<20 {
 			t.Errorf("disk %d: its image holds %d bytes, want a sparse copy of the template's metadata", i, fi.Blocks*512)
 		}
+	}
+}
+
+// TestLayerBounded: a sparse file costs its guest no disk, but the layer's tar holds its whole
+// size (archive/tar writes no holes): past the guest's disk allowance the snapshot fails at
+// once, naming the cause, before it writes the file, instead of filling the host's disk.
+func TestLayerBounded(t *testing.T) {
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "small"), []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sparse, err := os.Create(filepath.Join(src, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(sparse.Truncate(64<<20), sparse.Close()); err != nil { // 64 MiB, no block
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(t.TempDir(), "l.tar")
+	err = writeLayer(context.Background(), src, tarPath, 1<<20)
+	if err == nil || !strings.Contains(err.Error(), "sparse") {
+		t.Fatalf("a layer of 64 MiB (sparse) within 1 MiB: %v; want an error naming sparse files", err)
+	}
+	if fi, err := os.Stat(tarPath); err == nil && fi.Size() > 1<<20 {
+		t.Errorf("the failed layer's tar is %d bytes; want it to stop before the file", fi.Size())
+	}
+	if err := writeLayer(context.Background(), src, filepath.Join(t.TempDir(), "ok.tar"), 128<<20); err != nil {
+		t.Errorf("the same layer within 128 MiB: %v", err)
+	}
+	if err := checkLayerSize(src, 1<<20); err == nil || !strings.Contains(err.Error(), "sparse") {
+		t.Errorf("checkLayerSize within 1 MiB: %v; want writeLayer's refusal", err)
+	}
+	if err := checkLayerSize(src, 128<<20); err != nil {
+		t.Errorf("checkLayerSize within 128 MiB: %v", err)
 	}
 }
