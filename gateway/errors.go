@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -87,8 +88,10 @@ func toAPIError(err error) *apiError {
 }
 
 // storeUnavailable tells an error of Redis being away (a Cluster primary killed and its
-// replica not yet promoted, a connection refused, reset or timed out) from a bug: the first
-// is the caller's to retry (503), the second a 500.
+// replica not yet promoted, a connection refused, reset, timed out or closed under a command)
+// from a bug: the first is the caller's to retry (503), the second a 500. A connection the
+// server closed is found by the command that uses it (go-redis does not peek at it first: see
+// internal/redisconn), which then reads EOF.
 func storeUnavailable(err error) bool {
 	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY"} {
 		if redis.HasErrorPrefix(err, prefix) {
@@ -100,7 +103,7 @@ func storeUnavailable(err error) bool {
 	}
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EPIPE)
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
