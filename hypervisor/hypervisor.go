@@ -222,6 +222,11 @@ type CgroupOwner interface {
 // ErrNotFound is returned for a guest the driver does not know.
 var ErrNotFound = errors.New("hypervisor: guest not found")
 
+// ErrLayerTooLarge is a snapshot refused for what the guest holds: its files add up to more
+// than its disk allowance (a sparse file counts whole), and the snapshot would take that much
+// of the host's disk. The guest runs on; the caller can shrink its files and try again.
+var ErrLayerTooLarge = errors.New("the guest's files add up to more than its disk allowance")
+
 // Driver is a guest back end.
 type Driver interface {
 	// Name is the back end: "runsc" or "runc" for hypervisor/oci.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/node/nodeapi"
 	"wb/session"
 )
@@ -87,6 +88,9 @@ func apiError(err error) *nodeapi.Error {
 		e.Status, e.Code = 409, nodeapi.CodeInvalidState
 	case errors.As(err, &fe):
 		e.Status, e.Code, e.Param = 400, nodeapi.CodeInvalidRequest, fe.Field
+	case errors.Is(err, hypervisor.ErrLayerTooLarge):
+		// What the guest holds refuses it, as a state would: the caller's to change.
+		e.Status, e.Code = 409, nodeapi.CodeInvalidState
 	}
 	return e
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/node/nodeapi"
 	"wb/session"
 )
@@ -144,5 +146,19 @@ func TestAgentProxyExplainsABrokenExec(t *testing.T) {
 				t.Errorf("the node's log %q; want a warning only of an answer that stays broken", logged.String())
 			}
 		})
+	}
+}
+
+// TestLayerTooLargeIsAConflict: a snapshot refused for what the guest holds (its files past
+// its disk allowance) is the node's 409 invalid_state, which the gateway passes on as a 409
+// with the message, not a 500 of the node's own: the caller can shrink the files and retry.
+func TestLayerTooLargeIsAConflict(t *testing.T) {
+	err := fmt.Errorf("snapshot: checkpoint: %w", fmt.Errorf("oci: snapshot layer: %w of 1073741824 bytes, at workspace/sparse", hypervisor.ErrLayerTooLarge))
+	e := apiError(err)
+	if e.Status != 409 || e.Code != nodeapi.CodeInvalidState || !strings.Contains(e.Message, "workspace/sparse") {
+		t.Errorf("apiError = %+v; want 409 %s naming the file", e, nodeapi.CodeInvalidState)
+	}
+	if e := apiError(errors.New("runsc checkpoint: exit status 1")); e.Status != 500 {
+		t.Errorf("another snapshot failure: %+v; want 500", e)
 	}
 }

@@ -366,8 +366,8 @@ func writeLayer(ctx context.Context, src, dst string, maxBytes int64) (err error
 
 // layerTooBig is writeLayer's refusal of a layer past maxBytes, at file p.
 func layerTooBig(maxBytes int64, p string) error {
-	return fmt.Errorf("the guest's files add up to more than its disk allowance of %d bytes, at %s: "+
-		"a sparse file counts at its whole size (remove or shrink it, then snapshot again)", maxBytes, p)
+	return fmt.Errorf("%w of %d bytes, at %s: a sparse file counts at its whole size (remove or shrink it, then snapshot again)",
+		hypervisor.ErrLayerTooLarge, maxBytes, p)
 }
 
 // checkLayerSize answers writeLayer's refusal of src with maxBytes, from the files' sizes alone.
