@@ -566,10 +566,11 @@ func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
 	testGuestLimits(t, rep, d, a, bystander.ID)
 	attacks := []exhaustionAttack{
 		// The exec's own time limit ends it: the agent kills the exec's process group, the bomb
-		// with it, and its stderr is the exec's (a pipe to tail would wait on every child). 30 s:
-		// in a cold make test, runsc's bomb had not yet reached the process limit after 6, and
-		// on a slower machine not after 15 (beside the other attacks, under ptrace).
-		{name: "fork bomb", timeoutS: 30, cmd: `sh -c 'f(){ f|f& }; f; sleep 60'`,
+		// with it, and its stderr is the exec's (a pipe to tail would wait on every child). 60 s:
+		// in a cold make test, runsc's bomb had not yet reached the process limit after 6, on a
+		// slower machine not after 15 (beside the other attacks, under ptrace), and once runc's
+		// not after 30 (its exec timed out with no output). The fd bomb's 90 s bound the suite.
+		{name: "fork bomb", timeoutS: 60, cmd: `sh -c 'f(){ f|f& }; f; sleep 90'`,
 			limit: func(out string) bool {
 				return strings.Contains(out, "fork") || strings.Contains(out, "Resource temporarily unavailable")
 			}},
