@@ -776,9 +776,7 @@ func TestConsoleBounded(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
-			d := newDriver(t, rt)
-			s := guestSpec(t, cat[templates.Base], jobRunner)
-			g, _, _, _ := boot(t, d, s)
+			d, s, g := bootJobRunner(t, rt, cat, nil)
 			out := g.mustRun(`n=0; for f in /proc/1/fd/*; do case $(readlink $f) in *console.log|host:*) n=$((n+1)); head -c 67108864 /dev/zero >> $f 2>/dev/null; echo "$f: exit $?";; esac; done; echo "consoles $n"`)
 			if !strings.Contains(out, "consoles ") || strings.Contains(out, "consoles 0") {
 				t.Fatalf("found no console among the init's fds: %q", out)
@@ -816,10 +814,7 @@ func TestSnapshotSparseRefused(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
-			d := newDriver(t, rt)
-			s := guestSpec(t, cat[templates.Base], jobRunner)
-			s.DiskGiB = 1
-			g, _, _, _ := boot(t, d, s)
+			d, s, g := bootJobRunner(t, rt, cat, func(s *hypervisor.Spec) { s.DiskGiB = 1 })
 			g.mustRun(`truncate -s 8G /workspace/sparse && echo made`)
 			dir := t.TempDir()
 			if rt == oci.RuntimeRunsc {
@@ -849,4 +844,17 @@ func TestSnapshotSparseRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bootJobRunner boots a guest of the base template on a new driver of runtime rt, with the
+// job runner as its init and edit (if any) applied to its spec.
+func bootJobRunner(t *testing.T, rt string, cat templates.Catalog, edit func(*hypervisor.Spec)) (*oci.Driver, hypervisor.Spec, *guest) {
+	t.Helper()
+	d := newDriver(t, rt)
+	s := guestSpec(t, cat[templates.Base], jobRunner)
+	if edit != nil {
+		edit(&s)
+	}
+	g, _, _, _ := boot(t, d, s)
+	return d, s, g
 }
