@@ -34,23 +34,33 @@ func mountConsole(bundle string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("oci: console log: %w", err)
 	}
-	if mounted(dir) {
-		return nil
-	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, consoleTmpfs); err != nil {
-		return fmt.Errorf("oci: console log %s: mount a tmpfs: %w", dir, err)
-	}
-	return nil
+	return mountTmpfs(dir, consoleTmpfs, "console log")
 }
 
 // unmountConsole removes the console log's tmpfs from bundle, if it has one.
 func unmountConsole(bundle string) error {
-	dir := filepath.Join(bundle, consoleDir)
+	return unmountTmpfs(filepath.Join(bundle, consoleDir), "console log")
+}
+
+// mountTmpfs mounts a tmpfs with data (nosuid, nodev, noexec) on dir, unless dir is a mount
+// point already; what names it in errors.
+func mountTmpfs(dir, data, what string) error {
+	if mounted(dir) {
+		return nil
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, data); err != nil {
+		return fmt.Errorf("oci: %s %s: mount a tmpfs: %w", what, dir, err)
+	}
+	return nil
+}
+
+// unmountTmpfs detaches the mount on dir, if it is a mount point; what names it in errors.
+func unmountTmpfs(dir, what string) error {
 	if !mounted(dir) {
 		return nil
 	}
 	if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-		return fmt.Errorf("oci: unmount the console log: %w", err)
+		return fmt.Errorf("oci: unmount the %s: %w", what, err)
 	}
 	return nil
 }
@@ -61,29 +71,19 @@ func (d *Driver) userNS() bool { return d.name == RuntimeRunc }
 // mountAgentDir puts a small tmpfs on the host's agent dir, owned by guest root so that the
 // agent can bind its socket there (sealAgentDir takes it back). Idempotent.
 func (d *Driver) mountAgentDir(s hypervisor.Spec) error {
-	if mounted(s.AgentDir) {
-		return nil
-	}
 	owner := 0
 	if d.userNS() {
 		owner = guestRootID
 	}
-	data := fmt.Sprintf("%s,uid=%d,gid=%d", agentDirTmpfs, owner, owner)
-	if err := syscall.Mount("tmpfs", s.AgentDir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, data); err != nil {
-		return fmt.Errorf("oci: agent dir %s: mount a tmpfs: %w", s.AgentDir, err)
-	}
-	return nil
+	return mountTmpfs(s.AgentDir, fmt.Sprintf("%s,uid=%d,gid=%d", agentDirTmpfs, owner, owner), "agent dir")
 }
 
 // unmountAgentDir removes the agent dir's tmpfs, if it has one.
 func unmountAgentDir(s hypervisor.Spec) error {
-	if s.AgentDir == "" || !mounted(s.AgentDir) {
+	if s.AgentDir == "" {
 		return nil
 	}
-	if err := syscall.Unmount(s.AgentDir, syscall.MNT_DETACH); err != nil {
-		return fmt.Errorf("oci: unmount the agent dir: %w", err)
-	}
-	return nil
+	return unmountTmpfs(s.AgentDir, "agent dir")
 }
 
 // sealAgentDir waits until the agent has bound Spec.AgentSocket, then gives the agent dir to

@@ -19,7 +19,9 @@ const defaultTimeout = 5 * time.Second
 // creates/s (gateway's BenchmarkCreateSaturated, paired runs). go-redis skips the peek for
 // a connection it cannot see through, as it does for every TLS connection. A connection the
 // server closed is then found by the command that uses it, which go-redis retries on a new
-// one (TestClosedConnectionIsRedialled).
+// one (TestClosedConnectionIsRedialled); where no new one answers either (a Cluster primary
+// killed, before its replica takes over), the caller gets the EOF, which the gateway counts
+// as the store being away (storeUnavailable).
 func Dialer(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if timeout <= 0 {
 		timeout = defaultTimeout
