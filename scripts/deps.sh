@@ -19,6 +19,8 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-benchmark >/dev/null || need+=(redis-tools)
 # ... and for the gateway's saturated creates beside it: wrk (gateway BenchmarkCreateSaturated).
 command -v wrk >/dev/null || need+=(wrk)
+# ... and for ext_authz's Checks as Envoy sends them: h2load (gateway BenchmarkAuthzCheckH2load).
+command -v h2load >/dev/null || need+=(nghttp2-client)
 command -v runsc >/dev/null || need+=(runsc)
 command -v runc >/dev/null || need+=(runc)
 [ -x /bin/busybox ] || [ -x /usr/bin/busybox ] || need+=(busybox-static)

@@ -129,8 +129,8 @@ func TestTableCaptured(t *testing.T) {
 // A whole make bench run (captured here; its hypervisor/oci part from a later run of that
 // package alone at make bench's -benchtime 20x, on a loaded machine, once the pause and
 // checkpoint baselines existed, and its RunsPython/bare- lines from a later run of that benchmark; its placer part from a later run of that package alone,
-// once it had a benchmark, and its gateway CreateSaturated and CreateHalfSaturated lines from
-// later runs of those benchmarks alone): every declared pair names a figure the benchmarks
+// once it had a benchmark, and its gateway CreateSaturated, CreateHalfSaturated and
+// AuthzCheckH2load lines from later runs of those benchmarks alone): every declared pair names a figure the benchmarks
 // report, under the unit they report it with, and its baseline is in the same run.
 func TestPairsMeetFullRun(t *testing.T) {
 	run := parseFile(t, "make-bench.txt")

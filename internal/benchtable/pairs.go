@@ -90,6 +90,10 @@ func Pairs() []Pair {
 		{Ref{gateway, "AuthzCheck", "p50-µs"}, Ref{"", "", "redis-get-p50-µs"}, "Check beside one uncached lookup"},
 		{Ref{gateway, "AuthzCheck", "p99-µs"}, Ref{"", "", "redis-get-p99-µs"}, "Check beside one uncached lookup"},
 		{Ref{gateway, "AuthzCheck", "checks/s"}, Ref{"", "", "redis-gets/s"}, "Check beside one uncached lookup"},
+		// From h2load, a C client, as Envoy would send them (4 connections of 16 streams).
+		{Ref{gateway, "AuthzCheckH2load", "p50-µs"}, Ref{"", "", "grpc-noop-p50-µs"}, "Check beside gRPC alone, 64 in flight from h2load"},
+		{Ref{gateway, "AuthzCheckH2load", "p99-µs"}, Ref{"", "", "grpc-noop-p99-µs"}, "Check beside gRPC alone, 64 in flight from h2load"},
+		{Ref{gateway, "AuthzCheckH2load", "checks/s"}, Ref{"", "", "grpc-noops/s"}, "Check beside gRPC alone, 64 in flight from h2load"},
 
 		// policies: the engine beside the bare prepared query; a tenant policy beside none.
 		{Ref{policies, "AdmitShipped", "p50-µs"}, Ref{"", "ShippedAdmissionEval", "p50-µs"}, "the engine around the query"},
