@@ -59,6 +59,10 @@
 //     connection without a word; nothing is answered while the VM is paused. The socket is
 //     bound at boot (an existing path fails the boot, as UnixListener::bind does) and removed
 //     when the VM is shut down.
+//   - The console (vmm/src/console_devices.rs): in "Pty" mode each boot and each restore opens
+//     a new pseudo-terminal, its subsidiary side in raw mode, and vm.info's config names it as
+//     console.file (/dev/pts/N), in place of whatever console.file was given; what the guest
+//     writes to its console comes out there. "File", "Null" and "Off" are taken as given.
 //   - Snapshots write CH's files into destination_url (file://<existing dir>): config.json
 //     (the VmConfig), state.json and memory-ranges, each created exclusively.
 //   - Counters: per device id (CH's generated ids _disk0, _net1, ... for devices without one),
@@ -86,7 +90,7 @@
 // # Deviations from real CH
 //
 //   - No kernel runs: payload.kernel must name a readable file, but it is never loaded;
-//     initramfs, firmware and the console are ignored. init exiting is read as a power-off
+//     initramfs and firmware are ignored. init exiting is read as a power-off
 //     when its status is 0 (CH then shuts the VMM down: vm/shutdown, vm/deleted, vmm/shutdown
 //     and the process exits) and as a kernel panic otherwise ("Attempted to kill init"): a VM
 //     with "pvpanic": true emits guest/panic {"event":"panic"}, and the VM stays Running (a
@@ -94,8 +98,13 @@
 //   - The guest's "kernel" is one memory cgroup of the VM's size: an OOM kill in it is the
 //     VM's. With sysctl.vm.panic_on_oom=1 (or 2) on the command line the first one is a
 //     kernel panic, as in Linux: the panic line ("Kernel panic - not syncing: Out of memory:
-//     ...") is appended to a File console, a VM with "pvpanic": true emits guest/panic, and
-//     the guest is frozen (the VM stays Running, hung). Without it the kill stays inside.
+//     ...") is written to a Pty console or appended to a File console, a VM with "pvpanic":
+//     true emits guest/panic, and the guest is frozen (the VM stays Running, hung). Without
+//     it the kill stays inside.
+//   - That panic line is all the console carries: the guest's processes write to the runc
+//     guest's own console, not to the VM's. Where CH keeps 16 KiB of a Pty console's output
+//     that nobody reads (serial_buffer.rs) and drops the oldest, the fake's write waits in a
+//     goroutine of its own; neither ever stalls the guest.
 //   - The root image must hold every mount point the runtime needs (/proc /dev /sys /tmp
 //     /root /workspace /run): the guest's root is read-only. The guest's /run is a read-only
 //     host dir holding the image's /run entries (bound from the image), the vsock dir at

@@ -75,7 +75,9 @@ func (v *VMM) watchOOM(vm *vmInstance, view oomView) {
 				break
 			}
 			v.log.Info("guest out of memory: kernel panic (panic_on_oom)")
-			if view.Console != nil && view.Console.Mode == "File" && view.Console.File != "" {
+			if vm.console != nil {
+				vm.console.write([]byte(oomPanicLine + "\n"))
+			} else if view.Console != nil && view.Console.Mode == "File" && view.Console.File != "" {
 				if f, err := os.OpenFile(view.Console.File, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err == nil {
 					_, _ = f.WriteString(oomPanicLine + "\n")
 					_ = f.Close()

@@ -191,6 +191,7 @@ type vmInstance struct {
 	guest                *guest
 	vsock                *hybridVsock
 	nets                 map[string]*netLink // by device id: the net devices joined to the guest
+	console              *ptyConsole         // the virtio console in Pty mode (else nil)
 	mu                   sync.Mutex          // guards state for the vsock gate
 	changed              chan struct{}
 	gone                 bool
@@ -239,6 +240,9 @@ func (vm *vmInstance) teardown(ctx context.Context) {
 	}
 	for _, l := range vm.nets {
 		l.close()
+	}
+	if vm.console != nil {
+		vm.console.close()
 	}
 	vm.guest.cleanup(ctx)
 }
@@ -323,6 +327,15 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 	}
 	vm := newInstance(g)
 	vm.state = statePaused
+	// As CH's pre_create_console_devices, at boot and at restore: a Pty console gets a new
+	// pseudo-terminal, named in the config (vm.info) in place of whatever console.file said.
+	if con, ok := cfg.raw["console"].(map[string]any); ok && con["mode"] == "Pty" {
+		if vm.console, err = openPtyConsole(); err != nil {
+			vm.teardown(bootCtx)
+			return nil, &apiError{status: http.StatusInternalServerError, chain: []string{err.Error()}}
+		}
+		con["file"] = vm.console.sub.Name()
+	}
 	if view.Memory != nil {
 		vm.bootRAM, vm.ram, vm.ramTop = view.Memory.Size, view.Memory.Size, view.Memory.Size+view.Memory.HotplugSize
 	}

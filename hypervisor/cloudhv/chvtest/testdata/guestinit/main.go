@@ -1,7 +1,8 @@
 // Command guestinit is the init of the fake's test guests: it counts (a file in /workspace,
 // so a test sees whether the guest runs) and serves a line protocol on vsock port 1024
 // ($WB_VSOCK_UNIX_DIR/1024.sock): "env", "args", "count", "read PATH", "write PATH DATA",
-// "exit N", anything else is echoed.
+// "exit N", "hog MIB" (a child process that takes MIB of memory and holds it, answered when
+// it ends), anything else is echoed.
 package main
 
 import (
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +19,10 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "hog" {
+		hog(os.Args[2])
+		return
+	}
 	var count atomic.Int64
 	go func() {
 		for {
@@ -61,6 +67,13 @@ func main() {
 					if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
 						out = "error: " + err.Error()
 					}
+				case "hog":
+					// A child, so that the OOM killer takes it rather than init.
+					b, err := exec.Command("/proc/self/exe", "hog", arg).CombinedOutput()
+					out = strings.TrimSpace(string(b))
+					if err != nil {
+						out = "error: " + err.Error() + ": " + out
+					}
 				case "exit":
 					n, _ := strconv.Atoi(arg)
 					os.Exit(n)
@@ -71,4 +84,19 @@ func main() {
 			}
 		}()
 	}
+}
+
+// hog takes mib MiB of memory, page by page, and holds it.
+func hog(mib string) {
+	n, err := strconv.Atoi(mib)
+	if err != nil {
+		fmt.Println("hog:", err)
+		os.Exit(2)
+	}
+	b := make([]byte, n<<20)
+	for i := 0; i < len(b); i += 4096 {
+		b[i] = 1
+	}
+	fmt.Println("holding", len(b))
+	time.Sleep(time.Hour)
 }
