@@ -33,10 +33,13 @@ const (
 	vsockSocket  = "vsock.sock"
 	eventsFile   = "events"
 	vmmLogFile   = "vmm.log"
-	consoleFile  = "console.log"
+	consoleFile  = "console.log" // and console.log.1 (console.go)
 	writableDisk = "writable.img"
 	restoreDir   = "restore"
 )
+
+// consoleMode is CH's console mode for every guest: a pseudo-terminal (console.go).
+const consoleMode = "Pty"
 
 // maxUnixPath is the longest Unix socket path Linux takes (sun_path less its NUL).
 const maxUnixPath = 107
@@ -77,6 +80,7 @@ type Driver struct {
 	nsPrefix string   // of this driver's network namespaces (netnsPrefix)
 	exited   sync.Map // pid → exitInfo, for VMMs this process started (and reaps)
 	relays   sync.Map // guest id → *guestRelay this process serves
+	consoles sync.Map // guest id → *consoleRelay this process serves
 }
 
 var (
@@ -165,10 +169,11 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	}
 	d := &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name), nsPrefix: netnsPrefix(o.StateDir)}
 	// A restarted node's guests keep their namespaces and taps, but their relays died with
-	// the previous process.
+	// the previous process; so did the copies of their consoles.
 	if err := d.adoptNetworks(ctx); err != nil {
 		d.log.Warn("guest networks after a restart", "err", err)
 	}
+	d.adoptConsoles(ctx)
 	return d, nil
 }
 
@@ -311,6 +316,9 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, disk, snap strin
 		if err := c.RestoreVM(ctx, chapi.RestoreConfig{SourceURL: "file://" + snap, Resume: true}); err != nil {
 			return d.withLog(s.ID, fmt.Errorf("cloudhv: guest %s: vm.restore: %w", s.ID, err))
 		}
+		if err := d.startConsole(ctx, s.ID); err != nil {
+			d.log.Warn("guest console", "id", s.ID, "err", err)
+		}
 		d.log.Debug("guest restored", "id", s.ID, "took", time.Since(t0))
 		return nil
 	}
@@ -341,7 +349,7 @@ func (d *Driver) vmConfig(r record, cmdline string) chapi.VmConfig {
 		},
 		Net:     []chapi.NetConfig{netConfig(s.ID)},
 		Vsock:   &chapi.VsockConfig{Cid: guestCID, Socket: filepath.Join(dir, vsockSocket)},
-		Console: &chapi.ConsoleConfig{Mode: "File", File: filepath.Join(dir, consoleFile)},
+		Console: &chapi.ConsoleConfig{Mode: consoleMode}, // read into console.log (startConsole)
 		Serial:  &chapi.ConsoleConfig{Mode: "Null"},
 		// A guest kernel's panic becomes a guest/panic event (an exit, see Events).
 		Pvpanic: true,
@@ -468,19 +476,22 @@ func (d *Driver) withLog(id string, err error) error {
 }
 
 // tail is the last n bytes of file path, trimmed.
-func tail(path string, n int64) string {
+func tail(path string, n int64) string { return strings.TrimSpace(string(tailBytes(path, n))) }
+
+// tailBytes is the last n bytes of file path (none when it cannot be read).
+func tailBytes(path string, n int64) []byte {
 	f, err := os.Open(path)
 	if err != nil {
-		return ""
+		return nil
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return ""
+		return nil
 	}
 	off := max(fi.Size()-n, 0)
 	b, _ := io.ReadAll(io.NewSectionReader(f, off, fi.Size()-off))
-	return strings.TrimSpace(string(b))
+	return b
 }
 
 func (d *Driver) cleanupFailed(id string) {
@@ -510,6 +521,10 @@ func (d *Driver) Boot(ctx context.Context, id string) error {
 	}
 	if err := d.client(id).BootVM(ctx); err != nil {
 		return d.withLog(id, fmt.Errorf("cloudhv: guest %s: vm.boot: %w", id, err))
+	}
+	// Without its copy the guest runs as well; its console's last 16 KiB stay in the VMM.
+	if err := d.startConsole(ctx, id); err != nil {
+		d.log.Warn("guest console", "id", id, "err", err)
 	}
 	return nil
 }
@@ -664,6 +679,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 		d.log.Debug("remove cgroup", "id", id, "err", err)
 	}
 	d.stopRelay(id)
+	d.stopConsole(id)
 	if len(errs) == 0 {
 		// Once the VMM is gone: the namespace's name is all that keeps it (and the tap).
 		if err := removeGuestNet(ctx, d.NetNamespace(id)); err != nil {

@@ -4,12 +4,14 @@
 //
 // A guest is a directory Options.StateDir/<id>: guest.json (the spec, the VMM's pid and start
 // time, the rootfs image), api.sock, vsock.sock (hybrid vsock), events (the event monitor),
-// vmm.log (the VMM's stdout and stderr), console.log and writable.img. Its disks are raw ext4
-// images (package image): the template's rootfs plus the static wb binary as init, cached by
-// content in Options.CacheDir and shared read-only, and a writable disk of Spec.DiskGiB holding
-// workspace/, tmp/ and root/. The kernel command line is image.Cmdline's console and root, init=
-// Spec.Args[0], Spec.Env as KEY=VALUE words (refused when the line cannot carry them), and after
-// " -- " init's arguments, with `wb agent --socket X` turned into `--vsock-port 1024`.
+// vmm.log (the VMM's stdout and stderr), console.log (and console.log.1: the guest's console,
+// a pseudo-terminal that the driver copies into them, 1 MiB each at most; console.go) and
+// writable.img. Its disks are raw ext4 images (package image): the template's rootfs plus the
+// static wb binary as init, cached by content in Options.CacheDir and shared read-only, and a
+// writable disk of Spec.DiskGiB holding workspace/, tmp/ and root/. The kernel command line is
+// image.Cmdline's console and root, init= Spec.Args[0], Spec.Env as KEY=VALUE words (refused
+// when the line cannot carry them), and after " -- " init's arguments, with `wb agent
+// --socket X` turned into `--vsock-port 1024`.
 //
 // The VMM process: `<binary> --api-socket path=<dir>/api.sock --event-monitor
 // path=<dir>/events`, in a session of its own, with stdout and stderr in vmm.log, so that it
@@ -37,8 +39,8 @@
 // true}. CH restores the VM exactly as the snapshot's config.json describes it, paths
 // included (RestoreConfig can only replace net fds), so the driver stages a copy of the
 // snapshot (files hard-linked, memory-ranges being as large as the guest's memory) whose
-// config.json names the new guest's writable disk, vsock socket and console. A disk-only
-// restore creates and boots a new VM on a copy of the disk.
+// config.json names the new guest's writable disk and vsock socket, and a new pseudo-terminal
+// for its console. A disk-only restore creates and boots a new VM on a copy of the disk.
 //
 // Network (guestnet.go, hypervisor.EgressRelayer): a guest's network is a namespace of its
 // own, NetNamespace(id) ("wbch-" + a digest of the state dir + "-" + id), holding only

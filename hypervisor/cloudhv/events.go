@@ -57,10 +57,27 @@ func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event
 var guestPanic = fmt.Sprintf("event %s/%s", chapi.SourceGuest, chapi.EventPanic)
 
 // outOfMemory reports whether the guest's kernel panicked for want of memory: Linux says so
-// on the console ("Kernel panic - not syncing: Out of memory: ...") before pvpanic reports it.
+// on the console ("Kernel panic - not syncing: Out of memory: ...") before pvpanic reports
+// it. The line reaches the console log through the terminal's copy (startConsole), which
+// may not have written it yet: it waits up to panicLineWait for a panic line.
 func (d *Driver) outOfMemory(r record) bool {
-	return strings.Contains(tail(filepath.Join(d.GuestDir(r.Spec.ID), consoleFile), 4096), "not syncing: Out of memory")
+	dir := d.GuestDir(r.Spec.ID)
+	deadline := time.Now().Add(panicLineWait)
+	for {
+		t := consoleTail(dir, 4096)
+		if strings.Contains(t, "not syncing: Out of memory") {
+			return true
+		}
+		if strings.Contains(t, "Kernel panic - not syncing") || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
+
+// panicLineWait bounds outOfMemory's wait for the panic line: a copy of a few bytes that
+// takes microseconds, given a loaded host's scheduling.
+const panicLineWait = 2 * time.Second
 
 // watch reads the event log until the guest ends (answering why) or ctx ends ("").
 func (d *Driver) watch(ctx context.Context, r record, f *os.File) string {
@@ -130,6 +147,6 @@ func (d *Driver) exitDetail(r record, why string) string {
 		}
 	}
 	dir := d.GuestDir(r.Spec.ID)
-	fmt.Fprintf(&b, "; VMM log tail: %q; console tail: %q", tail(filepath.Join(dir, vmmLogFile), 1024), tail(filepath.Join(dir, consoleFile), 1024))
+	fmt.Fprintf(&b, "; VMM log tail: %q; console tail: %q", tail(filepath.Join(dir, vmmLogFile), 1024), consoleTail(dir, 1024))
 	return b.String()
 }

@@ -260,6 +260,10 @@ func (d *Driver) Close() {
 		d.stopRelay(id.(string))
 		return true
 	})
+	d.consoles.Range(func(id, _ any) bool {
+		d.stopConsole(id.(string))
+		return true
+	})
 }
 
 // adoptNetworks is a (restarted) driver's look at the namespaces of its guests: a running

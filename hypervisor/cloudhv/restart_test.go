@@ -10,17 +10,25 @@ import (
 )
 
 // TestRestartedDriverFindsGuest: a new driver on the same state dir (a restarted node) lists
-// the running guest, reports it running, reaches its agent, and sees its exit.
+// the running guest, reports it running, copies its console again, reaches its agent, and
+// sees its exit.
 func TestRestartedDriverFindsGuest(t *testing.T) {
 	e := newEnv(t)
 	ctx := testCtx(t, 5*time.Minute)
 	s := e.spec(newID())
 	c := e.boot(t, ctx, s)
 	sh(t, ctx, c, "echo before > /workspace/f")
+	if !cloudhv.ConsoleRelayed(e.d, s.ID) {
+		t.Error("the booted guest's console is not copied")
+	}
 
 	d2, err := cloudhv.New(context.Background(), e.opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	defer d2.Close()
+	if !cloudhv.ConsoleRelayed(d2, s.ID) {
+		t.Error("the new driver does not copy the guest's console")
 	}
 	if ids, err := d2.List(ctx); err != nil || len(ids) != 1 || ids[0] != s.ID {
 		t.Fatalf("List after restart = %v, %v", ids, err)

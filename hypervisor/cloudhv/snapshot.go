@@ -199,9 +199,15 @@ func (d *Driver) stageRestore(src, dst string, s hypervisor.Spec) error {
 		return errors.New("cloudhv: restore: the snapshot's config.json has no vsock device")
 	}
 	vs["socket"] = filepath.Join(gdir, vsockSocket)
-	if con, ok := cfg["console"].(map[string]any); ok && con["file"] != nil {
-		con["file"] = filepath.Join(gdir, consoleFile)
+	// The restored VM's console is a new terminal, whatever the snapshot's was (an earlier
+	// driver's File grew without bound).
+	con, _ := cfg["console"].(map[string]any)
+	if con == nil {
+		con = map[string]any{}
+		cfg["console"] = con
 	}
+	con["mode"] = consoleMode
+	delete(con, "file")
 	nb, err := json.Marshal(cfg)
 	if err != nil {
 		return fmt.Errorf("cloudhv: restore: %w", err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"wb/hypervisor"
+	"wb/hypervisor/cloudhv"
 )
 
 // TestSnapshotRestore: a disk-only snapshot leaves the guest running and a memory snapshot
@@ -54,6 +55,9 @@ func TestSnapshotRestore(t *testing.T) {
 			}
 			if st, err := e.d.Info(ctx, r.ID); err != nil || st.State != hypervisor.StateRunning {
 				t.Errorf("restored guest: %+v, %v", st, err)
+			}
+			if !cloudhv.ConsoleRelayed(e.d, r.ID) {
+				t.Error("the restored guest's console is not copied")
 			}
 		})
 	}

@@ -1,0 +1,121 @@
+package cloudhv
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/term"
+)
+
+// TestConsoleBounded: what a guest writes to its console, through a pseudo-terminal as CH's
+// Pty console writes it, costs the host at most two logs of consoleLogMax, and what is kept
+// is the newest: 8 MiB, then a last line. Stopping the relay ends its read at once, though
+// the terminal stays open (Delete, Close).
+func TestConsoleBounded(t *testing.T) {
+	main, sub, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer main.Close()
+	defer sub.Close()
+	if _, err := term.MakeRaw(int(sub.Fd())); err != nil { // as CH's create_pty
+		t.Fatal(err)
+	}
+	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default()}
+	const id = "gconsole"
+	dir := d.GuestDir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.relayConsole(id, "/tmp/not-a-terminal"); err == nil || !strings.Contains(err.Error(), "not a pseudo-terminal") {
+		t.Fatalf("a console outside /dev/pts: %v", err)
+	}
+	if err := d.relayConsole(id, sub.Name()); err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte("x"), 64<<10)
+	for range 128 {
+		if _, err := main.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := main.WriteString("\nthe last line\n"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !strings.HasSuffix(consoleTail(dir, 4096), "the last line") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the console's tail is %q", consoleTail(dir, 64))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var total int64
+	for _, name := range []string{consoleFile, consoleFile + ".1"} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Size() > consoleLogMax {
+			t.Errorf("%s holds %d bytes, over %d", name, fi.Size(), consoleLogMax)
+		}
+		total += fi.Size()
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 || total < consoleLogMax {
+		t.Errorf("the guest dir holds %d files, %d bytes of console", len(ents), total)
+	}
+
+	stopped := make(chan struct{})
+	go func() { d.stopConsole(id); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("stopConsole did not end the relay's read")
+	}
+	if _, ok := d.consoles.Load(id); ok {
+		t.Error("the stopped relay is still listed")
+	}
+}
+
+// TestRotatingLogAppends: a relay started again (a restarted node) appends to the console
+// log it finds, and a log found over the bound (an earlier driver's File console) is moved
+// aside before the first write.
+func TestRotatingLogAppends(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, consoleFile)
+	if err := os.WriteFile(p, []byte("before\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l := &rotatingLog{path: p, max: 16}
+	if _, err := l.Write([]byte("after\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "before\nafter\n" {
+		t.Fatalf("console.log %q", b)
+	}
+	if err := os.WriteFile(p, bytes.Repeat([]byte("o"), 40), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l = &rotatingLog{path: p, max: 16}
+	if n, err := l.Write([]byte("0123456789abcdefXY")); n != 18 || err != nil {
+		t.Fatalf("Write = %d, %v", n, err)
+	}
+	_ = l.close()
+	if b, _ := os.ReadFile(p); string(b) != "XY" {
+		t.Errorf("console.log %q, want XY", b)
+	}
+	if b, _ := os.ReadFile(p + ".1"); string(b) != "0123456789abcdef" {
+		t.Errorf("console.log.1 %q", b)
+	}
+	if got := consoleTail(dir, 4); got != "efXY" {
+		t.Errorf("consoleTail across the two = %q", got)
+	}
+}
