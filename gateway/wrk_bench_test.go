@@ -18,23 +18,44 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"wb/internal/redistest"
 )
 
 // BenchmarkCreateSaturated: POST /v1/sessions saturated by wrk from 16 connections for 5 s,
-// the figure read beside redis-benchmark's SET from 16 clients (store's
-// BenchmarkRedisBenchmarkSet). wrk is to HTTP what redis-benchmark is to Redis: a C client
-// on epoll that costs the machine little, so the ratio compares servers. (BenchmarkCreateSession's
-// clients are Go's net/http in the gateway's own process: on two cores they took a good part
-// of the CPU that the creates/s figure then lacked.)
+// read beside redis-benchmark's SET from 16 clients against the gateway's own redis-server,
+// run just before and just after wrk (their mean: redis-sets/s), so that the ratio
+// compares two figures of the same minute. (The store's BenchmarkRedisBenchmarkSet, minutes
+// earlier in make bench, measured 35k to 49k SET/s in four runs within a minute of each
+// other.) wrk is to HTTP what redis-benchmark is to Redis: a C client on epoll that costs the
+// machine little, so the ratio compares servers. (BenchmarkCreateSession's clients are Go's
+// net/http in the gateway's own process: on two cores they took a good part of the CPU that
+// the creates/s figure then lacked.)
 func BenchmarkCreateSaturated(b *testing.B) {
-	url, key := wrkServer(b)
+	url, key, redisAddr := wrkServer(b)
 	var res wrkResult
+	var sets redistest.SetBenchmark
 	for b.Loop() {
+		before := setBaseline(b, redisAddr)
 		res = saturate(b, url, key, 5*time.Second)
+		after := setBaseline(b, redisAddr)
+		sets = redistest.SetBenchmark{RPS: (before.RPS + after.RPS) / 2, P50ms: (before.P50ms + after.P50ms) / 2, P99ms: (before.P99ms + after.P99ms) / 2}
 	}
 	b.ReportMetric(res.perSec, "creates/s")
 	b.ReportMetric(res.p50us, "p50-µs")
 	b.ReportMetric(res.p99us, "p99-µs")
+	b.ReportMetric(sets.RPS, "redis-sets/s")
+	b.ReportMetric(sets.P50ms*1000, "redis-set-p50-µs")
+	b.ReportMetric(sets.P99ms*1000, "redis-set-p99-µs")
+}
+
+// setBaseline is redis-benchmark's SET from 16 clients, 100,000 requests, against addr.
+func setBaseline(b *testing.B, addr string) redistest.SetBenchmark {
+	r, err := redistest.RunSetBenchmark(b.Context(), addr, 16, 100000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r
 }
 
 // BenchmarkCreateHalfSaturated: the latency target is "at half of saturation": wrk
@@ -42,7 +63,7 @@ func BenchmarkCreateSaturated(b *testing.B) {
 // a process of their own (this test binary again, TestOpenLoopClient), each measured from
 // when it was sent; late-p99 is how late the client sent them (openLoopResult).
 func BenchmarkCreateHalfSaturated(b *testing.B) {
-	url, key := wrkServer(b)
+	url, key, _ := wrkServer(b)
 	var rate, p50, p99, late float64
 	for b.Loop() {
 		rate = saturate(b, url, key, 3*time.Second).perSec / 2
@@ -194,13 +215,14 @@ func lineAfter(out, prefix string) string {
 	return ""
 }
 
-// wrkServer is benchServer for a load from wrk.
-func wrkServer(b *testing.B) (url, key string) {
+// wrkServer is benchServer for a load from wrk; redisAddr is its redis-server's.
+func wrkServer(b *testing.B) (url, key, redisAddr string) {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		b.Fatalf("wrk (Debian package wrk) is not installed: %v", err)
 	}
-	url, key, _ = benchServer(b)
-	return url, key
+	rdb := redistest.Server(b)
+	url, key, _ = benchServerOn(b, rdb)
+	return url, key, rdb.Options().Addr
 }
 
 // saturate runs wrk's creates from 16 connections for d.

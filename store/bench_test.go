@@ -1,15 +1,9 @@
 package store
 
 import (
-	"bytes"
 	"context"
-	"encoding/csv"
 	"fmt"
-	"net"
-	"os/exec"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,87 +108,17 @@ func BenchmarkTransition(b *testing.B) {
 // measured in the same run: redis-benchmark's SET from 16 clients (as many as theirs), 100,000
 // requests a run, against a redis-server of its own on loopback. ns/op is one whole run.
 func BenchmarkRedisBenchmarkSet(b *testing.B) {
-	bin, err := exec.LookPath("redis-benchmark")
-	if err != nil {
-		b.Fatalf("redis-benchmark (Debian package redis-tools) is not installed: %v", err)
-	}
-	host, port, err := net.SplitHostPort(redistest.ServerAddr(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	var rps, p50, p99 float64
+	addr := redistest.ServerAddr(b)
+	var sum redistest.SetBenchmark
 	for b.Loop() {
-		out, err := exec.CommandContext(b.Context(), bin, "-h", host, "-p", port, "-c", "16", "-t", "set", "-n", "100000", "--csv").Output()
-		if err != nil {
-			b.Fatalf("redis-benchmark: %v", err)
-		}
-		r, q50, q99, err := parseRedisBenchmarkCSV(out)
+		r, err := redistest.RunSetBenchmark(b.Context(), addr, 16, 100000)
 		if err != nil {
 			b.Fatal(err)
 		}
-		rps, p50, p99 = rps+r, p50+q50, p99+q99
+		sum.RPS, sum.P50ms, sum.P99ms = sum.RPS+r.RPS, sum.P50ms+r.P50ms, sum.P99ms+r.P99ms
 	}
 	n := float64(b.N)
-	b.ReportMetric(rps/n, "requests/s")
-	b.ReportMetric(p50/n*1000, "p50-µs")
-	b.ReportMetric(p99/n*1000, "p99-µs")
-}
-
-// parseRedisBenchmarkCSV reads redis-benchmark --csv's SET line: requests per second, and
-// its p50 and p99 in milliseconds.
-func parseRedisBenchmarkCSV(out []byte) (rps, p50, p99 float64, err error) {
-	recs, err := csv.NewReader(bytes.NewReader(out)).ReadAll()
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("redis-benchmark --csv: %w", err)
-	}
-	if len(recs) < 2 {
-		return 0, 0, 0, fmt.Errorf("redis-benchmark --csv: %d lines, want a header and SET: %q", len(recs), out)
-	}
-	col := map[string]int{}
-	for i, h := range recs[0] {
-		col[h] = i
-	}
-	get := func(name string) (float64, error) {
-		i, ok := col[name]
-		if !ok || i >= len(recs[1]) {
-			return 0, fmt.Errorf("redis-benchmark --csv: no column %q in %q", name, recs[0])
-		}
-		v, err := strconv.ParseFloat(recs[1][i], 64)
-		if err != nil {
-			return 0, fmt.Errorf("redis-benchmark --csv: column %q: %w", name, err)
-		}
-		return v, nil
-	}
-	if rps, err = get("rps"); err != nil {
-		return 0, 0, 0, err
-	}
-	if p50, err = get("p50_latency_ms"); err != nil {
-		return 0, 0, 0, err
-	}
-	if p99, err = get("p99_latency_ms"); err != nil {
-		return 0, 0, 0, err
-	}
-	return rps, p50, p99, nil
-}
-
-// TestParseRedisBenchmarkCSV: the baseline's numbers from redis-benchmark 7's --csv output
-// (captured here), and an error naming what is missing otherwise.
-func TestParseRedisBenchmarkCSV(t *testing.T) {
-	t.Parallel()
-	out := "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n" +
-		"\"SET\",\"20533.88\",\"0.517\",\"0.064\",\"0.271\",\"1.207\",\"4.479\",\"84.671\"\n"
-	rps, p50, p99, err := parseRedisBenchmarkCSV([]byte(out))
-	if err != nil || rps != 20533.88 || p50 != 0.271 || p99 != 4.479 {
-		t.Fatalf("%v %v %v %v", rps, p50, p99, err)
-	}
-	for _, c := range []struct{ out, want string }{
-		{"", "0 lines"},
-		{"\"test\",\"rps\"\n\"SET\",\"1\"\n", `no column "p50_latency_ms"`},
-		{"\"test\",\"rps\",\"p50_latency_ms\",\"p99_latency_ms\"\n\"SET\",\"x\",\"1\",\"1\"\n", `column "rps"`},
-		{"\"a\n", "redis-benchmark --csv"},
-	} {
-		if _, _, _, err := parseRedisBenchmarkCSV([]byte(c.out)); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q: %v, want an error saying %s", c.out, err, c.want)
-		}
-	}
+	b.ReportMetric(sum.RPS/n, "requests/s")
+	b.ReportMetric(sum.P50ms/n*1000, "p50-µs")
+	b.ReportMetric(sum.P99ms/n*1000, "p99-µs")
 }
