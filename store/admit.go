@@ -46,7 +46,8 @@ type SpendCapError struct{ Scope string }
 
 func (e *SpendCapError) Error() string { return "the " + e.Scope + "'s monthly spend cap is reached" }
 
-// Admit is a create's admission in one round trip: it takes a token from the project's rate
+// Admit is a create's admission in one round trip (which concurrent creates may share:
+// sharedTrips): it takes a token from the project's rate
 // bucket, checks the spend-cap flags, reserves one of a.Concurrency slots and writes sess in
 // pending with its session.pending event, in one script. It answers a *RateLimitError, a
 // *SpendCapError, a *ConcurrencyError or ErrExists at the first refusal, in that order (a
@@ -66,7 +67,7 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	args := append(a.args(sess.ID, sess.EndUserID, s.now), sig.args...)
 	args = append(append(args, fields.n), fields.args...)
 	keys := append(admitKeys(sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth), sig.keys...)
-	res, err := admitScript.Run(ctx, s.rdb, keys, args...).StringSlice()
+	res, err := s.admits.run(ctx, keys, args...)
 	if err != nil {
 		return Admitted{}, fmt.Errorf("create session %s: %w", sess.ID, err)
 	}

@@ -55,6 +55,8 @@ type Store struct {
 	// oneRedis: not a Cluster, so the create and transition scripts may write the global
 	// signals and indexes too (indexes.go).
 	oneRedis bool
+	// admits runs admitScript: concurrent creates share round trips (trips.go).
+	admits *sharedTrips
 }
 
 // Option configures a Store.
@@ -89,6 +91,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Store {
 	s.changes = NewChanges(rdb, nil)
 	_, cluster := rdb.(*redis.ClusterClient)
 	s.oneRedis = !cluster
+	s.admits = newSharedTrips(rdb, admitScript)
 	return s
 }
 
