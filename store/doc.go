@@ -18,5 +18,6 @@
 // client from the wiring in cmd/wb; the client under a Store is not handed out. Every key of a
 // project carries the project as its hash tag, so each script touches one Redis Cluster slot;
 // on one Redis, a create's or a transition's script also writes the global signals and
-// indexes, so each is one round trip (indexes.go).
+// indexes, so each is one round trip (indexes.go), which concurrent admissions share under
+// load (trips.go).
 package store
