@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv/chapi"
 	"wb/hypervisor/cloudhv/image"
@@ -81,6 +83,10 @@ type Driver struct {
 	exited   sync.Map // pid → exitInfo, for VMMs this process started (and reaps)
 	relays   sync.Map // guest id → *guestRelay this process serves
 	consoles sync.Map // guest id → *consoleRelay this process serves
+	// consoleRate and consoleBurst bound each console's copy (0: no bound); New sets
+	// consoleBytesPerSec and consoleBurst.
+	consoleRate  rate.Limit
+	consoleBurst int
 }
 
 var (
@@ -167,7 +173,8 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 			return nil, fmt.Errorf("cloudhv: %w", err)
 		}
 	}
-	d := &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name), nsPrefix: netnsPrefix(o.StateDir)}
+	d := &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name), nsPrefix: netnsPrefix(o.StateDir),
+		consoleRate: consoleBytesPerSec, consoleBurst: consoleBurst}
 	// A restarted node's guests keep their namespaces and taps, but their relays died with
 	// the previous process; so did the copies of their consoles.
 	if err := d.adoptNetworks(ctx); err != nil {

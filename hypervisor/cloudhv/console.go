@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"golang.org/x/time/rate"
 )
 
 // The guest's console: what its kernel prints and whatever guest root writes to /dev/hvc0.
@@ -18,14 +19,21 @@ import (
 // driver reads the terminal into the guest dir's console.log, up to consoleLogMax bytes, then
 // moves it to console.log.1 and starts again. A guest's console so costs the host at most
 // two of those on disk, and what is kept is the newest: the panic that says why a guest
-// died is its console's last line.
-const consoleLogMax = 1 << 20
+// died is its console's last line. The copy is the node's work, not the guest's, so it reads
+// at most consoleBytesPerSec (after a burst of consoleBurst): beyond that the terminal fills
+// and CH drops the oldest, in the VMM, whose CPU is the guest's.
+const (
+	consoleLogMax      = 1 << 20
+	consoleBytesPerSec = 256 << 10
+	consoleBurst       = 1 << 20
+)
 
 // consoleRelay is the copy of one guest's console terminal into its console log, served by
 // this process.
 type consoleRelay struct {
-	tty  *os.File
-	done chan struct{} // closed when the copy has ended
+	tty    *os.File
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the copy has ended
 }
 
 // startConsole reads guest id's console terminal (vm.info's console.file) into its console
@@ -53,29 +61,52 @@ func (d *Driver) relayConsole(id, path string) error {
 	if err != nil {
 		return fmt.Errorf("cloudhv: guest %s: console: %w", id, err)
 	}
-	cr := &consoleRelay{tty: tty, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	cr := &consoleRelay{tty: tty, cancel: cancel, done: make(chan struct{})}
 	if old, loaded := d.consoles.Swap(id, cr); loaded {
 		old.(*consoleRelay).stop()
 	}
+	var lim *rate.Limiter
+	if d.consoleRate > 0 {
+		lim = rate.NewLimiter(d.consoleRate, d.consoleBurst)
+	}
 	go func() {
 		defer close(cr.done)
-		err := copyConsole(&rotatingLog{path: filepath.Join(d.GuestDir(id), consoleFile), max: consoleLogMax}, tty)
-		// EIO: the VMM closed the terminal (the VM's end); a closed file: stopConsole.
-		if err != nil && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) {
+		err := copyConsole(ctx, &rotatingLog{path: filepath.Join(d.GuestDir(id), consoleFile), max: consoleLogMax}, tty, lim)
+		// EIO: the VMM closed the terminal (the VM's end); a closed file or the context's
+		// end: stopConsole.
+		if err != nil && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) && ctx.Err() == nil {
 			d.log.Warn("guest console: the copy stopped; later output stays in the VMM's 16 KiB", "id", id, "err", err)
 		}
 	}()
 	return nil
 }
 
-// copyConsole copies tty into log until either fails, and closes both.
-func copyConsole(log *rotatingLog, tty *os.File) error {
+// copyConsole copies tty into log, at most as fast as lim allows (nil: no bound), until
+// either fails or ctx ends, and closes both.
+func copyConsole(ctx context.Context, log *rotatingLog, tty *os.File, lim *rate.Limiter) error {
 	defer tty.Close()
-	_, err := io.Copy(log, tty)
-	return errors.Join(err, log.close())
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := tty.Read(buf)
+		if n > 0 {
+			if _, werr := log.Write(buf[:n]); werr != nil {
+				return errors.Join(werr, log.close())
+			}
+			if lim != nil {
+				if werr := lim.WaitN(ctx, n); werr != nil {
+					return errors.Join(werr, log.close())
+				}
+			}
+		}
+		if err != nil {
+			return errors.Join(err, log.close())
+		}
+	}
 }
 
 func (cr *consoleRelay) stop() {
+	cr.cancel()
 	_ = cr.tty.Close()
 	<-cr.done
 }
