@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/time/rate"
 )
@@ -120,22 +122,32 @@ func (d *Driver) stopConsole(id string) {
 
 // adoptConsoles is a (restarted) driver's look at its guests' consoles: a running VMM's
 // terminal is read again (the previous process's relay died with it; meanwhile the VMM kept
-// the last 16 KiB).
+// the last 16 KiB). The guests are asked at once, each for adoptConsoleWait at most: a VMM
+// that does not answer must not hold up the node's start.
 func (d *Driver) adoptConsoles(ctx context.Context) {
 	ids, err := d.List(ctx)
 	if err != nil {
 		d.log.Warn("guest consoles after a restart", "err", err)
 		return
 	}
+	var wg sync.WaitGroup
 	for _, id := range ids {
 		if r, err := d.load(id); err != nil || !r.alive() {
 			continue
 		}
-		if err := d.startConsole(ctx, id); err != nil {
-			d.log.Warn("guest console after a restart", "id", id, "err", err)
-		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, adoptConsoleWait)
+			defer cancel()
+			if err := d.startConsole(ctx, id); err != nil {
+				d.log.Warn("guest console after a restart", "id", id, "err", err)
+			}
+		})
 	}
+	wg.Wait()
 }
+
+// adoptConsoleWait bounds a restarted driver's vm.info to one VMM for its console.
+const adoptConsoleWait = 5 * time.Second
 
 // rotatingLog writes to path up to max bytes, then moves path to path.1 (replacing it) and
 // starts path afresh. It appends to a path that exists (a restarted node's relay).

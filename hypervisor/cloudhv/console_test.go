@@ -2,7 +2,10 @@ package cloudhv
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +14,9 @@ import (
 
 	"github.com/creack/pty"
 	"golang.org/x/term"
+
+	"wb/hypervisor"
+	"wb/internal/proc"
 )
 
 // TestConsoleBounded: what a guest writes to its console, through a pseudo-terminal as CH's
@@ -159,5 +165,50 @@ func TestConsoleRateBounded(t *testing.T) {
 		t.Errorf("320 KiB copied in %s, faster than 128 KiB/s", took)
 	} else {
 		t.Logf("320 KiB copied in %s", took)
+	}
+}
+
+// TestAdoptConsolesOfHungVMMs: a restarted driver's look at its guests' consoles is not held
+// up by VMMs that take their API's calls and never answer: it gives each up after
+// adoptConsoleWait, all at once.
+func TestAdoptConsolesOfHungVMMs(t *testing.T) {
+	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default()}
+	start, ok := proc.Start(os.Getpid())
+	if !ok {
+		t.Fatal("no start time for this process")
+	}
+	for i := range 3 {
+		id := fmt.Sprintf("ghung%d", i)
+		if err := os.MkdirAll(d.GuestDir(id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		// This test's own process stands in for the VMM: alive, with an API that never answers.
+		if err := writeJSON(filepath.Join(d.GuestDir(id), recordFile), record{Spec: hypervisor.Spec{ID: id}, Pid: os.Getpid(), Start: start}); err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("unix", filepath.Join(d.GuestDir(id), apiSocket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+			}
+		}()
+	}
+	t0 := time.Now()
+	d.adoptConsoles(context.Background())
+	if took := time.Since(t0); took > 3*adoptConsoleWait {
+		t.Errorf("adoptConsoles took %s over three hung VMMs", took)
+	}
+	for i := range 3 {
+		if _, ok := d.consoles.Load(fmt.Sprintf("ghung%d", i)); ok {
+			t.Errorf("ghung%d: a console relay without a console", i)
+		}
 	}
 }
