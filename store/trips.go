@@ -8,10 +8,10 @@ import (
 )
 
 // sharedTrips runs one script for concurrent callers, who share round trips to Redis under
-// load. A call made while none of the script's round trips is in flight goes out at once,
-// alone, from its caller. One made while some are waits, and workers (up to
-// maxTripsInFlight, started on demand, gone when idle) send the calls waiting, up to
-// maxTripBatch at a time, as one pipeline. Redis then reads many scripts with one read and
+// load. A call made while fewer than maxTripsInFlight of the script's round trips are in
+// flight goes out at once, alone, from its caller. One made while that many are waits; as
+// each of those ends, a worker (started then, gone when idle) takes the calls waiting, up to
+// maxTripBatch at a time, and sends them as one pipeline. Redis then reads many scripts with one read and
 // answers them with one write, where each call on a connection of its own cost it a read, a
 // write and a turn of its event loop: one Redis, the platform's serial part, admits more
 // creates a second. A lone call pays nothing (it goes at once, as before), a waiting one at
@@ -56,18 +56,14 @@ func newSharedTrips(rdb redis.UniversalClient, script *redis.Script) *sharedTrip
 func (t *sharedTrips) run(ctx context.Context, keys []string, args ...any) ([]string, error) {
 	c := &tripCall{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
 	t.mu.Lock()
-	if t.senders == 0 {
+	if t.senders < maxTripsInFlight {
 		t.senders++
 		t.mu.Unlock()
 		t.send([]*tripCall{c})
 		t.handOff()
 		return c.res, c.err
 	}
-	t.waiting = append(t.waiting, c)
-	if t.senders < maxTripsInFlight {
-		t.senders++
-		go t.work()
-	}
+	t.waiting = append(t.waiting, c) // a sender's handOff or work takes it
 	t.mu.Unlock()
 	select {
 	case <-c.done:
@@ -90,7 +86,7 @@ func (t *sharedTrips) run(ctx context.Context, keys []string, args ...any) ([]st
 }
 
 // handOff is the end of a caller's own round trip: the calls that came meanwhile go on with
-// a worker, which takes the caller's place.
+// a worker, which takes the caller's place among the senders.
 func (t *sharedTrips) handOff() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
