@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,12 +57,17 @@ func (d *Driver) startConsole(ctx context.Context, id string) error {
 
 // relayConsole copies the console terminal at path into guest id's console log.
 func (d *Driver) relayConsole(id, path string) error {
-	if !strings.HasPrefix(path, "/dev/pts/") {
-		return fmt.Errorf("cloudhv: guest %s: vm.info names console %q, not a pseudo-terminal", id, path)
+	notPty := fmt.Errorf("cloudhv: guest %s: vm.info names console %q, not a pseudo-terminal", id, path)
+	if filepath.Dir(filepath.Clean(path)) != "/dev/pts" {
+		return notPty
 	}
 	tty, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOCTTY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return fmt.Errorf("cloudhv: guest %s: console: %w", id, err)
+	}
+	if fi, err := tty.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		_ = tty.Close()
+		return notPty
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cr := &consoleRelay{tty: tty, cancel: cancel, done: make(chan struct{})}
@@ -75,9 +81,9 @@ func (d *Driver) relayConsole(id, path string) error {
 	go func() {
 		defer close(cr.done)
 		err := copyConsole(ctx, &rotatingLog{path: filepath.Join(d.GuestDir(id), consoleFile), max: consoleLogMax}, tty, lim)
-		// EIO: the VMM closed the terminal (the VM's end); a closed file or the context's
-		// end: stopConsole.
-		if err != nil && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) && ctx.Err() == nil {
+		// EOF or EIO: the VMM closed the terminal (the VM's end); a closed file or the
+		// context's end: stopConsole.
+		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) && ctx.Err() == nil {
 			d.log.Warn("guest console: the copy stopped; later output stays in the VMM's 16 KiB", "id", id, "err", err)
 		}
 	}()
@@ -89,6 +95,9 @@ func (d *Driver) relayConsole(id, path string) error {
 func copyConsole(ctx context.Context, log *rotatingLog, tty *os.File, lim *rate.Limiter) error {
 	defer tty.Close()
 	buf := make([]byte, 32<<10)
+	if lim != nil {
+		buf = buf[:min(len(buf), max(lim.Burst(), 1))] // WaitN takes at most a burst
+	}
 	for {
 		n, err := tty.Read(buf)
 		if n > 0 {

@@ -39,8 +39,10 @@ func TestConsoleBounded(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.relayConsole(id, "/tmp/not-a-terminal"); err == nil || !strings.Contains(err.Error(), "not a pseudo-terminal") {
-		t.Fatalf("a console outside /dev/pts: %v", err)
+	for _, p := range []string{"/tmp/not-a-terminal", "/dev/pts/../../etc/passwd", "/dev/pts/ptmx/x", "/dev/pts"} {
+		if err := d.relayConsole(id, p); err == nil || !strings.Contains(err.Error(), "not a pseudo-terminal") {
+			t.Fatalf("console %s: %v", p, err)
+		}
 	}
 	if err := d.relayConsole(id, sub.Name()); err != nil {
 		t.Fatal(err)
