@@ -24,28 +24,13 @@ import (
 // is the newest: 8 MiB, then a last line. Stopping the relay ends its read at once, though
 // the terminal stays open (Delete, Close).
 func TestConsoleBounded(t *testing.T) {
-	main, sub, err := pty.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer main.Close()
-	defer sub.Close()
-	if _, err := term.MakeRaw(int(sub.Fd())); err != nil { // as CH's create_pty
-		t.Fatal(err)
-	}
 	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default()}
 	const id = "gconsole"
-	dir := d.GuestDir(id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	main, dir := relayTestConsole(t, d, id)
 	for _, p := range []string{"/tmp/not-a-terminal", "/dev/pts/../../etc/passwd", "/dev/pts/ptmx/x", "/dev/pts"} {
-		if err := d.relayConsole(id, p); err == nil || !strings.Contains(err.Error(), "not a pseudo-terminal") {
+		if err := d.relayConsole("gother", p); err == nil || !strings.Contains(err.Error(), "not a pseudo-terminal") {
 			t.Fatalf("console %s: %v", p, err)
 		}
-	}
-	if err := d.relayConsole(id, sub.Name()); err != nil {
-		t.Fatal(err)
 	}
 	chunk := bytes.Repeat([]byte("x"), 64<<10)
 	for range 128 {
@@ -90,6 +75,28 @@ func TestConsoleBounded(t *testing.T) {
 	}
 }
 
+// relayTestConsole makes guest id's dir and a pseudo-terminal, raw as CH's create_pty makes
+// it, and has d copy it; it answers the terminal's main side (what CH writes to) and the dir.
+func relayTestConsole(t *testing.T, d *Driver, id string) (*os.File, string) {
+	t.Helper()
+	main, sub, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { main.Close(); sub.Close() })
+	if _, err := term.MakeRaw(int(sub.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	dir := d.GuestDir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.relayConsole(id, sub.Name()); err != nil {
+		t.Fatal(err)
+	}
+	return main, dir
+}
+
 // TestRotatingLogAppends: a relay started again (a restarted node) appends to the console
 // log it finds, and a log found over the bound (an earlier driver's File console) is moved
 // aside before the first write.
@@ -132,24 +139,9 @@ func TestRotatingLogAppends(t *testing.T) {
 // rest waits in the terminal, then in the VMM, whose CPU is the guest's): 320 KiB at 128
 // KiB/s after a burst of 64 KiB take two seconds at least.
 func TestConsoleRateBounded(t *testing.T) {
-	main, sub, err := pty.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer main.Close()
-	defer sub.Close()
-	if _, err := term.MakeRaw(int(sub.Fd())); err != nil {
-		t.Fatal(err)
-	}
 	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default(), consoleRate: 128 << 10, consoleBurst: 64 << 10}
 	const id = "grate"
-	dir := d.GuestDir(id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.relayConsole(id, sub.Name()); err != nil {
-		t.Fatal(err)
-	}
+	main, dir := relayTestConsole(t, d, id)
 	defer d.stopConsole(id)
 	t0 := time.Now()
 	go func() {
