@@ -92,26 +92,27 @@ func (d *Driver) relayConsole(id, path string) error {
 
 // copyConsole copies tty into log, at most as fast as lim allows (nil: no bound), until
 // either fails or ctx ends, and closes both.
-func copyConsole(ctx context.Context, log *rotatingLog, tty *os.File, lim *rate.Limiter) error {
+func copyConsole(ctx context.Context, log *rotatingLog, tty *os.File, lim *rate.Limiter) (err error) {
 	defer tty.Close()
+	defer func() { err = errors.Join(err, log.close()) }()
 	buf := make([]byte, 32<<10)
 	if lim != nil {
 		buf = buf[:min(len(buf), max(lim.Burst(), 1))] // WaitN takes at most a burst
 	}
 	for {
-		n, err := tty.Read(buf)
+		n, rerr := tty.Read(buf)
 		if n > 0 {
-			if _, werr := log.Write(buf[:n]); werr != nil {
-				return errors.Join(werr, log.close())
+			if _, err := log.Write(buf[:n]); err != nil {
+				return err
 			}
 			if lim != nil {
-				if werr := lim.WaitN(ctx, n); werr != nil {
-					return errors.Join(werr, log.close())
+				if err := lim.WaitN(ctx, n); err != nil {
+					return err
 				}
 			}
 		}
-		if err != nil {
-			return errors.Join(err, log.close())
+		if rerr != nil {
+			return rerr
 		}
 	}
 }
