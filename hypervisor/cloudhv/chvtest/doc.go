@@ -15,7 +15,8 @@
 //	                        with its mounts, one that a fakech killed with SIGKILL left);
 //	                        it must be searchable (o+x) from /
 //	WB_FAKECH_RUNC          the runc binary (default: runc on PATH)
-//	WB_FAKECH_LOG           the fake's log file (default: stderr)
+//	WB_FAKECH_LOG           the fake's log file (default: stderr, as CH's logger without
+//	                        --log-file)
 //
 // # What is faithful
 //
@@ -63,6 +64,12 @@
 //     a new pseudo-terminal, its subsidiary side in raw mode, and vm.info's config names it as
 //     console.file (/dev/pts/N), in place of whatever console.file was given; what the guest
 //     writes to its console comes out there. "File", "Null" and "Off" are taken as given.
+//   - The debug port 0x80 (devices/src/legacy/debug_port.rs): each byte the guest writes to it
+//     is logged as a warning in CH's words ("[Debug I/O port: Kernel code 0x41] 3.3000000
+//     seconds"), which CH's default log level shows. The guest writes the port through the
+//     named pipe DebugPort (/run/ioport-0x80). As CH's logger (cloud-hypervisor/src/logger.rs),
+//     fakech ignores its log's write errors (a full non-blocking pipe, a pipe without a reader)
+//     and, as Rust does, SIGPIPE: a log that cannot take a line loses it.
 //   - Snapshots write CH's files into destination_url (file://<existing dir>): config.json
 //     (the VmConfig), state.json and memory-ranges, each created exclusively.
 //   - Counters: per device id (CH's generated ids _disk0, _net1, ... for devices without one),

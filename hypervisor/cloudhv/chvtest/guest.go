@@ -169,6 +169,9 @@ func (g *guest) runOverlay() ([]hypervisor.Bind, error) {
 	if err := os.Symlink("wb", filepath.Join(run, filepath.Base(VsockGuestDir))); err != nil {
 		return nil, fmt.Errorf("guest /run: %w", err)
 	}
+	if err := makeDebugPort(run); err != nil {
+		return nil, fmt.Errorf("guest /run: %w", err)
+	}
 	return binds, nil
 }
 

@@ -192,6 +192,7 @@ type vmInstance struct {
 	vsock                *hybridVsock
 	nets                 map[string]*netLink // by device id: the net devices joined to the guest
 	console              *ptyConsole         // the virtio console in Pty mode (else nil)
+	debugPort            *debugPort          // the I/O port 0x80 (debugport.go)
 	mu                   sync.Mutex          // guards state for the vsock gate
 	changed              chan struct{}
 	gone                 bool
@@ -243,6 +244,9 @@ func (vm *vmInstance) teardown(ctx context.Context) {
 	}
 	if vm.console != nil {
 		vm.console.close()
+	}
+	if vm.debugPort != nil {
+		vm.debugPort.close()
 	}
 	vm.guest.cleanup(ctx)
 }
@@ -327,6 +331,10 @@ func (v *VMM) startVM(ctx context.Context, cfg *vmConfig, boot bool) (*vmInstanc
 	}
 	vm := newInstance(g)
 	vm.state = statePaused
+	if vm.debugPort, err = openDebugPort(g.runDir(), v.log, v.events.start); err != nil {
+		vm.teardown(bootCtx)
+		return nil, &apiError{status: http.StatusInternalServerError, chain: []string{err.Error()}}
+	}
 	// As CH's pre_create_console_devices, at boot and at restore: a Pty console gets a new
 	// pseudo-terminal, named in the config (vm.info) in place of whatever console.file said.
 	if con, ok := cfg.raw["console"].(map[string]any); ok && con["mode"] == "Pty" {

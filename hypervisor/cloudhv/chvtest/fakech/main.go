@@ -46,6 +46,16 @@ func (b badResponses) Error() string {
 	return fmt.Sprintf("%d answers did not match cloud-hypervisor.yaml (see the log): a bug of the fake", int64(b))
 }
 
+// droppingWriter writes to fd once per call and answers success whatever the write did, as
+// CH's logger does (cloud-hypervisor/src/logger.rs: `let _ = ...write_all`). os.Stderr would
+// wait for room in a full non-blocking pipe.
+type droppingWriter struct{ fd int }
+
+func (w droppingWriter) Write(p []byte) (int, error) {
+	_, _ = syscall.Write(w.fd, p)
+	return len(p), nil
+}
+
 // option parses CH's "key=value[,key=value]" flag syntax; a value without "=" is bareKey's.
 func option(val, bareKey string) map[string]string {
 	out := map[string]string{}
@@ -90,7 +100,11 @@ func run(args []string) error {
 		return fmt.Errorf("--api-socket %q: want path=<p> (fd= is not supported by the fake)", apiSocket)
 	}
 
-	logOut := io.Writer(os.Stderr)
+	// As CH: Rust ignores SIGPIPE, and CH's logger ignores its writes' errors, so that a log
+	// whose reader is gone (a pipe, the driver's copy of it) or full loses lines rather than
+	// stall or end the VMM.
+	signal.Ignore(syscall.SIGPIPE)
+	logOut := io.Writer(droppingWriter{fd: 2})
 	if p := os.Getenv("WB_FAKECH_LOG"); p != "" {
 		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 		if err != nil {
