@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 
 	"wb/hypervisor"
@@ -34,7 +35,7 @@ const (
 	apiSocket    = "api.sock"
 	vsockSocket  = "vsock.sock"
 	eventsFile   = "events"
-	vmmLogFile   = "vmm.log"
+	vmmLogFile   = "vmm.log"     // and vmm.log.1: the VMM's stdout and stderr, copied from vmmPipeFile (console.go)
 	consoleFile  = "console.log" // and console.log.1 (console.go)
 	writableDisk = "writable.img"
 	restoreDir   = "restore"
@@ -82,11 +83,12 @@ type Driver struct {
 	nsPrefix string   // of this driver's network namespaces (netnsPrefix)
 	exited   sync.Map // pid → exitInfo, for VMMs this process started (and reaps)
 	relays   sync.Map // guest id → *guestRelay this process serves
-	consoles sync.Map // guest id → *consoleRelay this process serves
-	// consoleRate and consoleBurst bound each console's copy (0: no bound); New sets
-	// consoleBytesPerSec and consoleBurst.
-	consoleRate  rate.Limit
-	consoleBurst int
+	consoles sync.Map // guest id → *logCopy of its console's terminal, which this process serves
+	vmmLogs  sync.Map // guest id → *logCopy of its VMM's log pipe, which this process serves
+	// copyRate and copyBurst bound each of those copies (0: no bound); New sets
+	// logBytesPerSec and logBurst.
+	copyRate  rate.Limit
+	copyBurst int
 }
 
 var (
@@ -174,13 +176,13 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		}
 	}
 	d := &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name), nsPrefix: netnsPrefix(o.StateDir),
-		consoleRate: consoleBytesPerSec, consoleBurst: consoleBurst}
+		copyRate: logBytesPerSec, copyBurst: logBurst}
 	// A restarted node's guests keep their namespaces and taps, but their relays died with
-	// the previous process; so did the copies of their consoles.
+	// the previous process; so did the copies of their consoles and VMM logs.
 	if err := d.adoptNetworks(ctx); err != nil {
 		d.log.Warn("guest networks after a restart", "err", err)
 	}
-	d.adoptConsoles(ctx)
+	d.adoptLogs(ctx)
 	return d, nil
 }
 
@@ -400,11 +402,13 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 			return r, fmt.Errorf("cloudhv: guest %s: socket %s is longer than Linux's %d bytes: use a shorter state dir", id, p, maxUnixPath)
 		}
 	}
-	logf, err := os.OpenFile(filepath.Join(dir, vmmLogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logr, logw, err := openVMMLogPipe(dir)
 	if err != nil {
-		return r, fmt.Errorf("cloudhv: vmm log: %w", err)
+		return r, err
 	}
-	defer logf.Close()
+	defer logw.Close()
+	// Until the VMM's end (the pipe's), or Delete's stopCopies.
+	d.startCopy(&d.vmmLogs, id, logr, vmmLogFile)
 	// The event log exists before the VMM does, so Events can open it at once.
 	if err := os.WriteFile(filepath.Join(dir, eventsFile), nil, 0o600); err != nil {
 		return r, fmt.Errorf("cloudhv: event log: %w", err)
@@ -417,10 +421,19 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 		"--event-monitor", "path="+filepath.Join(dir, eventsFile))
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), d.o.Env...)
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr = logw, logw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := startInNetns(d.NetNamespace(id), cmd); err != nil {
 		return r, fmt.Errorf("cloudhv: start %s: %w", d.o.Binary, err)
+	}
+	// Passing the write end made it blocking (os.File.Fd); the VMM's copy is the same open
+	// file, which must not be (console.go). Once this process's is closed, the VMM's end is
+	// the pipe's.
+	err = unix.SetNonblock(int(logw.Fd()), true)
+	_ = logw.Close()
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return r, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
 	}
 	ex := &exitInfo{done: make(chan struct{})}
 	d.exited.Store(cmd.Process.Pid, ex)
@@ -443,12 +456,18 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 	if err := d.cg.add(d.CgroupPath(id), r.Pid); err != nil {
 		if errors.Is(err, syscall.ESRCH) {
 			<-ex.done
+			d.awaitVMMLog(id)
 			return r, d.withLog(id, fmt.Errorf("cloudhv: guest %s: %s exited at once (%s)", id, d.o.Binary, ex.status))
 		}
 		_ = cmd.Process.Kill()
 		return r, err
 	}
 	if err := d.waitAPI(ctx, r, ex.done); err != nil {
+		select {
+		case <-ex.done:
+			d.awaitVMMLog(id)
+		default:
+		}
 		return r, d.withLog(id, err)
 	}
 	return r, nil
@@ -686,7 +705,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 		d.log.Debug("remove cgroup", "id", id, "err", err)
 	}
 	d.stopRelay(id)
-	d.stopConsole(id)
+	d.stopCopies(id)
 	if len(errs) == 0 {
 		// Once the VMM is gone: the namespace's name is all that keeps it (and the tap).
 		if err := removeGuestNet(ctx, d.NetNamespace(id)); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 )
 
@@ -19,28 +21,44 @@ import (
 // CH's File mode appends it to a host file without end, so a guest could fill the host's
 // disk. In Pty mode CH writes it to a pseudo-terminal, keeps the last 16 KiB that nobody has
 // read (vmm/src/serial_buffer.rs, dropping the oldest) and never stalls the guest; the
-// driver reads the terminal into the guest dir's console.log, up to consoleLogMax bytes, then
-// moves it to console.log.1 and starts again. A guest's console so costs the host at most
-// two of those on disk, and what is kept is the newest: the panic that says why a guest
-// died is its console's last line. The copy is the node's work, not the guest's, so it reads
-// at most consoleBytesPerSec (after a burst of consoleBurst): beyond that the terminal fills
-// and CH drops the oldest, in the VMM, whose CPU is the guest's.
+// driver copies the terminal into the guest dir's console.log (startCopy).
+//
+// The VMM's own log (its stdout and stderr) needs the same bound: CH logs, at its default
+// level (warn), a line for every byte a guest writes to the debug port 0x80
+// (devices/src/legacy/debug_port.rs), and prints what it writes to the firmware debug port
+// 0x402 (fwdebug.rs). So the VMM writes into a named pipe in the guest dir (vmmPipeFile),
+// whose write end is non-blocking, and the driver copies it into vmm.log. When the copy lags,
+// or no node runs to read the pipe, CH's write fails and its logger drops the line
+// (cloud-hypervisor/src/logger.rs ignores write errors; Rust ignores SIGPIPE) rather than
+// stall a vCPU or the VMM's API. (A guest that floods 0x402 past the copy's rate makes CH's
+// print! fail, whose panic CH turns into the end of that guest's own VM.) A restarted node
+// opens the named pipe again (adoptLogs), which a pipe inherited from the node would not
+// allow.
+//
+// Each copy writes its log up to logMax bytes, then moves it to <log>.1 and starts again. A
+// guest's console and VMM log so cost the host at most two of those each on disk, and what
+// is kept is the newest: the panic that says why a guest died is its console's last line.
+// The copy is the node's work, not the guest's, so it reads at most logBytesPerSec (after a
+// burst of logBurst); beyond that the terminal fills and CH drops the oldest, or the pipe
+// fills and CH drops the newest, in the VMM, whose CPU is the guest's.
 const (
-	consoleLogMax      = 1 << 20
-	consoleBytesPerSec = 256 << 10
-	consoleBurst       = 1 << 20
+	logMax         = 1 << 20
+	logBytesPerSec = 256 << 10
+	logBurst       = 1 << 20
+	// vmmPipeFile is the named pipe of the VMM's stdout and stderr, copied into vmm.log.
+	vmmPipeFile = "vmm.pipe"
 )
 
-// consoleRelay is the copy of one guest's console terminal into its console log, served by
-// this process.
-type consoleRelay struct {
-	tty    *os.File
+// logCopy is the copy of one of a guest's outputs (its console's terminal, its VMM's log
+// pipe) into a rotating log in the guest dir, served by this process.
+type logCopy struct {
+	src    *os.File
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the copy has ended
 }
 
 // startConsole reads guest id's console terminal (vm.info's console.file) into its console
-// log until the VMM closes it or stopConsole. A console that is not a booted VM's
+// log until the VMM closes it or stopCopy. A console that is not a booted VM's
 // pseudo-terminal (a VM not yet booted, or of an earlier driver, whose console was a File)
 // has nothing to read.
 func (d *Driver) startConsole(ctx context.Context, id string) error {
@@ -69,38 +87,92 @@ func (d *Driver) relayConsole(id, path string) error {
 		_ = tty.Close()
 		return notPty
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cr := &consoleRelay{tty: tty, cancel: cancel, done: make(chan struct{})}
-	if old, loaded := d.consoles.Swap(id, cr); loaded {
-		old.(*consoleRelay).stop()
-	}
-	var lim *rate.Limiter
-	if d.consoleRate > 0 {
-		lim = rate.NewLimiter(d.consoleRate, d.consoleBurst)
-	}
-	go func() {
-		defer close(cr.done)
-		err := copyConsole(ctx, &rotatingLog{path: filepath.Join(d.GuestDir(id), consoleFile), max: consoleLogMax}, tty, lim)
-		// EOF or EIO: the VMM closed the terminal (the VM's end); a closed file or the
-		// context's end: stopConsole.
-		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) && ctx.Err() == nil {
-			d.log.Warn("guest console: the copy stopped; later output stays in the VMM's 16 KiB", "id", id, "err", err)
-		}
-	}()
+	d.startCopy(&d.consoles, id, tty, consoleFile)
 	return nil
 }
 
-// copyConsole copies tty into log, at most as fast as lim allows (nil: no bound), until
-// either fails or ctx ends, and closes both.
-func copyConsole(ctx context.Context, log *rotatingLog, tty *os.File, lim *rate.Limiter) (err error) {
-	defer tty.Close()
+// openVMMLogPipe makes guest dir's VMM log pipe anew and answers its read end, for the copy,
+// and its write end, for the VMM's stdout and stderr.
+func openVMMLogPipe(dir string) (r, w *os.File, err error) {
+	p := filepath.Join(dir, vmmPipeFile)
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
+	}
+	if err := unix.Mkfifo(p, 0o600); err != nil {
+		return nil, nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
+	}
+	if r, err = openLogPipe(p); err != nil {
+		return nil, nil, err
+	}
+	// Opened while a reader is, so at once.
+	if w, err = os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0); err != nil {
+		_ = r.Close()
+		return nil, nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
+	}
+	return r, w, nil
+}
+
+// openLogPipe opens the read end of the named pipe at p without waiting for a writer.
+func openLogPipe(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
+	}
+	if fi, err := f.Stat(); err != nil || fi.Mode()&fs.ModeNamedPipe == 0 {
+		_ = f.Close()
+		return nil, fmt.Errorf("cloudhv: vmm log pipe %s is not a named pipe", p)
+	}
+	return f, nil
+}
+
+// awaitVMMLog waits, at most vmmLogSettle, for the end of the copy of guest id's VMM log: once
+// the VMM has exited, its last lines are then in vmm.log.
+func (d *Driver) awaitVMMLog(id string) {
+	if v, ok := d.vmmLogs.Load(id); ok {
+		select {
+		case <-v.(*logCopy).done:
+		case <-time.After(vmmLogSettle):
+		}
+	}
+}
+
+// vmmLogSettle bounds awaitVMMLog: the copy reads what an exited VMM left in its pipe at once.
+const vmmLogSettle = 2 * time.Second
+
+// startCopy copies src into guest id's log file name (a rotatingLog, at most d.copyRate),
+// until src ends or stopCopy, in place of the copy that m held for the guest.
+func (d *Driver) startCopy(m *sync.Map, id string, src *os.File, name string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &logCopy{src: src, cancel: cancel, done: make(chan struct{})}
+	if old, loaded := m.Swap(id, c); loaded {
+		old.(*logCopy).stop()
+	}
+	var lim *rate.Limiter
+	if d.copyRate > 0 {
+		lim = rate.NewLimiter(d.copyRate, d.copyBurst)
+	}
+	go func() {
+		defer close(c.done)
+		err := copyLog(ctx, &rotatingLog{path: filepath.Join(d.GuestDir(id), name), max: logMax}, src, lim)
+		// EOF: the VMM closed the pipe (its end); EOF or EIO: it closed the terminal (the
+		// VM's end); a closed file or the context's end: stopCopy.
+		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) && ctx.Err() == nil {
+			d.log.Warn("guest output: the copy stopped; what follows stays in the VMM or is lost", "id", id, "log", name, "err", err)
+		}
+	}()
+}
+
+// copyLog copies src into log, at most as fast as lim allows (nil: no bound), until either
+// fails or ctx ends, and closes both.
+func copyLog(ctx context.Context, log *rotatingLog, src *os.File, lim *rate.Limiter) (err error) {
+	defer src.Close()
 	defer func() { err = errors.Join(err, log.close()) }()
 	buf := make([]byte, 32<<10)
 	if lim != nil {
 		buf = buf[:min(len(buf), max(lim.Burst(), 1))] // WaitN takes at most a burst
 	}
 	for {
-		n, rerr := tty.Read(buf)
+		n, rerr := src.Read(buf)
 		if n > 0 {
 			if _, err := log.Write(buf[:n]); err != nil {
 				return err
@@ -117,33 +189,46 @@ func copyConsole(ctx context.Context, log *rotatingLog, tty *os.File, lim *rate.
 	}
 }
 
-func (cr *consoleRelay) stop() {
-	cr.cancel()
-	_ = cr.tty.Close()
-	<-cr.done
+func (c *logCopy) stop() {
+	c.cancel()
+	_ = c.src.Close()
+	<-c.done
 }
 
-// stopConsole ends guest id's console relay, if this process serves one.
-func (d *Driver) stopConsole(id string) {
-	if v, ok := d.consoles.LoadAndDelete(id); ok {
-		v.(*consoleRelay).stop()
+// stopCopy ends the copy that m holds for guest id, if this process serves one.
+func stopCopy(m *sync.Map, id string) {
+	if v, ok := m.LoadAndDelete(id); ok {
+		v.(*logCopy).stop()
 	}
 }
 
-// adoptConsoles is a (restarted) driver's look at its guests' consoles: a running VMM's
-// terminal is read again (the previous process's relay died with it; meanwhile the VMM kept
-// the last 16 KiB). The guests are asked at once, each for adoptConsoleWait at most: a VMM
-// that does not answer must not hold up the node's start.
-func (d *Driver) adoptConsoles(ctx context.Context) {
+// stopCopies ends the copies of guest id's console and VMM log.
+func (d *Driver) stopCopies(id string) {
+	stopCopy(&d.consoles, id)
+	stopCopy(&d.vmmLogs, id)
+}
+
+// adoptLogs is a (restarted) driver's look at its guests' outputs: a running VMM's log pipe
+// and console terminal are read again (the previous process's copies died with it;
+// meanwhile the VMM dropped its log lines and kept the console's last 16 KiB). The guests
+// are asked for their terminals at once, each for adoptConsoleWait at most: a VMM that does
+// not answer must not hold up the node's start. A VMM of an earlier driver, which has no log
+// pipe, writes its vmm.log itself.
+func (d *Driver) adoptLogs(ctx context.Context) {
 	ids, err := d.List(ctx)
 	if err != nil {
-		d.log.Warn("guest consoles after a restart", "err", err)
+		d.log.Warn("guest logs after a restart", "err", err)
 		return
 	}
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		if r, err := d.load(id); err != nil || !r.alive() {
 			continue
+		}
+		if f, err := openLogPipe(filepath.Join(d.GuestDir(id), vmmPipeFile)); err == nil {
+			d.startCopy(&d.vmmLogs, id, f, vmmLogFile)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			d.log.Warn("guest VMM log after a restart", "id", id, "err", err)
 		}
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(ctx, adoptConsoleWait)

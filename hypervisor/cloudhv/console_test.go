@@ -3,6 +3,7 @@ package cloudhv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
 	"wb/hypervisor"
@@ -20,7 +22,7 @@ import (
 )
 
 // TestConsoleBounded: what a guest writes to its console, through a pseudo-terminal as CH's
-// Pty console writes it, costs the host at most two logs of consoleLogMax, and what is kept
+// Pty console writes it, costs the host at most two logs of logMax, and what is kept
 // is the newest: 8 MiB, then a last line. Stopping the relay ends its read at once, though
 // the terminal stays open (Delete, Close).
 func TestConsoleBounded(t *testing.T) {
@@ -54,21 +56,21 @@ func TestConsoleBounded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fi.Size() > consoleLogMax {
-			t.Errorf("%s holds %d bytes, over %d", name, fi.Size(), consoleLogMax)
+		if fi.Size() > logMax {
+			t.Errorf("%s holds %d bytes, over %d", name, fi.Size(), logMax)
 		}
 		total += fi.Size()
 	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 2 || total < consoleLogMax {
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 || total < logMax {
 		t.Errorf("the guest dir holds %d files, %d bytes of console", len(ents), total)
 	}
 
 	stopped := make(chan struct{})
-	go func() { d.stopConsole(id); close(stopped) }()
+	go func() { stopCopy(&d.consoles, id); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
-		t.Fatal("stopConsole did not end the relay's read")
+		t.Fatal("stopCopy did not end the relay's read")
 	}
 	if _, ok := d.consoles.Load(id); ok {
 		t.Error("the stopped relay is still listed")
@@ -95,6 +97,95 @@ func relayTestConsole(t *testing.T, d *Driver, id string) (*os.File, string) {
 		t.Fatal(err)
 	}
 	return main, dir
+}
+
+// TestVMMLogPipe: the VMM's log pipe, written as CH writes its log (through the write end
+// that startVMM leaves non-blocking), never holds up the writer: while the copy is slow,
+// 8 MiB of lines are written at once, and what does not fit is refused (EAGAIN: a line CH's
+// logger drops). Without a reader (the node gone) a write fails at once (EPIPE); the pipe
+// opened again (adoptLogs) is copied again, and once the writer has closed (the VMM's end)
+// awaitVMMLog finds its last line in vmm.log. A vmm.pipe that is not a named pipe is refused.
+func TestVMMLogPipe(t *testing.T) {
+	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default(), copyRate: 64 << 10, copyBurst: 64 << 10}
+	const id = "gvmmlog"
+	dir := d.GuestDir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := openVMMLogPipe(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	d.startCopy(&d.vmmLogs, id, r, vmmLogFile)
+	fd := int(w.Fd()) // blocking now, as after exec
+	if err := unix.SetNonblock(fd, true); err != nil {
+		t.Fatal(err)
+	}
+	line := []byte(strings.Repeat("x", 99) + "\n")
+	var wrote, refused int
+	t0 := time.Now()
+	for range 80_000 {
+		switch _, err := unix.Write(fd, line); {
+		case err == nil:
+			wrote++
+		case errors.Is(err, unix.EAGAIN):
+			refused++
+		default:
+			t.Fatal(err)
+		}
+	}
+	t.Logf("8 MiB of lines in %s: %d written, %d refused", time.Since(t0), wrote, refused)
+	if refused == 0 || time.Since(t0) > 30*time.Second {
+		t.Errorf("the writer was held up or never refused, with a copy of 64 KiB/s")
+	}
+
+	stopCopy(&d.vmmLogs, id) // the node's end
+	if _, err := unix.Write(fd, line); !errors.Is(err, unix.EPIPE) {
+		t.Fatalf("a write without a reader: %v, want EPIPE", err)
+	}
+	f, err := openLogPipe(filepath.Join(dir, vmmPipeFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.copyRate = 0
+	d.startCopy(&d.vmmLogs, id, f, vmmLogFile)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := unix.Write(fd, []byte("the last line\n"))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EAGAIN) || time.Now().After(deadline) {
+			t.Fatalf("the last line: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	w.Close() // the VMM's end
+	d.awaitVMMLog(id)
+	if VMMLogCopied(d, id) {
+		t.Error("the copy did not end when the pipe's last writer closed")
+	}
+	if got := tail(filepath.Join(dir, vmmLogFile), 64); !strings.HasSuffix(got, "the last line") {
+		t.Errorf("vmm.log's tail after the VMM's end: %q", got)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, vmmLogFile)); err != nil || fi.Size() > logMax {
+		t.Errorf("vmm.log: %v, %v", fi, err)
+	}
+
+	other := t.TempDir()
+	if err := os.WriteFile(filepath.Join(other, "file"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, vmmPipeFile), filepath.Join(other, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"file", "link"} {
+		if f, err := openLogPipe(filepath.Join(other, name)); err == nil {
+			f.Close()
+			t.Errorf("%s taken for a log pipe", name)
+		}
+	}
 }
 
 // TestRotatingLogAppends: a relay started again (a restarted node) appends to the console
@@ -139,10 +230,10 @@ func TestRotatingLogAppends(t *testing.T) {
 // rest waits in the terminal, then in the VMM, whose CPU is the guest's): 320 KiB at 128
 // KiB/s after a burst of 64 KiB take two seconds at least.
 func TestConsoleRateBounded(t *testing.T) {
-	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default(), consoleRate: 128 << 10, consoleBurst: 64 << 10}
+	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default(), copyRate: 128 << 10, copyBurst: 64 << 10}
 	const id = "grate"
 	main, dir := relayTestConsole(t, d, id)
-	defer d.stopConsole(id)
+	defer stopCopy(&d.consoles, id)
 	t0 := time.Now()
 	go func() {
 		_, _ = main.Write(bytes.Repeat([]byte("y"), 320<<10))
@@ -162,10 +253,10 @@ func TestConsoleRateBounded(t *testing.T) {
 	}
 }
 
-// TestAdoptConsolesOfHungVMMs: a restarted driver's look at its guests' consoles is not held
-// up by VMMs that take their API's calls and never answer: it gives each up after
-// adoptConsoleWait, all at once.
-func TestAdoptConsolesOfHungVMMs(t *testing.T) {
+// TestAdoptLogsOfHungVMMs: a restarted driver's look at its guests' consoles is not held up
+// by VMMs that take their API's calls and never answer: it gives each up after
+// adoptConsoleWait, all at once. It copies the VMM log pipe that it finds.
+func TestAdoptLogsOfHungVMMs(t *testing.T) {
 	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default()}
 	start, ok := proc.Start(os.Getpid())
 	if !ok {
@@ -179,6 +270,14 @@ func TestAdoptConsolesOfHungVMMs(t *testing.T) {
 		// This test's own process stands in for the VMM: alive, with an API that never answers.
 		if err := writeJSON(filepath.Join(d.GuestDir(id), recordFile), record{Spec: hypervisor.Spec{ID: id}, Pid: os.Getpid(), Start: start}); err != nil {
 			t.Fatal(err)
+		}
+		if i == 0 {
+			if r, w, err := openVMMLogPipe(d.GuestDir(id)); err != nil {
+				t.Fatal(err)
+			} else {
+				r.Close()
+				defer w.Close() // the VMM's write end
+			}
 		}
 		ln, err := net.Listen("unix", filepath.Join(d.GuestDir(id), apiSocket))
 		if err != nil {
@@ -196,13 +295,17 @@ func TestAdoptConsolesOfHungVMMs(t *testing.T) {
 		}()
 	}
 	t0 := time.Now()
-	d.adoptConsoles(context.Background())
+	d.adoptLogs(context.Background())
 	if took := time.Since(t0); took > 3*adoptConsoleWait {
-		t.Errorf("adoptConsoles took %s over three hung VMMs", took)
+		t.Errorf("adoptLogs took %s over three hung VMMs", took)
 	}
 	for i := range 3 {
 		if _, ok := d.consoles.Load(fmt.Sprintf("ghung%d", i)); ok {
 			t.Errorf("ghung%d: a console relay without a console", i)
 		}
+		if got := VMMLogCopied(d, fmt.Sprintf("ghung%d", i)); got != (i == 0) {
+			t.Errorf("ghung%d: VMM log copied: %v; only ghung0 has a pipe", i, got)
+		}
 	}
+	d.Close()
 }

@@ -4,9 +4,9 @@
 //
 // A guest is a directory Options.StateDir/<id>: guest.json (the spec, the VMM's pid and start
 // time, the rootfs image), api.sock, vsock.sock (hybrid vsock), events (the event monitor),
-// vmm.log (the VMM's stdout and stderr), console.log (and console.log.1: the guest's console,
-// a pseudo-terminal that the driver copies into them, 1 MiB each at most; console.go) and
-// writable.img. Its disks are raw ext4 images (package image): the template's rootfs plus the
+// vmm.log (and vmm.log.1: the VMM's stdout and stderr, a named pipe vmm.pipe that the driver
+// copies into them), console.log (and console.log.1: the guest's console, a pseudo-terminal
+// that the driver copies into them), each 1 MiB at most (console.go), and writable.img. Its disks are raw ext4 images (package image): the template's rootfs plus the
 // static wb binary as init, cached by content in Options.CacheDir and shared read-only, and a
 // writable disk of Spec.DiskGiB holding workspace/, tmp/ and root/. The kernel command line is
 // image.Cmdline's console and root, init= Spec.Args[0], Spec.Env as KEY=VALUE words (refused
@@ -14,7 +14,7 @@
 // --socket X` turned into `--vsock-port 1024`.
 //
 // The VMM process: `<binary> --api-socket path=<dir>/api.sock --event-monitor
-// path=<dir>/events`, in a session of its own, with stdout and stderr in vmm.log, so that it
+// path=<dir>/events`, in a session of its own, with stdout and stderr into vmm.pipe, so that it
 // outlives the node: a restarted node's driver finds every guest from its directory (List,
 // Info) and reaches it again. The event monitor is a file rather than an inherited pipe
 // (fd=), for the same reason: a pipe's reader dies with the node, after which CH's writes fail

@@ -143,6 +143,7 @@ func (d *Driver) exitDetail(r record, why string) string {
 		select {
 		case <-ex.done:
 			fmt.Fprintf(&b, " (%s)", ex.status)
+			d.awaitVMMLog(r.Spec.ID)
 		default:
 		}
 	}

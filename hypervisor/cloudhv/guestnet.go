@@ -252,18 +252,20 @@ func (d *Driver) stopRelay(id string) {
 	}
 }
 
-// Close ends the egress relays this driver serves, as the end of the node's process does:
-// the guests, their namespaces and VMMs stay, and a new driver on the same state dir serves
-// their relays again.
+// Close ends the egress relays and the copies of consoles and VMM logs that this driver
+// serves, as the end of the node's process does: the guests, their namespaces and VMMs stay,
+// and a new driver on the same state dir serves their relays and copies again.
 func (d *Driver) Close() {
 	d.relays.Range(func(id, _ any) bool {
 		d.stopRelay(id.(string))
 		return true
 	})
-	d.consoles.Range(func(id, _ any) bool {
-		d.stopConsole(id.(string))
-		return true
-	})
+	for _, m := range []*sync.Map{&d.consoles, &d.vmmLogs} {
+		m.Range(func(id, _ any) bool {
+			stopCopy(m, id.(string))
+			return true
+		})
+	}
 }
 
 // adoptNetworks is a (restarted) driver's look at the namespaces of its guests: a running
