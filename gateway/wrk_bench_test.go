@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/internal/redistest"
 )
 
@@ -31,22 +33,70 @@ import (
 // machine little, so the ratio compares servers. (BenchmarkCreateSession's clients are Go's
 // net/http in the gateway's own process: on two cores they took a good part of the CPU that
 // the creates/s figure then lacked.)
+//
+// A second baseline is the floor of any API on the gateway's stack: wrk's same POSTs to a
+// net/http handler that reads the body, writes it to Redis with one SET (go-redis, the same
+// redis-server) and answers 201 with the bytes of a create's answer (floorServer), run
+// between the creates and the second SET run: floor-requests/s.
 func BenchmarkCreateSaturated(b *testing.B) {
-	url, key, redisAddr := wrkServer(b)
-	var res wrkResult
+	url, key, rdb := wrkServer(b)
+	redisAddr := rdb.Options().Addr
+	floorURL := floorServer(b, rdb, url, key)
+	var res, floor wrkResult
 	var sets redistest.SetBenchmark
 	for b.Loop() {
 		before := setBaseline(b, redisAddr)
 		res = saturate(b, url, key, 5*time.Second)
+		floor = saturate(b, floorURL, key, 5*time.Second)
 		after := setBaseline(b, redisAddr)
 		sets = redistest.SetBenchmark{RPS: (before.RPS + after.RPS) / 2, P50ms: (before.P50ms + after.P50ms) / 2, P99ms: (before.P99ms + after.P99ms) / 2}
 	}
+	b.ReportMetric(floor.perSec, "floor-requests/s")
+	b.ReportMetric(floor.p50us, "floor-p50-µs")
+	b.ReportMetric(floor.p99us, "floor-p99-µs")
 	b.ReportMetric(res.perSec, "creates/s")
 	b.ReportMetric(res.p50us, "p50-µs")
 	b.ReportMetric(res.p99us, "p99-µs")
 	b.ReportMetric(sets.RPS, "redis-sets/s")
 	b.ReportMetric(sets.P50ms*1000, "redis-set-p50-µs")
 	b.ReportMetric(sets.P99ms*1000, "redis-set-p99-µs")
+}
+
+// floorServer serves BenchmarkCreateSaturated's floor: POST /v1/sessions reads the body,
+// SETs it in rdb under a key of its own and answers 201 with what the gateway at url answered
+// a create of key (its Content-Type and body), on an httptest server as the gateway's.
+func floorServer(b *testing.B, rdb *redis.Client, url, key string) string {
+	req, err := http.NewRequest("POST", url+"/v1/sessions", bytes.NewReader(createBody))
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		b.Fatalf("a create for the floor's answer: %s, %v: %s", resp.Status, err, answer)
+	}
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		if err == nil {
+			err = rdb.Set(r.Context(), "floor:"+strconv.FormatInt(n.Add(1), 10), body, time.Minute).Err()
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(answer)
+	}))
+	b.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // setBaseline is redis-benchmark's SET from 16 clients, 100,000 requests, against addr.
@@ -215,14 +265,14 @@ func lineAfter(out, prefix string) string {
 	return ""
 }
 
-// wrkServer is benchServer for a load from wrk; redisAddr is its redis-server's.
-func wrkServer(b *testing.B) (url, key, redisAddr string) {
+// wrkServer is benchServer for a load from wrk, on a redis-server of its own (rdb).
+func wrkServer(b *testing.B) (url, key string, rdb *redis.Client) {
 	if _, err := exec.LookPath("wrk"); err != nil {
 		b.Fatalf("wrk (Debian package wrk) is not installed: %v", err)
 	}
-	rdb := redistest.Server(b)
+	rdb = redistest.Server(b)
 	url, key, _ = benchServerOn(b, rdb)
-	return url, key, rdb.Options().Addr
+	return url, key, rdb
 }
 
 // saturate runs wrk's creates from 16 connections for d.
