@@ -112,26 +112,57 @@ func setBaseline(b *testing.B, addr string) redistest.SetBenchmark {
 // finds the saturated rate (3 s), then creates arrive open loop at half of it for 5 s, from
 // a process of their own (this test binary again, TestOpenLoopClient), each measured from
 // when it was sent; late-p99 is how late the client sent them (openLoopResult).
+//
+// Its baselines, in the same run, are the stack's floor (floorServer) measured the same way:
+// at half of its own saturated rate (floor-half-…), and at the creates' rate (floor-same-…).
 func BenchmarkCreateHalfSaturated(b *testing.B) {
-	url, key, _ := wrkServer(b)
-	var rate, p50, p99, late float64
+	url, key, rdb := wrkServer(b)
+	floorURL := floorServer(b, rdb, url, key)
+	var creates, floorHalf, floorSame halfLoad
 	for b.Loop() {
-		rate = saturate(b, url, key, 3*time.Second).perSec / 2
-		cmd := exec.CommandContext(b.Context(), os.Args[0], "-test.run=^TestOpenLoopClient$")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("WB_OPEN_LOOP=%s %s %.0f 5", url, key, rate))
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			b.Fatalf("the open-loop client: %v\n%s", err, out)
-		}
-		if _, err := fmt.Sscanf(lineAfter(string(out), "wb-open-loop "), "%g %g %g", &p50, &p99, &late); err != nil {
-			b.Fatalf("the open-loop client's summary: %v\n%s", err, out)
-		}
+		creates = atHalfSaturation(b, url, key)
+		floorHalf = atHalfSaturation(b, floorURL, key)
+		floorSame = openLoopAt(b, floorURL, key, creates.rate)
 	}
-	b.ReportMetric(rate, "creates/s")
-	b.ReportMetric(p50, "p50-µs")
-	b.ReportMetric(p99, "p99-µs")
-	b.ReportMetric(p99/p50, "p99/p50")
-	b.ReportMetric(late, "late-p99-µs")
+	b.ReportMetric(creates.rate, "creates/s")
+	b.ReportMetric(creates.p50, "p50-µs")
+	b.ReportMetric(creates.p99, "p99-µs")
+	b.ReportMetric(creates.p99/creates.p50, "p99/p50")
+	b.ReportMetric(creates.late, "late-p99-µs")
+	for _, f := range []struct {
+		name string
+		h    halfLoad
+	}{{"floor-half-", floorHalf}, {"floor-same-", floorSame}} {
+		b.ReportMetric(f.h.rate, f.name+"requests/s")
+		b.ReportMetric(f.h.p50, f.name+"p50-µs")
+		b.ReportMetric(f.h.p99, f.name+"p99-µs")
+		b.ReportMetric(f.h.p99/f.h.p50, f.name+"p99/p50")
+	}
+}
+
+// halfLoad is what TestOpenLoopClient saw of creates sent at rate a second (µs).
+type halfLoad struct{ rate, p50, p99, late float64 }
+
+// atHalfSaturation finds url's saturated rate of creates with wrk (3 s), then sends creates
+// at half of it (openLoopAt).
+func atHalfSaturation(b *testing.B, url, key string) halfLoad {
+	return openLoopAt(b, url, key, saturate(b, url, key, 3*time.Second).perSec/2)
+}
+
+// openLoopAt sends creates to url open loop at rate a second for 5 s, from a process of its
+// own (TestOpenLoopClient).
+func openLoopAt(b *testing.B, url, key string, rate float64) halfLoad {
+	h := halfLoad{rate: rate}
+	cmd := exec.CommandContext(b.Context(), os.Args[0], "-test.run=^TestOpenLoopClient$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("WB_OPEN_LOOP=%s %s %.0f 5", url, key, h.rate))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("the open-loop client: %v\n%s", err, out)
+	}
+	if _, err := fmt.Sscanf(lineAfter(string(out), "wb-open-loop "), "%g %g %g", &h.p50, &h.p99, &h.late); err != nil {
+		b.Fatalf("the open-loop client's summary: %v\n%s", err, out)
+	}
+	return h
 }
 
 // TestOpenLoopClient is BenchmarkCreateHalfSaturated's client, in a process of its own: with

@@ -128,9 +128,11 @@ func TestTableCaptured(t *testing.T) {
 
 // A whole make bench run (captured here; its hypervisor/oci part from a later run of that
 // package alone at make bench's -benchtime 20x, on a loaded machine, once the pause and
-// checkpoint baselines existed, and its RunsPython/bare- lines from a later run of that benchmark; its placer part from a later run of that package alone,
-// once it had a benchmark, and its gateway CreateSaturated (its line, with the floor, from a run of that benchmark alone on 5 December 2026, without -benchmem), CreateHalfSaturated and
-// AuthzCheckH2load lines from later runs of those benchmarks alone): every declared pair names a figure the benchmarks
+// checkpoint baselines existed, and its RunsPython/bare- lines from a later run of that
+// benchmark; its placer part from a later run of that package alone, once it had a
+// benchmark; its gateway AuthzCheckH2load line from a later run of that benchmark alone, and
+// its CreateSaturated and CreateHalfSaturated lines, with the floor, from runs of those
+// benchmarks alone without -benchmem): every declared pair names a figure the benchmarks
 // report, under the unit they report it with, and its baseline is in the same run.
 func TestPairsMeetFullRun(t *testing.T) {
 	run := parseFile(t, "make-bench.txt")

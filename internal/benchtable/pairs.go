@@ -86,6 +86,12 @@ func Pairs() []Pair {
 		{Ref{gateway, "CreateHalfSaturated", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at half of saturation beside a PING"},
 		{Ref{gateway, "CreateHalfSaturated", "p99-µs"}, Ref{"", "CreateHalfSaturated", "p50-µs"}, "at half of saturation, the tail beside the median"},
 		{Ref{gateway, "CreateHalfSaturated", "late-p99-µs"}, Ref{"", "CreateHalfSaturated", "p99-µs"}, "how late the open-loop client sent, beside the tail"},
+		// And beside the stack's floor (net/http and one SET), open loop at half of its own
+		// saturation, and at the creates' rate.
+		{Ref{gateway, "CreateHalfSaturated", "p50-µs"}, Ref{"", "", "floor-half-p50-µs"}, "each at half of its saturation: a create beside net/http and one SET"},
+		{Ref{gateway, "CreateHalfSaturated", "p99-µs"}, Ref{"", "", "floor-half-p99-µs"}, "each at half of its saturation: a create beside net/http and one SET"},
+		{Ref{gateway, "CreateHalfSaturated", "p50-µs"}, Ref{"", "", "floor-same-p50-µs"}, "at the same rate: a create beside net/http and one SET"},
+		{Ref{gateway, "CreateHalfSaturated", "p99-µs"}, Ref{"", "", "floor-same-p99-µs"}, "at the same rate: a create beside net/http and one SET"},
 		{Ref{gateway, "CreateAt2000PerSec", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "a create at 2,000/s beside a PING"},
 		{Ref{gateway, "CreateAt2000PerSec", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "a create at 2,000/s beside a PING"},
 		{Ref{gateway, "CreateWithPlugin", "p50-µs"}, Ref{"", "CreateAt2000PerSec", "p50-µs"}, "one plugin in the chain"},
