@@ -73,6 +73,7 @@ func Pairs() []Pair {
 		{Ref{gateway, "CreateSaturated", "creates/s"}, Ref{"", "", "redis-sets/s"}, "wrk's creates beside redis-benchmark's SETs, 16 clients each"},
 		{Ref{gateway, "CreateSaturated", "p50-µs"}, Ref{"", "", "redis-set-p50-µs"}, "wrk's creates beside redis-benchmark's SETs, 16 clients each"},
 		{Ref{gateway, "CreateSaturated", "p99-µs"}, Ref{"", "", "redis-set-p99-µs"}, "wrk's creates beside redis-benchmark's SETs, 16 clients each"},
+		{Ref{gateway, "CreateSaturated", "creates-64conns/s"}, Ref{"", "", "redis-sets/s"}, "wrk's creates from 64 connections beside redis-benchmark's SETs from 16 clients"},
 		// And beside the floor of any API on the same stack: wrk's POSTs to a net/http handler
 		// that does one go-redis SET and answers a create's bytes.
 		{Ref{gateway, "CreateSaturated", "creates/s"}, Ref{"", "", "floor-requests/s"}, "wrk's creates beside wrk's POSTs to net/http and one SET"},
