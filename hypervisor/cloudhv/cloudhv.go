@@ -34,7 +34,7 @@ const (
 	recordFile   = "guest.json"
 	apiSocket    = "api.sock"
 	vsockSocket  = "vsock.sock"
-	eventsFile   = "events"
+	eventsFile   = "events"      // the VMM's events, copied from eventsPipeFile (console.go)
 	vmmLogFile   = "vmm.log"     // and vmm.log.1: the VMM's stdout and stderr, copied from vmmPipeFile (console.go)
 	consoleFile  = "console.log" // and console.log.1 (console.go)
 	writableDisk = "writable.img"
@@ -83,8 +83,7 @@ type Driver struct {
 	nsPrefix string   // of this driver's network namespaces (netnsPrefix)
 	exited   sync.Map // pid → exitInfo, for VMMs this process started (and reaps)
 	relays   sync.Map // guest id → *guestRelay this process serves
-	consoles sync.Map // guest id → *logCopy of its console's terminal, which this process serves
-	vmmLogs  sync.Map // guest id → *logCopy of its VMM's log pipe, which this process serves
+	copies   sync.Map // copyKey → *logCopy: a console, VMM log or event log this process copies
 	// copyRate and copyBurst bound each of those copies (0: no bound); New sets
 	// logBytesPerSec and logBurst.
 	copyRate  rate.Limit
@@ -178,7 +177,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	d := &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name), nsPrefix: netnsPrefix(o.StateDir),
 		copyRate: logBytesPerSec, copyBurst: logBurst}
 	// A restarted node's guests keep their namespaces and taps, but their relays died with
-	// the previous process; so did the copies of their consoles and VMM logs.
+	// the previous process; so did the copies of their consoles, VMM logs and events.
 	if err := d.adoptNetworks(ctx); err != nil {
 		d.log.Warn("guest networks after a restart", "err", err)
 	}
@@ -402,38 +401,40 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 			return r, fmt.Errorf("cloudhv: guest %s: socket %s is longer than Linux's %d bytes: use a shorter state dir", id, p, maxUnixPath)
 		}
 	}
-	logr, logw, err := openVMMLogPipe(dir)
-	if err != nil {
-		return r, err
-	}
-	defer logw.Close()
-	// Until the VMM's end (the pipe's), or Delete's stopCopies.
-	d.startCopy(&d.vmmLogs, id, logr, vmmLogFile)
 	// The event log exists before the VMM does, so Events can open it at once.
 	if err := os.WriteFile(filepath.Join(dir, eventsFile), nil, 0o600); err != nil {
 		return r, fmt.Errorf("cloudhv: event log: %w", err)
 	}
+	pipes, err := d.openPipes(id)
+	if err != nil {
+		return r, err
+	}
+	logw, eventsw := pipes[0], pipes[1]
+	defer logw.Close()
+	defer eventsw.Close()
 	if err := d.cg.create(d.CgroupPath(id)); err != nil {
 		return r, err
 	}
 	cmd := exec.Command(d.o.Binary,
 		"--api-socket", "path="+filepath.Join(dir, apiSocket),
-		"--event-monitor", "path="+filepath.Join(dir, eventsFile))
+		"--event-monitor", "fd=3")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), d.o.Env...)
 	cmd.Stdout, cmd.Stderr = logw, logw
+	cmd.ExtraFiles = []*os.File{eventsw}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := startInNetns(d.NetNamespace(id), cmd); err != nil {
 		return r, fmt.Errorf("cloudhv: start %s: %w", d.o.Binary, err)
 	}
-	// Passing the write end made it blocking (os.File.Fd); the VMM's copy is the same open
-	// file, which must not be (console.go). Once this process's is closed, the VMM's end is
-	// the pipe's.
-	err = unix.SetNonblock(int(logw.Fd()), true)
-	_ = logw.Close()
+	// Passing the write ends made them blocking (os.File.Fd); the VMM's copies are the same
+	// open files, which must not be (console.go; CH makes its event monitor's so itself).
+	// Once this process's are closed, the VMM's end is the pipes'.
+	for _, w := range pipes {
+		err = errors.Join(err, unix.SetNonblock(int(w.Fd()), true), w.Close())
+	}
 	if err != nil {
 		_ = cmd.Process.Kill()
-		return r, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
+		return r, fmt.Errorf("cloudhv: the VMM's pipes: %w", err)
 	}
 	ex := &exitInfo{done: make(chan struct{})}
 	d.exited.Store(cmd.Process.Pid, ex)

@@ -23,34 +23,46 @@ import (
 // read (vmm/src/serial_buffer.rs, dropping the oldest) and never stalls the guest; the
 // driver copies the terminal into the guest dir's console.log (startCopy).
 //
-// The VMM's own log (its stdout and stderr) needs the same bound: CH logs, at its default
-// level (warn), a line for every byte a guest writes to the debug port 0x80
-// (devices/src/legacy/debug_port.rs), and prints what it writes to the firmware debug port
-// 0x402 (fwdebug.rs). So the VMM writes into a named pipe in the guest dir (vmmPipeFile),
-// whose write end is non-blocking, and the driver copies it into vmm.log. When the copy lags,
-// or no node runs to read the pipe, CH's write fails and its logger drops the line
-// (cloud-hypervisor/src/logger.rs ignores write errors; Rust ignores SIGPIPE) rather than
-// stall a vCPU or the VMM's API. (A guest that floods 0x402 past the copy's rate makes CH's
-// print! fail, whose panic CH turns into the end of that guest's own VM.) A restarted node
-// opens the named pipe again (adoptLogs), which a pipe inherited from the node would not
-// allow.
+// The VMM's own log (its stdout and stderr) and its event monitor need the same bound. CH
+// logs, at its default level (warn), a line for every byte a guest writes to the debug port
+// 0x80 (devices/src/legacy/debug_port.rs), and prints what it writes to the firmware debug
+// port 0x402 (fwdebug.rs); it emits an event for every write to the pvpanic device
+// (devices/src/pvpanic.rs) and for every reset and activation of a virtio device, which
+// guest root can repeat by unbinding and binding its driver. So the VMM writes each into a
+// named pipe in the guest dir (vmmPipeFile, eventsPipeFile), non-blocking, and the driver
+// copies them into vmm.log and events. When a copy lags, or no node runs to read the pipe,
+// CH's write fails and it drops the line or the event (cloud-hypervisor/src/logger.rs and
+// vmm/src/lib.rs's event-monitor thread ignore write errors; Rust ignores SIGPIPE) rather
+// than stall a vCPU or the VMM's API. (A guest that floods 0x402 past the copy's rate makes
+// CH's print! fail, whose panic CH turns into the end of that guest's own VM.) A restarted
+// node opens the named pipes again (adoptLogs), which pipes inherited from the node would not
+// allow. An event dropped while no node runs is not the guest's end lost: a VMM's exit is
+// seen from its process, and a hung or panicked guest from its agent (KnownRunning).
 //
-// Each copy writes its log up to logMax bytes, then moves it to <log>.1 and starts again. A
-// guest's console and VMM log so cost the host at most two of those each on disk, and what
-// is kept is the newest: the panic that says why a guest died is its console's last line.
-// The copy is the node's work, not the guest's, so it reads at most logBytesPerSec (after a
-// burst of logBurst); beyond that the terminal fills and CH drops the oldest, or the pipe
-// fills and CH drops the newest, in the VMM, whose CPU is the guest's.
+// The console and the VMM log are written up to logMax bytes, then moved to <log>.1 and
+// started again. They so cost the host at most two of those each on disk, and what is kept
+// is the newest: the panic that says why a guest died is its console's last line. The event
+// log is read from its start (Events), so it is not moved: past eventsMax its copy drops
+// what follows, far more events than a guest's life makes. The copies are the node's work,
+// not the guest's, so each reads at most logBytesPerSec (after a burst of logBurst); beyond
+// that the terminal fills and CH drops the oldest, or a pipe fills and CH drops the newest,
+// in the VMM, whose CPU is the guest's.
 const (
 	logMax         = 1 << 20
+	eventsMax      = 1 << 20
 	logBytesPerSec = 256 << 10
 	logBurst       = 1 << 20
-	// vmmPipeFile is the named pipe of the VMM's stdout and stderr, copied into vmm.log.
-	vmmPipeFile = "vmm.pipe"
+	// vmmPipeFile is the named pipe of the VMM's stdout and stderr, copied into vmm.log;
+	// eventsPipeFile its event monitor's (fd 3), copied into events.
+	vmmPipeFile    = "vmm.pipe"
+	eventsPipeFile = "events.pipe"
 )
 
-// logCopy is the copy of one of a guest's outputs (its console's terminal, its VMM's log
-// pipe) into a rotating log in the guest dir, served by this process.
+// copyKey names one of the copies this process serves: guest id's log file name.
+type copyKey struct{ id, name string }
+
+// logCopy is the copy of one of a guest's outputs (its console's terminal, its VMM's log or
+// event pipe) into a log in the guest dir, served by this process.
 type logCopy struct {
 	src    *os.File
 	cancel context.CancelFunc
@@ -58,7 +70,7 @@ type logCopy struct {
 }
 
 // startConsole reads guest id's console terminal (vm.info's console.file) into its console
-// log until the VMM closes it or stopCopy. A console that is not a booted VM's
+// log until the VMM closes it or stopCopies. A console that is not a booted VM's
 // pseudo-terminal (a VM not yet booted, or of an earlier driver, whose console was a File)
 // has nothing to read.
 func (d *Driver) startConsole(ctx context.Context, id string) error {
@@ -87,48 +99,83 @@ func (d *Driver) relayConsole(id, path string) error {
 		_ = tty.Close()
 		return notPty
 	}
-	d.startCopy(&d.consoles, id, tty, consoleFile)
+	d.startCopy(id, consoleFile, tty)
 	return nil
 }
 
-// openVMMLogPipe makes guest dir's VMM log pipe anew and answers its read end, for the copy,
-// and its write end, for the VMM's stdout and stderr.
-func openVMMLogPipe(dir string) (r, w *os.File, err error) {
-	p := filepath.Join(dir, vmmPipeFile)
-	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
+// pipeCopies are the named pipes of a VMM and the logs they are copied into.
+var pipeCopies = []struct{ pipe, log string }{{vmmPipeFile, vmmLogFile}, {eventsPipeFile, eventsFile}}
+
+// openPipes makes guest dir's named pipes anew (pipeCopies), has d copy each from its read end
+// and answers their write ends, for the VMM, in pipeCopies' order.
+func (d *Driver) openPipes(id string) (w []*os.File, err error) {
+	dir := d.GuestDir(id)
+	defer func() {
+		if err != nil {
+			for _, f := range w {
+				_ = f.Close()
+			}
+			w = nil
+		}
+	}()
+	for _, pc := range pipeCopies {
+		p := filepath.Join(dir, pc.pipe)
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return w, fmt.Errorf("cloudhv: %s: %w", pc.pipe, err)
+		}
+		if err := unix.Mkfifo(p, 0o600); err != nil {
+			return w, fmt.Errorf("cloudhv: %s: %w", pc.pipe, err)
+		}
+		r, err := openPipe(p)
+		if err != nil {
+			return w, err
+		}
+		// Opened while a reader is, so at once.
+		f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
+		if err != nil {
+			_ = r.Close()
+			return w, fmt.Errorf("cloudhv: %s: %w", pc.pipe, err)
+		}
+		w = append(w, f)
+		// Until the VMM's end (the pipe's: once these write ends are closed, the VMM's are
+		// the last), or stopCopies.
+		d.startCopy(id, pc.log, r)
 	}
-	if err := unix.Mkfifo(p, 0o600); err != nil {
-		return nil, nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
-	}
-	if r, err = openLogPipe(p); err != nil {
-		return nil, nil, err
-	}
-	// Opened while a reader is, so at once.
-	if w, err = os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0); err != nil {
-		_ = r.Close()
-		return nil, nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
-	}
-	return r, w, nil
+	return w, nil
 }
 
-// openLogPipe opens the read end of the named pipe at p without waiting for a writer.
-func openLogPipe(p string) (*os.File, error) {
+// openPipe opens the read end of the named pipe at p without waiting for a writer.
+func openPipe(p string) (*os.File, error) {
 	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, fmt.Errorf("cloudhv: vmm log pipe: %w", err)
+		return nil, fmt.Errorf("cloudhv: %w", err)
 	}
 	if fi, err := f.Stat(); err != nil || fi.Mode()&fs.ModeNamedPipe == 0 {
 		_ = f.Close()
-		return nil, fmt.Errorf("cloudhv: vmm log pipe %s is not a named pipe", p)
+		return nil, fmt.Errorf("cloudhv: %s is not a named pipe", p)
 	}
 	return f, nil
+}
+
+// copying reports whether this process copies guest id's log name and the copy has not
+// ended: its writer, the VMM, may still write.
+func (d *Driver) copying(id, name string) bool {
+	v, ok := d.copies.Load(copyKey{id, name})
+	if !ok {
+		return false
+	}
+	select {
+	case <-v.(*logCopy).done:
+		return false
+	default:
+		return true
+	}
 }
 
 // awaitVMMLog waits, at most vmmLogSettle, for the end of the copy of guest id's VMM log: once
 // the VMM has exited, its last lines are then in vmm.log.
 func (d *Driver) awaitVMMLog(id string) {
-	if v, ok := d.vmmLogs.Load(id); ok {
+	if v, ok := d.copies.Load(copyKey{id, vmmLogFile}); ok {
 		select {
 		case <-v.(*logCopy).done:
 		case <-time.After(vmmLogSettle):
@@ -139,23 +186,31 @@ func (d *Driver) awaitVMMLog(id string) {
 // vmmLogSettle bounds awaitVMMLog: the copy reads what an exited VMM left in its pipe at once.
 const vmmLogSettle = 2 * time.Second
 
-// startCopy copies src into guest id's log file name (a rotatingLog, at most d.copyRate),
-// until src ends or stopCopy, in place of the copy that m held for the guest.
-func (d *Driver) startCopy(m *sync.Map, id string, src *os.File, name string) {
+// startCopy copies src into guest id's log file name, at most d.copyRate, until src ends or
+// stopCopies, in place of the copy of that log this process served. The event log is capped
+// at eventsMax; the others rotate at logMax.
+func (d *Driver) startCopy(id, name string, src *os.File) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &logCopy{src: src, cancel: cancel, done: make(chan struct{})}
-	if old, loaded := m.Swap(id, c); loaded {
+	if old, loaded := d.copies.Swap(copyKey{id, name}, c); loaded {
 		old.(*logCopy).stop()
 	}
 	var lim *rate.Limiter
 	if d.copyRate > 0 {
 		lim = rate.NewLimiter(d.copyRate, d.copyBurst)
 	}
+	log := &rotatingLog{path: filepath.Join(d.GuestDir(id), name), max: logMax}
+	if name == eventsFile {
+		log.max, log.capped = eventsMax, func() {
+			d.log.Warn("guest events: the VMM's event log is full; its later events are dropped (the guest's end is still seen from its VMM's process and its agent)",
+				"id", id, "max_bytes", eventsMax)
+		}
+	}
 	go func() {
 		defer close(c.done)
-		err := copyLog(ctx, &rotatingLog{path: filepath.Join(d.GuestDir(id), name), max: logMax}, src, lim)
+		err := copyLog(ctx, log, src, lim)
 		// EOF: the VMM closed the pipe (its end); EOF or EIO: it closed the terminal (the
-		// VM's end); a closed file or the context's end: stopCopy.
+		// VM's end); a closed file or the context's end: stopCopies.
 		if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) && !errors.Is(err, os.ErrClosed) && ctx.Err() == nil {
 			d.log.Warn("guest output: the copy stopped; what follows stays in the VMM or is lost", "id", id, "log", name, "err", err)
 		}
@@ -195,25 +250,26 @@ func (c *logCopy) stop() {
 	<-c.done
 }
 
-// stopCopy ends the copy that m holds for guest id, if this process serves one.
-func stopCopy(m *sync.Map, id string) {
-	if v, ok := m.LoadAndDelete(id); ok {
+// stopCopy ends the copy of guest id's log name, if this process serves one.
+func (d *Driver) stopCopy(id, name string) {
+	if v, ok := d.copies.LoadAndDelete(copyKey{id, name}); ok {
 		v.(*logCopy).stop()
 	}
 }
 
-// stopCopies ends the copies of guest id's console and VMM log.
+// stopCopies ends the copies of guest id's console, VMM log and events.
 func (d *Driver) stopCopies(id string) {
-	stopCopy(&d.consoles, id)
-	stopCopy(&d.vmmLogs, id)
+	for _, name := range []string{consoleFile, vmmLogFile, eventsFile} {
+		d.stopCopy(id, name)
+	}
 }
 
-// adoptLogs is a (restarted) driver's look at its guests' outputs: a running VMM's log pipe
+// adoptLogs is a (restarted) driver's look at its guests' outputs: a running VMM's pipes
 // and console terminal are read again (the previous process's copies died with it;
-// meanwhile the VMM dropped its log lines and kept the console's last 16 KiB). The guests
-// are asked for their terminals at once, each for adoptConsoleWait at most: a VMM that does
-// not answer must not hold up the node's start. A VMM of an earlier driver, which has no log
-// pipe, writes its vmm.log itself.
+// meanwhile the VMM dropped what it wrote to its pipes and kept the console's last 16 KiB).
+// The guests are asked for their terminals at once, each for adoptConsoleWait at most: a VMM
+// that does not answer must not hold up the node's start. A VMM of an earlier driver, which
+// has no pipes, writes its vmm.log and events itself.
 func (d *Driver) adoptLogs(ctx context.Context) {
 	ids, err := d.List(ctx)
 	if err != nil {
@@ -225,10 +281,12 @@ func (d *Driver) adoptLogs(ctx context.Context) {
 		if r, err := d.load(id); err != nil || !r.alive() {
 			continue
 		}
-		if f, err := openLogPipe(filepath.Join(d.GuestDir(id), vmmPipeFile)); err == nil {
-			d.startCopy(&d.vmmLogs, id, f, vmmLogFile)
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			d.log.Warn("guest VMM log after a restart", "id", id, "err", err)
+		for _, pc := range pipeCopies {
+			if f, err := openPipe(filepath.Join(d.GuestDir(id), pc.pipe)); err == nil {
+				d.startCopy(id, pc.log, f)
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				d.log.Warn("guest VMM pipe after a restart", "id", id, "pipe", pc.pipe, "err", err)
+			}
 		}
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(ctx, adoptConsoleWait)
@@ -245,12 +303,15 @@ func (d *Driver) adoptLogs(ctx context.Context) {
 const adoptConsoleWait = 5 * time.Second
 
 // rotatingLog writes to path up to max bytes, then moves path to path.1 (replacing it) and
-// starts path afresh. It appends to a path that exists (a restarted node's relay).
+// starts path afresh; or, when capped is set, drops what follows and calls capped once. It
+// appends to a path that exists (a restarted node's copy).
 type rotatingLog struct {
-	path string
-	max  int64
-	f    *os.File
-	size int64
+	path   string
+	max    int64
+	capped func()
+	f      *os.File
+	size   int64
+	full   bool
 }
 
 func (l *rotatingLog) Write(p []byte) (int, error) {
@@ -267,6 +328,13 @@ func (l *rotatingLog) Write(p []byte) (int, error) {
 				return n, err
 			}
 			l.f, l.size = f, fi.Size()
+		}
+		if l.size >= l.max && l.capped != nil {
+			if !l.full {
+				l.full = true
+				l.capped()
+			}
+			return n + len(p), nil
 		}
 		if l.size >= l.max {
 			if err := l.close(); err != nil {

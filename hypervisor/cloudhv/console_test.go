@@ -18,6 +18,7 @@ import (
 	"golang.org/x/term"
 
 	"wb/hypervisor"
+	"wb/hypervisor/cloudhv/chapi"
 	"wb/internal/proc"
 )
 
@@ -66,13 +67,13 @@ func TestConsoleBounded(t *testing.T) {
 	}
 
 	stopped := make(chan struct{})
-	go func() { stopCopy(&d.consoles, id); close(stopped) }()
+	go func() { d.stopCopy(id, consoleFile); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("stopCopy did not end the relay's read")
 	}
-	if _, ok := d.consoles.Load(id); ok {
+	if _, ok := d.copies.Load(copyKey{id, consoleFile}); ok {
 		t.Error("the stopped relay is still listed")
 	}
 }
@@ -112,12 +113,13 @@ func TestVMMLogPipe(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	r, w, err := openVMMLogPipe(dir)
+	pipes, err := d.openPipes(id)
 	if err != nil {
 		t.Fatal(err)
 	}
+	w := pipes[0]
+	defer pipes[1].Close()
 	defer w.Close()
-	d.startCopy(&d.vmmLogs, id, r, vmmLogFile)
 	fd := int(w.Fd()) // blocking now, as after exec
 	if err := unix.SetNonblock(fd, true); err != nil {
 		t.Fatal(err)
@@ -140,16 +142,16 @@ func TestVMMLogPipe(t *testing.T) {
 		t.Errorf("the writer was held up or never refused, with a copy of 64 KiB/s")
 	}
 
-	stopCopy(&d.vmmLogs, id) // the node's end
+	d.stopCopy(id, vmmLogFile) // the node's end
 	if _, err := unix.Write(fd, line); !errors.Is(err, unix.EPIPE) {
 		t.Fatalf("a write without a reader: %v, want EPIPE", err)
 	}
-	f, err := openLogPipe(filepath.Join(dir, vmmPipeFile))
+	f, err := openPipe(filepath.Join(dir, vmmPipeFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.copyRate = 0
-	d.startCopy(&d.vmmLogs, id, f, vmmLogFile)
+	d.startCopy(id, vmmLogFile, f)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		_, err := unix.Write(fd, []byte("the last line\n"))
@@ -163,7 +165,7 @@ func TestVMMLogPipe(t *testing.T) {
 	}
 	w.Close() // the VMM's end
 	d.awaitVMMLog(id)
-	if VMMLogCopied(d, id) {
+	if d.copying(id, vmmLogFile) {
 		t.Error("the copy did not end when the pipe's last writer closed")
 	}
 	if got := tail(filepath.Join(dir, vmmLogFile), 64); !strings.HasSuffix(got, "the last line") {
@@ -181,10 +183,114 @@ func TestVMMLogPipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"file", "link"} {
-		if f, err := openLogPipe(filepath.Join(other, name)); err == nil {
+		if f, err := openPipe(filepath.Join(other, name)); err == nil {
 			f.Close()
 			t.Errorf("%s taken for a log pipe", name)
 		}
+	}
+}
+
+// TestEventLogCapped: the VMM's events, written into its event pipe as CH's event monitor
+// writes them, are copied into the event log up to eventsMax and no further (a guest that
+// resets a virtio device without end), with one warning; what was copied reads back as CH's
+// events, from the first, and the copy ends when the VMM's write end closes.
+func TestEventLogCapped(t *testing.T) {
+	var logged bytes.Buffer
+	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.New(slog.NewTextHandler(&logged, nil))}
+	const id = "gevents"
+	if err := os.Mkdir(d.GuestDir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pipes, err := d.openPipes(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipes[0].Close()
+	w := pipes[1]
+	event := func(i int, source, ev string) []byte {
+		return fmt.Appendf(nil, "{\n  \"timestamp\": {\n    \"secs\": %d,\n    \"nanos\": 0\n  },\n  \"source\": %q,\n  \"event\": %q,\n  \"properties\": {\n    \"id\": \"_net1\"\n  }\n}\n\n", i, source, ev)
+	}
+	written := 0
+	for i := 0; written < 2*eventsMax; i++ {
+		b := event(i, "virtio-device", "reset")
+		if i == 0 {
+			b = event(i, "vm", "booted")
+		}
+		if _, err := w.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		written += len(b)
+	}
+	w.Close() // the VMM's end
+	deadline := time.Now().Add(time.Minute)
+	for d.copying(id, eventsFile) {
+		if time.Now().After(deadline) {
+			t.Fatal("the copy did not end with the pipe's writer")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f, err := os.Open(filepath.Join(d.GuestDir(id), eventsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if fi, _ := f.Stat(); fi.Size() != eventsMax {
+		t.Errorf("the event log holds %d bytes of the %d written; want %d", fi.Size(), written, eventsMax)
+	}
+	dec := chapi.NewEventDecoder(f)
+	first, err := dec.Next()
+	if err != nil || first.Source != "vm" || first.Event != "booted" {
+		t.Fatalf("the first event: %+v, %v", first, err)
+	}
+	n := 1
+	for ; ; n++ {
+		if _, err := dec.Next(); err != nil {
+			break
+		}
+	}
+	t.Logf("%d events read back", n)
+	if n < 1000 || strings.Count(logged.String(), "event log is full") != 1 {
+		t.Errorf("%d events read back; the driver logged: %s", n, logged.String())
+	}
+}
+
+// TestEventsAwaitTheCopy: a VMM that has exited may have written its last events into its
+// pipe before this process copied them: the watch reads on until the copy ends, and finds
+// the shutdown event, rather than answer that the VMM exited.
+func TestEventsAwaitTheCopy(t *testing.T) {
+	d := &Driver{o: Options{StateDir: t.TempDir(), EventInterval: 10 * time.Millisecond}, log: slog.Default()}
+	const id = "gexited"
+	if err := os.Mkdir(d.GuestDir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.GuestDir(id), eventsFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pipes, err := d.openPipes(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipes[0].Close()
+	d.copyRate, d.copyBurst = 0, 0
+	f, err := os.Open(filepath.Join(d.GuestDir(id), eventsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	why := make(chan string, 1)
+	go func() { why <- d.watch(context.Background(), record{Spec: hypervisor.Spec{ID: id}}, f) }() // no process: exited
+	time.Sleep(100 * time.Millisecond)
+	if _, err := pipes[1].WriteString("{\"timestamp\":{\"secs\":1,\"nanos\":0},\"source\":\"vm\",\"event\":\"shutdown\",\"properties\":null}\n\n"); err != nil {
+		t.Fatal(err)
+	}
+	pipes[1].Close() // the VMM's end
+	select {
+	case got := <-why:
+		if got != "event vm/shutdown" {
+			t.Errorf("watch answered %q, want the shutdown event", got)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("watch did not end with the copy")
 	}
 }
 
@@ -233,7 +339,7 @@ func TestConsoleRateBounded(t *testing.T) {
 	d := &Driver{o: Options{StateDir: t.TempDir()}, log: slog.Default(), copyRate: 128 << 10, copyBurst: 64 << 10}
 	const id = "grate"
 	main, dir := relayTestConsole(t, d, id)
-	defer stopCopy(&d.consoles, id)
+	defer d.stopCopy(id, consoleFile)
 	t0 := time.Now()
 	go func() {
 		_, _ = main.Write(bytes.Repeat([]byte("y"), 320<<10))
@@ -272,11 +378,13 @@ func TestAdoptLogsOfHungVMMs(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 0 {
-			if r, w, err := openVMMLogPipe(d.GuestDir(id)); err != nil {
+			pipes, err := d.openPipes(id)
+			if err != nil {
 				t.Fatal(err)
-			} else {
-				r.Close()
-				defer w.Close() // the VMM's write end
+			}
+			d.stopCopies(id) // the previous process's end
+			for _, w := range pipes {
+				defer w.Close() // the VMM's write ends
 			}
 		}
 		ln, err := net.Listen("unix", filepath.Join(d.GuestDir(id), apiSocket))
@@ -300,11 +408,14 @@ func TestAdoptLogsOfHungVMMs(t *testing.T) {
 		t.Errorf("adoptLogs took %s over three hung VMMs", took)
 	}
 	for i := range 3 {
-		if _, ok := d.consoles.Load(fmt.Sprintf("ghung%d", i)); ok {
-			t.Errorf("ghung%d: a console relay without a console", i)
+		id := fmt.Sprintf("ghung%d", i)
+		if _, ok := d.copies.Load(copyKey{id, consoleFile}); ok {
+			t.Errorf("%s: a console relay without a console", id)
 		}
-		if got := VMMLogCopied(d, fmt.Sprintf("ghung%d", i)); got != (i == 0) {
-			t.Errorf("ghung%d: VMM log copied: %v; only ghung0 has a pipe", i, got)
+		for _, name := range []string{vmmLogFile, eventsFile} {
+			if got := d.copying(id, name); got != (i == 0) {
+				t.Errorf("%s: %s copied: %v; only ghung0 has pipes", id, name, got)
+			}
 		}
 	}
 	d.Close()

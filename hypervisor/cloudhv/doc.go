@@ -3,25 +3,27 @@
 // process, driven over CH's REST API (package chapi) on that process's Unix socket.
 //
 // A guest is a directory Options.StateDir/<id>: guest.json (the spec, the VMM's pid and start
-// time, the rootfs image), api.sock, vsock.sock (hybrid vsock), events (the event monitor),
-// vmm.log (and vmm.log.1: the VMM's stdout and stderr, a named pipe vmm.pipe that the driver
-// copies into them), console.log (and console.log.1: the guest's console, a pseudo-terminal
-// that the driver copies into them), each 1 MiB at most (console.go), and writable.img. Its disks are raw ext4 images (package image): the template's rootfs plus the
-// static wb binary as init, cached by content in Options.CacheDir and shared read-only, and a
-// writable disk of Spec.DiskGiB holding workspace/, tmp/ and root/. The kernel command line is
-// image.Cmdline's console and root, init= Spec.Args[0], Spec.Env as KEY=VALUE words (refused
-// when the line cannot carry them), and after " -- " init's arguments, with `wb agent
-// --socket X` turned into `--vsock-port 1024`.
+// time, the rootfs image), api.sock, vsock.sock (hybrid vsock), events (the VMM's event
+// monitor, a named pipe events.pipe that the driver copies into it), vmm.log (and vmm.log.1:
+// its stdout and stderr, through the named pipe vmm.pipe), console.log (and console.log.1: the
+// guest's console, a pseudo-terminal that the driver copies into them), each 1 MiB at most
+// (console.go), and writable.img. Its disks are raw ext4 images (package image): the template's
+// rootfs plus the static wb binary as init, cached by content in Options.CacheDir and shared
+// read-only, and a writable disk of Spec.DiskGiB holding workspace/, tmp/ and root/. The kernel
+// command line is image.Cmdline's console and root, init= Spec.Args[0], Spec.Env as KEY=VALUE
+// words (refused when the line cannot carry them), and after " -- " init's arguments, with `wb
+// agent --socket X` turned into `--vsock-port 1024`.
 //
-// The VMM process: `<binary> --api-socket path=<dir>/api.sock --event-monitor
-// path=<dir>/events`, in a session of its own, with stdout and stderr into vmm.pipe, so that it
-// outlives the node: a restarted node's driver finds every guest from its directory (List,
-// Info) and reaches it again. The event monitor is a file rather than an inherited pipe
-// (fd=), for the same reason: a pipe's reader dies with the node, after which CH's writes fail
-// (and the events are lost, nor can a new node reopen that pipe), while a file keeps every
-// event for whoever reads next. Events reads it from the start and polls its end. Each VMM is
-// put in a cgroup of its own (<CgroupParent>/<id>, v1 or v2) before the VM exists, so Stats'
-// CPU and memory cover the vCPU threads and whatever else the VMM runs.
+// The VMM process: `<binary> --api-socket path=<dir>/api.sock --event-monitor fd=3`, in a
+// session of its own, so that it outlives the node: a restarted node's driver finds every guest
+// from its directory (List, Info) and reaches it again. Its fd 3 and its stdout and stderr are
+// the write ends of named pipes in the guest dir, which a restarted node opens again (an
+// anonymous pipe's reader would die with the node for good); what the VMM writes while no node
+// reads is dropped, and what it writes faster than the node copies too, so a guest cannot make
+// the host write without end (console.go). Events reads the events file from the start and
+// polls its end. Each VMM is put in a cgroup of its own (<CgroupParent>/<id>, v1 or v2) before
+// the VM exists, so Stats' CPU and memory cover the vCPU threads and whatever else the VMM
+// runs.
 //
 // Lifecycle: Create starts the VMM, waits for vmm.ping and sends vm.create; Boot vm.boot;
 // Pause and Resume vm.pause and vm.resume; Stop vmm.shutdown (CH stops the vCPUs at once,

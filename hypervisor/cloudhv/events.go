@@ -14,8 +14,8 @@ import (
 	"wb/hypervisor/cloudhv/chapi"
 )
 
-// Events follows the guest: its VMM's event log (read from the start, so an end written
-// before the call is seen too) and its process. vm/shutdown, vmm/shutdown or guest/panic in
+// Events follows the guest: its VMM's event log (events, read from the start, so an end
+// written before the call is seen too) and its process. vm/shutdown, vmm/shutdown or guest/panic in
 // the log, or the VMM's exit, is one EventExit, after which the channel closes. An OOM
 // happens inside the guest's own kernel, which tells the host nothing of a process it kills;
 // so the guest boots with panic_on_oom (see kernelCmdline), and a panic whose console says
@@ -81,7 +81,10 @@ const panicLineWait = 2 * time.Second
 
 // watch reads the event log until the guest ends (answering why) or ctx ends ("").
 func (d *Driver) watch(ctx context.Context, r record, f *os.File) string {
-	dec := chapi.NewEventDecoder(&tailReader{ctx: ctx, f: f, interval: d.o.EventInterval, alive: r.alive})
+	// The log is complete once the VMM has exited and this process's copy of its pipe, if it
+	// serves one, has ended.
+	alive := func() bool { return r.alive() || d.copying(r.Spec.ID, eventsFile) }
+	dec := chapi.NewEventDecoder(&tailReader{ctx: ctx, f: f, interval: d.o.EventInterval, alive: alive})
 	for {
 		ev, err := dec.Next()
 		var bad *chapi.EventError

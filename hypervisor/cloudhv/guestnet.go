@@ -260,12 +260,10 @@ func (d *Driver) Close() {
 		d.stopRelay(id.(string))
 		return true
 	})
-	for _, m := range []*sync.Map{&d.consoles, &d.vmmLogs} {
-		m.Range(func(id, _ any) bool {
-			stopCopy(m, id.(string))
-			return true
-		})
-	}
+	d.copies.Range(func(k, _ any) bool {
+		d.stopCopy(k.(copyKey).id, k.(copyKey).name)
+		return true
+	})
 }
 
 // adoptNetworks is a (restarted) driver's look at the namespaces of its guests: a running

@@ -26,7 +26,7 @@ func TestGuestFloodsVMMLog(t *testing.T) {
 	s := e.spec(newID())
 	c := e.boot(t, ctx, s)
 	dir := e.d.GuestDir(s.ID)
-	if !cloudhv.VMMLogCopied(e.d, s.ID) {
+	if !cloudhv.PipesCopied(e.d, s.ID) {
 		t.Fatal("the VMM's log is not copied")
 	}
 	flood := func() {
@@ -59,7 +59,7 @@ func TestGuestFloodsVMMLog(t *testing.T) {
 	if info, err := d2.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
 		t.Fatalf("the VMM after a flood without a reader: %+v, %v", info, err)
 	}
-	if !cloudhv.VMMLogCopied(d2, s.ID) {
+	if !cloudhv.PipesCopied(d2, s.ID) {
 		t.Fatal("the restarted driver does not copy the VMM's log")
 	}
 	awaitPortLine(t, ctx, c, dir, 0x42)
