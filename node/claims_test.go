@@ -1,9 +1,12 @@
 package node_test
 
 import (
+	"context"
+	"slices"
 	"testing"
 	"time"
 
+	"wb/internal/redistest"
 	"wb/node"
 	"wb/session"
 	"wb/store"
@@ -92,4 +95,39 @@ func TestPlacementClaimsEnd(t *testing.T) {
 			t.Fatal("the claim of a running session that no heartbeat showed was released")
 		}
 	})
+}
+
+// TestHeartbeatRetriedAfterAFailure: a heartbeat that failed (Redis away at the node's start)
+// is tried again within a second, not a whole interval later: with an interval of an hour,
+// the node registers within seconds of Redis coming back.
+func TestHeartbeatRetriedAfterAFailure(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartDurableProc(t)
+	st := store.New(redisClient(t, r.Addr()))
+	cfg := nodeConfig(t, st, newDriver(t, "runc", tempDir(t)), tempDir(t), "node_hb_retry")
+	cfg.Heartbeat = time.Hour
+	cfg.RedisTimeout = 200 * time.Millisecond
+	r.Stop()
+	n, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rn := &running{Node: n, cancel: cancel, done: make(chan struct{})}
+	go func() { rn.err = n.Run(ctx); close(rn.done) }()
+	t.Cleanup(func() { rn.stop(t) })
+	time.Sleep(time.Second) // the first heartbeat has failed
+	r.Start()
+	back := time.Now()
+	for {
+		nodes, err := st.Nodes(ctx)
+		if err == nil && slices.ContainsFunc(nodes, func(i store.NodeInfo) bool { return i.ID == cfg.Info.ID }) {
+			t.Logf("registered %s after Redis came back", time.Since(back).Round(time.Millisecond))
+			return
+		}
+		if time.Since(back) > 30*time.Second {
+			t.Fatalf("the node did not register within 30 s of Redis coming back (its interval: an hour): %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -235,12 +235,12 @@ func (n *Node) Run(ctx context.Context) error {
 		every time.Duration
 		do    func(context.Context)
 	}{
-		{n.Heartbeat, n.heartbeat},
 		{n.Heartbeat, n.reconcile},
 		{n.Flush, n.flushUsage},
 		{n.Tick, n.replay},
 	}
-	n.heartbeat(n.ctx)
+	registered := n.heartbeat(n.ctx)
+	n.goBackground(func() { n.heartbeats(n.ctx, registered) })
 	for _, lp := range loops {
 		n.goBackground(func() {
 			tick := time.NewTicker(lp.every)
@@ -342,8 +342,8 @@ func (n *Node) sessionUsage() (vcpu, mem int) {
 // a node's whole capacity allowed only capacity ÷ window placements a second. A session's
 // claim goes one heartbeat after the first that shows it, not with it: a placer that read the
 // node's heartbeat just before then reads the claims still counts it (a session that ended
-// needs neither: see releaseClaimOf).
-func (n *Node) heartbeat(ctx context.Context) {
+// needs neither: see releaseClaimOf). It reports whether the registration landed.
+func (n *Node) heartbeat(ctx context.Context) bool {
 	info := n.Info
 	var fresh, shown []*live
 	n.mu.Lock()
@@ -366,7 +366,7 @@ func (n *Node) heartbeat(ctx context.Context) {
 		if ctx.Err() == nil {
 			n.Logger.Warn("node: heartbeat", "err", err)
 		}
-		return
+		return false
 	}
 	var claims []store.Claim
 	n.mu.Lock()
@@ -381,7 +381,30 @@ func (n *Node) heartbeat(ctx context.Context) {
 	}
 	n.mu.Unlock()
 	n.releaseClaims(rctx, claims...)
+	return true
 }
+
+// heartbeats refreshes the registration every Heartbeat after one that landed (ok: the
+// first, which Run made), and heartbeatRetry after one that failed: a node whose
+// registration did not land (Redis slow or away at its start) would stay unknown to the
+// placer for a whole interval, which an operator may have set long.
+func (n *Node) heartbeats(ctx context.Context, ok bool) {
+	for {
+		wait := n.Heartbeat
+		if !ok {
+			wait = min(wait, heartbeatRetry)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		ok = n.heartbeat(ctx)
+	}
+}
+
+// heartbeatRetry is how soon a failed heartbeat is tried again.
+const heartbeatRetry = 500 * time.Millisecond
 
 // claimOf is the placement claim of l's session on this node, as the placer made it.
 func claimOf(l *live) store.Claim {
