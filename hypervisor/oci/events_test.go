@@ -224,9 +224,11 @@ func TestStopDeleteAskNoState(t *testing.T) {
 				}
 			}
 			before := runtimeCalls(t, calls)
+			t0 := time.Now()
 			if err := d.Stop(ctx, s.ID); err != nil {
 				t.Fatal(err)
 			}
+			stopTook := time.Since(t0)
 			stopped := runtimeCalls(t, calls)
 			if len(bgPids) > 0 {
 				if err := waitGone(bgPids, 10*time.Second); err != nil {
@@ -236,7 +238,7 @@ func TestStopDeleteAskNoState(t *testing.T) {
 			if info, err := d.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateStopped {
 				t.Fatalf("info after stop = %+v, %v; want stopped", info, err)
 			}
-			got := subcommands(t, calls, before)[:stopped-before]
+			got := lingerPollsDropped(t, subcommands(t, calls, before)[:stopped-before], stopTook)
 			if err := d.Delete(ctx, s.ID); err != nil {
 				t.Fatal(err)
 			}
@@ -262,6 +264,25 @@ func TestStopDeleteAskNoState(t *testing.T) {
 
 // subcommands names the runtime calls logged in path after the first skip: each one's first
 // word that is an OCI runtime subcommand (the global flags before it are not).
+// lingerPollsDropped answers a stop's runtime calls without the `state` calls that Stop makes
+// while the killed process lingers, every tenth poll of 10 ms: a loaded host, slow to reap
+// it, may cost one per 100 ms of the stop (took), and no more. Calls beyond that are kept
+// for the comparison to show.
+func lingerPollsDropped(t *testing.T, calls []string, took time.Duration) []string {
+	t.Helper()
+	n := 0
+	for _, c := range calls {
+		if c == "state" {
+			n++
+		}
+	}
+	if n == 0 || n > int(took/(100*time.Millisecond)) {
+		return calls
+	}
+	t.Logf("the stop took %s, and asked the runtime's state %d times while the process lingered", took, n)
+	return slices.DeleteFunc(slices.Clone(calls), func(c string) bool { return c == "state" })
+}
+
 func subcommands(t *testing.T, path string, skip int) []string {
 	t.Helper()
 	b, err := os.ReadFile(path)
