@@ -429,12 +429,13 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 	// Passing the write ends made them blocking (os.File.Fd); the VMM's copies are the same
 	// open files, which must not be (console.go; CH makes its event monitor's so itself).
 	// Once this process's are closed, the VMM's end is the pipes'.
+	var perr error
 	for _, w := range pipes {
-		err = errors.Join(err, unix.SetNonblock(int(w.Fd()), true), w.Close())
+		perr = errors.Join(perr, unix.SetNonblock(int(w.Fd()), true), w.Close())
 	}
-	if err != nil {
+	if perr != nil {
 		_ = cmd.Process.Kill()
-		return r, fmt.Errorf("cloudhv: the VMM's pipes: %w", err)
+		return r, fmt.Errorf("cloudhv: the VMM's pipes: %w", perr)
 	}
 	ex := &exitInfo{done: make(chan struct{})}
 	d.exited.Store(cmd.Process.Pid, ex)

@@ -14,12 +14,12 @@ import (
 	"wb/hypervisor/cloudhv/chapi"
 )
 
-// Events follows the guest: its VMM's event log (events, read from the start, so an end
-// written before the call is seen too) and its process. vm/shutdown, vmm/shutdown or guest/panic in
-// the log, or the VMM's exit, is one EventExit, after which the channel closes. An OOM
-// happens inside the guest's own kernel, which tells the host nothing of a process it kills;
-// so the guest boots with panic_on_oom (see kernelCmdline), and a panic whose console says
-// "Out of memory" is an EventOOM before the EventExit.
+// Events follows the guest: its VMM's event log (events, read from the start, so an end written
+// before the call is seen too) and its process. vm/shutdown, vmm/shutdown or guest/panic in the
+// log, or the VMM's exit, is one EventExit, after which the channel closes. An OOM happens
+// inside the guest's own kernel, which tells the host nothing of a process it kills; so the
+// guest boots with panic_on_oom (see kernelCmdline), and a panic whose console says "Out of
+// memory" is an EventOOM before the EventExit.
 func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event, error) {
 	r, err := d.load(id)
 	if err != nil {
