@@ -108,14 +108,8 @@ func TestHeartbeatRetriedAfterAFailure(t *testing.T) {
 	cfg.Heartbeat = time.Hour
 	cfg.RedisTimeout = 200 * time.Millisecond
 	r.Stop()
-	n, err := node.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	rn := &running{Node: n, cancel: cancel, done: make(chan struct{})}
-	go func() { rn.err = n.Run(ctx); close(rn.done) }()
-	t.Cleanup(func() { rn.stop(t) })
+	runNode(t, cfg)
+	ctx := context.Background()
 	time.Sleep(time.Second) // the first heartbeat has failed
 	r.Start()
 	back := time.Now()

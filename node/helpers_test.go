@@ -466,14 +466,8 @@ func (r *running) stop(t testing.TB) {
 // recovered its journal and heartbeated.
 func startNode(t testing.TB, cfg node.Config) *running {
 	t.Helper()
-	n, err := node.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{Node: n, cancel: cancel, done: make(chan struct{})}
-	go func() { r.err = n.Run(ctx); close(r.done) }()
-	t.Cleanup(func() { r.stop(t) })
+	r := runNode(t, cfg)
+	ctx := context.Background()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		nodes, err := cfg.Store.Nodes(ctx)
@@ -485,6 +479,20 @@ func startNode(t testing.TB, cfg node.Config) *running {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// runNode starts a node of cfg, stopped at the test's end, without waiting for anything.
+func runNode(t testing.TB, cfg node.Config) *running {
+	t.Helper()
+	n, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{Node: n, cancel: cancel, done: make(chan struct{})}
+	go func() { r.err = n.Run(ctx); close(r.done) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
 }
 
 // sessionOpts shape a test session.
