@@ -62,10 +62,16 @@ func benchServerOn(b *testing.B, rdb redis.UniversalClient, opts ...func(*Config
 
 var createBody = []byte(`{"tier":2,"template":"tpl_base","end_user_id":"eu_bench","idle_timeout_s":120}`)
 
-func post(c *http.Client, url, key string) (time.Duration, error) {
+// createRequest is a POST /v1/sessions of createBody to the gateway at url, with key.
+func createRequest(url, key string) *http.Request {
 	req, _ := http.NewRequest("POST", url+"/v1/sessions", bytes.NewReader(createBody))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
+	return req
+}
+
+func post(c *http.Client, url, key string) (time.Duration, error) {
+	req := createRequest(url, key)
 	t0 := time.Now()
 	resp, err := c.Do(req)
 	if err != nil {

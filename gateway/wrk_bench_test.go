@@ -72,13 +72,7 @@ func BenchmarkCreateSaturated(b *testing.B) {
 // SETs it in rdb under a key of its own and answers 201 with what the gateway at url answered
 // a create of key (its Content-Type and body), on an httptest server as the gateway's.
 func floorServer(b *testing.B, rdb *redis.Client, url, key string) string {
-	req, err := http.NewRequest("POST", url+"/v1/sessions", bytes.NewReader(createBody))
-	if err != nil {
-		b.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(createRequest(url, key))
 	if err != nil {
 		b.Fatal(err)
 	}

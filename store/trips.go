@@ -8,14 +8,14 @@ import (
 )
 
 // sharedTrips runs one script for concurrent callers, who share round trips to Redis under
-// load. A call made while fewer than maxTripsInFlight of the script's round trips are in
-// flight goes out at once, alone, from its caller. One made while that many are waits; as
-// each of those ends, a worker (started then, gone when idle) takes the calls waiting, up to
-// maxTripBatch at a time, and sends them as one pipeline. Redis then reads many scripts with one read and
-// answers them with one write, where each call on a connection of its own cost it a read, a
-// write and a turn of its event loop: one Redis, the platform's serial part, admits more
-// creates a second. A lone call pays nothing (it goes at once, as before), a waiting one at
-// most the round trip it waits for.
+// load. A call made while fewer than maxTripsInFlight of the script's round trips are in flight
+// goes out at once, alone, from its caller. One made while that many are waits; as each of
+// those ends, a worker (started then, gone when idle) takes the calls waiting, up to
+// maxTripBatch at a time, and sends them as one pipeline. Redis then reads many scripts with
+// one read and answers them with one write, where each call on a connection of its own cost it
+// a read, a write and a turn of its event loop: one Redis, the platform's serial part, admits
+// more creates a second. A lone call pays nothing (it goes at once, as before), a waiting one
+// at most the round trip it waits for.
 type sharedTrips struct {
 	rdb    redis.UniversalClient
 	script *redis.Script

@@ -157,15 +157,24 @@ func openPipe(p string) (*os.File, error) {
 	return f, nil
 }
 
+// copyDone answers the channel closed when this process's copy of guest id's log name ends;
+// nil (never closed) when it serves none.
+func (d *Driver) copyDone(id, name string) <-chan struct{} {
+	if v, ok := d.copies.Load(copyKey{id, name}); ok {
+		return v.(*logCopy).done
+	}
+	return nil
+}
+
 // copying reports whether this process copies guest id's log name and the copy has not
 // ended: its writer, the VMM, may still write.
 func (d *Driver) copying(id, name string) bool {
-	v, ok := d.copies.Load(copyKey{id, name})
-	if !ok {
+	done := d.copyDone(id, name)
+	if done == nil {
 		return false
 	}
 	select {
-	case <-v.(*logCopy).done:
+	case <-done:
 		return false
 	default:
 		return true
@@ -175,9 +184,9 @@ func (d *Driver) copying(id, name string) bool {
 // awaitVMMLog waits, at most vmmLogSettle, for the end of the copy of guest id's VMM log: once
 // the VMM has exited, its last lines are then in vmm.log.
 func (d *Driver) awaitVMMLog(id string) {
-	if v, ok := d.copies.Load(copyKey{id, vmmLogFile}); ok {
+	if done := d.copyDone(id, vmmLogFile); done != nil {
 		select {
-		case <-v.(*logCopy).done:
+		case <-done:
 		case <-time.After(vmmLogSettle):
 		}
 	}
