@@ -510,14 +510,23 @@ func (n *Node) agentFor(guestID string) *agent.Client {
 	return agent.NewClient(filepath.Join(n.guestDir(guestID), "agent", "agent.sock"))
 }
 
-// waitHealthy polls the guest's agent until it answers or ctx ends.
+// waitHealthy polls the guest's agent until it answers or ctx ends. A probe waits a second
+// for its answer, and twice as long as the last after one that ran out of time: on a loaded
+// host a gVisor guest's answer has taken seconds, and a fixed bound would cancel every probe
+// before it (a start that never ends). An agent not listening yet fails at once and is tried
+// again within milliseconds.
 func waitHealthy(ctx context.Context, c *agent.Client) error {
+	wait := time.Second
 	for {
-		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		hctx, cancel := context.WithTimeout(ctx, wait)
 		err := c.Health(hctx)
+		timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded)
 		cancel()
 		if err == nil {
 			return nil
+		}
+		if timedOut {
+			wait *= 2
 		}
 		select {
 		case <-ctx.Done():

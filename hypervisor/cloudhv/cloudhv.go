@@ -475,12 +475,18 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 	return r, nil
 }
 
-// waitAPI waits until the VMM answers vmm.ping, or fails when it exits first.
+// waitAPI waits until the VMM answers vmm.ping, or fails when it exits first. A ping waits
+// a second, and twice as long as the last after one that ran out of time, so that a VMM
+// slow to answer on a loaded host is still heard (as node's waitHealthy does).
 func (d *Driver) waitAPI(ctx context.Context, r record, exited <-chan struct{}) error {
 	c := d.client(r.Spec.ID)
+	wait := time.Second
 	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		pctx, cancel := context.WithTimeout(ctx, wait)
 		_, err := c.Ping(pctx)
+		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
+			wait *= 2
+		}
 		cancel()
 		if err == nil {
 			return nil

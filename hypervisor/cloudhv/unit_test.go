@@ -4,9 +4,11 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,4 +219,43 @@ func TestInfoOfAVMMLeaving(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWaitAPISlowVMM: a VMM whose API takes longer than a ping's first bound to answer is
+// still heard. With a fixed one-second bound, every ping of such a VMM was cancelled and the
+// guest's start waited until its deadline.
+func TestWaitAPISlowVMM(t *testing.T) {
+	d := &Driver{o: Options{StateDir: t.TempDir()}}
+	const id, delay = "sess_slowapi", 1500 * time.Millisecond
+	if err := os.MkdirAll(d.GuestDir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(d.GuestDir(id), apiSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pings atomic.Int32
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/v1/vmm.ping" {
+			http.NotFound(w, r)
+			return
+		}
+		pings.Add(1)
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"version":"v48.0"}`)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := d.waitAPI(ctx, record{Spec: hypervisor.Spec{ID: id}}, nil); err != nil {
+		t.Fatalf("after %s and %d pings: %v", time.Since(start).Round(time.Millisecond), pings.Load(), err)
+	}
+	t.Logf("answered after %s, %d pings", time.Since(start).Round(time.Millisecond), pings.Load())
 }
