@@ -110,7 +110,10 @@ func run(m *testing.M) int {
 	deployments = ds
 	code := m.Run()
 	if code != 0 {
+		// Stopped first: the server's shutdown logs what it still had in flight (a guest's
+		// start that never ended fails with the step it was in), which the log then shows.
 		for _, d := range ds {
+			d.terminate()
 			d.printStderr()
 		}
 	}
@@ -219,6 +222,23 @@ func (d *deployment) stop() {
 	if d.cmd == nil {
 		return
 	}
+	d.terminate()
+	// wb serve destroys its guests as it stops (its Redis, and so its sessions, end with it);
+	// one killed leaves them, and their cgroups, to this.
+	if err := fleet.Reap(context.Background(), d.runtime, filepath.Join(d.tmp, "data"), fleet.ServeNodeID); err != nil {
+		fmt.Fprintf(os.Stderr, "conformance: wb serve (%s) left guests: %v\n", d.name, err)
+	}
+	fleet.UnmountUnder(d.tmp)
+	if !mountedBelow(d.tmp) {
+		_ = os.RemoveAll(d.tmp)
+	}
+}
+
+// terminate stops the server process, gracefully if it lets itself be, and waits for it.
+func (d *deployment) terminate() {
+	if d.cmd == nil {
+		return
+	}
 	select {
 	case <-d.exited:
 	default:
@@ -230,15 +250,6 @@ func (d *deployment) stop() {
 			_ = d.cmd.Process.Kill()
 			<-d.exited
 		}
-	}
-	// wb serve destroys its guests as it stops (its Redis, and so its sessions, end with it);
-	// one killed leaves them, and their cgroups, to this.
-	if err := fleet.Reap(context.Background(), d.runtime, filepath.Join(d.tmp, "data"), fleet.ServeNodeID); err != nil {
-		fmt.Fprintf(os.Stderr, "conformance: wb serve (%s) left guests: %v\n", d.name, err)
-	}
-	fleet.UnmountUnder(d.tmp)
-	if !mountedBelow(d.tmp) {
-		_ = os.RemoveAll(d.tmp)
 	}
 }
 
