@@ -16,7 +16,9 @@
 //     every Config.Flush and at each state change; heartbeats keep the node registered.
 //   - Pause, resume, snapshots (files under DataDir/snapshots; with Config.Snapshots, uploaded
 //     to that object store before a snapshot is answered taken, and fetched from it by a
-//     restore that lacks them, DataDir/snapshots then being a bounded cache) and stop.
+//     restore that lacks them, DataDir/snapshots then being a bounded cache) and stop. A
+//     memory snapshot is answered once its checkpoint is written; the guest it stopped is
+//     restored after, and calls on the session wait for it.
 //   - The node API (Handler): provisioning and the guest controls for the control plane, and a
 //     proxy to each guest's agent (exec, files, PTY). node/client is the control plane's side.
 //   - Local: the guests for in-process callers, answering as node/client does; cmd/wb hands it

@@ -10,6 +10,7 @@ import (
 
 	"wb/agent"
 	"wb/hypervisor"
+	"wb/hypervisor/templates"
 	"wb/session"
 	"wb/store"
 )
@@ -314,15 +315,22 @@ func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resou
 }
 
 // takeSnapshot saves the guest into the node's snapshot directory: with memory when asked and the
-// back end can (the guest is checkpointed and restored at once: a brief pause), else its
-// writable layer only.
+// back end can (the guest is checkpointed, then restored: a brief pause), else its writable
+// layer only. A memory snapshot is answered once the checkpoint has written it; the guest comes
+// back in the background (restoreAfterCheckpoint), holding its lock, so that a call on the
+// session waits for it rather than failing.
 func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
 	l, err := n.lookup(s.ID)
 	if err != nil {
 		return false, 0, err
 	}
 	op := lockFor(l, "snapshot")
-	defer op.unlock()
+	handedOver := false
+	defer func() {
+		if !handedOver {
+			op.unlock()
+		}
+	}()
 	if l.g.State != session.Running {
 		return false, 0, &StateError{SessionID: s.ID, State: l.g.State}
 	}
@@ -341,23 +349,17 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		return false, info.SizeBytes, err
 	}
 	// A guest holding a host socket cannot be checkpointed: the agent lets go of its socket
-	// and the guest is checkpointed, which stops it. It goes on at once as a new guest
-	// restored from the checkpoint, while the old one is deleted in the background (runsc
-	// takes a second or two to reap a sandbox here). The agent stays off until the node
-	// creates its resume file (at most quiesceMost): in the new guest's directory after the
-	// restore, or in the old one's when the checkpoint failed and the guest runs on; so the
-	// checkpoint may take as long as it takes on a loaded host, with no window to lose. An
-	// agent reached through the driver (a VM's, on vsock) holds no host socket and stays:
-	// the driver may need it to flush the guest's disks before the snapshot.
+	// and the guest is checkpointed, which stops it. It goes on as a new guest restored from
+	// the checkpoint, while the old one is deleted in the background (runsc takes a second or
+	// two to reap a sandbox here). The agent stays off until the node creates its resume
+	// file (at most quiesceMost): in the new guest's directory after the restore, or in the
+	// old one's when the checkpoint failed and the guest runs on; so the checkpoint may take
+	// as long as it takes on a loaded host, with no window to lose. An agent reached through
+	// the driver (a VM's, on vsock) holds no host socket and stays: the driver may need it to
+	// flush the guest's disks before the snapshot.
 	_, viaDriver := n.Driver.(hypervisor.AgentDialer)
 	resume := resumeFile(snapshotID)
-	// took: each step's duration, logged once the guest is back (where a snapshot's time goes).
-	var took []any
-	t := time.Now()
-	mark := func(step string) {
-		took = append(took, step, time.Since(t).Round(time.Microsecond))
-		t = time.Now()
-	}
+	steps := &snapshotSteps{t: time.Now()}
 	if !viaDriver {
 		qctx, cancel := context.WithTimeout(ctx, n.quiesceAnswer)
 		err = l.agent.QuiesceUntil(qctx, quiesceMost, resume)
@@ -369,9 +371,9 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		}
 	}
 	l.agent.Close()
-	mark("quiesce")
+	steps.mark("quiesce")
 	info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
-	mark("checkpoint")
+	steps.mark("checkpoint")
 	if err != nil {
 		_ = removeAll(dir)
 		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
@@ -387,6 +389,32 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		}
 		return false, 0, fmt.Errorf("snapshot: checkpoint: %w", err)
 	}
+	// The snapshot is whole: it is answered now, and the guest comes back meanwhile (on a
+	// loaded 2-core host the restore was 365–505 ms of a snapshot's 642–875). Its directory
+	// stays in use until the restore has read it.
+	release := n.snapshotsInUse.acquire(snapshotID)
+	back := func() {
+		defer release()
+		defer op.unlock()
+		n.restoreAfterCheckpoint(context.WithoutCancel(ctx), l, tpl, snapshotID, dir, info.SizeBytes, steps)
+	}
+	handedOver = true
+	if !n.goBackground(back) {
+		back() // the node winds down: it waits for nothing it starts now
+	}
+	return info.Memory, info.SizeBytes, nil
+}
+
+// restoreAfterBound bounds the restore of a guest after its memory snapshot, its agent's
+// return included.
+const restoreAfterBound = 2 * time.Minute
+
+// restoreAfterCheckpoint brings back the guest that its memory snapshot into dir stopped, as
+// a new guest restored from it; should that fail, the session fails (guest_crash: its guest
+// is gone). The caller holds l's lock for it (takeSnapshot's), and lets go once it returns.
+func (n *Node) restoreAfterCheckpoint(ctx context.Context, l *live, tpl templates.Template, snapshotID, dir string, size int64, steps *snapshotSteps) {
+	ctx, cancel := context.WithTimeout(ctx, restoreAfterBound)
+	defer cancel()
 	old := l.g.GuestID
 	// The checkpoint stopped the old guest: it is deleted in the background once this ends,
 	// whatever the outcome, and not sooner: a runsc delete takes a second or two of CPU,
@@ -396,6 +424,24 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		_ = n.Driver.Delete(bg, old)
 		_ = removeAll(n.guestDir(old))
 	})
+	if err := n.restoreGuest(ctx, l, tpl, dir, old, resumeFile(snapshotID), steps); err != nil {
+		n.Logger.Error("node: the guest did not come back after its memory snapshot; the session fails",
+			"session", l.g.SessionID, "snapshot", snapshotID, "err", err)
+		n.end(ctx, l, session.Node, session.GuestCrash, "")
+		return
+	}
+	if l.cancel != nil {
+		l.cancel()
+	}
+	n.watch(l)
+	n.startEgress(l)
+	steps.mark("watch")
+	n.Logger.Info("node: memory snapshot taken", append([]any{"session", l.g.SessionID, "snapshot", snapshotID, "bytes", size}, steps.took...)...)
+}
+
+// restoreGuest restores l's guest, stopped by its checkpoint into dir, as a new guest, and
+// waits for its agent. The caller holds l.mu.
+func (n *Node) restoreGuest(ctx context.Context, l *live, tpl templates.Template, dir, old, resume string, steps *snapshotSteps) error {
 	l.g.GuestID = randomID("g-")
 	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
 	restore := n.Driver.Restore
@@ -406,31 +452,35 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		}
 	}
 	if err := restore(ctx, spec, dir); err != nil {
-		return false, 0, fmt.Errorf("snapshot: restore the guest: %w", err)
+		return fmt.Errorf("restore the guest: %w", err)
 	}
-	mark("restore")
-	if !viaDriver { // after the restore: the driver mounts the guest's agent dir as it starts
+	steps.mark("restore")
+	if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
+		// After the restore: the driver mounts the guest's agent dir as it starts.
 		if err := n.resumeAgent(l.g.GuestID, resume); err != nil {
-			return false, 0, fmt.Errorf("snapshot: %w", err)
+			return err
 		}
 	}
 	n.save(l)
-	mark("save")
+	steps.mark("save")
 	l.agent, l.proxy = n.agentFor(l.g.GuestID), nil
-	hctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := waitHealthy(hctx, l.agent); err != nil {
-		return false, 0, fmt.Errorf("snapshot: guest did not come back: %w", err)
+	if err := waitHealthy(ctx, l.agent); err != nil {
+		return fmt.Errorf("the restored guest's agent: %w", err)
 	}
-	mark("agent_back")
-	if l.cancel != nil {
-		l.cancel()
-	}
-	n.watch(l)
-	n.startEgress(l)
-	mark("watch")
-	n.Logger.Info("node: memory snapshot taken", append([]any{"session", s.ID, "snapshot", snapshotID, "bytes", info.SizeBytes}, took...)...)
-	return info.Memory, info.SizeBytes, nil
+	steps.mark("agent_back")
+	return nil
+}
+
+// snapshotSteps times a memory snapshot's steps, for the log line that says where its time
+// went.
+type snapshotSteps struct {
+	t    time.Time
+	took []any
+}
+
+func (s *snapshotSteps) mark(step string) {
+	s.took = append(s.took, step, time.Since(s.t).Round(time.Microsecond))
+	s.t = time.Now()
 }
 
 // Stop tears down a session the control plane moved to stopping, and ends it.

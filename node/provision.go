@@ -439,15 +439,36 @@ func (n *Node) warned(l *live) bool {
 	return was
 }
 
+// snapshotSettle bounds how long a transition from running waits for a snapshot's caller to
+// return the session to running (see apply); snapshotPoll is how often it looks.
+const (
+	snapshotSettle = 30 * time.Second
+	snapshotPoll   = 50 * time.Millisecond
+)
+
 // apply writes one pending change to Redis.
 func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
 	rctx, cancel := n.redis(ctx)
 	defer cancel()
 	switch p.Kind {
 	case "transition":
-		_, err := n.Store.Transition(rctx, store.Change{Project: project, ID: id, From: p.From, To: p.To,
-			Driver: p.Driver, Reason: p.Reason, Rule: p.Rule, ColdStart: p.Cold, At: p.At})
+		change := store.Change{Project: project, ID: id, From: p.From, To: p.To,
+			Driver: p.Driver, Reason: p.Reason, Rule: p.Rule, ColdStart: p.Cold, At: p.At}
+		_, err := n.Store.Transition(rctx, change)
 		var ce *store.ConflictError
+		// A snapshot's caller returns the session to running once the node has answered it,
+		// and the guest may end before that (its restore failed after a memory snapshot):
+		// the change waits for it rather than being dropped.
+		for waited := time.Duration(0); errors.As(err, &ce) && ce.Current == session.Snapshotting && p.From == session.Running && waited < snapshotSettle; waited += snapshotPoll {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(snapshotPoll):
+			}
+			rctx, cancel := n.redis(ctx)
+			_, err = n.Store.Transition(rctx, change)
+			cancel()
+		}
 		var te *session.TransitionError
 		if errors.As(err, &ce) || errors.As(err, &te) || errors.Is(err, store.ErrNotFound) {
 			// Someone else moved the session (a DELETE, the placer): theirs stands.

@@ -74,13 +74,22 @@ func (n *Node) restoreDir(ctx context.Context, id string) (string, func(), error
 	return dir, release, nil
 }
 
-// DeleteSnapshot removes a snapshot's files: here, and in the object store.
+// DeleteSnapshot removes a snapshot's files: here, and in the object store. Its directory
+// here goes once no take or restore uses it any more (a memory snapshot is answered before
+// the guest it stopped has been restored from it).
 func (n *Node) DeleteSnapshot(ctx context.Context, id string) error {
 	dir, err := n.snapshotDir(id)
 	if err != nil {
 		return err
 	}
-	err = removeAll(dir)
+	deferred := n.snapshotsInUse.deferWhileBusy(id, func() {
+		if err := removeAll(dir); err != nil {
+			n.Logger.Warn("node: remove a deleted snapshot after its last use", "snapshot", id, "err", err)
+		}
+	})
+	if !deferred {
+		err = removeAll(dir)
+	}
 	if n.Snapshots != nil {
 		err = errors.Join(err, n.Snapshots.Delete(ctx, id))
 	}
@@ -157,10 +166,11 @@ func dirBytes(dir string) int64 {
 	return n
 }
 
-// inUse counts users by key.
+// inUse counts users by key, and holds what is to run once a key's last user lets go.
 type inUse struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu    sync.Mutex
+	n     map[string]int
+	after map[string]func()
 }
 
 func (u *inUse) acquire(key string) (release func()) {
@@ -174,12 +184,33 @@ func (u *inUse) acquire(key string) (release func()) {
 	return func() {
 		once.Do(func() {
 			u.mu.Lock()
-			defer u.mu.Unlock()
+			var then func()
 			if u.n[key]--; u.n[key] <= 0 {
 				delete(u.n, key)
+				then = u.after[key]
+				delete(u.after, key)
+			}
+			u.mu.Unlock()
+			if then != nil {
+				then()
 			}
 		})
 	}
+}
+
+// deferWhileBusy answers true when key is in use, and then f runs as its last user lets go;
+// false when it is not, and f is not run.
+func (u *inUse) deferWhileBusy(key string, f func()) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n[key] <= 0 {
+		return false
+	}
+	if u.after == nil {
+		u.after = map[string]func(){}
+	}
+	u.after[key] = f
+	return true
 }
 
 func (u *inUse) busy(key string) bool {

@@ -1,6 +1,11 @@
 package node_test
 
 import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -89,4 +94,147 @@ func restoredSession(t testing.TB, st *store.Store, project, nodeID, snapID stri
 		t.Fatal(err)
 	}
 	return out
+}
+
+// heldRestore is a driver whose restores wait for release (closed by the test) and then
+// fail with fail, if set; restoring is closed as the first restore begins.
+type heldRestore struct {
+	testDriver
+	restoring, release chan struct{}
+	fail               error
+}
+
+func (d heldRestore) Restore(ctx context.Context, s hypervisor.Spec, dir string) error {
+	select {
+	case <-d.restoring:
+	default:
+		close(d.restoring)
+	}
+	select {
+	case <-d.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if d.fail != nil {
+		return d.fail
+	}
+	return d.testDriver.Restore(ctx, s, dir)
+}
+
+// TestMemorySnapshotAnsweredBeforeTheRestore: a memory snapshot is answered once its
+// checkpoint is written, while the guest it stopped is still being restored (on runsc the
+// restore was more than half of the snapshot's time); an exec meanwhile waits for the guest
+// and finds it as it was.
+func TestMemorySnapshotAnsweredBeforeTheRestore(t *testing.T) {
+	t.Parallel()
+	const project = "proj_snapearly"
+	st, _ := newStore(t)
+	inner := newDriver(t, "runsc", tempDir(t))
+	d := heldRestore{testDriver: inner, restoring: make(chan struct{}), release: make(chan struct{})}
+	cfg := nodeConfig(t, st, inner, tempDir(t), "node_snapearly")
+	cfg.Driver = d
+	n := startNode(t, cfg)
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	ctx := ctxT(t, 5*time.Minute)
+	if res, err := execIn(ctx, n.Node, s, "echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v, %v", res, err)
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(d.release)
+		}
+	}()
+	snapID := session.NewID("snap_", time.Now())
+	answered := make(chan error, 1)
+	go func() {
+		mem, _, err := n.Snapshot(ctx, s, snapID, true)
+		if err == nil && !mem {
+			err = errors.New("the snapshot holds no memory")
+		}
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("snapshot: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the snapshot was not answered while its guest's restore waited")
+	}
+	select {
+	case <-d.restoring:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("no restore began after the snapshot")
+	}
+	// Deleted at once, the snapshot's files stay until the restore has read them.
+	snapDir := filepath.Join(cfg.DataDir, "snapshots", snapID)
+	if err := n.DeleteSnapshot(ctx, snapID); err != nil {
+		t.Fatalf("delete the snapshot while its guest is restored: %v", err)
+	}
+	if _, err := os.Stat(snapDir); err != nil {
+		t.Fatalf("the snapshot's files went while the restore needed them: %v", err)
+	}
+	type result struct {
+		res session.ExecResult
+		err error
+	}
+	ran := make(chan result, 1)
+	go func() {
+		res, err := execIn(ctx, n.Node, s, "cat /workspace/f")
+		ran <- result{res, err}
+	}()
+	select {
+	case r := <-ran:
+		t.Fatalf("an exec ran while the guest was still being restored: %+v, %v", r.res, r.err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(d.release)
+	released = true
+	if r := <-ran; r.err != nil || r.res.Stdout != "kept\n" {
+		t.Fatalf("the exec that waited for the restore: %+v, %v", r.res, r.err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(snapDir); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the deleted snapshot's files stayed after the restore")
+		}
+	}
+}
+
+// TestRestoreFailsAfterTheSnapshot: when the guest cannot be restored after its memory
+// snapshot was answered, the session fails with guest_crash, even though the node's failure
+// comes while the snapshot's caller has yet to return the session to running.
+func TestRestoreFailsAfterTheSnapshot(t *testing.T) {
+	t.Parallel()
+	const project = "proj_snaplost"
+	st, _ := newStore(t)
+	inner := newDriver(t, "runsc", tempDir(t))
+	d := heldRestore{testDriver: inner, restoring: make(chan struct{}), release: make(chan struct{}),
+		fail: errors.New("a restore that fails")}
+	close(d.release)
+	cfg := nodeConfig(t, st, inner, tempDir(t), "node_snaplost")
+	cfg.Driver = d
+	n := startNode(t, cfg)
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	ctx := ctxT(t, 5*time.Minute)
+	// As the gateway does around the node's snapshot.
+	cur, err := st.Transition(ctx, store.Change{Project: project, ID: s.ID, From: session.Running, To: session.Snapshotting, Driver: session.Caller})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := n.Snapshot(ctx, cur, session.NewID("snap_", time.Now()), true); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	<-d.restoring
+	time.Sleep(time.Second) // the node's failure meets the session still snapshotting
+	if _, err := st.Transition(ctx, store.Change{Project: project, ID: s.ID, From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := waitState(t, st, project, s.ID, time.Minute, session.Failed)
+	if got.StateReason == nil || *got.StateReason != session.GuestCrash {
+		t.Fatalf("the session whose guest was lost after its snapshot: %s, reason %s", got.State, reasonOf(got))
+	}
 }
