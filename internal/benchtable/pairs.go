@@ -187,13 +187,16 @@ func Pairs() []Pair {
 			Pair{Ref{oci, "CheckpointRestore/runsc", "snapshot-" + p + "-ms"}, ckpt, "the driver's memory snapshot beside a bare checkpoint"},
 			Pair{Ref{oci, "CheckpointRestore/runsc", "delete-" + p + "-ms"}, with(bareCkpt, "delete-"+p+"-ms"), "the driver's delete beside a bare one"},
 			Pair{Ref{oci, "CheckpointRestore/runsc", "restore-" + p + "-ms"}, restore, "the driver's restore beside a bare one"},
-			// A session's memory snapshot checkpoints the guest and restores it under a new id
-			// (node takeSnapshot), the old one deleted in the background.
-			Pair{Ref{conf, "SnapshotRestore/runsc", "snapshot-" + p + "-ms"}, both, "the API's memory snapshot beside a bare checkpoint and restore"},
+			// A session's memory snapshot checkpoints the guest, answers, and restores it under
+			// a new id (node takeSnapshot), the old one deleted in the background; back is the
+			// snapshot's start to the session's next exec answered.
+			Pair{Ref{conf, "SnapshotRestore/runsc", "snapshot-" + p + "-ms"}, ckpt, "the API's memory snapshot beside a bare checkpoint"},
+			Pair{Ref{conf, "SnapshotRestore/runsc", "back-" + p + "-ms"}, both, "a memory snapshot until its session's next exec beside a bare checkpoint and restore"},
 			Pair{Ref{conf, "SnapshotRestore/runsc", "restore-" + p + "-ms"}, restore, "a restore to running beside a bare one"},
 			// runc keeps no memory: its snapshot pauses, writes the layer and resumes, and its
 			// restore boots afresh.
 			Pair{Ref{conf, "SnapshotRestore/runc", "snapshot-" + p + "-ms"}, Ref{oci, "PauseResume/bare-runc", "sec/op"}, "a disk snapshot beside a bare pause and resume"},
+			Pair{Ref{conf, "SnapshotRestore/runc", "back-" + p + "-ms"}, Ref{oci, "PauseResume/bare-runc", "sec/op"}, "a disk snapshot until its session's next exec beside a bare pause and resume"},
 			Pair{Ref{conf, "SnapshotRestore/runc", "restore-" + p + "-ms"}, Ref{oci, "CreateBoot/bare-runc", "sec/op"}, "a disk restore (a boot) beside a bare run"},
 		)
 	}
