@@ -179,7 +179,7 @@ func stopped(id string, req nodeapi.StopRequest) *session.Session {
 // apiAgent proxies to the session's agent while it runs.
 func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	l, err := n.running(&session.Session{ID: id})
+	l, _, err := n.running(&session.Session{ID: id})
 	if err != nil {
 		writeError(w, err)
 		return

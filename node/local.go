@@ -43,11 +43,11 @@ func (c *Local) Exec(ctx context.Context, s *session.Session, req session.ExecRe
 // Agent answers a client of the running guest's agent whose PTYs pass the runtime decision
 // point first, as they do through the node's proxy.
 func (c *Local) Agent(ctx context.Context, s *session.Session) (*agent.Client, error) {
-	l, err := c.n.running(s)
+	l, ag, err := c.n.running(s)
 	if err != nil {
 		return nil, asAPIError(err)
 	}
-	a := *l.agent
+	a := *ag
 	a.CheckPTY = func(ctx context.Context, command string) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()

@@ -78,26 +78,28 @@ func (n *Node) Touch(s *session.Session) {
 	land()
 }
 
-// running answers the session's guest if it is running here.
-func (n *Node) running(s *session.Session) (*live, error) {
+// running answers the session's guest if it is running here, and its agent's client, read
+// under the guest's lock: a memory snapshot replaces the client as it restores the guest.
+func (n *Node) running(s *session.Session) (*live, *agent.Client, error) {
 	l, err := n.lookup(s.ID)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	l.mu.Lock()
 	if st := l.g.State; st != session.Running {
 		l.mu.Unlock()
-		return nil, &StateError{SessionID: s.ID, State: st}
+		return nil, nil, &StateError{SessionID: s.ID, State: st}
 	}
 	land := n.touch(l)
+	ag := l.agent
 	l.mu.Unlock()
 	land()
-	return l, nil
+	return l, ag, nil
 }
 
 // Exec runs a command in the session's guest through its agent.
 func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, _ []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
-	l, err := n.running(s)
+	l, ag, err := n.running(s)
 	if err != nil {
 		return session.ExecResult{}, err
 	}
@@ -114,7 +116,7 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	}
 	areq.Runner = n.runnerFor(ref, areq.Argv, areq.Env)
 	ooms, counted := n.oomsBefore(ctx, l, guest)
-	res, err := l.agent.Exec(ctx, areq, out)
+	res, err := ag.Exec(ctx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
 	if counted {
 		n.endIfOOM(ctx, l, guest, ooms)
@@ -228,11 +230,11 @@ const brokenExecWait = 30 * time.Second
 
 // Agent answers the agent of the session's running guest, for files and PTY.
 func (n *Node) Agent(_ context.Context, s *session.Session) (*agent.Client, error) {
-	l, err := n.running(s)
+	_, ag, err := n.running(s)
 	if err != nil {
 		return nil, err
 	}
-	return l.agent, nil
+	return ag, nil
 }
 
 // Pause freezes the guest.
@@ -427,7 +429,8 @@ func (n *Node) restoreAfterCheckpoint(ctx context.Context, l *live, tpl template
 	if err := n.restoreGuest(ctx, l, tpl, dir, old, resumeFile(snapshotID), steps); err != nil {
 		n.Logger.Error("node: the guest did not come back after its memory snapshot; the session fails",
 			"session", l.g.SessionID, "snapshot", snapshotID, "err", err)
-		n.end(ctx, l, session.Node, session.GuestCrash, "")
+		// Not the restore's context, which may be what ran out: the end's final sample needs one.
+		n.end(context.WithoutCancel(ctx), l, session.Node, session.GuestCrash, "")
 		return
 	}
 	if l.cancel != nil {

@@ -403,13 +403,14 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 		}
 		done++
 	}
+	awaits := errors.Is(failed, errAwaitsSnapshot)
 	if len(todo) > 0 {
-		n.redisDown.Store(failed != nil)
+		n.redisDown.Store(failed != nil && !awaits)
 	}
 	l.mu.Lock()
 	g := l.g
 	g.Pending = g.Pending[done:]
-	if failed != nil && ctx.Err() == nil && !n.warned(l) {
+	if failed != nil && !awaits && ctx.Err() == nil && !n.warned(l) {
 		n.Logger.Warn("node: redis unreachable; will replay", "session", id, "pending", len(g.Pending), "err", failed)
 	}
 	if g.State.Terminal() && len(g.Pending) == 0 {
@@ -439,12 +440,12 @@ func (n *Node) warned(l *live) bool {
 	return was
 }
 
-// snapshotSettle bounds how long a transition from running waits for a snapshot's caller to
-// return the session to running (see apply); snapshotPoll is how often it looks.
-const (
-	snapshotSettle = 30 * time.Second
-	snapshotPoll   = 50 * time.Millisecond
-)
+// errAwaitsSnapshot is a transition from running that Redis refused while the session is
+// snapshotting: the snapshot's caller returns it to running once the node has answered, and
+// the guest may end before that (its restore failed after a memory snapshot, whose upload to
+// an object store may take minutes). The change stays pending, for replay, rather than being
+// dropped as superseded.
+var errAwaitsSnapshot = errors.New("node: the session is snapshotting; the transition waits for it to run again")
 
 // apply writes one pending change to Redis.
 func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
@@ -456,18 +457,8 @@ func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
 			Driver: p.Driver, Reason: p.Reason, Rule: p.Rule, ColdStart: p.Cold, At: p.At}
 		_, err := n.Store.Transition(rctx, change)
 		var ce *store.ConflictError
-		// A snapshot's caller returns the session to running once the node has answered it,
-		// and the guest may end before that (its restore failed after a memory snapshot):
-		// the change waits for it rather than being dropped.
-		for waited := time.Duration(0); errors.As(err, &ce) && ce.Current == session.Snapshotting && p.From == session.Running && waited < snapshotSettle; waited += snapshotPoll {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(snapshotPoll):
-			}
-			rctx, cancel := n.redis(ctx)
-			_, err = n.Store.Transition(rctx, change)
-			cancel()
+		if errors.As(err, &ce) && ce.Current == session.Snapshotting && p.From == session.Running {
+			return errAwaitsSnapshot
 		}
 		var te *session.TransitionError
 		if errors.As(err, &ce) || errors.As(err, &te) || errors.Is(err, store.ErrNotFound) {
