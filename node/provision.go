@@ -453,9 +453,8 @@ func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
 	defer cancel()
 	switch p.Kind {
 	case "transition":
-		change := store.Change{Project: project, ID: id, From: p.From, To: p.To,
-			Driver: p.Driver, Reason: p.Reason, Rule: p.Rule, ColdStart: p.Cold, At: p.At}
-		_, err := n.Store.Transition(rctx, change)
+		_, err := n.Store.Transition(rctx, store.Change{Project: project, ID: id, From: p.From, To: p.To,
+			Driver: p.Driver, Reason: p.Reason, Rule: p.Rule, ColdStart: p.Cold, At: p.At})
 		var ce *store.ConflictError
 		if errors.As(err, &ce) && ce.Current == session.Snapshotting && p.From == session.Running {
 			return errAwaitsSnapshot
