@@ -423,7 +423,7 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 	if run {
 		verb, state, opts.Detach = "run", hypervisor.StateRunning, true
 	}
-	err = startsGuest(ctx, func(ctx context.Context) error {
+	err = startsGuest(ctx, d.log, slowStartWarn, d.name+" "+verb, s.ID, func(ctx context.Context) error {
 		if run {
 			_, err := d.rt.Run(ctx, s.ID, bundle, opts)
 			return err
@@ -444,14 +444,25 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 // which runs to its end whatever its caller's context says.
 const runtimeStartTimeout = 2 * time.Minute
 
+// slowStartWarn is how long a runtime's start of a guest runs before the driver warns of it.
+// One takes well under a second here; one that outlasts a session's provisioning deadline
+// would otherwise leave no trace until it ends, up to runtimeStartTimeout later.
+const slowStartWarn = 10 * time.Second
+
 // startsGuest runs start, a runtime command that starts a guest, to its end even when ctx
 // ends first: runsc killed in the middle of its create or restore can leave a sandbox running
 // that its state does not know, and that no delete then finds (a warm-pool boot cut off by a
 // node's stop once left one running). A start that ctx no longer wants is then an error of
-// ctx, and the caller deletes what it made.
-func startsGuest(ctx context.Context, start func(context.Context) error) error {
+// ctx, and the caller deletes what it made. A start still running after warnAfter is logged
+// to log, naming what (the runtime's command) and guest id.
+func startsGuest(ctx context.Context, log *slog.Logger, warnAfter time.Duration, what, id string, start func(context.Context) error) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runtimeStartTimeout)
 	defer cancel()
+	t0 := time.Now()
+	slow := time.AfterFunc(warnAfter, func() {
+		log.Warn("oci: a guest's start is slow (the host may be overloaded)", "command", what, "id", id, "running", time.Since(t0).Round(time.Millisecond))
+	})
+	defer slow.Stop()
 	if err := start(sctx); err != nil {
 		return err
 	}

@@ -206,7 +206,7 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	}
 	defer con.Close()
 	pf := filepath.Join(bundle, pidFile)
-	err = startsGuest(ctx, func(ctx context.Context) error {
+	err = startsGuest(ctx, d.log, slowStartWarn, d.name+" restore", s.ID, func(ctx context.Context) error {
 		_, err := d.rt.Restore(ctx, s.ID, bundle, &gorunc.RestoreOpts{
 			CheckpointOpts: gorunc.CheckpointOpts{ImagePath: filepath.Join(dir, snapshotMemory)},
 			IO:             con,

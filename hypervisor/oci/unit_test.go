@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -460,5 +461,60 @@ func TestLayerBounded(t *testing.T) {
 	}
 	if err := checkLayerSize(src, 128<<20); err != nil {
 		t.Errorf("checkLayerSize within 128 MiB: %v", err)
+	}
+}
+
+// lockedBuffer is a log destination written from several goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestSlowStartWarned: a runtime's start of a guest that runs past its warning's time is
+// logged while it still runs, naming the command and the guest (a start past a session's
+// provisioning deadline left no trace before it ended); a quick one logs nothing.
+func TestSlowStartWarned(t *testing.T) {
+	var out lockedBuffer
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- startsGuest(context.Background(), log, 50*time.Millisecond, "runsc create", "sess_slowstart", func(context.Context) error {
+			<-release
+			return nil
+		})
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(out.String(), "slow"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatal("no warning of a start still running after its warning's time")
+		}
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := out.String(); !strings.Contains(got, `command="runsc create"`) || !strings.Contains(got, "id=sess_slowstart") {
+		t.Fatalf("the warning names neither the command nor the guest: %s", got)
+	}
+	var quick lockedBuffer
+	if err := startsGuest(context.Background(), slog.New(slog.NewTextHandler(&quick, nil)), 200*time.Millisecond, "runsc create", "sess_quick", func(context.Context) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if quick.String() != "" {
+		t.Fatalf("a quick start was warned of: %s", quick.String())
 	}
 }
