@@ -1,15 +1,14 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
+	"wb/internal/syncbuf"
 	"wb/session"
 )
 
@@ -38,27 +37,10 @@ const leak = `node node_local: Post "http://127.0.0.1:40417/v1/guests/sess_x/pau
 
 func (leakyGuests) Pause(context.Context, *session.Session) error { return errors.New(leak) }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestUpstreamErrorsNameNoHostInternals: a node's error reaches the tenant with host paths and
 // internal addresses replaced, and the log keeps the detail for the operator.
 func TestUpstreamErrorsNameNoHostInternals(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	e := newEnv(t, func(c *Config) {
 		c.Guests = leakyGuests{c.Guests}
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))

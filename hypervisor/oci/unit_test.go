@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 
 	"wb/agent"
 	"wb/hypervisor"
+	"wb/internal/syncbuf"
 )
 
 func TestDetectCgroups(t *testing.T) {
@@ -464,29 +464,11 @@ func TestLayerBounded(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log destination written from several goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestSlowStartWarned: a runtime's start of a guest that runs past its warning's time is
 // logged while it still runs, naming the command and the guest (a start past a session's
 // provisioning deadline left no trace before it ended); a quick one logs nothing.
 func TestSlowStartWarned(t *testing.T) {
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	release := make(chan struct{})
 	done := make(chan error, 1)
@@ -509,7 +491,7 @@ func TestSlowStartWarned(t *testing.T) {
 	if got := out.String(); !strings.Contains(got, `command="runsc create"`) || !strings.Contains(got, "id=sess_slowstart") {
 		t.Fatalf("the warning names neither the command nor the guest: %s", got)
 	}
-	var quick lockedBuffer
+	var quick syncbuf.Buffer
 	if err := startsGuest(context.Background(), slog.New(slog.NewTextHandler(&quick, nil)), 200*time.Millisecond, "runsc create", "sess_quick", func(context.Context) error { return nil }); err != nil {
 		t.Fatal(err)
 	}

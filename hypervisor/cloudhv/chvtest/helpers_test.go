@@ -15,11 +15,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"wb/hypervisor/cloudhv/chvtest"
+	"wb/internal/syncbuf"
 	"wb/internal/wbbin"
 )
 
@@ -142,24 +142,6 @@ func writableImage(t testing.TB, dir string) string {
 	return img
 }
 
-// syncBuffer collects the event stream.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) Bytes() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return bytes.Clone(s.b.Bytes())
-}
-
 type event struct {
 	Timestamp struct {
 		Secs  *int64 `json:"secs"`
@@ -200,7 +182,7 @@ type fake struct {
 	sock     string
 	vsock    string
 	writable string
-	events   *syncBuffer
+	events   *syncbuf.Buffer
 	client   *http.Client
 	done     chan error
 	cancel   context.CancelFunc
@@ -250,7 +232,7 @@ func startFakeWith(t testing.TB, edit func(*chvtest.Options)) *fake {
 	t.Helper()
 	dir := reachableTempDir(t)
 	f := &fake{t: t, dir: dir, stateDir: filepath.Join(dir, "state"), sock: filepath.Join(dir, "api.sock"),
-		vsock: filepath.Join(dir, "vsock.sock"), events: &syncBuffer{}, done: make(chan error, 1)}
+		vsock: filepath.Join(dir, "vsock.sock"), events: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	f.writable = writableImage(t, dir)
 	o := chvtest.Options{APISocket: f.sock, Events: f.events, StateDir: f.stateDir, Logger: testLogger(t)}
 	edit(&o)
