@@ -90,7 +90,7 @@ func (n *Node) askEgress(ctx context.Context, l *live, event session.GuestEvent)
 	var v Verdict
 	var err error
 	if n.Runtime != nil {
-		v, err = n.check(ctx, l, event)
+		v, err = n.check(ctx, l, event, runtimeCheckTimeout)
 	}
 	if err == nil && v.AllowEgress {
 		op.land = n.touch(l)

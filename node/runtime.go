@@ -72,7 +72,7 @@ func (n *Node) checkCommand(ctx context.Context, l *live, argv []string, pty boo
 	if n.Runtime == nil || len(argv) == 0 {
 		return nil
 	}
-	_, err := n.check(ctx, l, session.GuestEvent{Type: session.GuestExec, Argv: argv, PTY: pty})
+	_, err := n.check(ctx, l, session.GuestEvent{Type: session.GuestExec, Argv: argv, PTY: pty}, runtimeCheckTimeout)
 	return err
 }
 
@@ -85,16 +85,30 @@ func (n *Node) checkEvent(ctx context.Context, l *live, event session.GuestEvent
 	op := lockFor(l, "runtime policy check")
 	defer op.unlock()
 	if l.g.State == session.Running {
-		_, _ = n.check(ctx, l, event)
+		_, _ = n.check(ctx, l, event, backgroundCheckTimeout)
 	}
 }
+
+// runtimeCheckTimeout gives up on a runtime decision that a request waits for (an exec, a
+// PTY, an egress connection), which then refuses its event. It is a backstop for a decision
+// point that hangs, not a budget: each of a project's policies and plugins has its own
+// (policies.Options.EvalTimeout, the plugin host's call deadline), and the platform's policy
+// answers in microseconds. A loaded host stalls a whole process for seconds (a cold run here:
+// 2.3 s journal writes, the placer woken 2.8 s late), and with a 2 s bound such a stall
+// refused an exec the platform's policy allowed.
+const runtimeCheckTimeout = 10 * time.Second
+
+// backgroundCheckTimeout bounds a decision no one waits for (a resource sample, a process
+// start): the usage loop asks them guest after guest, so one that hangs delays every other
+// guest's, and the next round asks again.
+const backgroundCheckTimeout = 2 * time.Second
 
 // check runs the runtime decision point on one event; a kill ends the session
 // (*KilledError). An event the decision point cannot allow fails closed: a failed decision
 // or a Deny answers *RefusedError, with AllowEgress false. The caller holds l.mu.
-func (n *Node) check(ctx context.Context, l *live, event session.GuestEvent) (Verdict, error) {
+func (n *Node) check(ctx context.Context, l *live, event session.GuestEvent, timeout time.Duration) (Verdict, error) {
 	g := l.g
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	v, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
 		EndUserID: g.EndUserID, Tier: g.Tier}, event)

@@ -16,22 +16,39 @@ import (
 )
 
 // fakeChecker answers runtime events the way the test sets: a kill for a listed program,
-// a deny, or an error (a failing or unreachable decision point). It records what it saw.
+// a deny, an error (a failing or unreachable decision point), an answer after a stall, or
+// none at all. It records what it saw.
 type fakeChecker struct {
 	mu     sync.Mutex
 	kill   string // argv word that gets the session killed
 	deny   string // argv word answered with Deny
 	broken string // argv word answered with an error
+	slow   string // argv word allowed after stall
+	stall  time.Duration
+	hung   string // argv word never answered (until the caller gives up)
 	seen   []session.GuestEvent
 }
 
-func (c *fakeChecker) Check(_ context.Context, _ node.RuntimeSession, event session.GuestEvent) (node.Verdict, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.seen = append(c.seen, event)
+func (c *fakeChecker) Check(ctx context.Context, _ node.RuntimeSession, event session.GuestEvent) (node.Verdict, error) {
 	has := func(word string) bool {
 		return word != "" && slices.ContainsFunc(event.Argv, func(a string) bool { return strings.Contains(a, word) })
 	}
+	// A loaded host's stall, or a decision point that hangs: outside the lock, as other
+	// events' decisions go on meanwhile.
+	switch {
+	case has(c.slow):
+		select {
+		case <-time.After(c.stall):
+		case <-ctx.Done():
+			return node.Verdict{}, ctx.Err()
+		}
+	case has(c.hung):
+		<-ctx.Done()
+		return node.Verdict{}, ctx.Err()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seen = append(c.seen, event)
 	switch {
 	case has(c.kill):
 		return node.Verdict{Kill: true, Rule: "no_" + c.kill}, nil
@@ -66,7 +83,7 @@ func testRuntimeChecks(t *testing.T, rt string) {
 	const project = "proj_rtchk"
 	st, _ := newStore(t)
 	d := newDriver(t, rt, tempDir(t))
-	checker := &fakeChecker{kill: "xmrig", deny: "denied-cmd", broken: "broken-cmd"}
+	checker := &fakeChecker{kill: "xmrig", deny: "denied-cmd", broken: "broken-cmd", slow: "slow-cmd", stall: 3 * time.Second, hung: "hung-cmd"}
 	cfg := nodeConfig(t, st, d, tempDir(t), "node_rtchk")
 	cfg.Runtime = checker
 	n := startNode(t, cfg)
@@ -95,6 +112,20 @@ func testRuntimeChecks(t *testing.T, rt string) {
 		} else if resp == nil || resp.StatusCode != 403 {
 			t.Errorf("PTY %q: %v (%v), want 403", cmd, err, resp)
 		}
+	}
+	// A decision that answers after a loaded host's stall (longer than the old 2 s bound) is
+	// waited for; one that never answers is refused, within the node's bound.
+	if res, err := execIn(ctxT(t, 30*time.Second), n.Node, s, "echo slow-cmd"); err != nil || res.ExitCode != 0 {
+		t.Errorf("exec after a 3 s decision: %+v, %v; want it run", res, err)
+	}
+	start := time.Now()
+	_, err := execIn(ctxT(t, 60*time.Second), n.Node, s, "echo hung-cmd")
+	var re *node.RefusedError
+	if !errors.As(err, &re) {
+		t.Errorf("exec with a decision that never answers: %v, want a *node.RefusedError", err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("a decision that never answers was refused after %s, want the node's bound (10 s)", took.Round(100*time.Millisecond))
 	}
 	if got := get(t, st, project, s.ID); got.State != session.Running {
 		t.Fatalf("after refused commands the session is %s %s, want running", got.State, reasonOf(got))
