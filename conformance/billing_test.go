@@ -142,7 +142,7 @@ func TestBilling(t *testing.T) {
 	})
 }
 
-// TestSpendCap: a tiny cap and a running loop. The session stops with spend_cap within 10 s
+// TestSpendCap: a tiny cap and a running loop. The session stops with spend_cap within 15 s
 // of the cap being crossed, quota.exceeded fires once, and the next create answers 402.
 func TestSpendCap(t *testing.T) {
 	forEach(t, func(t *testing.T, d *deployment) {
@@ -186,7 +186,7 @@ func TestSpendCap(t *testing.T) {
 		// 18 s by operations on them).
 		crossed := got.StartedAt.Add(capMicro * time.Second / rate)
 		if late := got.StoppedAt.Sub(crossed); late > 15*time.Second {
-			t.Errorf("stopped %s after the cap was crossed (want ≤ 15 s)", late)
+			t.Errorf("stopped %s after the cap was crossed (want ≤ 15 s); what wb serve logged of it:\n%s", late, d.stderrLines(s.ID))
 		}
 		r := d.call(t, "POST", "/v1/sessions", map[string]any{"tier": 2})
 		expect(t, r, 402, "create after the cap")

@@ -171,17 +171,26 @@ func retryNoRoom(ctx context.Context, f func() (refused bool)) error {
 	return nil
 }
 
-// CreateDesktop creates a desktop (trying again while no machine has room) and records it
-// for deletion.
-func (e *Env) CreateDesktop(ctx context.Context, name string) (*client.Desktop, error) {
+// withRoom calls move (a desktop's create, wake or start), trying again while no machine has
+// room for it.
+func withRoom(ctx context.Context, move func() (*client.Desktop, error)) (*client.Desktop, error) {
 	var d *client.Desktop
 	var err error
 	if rerr := retryNoRoom(ctx, func() bool {
-		d, err = e.C.CreateDesktop(ctx, client.CreateDesktopRequest{Name: name})
+		d, err = move()
 		return noRoom(err)
-	}); rerr != nil && err == nil {
-		err = rerr
+	}); rerr != nil {
+		return nil, fmt.Errorf("%w: %w", rerr, err) // out of time, with the last refusal
 	}
+	return d, err
+}
+
+// CreateDesktop creates a desktop (trying again while no machine has room) and records it
+// for deletion.
+func (e *Env) CreateDesktop(ctx context.Context, name string) (*client.Desktop, error) {
+	d, err := withRoom(ctx, func() (*client.Desktop, error) {
+		return e.C.CreateDesktop(ctx, client.CreateDesktopRequest{Name: name})
+	})
 	if err != nil {
 		return nil, fmt.Errorf("create a desktop: %w", err)
 	}

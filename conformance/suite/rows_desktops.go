@@ -136,7 +136,9 @@ func desktopLife(ctx context.Context, e *Env) (*desktopFixture, error) {
 			}
 			return saw, nil
 		})
-		do("wake", func() (*client.Desktop, error) { return e.C.WakeDesktop(ctx, id) }, desktop.Running, func(_, got *client.Desktop, _ []desktop.State) (string, error) {
+		do("wake", func() (*client.Desktop, error) {
+			return withRoom(ctx, func() (*client.Desktop, error) { return e.C.WakeDesktop(ctx, id) })
+		}, desktop.Running, func(_, got *client.Desktop, _ []desktop.State) (string, error) {
 			disk, process, err := kept(got)
 			saw := fmt.Sprintf("disk kept %v, process kept %v (state_saved was %v)", disk, process, stateSaved)
 			switch {
@@ -154,7 +156,9 @@ func desktopLife(ctx context.Context, e *Env) (*desktopFixture, error) {
 		do("stop", func() (*client.Desktop, error) { return e.C.StopDesktop(ctx, id) }, desktop.Stopped, func(_, got *client.Desktop, _ []desktop.State) (string, error) {
 			return fmt.Sprintf("state_saved %v", got.StateSaved), nil
 		})
-		do("start", func() (*client.Desktop, error) { return e.C.StartDesktop(ctx, id) }, desktop.Running, func(_, got *client.Desktop, _ []desktop.State) (string, error) {
+		do("start", func() (*client.Desktop, error) {
+			return withRoom(ctx, func() (*client.Desktop, error) { return e.C.StartDesktop(ctx, id) })
+		}, desktop.Running, func(_, got *client.Desktop, _ []desktop.State) (string, error) {
 			disk, process, err := kept(got)
 			saw := fmt.Sprintf("disk kept %v, process kept %v", disk, process)
 			switch {
@@ -181,7 +185,7 @@ func desktopLife(ctx context.Context, e *Env) (*desktopFixture, error) {
 			if got.StateSaved {
 				return saw, errors.New("the saved state was kept through a stop")
 			}
-			if _, err := e.C.StartDesktop(ctx, id); err != nil {
+			if _, err := withRoom(ctx, func() (*client.Desktop, error) { return e.C.StartDesktop(ctx, id) }); err != nil {
 				return saw, fmt.Errorf("start after the stop: %w", err)
 			}
 			again, _, err := e.waitDesktop(ctx, id, desktop.Running)

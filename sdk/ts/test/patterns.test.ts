@@ -167,7 +167,7 @@ describe("seed 000 patterns against wb serve", { skip, timeout: 20 * 60_000 }, (
       ["succeeded", 0, "1 False\n"],
       ["succeeded", 0, "2 False\n"],
       ["succeeded", 0, "3 False\n"],
-    ], "no run saw another's file");
+    ], `no run saw another's file (errors: ${JSON.stringify(results.map((r) => r.error))})`);
     const sessions = new Set(results.map((r) => r.sessionId));
     assert.equal(sessions.size, 3, "a fresh session per run");
     for (const id of sessions) {

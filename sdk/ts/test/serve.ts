@@ -62,7 +62,11 @@ export async function startServe(): Promise<Server> {
   const stderr = openSync(stderrPath, "w");
   // wb serve takes its keys from WB_* when set: the caller's must not leak into the test's server.
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("WB_")));
-  const child = spawn(bin, ["serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir], {
+  // Every tier allowed 20 s cold starts (a 60 s provisioning deadline), as Go's servetest
+  // (LoadedColdStarts) does: with the production 2 s, a loaded machine's tier-1 run failed its start.
+  const coldStarts = [1, 2, 3, 4].flatMap((tier) => ["--cold-p95", `${tier}=20s`]);
+  const args = ["serve", "--addr", "127.0.0.1:0", "--runtime", "runc", "--pool", "0", "--data-dir", dataDir, ...coldStarts];
+  const child = spawn(bin, args, {
     env,
     stdio: ["ignore", "pipe", stderr],
   });
