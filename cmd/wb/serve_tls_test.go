@@ -30,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"wb/internal/redistest"
+	"wb/internal/syncbuf"
 	"wb/internal/testwait"
 	"wb/store"
 )
@@ -37,18 +38,11 @@ import (
 // pebble is an ACME CA (Pebble's own CA, VA and WFE, in this process) whose directory is
 // served over HTTPS on loopback.
 type pebble struct {
-	dirURL   string         // ACME directory
-	caRoot   string         // PEM file of the cert that verifies dirURL's HTTPS (--acme-ca-root)
-	roots    *x509.CertPool // the CA's issuing root: verifies the certificates it issues
-	orders   atomic.Int32   // new-order requests received
-	logMu    sync.Mutex
-	logBytes bytes.Buffer
-}
-
-func (p *pebble) Write(b []byte) (int, error) {
-	p.logMu.Lock()
-	defer p.logMu.Unlock()
-	return p.logBytes.Write(b)
+	dirURL string         // ACME directory
+	caRoot string         // PEM file of the cert that verifies dirURL's HTTPS (--acme-ca-root)
+	roots  *x509.CertPool // the CA's issuing root: verifies the certificates it issues
+	orders atomic.Int32   // new-order requests received
+	log    syncbuf.Buffer // Pebble's log
 }
 
 // startPebble runs Pebble, its VA validating TLS-ALPN-01 on tlsPort of the address its own
@@ -61,12 +55,10 @@ func startPebble(t *testing.T, tlsPort int) *pebble {
 	p := &pebble{}
 	t.Cleanup(func() {
 		if t.Failed() {
-			p.logMu.Lock()
-			t.Logf("pebble's log:\n%s", p.logBytes.String())
-			p.logMu.Unlock()
+			t.Logf("pebble's log:\n%s", p.log.String())
 		}
 	})
-	logger := log.New(p, "pebble ", log.Lmicroseconds)
+	logger := log.New(&p.log, "pebble ", log.Lmicroseconds)
 
 	resolver := startLoopbackDNS(t)
 	store := db.NewMemoryStore()
