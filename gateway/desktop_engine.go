@@ -17,7 +17,8 @@ import (
 // project, made through the same admission path (tier DesktopTier, the desktop template, the
 // size's resources, idle and lifetime timers at the tier's most, since the desktop's own idle
 // time rules). Its disk is its latest disk snapshot; its sleep is a memory snapshot. Sleep =
-// a disk snapshot, a memory snapshot, then the session stops; Stop = a disk snapshot, then
+// a disk snapshot, then the session stops, its memory saved as a snapshot on the way (the
+// guest stops at its checkpoint: Guests.StopSaving); Stop = a disk snapshot, then
 // the session stops; Wake = a new session restored from the memory snapshot (from the disk
 // when that fails, state_saved then left out); Start = a new session restored from the disk.
 // The work runs in the background (s.bg); every write of the record compares its version, so
@@ -298,8 +299,8 @@ func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID
 }
 
 // haltDesktop does the work of a desktop in stopping: the disk snapshot; for a sleep, the
-// memory snapshot (none when a resize waits: the state belongs to the old size); then the
-// session stops and the desktop is asleep or stopped.
+// memory snapshot as the session stops (none when a resize waits: the state belongs to the
+// old size); the session stops, and the desktop is asleep or stopped.
 func (s *Server) haltDesktop(p store.Project, rec desktop.Record) {
 	ctx := s.ctx
 	sessID := rec.SessionID
@@ -323,7 +324,7 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) {
 			disk = snap.ID
 		}
 		if rec.Goal == desktop.Asleep {
-			mem, saved, why = s.saveState(ctx, p, rec, sess.ID, why)
+			mem, saved, why = s.saveStateAndStop(ctx, p, rec, sess.ID, why)
 		}
 	} else if sess != nil {
 		why = "state not saved: the desktop's session had ended"
@@ -370,29 +371,65 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) {
 	}
 }
 
-// saveState takes a sleeping desktop's memory snapshot: it answers the snapshot, whether the
-// state was saved, and the message to show when not.
-func (s *Server) saveState(ctx context.Context, p store.Project, rec desktop.Record, sessionID, why string) (string, bool, string) {
+// saveStateAndStop stops a sleeping desktop's session, its guest saved first, memory and
+// all, as a snapshot (Guests.StopSaving: the guest stops at its checkpoint, where a memory
+// snapshot of a running session would restore it only for the stop to tear it down). It
+// answers the snapshot, whether the state was saved, and the message to show when not. Where
+// it did not move the session to stopping, haltDesktop's stop ends it as any other.
+func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desktop.Record, sessionID, why string) (string, bool, string) {
 	if _, fresh := rec.StartSize(); fresh {
 		return "", false, "state not saved: the desktop was resized, and a saved state belongs to its old size"
+	}
+	g, err := s.guests()
+	if err != nil {
+		return "", false, "state not saved: " + toAPIError(err).Message
 	}
 	sess, err := s.Store.Get(ctx, p.ID, sessionID) // the disk snapshot moved its version on
 	if err != nil || sess.State != session.Running {
 		return "", false, "state not saved: the desktop's session had ended"
 	}
-	snap, err := s.takeSnapshot(ctx, sess, true)
+	proj, err := s.snapshotRoom(ctx, p.ID)
 	if err != nil {
-		s.log.Warn("desktop: memory snapshot", "desktop", rec.ID, "err", err)
 		return "", false, "state not saved: " + toAPIError(err).Message
 	}
-	if !snap.IncludeMemory {
-		s.dropSnapshot(ctx, p.ID, snap.ID)
-		return "", false, "state not saved: this machine's guests cannot save their memory"
+	stopping, err := s.Store.Transition(ctx, store.Change{Project: p.ID, ID: sess.ID, From: session.Running, To: session.Stopping,
+		Driver: session.Caller, Reason: session.Deleted, Version: sess.Version})
+	if err != nil {
+		return "", false, "state not saved: " + toAPIError(err).Message
 	}
-	if why != "" {
-		return snap.ID, true, why
+	s.forgetSessions(p.ID)
+	bg := context.WithoutCancel(ctx)
+	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID, IncludeMemory: true,
+		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
+	// Under a snapshot lease, as any snapshot: should this gateway die before the snapshot is
+	// recorded, the recovery records it failed, so that its files are not lost to sight.
+	endLease := s.holdSnapshotLease(bg, store.SessionRef{Project: p.ID, ID: sess.ID}, snap.ID)
+	defer endLease(false)
+	// notSaved gives up the snapshot: whatever the node wrote of it goes, and the lease with it.
+	notSaved := func(why string) (string, bool, string) {
+		s.deleteSnapshotFiles(bg, snap.ID)
+		endLease(true)
+		return "", false, "state not saved: " + why
 	}
-	return snap.ID, true, ""
+	mem, size, err := g.StopSaving(bg, stopping, snap.ID)
+	if err != nil {
+		s.log.Warn("desktop: save the state as the session stops", "desktop", rec.ID, "err", err)
+		s.teardown(stopping) // the node may not have heard of the stop at all
+		return notSaved(s.errNode(ctx, "snapshot_failed", "the node could not save the desktop's state", err).Message)
+	}
+	if !mem {
+		return notSaved("this machine's guests cannot save their memory")
+	}
+	snap.SizeBytes = size
+	if err := s.recordSnapshot(bg, proj, snap); err != nil {
+		s.log.Warn("desktop: record the saved state", "desktop", rec.ID, "err", err)
+		return notSaved(toAPIError(err).Message)
+	}
+	endLease(true)
+	if _, err := s.Store.AppendEvent(bg, p.ID, session.EventSnapshotReady, sess.ID, snap); err != nil {
+		s.log.Warn("desktop: the saved state's event", "desktop", rec.ID, "err", err)
+	}
+	return snap.ID, true, why
 }
 
 // removeDesktop tears down what a deleted desktop left: its session and snapshots.
@@ -462,11 +499,12 @@ func (s *Server) stopSession(ctx context.Context, p store.Project, id string) {
 	}
 }
 
-// awaitSession polls the session until done accepts its state, or until timeout.
+// awaitSession polls the session until done accepts its state, or until timeout, with the
+// desktop wait's backoff (a wake waits on it).
 func (s *Server) awaitSession(ctx context.Context, p store.Project, id string, timeout time.Duration, done func(session.State) bool) (*session.Session, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	for {
+	for pause := desktopWaitFirst; ; pause = min(2*pause, desktopWaitMost) {
 		sess, err := s.Store.Get(ctx, p.ID, id)
 		if err == nil && done(sess.State) {
 			return sess, nil
@@ -477,7 +515,7 @@ func (s *Server) awaitSession(ctx context.Context, p store.Project, id string, t
 		select {
 		case <-ctx.Done():
 			return sess, fmt.Errorf("session %s: %w", id, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(pause):
 		}
 	}
 }
@@ -487,6 +525,11 @@ func (s *Server) dropSnapshot(ctx context.Context, project, id string) {
 	if err := s.Store.DeleteObject(ctx, project, store.KindSnapshot, id); err != nil && !errors.Is(err, store.ErrNotFound) {
 		s.log.Warn("desktop: delete snapshot", "snapshot", id, "err", err)
 	}
+	s.deleteSnapshotFiles(ctx, id)
+}
+
+// deleteSnapshotFiles deletes a snapshot's files on the nodes, logging what fails.
+func (s *Server) deleteSnapshotFiles(ctx context.Context, id string) {
 	if d, ok := s.Guests.(interface {
 		DeleteSnapshot(ctx context.Context, id string) error
 	}); ok {

@@ -29,20 +29,19 @@ func (s *Server) desktopUseRoutes(api func(pattern string, h handler)) {
 }
 
 // desktopFiles serves a desktop's file route with the session's handler h, once the desktop
-// runs (awakeDesktop with cause: desktop.File wakes it, "" does not). A call with a cause is
-// a use from its start to its end.
+// runs (useDesktop with cause: desktop.File wakes it, "" does not). A call with a cause is
+// a use from its start (useDesktop records it) to its end.
 func (s *Server) desktopFiles(h handler, cause desktop.Cause) handler {
 	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
 		if _, err := filePath(r); err != nil {
 			return err // a bad request wakes nothing
 		}
 		id := r.PathValue("id")
-		_, sess, err := s.awakeDesktop(r.Context(), p, id, cause)
+		sess, err := s.useDesktop(r.Context(), p, id, cause)
 		if err != nil {
 			return err
 		}
 		if cause != "" {
-			s.touchDesktop(r, p, id)
 			defer s.touchDesktop(r, p, id)
 		}
 		// The session's handlers find the session by the path's id.

@@ -16,10 +16,6 @@ import (
 // sorted set (store.DueDesktopIdle) that runDesktopIdle waits on, so the work grows with the
 // desktops that fall idle, not with the projects.
 
-// desktopIdlePoll bounds the deadline loops' wait, so that deadlines other gateways set (which
-// do not kick this one) are seen within it.
-const desktopIdlePoll = 5 * time.Second
-
 // TouchDesktop records a use of the project's desktop now: an awake one stays awake for
 // DesktopIdle from now. A desktop that is not awake is left as it is (waking it is the
 // caller's choice: see moveDesktop with desktop.MCP or desktop.File). Answers a 404 error
@@ -89,39 +85,7 @@ func (s *Server) setIdleDeadline(ctx context.Context, project, id string, used t
 
 // runDesktopIdle puts to sleep the desktops whose idle deadline passed unused, until ctx ends.
 func (s *Server) runDesktopIdle(ctx context.Context) {
-	s.runDesktopDeadlines(ctx, "desktop idle: read deadlines", s.Store.DueDesktopIdle, s.idleDesktop, s.idleKick)
-}
-
-// runDesktopDeadlines handles the desktops that due answers (a sorted set of deadlines), a
-// batch at a time, waiting until the next deadline, a kick, or desktopIdlePoll (deadlines
-// that other gateways set do not kick this one), until ctx ends.
-func (s *Server) runDesktopDeadlines(ctx context.Context, what string,
-	due func(context.Context, time.Time, int) ([]store.DesktopRef, time.Time, error),
-	handle func(context.Context, store.DesktopRef, time.Time), kick <-chan struct{}) {
-	const batch = 16
-	for ctx.Err() == nil {
-		now := s.Now()
-		refs, next, err := due(ctx, now, batch)
-		if err != nil && ctx.Err() == nil {
-			s.log.Warn(what, "err", err)
-		}
-		for _, ref := range refs {
-			handle(ctx, ref, now)
-		}
-		wait := desktopIdlePoll
-		if !next.IsZero() {
-			wait = min(wait, max(next.Sub(s.Now()), 10*time.Millisecond))
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-kick:
-			t.Stop()
-		case <-t.C:
-		}
-	}
+	runDeadlines(ctx, s, "desktop idle: read deadlines", s.Store.DueDesktopIdle, s.idleDesktop, s.idleKick)
 }
 
 // idleDesktop handles one due deadline: a running desktop unused since is put to sleep, one

@@ -117,13 +117,13 @@ type desktopTools struct {
 	id string
 }
 
-// useTool wraps a tool's work: the desktop must run (awakeDesktop with desktop.MCP wakes an
+// useTool wraps a tool's work: the desktop must run (useDesktop with desktop.MCP wakes an
 // asleep one and waits), a refusal is a JSON-RPC error, and the call is a use of the desktop
 // for as long as it runs.
 func useTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) mcp.ToolHandlerFor[In, Out] {
 	return func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		var zero Out
-		_, sess, err := t.s.awakeDesktop(ctx, t.p, t.id, desktop.MCP)
+		sess, err := t.s.useDesktop(ctx, t.p, t.id, desktop.MCP)
 		if err != nil {
 			if ae := toAPIError(err); ae.Code == "internal" && ctx.Err() == nil {
 				t.s.log.ErrorContext(ctx, "desktop mcp: wait for the desktop", "desktop", t.id, "err", err)
@@ -155,11 +155,11 @@ func toolMessage(err error) string {
 }
 
 // holdDesktop records uses of the desktop from now until the returned func is called (and
-// then once more): a tool call is a use for as long as it runs (seed 001), so a call longer
-// than the idle time keeps the desktop awake. Each use is recorded on the desktop first, and
-// passed on to its session in the background, one at a time: the session's node may take
-// seconds to answer (its guest's lock, a journal write on a busy disk), and the desktop
-// must not fall idle meanwhile.
+// then once more), after the one useDesktop recorded as the call began: a tool call is a use
+// for as long as it runs (seed 001), so a call longer than the idle time keeps the desktop
+// awake. Each use is recorded on the desktop first, and passed on to its session in the
+// background, one at a time: the session's node may take seconds to answer (its guest's
+// lock, a journal write on a busy disk), and the desktop must not fall idle meanwhile.
 func (s *Server) holdDesktop(ctx context.Context, project, id string) (release func()) {
 	ctx = context.WithoutCancel(ctx)
 	every := min(max(s.desktopIdle()/4, 100*time.Millisecond), mcpMostTouchEvery)
@@ -182,7 +182,6 @@ func (s *Server) holdDesktop(ctx context.Context, project, id string) (release f
 			}()
 		}
 	}
-	touch()
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {

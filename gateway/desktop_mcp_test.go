@@ -13,8 +13,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/redis/go-redis/v9"
 
 	"wb/desktop"
+	"wb/internal/redistest"
 	"wb/session"
 )
 
@@ -426,5 +428,74 @@ func TestDesktopMCPBehindProxy(t *testing.T) {
 	}
 	if resp := post("GET", ""); resp.StatusCode != 405 {
 		t.Errorf("GET: %d, want 405", resp.StatusCode)
+	}
+}
+
+// TestDesktopUseRecordedAwake: a call that uses a desktop (a tool call, a file sent), whose
+// desktop is put to sleep between the call's look (running) and the record of its use, does
+// not run on the session that the sleep is stopping: it waits for the sleep to end and wakes
+// the desktop, as a call to an asleep desktop does. A Redis hook puts the desktop to sleep
+// just before the call records its use. Before, the call ran at once, on that session (a
+// loaded cold run saw one cut off with EOF as its guest stopped), and the desktop ended
+// asleep.
+func TestDesktopUseRecordedAwake(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		use  func(t *testing.T, e *env, d desktop.Desktop)
+	}{
+		{"a tool call", func(t *testing.T, e *env, d desktop.Desktop) {
+			res := callTool(t, e.mcpSession(d), "run_command", map[string]any{"command": "echo ran"})
+			if !strings.Contains(textOf(res), `"stdout":"ran\n"`) {
+				t.Errorf("the call: %s", textOf(res))
+			}
+		}},
+		{"a file sent", func(t *testing.T, e *env, d desktop.Desktop) {
+			files := "/v1/desktops/" + d.ID + "/files?path="
+			e.mustDo("PUT", files+"a.txt", e.key, []byte("one"), 204, nil)
+			if r := e.do("GET", files+"a.txt", e.key, nil); r.status != 200 || string(r.body) != "one" {
+				t.Errorf("the file after the call: %d %s", r.status, r.body)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rdb := redistest.Server(t)
+			e := newEnvOn(t, rdb)
+			d := e.newDesktop(map[string]any{"name": "raced"})
+			p, err := e.st.GetProject(context.Background(), e.projA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The start's own record of a use (markUsed) comes before its idle deadline: once
+			// that is set, the next record is the call's.
+			e.waitFor(func() bool {
+				due, _, err := e.st.DueDesktopIdle(context.Background(), time.Now().Add(time.Hour), 10)
+				return err == nil && len(due) == 1 && due[0].ID == d.ID
+			})
+			// Just before the call records its use (the touch script: EVALSHA sha 1 key now),
+			// put the desktop to sleep.
+			slept := make(chan error, 1)
+			redistest.BeforeOnce(rdb, func(cmd redis.Cmder) bool {
+				args := cmd.Args()
+				return cmd.Name() == "evalsha" && len(args) == 5 && strings.Contains(fmt.Sprint(args[3]), d.ID)
+			}, func() error {
+				_, err := e.gw.moveDesktop(context.Background(), p, d.ID, desktop.Sleep)
+				slept <- err
+				return nil
+			})
+
+			tc.use(t, e, d)
+			select {
+			case err := <-slept:
+				if err != nil {
+					t.Fatalf("the sleep before the use: %v", err)
+				}
+			default:
+				t.Fatal("the call recorded no use of the desktop")
+			}
+			if got := e.desktop(d.ID); got.State != desktop.Running || got.SessionID == d.SessionID {
+				t.Errorf("after the call the desktop is %s on session %s (it slept from %s), want running on a new one",
+					got.State, got.SessionID, d.SessionID)
+			}
+		})
 	}
 }

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"wb/desktop"
@@ -18,23 +17,12 @@ import (
 // not), a stop or sleep from its snapshots. Without this a desktop would stay starting or
 // stopping for ever, and a started session would bill with no desktop to show for it.
 
-// DefaultDesktopLease is how long a transition's work may go unrenewed before another
-// gateway takes it over.
-const DefaultDesktopLease = 30 * time.Second
-
-func (s *Server) desktopLease() time.Duration {
-	if s.DesktopLease > 0 {
-		return s.DesktopLease
-	}
-	return DefaultDesktopLease
-}
-
 // transitionWork runs f, the work of the desktop's transition, in the background under a
 // new lease (superseding any older work's).
 func (s *Server) transitionWork(project, id string, f func()) {
 	ref := store.DesktopRef{Project: project, ID: id}
 	token := session.NewID("lease_", s.Now())
-	if err := s.Store.SetDesktopWork(s.ctx, ref, token, s.Now().Add(s.desktopLease())); err != nil {
+	if err := s.Store.SetDesktopWork(s.ctx, ref, token, s.Now().Add(s.workLease())); err != nil {
 		// The work goes on; should this gateway die, nothing resumes it.
 		s.log.Warn("desktop: take the work lease", "desktop", id, "err", err)
 	}
@@ -47,32 +35,11 @@ func (s *Server) transitionWork(project, id string, f func()) {
 func (s *Server) holdLease(ref store.DesktopRef, token string, f func()) {
 	s.leases.begin(ref, token)
 	defer s.leases.end(ref, token)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		lease := s.desktopLease()
-		t := time.NewTicker(lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-s.ctx.Done():
-				return
-			case <-t.C:
-				held, err := s.Store.RenewDesktopWork(s.ctx, ref, token, s.Now().Add(lease))
-				if err != nil && s.ctx.Err() == nil {
-					s.log.Warn("desktop: renew the work lease", "desktop", ref.ID, "err", err)
-				}
-				if err == nil && !held {
-					return // a newer request's work (or a recovery) holds it now
-				}
-			}
-		}
+	stop := s.keepRenewed(s.ctx, "desktop", ref.ID, func(ctx context.Context, until time.Time) (bool, error) {
+		return s.Store.RenewDesktopWork(ctx, ref, token, until)
 	})
 	f()
-	close(done)
-	wg.Wait()
+	stop()
 	if s.ctx.Err() != nil {
 		return
 	}
@@ -83,7 +50,7 @@ func (s *Server) holdLease(ref store.DesktopRef, token string, f func()) {
 
 // runDesktopRecovery takes over the transitions whose lease ran out, until ctx ends.
 func (s *Server) runDesktopRecovery(ctx context.Context) {
-	s.runDesktopDeadlines(ctx, "desktop recovery: read leases", s.Store.DueDesktopWork, s.recoverDesktop, nil)
+	runDeadlines(ctx, s, "desktop recovery: read leases", s.Store.DueDesktopWork, s.recoverDesktop, nil)
 }
 
 // recoverDesktop claims the lapsed lease of one desktop and resumes its transition. A lease
@@ -93,13 +60,13 @@ func (s *Server) runDesktopRecovery(ctx context.Context) {
 // without its state).
 func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now time.Time) {
 	if mine, ok := s.leases.working(ref); ok {
-		if _, err := s.Store.RenewDesktopWork(ctx, ref, mine, now.Add(s.desktopLease())); err != nil {
+		if _, err := s.Store.RenewDesktopWork(ctx, ref, mine, now.Add(s.workLease())); err != nil {
 			s.log.Warn("desktop: renew the work lease", "desktop", ref.ID, "err", err)
 		}
 		return
 	}
 	token := session.NewID("lease_", now)
-	claimed, err := s.Store.ClaimDesktopWork(ctx, ref, token, now, now.Add(s.desktopLease()))
+	claimed, err := s.Store.ClaimDesktopWork(ctx, ref, token, now, now.Add(s.workLease()))
 	if err != nil || !claimed {
 		return // another gateway was first, or Redis is away: the next round sees
 	}
@@ -130,36 +97,4 @@ func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now t
 	}
 	s.log.Info("desktop: resuming a transition whose gateway stopped working on it", "desktop", rec.ID, "state", rec.State)
 	s.desktopWork(func() { s.holdLease(ref, token, work) })
-}
-
-// workingLeases is the desktop transitions a server works on: for each desktop, the lease
-// token of its newest work still running here.
-type workingLeases struct {
-	mu   sync.Mutex
-	work map[store.DesktopRef]string
-}
-
-func (w *workingLeases) begin(ref store.DesktopRef, token string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.work == nil {
-		w.work = map[store.DesktopRef]string{}
-	}
-	w.work[ref] = token
-}
-
-// end forgets token's work, unless a newer work on the desktop runs.
-func (w *workingLeases) end(ref store.DesktopRef, token string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.work[ref] == token {
-		delete(w.work, ref)
-	}
-}
-
-func (w *workingLeases) working(ref store.DesktopRef) (string, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	token, ok := w.work[ref]
-	return token, ok
 }

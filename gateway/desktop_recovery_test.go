@@ -52,7 +52,7 @@ func (e *env) createInSetup(inSetup <-chan struct{}) desktop.Desktop {
 func TestDesktopStartSurvivesItsGateway(t *testing.T) {
 	inSetup := make(chan struct{}, 1)
 	e := newEnv(t, func(c *Config) {
-		c.DesktopLease = time.Second
+		c.WorkLease = time.Second
 		c.DesktopSetup = func(ctx context.Context, _ desktop.Execer) error {
 			inSetup <- struct{}{}
 			<-ctx.Done() // the gateway dies in the middle of it
@@ -88,7 +88,7 @@ func TestDesktopStartSurvivesItsGateway(t *testing.T) {
 // TestDesktopSleepSurvivesItsGateway: a desktop left in stopping by a gateway that died
 // (its lease ran out) is put to sleep by another, with its state saved.
 func TestDesktopSleepSurvivesItsGateway(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.DesktopLease = time.Second })
+	e := newEnv(t, func(c *Config) { c.WorkLease = time.Second })
 	d := e.newDesktop(map[string]any{"name": "d"})
 	ctx := context.Background()
 	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
@@ -160,7 +160,7 @@ func TestDesktopRecoveryLeavesItsOwnWork(t *testing.T) {
 	inSetup := make(chan struct{}, 4)
 	release := make(chan struct{})
 	e := newEnv(t, func(c *Config) {
-		c.DesktopLease = time.Minute // renewed every 20 s: not while the test looks
+		c.WorkLease = time.Minute // renewed every 20 s: not while the test looks
 		c.DesktopSetup = func(ctx context.Context, _ desktop.Execer) error {
 			inSetup <- struct{}{}
 			select {

@@ -16,10 +16,12 @@ import (
 // call does"). The store has no change feed for desktops, so the wait reads the record with
 // a short backoff: a read is one Redis hash fetch, and a wake takes seconds.
 
-// Bounds of the wait's backoff between reads of the desktop.
+// Bounds of the backoff between reads of the desktop (or of its session, awaitSession): a
+// read is one Redis round trip, and a wait adds up to desktopWaitMost to what it waits for
+// (the session's fixed 100 ms poll added about 80 ms to a sleep of 0.3 s).
 const (
-	desktopWaitFirst = 25 * time.Millisecond
-	desktopWaitMost  = 200 * time.Millisecond
+	desktopWaitFirst = 10 * time.Millisecond
+	desktopWaitMost  = 50 * time.Millisecond
 )
 
 // desktopWakeWait bounds how long a call waits for a desktop to run: its session's
@@ -28,6 +30,39 @@ const (
 func (s *Server) desktopWakeWait() time.Duration {
 	t, _ := s.Tiers.Tier(DesktopTier)
 	return t.ProvisionDeadline() + 3*time.Minute
+}
+
+// useDesktop is awakeDesktop for a call that uses the desktop (cause desktop.MCP or
+// desktop.File; "" is a read, no use, and records nothing): the use is recorded as the call
+// begins, and counts only if the desktop was awake when it was. The idle loop may put the
+// desktop to sleep between awakeDesktop's look and that record: a use recorded first keeps it
+// awake (the sleep's move refuses, store.DesktopUsedError), but one recorded after finds it
+// asleep or going to sleep, and the call would run on a session that is stopping (a loaded
+// cold run saw a command cut off with EOF). The call then waits for the sleep and wakes the
+// desktop, as any call to a desktop going to sleep does. A use that cannot be recorded
+// (Redis failing) does not hold the call back.
+func (s *Server) useDesktop(ctx context.Context, p store.Project, id string, cause desktop.Cause) (*session.Session, error) {
+	const most = 3 // looks at a desktop that falls asleep each time: its idle time is minutes
+	for tries := 1; ; tries++ {
+		_, sess, err := s.awakeDesktop(ctx, p, id, cause)
+		if err != nil || cause == "" {
+			return sess, err
+		}
+		awake, err := s.recordDesktopUse(ctx, p.ID, id)
+		var ae *apiError
+		if errors.As(err, &ae) {
+			return nil, err // deleted meanwhile: its 404
+		}
+		if err != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "desktop: record a use", "desktop", id, "err", err)
+		}
+		if awake || err != nil {
+			return sess, nil
+		}
+		if tries == most {
+			return nil, errState("desktop %s fell asleep as the call began, %d times; try the call again", id, most)
+		}
+	}
 }
 
 // awakeDesktop answers desktop id of project p running, with its running session, for a

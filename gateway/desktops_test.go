@@ -92,6 +92,17 @@ func TestDesktopLifecycle(t *testing.T) {
 		t.Fatalf("asleep %+v", d)
 	}
 	e.waitState(e.key, s1.ID, session.Stopped)
+	// The guest stops at its memory snapshot: it is not taken from a guest that runs on,
+	// only for the stop to tear down what its restore brought back.
+	var calls []string
+	for _, c := range e.node.Calls() {
+		if strings.HasSuffix(c, ":"+s1.ID) && !strings.HasPrefix(c, "provision") {
+			calls = append(calls, strings.TrimSuffix(c, ":"+s1.ID))
+		}
+	}
+	if want := []string{"snapshot", "stop_saving"}; !slices.Equal(calls, want) {
+		t.Fatalf("the sleep asked the node for %v, want %v (the disk snapshot, then the stop saving the memory)", calls, want)
+	}
 
 	// asleep → Wake → starting, then running: a new session restored from the memory snapshot.
 	if got := e.desktopAction(d.ID, "wake", 202); got.State != desktop.Starting {

@@ -25,6 +25,12 @@
 // both first wait for the desktop to run, and a tool call or a file sent or deleted wakes an
 // asleep one (awakeDesktop, desktop_wake.go).
 //
+// Work that outlives one gateway's part in it runs under a lease in Redis that its gateway
+// renews (leases.go): a desktop's transition, and a session's snapshot from snapshotting back
+// to running. When a gateway dies mid-work, its lease runs out and another gateway's recovery
+// loop resumes the transition (desktop_recovery.go) or ends the snapshot, recorded failed,
+// with the session running again (snapshot_recovery.go).
+//
 // Every answer is a Go type, never a map: the contract's objects come from package session
 // (Session, Snapshot, Run, List, DeletedObject, the exec results), the rest are in
 // apiobjects.go (Policy, Plugin, Project, Limits, Usage, ...). schema_types_test.go holds each

@@ -37,6 +37,10 @@ type Guests interface {
 	Snapshot(ctx context.Context, s *session.Session, snapshotID string, includeMemory bool) (memory bool, size int64, err error)
 	// Stop tears the guest down; the node then ends the session (stopping → terminal).
 	Stop(ctx context.Context, s *session.Session) error
+	// StopSaving is Stop after the node saved the guest, memory and all, as snapshot
+	// snapshotID where its back end can (a desktop's sleep). It answers whether memory was
+	// saved (false: nothing was) and the size; the session ends either way.
+	StopSaving(ctx context.Context, s *session.Session, snapshotID string) (memory bool, size int64, err error)
 }
 
 // Config wires a Server.
@@ -80,9 +84,10 @@ type Config struct {
 	DesktopIdle     time.Duration
 	DesktopTemplate string
 	DesktopSetup    func(ctx context.Context, ex desktop.Execer) error
-	// DesktopLease is how long the work of a desktop's transition may go unrenewed (its
-	// gateway died) before another gateway resumes it (0: DefaultDesktopLease).
-	DesktopLease time.Duration
+	// WorkLease is how long the work of a desktop's transition or of a session's snapshot may
+	// go unrenewed (its gateway died) before another gateway resumes or ends it (0:
+	// DefaultWorkLease).
+	WorkLease time.Duration
 }
 
 // Server is the HTTP API.
@@ -101,8 +106,10 @@ type Server struct {
 	access edgeAccess
 	// idleKick wakes the desktop idle loop when this server sets an earlier deadline.
 	idleKick chan struct{}
-	// leases is the desktop transitions this server works on (desktop_recovery.go).
-	leases workingLeases
+	// leases is the desktop transitions this server works on (desktop_recovery.go);
+	// snapshots, the sessions' snapshots (snapshot_recovery.go).
+	leases    workingLeases[store.DesktopRef]
+	snapshots workingLeases[store.SessionRef]
 }
 
 // New returns a Server. Call Close to stop its background work.
@@ -149,6 +156,7 @@ func New(cfg Config) (*Server, error) {
 	s.watchChanges(ctx)
 	s.desktopWork(func() { s.runDesktopIdle(ctx) })
 	s.desktopWork(func() { s.runDesktopRecovery(ctx) })
+	s.desktopWork(func() { s.runSnapshotRecovery(ctx) })
 	return s, nil
 }
 

@@ -631,6 +631,12 @@ func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includ
 		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
 	// The guest must come back to running whatever happens to the request from here.
 	bg := context.WithoutCancel(ctx)
+	// Should this gateway die before the session runs again, the lease lets another end the
+	// snapshot (snapshot_recovery.go). Taken after the transition, so that a snapshot refused
+	// (the session snapshotting already) takes no other's lease; a gateway that dies in
+	// between leaves none, which the placer's sweep gives the session.
+	endLease := s.holdSnapshotLease(bg, store.SessionRef{Project: sess.ProjectID, ID: sess.ID}, snap.ID)
+	defer endLease(false)
 	mem, size, snapErr := g.Snapshot(bg, sess, snap.ID, includeMemory)
 	snap.IncludeMemory, snap.SizeBytes = mem, size
 	if snapErr != nil {
@@ -644,10 +650,32 @@ func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includ
 	} else {
 		recordErr = s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap)
 	}
-	if _, err := s.Store.Transition(bg, store.Change{Project: sess.ProjectID, ID: sess.ID,
-		From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
+	_, err = s.Store.Transition(bg, store.Change{Project: sess.ProjectID, ID: sess.ID,
+		From: session.Snapshotting, To: session.Running, Driver: session.Caller})
+	var ce *store.ConflictError
+	if errors.As(err, &ce) && ce.Current != session.Snapshotting {
+		// A recovery ended the snapshot while this gateway still took it (its renewals came
+		// late), or the host failed: the session moved on, and what was recorded stands.
+		s.log.Warn("snapshot: the session left snapshotting before the snapshot was done", "session", sess.ID, "state", ce.Current)
+		err = nil
+	}
+	if err != nil {
+		// The session is still snapshotting. The lease of an unrecorded snapshot is left to
+		// run out: its recovery records the snapshot failed and returns the session to
+		// running. A recorded snapshot's lapsed lease is taken for a stale one, which leaves
+		// the session alone; so its lease goes to no holder, whose recovery returns the
+		// session to running. (Should that fail too, the placer's sweep gives the session a
+		// lease in minutes.)
+		if recordErr == nil {
+			endLease(false) // no more renewals: they would take the lease back
+			if _, herr := s.Store.HandOffSnapshotWork(bg, store.SessionRef{Project: sess.ProjectID, ID: sess.ID}, snap.ID,
+				s.Now().Add(s.workLease())); herr != nil {
+				s.log.Warn("snapshot: hand off the work lease", "session", sess.ID, "err", herr)
+			}
+		}
 		return session.Snapshot{}, errors.Join(err, recordErr)
 	}
+	endLease(true)
 	s.forgetSessions(sess.ProjectID)
 	if recordErr != nil {
 		return session.Snapshot{}, recordErr

@@ -137,8 +137,22 @@ func (n *Node) apiAction(w http.ResponseWriter, r *http.Request) {
 		}
 	case nodeapi.ActionStop:
 		var req nodeapi.StopRequest
-		if err = decodeBody(r, 1<<16, &req); err == nil {
+		if err = decodeBody(r, 1<<16, &req); err != nil {
+			break
+		}
+		if req.SaveAs == "" {
 			err = n.Stop(ctx, stopped(id, req))
+			break
+		}
+		if !session.ValidID("snap_", req.SaveAs) {
+			// Refused before the stop: a stop that could not save would end the session all the same.
+			err = &session.FieldError{Field: "save_as", Message: fmt.Sprintf("%q is not a snapshot id (snap_ and 18 letters or digits)", req.SaveAs)}
+			break
+		}
+		var res nodeapi.SnapshotResult
+		if res.Memory, res.SizeBytes, err = n.StopSaving(ctx, stopped(id, req), req.SaveAs); err == nil {
+			writeJSON(w, 200, res)
+			return
 		}
 	case nodeapi.ActionSnapshot:
 		var req nodeapi.SnapshotRequest

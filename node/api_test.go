@@ -135,4 +135,31 @@ func testAPIThroughClient(t *testing.T, rt string) {
 	if got, _ := waitState(t, st, project, s2.ID, time.Minute, session.Stopped); got.StateReason == nil || *got.StateReason != session.Deleted {
 		t.Fatalf("stopped for %s, want deleted", reasonOf(got))
 	}
+
+	// Stop saving the guest (a desktop's sleep): a bad snapshot id is refused, a session the
+	// node no longer holds has nothing to save, and a running one is saved, memory and all
+	// where the back end can (cloudhv; runc cannot, and saves nothing), as it ends.
+	_, _, err = c.StopSaving(ctx, s2, "../x")
+	wantNodeError(t, "a bad snapshot id to save as", err, 400, nodeapi.CodeInvalidRequest, "save_as")
+	_, _, err = c.StopSaving(ctx, s2, session.NewID("snap_", time.Now()))
+	if !errors.As(err, &refused) || (refused.Status != 409 && refused.Status != 404) {
+		t.Fatalf("stop saving a stopped session: %v, want a 409 or 404 *nodeapi.Error", err)
+	}
+	s3 := placed(t, st, project, n.Info.ID, sessionOpts{idleS: 3600, lifeS: 3600})
+	if err := c.Provision(ctx, n.Info, s3); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	s3, _ = waitState(t, st, project, s3.ID, 2*time.Minute, session.Running)
+	s3, err = st.Transition(ctx, store.Change{Project: project, ID: s3.ID, From: session.Running, To: session.Stopping,
+		Driver: session.Caller, Reason: session.Deleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, size, err := c.StopSaving(ctx, s3, session.NewID("snap_", time.Now()))
+	if err != nil || mem != (rt == "cloudhv") || (size > 0) != mem {
+		t.Fatalf("stop saving: memory %v size %d err %v; want memory %v", mem, size, err, rt == "cloudhv")
+	}
+	if got, _ := waitState(t, st, project, s3.ID, time.Minute, session.Stopped); got.StateReason == nil || *got.StateReason != session.Deleted {
+		t.Fatalf("stopped saving for %s, want deleted", reasonOf(got))
+	}
 }

@@ -18,7 +18,8 @@
 //     to that object store before a snapshot is answered taken, and fetched from it by a
 //     restore that lacks them, DataDir/snapshots then being a bounded cache) and stop. A
 //     memory snapshot is answered once its checkpoint is written; the guest it stopped is
-//     restored after, and calls on the session wait for it.
+//     restored after, and calls on the session wait for it. A stop may save the guest first
+//     (StopSaving, a desktop's sleep): the checkpoint ends it, with no restore.
 //   - The node API (Handler): provisioning and the guest controls for the control plane, and a
 //     proxy to each guest's agent (exec, files, PTY). node/client is the control plane's side.
 //   - Local: the guests for in-process callers, answering as node/client does; cmd/wb hands it

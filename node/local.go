@@ -106,6 +106,12 @@ func (c *Local) Stop(ctx context.Context, s *session.Session) error {
 	return asAPIError(c.n.Stop(ctx, s))
 }
 
+// StopSaving is Stop after saving the guest as snapshot snapshotID (Node.StopSaving).
+func (c *Local) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
+	m, size, err := c.n.StopSaving(ctx, s, snapshotID)
+	return m, size, asAPIError(err)
+}
+
 // asAPIError answers a refusal of the node (no guest, a state that does not allow the call)
 // as the *nodeapi.Error its API would send, and any other error as it is: a field error
 // stays the caller's 400, a failure stays the node's.

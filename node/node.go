@@ -20,6 +20,7 @@ import (
 	"wb/hypervisor"
 	"wb/hypervisor/templates"
 	"wb/internal/netguard"
+	"wb/internal/probe"
 	"wb/session"
 	"wb/snapstore"
 	"wb/store"
@@ -120,6 +121,9 @@ type live struct {
 	// the operation they last found holding it (the timers' goroutine alone uses both).
 	busySince time.Time
 	busyWith  string
+	// stopSeen is when reconcile first found the session stopping in Redis while its guest
+	// runs here, in a run of such looks (reconcile's goroutine alone uses it).
+	stopSeen time.Time
 	// holder names the operation that holds mu, for the timers' log (nil: one that does
 	// not say; see lockFor).
 	holder atomic.Pointer[string]
@@ -510,30 +514,14 @@ func (n *Node) agentFor(guestID string) *agent.Client {
 	return agent.NewClient(filepath.Join(n.guestDir(guestID), "agent", "agent.sock"))
 }
 
-// waitHealthy polls the guest's agent until it answers or ctx ends. A probe waits a second
-// for its answer, and twice as long as the last after one that ran out of time: on a loaded
-// host a gVisor guest's answer has taken seconds, and a fixed bound would cancel every probe
-// before it (a start that never ends). An agent not listening yet fails at once and is tried
-// again within milliseconds.
+// waitHealthy polls the guest's agent until it answers or ctx ends (internal/probe: a
+// probe's bound grows after one that ran out of time, so that a guest slow to answer on a
+// loaded host is still heard).
 func waitHealthy(ctx context.Context, c *agent.Client) error {
-	wait := time.Second
-	for {
-		hctx, cancel := context.WithTimeout(ctx, wait)
-		err := c.Health(hctx)
-		timedOut := errors.Is(hctx.Err(), context.DeadlineExceeded)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if timedOut {
-			wait *= 2
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("agent never answered: %w", err)
-		case <-time.After(5 * time.Millisecond):
-		}
+	if err := probe.Default().Until(ctx, nil, c.Health); err != nil {
+		return fmt.Errorf("agent never answered: %w", err)
 	}
+	return nil
 }
 
 // template finds the template a session names (name@digest) and checks the digest.

@@ -350,39 +350,23 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, false)
 		return false, info.SizeBytes, err
 	}
-	// A guest holding a host socket cannot be checkpointed: the agent lets go of its socket
-	// and the guest is checkpointed, which stops it. It goes on as a new guest restored from
-	// the checkpoint, while the old one is deleted in the background (runsc takes a second or
-	// two to reap a sandbox here). The agent stays off until the node creates its resume
-	// file (at most quiesceMost): in the new guest's directory after the restore, or in the
-	// old one's when the checkpoint failed and the guest runs on; so the checkpoint may take
-	// as long as it takes on a loaded host, with no window to lose. An agent reached through
-	// the driver (a VM's, on vsock) holds no host socket and stays: the driver may need it to
-	// flush the guest's disks before the snapshot.
-	_, viaDriver := n.Driver.(hypervisor.AgentDialer)
-	resume := resumeFile(snapshotID)
+	// The checkpoint stops the guest. It goes on as a new guest restored from the checkpoint,
+	// while the old one is deleted in the background (runsc takes a second or two to reap a
+	// sandbox here). The agent stays off until the node creates its resume file (at most
+	// quiesceMost): in the new guest's directory after the restore, or in the old one's when
+	// the checkpoint failed and the guest runs on; so the checkpoint may take as long as it
+	// takes on a loaded host, with no window to lose.
 	steps := &snapshotSteps{t: time.Now()}
-	if !viaDriver {
-		qctx, cancel := context.WithTimeout(ctx, n.quiesceAnswer)
-		err = l.agent.QuiesceUntil(qctx, quiesceMost, resume)
-		cancel()
-		if err != nil {
-			// The agent may have quiesced and its answer got lost: the resume file ends that.
-			_ = n.resumeAgent(l.g.GuestID, resume)
-			return false, 0, fmt.Errorf("snapshot: the agent did not quiesce: %w", err)
-		}
-	}
-	l.agent.Close()
-	steps.mark("quiesce")
-	info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
-	steps.mark("checkpoint")
+	info, err := n.checkpoint(ctx, l, snapshotID, dir, steps)
 	if err != nil {
-		_ = removeAll(dir)
+		if errors.Is(err, errNotQuiesced) {
+			return false, 0, err
+		}
 		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
 			return false, 0, fmt.Errorf("snapshot: checkpoint stopped the guest: %w", err)
 		}
-		if !viaDriver {
-			_ = n.resumeAgent(l.g.GuestID, resume)
+		if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
+			_ = n.resumeAgent(l.g.GuestID, resumeFile(snapshotID))
 		}
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
@@ -405,6 +389,37 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		back() // the node winds down: it waits for nothing it starts now
 	}
 	return info.Memory, info.SizeBytes, nil
+}
+
+// errNotQuiesced is checkpoint's error when the guest's agent did not let go of its socket;
+// the guest then runs on, untouched.
+var errNotQuiesced = errors.New("snapshot: the agent did not quiesce")
+
+// checkpoint writes l's guest, memory and all, into dir, which stops it. A guest holding a
+// host socket cannot be checkpointed: first its agent lets go of its socket, and stays off
+// until the node creates its resume file (resumeFile(snapshotID)). An agent reached through
+// the driver (a VM's, on vsock) holds no host socket and stays: the driver may need it to
+// flush the guest's disks before the snapshot. The caller holds l's lock.
+func (n *Node) checkpoint(ctx context.Context, l *live, snapshotID, dir string, steps *snapshotSteps) (hypervisor.SnapshotInfo, error) {
+	if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
+		resume := resumeFile(snapshotID)
+		qctx, cancel := context.WithTimeout(ctx, n.quiesceAnswer)
+		err := l.agent.QuiesceUntil(qctx, quiesceMost, resume)
+		cancel()
+		if err != nil {
+			// The agent may have quiesced and its answer got lost: the resume file ends that.
+			_ = n.resumeAgent(l.g.GuestID, resume)
+			return hypervisor.SnapshotInfo{}, fmt.Errorf("%w: %w", errNotQuiesced, err)
+		}
+	}
+	l.agent.Close()
+	steps.mark("quiesce")
+	info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
+	steps.mark("checkpoint")
+	if err != nil {
+		_ = removeAll(dir)
+	}
+	return info, err
 }
 
 // restoreAfterBound bounds the restore of a guest after its memory snapshot, its agent's
@@ -488,8 +503,23 @@ func (s *snapshotSteps) mark(step string) {
 
 // Stop tears down a session the control plane moved to stopping, and ends it.
 func (n *Node) Stop(ctx context.Context, s *session.Session) error {
+	_, _, err := n.stop(ctx, s, "")
+	return err
+}
+
+// StopSaving is Stop after saving the guest, memory and all, as snapshot snapshotID, where the
+// back end can (a desktop's sleep: the guest stops at its checkpoint rather than be restored
+// from it only to be torn down). It answers whether memory was saved (false, with nothing
+// written, where the back end cannot) and the snapshot's size; the session ends either way,
+// and the snapshot is uploaded first when an object store is set (see Snapshot).
+func (n *Node) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
+	return n.saved(ctx, snapshotID, func() (bool, int64, error) { return n.stop(ctx, s, snapshotID) })
+}
+
+// stop is Stop, saving the guest as snapshot saveAs first when that is set.
+func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (bool, int64, error) {
 	if s.StateReason == nil {
-		return &session.FieldError{Field: "state_reason", Message: "required: the reason the session is stopping for"}
+		return false, 0, &session.FieldError{Field: "state_reason", Message: "required: the reason the session is stopping for"}
 	}
 	// endNow ends a session that has no guest to tear down here.
 	endNow := func() error {
@@ -503,23 +533,69 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 		}
 		return err
 	}
+	nothingToSave := func(err error) (bool, int64, error) {
+		if err == nil && saveAs != "" {
+			err = &NoGuestError{SessionID: s.ID}
+		}
+		return false, 0, err
+	}
 	l, err := n.lookup(s.ID)
 	if err != nil {
-		return endNow() // never provisioned here, or already gone
+		return nothingToSave(endNow()) // never provisioned here, or already gone
 	}
 	op := lockFor(l, "stop")
 	defer op.unlock()
 	if l.g.State.Terminal() {
-		return endNow() // its start failed while the stop was on its way
+		return nothingToSave(endNow()) // its start failed while the stop was on its way
 	}
 	if l.g.State == session.Stopping {
-		return nil
+		if saveAs != "" {
+			return false, 0, &StateError{SessionID: s.ID, State: l.g.State, Detail: "its guest can no longer be saved"}
+		}
+		return false, 0, nil
 	}
+	saveFrom := l.g.State
 	n.sample(ctx, l)
 	l.g.State, l.g.Reason, l.g.Rule = session.Stopping, *s.StateReason, deref(s.Rule)
+	var (
+		mem  bool
+		size int64
+	)
+	switch {
+	case saveAs != "" && saveFrom == session.Running:
+		// Journalled stopping first: a node that dies during the checkpoint finds the guest
+		// stopping, and ends it for the reason given (recover), not as a guest lost.
+		n.save(l)
+		mem, size, err = n.saveBeforeStop(ctx, l, saveAs)
+	case saveAs != "":
+		err = &StateError{SessionID: s.ID, State: saveFrom, Detail: "only a running guest is saved as it stops; it stops unsaved"}
+	}
 	op.land = n.saveLater(l)
 	n.teardownAsync(l)
-	return nil
+	return mem, size, err
+}
+
+// saveBeforeStop checkpoints l's guest into snapshot snapshotID as it stops; nothing is
+// written where the back end keeps no memory. The caller holds l's lock.
+func (n *Node) saveBeforeStop(ctx context.Context, l *live, snapshotID string) (bool, int64, error) {
+	if ms, ok := n.Driver.(hypervisor.MemorySnapshotter); !ok || !ms.MemorySnapshots() {
+		return false, 0, nil
+	}
+	dir, err := n.snapshotDir(snapshotID)
+	if err != nil {
+		return false, 0, err
+	}
+	steps := &snapshotSteps{t: time.Now()}
+	info, err := n.checkpoint(ctx, l, snapshotID, dir, steps)
+	if err != nil {
+		return false, 0, fmt.Errorf("save the guest before it stops: %w", err)
+	}
+	if !info.Memory { // the back end saved the disk alone: not what was asked
+		_ = removeAll(dir)
+		return false, 0, nil
+	}
+	n.Logger.Info("node: memory saved; the guest stops", append([]any{"session", l.g.SessionID, "snapshot", snapshotID, "bytes", info.SizeBytes}, steps.took...)...)
+	return true, info.SizeBytes, nil
 }
 
 // Retime takes a session's new timers from a PATCH and enforces them from now on. It refuses

@@ -413,6 +413,12 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 	if failed != nil && !awaits && ctx.Err() == nil && !n.warned(l) {
 		n.Logger.Warn("node: redis unreachable; will replay", "session", id, "pending", len(g.Pending), "err", failed)
 	}
+	if failed == nil && l.warned {
+		// The outage's one warning has its end, whichever flush got through: without it, a
+		// replay that makes no progress and one that is done look the same in the log.
+		n.Logger.Info("node: redis answers again; replayed what it missed", "session", id, "replayed", done)
+		l.warned = false
+	}
 	if g.State.Terminal() && len(g.Pending) == 0 {
 		n.forgetJournal(l, id)
 		n.mu.Lock()
@@ -489,9 +495,6 @@ func (n *Node) replay(ctx context.Context) {
 		if !n.flush(ctx, l) && n.redisDown.Load() {
 			return
 		}
-		l.mu.Lock()
-		l.warned = false
-		l.mu.Unlock()
 	}
 }
 
@@ -544,11 +547,17 @@ func (n *Node) recover(ctx context.Context) error {
 			continue
 		}
 		l.agent = n.agentFor(g.GuestID)
-		if g.State == session.Running || g.State == session.Paused {
+		switch g.State {
+		case session.Running, session.Paused:
 			l.mu.Lock()
 			n.watch(l)
 			n.startEgress(l)
 			l.mu.Unlock()
+		case session.Stopping:
+			// Its stop was under way when the node went (a stop saving the guest checkpoints
+			// it first, seconds at most; a node winding down starts no teardown): finish it,
+			// since nothing else will (the control plane sees the session stopping already).
+			n.teardownAsync(l)
 		}
 		n.Logger.Info("node: guest recovered", "session", g.SessionID, "state", g.State)
 	}
@@ -590,7 +599,8 @@ func (n *Node) reapOrphans(ctx context.Context, gs []*guest) {
 // reconcile destroys the running or paused guests whose sessions ended elsewhere while the
 // node kept them: the placer declared a host failure when the node's heartbeat lapsed (a
 // loaded machine, a slow Redis) though the node lived, or it was deleted meanwhile. Without
-// it such a guest runs, and is metered, until its own timers end it.
+// it such a guest runs, and is metered, until its own timers end it. It also stops the
+// guests whose sessions have been stopping for missedStopAfter with no stop come here.
 func (n *Node) reconcile(ctx context.Context) {
 	var ls []*live
 	var refs []store.SessionRef
@@ -611,12 +621,44 @@ func (n *Node) reconcile(ctx context.Context) {
 	if err != nil {
 		return // Redis is away: keep the guests and their timers
 	}
+	now := time.Now()
 	for i, l := range ls {
 		// Only an ended session: one that is gone may be Redis's loss (a restart without
 		// persistence, a failover), not the control plane's decision.
-		if states[i].Terminal() {
+		switch {
+		case states[i].Terminal():
 			n.endedHere(ctx, l, states[i])
+		case states[i] != session.Stopping:
+			l.stopSeen = time.Time{}
+		case l.stopSeen.IsZero():
+			l.stopSeen = now
+		case now.Sub(l.stopSeen) >= missedStopAfter:
+			l.stopSeen = time.Time{}
+			n.stopMissed(ctx, refs[i])
 		}
+	}
+}
+
+// missedStopAfter is how long a session may be stopping in Redis while its guest runs here
+// before the node takes it that the stop will not come: far longer than a stop takes to
+// arrive, even one that waits for the guest's lock behind a snapshot's restore.
+const missedStopAfter = 30 * time.Second
+
+// stopMissed stops a guest whose session the control plane moved to stopping without the
+// node hearing of it (its gateway died between the two), for the reason Redis gives: else
+// the guest would run, and the session stay stopping, for ever (the guest's timers end
+// only what runs, and their transition from running is refused).
+func (n *Node) stopMissed(ctx context.Context, ref store.SessionRef) {
+	rctx, cancel := n.redis(ctx)
+	s, err := n.Store.Get(rctx, ref.Project, ref.ID)
+	cancel()
+	if err != nil || s.State != session.Stopping {
+		return // Redis away, or it moved on meanwhile: the next look sees
+	}
+	n.Logger.Warn("node: the session is stopping, and its stop never came here; stopping its guest",
+		"session", ref.ID, "reason", deref((*string)(s.StateReason)), "stopping_for", missedStopAfter)
+	if err := n.Stop(ctx, s); err != nil {
+		n.Logger.Error("node: stop a guest whose stop never came", "session", ref.ID, "err", err)
 	}
 }
 

@@ -34,3 +34,34 @@ func TestSessionEndedElsewhere(t *testing.T) {
 		t.Error("the node still runs commands in the destroyed guest")
 	}
 }
+
+// TestStopThatNeverCame: a session the control plane moved to stopping without the node
+// hearing of it (its gateway died between the transition and the node's stop) is stopped by
+// the node once it has been stopping for a while, for the reason Redis gives; not at once,
+// since a stop on its way (a desktop's sleep saving the guest as it stops) must find the
+// guest running. Before, the guest ran and the session stayed stopping for ever.
+func TestStopThatNeverCame(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t)
+	const project = "proj_stopmissed"
+	d := newDriver(t, "runc", tempDir(t))
+	n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_stopmissed"))
+	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 3600, res: small()})
+	if _, err := st.Transition(ctxT(t, 10*time.Second), store.Change{Project: project, ID: s.ID,
+		From: session.Running, To: session.Stopping, Driver: session.Caller, Reason: session.Deleted}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	time.Sleep(5 * time.Second)
+	if res, err := execIn(ctxT(t, 30*time.Second), n.Node, s, "true"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("5 s into a stop on its way the guest no longer runs: %+v, %v", res, err)
+	}
+	got, _ := waitState(t, st, project, s.ID, 2*time.Minute, session.Stopped)
+	if reasonOf(got) != "(deleted)" {
+		t.Errorf("the session ended %s, want deleted as Redis had it", reasonOf(got))
+	}
+	if err := waitGuestGone(t, d, s.ID, 30*time.Second); err != nil {
+		t.Errorf("the guest of the session stopped runs on: %v", err)
+	}
+	t.Logf("stopped %s after the transition", time.Since(start).Round(time.Millisecond))
+}

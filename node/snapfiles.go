@@ -16,12 +16,19 @@ import (
 )
 
 // Snapshot saves the guest into the node's snapshot directory (see takeSnapshot) and, with
-// an object store configured, uploads it before answering: the control plane records the
-// snapshot ready only on this answer, so a node that dies before the upload has finished
-// leaves it failed, and a failed upload fails the snapshot. The guest goes on either way.
+// an object store configured, uploads it before answering (see saved). The guest goes on
+// either way.
 func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
+	return n.saved(ctx, snapshotID, func() (bool, int64, error) { return n.takeSnapshot(ctx, s, snapshotID, memory) })
+}
+
+// saved runs take, which writes snapshot snapshotID into the node's snapshot directory (or
+// nothing), and, with an object store configured, uploads what it wrote before answering:
+// the control plane records the snapshot ready only on this answer, so a node that dies
+// before the upload has finished leaves it failed, and a failed upload fails the snapshot.
+func (n *Node) saved(ctx context.Context, snapshotID string, take func() (bool, int64, error)) (bool, int64, error) {
 	if n.Snapshots == nil {
-		return n.takeSnapshot(ctx, s, snapshotID, memory)
+		return take()
 	}
 	dir, err := n.snapshotDir(snapshotID)
 	if err != nil {
@@ -29,9 +36,12 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID stri
 	}
 	release := n.snapshotsInUse.acquire(snapshotID)
 	defer release()
-	mem, size, err := n.takeSnapshot(ctx, s, snapshotID, memory)
+	mem, size, err := take()
 	if err != nil {
 		return mem, size, err
+	}
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return mem, size, nil // nothing written: nothing to upload
 	}
 	t0 := time.Now()
 	m, err := n.Snapshots.Put(ctx, snapshotID, dir)

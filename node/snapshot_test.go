@@ -6,10 +6,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"wb/hypervisor"
+	"wb/node"
 	"wb/session"
 	"wb/store"
 )
@@ -121,6 +123,23 @@ func (d heldRestore) Restore(ctx context.Context, s hypervisor.Spec, dir string)
 	return d.testDriver.Restore(ctx, s, dir)
 }
 
+// startHeldRestores starts node nodeID on runtime rt, its driver's restores held as
+// heldRestore holds them (failing with fail; let go at once unless held), and provisions a
+// session of project on it.
+func startHeldRestores(t *testing.T, rt, project, nodeID string, fail error, held bool) (*store.Store, heldRestore, node.Config, *running, *session.Session) {
+	t.Helper()
+	st, _ := newStore(t)
+	inner := newDriver(t, rt, tempDir(t))
+	d := heldRestore{testDriver: inner, restoring: make(chan struct{}), release: make(chan struct{}), fail: fail}
+	if !held {
+		close(d.release)
+	}
+	cfg := nodeConfig(t, st, inner, tempDir(t), nodeID)
+	cfg.Driver = d
+	n := startNode(t, cfg)
+	return st, d, cfg, n, provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+}
+
 // TestMemorySnapshotAnsweredBeforeTheRestore: a memory snapshot is answered once its
 // checkpoint is written, while the guest it stopped is still being restored (on runsc the
 // restore was more than half of the snapshot's time); an exec meanwhile waits for the guest
@@ -128,13 +147,7 @@ func (d heldRestore) Restore(ctx context.Context, s hypervisor.Spec, dir string)
 func TestMemorySnapshotAnsweredBeforeTheRestore(t *testing.T) {
 	t.Parallel()
 	const project = "proj_snapearly"
-	st, _ := newStore(t)
-	inner := newDriver(t, "runsc", tempDir(t))
-	d := heldRestore{testDriver: inner, restoring: make(chan struct{}), release: make(chan struct{})}
-	cfg := nodeConfig(t, st, inner, tempDir(t), "node_snapearly")
-	cfg.Driver = d
-	n := startNode(t, cfg)
-	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	_, d, cfg, n, s := startHeldRestores(t, "runsc", project, "node_snapearly", nil, true)
 	ctx := ctxT(t, 5*time.Minute)
 	if res, err := execIn(ctx, n.Node, s, "echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
 		t.Fatalf("exec: %+v, %v", res, err)
@@ -210,15 +223,7 @@ func TestMemorySnapshotAnsweredBeforeTheRestore(t *testing.T) {
 func TestRestoreFailsAfterTheSnapshot(t *testing.T) {
 	t.Parallel()
 	const project = "proj_snaplost"
-	st, _ := newStore(t)
-	inner := newDriver(t, "runsc", tempDir(t))
-	d := heldRestore{testDriver: inner, restoring: make(chan struct{}), release: make(chan struct{}),
-		fail: errors.New("a restore that fails")}
-	close(d.release)
-	cfg := nodeConfig(t, st, inner, tempDir(t), "node_snaplost")
-	cfg.Driver = d
-	n := startNode(t, cfg)
-	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	st, d, _, n, s := startHeldRestores(t, "runsc", project, "node_snaplost", errors.New("a restore that fails"), false)
 	ctx := ctxT(t, 5*time.Minute)
 	// As the gateway does around the node's snapshot.
 	cur, err := st.Transition(ctx, store.Change{Project: project, ID: s.ID, From: session.Running, To: session.Snapshotting, Driver: session.Caller})
@@ -236,5 +241,134 @@ func TestRestoreFailsAfterTheSnapshot(t *testing.T) {
 	got, _ := waitState(t, st, project, s.ID, time.Minute, session.Failed)
 	if got.StateReason == nil || *got.StateReason != session.GuestCrash {
 		t.Fatalf("the session whose guest was lost after its snapshot: %s, reason %s", got.State, reasonOf(got))
+	}
+}
+
+// TestStopSaving: a session stopped saving its guest (a desktop's sleep) is checkpointed,
+// memory and all, and ends stopped, its guest gone, without the restore a memory snapshot of
+// a running session makes; a session restored from the snapshot has the guest's file. On
+// runc, which keeps no memory, nothing is saved, and the session ends all the same.
+func TestStopSaving(t *testing.T) {
+	t.Parallel()
+	for _, rt := range []string{"runsc", "runc"} {
+		t.Run(rt, func(t *testing.T) {
+			t.Parallel()
+			testStopSaving(t, rt)
+		})
+	}
+}
+
+func testStopSaving(t *testing.T, rt string) {
+	project := "proj_stopsave_" + rt
+	st, d, cfg, n, s := startHeldRestores(t, rt, project, "node_stopsave_"+rt, nil, false)
+	ctx := ctxT(t, 5*time.Minute)
+	if res, err := execIn(ctx, n.Node, s, "echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
+		t.Fatalf("exec: %+v, %v", res, err)
+	}
+	// As the gateway does: the session to stopping, then the node's stop, saving it.
+	cur, err := st.Transition(ctx, store.Change{Project: project, ID: s.ID, From: session.Running, To: session.Stopping,
+		Driver: session.Caller, Reason: session.Deleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := session.NewID("snap_", time.Now())
+	mem, size, err := n.StopSaving(ctx, cur, snapID)
+	if want := rt == "runsc"; err != nil || mem != want || (size > 0) != want {
+		t.Fatalf("stop saving: memory %v size %d err %v; want memory %v", mem, size, err, want)
+	}
+	if got, _ := waitState(t, st, project, s.ID, time.Minute, session.Stopped); got.StateReason == nil || *got.StateReason != session.Deleted {
+		t.Fatalf("stopped saving for %s, want deleted", reasonOf(got))
+	}
+	select {
+	case <-d.restoring:
+		t.Fatal("the stop restored the guest it had saved")
+	default:
+	}
+	snapDir := filepath.Join(cfg.DataDir, "snapshots", snapID)
+	if !mem {
+		if _, err := os.Stat(snapDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("a stop that saved nothing left %s: %v", snapDir, err)
+		}
+		return
+	}
+	restored := restoredSession(t, st, project, n.Info.ID, snapID)
+	if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, restored); err != nil {
+		t.Fatalf("provision from the saved guest: %v", err)
+	}
+	if res, err := execIn(ctx, n.Node, restored, "cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("the restored session's /workspace/f: %+v, %v", res, err)
+	}
+}
+
+// heldCheckpoint is a driver whose memory snapshots wait for release (closed by the test)
+// and then fail with fail; checkpointing is closed as the first begins.
+type heldCheckpoint struct {
+	testDriver
+	checkpointing, release chan struct{}
+	fail                   error
+}
+
+func (d heldCheckpoint) Snapshot(ctx context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
+	if !memory {
+		return d.testDriver.Snapshot(ctx, id, dir, memory)
+	}
+	close(d.checkpointing)
+	<-d.release
+	return hypervisor.SnapshotInfo{}, d.fail
+}
+
+// TestStopSavingSurvivesTheNode: a node that winds down while it stops a session saving its
+// guest (the checkpoint failed and left the guest running, and a node winding down starts no
+// teardown) finds the guest stopping when it starts again, and finishes the stop. Before, the
+// restarted node kept the guest, and the session stayed stopping for ever.
+func TestStopSavingSurvivesTheNode(t *testing.T) {
+	t.Parallel()
+	const project, nodeID = "proj_stopsave_restart", "node_stopsave_restart"
+	st, _ := newStore(t)
+	base, dataDir := tempDir(t), tempDir(t)
+	inner := newDriver(t, "runsc", base)
+	d := heldCheckpoint{testDriver: inner, checkpointing: make(chan struct{}), release: make(chan struct{}),
+		fail: errors.New("a checkpoint that fails")}
+	cfg := nodeConfig(t, st, inner, dataDir, nodeID)
+	cfg.Driver = d
+	a := startNode(t, cfg)
+	s := provision(t, st, a.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+	ctx := ctxT(t, 5*time.Minute)
+	cur, err := st.Transition(ctx, store.Change{Project: project, ID: s.ID, From: session.Running, To: session.Stopping,
+		Driver: session.Caller, Reason: session.Deleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := make(chan error, 1)
+	go func() {
+		_, _, err := a.StopSaving(ctx, cur, session.NewID("snap_", time.Now()))
+		saved <- err
+	}()
+	<-d.checkpointing
+	// The node winds down meanwhile: at once (Run's loop waits on nothing), so that it starts
+	// no teardown once the checkpoint fails; its loops then wait for the guest's lock, which
+	// the stop holds until the checkpoint ends.
+	a.cancel()
+	time.Sleep(2 * time.Second)
+	close(d.release)
+	if err := <-saved; err == nil {
+		t.Fatal("a stop whose checkpoint failed answered that it saved the guest")
+	}
+	<-a.done
+	if info, err := inner.Info(ctx, s.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("the guest before the restart: %+v, %v; want it running (the test's premise)", info, err)
+	}
+	d2 := openDriver(t, "runsc", base, strings.TrimSuffix(inner.CgroupPath(""), "/"))
+	startNode(t, nodeConfig(t, st, d2, dataDir, nodeID))
+	if got, _ := waitState(t, st, project, s.ID, 2*time.Minute, session.Stopped); got.StateReason == nil || *got.StateReason != session.Deleted {
+		t.Fatalf("after the restart the session ended for %s, want deleted", reasonOf(got))
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := d2.Info(ctx, s.ID); errors.Is(err, hypervisor.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted node left the stopped session's guest")
+		}
 	}
 }

@@ -415,7 +415,8 @@ func (p *Placer) sweepProjects(ctx context.Context) {
 }
 
 // reindex records the provisioning deadline of the project's pending and provisioning
-// sessions and the node of its placed ones, where missing.
+// sessions, the node of its placed ones, and a lease on the snapshot of those in
+// snapshotting, where missing.
 func (p *Placer) reindex(ctx context.Context, project string) {
 	for _, st := range []session.State{session.Pending, session.Provisioning, session.Running, session.Paused,
 		session.Snapshotting, session.Stopping} {
@@ -433,6 +434,9 @@ func (p *Placer) reindex(ctx context.Context, project string) {
 			if at, ok := p.deadline(sess); ok && (sess.State == session.Pending || sess.State == session.Provisioning) {
 				err = p.Store.ScheduleProvisionDeadline(ctx, ref, at, false)
 			}
+			if sess.State == session.Snapshotting {
+				err = p.Store.EnsureSnapshotWork(ctx, ref, p.Now().Add(orphanSnapshotWait))
+			}
 			if err == nil && sess.NodeID != "" && !sess.State.Terminal() {
 				err = p.Store.AddNodeSession(ctx, sess.NodeID, ref)
 			}
@@ -442,6 +446,12 @@ func (p *Placer) reindex(ctx context.Context, project string) {
 		}
 	}
 }
+
+// orphanSnapshotWait is how long a session in snapshotting that no gateway holds a lease on
+// (one died between the transition and taking the lease) is given before a gateway's
+// recovery returns it to running: longer than a snapshot's upload, which a gateway's lease
+// would cover if it had one.
+const orphanSnapshotWait = 10 * time.Minute
 
 // deadline is when sess must have left pending and provisioning.
 func (p *Placer) deadline(sess *session.Session) (time.Time, bool) {

@@ -360,3 +360,37 @@ func TestCapacityAcrossPlacers(t *testing.T) {
 		t.Fatalf("%d sessions of 1 vCPU provisioning on a %d-vCPU node, want %d", placed, n, n)
 	}
 }
+
+// TestSweepLeasesAnOrphanSnapshot: a session left in snapshotting with no lease on its
+// snapshot (its gateway died before it took one) gets one from the sweep, which a gateway's
+// recovery waits on; a lease already there is left as it is.
+func TestSweepLeasesAnOrphanSnapshot(t *testing.T) {
+	st, _, p, now := setup(t)
+	ctx := context.Background()
+	s := pending(t, st, "proj_a", "r1", 1, 1024)
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	for _, to := range []session.State{session.Running, session.Snapshotting} {
+		from, driver := session.Provisioning, session.Node
+		if to == session.Snapshotting {
+			from, driver = session.Running, session.Caller
+		}
+		if _, err := st.Transition(ctx, store.Change{Project: "proj_a", ID: s.ID, From: from, To: to, Driver: driver}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := store.SessionRef{Project: "proj_a", ID: s.ID}
+	if due, next, err := st.DueSnapshotWork(ctx, now.Add(24*time.Hour), 10); err != nil || len(due) != 0 || !next.IsZero() {
+		t.Fatalf("a lease before the sweep: %v %v %v", due, next, err)
+	}
+	p.Sweep(ctx)
+	due, next, err := st.DueSnapshotWork(ctx, now.Add(orphanSnapshotWait-time.Second), 10)
+	if err != nil || len(due) != 0 || !next.Equal(now.Add(orphanSnapshotWait).Truncate(time.Millisecond)) {
+		t.Fatalf("after the sweep: due %v, next %v (want %v), %v", due, next, now.Add(orphanSnapshotWait), err)
+	}
+	*now = now.Add(time.Minute)
+	p.Sweep(ctx)
+	if due, _, _ := st.DueSnapshotWork(ctx, now.Add(orphanSnapshotWait-time.Minute+time.Second), 10); len(due) != 1 || due[0] != ref {
+		t.Fatalf("a second sweep moved the lease: due %v", due)
+	}
+}

@@ -292,36 +292,10 @@ func parseDesktopRef(m string) (DesktopRef, bool) {
 // stopping desktop holds a lease (a token and an end time) and renews it while it works; when
 // the lease ends unrenewed (that gateway died) another gateway claims it and resumes the work.
 
-// desktopWorkScript sets, renews, claims or releases a lease, comparing tokens.
-//
-// KEYS: desktopWorkKey, desktopWorkerKey
-// ARGV: op (set, renew, claim, release), member, token, until ms, now ms
-var desktopWorkScript = redis.NewScript(`
-local op, m, tok = ARGV[1], ARGV[2], ARGV[3]
-local holder = redis.call('HGET', KEYS[2], m)
-if op == 'renew' or op == 'release' then
-  if holder ~= tok then return 0 end
-  if op == 'release' then
-    redis.call('ZREM', KEYS[1], m)
-    redis.call('HDEL', KEYS[2], m)
-    return 1
-  end
-elseif op == 'claim' then
-  local ends = redis.call('ZSCORE', KEYS[1], m)
-  if not ends or tonumber(ends) > tonumber(ARGV[5]) then return 0 end
-end
-redis.call('ZADD', KEYS[1], ARGV[4], m)
-redis.call('HSET', KEYS[2], m, tok)
-return 1
-`)
+var desktopLeases = leaseKeys{ends: desktopWorkKey, holders: desktopWorkerKey, what: "desktop"}
 
 func (s *Store) desktopWork(ctx context.Context, op string, ref DesktopRef, token string, until, now time.Time) (bool, error) {
-	n, err := desktopWorkScript.Run(ctx, s.rdb, []string{desktopWorkKey, desktopWorkerKey},
-		op, ref.member(), token, until.UnixMilli(), now.UnixMilli()).Int()
-	if err != nil {
-		return false, fmt.Errorf("%s the work lease of desktop %s: %w", op, ref.ID, err)
-	}
-	return n == 1, nil
+	return s.lease(ctx, desktopLeases, op, ref.member(), ref.ID, token, until, now)
 }
 
 // SetDesktopWork gives the desktop's transition to the lease token until until, whoever held

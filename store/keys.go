@@ -74,6 +74,16 @@ const (
 	desktopWorkKey   = "wb:{desktops}:work"
 	desktopWorkerKey = "wb:{desktops}:worker"
 
+	// snapshotWorkKey is a sorted set of the sessions in snapshotting, member
+	// "PROJECT/SESSION", score the time in ms at which the lease of the gateway taking the
+	// snapshot ends; snapshotWorkerKey is a hash from the same member to the snapshot's id.
+	// Written by store (SetSnapshotWork, RenewSnapshotWork, ReleaseSnapshotWork,
+	// ClaimSnapshotWork; EnsureSnapshotWork, from the placer's sweep); read by every gateway's
+	// recovery loop (DueSnapshotWork), which returns to running a session whose gateway died
+	// mid-snapshot. One hash tag: one script writes both (Redis Cluster).
+	snapshotWorkKey   = "wb:{snapshots}:work"
+	snapshotWorkerKey = "wb:{snapshots}:worker"
+
 	// edgeSecretKey is a string of 32 random bytes that gateways and nodes share to sign and
 	// verify the edge's grants (internal/edgeauth). Written once by whoever reads it first
 	// (EdgeSecret, SET NX); never rotated while the fleet runs.

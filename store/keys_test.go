@@ -29,6 +29,8 @@ func TestKeyNames(t *testing.T) {
 		{desktopIdleKey, "wb:deadlines:desktop_idle"},
 		{desktopWorkKey, "wb:{desktops}:work"},
 		{desktopWorkerKey, "wb:{desktops}:worker"},
+		{snapshotWorkKey, "wb:{snapshots}:work"},
+		{snapshotWorkerKey, "wb:{snapshots}:worker"},
 		{k.desktop("desk_1"), "wb:{proj_1}:d:desk_1"},
 		{k.desktops(), "wb:{proj_1}:desktops"},
 		{NodesDrainingKey, "wb:nodes:draining"},

@@ -41,6 +41,29 @@ func (s *Store) PutObject(ctx context.Context, project, kind, id string, v any) 
 	return nil
 }
 
+// PutObjectIfAbsent writes an object of kind with id unless one is there already; false when
+// one was (it is left as it was).
+func (s *Store) PutObjectIfAbsent(ctx context.Context, project, kind, id string, v any) (bool, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false, fmt.Errorf("encode %s %s: %w", kind, id, err)
+	}
+	k := ProjectKeys(project)
+	var set *redis.BoolCmd
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		set = p.HSetNX(ctx, k.objects(kind), id, b)
+		p.ZAdd(ctx, k.objIndex(kind), redis.Z{Member: id}) // a member already there stays
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("put %s %s: %w", kind, id, err)
+	}
+	if set.Val() && kind == KindSnapshot {
+		return true, s.indexSnapshotProject(ctx, project)
+	}
+	return set.Val(), nil
+}
+
 // GetObject reads an object into v, or answers ErrNotFound.
 func (s *Store) GetObject(ctx context.Context, project, kind, id string, v any) error {
 	b, err := s.rdb.HGet(ctx, ProjectKeys(project).objects(kind), id).Bytes()

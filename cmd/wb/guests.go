@@ -65,6 +65,10 @@ func (g embeddedGuests) Stop(ctx context.Context, s *session.Session) error {
 	return g.of(s).Stop(ctx, s)
 }
 
+func (g embeddedGuests) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
+	return g.of(s).StopSaving(ctx, s, snapshotID)
+}
+
 // DeleteSnapshot removes a snapshot's files from every node that has them, the embedded one
 // among them (the gateway looks for this method on its Guests).
 func (g embeddedGuests) DeleteSnapshot(ctx context.Context, id string) error {

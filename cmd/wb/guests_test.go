@@ -54,6 +54,11 @@ func (r recordingGuests) Stop(_ context.Context, s *session.Session) error {
 	return nil
 }
 
+func (r recordingGuests) StopSaving(_ context.Context, s *session.Session, _ string) (bool, int64, error) {
+	r.note(s, "stop saving")
+	return false, 0, nil
+}
+
 func (r recordingGuests) DeleteSnapshot(_ context.Context, id string) error {
 	*r.calls = append(*r.calls, "delete snapshot "+id)
 	return nil

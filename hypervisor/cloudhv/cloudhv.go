@@ -23,6 +23,7 @@ import (
 	"wb/hypervisor/cloudhv/chapi"
 	"wb/hypervisor/cloudhv/image"
 	"wb/hypervisor/internal/guestfile"
+	"wb/internal/probe"
 	"wb/internal/proc"
 )
 
@@ -475,30 +476,21 @@ func (d *Driver) startVMM(ctx context.Context, r record) (record, error) {
 	return r, nil
 }
 
-// waitAPI waits until the VMM answers vmm.ping, or fails when it exits first. A ping waits
-// a second, and twice as long as the last after one that ran out of time, so that a VMM
-// slow to answer on a loaded host is still heard (as node's waitHealthy does).
+// waitAPI waits until the VMM answers vmm.ping, or fails when it exits first; a ping's
+// bound grows as node's agent probes' do (internal/probe).
 func (d *Driver) waitAPI(ctx context.Context, r record, exited <-chan struct{}) error {
 	c := d.client(r.Spec.ID)
-	wait := time.Second
-	for {
-		pctx, cancel := context.WithTimeout(ctx, wait)
-		_, err := c.Ping(pctx)
-		if errors.Is(pctx.Err(), context.DeadlineExceeded) {
-			wait *= 2
-		}
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("cloudhv: guest %s: %s exited before its API answered", r.Spec.ID, d.o.Binary)
-		case <-ctx.Done():
-			return fmt.Errorf("cloudhv: guest %s: the VMM's API did not answer: %w (last: %v)", r.Spec.ID, ctx.Err(), err)
-		case <-time.After(5 * time.Millisecond):
-		}
+	err := probe.Default().Until(ctx, exited, func(ctx context.Context) error {
+		_, err := c.Ping(ctx)
+		return err
+	})
+	switch {
+	case errors.Is(err, probe.ErrGone):
+		return fmt.Errorf("cloudhv: guest %s: %s exited before its API answered", r.Spec.ID, d.o.Binary)
+	case err != nil:
+		return fmt.Errorf("cloudhv: guest %s: the VMM's API did not answer: %w", r.Spec.ID, err)
 	}
+	return nil
 }
 
 // withLog adds the tail of the guest's VMM log to err.

@@ -302,6 +302,10 @@ func (n *Node) DeleteSnapshot(_ context.Context, id string) error {
 // Stop ends a stopping session with the terminal state its reason leads to.
 func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	n.record("stop", s.ID)
+	return n.end(ctx, s)
+}
+
+func (n *Node) end(ctx context.Context, s *session.Session) error {
 	n.mu.Lock()
 	a := n.agents[s.ID]
 	delete(n.agents, s.ID)
@@ -319,6 +323,27 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 	_, err = n.Store.Transition(ctx, store.Change{Project: s.ProjectID, ID: s.ID, From: session.Stopping,
 		To: cur.StateReason.Terminal(), Driver: session.Node, Reason: *cur.StateReason, Rule: deref(cur.Rule)})
 	return err
+}
+
+// StopSaving is Stop after a snapshot with memory (when MemorySnapshots) of the size
+// SetSnapshotBytes set, taken after the delay SetSnapshotDelay set.
+func (n *Node) StopSaving(ctx context.Context, s *session.Session, id string) (bool, int64, error) {
+	n.record("stop_saving", s.ID)
+	n.mu.Lock()
+	delay, mem, size := n.snapshotDelay, n.MemorySnapshots, cmp.Or(n.snapshotBytes, 4096)
+	n.mu.Unlock()
+	select {
+	case <-time.After(delay):
+	case <-ctx.Done():
+		return false, 0, ctx.Err()
+	}
+	if err := n.end(ctx, s); err != nil {
+		return false, 0, err
+	}
+	if !mem {
+		return false, 0, nil
+	}
+	return true, size, nil
 }
 
 func deref(s *string) string {

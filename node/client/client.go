@@ -188,14 +188,29 @@ func (c *Client) Stop(ctx context.Context, s *session.Session) error {
 	if s.NodeID == "" {
 		return nil // never placed: nothing to tear down
 	}
-	req := nodeapi.StopRequest{ProjectID: s.ProjectID}
+	return c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionStop), stopRequest(s, ""), nil)
+}
+
+// StopSaving is Stop after the node saved the guest, memory and all, as snapshot
+// snapshotID where it can; it answers whether memory was saved and the size.
+func (c *Client) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
+	if s.NodeID == "" {
+		return false, 0, nil // never placed: nothing to save or tear down
+	}
+	var res nodeapi.SnapshotResult
+	err := c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionStop), stopRequest(s, snapshotID), &res)
+	return res.Memory, res.SizeBytes, err
+}
+
+func stopRequest(s *session.Session, saveAs string) nodeapi.StopRequest {
+	req := nodeapi.StopRequest{ProjectID: s.ProjectID, SaveAs: saveAs}
 	if s.StateReason != nil {
 		req.Reason = *s.StateReason
 	}
 	if s.Rule != nil {
 		req.Rule = *s.Rule
 	}
-	return c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionStop), req, nil)
+	return req
 }
 
 // DeleteSnapshot removes a snapshot's files from every node that may hold them.

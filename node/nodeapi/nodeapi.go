@@ -28,7 +28,7 @@ const (
 	ActionResume   = "resume"   // no body; 204
 	ActionTouch    = "touch"    // no body; 204, also for a session the node does not hold
 	ActionRetime   = "retime"   // RetimeRequest; 204
-	ActionStop     = "stop"     // StopRequest; 204
+	ActionStop     = "stop"     // StopRequest; 204, or 200 SnapshotResult with save_as
 	ActionSnapshot = "snapshot" // SnapshotRequest; 200 SnapshotResult
 )
 
@@ -66,11 +66,14 @@ type RetimeRequest struct {
 }
 
 // StopRequest is the body of :stop: the control plane moved the session to stopping for
-// Reason; the node tears the guest down and ends the session.
+// Reason; the node tears the guest down and ends the session. With SaveAs, a snapshot id, the
+// node first saves the guest, memory and all, as that snapshot where its back end can (a
+// desktop's sleep), and answers a SnapshotResult (Memory false: nothing saved).
 type StopRequest struct {
 	ProjectID string         `json:"project_id"`
 	Reason    session.Reason `json:"state_reason,omitempty"`
 	Rule      string         `json:"rule,omitempty"` // the policy rule that stopped it, if any
+	SaveAs    string         `json:"save_as,omitempty"`
 }
 
 // SnapshotRequest is the body of :snapshot.

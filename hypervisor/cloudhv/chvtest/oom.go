@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"strings"
+	"sync"
 
 	"wb/hypervisor"
 )
@@ -51,9 +52,12 @@ func panicsOnOOM(cmdline string) bool {
 
 // watchOOM makes the guest's first OOM kill what a kernel booted with panic_on_oom makes of
 // it (doc.go): the panic line on the console, guest/panic through pvpanic, and a hung VM (the
-// guest frozen, the VM left Running). Without panic_on_oom an OOM kill stays inside the guest,
-// as in a VM: the kernel kills a process and the host sees nothing.
+// guest frozen, the VM left Running). The kernel panics whichever process the kill took, init
+// too. Without panic_on_oom an OOM kill stays inside the guest, as in a VM: the kernel kills a
+// process and the host sees nothing.
 func (v *VMM) watchOOM(vm *vmInstance, view oomView) {
+	settled := sync.OnceFunc(func() { close(vm.oomSettled) })
+	defer settled()
 	if !panicsOnOOM(view.Payload.Cmdline) {
 		return
 	}
@@ -68,31 +72,37 @@ func (v *VMM) watchOOM(vm *vmInstance, view oomView) {
 			continue
 		}
 		v.mu.Lock()
-		select {
-		case <-vm.guest.exited: // init itself was killed: watchGuest has made it a panic
-		default:
-			if v.vm != vm {
-				break
-			}
-			v.log.Info("guest out of memory: kernel panic (panic_on_oom)")
-			if vm.console != nil {
-				vm.console.write([]byte(oomPanicLine + "\n"))
-			} else if view.Console != nil && view.Console.Mode == "File" && view.Console.File != "" {
-				if f, err := os.OpenFile(view.Console.File, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err == nil {
-					_, _ = f.WriteString(oomPanicLine + "\n")
-					_ = f.Close()
-				}
-			}
-			if err := vm.guest.drv.Pause(ctx, vm.guest.id); err != nil {
-				v.log.Warn("freeze the panicked guest", "err", err)
-			}
-			if view.Pvpanic {
-				v.events.emit("guest", "panic", map[string]string{"event": "panic"})
-			}
+		if v.vm == vm {
+			v.oomPanic(vm, view)
 		}
 		v.mu.Unlock()
+		settled()
 		for range ch { // the guest's end
 		}
 		return
+	}
+}
+
+// oomPanic is the kernel's panic on an OOM kill; the caller holds the VMM's lock.
+func (v *VMM) oomPanic(vm *vmInstance, view oomView) {
+	v.log.Info("guest out of memory: kernel panic (panic_on_oom)")
+	vm.oomPanicked = true
+	if vm.console != nil {
+		vm.console.write([]byte(oomPanicLine + "\n"))
+	} else if view.Console != nil && view.Console.Mode == "File" && view.Console.File != "" {
+		if f, err := os.OpenFile(view.Console.File, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err == nil {
+			_, _ = f.WriteString(oomPanicLine + "\n")
+			_ = f.Close()
+		}
+	}
+	select {
+	case <-vm.guest.exited: // the kill took init: nothing left to freeze
+	default:
+		if err := vm.guest.drv.Pause(context.Background(), vm.guest.id); err != nil {
+			v.log.Warn("freeze the panicked guest", "err", err)
+		}
+	}
+	if view.Pvpanic {
+		v.events.emit("guest", "panic", map[string]string{"event": "panic"})
 	}
 }

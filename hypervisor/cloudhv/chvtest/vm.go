@@ -193,13 +193,17 @@ type vmInstance struct {
 	nets                 map[string]*netLink // by device id: the net devices joined to the guest
 	console              *ptyConsole         // the virtio console in Pty mode (else nil)
 	debugPort            *debugPort          // the I/O port 0x80 (debugport.go)
-	mu                   sync.Mutex          // guards state for the vsock gate
-	changed              chan struct{}
-	gone                 bool
+	// oomSettled closes once watchOOM has made the first OOM kill a panic, or knows there
+	// will be none; oomPanicked (under the VMM's lock) says which.
+	oomSettled  chan struct{}
+	oomPanicked bool
+	mu          sync.Mutex // guards state for the vsock gate
+	changed     chan struct{}
+	gone        bool
 }
 
 func newInstance(g *guest) *vmInstance {
-	return &vmInstance{guest: g, changed: make(chan struct{})}
+	return &vmInstance{guest: g, changed: make(chan struct{}), oomSettled: make(chan struct{})}
 }
 
 func (vm *vmInstance) setState(s string) {
@@ -460,9 +464,11 @@ func guestConfigOf(view vmConfigView) (guestConfig, error) {
 
 // watchGuest turns the end of init into what CH sees of a guest (doc.go): status 0 is a
 // power-off (CH shuts the VMM down), anything else a kernel panic ("Attempted to kill init"),
-// reported through pvpanic when the VM has that device; the VM then hangs, Running.
+// reported through pvpanic when the VM has that device; the VM then hangs, Running. An init
+// killed by an OOM that panicked the kernel first is that panic, and no second one.
 func (v *VMM) watchGuest(vm *vmInstance) {
 	<-vm.guest.exited
+	<-vm.oomSettled // the driver's events report an OOM kill before the exit it caused
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.vm != vm {
@@ -470,6 +476,9 @@ func (v *VMM) watchGuest(vm *vmInstance) {
 	}
 	status := vm.guest.status
 	v.log.Info("guest init exited", "status", status)
+	if vm.oomPanicked {
+		return // the kernel hung at the OOM's panic
+	}
 	if status == 0 {
 		if err := v.vmmShutdown(context.Background()); err != nil {
 			v.log.Error("shutdown after guest power-off", "err", err)

@@ -243,7 +243,7 @@ export interface paths {
         put?: never;
         /**
          * Snapshot a running session
-         * @description The session passes through snapshotting and returns to running. With include_memory it is answered once the guest's memory is written; the guest is restored after, and calls on the session meanwhile wait for it. Only a running session (409 otherwise). Refused with 403 plan_limit when the project's snapshots would pass its plan's snapshot_count or snapshot_gib.
+         * @description The session passes through snapshotting and returns to running. With include_memory it is answered once the guest's memory is written; the guest is restored after, and calls on the session meanwhile wait for it. Only a running session (409 otherwise). Refused with 403 plan_limit when the project's snapshots would pass its plan's snapshot_count or snapshot_gib. Should the gateway taking it fail before it answers, the snapshot is recorded failed and the session runs again within about a minute.
          */
         post: operations["snapshotSession"];
         delete?: never;

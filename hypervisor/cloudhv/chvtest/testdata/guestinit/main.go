@@ -2,7 +2,7 @@
 // so a test sees whether the guest runs) and serves a line protocol on vsock port 1024
 // ($WB_VSOCK_UNIX_DIR/1024.sock): "env", "args", "count", "read PATH", "write PATH DATA",
 // "exit N", "hog MIB" (a child process that takes MIB of memory and holds it, answered when
-// it ends), anything else is echoed.
+// it ends), "hoginit MIB" (init itself takes it), anything else is echoed.
 package main
 
 import (
@@ -74,6 +74,8 @@ func main() {
 					if err != nil {
 						out = "error: " + err.Error() + ": " + out
 					}
+				case "hoginit":
+					hog(arg)
 				case "exit":
 					n, _ := strconv.Atoi(arg)
 					os.Exit(n)

@@ -1,0 +1,142 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"wb/internal/redistest"
+)
+
+// TestSnapshotWorkLeases: a snapshot's lease is renewed and released only by its snapshot; a
+// claim takes over only a lease that ran out, answers the snapshot that held it and leaves
+// it the holder; a newer snapshot's lease supersedes an older one's left behind; and a lease
+// ensured for a session that had none does not move one already recorded.
+func TestSnapshotWorkLeases(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := New(redistest.Server(t))
+	t0 := time.UnixMilli(1_800_000_000_000)
+	ref := SessionRef{Project: "proj_s", ID: "sess_s"}
+	must := func(ok bool, err error) bool {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	claim := func(now time.Time) (string, bool) {
+		t.Helper()
+		holder, ok, err := s.ClaimSnapshotWork(ctx, ref, now, now.Add(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return holder, ok
+	}
+	if err := s.SetSnapshotWork(ctx, ref, "snap_a", t0.Add(30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := claim(t0.Add(10 * time.Second)); ok {
+		t.Fatal("claimed a lease that still runs")
+	}
+	if must(s.RenewSnapshotWork(ctx, ref, "snap_b", t0.Add(time.Hour))) || must(s.ReleaseSnapshotWork(ctx, ref, "snap_b")) {
+		t.Fatal("another snapshot renewed or released the lease")
+	}
+	if !must(s.RenewSnapshotWork(ctx, ref, "snap_a", t0.Add(60*time.Second))) {
+		t.Fatal("the holder could not renew")
+	}
+	if due, next, _ := s.DueSnapshotWork(ctx, t0.Add(59*time.Second), 10); len(due) != 0 || !next.Equal(t0.Add(60*time.Second)) {
+		t.Fatalf("before the renewed end: due %v next %v", due, next)
+	}
+	if due, _, _ := s.DueSnapshotWork(ctx, t0.Add(61*time.Second), 10); len(due) != 1 || due[0] != ref {
+		t.Fatalf("after the end: due %v", due)
+	}
+	holder, ok := claim(t0.Add(61 * time.Second))
+	if !ok || holder != "snap_a" {
+		t.Fatalf("claim after the end: %q, %v; want snap_a, true", holder, ok)
+	}
+	if _, ok := claim(t0.Add(61 * time.Second)); ok {
+		t.Fatal("a second claimant took the lease too")
+	}
+	if due, _, _ := s.DueSnapshotWork(ctx, t0.Add(61*time.Second), 10); len(due) != 0 {
+		t.Fatalf("a claimed lease is still due: %v", due)
+	}
+	// The claimant ends it as the holder would.
+	if !must(s.ReleaseSnapshotWork(ctx, ref, "snap_a")) {
+		t.Fatal("the claimant could not release the lease with the snapshot it answered")
+	}
+
+	// A lease left behind (its gateway died after the session ran again) is superseded by
+	// the next snapshot's, and the old one's release leaves the new one alone.
+	if err := s.SetSnapshotWork(ctx, ref, "snap_c", t0.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSnapshotWork(ctx, ref, "snap_d", t0.Add(3*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if must(s.ReleaseSnapshotWork(ctx, ref, "snap_c")) {
+		t.Fatal("the older snapshot released the newer one's lease")
+	}
+	if err := s.EnsureSnapshotWork(ctx, ref, t0); err != nil {
+		t.Fatal(err)
+	}
+	if due, next, _ := s.DueSnapshotWork(ctx, t0.Add(time.Minute), 10); len(due) != 0 || !next.Equal(t0.Add(3*time.Minute)) {
+		t.Fatalf("ensure moved a recorded lease: due %v next %v", due, next)
+	}
+	if !must(s.ReleaseSnapshotWork(ctx, ref, "snap_d")) {
+		t.Fatal("the holder could not release")
+	}
+
+	// A snapshot whose gateway could not take its lease takes the one the sweep gave the
+	// session when it renews.
+	if err := s.EnsureSnapshotWork(ctx, ref, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if !must(s.RenewSnapshotWork(ctx, ref, "snap_e", t0.Add(5*time.Minute))) {
+		t.Fatal("the snapshot under way could not take a lease with no holder")
+	}
+	if holder, ok := claim(t0.Add(6 * time.Minute)); !ok || holder != "snap_e" {
+		t.Fatalf("claim of the lease taken over: %q, %v; want snap_e, true", holder, ok)
+	}
+	if !must(s.ReleaseSnapshotWork(ctx, ref, "snap_e")) {
+		t.Fatal("could not release the lease taken over")
+	}
+
+	// A session in snapshotting with no lease at all gets one; its holder is unknown, and the
+	// claimant can still release it.
+	if err := s.EnsureSnapshotWork(ctx, ref, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	holder, ok = claim(t0.Add(2 * time.Minute))
+	if !ok || holder != "" {
+		t.Fatalf("claim of an ensured lease: %q, %v; want \"\", true", holder, ok)
+	}
+	if !must(s.ReleaseSnapshotWork(ctx, ref, holder)) {
+		t.Fatal("could not release an ensured lease once claimed")
+	}
+
+	// A holder hands its lease to no one (its snapshot recorded, the session not moved back):
+	// only the holder can, and the claim answers no holder, at the new end.
+	if err := s.SetSnapshotWork(ctx, ref, "snap_f", t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if must(s.HandOffSnapshotWork(ctx, ref, "snap_g", t0.Add(2*time.Minute))) {
+		t.Fatal("another snapshot handed off the lease")
+	}
+	if !must(s.HandOffSnapshotWork(ctx, ref, "snap_f", t0.Add(2*time.Minute))) {
+		t.Fatal("the holder could not hand off its lease")
+	}
+	if _, ok := claim(t0.Add(90 * time.Second)); ok {
+		t.Fatal("claimed a handed-off lease before its new end")
+	}
+	holder, ok = claim(t0.Add(2 * time.Minute))
+	if !ok || holder != "" {
+		t.Fatalf("claim of a handed-off lease: %q, %v; want \"\", true", holder, ok)
+	}
+	if !must(s.ReleaseSnapshotWork(ctx, ref, holder)) {
+		t.Fatal("could not release a handed-off lease once claimed")
+	}
+	if due, next, _ := s.DueSnapshotWork(ctx, t0.Add(time.Hour), 10); len(due) != 0 || !next.IsZero() {
+		t.Fatalf("leases left: due %v next %v", due, next)
+	}
+}
