@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"wb/agent"
@@ -102,6 +103,9 @@ type Server struct {
 	cancel context.CancelFunc
 	// execs and asyncRuns count work in progress per project, for the caps above.
 	execs, asyncRuns *projectSlots
+	// releasing counts the refused creates' slots being given back in the background
+	// (releases.go).
+	releasing atomic.Int32
 	// access is the data path's state: grant signers and ext_authz's lookups (authz*.go).
 	access edgeAccess
 	// idleKick wakes the desktop idle loop when this server sets an earlier deadline.

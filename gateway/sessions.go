@@ -79,7 +79,7 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 			defer func() {
 				if resv != nil { // not written: nothing of the create stays
 					if err := s.Store.Release(context.WithoutCancel(ctx), *resv); err != nil {
-						s.log.ErrorContext(ctx, "a refused create's slot is held until it lapses", "session", id, "err", err)
+						s.releaseLater(*resv, err)
 					}
 				}
 			}()

@@ -242,9 +242,35 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 	}
 	e.figure(t, "usage: %d records of %d sessions, %d of them measured during the failover and written after it; each settled exactly once (settled = sum of records, seqs 1…n without a gap)",
 		records, len(long)+1, replayed)
-	if n := e.activeSlots(t); n != 0 {
-		t.Errorf("the project holds %d slots after every session ended", n)
+	// A create refused during the failover gives its slot back in the background once Redis
+	// answers again (its release failed with its write), within seconds of the takeover.
+	n := e.activeSlots(t)
+	for deadline := time.Now().Add(20 * time.Second); n != 0 && time.Now().Before(deadline); n = e.activeSlots(t) {
+		time.Sleep(500 * time.Millisecond)
 	}
+	if n != 0 {
+		t.Errorf("the project holds %d slots after every session ended: %s", n, e.slotHolders(t))
+	}
+}
+
+// slotHolders says what holds the project's slots: each id in its active set, and the state
+// of the session of that id (none: a create's reservation).
+func (e *env) slotHolders(t *testing.T) string {
+	t.Helper()
+	k := store.ProjectKeys(project)
+	ids, err := e.f.Redis.SMembers(e.bg, "wb:{"+project+"}:active").Result() // store's ProjectKeyspace.active
+	if err != nil {
+		return err.Error()
+	}
+	var held []string
+	for _, id := range ids {
+		st, err := e.f.Redis.HGet(e.bg, k.SessionHash(id), "state").Result()
+		if err != nil {
+			st = "no session (" + err.Error() + ")"
+		}
+		held = append(held, id+": "+st)
+	}
+	return strings.Join(held, "; ")
 }
 
 func countBad(outs []*createOutcome) int {

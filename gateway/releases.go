@@ -1,0 +1,50 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"wb/store"
+)
+
+// maxPendingReleases bounds the slots given back in the background at once: each is a
+// goroutine, and an outage refuses every create at the rate they come.
+const maxPendingReleases = 1024
+
+// releaseLater gives back, in the background, the slot of a refused create whose release
+// failed (Redis unreachable, as in a failover: the create's write failed, and its release
+// with it). It tries again 250 ms later, then twice as long each time up to 5 s, until the
+// release goes through or the reservation has lapsed. Without it the slot stayed held until
+// the project's next create after the lapse (store.ReservationLapse), and for good in a
+// project that created nothing more. A release is safe to repeat: it frees only a
+// reservation that no session was written under.
+func (s *Server) releaseLater(r store.Reservation, cause error) {
+	if s.releasing.Add(1) > maxPendingReleases {
+		s.releasing.Add(-1)
+		s.log.Error("a refused create's slot is held until it lapses: too many releases wait already", "session", r.ID, "err", cause)
+		return
+	}
+	s.log.Warn("a refused create's slot: its release failed; trying again in the background", "session", r.ID, "err", cause)
+	until := time.Now().Add(store.ReservationLapse)
+	s.desktopWork(func() {
+		defer s.releasing.Add(-1)
+		for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+			err := s.Store.Release(ctx, r)
+			cancel()
+			if err == nil {
+				s.log.Info("a refused create's slot given back", "session", r.ID)
+				return
+			}
+			if time.Now().After(until) {
+				s.log.Error("a refused create's slot is held until it lapses", "session", r.ID, "err", err)
+				return
+			}
+		}
+	})
+}
