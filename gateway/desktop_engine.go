@@ -407,7 +407,7 @@ func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desk
 	defer endLease(false)
 	// notSaved gives up the snapshot: whatever the node wrote of it goes, and the lease with it.
 	notSaved := func(why string) (string, bool, string) {
-		s.deleteSnapshotFiles(bg, snap.ID)
+		s.dropSnapshot(bg, p.ID, snap.ID) // a recovery may have recorded it failed meanwhile
 		endLease(true)
 		return "", false, "state not saved: " + why
 	}

@@ -96,7 +96,9 @@ func (s *Server) recoverSnapshot(ctx context.Context, ref store.SessionRef, now 
 // A snapshot unrecorded is one whose gateway died, or still works with its renewals late:
 // that gateway then records the snapshot over this.
 func (s *Server) endOrphanSnapshot(ctx context.Context, ref store.SessionRef, sess *session.Session, snapID string) error {
-	if snapID != "" {
+	// A session running (or paused) again left snapshotting through its gateway's last step,
+	// which follows the record: a record missing now was deleted since, and stays so.
+	if snapID != "" && (sess == nil || (sess.State != session.Running && sess.State != session.Paused)) {
 		snap := session.Snapshot{ID: snapID, Object: "snapshot", SessionID: ref.ID, State: session.SnapshotFailed, CreatedAt: *session.At(s.Now())}
 		if sess != nil {
 			snap.Template, snap.Tier, snap.NodeID = sess.Template, sess.Tier, sess.NodeID

@@ -278,3 +278,27 @@ func TestSnapshotRecordedButNotReturned(t *testing.T) {
 		t.Errorf("the snapshot is %s after the recovery, want ready", snap.State)
 	}
 }
+
+// TestDeletedSnapshotStaysDeleted: a lease that outlived its recorded snapshot (letting go of
+// it failed), whose snapshot was then deleted while the session runs, ends without bringing
+// the snapshot back. Before, the recovery found no record and wrote one, failed: a snapshot
+// the user had deleted showed again, and counted against the plan's snapshots.
+func TestDeletedSnapshotStaysDeleted(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	ctx := context.Background()
+	ref := store.SessionRef{Project: e.projA, ID: s.ID}
+	if err := e.st.SetSnapshotWork(ctx, ref, "snap_deletedSince", time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	e.secondGateway(nil).recoverSnapshot(ctx, ref, time.Now())
+	if r := e.do("GET", "/v1/snapshots/snap_deletedSince", e.key, nil); r.status != 404 {
+		t.Errorf("the deleted snapshot after the recovery: %d %s, want 404", r.status, r.body)
+	}
+	if st := e.sessionOf(s.ID).State; st != session.Running {
+		t.Errorf("the session after the recovery is %s, want running", st)
+	}
+	if due, next, err := e.st.DueSnapshotWork(ctx, time.Now().Add(time.Hour), 10); err != nil || len(due) != 0 || !next.IsZero() {
+		t.Errorf("leases left after the recovery: %v %v %v", due, next, err)
+	}
+}

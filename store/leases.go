@@ -29,9 +29,9 @@ type leaseKeys struct{ ends, holders, what string }
 // holder, ending at until.
 var leaseScript = redis.NewScript(`
 local op, m, tok = ARGV[1], ARGV[2], ARGV[3]
-local holder = redis.call('HGET', KEYS[2], m)
+local holder = redis.call('HGET', KEYS[2], m) or '' -- '': no holder
 if op == 'keep' then
-  if holder and holder ~= tok then return 0 end
+  if holder ~= '' and holder ~= tok then return 0 end
 elseif op == 'renew' or op == 'release' or op == 'handoff' then
   if holder ~= tok then return 0 end
   if op == 'release' then
@@ -49,7 +49,11 @@ elseif op == 'claim' then
   if not ends or tonumber(ends) > tonumber(ARGV[5]) then return 0 end
 end
 redis.call('ZADD', KEYS[1], ARGV[4], m)
-redis.call('HSET', KEYS[2], m, tok)
+if tok == '' then
+  redis.call('HDEL', KEYS[2], m) -- no holder (a claim of a lease whose holder is unknown)
+else
+  redis.call('HSET', KEYS[2], m, tok)
+end
 return 1
 `)
 

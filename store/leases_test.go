@@ -111,6 +111,20 @@ func TestSnapshotWorkLeases(t *testing.T) {
 	if !ok || holder != "" {
 		t.Fatalf("claim of an ensured lease: %q, %v; want \"\", true", holder, ok)
 	}
+	// Its snapshot, still under way (its gateway's SetSnapshotWork had failed), can take it
+	// as it renews, as before the claim.
+	if !must(s.RenewSnapshotWork(ctx, ref, "snap_e2", t0.Add(3*time.Minute))) {
+		t.Fatal("a claim of a lease with no holder made one: the snapshot under way could not renew it")
+	}
+	if !must(s.ReleaseSnapshotWork(ctx, ref, "snap_e2")) {
+		t.Fatal("could not release the lease taken after the claim")
+	}
+	if err := s.EnsureSnapshotWork(ctx, ref, t0.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if holder, ok = claim(t0.Add(2 * time.Minute)); !ok || holder != "" {
+		t.Fatalf("claim of an ensured lease: %q, %v; want \"\", true", holder, ok)
+	}
 	if !must(s.ReleaseSnapshotWork(ctx, ref, holder)) {
 		t.Fatal("could not release an ensured lease once claimed")
 	}

@@ -52,7 +52,7 @@ func (s *Store) PutObjectIfAbsent(ctx context.Context, project, kind, id string,
 	var set *redis.BoolCmd
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		set = p.HSetNX(ctx, k.objects(kind), id, b)
-		p.ZAdd(ctx, k.objIndex(kind), redis.Z{Member: id}) // a member already there stays
+		p.ZAddNX(ctx, k.objIndex(kind), redis.Z{Member: id})
 		return nil
 	})
 	if err != nil {
