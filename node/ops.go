@@ -344,8 +344,7 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	if err != nil {
 		return false, 0, err
 	}
-	ms, ok := n.Driver.(hypervisor.MemorySnapshotter)
-	memory = memory && ok && ms.MemorySnapshots()
+	memory = memory && n.keepsMemory()
 	if !memory {
 		info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, false)
 		return false, info.SizeBytes, err
@@ -562,12 +561,14 @@ func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (boo
 		size int64
 	)
 	switch {
-	case saveAs != "" && saveFrom == session.Running:
+	case saveAs != "" && saveFrom == session.Running && n.keepsMemory():
 		// Journalled stopping first: a node that dies during the checkpoint finds the guest
-		// stopping, and ends it for the reason given (recover), not as a guest lost.
+		// stopping, and ends it for the reason given (recover), not as a guest lost. (A
+		// back end that keeps no memory saves nothing: no checkpoint, and no journal write
+		// under the lock, which took seconds on a loaded host.)
 		n.save(l)
 		mem, size, err = n.saveBeforeStop(ctx, l, saveAs)
-	case saveAs != "":
+	case saveAs != "" && saveFrom != session.Running:
 		err = &StateError{SessionID: s.ID, State: saveFrom, Detail: "only a running guest is saved as it stops; it stops unsaved"}
 	}
 	op.land = n.saveLater(l)
@@ -575,12 +576,15 @@ func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (boo
 	return mem, size, err
 }
 
-// saveBeforeStop checkpoints l's guest into snapshot snapshotID as it stops; nothing is
-// written where the back end keeps no memory. The caller holds l's lock.
+// keepsMemory answers whether the node's back end saves a guest's memory in its snapshots.
+func (n *Node) keepsMemory() bool {
+	ms, ok := n.Driver.(hypervisor.MemorySnapshotter)
+	return ok && ms.MemorySnapshots()
+}
+
+// saveBeforeStop checkpoints l's guest, memory and all, into snapshot snapshotID as it
+// stops (the back end keeps memory: keepsMemory). The caller holds l's lock.
 func (n *Node) saveBeforeStop(ctx context.Context, l *live, snapshotID string) (bool, int64, error) {
-	if ms, ok := n.Driver.(hypervisor.MemorySnapshotter); !ok || !ms.MemorySnapshots() {
-		return false, 0, nil
-	}
 	dir, err := n.snapshotDir(snapshotID)
 	if err != nil {
 		return false, 0, err

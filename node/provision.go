@@ -634,7 +634,10 @@ func (n *Node) reconcile(ctx context.Context) {
 			l.stopSeen = now
 		case now.Sub(l.stopSeen) >= missedStopAfter:
 			l.stopSeen = time.Time{}
-			n.stopMissed(ctx, refs[i])
+			// In the background: the stop waits for the guest's lock (a restore may hold it a
+			// minute or two), and the other guests' reconcile must not.
+			ref := refs[i]
+			n.goBackground(func() { n.stopMissed(n.ctx, ref) })
 		}
 	}
 }

@@ -18,8 +18,9 @@ var ErrGone = errors.New("gone before it answered")
 // wait for long.
 type Bounds struct{ First, Max time.Duration }
 
-// Default answers the bounds of guests' and VMMs' probes: 1 s, at most 8 s.
-func Default() Bounds { return Bounds{First: time.Second, Max: 8 * time.Second} }
+// Default answers the bounds of guests' and VMMs' probes: 1 s, at most 30 s (on a host at
+// a load of 40 an answer may take many seconds; a cap of 8 s would have cancelled each).
+func Default() Bounds { return Bounds{First: time.Second, Max: 30 * time.Second} }
 
 // retry is the pause after a probe that failed at once (nothing listening yet).
 const retry = 5 * time.Millisecond

@@ -99,7 +99,9 @@ func (c *Client) call(ctx context.Context, nodeID, method, path string, in, out 
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return fmt.Errorf("node %s: %w", nodeID, nodeapi.ParseError(resp.StatusCode, b))
 	}
-	if out != nil {
+	// 204: no answer, out stays as it was (a node from before StopSaving answers its stop so:
+	// nothing was saved).
+	if out != nil && resp.StatusCode != http.StatusNoContent {
 		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 			return fmt.Errorf("node %s: %s %s: decode the answer: %w", nodeID, method, path, err)
 		}
