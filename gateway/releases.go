@@ -17,8 +17,15 @@ const maxPendingReleases = 1024
 // release goes through or the reservation has lapsed. Without it the slot stayed held until
 // the project's next create after the lapse (store.ReservationLapse), and for good in a
 // project that created nothing more. A release is safe to repeat: it frees only a
-// reservation that no session was written under.
-func (s *Server) releaseLater(r store.Reservation, cause error) {
+// reservation that no session was written under. But a create whose id was given (fresh
+// false: an idempotency key's, a desktop's) is left to the lapse: the caller's retry of it
+// reserves under the same id, sharing the slot, and a late release would take it from under
+// the retry, whose write would then fail.
+func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
+	if !fresh {
+		s.log.Error("a refused create's slot is held until it lapses", "session", r.ID, "err", cause)
+		return
+	}
 	if s.releasing.Add(1) > maxPendingReleases {
 		s.releasing.Add(-1)
 		s.log.Error("a refused create's slot is held until it lapses: too many releases wait already", "session", r.ID, "err", cause)

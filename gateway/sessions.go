@@ -63,7 +63,10 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 		return nil, nil, s.admissionRefusal(p, &store.RateLimitError{Wait: time.Second})
 	}
 	adm := store.Admission{RatePerSec: p.RatePerSec, Burst: p.Burst, CapMonth: quota.CapMonth(s.Now()), Concurrency: p.Concurrency}
-	if id == "" {
+	// An id made here is this create's alone; one given (an idempotency key's, a desktop's)
+	// may be a retry's too, which shares the reservation (releaseLater).
+	fresh := id == ""
+	if fresh {
 		id = session.NewID("sess_", s.Now())
 	}
 	// 4. the admission decision point
@@ -79,7 +82,7 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 			defer func() {
 				if resv != nil { // not written: nothing of the create stays
 					if err := s.Store.Release(context.WithoutCancel(ctx), *resv); err != nil {
-						s.releaseLater(*resv, err)
+						s.releaseLater(*resv, fresh, err)
 					}
 				}
 			}()
