@@ -90,7 +90,7 @@ sdk=$!
 # go test's output is also kept, for step 5.
 go_log=$(mktemp)
 trap 'kill -- -$sdk 2>/dev/null; rm -f "$sdk_log" "$go_log"' EXIT
-"$GO" test -vet=off -race -count=1 -timeout 20m -p 3 -skip "$ATTACKS" "${all[@]}" | tee -a "$go_log" || rc=1
+"$GO" test -vet=off -race -count=1 -timeout 20m -p 3 -skip "$ATTACKS" "${all[@]}" 2>&1 | tee -a "$go_log" || rc=1
 sdk_rc=0
 wait $sdk || sdk_rc=$?
 cat "$sdk_log"
@@ -105,7 +105,7 @@ for p in "${all[@]}"; do
 	case $p in wb/conformance) attack+=("$p") ;; esac
 done
 if [ ${#attack[@]} -gt 0 ]; then
-	"$GO" test -vet=off -race -count=1 -timeout 20m -p 1 -run "$ATTACKS" "${attack[@]}" | tee -a "$go_log" || rc=1
+	"$GO" test -vet=off -race -count=1 -timeout 20m -p 1 -run "$ATTACKS" "${attack[@]}" 2>&1 | tee -a "$go_log" || rc=1
 fi
 
 # 4. The race reports.
@@ -118,11 +118,14 @@ done
 
 # 5. What failed, last: CI shows a long output's head and tail only, and a failed test's
 # messages may be in neither (a failed fleet's logs filled the head once). Each failed test,
-# the first lines it logged (a test reports what failed first), each cut to 300 bytes.
+# the first lines it logged (a test reports what failed first), each cut to 300 bytes; and
+# the tests a timeout's panic names as running.
 if ((rc)); then
 	echo "--- failures (from the output above):"
 	awk '/^[ \t]*--- FAIL/ { print; n = 8; next }
-		/^(FAIL|panic:)/ { print; next }
+		/^(FAIL|panic:)/ { print; n = 0; next }
+		/^running tests:/ { print; r = 10; next }
+		r > 0 && /^\t/ { print; r--; next }
 		n > 0 && /^[ \t]+[^ \t]+\.go:[0-9]+: / { print substr($0, 1, 300); n-- }' "$go_log" | head -n 80
 fi
 exit $rc
