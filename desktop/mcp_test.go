@@ -225,10 +225,12 @@ func TestDesktopMCPFailedRealGuest(t *testing.T) {
 // to its end; then a connected MCP client that only pings (2025-11-25, keepalives) does not,
 // and it sleeps after the idle time. (The SDK's keepalive closes the session at its first
 // ping that misses half the period, by default: ten misses in a row are allowed, for a
-// loaded machine.)
+// loaded machine.) The idle time is 15 s: a call records a use every quarter of it, one after
+// another, and a loaded cold run (journal writes of 7 s, the placer woken 12 s late) took 6 s
+// to record one; with 8 s the desktop fell idle at the end of the call.
 func TestDesktopMCPIdleRealGuest(t *testing.T) {
 	t.Parallel()
-	const idle = 8 * time.Second
+	const idle = 15 * time.Second
 	p := startPlatform(t, func(c *gateway.Config) { c.DesktopIdle = idle })
 	var d desktop.Desktop
 	p.call("POST", "/v1/desktops", map[string]any{"name": "idle"}, 201, &d)
