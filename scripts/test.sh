@@ -118,7 +118,8 @@ done
 
 # 5. What failed, last: CI shows a long output's head and tail only, and a failed test's
 # messages may be in neither (a failed fleet's logs filled the head once). Each failed test,
-# the first lines it logged (a test reports what failed first), each cut to 300 bytes; and
+# the first lines it logged (a test reports what failed first; not a server's log lines, which
+# some tests pass on), each cut to 300 bytes; and
 # the tests a timeout's panic names as running.
 if ((rc)); then
 	echo "--- failures (from the output above):"
@@ -126,6 +127,6 @@ if ((rc)); then
 		/^(FAIL|panic:)/ { print; n = 0; next }
 		/^running tests:/ { print; r = 10; next }
 		r > 0 && /^\t/ { print; r--; next }
-		n > 0 && /^[ \t]+[^ \t]+\.go:[0-9]+: / { print substr($0, 1, 300); n-- }' "$go_log" | head -n 80
+		n > 0 && /^[ \t]+[^ \t]+\.go:[0-9]+: / && !/ level=(DEBUG|INFO|WARN|ERROR) / { print substr($0, 1, 300); n-- }' "$go_log" | head -n 80
 fi
 exit $rc
