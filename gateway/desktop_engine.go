@@ -57,15 +57,6 @@ func (s *Server) desktopTemplate() string {
 	return s.Catalog[0].Name
 }
 
-// desktopWork runs f in the background until the server closes.
-func (s *Server) desktopWork(f func()) {
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		f()
-	}()
-}
-
 // updateDesktop reads the desktop, lets f change it (f answers errDesktopMoved, or another
 // error, to give up) and writes it, again from the read when another write came first.
 func (s *Server) updateDesktop(ctx context.Context, project, id string, f func(*desktop.Record) error) (desktop.Record, error) {

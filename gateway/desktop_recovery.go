@@ -26,7 +26,7 @@ func (s *Server) transitionWork(project, id string, f func()) {
 		// The work goes on; should this gateway die, nothing resumes it.
 		s.log.Warn("desktop: take the work lease", "desktop", id, "err", err)
 	}
-	s.desktopWork(func() { s.holdLease(ref, token, f) })
+	s.goBackground(func() { s.holdLease(ref, token, f) })
 }
 
 // holdLease renews lease token while f runs, and releases it when f is done. When the
@@ -96,5 +96,5 @@ func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now t
 		return
 	}
 	s.log.Info("desktop: resuming a transition whose gateway stopped working on it", "desktop", rec.ID, "state", rec.State)
-	s.desktopWork(func() { s.holdLease(ref, token, work) })
+	s.goBackground(func() { s.holdLease(ref, token, work) })
 }

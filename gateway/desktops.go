@@ -143,7 +143,7 @@ func (s *Server) deleteDesktop(w http.ResponseWriter, r *http.Request, p store.P
 		return err
 	}
 	// Whatever was under way for it finds it gone and cleans up what it made.
-	s.desktopWork(func() { s.removeDesktop(p, rec) })
+	s.goBackground(func() { s.removeDesktop(p, rec) })
 	writeJSON(w, 200, session.DeletedObject{ID: id, Object: desktop.ObjectName, Deleted: true})
 	return nil
 }

@@ -158,10 +158,19 @@ func New(cfg Config) (*Server, error) {
 	s.idleKick = make(chan struct{}, 1)
 	s.routes()
 	s.watchChanges(ctx)
-	s.desktopWork(func() { s.runDesktopIdle(ctx) })
-	s.desktopWork(func() { s.runDesktopRecovery(ctx) })
-	s.desktopWork(func() { s.runSnapshotRecovery(ctx) })
+	s.goBackground(func() { s.runDesktopIdle(ctx) })
+	s.goBackground(func() { s.runDesktopRecovery(ctx) })
+	s.goBackground(func() { s.runSnapshotRecovery(ctx) })
 	return s, nil
+}
+
+// goBackground runs f in the background; Close waits for it.
+func (s *Server) goBackground(f func()) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		f()
+	}()
 }
 
 // Close stops background work and waits for it.

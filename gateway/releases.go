@@ -33,7 +33,7 @@ func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
 	}
 	s.log.Warn("a refused create's slot: its release failed; trying again in the background", "session", r.ID, "err", cause)
 	until := time.Now().Add(store.ReservationLapse)
-	s.desktopWork(func() {
+	s.goBackground(func() {
 		defer s.releasing.Add(-1)
 		for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 			select {

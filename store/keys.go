@@ -165,6 +165,10 @@ func ProjectKeys(project string) ProjectKeyspace { return ProjectKeyspace{"wb:{"
 // u_egress, cost_nano, through u_seq) from AddSessionUsage.
 func (k ProjectKeyspace) session(id string) string { return k.p + "s:" + id }
 
+// ActiveSet is the set of session ids holding the project's concurrency slots (active), for
+// tests that say what holds one.
+func (k ProjectKeyspace) ActiveSet() string { return k.active() }
+
 // SessionHash is the session's hash (session), for quota's settle script, which reads its
 // desk field only.
 func (k ProjectKeyspace) SessionHash(id string) string { return k.session(id) }

@@ -258,7 +258,7 @@ func (e *env) redisPrimaryKilled(t *testing.T) {
 func (e *env) slotHolders(t *testing.T) string {
 	t.Helper()
 	k := store.ProjectKeys(project)
-	ids, err := e.f.Redis.SMembers(e.bg, "wb:{"+project+"}:active").Result() // store's ProjectKeyspace.active
+	ids, err := e.f.Redis.SMembers(e.bg, k.ActiveSet()).Result()
 	if err != nil {
 		return err.Error()
 	}
