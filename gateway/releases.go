@@ -13,25 +13,30 @@ const maxPendingReleases = 1024
 
 // releaseLater gives back, in the background, the slot of a refused create whose release
 // failed (Redis unreachable, as in a failover: the create's write failed, and its release
-// with it). It tries again 250 ms later, then twice as long each time up to 5 s, until the
-// release goes through or the reservation has lapsed. Without it the slot stayed held until
-// the project's next create after the lapse (store.ReservationLapse), and for good in a
-// project that created nothing more. A release is safe to repeat: it frees only a
+// with it), or that its reservation may hold with its answer lost (r.Unsure). It tries 250
+// ms later, then twice as long each time up to 5 s, until the release goes through or the
+// reservation has lapsed. Without it the slot stayed held until the project's next create
+// after the lapse (store.ReservationLapse), and for good in a project that created nothing
+// more. A release is safe to repeat, and to make when no slot was held: it frees only a
 // reservation that no session was written under. But a create whose id was given (fresh
 // false: an idempotency key's, a desktop's) is left to the lapse: the caller's retry of it
 // reserves under the same id, sharing the slot, and a late release would take it from under
 // the retry, whose write would then fail.
 func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
+	what := "a refused create's slot"
+	if r.Unsure() {
+		what = "a refused create's slot, if its reservation's lost answer held one,"
+	}
 	if !fresh {
-		s.log.Error("a refused create's slot is held until it lapses", "session", r.ID, "err", cause)
+		s.log.Error(what+" is held until it lapses", "session", r.ID, "err", cause)
 		return
 	}
 	if s.releasing.Add(1) > maxPendingReleases {
 		s.releasing.Add(-1)
-		s.log.Error("a refused create's slot is held until it lapses: too many releases wait already", "session", r.ID, "err", cause)
+		s.log.Error(what+" is held until it lapses: too many releases wait already", "session", r.ID, "err", cause)
 		return
 	}
-	s.log.Warn("a refused create's slot: its release failed; trying again in the background", "session", r.ID, "err", cause)
+	s.log.Warn(what+" is given back in the background", "session", r.ID, "err", cause)
 	until := time.Now().Add(store.ReservationLapse)
 	s.goBackground(func() {
 		defer s.releasing.Add(-1)
@@ -45,11 +50,11 @@ func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
 			err := s.Store.Release(ctx, r)
 			cancel()
 			if err == nil {
-				s.log.Info("a refused create's slot given back", "session", r.ID)
+				s.log.Info(what+" is given back", "session", r.ID)
 				return
 			}
 			if time.Now().After(until) {
-				s.log.Error("a refused create's slot is held until it lapses", "session", r.ID, "err", err)
+				s.log.Error(what+" is held until it lapses", "session", r.ID, "err", err)
 				return
 			}
 		}

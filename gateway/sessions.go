@@ -75,6 +75,9 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 	if !s.allowsAll() {
 		r, err := s.Store.Reserve(ctx, p.ID, id, req.EndUserID, adm)
 		if err != nil {
+			if r.Unsure() { // its script may have held a slot whose answer was lost
+				s.releaseLater(r, fresh, err)
+			}
 			return nil, nil, s.admissionRefusal(p, err)
 		}
 		if r.Held() {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,4 +113,52 @@ func TestSlotGivenBackAfterAnOutage(t *testing.T) {
 		}
 	}
 	t.Fatalf("30 s after Redis came back, the project holds %d slots (%v), want 0: the refused create's slot was not given back", n, err)
+}
+
+// TestSlotGivenBackAfterALostAnswer: a create whose reservation's script ran but whose answer
+// never came back (the connection failed under it, as when a primary is killed) answers 503,
+// and the slot the script held is given back with no other create. Before, it stayed held
+// until the project's next create a minute later (the gateway could not know it was held).
+func TestSlotGivenBackAfterALostAnswer(t *testing.T) {
+	rdb := redistest.Server(t)
+	rdb.AddHook(loseAnswer{once: &sync.Once{}, arg: "reserve"})
+	e := newEnvOn(t, rdb, func(c *Config) { c.Admitter = stopDuringDecision{once: &sync.Once{}, stop: func() {}} })
+	r := e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2})
+	if code, _, msg := r.errorOf(t); r.status != 503 || code != "store_unavailable" {
+		t.Fatalf("a create whose reservation's answer was lost: %d %s %q, want 503 store_unavailable", r.status, code, msg)
+	}
+	ctx := context.Background()
+	var n int64
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if n, err = e.st.ActiveCount(ctx, e.projA); err == nil && n == 0 {
+			return
+		}
+	}
+	t.Fatalf("30 s after the lost answer, the project holds %d slots (%v), want 0: the slot its reservation held was not given back", n, err)
+}
+
+// loseAnswer runs the first command with arg among its arguments, then answers it with a
+// connection reset, as if the answer were lost on the way back.
+type loseAnswer struct {
+	once *sync.Once
+	arg  string
+}
+
+func (loseAnswer) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (loseAnswer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h loseAnswer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && slices.Contains(cmd.Args(), any(h.arg)) {
+			h.once.Do(func() {
+				err = &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+				cmd.SetErr(err)
+			})
+		}
+		return err
+	}
 }

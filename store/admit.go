@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"time"
 
@@ -134,6 +136,14 @@ type Reservation struct {
 // Held reports whether r holds a slot, which Commit or Release must then end.
 func (r Reservation) Held() bool { return r.status == "HELD" }
 
+// Unsure reports whether r may hold a slot that nobody knows of: Reserve failed after its
+// script may have run (its answer lost on the way back, as when Redis fails over). Release
+// gives such a slot back, and does nothing when the script held none.
+func (r Reservation) Unsure() bool { return r.status == statusUnsure }
+
+// statusUnsure is the status of a Reservation whose script's answer never came.
+const statusUnsure = "UNSURE"
+
 // Err answers why the create cannot be written, nil when r holds a slot: ErrExists (a session
 // has the id) or a *ConcurrencyError. These refuse only after the decision, whose refusals
 // answer first, as when the slot was taken after it.
@@ -152,7 +162,8 @@ func (r Reservation) Err() error {
 // spend-cap flags, answering a *RateLimitError or a *SpendCapError at the first refusal (no
 // decision sees those creates), then holds one of a.Concurrency slots under id, for
 // ReservationLapse, and answers the slots held before it. When id is taken or no slot is
-// free it holds none and says so in Err. A held slot ends with Commit or Release.
+// free it holds none and says so in Err. A held slot ends with Commit or Release. When Reserve
+// fails after its script may have run, the Reservation it answers with the error is Unsure.
 func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admission) (Reservation, error) {
 	if id == "" || project == "" {
 		return Reservation{}, &session.FieldError{Field: "id", Message: "id and project_id are required"}
@@ -169,7 +180,11 @@ func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admi
 		"reserve", id, hasEndUser(endUser), max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps,
 		a.Concurrency, ReservationLapse.Milliseconds()).StringSlice()
 	if err != nil {
-		return Reservation{}, fmt.Errorf("admission of %s: %w", id, err)
+		r := Reservation{Project: project, ID: id}
+		if mayHaveRun(err) {
+			r.status = statusUnsure
+		}
+		return r, fmt.Errorf("admission of %s: %w", id, err)
 	}
 	switch res[0] {
 	case "HELD", "EXISTS", "FULL":
@@ -232,11 +247,11 @@ func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session
 	return Admitted{Session: &cp, SoftCapped: r.SoftCapped, Active: r.Active}, nil
 }
 
-// Release gives back the slot r holds, for a create refused after Reserve: nothing of it
-// stays (no slot, no session, no event). A session written under r's id keeps its slot (a
-// Commit whose answer was lost).
+// Release gives back the slot r holds (or, Unsure, may hold), for a create refused after
+// Reserve: nothing of it stays (no slot, no session, no event). A session written under r's
+// id keeps its slot (a Commit whose answer was lost).
 func (s *Store) Release(ctx context.Context, r Reservation) error {
-	if !r.Held() {
+	if !r.Held() && !r.Unsure() {
 		return nil
 	}
 	if err := reserveScript.Run(ctx, s.rdb, reserveKeys(r.Project, r.ID, "", ""), "release", r.ID, "0").Err(); err != nil {
@@ -322,4 +337,23 @@ func admitAnswer(res []string, a Admission) (Admitted, error) {
 		return Admitted{SoftCapped: num(1) == 1, Active: num(2)}, nil
 	}
 	return Admitted{}, fmt.Errorf("admission script answered %q", res[0])
+}
+
+// mayHaveRun reports whether a command that failed may have run in Redis all the same (its
+// answer lost on the way back): not one that never left this process (no connection could
+// be had or dialled), nor one that Redis refused before running it.
+func mayHaveRun(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
+		return false
+	}
+	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "MOVED", "ASK"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return false
+		}
+	}
+	return true
 }

@@ -4,10 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -469,3 +475,34 @@ func TestAdmitCapFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestMayHaveRun: a failed command counts as possibly run (its reservation Unsure, to be
+// given back) unless it surely never reached Redis or Redis refused it unrun.
+func TestMayHaveRun(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
+		{fmt.Errorf("pool: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}), false},
+		{redis.ErrPoolTimeout, false},
+		{redis.ErrClosed, false},
+		{redisError("CLUSTERDOWN The cluster is down"), false},
+		{redisError("READONLY You can't write against a read only replica."), false},
+		{&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
+		{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, true},
+		{io.EOF, true},
+		{context.DeadlineExceeded, true},
+		{redisError("ERR Error running script"), true},
+	} {
+		if got := mayHaveRun(c.err); got != c.want {
+			t.Errorf("mayHaveRun(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+// redisError is an error answer of a Redis server, as go-redis returns one.
+type redisError string
+
+func (e redisError) Error() string { return string(e) }
+func (redisError) RedisError()     {}
