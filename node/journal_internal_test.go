@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/hypervisor"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
@@ -522,5 +524,79 @@ func TestEndLeavesTheCountersToTheFinalMeter(t *testing.T) {
 	}
 	if cpu != 500 || mem < 10_000 || mem > 70_000 {
 		t.Errorf("records bill %d ms of CPU and %d GiB·ms; want 500 and 1 GiB over the 10 s and more since the last read", cpu, mem)
+	}
+}
+
+// TestReplayDuringAnOutageWritesNoJournal: while Redis does not answer, each replay round
+// probes a guest's pending changes and applies none: the journal, which holds them already,
+// is not written again (each round rewrote the probed guest's entry).
+func TestReplayDuringAnOutageWritesNoJournal(t *testing.T) {
+	away := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { away.Close() })
+	var writes atomic.Int32
+	n := &Node{Config: Config{Logger: slog.New(slog.DiscardHandler), Store: store.New(away), RedisTimeout: time.Second},
+		journal: journal{dir: t.TempDir()}, guests: map[string]*live{}}
+	n.journal.write = func(path string, b []byte) error {
+		writes.Add(1)
+		return writeReplacing(path, b)
+	}
+	l := &live{g: &guest{SessionID: "sess_away", Project: "proj_away", State: session.Running,
+		Pending: []pending{{Kind: "warning", Event: session.EventIdleWarning, At: time.Now()}}}}
+	n.guests["sess_away"] = l
+	n.save(l)
+	before := writes.Load()
+	for range 3 {
+		n.replay(t.Context())
+	}
+	if got := writes.Load() - before; got != 0 {
+		t.Errorf("3 replay rounds with Redis away wrote the journal %d times, want 0", got)
+	}
+	if len(l.g.Pending) != 1 || !n.redisDown.Load() {
+		t.Errorf("after the rounds: %d changes pending, Redis down %v; want 1, true", len(l.g.Pending), n.redisDown.Load())
+	}
+}
+
+// TestReconcilePassesABusyGuest: reconcile does not wait for the lock of a guest that an
+// operation holds (a restore holds it a minute or two): another guest, whose session ended
+// elsewhere, is destroyed meanwhile, and the busy one is looked at in a later round. Before,
+// reconcile waited at the busy guest's lock, and every guest's with it.
+func TestReconcilePassesABusyGuest(t *testing.T) {
+	st := store.New(redistest.Server(t))
+	d := lifecycle{stopped: make(chan string, 4)}
+	n := idleNode(t, Config{Store: st, Driver: d})
+	const project = "proj_reconcile"
+	ctx := t.Context()
+	for _, id := range []string{"sess_busy", "sess_ended"} {
+		s := &session.Session{ID: id, ProjectID: project, Tier: 2, State: session.Pending, Template: "tpl",
+			CreatedAt: *session.At(time.Now())}
+		if _, err := st.Create(ctx, s, 10); err != nil {
+			t.Fatal(err)
+		}
+		n.guests[id] = &live{g: &guest{SessionID: id, Project: project, GuestID: "g_" + id, State: session.Running, Tier: 2,
+			StartedAt: time.Now(), SampledAt: time.Now(), IdleTimeoutS: 600, MaxLifetimeS: 600}}
+	}
+	if _, err := st.Transition(ctx, store.Change{Project: project, ID: "sess_ended", From: session.Pending, To: session.Stopped,
+		Driver: session.Caller, Reason: session.Deleted}); err != nil {
+		t.Fatal(err)
+	}
+	busy := lockFor(n.guests["sess_busy"], "restore")
+	defer busy.unlock()
+	done := make(chan struct{})
+	go func() {
+		n.reconcile(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("reconcile waited 30 s for a busy guest's lock")
+	}
+	select {
+	case id := <-d.stopped:
+		if id != "g_sess_ended" {
+			t.Errorf("reconcile stopped guest %s, want g_sess_ended", id)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the guest of a session that ended elsewhere was not stopped while another guest was busy")
 	}
 }

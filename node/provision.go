@@ -430,6 +430,12 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 		l.mu.Unlock()
 		return true
 	}
+	if done == 0 {
+		// Nothing applied, so nothing to write: the journal holds these changes already
+		// (landed above). During an outage each replay round's probe rewrote the entry.
+		l.mu.Unlock()
+		return failed == nil
+	}
 	// Written unlocked: an entry that does not land before a crash still holds the changes
 	// Redis took, which replay again harmlessly (a transition Redis has is superseded, a
 	// usage record's sequence number is settled once).
@@ -605,7 +611,9 @@ func (n *Node) reconcile(ctx context.Context) {
 	var ls []*live
 	var refs []store.SessionRef
 	for _, l := range n.all() {
-		l.mu.Lock()
+		if !l.mu.TryLock() {
+			continue // an operation holds it (a restore, for minutes): a later round looks
+		}
 		st, ref := l.g.State, store.SessionRef{Project: l.g.Project, ID: l.g.SessionID}
 		l.mu.Unlock()
 		if st == session.Running || st == session.Paused {
@@ -627,7 +635,10 @@ func (n *Node) reconcile(ctx context.Context) {
 		// persistence, a failover), not the control plane's decision.
 		switch {
 		case states[i].Terminal():
-			n.endedHere(ctx, l, states[i])
+			// In the background: the guest's lock may be taken since, and a guest's stop
+			// takes seconds; the other guests' reconcile waits for neither.
+			state := states[i]
+			n.goBackground(func() { n.endedHere(n.ctx, l, state) })
 		case states[i] != session.Stopping:
 			l.stopSeen = time.Time{}
 		case l.stopSeen.IsZero():
