@@ -628,13 +628,13 @@ func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includ
 	if err != nil {
 		return session.Snapshot{}, err
 	}
+	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID,
+		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
 	if _, err := s.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID,
-		From: session.Running, To: session.Snapshotting, Driver: session.Caller, Version: sess.Version}); err != nil {
+		From: session.Running, To: session.Snapshotting, Driver: session.Caller, Version: sess.Version, Snapshot: snap.ID}); err != nil {
 		return session.Snapshot{}, err
 	}
 	s.forgetSessions(sess.ProjectID)
-	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID,
-		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
 	// The guest must come back to running whatever happens to the request from here.
 	bg := context.WithoutCancel(ctx)
 	// Should this gateway die before the session runs again, the lease lets another end the
@@ -657,12 +657,14 @@ func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includ
 		recordErr = s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap)
 	}
 	_, err = s.Store.Transition(bg, store.Change{Project: sess.ProjectID, ID: sess.ID,
-		From: session.Snapshotting, To: session.Running, Driver: session.Caller})
+		From: session.Snapshotting, To: session.Running, Driver: session.Caller, Snapshot: snap.ID})
 	var ce *store.ConflictError
-	if errors.As(err, &ce) && ce.Current != session.Snapshotting {
+	if errors.As(err, &ce) && (ce.Current != session.Snapshotting || ce.Snapshot != "") {
 		// A recovery ended the snapshot while this gateway still took it (its renewals came
-		// late), or the host failed: the session moved on, and what was recorded stands.
-		s.log.Warn("snapshot: the session left snapshotting before the snapshot was done", "session", sess.ID, "state", ce.Current)
+		// late), or the host failed: the session moved on (and may take another snapshot
+		// since, which this one must not end), and what was recorded stands.
+		s.log.Warn("snapshot: the session left snapshotting before the snapshot was done", "session", sess.ID,
+			"state", ce.Current, "taking", ce.Snapshot)
 		err = nil
 	}
 	if err != nil {

@@ -17,7 +17,9 @@ import (
 // While it works the gateway holds a lease on the snapshot, token the snapshot's id
 // (store.SetSnapshotWork). When the lease runs out unrenewed, any gateway's recovery loop
 // claims it, records the snapshot failed (unless it was recorded), and returns the session to
-// running. The node carries on as it would have: a guest whose snapshot was under way is
+// running. Both that move and the gateway's own name the snapshot (store.Change.Snapshot), so
+// that the one that comes late (a gateway alive, its renewals late) cannot end the session's
+// next snapshot. The node carries on as it would have: a guest whose snapshot was under way is
 // back once it is done, and calls made meanwhile wait for it; a guest lost with it fails the
 // session (guest_crash). A desktop's sleep holds the same lease while the node saves its
 // session's guest as the session stops (saveStateAndStop): should that gateway die, the
@@ -117,10 +119,12 @@ func (s *Server) endOrphanSnapshot(ctx context.Context, ref store.SessionRef, se
 	}
 	s.log.Warn("snapshot: its gateway stopped working on it; the session runs again", "session", ref.ID, "snapshot", snapID)
 	_, err := s.Store.Transition(ctx, store.Change{Project: ref.Project, ID: ref.ID,
-		From: session.Snapshotting, To: session.Running, Driver: session.Caller, Version: sess.Version})
+		From: session.Snapshotting, To: session.Running, Driver: session.Caller, Version: sess.Version, Snapshot: snapID})
 	var ce *store.ConflictError
 	if errors.As(err, &ce) {
-		return nil // it moved on meanwhile: its gateway was alive after all, or the host failed
+		// It moved on meanwhile (its gateway was alive after all, or the host failed), or it
+		// takes another snapshot, which this one's end must not end.
+		return nil
 	}
 	if err != nil {
 		return err

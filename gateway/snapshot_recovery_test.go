@@ -146,6 +146,53 @@ func TestSnapshotRecoveryLeavesItsOwnWork(t *testing.T) {
 	}
 }
 
+// TestLateCloseSparesTheNextSnapshot: a gateway whose snapshot lease lapsed while it still
+// took the snapshot (alive, its renewals late) finds, once done, that another gateway's
+// recovery ended the snapshot and that the session takes its next snapshot. Its move back to
+// running must not end that one: it names its own snapshot, which the session no longer takes.
+// Before, it moved the session to running in the middle of the next snapshot.
+func TestLateCloseSparesTheNextSnapshot(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WorkLease = time.Minute }) // renewed every 20 s: not while the test looks
+	s := e.running(map[string]any{"tier": 2})
+	e.node.SetSnapshotDelay(5 * time.Second)
+	first := make(chan response, 1)
+	go func() { first <- e.do("POST", "/v1/sessions/"+s.ID+":snapshot", e.key, nil) }()
+	ctx := context.Background()
+	ref := store.SessionRef{Project: e.projA, ID: s.ID}
+	snapID := snapshotInFlight(t, e.gw, ref)
+	if err := e.st.SetSnapshotWork(ctx, ref, snapID, time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	other := e.secondGateway(nil) // e.do now goes to it
+	other.recoverSnapshot(ctx, ref, time.Now())
+	if st := e.sessionOf(s.ID).State; st != session.Running {
+		t.Fatalf("after another gateway's recovery the session is %s, want running", st)
+	}
+	e.node.SetSnapshotDelay(15 * time.Second) // the next one is still under way when the first ends
+	second := make(chan response, 1)
+	go func() { second <- e.do("POST", "/v1/sessions/"+s.ID+":snapshot", e.key, nil) }()
+	nextID := snapshotInFlight(t, other, ref)
+	if r := <-first; r.status != 201 {
+		t.Fatalf("the first snapshot, taken after its recovery: %d %s", r.status, r.body)
+	}
+	if st := e.sessionOf(s.ID).State; st != session.Snapshotting {
+		t.Errorf("after the first snapshot's late close the session is %s, want snapshotting (taking %s)", st, nextID)
+	}
+	if r := <-second; r.status != 201 {
+		t.Fatalf("the next snapshot: %d %s", r.status, r.body)
+	}
+	if st := e.sessionOf(s.ID).State; st != session.Running {
+		t.Errorf("after the next snapshot the session is %s, want running", st)
+	}
+	for _, id := range []string{snapID, nextID} {
+		var snap session.Snapshot
+		e.mustDo("GET", "/v1/snapshots/"+id, e.key, nil, 200, &snap)
+		if snap.State != session.SnapshotReady {
+			t.Errorf("snapshot %s is %s, want ready", id, snap.State)
+		}
+	}
+}
+
 // TestStaleSnapshotLeaseSparesTheNext: the lease of a snapshot its gateway recorded, left
 // because letting go of it failed, lapses while the session takes its next snapshot (moved to
 // snapshotting, that snapshot's lease not yet taken). Its recovery lets go of the old lease

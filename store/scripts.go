@@ -200,6 +200,11 @@ return {'HELD', soft, tostring(used)}
 // a retention TTL on a terminal state, and appends the event, which carries the whole hash
 // (fields prefixed "h.") so consumers see the session as of that version. It answers the hash.
 //
+// A session's hash names the snapshot it takes while snapshotting (field snap, written with
+// the transition to it, as an extra field): a transition from snapshotting that names a
+// snapshot applies only while the session takes that one ({'SNAPSHOT', the one it takes});
+// a hash without the field (written before it existed) takes any.
+//
 // On one Redis it also keeps the global indexes and signals the outbox (Transition's
 // afterTransition does that on a Cluster, where those keys are in other slots): with the
 // keys of the outbox's signal stream and the provisioning deadlines, it signals, and drops
@@ -210,14 +215,18 @@ return {'HELD', soft, tostring(used)}
 // KEYS: session hash, from-state index, to-state index, active set, outbox; on one Redis,
 // then the outbox signal stream, the provisioning deadlines and, for a named node, its set
 // ARGV: id, from, to, expected version, reason, rule, now ms, terminal (1|0), retention s,
-// project, the session's member of the global indexes, N, N extra hash field/value args,
-// event field/value args
+// project, the session's member of the global indexes, expected snapshot (empty: any), N,
+// N extra hash field/value args, event field/value args
 var transitionScript = redis.NewScript(`
 local id, from, to, now = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
-local cur = redis.call('HMGET', KEYS[1], 'state', 'ver', 'reason', 'life_s')
+local cur = redis.call('HMGET', KEYS[1], 'state', 'ver', 'reason', 'life_s', 'snap')
 if not cur[1] then return {'NOTFOUND'} end
 if cur[1] ~= from or (ARGV[4] ~= '0' and cur[2] ~= ARGV[4]) then
   return {'CONFLICT', cur[1], cur[2]}
+end
+if from == 'snapshotting' then
+  if ARGV[12] ~= '' and cur[5] and cur[5] ~= ARGV[12] then return {'SNAPSHOT', cur[5], cur[2]} end
+  redis.call('HDEL', KEYS[1], 'snap')
 end
 local stored = cur[3] or ''
 if from == 'stopping' and stored ~= '' and ARGV[5] ~= stored and ARGV[5] ~= 'host_failure' then
@@ -241,10 +250,10 @@ if ARGV[8] == '1' then
   redis.call('SREM', KEYS[4], id)
   redis.call('EXPIRE', KEYS[1], ARGV[9])
 end
-local n = tonumber(ARGV[12])
+local n = tonumber(ARGV[13])
 if n > 0 then
   local h = {}
-  for i = 13, 12 + n do h[#h + 1] = ARGV[i] end
+  for i = 14, 13 + n do h[#h + 1] = ARGV[i] end
   redis.call('HSET', KEYS[1], unpack(h))
 end
 redis.call('ZREM', KEYS[2], id)
@@ -256,7 +265,7 @@ if #KEYS >= 7 then
   if KEYS[8] and ARGV[8] ~= '1' then redis.call('SADD', KEYS[8], ARGV[11]) end
 end
 local e = {}
-for i = 13 + n, #ARGV do e[#e + 1] = ARGV[i] end
+for i = 14 + n, #ARGV do e[#e + 1] = ARGV[i] end
 e[#e + 1] = 'version'
 e[#e + 1] = ver
 local all = redis.call('HGETALL', KEYS[1])

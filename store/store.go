@@ -24,6 +24,9 @@ type ConflictError struct {
 	Current session.State
 	Version int64
 	Message string
+	// Snapshot, with Current snapshotting, is the snapshot the session takes when a change
+	// named another (Change.Snapshot).
+	Snapshot string
 }
 
 func (e *ConflictError) Error() string {
@@ -157,6 +160,11 @@ type Change struct {
 	// At, when set, is when the transition happened: a node replaying transitions it made
 	// while Redis was unreachable passes the time it made them. Zero means now.
 	At time.Time
+	// Snapshot names the snapshot of a transition to or from snapshotting: one to it records
+	// it as the snapshot the session takes; one from it applies only while the session takes
+	// that one (so a gateway's late close of an older snapshot cannot end a newer one).
+	// Empty: none recorded, or any.
+	Snapshot string
 }
 
 // Transition makes one transition atomically, if the contract allows it and the session is
@@ -182,13 +190,20 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 	if c.ColdStart != nil {
 		extra = append(extra, "cold", strconv.FormatBool(*c.ColdStart))
 	}
+	if c.To == session.Snapshotting && c.Snapshot != "" {
+		extra = append(extra, "snap", c.Snapshot)
+	}
+	expectSnapshot := ""
+	if c.From == session.Snapshotting {
+		expectSnapshot = c.Snapshot
+	}
 	terminal := "0"
 	if c.To.Terminal() {
 		terminal = "1"
 	}
 	ref := SessionRef{Project: c.Project, ID: c.ID}
 	args := []any{c.ID, string(c.From), string(c.To), c.Version, string(c.Reason), c.Rule, now,
-		terminal, int64(s.retention / time.Second), c.Project, ref.member(), len(extra)}
+		terminal, int64(s.retention / time.Second), c.Project, ref.member(), expectSnapshot, len(extra)}
 	args = append(args, extra...)
 	args = append(args, eventFields(c.ID, c.Project, c.From, c.To, c.Driver, c.Reason, c.Rule, now)...)
 	k := ProjectKeys(c.Project)
@@ -212,6 +227,10 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 	case "REASON":
 		return nil, &ConflictError{Current: session.Stopping, Message: fmt.Sprintf(
 			"session is stopping for %s; it must end with that reason, not %q", res[1], c.Reason)}
+	case "SNAPSHOT":
+		v, _ := strconv.ParseInt(res[2], 10, 64)
+		return nil, &ConflictError{Current: session.Snapshotting, Version: v, Snapshot: res[1], Message: fmt.Sprintf(
+			"session is taking snapshot %s, not %s", res[1], c.Snapshot)}
 	}
 	m := make(map[string]string, len(res)/2)
 	for i := 0; i+1 < len(res); i += 2 {

@@ -33,6 +33,7 @@ func TestStore(t *testing.T) {
 		{"RaceOneSession", testRaceOneSession},
 		{"RaceCreates", testRaceCreates},
 		{"Retention", testRetention},
+		{"SnapshotGuard", testSnapshotGuard},
 	}
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
@@ -680,5 +681,35 @@ func TestIdempotencyTakeover(t *testing.T) {
 	}
 	if _, _, err := s.IdemBegin(ctx, "p", "old", "fp"); !errors.Is(err, ErrIdemInFlight) {
 		t.Fatalf("an old gateway's claim: %v", err)
+	}
+}
+
+// testSnapshotGuard: a transition from snapshotting that names a snapshot applies only while
+// the session takes that one (a late close of an older snapshot must not end a newer one), a
+// session whose hash names none (written before the field) takes any, and leaving
+// snapshotting forgets the one it took.
+func testSnapshotGuard(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	sess := mustCreate(t, s, newPending(p, ""), 5)
+	c := func(from, to session.State, d session.Driver, snap string) Change {
+		return Change{Project: p, ID: sess.ID, From: from, To: to, Driver: d, Snapshot: snap}
+	}
+	step(t, s, c(session.Pending, session.Provisioning, session.Placer, ""))
+	step(t, s, c(session.Provisioning, session.Running, session.Node, ""))
+	step(t, s, c(session.Running, session.Snapshotting, session.Caller, "snap_new"))
+	_, err := s.Transition(ctx, c(session.Snapshotting, session.Running, session.Caller, "snap_old"))
+	var ce *ConflictError
+	if !errors.As(err, &ce) || ce.Current != session.Snapshotting || ce.Snapshot != "snap_new" {
+		t.Fatalf("a close naming another snapshot: %v (%+v), want a conflict naming snap_new", err, ce)
+	}
+	step(t, s, c(session.Snapshotting, session.Running, session.Caller, "snap_new"))
+	step(t, s, c(session.Running, session.Snapshotting, session.Caller, "")) // names none
+	got := step(t, s, c(session.Snapshotting, session.Running, session.Caller, "snap_any"))
+	if got.State != session.Running {
+		t.Fatalf("after a close of a snapshot the session did not name: %s", got.State)
+	}
+	// A second close of snap_new, late: the session left snapshotting, so it is refused by state.
+	if _, err := s.Transition(ctx, c(session.Snapshotting, session.Running, session.Caller, "snap_new")); !errors.As(err, &ce) || ce.Current != session.Running {
+		t.Fatalf("a late close after the session runs again: %v, want a conflict (running)", err)
 	}
 }
