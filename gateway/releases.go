@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"wb/store"
@@ -23,20 +24,29 @@ const maxPendingReleases = 1024
 // reserves under the same id, sharing the slot, and a late release would take it from under
 // the retry, whose write would then fail.
 func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
-	what := "a refused create's slot"
+	what, warn, fail := "a refused create's slot", slog.LevelWarn, slog.LevelError
 	if r.Unsure() {
-		what = "a refused create's slot, if its reservation's lost answer held one,"
+		// Most often it held nothing (its command failed before Redis ran it), and in an
+		// outage every create's reservation fails so: a line each would drown the log.
+		what, warn, fail = "a refused create's slot, if its reservation held one,", slog.LevelDebug, slog.LevelDebug
+	}
+	log := func(level slog.Level, msg string, err error) {
+		args := []any{"session", r.ID}
+		if err != nil {
+			args = append(args, "err", err)
+		}
+		s.log.Log(context.Background(), level, what+" "+msg, args...)
 	}
 	if !fresh {
-		s.log.Error(what+" is held until it lapses", "session", r.ID, "err", cause)
+		log(fail, "is held until it lapses", cause)
 		return
 	}
 	if s.releasing.Add(1) > maxPendingReleases {
 		s.releasing.Add(-1)
-		s.log.Error(what+" is held until it lapses: too many releases wait already", "session", r.ID, "err", cause)
+		log(fail, "is held until it lapses: too many releases wait already", cause)
 		return
 	}
-	s.log.Warn(what+" is given back in the background", "session", r.ID, "err", cause)
+	log(warn, "is given back in the background", cause)
 	until := time.Now().Add(store.ReservationLapse)
 	s.goBackground(func() {
 		defer s.releasing.Add(-1)
@@ -50,11 +60,11 @@ func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
 			err := s.Store.Release(ctx, r)
 			cancel()
 			if err == nil {
-				s.log.Info(what+" is given back", "session", r.ID)
+				log(min(warn, slog.LevelInfo), "is given back", nil)
 				return
 			}
 			if time.Now().After(until) {
-				s.log.Error(what+" is held until it lapses", "session", r.ID, "err", err)
+				log(fail, "is held until it lapses", err)
 				return
 			}
 		}

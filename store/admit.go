@@ -3,9 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"time"
 
@@ -180,11 +178,9 @@ func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admi
 		"reserve", id, hasEndUser(endUser), max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps,
 		a.Concurrency, ReservationLapse.Milliseconds()).StringSlice()
 	if err != nil {
-		r := Reservation{Project: project, ID: id}
-		if mayHaveRun(err) {
-			r.status = statusUnsure
-		}
-		return r, fmt.Errorf("admission of %s: %w", id, err)
+		// Whatever the error, an attempt may have run: go-redis retries a command that failed
+		// on its connection and answers the last attempt's error (a refused dial, say).
+		return Reservation{Project: project, ID: id, status: statusUnsure}, fmt.Errorf("admission of %s: %w", id, err)
 	}
 	switch res[0] {
 	case "HELD", "EXISTS", "FULL":
@@ -337,23 +333,4 @@ func admitAnswer(res []string, a Admission) (Admitted, error) {
 		return Admitted{SoftCapped: num(1) == 1, Active: num(2)}, nil
 	}
 	return Admitted{}, fmt.Errorf("admission script answered %q", res[0])
-}
-
-// mayHaveRun reports whether a command that failed may have run in Redis all the same (its
-// answer lost on the way back): not one that never left this process (no connection could
-// be had or dialled), nor one that Redis refused before running it.
-func mayHaveRun(err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return false
-	}
-	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
-		return false
-	}
-	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY", "MOVED", "ASK"} {
-		if redis.HasErrorPrefix(err, prefix) {
-			return false
-		}
-	}
-	return true
 }
