@@ -226,6 +226,11 @@ if cur[1] ~= from or (ARGV[4] ~= '0' and cur[2] ~= ARGV[4]) then
 end
 if from == 'snapshotting' then
   if ARGV[12] ~= '' and cur[5] and cur[5] ~= ARGV[12] then return {'SNAPSHOT', cur[5], cur[2]} end
+end
+if from == 'snapshotting' or to == 'snapshotting' then
+  -- Forgotten on the way in too: a gateway from before the field left it in place on the way
+  -- out, and a snapshot that names none must not inherit it. One that names its own sets it
+  -- again below, among the extra fields.
   redis.call('HDEL', KEYS[1], 'snap')
 end
 local stored = cur[3] or ''

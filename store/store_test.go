@@ -712,4 +712,11 @@ func testSnapshotGuard(t *testing.T, s *Store, p string) {
 	if _, err := s.Transition(ctx, c(session.Snapshotting, session.Running, session.Caller, "snap_new")); !errors.As(err, &ce) || ce.Current != session.Running {
 		t.Fatalf("a late close after the session runs again: %v, want a conflict (running)", err)
 	}
+	// One an older gateway left in place (it did not forget it on the way out) does not
+	// outlive the next snapshot's start.
+	if err := s.rdb.HSet(ctx, ProjectKeys(p).session(sess.ID), "snap", "snap_stale").Err(); err != nil {
+		t.Fatal(err)
+	}
+	step(t, s, c(session.Running, session.Snapshotting, session.Caller, ""))
+	step(t, s, c(session.Snapshotting, session.Running, session.Caller, "snap_mine"))
 }
