@@ -600,3 +600,49 @@ func TestReconcilePassesABusyGuest(t *testing.T) {
 		t.Fatal("the guest of a session that ended elsewhere was not stopped while another guest was busy")
 	}
 }
+
+// deafChecker is a runtime decision point that answers nothing until release is closed,
+// whatever its context.
+type deafChecker struct{ release chan struct{} }
+
+func (c deafChecker) Check(context.Context, RuntimeSession, session.GuestEvent) (Verdict, error) {
+	<-c.release
+	return Verdict{}, nil
+}
+
+// TestHungDecisionsAreBounded: a decision deaf to its context is given up on at the bound,
+// and goes on unwaited for; once maxDecisions such are under way, the next event is refused
+// at once rather than leave one more behind. When they end, decisions are made again.
+func TestHungDecisionsAreBounded(t *testing.T) {
+	deaf := deafChecker{release: make(chan struct{})}
+	n := &Node{Config: Config{Runtime: deaf}}
+	ev := session.GuestEvent{Type: session.GuestExec, Argv: []string{"true"}}
+	for i := range maxDecisions {
+		if _, err := n.decide(t.Context(), RuntimeSession{}, ev, time.Millisecond); err == nil {
+			close(deaf.release)
+			t.Fatalf("decision %d of a deaf decision point answered", i)
+		}
+	}
+	start := time.Now()
+	_, err := n.decide(t.Context(), RuntimeSession{}, ev, time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "under way already") || time.Since(start) > 10*time.Second {
+		close(deaf.release)
+		t.Fatalf("with %d decisions hung, the next: %v after %s; want a refusal at once", maxDecisions, err, time.Since(start))
+	}
+	close(deaf.release)
+	for deadline := time.Now().Add(30 * time.Second); n.decisions.Load() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d decisions still counted 30 s after they ended", n.decisions.Load())
+		}
+	}
+	n.Runtime = allowAllChecker{}
+	if _, err := n.decide(t.Context(), RuntimeSession{}, ev, time.Minute); err != nil {
+		t.Fatalf("a decision once the hung ones ended: %v", err)
+	}
+}
+
+type allowAllChecker struct{}
+
+func (allowAllChecker) Check(context.Context, RuntimeSession, session.GuestEvent) (Verdict, error) {
+	return Verdict{}, nil
+}

@@ -155,6 +155,8 @@ type Node struct {
 	cancel context.CancelFunc
 	// redisDown is set while Redis does not answer, so that replays back off.
 	redisDown atomic.Bool
+	// decisions counts the runtime decisions under way, those given up on included (decide).
+	decisions atomic.Int64
 	// quiesceAnswer is the const of that name (tests shorten it).
 	quiesceAnswer time.Duration
 	// recovered is closed once Run has reloaded the journal's guests. Requests wait for it:

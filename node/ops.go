@@ -304,6 +304,7 @@ func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resou
 	}
 	n.sample(ctx, l) // what ran so far is billed at the old size
 	if err := rz.Resize(ctx, l.g.GuestID, res.VCPU, res.MemoryMiB); err != nil {
+		op.land = n.saveLater(l) // the sample's record, before any flush sends it
 		return err
 	}
 	n.mu.Lock() // the heartbeat reads every guest's resources under n.mu

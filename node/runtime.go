@@ -108,10 +108,8 @@ const backgroundCheckTimeout = 2 * time.Second
 // or a Deny answers *RefusedError, with AllowEgress false. The caller holds l.mu.
 func (n *Node) check(ctx context.Context, l *live, event session.GuestEvent, timeout time.Duration) (Verdict, error) {
 	g := l.g
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	v, err := n.Runtime.Check(cctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
-		EndUserID: g.EndUserID, Tier: g.Tier}, event)
+	v, err := n.decide(ctx, RuntimeSession{ID: g.SessionID, Project: g.Project, PolicyID: g.PolicyID,
+		EndUserID: g.EndUserID, Tier: g.Tier}, event, timeout)
 	if err != nil {
 		// The detail stays in the log: it may name internal addresses.
 		n.Logger.Warn("node: runtime decision failed; the event is refused", "session", g.SessionID, "event", event.Type, "err", err)
@@ -130,6 +128,45 @@ func (n *Node) check(ctx context.Context, l *live, event session.GuestEvent, tim
 	n.end(ctx, l, session.Policy, session.PolicyViolation, rule)
 	return v, &KilledError{Rule: rule}
 }
+
+// decide asks the runtime decision point, and stops waiting after timeout even when the
+// decision does not (one deaf to its context: a plugin's load behind another caller's, a
+// policy's compile): the caller holds the guest's lock, which every other call on the guest
+// waits for. The decision then ends on its own, unwaited for; while maxDecisions are under
+// way (a decision point that hangs leaves one per event), the next is refused at once.
+func (n *Node) decide(ctx context.Context, s RuntimeSession, event session.GuestEvent, timeout time.Duration) (Verdict, error) {
+	if n.decisions.Add(1) > maxDecisions {
+		n.decisions.Add(-1)
+		return Verdict{}, fmt.Errorf("%d runtime decisions are under way already (some hang)", maxDecisions)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	type answer struct {
+		v   Verdict
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		defer n.decisions.Add(-1)
+		v, err := n.Runtime.Check(ctx, s, event)
+		done <- answer{v, err}
+	}()
+	select {
+	case a := <-done:
+		return a.v, a.err
+	case <-ctx.Done():
+		select {
+		case a := <-done: // it answered as the time ran out
+			return a.v, a.err
+		default:
+		}
+		return Verdict{}, fmt.Errorf("no decision (bound %s): %w", timeout, ctx.Err())
+	}
+}
+
+// maxDecisions bounds the runtime decisions under way on a node: far above those its guests
+// make at once (each under its guest's lock), and a bound on what hung ones hold.
+const maxDecisions = 1024
 
 // checkProcesses puts every process that appeared in the guest since the last look to the
 // runtime decision point as a process_start event. It looks every flush period, so a process

@@ -17,16 +17,17 @@ import (
 
 // fakeChecker answers runtime events the way the test sets: a kill for a listed program,
 // a deny, an error (a failing or unreachable decision point), an answer after a stall, or
-// none at all. It records what it saw.
+// none at all (until release is closed, whatever its context). It records what it saw.
 type fakeChecker struct {
-	mu     sync.Mutex
-	kill   string // argv word that gets the session killed
-	deny   string // argv word answered with Deny
-	broken string // argv word answered with an error
-	slow   string // argv word allowed after stall
-	stall  time.Duration
-	hung   string // argv word never answered (until the caller gives up)
-	seen   []session.GuestEvent
+	mu      sync.Mutex
+	kill    string // argv word that gets the session killed
+	deny    string // argv word answered with Deny
+	broken  string // argv word answered with an error
+	slow    string // argv word allowed after stall
+	stall   time.Duration
+	hung    string // argv word never answered, its context ignored (until release is closed)
+	release chan struct{}
+	seen    []session.GuestEvent
 }
 
 func (c *fakeChecker) Check(ctx context.Context, _ node.RuntimeSession, event session.GuestEvent) (node.Verdict, error) {
@@ -43,8 +44,10 @@ func (c *fakeChecker) Check(ctx context.Context, _ node.RuntimeSession, event se
 			return node.Verdict{}, ctx.Err()
 		}
 	case has(c.hung):
-		<-ctx.Done()
-		return node.Verdict{}, ctx.Err()
+		// As a decision stuck on a lock does (a plugin's load behind another caller's, a
+		// policy's compile): deaf to its context.
+		<-c.release
+		return node.Verdict{}, errors.New("let go at the test's end")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -83,7 +86,11 @@ func testRuntimeChecks(t *testing.T, rt string) {
 	const project = "proj_rtchk"
 	st, _ := newStore(t)
 	d := newDriver(t, rt, tempDir(t))
-	checker := &fakeChecker{kill: "xmrig", deny: "denied-cmd", broken: "broken-cmd", slow: "slow-cmd", stall: 3 * time.Second, hung: "hung-cmd"}
+	checker := &fakeChecker{kill: "xmrig", deny: "denied-cmd", broken: "broken-cmd", slow: "slow-cmd", stall: 3 * time.Second,
+		hung: "hung-cmd", release: make(chan struct{})}
+	var letGo sync.Once
+	release := func() { letGo.Do(func() { close(checker.release) }) }
+	t.Cleanup(release)
 	cfg := nodeConfig(t, st, d, tempDir(t), "node_rtchk")
 	cfg.Runtime = checker
 	n := startNode(t, cfg)
@@ -119,13 +126,24 @@ func testRuntimeChecks(t *testing.T, rt string) {
 		t.Errorf("exec after a 3 s decision: %+v, %v; want it run", res, err)
 	}
 	start := time.Now()
-	_, err := execIn(ctxT(t, 60*time.Second), n.Node, s, "echo hung-cmd")
-	var re *node.RefusedError
-	if !errors.As(err, &re) {
-		t.Errorf("exec with a decision that never answers: %v, want a *node.RefusedError", err)
-	}
-	if took := time.Since(start); took > 30*time.Second {
-		t.Errorf("a decision that never answers was refused after %s, want the node's bound (10 s)", took.Round(100*time.Millisecond))
+	hung := make(chan error, 1)
+	go func() {
+		_, err := execIn(ctxT(t, 60*time.Second), n.Node, s, "echo hung-cmd")
+		hung <- err
+	}()
+	select {
+	case err := <-hung:
+		var re *node.RefusedError
+		if !errors.As(err, &re) {
+			t.Errorf("exec with a decision that never answers: %v, want a *node.RefusedError", err)
+		}
+		if took := time.Since(start); took > 30*time.Second {
+			t.Errorf("a decision that never answers was refused after %s, want the node's bound (10 s)", took.Round(100*time.Millisecond))
+		}
+	case <-time.After(60 * time.Second):
+		t.Error("an exec whose decision never answers (deaf to its context) still waits after 60 s, want it refused at the node's bound (10 s)")
+		release()
+		<-hung
 	}
 	if got := get(t, st, project, s.ID); got.State != session.Running {
 		t.Fatalf("after refused commands the session is %s %s, want running", got.State, reasonOf(got))
