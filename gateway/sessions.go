@@ -668,19 +668,10 @@ func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includ
 		err = nil
 	}
 	if err != nil {
-		// The session is still snapshotting. The lease of an unrecorded snapshot is left to
-		// run out: its recovery records the snapshot failed and returns the session to
-		// running. A recorded snapshot's lapsed lease is taken for a stale one, which leaves
-		// the session alone; so its lease goes to no holder, whose recovery returns the
-		// session to running. (Should that fail too, the placer's sweep gives the session a
-		// lease in minutes.)
-		if recordErr == nil {
-			endLease(false) // no more renewals: they would take the lease back
-			if _, herr := s.Store.HandOffSnapshotWork(bg, store.SessionRef{Project: sess.ProjectID, ID: sess.ID}, snap.ID,
-				s.Now().Add(s.workLease())); herr != nil {
-				s.log.Warn("snapshot: hand off the work lease", "session", sess.ID, "err", herr)
-			}
-		}
+		// The session is still snapshotting: the lease is left to run out (the deferred
+		// endLease), and its recovery returns the session to running, recording the snapshot
+		// failed unless it was recorded. (Should that fail too, the placer's sweep gives the
+		// session a lease in minutes.)
 		return session.Snapshot{}, errors.Join(err, recordErr)
 	}
 	endLease(true)

@@ -86,16 +86,14 @@ func (s *Server) recoverSnapshot(ctx context.Context, ref store.SessionRef, now 
 }
 
 // endOrphanSnapshot ends a snapshot whose gateway stopped working on it: the snapshot is
-// recorded failed, and a session left in snapshotting (sess: nil when gone) runs again. A
+// recorded failed unless it was recorded, and a session left in snapshotting (sess: nil when
+// gone) runs again, if it still takes that snapshot (snapID; "" for one unknown). A
 // snapshot taken as its session stops (a desktop's sleep) leaves the session stopping.
 //
-// A snapshot its gateway recorded is left as it is, and so is the session: that gateway got
-// to the end of its work, and its transition back to running follows the record at once.
-// Its lease outlived it only because letting go of it failed, and a session found in
-// snapshotting now is most likely taking its next snapshot, whose gateway has moved it there
-// and is about to take the lease. (Should the first gateway have died between the record and
-// the transition, the placer's sweep gives the session a lease of its own, and that ends it.)
-// A snapshot unrecorded is one whose gateway died, or still works with its renewals late:
+// A snapshot its gateway recorded stays as it was: that gateway got to the end of its work
+// and then failed to move the session back, or did move it and failed to let go of the
+// lease (the session then runs, or takes its next snapshot, which this one's end spares). A
+// snapshot unrecorded is one whose gateway died, or still works with its renewals late:
 // that gateway then records the snapshot over this.
 func (s *Server) endOrphanSnapshot(ctx context.Context, ref store.SessionRef, sess *session.Session, snapID string) error {
 	// A session running (or paused) again left snapshotting through its gateway's last step,
@@ -109,17 +107,19 @@ func (s *Server) endOrphanSnapshot(ctx context.Context, ref store.SessionRef, se
 		if err != nil {
 			return err
 		}
-		if !recorded {
-			return nil
+		if recorded {
+			s.log.Warn("snapshot: its gateway stopped working on it; recorded failed", "session", ref.ID, "snapshot", snapID)
 		}
-		s.log.Warn("snapshot: its gateway stopped working on it; recorded failed", "session", ref.ID, "snapshot", snapID)
 	}
 	if sess == nil || sess.State != session.Snapshotting {
 		return nil
 	}
-	s.log.Warn("snapshot: its gateway stopped working on it; the session runs again", "session", ref.ID, "snapshot", snapID)
-	_, err := s.Store.Transition(ctx, store.Change{Project: ref.Project, ID: ref.ID,
-		From: session.Snapshotting, To: session.Running, Driver: session.Caller, Version: sess.Version, Snapshot: snapID})
+	c := store.Change{Project: ref.Project, ID: ref.ID, From: session.Snapshotting, To: session.Running, Driver: session.Caller,
+		Snapshot: snapID}
+	if snapID == "" {
+		c.Version = sess.Version // which snapshot it takes is unknown: the one seen, at least
+	}
+	_, err := s.Store.Transition(ctx, c)
 	var ce *store.ConflictError
 	if errors.As(err, &ce) {
 		// It moved on meanwhile (its gateway was alive after all, or the host failed), or it
@@ -129,6 +129,7 @@ func (s *Server) endOrphanSnapshot(ctx context.Context, ref store.SessionRef, se
 	if err != nil {
 		return err
 	}
+	s.log.Warn("snapshot: its gateway stopped working on it; the session runs again", "session", ref.ID, "snapshot", snapID)
 	s.forgetSessions(ref.Project)
 	return nil
 }

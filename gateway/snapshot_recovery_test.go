@@ -196,9 +196,10 @@ func TestLateCloseSparesTheNextSnapshot(t *testing.T) {
 // TestStaleSnapshotLeaseSparesTheNext: the lease of a snapshot its gateway recorded, left
 // because letting go of it failed, lapses while the session takes its next snapshot (moved to
 // snapshotting, that snapshot's lease not yet taken). Its recovery lets go of the old lease
-// and leaves the session snapshotting; before, it moved the session back to running in the
-// middle of the next snapshot. A session whose gateway recorded its snapshot and died before
-// moving it back gets the placer's lease, holder unknown, and that one does end it.
+// and leaves the session snapshotting, since the session takes another snapshot; before, it
+// moved the session back to running in the middle of the next snapshot. Should the next
+// snapshot's gateway die before it takes its lease, the placer's lease, holder unknown, ends
+// it.
 func TestStaleSnapshotLeaseSparesTheNext(t *testing.T) {
 	e := newEnv(t)
 	s := e.running(map[string]any{"tier": 2})
@@ -214,7 +215,7 @@ func TestStaleSnapshotLeaseSparesTheNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := e.st.Transition(ctx, store.Change{Project: e.projA, ID: s.ID, From: session.Running, To: session.Snapshotting,
-		Driver: session.Caller}); err != nil {
+		Driver: session.Caller, Snapshot: "snap_next"}); err != nil {
 		t.Fatal(err)
 	}
 	leaseGone := func() bool {
@@ -277,11 +278,11 @@ func TestSnapshotLeaseOfAStoppingSession(t *testing.T) {
 }
 
 // TestSnapshotRecordedButNotReturned: a snapshot recorded whose session its gateway could not
-// move back to running (Redis failed that one call) hands its lease to no holder, whose
-// recovery returns the session to running within the lease. Before, the lease ran out under
-// the snapshot's id, and its recovery took it for a stale lease of a recorded snapshot: the
-// session stayed snapshotting (billed, its delete refused) until the placer's sweep, minutes
-// later.
+// move back to running (Redis failed that one call) leaves its lease to run out, and the
+// recovery returns the session to running, since it still takes that snapshot. (Once, the
+// recovery took such a lease for a stale one and left the session snapshotting, billed and
+// its delete refused, until the placer's sweep minutes later; then the gateway handed the
+// lease to no holder.)
 func TestSnapshotRecordedButNotReturned(t *testing.T) {
 	rdb := redistest.Server(t)
 	e := newEnvOn(t, rdb, func(c *Config) { c.WorkLease = time.Second })

@@ -22,25 +22,19 @@ type leaseKeys struct{ ends, holders, what string }
 // leaseScript sets, renews, claims or releases a lease, comparing tokens.
 //
 // KEYS: the ends set, the holders hash
-// ARGV: op (set, renew, keep, handoff, claim, release), member, token, until ms, now ms
+// ARGV: op (set, renew, keep, claim, release), member, token, until ms, now ms
 //
 // keep is renew that also takes a lease with no holder (one its holder failed to set, which
-// the placer's sweep may have given an end since). handoff leaves the token's lease to no
-// holder, ending at until.
+// the placer's sweep may have given an end since).
 var leaseScript = redis.NewScript(`
 local op, m, tok = ARGV[1], ARGV[2], ARGV[3]
 local holder = redis.call('HGET', KEYS[2], m) or '' -- '': no holder
 if op == 'keep' then
   if holder ~= '' and holder ~= tok then return 0 end
-elseif op == 'renew' or op == 'release' or op == 'handoff' then
+elseif op == 'renew' or op == 'release' then
   if holder ~= tok then return 0 end
   if op == 'release' then
     redis.call('ZREM', KEYS[1], m)
-    redis.call('HDEL', KEYS[2], m)
-    return 1
-  end
-  if op == 'handoff' then
-    redis.call('ZADD', KEYS[1], ARGV[4], m)
     redis.call('HDEL', KEYS[2], m)
     return 1
   end
@@ -96,15 +90,6 @@ func (s *Store) RenewSnapshotWork(ctx context.Context, ref SessionRef, snapshot 
 // it no longer held it.
 func (s *Store) ReleaseSnapshotWork(ctx context.Context, ref SessionRef, snapshot string) (bool, error) {
 	return s.snapshotWork(ctx, "release", ref, snapshot, time.Time{}, time.Time{})
-}
-
-// HandOffSnapshotWork leaves the lease of snapshot to no holder, ending at until: its
-// recovery then returns a session still in snapshotting to running, as for a lease the
-// placer's sweep gave (a lease of a recorded snapshot is taken for a stale one, and leaves
-// the session alone: see the gateway's endOrphanSnapshot). False when snapshot no longer
-// holds it.
-func (s *Store) HandOffSnapshotWork(ctx context.Context, ref SessionRef, snapshot string, until time.Time) (bool, error) {
-	return s.snapshotWork(ctx, "handoff", ref, snapshot, until, until)
 }
 
 // ClaimSnapshotWork takes over the session's snapshot lease until until if it ended at or

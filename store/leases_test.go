@@ -129,27 +129,6 @@ func TestSnapshotWorkLeases(t *testing.T) {
 		t.Fatal("could not release an ensured lease once claimed")
 	}
 
-	// A holder hands its lease to no one (its snapshot recorded, the session not moved back):
-	// only the holder can, and the claim answers no holder, at the new end.
-	if err := s.SetSnapshotWork(ctx, ref, "snap_f", t0.Add(time.Minute)); err != nil {
-		t.Fatal(err)
-	}
-	if must(s.HandOffSnapshotWork(ctx, ref, "snap_g", t0.Add(2*time.Minute))) {
-		t.Fatal("another snapshot handed off the lease")
-	}
-	if !must(s.HandOffSnapshotWork(ctx, ref, "snap_f", t0.Add(2*time.Minute))) {
-		t.Fatal("the holder could not hand off its lease")
-	}
-	if _, ok := claim(t0.Add(90 * time.Second)); ok {
-		t.Fatal("claimed a handed-off lease before its new end")
-	}
-	holder, ok = claim(t0.Add(2 * time.Minute))
-	if !ok || holder != "" {
-		t.Fatalf("claim of a handed-off lease: %q, %v; want \"\", true", holder, ok)
-	}
-	if !must(s.ReleaseSnapshotWork(ctx, ref, holder)) {
-		t.Fatal("could not release a handed-off lease once claimed")
-	}
 	if due, next, _ := s.DueSnapshotWork(ctx, t0.Add(time.Hour), 10); len(due) != 0 || !next.IsZero() {
 		t.Fatalf("leases left: due %v next %v", due, next)
 	}
