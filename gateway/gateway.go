@@ -103,9 +103,9 @@ type Server struct {
 	cancel context.CancelFunc
 	// execs and asyncRuns count work in progress per project, for the caps above.
 	execs, asyncRuns *projectSlots
-	// releasing counts the refused creates' slots being given back in the background
-	// (releases.go).
-	releasing atomic.Int32
+	// cleanups counts what refused creates left being cleaned up in the background
+	// (releaseLater, abandonLater).
+	cleanups atomic.Int32
 	// access is the data path's state: grant signers and ext_authz's lookups (authz*.go).
 	access edgeAccess
 	// idleKick wakes the desktop idle loop when this server sets an earlier deadline.

@@ -2,27 +2,63 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
+	"wb/session"
 	"wb/store"
 )
 
-// maxPendingReleases bounds the slots given back in the background at once: each is a
-// goroutine, and an outage refuses every create at the rate they come.
-const maxPendingReleases = 1024
+// What a create refused for want of Redis may leave behind (a slot held, or a session written
+// whose answer was lost) is cleaned up in the background once Redis answers again.
+
+// maxPendingCleanups bounds the cleanups waiting at once: each is a goroutine, and an outage
+// refuses every create at the rate they come.
+const maxPendingCleanups = 1024
+
+// abandonFor is how long a cleanup of a session written unanswered keeps trying: past it, the
+// session ends by its own idle timeout, as before.
+const abandonFor = 10 * time.Minute
+
+// retryLater runs try in the background, 250 ms from now and then twice as long each time up
+// to 5 s, until it succeeds or until has passed, and answers try's last error then (nil: it
+// succeeded) to done. It answers false, and runs nothing, when maxPendingCleanups wait already.
+func (s *Server) retryLater(until time.Time, try func(context.Context) error, done func(error)) bool {
+	if s.cleanups.Add(1) > maxPendingCleanups {
+		s.cleanups.Add(-1)
+		return false
+	}
+	s.goBackground(func() {
+		defer s.cleanups.Add(-1)
+		for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+			err := try(ctx)
+			cancel()
+			if err == nil || time.Now().After(until) {
+				done(err)
+				return
+			}
+		}
+	})
+	return true
+}
 
 // releaseLater gives back, in the background, the slot of a refused create whose release
 // failed (Redis unreachable, as in a failover: the create's write failed, and its release
-// with it), or that its reservation may hold with its answer lost (r.Unsure). It tries 250
-// ms later, then twice as long each time up to 5 s, until the release goes through or the
-// reservation has lapsed. Without it the slot stayed held until the project's next create
-// after the lapse (store.ReservationLapse), and for good in a project that created nothing
-// more. A release is safe to repeat, and to make when no slot was held: it frees only a
-// reservation that no session was written under. But a create whose id was given (fresh
-// false: an idempotency key's, a desktop's) is left to the lapse: the caller's retry of it
-// reserves under the same id, sharing the slot, and a late release would take it from under
-// the retry, whose write would then fail.
+// with it), or that its reservation may hold with its answer lost (r.Unsure), until the
+// release goes through or the reservation has lapsed. Without it the slot stayed held until
+// the project's next create after the lapse (store.ReservationLapse), and for good in a
+// project that created nothing more. A release is safe to repeat, and to make when no slot
+// was held: it frees only a reservation that no session was written under. But a create
+// whose id was given (fresh false: an idempotency key's, a desktop's) is left to the lapse:
+// the caller's retry of it reserves under the same id, sharing the slot, and a late release
+// would take it from under the retry, whose write would then fail.
 func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
 	what, warn, fail := "a refused create's slot", slog.LevelWarn, slog.LevelError
 	if r.Unsure() {
@@ -41,32 +77,64 @@ func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
 		log(fail, "is held until it lapses", cause)
 		return
 	}
-	if s.releasing.Add(1) > maxPendingReleases {
-		s.releasing.Add(-1)
-		log(fail, "is held until it lapses: too many releases wait already", cause)
-		return
-	}
-	log(warn, "is given back in the background", cause)
-	until := time.Now().Add(store.ReservationLapse)
-	s.goBackground(func() {
-		defer s.releasing.Add(-1)
-		for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-			select {
-			case <-s.ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-			ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-			err := s.Store.Release(ctx, r)
-			cancel()
-			if err == nil {
-				log(min(warn, slog.LevelInfo), "is given back", nil)
-				return
-			}
-			if time.Now().After(until) {
+	started := s.retryLater(time.Now().Add(store.ReservationLapse),
+		func(ctx context.Context) error { return s.Store.Release(ctx, r) },
+		func(err error) {
+			if err != nil {
 				log(fail, "is held until it lapses", err)
 				return
 			}
+			log(min(warn, slog.LevelInfo), "is given back", nil)
+		})
+	if !started {
+		log(fail, "is held until it lapses: too many cleanups wait already", cause)
+		return
+	}
+	log(warn, "is given back in the background", cause)
+}
+
+// abandonLater ends, in the background, the session of a refused create whose write may have
+// gone through with its answer lost (Redis went away under it): the caller was told the
+// create failed, and never learns the session's id, so it would run unseen, and be billed,
+// until its idle timeout. A session found is deleted as a caller's delete would (in pending
+// it ends at once, unbilled); none found means none was written. Only for an id made for
+// this create (fresh): one given (an idempotency key's, a desktop's) is the caller's to
+// retry, and finds the session then.
+func (s *Server) abandonLater(p store.Project, id string, fresh bool, cause error) {
+	if !fresh {
+		return
+	}
+	deleted := false
+	started := s.retryLater(time.Now().Add(abandonFor), func(ctx context.Context) error {
+		_, _, err := s.stop(ctx, p, id)
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == 404 {
+			return nil // never written
+		}
+		deleted = err == nil
+		return err
+	}, func(err error) {
+		switch {
+		case err != nil:
+			s.log.Warn("a refused create's session, if it was written, runs until its idle timeout", "session", id, "err", err)
+		case deleted:
+			s.log.Info("a refused create's session was written after all (its answer was lost); it is deleted", "session", id)
 		}
 	})
+	if !started {
+		s.log.Warn("a refused create's session, if it was written, runs until its idle timeout: too many cleanups wait already",
+			"session", id, "err", cause)
+	}
+}
+
+// writeUnanswered reports whether a create's failed write may have gone through all the
+// same: any failure but a refusal the store answered.
+func writeUnanswered(err error) bool {
+	var re *store.RateLimitError
+	var se *store.SpendCapError
+	var ce *store.ConcurrencyError
+	var fe *session.FieldError
+	var te *session.TransitionError
+	return err != nil && !errors.Is(err, store.ErrExists) && !errors.As(err, &re) && !errors.As(err, &se) &&
+		!errors.As(err, &ce) && !errors.As(err, &fe) && !errors.As(err, &te)
 }

@@ -132,6 +132,9 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 		out, err = s.Store.Admit(ctx, sess, adm)
 	}
 	if err != nil {
+		if writeUnanswered(err) { // the session may be written, with nobody to know its id
+			s.abandonLater(p, id, fresh, err)
+		}
 		return nil, nil, s.admissionRefusal(p, err)
 	}
 	if out.SoftCapped {

@@ -16,6 +16,7 @@ import (
 
 	"wb/internal/redistest"
 	"wb/session"
+	"wb/store"
 )
 
 // TestStoreUnavailable: while Redis is away (here stopped; in a fleet, a Cluster primary
@@ -138,6 +139,48 @@ func TestSlotGivenBackAfterALostAnswer(t *testing.T) {
 	t.Fatalf("30 s after the lost answer, the project holds %d slots (%v), want 0: the slot its reservation held was not given back", n, err)
 }
 
+// TestSessionOfALostAnswerDeleted: a create whose write went through but whose answer was
+// lost (the connection failed under it) answers 503, and the session it wrote, whose id the
+// caller never learns, is deleted in the background and its slot given back. Before, it ran
+// unseen, and billed, until its idle timeout. Both ways a create is written: in one step (no
+// decision to make) and after its decision (Commit).
+func TestSessionOfALostAnswerDeleted(t *testing.T) {
+	for _, c := range []struct {
+		name, arg string
+		decide    bool
+	}{{"one step", "doc", false}, {"after a decision", "commit", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := redistest.Server(t)
+			rdb.AddHook(loseAnswer{once: &sync.Once{}, arg: c.arg})
+			var opts []envOpt
+			if c.decide {
+				opts = append(opts, func(cfg *Config) { cfg.Admitter = stopDuringDecision{once: &sync.Once{}, stop: func() {}} })
+			}
+			e := newEnvOn(t, rdb, opts...)
+			r := e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2})
+			if code, _, msg := r.errorOf(t); r.status != 503 || code != "store_unavailable" {
+				t.Fatalf("a create whose answer was lost: %d %s %q, want 503 store_unavailable", r.status, code, msg)
+			}
+			ctx := context.Background()
+			var list struct{ Data []session.Session }
+			var n int64
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+				e.mustDo("GET", "/v1/sessions", e.key, nil, 200, &list)
+				n, _ = e.st.ActiveCount(ctx, e.projA)
+				if len(list.Data) == 1 && list.Data[0].State == session.Stopped && n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("30 s after the lost answer: sessions %+v, %d slots held; want its session stopped and none", list.Data, n)
+				}
+			}
+			if got := list.Data[0].StateReason; got == nil || *got != session.Deleted {
+				t.Errorf("the unanswered create's session ended for %v, want deleted", got)
+			}
+		})
+	}
+}
+
 // loseAnswer runs the first command with arg among its arguments, then answers it with a
 // connection reset, as if the answer were lost on the way back.
 type loseAnswer struct {
@@ -160,5 +203,29 @@ func (h loseAnswer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			})
 		}
 		return err
+	}
+}
+
+// TestWriteUnanswered: a create's failed write counts as possibly written unless the store
+// answered a refusal.
+func TestWriteUnanswered(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{store.ErrExists, false},
+		{&store.RateLimitError{Wait: time.Second}, false},
+		{&store.SpendCapError{Scope: "project"}, false},
+		{fmt.Errorf("create: %w", &store.ConcurrencyError{Limit: 1, Used: 1}), false},
+		{&session.FieldError{Field: "id", Message: "required"}, false},
+		{fmt.Errorf("create session: %w", io.EOF), true},
+		{&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
+		{redisErr("CLUSTERDOWN The cluster is down"), true},
+		{context.DeadlineExceeded, true},
+	} {
+		if got := writeUnanswered(c.err); got != c.want {
+			t.Errorf("writeUnanswered(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
