@@ -103,9 +103,10 @@ type Server struct {
 	cancel context.CancelFunc
 	// execs and asyncRuns count work in progress per project, for the caps above.
 	execs, asyncRuns *projectSlots
-	// cleanups counts what refused creates left being cleaned up in the background
-	// (releaseLater, abandonLater).
-	cleanups atomic.Int32
+	// releases and abandons count what refused creates left being cleaned up in the
+	// background (releaseLater, abandonLater): one budget each, so that either kind, piling
+	// up in a long outage, leaves the other its own.
+	releases, abandons atomic.Int32
 	// access is the data path's state: grant signers and ext_authz's lookups (authz*.go).
 	access edgeAccess
 	// idleKick wakes the desktop idle loop when this server sets an earlier deadline.

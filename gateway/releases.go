@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"wb/session"
@@ -13,8 +15,8 @@ import (
 // What a create refused for want of Redis may leave behind (a slot held, or a session written
 // whose answer was lost) is cleaned up in the background once Redis answers again.
 
-// maxPendingCleanups bounds the cleanups waiting at once: each is a goroutine, and an outage
-// refuses every create at the rate they come.
+// maxPendingCleanups bounds the cleanups of each kind waiting at once: each is a goroutine,
+// and an outage refuses every create at the rate they come.
 const maxPendingCleanups = 1024
 
 // abandonFor is how long a cleanup of a session written unanswered keeps trying: past it, the
@@ -23,14 +25,15 @@ const abandonFor = 10 * time.Minute
 
 // retryLater runs try in the background, 250 ms from now and then twice as long each time up
 // to 5 s, until it succeeds or until has passed, and answers try's last error then (nil: it
-// succeeded) to done. It answers false, and runs nothing, when maxPendingCleanups wait already.
-func (s *Server) retryLater(until time.Time, try func(context.Context) error, done func(error)) bool {
-	if s.cleanups.Add(1) > maxPendingCleanups {
-		s.cleanups.Add(-1)
+// succeeded) to done. It answers false, and runs nothing, when maxPendingCleanups counted by
+// pending wait already.
+func (s *Server) retryLater(pending *atomic.Int32, until time.Time, try func(context.Context) error, done func(error)) bool {
+	if pending.Add(1) > maxPendingCleanups {
+		pending.Add(-1)
 		return false
 	}
 	s.goBackground(func() {
-		defer s.cleanups.Add(-1)
+		defer pending.Add(-1)
 		for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
 			select {
 			case <-s.ctx.Done():
@@ -77,7 +80,7 @@ func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
 		log(fail, "is held until it lapses", cause)
 		return
 	}
-	started := s.retryLater(time.Now().Add(store.ReservationLapse),
+	started := s.retryLater(&s.releases, time.Now().Add(store.ReservationLapse),
 		func(ctx context.Context) error { return s.Store.Release(ctx, r) },
 		func(err error) {
 			if err != nil {
@@ -105,7 +108,7 @@ func (s *Server) abandonLater(p store.Project, id string, fresh bool, cause erro
 		return
 	}
 	deleted := false
-	started := s.retryLater(time.Now().Add(abandonFor), func(ctx context.Context) error {
+	started := s.retryLater(&s.abandons, time.Now().Add(abandonFor), func(ctx context.Context) error {
 		_, _, err := s.stop(ctx, p, id)
 		var ae *apiError
 		if errors.As(err, &ae) && ae.Status == 404 {
@@ -122,9 +125,21 @@ func (s *Server) abandonLater(p store.Project, id string, fresh bool, cause erro
 		}
 	})
 	if !started {
-		s.log.Warn("a refused create's session, if it was written, runs until its idle timeout: too many cleanups wait already",
+		// At debug: in an outage every create comes here, and most wrote nothing.
+		s.log.Debug("a refused create's session, if it was written, runs until its idle timeout: too many cleanups wait already",
 			"session", id, "err", cause)
 	}
+}
+
+// writtenUnanswered answers the session that a create's own write made, whose answer was
+// lost, as the create's.
+func (s *Server) writtenUnanswered(ctx context.Context, p store.Project, id string) (store.Admitted, error) {
+	sess, err := s.Store.Get(ctx, p.ID, id)
+	if err != nil {
+		return store.Admitted{}, fmt.Errorf("the create's write went through unanswered, and its session cannot be read: %w", err)
+	}
+	s.log.Info("a create's write went through unanswered; its session is answered", "session", id)
+	return store.Admitted{Session: sess}, nil
 }
 
 // writeUnanswered reports whether a create's failed write may have gone through all the
@@ -135,6 +150,6 @@ func writeUnanswered(err error) bool {
 	var ce *store.ConcurrencyError
 	var fe *session.FieldError
 	var te *session.TransitionError
-	return err != nil && !errors.Is(err, store.ErrExists) && !errors.As(err, &re) && !errors.As(err, &se) &&
+	return err != nil && !errors.Is(err, store.ErrExists) && !errors.Is(err, store.ErrLapsed) && !errors.As(err, &re) && !errors.As(err, &se) &&
 		!errors.As(err, &ce) && !errors.As(err, &fe) && !errors.As(err, &te)
 }

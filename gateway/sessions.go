@@ -131,6 +131,14 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 	} else {
 		out, err = s.Store.Admit(ctx, sess, adm)
 	}
+	if fresh && errors.Is(err, store.ErrExists) {
+		// An id made for this create exists only if this create wrote it: go-redis sent the
+		// write again after its answer was lost, and the second found the first's session.
+		out, err = s.writtenUnanswered(ctx, p, id)
+		if err == nil {
+			resv = nil
+		}
+	}
 	if err != nil {
 		if writeUnanswered(err) { // the session may be written, with nobody to know its id
 			s.abandonLater(p, id, fresh, err)

@@ -181,6 +181,60 @@ func TestSessionOfALostAnswerDeleted(t *testing.T) {
 	}
 }
 
+// TestCreateAnsweredAfterItsRetry: a create's write that went through with its answer lost,
+// and that the Redis client then sent again (go-redis retries a command whose connection
+// failed), finds its own session: the create answers 201 with it, and no second session is
+// made. Before, it answered 500 (the id existed), and the session ran unseen. Both ways a
+// create is written: in one step and after its decision (Commit).
+func TestCreateAnsweredAfterItsRetry(t *testing.T) {
+	for _, c := range []struct {
+		name, arg string
+		decide    bool
+	}{{"one step", "doc", false}, {"after a decision", "commit", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := redistest.Server(t)
+			rdb.AddHook(sentTwice{once: &sync.Once{}, arg: c.arg})
+			var opts []envOpt
+			if c.decide {
+				opts = append(opts, func(cfg *Config) { cfg.Admitter = stopDuringDecision{once: &sync.Once{}, stop: func() {}} })
+			}
+			e := newEnvOn(t, rdb, opts...)
+			var created session.Session
+			e.mustDo("POST", "/v1/sessions", e.key, map[string]any{"tier": 2}, 201, &created)
+			var list struct{ Data []session.Session }
+			e.mustDo("GET", "/v1/sessions", e.key, nil, 200, &list)
+			if len(list.Data) != 1 || list.Data[0].ID != created.ID {
+				t.Fatalf("sessions after the create: %+v, want the one answered (%s)", list.Data, created.ID)
+			}
+			if n, err := e.st.ActiveCount(context.Background(), e.projA); err != nil || n != 1 {
+				t.Errorf("the project holds %d slots (%v), want 1", n, err)
+			}
+		})
+	}
+}
+
+// sentTwice runs the first command with arg among its arguments twice, answering the
+// second's result, as go-redis does when the first's answer was lost on its connection.
+type sentTwice struct {
+	once *sync.Once
+	arg  string
+}
+
+func (sentTwice) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (sentTwice) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h sentTwice) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && slices.Contains(cmd.Args(), any(h.arg)) {
+			h.once.Do(func() { err = next(ctx, cmd) })
+		}
+		return err
+	}
+}
+
 // loseAnswer runs the first command with arg among its arguments, then answers it with a
 // connection reset, as if the answer were lost on the way back.
 type loseAnswer struct {
@@ -215,6 +269,7 @@ func TestWriteUnanswered(t *testing.T) {
 	}{
 		{nil, false},
 		{store.ErrExists, false},
+		{fmt.Errorf("create session: %w", store.ErrLapsed), false},
 		{&store.RateLimitError{Wait: time.Second}, false},
 		{&store.SpendCapError{Scope: "project"}, false},
 		{fmt.Errorf("create: %w", &store.ConcurrencyError{Limit: 1, Used: 1}), false},

@@ -202,7 +202,7 @@ func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admi
 
 // Commit writes sess in pending with its session.pending event in the slot r holds, and
 // signals its work, as Admit does: in one round trip on one Redis, in two on a Cluster. It
-// answers ErrExists when a session has the id, and an error when r lapsed. sess is as for
+// answers ErrExists when a session has the id, and ErrLapsed when r lapsed. sess is as for
 // Create, with r's project and id.
 func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session) (Admitted, error) {
 	if !r.Held() || sess.ProjectID != r.Project || sess.ID != r.ID {
@@ -235,7 +235,7 @@ func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session
 	case "EXISTS":
 		return Admitted{}, ErrExists
 	default:
-		return Admitted{}, fmt.Errorf("create session %s: its slot lapsed before it was written (over %s after it was reserved)", sess.ID, ReservationLapse)
+		return Admitted{}, fmt.Errorf("create session %s: %w (over %s after it was reserved)", sess.ID, ErrLapsed, ReservationLapse)
 	}
 	cp := *sess
 	cp.Object = session.ObjectName

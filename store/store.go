@@ -19,6 +19,9 @@ var ErrNotFound = errors.New("not found")
 // ErrExists: a session with this id already exists.
 var ErrExists = errors.New("session id already exists")
 
+// ErrLapsed: a Commit came after its reservation lapsed (ReservationLapse), and wrote nothing.
+var ErrLapsed = errors.New("the create's slot lapsed before it was written")
+
 // ConflictError: the session is not in the state (or at the version) the caller expected.
 type ConflictError struct {
 	Current session.State
