@@ -198,8 +198,8 @@ func TestLateCloseSparesTheNextSnapshot(t *testing.T) {
 // snapshotting, that snapshot's lease not yet taken). Its recovery lets go of the old lease
 // and leaves the session snapshotting, since the session takes another snapshot; before, it
 // moved the session back to running in the middle of the next snapshot. Should the next
-// snapshot's gateway die before it takes its lease, the placer's lease, holder unknown, ends
-// it.
+// snapshot's gateway die before it takes its lease, the placer's sweep gives the session one,
+// held by the snapshot it takes, whose recovery records that snapshot failed and ends it.
 func TestStaleSnapshotLeaseSparesTheNext(t *testing.T) {
 	e := newEnv(t)
 	s := e.running(map[string]any{"tier": 2})
@@ -242,6 +242,10 @@ func TestStaleSnapshotLeaseSparesTheNext(t *testing.T) {
 	e.waitState(e.key, s.ID, session.Running)
 	if !leaseGone() {
 		t.Error("the sweep's lease is left after its recovery")
+	}
+	e.mustDo("GET", "/v1/snapshots/snap_next", e.key, nil, 200, &snap)
+	if snap.State != session.SnapshotFailed {
+		t.Errorf("the next snapshot, whose gateway died, is %s after the sweep's recovery, want failed", snap.State)
 	}
 }
 

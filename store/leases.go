@@ -22,12 +22,17 @@ type leaseKeys struct{ ends, holders, what string }
 // leaseScript sets, renews, claims or releases a lease, comparing tokens.
 //
 // KEYS: the ends set, the holders hash
-// ARGV: op (set, renew, keep, claim, release), member, token, until ms, now ms
+// ARGV: op (set, renew, keep, claim, release, ensure), member, token, until ms, now ms
 //
 // keep is renew that also takes a lease with no holder (one its holder failed to set, which
-// the placer's sweep may have given an end since).
+// the placer's sweep may have given an end since). ensure sets a lease only where there is
+// none, held by token (empty: no holder).
 var leaseScript = redis.NewScript(`
 local op, m, tok = ARGV[1], ARGV[2], ARGV[3]
+if op == 'ensure' then
+  if redis.call('ZADD', KEYS[1], 'NX', ARGV[4], m) == 1 and tok ~= '' then redis.call('HSET', KEYS[2], m, tok) end
+  return 1
+end
 local holder = redis.call('HGET', KEYS[2], m) or '' -- '': no holder
 if op == 'keep' then
   if holder ~= '' and holder ~= tok then return 0 end
@@ -107,15 +112,18 @@ func (s *Store) ClaimSnapshotWork(ctx context.Context, ref SessionRef, now, unti
 	return holder, ok, err
 }
 
-// EnsureSnapshotWork gives a session in snapshotting whose lease is missing (lost with the
-// key, or from before leases) one that ends at until, holder unknown; one already recorded
-// stays as it is.
+// EnsureSnapshotWork gives a session in snapshotting whose lease is missing (its gateway died
+// before taking it, the key was lost, or it is from before leases) one that ends at until,
+// held by the snapshot the session takes (as its transition to snapshotting recorded it;
+// holder unknown for a session without one), so that the lease's recovery ends the session's
+// snapshotting only while it takes that snapshot. One already recorded stays as it is.
 func (s *Store) EnsureSnapshotWork(ctx context.Context, ref SessionRef, until time.Time) error {
-	z := redis.ZAddArgs{NX: true, Members: []redis.Z{{Score: float64(until.UnixMilli()), Member: ref.member()}}}
-	if err := s.rdb.ZAddArgs(ctx, snapshotWorkKey, z).Err(); err != nil {
-		return fmt.Errorf("ensure the snapshot lease of session %s: %w", ref.ID, err)
+	snap, err := s.rdb.HGet(ctx, ProjectKeys(ref.Project).session(ref.ID), "snap").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("ensure the snapshot lease of session %s: read its snapshot: %w", ref.ID, err)
 	}
-	return nil
+	_, err = s.snapshotWork(ctx, "ensure", ref, snap, until, until)
+	return err
 }
 
 // DueSnapshotWork answers up to limit sessions whose snapshot lease ended at or before now,

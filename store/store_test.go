@@ -697,6 +697,18 @@ func testSnapshotGuard(t *testing.T, s *Store, p string) {
 	step(t, s, c(session.Pending, session.Provisioning, session.Placer, ""))
 	step(t, s, c(session.Provisioning, session.Running, session.Node, ""))
 	step(t, s, c(session.Running, session.Snapshotting, session.Caller, "snap_new"))
+	// A lease the placer's sweep gives it (its gateway died before taking one) is held by the
+	// snapshot it takes.
+	ref := SessionRef{Project: p, ID: sess.ID}
+	if err := s.EnsureSnapshotWork(ctx, ref, time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if holder, ok, err := s.ClaimSnapshotWork(ctx, ref, time.Now(), time.Now().Add(time.Minute)); err != nil || !ok || holder != "snap_new" {
+		t.Fatalf("claim of the sweep's lease: %q, %v, %v; want snap_new's", holder, ok, err)
+	}
+	if ok, err := s.ReleaseSnapshotWork(ctx, ref, "snap_new"); err != nil || !ok {
+		t.Fatalf("release of the sweep's lease: %v, %v", ok, err)
+	}
 	_, err := s.Transition(ctx, c(session.Snapshotting, session.Running, session.Caller, "snap_old"))
 	var ce *ConflictError
 	if !errors.As(err, &ce) || ce.Current != session.Snapshotting || ce.Snapshot != "snap_new" {
