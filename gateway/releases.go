@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -132,12 +131,17 @@ func (s *Server) abandonLater(p store.Project, id string, fresh bool, cause erro
 }
 
 // writtenUnanswered answers the session that a create's own write made, whose answer was
-// lost, as the create's.
+// lost, as the create's, and signals its work as the lost answer's caller would have.
 func (s *Server) writtenUnanswered(ctx context.Context, p store.Project, id string) (store.Admitted, error) {
 	sess, err := s.Store.Get(ctx, p.ID, id)
 	if err != nil {
-		return store.Admitted{}, fmt.Errorf("the create's write went through unanswered, and its session cannot be read: %w", err)
+		// Not found is a failover's too (the write went to the old primary): the create is
+		// the caller's to retry, not a 404 (abandonLater ends the session should it show).
+		s.log.Warn("a create's write went through unanswered, and its session cannot be read", "session", id, "err", err)
+		return store.Admitted{}, &apiError{Status: 503, Type: "api_error", Code: "store_unavailable", RetryAfter: time.Second,
+			Message: "the platform's data store is failing over; retry shortly (a create with the same Idempotency-Key)"}
 	}
+	s.Store.SignalCreated(ctx, sess)
 	s.log.Info("a create's write went through unanswered; its session is answered", "session", id)
 	return store.Admitted{Session: sess}, nil
 }

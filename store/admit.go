@@ -49,9 +49,11 @@ func (e *SpendCapError) Error() string { return "the " + e.Scope + "'s monthly s
 // Admit is a create's admission in one round trip (which concurrent creates may share:
 // sharedTrips): it takes a token from the project's rate
 // bucket, checks the spend-cap flags, reserves one of a.Concurrency slots and writes sess in
-// pending with its session.pending event, in one script. It answers a *RateLimitError, a
-// *SpendCapError, a *ConcurrencyError or ErrExists at the first refusal, in that order (a
-// token taken before a refusal stays taken). sess is as for Create.
+// pending with its session.pending event, in one script. It answers ErrExists, a
+// *RateLimitError, a *SpendCapError or a *ConcurrencyError at the first refusal, in that
+// order (a token taken before a refusal stays taken; a session that exists takes none, so
+// that the write sent again after its answer was lost finds its own session, whatever the
+// bucket holds). sess is as for Create.
 func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (Admitted, error) {
 	if err := session.Check("", sess.State, session.APIGateway, ""); err != nil {
 		return Admitted{}, err

@@ -494,3 +494,67 @@ func TestUnsureReservation(t *testing.T) {
 		t.Fatalf("after it, the project holds %d slots (%v), want 1 (sess_held's)", n, err)
 	}
 }
+
+// TestSentAgain: a write that go-redis sends again after its answer was lost finds its own
+// work, whatever the rate bucket holds: Admit answers ErrExists, not a rate refusal, and a
+// Reserve held under the id answers it held, taking no second token. (The gateway answers
+// the session it finds, and a slot refused for the rate would have been left held.)
+func TestSentAgain(t *testing.T) {
+	s := New(redistest.Server(t))
+	ctx := context.Background()
+	const p = "proj_sentagain"
+	at := time.Now()
+	a := Admission{RatePerSec: 1, Burst: 1, Concurrency: 5, At: at}
+	sess := newPending(p, "")
+	if _, err := s.Admit(ctx, sess, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Admit(ctx, sess, a); !errors.Is(err, ErrExists) {
+		t.Fatalf("the same write again, its bucket empty: %v, want ErrExists", err)
+	}
+	a.At = at.Add(time.Second) // one token back
+	for i := range 2 {
+		r, err := s.Reserve(ctx, p, "sess_sentagain", "", a)
+		if err != nil || !r.Held() || r.Active != 1 {
+			t.Fatalf("reserve %d, its bucket empty after the first: %+v, %v; want it held, 1 slot before it", i+1, r, err)
+		}
+	}
+	if n, err := s.ActiveCount(ctx, p); err != nil || n != 2 {
+		t.Fatalf("the project holds %d slots (%v), want 2: the session's and the reservation's", n, err)
+	}
+}
+
+// TestSignalCreated: a create whose answer was lost, its write refused as existing when sent
+// again, gets the signals its answer's caller would have made: on a Cluster (where the
+// script cannot make them) the placer's signal and the provisioning deadline; on one Redis,
+// whose script made them, nothing more.
+func TestSignalCreated(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			rdb := b.New(t)
+			s := New(rdb)
+			ctx := context.Background()
+			before, err := rdb.XLen(ctx, signalKey(WorkPending)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sess := newPending("proj_signalcreated"+b.Name, "")
+			s.SignalCreated(ctx, sess)
+			after, err := rdb.XLen(ctx, signalKey(WorkPending)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := int64(0)
+			if !s.oneRedis {
+				want = 1
+			}
+			if after-before != want {
+				t.Errorf("pending signals made: %d, want %d", after-before, want)
+			}
+			_, err = rdb.ZScore(ctx, provisionDeadlinesKey, SessionRef{Project: sess.ProjectID, ID: sess.ID}.member()).Result()
+			if scheduled := err == nil; scheduled != !s.oneRedis {
+				t.Errorf("provisioning deadline scheduled: %v (%v), want %v", scheduled, err, !s.oneRedis)
+			}
+		})
+	}
+}

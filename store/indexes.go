@@ -195,6 +195,17 @@ func (s *Store) afterCreate(ctx context.Context, sess *session.Session) {
 	})
 }
 
+// SignalCreated signals sess's work as its create would have had its answer come back: on a
+// Cluster, where the create's script cannot signal, its caller does so after the answer
+// (afterCreate), and a create whose write went through unanswered, then sent again (go-redis
+// retries it) and refused as existing, never did. Safe to repeat. On one Redis the script
+// signalled.
+func (s *Store) SignalCreated(ctx context.Context, sess *session.Session) {
+	if !s.oneRedis {
+		s.afterCreate(ctx, sess)
+	}
+}
+
 // afterTransition keeps the global indexes after a transition out (c, out: the request and
 // the session after it), in the round trip that signals the outbox. Failures are not the
 // transition's: a stale entry is dropped by its reader. When the transition's script did

@@ -92,8 +92,9 @@ end
 // admitScript is a create's whole admission in one step: it takes a token from the project's
 // rate bucket, checks the month's spend-cap flags, reserves a concurrency slot and writes the
 // pending session, its index entries and its outbox event; or it stops at the first refusal
-// (the token taken stays taken, as when these were separate calls). A create whose decision
-// needs the slots in use goes through reserveScript instead.
+// (the token taken stays taken, as when these were separate calls). A session that exists is
+// refused first, before a token is taken. A create whose decision needs the slots in use
+// goes through reserveScript instead.
 //
 // KEYS: rate bucket, project hard cap flag, project soft cap flag, end-user hard cap flag,
 // end-user soft cap flag, session hash, all index, pending index, active set, outbox,
@@ -101,9 +102,10 @@ end
 // three
 // ARGV: rate per s (0: no bucket), burst, now ms, caps (1|0), id, slot limit, has end user
 // (1|0), signal_created's three, N, N hash field/value args, event field/value args
-// Answers {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'} | {'LIMIT', used} |
+// Answers {'EXISTS'} | {'RATE', wait ms} | {'CAPPED', scope} | {'LIMIT', used} |
 // {'OK', soft capped (1|0), used before this one}
 var admitScript = redis.NewScript(tokenBucketLua + capFlagsLua + writePendingLua + signalCreatedLua + `
+if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS'} end
 local rate = tonumber(ARGV[1])
 if rate > 0 then
   local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[2]), tonumber(ARGV[3]))
@@ -118,7 +120,6 @@ if ARGV[4] == '1' then
 end
 local used = redis.call('SCARD', KEYS[9])
 local id = ARGV[5]
-if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS'} end
 if used >= tonumber(ARGV[6]) then return {'LIMIT', tostring(used)} end
 redis.call('SADD', KEYS[9], id)
 write_pending(id, eu, 11)
@@ -166,6 +167,15 @@ if mode == 'commit' then
   return {'OK'}
 end
 local rate, now = tonumber(ARGV[4]), tonumber(ARGV[6])
+local held = redis.call('ZSCORE', KEYS[12], id)
+if held and tonumber(held) > now then
+  -- Held already under this id: the same Reserve sent again after its answer was lost, or a
+  -- retry that took an Idempotency-Key over from a request that has not finished. It takes
+  -- no second token, and is not refused by what the bucket holds: they share the one slot,
+  -- and the first to commit writes the session.
+  redis.call('ZADD', KEYS[12], string.format('%.0f', now + tonumber(ARGV[9])), id)
+  return {'HELD', '0', tostring(redis.call('SCARD', KEYS[9]) - 1)}
+end
 if rate > 0 then
   local allowed, wait = take_token(KEYS[1], rate, tonumber(ARGV[5]), now)
   if allowed == 0 then return {'RATE', tostring(wait)} end
