@@ -26,11 +26,12 @@ type leaseKeys struct{ ends, holders, what string }
 //
 // keep is renew that also takes a lease with no holder (one its holder failed to set, which
 // the placer's sweep may have given an end since). ensure sets a lease only where there is
-// none, held by token (empty: no holder).
+// none, held by token (empty: no holder), and answers whether it did.
 var leaseScript = redis.NewScript(`
 local op, m, tok = ARGV[1], ARGV[2], ARGV[3]
 if op == 'ensure' then
-  if redis.call('ZADD', KEYS[1], 'NX', ARGV[4], m) == 1 and tok ~= '' then redis.call('HSET', KEYS[2], m, tok) end
+  if redis.call('ZADD', KEYS[1], 'NX', ARGV[4], m) == 0 then return 0 end
+  if tok ~= '' then redis.call('HSET', KEYS[2], m, tok) else redis.call('HDEL', KEYS[2], m) end
   return 1
 end
 local holder = redis.call('HGET', KEYS[2], m) or '' -- '': no holder
@@ -118,12 +119,29 @@ func (s *Store) ClaimSnapshotWork(ctx context.Context, ref SessionRef, now, unti
 // holder unknown for a session without one), so that the lease's recovery ends the session's
 // snapshotting only while it takes that snapshot. One already recorded stays as it is.
 func (s *Store) EnsureSnapshotWork(ctx context.Context, ref SessionRef, until time.Time) error {
-	snap, err := s.rdb.HGet(ctx, ProjectKeys(ref.Project).session(ref.ID), "snap").Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("ensure the snapshot lease of session %s: read its snapshot: %w", ref.ID, err)
+	taking := func() (string, error) {
+		snap, err := s.rdb.HGet(ctx, ProjectKeys(ref.Project).session(ref.ID), "snap").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return "", fmt.Errorf("ensure the snapshot lease of session %s: read its snapshot: %w", ref.ID, err)
+		}
+		return snap, nil
 	}
-	_, err = s.snapshotWork(ctx, "ensure", ref, snap, until, until)
-	return err
+	snap, err := taking()
+	if err != nil {
+		return err
+	}
+	set, err := s.snapshotWork(ctx, "ensure", ref, snap, until, until)
+	if err != nil || !set || snap == "" {
+		return err
+	}
+	// The read and the lease are two steps (in two hash slots on a Cluster): a session that
+	// left that snapshot in between must not get a lease in its name, whose recovery would
+	// record it failed. Its release lets go only of a lease that snapshot still holds.
+	if now, err := taking(); err != nil || now != snap {
+		_, rerr := s.snapshotWork(ctx, "release", ref, snap, time.Time{}, time.Time{})
+		return errors.Join(err, rerr)
+	}
+	return nil
 }
 
 // DueSnapshotWork answers up to limit sessions whose snapshot lease ended at or before now,

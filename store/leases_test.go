@@ -2,10 +2,14 @@ package store
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/internal/redistest"
+	"wb/session"
 )
 
 // TestSnapshotWorkLeases: a snapshot's lease is renewed and released only by its snapshot; a
@@ -131,5 +135,34 @@ func TestSnapshotWorkLeases(t *testing.T) {
 
 	if due, next, _ := s.DueSnapshotWork(ctx, t0.Add(time.Hour), 10); len(due) != 0 || !next.IsZero() {
 		t.Fatalf("leases left: due %v next %v", due, next)
+	}
+}
+
+// TestEnsureAfterTheSnapshotEnded: the placer's sweep read the snapshot a session takes, and
+// the session left it before the sweep set its lease: no lease is left in that snapshot's
+// name, whose recovery would record it failed (a snapshot its gateway recorded and the user
+// since deleted would show again).
+func TestEnsureAfterTheSnapshotEnded(t *testing.T) {
+	rdb := redistest.Server(t)
+	s := New(rdb)
+	ctx := context.Background()
+	const p = "proj_ensureended"
+	sess := mustCreate(t, s, newPending(p, ""), 5)
+	c := func(from, to session.State, d session.Driver) Change {
+		return Change{Project: p, ID: sess.ID, From: from, To: to, Driver: d, Snapshot: "snap_x"}
+	}
+	step(t, s, c(session.Pending, session.Provisioning, session.Placer))
+	step(t, s, c(session.Provisioning, session.Running, session.Node))
+	step(t, s, c(session.Running, session.Snapshotting, session.Caller))
+	redistest.BeforeOnce(rdb, func(cmd redis.Cmder) bool { return slices.Contains(cmd.Args(), any("ensure")) }, func() error {
+		_, err := s.Transition(ctx, c(session.Snapshotting, session.Running, session.Caller))
+		return err
+	})
+	ref := SessionRef{Project: p, ID: sess.ID}
+	if err := s.EnsureSnapshotWork(ctx, ref, time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if due, next, err := s.DueSnapshotWork(ctx, time.Now().Add(time.Hour), 10); err != nil || len(due) != 0 || !next.IsZero() {
+		t.Fatalf("leases after the sweep of a snapshot that ended meanwhile: %v %v %v, want none", due, next, err)
 	}
 }
