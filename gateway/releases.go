@@ -56,12 +56,10 @@ func (s *Server) retryLater(pending *atomic.Int32, until time.Time, try func(con
 // with it), or that its reservation may hold with its answer lost (r.Unsure), until the
 // release goes through or the reservation has lapsed. Without it the slot stayed held until
 // the project's next create after the lapse (store.ReservationLapse), and for good in a
-// project that created nothing more. A release is safe to repeat, and to make when no slot
-// was held: it frees only a reservation that no session was written under. But a create
-// whose id was given (fresh false: an idempotency key's, a desktop's) is left to the lapse:
-// the caller's retry of it reserves under the same id, sharing the slot, and a late release
-// would take it from under the retry, whose write would then fail.
-func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
+// project that created nothing more. A release is safe to repeat, late, and to make when no
+// slot was held: it frees only a reservation that no session was written under and that no
+// retry took over (a create with the same Idempotency-Key, which shares the slot).
+func (s *Server) releaseLater(r store.Reservation, cause error) {
 	what, warn, fail := "a refused create's slot", slog.LevelWarn, slog.LevelError
 	if r.Unsure() {
 		// Most often it held nothing (its command failed before Redis ran it), and in an
@@ -74,10 +72,6 @@ func (s *Server) releaseLater(r store.Reservation, fresh bool, cause error) {
 			args = append(args, "err", err)
 		}
 		s.log.Log(context.Background(), level, what+" "+msg, args...)
-	}
-	if !fresh {
-		log(fail, "is held until it lapses", cause)
-		return
 	}
 	started := s.retryLater(&s.releases, time.Now().Add(store.ReservationLapse),
 		func(ctx context.Context) error { return s.Store.Release(ctx, r) },

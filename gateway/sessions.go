@@ -64,7 +64,7 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 	}
 	adm := store.Admission{RatePerSec: p.RatePerSec, Burst: p.Burst, CapMonth: quota.CapMonth(s.Now()), Concurrency: p.Concurrency}
 	// An id made here is this create's alone; one given (an idempotency key's, a desktop's)
-	// may be a retry's too, which shares the reservation (releaseLater).
+	// may be a retry's too, which shares the reservation and finds the session.
 	fresh := id == ""
 	if fresh {
 		id = session.NewID("sess_", s.Now())
@@ -76,7 +76,7 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 		r, err := s.Store.Reserve(ctx, p.ID, id, req.EndUserID, adm)
 		if err != nil {
 			if r.Unsure() { // its script may have held a slot whose answer was lost
-				s.releaseLater(r, fresh, err)
+				s.releaseLater(r, err)
 			}
 			return nil, nil, s.admissionRefusal(p, err)
 		}
@@ -85,7 +85,7 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 			defer func() {
 				if resv != nil { // not written: nothing of the create stays
 					if err := s.Store.Release(context.WithoutCancel(ctx), *resv); err != nil {
-						s.releaseLater(*resv, fresh, err)
+						s.releaseLater(*resv, err)
 					}
 				}
 			}()

@@ -284,3 +284,29 @@ func TestWriteUnanswered(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyedSlotGivenBackAfterAnOutage: as TestSlotGivenBackAfterAnOutage, for a create with an
+// Idempotency-Key (its id is the key's, which a retry shares): its slot is given back too,
+// once Redis is back. Before, it was left to the one-minute lapse, since a late release could
+// have taken the slot from a retry's; the release now spares a slot a retry took over.
+func TestKeyedSlotGivenBackAfterAnOutage(t *testing.T) {
+	p := redistest.StartDurableProc(t)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), DialTimeout: time.Second,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	t.Cleanup(func() { rdb.Close() })
+	e := newEnvOn(t, rdb, func(c *Config) { c.Admitter = stopDuringDecision{once: &sync.Once{}, stop: p.Stop} })
+	r := e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2}, "Idempotency-Key", "outage-1")
+	if code, _, msg := r.errorOf(t); r.status != 503 || code != "store_unavailable" {
+		t.Fatalf("a keyed create while Redis went away: %d %s %q, want 503 store_unavailable", r.status, code, msg)
+	}
+	p.Start()
+	ctx := context.Background()
+	var n int64
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if n, err = e.st.ActiveCount(ctx, e.projA); err == nil && n == 0 {
+			return
+		}
+	}
+	t.Fatalf("30 s after Redis came back, the project holds %d slots (%v), want 0: the keyed create's slot was not given back", n, err)
+}

@@ -131,6 +131,7 @@ type Reservation struct {
 	Active int64
 	limit  int
 	status string // HELD, EXISTS or FULL
+	token  string // this request's, as the slot's holder
 }
 
 // Held reports whether r holds a slot, which Commit or Release must then end.
@@ -176,13 +177,14 @@ func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admi
 	if a.CapMonth != "" {
 		caps = "1"
 	}
+	token := session.NewID("rsv_", at)
 	res, err := reserveScript.Run(ctx, s.rdb, reserveKeys(project, id, endUser, a.CapMonth),
 		"reserve", id, hasEndUser(endUser), max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps,
-		a.Concurrency, ReservationLapse.Milliseconds()).StringSlice()
+		a.Concurrency, ReservationLapse.Milliseconds(), token).StringSlice()
 	if err != nil {
 		// Whatever the error, an attempt may have run: go-redis retries a command that failed
 		// on its connection and answers the last attempt's error (a refused dial, say).
-		return Reservation{Project: project, ID: id, status: statusUnsure}, fmt.Errorf("admission of %s: %w", id, err)
+		return Reservation{Project: project, ID: id, status: statusUnsure, token: token}, fmt.Errorf("admission of %s: %w", id, err)
 	}
 	switch res[0] {
 	case "HELD", "EXISTS", "FULL":
@@ -193,7 +195,8 @@ func (s *Store) Reserve(ctx context.Context, project, id, endUser string, a Admi
 		if err != nil {
 			return Reservation{}, fmt.Errorf("admission of %s: slots in use %q: %w", id, res[2], err)
 		}
-		return Reservation{Project: project, ID: id, SoftCapped: res[1] == "1", Active: active, limit: a.Concurrency, status: res[0]}, nil
+		return Reservation{Project: project, ID: id, SoftCapped: res[1] == "1", Active: active, limit: a.Concurrency, status: res[0],
+			token: token}, nil
 	}
 	_, err = admitAnswer(res, a)
 	if err == nil {
@@ -247,12 +250,13 @@ func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session
 
 // Release gives back the slot r holds (or, Unsure, may hold), for a create refused after
 // Reserve: nothing of it stays (no slot, no session, no event). A session written under r's
-// id keeps its slot (a Commit whose answer was lost).
+// id keeps its slot (a Commit whose answer was lost), and so does a later Reserve of the id
+// that shares it (a retry with the same Idempotency-Key): Release is safe to repeat, late.
 func (s *Store) Release(ctx context.Context, r Reservation) error {
 	if !r.Held() && !r.Unsure() {
 		return nil
 	}
-	if err := reserveScript.Run(ctx, s.rdb, reserveKeys(r.Project, r.ID, "", ""), "release", r.ID, "0").Err(); err != nil {
+	if err := reserveScript.Run(ctx, s.rdb, reserveKeys(r.Project, r.ID, "", ""), "release", r.ID, "0", r.token).Err(); err != nil {
 		return fmt.Errorf("release the slot of %s: %w", r.ID, err)
 	}
 	return nil
@@ -271,7 +275,7 @@ func reserveKeys(project, id, endUser, month string) []string {
 		k.RateBucket(), k.CapFlag("hard", month), k.CapFlag("soft", month),
 		k.EndUserCapFlag(endUser, "hard", month), k.EndUserCapFlag(endUser, "soft", month),
 		k.session(id), k.all(), k.byState(session.Pending), k.active(), k.Outbox(), k.byEndUser(endUser),
-		k.reservations(),
+		k.reservations(), k.reservationHolders(),
 	}
 }
 

@@ -558,3 +558,47 @@ func TestSignalCreated(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseSparesTheRetry: a retry that shares a create's slot (an Idempotency-Key taken
+// over while the first request still runs) holds it from then on: the first request's
+// release, refused or late, leaves it, and the retry's commit writes the session. Before, the
+// release freed the slot and the retry's commit failed as lapsed. A slot no retry took over
+// is given back by its own request's release.
+func TestReleaseSparesTheRetry(t *testing.T) {
+	s := New(redistest.Server(t))
+	ctx := context.Background()
+	const p = "proj_sparesretry"
+	a := Admission{RatePerSec: 100, Burst: 100, Concurrency: 5}
+	first, err := s.Reserve(ctx, p, "sess_keyed", "", a)
+	if err != nil || !first.Held() {
+		t.Fatalf("reserve: %+v, %v", first, err)
+	}
+	retry, err := s.Reserve(ctx, p, "sess_keyed", "", a)
+	if err != nil || !retry.Held() {
+		t.Fatalf("the retry's reserve: %+v, %v", retry, err)
+	}
+	if err := s.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	sess := newPending(p, "")
+	sess.ID = "sess_keyed"
+	if _, err := s.Commit(ctx, retry, sess); err != nil {
+		t.Fatalf("the retry's commit after the first request's release: %v", err)
+	}
+	if err := s.Release(ctx, first); err != nil { // late, once more
+		t.Fatal(err)
+	}
+	if n, err := s.ActiveCount(ctx, p); err != nil || n != 1 {
+		t.Fatalf("the project holds %d slots (%v), want 1: the session's", n, err)
+	}
+	lone, err := s.Reserve(ctx, p, "sess_lone", "", a)
+	if err != nil || !lone.Held() {
+		t.Fatalf("reserve: %+v, %v", lone, err)
+	}
+	if err := s.Release(ctx, lone); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.ActiveCount(ctx, p); err != nil || n != 1 {
+		t.Fatalf("after a lone reservation's release the project holds %d slots (%v), want 1", n, err)
+	}
+}

@@ -190,6 +190,10 @@ func (k ProjectKeyspace) active() string { return k.p + "active" }
 // needs the slots in use holds one while it is decided (Reserve).
 func (k ProjectKeyspace) reservations() string { return k.p + "reservations" }
 
+// reservationHolders is a hash from each id in reservations to the token of the request that
+// holds its slot (see reserveScript).
+func (k ProjectKeyspace) reservationHolders() string { return k.p + "reservations:holders" }
+
 // Outbox is a stream of the project's events: every transition appends to it in the same
 // script (store), and anything else that must reach webhooks appends through AppendEvent,
 // each trimming it to about outboxMaxLen entries. Read by webhooks' dispatcher (consumer

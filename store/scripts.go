@@ -137,33 +137,45 @@ return {'OK', soft, tostring(used)}
 // is never held for good by a create that never finished. One script for the three modes:
 // 'reserve' (run with EVAL's fallback) loads it for the 'commit' that follows in a pipeline.
 //
+// A held slot has a holder: the token of the request that reserved it last. A retry that
+// shares the slot (an Idempotency-Key taken over) becomes its holder, and 'release' gives
+// the slot back only for its holder: a request refused, or one whose release is retried in
+// the background, cannot take the slot from under the retry that shares it. (A slot held
+// from before holders has none, and any release gives it back.)
+//
 // KEYS: rate bucket, project hard cap flag, project soft cap flag, end-user hard cap flag,
 // end-user soft cap flag, session hash, all index, pending index, active set, outbox,
-// end-user index, reservations (all of one project: one Cluster slot); for commit on one
-// Redis, then signal_created's three
+// end-user index, reservations, their holders (all of one project: one Cluster slot); for
+// commit on one Redis, then signal_created's three
 // ARGV: mode (reserve|commit|release), id, has end user (1|0), then
-// reserve: rate per s (0: no bucket), burst, now ms, caps (1|0), slot limit, lapse ms
+// reserve: rate per s (0: no bucket), burst, now ms, caps (1|0), slot limit, lapse ms, token
 // commit: signal_created's three, N, N hash field/value args, event field/value args
+// release: token
 // Answers, reserve: {'RATE', wait ms} | {'CAPPED', scope} | {'EXISTS'|'FULL'|'HELD', soft
 // capped (1|0), used before this one} (only 'HELD' holds a slot); commit: {'OK'} |
 // {'EXISTS'} | {'LAPSED'}; release: {'OK'}
 var reserveScript = redis.NewScript(tokenBucketLua + capFlagsLua + writePendingLua + signalCreatedLua + `
 local mode, id, eu = ARGV[1], ARGV[2], ARGV[3] == '1'
 if mode == 'release' then
-  -- A session written under this id owns the slot (a commit whose answer was lost).
+  -- A session written under this id owns the slot (a commit whose answer was lost), and a
+  -- retry that took it over holds it.
+  local holder = redis.call('HGET', KEYS[13], id)
+  if holder and holder ~= ARGV[4] then return {'OK'} end
   if redis.call('EXISTS', KEYS[6]) == 0 and redis.call('ZREM', KEYS[12], id) == 1 then
     redis.call('SREM', KEYS[9], id)
+    redis.call('HDEL', KEYS[13], id)
   end
   return {'OK'}
 end
 if mode == 'commit' then
+  redis.call('HDEL', KEYS[13], id)
   if redis.call('EXISTS', KEYS[6]) == 1 then
     redis.call('ZREM', KEYS[12], id)
     return {'EXISTS'}
   end
   if redis.call('ZREM', KEYS[12], id) == 0 then return {'LAPSED'} end
   write_pending(id, eu, 7)
-  signal_created(13, 4)
+  signal_created(14, 4)
   return {'OK'}
 end
 local rate, now = tonumber(ARGV[4]), tonumber(ARGV[6])
@@ -174,6 +186,7 @@ if held and tonumber(held) > now then
   -- no second token, and is not refused by what the bucket holds: they share the one slot,
   -- and the first to commit writes the session.
   redis.call('ZADD', KEYS[12], string.format('%.0f', now + tonumber(ARGV[9])), id)
+  redis.call('HSET', KEYS[13], id, ARGV[10])
   return {'HELD', '0', tostring(redis.call('SCARD', KEYS[9]) - 1)}
 end
 if rate > 0 then
@@ -189,6 +202,7 @@ end
 for _, lapsed in ipairs(redis.call('ZRANGEBYSCORE', KEYS[12], '-inf', now, 'LIMIT', 0, 16)) do
   redis.call('ZREM', KEYS[12], lapsed)
   redis.call('SREM', KEYS[9], lapsed)
+  redis.call('HDEL', KEYS[13], lapsed)
 end
 local used = redis.call('SCARD', KEYS[9])
 if redis.call('EXISTS', KEYS[6]) == 1 then return {'EXISTS', soft, tostring(used)} end
@@ -197,11 +211,13 @@ if redis.call('SISMEMBER', KEYS[9], id) == 1 then
   -- Held already under this id: a retry that took an Idempotency-Key over from a request
   -- that has not finished. They share the one slot; the first to commit writes the session.
   redis.call('ZADD', KEYS[12], lapse, id)
+  redis.call('HSET', KEYS[13], id, ARGV[10])
   return {'HELD', soft, tostring(used - 1)}
 end
 if used >= tonumber(ARGV[8]) then return {'FULL', soft, tostring(used)} end
 redis.call('SADD', KEYS[9], id)
 redis.call('ZADD', KEYS[12], lapse, id)
+redis.call('HSET', KEYS[13], id, ARGV[10])
 return {'HELD', soft, tostring(used)}
 `)
 
