@@ -724,6 +724,48 @@ func TestIdempotencyGatewayDied(t *testing.T) {
 	}
 }
 
+// TestIdempotencyTakenOverAndRefused: a request that took an Idempotency-Key over from a dead
+// gateway's claim, and was then refused with a 429 (the project at its concurrency), keeps
+// the key's ref: the dead gateway's write may still land under it, and the next retry must
+// answer that session, not make a second. Before, the 429 forgot the key, and the next retry
+// took a new ref and made a second session for one request.
+func TestIdempotencyTakenOverAndRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	one := 1
+	projC, keyC := e.newProject("C", &one)
+	proj, err := e.st.GetProject(ctx, projC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 2 * time.Second
+	dead := store.New(e.rdb, store.WithIdemLease(lease)) // the killed gateway's store
+	body := []byte(`{"tier":2,"region":"far"}`)
+	fp := fingerprint(httptest.NewRequest("POST", "/v1/sessions", nil), body)
+	_, claim, err := dead.IdemBegin(ctx, projC, "taken-over", fp)
+	if err != nil || claim == nil {
+		t.Fatalf("the dead gateway's claim: %v", err)
+	}
+	blocker := e.create(keyC, map[string]any{"tier": 2, "region": "far"}) // the project's one slot
+	time.Sleep(lease + 500*time.Millisecond)
+	expectError(t, e.do("POST", "/v1/sessions", keyC, body, "Idempotency-Key", "taken-over"), 429, "concurrency_limit", "")
+	e.mustDo("DELETE", "/v1/sessions/"+blocker.ID, keyC, nil, 200, nil)
+	// The dead gateway's write lands late, under the ref it claimed.
+	var req session.CreateRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		t.Fatal(err)
+	}
+	late, _, err := e.gw.admitRequest(ctx, proj, req, "sess_"+claim.Ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got session.Session
+	e.mustDo("POST", "/v1/sessions", keyC, body, 201, &got, "Idempotency-Key", "taken-over")
+	if got.ID != late.ID {
+		t.Fatalf("the retry after the refusal answered %s, a second session besides the late write's %s", got.ID, late.ID)
+	}
+}
+
 func TestLimits(t *testing.T) {
 	e := newEnv(t)
 	one := 1

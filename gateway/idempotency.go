@@ -128,10 +128,12 @@ func (s *Server) idempotent(h handler) handler {
 		}
 		stop()
 		if rw.status == 429 || rw.status >= 500 || rw.status == 0 {
-			// A 429 is a refusal before anything is written: the key is forgotten. After a
-			// 5xx (or no answer) something may have been: a retry with this body takes the
-			// key over with its ref.
-			if err := s.Store.IdemRelease(ctx, p.ID, key, claim, rw.status == 429); err != nil {
+			// A 429 is a refusal before anything is written: the key is forgotten, unless
+			// this request took it over from one that may still write under its ref (a
+			// gateway that died, or was thought to). After a 5xx (or no answer) something
+			// may have been: a retry with this body takes the key over with its ref.
+			forget := rw.status == 429 && !claim.Resumed
+			if err := s.Store.IdemRelease(ctx, p.ID, key, claim, forget); err != nil {
 				s.log.Error("idempotency release", "err", err)
 			}
 			return nil

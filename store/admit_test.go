@@ -601,4 +601,42 @@ func TestReleaseSparesTheRetry(t *testing.T) {
 	if n, err := s.ActiveCount(ctx, p); err != nil || n != 1 {
 		t.Fatalf("after a lone reservation's release the project holds %d slots (%v), want 1", n, err)
 	}
+	k := ProjectKeys(p)
+	if n, err := s.rdb.ZCard(ctx, k.reservations()).Result(); err != nil || n != 0 {
+		t.Errorf("%d reservations left (%v), want none", n, err)
+	}
+	if n, err := s.rdb.HLen(ctx, k.reservationHolders()).Result(); err != nil || n != 0 {
+		t.Errorf("%d reservation holders left (%v), want none", n, err)
+	}
+}
+
+// TestReleaseOfAWrittenSession: a release under an id whose session was written another way
+// (in one step, the project's decision having changed between two requests of one key)
+// leaves the session's slot, and takes the id out of the reservations: left there, it lapsed,
+// and the lapse took the session's own slot.
+func TestReleaseOfAWrittenSession(t *testing.T) {
+	at := time.Now()
+	s := New(redistest.Server(t), WithClock(func() time.Time { return at }))
+	ctx := context.Background()
+	const p = "proj_releasewritten"
+	a := Admission{RatePerSec: 100, Burst: 100, Concurrency: 5}
+	r, err := s.Reserve(ctx, p, "sess_written", "", a)
+	if err != nil || !r.Held() {
+		t.Fatalf("reserve: %+v, %v", r, err)
+	}
+	sess := newPending(p, "")
+	sess.ID = "sess_written"
+	if _, err := s.Admit(ctx, sess, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	at = at.Add(2 * ReservationLapse)
+	if _, err := s.Reserve(ctx, p, "sess_later", "", a); err != nil { // its lapse loop runs
+		t.Fatal(err)
+	}
+	if ok, err := s.rdb.SIsMember(ctx, ProjectKeys(p).active(), "sess_written").Result(); err != nil || !ok {
+		t.Fatalf("after the lapse the session holds its slot: %v (%v), want true", ok, err)
+	}
 }

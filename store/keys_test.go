@@ -54,6 +54,7 @@ func TestKeyNames(t *testing.T) {
 		{k.byEndUser("eu_1"), "wb:{proj_1}:eu:eu_1"},
 		{k.active(), "wb:{proj_1}:active"},
 		{k.reservations(), "wb:{proj_1}:reservations"},
+		{k.reservationHolders(), "wb:{proj_1}:reservations:holders"},
 		{k.Outbox(), "wb:{proj_1}:outbox"},
 		{Outbox("proj_1"), "wb:{proj_1}:outbox"},
 		{k.placing(), "wb:{proj_1}:placing"},

@@ -161,10 +161,12 @@ if mode == 'release' then
   -- retry that took it over holds it.
   local holder = redis.call('HGET', KEYS[13], id)
   if holder and holder ~= ARGV[4] then return {'OK'} end
-  if redis.call('EXISTS', KEYS[6]) == 0 and redis.call('ZREM', KEYS[12], id) == 1 then
+  redis.call('HDEL', KEYS[13], id)
+  if redis.call('ZREM', KEYS[12], id) == 1 and redis.call('EXISTS', KEYS[6]) == 0 then
     redis.call('SREM', KEYS[9], id)
-    redis.call('HDEL', KEYS[13], id)
   end
+  -- (A session's id leaves the reservations either way: left there, it would lapse, and the
+  -- lapse would take the session's own slot.)
   return {'OK'}
 end
 if mode == 'commit' then
