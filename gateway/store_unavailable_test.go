@@ -105,15 +105,7 @@ func TestSlotGivenBackAfterAnOutage(t *testing.T) {
 		t.Fatalf("a create while Redis went away: %d %s %q, want 503 store_unavailable", r.status, code, msg)
 	}
 	p.Start()
-	ctx := context.Background()
-	var n int64
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if n, err = e.st.ActiveCount(ctx, e.projA); err == nil && n == 0 {
-			return
-		}
-	}
-	t.Fatalf("30 s after Redis came back, the project holds %d slots (%v), want 0: the refused create's slot was not given back", n, err)
+	e.waitNoSlots("Redis came back", "the refused create's slot was not given back")
 }
 
 // TestSlotGivenBackAfterALostAnswer: a create whose reservation's script ran but whose answer
@@ -128,15 +120,7 @@ func TestSlotGivenBackAfterALostAnswer(t *testing.T) {
 	if code, _, msg := r.errorOf(t); r.status != 503 || code != "store_unavailable" {
 		t.Fatalf("a create whose reservation's answer was lost: %d %s %q, want 503 store_unavailable", r.status, code, msg)
 	}
-	ctx := context.Background()
-	var n int64
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if n, err = e.st.ActiveCount(ctx, e.projA); err == nil && n == 0 {
-			return
-		}
-	}
-	t.Fatalf("30 s after the lost answer, the project holds %d slots (%v), want 0: the slot its reservation held was not given back", n, err)
+	e.waitNoSlots("the lost answer", "the slot its reservation held was not given back")
 }
 
 // TestSessionOfALostAnswerDeleted: a create whose write went through but whose answer was
@@ -193,7 +177,7 @@ func TestCreateAnsweredAfterItsRetry(t *testing.T) {
 	}{{"one step", "doc", false}, {"after a decision", "commit", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			rdb := redistest.Server(t)
-			rdb.AddHook(sentTwice{once: &sync.Once{}, arg: c.arg})
+			rdb.AddHook(loseAnswer{once: &sync.Once{}, arg: c.arg, again: true})
 			var opts []envOpt
 			if c.decide {
 				opts = append(opts, func(cfg *Config) { cfg.Admitter = stopDuringDecision{once: &sync.Once{}, stop: func() {}} })
@@ -213,33 +197,27 @@ func TestCreateAnsweredAfterItsRetry(t *testing.T) {
 	}
 }
 
-// sentTwice runs the first command with arg among its arguments twice, answering the
-// second's result, as go-redis does when the first's answer was lost on its connection.
-type sentTwice struct {
-	once *sync.Once
-	arg  string
-}
-
-func (sentTwice) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (sentTwice) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h sentTwice) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if err == nil && slices.Contains(cmd.Args(), any(h.arg)) {
-			h.once.Do(func() { err = next(ctx, cmd) })
+// waitNoSlots waits up to 30 s for project A to hold no slot, after what happened, failing
+// with why otherwise.
+func (e *env) waitNoSlots(after, why string) {
+	e.t.Helper()
+	var n int64
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if n, err = e.st.ActiveCount(context.Background(), e.projA); err == nil && n == 0 {
+			return
 		}
-		return err
 	}
+	e.t.Fatalf("30 s after %s, the project holds %d slots (%v), want 0: %s", after, n, err, why)
 }
 
 // loseAnswer runs the first command with arg among its arguments, then answers it with a
-// connection reset, as if the answer were lost on the way back.
+// connection reset, as if the answer were lost on the way back; or, again, runs it a second
+// time and answers that one's result, as go-redis does when the first's answer was lost.
 type loseAnswer struct {
-	once *sync.Once
-	arg  string
+	once  *sync.Once
+	arg   string
+	again bool
 }
 
 func (loseAnswer) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -252,6 +230,10 @@ func (h loseAnswer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		if err == nil && slices.Contains(cmd.Args(), any(h.arg)) {
 			h.once.Do(func() {
+				if h.again {
+					err = next(ctx, cmd)
+					return
+				}
 				err = &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 				cmd.SetErr(err)
 			})
@@ -300,13 +282,5 @@ func TestKeyedSlotGivenBackAfterAnOutage(t *testing.T) {
 		t.Fatalf("a keyed create while Redis went away: %d %s %q, want 503 store_unavailable", r.status, code, msg)
 	}
 	p.Start()
-	ctx := context.Background()
-	var n int64
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if n, err = e.st.ActiveCount(ctx, e.projA); err == nil && n == 0 {
-			return
-		}
-	}
-	t.Fatalf("30 s after Redis came back, the project holds %d slots (%v), want 0: the keyed create's slot was not given back", n, err)
+	e.waitNoSlots("Redis came back", "the keyed create's slot was not given back")
 }
