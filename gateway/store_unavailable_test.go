@@ -129,40 +129,28 @@ func TestSlotGivenBackAfterALostAnswer(t *testing.T) {
 // unseen, and billed, until its idle timeout. Both ways a create is written: in one step (no
 // decision to make) and after its decision (Commit).
 func TestSessionOfALostAnswerDeleted(t *testing.T) {
-	for _, c := range []struct {
-		name, arg string
-		decide    bool
-	}{{"one step", "doc", false}, {"after a decision", "commit", true}} {
-		t.Run(c.name, func(t *testing.T) {
-			rdb := redistest.Server(t)
-			rdb.AddHook(loseAnswer{once: &sync.Once{}, arg: c.arg})
-			var opts []envOpt
-			if c.decide {
-				opts = append(opts, func(cfg *Config) { cfg.Admitter = stopDuringDecision{once: &sync.Once{}, stop: func() {}} })
+	eachWayOfWriting(t, false, func(t *testing.T, e *env) {
+		r := e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2})
+		if code, _, msg := r.errorOf(t); r.status != 503 || code != "store_unavailable" {
+			t.Fatalf("a create whose answer was lost: %d %s %q, want 503 store_unavailable", r.status, code, msg)
+		}
+		ctx := context.Background()
+		var list struct{ Data []session.Session }
+		var n int64
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			e.mustDo("GET", "/v1/sessions", e.key, nil, 200, &list)
+			n, _ = e.st.ActiveCount(ctx, e.projA)
+			if len(list.Data) == 1 && list.Data[0].State == session.Stopped && n == 0 {
+				break
 			}
-			e := newEnvOn(t, rdb, opts...)
-			r := e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2})
-			if code, _, msg := r.errorOf(t); r.status != 503 || code != "store_unavailable" {
-				t.Fatalf("a create whose answer was lost: %d %s %q, want 503 store_unavailable", r.status, code, msg)
+			if time.Now().After(deadline) {
+				t.Fatalf("30 s after the lost answer: sessions %+v, %d slots held; want its session stopped and none", list.Data, n)
 			}
-			ctx := context.Background()
-			var list struct{ Data []session.Session }
-			var n int64
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-				e.mustDo("GET", "/v1/sessions", e.key, nil, 200, &list)
-				n, _ = e.st.ActiveCount(ctx, e.projA)
-				if len(list.Data) == 1 && list.Data[0].State == session.Stopped && n == 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("30 s after the lost answer: sessions %+v, %d slots held; want its session stopped and none", list.Data, n)
-				}
-			}
-			if got := list.Data[0].StateReason; got == nil || *got != session.Deleted {
-				t.Errorf("the unanswered create's session ended for %v, want deleted", got)
-			}
-		})
-	}
+		}
+		if got := list.Data[0].StateReason; got == nil || *got != session.Deleted {
+			t.Errorf("the unanswered create's session ended for %v, want deleted", got)
+		}
+	})
 }
 
 // TestCreateAnsweredAfterItsRetry: a create's write that went through with its answer lost,
@@ -171,28 +159,36 @@ func TestSessionOfALostAnswerDeleted(t *testing.T) {
 // made. Before, it answered 500 (the id existed), and the session ran unseen. Both ways a
 // create is written: in one step and after its decision (Commit).
 func TestCreateAnsweredAfterItsRetry(t *testing.T) {
+	eachWayOfWriting(t, true, func(t *testing.T, e *env) {
+		var created session.Session
+		e.mustDo("POST", "/v1/sessions", e.key, map[string]any{"tier": 2}, 201, &created)
+		var list struct{ Data []session.Session }
+		e.mustDo("GET", "/v1/sessions", e.key, nil, 200, &list)
+		if len(list.Data) != 1 || list.Data[0].ID != created.ID {
+			t.Fatalf("sessions after the create: %+v, want the one answered (%s)", list.Data, created.ID)
+		}
+		if n, err := e.st.ActiveCount(context.Background(), e.projA); err != nil || n != 1 {
+			t.Errorf("the project holds %d slots (%v), want 1", n, err)
+		}
+	})
+}
+
+// eachWayOfWriting runs f on a gateway of each way a create is written, in one step (no
+// decision to make) and after its decision (Commit), with the first write's answer lost on
+// its way back (loseAnswer; again: sent again, as go-redis retries it).
+func eachWayOfWriting(t *testing.T, again bool, f func(t *testing.T, e *env)) {
 	for _, c := range []struct {
 		name, arg string
 		decide    bool
 	}{{"one step", "doc", false}, {"after a decision", "commit", true}} {
 		t.Run(c.name, func(t *testing.T) {
 			rdb := redistest.Server(t)
-			rdb.AddHook(loseAnswer{once: &sync.Once{}, arg: c.arg, again: true})
+			rdb.AddHook(loseAnswer{once: &sync.Once{}, arg: c.arg, again: again})
 			var opts []envOpt
 			if c.decide {
 				opts = append(opts, func(cfg *Config) { cfg.Admitter = stopDuringDecision{once: &sync.Once{}, stop: func() {}} })
 			}
-			e := newEnvOn(t, rdb, opts...)
-			var created session.Session
-			e.mustDo("POST", "/v1/sessions", e.key, map[string]any{"tier": 2}, 201, &created)
-			var list struct{ Data []session.Session }
-			e.mustDo("GET", "/v1/sessions", e.key, nil, 200, &list)
-			if len(list.Data) != 1 || list.Data[0].ID != created.ID {
-				t.Fatalf("sessions after the create: %+v, want the one answered (%s)", list.Data, created.ID)
-			}
-			if n, err := e.st.ActiveCount(context.Background(), e.projA); err != nil || n != 1 {
-				t.Errorf("the project holds %d slots (%v), want 1", n, err)
-			}
+			f(t, newEnvOn(t, rdb, opts...))
 		})
 	}
 }
