@@ -72,39 +72,31 @@ func TestVsockListen(t *testing.T) {
 		t.Skipf("no AF_VSOCK here: %v", err)
 	}
 	unix.Close(probe)
-	// A free port: bind port "any" once and use what the kernel chose.
-	ln, err := listenVsock(unix.VMADDR_PORT_ANY)
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(vsockAddr).port
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, Config{VsockPort: port, Root: t.TempDir()}) }()
-
-	// Serving: the port is taken.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		l2, err := listenVsock(port)
+	// A free port: bind port "any" once and use what the kernel chose. Vsock ports are the
+	// host's, shared by every container on it: another may take the port between its close
+	// and Serve's bind (a cold run's did), and then a fresh one is tried.
+	var port uint32
+	var cancel context.CancelFunc
+	var done chan error
+	for attempt := 1; ; attempt++ {
+		ln, err := listenVsock(unix.VMADDR_PORT_ANY)
 		if err != nil {
-			if !errors.Is(err, unix.EADDRINUSE) {
-				t.Fatalf("second listen on port %d: %v, want EADDRINUSE", port, err)
-			}
-			break
+			t.Fatal(err)
 		}
-		l2.Close()
-		if time.Now().After(deadline) {
-			t.Fatalf("Serve never listened on vsock port %d", port)
+		port = ln.Addr().(vsockAddr).port
+		if err := ln.Close(); err != nil {
+			t.Fatal(err)
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("Serve returned %v", err)
-		case <-time.After(20 * time.Millisecond):
+		var ctx context.Context
+		ctx, cancel = context.WithCancel(context.Background())
+		done = make(chan error, 1)
+		cfg, answer := Config{VsockPort: port, Root: t.TempDir()}, done
+		go func() { answer <- Serve(ctx, cfg) }()
+		if !servesOn(t, port, done, attempt < 5) {
+			cancel()
+			continue
 		}
+		break
 	}
 	cancel()
 	select {
@@ -220,4 +212,33 @@ func TestVsockPortFlag(t *testing.T) {
 			t.Errorf("--vsock-port %s: %v", bad, err)
 		}
 	}
+}
+
+// servesOn waits until Serve (whose answer comes on done) holds vsock port, and reports
+// whether it does; false when Serve found the port taken and retry allows another.
+func servesOn(t *testing.T, port uint32, done chan error, retry bool) bool {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		l2, err := listenVsock(port)
+		if err != nil {
+			if !errors.Is(err, unix.EADDRINUSE) {
+				t.Fatalf("second listen on port %d: %v, want EADDRINUSE", port, err)
+			}
+			return true
+		}
+		l2.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("Serve never listened on vsock port %d", port)
+		}
+		select {
+		case err := <-done:
+			if retry && errors.Is(err, unix.EADDRINUSE) {
+				return false
+			}
+			t.Fatalf("Serve returned %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
 }
