@@ -38,6 +38,24 @@ const desktopNodeSilence = 10 * time.Second
 // errDesktopMoved: the desktop left the state a piece of background work expected.
 var errDesktopMoved = errors.New("the desktop moved on")
 
+// storeAway reports whether err, from updateDesktop, is Redis failing rather than the desktop
+// having moved on or gone: the work cannot tell what became of its write, so it stops and
+// leaves its lease to run out, and a recovery resumes it from the record.
+func storeAway(err error) bool {
+	return err != nil && !errors.Is(err, errDesktopMoved) && !errors.Is(err, store.ErrNotFound)
+}
+
+// desktopAdmitWait is how long a desktop's start waits out admission's rate and concurrency
+// limits (an agent's calls waking several desktops at once) before the start fails.
+const desktopAdmitWait = time.Minute
+
+// desktopRecordFor is how long the end of a sleep or stop keeps trying to record itself while
+// Redis fails (a failover takes seconds): its snapshots are known only to this work until then.
+const desktopRecordFor = 2 * time.Minute
+
+// resizedStateMessage is why a sleep saved no state when a resize waits.
+const resizedStateMessage = "state not saved: the desktop was resized, and a saved state belongs to its old size"
+
 func (s *Server) desktopIdle() time.Duration {
 	if s.DesktopIdle > 0 {
 		return s.DesktopIdle
@@ -58,7 +76,8 @@ func (s *Server) desktopTemplate() string {
 }
 
 // updateDesktop reads the desktop, lets f change it (f answers errDesktopMoved, or another
-// error, to give up) and writes it, again from the read when another write came first.
+// error, to give up: answered as errDesktopMoved) and writes it, again from the read when
+// another write came first. Any other error is Redis's (storeAway).
 func (s *Server) updateDesktop(ctx context.Context, project, id string, f func(*desktop.Record) error) (desktop.Record, error) {
 	for attempt := 0; ; attempt++ {
 		rec, err := s.Store.GetDesktop(ctx, project, id)
@@ -67,6 +86,9 @@ func (s *Server) updateDesktop(ctx context.Context, project, id string, f func(*
 		}
 		next := rec
 		if err := f(&next); err != nil {
+			if !errors.Is(err, errDesktopMoved) {
+				err = fmt.Errorf("%w: %w", errDesktopMoved, err)
+			}
 			return rec, err
 		}
 		out, err := s.Store.PutDesktop(ctx, next, rec.State)
@@ -130,9 +152,9 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 		}
 		switch now {
 		case desktop.Starting:
-			s.transitionWork(p.ID, id, func() { s.startDesktop(p, out, fromMemory) })
+			s.transitionWork(p.ID, id, func() bool { return s.startDesktop(p, out, fromMemory) })
 		case desktop.Stopping:
-			s.transitionWork(p.ID, id, func() { s.haltDesktop(p, out) })
+			s.transitionWork(p.ID, id, func() bool { return s.haltDesktop(p, out) })
 		case desktop.Stopped:
 			if dropped != "" {
 				s.dropSnapshot(ctx, p.ID, dropped)
@@ -167,7 +189,9 @@ func (s *Server) desktopRoom(ctx context.Context, size desktop.Size) error {
 // startDesktop makes the session of a desktop in starting: restored from its memory snapshot
 // (fromMemory), else from its disk snapshot, else fresh from the template; then it runs the
 // desktop's setup after a start that was not a memory restore, and marks the desktop running.
-func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bool) {
+// It answers false when it stopped for want of Redis (transitionWork), true when the work is
+// done, whatever its outcome.
+func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bool) bool {
 	ctx := s.ctx
 	restore := rec.DiskSnapshot
 	if fromMemory {
@@ -196,25 +220,41 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 			return nil
 		})
 		if err != nil {
-			return
+			return !storeAway(err)
 		}
 	}
 	if _, err := s.Store.Get(ctx, p.ID, sessID); errors.Is(err, store.ErrNotFound) {
 		// The mark makes each of the desktop's sessions known as its own, also to the usage
 		// report (quota's settler labels their usage with it): its cost is their sum.
 		marks := map[string]string{session.DesktopMetadataKey: rec.ID}
-		if _, _, err := s.admitRequest(ctx, p, req, sessID, marks); err != nil {
-			s.failDesktop(ctx, p, rec.ID, sessID, "the desktop's session could not be made: "+toAPIError(err).Message)
-			return
+		if err := s.admitDesktopSession(ctx, p, req, sessID, marks); err != nil {
+			refusal := toAPIError(err)
+			switch _, got := s.Store.Get(ctx, p.ID, sessID); {
+			case got == nil:
+				// Written after all, its answer lost: the session is this work's.
+			case !errors.Is(got, store.ErrNotFound) || refusal.Status >= 500:
+				s.log.Warn("desktop: its session could not be made for want of Redis; the start is resumed when its lease runs out",
+					"desktop", rec.ID, "err", err)
+				return false
+			case fromMemory && refusal.Param == "restore_from":
+				// The saved state's snapshot is gone (the caller deleted it) or not ready.
+				return s.wakeFromDisk(p, rec.ID, sessID, restore, refusal.Message)
+			default:
+				return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop's session could not be made: "+refusal.Message)
+			}
 		}
 		// A stop or delete that came while it was admitted may have looked for the session
 		// before it existed: the session is this work's to end.
-		if cur, err := s.Store.GetDesktop(ctx, p.ID, rec.ID); err != nil || cur.State != desktop.Starting || cur.SessionID != sessID {
+		cur, err := s.Store.GetDesktop(ctx, p.ID, rec.ID)
+		if storeAway(err) {
+			return false // the session stays, and the recovery finds it
+		}
+		if err != nil || cur.State != desktop.Starting || cur.SessionID != sessID {
 			s.stopSession(ctx, p, sessID)
-			return
+			return true
 		}
 	} else if err != nil {
-		return // Redis is away: the lease runs out and the work is resumed
+		return false // Redis is away: the lease runs out and the work is resumed
 	}
 	got, err := s.awaitSession(ctx, p, sessID, t.ProvisionDeadline()+time.Minute, func(st session.State) bool {
 		return st == session.Running || st.Terminal()
@@ -226,31 +266,16 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		}
 		s.stopSession(ctx, p, sessID)
 		if fromMemory {
-			// A saved state that cannot be restored is given up: wake from the disk.
 			s.log.Warn("desktop: the saved state could not be restored; waking from the disk", "desktop", rec.ID, "why", why)
-			next, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
-				if r.State != desktop.Starting || r.SessionID != sessID {
-					return errDesktopMoved
-				}
-				r.SessionID, r.MemorySnapshot, r.StateSaved = "", "", false
-				r.Message = "state not saved: the saved state could not be restored (" + why + ")"
-				return nil
-			})
-			if err == nil {
-				s.dropSnapshot(ctx, p.ID, restore)
-				s.startDesktop(p, next, false)
-			}
-			return
+			return s.wakeFromDisk(p, rec.ID, sessID, restore, why)
 		}
-		s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start: "+why)
-		return
+		return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start: "+why)
 	}
 	if !fromMemory && s.DesktopSetup != nil {
 		if err := s.DesktopSetup(ctx, sessionExecer{s: s, sess: got}); err != nil {
 			s.log.Warn("desktop: setup failed", "desktop", rec.ID, "session", sessID, "err", err)
 			s.stopSession(ctx, p, sessID)
-			s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start its display and browser: "+redactInternal(err.Error()))
-			return
+			return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start its display and browser: "+redactInternal(err.Error()))
 		}
 	}
 	now := s.Now()
@@ -261,19 +286,64 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		r.State = desktop.Running
 		return nil
 	})
-	if errors.Is(err, store.ErrNotFound) {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
 		s.stopSession(ctx, p, sessID) // deleted while it started
-		return
-	}
-	if err != nil {
-		return // a stop came first: it owns the session now
+		return true
+	case storeAway(err):
+		return false
+	case err != nil:
+		return true // a stop came first: it owns the session now
 	}
 	s.markUsed(ctx, p.ID, rec.ID, now)
+	return true
+}
+
+// admitDesktopSession admits a desktop's session under id, waiting out admission's rate and
+// concurrency limits for up to desktopAdmitWait.
+func (s *Server) admitDesktopSession(ctx context.Context, p store.Project, req session.CreateRequest, id string, marks map[string]string) error {
+	deadline := time.Now().Add(desktopAdmitWait)
+	for {
+		_, _, err := s.admitRequest(ctx, p, req, id, marks)
+		if err == nil {
+			return nil
+		}
+		refusal := toAPIError(err)
+		if refusal.Status != 429 || refusal.RetryAfter <= 0 || time.Now().Add(refusal.RetryAfter).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(refusal.RetryAfter):
+		}
+	}
+}
+
+// wakeFromDisk gives up a wake's saved state (snapshot), which could not be restored (why),
+// and starts the desktop from its disk instead: seed 001's "a snapshot that cannot be restored
+// is given up the same way" as one that could not be taken.
+func (s *Server) wakeFromDisk(p store.Project, id, sessID, snapshot, why string) bool {
+	next, err := s.updateDesktop(s.ctx, p.ID, id, func(r *desktop.Record) error {
+		if r.State != desktop.Starting || r.SessionID != sessID {
+			return errDesktopMoved
+		}
+		r.SessionID, r.MemorySnapshot, r.StateSaved = "", "", false
+		r.Message = "state not saved: the saved state could not be restored (" + why + ")"
+		return nil
+	})
+	if err != nil {
+		return !storeAway(err)
+	}
+	s.dropSnapshot(s.ctx, p.ID, snapshot)
+	return s.startDesktop(p, next, false)
 }
 
 // failDesktop moves a desktop in starting (with session sessionID, "" for none yet) to
-// failed with message.
-func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID, message string) {
+// failed with message; a saved state it had goes (a start from failed is a fresh one). It
+// answers false when Redis failed it (transitionWork).
+func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID, message string) bool {
+	saved := ""
 	_, err := s.updateDesktop(ctx, p.ID, id, func(r *desktop.Record) error {
 		if r.State != desktop.Starting || r.SessionID != sessionID {
 			return errDesktopMoved
@@ -281,18 +351,26 @@ func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID
 		if _, _, err := desktop.Next(r.State, desktop.StartFailed); err != nil {
 			return err
 		}
+		saved = r.MemorySnapshot
 		r.State, r.Message, r.SessionID = desktop.Failed, message, ""
+		r.MemorySnapshot, r.StateSaved = "", false
 		return nil
 	})
-	if err != nil && !errors.Is(err, errDesktopMoved) && !errors.Is(err, store.ErrNotFound) {
+	if storeAway(err) {
 		s.log.Error("desktop: record a failed start", "desktop", id, "err", err)
+		return false
 	}
+	if err == nil && saved != "" {
+		s.dropSnapshot(ctx, p.ID, saved)
+	}
+	return true
 }
 
 // haltDesktop does the work of a desktop in stopping: the disk snapshot; for a sleep, the
 // memory snapshot as the session stops (none when a resize waits: the state belongs to the
-// old size); the session stops, and the desktop is asleep or stopped.
-func (s *Server) haltDesktop(p store.Project, rec desktop.Record) {
+// old size); the session stops, and the desktop is asleep or stopped. It answers false when
+// Redis failed the record of its end (transitionWork), true when the work is done.
+func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 	ctx := s.ctx
 	sessID := rec.SessionID
 	var sess *session.Session
@@ -324,42 +402,70 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) {
 		s.stopSession(ctx, p, sessID)
 		_, _ = s.awaitSession(ctx, p, sessID, 2*time.Minute, func(st session.State) bool { return st.Terminal() })
 	}
-	oldDisk := ""
-	_, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
-		if r.State != desktop.Stopping || r.SessionID != sessID {
-			return errDesktopMoved
+	// The snapshots replaced go once the new ones are recorded: the old disk, and the saved
+	// state this session was woken from. A state saved at the old size, when a resize came
+	// during the sleep, is not kept either.
+	var oldDisk, oldMem, unkept string
+	record := func() error {
+		_, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+			if r.State != desktop.Stopping || r.SessionID != sessID {
+				return errDesktopMoved
+			}
+			if err := desktop.Halt(r.State, r.Goal); err != nil {
+				return err
+			}
+			oldDisk, oldMem, unkept = r.DiskSnapshot, r.MemorySnapshot, ""
+			if disk != "" {
+				r.DiskSnapshot = disk
+			}
+			r.State, r.Goal, r.SessionID = r.Goal, "", ""
+			r.MemorySnapshot, r.StateSaved, r.Message = mem, saved, why
+			if _, resized := r.StartSize(); resized && mem != "" {
+				r.MemorySnapshot, r.StateSaved, r.Message, unkept = "", false, resizedStateMessage, mem
+			}
+			if r.NextSize != "" { // the resize that waited: asleep or stopped, it has it now
+				r.Size, r.NextSize = r.NextSize, ""
+			}
+			return nil
+		})
+		return err
+	}
+	err := record()
+	for wait, until := 250*time.Millisecond, time.Now().Add(desktopRecordFor); storeAway(err) && time.Now().Before(until); wait = min(2*wait, 5*time.Second) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
 		}
-		if err := desktop.Halt(r.State, r.Goal); err != nil {
-			return err
-		}
-		oldDisk = r.DiskSnapshot
-		if disk != "" {
-			r.DiskSnapshot = disk
-		}
-		r.State, r.Goal, r.SessionID = r.Goal, "", ""
-		r.MemorySnapshot, r.StateSaved, r.Message = mem, saved, why
-		if r.NextSize != "" { // the resize that waited: asleep or stopped, it has it now
-			r.Size, r.NextSize = r.NextSize, ""
-		}
-		return nil
-	})
-	if err != nil {
-		if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, errDesktopMoved) {
-			s.log.Error("desktop: record the end of a sleep or stop", "desktop", rec.ID, "err", err)
-		}
-		for _, id := range []string{disk, mem} { // deleted meanwhile: nothing keeps them
+		err = record()
+	}
+	switch {
+	case storeAway(err):
+		// Its snapshots stay, listed in the project; the recovery ends the sleep or stop
+		// without them (the session has stopped), from the disk of the last one.
+		s.log.Error("desktop: record the end of a sleep or stop; it is resumed when its lease runs out",
+			"desktop", rec.ID, "disk_snapshot", disk, "memory_snapshot", mem, "err", err)
+		return false
+	case err != nil:
+		for _, id := range []string{disk, mem} { // deleted or moved on meanwhile: nothing keeps them
 			if id != "" {
 				s.dropSnapshot(ctx, p.ID, id)
 			}
 		}
-		return
+		return true
 	}
 	if disk != "" && oldDisk != "" && oldDisk != disk {
 		s.dropSnapshot(ctx, p.ID, oldDisk)
 	}
-	if err := s.Store.ForgetDesktopIdle(ctx, p.ID, rec.ID); err != nil {
-		s.log.Warn("desktop: forget idle deadline", "desktop", rec.ID, "err", err)
+	if oldMem != "" && oldMem != mem {
+		s.dropSnapshot(ctx, p.ID, oldMem)
 	}
+	if unkept != "" {
+		s.dropSnapshot(ctx, p.ID, unkept)
+	}
+	// The idle deadline is not forgotten here: a wake may have set its own since the record
+	// said asleep, and the idle loop forgets a deadline that finds the desktop asleep.
+	return true
 }
 
 // saveStateAndStop stops a sleeping desktop's session, its guest saved first, memory and
@@ -369,7 +475,7 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) {
 // it did not move the session to stopping, haltDesktop's stop ends it as any other.
 func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desktop.Record, sessionID, why string) (string, bool, string) {
 	if _, fresh := rec.StartSize(); fresh {
-		return "", false, "state not saved: the desktop was resized, and a saved state belongs to its old size"
+		return "", false, resizedStateMessage
 	}
 	g, err := s.guests()
 	if err != nil {
@@ -452,6 +558,7 @@ func (s *Server) reconcileDesktop(ctx context.Context, p store.Project, rec desk
 	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return rec
 	}
+	saved := ""
 	out, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
 		if r.State != desktop.Running || r.SessionID != rec.SessionID {
 			return errDesktopMoved
@@ -460,13 +567,17 @@ func (s *Server) reconcileDesktop(ctx context.Context, p store.Project, rec desk
 		if err != nil {
 			return err
 		}
+		saved = r.MemorySnapshot // the state it was woken from: stopped keeps none
 		r.State, r.SessionID, r.Message = to, "", "stopped: "+why+"; it starts fresh from its disk"
+		r.MemorySnapshot, r.StateSaved = "", false
 		return nil
 	})
 	if err != nil {
 		return rec
 	}
-	_ = s.Store.ForgetDesktopIdle(ctx, p.ID, rec.ID)
+	if saved != "" {
+		s.dropSnapshot(ctx, p.ID, saved)
+	}
 	return out
 }
 

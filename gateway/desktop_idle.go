@@ -93,7 +93,7 @@ func (s *Server) runDesktopIdle(ctx context.Context) {
 func (s *Server) idleDesktop(ctx context.Context, ref store.DesktopRef, now time.Time) {
 	rec, err := s.Store.GetDesktop(ctx, ref.Project, ref.ID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && rec.State != desktop.Running) {
-		_ = s.Store.ForgetDesktopIdle(ctx, ref.Project, ref.ID)
+		_ = s.Store.ForgetDesktopIdle(ctx, ref.Project, ref.ID, now)
 		return
 	}
 	if err != nil {
@@ -125,5 +125,5 @@ func (s *Server) idleDesktop(ctx context.Context, ref store.DesktopRef, now time
 			return
 		}
 	}
-	_ = s.Store.ForgetDesktopIdle(ctx, ref.Project, ref.ID)
+	_ = s.Store.ForgetDesktopIdle(ctx, ref.Project, ref.ID, now)
 }

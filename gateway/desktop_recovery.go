@@ -18,8 +18,9 @@ import (
 // stopping for ever, and a started session would bill with no desktop to show for it.
 
 // transitionWork runs f, the work of the desktop's transition, in the background under a
-// new lease (superseding any older work's).
-func (s *Server) transitionWork(project, id string, f func()) {
+// new lease (superseding any older work's). f answers false when it could not finish for want
+// of Redis: the lease is then left to run out, and a recovery resumes the work.
+func (s *Server) transitionWork(project, id string, f func() bool) {
 	ref := store.DesktopRef{Project: project, ID: id}
 	token := session.NewID("lease_", s.Now())
 	if err := s.Store.SetDesktopWork(s.ctx, ref, token, s.Now().Add(s.workLease())); err != nil {
@@ -30,17 +31,18 @@ func (s *Server) transitionWork(project, id string, f func()) {
 }
 
 // holdLease renews lease token while f runs, and releases it when f is done. When the
-// gateway is closing, f stops early and the lease is left to run out, so that another
-// gateway resumes the work.
-func (s *Server) holdLease(ref store.DesktopRef, token string, f func()) {
+// gateway is closing, f stops early, and when f answers false it could not finish: either way
+// the lease is left to run out, so that a recovery (this gateway's or another's) resumes the
+// work.
+func (s *Server) holdLease(ref store.DesktopRef, token string, f func() bool) {
 	s.leases.begin(ref, token)
 	defer s.leases.end(ref, token)
 	stop := s.keepRenewed(s.ctx, "desktop", ref.ID, func(ctx context.Context, until time.Time) (bool, error) {
 		return s.Store.RenewDesktopWork(ctx, ref, token, until)
 	})
-	f()
+	done := f()
 	stop()
-	if s.ctx.Err() != nil {
+	if !done || s.ctx.Err() != nil {
 		return
 	}
 	if _, err := s.Store.ReleaseDesktopWork(s.ctx, ref, token); err != nil {
@@ -83,14 +85,14 @@ func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now t
 	if err != nil {
 		return
 	}
-	var work func()
+	var work func() bool
 	switch rec.State {
 	case desktop.Starting:
 		// A start restores the memory snapshot exactly when the record still has one (a
 		// Start, from stopped or failed, never has; a wake that fell back dropped it).
-		work = func() { s.startDesktop(p, rec, rec.MemorySnapshot != "") }
+		work = func() bool { return s.startDesktop(p, rec, rec.MemorySnapshot != "") }
 	case desktop.Stopping:
-		work = func() { s.haltDesktop(p, rec) }
+		work = func() bool { return s.haltDesktop(p, rec) }
 	default:
 		release() // the work ended, and its gateway died before it said so
 		return

@@ -50,7 +50,7 @@ func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
-	s.transitionWork(p.ID, id, func() { s.startDesktop(p, out, false) })
+	s.transitionWork(p.ID, id, func() bool { return s.startDesktop(p, out, false) })
 	writeJSON(w, 201, out.Public())
 	return nil
 }

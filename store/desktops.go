@@ -235,8 +235,8 @@ func (s *Store) DeleteDesktop(ctx context.Context, project, id string) (desktop.
 		return r, fmt.Errorf("decode desktop %s: %w", id, err)
 	}
 	s.signalAfter(ctx, project, WorkOutbox)
-	if err := s.ForgetDesktopIdle(ctx, project, id); err != nil {
-		return r, err
+	if err := s.rdb.ZRem(ctx, desktopIdleKey, DesktopRef{project, id}.member()).Err(); err != nil {
+		return r, fmt.Errorf("forget idle deadline of desktop %s: %w", id, err)
 	}
 	return r, nil
 }
@@ -268,13 +268,24 @@ func (s *Store) SetDesktopIdle(ctx context.Context, project, id string, at time.
 	return nil
 }
 
-// ForgetDesktopIdle drops the desktop's idle deadline (it is no longer awake).
-func (s *Store) ForgetDesktopIdle(ctx context.Context, project, id string) error {
-	if err := s.rdb.ZRem(ctx, desktopIdleKey, DesktopRef{project, id}.member()).Err(); err != nil {
+// ForgetDesktopIdle drops the desktop's idle deadline (it is no longer awake) if it falls at
+// or before due, the deadline the caller found passed: a later one was set by a use or a wake
+// since, and is the desktop's again (a late forget of the old one would leave a woken desktop
+// awake for good).
+func (s *Store) ForgetDesktopIdle(ctx context.Context, project, id string, due time.Time) error {
+	if err := forgetDeadlineScript.Run(ctx, s.rdb, []string{desktopIdleKey}, DesktopRef{project, id}.member(), due.UnixMilli()).Err(); err != nil {
 		return fmt.Errorf("forget idle deadline of desktop %s: %w", id, err)
 	}
 	return nil
 }
+
+// forgetDeadlineScript removes a member of a deadline zset if its score is at most a time.
+// KEYS: the zset. ARGV: member, time ms.
+var forgetDeadlineScript = redis.NewScript(`
+local at = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if at and tonumber(at) <= tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+`)
 
 // DueDesktopIdle answers up to limit desktops whose idle deadline is at or before now,
 // earliest first, and when the next deadline after them falls (zero: none; now: more than

@@ -141,12 +141,19 @@ func TestDesktopIdleDeadlines(t *testing.T) {
 	if err := s.SetDesktopIdle(ctx, "proj_i", "desk_a", t0.Add(time.Hour)); err != nil { // used again
 		t.Fatal(err)
 	}
-	if err := s.ForgetDesktopIdle(ctx, "proj_i", "desk_b"); err != nil {
+	if err := s.ForgetDesktopIdle(ctx, "proj_i", "desk_b", t0.Add(90*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	due, next, _ = s.DueDesktopIdle(ctx, t0.Add(90*time.Second), 10)
 	if len(due) != 0 || !next.Equal(t0.Add(2*time.Minute)) {
 		t.Fatalf("after a use and a forget: due %v next %v", due, next)
+	}
+	// A forget of a deadline that passed spares a later one set since (a wake's).
+	if err := s.ForgetDesktopIdle(ctx, "proj_i", "desk_a", t0.Add(90*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if due, _, _ = s.DueDesktopIdle(ctx, t0.Add(2*time.Hour), 10); len(due) != 2 || due[1].ID != "desk_a" {
+		t.Fatalf("a forget of a passed deadline removed a later one: due %v", due)
 	}
 }
 

@@ -1,0 +1,250 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/desktop"
+	"wb/internal/fakenode"
+	"wb/internal/redistest"
+	"wb/session"
+)
+
+// TestWakeDropsTheStateItRestored: the saved state a wake restored from goes when the next
+// sleep saves a new one; before, each sleep and wake left one memory snapshot behind, billed
+// and counted against the project's snapshots until the quota refused every sleep's state.
+func TestWakeDropsTheStateItRestored(t *testing.T) {
+	e := newEnv(t)
+	d := e.newDesktop(map[string]any{"name": "cycles"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	first := e.memorySnapshotOf(d.ID)
+	e.desktopAction(d.ID, "wake", 202)
+	e.waitDesktop(d.ID, desktop.Running)
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	if second := e.memorySnapshotOf(d.ID); second == first || second == "" {
+		t.Fatalf("second sleep's state %q, first %q", second, first)
+	}
+	if e.snapshotExists(first) {
+		t.Errorf("the state the wake restored (%s) is kept after the next sleep saved another", first)
+	}
+	// A stop ends the state the last wake restored from too: stopped keeps none.
+	e.desktopAction(d.ID, "wake", 202)
+	e.waitDesktop(d.ID, desktop.Running)
+	woken := e.memorySnapshotOf(d.ID)
+	e.desktopAction(d.ID, "stop", 202)
+	e.waitDesktop(d.ID, desktop.Stopped)
+	if e.snapshotExists(woken) || e.memorySnapshotOf(d.ID) != "" {
+		t.Errorf("a stopped desktop keeps the state it was woken from (%s)", woken)
+	}
+}
+
+// TestResizeDuringSleepDropsTheState: seed 001, "a snapshot belongs to the size it was taken
+// at … a session with a resize waiting goes to sleep without one", also when the resize comes
+// while the sleep saves the state. Before, the desktop woke at the new size from a state of the
+// old one.
+func TestResizeDuringSleepDropsTheState(t *testing.T) {
+	e := newEnv(t)
+	d := e.newDesktop(map[string]any{"name": "grow"})
+	e.node.SetSnapshotDelay(300 * time.Millisecond)
+	e.desktopAction(d.ID, "sleep", 202)
+	var patched desktop.Desktop
+	e.mustDo("PATCH", "/v1/desktops/"+d.ID, e.key, map[string]any{"size": "m"}, 200, &patched)
+	if patched.State != desktop.Stopping {
+		t.Fatalf("patched in %s, want stopping", patched.State)
+	}
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+	if d.Size != "m" || d.StateSaved || e.memorySnapshotOf(d.ID) != "" || !strings.Contains(d.Message, "resized") {
+		t.Errorf("asleep after a resize during the sleep: size %s, state_saved %v, memory snapshot %q, message %q; want m, no state kept",
+			d.Size, d.StateSaved, e.memorySnapshotOf(d.ID), d.Message)
+	}
+	e.node.SetSnapshotDelay(0)
+	e.desktopAction(d.ID, "wake", 202)
+	d = e.waitDesktop(d.ID, desktop.Running)
+	if s := e.sessionOf(d.SessionID); s.RestoreFrom != nil {
+		var snap session.Snapshot
+		e.mustDo("GET", "/v1/snapshots/"+*s.RestoreFrom, e.key, nil, 200, &snap)
+		if snap.IncludeMemory {
+			t.Errorf("woke at size %s from memory snapshot %s, taken at size s", s.Resources.SizeClass, snap.ID)
+		}
+	}
+}
+
+// TestWakeWithItsStateDeleted: a wake whose saved state the caller deleted (DELETE
+// /v1/snapshots/{id}) is refused at admission (restore_from); it wakes from the disk, "state
+// not saved", as a state that cannot be restored (seed 001), where it went to failed before.
+func TestWakeWithItsStateDeleted(t *testing.T) {
+	e := newEnv(t)
+	d := e.newDesktop(map[string]any{"name": "gone"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	e.mustDo("DELETE", "/v1/snapshots/"+e.memorySnapshotOf(d.ID), e.key, nil, 200, nil)
+	e.desktopAction(d.ID, "wake", 202)
+	deadline := time.Now().Add(30 * time.Second)
+	for d = e.desktop(d.ID); d.State == desktop.Starting && time.Now().Before(deadline); d = e.desktop(d.ID) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d.State != desktop.Running || !strings.HasPrefix(d.Message, "state not saved") {
+		t.Errorf("a wake whose state was deleted ended %s (%s), want running, state not saved", d.State, d.Message)
+	}
+}
+
+// slowSnapshotDeletes holds every DeleteSnapshot until gate is closed.
+type slowSnapshotDeletes struct {
+	*fakenode.Node
+	gate chan struct{}
+}
+
+func (n slowSnapshotDeletes) DeleteSnapshot(ctx context.Context, id string) error {
+	<-n.gate
+	return n.Node.DeleteSnapshot(ctx, id)
+}
+
+// TestWakeDuringASleepsCleanupFallsIdle: a sleep whose last steps are slow (the node deletes
+// the old disk's files) once forgot the idle deadline after them, when a wake had set its own:
+// the woken desktop then never fell idle, and billed until its session's own timeout.
+func TestWakeDuringASleepsCleanupFallsIdle(t *testing.T) {
+	gate := make(chan struct{})
+	e := newEnv(t, func(c *Config) {
+		c.DesktopIdle = time.Second
+		c.Guests = slowSnapshotDeletes{Node: c.Guests.(*fakenode.Node), gate: gate}
+	})
+	d := e.newDesktop(map[string]any{"name": "idle"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	e.desktopAction(d.ID, "wake", 202)
+	e.waitDesktop(d.ID, desktop.Running)
+	e.desktopAction(d.ID, "sleep", 202) // it has an old disk to delete now, and that is slow
+	e.waitDesktop(d.ID, desktop.Asleep)
+	e.desktopAction(d.ID, "wake", 202)
+	e.waitDesktop(d.ID, desktop.Running)
+	close(gate)
+	deadline := time.Now().Add(30 * time.Second) // idle after 1 s unused
+	for d = e.desktop(d.ID); d.State == desktop.Running && time.Now().Before(deadline); d = e.desktop(d.ID) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d.State == desktop.Running {
+		t.Errorf("the desktop woken during a sleep's cleanup is running 30 s later, its idle time 1 s")
+	}
+}
+
+// failDesktopWrite fails the first write of a desktop record once armed, as a failover would
+// (its reads go through: the test reads the desktop meanwhile).
+type failDesktopWrite struct{ armed *atomic.Bool }
+
+func (h failDesktopWrite) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h failDesktopWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h failDesktopWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, ":d:desk_") && h.armed.CompareAndSwap(true, false) {
+			err := errors.New("connection reset by peer (injected)")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// argHas reports whether one of cmd's arguments contains part.
+func argHas(cmd redis.Cmder, part string) bool {
+	for _, a := range cmd.Args() {
+		s := fmt.Sprint(a)
+		if b, ok := a.([]byte); ok {
+			s = string(b)
+		}
+		if strings.Contains(s, part) {
+			return true
+		}
+	}
+	return false
+}
+
+// armedAfterSaving arms armed once a sleep has saved the state: the next write of the record
+// is the one that records the sleep's end.
+type armedAfterSaving struct {
+	*fakenode.Node
+	armed *atomic.Bool
+}
+
+func (n armedAfterSaving) StopSaving(ctx context.Context, s *session.Session, id string) (bool, int64, error) {
+	mem, size, err := n.Node.StopSaving(ctx, s, id)
+	n.armed.Store(true)
+	return mem, size, err
+}
+
+// TestSleepRecordedThroughARedisBlip: one failed Redis write as a sleep records its end once
+// made the sleep delete the snapshots it had just taken, as if the desktop had been deleted,
+// and release its work: the desktop stayed in stopping for good. Now the record is written
+// once Redis answers again, and nothing is deleted.
+func TestSleepRecordedThroughARedisBlip(t *testing.T) {
+	armed := new(atomic.Bool)
+	e := newEnv(t, func(c *Config) {
+		c.Guests = armedAfterSaving{Node: c.Guests.(*fakenode.Node), armed: armed}
+	})
+	e.rdb.AddHook(failDesktopWrite{armed: armed})
+	d := e.newDesktop(map[string]any{"name": "blip"})
+	e.desktopAction(d.ID, "sleep", 202)
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+	if armed.Load() {
+		t.Fatal("the sleep never read its record after saving the state: the fault was not injected")
+	}
+	rec, err := e.st.GetDesktop(context.Background(), e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.MemorySnapshot == "" || rec.DiskSnapshot == "" || !e.snapshotExists(rec.MemorySnapshot) || !e.snapshotExists(rec.DiskSnapshot) {
+		t.Errorf("asleep after a Redis blip with memory snapshot %q and disk %q (kept: %v, %v), want both kept",
+			rec.MemorySnapshot, rec.DiskSnapshot, e.snapshotExists(rec.MemorySnapshot), e.snapshotExists(rec.DiskSnapshot))
+	}
+	for _, c := range e.node.Calls() {
+		if strings.HasPrefix(c, "delete_snapshot") {
+			t.Errorf("the node was asked to %s", c)
+		}
+	}
+}
+
+// failFirstAdmission fails the first write that carries a desktop's session (its admission),
+// as a failover would.
+type failFirstAdmission struct{ failed *atomic.Bool }
+
+func (h failFirstAdmission) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h failFirstAdmission) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h failFirstAdmission) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, session.DesktopMetadataKey) && h.failed.CompareAndSwap(false, true) {
+			err := errors.New("connection reset by peer (injected)")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestStartResumedAfterARedisBlip: a start whose session's admission failed for want of Redis
+// once moved the desktop to failed, its state lost; now it leaves its work's lease to run out,
+// and the recovery makes the session.
+func TestStartResumedAfterARedisBlip(t *testing.T) {
+	failed := new(atomic.Bool)
+	rdb := redistest.Server(t)
+	rdb.AddHook(failFirstAdmission{failed: failed}) // before the store's own clients are made
+	e := newEnvOn(t, rdb, func(c *Config) { c.WorkLease = time.Second })
+	d := e.newDesktop(map[string]any{"name": "blip"})
+	if !failed.Load() {
+		t.Fatal("the desktop's admission was never failed: the fault was not injected")
+	}
+	if d.Message != "" {
+		t.Errorf("running with message %q", d.Message)
+	}
+}
