@@ -11,9 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -140,6 +142,108 @@ func TestUsageFlushWritesTheJournalUnlocked(t *testing.T) {
 	stop()
 	if got := rdb.XLen(context.Background(), usage).Val(); got != 2 {
 		t.Fatalf("Redis has %d usage records after the second flush, want 2", got)
+	}
+}
+
+// TestAFailedJournalWriteHoldsTheFlush: a journal write that fails (a full disk) holds the
+// guest's pending changes back from Redis, so Redis never holds a usage record the journal
+// lacks (a restarted node would number its next interval with that record's seq, and the
+// settler drop it as a replay). The changes stay pending, and the first flush after the
+// journal writes again sends them, each seq once and none missing. The failure is logged at
+// error level once for the streak, not once a flush.
+func TestAFailedJournalWriteHoldsTheFlush(t *testing.T) {
+	dir, err := os.MkdirTemp("", "wbj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	var logs strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	rdb := redistest.Server(t)
+	n, err := New(Config{Store: store.New(rdb), Driver: countersOnly{}, Templates: templates.Catalog{"tpl": {}},
+		DataDir: dir, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const project, id = "proj_full", "sess_full"
+	now := time.Now()
+	l := &live{g: &guest{SessionID: id, Project: project, GuestID: "g_full", State: session.Running, Tier: 2,
+		StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-2 * time.Second), IdleTimeoutS: 600, MaxLifetimeS: 600}}
+	n.guests[id] = l
+	interval := func() {
+		t.Helper()
+		l.mu.Lock()
+		l.g.SampledAt = time.Now().Add(-2 * time.Second) // a fresh interval to sample
+		l.mu.Unlock()
+		n.flushUsage(context.Background())
+	}
+	sent := func() []int64 {
+		t.Helper()
+		msgs, err := rdb.XRange(context.Background(), store.ProjectKeys(project).UsageStream(), "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seqs []int64
+		for _, m := range msgs {
+			r, err := quota.DecodeRecord(m.Values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs = append(seqs, r.Seq)
+		}
+		return seqs
+	}
+	journaledSeq := func() int64 {
+		t.Helper()
+		var g guest
+		b, err := os.ReadFile(n.journal.path(id))
+		if err != nil || json.Unmarshal(b, &g) != nil {
+			t.Fatalf("journal of %s: %s, %v", id, b, err)
+		}
+		return g.Seq
+	}
+
+	n.flushUsage(context.Background()) // seq 1: the journal and Redis agree
+	if got := sent(); len(got) != 1 || journaledSeq() != 1 {
+		t.Fatalf("after the first flush Redis has seqs %v and the journal seq %d; want [1] and 1", got, journaledSeq())
+	}
+
+	n.journal.write = func(string, []byte) error { return &os.PathError{Op: "write", Err: syscall.ENOSPC} }
+	interval() // seq 2
+	interval() // seq 3
+	if got, last := sent(), journaledSeq(); len(got) != 1 || last != 1 {
+		t.Fatalf("with the journal failing, Redis has seqs %v and the journal's last seq is %d: a restarted node "+
+			"numbers its next interval %d again (the settler drops it as a replay)", got, last, last+1)
+	}
+	l.mu.Lock()
+	held := len(l.g.Pending)
+	l.mu.Unlock()
+	if held != 2 {
+		t.Fatalf("%d changes pending while the journal fails, want the 2 usage records held back", held)
+	}
+	mu.Lock()
+	failures := strings.Count(logs.String(), "level=ERROR")
+	mu.Unlock()
+	if failures != 1 {
+		t.Errorf("%d error lines for a streak of failed journal writes, want 1:\n%s", failures, logs.String())
+	}
+
+	n.journal.write = nil // the disk has room again
+	interval()            // seq 4, with the two held back
+	got, last := sent(), journaledSeq()
+	if want := []int64{1, 2, 3, 4}; !slices.Equal(got, want) || last != 4 {
+		t.Fatalf("once the journal writes again, Redis has seqs %v and the journal seq %d; want %v and 4", got, last, want)
+	}
+	l.mu.Lock()
+	held = len(l.g.Pending)
+	l.mu.Unlock()
+	if held != 0 {
+		t.Errorf("%d changes still pending after the journal wrote again, want 0", held)
 	}
 }
 

@@ -155,6 +155,9 @@ type Node struct {
 	cancel context.CancelFunc
 	// redisDown is set while Redis does not answer, so that replays back off.
 	redisDown atomic.Bool
+	// journalFailing is set while journal writes fail, so that a streak is logged once
+	// (landJournal).
+	journalFailing atomic.Bool
 	// decisions counts the runtime decisions under way, those given up on included (decide).
 	decisions atomic.Int64
 	// quiesceAnswer is the const of that name (tests shorten it).

@@ -700,7 +700,9 @@ func (n *Node) teardown(ctx context.Context, l *live) {
 	l.mu.Lock()
 	seq := l.jseq
 	l.mu.Unlock()
-	n.landJournal(l, seq)
+	// Killed even if it did not land (logged): a guest left running for want of a disk would
+	// leak. Its transitions wait for the journal (flush).
+	_ = n.landJournal(l, seq)
 	op := lockFor(l, "teardown")
 	g := l.g
 	if g.State == session.Stopping {

@@ -333,7 +333,9 @@ func (n *Node) saveLater(l *live) func() {
 		l.jnext = journalEntry{seq: seq, id: id, b: b}
 	}
 	l.jq.Unlock()
-	return func() { n.landJournal(l, seq) }
+	// An operation answers whether or not its entry landed (landJournal logs a failure): the
+	// flush holds back from Redis whatever the journal lacks.
+	return func() { _ = n.landJournal(l, seq) }
 }
 
 // journalEntry is a guest's journal entry taken, numbered, to be written.
@@ -344,28 +346,37 @@ type journalEntry struct {
 }
 
 // landJournal makes sure an entry numbered seq or newer has landed, writing the newest taken
-// if none has. It does not need l.mu, and must not be called with it held but by save.
-func (n *Node) landJournal(l *live, seq uint64) {
+// if none has, and answers the write's error if it did not land. It does not need l.mu, and
+// must not be called with it held but by save.
+func (n *Node) landJournal(l *live, seq uint64) error {
 	l.jmu.Lock()
 	defer l.jmu.Unlock()
 	if l.jwritten >= seq {
-		return
+		return nil
 	}
 	l.jq.Lock()
 	e := l.jnext
 	l.jq.Unlock()
 	if e.seq <= l.jwritten {
-		return
+		return nil
 	}
 	start := time.Now()
 	if err := n.journal.put(e.id, e.b); err != nil {
-		n.Logger.Error("node: journal", "err", err)
-		return
+		// Once a streak: every flush of every guest retries, and fails alike (a full disk).
+		if !n.journalFailing.Swap(true) {
+			n.Logger.Error("node: the journal does not write; guests' changes wait for it, Redis gets none of them",
+				"session", e.id, "err", err)
+		}
+		return err
+	}
+	if n.journalFailing.CompareAndSwap(true, false) {
+		n.Logger.Info("node: the journal writes again; the changes held back go to Redis", "session", e.id)
 	}
 	l.jwritten = e.seq
 	if took := time.Since(start); took >= busyGuestLog {
 		n.Logger.Warn("node: a journal write was slow (the disk is busy)", "session", e.id, "took", took)
 	}
+	return nil
 }
 
 // forgetJournal removes session id's journal entry (l's); no entry taken before lands after.
@@ -394,7 +405,11 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 	todo := append([]pending(nil), l.g.Pending...)
 	project, id, seq := l.g.Project, l.g.SessionID, l.jseq
 	l.mu.Unlock()
-	n.landJournal(l, seq) // written ahead: see saveLater
+	if err := n.landJournal(l, seq); err != nil && len(todo) > 0 {
+		// Written ahead (see saveLater): Redis gets nothing the journal lacks. The changes
+		// stay pending; the next flush (the usage flush's, a replay's) writes the entry first.
+		return false
+	}
 	done := 0
 	var failed error
 	for _, p := range todo {
