@@ -660,6 +660,45 @@ func TestReplayDuringAnOutageWritesNoJournal(t *testing.T) {
 	}
 }
 
+// TestReplayWhileTheJournalFailsProbesOneGuest: while journal writes fail, every guest's
+// changes wait pending, and each replay round (one a Tick, 100 ms) probes the journal with one
+// guest instead of rewriting every guest's entry, as it does while Redis is down.
+func TestReplayWhileTheJournalFailsProbesOneGuest(t *testing.T) {
+	n := &Node{Config: Config{Logger: slog.New(slog.DiscardHandler), Store: store.New(redistest.Server(t)), RedisTimeout: time.Second},
+		journal: journal{dir: t.TempDir()}, guests: map[string]*live{}}
+	var writes atomic.Int32
+	n.journal.write = func(string, []byte) error {
+		writes.Add(1)
+		return &os.PathError{Op: "write", Err: syscall.ENOSPC}
+	}
+	for _, id := range []string{"sess_full_a", "sess_full_b"} {
+		l := &live{g: &guest{SessionID: id, Project: "proj_full", State: session.Running,
+			Pending: []pending{{Kind: "warning", Event: session.EventIdleWarning, At: time.Now()}}}}
+		n.guests[id] = l
+		n.save(l) // fails: the entry holding the warning has not landed
+	}
+	before := writes.Load()
+	for range 3 {
+		n.replay(t.Context())
+	}
+	if got := writes.Load() - before; got != 3 {
+		t.Errorf("3 replay rounds with the journal failing tried %d writes, want 3 (one guest a round)", got)
+	}
+	for id, l := range n.guests {
+		if len(l.g.Pending) != 1 {
+			t.Errorf("%s: %d changes pending after the rounds, want the warning held back", id, len(l.g.Pending))
+		}
+	}
+
+	n.journal.write = nil // the disk has room again
+	n.replay(t.Context())
+	for id, l := range n.guests {
+		if len(l.g.Pending) != 0 {
+			t.Errorf("%s: %d changes pending once the journal writes again, want 0", id, len(l.g.Pending))
+		}
+	}
+}
+
 // TestReconcilePassesABusyGuest: reconcile does not wait for the lock of a guest that an
 // operation holds (a restore holds it a minute or two): another guest, whose session ended
 // elsewhere, is destroyed meanwhile, and the busy one is looked at in a later round. Before,

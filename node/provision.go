@@ -504,7 +504,8 @@ func (n *Node) apply(ctx context.Context, project, id string, p pending) error {
 }
 
 // replay retries every guest's pending changes; while Redis is down it probes with one
-// guest a round instead of waiting on each.
+// guest a round instead of waiting on each, and so while the journal does not write (a round
+// each Tick would rewrite every guest's entry, which grows with its pending usage).
 func (n *Node) replay(ctx context.Context) {
 	for _, l := range n.all() {
 		l.mu.Lock()
@@ -513,7 +514,7 @@ func (n *Node) replay(ctx context.Context) {
 		if !has {
 			continue
 		}
-		if !n.flush(ctx, l) && n.redisDown.Load() {
+		if !n.flush(ctx, l) && (n.redisDown.Load() || n.journalFailing.Load()) {
 			return
 		}
 	}
