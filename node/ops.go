@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"wb/agent"
 	"wb/hypervisor"
@@ -33,8 +36,38 @@ func resumeFile(snapshotID string) string { return "resume-" + snapshotID }
 
 // resumeAgent creates the resume file that ends a quiesce of guest id's agent.
 func (n *Node) resumeAgent(id, name string) error {
-	if err := os.WriteFile(filepath.Join(n.guestDir(id), "agent", name), nil, 0o644); err != nil {
+	if err := createInGuestDir(filepath.Join(n.guestDir(id), "agent"), name); err != nil {
 		return fmt.Errorf("resume the agent: %w", err)
+	}
+	return nil
+}
+
+// createInGuestDir creates the empty regular file name in dir, a directory the guest can
+// write (its agent dir, under gVisor), or takes the regular file already there. It follows
+// no symlink the guest planted there, which would have the node create or truncate any host
+// file as root: name is opened O_NOFOLLOW relative to dir's own descriptor, never for
+// writing (the file's being there is all it says), and O_NONBLOCK, so that a fifo there
+// cannot hold the node; anything but a regular file is refused.
+func createInGuestDir(dir, name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') {
+		return fmt.Errorf("%q is not a plain file name", name)
+	}
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("create %s in %s (a symlink there is refused): %w", name, dir, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat %s in %s: %w", name, dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%s in %s is not a regular file (mode %#o); refusing it", name, dir, st.Mode)
 	}
 	return nil
 }
