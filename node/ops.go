@@ -389,6 +389,10 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	// quiesceMost): in the new guest's directory after the restore, or in the old one's when
 	// the checkpoint failed and the guest runs on; so the checkpoint may take as long as it
 	// takes on a loaded host, with no window to lose.
+	// The old guest's CPU since its last sample is billed now: the checkpoint stops it, and
+	// the guest that goes on has a counter of its own (as the stop's checkpoint does).
+	n.sample(ctx, l)
+	op.land = n.saveLater(l) // the sample's record, before any flush sends it
 	steps := &snapshotSteps{t: time.Now()}
 	info, err := n.checkpoint(ctx, l, snapshotID, dir, steps)
 	if err != nil {
@@ -493,7 +497,9 @@ func (n *Node) restoreAfterCheckpoint(ctx context.Context, l *live, tpl template
 // restoreGuest restores l's guest, stopped by its checkpoint into dir, as a new guest, and
 // waits for its agent. The caller holds l.mu.
 func (n *Node) restoreGuest(ctx context.Context, l *live, tpl templates.Template, dir, old, resume string, steps *snapshotSteps) error {
-	l.g.GuestID = randomID("g-")
+	// A new guest, whose CPU counter starts at zero: the next sample's delta is from there,
+	// not from the old guest's counter (takeSnapshot billed that guest before its checkpoint).
+	l.g.GuestID, l.g.CPURaw = randomID("g-"), 0
 	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
 	restore := n.Driver.Restore
 	if a, ok := n.Driver.(hypervisor.LayerAdopter); ok {
