@@ -134,7 +134,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	now := s.Now()
 	run := &session.Run{ID: session.NewID("run_", now), Object: "run", SessionID: &req.SessionID,
 		State: session.RunQueued, CreatedAt: *session.At(now)}
-	if err := s.Store.PutObject(r.Context(), p.ID, store.KindRun, run.ID, run); err != nil {
+	if err := s.Store.PutRun(r.Context(), p.ID, run); err != nil {
 		return err
 	}
 	do := func(ctx context.Context) {
@@ -143,7 +143,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 			run.State, run.Error = session.RunFailed, &msg
 			run.FinishedAt = session.At(s.Now())
 		}
-		if err := s.Store.PutObject(ctx, p.ID, store.KindRun, run.ID, run); err != nil {
+		if err := s.Store.PutRun(ctx, p.ID, run); err != nil {
 			s.log.Error("save run", "run", run.ID, "err", err)
 		}
 		if _, err := s.Store.AppendEvent(ctx, p.ID, session.EventRunFinished, req.SessionID, run); err != nil {
@@ -170,7 +170,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 
 func (s *Server) execRun(ctx context.Context, sess *session.Session, req session.ExecRequest, run *session.Run) error {
 	run.State, run.StartedAt = session.RunRunning, session.At(s.Now())
-	if err := s.Store.PutObject(ctx, sess.ProjectID, store.KindRun, run.ID, run); err != nil {
+	if err := s.Store.PutRun(ctx, sess.ProjectID, run); err != nil {
 		return err
 	}
 	res, err := s.runExec(ctx, sess, req, nil)
@@ -234,8 +234,8 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 }
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request, p store.Project) error {
-	var run session.Run
-	if err := s.Store.GetObject(r.Context(), p.ID, store.KindRun, r.PathValue("id"), &run); err != nil {
+	run, err := s.Store.GetRun(r.Context(), p.ID, r.PathValue("id"))
+	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return errNotFound("run", r.PathValue("id"))
 		}

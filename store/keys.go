@@ -239,11 +239,14 @@ func (k ProjectKeyspace) project() string { return k.p + "project" }
 // Written by store (AddAPIKey, RevokeAPIKey).
 func (k ProjectKeyspace) apiKeys() string { return k.p + "apikeys" }
 
-// objects is a hash, id → JSON, of the project's objects of one kind (snapshots, volumes,
-// runs, …); objIndex is a sorted set (score 0, by id) of the same ids, for listing. Written
-// by store.
+// objects is a hash, id → JSON, of the project's objects of one kind (snapshots); objIndex
+// is a sorted set (score 0, by id) of the same ids, for listing. Written by store.
 func (k ProjectKeyspace) objects(kind string) string  { return k.p + "obj:" + kind }
 func (k ProjectKeyspace) objIndex(kind string) string { return k.p + "idx:" + kind }
+
+// run is a string, one run's JSON (output included), with the store's retention as TTL from
+// its last write. Written by store (PutRun).
+func (k ProjectKeyspace) run(id string) string { return k.p + "run:" + id }
 
 // idempotency is a string: one Idempotency-Key's record as JSON (fingerprint, ref, state and
 // stored answer), under the key's SHA-256, with a TTL. Written by store (IdemBegin,

@@ -11,13 +11,12 @@ import (
 	"wb/session"
 )
 
-// Objects other than sessions (snapshots, runs) are JSON documents in one hash per kind and
+// Objects other than sessions and runs (snapshots) are JSON documents in one hash per kind and
 // project, with a lexicographic index for newest-first lists.
 
 // Kinds of stored objects.
 const (
 	KindSnapshot = "snapshot"
-	KindRun      = "run"
 )
 
 // PutObject writes (or overwrites) an object of kind with id.

@@ -1,0 +1,59 @@
+package gateway
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/session"
+)
+
+// TestRunsExpire: a run, output and all, is kept under a key of its own that expires with the
+// retention of ended sessions (7 days), and GET answers it meanwhile. Before, every run of a
+// project went into one hash with no TTL, up to 16 MiB of output each, for ever: a tenant
+// looping POST /v1/runs filled the Redis that every tenant shares.
+func TestRunsExpire(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	var run session.Run
+	e.mustDo("POST", "/v1/runs", e.key, map[string]any{"session_id": s.ID, "command": "echo kept"}, 201, &run)
+	var got session.Run
+	e.mustDo("GET", "/v1/runs/"+run.ID, e.key, nil, 200, &got)
+	if got.State != session.RunSucceeded || got.Stdout != "kept\n" {
+		t.Fatalf("GET /v1/runs/%s: %+v", run.ID, got)
+	}
+	ctx := context.Background()
+	keys, err := e.rdb.Keys(ctx, "*{"+e.projA+"}*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const retention = 7 * 24 * time.Hour
+	own := 0
+	for _, key := range keys {
+		ttl, err := e.rdb.TTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		holds := false
+		switch typ, _ := e.rdb.Type(ctx, key).Result(); typ {
+		case "string":
+			holds = strings.HasSuffix(key, run.ID)
+			if holds {
+				own++
+			}
+		case "hash":
+			holds, _ = e.rdb.HExists(ctx, key, run.ID).Result()
+		case "zset":
+			members, _ := e.rdb.ZRange(ctx, key, 0, -1).Result()
+			holds = slices.Contains(members, run.ID)
+		}
+		if holds && (ttl <= 0 || ttl > retention) {
+			t.Errorf("%s holds run %s with TTL %v, want it to expire within %v", key, run.ID, ttl, retention)
+		}
+	}
+	if own != 1 {
+		t.Errorf("%d keys of its own hold run %s, want 1 (with a TTL)", own, run.ID)
+	}
+}
