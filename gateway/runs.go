@@ -28,6 +28,10 @@ type runRequest struct {
 	TimeoutS *int              `json:"timeout_s,omitempty"`
 }
 
+// runRecordTimeout bounds the writes of a run's end (its record and its run.finished): Close
+// waits for them, and a Redis that does not answer must not hold a deploy for longer.
+const runRecordTimeout = 10 * time.Second
+
 func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	t0 := time.Now()
 	body, err := readBody(r)
@@ -140,9 +144,16 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	do := func(ctx context.Context) {
 		if err := work(ctx, run); err != nil {
 			msg := toAPIError(err).Message
+			if ctx.Err() != nil { // only an async run's is cancelled: by its gateway's Close
+				msg = "the gateway running it shut down before it finished; run it again"
+			}
 			run.State, run.Error = session.RunFailed, &msg
 			run.FinishedAt = session.At(s.Now())
 		}
+		// The end is recorded and announced even as the gateway shuts down, or the run would
+		// stay running for ever with no run.finished.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runRecordTimeout)
+		defer cancel()
 		if err := s.Store.PutRun(ctx, p.ID, run); err != nil {
 			s.log.Error("save run", "run", run.ID, "err", err)
 		}

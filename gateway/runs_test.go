@@ -57,3 +57,45 @@ func TestRunsExpire(t *testing.T) {
 		t.Errorf("%d keys of its own hold run %s, want 1 (with a TTL)", own, run.ID)
 	}
 }
+
+// TestAsyncRunAtClose: an async run cut short by its gateway's Close (a deploy) is recorded
+// failed, with a message that says to run it again, and its run.finished event is sent. Before,
+// the final write and the event went out on the cancelled context and failed: the run stayed
+// "running" for ever and no webhook said otherwise.
+func TestAsyncRunAtClose(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	var run session.Run
+	e.mustDo("POST", "/v1/runs?wait=false", e.key, map[string]any{"session_id": s.ID, "command": "sleep 3"}, 202, &run)
+	time.Sleep(500 * time.Millisecond)
+	e.gw.Close()
+	ctx := context.Background()
+	got, err := e.st.GetRun(ctx, e.projA, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != session.RunFailed || got.Error == nil || !strings.Contains(*got.Error, "shut down") || got.FinishedAt == nil {
+		t.Errorf("run %s after its gateway closed: %s (error %v), want failed, saying the gateway shut down", run.ID, got.State, derefOr(got.Error))
+	}
+	evs, err := e.st.OutboxEvents(ctx, e.projA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var finished []string
+	for _, ev := range evs {
+		if ev.Type == session.EventRunFinished {
+			finished = append(finished, string(ev.Object))
+		}
+	}
+	if len(finished) != 1 || !strings.Contains(finished[0], `"state":"failed"`) {
+		t.Errorf("run.finished events: %q, want one, of the failed run", finished)
+	}
+}
+
+// derefOr is *p, or "<nil>".
+func derefOr(p *string) string {
+	if p == nil {
+		return "<nil>"
+	}
+	return *p
+}
