@@ -66,6 +66,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	}()
 	exec := session.ExecRequest{Command: req.Command, Env: req.Env, Cwd: req.Cwd, Stdin: req.Stdin, TimeoutS: req.TimeoutS}
 	var work func(ctx context.Context, run *session.Run) error
+	ephemeral := "" // the id of the session admitted for an ephemeral run
 	if req.SessionID != "" {
 		if req.Tier != nil || req.Runtime != "" || req.Code != "" {
 			return errInvalid("session_id", "give session_id with command, or tier 1 with runtime and code, not both")
@@ -133,12 +134,15 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 			execd = time.Now()
 			return err
 		}
-		req.SessionID = sess.ID
+		req.SessionID, ephemeral = sess.ID, sess.ID
 	}
 	now := s.Now()
 	run := &session.Run{ID: session.NewID("run_", now), Object: "run", SessionID: &req.SessionID,
 		State: session.RunQueued, CreatedAt: *session.At(now)}
 	if err := s.Store.PutRun(r.Context(), p.ID, run); err != nil {
+		if ephemeral != "" { // it will run nothing: its guest must not hold a slot until its idle timeout
+			s.stopRunSession(r.Context(), p, ephemeral, err)
+		}
 		return err
 	}
 	do := func(ctx context.Context) {
@@ -196,6 +200,26 @@ func (s *Server) execRun(ctx context.Context, sess *session.Session, req session
 		run.State = session.RunFailed
 	}
 	return nil
+}
+
+// stopRunSession ends the session admitted for an ephemeral run that will not run (its record
+// could not be saved): at once, or, when Redis does not answer (most likely, as the save
+// failed), in the background until it does, for up to abandonFor.
+func (s *Server) stopRunSession(ctx context.Context, p store.Project, id string, cause error) {
+	if _, _, err := s.stop(context.WithoutCancel(ctx), p, id); err == nil {
+		return
+	}
+	started := s.retryLater(&s.abandons, time.Now().Add(abandonFor), func(ctx context.Context) error {
+		_, _, err := s.stop(ctx, p, id)
+		return err
+	}, func(err error) {
+		if err != nil {
+			s.log.Warn("an unsaved run's ephemeral session runs until its idle timeout", "session", id, "err", err)
+		}
+	})
+	if !started {
+		s.log.Warn("an unsaved run's ephemeral session runs until its idle timeout: too many cleanups wait already", "session", id, "err", cause)
+	}
 }
 
 // durSince is t's distance from since, 0 when t was never reached.

@@ -4,9 +4,13 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"wb/internal/redistest"
 	"wb/session"
 )
 
@@ -98,4 +102,67 @@ func derefOr(p *string) string {
 		return "<nil>"
 	}
 	return *p
+}
+
+// TestEphemeralRunNotSavedStopsItsSession: an ephemeral run whose record cannot be saved
+// (Redis failing) answers the error and ends the session admitted for it, which gives its
+// slot back. Before, the session ran, holding a slot, until its idle timeout.
+func TestEphemeralRunNotSavedStopsItsSession(t *testing.T) {
+	rdb := redistest.Server(t)
+	rdb.AddHook(failFirst{once: &sync.Once{}, contains: "}:run:", err: redisErr("READONLY You can't write against a read only replica.")})
+	e := newEnvOn(t, rdb)
+	r := e.do("POST", "/v1/runs", e.key, map[string]any{"tier": 1, "runtime": "python3", "code": "print(1)"})
+	if code, _, msg := r.errorOf(t); r.status != 503 || code != "store_unavailable" {
+		t.Fatalf("an ephemeral run whose record failed to save: %d %s %q, want 503 store_unavailable", r.status, code, msg)
+	}
+	e.waitNoSlots("the run's failed save", "the ephemeral session admitted for it was not stopped")
+	var list struct{ Data []session.Session }
+	e.mustDo("GET", "/v1/sessions", e.key, nil, 200, &list)
+	if len(list.Data) != 1 || (list.Data[0].State != session.Stopping && list.Data[0].State != session.Stopped) {
+		t.Fatalf("sessions after the run's failed save: %+v, want its one session stopping or stopped", list.Data)
+	}
+}
+
+// failFirst fails the first command, alone or in a pipeline, with an argument that contains
+// contains, with err, before it is sent.
+type failFirst struct {
+	once     *sync.Once
+	contains string
+	err      error
+}
+
+func (failFirst) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h failFirst) matches(cmds ...redis.Cmder) bool {
+	hit := false
+	for _, cmd := range cmds {
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.Contains(s, h.contains) {
+				h.once.Do(func() { hit = true })
+			}
+		}
+	}
+	return hit
+}
+
+func (h failFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.matches(cmd) {
+			cmd.SetErr(h.err)
+			return h.err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h failFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.matches(cmds...) {
+			for _, cmd := range cmds {
+				cmd.SetErr(h.err)
+			}
+			return h.err
+		}
+		return next(ctx, cmds)
+	}
 }
