@@ -38,11 +38,16 @@ const desktopNodeSilence = 10 * time.Second
 // errDesktopMoved: the desktop left the state a piece of background work expected.
 var errDesktopMoved = errors.New("the desktop moved on")
 
+// errRecorded: a piece of background work found its own write already made (go-redis sent
+// it again after its answer was lost, or the work retried it): it goes on as if it had been
+// answered.
+var errRecorded = errors.New("written already")
+
 // storeAway reports whether err, from updateDesktop, is Redis failing rather than the desktop
 // having moved on or gone: the work cannot tell what became of its write, so it stops and
 // leaves its lease to run out, and a recovery resumes it from the record.
 func storeAway(err error) bool {
-	return err != nil && !errors.Is(err, errDesktopMoved) && !errors.Is(err, store.ErrNotFound)
+	return err != nil && !errors.Is(err, errDesktopMoved) && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, errRecorded)
 }
 
 // desktopAdmitWait is how long a desktop's start waits out admission's rate and concurrency
@@ -213,13 +218,16 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 	if sessID == "" {
 		sessID = session.NewID("sess_", s.Now())
 		_, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+			if r.State == desktop.Starting && r.SessionID == sessID {
+				return errRecorded
+			}
 			if r.State != desktop.Starting || r.SessionID != "" {
 				return errDesktopMoved
 			}
 			r.SessionID = sessID
 			return nil
 		})
-		if err != nil {
+		if err != nil && !errors.Is(err, errRecorded) {
 			return !storeAway(err)
 		}
 	}
@@ -232,7 +240,7 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 			switch _, got := s.Store.Get(ctx, p.ID, sessID); {
 			case got == nil:
 				// Written after all, its answer lost: the session is this work's.
-			case !errors.Is(got, store.ErrNotFound) || refusal.Status >= 500:
+			case !errors.Is(got, store.ErrNotFound) || refusal.Code == "store_unavailable":
 				s.log.Warn("desktop: its session could not be made for want of Redis; the start is resumed when its lease runs out",
 					"desktop", rec.ID, "err", err)
 				return false
@@ -280,6 +288,9 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 	}
 	now := s.Now()
 	_, err = s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+		if r.State == desktop.Running && r.SessionID == sessID {
+			return errRecorded
+		}
 		if r.State != desktop.Starting || r.SessionID != sessID {
 			return errDesktopMoved
 		}
@@ -287,6 +298,7 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		return nil
 	})
 	switch {
+	case errors.Is(err, errRecorded):
 	case errors.Is(err, store.ErrNotFound):
 		s.stopSession(ctx, p, sessID) // deleted while it started
 		return true
@@ -324,15 +336,18 @@ func (s *Server) admitDesktopSession(ctx context.Context, p store.Project, req s
 // and starts the desktop from its disk instead: seed 001's "a snapshot that cannot be restored
 // is given up the same way" as one that could not be taken.
 func (s *Server) wakeFromDisk(p store.Project, id, sessID, snapshot, why string) bool {
+	message := "state not saved: the saved state could not be restored (" + why + ")"
 	next, err := s.updateDesktop(s.ctx, p.ID, id, func(r *desktop.Record) error {
+		if r.State == desktop.Starting && r.SessionID == "" && r.Message == message {
+			return errRecorded
+		}
 		if r.State != desktop.Starting || r.SessionID != sessID {
 			return errDesktopMoved
 		}
-		r.SessionID, r.MemorySnapshot, r.StateSaved = "", "", false
-		r.Message = "state not saved: the saved state could not be restored (" + why + ")"
+		r.SessionID, r.MemorySnapshot, r.StateSaved, r.Message = "", "", false, message
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, errRecorded) {
 		return !storeAway(err)
 	}
 	s.dropSnapshot(s.ctx, p.ID, snapshot)
@@ -345,6 +360,9 @@ func (s *Server) wakeFromDisk(p store.Project, id, sessID, snapshot, why string)
 func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID, message string) bool {
 	saved := ""
 	_, err := s.updateDesktop(ctx, p.ID, id, func(r *desktop.Record) error {
+		if r.State == desktop.Failed && r.Message == message {
+			return errRecorded
+		}
 		if r.State != desktop.Starting || r.SessionID != sessionID {
 			return errDesktopMoved
 		}
@@ -360,7 +378,7 @@ func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID
 		s.log.Error("desktop: record a failed start", "desktop", id, "err", err)
 		return false
 	}
-	if err == nil && saved != "" {
+	if (err == nil || errors.Is(err, errRecorded)) && saved != "" {
 		s.dropSnapshot(ctx, p.ID, saved)
 	}
 	return true
@@ -408,6 +426,13 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 	var oldDisk, oldMem, unkept string
 	record := func() error {
 		_, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+			kept := mem
+			if unkept != "" {
+				kept = ""
+			}
+			if r.State == rec.Goal && r.SessionID == "" && (disk == "" || r.DiskSnapshot == disk) && r.MemorySnapshot == kept {
+				return errRecorded // this work's own write, its answer lost
+			}
 			if r.State != desktop.Stopping || r.SessionID != sessID {
 				return errDesktopMoved
 			}
@@ -446,9 +471,12 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 		s.log.Error("desktop: record the end of a sleep or stop; it is resumed when its lease runs out",
 			"desktop", rec.ID, "disk_snapshot", disk, "memory_snapshot", mem, "err", err)
 		return false
-	case err != nil:
-		for _, id := range []string{disk, mem} { // deleted or moved on meanwhile: nothing keeps them
-			if id != "" {
+	case err != nil && !errors.Is(err, errRecorded):
+		// Deleted or moved on meanwhile: nothing keeps them, unless the record names them
+		// after all (a write of this work's that landed, the desktop moved on since).
+		cur, gerr := s.Store.GetDesktop(ctx, p.ID, rec.ID)
+		for _, id := range []string{disk, mem} {
+			if id != "" && (gerr != nil && errors.Is(gerr, store.ErrNotFound) || gerr == nil && cur.DiskSnapshot != id && cur.MemorySnapshot != id) {
 				s.dropSnapshot(ctx, p.ID, id)
 			}
 		}

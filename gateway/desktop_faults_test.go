@@ -2,10 +2,11 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func TestWakeDropsTheStateItRestored(t *testing.T) {
 func TestResizeDuringSleepDropsTheState(t *testing.T) {
 	e := newEnv(t)
 	d := e.newDesktop(map[string]any{"name": "grow"})
-	e.node.SetSnapshotDelay(300 * time.Millisecond)
+	e.node.SetSnapshotDelay(2 * time.Second) // the PATCH comes while the sleep saves
 	e.desktopAction(d.ID, "sleep", 202)
 	var patched desktop.Desktop
 	e.mustDo("PATCH", "/v1/desktops/"+d.ID, e.key, map[string]any{"size": "m"}, 200, &patched)
@@ -114,7 +115,7 @@ func (n slowSnapshotDeletes) DeleteSnapshot(ctx context.Context, id string) erro
 func TestWakeDuringASleepsCleanupFallsIdle(t *testing.T) {
 	gate := make(chan struct{})
 	e := newEnv(t, func(c *Config) {
-		c.DesktopIdle = time.Second
+		c.DesktopIdle = 5 * time.Second // long enough for each step to come before it on a loaded host
 		c.Guests = slowSnapshotDeletes{Node: c.Guests.(*fakenode.Node), gate: gate}
 	})
 	d := e.newDesktop(map[string]any{"name": "idle"})
@@ -127,12 +128,12 @@ func TestWakeDuringASleepsCleanupFallsIdle(t *testing.T) {
 	e.desktopAction(d.ID, "wake", 202)
 	e.waitDesktop(d.ID, desktop.Running)
 	close(gate)
-	deadline := time.Now().Add(30 * time.Second) // idle after 1 s unused
+	deadline := time.Now().Add(60 * time.Second) // idle after 5 s unused
 	for d = e.desktop(d.ID); d.State == desktop.Running && time.Now().Before(deadline); d = e.desktop(d.ID) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if d.State == desktop.Running {
-		t.Errorf("the desktop woken during a sleep's cleanup is running 30 s later, its idle time 1 s")
+		t.Errorf("the desktop woken during a sleep's cleanup is running 60 s later, its idle time 5 s")
 	}
 }
 
@@ -147,7 +148,7 @@ func (h failDesktopWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 func (h failDesktopWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, ":d:desk_") && h.armed.CompareAndSwap(true, false) {
-			err := errors.New("connection reset by peer (injected)")
+			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 			cmd.SetErr(err)
 			return err
 		}
@@ -224,7 +225,7 @@ func (h failFirstAdmission) ProcessPipelineHook(next redis.ProcessPipelineHook) 
 func (h failFirstAdmission) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, session.DesktopMetadataKey) && h.failed.CompareAndSwap(false, true) {
-			err := errors.New("connection reset by peer (injected)")
+			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 			cmd.SetErr(err)
 			return err
 		}
@@ -246,5 +247,98 @@ func TestStartResumedAfterARedisBlip(t *testing.T) {
 	}
 	if d.Message != "" {
 		t.Errorf("running with message %q", d.Message)
+	}
+}
+
+// loseDesktopWrite runs the first write of a desktop record once armed, then answers it with
+// a reset: the write is made, its answer lost.
+type loseDesktopWrite struct{ armed *atomic.Bool }
+
+func (h loseDesktopWrite) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h loseDesktopWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h loseDesktopWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, ":d:desk_") && h.armed.CompareAndSwap(true, false) {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestSleepWhoseAnswerWasLost: the write of a sleep's end is made but its answer lost; the
+// sleep's retry finds the record asleep with its own snapshots, and keeps them (a review found
+// a first version deleting them, the desktop's disk with them).
+func TestSleepWhoseAnswerWasLost(t *testing.T) {
+	armed := new(atomic.Bool)
+	e := newEnv(t, func(c *Config) {
+		c.Guests = armedAfterSaving{Node: c.Guests.(*fakenode.Node), armed: armed}
+	})
+	e.rdb.AddHook(loseDesktopWrite{armed: armed})
+	d := e.newDesktop(map[string]any{"name": "lost"})
+	e.desktopAction(d.ID, "sleep", 202)
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+	if armed.Load() {
+		t.Fatal("the sleep never wrote its record after saving the state: the fault was not injected")
+	}
+	time.Sleep(3 * time.Second) // the sleep's retry comes 250 ms after the lost answer
+	rec, err := e.st.GetDesktop(context.Background(), e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.snapshotExists(rec.MemorySnapshot) || !e.snapshotExists(rec.DiskSnapshot) {
+		t.Errorf("asleep after a lost answer with memory snapshot %q (kept: %v) and disk %q (kept: %v)",
+			rec.MemorySnapshot, e.snapshotExists(rec.MemorySnapshot), rec.DiskSnapshot, e.snapshotExists(rec.DiskSnapshot))
+	}
+	for _, c := range e.node.Calls() {
+		if strings.HasPrefix(c, "delete_snapshot") {
+			t.Errorf("the node was asked to %s", c)
+		}
+	}
+	e.desktopAction(d.ID, "wake", 202)
+	if d = e.waitDesktop(d.ID, desktop.Running); d.Message != "" {
+		t.Errorf("woke with %q, want its saved state", d.Message)
+	}
+}
+
+// sendAgain sends the first write of a desktop record naming a session twice, as go-redis
+// does after a lost answer.
+type sendAgain struct{ done *atomic.Bool }
+
+func (h sendAgain) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h sendAgain) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h sendAgain) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, ":d:desk_") &&
+			argHas(cmd, `"session_id":"sess_`) && h.done.CompareAndSwap(false, true) {
+			err = next(ctx, cmd)
+		}
+		return err
+	}
+}
+
+// TestStartWhoseWriteWasSentAgain: a start's write of its session's id, sent again, finds the
+// id written by its first sending; the start goes on (a review found it giving up, the desktop
+// left starting with no work behind it).
+func TestStartWhoseWriteWasSentAgain(t *testing.T) {
+	done := new(atomic.Bool)
+	rdb := redistest.Server(t)
+	rdb.AddHook(sendAgain{done: done})
+	e := newEnvOn(t, rdb, func(c *Config) { c.WorkLease = time.Second })
+	d := e.newDesktop(map[string]any{"name": "again"})
+	if !done.Load() {
+		t.Fatal("no write was sent again: the fault was not injected")
+	}
+	if d.Message != "" {
+		t.Errorf("running with %q", d.Message)
 	}
 }

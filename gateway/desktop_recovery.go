@@ -23,18 +23,46 @@ import (
 func (s *Server) transitionWork(project, id string, f func() bool) {
 	ref := store.DesktopRef{Project: project, ID: id}
 	token := session.NewID("lease_", s.Now())
+	leased := true
 	if err := s.Store.SetDesktopWork(s.ctx, ref, token, s.Now().Add(s.workLease())); err != nil {
 		// The work goes on; should this gateway die, nothing resumes it.
 		s.log.Warn("desktop: take the work lease", "desktop", id, "err", err)
+		leased = false
 	}
-	s.goBackground(func() { s.holdLease(ref, token, f) })
+	s.goBackground(func() {
+		if !s.holdLease(ref, token, f) && !leased {
+			s.leaseLater(ref, token)
+		}
+	})
+}
+
+// leaseLater sets, due at once, the lease of work that stopped for want of Redis and never
+// had one (Redis failed its first lease too), so that a recovery resumes it; it keeps trying
+// for desktopRecordFor.
+func (s *Server) leaseLater(ref store.DesktopRef, token string) {
+	for wait, until := time.Second, time.Now().Add(desktopRecordFor); ; wait = min(2*wait, 10*time.Second) {
+		err := s.Store.SetDesktopWork(s.ctx, ref, token, s.Now())
+		if err == nil {
+			return
+		}
+		if time.Now().After(until) {
+			s.log.Error("desktop: its work stopped for want of Redis and has no lease: it stays in its state until a caller moves it",
+				"desktop", ref.ID, "err", err)
+			return
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 }
 
 // holdLease renews lease token while f runs, and releases it when f is done. When the
 // gateway is closing, f stops early, and when f answers false it could not finish: either way
 // the lease is left to run out, so that a recovery (this gateway's or another's) resumes the
-// work.
-func (s *Server) holdLease(ref store.DesktopRef, token string, f func() bool) {
+// work. It answers whether the work finished.
+func (s *Server) holdLease(ref store.DesktopRef, token string, f func() bool) bool {
 	s.leases.begin(ref, token)
 	defer s.leases.end(ref, token)
 	stop := s.keepRenewed(s.ctx, "desktop", ref.ID, func(ctx context.Context, until time.Time) (bool, error) {
@@ -43,11 +71,12 @@ func (s *Server) holdLease(ref store.DesktopRef, token string, f func() bool) {
 	done := f()
 	stop()
 	if !done || s.ctx.Err() != nil {
-		return
+		return false
 	}
 	if _, err := s.Store.ReleaseDesktopWork(s.ctx, ref, token); err != nil {
 		s.log.Warn("desktop: release the work lease", "desktop", ref.ID, "err", err)
 	}
+	return true
 }
 
 // runDesktopRecovery takes over the transitions whose lease ran out, until ctx ends.
@@ -89,8 +118,10 @@ func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now t
 	switch rec.State {
 	case desktop.Starting:
 		// A start restores the memory snapshot exactly when the record still has one (a
-		// Start, from stopped or failed, never has; a wake that fell back dropped it).
-		work = func() bool { return s.startDesktop(p, rec, rec.MemorySnapshot != "") }
+		// Start, from stopped or failed, never has; a wake that fell back dropped it) and no
+		// resize came since (a saved state belongs to its size: the next halt drops it).
+		_, resized := rec.StartSize()
+		work = func() bool { return s.startDesktop(p, rec, rec.MemorySnapshot != "" && !resized) }
 	case desktop.Stopping:
 		work = func() bool { return s.haltDesktop(p, rec) }
 	default:
