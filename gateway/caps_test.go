@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"wb/session"
 )
@@ -86,6 +88,46 @@ func TestBufferedExecOutputIsCapped(t *testing.T) {
 	e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "echo hi"}, 200, &res)
 	if res.Truncated || res.Stdout != "hi\n" || res.StdoutBytes != 3 {
 		t.Fatalf("%+v", res)
+	}
+}
+
+// A run.finished event carries at most eventOutputBytes of each stream, cut where it keeps
+// UTF-8 whole, with truncated and the full byte counts; GET /v1/runs/{id} keeps all of it.
+func TestRunFinishedEventOutputIsCut(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	// "é\n" is 3 bytes, so the bound falls inside an "é".
+	const outN, errN = 200000, 100000
+	var run session.Run
+	e.mustDo("POST", "/v1/runs", e.key, map[string]any{"session_id": s.ID,
+		"command": "yes é | head -c " + strconv.Itoa(outN) + "; yes e | head -c " + strconv.Itoa(errN) + " >&2"}, 201, &run)
+	e.mustDo("GET", "/v1/runs/"+run.ID, e.key, nil, 200, &run)
+	if len(run.Stdout) != outN || len(run.Stderr) != errN || run.Truncated {
+		t.Fatalf("stored run: stdout %d bytes, stderr %d, truncated %v; want all of it", len(run.Stdout), len(run.Stderr), run.Truncated)
+	}
+	evs, err := e.st.OutboxEvents(context.Background(), e.projA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *session.Run
+	for _, ev := range evs {
+		if ev.Type == session.EventRunFinished {
+			got = new(session.Run)
+			if err := json.Unmarshal(ev.Object, got); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got == nil || got.ID != run.ID {
+		t.Fatalf("no run.finished event for %s: %+v", run.ID, got)
+	}
+	wantOut := eventOutputBytes - eventOutputBytes%3 // whole "é\n"s only
+	if !got.Truncated || got.StdoutBytes != outN || got.StderrBytes != errN ||
+		len(got.Stdout) != wantOut || !utf8.ValidString(got.Stdout) || got.Stdout != run.Stdout[:wantOut] ||
+		len(got.Stderr) != eventOutputBytes || got.Stderr != run.Stderr[:eventOutputBytes] {
+		t.Fatalf("event run: truncated %v, stdout %d of %d bytes (valid UTF-8 %v), stderr %d of %d; want true, %d of %d, %d of %d",
+			got.Truncated, len(got.Stdout), got.StdoutBytes, utf8.ValidString(got.Stdout), len(got.Stderr), got.StderrBytes,
+			wantOut, outN, eventOutputBytes, errN)
 	}
 }
 

@@ -161,7 +161,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		if err := s.Store.PutRun(ctx, p.ID, run); err != nil {
 			s.log.Error("save run", "run", run.ID, "err", err)
 		}
-		if _, err := s.Store.AppendEvent(ctx, p.ID, session.EventRunFinished, req.SessionID, run); err != nil {
+		if _, err := s.Store.AppendEvent(ctx, p.ID, session.EventRunFinished, req.SessionID, eventRun(run)); err != nil {
 			s.log.Error("run.finished event", "run", run.ID, "err", err)
 		}
 	}
@@ -220,6 +220,24 @@ func (s *Server) stopRunSession(ctx context.Context, p store.Project, id string,
 	if !started {
 		s.log.Warn("an unsaved run's ephemeral session runs until its idle timeout: too many cleanups wait already", "session", id, "err", cause)
 	}
+}
+
+// eventOutputBytes is how much of each stream a run.finished event carries. The event is
+// queued once per subscribed endpoint and kept for up to a day while an endpoint fails, so a
+// run's whole output (up to MaxOutputBytes per stream) would cost Redis that much again per
+// endpoint; the whole output stays at GET /v1/runs/{id}.
+const eventOutputBytes = 64 << 10
+
+// eventRun is the run as its run.finished event carries it: each stream cut to
+// eventOutputBytes, saying truncated, with the byte counts of the whole output.
+func eventRun(run *session.Run) *session.Run {
+	ev := *run
+	ev.StdoutBytes = max(ev.StdoutBytes, int64(len(ev.Stdout)))
+	ev.StderrBytes = max(ev.StderrBytes, int64(len(ev.Stderr)))
+	ev.Stdout = session.CutOutput(ev.Stdout, eventOutputBytes)
+	ev.Stderr = session.CutOutput(ev.Stderr, eventOutputBytes)
+	ev.Truncated = ev.Truncated || ev.StdoutBytes > int64(len(ev.Stdout)) || ev.StderrBytes > int64(len(ev.Stderr))
+	return &ev
 }
 
 // durSince is t's distance from since, 0 when t was never reached.

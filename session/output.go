@@ -31,22 +31,27 @@ func (b *OutputBuffer) Add(c ExecChunk) error {
 	}
 	*n += int64(len(c.Data))
 	if room := b.max - len(*dst); room > 0 {
-		part := c.Data
-		if len(part) > room {
-			part = part[:room]
-			// Do not keep half a UTF-8 sequence at the cut.
-			for i := len(part) - 1; i >= 0 && i >= len(part)-utf8.UTFMax+1; i-- {
-				if utf8.RuneStart(part[i]) {
-					if !utf8.FullRuneInString(part[i:]) {
-						part = part[:i]
-					}
-					break
-				}
-			}
-		}
-		*dst = append(*dst, part...)
+		*dst = append(*dst, CutOutput(c.Data, room)...)
 	}
 	return nil
+}
+
+// CutOutput returns at most n bytes of s, less the start of a UTF-8 sequence the cut would
+// split, so that text stays text (binary output is cut at n, give or take 3 bytes).
+func CutOutput(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:max(n, 0)]
+	for i := len(s) - 1; i >= 0 && i >= len(s)-utf8.UTFMax+1; i-- {
+		if utf8.RuneStart(s[i]) {
+			if !utf8.FullRuneInString(s[i:]) {
+				s = s[:i]
+			}
+			break
+		}
+	}
+	return s
 }
 
 // Fill puts what was kept, the byte counts and whether anything was dropped into res.
