@@ -354,6 +354,10 @@ func (k WebhookKeys) Queue(name string) string { return k.p + "q:" + name }
 // QueueMeta is a hash holding the queue head's attempt count and first attempt time.
 func (k WebhookKeys) QueueMeta(name string) string { return k.p + "qm:" + name }
 
+// QueuedBytes is a hash, endpoint id → the bytes of the deliveries queued for it (all its
+// sessions' queues), which the dispatcher keeps under its bound.
+func (k WebhookKeys) QueuedBytes() string { return k.p + "queued" }
+
 // Owner is a string, the dispatcher that consumes the project's outbox, with a TTL.
 func (k WebhookKeys) Owner() string { return k.p + "owner" }
 

@@ -84,6 +84,7 @@ func TestKeyNames(t *testing.T) {
 		{k.Webhooks().Due(), "wb:{proj_1}:wh:due"},
 		{k.Webhooks().Queue("ep_1/sess_1"), "wb:{proj_1}:wh:q:ep_1/sess_1"},
 		{k.Webhooks().QueueMeta("ep_1/sess_1"), "wb:{proj_1}:wh:qm:ep_1/sess_1"},
+		{k.Webhooks().QueuedBytes(), "wb:{proj_1}:wh:queued"},
 		{k.Webhooks().Owner(), "wb:{proj_1}:wh:owner"},
 		{k.Webhooks().Again(), "wb:{proj_1}:wh:again"},
 		{k.Plugins().Meta(), "wb:{proj_1}:plugin:meta"},

@@ -2,6 +2,7 @@ package webhooks
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -72,11 +73,21 @@ type Options struct {
 	// may each hold Concurrency/(N+1) of it (a lone project half), so one project's slow
 	// endpoints never hold every slot and another's deliveries start at once.
 	Concurrency int
+	// MaxQueuedBytes bounds the deliveries queued for one endpoint, in bytes of Redis, for
+	// all its sessions together (default DefaultMaxQueuedBytes). An event that would take an
+	// endpoint past it is not queued for that endpoint (others still get it), and its
+	// delivery log says so.
+	MaxQueuedBytes int64
 	// Logger (default slog.Default()).
 	Logger *slog.Logger
 	// Now replaces time.Now for timestamps and schedules.
 	Now func() time.Time
 }
+
+// DefaultMaxQueuedBytes is Options.MaxQueuedBytes's default: 8 MiB. An endpoint that fails
+// keeps its deliveries queued for a day, so a project's worst case in Redis is its endpoints
+// (DefaultMaxEndpoints, 16) times this, 128 MiB, however fast its events come.
+const DefaultMaxQueuedBytes = 8 << 20
 
 // DefaultBackoff waits 5 s after the first failure and doubles each time up to 1 h per wait,
 // less a random jitter of up to 20 %. With the default 24 h RetryWindow that makes about 35
@@ -144,6 +155,9 @@ func (o Options) withDefaults(reg *Registry) Options {
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 32
+	}
+	if o.MaxQueuedBytes <= 0 {
+		o.MaxQueuedBytes = DefaultMaxQueuedBytes
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -672,26 +686,39 @@ func (d *Dispatcher) process(ctx context.Context, p string, msgs []redis.XMessag
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		names, enc := d.plan(m, eps, log)
+		names, t, enc := d.plan(m, eps, log)
 		if len(names) == 0 {
 			skipped = append(skipped, m.ID)
 			continue
 		}
-		ks := []string{k.owner(), stream, k.due()}
-		args := []any{d.holder, Group, m.ID, d.nowMs()}
+		ks := []string{k.owner(), stream, k.due(), k.endpoints(), k.queued()}
+		args := []any{d.holder, Group, m.ID, d.nowMs(), d.o.MaxQueuedBytes, MaxLogEntries, enc}
 		for _, n := range names {
 			ks = append(ks, k.queue(n))
-			args = append(args, n, enc)
+		}
+		for _, n := range names {
+			ep := queueEndpoint(n)
+			dl, err := d.notQueued(ep, t)
+			if err != nil {
+				log.Error("encode delivery", "err", err)
+				return err
+			}
+			ks = append(ks, k.log(ep))
+			args = append(args, n, ep, dl)
 		}
 		wctx, cancel := detached(ctx)
-		res, err := enqueueScript.Run(wctx, d.rdb, ks, args...).Int()
+		res, err := enqueueScript.Run(wctx, d.rdb, ks, args...).Slice()
 		cancel()
-		if err != nil {
+		if err != nil || len(res) == 0 {
 			log.Warn("queue outbox entry", "entry", m.ID, "err", err)
-			return err
+			return cmp.Or(err, errors.New("queue outbox entry: empty answer"))
 		}
-		if res == -1 {
+		if code, _ := res[0].(int64); code == -1 {
 			return errNotHeld
+		}
+		for _, ep := range strs(res[1:]) {
+			log.Warn("webhook delivery not queued: the endpoint's backlog is full", "endpoint", ep,
+				"event", t.EventID, "type", t.Type, "session", t.SessionID, "max_queued_bytes", d.o.MaxQueuedBytes)
 		}
 	}
 	if len(skipped) > 0 {
@@ -705,19 +732,53 @@ func (d *Dispatcher) process(ctx context.Context, p string, msgs []redis.XMessag
 	return nil
 }
 
-// plan returns the queues that one outbox entry goes to and the task queued on each; none
-// for an entry that is not delivered (an internal or unreadable one, or no subscriber).
-func (d *Dispatcher) plan(m redis.XMessage, eps []Endpoint, log *slog.Logger) (names []string, enc string) {
+// notQueued is the delivery log entry of a task not queued for endpoint because its
+// backlog is full.
+func (d *Dispatcher) notQueued(endpoint string, t task) ([]byte, error) {
+	now := d.o.Now()
+	msg := fmt.Sprintf("not queued: this endpoint's backlog of deliveries it has not accepted has reached %s, "+
+		"the most it may hold; this event is dropped for it (events are queued again as it accepts the backlog)",
+		sizeText(d.o.MaxQueuedBytes))
+	dl := Delivery{
+		ID: session.NewID(DeliveryPrefix, now), Object: DeliveryObject, EndpointID: endpoint,
+		EventID: t.EventID, EventType: t.Type, Attempt: 1, Status: StatusGaveUp, Error: &msg,
+		CreatedAt: *session.At(now),
+	}
+	if t.SessionID != "" {
+		dl.SessionID = &t.SessionID
+	}
+	b, err := json.Marshal(dl)
+	if err != nil {
+		return nil, fmt.Errorf("encode delivery: %w", err)
+	}
+	return b, nil
+}
+
+// sizeText writes n bytes for a person: in MiB or KiB when whole.
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// plan returns the queues that one outbox entry goes to and the task queued on each, with
+// its encoding; none for an entry that is not delivered (an internal or unreadable one, or
+// no subscriber).
+func (d *Dispatcher) plan(m redis.XMessage, eps []Endpoint, log *slog.Logger) (names []string, t task, enc string) {
 	if m.Values == nil { // deleted from the stream while pending
-		return nil, ""
+		return nil, task{}, ""
 	}
 	ev, err := store.DecodeEvent(m.ID, m.Values)
 	if err != nil {
 		log.Error("skip unreadable outbox entry", "entry", m.ID, "err", err)
-		return nil, ""
+		return nil, task{}, ""
 	}
 	if !slices.Contains(d.public, ev.Type) {
-		return nil, ""
+		return nil, task{}, ""
 	}
 	for _, e := range eps {
 		if e.Subscribed(ev.Type) {
@@ -725,19 +786,20 @@ func (d *Dispatcher) plan(m redis.XMessage, eps []Endpoint, log *slog.Logger) (n
 		}
 	}
 	if len(names) == 0 {
-		return nil, ""
+		return nil, task{}, ""
 	}
 	body, err := BuildPayload(ev)
 	if err == nil {
+		t = task{EventID: ev.ID, Type: ev.Type, SessionID: ev.SessionID, Body: string(body)}
 		var b []byte
-		b, err = json.Marshal(task{EventID: ev.ID, Type: ev.Type, SessionID: ev.SessionID, Body: string(body)})
+		b, err = json.Marshal(t)
 		enc = string(b)
 	}
 	if err != nil {
 		log.Error("skip outbox entry", "entry", m.ID, "event", ev.ID, "err", err)
-		return nil, ""
+		return nil, task{}, ""
 	}
-	return names, enc
+	return names, t, enc
 }
 
 // share is how many deliveries project may have in flight: an equal part of Concurrency
@@ -909,7 +971,8 @@ func (d *Dispatcher) drop(ctx context.Context, p, name string, lease int64, all 
 	if all {
 		a = "1"
 	}
-	err := dropScript.Run(wctx, d.rdb, []string{k.due(), k.queue(name), k.meta(name)}, name, lease, a, d.nowMs()).Err()
+	err := dropScript.Run(wctx, d.rdb, []string{k.due(), k.queue(name), k.meta(name), k.queued()},
+		name, lease, a, d.nowMs(), queueEndpoint(name)).Err()
 	if err != nil {
 		log.Warn("drop delivery queue", "queue", name, "err", err)
 	}
@@ -1008,7 +1071,7 @@ func (d *Dispatcher) deliver(ctx context.Context, p, name string, lease int64, l
 	wctx, cancel := detached(ctx)
 	defer cancel()
 	res, err := completeScript.Run(wctx, d.rdb,
-		[]string{k.due(), k.queue(name), k.meta(name), k.endpoints(), k.log(ep.ID)},
+		[]string{k.due(), k.queue(name), k.meta(name), k.endpoints(), k.log(ep.ID), k.queued()},
 		name, lease, mode, score, attempt, first, ep.ID, b, MaxLogEntries).Int()
 	switch {
 	case err != nil:

@@ -18,6 +18,7 @@ func (k keys) log(endpoint string) string { return k.wh.Log(endpoint) }
 func (k keys) due() string                { return k.wh.Due() }
 func (k keys) queue(name string) string   { return k.wh.Queue(name) }
 func (k keys) meta(name string) string    { return k.wh.QueueMeta(name) }
+func (k keys) queued() string             { return k.wh.QueuedBytes() }
 func (k keys) owner() string              { return k.wh.Owner() }
 func (k keys) again() string              { return k.wh.Again() }
 

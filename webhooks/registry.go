@@ -312,14 +312,16 @@ func (r *Registry) list(ctx context.Context, project string) ([]Endpoint, error)
 	return out, nil
 }
 
-// Delete removes the endpoint and its delivery log; deliveries still queued for it are
-// dropped by the dispatcher. ErrNotFound if there is no such endpoint.
+// Delete removes the endpoint, its delivery log and its count of queued bytes; deliveries
+// still queued for it are dropped by the dispatcher. ErrNotFound if there is no such
+// endpoint.
 func (r *Registry) Delete(ctx context.Context, project, id string) error {
 	k := projectKeys(project)
 	var del *redis.IntCmd
 	_, err := r.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		del = p.HDel(ctx, k.endpoints(), id)
 		p.Del(ctx, k.log(id))
+		p.HDel(ctx, k.queued(), id)
 		return nil
 	})
 	if err != nil {

@@ -142,17 +142,35 @@ return 0
 // enqueueScript queues one outbox entry's deliveries and acks the entry, atomically, if the
 // caller still holds the outbox; an entry already acked is not queued again.
 //
-// KEYS: owner, outbox, due, N queues. ARGV: me, group, entry id, now ms, N (name, task) pairs.
-// Answers -1 (hold lost), 0 (already acked), 1 (queued).
+// Each endpoint's queued bytes (the queued hash) stay within the bound: a task that would
+// take an endpoint past it is not queued for that endpoint, and its log records why instead
+// (the delivery JSON given for it). An endpoint deleted since the caller listed it gets
+// nothing.
+//
+// KEYS: owner, outbox, due, endpoints, queued, N queues, N logs. ARGV: me, group, entry id,
+// now ms, bound, log length, task, N (name, endpoint id, not-queued delivery JSON) triples.
+// Answers {-1} (hold lost), {0} (already acked), {1, endpoints not queued for…} (queued).
 var enqueueScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if redis.call('XACK', KEYS[2], ARGV[2], ARGV[3]) == 0 then return 0 end
-for i = 4, #KEYS do
-  local a = 5 + 2 * (i - 4)
-  redis.call('RPUSH', KEYS[i], ARGV[a + 1])
-  redis.call('ZADD', KEYS[3], 'NX', ARGV[4], ARGV[a])
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1} end
+if redis.call('XACK', KEYS[2], ARGV[2], ARGV[3]) == 0 then return {0} end
+local n = (#KEYS - 5) / 2
+local size = string.len(ARGV[7])
+local out = {1}
+for i = 1, n do
+  local a = 8 + 3 * (i - 1)
+  local ep = ARGV[a + 1]
+  if redis.call('HEXISTS', KEYS[4], ep) == 1 then
+    if tonumber(redis.call('HGET', KEYS[5], ep) or '0') + size > tonumber(ARGV[5]) then
+      redis.call('XADD', KEYS[5 + n + i], 'MAXLEN', ARGV[6], '*', 'd', ARGV[a + 2])
+      table.insert(out, ep)
+    else
+      redis.call('RPUSH', KEYS[5 + i], ARGV[7])
+      redis.call('HINCRBY', KEYS[5], ep, size)
+      redis.call('ZADD', KEYS[3], 'NX', ARGV[4], ARGV[a])
+    end
+  end
 end
-return 1
+return out
 `)
 
 // claimScript leases up to N due queues: their score becomes the lease's end, which is the
@@ -193,10 +211,10 @@ if cur and tonumber(cur) == tonumber(ARGV[2]) then redis.call('ZADD', KEYS[1], '
 return 0
 `)
 
-// dropScript removes a leased queue: all of it (its endpoint is gone), or only its due entry
-// when the queue is empty.
+// dropScript removes a leased queue: all of it (its endpoint is gone, and so is the
+// endpoint's count of queued bytes), or only its due entry when the queue is empty.
 //
-// KEYS: due, queue, meta. ARGV: name, lease end ms, all (1|0), now ms.
+// KEYS: due, queue, meta, queued. ARGV: name, lease end ms, all (1|0), now ms, endpoint id.
 var dropScript = redis.NewScript(`
 local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not cur or tonumber(cur) ~= tonumber(ARGV[2]) then return 0 end
@@ -204,15 +222,17 @@ if ARGV[3] ~= '1' and redis.call('LLEN', KEYS[2]) > 0 then
   redis.call('ZADD', KEYS[1], 'XX', ARGV[4], ARGV[1])
   return 0
 end
+if ARGV[3] == '1' then redis.call('HDEL', KEYS[4], ARGV[5]) end
 redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 return 1
 `)
 
 // completeScript records an attempt in the endpoint's log and, if the caller still holds the
-// queue's lease, pops the head (done) or schedules its retry.
+// queue's lease, pops the head (done; its bytes leave the endpoint's count) or schedules its
+// retry. An endpoint that is gone loses its queue and its count.
 //
-// KEYS: due, queue, meta, endpoints, log.
+// KEYS: due, queue, meta, endpoints, log, queued.
 // ARGV: name, lease end ms, pop|retry, score (next attempt ms, or now for the next head),
 // attempt, first attempt ms, endpoint id, delivery JSON, log length.
 // Answers 2 (popped, more queued), 1 (done), 0 (endpoint gone), -1 (lease lost).
@@ -220,6 +240,7 @@ var completeScript = redis.NewScript(`
 local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local mine = cur and tonumber(cur) == tonumber(ARGV[2])
 if redis.call('HEXISTS', KEYS[4], ARGV[7]) == 0 then
+  redis.call('HDEL', KEYS[6], ARGV[7])
   if mine then
     redis.call('DEL', KEYS[2], KEYS[3])
     redis.call('ZREM', KEYS[1], ARGV[1])
@@ -229,7 +250,9 @@ end
 redis.call('XADD', KEYS[5], 'MAXLEN', ARGV[9], '*', 'd', ARGV[8])
 if not mine then return -1 end
 if ARGV[3] == 'pop' then
-  redis.call('LPOP', KEYS[2])
+  local t = redis.call('LPOP', KEYS[2])
+  -- Tasks queued before the count was kept were never added to it: it stops at 0.
+  if t and redis.call('HINCRBY', KEYS[6], ARGV[7], -string.len(t)) <= 0 then redis.call('HDEL', KEYS[6], ARGV[7]) end
   redis.call('DEL', KEYS[3])
   if redis.call('LLEN', KEYS[2]) > 0 then
     redis.call('ZADD', KEYS[1], ARGV[4], ARGV[1])
