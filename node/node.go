@@ -195,7 +195,7 @@ func New(cfg Config) (*Node, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.Egress == nil {
-		g, err := netguard.New(netguard.Options{})
+		g, err := netguard.New(netguard.Options{Logger: cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("node: egress guard: %w", err)
 		}

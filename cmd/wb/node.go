@@ -103,7 +103,7 @@ func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, l
 		return nil, nil, err
 	}
 	pools := append(warmPools(cat.Names(), f.pool, f.desktopPool), node.RunnerPools(cat, f.runPoolSize(), f.runPoolMax)...)
-	guard, err := netguard.New(netguard.Options{Allow: f.egressAllow.prefixes})
+	guard, err := netguard.New(netguard.Options{Allow: f.egressAllow.prefixes, Logger: log})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--egress-allow-cidr: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -33,6 +34,9 @@ type Options struct {
 	Resolver Resolver
 	// Dialer dials checked addresses (default a net.Dialer with a 10 s timeout).
 	Dialer Dialer
+	// Logger is the operator's log, which names the source of a refused platform address
+	// (default slog.Default()).
+	Logger *slog.Logger
 }
 
 // Guard decides, resolves and dials. Safe for concurrent use; only SetDenied changes it.
@@ -41,6 +45,7 @@ type Guard struct {
 	allowLoopback []netip.Prefix // the allow prefixes that lie inside loopback
 	resolver      Resolver
 	dialer        Dialer
+	log           *slog.Logger
 
 	mu       sync.RWMutex
 	platform map[string][]netip.Addr // source → addresses, always denied
@@ -50,7 +55,10 @@ var loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
 
 // New returns a Guard.
 func New(o Options) (*Guard, error) {
-	g := &Guard{resolver: o.Resolver, dialer: o.Dialer, platform: map[string][]netip.Addr{}}
+	g := &Guard{resolver: o.Resolver, dialer: o.Dialer, log: o.Logger, platform: map[string][]netip.Addr{}}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
 	if g.resolver == nil {
 		g.resolver = net.DefaultResolver
 	}
@@ -117,11 +125,15 @@ func (g *Guard) Denied() map[string][]netip.Addr {
 	return out
 }
 
-// DeniedError is an address the guard refuses.
+// DeniedError is an address the guard refuses. Its text reaches tenants.
 type DeniedError struct {
 	Host   string     // as asked for; empty when the caller gave an address
 	Addr   netip.Addr // the address refused
 	Reason string
+	// Source is the SetDenied source of a platform address ("redis", "nodes", …), for the
+	// operator only: the text says no more than that the address is the platform's, since
+	// a tenant must not learn which of its components lives where.
+	Source string
 }
 
 func (e *DeniedError) Error() string {
@@ -143,7 +155,8 @@ func (g *Guard) Check(a netip.Addr) error {
 		for src, addrs := range g.platform {
 			if slices.Contains(addrs, f) {
 				g.mu.RUnlock()
-				return &DeniedError{Addr: a, Reason: "an address of the platform itself (" + src + ")"}
+				g.log.Warn("refused a connection to an address of the platform", "addr", a, "source", src)
+				return &DeniedError{Addr: a, Reason: "an address of the platform itself", Source: src}
 			}
 		}
 	}
@@ -238,7 +251,7 @@ func (g *Guard) lookup(ctx context.Context, network, host string) ([]netip.Addr,
 	}
 	got, err := g.resolver.LookupNetIP(ctx, network, name)
 	if err != nil {
-		return nil, fmt.Errorf("resolve %s: %w", name, err)
+		return nil, fmt.Errorf("resolve %s: %w", name, withoutServer(err))
 	}
 	var addrs []netip.Addr
 	for _, a := range got {
@@ -251,6 +264,18 @@ func (g *Guard) lookup(ctx context.Context, network, host string) ([]netip.Addr,
 		return nil, fmt.Errorf("resolve %s: no addresses", name)
 	}
 	return addrs, nil
+}
+
+// withoutServer drops the DNS server from a lookup's error ("lookup x on 10.0.0.2:53: …"):
+// the text reaches tenants, and the server is an internal address.
+func withoutServer(err error) error {
+	var de *net.DNSError
+	if !errors.As(err, &de) || de.Server == "" {
+		return err
+	}
+	c := *de
+	c.Server = ""
+	return &c
 }
 
 // DialAddrs connects to port on the first of addrs that answers, each checked again just

@@ -1,8 +1,10 @@
 package netguard
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -284,13 +286,20 @@ func TestAllowPrefixes(t *testing.T) {
 }
 
 // TestPlatformAddresses: SetDenied replaces a source's addresses; a public address of the
-// platform is denied, and named as the platform's.
+// platform is denied, and named as the platform's, its source only in the operator's log.
 func TestPlatformAddresses(t *testing.T) {
-	g := newGuard(t, Options{})
+	var logged bytes.Buffer
+	g := newGuard(t, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	pub := netip.MustParseAddr("93.184.215.14")
 	g.SetDenied("nodes", []netip.Addr{pub})
-	if err := g.Check(pub); err == nil || !strings.Contains(err.Error(), "platform itself (nodes)") {
-		t.Fatalf("a node's public address: %v", err)
+	err := g.Check(pub)
+	var de *DeniedError
+	if !errors.As(err, &de) || !strings.Contains(err.Error(), "an address of the platform itself") ||
+		strings.Contains(err.Error(), "nodes") || de.Source != "nodes" {
+		t.Fatalf("a node's public address: %v (source %q); want it denied as the platform's, the source out of the text", err, de.Source)
+	}
+	if !strings.Contains(logged.String(), "source=nodes") || !strings.Contains(logged.String(), pub.String()) {
+		t.Fatalf("the operator's log %q does not name the source and the address", logged.String())
 	}
 	if err := g.Check(netip.MustParseAddr("::ffff:93.184.215.14")); err == nil {
 		t.Fatal("a node's address in IPv4-mapped form was allowed")
@@ -314,6 +323,55 @@ func TestForms(t *testing.T) {
 		}
 		if strings.Join(got, " ") != want {
 			t.Errorf("Forms(%s) = %v; want %s", in, got, want)
+		}
+	}
+}
+
+// serverResolver fails every lookup as a real resolver does, naming its DNS server.
+type serverResolver struct{}
+
+func (serverResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	return nil, &net.DNSError{Err: "no such host", Name: host, Server: "10.255.255.53:53", IsNotFound: true}
+}
+
+// TestErrorsNameNoInternalAddress: what a refusal tells a tenant names neither the platform's
+// DNS server nor which of its components an address belongs to.
+func TestErrorsNameNoInternalAddress(t *testing.T) {
+	ctx := context.Background()
+	g := newGuard(t, Options{Resolver: serverResolver{}, Dialer: &fakeDialer{}, Logger: slog.New(slog.DiscardHandler)})
+	for name, do := range map[string]func() error{
+		"Resolve":     func() error { _, err := g.Resolve(ctx, "gone.test"); return err },
+		"Lookup":      func() error { _, err := g.Lookup(ctx, "gone.test"); return err },
+		"DialContext": func() error { _, err := g.DialContext(ctx, "tcp", "gone.test:443"); return err },
+	} {
+		err := do()
+		var de *net.DNSError
+		if !errors.As(err, &de) || !de.IsNotFound || !strings.Contains(err.Error(), "gone.test") || strings.Contains(err.Error(), "10.255.255.53") {
+			t.Errorf("%s: %v; want a not-found DNSError naming the host and not the DNS server", name, err)
+		}
+	}
+
+	platform := []struct{ src, addr, host string }{
+		{"redis", "10.1.0.5", "cache.test"}, {"nodes", "93.184.215.14", "node.test"},
+		{"gateways", "2606:4700::1111", "gw.test"}, {"this host's interfaces", "192.0.2.10", "self.test"},
+	}
+	r := &fakeResolver{answers: map[string][][]netip.Addr{}}
+	pg := newGuard(t, Options{Resolver: r, Logger: slog.New(slog.DiscardHandler)})
+	for _, p := range platform {
+		pg.SetDenied(p.src, addrs(p.addr))
+		r.answers[p.host] = [][]netip.Addr{addrs(p.addr)}
+	}
+	for _, p := range platform {
+		_, err := pg.Resolve(ctx, p.host)
+		var de *DeniedError
+		if !errors.As(err, &de) || de.Source != p.src || !strings.Contains(err.Error(), "an address of the platform itself") {
+			t.Errorf("%s (%s): %v; want it denied as the platform's", p.host, p.src, err)
+			continue
+		}
+		for _, word := range []string{"redis", "nodes", "gateways", "interfaces"} {
+			if strings.Contains(err.Error(), word) {
+				t.Errorf("%s: %q names %q", p.host, err, word)
+			}
 		}
 	}
 }
