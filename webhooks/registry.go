@@ -154,11 +154,13 @@ func (r *Registry) checkHost(ctx context.Context, raw string) error {
 }
 
 // transport delivers to endpoints: each new connection is resolved once, checked like
-// registration, and dialled at the checked address.
+// registration, and dialled at the checked address. Either way it reads at most
+// netguard.MaxResponseHeaderBytes of an endpoint's response headers.
 func (r *Registry) transport() *http.Transport {
 	if r.allowPrivate {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.Proxy = nil
+		t.MaxResponseHeaderBytes = netguard.MaxResponseHeaderBytes
 		return t
 	}
 	return r.guard.Transport()

@@ -137,6 +137,46 @@ func TestDeliveryRefusesRebinding(t *testing.T) {
 	}
 }
 
+// TestHugeResponseHeaderFails: an endpoint that answers more than
+// netguard.MaxResponseHeaderBytes of headers has its delivery fail, not succeed, through the
+// guarded transport (loopback opened by an allow prefix) and the allow-private one alike.
+func TestHugeResponseHeaderFails(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	st := store.New(rdb)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Big", strings.Repeat("a", 2*netguard.MaxResponseHeaderBytes))
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	guard, err := netguard.New(netguard.Options{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ro := range map[string]RegistryOptions{"guarded": {Guard: guard}, "allow-private": {AllowPrivate: true}} {
+		t.Run(name, func(t *testing.T) {
+			project := newBareProject(t, st, name)
+			reg := NewRegistry(rdb, ro)
+			ep, err := reg.Create(ctx, project, srv.URL+"/hook", []string{AllEvents})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runDispatcher(t, NewDispatcher(rdb, reg, fastOptions(name)))
+			defer stop()
+			runSessions(t, st, project, 1)
+			var log []Delivery
+			waitFor(t, "a delivery", func() bool {
+				log, _, err = reg.Deliveries(ctx, project, ep.ID, 10, "")
+				return err == nil && len(log) > 0
+			})
+			d := log[len(log)-1]
+			if d.Status == StatusSucceeded || d.Error == nil || !strings.Contains(*d.Error, "header") {
+				t.Fatalf("delivery %+v; want a failure about the response headers", d)
+			}
+		})
+	}
+}
+
 // TestEndpointCap: a project has at most MaxEndpoints endpoints; past it, a conflict that
 // says what to do; deleting one makes room.
 func TestEndpointCap(t *testing.T) {

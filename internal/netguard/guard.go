@@ -339,11 +339,18 @@ func (g *Guard) DialContext(ctx context.Context, network, address string) (net.C
 	return g.DialAddrs(ctx, network, addrs, uint16(port))
 }
 
-// Transport is an http.Transport that dials only through g and uses no proxy from the
-// environment (a proxy would dial on its own terms).
+// MaxResponseHeaderBytes bounds the response headers a Transport reads. The server at the
+// other end is a tenant's, and Go's default (10 MiB) would let it make wb hold that much per
+// request; a webhook receiver's answer needs a few hundred bytes of headers.
+const MaxResponseHeaderBytes = 64 << 10
+
+// Transport is an http.Transport that dials only through g, uses no proxy from the
+// environment (a proxy would dial on its own terms) and reads at most
+// MaxResponseHeaderBytes of response headers.
 func (g *Guard) Transport() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.Proxy = nil
 	t.DialContext = g.DialContext
+	t.MaxResponseHeaderBytes = MaxResponseHeaderBytes
 	return t
 }
