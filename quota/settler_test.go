@@ -332,3 +332,82 @@ func TestSettlerRetriesAProjectWhoseLockIsHeld(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// beforeFirstScript runs once, just before the first script its client sends: the moment
+// between an accrual's read of the last accrued time and its script.
+type beforeFirstScript struct{ once func() }
+
+func (h *beforeFirstScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *beforeFirstScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.once != nil {
+			f := h.once
+			h.once = nil
+			f()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *beforeFirstScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Two settlers accrue one snapshot at once (every gateway runs one, and accrual takes no
+// lock): B's whole accrual lands between A's read of the last accrued time and A's script.
+// The overlap is billed once: A bills only from where B left off.
+func TestConcurrentAccrualBillsOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	if _, err := st.EnsureProject(ctx, "proj_s", "s"); err != nil {
+		t.Fatal(err)
+	}
+	created := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	snap := session.Snapshot{ID: "snap_1", Object: "snapshot", State: session.SnapshotReady, SizeBytes: 2 << 30, CreatedAt: *session.At(created)}
+	if err := st.PutObject(ctx, "proj_s", store.KindSnapshot, snap.ID, snap); err != nil {
+		t.Fatal(err)
+	}
+	ca := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
+	defer ca.Close()
+	hook := &beforeFirstScript{}
+	ca.AddHook(hook)
+	if err := accrueScript.Load(ctx, rdb).Err(); err != nil {
+		t.Fatal(err)
+	}
+	a, b := NewSettler(ca, SettlerOptions{}), NewSettler(rdb, SettlerOptions{})
+	// A fifth of a month, twice, stays in the month the snapshot was made in.
+	step := msPerMonth / 5 * time.Millisecond
+	last := created // what A reads: never accrued, then accrued before
+	for _, name := range []string{"never accrued", "accrued before"} {
+		t.Run(name, func(t *testing.T) {
+			before, err := NewAccounts(rdb).Spend(ctx, "proj_s", "", created)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bTo := last.Add(step)
+			hook.once = func() {
+				if err := b.accrue(ctx, "proj_s", snap.ID, snap.SizeBytes, created, bTo); err != nil {
+					t.Error(err)
+				}
+			}
+			aTo := bTo.Add(time.Second)
+			last = aTo
+			if err := a.accrue(ctx, "proj_s", snap.ID, snap.SizeBytes, created, aTo); err != nil {
+				t.Fatal(err)
+			}
+			after, err := NewAccounts(rdb).Spend(ctx, "proj_s", "", created)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A fifth of a month (and a second) of 2 GiB at 20,000 µUSD per GiB-month.
+			if got, want := after-before, int64(2*20_000/5); got < want-1 || got > want+1 {
+				t.Fatalf("a fifth of a month of a 2 GiB snapshot billed %d µUSD, want %d", got, want)
+			}
+			if got, _ := rdb.HGet(ctx, store.ProjectKeys("proj_s").SnapshotAccrual(), snap.ID).Int64(); got != aTo.UnixMilli() {
+				t.Fatalf("accrued up to %d, want %d", got, aTo.UnixMilli())
+			}
+		})
+	}
+}

@@ -13,12 +13,15 @@ import (
 )
 
 // accrueScript bills one snapshot's storage from its last accrual to now, once: a run that
-// finds the snapshot already accrued up to (or past) now changes nothing.
+// finds the snapshot already accrued up to (or past) now changes nothing, and one that finds
+// it accrued to another point than the cost was computed from answers -1 ("moved": another
+// settler accrued it meanwhile), so that the caller computes the cost again.
 // KEYS: accrual hash, spend hash, hour bucket. ARGV: snapshot id, from ms, to ms, cost nano,
-// hour, day, month.
+// hour, day, month, created ms (the last accrual of one never accrued).
 var accrueScript = redis.NewScript(`
-local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[2])
+local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[8])
 if tonumber(ARGV[3]) <= last then return {0, 0} end
+if last ~= tonumber(ARGV[2]) then return {-1, 0} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 local cost = ARGV[4]
 local m = redis.call('HINCRBY', KEYS[2], 'm:' .. ARGV[7], cost)
@@ -83,28 +86,39 @@ func (s *Settler) AccrueSnapshots(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// accrueAttempts bounds how often one accrual computes its cost again after another settler
+// accrued the snapshot meanwhile: each retry follows another settler's progress, which
+// happens about once a minute per settler, so a few are plenty.
+const accrueAttempts = 5
+
 func (s *Settler) accrue(ctx context.Context, project, id string, size int64, created, now time.Time) error {
 	k := store.ProjectKeys(project)
-	last, err := s.rdb.HGet(ctx, k.SnapshotAccrual(), id).Int64()
-	if err != nil && err != redis.Nil {
-		return err
-	}
-	if err == redis.Nil {
-		last = created.UnixMilli()
-	}
-	ms := now.UnixMilli() - last
-	if ms <= 0 {
+	for attempt := 0; attempt < accrueAttempts; attempt++ {
+		last, err := s.rdb.HGet(ctx, k.SnapshotAccrual(), id).Int64()
+		if err != nil && err != redis.Nil {
+			return err
+		}
+		if err == redis.Nil {
+			last = created.UnixMilli()
+		}
+		ms := now.UnixMilli() - last
+		if ms <= 0 {
+			return nil
+		}
+		cost := s.prices.SnapshotCost(size, ms)
+		at := now.UTC()
+		res, err := accrueScript.Run(ctx, s.rdb, []string{k.SnapshotAccrual(), k.Spend(), k.UsageHour(at)},
+			id, last, now.UnixMilli(), cost, at.Format("2006010215"), at.Format("20060102"), monthOf(at), created.UnixMilli()).Int64Slice()
+		if err != nil {
+			return fmt.Errorf("accrue snapshot %s: %w", id, err)
+		}
+		if res[0] == -1 {
+			continue // another settler accrued it since the read: bill from where it left off
+		}
+		if res[0] == 1 && s.caps != nil {
+			s.caps.observe(ctx, Record{ProjectID: project, ToMs: now.UnixMilli()}, res[1], 0)
+		}
 		return nil
 	}
-	cost := s.prices.SnapshotCost(size, ms)
-	at := now.UTC()
-	res, err := accrueScript.Run(ctx, s.rdb, []string{k.SnapshotAccrual(), k.Spend(), k.UsageHour(at)},
-		id, last, now.UnixMilli(), cost, at.Format("2006010215"), at.Format("20060102"), monthOf(at)).Int64Slice()
-	if err != nil {
-		return fmt.Errorf("accrue snapshot %s: %w", id, err)
-	}
-	if res[0] == 1 && s.caps != nil {
-		s.caps.observe(ctx, Record{ProjectID: project, ToMs: now.UnixMilli()}, res[1], 0)
-	}
-	return nil
+	return fmt.Errorf("accrue snapshot %s: accrued by other settlers %d times while computing its cost", id, accrueAttempts)
 }
