@@ -32,7 +32,8 @@ func (s *Server) getLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 
 // putLimits sets the spend caps and lowers plan limits. Fields left out keep their value;
 // raising a plan limit above the plan is 403 plan_limit, and nothing changes; raising a cap
-// above this month's spend lifts the admission stop.
+// above this month's spend lifts the admission stop (the end-user cap: of each end user
+// whose spend this month it is now above).
 func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	b, err := readBody(r)
 	if err != nil {
@@ -78,6 +79,11 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 	}
 	if cur.MonthlySpendCapMicroUSD == 0 || cur.MonthlySpendCapMicroUSD > spend {
 		if err := s.Accounts.Uncap(ctx, p.ID, s.Now()); err != nil {
+			return err
+		}
+	}
+	if req.EndUserMonthlySpendCapMicroUSD != nil {
+		if err := s.Accounts.UncapEndUsers(ctx, p.ID, cur.EndUserMonthlySpendCapMicroUSD, s.Now()); err != nil {
 			return err
 		}
 	}

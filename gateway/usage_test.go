@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,4 +72,36 @@ func TestLimitsAndSpendCap(t *testing.T) {
 	if len(rep.Data) != 0 || rep.Totals.SessionS != 0 {
 		t.Fatalf("B sees A's usage: %+v", rep)
 	}
+}
+
+// Raising the end-user cap above an end user's spend admits them again (the way out of a
+// spend-cap stop is to raise the cap); an end user still over the raised cap stays stopped.
+func TestRaisedEndUserCapAdmitsAgain(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"end_user_monthly_spend_cap_micro_usd": 100}, 200, nil)
+	// 28 µUSD per second: eu_low spends 280, eu_high 2,800; both cross the cap of 100.
+	now := time.Now()
+	for i, u := range []struct {
+		endUser string
+		ms      int64
+	}{{"eu_low", 10_000}, {"eu_high", 100_000}} {
+		rec := quota.Record{SessionID: fmt.Sprintf("sess_%d", i), ProjectID: e.projA, EndUserID: u.endUser, Tier: 2, SizeClass: "s", Seq: 1,
+			FromMs: now.Add(-time.Minute).UnixMilli(), ToMs: now.UnixMilli(), State: session.Running, SessionMs: u.ms}
+		if err := e.st.AppendUsage(ctx, e.projA, rec.Values()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := quota.NewSettler(e.rdb, quota.SettlerOptions{Caps: quota.NewCaps(e.rdb, nil, nil)})
+	if _, err := s.SettleProject(ctx, e.projA); err != nil {
+		t.Fatal(err)
+	}
+	for _, eu := range []string{"eu_low", "eu_high"} {
+		expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2, "end_user_id": eu}), 402, "spend_cap_reached", "")
+	}
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"end_user_monthly_spend_cap_micro_usd": 1000}, 200, nil)
+	e.create(e.key, map[string]any{"tier": 2, "end_user_id": "eu_low"})
+	expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2, "end_user_id": "eu_high"}), 402, "spend_cap_reached", "")
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"end_user_monthly_spend_cap_micro_usd": 1_000_000}, 200, nil)
+	e.create(e.key, map[string]any{"tier": 2, "end_user_id": "eu_high"})
 }

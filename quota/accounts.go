@@ -94,3 +94,63 @@ func (a *Accounts) Spend(ctx context.Context, project, endUser string, at time.T
 	n, _ := strconv.ParseInt(v, 10, 64)
 	return n / 1000, nil
 }
+
+// endUserScanBatch is how many capped end users UncapEndUsers reads and lifts per round trip:
+// a project may have flagged many, and memory stays bounded by the batch.
+const endUserScanBatch = 500
+
+// UncapEndUsers lifts the end users' caps' admission stops this month after the end-user cap
+// was raised to capMicroUSD (or removed, 0): each end user whose spend this month is under
+// it is admitted again, and loses the soft cap's mark if under that too. It visits the end
+// users Caps flagged this month (CappedEndUsers).
+func (a *Accounts) UncapEndUsers(ctx context.Context, project string, capMicroUSD int64, now time.Time) error {
+	k, month := store.ProjectKeys(project), monthOf(now)
+	var cursor uint64
+	for {
+		endUsers, next, err := a.rdb.SScan(ctx, k.CappedEndUsers(month), cursor, "", endUserScanBatch).Result()
+		if err != nil {
+			return fmt.Errorf("lift the end users' spend caps of %s: %w", project, err)
+		}
+		if err := a.uncapEndUsers(ctx, project, endUsers, capMicroUSD, month); err != nil {
+			return fmt.Errorf("lift the end users' spend caps of %s: %w", project, err)
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
+	}
+}
+
+// uncapEndUsers is UncapEndUsers for one batch of flagged end users.
+func (a *Accounts) uncapEndUsers(ctx context.Context, project string, endUsers []string, capMicroUSD int64, month string) error {
+	if len(endUsers) == 0 {
+		return nil
+	}
+	k := store.ProjectKeys(project)
+	fields := make([]string, len(endUsers))
+	for i, eu := range endUsers {
+		fields[i] = "eu:" + eu + ":m:" + month
+	}
+	spends, err := a.rdb.HMGet(ctx, k.Spend(), fields...).Result()
+	if err != nil {
+		return err
+	}
+	_, err = a.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, eu := range endUsers {
+			v, _ := spends[i].(string)
+			nano, _ := strconv.ParseInt(v, 10, 64)
+			spend := nano / 1000
+			if capMicroUSD > 0 && spend >= capMicroUSD {
+				continue // still over the cap: stopped
+			}
+			p.Del(ctx, capFlag(project, eu, "hard", month))
+			if capMicroUSD > 0 && spend >= capMicroUSD*SoftCapPercent/100 {
+				continue // still past the soft cap
+			}
+			p.Del(ctx, capFlag(project, eu, "soft", month))
+			p.SRem(ctx, k.CappedEndUsers(month), eu)
+		}
+		return nil
+	})
+	return err
+}

@@ -131,7 +131,7 @@ func (c *Caps) check(ctx context.Context, ev CapEvent) {
 		if ev.SpendMicroUSD < lv.at {
 			continue
 		}
-		first, err := c.rdb.SetNX(ctx, capFlag(ev.Project, ev.EndUser, lv.level, ev.Month), ev.SpendMicroUSD, 40*24*time.Hour).Result()
+		first, err := c.flag(ctx, ev, lv.level)
 		if err != nil {
 			c.log.Warn("caps: flag", "err", err)
 			return
@@ -145,6 +145,31 @@ func (c *Caps) check(ctx context.Context, ev CapEvent) {
 		}
 		return // the hard cap implies the soft one
 	}
+}
+
+// capFlagTTL keeps a cap's flags (and the set of end users flagged) a little longer than the
+// month they name, then lets Redis drop them.
+const capFlagTTL = 40 * 24 * time.Hour
+
+// flag sets the cap's flag of level, answering whether it was the first to. An end user's is
+// first added to the month's set of end users flagged, so that a raised end-user cap finds
+// the flags to lift (Accounts.UncapEndUsers).
+func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (bool, error) {
+	key := capFlag(ev.Project, ev.EndUser, level, ev.Month)
+	if ev.EndUser == "" {
+		return c.rdb.SetNX(ctx, key, ev.SpendMicroUSD, capFlagTTL).Result()
+	}
+	var first *redis.BoolCmd
+	set := store.ProjectKeys(ev.Project).CappedEndUsers(ev.Month)
+	if _, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, set, ev.EndUser)
+		p.Expire(ctx, set, capFlagTTL)
+		first = p.SetNX(ctx, key, ev.SpendMicroUSD, capFlagTTL)
+		return nil
+	}); err != nil {
+		return false, err
+	}
+	return first.Val(), nil
 }
 
 // CapMonth answers the month (YYYYMM, UTC) whose cap flags stop admissions at t.

@@ -248,6 +248,71 @@ func TestCaps(t *testing.T) {
 	}
 }
 
+// Raising the end-user cap lifts the admission stop of each end user whose spend this month
+// is now under it, and only theirs: the way out of a spend-cap stop is to raise the cap.
+func TestRaisedEndUserCapLiftsItsStops(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	accounts := NewAccounts(rdb)
+	const project = "proj_eu"
+	// 28 µUSD per record: eu_low spends 112, eu_high 1,120; both cross the cap of 100.
+	var rs []Record
+	for eu, n := range map[string]int{"eu_low": 4, "eu_high": 40} {
+		for _, r := range records(project, []string{"sess_" + eu}, n) {
+			r.EndUserID = eu
+			rs = append(rs, r)
+		}
+	}
+	appendAll(t, rdb, rs)
+	if err := accounts.SetLimits(ctx, project, Limits{EndUserMonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	s := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, nil, nil), Batch: 7})
+	for n, err := s.SettleProject(ctx, project); n > 0 || err != nil; n, err = s.SettleProject(ctx, project) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopped := func(endUser string) bool {
+		t.Helper()
+		scope, _, err := accounts.CapState(ctx, project, endUser, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return scope == "end_user"
+	}
+	if !stopped("eu_low") || !stopped("eu_high") {
+		t.Fatal("the end users over the cap of 100 µUSD were not stopped")
+	}
+	// What PUT /v1/limits does.
+	raise := func(capMicroUSD int64) {
+		t.Helper()
+		if err := accounts.SetLimits(ctx, project, Limits{EndUserMonthlySpendCapMicroUSD: capMicroUSD}); err != nil {
+			t.Fatal(err)
+		}
+		if err := accounts.Uncap(ctx, project, t0); err != nil {
+			t.Fatal(err)
+		}
+		if err := accounts.UncapEndUsers(ctx, project, capMicroUSD, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raise(1000)
+	if stopped("eu_low") {
+		t.Error("eu_low (spend 112 µUSD) still stopped after the end-user cap was raised to 1,000")
+	}
+	if _, soft, _ := accounts.CapState(ctx, project, "eu_low", t0); soft {
+		t.Error("eu_low (spend 112 µUSD) still marked past the soft cap of 800")
+	}
+	if !stopped("eu_high") {
+		t.Error("eu_high (spend 1,120 µUSD) admitted again under a cap of 1,000")
+	}
+	raise(1_000_000)
+	if stopped("eu_high") {
+		t.Error("eu_high (spend 1,120 µUSD) still stopped after the end-user cap was raised to 1,000,000")
+	}
+}
+
 // BenchmarkSettler: records settled per second from one project's stream, against a local
 // redis-server (the records are appended first, outside the clock).
 func BenchmarkSettler(b *testing.B) {

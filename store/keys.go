@@ -281,6 +281,13 @@ func (k ProjectKeyspace) EndUserCapFlag(endUser, level, month string) string {
 	return k.p + "capped:" + level + ":eu:" + endUser + ":" + month
 }
 
+// CappedEndUsers is a set, the end users whose EndUserCapFlag (of either level) was set in
+// month, with the flags' TTL: a raised end-user cap lifts their flags. Written by quota.Caps
+// (before the flag); pruned by quota.Accounts.
+func (k ProjectKeyspace) CappedEndUsers(month string) string {
+	return k.p + "capped:eus:" + month
+}
+
 // RateBucket is a hash, fields tokens and ts (ms), the project's token bucket of creates,
 // with a TTL of one refill. Written by store's token-bucket scripts (TakeToken, for
 // quota.RateLimiter; Admit, for creates).

@@ -70,6 +70,7 @@ func TestKeyNames(t *testing.T) {
 		{k.Limits(), "wb:{proj_1}:limits"},
 		{k.CapFlag("hard", "202603"), "wb:{proj_1}:capped:hard:202603"},
 		{k.EndUserCapFlag("eu_1", "soft", "202603"), "wb:{proj_1}:capped:soft:eu:eu_1:202603"},
+		{k.CappedEndUsers("202603"), "wb:{proj_1}:capped:eus:202603"},
 		{k.RateBucket(), "wb:{proj_1}:rl"},
 		{k.UsageStream(), "wb:{proj_1}:usage"},
 		{k.UsageSeq(), "wb:{proj_1}:usage:seq"},
