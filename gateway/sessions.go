@@ -203,12 +203,18 @@ func (s *Server) admissionRefusal(p store.Project, err error) error {
 			Message: fmt.Sprintf("project over its rate of %d creates/s; retry after %s", p.RatePerSec, re.Wait.Round(time.Millisecond))}
 	case errors.As(err, &se):
 		s.Metrics.admission.WithLabelValues("spend_capped").Inc()
-		return &apiError{Status: 402, Type: "spend_cap_reached", Code: "spend_cap_reached",
-			Message: fmt.Sprintf("the %s's monthly spend cap is reached; raise it with PUT /v1/limits", strings.ReplaceAll(se.Scope, "_", " "))}
+		return spendCapReached(se.Scope)
 	case errors.As(err, &ce):
 		s.Metrics.admission.WithLabelValues("concurrency_limited").Inc()
 	}
 	return err
+}
+
+// spendCapReached is the 402 of a hard spend cap that stops admissions (and resumes) in scope
+// ("project" or "end_user").
+func spendCapReached(scope string) error {
+	return &apiError{Status: 402, Type: "spend_cap_reached", Code: "spend_cap_reached",
+		Message: fmt.Sprintf("the %s's monthly spend cap is reached; raise it with PUT /v1/limits", strings.ReplaceAll(scope, "_", " "))}
 }
 
 // withMarks answers meta with the platform's marks added, in a new map.
@@ -591,6 +597,19 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, sess *session.Se
 	}
 	if sess.State != session.Paused {
 		return errState("session is %s; only a paused session can resume", sess.State)
+	}
+	// Past a hard cap a resume is refused as a create is: the cap's stop would miss a session
+	// resumed while it stops the others.
+	endUser := ""
+	if sess.EndUserID != nil {
+		endUser = *sess.EndUserID
+	}
+	scope, _, err := s.Accounts.CapState(r.Context(), sess.ProjectID, endUser, s.Now())
+	if err != nil {
+		return err
+	}
+	if scope != "" {
+		return spendCapReached(scope)
 	}
 	g, err := s.guests()
 	if err != nil {

@@ -105,3 +105,33 @@ func TestRaisedEndUserCapAdmitsAgain(t *testing.T) {
 	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"end_user_monthly_spend_cap_micro_usd": 1_000_000}, 200, nil)
 	e.create(e.key, map[string]any{"tier": 2, "end_user_id": "eu_high"})
 }
+
+// Past a hard cap, :resume answers 402 in the cap's scope as a create does: a session
+// resumed while the cap's stop went on ran past the cap. Raising the cap lets it resume.
+func TestResumeRefusedPastTheHardCap(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ids := map[string]string{}
+	for _, eu := range []string{"eu_over", "eu_under"} {
+		s := e.running(map[string]any{"tier": 2, "end_user_id": eu})
+		e.mustDo("POST", "/v1/sessions/"+s.ID+":pause", e.key, nil, 200, nil)
+		ids[eu] = s.ID
+	}
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"end_user_monthly_spend_cap_micro_usd": 100}, 200, nil)
+	now := time.Now()
+	rec := quota.Record{SessionID: "sess_spent", ProjectID: e.projA, EndUserID: "eu_over", Tier: 2, SizeClass: "s", Seq: 1,
+		FromMs: now.Add(-time.Minute).UnixMilli(), ToMs: now.UnixMilli(), State: session.Running, SessionMs: 60_000}
+	if err := e.st.AppendUsage(ctx, e.projA, rec.Values()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := quota.NewSettler(e.rdb, quota.SettlerOptions{Caps: quota.NewCaps(e.rdb, nil, nil)}).SettleProject(ctx, e.projA); err != nil {
+		t.Fatal(err)
+	}
+	msg := expectError(t, e.do("POST", "/v1/sessions/"+ids["eu_over"]+":resume", e.key, nil), 402, "spend_cap_reached", "")
+	if !strings.Contains(msg, "PUT /v1/limits") {
+		t.Fatalf("402 does not say what to do: %s", msg)
+	}
+	e.mustDo("POST", "/v1/sessions/"+ids["eu_under"]+":resume", e.key, nil, 200, nil)
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"end_user_monthly_spend_cap_micro_usd": 1_000_000}, 200, nil)
+	e.mustDo("POST", "/v1/sessions/"+ids["eu_over"]+":resume", e.key, nil, 200, nil)
+}

@@ -80,43 +80,74 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 	}
 }
 
+// liveStates are the states stopScope stops sessions in.
+var liveStates = []session.State{session.Pending, session.Provisioning, session.Running, session.Paused, session.Snapshotting}
+
+// stopPasses bounds the passes of one crossed cap's stop: a pass that left a session live
+// (its stop failed: Redis away a moment, or its state kept moving) is followed by another, a
+// second later; a few cover a blip without holding the settler's loop for long.
+const stopPasses = 5
+
+// maxStopped bounds the sessions one pass lists per state: far more than a project runs.
+const maxStopped = 100000
+
 // stopScope stops every live session of the project (or of the end user): running and
 // paused ones, and those admitted before the crossing that have yet to start (pending ones
 // end at once, starting ones are torn down), else they would run past the cap. A session
-// taking a snapshot is stopped once the snapshot is taken and it is running again.
+// taking a snapshot is stopped once the snapshot is taken and it is running again. The
+// sessions are listed at one instant, so that one resumed (or otherwise moved) while others
+// are stopped is not missed, and passes repeat while a stop failed.
 func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, log *slog.Logger) {
-	for _, st := range []session.State{session.Pending, session.Provisioning, session.Running, session.Paused, session.Snapshotting} {
-		ids, err := e.Store.IDsInState(ctx, ev.Project, st, 100000)
+	for pass := 0; pass < stopPasses; pass++ {
+		if pass > 0 {
+			sleep(ctx, retryAfter)
+		}
+		ids, err := e.Store.IDsInStates(ctx, ev.Project, liveStates, maxStopped)
 		if err != nil {
 			log.Error("spend cap: list sessions", "err", err)
+			continue
+		}
+		left := 0
+		for _, id := range ids {
+			if !e.stopOne(ctx, ev, id, log) {
+				left++
+			}
+		}
+		if left == 0 {
 			return
 		}
-		for _, id := range ids {
-			e.stopOne(ctx, ev, id, log)
-		}
 	}
+	log.Error("spend cap: sessions left live after every pass", "project", ev.Project, "end_user", ev.EndUser, "passes", stopPasses)
 }
 
 // stopOne stops one session of the scope, retrying when its state moved under it (a pending
-// session placed meanwhile is stopped as a starting one).
-func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slog.Logger) {
+// session placed meanwhile is stopped as a starting one). It answers false when the session
+// may be left live in scope: its stop failed.
+func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slog.Logger) bool {
 	for attempt := 0; attempt < 5; attempt++ {
 		s, err := e.Store.Get(ctx, ev.Project, id)
-		if err != nil || s.State.Terminal() || s.State == session.Stopping {
-			return
+		if errors.Is(err, store.ErrNotFound) {
+			return true
+		}
+		if err != nil {
+			log.Error("spend cap: read session", "session", id, "err", err)
+			return false
+		}
+		if s.State.Terminal() || s.State == session.Stopping {
+			return true
 		}
 		if ev.EndUser != "" && (s.EndUserID == nil || *s.EndUserID != ev.EndUser) {
-			return
+			return true
 		}
 		if s.State == session.Snapshotting {
 			// No transition leaves snapshotting but the caller's own (back to running, or
 			// failed with the host): wait for it in the background, not in the settler's loop.
 			go e.stopAfterSnapshot(context.WithoutCancel(ctx), ev, id, log)
-			return
+			return true
 		}
 		to, err := session.Next(s.State, session.Metering, session.SpendCap)
 		if err != nil {
-			return
+			return true
 		}
 		out, err := e.Store.Transition(ctx, store.Change{Project: ev.Project, ID: id, From: s.State, To: to,
 			Driver: session.Metering, Reason: session.SpendCap, Version: s.Version})
@@ -126,22 +157,24 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slo
 		}
 		if err != nil {
 			log.Error("spend cap: stop session", "session", id, "err", err)
-			return
+			return false
 		}
 		if to == session.Stopping && e.Stopper != nil {
 			if err := e.Stopper.Stop(ctx, out); err != nil {
 				log.Error("spend cap: tear down", "session", id, "err", err)
 			}
 		}
-		return
+		return true
 	}
+	return false
 }
 
 // snapshotWait bounds how long a spend-cap stop waits for a session's snapshot to end: far
 // longer than a snapshot takes (seconds), short enough that a stuck one leaves no goroutine.
 const snapshotWait = 10 * time.Minute
 
-// stopAfterSnapshot waits until session id leaves snapshotting, then stops it as stopOne does.
+// stopAfterSnapshot waits until session id leaves snapshotting, then stops it as stopOne does
+// (again, while that fails).
 func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, id string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, snapshotWait)
 	defer cancel()
@@ -161,8 +194,7 @@ func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, id string
 			}
 			continue // Redis away for a moment: ask again
 		}
-		if s.State != session.Snapshotting {
-			e.stopOne(ctx, ev, id, log)
+		if s.State != session.Snapshotting && e.stopOne(ctx, ev, id, log) {
 			return
 		}
 	}

@@ -2,11 +2,15 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -210,6 +214,103 @@ func TestEnforcerStopsSessionAfterItsSnapshot(t *testing.T) {
 	}
 	if got := stopper.ids(); len(got) != 1 || got[0] != s.ID {
 		t.Errorf("torn down %v, want %s", got, s.ID)
+	}
+}
+
+// resumingStopper resumes the paused session, as a caller's POST :resume would, while the
+// enforcer tears down the first session it stops (a node call that takes seconds).
+type resumingStopper struct {
+	st              *store.Store
+	project, paused string
+	once            sync.Once
+	err             error
+}
+
+func (r *resumingStopper) Stop(ctx context.Context, _ *session.Session) error {
+	r.once.Do(func() {
+		_, r.err = r.st.Transition(ctx, store.Change{Project: r.project, ID: r.paused, From: session.Paused, To: session.Running, Driver: session.Caller})
+	})
+	return nil
+}
+
+// A session resumed while the hard cap's sweep stops the others is stopped too: listed one
+// state at a time, it was running when the sweep had passed the running ones, and paused no
+// more when it came to the paused ones, and it ran on past the cap.
+func TestEnforcerStopsSessionResumedDuringItsSweep(t *testing.T) {
+	ctx := context.Background()
+	st := store.New(redistest.Server(t))
+	project := "proj_resumed"
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	running := newSession(t, st, project, nil, up...)
+	paused := newSession(t, st, project, nil, append(up, store.Change{From: session.Running, To: session.Paused, Driver: session.Caller})...)
+	stopper := &resumingStopper{st: st, project: project, paused: paused}
+	e := &Enforcer{Store: st, Stopper: stopper}
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+	if stopper.err != nil {
+		t.Fatalf("resume during the sweep: %v", stopper.err)
+	}
+	for _, id := range []string{running, paused} {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			s, err := st.Get(ctx, project, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.State == session.Stopping {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("session %s is %s 30 s after the hard cap's stop, want stopping (spend_cap)", id, s.State)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// failOnce fails the first script its client sends after it is armed, as a Redis that went
+// away for a moment would.
+type failOnce struct{ armed atomic.Bool }
+
+func (h *failOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.armed.CompareAndSwap(true, false) {
+			cmd.SetErr(errors.New("connection reset by peer"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *failOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A session whose stop failed (Redis away a moment) is stopped by a later pass: the cap's
+// flag is set once a month, and nothing would try again.
+func TestEnforcerRetriesAFailedStop(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	hook := &failOnce{}
+	rdb.AddHook(hook)
+	st := store.New(rdb)
+	project := "proj_failstop"
+	id := newSession(t, st, project, nil, store.Change{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		store.Change{From: session.Provisioning, To: session.Running, Driver: session.Node})
+	hook.armed.Store(true)
+	e := &Enforcer{Store: st, Stopper: &recordingStopper{}}
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+	if hook.armed.Load() {
+		t.Fatal("the hook failed no script: the test no longer fails the stop")
+	}
+	s, err := st.Get(ctx, project, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.State != session.Stopping {
+		t.Fatalf("session is %s after the hard cap's stop failed once, want stopping (spend_cap)", s.State)
 	}
 }
 

@@ -179,3 +179,24 @@ func (s *Store) IDsInState(ctx context.Context, project string, st session.State
 	}
 	return ids, nil
 }
+
+// IDsInStates lists up to limit ids of the project's sessions in each of states, all read at
+// one instant (one transaction): a session that moves from one of them to another meanwhile
+// is listed once, where listing state after state could miss it.
+func (s *Store) IDsInStates(ctx context.Context, project string, states []session.State, limit int64) ([]string, error) {
+	k := ProjectKeys(project)
+	cmds := make([]*redis.StringSliceCmd, len(states))
+	if _, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i, st := range states {
+			cmds[i] = p.ZRangeByLex(ctx, k.byState(st), &redis.ZRangeBy{Min: "-", Max: "+", Count: limit})
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("sessions in %v: %w", states, err)
+	}
+	var ids []string
+	for _, c := range cmds {
+		ids = append(ids, c.Val()...)
+	}
+	return ids, nil
+}
