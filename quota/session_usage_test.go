@@ -3,6 +3,9 @@ package quota
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -74,6 +77,108 @@ func TestSettlerReplayCompletesSessionUsage(t *testing.T) {
 			if got[k] != v {
 				t.Fatalf("the replay changed %s: %s, was %s", k, got[k], v)
 			}
+		}
+	}
+}
+
+// A run that straddles what an interrupted settler applied is settled record by record; a
+// later hour's run of the same session in the same batch is applied after those records,
+// not before: applied first, it moved the session's mark past them, and they counted as
+// replays and were lost, from the money and from the usage to date.
+func TestSettlerStraddleThenNextHour(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// interrupt leaves seqs 1..4 applied (the money and the usage to date, or only the
+		// money of all seven) and all seven to be read again in one batch.
+		interrupt func(t *testing.T, rdb redis.UniversalClient, project string)
+	}{
+		{name: "money and usage to date straddle", interrupt: func(t *testing.T, rdb redis.UniversalClient, project string) {
+			ctx := context.Background()
+			s := NewSettler(rdb, SettlerOptions{Consumer: "dead"})
+			if err := s.ensureGroup(ctx, project); err != nil {
+				t.Fatal(err)
+			}
+			res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: "dead",
+				Streams: []string{store.ProjectKeys(project).UsageStream(), ">"}, Count: 4}).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.apply(ctx, project, s.runs(project, res[0].Messages)); err != nil {
+				t.Fatal(err)
+			}
+			// Another settler read the rest and died before applying it: the next reads all
+			// seven in one batch.
+			if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: "dead2",
+				Streams: []string{store.ProjectKeys(project).UsageStream(), ">"}, Count: 10}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "usage to date straddles", interrupt: func(t *testing.T, rdb redis.UniversalClient, project string) {
+			ctx := context.Background()
+			settleAll(t, rdb, project, "dead")
+			if err := rdb.HSet(ctx, store.ProjectKeys(project).SessionHash("sess_1"), "u_seq", 4, "u_ms", 4000, "u_cpu", 0, "u_mem", 0, "u_egress", 0, "cost_nano", 4*28_000).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.XGroupDestroy(ctx, store.ProjectKeys(project).UsageStream(), settlerGroup).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := redistest.Server(t)
+			st := store.New(rdb)
+			const project = "proj_x"
+			if _, err := st.Create(ctx, &session.Session{ID: "sess_1", ProjectID: project, Tier: 2, State: session.Pending,
+				CreatedAt: *session.At(t0), IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10); err != nil {
+				t.Fatal(err)
+			}
+			// Seqs 1..6 end in hour 10, seq 7 in hour 11: two runs.
+			var rs []Record
+			for i := 1; i <= 7; i++ {
+				to := t0.Add(time.Duration(i) * 8 * time.Minute)
+				if i == 7 {
+					to = t0.Add(61 * time.Minute)
+				}
+				rs = append(rs, Record{SessionID: "sess_1", ProjectID: project, Tier: 2, SizeClass: "s", Seq: int64(i),
+					FromMs: to.Add(-time.Second).UnixMilli(), ToMs: to.UnixMilli(), State: session.Running, SessionMs: 1000})
+			}
+			appendAll(t, rdb, rs)
+			c.interrupt(t, rdb, project)
+			settleAll(t, rdb, project, "alive")
+			var ms int64
+			for _, h := range []time.Time{t0, t0.Add(time.Hour)} {
+				v, err := rdb.HGet(ctx, store.ProjectKeys(project).UsageHour(h), "t:session_ms").Int64()
+				if err != nil {
+					t.Fatal(err)
+				}
+				ms += v
+			}
+			if ms != 7000 {
+				t.Errorf("settled session_ms %d, want 7000 (7 records of 1 s)", ms)
+			}
+			got, err := st.Get(ctx, project, "sess_1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.UsageToDate.SessionS != 7 {
+				t.Errorf("usage to date %d session seconds, want 7", got.UsageToDate.SessionS)
+			}
+		})
+	}
+}
+
+// settleAll settles everything waiting in the project's stream, as consumer.
+func settleAll(t *testing.T, rdb redis.UniversalClient, project, consumer string) {
+	t.Helper()
+	s := NewSettler(rdb, SettlerOptions{Consumer: consumer})
+	for {
+		n, err := s.SettleProject(context.Background(), project)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
 		}
 	}
 }

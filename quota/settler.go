@@ -415,7 +415,42 @@ func (s *Settler) settle(ctx context.Context, project string, msgs []redis.XMess
 	return len(msgs), nil
 }
 
+// apply settles runs, a pipeline per wave (nextWave).
 func (s *Settler) apply(ctx context.Context, project string, runs []*run) error {
+	for len(runs) > 0 {
+		var wave []*run
+		wave, runs = nextWave(runs)
+		if err := s.applyWave(ctx, project, wave); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nextWave answers the runs that may go in one pipeline, and the rest. A run of more than one
+// record may straddle what an interrupted settler applied and be settled record by record
+// after its pipeline; a later run of its session applied in the same pipeline would move the
+// session's mark past those records, which would then count as replays and be lost. So a
+// session's runs after one of more records wait for the next wave (in order).
+func nextWave(runs []*run) (wave, rest []*run) {
+	mayStraddle, waiting := map[string]bool{}, map[string]bool{}
+	for _, r := range runs {
+		id := r.first.SessionID
+		if mayStraddle[id] || waiting[id] {
+			waiting[id] = true
+			rest = append(rest, r)
+			continue
+		}
+		wave = append(wave, r)
+		if len(r.records) > 1 {
+			mayStraddle[id] = true
+		}
+	}
+	return wave, rest
+}
+
+// applyWave settles one wave of runs in one pipeline.
+func (s *Settler) applyWave(ctx context.Context, project string, runs []*run) error {
 	k := store.ProjectKeys(project)
 	cmds := make([]*redis.Cmd, len(runs))
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -433,7 +468,7 @@ func (s *Settler) apply(ctx context.Context, project string, runs []*run) error 
 		if err := settleScript.Load(ctx, s.rdb).Err(); err != nil {
 			return fmt.Errorf("settle: load script: %w", err)
 		}
-		return s.apply(ctx, project, runs)
+		return s.applyWave(ctx, project, runs)
 	}
 	if err != nil {
 		return fmt.Errorf("settle: %w", err)
@@ -473,9 +508,22 @@ func (r *run) split(prices Prices) []*run {
 	return out
 }
 
-// addToSessions adds settled runs to their sessions' usage to date; a run that an earlier,
-// interrupted settler added in part is added again record by record.
+// addToSessions adds settled runs to their sessions' usage to date, a round trip per wave
+// (nextWave: the usage to date has its own mark); a run that an earlier, interrupted settler
+// added in part is added again record by record.
 func (s *Settler) addToSessions(ctx context.Context, project string, runs []*run) error {
+	for len(runs) > 0 {
+		var wave []*run
+		wave, runs = nextWave(runs)
+		if err := s.addWaveToSessions(ctx, project, wave); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addWaveToSessions is addToSessions for one wave.
+func (s *Settler) addWaveToSessions(ctx context.Context, project string, runs []*run) error {
 	adds := make([]store.SessionUsage, len(runs))
 	for i, r := range runs {
 		adds[i] = store.SessionUsage{ID: r.first.SessionID, FromSeq: r.first.Seq, ToSeq: r.last.Seq,
