@@ -40,12 +40,46 @@ func egressEnv(proxy string) []string {
 type egressProxy struct {
 	srv   *http.Server
 	bytes atomic.Int64 // sent by the guest, since the last usage sample
+	// closing ends when the proxy is stopped, and with it every request's context: srv.Close
+	// leaves hijacked connections (tunnels) open, so each tunnel closes its own on it.
+	closing context.Context
+	stop    context.CancelFunc
+	// upstreams holds a token for each tunnel or forward under way (maxEgressUpstreams).
+	upstreams chan struct{}
+	// halfClosedIdle is tunnelHalfClosedIdle (tests shorten it).
+	halfClosedIdle time.Duration
+}
+
+const (
+	// maxEgressUpstreams bounds one guest's tunnels and forwards under way: each holds two
+	// file descriptors and a few goroutines of the node, which all its guests share. Builds
+	// and browsers open tens at once; a guest past this is refused, not the node's neighbours.
+	maxEgressUpstreams = 256
+	// tunnelHalfClosedIdle is how long a tunnel one way of which has ended waits for the other
+	// to send (each read again): a peer that neither sends nor closes cannot hold it for ever,
+	// and a slow answer still streaming after the request ended is not cut.
+	tunnelHalfClosedIdle = 30 * time.Second
+)
+
+// newEgressProxy is a guest's egress proxy through gate, not yet serving.
+func newEgressProxy(gate egressGate) *egressProxy {
+	p := &egressProxy{upstreams: make(chan struct{}, maxEgressUpstreams), halfClosedIdle: tunnelHalfClosedIdle}
+	p.closing, p.stop = context.WithCancel(context.Background())
+	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }),
+		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	return p
+}
+
+// close stops the proxy: its listener, its connections, and its tunnels.
+func (p *egressProxy) close() {
+	p.stop()
+	_ = p.srv.Close()
 }
 
 // startEgress listens on the guest's egress socket. The caller holds l.mu.
 func (n *Node) startEgress(l *live) {
 	if l.egress != nil {
-		_ = l.egress.srv.Close()
+		l.egress.close()
 	}
 	sock := filepath.Join(n.guestDir(l.g.GuestID), "agent", hypervisor.EgressSocket)
 	_ = os.Remove(sock)
@@ -60,20 +94,17 @@ func (n *Node) startEgress(l *live) {
 		n.Logger.Warn("node: egress proxy", "session", l.g.SessionID, "err", err)
 		return
 	}
-	p := &egressProxy{}
-	gate := egressGate{guard: n.Egress, ask: func(ctx context.Context, event session.GuestEvent) (Verdict, error) {
+	p := newEgressProxy(egressGate{guard: n.Egress, ask: func(ctx context.Context, event session.GuestEvent) (Verdict, error) {
 		return n.askEgress(ctx, l, event)
-	}}
-	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }),
-		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	}})
 	l.egress = p
 	go func() { _ = p.srv.Serve(ln) }()
 }
 
-// stopEgress closes the guest's egress proxy. The caller holds l.mu.
+// stopEgress closes the guest's egress proxy, its tunnels included. The caller holds l.mu.
 func (l *live) stopEgress() {
 	if l.egress != nil {
-		_ = l.egress.srv.Close()
+		l.egress.close()
 	}
 }
 
@@ -215,9 +246,19 @@ func (p *egressProxy) serve(w http.ResponseWriter, r *http.Request, gate egressG
 		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	addrs, refused := gate.decide(r.Context(), host, port)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	defer context.AfterFunc(p.closing, cancel)()
+	addrs, refused := gate.decide(ctx, host, port)
 	if refused != nil {
 		http.Error(w, refused.msg, refused.status)
+		return
+	}
+	select {
+	case p.upstreams <- struct{}{}:
+		defer func() { <-p.upstreams }()
+	default:
+		http.Error(w, fmt.Sprintf("wb egress proxy: the session has %d connections out open already; close some first", cap(p.upstreams)), http.StatusTooManyRequests)
 		return
 	}
 	// Only the checked addresses are dialled: nothing is resolved again.
@@ -227,15 +268,16 @@ func (p *egressProxy) serve(w http.ResponseWriter, r *http.Request, gate egressG
 		return gate.guard.DialAddrs(dctx, "tcp", addrs, uint16(port))
 	}
 	if r.Method == http.MethodConnect {
-		p.tunnel(w, r, dial)
+		p.tunnel(ctx, w, dial)
 		return
 	}
-	p.forward(w, r, dial)
+	p.forward(ctx, w, r, dial)
 }
 
-// tunnel answers CONNECT: dial, then relay both ways.
-func (p *egressProxy) tunnel(w http.ResponseWriter, r *http.Request, dial func(context.Context, string, string) (net.Conn, error)) {
-	up, err := dial(r.Context(), "tcp", "")
+// tunnel answers CONNECT: dial, then relay both ways until both have ended, or the proxy
+// is stopped.
+func (p *egressProxy) tunnel(ctx context.Context, w http.ResponseWriter, dial func(context.Context, string, string) (net.Conn, error)) {
+	up, err := dial(ctx, "tcp", "")
 	if err != nil {
 		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadGateway)
 		return
@@ -251,19 +293,33 @@ func (p *egressProxy) tunnel(w http.ResponseWriter, r *http.Request, dial func(c
 		return
 	}
 	defer c.Close()
+	// Not ctx: the server cancels the request's context at the guest's end of data, and a
+	// guest may end its half and wait for the answer.
+	defer context.AfterFunc(p.closing, func() { _ = c.Close(); _ = up.Close() })()
 	_, _ = rw.WriteString("HTTP/1.1 200 Connection established\r\n\r\n")
 	_ = rw.Flush()
+	// Once one way has ended, the other has halfClosedIdle for each read: a peer that neither
+	// sends nor closes cannot hold the tunnel.
+	var ended atomic.Bool
+	oneWay := func(dst net.Conn, src io.Reader, srcConn net.Conn) int64 {
+		n, _ := io.Copy(dst, &halfClosedReader{r: src, conn: srcConn, ended: &ended, idle: p.halfClosedIdle})
+		closeWrite(dst)
+		ended.Store(true)
+		_ = dst.SetReadDeadline(time.Now().Add(p.halfClosedIdle)) // the other way reads dst
+		return n
+	}
 	done := make(chan struct{}, 2)
-	go func() { n, _ := io.Copy(up, rw.Reader); p.bytes.Add(n); closeWrite(up); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, up); closeWrite(c); done <- struct{}{} }()
+	go func() { p.bytes.Add(oneWay(up, rw.Reader, c)); done <- struct{}{} }()
+	go func() { oneWay(c, up, up); done <- struct{}{} }()
 	<-done
 	<-done
 }
 
 // forward relays one plain HTTP request (or an https:// one, which the node encrypts),
 // through a transport that dials only the checked addresses and follows no redirect.
-func (p *egressProxy) forward(w http.ResponseWriter, r *http.Request, dial func(context.Context, string, string) (net.Conn, error)) {
-	out := r.Clone(context.WithoutCancel(r.Context()))
+// It ends with ctx.
+func (p *egressProxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, dial func(context.Context, string, string) (net.Conn, error)) {
+	out := r.Clone(ctx)
 	out.RequestURI = ""
 	out.Header.Del("Proxy-Connection")
 	out.Header.Del("Proxy-Authorization")
@@ -271,7 +327,7 @@ func (p *egressProxy) forward(w http.ResponseWriter, r *http.Request, dial func(
 	out.Body = cr
 	tr := &http.Transport{DialContext: dial, DisableKeepAlives: true, TLSHandshakeTimeout: 10 * time.Second}
 	defer tr.CloseIdleConnections()
-	resp, err := tr.RoundTrip(out.WithContext(r.Context()))
+	resp, err := tr.RoundTrip(out)
 	p.bytes.Add(cr.n.Load() + headerBytes(r))
 	if err != nil {
 		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadGateway)
@@ -318,6 +374,21 @@ func (c *countingReader) Close() error {
 		return nil
 	}
 	return c.r.Close()
+}
+
+// halfClosedReader reads r, the data of conn; once ended, each read has idle to come.
+type halfClosedReader struct {
+	r     io.Reader
+	conn  net.Conn
+	ended *atomic.Bool
+	idle  time.Duration
+}
+
+func (h *halfClosedReader) Read(b []byte) (int, error) {
+	if h.ended.Load() {
+		_ = h.conn.SetReadDeadline(time.Now().Add(h.idle))
+	}
+	return h.r.Read(b)
 }
 
 func closeWrite(c net.Conn) {

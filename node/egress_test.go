@@ -3,6 +3,7 @@ package node
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,9 +51,10 @@ func (d noDialer) DialContext(_ context.Context, network, address string) (net.C
 // egressServer serves p through gate on a loopback port, as a guest's egress socket would.
 func egressServer(t *testing.T, gate egressGate) string {
 	t.Helper()
-	p := &egressProxy{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }))
+	p := newEgressProxy(gate)
+	srv := httptest.NewServer(p.srv.Handler)
 	t.Cleanup(srv.Close)
+	t.Cleanup(p.close)
 	return srv.Listener.Addr().String()
 }
 
@@ -264,5 +267,241 @@ func TestEgressMetadataKill(t *testing.T) {
 				t.Errorf("%s %s: %d %q; want 403, killed by metadata_egress (policy_violation)", m, target, code, body)
 			}
 		}
+	}
+}
+
+// servedEgress serves a guest's egress proxy, built as startEgress builds it (with a half-closed
+// tunnel's grace of 200 ms, and then as tune has it), on a loopback port; each request's
+// handler sends on returned when it returns (its tunnel's copies have ended and its
+// connections are closed). stop is stopEgress.
+func servedEgress(t *testing.T, gate egressGate, tune func(*egressProxy)) (addr string, p *egressProxy, returned chan struct{}, stop func()) {
+	t.Helper()
+	p = newEgressProxy(gate)
+	p.halfClosedIdle = 200 * time.Millisecond
+	if tune != nil {
+		tune(p)
+	}
+	returned = make(chan struct{}, 64)
+	handler := p.srv.Handler
+	p.srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handler.ServeHTTP(w, r)
+		returned <- struct{}{}
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.srv.Serve(ln) }()
+	l := &live{egress: p}
+	t.Cleanup(l.stopEgress)
+	return ln.Addr().String(), p, returned, l.stopEgress
+}
+
+// loopbackGate allows every egress, loopback included (where the tests' upstreams are).
+func loopbackGate(t *testing.T) egressGate {
+	t.Helper()
+	guard, err := netguard.New(netguard.Options{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return egressGate{guard: guard, ask: allowAll}
+}
+
+// sinkUpstream is a tenant's server on loopback that reads everything and never answers nor
+// closes on its own (closeAtOnce: it closes each connection as soon as it accepts it).
+// received counts the bytes it read; each connection's end of input (EOF or an error: the
+// proxy closed its side) is sent on ended.
+func sinkUpstream(t *testing.T, closeAtOnce bool) (addr string, received *atomic.Int64, ended chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	received, ended = &atomic.Int64{}, make(chan error, 64)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if closeAtOnce {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					received.Add(int64(n))
+					if err != nil {
+						ended <- err
+						return
+					}
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String(), received, ended
+}
+
+// openTunnel sends CONNECT target through the proxy and answers the guest's connection,
+// established.
+func openTunnel(t *testing.T, proxy, target string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", proxy, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	// Byte by byte, so that nothing after the answer's head is read here.
+	var head []byte
+	one := make([]byte, 1)
+	for !strings.HasSuffix(string(head), "\r\n\r\n") {
+		if _, err := c.Read(one); err != nil {
+			t.Fatalf("CONNECT %s: %v after %q", target, err, head)
+		}
+		head = append(head, one[0])
+	}
+	if !strings.HasPrefix(string(head), "HTTP/1.1 200") {
+		t.Fatalf("CONNECT %s: %q", target, head)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	return c
+}
+
+// waitFor waits up to 30 s (a loaded machine) for what to arrive on ch.
+func waitFor[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("after 30 s: %s", what)
+	}
+	var none T
+	return none
+}
+
+// TestEgressStopEndsTunnels is the leak: a guest's tunnel to a tenant's server that only
+// reads (never answers, never closes) must not outlive the guest's egress proxy. stopEgress
+// closes both of its connections, so its goroutines end.
+func TestEgressStopEndsTunnels(t *testing.T) {
+	upstream, received, ended := sinkUpstream(t, false)
+	proxy, _, returned, stop := servedEgress(t, loopbackGate(t), nil)
+	c := openTunnel(t, proxy, upstream)
+	if _, err := c.Write(make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for received.Load() < 64<<10 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	waitFor(t, ended, "the upstream's connection is still open after stopEgress")
+	waitFor(t, returned, "the tunnel is still relaying after stopEgress")
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the guest's connection after stopEgress: read %v; want it closed", err)
+	}
+}
+
+// TestEgressHalfClosedTunnelEnds: once one way of a tunnel ends, the other has a bounded
+// grace of silence; a tenant's server (or a guest) that neither sends nor closes cannot keep
+// the tunnel, its goroutines and its connections, for ever.
+func TestEgressHalfClosedTunnelEnds(t *testing.T) {
+	t.Run("the guest ends, the upstream is silent", func(t *testing.T) {
+		upstream, _, ended := sinkUpstream(t, false)
+		proxy, _, returned, _ := servedEgress(t, loopbackGate(t), nil)
+		c := openTunnel(t, proxy, upstream)
+		if _, err := c.Write([]byte("request")); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		waitFor(t, ended, "the upstream saw no end of the guest's data")
+		waitFor(t, returned, "the tunnel outlives its guest's end by 30 s")
+	})
+	t.Run("the upstream ends, the guest is silent", func(t *testing.T) {
+		upstream, _, _ := sinkUpstream(t, true)
+		proxy, _, returned, _ := servedEgress(t, loopbackGate(t), nil)
+		c := openTunnel(t, proxy, upstream)
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+			t.Fatalf("the guest's read after the upstream's end: %v; want EOF", err)
+		}
+		waitFor(t, returned, "the tunnel outlives its upstream's end by 30 s")
+	})
+}
+
+// TestEgressCapsUpstreams: a guest's tunnels and forwards under way are bounded; one past the
+// bound is refused with 429 and a reason, and a slot freed is usable again.
+func TestEgressCapsUpstreams(t *testing.T) {
+	upstream, _, ended := sinkUpstream(t, false)
+	proxy, _, returned, _ := servedEgress(t, loopbackGate(t), func(p *egressProxy) { p.upstreams = make(chan struct{}, 2) })
+	first := openTunnel(t, proxy, upstream)
+	openTunnel(t, proxy, upstream)
+	if code, body := proxyRequest(t, proxy, http.MethodConnect, upstream); code != http.StatusTooManyRequests || !strings.Contains(body, "2 connections out") {
+		t.Fatalf("a third CONNECT with 2 open: %d %q; want 429 naming the bound", code, body)
+	}
+	if code, _ := proxyRequest(t, proxy, http.MethodGet, "http://"+upstream+"/"); code != http.StatusTooManyRequests {
+		t.Fatalf("a forward with 2 tunnels open: %d; want 429", code)
+	}
+	for range 2 { // the refusals
+		waitFor(t, returned, "a refused request's handler did not return")
+	}
+	first.Close()
+	waitFor(t, ended, "the upstream saw no end of the first tunnel")
+	waitFor(t, returned, "the first tunnel did not end")
+	openTunnel(t, proxy, upstream)
+}
+
+// TestEgressTunnelKeepsHalfClose: a guest that ends its half of a tunnel still gets the
+// answer that follows.
+func TestEgressTunnelKeepsHalfClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() { // reads the request to its end, then answers, a little later
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := io.Copy(io.Discard, c); err == nil {
+			time.Sleep(300 * time.Millisecond)
+			_, _ = io.WriteString(c, "answer")
+		}
+	})
+	proxy, _, _, _ := servedEgress(t, loopbackGate(t), func(p *egressProxy) { p.halfClosedIdle = 10 * time.Second })
+	c := openTunnel(t, proxy, ln.Addr().String())
+	if _, err := io.WriteString(c, "request"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if got, err := io.ReadAll(c); string(got) != "answer" || err != nil {
+		t.Fatalf("the guest, after ending its half: read %q, %v; want the answer", got, err)
 	}
 }
