@@ -301,15 +301,16 @@ func (p *egressProxy) tunnel(ctx context.Context, w http.ResponseWriter, dial fu
 	// Once one way has ended, the other has halfClosedIdle for each read: a peer that neither
 	// sends nor closes cannot hold the tunnel.
 	var ended atomic.Bool
-	oneWay := func(dst net.Conn, src io.Reader, srcConn net.Conn) int64 {
-		n, _ := io.Copy(dst, &halfClosedReader{r: src, conn: srcConn, ended: &ended, idle: p.halfClosedIdle})
+	oneWay := func(dst net.Conn, src io.Reader, srcConn net.Conn) {
+		_, _ = io.Copy(dst, &halfClosedReader{r: src, conn: srcConn, ended: &ended, idle: p.halfClosedIdle})
 		closeWrite(dst)
 		ended.Store(true)
 		_ = dst.SetReadDeadline(time.Now().Add(p.halfClosedIdle)) // the other way reads dst
-		return n
 	}
 	done := make(chan struct{}, 2)
-	go func() { p.bytes.Add(oneWay(up, rw.Reader, c)); done <- struct{}{} }()
+	// The guest's bytes are counted as they go: the usage sample reads them while the tunnel
+	// is open (the final one too, taken before the proxy is stopped).
+	go func() { oneWay(up, &countingReader{r: io.NopCloser(rw.Reader), n: &p.bytes}, c); done <- struct{}{} }()
 	go func() { oneWay(c, up, up); done <- struct{}{} }()
 	<-done
 	<-done
@@ -323,12 +324,11 @@ func (p *egressProxy) forward(ctx context.Context, w http.ResponseWriter, r *htt
 	out.RequestURI = ""
 	out.Header.Del("Proxy-Connection")
 	out.Header.Del("Proxy-Authorization")
-	cr := &countingReader{r: r.Body}
-	out.Body = cr
+	out.Body = &countingReader{r: r.Body, n: &p.bytes}
 	tr := &http.Transport{DialContext: dial, DisableKeepAlives: true, TLSHandshakeTimeout: 10 * time.Second}
 	defer tr.CloseIdleConnections()
+	p.bytes.Add(headerBytes(r))
 	resp, err := tr.RoundTrip(out)
-	p.bytes.Add(cr.n.Load() + headerBytes(r))
 	if err != nil {
 		http.Error(w, "wb egress proxy: "+err.Error(), http.StatusBadGateway)
 		return
@@ -353,11 +353,12 @@ func headerBytes(r *http.Request) int64 {
 	return n
 }
 
-// countingReader counts a request body's bytes; atomic, because the transport may still be
-// reading the body in its own goroutine when RoundTrip returns.
+// countingReader adds the bytes read from r to n as they are read, so that a usage sample
+// taken meanwhile bills them (the transport may still be reading a body after RoundTrip
+// returns, a tunnel may stay open for the session's life).
 type countingReader struct {
 	r io.ReadCloser
-	n atomic.Int64
+	n *atomic.Int64
 }
 
 func (c *countingReader) Read(b []byte) (int, error) {

@@ -505,3 +505,87 @@ func TestEgressTunnelKeepsHalfClose(t *testing.T) {
 		t.Fatalf("the guest, after ending its half: read %q, %v; want the answer", got, err)
 	}
 }
+
+// TestEgressCountsBytesAsTheyFlow: what a guest sends out is counted as it goes, so that a
+// usage sample (and the final one, taken while tunnels may still be open) bills it; a
+// long-lived tunnel is not free. Nothing is counted twice.
+func TestEgressCountsBytesAsTheyFlow(t *testing.T) {
+	const sent = 8 << 20
+	waitCounted := func(t *testing.T, what string, n func() int64, want int64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for n() < want && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := n(); got < want {
+			t.Fatalf("after 30 s, %s %d bytes; want %d", what, got, want)
+		}
+	}
+	t.Run("tunnel", func(t *testing.T) {
+		upstream, received, _ := sinkUpstream(t, false)
+		proxy, p, returned, _ := servedEgress(t, loopbackGate(t), nil)
+		c := openTunnel(t, proxy, upstream)
+		if _, err := c.Write(make([]byte, sent)); err != nil {
+			t.Fatal(err)
+		}
+		waitCounted(t, "the upstream received", received.Load, sent)
+		if n := p.bytes.Load(); n != sent {
+			t.Fatalf("with the tunnel open, after %d bytes sent and received: %d counted", sent, n)
+		}
+		c.Close()
+		waitFor(t, returned, "the tunnel did not end")
+		if n := p.bytes.Load(); n != sent {
+			t.Fatalf("after the tunnel's end: %d counted; want %d", n, sent)
+		}
+	})
+	t.Run("forward", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var received atomic.Int64
+		answerNow, answer := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		t.Cleanup(func() { ln.Close(); answer(); wg.Wait() })
+		wg.Go(func() { // reads the request's body, answers once told to
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+			req, err := http.ReadRequest(bufio.NewReader(c))
+			if err != nil {
+				return
+			}
+			n, _ := io.Copy(io.Discard, req.Body)
+			received.Store(n)
+			<-answerNow.Done()
+			_, _ = io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
+		})
+		proxy, p, returned, _ := servedEgress(t, loopbackGate(t), nil)
+		c, err := net.DialTimeout("tcp", proxy, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST http://%s/ HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n", ln.Addr(), ln.Addr(), sent)
+		if _, err := c.Write(make([]byte, sent)); err != nil {
+			t.Fatal(err)
+		}
+		waitCounted(t, "the upstream received", received.Load, sent)
+		if n := p.bytes.Load(); n < sent || n > sent+4096 {
+			t.Fatalf("with the answer pending, after a %d-byte body received: %d counted", sent, n)
+		}
+		answer()
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("the answer: %v %v", resp, err)
+		}
+		waitFor(t, returned, "the forward did not end")
+		if n := p.bytes.Load(); n < sent || n > sent+4096 {
+			t.Fatalf("after the answer: %d counted; want the body's %d and the head", n, sent)
+		}
+	})
+}
