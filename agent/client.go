@@ -330,10 +330,45 @@ func (c *Client) DeleteFile(ctx context.Context, path string) error {
 	return resp.Body.Close()
 }
 
-// ListDir lists the directory at path.
+// ListDir lists the directory at path: at most maxListEntries entries, else a 413 Error.
 func (c *Client) ListDir(ctx context.Context, path string) ([]FileInfo, error) {
-	var out []FileInfo
-	if err := c.getJSON(ctx, "/v1/files", url.Values{"path": {path}, "list": {"1"}}, &out); err != nil {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/files", url.Values{"path": {path}, "list": {"1"}}, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out, err := decodeListing(boundAnswer(resp.Body))
+	var ae *Error
+	if err != nil && !errors.As(err, &ae) {
+		return nil, fmt.Errorf("agent: GET /v1/files: decode answer: %w", err)
+	}
+	return out, err
+}
+
+// decodeListing decodes a listing's JSON array one entry at a time, so that the entries,
+// not the answer's bytes, bound what it holds.
+func decodeListing(r io.Reader) ([]FileInfo, error) {
+	dec := json.NewDecoder(r)
+	tok, err := dec.Token()
+	if err != nil || tok == nil { // null: no listing, as Decode has it
+		return nil, err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '[' {
+		return nil, fmt.Errorf("want a JSON array, got %v", tok)
+	}
+	out := []FileInfo{}
+	for dec.More() {
+		if len(out) == maxListEntries {
+			return nil, &Error{Status: http.StatusRequestEntityTooLarge, Code: "too_large",
+				Message: fmt.Sprintf("the directory has more than %d entries; list a narrower one", maxListEntries)}
+		}
+		var fi FileInfo
+		if err := dec.Decode(&fi); err != nil {
+			return nil, err
+		}
+		out = append(out, fi)
+	}
+	if _, err := dec.Token(); err != nil { // the closing ]
 		return nil, err
 	}
 	return out, nil
@@ -404,6 +439,10 @@ const (
 	// maxAnswerBytes bounds any other JSON answer (a health check, a runner's start, a
 	// directory's listing: a hundred thousand entries fit).
 	maxAnswerBytes = 16 << 20
+	// maxListEntries bounds a directory's listing: bytes alone do not, as 16 MiB of "{},"
+	// decode to millions of entries, gigabytes in memory. A real listing of more would pass
+	// maxAnswerBytes anyway (about 160 bytes an entry), and would not be read by a person.
+	maxListEntries = 100_000
 )
 
 // errTooLong is the error of an answer past one of its bounds.

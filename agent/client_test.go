@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -183,6 +184,46 @@ func TestBoundedReader(t *testing.T) {
 		}
 		if c.ok && string(got) != c.in {
 			t.Errorf("%q: read %q", c.in, got)
+		}
+	}
+}
+
+// TestListDirBoundsEntries: a hostile guest's agent that answers a listing of tiny entries
+// ("{}", 3 bytes each: 16 MiB hold five million) is refused past maxListEntries with an error
+// that says so, and the client's memory stays modest; a listing at the bound still works.
+func TestListDirBoundsEntries(t *testing.T) {
+	listing := func(entries int) []byte {
+		return append(append([]byte("["), bytes.Repeat([]byte("{},"), entries-1)...), "{}]"...)
+	}
+	var answer atomic.Pointer[[]byte]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(*answer.Load())
+	}))
+	t.Cleanup(srv.Close)
+	c := NewHTTPClient(srv.Client(), srv.URL, "")
+	ctx := testCtx(t, time.Minute)
+
+	atBound := listing(maxListEntries)
+	answer.Store(&atBound)
+	if list, err := c.ListDir(ctx, "/"); err != nil || len(list) != maxListEntries {
+		t.Fatalf("a listing of %d entries: %d, %v; want them all", maxListEntries, len(list), err)
+	}
+	for _, entries := range []int{maxListEntries + 1, (maxAnswerBytes - 8) / 3} {
+		past := listing(entries)
+		answer.Store(&past)
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		list, err := c.ListDir(ctx, "/")
+		runtime.ReadMemStats(&after)
+		var ae *Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusRequestEntityTooLarge || !strings.Contains(ae.Message, "more than 100000 entries") {
+			t.Errorf("a listing of %d entries: %d entries, %v; want a 413 naming the bound", entries, len(list), err)
+		}
+		// A bound entry takes about 100 bytes; the answer's 16 MiB undecoded took 2.3 GiB.
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 256<<20 {
+			t.Errorf("a listing of %d entries: %d MiB allocated; want under 256", entries, alloc>>20)
 		}
 	}
 }
