@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -248,5 +249,34 @@ func TestAdmissionPatchesRemoveFields(t *testing.T) {
 	}
 	if !strings.Contains(r.header.Get("Warning"), "stripped") {
 		t.Errorf("the plugin's warning is lost: Warning %q", r.header.Get("Warning"))
+	}
+}
+
+// TestPluginLimit: a project keeps at most plugins.DefaultMaxPlugins plugins; the next is a
+// 409 that names the limit and what to do, and stores nothing; a delete makes room.
+func TestPluginLimit(t *testing.T) {
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb))
+	put := func(name string, i int) response {
+		wasm := wasmtest.ConstPlugin(fmt.Sprintf(`{"allow":true,"warnings":["%d"]}`, i))
+		return e.do("PUT", "/v1/plugins/"+name+"?points=admission", e.key, wasm, "Content-Type", "application/wasm")
+	}
+	for i := range plugins.DefaultMaxPlugins {
+		if r := put(fmt.Sprintf("p%d", i), i); r.status != 201 {
+			t.Fatalf("plugin %d: %d %s", i, r.status, r.body)
+		}
+	}
+	msg := expectError(t, put("one_more", 99), 409, "invalid_state", "")
+	if want := fmt.Sprintf("%d plugins", plugins.DefaultMaxPlugins); !strings.Contains(msg, want) || !strings.Contains(msg, "DELETE /v1/plugins/{name}") {
+		t.Fatalf("the refusal %q does not name the limit (%s) and what to do", msg, want)
+	}
+	var list struct{ Data []Plugin }
+	e.mustDo("GET", "/v1/plugins", e.key, nil, 200, &list)
+	if len(list.Data) != plugins.DefaultMaxPlugins {
+		t.Fatalf("%d plugins listed, want %d", len(list.Data), plugins.DefaultMaxPlugins)
+	}
+	e.mustDo("DELETE", "/v1/plugins/p0", e.key, nil, 200, nil)
+	if r := put("one_more", 99); r.status != 201 {
+		t.Fatalf("after a delete: %d %s", r.status, r.body)
 	}
 }

@@ -24,6 +24,13 @@ const (
 	DefaultMaxOutputBytes   = 64 << 10
 	DefaultInitTimeout      = time.Second
 	DefaultRefreshInterval  = time.Second
+	// DefaultMaxPlugins bounds a project's plugins: a decision runs every plugin of its point
+	// in order, and every gateway compiles and pools each of them, so more than a handful is
+	// never sensible and a thousand would fill Redis and every gateway's memory.
+	DefaultMaxPlugins = 16
+	// DefaultMaxTotalBytes bounds a project's modules together (each one is at most the
+	// gateway's 10 MiB upload): every gateway compiles them all, at several times their size.
+	DefaultMaxTotalBytes = 32 << 20
 
 	// MaxTimeout bounds a project's per-call timeout (SetLimits).
 	MaxTimeout = 10 * time.Second
@@ -54,6 +61,11 @@ type Options struct {
 	// RefreshInterval is how often a project's plugin set is checked against Redis for changes
 	// made through other replicas (default 1s).
 	RefreshInterval time.Duration
+	// MaxPlugins caps each project's plugins (default DefaultMaxPlugins).
+	MaxPlugins int
+	// MaxTotalBytes caps the bytes of each project's modules, a module that several plugins
+	// share counted once (default DefaultMaxTotalBytes).
+	MaxTotalBytes int
 }
 
 func (o *Options) defaults() error {
@@ -80,6 +92,12 @@ func (o *Options) defaults() error {
 	}
 	if o.RefreshInterval <= 0 {
 		o.RefreshInterval = DefaultRefreshInterval
+	}
+	if o.MaxPlugins <= 0 {
+		o.MaxPlugins = DefaultMaxPlugins
+	}
+	if o.MaxTotalBytes <= 0 {
+		o.MaxTotalBytes = DefaultMaxTotalBytes
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package plugins
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"wb/internal/redistest"
 	"wb/session"
+	"wb/store"
 )
 
 func TestValidate(t *testing.T) {
@@ -533,5 +535,85 @@ func TestForget(t *testing.T) {
 	b.ForgetAll()
 	if ds := decide(t, b, p, in); len(ds) != 0 {
 		t.Fatalf("after ForgetAll: %+v", ds)
+	}
+}
+
+// TestPluginCap: a project keeps at most MaxPlugins plugins and MaxTotalBytes of modules
+// (a module shared by several names counts once); past either, a conflict that says what to
+// do and stores nothing; replacing a plugin takes no room, and deleting one makes room.
+func TestPluginCap(t *testing.T) {
+	rdb := mini(t)
+	ctx := ctxT(t)
+	mod := func(i int) []byte { return constPlugin(fmt.Sprintf(`{"allow":true,"warnings":["%d"]}`, i)) }
+	h, _ := newTestHost(t, rdb, Options{MaxPlugins: 3})
+	const p = "proj-cap"
+	for i := range 3 {
+		mustPut(t, h, p, fmt.Sprintf("p%d", i), mod(i), 0, false)
+	}
+	_, err := h.Put(ctx, p, "p3", mod(3), []string{session.PointAdmission}, 0, false)
+	var ce *store.ConflictError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "3 plugins") || !strings.Contains(err.Error(), "DELETE /v1/plugins/{name}") {
+		t.Fatalf("a 4th plugin: %v", err)
+	}
+	if list, err := h.List(ctx, p); err != nil || len(list) != 3 {
+		t.Fatalf("after the refusal: %d plugins, %v", len(list), err)
+	}
+	mustPut(t, h, p, "p0", mod(4), 0, false) // a new version of one takes no room
+	mustPut(t, h, "proj-other", "p3", mod(3), 0, false)
+	if err := h.Delete(ctx, p, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, h, p, "p3", mod(3), 0, false)
+
+	small := mod(0)
+	h2, _ := newTestHost(t, rdb, Options{MaxTotalBytes: 2*len(small) + 4})
+	const q = "proj-bytes"
+	mustPut(t, h2, q, "a", mod(0), 0, false)
+	mustPut(t, h2, q, "b", mod(1), 0, false)
+	mustPut(t, h2, q, "c", mod(1), 0, false) // the same module as b: stored once
+	_, err = h2.Put(ctx, q, "d", mod(2), []string{session.PointAdmission}, 0, false)
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "bytes of plugin modules") {
+		t.Fatalf("a module past the bytes: %v", err)
+	}
+	mustPut(t, h2, q, "a", mod(2), 0, false) // replacing a's module frees a's bytes
+
+	h3, _ := newTestHost(t, rdb, Options{})
+	if h3.o.MaxPlugins != DefaultMaxPlugins || h3.o.MaxTotalBytes != DefaultMaxTotalBytes {
+		t.Fatalf("the defaults: %d plugins, %d bytes", h3.o.MaxPlugins, h3.o.MaxTotalBytes)
+	}
+}
+
+// TestPluginCapConcurrent: plugins put at once, through several hosts (gateways), never pass
+// the cap together.
+func TestPluginCapConcurrent(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := ctxT(t)
+	const p, max, tries = "proj-race", 3, 12
+	hosts := make([]*Host, 3)
+	for i := range hosts {
+		hosts[i], _ = newTestHost(t, rdb, Options{MaxPlugins: max})
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, tries)
+	for i := range tries {
+		wg.Go(func() {
+			wasm := constPlugin(fmt.Sprintf(`{"allow":true,"warnings":["%d"]}`, i))
+			_, errs[i] = hosts[i%len(hosts)].Put(ctx, p, fmt.Sprintf("p%d", i), wasm, []string{session.PointAdmission}, 0, false)
+		})
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		var ce *store.ConflictError
+		switch {
+		case err == nil:
+			ok++
+		case !errors.As(err, &ce):
+			t.Errorf("a put failed otherwise: %v", err)
+		}
+	}
+	n, err := rdb.HLen(ctx, "wb:{"+p+"}:plugin:meta").Result()
+	if err != nil || n != max || ok != max {
+		t.Fatalf("%d plugins stored, %d puts answered OK; want %d (%v)", n, ok, max, err)
 	}
 }

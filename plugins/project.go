@@ -100,7 +100,9 @@ func (h *Host) needRedis() error {
 // points given, run at order among the project's plugins, failing open or closed. Calls
 // already running finish on the old version; calls from now on use the new one, on this
 // replica and on the gateways', which drop their copy of the set before Put returns
-// (store.Changes, Forget); other replicas within Options.RefreshInterval.
+// (store.Changes, Forget); other replicas within Options.RefreshInterval. A project has at most
+// Options.MaxPlugins plugins and MaxTotalBytes of modules: past them Put answers a
+// *store.ConflictError saying so, and stores nothing.
 func (h *Host) Put(ctx context.Context, project, name string, wasm []byte, points []string, order int, failOpen bool, opts ...Option) (Plugin, error) {
 	var o options
 	for _, f := range opts {
@@ -142,12 +144,16 @@ func (h *Host) Put(ctx context.Context, project, name string, wasm []byte, point
 		return Plugin{}, fmt.Errorf("plugins: encode %s: %w", name, err)
 	}
 	k := projectKeys(project)
-	err = h.update(ctx, k, func(all map[string]Plugin, pipe redis.Pipeliner) {
+	err = h.update(ctx, k, func(all map[string]Plugin, pipe redis.Pipeliner) error {
+		if err := h.checkRoom(all, p); err != nil {
+			return err
+		}
 		pipe.Set(ctx, k.wasm(digest), wasm, 0)
 		pipe.HSet(ctx, k.meta(), name, b)
 		if old, ok := all[name]; ok && old.Digest != digest && !usedElsewhere(all, name, old.Digest) {
 			pipe.Del(ctx, k.wasm(old.Digest))
 		}
+		return nil
 	})
 	if err != nil {
 		return Plugin{}, err
@@ -175,15 +181,16 @@ func (h *Host) Delete(ctx context.Context, project, name string) error {
 	}
 	k := projectKeys(project)
 	found := false
-	err := h.update(ctx, k, func(all map[string]Plugin, pipe redis.Pipeliner) {
+	err := h.update(ctx, k, func(all map[string]Plugin, pipe redis.Pipeliner) error {
 		old, ok := all[name]
 		if found = ok; !ok {
-			return
+			return nil
 		}
 		pipe.HDel(ctx, k.meta(), name)
 		if !usedElsewhere(all, name, old.Digest) {
 			pipe.Del(ctx, k.wasm(old.Digest))
 		}
+		return nil
 	})
 	if err != nil {
 		return err
@@ -350,10 +357,35 @@ func (h *Host) decodeAll(project string, raw map[string]string) map[string]Plugi
 	return all
 }
 
+// checkRoom refuses p when the project's plugins (all, read under update's WATCH) would then
+// pass MaxPlugins or MaxTotalBytes; a new version of a plugin replaces the old one's room.
+func (h *Host) checkRoom(all map[string]Plugin, p Plugin) error {
+	if _, replaces := all[p.Name]; !replaces && len(all) >= h.o.MaxPlugins {
+		return &store.ConflictError{Message: fmt.Sprintf(
+			"the project already has %d plugins, the most it may have; delete one (DELETE /v1/plugins/{name}) or put this module under an existing name", h.o.MaxPlugins)}
+	}
+	sizes := map[string]int{p.Digest: p.SizeBytes} // by digest: a module shared by names is stored once
+	for name, q := range all {
+		if name != p.Name {
+			sizes[q.Digest] = q.SizeBytes
+		}
+	}
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	if total > h.o.MaxTotalBytes {
+		return &store.ConflictError{Message: fmt.Sprintf(
+			"the project's plugins would hold %d bytes of plugin modules, and it may hold %d; delete one (DELETE /v1/plugins/{name}) or upload a smaller module", total, h.o.MaxTotalBytes)}
+	}
+	return nil
+}
+
 // update runs a change of the project's plugins as a transaction on the meta hash (WATCH), so
-// that the module blobs are deleted only when no plugin refers to them any more, and bumps the
-// version.
-func (h *Host) update(ctx context.Context, k keys, change func(all map[string]Plugin, pipe redis.Pipeliner)) error {
+// that the module blobs are deleted only when no plugin refers to them any more, and that a
+// put's check of the project's room (checkRoom) holds when it writes; and bumps the version.
+// An error that change answers is answered as it is, and nothing is written.
+func (h *Host) update(ctx context.Context, k keys, change func(all map[string]Plugin, pipe redis.Pipeliner) error) error {
 	project := k.project
 	for range 10 {
 		err := h.rdb.Watch(ctx, func(tx *redis.Tx) error {
@@ -363,7 +395,9 @@ func (h *Host) update(ctx context.Context, k keys, change func(all map[string]Pl
 			}
 			all := h.decodeAll(project, raw)
 			_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-				change(all, pipe)
+				if err := change(all, pipe); err != nil {
+					return err
+				}
 				pipe.Incr(ctx, k.ver())
 				return nil
 			})
@@ -371,6 +405,10 @@ func (h *Host) update(ctx context.Context, k keys, change func(all map[string]Pl
 		}, k.meta())
 		if errors.Is(err, redis.TxFailedErr) {
 			continue
+		}
+		var ce *store.ConflictError
+		if errors.As(err, &ce) {
+			return err
 		}
 		if err != nil {
 			return fmt.Errorf("plugins: update %s: %w", project, err)
