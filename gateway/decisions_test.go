@@ -280,3 +280,42 @@ func TestPluginLimit(t *testing.T) {
 		t.Fatalf("after a delete: %d %s", r.status, r.body)
 	}
 }
+
+// TestPolicyLimits: each policy keeps its newest policies.DefaultMaxVersions versions, and
+// GET /v1/policies/{name} answers those; a project has at most policies.DefaultMaxPolicies
+// names, and the next is a 409 that names the limit and what to do.
+func TestPolicyLimits(t *testing.T) {
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb))
+	const versions = policies.DefaultMaxVersions + 1
+	for range versions {
+		if r := e.putPolicy(e.key, "tier4", "enforce", tier4Policy); r.status != 201 {
+			t.Fatalf("PUT: %d %s", r.status, r.body)
+		}
+	}
+	var list struct{ Data []Policy }
+	e.mustDo("GET", "/v1/policies/tier4", e.key, nil, 200, &list)
+	if n := len(list.Data); n != policies.DefaultMaxVersions || list.Data[0].ID != policies.FormatID("tier4", versions) ||
+		list.Data[n-1].ID != policies.FormatID("tier4", 2) {
+		t.Fatalf("%d versions listed, newest %s, oldest %s; want the newest %d", n, list.Data[0].ID, list.Data[n-1].ID, policies.DefaultMaxVersions)
+	}
+	expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2, "policy_id": "pol_tier4@1"}), 400, "invalid_request", "policy_id")
+
+	for i := 1; i < policies.DefaultMaxPolicies; i++ {
+		if r := e.putPolicy(e.key, fmt.Sprintf("p%d", i), "enforce", tier4Policy); r.status != 201 {
+			t.Fatalf("policy %d: %d %s", i, r.status, r.body)
+		}
+	}
+	msg := expectError(t, e.putPolicy(e.key, "one_more", "enforce", tier4Policy), 409, "invalid_state", "")
+	if want := fmt.Sprintf("%d policies", policies.DefaultMaxPolicies); !strings.Contains(msg, want) || !strings.Contains(msg, "PUT /v1/policies/{name}") {
+		t.Fatalf("the refusal %q does not name the limit (%s) and what to do", msg, want)
+	}
+	e.mustDo("GET", "/v1/policies", e.key, nil, 200, &list)
+	if len(list.Data) != policies.DefaultMaxPolicies {
+		t.Fatalf("%d policies listed, want %d", len(list.Data), policies.DefaultMaxPolicies)
+	}
+	expectError(t, e.do("GET", "/v1/policies/one_more", e.key, nil), 404, "not_found", "")
+	if r := e.putPolicy(e.key, "p1", "warn", tier4Policy); r.status != 201 {
+		t.Fatalf("a new version at the limit: %d %s", r.status, r.body)
+	}
+}

@@ -84,7 +84,9 @@
 //
 // Versions are immutable, numbered 1, 2, 3… per (project, name) and kept in Redis under the
 // project's hash tag (store/keys.go lays the keys out): wb:{P}:pol:latest (name → latest N), wb:{P}:pol:v:NAME (N → source and
-// metadata). Each revision is compiled and prepared once and cached by (project, id).
+// metadata). A project has at most 64 names, and each keeps its newest 20 versions and any a
+// live session pinned (Options.MaxPolicies, MaxVersions; Put deletes older ones). Each
+// revision is compiled and prepared once and cached by (project, id).
 // Admission and spend use each policy's latest version: a decision takes one immutable
 // snapshot of the project's set, so a concurrent upload never mixes revisions inside a
 // decision. Runtime uses the version the session pinned (pol_NAME@N) for its whole life.

@@ -49,6 +49,11 @@ type Options struct {
 	MaxProjectEvals int
 	// CacheSize bounds the prepared revisions kept in memory (pinned and latest). Default 4096.
 	CacheSize int
+	// MaxPolicies caps each project's policy names (default DefaultMaxPolicies).
+	MaxPolicies int
+	// MaxVersions is how many of each policy's newest versions are kept, besides those a
+	// live session pinned (default DefaultMaxVersions).
+	MaxVersions int
 }
 
 // DecisionLogOptions configure the asynchronous decision log.
@@ -72,6 +77,10 @@ type Engine struct {
 	evalSlots   int
 	slots       sync.Map // project → chan struct{}: its decisions evaluating its policies
 	putScript   *redis.Script
+	maxPolicies int
+	maxVersions int
+	// pins reads the policy versions the project's live sessions pinned, which Put keeps.
+	pins *store.Store
 
 	shipped map[string]*policy // by point
 	// runtimeMemo keeps the shipped runtime policy's documents (it is deterministic).
@@ -124,11 +133,18 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 	if o.MaxProjectEvals <= 0 {
 		o.MaxProjectEvals = 4
 	}
+	if o.MaxPolicies <= 0 {
+		o.MaxPolicies = DefaultMaxPolicies
+	}
+	if o.MaxVersions <= 0 {
+		o.MaxVersions = DefaultMaxVersions
+	}
 	e := &Engine{
 		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory, evalSlots: o.MaxProjectEvals,
-		putScript: redis.NewScript(putScript),
-		shipped:   map[string]*policy{},
-		cache:     &preparedCache{max: o.CacheSize, m: map[string]*policy{}},
+		putScript:   redis.NewScript(putScript),
+		maxPolicies: o.MaxPolicies, maxVersions: o.MaxVersions, pins: store.New(rdb),
+		shipped: map[string]*policy{},
+		cache:   &preparedCache{max: o.CacheSize, m: map[string]*policy{}},
 	}
 	files, err := fs.Glob(shippedFS, "*.rego")
 	if err != nil {

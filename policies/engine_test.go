@@ -19,6 +19,7 @@ import (
 
 	"wb/internal/redistest"
 	"wb/session"
+	"wb/store"
 )
 
 func newEngine(t *testing.T, rdb redis.UniversalClient, o Options) *Engine {
@@ -883,5 +884,139 @@ func TestForget(t *testing.T) {
 		if want := fmt.Sprintf("pol_marker@%d: revision %d", n+1, n+1); !marked(want) {
 			t.Fatalf("after the Forget: not %q", want)
 		}
+	}
+}
+
+// versionNumbers answers the numbers of a policy's stored versions, oldest first.
+func versionNumbers(t *testing.T, e *Engine, project, name string) []int {
+	t.Helper()
+	vs, err := e.Versions(context.Background(), project, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, v := range vs {
+		out = append(out, v.Version)
+	}
+	return out
+}
+
+// TestPolicyLimits: a project has at most MaxPolicies names (past it, a conflict that says
+// what to do, and nothing stored), and each name keeps its newest MaxVersions versions and
+// those a live session pinned; a version is trimmed once no live session pins it.
+func TestPolicyLimits(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	e := newEngine(t, rdb, Options{MaxPolicies: 3, MaxVersions: 4})
+	const p = "proj_lim"
+	for _, name := range []string{"a", "b", "c"} {
+		if _, err := e.Put(ctx, p, name, tier4Policy, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := e.Put(ctx, p, "d", tier4Policy, ModeEnforce)
+	var ce *store.ConflictError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "3 policies") || !strings.Contains(err.Error(), "PUT /v1/policies/{name}") {
+		t.Fatalf("a 4th policy: %v", err)
+	}
+	if ps, err := e.Policies(ctx, p); err != nil || len(ps) != 3 {
+		t.Fatalf("after the refusal: %d policies, %v", len(ps), err)
+	}
+	if _, _, err := e.Get(ctx, p, "pol_d"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the refused policy: %v", err)
+	}
+	if _, err := e.Put(ctx, "proj_other", "d", tier4Policy, ModeEnforce); err != nil {
+		t.Fatalf("another project: %v", err)
+	}
+
+	// A live session pins b@2; b@1 is pinned by none.
+	st := store.New(rdb)
+	if _, err := st.EnsureProject(ctx, p, p); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := e.Put(ctx, p, "b", runtimeV1, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	pin := FormatID("b", 2)
+	sess := &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending, ProjectID: p, Template: "base",
+		Region: "local", CreatedAt: *session.At(now), IdleTimeoutS: 60, MaxLifetimeS: 3600, PolicyID: &pin}
+	if sess, err = st.Create(ctx, sess, 10); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if _, err := e.Put(ctx, p, "b", runtimeV1, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := versionNumbers(t, e, p, "b"), []int{2, 5, 6, 7, 8}; !slices.Equal(got, want) {
+		t.Fatalf("b's versions %v, want %v (the newest 4 and the pinned one)", got, want)
+	}
+	if d, err := e.Runtime(ctx, p, pin, map[string]any{"type": "exec", "argv": []any{"curl"}}); err != nil || d.Deny || !d.Kill {
+		t.Fatalf("the pinned version: %+v %v", d, err)
+	}
+	if _, err := st.Transition(ctx, store.Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Failed,
+		Driver: session.Timer, Reason: session.ProvisionTimeout, Version: sess.Version}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Put(ctx, p, "b", runtimeV1, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := versionNumbers(t, e, p, "b"), []int{6, 7, 8, 9}; !slices.Equal(got, want) {
+		t.Fatalf("b's versions %v after its session ended, want %v", got, want)
+	}
+
+	if d := newEngine(t, rdb, Options{}); d.maxPolicies != DefaultMaxPolicies || d.maxVersions != DefaultMaxVersions {
+		t.Fatalf("the defaults: %d policies, %d versions", d.maxPolicies, d.maxVersions)
+	}
+}
+
+// TestPolicyLimitsConcurrent: new policies and new versions put at once, through several
+// engines (gateways), never pass the limits together.
+func TestPolicyLimitsConcurrent(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	const p, maxPolicies, maxVersions, tries = "proj_race", 3, 4, 12
+	engines := make([]*Engine, 3)
+	for i := range engines {
+		engines[i] = newEngine(t, rdb, Options{MaxPolicies: maxPolicies, MaxVersions: maxVersions})
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, tries)
+	for i := range tries {
+		wg.Go(func() {
+			_, errs[i] = engines[i%len(engines)].Put(ctx, p, fmt.Sprintf("p%d", i), tier4Policy, ModeEnforce)
+		})
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		var ce *store.ConflictError
+		switch {
+		case err == nil:
+			ok++
+		case !errors.As(err, &ce):
+			t.Errorf("a put failed otherwise: %v", err)
+		}
+	}
+	ps, err := engines[0].Policies(ctx, p)
+	if err != nil || len(ps) != maxPolicies || ok != maxPolicies {
+		t.Fatalf("%d policies stored, %d puts answered OK; want %d (%v)", len(ps), ok, maxPolicies, err)
+	}
+
+	name := ps[0].Name
+	for i := range tries {
+		wg.Go(func() {
+			if _, err := engines[i%len(engines)].Put(ctx, p, name, tier4Policy, ModeEnforce); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	n := 1 + tries
+	if got, want := versionNumbers(t, engines[0], p, name), []int{n - 3, n - 2, n - 1, n}; !slices.Equal(got, want) {
+		t.Fatalf("%s's versions %v, want %v", name, got, want)
 	}
 }

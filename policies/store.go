@@ -55,6 +55,17 @@ var (
 // MaxSourceBytes bounds an uploaded policy.
 const MaxSourceBytes = 256 << 10
 
+// Defaults of Options' limits on what a project stores, in the Redis every tenant shares.
+const (
+	// DefaultMaxPolicies bounds a project's policy names: every admission and spend decision
+	// evaluates the latest version of each, so a few dozen is already more than sensible.
+	DefaultMaxPolicies = 64
+	// DefaultMaxVersions is how many of a policy's newest versions are kept (each up to
+	// MaxSourceBytes, and GET /v1/policies/{name} answers them all): enough to pin a recent
+	// one or go back a few; an older one stays while a live session pins it.
+	DefaultMaxVersions = 20
+)
+
 // IDPrefix starts every policy id.
 const IDPrefix = "pol_"
 
@@ -105,12 +116,33 @@ func versionsKey(project, name string) string {
 // DecisionsKey is the project's decision-log stream.
 func DecisionsKey(project string) string { return store.ProjectKeys(project).Policies().Decisions() }
 
-// putScript allocates the next version of a policy and stores it, atomically: KEYS[1] is
-// the latest hash (name → N), KEYS[2] the versions hash (N → record).
+// putScript allocates the next version of a policy and stores it, atomically with the
+// checks of the project's limits, so that puts at once, through any gateway, cannot pass
+// them together. It answers {'FULL'} for a new name past the most names; {'PINS'}, storing
+// nothing, when the versions would pass the most kept and the pins were not given (Put reads
+// them and runs it again); else {'OK', N}, having deleted the versions older than the newest
+// max that no live session pins.
+//
+// KEYS: latest hash (name → N), versions hash (N → record)
+// ARGV: name, record, max names, max versions, "1" when the pins are given, the pinned
+// version numbers
 const putScript = `
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return {'FULL'}
+end
+local max = tonumber(ARGV[4])
+if ARGV[5] ~= '1' and redis.call('HLEN', KEYS[2]) >= max then return {'PINS'} end
 local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 redis.call('HSET', KEYS[2], n, ARGV[2])
-return n`
+if ARGV[5] == '1' then
+  local pinned = {}
+  for i = 6, #ARGV do pinned[ARGV[i]] = true end
+  for _, v in ipairs(redis.call('HKEYS', KEYS[2])) do
+    local m = tonumber(v)
+    if m and m <= n - max and not pinned[v] then redis.call('HDEL', KEYS[2], v) end
+  end
+end
+return {'OK', n}`
 
 // record is a stored revision; its name and number are in its keys.
 type record struct {
@@ -144,6 +176,9 @@ func validProject(project string) error {
 // wb.spend, is a *CompileError. An empty mode is enforce. The new version takes effect at
 // once on this engine, and on the engines of the gateways before Put returns (they Forget the
 // project's set when store.Changes tells them; other engines within Options.Refresh).
+// A project has at most Options.MaxPolicies names: a new one past them is a
+// *store.ConflictError, and nothing is stored. Each name keeps its newest Options.MaxVersions
+// versions and those a live session pinned; Put deletes the others.
 func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mode) (Version, error) {
 	if err := validProject(project); err != nil {
 		return Version{}, err
@@ -170,9 +205,9 @@ func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mod
 	if err != nil {
 		return Version{}, fmt.Errorf("policies: encode %s: %w", name, err)
 	}
-	n, err := e.putScript.Run(ctx, e.rdb, []string{latestKey(project), versionsKey(project, name)}, name, b).Int()
+	n, err := e.storeVersion(ctx, project, name, b)
 	if err != nil {
-		return Version{}, fmt.Errorf("policies: store %s: %w", name, err)
+		return Version{}, err
 	}
 	v := rec.version(name, n)
 	p := &policy{Version: v, compiled: c}
@@ -180,6 +215,47 @@ func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mod
 	e.publish(project, p)
 	e.changes.Publish(ctx, project, store.ChangePolicies)
 	return v, nil
+}
+
+// storeVersion runs putScript for the record b of name, with the pins of the project's live
+// sessions when it asks for them, and answers the new version's number.
+func (e *Engine) storeVersion(ctx context.Context, project, name string, b []byte) (int, error) {
+	keys := []string{latestKey(project), versionsKey(project, name)}
+	args := []any{name, b, e.maxPolicies, e.maxVersions, "0"}
+	for {
+		res, err := e.putScript.Run(ctx, e.rdb, keys, args...).Slice()
+		if err != nil {
+			return 0, fmt.Errorf("policies: store %s: %w", name, err)
+		}
+		switch res[0] {
+		case "FULL":
+			return 0, &store.ConflictError{Message: fmt.Sprintf(
+				"the project already has %d policies, the most it may have; upload a new version of one of them (PUT /v1/policies/{name}) instead", e.maxPolicies)}
+		case "PINS":
+			if args[4] == "1" {
+				return 0, fmt.Errorf("policies: store %s: asked for the pins again", name)
+			}
+			// A session created between this read and the script may pin a version the script
+			// deletes: only one that was already past the newest MaxVersions, which a create
+			// names only by its number.
+			ids, err := e.pins.PinnedPolicies(ctx, project)
+			if err != nil {
+				return 0, fmt.Errorf("policies: store %s: %w", name, err)
+			}
+			args[4] = "1"
+			for _, id := range ids {
+				if pn, pv, err := ParseID(id); err == nil && pn == name && pv > 0 {
+					args = append(args, strconv.Itoa(pv))
+				}
+			}
+			continue
+		}
+		n, ok := res[1].(int64)
+		if !ok {
+			return 0, fmt.Errorf("policies: store %s: the script answered %v", name, res)
+		}
+		return int(n), nil
+	}
 }
 
 // Versions answers every version of a policy, oldest first, or ErrNotFound.

@@ -249,6 +249,49 @@ func (s *Store) ActiveCount(ctx context.Context, project string) (int64, error) 
 	return s.rdb.SCard(ctx, ProjectKeys(project).active()).Result()
 }
 
+// PinnedPolicies answers the policy ids (pol_NAME@N) that the project's live sessions (those
+// holding a concurrency slot) pinned with policy_id, each once: policies.Engine keeps those
+// versions when it trims old ones.
+func (s *Store) PinnedPolicies(ctx context.Context, project string) ([]string, error) {
+	k := ProjectKeys(project)
+	ids, err := s.rdb.SMembers(ctx, k.active()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("pinned policies of %s: %w", project, err)
+	}
+	cmds := make([]*redis.StringCmd, len(ids))
+	if len(ids) > 0 {
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range ids {
+				cmds[i] = p.HGet(ctx, k.session(id), "doc")
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("pinned policies of %s: %w", project, err)
+		}
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, c := range cmds {
+		doc, err := c.Result()
+		if errors.Is(err, redis.Nil) {
+			continue // a slot reserved for a create not written yet, or a session just ended
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pinned policies of %s: %w", project, err)
+		}
+		var st static
+		if err := json.Unmarshal([]byte(doc), &st); err != nil {
+			return nil, fmt.Errorf("pinned policies of %s: %w", project, err)
+		}
+		if st.PolicyID != nil && !seen[*st.PolicyID] {
+			seen[*st.PolicyID] = true
+			out = append(out, *st.PolicyID)
+		}
+	}
+	return out, nil
+}
+
 // decode builds a session from its hash.
 func decode(m map[string]string) (*session.Session, error) {
 	var st static
