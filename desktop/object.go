@@ -19,6 +19,11 @@ const ObjectName = "desktop"
 // MaxNameLen bounds a desktop's name.
 const MaxNameLen = 100
 
+// MaxPerProject bounds a project's desktops, in any state: each create starts a session and a
+// lease on it in the background, and a failed or stopped one keeps its record and snapshots
+// until it is deleted.
+const MaxPerProject = 100
+
 // Desktop is the API object (API.md, "Desktops").
 type Desktop struct {
 	ID        string `json:"id"`

@@ -46,7 +46,7 @@ func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.P
 	id := session.NewID(desktop.IDPrefix, now)
 	rec := desktop.Record{Desktop: desktop.Desktop{ID: id, Object: desktop.ObjectName, ProjectID: p.ID, Name: req.Name,
 		Size: size, State: desktop.Starting, MCPURL: s.PublicURL + "/v1/desktops/" + id + "/mcp", CreatedAt: *session.At(now)}}
-	out, err := s.Store.PutDesktop(r.Context(), rec, "")
+	out, err := s.Store.CreateDesktop(r.Context(), rec, desktop.MaxPerProject)
 	if err != nil {
 		return err
 	}

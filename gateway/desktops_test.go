@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -498,4 +499,34 @@ func TestDesktopSessionsCarryTheDesktop(t *testing.T) {
 			t.Errorf("an end user's line names desktop %s", l.DesktopID)
 		}
 	}
+}
+
+// TestDesktopLimit: a project has at most desktop.MaxPerProject desktops, in any state; the
+// next create is a 409 that names the limit and what to do, and makes nothing; a delete
+// makes room.
+func TestDesktopLimit(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	var ids []string
+	for i := range desktop.MaxPerProject {
+		now := time.Now()
+		rec := desktop.Record{Desktop: desktop.Desktop{ID: session.NewID(desktop.IDPrefix, now), Object: desktop.ObjectName, ProjectID: e.projA,
+			Name: "old", Size: "s", State: desktop.Stopped, MCPURL: e.url + "/v1/desktops/x/mcp", CreatedAt: *session.At(now)}}
+		if i%2 == 0 {
+			rec.State, rec.Message = desktop.Failed, "it failed long ago"
+		}
+		if _, err := e.st.PutDesktop(ctx, rec, ""); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, rec.ID)
+	}
+	msg := expectError(t, e.do("POST", "/v1/desktops", e.key, map[string]any{"name": "one more"}), 409, "invalid_state", "")
+	if want := fmt.Sprintf("%d desktops", desktop.MaxPerProject); !strings.Contains(msg, want) || !strings.Contains(msg, "DELETE /v1/desktops/{id}") {
+		t.Fatalf("the refusal %q does not name the limit (%s) and what to do", msg, want)
+	}
+	if n, err := e.rdb.ZCard(ctx, "wb:{"+e.projA+"}:desktops").Result(); err != nil || n != desktop.MaxPerProject {
+		t.Fatalf("%d desktops stored, want %d (%v)", n, desktop.MaxPerProject, err)
+	}
+	e.mustDo("DELETE", "/v1/desktops/"+ids[0], e.key, nil, 200, nil)
+	e.newDesktop(map[string]any{"name": "one more"})
 }

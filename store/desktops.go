@@ -31,16 +31,20 @@ func (e *DesktopUsedError) Error() string {
 }
 
 // desktopPutScript writes a desktop record if its version is the expected one (0: it must
-// not exist) and, when ARGV[10] is given, it was not used since then (ms); it indexes it,
-// and appends the event (when given) carrying the record.
+// not exist, and, when ARGV[11] is given, the project must have fewer desktops than that) and,
+// when ARGV[10] is given, it was not used since then (ms); it indexes it, and appends the
+// event (when given) carrying the record. The count and the write are one step, so creates
+// at once, through any gateway, cannot pass the most together.
 //
 // KEYS: desktop hash, desktops index, outbox
 // ARGV: id, expected version, doc, state, event type ("" for none), event id, now ms, object,
-// project, unused since ms ("" for no bound)
+// project, unused since ms ("" for no bound), most desktops of a new one's project ("" for no
+// bound)
 var desktopPutScript = redis.NewScript(`
 local ver = redis.call('HGET', KEYS[1], 'ver')
 if ARGV[2] == '0' then
   if ver then return {'CONFLICT', ver} end
+  if ARGV[11] ~= '' and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[11]) then return {'FULL'} end
   ver = '0'
 elseif not ver then
   return {'NOTFOUND'}
@@ -90,17 +94,32 @@ return st
 // writes no event). It answers r at its new version; ErrDesktopChanged when another write
 // came first, ErrNotFound when the desktop is gone.
 func (s *Store) PutDesktop(ctx context.Context, r desktop.Record, prev desktop.State) (desktop.Record, error) {
-	return s.putDesktop(ctx, r, prev, "")
+	return s.putDesktop(ctx, r, prev, "", "")
 }
+
+// CreateDesktop writes the new desktop r (at version 0) as PutDesktop does, unless its
+// project has max desktops already, in any state: then it answers a *ConflictError saying
+// so, and writes nothing.
+func (s *Store) CreateDesktop(ctx context.Context, r desktop.Record, max int) (desktop.Record, error) {
+	out, err := s.putDesktop(ctx, r, "", "", strconv.Itoa(max))
+	if errors.Is(err, errDesktopsFull) {
+		return r, &ConflictError{Message: fmt.Sprintf(
+			"the project already has %d desktops, the most it may have (failed and stopped ones count); delete one (DELETE /v1/desktops/{id})", max)}
+	}
+	return out, err
+}
+
+// errDesktopsFull: desktopPutScript found the project at its most desktops.
+var errDesktopsFull = errors.New("the project has its most desktops")
 
 // PutDesktopIfUnused is PutDesktop that also refuses, with a *DesktopUsedError, when the
 // desktop was used at or after unusedSince: an idle desktop is put to sleep only if no use
 // came between the read that found it idle and the write (a tool call that began meanwhile).
 func (s *Store) PutDesktopIfUnused(ctx context.Context, r desktop.Record, prev desktop.State, unusedSince time.Time) (desktop.Record, error) {
-	return s.putDesktop(ctx, r, prev, strconv.FormatInt(unusedSince.UnixMilli(), 10))
+	return s.putDesktop(ctx, r, prev, strconv.FormatInt(unusedSince.UnixMilli(), 10), "")
 }
 
-func (s *Store) putDesktop(ctx context.Context, r desktop.Record, prev desktop.State, unusedSince string) (desktop.Record, error) {
+func (s *Store) putDesktop(ctx context.Context, r desktop.Record, prev desktop.State, unusedSince, maxDesktops string) (desktop.Record, error) {
 	now := s.now()
 	r.UpdatedAt = *session.At(now)
 	doc, err := json.Marshal(r)
@@ -116,7 +135,7 @@ func (s *Store) putDesktop(ctx context.Context, r desktop.Record, prev desktop.S
 	}
 	k := ProjectKeys(r.ProjectID)
 	res, err := desktopPutScript.Run(ctx, s.rdb, []string{k.desktop(r.ID), k.desktops(), Outbox(r.ProjectID)},
-		r.ID, r.Version, doc, string(r.State), typ, session.NewID("evt_", now), now.UnixMilli(), obj, r.ProjectID, unusedSince).StringSlice()
+		r.ID, r.Version, doc, string(r.State), typ, session.NewID("evt_", now), now.UnixMilli(), obj, r.ProjectID, unusedSince, maxDesktops).StringSlice()
 	if err != nil {
 		return r, fmt.Errorf("put desktop %s: %w", r.ID, err)
 	}
@@ -125,6 +144,8 @@ func (s *Store) putDesktop(ctx context.Context, r desktop.Record, prev desktop.S
 		return r, ErrNotFound
 	case "CONFLICT":
 		return r, ErrDesktopChanged
+	case "FULL":
+		return r, errDesktopsFull
 	case "USED":
 		used, _ := strconv.ParseInt(res[1], 10, 64)
 		return r, &DesktopUsedError{At: time.UnixMilli(used)}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -215,5 +218,55 @@ func TestDesktopWorkLeases(t *testing.T) {
 	}
 	if must(s.ClaimDesktopWork(ctx, ref, "e", t0.Add(time.Hour), t0.Add(2*time.Hour))) {
 		t.Fatal("claimed a released lease")
+	}
+}
+
+// TestDesktopCap: CreateDesktop refuses a project's desktop past max with a conflict that
+// says what to do, and stores nothing; desktops in any state count (a failed one stays until
+// deleted); a delete makes room; creates at once never pass max together.
+func TestDesktopCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := New(redistest.Server(t))
+	const p, max, tries = "proj_cap", 3, 12
+	rec := func(i int) desktop.Record {
+		now := time.Now()
+		return desktop.Record{Desktop: desktop.Desktop{ID: session.NewID(desktop.IDPrefix, now), ProjectID: p,
+			Name: fmt.Sprintf("d%d", i), Size: "s", State: desktop.Starting, CreatedAt: *session.At(now)}}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, tries)
+	for i := range tries {
+		wg.Go(func() { _, errs[i] = s.CreateDesktop(ctx, rec(i), max) })
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		var ce *ConflictError
+		switch {
+		case err == nil:
+			ok++
+		case !errors.As(err, &ce) || !strings.Contains(err.Error(), "3 desktops") || !strings.Contains(err.Error(), "DELETE /v1/desktops/{id}"):
+			t.Errorf("a create failed otherwise: %v", err)
+		}
+	}
+	all, _, err := s.ListDesktops(ctx, p, 100, "")
+	if err != nil || len(all) != max || ok != max {
+		t.Fatalf("%d desktops stored, %d creates answered OK; want %d (%v)", len(all), ok, max, err)
+	}
+	failed := all[0]
+	failed.State = desktop.Failed
+	if _, err := s.PutDesktop(ctx, failed, desktop.Starting); err != nil {
+		t.Fatal(err)
+	}
+	var ce *ConflictError
+	if _, err := s.CreateDesktop(ctx, rec(99), max); !errors.As(err, &ce) {
+		t.Fatalf("past the cap with a failed desktop: %v", err)
+	}
+	if _, err := s.DeleteDesktop(ctx, p, failed.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateDesktop(ctx, rec(99), max); err != nil {
+		t.Fatalf("after a delete: %v", err)
 	}
 }
