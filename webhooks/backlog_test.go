@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -181,4 +182,33 @@ func TestBacklogCountReturnsToZero(t *testing.T) {
 		n, err := rdb.HLen(ctx, k.queued()).Result()
 		return a+b == 0 && err == nil && n == 0
 	})
+}
+
+// TestBacklogBoundSparesASlowEndpoint: the bound is for an endpoint that fails; one that
+// accepts every delivery, however slowly, gets every event even while more than the bound
+// waits for it (a review found a first version dropping events for a healthy endpoint that a
+// burst of runs' events had got behind).
+func TestBacklogBoundSparesASlowEndpoint(t *testing.T) {
+	rdb := redistest.Server(t)
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
+	project := newBareProject(t, st, "slow")
+	slow := newReceiver(t, func(int, string) int {
+		time.Sleep(100 * time.Millisecond)
+		return http.StatusOK
+	})
+	ep := createEndpoint(t, reg, project, slow, AllEvents)
+	opts := fastOptions("t1")
+	opts.MaxQueuedBytes = 4 << 10
+	startDispatcher(t, rdb, opts)
+
+	const events = 20 // of 500 bytes of output each, all at once: about twice the bound
+	for i := range events {
+		appendRun(t, st, project, "sess_a", i, 500)
+	}
+	waitFor(t, "every event at the slow endpoint", func() bool { return len(slow.succeeded()) >= events })
+	for _, d := range deliveries(t, reg, project, ep.ID, 100) {
+		if d.Status != StatusSucceeded {
+			t.Errorf("slow but healthy endpoint: %+v", d)
+		}
+	}
 }

@@ -1048,7 +1048,7 @@ func (d *Dispatcher) deliver(ctx context.Context, p, name string, lease int64, l
 	mode, score := "pop", now.UnixMilli()
 	switch {
 	case r.ok():
-		dl.Status = StatusSucceeded
+		dl.Status, mode = StatusSucceeded, "done"
 	case r.permanent:
 		dl.Status = StatusFailed
 	case start.UnixMilli()-first >= d.o.RetryWindow.Milliseconds():

@@ -323,7 +323,7 @@ func (r *Registry) Delete(ctx context.Context, project, id string) error {
 	_, err := r.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		del = p.HDel(ctx, k.endpoints(), id)
 		p.Del(ctx, k.log(id))
-		p.HDel(ctx, k.queued(), id)
+		p.HDel(ctx, k.queued(), id, "failing:"+id)
 		return nil
 	})
 	if err != nil {

@@ -142,9 +142,11 @@ return 0
 // enqueueScript queues one outbox entry's deliveries and acks the entry, atomically, if the
 // caller still holds the outbox; an entry already acked is not queued again.
 //
-// Each endpoint's queued bytes (the queued hash) stay within the bound: a task that would
-// take an endpoint past it is not queued for that endpoint, and its log records why instead
-// (the delivery JSON given for it). An endpoint deleted since the caller listed it gets
+// Each failing endpoint's queued bytes (the queued hash) stay within the bound: a task that
+// would take it past the bound is not queued for that endpoint, and its log records why
+// instead (the delivery JSON given for it). An endpoint is failing from a failed attempt to
+// its next success (the hash's failing:<endpoint> field): one that accepts what it is sent,
+// however slowly, is sent everything, at least once. An endpoint deleted since the caller listed it gets
 // nothing.
 //
 // KEYS: owner, outbox, due, endpoints, queued, N queues, N logs. ARGV: me, group, entry id,
@@ -160,7 +162,7 @@ for i = 1, n do
   local a = 8 + 3 * (i - 1)
   local ep = ARGV[a + 1]
   if redis.call('HEXISTS', KEYS[4], ep) == 1 then
-    if tonumber(redis.call('HGET', KEYS[5], ep) or '0') + size > tonumber(ARGV[5]) then
+    if redis.call('HEXISTS', KEYS[5], 'failing:' .. ep) == 1 and tonumber(redis.call('HGET', KEYS[5], ep) or '0') + size > tonumber(ARGV[5]) then
       redis.call('XADD', KEYS[5 + n + i], 'MAXLEN', ARGV[6], '*', 'd', ARGV[a + 2])
       table.insert(out, ep)
     else
@@ -222,25 +224,26 @@ if ARGV[3] ~= '1' and redis.call('LLEN', KEYS[2]) > 0 then
   redis.call('ZADD', KEYS[1], 'XX', ARGV[4], ARGV[1])
   return 0
 end
-if ARGV[3] == '1' then redis.call('HDEL', KEYS[4], ARGV[5]) end
+if ARGV[3] == '1' then redis.call('HDEL', KEYS[4], ARGV[5], 'failing:' .. ARGV[5]) end
 redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[1], ARGV[1])
 return 1
 `)
 
 // completeScript records an attempt in the endpoint's log and, if the caller still holds the
-// queue's lease, pops the head (done; its bytes leave the endpoint's count) or schedules its
-// retry. An endpoint that is gone loses its queue and its count.
+// queue's lease, pops the head (done: delivered, which also ends the endpoint's failing mark;
+// pop: given up; its bytes leave the endpoint's count either way) or schedules its retry
+// (which marks the endpoint failing). An endpoint that is gone loses its queue and its count.
 //
 // KEYS: due, queue, meta, endpoints, log, queued.
-// ARGV: name, lease end ms, pop|retry, score (next attempt ms, or now for the next head),
+// ARGV: name, lease end ms, done|pop|retry, score (next attempt ms, or now for the next head),
 // attempt, first attempt ms, endpoint id, delivery JSON, log length.
 // Answers 2 (popped, more queued), 1 (done), 0 (endpoint gone), -1 (lease lost).
 var completeScript = redis.NewScript(`
 local cur = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local mine = cur and tonumber(cur) == tonumber(ARGV[2])
 if redis.call('HEXISTS', KEYS[4], ARGV[7]) == 0 then
-  redis.call('HDEL', KEYS[6], ARGV[7])
+  redis.call('HDEL', KEYS[6], ARGV[7], 'failing:' .. ARGV[7])
   if mine then
     redis.call('DEL', KEYS[2], KEYS[3])
     redis.call('ZREM', KEYS[1], ARGV[1])
@@ -249,7 +252,12 @@ if redis.call('HEXISTS', KEYS[4], ARGV[7]) == 0 then
 end
 redis.call('XADD', KEYS[5], 'MAXLEN', ARGV[9], '*', 'd', ARGV[8])
 if not mine then return -1 end
-if ARGV[3] == 'pop' then
+if ARGV[3] == 'retry' then
+  redis.call('HSET', KEYS[6], 'failing:' .. ARGV[7], '1')
+elseif ARGV[3] == 'done' then
+  redis.call('HDEL', KEYS[6], 'failing:' .. ARGV[7])
+end
+if ARGV[3] ~= 'retry' then
   local t = redis.call('LPOP', KEYS[2])
   -- Tasks queued before the count was kept were never added to it: it stops at 0.
   if t and redis.call('HINCRBY', KEYS[6], ARGV[7], -string.len(t)) <= 0 then redis.call('HDEL', KEYS[6], ARGV[7]) end
