@@ -50,6 +50,26 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	default:
 		return errInvalid("wait", "wait must be true or false, got %q", v)
 	}
+	status := 201 // the run, ended
+	if !wait {
+		status = 202 // the run, queued
+	}
+	// With an Idempotency-Key the run and an ephemeral run's session are named after the key's
+	// ref, which every request holding the key in turn shares: a retry that took the key over
+	// from a gateway that died mid-run answers the run that one made, as it is, rather than
+	// run the command again.
+	runID, sessID := "", ""
+	if ir := idemRefOf(r.Context()); ir.ref != "" {
+		runID, sessID = "run_"+ir.ref, "sess_"+ir.ref
+		if ir.resumed {
+			if run, err := s.Store.GetRun(r.Context(), p.ID, runID); err == nil {
+				writeJSON(w, status, run)
+				return nil
+			} else if !errors.Is(err, store.ErrNotFound) {
+				return err
+			}
+		}
+	}
 	// Caps first, so that a refused run leaves nothing behind (an ephemeral run's session).
 	slots, max := s.execs, s.MaxConcurrentExecs
 	if !wait {
@@ -108,8 +128,15 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		}
 		tier := 1
 		// Marked as a run's, the session gets a warm guest whose interpreter waits for the code.
-		sess, _, err := s.admitRequest(r.Context(), p, session.CreateRequest{Tier: &tier, Template: tpl.Name, EndUserID: req.EndUserID},
-			"", map[string]string{session.RunMetadataKey: rt.Name})
+		sreq, marks := session.CreateRequest{Tier: &tier, Template: tpl.Name, EndUserID: req.EndUserID}, map[string]string{session.RunMetadataKey: rt.Name}
+		sess, _, err := s.admitRequest(r.Context(), p, sreq, sessID, marks)
+		if sessID != "" && errors.Is(err, store.ErrExists) {
+			// Admitted by a request that died before its run was saved: nothing ran in it.
+			// One that has ended (its run's save failed) gives way to a new one.
+			if sess, err = s.Store.Get(r.Context(), p.ID, sessID); err == nil && (sess.State.Terminal() || sess.State == session.Stopping) {
+				sess, _, err = s.admitRequest(r.Context(), p, sreq, "", marks)
+			}
+		}
 		if err != nil {
 			return err
 		}
@@ -137,7 +164,10 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		req.SessionID, ephemeral = sess.ID, sess.ID
 	}
 	now := s.Now()
-	run := &session.Run{ID: session.NewID("run_", now), Object: "run", SessionID: &req.SessionID,
+	if runID == "" {
+		runID = session.NewID("run_", now)
+	}
+	run := &session.Run{ID: runID, Object: "run", SessionID: &req.SessionID,
 		State: session.RunQueued, CreatedAt: *session.At(now)}
 	if err := s.Store.PutRun(r.Context(), p.ID, run); err != nil {
 		if ephemeral != "" { // it will run nothing: its guest must not hold a slot until its idle timeout
@@ -174,12 +204,12 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 			defer slots.release(p.ID)
 			do(s.ctx)
 		}()
-		writeJSON(w, 202, queued)
+		writeJSON(w, status, queued)
 		return nil
 	}
 	// A run outlives its caller's connection, as sessions do.
 	do(context.WithoutCancel(r.Context()))
-	writeJSON(w, 201, run)
+	writeJSON(w, status, run)
 	return nil
 }
 

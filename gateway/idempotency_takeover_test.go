@@ -1,0 +1,161 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"wb/session"
+	"wb/store"
+)
+
+// takeoverLease is the lease of the killed gateway's claims in these tests: short, so that a
+// retry takes the key over soon, and still long beside a handler's first steps.
+const takeoverLease = 2 * time.Second
+
+// diedHolding plays a gateway killed mid-request after its handler did its work: it claims
+// key as that gateway's store would (with a lease of takeoverLease), runs h under the claim's
+// ref as the idempotent middleware does, and ends the claim neither way, so that the answer
+// is lost and the key is left to a retry once the lease lapses. pathID is the route's {id}
+// (empty when it has none). It answers what h wrote.
+func (e *env) diedHolding(key, target, pathID string, body []byte, h handler) *httptest.ResponseRecorder {
+	e.t.Helper()
+	ctx := context.Background()
+	proj, err := e.st.GetProject(ctx, e.projA)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	dead := store.New(e.rdb, store.WithIdemLease(takeoverLease)) // the killed gateway's store
+	_, claim, err := dead.IdemBegin(ctx, e.projA, key, fingerprint(httptest.NewRequest("POST", target, nil), body))
+	if err != nil || claim == nil {
+		e.t.Fatalf("the dead gateway's claim on %s: %v", key, err)
+	}
+	r := httptest.NewRequest("POST", target, bytes.NewReader(body))
+	if pathID != "" {
+		r.SetPathValue("id", pathID)
+	}
+	r = r.WithContext(context.WithValue(ctx, idemRefKey{}, idemRef{ref: claim.Ref}))
+	w := httptest.NewRecorder()
+	if err := h(w, r, proj); err != nil {
+		e.gw.writeError(w, r, err)
+	}
+	time.Sleep(takeoverLease + 500*time.Millisecond) // its lease lapses: a retry takes the key over
+	return w
+}
+
+// retried sends the request again with key, as a client whose answer was lost does, and
+// decodes the answer into out. It must not be a replay: the dead gateway recorded none.
+func (e *env) retried(key, target string, body []byte, status int, out any) {
+	e.t.Helper()
+	r := e.mustDo("POST", target, e.key, body, status, out, "Idempotency-Key", key)
+	if r.header.Get("Idempotent-Replayed") != "" {
+		e.t.Fatalf("the retry of %s was a replay, but the dead gateway recorded no answer", key)
+	}
+}
+
+// runFinishedEvents counts the project's run.finished events: one for each run that ran.
+func (e *env) runFinishedEvents() int {
+	e.t.Helper()
+	evs, err := e.st.OutboxEvents(context.Background(), e.projA)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == session.EventRunFinished {
+			n++
+		}
+	}
+	return n
+}
+
+// runKeys counts the runs the project has (each is under a key of its own).
+func (e *env) runKeys() int {
+	e.t.Helper()
+	keys, err := e.rdb.Keys(context.Background(), "*{"+e.projA+"}:run:*").Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return len(keys)
+}
+
+// TestIdempotencyTakeoverRun: a run whose gateway died after running it (its answer lost) is
+// answered to the retry that takes its Idempotency-Key over, as it is: the command does not
+// run a second time, and an ephemeral run admits no second session. Before, only sessions
+// were named after the key's ref: the retry ran the command again, in a second session.
+func TestIdempotencyTakeoverRun(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	cases := []struct {
+		name, target string
+		body         string
+		status       int
+		sessions     int // the project's sessions after the retry
+	}{
+		{"in a session", "/v1/runs", `{"session_id":"` + s.ID + `","command":"echo once"}`, 201, 1},
+		{"ephemeral", "/v1/runs", `{"tier":1,"runtime":"sh","code":"echo once"}`, 201, 2},
+		{"async", "/v1/runs?wait=false", `{"session_id":"` + s.ID + `","command":"echo once"}`, 202, 2},
+	}
+	for i, c := range cases {
+		key := "run-died-" + c.name
+		runs, ran := e.runKeys(), e.runFinishedEvents()
+		w := e.diedHolding(key, c.target, "", []byte(c.body), e.gw.createRun)
+		var first, again session.Run
+		if w.Code != c.status || json.Unmarshal(w.Body.Bytes(), &first) != nil {
+			t.Fatalf("%s: the dead gateway's run answered %d %s", c.name, w.Code, w.Body)
+		}
+		e.retried(key, c.target, []byte(c.body), c.status, &again)
+		if again.ID != first.ID {
+			t.Errorf("%s: the retry answered run %s, a second run besides the dead gateway's %s", c.name, again.ID, first.ID)
+		}
+		if n := e.runKeys() - runs; n != 1 {
+			t.Errorf("%s: %d runs made by the request and its retry, want 1", c.name, n)
+		}
+		if i < 2 { // the async run may still run: its end is not awaited
+			if n := e.runFinishedEvents() - ran; n != 1 {
+				t.Errorf("%s: the command ran %d times, want once", c.name, n)
+			}
+			if again.State != session.RunSucceeded || again.Stdout != "once\n" {
+				t.Errorf("%s: the retry answered %s %q, want the dead gateway's run as it ended", c.name, again.State, again.Stdout)
+			}
+		}
+		var list struct{ Data []session.Session }
+		e.mustDo("GET", "/v1/sessions?limit=100", e.key, nil, 200, &list)
+		if len(list.Data) != c.sessions {
+			t.Errorf("%s: %d sessions after the retry, want %d (an ephemeral run's one)", c.name, len(list.Data), c.sessions)
+		}
+	}
+}
+
+// TestIdempotencyTakeoverEphemeralSession: an ephemeral run whose gateway died after
+// admitting its session, before the run was saved (so nothing ran), is run by the retry that
+// takes the Idempotency-Key over, in that session: no second session is admitted.
+func TestIdempotencyTakeoverEphemeralSession(t *testing.T) {
+	e := newEnv(t)
+	body := []byte(`{"tier":1,"runtime":"sh","code":"echo once"}`)
+	var admitted string
+	e.diedHolding("run-died-admitted", "/v1/runs", "", body, func(w http.ResponseWriter, r *http.Request, p store.Project) error {
+		tier := 1
+		sess, _, err := e.gw.admitRequest(r.Context(), p, session.CreateRequest{Tier: &tier, Template: "tpl_base"},
+			"sess_"+idemRefOf(r.Context()).ref, map[string]string{session.RunMetadataKey: "sh"})
+		if err != nil {
+			return err
+		}
+		admitted = sess.ID
+		return nil
+	})
+	var run session.Run
+	e.retried("run-died-admitted", "/v1/runs", body, 201, &run)
+	if run.State != session.RunSucceeded || run.SessionID == nil || *run.SessionID != admitted {
+		t.Errorf("the retry's run: %s in session %s, want succeeded in the dead gateway's %s", run.State, derefOr(run.SessionID), admitted)
+	}
+	var list struct{ Data []session.Session }
+	e.mustDo("GET", "/v1/sessions?limit=100", e.key, nil, 200, &list)
+	if len(list.Data) != 1 {
+		t.Errorf("%d sessions after the retry, want 1 (the dead gateway's)", len(list.Data))
+	}
+}
