@@ -39,20 +39,51 @@ func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
+	// With an Idempotency-Key the desktop is named after the key's ref, which every request
+	// holding the key in turn shares: a retry that took the key over from a gateway that died
+	// mid-create answers the desktop that one made, rather than make (and bill) a second.
+	now := s.Now()
+	id := session.NewID(desktop.IDPrefix, now)
+	ir := idemRefOf(r.Context())
+	if ir.ref != "" {
+		id = desktop.IDPrefix + ir.ref
+		if ir.resumed {
+			if done, err := s.createdDesktop(w, r, p, id); done || err != nil {
+				return err
+			}
+		}
+	}
 	if err := s.desktopRoom(r.Context(), size); err != nil {
 		return err
 	}
-	now := s.Now()
-	id := session.NewID(desktop.IDPrefix, now)
 	rec := desktop.Record{Desktop: desktop.Desktop{ID: id, Object: desktop.ObjectName, ProjectID: p.ID, Name: req.Name,
 		Size: size, State: desktop.Starting, MCPURL: s.PublicURL + "/v1/desktops/" + id + "/mcp", CreatedAt: *session.At(now)}}
 	out, err := s.Store.CreateDesktop(r.Context(), rec, desktop.MaxPerProject)
+	if ir.ref != "" && errors.Is(err, store.ErrDesktopChanged) { // made by the dead request meanwhile
+		if done, err := s.createdDesktop(w, r, p, id); done || err != nil {
+			return err
+		}
+	}
 	if err != nil {
 		return err
 	}
 	s.transitionWork(p.ID, id, func() bool { return s.startDesktop(p, out, false) })
 	writeJSON(w, 201, out.Public())
 	return nil
+}
+
+// createdDesktop answers desktop id as its create did (201), if it exists: one made by an
+// earlier request with the same Idempotency-Key. done is false when there is none.
+func (s *Server) createdDesktop(w http.ResponseWriter, r *http.Request, p store.Project, id string) (done bool, err error) {
+	rec, err := s.Store.GetDesktop(r.Context(), p.ID, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	writeJSON(w, 201, s.reconcileDesktop(r.Context(), p, rec).Public())
+	return true, nil
 }
 
 func (s *Server) loadDesktop(r *http.Request, p store.Project, id string) (desktop.Record, error) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/desktop"
 	"wb/session"
 	"wb/store"
 )
@@ -158,4 +159,27 @@ func TestIdempotencyTakeoverEphemeralSession(t *testing.T) {
 	if len(list.Data) != 1 {
 		t.Errorf("%d sessions after the retry, want 1 (the dead gateway's)", len(list.Data))
 	}
+}
+
+// TestIdempotencyTakeoverDesktop: a desktop whose gateway died after creating it is answered
+// to the retry that takes the Idempotency-Key over. Before, the retry created (and billed) a
+// second desktop.
+func TestIdempotencyTakeoverDesktop(t *testing.T) {
+	e := newEnv(t)
+	body := []byte(`{"name":"once"}`)
+	w := e.diedHolding("desktop-died", "/v1/desktops", "", body, e.gw.createDesktop)
+	var first, again desktop.Desktop
+	if w.Code != 201 || json.Unmarshal(w.Body.Bytes(), &first) != nil {
+		t.Fatalf("the dead gateway's create answered %d %s", w.Code, w.Body)
+	}
+	e.retried("desktop-died", "/v1/desktops", body, 201, &again)
+	if again.ID != first.ID {
+		t.Errorf("the retry answered desktop %s, a second one besides the dead gateway's %s", again.ID, first.ID)
+	}
+	var list struct{ Data []desktop.Desktop }
+	e.mustDo("GET", "/v1/desktops", e.key, nil, 200, &list)
+	if len(list.Data) != 1 {
+		t.Errorf("%d desktops after the retry, want 1: %+v", len(list.Data), list.Data)
+	}
+	e.waitDesktop(first.ID, desktop.Running)
 }
