@@ -183,3 +183,26 @@ func TestIdempotencyTakeoverDesktop(t *testing.T) {
 	}
 	e.waitDesktop(first.ID, desktop.Running)
 }
+
+// TestIdempotencyTakeoverWebhookEndpoint: an endpoint whose gateway died after creating it is
+// answered, with its secret, to the retry that takes the Idempotency-Key over. Before, the
+// retry created a second endpoint, and every event was delivered twice.
+func TestIdempotencyTakeoverWebhookEndpoint(t *testing.T) {
+	e := newEnv(t)
+	body := []byte(`{"url":"http://127.0.0.1:9/hook","events":["session.running"]}`)
+	w := e.diedHolding("endpoint-died", "/v1/webhook_endpoints", "", body, e.gw.createEndpoint)
+	var first, again WebhookEndpointCreated
+	if w.Code != 201 || json.Unmarshal(w.Body.Bytes(), &first) != nil {
+		t.Fatalf("the dead gateway's create answered %d %s", w.Code, w.Body)
+	}
+	e.retried("endpoint-died", "/v1/webhook_endpoints", body, 201, &again)
+	if again.ID != first.ID || again.Secret != first.Secret || again.Secret == "" {
+		t.Errorf("the retry answered endpoint %s (secret shown: %v), want the dead gateway's %s with its secret",
+			again.ID, again.Secret != "", first.ID)
+	}
+	var list struct{ Data []WebhookEndpoint }
+	e.mustDo("GET", "/v1/webhook_endpoints", e.key, nil, 200, &list)
+	if len(list.Data) != 1 {
+		t.Errorf("%d webhook endpoints after the retry, want 1: %+v", len(list.Data), list.Data)
+	}
+}

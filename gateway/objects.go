@@ -9,6 +9,7 @@ import (
 
 	"wb/session"
 	"wb/store"
+	"wb/webhooks"
 )
 
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request, p store.Project) error {
@@ -79,7 +80,15 @@ func (s *Server) createEndpoint(w http.ResponseWriter, r *http.Request, p store.
 	if err := decodeStrict(body, &req); err != nil {
 		return err
 	}
-	ep, err := s.Webhooks.Create(r.Context(), p.ID, req.URL, req.Events)
+	// With an Idempotency-Key the endpoint is named after the key's ref, which every request
+	// holding the key in turn shares: a retry that took the key over from a gateway that died
+	// mid-create answers the endpoint that one made (with its secret), not a second one that
+	// would be sent every event again.
+	id := ""
+	if ref := idemRefOf(r.Context()).ref; ref != "" {
+		id = webhooks.EndpointPrefix + ref
+	}
+	ep, err := s.Webhooks.CreateAs(r.Context(), p.ID, id, req.URL, req.Events)
 	if err != nil {
 		return err
 	}

@@ -226,6 +226,18 @@ func NewSecret() string {
 // shown only here. The URL's host must resolve to public addresses only (unless
 // AllowPrivate), and the project may have at most MaxEndpoints endpoints.
 func (r *Registry) Create(ctx context.Context, project, rawURL string, events []string) (Endpoint, error) {
+	return r.CreateAs(ctx, project, "", rawURL, events)
+}
+
+// CreateAs is Create under id ("" makes a new one). An endpoint that has id already (made by
+// an earlier request with the same Idempotency-Key, whose answer was lost) is answered as it
+// is, with its secret, and nothing is added.
+func (r *Registry) CreateAs(ctx context.Context, project, id, rawURL string, events []string) (Endpoint, error) {
+	if id != "" {
+		if e, err := r.get(ctx, project, id); err == nil || !errors.Is(err, ErrNotFound) {
+			return e, err
+		}
+	}
 	if err := ValidateURL(rawURL); err != nil {
 		return Endpoint{}, err
 	}
@@ -238,8 +250,11 @@ func (r *Registry) Create(ctx context.Context, project, rawURL string, events []
 		return Endpoint{}, err
 	}
 	now := r.now()
+	if id == "" {
+		id = session.NewID(EndpointPrefix, now)
+	}
 	e := Endpoint{
-		ID: session.NewID(EndpointPrefix, now), Object: EndpointObject, URL: rawURL,
+		ID: id, Object: EndpointObject, URL: rawURL,
 		Events: events, Secret: NewSecret(), CreatedAt: *session.At(now),
 	}
 	b, err := json.Marshal(e)
@@ -249,6 +264,9 @@ func (r *Registry) Create(ctx context.Context, project, rawURL string, events []
 	added, err := createScript.Run(ctx, r.rdb, []string{projectKeys(project).endpoints()}, e.ID, b, r.maxEndpoints).Int()
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("create webhook endpoint: %w", err)
+	}
+	if added == 2 { // made meanwhile by the request whose id it is
+		return r.get(ctx, project, id)
 	}
 	if added == 0 {
 		return Endpoint{}, &store.ConflictError{Message: fmt.Sprintf(

@@ -4,9 +4,11 @@ import "github.com/redis/go-redis/v9"
 
 // Every script but pickScript touches the keys of one project only (one Cluster slot).
 
-// createScript adds an endpoint unless the project already has ARGV[3]: 1 if added, else 0.
+// createScript adds an endpoint unless the project already has ARGV[3]: 1 if added, 2 if
+// one has its id already (it is left as it is), else 0.
 // KEYS: endpoints. ARGV: id, endpoint JSON, max.
 var createScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 2 end
 if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1

@@ -177,6 +177,26 @@ func TestHugeResponseHeaderFails(t *testing.T) {
 	}
 }
 
+// TestCreateAsKeepsTheEndpoint: a create under an id that an endpoint has already (a retry of
+// a create whose answer was lost) answers that endpoint with its secret, adds none, and is
+// not refused for the project's cap, which that endpoint fills.
+func TestCreateAsKeepsTheEndpoint(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	reg := NewRegistry(rdb, RegistryOptions{AllowPrivate: true, MaxEndpoints: 1})
+	first, err := reg.CreateAs(ctx, "proj_as", EndpointPrefix+"retried", "http://127.0.0.1:9/a", []string{AllEvents})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := reg.CreateAs(ctx, "proj_as", first.ID, "http://127.0.0.1:9/a", []string{AllEvents})
+	if err != nil || again.ID != first.ID || again.Secret != first.Secret {
+		t.Fatalf("the retry answered %s (same secret: %v), %v; want %s with its secret", again.ID, again.Secret == first.Secret, err, first.ID)
+	}
+	if all, err := reg.List(ctx, "proj_as"); err != nil || len(all) != 1 {
+		t.Fatalf("%d endpoints after the retry (%v), want 1", len(all), err)
+	}
+}
+
 // TestEndpointCap: a project has at most MaxEndpoints endpoints; past it, a conflict that
 // says what to do; deleting one makes room.
 func TestEndpointCap(t *testing.T) {
