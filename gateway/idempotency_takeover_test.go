@@ -206,3 +206,61 @@ func TestIdempotencyTakeoverWebhookEndpoint(t *testing.T) {
 		t.Errorf("%d webhook endpoints after the retry, want 1: %+v", len(list.Data), list.Data)
 	}
 }
+
+// TestIdempotencyTakeoverSnapshot: a snapshot whose gateway died after taking it is answered
+// to the retry that takes the Idempotency-Key over. Before, the retry took a second snapshot
+// (counted against the plan's snapshots).
+func TestIdempotencyTakeoverSnapshot(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	target := "/v1/sessions/" + s.ID + ":snapshot"
+	w := e.diedHolding("snapshot-died", target, s.ID+":snapshot", nil, e.gw.sessionAction)
+	var first, again session.Snapshot
+	if w.Code != 201 || json.Unmarshal(w.Body.Bytes(), &first) != nil {
+		t.Fatalf("the dead gateway's snapshot answered %d %s", w.Code, w.Body)
+	}
+	e.retried("snapshot-died", target, nil, 201, &again)
+	if again.ID != first.ID || again.State != session.SnapshotReady {
+		t.Errorf("the retry answered snapshot %s (%s), want the dead gateway's %s", again.ID, again.State, first.ID)
+	}
+	var list struct{ Data []session.Snapshot }
+	e.mustDo("GET", "/v1/snapshots", e.key, nil, 200, &list)
+	if len(list.Data) != 1 {
+		t.Errorf("%d snapshots after the retry, want 1: %+v", len(list.Data), list.Data)
+	}
+}
+
+// TestIdempotencyTakeoverSnapshotUnderWay: a retry that takes an Idempotency-Key over while
+// the session still takes the snapshot of the gateway that died (its work lease outlasts the
+// key's) waits for the recovery to end that snapshot, and answers it, as recorded. Before, the
+// retry answered 409 "session is snapshotting", which the key then kept for 24 h.
+func TestIdempotencyTakeoverSnapshotUnderWay(t *testing.T) {
+	const workLease = 2 * takeoverLease
+	e := newEnv(t, func(c *Config) { c.WorkLease = workLease })
+	s := e.running(map[string]any{"tier": 2})
+	target := "/v1/sessions/" + s.ID + ":snapshot"
+	var taking string
+	e.diedHolding("snapshot-under-way", target, s.ID+":snapshot", nil, func(w http.ResponseWriter, r *http.Request, p store.Project) error {
+		// Killed once the session snapshots, its lease taken and never renewed.
+		ctx := r.Context()
+		taking = "snap_" + idemRefOf(ctx).ref
+		if _, err := e.st.Transition(ctx, store.Change{Project: p.ID, ID: s.ID, From: session.Running, To: session.Snapshotting,
+			Driver: session.Caller, Snapshot: taking}); err != nil {
+			return err
+		}
+		return e.st.SetSnapshotWork(ctx, store.SessionRef{Project: p.ID, ID: s.ID}, taking, time.Now().Add(workLease))
+	})
+	var got session.Snapshot
+	e.retried("snapshot-under-way", target, nil, 201, &got)
+	if got.ID != taking || got.State != session.SnapshotFailed {
+		t.Errorf("the retry answered snapshot %s (%s), want the dead gateway's %s as its recovery recorded it (failed)", got.ID, got.State, taking)
+	}
+	if st := e.sessionOf(s.ID).State; st != session.Running {
+		t.Errorf("the session is %s after the retry, want running", st)
+	}
+	var list struct{ Data []session.Snapshot }
+	e.mustDo("GET", "/v1/snapshots", e.key, nil, 200, &list)
+	if len(list.Data) != 1 {
+		t.Errorf("%d snapshots after the retry, want 1: %+v", len(list.Data), list.Data)
+	}
+}

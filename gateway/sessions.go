@@ -636,10 +636,24 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 			return err
 		}
 	}
+	// With an Idempotency-Key the snapshot is named after the key's ref, which every request
+	// holding the key in turn shares: a retry that took the key over from a gateway that died
+	// mid-snapshot answers the snapshot that one took (as the recovery recorded it, when that
+	// gateway died before it could), rather than take a second.
+	id := ""
+	if ir := idemRefOf(r.Context()); ir.ref != "" {
+		id = "snap_" + ir.ref
+		if ir.resumed {
+			var err error
+			if sess, err = s.snapshotTaken(r.Context(), w, sess, id); sess == nil || err != nil {
+				return err
+			}
+		}
+	}
 	if sess.State != session.Running {
 		return errState("session is %s; only a running session can be snapshotted", sess.State)
 	}
-	snap, err := s.takeSnapshot(r.Context(), sess, req.IncludeMemory)
+	snap, err := s.takeSnapshotAs(r.Context(), sess, id, req.IncludeMemory)
 	if err != nil {
 		return err
 	}
@@ -647,9 +661,49 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, sess *session.
 	return nil
 }
 
+// snapshotTaken answers snapshot id as its request did (201), if it was recorded, and then
+// nil. A session still snapshotting may be taking it for a request whose gateway died: it is
+// waited for (a recovery ends it within the work lease) before it is looked for again. It
+// answers the session as it is then, when there is no such snapshot.
+func (s *Server) snapshotTaken(ctx context.Context, w http.ResponseWriter, sess *session.Session, id string) (*session.Session, error) {
+	// A look every pollSnapshotting while the session snapshots costs one Redis GET.
+	const pollSnapshotting = 100 * time.Millisecond
+	deadline := time.Now().Add(2 * s.workLease())
+	for {
+		var snap session.Snapshot
+		err := s.Store.GetObject(ctx, sess.ProjectID, store.KindSnapshot, id, &snap)
+		if err == nil {
+			writeJSON(w, 201, snap)
+			return nil, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		if sess.State != session.Snapshotting || time.Now().After(deadline) {
+			return sess, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pollSnapshotting):
+		}
+		if sess, err = s.Store.Get(ctx, sess.ProjectID, sess.ID); err != nil {
+			return nil, err
+		}
+	}
+}
+
 // takeSnapshot snapshots a running session (running → snapshotting → running), records the
 // snapshot and appends snapshot.ready. A desktop's sleep and stop come this way too.
 func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includeMemory bool) (session.Snapshot, error) {
+	return s.takeSnapshotAs(ctx, sess, "", includeMemory)
+}
+
+// takeSnapshotAs is takeSnapshot of a snapshot named id ("" names a new one).
+func (s *Server) takeSnapshotAs(ctx context.Context, sess *session.Session, id string, includeMemory bool) (session.Snapshot, error) {
+	if id == "" {
+		id = session.NewID("snap_", s.Now())
+	}
 	g, err := s.guests()
 	if err != nil {
 		return session.Snapshot{}, err
@@ -658,7 +712,7 @@ func (s *Server) takeSnapshot(ctx context.Context, sess *session.Session, includ
 	if err != nil {
 		return session.Snapshot{}, err
 	}
-	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID,
+	snap := session.Snapshot{ID: id, Object: "snapshot", SessionID: sess.ID,
 		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
 	if _, err := s.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID,
 		From: session.Running, To: session.Snapshotting, Driver: session.Caller, Version: sess.Version, Snapshot: snap.ID}); err != nil {
