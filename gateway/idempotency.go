@@ -63,9 +63,10 @@ type idemRefKey struct{}
 
 // idemRef is what a handler learns of the Idempotency-Key its request holds.
 type idemRef struct {
-	// ref names what the request creates (a session "sess_" + ref): the same for every
-	// request that holds the key in turn, so a retry that takes over from a gateway that died
-	// mid-request finds what that one created instead of creating it again.
+	// ref names what the request creates: "sess_", "run_" (and its ephemeral session
+	// "sess_"), "desk_", "whe_" or "snap_" + ref. It is random (no id shows the key) and the
+	// same for every request that holds the key in turn, so a retry that takes over from a
+	// gateway that died mid-request finds what that one created instead of creating it again.
 	ref string
 	// resumed: an earlier request with this key ended without an answer.
 	resumed bool
