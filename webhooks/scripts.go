@@ -1,6 +1,10 @@
 package webhooks
 
-import "github.com/redis/go-redis/v9"
+import (
+	"github.com/redis/go-redis/v9"
+
+	"wb/store"
+)
 
 // Every script but pickScript touches the keys of one project only (one Cluster slot).
 
@@ -14,49 +18,16 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 `)
 
-// luaOutbox holds the Lua functions of the scripts that read an outbox's consumer groups.
-//
-// group(stream, name) answers the group's XINFO GROUPS fields (name, pending,
-// last-delivered-id, lag, …) by name, or nil. trim(stream) removes the entries every group
-// has acknowledged: those before the oldest one still pending, or through the last one
-// delivered, in whichever group is furthest behind.
-const luaOutbox = `
-local function fields(flat)
-  local f = {}
-  for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
-  return f
-end
+// luaOutbox holds the Lua functions of the scripts that read an outbox's consumer groups:
+// store.StreamTrimLua's (fields, trim, …) and group(stream, name), which answers the group's
+// XINFO GROUPS fields (name, pending, last-delivered-id, lag, …) by name, or nil.
+const luaOutbox = store.StreamTrimLua + `
 local function group(stream, name)
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local f = fields(g)
     if f['name'] == name then return f end
   end
   return nil
-end
-local function parseid(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function before(a, b)
-  local ams, aseq = parseid(a)
-  local bms, bseq = parseid(b)
-  return ams < bms or (ams == bms and aseq < bseq)
-end
-local function trim(stream)
-  if redis.call('EXISTS', stream) == 0 then return end
-  local keep = nil
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    local f = fields(g)
-    local from
-    if tonumber(f['pending']) > 0 then
-      from = redis.call('XPENDING', stream, f['name'])[2]
-    else
-      local ms, seq = parseid(f['last-delivered-id'])
-      from = string.format('%d-%d', ms, seq + 1)
-    end
-    if keep == nil or before(from, keep) then keep = from end
-  end
-  if keep then redis.call('XTRIM', stream, 'MINID', keep) end
 end
 `
 
