@@ -56,6 +56,18 @@ redis.call('EXPIRE', KEYS[3], 34560000)
 return {1, m, em}
 `)
 
+// ackScript acknowledges settled records and trims the usage stream of what every group has
+// acknowledged, so that it holds only records not yet settled rather than every record ever
+// (one every few seconds per running session). A record read and not acknowledged stays for
+// another settler to claim.
+//
+// KEYS: usage stream. ARGV: group, record ids.
+var ackScript = redis.NewScript(store.StreamTrimLua + `
+for i = 2, #ARGV do redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) end
+trim(KEYS[1])
+return 0
+`)
+
 func monthOf(t time.Time) string { return t.UTC().Format("200601") }
 
 // settlerGroup is the consumer group of settlers on every usage stream, and on the usage
@@ -396,8 +408,9 @@ func (s *Settler) runs(project string, msgs []redis.XMessage) []*run {
 	return out
 }
 
-// settle applies a batch in one pipeline, then acknowledges it. A crash between the two
-// replays the batch, which the seq check turns into no-ops.
+// settle applies a batch in one pipeline, then acknowledges it and trims the stream
+// (ackScript). A crash between the two replays the batch, which the seq check turns into
+// no-ops.
 func (s *Settler) settle(ctx context.Context, project string, msgs []redis.XMessage) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
@@ -405,11 +418,12 @@ func (s *Settler) settle(ctx context.Context, project string, msgs []redis.XMess
 	if err := s.apply(ctx, project, s.runs(project, msgs)); err != nil {
 		return 0, err
 	}
-	ids := make([]string, len(msgs))
-	for i, m := range msgs {
-		ids[i] = m.ID
+	args := make([]any, 0, 1+len(msgs))
+	args = append(args, settlerGroup)
+	for _, m := range msgs {
+		args = append(args, m.ID)
 	}
-	if err := s.rdb.XAck(ctx, store.ProjectKeys(project).UsageStream(), settlerGroup, ids...).Err(); err != nil {
+	if err := ackScript.Run(ctx, s.rdb, []string{store.ProjectKeys(project).UsageStream()}, args...).Err(); err != nil {
 		return 0, fmt.Errorf("settle ack: %w", err)
 	}
 	return len(msgs), nil

@@ -110,11 +110,7 @@ func TestSettlerExactlyOnce(t *testing.T) {
 			}
 			half := NewSettler(rdb, SettlerOptions{Consumer: "dead"})
 			partial := res[0].Messages[:30]
-			if _, err := half.settle(ctx, "proj_a", partial); err != nil {
-				t.Fatal(err)
-			}
-			// Un-ack those 30 again, as if the crash came before the ack.
-			if err := rdb.Do(ctx, "XCLAIM", store.ProjectKeys("proj_a").UsageStream(), settlerGroup, "dead", 0, partial[0].ID, "FORCE").Err(); err != nil {
+			if err := half.apply(ctx, "proj_a", half.runs("proj_a", partial)); err != nil {
 				t.Fatal(err)
 			}
 			restarted := NewSettler(rdb, SettlerOptions{Consumer: "dead"}) // same consumer name: reads its own pending first
@@ -123,8 +119,9 @@ func TestSettlerExactlyOnce(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			// And a second settler replays everything from the start (another group member's
-			// view after XAUTOCLAIM): nothing changes.
+			// And a second settler reads the stream from the start again (another group
+			// member's view after XAUTOCLAIM): nothing changes (the settled records are
+			// trimmed, and any left would be replays).
 			if err := rdb.XGroupDestroy(ctx, store.ProjectKeys("proj_a").UsageStream(), settlerGroup).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -472,6 +469,90 @@ func TestConcurrentAccrualBillsOnce(t *testing.T) {
 			}
 			if got, _ := rdb.HGet(ctx, store.ProjectKeys("proj_s").SnapshotAccrual(), snap.ID).Int64(); got != aTo.UnixMilli() {
 				t.Fatalf("accrued up to %d, want %d", got, aTo.UnixMilli())
+			}
+		})
+	}
+}
+
+// TestSettlerTrimsSettledUsage: the settler removes the usage records it has settled from
+// the project's stream, which otherwise grows by a record every few seconds per session for
+// ever; a record another settler read and never acknowledged (it died) stays until it is
+// settled, and nothing is lost: the totals are those of a clean run.
+func TestSettlerTrimsSettledUsage(t *testing.T) {
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			const project, clean = "proj_trim", "proj_trim_clean"
+			stream := store.ProjectKeys(project).UsageStream()
+			xlen := func() int64 {
+				t.Helper()
+				n, err := rdb.XLen(ctx, stream).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			rs := records(project, []string{"sess_1", "sess_2"}, 30) // 60 records
+			first, later := rs[:20], rs[20:]
+			cleanRs := make([]Record, len(rs))
+			for i, r := range rs {
+				r.ProjectID = clean
+				cleanRs[i] = r
+			}
+			appendAll(t, rdb, cleanRs)
+			if _, err := NewSettler(rdb, SettlerOptions{Consumer: "c0"}).SettleProject(ctx, clean); err != nil {
+				t.Fatal(err)
+			}
+
+			alive := NewSettler(rdb, SettlerOptions{Consumer: "alive", Batch: 8})
+			appendAll(t, rdb, first)
+			if n, err := alive.SettleProject(ctx, project); err != nil || n != len(first) {
+				t.Fatalf("settled %d of %d: %v", n, len(first), err)
+			}
+			if n := xlen(); n != 0 {
+				t.Fatalf("%d settled records left in the stream", n)
+			}
+			// A settler reads 10 records and dies. The alive one's first batch claims 8 of them
+			// (the oldest first), settles them and trims: the other 2 stay.
+			appendAll(t, rdb, later)
+			res, err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: settlerGroup, Consumer: "dead",
+				Streams: []string{stream, ">"}, Count: 10, Block: -1}).Result()
+			if err != nil || len(res) != 1 || len(res[0].Messages) != 10 {
+				t.Fatalf("the dead settler's read: %v, %v", res, err)
+			}
+			dead := res[0].Messages
+			if n, err := alive.settleBatch(ctx, project); err != nil || n != 8 {
+				t.Fatalf("first batch settled %d: %v", n, err)
+			}
+			if n := xlen(); n != int64(len(later)-8) {
+				t.Fatalf("stream holds %d records, want the %d not settled", n, len(later)-8)
+			}
+			left, err := rdb.XRange(ctx, stream, dead[8].ID, dead[9].ID).Result()
+			if err != nil || len(left) != 2 {
+				t.Fatalf("the dead settler's unclaimed records: %d of 2 left, %v", len(left), err)
+			}
+			if waiting, err := alive.unsettled(ctx, []string{project}); err != nil || len(waiting) != 1 {
+				t.Fatalf("the sweep finds %v waiting, %v", waiting, err)
+			}
+			// The rest is settled, and the stream is left empty.
+			if _, err := alive.SettleProject(ctx, project); err != nil {
+				t.Fatal(err)
+			}
+			if n := xlen(); n != 0 {
+				t.Fatalf("%d settled records left in the stream", n)
+			}
+			if a, c := counters(t, rdb, project), counters(t, rdb, clean); len(a) == 0 || fmt.Sprint(a) != fmt.Sprint(c) {
+				t.Fatalf("settled counters differ from a clean run:\n%v\n%v", a, c)
+			}
+			// A record appended after the trim is still seen by the sweep and settled.
+			extra := records(project, []string{"sess_3"}, 1)
+			appendAll(t, rdb, extra)
+			if waiting, err := alive.unsettled(ctx, []string{project}); err != nil || len(waiting) != 1 {
+				t.Fatalf("after a trim, the sweep finds %v waiting, %v", waiting, err)
+			}
+			if n, err := alive.SettleProject(ctx, project); err != nil || n != 1 || xlen() != 0 {
+				t.Fatalf("settled %d, %v; %d left", n, err, xlen())
 			}
 		})
 	}

@@ -295,7 +295,7 @@ func (k ProjectKeyspace) RateBucket() string { return k.p + "rl" }
 
 // UsageStream is a stream of usage records (fields as quota.Record.Values), one per interval
 // of one session. Written by nodes (store.AppendUsage); read by quota's settler (consumer
-// group "settler").
+// group "settler"), which trims what it has acknowledged (StreamTrimLua).
 func (k ProjectKeyspace) UsageStream() string { return k.p + "usage" }
 
 // UsageSeq is a hash, session id → the last usage seq settled into the spend counters.
