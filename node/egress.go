@@ -78,8 +78,9 @@ func (p *egressProxy) close() {
 
 // startEgress listens on the guest's egress socket. The caller holds l.mu.
 func (n *Node) startEgress(l *live) {
-	if l.egress != nil {
-		l.egress.close()
+	old := l.egress
+	if old != nil {
+		old.close()
 	}
 	sock := filepath.Join(n.guestDir(l.g.GuestID), "agent", hypervisor.EgressSocket)
 	_ = os.Remove(sock)
@@ -97,6 +98,12 @@ func (n *Node) startEgress(l *live) {
 	p := newEgressProxy(egressGate{guard: n.Egress, ask: func(ctx context.Context, event session.GuestEvent) (Verdict, error) {
 		return n.askEgress(ctx, l, event)
 	}})
+	if old != nil {
+		// What the old proxy counted since the last usage sample (a memory snapshot's
+		// quiesce and checkpoint take seconds after the sample before it) is the new one's to
+		// report: the samples read only the guest's current proxy.
+		p.bytes.Add(old.bytes.Swap(0))
+	}
 	l.egress = p
 	go func() { _ = p.srv.Serve(ln) }()
 }
