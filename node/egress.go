@@ -256,16 +256,18 @@ func (p *egressProxy) serve(w http.ResponseWriter, r *http.Request, gate egressG
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(p.closing, cancel)()
-	addrs, refused := gate.decide(ctx, host, port)
-	if refused != nil {
-		http.Error(w, refused.msg, refused.status)
-		return
-	}
+	// The bound comes before the decision: a decision waits for the guest's lock and may
+	// resolve a name, and a guest's thousands of requests must not queue there.
 	select {
 	case p.upstreams <- struct{}{}:
 		defer func() { <-p.upstreams }()
 	default:
 		http.Error(w, fmt.Sprintf("wb egress proxy: the session has %d connections out open already; close some first", cap(p.upstreams)), http.StatusTooManyRequests)
+		return
+	}
+	addrs, refused := gate.decide(ctx, host, port)
+	if refused != nil {
+		http.Error(w, refused.msg, refused.status)
 		return
 	}
 	// Only the checked addresses are dialled: nothing is resolved again.

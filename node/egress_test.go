@@ -589,3 +589,41 @@ func TestEgressCountsBytesAsTheyFlow(t *testing.T) {
 		}
 	})
 }
+
+// TestEgressBoundBeforeTheDecision: requests past the bound are refused at once, not queued
+// behind decisions that wait (each waits for the guest's lock, and may resolve a name): a
+// review found the bound taken only after the decision.
+func TestEgressBoundBeforeTheDecision(t *testing.T) {
+	upstream, _, _ := sinkUpstream(t, false)
+	release := make(chan struct{})
+	var asked atomic.Int32
+	gate := loopbackGate(t)
+	gate.ask = func(ctx context.Context, _ session.GuestEvent) (Verdict, error) {
+		asked.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return Verdict{}, nil
+	}
+	proxy, _, _, _ := servedEgress(t, gate, func(p *egressProxy) { p.upstreams = make(chan struct{}, 2) })
+	defer close(release)
+	for range 2 { // two requests wait in their decision
+		c, err := net.DialTimeout("tcp", proxy, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", upstream, upstream)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for asked.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, body := proxyRequest(t, proxy, http.MethodConnect, upstream); code != http.StatusTooManyRequests {
+		t.Fatalf("a third CONNECT while two wait for their decision: %d %q; want 429 at once", code, body)
+	}
+	if n := asked.Load(); n != 2 {
+		t.Errorf("%d decisions asked, want the 2 under the bound", n)
+	}
+}
