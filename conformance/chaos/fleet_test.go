@@ -106,6 +106,12 @@ func startFleet(t *testing.T, tune ...func(*fleet.Options)) *env {
 		e.c = append(e.c, c)
 	}
 	e.admin(t, "PUT", "/v1/admin/projects/"+project+"/plan", map[string]any{"node_share_pct": 100}, nil)
+	// The cases sum the usage records of the project's stream (recordedMs, usageRecords), which
+	// the settler trims of what every consumer group has read: a group of the tests' own that
+	// reads nothing keeps every record there.
+	if err := f.Redis.XGroupCreateMkStream(ctx, store.ProjectKeys(project).UsageStream(), "chaos-audit", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
 	return e
 }
 

@@ -220,7 +220,7 @@ export interface paths {
         put?: never;
         /**
          * Resume a paused session
-         * @description Only a paused session (409 otherwise).
+         * @description Only a paused session (409 otherwise), and not while a hard spend cap stops admissions in the session's scope (402).
          */
         post: operations["resumeSession"];
         delete?: never;
@@ -400,7 +400,10 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** Get a run */
+        /**
+         * Get a run
+         * @description A run is kept for 7 days after its last change (its end); after that it is not found.
+         */
         get: operations["getRun"];
         put?: never;
         post?: never;
@@ -560,11 +563,14 @@ export interface paths {
             };
             cookie?: never;
         };
-        /** List a policy's versions */
+        /**
+         * List a policy's versions
+         * @description Newest first: the newest 20 versions, and any older one a live session pinned.
+         */
         get: operations["getPolicyVersions"];
         /**
          * Upload a policy version
-         * @description The body is the Rego v1 source as is, whatever its Content-Type, at most 256 KiB. Its package names the decision point: wb.admission, wb.runtime or wb.spend. Each upload makes a new version of the name; sessions keep the version they were created with.
+         * @description The body is the Rego v1 source as is, whatever its Content-Type, at most 256 KiB. Its package names the decision point: wb.admission, wb.runtime or wb.spend. Each upload makes a new version of the name; sessions keep the version they were created with. A project has at most 64 policy names (409 past that); each name keeps its newest 20 versions and any a live session pinned, and older ones are deleted.
          */
         put: operations["putPolicy"];
         post?: never;
@@ -605,7 +611,7 @@ export interface paths {
         get: operations["getPlugin"];
         /**
          * Upload a plugin
-         * @description The body is a WebAssembly module (a WASI reactor exporting the plugin ABI), at most 10 MiB, with Content-Type application/wasm or application/octet-stream (or none). The module is validated and compiled before it replaces the plugin of that name.
+         * @description The body is a WebAssembly module (a WASI reactor exporting the plugin ABI), at most 10 MiB, with Content-Type application/wasm or application/octet-stream (or none). The module is validated and compiled before it replaces the plugin of that name. A project has at most 16 plugins (409 past that).
          */
         put: operations["putPlugin"];
         post?: never;
@@ -674,7 +680,7 @@ export interface paths {
         put?: never;
         /**
          * Create a desktop
-         * @description It starts at once (starting, then running); size defaults to s. 409 no_capacity when no machine has room for its size.
+         * @description It starts at once (starting, then running); size defaults to s. 409 no_capacity when no machine has room for its size. A project has at most 100 desktops, failed and stopped ones included (409 invalid_state past that).
          */
         post: operations["createDesktop"];
         delete?: never;
@@ -2104,7 +2110,39 @@ export interface components {
                 };
             };
         };
-        /** @description The desktop's state does not allow it (invalid_state; the message names the state), no machine has room for its size (no_capacity: it stays as it is), or Idempotency-Key was reused with another request. */
+        /** @description The project already has as many plugins as it may (16 by default), or its modules would hold more bytes than it may (32 MiB by default; a module several plugins share counts once): invalid_state, the message names the limit and says to delete a plugin first. Nothing is stored. */
+        PluginLimit: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "invalid_state";
+                        /** @enum {unknown} */
+                        code?: "invalid_state";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
+        /** @description The project already has as many policies as it may (64 by default): invalid_state, the message names the limit and says to upload a new version of an existing policy instead. Nothing is stored. */
+        PolicyLimit: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "invalid_state";
+                        /** @enum {unknown} */
+                        code?: "invalid_state";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
+        /** @description The desktop's state does not allow it (invalid_state; the message names the state), the project already has as many desktops as it may (100, in any state: invalid_state, the message says to delete one), no machine has room for its size (no_capacity: it stays as it is), or Idempotency-Key was reused with another request. */
         DesktopConflict: {
             headers: {
                 [name: string]: unknown;
@@ -2648,6 +2686,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
+            402: components["responses"]["SpendCapReached"];
             404: components["responses"]["ActionNotFound"];
             409: components["responses"]["StateOrIdempotencyConflict"];
             413: components["responses"]["TooLarge"];
@@ -3549,6 +3588,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            409: components["responses"]["PolicyLimit"];
             /** @description The body is over 256 KiB. */
             413: {
                 headers: {
@@ -3684,6 +3724,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthenticated"];
+            409: components["responses"]["PluginLimit"];
             /** @description The body is over 10 MiB. */
             413: {
                 headers: {
