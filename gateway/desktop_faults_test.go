@@ -137,20 +137,36 @@ func TestWakeDuringASleepsCleanupFallsIdle(t *testing.T) {
 	}
 }
 
-// failDesktopWrite fails the first write of a desktop record once armed, as a failover would
-// (its reads go through: the test reads the desktop meanwhile).
-type failDesktopWrite struct{ armed *atomic.Bool }
+// processHook is a go-redis hook that hands each command to the function (with the next
+// hook to call), and lets dials and pipelines through.
+type processHook func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error
 
-func (h failDesktopWrite) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h failDesktopWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h processHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h processHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h failDesktopWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, ":d:desk_") && h.armed.CompareAndSwap(true, false) {
-			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
-			cmd.SetErr(err)
-			return err
+func (h processHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { return h(ctx, cmd, next) }
+}
+
+// scriptWith reports whether cmd runs a script with an argument that contains part.
+func scriptWith(cmd redis.Cmder, part string) bool {
+	return (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, part)
+}
+
+// resetError is what a command whose connection a failover reset answers.
+func resetError(cmd redis.Cmder) error {
+	err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	cmd.SetErr(err)
+	return err
+}
+
+// failDesktopWrite fails the first write of a desktop record once armed, as a failover would
+// (its reads go through: the test reads the desktop meanwhile).
+func failDesktopWrite(armed *atomic.Bool) processHook {
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if scriptWith(cmd, ":d:desk_") && armed.CompareAndSwap(true, false) {
+			return resetError(cmd)
 		}
 		return next(ctx, cmd)
 	}
@@ -192,7 +208,7 @@ func TestSleepRecordedThroughARedisBlip(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		c.Guests = armedAfterSaving{Node: c.Guests.(*fakenode.Node), armed: armed}
 	})
-	e.rdb.AddHook(failDesktopWrite{armed: armed})
+	e.rdb.AddHook(failDesktopWrite(armed))
 	d := e.newDesktop(map[string]any{"name": "blip"})
 	e.desktopAction(d.ID, "sleep", 202)
 	d = e.waitDesktop(d.ID, desktop.Asleep)
@@ -216,18 +232,10 @@ func TestSleepRecordedThroughARedisBlip(t *testing.T) {
 
 // failFirstAdmission fails the first write that carries a desktop's session (its admission),
 // as a failover would.
-type failFirstAdmission struct{ failed *atomic.Bool }
-
-func (h failFirstAdmission) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h failFirstAdmission) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h failFirstAdmission) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, session.DesktopMetadataKey) && h.failed.CompareAndSwap(false, true) {
-			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
-			cmd.SetErr(err)
-			return err
+func failFirstAdmission(failed *atomic.Bool) processHook {
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if scriptWith(cmd, session.DesktopMetadataKey) && failed.CompareAndSwap(false, true) {
+			return resetError(cmd)
 		}
 		return next(ctx, cmd)
 	}
@@ -239,7 +247,7 @@ func (h failFirstAdmission) ProcessHook(next redis.ProcessHook) redis.ProcessHoo
 func TestStartResumedAfterARedisBlip(t *testing.T) {
 	failed := new(atomic.Bool)
 	rdb := redistest.Server(t)
-	rdb.AddHook(failFirstAdmission{failed: failed}) // before the store's own clients are made
+	rdb.AddHook(failFirstAdmission(failed)) // before the store's own clients are made
 	e := newEnvOn(t, rdb, func(c *Config) { c.WorkLease = time.Second })
 	d := e.newDesktop(map[string]any{"name": "blip"})
 	if !failed.Load() {
@@ -252,21 +260,13 @@ func TestStartResumedAfterARedisBlip(t *testing.T) {
 
 // loseDesktopWrite runs the first write of a desktop record once armed, then answers it with
 // a reset: the write is made, its answer lost.
-type loseDesktopWrite struct{ armed *atomic.Bool }
-
-func (h loseDesktopWrite) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h loseDesktopWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h loseDesktopWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, ":d:desk_") && h.armed.CompareAndSwap(true, false) {
+func loseDesktopWrite(armed *atomic.Bool) processHook {
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if scriptWith(cmd, ":d:desk_") && armed.CompareAndSwap(true, false) {
 			if err := next(ctx, cmd); err != nil {
 				return err
 			}
-			err := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
-			cmd.SetErr(err)
-			return err
+			return resetError(cmd)
 		}
 		return next(ctx, cmd)
 	}
@@ -280,7 +280,7 @@ func TestSleepWhoseAnswerWasLost(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		c.Guests = armedAfterSaving{Node: c.Guests.(*fakenode.Node), armed: armed}
 	})
-	e.rdb.AddHook(loseDesktopWrite{armed: armed})
+	e.rdb.AddHook(loseDesktopWrite(armed))
 	d := e.newDesktop(map[string]any{"name": "lost"})
 	e.desktopAction(d.ID, "sleep", 202)
 	d = e.waitDesktop(d.ID, desktop.Asleep)
@@ -309,17 +309,10 @@ func TestSleepWhoseAnswerWasLost(t *testing.T) {
 
 // sendAgain sends the first write of a desktop record naming a session twice, as go-redis
 // does after a lost answer.
-type sendAgain struct{ done *atomic.Bool }
-
-func (h sendAgain) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h sendAgain) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h sendAgain) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
+func sendAgain(done *atomic.Bool) processHook {
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
 		err := next(ctx, cmd)
-		if err == nil && (cmd.Name() == "evalsha" || cmd.Name() == "eval") && argHas(cmd, ":d:desk_") &&
-			argHas(cmd, `"session_id":"sess_`) && h.done.CompareAndSwap(false, true) {
+		if err == nil && scriptWith(cmd, ":d:desk_") && argHas(cmd, `"session_id":"sess_`) && done.CompareAndSwap(false, true) {
 			err = next(ctx, cmd)
 		}
 		return err
@@ -332,7 +325,7 @@ func (h sendAgain) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestStartWhoseWriteWasSentAgain(t *testing.T) {
 	done := new(atomic.Bool)
 	rdb := redistest.Server(t)
-	rdb.AddHook(sendAgain{done: done})
+	rdb.AddHook(sendAgain(done))
 	e := newEnvOn(t, rdb, func(c *Config) { c.WorkLease = time.Second })
 	d := e.newDesktop(map[string]any{"name": "again"})
 	if !done.Load() {
