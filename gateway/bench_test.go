@@ -46,6 +46,14 @@ func benchServerOn(b *testing.B, rdb redis.UniversalClient, opts ...func(*Config
 	}
 	srv := httptest.NewServer(gw.Handler())
 	b.Cleanup(func() { srv.Close(); gw.Close() })
+	key, project = benchProject(b, st)
+	return srv.URL, key, project
+}
+
+// benchProject makes a project whose plan lets a benchmark create as fast as it can: the
+// largest concurrency a plan may have (100,000 sessions, which never end here: no node takes
+// them) and a rate far above any of these machines'. It answers its API key and id.
+func benchProject(b *testing.B, st *store.Store) (key, project string) {
 	ctx := context.Background()
 	p, key, err := st.CreateProject(ctx, "bench")
 	if err != nil {
@@ -57,7 +65,7 @@ func benchServerOn(b *testing.B, rdb redis.UniversalClient, opts ...func(*Config
 	if err := st.SetRate(ctx, p.ID, 1_000_000, 1_000_000); err != nil {
 		b.Fatal(err)
 	}
-	return srv.URL, key, p.ID
+	return key, p.ID
 }
 
 var createBody = []byte(`{"tier":2,"template":"tpl_base","end_user_id":"eu_bench","idle_timeout_s":120}`)

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
+	"wb/store"
 )
 
 // BenchmarkCreateSaturated: POST /v1/sessions saturated by wrk from 16 connections for 5 s,
@@ -50,8 +51,11 @@ func BenchmarkCreateSaturated(b *testing.B) {
 	var sets redistest.SetBenchmark
 	for b.Loop() {
 		before := setBaseline(b, redisAddr)
-		res = saturate(b, url, key, 5*time.Second, 16)
-		res64 = saturate(b, url, key, 5*time.Second, 64)
+		// Each run of creates has a project of its own: a fast machine made 50,000 sessions
+		// in the first, and the second then reached the plan's 100,000 (the most a plan may
+		// have; these sessions never end, for no node takes them).
+		res = saturate(b, url, newKey(b, rdb), 5*time.Second, 16)
+		res64 = saturate(b, url, newKey(b, rdb), 5*time.Second, 64)
 		floor = saturate(b, floorURL, key, 5*time.Second, 16)
 		after := setBaseline(b, redisAddr)
 		sets = redistest.SetBenchmark{RPS: (before.RPS + after.RPS) / 2, P50ms: (before.P50ms + after.P50ms) / 2, P99ms: (before.P99ms + after.P99ms) / 2}
@@ -120,8 +124,8 @@ func BenchmarkCreateHalfSaturated(b *testing.B) {
 	floorURL := floorServer(b, rdb, url, key)
 	var creates, floorHalf, floorSame halfLoad
 	for b.Loop() {
-		creates = atHalfSaturation(b, url, key)
-		floorHalf = atHalfSaturation(b, floorURL, key)
+		creates = atHalfSaturation(b, url, newKey(b, rdb), newKey(b, rdb))
+		floorHalf = atHalfSaturation(b, floorURL, key, key)
 		floorSame = openLoopAt(b, floorURL, key, creates.rate)
 	}
 	b.ReportMetric(creates.rate, "creates/s")
@@ -143,10 +147,16 @@ func BenchmarkCreateHalfSaturated(b *testing.B) {
 // halfLoad is what TestOpenLoopClient saw of creates sent at rate a second (µs).
 type halfLoad struct{ rate, p50, p99, late float64 }
 
-// atHalfSaturation finds url's saturated rate of creates with wrk (3 s), then sends creates
-// at half of it (openLoopAt).
-func atHalfSaturation(b *testing.B, url, key string) halfLoad {
-	return openLoopAt(b, url, key, saturate(b, url, key, 3*time.Second, 16).perSec/2)
+// atHalfSaturation finds url's saturated rate of creates with wrk (3 s, with key), then sends
+// creates at half of it (openLoopAt, with key2: a project of its own, as BenchmarkCreateSaturated's).
+func atHalfSaturation(b *testing.B, url, key, key2 string) halfLoad {
+	return openLoopAt(b, url, key2, saturate(b, url, key, 3*time.Second, 16).perSec/2)
+}
+
+// newKey is the key of a new project on the gateway's Redis rdb (benchProject).
+func newKey(b *testing.B, rdb *redis.Client) string {
+	key, _ := benchProject(b, store.New(rdb))
+	return key
 }
 
 // openLoopAt sends creates to url open loop at rate a second for 5 s, from a process of its
