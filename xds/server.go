@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"wb/store"
@@ -86,6 +88,10 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// PollEvery is how often the fleet is read (default 2 s).
 	PollEvery time.Duration
+	// TLS, when set, is what Serve speaks: ADS only over TLS with this configuration (give it
+	// ClientAuth RequireAndVerifyClientCert, as wb serve does, for only the fleet's Envoys to
+	// read its topology). Nil serves plaintext gRPC.
+	TLS *tls.Config
 }
 
 // Server publishes the fleet's resources over ADS (state of the world and delta).
@@ -94,6 +100,7 @@ type Server struct {
 	opts      Options
 	log       *slog.Logger
 	pollEvery time.Duration
+	tls       *tls.Config
 	cache     cachev3.SnapshotCache
 	xds       serverv3.Server
 	metrics   metrics
@@ -130,7 +137,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("xds options: %w", err)
 	}
 	s := &Server{
-		src: cfg.Source, opts: cfg.Options, log: cfg.Logger, pollEvery: cfg.PollEvery,
+		src: cfg.Source, opts: cfg.Options, log: cfg.Logger, pollEvery: cfg.PollEvery, tls: cfg.TLS,
 		sent: map[streamType]sentResponse{},
 	}
 	if s.log == nil {
@@ -178,12 +185,16 @@ func (s *Server) Register(g *grpc.Server) {
 
 // Serve serves ADS on ln until ctx ends.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	g := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		// Envoys hold one stream each for hours; keepalives find the dead ones.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 5 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 30 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxConcurrentStreams(1<<20),
-	)
+		grpc.MaxConcurrentStreams(1 << 20),
+	}
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
+	}
+	g := grpc.NewServer(opts...)
 	s.Register(g)
 	done := make(chan struct{})
 	go func() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -17,21 +18,36 @@ import (
 
 // xdsFlags configure the xDS control plane that `wb serve` runs for an Envoy fleet.
 type xdsFlags struct {
-	addr string
+	addr                      string
+	certFile, keyFile, caFile string
 }
 
 func (f *xdsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.addr, "xds-addr", "", "`host:port` serving xDS (ADS over gRPC) to an Envoy fleet, built from the nodes and gateways registered in Redis (see wb envoy-bootstrap); empty: off")
+	fs.StringVar(&f.certFile, "xds-tls-cert", "", "PEM `file` of the xDS server's certificate (with --xds-tls-key and --xds-tls-client-ca: xDS only over TLS, to Envoys bootstrapped with wb envoy-bootstrap --tls-*)")
+	fs.StringVar(&f.keyFile, "xds-tls-key", "", "PEM `file` of that certificate's private key")
+	fs.StringVar(&f.caFile, "xds-tls-client-ca", "", "PEM `file` of the CA that signed the Envoys' client certificates; a client without one is refused")
 }
 
 // listenXDS opens the xDS listener before wb serve reports ready, and answers what runs it;
 // with no --xds-addr it runs nothing. The edge forgets a node after nodeTimeout, the
 // silence after which the placer fails its sessions.
 func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *store.Store, reg prometheus.Registerer, log *slog.Logger) (func(context.Context, *errgroup.Group), error) {
+	tlsSet := f.certFile != "" || f.keyFile != "" || f.caFile != ""
 	if f.addr == "" {
+		if tlsSet {
+			return nil, errors.New("--xds-tls-cert, --xds-tls-key and --xds-tls-client-ca apply to --xds-addr, which is not given")
+		}
 		return func(context.Context, *errgroup.Group) {}, nil
 	}
-	srv, err := xds.New(ctx, xds.Config{Source: xds.StoreFleet{Store: st, HeartbeatTimeout: nodeTimeout}, Registerer: reg, Logger: log})
+	cfg := xds.Config{Source: xds.StoreFleet{Store: st, HeartbeatTimeout: nodeTimeout}, Registerer: reg, Logger: log}
+	if tlsSet {
+		var err error
+		if cfg.TLS, err = xds.ServerTLS(f.certFile, f.keyFile, f.caFile); err != nil {
+			return nil, err
+		}
+	}
+	srv, err := xds.New(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -39,9 +55,18 @@ func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *s
 	if err != nil {
 		return nil, fmt.Errorf("--xds-addr: %w", err)
 	}
-	log.Info("xds served", "addr", ln.Addr().String())
+	if cfg.TLS == nil && !isLoopback(ln.Addr()) {
+		log.Warn("xds served in plaintext to any client: the fleet's topology is readable by whoever reaches --xds-addr; give --xds-tls-cert, --xds-tls-key and --xds-tls-client-ca", "addr", ln.Addr().String())
+	}
+	log.Info("xds served", "addr", ln.Addr().String(), "tls", cfg.TLS != nil)
 	return func(ctx context.Context, g *errgroup.Group) {
 		g.Go(func() error { return srv.Run(ctx) })
 		g.Go(func() error { return srv.Serve(ctx, ln) })
 	}, nil
+}
+
+// isLoopback says whether addr is a TCP address on a loopback interface.
+func isLoopback(addr net.Addr) bool {
+	a, ok := addr.(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
 }

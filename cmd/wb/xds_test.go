@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -62,6 +63,23 @@ func TestEnvoyBootstrap(t *testing.T) {
 	} {
 		if err := run(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("%v: no error", args)
+		}
+	}
+}
+
+// TestServeXDSFlags: --xds-tls-* go together, and only with --xds-addr.
+func TestServeXDSFlags(t *testing.T) {
+	for _, c := range []struct {
+		f    xdsFlags
+		want string
+	}{
+		{xdsFlags{certFile: "cert.pem", keyFile: "key.pem", caFile: "ca.pem"}, "apply to --xds-addr, which is not given"},
+		{xdsFlags{addr: "127.0.0.1:0", certFile: "cert.pem"}, "give all three or none"},
+		{xdsFlags{addr: "127.0.0.1:0", certFile: "cert.pem", keyFile: "key.pem", caFile: "ca.pem"}, "--xds-tls-cert and --xds-tls-key"},
+	} {
+		_, err := listenXDS(t.Context(), c.f, time.Second, nil, nil, slog.New(slog.DiscardHandler))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error with %q", c.f, err, c.want)
 		}
 	}
 }
