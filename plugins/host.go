@@ -194,8 +194,7 @@ func (h *Host) runtime(ctx context.Context, pages uint32) (wazero.Runtime, error
 		WithCloseOnContextDone(true).
 		WithMemoryLimitPages(pages).
 		WithCompilationCache(h.cache).
-		WithDebugInfoEnabled(false).
-		WithMemoryCapacityFromMax(true)
+		WithDebugInfoEnabled(false)
 	r := wazero.NewRuntimeWithConfig(ctx, cfg)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r); err != nil {
 		_ = r.Close(ctx)
@@ -269,6 +268,9 @@ func (h *Host) acquireModule(ctx context.Context, pages uint32, digest string, f
 	wasm, err := fetch(ctx)
 	if err == nil && Digest(wasm) != digest {
 		err = fmt.Errorf("stored module does not match its digest %s", digest)
+	}
+	if err == nil {
+		wasm, err = boundTables(wasm)
 	}
 	if err == nil {
 		start := time.Now()

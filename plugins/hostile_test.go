@@ -1,9 +1,11 @@
 package plugins
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -186,4 +188,149 @@ func measure() (goroutines int, heap uint64) {
 	}
 	runtime.ReadMemStats(&ms)
 	return runtime.NumGoroutine(), ms.HeapAlloc
+}
+
+// tableGrowPlugin is a module with one funcref table (min 0, no max) whose decide runs
+// table.grow by delta and allows only if the grow failed (answered -1). wazero keeps tables in
+// the host's heap, outside the memory cap.
+func tableGrowPlugin(table []byte, delta int32) []byte {
+	const deny, allow = `{"allow":false}`, `{"allow":true}`
+	types := [][]byte{
+		cat([]byte{0x60}, vec([]byte{tI32}), vec([]byte{tI32})),               // alloc
+		cat([]byte{0x60}, vec([]byte{tI32}, []byte{tI32}), vec([]byte{tI64})), // decide
+	}
+	allocBody := cat(vec(), i32c(inputAt), []byte{opEnd})
+	decideBody := cat(vec(),
+		[]byte{0xd0, 0x70}, // ref.null func
+		i32c(delta),
+		[]byte{0xfc}, uleb(15), uleb(0), // table.grow 0
+		i32c(-1), []byte{opI32Eq},
+		[]byte{opIf, tI64}, i64c(int64(len(deny))<<32|int64(len(allow))),
+		[]byte{0x05}, i64c(int64(len(deny))), // else
+		[]byte{opEnd, opEnd})
+	m := []byte("\x00asm\x01\x00\x00\x00")
+	m = append(m, section(1, vec(types...))...)
+	m = append(m, section(3, vec(uleb(0), uleb(1)))...)
+	m = append(m, section(4, vec(table))...)
+	m = append(m, section(5, vec([]byte{0x00, 0x01}))...) // memory min 1 page, no max
+	m = append(m, section(7, vec(
+		cat(wstr("alloc"), []byte{0}, uleb(0)),
+		cat(wstr("decide"), []byte{0}, uleb(1)),
+		cat(wstr("memory"), []byte{2}, uleb(0))))...)
+	m = append(m, section(10, vec(
+		cat(uleb(uint64(len(allocBody))), allocBody),
+		cat(uleb(uint64(len(decideBody))), decideBody)))...)
+	m = append(m, section(11, vec(cat([]byte{0}, i32c(0), []byte{opEnd}, wstr(deny+allow))))...)
+	return m
+}
+
+// TestTableGrowIsCapped: a table with no declared maximum cannot grow past MaxTableEntries
+// (without the cap, 2²¹ entries took 16 MiB of the host's heap per call, outside the memory
+// cap, and 2³¹ asked for 16 GiB at once); one within its share still grows.
+func TestTableGrowIsCapped(t *testing.T) {
+	h, _ := newTestHost(t, mini(t), Options{Timeout: MaxTimeout})
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	noMax := []byte{0x70, 0x00, 0x00} // funcref, min 0, no max
+	for _, c := range []struct {
+		name      string
+		table     []byte
+		delta     int32
+		wantAllow bool // the grow failed
+	}{
+		{"a grow of 2^21 entries, no declared maximum", noMax, 1 << 21, true},
+		{"a grow of 2^31-1 entries, no declared maximum", noMax, 0x7fffffff, true},
+		{"a grow past a declared maximum above the cap", cat([]byte{0x70, 0x01, 0x00}, uleb(1<<30)), 1 << 21, true},
+		{"a grow within the cap", noMax, 1000, false},
+	} {
+		project := "proj-" + strconv.Itoa(int(c.delta))
+		mustPut(t, h, project, "table", tableGrowPlugin(c.table, c.delta), 0, false)
+		if d := one(t, decide(t, h, project, in)); d.Allow != c.wantAllow {
+			t.Errorf("%s: allow = %v, want %v (allow means table.grow answered -1)", c.name, d.Allow, c.wantAllow)
+		}
+	}
+}
+
+// TestTablesOverTheCapRefused: a module whose tables' minimums exceed MaxTableEntries, or with
+// too many tables, is refused at upload, before wazero allocates them.
+func TestTablesOverTheCapRefused(t *testing.T) {
+	h, _ := newTestHost(t, mini(t), Options{})
+	for _, c := range []struct {
+		name string
+		body []byte
+		want string
+	}{
+		{"one table of 2^27 entries", vec(cat([]byte{0x70, 0x00}, uleb(1<<27))), "more than the 1048576"},
+		{"two tables of 2^19+1", vec(cat([]byte{0x70, 0x00}, uleb(1<<19+1)), cat([]byte{0x70, 0x00}, uleb(1<<19+1))), "more than the 1048576"},
+		{"17 tables", vec(slices.Repeat([][]byte{{0x70, 0x00, 0x00}}, 17)...), "at most 16"},
+		{"a 64-bit table", vec([]byte{0x70, 0x04, 0x00}), "limits flags 0x4"},
+	} {
+		wasm := tableGrowPlugin([]byte{0x70, 0x00, 0x00}, 0)
+		// Replace the module's table section with c.body.
+		head, _, end, err := sectionAt(wasm, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wasm = slices.Concat(wasm[:head], section(4, c.body), wasm[end:])
+		_, err = h.Validate(ctxT(t), wasm)
+		var ve *ValidationError
+		if !errors.As(err, &ve) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want a ValidationError with %q", c.name, err, c.want)
+		}
+	}
+}
+
+// bigLogPlugin: decide calls wb.log(3, 0, 16 MiB - 64 KiB) 32 times, then answers allow.
+func bigLogPlugin() []byte {
+	const n = 255 * 65536
+	body := cat(
+		i32c(32), []byte{opLocalSet, 2},
+		[]byte{opLoop, blockEmpty},
+		i32c(3), i32c(0), i32c(n), []byte{opCall, 0},
+		[]byte{opLocalGet, 2}, i32c(1), []byte{opI32Sub, opLocalTee, 2},
+		[]byte{opBrIf, 0},
+		[]byte{opEnd},
+		resultAt0(len(`{"allow":true}`)),
+	)
+	return wmod{memMin: 256, memMax: -1,
+		imports: []wimport{{module: "wb", name: "log", params: []byte{tI32, tI32, tI32}}},
+		funcs:   []wfunc{allocFunc(), decideFunc(body)},
+		data:    []wdata{{0, []byte(`{"allow":true}`)}}}.encode()
+}
+
+// TestLogCopiesOnlyWhatItKeeps: wb.log keeps 1 KiB of a line, and copies no more of the
+// module's memory than that (it copied the whole message before: 510 MiB for 32 lines of
+// nearly 16 MiB, in host calls the deadline cannot stop).
+func TestLogCopiesOnlyWhatItKeeps(t *testing.T) {
+	h, _ := newTestHost(t, mini(t), Options{Timeout: MaxTimeout})
+	const project = "proj-biglog"
+	mustPut(t, h, project, "biglog", bigLogPlugin(), 0, false)
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	_ = decide(t, h, project, in) // the instance is warm
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	d := one(t, decide(t, h, project, in))
+	runtime.ReadMemStats(&after)
+	if !d.Allow {
+		t.Fatalf("decision: %+v, want allow", d)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 {
+		t.Errorf("one decision made the host allocate %d MiB to log 32 lines of which it keeps 1 KiB each", alloc>>20)
+	}
+}
+
+// TestDeclaredMemoryMaxAboveTheCapLoads: as ABI.md says, only a declared minimum above the
+// memory cap stops a module loading; a maximum above it (what toolchains emit with a
+// max-memory setting) is lowered to the cap (it was refused: "does not compile").
+func TestDeclaredMemoryMaxAboveTheCapLoads(t *testing.T) {
+	h, _ := newTestHost(t, mini(t), Options{})
+	wasm := wmod{memMin: 1, memMax: 65536, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(len(`{"allow":true}`)))},
+		data: []wdata{{0, []byte(`{"allow":true}`)}}}.encode()
+	if _, err := h.Validate(ctxT(t), wasm); err != nil {
+		t.Fatalf("a module of 1 to 65536 pages under a 256-page cap: %v", err)
+	}
+	mustPut(t, h, "proj-maxmem", "maxmem", wasm, 0, false)
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	if d := one(t, decide(t, h, "proj-maxmem", in)); !d.Allow {
+		t.Errorf("decision: %+v, want allow", d)
+	}
 }

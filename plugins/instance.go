@@ -285,7 +285,7 @@ func (h *Host) hostLog(ctx context.Context, mod api.Module, stack []uint64) {
 	if !h.log.Enabled(ctx, lvl) {
 		return
 	}
-	h.log.LogAttrs(ctx, lvl, truncate(string(msg), maxLogBytes), slog.String("project", project), slog.String("plugin", plugin))
+	h.log.LogAttrs(ctx, lvl, truncate(string(msg[:min(len(msg), maxLogBytes+1)]), maxLogBytes), slog.String("project", project), slog.String("plugin", plugin))
 }
 
 // hostConfigGet is wb.config_get(key_ptr, key_len, out_ptr, out_cap) -> i32.
