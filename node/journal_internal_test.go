@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -788,4 +789,115 @@ type allowAllChecker struct{}
 
 func (allowAllChecker) Check(context.Context, RuntimeSession, session.GuestEvent) (Verdict, error) {
 	return Verdict{}, nil
+}
+
+// clockCounters is a driver whose guests' CPU counters run at a quarter of clock's time since
+// start (a usage flush reads nothing but Stats).
+type clockCounters struct {
+	hypervisor.Driver
+	clock *atomic.Int64 // unix ms
+	start int64
+}
+
+func (d clockCounters) Stats(context.Context, string) (hypervisor.Stats, error) {
+	return hypervisor.Stats{CPUMs: (d.clock.Load() - d.start) / 4, MemoryBytes: 1 << 30}, nil
+}
+
+// TestHeldUsageIsBoundedWhileTheJournalFails: while journal writes fail, the flush holds each
+// guest's usage back (TestAFailedJournalWriteHoldsTheFlush), and the samples of a long
+// failure extend the newest record held rather than add one every flush period: the guests
+// hold one record each however long it lasts, and once the journal writes again the settled
+// totals are exactly what was metered, under contiguous seqs.
+func TestHeldUsageIsBoundedWhileTheJournalFails(t *testing.T) {
+	rdb := redistest.Server(t)
+	start := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	var clock atomic.Int64
+	clock.Store(start.UnixMilli())
+	dir, err := os.MkdirTemp("", "wbj") // t.TempDir's is too long for the guests' sockets
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	n, err := New(Config{Store: store.New(rdb), Driver: clockCounters{clock: &clock, start: start.UnixMilli()},
+		Templates: templates.Catalog{"tpl": {}}, DataDir: dir, Logger: slog.New(slog.DiscardHandler),
+		Now: func() time.Time { return time.UnixMilli(clock.Load()) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const project = "proj_held"
+	ids := []string{"sess_held_a", "sess_held_b", "sess_held_c"}
+	for _, id := range ids {
+		l := &live{g: &guest{SessionID: id, Project: project, GuestID: "g_" + id, State: session.Running, Tier: 2,
+			Resources: session.Resources{SizeClass: "small", VCPU: 1, MemoryMiB: 1024}, StartedAt: start, SampledAt: start,
+			IdleTimeoutS: 86400, MaxLifetimeS: 86400}, egress: &egressProxy{}}
+		n.guests[id] = l
+	}
+	const rounds = 200
+	var egress int64
+	round := func() {
+		clock.Add(4000)
+		for _, id := range ids {
+			n.guests[id].egress.bytes.Add(1000)
+		}
+		egress += 1000
+		n.flushUsage(t.Context())
+	}
+	held := func() (total int) {
+		for _, id := range ids {
+			l := n.guests[id]
+			l.mu.Lock()
+			total += len(l.g.Pending)
+			l.mu.Unlock()
+		}
+		return total
+	}
+
+	round() // seq 1 of each, sent
+	// Seq 2 of each, which every later sample extends until the journal writes again.
+	n.journal.write = func(string, []byte) error { return &os.PathError{Op: "write", Err: syscall.ENOSPC} }
+	for range rounds {
+		round()
+		n.replay(t.Context()) // a replay round that fails changes nothing
+	}
+	if got := held(); got != len(ids) {
+		t.Fatalf("after %d flush periods with the journal failing, %d guests hold %d usage records; want one each", rounds, len(ids), got)
+	}
+
+	n.journal.write = nil // the disk has room again
+	round()
+	if got := held(); got != 0 {
+		t.Fatalf("%d records still held once the journal writes again", got)
+	}
+	msgs, err := rdb.XRange(t.Context(), store.ProjectKeys(project).UsageStream(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs := map[string][]int64{}
+	for _, m := range msgs {
+		r, err := quota.DecodeRecord(m.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs[r.SessionID] = append(seqs[r.SessionID], r.Seq)
+	}
+	settler := quota.NewSettler(rdb, quota.SettlerOptions{Consumer: "test", Logger: slog.New(slog.DiscardHandler)})
+	if _, err := settler.SettleProject(t.Context(), project); err != nil {
+		t.Fatal(err)
+	}
+	elapsed := clock.Load() - start.UnixMilli()
+	hour, err := rdb.HGetAll(t.Context(), store.ProjectKeys(project).UsageHour(start)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if want := []int64{1, 2}; !slices.Equal(seqs[id], want) {
+			t.Errorf("%s: Redis has seqs %v, want %v", id, seqs[id], want)
+		}
+		for field, want := range map[string]int64{"session_ms": elapsed, "cpu_ms": elapsed / 4, "egress_bytes": egress,
+			"mem_gib_ms": elapsed} {
+			if got := hour["s:"+id+":"+field]; got != strconv.FormatInt(want, 10) {
+				t.Errorf("%s: settled %s %s, want %d (metered)", id, field, got, want)
+			}
+		}
+	}
 }

@@ -135,6 +135,10 @@ type live struct {
 	jnext    journalEntry
 	jmu      sync.Mutex
 	jwritten uint64
+	// offered is the newest usage seq a flush has taken to send Redis (under mu): a record
+	// above it Redis has never seen, so a sample may extend it rather than queue another
+	// (mergeUsage). A recovered guest's records may all have been sent before the restart.
+	offered int64
 }
 
 // Node runs guests for sessions. Safe for concurrent use.

@@ -404,10 +404,23 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 	l.mu.Lock()
 	todo := append([]pending(nil), l.g.Pending...)
 	project, id, seq := l.g.Project, l.g.SessionID, l.jseq
+	// From here the records taken may reach Redis, and no sample may extend them; until the
+	// journal has landed they cannot, and that is undone if it does not.
+	offered := l.offered
+	for _, p := range todo {
+		if p.Usage != nil {
+			l.offered = max(l.offered, p.Usage.Seq)
+		}
+	}
 	l.mu.Unlock()
 	if err := n.landJournal(l, seq); err != nil && len(todo) > 0 {
 		// Written ahead (see saveLater): Redis gets nothing the journal lacks. The changes
 		// stay pending; the next flush (the usage flush's, a replay's) writes the entry first.
+		// Meanwhile the samples extend the newest record held, rather than add one every
+		// flush period (mergeUsage).
+		l.mu.Lock()
+		l.offered = offered
+		l.mu.Unlock()
 		return false
 	}
 	done := 0
@@ -535,7 +548,7 @@ func (n *Node) recover(ctx context.Context) error {
 		if g.ActivityUntil.After(g.LastActivity) {
 			g.LastActivity = g.ActivityUntil // activity the journal did not learn of (see touch)
 		}
-		l := &live{g: g}
+		l := &live{g: g, offered: g.Seq} // a previous run may have sent them all
 		n.mu.Lock()
 		n.guests[g.SessionID] = l
 		n.mu.Unlock()

@@ -156,10 +156,46 @@ func (n *Node) sampleWith(l *live, counters func(guestID string) (hypervisor.Sta
 	g.BilledMs += rec.SessionMs
 	g.CPUMs += rec.CPUMs
 	g.MemGiBMs += rec.MemGiBMs
+	if mergeUsage(l, rec, now) {
+		return
+	}
 	g.Seq++
 	rec.Seq = g.Seq
 	g.Pending = append(g.Pending, pending{Kind: "usage", Usage: &rec, At: now})
 }
+
+// mergeUsage extends the guest's newest pending change with rec, the interval that follows
+// it, when that change is a usage record no flush has offered Redis yet (live.offered) of
+// the same state, size and settling hour: while the journal fails the flush holds every
+// record back, and without this a guest would hold one more each flush period for as long
+// as it lasts. The record keeps its seq (the next is still one more), and its sums are the
+// two intervals' sums, so the bill is the same. A record Redis may have is never changed:
+// the settler takes each seq once. The caller holds l.mu.
+func mergeUsage(l *live, rec quota.Record, now time.Time) bool {
+	p := l.g.Pending
+	if len(p) == 0 || p[len(p)-1].Usage == nil {
+		return false
+	}
+	u := *p[len(p)-1].Usage
+	if u.Seq <= l.offered || u.ToMs != rec.FromMs || hourOf(u.ToMs) != hourOf(rec.ToMs) ||
+		u.SessionID != rec.SessionID || u.ProjectID != rec.ProjectID || u.EndUserID != rec.EndUserID ||
+		u.Tier != rec.Tier || u.SizeClass != rec.SizeClass || u.MemoryMiB != rec.MemoryMiB ||
+		u.DiskGiB != rec.DiskGiB || u.State != rec.State {
+		return false
+	}
+	u.ToMs = rec.ToMs
+	u.SessionMs += rec.SessionMs
+	u.PausedMs += rec.PausedMs
+	u.CPUMs += rec.CPUMs
+	u.MemGiBMs += rec.MemGiBMs
+	u.EgressBytes += rec.EgressBytes
+	// A new record, not the old one changed: a flush may hold the old one's pointer.
+	p[len(p)-1] = pending{Kind: "usage", Usage: &u, At: now}
+	return true
+}
+
+// hourOf is the hour the settler counts a record ending at ms in (quota: its ToMs's).
+func hourOf(ms int64) int64 { return ms / time.Hour.Milliseconds() }
 
 // flushUsage samples every running or paused guest and sends its records.
 func (n *Node) flushUsage(ctx context.Context) {
