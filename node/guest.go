@@ -55,11 +55,15 @@ type guest struct {
 	Cold          bool      `json:"cold"`
 
 	// Usage so far, and when it was last sampled.
-	BilledMs    int64     `json:"billed_ms"`
-	CPUMs       int64     `json:"cpu_ms"`
-	MemGiBMs    int64     `json:"mem_gib_ms"`
-	EgressBytes int64     `json:"egress_bytes"`
-	CPURaw      int64     `json:"cpu_raw"` // the cgroup's counter at the last sample
+	BilledMs    int64 `json:"billed_ms"`
+	CPUMs       int64 `json:"cpu_ms"`
+	MemGiBMs    int64 `json:"mem_gib_ms"`
+	EgressBytes int64 `json:"egress_bytes"`
+	CPURaw      int64 `json:"cpu_raw"` // the cgroup's counter at the last sample
+	// CPUBaseline: CPURaw is a reading of the guest's counter (a sample's, or the baseline
+	// Provision takes), which may well be 0; without one the next sample bills the counter
+	// whole.
+	CPUBaseline bool      `json:"cpu_baseline,omitempty"`
 	SampledAt   time.Time `json:"sampled_at"`
 	// UncountedMs is the time sampled since the last sample with the counters, whose memory
 	// the next such sample bills (its reading stands for the whole span).

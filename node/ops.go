@@ -499,7 +499,7 @@ func (n *Node) restoreAfterCheckpoint(ctx context.Context, l *live, tpl template
 func (n *Node) restoreGuest(ctx context.Context, l *live, tpl templates.Template, dir, old, resume string, steps *snapshotSteps) error {
 	// A new guest, whose CPU counter starts at zero: the next sample's delta is from there,
 	// not from the old guest's counter (takeSnapshot billed that guest before its checkpoint).
-	l.g.GuestID, l.g.CPURaw = randomID("g-"), 0
+	l.g.GuestID, l.g.CPURaw, l.g.CPUBaseline = randomID("g-"), 0, false
 	spec := n.spec(l.g.GuestID, tpl, l.g.Resources)
 	restore := n.Driver.Restore
 	if a, ok := n.Driver.(hypervisor.LayerAdopter); ok {

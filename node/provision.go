@@ -64,6 +64,7 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 		Driver: session.Node, At: now, Cold: &cold})
 	n.save(l)
 	n.startEgress(l)
+	guestID := l.g.GuestID // under l.mu: a memory snapshot may replace the guest once it runs
 	l.mu.Unlock()
 	n.flush(ctx, l)
 	// A claimed warm guest is replaced now that the session is reported running, not while
@@ -73,10 +74,12 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	// The CPU baseline (a warm guest's counter started before its session) is read once the
 	// session is reported running: on runsc it can take a runtime call.
 	// So is the event watch (its first look at the guest runs the runtime on runsc).
-	st, err := n.stats(ctx, l.g.GuestID)
+	// A sample taken meanwhile has its own reading, newer or not, and a replaced guest a
+	// counter of its own: either way this one is not the baseline.
+	st, err := n.stats(ctx, guestID)
 	l.mu.Lock()
-	if err == nil && l.g.CPURaw == 0 {
-		l.g.CPURaw = st.CPUMs
+	if err == nil && !l.g.CPUBaseline && l.g.GuestID == guestID {
+		l.g.CPURaw, l.g.CPUBaseline = st.CPUMs, true
 	}
 	var wctx context.Context
 	watched := ""

@@ -140,7 +140,7 @@ func (n *Node) sampleWith(l *live, counters func(guestID string) (hypervisor.Sta
 			if delta < 0 {
 				delta = st.CPUMs
 			}
-			g.CPURaw = st.CPUMs
+			g.CPURaw, g.CPUBaseline = st.CPUMs, true
 			rec.CPUMs = delta
 			rec.MemGiBMs = st.MemoryBytes * (dt + g.UncountedMs) / (1 << 30)
 			g.UncountedMs = 0
