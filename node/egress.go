@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,8 +45,9 @@ type egressProxy struct {
 	// leaves hijacked connections (tunnels) open, so each tunnel closes its own on it.
 	closing context.Context
 	stop    context.CancelFunc
-	// upstreams holds a token for each tunnel or forward under way (maxEgressUpstreams).
-	upstreams chan struct{}
+	// upstreams holds a token for each tunnel or forward under way (maxEgressUpstreams), and
+	// conns one for each connection the guest has open to the proxy (maxEgressConns).
+	upstreams, conns chan struct{}
 	// halfClosedIdle is tunnelHalfClosedIdle (tests shorten it).
 	halfClosedIdle time.Duration
 }
@@ -55,6 +57,12 @@ const (
 	// file descriptors and a few goroutines of the node, which all its guests share. Builds
 	// and browsers open tens at once; a guest past this is refused, not the node's neighbours.
 	maxEgressUpstreams = 256
+	// maxEgressConns bounds one guest's connections to its proxy, idle ones included (the
+	// server's timeouts bound them in time only): each holds a file descriptor, a goroutine
+	// and buffers of the node. Twice maxEgressUpstreams, so that a guest at that bound still
+	// has as many for its clients' keep-alive pools; a connection past it is answered 429 and
+	// closed.
+	maxEgressConns = 2 * maxEgressUpstreams
 	// tunnelHalfClosedIdle is how long a tunnel one way of which has ended waits for the other
 	// to send (each read again): a peer that neither sends nor closes cannot hold it for ever,
 	// and a slow answer still streaming after the request ended is not cut.
@@ -63,11 +71,71 @@ const (
 
 // newEgressProxy is a guest's egress proxy through gate, not yet serving.
 func newEgressProxy(gate egressGate) *egressProxy {
-	p := &egressProxy{upstreams: make(chan struct{}, maxEgressUpstreams), halfClosedIdle: tunnelHalfClosedIdle}
+	p := &egressProxy{upstreams: make(chan struct{}, maxEgressUpstreams), conns: make(chan struct{}, maxEgressConns),
+		halfClosedIdle: tunnelHalfClosedIdle}
 	p.closing, p.stop = context.WithCancel(context.Background())
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }),
 		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	return p
+}
+
+// serveOn serves the proxy on ln, the guest's egress socket, until it is closed.
+func (p *egressProxy) serveOn(ln net.Listener) error {
+	return p.srv.Serve(&boundedListener{Listener: ln, tokens: p.conns})
+}
+
+// boundedListener accepts a connection while it has a token for it, which the connection's
+// close gives back; one past the bound is told so and closed (not left waiting: a guest
+// would see its connection hang, not why).
+type boundedListener struct {
+	net.Listener
+	tokens chan struct{}
+}
+
+func (b *boundedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := b.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case b.tokens <- struct{}{}:
+			return &boundedConn{Conn: c, tokens: b.tokens}, nil
+		default:
+			refuseConn(c, cap(b.tokens))
+		}
+	}
+}
+
+// refuseConn answers a connection past the bound of max with 429 and closes it. The
+// answer fits in the socket's buffer: the write does not wait for the guest.
+func refuseConn(c net.Conn, max int) {
+	msg := fmt.Sprintf("wb egress proxy: the session has %d connections to the proxy open already, idle ones included; close some (or shrink the clients' keep-alive pools) first\n", max)
+	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(msg), msg)
+	_ = c.Close()
+}
+
+// boundedConn gives its token back once, on its first close (the server's, or a tunnel's
+// after its hijack).
+type boundedConn struct {
+	net.Conn
+	tokens chan struct{}
+	once   sync.Once
+}
+
+// CloseWrite ends the guest's half of a tunnel (see tunnel's closeWrite).
+func (c *boundedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+func (c *boundedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.tokens })
+	return err
 }
 
 // close stops the proxy: its listener, its connections, and its tunnels.
@@ -105,7 +173,7 @@ func (n *Node) startEgress(l *live) {
 		p.bytes.Add(old.bytes.Swap(0))
 	}
 	l.egress = p
-	go func() { _ = p.srv.Serve(ln) }()
+	go func() { _ = p.serveOn(ln) }()
 }
 
 // stopEgress closes the guest's egress proxy, its tunnels included. The caller holds l.mu.

@@ -291,7 +291,7 @@ func servedEgress(t *testing.T, gate egressGate, tune func(*egressProxy)) (addr 
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = p.srv.Serve(ln) }()
+	go func() { _ = p.serveOn(ln) }()
 	l := &live{egress: p}
 	t.Cleanup(l.stopEgress)
 	return ln.Addr().String(), p, returned, l.stopEgress
@@ -625,5 +625,48 @@ func TestEgressBoundBeforeTheDecision(t *testing.T) {
 	}
 	if n := asked.Load(); n != 2 {
 		t.Errorf("%d decisions asked, want the 2 under the bound", n)
+	}
+}
+
+// TestEgressBoundsConnections: a guest's connections to its proxy, idle ones included, are
+// bounded in count: one past the bound is answered 429 with the reason and closed, and a
+// connection closed frees its place. Before, a guest could hold any number idle (each a
+// descriptor, a goroutine and buffers of the node) for the server's timeouts.
+func TestEgressBoundsConnections(t *testing.T) {
+	port, _ := countingListener(t, "tcp", "127.0.0.1:0")
+	proxy, _, _, _ := servedEgress(t, loopbackGate(t), func(p *egressProxy) { p.conns = make(chan struct{}, 3) })
+	var idle []net.Conn
+	for range 3 {
+		c, err := net.DialTimeout("tcp", proxy, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		idle = append(idle, c)
+	}
+	c, err := net.DialTimeout("tcp", proxy, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodGet})
+	if err != nil {
+		t.Fatalf("a 4th connection with 3 idle open: %v; want a 429 answer", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), "3 connections to the proxy") {
+		t.Fatalf("a 4th connection with 3 idle open: %d %q; want 429 naming the bound", resp.StatusCode, body)
+	}
+	idle[0].Close()
+	target := fmt.Sprintf("http://127.0.0.1:%d/", port)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		code, body := proxyRequest(t, proxy, http.MethodGet, target)
+		if code == http.StatusOK && body == "reached\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with an idle connection closed, a request still answers %d %q", code, body)
+		}
 	}
 }
