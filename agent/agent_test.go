@@ -916,3 +916,42 @@ func TestProcs(t *testing.T) {
 		t.Fatalf("the test process is not among %d processes", len(procs))
 	}
 }
+
+// TestListDirBoundedInTheAgent: the agent lists a directory of maxListEntries entries whole,
+// and answers one of more with a 413 naming the bound, which its client hands on as the
+// same 413 (TestListDirBoundsEntries is the client's own bound). Before, the agent read any
+// directory whole into memory and answered it all.
+func TestListDirBoundedInTheAgent(t *testing.T) {
+	c, cfg := startAgent(t, false)
+	ctx := testCtx(t, 5*time.Minute)
+	dir := filepath.Join(cfg.Root, "many")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxListEntries {
+		f, err := os.Create(filepath.Join(dir, strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	list, err := c.ListDir(ctx, "many")
+	if err != nil || len(list) != maxListEntries || list[0].Name != "0" {
+		t.Fatalf("a directory of %d entries: %d, %v; want them all, by name", maxListEntries, len(list), err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "one-more"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	status, body := rawDo(t, cfg.Socket, http.MethodGet, "/v1/files?list=1&path=many", nil)
+	if status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("the agent answered a directory of %d entries with %d (%d bytes); want 413", maxListEntries+1, status, len(body))
+	}
+	if code, _ := errorParam(t, body); code != "too_large" {
+		t.Fatalf("the agent answered a directory of %d entries with %d (%d bytes); want 413 too_large", maxListEntries+1, status, len(body))
+	}
+	_, err = c.ListDir(ctx, "many")
+	var ae *Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusRequestEntityTooLarge || !strings.Contains(ae.Message, "more than 100000 entries") {
+		t.Errorf("ListDir of %d entries: %v; want a 413 naming the bound", maxListEntries+1, err)
+	}
+}

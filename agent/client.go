@@ -359,8 +359,7 @@ func decodeListing(r io.Reader) ([]FileInfo, error) {
 	out := []FileInfo{}
 	for dec.More() {
 		if len(out) == maxListEntries {
-			return nil, &Error{Status: http.StatusRequestEntityTooLarge, Code: "too_large",
-				Message: fmt.Sprintf("the directory has more than %d entries; list a narrower one", maxListEntries)}
+			return nil, errListTooLarge()
 		}
 		var fi FileInfo
 		if err := dec.Decode(&fi); err != nil {
@@ -372,6 +371,12 @@ func decodeListing(r io.Reader) ([]FileInfo, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// errListTooLarge is a listing past maxListEntries, as the agent answers it and its client.
+func errListTooLarge() *Error {
+	return &Error{Status: http.StatusRequestEntityTooLarge, Code: "too_large", Param: "path",
+		Message: fmt.Sprintf("the directory has more than %d entries; list a narrower one", maxListEntries)}
 }
 
 // PTY opens a terminal running command (by /bin/sh -c; "" for an interactive /bin/sh) of cols ×

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -107,27 +108,46 @@ func (s *server) handleFileGet(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(w, io.LimitReader(f, MaxFileBytes))
 }
 
+// listDir answers the directory's entries by name, reading them a batch at a time: one of
+// more than maxListEntries (the client's bound too) is answered 413 as soon as the reading
+// passes it, rather than read whole into memory first.
 func (s *server) listDir(w http.ResponseWriter, path string) {
-	entries, err := os.ReadDir(path)
+	f, err := os.Open(path)
 	if err != nil {
 		writeAPIError(w, fsError(err, path))
 		return
 	}
-	out := make([]FileInfo, 0, len(entries))
-	for _, e := range entries {
-		fi, err := e.Info()
-		if err != nil {
-			continue // removed meanwhile
+	defer f.Close()
+	out := []FileInfo{}
+	for {
+		entries, err := f.ReadDir(1024)
+		for _, e := range entries {
+			fi, err := e.Info()
+			if err != nil {
+				continue // removed meanwhile
+			}
+			if len(out) == maxListEntries {
+				writeAPIError(w, errListTooLarge())
+				return
+			}
+			out = append(out, FileInfo{
+				Name:      e.Name(),
+				Size:      fi.Size(),
+				Mode:      fmt.Sprintf("%04o", unixPerm(fi.Mode())),
+				IsDir:     fi.IsDir(),
+				IsSymlink: fi.Mode()&fs.ModeSymlink != 0,
+				ModTime:   fi.ModTime().UTC(),
+			})
 		}
-		out = append(out, FileInfo{
-			Name:      e.Name(),
-			Size:      fi.Size(),
-			Mode:      fmt.Sprintf("%04o", unixPerm(fi.Mode())),
-			IsDir:     fi.IsDir(),
-			IsSymlink: fi.Mode()&fs.ModeSymlink != 0,
-			ModTime:   fi.ModTime().UTC(),
-		})
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			writeAPIError(w, fsError(err, path))
+			return
+		}
 	}
+	slices.SortFunc(out, func(a, b FileInfo) int { return strings.Compare(a.Name, b.Name) })
 	writeJSON(w, http.StatusOK, out)
 }
 
