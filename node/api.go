@@ -231,6 +231,10 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
+		// As Node.Exec does: past its timeout and a grace, the exec ends (execBackstop).
+		ctx, cancel := n.execBackstop(r.Context(), req.TimeoutS)
+		defer cancel()
+		r = r.WithContext(ctx)
 	}
 	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/agent/v1/pty") {
 		// A PTY's command is an exec like any other.
@@ -358,6 +362,10 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			// An exec's answer may break before its status: the agent sends that with the
 			// command's first output or its result. The guest's end is then the refusal itself.
+			if cause := context.Cause(r.Context()); errors.Is(cause, errExecUnanswered) {
+				writeAPIError(w, &nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: cause.Error()})
+				return
+			}
 			var se *StateError
 			if r.URL.Path == "/v1/exec" && errors.As(whyBroke(r.Context(), err), &se) {
 				writeAPIError(w, apiError(se))
@@ -371,7 +379,7 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 
 // explainedExec is an exec's answer from the agent, passed through; when it breaks off and
 // whyBroke names a refusal of the guest's state (its guest died under it: Node.whyExecBroke),
-// it ends with that refusal as an agent.BrokenLine, so that the caller learns the reason at
+// or the node's backstop ended it (execBackstop), it ends with that as an agent.BrokenLine, so that the caller learns the reason at
 // once, as Node.Exec's caller in process does, and need not wait for Redis to record it.
 type explainedExec struct {
 	body        io.ReadCloser
@@ -392,12 +400,17 @@ func (e *explainedExec) Read(p []byte) (int, error) {
 	if err == nil || errors.Is(err, io.EOF) || !e.atLineStart {
 		return n, err
 	}
-	why := e.whyBroke(e.ctx, err)
-	var se *StateError
-	if !errors.As(why, &se) {
-		return n, err
+	var ae *nodeapi.Error
+	if cause := context.Cause(e.ctx); errors.Is(cause, errExecUnanswered) {
+		ae = &nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: cause.Error()}
+	} else {
+		why := e.whyBroke(e.ctx, err)
+		var se *StateError
+		if !errors.As(why, &se) {
+			return n, err
+		}
+		ae = apiError(se)
 	}
-	ae := apiError(se)
 	line, _ := json.Marshal(map[string]agent.BrokenLine{"error": {Status: ae.Status, Code: ae.Code, Message: ae.Message}})
 	e.tail = bytes.NewReader(append(line, '\n'))
 	return n, nil

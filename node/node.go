@@ -164,8 +164,8 @@ type Node struct {
 	journalFailing atomic.Bool
 	// decisions counts the runtime decisions under way, those given up on included (decide).
 	decisions atomic.Int64
-	// quiesceAnswer is the const of that name (tests shorten it).
-	quiesceAnswer time.Duration
+	// quiesceAnswer and execGrace are the consts of those names (tests shorten them).
+	quiesceAnswer, execGrace time.Duration
 	// recovered is closed once Run has reloaded the journal's guests. Requests wait for it:
 	// before, a guest may be published without its agent client, and a new guest could be
 	// taken for an orphan and destroyed.
@@ -224,7 +224,7 @@ func New(cfg Config) (*Node, error) {
 			cfg.DataDir, sock, len(sock))
 	}
 	n := &Node{Config: cfg, journal: journal{dir: filepath.Join(cfg.DataDir, "journal")}, guests: map[string]*live{}, recovered: make(chan struct{}),
-		quiesceAnswer: quiesceAnswer}
+		quiesceAnswer: quiesceAnswer, execGrace: execGrace}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n)
 	return n, nil

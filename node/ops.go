@@ -149,16 +149,43 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	}
 	areq.Runner = n.runnerFor(ref, areq.Argv, areq.Env)
 	ooms, counted := n.oomsBefore(ctx, l, guest)
-	res, err := ag.Exec(ctx, areq, out)
+	ectx, cancel := n.execBackstop(ctx, areq.TimeoutS)
+	defer cancel()
+	res, err := ag.Exec(ectx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
 	if counted {
 		n.endIfOOM(ctx, l, guest, ooms)
 	}
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case err != nil && errors.Is(context.Cause(ectx), errExecUnanswered):
+		err = context.Cause(ectx)
+	case err != nil && ctx.Err() == nil:
 		err = n.whyExecBroke(ctx, l, err)
 	}
 	return res, err
 }
+
+// execBackstop bounds an exec of timeoutS seconds (0: the default) at its timeout and
+// execGrace: an agent that never answers it (hung, or its answer lost) would hold the
+// request, and its caller, for ever. The request ends then, with a cause that wraps
+// errExecUnanswered and says so, and with its connection the agent kills the command's
+// processes, as its own timeout does (agent: a client gone).
+func (n *Node) execBackstop(ctx context.Context, timeoutS int) (context.Context, context.CancelFunc) {
+	if timeoutS <= 0 {
+		timeoutS = session.ExecTimeoutDefaultS
+	}
+	cause := fmt.Errorf("node: %w within its timeout of %d s and a grace of %s; the exec was ended, which kills its processes as its timeout does",
+		errExecUnanswered, timeoutS, n.execGrace)
+	return context.WithTimeoutCause(ctx, time.Duration(timeoutS)*time.Second+n.execGrace, cause)
+}
+
+// errExecUnanswered ends an exec past its timeout and grace (execBackstop).
+var errExecUnanswered = errors.New("the guest's agent did not answer the exec")
+
+// execGrace is how long past an exec's timeout the node waits for its agent's answer: the
+// agent's own timeout kills the command's processes and answers within moments, even on a
+// loaded host.
+const execGrace = 30 * time.Second
 
 // oomKills answers guest's count of OOM kills, where the driver reads it
 // (hypervisor.OOMCounter).

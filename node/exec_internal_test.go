@@ -1,0 +1,123 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/agent"
+	"wb/hypervisor/templates"
+	"wb/internal/redistest"
+	"wb/session"
+	"wb/store"
+)
+
+// TestExecBackstopEndsAnUnansweredExec: an exec whose agent never answers (neither its
+// status, nor its result after some output) ends at its timeout and the node's grace with an
+// error that says so, in process (Node.Exec) and through the node's API; the node closes its
+// request to the agent then, which makes the agent kill the command's processes as its
+// timeout does. Before, each waited for ever.
+func TestExecBackstopEndsAnUnansweredExec(t *testing.T) {
+	dir, err := os.MkdirTemp("", "wbx") // t.TempDir's is too long for the guests' sockets
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: countersOnly{}, Templates: templates.Catalog{"tpl": {}},
+		DataDir: dir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	t.Cleanup(n.cancel)
+	n.execGrace = 300 * time.Millisecond
+
+	// The guest's agent: it takes an exec, sends its status and one line of output when
+	// talkFirst, and then nothing; it counts the execs whose connection the node closed.
+	const id, guestID = "sess_unanswered", "g_unanswered"
+	sock := filepath.Join(n.guestDir(guestID), "agent", "agent.sock")
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var talkFirst atomic.Bool
+	closed := make(chan struct{}, 4)
+	deaf := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req agent.ExecRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if talkFirst.Load() {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			_, _ = w.Write([]byte(`{"stream":"stdout","data":"started\n"}` + "\n"))
+			http.NewResponseController(w).Flush()
+		}
+		select {
+		case <-r.Context().Done():
+			closed <- struct{}{}
+		case <-time.After(time.Minute):
+		}
+	})}
+	go func() { _ = deaf.Serve(ln) }()
+	t.Cleanup(func() { _ = deaf.Close() })
+	l := &live{g: &guest{SessionID: id, Project: "proj_unanswered", GuestID: guestID, State: session.Running, Template: "tpl",
+		StartedAt: time.Now(), IdleTimeoutS: 600, MaxLifetimeS: 600}, agent: agent.NewClient(sock)}
+	t.Cleanup(l.agent.Close)
+	n.guests[id] = l
+
+	timeout := 1
+	within := func(what string, start time.Time) {
+		t.Helper()
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("%s: answered after %s; want about its 1 s timeout and the 300 ms grace", what, took)
+		}
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Errorf("%s: the node's request to the agent stayed open (the agent kills the command's processes when it closes)", what)
+		}
+	}
+	wantUnanswered := func(what string, err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "did not answer the exec within its timeout of 1 s") {
+			t.Errorf("%s: %v; want an error saying the agent did not answer within the exec's timeout", what, err)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err = n.Exec(ctx, &session.Session{ID: id}, session.ExecRequest{Command: json.RawMessage(`"sleep 600"`), TimeoutS: &timeout}, nil, nil)
+	wantUnanswered("Node.Exec", err)
+	within("Node.Exec", start)
+
+	srv := httptest.NewServer(n.Handler("tok"))
+	t.Cleanup(srv.Close)
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	for _, talk := range []bool{false, true} {
+		talkFirst.Store(talk)
+		what := "through the node's API, an agent silent from the start"
+		if talk {
+			what = "through the node's API, an agent silent after some output"
+		}
+		start := time.Now()
+		_, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"sleep", "600"}, TimeoutS: timeout}, nil)
+		var ae *agent.Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway {
+			t.Errorf("%s: %v; want a 502 from the node", what, err)
+		}
+		wantUnanswered(what, err)
+		within(what, start)
+	}
+}
