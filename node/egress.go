@@ -402,7 +402,10 @@ func (p *egressProxy) forward(ctx context.Context, w http.ResponseWriter, r *htt
 	out.Header.Del("Proxy-Connection")
 	out.Header.Del("Proxy-Authorization")
 	out.Body = &countingReader{r: r.Body, n: &p.bytes}
-	tr := &http.Transport{DialContext: dial, DisableKeepAlives: true, TLSHandshakeTimeout: 10 * time.Second}
+	// The upstream is anyone's: Go's default would let it make the node hold 10 MiB of
+	// response headers per request (see netguard.MaxResponseHeaderBytes).
+	tr := &http.Transport{DialContext: dial, DisableKeepAlives: true, TLSHandshakeTimeout: 10 * time.Second,
+		MaxResponseHeaderBytes: netguard.MaxResponseHeaderBytes}
 	defer tr.CloseIdleConnections()
 	p.bytes.Add(headerBytes(r))
 	resp, err := tr.RoundTrip(out)

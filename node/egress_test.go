@@ -670,3 +670,36 @@ func TestEgressBoundsConnections(t *testing.T) {
 		}
 	}
 }
+
+// TestEgressBoundsResponseHeaders: a forward reads at most netguard.MaxResponseHeaderBytes
+// of the upstream's response headers, as the webhooks' client does; an upstream that sends
+// more is answered 502 and its headers are not passed on. Before, Go's default let an
+// upstream make the node hold 10 MiB of them per request.
+func TestEgressBoundsResponseHeaders(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nX-Huge: %s\r\nContent-Length: 2\r\n\r\nok", strings.Repeat("h", 1<<20))
+			}()
+		}
+	}()
+	proxy, _, _, _ := servedEgress(t, loopbackGate(t), nil)
+	code, body := proxyRequest(t, proxy, http.MethodGet, "http://"+ln.Addr().String()+"/")
+	if code != http.StatusBadGateway || !strings.Contains(body, "exceeded") {
+		t.Fatalf("an upstream's 1 MiB header: %d %q; want 502 naming the bound", code, body[:min(len(body), 200)])
+	}
+}
