@@ -50,6 +50,12 @@ type egressProxy struct {
 	upstreams, conns chan struct{}
 	// halfClosedIdle is tunnelHalfClosedIdle (tests shorten it).
 	halfClosedIdle time.Duration
+	// copiers counts the tunnels and forwards that move bytes. Once stopped (under cmu) none
+	// starts, and close waits for those under way: the count is final when close returns,
+	// and the final meter, taken after, bills every byte that went out.
+	cmu     sync.Mutex
+	stopped bool
+	copiers sync.WaitGroup
 }
 
 const (
@@ -63,6 +69,9 @@ const (
 	// has as many for its clients' keep-alive pools; a connection past it is answered 429 and
 	// closed.
 	maxEgressConns = 2 * maxEgressUpstreams
+	// copiersEndWait bounds close's wait for the tunnels and forwards to end (they end at
+	// once with their connections; its caller holds the guest's lock).
+	copiersEndWait = 2 * time.Second
 	// tunnelHalfClosedIdle is how long a tunnel one way of which has ended waits for the other
 	// to send (each read again): a peer that neither sends nor closes cannot hold it for ever,
 	// and a slow answer still streaming after the request ended is not cut.
@@ -138,10 +147,32 @@ func (c *boundedConn) Close() error {
 	return err
 }
 
-// close stops the proxy: its listener, its connections, and its tunnels.
+// close stops the proxy: its listener, its connections, and its tunnels; once it returns the
+// count of bytes grows no more.
 func (p *egressProxy) close() {
 	p.stop()
 	_ = p.srv.Close()
+	p.cmu.Lock()
+	p.stopped = true
+	p.cmu.Unlock()
+	done := make(chan struct{})
+	go func() { p.copiers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(copiersEndWait):
+	}
+}
+
+// beginCopy counts a tunnel or forward about to move bytes, unless the proxy is stopped; the
+// caller calls copiers.Done when it has ended.
+func (p *egressProxy) beginCopy() bool {
+	p.cmu.Lock()
+	defer p.cmu.Unlock()
+	if p.stopped {
+		return false
+	}
+	p.copiers.Add(1)
+	return true
 }
 
 // startEgress listens on the guest's egress socket. The caller holds l.mu.
@@ -176,7 +207,8 @@ func (n *Node) startEgress(l *live) {
 	go func() { _ = p.serveOn(ln) }()
 }
 
-// stopEgress closes the guest's egress proxy, its tunnels included. The caller holds l.mu.
+// stopEgress closes the guest's egress proxy, its tunnels included, and freezes its count of
+// bytes (the final meter reads it after). The caller holds l.mu.
 func (l *live) stopEgress() {
 	if l.egress != nil {
 		l.egress.close()
@@ -338,6 +370,11 @@ func (p *egressProxy) serve(w http.ResponseWriter, r *http.Request, gate egressG
 		http.Error(w, refused.msg, refused.status)
 		return
 	}
+	if !p.beginCopy() {
+		http.Error(w, "wb egress proxy: the session is stopping", http.StatusServiceUnavailable)
+		return
+	}
+	defer p.copiers.Done()
 	// Only the checked addresses are dialled: nothing is resolved again.
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -386,7 +423,7 @@ func (p *egressProxy) tunnel(ctx context.Context, w http.ResponseWriter, dial fu
 	}
 	done := make(chan struct{}, 2)
 	// The guest's bytes are counted as they go: the usage sample reads them while the tunnel
-	// is open (the final one too, taken before the proxy is stopped).
+	// is open (the final one after the proxy is stopped: close waits for this to end).
 	go func() { oneWay(up, &countingReader{r: io.NopCloser(rw.Reader), n: &p.bytes}, c); done <- struct{}{} }()
 	go func() { oneWay(c, up, up); done <- struct{}{} }()
 	<-done

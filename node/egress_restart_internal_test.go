@@ -5,8 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"wb/internal/redistest"
+	"wb/quota"
 	"wb/session"
+	"wb/store"
 )
 
 // TestEgressRestartKeepsItsCount: a guest's egress proxy is replaced when the guest is (a
@@ -33,5 +37,52 @@ func TestEgressRestartKeepsItsCount(t *testing.T) {
 	n.startEgress(l)
 	if got := l.egress.bytes.Load(); got != 1234 {
 		t.Errorf("the new proxy reports %d bytes, want the old one's 1234", got)
+	}
+}
+
+// TestFinalMeterBillsEgressUpToTheStop: the teardown stops the guest's egress proxy before
+// its final meter reads the count, so that every byte that went out is billed. Before, the
+// meter came first, and bytes the guest sent between it and the proxy's stop went out
+// unbilled: here the guest sends them as the teardown cancels the guest's watch, which
+// came after the meter and before the stop.
+func TestFinalMeterBillsEgressUpToTheStop(t *testing.T) {
+	rdb := redistest.Server(t)
+	n := idleNode(t, Config{Store: store.New(rdb), Driver: lifecycle{stopped: make(chan string, 4)}})
+	upstream, received, _ := sinkUpstream(t, false)
+	proxy, p, _, _ := servedEgress(t, loopbackGate(t), nil)
+	const project, id = "proj_meter", "sess_meter"
+	l := &live{g: &guest{SessionID: id, Project: project, GuestID: "g_meter", State: session.Stopping, Reason: session.IdleTimeout,
+		Tier: 2, StartedAt: time.Now().Add(-time.Minute), SampledAt: time.Now().Add(-time.Second), IdleTimeoutS: 600, MaxLifetimeS: 600},
+		egress: p}
+	n.guests[id] = l
+	tunnel := openTunnel(t, proxy, upstream)
+	send := func(b int) {
+		t.Helper()
+		want := received.Load() + int64(b)
+		if _, err := tunnel.Write(make([]byte, b)); err != nil {
+			return // the proxy stopped: nothing goes out
+		}
+		for deadline := time.Now().Add(2 * time.Second); received.Load() < want && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	send(1000)
+	l.cancel = func() { send(500) } // in kill, between the meter and the proxy's stop, before the fix
+	n.teardown(t.Context(), l)
+
+	msgs, err := rdb.XRange(t.Context(), store.ProjectKeys(project).UsageStream(), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var billed int64
+	for _, m := range msgs {
+		r, err := quota.DecodeRecord(m.Values)
+		if err != nil {
+			t.Fatal(err)
+		}
+		billed += r.EgressBytes
+	}
+	if sent := received.Load(); billed != sent {
+		t.Errorf("billed %d egress bytes; the upstream received %d", billed, sent)
 	}
 }

@@ -740,6 +740,7 @@ func (n *Node) end(ctx context.Context, l *live, driver session.Driver, reason s
 	// in turn, and a loaded host's read took seconds; the teardown's final meter reads them
 	// for both. Straight to a terminal state there is no final meter.
 	if next.Terminal() {
+		l.stopEgress() // before the meter, which then bills every byte that went out
 		n.sample(ctx, l)
 	} else {
 		n.sampleWith(l, withoutCounters)
@@ -772,7 +773,10 @@ func (n *Node) teardown(ctx context.Context, l *live) {
 	op := lockFor(l, "teardown")
 	g := l.g
 	if g.State == session.Stopping {
-		n.sample(ctx, l) // the final meter: stopping bills until here
+		// The final meter: stopping bills until here, and the egress proxy stops before it,
+		// so that no byte goes out after the meter read the count.
+		l.stopEgress()
+		n.sample(ctx, l)
 	}
 	n.kill(ctx, l)
 	if g.State == session.Stopping {

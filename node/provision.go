@@ -719,6 +719,7 @@ func (n *Node) endedHere(ctx context.Context, l *live, state session.State) {
 	}
 	n.Logger.Warn("node: session ended elsewhere while its guest ran here; destroying the guest",
 		"session", g.SessionID, "state", state)
+	l.stopEgress() // before the meter, which then bills every byte that went out
 	n.sample(ctx, l)
 	n.kill(ctx, l)
 	g.State = state
