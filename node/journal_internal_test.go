@@ -809,6 +809,31 @@ func (d clockCounters) Stats(context.Context, string) (hypervisor.Stats, error) 
 // hold one record each however long it lasts, and once the journal writes again the settled
 // totals are exactly what was metered, under contiguous seqs.
 func TestHeldUsageIsBoundedWhileTheJournalFails(t *testing.T) {
+	heldUsageIsBounded(t, 200, 1, []int64{1, 2}, func(n *Node, live *store.Store) (fail, heal func()) {
+		return func() {
+				n.journal.write = func(string, []byte) error { return &os.PathError{Op: "write", Err: syscall.ENOSPC} }
+			}, func() {
+				n.journal.write = nil // the disk has room again
+			}
+	})
+}
+
+// TestHeldUsageIsBoundedWhileRedisIsAway: so too while Redis does not answer, except for the
+// record each guest's flush tried (it may have reached Redis, and is never changed): two
+// records a guest.
+func TestHeldUsageIsBoundedWhileRedisIsAway(t *testing.T) {
+	away := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 50 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { away.Close() })
+	heldUsageIsBounded(t, 40, 2, []int64{1, 2, 3}, func(n *Node, live *store.Store) (fail, heal func()) {
+		n.RedisTimeout = 100 * time.Millisecond
+		return func() { n.Store = store.New(away) }, func() { n.Store = live }
+	})
+}
+
+// heldUsageIsBounded meters three guests for rounds flush periods of a fault (fault's fail
+// and heal), and wants each to hold held records at the end of it, and Redis to have
+// seqs of each after it, with the settled totals what was metered.
+func heldUsageIsBounded(t *testing.T, rounds, held int, seqs []int64, fault func(n *Node, live *store.Store) (fail, heal func())) {
 	rdb := redistest.Server(t)
 	start := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
 	var clock atomic.Int64
@@ -824,6 +849,7 @@ func TestHeldUsageIsBoundedWhileTheJournalFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fail, heal := fault(n, n.Store)
 	const project = "proj_held"
 	ids := []string{"sess_held_a", "sess_held_b", "sess_held_c"}
 	for _, id := range ids {
@@ -832,7 +858,6 @@ func TestHeldUsageIsBoundedWhileTheJournalFails(t *testing.T) {
 			IdleTimeoutS: 86400, MaxLifetimeS: 86400}, egress: &egressProxy{}}
 		n.guests[id] = l
 	}
-	const rounds = 200
 	var egress int64
 	round := func() {
 		clock.Add(4000)
@@ -842,7 +867,7 @@ func TestHeldUsageIsBoundedWhileTheJournalFails(t *testing.T) {
 		egress += 1000
 		n.flushUsage(t.Context())
 	}
-	held := func() (total int) {
+	holding := func() (total int) {
 		for _, id := range ids {
 			l := n.guests[id]
 			l.mu.Lock()
@@ -853,32 +878,31 @@ func TestHeldUsageIsBoundedWhileTheJournalFails(t *testing.T) {
 	}
 
 	round() // seq 1 of each, sent
-	// Seq 2 of each, which every later sample extends until the journal writes again.
-	n.journal.write = func(string, []byte) error { return &os.PathError{Op: "write", Err: syscall.ENOSPC} }
+	fail()
 	for range rounds {
 		round()
 		n.replay(t.Context()) // a replay round that fails changes nothing
 	}
-	if got := held(); got != len(ids) {
-		t.Fatalf("after %d flush periods with the journal failing, %d guests hold %d usage records; want one each", rounds, len(ids), got)
+	if got := holding(); got != held*len(ids) {
+		t.Fatalf("after %d flush periods of the fault, %d guests hold %d usage records; want %d each", rounds, len(ids), got, held)
 	}
 
-	n.journal.write = nil // the disk has room again
+	heal()
 	round()
-	if got := held(); got != 0 {
-		t.Fatalf("%d records still held once the journal writes again", got)
+	if got := holding(); got != 0 {
+		t.Fatalf("%d records still held once the fault ended", got)
 	}
 	msgs, err := rdb.XRange(t.Context(), store.ProjectKeys(project).UsageStream(), "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	seqs := map[string][]int64{}
+	got := map[string][]int64{}
 	for _, m := range msgs {
 		r, err := quota.DecodeRecord(m.Values)
 		if err != nil {
 			t.Fatal(err)
 		}
-		seqs[r.SessionID] = append(seqs[r.SessionID], r.Seq)
+		got[r.SessionID] = append(got[r.SessionID], r.Seq)
 	}
 	settler := quota.NewSettler(rdb, quota.SettlerOptions{Consumer: "test", Logger: slog.New(slog.DiscardHandler)})
 	if _, err := settler.SettleProject(t.Context(), project); err != nil {
@@ -890,8 +914,8 @@ func TestHeldUsageIsBoundedWhileTheJournalFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		if want := []int64{1, 2}; !slices.Equal(seqs[id], want) {
-			t.Errorf("%s: Redis has seqs %v, want %v", id, seqs[id], want)
+		if !slices.Equal(got[id], seqs) {
+			t.Errorf("%s: Redis has seqs %v, want %v", id, got[id], seqs)
 		}
 		for field, want := range map[string]int64{"session_ms": elapsed, "cpu_ms": elapsed / 4, "egress_bytes": egress,
 			"mem_gib_ms": elapsed} {

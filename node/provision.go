@@ -439,6 +439,15 @@ func (n *Node) flush(ctx context.Context, l *live) bool {
 		n.redisDown.Store(failed != nil && !awaits)
 	}
 	l.mu.Lock()
+	// Only the changes tried may be in Redis; those after the one that failed were not, and
+	// the samples may extend their newest again: a guest holds two records through an
+	// outage of Redis, the one retried and the one growing.
+	l.offered = offered
+	for _, p := range todo[:min(done+1, len(todo))] {
+		if p.Usage != nil {
+			l.offered = max(l.offered, p.Usage.Seq)
+		}
+	}
 	g := l.g
 	g.Pending = g.Pending[done:]
 	if failed != nil && !awaits && ctx.Err() == nil && !n.warned(l) {
