@@ -32,7 +32,7 @@
 //     process of the terminal's session SIGHUP, then SIGKILL if the shell still runs 2 s later.
 //     cols/rows must be 1–1000 (400 naming the parameter).
 //   - GET /v1/files?path=P reads raw bytes (404 missing, 400 directory); GET ...&list=1 lists a
-//     directory as [FileInfo]; PUT /v1/files?path=P[&mode=0755] writes the body atomically (temp
+//     directory as [FileInfo], by name (413 past 100,000 entries); PUT /v1/files?path=P[&mode=0755] writes the body atomically (temp
 //     file, fsync, rename; parents created; 413 over 100 MiB); DELETE removes a file or an empty
 //     directory (204; 404 missing, 409 not empty). Relative paths resolve against Root; absolute
 //     ones are allowed (the guest is the boundary, not Root).
