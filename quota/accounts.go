@@ -35,9 +35,15 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 	return nil
 }
 
-// Uncap lifts the project's cap's admission stop this month (after the cap was raised).
+// Uncap lifts the project's cap's admission stop this month (after the cap was raised), and
+// the stop of its sessions a crossing left unfinished (Enforcer.RetryStops).
 func (a *Accounts) Uncap(ctx context.Context, project string, now time.Time) error {
-	if err := a.rdb.Del(ctx, capFlag(project, "", "hard", monthOf(now)), capFlag(project, "", "soft", monthOf(now))).Err(); err != nil {
+	month := monthOf(now)
+	if _, err := a.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, capFlag(project, "", "hard", month), capFlag(project, "", "soft", month))
+		p.HDel(ctx, store.ProjectKeys(project).CapStops(), capStopID("", month))
+		return nil
+	}); err != nil {
 		return fmt.Errorf("lift the spend cap of %s: %w", project, err)
 	}
 	return nil
@@ -144,6 +150,7 @@ func (a *Accounts) uncapEndUsers(ctx context.Context, project string, endUsers [
 				continue // still over the cap: stopped
 			}
 			p.Del(ctx, capFlag(project, eu, "hard", month))
+			p.HDel(ctx, k.CapStops(), capStopID(eu, month))
 			if capMicroUSD > 0 && spend >= capMicroUSD*SoftCapPercent/100 {
 				continue // still past the soft cap
 			}

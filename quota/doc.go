@@ -10,6 +10,7 @@
 //     project once at start and every few minutes for signals lost to a crash;
 //   - caps: a project's and its end users' monthly spend caps (Limits), watched on settled
 //     spend (Caps) and acted on by the Enforcer, which asks the spend decision point, stops
-//     the sessions in scope and sends quota.exceeded once;
+//     the sessions in scope and sends quota.exceeded once; a stop its passes left unfinished
+//     is held, and the settler carries it on every few seconds (Enforcer.RetryStops);
 //   - reports: GET /v1/usage, summed from the hourly buckets (BuildReport).
 package quota

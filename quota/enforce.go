@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"time"
@@ -76,8 +77,73 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 		if d.StopProject {
 			scope.EndUser = ""
 		}
-		e.stopScope(ctx, scope, log)
+		if !e.stopScope(ctx, scope, stopPasses, log) {
+			e.holdStop(ctx, ev, scope, log)
+		}
 	}
+}
+
+// capStopID names the stop of the cap ev crossed among the project's held stops (CapStops).
+func capStopID(endUser, month string) string {
+	if endUser == "" {
+		return month
+	}
+	return month + ":eu:" + endUser
+}
+
+// holdStop records the stop the decision ordered for ev's crossed cap, in scope, when its
+// passes left sessions live: the cap's flag is set once a month, so without it nothing would
+// try again, and the sessions would run on past the cap. RetryStops carries it on.
+func (e *Enforcer) holdStop(ctx context.Context, ev, scope CapEvent, log *slog.Logger) {
+	b, err := json.Marshal(scope)
+	if err == nil {
+		err = e.Store.HoldCapStop(ctx, ev.Project, capStopID(ev.EndUser, ev.Month), string(b), capFlagTTL)
+	}
+	if err != nil {
+		log.Error("spend cap: hold the stop for a later round; the sessions left live run on", "project", ev.Project, "end_user", ev.EndUser, "err", err)
+	}
+}
+
+// RetryStops carries on the stops that crossed caps ordered and left unfinished (holdStop):
+// one pass each, dropping the stops that leave nothing live in scope and those of a month
+// past (its caps no longer apply). The stops stand as decided when the cap was crossed, and
+// a raised cap drops them (Accounts). The settler calls it every few seconds; while no stop
+// is held it costs one command.
+func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
+	log := e.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	projects, err := e.Store.CapStopProjects(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, p := range projects {
+		stops, err := e.Store.CapStops(ctx, p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		left := 0
+		for id, v := range stops {
+			var scope CapEvent
+			if json.Unmarshal([]byte(v), &scope) == nil && scope.Month >= monthOf(now) && !e.stopScope(ctx, scope, 1, log) {
+				left++
+				continue
+			}
+			if err := e.Store.EndCapStop(ctx, p, id, v); err != nil {
+				errs = append(errs, err)
+				left++
+			}
+		}
+		if left == 0 {
+			if err := e.Store.ForgetCapStopProject(ctx, p); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // liveStates are the states stopScope stops sessions in.
@@ -96,9 +162,10 @@ const maxStopped = 100000
 // end at once, starting ones are torn down), else they would run past the cap. A session
 // taking a snapshot is stopped once the snapshot is taken and it is running again. The
 // sessions are listed at one instant, so that one resumed (or otherwise moved) while others
-// are stopped is not missed, and passes repeat while a stop failed.
-func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, log *slog.Logger) {
-	for pass := 0; pass < stopPasses; pass++ {
+// are stopped is not missed, and up to passes passes repeat while a stop failed. It answers
+// whether it left nothing live in scope.
+func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, passes int, log *slog.Logger) bool {
+	for pass := 0; pass < passes; pass++ {
 		if pass > 0 {
 			sleep(ctx, retryAfter)
 		}
@@ -114,10 +181,11 @@ func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, log *slog.Logger)
 			}
 		}
 		if left == 0 {
-			return
+			return true
 		}
 	}
-	log.Error("spend cap: sessions left live after every pass", "project", ev.Project, "end_user", ev.EndUser, "passes", stopPasses)
+	log.Error("spend cap: sessions left live after every pass; a later round stops them", "project", ev.Project, "end_user", ev.EndUser, "passes", passes)
+	return false
 }
 
 // stopOne stops one session of the scope, retrying when its state moved under it (a pending

@@ -334,3 +334,95 @@ func newSession(t *testing.T, st *store.Store, project string, eu *string, chang
 	}
 	return s.ID
 }
+
+// failScripts fails every script its client sends while on, as a Redis (or a node) away for
+// longer than the hard cap's passes would.
+type failScripts struct{ on atomic.Bool }
+
+func (h *failScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); (n == "evalsha" || n == "eval") && h.on.Load() {
+			cmd.SetErr(errors.New("connection reset by peer"))
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *failScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A hard cap whose stops fail through every pass is enforced by a later round of the settler:
+// the cap's flag is set once a month, and nothing else would try again while the session ran
+// on past the cap. The round carries on the stop as decided; a raised cap drops it.
+func TestSettlerRoundStopsWhatTheCapsPassesLeftLive(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	hook := &failScripts{}
+	rdb.AddHook(hook)
+	st := store.New(rdb)
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	month := monthOf(time.Now())
+	state := func(project, id string) session.State {
+		t.Helper()
+		s, err := st.Get(ctx, project, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.State
+	}
+	const stopped, raised, kept = "proj_later", "proj_raised", "proj_kept"
+	ids := map[string]string{}
+	for _, p := range []string{stopped, raised, kept} {
+		ids[p] = newSession(t, st, p, nil, up...)
+	}
+	e := &Enforcer{Store: st, Accounts: NewAccounts(rdb), Stopper: &recordingStopper{}}
+	hook.on.Store(true)
+	for _, p := range []string{stopped, raised} {
+		e.OnCap(ctx, CapEvent{Project: p, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: month})
+	}
+	// The decision said warn only: no round stops its sessions.
+	e.Decide = func(context.Context, CapEvent) (SpendDecision, error) { return SpendDecision{DenyAdmission: true}, nil }
+	e.OnCap(ctx, CapEvent{Project: kept, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: month})
+	hook.on.Store(false)
+	if got := state(stopped, ids[stopped]); got != session.Running {
+		t.Fatalf("the session is %s while every stop failed: the test no longer fails them", got)
+	}
+	if err := e.Accounts.Uncap(ctx, raised, time.Now()); err != nil { // PUT /v1/limits raised the cap
+		t.Fatal(err)
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = NewSettler(rdb, SettlerOptions{Consumer: "later", Enforcer: e}).Run(runCtx)
+	}()
+	defer func() { cancel(); <-done }()
+	for deadline := time.Now().Add(30 * time.Second); state(stopped, ids[stopped]) != session.Stopping; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session is %s 30 s after its stops came back, want stopping (spend_cap): no later round stopped it", state(stopped, ids[stopped]))
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ps, err := st.CapStopProjects(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("projects still holding stops after they were done: %v", ps)
+		}
+	}
+	for _, p := range []string{raised, kept} {
+		if got := state(p, ids[p]); got != session.Running {
+			t.Errorf("%s's session is %s, want running (its cap was raised, or its decision did not stop)", p, got)
+		}
+	}
+}

@@ -81,12 +81,17 @@ const maxWait = 10 * time.Second
 // retryAfter is how long the settler waits after Redis failed it.
 const retryAfter = time.Second
 
+// stopRetryEvery is how often the settler carries on the unfinished stops of crossed caps:
+// at each wake, at most every maxWait, so that an idle settler wakes no more often for it.
+const stopRetryEvery = maxWait
+
 // Settler consumes usage records and settles them exactly once.
 type Settler struct {
 	rdb            redis.UniversalClient
 	store          *store.Store
 	prices         Prices
-	caps           *Caps // nil: no spend caps
+	caps           *Caps     // nil: no spend caps
+	enforcer       *Enforcer // nil: no stops to carry on
 	consumer       string
 	log            *slog.Logger
 	batch          int64
@@ -98,6 +103,9 @@ type Settler struct {
 type SettlerOptions struct {
 	Prices Prices
 	Caps   *Caps
+	// Enforcer, when set, is asked every stopRetryEvery to carry on the stops of crossed caps
+	// that left sessions live (Enforcer.RetryStops).
+	Enforcer *Enforcer
 	// Consumer names this settler in the settlers' consumer groups: unique per settler, and
 	// the same across its restarts. Default host-pid.
 	Consumer string
@@ -131,7 +139,7 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 	if o.Prices.SessionPerSecond == nil {
 		o.Prices = DefaultPrices()
 	}
-	return &Settler{rdb: rdb, store: store.New(rdb), prices: o.Prices, caps: o.Caps, consumer: o.Consumer, log: o.Logger,
+	return &Settler{rdb: rdb, store: store.New(rdb), prices: o.Prices, caps: o.Caps, enforcer: o.Enforcer, consumer: o.Consumer, log: o.Logger,
 		batch: int64(o.Batch), accrueEvery: o.AccrueEvery, fullSweepEvery: o.FullSweepEvery}
 }
 
@@ -142,9 +150,15 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 func (s *Settler) Run(ctx context.Context) error {
 	s.sweep(ctx)
 	now := time.Now()
-	nextAccrual, nextSweep := now.Add(s.accrueEvery), now.Add(s.fullSweepEvery)
+	nextAccrual, nextSweep, nextStopRetry := now.Add(s.accrueEvery), now.Add(s.fullSweepEvery), now
 	for ctx.Err() == nil {
 		now = time.Now()
+		if s.enforcer != nil && !now.Before(nextStopRetry) {
+			if err := s.enforcer.RetryStops(ctx, now); err != nil && ctx.Err() == nil {
+				s.log.Warn("settler: spend-cap stops", "err", err)
+			}
+			nextStopRetry = now.Add(stopRetryEvery)
+		}
 		if !now.Before(nextAccrual) {
 			if err := s.AccrueSnapshots(ctx, now); err != nil && ctx.Err() == nil {
 				s.log.Warn("settler: snapshot storage", "err", err)

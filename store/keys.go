@@ -58,6 +58,11 @@ const (
 	// IndexSnapshotProjects); read by quota's settler to bill snapshot storage.
 	snapshotProjectsKey = "wb:snapshots:projects"
 
+	// capStopProjectsKey is a set of the projects with held spend-cap stops (CapStops; perhaps
+	// none left). Written by store (HoldCapStop, then ForgetCapStopProject); read by quota's
+	// settler, which carries the stops on (quota.Enforcer.RetryStops).
+	capStopProjectsKey = "wb:caps:stopping"
+
 	// desktopIdleKey is a sorted set of the awake desktops, member "PROJECT/DESKTOP", score the
 	// time in ms at which each falls idle (its last use plus the idle time). Written by store
 	// (SetDesktopIdle, ForgetDesktopIdle, DeleteDesktop); read by the gateway's idle loop
@@ -280,6 +285,13 @@ func (k ProjectKeyspace) CapFlag(level, month string) string {
 func (k ProjectKeyspace) EndUserCapFlag(endUser, level, month string) string {
 	return k.p + "capped:" + level + ":eu:" + endUser + ":" + month
 }
+
+// CapStops is a hash of the stops ordered by a crossed spend cap that left sessions live (a
+// stop failed through every pass): field MONTH (the project's cap) or MONTH:eu:END_USER (an end
+// user's) → the stop's scope as JSON, with the cap flags' TTL. Written by quota.Enforcer
+// (HoldCapStop, EndCapStop), which retries them until nothing in scope is live; deleted by
+// quota.Accounts with the cap's flags (a raised cap).
+func (k ProjectKeyspace) CapStops() string { return k.p + "capped:stops" }
 
 // CappedEndUsers is a set, the end users whose EndUserCapFlag (of either level) was set in
 // month, with the flags' TTL: a raised end-user cap lifts their flags. Written by quota.Caps

@@ -249,7 +249,7 @@ Flags:
 	}
 	accounts := quota.NewAccounts(rdb)
 	enforcer := &quota.Enforcer{Store: st, Accounts: accounts, Stopper: nodes, Decide: spendDecider(pol, plug, log), Logger: log}
-	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Logger: log})
+	settler := quota.NewSettler(rdb, quota.SettlerOptions{Prices: prices, Caps: quota.NewCaps(rdb, enforcer.OnCap, log), Enforcer: enforcer, Logger: log})
 	pl := placer.New(placer.Config{Store: st, Provisioner: nodes, Tiers: tiers, HeartbeatTimeout: f.nodeTimeout, Logger: log})
 	webhookGuard, err := netguard.New(netguard.Options{Logger: log})
 	if err != nil {
