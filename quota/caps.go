@@ -67,12 +67,16 @@ type CapEvent struct {
 }
 
 // Caps watches settled spend against the caps and calls OnCap once per cap, level and month.
+// The settler flags a crossed cap as it settles, under the project's settlement lock, and
+// calls OnCap (act) after releasing it: OnCap stops sessions, node calls that may outlast the
+// lock's lease, and stopping sessions needs no lock of the settlement's.
 type Caps struct {
-	rdb   redis.UniversalClient
-	onCap func(context.Context, CapEvent)
-	log   *slog.Logger
-	mu    sync.Mutex
-	cache map[string]cachedLimits
+	rdb     redis.UniversalClient
+	onCap   func(context.Context, CapEvent)
+	log     *slog.Logger
+	mu      sync.Mutex
+	cache   map[string]cachedLimits
+	crossed map[string][]CapEvent // project → caps crossed and flagged, for act
 }
 
 type cachedLimits struct {
@@ -86,7 +90,7 @@ func NewCaps(rdb redis.UniversalClient, onCap func(context.Context, CapEvent), l
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Caps{rdb: rdb, onCap: onCap, log: log, cache: map[string]cachedLimits{}}
+	return &Caps{rdb: rdb, onCap: onCap, log: log, cache: map[string]cachedLimits{}, crossed: map[string][]CapEvent{}}
 }
 
 func (c *Caps) limits(ctx context.Context, project string) (Limits, error) {
@@ -140,10 +144,24 @@ func (c *Caps) check(ctx context.Context, ev CapEvent) {
 			ev.Level = lv.level
 			c.log.Info("spend cap crossed", "project", ev.Project, "end_user", ev.EndUser, "level", ev.Level, "spend_micro_usd", ev.SpendMicroUSD, "cap_micro_usd", ev.CapMicroUSD)
 			if c.onCap != nil {
-				c.onCap(ctx, ev)
+				c.mu.Lock()
+				c.crossed[ev.Project] = append(c.crossed[ev.Project], ev)
+				c.mu.Unlock()
 			}
 		}
 		return // the hard cap implies the soft one
+	}
+}
+
+// act calls OnCap for each cap crossed in project's settled spend since its last call, in
+// order. The settler calls it once it no longer holds the project's settlement lock.
+func (c *Caps) act(ctx context.Context, project string) {
+	c.mu.Lock()
+	evs := c.crossed[project]
+	delete(c.crossed, project)
+	c.mu.Unlock()
+	for _, ev := range evs {
+		c.onCap(ctx, ev)
 	}
 }
 

@@ -334,6 +334,12 @@ func (s *Settler) settleProject(ctx context.Context, project string) (total int,
 	if lock == nil {
 		return 0, errSettlementHeld
 	}
+	if s.caps != nil {
+		// After the lock is released (every return below releases it, or lost it): a cap's
+		// stops call nodes, which may outlast the lock's lease, and a second settler would
+		// then settle the project alongside this one.
+		defer s.caps.act(ctx, project)
+	}
 	for {
 		n, err := s.settleBatch(ctx, project)
 		total += n

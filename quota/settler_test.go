@@ -557,3 +557,43 @@ func TestSettlerTrimsSettledUsage(t *testing.T) {
 		})
 	}
 }
+
+// A crossed cap's stops run once the settler has released the project's settlement lock: node
+// calls may outlast the lock's lease (which nothing renews meanwhile), and a second settler
+// would then settle the project alongside the first, counting records out of order.
+func TestCapStopsRunOutsideTheSettlementLock(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	const project = "proj_lock"
+	var fired, held int
+	caps := NewCaps(rdb, func(ctx context.Context, ev CapEvent) {
+		fired++
+		// What a second settler does while the cap's stops run.
+		lock, err := st.LockSettlement(ctx, project)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if lock == nil {
+			held++
+			return
+		}
+		if err := lock.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	}, nil)
+	if err := NewAccounts(rdb).SetLimits(ctx, project, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, rdb, records(project, []string{"sess_l"}, 10)) // 280 µUSD: both levels crossed
+	if _, err := NewSettler(rdb, SettlerOptions{Caps: caps, Batch: 2}).SettleProject(ctx, project); err != nil {
+		t.Fatal(err)
+	}
+	if fired == 0 {
+		t.Fatal("no cap crossed")
+	}
+	if held > 0 {
+		t.Fatalf("%d of %d cap events were acted on while the settler held the project's settlement lock", held, fired)
+	}
+}

@@ -117,6 +117,7 @@ func (s *Settler) accrue(ctx context.Context, project, id string, size int64, cr
 		}
 		if res[0] == 1 && s.caps != nil {
 			s.caps.observe(ctx, Record{ProjectID: project, ToMs: now.UnixMilli()}, res[1], 0)
+			s.caps.act(ctx, project) // accrual holds no lock
 		}
 		return nil
 	}
