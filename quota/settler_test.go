@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -595,5 +596,47 @@ func TestCapStopsRunOutsideTheSettlementLock(t *testing.T) {
 	}
 	if held > 0 {
 		t.Fatalf("%d of %d cap events were acted on while the settler held the project's settlement lock", held, fired)
+	}
+}
+
+// A snapshot whose accrual fails leaves the others billed, in its project and in the rest:
+// the failure is answered (and the settler logs it), and the snapshot is billed on a later
+// run. It used to end the run, and every snapshot after it went unbilled while it failed.
+func TestAccrualGoesOnPastAFailedSnapshot(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	// In each project, a good snapshot either side of a failing one (snap_b, snap_e), in
+	// whatever order the projects and their snapshots are visited.
+	snaps := map[string][]string{"proj_acc1": {"snap_a", "snap_b", "snap_c"}, "proj_acc2": {"snap_d", "snap_e", "snap_f"}}
+	for p, ids := range snaps {
+		for _, id := range ids {
+			snap := session.Snapshot{ID: id, Object: "snapshot", State: session.SnapshotReady, SizeBytes: 2 << 30, CreatedAt: *session.At(t0)}
+			if err := st.PutObject(ctx, p, store.KindSnapshot, id, snap); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Their accruals fail: their marks are unreadable.
+	for p, id := range map[string]string{"proj_acc1": "snap_b", "proj_acc2": "snap_e"} {
+		if err := rdb.HSet(ctx, store.ProjectKeys(p).SnapshotAccrual(), id, "garbage").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := NewSettler(rdb, SettlerOptions{})
+	at := t0.Add(msPerMonth / 2 * time.Millisecond)
+	accrueErr := s.AccrueSnapshots(ctx, at)
+	for p, ids := range snaps {
+		got, err := NewAccounts(rdb).Spend(ctx, p, "", at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 2 GiB × half a month × 20,000 µUSD per GiB-month, per snapshot billed.
+		if want := int64(2 * 20_000); got < want-1 || got > want {
+			t.Errorf("%s (snapshots %v) billed %d µUSD, want %d: its two good snapshots", p, ids, got, want)
+		}
+	}
+	if accrueErr == nil || !strings.Contains(accrueErr.Error(), "snap_b") || !strings.Contains(accrueErr.Error(), "snap_e") {
+		t.Fatalf("accrual answered %v, want snap_b's and snap_e's failures", accrueErr)
 	}
 }

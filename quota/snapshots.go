@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"time"
@@ -45,45 +46,57 @@ func (p Prices) SnapshotCost(size, ms int64) int64 {
 
 // AccrueSnapshots bills every ready snapshot for its storage up to now. It visits only the
 // projects with snapshots (store.SnapshotProjects), and drops those it finds with none.
-// Run it periodically (the settler does, every AccrueEvery); each run is idempotent.
+// Run it periodically (the settler does, every AccrueEvery); each run is idempotent. A
+// snapshot (or project) whose accrual fails is left for the next run, and the others are
+// billed: the error answered joins every failure.
 func (s *Settler) AccrueSnapshots(ctx context.Context, now time.Time) error {
 	projects, err := s.store.SnapshotProjects(ctx)
 	if err != nil {
 		return err
 	}
+	var errs []error
 	for _, p := range projects {
-		cursor := ""
-		for first := true; ; first = false {
-			items, next, err := s.store.ListObjects(ctx, p, store.KindSnapshot, 100, cursor)
-			if err != nil {
-				return fmt.Errorf("accrue snapshots of %s: %w", p, err)
-			}
-			if first && len(items) == 0 {
-				if err := s.store.ForgetSnapshotProject(ctx, p); err != nil {
-					return fmt.Errorf("accrue snapshots of %s: %w", p, err)
-				}
-			}
-			for _, raw := range items {
-				var snap struct {
-					ID        string    `json:"id"`
-					State     string    `json:"state"`
-					SizeBytes int64     `json:"size_bytes"`
-					CreatedAt time.Time `json:"created_at"`
-				}
-				if json.Unmarshal(raw, &snap) != nil || snap.State != "ready" {
-					continue
-				}
-				if err := s.accrue(ctx, p, snap.ID, snap.SizeBytes, snap.CreatedAt, now); err != nil {
-					return err
-				}
-			}
-			if next == "" {
-				break
-			}
-			cursor = next
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
+		errs = append(errs, s.accrueProject(ctx, p, now)...)
 	}
-	return nil
+	return errors.Join(errs...)
+}
+
+// accrueProject is AccrueSnapshots for one project; it answers each failure.
+func (s *Settler) accrueProject(ctx context.Context, p string, now time.Time) []error {
+	var errs []error
+	cursor := ""
+	for first := true; ; first = false {
+		items, next, err := s.store.ListObjects(ctx, p, store.KindSnapshot, 100, cursor)
+		if err != nil {
+			return append(errs, fmt.Errorf("accrue snapshots of %s: %w", p, err))
+		}
+		if first && len(items) == 0 {
+			if err := s.store.ForgetSnapshotProject(ctx, p); err != nil {
+				errs = append(errs, fmt.Errorf("accrue snapshots of %s: %w", p, err))
+			}
+		}
+		for _, raw := range items {
+			var snap struct {
+				ID        string    `json:"id"`
+				State     string    `json:"state"`
+				SizeBytes int64     `json:"size_bytes"`
+				CreatedAt time.Time `json:"created_at"`
+			}
+			if json.Unmarshal(raw, &snap) != nil || snap.State != "ready" {
+				continue
+			}
+			if err := s.accrue(ctx, p, snap.ID, snap.SizeBytes, snap.CreatedAt, now); err != nil {
+				errs = append(errs, fmt.Errorf("project %s: %w", p, err))
+			}
+		}
+		if next == "" {
+			return errs
+		}
+		cursor = next
+	}
 }
 
 // accrueAttempts bounds how often one accrual computes its cost again after another settler
@@ -96,7 +109,7 @@ func (s *Settler) accrue(ctx context.Context, project, id string, size int64, cr
 	for attempt := 0; attempt < accrueAttempts; attempt++ {
 		last, err := s.rdb.HGet(ctx, k.SnapshotAccrual(), id).Int64()
 		if err != nil && err != redis.Nil {
-			return err
+			return fmt.Errorf("accrue snapshot %s: %w", id, err)
 		}
 		if err == redis.Nil {
 			last = created.UnixMilli()
