@@ -24,26 +24,32 @@ import (
 // A desktop's session is labelled in the bucket with its desktop (the session hash's desk),
 // so the report names the desktop after the session itself has expired.
 //
-// KEYS: seq hash, spend hash, hour bucket, session hash
+// The seq hash's entries and the spend hash's hourly fields are indexed by time (the seq
+// index, the hours index) so that pruneScript drops them when nothing needs them any more.
+//
+// KEYS: seq hash, spend hash, hour bucket, session hash, seq index, hours index
 // ARGV: session, min seq, end user, session_ms, paused_ms, cpu_ms, mem_gib_ms, egress,
-// cost nano, hour, day, month, max seq
+// cost nano, hour, day, month, max seq, now ms, hour's start ms
 var settleScript = redis.NewScript(`
 local sid, eu = ARGV[1], ARGV[3]
 local last = tonumber(redis.call('HGET', KEYS[1], sid) or '0')
 if tonumber(ARGV[13]) <= last then return {0, 0, 0} end
 if tonumber(ARGV[2]) <= last then return {-1, 0, 0} end
 redis.call('HSET', KEYS[1], sid, ARGV[13])
+redis.call('ZADD', KEYS[5], ARGV[14], sid)
 local names = {'session_ms', 'paused_ms', 'cpu_ms', 'mem_gib_ms', 'egress_bytes', 'cost_nano'}
 local vals = {ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]}
 local cost = ARGV[9]
 local m = redis.call('HINCRBY', KEYS[2], 'm:' .. ARGV[12], cost)
 redis.call('HINCRBY', KEYS[2], 'd:' .. ARGV[11], cost)
 redis.call('HINCRBY', KEYS[2], 'h:' .. ARGV[10], cost)
+redis.call('ZADD', KEYS[6], ARGV[15], 'h:' .. ARGV[10])
 local em = 0
 if eu ~= '' then
   em = redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':m:' .. ARGV[12], cost)
   redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':d:' .. ARGV[11], cost)
   redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':h:' .. ARGV[10], cost)
+  redis.call('ZADD', KEYS[6], ARGV[15], 'eu:' .. eu .. ':h:' .. ARGV[10])
 end
 for i = 1, 6 do
   redis.call('HINCRBY', KEYS[3], 's:' .. sid .. ':' .. names[i], vals[i])
@@ -97,6 +103,8 @@ type Settler struct {
 	batch          int64
 	accrueEvery    time.Duration
 	fullSweepEvery time.Duration
+	replayWindow   time.Duration
+	now            func() time.Time
 }
 
 // SettlerOptions configure a Settler.
@@ -115,7 +123,11 @@ type SettlerOptions struct {
 	// FullSweepEvery: how often, besides at start, the settler looks at every project's
 	// usage stream, for records whose signal was lost. Default 5 min.
 	FullSweepEvery time.Duration
-	Logger         *slog.Logger
+	// ReplayWindow is how long after a session's last settled record a replay of its
+	// records is still recognised, and not billed again; the full sweep forgets the sessions
+	// settled longer ago. Default DefaultReplayWindow.
+	ReplayWindow time.Duration
+	Logger       *slog.Logger
 }
 
 // NewSettler returns a settler.
@@ -133,6 +145,9 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 	if o.FullSweepEvery == 0 {
 		o.FullSweepEvery = 5 * time.Minute
 	}
+	if o.ReplayWindow == 0 {
+		o.ReplayWindow = DefaultReplayWindow
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -140,7 +155,7 @@ func NewSettler(rdb redis.UniversalClient, o SettlerOptions) *Settler {
 		o.Prices = DefaultPrices()
 	}
 	return &Settler{rdb: rdb, store: store.New(rdb), prices: o.Prices, caps: o.Caps, enforcer: o.Enforcer, consumer: o.Consumer, log: o.Logger,
-		batch: int64(o.Batch), accrueEvery: o.AccrueEvery, fullSweepEvery: o.FullSweepEvery}
+		batch: int64(o.Batch), accrueEvery: o.AccrueEvery, fullSweepEvery: o.FullSweepEvery, replayWindow: o.ReplayWindow, now: time.Now}
 }
 
 // Run settles until ctx ends. It sweeps every project once at start, then waits on usage
@@ -238,8 +253,9 @@ var errSettlementHeld = errors.New("another settler holds the project's settleme
 
 // sweep is the one walk over every project, at start and every FullSweepEvery: a round
 // trip per few hundred projects finds the usage streams with records the settlers have not
-// settled (delivered to none, or left unacknowledged), which it settles; and it indexes
-// the projects with snapshots, for accrual.
+// settled (delivered to none, or left unacknowledged), which it settles; it indexes the
+// projects with snapshots, for accrual; and it prunes what no reader needs any more from
+// the projects whose streams it leaves with nothing unsettled (prune).
 func (s *Settler) sweep(ctx context.Context) {
 	if err := s.store.ForgetIdleConsumers(ctx, store.WorkUsage, settlerGroup, store.IdleConsumerAge); err != nil && ctx.Err() == nil {
 		s.log.Warn("settler: forget idle consumers", "err", err)
@@ -261,10 +277,18 @@ func (s *Settler) sweep(ctx context.Context) {
 		}
 		return
 	}
+	unsettledLeft := map[string]bool{}
 	for _, p := range waiting {
-		if err := s.drain(ctx, p); err != nil && ctx.Err() == nil && !errors.Is(err, errSettlementHeld) {
-			s.log.Warn("settler", "project", p, "err", err)
+		if err := s.drain(ctx, p); err != nil {
+			unsettledLeft[p] = true
+			if ctx.Err() == nil && !errors.Is(err, errSettlementHeld) {
+				s.log.Warn("settler", "project", p, "err", err)
+			}
 		}
+	}
+	settled := slices.DeleteFunc(slices.Clone(projects), func(p string) bool { return unsettledLeft[p] })
+	if err := s.prune(ctx, settled, s.now()); err != nil && ctx.Err() == nil {
+		s.log.Warn("settler: sweep", "err", err)
 	}
 }
 
@@ -487,12 +511,15 @@ func nextWave(runs []*run) (wave, rest []*run) {
 func (s *Settler) applyWave(ctx context.Context, project string, runs []*run) error {
 	k := store.ProjectKeys(project)
 	cmds := make([]*redis.Cmd, len(runs))
+	now := s.now().UnixMilli()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, r := range runs {
 			at := time.UnixMilli(r.last.ToMs).UTC()
-			cmds[i] = settleScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.Spend(), k.UsageHour(at), k.SessionHash(r.first.SessionID)},
+			cmds[i] = settleScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.Spend(), k.UsageHour(at), k.SessionHash(r.first.SessionID),
+				k.UsageSeqAt(), k.SpendHours()},
 				r.first.SessionID, r.first.Seq, r.first.EndUserID, r.sum.SessionMs, r.sum.PausedMs, r.sum.CPUMs, r.sum.MemGiBMs,
-				r.sum.EgressBytes, r.costNano, at.Format("2006010215"), at.Format("20060102"), monthOf(at), r.last.Seq)
+				r.sum.EgressBytes, r.costNano, at.Format("2006010215"), at.Format("20060102"), monthOf(at), r.last.Seq,
+				now, at.Truncate(time.Hour).UnixMilli())
 		}
 		return nil
 	})

@@ -311,13 +311,19 @@ func (k ProjectKeyspace) RateBucket() string { return k.p + "rl" }
 func (k ProjectKeyspace) UsageStream() string { return k.p + "usage" }
 
 // UsageSeq is a hash, session id → the last usage seq settled into the spend counters.
-// Written by quota's settle script, which it makes exactly-once.
-func (k ProjectKeyspace) UsageSeq() string { return k.p + "usage:seq" }
+// Written by quota's settle script, which it makes exactly-once; UsageSeqAt is a sorted set
+// of the same session ids, score the time in ms each was last settled, by which quota's
+// settler drops the sessions settled longer ago than a replay could come (from both).
+func (k ProjectKeyspace) UsageSeq() string   { return k.p + "usage:seq" }
+func (k ProjectKeyspace) UsageSeqAt() string { return k.p + "usage:seq:at" }
 
 // Spend is a hash of settled spend in nano-USD: fields m:YYYYMM, d:YYYYMMDD, h:YYYYMMDDHH for
 // the project and eu:END_USER:m:… (d:, h:) for each end user. Written by quota's settle and
-// accrual scripts.
-func (k ProjectKeyspace) Spend() string { return k.p + "spend" }
+// accrual scripts. SpendHours is a sorted set of its hourly fields (h:…, eu:…:h:…), score
+// the hour's start in ms, by which quota's settler drops the hours no reader needs any more
+// (from both).
+func (k ProjectKeyspace) Spend() string      { return k.p + "spend" }
+func (k ProjectKeyspace) SpendHours() string { return k.p + "spend:hours" }
 
 // UsageHour is a hash, the usage settled in the hour of t (UTC): s:SESSION:METRIC,
 // e:END_USER:METRIC and t:METRIC, with a 400-day TTL; GET /v1/usage sums them; and

@@ -77,6 +77,8 @@ func TestKeyNames(t *testing.T) {
 		{k.UsageStream(), "wb:{proj_1}:usage"},
 		{k.UsageSeq(), "wb:{proj_1}:usage:seq"},
 		{k.Spend(), "wb:{proj_1}:spend"},
+		{k.SpendHours(), "wb:{proj_1}:spend:hours"},
+		{k.UsageSeqAt(), "wb:{proj_1}:usage:seq:at"},
 		{k.UsageHour(hour), "wb:{proj_1}:usage:h:2026030404"},
 		{k.SnapshotAccrual(), "wb:{proj_1}:snapacc"},
 		{k.Policies().Latest(), "wb:{proj_1}:pol:latest"},

@@ -1,0 +1,93 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"wb/store"
+)
+
+// DefaultReplayWindow is how long after a session's last settled record its replays are still
+// recognised (SettlerOptions.ReplayWindow): as long as an ended session is kept (the store's
+// retention). A replay is a record settled again: one a settler applied and died before
+// acknowledging (settled again at the project's next round, in seconds), or one a node wrote
+// twice (its journal replays what Redis may have taken, as soon as Redis answers again).
+const DefaultReplayWindow = 7 * 24 * time.Hour
+
+// spendHoursKept is how long the spend hash keeps its hourly fields. No code reads them: GET
+// /v1/usage sums the hourly report buckets (UsageHour, with a TTL of their own), and the caps
+// and GET /v1/limits read the month's fields. Two days keep them for an operator's look at a
+// recent incident, while the hash stops growing by a field an hour per end user.
+const spendHoursKept = 48 * time.Hour
+
+// pruneBatch bounds the entries one prune script drops from each index.
+const pruneBatch = 1000
+
+// pruneScript drops, from the seq hash, the sessions last settled before the seq cutoff, and
+// from the spend hash the hourly fields of hours before the hours cutoff, a batch of each
+// (the indexes name them: settleScript). It answers how many of each it dropped.
+//
+// KEYS: seq hash, seq index, spend hash, hours index. ARGV: seq cutoff ms, hours cutoff ms,
+// batch.
+var pruneScript = redis.NewScript(`
+local out = {}
+for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}}) do
+  local names = redis.call('ZRANGEBYSCORE', k[2], '-inf', '(' .. k[3], 'LIMIT', 0, ARGV[3])
+  if #names > 0 then
+    redis.call('HDEL', k[1], unpack(names))
+    redis.call('ZREM', k[2], unpack(names))
+  end
+  out[i] = #names
+end
+return out
+`)
+
+// prune drops what no reader needs any more from the projects' seq hashes (sessions settled
+// longer than the replay window ago) and spend hashes (hourly fields older than
+// spendHoursKept): a round trip per sweepBatch projects, and another for a project with more
+// than a batch to drop. The sweep calls it only for projects whose streams it found with
+// nothing unsettled: a record there could be a replay of one settled long ago.
+func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) error {
+	const sweepBatch = 500
+	seqCutoff, hoursCutoff := now.Add(-s.replayWindow).UnixMilli(), now.Add(-spendHoursKept).UnixMilli()
+	loaded := false
+	for len(projects) > 0 {
+		part := projects[:min(sweepBatch, len(projects))]
+		projects = projects[len(part):]
+		cmds := make([]*redis.Cmd, len(part))
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, project := range part {
+				k := store.ProjectKeys(project)
+				cmds[i] = pruneScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.UsageSeqAt(), k.Spend(), k.SpendHours()},
+					seqCutoff, hoursCutoff, pruneBatch)
+			}
+			return nil
+		})
+		if isNoScript(err) && !loaded {
+			// First use on this server: load the script and redo the batch.
+			if err := pruneScript.Load(ctx, s.rdb).Err(); err != nil {
+				return fmt.Errorf("prune: load script: %w", err)
+			}
+			loaded = true
+			projects = slices.Concat(part, projects)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("prune: %w", err)
+		}
+		for i, c := range cmds {
+			n, err := c.Int64Slice()
+			if err != nil {
+				return fmt.Errorf("prune %s: %w", part[i], err)
+			}
+			if len(n) == 2 && (n[0] == pruneBatch || n[1] == pruneBatch) {
+				projects = append(projects, part[i]) // more to drop: again, in a later batch
+			}
+		}
+	}
+	return nil
+}
