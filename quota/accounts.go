@@ -127,37 +127,53 @@ func (a *Accounts) UncapEndUsers(ctx context.Context, project string, capMicroUS
 	}
 }
 
-// uncapEndUsers is UncapEndUsers for one batch of flagged end users.
+// uncapEndUsersScript lifts the flags of the end users (ARGV) whose spend this month is under
+// the raised cap, reading each spend and deleting its flags in one step: a record settled
+// between the two could take an end user past the cap while its flag, still set, kept Caps
+// from flagging it again, and the flag deleted after would admit an end user over the cap.
+// Spends are compared as decimal strings: nano-USD may pass 2^53, where Lua's numbers end.
+//
+// KEYS: spend hash, capped end users set, held stops hash, then each end user's hard and soft
+// flags. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
+var uncapEndUsersScript = redis.NewScript(`
+local function ge(a, b)
+  if #a ~= #b then return #a > #b end
+  return a >= b
+end
+local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
+for i = 4, #ARGV do
+  local eu = ARGV[i]
+  local spend = redis.call('HGET', KEYS[1], 'eu:' .. eu .. ':m:' .. month) or '0'
+  if string.sub(spend, 1, 1) == '-' then spend = '0' end
+  local j = 4 + (i - 4) * 2
+  if hard == '' or not ge(spend, hard) then
+    redis.call('DEL', KEYS[j])
+    redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu)
+    if hard == '' or not ge(spend, soft) then
+      redis.call('DEL', KEYS[j + 1])
+      redis.call('SREM', KEYS[2], eu)
+    end
+  end
+end
+return 0
+`)
+
+// uncapEndUsers is UncapEndUsers for one batch of flagged end users, in one script.
 func (a *Accounts) uncapEndUsers(ctx context.Context, project string, endUsers []string, capMicroUSD int64, month string) error {
 	if len(endUsers) == 0 {
 		return nil
 	}
 	k := store.ProjectKeys(project)
-	fields := make([]string, len(endUsers))
-	for i, eu := range endUsers {
-		fields[i] = "eu:" + eu + ":m:" + month
+	keys := []string{k.Spend(), k.CappedEndUsers(month), k.CapStops()}
+	// A spend of n nano-USD is past a cap of c micro-USD when n/1000 >= c, so when n >= c×1000.
+	hard, soft := "", ""
+	if capMicroUSD > 0 {
+		hard, soft = strconv.FormatInt(capMicroUSD*1000, 10), strconv.FormatInt(capMicroUSD*SoftCapPercent/100*1000, 10)
 	}
-	spends, err := a.rdb.HMGet(ctx, k.Spend(), fields...).Result()
-	if err != nil {
-		return err
+	args := []any{month, hard, soft}
+	for _, eu := range endUsers {
+		keys = append(keys, capFlag(project, eu, "hard", month), capFlag(project, eu, "soft", month))
+		args = append(args, eu)
 	}
-	_, err = a.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, eu := range endUsers {
-			v, _ := spends[i].(string)
-			nano, _ := strconv.ParseInt(v, 10, 64)
-			spend := nano / 1000
-			if capMicroUSD > 0 && spend >= capMicroUSD {
-				continue // still over the cap: stopped
-			}
-			p.Del(ctx, capFlag(project, eu, "hard", month))
-			p.HDel(ctx, k.CapStops(), capStopID(eu, month))
-			if capMicroUSD > 0 && spend >= capMicroUSD*SoftCapPercent/100 {
-				continue // still past the soft cap
-			}
-			p.Del(ctx, capFlag(project, eu, "soft", month))
-			p.SRem(ctx, k.CappedEndUsers(month), eu)
-		}
-		return nil
-	})
-	return err
+	return uncapEndUsersScript.Run(ctx, a.rdb, keys, args...).Err()
 }

@@ -426,3 +426,83 @@ func TestSettlerRoundStopsWhatTheCapsPassesLeftLive(t *testing.T) {
 		}
 	}
 }
+
+// accrueDuring settles usage right after the first command, once armed, that names the spend
+// hash: a record settled while the end-user uncap reads the spend and lifts the flags.
+type accrueDuring struct {
+	spendKey string
+	armed    atomic.Bool
+	accrue   func(context.Context)
+}
+
+func (h *accrueDuring) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *accrueDuring) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if slices.Contains(cmd.Args(), any(h.spendKey)) && h.armed.CompareAndSwap(true, false) {
+			h.accrue(ctx)
+		}
+		return err
+	}
+}
+
+func (h *accrueDuring) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A raised end-user cap lifts an end user's flag only if its spend is under the cap when the
+// flag is deleted: a record settled between the read of the spend and the deletion, taking
+// the end user past the new cap, found the flag still set (so Caps did not flag it again),
+// and the deletion then admitted an end user over its cap for the rest of the month.
+func TestEndUserUncapRacesNoAccrual(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	accounts := NewAccounts(rdb)
+	const project = "proj_uncap"
+	rs := records(project, []string{"sess_u"}, 8) // 28 µUSD each
+	for i := range rs {
+		rs[i].EndUserID = "eu_u"
+	}
+	settle := func(ctx context.Context) {
+		t.Helper()
+		s := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, nil, nil)})
+		for n, err := s.SettleProject(ctx, project); n > 0 || err != nil; n, err = s.SettleProject(ctx, project) {
+			if err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}
+	if err := accounts.SetLimits(ctx, project, Limits{EndUserMonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, rdb, rs[:4]) // 112 µUSD: past the cap of 100
+	settle(ctx)
+	if scope, _, err := accounts.CapState(ctx, project, "eu_u", t0); err != nil || scope != "end_user" {
+		t.Fatalf("eu_u not stopped at 112 µUSD under a cap of 100: %q, %v", scope, err)
+	}
+	// The cap is raised to 200 while eu_u's next records (224 µUSD in all) are settled.
+	hook := &accrueDuring{spendKey: store.ProjectKeys(project).Spend(), accrue: func(ctx context.Context) {
+		appendAll(t, rdb, rs[4:])
+		settle(ctx)
+	}}
+	rdb.AddHook(hook)
+	hook.armed.Store(true)
+	if err := accounts.SetLimits(ctx, project, Limits{EndUserMonthlySpendCapMicroUSD: 200}); err != nil {
+		t.Fatal(err)
+	}
+	if err := accounts.UncapEndUsers(ctx, project, 200, t0); err != nil {
+		t.Fatal(err)
+	}
+	if hook.armed.Load() {
+		t.Fatal("the uncap never read the spend: the test no longer settles during it")
+	}
+	spend, err := accounts.Spend(ctx, project, "eu_u", t0)
+	if err != nil || spend != 224 {
+		t.Fatalf("eu_u's spend %d (%v), want 224", spend, err)
+	}
+	if scope, _, err := accounts.CapState(ctx, project, "eu_u", t0); err != nil || scope != "end_user" {
+		t.Fatalf("eu_u admitted (stopped by %q, %v) with a spend of 224 µUSD over the raised cap of 200", scope, err)
+	}
+}
