@@ -77,8 +77,9 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 		if d.StopProject {
 			scope.EndUser = ""
 		}
-		if !e.stopScope(ctx, scope, stopPasses, log) {
-			e.holdStop(ctx, ev, scope, log)
+		crossed := time.Now()
+		if !e.stopScope(ctx, scope, time.Time{}, stopPasses, log) {
+			e.holdStop(ctx, ev, heldStop{CapEvent: scope, CrossedAt: crossed}, log)
 		}
 	}
 }
@@ -91,11 +92,19 @@ func capStopID(endUser, month string) string {
 	return month + ":eu:" + endUser
 }
 
-// holdStop records the stop the decision ordered for ev's crossed cap, in scope, when its
-// passes left sessions live: the cap's flag is set once a month, so without it nothing would
-// try again, and the sessions would run on past the cap. RetryStops carries it on.
-func (e *Enforcer) holdStop(ctx context.Context, ev, scope CapEvent, log *slog.Logger) {
-	b, err := json.Marshal(scope)
+// heldStop is a stop held for a later round (holdStop): the scope the decision stopped, and
+// when the cap was crossed. The sessions created after that are not the decision's: they
+// were admitted afterwards, when the decision let admissions go on (or a raised cap did).
+type heldStop struct {
+	CapEvent
+	CrossedAt time.Time `json:"crossed_at"`
+}
+
+// holdStop records the stop the decision ordered for ev's crossed cap when its passes left
+// sessions live: the cap's flag is set once a month, so without it nothing would try again,
+// and the sessions would run on past the cap. RetryStops carries it on.
+func (e *Enforcer) holdStop(ctx context.Context, ev CapEvent, stop heldStop, log *slog.Logger) {
+	b, err := json.Marshal(stop)
 	if err == nil {
 		err = e.Store.HoldCapStop(ctx, ev.Project, capStopID(ev.EndUser, ev.Month), string(b), capFlagTTL)
 	}
@@ -106,8 +115,8 @@ func (e *Enforcer) holdStop(ctx context.Context, ev, scope CapEvent, log *slog.L
 
 // RetryStops carries on the stops that crossed caps ordered and left unfinished (holdStop):
 // one pass each, dropping the stops that leave nothing live in scope and those of a month
-// past (its caps no longer apply). The stops stand as decided when the cap was crossed, and
-// a raised cap drops them (Accounts). The settler calls it every few seconds; while no stop
+// past (its caps no longer apply). The stops stand as decided when the cap was crossed, over
+// the sessions created by then, and a raised cap drops them (Accounts). The settler calls it every few seconds; while no stop
 // is held it costs one command.
 func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 	log := e.Logger
@@ -127,8 +136,8 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 		}
 		left := 0
 		for id, v := range stops {
-			var scope CapEvent
-			if json.Unmarshal([]byte(v), &scope) == nil && scope.Month >= monthOf(now) && !e.stopScope(ctx, scope, 1, log) {
+			var stop heldStop
+			if json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now) && !e.stopScope(ctx, stop.CapEvent, stop.CrossedAt, 1, log) {
 				left++
 				continue
 			}
@@ -162,9 +171,10 @@ const maxStopped = 100000
 // end at once, starting ones are torn down), else they would run past the cap. A session
 // taking a snapshot is stopped once the snapshot is taken and it is running again. The
 // sessions are listed at one instant, so that one resumed (or otherwise moved) while others
-// are stopped is not missed, and up to passes passes repeat while a stop failed. It answers
-// whether it left nothing live in scope.
-func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, passes int, log *slog.Logger) bool {
+// are stopped is not missed, and up to passes passes repeat while a stop failed. Sessions
+// created after createdBy (when not zero) are out of scope. It answers whether it left
+// nothing live in scope.
+func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, createdBy time.Time, passes int, log *slog.Logger) bool {
 	for pass := 0; pass < passes; pass++ {
 		if pass > 0 {
 			sleep(ctx, retryAfter)
@@ -176,7 +186,7 @@ func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, passes int, log *
 		}
 		left := 0
 		for _, id := range ids {
-			if !e.stopOne(ctx, ev, id, log) {
+			if !e.stopOne(ctx, ev, createdBy, id, log) {
 				left++
 			}
 		}
@@ -191,7 +201,7 @@ func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, passes int, log *
 // stopOne stops one session of the scope, retrying when its state moved under it (a pending
 // session placed meanwhile is stopped as a starting one). It answers false when the session
 // may be left live in scope: its stop failed.
-func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slog.Logger) bool {
+func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time, id string, log *slog.Logger) bool {
 	for attempt := 0; attempt < 5; attempt++ {
 		s, err := e.Store.Get(ctx, ev.Project, id)
 		if errors.Is(err, store.ErrNotFound) {
@@ -207,10 +217,13 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, id string, log *slo
 		if ev.EndUser != "" && (s.EndUserID == nil || *s.EndUserID != ev.EndUser) {
 			return true
 		}
+		if !createdBy.IsZero() && s.CreatedAt.After(createdBy) {
+			return true
+		}
 		if s.State == session.Snapshotting {
 			// No transition leaves snapshotting but the caller's own (back to running, or
 			// failed with the host): wait for it in the background, not in the settler's loop.
-			go e.stopAfterSnapshot(context.WithoutCancel(ctx), ev, id, log)
+			go e.stopAfterSnapshot(context.WithoutCancel(ctx), ev, createdBy, id, log)
 			return true
 		}
 		to, err := session.Next(s.State, session.Metering, session.SpendCap)
@@ -243,7 +256,7 @@ const snapshotWait = 10 * time.Minute
 
 // stopAfterSnapshot waits until session id leaves snapshotting, then stops it as stopOne does
 // (again, while that fails).
-func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, id string, log *slog.Logger) {
+func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, createdBy time.Time, id string, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, snapshotWait)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -262,7 +275,7 @@ func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, id string
 			}
 			continue // Redis away for a moment: ask again
 		}
-		if s.State != session.Snapshotting && e.stopOne(ctx, ev, id, log) {
+		if s.State != session.Snapshotting && e.stopOne(ctx, ev, createdBy, id, log) {
 			return
 		}
 	}

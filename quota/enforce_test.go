@@ -395,6 +395,9 @@ func TestSettlerRoundStopsWhatTheCapsPassesLeftLive(t *testing.T) {
 	if err := e.Accounts.Uncap(ctx, raised, time.Now()); err != nil { // PUT /v1/limits raised the cap
 		t.Fatal(err)
 	}
+	// Admitted after the crossing (as when the decision lets admissions go on): not the
+	// decision's to stop.
+	later := newSession(t, st, stopped, nil, up...)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -424,6 +427,9 @@ func TestSettlerRoundStopsWhatTheCapsPassesLeftLive(t *testing.T) {
 		if got := state(p, ids[p]); got != session.Running {
 			t.Errorf("%s's session is %s, want running (its cap was raised, or its decision did not stop)", p, got)
 		}
+	}
+	if got := state(stopped, later); got != session.Running {
+		t.Errorf("the session created after the crossing is %s, want running", got)
 	}
 }
 
