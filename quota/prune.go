@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,10 +30,11 @@ const pruneBatch = 1000
 
 // pruneScript drops, from the seq hash, the sessions last settled before the seq cutoff, and
 // from the spend hash the hourly fields of hours before the hours cutoff, a batch of each
-// (the indexes name them: settleScript). It answers how many of each it dropped.
+// (the indexes name them: settleScript). It answers how many of each it dropped, and
+// whether the project's older entries are indexed (indexBefore).
 //
-// KEYS: seq hash, seq index, spend hash, hours index. ARGV: seq cutoff ms, hours cutoff ms,
-// batch.
+// KEYS: seq hash, seq index, spend hash, hours index, indexed flag. ARGV: seq cutoff ms,
+// hours cutoff ms, batch.
 var pruneScript = redis.NewScript(`
 local out = {}
 for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}}) do
@@ -43,6 +45,7 @@ for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}}) d
   end
   out[i] = #names
 end
+out[3] = redis.call('EXISTS', KEYS[5])
 return out
 `)
 
@@ -62,7 +65,7 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, project := range part {
 				k := store.ProjectKeys(project)
-				cmds[i] = pruneScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.UsageSeqAt(), k.Spend(), k.SpendHours()},
+				cmds[i] = pruneScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.UsageSeqAt(), k.Spend(), k.SpendHours(), k.Indexed()},
 					seqCutoff, hoursCutoff, pruneBatch)
 			}
 			return nil
@@ -84,10 +87,77 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 			if err != nil {
 				return fmt.Errorf("prune %s: %w", part[i], err)
 			}
-			if len(n) == 2 && (n[0] == pruneBatch || n[1] == pruneBatch) {
+			if len(n) != 3 {
+				return fmt.Errorf("prune %s: answered %v", part[i], n)
+			}
+			if n[2] == 0 {
+				if err := s.indexBefore(ctx, part[i], now); err != nil {
+					return err
+				}
+			}
+			if n[0] == pruneBatch || n[1] == pruneBatch || n[2] == 0 {
 				projects = append(projects, part[i]) // more to drop: again, in a later batch
 			}
 		}
 	}
 	return nil
+}
+
+// indexBefore indexes, once, a project's seq entries and hourly spend fields written before
+// their indexes existed, so that they are pruned too: the seq entries as settled now (when
+// they were is not known), the hourly fields by the hour they name. HSCAN, a batch at a
+// time, then the project's flag.
+func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time) error {
+	k := store.ProjectKeys(project)
+	for _, h := range []struct {
+		hash, index string
+		score       func(field string) (int64, bool)
+	}{
+		{k.UsageSeq(), k.UsageSeqAt(), func(string) (int64, bool) { return now.UnixMilli(), true }},
+		{k.Spend(), k.SpendHours(), hourOfSpendField},
+	} {
+		var cursor uint64
+		for {
+			kv, next, err := s.rdb.HScan(ctx, h.hash, cursor, "", pruneBatch).Result()
+			if err != nil {
+				return fmt.Errorf("index %s: %w", h.hash, err)
+			}
+			var zs []redis.Z
+			for i := 0; i+1 < len(kv); i += 2 {
+				if ms, ok := h.score(kv[i]); ok {
+					zs = append(zs, redis.Z{Score: float64(ms), Member: kv[i]})
+				}
+			}
+			if len(zs) > 0 {
+				if err := s.rdb.ZAddNX(ctx, h.index, zs...).Err(); err != nil {
+					return fmt.Errorf("index %s: %w", h.hash, err)
+				}
+			}
+			if next == 0 {
+				break
+			}
+			cursor = next
+		}
+	}
+	if err := s.rdb.Set(ctx, k.Indexed(), "1", 0).Err(); err != nil {
+		return fmt.Errorf("index %s: %w", project, err)
+	}
+	return nil
+}
+
+// hourOfSpendField answers the start (ms) of the hour an hourly spend field names: h:HOUR or
+// eu:END_USER:h:HOUR, HOUR as YYYYMMDDHH.
+func hourOfSpendField(f string) (int64, bool) {
+	const hourLen = len("2006010215")
+	n := len(f)
+	hourly := (n == len("h:")+hourLen && strings.HasPrefix(f, "h:")) ||
+		(n > len("eu:")+len(":h:")+hourLen && strings.HasPrefix(f, "eu:") && f[n-hourLen-len(":h:"):n-hourLen] == ":h:")
+	if !hourly {
+		return 0, false
+	}
+	t, err := time.Parse("2006010215", f[n-hourLen:])
+	if err != nil {
+		return 0, false
+	}
+	return t.UnixMilli(), true
 }

@@ -35,6 +35,13 @@ func TestSweepPrunesSeqsAndSpendHours(t *testing.T) {
 			}
 		}
 	}
+	// What a settler before the indexes left: a session's seq and hourly spend fields.
+	if err := rdb.HSet(ctx, k.UsageSeq(), "sess_old", 3).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, k.Spend(), "h:2026112909", 7000, "eu:eu_9:h:2026112909", 7000, "eu:eu_9:m:202611", 7000).Err(); err != nil {
+		t.Fatal(err)
+	}
 	appendAll(t, rdb, rs)
 	settle()
 	type readers struct {
@@ -80,14 +87,15 @@ func TestSweepPrunesSeqsAndSpendHours(t *testing.T) {
 		}
 		return out
 	}
-	if len(hourly(fields())) != 2 {
-		t.Fatalf("spend hash %v: want the project's and eu_0's fields of t0's hour", fields())
+	if len(hourly(fields())) != 4 {
+		t.Fatalf("spend hash %v: want the project's and eu_0's fields of t0's hour, and the two older ones", fields())
 	}
-	seq := func() string {
+	seqOf := func(id string) string {
 		t.Helper()
-		v, _ := rdb.HGet(ctx, k.UsageSeq(), "sess_p").Result()
+		v, _ := rdb.HGet(ctx, k.UsageSeq(), id).Result()
 		return v
 	}
+	seq := func() string { return seqOf("sess_p") }
 
 	// Within the window: t0's hour is days old, past what the hourly fields are kept for, and
 	// the session's seq stays, so that a replay is still dropped.
@@ -95,13 +103,13 @@ func TestSweepPrunesSeqsAndSpendHours(t *testing.T) {
 	if h := hourly(fields()); len(h) != 0 {
 		t.Errorf("hourly spend fields %v left after the sweep, want none older than %v", h, spendHoursKept)
 	}
-	for _, f := range []string{"m:" + monthOf(t0), "d:" + t0.Format("20060102"), "eu:eu_0:m:" + monthOf(t0), "eu:eu_0:d:" + t0.Format("20060102")} {
+	for _, f := range []string{"eu:eu_9:m:202611", "m:" + monthOf(t0), "d:" + t0.Format("20060102"), "eu:eu_0:m:" + monthOf(t0), "eu:eu_0:d:" + t0.Format("20060102")} {
 		if _, ok := fields()[f]; !ok {
 			t.Errorf("spend field %s pruned", f)
 		}
 	}
-	if seq() != "5" {
-		t.Fatalf("sess_p's settled seq is %q within the replay window, want 5", seq())
+	if seq() != "5" || seqOf("sess_old") != "3" {
+		t.Fatalf("sess_p's and sess_old's settled seqs are %q and %q within the replay window, want 5 and 3", seq(), seqOf("sess_old"))
 	}
 	appendAll(t, rdb, rs[2:3]) // seq 3 again
 	settle()
@@ -112,8 +120,10 @@ func TestSweepPrunesSeqsAndSpendHours(t *testing.T) {
 	// Past the window: the session is forgotten.
 	s.now = func() time.Time { return time.Now().Add(DefaultReplayWindow + time.Minute) }
 	s.sweep(ctx)
-	if v := seq(); v != "" {
-		t.Errorf("sess_p's settled seq %q kept past the replay window", v)
+	for _, id := range []string{"sess_p", "sess_old"} {
+		if v := seqOf(id); v != "" {
+			t.Errorf("%s's settled seq %q kept past the replay window", id, v)
+		}
 	}
 	for _, key := range []string{k.UsageSeqAt(), k.SpendHours()} {
 		if n, err := rdb.ZCard(ctx, key).Result(); err != nil || n != 0 {
@@ -122,5 +132,21 @@ func TestSweepPrunesSeqsAndSpendHours(t *testing.T) {
 	}
 	if got := read(); !reflect.DeepEqual(got, before) {
 		t.Fatalf("readers after the prune: %+v, want %+v", got, before)
+	}
+}
+
+// hourOfSpendField knows the hourly fields of the spend hash from the others, whatever the
+// end user's id.
+func TestHourOfSpendField(t *testing.T) {
+	hour := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC).UnixMilli()
+	for f, want := range map[string]bool{
+		"h:2026113010": true, "eu:eu_1:h:2026113010": true, "eu:a:h:b:h:2026113010": true,
+		"m:202611": false, "d:20261130": false, "eu:eu_1:m:202611": false, "eu:eu_1:d:20261130": false,
+		"eu:x:h:2026113010:d:20261130": false, "h:20261130": false, "eu:h:2026113010": false, "h:20261130xx": false,
+	} {
+		ms, ok := hourOfSpendField(f)
+		if ok != want || (ok && ms != hour) {
+			t.Errorf("%s: %d %v, want hourly %v", f, ms, ok, want)
+		}
 	}
 }

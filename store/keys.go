@@ -325,6 +325,10 @@ func (k ProjectKeyspace) UsageSeqAt() string { return k.p + "usage:seq:at" }
 func (k ProjectKeyspace) Spend() string      { return k.p + "spend" }
 func (k ProjectKeyspace) SpendHours() string { return k.p + "spend:hours" }
 
+// Indexed is a string flag: the entries of UsageSeq and the hourly fields of Spend written
+// before UsageSeqAt and SpendHours existed are in them. Written once by quota's settler.
+func (k ProjectKeyspace) Indexed() string { return k.p + "usage:indexed" }
+
 // UsageHour is a hash, the usage settled in the hour of t (UTC): s:SESSION:METRIC,
 // e:END_USER:METRIC and t:METRIC, with a 400-day TTL; GET /v1/usage sums them; and
 // sd:SESSION → the desktop the session ran, for a desktop's sessions, so that the report

@@ -79,6 +79,7 @@ func TestKeyNames(t *testing.T) {
 		{k.Spend(), "wb:{proj_1}:spend"},
 		{k.SpendHours(), "wb:{proj_1}:spend:hours"},
 		{k.UsageSeqAt(), "wb:{proj_1}:usage:seq:at"},
+		{k.Indexed(), "wb:{proj_1}:usage:indexed"},
 		{k.UsageHour(hour), "wb:{proj_1}:usage:h:2026030404"},
 		{k.SnapshotAccrual(), "wb:{proj_1}:snapacc"},
 		{k.Policies().Latest(), "wb:{proj_1}:pol:latest"},
