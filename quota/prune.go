@@ -31,7 +31,7 @@ const pruneBatch = 1000
 // pruneScript drops, from the seq hash, the sessions last settled before the seq cutoff, and
 // from the spend hash the hourly fields of hours before the hours cutoff, a batch of each
 // (the indexes name them: settleScript). It answers how many of each it dropped, and
-// whether the project's older entries are indexed (indexBefore).
+// whether the project's older entries are indexed (indexBefore), or there are none.
 //
 // KEYS: seq hash, seq index, spend hash, hours index, indexed flag. ARGV: seq cutoff ms,
 // hours cutoff ms, batch.
@@ -45,7 +45,7 @@ for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}}) d
   end
   out[i] = #names
 end
-out[3] = redis.call('EXISTS', KEYS[5])
+if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then out[3] = 1 else out[3] = 0 end
 return out
 `)
 
