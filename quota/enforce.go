@@ -116,8 +116,8 @@ func (e *Enforcer) holdStop(ctx context.Context, ev CapEvent, stop heldStop, log
 // RetryStops carries on the stops that crossed caps ordered and left unfinished (holdStop):
 // one pass each, dropping the stops that leave nothing live in scope and those of a month
 // past (its caps no longer apply). The stops stand as decided when the cap was crossed, over
-// the sessions created by then, and a raised cap drops them (Accounts). The settler calls it every few seconds; while no stop
-// is held it costs one command.
+// the sessions created by then, and a raised cap drops them (Accounts). The settler calls it
+// every few seconds; while no stop is held it costs one command.
 func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 	log := e.Logger
 	if log == nil {
