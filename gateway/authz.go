@@ -30,7 +30,8 @@ import (
 //     none), running (else 409 naming its state, the handlers' message) and placed on a node;
 //   - then OK, with x-wb-cluster (the node's Envoy cluster, for the route's cluster_header)
 //     and x-wb-edge-auth (an edge grant for the session, its project and its node, which the
-//     node checks), each replacing whatever the caller sent under that name.
+//     node checks; it says whether the caller came by connect token), each replacing
+//     whatever the caller sent under that name.
 //
 // A denial carries the HTTP API's status and JSON error body. The path is left as it came,
 // token included. Every other request is allowed with nothing added: ext_authz is disabled
@@ -88,7 +89,7 @@ func (a *Authz) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.Ch
 		return s.deny(ctx, err), nil
 	}
 	grant := sg.edge.Sign(edgeauth.Grant{SessionID: route.sessionID, ProjectID: c.project.ID, NodeID: f.nodeID,
-		Expires: s.Now().Add(EdgeGrantTTL).Unix()})
+		ByToken: c.byToken, Expires: s.Now().Add(EdgeGrantTTL).Unix()})
 	return &authv3.CheckResponse{
 		Status: &rpcstatus.Status{Code: int32(codes.OK)},
 		HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{

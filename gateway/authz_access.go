@@ -172,9 +172,7 @@ func errUnauthenticated(msg, param string) *apiError {
 type connectTokenKey struct{}
 
 // dataPath authenticates a data-path handler's request as identify does. A request that came
-// with a connect token reaches h with its project read in full and without the token in its
-// URL: handlers, logs and Idempotency-Key fingerprints never see it, so a retry through a
-// fresher connect URL is the same request.
+// with a connect token reaches h with its project read in full and as byConnectToken makes it.
 func (s *Server) dataPath(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
@@ -185,11 +183,7 @@ func (s *Server) dataPath(h handler) http.Handler {
 			if errors.Is(err, store.ErrNotFound) {
 				err = errUnauthenticated("the connect token's project no longer exists", connectTokenParam)
 			}
-			q.Del(connectTokenParam)
-			u := *r.URL
-			u.RawQuery = q.Encode()
-			r = r.WithContext(context.WithValue(ctx, connectTokenKey{}, true))
-			r.URL, r.RequestURI = &u, u.RequestURI()
+			r = byConnectToken(r)
 		}
 		if err == nil {
 			err = h(w, r, c.project)
@@ -198,6 +192,20 @@ func (s *Server) dataPath(h handler) http.Handler {
 			s.writeError(w, r, err)
 		}
 	})
+}
+
+// byConnectToken answers r as the handlers see a request that came with a connect token:
+// without the token in its URL (handlers, logs and Idempotency-Key fingerprints never see it,
+// so a retry through a fresher connect URL is the same request) and marked as such in its
+// context (ptyAcceptOptions). The gateway's handlers and the node's data path both use it.
+func byConnectToken(r *http.Request) *http.Request {
+	q := r.URL.Query()
+	q.Del(connectTokenParam)
+	u := *r.URL
+	u.RawQuery = q.Encode()
+	r = r.WithContext(context.WithValue(r.Context(), connectTokenKey{}, true))
+	r.URL, r.RequestURI = &u, u.RequestURI()
+	return r
 }
 
 // ptyAcceptOptions lets a browser page of any origin open a PTY with a connect token: the

@@ -105,12 +105,16 @@ func (d *DataPath) Handler() http.Handler {
 // Close ends the PTY sessions in progress.
 func (d *DataPath) Close() { d.s.Close() }
 
-// granted checks the request's edge grant and calls h with the grant's project.
+// granted checks the request's edge grant and calls h with the grant's project; a request
+// the edge let through by its connect token reaches h as through the gateway's handlers.
 func (d *DataPath) granted(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, err := d.authorize(r)
+		g, err := d.authorize(r)
 		if err == nil {
-			err = h(w, r, p)
+			if g.ByToken {
+				r = byConnectToken(r)
+			}
+			err = h(w, r, store.Project{ID: g.ProjectID})
 		}
 		if err != nil {
 			d.s.writeError(w, r, err)
@@ -118,21 +122,21 @@ func (d *DataPath) granted(h handler) http.Handler {
 	})
 }
 
-// authorize answers the project of the request's grant when the grant is valid now, names
-// the session in the path, and names this node. Nothing else is trusted from the grant: the
-// handler then loads the session and checks its state as the API does.
-func (d *DataPath) authorize(r *http.Request) (store.Project, error) {
+// authorize answers the request's grant when the grant is valid now, names the session in
+// the path, and names this node. Nothing else is trusted from the grant than its project and
+// ByToken: the handler then loads the session and checks its state as the API does.
+func (d *DataPath) authorize(r *http.Request) (edgeauth.Grant, error) {
 	values := r.Header.Values(edgeauth.HeaderEdgeAuth)
 	if len(values) == 0 || values[0] == "" {
-		return store.Project{}, errEdgeAuth("this node serves exec, PTY and files only to requests the edge authorized, with the " +
+		return edgeauth.Grant{}, errEdgeAuth("this node serves exec, PTY and files only to requests the edge authorized, with the " +
 			edgeauth.HeaderEdgeAuth + " header; call through the edge or the API")
 	}
 	if len(values) > 1 {
-		return store.Project{}, errEdgeAuth("send one " + edgeauth.HeaderEdgeAuth + " header, not several")
+		return edgeauth.Grant{}, errEdgeAuth("send one " + edgeauth.HeaderEdgeAuth + " header, not several")
 	}
 	signer, err := d.signer(r.Context(), false)
 	if err != nil {
-		return store.Project{}, err
+		return edgeauth.Grant{}, err
 	}
 	g, err := signer.Verify(values[0], d.s.Now())
 	if err != nil {
@@ -141,15 +145,15 @@ func (d *DataPath) authorize(r *http.Request) (store.Project, error) {
 		}
 	}
 	if err != nil {
-		return store.Project{}, errEdgeAuth(edgeauth.HeaderEdgeAuth + ": " + err.Error() + "; ask the edge again")
+		return edgeauth.Grant{}, errEdgeAuth(edgeauth.HeaderEdgeAuth + ": " + err.Error() + "; ask the edge again")
 	}
 	if id := r.PathValue("id"); g.SessionID != id {
-		return store.Project{}, errEdgeDenied("the edge grant is for session %q, not %q", g.SessionID, id)
+		return edgeauth.Grant{}, errEdgeDenied("the edge grant is for session %q, not %q", g.SessionID, id)
 	}
 	if g.NodeID != d.nodeID {
-		return store.Project{}, errEdgeDenied("the edge grant is for node %q, not this node (%q)", g.NodeID, d.nodeID)
+		return edgeauth.Grant{}, errEdgeDenied("the edge grant is for node %q, not this node (%q)", g.NodeID, d.nodeID)
 	}
-	return store.Project{ID: g.ProjectID}, nil
+	return g, nil
 }
 
 // signer answers the verifier of edge grants. It reads the shared secret on first use, so

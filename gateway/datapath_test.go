@@ -215,6 +215,59 @@ func TestDataPathRefusals(t *testing.T) {
 	}
 }
 
+// TestDataPathConnectToken: a request that ext_authz let through by its connect token
+// reaches the node's data path as it reaches the gateway's handlers: without the token (an
+// Idempotency-Key exec retried through a fresher connect URL replays the first answer) and
+// marked as a token request (a PTY opens from a page of another origin). A request the edge
+// let through by API key still gets the same-origin check.
+func TestDataPathConnectToken(t *testing.T) {
+	d := newDataPathEnv(t)
+	az := authzClient(t, d.env)
+	s := d.running(map[string]any{"tier": 2})
+	base := "/v1/sessions/" + s.ID
+	// edgeGrant is the grant ext_authz adds to the request for target.
+	edgeGrant := func(method, target string, headers map[string]string) string {
+		t.Helper()
+		g := allowed(t, check(t, az, method, target, headers))[edgeauth.HeaderEdgeAuth]
+		if g == "" {
+			t.Fatalf("ext_authz allowed %s %s without a grant", method, target)
+		}
+		return g
+	}
+	connect := edgeSigner(t, d.st, edgeauth.PurposeConnect)
+	token := func(ttl time.Duration) string {
+		return connect.Sign(edgeauth.Grant{SessionID: s.ID, ProjectID: s.ProjectID, Expires: time.Now().Add(ttl).Unix()})
+	}
+	tok, later := token(5*time.Minute), token(10*time.Minute)
+
+	body := map[string]any{"command": "echo $$"}
+	exec := func(tok string) response {
+		target := base + "/exec?token=" + tok
+		return d.edge.do("POST", target, "", body, "Idempotency-Key", "edge-k1", edgeauth.HeaderEdgeAuth, edgeGrant("POST", target, nil))
+	}
+	first, again := exec(tok), exec(later)
+	if first.status != 200 || again.status != 200 || again.header.Get("Idempotent-Replayed") != "true" || string(again.body) != string(first.body) {
+		t.Errorf("retry through a fresher connect URL on the data path: %d then %d replayed %q, %s vs %s",
+			first.status, again.status, again.header.Get("Idempotent-Replayed"), first.body, again.body)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws := "ws" + strings.TrimPrefix(d.edge.url, "http")
+	target := base + "/pty?token=" + tok
+	conn, resp, err := websocket.Dial(ctx, ws+target, &websocket.DialOptions{HTTPHeader: http.Header{
+		"Origin": {"https://app.example"}, edgeauth.HeaderEdgeAuth: {edgeGrant("GET", target, nil)}}})
+	if err != nil {
+		t.Fatalf("PTY by connect token from another origin on the data path: %v (HTTP %v)", err, resp)
+	}
+	conn.CloseNow()
+	_, resp, err = websocket.Dial(ctx, ws+base+"/pty", &websocket.DialOptions{HTTPHeader: http.Header{
+		"Origin": {"https://app.example"}, edgeauth.HeaderEdgeAuth: {edgeGrant("GET", base+"/pty", bearer(d.key))}}})
+	if err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("PTY by key from another origin on the data path: %v (HTTP %v), want 403", err, resp)
+	}
+}
+
 func mustSecret(t *testing.T, e *env) []byte {
 	t.Helper()
 	b, err := e.st.EdgeSecret(context.Background())

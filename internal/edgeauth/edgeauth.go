@@ -52,6 +52,10 @@ type Grant struct {
 	SessionID string `json:"sid"`
 	ProjectID string `json:"pid"`
 	NodeID    string `json:"nid,omitempty"`
+	// ByToken, in an edge grant, says that the caller authenticated with a connect token
+	// rather than an API key, so that the node treats the request as the gateway's own
+	// handlers treat one (the token left out of the request, any Origin allowed on a PTY).
+	ByToken bool `json:"tok,omitempty"`
 	// Expires is in Unix seconds.
 	Expires int64 `json:"exp"`
 }
