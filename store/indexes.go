@@ -210,29 +210,37 @@ func (s *Store) SignalCreated(ctx context.Context, sess *session.Session) {
 // the session after it), in the round trip that signals the outbox. Failures are not the
 // transition's: a stale entry is dropped by its reader. When the transition's script did
 // that (inScript, on one Redis), what is left is to drop an ended session from its node's
-// set, which the script could not name before it read the node.
+// set, which the script could not name before it read the node. An ending also reads, in
+// the same round trip, which retained sessions lapsed, and trims those (trimRetained).
 func (s *Store) afterTransition(ctx context.Context, c Change, out *session.Session, inScript bool) {
 	ref := SessionRef{Project: c.Project, ID: c.ID}
-	if inScript {
-		if c.To.Terminal() && out != nil && out.NodeID != "" {
-			s.rdb.SRem(ctx, nodeSessionsKey(out.NodeID), ref.member())
-		}
+	if inScript && !c.To.Terminal() {
 		return
 	}
 	provisioning := func(st session.State) bool { return st == session.Pending || st == session.Provisioning }
+	now := s.now()
+	var due *redis.StringSliceCmd
 	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		signal(ctx, p, WorkOutbox, c.Project)
-		if c.NodeID != "" && !c.To.Terminal() {
-			p.SAdd(ctx, nodeSessionsKey(c.NodeID), ref.member())
+		if !inScript {
+			signal(ctx, p, WorkOutbox, c.Project)
+			if c.NodeID != "" && !c.To.Terminal() {
+				p.SAdd(ctx, nodeSessionsKey(c.NodeID), ref.member())
+			}
+			if provisioning(c.From) && !provisioning(c.To) {
+				p.ZRem(ctx, provisionDeadlinesKey, ref.member())
+			}
 		}
-		if provisioning(c.From) && !provisioning(c.To) {
-			p.ZRem(ctx, provisionDeadlinesKey, ref.member())
-		}
-		if c.To.Terminal() && out != nil && out.NodeID != "" {
-			p.SRem(ctx, nodeSessionsKey(out.NodeID), ref.member())
+		if c.To.Terminal() {
+			if out != nil && out.NodeID != "" {
+				p.SRem(ctx, nodeSessionsKey(out.NodeID), ref.member())
+			}
+			due = dueRetained(ctx, p, c.Project, now)
 		}
 		return nil
 	})
+	if due != nil {
+		s.trimRetained(ctx, c.Project, due.Val(), now)
+	}
 }
 
 // SnapshotProjects answers the projects that have snapshots (and perhaps some whose last

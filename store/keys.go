@@ -187,6 +187,11 @@ func (k ProjectKeyspace) byState(s session.State) string { return k.p + "st:" + 
 // byEndUser is a sorted set (score 0, by id) of the end user's sessions.
 func (k ProjectKeyspace) byEndUser(endUser string) string { return k.p + "eu:" + endUser }
 
+// retained is a sorted set of the project's ended sessions, each "ID/END_USER" (END_USER
+// empty for none), scored with the time (Unix ms) its retention lapses: trimRetained drops
+// the index entries (all, byState, byEndUser) of those whose hash has expired since.
+func (k ProjectKeyspace) retained() string { return k.p + "retained" }
+
 // active is a set of the session ids holding a concurrency slot.
 func (k ProjectKeyspace) active() string { return k.p + "active" }
 

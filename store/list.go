@@ -98,12 +98,12 @@ func (s *Store) List(ctx context.Context, project string, q ListQuery) (Page, er
 			}
 			if len(page.Sessions) == q.Limit {
 				page.NextCursor = page.Sessions[len(page.Sessions)-1].ID
-				s.dropStale(ctx, k, gone)
+				s.dropStale(ctx, k, gone, q.EndUserID)
 				return page, nil
 			}
 			page.Sessions = append(page.Sessions, sess)
 		}
-		s.dropStale(ctx, k, gone)
+		s.dropStale(ctx, k, gone, q.EndUserID)
 		max = "(" + ids[len(ids)-1]
 		if int64(len(ids)) < batch {
 			return page, nil
@@ -113,7 +113,9 @@ func (s *Store) List(ctx context.Context, project string, q ListQuery) (Page, er
 	return page, nil
 }
 
-func (s *Store) dropStale(ctx context.Context, k ProjectKeyspace, ids []any) {
+// dropStale drops from the indexes sessions whose hash expired (and from endUser's index,
+// when the list walked it); trimRetained drops the rest without a listing.
+func (s *Store) dropStale(ctx context.Context, k ProjectKeyspace, ids []any, endUser string) {
 	if len(ids) == 0 {
 		return
 	}
@@ -122,6 +124,9 @@ func (s *Store) dropStale(ctx context.Context, k ProjectKeyspace, ids []any) {
 		p.ZRem(ctx, k.all(), ids...)
 		for _, st := range session.States() {
 			p.ZRem(ctx, k.byState(st), ids...)
+		}
+		if endUser != "" {
+			p.ZRem(ctx, k.byEndUser(endUser), ids...)
 		}
 		return nil
 	})

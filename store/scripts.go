@@ -240,8 +240,12 @@ return {'HELD', soft, tostring(used)}
 // set as well (a transition that names the node), it adds the session to it, unless the
 // session ends.
 //
-// KEYS: session hash, from-state index, to-state index, active set, outbox; on one Redis,
-// then the outbox signal stream, the provisioning deadlines and, for a named node, its set
+// A session that ends joins the project's retained set (its id and end user, scored with
+// when its retention lapses), from which trimRetained later drops its index entries.
+//
+// KEYS: session hash, from-state index, to-state index, active set, outbox, retained set; on
+// one Redis, then the outbox signal stream, the provisioning deadlines and, for a named node,
+// its set
 // ARGV: id, from, to, expected version, reason, rule, now ms, terminal (1|0), retention s,
 // project, the session's member of the global indexes, expected snapshot (empty: any), N,
 // N extra hash field/value args, event field/value args
@@ -282,6 +286,10 @@ if ARGV[8] == '1' then
   redis.call('HSET', KEYS[1], 'stopped', now)
   redis.call('SREM', KEYS[4], id)
   redis.call('EXPIRE', KEYS[1], ARGV[9])
+  local ok, doc = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'doc') or '')
+  local eu = ok and type(doc) == 'table' and doc.end_user_id
+  if type(eu) ~= 'string' then eu = '' end
+  redis.call('ZADD', KEYS[6], tonumber(now) + 1000 * tonumber(ARGV[9]), id .. '/' .. eu)
 end
 local n = tonumber(ARGV[13])
 if n > 0 then
@@ -291,11 +299,11 @@ if n > 0 then
 end
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZADD', KEYS[3], 0, id)
-if #KEYS >= 7 then
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ` + signalMaxLenLua + `, '*', 'p', ARGV[10])
+if #KEYS >= 8 then
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', ` + signalMaxLenLua + `, '*', 'p', ARGV[10])
   local placing = {pending = true, provisioning = true}
-  if placing[from] and not placing[to] then redis.call('ZREM', KEYS[7], ARGV[11]) end
-  if KEYS[8] and ARGV[8] ~= '1' then redis.call('SADD', KEYS[8], ARGV[11]) end
+  if placing[from] and not placing[to] then redis.call('ZREM', KEYS[8], ARGV[11]) end
+  if KEYS[9] and ARGV[8] ~= '1' then redis.call('SADD', KEYS[9], ARGV[11]) end
 end
 local e = {}
 for i = 14 + n, #ARGV do e[#e + 1] = ARGV[i] end

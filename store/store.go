@@ -210,7 +210,7 @@ func (s *Store) Transition(ctx context.Context, c Change) (*session.Session, err
 	args = append(args, extra...)
 	args = append(args, eventFields(c.ID, c.Project, c.From, c.To, c.Driver, c.Reason, c.Rule, now)...)
 	k := ProjectKeys(c.Project)
-	keys := []string{k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project)}
+	keys := []string{k.session(c.ID), k.byState(c.From), k.byState(c.To), k.active(), Outbox(c.Project), k.retained()}
 	if s.oneRedis { // the script keeps the global indexes too (transitionScript)
 		keys = append(keys, signalKey(WorkOutbox), provisionDeadlinesKey)
 		if c.NodeID != "" {

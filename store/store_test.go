@@ -33,6 +33,7 @@ func TestStore(t *testing.T) {
 		{"RaceOneSession", testRaceOneSession},
 		{"RaceCreates", testRaceCreates},
 		{"Retention", testRetention},
+		{"RetainedIndexes", testRetainedIndexes},
 		{"SnapshotGuard", testSnapshotGuard},
 	}
 	for _, b := range redistest.Backends() {
@@ -492,6 +493,72 @@ func testRetention(t *testing.T, s *Store, p string) {
 	step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Stopped, Driver: session.Caller, Reason: session.Deleted})
 	if ttl, _ := s.rdb.TTL(ctx, key).Result(); ttl <= 0 || ttl > time.Hour {
 		t.Fatalf("terminal TTL %s, want ≤ 1h", ttl)
+	}
+}
+
+// testRetainedIndexes: once an ended session's retention lapsed and Redis expired its hash,
+// the next ending in its project drops its entries from the all, state and end-user indexes
+// without a listing, at most retainedTrimBatch per ending; one whose hash is still there
+// (Redis's clock behind the store's) keeps them.
+func testRetainedIndexes(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	var at atomic.Pointer[time.Time]
+	now := time.Now()
+	at.Store(&now)
+	s = New(s.rdb, WithRetention(time.Hour), WithClock(func() time.Time { return *at.Load() }))
+	k := ProjectKeys(p)
+	end := func(endUser string) string {
+		sess := mustCreate(t, s, newPending(p, endUser), 100)
+		step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Stopped, Driver: session.Caller, Reason: session.Deleted})
+		return sess.ID
+	}
+	indexed := func(id, endUser string) []string {
+		var in []string
+		for _, key := range []string{k.all(), k.byState(session.Stopped), k.byEndUser(endUser)} {
+			if _, err := s.rdb.ZScore(ctx, key, id).Result(); err == nil {
+				in = append(in, key)
+			}
+		}
+		return in
+	}
+	n := retainedTrimBatch + 4
+	var lapsed []string
+	for range n {
+		lapsed = append(lapsed, end("eu_gone"))
+	}
+	kept := end("eu_kept") // its hash lives on past its score
+	for _, id := range lapsed {
+		if len(indexed(id, "eu_gone")) != 3 {
+			t.Fatalf("an ended session is not indexed: %v", indexed(id, "eu_gone"))
+		}
+		s.rdb.Del(ctx, k.session(id)) // what Redis does when the retention lapses
+	}
+	later := now.Add(time.Hour + time.Second)
+	at.Store(&later)
+	stale := func() (ids []string) {
+		for _, id := range lapsed {
+			if len(indexed(id, "eu_gone")) > 0 {
+				ids = append(ids, id)
+			}
+		}
+		return ids
+	}
+	end("")
+	if left := stale(); len(left) != n-retainedTrimBatch {
+		t.Fatalf("after one ending, %d of %d lapsed sessions are still indexed, want %d", len(left), n, n-retainedTrimBatch)
+	}
+	fresh := end("eu_fresh")
+	if left := stale(); len(left) != 0 {
+		t.Fatalf("after two endings, lapsed sessions are still indexed: %v in %v", left, indexed(left[0], "eu_gone"))
+	}
+	if got := indexed(kept, "eu_kept"); len(got) != 3 {
+		t.Fatalf("a session whose hash lives on lost index entries: in %v", got)
+	}
+	if got := indexed(fresh, "eu_fresh"); len(got) != 3 {
+		t.Fatalf("a fresh ended session lost index entries: in %v", got)
+	}
+	if ms, _ := s.rdb.ZRange(ctx, k.retained(), 0, -1).Result(); len(ms) != 3 {
+		t.Fatalf("retained set %v, want the kept session and the two that ended last", ms)
 	}
 }
 
