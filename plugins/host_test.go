@@ -540,7 +540,8 @@ func TestForget(t *testing.T) {
 
 // TestPluginCap: a project keeps at most MaxPlugins plugins and MaxTotalBytes of modules
 // (a module shared by several names counts once); past either, a conflict that says what to
-// do and stores nothing; replacing a plugin takes no room, and deleting one makes room.
+// do and stores nothing; replacing a plugin takes no room, deleting one makes room, and a
+// project over the bytes may still shrink.
 func TestPluginCap(t *testing.T) {
 	rdb := mini(t)
 	ctx := ctxT(t)
@@ -576,6 +577,21 @@ func TestPluginCap(t *testing.T) {
 		t.Fatalf("a module past the bytes: %v", err)
 	}
 	mustPut(t, h2, q, "a", mod(2), 0, false) // replacing a's module frees a's bytes
+
+	// A project already over the bytes (the cap lowered since): a put that shrinks or keeps
+	// the total is taken, one that grows it is not.
+	big := constPlugin(`{"allow":true,"warnings":["` + strings.Repeat("x", 4000) + `"]}`)
+	h4, _ := newTestHost(t, rdb, Options{MaxTotalBytes: len(big) + 2*len(small)})
+	const over = "proj-over"
+	mustPut(t, h4, over, "big", big, 0, false)
+	mustPut(t, h4, over, "a", mod(0), 0, false)
+	h5, _ := newTestHost(t, rdb, Options{MaxTotalBytes: len(small)})
+	mustPut(t, h5, over, "big", mod(5), 0, false) // shrinks: taken, though still over
+	mustPut(t, h5, over, "a", mod(6), 0, false)   // the same size: taken
+	_, err = h5.Put(ctx, over, "a", big, []string{session.PointAdmission}, 0, false)
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "bytes of plugin modules") {
+		t.Fatalf("a put that grows a project over the bytes: %v", err)
+	}
 
 	h3, _ := newTestHost(t, rdb, Options{})
 	if h3.o.MaxPlugins != DefaultMaxPlugins || h3.o.MaxTotalBytes != DefaultMaxTotalBytes {

@@ -358,23 +358,30 @@ func (h *Host) decodeAll(project string, raw map[string]string) map[string]Plugi
 }
 
 // checkRoom refuses p when the project's plugins (all, read under update's WATCH) would then
-// pass MaxPlugins or MaxTotalBytes; a new version of a plugin replaces the old one's room.
+// pass MaxPlugins or MaxTotalBytes; a new version of a plugin replaces the old one's room, and
+// one that shrinks (or keeps) the modules' total is taken even past MaxTotalBytes.
 func (h *Host) checkRoom(all map[string]Plugin, p Plugin) error {
 	if _, replaces := all[p.Name]; !replaces && len(all) >= h.o.MaxPlugins {
 		return &store.ConflictError{Message: fmt.Sprintf(
 			"the project already has %d plugins, the most it may have; delete one (DELETE /v1/plugins/{name}) or put this module under an existing name", h.o.MaxPlugins)}
 	}
-	sizes := map[string]int{p.Digest: p.SizeBytes} // by digest: a module shared by names is stored once
+	// By digest: a module shared by names is stored once.
+	before, after := map[string]int{}, map[string]int{p.Digest: p.SizeBytes}
 	for name, q := range all {
+		before[q.Digest] = q.SizeBytes
 		if name != p.Name {
-			sizes[q.Digest] = q.SizeBytes
+			after[q.Digest] = q.SizeBytes
 		}
 	}
-	total := 0
-	for _, n := range sizes {
-		total += n
+	sum := func(sizes map[string]int) (n int) {
+		for _, b := range sizes {
+			n += b
+		}
+		return n
 	}
-	if total > h.o.MaxTotalBytes {
+	// A put that does not grow the total passes even over the cap (a project that held more
+	// before the cap was set or lowered): it can only bring the project closer to it.
+	if total := sum(after); total > h.o.MaxTotalBytes && total > sum(before) {
 		return &store.ConflictError{Message: fmt.Sprintf(
 			"the project's plugins would hold %d bytes of plugin modules, and it may hold %d; delete one (DELETE /v1/plugins/{name}) or upload a smaller module", total, h.o.MaxTotalBytes)}
 	}
