@@ -256,8 +256,9 @@ func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session
 			return errInvalid("policy_id", "must look like pol_name@N (a policy version) or pol_name (its latest), got %q", req.PolicyID)
 		}
 		if s.Policies != nil {
-			// Pin the exact version: the session keeps it for its whole life.
-			v, _, err := s.Policies.Get(ctx, p.ID, req.PolicyID)
+			// Pin the exact version: the session keeps it for its whole life (and Pin keeps it
+			// from being trimmed until the session is written).
+			v, err := s.Policies.Pin(ctx, p.ID, req.PolicyID)
 			if err != nil {
 				if errors.Is(err, policies.ErrNotFound) || errors.Is(err, policies.ErrInvalid) {
 					return errInvalid("policy_id", "no policy %q in this project", req.PolicyID)

@@ -54,6 +54,10 @@ type Options struct {
 	// MaxVersions is how many of each policy's newest versions are kept, besides those a
 	// live session pinned (default DefaultMaxVersions).
 	MaxVersions int
+	// PinWindow is how long Put keeps a version that an admission named (Pin) after the
+	// fact, so that a session is written with a version that still exists; by then the live
+	// session pins it (default DefaultPinWindow).
+	PinWindow time.Duration
 }
 
 // DecisionLogOptions configure the asynchronous decision log.
@@ -77,8 +81,10 @@ type Engine struct {
 	evalSlots   int
 	slots       sync.Map // project → chan struct{}: its decisions evaluating its policies
 	putScript   *redis.Script
+	pinScript   *redis.Script
 	maxPolicies int
 	maxVersions int
+	pinWindow   time.Duration
 	// pins reads the policy versions the project's live sessions pinned, which Put keeps.
 	pins *store.Store
 
@@ -139,10 +145,13 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 	if o.MaxVersions <= 0 {
 		o.MaxVersions = DefaultMaxVersions
 	}
+	if o.PinWindow <= 0 {
+		o.PinWindow = DefaultPinWindow
+	}
 	e := &Engine{
 		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory, evalSlots: o.MaxProjectEvals,
-		putScript:   redis.NewScript(putScript),
-		maxPolicies: o.MaxPolicies, maxVersions: o.MaxVersions, pins: store.New(rdb),
+		putScript: redis.NewScript(putScript), pinScript: redis.NewScript(pinScript),
+		maxPolicies: o.MaxPolicies, maxVersions: o.MaxVersions, pinWindow: o.PinWindow, pins: store.New(rdb),
 		shipped: map[string]*policy{},
 		cache:   &preparedCache{max: o.CacheSize, m: map[string]*policy{}},
 	}

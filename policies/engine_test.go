@@ -973,6 +973,56 @@ func TestPolicyLimits(t *testing.T) {
 	}
 }
 
+// TestPinKeepsAdmittedVersion: a version an admission checked (Pin) survives the trim of a
+// Put that comes before the admission's session is written, which would otherwise pin a
+// version that no longer exists; once the pin window has passed (and no live session pins
+// it), trimming takes it.
+func TestPinKeepsAdmittedVersion(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	e := newEngine(t, rdb, Options{MaxVersions: 4})
+	const p = "proj_pin"
+	put := func(e *Engine) {
+		t.Helper()
+		if _, err := e.Put(ctx, p, "b", runtimeV1, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		put(e)
+	}
+	if got, want := versionNumbers(t, e, p, "b"), []int{2, 3, 4, 5}; !slices.Equal(got, want) {
+		t.Fatalf("b's versions %v, want %v", got, want)
+	}
+	// The admission checks b@2, the oldest kept; a Put lands before its session is written.
+	v, err := e.Pin(ctx, p, "pol_b@2")
+	if err != nil || v.ID != "pol_b@2" || v.Version != 2 {
+		t.Fatalf("Pin: %+v %v", v, err)
+	}
+	put(e)
+	if got, want := versionNumbers(t, e, p, "b"), []int{2, 3, 4, 5, 6}; !slices.Equal(got, want) {
+		t.Fatalf("b's versions %v after a put during an admission that named b@2, want %v", got, want)
+	}
+	if _, _, err := e.Get(ctx, p, "pol_b@2"); err != nil {
+		t.Fatalf("the admitted session's version: %v", err)
+	}
+	if v, err := e.Pin(ctx, p, "pol_b"); err != nil || v.ID != "pol_b@6" {
+		t.Fatalf("Pin of the latest: %+v %v", v, err)
+	}
+	for _, id := range []string{"pol_b@1", "pol_nope", "pol_nope@3"} {
+		if _, err := e.Pin(ctx, p, id); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Pin %s: %v, want ErrNotFound", id, err)
+		}
+	}
+	// Past the window, with no session pinning it, b@2 goes with the next put.
+	short := newEngine(t, rdb, Options{MaxVersions: 4, PinWindow: time.Millisecond})
+	time.Sleep(5 * time.Millisecond)
+	put(short)
+	if got, want := versionNumbers(t, e, p, "b"), []int{4, 5, 6, 7}; !slices.Equal(got, want) {
+		t.Fatalf("b's versions %v past the pin window, want %v", got, want)
+	}
+}
+
 // TestPolicyLimitsConcurrent: new policies and new versions put at once, through several
 // engines (gateways), never pass the limits together.
 func TestPolicyLimitsConcurrent(t *testing.T) {

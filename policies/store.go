@@ -64,6 +64,9 @@ const (
 	// MaxSourceBytes, and GET /v1/policies/{name} answers them all): enough to pin a recent
 	// one or go back a few; an older one stays while a live session pins it.
 	DefaultMaxVersions = 20
+	// DefaultPinWindow is how long a version an admission named is kept regardless: far
+	// longer than an admission takes from its check of the version to its session's write.
+	DefaultPinWindow = 2 * time.Minute
 )
 
 // IDPrefix starts every policy id.
@@ -112,6 +115,7 @@ func latestKey(project string) string { return store.ProjectKeys(project).Polici
 func versionsKey(project, name string) string {
 	return store.ProjectKeys(project).Policies().Versions(name)
 }
+func namedKey(project string) string { return store.ProjectKeys(project).Policies().Named() }
 
 // DecisionsKey is the project's decision-log stream.
 func DecisionsKey(project string) string { return store.ProjectKeys(project).Policies().Decisions() }
@@ -121,28 +125,52 @@ func DecisionsKey(project string) string { return store.ProjectKeys(project).Pol
 // them together. It answers {'FULL'} for a new name past the most names; {'PINS'}, storing
 // nothing, when the versions would pass the most kept and the pins were not given (Put reads
 // them and runs it again); else {'OK', N}, having deleted the versions older than the newest
-// max that no live session pins.
+// max that no live session pins and no admission named since the window's start (pinScript:
+// a session being admitted with one has not written its pin yet).
 //
-// KEYS: latest hash (name → N), versions hash (N → record)
-// ARGV: name, record, max names, max versions, "1" when the pins are given, the pinned
-// version numbers
+// KEYS: latest hash (name → N), versions hash (N → record), named set
+// ARGV: name, record, max names, max versions, window start (ms), "1" when the pins are
+// given, the pinned version numbers
 const putScript = `
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
   return {'FULL'}
 end
 local max = tonumber(ARGV[4])
-if ARGV[5] ~= '1' and redis.call('HLEN', KEYS[2]) >= max then return {'PINS'} end
+if ARGV[6] ~= '1' and redis.call('HLEN', KEYS[2]) >= max then return {'PINS'} end
 local n = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 redis.call('HSET', KEYS[2], n, ARGV[2])
-if ARGV[5] == '1' then
+if ARGV[6] == '1' then
   local pinned = {}
-  for i = 6, #ARGV do pinned[ARGV[i]] = true end
+  for i = 7, #ARGV do pinned[ARGV[i]] = true end
+  local since = tonumber(ARGV[5])
   for _, v in ipairs(redis.call('HKEYS', KEYS[2])) do
     local m = tonumber(v)
-    if m and m <= n - max and not pinned[v] then redis.call('HDEL', KEYS[2], v) end
+    if m and m <= n - max and not pinned[v] then
+      local at = redis.call('ZSCORE', KEYS[3], ARGV[1] .. '@' .. v)
+      if not (at and tonumber(at) >= since) then redis.call('HDEL', KEYS[2], v) end
+    end
   end
 end
 return {'OK', n}`
+
+// pinScript resolves a version for an admission and records, in the same step, that it was
+// named now, so that no Put deletes it before the session that names it is written. It
+// answers {N, record}, or nil when there is no such policy or version; it also forgets the
+// names recorded before the window's start.
+//
+// KEYS: latest hash, versions hash, named set
+// ARGV: name, N (0: the latest), now (ms), window start (ms)
+const pinScript = `
+local n = ARGV[2]
+if n == '0' then
+  n = redis.call('HGET', KEYS[1], ARGV[1])
+  if not n then return false end
+end
+local raw = redis.call('HGET', KEYS[2], n)
+if not raw then return false end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1] .. '@' .. n)
+return {n, raw}`
 
 // record is a stored revision; its name and number are in its keys.
 type record struct {
@@ -220,8 +248,8 @@ func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mod
 // storeVersion runs putScript for the record b of name, with the pins of the project's live
 // sessions when it asks for them, and answers the new version's number.
 func (e *Engine) storeVersion(ctx context.Context, project, name string, b []byte) (int, error) {
-	keys := []string{latestKey(project), versionsKey(project, name)}
-	args := []any{name, b, e.maxPolicies, e.maxVersions, "0"}
+	keys := []string{latestKey(project), versionsKey(project, name), namedKey(project)}
+	args := []any{name, b, e.maxPolicies, e.maxVersions, time.Now().Add(-e.pinWindow).UnixMilli(), "0"}
 	for {
 		res, err := e.putScript.Run(ctx, e.rdb, keys, args...).Slice()
 		if err != nil {
@@ -232,17 +260,16 @@ func (e *Engine) storeVersion(ctx context.Context, project, name string, b []byt
 			return 0, &store.ConflictError{Message: fmt.Sprintf(
 				"the project already has %d policies, the most it may have; upload a new version of one of them (PUT /v1/policies/{name}) instead", e.maxPolicies)}
 		case "PINS":
-			if args[4] == "1" {
+			if args[5] == "1" {
 				return 0, fmt.Errorf("policies: store %s: asked for the pins again", name)
 			}
-			// A session created between this read and the script may pin a version the script
-			// deletes: only one that was already past the newest MaxVersions, which a create
-			// names only by its number.
+			// A session created between this read and the script pins a version that its
+			// admission named (Pin) within the window, which the script keeps too.
 			ids, err := e.pins.PinnedPolicies(ctx, project)
 			if err != nil {
 				return 0, fmt.Errorf("policies: store %s: %w", name, err)
 			}
-			args[4] = "1"
+			args[5] = "1"
 			for _, id := range ids {
 				if pn, pv, err := ParseID(id); err == nil && pn == name && pv > 0 {
 					args = append(args, strconv.Itoa(pv))
@@ -314,6 +341,43 @@ func (e *Engine) Get(ctx context.Context, project, id string) (Version, string, 
 		return Version{}, "", err
 	}
 	return rec.version(name, n), rec.Source, nil
+}
+
+// Pin resolves id as Get does, for an admission that will pin the answered version (its ID),
+// and records in the same step that it was named: Put keeps a version named within
+// Options.PinWindow, so that the version still exists when the session that names it is
+// written (from then on the live session pins it).
+func (e *Engine) Pin(ctx context.Context, project, id string) (Version, error) {
+	name, n, err := ParseID(id)
+	if err != nil {
+		return Version{}, err
+	}
+	if err := validProject(project); err != nil {
+		return Version{}, err
+	}
+	now := time.Now()
+	res, err := e.pinScript.Run(ctx, e.rdb, []string{latestKey(project), versionsKey(project, name), namedKey(project)},
+		name, n, now.UnixMilli(), now.Add(-e.pinWindow).UnixMilli()).StringSlice()
+	if errors.Is(err, redis.Nil) {
+		if n == 0 {
+			return Version{}, fmt.Errorf("%w: policy %s", ErrNotFound, IDPrefix+name)
+		}
+		return Version{}, fmt.Errorf("%w: policy %s", ErrNotFound, FormatID(name, n))
+	}
+	if err != nil {
+		return Version{}, fmt.Errorf("policies: pin %s: %w", id, err)
+	}
+	if len(res) != 2 {
+		return Version{}, fmt.Errorf("policies: pin %s: the script answered %v", id, res)
+	}
+	if n, err = strconv.Atoi(res[0]); err != nil {
+		return Version{}, fmt.Errorf("policies: pin %s: version %q: %w", id, res[0], err)
+	}
+	var rec record
+	if err := json.Unmarshal([]byte(res[1]), &rec); err != nil {
+		return Version{}, fmt.Errorf("policies: decode %s: %w", FormatID(name, n), err)
+	}
+	return rec.version(name, n), nil
 }
 
 // fetch reads version n of name (0: the latest).

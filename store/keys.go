@@ -359,6 +359,10 @@ func (k PolicyKeys) Latest() string { return k.p + "pol:latest" }
 // Versions is a hash, version number → that revision's JSON (source included).
 func (k PolicyKeys) Versions(name string) string { return k.p + "pol:v:" + name }
 
+// Named is a sorted set, "NAME@N" → when (Unix ms) an admission last named that version
+// (policies.Engine.Pin): Put keeps the versions named within its pin window.
+func (k PolicyKeys) Named() string { return k.p + "pol:named" }
+
 // Decisions is a stream, the masked decision log of every decision point, trimmed.
 func (k PolicyKeys) Decisions() string { return k.p + "decisions" }
 
