@@ -90,6 +90,13 @@ func (c *Client) GetPolicyVersions(ctx context.Context, name string) (*List[Poli
 	return &l, c.do(ctx, http.MethodGet, "/v1/policies/"+pathID(name), nil, nil, &l)
 }
 
+// DeletePolicy deletes every version of a policy. While a live session pins one of them the
+// API answers 409 (an *Error naming the sessions) and nothing is deleted.
+func (c *Client) DeletePolicy(ctx context.Context, name string) (*PolicyDeleted, error) {
+	var d PolicyDeleted
+	return &d, c.do(ctx, http.MethodDelete, "/v1/policies/"+pathID(name), nil, nil, &d)
+}
+
 // PutPluginRequest places a Wasm module: at the decision points named (admission, runtime,
 // spend), in Order among the project's plugins; FailOpen allows (with a warning) when the
 // plugin fails instead of denying.

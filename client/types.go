@@ -234,6 +234,14 @@ type Policy struct {
 	Masked    []string `json:"masked"`
 }
 
+// PolicyDeleted answers the delete of a policy (every version of it).
+type PolicyDeleted struct {
+	Object   string `json:"object"` // "policy"
+	Name     string `json:"name"`
+	Deleted  bool   `json:"deleted"`
+	Versions int    `json:"versions"` // how many versions were deleted
+}
+
 // Plugin is a project's Wasm plugin.
 type Plugin struct {
 	Object    string   `json:"object"` // "plugin"

@@ -115,6 +115,14 @@ type PluginDeleted struct {
 	Deleted bool   `json:"deleted"`
 }
 
+// PolicyDeleted answers DELETE /v1/policies/{name}: every version of the policy is gone.
+type PolicyDeleted struct {
+	Object   string `json:"object"` // "policy"
+	Name     string `json:"name"`
+	Deleted  bool   `json:"deleted"`
+	Versions int    `json:"versions"` // how many versions were deleted
+}
+
 // WebhookEndpoint is a project's webhook endpoint, without its secret.
 type WebhookEndpoint struct {
 	ID        string       `json:"id"`

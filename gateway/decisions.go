@@ -193,6 +193,21 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request, p store.Proje
 	return nil
 }
 
+// deletePolicy: DELETE /v1/policies/{name} deletes every version, unless a live session pins
+// one (409 naming them).
+func (s *Server) deletePolicy(w http.ResponseWriter, r *http.Request, p store.Project) error {
+	if s.Policies == nil {
+		return policyError(policies.ErrNotFound)
+	}
+	name := r.PathValue("name")
+	n, err := s.Policies.Delete(r.Context(), p.ID, name)
+	if err != nil {
+		return policyError(err)
+	}
+	writeJSON(w, 200, PolicyDeleted{Object: "policy", Name: name, Deleted: true, Versions: n})
+	return nil
+}
+
 // putPlugin: PUT /v1/plugins/{name}?points=admission,runtime&order=N&fail_open=true, body wasm.
 func (s *Server) putPlugin(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	if s.Plugins == nil {

@@ -16,6 +16,7 @@ import (
 	"wb/plugins"
 	"wb/policies"
 	"wb/session"
+	"wb/store"
 )
 
 const tier4Policy = `package wb.admission
@@ -152,6 +153,52 @@ func TestPolicyUploadsAndPinning(t *testing.T) {
 	expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2, "policy_id": "pol_build_tools@9"}), 400, "invalid_request", "policy_id")
 	_, keyB := e.newProject("B", nil)
 	expectError(t, e.do("POST", "/v1/sessions", keyB, map[string]any{"tier": 2, "policy_id": "pol_build_tools"}), 400, "invalid_request", "policy_id")
+}
+
+// TestPolicyDelete: DELETE /v1/policies/{name} answers 409 naming the live sessions that pin
+// one of its versions, and once none does deletes them all: the policy no longer applies and
+// is gone from the listings; a second delete, or another project's, is a 404.
+func TestPolicyDelete(t *testing.T) {
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb))
+	projID, key := e.newProject("delete-policy", nil)
+	e.putPolicy(key, "tier4", "enforce", tier4Policy)
+	e.putPolicy(key, "tier4", "enforce", tier4Policy)
+	expectError(t, e.do("POST", "/v1/sessions", key, map[string]any{"tier": 4, "region": "far"}), 403, "denied", "")
+	var s session.Session
+	e.mustDo("POST", "/v1/sessions", key, map[string]any{"tier": 2, "region": "far", "policy_id": "pol_tier4@1"}, 201, &s)
+
+	msg := expectError(t, e.do("DELETE", "/v1/policies/tier4", key, nil), 409, "invalid_state", "")
+	if !strings.Contains(msg, "1 live session") || !strings.Contains(msg, s.ID) {
+		t.Fatalf("409 without the pinning session: %s", msg)
+	}
+	_, keyB := e.newProject("delete-policy-b", nil)
+	expectError(t, e.do("DELETE", "/v1/policies/tier4", keyB, nil), 404, "not_found", "")
+
+	if r := e.do("DELETE", "/v1/sessions/"+s.ID, key, nil); r.status != 200 && r.status != 202 {
+		t.Fatalf("DELETE the session: %d %s", r.status, r.body)
+	}
+	e.waitState(key, s.ID, session.Stopped)
+	msg = expectError(t, e.do("DELETE", "/v1/policies/tier4", key, nil), 409, "invalid_state", "")
+	if !strings.Contains(msg, "named by a session created within") {
+		t.Fatalf("409 for a version named moments ago: %s", msg)
+	}
+	rdb.Del(context.Background(), store.ProjectKeys(projID).Policies().Named()) // the pin window passes
+
+	var del PolicyDeleted
+	e.mustDo("DELETE", "/v1/policies/tier4", key, nil, 200, &del)
+	if del != (PolicyDeleted{Object: "policy", Name: "tier4", Deleted: true, Versions: 2}) {
+		t.Fatalf("delete answered %+v", del)
+	}
+	expectError(t, e.do("GET", "/v1/policies/tier4", key, nil), 404, "not_found", "")
+	var list session.List[Policy]
+	e.mustDo("GET", "/v1/policies", key, nil, 200, &list)
+	if len(list.Data) != 0 {
+		t.Fatalf("policies after the delete: %+v", list.Data)
+	}
+	e.mustDo("POST", "/v1/sessions", key, map[string]any{"tier": 4, "region": "far"}, 201, nil)
+	expectError(t, e.do("DELETE", "/v1/policies/tier4", key, nil), 404, "not_found", "")
+	expectError(t, e.do("DELETE", "/v1/policies/Bad-Name", key, nil), 400, "invalid_request", "name")
 }
 
 // A tenant's admission policy patches the request through defaults. Patches may touch only

@@ -232,6 +232,7 @@ func (s *Server) routes() {
 	api("PUT /v1/policies/{name}", s.putPolicy)
 	api("GET /v1/policies", s.listPolicies)
 	api("GET /v1/policies/{name}", s.getPolicy)
+	api("DELETE /v1/policies/{name}", s.deletePolicy)
 	api("PUT /v1/plugins/{name}", s.putPlugin)
 	api("GET /v1/plugins", s.listPlugins)
 	api("GET /v1/plugins/{name}", s.getPlugin)

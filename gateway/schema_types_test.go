@@ -34,6 +34,7 @@ var apiTypes = map[string]reflect.Type{
 	"Run":                    reflect.TypeFor[session.Run](),
 	"Deleted":                reflect.TypeFor[session.DeletedObject](),
 	"PluginDeleted":          reflect.TypeFor[PluginDeleted](),
+	"PolicyDeleted":          reflect.TypeFor[PolicyDeleted](),
 	"ExecResult":             reflect.TypeFor[session.ExecResult](),
 	"ExecChunk":              reflect.TypeFor[session.ExecChunk](),
 	"ExecEnd":                reflect.TypeFor[session.ExecEnd](),

@@ -72,19 +72,20 @@ type DecisionLogOptions struct {
 // Engine evaluates the shipped Rego and the projects' policies at the three decision points.
 // It is safe for concurrent use.
 type Engine struct {
-	rdb         redis.UniversalClient
-	log         *slog.Logger
-	caps        *ast.Capabilities
-	refresh     time.Duration
-	evalTimeout time.Duration
-	evalMemory  int64
-	evalSlots   int
-	slots       sync.Map // project → chan struct{}: its decisions evaluating its policies
-	putScript   *redis.Script
-	pinScript   *redis.Script
-	maxPolicies int
-	maxVersions int
-	pinWindow   time.Duration
+	rdb          redis.UniversalClient
+	log          *slog.Logger
+	caps         *ast.Capabilities
+	refresh      time.Duration
+	evalTimeout  time.Duration
+	evalMemory   int64
+	evalSlots    int
+	slots        sync.Map // project → chan struct{}: its decisions evaluating its policies
+	putScript    *redis.Script
+	pinScript    *redis.Script
+	deleteScript *redis.Script
+	maxPolicies  int
+	maxVersions  int
+	pinWindow    time.Duration
 	// pins reads the policy versions the project's live sessions pinned, which Put keeps.
 	pins *store.Store
 
@@ -150,7 +151,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 	}
 	e := &Engine{
 		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory, evalSlots: o.MaxProjectEvals,
-		putScript: redis.NewScript(putScript), pinScript: redis.NewScript(pinScript),
+		putScript: redis.NewScript(putScript), pinScript: redis.NewScript(pinScript), deleteScript: redis.NewScript(deleteScript),
 		maxPolicies: o.MaxPolicies, maxVersions: o.MaxVersions, pinWindow: o.PinWindow, pins: store.New(rdb),
 		shipped: map[string]*policy{},
 		cache:   &preparedCache{max: o.CacheSize, m: map[string]*policy{}},
@@ -376,13 +377,9 @@ func (e *Engine) load(ctx context.Context, project string, cur *policySet, gen u
 		}
 		ps = append(ps, e.prepare(ctx, project, r))
 	}
-	if cur != nil { // versions published here while Redis was read
-		for _, p := range cur.byName {
-			if !slices.ContainsFunc(ps, func(q *policy) bool { return q.Name == p.Name }) {
-				ps = append(ps, p)
-			}
-		}
-	}
+	// A name Redis no longer has was deleted (Delete): it is not carried over from cur. No
+	// version published here can be missing from the read: Put writes Redis before it
+	// publishes, and publish waits for st.mu, which a load holds.
 	return newPolicySet(ps, loaded, gen), nil
 }
 

@@ -1023,6 +1023,87 @@ func TestPinKeepsAdmittedVersion(t *testing.T) {
 	}
 }
 
+// TestDeletePolicy: Delete refuses while a live session pins a version (naming it) and while
+// an admission that named one may not have written its session yet; else it deletes every
+// version, the policy stops applying on this engine and on another told of the change, and
+// the name, put again, numbers on.
+func TestDeletePolicy(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	e := newEngine(t, rdb, Options{})
+	other := newEngine(t, rdb, Options{Refresh: time.Hour})
+	const p = "proj_del"
+	st := store.New(rdb)
+	if _, err := st.EnsureProject(ctx, p, p); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := e.Put(ctx, p, "g", tier4Policy, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+	}
+	denies := func(e *Engine) bool {
+		t.Helper()
+		d, err := e.Admit(ctx, admission(p, 4, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !d.Allow
+	}
+	if !denies(e) || !denies(other) {
+		t.Fatal("the policy does not apply before its delete")
+	}
+	var ce *store.ConflictError
+
+	now := time.Now()
+	pin := FormatID("g", 1)
+	sess := &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending, ProjectID: p, Template: "base",
+		Region: "local", CreatedAt: *session.At(now), IdleTimeoutS: 60, MaxLifetimeS: 3600, PolicyID: &pin}
+	sess, err := st.Create(ctx, sess, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Delete(ctx, p, "g")
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "1 live session") || !strings.Contains(err.Error(), sess.ID) {
+		t.Fatalf("delete of a pinned policy: %v", err)
+	}
+	if _, err := st.Transition(ctx, store.Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Failed,
+		Driver: session.Timer, Reason: session.ProvisionTimeout, Version: sess.Version}); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := e.Pin(ctx, p, "pol_g@2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = e.Delete(ctx, p, "g"); !errors.As(err, &ce) || !strings.Contains(err.Error(), "pol_g@2 was named by a session") {
+		t.Fatalf("delete during an admission that named it: %v", err)
+	}
+	if got := versionNumbers(t, e, p, "g"); !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("refused deletes left versions %v", got)
+	}
+	rdb.Del(ctx, namedKey(p)) // the pin window passes
+
+	if n, err := e.Delete(ctx, p, "g"); err != nil || n != 2 {
+		t.Fatalf("delete: %d versions, %v", n, err)
+	}
+	if _, err := e.Versions(ctx, p, "g"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("versions after the delete: %v", err)
+	}
+	if _, err := e.Delete(ctx, p, "g"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a second delete: %v", err)
+	}
+	other.Forget(p) // as store.Changes tells every gateway
+	if denies(e) || denies(other) {
+		t.Fatalf("the deleted policy still applies: here %v, on another engine %v", denies(e), denies(other))
+	}
+	if v, err := e.Put(ctx, p, "g", tier4Policy, ModeEnforce); err != nil || v.ID != "pol_g@3" {
+		t.Fatalf("the name put again: %+v %v, want pol_g@3", v, err)
+	}
+	if _, err := e.Delete(ctx, p, "Bad-Name"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a bad name: %v", err)
+	}
+}
+
 // TestPolicyLimitsConcurrent: new policies and new versions put at once, through several
 // engines (gateways), never pass the limits together.
 func TestPolicyLimitsConcurrent(t *testing.T) {

@@ -115,7 +115,8 @@ func latestKey(project string) string { return store.ProjectKeys(project).Polici
 func versionsKey(project, name string) string {
 	return store.ProjectKeys(project).Policies().Versions(name)
 }
-func namedKey(project string) string { return store.ProjectKeys(project).Policies().Named() }
+func namedKey(project string) string   { return store.ProjectKeys(project).Policies().Named() }
+func retiredKey(project string) string { return store.ProjectKeys(project).Policies().Retired() }
 
 // DecisionsKey is the project's decision-log stream.
 func DecisionsKey(project string) string { return store.ProjectKeys(project).Policies().Decisions() }
@@ -128,12 +129,20 @@ func DecisionsKey(project string) string { return store.ProjectKeys(project).Pol
 // max that no live session pins and no admission named since the window's start (pinScript:
 // a session being admitted with one has not written its pin yet).
 //
-// KEYS: latest hash (name → N), versions hash (N → record), named set
+// A name deleted before numbers on from its last version (retired hash), so that no id ever
+// names two sources (engines cache compiled versions by id).
+//
+// KEYS: latest hash (name → N), versions hash (N → record), named set, retired hash
 // ARGV: name, record, max names, max versions, window start (ms), "1" when the pins are
 // given, the pinned version numbers
 const putScript = `
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
-  return {'FULL'}
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return {'FULL'} end
+  local last = redis.call('HGET', KEYS[4], ARGV[1])
+  if last then
+    redis.call('HSET', KEYS[1], ARGV[1], last)
+    redis.call('HDEL', KEYS[4], ARGV[1])
+  end
 end
 local max = tonumber(ARGV[4])
 if ARGV[6] ~= '1' and redis.call('HLEN', KEYS[2]) >= max then return {'PINS'} end
@@ -248,7 +257,7 @@ func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mod
 // storeVersion runs putScript for the record b of name, with the pins of the project's live
 // sessions when it asks for them, and answers the new version's number.
 func (e *Engine) storeVersion(ctx context.Context, project, name string, b []byte) (int, error) {
-	keys := []string{latestKey(project), versionsKey(project, name), namedKey(project)}
+	keys := []string{latestKey(project), versionsKey(project, name), namedKey(project), retiredKey(project)}
 	args := []any{name, b, e.maxPolicies, e.maxVersions, time.Now().Add(-e.pinWindow).UnixMilli(), "0"}
 	for {
 		res, err := e.putScript.Run(ctx, e.rdb, keys, args...).Slice()
@@ -283,6 +292,85 @@ func (e *Engine) storeVersion(ctx context.Context, project, name string, b []byt
 		}
 		return int(n), nil
 	}
+}
+
+// deleteScript deletes every version of a policy, unless an admission named one of them
+// since the window's start ({'NAMED', N}: that session may not be written yet, so its pin
+// is not visible). It records the last version number (retired hash) and answers
+// {'OK', versions deleted}, or {'NOTFOUND'}.
+//
+// KEYS: latest hash, versions hash, named set, retired hash
+// ARGV: name, window start (ms)
+const deleteScript = `
+local last = redis.call('HGET', KEYS[1], ARGV[1])
+if not last then return {'NOTFOUND'} end
+local since = tonumber(ARGV[2])
+for _, v in ipairs(redis.call('HKEYS', KEYS[2])) do
+  local at = redis.call('ZSCORE', KEYS[3], ARGV[1] .. '@' .. v)
+  if at and tonumber(at) >= since then return {'NAMED', v} end
+end
+local n = redis.call('HLEN', KEYS[2])
+redis.call('DEL', KEYS[2])
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], last)
+return {'OK', n}`
+
+// maxNamedSessions bounds the sessions a refused Delete names.
+const maxNamedSessions = 5
+
+// Delete deletes every version of the project's policy name and answers how many there
+// were, or ErrNotFound. While a live session pins one of its versions, or an admission named
+// one within Options.PinWindow, it deletes nothing and answers a *store.ConflictError that
+// names them. The policy stops applying at once on this engine, and on the gateways' before
+// Delete returns (store.Changes), as for Put.
+func (e *Engine) Delete(ctx context.Context, project, name string) (int, error) {
+	if err := validProject(project); err != nil {
+		return 0, err
+	}
+	if !validName(name) {
+		return 0, fmt.Errorf("%w: policy name %q must match [a-z0-9_]{1,64}", ErrInvalid, name)
+	}
+	pins, err := e.pins.PolicyPins(ctx, project)
+	if err != nil {
+		return 0, fmt.Errorf("policies: delete %s: %w", name, err)
+	}
+	var pinning []string
+	for id, sessions := range pins {
+		if pn, _, err := ParseID(id); err == nil && pn == name {
+			pinning = append(pinning, sessions...)
+		}
+	}
+	if len(pinning) > 0 {
+		slices.Sort(pinning)
+		shown := strings.Join(pinning[:min(len(pinning), maxNamedSessions)], ", ")
+		if len(pinning) > maxNamedSessions {
+			shown += ", …"
+		}
+		return 0, &store.ConflictError{Message: fmt.Sprintf(
+			"policy %s is pinned by %d live session(s) (%s); delete them (DELETE /v1/sessions/{id}) or wait for them to end, then delete the policy",
+			IDPrefix+name, len(pinning), shown)}
+	}
+	res, err := e.deleteScript.Run(ctx, e.rdb, []string{latestKey(project), versionsKey(project, name), namedKey(project), retiredKey(project)},
+		name, time.Now().Add(-e.pinWindow).UnixMilli()).Slice()
+	if err != nil {
+		return 0, fmt.Errorf("policies: delete %s: %w", name, err)
+	}
+	switch res[0] {
+	case "NOTFOUND":
+		return 0, fmt.Errorf("%w: policy %s", ErrNotFound, IDPrefix+name)
+	case "NAMED":
+		return 0, &store.ConflictError{Message: fmt.Sprintf(
+			"policy %s@%v was named by a session created within the last %s, which may not be running yet; retry after that",
+			IDPrefix+name, res[1], e.pinWindow)}
+	}
+	n, ok := res[1].(int64)
+	if !ok {
+		return 0, fmt.Errorf("policies: delete %s: the script answered %v", name, res)
+	}
+	e.Forget(project)
+	e.changes.Publish(ctx, project, store.ChangePolicies)
+	e.log.InfoContext(ctx, "policies: policy deleted", "project", project, "policy", IDPrefix+name, "versions", n)
+	return int(n), nil
 }
 
 // Versions answers every version of a policy, oldest first, or ErrNotFound.

@@ -363,6 +363,10 @@ func (k PolicyKeys) Versions(name string) string { return k.p + "pol:v:" + name 
 // (policies.Engine.Pin): Put keeps the versions named within its pin window.
 func (k PolicyKeys) Named() string { return k.p + "pol:named" }
 
+// Retired is a hash, deleted policy name → its last version number: a policy put again
+// under that name numbers on from there, so that no id ever names two sources.
+func (k PolicyKeys) Retired() string { return k.p + "pol:retired" }
+
 // Decisions is a stream, the masked decision log of every decision point, trimmed.
 func (k PolicyKeys) Decisions() string { return k.p + "decisions" }
 

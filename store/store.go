@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -253,6 +254,21 @@ func (s *Store) ActiveCount(ctx context.Context, project string) (int64, error) 
 // holding a concurrency slot) pinned with policy_id, each once: policies.Engine keeps those
 // versions when it trims old ones.
 func (s *Store) PinnedPolicies(ctx context.Context, project string) ([]string, error) {
+	pins, err := s.PolicyPins(ctx, project)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(pins))
+	for id := range pins {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// PolicyPins answers, for each policy id (pol_NAME@N) that the project's live sessions
+// (those holding a concurrency slot) pinned with policy_id, those sessions' ids, sorted.
+func (s *Store) PolicyPins(ctx context.Context, project string) (map[string][]string, error) {
 	k := ProjectKeys(project)
 	ids, err := s.rdb.SMembers(ctx, k.active()).Result()
 	if err != nil {
@@ -270,9 +286,8 @@ func (s *Store) PinnedPolicies(ctx context.Context, project string) ([]string, e
 			return nil, fmt.Errorf("pinned policies of %s: %w", project, err)
 		}
 	}
-	var out []string
-	seen := map[string]bool{}
-	for _, c := range cmds {
+	out := map[string][]string{}
+	for i, c := range cmds {
 		doc, err := c.Result()
 		if errors.Is(err, redis.Nil) {
 			continue // a slot reserved for a create not written yet, or a session just ended
@@ -284,10 +299,12 @@ func (s *Store) PinnedPolicies(ctx context.Context, project string) ([]string, e
 		if err := json.Unmarshal([]byte(doc), &st); err != nil {
 			return nil, fmt.Errorf("pinned policies of %s: %w", project, err)
 		}
-		if st.PolicyID != nil && !seen[*st.PolicyID] {
-			seen[*st.PolicyID] = true
-			out = append(out, *st.PolicyID)
+		if st.PolicyID != nil {
+			out[*st.PolicyID] = append(out[*st.PolicyID], ids[i])
 		}
+	}
+	for _, sessions := range out {
+		slices.Sort(sessions)
 	}
 	return out, nil
 }

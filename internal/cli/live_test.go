@@ -262,6 +262,12 @@ func TestLive(t *testing.T) {
 		if _, _, err := l.wb(t, "policies", "push", file); err == nil || !strings.Contains(err.Error(), "400") {
 			t.Errorf("push of a broken policy: %v", err)
 		}
+		if row := rowOf(t, l.must(t, "policies", "rm", "guard"), "guard"); row[2] != "true" {
+			t.Errorf("policies rm row %v", row)
+		}
+		if _, _, err := l.wb(t, "policies", "rm", "guard"); err == nil || !strings.Contains(err.Error(), "404") {
+			t.Errorf("rm of a deleted policy: %v", err)
+		}
 	})
 
 	t.Run("plugins", func(t *testing.T) {

@@ -19,10 +19,11 @@ func (a *app) policiesCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "policies",
 		Aliases: []string{"policy"},
-		Short:   "Push, list and test the project's Rego policies",
+		Short:   "Push, list, delete and test the project's Rego policies",
 		Example: `  wb policies test guard.rego --input request.json
   wb policies push guard.rego --mode warn
-  wb policies ls`,
+  wb policies ls
+  wb policies rm guard`,
 	}
 	var name, mode string
 	push := &cobra.Command{
@@ -82,6 +83,29 @@ wb sessions create --policy pol_NAME@VERSION.`,
 		},
 	}
 
+	rm := &cobra.Command{
+		Use:     "rm NAME...",
+		Aliases: []string{"delete"},
+		Short:   "Delete policies, every version of each",
+		Long: `Delete every version of each policy NAME. A policy whose version a live session pinned is
+not deleted: the API answers 409 naming the sessions; delete them or wait for them to end.`,
+		Example: `  wb policies rm guard`,
+		Args:    atLeastArgs(1, "one or more policy NAMEs"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return a.deleteEach(args, func(name string) (*client.Deleted, error) {
+				d, err := c.DeletePolicy(cmd.Context(), name)
+				if err != nil {
+					return nil, err
+				}
+				return &client.Deleted{ID: d.Name, Object: d.Object, Deleted: d.Deleted}, nil
+			})
+		},
+	}
+
 	var input string
 	var timeout time.Duration
 	test := &cobra.Command{
@@ -121,7 +145,7 @@ decision point's (see the policies package): at admission {"request": {...}, "pr
 	}
 	test.Flags().StringVar(&input, "input", "", "JSON `file` of the decision's input")
 	test.Flags().DurationVar(&timeout, "timeout", time.Second, "deadline of the evaluation")
-	cmd.AddCommand(push, ls, test)
+	cmd.AddCommand(push, ls, rm, test)
 	return cmd
 }
 
