@@ -85,8 +85,11 @@
 // Versions are immutable, numbered 1, 2, 3… per (project, name) and kept in Redis under the
 // project's hash tag (store/keys.go lays the keys out): wb:{P}:pol:latest (name → latest N), wb:{P}:pol:v:NAME (N → source and
 // metadata). A project has at most 64 names, and each keeps its newest 20 versions and any a
-// live session pinned (Options.MaxPolicies, MaxVersions; Put deletes older ones). Each
-// revision is compiled and prepared once and cached by (project, id).
+// live session pinned (Options.MaxPolicies, MaxVersions; Put deletes older ones), or that an
+// admission named (Pin) within Options.PinWindow, before its session's pin is written
+// (wb:{P}:pol:named). Delete removes every version of a name unless one is so kept; the name
+// put again numbers on from its last version (wb:{P}:pol:retired), so an id never names two
+// sources. Each revision is compiled and prepared once and cached by (project, id).
 // Admission and spend use each policy's latest version: a decision takes one immutable
 // snapshot of the project's set, so a concurrent upload never mixes revisions inside a
 // decision. Runtime uses the version the session pinned (pol_NAME@N) for its whole life.
