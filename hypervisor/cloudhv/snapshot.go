@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -39,13 +40,15 @@ type snapshotRecord struct {
 // Snapshot pauses the VM (a running one), with memory has CH write its snapshot to dir/vm,
 // copies the writable disk into dir while the VM is paused, and then resumes it — or, after
 // a memory snapshot, stops it (the caller restores it, as the interface says). A guest that
-// is only created has nothing in memory: its disk is copied as it is.
-func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
-	var out hypervisor.SnapshotInfo
+// is only created has nothing in memory: its disk is copied as it is. A snapshot that fails
+// leaves the guest as it found it, running on, and dir without the snapshot's files.
+func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (out hypervisor.SnapshotInfo, err error) {
 	info, err := d.Info(ctx, id)
 	if err != nil {
 		return out, err
 	}
+	_, serr := os.Stat(dir)
+	fresh := errors.Is(serr, fs.ErrNotExist)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return out, fmt.Errorf("cloudhv: snapshot dir: %w", err)
 	}
@@ -55,37 +58,56 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 	booted := info.State == hypervisor.StateRunning || info.State == hypervisor.StatePaused
 	memory = memory && booted
 	c := d.client(id)
+	paused, whole := false, false
+	var made []string // what this snapshot wrote into dir, removed should it fail
+	defer func() {
+		if err != nil && !whole {
+			if fresh {
+				made = []string{dir}
+			}
+			for _, p := range made {
+				if rerr := os.RemoveAll(p); rerr != nil {
+					d.log.Warn("remove a failed snapshot's files", "id", id, "err", rerr)
+				}
+			}
+		}
+		// A disk snapshot's guest runs on, and so does one whose memory snapshot failed: the
+		// caller finds it as it was (a VM left paused would hold its session frozen).
+		if paused && (!memory || !whole) {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if rerr := c.ResumeVM(rctx); rerr != nil {
+				d.log.Error("resume after a snapshot", "id", id, "memory", memory, "err", rerr)
+			}
+		}
+	}()
 	if info.State == hypervisor.StateRunning {
 		d.syncGuest(ctx, id)
 		if err := c.PauseVM(ctx); err != nil {
 			return out, fmt.Errorf("cloudhv: snapshot %s: %w", id, err)
 		}
-		if !memory {
-			defer func() {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-				defer cancel()
-				if rerr := c.ResumeVM(rctx); rerr != nil {
-					d.log.Error("resume after a disk snapshot", "id", id, "err", rerr)
-				}
-			}()
-		}
+		paused = true
 	}
 	if memory {
 		vm := filepath.Join(dir, snapshotVM)
 		if err := os.Mkdir(vm, 0o700); err != nil {
 			return out, fmt.Errorf("cloudhv: snapshot dir: %w", err)
 		}
+		made = append(made, vm)
 		if err := c.SnapshotVM(ctx, chapi.VmSnapshotConfig{DestinationURL: "file://" + vm}); err != nil {
 			return out, fmt.Errorf("cloudhv: snapshot %s: %w", id, err)
 		}
 	}
+	// copySparse removes its file should it fail, and never replaces one that was there.
 	if err := copySparse(filepath.Join(d.GuestDir(id), writableDisk), filepath.Join(dir, snapshotDisk)); err != nil {
 		return out, fmt.Errorf("cloudhv: snapshot %s: writable disk: %w", id, err)
 	}
+	made = append(made, filepath.Join(dir, snapshotDisk))
 	rec := snapshotRecord{Format: snapshotFormat, Driver: Name, GuestID: id, Memory: memory, CreatedAt: time.Now().UTC()}
 	if err := writeJSON(filepath.Join(dir, snapshotMeta), rec); err != nil {
 		return out, err
 	}
+	whole = true
 	if memory {
 		if err := d.Stop(ctx, id); err != nil {
 			return out, fmt.Errorf("cloudhv: snapshot %s: stop after the memory snapshot: %w", id, err)

@@ -1,6 +1,10 @@
 package cloudhv_test
 
 import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -58,6 +62,60 @@ func TestSnapshotRestore(t *testing.T) {
 			}
 			if !cloudhv.ConsoleRelayed(e.d, r.ID) {
 				t.Error("the restored guest's console is not copied")
+			}
+		})
+	}
+}
+
+// TestFailedMemorySnapshotResumesGuest: a memory snapshot that fails after the driver paused
+// the VM (here its dir's "vm" already exists, or its disk copy's file does) answers the error
+// with the guest running on, its agent answering, and dir holding none of the snapshot's files.
+func TestFailedMemorySnapshotResumesGuest(t *testing.T) {
+	for _, tc := range []struct {
+		name, there string // there: what dir already holds, which makes the snapshot fail
+	}{
+		{name: "mkdir", there: "vm"},
+		{name: "disk copy", there: "writable.img"}, // after CH wrote dir/vm
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := testCtx(t, 5*time.Minute)
+			s := e.spec(newID())
+			c := e.boot(t, ctx, s)
+			dir := filepath.Join(e.base, "snap")
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			there := filepath.Join(dir, tc.there)
+			if tc.there == "vm" {
+				if err := os.Mkdir(there, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := os.WriteFile(there, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.d.Snapshot(ctx, s.ID, dir, true); err == nil {
+				t.Fatal("the snapshot succeeded; want it to fail on what dir already holds")
+			}
+			st, err := e.d.Info(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.State != hypervisor.StateRunning {
+				t.Errorf("after a failed memory snapshot the guest is %q; want running", st.State)
+			}
+			hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := c.Health(hctx); err != nil {
+				t.Errorf("after a failed memory snapshot the agent does not answer: %v", err)
+			}
+			if _, err := os.Stat(there); err != nil {
+				t.Errorf("what dir held before the snapshot: %v", err)
+			}
+			for _, f := range []string{"snapshot.json", "vm/config.json"} {
+				if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("the failed snapshot left %s (%v)", f, err)
+				}
 			}
 		})
 	}
