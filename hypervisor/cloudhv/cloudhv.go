@@ -633,7 +633,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	defer d.stopRelay(id)
+	defer d.stopRelay(ctx, id)
 	if !r.alive() {
 		// A VMM this process started may still be a zombie, whose cgroup cannot go yet.
 		d.waitGone(ctx, r)
@@ -704,7 +704,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if err := d.cg.remove(d.CgroupPath(id)); err != nil {
 		d.log.Debug("remove cgroup", "id", id, "err", err)
 	}
-	d.stopRelay(id)
+	d.stopRelay(ctx, id)
 	d.stopCopies(id)
 	if len(errs) == 0 {
 		// Once the VMM is gone: the namespace's name is all that keeps it (and the tap).

@@ -164,44 +164,99 @@ func inNetns[T any](ns string, f func() (T, error)) (T, error) {
 	return r.v, r.err
 }
 
-// relay serves ln by splicing each connection to the Unix socket at target (the node's
-// egress proxy for this guest) until ln is closed.
-func relay(ln net.Listener, target string) {
+// guestRelay is the relay of one guest's namespace, served by this process: it splices each
+// connection accepted on ln to the Unix socket target (the node's egress proxy for this guest).
+type guestRelay struct {
+	ln     net.Listener
+	target string
+	done   chan struct{} // closed when the relay has ended, its connections too
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{} // both ends of each relayed connection; nil once stopped
+}
+
+func newGuestRelay(ln net.Listener, target string) *guestRelay {
+	return &guestRelay{ln: ln, target: target, done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+}
+
+// serve relays each connection accepted on gr.ln until stop.
+func (gr *guestRelay) serve() {
 	var wg sync.WaitGroup
+	defer close(gr.done)
 	defer wg.Wait()
 	for {
-		c, err := ln.Accept()
+		c, err := gr.ln.Accept()
 		if err != nil {
 			return
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer c.Close()
-			up, err := net.Dial("unix", target)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			done := make(chan struct{})
-			go func() {
-				_, _ = io.Copy(up, c)
-				if cw, ok := up.(interface{ CloseWrite() error }); ok {
-					_ = cw.CloseWrite()
-				}
-				close(done)
-			}()
-			_, _ = io.Copy(c, up)
-			_ = c.Close()
-			<-done
-		}()
+		if !gr.track(c) {
+			return
+		}
+		wg.Go(func() { gr.splice(c) })
 	}
 }
 
-// guestRelay is the relay of one guest's namespace, served by this process.
-type guestRelay struct {
-	ln   net.Listener
-	done chan struct{} // closed when the relay has ended
+// splice copies between guest connection c and a new connection to gr.target until either
+// side ends or stop closes them.
+func (gr *guestRelay) splice(c net.Conn) {
+	defer gr.untrack(c)
+	up, err := net.Dial("unix", gr.target)
+	if err != nil {
+		return
+	}
+	if !gr.track(up) {
+		return
+	}
+	defer gr.untrack(up)
+	done := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(up, c)
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		close(done)
+	}()
+	_, _ = io.Copy(c, up)
+	_ = c.Close()
+	<-done
+}
+
+// track adds c to the relayed connections, or closes it and answers false once stopped.
+func (gr *guestRelay) track(c net.Conn) bool {
+	gr.mu.Lock()
+	defer gr.mu.Unlock()
+	if gr.conns == nil {
+		_ = c.Close()
+		return false
+	}
+	gr.conns[c] = struct{}{}
+	return true
+}
+
+// untrack closes c and drops it from the relayed connections.
+func (gr *guestRelay) untrack(c net.Conn) {
+	gr.mu.Lock()
+	delete(gr.conns, c)
+	gr.mu.Unlock()
+	_ = c.Close()
+}
+
+// stop closes the listener and every relayed connection, both ends, and waits (until ctx
+// ends) for the relay to end. Its connections are closed rather than waited for: one that the
+// guest holds open, or whose guest end vanished with its VMM (no FIN), would end only when
+// TCP's keepalive gives up, or never while the proxy keeps its end open.
+func (gr *guestRelay) stop(ctx context.Context) {
+	gr.mu.Lock()
+	conns := gr.conns
+	gr.conns = nil
+	gr.mu.Unlock()
+	_ = gr.ln.Close()
+	for c := range conns {
+		_ = c.Close()
+	}
+	select {
+	case <-gr.done:
+	case <-ctx.Done():
+	}
 }
 
 // startRelay listens on guestNetHost:egressPort in r's namespace and relays each connection
@@ -213,14 +268,11 @@ func (d *Driver) startRelay(r record) error {
 	if err != nil {
 		return fmt.Errorf("cloudhv: guest %s: egress relay: %w", id, err)
 	}
-	gr := &guestRelay{ln: ln, done: make(chan struct{})}
+	gr := newGuestRelay(ln, filepath.Join(r.Spec.AgentDir, hypervisor.EgressSocket))
 	if old, loaded := d.relays.Swap(id, gr); loaded {
-		old.(*guestRelay).stop()
+		old.(*guestRelay).stop(context.Background())
 	}
-	go func() {
-		defer close(gr.done)
-		relay(ln, filepath.Join(r.Spec.AgentDir, hypervisor.EgressSocket))
-	}()
+	go gr.serve()
 	go func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -230,7 +282,7 @@ func (d *Driver) startRelay(r record) error {
 				return
 			case <-t.C:
 				if !r.alive() {
-					gr.stop()
+					gr.stop(context.Background())
 					d.relays.CompareAndDelete(id, gr)
 					return
 				}
@@ -240,15 +292,10 @@ func (d *Driver) startRelay(r record) error {
 	return nil
 }
 
-func (gr *guestRelay) stop() {
-	_ = gr.ln.Close()
-	<-gr.done
-}
-
-// stopRelay ends guest id's relay, if this process serves one.
-func (d *Driver) stopRelay(id string) {
+// stopRelay ends guest id's relay, if this process serves one, and the connections it relays.
+func (d *Driver) stopRelay(ctx context.Context, id string) {
 	if v, ok := d.relays.LoadAndDelete(id); ok {
-		v.(*guestRelay).stop()
+		v.(*guestRelay).stop(ctx)
 	}
 }
 
@@ -257,7 +304,7 @@ func (d *Driver) stopRelay(id string) {
 // and a new driver on the same state dir serves their relays and copies again.
 func (d *Driver) Close() {
 	d.relays.Range(func(id, _ any) bool {
-		d.stopRelay(id.(string))
+		d.stopRelay(context.Background(), id.(string))
 		return true
 	})
 	d.copies.Range(func(k, _ any) bool {

@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -84,8 +87,9 @@ func TestGuestNet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	go relay(ln, sock)
+	gr := newGuestRelay(ln, sock)
+	defer gr.stop(context.Background())
+	go gr.serve()
 	dialIn := func(addr string) (net.Conn, error) {
 		return inNetns(ns, func() (net.Conn, error) { return net.DialTimeout("tcp", addr, 2*time.Second) })
 	}
@@ -111,5 +115,81 @@ func TestGuestNet(t *testing.T) {
 			c.Close()
 			t.Errorf("the guest's namespace reached %s", addr)
 		}
+	}
+}
+
+// TestRelayStopEndsItsConnections: a connection the relay splices, which neither the guest nor
+// the proxy ends (an idle keep-alive, a tunnel), is closed by stop at both ends, and stop
+// returns at once rather than wait for it.
+func TestRelayStopEndsItsConnections(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "egress.sock")
+	up, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	proxyEnd := make(chan error, 1) // how the proxy's end of the connection ended
+	go func() {
+		c, err := up.Accept()
+		if err != nil {
+			proxyEnd <- err
+			return
+		}
+		defer c.Close()
+		_, err = io.Copy(io.Discard, c) // holds its end open until the relay's ends
+		proxyEnd <- err
+	}()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr := newGuestRelay(ln, sock)
+	go gr.serve()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("CONNECT example.com:443 HTTP/1.1\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		gr.mu.Lock()
+		n := len(gr.conns)
+		gr.mu.Unlock()
+		if n == 2 { // the guest's end and the proxy's
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay holds %d connections; want the guest's and the proxy's", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		gr.stop(ctx)
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stop has not returned 5 s after it was called: it waits for the connection held open rather than close it")
+	}
+	select {
+	case <-gr.done:
+	default:
+		t.Error("stop returned before the relay ended")
+	}
+	select {
+	case <-proxyEnd:
+	case <-time.After(5 * time.Second):
+		t.Error("the proxy's end of the relayed connection is still open after stop")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the guest's end after stop: read %v; want it closed", err)
 	}
 }

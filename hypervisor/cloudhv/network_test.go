@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -248,4 +249,127 @@ func TestGuestNetwork(t *testing.T) {
 	if l := e.leftovers(); len(l) > 0 {
 		t.Errorf("left on the host: %v", l)
 	}
+}
+
+// holdingEgress is a node's egress proxy that holds every connection open (an idle
+// keep-alive, a tunnel) until the relay ends it: the answer counts the connections ended.
+func holdingEgress(t *testing.T, agentDir string) (accepted, ended *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("unix", filepath.Join(agentDir, hypervisor.EgressSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	accepted, ended = new(atomic.Int32), new(atomic.Int32)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(io.Discard, c)
+				ended.Add(1)
+			}()
+		}
+	}()
+	return accepted, ended
+}
+
+// guestHoldingRelay boots a guest one of whose processes holds a connection to the node's
+// egress proxy (holdingEgress) through the driver's relay, and answers what the proxy counts.
+func (e *env) guestHoldingRelay(t *testing.T, ctx context.Context) (s hypervisor.Spec, ended *atomic.Int32) {
+	t.Helper()
+	s = e.spec(newID())
+	if err := e.d.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	accepted, ended := holdingEgress(t, s.AgentDir)
+	if err := e.d.Boot(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	c := e.agentOf(s.ID)
+	t.Cleanup(c.Close)
+	waitHealthy(t, ctx, c, 2*time.Minute)
+	sh(t, ctx, c, "(sleep 600 | nc 10.0.0.1 3128 >/dev/null 2>&1 &)")
+	if !eventually(30*time.Second, func() bool { return accepted.Load() > 0 }) {
+		t.Fatal("the guest's connection never reached the egress proxy")
+	}
+	return s, ended
+}
+
+// TestStopEndsGuestRelayConnections: Stop of a guest whose VMM died (SIGKILL: its guest's end
+// of a connection vanished without a FIN, as with a real CH's vmm.shutdown) while one of its
+// processes held a connection through the egress relay returns at once, the connection
+// closed at the proxy's end too; it does not wait for the connection to end on its own.
+func TestStopEndsGuestRelayConnections(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t, 8*time.Minute)
+	s, ended := e.guestHoldingRelay(t, ctx)
+	info, err := e.d.Info(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(info.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- e.d.Stop(sctx, s.ID) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Stop has not returned after 30 s: it waits for the guest's connection through the relay")
+	}
+	t.Logf("Stop took %v", time.Since(t0))
+	if !eventually(5*time.Second, func() bool { return ended.Load() > 0 }) {
+		t.Error("after Stop the egress proxy's end of the guest's connection is still open")
+	}
+}
+
+// TestMemorySnapshotEndsGuestRelayConnections: a memory snapshot of a guest holding a
+// connection through the egress relay closes it (no connection outlives the snapshot: the
+// restored guest has another VMM and relay) and completes, rather than wait in the Stop that
+// ends it for the connection to end on its own.
+func TestMemorySnapshotEndsGuestRelayConnections(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t, 8*time.Minute)
+	s, ended := e.guestHoldingRelay(t, ctx)
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.d.Snapshot(sctx, s.ID, filepath.Join(e.base, "snap"), true)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Snapshot: %v", err)
+		}
+	case <-time.After(45 * time.Second):
+		t.Fatalf("a memory Snapshot has not returned after 45 s: it waits for the guest's connection through the relay")
+	}
+	t.Logf("Snapshot took %v", time.Since(t0))
+	if !eventually(5*time.Second, func() bool { return ended.Load() > 0 }) {
+		t.Error("after the memory snapshot the egress proxy's end of the guest's connection is still open")
+	}
+}
+
+// eventually reports whether cond holds within d.
+func eventually(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }

@@ -81,6 +81,24 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (out
 			}
 		}
 	}()
+	if memory {
+		// No connection through the egress relay outlives a memory snapshot: the restored
+		// guest has another VMM, network and relay. As runsc's agent closes the ones it relays
+		// before a checkpoint, they end now, while the guest still runs (the sync below gives
+		// it time to see them end) rather than hang in the restored guest; and the Stop that
+		// ends the snapshot has none to wait for. A snapshot that fails serves the relay again.
+		d.stopRelay(ctx, id)
+		defer func() {
+			if whole {
+				return
+			}
+			if r, lerr := d.load(id); lerr == nil && r.alive() {
+				if rerr := d.startRelay(r); rerr != nil {
+					d.log.Error("egress relay after a failed snapshot", "id", id, "err", rerr)
+				}
+			}
+		}()
+	}
 	if info.State == hypervisor.StateRunning {
 		d.syncGuest(ctx, id)
 		if err := c.PauseVM(ctx); err != nil {

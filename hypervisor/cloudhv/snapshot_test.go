@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/agent"
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv"
 )
@@ -108,6 +109,10 @@ func TestFailedMemorySnapshotResumesGuest(t *testing.T) {
 			defer cancel()
 			if err := c.Health(hctx); err != nil {
 				t.Errorf("after a failed memory snapshot the agent does not answer: %v", err)
+			}
+			// The egress relay, stopped for the snapshot, serves the guest again.
+			if res, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "nc -w 5 10.0.0.1 3128 </dev/null"}}, nil); err != nil || res.ExitCode != 0 {
+				t.Errorf("after a failed memory snapshot the guest cannot connect to its egress relay: %+v, %v", res, err)
 			}
 			if _, err := os.Stat(there); err != nil {
 				t.Errorf("what dir held before the snapshot: %v", err)
