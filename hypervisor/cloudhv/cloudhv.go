@@ -251,12 +251,12 @@ func (d *Driver) List(context.Context) ([]string, error) {
 
 // Create makes the guest's disks, starts its VMM and creates the VM (not booted).
 func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
-	return d.create(ctx, s, "", "")
+	return d.create(ctx, s, "", nil)
 }
 
 // create is Create; with disk the writable disk is a copy of that file (a disk-only
-// restore), and with snap the VM is restored from that CH snapshot dir instead of created.
-func (d *Driver) create(ctx context.Context, s hypervisor.Spec, disk, snap string) (err error) {
+// restore), and with from the VM is restored from that memory snapshot instead of created.
+func (d *Driver) create(ctx context.Context, s hypervisor.Spec, disk string, from *memoryRestore) (err error) {
 	t0 := time.Now()
 	if err := s.Validate(); err != nil {
 		return err
@@ -287,8 +287,10 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, disk, snap strin
 	if err := os.MkdirAll(s.AgentDir, 0o755); err != nil {
 		return fmt.Errorf("cloudhv: agent dir: %w", err)
 	}
-	rootfs, err := image.RootFSImage(ctx, d.o.CacheDir, s.RootFS, s.AgentBin)
-	if err != nil {
+	var rootfs string
+	if from != nil {
+		rootfs = from.rootfs // the image the snapshot's guest ran on (snapshotRootFS)
+	} else if rootfs, err = image.RootFSImage(ctx, d.o.CacheDir, s.RootFS, s.AgentBin); err != nil {
 		return fmt.Errorf("cloudhv: guest %s: rootfs disk: %w", s.ID, err)
 	}
 	wpath := filepath.Join(dir, writableDisk)
@@ -321,9 +323,20 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, disk, snap strin
 		return err
 	}
 	c := d.client(s.ID)
-	if snap != "" {
-		if err := c.RestoreVM(ctx, chapi.RestoreConfig{SourceURL: "file://" + snap, Resume: true}); err != nil {
+	if from != nil {
+		// CH restores the VM exactly as config.json describes it, paths included
+		// (RestoreConfig can only swap net fds): the copy it gets names this guest's files.
+		// It is staged in the guest's dir, which Delete removes should anything stop here.
+		staged := filepath.Join(dir, restoreDir)
+		if err := d.stageRestore(from, staged, s); err != nil {
+			return err
+		}
+		if err := c.RestoreVM(ctx, chapi.RestoreConfig{SourceURL: "file://" + staged, Resume: true}); err != nil {
 			return d.withLog(s.ID, fmt.Errorf("cloudhv: guest %s: vm.restore: %w", s.ID, err))
+		}
+		// Read by now: CH holds the memory it restored, not its file.
+		if err := os.RemoveAll(staged); err != nil {
+			d.log.Warn("remove a restore's staged snapshot", "id", s.ID, "err", err)
 		}
 		if err := d.startConsole(ctx, s.ID); err != nil {
 			d.log.Warn("guest console", "id", s.ID, "err", err)

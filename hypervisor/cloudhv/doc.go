@@ -36,13 +36,22 @@
 //
 // Snapshots: the VM is paused; with memory, CH writes its snapshot to <dir>/vm (vm.snapshot);
 // the writable disk is copied sparsely into <dir>/writable.img while the VM is paused; then a
-// disk-only snapshot resumes the VM and a memory snapshot stops it (the caller restores).
+// disk-only snapshot resumes the VM and a memory snapshot stops it (the caller restores); one
+// that fails resumes it. A memory snapshot first closes the connections through the guest's
+// egress relay (none outlives it), and records the root disk image it ran on (snapshot.json's
+// rootfs_image and rootfs_uuid, the image's filesystem UUID).
 // Restore of a memory snapshot starts a new VMM and sends vm.restore {source_url, resume:
 // true}. CH restores the VM exactly as the snapshot's config.json describes it, paths
 // included (RestoreConfig can only replace net fds), so the driver stages a copy of the
-// snapshot (files hard-linked, memory-ranges being as large as the guest's memory) whose
-// config.json names the new guest's writable disk and vsock socket, and a new pseudo-terminal
-// for its console. A disk-only restore creates and boots a new VM on a copy of the disk.
+// snapshot in the new guest's dir (files hard-linked, memory-ranges being as large as the
+// guest's memory) whose config.json names the new guest's writable disk and vsock socket,
+// this node's copy of the root disk image, its kernel and initramfs (loaded only should the
+// guest reboot), and a new pseudo-terminal for its console. The root disk image must be the
+// very one the guest ran on (same name and filesystem UUID in this node's cache dir): the
+// guest's memory holds its page cache and its kernel's view of that filesystem, and another
+// wb's image has another agent; without it the restore fails with ErrSnapshotImage, and the
+// snapshot can be restored from its disk alone. A disk-only restore creates and boots a new VM
+// on a copy of the disk.
 //
 // Network (guestnet.go, hypervisor.EgressRelayer): a guest's network is a namespace of its
 // own, NetNamespace(id) ("wbch-" + a digest of the state dir + "-" + id), holding only
@@ -65,7 +74,7 @@
 // http://10.0.0.1:3128 as their proxy (GuestProxy) and runs no relay in the agent. No
 // firewall rule is needed: the namespace has no other interface and no route but the tap's
 // /30, so neither the host's loopback (Redis, the node's API) nor anything else is
-// reachable. Stop ends the relay, Delete removes the namespace (with the tap) once the VMM is
+// reachable. Stop ends the relay and closes the connections it relays, Delete removes the namespace (with the tap) once the VMM is
 // gone. A relay lives in the node's process: a new driver (New) serves the relays of the
 // running guests it finds again (SO_REUSEPORT, in case the previous driver's listener is
 // still open in this process), removes namespaces of its own whose guest has no record, and

@@ -11,3 +11,9 @@ func ConsoleRelayed(d *Driver, id string) bool {
 func PipesCopied(d *Driver, id string) bool {
 	return d.copying(id, vmmLogFile) && d.copying(id, eventsFile)
 }
+
+// RootFSImage is the root disk image guest id runs on, as its record names it.
+func RootFSImage(d *Driver, id string) (string, error) {
+	r, err := d.load(id)
+	return r.RootFS, err
+}

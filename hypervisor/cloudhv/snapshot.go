@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -17,6 +18,7 @@ import (
 	"wb/agent"
 	"wb/hypervisor"
 	"wb/hypervisor/cloudhv/chapi"
+	"wb/hypervisor/cloudhv/image"
 	"wb/hypervisor/internal/guestfile"
 )
 
@@ -35,7 +37,17 @@ type snapshotRecord struct {
 	GuestID   string    `json:"guest_id"`
 	Memory    bool      `json:"memory"`
 	CreatedAt time.Time `json:"created_at"`
+	// RootFS (its file name in the cache dir) and RootFSUUID (its filesystem's) name the root
+	// disk image a memory snapshot's guest ran on: its restore needs that very image.
+	RootFS     string `json:"rootfs_image,omitempty"`
+	RootFSUUID string `json:"rootfs_uuid,omitempty"`
 }
+
+// ErrSnapshotImage is a memory snapshot's restore refused because this node does not have
+// the root disk image its guest ran on: another node's build of it, or another wb's (an
+// upgrade). The guest's memory holds that image's page cache and its kernel's view of that
+// filesystem, so it cannot run on another; the snapshot's disk can still be restored alone.
+var ErrSnapshotImage = errors.New("the memory snapshot's root disk image is not on this node")
 
 // Snapshot pauses the VM (a running one), with memory has CH write its snapshot to dir/vm,
 // copies the writable disk into dir while the VM is paused, and then resumes it — or, after
@@ -122,6 +134,16 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (out
 	}
 	made = append(made, filepath.Join(dir, snapshotDisk))
 	rec := snapshotRecord{Format: snapshotFormat, Driver: Name, GuestID: id, Memory: memory, CreatedAt: time.Now().UTC()}
+	if memory {
+		r, err := d.load(id)
+		if err != nil {
+			return out, err
+		}
+		rec.RootFS = filepath.Base(r.RootFS)
+		if rec.RootFSUUID, err = image.FilesystemUUID(r.RootFS); err != nil {
+			return out, fmt.Errorf("cloudhv: snapshot %s: root disk: %w", id, err)
+		}
+	}
 	if err := writeJSON(filepath.Join(dir, snapshotMeta), rec); err != nil {
 		return out, err
 	}
@@ -160,7 +182,8 @@ func (d *Driver) syncGuest(ctx context.Context, id string) {
 
 // Restore makes guest s from snapshot dir and runs it: a memory snapshot is restored by a
 // new VMM (vm.restore with resume) from a copy of CH's snapshot whose config names the new
-// guest's disk and vsock socket; a disk-only one boots afresh on a copy of the disk.
+// guest's files; a disk-only one boots afresh on a copy of the disk. A memory snapshot whose
+// root disk image this node does not have is refused (ErrSnapshotImage).
 func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) error {
 	if err := s.Validate(); err != nil {
 		return err
@@ -174,7 +197,7 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 	}
 	disk := filepath.Join(dir, snapshotDisk)
 	if !rec.Memory {
-		if err := d.create(ctx, s, disk, ""); err != nil {
+		if err := d.create(ctx, s, disk, nil); err != nil {
 			return err
 		}
 		if err := d.Boot(ctx, s.ID); err != nil {
@@ -183,62 +206,122 @@ func (d *Driver) Restore(ctx context.Context, s hypervisor.Spec, dir string) err
 		}
 		return nil
 	}
-	// CH restores the VM exactly as config.json describes it, paths included (RestoreConfig
-	// can only swap net fds): the copy given to the new VMM names the new guest's files.
-	staged, err := os.MkdirTemp(d.o.StateDir, ".restore-")
+	from := &memoryRestore{vm: filepath.Join(dir, snapshotVM)}
+	b, err := os.ReadFile(filepath.Join(from.vm, "config.json"))
 	if err != nil {
 		return fmt.Errorf("cloudhv: restore: %w", err)
 	}
-	defer os.RemoveAll(staged)
-	if err := d.stageRestore(filepath.Join(dir, snapshotVM), staged, s); err != nil {
+	if err := json.Unmarshal(b, &from.cfg); err != nil {
+		return fmt.Errorf("cloudhv: restore: config.json: %w", err)
+	}
+	if from.rootfs, err = d.snapshotRootFS(rec, from.cfg); err != nil {
 		return err
 	}
-	return d.create(ctx, s, disk, staged)
+	return d.create(ctx, s, disk, from)
 }
 
-// stageRestore copies CH's snapshot src into dst (hard links where it can: memory-ranges is
-// as large as the guest's memory), with config.json's writable disk and vsock socket moved to
-// guest s's.
-func (d *Driver) stageRestore(src, dst string, s hypervisor.Spec) error {
-	ents, err := os.ReadDir(src)
+// memoryRestore is a memory snapshot to restore: CH's snapshot dir, its config.json, and the
+// root disk image of this node's to restore it on (snapshotRootFS).
+type memoryRestore struct {
+	vm, rootfs string
+	cfg        map[string]any
+}
+
+// snapshotRootFS is the image in this node's cache dir that a memory snapshot's guest ran on:
+// of the same name (the digest of template and wb binary) and the same filesystem (a build of
+// the image of its own, on another node or after the cache was rebuilt, differs in layout as
+// in UUID). Another image would have the restored kernel read blocks its memory does not
+// describe, and a different wb has another agent: such a snapshot is refused
+// (ErrSnapshotImage), and can be restored from its disk alone. This node's kernel is no
+// matter: the guest's runs from its memory. (The UUID stands for the image's content because
+// mkfs.ext4 draws it at random; a build that fixed it would have to be reproducible byte for
+// byte, or this check compare the images' content instead.)
+func (d *Driver) snapshotRootFS(rec snapshotRecord, cfg map[string]any) (string, error) {
+	name, uuid := rec.RootFS, rec.RootFSUUID
+	if name == "" {
+		// A snapshot of an earlier driver: its config.json names the image, by a path on the
+		// node that took it.
+		old, _ := configDisk(cfg, "rootfs")["path"].(string)
+		name = filepath.Base(old)
+		uuid, _ = image.FilesystemUUID(old)
+	}
+	if name != filepath.Base(name) || !strings.HasPrefix(name, "rootfs-") {
+		return "", fmt.Errorf("cloudhv: restore: the snapshot's root disk image %q is not one of a cache dir", name)
+	}
+	img := filepath.Join(d.o.CacheDir, name)
+	got, err := image.FilesystemUUID(img)
+	if err != nil || uuid == "" || got != uuid {
+		return "", fmt.Errorf("cloudhv: restore: %w: its guest ran on %s (filesystem %s); this node has %s: restore the snapshot without its memory", ErrSnapshotImage, name, uuid, haveImage(got, err))
+	}
+	return img, nil
+}
+
+// haveImage says what the node has of an image, for an error: its filesystem's UUID, or none.
+func haveImage(uuid string, err error) string {
 	if err != nil {
+		return "none of that name"
+	}
+	return "another build of it (filesystem " + uuid + ")"
+}
+
+// configDisk is the disk of id id in a CH config (nil when there is none).
+func configDisk(cfg map[string]any, id string) map[string]any {
+	disks, _ := cfg["disks"].([]any)
+	for _, x := range disks {
+		if m, ok := x.(map[string]any); ok && m["id"] == id {
+			return m
+		}
+	}
+	return nil
+}
+
+// stageRestore copies CH's snapshot from.vm into dst (hard links where it can: memory-ranges
+// is as large as the guest's memory), with config.json naming guest s's files: its writable
+// disk and vsock socket, this node's root disk image (from.rootfs) and its kernel and
+// initramfs, which a reboot of the restored guest loads.
+func (d *Driver) stageRestore(from *memoryRestore, dst string, s hypervisor.Spec) error {
+	ents, err := os.ReadDir(from.vm)
+	if err != nil {
+		return fmt.Errorf("cloudhv: restore: %w", err)
+	}
+	if err := os.Mkdir(dst, 0o700); err != nil {
 		return fmt.Errorf("cloudhv: restore: %w", err)
 	}
 	for _, e := range ents {
 		if !e.Type().IsRegular() || e.Name() == "config.json" {
 			continue
 		}
-		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
-		if err := os.Link(from, to); err != nil {
-			if err := copySparse(from, to); err != nil {
+		src, to := filepath.Join(from.vm, e.Name()), filepath.Join(dst, e.Name())
+		if err := os.Link(src, to); err != nil {
+			if err := copySparse(src, to); err != nil {
 				return fmt.Errorf("cloudhv: restore: %w", err)
 			}
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
-		return fmt.Errorf("cloudhv: restore: %w", err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return fmt.Errorf("cloudhv: restore: config.json: %w", err)
-	}
+	cfg := from.cfg
 	gdir := d.GuestDir(s.ID)
-	disks, _ := cfg["disks"].([]any)
-	found := false
-	for _, x := range disks {
-		if m, ok := x.(map[string]any); ok && m["id"] == "writable" {
-			m["path"], found = filepath.Join(gdir, writableDisk), true
+	for id, path := range map[string]string{"writable": filepath.Join(gdir, writableDisk), "rootfs": from.rootfs} {
+		m := configDisk(cfg, id)
+		if m == nil {
+			return fmt.Errorf("cloudhv: restore: the snapshot's config.json has no disk %q", id)
 		}
-	}
-	if !found {
-		return errors.New(`cloudhv: restore: the snapshot's config.json has no disk "writable"`)
+		m["path"] = path
 	}
 	vs, ok := cfg["vsock"].(map[string]any)
 	if !ok {
 		return errors.New("cloudhv: restore: the snapshot's config.json has no vsock device")
 	}
 	vs["socket"] = filepath.Join(gdir, vsockSocket)
+	payload, ok := cfg["payload"].(map[string]any)
+	if !ok {
+		return errors.New("cloudhv: restore: the snapshot's config.json has no payload")
+	}
+	payload["kernel"] = d.o.Kernel
+	if d.o.Initramfs != "" {
+		payload["initramfs"] = d.o.Initramfs
+	} else {
+		delete(payload, "initramfs")
+	}
 	// The restored VM's console is a new terminal, whatever the snapshot's was (an earlier
 	// driver's File grew without bound).
 	con, _ := cfg["console"].(map[string]any)

@@ -3,9 +3,12 @@ package cloudhv_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -121,6 +124,132 @@ func TestFailedMemorySnapshotResumesGuest(t *testing.T) {
 				if _, err := os.Stat(filepath.Join(dir, f)); !errors.Is(err, fs.ErrNotExist) {
 					t.Errorf("the failed snapshot left %s (%v)", f, err)
 				}
+			}
+		})
+	}
+}
+
+// TestMemoryRestoreOnAnotherNode: a memory snapshot is restored by a driver with a cache dir
+// and a kernel of its own (another node, which got the snapshot from the object store) when
+// that cache holds the very image the guest ran on (a copy: the same filesystem), with its
+// config naming this node's files; the first node's cache and kernel are gone by then.
+// Another build of the image (the same template and wb, another mkfs), or none (another
+// wb's, after an upgrade), is refused with ErrSnapshotImage before any VMM starts: the
+// guest's memory belongs to its image. (The node then starts the session from the disk.)
+func TestMemoryRestoreOnAnotherNode(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t, 5*time.Minute)
+	kernel1 := filepath.Join(e.base, "vmlinuz-1")
+	if err := os.WriteFile(kernel1, []byte("node 1's kernel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o1 := e.opts
+	o1.StateDir, o1.CacheDir, o1.Kernel = filepath.Join(e.base, "s1"), filepath.Join(e.base, "cache1"), kernel1
+	o1.CgroupParent += "-1"
+	d1, err := cloudhv.New(ctx, o1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.spec(newID())
+	t.Cleanup(func() {
+		_ = d1.Delete(context.Background(), s.ID)
+		_ = d1.RemoveCgroupParent()
+	})
+	if err := d1.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.Boot(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	c := e.agentOfDriver(d1, s.ID)
+	defer c.Close()
+	waitHealthy(t, ctx, c, 2*time.Minute)
+	sh(t, ctx, c, "echo kept > /workspace/f")
+	img1, err := cloudhv.RootFSImage(d1, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.base, "snap")
+	if _, err := d1.Snapshot(ctx, s.ID, dir, true); err != nil {
+		t.Fatal(err)
+	}
+	imgCopy := filepath.Join(e.base, "image-copy")
+	if out, err := exec.Command("cp", "--sparse=always", img1, imgCopy).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	// Node 1's cache and kernel are not on node 2's host.
+	if err := os.RemoveAll(o1.CacheDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(kernel1); err != nil {
+		t.Fatal(err)
+	}
+
+	for i, tc := range []struct {
+		name string
+		// cache fills node 2's cache dir, where the image of guest spec r is path.
+		cache func(t *testing.T, d *cloudhv.Driver, r hypervisor.Spec, path string)
+		ok    bool
+	}{
+		{name: "its image", ok: true, cache: func(t *testing.T, _ *cloudhv.Driver, _ hypervisor.Spec, path string) {
+			if err := os.Rename(imgCopy, path); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "another build of its image", cache: func(t *testing.T, d *cloudhv.Driver, r hypervisor.Spec, path string) {
+			r.ID = newID()
+			if err := d.Create(ctx, r); err != nil { // builds node 2's own image
+				t.Fatal(err)
+			}
+			if err := d.Delete(ctx, r.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Fatalf("node 2's own build of the image: %v", err)
+			}
+		}},
+		{name: "none of its name", cache: func(*testing.T, *cloudhv.Driver, hypervisor.Spec, string) {}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := e.opts
+			o.StateDir, o.CacheDir = filepath.Join(e.base, fmt.Sprintf("s2-%d", i)), filepath.Join(e.base, fmt.Sprintf("cache2-%d", i))
+			o.CgroupParent += fmt.Sprintf("-2-%d", i)
+			d2, err := cloudhv.New(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := e.spec(newID())
+			t.Cleanup(func() {
+				_ = d2.Delete(context.Background(), r.ID)
+				_ = d2.RemoveCgroupParent()
+			})
+			img2 := filepath.Join(o.CacheDir, filepath.Base(img1))
+			tc.cache(t, d2, r, img2)
+			err = d2.Restore(ctx, r, dir)
+			if !tc.ok {
+				if !errors.Is(err, cloudhv.ErrSnapshotImage) {
+					t.Fatalf("Restore: %v; want ErrSnapshotImage", err)
+				}
+				t.Logf("Restore refused (as it should): %v", err)
+				if ids, _ := d2.List(ctx); len(ids) > 0 {
+					t.Errorf("a refused restore left guests %v", ids)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Restore: %v", err)
+			}
+			if got, err := cloudhv.RootFSImage(d2, r.ID); err != nil || got != img2 {
+				t.Errorf("the restored guest runs on %q (%v); want this node's %s", got, err, img2)
+			}
+			rc := e.agentOfDriver(d2, r.ID)
+			defer rc.Close()
+			waitHealthy(t, ctx, rc, 2*time.Minute)
+			if got := sh(t, ctx, rc, "cat /workspace/f"); got != "kept\n" {
+				t.Errorf("restored guest's /workspace/f: %q", got)
+			}
+			if ents, _ := os.ReadDir(d2.GuestDir(r.ID)); slices.ContainsFunc(ents, func(e os.DirEntry) bool { return e.Name() == "restore" }) {
+				t.Error("the restore's staged snapshot is left in the guest's dir")
 			}
 		})
 	}

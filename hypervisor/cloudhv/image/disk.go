@@ -172,6 +172,27 @@ func RootFSImage(ctx context.Context, cacheDir, templateRoot, wb string) (string
 	return img, nil
 }
 
+// FilesystemUUID is the UUID in the superblock of the ext4 image at path: random for each
+// mkfs.ext4 run, so two builds of an image from the same inputs differ in it (as they differ in
+// layout), while a copy of an image keeps it.
+func FilesystemUUID(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("image: %w", err)
+	}
+	defer f.Close()
+	// The superblock starts 1024 bytes in: s_magic at 0x38, s_uuid (16 bytes) at 0x68.
+	var sb [0x78]byte
+	if _, err := f.ReadAt(sb[:], 1024); err != nil {
+		return "", fmt.Errorf("image: %s: superblock: %w", path, err)
+	}
+	if sb[0x38] != 0x53 || sb[0x39] != 0xef {
+		return "", fmt.Errorf("image: %s is not an ext2/3/4 image", path)
+	}
+	u := sb[0x68:0x78]
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16]), nil
+}
+
 // WritableDisk makes a guest's writable disk at path: an ext4 image of size bytes whose root
 // holds the directories of hypervisor.WritableMounts (workspace/, tmp/, root/) with their
 // modes, which the agent binds at /workspace, /tmp and /root.

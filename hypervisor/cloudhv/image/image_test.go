@@ -431,3 +431,46 @@ func TestFirstDependency(t *testing.T) {
 		}
 	}
 }
+
+// TestFilesystemUUID: an image's UUID is what blkid reads from it; a copy keeps it, another
+// mkfs.ext4 of the same dir does not, and a file that is no ext4 image is refused.
+func TestFilesystemUUID(t *testing.T) {
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("needs mkfs.ext4")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(filepath.Join(src, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, b := filepath.Join(dir, "a.ext4"), filepath.Join(dir, "b.ext4")
+	for _, img := range []string{a, b} {
+		if err := mkfs(t.Context(), src, img, "t", 8*mib); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ua, err := FilesystemUUID(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("blkid", "-s", "UUID", "-o", "value", a).Output(); err == nil && strings.TrimSpace(string(out)) != ua {
+		t.Errorf("FilesystemUUID = %s; blkid says %s", ua, strings.TrimSpace(string(out)))
+	}
+	if ub, err := FilesystemUUID(b); err != nil || ub == ua {
+		t.Errorf("another mkfs of the same dir: %s, %v; want a UUID other than %s", ub, err, ua)
+	}
+	c := filepath.Join(dir, "c.ext4")
+	if err := copyFile(a, c, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if uc, err := FilesystemUUID(c); err != nil || uc != ua {
+		t.Errorf("a copy: %s, %v; want %s", uc, err, ua)
+	}
+	junk := filepath.Join(dir, "junk")
+	if err := os.WriteFile(junk, make([]byte, 4096), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := FilesystemUUID(junk); err == nil {
+		t.Errorf("a file of zeros: %s; want an error", u)
+	}
+}
