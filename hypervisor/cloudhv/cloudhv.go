@@ -177,6 +177,12 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	}
 	d := &Driver{o: o, cg: cg, log: o.Logger.With("driver", Name), nsPrefix: netnsPrefix(o.StateDir),
 		copyRate: logBytesPerSec, copyBurst: logBurst}
+	// An earlier driver staged restores in the state dir itself: what a crash left there goes.
+	if staged, err := filepath.Glob(filepath.Join(o.StateDir, ".restore-*")); err == nil {
+		for _, p := range staged {
+			_ = os.RemoveAll(p)
+		}
+	}
 	// A restarted node's guests keep their namespaces and taps, but their relays died with
 	// the previous process; so did the copies of their consoles, VMM logs and events.
 	if err := d.adoptNetworks(ctx); err != nil {
@@ -709,9 +715,16 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	dir := d.GuestDir(id)
 	var errs []error
 	r, err := d.load(id)
-	if err == nil {
+	switch {
+	case err == nil:
 		if err := d.Stop(ctx, id); err != nil {
 			errs = append(errs, err)
+		}
+	case !errors.Is(err, hypervisor.ErrNotFound):
+		// A record that cannot be read does not name the VMM, which may still run: it is
+		// ended before its files go.
+		if kerr := d.endUnrecorded(ctx, id); kerr != nil {
+			errs = append(errs, fmt.Errorf("%w (%w)", kerr, err))
 		}
 	}
 	if err := d.cg.remove(d.CgroupPath(id)); err != nil {
@@ -739,6 +752,35 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// endUnrecorded ends guest id's VMM without its record, which names its pid: vmm.shutdown
+// on its API socket, as Stop asks, then SIGKILL for whatever is left in the guest's cgroup
+// (the VMM, from its start) until the cgroup is empty, or ctx ends.
+func (d *Driver) endUnrecorded(ctx context.Context, id string) error {
+	p := d.CgroupPath(id)
+	empty := func(ctx context.Context) bool {
+		for len(d.cg.pids(p)) > 0 {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		return true
+	}
+	gctx, cancel := context.WithTimeout(ctx, d.o.StopGrace)
+	defer cancel()
+	if err := d.client(id).ShutdownVMM(gctx); err == nil && empty(gctx) {
+		return nil
+	}
+	d.cg.killAll(p)
+	kctx, kcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer kcancel()
+	if !empty(kctx) {
+		return fmt.Errorf("cloudhv: delete %s: its cgroup still holds processes 10s after SIGKILL", id)
+	}
+	return nil
 }
 
 // mountsUnder lists the mount points at or below dir.

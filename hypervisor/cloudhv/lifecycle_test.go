@@ -3,14 +3,18 @@ package cloudhv_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"wb/agent"
 	"wb/hypervisor"
+	"wb/hypervisor/cloudhv"
 )
 
 // TestLifecycle drives one guest through the fake VMM: create, boot, the agent answering
@@ -125,5 +129,54 @@ func TestLifecycle(t *testing.T) {
 	}
 	if len(left) > 0 {
 		t.Errorf("the VMM's cgroup is left: %v", left)
+	}
+}
+
+// TestDeleteUnreadableRecord: Delete of a guest whose record cannot be read (a torn or
+// corrupt guest.json) still ends its VMM, found through its cgroup, before its files go.
+func TestDeleteUnreadableRecord(t *testing.T) {
+	e := newEnv(t)
+	ctx := testCtx(t, 5*time.Minute)
+	s := e.spec(newID())
+	e.boot(t, ctx, s)
+	info, err := e.d.Info(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.d.GuestDir(s.ID), "guest.json"), []byte("{torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.d.Delete(ctx, s.ID); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if err := syscall.Kill(info.Pid, 0); !errors.Is(err, syscall.ESRCH) {
+		if b, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/stat", info.Pid)); rerr != nil || !strings.Contains(string(b), ") Z ") {
+			t.Errorf("the VMM (pid %d) still runs after Delete (kill 0: %v)", info.Pid, err)
+		}
+	}
+	if _, err := os.Stat(e.d.GuestDir(s.ID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the guest's dir after Delete: %v", err)
+	}
+	if left := e.leftovers(); len(left) > 0 {
+		t.Errorf("left after Delete: %v", left)
+	}
+}
+
+// TestNewRemovesStagedRestores: a restore staged by an earlier driver in the state dir itself
+// (.restore-*), which a crash left there, is removed by the next New.
+func TestNewRemovesStagedRestores(t *testing.T) {
+	e := newEnv(t)
+	staged := filepath.Join(e.opts.StateDir, ".restore-123")
+	if err := os.MkdirAll(staged, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(staged, "memory-ranges"), []byte("memory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cloudhv.New(t.Context(), e.opts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(staged); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the staged restore after New: %v", err)
 	}
 }
