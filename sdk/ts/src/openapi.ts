@@ -565,16 +565,20 @@ export interface paths {
         };
         /**
          * List a policy's versions
-         * @description Newest first: the newest 20 versions, and any older one a live session pinned.
+         * @description Newest first: the newest 20 versions, and any older one a live session pinned (or a session created within the last two minutes named).
          */
         get: operations["getPolicyVersions"];
         /**
          * Upload a policy version
-         * @description The body is the Rego v1 source as is, whatever its Content-Type, at most 256 KiB. Its package names the decision point: wb.admission, wb.runtime or wb.spend. Each upload makes a new version of the name; sessions keep the version they were created with. A project has at most 64 policy names (409 past that); each name keeps its newest 20 versions and any a live session pinned, and older ones are deleted.
+         * @description The body is the Rego v1 source as is, whatever its Content-Type, at most 256 KiB. Its package names the decision point: wb.admission, wb.runtime or wb.spend. Each upload makes a new version of the name; sessions keep the version they were created with. A project has at most 64 policy names (409 past that); each name keeps its newest 20 versions and any a live session pinned (or a session created within the last two minutes named), and older ones are deleted.
          */
         put: operations["putPolicy"];
         post?: never;
-        delete?: never;
+        /**
+         * Delete a policy
+         * @description Deletes every version of the policy; it stops applying at once. Refused while a live session pins one of its versions. The name can be used again later; its versions then number on from the last one deleted, so that no policy id ever names two sources.
+         */
+        delete: operations["deletePolicy"];
         options?: never;
         head?: never;
         patch?: never;
@@ -1079,6 +1083,15 @@ export interface components {
             name: string;
             /** @constant */
             deleted: true;
+        };
+        PolicyDeleted: {
+            /** @constant */
+            object: "policy";
+            name: string;
+            /** @constant */
+            deleted: true;
+            /** @description How many versions were deleted. */
+            versions: number;
         };
         ExecResult: {
             /** Format: int32 */
@@ -3622,6 +3635,50 @@ export interface operations {
                     };
                 };
             };
+        };
+    };
+    deletePolicy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The policy name: 1–64 of a-z, 0-9 and _. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PolicyDeleted"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthenticated"];
+            404: components["responses"]["NotFound"];
+            /** @description A live session pins one of the policy's versions (the message names how many and which sessions), or a session created within the last two minutes named one and may not be running yet: invalid_state. Nothing is deleted. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            /** @enum {unknown} */
+                            type?: "invalid_state";
+                            /** @enum {unknown} */
+                            code?: "invalid_state";
+                        } & components["schemas"]["ErrorDetail"];
+                    };
+                };
+            };
+            500: components["responses"]["InternalError"];
+            503: components["responses"]["StoreUnavailable"];
         };
     };
     listPlugins: {
