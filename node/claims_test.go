@@ -32,8 +32,8 @@ func TestPlacementClaimsEnd(t *testing.T) {
 		}
 		return ok
 	}
-	// fits answers whether vcpu more fit beside the node's live claims (the probe's own claim
-	// is released at once).
+	// fits answers whether vcpu more fit beside the node's live claims and what its latest
+	// heartbeat reports in use (the probe's own claim is released at once).
 	fits := func(t *testing.T, nodeID string, vcpu int) bool {
 		t.Helper()
 		ok := claim(t, nodeID, "probe", vcpu)
@@ -74,7 +74,23 @@ func TestPlacementClaimsEnd(t *testing.T) {
 		cfg.Heartbeat = 500 * time.Millisecond
 		n := startNode(t, cfg)
 		start(t, n.Node, "proj_claims_hb")
-		waitFits(t, n.Info.ID, capacity, "the session ran, its room in the heartbeats")
+		// Once a heartbeat shows the session, the rest of the node fits only without its claim.
+		var used int
+		for deadline := time.Now().Add(20 * time.Second); used == 0; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("no heartbeat showed the running session within 20 s")
+			}
+			nodes, err := st.Nodes(ctxT(t, 10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range nodes {
+				if i.ID == n.Info.ID {
+					used = i.UsedVCPU
+				}
+			}
+		}
+		waitFits(t, n.Info.ID, capacity-used, "the session ran, its room in the heartbeats")
 	})
 
 	t.Run("ended", func(t *testing.T) {

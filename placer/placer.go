@@ -313,8 +313,10 @@ func (sh *share) add(node string, sess *session.Session) {
 // of placements its heartbeat may not show yet; it claims the session's resources on it.
 // The claims are in Redis (Store.ClaimOnNode), shared by every placer, and a claim is
 // checked and made in one script: placers of several gateways placing at once never fill the
-// same room. A node whose room another placer took since the read is passed for the next.
-// claims is the round's read of the nodes' claims; choose adds the one it makes.
+// same room; the script checks it against the node's heartbeat as it is then, since this
+// round's read of it may be stale by a stall. A node whose room another placer took since the
+// read is passed for the next. claims is the round's read of the nodes' claims; choose adds
+// the one it makes.
 func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[string]store.NodeUse, sess *session.Session, sh *share) (store.NodeInfo, bool, error) {
 	now := p.Now()
 	var cands []store.NodeInfo

@@ -3,6 +3,7 @@ package placer
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -392,5 +393,48 @@ func TestSweepLeasesAnOrphanSnapshot(t *testing.T) {
 	p.Sweep(ctx)
 	if due, _, _ := st.DueSnapshotWork(ctx, now.Add(orphanSnapshotWait-time.Minute+time.Second), 10); len(due) != 1 || due[0] != ref {
 		t.Fatalf("a second sweep moved the lease: due %v", due)
+	}
+}
+
+// isClaim matches the command of a claim on a node (store.ClaimOnNode), or of a release: its
+// keys name the node's claims.
+func isClaim(c redis.Cmder) bool {
+	return (c.Name() == "evalsha" || c.Name() == "eval") && strings.Contains(fmt.Sprint(c.Args()...), ":claims")
+}
+
+// TestCapacityAfterAStaleRead: a placement round reads the nodes' heartbeats once, and a stall
+// longer than a heartbeat (2 s) makes that read stale before the round claims: meanwhile
+// another placer placed a session on the node, a heartbeat showed it and the next released
+// its claim. The round's claims still count that session, from the node's heartbeat as it is
+// when they are made: the node is not booked past its capacity.
+func TestCapacityAfterAStaleRead(t *testing.T) {
+	rdb := redistest.Server(t)
+	st, rec, p, _ := setupOn(t, rdb)
+	ctx := context.Background()
+	// n_small (4 vCPU, 4096 MiB) is the only tier-1 node in r1.
+	s1 := pending(t, st, "proj_a", "r1", 1, 2048)
+	s2 := pending(t, st, "proj_a", "r1", 1, 2048)
+	redistest.BeforeOnce(rdb, isClaim, func() error {
+		// Between the round's read and its first claim: another placer places x on n_small,
+		// a heartbeat shows x, and the next releases x's claim.
+		if ok, err := st.ClaimOnNode(ctx, "n_small", "sess_x", 1, 2048, 4, 4096, time.Now(), p.claimWindow()); err != nil || !ok {
+			t.Errorf("claim x: %v, %v", ok, err)
+		}
+		if err := st.Heartbeat(ctx, store.NodeInfo{ID: "n_small", Region: "r1", Zone: "r1-a", Tiers: []int{1, 2}, VCPU: 4, MemoryMiB: 4096,
+			UsedVCPU: 1, UsedMemoryMiB: 2048}); err != nil {
+			return err
+		}
+		return st.ReleaseOnNode(ctx, "n_small", store.Claim{Session: "sess_x", VCPU: 1, MemoryMiB: 2048})
+	})
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	placed := 0
+	for _, s := range []*session.Session{s1, s2} {
+		if rec.nodeOf(s.ID) == "n_small" {
+			placed++
+		}
+	}
+	if placed != 1 {
+		t.Fatalf("n_small (4096 MiB) holds x's 2048 MiB and %d more sessions of 2048 MiB; want 1", placed)
 	}
 }

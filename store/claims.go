@@ -16,14 +16,24 @@ import (
 // the same free room before the node reports any of it.
 
 // claimScript drops the node's claims older than the window, and adds this one only if the
-// live claims and it fit in the free room the caller read from the node's heartbeat.
+// live claims and it fit in the node's free room: its capacity less its use as its latest
+// heartbeat reported them (nodeRoomKey), read here and not trusted from the caller's read,
+// which may be older than a heartbeat that shows a session whose claim is gone since. Only a
+// node with no room recorded (its heartbeat written before the room was) is judged by the
+// caller's free room.
 //
-// KEYS: node's claims
-// ARGV: member, vcpu, mem, free vcpu, free mem, now ms, window ms
+// KEYS: node's claims, node's room
+// ARGV: member, vcpu, mem, free vcpu, free mem (the caller's read), now ms, window ms
 // Answers {claimed (1|0), live claimed vcpu, live claimed mem} (the sums before this claim).
 var claimScript = redis.NewScript(`
 local now, window = tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local freeVCPU, freeMem = tonumber(ARGV[4]), tonumber(ARGV[5])
+local room = redis.call('HMGET', KEYS[2], 'vcpu', 'memory_mib', 'used_vcpu', 'used_memory_mib')
+if room[1] then
+  freeVCPU = (tonumber(room[1]) or 0) - (tonumber(room[3]) or 0)
+  freeMem = (tonumber(room[2]) or 0) - (tonumber(room[4]) or 0)
+end
 local vcpu, mem = 0, 0
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   if m ~= ARGV[1] then
@@ -31,7 +41,7 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
     vcpu, mem = vcpu + (tonumber(v) or 0), mem + (tonumber(b) or 0)
   end
 end
-if vcpu + tonumber(ARGV[2]) > tonumber(ARGV[4]) or mem + tonumber(ARGV[3]) > tonumber(ARGV[5]) then
+if vcpu + tonumber(ARGV[2]) > freeVCPU or mem + tonumber(ARGV[3]) > freeMem then
   return {0, vcpu, mem}
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
@@ -44,12 +54,14 @@ func claimMember(sessionID string, vcpu, mem int) string {
 }
 
 // ClaimOnNode claims vcpu and mem on node for a session being placed there, if they fit,
-// with the node's other live claims (those made within window before now), in freeVCPU and
-// freeMem: the node's capacity less what its latest heartbeat reports in use. It answers
-// false, claiming nothing, when they do not fit. Claims lapse after window, by when the
-// node's heartbeat is to show the session.
+// with the node's other live claims (those made within window before now), in the node's
+// free room: its capacity less what its latest heartbeat reports in use, read in the same
+// step. freeVCPU and freeMem, the room as the caller read it, count only for a node whose
+// heartbeat recorded no room (written by an older wb). It answers false, claiming nothing,
+// when they do not fit. Claims lapse after window, by when the node's heartbeat is to show
+// the session.
 func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu, mem, freeVCPU, freeMem int, now time.Time, window time.Duration) (bool, error) {
-	res, err := claimScript.Run(ctx, s.rdb, []string{nodeClaimsKey(nodeID)},
+	res, err := claimScript.Run(ctx, s.rdb, []string{nodeClaimsKey(nodeID), nodeRoomKey(nodeID)},
 		claimMember(sessionID, vcpu, mem), vcpu, mem, freeVCPU, freeMem, now.UnixMilli(), window.Milliseconds()).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("claim on node %s: %w", nodeID, err)

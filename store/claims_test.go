@@ -119,3 +119,55 @@ func nodeClaims(ctx context.Context, s *Store, nodes []string, now time.Time, wi
 	}
 	return claimsFrom(nodes, cmds), nil
 }
+
+// TestClaimOnNodeReadsTheHeartbeat: a claim must fit in the node's room as its latest
+// heartbeat reports it when the claim is made, whatever free room the caller read before (a
+// placer's read gone stale in a stall, trusted, overbooked the node); the caller's read
+// counts only for a node with no room recorded. On every backend: in a cluster the node's
+// claims and its room are one slot.
+func TestClaimOnNodeReadsTheHeartbeat(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			s := New(b.New(t))
+			now := time.Now()
+			claim := func(node, sess string, mem int) bool {
+				t.Helper()
+				// The caller read 4 vCPUs and 4096 MiB free.
+				ok, err := s.ClaimOnNode(ctx, node, sess, 1, mem, 4, 4096, now, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			beat := func(usedMem int) {
+				t.Helper()
+				if err := s.Heartbeat(ctx, NodeInfo{ID: "n1", VCPU: 4, MemoryMiB: 4096, UsedVCPU: 1, UsedMemoryMiB: usedMem}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			beat(2048)
+			if !claim("n1", "s1", 2048) {
+				t.Fatal("a claim within the room the node's heartbeat reports refused")
+			}
+			if claim("n1", "s2", 2048) {
+				t.Fatal("a claim past the room the node's heartbeat reports made (the caller's stale read of 4096 MiB free trusted)")
+			}
+			beat(0)
+			if !claim("n1", "s2", 2048) {
+				t.Fatal("a claim within the room a later heartbeat reports refused")
+			}
+			// A node whose heartbeat recorded no room: the caller's read is all there is.
+			if !claim("n2", "s3", 4096) || claim("n2", "s4", 1) {
+				t.Fatal("a node with no room recorded not judged by the caller's read")
+			}
+			if err := s.RemoveNode(ctx, "n1"); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := s.rdb.Exists(ctx, nodeRoomKey("n1")).Result(); err != nil || n != 0 {
+				t.Fatalf("a removed node's room left: %d, %v", n, err)
+			}
+		})
+	}
+}

@@ -141,6 +141,14 @@ func nodeSessionsKey(node string) string { return "wb:node:{" + node + "}:sessio
 // the placer (ReadPlacement) to rank nodes. Its node's hash tag: one script, one slot.
 func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" }
 
+// nodeRoomKey is a hash of one node's capacity and use as its latest heartbeat reported them
+// (fields vcpu, memory_mib, used_vcpu, used_memory_mib): NodesKey's figures again, in the
+// node's slot, so that the claim script checks a claim against the node's heartbeat as it is
+// then, not as a placer read it before (a heartbeat since may show a session whose claim is
+// gone). Written by store (Heartbeat; RemoveNode deletes it); read by the claim script
+// (ClaimOnNode).
+func nodeRoomKey(node string) string { return "wb:node:{" + node + "}:room" }
+
 // signalKey is a stream of signals of one kind of work, field p the project with work,
 // trimmed to about signalMaxLen entries. Written by store (Signal; the create and transition
 // scripts on one Redis) with or after every write that makes such work; read by the worker of that kind with a consumer group (Signals).

@@ -37,6 +37,7 @@ func TestKeyNames(t *testing.T) {
 		{NodesDrainingKey, "wb:nodes:draining"},
 		{nodeSessionsKey("node_1"), "wb:node:{node_1}:sessions"},
 		{nodeClaimsKey("node_1"), "wb:node:{node_1}:claims"},
+		{nodeRoomKey("node_1"), "wb:node:{node_1}:room"},
 		{certFilesKey, "wb:{tls}:files"},
 		{certModifiedKey, "wb:{tls}:modified"},
 		{certIndexKey, "wb:{tls}:index"},

@@ -29,14 +29,21 @@ type NodeInfo struct {
 	Draining bool `json:"draining,omitempty"`
 }
 
-// Heartbeat registers or refreshes a node.
+// Heartbeat registers or refreshes a node. Its capacity and use go to the node's room too
+// (nodeRoomKey), where the claim script reads them; a heartbeat that answers an error may
+// have written either, and the next writes both.
 func (s *Store) Heartbeat(ctx context.Context, n NodeInfo) error {
 	if n.ID == "" {
 		return &session.FieldError{Field: "id", Message: "node id is required"}
 	}
 	n.HeartbeatAt = s.now().UTC()
 	b, _ := json.Marshal(n)
-	if err := s.rdb.HSet(ctx, NodesKey, n.ID, b).Err(); err != nil {
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, NodesKey, n.ID, b)
+		p.HSet(ctx, nodeRoomKey(n.ID), "vcpu", n.VCPU, "memory_mib", n.MemoryMiB,
+			"used_vcpu", n.UsedVCPU, "used_memory_mib", n.UsedMemoryMiB)
+		return nil
+	}); err != nil {
 		return fmt.Errorf("heartbeat %s: %w", n.ID, err)
 	}
 	return nil
@@ -91,5 +98,12 @@ func (s *Store) SetNodeDraining(ctx context.Context, id string, on bool) error {
 
 // RemoveNode forgets a node.
 func (s *Store) RemoveNode(ctx context.Context, id string) error {
-	return s.rdb.HDel(ctx, NodesKey, id).Err()
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HDel(ctx, NodesKey, id)
+		p.Del(ctx, nodeRoomKey(id))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("remove node %s: %w", id, err)
+	}
+	return nil
 }

@@ -106,7 +106,7 @@ func TestReadPlacement(t *testing.T) {
 			if _, err := s.EnsureProject(ctx, p, "view"); err != nil {
 				t.Fatal(err)
 			}
-			for _, n := range []NodeInfo{{ID: "n1", Region: "local", VCPU: 8, MemoryMiB: 8192}, {ID: "n_dead", Region: "local"}} {
+			for _, n := range []NodeInfo{{ID: "n1", Region: "local", VCPU: 8, MemoryMiB: 8192}, {ID: "n_dead", Region: "local", VCPU: 8, MemoryMiB: 8192}} {
 				if err := s.Heartbeat(ctx, n); err != nil {
 					t.Fatal(err)
 				}
