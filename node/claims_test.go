@@ -24,21 +24,21 @@ func TestPlacementClaimsEnd(t *testing.T) {
 	t.Parallel()
 	st, _ := newStore(t)
 	const capacity = 64 // nodeConfig's vCPUs
-	claim := func(t *testing.T, nodeID, sessionID string, vcpu int) bool {
+	claim := func(t *testing.T, nodeID, sessionID string, vcpu int) (store.Claim, bool) {
 		t.Helper()
-		ok, err := st.ClaimOnNode(ctxT(t, 10*time.Second), nodeID, sessionID, vcpu, 256, capacity, 1<<20, time.Now(), time.Hour)
+		c, ok, err := st.ClaimOnNode(ctxT(t, 10*time.Second), nodeID, sessionID, vcpu, 256, capacity, 1<<20, time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ok
+		return c, ok
 	}
 	// fits answers whether vcpu more fit beside the node's live claims and what its latest
 	// heartbeat reports in use (the probe's own claim is released at once).
 	fits := func(t *testing.T, nodeID string, vcpu int) bool {
 		t.Helper()
-		ok := claim(t, nodeID, "probe", vcpu)
+		c, ok := claim(t, nodeID, "probe", vcpu)
 		if ok {
-			if err := st.ReleaseOnNode(ctxT(t, 10*time.Second), nodeID, store.Claim{Session: "probe", VCPU: vcpu, MemoryMiB: 256}); err != nil {
+			if err := st.ReleaseOnNode(ctxT(t, 10*time.Second), nodeID, c); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -48,7 +48,7 @@ func TestPlacementClaimsEnd(t *testing.T) {
 	start := func(t *testing.T, n *node.Node, project string) *session.Session {
 		t.Helper()
 		s := placed(t, st, project, n.Info.ID, sessionOpts{idleS: 300, lifeS: 600, res: small()})
-		if !claim(t, n.Info.ID, s.ID, s.Resources.VCPU) {
+		if _, ok := claim(t, n.Info.ID, s.ID, s.Resources.VCPU); !ok {
 			t.Fatalf("no room to claim for %s", s.ID)
 		}
 		if err := n.Provision(ctxT(t, 3*time.Minute), n.Info, s); err != nil {

@@ -230,7 +230,7 @@ func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
 	share := &share{pct: v.Project.NodeSharePct, used: v.Usage}
 	for _, sess := range v.Pending {
 		id := sess.ID
-		node, ok, err := p.choose(ctx, v.Nodes, v.Claims, sess, share)
+		node, claim, ok, err := p.choose(ctx, v.Nodes, v.Claims, sess, share)
 		if err != nil {
 			if ctx.Err() == nil {
 				p.Logger.Error("placer: claim room on a node", "session", id, "err", err)
@@ -251,7 +251,7 @@ func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
 				p.Logger.Error("placer: place", "session", id, "err", err)
 				left = true
 			}
-			p.release(context.WithoutCancel(ctx), node.ID, sess)
+			p.release(context.WithoutCancel(ctx), node.ID, claim)
 			continue
 		}
 		p.wg.Add(1)
@@ -316,8 +316,8 @@ func (sh *share) add(node string, sess *session.Session) {
 // same room; the script checks it against the node's heartbeat as it is then, since this
 // round's read of it may be stale by a stall. A node whose room another placer took since the
 // read is passed for the next. claims is the round's read of the nodes' claims; choose adds
-// the one it makes.
-func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[string]store.NodeUse, sess *session.Session, sh *share) (store.NodeInfo, bool, error) {
+// the one it makes, and answers it, for release should the placement not happen.
+func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[string]store.NodeUse, sess *session.Session, sh *share) (store.NodeInfo, store.Claim, bool, error) {
 	now := p.Now()
 	var cands []store.NodeInfo
 	for _, n := range nodes {
@@ -341,20 +341,20 @@ func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[
 	slices.SortStableFunc(fit, func(a, b ranked) int { return b.memAfterClaims - a.memAfterClaims })
 	for _, r := range fit {
 		n := r.n
-		ok, err := p.Store.ClaimOnNode(ctx, n.ID, sess.ID, sess.Resources.VCPU, sess.Resources.MemoryMiB,
+		claim, ok, err := p.Store.ClaimOnNode(ctx, n.ID, sess.ID, sess.Resources.VCPU, sess.Resources.MemoryMiB,
 			n.VCPU-n.UsedVCPU, n.MemoryMiB-n.UsedMemoryMiB, now, p.claimWindow())
 		if err != nil {
-			return store.NodeInfo{}, false, err
+			return store.NodeInfo{}, store.Claim{}, false, err
 		}
 		if ok {
 			c := claims[n.ID]
 			c.VCPU += sess.Resources.VCPU
 			c.MemoryMiB += sess.Resources.MemoryMiB
 			claims[n.ID] = c
-			return n, true, nil
+			return n, claim, true, nil
 		}
 	}
-	return store.NodeInfo{}, false, nil
+	return store.NodeInfo{}, store.Claim{}, false, nil
 }
 
 // live reports whether node n takes new sessions at now: it beats, and no operator drains it.
@@ -366,10 +366,12 @@ func (p *Placer) live(now time.Time, n store.NodeInfo) bool {
 // surely shows the session.
 func (p *Placer) claimWindow() time.Duration { return 2 * p.HeartbeatTimeout }
 
-func (p *Placer) release(ctx context.Context, node string, sess *session.Session) {
-	if err := p.Store.ReleaseOnNode(ctx, node, store.Claim{Session: sess.ID, VCPU: sess.Resources.VCPU, MemoryMiB: sess.Resources.MemoryMiB}); err != nil && ctx.Err() == nil {
+// release drops this placer's claim on node, whose placement did not happen: its own only,
+// since another placer that placed the same session there holds a claim of its own.
+func (p *Placer) release(ctx context.Context, node string, claim store.Claim) {
+	if err := p.Store.ReleaseOnNode(ctx, node, claim); err != nil && ctx.Err() == nil {
 		// It lapses with its window: the node's room is held that long.
-		p.Logger.Warn("placer: release claim", "session", sess.ID, "node", node, "err", err)
+		p.Logger.Warn("placer: release claim", "session", claim.Session, "node", node, "err", err)
 	}
 }
 

@@ -417,7 +417,7 @@ func TestCapacityAfterAStaleRead(t *testing.T) {
 	redistest.BeforeOnce(rdb, isClaim, func() error {
 		// Between the round's read and its first claim: another placer places x on n_small,
 		// a heartbeat shows x, and the next releases x's claim.
-		if ok, err := st.ClaimOnNode(ctx, "n_small", "sess_x", 1, 2048, 4, 4096, time.Now(), p.claimWindow()); err != nil || !ok {
+		if _, ok, err := st.ClaimOnNode(ctx, "n_small", "sess_x", 1, 2048, 4, 4096, time.Now(), p.claimWindow()); err != nil || !ok {
 			t.Errorf("claim x: %v, %v", ok, err)
 		}
 		if err := st.Heartbeat(ctx, store.NodeInfo{ID: "n_small", Region: "r1", Zone: "r1-a", Tiers: []int{1, 2}, VCPU: 4, MemoryMiB: 4096,
@@ -436,5 +436,37 @@ func TestCapacityAfterAStaleRead(t *testing.T) {
 	}
 	if placed != 1 {
 		t.Fatalf("n_small (4096 MiB) holds x's 2048 MiB and %d more sessions of 2048 MiB; want 1", placed)
+	}
+}
+
+// TestLosingPlacerKeepsTheWinnersClaim: two placers place the same session (one stalled past
+// its project lock, 10 s) on the same node. The one whose transition loses releases its own
+// claim only: the winner's stays, and holds the session's room on the node until the node's
+// heartbeat shows the session.
+func TestLosingPlacerKeepsTheWinnersClaim(t *testing.T) {
+	rdb := redistest.Server(t)
+	st, rec, winner, now := setupOn(t, rdb)
+	loser := New(Config{Store: st, Provisioner: rec, HeartbeatTimeout: 5 * time.Second, Now: func() time.Time { return *now }})
+	ctx := context.Background()
+	s := pending(t, st, "proj_a", "r1", 1, 2048) // only n_small offers tier 1 in r1
+	// The winner places s between the loser's read and the loser's claim.
+	redistest.BeforeOnce(rdb, isClaim, func() error {
+		winner.placeProject(ctx, "proj_a")
+		return nil
+	})
+	loser.placeProject(ctx, "proj_a")
+	winner.wg.Wait()
+	loser.wg.Wait()
+	if got := rec.nodeOf(s.ID); got != "n_small" {
+		t.Fatalf("%s placed on %q, want n_small", s.ID, got)
+	}
+	// What the next round reads (it reads claims only with some session pending).
+	pending(t, st, "proj_a", "r1", 4, 1)
+	v, err := st.ReadPlacement(ctx, "proj_a", 10, *now, winner.claimWindow(), func(store.NodeInfo) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := v.Claims["n_small"]; c != (store.NodeUse{VCPU: 1, MemoryMiB: 2048}) {
+		t.Fatalf("claims on n_small, where %s was placed and no heartbeat shows it yet: %+v; want its 1 vCPU and 2048 MiB", s.ID, c)
 	}
 }

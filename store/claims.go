@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -20,28 +22,32 @@ import (
 // heartbeat reported them (nodeRoomKey), read here and not trusted from the caller's read,
 // which may be older than a heartbeat that shows a session whose claim is gone since. Only a
 // node with no room recorded (its heartbeat written before the room was) is judged by the
-// caller's free room.
+// caller's free room. A session's claims count once, whichever placers made them: two
+// placing the same session (one stalled past its project lock) hold one session's room.
 //
 // KEYS: node's claims, node's room
-// ARGV: member, vcpu, mem, free vcpu, free mem (the caller's read), now ms, window ms
-// Answers {claimed (1|0), live claimed vcpu, live claimed mem} (the sums before this claim).
+// ARGV: member, session, vcpu, mem, free vcpu, free mem (the caller's read), now ms, window ms
+// Answers {claimed (1|0), live claimed vcpu, live claimed mem} (the sums of the other
+// sessions' claims).
 var claimScript = redis.NewScript(`
-local now, window = tonumber(ARGV[6]), tonumber(ARGV[7])
+local now, window = tonumber(ARGV[7]), tonumber(ARGV[8])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-local freeVCPU, freeMem = tonumber(ARGV[4]), tonumber(ARGV[5])
+local freeVCPU, freeMem = tonumber(ARGV[5]), tonumber(ARGV[6])
 local room = redis.call('HMGET', KEYS[2], 'vcpu', 'memory_mib', 'used_vcpu', 'used_memory_mib')
 if room[1] then
   freeVCPU = (tonumber(room[1]) or 0) - (tonumber(room[3]) or 0)
   freeMem = (tonumber(room[2]) or 0) - (tonumber(room[4]) or 0)
 end
-local vcpu, mem = 0, 0
+local vcpu, mem, seen = 0, 0, {[ARGV[2]] = true}
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  if m ~= ARGV[1] then
+  local sess = string.match(m, '^[^|]*')
+  if not seen[sess] then
+    seen[sess] = true
     local v, b = string.match(m, '|(%d+)|(%d+)$')
     vcpu, mem = vcpu + (tonumber(v) or 0), mem + (tonumber(b) or 0)
   end
 end
-if vcpu + tonumber(ARGV[2]) > freeVCPU or mem + tonumber(ARGV[3]) > freeMem then
+if vcpu + tonumber(ARGV[3]) > freeVCPU or mem + tonumber(ARGV[4]) > freeMem then
   return {0, vcpu, mem}
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
@@ -49,8 +55,8 @@ redis.call('PEXPIRE', KEYS[1], window)
 return {1, vcpu, mem}
 `)
 
-func claimMember(sessionID string, vcpu, mem int) string {
-	return sessionID + "|" + strconv.Itoa(vcpu) + "|" + strconv.Itoa(mem)
+func claimMember(c Claim) string {
+	return c.Session + "|" + c.Token + "|" + strconv.Itoa(c.VCPU) + "|" + strconv.Itoa(c.MemoryMiB)
 }
 
 // ClaimOnNode claims vcpu and mem on node for a session being placed there, if they fit,
@@ -58,18 +64,25 @@ func claimMember(sessionID string, vcpu, mem int) string {
 // free room: its capacity less what its latest heartbeat reports in use, read in the same
 // step. freeVCPU and freeMem, the room as the caller read it, count only for a node whose
 // heartbeat recorded no room (written by an older wb). It answers false, claiming nothing,
-// when they do not fit. Claims lapse after window, by when the node's heartbeat is to show
-// the session.
-func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu, mem, freeVCPU, freeMem int, now time.Time, window time.Duration) (bool, error) {
+// when they do not fit, and else the claim, which the caller releases (ReleaseOnNode) if
+// its placement does not happen. Claims lapse after window, by when the node's heartbeat is
+// to show the session.
+func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu, mem, freeVCPU, freeMem int, now time.Time, window time.Duration) (Claim, bool, error) {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	c := Claim{Session: sessionID, VCPU: vcpu, MemoryMiB: mem, Token: hex.EncodeToString(b)}
 	res, err := claimScript.Run(ctx, s.rdb, []string{nodeClaimsKey(nodeID), nodeRoomKey(nodeID)},
-		claimMember(sessionID, vcpu, mem), vcpu, mem, freeVCPU, freeMem, now.UnixMilli(), window.Milliseconds()).Int64Slice()
+		claimMember(c), sessionID, vcpu, mem, freeVCPU, freeMem, now.UnixMilli(), window.Milliseconds()).Int64Slice()
 	if err != nil {
-		return false, fmt.Errorf("claim on node %s: %w", nodeID, err)
+		return Claim{}, false, fmt.Errorf("claim on node %s: %w", nodeID, err)
 	}
 	if len(res) < 1 {
-		return false, fmt.Errorf("claim on node %s: script answered %v", nodeID, res)
+		return Claim{}, false, fmt.Errorf("claim on node %s: script answered %v", nodeID, res)
 	}
-	return res[0] == 1, nil
+	if res[0] != 1 {
+		return Claim{}, false, nil
+	}
+	return c, true, nil
 }
 
 // Claim is a session's claim on a node (ClaimOnNode): its id and the vCPUs and memory its
@@ -77,19 +90,48 @@ func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu,
 type Claim struct {
 	Session         string
 	VCPU, MemoryMiB int
+	// Token names the one claim ClaimOnNode made. A release with it drops that claim only,
+	// and never another placer's of the same session; one without it (the node's, which
+	// knows the session only) drops every claim of the session.
+	Token string
 }
 
-// ReleaseOnNode drops claims on node: the placer's, whose placement did not happen; the
-// node's, once its heartbeat shows the session, or once the session ended there.
+// releaseClaimsScript drops some of a node's claims by their member, and every claim of some
+// sessions.
+//
+// KEYS: node's claims
+// ARGV: the number n of members, n members, then sessions
+// Answers how many claims it dropped.
+var releaseClaimsScript = redis.NewScript(`
+local n, dropped = tonumber(ARGV[1]), 0
+for i = 2, n + 1 do dropped = dropped + redis.call('ZREM', KEYS[1], ARGV[i]) end
+if #ARGV > n + 1 then
+  local drop = {}
+  for i = n + 2, #ARGV do drop[ARGV[i]] = true end
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    if drop[string.match(m, '^[^|]*')] then dropped = dropped + redis.call('ZREM', KEYS[1], m) end
+  end
+end
+return dropped
+`)
+
+// ReleaseOnNode drops claims on node: the placer's, whose placement did not happen (the
+// claim ClaimOnNode answered: that one only); the node's, once its heartbeat shows the
+// session, or once the session ended there (no token: every claim of the session).
 func (s *Store) ReleaseOnNode(ctx context.Context, nodeID string, claims ...Claim) error {
 	if len(claims) == 0 {
 		return nil
 	}
-	members := make([]any, len(claims))
-	for i, c := range claims {
-		members[i] = claimMember(c.Session, c.VCPU, c.MemoryMiB)
+	var members, sessions []any
+	for _, c := range claims {
+		if c.Token != "" {
+			members = append(members, claimMember(c))
+		} else {
+			sessions = append(sessions, c.Session)
+		}
 	}
-	if err := s.rdb.ZRem(ctx, nodeClaimsKey(nodeID), members...).Err(); err != nil {
+	args := append(append([]any{len(members)}, members...), sessions...)
+	if err := releaseClaimsScript.Run(ctx, s.rdb, []string{nodeClaimsKey(nodeID)}, args...).Err(); err != nil {
 		return fmt.Errorf("release %d claims on node %s: %w", len(claims), nodeID, err)
 	}
 	return nil
@@ -101,13 +143,15 @@ func liveClaims(ctx context.Context, p redis.Pipeliner, node string, now time.Ti
 	return p.ZRangeByScore(ctx, nodeClaimsKey(node), &redis.ZRangeBy{Min: min, Max: "+inf"})
 }
 
-// claimsFrom sums the claims liveClaims read of each of nodes; a node with none is absent.
+// claimsFrom sums the claims liveClaims read of each of nodes, each session's once (as the
+// claim script does); a node with none is absent.
 func claimsFrom(nodes []string, cmds []*redis.StringSliceCmd) map[string]NodeUse {
 	out := map[string]NodeUse{}
 	for i, n := range nodes {
+		seen := map[string]bool{}
 		for _, m := range cmds[i].Val() {
 			parts := strings.Split(m, "|")
-			if len(parts) < 3 {
+			if len(parts) < 3 || seen[parts[0]] {
 				continue
 			}
 			v, err1 := strconv.Atoi(parts[len(parts)-2])
@@ -115,6 +159,7 @@ func claimsFrom(nodes []string, cmds []*redis.StringSliceCmd) map[string]NodeUse
 			if err1 != nil || err2 != nil {
 				continue
 			}
+			seen[parts[0]] = true
 			u := out[n]
 			u.VCPU += v
 			u.MemoryMiB += b

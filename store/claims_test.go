@@ -24,7 +24,7 @@ func TestClaimOnNode(t *testing.T) {
 	const window = 10 * time.Second
 	claim := func(sess string, vcpu, mem int, at time.Time) bool {
 		t.Helper()
-		ok, err := s.ClaimOnNode(ctx, "n1", sess, vcpu, mem, 4, 4096, at, window)
+		_, ok, err := s.ClaimOnNode(ctx, "n1", sess, vcpu, mem, 4, 4096, at, window)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestClaimOnNode(t *testing.T) {
 		t.Fatalf("claims read %v, %v; want n1 4 vCPU 2048 MiB", got, err)
 	}
 	// Memory refuses as vCPUs do (on another node, whose claims are apart).
-	if ok, _ := s.ClaimOnNode(ctx, "n2", "s4", 1, 5000, 4, 4096, now, window); ok {
+	if _, ok, _ := s.ClaimOnNode(ctx, "n2", "s4", 1, 5000, 4, 4096, now, window); ok {
 		t.Fatal("a claim past the free memory made")
 	}
 	// s1's claim lapses with its window: its room is free again.
@@ -59,7 +59,7 @@ func TestClaimOnNode(t *testing.T) {
 	if claim("s5", 2, 256, later) {
 		t.Fatal("a claim past the free vCPUs made")
 	}
-	if err := s.ReleaseOnNode(ctx, "n1", Claim{"s3", 2, 256}); err != nil {
+	if err := s.ReleaseOnNode(ctx, "n1", Claim{Session: "s3", VCPU: 2, MemoryMiB: 256}); err != nil {
 		t.Fatal(err)
 	}
 	if !claim("s5", 2, 256, later) {
@@ -70,7 +70,7 @@ func TestClaimOnNode(t *testing.T) {
 		t.Fatalf("claims key TTL %v, want within %v", ttl, window)
 	}
 	// Several at once (a node's heartbeat showing its sessions), and none.
-	if err := s.ReleaseOnNode(ctx, "n1", Claim{"s5", 2, 256}, Claim{"s2", 2, 1024}); err != nil {
+	if err := s.ReleaseOnNode(ctx, "n1", Claim{Session: "s5", VCPU: 2, MemoryMiB: 256}, Claim{Session: "s2", VCPU: 2, MemoryMiB: 1024}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.ReleaseOnNode(ctx, "n1"); err != nil {
@@ -91,7 +91,7 @@ func TestClaimOnNodeConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 32 {
 		wg.Go(func() {
-			ok, err := s.ClaimOnNode(ctx, "n1", fmt.Sprintf("s%d", i), 1, 100, 8, 1<<20, now, time.Minute)
+			_, ok, err := s.ClaimOnNode(ctx, "n1", fmt.Sprintf("s%d", i), 1, 100, 8, 1<<20, now, time.Minute)
 			if err != nil {
 				t.Error(err)
 			}
@@ -135,7 +135,7 @@ func TestClaimOnNodeReadsTheHeartbeat(t *testing.T) {
 			claim := func(node, sess string, mem int) bool {
 				t.Helper()
 				// The caller read 4 vCPUs and 4096 MiB free.
-				ok, err := s.ClaimOnNode(ctx, node, sess, 1, mem, 4, 4096, now, time.Minute)
+				_, ok, err := s.ClaimOnNode(ctx, node, sess, 1, mem, 4, 4096, now, time.Minute)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -168,6 +168,56 @@ func TestClaimOnNodeReadsTheHeartbeat(t *testing.T) {
 			if n, err := s.rdb.Exists(ctx, nodeRoomKey("n1")).Result(); err != nil || n != 0 {
 				t.Fatalf("a removed node's room left: %d, %v", n, err)
 			}
+		})
+	}
+}
+
+// TestReleaseOnNodeKeepsOthersClaims: two placers claiming one session on one node (one
+// stalled past its project lock) hold one session's room there; the one whose placement lost
+// releases its own claim only, not the winner's, which the node's heartbeat may not show yet;
+// the node's release (no token) drops every claim of the session. On every backend.
+func TestReleaseOnNodeKeepsOthersClaims(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			s := New(b.New(t))
+			now := time.Now()
+			const window = time.Minute
+			claim := func(sess string, vcpu int) (Claim, bool) {
+				t.Helper()
+				c, ok, err := s.ClaimOnNode(ctx, "n1", sess, vcpu, 1024, 4, 1<<20, now, window)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c, ok
+			}
+			claimed := func(want NodeUse, why string) {
+				t.Helper()
+				if got, err := nodeClaims(ctx, s, []string{"n1"}, now, window); err != nil || got["n1"] != want {
+					t.Fatalf("claims %v, %v %s; want %+v", got, err, why, want)
+				}
+			}
+			_, wonOK := claim("s1", 2)
+			lost, lostOK := claim("s1", 2)
+			if !wonOK || !lostOK {
+				t.Fatal("a session's second claim counted against its first")
+			}
+			claimed(NodeUse{VCPU: 2, MemoryMiB: 1024}, "after two claims of s1")
+			if _, ok := claim("s2", 2); !ok {
+				t.Fatal("s1's two claims held two sessions' room")
+			}
+			if err := s.ReleaseOnNode(ctx, "n1", lost); err != nil {
+				t.Fatal(err)
+			}
+			claimed(NodeUse{VCPU: 4, MemoryMiB: 2048}, "after the losing claim of s1 was released")
+			if _, ok := claim("s3", 1); ok {
+				t.Fatal("a claim past the free vCPUs made: the losing release dropped the winner's claim")
+			}
+			if err := s.ReleaseOnNode(ctx, "n1", Claim{Session: "s1", VCPU: 2, MemoryMiB: 1024}); err != nil {
+				t.Fatal(err)
+			}
+			claimed(NodeUse{VCPU: 2, MemoryMiB: 1024}, "after the node released s1's claims")
 		})
 	}
 }

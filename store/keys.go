@@ -135,10 +135,12 @@ func certLockKey(name string) string { return "wb:{tls}:lock:" + name }
 func nodeSessionsKey(node string) string { return "wb:node:{" + node + "}:sessions" }
 
 // nodeClaimsKey is a sorted set of the placements made on one node that its heartbeat may not
-// reflect yet, member "SESSION|VCPU|MEMORY_MIB", score the time in ms of the claim; it
-// expires with its newest claim's window. Written by store (ClaimOnNode, ReleaseOnNode) for
-// every placer, so that placers of several gateways never fill the same free room; read by
-// the placer (ReadPlacement) to rank nodes. Its node's hash tag: one script, one slot.
+// reflect yet, member "SESSION|TOKEN|VCPU|MEMORY_MIB" (the token names the one claim, so a
+// placer releases its own only; members of before it are "SESSION|VCPU|MEMORY_MIB"), score
+// the time in ms of the claim; it expires with its newest claim's window. Written by store
+// (ClaimOnNode, ReleaseOnNode) for every placer, so that placers of several gateways never
+// fill the same free room; read by the placer (ReadPlacement) to rank nodes. Its node's hash
+// tag: one script, one slot.
 func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" }
 
 // nodeRoomKey is a hash of one node's capacity and use as its latest heartbeat reported them
