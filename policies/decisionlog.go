@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,13 +162,15 @@ func (d *decisionLog) write(batch []*entry) {
 		if err != nil {
 			res = []byte(strconv.Quote("unencodable result: " + err.Error()))
 		}
+		res = boundedResult(res)
+		outcome := clip(e.outcome, maxMessageBytes)
 		level := slog.LevelDebug
 		if e.outcome != "allow" {
 			level = slog.LevelInfo
 		}
 		d.log.LogAttrs(ctx, level, "policy decision",
 			slog.String("project", e.project), slog.String("point", e.point),
-			slog.String("outcome", e.outcome), slog.String("policies", outcomesString(e.policies)),
+			slog.String("outcome", outcome), slog.String("policies", outcomesString(e.policies)),
 			slog.String("input_digest", dg), slog.Duration("duration", e.dur),
 			slog.String("result", string(res)))
 		p.XAdd(ctx, &redis.XAddArgs{
@@ -175,7 +178,7 @@ func (d *decisionLog) write(batch []*entry) {
 			Values: []any{
 				"time", e.at.UTC().Format(time.RFC3339Nano),
 				"point", e.point,
-				"outcome", e.outcome,
+				"outcome", outcome,
 				"policies", pols,
 				"input_digest", dg,
 				"input", in,
@@ -187,6 +190,70 @@ func (d *decisionLog) write(batch []*entry) {
 	if _, err := p.Exec(ctx); err != nil {
 		d.log.Warn("policies: write decision log", "entries", len(batch), "err", err)
 	}
+}
+
+// maxResultBytes bounds the result one entry keeps (in slog and in the stream, which holds
+// ~MaxLen entries per project): a decision may carry 64 policies' 64 messages of 1 KiB each.
+const maxResultBytes = 8 << 10
+
+// boundedResult answers a decision's JSON as it is when it fits maxResultBytes. Otherwise
+// it keeps the messages of its lists (reasons, warnings) while they fit, each cut to
+// maxMessageBytes, with "truncated": true and each list's "<name>_count"; strings are cut, and
+// any other value that does not fit is replaced by its size ("<name>_bytes").
+func boundedResult(res []byte) []byte {
+	if len(res) <= maxResultBytes {
+		return res
+	}
+	var m map[string]any
+	if err := json.Unmarshal(res, &m); err != nil {
+		return []byte(fmt.Sprintf(`{"truncated":true,"bytes":%d}`, len(res)))
+	}
+	out := map[string]any{"truncated": true}
+	room := maxResultBytes - 256 // the marks and counts
+	keys := slices.Sorted(maps.Keys(m))
+	// Scalars first, then the lists, then what is left (a patch), each while it fits.
+	for _, k := range keys {
+		switch v := m[k].(type) {
+		case string:
+			out[k] = clip(v, maxMessageBytes)
+			room -= len(k) + min(len(v), maxMessageBytes) + 8
+		case bool, float64, nil:
+			out[k] = v
+			room -= len(k) + 8
+		}
+	}
+	for _, k := range keys {
+		list, ok := m[k].([]any)
+		if !ok {
+			continue
+		}
+		out[k+"_count"] = len(list)
+		kept := []any{}
+		for _, el := range list {
+			s := clip(text(el), maxMessageBytes)
+			if room -= len(s) + 8; room < 0 {
+				break
+			}
+			kept = append(kept, s)
+		}
+		out[k] = kept
+	}
+	for _, k := range keys {
+		if _, ok := m[k].(map[string]any); !ok {
+			continue
+		}
+		b, _ := json.Marshal(m[k])
+		if room -= len(b) + len(k) + 8; room >= 0 {
+			out[k] = m[k]
+		} else {
+			out[k+"_bytes"] = len(b)
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil || len(b) > maxResultBytes {
+		return []byte(fmt.Sprintf(`{"truncated":true,"bytes":%d}`, len(res)))
+	}
+	return b
 }
 
 // maskedInput answers the JSON of the input with the masked paths replaced by "***". The

@@ -95,6 +95,7 @@
 // decision. Runtime uses the version the session pinned (pol_NAME@N) for its whole life.
 //
 // Every decision goes to a bounded asynchronous log: slog and the stream wb:{P}:decisions
-// (MAXLEN ~ 10000). A full buffer drops entries and counts them
+// (MAXLEN ~ 10000). An entry keeps at most 8 KiB of the decision's result: past that, the
+// messages that fit, "truncated": true and the count of each list. A full buffer drops entries and counts them
 // (wb_policy_decision_log_dropped_total).
 package policies

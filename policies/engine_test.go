@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -651,6 +652,77 @@ func TestDecisionLogDrops(t *testing.T) {
 	for _, mf := range mfs {
 		if mf.GetName() == "wb_policy_decision_log_dropped_total" && mf.GetMetric()[0].GetCounter().GetValue() != 9 {
 			t.Errorf("shared counter = %v, want 9", mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer for a logger written by the decision log's goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestDecisionLogEntryBounded: a policy saying 64 deny and 64 warn messages of 1 KiB each (the
+// most the answer keeps) still makes a decision-log entry, in the stream and in slog, of at most
+// maxResultBytes of result: the messages that fit, a truncated mark and the counts. The
+// stream keeps ~10,000 entries per project, so unbounded entries would take gigabytes.
+func TestDecisionLogEntryBounded(t *testing.T) {
+	ctx := context.Background()
+	var logged lockedBuffer
+	e := newEngine(t, nil, Options{Logger: slog.New(slog.NewJSONHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	const project = "proj_loud"
+	src := `package wb.admission
+
+deny contains sprintf("%d %s", [i, concat("", [s | some _ in numbers.range(1, 40); s := "xxxxxxxxxxxxxxxxxxxxxxxxx"])]) if some i in numbers.range(1, 100)
+
+warn contains sprintf("%d %s", [i, concat("", [s | some _ in numbers.range(1, 40); s := "yyyyyyyyyyyyyyyyyyyyyyyyy"])]) if some i in numbers.range(1, 100)
+`
+	if _, err := e.Put(ctx, project, "loud", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission(project, 2, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allow || len(d.Reasons) != maxMessages+1 || len(d.Warnings) != maxMessages+1 {
+		t.Fatalf("the answer keeps %d reasons and %d warnings (allow=%v), want %d each", len(d.Reasons), len(d.Warnings), d.Allow, maxMessages+1)
+	}
+	entries := decisions(t, e, project)
+	if len(entries) != 1 {
+		t.Fatalf("%d entries", len(entries))
+	}
+	res, _ := entries[0]["result"].(string)
+	if len(res) > maxResultBytes {
+		t.Errorf("the entry's result is %d bytes, want at most %d", len(res), maxResultBytes)
+	}
+	var got struct {
+		Allow         bool     `json:"allow"`
+		Truncated     bool     `json:"truncated"`
+		Reasons       []string `json:"reasons"`
+		ReasonsCount  int      `json:"reasons_count"`
+		WarningsCount int      `json:"warnings_count"`
+	}
+	if err := json.Unmarshal([]byte(res), &got); err != nil {
+		t.Fatalf("result %.200s: %v", res, err)
+	}
+	if !got.Truncated || got.Allow || len(got.Reasons) == 0 || got.ReasonsCount != maxMessages+1 || got.WarningsCount != maxMessages+1 {
+		t.Errorf("result %+v, want truncated with the first reasons and the counts %d", got, maxMessages+1)
+	}
+	for line := range strings.Lines(logged.String()) {
+		if strings.Contains(line, `"msg":"policy decision"`) && len(line) > maxResultBytes+4<<10 {
+			t.Errorf("the slog line of the decision is %d bytes", len(line))
 		}
 	}
 }
