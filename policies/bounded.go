@@ -172,6 +172,7 @@ func capabilities() *ast.Capabilities {
 		return false
 	})
 	c.Builtins = append(c.Builtins, bounded...)
+	c.Builtins = append(c.Builtins, valueCheckDecl)
 	c.AllowNet = []string{}
 	return c
 }
@@ -180,7 +181,9 @@ func capabilities() *ast.Capabilities {
 // calls to their bounded versions and refuses oversized number literals.
 func newCompiler(caps *ast.Capabilities) *ast.Compiler {
 	return ast.NewCompiler().WithCapabilities(caps).WithStageAfterID(ast.StageCheckRuleConflicts,
-		ast.CompilerStageDefinition{Name: "wb.bounded", MetricName: "compile_stage_wb_bounded", Stage: renameBounded})
+		ast.CompilerStageDefinition{Name: "wb.bounded", MetricName: "compile_stage_wb_bounded", Stage: renameBounded}).
+		WithStageAfterID(ast.StageRewriteDynamicTerms,
+			ast.CompilerStageDefinition{Name: "wb.values", MetricName: "compile_stage_wb_values", Stage: checkValues})
 }
 
 // renameBounded rewrites calls of bounded builtins to their bounded versions, and refuses
@@ -240,7 +243,8 @@ func unbounded(msg string) string { return strings.ReplaceAll(msg, boundedPrefix
 
 // boundedFunctions answers the rego options that implement the bounded builtins.
 func boundedFunctions() []func(*rego.Rego) {
-	opts := make([]func(*rego.Rego), 0, len(boundedBuiltins))
+	opts := make([]func(*rego.Rego), 0, len(boundedBuiltins)+1)
+	opts = append(opts, valueCheckFunction())
 	for _, name := range slices.Sorted(maps.Keys(boundedBuiltins)) {
 		decl := ast.BuiltinMap[name]
 		orig := topdown.GetBuiltin(name)

@@ -2,6 +2,7 @@ package policies
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -141,7 +142,7 @@ func compile(ctx context.Context, caps *ast.Capabilities, filename, source strin
 	}
 	opts := append([]func(*rego.Rego){
 		rego.Compiler(c),
-		rego.Query("data." + pkg),
+		rego.Query(readQuery(pkg, point)),
 		rego.SetRegoVersion(ast.RegoV1),
 	}, boundedFunctions()...)
 	pq, err := rego.New(opts...).PrepareForEval(ctx)
@@ -149,6 +150,22 @@ func compile(ctx context.Context, caps *ast.Capabilities, filename, source strin
 		return nil, compileError(err)
 	}
 	return &compiled{point: point, masked: masked, pq: pq, deterministic: len(nondeterministicCalls(mod)) == 0}, nil
+}
+
+// readRules are the rules of each point's package that the platform reads (eval.go).
+var readRules = map[string][]string{
+	PointAdmission: {"deny", "warn", "defaults"},
+	PointRuntime:   {"kill", "allow_egress"},
+	PointSpend:     {"stop_sessions", "deny_admission", "warn"},
+}
+
+// readQuery asks for the rules of a point's package that the platform reads, and only them:
+// OPA writes a query's answer out as Go values, expanded and outside the evaluation's budget
+// and deadline, so the rest of the package (whatever its helper rules hold) is not evaluated
+// nor converted, and each rule read is checked like any value the policy makes.
+func readQuery(pkg, point string) string {
+	names, _ := json.Marshal(readRules[point])
+	return fmt.Sprintf("{k: v | some k in %s; v := data.%s[k]; %s(v, false)}", names, pkg, valueCheck)
 }
 
 // nondeterministicCalls names the built-ins mod calls whose answers may change between two

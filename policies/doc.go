@@ -36,6 +36,9 @@
 //	  deny_admission boolean
 //	  warn           set of messages
 //
+// The engine asks a policy only for the rules above that its point reads; other rules are
+// helpers, evaluated only as those need them.
+//
 // A policy may declare masked := ["request.metadata.secret", …]: dotted paths into its input
 // ("*" matches any key or element) whose values the decision log writes as "***".
 //
@@ -62,6 +65,12 @@
 //     bounded versions that estimate what a call will make before making it and charge it to
 //     the evaluation's budget, Options.EvalMemory (32 MiB); sprintf widths are at most 1000.
 //     Numbers have at most 1000 digits. Going over fails the evaluation.
+//   - Values: no value an evaluation makes (a comprehension's, a rule's or function's, an
+//     array, object or set written with variables, a builtin's answer, a whole partial rule)
+//     may be bigger than 4 MiB written out (or EvalMemory if smaller), each element counting
+//     64 bytes, a collection counting what it holds in full however often it repeats it (a
+//     value that shares its parts is as big, for comparison and conversion, as written out).
+//     The elements a comprehension or a written collection makes are charged to EvalMemory.
 //   - Size at upload: a value written out of rules that name rules (OPA's type checker walks
 //     it expanded) may have at most 100,000 terms.
 //   - Concurrency: at most Options.MaxProjectEvals decisions of one project evaluate its

@@ -543,6 +543,8 @@ func TestPolicyFailures(t *testing.T) {
 tier := "a" if input.active_sessions >= 0
 
 tier := "b" if input.active_sessions >= 0
+
+deny contains "tier c" if tier == "c"
 `
 	slow := `package wb.admission
 
@@ -863,7 +865,7 @@ mode := "a" if input.type != ""
 
 mode := "b" if input.type != ""
 
-allow_egress := true
+allow_egress if mode != ""
 `
 	metadata := map[string]any{"type": "egress", "host": "169.254.169.254", "port": 80}
 	pypi := map[string]any{"type": "egress", "host": "pypi.org", "port": 443}

@@ -10,8 +10,8 @@ import (
 // EvaluateLocal compiles one project policy as an upload would (the same Rego version,
 // capabilities and size checks, so a module that fails here is refused by PUT /v1/policies)
 // and evaluates it once on input, within ctx and the same memory budget as on the platform.
-// It answers the decision point the module's package names and its package document (deny,
-// warn, defaults, kill, …). For `wb policies test`: nothing else of the engine runs.
+// It answers the decision point the module's package names and the rules of its package the
+// platform reads (deny, warn, defaults, kill, …). For `wb policies test`: nothing else of the engine runs.
 func EvaluateLocal(ctx context.Context, filename, source string, input any) (string, map[string]any, error) {
 	c, err := compile(ctx, capabilities(), filename, source)
 	if err != nil {

@@ -431,6 +431,11 @@ func TestWasmAdmissionMatchesGo(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: wasm: %v", name, err)
 		}
+		for k := range got { // the engine reads only these rules; the Wasm build answers all
+			if !slices.Contains(readRules[PointAdmission], k) {
+				delete(got, k)
+			}
+		}
 		if !reflect.DeepEqual(sortedSets(got), sortedSets(want)) {
 			t.Errorf("%s:\nwasm %v\ngo   %v", name, got, want)
 		}

@@ -1,0 +1,254 @@
+package policies
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/types"
+)
+
+// A value in Rego may share its parts: [a | some _ in numbers.range(1, 16)] holds one term
+// sixteen times, so five such rules make 16^5 elements out of almost nothing. OPA walks
+// values expanded: unification (x == y) recurses one Go stack frame per element it compares,
+// and two such values compared past Go's stack limit end the whole process, a failure no
+// recover can catch; comparison, hashing collisions and conversion to JSON take time and
+// memory in the expanded size too, and none of them looks at the evaluation's deadline.
+//
+// So no value a policy makes at run time may be bigger, written out, than maxValueBytes (or the
+// evaluation's EvalMemory if smaller): a compiler stage (checkValues) puts a check
+// (wb.bounded.value) wherever an evaluation makes a new collection: after every comprehension
+// and every array, object or set written with variables, on the value and key of every rule and
+// function, before a reference to a whole partial rule or package, and the bounded builtins
+// check their results. A value is made from checked ones, so its check stops at the bound
+// however much it shares; and unification recurses at most as deep as the smaller of the two
+// values it compares, so it stays far inside the stack. The check charges the collection's
+// own elements (not what it shares) to the memory budget: building it allocated them.
+
+// maxValueBytes bounds one value's size written out, each element counting termBytes more
+// (about 60,000 elements).
+const maxValueBytes = 4 << 20
+
+// valueCheck is the name of the check the compiler stage inserts.
+const valueCheck = boundedPrefix + "value"
+
+var valueCheckDecl = &ast.Builtin{
+	Name: valueCheck,
+	Decl: types.NewFunction(types.Args(types.A, types.B), types.B),
+}
+
+// valueCheckFunction implements valueCheck(value, made): true, or the evaluation halts. made:
+// the value was just built (a comprehension or a collection written with variables), so its
+// elements are charged; a builtin's answer was charged by the builtin.
+func valueCheckFunction() func(*rego.Rego) {
+	return rego.FunctionDyn(&rego.Function{Name: valueCheck, Decl: valueCheckDecl.Decl},
+		func(bctx rego.BuiltinContext, terms []*ast.Term) (*ast.Term, error) {
+			if len(terms) < 2 {
+				return ast.BooleanTerm(true), nil
+			}
+			b := budgetOf(bctx.Context)
+			limit := min(b.limit, maxValueBytes)
+			stop := func() bool { return bctx.Cancel != nil && bctx.Cancel.Cancelled() }
+			if n := textSize(terms[0].Value, limit, termBytes, stop); n > limit {
+				if stop() {
+					return nil, rego.NewHaltError(fmt.Errorf("policy evaluation timed out"))
+				}
+				return nil, rego.NewHaltError(fmt.Errorf("%w: a value would be more than %s written out (a "+
+					"collection holding other collections counts them in full, however often they repeat): build smaller values",
+					ErrEvalMemory, bytesText(limit)))
+			}
+			if terms[1].Value.Compare(ast.Boolean(true)) != 0 {
+				return ast.BooleanTerm(true), nil
+			}
+			made := length(terms[0].Value) * termBytes
+			if made > b.left.Load() {
+				return nil, b.overrun("a collection", made)
+			}
+			b.left.Add(-made)
+			return ast.BooleanTerm(true), nil
+		})
+}
+
+// checkValues is the compiler stage that inserts the value checks (see above). It runs
+// once the compiler has flattened bodies: comprehensions are assigned to variables, and
+// calls and references are taken out of collections.
+func checkValues(c *ast.Compiler) *ast.Error {
+	var vars int
+	for _, name := range slices.Sorted(maps.Keys(c.Modules)) {
+		for _, r := range c.Modules[name].Rules {
+			for ; r != nil; r = r.Else {
+				r.Body = checkedBody(c, r.Body, &vars)
+				for _, t := range []*ast.Term{r.Head.Key, r.Head.Value} {
+					if built(t) {
+						r.Body.Append(checkOf(t, true, r.Location))
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkedBody answers body with the checks of the values its expressions make, and those of
+// the bodies of its comprehensions and every.
+func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
+	checked := make(ast.Body, 0, len(body))
+	for _, expr := range body {
+		ast.WalkClosures(expr, func(x any) bool {
+			switch x := x.(type) {
+			case *ast.ArrayComprehension:
+				x.Body = checkedBody(c, x.Body, vars)
+			case *ast.SetComprehension:
+				x.Body = checkedBody(c, x.Body, vars)
+			case *ast.ObjectComprehension:
+				x.Body = checkedBody(c, x.Body, vars)
+			case *ast.Every:
+				x.Body = checkedBody(c, x.Body, vars)
+			default:
+				return false
+			}
+			return true // checkedBody went inside
+		})
+		var before, after []*ast.Term
+		made := map[*ast.Term]bool{}
+		var operands []*ast.Term
+		switch ts := expr.Terms.(type) {
+		case []*ast.Term:
+			operands = ts[1:]
+		case *ast.Term:
+			operands = []*ast.Term{ts}
+		}
+		out := -1 // the operand a call answers in
+		if expr.IsCall() {
+			if n := c.GetArity(expr.Operator()); n >= 0 && n < len(operands) {
+				out = n
+			}
+		}
+		for i, t := range operands {
+			switch {
+			case i == out && (built(t) || callMakes(expr.Operator())):
+				after = append(after, t)
+				made[t] = built(t)
+			case expr.IsEquality() && isComprehension(t):
+				// The other side holds the comprehension's value once it is made.
+				if other := operands[1-i]; isVar(other) || built(other) {
+					after = append(after, other)
+					made[other] = true
+				}
+			case built(t) && expr.IsEquality():
+				after = append(after, t) // unification recurses only as deep as the smaller side
+				made[t] = true
+			case built(t):
+				before = append(before, t) // an argument, bound before the call
+				made[t] = true
+			case wholeCollection(c, t):
+				before = append(before, t)
+			}
+		}
+		if expr.Negated { // nothing is bound after a negation
+			before, after = append(before, after...), nil
+		}
+		for _, t := range before {
+			if _, ok := t.Value.(ast.Ref); ok { // a builtin's operands are evaluated already
+				*vars++
+				v := ast.VarTerm(fmt.Sprintf("__wbvalue%d__", *vars))
+				eq := ast.Equality.Expr(v, t.Copy())
+				eq.Generated, eq.Location = true, expr.Location
+				checked = append(checked, eq)
+				t = v
+			}
+			checked = append(checked, checkOf(t, made[t], expr.Location))
+		}
+		checked = append(checked, expr)
+		for _, t := range after {
+			checked = append(checked, checkOf(t, made[t], expr.Location))
+		}
+	}
+	for i := range checked {
+		checked[i].Index = i
+	}
+	return checked
+}
+
+// originalOf answers the declaration of a bounded builtin's original, or nil.
+func originalOf(name string) *ast.Builtin {
+	if orig, ok := strings.CutPrefix(name, boundedPrefix); ok {
+		return ast.BuiltinMap[orig]
+	}
+	return nil
+}
+
+// callMakes: op is a builtin whose answer may be a collection (a function's value is checked
+// where it is made: its head).
+func callMakes(op ast.Ref) bool {
+	b := ast.BuiltinMap[op.String()]
+	if b == nil {
+		b = originalOf(op.String())
+	}
+	if b == nil || b.Name == valueCheck {
+		return false
+	}
+	r := b.Decl.Result()
+	for _, scalar := range []types.Type{types.S, types.N, types.B, types.Nl} {
+		if types.Compare(r, scalar) == 0 {
+			return false
+		}
+	}
+	return r != nil
+}
+
+func checkOf(t *ast.Term, made bool, loc *ast.Location) *ast.Expr {
+	e := ast.NewExpr([]*ast.Term{ast.NewTerm(boundedRef(ast.Ref{ast.VarTerm("value")})), t.Copy(), ast.BooleanTerm(made)})
+	e.Generated = true
+	e.Location = loc
+	return e
+}
+
+// built: t is an array, object or set written with variables, made when the expression runs.
+func built(t *ast.Term) bool {
+	if t == nil {
+		return false
+	}
+	switch t.Value.(type) {
+	case *ast.Array, ast.Object, ast.Set:
+		return !t.IsGround()
+	}
+	return false
+}
+
+func isVar(t *ast.Term) bool {
+	_, ok := t.Value.(ast.Var)
+	return ok
+}
+
+func isComprehension(t *ast.Term) bool {
+	switch t.Value.(type) {
+	case *ast.ArrayComprehension, *ast.SetComprehension, *ast.ObjectComprehension:
+		return true
+	}
+	return false
+}
+
+// wholeCollection: t refers to the whole of a partial rule (a set or object made of many rule
+// results, each checked but not together) or of a package. A reference to a complete rule's
+// value, or into a partial rule, answers values already checked.
+func wholeCollection(c *ast.Compiler, t *ast.Term) bool {
+	ref, ok := t.Value.(ast.Ref)
+	if !ok || !ref.HasPrefix(ast.DefaultRootRef) {
+		return false
+	}
+	if !ref.IsGround() {
+		prefix := ref.GroundPrefix()
+		return len(c.GetRulesExact(prefix)) == 0 && len(c.GetRulesWithPrefix(prefix)) > 0
+	}
+	exact := c.GetRulesExact(ref)
+	for _, r := range exact {
+		if r.Head.RuleKind() != ast.SingleValue || !r.Head.Ref().IsGround() {
+			return true
+		}
+	}
+	return len(exact) == 0 && len(c.GetRulesWithPrefix(ref)) > 0
+}
