@@ -92,6 +92,12 @@ func checkValues(c *ast.Compiler) *ast.Error {
 	return nil
 }
 
+// check is one value to check: made, it was just built and its elements are charged.
+type check struct {
+	t    *ast.Term
+	made bool
+}
+
 // checkedBody answers body with the checks of the values its expressions make, and those of
 // the bodies of its comprehensions and every.
 func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
@@ -112,8 +118,6 @@ func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
 			}
 			return true // checkedBody went inside
 		})
-		var before, after []*ast.Term
-		made := map[*ast.Term]bool{}
 		var operands []*ast.Term
 		switch ts := expr.Terms.(type) {
 		case []*ast.Term:
@@ -121,6 +125,7 @@ func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
 		case *ast.Term:
 			operands = []*ast.Term{ts}
 		}
+		var before, after []check
 		out := -1 // the operand a call answers in
 		if expr.IsCall() {
 			if n := c.GetArity(expr.Operator()); n >= 0 && n < len(operands) {
@@ -130,41 +135,49 @@ func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
 		for i, t := range operands {
 			switch {
 			case i == out && (built(t) || callMakes(expr.Operator())):
-				after = append(after, t)
-				made[t] = built(t)
+				after = append(after, check{t, built(t)})
 			case expr.IsEquality() && isComprehension(t):
 				// The other side holds the comprehension's value once it is made.
-				if other := operands[1-i]; isVar(other) || built(other) {
-					after = append(after, other)
-					made[other] = true
+				if other := operands[1-i]; isVar(other) {
+					after = append(after, check{other, true})
 				}
 			case built(t) && expr.IsEquality():
-				after = append(after, t) // unification recurses only as deep as the smaller side
-				made[t] = true
+				// Unification recurses only as deep as the smaller side: against a variable
+				// (checked, or unbound) the collection is checked once it is made; against
+				// anything else (another collection, a comprehension) before, and after too,
+				// for the values its variables took.
+				if !isVar(operands[1-i]) {
+					before = append(before, check{t, false})
+				}
+				after = append(after, check{t, true})
 			case built(t):
-				before = append(before, t) // an argument, bound before the call
-				made[t] = true
+				before = append(before, check{t, true}) // an argument, bound before the call
 			case wholeCollection(c, t):
-				before = append(before, t)
+				before = append(before, check{t, false})
+			}
+		}
+		for _, w := range expr.With { // a value the expression runs with, as input or data
+			if built(w.Value) {
+				before = append(before, check{w.Value, true})
 			}
 		}
 		if expr.Negated { // nothing is bound after a negation
 			before, after = append(before, after...), nil
 		}
-		for _, t := range before {
-			if _, ok := t.Value.(ast.Ref); ok { // a builtin's operands are evaluated already
+		for _, ch := range before {
+			if _, ok := ch.t.Value.(ast.Ref); ok { // a builtin's operands are evaluated already
 				*vars++
 				v := ast.VarTerm(fmt.Sprintf("__wbvalue%d__", *vars))
-				eq := ast.Equality.Expr(v, t.Copy())
+				eq := ast.Equality.Expr(v, ch.t.Copy())
 				eq.Generated, eq.Location = true, expr.Location
 				checked = append(checked, eq)
-				t = v
+				ch.t = v
 			}
-			checked = append(checked, checkOf(t, made[t], expr.Location))
+			checked = append(checked, checkOf(ch.t, ch.made, expr.Location))
 		}
 		checked = append(checked, expr)
-		for _, t := range after {
-			checked = append(checked, checkOf(t, made[t], expr.Location))
+		for _, ch := range after {
+			checked = append(checked, checkOf(ch.t, ch.made, expr.Location))
 		}
 	}
 	for i := range checked {

@@ -41,6 +41,28 @@ deny contains "equal" if {
 	x == y
 }
 `,
+	// two arrays written with 256 shared values each, compared as written
+	"written arrays": `package wb.admission
+
+a0 := [input.project_id, input.project_id]
+a3 := [[[a0 | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)]
+b0 := [input.project_id, input.project_id]
+b3 := [[[b0 | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)]
+
+deny contains "equal" if [` + strings.Repeat("a3, ", 255) + `a3] == [` + strings.Repeat("b3, ", 255) + `b3]
+`,
+	// input replaced by two arrays written with 256 shared values each, compared
+	"with": `package wb.admission
+
+a0 := [input.project_id, input.project_id]
+a3 := [[[a0 | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)]
+b0 := [input.project_id, input.project_id]
+b3 := [[[b0 | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)]
+
+same if input.a == input.b
+
+deny contains "equal" if same with input as {"a": [` + strings.Repeat("a3, ", 255) + `a3], "b": [` + strings.Repeat("b3, ", 255) + `b3]}
+`,
 	// two partial objects of 16*16 shared values each, compared whole
 	"partial rules": `package wb.admission
 
@@ -78,7 +100,7 @@ func TestSharedValuesCannotCrashTheProcess(t *testing.T) {
 		sharingChild(t, shape, os.Getenv("WB_SHARING_POINT"))
 		return
 	}
-	for _, shape := range []string{"comprehensions", "function", "builtin", "locals", "partial rules"} {
+	for _, shape := range []string{"comprehensions", "function", "builtin", "locals", "written arrays", "with", "partial rules"} {
 		points := []string{PointAdmission}
 		if shape == "comprehensions" {
 			points = append(points, PointRuntime)
