@@ -22,11 +22,13 @@ import (
 // evaluation's EvalMemory if smaller): a compiler stage (checkValues) puts a check
 // (wb.bounded.value) wherever an evaluation makes a new collection: after every comprehension
 // and every array, object or set written with variables, on the value and key of every rule and
-// function, before a reference to a whole partial rule or package, and the bounded builtins
-// check their results. A value is made from checked ones, so its check stops at the bound
+// function, after every builtin call that may answer a collection, and before a reference to
+// a whole partial rule or package. A value is made from checked ones, so its check stops at the bound
 // however much it shares; and unification recurses at most as deep as the smaller of the two
-// values it compares, so it stays far inside the stack. The check charges the collection's
-// own elements (not what it shares) to the memory budget: building it allocated them.
+// values it compares. Its frames stay on the stack while the rest of the body runs, though,
+// so a unification of two values already bound (a comparison, x == y) becomes a call of
+// equal, which compares without holding the stack. The check charges the collection's own
+// elements (not what it shares) to the memory budget: building it allocated them.
 
 // maxValueBytes bounds one value's size written out, each element counting termBytes more
 // (about 60,000 elements).
@@ -80,10 +82,16 @@ func checkValues(c *ast.Compiler) *ast.Error {
 	for _, name := range slices.Sorted(maps.Keys(c.Modules)) {
 		for _, r := range c.Modules[name].Rules {
 			for ; r != nil; r = r.Else {
-				r.Body = checkedBody(c, r.Body, &vars)
+				safe := ast.NewVarSet(ast.DefaultRootDocument.Value.(ast.Var), ast.InputRootDocument.Value.(ast.Var))
+				for _, a := range r.Head.Args {
+					safe.Update(a.Vars())
+				}
+				r.Body = checkedBody(c, r.Body, safe, &vars)
 				for _, t := range []*ast.Term{r.Head.Key, r.Head.Value} {
 					if built(t) {
-						r.Body.Append(checkOf(t, true, r.Location))
+						e := checkOf(t, true)
+						e.Generated, e.Location = true, r.Location
+						r.Body.Append(e)
 					}
 				}
 			}
@@ -100,19 +108,25 @@ type check struct {
 
 // checkedBody answers body with the checks of the values its expressions make, and those of
 // the bodies of its comprehensions and every.
-func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
+//
+// safe are the variables bound before body runs. A unification of two values already bound
+// becomes a comparison (equal): unification holds a stack frame per element it compared
+// while the rest of the body runs, so a body of many comparisons of large values would still
+// pile them up past the stack's limit; equal returns before the body goes on.
+func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast.Body {
+	safe = safe.Copy()
 	checked := make(ast.Body, 0, len(body))
 	for _, expr := range body {
 		ast.WalkClosures(expr, func(x any) bool {
 			switch x := x.(type) {
 			case *ast.ArrayComprehension:
-				x.Body = checkedBody(c, x.Body, vars)
+				x.Body = checkedBody(c, x.Body, safe, vars)
 			case *ast.SetComprehension:
-				x.Body = checkedBody(c, x.Body, vars)
+				x.Body = checkedBody(c, x.Body, safe, vars)
 			case *ast.ObjectComprehension:
-				x.Body = checkedBody(c, x.Body, vars)
+				x.Body = checkedBody(c, x.Body, safe, vars)
 			case *ast.Every:
-				x.Body = checkedBody(c, x.Body, vars)
+				x.Body = checkedBody(c, x.Body, safe, vars)
 			default:
 				return false
 			}
@@ -125,6 +139,22 @@ func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
 		case *ast.Term:
 			operands = []*ast.Term{ts}
 		}
+		outputs := ast.OutputVarsFromExpr(c, expr, safe)
+		if expr.IsEquality() && len(operands) == 2 && comparesMade(operands[0], safe) && comparesMade(operands[1], safe) {
+			terms := expr.Terms.([]*ast.Term)
+			terms[0] = ast.NewTerm(ast.Equal.Ref())
+			for i, t := range terms[1:] {
+				if _, ok := t.Value.(ast.Ref); ok { // a builtin's operands are evaluated already
+					v := freshVar(vars)
+					checked = append(checked, generated(ast.Equality.Expr(v, t), expr))
+					if wholeCollection(c, t) {
+						checked = append(checked, generated(checkOf(v, false), expr))
+					}
+					terms[i+1], operands[i] = v, v
+				}
+			}
+		}
+		safe.Update(outputs)
 		var before, after []check
 		out := -1 // the operand a call answers in
 		if expr.IsCall() {
@@ -166,18 +196,15 @@ func checkedBody(c *ast.Compiler, body ast.Body, vars *int) ast.Body {
 		}
 		for _, ch := range before {
 			if _, ok := ch.t.Value.(ast.Ref); ok { // a builtin's operands are evaluated already
-				*vars++
-				v := ast.VarTerm(fmt.Sprintf("__wbvalue%d__", *vars))
-				eq := ast.Equality.Expr(v, ch.t.Copy())
-				eq.Generated, eq.Location = true, expr.Location
-				checked = append(checked, eq)
+				v := freshVar(vars)
+				checked = append(checked, generated(ast.Equality.Expr(v, ch.t.Copy()), expr))
 				ch.t = v
 			}
-			checked = append(checked, checkOf(ch.t, ch.made, expr.Location))
+			checked = append(checked, generated(checkOf(ch.t, ch.made), expr))
 		}
 		checked = append(checked, expr)
 		for _, ch := range after {
-			checked = append(checked, checkOf(ch.t, ch.made, expr.Location))
+			checked = append(checked, generated(checkOf(ch.t, ch.made), expr))
 		}
 	}
 	for i := range checked {
@@ -213,11 +240,23 @@ func callMakes(op ast.Ref) bool {
 	return r != nil
 }
 
-func checkOf(t *ast.Term, made bool, loc *ast.Location) *ast.Expr {
-	e := ast.NewExpr([]*ast.Term{ast.NewTerm(boundedRef(ast.Ref{ast.VarTerm("value")})), t.Copy(), ast.BooleanTerm(made)})
-	e.Generated = true
-	e.Location = loc
+func freshVar(vars *int) *ast.Term {
+	*vars++
+	return ast.VarTerm(fmt.Sprintf("__wbvalue%d__", *vars))
+}
+
+// generated answers e as made for expr: at its place, and with its with modifiers, so that
+// e sees the input and data expr does.
+func generated(e *ast.Expr, expr *ast.Expr) *ast.Expr {
+	e.Generated, e.Location = true, expr.Location
+	for _, w := range expr.With {
+		e.With = append(e.With, w.Copy())
+	}
 	return e
+}
+
+func checkOf(t *ast.Term, made bool) *ast.Expr {
+	return ast.NewExpr([]*ast.Term{ast.NewTerm(boundedRef(ast.Ref{ast.VarTerm("value")})), t.Copy(), ast.BooleanTerm(made)})
 }
 
 // built: t is an array, object or set written with variables, made when the expression runs.
@@ -230,6 +269,14 @@ func built(t *ast.Term) bool {
 		return !t.IsGround()
 	}
 	return false
+}
+
+// comparesMade: t, one side of a unification, is bound already (it needs no variable not in
+// safe and makes nothing, as a comprehension would) and is not a constant. A constant's side
+// bounds the unification by its own size, and such unifications (input.tier == 4) stay as
+// they are: rule indexing reads them.
+func comparesMade(t *ast.Term, safe ast.VarSet) bool {
+	return !isComprehension(t) && !ast.IsConstant(t.Value) && t.Vars().DiffCount(safe) == 0
 }
 
 func isVar(t *ast.Term) bool {
