@@ -140,6 +140,8 @@ func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast
 			operands = []*ast.Term{ts}
 		}
 		outputs := ast.OutputVarsFromExpr(c, expr, safe)
+		safeBefore := safe.Copy()
+		var compares []*ast.Expr
 		if expr.IsEquality() && len(operands) == 2 && comparesMade(operands[0], safe) && comparesMade(operands[1], safe) {
 			terms := expr.Terms.([]*ast.Term)
 			terms[0] = ast.NewTerm(ast.Equal.Ref())
@@ -175,8 +177,16 @@ func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast
 				// Unification recurses only as deep as the smaller side: against a variable
 				// (checked, or unbound) the collection is checked once it is made; against
 				// anything else (another collection, a comprehension) before, and after too,
-				// for the values its variables took.
-				if !isVar(operands[1-i]) {
+				// for the values its variables took. A pattern (with variables still unbound)
+				// has its bound ones compared after it, with equal.
+				if t.Vars().DiffCount(safeBefore) > 0 {
+					var pairs [][2]*ast.Term
+					t = unboundPattern(t, safeBefore, vars, &pairs)
+					expr.Terms.([]*ast.Term)[i+1], operands[i] = t, t
+					for _, p := range pairs {
+						compares = append(compares, ast.Equal.Expr(p[0], p[1]))
+					}
+				} else if !isVar(operands[1-i]) {
 					before = append(before, check{t, false})
 				}
 				after = append(after, check{t, true})
@@ -192,8 +202,10 @@ func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast
 			}
 		}
 		if expr.Negated { // nothing is bound after a negation
-			before, after = append(before, after...), nil
+			before, after, compares = append(before, after...), nil, nil
 		}
+		// A check runs on bound values only (a builtin's operands must be).
+		before = slices.DeleteFunc(before, func(ch check) bool { return ch.t.Vars().DiffCount(safeBefore) > 0 })
 		for _, ch := range before {
 			if _, ok := ch.t.Value.(ast.Ref); ok { // a builtin's operands are evaluated already
 				v := freshVar(vars)
@@ -203,6 +215,9 @@ func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast
 			checked = append(checked, generated(checkOf(ch.t, ch.made), expr))
 		}
 		checked = append(checked, expr)
+		for _, e := range compares {
+			checked = append(checked, generated(e, expr))
+		}
 		for _, ch := range after {
 			checked = append(checked, generated(checkOf(ch.t, ch.made), expr))
 		}
@@ -269,6 +284,32 @@ func built(t *ast.Term) bool {
 		return !t.IsGround()
 	}
 	return false
+}
+
+// unboundPattern answers pattern t with each variable of safe in it (in array elements and
+// object values) replaced by a fresh one, adding the (fresh, variable) pairs to compare.
+func unboundPattern(t *ast.Term, safe ast.VarSet, vars *int, pairs *[][2]*ast.Term) *ast.Term {
+	switch v := t.Value.(type) {
+	case ast.Var:
+		if safe.Contains(v) {
+			f := freshVar(vars)
+			*pairs = append(*pairs, [2]*ast.Term{f, t})
+			return f
+		}
+	case *ast.Array:
+		elems := make([]*ast.Term, v.Len())
+		for i := range elems {
+			elems[i] = unboundPattern(v.Elem(i), safe, vars, pairs)
+		}
+		return ast.ArrayTerm(elems...)
+	case ast.Object:
+		kvs := make([][2]*ast.Term, 0, v.Len())
+		v.Foreach(func(k, val *ast.Term) {
+			kvs = append(kvs, [2]*ast.Term{k, unboundPattern(val, safe, vars, pairs)})
+		})
+		return ast.ObjectTerm(kvs...)
+	}
+	return t
 }
 
 // comparesMade: t, one side of a unification, is bound already (it needs no variable not in

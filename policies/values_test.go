@@ -76,6 +76,19 @@ w := [b3, b3, b3]
 deny contains "equal" if {
 ` + strings.Repeat("\tv == w\n\tv = w\n", 50) + `}
 `,
+	// as many, each inside a pattern that binds another variable too
+	"patterns": `package wb.admission
+
+a0 := [input.project_id, input.project_id]
+a3 := [[[a0 | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)]
+b0 := [input.project_id, input.project_id]
+b3 := [[[b0 | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)] | some _ in numbers.range(1, 16)]
+v := [a3, a3, a3]
+w := [[b3, b3, b3], 1]
+
+deny contains "equal" if {
+` + patterns(100) + `}
+`,
 	// two partial objects of 16*16 shared values each, compared whole
 	"partial rules": `package wb.admission
 
@@ -89,6 +102,15 @@ p[i] := b3 if some i in numbers.range(1, 256)
 
 deny contains "equal" if o == p
 `,
+}
+
+// patterns writes n unifications of v, within a pattern, with w.
+func patterns(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "\t[v, y%d] = w\n", i)
+	}
+	return b.String()
 }
 
 // sharingRules writes a0, b0 and five levels of rules each made by next from the one before,
@@ -114,7 +136,7 @@ func TestSharedValuesCannotCrashTheProcess(t *testing.T) {
 		sharingChild(t, shape, os.Getenv("WB_SHARING_POINT"))
 		return
 	}
-	for _, shape := range []string{"comprehensions", "function", "builtin", "locals", "written arrays", "with", "many comparisons", "partial rules"} {
+	for _, shape := range []string{"comprehensions", "function", "builtin", "locals", "written arrays", "with", "many comparisons", "patterns", "partial rules"} {
 		points := []string{PointAdmission}
 		if shape == "comprehensions" {
 			points = append(points, PointRuntime)
@@ -164,7 +186,7 @@ func sharingChild(t *testing.T, shape, point string) {
 	d, err := e.Admit(ctx, admission(project, 2, nil))
 	fmt.Printf("DECISION %+v %v\n", d, err)
 	want := "evaluation failed" // values past the bound
-	if shape == "many comparisons" {
+	if shape == "many comparisons" || shape == "patterns" {
 		want = "pol_sharing@1: equal" // values within it: the policy decides
 	}
 	if err != nil || d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], want) {
@@ -196,6 +218,10 @@ warn contains sprintf("tier %d", [input.request.tier]) if {
 	[a, b] := x
 	a == b
 	pairs.a == pairs.b
+	[m, n] := pairs.c
+	[m, k] = [pairs.a, 5]
+	k == 5
+	count(n) == 5000
 }
 
 defaults := {"metadata": {"team": "core"}}
