@@ -198,7 +198,7 @@ func sharingChild(t *testing.T, shape, point string) {
 // comprehension of 20,000 numbers, objects built of it, a partial rule compared whole.
 func TestOrdinaryValuesPass(t *testing.T) {
 	ctx := context.Background()
-	e := newEngine(t, nil, Options{})
+	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // about the checks, not time (-race is slow)
 	src := `package wb.admission
 
 nums := [n | some n in numbers.range(1, 5000)]
