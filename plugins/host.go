@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -115,6 +118,10 @@ type Host struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
+	// compiling admits one compile at a time: a compile holds a few hundred times its largest
+	// function in the heap, and concurrent uploads would multiply that peak.
+	compiling chan struct{}
+
 	mu       sync.Mutex
 	closed   bool
 	runtimes map[uint32]wazero.Runtime // by memory limit in pages
@@ -139,7 +146,7 @@ func NewHost(ctx context.Context, rdb redis.UniversalClient, o Options) (*Host, 
 			return nil, fmt.Errorf("plugins: compilation cache %s: %w", o.CacheDir, err)
 		}
 	}
-	h := &Host{rdb: rdb, o: o, log: o.Logger, cache: cache, start: time.Now(),
+	h := &Host{rdb: rdb, o: o, log: o.Logger, cache: cache, start: time.Now(), compiling: make(chan struct{}, 1),
 		runtimes: map[uint32]wazero.Runtime{}, modules: map[moduleKey]*module{}, projects: map[string]*project{}}
 	if rdb != nil {
 		h.changes = store.NewChanges(rdb, o.Logger)
@@ -230,6 +237,9 @@ type module struct {
 	rt    wazero.Runtime
 	err   error
 	refs  int // guarded by Host.mu
+	// cached are the files its compile added to Options.CacheDir, removed if Validate refuses
+	// the module after compiling it (dropCached).
+	cached []string
 }
 
 // acquireModule answers the compiled module of digest for a memory limit, compiling it (the
@@ -240,13 +250,19 @@ func (h *Host) acquireModule(ctx context.Context, pages uint32, digest string, f
 		return nil, err
 	}
 	key := moduleKey{pages, digest}
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return nil, ErrClosed
-	}
-	m, ok := h.modules[key]
-	if ok {
+	for {
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return nil, ErrClosed
+		}
+		m, ok := h.modules[key]
+		if !ok {
+			m = &module{key: key, ready: make(chan struct{}), rt: rt, refs: 1}
+			h.modules[key] = m
+			h.mu.Unlock()
+			return h.compile(ctx, m, fetch)
+		}
 		m.refs++
 		h.mu.Unlock()
 		select {
@@ -255,42 +271,93 @@ func (h *Host) acquireModule(ctx context.Context, pages uint32, digest string, f
 			h.releaseModule(m)
 			return nil, ctx.Err()
 		}
-		if m.err != nil {
-			h.releaseModule(m)
+		if m.err == nil {
+			return m, nil
+		}
+		h.releaseModule(m)
+		// The compiler's context ended (while it waited for its turn, say): ours has not, so
+		// we compile it ourselves rather than fail with its error.
+		if !isContextErr(m.err) || ctx.Err() != nil {
 			return nil, m.err
 		}
-		return m, nil
 	}
-	m = &module{key: key, ready: make(chan struct{}), rt: rt, refs: 1}
-	h.modules[key] = m
-	h.mu.Unlock()
+}
 
+// compile fetches and compiles m, one compile at a time in the host (waiting under ctx for
+// its turn), and makes it ready.
+func (h *Host) compile(ctx context.Context, m *module, fetch func(context.Context) ([]byte, error)) (*module, error) {
 	wasm, err := fetch(ctx)
-	if err == nil && Digest(wasm) != digest {
-		err = fmt.Errorf("stored module does not match its digest %s", digest)
+	if err == nil && Digest(wasm) != m.key.digest {
+		err = fmt.Errorf("stored module does not match its digest %s", m.key.digest)
 	}
 	if err == nil {
 		wasm, err = boundTables(wasm)
 	}
 	if err == nil {
-		start := time.Now()
-		m.cm, err = rt.CompileModule(ctx, wasm)
-		if err == nil {
-			h.log.Debug("plugin compiled", "digest", digest, "pages", pages, "took", time.Since(start))
+		select {
+		case h.compiling <- struct{}{}:
+			var before map[string]bool
+			if h.o.CacheDir != "" {
+				before = cacheFiles(h.o.CacheDir)
+			}
+			start := time.Now()
+			m.cm, err = m.rt.CompileModule(ctx, wasm)
+			if err == nil {
+				h.log.Debug("plugin compiled", "digest", m.key.digest, "pages", m.key.pages, "took", time.Since(start))
+				if before != nil {
+					for f := range cacheFiles(h.o.CacheDir) {
+						if !before[f] {
+							m.cached = append(m.cached, f)
+						}
+					}
+				}
+			}
+			<-h.compiling
+		case <-ctx.Done():
+			err = ctx.Err()
 		}
 	}
 	m.err = err
 	close(m.ready)
 	if err != nil {
 		h.mu.Lock()
-		if h.modules[key] == m {
-			delete(h.modules, key) // the next caller tries again
+		if h.modules[m.key] == m {
+			delete(h.modules, m.key) // the next caller tries again
 		}
 		h.mu.Unlock()
 		h.releaseModule(m)
 		return nil, err
 	}
 	return m, nil
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// cacheFiles answers the files under the compilation cache's directory (nil if unreadable).
+func cacheFiles(dir string) map[string]bool {
+	files := map[string]bool{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			files[path] = true
+		}
+		return err
+	})
+	if err != nil {
+		return nil
+	}
+	return files
+}
+
+// dropCached removes the files m's compile added to the compilation cache: wazero never
+// evicts, and a module Validate refused after compiling it must leave nothing on disk.
+func (h *Host) dropCached(m *module) {
+	for _, f := range m.cached {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			h.log.Warn("plugin cache: remove a refused module's code", "err", err)
+		}
+	}
 }
 
 func (h *Host) releaseModule(m *module) {

@@ -1,8 +1,11 @@
 package plugins
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -332,5 +335,146 @@ func TestDeclaredMemoryMaxAboveTheCapLoads(t *testing.T) {
 	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
 	if d := one(t, decide(t, h, "proj-maxmem", in)); !d.Allow {
 		t.Errorf("decision: %+v, want allow", d)
+	}
+}
+
+// storesBody stores n constants into memory: real machine code for the compiler to write, about
+// 10 bytes of body a store. salt makes each module's digest distinct.
+func storesBody(n int, salt int32) []byte {
+	var body []byte
+	for i := range n {
+		body = append(body, i32c(int32(i%60000))...)
+		body = append(body, i32c(salt+int32(i))...)
+		body = append(body, 0x36, 0x02, 0x00) // i32.store align=2 offset=0
+	}
+	return body
+}
+
+// TestCompileIsBounded: a module refused for its shape (no decide, a function's body or locals
+// past the bounds) is refused before any compile, and compiles run one at a time, each waiting
+// under its caller's context. The test holds the host's one compile slot, so a Validate that
+// compiled would wait out its context. (A 1 MiB function without decide compiled before its
+// exports were checked: +563 MiB of heap, any number of uploads at once.)
+func TestCompileIsBounded(t *testing.T) {
+	h, _ := newTestHost(t, nil, Options{CacheDir: t.TempDir()})
+	fns := func(extra ...wfunc) []wfunc { return append([]wfunc{allocFunc(), decideFunc(resultAt0(1))}, extra...) }
+	manyLocals := fns()
+	for range MaxLocals/MaxFunctionLocals + 1 {
+		manyLocals = append(manyLocals, wfunc{locals: MaxFunctionLocals})
+	}
+	cases := []struct {
+		name, want string
+		wasm       []byte
+	}{
+		{"no decide, one long function", "does not export the function decide (i32, i32) -> (i64)",
+			wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), {name: "f", body: storesBody(20_000, 1)}}}.encode()},
+		{"no memory", `does not export its memory as "memory"`,
+			wmod{noMemory: true, funcs: fns()}.encode()},
+		{"a function past the bound", fmt.Sprintf("function 2 is %d bytes of code, more than the 256 KiB a function may have: split it", len(storesBody(27_000, 2))+2),
+			wmod{memMin: 1, memMax: -1, funcs: fns(wfunc{body: storesBody(27_000, 2)})}.encode()},
+		{"a function's locals", fmt.Sprintf("function 2 declares more than the %d locals a function may have", MaxFunctionLocals),
+			wmod{memMin: 1, memMax: -1, funcs: fns(wfunc{locals: MaxFunctionLocals + 1})}.encode()},
+		{"the module's locals", fmt.Sprintf("its functions declare more than the %d locals a plugin's functions may have together", MaxLocals),
+			wmod{memMin: 1, memMax: -1, funcs: manyLocals}.encode()},
+	}
+	h.compiling <- struct{}{} // the one compile slot, taken
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+			defer cancel()
+			_, err := h.Validate(ctx, c.wasm)
+			var ve *ValidationError
+			if !errors.As(err, &ve) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want a *ValidationError with %q, before any compile", err, c.want)
+			}
+		})
+	}
+	// A module that passes those checks waits for the slot, under its context.
+	good := constPlugin(`{"allow":true}`)
+	ctx, cancel := context.WithTimeout(ctxT(t), 200*time.Millisecond)
+	defer cancel()
+	if _, err := h.Validate(ctx, good); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a compile while another runs: %v, want it to wait (and end with its context)", err)
+	}
+	<-h.compiling
+	if _, err := h.Validate(ctxT(t), good); err != nil {
+		t.Fatalf("once the slot is free: %v", err)
+	}
+	// A function just inside the bound compiles.
+	if _, err := h.Validate(ctxT(t), wmod{memMin: 1, memMax: -1, funcs: fns(wfunc{body: storesBody(20_000, 3)})}.encode()); err != nil {
+		t.Fatalf("a function of %d bytes: %v", len(storesBody(20_000, 3)), err)
+	}
+}
+
+// TestCompileWaitsAreIndependent: a caller whose context ends while it waits to compile a
+// module fails alone; another caller of the same module, waiting with a live context, compiles
+// it rather than take the first one's context error.
+func TestCompileWaitsAreIndependent(t *testing.T) {
+	h, _ := newTestHost(t, nil, Options{CacheDir: t.TempDir()})
+	wasm := constPlugin(`{"allow":"independent"}`)
+	h.compiling <- struct{}{}
+	short, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := h.Validate(short, wasm); first <- err }()
+	time.Sleep(20 * time.Millisecond) // the first caller is compiling (waiting for the slot)
+	second := make(chan error, 1)
+	go func() { _, err := h.Validate(ctxT(t), wasm); second <- err }()
+	if err := <-first; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first: %v, want its deadline", err)
+	}
+	<-h.compiling
+	if err := <-second; err != nil {
+		t.Fatalf("second, with a live context: %v", err)
+	}
+}
+
+func cacheFileCount(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			n++
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestRefusedUploadsLeaveNoCompiledCode: wb keeps a compilation cache on disk (cmd/wb/decide.go)
+// and wazero never evicts; a module refused after compiling (it fails to start, or has a wrong
+// signature) must not leave its code there (ten refused uploads left 7× their size before).
+func TestRefusedUploadsLeaveNoCompiledCode(t *testing.T) {
+	dir := t.TempDir()
+	h, _ := newTestHost(t, nil, Options{CacheDir: dir})
+	ctx := ctxT(t)
+	for i := range 5 {
+		traps := wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)),
+			{name: "_initialize", body: cat(storesBody(1000, int32(i)), []byte{opUnreachable})}}}.encode()
+		badSig := wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(),
+			{name: "decide", params: []byte{tI32, tI32}, results: []byte{tI32}, body: cat(storesBody(1000, int32(i)), i32c(0))}}}.encode()
+		for _, c := range []struct {
+			wasm []byte
+			want string
+		}{{traps, "does not start"}, {badSig, "exports decide with the signature"}} {
+			_, err := h.Validate(ctx, c.wasm)
+			var ve *ValidationError
+			if !errors.As(err, &ve) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want a *ValidationError with %q", err, c.want)
+			}
+		}
+	}
+	if n := cacheFileCount(t, dir); n != 0 {
+		t.Errorf("10 refused uploads left %d files in the compilation cache", n)
+	}
+	// The cache still keeps what passed.
+	if _, err := h.Validate(ctx, constPlugin(`{"allow":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	if n := cacheFileCount(t, dir); n == 0 {
+		t.Errorf("a module that passed left nothing in the compilation cache")
 	}
 }

@@ -83,10 +83,12 @@ func Digest(wasm []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Validate checks that wasm is a plugin this host can run: at most MaxWasmBytes, compiles,
-// imports only what ABI.md allows, exports memory, alloc and decide with the ABI's signatures,
-// and starts (its _initialize, when exported, returns within the start timeout). It answers the
-// module's digest, or a *ValidationError with the reason.
+// Validate checks that wasm is a plugin this host can run: at most MaxWasmBytes, imports only
+// what ABI.md allows, exports memory, alloc and decide and keeps within the bounds on its
+// functions (all checked before compiling), compiles, has the ABI's signatures, and starts
+// (its _initialize, when exported, returns within the start timeout). It answers the module's
+// digest, or a *ValidationError with the reason. A module refused after compiling leaves
+// nothing in the compilation cache.
 func (h *Host) Validate(ctx context.Context, wasm []byte) (string, error) {
 	digest, m, err := h.validate(ctx, wasm, h.o.MemoryLimitPages)
 	if err != nil {
@@ -113,6 +115,9 @@ func (h *Host) validate(ctx context.Context, wasm []byte, pages uint32) (string,
 			return "", nil, err
 		}
 	}
+	if err := checkShape(wasm); err != nil {
+		return "", nil, err
+	}
 	digest := Digest(wasm)
 	m, err := h.acquireModule(ctx, pages, digest, func(context.Context) ([]byte, error) { return wasm, nil })
 	if err != nil {
@@ -120,14 +125,21 @@ func (h *Host) validate(ctx context.Context, wasm []byte, pages uint32) (string,
 		if errors.As(err, &ve) || errors.Is(err, ErrClosed) {
 			return "", nil, err
 		}
+		if ctx.Err() != nil {
+			return "", nil, ctx.Err() // ended while waiting for its turn to compile
+		}
 		return "", nil, invalid("does not compile: %v", err)
 	}
 	if err := checkCompiled(m); err != nil {
+		h.dropCached(m)
 		h.releaseModule(m)
 		return "", nil, err
 	}
 	inst, err := h.newInstance(ctx, m)
 	if err != nil {
+		if ctx.Err() == nil {
+			h.dropCached(m)
+		}
 		h.releaseModule(m)
 		return "", nil, invalid("does not start: %v", err)
 	}
@@ -330,4 +342,113 @@ func parseImports(wasm []byte) ([]wasmImport, error) {
 		return nil, fmt.Errorf("malformed module: %w", r.err)
 	}
 	return nil, nil
+}
+
+// Bounds on what the compiler is given, checked before it runs. wazero's compile of one
+// function holds several hundred times the function's size in the host's heap while it runs
+// (a 1 MiB function: +563 MiB), and a module's functions are compiled one after another, so the
+// bound on a function's body bounds the peak; the bounds on functions and locals bound the rest
+// of its work. Go, TinyGo and Rust stay far inside each (ABI.md, "Limits").
+const (
+	// MaxFunctionBodyBytes bounds one function's code.
+	MaxFunctionBodyBytes = 256 << 10
+	// MaxFunctions bounds the functions a module defines.
+	MaxFunctions = 100_000
+	// MaxFunctionLocals bounds one function's declared locals, and MaxLocals a module's all
+	// together: the compiled code zeroes each local, so 2,000 functions of 50,000 locals, a
+	// 23 KiB module, took 768 MiB to compile.
+	MaxFunctionLocals = 50_000
+	MaxLocals         = 1 << 20
+)
+
+// checkShape checks, without compiling, what a module must export (by name and kind: the
+// signatures are checked once compiled) and the bounds above, so that a module refused for
+// its shape costs the host no compile.
+func checkShape(wasm []byte) error {
+	r := &reader{b: wasm, i: 8}
+	exports := map[string]byte{}
+	for r.i < len(r.b) && r.err == nil {
+		id := r.byte()
+		body := r.bytes(r.uleb())
+		if r.err != nil {
+			break
+		}
+		s := &reader{b: body}
+		switch id {
+		case 7:
+			n := s.uleb()
+			for i := uint64(0); i < n && s.err == nil; i++ {
+				name := s.name()
+				kind := s.byte()
+				s.uleb()
+				if _, ok := exports[name]; !ok && s.err == nil {
+					exports[name] = kind
+				}
+			}
+			if s.err != nil {
+				return invalid("malformed export section: %v", s.err)
+			}
+		case 10:
+			if err := checkCode(s); err != nil {
+				return err
+			}
+		}
+	}
+	if r.err != nil {
+		return invalid("malformed module: %v", r.err)
+	}
+	if k, ok := exports["memory"]; !ok || k != byte(externMemory) {
+		return invalid(`does not export its memory as "memory"`)
+	}
+	for _, name := range []string{"alloc", "decide"} {
+		if k, ok := exports[name]; !ok || k != byte(externFunc) {
+			return invalid("does not export the function %s %s", name, requiredExports[name])
+		}
+	}
+	if k, ok := exports["_initialize"]; ok && k != byte(externFunc) {
+		return invalid("exports _initialize as a %s, want the function () -> ()", externKind(k))
+	}
+	if _, ok := exports["_start"]; ok {
+		if _, ok := exports["_initialize"]; !ok {
+			return invalid("is a WASI command (exports _start): build a reactor, e.g. go build -buildmode=c-shared")
+		}
+	}
+	return nil
+}
+
+// checkCode checks the code section's bounds: how many functions, each one's size and locals.
+func checkCode(s *reader) error {
+	n := s.uleb()
+	if s.err == nil && n > MaxFunctions {
+		return invalid("defines %d functions, more than the %d a plugin may have", n, MaxFunctions)
+	}
+	var total uint64
+	for i := uint64(0); i < n && s.err == nil; i++ {
+		size := s.uleb()
+		if s.err == nil && size > MaxFunctionBodyBytes {
+			return invalid("function %d is %d bytes of code, more than the %d KiB a function may have: split it", i, size, MaxFunctionBodyBytes>>10)
+		}
+		f := &reader{b: s.bytes(size)}
+		if s.err != nil {
+			break
+		}
+		var locals uint64
+		for groups, j := f.uleb(), uint64(0); j < groups && f.err == nil; j++ {
+			locals += f.uleb()
+			f.byte()
+			if locals > MaxFunctionLocals {
+				return invalid("function %d declares more than the %d locals a function may have", i, MaxFunctionLocals)
+			}
+		}
+		if total += locals; total > MaxLocals {
+			return invalid("its functions declare more than the %d locals a plugin's functions may have together", MaxLocals)
+		}
+		if f.err != nil {
+			return invalid("malformed code section: function %d: %v", i, f.err)
+		}
+	}
+	if s.err != nil {
+		return invalid("malformed code section: %v", s.err)
+	}
+	return nil
 }
