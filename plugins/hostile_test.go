@@ -478,3 +478,37 @@ func TestRefusedUploadsLeaveNoCompiledCode(t *testing.T) {
 		t.Errorf("a module that passed left nothing in the compilation cache")
 	}
 }
+
+// initLogPlugin: its _initialize calls wb.log("flood") n times, then decide answers allow.
+func initLogPlugin(n int32) []byte {
+	const msgAt = 512
+	body := cat(
+		i32c(n), []byte{opLocalSet, 0},
+		[]byte{opLoop, blockEmpty},
+		i32c(1), i32c(msgAt), i32c(5), []byte{opCall, 0},
+		[]byte{opLocalGet, 0}, i32c(1), []byte{opI32Sub, opLocalTee, 0},
+		[]byte{opBrIf, 0},
+		[]byte{opEnd},
+	)
+	return wmod{memMin: 1, memMax: -1,
+		imports: []wimport{{module: "wb", name: "log", params: []byte{tI32, tI32, tI32}}},
+		funcs: []wfunc{allocFunc(), decideFunc(resultAt0(len(`{"allow":true}`))),
+			{name: "_initialize", locals: 1, body: body}},
+		data: []wdata{{0, []byte(`{"allow":true}`)}, {msgAt, []byte("flood")}}}.encode()
+}
+
+// TestInitializeLogIsCapped: wb.log during _initialize keeps at most 32 lines a start, as in a
+// call, and they name the project and the plugin (one upload wrote 20,000 lines, none naming
+// either: the start had no call state).
+func TestInitializeLogIsCapped(t *testing.T) {
+	h, sink := newTestHost(t, mini(t), Options{})
+	const project = "proj-initlog"
+	mustPut(t, h, project, "flood", initLogPlugin(10_000), 0, false) // two starts: the check and the warm-up
+	text := sink.text()
+	if n := strings.Count(text, "flood project="); n > 2*maxLogLines {
+		t.Errorf("one upload (two starts) logged %d lines through wb.log, more than %d a start", n, maxLogLines)
+	}
+	if n := strings.Count(text, "flood project="+project+" plugin=flood"); n == 0 || n != strings.Count(text, "flood project=") {
+		t.Errorf("of %d lines logged by the plugin's start, %d name its project and name", strings.Count(text, "flood project="), n)
+	}
+}

@@ -35,7 +35,8 @@ type instance struct {
 	out           capture // the guest's stdout and stderr, since the call began
 }
 
-func (h *Host) newInstance(ctx context.Context, m *module) (*instance, error) {
+// newInstance starts an instance of m for the project's plugin (named in its wb.log lines).
+func (h *Host) newInstance(ctx context.Context, m *module, project, plugin string) (*instance, error) {
 	inst := &instance{limitBytes: uint64(m.key.pages) * pageSize}
 	cfg := wazero.NewModuleConfig().
 		WithName("").
@@ -45,7 +46,10 @@ func (h *Host) newInstance(ctx context.Context, m *module) (*instance, error) {
 	// The host's default ModuleConfig is already deterministic: no args, no environment, no
 	// file system, fake clocks (starting 2022-01-01, +1ms a reading), a seeded random source and
 	// sleeps that return at once.
-	ictx, cancel := context.WithTimeout(ctx, h.o.InitTimeout)
+	// The start is a call of its own for wb.log: its lines are capped and name the plugin. It
+	// has no configuration (ABI.md).
+	st := &callState{h: h, project: project, plugin: plugin}
+	ictx, cancel := context.WithTimeout(context.WithValue(ctx, stateKey{}, st), h.o.InitTimeout)
 	defer cancel()
 	mod, err := m.rt.InstantiateModule(ictx, m.cm, cfg)
 	if err != nil {

@@ -29,9 +29,9 @@ func (h *Host) newPool(m *module) *pool {
 	return &pool{h: h, mod: m, sem: make(chan struct{}, h.o.PoolSize)}
 }
 
-// acquire takes an instance, waiting under ctx while all are busy, and starts one if none is
-// idle. A start failure is a *CallError.
-func (p *pool) acquire(ctx context.Context) (*instance, error) {
+// acquire takes an instance, waiting under ctx while all are busy, and starts one for the
+// project's plugin if none is idle. A start failure is a *CallError.
+func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, error) {
 	p.mu.Lock()
 	if p.released {
 		p.mu.Unlock()
@@ -60,7 +60,7 @@ func (p *pool) acquire(ctx context.Context) (*instance, error) {
 	p.mu.Unlock()
 	if inst == nil {
 		var err error
-		if inst, err = p.h.newInstance(ctx, p.mod); err != nil {
+		if inst, err = p.h.newInstance(ctx, p.mod, project, plugin); err != nil {
 			p.done(nil, true)
 			return nil, err
 		}
@@ -99,8 +99,8 @@ func (p *pool) done(inst *instance, held bool) {
 }
 
 // warm starts one instance if none is idle, so that the first call does not pay for it.
-func (p *pool) warm(ctx context.Context) error {
-	inst, err := p.acquire(ctx)
+func (p *pool) warm(ctx context.Context, project, plugin string) error {
+	inst, err := p.acquire(ctx, project, plugin)
 	if err != nil {
 		return err
 	}

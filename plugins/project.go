@@ -131,7 +131,7 @@ func (h *Host) Put(ctx context.Context, project, name string, wasm []byte, point
 	if err != nil {
 		return Plugin{}, err
 	}
-	digest, m, err := h.validate(ctx, wasm, lim.MemoryLimitPages)
+	digest, m, err := h.validate(ctx, wasm, lim.MemoryLimitPages, project, name)
 	if err != nil {
 		return Plugin{}, err
 	}
@@ -164,7 +164,7 @@ func (h *Host) Put(ctx context.Context, project, name string, wasm []byte, point
 		return Plugin{}, err
 	}
 	if e := s.entry(name); e != nil && e.pool != nil {
-		if err := e.pool.warm(ctx); err != nil {
+		if err := e.pool.warm(ctx, project, name); err != nil {
 			h.log.Warn("plugin warm-up failed", "project", project, "plugin", name, "err", err)
 		}
 	}
@@ -680,7 +680,7 @@ func (h *Host) decideOne(ctx context.Context, project string, s *snapshot, e *en
 		if e.pool == nil {
 			return h.failed(project, e, &CallError{Kind: FailStart, Cause: e.loadErr}), nil
 		}
-		inst, err := e.pool.acquire(ctx)
+		inst, err := e.pool.acquire(ctx, project, e.p.Name)
 		if errors.Is(err, errRetired) {
 			// Replaced between taking the set and this call: take the new version.
 			pr, perr := h.project(project)
@@ -746,12 +746,12 @@ func (h *Host) Call(ctx context.Context, wasm []byte, input []byte, opts ...Opti
 	if lim.MemoryLimitPages > maxPages || lim.Timeout > MaxTimeout {
 		return session.Decision{}, 0, invalid("limits %+v: at most %d pages and %v", o.limits, maxPages, MaxTimeout)
 	}
-	_, m, err := h.validate(ctx, wasm, lim.MemoryLimitPages)
+	_, m, err := h.validate(ctx, wasm, lim.MemoryLimitPages, "", "test")
 	if err != nil {
 		return session.Decision{}, 0, err
 	}
 	defer h.releaseModule(m)
-	inst, err := h.newInstance(ctx, m)
+	inst, err := h.newInstance(ctx, m, "", "test")
 	if err != nil {
 		return session.Decision{}, 0, err
 	}

@@ -90,7 +90,7 @@ func Digest(wasm []byte) string {
 // digest, or a *ValidationError with the reason. A module refused after compiling leaves
 // nothing in the compilation cache.
 func (h *Host) Validate(ctx context.Context, wasm []byte) (string, error) {
-	digest, m, err := h.validate(ctx, wasm, h.o.MemoryLimitPages)
+	digest, m, err := h.validate(ctx, wasm, h.o.MemoryLimitPages, "", "")
 	if err != nil {
 		return "", err
 	}
@@ -99,7 +99,8 @@ func (h *Host) Validate(ctx context.Context, wasm []byte) (string, error) {
 }
 
 // validate is Validate that keeps the compiled module (for pages) for the caller to release.
-func (h *Host) validate(ctx context.Context, wasm []byte, pages uint32) (string, *module, error) {
+// project and plugin name the upload in the start's wb.log lines.
+func (h *Host) validate(ctx context.Context, wasm []byte, pages uint32, project, plugin string) (string, *module, error) {
 	if len(wasm) == 0 {
 		return "", nil, invalid("empty module")
 	}
@@ -135,7 +136,7 @@ func (h *Host) validate(ctx context.Context, wasm []byte, pages uint32) (string,
 		h.releaseModule(m)
 		return "", nil, err
 	}
-	inst, err := h.newInstance(ctx, m)
+	inst, err := h.newInstance(ctx, m, project, plugin)
 	if err != nil {
 		if ctx.Err() == nil {
 			h.dropCached(m)
