@@ -512,3 +512,81 @@ func TestInitializeLogIsCapped(t *testing.T) {
 		t.Errorf("of %d lines logged by the plugin's start, %d name its project and name", strings.Count(text, "flood project="), n)
 	}
 }
+
+// parityTrapPlugin logs "started" in _initialize and traps in decide when the input's length is
+// odd; otherwise it answers allow.
+func parityTrapPlugin() []byte {
+	const msgAt = 512
+	start := cat(i32c(1), i32c(msgAt), i32c(7), []byte{opCall, 0})
+	body := cat(
+		[]byte{opLocalGet, 1}, i32c(1), []byte{0x71}, // i32.and
+		[]byte{opIf, blockEmpty, opUnreachable, opEnd},
+		resultAt0(len(`{"allow":true}`)),
+	)
+	return wmod{memMin: 1, memMax: -1,
+		imports: []wimport{{module: "wb", name: "log", params: []byte{tI32, tI32, tI32}}},
+		funcs:   []wfunc{allocFunc(), decideFunc(body), {name: "_initialize", body: start}},
+		data:    []wdata{{0, []byte(`{"allow":true}`)}, {msgAt, []byte("started")}}}.encode()
+}
+
+// TestFailingPluginIsNotRestartedEveryCall: after 3 failures in a row a plugin's instances are
+// not restarted for a while (1 s, then doubling), its calls answering the last failure at once;
+// then one call starts one again, and a success ends the count. (Each call of a plugin that
+// traps every time started a new instance, under the 1 s start deadline.)
+func TestFailingPluginIsNotRestartedEveryCall(t *testing.T) {
+	h, sink := newTestHost(t, mini(t), Options{})
+	const project = "proj-restart"
+	mustPut(t, h, project, "parity", parityTrapPlugin(), 0, false)
+	starts := func() int { return strings.Count(sink.text(), "started project="+project) }
+	var odd, even []byte
+	for _, tpl := range []string{"x", "xy"} {
+		in := admission(t, session.CreateRequest{Tier: intp(1), Template: tpl})
+		if len(in)%2 == 1 {
+			odd = in
+		} else {
+			even = in
+		}
+	}
+	if odd == nil || even == nil {
+		t.Fatal("no inputs of both parities")
+	}
+	before := starts() // the upload's check and warm-up
+	for i := range restartAfterFailures {
+		if d := one(t, decide(t, h, project, odd)); d.Allow || !strings.HasSuffix(d.Reasons[0], "trapped: unreachable") {
+			t.Fatalf("failure %d: %+v", i, d)
+		}
+	}
+	if got := starts() - before; got != restartAfterFailures-1 {
+		t.Fatalf("%d failures started %d instances, want %d (the first ran on the warm one)", restartAfterFailures, got, restartAfterFailures-1)
+	}
+	held := starts()
+	for range 10 {
+		d := one(t, decide(t, h, project, even))
+		if want := "plugin parity: trapped: unreachable (it failed 3 times in a row: not restarted for 1s)"; d.Allow || d.Reasons[0] != want {
+			t.Fatalf("a call during the hold: %+v, want the deny %q", d, want)
+		}
+	}
+	if n := starts() - held; n != 0 {
+		t.Fatalf("10 calls during the hold started %d instances", n)
+	}
+	// The call after the hold starts one; it fails, and the hold doubles.
+	time.Sleep(minRestartHold + 100*time.Millisecond)
+	if d := one(t, decide(t, h, project, odd)); d.Allow || !strings.HasSuffix(d.Reasons[0], "trapped: unreachable") {
+		t.Fatalf("the call after the hold: %+v, want it to start an instance and trap", d)
+	}
+	if d := one(t, decide(t, h, project, even)); d.Allow || !strings.HasSuffix(d.Reasons[0], "(it failed 4 times in a row: not restarted for 2s)") {
+		t.Fatalf("a call during the second hold: %+v", d)
+	}
+	time.Sleep(2*minRestartHold + 100*time.Millisecond)
+	if d := one(t, decide(t, h, project, even)); !d.Allow {
+		t.Fatalf("the call after the second hold: %+v, want it to start an instance and allow", d)
+	}
+	if n := starts() - held; n != 2 {
+		t.Fatalf("the calls after the holds started %d instances, want 2", n)
+	}
+	// The success ended the count: one failure is not held.
+	one(t, decide(t, h, project, odd))
+	if d := one(t, decide(t, h, project, even)); !d.Allow {
+		t.Fatalf("a call after one failure: %+v, want allow", d)
+	}
+}

@@ -3,7 +3,19 @@ package plugins
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
+)
+
+// A plugin that fails on every call would have each call start a new instance, under the start
+// deadline (1 s) rather than the call's (20 ms): after restartAfterFailures failures in a row,
+// calls answer the last failure without starting one, for a period that doubles with each
+// failure after (from minRestartHold to maxRestartHold); then one call tries again.
+const (
+	restartAfterFailures = 3
+	minRestartHold       = time.Second
+	maxRestartHold       = 30 * time.Second
 )
 
 // errRetired answers an acquire on a pool whose version was replaced and whose compiled module
@@ -23,6 +35,11 @@ type pool struct {
 	retired  bool // replaced: instances are closed as they come back
 	users    int  // acquired and not yet released
 	released bool // the module reference was given back
+
+	fails     int        // calls and starts that failed in a row
+	lastFail  *CallError // the last of them
+	holdUntil time.Time  // once fails reaches restartAfterFailures, no start before this
+	hold      time.Duration
 }
 
 func (h *Host) newPool(m *module) *pool {
@@ -59,8 +76,13 @@ func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, 
 	}
 	p.mu.Unlock()
 	if inst == nil {
+		if ce := p.held(); ce != nil {
+			p.done(nil, true)
+			return nil, ce
+		}
 		var err error
 		if inst, err = p.h.newInstance(ctx, p.mod, project, plugin); err != nil {
+			p.failed(err)
 			p.done(nil, true)
 			return nil, err
 		}
@@ -68,12 +90,50 @@ func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, 
 	return inst, nil
 }
 
-// release gives an instance back: kept if healthy, closed otherwise (a failed instance is
-// never reused) or when the pool is retired.
-func (p *pool) release(inst *instance, healthy bool) {
-	if !healthy {
+// held answers the failure to give a call while starts are held back, and lets one call
+// through (holding the others back while it tries) once the hold is over.
+func (p *pool) held() *CallError {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fails < restartAfterFailures {
+		return nil
+	}
+	now := time.Now()
+	if now.Before(p.holdUntil) {
+		return &CallError{Kind: p.lastFail.Kind,
+			Cause: fmt.Sprintf("%s (it failed %d times in a row: not restarted for %v)", p.lastFail.Cause, p.fails, p.hold)}
+	}
+	p.holdUntil = now.Add(p.hold)
+	return nil
+}
+
+// failed counts a plugin's failure (a *CallError; the end of a caller's context is none).
+func (p *pool) failed(err error) {
+	var ce *CallError
+	if !errors.As(err, &ce) {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.fails++
+	p.lastFail = ce
+	if n := p.fails - restartAfterFailures; n >= 0 {
+		p.hold = min(minRestartHold<<min(n, 16), maxRestartHold)
+		p.holdUntil = time.Now().Add(p.hold)
+	}
+}
+
+// release gives an instance back after a call that answered err: kept if nil, closed otherwise
+// (a failed instance is never reused) or when the pool is retired.
+func (p *pool) release(inst *instance, err error) {
+	if err != nil {
 		inst.close()
 		inst = nil
+		p.failed(err)
+	} else {
+		p.mu.Lock()
+		p.fails = 0
+		p.mu.Unlock()
 	}
 	p.done(inst, true)
 }
@@ -104,7 +164,7 @@ func (p *pool) warm(ctx context.Context, project, plugin string) error {
 	if err != nil {
 		return err
 	}
-	p.release(inst, true)
+	p.release(inst, nil)
 	return nil
 }
 

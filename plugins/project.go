@@ -705,7 +705,7 @@ func (h *Host) decideOne(ctx context.Context, project string, s *snapshot, e *en
 		}
 		st := &callState{h: h, project: project, plugin: e.p.Name, config: e.p.Config}
 		d, err := h.invoke(ctx, inst, st, input, s.limits.Timeout)
-		e.pool.release(inst, err == nil)
+		e.pool.release(inst, err)
 		if errors.As(err, &ce) {
 			return h.failed(project, e, ce), nil
 		}
