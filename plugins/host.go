@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +32,8 @@ const (
 	// in order, and every gateway compiles and pools each of them, so more than a handful is
 	// never sensible and a thousand would fill Redis and every gateway's memory.
 	DefaultMaxPlugins = 16
+	// DefaultMaxCacheBytes bounds the compilation cache on disk (Options.CacheDir).
+	DefaultMaxCacheBytes = 2 << 30
 	// DefaultMaxTotalBytes bounds a project's modules together (each one is at most the
 	// gateway's 10 MiB upload): every gateway compiles them all, at several times their size.
 	DefaultMaxTotalBytes = 32 << 20
@@ -57,6 +60,10 @@ type Options struct {
 	// CacheDir, when set, keeps compiled code on disk across restarts (wazero's compilation
 	// cache); compiled code is shared in memory across the host's runtimes either way.
 	CacheDir string
+	// MaxCacheBytes bounds the files in CacheDir, checked when the host starts: wazero never
+	// removes any, so the oldest are removed until the rest fit (default DefaultMaxCacheBytes).
+	// It is only a cache: a module whose code was removed is compiled again.
+	MaxCacheBytes int64
 	// Logger receives the host's and the plugins' logs (default slog.Default()).
 	Logger *slog.Logger
 	// InitTimeout is the deadline for starting an instance (its _initialize; default 1s).
@@ -102,6 +109,9 @@ func (o *Options) defaults() error {
 	if o.MaxTotalBytes <= 0 {
 		o.MaxTotalBytes = DefaultMaxTotalBytes
 	}
+	if o.MaxCacheBytes <= 0 {
+		o.MaxCacheBytes = DefaultMaxCacheBytes
+	}
 	return nil
 }
 
@@ -141,6 +151,7 @@ func NewHost(ctx context.Context, rdb redis.UniversalClient, o Options) (*Host, 
 	}
 	cache := wazero.NewCompilationCache()
 	if o.CacheDir != "" {
+		trimCache(o.CacheDir, o.MaxCacheBytes, o.Logger)
 		var err error
 		if cache, err = wazero.NewCompilationCacheWithDir(o.CacheDir); err != nil {
 			return nil, fmt.Errorf("plugins: compilation cache %s: %w", o.CacheDir, err)
@@ -348,6 +359,53 @@ func cacheFiles(dir string) map[string]bool {
 		return nil
 	}
 	return files
+}
+
+// trimCache removes the oldest files under dir until the rest take at most max bytes.
+func trimCache(dir string, max int64, log *slog.Logger) {
+	type file struct {
+		path string
+		size int64
+		mod  time.Time
+	}
+	var files []file
+	var total int64
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		files = append(files, file{path, info.Size(), info.ModTime()})
+		total += info.Size()
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	if err != nil {
+		log.Warn("plugin cache: could not read it to bound its size", "dir", dir, "err", err)
+		return
+	}
+	if total <= max {
+		return
+	}
+	slices.SortFunc(files, func(a, b file) int { return a.mod.Compare(b.mod) })
+	removed := 0
+	for _, f := range files {
+		if total <= max {
+			break
+		}
+		if err := os.Remove(f.path); err != nil {
+			log.Warn("plugin cache: remove", "err", err)
+			continue
+		}
+		total -= f.size
+		removed++
+	}
+	log.Info("plugin cache: removed the oldest compiled code to bound its size", "dir", dir, "files", removed, "bytes", total, "max", max)
 }
 
 // dropCached removes the files m's compile added to the compilation cache: wazero never

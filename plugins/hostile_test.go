@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -588,5 +589,38 @@ func TestFailingPluginIsNotRestartedEveryCall(t *testing.T) {
 	one(t, decide(t, h, project, odd))
 	if d := one(t, decide(t, h, project, even)); !d.Allow {
 		t.Fatalf("a call after one failure: %+v, want allow", d)
+	}
+}
+
+// TestCacheIsBoundedAtStart: a host starting on a compilation cache larger than MaxCacheBytes
+// removes its oldest files until the rest fit (wazero never removes any).
+func TestCacheIsBoundedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, "wazero-old")
+	if err := os.MkdirAll(old, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i := range 10 {
+		f := filepath.Join(old, strconv.Itoa(i))
+		if err := os.WriteFile(f, make([]byte, 1000), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// File i is i hours old: 9 is the oldest.
+		if err := os.Chtimes(f, now, now.Add(-time.Duration(i)*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newTestHost(t, nil, Options{CacheDir: dir, MaxCacheBytes: 4500})
+	var left []string
+	entries, err := os.ReadDir(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if want := []string{"0", "1", "2", "3"}; !slices.Equal(left, want) {
+		t.Errorf("a 10,000-byte cache bounded at 4,500 kept %v, want the newest %v", left, want)
 	}
 }
