@@ -624,3 +624,41 @@ func TestCacheIsBoundedAtStart(t *testing.T) {
 		t.Errorf("a 10,000-byte cache bounded at 4,500 kept %v, want the newest %v", left, want)
 	}
 }
+
+// recursePlugin: decide calls f(depth), where f(n) = n == 0 ? 0 : f(n-1) + 1, then answers
+// allow. wazero keeps the call stack in the host's heap, outside the memory cap, and grows it
+// (up to about 100 MiB) as deep as the recursion goes.
+func recursePlugin(depth int32) []byte {
+	out := `{"allow":true}`
+	f := cat(
+		[]byte{opLocalGet, 0, opI32Eqz},
+		[]byte{opIf, tI32}, i32c(0),
+		[]byte{0x05},                                                                       // else
+		[]byte{opLocalGet, 0}, i32c(1), []byte{opI32Sub, opCall, 2}, i32c(1), []byte{0x6a}, // i32.add
+		[]byte{opEnd})
+	return wmod{memMin: 1, memMax: -1,
+		funcs: []wfunc{allocFunc(), decideFunc(cat(i32c(depth), []byte{opCall, 2, opDrop}, resultAt0(len(out)))),
+			{params: []byte{tI32}, results: []byte{tI32}, body: f}},
+		data: []wdata{{0, []byte(out)}}}.encode()
+}
+
+// TestCallStackIsNotKept: the call stack a deep recursion grew is not kept by the pooled
+// instance after the call (wazero has no setting to cap it; it was kept, up to 100 MiB an
+// instance, outside the memory cap).
+func TestCallStackIsNotKept(t *testing.T) {
+	h, _ := newTestHost(t, mini(t), Options{Timeout: MaxTimeout})
+	const project = "proj-stack"
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	mustPut(t, h, project, "deep", recursePlugin(1<<21), 0, false)
+	_, base := measure()
+	start := time.Now()
+	if d := one(t, decide(t, h, project, in)); !d.Allow {
+		t.Fatalf("decision: %+v", d)
+	}
+	took := time.Since(start)
+	_, after := measure()
+	t.Logf("took %v", took)
+	if kept := int64(after) - int64(base); kept > 16<<20 {
+		t.Errorf("one allowed decision of a deep recursion left the host's heap %d MiB larger (its call stack, kept by the pooled instance)", kept>>20)
+	}
+}

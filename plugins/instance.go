@@ -23,6 +23,8 @@ const (
 	maxLogLines    = 32   // per call
 	maxLogBytes    = 1024 // per line
 	maxCapturedOut = 2048 // of the guest's stdout and stderr, per call, for failure reasons
+	// freshStackAfter: a call that took longer may have grown a deep call stack (invoke).
+	freshStackAfter = time.Millisecond
 )
 
 // instance is one instantiated plugin. One call at a time.
@@ -107,6 +109,7 @@ func (h *Host) invoke(ctx context.Context, inst *instance, st *callState, input 
 		}
 		return session.Decision{}, &CallError{Kind: inst.kind(err), Cause: inst.describe(err, timeout)}
 	}
+	start := time.Now()
 	s := inst.stack[:]
 	s[0] = uint64(len(input))
 	if err := inst.alloc.CallWithStack(cctx, s[:1]); err != nil {
@@ -119,6 +122,14 @@ func (h *Host) invoke(ctx context.Context, inst *instance, st *callState, input 
 	s[0], s[1] = uint64(ptr), uint64(len(input))
 	if err := inst.decide.CallWithStack(cctx, s); err != nil {
 		return fail(err)
+	}
+	// wazero keeps a function's call stack, grown as deep as a call went (up to about 100 MiB,
+	// in the host's heap and outside the memory cap), for the function's next call, and has no
+	// setting to cap it nor says how deep it went. A deep stack takes time to build (a
+	// millisecond builds at most a few MiB), so after a long call the instance takes fresh
+	// functions, and the stack goes with the old ones (doing so every call costs 20 KiB).
+	if time.Since(start) >= freshStackAfter {
+		inst.alloc, inst.decide = inst.mod.ExportedFunction("alloc"), inst.mod.ExportedFunction("decide")
 	}
 	outPtr, outLen := uint32(s[0]>>32), uint32(s[0])
 	if int64(outLen) > int64(h.o.MaxOutputBytes) {
