@@ -302,6 +302,11 @@ func (h *Host) compile(ctx context.Context, m *module, fetch func(context.Contex
 		err = fmt.Errorf("stored module does not match its digest %s", m.key.digest)
 	}
 	if err == nil {
+		// Validate checked an upload's shape; this checks a stored module too, which an older
+		// version of the host may have let in.
+		err = checkShape(wasm)
+	}
+	if err == nil {
 		wasm, err = boundTables(wasm)
 	}
 	if err == nil {

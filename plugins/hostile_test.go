@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -660,5 +661,42 @@ func TestCallStackIsNotKept(t *testing.T) {
 	t.Logf("took %v", took)
 	if kept := int64(after) - int64(base); kept > 16<<20 {
 		t.Errorf("one allowed decision of a deep recursion left the host's heap %d MiB larger (its call stack, kept by the pooled instance)", kept>>20)
+	}
+}
+
+// TestStoredModuleShapeIsChecked: a stored module past the bounds (let in by an older host) is
+// not compiled when a gateway loads it: the plugin fails to load, saying why.
+func TestStoredModuleShapeIsChecked(t *testing.T) {
+	rdb := mini(t)
+	h, _ := newTestHost(t, rdb, Options{})
+	const project = "proj-stored-shape"
+	p := mustPut(t, h, project, "big", constPlugin(`{"allow":true}`), 0, false)
+	big := wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)), {body: storesBody(27_000, 5)}}}.encode()
+	p.Digest = Digest(big)
+	b, err := json.Marshal(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	k := projectKeys(project)
+	if err := rdb.Set(ctx, k.wasm(p.Digest), big, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, k.meta(), "big", b).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.Forget(project)
+	h.compiling <- struct{}{} // a compile would wait; the check comes first
+	defer func() { <-h.compiling }()
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ds, err := h.Decide(wait, project, session.PointAdmission, in)
+	if err != nil {
+		t.Fatalf("decide: %v (it waited to compile the module)", err)
+	}
+	d := one(t, ds)
+	if want := "plugin big: could not be loaded: invalid plugin: function 2 is"; d.Allow || !strings.HasPrefix(d.Reasons[0], want) {
+		t.Fatalf("decision: %+v, want a deny beginning %q", d, want)
 	}
 }

@@ -36,10 +36,10 @@ type pool struct {
 	users    int  // acquired and not yet released
 	released bool // the module reference was given back
 
-	fails     int        // calls and starts that failed in a row
-	lastFail  *CallError // the last of them
-	holdUntil time.Time  // once fails reaches restartAfterFailures, no start before this
-	hold      time.Duration
+	fails     int           // calls and starts that failed in a row
+	lastFail  *CallError    // the last of them
+	holdUntil time.Time     // once fails reaches restartAfterFailures, no start before this
+	hold      time.Duration // the current hold's length
 }
 
 func (h *Host) newPool(m *module) *pool {
