@@ -349,7 +349,9 @@ func parseImports(wasm []byte) ([]wasmImport, error) {
 // function holds several hundred times the function's size in the host's heap while it runs
 // (a 1 MiB function: +563 MiB), and a module's functions are compiled one after another, so the
 // bound on a function's body bounds the peak; the bounds on functions and locals bound the rest
-// of its work. Go, TinyGo and Rust stay far inside each (ABI.md, "Limits").
+// of its work (at the bounds, 10 MiB of 252 KiB functions compiled in 18 s, +231 MiB at the
+// peak). Go's output stays far inside each (ABI.md, "Exports"): an example plugin's ~1,400
+// functions, the largest 12 KiB of code, with at most 17 locals.
 const (
 	// MaxFunctionBodyBytes bounds one function's code.
 	MaxFunctionBodyBytes = 256 << 10
