@@ -57,6 +57,12 @@ type Record struct {
 	MemorySnapshot string `json:"memory_snapshot,omitempty"`
 	// Goal is where a desktop in stopping is going (asleep or stopped).
 	Goal State `json:"goal,omitempty"`
+	// SavingDisk and SavingState name the snapshots a halt under way takes (the disk's, and
+	// for a sleep the saved state's), written before it takes them: a halt resumed by a
+	// recovery (its gateway died, or Redis failed the record of its end) finds them by name,
+	// where they would otherwise stay listed, billed, with the desktop ending without them.
+	SavingDisk  string `json:"saving_disk,omitempty"`
+	SavingState string `json:"saving_state,omitempty"`
 	// Version counts the record's writes; the store compares it (not stored in the JSON).
 	Version int64 `json:"-"`
 }

@@ -54,9 +54,17 @@ func storeAway(err error) bool {
 // limits (an agent's calls waking several desktops at once) before the start fails.
 const desktopAdmitWait = time.Minute
 
-// desktopRecordFor is how long the end of a sleep or stop keeps trying to record itself while
-// Redis fails (a failover takes seconds): its snapshots are known only to this work until then.
-const desktopRecordFor = 2 * time.Minute
+// defaultDesktopRecordFor is how long the end of a sleep or stop keeps trying to record itself
+// while Redis fails (a failover takes seconds) before it leaves the work to a recovery, which
+// finds its snapshots by the names the record gives them (SavingDisk, SavingState).
+const defaultDesktopRecordFor = 2 * time.Minute
+
+func (s *Server) desktopRecordFor() time.Duration {
+	if s.DesktopRecordFor > 0 {
+		return s.DesktopRecordFor
+	}
+	return defaultDesktopRecordFor
+}
 
 // resizedStateMessage is why a sleep saved no state when a resize waits.
 const resizedStateMessage = "state not saved: the desktop was resized, and a saved state belongs to its old size"
@@ -402,8 +410,17 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 		}
 	}
 	disk, mem, saved, why := "", "", false, ""
+	named := rec.SavingDisk // the halt whose snapshots the record names: this one, or it was superseded
 	if sess != nil && sess.State == session.Running {
-		snap, err := s.takeSnapshot(ctx, sess, false)
+		diskID, memID := session.NewID("snap_", s.Now()), ""
+		named = diskID
+		if rec.Goal == desktop.Asleep {
+			memID = session.NewID("snap_", s.Now())
+		}
+		if !s.nameSaving(ctx, p, rec, diskID, memID) {
+			return false
+		}
+		snap, err := s.takeSnapshotAs(ctx, sess, diskID, false)
 		if err != nil {
 			why = "the disk could not be saved; it is as it was at the last sleep or stop (" + toAPIError(err).Message + ")"
 			s.log.Warn("desktop: disk snapshot", "desktop", rec.ID, "err", err)
@@ -411,8 +428,13 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 			disk = snap.ID
 		}
 		if rec.Goal == desktop.Asleep {
-			mem, saved, why = s.saveStateAndStop(ctx, p, rec, sess.ID, why)
+			mem, saved, why = s.saveStateAndStop(ctx, p, rec, sess.ID, memID, why)
 		}
+	} else if rec.SavingDisk != "" || rec.SavingState != "" {
+		// A halt before this one took its snapshots and stopped the session, but could not
+		// record its end (its gateway died, or Redis was away longer than it tried): they are
+		// the desktop's, its disk and its saved state as they were when it stopped.
+		disk, mem, saved, why = s.savedBy(ctx, p.ID, rec)
 	} else if sess != nil {
 		why = "state not saved: the desktop's session had ended"
 	}
@@ -433,7 +455,7 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 			if r.State == rec.Goal && r.SessionID == "" && (disk == "" || r.DiskSnapshot == disk) && r.MemorySnapshot == kept {
 				return errRecorded // this work's own write, its answer lost
 			}
-			if r.State != desktop.Stopping || r.SessionID != sessID {
+			if r.State != desktop.Stopping || r.SessionID != sessID || r.SavingDisk != named {
 				return errDesktopMoved
 			}
 			if err := desktop.Halt(r.State, r.Goal); err != nil {
@@ -445,6 +467,7 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 			}
 			r.State, r.Goal, r.SessionID = r.Goal, "", ""
 			r.MemorySnapshot, r.StateSaved, r.Message = mem, saved, why
+			r.SavingDisk, r.SavingState = "", ""
 			if _, resized := r.StartSize(); resized && mem != "" {
 				r.MemorySnapshot, r.StateSaved, r.Message, unkept = "", false, resizedStateMessage, mem
 			}
@@ -456,7 +479,7 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 		return err
 	}
 	err := record()
-	for wait, until := 250*time.Millisecond, time.Now().Add(desktopRecordFor); storeAway(err) && time.Now().Before(until); wait = min(2*wait, 5*time.Second) {
+	for wait, until := 250*time.Millisecond, time.Now().Add(s.desktopRecordFor()); storeAway(err) && time.Now().Before(until); wait = min(2*wait, 5*time.Second) {
 		select {
 		case <-ctx.Done():
 			return false
@@ -466,8 +489,8 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 	}
 	switch {
 	case storeAway(err):
-		// Its snapshots stay, listed in the project; the recovery ends the sleep or stop
-		// without them (the session has stopped), from the disk of the last one.
+		// Its snapshots stay, named in the record (nameSaving): the recovery ends the sleep
+		// or stop with them.
 		s.log.Error("desktop: record the end of a sleep or stop; it is resumed when its lease runs out",
 			"desktop", rec.ID, "disk_snapshot", disk, "memory_snapshot", mem, "err", err)
 		return false
@@ -496,12 +519,75 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 	return true
 }
 
+// nameSaving records in the stopping desktop's record the snapshots its halt is about to
+// take (diskID, and memID for a sleep; SavingDisk, SavingState), so that a recovery of the
+// halt finds them; those a dead halt of the same session named before go, superseded. It
+// answers false when Redis failed the write (nothing is taken yet: a recovery resumes the
+// halt). A desktop that moved on meanwhile is halted as before, the snapshots dropped at its
+// end.
+func (s *Server) nameSaving(ctx context.Context, p store.Project, rec desktop.Record, diskID, memID string) bool {
+	var superseded []string
+	_, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+		if r.State == desktop.Stopping && r.SessionID == rec.SessionID && r.SavingDisk == diskID {
+			return errRecorded
+		}
+		if r.State != desktop.Stopping || r.SessionID != rec.SessionID {
+			return errDesktopMoved
+		}
+		superseded = []string{r.SavingDisk, r.SavingState}
+		r.SavingDisk, r.SavingState = diskID, memID
+		return nil
+	})
+	if storeAway(err) {
+		s.log.Warn("desktop: name the snapshots of a sleep or stop; it is resumed when its lease runs out", "desktop", rec.ID, "err", err)
+		return false
+	}
+	if err == nil {
+		for _, id := range superseded {
+			if id != "" {
+				s.dropSnapshot(ctx, p.ID, id)
+			}
+		}
+	}
+	return true
+}
+
+// savedBy answers what the earlier halt named in rec took (haltDesktop's disk, memory
+// snapshot, whether the state was saved and the message): the snapshots of those names that
+// were recorded ready.
+func (s *Server) savedBy(ctx context.Context, project string, rec desktop.Record) (string, string, bool, string) {
+	ready := func(id string, memory bool) bool {
+		var snap session.Snapshot
+		if id == "" || s.Store.GetObject(ctx, project, store.KindSnapshot, id, &snap) != nil {
+			return false
+		}
+		return snap.State == session.SnapshotReady && snap.IncludeMemory == memory
+	}
+	disk, mem, why := "", "", ""
+	if ready(rec.SavingDisk, false) {
+		disk = rec.SavingDisk
+	} else {
+		why = "the disk could not be saved; it is as it was at the last sleep or stop"
+	}
+	if rec.Goal != desktop.Asleep {
+		return disk, "", false, why
+	}
+	if ready(rec.SavingState, true) {
+		mem = rec.SavingState // a resize since: the record's write drops it, saying so
+	} else if _, resized := rec.StartSize(); resized {
+		why = resizedStateMessage
+	} else if why == "" {
+		why = "state not saved: the desktop's session had ended before its state was saved"
+	}
+	return disk, mem, mem != "", why
+}
+
 // saveStateAndStop stops a sleeping desktop's session, its guest saved first, memory and
 // all, as a snapshot (Guests.StopSaving: the guest stops at its checkpoint, where a memory
 // snapshot of a running session would restore it only for the stop to tear it down). It
 // answers the snapshot, whether the state was saved, and the message to show when not. Where
 // it did not move the session to stopping, haltDesktop's stop ends it as any other.
-func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desktop.Record, sessionID, why string) (string, bool, string) {
+func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desktop.Record, sessionID, snapID, why string) (string, bool, string) {
 	if _, fresh := rec.StartSize(); fresh {
 		return "", false, resizedStateMessage
 	}
@@ -524,7 +610,7 @@ func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desk
 	}
 	s.forgetSessions(p.ID)
 	bg := context.WithoutCancel(ctx)
-	snap := session.Snapshot{ID: session.NewID("snap_", s.Now()), Object: "snapshot", SessionID: sess.ID, IncludeMemory: true,
+	snap := session.Snapshot{ID: snapID, Object: "snapshot", SessionID: sess.ID, IncludeMemory: true,
 		State: session.SnapshotReady, CreatedAt: *session.At(s.Now()), Template: sess.Template, Tier: sess.Tier, NodeID: sess.NodeID}
 	// Under a snapshot lease, as any snapshot: should this gateway die before the snapshot is
 	// recorded, the recovery records it failed, so that its files are not lost to sight.
@@ -563,7 +649,7 @@ func (s *Server) removeDesktop(p store.Project, rec desktop.Record) {
 	if rec.SessionID != "" {
 		s.stopSession(ctx, p, rec.SessionID)
 	}
-	for _, id := range []string{rec.DiskSnapshot, rec.MemorySnapshot} {
+	for _, id := range []string{rec.DiskSnapshot, rec.MemorySnapshot, rec.SavingDisk, rec.SavingState} {
 		if id != "" {
 			s.dropSnapshot(ctx, p.ID, id)
 		}

@@ -335,3 +335,61 @@ func TestStartWhoseWriteWasSentAgain(t *testing.T) {
 		t.Errorf("running with %q", d.Message)
 	}
 }
+
+// failDesktopWritesFor fails every write of a desktop record for d from the first one after
+// armed is set, as a Redis away for that long would (its reads go through).
+func failDesktopWritesFor(armed *atomic.Bool, d time.Duration) processHook {
+	var until atomic.Int64
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if scriptWith(cmd, ":d:desk_") && armed.Load() {
+			until.CompareAndSwap(0, time.Now().Add(d).UnixNano())
+			if time.Now().UnixNano() < until.Load() {
+				return resetError(cmd)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestSleepRecordedAfterALongOutage: Redis fails the record of a sleep's end for longer than
+// the sleep tries (DesktopRecordFor); the recovery that resumes the sleep once its lease runs
+// out records the snapshots the sleep took, found by the names the record gave them. Before,
+// it ended the sleep without them: the desktop woke from its previous disk, its state lost,
+// and the two snapshots stayed listed in the project, billed and counted.
+func TestSleepRecordedAfterALongOutage(t *testing.T) {
+	armed := new(atomic.Bool)
+	e := newEnv(t, func(c *Config) {
+		c.WorkLease = time.Second
+		c.DesktopRecordFor = time.Second
+		c.Guests = armedAfterSaving{Node: c.Guests.(*fakenode.Node), armed: armed}
+	})
+	e.rdb.AddHook(failDesktopWritesFor(armed, 4*time.Second))
+	d := e.newDesktop(map[string]any{"name": "outage"})
+	e.desktopAction(d.ID, "sleep", 202)
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+	if !armed.Load() {
+		t.Fatal("the sleep never saved the state: the fault was not injected")
+	}
+	rec, err := e.st.GetDesktop(context.Background(), e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.StateSaved || rec.MemorySnapshot == "" || rec.DiskSnapshot == "" || rec.SavingDisk != "" || rec.SavingState != "" {
+		t.Errorf("asleep after a long outage: state_saved %v (%q), memory snapshot %q, disk %q, still naming %q and %q; want the sleep's snapshots recorded",
+			d.StateSaved, d.Message, rec.MemorySnapshot, rec.DiskSnapshot, rec.SavingDisk, rec.SavingState)
+	}
+	var list session.List[session.Snapshot]
+	e.mustDo("GET", "/v1/snapshots", e.key, nil, 200, &list)
+	for _, s := range list.Data {
+		if s.ID != rec.DiskSnapshot && s.ID != rec.MemorySnapshot {
+			t.Errorf("snapshot %s (memory %v) is listed, and the desktop names it not", s.ID, s.IncludeMemory)
+		}
+	}
+	e.desktopAction(d.ID, "wake", 202)
+	if d = e.waitDesktop(d.ID, desktop.Running); d.Message != "" {
+		t.Errorf("woke with %q, want its saved state", d.Message)
+	}
+	if s := e.sessionOf(d.SessionID); s.RestoreFrom == nil || *s.RestoreFrom != rec.MemorySnapshot {
+		t.Errorf("woke restored from %v, want the sleep's saved state %s", s.RestoreFrom, rec.MemorySnapshot)
+	}
+}

@@ -40,7 +40,7 @@ func (s *Server) transitionWork(project, id string, f func() bool) {
 // had one (Redis failed its first lease too), so that a recovery resumes it; it keeps trying
 // for desktopRecordFor.
 func (s *Server) leaseLater(ref store.DesktopRef, token string) {
-	for wait, until := time.Second, time.Now().Add(desktopRecordFor); ; wait = min(2*wait, 10*time.Second) {
+	for wait, until := time.Second, time.Now().Add(s.desktopRecordFor()); ; wait = min(2*wait, 10*time.Second) {
 		err := s.Store.SetDesktopWork(s.ctx, ref, token, s.Now())
 		if err == nil {
 			return

@@ -89,6 +89,9 @@ type Config struct {
 	// go unrenewed (its gateway died) before another gateway resumes or ends it (0:
 	// DefaultWorkLease).
 	WorkLease time.Duration
+	// DesktopRecordFor is how long the end of a desktop's sleep or stop keeps trying to record
+	// itself while Redis fails before it leaves the work to a recovery (0: 2 minutes).
+	DesktopRecordFor time.Duration
 }
 
 // Server is the HTTP API.
