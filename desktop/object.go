@@ -63,6 +63,10 @@ type Record struct {
 	// where they would otherwise stay listed, billed, with the desktop ending without them.
 	SavingDisk  string `json:"saving_disk,omitempty"`
 	SavingState string `json:"saving_state,omitempty"`
+	// From is where a desktop in starting came from (asleep, stopped or failed; "" for a
+	// create): where it goes back to, as it was, when admission refuses its session for the
+	// project's spend cap or limits.
+	From State `json:"from,omitempty"`
 	// Version counts the record's writes; the store compares it (not stored in the JSON).
 	Version int64 `json:"-"`
 }

@@ -50,9 +50,16 @@ func storeAway(err error) bool {
 	return err != nil && !errors.Is(err, errDesktopMoved) && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, errRecorded)
 }
 
-// desktopAdmitWait is how long a desktop's start waits out admission's rate and concurrency
-// limits (an agent's calls waking several desktops at once) before the start fails.
-const desktopAdmitWait = time.Minute
+// defaultDesktopAdmitWait is how long a desktop's start waits out admission's rate and
+// concurrency limits (an agent's calls waking several desktops at once) before it is refused.
+const defaultDesktopAdmitWait = time.Minute
+
+func (s *Server) desktopAdmitWait() time.Duration {
+	if s.DesktopAdmitWait > 0 {
+		return s.DesktopAdmitWait
+	}
+	return defaultDesktopAdmitWait
+}
 
 // defaultDesktopRecordFor is how long the end of a sleep or stop keeps trying to record itself
 // while Redis fails (a failover takes seconds) before it leaves the work to a recovery, which
@@ -129,7 +136,7 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 			return rec, errState("%s", err.Error())
 		}
 		next := rec
-		next.State, next.Message = now, ""
+		next.State, next.Message, next.From = now, "", ""
 		dropped := ""
 		fromMemory := false
 		switch now {
@@ -138,7 +145,7 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 			if err := s.desktopRoom(ctx, rec.Size); err != nil {
 				return rec, err
 			}
-			next.SessionID, next.Goal = "", ""
+			next.SessionID, next.Goal, next.From = "", "", rec.State
 			fromMemory = cause != desktop.Start && rec.MemorySnapshot != ""
 		case desktop.Stopping:
 			next.Goal = to
@@ -165,7 +172,17 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 		}
 		switch now {
 		case desktop.Starting:
-			s.transitionWork(p.ID, id, func() bool { return s.startDesktop(p, out, fromMemory) })
+			// The caller waits for admission's answer: a spend cap or a limit that refuses the
+			// session is its 402 or 429, the desktop back as it was (refuseStart).
+			admitted := make(chan error, 1)
+			s.transitionWork(p.ID, id, func() bool { return s.startDesktop(p, out, fromMemory, admitted) })
+			select {
+			case err := <-admitted:
+				if err != nil {
+					return rec, err
+				}
+			case <-ctx.Done():
+			}
 		case desktop.Stopping:
 			s.transitionWork(p.ID, id, func() bool { return s.haltDesktop(p, out) })
 		case desktop.Stopped:
@@ -203,9 +220,11 @@ func (s *Server) desktopRoom(ctx context.Context, size desktop.Size) error {
 // (fromMemory), else from its disk snapshot, else fresh from the template; then it runs the
 // desktop's setup after a start that was not a memory restore, and marks the desktop running.
 // It answers false when it stopped for want of Redis (transitionWork), true when the work is
-// done, whatever its outcome.
-func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bool) bool {
+// done, whatever its outcome. admitted (nil: nobody waits) hears once how admission went: nil,
+// or the refusal refuseStart answers.
+func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bool, admitted chan<- error) bool {
 	ctx := s.ctx
+	defer tell(admitted, nil)
 	restore := rec.DiskSnapshot
 	if fromMemory {
 		restore = rec.MemorySnapshot
@@ -254,7 +273,9 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 				return false
 			case fromMemory && refusal.Param == "restore_from":
 				// The saved state's snapshot is gone (the caller deleted it) or not ready.
-				return s.wakeFromDisk(p, rec.ID, sessID, restore, refusal.Message)
+				return s.wakeFromDisk(p, rec.ID, sessID, restore, refusal.Message, admitted)
+			case refusal.Status == 402 || refusal.Status == 429:
+				return s.refuseStart(ctx, p, rec, sessID, refusal, admitted)
 			default:
 				return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop's session could not be made: "+refusal.Message)
 			}
@@ -272,6 +293,7 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 	} else if err != nil {
 		return false // Redis is away: the lease runs out and the work is resumed
 	}
+	tell(admitted, nil) // admitted: the caller answers now, the start goes on
 	got, err := s.awaitSession(ctx, p, sessID, t.ProvisionDeadline()+time.Minute, func(st session.State) bool {
 		return st == session.Running || st.Terminal()
 	})
@@ -283,7 +305,7 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		s.stopSession(ctx, p, sessID)
 		if fromMemory {
 			s.log.Warn("desktop: the saved state could not be restored; waking from the disk", "desktop", rec.ID, "why", why)
-			return s.wakeFromDisk(p, rec.ID, sessID, restore, why)
+			return s.wakeFromDisk(p, rec.ID, sessID, restore, why, nil)
 		}
 		return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start: "+why)
 	}
@@ -302,7 +324,7 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		if r.State != desktop.Starting || r.SessionID != sessID {
 			return errDesktopMoved
 		}
-		r.State = desktop.Running
+		r.State, r.From = desktop.Running, ""
 		return nil
 	})
 	switch {
@@ -322,7 +344,7 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 // admitDesktopSession admits a desktop's session under id, waiting out admission's rate and
 // concurrency limits for up to desktopAdmitWait.
 func (s *Server) admitDesktopSession(ctx context.Context, p store.Project, req session.CreateRequest, id string, marks map[string]string) error {
-	deadline := time.Now().Add(desktopAdmitWait)
+	deadline := time.Now().Add(s.desktopAdmitWait())
 	for {
 		_, _, err := s.admitRequest(ctx, p, req, id, marks)
 		if err == nil {
@@ -343,7 +365,7 @@ func (s *Server) admitDesktopSession(ctx context.Context, p store.Project, req s
 // wakeFromDisk gives up a wake's saved state (snapshot), which could not be restored (why),
 // and starts the desktop from its disk instead: seed 001's "a snapshot that cannot be restored
 // is given up the same way" as one that could not be taken.
-func (s *Server) wakeFromDisk(p store.Project, id, sessID, snapshot, why string) bool {
+func (s *Server) wakeFromDisk(p store.Project, id, sessID, snapshot, why string, admitted chan<- error) bool {
 	message := "state not saved: the saved state could not be restored (" + why + ")"
 	next, err := s.updateDesktop(s.ctx, p.ID, id, func(r *desktop.Record) error {
 		if r.State == desktop.Starting && r.SessionID == "" && r.Message == message {
@@ -359,7 +381,57 @@ func (s *Server) wakeFromDisk(p store.Project, id, sessID, snapshot, why string)
 		return !storeAway(err)
 	}
 	s.dropSnapshot(s.ctx, p.ID, snapshot)
-	return s.startDesktop(p, next, false)
+	return s.startDesktop(p, next, false, admitted)
+}
+
+// tell sends err on admitted if nobody was told yet (admitted holds one answer) and someone
+// waits (admitted not nil).
+func tell(admitted chan<- error, err error) {
+	select {
+	case admitted <- err:
+	default:
+	}
+}
+
+// refuseStart puts a desktop whose session admission refused for the project's spend cap or
+// limits (402, or 429 past desktopAdmitWait) back where it came from (rec.From: asleep, its
+// saved state kept; stopped; failed), and tells admitted the refusal, which the wake, start or
+// agent's call answers. Seed 001 leaves a desktop as it is when no machine has room for it,
+// with a 409; it says nothing of caps and limits, which are no more the desktop's doing, and
+// failing it lost its saved state. A create's start has nowhere to go back to: it fails.
+func (s *Server) refuseStart(ctx context.Context, p store.Project, rec desktop.Record, sessID string, refusal *apiError, admitted chan<- error) bool {
+	back := rec.From
+	if back == "" {
+		return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop's session could not be made: "+refusal.Message)
+	}
+	what := "start"
+	if back == desktop.Asleep {
+		what = "wake"
+	}
+	message := "the last " + what + " was refused: " + refusal.Message
+	out, err := s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
+		if r.State == back && r.SessionID == "" && r.Message == message {
+			return errRecorded
+		}
+		if r.State != desktop.Starting || r.SessionID != sessID {
+			return errDesktopMoved
+		}
+		r.State, r.SessionID, r.From, r.Message = back, "", "", message
+		return nil
+	})
+	if storeAway(err) {
+		return false
+	}
+	if err != nil && !errors.Is(err, errRecorded) {
+		return true // a stop or delete came first
+	}
+	kept := ""
+	if back == desktop.Asleep && out.MemorySnapshot != "" {
+		kept = ", its saved state kept"
+	}
+	tell(admitted, &apiError{Status: refusal.Status, Type: refusal.Type, Code: refusal.Code, Param: refusal.Param, RetryAfter: refusal.RetryAfter,
+		Message: fmt.Sprintf("desktop %s was not %s and stays %s%s: %s", rec.ID, map[string]string{"wake": "woken", "start": "started"}[what], back, kept, refusal.Message)})
+	return true
 }
 
 // failDesktop moves a desktop in starting (with session sessionID, "" for none yet) to
@@ -378,7 +450,7 @@ func (s *Server) failDesktop(ctx context.Context, p store.Project, id, sessionID
 			return err
 		}
 		saved = r.MemorySnapshot
-		r.State, r.Message, r.SessionID = desktop.Failed, message, ""
+		r.State, r.Message, r.SessionID, r.From = desktop.Failed, message, "", ""
 		r.MemorySnapshot, r.StateSaved = "", false
 		return nil
 	})

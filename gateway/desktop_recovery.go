@@ -121,7 +121,7 @@ func (s *Server) recoverDesktop(ctx context.Context, ref store.DesktopRef, now t
 		// Start, from stopped or failed, never has; a wake that fell back dropped it) and no
 		// resize came since (a saved state belongs to its size: the next halt drops it).
 		_, resized := rec.StartSize()
-		work = func() bool { return s.startDesktop(p, rec, rec.MemorySnapshot != "" && !resized) }
+		work = func() bool { return s.startDesktop(p, rec, rec.MemorySnapshot != "" && !resized, nil) }
 	case desktop.Stopping:
 		work = func() bool { return s.haltDesktop(p, rec) }
 	default:

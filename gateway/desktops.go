@@ -67,7 +67,7 @@ func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
-	s.transitionWork(p.ID, id, func() bool { return s.startDesktop(p, out, false) })
+	s.transitionWork(p.ID, id, func() bool { return s.startDesktop(p, out, false, nil) })
 	writeJSON(w, 201, out.Public())
 	return nil
 }

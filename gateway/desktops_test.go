@@ -530,3 +530,80 @@ func TestDesktopLimit(t *testing.T) {
 	e.mustDo("DELETE", "/v1/desktops/"+ids[0], e.key, nil, 200, nil)
 	e.newDesktop(map[string]any{"name": "one more"})
 }
+
+// crossSpendCap sets a project's monthly spend cap below a minute of use, and settles that
+// minute: admissions then answer 402.
+func (e *env) crossSpendCap() {
+	e.t.Helper()
+	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"monthly_spend_cap_micro_usd": 1000}, 200, nil)
+	ctx := context.Background()
+	now := time.Now()
+	rec := quota.Record{SessionID: "sess_x", ProjectID: e.projA, Tier: 2, SizeClass: "s", Seq: 1,
+		FromMs: now.Add(-time.Minute).UnixMilli(), ToMs: now.UnixMilli(), State: session.Running, SessionMs: 60_000}
+	if err := e.st.AppendUsage(ctx, e.projA, rec.Values()); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := quota.NewSettler(e.rdb, quota.SettlerOptions{Caps: quota.NewCaps(e.rdb, nil, nil)}).SettleProject(ctx, e.projA); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestWakeRefusedKeepsTheState: a wake that admission refuses for the project's spend cap
+// (402), or for a limit that lasts past the wake's wait (429), answers that refusal, to the
+// API's wake and to an agent's call, and leaves the desktop asleep with its saved state; a wake
+// once the cap or limit is lifted restores it. Before, the desktop went to failed, its saved
+// state dropped, and the wake answered 202.
+func TestWakeRefusedKeepsTheState(t *testing.T) {
+	for _, tc := range []struct {
+		name, code string
+		status     int
+		refuse     func(e *env) (lift func())
+	}{
+		{"spend cap", "spend_cap_reached", 402, func(e *env) func() {
+			e.crossSpendCap()
+			return func() {
+				e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"monthly_spend_cap_micro_usd": 10_000_000}, 200, nil)
+			}
+		}},
+		{"concurrency limit", "concurrency_limit", 429, func(e *env) func() {
+			e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"concurrency": 1}, 200, nil)
+			blocker := e.create(e.key, map[string]any{"tier": 2})
+			return func() {
+				e.mustDo("DELETE", "/v1/sessions/"+blocker.ID, e.key, nil, 202, nil)
+				e.waitState(e.key, blocker.ID, session.Stopped)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.DesktopAdmitWait = 2 * time.Second })
+			d := e.newDesktop(map[string]any{"name": "refused"})
+			e.desktopAction(d.ID, "sleep", 202)
+			e.waitDesktop(d.ID, desktop.Asleep)
+			saved := e.memorySnapshotOf(d.ID)
+			lift := tc.refuse(e)
+
+			msg := expectError(t, e.do("POST", "/v1/desktops/"+d.ID+":wake", e.key, nil), tc.status, tc.code, "*")
+			if !strings.Contains(msg, "stays asleep, its saved state kept") {
+				t.Errorf("the refused wake says %q, want that the desktop stays asleep with its state", msg)
+			}
+			we := rpcError(t, e.mcpSession(d), "run_command", map[string]any{"command": "true"})
+			if we.Code != int64(tc.status) || !strings.Contains(we.Message, tc.code) {
+				t.Errorf("the refused agent's call answered %d %q, want %d %s", we.Code, we.Message, tc.status, tc.code)
+			}
+			d = e.desktop(d.ID)
+			if d.State != desktop.Asleep || !d.StateSaved || e.memorySnapshotOf(d.ID) != saved || !e.snapshotExists(saved) {
+				t.Fatalf("after refused wakes: %s (%q), state_saved %v, memory snapshot %q (want %s, kept: %v)",
+					d.State, d.Message, d.StateSaved, e.memorySnapshotOf(d.ID), saved, e.snapshotExists(saved))
+			}
+
+			lift()
+			e.desktopAction(d.ID, "wake", 202)
+			if d = e.waitDesktop(d.ID, desktop.Running); d.Message != "" {
+				t.Errorf("woke with %q, want its saved state", d.Message)
+			}
+			if s := e.sessionOf(d.SessionID); s.RestoreFrom == nil || *s.RestoreFrom != saved {
+				t.Errorf("woke restored from %v, want the saved state %s", s.RestoreFrom, saved)
+			}
+		})
+	}
+}

@@ -92,6 +92,9 @@ type Config struct {
 	// DesktopRecordFor is how long the end of a desktop's sleep or stop keeps trying to record
 	// itself while Redis fails before it leaves the work to a recovery (0: 2 minutes).
 	DesktopRecordFor time.Duration
+	// DesktopAdmitWait is how long a desktop's start waits out admission's rate and
+	// concurrency limits before it is refused with their 429 (0: a minute).
+	DesktopAdmitWait time.Duration
 }
 
 // Server is the HTTP API.
