@@ -153,6 +153,11 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 			dropped = rec.MemorySnapshot
 			next.MemorySnapshot, next.StateSaved = "", false
 		}
+		if now == desktop.Starting || now == desktop.Stopping {
+			if err := s.leaseAhead(ctx, p.ID, id); err != nil {
+				return rec, err
+			}
+		}
 		var out desktop.Record
 		if cause == desktop.Idle {
 			// Only if still unused: a use (a tool call beginning) records no version, and

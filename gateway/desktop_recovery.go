@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"wb/desktop"
@@ -16,6 +17,21 @@ import (
 // and resumes the work from the record: a start from the session it recorded (admitted or
 // not), a stop or sleep from its snapshots. Without this a desktop would stay starting or
 // stopping for ever, and a started session would bill with no desktop to show for it.
+
+// leaseAhead gives the desktop, about to enter starting or stopping, a lease held by nobody
+// that ends one work lease from now, unless it has one (store.EnsureDesktopWork). The state
+// and the lease are two writes (two hash slots on a Cluster): a gateway that died between
+// the state's and transitionWork's lease left the desktop in its transition for ever, with no
+// lease for a recovery to find. Now the recovery finds this one once that grace has passed,
+// and resumes the work; the working gateway's lease replaces it at once, or its renewal takes
+// it over (transitionWork's failed). One left by a write that did not happen is released by
+// the recovery, which finds the desktop in no transition.
+func (s *Server) leaseAhead(ctx context.Context, project, id string) error {
+	if _, err := s.Store.EnsureDesktopWork(ctx, store.DesktopRef{Project: project, ID: id}, s.Now().Add(s.workLease())); err != nil {
+		return fmt.Errorf("desktop %s: %w", id, err)
+	}
+	return nil
+}
 
 // transitionWork runs f, the work of the desktop's transition, in the background under a
 // new lease (superseding any older work's). f answers false when it could not finish for want

@@ -2,10 +2,15 @@ package gateway
 
 import (
 	"context"
+	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/desktop"
 	"wb/session"
@@ -192,5 +197,53 @@ func TestDesktopRecoveryLeavesItsOwnWork(t *testing.T) {
 	close(release)
 	if d = e.waitDesktop(d.ID, desktop.Running); d.State != desktop.Running {
 		t.Fatalf("the desktop after its setup: %+v", d)
+	}
+}
+
+// holdFirstDesktopLease holds the first write of a desktop's work lease by its gateway
+// (store.SetDesktopWork) until gate closes, then fails it: the gateway is as good as dead
+// between the desktop's state and the lease of its work.
+func holdFirstDesktopLease(held *atomic.Bool, gate <-chan struct{}) processHook {
+	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if argHas(cmd, "{desktops}:work") && slices.Contains(cmd.Args(), any("set")) && held.CompareAndSwap(false, true) {
+			<-gate
+			return resetError(cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// TestDesktopStartWithoutItsLease: a gateway dies after it wrote a new desktop's starting and
+// before it took the lease of its start. Another gateway's recovery resumes the start once a
+// grace period passes (the lease set ahead of the state, which nobody holds); before, nothing
+// ever looked at the desktop again, and it stayed starting for ever.
+func TestDesktopStartWithoutItsLease(t *testing.T) {
+	held := new(atomic.Bool)
+	gate := make(chan struct{})
+	e := newEnv(t, func(c *Config) { c.WorkLease = time.Second })
+	e.rdb.AddHook(holdFirstDesktopLease(held, gate))
+	created := make(chan struct{})
+	req, _ := http.NewRequest("POST", e.url+"/v1/desktops", strings.NewReader(`{"name":"orphan"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	go func() { // not e.do: it may not fail the test from here
+		defer close(created)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	t.Cleanup(func() { close(gate); <-created })
+	var list session.List[desktop.Desktop]
+	e.waitFor(func() bool {
+		e.mustDo("GET", "/v1/desktops", e.key, nil, 200, &list)
+		return len(list.Data) == 1 && held.Load()
+	})
+	d := list.Data[0]
+	if d.State != desktop.Starting || d.SessionID != "" {
+		t.Fatalf("with its gateway stuck before the lease: %+v", d)
+	}
+	d = e.waitDesktop(d.ID, desktop.Running)
+	if d.Message != "" || d.SessionID == "" {
+		t.Errorf("resumed start: %+v", d)
 	}
 }

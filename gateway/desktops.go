@@ -58,6 +58,9 @@ func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.P
 	}
 	rec := desktop.Record{Desktop: desktop.Desktop{ID: id, Object: desktop.ObjectName, ProjectID: p.ID, Name: req.Name,
 		Size: size, State: desktop.Starting, MCPURL: s.PublicURL + "/v1/desktops/" + id + "/mcp", CreatedAt: *session.At(now)}}
+	if err := s.leaseAhead(r.Context(), p.ID, id); err != nil {
+		return err
+	}
 	out, err := s.Store.CreateDesktop(r.Context(), rec, desktop.MaxPerProject)
 	if ir.ref != "" && errors.Is(err, store.ErrDesktopChanged) { // made by the dead request meanwhile
 		if done, err := s.createdDesktop(w, r, p, id); done || err != nil {

@@ -337,9 +337,19 @@ func (s *Store) SetDesktopWork(ctx context.Context, ref DesktopRef, token string
 	return err
 }
 
-// RenewDesktopWork extends lease token to until; false when token no longer holds it.
+// RenewDesktopWork extends lease token to until, taking it if it has no holder (the one
+// EnsureDesktopWork set ahead of the work, whose SetDesktopWork failed); false when another
+// token holds it.
 func (s *Store) RenewDesktopWork(ctx context.Context, ref DesktopRef, token string, until time.Time) (bool, error) {
-	return s.desktopWork(ctx, "renew", ref, token, until, until)
+	return s.desktopWork(ctx, "keep", ref, token, until, until)
+}
+
+// EnsureDesktopWork gives the desktop a lease that ends at until, held by nobody, unless it
+// has one: set before the desktop enters starting or stopping, it lets a recovery resume the
+// transition once until passes should the gateway die before it takes its own lease
+// (SetDesktopWork). It answers whether it set one.
+func (s *Store) EnsureDesktopWork(ctx context.Context, ref DesktopRef, until time.Time) (bool, error) {
+	return s.desktopWork(ctx, "ensure", ref, "", until, until)
 }
 
 // ReleaseDesktopWork ends lease token (the work is done); false when token no longer held it.

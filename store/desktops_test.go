@@ -219,6 +219,20 @@ func TestDesktopWorkLeases(t *testing.T) {
 	if must(s.ClaimDesktopWork(ctx, ref, "e", t0.Add(time.Hour), t0.Add(2*time.Hour))) {
 		t.Fatal("claimed a released lease")
 	}
+	// A lease set ahead of a transition is held by nobody: a work's renewal takes it (its own
+	// SetDesktopWork failed), and none is set where one runs.
+	if !must(s.EnsureDesktopWork(ctx, ref, t0.Add(3*time.Minute))) || must(s.EnsureDesktopWork(ctx, ref, t0.Add(4*time.Minute))) {
+		t.Fatal("the lease ahead was not set once, and only once")
+	}
+	if !must(s.RenewDesktopWork(ctx, ref, "f", t0.Add(5*time.Minute))) || must(s.RenewDesktopWork(ctx, ref, "g", t0.Add(5*time.Minute))) {
+		t.Fatal("the lease ahead was not taken by the first work's renewal alone")
+	}
+	if must(s.EnsureDesktopWork(ctx, ref, t0.Add(time.Minute))) {
+		t.Fatal("a lease ahead replaced a held one")
+	}
+	if due, _, _ := s.DueDesktopWork(ctx, t0.Add(4*time.Minute), 10); len(due) != 0 {
+		t.Fatalf("the held lease is due early: %v", due)
+	}
 }
 
 // TestDesktopCap: CreateDesktop refuses a project's desktop past max with a conflict that

@@ -72,7 +72,8 @@ const (
 	// desktopWorkKey is a sorted set of the desktops whose transition (starting, stopping)
 	// some gateway is working on, member "PROJECT/DESKTOP", score the time in ms at which that
 	// gateway's lease ends; desktopWorkerKey is a hash from the same member to the lease's
-	// token. Written by store (SetDesktopWork, RenewDesktopWork, ReleaseDesktopWork,
+	// token (none for a lease set ahead of the transition, EnsureDesktopWork). Written by store
+	// (SetDesktopWork, EnsureDesktopWork, RenewDesktopWork, ReleaseDesktopWork,
 	// ClaimDesktopWork); read by every gateway's recovery loop (DueDesktopWork), which takes
 	// over the work of a gateway that died mid-transition.
 	// One hash tag: one script writes both (Redis Cluster).
