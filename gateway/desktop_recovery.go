@@ -33,6 +33,25 @@ func (s *Server) leaseAhead(ctx context.Context, project, id string) error {
 	return nil
 }
 
+// leaseOrphan gives a desktop that has been starting or stopping for longer than a work lease
+// a lease due now, unless it has one, so that a recovery resumes its work: one left so by a
+// gateway from before leaseAhead, or whose lease ahead was not set (a finishing work released
+// its own lease, which the lease ahead found and kept, just before the state was written).
+// A desktop whose work runs has its lease, and keeps it as it is. Called where a caller looks
+// at a desktop (GET, a call that waits for it). It answers whether it looked.
+func (s *Server) leaseOrphan(ctx context.Context, rec desktop.Record) bool {
+	if rec.State != desktop.Starting && rec.State != desktop.Stopping || s.Now().Sub(rec.UpdatedAt.Time) < s.workLease() {
+		return false
+	}
+	set, err := s.Store.EnsureDesktopWork(ctx, store.DesktopRef{Project: rec.ProjectID, ID: rec.ID}, s.Now())
+	if err != nil {
+		s.log.Warn("desktop: look for the lease of its transition", "desktop", rec.ID, "err", err)
+	} else if set {
+		s.log.Warn("desktop: its transition had no lease; a recovery resumes it", "desktop", rec.ID, "state", rec.State)
+	}
+	return true
+}
+
 // transitionWork runs f, the work of the desktop's transition, in the background under a
 // new lease (superseding any older work's). f answers false when it could not finish for want
 // of Redis: the lease is then left to run out, and a recovery resumes the work.

@@ -247,3 +247,30 @@ func TestDesktopStartWithoutItsLease(t *testing.T) {
 		t.Errorf("resumed start: %+v", d)
 	}
 }
+
+// TestDesktopStuckStartingIsResumed: a desktop that a gateway from before the lease ahead
+// left starting with no lease (it died before taking it) gets one when a caller looks at it
+// after a work lease, and a recovery resumes its start.
+func TestDesktopStuckStartingIsResumed(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WorkLease = time.Second })
+	d := e.newDesktop(map[string]any{"name": "stuck"})
+	e.desktopAction(d.ID, "stop", 202)
+	e.waitDesktop(d.ID, desktop.Stopped)
+	ctx := context.Background()
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What such a gateway left that died right after it accepted a Start.
+	rec.State, rec.From = desktop.Starting, desktop.Stopped
+	if _, err := e.st.PutDesktop(ctx, rec, desktop.Stopped); err != nil {
+		t.Fatal(err)
+	}
+	if due, _, _ := e.st.DueDesktopWork(ctx, time.Now().Add(time.Hour), 10); len(due) != 0 {
+		t.Fatalf("leases before the look: %v", due)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if d = e.waitDesktop(d.ID, desktop.Running); d.Message != "" {
+		t.Errorf("resumed start: %+v", d)
+	}
+}

@@ -75,6 +75,7 @@ func (s *Server) awakeDesktop(ctx context.Context, p store.Project, id string, c
 	waitCtx, cancel := context.WithTimeout(ctx, s.desktopWakeWait())
 	defer cancel()
 	var rec desktop.Record
+	orphan := true // looked for once a wait is long enough: its desktop has a lease, or gets one
 	for pause := desktopWaitFirst; ; pause = min(2*pause, desktopWaitMost) {
 		var err error
 		rec, err = s.Store.GetDesktop(waitCtx, p.ID, id)
@@ -86,6 +87,9 @@ func (s *Server) awakeDesktop(ctx context.Context, p store.Project, id string, c
 		}
 		if err == nil {
 			rec = s.reconcileDesktop(waitCtx, p, rec)
+			if orphan && s.leaseOrphan(waitCtx, rec) {
+				orphan = false
+			}
 			sess, err := s.desktopReady(waitCtx, p, rec, cause)
 			if sess != nil || err != nil {
 				return rec, sess, err

@@ -103,6 +103,7 @@ func (s *Server) getDesktop(w http.ResponseWriter, r *http.Request, p store.Proj
 		return err
 	}
 	rec = s.reconcileDesktop(r.Context(), p, rec)
+	s.leaseOrphan(r.Context(), rec)
 	writeJSON(w, 200, rec.Public())
 	return nil
 }
