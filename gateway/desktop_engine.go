@@ -511,7 +511,11 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 		// A halt before this one took its snapshots and stopped the session, but could not
 		// record its end (its gateway died, or Redis was away longer than it tried): they are
 		// the desktop's, its disk and its saved state as they were when it stopped.
-		disk, mem, saved, why = s.savedBy(ctx, p.ID, rec)
+		var err error
+		if disk, mem, saved, why, err = s.savedBy(ctx, p.ID, rec); err != nil {
+			s.log.Warn("desktop: read the snapshots of a sleep or stop; it is resumed when its lease runs out", "desktop", rec.ID, "err", err)
+			return false
+		}
 	} else if sess != nil {
 		why = "state not saved: the desktop's session had ended"
 	}
@@ -631,11 +635,18 @@ func (s *Server) nameSaving(ctx context.Context, p store.Project, rec desktop.Re
 
 // savedBy answers what the earlier halt named in rec took (haltDesktop's disk, memory
 // snapshot, whether the state was saved and the message): the snapshots of those names that
-// were recorded ready.
-func (s *Server) savedBy(ctx context.Context, project string, rec desktop.Record) (string, string, bool, string) {
+// were recorded ready. An error is Redis's: the halt cannot tell what it has.
+func (s *Server) savedBy(ctx context.Context, project string, rec desktop.Record) (string, string, bool, string, error) {
+	var failed error
 	ready := func(id string, memory bool) bool {
 		var snap session.Snapshot
-		if id == "" || s.Store.GetObject(ctx, project, store.KindSnapshot, id, &snap) != nil {
+		if id == "" {
+			return false
+		}
+		if err := s.Store.GetObject(ctx, project, store.KindSnapshot, id, &snap); err != nil {
+			if !errors.Is(err, store.ErrNotFound) {
+				failed = err
+			}
 			return false
 		}
 		return snap.State == session.SnapshotReady && snap.IncludeMemory == memory
@@ -647,7 +658,7 @@ func (s *Server) savedBy(ctx context.Context, project string, rec desktop.Record
 		why = "the disk could not be saved; it is as it was at the last sleep or stop"
 	}
 	if rec.Goal != desktop.Asleep {
-		return disk, "", false, why
+		return disk, "", false, why, failed
 	}
 	if ready(rec.SavingState, true) {
 		mem = rec.SavingState // a resize since: the record's write drops it, saying so
@@ -656,7 +667,7 @@ func (s *Server) savedBy(ctx context.Context, project string, rec desktop.Record
 	} else if why == "" {
 		why = "state not saved: the desktop's session had ended before its state was saved"
 	}
-	return disk, mem, mem != "", why
+	return disk, mem, mem != "", why, failed
 }
 
 // saveStateAndStop stops a sleeping desktop's session, its guest saved first, memory and
