@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/desktop"
 	"wb/session"
@@ -262,5 +265,119 @@ func TestIdempotencyTakeoverSnapshotUnderWay(t *testing.T) {
 	e.mustDo("GET", "/v1/snapshots", e.key, nil, 200, &list)
 	if len(list.Data) != 1 {
 		t.Errorf("%d snapshots after the retry, want 1: %+v", len(list.Data), list.Data)
+	}
+}
+
+// gatewayWith starts another gateway on e's Redis and node whose store has a Redis client of
+// its own, with hook (nil: none) and opts, and answers it and an env whose requests go to it
+// (e's still go where they did).
+func (e *env) gatewayWith(hook redis.Hook, cfg func(*Config), opts ...store.Option) (*Server, *env) {
+	e.t.Helper()
+	o := *e.rdb.(*redis.Client).Options()
+	rdb := redis.NewClient(&o)
+	if hook != nil {
+		rdb.AddHook(hook)
+	}
+	c := e.gw.Config
+	c.Store = store.New(rdb, append([]store.Option{store.WithTiers(patientTiers())}, opts...)...)
+	c.Metrics = NewMetrics(c.Store)
+	if cfg != nil {
+		cfg(&c)
+	}
+	gw, err := New(c)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw.Handler())
+	gw.PublicURL = srv.URL
+	e.t.Cleanup(func() { srv.Close(); gw.Close(); _ = rdb.Close() })
+	other := *e
+	other.url, other.gw = srv.URL, gw
+	return gw, &other
+}
+
+// stallAt is a hook that, from the first command match accepts, holds every command of its
+// client (that one first) until release is called: a gateway that is slow (a long pause, a
+// starved host, a partition from Redis) rather than dead. stalled is closed when it begins.
+func stallAt(match func(redis.Cmder) bool) (hook processHook, stalled <-chan struct{}, release func()) {
+	began, released := make(chan struct{}), make(chan struct{})
+	var once, releaseOnce sync.Once
+	hook = func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		if match(cmd) {
+			once.Do(func() { close(began) })
+		}
+		select {
+		case <-began:
+			<-released
+		default:
+		}
+		return next(ctx, cmd)
+	}
+	return hook, began, func() { releaseOnce.Do(func() { close(released) }) }
+}
+
+// execsIn counts the commands the node ran in session id.
+func (e *env) execsIn(id string) int {
+	n := 0
+	for _, c := range e.node.Calls() {
+		if c == "exec:"+id {
+			n++
+		}
+	}
+	return n
+}
+
+// TestIdempotencyTakeoverRunFromSlowGateway: a gateway that stalls (slow, not dead) just
+// before it saves its run loses its Idempotency-Key to a retry on another gateway once the
+// key's lease lapses, and the retry runs the command. When the first gateway resumes, it
+// finds the run made and answers it: the command runs once, and the run stays as the retry
+// recorded it. Before, the first gateway overwrote the retry's run and ran the command again
+// (in the session; an ephemeral run's, ended by then, failed and was recorded failed).
+func TestIdempotencyTakeoverRunFromSlowGateway(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	for _, c := range []struct{ name, body string }{
+		{"in a session", `{"session_id":"` + s.ID + `","command":"echo once"}`},
+		{"ephemeral", `{"tier":1,"runtime":"sh","code":"echo once"}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			key := "run-slow-" + c.name
+			hook, stalled, release := stallAt(func(cmd redis.Cmder) bool { return argHas(cmd, "}:run:") })
+			defer release()
+			_, slow := e.gatewayWith(hook, nil, store.WithIdemLease(time.Second))
+			first := make(chan response, 1)
+			go func() { first <- slow.do("POST", "/v1/runs", e.key, []byte(c.body), "Idempotency-Key", key) }()
+			select {
+			case <-stalled:
+			case <-time.After(time.Minute):
+				t.Fatal("the first gateway never came to save its run")
+			}
+			// The retry, on the other gateway, as a client whose request timed out sends it:
+			// refused while the first holds the key, then taking it over once its lease lapses.
+			var r response
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+				if r = e.do("POST", "/v1/runs", e.key, []byte(c.body), "Idempotency-Key", key); r.status != 409 || time.Now().After(deadline) {
+					break
+				}
+			}
+			var retried session.Run
+			if r.status != 201 || json.Unmarshal(r.body, &retried) != nil || retried.State != session.RunSucceeded {
+				t.Fatalf("the retry: %d %s, want 201 and the run succeeded", r.status, r.body)
+			}
+			release()
+			a := <-first
+			var answered session.Run
+			if a.status != 201 || json.Unmarshal(a.body, &answered) != nil || answered.ID != retried.ID || answered.State != session.RunSucceeded {
+				t.Errorf("the slow gateway answered %d %s, want the retry's run %s, succeeded", a.status, a.body, retried.ID)
+			}
+			if n := e.execsIn(*retried.SessionID); n != 1 {
+				t.Errorf("the command ran %d times in session %s, want once", n, *retried.SessionID)
+			}
+			var got session.Run
+			e.mustDo("GET", "/v1/runs/"+retried.ID, e.key, nil, 200, &got)
+			if got.State != session.RunSucceeded || got.Stdout != "once\n" {
+				t.Errorf("the run after both: %s %q (error %s), want succeeded, once", got.State, got.Stdout, derefOr(got.Error))
+			}
+		})
 	}
 }

@@ -56,15 +56,14 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	}
 	// With an Idempotency-Key the run and an ephemeral run's session are named after the key's
 	// ref, which every request holding the key in turn shares: a retry that took the key over
-	// from a gateway that died mid-run answers the run that one made, as it is, rather than
-	// run the command again.
+	// from a gateway that died (or was merely slow) mid-run answers the run that one made
+	// rather than run the command again.
 	runID, sessID := "", ""
 	if ir := idemRefOf(r.Context()); ir.ref != "" {
 		runID, sessID = "run_"+ir.ref, "sess_"+ir.ref
 		if ir.resumed {
 			if run, err := s.Store.GetRun(r.Context(), p.ID, runID); err == nil {
-				writeJSON(w, status, run)
-				return nil
+				return s.answerRun(w, r, p, run, status, wait)
 			} else if !errors.Is(err, store.ErrNotFound) {
 				return err
 			}
@@ -169,11 +168,27 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	}
 	run := &session.Run{ID: runID, Object: "run", SessionID: &req.SessionID,
 		State: session.RunQueued, CreatedAt: *session.At(now)}
-	if err := s.Store.PutRun(r.Context(), p.ID, run); err != nil {
+	// The record is created only where there is none: of the requests that share a run id (a
+	// gateway slow enough for its Idempotency-Key's lease to lapse, and the retry that took
+	// the key over from it) one makes it, and only that one runs the command.
+	attempt := session.NewID("lease_", now)
+	created, err := s.Store.CreateRun(r.Context(), p.ID, run, attempt)
+	if err != nil {
 		if ephemeral != "" { // it will run nothing: its guest must not hold a slot until its idle timeout
 			s.stopRunSession(r.Context(), p, ephemeral, err)
 		}
 		return err
+	}
+	if !created {
+		other, err := s.Store.GetRun(r.Context(), p.ID, runID)
+		if err != nil {
+			return err
+		}
+		if ephemeral != "" && (other.SessionID == nil || *other.SessionID != ephemeral) {
+			// A session of its own (the key's had ended): the other run does not use it.
+			s.stopRunSession(r.Context(), p, ephemeral, nil)
+		}
+		return s.answerRun(w, r, p, other, status, wait)
 	}
 	do := func(ctx context.Context) {
 		if err := work(ctx, run); err != nil {
@@ -212,6 +227,29 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	writeJSON(w, status, run)
 	return nil
 }
+
+// answerRun answers run, which another request with the same Idempotency-Key made (and
+// runs, or ran): as it is to a caller that does not wait, else once it has ended, as its own
+// gateway records it (or, should that gateway stop first, the recovery of its lease).
+func (s *Server) answerRun(w http.ResponseWriter, r *http.Request, p store.Project, run *session.Run, status int, wait bool) error {
+	const poll = 200 * time.Millisecond
+	for wait && !runEnded(run.State) {
+		select {
+		case <-r.Context().Done():
+			return r.Context().Err()
+		case <-time.After(poll):
+		}
+		var err error
+		if run, err = s.Store.GetRun(r.Context(), p.ID, run.ID); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, status, run)
+	return nil
+}
+
+// runEnded reports whether a run in state st has ended.
+func runEnded(st string) bool { return st == session.RunSucceeded || st == session.RunFailed }
 
 func (s *Server) execRun(ctx context.Context, sess *session.Session, req session.ExecRequest, run *session.Run) error {
 	run.State, run.StartedAt = session.RunRunning, session.At(s.Now())
