@@ -85,8 +85,8 @@ type Config struct {
 	DesktopIdle     time.Duration
 	DesktopTemplate string
 	DesktopSetup    func(ctx context.Context, ex desktop.Execer) error
-	// WorkLease is how long the work of a desktop's transition or of a session's snapshot may
-	// go unrenewed (its gateway died) before another gateway resumes or ends it (0:
+	// WorkLease is how long the work of a desktop's transition, of a session's snapshot or of
+	// a run may go unrenewed (its gateway died) before another gateway resumes or ends it (0:
 	// DefaultWorkLease).
 	WorkLease time.Duration
 	// DesktopRecordFor is how long the end of a desktop's sleep or stop keeps trying to record
@@ -118,9 +118,11 @@ type Server struct {
 	// idleKick wakes the desktop idle loop when this server sets an earlier deadline.
 	idleKick chan struct{}
 	// leases is the desktop transitions this server works on (desktop_recovery.go);
-	// snapshots, the sessions' snapshots (snapshot_recovery.go).
+	// snapshots, the sessions' snapshots (snapshot_recovery.go); runs, the attempts at runs
+	// (run_recovery.go).
 	leases    workingLeases[store.DesktopRef]
 	snapshots workingLeases[store.SessionRef]
+	runs      workingLeases[store.RunRef]
 }
 
 // New returns a Server. Call Close to stop its background work.
@@ -168,6 +170,7 @@ func New(cfg Config) (*Server, error) {
 	s.goBackground(func() { s.runDesktopIdle(ctx) })
 	s.goBackground(func() { s.runDesktopRecovery(ctx) })
 	s.goBackground(func() { s.runSnapshotRecovery(ctx) })
+	s.goBackground(func() { s.runRunRecovery(ctx) })
 	return s, nil
 }
 

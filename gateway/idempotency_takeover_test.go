@@ -296,6 +296,13 @@ func (e *env) gatewayWith(hook redis.Hook, cfg func(*Config), opts ...store.Opti
 	return gw, &other
 }
 
+// in is e for subtest t: its failures and cleanups are t's.
+func (e *env) in(t *testing.T) *env {
+	c := *e
+	c.t = t
+	return &c
+}
+
 // stallAt is a hook that, from the first command match accepts, holds every command of its
 // client (that one first) until release is called: a gateway that is slow (a long pause, a
 // starved host, a partition from Redis) rather than dead. stalled is closed when it begins.
@@ -341,6 +348,7 @@ func TestIdempotencyTakeoverRunFromSlowGateway(t *testing.T) {
 		{"ephemeral", `{"tier":1,"runtime":"sh","code":"echo once"}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			e := e.in(t)
 			key := "run-slow-" + c.name
 			hook, stalled, release := stallAt(func(cmd redis.Cmder) bool { return argHas(cmd, "}:run:") })
 			defer release()

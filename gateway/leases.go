@@ -7,8 +7,8 @@ import (
 )
 
 // Work leases (store/leases.go) cover work that one gateway does and another must take over
-// or end should that one die: a desktop's transition (desktop_recovery.go) and a session's
-// snapshot (snapshot_recovery.go). The gateway doing the work renews its lease while it
+// or end should that one die: a desktop's transition (desktop_recovery.go), a session's
+// snapshot (snapshot_recovery.go) and a run (run_recovery.go). The gateway doing the work renews its lease while it
 // works; every gateway's recovery loops wait for leases that ran out.
 
 // DefaultWorkLease is how long such work may go unrenewed before another gateway takes it

@@ -84,7 +84,8 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		}
 	}()
 	exec := session.ExecRequest{Command: req.Command, Env: req.Env, Cwd: req.Cwd, Stdin: req.Stdin, TimeoutS: req.TimeoutS}
-	var work func(ctx context.Context, run *session.Run) error
+	// work runs the command of run, which the attempt owns.
+	var work func(ctx context.Context, run *session.Run, attempt string) error
 	ephemeral := "" // the id of the session admitted for an ephemeral run
 	if req.SessionID != "" {
 		if req.Tier != nil || req.Runtime != "" || req.Code != "" {
@@ -100,12 +101,12 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		if sess.State != session.Running {
 			return errState("session is %s; a run needs a running session", sess.State)
 		}
-		work = func(ctx context.Context, run *session.Run) error {
+		work = func(ctx context.Context, run *session.Run, attempt string) error {
 			sess, err := s.Store.Get(ctx, p.ID, req.SessionID)
 			if err != nil {
 				return err
 			}
-			return s.execRun(ctx, sess, exec, run)
+			return s.execRun(ctx, sess, exec, run, attempt)
 		}
 	} else {
 		if req.Tier == nil || *req.Tier != 1 {
@@ -140,7 +141,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 			return err
 		}
 		admitted := time.Now()
-		work = func(ctx context.Context, run *session.Run) error {
+		work = func(ctx context.Context, run *session.Run, attempt string) error {
 			var ran, execd time.Time
 			defer func() {
 				stopAt := time.Now()
@@ -156,7 +157,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 				return err
 			}
 			ran = time.Now()
-			err = s.execRun(ctx, running, exec, run)
+			err = s.execRun(ctx, running, exec, run, attempt)
 			execd = time.Now()
 			return err
 		}
@@ -168,11 +169,27 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	}
 	run := &session.Run{ID: runID, Object: "run", SessionID: &req.SessionID,
 		State: session.RunQueued, CreatedAt: *session.At(now)}
+	// The attempt holds a lease on the run until it has ended, taken before the record is
+	// made: should this gateway stop first, another's recovery finds the run and ends it
+	// (run_recovery.go).
+	ref := store.RunRef{Project: p.ID, ID: runID, Attempt: session.NewID("lease_", now)}
+	if err := s.Store.SetRunWork(r.Context(), ref, now.Add(s.workLease())); err != nil {
+		if ephemeral != "" { // it will run nothing: its guest must not hold a slot until its idle timeout
+			s.stopRunSession(r.Context(), p, ephemeral, err)
+		}
+		return err
+	}
+	s.runs.begin(ref, ref.Attempt)
+	leased := true
+	defer func() {
+		if leased { // the run was not made, or perhaps was (an error after the write): its lease runs out
+			s.endRunWork(ref, false)
+		}
+	}()
 	// The record is created only where there is none: of the requests that share a run id (a
 	// gateway slow enough for its Idempotency-Key's lease to lapse, and the retry that took
 	// the key over from it) one makes it, and only that one runs the command.
-	attempt := session.NewID("lease_", now)
-	created, err := s.Store.CreateRun(r.Context(), p.ID, run, attempt)
+	created, err := s.Store.CreateRun(r.Context(), p.ID, run, ref.Attempt)
 	if err != nil {
 		if ephemeral != "" { // it will run nothing: its guest must not hold a slot until its idle timeout
 			s.stopRunSession(r.Context(), p, ephemeral, err)
@@ -180,6 +197,8 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		return err
 	}
 	if !created {
+		leased = false
+		s.endRunWork(ref, true)
 		other, err := s.Store.GetRun(r.Context(), p.ID, runID)
 		if err != nil {
 			return err
@@ -191,25 +210,42 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		return s.answerRun(w, r, p, other, status, wait)
 	}
 	do := func(ctx context.Context) {
-		if err := work(ctx, run); err != nil {
+		ended := false // recorded: the lease can go; until then a recovery may be needed
+		defer func() { s.endRunWork(ref, ended) }()
+		stopRenewing := s.keepRenewed(context.WithoutCancel(ctx), "run", run.ID, func(ctx context.Context, until time.Time) (bool, error) {
+			return s.Store.RenewRunWork(ctx, ref, until)
+		})
+		err := work(ctx, run, ref.Attempt)
+		closing := ctx.Err() != nil // only an async run's is cancelled: by its gateway's Close
+		stopRenewing()
+		// The end is recorded and announced even as the gateway shuts down, or the run would
+		// stay running until a recovery ends it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runRecordTimeout)
+		defer cancel()
+		if errors.Is(err, errRunEnded) {
+			// A recovery ended it, and the command never started: it stands as recorded.
+			if cur, gerr := s.Store.GetRun(ctx, p.ID, run.ID); gerr == nil {
+				*run = *cur
+			}
+			ended = true
+			return
+		}
+		if err != nil {
 			msg := toAPIError(err).Message
-			if ctx.Err() != nil { // only an async run's is cancelled: by its gateway's Close
+			if closing {
 				msg = "the gateway running it shut down before it finished; run it again"
 			}
 			run.State, run.Error = session.RunFailed, &msg
 			run.FinishedAt = session.At(s.Now())
 		}
-		// The end is recorded and announced even as the gateway shuts down, or the run would
-		// stay running for ever with no run.finished.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), runRecordTimeout)
-		defer cancel()
-		if err := s.Store.PutRun(ctx, p.ID, run); err != nil {
+		if err := s.Store.FinishRun(ctx, p.ID, run, ref.Attempt, eventRun(run)); err != nil {
+			// Its lease runs out, and a recovery records it failed.
 			s.log.Error("save run", "run", run.ID, "err", err)
-		}
-		if _, err := s.Store.AppendEvent(ctx, p.ID, session.EventRunFinished, req.SessionID, eventRun(run)); err != nil {
-			s.log.Error("run.finished event", "run", run.ID, "err", err)
+		} else {
+			ended = true
 		}
 	}
+	leased = false // do lets go of it
 	if !wait {
 		queued := *run
 		s.bg.Add(1)
@@ -251,10 +287,19 @@ func (s *Server) answerRun(w http.ResponseWriter, r *http.Request, p store.Proje
 // runEnded reports whether a run in state st has ended.
 func runEnded(st string) bool { return st == session.RunSucceeded || st == session.RunFailed }
 
-func (s *Server) execRun(ctx context.Context, sess *session.Session, req session.ExecRequest, run *session.Run) error {
+// errRunEnded: a recovery ended the run before its command started (its lease ran out).
+var errRunEnded = errors.New("the run was ended by a recovery before its command started")
+
+// execRun runs the command of run, which attempt owns, in sess: it records the run running
+// first, unless a recovery ended it (errRunEnded), so that the command never starts after.
+func (s *Server) execRun(ctx context.Context, sess *session.Session, req session.ExecRequest, run *session.Run, attempt string) error {
 	run.State, run.StartedAt = session.RunRunning, session.At(s.Now())
-	if err := s.Store.PutRun(ctx, sess.ProjectID, run); err != nil {
+	started, err := s.Store.StartRun(ctx, sess.ProjectID, run, attempt)
+	if err != nil {
 		return err
+	}
+	if !started {
+		return errRunEnded
 	}
 	res, err := s.runExec(ctx, sess, req, nil)
 	if err != nil {

@@ -30,6 +30,10 @@ const (
 	RunFailed    = "failed"
 )
 
+// RunOrphaned is the error of a run whose gateway stopped before it recorded the run's end,
+// as a recovery records it.
+const RunOrphaned = "the gateway running it stopped before it finished; run it again"
+
 // Run is one command run in a session, or an ephemeral tier-1 run.
 type Run struct {
 	ID        string  `json:"id"`

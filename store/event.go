@@ -35,21 +35,29 @@ type Event struct {
 // the timer warnings) to the project's outbox. sessionID orders it with that session's events
 // ("" for project-wide events); object becomes data.object.
 func (s *Store) AppendEvent(ctx context.Context, project, typ, sessionID string, object any) (string, error) {
-	b, err := json.Marshal(object)
+	id, values, err := s.eventValues(project, typ, sessionID, object)
 	if err != nil {
-		return "", fmt.Errorf("encode %s event: %w", typ, err)
+		return "", err
 	}
-	now := s.now()
-	id := session.NewID("evt_", now)
-	err = s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: Outbox(project), MaxLen: outboxMaxLen, Approx: true, Values: []any{
-		"id", id, "type", typ, "session_id", sessionID, "project_id", project,
-		"at", now.UnixMilli(), "object", b,
-	}}).Err()
+	err = s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: Outbox(project), MaxLen: outboxMaxLen, Approx: true, Values: values}).Err()
 	if err != nil {
 		return "", fmt.Errorf("append %s event: %w", typ, err)
 	}
 	s.signalAfter(ctx, project, WorkOutbox)
 	return id, nil
+}
+
+// eventValues answers a new event's id and its outbox entry's fields, for AppendEvent and for
+// scripts that append an event with the write it announces.
+func (s *Store) eventValues(project, typ, sessionID string, object any) (string, []any, error) {
+	b, err := json.Marshal(object)
+	if err != nil {
+		return "", nil, fmt.Errorf("encode %s event: %w", typ, err)
+	}
+	now := s.now()
+	id := session.NewID("evt_", now)
+	return id, []any{"id", id, "type", typ, "session_id", sessionID, "project_id", project,
+		"at", now.UnixMilli(), "object", b}, nil
 }
 
 // DecodeEvent parses an outbox stream entry's fields.

@@ -90,6 +90,16 @@ const (
 	snapshotWorkKey   = "wb:{snapshots}:work"
 	snapshotWorkerKey = "wb:{snapshots}:worker"
 
+	// runWorkKey is a sorted set of the attempts at a run (a request to POST /v1/runs) that
+	// have not ended, member "PROJECT/RUN/ATTEMPT", score the time in ms at which the lease of
+	// the gateway working on it ends; runWorkerKey is a hash from the same member to the
+	// lease's holder (the attempt, or the recovery that claimed it). Written by store
+	// (SetRunWork, RenewRunWork, ReleaseRunWork, ClaimRunWork); read by every gateway's
+	// recovery loop (DueRunWork), which records failed a run whose gateway stopped before it
+	// ended it. One hash tag: one script writes both.
+	runWorkKey   = "wb:{runs}:work"
+	runWorkerKey = "wb:{runs}:worker"
+
 	// edgeSecretKey is a string of 32 random bytes that gateways and nodes share to sign and
 	// verify the edge's grants (internal/edgeauth). Written once by whoever reads it first
 	// (EdgeSecret, SET NX); never rotated while the fleet runs.
@@ -265,8 +275,9 @@ func (k ProjectKeyspace) apiKeys() string { return k.p + "apikeys" }
 func (k ProjectKeyspace) objects(kind string) string  { return k.p + "obj:" + kind }
 func (k ProjectKeyspace) objIndex(kind string) string { return k.p + "idx:" + kind }
 
-// run is a string, one run's JSON (output included), with the store's retention as TTL from
-// its last write. Written by store (PutRun).
+// run is a string, one run's JSON (output included, and the attempt that owns it), with the
+// store's retention as TTL from its last write. Written by store (CreateRun, StartRun,
+// FinishRun, FailRun, PutRun).
 func (k ProjectKeyspace) run(id string) string { return k.p + "run:" + id }
 
 // idempotency is a string: one Idempotency-Key's record as JSON (fingerprint, ref, state and

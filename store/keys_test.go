@@ -32,6 +32,8 @@ func TestKeyNames(t *testing.T) {
 		{desktopWorkerKey, "wb:{desktops}:worker"},
 		{snapshotWorkKey, "wb:{snapshots}:work"},
 		{snapshotWorkerKey, "wb:{snapshots}:worker"},
+		{runWorkKey, "wb:{runs}:work"},
+		{runWorkerKey, "wb:{runs}:worker"},
 		{k.desktop("desk_1"), "wb:{proj_1}:d:desk_1"},
 		{k.desktops(), "wb:{proj_1}:desktops"},
 		{NodesDrainingKey, "wb:nodes:draining"},

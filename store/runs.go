@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,6 +21,13 @@ import (
 // The record also names the attempt that made it (owner, never shown by the API): with an
 // Idempotency-Key, every request that holds the key in turn works on the same run id, and
 // CreateRun lets exactly one of them make the record, and so run the command.
+//
+// Each attempt holds a work lease (SetRunWork, before it creates the record) that its gateway
+// renews until the run has ended. A gateway that stops first leaves the run queued or running;
+// once its lease runs out, another gateway's recovery claims it and, when the attempt owns the
+// run and it has not ended, records it failed (FailRun). The owner's move from queued to
+// running (StartRun) and the recovery's to failed compare the state: whichever comes second
+// finds the other's, so a run that a recovery failed never starts its command.
 
 // storedRun is a run as stored: the API object and the attempt that owns it.
 type storedRun struct {
@@ -83,4 +92,137 @@ func (s *Store) GetRunOwner(ctx context.Context, project, id string) (*session.R
 		return nil, "", fmt.Errorf("decode run %s: %w", id, err)
 	}
 	return rec.Run, rec.Owner, nil
+}
+
+// runWriteScript writes a run that an attempt owns, with its event when given.
+//
+// KEYS: the run, the project's outbox
+// ARGV: op (start | fail | finish), owner, the run's JSON, retention ms, the state the run must
+// be in (start, fail), then the event's fields (none: no event)
+//
+// start and fail write only a run that owner owns, in that state; finish writes whatever is
+// there (the owner's end stands over a recovery's: it ran the command). Answers OK, or why
+// not: GONE (no run), BAD (not JSON), OWNER (another's), STATE (in another state).
+var runWriteScript = redis.NewScript(`
+if ARGV[1] ~= 'finish' then
+  local raw = redis.call('GET', KEYS[1])
+  if not raw then return 'GONE' end
+  local ok, rec = pcall(cjson.decode, raw)
+  if not ok or type(rec) ~= 'table' then return 'BAD' end
+  if rec.owner ~= ARGV[2] then return 'OWNER' end
+  if rec.state ~= ARGV[5] then return 'STATE' end
+end
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+if #ARGV > 5 then
+  local e = {}
+  for i = 6, #ARGV do e[#e + 1] = ARGV[i] end
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
+end
+return 'OK'
+`)
+
+// writeRun runs runWriteScript; event (nil: none) is appended as typ's data.object.
+func (s *Store) writeRun(ctx context.Context, op, project string, run *session.Run, owner, from, typ string, event any) (bool, error) {
+	b, err := encodeRun(run, owner)
+	if err != nil {
+		return false, err
+	}
+	k := ProjectKeys(project)
+	args := []any{op, owner, b, s.retention.Milliseconds(), from}
+	if event != nil {
+		sessionID := ""
+		if run.SessionID != nil {
+			sessionID = *run.SessionID
+		}
+		_, values, err := s.eventValues(project, typ, sessionID, event)
+		if err != nil {
+			return false, err
+		}
+		args = append(args, values...)
+	}
+	res, err := runWriteScript.Run(ctx, s.rdb, []string{k.run(run.ID), k.Outbox()}, args...).Text()
+	if err != nil {
+		return false, fmt.Errorf("%s run %s: %w", op, run.ID, err)
+	}
+	switch res {
+	case "OK":
+		if event != nil {
+			s.signalAfter(ctx, project, WorkOutbox)
+		}
+		return true, nil
+	case "BAD":
+		return false, fmt.Errorf("%s run %s: its record is not JSON", op, run.ID)
+	}
+	return false, nil
+}
+
+// StartRun writes run (running, about to start its command) if owner owns it and it is still
+// queued; false when not: a recovery ended it (owner's lease ran out), and the command must
+// not start.
+func (s *Store) StartRun(ctx context.Context, project string, run *session.Run, owner string) (bool, error) {
+	return s.writeRun(ctx, "start", project, run, owner, session.RunQueued, "", nil)
+}
+
+// FinishRun writes run as it ended, by owner, and appends its run.finished event (event, the
+// run as webhooks carry it) with it: the two never disagree.
+func (s *Store) FinishRun(ctx context.Context, project string, run *session.Run, owner string, event *session.Run) error {
+	_, err := s.writeRun(ctx, "finish", project, run, owner, "", session.EventRunFinished, event)
+	return err
+}
+
+// FailRun writes run (failed by a recovery) and appends its run.finished event, if owner owns
+// it and it is still in state from; false when not (it moved on, or is another attempt's).
+func (s *Store) FailRun(ctx context.Context, project string, run *session.Run, owner, from string, event *session.Run) (bool, error) {
+	return s.writeRun(ctx, "fail", project, run, owner, from, session.EventRunFinished, event)
+}
+
+// RunRef names one attempt at a run: a request's, which holds a work lease on it until the
+// run has ended.
+type RunRef struct{ Project, ID, Attempt string }
+
+// member is the lease's member: "PROJECT/RUN/ATTEMPT" (no id holds a "/").
+func (r RunRef) member() string { return r.Project + "/" + r.ID + "/" + r.Attempt }
+
+func parseRunRef(m string) (RunRef, bool) {
+	parts := strings.Split(m, "/")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return RunRef{}, false
+	}
+	return RunRef{parts[0], parts[1], parts[2]}, true
+}
+
+var runLeases = leaseKeys{ends: runWorkKey, holders: runWorkerKey, what: "run"}
+
+func (s *Store) runWork(ctx context.Context, op string, ref RunRef, token string, until, now time.Time) (bool, error) {
+	return s.lease(ctx, runLeases, op, ref.member(), ref.ID, token, until, now)
+}
+
+// SetRunWork gives the attempt ref a lease on its run until until, held by ref.Attempt.
+func (s *Store) SetRunWork(ctx context.Context, ref RunRef, until time.Time) error {
+	_, err := s.runWork(ctx, "set", ref, ref.Attempt, until, until)
+	return err
+}
+
+// RenewRunWork extends the attempt's lease to until; false when the attempt no longer holds
+// it (a recovery claimed it).
+func (s *Store) RenewRunWork(ctx context.Context, ref RunRef, until time.Time) (bool, error) {
+	return s.runWork(ctx, "renew", ref, ref.Attempt, until, until)
+}
+
+// ReleaseRunWork ends the lease that token holds on the attempt (the attempt's own, or a
+// recovery's); false when token no longer held it.
+func (s *Store) ReleaseRunWork(ctx context.Context, ref RunRef, token string) (bool, error) {
+	return s.runWork(ctx, "release", ref, token, time.Time{}, time.Time{})
+}
+
+// ClaimRunWork gives the attempt's lease to token until until if it ended at or before now;
+// false when it still runs, or there is none.
+func (s *Store) ClaimRunWork(ctx context.Context, ref RunRef, token string, now, until time.Time) (bool, error) {
+	return s.runWork(ctx, "claim", ref, token, until, now)
+}
+
+// DueRunWork answers up to limit attempts whose lease ended at or before now, earliest
+// first, and when the next lease after them ends (zero: none; now: more are due).
+func (s *Store) DueRunWork(ctx context.Context, now time.Time, limit int) ([]RunRef, time.Time, error) {
+	return dueDeadlines(ctx, s, runWorkKey, "run lease", now, limit, parseRunRef)
 }

@@ -71,3 +71,114 @@ func TestCreateRunOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestRunWrites: the owner records its run running only while it is queued and its own; a
+// recovery records it failed only in the state it read, with its run.finished in the same
+// write, after which the owner cannot start it; the owner's end is written whatever, with
+// its event. On every backend.
+func TestRunWrites(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			s := New(b.New(t))
+			sess := "sess_1"
+			run := &session.Run{ID: "run_1", Object: "run", SessionID: &sess, State: session.RunQueued}
+			if _, err := s.CreateRun(ctx, "proj_r", run, "lease_a"); err != nil {
+				t.Fatal(err)
+			}
+			running := *run
+			running.State = session.RunRunning
+			if ok, err := s.StartRun(ctx, "proj_r", &running, "lease_b"); err != nil || ok {
+				t.Fatalf("another attempt's start: %v, %v; want refused", ok, err)
+			}
+			failed := *run
+			failed.State = session.RunFailed
+			if ok, err := s.FailRun(ctx, "proj_r", &failed, "lease_a", session.RunRunning, &failed); err != nil || ok {
+				t.Fatalf("a fail from running of a queued run: %v, %v; want refused", ok, err)
+			}
+			if ok, err := s.StartRun(ctx, "proj_r", &running, "lease_a"); err != nil || !ok {
+				t.Fatalf("the owner's start: %v, %v", ok, err)
+			}
+			if ok, err := s.StartRun(ctx, "proj_r", &running, "lease_a"); err != nil || ok {
+				t.Fatalf("a second start: %v, %v; want refused (not queued)", ok, err)
+			}
+			if ok, err := s.FailRun(ctx, "proj_r", &failed, "lease_a", session.RunRunning, &failed); err != nil || !ok {
+				t.Fatalf("the recovery's fail: %v, %v", ok, err)
+			}
+			if got, owner, err := s.GetRunOwner(ctx, "proj_r", "run_1"); err != nil || got.State != session.RunFailed || owner != "lease_a" {
+				t.Fatalf("after the fail: %+v, %q, %v", got, owner, err)
+			}
+			succeeded := *run
+			succeeded.State, succeeded.Stdout = session.RunSucceeded, "out"
+			if err := s.FinishRun(ctx, "proj_r", &succeeded, "lease_a", &succeeded); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.GetRun(ctx, "proj_r", "run_1"); err != nil || got.State != session.RunSucceeded || got.Stdout != "out" {
+				t.Fatalf("after the owner's end: %+v, %v", got, err)
+			}
+			key := ProjectKeys("proj_r").run("run_1")
+			if ttl, err := s.rdb.TTL(ctx, key).Result(); err != nil || ttl <= 0 {
+				t.Fatalf("TTL of %s: %v, %v; want the retention", key, ttl, err)
+			}
+			evs, err := s.OutboxEvents(ctx, "proj_r")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var states []string
+			for _, ev := range evs {
+				var r session.Run
+				if ev.Type != session.EventRunFinished || ev.SessionID != sess || json.Unmarshal(ev.Object, &r) != nil || r.ID != "run_1" {
+					t.Fatalf("event %+v, want run_1's run.finished", ev)
+				}
+				states = append(states, r.State)
+			}
+			if strings.Join(states, ",") != "failed,succeeded" {
+				t.Fatalf("run.finished events of states %v, want the recovery's then the owner's", states)
+			}
+		})
+	}
+}
+
+// TestRunWorkLeases: an attempt's lease is due once it ends, claimed by one recovery, after
+// which the attempt's renewals fail, and released by the claim's token.
+func TestRunWorkLeases(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			s := New(b.New(t))
+			ref := RunRef{Project: "proj_r", ID: "run_1", Attempt: "lease_a"}
+			now := time.Now()
+			if err := s.SetRunWork(ctx, ref, now.Add(time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if due, next, err := s.DueRunWork(ctx, now, 10); err != nil || len(due) != 0 || next.IsZero() {
+				t.Fatalf("before its end: due %v, next %v, %v", due, next, err)
+			}
+			if ok, err := s.ClaimRunWork(ctx, ref, "lease_r", now, now.Add(time.Minute)); err != nil || ok {
+				t.Fatalf("a claim of a lease that runs: %v, %v", ok, err)
+			}
+			later := now.Add(2 * time.Second)
+			due, _, err := s.DueRunWork(ctx, later, 10)
+			if err != nil || len(due) != 1 || due[0] != ref {
+				t.Fatalf("after its end: due %v, %v; want %v", due, err, ref)
+			}
+			if ok, err := s.ClaimRunWork(ctx, ref, "lease_r", later, later.Add(time.Minute)); err != nil || !ok {
+				t.Fatalf("the recovery's claim: %v, %v", ok, err)
+			}
+			if ok, err := s.ClaimRunWork(ctx, ref, "lease_s", later, later.Add(time.Minute)); err != nil || ok {
+				t.Fatalf("a second recovery's claim: %v, %v; want refused", ok, err)
+			}
+			if ok, err := s.RenewRunWork(ctx, ref, later.Add(time.Minute)); err != nil || ok {
+				t.Fatalf("the attempt's renewal after the claim: %v, %v; want refused", ok, err)
+			}
+			if ok, err := s.ReleaseRunWork(ctx, ref, "lease_r"); err != nil || !ok {
+				t.Fatalf("the recovery's release: %v, %v", ok, err)
+			}
+			if due, next, err := s.DueRunWork(ctx, later.Add(time.Hour), 10); err != nil || len(due) != 0 || !next.IsZero() {
+				t.Fatalf("after the release: due %v, next %v, %v", due, next, err)
+			}
+		})
+	}
+}
