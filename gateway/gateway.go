@@ -171,6 +171,7 @@ func New(cfg Config) (*Server, error) {
 	s.goBackground(func() { s.runDesktopRecovery(ctx) })
 	s.goBackground(func() { s.runSnapshotRecovery(ctx) })
 	s.goBackground(func() { s.runRunRecovery(ctx) })
+	s.goBackground(func() { s.migrateLegacyRuns(ctx) })
 	return s, nil
 }
 

@@ -264,6 +264,17 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 	return nil
 }
 
+// migrateLegacyRuns moves the runs saved before each had a key of its own to keys of their
+// own (store.MigrateLegacyRuns), once for the whole fleet; GET moves each it reads meanwhile.
+func (s *Server) migrateLegacyRuns(ctx context.Context) {
+	n, err := s.Store.MigrateLegacyRuns(ctx)
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("legacy runs: move them to keys of their own (the next gateway to start goes on; GET moves each it reads)", "moved", n, "err", err)
+	} else if n > 0 {
+		s.log.Info("legacy runs moved to keys of their own", "runs", n)
+	}
+}
+
 // answerRun answers run, which another request with the same Idempotency-Key made (and
 // runs, or ran): as it is to a caller that does not wait, else once it has ended, as its own
 // gateway records it (or, should that gateway stop first, the recovery of its lease).

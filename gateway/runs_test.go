@@ -62,6 +62,31 @@ func TestRunsExpire(t *testing.T) {
 	}
 }
 
+// TestLegacyRunReadable: a run saved before each run had a key of its own (in the project's
+// one hash of runs, as PutObject wrote it) is answered by GET /v1/runs/{id} again, and moved
+// out of that hash to a key of its own. Before, GET answered 404.
+func TestLegacyRunReadable(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sess, zero := "sess_legacy1", 0
+	old := session.Run{ID: "run_legacy1", Object: "run", SessionID: &sess, State: session.RunSucceeded, ExitCode: &zero,
+		Stdout: "old\n", CreatedAt: *session.At(time.Now().Add(-time.Hour)), FinishedAt: session.At(time.Now().Add(-time.Hour))}
+	if err := e.st.PutObject(ctx, e.projA, "run", old.ID, old); err != nil {
+		t.Fatal(err)
+	}
+	var got session.Run
+	e.mustDo("GET", "/v1/runs/"+old.ID, e.key, nil, 200, &got)
+	if got.State != old.State || got.Stdout != old.Stdout || got.FinishedAt == nil || !got.FinishedAt.Equal(old.FinishedAt.Time) {
+		t.Errorf("GET of a run saved before runs had keys of their own: %+v, want %+v", got, old)
+	}
+	if keys, err := e.rdb.Keys(ctx, "*{"+e.projA+"}:obj:run").Result(); err != nil || len(keys) != 0 {
+		t.Errorf("the old hash of runs is still there: %v %v", keys, err)
+	}
+	if e.runKeys() != 1 {
+		t.Errorf("%d runs under keys of their own, want the one moved", e.runKeys())
+	}
+}
+
 // TestAsyncRunAtClose: an async run cut short by its gateway's Close (a deploy) is recorded
 // failed, with a message that says to run it again, and its run.finished event is sent. Before,
 // the final write and the event went out on the cancelled context and failed: the run stayed

@@ -30,8 +30,8 @@ const (
 	RunFailed    = "failed"
 )
 
-// RunOrphaned is the error of a run whose gateway stopped before it recorded the run's end,
-// as a recovery records it.
+// RunOrphaned is the error of a run whose gateway stopped before it recorded the run's end
+// (a recovery, or the move of a run saved before runs had keys of their own, records it).
 const RunOrphaned = "the gateway running it stopped before it finished; run it again"
 
 // Run is one command run in a session, or an ephemeral tier-1 run.

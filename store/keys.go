@@ -100,6 +100,12 @@ const (
 	runWorkKey   = "wb:{runs}:work"
 	runWorkerKey = "wb:{runs}:worker"
 
+	// legacyRunsMovedKey is a string, the time at which a gateway finished moving every
+	// project's runs out of the hash they had before each had a key of its own (objects of
+	// kind "run"): while it is missing, each gateway that starts moves what is left. Written by
+	// store (MigrateLegacyRuns).
+	legacyRunsMovedKey = "wb:migrated:runs"
+
 	// edgeSecretKey is a string of 32 random bytes that gateways and nodes share to sign and
 	// verify the edge's grants (internal/edgeauth). Written once by whoever reads it first
 	// (EdgeSecret, SET NX); never rotated while the fleet runs.
@@ -270,8 +276,9 @@ func (k ProjectKeyspace) project() string { return k.p + "project" }
 // Written by store (AddAPIKey, RevokeAPIKey).
 func (k ProjectKeyspace) apiKeys() string { return k.p + "apikeys" }
 
-// objects is a hash, id → JSON, of the project's objects of one kind (snapshots); objIndex
-// is a sorted set (score 0, by id) of the same ids, for listing. Written by store.
+// objects is a hash, id → JSON, of the project's objects of one kind (snapshots; runs, before
+// each had a key of its own, which runs_legacy.go moves out); objIndex is a sorted set (score
+// 0, by id) of the same ids, for listing. Written by store.
 func (k ProjectKeyspace) objects(kind string) string  { return k.p + "obj:" + kind }
 func (k ProjectKeyspace) objIndex(kind string) string { return k.p + "idx:" + kind }
 

@@ -82,7 +82,8 @@ func (s *Store) GetRun(ctx context.Context, project, id string) (*session.Run, e
 func (s *Store) GetRunOwner(ctx context.Context, project, id string) (*session.Run, string, error) {
 	b, err := s.rdb.Get(ctx, ProjectKeys(project).run(id)).Bytes()
 	if errors.Is(err, redis.Nil) {
-		return nil, "", ErrNotFound
+		run, err := s.getLegacyRun(ctx, project, id) // saved before runs had keys of their own
+		return run, "", err
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("get run %s: %w", id, err)

@@ -182,3 +182,97 @@ func TestRunWorkLeases(t *testing.T) {
 		})
 	}
 }
+
+// TestLegacyRuns: runs saved before each had a key of its own (one hash per project, with an
+// index, no TTL) are read and moved to keys of their own, with what is left of the retention
+// from their last change: GetRun moves the one it reads, MigrateLegacyRuns all the others,
+// once. One past the retention is dropped; one left queued or running (its gateway wrote
+// that hash and is gone) moves failed, saying to run it again. Before, GET answered 404 for
+// every one of them, and the hash stayed for ever.
+func TestLegacyRuns(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			const retention = 7 * 24 * time.Hour
+			s := New(rdb, WithRetention(retention))
+			now := time.Now()
+			at := func(ago time.Duration) *session.Time { return session.At(now.Add(-ago)) }
+			legacy := map[string]*session.Run{
+				"run_read":  {ID: "run_read", State: session.RunSucceeded, Stdout: "read", CreatedAt: *at(49 * time.Hour), FinishedAt: at(48 * time.Hour)},
+				"run_moved": {ID: "run_moved", State: session.RunFailed, Stderr: "moved", CreatedAt: *at(25 * time.Hour), FinishedAt: at(24 * time.Hour)},
+				"run_stale": {ID: "run_stale", State: session.RunSucceeded, CreatedAt: *at(9 * 24 * time.Hour), FinishedAt: at(8 * 24 * time.Hour)},
+				"run_stuck": {ID: "run_stuck", State: session.RunRunning, CreatedAt: *at(30 * 24 * time.Hour), StartedAt: at(30 * 24 * time.Hour)},
+			}
+			for _, p := range []string{"proj_l1", "proj_l2"} {
+				if err := rdb.SAdd(ctx, ProjectsKey, p).Err(); err != nil {
+					t.Fatal(err)
+				}
+				for id, run := range legacy {
+					run.Object = "run"
+					if err := s.PutObject(ctx, p, legacyKindRun, id, run); err != nil { // as gateways wrote them before
+						t.Fatal(err)
+					}
+				}
+			}
+			ttlOf := func(p, id string) time.Duration {
+				ttl, err := rdb.TTL(ctx, ProjectKeys(p).run(id)).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ttl
+			}
+			near := func(got, want time.Duration) bool { return got > want-time.Minute && got <= want }
+
+			got, err := s.GetRun(ctx, "proj_l1", "run_read")
+			if err != nil || got.Stdout != "read" || got.State != session.RunSucceeded {
+				t.Fatalf("GetRun of a legacy run: %+v, %v", got, err)
+			}
+			if ttl := ttlOf("proj_l1", "run_read"); !near(ttl, retention-48*time.Hour) {
+				t.Errorf("the run GetRun moved has TTL %v, want the rest of its retention (%v)", ttl, retention-48*time.Hour)
+			}
+			if _, err := s.GetRun(ctx, "proj_l1", "run_stale"); !errors.Is(err, ErrNotFound) {
+				t.Errorf("GetRun of a legacy run past its retention: %v, want ErrNotFound", err)
+			}
+
+			n, err := s.MigrateLegacyRuns(ctx)
+			if err != nil || n != 6 {
+				t.Fatalf("MigrateLegacyRuns: %d, %v; want the 6 runs GetRun had not moved", n, err)
+			}
+			for _, p := range []string{"proj_l1", "proj_l2"} {
+				k := ProjectKeys(p)
+				if n, err := rdb.Exists(ctx, k.objects(legacyKindRun), k.objIndex(legacyKindRun)).Result(); err != nil || n != 0 {
+					t.Errorf("%s: %d legacy keys left (%v), want none", p, n, err)
+				}
+				if got, err := s.GetRun(ctx, p, "run_moved"); err != nil || got.Stderr != "moved" {
+					t.Errorf("%s: the moved run: %+v, %v", p, got, err)
+				}
+				if ttl := ttlOf(p, "run_moved"); !near(ttl, retention-24*time.Hour) {
+					t.Errorf("%s: the moved run has TTL %v, want %v", p, ttl, retention-24*time.Hour)
+				}
+				got, err := s.GetRun(ctx, p, "run_stuck")
+				if err != nil || got.State != session.RunFailed || got.Error == nil || *got.Error != session.RunOrphaned || got.FinishedAt == nil {
+					t.Errorf("%s: the run left running: %+v, %v; want failed: %q", p, got, err, session.RunOrphaned)
+				}
+				if ttl := ttlOf(p, "run_stuck"); !near(ttl, retention) {
+					t.Errorf("%s: the run left running has TTL %v, want the retention from its end now", p, ttl)
+				}
+				if _, err := s.GetRun(ctx, p, "run_stale"); !errors.Is(err, ErrNotFound) {
+					t.Errorf("%s: the run past its retention: %v, want ErrNotFound", p, err)
+				}
+			}
+			// Done once: a later legacy write (a gateway from before, still running) is moved
+			// by the GetRun that reads it, not by a second pass.
+			if err := s.PutObject(ctx, "proj_l1", legacyKindRun, "run_late", legacy["run_read"]); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := s.MigrateLegacyRuns(ctx); err != nil || n != 0 {
+				t.Errorf("a second MigrateLegacyRuns: %d, %v; want nothing done", n, err)
+			}
+			if got, err := s.GetRun(ctx, "proj_l1", "run_late"); err != nil || got.Stdout != "read" {
+				t.Errorf("a legacy run written after the pass: %+v, %v", got, err)
+			}
+		})
+	}
+}
