@@ -14,6 +14,9 @@ const (
 	// DefaultMaxAsyncRuns is how many runs with wait=false one project may have queued or
 	// running at once on one gateway (they run in its goroutines).
 	DefaultMaxAsyncRuns = 256
+	// DefaultMaxStoredOutputBytes is the budget of one project's stored output: runs' and the
+	// answers kept for Idempotency-Key replays (store/kept.go).
+	DefaultMaxStoredOutputBytes = 1 << 30
 	// capRetryAfter is the Retry-After of a 429 for a full cap: work ends in seconds.
 	capRetryAfter = time.Second
 )

@@ -77,6 +77,12 @@ type Config struct {
 	// running async runs on this gateway (0: DefaultMaxConcurrentExecs, DefaultMaxAsyncRuns).
 	MaxConcurrentExecs int
 	MaxAsyncRuns       int
+	// MaxStoredOutputBytes bounds a project's stored output in Redis: its runs' (kept 7 days,
+	// each up to 2×MaxOutputBytes) and its answers kept for Idempotency-Key replays (24 h,
+	// each up to MaxReplayBytes). Past it the oldest outputs are dropped: such a run then
+	// shows output_expired, such a replay answers 409 replay_too_large. No run is refused for
+	// it (0: DefaultMaxStoredOutputBytes, 1 GiB; negative: no bound).
+	MaxStoredOutputBytes int64
 	// DesktopIdle is how long a desktop may go unused before it sleeps (0:
 	// DefaultDesktopIdle, 15 minutes). DesktopTemplate is its sessions' template ("":
 	// tpl_desktop when the catalog has it, else the default). DesktopSetup, when set, runs
@@ -160,6 +166,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxAsyncRuns <= 0 {
 		cfg.MaxAsyncRuns = DefaultMaxAsyncRuns
 	}
+	if cfg.MaxStoredOutputBytes == 0 {
+		cfg.MaxStoredOutputBytes = DefaultMaxStoredOutputBytes
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,
 		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs")}
@@ -174,6 +183,9 @@ func New(cfg Config) (*Server, error) {
 	s.goBackground(func() { s.migrateLegacyRuns(ctx) })
 	return s, nil
 }
+
+// outputBudget is the budget of a project's stored output for the store (0: none).
+func (s *Server) outputBudget() int64 { return max(s.MaxStoredOutputBytes, 0) }
 
 // goBackground runs f in the background; Close waits for it.
 func (s *Server) goBackground(f func()) {

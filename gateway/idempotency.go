@@ -150,7 +150,11 @@ func (s *Server) idempotent(h handler) handler {
 				Message: fmt.Sprintf("the first answer to this Idempotency-Key was %d bytes, over the %d kept for replays (status %d); the request is not run again: read its result from the session or run it created", rw.written, s.MaxReplayBytes, rw.status)}})
 			rec.Status, rec.Header, rec.Body = 409, map[string]string{"Content-Type": "application/json"}, append(b, '\n')
 		}
-		if err := s.Store.IdemFinish(ctx, p.ID, key, claim, *rec); err != nil {
+		// Should the project's budget of stored output drop this answer, a replay says so.
+		b, _ := json.Marshal(errorBody{Error: apiError{Type: "idempotency_error", Code: "replay_too_large",
+			Message: fmt.Sprintf("the first answer to this Idempotency-Key (status %d, %d bytes) is no longer kept: the project's stored output (runs' and answers kept for replays) passed its budget of %d bytes, and the oldest went first; the request is not run again: read its result from the session or run it created", rw.status, rw.written, s.outputBudget())}})
+		dropped := &store.IdemRecord{Status: 409, Header: map[string]string{"Content-Type": "application/json"}, Body: append(b, '\n')}
+		if err := s.Store.IdemFinish(ctx, p.ID, key, claim, *rec, dropped, s.outputBudget()); err != nil {
 			s.log.Error("idempotency finish", "err", err)
 		}
 		return nil

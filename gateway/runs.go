@@ -238,7 +238,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 			run.State, run.Error = session.RunFailed, &msg
 			run.FinishedAt = session.At(s.Now())
 		}
-		if err := s.Store.FinishRun(ctx, p.ID, run, ref.Attempt, eventRun(run)); err != nil {
+		if err := s.Store.FinishRun(ctx, p.ID, run, ref.Attempt, eventRun(run), s.outputBudget()); err != nil {
 			// Its lease runs out, and a recovery records it failed.
 			s.log.Error("save run", "run", run.ID, "err", err)
 		} else {

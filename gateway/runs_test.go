@@ -191,3 +191,51 @@ func (h failFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		return next(ctx, cmds)
 	}
 }
+
+// TestRunOutputBudget: past a project's budget of stored output (runs' output and answers
+// kept for Idempotency-Key replays) the oldest goes first: the run stays, its output dropped
+// (output_expired, with its byte count); a replay dropped answers 409 replay_too_large,
+// saying so. No run is refused. Before, a project stored up to 16 MiB a run for 7 days and
+// 17 MiB a replay for a day, without bound.
+func TestRunOutputBudget(t *testing.T) {
+	const out = 40_000 // bytes each run writes
+	e := newEnv(t, func(c *Config) { c.MaxStoredOutputBytes = 200 << 10 })
+	s := e.running(map[string]any{"tier": 2})
+	body := map[string]any{"session_id": s.ID, "command": "printf %40000s | tr ' ' x"}
+	run := func(hdr ...string) session.Run {
+		t.Helper()
+		var r session.Run
+		e.mustDo("POST", "/v1/runs", e.key, body, 201, &r, hdr...)
+		if r.State != session.RunSucceeded || len(r.Stdout) != out {
+			t.Fatalf("run %s: %s, %d bytes of output (error %s)", r.ID, r.State, len(r.Stdout), derefOr(r.Error))
+		}
+		return r
+	}
+	get := func(id string) session.Run {
+		t.Helper()
+		var r session.Run
+		e.mustDo("GET", "/v1/runs/"+id, e.key, nil, 200, &r)
+		return r
+	}
+	a := run()
+	b := run("Idempotency-Key", "budget-b") // its output twice: the run's, and the answer kept
+	c, d := run(), run()                    // 40 + 2×(40 + 53) + 40 KB: past 200 KiB, a goes
+	if got := get(a.ID); !got.OutputExpired || got.Stdout != "" || got.StdoutBytes != out || !got.Truncated || got.State != session.RunSucceeded {
+		t.Errorf("the oldest run past the budget: expired %v, %d bytes of %d kept, state %s; want its output dropped, its count kept",
+			got.OutputExpired, len(got.Stdout), got.StdoutBytes, got.State)
+	}
+	for _, r := range []session.Run{b, c, d} {
+		if got := get(r.ID); got.OutputExpired || len(got.Stdout) != out {
+			t.Errorf("run %s: output dropped (%v, %d bytes) within the budget", r.ID, got.OutputExpired, len(got.Stdout))
+		}
+	}
+	run()
+	run() // b's run, then b's answer go
+	if got := get(b.ID); !got.OutputExpired {
+		t.Errorf("run %s kept its output past the budget", b.ID)
+	}
+	r := e.do("POST", "/v1/runs", e.key, body, "Idempotency-Key", "budget-b")
+	if msg := expectError(t, r, 409, "replay_too_large", ""); !strings.Contains(msg, "budget") || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("the replay of a dropped answer: %q (replayed %q), want one that names the budget", msg, r.header.Get("Idempotent-Replayed"))
+	}
+}

@@ -44,14 +44,17 @@ type Run struct {
 	Stdout    string  `json:"stdout"`
 	Stderr    string  `json:"stderr"`
 	// As in ExecResult: the output kept is capped per stream; the counts are of all of it.
-	Truncated   bool    `json:"truncated"`
-	StdoutBytes int64   `json:"stdout_bytes"`
-	StderrBytes int64   `json:"stderr_bytes"`
-	Error       *string `json:"error"`
-	StartedAt   *Time   `json:"started_at"`
-	FinishedAt  *Time   `json:"finished_at"`
-	DurationMs  *int64  `json:"duration_ms"`
-	CreatedAt   Time    `json:"created_at"`
+	Truncated   bool  `json:"truncated"`
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+	// OutputExpired: the output was dropped before the run's retention ran out, to keep the
+	// project's stored output within its budget (Stdout and Stderr are empty; the counts stay).
+	OutputExpired bool    `json:"output_expired"`
+	Error         *string `json:"error"`
+	StartedAt     *Time   `json:"started_at"`
+	FinishedAt    *Time   `json:"finished_at"`
+	DurationMs    *int64  `json:"duration_ms"`
+	CreatedAt     Time    `json:"created_at"`
 }
 
 // List is the envelope of every list the API answers: {"object": "list", "data": [...],

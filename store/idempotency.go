@@ -79,11 +79,13 @@ return {'HELD'}
 // idemEndScript ends a claim: 'finish' stores the answer (keeping the record's TTL),
 // 'release' leaves the record for a retry to take over, 'forget' deletes it. It does
 // nothing when another request holds the lease now (this one's lapsed and a retry took the
-// key: its answer stands) or the record is already done.
+// key: its answer stands) or the record is already done. An answer with a stub counts
+// against the project's budget of stored output (kept.go).
 //
-// KEYS: record, lease. ARGV: owner token, mode (finish|release|forget), answer record JSON
+// KEYS: record, lease, then ProjectKeys.keptKeys. ARGV: owner token, mode
+// (finish|release|forget), answer record JSON, the stub (empty: none), now ms, budget
 // Answers 1 when it changed the record, 0 otherwise.
-var idemEndScript = redis.NewScript(`
+var idemEndScript = redis.NewScript(keepLua + `
 local l = redis.call('GET', KEYS[2])
 if l and l ~= ARGV[1] then return 0 end
 local raw = redis.call('GET', KEYS[1])
@@ -93,6 +95,10 @@ if ok and type(rec) == 'table' and rec.done == true then return 0 end
 redis.call('DEL', KEYS[2])
 if ARGV[2] == 'finish' then
   redis.call('SET', KEYS[1], ARGV[3], 'XX', 'KEEPTTL')
+  local ttl = redis.call('PTTL', KEYS[1])
+  if ARGV[4] ~= '' and ttl > 0 then
+    keep(3, KEYS[1], #ARGV[3], ARGV[4], tonumber(ARGV[5]) + ttl, ARGV[5], tonumber(ARGV[6]))
+  end
 elseif ARGV[2] == 'forget' then
   redis.call('DEL', KEYS[1])
 end
@@ -159,12 +165,20 @@ func (s *Store) IdemRenew(ctx context.Context, project, key string, c *IdemClaim
 func (s *Store) IdemLease() time.Duration { return s.idemLease }
 
 // IdemFinish stores the answer for key (keeping the original 24 h window), unless c no
-// longer holds the key.
-func (s *Store) IdemFinish(ctx context.Context, project, key string, c *IdemClaim, rec IdemRecord) error {
+// longer holds the key. With budget (> 0, bytes) and dropped, an answer whose body is
+// keptOutputMin or more counts against the project's budget of stored output (kept.go),
+// which rewrites it to dropped (an answer that says so) should it go first.
+func (s *Store) IdemFinish(ctx context.Context, project, key string, c *IdemClaim, rec IdemRecord, dropped *IdemRecord, budget int64) error {
 	rec.Done = true
 	rec.Ref = c.Ref
 	b, _ := json.Marshal(rec)
-	return s.idemEnd(ctx, project, key, c, "finish", b)
+	var stub []byte
+	if dropped != nil && budget > 0 && len(rec.Body) >= keptOutputMin {
+		d := *dropped
+		d.Done, d.Ref, d.Fingerprint = true, c.Ref, rec.Fingerprint
+		stub, _ = json.Marshal(d)
+	}
+	return s.idemEnd(ctx, project, key, c, "finish", b, stub, budget)
 }
 
 // IdemRelease ends c without an answer, so that the request can be sent again. With forget,
@@ -176,12 +190,13 @@ func (s *Store) IdemRelease(ctx context.Context, project, key string, c *IdemCla
 	if forget {
 		mode = "forget"
 	}
-	return s.idemEnd(ctx, project, key, c, mode, nil)
+	return s.idemEnd(ctx, project, key, c, mode, nil, nil, 0)
 }
 
-func (s *Store) idemEnd(ctx context.Context, project, key string, c *IdemClaim, mode string, rec []byte) error {
+func (s *Store) idemEnd(ctx context.Context, project, key string, c *IdemClaim, mode string, rec, stub []byte, budget int64) error {
 	k := ProjectKeys(project)
-	if err := idemEndScript.Run(ctx, s.rdb, []string{k.idempotency(key), k.idempotencyLease(key)}, c.owner, mode, string(rec)).Err(); err != nil {
+	if err := idemEndScript.Run(ctx, s.rdb, append([]string{k.idempotency(key), k.idempotencyLease(key)}, k.keptKeys()...),
+		c.owner, mode, rec, stub, s.now().UnixMilli(), budget).Err(); err != nil {
 		return fmt.Errorf("idempotency %s: %w", mode, err)
 	}
 	return nil

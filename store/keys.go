@@ -287,6 +287,24 @@ func (k ProjectKeyspace) objIndex(kind string) string { return k.p + "idx:" + ki
 // FinishRun, FailRun, PutRun).
 func (k ProjectKeyspace) run(id string) string { return k.p + "run:" + id }
 
+// kept is a sorted set of the project's stored outputs that count against its byte budget
+// (a run's record with its output, an Idempotency-Key's answer kept for replays), member the
+// key that holds one, score the time in ms it was written; keptExpiry is the same members,
+// score the time in ms at which the key expires; keptSizes is a hash from the same member to
+// its bytes, and field "total" to their sum; keptStubs is a hash from the same member to what
+// the key is rewritten to should the budget drop its output (the run without it; the key's
+// answer saying its replay was dropped). All four expire with their last member. Written by
+// store (keepLua: FinishRun, IdemFinish).
+func (k ProjectKeyspace) kept() string       { return k.p + "kept" }
+func (k ProjectKeyspace) keptExpiry() string { return k.p + "kept:exp" }
+func (k ProjectKeyspace) keptSizes() string  { return k.p + "kept:size" }
+func (k ProjectKeyspace) keptStubs() string  { return k.p + "kept:stub" }
+
+// keptKeys are the four keys of the project's budget of stored output, as keepLua takes them.
+func (k ProjectKeyspace) keptKeys() []string {
+	return []string{k.kept(), k.keptExpiry(), k.keptSizes(), k.keptStubs()}
+}
+
 // idempotency is a string: one Idempotency-Key's record as JSON (fingerprint, ref, state and
 // stored answer), under the key's SHA-256, with a TTL. Written by store (IdemBegin,
 // IdemFinish, IdemRelease).

@@ -97,14 +97,15 @@ func (s *Store) GetRunOwner(ctx context.Context, project, id string) (*session.R
 
 // runWriteScript writes a run that an attempt owns, with its event when given.
 //
-// KEYS: the run, the project's outbox
+// KEYS: the run, the project's outbox, then ProjectKeys.keptKeys
 // ARGV: op (start | fail | finish), owner, the run's JSON, retention ms, the state the run must
-// be in (start, fail), then the event's fields (none: no event)
+// be in (start, fail), the run without its output (empty: its output does not count against
+// the budget), now ms, the budget, then the event's fields (none: no event)
 //
 // start and fail write only a run that owner owns, in that state; finish writes whatever is
 // there (the owner's end stands over a recovery's: it ran the command). Answers OK, or why
 // not: GONE (no run), BAD (not JSON), OWNER (another's), STATE (in another state).
-var runWriteScript = redis.NewScript(`
+var runWriteScript = redis.NewScript(keepLua + `
 if ARGV[1] ~= 'finish' then
   local raw = redis.call('GET', KEYS[1])
   if not raw then return 'GONE' end
@@ -114,22 +115,35 @@ if ARGV[1] ~= 'finish' then
   if rec.state ~= ARGV[5] then return 'STATE' end
 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
-if #ARGV > 5 then
+if ARGV[6] ~= '' then
+  keep(3, KEYS[1], #ARGV[3], ARGV[6], tonumber(ARGV[7]) + tonumber(ARGV[4]), ARGV[7], tonumber(ARGV[8]))
+end
+if #ARGV > 8 then
   local e = {}
-  for i = 6, #ARGV do e[#e + 1] = ARGV[i] end
+  for i = 9, #ARGV do e[#e + 1] = ARGV[i] end
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ` + outboxMaxLenLua + `, '*', unpack(e))
 end
 return 'OK'
 `)
 
-// writeRun runs runWriteScript; event (nil: none) is appended as typ's data.object.
-func (s *Store) writeRun(ctx context.Context, op, project string, run *session.Run, owner, from, typ string, event any) (bool, error) {
+// writeRun runs runWriteScript; event (nil: none) is appended as typ's data.object. With a
+// budget (> 0), a run's output of keptOutputMin or more counts against it.
+func (s *Store) writeRun(ctx context.Context, op, project string, run *session.Run, owner, from, typ string, event any, budget int64) (bool, error) {
 	b, err := encodeRun(run, owner)
 	if err != nil {
 		return false, err
 	}
+	var stub []byte
+	if budget > 0 && len(run.Stdout)+len(run.Stderr) >= keptOutputMin {
+		cut := *run
+		cut.StdoutBytes, cut.StderrBytes = max(cut.StdoutBytes, int64(len(cut.Stdout))), max(cut.StderrBytes, int64(len(cut.Stderr)))
+		cut.Stdout, cut.Stderr, cut.Truncated, cut.OutputExpired = "", "", true, true
+		if stub, err = encodeRun(&cut, owner); err != nil {
+			return false, err
+		}
+	}
 	k := ProjectKeys(project)
-	args := []any{op, owner, b, s.retention.Milliseconds(), from}
+	args := []any{op, owner, b, s.retention.Milliseconds(), from, stub, s.now().UnixMilli(), budget}
 	if event != nil {
 		sessionID := ""
 		if run.SessionID != nil {
@@ -141,7 +155,7 @@ func (s *Store) writeRun(ctx context.Context, op, project string, run *session.R
 		}
 		args = append(args, values...)
 	}
-	res, err := runWriteScript.Run(ctx, s.rdb, []string{k.run(run.ID), k.Outbox()}, args...).Text()
+	res, err := runWriteScript.Run(ctx, s.rdb, append([]string{k.run(run.ID), k.Outbox()}, k.keptKeys()...), args...).Text()
 	if err != nil {
 		return false, fmt.Errorf("%s run %s: %w", op, run.ID, err)
 	}
@@ -161,20 +175,22 @@ func (s *Store) writeRun(ctx context.Context, op, project string, run *session.R
 // queued; false when not: a recovery ended it (owner's lease ran out), and the command must
 // not start.
 func (s *Store) StartRun(ctx context.Context, project string, run *session.Run, owner string) (bool, error) {
-	return s.writeRun(ctx, "start", project, run, owner, session.RunQueued, "", nil)
+	return s.writeRun(ctx, "start", project, run, owner, session.RunQueued, "", nil, 0)
 }
 
 // FinishRun writes run as it ended, by owner, and appends its run.finished event (event, the
-// run as webhooks carry it) with it: the two never disagree.
-func (s *Store) FinishRun(ctx context.Context, project string, run *session.Run, owner string, event *session.Run) error {
-	_, err := s.writeRun(ctx, "finish", project, run, owner, "", session.EventRunFinished, event)
+// run as webhooks carry it) with it: the two never disagree. With budget (> 0, bytes) its
+// output counts against the project's budget of stored output (kept.go), which may drop the
+// output of others, or, past it alone, its own.
+func (s *Store) FinishRun(ctx context.Context, project string, run *session.Run, owner string, event *session.Run, budget int64) error {
+	_, err := s.writeRun(ctx, "finish", project, run, owner, "", session.EventRunFinished, event, budget)
 	return err
 }
 
 // FailRun writes run (failed by a recovery) and appends its run.finished event, if owner owns
 // it and it is still in state from; false when not (it moved on, or is another attempt's).
 func (s *Store) FailRun(ctx context.Context, project string, run *session.Run, owner, from string, event *session.Run) (bool, error) {
-	return s.writeRun(ctx, "fail", project, run, owner, from, session.EventRunFinished, event)
+	return s.writeRun(ctx, "fail", project, run, owner, from, session.EventRunFinished, event, 0)
 }
 
 // RunRef names one attempt at a run: a request's, which holds a work lease on it until the

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"wb/internal/redistest"
 	"wb/session"
 )
@@ -111,7 +113,7 @@ func TestRunWrites(t *testing.T) {
 			}
 			succeeded := *run
 			succeeded.State, succeeded.Stdout = session.RunSucceeded, "out"
-			if err := s.FinishRun(ctx, "proj_r", &succeeded, "lease_a", &succeeded); err != nil {
+			if err := s.FinishRun(ctx, "proj_r", &succeeded, "lease_a", &succeeded, 0); err != nil {
 				t.Fatal(err)
 			}
 			if got, err := s.GetRun(ctx, "proj_r", "run_1"); err != nil || got.State != session.RunSucceeded || got.Stdout != "out" {
@@ -272,6 +274,121 @@ func TestLegacyRuns(t *testing.T) {
 			}
 			if got, err := s.GetRun(ctx, "proj_l1", "run_late"); err != nil || got.Stdout != "read" {
 				t.Errorf("a legacy run written after the pass: %+v, %v", got, err)
+			}
+		})
+	}
+}
+
+// TestOutputBudget: stored output (runs' and answers kept for replays) past a project's
+// budget drops the oldest first, whatever its kind: a run keeps its record, marked
+// output_expired, with the byte counts of what it wrote; an answer is rewritten to the one
+// given for that, with its TTL. Output that expired leaves the count; a small output never
+// enters it; an output over the budget alone is dropped at once. No write fails for it. On
+// every backend.
+func TestOutputBudget(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			now := time.Now()
+			s := New(rdb, WithClock(func() time.Time { return now }))
+			const p, budget = "proj_b", 40 << 10
+			k := ProjectKeys(p)
+			total := func() int {
+				n, err := rdb.HGet(ctx, k.keptSizes(), "total").Int()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					t.Fatal(err)
+				}
+				return n
+			}
+			finish := func(id string, out int) {
+				t.Helper()
+				run := &session.Run{ID: id, Object: "run", State: session.RunSucceeded, Stdout: strings.Repeat("x", out), StdoutBytes: int64(out)}
+				if err := s.FinishRun(ctx, p, run, "lease_"+id, nil, budget); err != nil {
+					t.Fatal(err)
+				}
+				now = now.Add(time.Second)
+			}
+			answer := func(key string, body int) {
+				t.Helper()
+				_, c, err := s.IdemBegin(ctx, p, key, "fp")
+				if err != nil {
+					t.Fatal(err)
+				}
+				dropped := &IdemRecord{Status: 409, Body: []byte("dropped")}
+				if err := s.IdemFinish(ctx, p, key, c, IdemRecord{Fingerprint: "fp", Status: 201, Body: []byte(strings.Repeat("y", body))}, dropped, budget); err != nil {
+					t.Fatal(err)
+				}
+				now = now.Add(time.Second)
+			}
+			kept := func(id string) bool {
+				t.Helper()
+				run, err := s.GetRun(ctx, p, id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if run.OutputExpired {
+					if run.Stdout != "" || !run.Truncated || run.StdoutBytes == 0 || run.State != session.RunSucceeded {
+						t.Errorf("run %s without its output: %+v, want succeeded, empty, truncated, its byte count", id, run)
+					}
+					if ttl, err := rdb.TTL(ctx, k.run(id)).Result(); err != nil || ttl <= 0 {
+						t.Errorf("run %s without its output has TTL %v (%v), want its own", id, ttl, err)
+					}
+				}
+				return !run.OutputExpired && len(run.Stdout) == int(run.StdoutBytes)
+			}
+			replayed := func(key string) bool {
+				t.Helper()
+				rec, _, err := s.IdemBegin(ctx, p, key, "fp")
+				if err != nil || rec == nil {
+					t.Fatalf("replay of %s: %+v, %v", key, rec, err)
+				}
+				return rec.Status == 201
+			}
+
+			for _, id := range []string{"run_1", "run_2", "run_3", "run_4"} {
+				finish(id, 8<<10)
+			}
+			finish("run_small", 100)
+			if !kept("run_1") || !kept("run_4") || !kept("run_small") || total() > budget {
+				t.Fatalf("within the budget (total %d): an output was dropped", total())
+			}
+			before := total()
+			answer("key_1", 12<<10) // past the budget: run_1 and run_2 go
+			if kept("run_1") || kept("run_2") || !kept("run_3") || !kept("run_4") || !kept("run_small") || !replayed("key_1") {
+				t.Errorf("past the budget: run_1 %v, run_2 %v, run_3 %v, run_4 %v, small %v, key_1 %v; want the two oldest outputs dropped",
+					kept("run_1"), kept("run_2"), kept("run_3"), kept("run_4"), kept("run_small"), replayed("key_1"))
+			}
+			if n := total(); n > budget || n <= before-(20<<10) {
+				t.Errorf("total %d after the drop, want within %d", n, budget)
+			}
+			answer("key_2", 12<<10) // run_3 and run_4 are older than key_1
+			if kept("run_3") || kept("run_4") || !replayed("key_1") || !replayed("key_2") {
+				t.Errorf("run_3 %v, run_4 %v, key_1 %v, key_2 %v; want the runs dropped, the answers kept", kept("run_3"), kept("run_4"), replayed("key_1"), replayed("key_2"))
+			}
+			answer("key_3", 12<<10)
+			if replayed("key_1") || !replayed("key_3") {
+				t.Errorf("key_1 %v, key_3 %v; want the oldest answer dropped", replayed("key_1"), replayed("key_3"))
+			}
+			if rec, _, err := s.IdemBegin(ctx, p, "key_1", "fp"); err != nil || rec == nil || rec.Status != 409 || string(rec.Body) != "dropped" {
+				t.Errorf("the dropped answer replays %+v, %v; want the one given for that", rec, err)
+			}
+			if ttl, err := rdb.TTL(ctx, k.idempotency("key_1")).Result(); err != nil || ttl <= 0 || ttl > IdempotencyTTL {
+				t.Errorf("the dropped answer has TTL %v (%v), want its own", ttl, err)
+			}
+
+			now = now.Add(IdempotencyTTL + time.Hour) // the answers expire (as far as the count knows)
+			finish("run_5", 8<<10)
+			if n := total(); n > 10<<10 {
+				t.Errorf("total %d after the answers expired, want run_5's alone", n)
+			}
+			finish("run_huge", 50<<10)
+			if kept("run_huge") || !kept("run_5") {
+				t.Errorf("an output over the budget alone: kept %v (run_5 kept %v); want it dropped at once, run_5 kept", kept("run_huge"), kept("run_5"))
+			}
+			if n := total(); n > budget {
+				t.Errorf("total %d, over the budget", n)
 			}
 		})
 	}

@@ -656,7 +656,7 @@ func TestIdempotency(t *testing.T) {
 	if _, _, err := s.IdemBegin(ctx, "p", "k1", "fp1"); !errors.Is(err, ErrIdemInFlight) {
 		t.Fatalf("in flight: %v", err)
 	}
-	if err := s.IdemFinish(ctx, "p", "k1", c, IdemRecord{Fingerprint: "fp1", Status: 201, Body: []byte("{}")}); err != nil {
+	if err := s.IdemFinish(ctx, "p", "k1", c, IdemRecord{Fingerprint: "fp1", Status: 201, Body: []byte("{}")}, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	rec, _, err = s.IdemBegin(ctx, "p", "k1", "fp1")
@@ -712,10 +712,10 @@ func TestIdempotencyTakeover(t *testing.T) {
 	if ok, _ := s.IdemRenew(ctx, "p", "k", dead); ok {
 		t.Fatal("the dead request renewed a lease it lost")
 	}
-	if err := s.IdemFinish(ctx, "p", "k", dead, IdemRecord{Fingerprint: "fp", Status: 500}); err != nil {
+	if err := s.IdemFinish(ctx, "p", "k", dead, IdemRecord{Fingerprint: "fp", Status: 500}, nil, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.IdemFinish(ctx, "p", "k", retry, IdemRecord{Fingerprint: "fp", Status: 201, Body: []byte("{}")}); err != nil {
+	if err := s.IdemFinish(ctx, "p", "k", retry, IdemRecord{Fingerprint: "fp", Status: 201, Body: []byte("{}")}, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.IdemRelease(ctx, "p", "k", dead, true); err != nil {

@@ -381,7 +381,7 @@ export interface paths {
         put?: never;
         /**
          * Run a command
-         * @description Either {session_id, command} (one run in an existing running session) or {tier: 1, runtime, code} (ephemeral). By default the call waits for the end and answers 201 with the finished run; a run that could not execute (session failed to start, provisioning timeout, node error) is answered 201 in state failed with error set, not as a 5xx. ?wait=false answers 202 at once with the run queued. A command that a runtime policy or plugin denies kills the session and the run is answered 201 in state failed, error carrying the reason; 403 is admission's deny (an ephemeral run's session).
+         * @description Either {session_id, command} (one run in an existing running session) or {tier: 1, runtime, code} (ephemeral). By default the call waits for the end and answers 201 with the finished run; a run that could not execute (session failed to start, provisioning timeout, node error) is answered 201 in state failed with error set, not as a 5xx. ?wait=false answers 202 at once with the run queued. A command that a runtime policy or plugin denies kills the session and the run is answered 201 in state failed, error carrying the reason; 403 is admission's deny (an ephemeral run's session). A retry with the same Idempotency-Key while the first request's run is under way (its gateway slow, or gone) answers that run, never a second: once it has ended, or at once with ?wait=false. A run whose gateway stops before it ends is recorded failed (error says to run it again) within about a minute.
          */
         post: operations["createRun"];
         delete?: never;
@@ -402,7 +402,7 @@ export interface paths {
         };
         /**
          * Get a run
-         * @description A run is kept for 7 days after its last change (its end); after that it is not found.
+         * @description A run is kept for 7 days after its last change (its end); after that it is not found. Its output may go sooner, past the project's budget of stored output (output_expired).
          */
         get: operations["getRun"];
         put?: never;
@@ -1062,7 +1062,9 @@ export interface components {
              * @description Bytes the command wrote to stderr, kept or not.
              */
             stderr_bytes: number;
-            /** @description Why the run failed without an exit code (session failed to start, node error, ...). */
+            /** @description True when the run's output was dropped before the run's retention (7 days) ran out, to keep the project's stored output (runs' output and answers kept for Idempotency-Key replays, 1 GiB by default) within its budget: the oldest go first. stdout and stderr are then empty and truncated is true; stdout_bytes/stderr_bytes still count what the command wrote. */
+            output_expired: boolean;
+            /** @description Why the run failed without an exit code (session failed to start, node error, its gateway stopped before it finished: run it again, ...). */
             error: string | null;
             started_at: components["schemas"]["NullableTimestamp"];
             finished_at: components["schemas"]["NullableTimestamp"];
@@ -1960,7 +1962,7 @@ export interface components {
                 };
             };
         };
-        /** @description The object's state does not allow it (invalid_state, message names the current state), or Idempotency-Key was reused with another request (idempotency_error). An answer too big to keep for a replay (over 17 MiB by default) replays as replay_too_large; the request is not run again. */
+        /** @description The object's state does not allow it (invalid_state, message names the current state), or Idempotency-Key was reused with another request (idempotency_error). An answer too big to keep for a replay (over 17 MiB by default), or one dropped to keep the project's stored output within its budget (1 GiB by default), replays as replay_too_large; the request is not run again. */
         StateOrIdempotencyConflict: {
             headers: {
                 [name: string]: unknown;

@@ -1,0 +1,63 @@
+package store
+
+// A project's stored output (each run's, kept 7 days, up to 16 MiB a run, and each answer
+// kept for an Idempotency-Key's replays, 24 h, up to 17 MiB) is bounded by a byte budget per
+// project (the gateway's MaxStoredOutputBytes, 1 GiB by default). A write that keeps output
+// never fails for it: past the budget, the oldest stored outputs are dropped, each key
+// rewritten (KEEPTTL) with the stub recorded beside it (a run without its output, marked
+// output_expired; an answer saying its replay was dropped), until the project is back within
+// it. The accounting (ProjectKeys.keptKeys) is written in the script that writes the output,
+// so that it is exact, and it is cheap: a few commands a write; outputs that expired are
+// forgotten as later writes come (by their expiry, which differs by kind: hence two sets).
+
+// keptOutputMin is the smallest output that counts against the budget: a record with less is
+// about the size of a session's, which no byte budget bounds either, and a stub beside it
+// would cost as much as it saves.
+const keptOutputMin = 4 << 10
+
+// keepLua defines keep(i, member, size, stub, expires, now, budget): it counts key member,
+// size bytes written at now (ms) that expire at expires (ms), against budget, with stub as
+// what to rewrite the key to, then drops the oldest outputs until the project is within
+// budget (an output over the budget alone is dropped at once, and nothing else for it).
+// KEYS[i] to KEYS[i+3] are ProjectKeys.keptKeys; the members are keys of the same
+// project (one Cluster slot). It answers how many outputs it dropped.
+const keepLua = `
+local function kept_forget(i, m)
+  local sz = redis.call('HGET', KEYS[i + 2], m)
+  if not sz then return end
+  redis.call('HINCRBY', KEYS[i + 2], 'total', -tonumber(sz))
+  redis.call('HDEL', KEYS[i + 2], m)
+  redis.call('HDEL', KEYS[i + 3], m)
+  redis.call('ZREM', KEYS[i], m)
+  redis.call('ZREM', KEYS[i + 1], m)
+end
+local function keep(i, m, size, stub, expires, now, budget)
+  for _, g in ipairs(redis.call('ZRANGEBYSCORE', KEYS[i + 1], '-inf', now, 'LIMIT', 0, 64)) do kept_forget(i, g) end
+  kept_forget(i, m)
+  if size > budget then -- over the budget alone: it goes, and nothing else for it
+    redis.call('SET', m, stub, 'XX', 'KEEPTTL')
+    return 1
+  end
+  redis.call('ZADD', KEYS[i], now, m)
+  redis.call('ZADD', KEYS[i + 1], expires, m)
+  redis.call('HSET', KEYS[i + 2], m, size)
+  redis.call('HINCRBY', KEYS[i + 2], 'total', size)
+  redis.call('HSET', KEYS[i + 3], m, stub)
+  local dropped = 0
+  while (tonumber(redis.call('HGET', KEYS[i + 2], 'total')) or 0) > budget do
+    local head = redis.call('ZRANGE', KEYS[i], 0, 0)
+    if #head == 0 then break end
+    local st = redis.call('HGET', KEYS[i + 3], head[1])
+    if st then redis.call('SET', head[1], st, 'XX', 'KEEPTTL') end
+    kept_forget(i, head[1])
+    dropped = dropped + 1
+  end
+  local last = redis.call('ZRANGE', KEYS[i + 1], -1, -1, 'WITHSCORES')
+  if #last == 0 then
+    redis.call('DEL', KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3])
+  else
+    for j = i, i + 3 do redis.call('PEXPIREAT', KEYS[j], last[2]) end
+  end
+  return dropped
+end
+`
