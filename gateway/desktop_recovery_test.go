@@ -26,6 +26,15 @@ func (e *env) secondGateway(cfg func(*Config)) *Server {
 	if cfg != nil {
 		cfg(&c)
 	}
+	gw, url := e.startGateway(c)
+	e.url = url
+	return gw
+}
+
+// startGateway starts a gateway with c behind a test server of its own, both closed with the
+// test, and answers it and its URL.
+func (e *env) startGateway(c Config) (*Server, string) {
+	e.t.Helper()
 	gw, err := New(c)
 	if err != nil {
 		e.t.Fatal(err)
@@ -33,8 +42,7 @@ func (e *env) secondGateway(cfg func(*Config)) *Server {
 	srv := httptest.NewServer(gw.Handler())
 	gw.PublicURL = srv.URL
 	e.t.Cleanup(func() { srv.Close(); gw.Close() })
-	e.url = srv.URL
-	return gw
+	return gw, srv.URL
 }
 
 // createInSetup creates a desktop and waits for its setup to begin (the setup sends on

@@ -275,6 +275,7 @@ func (e *env) gatewayWith(hook redis.Hook, cfg func(*Config), opts ...store.Opti
 	e.t.Helper()
 	o := *e.rdb.(*redis.Client).Options()
 	rdb := redis.NewClient(&o)
+	e.t.Cleanup(func() { _ = rdb.Close() }) // after the gateway's, registered later
 	if hook != nil {
 		rdb.AddHook(hook)
 	}
@@ -284,15 +285,9 @@ func (e *env) gatewayWith(hook redis.Hook, cfg func(*Config), opts ...store.Opti
 	if cfg != nil {
 		cfg(&c)
 	}
-	gw, err := New(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	srv := httptest.NewServer(gw.Handler())
-	gw.PublicURL = srv.URL
-	e.t.Cleanup(func() { srv.Close(); gw.Close(); _ = rdb.Close() })
+	gw, url := e.startGateway(c)
 	other := *e
-	other.url, other.gw = srv.URL, gw
+	other.url, other.gw = url, gw
 	return gw, &other
 }
 
