@@ -758,7 +758,7 @@ export interface paths {
         put?: never;
         /**
          * Wake a desktop
-         * @description Only a asleep desktop (409 naming its state otherwise): starting, then running, restored as it was (from its disk when the state was not saved). The action is part of the last path segment, e.g. /v1/desktops/desk_0VcQ:wake.
+         * @description Only a asleep desktop (409 naming its state otherwise): starting, then running, restored as it was (from its disk when the state was not saved). The action is part of the last path segment, e.g. /v1/desktops/desk_0VcQ:wake. A reached spend cap (402), or a rate or concurrency limit that lasts past a minute (429), refuses it: the desktop stays as it was (an asleep one with its saved state), the refusal in its message.
          */
         post: operations["wakeDesktop"];
         delete?: never;
@@ -804,7 +804,7 @@ export interface paths {
         put?: never;
         /**
          * Start a desktop
-         * @description Only a stopped or failed desktop (409 naming its state otherwise): starting, then running, fresh from its disk. The action is part of the last path segment, e.g. /v1/desktops/desk_0VcQ:start.
+         * @description Only a stopped or failed desktop (409 naming its state otherwise): starting, then running, fresh from its disk. The action is part of the last path segment, e.g. /v1/desktops/desk_0VcQ:start. A reached spend cap (402), or a rate or concurrency limit that lasts past a minute (429), refuses it: the desktop stays stopped or failed, the refusal in its message.
          */
         post: operations["startDesktop"];
         delete?: never;
@@ -4142,6 +4142,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
+            402: components["responses"]["SpendCapReached"];
             404: components["responses"]["ActionNotFound"];
             409: components["responses"]["DesktopConflict"];
             413: components["responses"]["TooLarge"];
@@ -4231,6 +4232,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
+            402: components["responses"]["SpendCapReached"];
             404: components["responses"]["ActionNotFound"];
             409: components["responses"]["DesktopConflict"];
             413: components["responses"]["TooLarge"];
@@ -4415,6 +4417,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
+            402: components["responses"]["SpendCapReached"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["DesktopConflict"];
             /** @description The body is over 100 MiB. */
@@ -4433,6 +4436,7 @@ export interface operations {
                     };
                 };
             };
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
             502: {
@@ -4493,8 +4497,10 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthenticated"];
+            402: components["responses"]["SpendCapReached"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["DesktopConflict"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalError"];
             /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
             502: {
