@@ -856,12 +856,19 @@ func checkStaticSize(mod *ast.Module) error {
 					continue
 				}
 			}
-			if ts, ok := e.Terms.([]*ast.Term); ok {
+			switch ts := e.Terms.(type) {
+			case []*ast.Term:
 				for _, t := range ts[1:] {
 					most = max(most, termSize(t, locals))
 				}
-			} else if t, ok := e.Terms.(*ast.Term); ok {
-				most = max(most, termSize(t, locals))
+			case *ast.Term:
+				most = max(most, termSize(ts, locals))
+			case *ast.Not:
+				most = max(most, bodySize(ts.Body, maps.Clone(locals)))
+			case *ast.LogicalAnd:
+				most = max(most, bodySize(ts.Lhs, maps.Clone(locals)), bodySize(ts.Rhs, maps.Clone(locals)))
+			case *ast.LogicalOr:
+				most = max(most, bodySize(ts.Lhs, maps.Clone(locals)), bodySize(ts.Rhs, maps.Clone(locals)))
 			}
 		}
 		return most

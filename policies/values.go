@@ -127,6 +127,12 @@ func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast
 				x.Body = checkedBody(c, x.Body, safe, vars)
 			case *ast.Every:
 				x.Body = checkedBody(c, x.Body, safe, vars)
+			case *ast.Not: // not { … }: a body of its own, checked as any other
+				x.Body = checkedBody(c, x.Body, safe, vars)
+			case *ast.LogicalAnd:
+				x.Lhs, x.Rhs = checkedBody(c, x.Lhs, safe, vars), checkedBody(c, x.Rhs, safe, vars)
+			case *ast.LogicalOr:
+				x.Lhs, x.Rhs = checkedBody(c, x.Lhs, safe, vars), checkedBody(c, x.Rhs, safe, vars)
 			default:
 				return false
 			}
@@ -142,7 +148,10 @@ func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast
 		outputs := ast.OutputVarsFromExpr(c, expr, safe)
 		safeBefore := safe.Copy()
 		var compares []*ast.Expr
-		if expr.IsEquality() && len(operands) == 2 && comparesMade(operands[0], safe) && comparesMade(operands[1], safe) {
+		// Not under a negation: it would hoist a reference out of it (a "not input.a == x"
+		// that held for an undefined input.a would fail), and a negation's frames are gone
+		// before the body goes on.
+		if expr.IsEquality() && !expr.Negated && len(operands) == 2 && comparesMade(operands[0], safe) && comparesMade(operands[1], safe) {
 			terms := expr.Terms.([]*ast.Term)
 			terms[0] = ast.NewTerm(ast.Equal.Ref())
 			for i, t := range terms[1:] {
@@ -179,7 +188,7 @@ func checkedBody(c *ast.Compiler, body ast.Body, safe ast.VarSet, vars *int) ast
 				// anything else (another collection, a comprehension) before, and after too,
 				// for the values its variables took. A pattern (with variables still unbound)
 				// has its bound ones compared after it, with equal.
-				if t.Vars().DiffCount(safeBefore) > 0 {
+				if t.Vars().DiffCount(safeBefore) > 0 && !expr.Negated {
 					var pairs [][2]*ast.Term
 					t = unboundPattern(t, safeBefore, vars, &pairs)
 					expr.Terms.([]*ast.Term)[i+1], operands[i] = t, t
