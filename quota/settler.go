@@ -347,6 +347,9 @@ func (s *Settler) SettleProject(ctx context.Context, project string) (int, error
 
 // settleProject is SettleProject that answers errSettlementHeld when another settler holds
 // the lock.
+// capActTimeout bounds the decisions and stops of the caps a settle crossed (Caps.act).
+const capActTimeout = time.Minute
+
 func (s *Settler) settleProject(ctx context.Context, project string) (total int, err error) {
 	if err := s.ensureGroup(ctx, project); err != nil {
 		return 0, err
@@ -362,7 +365,13 @@ func (s *Settler) settleProject(ctx context.Context, project string) (total int,
 		// After the lock is released (every return below releases it, or lost it): a cap's
 		// stops call nodes, which may outlast the lock's lease, and a second settler would
 		// then settle the project alongside this one.
-		defer s.caps.act(ctx, project)
+		// Under a context of their own: a cap flagged here is never flagged again this
+		// month, so stops skipped for a settle cut short (a shutdown) would never run.
+		defer func() {
+			actCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), capActTimeout)
+			defer cancel()
+			s.caps.act(actCtx, project)
+		}()
 	}
 	for {
 		n, err := s.settleBatch(ctx, project)

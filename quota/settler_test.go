@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -638,5 +639,51 @@ func TestAccrualGoesOnPastAFailedSnapshot(t *testing.T) {
 	}
 	if accrueErr == nil || !strings.Contains(accrueErr.Error(), "snap_b") || !strings.Contains(accrueErr.Error(), "snap_e") {
 		t.Fatalf("accrual answered %v, want snap_b's and snap_e's failures", accrueErr)
+	}
+}
+
+// cancelAfterSetNX cancels a context once a SET … NX (a cap's flag) has run.
+type cancelAfterSetNX struct{ cancel context.CancelFunc }
+
+func (cancelAfterSetNX) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h cancelAfterSetNX) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); cmd.Name() == "set" && slices.ContainsFunc(args, func(a any) bool { return a == "nx" || a == "NX" }) {
+			h.cancel()
+		}
+		return err
+	}
+}
+func (cancelAfterSetNX) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestCapActsThoughTheSettleIsCut: a settle whose context ends once it has flagged a cap (a
+// shutdown) still decides the cap's stops: the flag is set once a month, so stops skipped
+// then would never run (they ran under the settle's ended context and failed at once).
+func TestCapActsThoughTheSettleIsCut(t *testing.T) {
+	rdb := redistest.Server(t)
+	const project = "proj_cut"
+	if err := NewAccounts(rdb).SetLimits(context.Background(), project, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, rdb, records(project, []string{"sess_c"}, 10)) // 280 µUSD: both levels crossed
+	var fired, cut int
+	caps := NewCaps(rdb, func(ctx context.Context, ev CapEvent) {
+		fired++
+		if ctx.Err() != nil {
+			cut++
+		}
+	}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rdb.AddHook(cancelAfterSetNX{cancel})
+	_, _ = NewSettler(rdb, SettlerOptions{Caps: caps, Batch: 2}).SettleProject(ctx, project)
+	if fired == 0 {
+		t.Fatal("no cap crossed")
+	}
+	if cut > 0 {
+		t.Errorf("%d of %d cap events were decided under the settle's ended context", cut, fired)
 	}
 }
