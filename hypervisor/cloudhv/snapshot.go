@@ -238,12 +238,11 @@ type memoryRestore struct {
 // byte, or this check compare the images' content instead.)
 func (d *Driver) snapshotRootFS(rec snapshotRecord, cfg map[string]any) (string, error) {
 	name, uuid := rec.RootFS, rec.RootFSUUID
-	if name == "" {
-		// A snapshot of an earlier driver: its config.json names the image, by a path on the
-		// node that took it.
-		old, _ := configDisk(cfg, "rootfs")["path"].(string)
-		name = filepath.Base(old)
-		uuid, _ = image.FilesystemUUID(old)
+	if name == "" || uuid == "" {
+		// A snapshot of an earlier driver: its config.json names the image by a path on the
+		// node that took it, and the file at that path here (another node's build, with the
+		// same --data-dir) cannot be told from the image the guest ran on.
+		return "", fmt.Errorf("cloudhv: restore: %w: the snapshot names no root disk image it can be checked against (an earlier wb took it): restore the snapshot without its memory", ErrSnapshotImage)
 	}
 	if name != filepath.Base(name) || !strings.HasPrefix(name, "rootfs-") {
 		return "", fmt.Errorf("cloudhv: restore: the snapshot's root disk image %q is not one of a cache dir", name)
