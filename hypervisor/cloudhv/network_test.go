@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -315,6 +316,8 @@ func TestStopEndsGuestRelayConnections(t *testing.T) {
 	if err := syscall.Kill(info.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	// A real VMM leaves no mounts, but the fake one's guest is mounts it can no longer undo.
+	t.Cleanup(func() { unmountUnder(t, e.vmmTmp) })
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	t0 := time.Now()
@@ -372,4 +375,27 @@ func eventually(d time.Duration, cond func() bool) bool {
 		}
 	}
 	return true
+}
+
+// unmountUnder detaches every mount under dir, deepest first (the loop devices of mount -o
+// loop go with their mounts).
+func unmountUnder(t *testing.T, dir string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	var points []string
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", p, err)
+		}
+	}
 }
