@@ -10,6 +10,23 @@ import (
 	"time"
 )
 
+// sharedArrays compares two arrays written with the same variable 16 times over, 2·16⁵ leaves
+// each, in a body of their own.
+const sharedArrays = `		a0 := [input.project_id, input.project_id]
+		a1 := [a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0]
+		a2 := [a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1]
+		a3 := [a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2]
+		b0 := [input.project_id, input.project_id]
+		b1 := [b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0]
+		b2 := [b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1]
+		b3 := [b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2]
+		a4 := [a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3]
+		a5 := [a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4]
+		b4 := [b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3]
+		b5 := [b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4]
+		a5 == b5
+`
+
 // sharingPolicies build, each in its own way, two equal values that share their parts
 // (2*16^5 strings each, written out, out of a few hundred terms) and compare them. Unchecked,
 // OPA's unification recursed once per element compared, past Go's stack limit: "fatal error:
@@ -49,20 +66,7 @@ import future.keywords.not
 
 deny contains "equal" if {
 	not {
-		a0 := [input.project_id, input.project_id]
-		a1 := [a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0]
-		a2 := [a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1]
-		a3 := [a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2]
-		b0 := [input.project_id, input.project_id]
-		b1 := [b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0]
-		b2 := [b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1]
-		b3 := [b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2]
-		a4 := [a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3]
-		a5 := [a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4]
-		b4 := [b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3]
-		b5 := [b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4]
-		a5 == b5
-	}
+` + sharedArrays + `	}
 }
 `,
 	// the same, as the left side of an or
@@ -72,20 +76,7 @@ import future.keywords.or
 
 deny contains "equal" if {
 	{
-		a0 := [input.project_id, input.project_id]
-		a1 := [a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0, a0]
-		a2 := [a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1, a1]
-		a3 := [a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2, a2]
-		b0 := [input.project_id, input.project_id]
-		b1 := [b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0, b0]
-		b2 := [b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1, b1]
-		b3 := [b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2, b2]
-		a4 := [a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3, a3]
-		a5 := [a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4, a4]
-		b4 := [b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3, b3]
-		b5 := [b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4, b4]
-		a5 == b5
-	} or {
+` + sharedArrays + `	} or {
 		input.project_id == "never"
 	}
 }
