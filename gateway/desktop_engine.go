@@ -315,7 +315,10 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 		return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start: "+why)
 	}
 	if !fromMemory && s.DesktopSetup != nil {
-		if err := s.DesktopSetup(ctx, sessionExecer{s: s, sess: got}); err != nil {
+		setupCtx, cancel := context.WithTimeout(ctx, desktopSetupWait)
+		err := s.DesktopSetup(setupCtx, sessionExecer{s: s, sess: got})
+		cancel()
+		if err != nil {
 			s.log.Warn("desktop: setup failed", "desktop", rec.ID, "session", sessID, "err", err)
 			s.stopSession(ctx, p, sessID)
 			return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start its display and browser: "+redactInternal(err.Error()))
@@ -345,6 +348,12 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 	s.markUsed(ctx, p.ID, rec.ID, now)
 	return true
 }
+
+// desktopSetupWait bounds a desktop's setup (DesktopSetup): its exec lasts no longer, so a
+// start whose setup hangs (a probe in the guest that never returns) fails the desktop with a
+// timeout, rather than keep it starting for an exec's ten minutes while its callers wait.
+// desktop/guest's start gives up on its own after 90 s.
+const desktopSetupWait = 2 * time.Minute
 
 // admitDesktopSession admits a desktop's session under id, waiting out admission's rate and
 // concurrency limits for up to desktopAdmitWait.

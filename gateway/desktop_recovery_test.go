@@ -164,6 +164,39 @@ func TestDesktopSetupExecTimeout(t *testing.T) {
 	}
 }
 
+// TestDesktopSetupIsBounded: the setup runs under a deadline of desktopSetupWait, so a
+// setup whose exec hangs fails the desktop in time, rather than keep it starting (and its
+// callers waiting) for an exec's ten minutes. A cold make test's desktop stayed starting for
+// four minutes, until the MCP call waiting on it gave up with 504 wake_timeout.
+func TestDesktopSetupIsBounded(t *testing.T) {
+	deadlines := make(chan time.Duration, 1)
+	e := newEnv(t, func(c *Config) {
+		c.DesktopSetup = func(ctx context.Context, _ desktop.Execer) error {
+			d, ok := ctx.Deadline()
+			if !ok {
+				deadlines <- -1
+				return nil
+			}
+			deadlines <- time.Until(d)
+			return nil
+		}
+	})
+	var d desktop.Desktop
+	e.mustDo("POST", "/v1/desktops", e.key, map[string]any{"name": "d"}, 201, &d)
+	select {
+	case left := <-deadlines:
+		if left <= 0 || left > desktopSetupWait {
+			t.Errorf("the setup's context leaves %s (-1ns: no deadline), want at most %s", left, desktopSetupWait)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the desktop's setup never began")
+	}
+	e.waitDesktop(d.ID, desktop.Running)
+	if wait := e.gw.desktopWakeWait(); wait < desktopSetupWait+time.Minute {
+		t.Errorf("a call waits %s for the desktop, less than its setup may take", wait)
+	}
+}
+
 // TestDesktopRecoveryLeavesItsOwnWork: a transition whose lease lapsed while this gateway
 // still works on it (its renewals came late, or Redis was away) is not taken over by this
 // gateway's recovery, which renews the lease instead: a second work beside the first fought

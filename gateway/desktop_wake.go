@@ -26,10 +26,11 @@ const (
 
 // desktopWakeWait bounds how long a call waits for a desktop to run: its session's
 // provisioning deadline and the minute startDesktop adds to it, plus its display and
-// browser's start (desktop/guest allows 90 s), with room to spare.
+// browser's start (desktopSetupWait), with room to spare: a start that fails within them
+// answers the call with the failure, not a timeout.
 func (s *Server) desktopWakeWait() time.Duration {
 	t, _ := s.Tiers.Tier(DesktopTier)
-	return t.ProvisionDeadline() + 3*time.Minute
+	return t.ProvisionDeadline() + time.Minute + desktopSetupWait + time.Minute
 }
 
 // useDesktop is awakeDesktop for a call that uses the desktop (cause desktop.MCP or

@@ -64,7 +64,8 @@ const startTimeout = 90 * time.Second
 // live process with the expected command line, or one whose command line reads empty since it
 // is in the middle of an exec (a loaded host's start once failed there, "Xvfb exited" with
 // nothing in its log). The X lock and Chromium's singleton files
-// are on the disk, so a fresh start removes them.
+// are on the disk, so a fresh start removes them. Each probe is bounded (xwd by timeout, the
+// ping by its own), so that the script gives up at its end time rather than hang.
 //
 // No process may bind a Unix socket on the disk (/tmp, /root, /workspace are host
 // directories): gVisor cannot checkpoint a socket bound on a host file system, and a sleep is
@@ -87,7 +88,7 @@ if ! running xvfb Xvfb; then
   rm -f /tmp/.X0-lock /tmp/.X11-unix/X0
   launch xvfb /usr/bin/Xvfb %[4]s -screen 0 %[5]dx%[6]dx24 -nolisten tcp -nolisten unix -noreset -dpi 96
 fi
-until xwd -root -silent >/dev/null 2>&1; do
+until timeout 10 xwd -root -silent >/dev/null 2>&1; do
   late && { echo "the display did not answer within %[8]d s:"; tail -n 20 "$S/xvfb.log"; exit 1; }
   running xvfb Xvfb || { exited xvfb Xvfb; exit 1; }
   sleep 0.1
