@@ -30,46 +30,9 @@ import (
 // up; plaintext, no certificate and another CA's certificate get nothing.
 func TestServeTLS(t *testing.T) {
 	pki := newTestPKI(t)
-	cfg, err := ServerTLS(pki.serverCert, pki.serverKey, pki.caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(t.Context(), Config{Source: &staticSource{f: fleet3()}, TLS: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	addr := startServer(t, s)
-
-	roots := x509.NewCertPool()
-	roots.AddCert(pki.ca)
-	withTLS := func(certs ...tls.Certificate) grpc.DialOption {
-		return grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: certs, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}))
-	}
-	// clusters asks addr for the clusters over an ADS stream, and answers how many came.
-	clusters := func(creds grpc.DialOption) (int, error) {
-		cc, err := grpc.NewClient(addr, creds)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-		defer cancel()
-		st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
-		if err != nil {
-			return 0, err
-		}
-		if err := st.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy-1"}, TypeUrl: resourcev3.ClusterType}); err != nil {
-			return 0, err
-		}
-		resp, err := st.Recv()
-		if err != nil {
-			return 0, err
-		}
-		return len(resp.GetResources()), nil
-	}
+	addr := startTLSServer(t, pki.serverCert, pki.serverKey, pki.caFile)
+	withTLS := func(certs ...tls.Certificate) grpc.DialOption { return pki.dialOption(certs...) }
+	clusters := func(creds grpc.DialOption) (int, error) { return adsClusters(t, addr, creds) }
 
 	if n, err := clusters(withTLS(pki.client)); err != nil || n != 6 {
 		t.Fatalf("an Envoy with the CA's client certificate: %d clusters, %v; want 6", n, err)
@@ -88,6 +51,98 @@ func TestServeTLS(t *testing.T) {
 	}
 }
 
+// TestServeTLSRotation: certificate, key and client CA files replaced in place (as
+// cert-manager or a Vault agent rotates them) serve the next connection without a restart;
+// files that do not load keep the last good ones.
+func TestServeTLSRotation(t *testing.T) {
+	before, after := newTestPKI(t), newTestPKI(t)
+	dir := t.TempDir()
+	cert, key, ca := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"), filepath.Join(dir, "ca.pem")
+	install := func(p testPKI, age time.Duration) {
+		for src, dst := range map[string]string{p.serverCert: cert, p.serverKey: key, p.caFile: ca} {
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			// Distinct times, whatever the file system's clock resolution.
+			at := time.Now().Add(age)
+			if err := os.Chtimes(dst, at, at); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	install(before, -time.Hour)
+	addr := startTLSServer(t, cert, key, ca)
+	if n, err := adsClusters(t, addr, before.dialOption(before.client)); err != nil || n != 6 {
+		t.Fatalf("before the rotation: %d clusters, %v; want 6", n, err)
+	}
+
+	install(after, 0)
+	if n, err := adsClusters(t, addr, after.dialOption(after.client)); err != nil || n != 6 {
+		t.Fatalf("after the rotation, an Envoy of the new CA: %d clusters, %v; want 6 (the files were not read again)", n, err)
+	}
+	if n, err := adsClusters(t, addr, before.dialOption(before.client)); err == nil {
+		t.Errorf("after the rotation, an Envoy of the old CA got %d clusters, want refused", n)
+	}
+
+	if err := os.WriteFile(key, []byte("half written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := adsClusters(t, addr, after.dialOption(after.client)); err != nil || n != 6 {
+		t.Errorf("with a broken key file: %d clusters, %v; want the last good files served", n, err)
+	}
+}
+
+// startTLSServer serves fleet3 over ADS with ServerTLS of the files, and answers its address.
+func startTLSServer(t *testing.T, cert, key, ca string) string {
+	t.Helper()
+	cfg, err := ServerTLS(cert, key, ca, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(t.Context(), Config{Source: &staticSource{f: fleet3()}, TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return startServer(t, s)
+}
+
+// adsClusters asks addr for the clusters over an ADS stream, and answers how many came.
+func adsClusters(t *testing.T, addr string, creds grpc.DialOption) (int, error) {
+	cc, err := grpc.NewClient(addr, creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy-1"}, TypeUrl: resourcev3.ClusterType}); err != nil {
+		return 0, err
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		return 0, err
+	}
+	return len(resp.GetResources()), nil
+}
+
+// dialOption is TLS trusting p's CA, presenting certs.
+func (p testPKI) dialOption(certs ...tls.Certificate) grpc.DialOption {
+	roots := x509.NewCertPool()
+	roots.AddCert(p.ca)
+	return grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: certs, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}))
+}
+
 // TestServerTLSErrors: ServerTLS names the flag at fault.
 func TestServerTLSErrors(t *testing.T) {
 	pki := newTestPKI(t)
@@ -104,7 +159,7 @@ func TestServerTLSErrors(t *testing.T) {
 		{pki.serverCert, pki.serverKey, filepath.Join(t.TempDir(), "missing.pem"), "--xds-tls-client-ca"},
 		{pki.serverCert, pki.serverKey, notPEM, "no PEM certificate"},
 	} {
-		_, err := ServerTLS(c.cert, c.key, c.ca)
+		_, err := ServerTLS(c.cert, c.key, c.ca, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ServerTLS(%q, %q, %q) = %v, want an error with %q", c.cert, c.key, c.ca, err, c.want)
 		}

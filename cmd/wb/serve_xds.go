@@ -43,7 +43,7 @@ func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *s
 	cfg := xds.Config{Source: xds.StoreFleet{Store: st, HeartbeatTimeout: nodeTimeout}, Registerer: reg, Logger: log}
 	if tlsSet {
 		var err error
-		if cfg.TLS, err = xds.ServerTLS(f.certFile, f.keyFile, f.caFile); err != nil {
+		if cfg.TLS, err = xds.ServerTLS(f.certFile, f.keyFile, f.caFile, log); err != nil {
 			return nil, err
 		}
 	}
