@@ -27,8 +27,9 @@
 // Failure policy: a plugin that fails (traps, times out, exceeds its memory, answers something
 // that is not a result) fails closed: Decide answers a deny whose reason names the plugin and
 // the cause, unless the plugin was uploaded fail-open, in which case it answers an allow with a
-// warning naming the failure. After 3 failures in a row a plugin's instances are not restarted
-// for a while (1 s, doubling up to 30 s; pool.go), its calls answering the last failure, so a
-// plugin that fails every call does not pay a start (1 s allowed, not 20 ms) every call. Decide answers an error only for the host's own failures (Redis)
-// or when the caller's context ends.
+// warning naming the failure. After 3 failed starts in a row a plugin's instances are not
+// restarted for a while (1 s, doubling up to 30 s; pool.go), its calls answering the last
+// failure, so a plugin that cannot start does not pay a start (1 s allowed, not 20 ms) every
+// call; a call that fails on its input only discards its instance. Decide answers an error only
+// for the host's own failures (Redis) or when the caller's context ends.
 package plugins

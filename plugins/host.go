@@ -52,7 +52,7 @@ type Options struct {
 	// Timeout is the deadline of one decide call (default 20ms). SetLimits overrides it per
 	// project.
 	Timeout time.Duration
-	// PoolSize bounds the instances of one (project, digest) (default 4); a call waits, under
+	// PoolSize bounds the instances of one plugin of a project (default 4); a call waits, under
 	// its context, while all are busy.
 	PoolSize int
 	// MaxOutputBytes bounds a result (default 64 KiB).

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -516,31 +517,24 @@ func TestInitializeLogIsCapped(t *testing.T) {
 }
 
 // parityTrapPlugin logs "started" in _initialize and traps in decide when the input's length is
-// odd; otherwise it answers allow.
-func parityTrapPlugin() []byte {
+// odd; otherwise it answers out.
+func parityTrapPlugin(out string) []byte {
 	const msgAt = 512
 	start := cat(i32c(1), i32c(msgAt), i32c(7), []byte{opCall, 0})
 	body := cat(
 		[]byte{opLocalGet, 1}, i32c(1), []byte{0x71}, // i32.and
 		[]byte{opIf, blockEmpty, opUnreachable, opEnd},
-		resultAt0(len(`{"allow":true}`)),
+		resultAt0(len(out)),
 	)
 	return wmod{memMin: 1, memMax: -1,
 		imports: []wimport{{module: "wb", name: "log", params: []byte{tI32, tI32, tI32}}},
 		funcs:   []wfunc{allocFunc(), decideFunc(body), {name: "_initialize", body: start}},
-		data:    []wdata{{0, []byte(`{"allow":true}`)}, {msgAt, []byte("started")}}}.encode()
+		data:    []wdata{{0, []byte(out)}, {msgAt, []byte("started")}}}.encode()
 }
 
-// TestFailingPluginIsNotRestartedEveryCall: after 3 failures in a row a plugin's instances are
-// not restarted for a while (1 s, then doubling), its calls answering the last failure at once;
-// then one call starts one again, and a success ends the count. (Each call of a plugin that
-// traps every time started a new instance, under the 1 s start deadline.)
-func TestFailingPluginIsNotRestartedEveryCall(t *testing.T) {
-	h, sink := newTestHost(t, mini(t), Options{})
-	const project = "proj-restart"
-	mustPut(t, h, project, "parity", parityTrapPlugin(), 0, false)
-	starts := func() int { return strings.Count(sink.text(), "started project="+project) }
-	var odd, even []byte
+// parityInputs answers an admission input of odd length and one of even length.
+func parityInputs(t *testing.T) (odd, even []byte) {
+	t.Helper()
 	for _, tpl := range []string{"x", "xy"} {
 		in := admission(t, session.CreateRequest{Tier: intp(1), Template: tpl})
 		if len(in)%2 == 1 {
@@ -552,19 +546,55 @@ func TestFailingPluginIsNotRestartedEveryCall(t *testing.T) {
 	if odd == nil || even == nil {
 		t.Fatal("no inputs of both parities")
 	}
-	before := starts() // the upload's check and warm-up
-	for i := range restartAfterFailures {
-		if d := one(t, decide(t, h, project, odd)); d.Allow || !strings.HasSuffix(d.Reasons[0], "trapped: unreachable") {
-			t.Fatalf("failure %d: %+v", i, d)
+	return odd, even
+}
+
+// refusedStart is the cause of a start that failStarts failed.
+const refusedStart = "failed to start: trapped: start refused by the test"
+
+// failStarts makes the starts of the project's plugin (a parityTrapPlugin) fail while fail is
+// set: the wb.log of its "started" line traps.
+func failStarts(sink *logSink, project, plugin string, fail *atomic.Bool) {
+	line := "started project=" + project + " plugin=" + plugin
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	sink.onLine = func(l string) {
+		if l == line && fail.Load() {
+			panic("start refused by the test")
 		}
 	}
-	if got := starts() - before; got != restartAfterFailures-1 {
-		t.Fatalf("%d failures started %d instances, want %d (the first ran on the warm one)", restartAfterFailures, got, restartAfterFailures-1)
+}
+
+// TestFailingPluginIsNotRestartedEveryCall: after 3 failed starts in a row a plugin's instances
+// are not restarted for a while (1 s, then doubling), its calls answering the last failure at
+// once; then one call starts one again, and a start that succeeds ends the count. (Each call
+// of a plugin whose starts fail paid a start, under the 1 s start deadline.)
+func TestFailingPluginIsNotRestartedEveryCall(t *testing.T) {
+	h, sink := newTestHost(t, mini(t), Options{})
+	const project = "proj-restart"
+	var fail atomic.Bool
+	failStarts(sink, project, "parity", &fail)
+	mustPut(t, h, project, "parity", parityTrapPlugin(`{"allow":true}`), 0, false)
+	starts := func() int { return strings.Count(sink.text(), "started project="+project) }
+	odd, even := parityInputs(t)
+	// A trap discards the warm instance: the next call starts one.
+	if d := one(t, decide(t, h, project, odd)); d.Allow || !strings.HasSuffix(d.Reasons[0], "trapped: unreachable") {
+		t.Fatalf("a call that traps: %+v", d)
+	}
+	fail.Store(true)
+	before := starts()
+	for i := range restartAfterFailures {
+		if d := one(t, decide(t, h, project, even)); d.Allow || d.Reasons[0] != "plugin parity: "+refusedStart {
+			t.Fatalf("failed start %d: %+v", i, d)
+		}
+	}
+	if got := starts() - before; got != restartAfterFailures {
+		t.Fatalf("%d failed starts logged %d starts", restartAfterFailures, got)
 	}
 	held := starts()
 	for range 10 {
 		d := one(t, decide(t, h, project, even))
-		if want := "plugin parity: trapped: unreachable (it failed 3 times in a row: not restarted for 1s)"; d.Allow || d.Reasons[0] != want {
+		if want := "plugin parity: " + refusedStart + " (it failed 3 times in a row: not restarted for 1s)"; d.Allow || d.Reasons[0] != want {
 			t.Fatalf("a call during the hold: %+v, want the deny %q", d, want)
 		}
 	}
@@ -573,12 +603,13 @@ func TestFailingPluginIsNotRestartedEveryCall(t *testing.T) {
 	}
 	// The call after the hold starts one; it fails, and the hold doubles.
 	time.Sleep(minRestartHold + 100*time.Millisecond)
-	if d := one(t, decide(t, h, project, odd)); d.Allow || !strings.HasSuffix(d.Reasons[0], "trapped: unreachable") {
-		t.Fatalf("the call after the hold: %+v, want it to start an instance and trap", d)
+	if d := one(t, decide(t, h, project, even)); d.Allow || d.Reasons[0] != "plugin parity: "+refusedStart {
+		t.Fatalf("the call after the hold: %+v, want it to start an instance and fail", d)
 	}
 	if d := one(t, decide(t, h, project, even)); d.Allow || !strings.HasSuffix(d.Reasons[0], "(it failed 4 times in a row: not restarted for 2s)") {
 		t.Fatalf("a call during the second hold: %+v", d)
 	}
+	fail.Store(false)
 	time.Sleep(2*minRestartHold + 100*time.Millisecond)
 	if d := one(t, decide(t, h, project, even)); !d.Allow {
 		t.Fatalf("the call after the second hold: %+v, want it to start an instance and allow", d)
@@ -586,10 +617,72 @@ func TestFailingPluginIsNotRestartedEveryCall(t *testing.T) {
 	if n := starts() - held; n != 2 {
 		t.Fatalf("the calls after the holds started %d instances, want 2", n)
 	}
-	// The success ended the count: one failure is not held.
+	// The start that succeeded ended the count: one more failed start is not held.
 	one(t, decide(t, h, project, odd))
+	fail.Store(true)
+	one(t, decide(t, h, project, even))
+	fail.Store(false)
 	if d := one(t, decide(t, h, project, even)); !d.Allow {
-		t.Fatalf("a call after one failure: %+v, want allow", d)
+		t.Fatalf("a call after one failed start: %+v, want allow", d)
+	}
+}
+
+// TestRestartBackoffIsPerPlugin: failed starts of one plugin hold back its own restarts, not
+// those of another plugin of the same module, in its project or another. (The count was kept
+// per compiled module of a project, so two plugins uploading the same module held each other
+// back.)
+func TestRestartBackoffIsPerPlugin(t *testing.T) {
+	h, sink := newTestHost(t, mini(t), Options{})
+	const project, other = "proj-backoff-a", "proj-backoff-b"
+	var fail atomic.Bool
+	failStarts(sink, project, "a", &fail)
+	wasm := parityTrapPlugin(`{"allow":true}`)
+	mustPut(t, h, project, "a", wasm, 0, false)
+	mustPut(t, h, project, "b", wasm, 0, false)
+	mustPut(t, h, other, "a", wasm, 0, false)
+	odd, even := parityInputs(t)
+	// Traps discard the warm instances: the next calls start new ones.
+	decide(t, h, project, odd)
+	decide(t, h, other, odd)
+	fail.Store(true)
+	for i := range restartAfterFailures + 2 {
+		ds := decide(t, h, project, even)
+		if len(ds) != 2 || ds[0].Allow || !strings.Contains(ds[0].Reasons[0], refusedStart) || !ds[1].Allow {
+			t.Fatalf("call %d: %+v, want plugin a's start to fail and plugin b to allow", i, ds)
+		}
+		if d := one(t, decide(t, h, other, even)); !d.Allow {
+			t.Fatalf("call %d of the other project's plugin a: %+v, want allow", i, d)
+		}
+	}
+	if ds := decide(t, h, project, even); !strings.HasSuffix(ds[0].Reasons[0], "(it failed 3 times in a row: not restarted for 1s)") {
+		t.Fatalf("plugin a after %d failed starts: %+v, want it held back", restartAfterFailures, ds[0])
+	}
+}
+
+// TestTrapsDoNotHoldThePlugin: calls that trap on their input discard their instance but do
+// not hold the plugin's restarts back: the next input is evaluated on a fresh instance. (Three
+// crafted inputs held a fail-open plugin open, for 1 s to 30 s, for every caller of its
+// project.)
+func TestTrapsDoNotHoldThePlugin(t *testing.T) {
+	h, sink := newTestHost(t, mini(t), Options{})
+	const project = "proj-traps"
+	mustPut(t, h, project, "parity", parityTrapPlugin(`{"allow":false,"reasons":["evaluated"]}`), 0, true)
+	starts := func() int { return strings.Count(sink.text(), "started project="+project) }
+	odd, even := parityInputs(t)
+	before := starts()
+	for round := range 2 {
+		for i := range restartAfterFailures + 1 {
+			if d := one(t, decide(t, h, project, odd)); !d.Allow || len(d.Warnings) != 1 || !strings.HasSuffix(d.Warnings[0], "failed open: trapped: unreachable") {
+				t.Fatalf("round %d, trap %d: %+v, want an allow failing open on the trap", round, i, d)
+			}
+		}
+		if d := one(t, decide(t, h, project, even)); d.Allow || len(d.Reasons) != 1 || d.Reasons[0] != "evaluated" {
+			t.Fatalf("round %d: the call after %d traps: %+v, want it evaluated (a deny, \"evaluated\")", round, restartAfterFailures+1, d)
+		}
+	}
+	// Each trap discarded its instance: the next call started a fresh one.
+	if n, want := starts()-before, 2*(restartAfterFailures+1); n != want {
+		t.Errorf("%d traps were followed by %d starts, want %d", want, n, want)
 	}
 }
 

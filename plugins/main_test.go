@@ -183,6 +183,9 @@ type logSink struct {
 	mu    sync.Mutex
 	lines []string
 	on    func(msg string)
+	// onLine sees each line as text() has it (message and attributes); a panic in it fails
+	// the wb.log call that logged the line, as a trap.
+	onLine func(line string)
 }
 
 func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
@@ -195,10 +198,13 @@ func (s *logSink) Handle(_ context.Context, r slog.Record) error {
 	})
 	s.mu.Lock()
 	s.lines = append(s.lines, b.String())
-	on := s.on
+	on, onLine := s.on, s.onLine
 	s.mu.Unlock()
 	if on != nil {
 		on(r.Message)
+	}
+	if onLine != nil {
+		onLine(b.String())
 	}
 	return nil
 }

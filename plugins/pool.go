@@ -8,10 +8,13 @@ import (
 	"time"
 )
 
-// A plugin that fails on every call would have each call start a new instance, under the start
-// deadline (1 s) rather than the call's (20 ms): after restartAfterFailures failures in a row,
-// calls answer the last failure without starting one, for a period that doubles with each
-// failure after (from minRestartHold to maxRestartHold); then one call tries again.
+// A plugin whose instances fail to start would have each call try a start, under the start
+// deadline (1 s) rather than the call's (20 ms): after restartAfterFailures failed starts in a
+// row, calls answer the last failure without starting one, for a period that doubles with each
+// failure after (from minRestartHold to maxRestartHold); then one call tries again. Only starts
+// count: a call that fails on its input (a trap, a timeout) discards its instance, and the next
+// call starts a fresh one, so that crafted inputs cannot hold a plugin back for its other
+// callers (fail-open, that skipped its evaluation for up to maxRestartHold).
 const (
 	restartAfterFailures = 3
 	minRestartHold       = time.Second
@@ -22,9 +25,10 @@ const (
 // is gone: the caller takes the current plugin set again.
 var errRetired = errors.New("plugin version retired")
 
-// pool bounds the instances of one (project, digest, memory limit): at most size calls hold
-// one at a time (sem); the idle ones are kept most recently used first, so that a steady trickle
-// of calls runs on one warm instance.
+// pool bounds the instances of one plugin of a project, at one version (digest) and memory
+// limit: at most size calls hold one at a time (sem); the idle ones are kept most recently used
+// first, so that a steady trickle of calls runs on one warm instance. Each plugin has its own
+// pool even where plugins share a module, so that one's failed starts hold back no other.
 type pool struct {
 	h   *Host
 	mod *module
@@ -36,7 +40,7 @@ type pool struct {
 	users    int  // acquired and not yet released
 	released bool // the module reference was given back
 
-	fails     int           // calls and starts that failed in a row
+	fails     int           // starts that failed in a row
 	lastFail  *CallError    // the last of them
 	holdUntil time.Time     // once fails reaches restartAfterFailures, no start before this
 	hold      time.Duration // the current hold's length
@@ -86,6 +90,9 @@ func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, 
 			p.done(nil, true)
 			return nil, err
 		}
+		p.mu.Lock()
+		p.fails = 0
+		p.mu.Unlock()
 	}
 	return inst, nil
 }
@@ -107,7 +114,7 @@ func (p *pool) held() *CallError {
 	return nil
 }
 
-// failed counts a plugin's failure (a *CallError; the end of a caller's context is none).
+// failed counts a failed start (a *CallError; the end of a caller's context is none).
 func (p *pool) failed(err error) {
 	var ce *CallError
 	if !errors.As(err, &ce) {
@@ -124,16 +131,12 @@ func (p *pool) failed(err error) {
 }
 
 // release gives an instance back after a call that answered err: kept if nil, closed otherwise
-// (a failed instance is never reused) or when the pool is retired.
+// (a failed instance is never reused) or when the pool is retired. A failed call does not
+// count towards the hold (see restartAfterFailures).
 func (p *pool) release(inst *instance, err error) {
 	if err != nil {
 		inst.close()
 		inst = nil
-		p.failed(err)
-	} else {
-		p.mu.Lock()
-		p.fails = 0
-		p.mu.Unlock()
 	}
 	p.done(inst, true)
 }

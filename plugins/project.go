@@ -464,8 +464,14 @@ type snapshot struct {
 	ver     int64
 	limits  Limits
 	byPoint map[string][]*entry
-	pools   map[moduleKey]*pool
+	pools   map[poolKey]*pool
 	entries []*entry
+}
+
+// poolKey names a plugin's pool: one per plugin, even where plugins share a module (pool).
+type poolKey struct {
+	plugin string
+	moduleKey
 }
 
 type entry struct {
@@ -593,12 +599,11 @@ func (h *Host) load(ctx context.Context, pr *project) (*snapshot, error) {
 	sortPlugins(plugins)
 
 	old := pr.snap.Load()
-	s := &snapshot{gen: gen, ver: v, limits: h.resolveLimits(lim.Val()), byPoint: map[string][]*entry{}, pools: map[moduleKey]*pool{}}
+	s := &snapshot{gen: gen, ver: v, limits: h.resolveLimits(lim.Val()), byPoint: map[string][]*entry{}, pools: map[poolKey]*pool{}}
 	for _, p := range plugins {
 		e := &entry{p: p, decider: "plugin " + p.Name}
-		key := moduleKey{s.limits.MemoryLimitPages, p.Digest}
-		e.pool = s.pools[key]
-		if e.pool == nil && old != nil {
+		key := poolKey{p.Name, moduleKey{s.limits.MemoryLimitPages, p.Digest}}
+		if old != nil {
 			e.pool = old.pools[key]
 		}
 		if e.pool == nil {
@@ -637,7 +642,7 @@ func (h *Host) load(ctx context.Context, pr *project) (*snapshot, error) {
 }
 
 // dropPools retires the pools made for a snapshot that is not published.
-func (h *Host) dropPools(pools map[moduleKey]*pool, old *snapshot) {
+func (h *Host) dropPools(pools map[poolKey]*pool, old *snapshot) {
 	for key, pl := range pools {
 		if old == nil || old.pools[key] != pl {
 			pl.retire()
