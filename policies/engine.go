@@ -106,6 +106,16 @@ type policy struct {
 	Version
 	*compiled       // nil when err is set
 	err       error // a stored revision that no longer compiles
+	// checked is when (Unix ns) its stored record was last read (or a read tried): pinned
+	// serves it from the cache until Options.Refresh after, then reads the record again.
+	checked atomic.Int64
+}
+
+// newPolicy answers a revision whose stored record was read (or written) just now.
+func newPolicy(v Version, c *compiled, err error) *policy {
+	p := &policy{Version: v, compiled: c, err: err}
+	p.checked.Store(time.Now().UnixNano())
+	return p
 }
 
 func (p *policy) decider() string {
@@ -370,8 +380,11 @@ func (e *Engine) load(ctx context.Context, project string, cur *policySet, gen u
 	ps := make([]*policy, 0, len(recs))
 	for _, r := range recs {
 		if cur != nil {
-			if p := cur.byName[r.version.Name]; p != nil && p.Version.Version >= r.version.Version {
-				ps = append(ps, p) // Redis is never behind a version this engine published
+			// Redis is never behind a version this engine published; the same number with
+			// another digest (a Redis restored or failed over) is prepared again.
+			if p := cur.byName[r.version.Name]; p != nil && (p.Version.Version > r.version.Version ||
+				p.Version.Version == r.version.Version && p.Digest == r.version.Digest) {
+				ps = append(ps, p)
 				continue
 			}
 		}
@@ -383,16 +396,19 @@ func (e *Engine) load(ctx context.Context, project string, cur *policySet, gen u
 	return newPolicySet(ps, loaded, gen), nil
 }
 
-// prepare answers the cached prepared revision, or compiles the stored source.
+// prepare answers the cached prepared revision, or compiles the stored source: a cached
+// revision whose digest is not the stored one (a Redis restored or failed over) is compiled
+// again.
 func (e *Engine) prepare(ctx context.Context, project string, r stored) *policy {
 	if p := e.cache.get(project, r.version.ID); p != nil && p.Digest == r.version.Digest {
+		p.checked.Store(time.Now().UnixNano())
 		return p
 	}
 	v, _, _ := e.loads.Do(cacheKey(project, r.version.ID), func() (any, error) {
 		// Shared by every caller waiting on this key, and cached: not cut short by the
 		// first caller's cancellation.
 		ctx := context.WithoutCancel(ctx)
-		p := &policy{Version: r.version}
+		p := newPolicy(r.version, nil, nil)
 		p.compiled, p.err = compile(ctx, e.caps, r.version.Name+".rego", r.source)
 		if p.err != nil {
 			e.log.ErrorContext(ctx, "policies: stored policy does not compile", "project", project, "policy", r.version.ID, "err", p.err)
@@ -406,11 +422,11 @@ func (e *Engine) prepare(ctx context.Context, project string, r stored) *policy 
 	return v.(*policy)
 }
 
-// pinned answers the exact revision id of the project's policy.
+// pinned answers the exact revision id of the project's policy. A cached revision is served
+// for Options.Refresh after its stored record was last read, as the latest ones are (a runtime
+// decision, for every event of a session, reads no Redis); then the record is read again and
+// prepare checks its digest. While Redis cannot answer, the cached revision is kept.
 func (e *Engine) pinned(ctx context.Context, project, id string) (*policy, error) {
-	if p := e.cache.get(project, id); p != nil {
-		return p, nil
-	}
 	name, n, err := ParseID(id)
 	if err != nil {
 		return nil, err
@@ -418,14 +434,18 @@ func (e *Engine) pinned(ctx context.Context, project, id string) (*policy, error
 	if n == 0 {
 		return nil, fmt.Errorf("%w: policy id %q must pin a version (pol_NAME@N)", ErrInvalid, id)
 	}
-	if canonical := FormatID(name, n); canonical != id {
-		if p := e.cache.get(project, canonical); p != nil {
-			return p, nil
-		}
+	cached := e.cache.get(project, FormatID(name, n))
+	if cached != nil && time.Since(time.Unix(0, cached.checked.Load())) < e.refresh {
+		return cached, nil
 	}
 	rec, n, err := e.fetch(ctx, project, name, n)
 	if err != nil {
-		return nil, err
+		if cached == nil || errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+		e.log.WarnContext(ctx, "policies: pinned policy check failed; keeping the cached one", "project", project, "policy", cached.ID, "err", err)
+		cached.checked.Store(time.Now().UnixNano()) // tried: not again before Options.Refresh
+		return cached, nil
 	}
 	return e.prepare(ctx, project, stored{version: rec.version(name, n), source: rec.Source}), nil
 }

@@ -255,6 +255,75 @@ allow_egress if {
 }
 `
 
+// TestChangedDigestIsNotServed: a cached revision whose stored record changed behind the
+// engine (a Redis restored from a backup, or failed over, that numbered a version again) is
+// compiled again from the stored source, for a session's pinned version as for the latest one
+// (Options.Refresh after the record was last read). The pinned one was served from the cache
+// whatever Redis held, and a load kept the latest one of the same number.
+func TestChangedDigestIsNotServed(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	const refresh = 50 * time.Millisecond
+	e := newEngine(t, rdb, Options{Refresh: refresh})
+	const p = "proj_digest"
+	rt, err := e.Put(ctx, p, "rt", runtimeV1, ModeEnforce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Put(ctx, p, "gate", tier4Policy, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	curl := map[string]any{"type": "exec", "argv": []any{"curl", "https://example.com"}, "session": map[string]any{"id": "sess_1", "tier": 2}}
+	kills := func() bool {
+		t.Helper()
+		d, err := e.Runtime(ctx, p, rt.ID, curl)
+		if err != nil || d.Deny {
+			t.Fatalf("runtime: %+v %v", d, err)
+		}
+		return d.Kill
+	}
+	denies := func() bool {
+		t.Helper()
+		d, err := e.Admit(ctx, admission(p, 4, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !d.Allow
+	}
+	if !kills() || !denies() {
+		t.Fatal("the policies do not apply as stored")
+	}
+	// Behind the engine, both version 1 records now hold other sources.
+	rewrite := func(name, source string) {
+		t.Helper()
+		raw, err := rdb.HGet(ctx, versionsKey(p, name), "1").Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec record
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			t.Fatal(err)
+		}
+		rec.Source, rec.Digest = source, digest(source)
+		b, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.HSet(ctx, versionsKey(p, name), "1", b).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewrite("rt", runtimeV2)
+	rewrite("gate", strings.Replace(tier4Policy, "== 4", "== 3", 1))
+	time.Sleep(2 * refresh)
+	if kills() {
+		t.Error("the pinned version was served from the cache after its stored digest changed")
+	}
+	if denies() {
+		t.Error("the latest version was kept from the loaded set after its stored digest changed")
+	}
+}
+
 func TestVersionsAndPinning(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)

@@ -247,7 +247,7 @@ func (e *Engine) Put(ctx context.Context, project, name, source string, mode Mod
 		return Version{}, err
 	}
 	v := rec.version(name, n)
-	p := &policy{Version: v, compiled: c}
+	p := newPolicy(v, c, nil)
 	e.cache.put(project, p)
 	e.publish(project, p)
 	e.changes.Publish(ctx, project, store.ChangePolicies)
