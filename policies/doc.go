@@ -97,8 +97,9 @@
 // live session pinned (Options.MaxPolicies, MaxVersions; Put deletes older ones), or that an
 // admission named (Pin) within Options.PinWindow, before its session's pin is written
 // (wb:{P}:pol:named). Delete removes every version of a name unless one is so kept; the name
-// put again numbers on from its last version (wb:{P}:pol:retired), so an id never names two
-// sources. Each revision is compiled and prepared once and cached by (project, id).
+// put again numbers on from its last version (wb:{P}:pol:retired, which keeps 256 names, past
+// them the highest last version of the others, which every new name then numbers on from), so
+// an id never names two sources. Each revision is compiled and prepared once and cached by (project, id).
 // Admission and spend use each policy's latest version: a decision takes one immutable
 // snapshot of the project's set, so a concurrent upload never mixes revisions inside a
 // decision. Runtime uses the version the session pinned (pol_NAME@N) for its whole life.

@@ -86,6 +86,7 @@ type Engine struct {
 	maxPolicies  int
 	maxVersions  int
 	pinWindow    time.Duration
+	maxRetired   int // maxRetiredNames; tests lower it
 	// pins reads the policy versions the project's live sessions pinned, which Put keeps.
 	pins *store.Store
 
@@ -162,7 +163,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, o Options) (*Engine, er
 	e := &Engine{
 		rdb: rdb, log: o.Logger, caps: capabilities(), refresh: o.Refresh, evalTimeout: o.EvalTimeout, evalMemory: o.EvalMemory, evalSlots: o.MaxProjectEvals,
 		putScript: redis.NewScript(putScript), pinScript: redis.NewScript(pinScript), deleteScript: redis.NewScript(deleteScript),
-		maxPolicies: o.MaxPolicies, maxVersions: o.MaxVersions, pinWindow: o.PinWindow, pins: store.New(rdb),
+		maxPolicies: o.MaxPolicies, maxVersions: o.MaxVersions, pinWindow: o.PinWindow, maxRetired: maxRetiredNames, pins: store.New(rdb),
 		shipped: map[string]*policy{},
 		cache:   &preparedCache{max: o.CacheSize, m: map[string]*policy{}},
 	}

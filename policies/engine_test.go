@@ -1247,6 +1247,47 @@ func TestDeletePolicy(t *testing.T) {
 	}
 }
 
+// TestRetiredIsBounded: the retired hash keeps at most its most names one by one, and past
+// them a floor that every new name numbers on from, so that a project that puts and deletes
+// name after name does not grow it by one field a delete forever; a name put again still
+// numbers on from its last version, whichever way it was kept.
+func TestRetiredIsBounded(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	e := newEngine(t, rdb, Options{})
+	e.maxRetired = 3
+	const p, names = "proj_retired", 8
+	last := map[string]int{}
+	for i := range names {
+		name := fmt.Sprintf("r%d", i)
+		for range 1 + i%3 {
+			v, err := e.Put(ctx, p, name, tier4Policy, ModeEnforce)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last[name] = v.Version
+		}
+		if _, err := e.Delete(ctx, p, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := rdb.HLen(ctx, retiredKey(p)).Result(); err != nil || n > int64(e.maxRetired)+1 {
+		t.Fatalf("after %d deleted names the retired hash has %d fields (%v), want at most %d and the floor", names, n, err, e.maxRetired)
+	}
+	for name, n := range last {
+		v, err := e.Put(ctx, p, name, tier4Policy, ModeEnforce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Version <= n {
+			t.Errorf("%s put again is version %d; it had %d before its delete", name, v.Version, n)
+		}
+	}
+	if n, err := rdb.HLen(ctx, retiredKey(p)).Result(); err != nil || n > 1 {
+		t.Errorf("with every name put again the retired hash has %d fields (%v), want the floor at most", n, err)
+	}
+}
+
 // TestPolicyLimitsConcurrent: new policies and new versions put at once, through several
 // engines (gateways), never pass the limits together.
 func TestPolicyLimitsConcurrent(t *testing.T) {

@@ -69,6 +69,11 @@ const (
 	DefaultPinWindow = 2 * time.Minute
 )
 
+// maxRetiredNames bounds the deleted names whose last version the retired hash keeps one by
+// one (deleteScript): past it, a delete raises the hash's floor instead, which every new name
+// numbers on from, so that the hash does not grow by a name per delete forever.
+const maxRetiredNames = 256
+
 // IDPrefix starts every policy id.
 const IDPrefix = "pol_"
 
@@ -129,8 +134,10 @@ func DecisionsKey(project string) string { return store.ProjectKeys(project).Pol
 // max that no live session pins and no admission named since the window's start (pinScript:
 // a session being admitted with one has not written its pin yet).
 //
-// A name deleted before numbers on from its last version (retired hash), so that no id ever
-// names two sources (engines cache compiled versions by id).
+// A name deleted before numbers on from its last version (retired hash), and every new name
+// from the hash's floor (its field "*", which no name can be; see deleteScript), so that no
+// id ever names two sources (engines cache compiled versions by id, sessions pin them, the
+// decision log names them).
 //
 // KEYS: latest hash (name → N), versions hash (N → record), named set, retired hash
 // ARGV: name, record, max names, max versions, window start (ms), "1" when the pins are
@@ -138,11 +145,11 @@ func DecisionsKey(project string) string { return store.ProjectKeys(project).Pol
 const putScript = `
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return {'FULL'} end
-  local last = redis.call('HGET', KEYS[4], ARGV[1])
-  if last then
-    redis.call('HSET', KEYS[1], ARGV[1], last)
-    redis.call('HDEL', KEYS[4], ARGV[1])
-  end
+  local last = tonumber(redis.call('HGET', KEYS[4], ARGV[1]) or 0)
+  local floor = tonumber(redis.call('HGET', KEYS[4], '*') or 0)
+  if floor > last then last = floor end
+  if last > 0 then redis.call('HSET', KEYS[1], ARGV[1], last) end
+  redis.call('HDEL', KEYS[4], ARGV[1])
 end
 local max = tonumber(ARGV[4])
 if ARGV[6] ~= '1' and redis.call('HLEN', KEYS[2]) >= max then return {'PINS'} end
@@ -296,11 +303,14 @@ func (e *Engine) storeVersion(ctx context.Context, project, name string, b []byt
 
 // deleteScript deletes every version of a policy, unless an admission named one of them
 // since the window's start ({'NAMED', N}: that session may not be written yet, so its pin
-// is not visible). It records the last version number (retired hash) and answers
+// is not visible). It records the last version number (retired hash): under the name while
+// the hash has fewer than the most fields given, else as the hash's floor ("*") if above it,
+// from which every new name numbers on. (An entry can never be dropped: a session stopped
+// with a version pinned, or a decision logged, names it for good.) It answers
 // {'OK', versions deleted}, or {'NOTFOUND'}.
 //
 // KEYS: latest hash, versions hash, named set, retired hash
-// ARGV: name, window start (ms)
+// ARGV: name, window start (ms), most fields of the retired hash
 const deleteScript = `
 local last = redis.call('HGET', KEYS[1], ARGV[1])
 if not last then return {'NOTFOUND'} end
@@ -312,7 +322,11 @@ end
 local n = redis.call('HLEN', KEYS[2])
 redis.call('DEL', KEYS[2])
 redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], last)
+if redis.call('HLEN', KEYS[4]) < tonumber(ARGV[3]) then
+  redis.call('HSET', KEYS[4], ARGV[1], last)
+elseif tonumber(last) > tonumber(redis.call('HGET', KEYS[4], '*') or 0) then
+  redis.call('HSET', KEYS[4], '*', last)
+end
 return {'OK', n}`
 
 // maxNamedSessions bounds the sessions a refused Delete names.
@@ -351,7 +365,7 @@ func (e *Engine) Delete(ctx context.Context, project, name string) (int, error) 
 			IDPrefix+name, len(pinning), shown)}
 	}
 	res, err := e.deleteScript.Run(ctx, e.rdb, []string{latestKey(project), versionsKey(project, name), namedKey(project), retiredKey(project)},
-		name, time.Now().Add(-e.pinWindow).UnixMilli()).Slice()
+		name, time.Now().Add(-e.pinWindow).UnixMilli(), e.maxRetired).Slice()
 	if err != nil {
 		return 0, fmt.Errorf("policies: delete %s: %w", name, err)
 	}

@@ -411,7 +411,9 @@ func (k PolicyKeys) Versions(name string) string { return k.p + "pol:v:" + name 
 func (k PolicyKeys) Named() string { return k.p + "pol:named" }
 
 // Retired is a hash, deleted policy name → its last version number: a policy put again
-// under that name numbers on from there, so that no id ever names two sources.
+// under that name numbers on from there, so that no id ever names two sources. It keeps a
+// bounded number of names; past them a delete raises its field "*" (no name can be "*")
+// instead, from which every new name numbers on.
 func (k PolicyKeys) Retired() string { return k.p + "pol:retired" }
 
 // Decisions is a stream, the masked decision log of every decision point, trimmed.
