@@ -545,7 +545,9 @@ func (s *Server) haltDesktop(p store.Project, rec desktop.Record) bool {
 			if r.State == rec.Goal && r.SessionID == "" && (disk == "" || r.DiskSnapshot == disk) && r.MemorySnapshot == kept {
 				return errRecorded // this work's own write, its answer lost
 			}
-			if r.State != desktop.Stopping || r.SessionID != sessID || r.SavingDisk != named {
+			// A newer halt names its own snapshots; none named is an older gateway's write
+			// during a rolling deploy (it drops the fields it does not know), not a newer halt.
+			if r.State != desktop.Stopping || r.SessionID != sessID || r.SavingDisk != named && r.SavingDisk != "" {
 				return errDesktopMoved
 			}
 			if err := desktop.Halt(r.State, r.Goal); err != nil {

@@ -393,3 +393,68 @@ func TestSleepRecordedAfterALongOutage(t *testing.T) {
 		t.Errorf("woke restored from %v, want the sleep's saved state %s", s.RestoreFrom, rec.MemorySnapshot)
 	}
 }
+
+// writeAfterSaving calls write once a sleep has saved the state, before the sleep records
+// its end.
+type writeAfterSaving struct {
+	*fakenode.Node
+	write func()
+}
+
+func (n writeAfterSaving) StopSaving(ctx context.Context, s *session.Session, id string) (bool, int64, error) {
+	mem, size, err := n.Node.StopSaving(ctx, s, id)
+	n.write()
+	return mem, size, err
+}
+
+// TestSleepSurvivesAnOlderGatewaysWrite: during a rolling deploy a gateway of an older wb
+// writes the record of a desktop going to sleep (a resize, say) without the fields it does
+// not know, saving_disk and saving_state among them. The sleep took that for a newer halt's
+// and dropped the snapshots it had just taken: the desktop stayed stopping, its disk since
+// the last sleep lost. The sleep now records its end, the older write's change kept.
+func TestSleepSurvivesAnOlderGatewaysWrite(t *testing.T) {
+	var oldWrite func()
+	e := newEnv(t, func(c *Config) {
+		c.Guests = writeAfterSaving{Node: c.Guests.(*fakenode.Node), write: func() { oldWrite() }}
+	})
+	ctx := context.Background()
+	wrote := new(atomic.Bool)
+	d := e.newDesktop(map[string]any{"name": "rolling"})
+	id := d.ID
+	oldWrite = func() {
+		rec, err := e.st.GetDesktop(ctx, e.projA, id)
+		if err != nil || rec.SavingDisk == "" {
+			t.Errorf("the sleep saved the state before it named its snapshots (%q): %v", rec.SavingDisk, err)
+			return
+		}
+		// What an older gateway's write leaves: the fields it knows, a change of its own.
+		rec.SavingDisk, rec.SavingState, rec.From = "", "", ""
+		rec.Name = "renamed by an older gateway"
+		if _, err := e.st.PutDesktop(ctx, rec, rec.State); err != nil {
+			t.Errorf("the older gateway's write: %v", err)
+			return
+		}
+		wrote.Store(true)
+	}
+	e.desktopAction(id, "sleep", 202)
+	d = e.waitDesktop(id, desktop.Asleep)
+	if !wrote.Load() {
+		t.Fatal("no older gateway wrote the record during the sleep: the fault was not injected")
+	}
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rec.StateSaved || rec.MemorySnapshot == "" || rec.DiskSnapshot == "" || !e.snapshotExists(rec.MemorySnapshot) || !e.snapshotExists(rec.DiskSnapshot) {
+		t.Errorf("asleep with memory snapshot %q and disk %q (kept: %v, %v), want both kept",
+			rec.MemorySnapshot, rec.DiskSnapshot, e.snapshotExists(rec.MemorySnapshot), e.snapshotExists(rec.DiskSnapshot))
+	}
+	if rec.Name != "renamed by an older gateway" {
+		t.Errorf("the older gateway's change was lost: name %q", rec.Name)
+	}
+	for _, c := range e.node.Calls() {
+		if strings.HasPrefix(c, "delete_snapshot") {
+			t.Errorf("the node was asked to %s", c)
+		}
+	}
+}
