@@ -30,6 +30,7 @@
 // warning naming the failure. After 3 failed starts in a row a plugin's instances are not
 // restarted for a while (1 s, doubling up to 30 s; pool.go), its calls answering the last
 // failure, so a plugin that cannot start does not pay a start (1 s allowed, not 20 ms) every
-// call; a call that fails on its input only discards its instance. Decide answers an error only
+// call; a call that fails on its input only discards its instance, and the start that replaces
+// it is paced by the plugin's own start time (its callers wait). Decide answers an error only
 // for the host's own failures (Redis) or when the caller's context ends.
 package plugins

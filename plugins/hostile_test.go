@@ -686,6 +686,42 @@ func TestTrapsDoNotHoldThePlugin(t *testing.T) {
 	}
 }
 
+// TestRestartsAfterTrapsArePaced: a plugin whose calls all trap, with a slow _initialize,
+// starts an instance after each failed call no sooner than restartCostFactor times its last
+// start: a second of calls that trap cost about a tenth of it in starts, not all of it (an
+// _initialize near the 1 s start deadline made each call cost a second of the gateway's CPU).
+// Its callers wait for the start: a call that does not trap is still evaluated.
+func TestRestartsAfterTrapsArePaced(t *testing.T) {
+	const startTakes = 40 * time.Millisecond
+	h, sink := newTestHost(t, mini(t), Options{})
+	const project = "proj-paced"
+	line := "started project=" + project + " plugin=parity"
+	sink.mu.Lock()
+	sink.onLine = func(l string) {
+		if l == line {
+			time.Sleep(startTakes) // inside _initialize: a slow start
+		}
+	}
+	sink.mu.Unlock()
+	mustPut(t, h, project, "parity", parityTrapPlugin(`{"allow":false,"reasons":["evaluated"]}`), 0, true)
+	starts := func() int { return strings.Count(sink.text(), line) }
+	odd, even := parityInputs(t)
+	before, calls := starts(), 0
+	for end := time.Now().Add(time.Second); time.Now().Before(end); calls++ {
+		if d := one(t, decide(t, h, project, odd)); !d.Allow || len(d.Warnings) != 1 || !strings.HasSuffix(d.Warnings[0], "failed open: trapped: unreachable") {
+			t.Fatalf("trap %d: %+v, want an allow failing open on the trap", calls, d)
+		}
+	}
+	// Unpaced, each trap is followed by a start: about 1 s / 40 ms of them. Paced, about
+	// 1 s / 400 ms.
+	if n := starts() - before; n > 6 {
+		t.Errorf("%d calls that trapped in 1 s were followed by %d starts of %s each, want at most 6", calls, n, startTakes)
+	}
+	if d := one(t, decide(t, h, project, even)); d.Allow || len(d.Reasons) != 1 || d.Reasons[0] != "evaluated" {
+		t.Errorf("the call after the traps: %+v, want it evaluated (a deny, \"evaluated\")", d)
+	}
+}
+
 // TestCacheIsBoundedAtStart: a host starting on a compilation cache larger than MaxCacheBytes
 // removes its oldest files until the rest fit (wazero never removes any).
 func TestCacheIsBoundedAtStart(t *testing.T) {

@@ -15,10 +15,17 @@ import (
 // count: a call that fails on its input (a trap, a timeout) discards its instance, and the next
 // call starts a fresh one, so that crafted inputs cannot hold a plugin back for its other
 // callers (fail-open, that skipped its evaluation for up to maxRestartHold).
+//
+// A start after a failed call is paced instead: it waits until restartCostFactor times the
+// plugin's last start has passed since the failure, so that starts take at most about a tenth
+// of the plugin's time however its calls fail. Its callers wait (under their own context),
+// they do not fail: a plugin whose calls all trap, with an _initialize that runs for most of
+// the start deadline, would otherwise cost the gateway a second of CPU per call.
 const (
 	restartAfterFailures = 3
 	minRestartHold       = time.Second
 	maxRestartHold       = 30 * time.Second
+	restartCostFactor    = 9
 )
 
 // errRetired answers an acquire on a pool whose version was replaced and whose compiled module
@@ -44,6 +51,9 @@ type pool struct {
 	lastFail  *CallError    // the last of them
 	holdUntil time.Time     // once fails reaches restartAfterFailures, no start before this
 	hold      time.Duration // the current hold's length
+
+	lastStart time.Duration // how long the last start took
+	restartAt time.Time     // after a failed call, no start before this
 }
 
 func (h *Host) newPool(m *module) *pool {
@@ -84,6 +94,11 @@ func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, 
 			p.done(nil, true)
 			return nil, ce
 		}
+		if err := p.paced(ctx); err != nil {
+			p.done(nil, true)
+			return nil, err
+		}
+		began := time.Now()
 		var err error
 		if inst, err = p.h.newInstance(ctx, p.mod, project, plugin); err != nil {
 			p.failed(err)
@@ -92,6 +107,7 @@ func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, 
 		}
 		p.mu.Lock()
 		p.fails = 0
+		p.lastStart = time.Since(began)
 		p.mu.Unlock()
 	}
 	return inst, nil
@@ -114,6 +130,24 @@ func (p *pool) held() *CallError {
 	return nil
 }
 
+// paced waits, under ctx, until a start may follow the last failed call (restartCostFactor).
+func (p *pool) paced(ctx context.Context) error {
+	p.mu.Lock()
+	wait := time.Until(p.restartAt)
+	p.mu.Unlock()
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // failed counts a failed start (a *CallError; the end of a caller's context is none).
 func (p *pool) failed(err error) {
 	var ce *CallError
@@ -132,11 +166,14 @@ func (p *pool) failed(err error) {
 
 // release gives an instance back after a call that answered err: kept if nil, closed otherwise
 // (a failed instance is never reused) or when the pool is retired. A failed call does not
-// count towards the hold (see restartAfterFailures).
+// count towards the hold; it paces the next start (see restartAfterFailures).
 func (p *pool) release(inst *instance, err error) {
 	if err != nil {
 		inst.close()
 		inst = nil
+		p.mu.Lock()
+		p.restartAt = time.Now().Add(restartCostFactor * p.lastStart)
+		p.mu.Unlock()
 	}
 	p.done(inst, true)
 }
