@@ -22,10 +22,14 @@ import (
 // all of it), and the request that knew it is gone. A queued run has not: its gateway records
 // it running (store.StartRun) before it starts the command, and both writes compare the
 // state, so a gateway that was slow rather than dead finds the run failed and does not start
-// it. A gateway slow enough to lose the lease while its command runs records the run's end
-// over the recovery's (it ran the command: its output is the truth), and a second
-// run.finished follows the first. An ephemeral run's session, used by nothing else, is
-// stopped with it.
+// it. A run ends once: a gateway cut off from Redis (or slow) long enough to lose the lease
+// while its command runs finds, when it comes to record the end, the recovery's, which
+// stands (store.FinishRun compares the state): its run.finished went out, and a second,
+// saying otherwise, would contradict it. That gateway answers its caller the run as
+// recorded. An ephemeral run's session, used by nothing else, is stopped with it: the
+// recovery cannot tell a gateway cut off from one that is dead, and a session left running
+// would hold a slot, billed, until its idle timeout; the command it cuts short is the one
+// already recorded failed.
 
 // orphanRunMessage is the error of a run whose gateway stopped before it recorded its end.
 const orphanRunMessage = session.RunOrphaned

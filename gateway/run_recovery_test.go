@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -190,5 +192,115 @@ func TestRunRetryAfterItsGatewayDied(t *testing.T) {
 	}
 	if got.ID != run.ID || got.State != session.RunFailed || derefOr(got.Error) != orphanRunMessage {
 		t.Errorf("the retry answered run %s %s (error %s), want %s failed: %q", got.ID, got.State, derefOr(got.Error), run.ID, orphanRunMessage)
+	}
+}
+
+// partition is a hook that, from cut until heal, holds every command of its client (those
+// under way when cut included) until heal or its context ends: a gateway alive throughout,
+// cut off from Redis as a partition does (its commands hang, then go through).
+func partition() (hook processHook, cut, heal func()) {
+	var mu sync.Mutex
+	var healed chan struct{} // nil: not cut
+	hook = func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+		mu.Lock()
+		h := healed
+		mu.Unlock()
+		if h != nil {
+			select {
+			case <-h:
+			case <-ctx.Done():
+				cmd.SetErr(ctx.Err())
+				return ctx.Err()
+			}
+		}
+		return next(ctx, cmd)
+	}
+	cut = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if healed == nil {
+			healed = make(chan struct{})
+		}
+	}
+	heal = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if healed != nil {
+			close(healed)
+			healed = nil
+		}
+	}
+	return hook, cut, heal
+}
+
+// TestRunEndsOnceWhenItsGatewayComesBack: a gateway cut off from Redis mid-run (alive, never
+// closed) for longer than its lease loses the run to another gateway's recovery, which
+// records it failed with its run.finished (and stops an ephemeral run's session, under the
+// command). When the first gateway regains Redis and comes to record the run's end, the
+// recovery's stands: the record stays as the recovery wrote it, no second run.finished goes
+// out, and the first gateway answers its caller the run as recorded. Before, it wrote its own
+// end over the recovery's and announced a second, contradicting the first.
+func TestRunEndsOnceWhenItsGatewayComesBack(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	for _, c := range []struct {
+		name      string
+		body      map[string]any
+		ephemeral bool
+	}{
+		{"in a session", map[string]any{"session_id": s.ID, "command": "sleep 3; echo ran"}, false},
+		{"ephemeral", map[string]any{"tier": 1, "runtime": "sh", "code": "sleep 3; echo ran"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := e.in(t)
+			ctx := context.Background()
+			before, err := e.rdb.Keys(ctx, "*{"+e.projA+"}:run:*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			hook, cut, heal := partition()
+			defer heal()
+			_, cutOff := e.gatewayWith(hook, func(c *Config) { c.WorkLease = time.Second })
+			answer := make(chan response, 1)
+			go func() { answer <- cutOff.do("POST", "/v1/runs", e.key, c.body) }()
+			var run session.Run
+			for deadline := time.Now().Add(time.Minute); run.State != session.RunRunning; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the run never ran")
+				}
+				keys, err := e.rdb.Keys(ctx, "*{"+e.projA+"}:run:*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, k := range keys {
+					if !slices.Contains(before, k) {
+						e.mustDo("GET", "/v1/runs/"+k[strings.LastIndex(k, ":")+1:], e.key, nil, 200, &run)
+					}
+				}
+			}
+			cut()
+			recovered := e.waitRun(run.ID) // by this env's gateway, once the cut one's lease ran out
+			if recovered.State != session.RunFailed || derefOr(recovered.Error) != orphanRunMessage {
+				t.Fatalf("run %s after its gateway was cut off: %s (error %s), want failed: %q", run.ID, recovered.State, derefOr(recovered.Error), orphanRunMessage)
+			}
+			if c.ephemeral {
+				e.waitState(e.key, *run.SessionID, session.Stopped)
+			}
+			heal()
+			a := <-answer
+			var answered session.Run
+			if a.status != 201 || json.Unmarshal(a.body, &answered) != nil || answered.ID != run.ID ||
+				answered.State != session.RunFailed || derefOr(answered.Error) != orphanRunMessage {
+				t.Errorf("the cut-off gateway answered %d %s, want run %s as the recovery recorded it", a.status, a.body, run.ID)
+			}
+			var got session.Run
+			e.mustDo("GET", "/v1/runs/"+run.ID, e.key, nil, 200, &got)
+			if got.State != session.RunFailed || derefOr(got.Error) != orphanRunMessage || got.Stdout != "" {
+				t.Errorf("run %s once its gateway came back: %s %q (error %s), want the recovery's end", run.ID, got.State, got.Stdout, derefOr(got.Error))
+			}
+			if ev := e.finishedRuns()[run.ID]; len(ev) != 1 || ev[0] != session.RunFailed {
+				t.Errorf("run.finished events of run %s: %v, want one, failed", run.ID, ev)
+			}
+		})
 	}
 }

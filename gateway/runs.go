@@ -238,10 +238,24 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 			run.State, run.Error = session.RunFailed, &msg
 			run.FinishedAt = session.At(s.Now())
 		}
-		if err := s.Store.FinishRun(ctx, p.ID, run, ref.Attempt, eventRun(run), s.outputBudget()); err != nil {
+		written, err := s.Store.FinishRun(ctx, p.ID, run, ref.Attempt, eventRun(run), s.outputBudget())
+		switch {
+		case err != nil:
 			// Its lease runs out, and a recovery records it failed.
 			s.log.Error("save run", "run", run.ID, "err", err)
-		} else {
+		case !written:
+			// A recovery recorded it failed, and announced it, while this gateway was cut off
+			// from Redis (its lease ran out): that end stands, and is the answer, so that the
+			// run ends once, and the same to every reader.
+			s.log.Warn("run: ended by a recovery while it ran here (this gateway lost its lease); its end here is dropped",
+				"run", run.ID, "state", run.State)
+			if cur, gerr := s.Store.GetRun(ctx, p.ID, run.ID); gerr == nil {
+				*run = *cur
+			} else {
+				s.log.Error("read run", "run", run.ID, "err", gerr)
+			}
+			ended = true
+		default:
 			ended = true
 		}
 	}

@@ -26,8 +26,10 @@ import (
 // renews until the run has ended. A gateway that stops first leaves the run queued or running;
 // once its lease runs out, another gateway's recovery claims it and, when the attempt owns the
 // run and it has not ended, records it failed (FailRun). The owner's move from queued to
-// running (StartRun) and the recovery's to failed compare the state: whichever comes second
-// finds the other's, so a run that a recovery failed never starts its command.
+// running (StartRun), its end (FinishRun) and the recovery's move to failed all compare the
+// state: whichever comes second finds the other's, so a run that a recovery failed never
+// starts its command, and a run ends once, with one run.finished (that of the write that
+// ended it), even when its gateway was cut off from Redis rather than dead and comes back.
 
 // storedRun is a run as stored: the API object and the attempt that owns it.
 type storedRun struct {
@@ -102,17 +104,23 @@ func (s *Store) GetRunOwner(ctx context.Context, project, id string) (*session.R
 // be in (start, fail), the run without its output (empty: its output does not count against
 // the budget), now ms, the budget, then the event's fields (none: no event)
 //
-// start and fail write only a run that owner owns, in that state; finish writes whatever is
-// there (the owner's end stands over a recovery's: it ran the command). Answers OK, or why
-// not: GONE (no run), BAD (not JSON), OWNER (another's), STATE (in another state).
+// start and fail write only a run that owner owns, in that state; finish only one that owner
+// owns and that has not ended (a recovery's end stands: its run.finished went out, and a
+// run's end is announced once), or one that is gone (its record expired or was lost: nothing
+// announced its end). Answers OK, or why not: GONE (no run), BAD (not JSON), OWNER
+// (another's), STATE (in another state; for finish, ended).
 var runWriteScript = redis.NewScript(keepLua + `
-if ARGV[1] ~= 'finish' then
-  local raw = redis.call('GET', KEYS[1])
+local raw = redis.call('GET', KEYS[1])
+if raw or ARGV[1] ~= 'finish' then
   if not raw then return 'GONE' end
   local ok, rec = pcall(cjson.decode, raw)
   if not ok or type(rec) ~= 'table' then return 'BAD' end
   if rec.owner ~= ARGV[2] then return 'OWNER' end
-  if rec.state ~= ARGV[5] then return 'STATE' end
+  if ARGV[1] == 'finish' then
+    if rec.state == '` + session.RunSucceeded + `' or rec.state == '` + session.RunFailed + `' then return 'STATE' end
+  elseif rec.state ~= ARGV[5] then
+    return 'STATE'
+  end
 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
 if ARGV[6] ~= '' then
@@ -181,10 +189,11 @@ func (s *Store) StartRun(ctx context.Context, project string, run *session.Run, 
 // FinishRun writes run as it ended, by owner, and appends its run.finished event (event, the
 // run as webhooks carry it) with it: the two never disagree. With budget (> 0, bytes) its
 // output counts against the project's budget of stored output (kept.go), which may drop the
-// output of others, or, past it alone, its own.
-func (s *Store) FinishRun(ctx context.Context, project string, run *session.Run, owner string, event *session.Run, budget int64) error {
-	_, err := s.writeRun(ctx, "finish", project, run, owner, "", session.EventRunFinished, event, budget)
-	return err
+// output of others, or, past it alone, its own. False, and nothing written, when the run has
+// ended already (a recovery recorded it failed while owner's gateway was cut off from Redis:
+// that end was announced, and stands) or is another attempt's.
+func (s *Store) FinishRun(ctx context.Context, project string, run *session.Run, owner string, event *session.Run, budget int64) (bool, error) {
+	return s.writeRun(ctx, "finish", project, run, owner, "", session.EventRunFinished, event, budget)
 }
 
 // FailRun writes run (failed by a recovery) and appends its run.finished event, if owner owns

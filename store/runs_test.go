@@ -76,8 +76,9 @@ func TestCreateRunOnce(t *testing.T) {
 
 // TestRunWrites: the owner records its run running only while it is queued and its own; a
 // recovery records it failed only in the state it read, with its run.finished in the same
-// write, after which the owner cannot start it; the owner's end is written whatever, with
-// its event. On every backend.
+// write, after which the owner can neither start it nor end it (its end is refused, and
+// announces nothing: a run's end goes out once). The owner's end of a run that has not ended
+// is written with its event. On every backend.
 func TestRunWrites(t *testing.T) {
 	t.Parallel()
 	for _, b := range redistest.Backends() {
@@ -113,13 +114,33 @@ func TestRunWrites(t *testing.T) {
 			}
 			succeeded := *run
 			succeeded.State, succeeded.Stdout = session.RunSucceeded, "out"
-			if err := s.FinishRun(ctx, "proj_r", &succeeded, "lease_a", &succeeded, 0); err != nil {
+			if ok, err := s.FinishRun(ctx, "proj_r", &succeeded, "lease_a", &succeeded, 0); err != nil || ok {
+				t.Fatalf("the owner's end after the recovery's: %v, %v; want refused", ok, err)
+			}
+			if got, err := s.GetRun(ctx, "proj_r", "run_1"); err != nil || got.State != session.RunFailed || got.Stdout != "" {
+				t.Fatalf("after the owner's late end: %+v, %v; want the recovery's, failed", got, err)
+			}
+			// run_2 is not recovered: its owner's end is written, with its event; another
+			// attempt's is not.
+			run2 := &session.Run{ID: "run_2", Object: "run", SessionID: &sess, State: session.RunRunning}
+			if _, err := s.CreateRun(ctx, "proj_r", run2, "lease_c"); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := s.GetRun(ctx, "proj_r", "run_1"); err != nil || got.State != session.RunSucceeded || got.Stdout != "out" {
+			done := *run2
+			done.State, done.Stdout = session.RunSucceeded, "out"
+			if ok, err := s.FinishRun(ctx, "proj_r", &done, "lease_d", &done, 0); err != nil || ok {
+				t.Fatalf("another attempt's end: %v, %v; want refused", ok, err)
+			}
+			if ok, err := s.FinishRun(ctx, "proj_r", &done, "lease_c", &done, 0); err != nil || !ok {
+				t.Fatalf("the owner's end: %v, %v", ok, err)
+			}
+			if ok, err := s.FinishRun(ctx, "proj_r", &done, "lease_c", &done, 0); err != nil || ok {
+				t.Fatalf("a second end: %v, %v; want refused", ok, err)
+			}
+			if got, err := s.GetRun(ctx, "proj_r", "run_2"); err != nil || got.State != session.RunSucceeded || got.Stdout != "out" {
 				t.Fatalf("after the owner's end: %+v, %v", got, err)
 			}
-			key := ProjectKeys("proj_r").run("run_1")
+			key := ProjectKeys("proj_r").run("run_2")
 			if ttl, err := s.rdb.TTL(ctx, key).Result(); err != nil || ttl <= 0 {
 				t.Fatalf("TTL of %s: %v, %v; want the retention", key, ttl, err)
 			}
@@ -127,16 +148,16 @@ func TestRunWrites(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var states []string
+			var ends []string
 			for _, ev := range evs {
 				var r session.Run
-				if ev.Type != session.EventRunFinished || ev.SessionID != sess || json.Unmarshal(ev.Object, &r) != nil || r.ID != "run_1" {
-					t.Fatalf("event %+v, want run_1's run.finished", ev)
+				if ev.Type != session.EventRunFinished || ev.SessionID != sess || json.Unmarshal(ev.Object, &r) != nil {
+					t.Fatalf("event %+v, want a run.finished", ev)
 				}
-				states = append(states, r.State)
+				ends = append(ends, r.ID+" "+r.State)
 			}
-			if strings.Join(states, ",") != "failed,succeeded" {
-				t.Fatalf("run.finished events of states %v, want the recovery's then the owner's", states)
+			if strings.Join(ends, ",") != "run_1 failed,run_2 succeeded" {
+				t.Fatalf("run.finished events %v, want run_1's recovery's and run_2's owner's, once each", ends)
 			}
 		})
 	}
@@ -305,7 +326,7 @@ func TestOutputBudget(t *testing.T) {
 			finish := func(id string, out int) {
 				t.Helper()
 				run := &session.Run{ID: id, Object: "run", State: session.RunSucceeded, Stdout: strings.Repeat("x", out), StdoutBytes: int64(out)}
-				if err := s.FinishRun(ctx, p, run, "lease_"+id, nil, budget); err != nil {
+				if _, err := s.FinishRun(ctx, p, run, "lease_"+id, nil, budget); err != nil {
 					t.Fatal(err)
 				}
 				now = now.Add(time.Second)
