@@ -661,12 +661,33 @@ func parseRead(res any) ([]redis.XMessage, error) {
 	return out, nil
 }
 
-// task is one queued delivery.
+// task is one queued delivery. Body, the payload delivered as it is (and signed), is held as
+// the JSON value it is: a JSON string of it escaped every quote and backslash of the payload
+// again (run output, a session's metadata), which made the task (up to twice) bigger than the
+// payload, and every endpoint's queue with it. decodeTask still reads such a task, queued
+// before.
 type task struct {
-	EventID   string `json:"event_id"`
-	Type      string `json:"type"`
-	SessionID string `json:"session_id,omitempty"`
-	Body      string `json:"body"`
+	EventID   string          `json:"event_id"`
+	Type      string          `json:"type"`
+	SessionID string          `json:"session_id,omitempty"`
+	Body      json.RawMessage `json:"body"`
+}
+
+// decodeTask reads a queued task, whichever way it was encoded: its body as the payload's
+// JSON, or (a task queued by a dispatcher of before) as a JSON string of it.
+func decodeTask(b []byte) (task, error) {
+	var t task
+	if err := json.Unmarshal(b, &t); err != nil {
+		return task{}, err
+	}
+	if len(t.Body) > 0 && t.Body[0] == '"' {
+		var body string
+		if err := json.Unmarshal(t.Body, &body); err != nil {
+			return task{}, err
+		}
+		t.Body = json.RawMessage(body)
+	}
+	return t, nil
 }
 
 // process queues the deliveries of msgs in order; an error when it stopped at an entry that
@@ -790,7 +811,7 @@ func (d *Dispatcher) plan(m redis.XMessage, eps []Endpoint, log *slog.Logger) (n
 	}
 	body, err := BuildPayload(ev)
 	if err == nil {
-		t = task{EventID: ev.ID, Type: ev.Type, SessionID: ev.SessionID, Body: string(body)}
+		t = task{EventID: ev.ID, Type: ev.Type, SessionID: ev.SessionID, Body: body}
 		var b []byte
 		b, err = json.Marshal(t)
 		enc = string(b)
@@ -1025,9 +1046,9 @@ func (d *Dispatcher) deliver(ctx context.Context, p, name string, lease int64, l
 			}
 		}
 	}
-	var t task
 	r := result{}
-	if err := json.Unmarshal([]byte(head.Val()), &t); err != nil {
+	t, err := decodeTask([]byte(head.Val()))
+	if err != nil {
 		r.err, r.permanent = "undecodable queued delivery: "+err.Error(), true
 	} else {
 		r = d.post(ctx, ep, t, start)
