@@ -21,6 +21,11 @@ const keptOutputMin = 4 << 10
 // budget (an output over the budget alone is dropped at once, and nothing else for it).
 // KEYS[i] to KEYS[i+3] are ProjectKeys.keptKeys; the members are keys of the same
 // project (one Cluster slot). It answers how many outputs it dropped.
+//
+// Outputs that expired are forgotten a few at a time as writes come, and all of them before
+// any live output is dropped: they still count until forgotten, and a live output dropped
+// for them would be dropped for room that is free already (answers expire after a day, runs
+// after seven: a backlog of expired answers sits among live runs).
 const keepLua = `
 local function kept_forget(i, m)
   local sz = redis.call('HGET', KEYS[i + 2], m)
@@ -31,8 +36,13 @@ local function kept_forget(i, m)
   redis.call('ZREM', KEYS[i], m)
   redis.call('ZREM', KEYS[i + 1], m)
 end
+local function kept_expire(i, now, n)
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[i + 1], '-inf', now, 'LIMIT', 0, n)
+  for _, g in ipairs(gone) do kept_forget(i, g) end
+  return #gone
+end
 local function keep(i, m, size, stub, expires, now, budget)
-  for _, g in ipairs(redis.call('ZRANGEBYSCORE', KEYS[i + 1], '-inf', now, 'LIMIT', 0, 64)) do kept_forget(i, g) end
+  kept_expire(i, now, 64)
   kept_forget(i, m)
   if size > budget then -- over the budget alone: it goes, and nothing else for it
     redis.call('SET', m, stub, 'XX', 'KEEPTTL')
@@ -45,12 +55,14 @@ local function keep(i, m, size, stub, expires, now, budget)
   redis.call('HSET', KEYS[i + 3], m, stub)
   local dropped = 0
   while (tonumber(redis.call('HGET', KEYS[i + 2], 'total')) or 0) > budget do
-    local head = redis.call('ZRANGE', KEYS[i], 0, 0)
-    if #head == 0 then break end
-    local st = redis.call('HGET', KEYS[i + 3], head[1])
-    if st then redis.call('SET', head[1], st, 'XX', 'KEEPTTL') end
-    kept_forget(i, head[1])
-    dropped = dropped + 1
+    if kept_expire(i, now, 256) == 0 then
+      local head = redis.call('ZRANGE', KEYS[i], 0, 0)
+      if #head == 0 then break end
+      local st = redis.call('HGET', KEYS[i + 3], head[1])
+      if st then redis.call('SET', head[1], st, 'XX', 'KEEPTTL') end
+      kept_forget(i, head[1])
+      dropped = dropped + 1
+    end
   end
   local last = redis.call('ZRANGE', KEYS[i + 1], -1, -1, 'WITHSCORES')
   if #last == 0 then

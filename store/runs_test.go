@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -410,6 +411,54 @@ func TestOutputBudget(t *testing.T) {
 			}
 			if n := total(); n > budget {
 				t.Errorf("total %d, over the budget", n)
+			}
+		})
+	}
+}
+
+// TestOutputBudgetForgetsExpiredFirst: outputs that expired are forgotten before any live one
+// is dropped, however many there are. Before, a write forgot 64 of them and counted the rest:
+// past a backlog of expired answers (a day's, among runs kept seven), it dropped live runs'
+// output for room that was free already. On every backend.
+func TestOutputBudgetForgetsExpiredFirst(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			now := time.Now()
+			s := New(rdb, WithClock(func() time.Time { return now }))
+			const p, roomy, tight = "proj_x", 1 << 30, 24 << 10
+			finish := func(id string, budget int64) {
+				t.Helper()
+				run := &session.Run{ID: id, Object: "run", State: session.RunSucceeded, Stdout: strings.Repeat("x", 8<<10), StdoutBytes: 8 << 10}
+				if _, err := s.FinishRun(ctx, p, run, "lease_"+id, nil, budget); err != nil {
+					t.Fatal(err)
+				}
+				now = now.Add(time.Millisecond)
+			}
+			finish("run_live", roomy)
+			for i := range 100 { // a backlog of answers, all expired a day later
+				key := fmt.Sprintf("key_%d", i)
+				_, c, err := s.IdemBegin(ctx, p, key, "fp")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.IdemFinish(ctx, p, key, c, IdemRecord{Fingerprint: "fp", Status: 201, Body: []byte(strings.Repeat("y", 4<<10))},
+					&IdemRecord{Status: 409}, roomy); err != nil {
+					t.Fatal(err)
+				}
+				now = now.Add(time.Millisecond)
+			}
+			now = now.Add(IdempotencyTTL + time.Hour)
+			finish("run_new", tight) // the two runs (16 KiB) fit within 24 KiB
+			for _, id := range []string{"run_live", "run_new"} {
+				if run, err := s.GetRun(ctx, p, id); err != nil || run.OutputExpired || run.Stdout == "" {
+					t.Errorf("run %s after the answers expired: %+v, %v; want its output kept", id, run, err)
+				}
+			}
+			if n, err := rdb.HGet(ctx, ProjectKeys(p).keptSizes(), "total").Int(); err != nil || n > tight {
+				t.Errorf("total %d (%v), want the two runs' alone", n, err)
 			}
 		})
 	}
