@@ -56,14 +56,17 @@ var ErrIdemInFlight = errors.New("a request with this Idempotency-Key is still i
 // a key answered before (same fingerprint) answers its record; a key whose holder's lease
 // lapsed (its gateway died) is taken over with its record (and so its ref) as it is. A
 // record with no ref is a gateway's from before leases, which renews none: it is never
-// taken over, as then.
+// taken over, as then. A new record forgets what the project's budget of stored output
+// (kept.go) counted under the key, an answer of the key's last use that has expired: the
+// budget must not drop it (rewrite the new record to the old answer's stub) later.
 //
-// KEYS: record, lease (one project: one Cluster slot)
+// KEYS: record, lease, then ProjectKeys.keptKeys (one project: one Cluster slot)
 // ARGV: claim record JSON, record TTL ms, lease ms, owner token, fingerprint
 // Answers {'NEW'} | {'MISMATCH'} | {'DONE', record} | {'TAKEN', record} | {'HELD'}
-var idemBeginScript = redis.NewScript(`
+var idemBeginScript = redis.NewScript(keepLua + `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3])
+  kept_forget(3, KEYS[1])
   return {'NEW'}
 end
 local raw = redis.call('GET', KEYS[1])
@@ -121,7 +124,7 @@ func (s *Store) IdemBegin(ctx context.Context, project, key, fp string) (*IdemRe
 	k := ProjectKeys(project)
 	claim := &IdemClaim{Ref: session.NewID("", s.now()), owner: NewAPIKey("")}
 	first, _ := json.Marshal(IdemRecord{Fingerprint: fp, Ref: claim.Ref})
-	res, err := idemBeginScript.Run(ctx, s.rdb, []string{k.idempotency(key), k.idempotencyLease(key)},
+	res, err := idemBeginScript.Run(ctx, s.rdb, append([]string{k.idempotency(key), k.idempotencyLease(key)}, k.keptKeys()...),
 		first, IdempotencyTTL.Milliseconds(), s.idemLease.Milliseconds(), claim.owner, fp).StringSlice()
 	if err != nil {
 		return nil, nil, fmt.Errorf("idempotency: %w", err)

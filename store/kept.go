@@ -25,7 +25,11 @@ const keptOutputMin = 4 << 10
 // Outputs that expired are forgotten a few at a time as writes come, and all of them before
 // any live output is dropped: they still count until forgotten, and a live output dropped
 // for them would be dropped for room that is free already (answers expire after a day, runs
-// after seven: a backlog of expired answers sits among live runs).
+// after seven: a backlog of expired answers sits among live runs). A key is rewritten to its
+// stub only while it holds what was counted (its length as written): one that expired and
+// was made anew since (an Idempotency-Key used again, whose expiry a gateway with a slower
+// clock does not see yet) is another record, not to be overwritten with the old one's stub.
+// kept_forget(i, member) forgets a key's output, as a script that makes the key anew does.
 const keepLua = `
 local function kept_forget(i, m)
   local sz = redis.call('HGET', KEYS[i + 2], m)
@@ -59,7 +63,8 @@ local function keep(i, m, size, stub, expires, now, budget)
       local head = redis.call('ZRANGE', KEYS[i], 0, 0)
       if #head == 0 then break end
       local st = redis.call('HGET', KEYS[i + 3], head[1])
-      if st then redis.call('SET', head[1], st, 'XX', 'KEEPTTL') end
+      local sz = tonumber(redis.call('HGET', KEYS[i + 2], head[1]))
+      if st and redis.call('STRLEN', head[1]) == sz then redis.call('SET', head[1], st, 'XX', 'KEEPTTL') end
       kept_forget(i, head[1])
       dropped = dropped + 1
     end

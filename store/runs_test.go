@@ -463,3 +463,66 @@ func TestOutputBudgetForgetsExpiredFirst(t *testing.T) {
 		})
 	}
 }
+
+// TestOutputBudgetSparesAReusedKey: an answer that expired, though a gateway's clock does
+// not see it yet, and whose Idempotency-Key is used again, is not dropped over the new
+// record (rewritten to the old answer's stub, it answered the new request's retry a replay of
+// another body's dropped answer): the new record forgets the old count, and, for one made by
+// a gateway of before that does not, the drop sees that the key holds another record now. On
+// every backend.
+func TestOutputBudgetSparesAReusedKey(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		for _, before := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/made by a gateway of before %v", b.Name, before), func(t *testing.T) {
+				ctx := context.Background()
+				rdb := b.New(t)
+				now := time.Now()
+				s := New(rdb, WithClock(func() time.Time { return now }))
+				const p, budget = "proj_y", 40 << 10
+				k := ProjectKeys(p)
+				_, c, err := s.IdemBegin(ctx, p, "key_r", "fp_old")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.IdemFinish(ctx, p, "key_r", c, IdemRecord{Fingerprint: "fp_old", Status: 201, Body: []byte(strings.Repeat("y", 12<<10))},
+					&IdemRecord{Status: 409, Body: []byte("dropped")}, budget); err != nil {
+					t.Fatal(err)
+				}
+				// Redis expires the answer (as DEL drops it: miniredis expires nothing by the
+				// clock); the clocks of the gateways that write next lag it.
+				if err := rdb.Del(ctx, k.idempotency("key_r")).Err(); err != nil {
+					t.Fatal(err)
+				}
+				ref := "ref_new"
+				if before { // its record, as its IdemBegin wrote it, without a word to the budget
+					b, _ := json.Marshal(IdemRecord{Fingerprint: "fp_new", Ref: ref})
+					if err := rdb.Set(ctx, k.idempotency("key_r"), b, IdempotencyTTL).Err(); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					_, reused, err := s.IdemBegin(ctx, p, "key_r", "fp_new")
+					if err != nil || reused == nil || reused.Resumed {
+						t.Fatalf("the key used again: %+v, %v; want a new claim", reused, err)
+					}
+					ref = reused.Ref
+				}
+				for i := range 4 { // past the budget: the oldest output counted goes first
+					now = now.Add(time.Second)
+					run := &session.Run{ID: fmt.Sprintf("run_%d", i), Object: "run", State: session.RunSucceeded, Stdout: strings.Repeat("x", 12<<10), StdoutBytes: 12 << 10}
+					if _, err := s.FinishRun(ctx, p, run, "lease", nil, budget); err != nil {
+						t.Fatal(err)
+					}
+				}
+				raw, err := rdb.Get(ctx, k.idempotency("key_r")).Bytes()
+				var rec IdemRecord
+				if err != nil || json.Unmarshal(raw, &rec) != nil || rec.Fingerprint != "fp_new" || rec.Ref != ref || rec.Done {
+					t.Fatalf("the key's new record after the budget's drops: %s (%v); want the new request's, under way", raw, err)
+				}
+				if n, err := rdb.HGet(ctx, k.keptSizes(), "total").Int(); err != nil || n > budget {
+					t.Errorf("total %d (%v), over the budget", n, err)
+				}
+			})
+		}
+	}
+}
