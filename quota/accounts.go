@@ -41,7 +41,7 @@ func (a *Accounts) Uncap(ctx context.Context, project string, now time.Time) err
 	month := monthOf(now)
 	if _, err := a.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, capFlag(project, "", "hard", month), capFlag(project, "", "soft", month))
-		p.HDel(ctx, store.ProjectKeys(project).CapStops(), capStopID("", month))
+		p.HDel(ctx, store.ProjectKeys(project).CapStops(), capStopID("", month), undecidedStopID("", month))
 		return nil
 	}); err != nil {
 		return fmt.Errorf("lift the spend cap of %s: %w", project, err)
@@ -148,7 +148,7 @@ for i = 4, #ARGV do
   local j = 4 + (i - 4) * 2
   if hard == '' or not ge(spend, hard) then
     redis.call('DEL', KEYS[j])
-    redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu)
+    redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu, month .. ':eu:' .. eu .. ':undecided')
     if hard == '' or not ge(spend, soft) then
       redis.call('DEL', KEYS[j + 1])
       redis.call('SREM', KEYS[2], eu)

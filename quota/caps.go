@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -64,6 +65,11 @@ type CapEvent struct {
 	SpendMicroUSD int64  `json:"spend_micro_usd"`
 	CapMicroUSD   int64  `json:"cap_micro_usd"`
 	Month         string `json:"month"`
+
+	// undecided is the cap's undecided stop as Caps held it (flag), for OnCap to replace
+	// with its decision; crossedAt is when the cap was crossed (zero: now).
+	undecided string
+	crossedAt time.Time
 }
 
 // Caps watches settled spend against the caps and calls OnCap once per cap, level and month.
@@ -72,6 +78,7 @@ type CapEvent struct {
 // lock's lease, and stopping sessions needs no lock of the settlement's.
 type Caps struct {
 	rdb     redis.UniversalClient
+	st      *store.Store
 	onCap   func(context.Context, CapEvent)
 	log     *slog.Logger
 	mu      sync.Mutex
@@ -90,7 +97,7 @@ func NewCaps(rdb redis.UniversalClient, onCap func(context.Context, CapEvent), l
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Caps{rdb: rdb, onCap: onCap, log: log, cache: map[string]cachedLimits{}, crossed: map[string][]CapEvent{}}
+	return &Caps{rdb: rdb, st: store.New(rdb), onCap: onCap, log: log, cache: map[string]cachedLimits{}, crossed: map[string][]CapEvent{}}
 }
 
 func (c *Caps) limits(ctx context.Context, project string) (Limits, error) {
@@ -135,13 +142,13 @@ func (c *Caps) check(ctx context.Context, ev CapEvent) {
 		if ev.SpendMicroUSD < lv.at {
 			continue
 		}
-		first, err := c.flag(ctx, ev, lv.level)
+		first, undecided, err := c.flag(ctx, ev, lv.level)
 		if err != nil {
 			c.log.Warn("caps: flag", "err", err)
 			return
 		}
 		if first {
-			ev.Level = lv.level
+			ev.Level, ev.undecided = lv.level, undecided
 			c.log.Info("spend cap crossed", "project", ev.Project, "end_user", ev.EndUser, "level", ev.Level, "spend_micro_usd", ev.SpendMicroUSD, "cap_micro_usd", ev.CapMicroUSD)
 			if c.onCap != nil {
 				c.mu.Lock()
@@ -169,25 +176,72 @@ func (c *Caps) act(ctx context.Context, project string) {
 // month they name, then lets Redis drop them.
 const capFlagTTL = 40 * 24 * time.Hour
 
-// flag sets the cap's flag of level, answering whether it was the first to. An end user's is
-// first added to the month's set of end users flagged, so that a raised end-user cap finds
-// the flags to lift (Accounts.UncapEndUsers).
-func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (bool, error) {
+// flagScript sets a cap's flag if it is not set, answering 1 if it did. An end user's is first
+// added to the month's set of end users flagged, so that a raised end-user cap finds the flags
+// to lift (Accounts.UncapEndUsers). With a hard cap's flag it writes the cap's undecided stop
+// among the project's held stops (Enforcer.RetryStops), in the same step: the settler that
+// flags the cap decides it only after the settle (Caps.act), and one that died in between
+// left the flag, which is set once a month, and nothing that would ever stop the sessions.
+//
+// KEYS: the flag, the project's held stops, the capped end users set (end users only).
+// ARGV: the flag's value, TTL s, end user, held stop's field (empty for none), held stop.
+var flagScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if KEYS[3] then
+  redis.call('SADD', KEYS[3], ARGV[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+`)
+
+// flag sets the cap's flag of level, answering whether it was the first to. A hard cap's is
+// set with its undecided stop when there is an OnCap to decide it (flagScript), which the
+// decision then replaces (Enforcer.OnCap); the project is indexed among those with held
+// stops before (a crash after the script leaves the stop found) and after (RetryStops may
+// have dropped it from the index meanwhile: ForgetCapStopProject).
+func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool, undecided string, err error) {
+	k := store.ProjectKeys(ev.Project)
 	key := capFlag(ev.Project, ev.EndUser, level, ev.Month)
-	if ev.EndUser == "" {
-		return c.rdb.SetNX(ctx, key, ev.SpendMicroUSD, capFlagTTL).Result()
+	keys := []string{key, k.CapStops()}
+	if ev.EndUser != "" {
+		keys = append(keys, k.CappedEndUsers(ev.Month))
 	}
-	var first *redis.BoolCmd
-	set := store.ProjectKeys(ev.Project).CappedEndUsers(ev.Month)
-	if _, err := c.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.SAdd(ctx, set, ev.EndUser)
-		p.Expire(ctx, set, capFlagTTL)
-		first = p.SetNX(ctx, key, ev.SpendMicroUSD, capFlagTTL)
-		return nil
-	}); err != nil {
-		return false, err
+	field := ""
+	if level == "hard" && c.onCap != nil {
+		// Past the cap, every record settled comes here: one command while the flag is set.
+		if n, err := c.rdb.Exists(ctx, key).Result(); err != nil || n > 0 {
+			return false, "", err
+		}
+		ev.Level = level
+		b, err := json.Marshal(heldStop{CapEvent: ev, CrossedAt: time.Now(), Undecided: true})
+		if err != nil {
+			return false, "", err
+		}
+		field, undecided = undecidedStopID(ev.EndUser, ev.Month), string(b)
+		if err := c.index(ctx, ev.Project); err != nil {
+			return false, "", err
+		}
 	}
-	return first.Val(), nil
+	n, err := flagScript.Run(ctx, c.rdb, keys, ev.SpendMicroUSD, int64(capFlagTTL/time.Second), ev.EndUser, field, undecided).Int64()
+	if err != nil || n == 0 {
+		return false, "", err
+	}
+	if field != "" {
+		if err := c.index(ctx, ev.Project); err != nil {
+			c.log.Warn("caps: index the undecided stop", "project", ev.Project, "err", err)
+		}
+	}
+	return true, undecided, nil
+}
+
+// index adds project to the projects with held stops.
+func (c *Caps) index(ctx context.Context, project string) error {
+	return c.st.IndexCapStops(ctx, project)
 }
 
 // CapMonth answers the month (YYYYMM, UTC) whose cap flags stop admissions at t.

@@ -77,9 +77,18 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 		if d.StopProject {
 			scope.EndUser = ""
 		}
-		crossed := time.Now()
+		crossed := ev.crossedAt
+		if crossed.IsZero() {
+			crossed = time.Now()
+		}
 		if !e.stopScope(ctx, scope, time.Time{}, stopPasses, log) {
 			e.holdStop(ctx, ev, heldStop{CapEvent: scope, CrossedAt: crossed}, log)
+		}
+	}
+	if ev.undecided != "" {
+		// Decided (and its stop held, if one is left): the stop Caps held until then goes.
+		if err := e.Store.EndCapStop(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided); err != nil {
+			log.Error("spend cap: drop the undecided stop; a later round decides the cap again", "project", ev.Project, "end_user", ev.EndUser, "err", err)
 		}
 	}
 }
@@ -92,13 +101,31 @@ func capStopID(endUser, month string) string {
 	return month + ":eu:" + endUser
 }
 
+// undecidedStopID names the undecided stop of the hard cap ev crossed among the project's
+// held stops: the one Caps holds with the cap's flag until OnCap has decided it.
+func undecidedStopID(endUser, month string) string {
+	return capStopID(endUser, month) + ":undecided"
+}
+
 // heldStop is a stop held for a later round (holdStop): the scope the decision stopped, and
 // when the cap was crossed. The sessions created after that are not the decision's: they
 // were admitted afterwards, when the decision let admissions go on (or a raised cap did).
+//
+// An undecided one is the hard cap's crossing itself, held by Caps with the cap's flag until
+// OnCap decides it: a later round decides it (OnCap) if it is still there undecidedWait after
+// the crossing (the settler that crossed the cap died before acting on it), or after
+// DecideBy, when another round took it over.
 type heldStop struct {
 	CapEvent
-	CrossedAt time.Time `json:"crossed_at"`
+	CrossedAt time.Time  `json:"crossed_at"`
+	Undecided bool       `json:"undecided,omitempty"`
+	DecideBy  *time.Time `json:"decide_by,omitempty"`
 }
+
+// undecidedWait is how long after a crossing a later round leaves its undecided stop to the
+// settler that crossed it: that one decides it when its settle of the project ends, and then
+// within capActTimeout.
+const undecidedWait = 2 * capActTimeout
 
 // holdStop records the stop the decision ordered for ev's crossed cap when its passes left
 // sessions live: the cap's flag is set once a month, so without it nothing would try again,
@@ -137,7 +164,15 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 		left := 0
 		for id, v := range stops {
 			var stop heldStop
-			if json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now) && !e.stopScope(ctx, stop.CapEvent, stop.CrossedAt, 1, log) {
+			ok := json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now)
+			if ok && stop.Undecided {
+				if err := e.decideLeftOver(ctx, p, id, v, stop, now); err != nil {
+					errs = append(errs, err)
+				}
+				left++ // decided, it is dropped or held: the next round sees which
+				continue
+			}
+			if ok && !e.stopScope(ctx, stop.CapEvent, stop.CrossedAt, 1, log) {
 				left++
 				continue
 			}
@@ -153,6 +188,36 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// decideLeftOver decides the crossed cap whose undecided stop (id, v) its settler left (it
+// died after flagging the cap), once it is due: it takes the stop over for a while, so that
+// other rounds leave it alone meanwhile, and acts as that settler would have (OnCap), under a
+// context of its own as the settler does.
+func (e *Enforcer) decideLeftOver(ctx context.Context, project, id, v string, stop heldStop, now time.Time) error {
+	due := stop.CrossedAt.Add(undecidedWait)
+	if stop.DecideBy != nil {
+		due = *stop.DecideBy
+	}
+	if now.Before(due) {
+		return nil
+	}
+	by := now.Add(undecidedWait)
+	stop.DecideBy = &by
+	b, err := json.Marshal(stop)
+	if err != nil {
+		return err
+	}
+	took, err := e.Store.ReplaceCapStop(ctx, project, id, v, string(b))
+	if err != nil || !took {
+		return err
+	}
+	ev := stop.CapEvent
+	ev.undecided, ev.crossedAt = string(b), stop.CrossedAt
+	actCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), capActTimeout)
+	defer cancel()
+	e.OnCap(actCtx, ev)
+	return nil
 }
 
 // liveStates are the states stopScope stops sessions in.

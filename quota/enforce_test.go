@@ -512,3 +512,104 @@ func TestEndUserUncapRacesNoAccrual(t *testing.T) {
 		t.Fatalf("eu_u admitted (stopped by %q, %v) with a spend of 224 µUSD over the raised cap of 200", scope, err)
 	}
 }
+
+// recordsNow is records of session in project, n seconds of running ending now (this month,
+// so that the crossed cap's stops still apply).
+func recordsNow(project, sess string, n int) []Record {
+	rs := records(project, []string{sess}, n)
+	shift := time.Now().Add(-time.Duration(n) * time.Second).Sub(t0)
+	for i := range rs {
+		rs[i].FromMs += shift.Milliseconds()
+		rs[i].ToMs += shift.Milliseconds()
+		rs[i].EndUserID = ""
+	}
+	return rs
+}
+
+// quotaEvents counts the quota.exceeded events in project's outbox.
+func quotaEvents(t *testing.T, st *store.Store, project string) int {
+	t.Helper()
+	evs, err := st.OutboxEvents(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == session.EventQuotaExceeded {
+			n++
+		}
+	}
+	return n
+}
+
+// A settler that dies between flagging a hard cap and acting on it (its decision, event and
+// stops come after the settle) leaves the cap's undecided stop with the flag, and a later
+// round decides it: the flag is set once a month, and nothing stopped the sessions then. A
+// settler that lives decides it itself and leaves nothing for a later round.
+func TestCapCrossedByADeadSettlerIsDecided(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	state := func(project, id string) session.State {
+		t.Helper()
+		s, err := st.Get(ctx, project, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.State
+	}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}}
+	const dead, alive = "proj_dead", "proj_alive"
+	ids := map[string]string{}
+	for _, p := range []string{dead, alive} {
+		if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+			t.Fatal(err)
+		}
+		ids[p] = newSession(t, st, p, nil, up...)
+		appendAll(t, rdb, recordsNow(p, "sess_x", 10)) // 280 µUSD: past the cap
+	}
+	// The dead settler's acts never run.
+	if _, err := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, func(context.Context, CapEvent) {}, nil)}).SettleProject(ctx, dead); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, e.OnCap, nil)}).SettleProject(ctx, alive); err != nil {
+		t.Fatal(err)
+	}
+	if scope, _, err := accounts.CapState(ctx, dead, "", time.Now()); err != nil || scope != "project" {
+		t.Fatalf("the dead settler's cap: admissions stopped by %q (%v), want project", scope, err)
+	}
+	if got := state(alive, ids[alive]); got != session.Stopping {
+		t.Fatalf("the live settler's session is %s, want stopping", got)
+	}
+	// A round soon after leaves the crossing to its settler, which may be acting on it still.
+	if err := e.RetryStops(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := state(dead, ids[dead]); got != session.Running {
+		t.Fatalf("the session is %s after a round right after the crossing, want running (its settler decides)", got)
+	}
+	// Minutes later, the dead settler's crossing is decided by the round.
+	later := time.Now().Add(10 * time.Minute)
+	for i := 0; i < 3; i++ {
+		if err := e.RetryStops(ctx, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := state(dead, ids[dead]); got != session.Stopping {
+		t.Errorf("the session is %s minutes after its settler died past the hard cap, want stopping (spend_cap)", got)
+	}
+	for _, p := range []string{dead, alive} {
+		if n := quotaEvents(t, st, p); n != 1 {
+			t.Errorf("%s: %d quota.exceeded events, want 1", p, n)
+		}
+		if stops, err := st.CapStops(ctx, p); err != nil || len(stops) != 0 {
+			t.Errorf("%s: held stops %v (%v) after its cap was decided and its session stopped, want none", p, stops, err)
+		}
+	}
+	if ps, err := st.CapStopProjects(ctx); err != nil || len(ps) != 0 {
+		t.Errorf("projects with held stops %v (%v), want none", ps, err)
+	}
+}

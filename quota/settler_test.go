@@ -642,20 +642,23 @@ func TestAccrualGoesOnPastAFailedSnapshot(t *testing.T) {
 	}
 }
 
-// cancelAfterSetNX cancels a context once a SET … NX (a cap's flag) has run.
-type cancelAfterSetNX struct{ cancel context.CancelFunc }
+// cancelAfterFlag cancels a context once a cap's flag has been set (flagScript).
+type cancelAfterFlag struct{ cancel context.CancelFunc }
 
-func (cancelAfterSetNX) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h cancelAfterSetNX) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (cancelAfterFlag) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h cancelAfterFlag) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if args := cmd.Args(); cmd.Name() == "set" && slices.ContainsFunc(args, func(a any) bool { return a == "nx" || a == "NX" }) {
+		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") && slices.ContainsFunc(cmd.Args(), func(a any) bool {
+			s, ok := a.(string)
+			return ok && (strings.Contains(s, ":capped:hard:") || strings.Contains(s, ":capped:soft:"))
+		}) {
 			h.cancel()
 		}
 		return err
 	}
 }
-func (cancelAfterSetNX) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (cancelAfterFlag) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
@@ -678,10 +681,13 @@ func TestCapActsThoughTheSettleIsCut(t *testing.T) {
 	}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	rdb.AddHook(cancelAfterSetNX{cancel})
+	rdb.AddHook(cancelAfterFlag{cancel})
 	_, _ = NewSettler(rdb, SettlerOptions{Caps: caps, Batch: 2}).SettleProject(ctx, project)
 	if fired == 0 {
 		t.Fatal("no cap crossed")
+	}
+	if ctx.Err() == nil {
+		t.Fatal("the settle was not cut once it flagged a cap: the test no longer cuts it")
 	}
 	if cut > 0 {
 		t.Errorf("%d of %d cap events were decided under the settle's ended context", cut, fired)

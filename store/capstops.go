@@ -20,6 +20,13 @@ func (s *Store) HoldCapStop(ctx context.Context, project, id, stop string, ttl t
 	}); err != nil {
 		return fmt.Errorf("hold the spend-cap stop of %s: %w", project, err)
 	}
+	return s.IndexCapStops(ctx, project)
+}
+
+// IndexCapStops adds project to the projects with held spend-cap stops. A stop written by a
+// script of the caller's (quota.Caps, with the cap's flag) is indexed before, so that a crash
+// in between leaves it found, and again after, as HoldCapStop does (ForgetCapStopProject).
+func (s *Store) IndexCapStops(ctx context.Context, project string) error {
 	if err := s.rdb.SAdd(ctx, capStopProjectsKey, project).Err(); err != nil {
 		return fmt.Errorf("index the spend-cap stop of %s: %w", project, err)
 	}
@@ -51,6 +58,22 @@ var endCapStopScript = redis.NewScript(`
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0
 `)
+
+// replaceCapStopScript replaces a held stop only if it is still the one read.
+var replaceCapStopScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 end
+return 0
+`)
+
+// ReplaceCapStop replaces the held stop id of project with stop if it is still old, answering
+// whether it was: one caller of several that read it takes it over.
+func (s *Store) ReplaceCapStop(ctx context.Context, project, id, old, stop string) (bool, error) {
+	n, err := replaceCapStopScript.Run(ctx, s.rdb, []string{ProjectKeys(project).CapStops()}, id, old, stop).Int64()
+	if err != nil {
+		return false, fmt.Errorf("take over the spend-cap stop of %s: %w", project, err)
+	}
+	return n == 1, nil
+}
 
 // EndCapStop drops the held stop id of project if it is still stop (done, or its month over).
 func (s *Store) EndCapStop(ctx context.Context, project, id, stop string) error {

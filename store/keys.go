@@ -340,9 +340,11 @@ func (k ProjectKeyspace) EndUserCapFlag(endUser, level, month string) string {
 
 // CapStops is a hash of the stops ordered by a crossed spend cap that left sessions live (a
 // stop failed through every pass): field MONTH (the project's cap) or MONTH:eu:END_USER (an end
-// user's) → the stop's scope as JSON, with the cap flags' TTL. Written by store (HoldCapStop,
-// EndCapStop) for quota.Enforcer, which retries them until nothing in scope is live; deleted
-// by quota.Accounts with the cap's flags (a raised cap).
+// user's) → the stop's scope as JSON, with the cap flags' TTL; and, under the same field with
+// :undecided after it, a hard cap's crossing not yet decided, written by quota.Caps with the
+// cap's flag. Written by store (HoldCapStop, ReplaceCapStop, EndCapStop) for quota.Enforcer,
+// which retries them until nothing in scope is live (and decides the crossings their settler
+// left); deleted by quota.Accounts with the cap's flags (a raised cap).
 func (k ProjectKeyspace) CapStops() string { return k.p + "capped:stops" }
 
 // CappedEndUsers is a set, the end users whose EndUserCapFlag (of either level) was set in
