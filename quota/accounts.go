@@ -40,7 +40,7 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 func (a *Accounts) Uncap(ctx context.Context, project string, now time.Time) error {
 	month := monthOf(now)
 	if _, err := a.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, capFlag(project, "", "hard", month), capFlag(project, "", "soft", month))
+		p.Del(ctx, capFlag(project, "", "hard", month), capFlag(project, "", "soft", month), capLifted(project, "", month))
 		p.HDel(ctx, store.ProjectKeys(project).CapStops(), capStopID("", month), undecidedStopID("", month))
 		return nil
 	}); err != nil {
@@ -50,9 +50,17 @@ func (a *Accounts) Uncap(ctx context.Context, project string, now time.Time) err
 }
 
 // liftStop deletes the admission stop a crossed hard cap set (a spend decision that does not
-// deny admissions).
+// deny admissions), leaving its lifted mark in its place: the cap stays crossed this month,
+// and the records settled after do not cross it again (a quota.exceeded and a stop each).
 func (a *Accounts) liftStop(ctx context.Context, ev CapEvent) error {
-	return a.rdb.Del(ctx, capFlag(ev.Project, ev.EndUser, "hard", ev.Month)).Err()
+	if _, err := a.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, capLifted(ev.Project, ev.EndUser, ev.Month), ev.SpendMicroUSD, capFlagTTL)
+		p.Del(ctx, capFlag(ev.Project, ev.EndUser, "hard", ev.Month))
+		return nil
+	}); err != nil {
+		return fmt.Errorf("lift the spend cap's admission stop of %s: %w", ev.Project, err)
+	}
+	return nil
 }
 
 // CapState answers, in one round trip, which hard cap stops admissions for the project (and
@@ -134,7 +142,7 @@ func (a *Accounts) UncapEndUsers(ctx context.Context, project string, capMicroUS
 // Spends are compared as decimal strings: nano-USD may pass 2^53, where Lua's numbers end.
 //
 // KEYS: spend hash, capped end users set, held stops hash, then each end user's hard and soft
-// flags. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
+// flags and hard cap's lifted mark. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
 var uncapEndUsersScript = redis.NewScript(`
 local function ge(a, b)
   if #a ~= #b then return #a > #b end
@@ -145,9 +153,9 @@ for i = 4, #ARGV do
   local eu = ARGV[i]
   local spend = redis.call('HGET', KEYS[1], 'eu:' .. eu .. ':m:' .. month) or '0'
   if string.sub(spend, 1, 1) == '-' then spend = '0' end
-  local j = 4 + (i - 4) * 2
+  local j = 4 + (i - 4) * 3
   if hard == '' or not ge(spend, hard) then
-    redis.call('DEL', KEYS[j])
+    redis.call('DEL', KEYS[j], KEYS[j + 2])
     redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu, month .. ':eu:' .. eu .. ':undecided')
     if hard == '' or not ge(spend, soft) then
       redis.call('DEL', KEYS[j + 1])
@@ -172,7 +180,7 @@ func (a *Accounts) uncapEndUsers(ctx context.Context, project string, endUsers [
 	}
 	args := []any{month, hard, soft}
 	for _, eu := range endUsers {
-		keys = append(keys, capFlag(project, eu, "hard", month), capFlag(project, eu, "soft", month))
+		keys = append(keys, capFlag(project, eu, "hard", month), capFlag(project, eu, "soft", month), capLifted(project, eu, month))
 		args = append(args, eu)
 	}
 	return uncapEndUsersScript.Run(ctx, a.rdb, keys, args...).Err()

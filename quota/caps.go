@@ -33,6 +33,15 @@ func capFlag(p, endUser, level, month string) string {
 	return store.ProjectKeys(p).EndUserCapFlag(endUser, level, month)
 }
 
+// capLifted marks a hard cap crossed this month whose flag a spend decision deleted, to let
+// admissions go on (Accounts.liftStop): Caps sets the flag again only when neither is set.
+func capLifted(p, endUser, month string) string {
+	if endUser == "" {
+		return store.ProjectKeys(p).CapLifted(month)
+	}
+	return store.ProjectKeys(p).EndUserCapLifted(endUser, month)
+}
+
 // getLimits reads a project's caps.
 func getLimits(ctx context.Context, rdb redis.UniversalClient, project string) (Limits, error) {
 	m, err := rdb.HGetAll(ctx, store.ProjectKeys(project).Limits()).Result()
@@ -183,18 +192,22 @@ const capFlagTTL = 40 * 24 * time.Hour
 // flags the cap decides it only after the settle (Caps.act), and one that died in between
 // left the flag, which is set once a month, and nothing that would ever stop the sessions.
 //
-// KEYS: the flag, the project's held stops, the capped end users set (end users only).
-// ARGV: the flag's value, TTL s, end user, held stop's field (empty for none), held stop.
+// A hard cap's lifted mark (capLifted) counts as its flag: the cap was crossed, and the
+// decision let admissions go on.
+//
+// KEYS: the flag, its lifted mark (the flag again for a soft cap), the project's held stops,
+// the capped end users set (end users only). ARGV: the flag's value, TTL s, end user, held
+// stop's field (empty for none), held stop.
 var flagScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if KEYS[3] then
-  redis.call('SADD', KEYS[3], ARGV[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
+if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
+if KEYS[4] then
+  redis.call('SADD', KEYS[4], ARGV[3])
+  redis.call('EXPIRE', KEYS[4], ARGV[2])
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
+  redis.call('HSET', KEYS[3], ARGV[4], ARGV[5])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
 end
 return 1
 `)
@@ -207,14 +220,18 @@ return 1
 func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool, undecided string, err error) {
 	k := store.ProjectKeys(ev.Project)
 	key := capFlag(ev.Project, ev.EndUser, level, ev.Month)
-	keys := []string{key, k.CapStops()}
+	lifted := key
+	if level == "hard" {
+		lifted = capLifted(ev.Project, ev.EndUser, ev.Month)
+	}
+	keys := []string{key, lifted, k.CapStops()}
 	if ev.EndUser != "" {
 		keys = append(keys, k.CappedEndUsers(ev.Month))
 	}
 	field := ""
 	if level == "hard" && c.onCap != nil {
 		// Past the cap, every record settled comes here: one command while the flag is set.
-		if n, err := c.rdb.Exists(ctx, key).Result(); err != nil || n > 0 {
+		if n, err := c.rdb.Exists(ctx, key, lifted).Result(); err != nil || n > 0 {
 			return false, "", err
 		}
 		ev.Level = level

@@ -613,3 +613,49 @@ func TestCapCrossedByADeadSettlerIsDecided(t *testing.T) {
 		t.Errorf("projects with held stops %v (%v), want none", ps, err)
 	}
 }
+
+// A hard cap whose decision stops the sessions but lets admissions go on fires once a month,
+// as any cap: lifting the admission stop deleted the cap's flag, so every record settled
+// after crossed the cap again, sending quota.exceeded each time and stopping the sessions
+// admitted since.
+func TestCapLiftedByItsDecisionFiresOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const project = "proj_lifted"
+	if err := accounts.SetLimits(ctx, project, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}, Decide: func(context.Context, CapEvent) (SpendDecision, error) {
+		return SpendDecision{Stop: true}, nil
+	}}
+	s := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, e.OnCap, nil), Batch: 2})
+	first := newSession(t, st, project, nil, up...)
+	appendAll(t, rdb, recordsNow(project, "sess_a", 10)) // 280 µUSD: past the cap
+	if _, err := s.SettleProject(ctx, project); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.Get(ctx, project, first); err != nil || got.State != session.Stopping {
+		t.Fatalf("the session live at the crossing: %v (%v), want stopping", got.State, err)
+	}
+	if scope, _, err := accounts.CapState(ctx, project, "", time.Now()); err != nil || scope != "" {
+		t.Fatalf("admissions stopped by %q (%v), want none: the decision lets them go on", scope, err)
+	}
+	// Admitted after the crossing, while spend goes on past the cap.
+	admitted := newSession(t, st, project, nil, up...)
+	for i, sess := range []string{"sess_b", "sess_c", "sess_d"} {
+		appendAll(t, rdb, recordsNow(project, sess, 4))
+		if _, err := s.SettleProject(ctx, project); err != nil {
+			t.Fatal(err)
+		}
+		if n := quotaEvents(t, st, project); n != 1 {
+			t.Fatalf("%d quota.exceeded events after %d more settles past the cap, want 1", n, i+1)
+		}
+	}
+	if got, err := st.Get(ctx, project, admitted); err != nil || got.State != session.Running {
+		t.Errorf("the session admitted after the crossing is %s (%v), want running", got.State, err)
+	}
+}

@@ -338,6 +338,18 @@ func (k ProjectKeyspace) EndUserCapFlag(endUser, level, month string) string {
 	return k.p + "capped:" + level + ":eu:" + endUser + ":" + month
 }
 
+// CapLifted is a string flag: the project's hard cap was crossed in month and a spend
+// decision let admissions go on, so its CapFlag was deleted; with the same TTL. quota.Caps
+// reads it with the flag, so that the cap, crossed, is not crossed again by every record
+// settled after. Written by quota.Enforcer (with the flag's deletion); deleted by
+// quota.Accounts with the flags (a raised cap).
+func (k ProjectKeyspace) CapLifted(month string) string { return k.p + "capped:lifted:" + month }
+
+// EndUserCapLifted is CapLifted for one end user's cap.
+func (k ProjectKeyspace) EndUserCapLifted(endUser, month string) string {
+	return k.p + "capped:lifted:eu:" + endUser + ":" + month
+}
+
 // CapStops is a hash of the stops ordered by a crossed spend cap that left sessions live (a
 // stop failed through every pass): field MONTH (the project's cap) or MONTH:eu:END_USER (an end
 // user's) → the stop's scope as JSON, with the cap flags' TTL; and, under the same field with
