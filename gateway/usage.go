@@ -73,14 +73,10 @@ func (s *Server) putLimits(w http.ResponseWriter, r *http.Request, p store.Proje
 	if err := s.Accounts.SetLimits(ctx, p.ID, cur); err != nil {
 		return err
 	}
-	spend, err := s.Accounts.Spend(ctx, p.ID, "", s.Now())
-	if err != nil {
+	// Uncap reads the spend and lifts the flags in one step: a record settled between the two
+	// could take the project past the raised cap while its flag kept Caps from flagging it.
+	if err := s.Accounts.Uncap(ctx, p.ID, cur.MonthlySpendCapMicroUSD, s.Now()); err != nil {
 		return err
-	}
-	if cur.MonthlySpendCapMicroUSD == 0 || cur.MonthlySpendCapMicroUSD > spend {
-		if err := s.Accounts.Uncap(ctx, p.ID, s.Now()); err != nil {
-			return err
-		}
 	}
 	if req.EndUserMonthlySpendCapMicroUSD != nil {
 		if err := s.Accounts.UncapEndUsers(ctx, p.ID, cur.EndUserMonthlySpendCapMicroUSD, s.Now()); err != nil {

@@ -35,19 +35,57 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 	return nil
 }
 
-// Uncap lifts the project's cap's admission stop this month (after the cap was raised), and
-// the stop of its sessions a crossing left unfinished (Enforcer.RetryStops).
-func (a *Accounts) Uncap(ctx context.Context, project string, now time.Time) error {
-	month := monthOf(now)
-	if _, err := a.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, capFlag(project, "", "hard", month), capFlag(project, "", "soft", month), capLifted(project, "", month))
-		p.HDel(ctx, store.ProjectKeys(project).CapStops(), capStopID("", month), undecidedStopID("", month))
-		return nil
-	}); err != nil {
+// uncapScript lifts the project's cap's flags this month if its spend is under the raised
+// cap, reading the spend and deleting the flags in one step, as uncapEndUsersScript does for
+// the end users (and for the same reason): the hard flag, its lifted mark and the cap's held
+// and undecided stops when the spend is under the hard cap, the soft flag too when it is
+// under the soft one. It answers 1 if it lifted the hard cap's.
+//
+// KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash. ARGV: month, hard
+// threshold nano (empty for no cap), soft threshold nano, the held and undecided stops' fields.
+var uncapScript = redis.NewScript(decimalGELua + `
+local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
+local spend = redis.call('HGET', KEYS[1], 'm:' .. month) or '0'
+if string.sub(spend, 1, 1) == '-' then spend = '0' end
+if hard ~= '' and ge(spend, hard) then return 0 end
+redis.call('DEL', KEYS[2], KEYS[4])
+redis.call('HDEL', KEYS[5], ARGV[4], ARGV[5])
+if hard == '' or not ge(spend, soft) then redis.call('DEL', KEYS[3]) end
+return 1
+`)
+
+// Uncap lifts the project's cap's admission stop this month after the cap was raised to
+// capMicroUSD (or removed, 0), if its spend this month is under it (and the soft cap's mark
+// if under that too), and the stop of its sessions a crossing left unfinished
+// (Enforcer.RetryStops).
+func (a *Accounts) Uncap(ctx context.Context, project string, capMicroUSD int64, now time.Time) error {
+	k, month := store.ProjectKeys(project), monthOf(now)
+	hard, soft := capThresholds(capMicroUSD)
+	if err := uncapScript.Run(ctx, a.rdb, []string{k.Spend(), capFlag(project, "", "hard", month), capFlag(project, "", "soft", month),
+		capLifted(project, "", month), k.CapStops()}, month, hard, soft, capStopID("", month), undecidedStopID("", month)).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap of %s: %w", project, err)
 	}
 	return nil
 }
+
+// capThresholds answers a cap of capMicroUSD's hard and soft thresholds in nano-USD, as
+// decimal strings for the uncap scripts (empty for no cap). A spend of n nano-USD is past a
+// cap of c micro-USD when n/1000 >= c, so when n >= c×1000.
+func capThresholds(capMicroUSD int64) (hard, soft string) {
+	if capMicroUSD <= 0 {
+		return "", ""
+	}
+	return strconv.FormatInt(capMicroUSD*1000, 10), strconv.FormatInt(capMicroUSD*SoftCapPercent/100*1000, 10)
+}
+
+// decimalGELua defines ge(a, b), a >= b for decimal strings of non-negative integers: spends
+// in nano-USD may pass 2^53, where Lua's numbers end.
+const decimalGELua = `
+local function ge(a, b)
+  if #a ~= #b then return #a > #b end
+  return a >= b
+end
+`
 
 // liftStop deletes the admission stop a crossed hard cap set (a spend decision that does not
 // deny admissions), leaving its lifted mark in its place: the cap stays crossed this month,
@@ -143,11 +181,7 @@ func (a *Accounts) UncapEndUsers(ctx context.Context, project string, capMicroUS
 //
 // KEYS: spend hash, capped end users set, held stops hash, then each end user's hard and soft
 // flags and hard cap's lifted mark. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
-var uncapEndUsersScript = redis.NewScript(`
-local function ge(a, b)
-  if #a ~= #b then return #a > #b end
-  return a >= b
-end
+var uncapEndUsersScript = redis.NewScript(decimalGELua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 for i = 4, #ARGV do
   local eu = ARGV[i]
@@ -173,11 +207,7 @@ func (a *Accounts) uncapEndUsers(ctx context.Context, project string, endUsers [
 	}
 	k := store.ProjectKeys(project)
 	keys := []string{k.Spend(), k.CappedEndUsers(month), k.CapStops()}
-	// A spend of n nano-USD is past a cap of c micro-USD when n/1000 >= c, so when n >= c×1000.
-	hard, soft := "", ""
-	if capMicroUSD > 0 {
-		hard, soft = strconv.FormatInt(capMicroUSD*1000, 10), strconv.FormatInt(capMicroUSD*SoftCapPercent/100*1000, 10)
-	}
+	hard, soft := capThresholds(capMicroUSD)
 	args := []any{month, hard, soft}
 	for _, eu := range endUsers {
 		keys = append(keys, capFlag(project, eu, "hard", month), capFlag(project, eu, "soft", month), capLifted(project, eu, month))

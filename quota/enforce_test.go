@@ -392,7 +392,7 @@ func TestSettlerRoundStopsWhatTheCapsPassesLeftLive(t *testing.T) {
 	if got := state(stopped, ids[stopped]); got != session.Running {
 		t.Fatalf("the session is %s while every stop failed: the test no longer fails them", got)
 	}
-	if err := e.Accounts.Uncap(ctx, raised, time.Now()); err != nil { // PUT /v1/limits raised the cap
+	if err := e.Accounts.Uncap(ctx, raised, 1_000_000, time.Now()); err != nil { // PUT /v1/limits raised the cap
 		t.Fatal(err)
 	}
 	// Admitted after the crossing (as when the decision lets admissions go on): not the
@@ -657,5 +657,65 @@ func TestCapLiftedByItsDecisionFiresOnce(t *testing.T) {
 	}
 	if got, err := st.Get(ctx, project, admitted); err != nil || got.State != session.Running {
 		t.Errorf("the session admitted after the crossing is %s (%v), want running", got.State, err)
+	}
+}
+
+// A raised project cap lifts the project's flag only if its spend is under the cap when the
+// flag is deleted, as the end users' (TestEndUserUncapRacesNoAccrual): a record settled
+// between the read of the spend and the deletion took the project past the raised cap while
+// the flag, still set, kept Caps from flagging it again.
+func TestProjectUncapRacesNoAccrual(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	accounts := NewAccounts(rdb)
+	const project = "proj_puncap"
+	rs := records(project, []string{"sess_p"}, 8) // 28 µUSD each
+	settle := func(ctx context.Context) {
+		t.Helper()
+		s := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, nil, nil)})
+		for n, err := s.SettleProject(ctx, project); n > 0 || err != nil; n, err = s.SettleProject(ctx, project) {
+			if err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}
+	if err := accounts.SetLimits(ctx, project, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, rdb, rs[:4]) // 112 µUSD: past the cap of 100
+	settle(ctx)
+	if scope, _, err := accounts.CapState(ctx, project, "", t0); err != nil || scope != "project" {
+		t.Fatalf("not stopped at 112 µUSD under a cap of 100: %q, %v", scope, err)
+	}
+	// The cap is raised to 200 while the next records (224 µUSD in all) are settled.
+	hook := &accrueDuring{spendKey: store.ProjectKeys(project).Spend(), accrue: func(ctx context.Context) {
+		appendAll(t, rdb, rs[4:])
+		settle(ctx)
+	}}
+	rdb.AddHook(hook)
+	hook.armed.Store(true)
+	if err := accounts.SetLimits(ctx, project, Limits{MonthlySpendCapMicroUSD: 200}); err != nil {
+		t.Fatal(err)
+	}
+	if err := accounts.Uncap(ctx, project, 200, t0); err != nil {
+		t.Fatal(err)
+	}
+	if hook.armed.Load() {
+		t.Fatal("the uncap never read the spend: the test no longer settles during it")
+	}
+	spend, err := accounts.Spend(ctx, project, "", t0)
+	if err != nil || spend != 224 {
+		t.Fatalf("spend %d (%v), want 224", spend, err)
+	}
+	if scope, _, err := accounts.CapState(ctx, project, "", t0); err != nil || scope != "project" {
+		t.Fatalf("admitted (stopped by %q, %v) with a spend of 224 µUSD over the raised cap of 200", scope, err)
+	}
+	// Raised above the spend, the cap lifts the flag, and its soft mark (under 80 %).
+	if err := accounts.Uncap(ctx, project, 1000, t0); err != nil {
+		t.Fatal(err)
+	}
+	if scope, soft, err := accounts.CapState(ctx, project, "", t0); err != nil || scope != "" || soft {
+		t.Fatalf("under a cap of 1000 with 224 µUSD spent: stopped by %q, soft %v (%v); want neither", scope, soft, err)
 	}
 }

@@ -289,7 +289,7 @@ func TestRaisedEndUserCapLiftsItsStops(t *testing.T) {
 		if err := accounts.SetLimits(ctx, project, Limits{EndUserMonthlySpendCapMicroUSD: capMicroUSD}); err != nil {
 			t.Fatal(err)
 		}
-		if err := accounts.Uncap(ctx, project, t0); err != nil {
+		if err := accounts.Uncap(ctx, project, 0, t0); err != nil {
 			t.Fatal(err)
 		}
 		if err := accounts.UncapEndUsers(ctx, project, capMicroUSD, t0); err != nil {
