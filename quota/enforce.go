@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"wb/session"
@@ -38,6 +39,9 @@ type Enforcer struct {
 	// stops the sessions in scope and denies admissions; a soft cap only warns.
 	Decide func(ctx context.Context, ev CapEvent) (SpendDecision, error)
 	Logger *slog.Logger
+
+	mu      sync.Mutex
+	waiting map[string]bool // project/session → a wait for its snapshot is running (stopOne)
 }
 
 // OnCap is the Caps callback.
@@ -287,8 +291,14 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time
 		}
 		if s.State == session.Snapshotting {
 			// No transition leaves snapshotting but the caller's own (back to running, or
-			// failed with the host): wait for it in the background, not in the settler's loop.
-			go e.stopAfterSnapshot(context.WithoutCancel(ctx), ev, createdBy, id, log)
+			// failed with the host): wait for it in the background, not in the settler's loop;
+			// once, however many passes (and rounds) find it snapshotting meanwhile.
+			if e.startWait(ev.Project, id) {
+				go func() {
+					defer e.endWait(ev.Project, id)
+					e.stopAfterSnapshot(context.WithoutCancel(ctx), ev, createdBy, id, log)
+				}()
+			}
 			return true
 		}
 		to, err := session.Next(s.State, session.Metering, session.SpendCap)
@@ -313,6 +323,29 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time
 		return true
 	}
 	return false
+}
+
+// startWait answers whether no wait for session id's snapshot is running, and marks one as
+// running if so.
+func (e *Enforcer) startWait(project, id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	k := project + "/" + id
+	if e.waiting[k] {
+		return false
+	}
+	if e.waiting == nil {
+		e.waiting = map[string]bool{}
+	}
+	e.waiting[k] = true
+	return true
+}
+
+// endWait marks the wait for session id's snapshot as over.
+func (e *Enforcer) endWait(project, id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.waiting, project+"/"+id)
 }
 
 // snapshotWait bounds how long a spend-cap stop waits for a session's snapshot to end: far

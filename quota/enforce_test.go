@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -717,5 +719,48 @@ func TestProjectUncapRacesNoAccrual(t *testing.T) {
 	}
 	if scope, soft, err := accounts.CapState(ctx, project, "", t0); err != nil || scope != "" || soft {
 		t.Fatalf("under a cap of 1000 with 224 µUSD spent: stopped by %q, soft %v (%v); want neither", scope, soft, err)
+	}
+}
+
+// snapshotWaits counts the goroutines waiting for a session's snapshot to end.
+func snapshotWaits() int {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	return strings.Count(b.String(), "quota.(*Enforcer).stopAfterSnapshot(")
+}
+
+// A cap's stop waits once for a session's snapshot to end, however many passes find it
+// snapshotting: each pass (and each later round) started another wait, a goroutine polling
+// Redis every 100 ms for up to ten minutes.
+func TestEnforcerWaitsOnceForASnapshot(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	hook := &failScripts{}
+	rdb.AddHook(hook)
+	st := store.New(rdb)
+	const project = "proj_snapwait"
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	snap := newSession(t, st, project, nil, append(up, store.Change{From: session.Running, To: session.Snapshotting, Driver: session.Caller})...)
+	newSession(t, st, project, nil, up...) // its stop fails: every pass runs
+	before := snapshotWaits()
+	e := &Enforcer{Store: st, Stopper: &recordingStopper{}}
+	hook.on.Store(true)
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(time.Now())})
+	hook.on.Store(false)
+	if n := snapshotWaits() - before; n != 1 {
+		t.Errorf("%d waits for the snapshotting session after the cap's passes, want 1", n)
+	}
+	// The snapshot ends: the wait stops the session, and ends.
+	if _, err := st.Transition(ctx, store.Change{Project: project, ID: snap, From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); snapshotWaits() > before; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waits left 10 s after the snapshot ended", snapshotWaits()-before)
+		}
+	}
+	if s, err := st.Get(ctx, project, snap); err != nil || s.State != session.Stopping {
+		t.Errorf("the session is %s (%v) after its snapshot, want stopping", s.State, err)
 	}
 }
