@@ -3,9 +3,12 @@ package quota
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -691,5 +694,83 @@ func TestCapActsThoughTheSettleIsCut(t *testing.T) {
 	}
 	if cut > 0 {
 		t.Errorf("%d of %d cap events were decided under the settle's ended context", cut, fired)
+	}
+}
+
+// awayFor fails every command naming a key that ends in suffix, once armed, as a partitioned
+// Redis does: after a dial's wait, with a dial's error. It counts them.
+type awayFor struct {
+	suffix string
+	wait   time.Duration
+	armed  atomic.Bool
+	calls  atomic.Int64
+}
+
+func (h *awayFor) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *awayFor) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.armed.Load() && slices.ContainsFunc(cmd.Args(), func(a any) bool { s, ok := a.(string); return ok && strings.HasSuffix(s, h.suffix) }) {
+			h.calls.Add(1)
+			time.Sleep(h.wait)
+			cmd.SetErr(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *awayFor) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// An accrual round ends early when Redis is clearly away (connection errors one after the
+// other), and answers a bounded error: each snapshot's accrual waited for its own dial timeout
+// (and go-redis's retries), so a partition held the settler's loop for snapshots × timeout,
+// and the answer joined an error per snapshot.
+func TestAccrualRoundEndsWhenRedisIsAway(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	const perProject = 20
+	for _, p := range []string{"proj_away1", "proj_away2"} {
+		for i := 0; i < perProject; i++ {
+			id := fmt.Sprintf("snap_%s_%02d", p, i)
+			snap := session.Snapshot{ID: id, Object: "snapshot", State: session.SnapshotReady, SizeBytes: 1 << 30, CreatedAt: *session.At(t0)}
+			if err := st.PutObject(ctx, p, store.KindSnapshot, id, snap); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	hook := &awayFor{suffix: ":snapacc", wait: 20 * time.Millisecond}
+	rdb.AddHook(hook)
+	hook.armed.Store(true)
+	err := NewSettler(rdb, SettlerOptions{}).AccrueSnapshots(ctx, t0.Add(time.Hour))
+	if err == nil {
+		t.Fatal("accrual answered no error while Redis was away")
+	}
+	if n := hook.calls.Load(); n > 5 {
+		t.Errorf("the round sent %d commands to a Redis that was away (of %d snapshots), want it to end after a few", n, 2*perProject)
+	}
+	if lines := strings.Count(err.Error(), "\n") + 1; lines > 10 {
+		t.Errorf("the round answered %d lines of errors, want a few:\n%v", lines, err)
+	}
+	// Redis back, and every accrual of a project failing on its own (unreadable marks): the
+	// round goes on through them, and names a few.
+	hook.armed.Store(false)
+	for i := 0; i < perProject; i++ {
+		if err := rdb.HSet(ctx, store.ProjectKeys("proj_away1").SnapshotAccrual(), fmt.Sprintf("snap_proj_away1_%02d", i), "garbage").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = NewSettler(rdb, SettlerOptions{}).AccrueSnapshots(ctx, t0.Add(time.Hour))
+	if err == nil {
+		t.Fatal("accrual answered no error while every snapshot of proj_away1 failed")
+	}
+	if lines := strings.Count(err.Error(), "\n") + 1; lines > 10 || !strings.Contains(err.Error(), "more") {
+		t.Errorf("the round answered %d lines of errors, want a few and a count of the rest:\n%v", lines, err)
+	}
+	if spend, err := NewAccounts(rdb).Spend(ctx, "proj_away2", "", t0.Add(time.Hour)); err != nil || spend == 0 {
+		t.Errorf("proj_away2 billed %d µUSD (%v) in the round after, want its snapshots' storage", spend, err)
 	}
 }

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,34 +53,108 @@ func (p Prices) SnapshotCost(size, ms int64) int64 {
 // projects with snapshots (store.SnapshotProjects), and drops those it finds with none.
 // Run it periodically (the settler does, every AccrueEvery); each run is idempotent. A
 // snapshot (or project) whose accrual fails is left for the next run, and the others are
-// billed: the error answered joins every failure.
+// billed: the error answered names the first failures and counts the rest. A run that meets
+// Redis away (accrualAwayAfter connection failures in a row) ends there, and leaves the rest
+// to the next run: each accrual would wait for its own dial timeout.
 func (s *Settler) AccrueSnapshots(ctx context.Context, now time.Time) error {
 	projects, err := s.store.SnapshotProjects(ctx)
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var r accrualRound
 	for _, p := range projects {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		errs = append(errs, s.accrueProject(ctx, p, now)...)
+		if !s.accrueProject(ctx, p, now, &r) {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return r.err()
+}
+
+// accrualErrsKept bounds the failures one accrual run answers in full; the rest are counted.
+const accrualErrsKept = 5
+
+// accrualAwayAfter is how many connection failures in a row end an accrual run: Redis is
+// away (a partition, a failover), and the snapshots left would each wait for their timeout.
+const accrualAwayAfter = 3
+
+// accrualRound is an accrual run's failures: the first few, how many more, and how many
+// connection failures came last in a row.
+type accrualRound struct {
+	errs    []error
+	more    int
+	inARow  int
+	endedAt string // the project where the run ended, Redis away
+}
+
+// failed records err, answering whether the run goes on.
+func (r *accrualRound) failed(err error) bool {
+	if len(r.errs) < accrualErrsKept {
+		r.errs = append(r.errs, err)
+	} else {
+		r.more++
+	}
+	if !redisAway(err) {
+		r.inARow = 0
+		return true
+	}
+	r.inARow++
+	return r.inARow < accrualAwayAfter
+}
+
+// ok records an accrual (or listing) that Redis answered.
+func (r *accrualRound) ok() { r.inARow = 0 }
+
+func (r *accrualRound) err() error {
+	errs := r.errs
+	if r.more > 0 {
+		errs = append(errs, fmt.Errorf("and %d more failures", r.more))
+	}
+	if r.endedAt != "" {
+		errs = append(errs, fmt.Errorf("accrual ended at project %s after %d connection failures in a row: Redis is away; the next run bills the rest", r.endedAt, accrualAwayAfter))
 	}
 	return errors.Join(errs...)
 }
 
-// accrueProject is AccrueSnapshots for one project; it answers each failure.
-func (s *Settler) accrueProject(ctx context.Context, p string, now time.Time) []error {
-	var errs []error
+// redisAway answers whether err says Redis could not be reached (rather than answering with
+// an error of its own).
+func redisAway(err error) bool {
+	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// accrueProject is AccrueSnapshots for one project, recording each failure in r; it answers
+// whether the run goes on (false: Redis is away).
+func (s *Settler) accrueProject(ctx context.Context, p string, now time.Time, r *accrualRound) bool {
+	fail := func(err error) bool {
+		if r.failed(err) {
+			return true
+		}
+		r.endedAt = p
+		return false
+	}
 	cursor := ""
 	for first := true; ; first = false {
 		items, next, err := s.store.ListObjects(ctx, p, store.KindSnapshot, 100, cursor)
 		if err != nil {
-			return append(errs, fmt.Errorf("accrue snapshots of %s: %w", p, err))
+			return fail(fmt.Errorf("accrue snapshots of %s: %w", p, err))
 		}
+		r.ok()
 		if first && len(items) == 0 {
-			if err := s.store.ForgetSnapshotProject(ctx, p); err != nil {
-				errs = append(errs, fmt.Errorf("accrue snapshots of %s: %w", p, err))
+			if err := s.store.ForgetSnapshotProject(ctx, p); err != nil && !fail(fmt.Errorf("accrue snapshots of %s: %w", p, err)) {
+				return false
 			}
 		}
 		for _, raw := range items {
@@ -90,12 +167,19 @@ func (s *Settler) accrueProject(ctx context.Context, p string, now time.Time) []
 			if json.Unmarshal(raw, &snap) != nil || snap.State != "ready" {
 				continue
 			}
-			if err := s.accrue(ctx, p, snap.ID, snap.SizeBytes, snap.CreatedAt, now); err != nil {
-				errs = append(errs, fmt.Errorf("project %s: %w", p, err))
+			if ctx.Err() != nil {
+				return false
 			}
+			if err := s.accrue(ctx, p, snap.ID, snap.SizeBytes, snap.CreatedAt, now); err != nil {
+				if !fail(fmt.Errorf("project %s: %w", p, err)) {
+					return false
+				}
+				continue
+			}
+			r.ok()
 		}
 		if next == "" {
-			return errs
+			return true
 		}
 		cursor = next
 	}
