@@ -25,19 +25,31 @@ const DefaultReplayWindow = 7 * 24 * time.Hour
 // recent incident, while the hash stops growing by a field an hour per end user.
 const spendHoursKept = 48 * time.Hour
 
+// spendDaysKept is how long the spend hash keeps its daily fields. No code reads them either
+// (see spendHoursKept); they are kept as long as one usage report can span (MaxReportHours),
+// for an operator comparing a report with them, while the hash stops growing by a field a
+// day per end user.
+const spendDaysKept = MaxReportHours * time.Hour
+
+// indexedVersion is the value of the project's Indexed flag once its seq entries and its
+// hourly and daily spend fields written before their indexes existed are indexed: a flag
+// of before (1, without the daily fields) has the project indexed again.
+const indexedVersion = "2"
+
 // pruneBatch bounds the entries one prune script drops from each index.
 const pruneBatch = 1000
 
 // pruneScript drops, from the seq hash, the sessions last settled before the seq cutoff, and
-// from the spend hash the hourly fields of hours before the hours cutoff, a batch of each
-// (the indexes name them: settleScript). It answers how many of each it dropped, and
-// whether the project's older entries are indexed (indexBefore), or there are none.
+// from the spend hash the hourly fields of hours before the hours cutoff and the daily fields
+// of days before the days cutoff, a batch of each (the indexes name them: settleScript). It
+// answers how many of each it dropped, and whether the project's older entries are indexed
+// (indexBefore), or there are none.
 //
-// KEYS: seq hash, seq index, spend hash, hours index, indexed flag. ARGV: seq cutoff ms,
-// hours cutoff ms, batch.
+// KEYS: seq hash, seq index, spend hash, hours index, indexed flag, days index. ARGV: seq
+// cutoff ms, hours cutoff ms, batch, days cutoff ms, indexed flag's version.
 var pruneScript = redis.NewScript(`
 local out = {}
-for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}}) do
+for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}, {KEYS[3], KEYS[6], ARGV[4]}}) do
   local names = redis.call('ZRANGEBYSCORE', k[2], '-inf', '(' .. k[3], 'LIMIT', 0, ARGV[3])
   if #names > 0 then
     redis.call('HDEL', k[1], unpack(names))
@@ -45,18 +57,19 @@ for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}}) d
   end
   out[i] = #names
 end
-if redis.call('EXISTS', KEYS[5]) == 1 or redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then out[3] = 1 else out[3] = 0 end
+if redis.call('GET', KEYS[5]) == ARGV[5] or redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then out[4] = 1 else out[4] = 0 end
 return out
 `)
 
 // prune drops what no reader needs any more from the projects' seq hashes (sessions settled
 // longer than the replay window ago) and spend hashes (hourly fields older than
-// spendHoursKept): a round trip per sweepBatch projects, and another for a project with more
+// spendHoursKept, daily ones older than spendDaysKept): a round trip per sweepBatch projects, and another for a project with more
 // than a batch to drop. The sweep calls it only for projects whose streams it found with
 // nothing unsettled: a record there could be a replay of one settled long ago.
 func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) error {
 	const sweepBatch = 500
 	seqCutoff, hoursCutoff := now.Add(-s.replayWindow).UnixMilli(), now.Add(-spendHoursKept).UnixMilli()
+	daysCutoff := now.Add(-spendDaysKept).UnixMilli()
 	loaded := false
 	for len(projects) > 0 {
 		part := projects[:min(sweepBatch, len(projects))]
@@ -65,8 +78,8 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, project := range part {
 				k := store.ProjectKeys(project)
-				cmds[i] = pruneScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.UsageSeqAt(), k.Spend(), k.SpendHours(), k.Indexed()},
-					seqCutoff, hoursCutoff, pruneBatch)
+				cmds[i] = pruneScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.UsageSeqAt(), k.Spend(), k.SpendHours(), k.Indexed(), k.SpendDays()},
+					seqCutoff, hoursCutoff, pruneBatch, daysCutoff, indexedVersion)
 			}
 			return nil
 		})
@@ -87,15 +100,15 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 			if err != nil {
 				return fmt.Errorf("prune %s: %w", part[i], err)
 			}
-			if len(n) != 3 {
+			if len(n) != 4 {
 				return fmt.Errorf("prune %s: answered %v", part[i], n)
 			}
-			if n[2] == 0 {
+			if n[3] == 0 {
 				if err := s.indexBefore(ctx, part[i], now); err != nil {
 					return err
 				}
 			}
-			if n[0] == pruneBatch || n[1] == pruneBatch || n[2] == 0 {
+			if n[0] == pruneBatch || n[1] == pruneBatch || n[2] == pruneBatch || n[3] == 0 {
 				projects = append(projects, part[i]) // more to drop: again, in a later batch
 			}
 		}
@@ -103,10 +116,10 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 	return nil
 }
 
-// indexBefore indexes, once, a project's seq entries and hourly spend fields written before
-// their indexes existed, so that they are pruned too: the seq entries as settled now (when
-// they were is not known), the hourly fields by the hour they name. HSCAN, a batch at a
-// time, then the project's flag.
+// indexBefore indexes, once, a project's seq entries and hourly and daily spend fields
+// written before their indexes existed, so that they are pruned too: the seq entries as
+// settled now (when they were is not known), the hourly fields by the hour they name, the
+// daily ones by the day. HSCAN, a batch at a time, then the project's flag.
 func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time) error {
 	k := store.ProjectKeys(project)
 	for _, h := range []struct {
@@ -115,6 +128,7 @@ func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time
 	}{
 		{k.UsageSeq(), k.UsageSeqAt(), func(string) (int64, bool) { return now.UnixMilli(), true }},
 		{k.Spend(), k.SpendHours(), hourOfSpendField},
+		{k.Spend(), k.SpendDays(), dayOfSpendField},
 	} {
 		var cursor uint64
 		for {
@@ -139,7 +153,7 @@ func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time
 			cursor = next
 		}
 	}
-	if err := s.rdb.Set(ctx, k.Indexed(), "1", 0).Err(); err != nil {
+	if err := s.rdb.Set(ctx, k.Indexed(), indexedVersion, 0).Err(); err != nil {
 		return fmt.Errorf("index %s: %w", project, err)
 	}
 	return nil
@@ -147,15 +161,23 @@ func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time
 
 // hourOfSpendField answers the start (ms) of the hour an hourly spend field names: h:HOUR or
 // eu:END_USER:h:HOUR, HOUR as YYYYMMDDHH.
-func hourOfSpendField(f string) (int64, bool) {
-	const hourLen = len("2006010215")
-	n := len(f)
-	hourly := (n == len("h:")+hourLen && strings.HasPrefix(f, "h:")) ||
-		(n > len("eu:")+len(":h:")+hourLen && strings.HasPrefix(f, "eu:") && f[n-hourLen-len(":h:"):n-hourLen] == ":h:")
-	if !hourly {
+func hourOfSpendField(f string) (int64, bool) { return timeOfSpendField(f, "h", "2006010215") }
+
+// dayOfSpendField answers the start (ms) of the day a daily spend field names: d:DAY or
+// eu:END_USER:d:DAY, DAY as YYYYMMDD.
+func dayOfSpendField(f string) (int64, bool) { return timeOfSpendField(f, "d", "20060102") }
+
+// timeOfSpendField answers the time (ms) a spend field of kind (h, d) names, in layout: KIND:T
+// or eu:END_USER:KIND:T.
+func timeOfSpendField(f, kind, layout string) (int64, bool) {
+	tLen, n := len(layout), len(f)
+	pre, mid := kind+":", ":"+kind+":"
+	ok := (n == len(pre)+tLen && strings.HasPrefix(f, pre)) ||
+		(n > len("eu:")+len(mid)+tLen && strings.HasPrefix(f, "eu:") && f[n-tLen-len(mid):n-tLen] == mid)
+	if !ok {
 		return 0, false
 	}
-	t, err := time.Parse("2006010215", f[n-hourLen:])
+	t, err := time.Parse(layout, f[n-tLen:])
 	if err != nil {
 		return 0, false
 	}

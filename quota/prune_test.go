@@ -150,3 +150,78 @@ func TestHourOfSpendField(t *testing.T) {
 		}
 	}
 }
+
+// The full sweep drops the spend hash's daily fields once they are older than a usage report
+// can span (no code reads them; an operator may compare a report with them), the project's
+// and each end user's, those written before they were indexed included; the month's stay.
+// They were never dropped: a field a day per end user, for ever.
+func TestSweepPrunesSpendDays(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	const project = "proj_days"
+	if _, err := st.EnsureProject(ctx, project, project); err != nil {
+		t.Fatal(err)
+	}
+	k := store.ProjectKeys(project)
+	// What settlers before the daily index left: a day of spend long ago, and the project's
+	// older entries indexed (the flag of the hourly index).
+	if err := rdb.HSet(ctx, k.Spend(), "d:20260101", 7000, "eu:eu_9:d:20260101", 7000, "m:202601", 7000, "eu:eu_9:m:202601", 7000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, k.Indexed(), "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := NewSettler(rdb, SettlerOptions{Consumer: "c1"})
+	appendAll(t, rdb, records(project, []string{"sess_d"}, 5)) // of end user eu_0, on t0's day
+	for n, err := s.SettleProject(ctx, project); n > 0 || err != nil; n, err = s.SettleProject(ctx, project) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	fields := func() map[string]string {
+		t.Helper()
+		m, err := rdb.HGetAll(ctx, k.Spend()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	day := t0.Format("20060102")
+	check := func(when string, kept, dropped []string) {
+		t.Helper()
+		m := fields()
+		for _, f := range kept {
+			if _, ok := m[f]; !ok {
+				t.Errorf("%s: spend field %s pruned, want it kept", when, f)
+			}
+		}
+		for _, f := range dropped {
+			if _, ok := m[f]; ok {
+				t.Errorf("%s: spend field %s kept, want it pruned", when, f)
+			}
+		}
+	}
+	months := []string{"m:202601", "eu:eu_9:m:202601", "m:" + monthOf(t0), "eu:eu_0:m:" + monthOf(t0)}
+	s.now = func() time.Time { return t0.Add(10 * 24 * time.Hour) }
+	s.sweep(ctx)
+	check("10 days after", append([]string{"d:" + day, "eu:eu_0:d:" + day}, months...), []string{"d:20260101", "eu:eu_9:d:20260101"})
+	s.now = func() time.Time { return t0.Add(94 * 24 * time.Hour) }
+	s.sweep(ctx)
+	check("94 days after", months, []string{"d:" + day, "eu:eu_0:d:" + day})
+}
+
+// dayOfSpendField knows the daily fields of the spend hash from the others.
+func TestDayOfSpendField(t *testing.T) {
+	day := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC).UnixMilli()
+	for f, want := range map[string]bool{
+		"d:20261130": true, "eu:eu_1:d:20261130": true, "eu:a:d:b:d:20261130": true,
+		"m:202611": false, "h:2026113010": false, "eu:eu_1:h:2026113010": false, "eu:h:20261130": false,
+		"d:2026113010": false, "eu:d:20261130": false, "d:2026113x": false,
+	} {
+		ms, ok := dayOfSpendField(f)
+		if ok != want || (ok && ms != day) {
+			t.Errorf("%s: %d %v, want daily %v", f, ms, ok, want)
+		}
+	}
+}

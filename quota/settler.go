@@ -24,12 +24,13 @@ import (
 // A desktop's session is labelled in the bucket with its desktop (the session hash's desk),
 // so the report names the desktop after the session itself has expired.
 //
-// The seq hash's entries and the spend hash's hourly fields are indexed by time (the seq
-// index, the hours index) so that pruneScript drops them when nothing needs them any more.
+// The seq hash's entries and the spend hash's hourly and daily fields are indexed by time
+// (the seq index, the hours and days indexes) so that pruneScript drops them when nothing
+// needs them any more.
 //
-// KEYS: seq hash, spend hash, hour bucket, session hash, seq index, hours index
+// KEYS: seq hash, spend hash, hour bucket, session hash, seq index, hours index, days index
 // ARGV: session, min seq, end user, session_ms, paused_ms, cpu_ms, mem_gib_ms, egress,
-// cost nano, hour, day, month, max seq, now ms, hour's start ms
+// cost nano, hour, day, month, max seq, now ms, hour's start ms, day's start ms
 var settleScript = redis.NewScript(`
 local sid, eu = ARGV[1], ARGV[3]
 local last = tonumber(redis.call('HGET', KEYS[1], sid) or '0')
@@ -44,12 +45,14 @@ local m = redis.call('HINCRBY', KEYS[2], 'm:' .. ARGV[12], cost)
 redis.call('HINCRBY', KEYS[2], 'd:' .. ARGV[11], cost)
 redis.call('HINCRBY', KEYS[2], 'h:' .. ARGV[10], cost)
 redis.call('ZADD', KEYS[6], ARGV[15], 'h:' .. ARGV[10])
+redis.call('ZADD', KEYS[7], ARGV[16], 'd:' .. ARGV[11])
 local em = 0
 if eu ~= '' then
   em = redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':m:' .. ARGV[12], cost)
   redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':d:' .. ARGV[11], cost)
   redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':h:' .. ARGV[10], cost)
   redis.call('ZADD', KEYS[6], ARGV[15], 'eu:' .. eu .. ':h:' .. ARGV[10])
+  redis.call('ZADD', KEYS[7], ARGV[16], 'eu:' .. eu .. ':d:' .. ARGV[11])
 end
 for i = 1, 6 do
   redis.call('HINCRBY', KEYS[3], 's:' .. sid .. ':' .. names[i], vals[i])
@@ -75,6 +78,12 @@ return 0
 `)
 
 func monthOf(t time.Time) string { return t.UTC().Format("200601") }
+
+// dayStart is the start of t's day, UTC (the day of a daily spend field).
+func dayStart(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+}
 
 // settlerGroup is the consumer group of settlers on every usage stream, and on the usage
 // signals.
@@ -525,10 +534,10 @@ func (s *Settler) applyWave(ctx context.Context, project string, runs []*run) er
 		for i, r := range runs {
 			at := time.UnixMilli(r.last.ToMs).UTC()
 			cmds[i] = settleScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.Spend(), k.UsageHour(at), k.SessionHash(r.first.SessionID),
-				k.UsageSeqAt(), k.SpendHours()},
+				k.UsageSeqAt(), k.SpendHours(), k.SpendDays()},
 				r.first.SessionID, r.first.Seq, r.first.EndUserID, r.sum.SessionMs, r.sum.PausedMs, r.sum.CPUMs, r.sum.MemGiBMs,
 				r.sum.EgressBytes, r.costNano, at.Format("2006010215"), at.Format("20060102"), monthOf(at), r.last.Seq,
-				now, at.Truncate(time.Hour).UnixMilli())
+				now, at.Truncate(time.Hour).UnixMilli(), dayStart(at).UnixMilli())
 		}
 		return nil
 	})
