@@ -255,7 +255,7 @@ func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, createdBy time.Ti
 		}
 		left := 0
 		for _, id := range ids {
-			if !e.stopOne(ctx, ev, createdBy, id, log) {
+			if !e.stopOne(ctx, ev, createdBy, id, false, log) {
 				left++
 			}
 		}
@@ -269,8 +269,9 @@ func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, createdBy time.Ti
 
 // stopOne stops one session of the scope, retrying when its state moved under it (a pending
 // session placed meanwhile is stopped as a starting one). It answers false when the session
-// may be left live in scope: its stop failed.
-func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time, id string, log *slog.Logger) bool {
+// may be left live in scope: its stop failed, or, called by the wait for its snapshot
+// (inWait), it is taking another snapshot, which that wait waits for in turn.
+func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time, id string, inWait bool, log *slog.Logger) bool {
 	for attempt := 0; attempt < 5; attempt++ {
 		s, err := e.Store.Get(ctx, ev.Project, id)
 		if errors.Is(err, store.ErrNotFound) {
@@ -290,6 +291,9 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time
 			return true
 		}
 		if s.State == session.Snapshotting {
+			if inWait {
+				return false
+			}
 			// No transition leaves snapshotting but the caller's own (back to running, or
 			// failed with the host): wait for it in the background, not in the settler's loop;
 			// once, however many passes (and rounds) find it snapshotting meanwhile.
@@ -373,7 +377,7 @@ func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, createdBy
 			}
 			continue // Redis away for a moment: ask again
 		}
-		if s.State != session.Snapshotting && e.stopOne(ctx, ev, createdBy, id, log) {
+		if s.State != session.Snapshotting && e.stopOne(ctx, ev, createdBy, id, true, log) {
 			return
 		}
 	}
