@@ -141,10 +141,11 @@ func TestNodeRefusalThroughClient(t *testing.T) {
 	// The session is placed and started by the fake node; its registration then points the
 	// client at the stub.
 	s := e.running(map[string]any{"tier": 2})
-	e.node.Info.Addr = srv.URL
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := e.node.Heartbeat(ctx); err != nil {
+	// Not the field itself: the env's heartbeat, every second, could write the old address
+	// after this one (a loaded run's PATCH went to "127.0.0.1:0").
+	if err := e.node.SetAddr(ctx, srv.URL); err != nil {
 		t.Fatal(err)
 	}
 

@@ -27,6 +27,7 @@ type Node struct {
 	// MemorySnapshots: whether snapshots can include memory.
 	MemorySnapshots bool
 
+	beat          sync.Mutex // one heartbeat at a time: a change's beat lands after any begun before
 	mu            sync.Mutex
 	retimeErr     error             // what Retime answers (nil: it applies the timers)
 	timers        map[string]Timers // session → the timers the node enforces
@@ -49,6 +50,8 @@ func New(ctx context.Context, st *store.Store, dir string) (*Node, error) {
 
 // Heartbeat refreshes the node's registration.
 func (n *Node) Heartbeat(ctx context.Context) error {
+	n.beat.Lock()
+	defer n.beat.Unlock()
 	n.mu.Lock()
 	info := n.Info
 	n.mu.Unlock()
@@ -60,6 +63,15 @@ func (n *Node) Heartbeat(ctx context.Context) error {
 func (n *Node) SetCapacity(ctx context.Context, vcpu int) error {
 	n.mu.Lock()
 	n.Info.VCPU = vcpu
+	n.mu.Unlock()
+	return n.Heartbeat(ctx)
+}
+
+// SetAddr changes the address the node registers and heartbeats, while other goroutines
+// may heartbeat: a beat begun before with the old address lands before this one.
+func (n *Node) SetAddr(ctx context.Context, addr string) error {
+	n.mu.Lock()
+	n.Info.Addr = addr
 	n.mu.Unlock()
 	return n.Heartbeat(ctx)
 }
