@@ -439,7 +439,9 @@ func TestOpenLoop(t *testing.T) {
 	if creates.Load() != 100 {
 		t.Errorf("%d creates; want 100", creates.Load())
 	}
-	if d := dials.Load(); d > 10 {
+	// Without keep-alive, one a create. With it, as many as creates in flight at once: a
+	// loaded machine (load 10–15) had 18 open for 100.
+	if d := dials.Load(); d > 50 {
 		t.Errorf("%d connections for 100 creates 2 ms apart: want them kept alive", d)
 	}
 
