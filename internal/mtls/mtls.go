@@ -1,0 +1,180 @@
+// Package mtls serves and dials mutual TLS between the members of a wb fleet (xDS, ext_authz,
+// the nodes' listeners) from PEM files that are read again when they change, so that
+// certificates rotated in place, as cert-manager or a Vault agent does, need no restart.
+package mtls
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// Files are one member's certificate and key, and the CA it trusts (PEM files), with the
+// names of the flags that gave them, which errors and logs use.
+type Files struct {
+	Cert, Key, CA             string
+	CertFlag, KeyFlag, CAFlag string
+}
+
+// Any says whether any file is given.
+func (f Files) Any() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
+
+func (f Files) check() error {
+	if f.Cert == "" || f.Key == "" || f.CA == "" {
+		return fmt.Errorf("%s, %s and %s go together: give all three or none", f.CertFlag, f.KeyFlag, f.CAFlag)
+	}
+	return nil
+}
+
+// Server answers a server configuration that requires every client to present a
+// certificate the CA signed, and serves the certificate; nextProtos are the ALPN protocols
+// it offers ("h2" for gRPC, "http/1.1" for an HTTP/1 listener). The files are read again at
+// a handshake when they changed since (their times and sizes): a change that does not load
+// (a key written before its certificate, a broken file) keeps the last good ones, with a
+// warning.
+func Server(f Files, nextProtos []string, log *slog.Logger) (*tls.Config, error) {
+	r, err := newReloading(f, log, func(cert tls.Certificate, pool *x509.CertPool) *tls.Config {
+		return &tls.Config{
+			MinVersion:   tls.VersionTLS12,
+			Certificates: []tls.Certificate{cert},
+			ClientCAs:    pool,
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			NextProtos:   nextProtos, // the handshake uses this configuration's
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return r.current(), nil
+	}}, nil
+}
+
+// Dialer dials servers of the fleet over TLS: it presents the certificate and verifies the
+// server's against the CA and the host dialled (an IP address needs an IP SAN).
+type Dialer struct {
+	r      *reloading
+	dialer net.Dialer
+}
+
+// NewDialer reads the files, as Server does; the files are read again at a dial when they
+// changed since.
+func NewDialer(f Files, log *slog.Logger) (*Dialer, error) {
+	r, err := newReloading(f, log, func(cert tls.Certificate, pool *x509.CertPool) *tls.Config {
+		return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Dialer{r: r, dialer: net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}}, nil
+}
+
+// DialTLSContext connects to addr (host:port) and completes the handshake; it fits
+// http.Transport.DialTLSContext.
+func (d *Dialer) DialTLSContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := d.dialer.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	cfg := d.r.current().Clone()
+	cfg.ServerName = host
+	conn := tls.Client(raw, cfg)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// reloading holds the configuration its files make, and makes it again when they change.
+type reloading struct {
+	files Files
+	log   *slog.Logger
+	build func(tls.Certificate, *x509.CertPool) *tls.Config
+
+	mu     sync.Mutex
+	cfg    *tls.Config
+	loaded string // stamp of the files cfg was read from
+}
+
+func newReloading(f Files, log *slog.Logger, build func(tls.Certificate, *x509.CertPool) *tls.Config) (*reloading, error) {
+	if err := f.check(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &reloading{files: f, log: log, build: build}
+	stamp := r.stamp()
+	cfg, err := r.load()
+	if err != nil {
+		return nil, err
+	}
+	r.cfg, r.loaded = cfg, stamp
+	return r, nil
+}
+
+// current answers the last good configuration, read again first if a file changed since.
+func (r *reloading) current() *tls.Config {
+	stamp := r.stamp()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if stamp != r.loaded {
+		cfg, err := r.load()
+		if err != nil {
+			r.log.Warn("the TLS files of "+r.files.CertFlag+" changed but do not load; using the ones loaded before", "err", err)
+		} else {
+			r.cfg = cfg
+			r.log.Info("the TLS files of "+r.files.CertFlag+" loaded again", "cert", r.files.Cert)
+		}
+		// Either way not read again until they change again: a half-written pair is
+		// completed by the next write, which changes the stamp.
+		r.loaded = stamp
+	}
+	return r.cfg
+}
+
+// stamp names the files' state: each one's size and modification time ("-" for one that
+// cannot be read).
+func (r *reloading) stamp() string {
+	var s string
+	for _, f := range []string{r.files.Cert, r.files.Key, r.files.CA} {
+		fi, err := os.Stat(f)
+		if err != nil {
+			s += "-;"
+			continue
+		}
+		s += fmt.Sprintf("%d@%s;", fi.Size(), fi.ModTime().Format(time.RFC3339Nano))
+	}
+	return s
+}
+
+func (r *reloading) load() (*tls.Config, error) {
+	f := r.files
+	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return nil, fmt.Errorf("%s and %s: %w", f.CertFlag, f.KeyFlag, err)
+	}
+	pem, err := os.ReadFile(f.CA)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.CAFlag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s: %w", f.CAFlag, f.CA, errNoPEM)
+	}
+	return r.build(cert, pool), nil
+}
+
+var errNoPEM = errors.New("no PEM certificate in it")

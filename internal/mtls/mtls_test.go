@@ -1,0 +1,93 @@
+package mtls
+
+import (
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"wb/internal/mtls/mtlstest"
+)
+
+// serveHTTP serves "ok" over Server's TLS of p's member certificate on loopback, and answers
+// its address.
+func serveHTTP(t *testing.T, p mtlstest.PKI) string {
+	t.Helper()
+	cfg, err := Server(Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}, []string{"http/1.1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })}
+	go func() { _ = srv.Serve(tls.NewListener(ln, cfg)) }()
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// get fetches https://addr/ with dialer's TLS.
+func get(addr string, d *Dialer) (string, error) {
+	hc := &http.Client{Transport: &http.Transport{DialTLSContext: d.DialTLSContext}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("https://" + addr + "/")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// TestDialer: a Dialer with a certificate of the server's CA is served; one whose certificate
+// another CA signed is refused by the server, and one that trusts another CA refuses the
+// server.
+func TestDialer(t *testing.T) {
+	p, other := mtlstest.New(t), mtlstest.New(t)
+	addr := serveHTTP(t, p)
+	dialer := func(cert, key, ca string) *Dialer {
+		d, err := NewDialer(Files{Cert: cert, Key: key, CA: ca}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if body, err := get(addr, dialer(p.ClientCert, p.ClientKey, p.CAFile)); err != nil || body != "ok" {
+		t.Fatalf("a client of the CA: %q, %v; want ok", body, err)
+	}
+	if body, err := get(addr, dialer(p.OtherCert, p.OtherKey, p.CAFile)); err == nil {
+		t.Errorf("a client certificate of another CA: %q, want refused", body)
+	}
+	if body, err := get(addr, dialer(other.ClientCert, other.ClientKey, other.CAFile)); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("a client that trusts another CA: %q, %v; want the server's certificate refused", body, err)
+	}
+	resp, err := http.Get("http://" + addr + "/")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Errorf("plaintext: %d, want refused", resp.StatusCode)
+		}
+	}
+}
+
+// TestFilesErrors: incomplete or broken files are refused, naming the flags.
+func TestFilesErrors(t *testing.T) {
+	p := mtlstest.New(t)
+	names := Files{CertFlag: "--a-cert", KeyFlag: "--a-key", CAFlag: "--a-ca"}
+	for _, c := range []struct {
+		cert, key, ca, want string
+	}{
+		{p.Cert, p.Key, "", "--a-cert, --a-key and --a-ca go together"},
+		{p.Cert, p.CAFile, p.CAFile, "--a-cert and --a-key"},
+		{p.Cert, p.Key, p.Key, "--a-ca " + p.Key + ": no PEM certificate"},
+	} {
+		f := names
+		f.Cert, f.Key, f.CA = c.cert, c.key, c.ca
+		if _, err := NewDialer(f, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewDialer(%q, %q, %q) = %v, want an error with %q", c.cert, c.key, c.ca, err, c.want)
+		}
+	}
+}
