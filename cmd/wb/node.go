@@ -223,6 +223,8 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&f.id, "id", hostnameOr("node_1"), "node `id`")
 	fs.StringVar(&f.region, "region", "local", "`region` this node serves")
 	fs.StringVar(&f.zone, "zone", "local-a", "`zone` of this node")
+	var fleetTLS fleetTLSFlags
+	fleetTLS.register(fs, "Serves --addr (the node API and the edge's exec, PTY and files) over TLS only, to clients whose certificate --fleet-tls-ca signed: the Envoys (wb serve --envoy-tls-*) and the gateways (wb serve --fleet-tls-*); --advertise is then https://IP:PORT, and the certificate must name that IP")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: wb node --redis URL --token-file FILE [flags]\n\nRuns guests for the control plane: registers in Redis, keeps warm pools, enforces\ntimers (even while Redis is away), and serves exec, PTY and files.\n\nFlags:\n")
 		fs.PrintDefaults()
@@ -242,6 +244,14 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if *redisURL == "" {
 		fs.Usage()
 		return errors.New("wb node needs --redis")
+	}
+	if fleetTLS.enabled() {
+		if err := fleetTLS.files().Check(); err != nil {
+			return err
+		}
+	}
+	if fleetTLS.enabled() && *advertise != "" && !strings.HasPrefix(*advertise, "https://") {
+		return fmt.Errorf("--advertise %s: with --fleet-tls-* the node serves https only; advertise https://IP:PORT", *advertise)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -264,8 +274,14 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
 	}
+	servedLn, scheme, err := nodeListener(ln, fleetTLS, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	ln = servedLn
 	if *advertise == "" {
-		*advertise = "http://" + ln.Addr().String()
+		*advertise = scheme + "://" + ln.Addr().String()
 	}
 	st := store.New(rdb, store.WithTiers(f.coldP95.tiers()))
 	nd, _, err := buildNode(ctx, f, st, *advertise, log)

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,6 +26,8 @@ import (
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/edgeauth"
+	"wb/internal/mtls"
+	"wb/internal/mtls/mtlstest"
 	"wb/internal/netguard"
 	"wb/internal/redistest"
 	"wb/node"
@@ -51,9 +55,20 @@ type edgeNode struct {
 	url    string
 	token  string
 	signer *edgeauth.Signer
+	// hc calls the listener as the edge does; nodes as the gateways do.
+	hc    *http.Client
+	nodes *nodeclient.Client
 }
 
 func startEdgeNode(t *testing.T) *edgeNode {
+	t.Helper()
+	return startEdgeNodeTLS(t, fleetTLSFlags{}, nil, nil)
+}
+
+// startEdgeNodeTLS is startEdgeNode with the node's listener served as `wb node
+// --fleet-tls-*` serves it; edge is the Envoys' TLS (nil: plaintext), nodeOpts the
+// gateways' client.
+func startEdgeNodeTLS(t *testing.T, fleet fleetTLSFlags, edge *tls.Config, nodeOpts []nodeclient.Option) *edgeNode {
 	t.Helper()
 	tmp, bin := runcGuestDir(t, "wbe")
 	cat, err := templates.Assemble(filepath.Join(tmp, "templates"))
@@ -84,7 +99,11 @@ func startEdgeNode(t *testing.T) *edgeNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := "http://" + ln.Addr().String()
+	ln, scheme, err := nodeListener(ln, fleet, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := scheme + "://" + ln.Addr().String()
 	tiers := session.DefaultTiers()
 	for i := range tiers {
 		tiers[i].ColdP95 = max(tiers[i].ColdP95, 20*time.Second) // a busy 2-core machine boots slowly
@@ -115,7 +134,12 @@ func startEdgeNode(t *testing.T) *edgeNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &edgeNode{st: st, nd: nd, url: url, token: token, signer: signer}
+	hc := http.DefaultClient
+	if edge != nil {
+		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: edge}}
+		t.Cleanup(hc.CloseIdleConnections)
+	}
+	return &edgeNode{st: st, nd: nd, url: url, token: token, signer: signer, hc: hc, nodes: nodeclient.New(st, token, nodeOpts...)}
 }
 
 // testLog sends log lines to t.Log until the test ends.
@@ -165,7 +189,7 @@ func (e *edgeNode) provision(t *testing.T, project string) *session.Session {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s := e.placed(t, project)
-	if err := nodeclient.New(e.st, e.token).Provision(ctx, e.nd.Info, s); err != nil {
+	if err := e.nodes.Provision(ctx, e.nd.Info, s); err != nil {
 		t.Fatalf("provision through the node token's API: %v", err)
 	}
 	for {
@@ -196,7 +220,7 @@ func (e *edgeNode) call(t *testing.T, method, path string, body []byte, hdr ...s
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := e.hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,4 +447,105 @@ func redisClientOf(t *testing.T, addr string) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// TestNodeFleetTLS: with `wb node --fleet-tls-*`, the node's listener serves only TLS clients
+// whose certificate the fleet's CA signed: an Envoy's runs an exec with an edge grant, and a
+// gateway's (wb serve --fleet-tls-*) provisions and execs with the node token; a plaintext
+// client, one without a certificate and one with another CA's certificate get nothing, even
+// with a valid grant, and a gateway that does not trust the CA does not call the node.
+func TestNodeFleetTLS(t *testing.T) {
+	pki := mtlstest.New(t)
+	gateway, err := mtls.NewDialer(mtls.Files{Cert: pki.Cert, Key: pki.Key, CA: pki.CAFile}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEdgeNodeTLS(t, fleetTLSFlags{cert: pki.Cert, key: pki.Key, ca: pki.CAFile}, pki.ClientConfig(pki.Client),
+		[]nodeclient.Option{nodeclient.WithDialTLS(gateway.DialTLSContext)})
+	if !strings.HasPrefix(e.url, "https://") {
+		t.Fatalf("the node serves %s, want https", e.url)
+	}
+	s := e.provision(t, "proj_fleet_tls") // the gateway's client, over mutual TLS
+	g := e.grant(s, e.nd.Info.ID, time.Minute)
+	auth := edgeauth.HeaderEdgeAuth
+	execPath := "/v1/sessions/" + s.ID + "/exec"
+
+	status, _, body := e.call(t, "POST", execPath, []byte(`{"command":"echo over-mtls"}`), auth, g)
+	var res session.ExecResult
+	if err := json.Unmarshal(body, &res); status != 200 || err != nil || res.Stdout != "over-mtls\n" {
+		t.Fatalf("exec with the Envoy's certificate: %d %s", status, body)
+	}
+
+	// The certificate is sent whatever CAs the server names (Go's client would send none of
+	// another CA).
+	tlsClient := func(certs ...tls.Certificate) *http.Client {
+		cfg := pki.ClientConfig()
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if len(certs) == 0 {
+				return &tls.Certificate{}, nil
+			}
+			return &certs[0], nil
+		}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+	}
+	for _, c := range []struct {
+		name string
+		hc   *http.Client
+		url  string
+	}{
+		{"plaintext", http.DefaultClient, "http://" + strings.TrimPrefix(e.url, "https://")},
+		{"TLS without a client certificate", tlsClient(), e.url},
+		{"a client certificate of another CA", tlsClient(pki.Other), e.url},
+	} {
+		req, _ := http.NewRequest("POST", c.url+execPath, strings.NewReader(`{"command":"touch /tmp/forged"}`))
+		req.Header.Set(auth, g)
+		resp, err := c.hc.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 400 || !strings.Contains(string(b), "HTTPS") {
+				t.Errorf("%s: %d %s, want refused", c.name, resp.StatusCode, b)
+			}
+		}
+	}
+	if status, _, body := e.call(t, "GET", "/v1/sessions/"+s.ID+"/files?path=/tmp/forged", nil, auth, g); status != 404 {
+		t.Fatalf("a refused client reached the guest: GET /tmp/forged %d %s", status, body)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out strings.Builder
+	r, err := e.nodes.Exec(ctx, s, session.ExecRequest{Command: json.RawMessage(`"echo via-node-token"`)}, nil, func(c session.ExecChunk) error {
+		out.WriteString(c.Data)
+		return nil
+	})
+	if err != nil || r.ExitCode != 0 || out.String() != "via-node-token\n" {
+		t.Fatalf("the gateway's exec over mutual TLS: %+v %q %v", r, out.String(), err)
+	}
+	if _, err := nodeclient.New(e.st, e.token).Exec(ctx, s, session.ExecRequest{Command: json.RawMessage(`"true"`)}, nil,
+		func(session.ExecChunk) error { return nil }); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("a gateway without the fleet's TLS: %v, want the node's certificate refused", err)
+	}
+}
+
+// TestNodeFleetTLSFlags: wb node refuses --fleet-tls-* incomplete, or with an http:// --advertise
+// that the gateways and Envoys would call in plaintext, before it starts anything.
+func TestNodeFleetTLSFlags(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("wb_node_x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--fleet-tls-cert", "cert.pem"}, "--fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca go together"},
+		{[]string{"--fleet-tls-cert", "c.pem", "--fleet-tls-key", "k.pem", "--fleet-tls-ca", "ca.pem", "--advertise", "http://10.0.0.1:7070"}, "advertise https://"},
+	} {
+		var out, errb strings.Builder
+		args := append([]string{"node", "--redis", "redis://127.0.0.1:1", "--token-file", token, "--data-dir", t.TempDir()}, c.args...)
+		if err := run(context.Background(), args, &out, &errb); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error with %q", c.args, err, c.want)
+		}
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"wb/hypervisor/templates"
 	"wb/internal/datadir"
 	"wb/internal/fleet"
+	"wb/internal/mtls"
 	"wb/internal/netguard"
 	"wb/node"
 	nodeclient "wb/node/client"
@@ -66,6 +67,9 @@ type serveFlags struct {
 	// nodeTimeout: a node silent for longer is dead, and its sessions fail with host_failure.
 	nodeTimeout time.Duration
 	xds         xdsFlags
+	// fleetTLS is this gateway's certificate inside the fleet: it serves ext_authz with it and
+	// presents it to the nodes.
+	fleetTLS fleetTLSFlags
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -92,6 +96,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.authzAddr, "authz-addr", "", "`host:port` serving ext_authz (gRPC envoy.service.auth.v3.Authorization) to an Envoy fleet, on the operator's network only; recorded in this gateway's registration for xds; empty serves none")
 	fs.DurationVar(&f.nodeTimeout, "node-timeout", defaultNodeTimeout, "how long a node may go without a heartbeat (every 2 s) before it counts as dead and its sessions fail with host_failure, and the edge stops sending it connections (3s–5m)")
 	f.xds.register(fs)
+	f.fleetTLS.register(fs, "This gateway presents it to the `wb node`s registered with https:// URLs (wb node --fleet-tls-*), whose certificates the CA must have signed")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -144,6 +149,14 @@ Flags:
 	}
 	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var nodeOpts []nodeclient.Option
+	if f.fleetTLS.enabled() {
+		d, err := mtls.NewDialer(f.fleetTLS.files(), log)
+		if err != nil {
+			return err
+		}
+		nodeOpts = append(nodeOpts, nodeclient.WithDialTLS(d.DialTLSContext))
+	}
 
 	rdb, closeRedis, err := openRedis(ctx, f.redisURL, f.redisCA, filepath.Join(f.node.dataDir, "redis"))
 	if err != nil {
@@ -226,7 +239,7 @@ Flags:
 	if nodeToken == "" {
 		nodeToken = store.NewAPIKey("wb_node_") // only the embedded node knows it
 	}
-	nodes := nodeclient.New(st, nodeToken)
+	nodes := nodeclient.New(st, nodeToken, nodeOpts...)
 	prices := quota.DefaultPrices()
 	if f.prices != "" {
 		if prices, err = quota.LoadPrices(f.prices); err != nil {

@@ -26,7 +26,8 @@ type Files struct {
 // Any says whether any file is given.
 func (f Files) Any() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
 
-func (f Files) check() error {
+// Check refuses an incomplete set: a flag checks it before anything starts.
+func (f Files) Check() error {
 	if f.Cert == "" || f.Key == "" || f.CA == "" {
 		return fmt.Errorf("%s, %s and %s go together: give all three or none", f.CertFlag, f.KeyFlag, f.CAFlag)
 	}
@@ -109,7 +110,7 @@ type reloading struct {
 }
 
 func newReloading(f Files, log *slog.Logger, build func(tls.Certificate, *x509.CertPool) *tls.Config) (*reloading, error) {
-	if err := f.check(); err != nil {
+	if err := f.Check(); err != nil {
 		return nil, err
 	}
 	if log == nil {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -34,10 +35,23 @@ type Client struct {
 	touched map[string]time.Time // session → last touch sent
 }
 
+// Option configures a Client.
+type Option func(*http.Transport)
+
+// WithDialTLS has the client reach nodes registered with https:// URLs (wb node
+// --fleet-tls-*) through dial, which presents this gateway's certificate and verifies the
+// node's (mtls.Dialer.DialTLSContext).
+func WithDialTLS(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
+	return func(t *http.Transport) { t.DialTLSContext = dial }
+}
+
 // New returns a client of the nodes registered in st.
-func New(st *store.Store, token string) *Client {
-	return &Client{st: st, token: token, addrs: map[string]string{}, touched: map[string]time.Time{},
-		hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 60 * time.Second}}}
+func New(st *store.Store, token string, opts ...Option) *Client {
+	tr := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 60 * time.Second}
+	for _, o := range opts {
+		o(tr)
+	}
+	return &Client{st: st, token: token, addrs: map[string]string{}, touched: map[string]time.Time{}, hc: &http.Client{Transport: tr}}
 }
 
 // addr answers the base URL of a node, reading the registrations again when it is unknown.

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"log/slog"
+	"net"
+
+	"wb/internal/mtls"
+)
+
+// fleetTLSFlags are a member's certificate for mutual TLS inside the fleet (--fleet-tls-*):
+// a `wb node` serves its listener with it, and a gateway its ext_authz and its calls to the
+// nodes. One CA signs the certificates of every member and Envoy.
+type fleetTLSFlags struct {
+	cert, key, ca string
+}
+
+// register adds the flags; serves says what the certificate serves, in this command.
+func (f *fleetTLSFlags) register(fs *flag.FlagSet, serves string) {
+	fs.StringVar(&f.cert, "fleet-tls-cert", "", "PEM `file` of this member's certificate inside the fleet (with --fleet-tls-key and --fleet-tls-ca: mutual TLS). "+serves)
+	fs.StringVar(&f.key, "fleet-tls-key", "", "PEM `file` of the --fleet-tls-cert certificate's private key")
+	fs.StringVar(&f.ca, "fleet-tls-ca", "", "PEM `file` of the fleet's CA: a client must present a certificate it signed (the Envoys', wb serve --envoy-tls-*; the gateways'), and a node's certificate must be one it signed. The three files are read again when they change")
+}
+
+func (f fleetTLSFlags) enabled() bool { return f.files().Any() }
+
+func (f fleetTLSFlags) files() mtls.Files {
+	return mtls.Files{Cert: f.cert, Key: f.key, CA: f.ca, CertFlag: "--fleet-tls-cert", KeyFlag: "--fleet-tls-key", CAFlag: "--fleet-tls-ca"}
+}
+
+// nodeListener wraps ln, a node's listener (the node API and the edge's data path), in mutual
+// TLS when the flags are given, and answers the scheme it serves. Without them, a listener
+// others can reach is served in plaintext, with a warning: whoever reaches it on the fleet's
+// network reads exec traffic and the edge grants in it, and can replay a grant until it
+// expires.
+func nodeListener(ln net.Listener, f fleetTLSFlags, log *slog.Logger) (net.Listener, string, error) {
+	if !f.enabled() {
+		if !isLoopback(ln.Addr()) {
+			log.Warn("the node API and the edge's data path are served in plaintext: whoever reaches --addr reads exec traffic, the node token and the edge grants; give --fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca", "addr", ln.Addr().String())
+		}
+		return ln, "http", nil
+	}
+	// HTTP/1.1 only: the PTY is a WebSocket upgrade, and Envoy's node clusters speak HTTP/1.1.
+	cfg, err := mtls.Server(f.files(), []string{"http/1.1"}, log)
+	if err != nil {
+		return nil, "", err
+	}
+	return tls.NewListener(ln, cfg), "https", nil
+}
