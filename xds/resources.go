@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -13,6 +14,7 @@ import (
 	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -43,7 +45,20 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// HealthInterval is the period of the nodes' active health checks (default 5 s).
 	HealthInterval time.Duration
+	// UpstreamTLS, when set, has Envoy speak mutual TLS to ext_authz and the nodes (wb serve
+	// --envoy-tls-*); the zero value speaks plaintext.
+	UpstreamTLS UpstreamTLS
 }
+
+// UpstreamTLS are files on the Envoys' hosts: the client certificate and key an Envoy
+// presents to the gateways' ext_authz and the nodes (which serve --fleet-tls-*), and the
+// fleet's CA that must have signed their certificates. Envoy reads them when it builds a
+// cluster.
+type UpstreamTLS struct {
+	CertFile, KeyFile, CAFile string
+}
+
+func (u UpstreamTLS) enabled() bool { return u != UpstreamTLS{} }
 
 func (o Options) withDefaults() Options {
 	def := func(d *time.Duration, v time.Duration) {
@@ -67,6 +82,9 @@ func (o Options) withDefaults() Options {
 func (o Options) Validate() error {
 	if o.ListenerPort > 65535 {
 		return fmt.Errorf("listener port %d: must be 1–65535", o.ListenerPort)
+	}
+	if u := o.UpstreamTLS; u.enabled() && (u.CertFile == "" || u.KeyFile == "" || u.CAFile == "") {
+		return errors.New("upstream TLS: the certificate, key and CA files go together: give all three or none")
 	}
 	return nil
 }
@@ -106,9 +124,12 @@ func Build(f Fleet, opts Options) *Resources {
 				}),
 			}
 			c.OutlierDetection = outlier()
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, "h2") // gRPC
 		}),
+		// No TLS: the gateways' API listener is the public one, which callers reach without a
+		// client certificate (and with --tls-domain, under a name, not the registered IP).
 		edsCluster(ClusterGateway, o, func(c *clusterv3.Cluster) { c.OutlierDetection = outlier() }),
-		edsCluster(ClusterNodes, o, nil),
+		edsCluster(ClusterNodes, o, func(c *clusterv3.Cluster) { c.TransportSocket = upstreamTLS(o.UpstreamTLS) }),
 	)
 	r.Endpoints = append(r.Endpoints,
 		assignment(ClusterExtAuthz, gwAuthz, nil),
@@ -130,6 +151,7 @@ func Build(f Fleet, opts Options) *Resources {
 			// One endpoint per cluster: with the default panic threshold Envoy would send
 			// traffic to it even when unhealthy; fail fast with a 503 instead.
 			c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}}
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS) // HTTP/1.1: the PTY is a WebSocket upgrade
 		}))
 		status := corev3.HealthStatus_UNKNOWN
 		if n.draining {
@@ -304,6 +326,30 @@ func edsCluster(name string, o Options, tune func(*clusterv3.Cluster)) *clusterv
 		tune(c)
 	}
 	return c
+}
+
+// upstreamTLS is the transport socket of a cluster whose servers serve --fleet-tls-*: the
+// Envoy's client certificate, and their certificates verified against the fleet's CA (the
+// chain only: the CA signs the fleet's members alone). nil without u.
+func upstreamTLS(u UpstreamTLS, alpn ...string) *corev3.TransportSocket {
+	if !u.enabled() {
+		return nil
+	}
+	file := func(name string) *corev3.DataSource {
+		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}}
+	}
+	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+		TlsParams:       &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
+		TlsCertificates: []*tlsv3.TlsCertificate{{CertificateChain: file(u.CertFile), PrivateKey: file(u.KeyFile)}},
+		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			TrustedCa: file(u.CAFile),
+		}},
+		AlpnProtocols: alpn,
+	}}
+	return &corev3.TransportSocket{
+		Name:       "envoy.transport_sockets.tls",
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)},
+	}
 }
 
 func outlier() *clusterv3.OutlierDetection {

@@ -17,6 +17,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extauthzv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_authz/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -325,4 +326,74 @@ func FuzzBuild(f *testing.F) {
 			t.Fatalf("fleet %+v: %v", fl, err)
 		}
 	})
+}
+
+// TestUpstreamTLS: with Options.UpstreamTLS, the ext_authz cluster (ALPN h2, for gRPC) and
+// every node cluster carry a TLS transport socket with the Envoy's certificate and key and
+// validation against the fleet's CA, each one valid; the gateway cluster (the public API)
+// does not. Without it, no cluster has one.
+func TestUpstreamTLS(t *testing.T) {
+	for _, c := range Build(fleet3(), Options{}).Clusters {
+		if c.GetTransportSocket() != nil {
+			t.Errorf("without UpstreamTLS, cluster %s has transport socket %v", c.GetName(), c.GetTransportSocket())
+		}
+	}
+	files := UpstreamTLS{CertFile: "/etc/wb/envoy.pem", KeyFile: "/etc/wb/envoy-key.pem", CAFile: "/etc/wb/fleet-ca.pem"}
+	opts := Options{UpstreamTLS: files}
+	if err := opts.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r := Build(fleet3(), opts)
+	if _, err := r.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	withTLS := 0
+	for _, c := range r.Clusters {
+		ts := c.GetTransportSocket()
+		if c.GetName() == ClusterGateway {
+			if ts != nil {
+				t.Errorf("cluster %s has transport socket %v, want none (the gateways' API listener is the public one)", c.GetName(), ts)
+			}
+			continue
+		}
+		if ts.GetName() != "envoy.transport_sockets.tls" {
+			t.Errorf("cluster %s: transport socket %v, want envoy.transport_sockets.tls", c.GetName(), ts)
+			continue
+		}
+		withTLS++
+		var up tlsv3.UpstreamTlsContext
+		if err := ts.GetTypedConfig().UnmarshalTo(&up); err != nil {
+			t.Fatalf("cluster %s: %v", c.GetName(), err)
+		}
+		if err := up.ValidateAll(); err != nil {
+			t.Errorf("cluster %s: %v", c.GetName(), err)
+		}
+		common := up.GetCommonTlsContext()
+		certs := common.GetTlsCertificates()
+		if len(certs) != 1 || certs[0].GetCertificateChain().GetFilename() != files.CertFile || certs[0].GetPrivateKey().GetFilename() != files.KeyFile {
+			t.Errorf("cluster %s: certificates %v, want %s and %s", c.GetName(), certs, files.CertFile, files.KeyFile)
+		}
+		if ca := common.GetValidationContext().GetTrustedCa().GetFilename(); ca != files.CAFile {
+			t.Errorf("cluster %s: trusted CA %q, want %q", c.GetName(), ca, files.CAFile)
+		}
+		if common.GetTlsParams().GetTlsMinimumProtocolVersion() != tlsv3.TlsParameters_TLSv1_2 {
+			t.Errorf("cluster %s: TLS parameters %v, want at least TLS 1.2", c.GetName(), common.GetTlsParams())
+		}
+		wantALPN := []string(nil)
+		if c.GetName() == ClusterExtAuthz {
+			wantALPN = []string{"h2"}
+		}
+		if got := common.GetAlpnProtocols(); !slices.Equal(got, wantALPN) {
+			t.Errorf("cluster %s: ALPN %v, want %v", c.GetName(), got, wantALPN)
+		}
+	}
+	if want := len(r.Clusters) - 1; withTLS != want {
+		t.Errorf("%d clusters with TLS, want %d (all but %s)", withTLS, want, ClusterGateway)
+	}
+
+	for _, u := range []UpstreamTLS{{CertFile: "a.pem"}, {CertFile: "a.pem", KeyFile: "k.pem"}, {CAFile: "ca.pem"}} {
+		if err := (Options{UpstreamTLS: u}).Validate(); err == nil || !strings.Contains(err.Error(), "all three") {
+			t.Errorf("UpstreamTLS %+v: %v, want refused", u, err)
+		}
+	}
 }

@@ -20,6 +20,8 @@ import (
 type xdsFlags struct {
 	addr                      string
 	certFile, keyFile, caFile string
+	// envoy are files on the Envoys' hosts, which the clusters name (--envoy-tls-*).
+	envoy xds.UpstreamTLS
 }
 
 func (f *xdsFlags) register(fs *flag.FlagSet) {
@@ -27,12 +29,33 @@ func (f *xdsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.certFile, "xds-tls-cert", "", "PEM `file` of the xDS server's certificate (with --xds-tls-key and --xds-tls-client-ca: xDS only over TLS, to Envoys bootstrapped with wb envoy-bootstrap --tls-*)")
 	fs.StringVar(&f.keyFile, "xds-tls-key", "", "PEM `file` of that certificate's private key")
 	fs.StringVar(&f.caFile, "xds-tls-client-ca", "", "PEM `file` of the CA that signed the Envoys' client certificates; a client without one is refused")
+	fs.StringVar(&f.envoy.CertFile, "envoy-tls-cert", "", "`path`, on the Envoys' hosts, of the client certificate each Envoy presents to the gateways' ext_authz and the nodes (with --envoy-tls-key and --envoy-tls-ca: the xDS clusters of ext_authz and the nodes speak mutual TLS, for gateways and nodes that serve --fleet-tls-*); every Envoy must have these three files at these paths")
+	fs.StringVar(&f.envoy.KeyFile, "envoy-tls-key", "", "`path`, on the Envoys' hosts, of that certificate's private key")
+	fs.StringVar(&f.envoy.CAFile, "envoy-tls-ca", "", "`path`, on the Envoys' hosts, of the fleet's CA (the --fleet-tls-ca of the gateways and nodes), which must have signed the ext_authz and node certificates")
+}
+
+// options are the resources' options the flags give.
+func (f xdsFlags) options() (xds.Options, error) {
+	u := f.envoy
+	if u != (xds.UpstreamTLS{}) {
+		if f.addr == "" {
+			return xds.Options{}, errors.New("--envoy-tls-cert, --envoy-tls-key and --envoy-tls-ca apply to --xds-addr, which is not given")
+		}
+		if u.CertFile == "" || u.KeyFile == "" || u.CAFile == "" {
+			return xds.Options{}, errors.New("--envoy-tls-cert, --envoy-tls-key and --envoy-tls-ca go together: give all three or none")
+		}
+	}
+	return xds.Options{UpstreamTLS: u}, nil
 }
 
 // listenXDS opens the xDS listener before wb serve reports ready, and answers what runs it;
 // with no --xds-addr it runs nothing. The edge forgets a node after nodeTimeout, the
 // silence after which the placer fails its sessions.
 func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *store.Store, reg prometheus.Registerer, log *slog.Logger) (func(context.Context, *errgroup.Group), error) {
+	opts, err := f.options()
+	if err != nil {
+		return nil, err
+	}
 	tlsSet := f.certFile != "" || f.keyFile != "" || f.caFile != ""
 	if f.addr == "" {
 		if tlsSet {
@@ -40,9 +63,8 @@ func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *s
 		}
 		return func(context.Context, *errgroup.Group) {}, nil
 	}
-	cfg := xds.Config{Source: xds.StoreFleet{Store: st, HeartbeatTimeout: nodeTimeout}, Registerer: reg, Logger: log}
+	cfg := xds.Config{Source: xds.StoreFleet{Store: st, HeartbeatTimeout: nodeTimeout}, Registerer: reg, Logger: log, Options: opts}
 	if tlsSet {
-		var err error
 		if cfg.TLS, err = xds.ServerTLS(f.certFile, f.keyFile, f.caFile, log); err != nil {
 			return nil, err
 		}
@@ -58,7 +80,7 @@ func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *s
 	if cfg.TLS == nil && !isLoopback(ln.Addr()) {
 		log.Warn("xds served in plaintext to any client: the fleet's topology is readable by whoever reaches --xds-addr; give --xds-tls-cert, --xds-tls-key and --xds-tls-client-ca", "addr", ln.Addr().String())
 	}
-	log.Info("xds served", "addr", ln.Addr().String(), "tls", cfg.TLS != nil)
+	log.Info("xds served", "addr", ln.Addr().String(), "tls", cfg.TLS != nil, "upstream_tls", opts.UpstreamTLS != (xds.UpstreamTLS{}))
 	return func(ctx context.Context, g *errgroup.Group) {
 		g.Go(func() error { return srv.Run(ctx) })
 		g.Go(func() error { return srv.Serve(ctx, ln) })

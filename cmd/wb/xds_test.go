@@ -76,10 +76,37 @@ func TestServeXDSFlags(t *testing.T) {
 		{xdsFlags{certFile: "cert.pem", keyFile: "key.pem", caFile: "ca.pem"}, "apply to --xds-addr, which is not given"},
 		{xdsFlags{addr: "127.0.0.1:0", certFile: "cert.pem"}, "give all three or none"},
 		{xdsFlags{addr: "127.0.0.1:0", certFile: "cert.pem", keyFile: "key.pem", caFile: "ca.pem"}, "--xds-tls-cert and --xds-tls-key"},
+		{xdsFlags{envoy: xds.UpstreamTLS{CertFile: "/etc/wb/envoy.pem", KeyFile: "/etc/wb/envoy-key.pem", CAFile: "/etc/wb/ca.pem"}}, "--envoy-tls-ca apply to --xds-addr"},
+		{xdsFlags{addr: "127.0.0.1:0", envoy: xds.UpstreamTLS{CertFile: "/etc/wb/envoy.pem"}}, "--envoy-tls-ca go together"},
 	} {
 		_, err := listenXDS(t.Context(), c.f, time.Second, nil, nil, slog.New(slog.DiscardHandler))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error with %q", c.f, err, c.want)
+		}
+	}
+}
+
+// TestServeXDSEnvoyTLS: --envoy-tls-* become the resources' upstream TLS, whose clusters
+// then name the files.
+func TestServeXDSEnvoyTLS(t *testing.T) {
+	u := xds.UpstreamTLS{CertFile: "/etc/wb/envoy.pem", KeyFile: "/etc/wb/envoy-key.pem", CAFile: "/etc/wb/ca.pem"}
+	opts, err := xdsFlags{addr: "127.0.0.1:0", envoy: u}.options()
+	if err != nil || opts.UpstreamTLS != u {
+		t.Fatalf("options %+v, %v; want upstream TLS %+v", opts, err, u)
+	}
+	r := xds.Build(xds.Fleet{Nodes: []xds.Node{{ID: "n1", Addr: "https://10.0.0.1:7070"}}}, opts)
+	for _, c := range r.Clusters {
+		if c.GetName() != xds.ClusterGateway && c.GetTransportSocket().GetName() != "envoy.transport_sockets.tls" {
+			t.Errorf("cluster %s: transport socket %v, want TLS", c.GetName(), c.GetTransportSocket())
+		}
+	}
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"serve", "--help"}, &out, &errb); err != nil && !strings.Contains(err.Error(), "help") {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"-envoy-tls-cert", "-envoy-tls-key", "-envoy-tls-ca", "Envoys' hosts"} {
+		if !strings.Contains(errb.String(), w) {
+			t.Errorf("wb serve --help lacks %q", w)
 		}
 	}
 }
