@@ -96,7 +96,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.authzAddr, "authz-addr", "", "`host:port` serving ext_authz (gRPC envoy.service.auth.v3.Authorization) to an Envoy fleet, on the operator's network only; recorded in this gateway's registration for xds; empty serves none")
 	fs.DurationVar(&f.nodeTimeout, "node-timeout", defaultNodeTimeout, "how long a node may go without a heartbeat (every 2 s) before it counts as dead and its sessions fail with host_failure, and the edge stops sending it connections (3s–5m)")
 	f.xds.register(fs)
-	f.fleetTLS.register(fs, "This gateway presents it to the `wb node`s registered with https:// URLs (wb node --fleet-tls-*), whose certificates the CA must have signed")
+	f.fleetTLS.register(fs, "Serves --authz-addr (ext_authz) over TLS only, to clients whose certificate --fleet-tls-ca signed (the Envoys, --envoy-tls-*); and this gateway presents it to the `wb node`s registered with https:// URLs (wb node --fleet-tls-*), whose certificates the CA must have signed")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -150,7 +150,7 @@ Flags:
 	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	var nodeOpts []nodeclient.Option
-	if f.fleetTLS.enabled() {
+	if f.fleetTLS.enabled() { // the files are checked before anything starts
 		d, err := mtls.NewDialer(f.fleetTLS.files(), log)
 		if err != nil {
 			return err
@@ -296,7 +296,7 @@ Flags:
 	defer gw.Close()
 	var authz *grpc.Server
 	if authzLn != nil {
-		if authz, err = authzServer(ctx, gw); err != nil {
+		if authz, err = authzServer(ctx, gw, f.fleetTLS, log); err != nil {
 			return err
 		}
 	}
@@ -342,7 +342,7 @@ Flags:
 	}
 	serveUntil(gctx, g, srv, ln, 10*time.Second)
 	if authz != nil {
-		serveAuthz(gctx, g, authz, authzLn, 10*time.Second, log)
+		serveAuthz(gctx, g, authz, authzLn, 10*time.Second, f.fleetTLS.enabled(), log)
 	}
 	if metricsLn != nil {
 		serveMetrics(gctx, g, metricsLn, metrics.Handler(), log)

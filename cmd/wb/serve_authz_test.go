@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -14,8 +15,10 @@ import (
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"wb/internal/mtls/mtlstest"
 	"wb/internal/syncbuf"
 	"wb/internal/testwait"
 )
@@ -27,44 +30,8 @@ func TestServeAuthz(t *testing.T) {
 	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("busybox-static is needed to assemble the templates")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	var logs syncbuf.Buffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--addr", "127.0.0.1:0", "--authz-addr", "127.0.0.1:0", "--runtime", "none",
-			"--data-dir", t.TempDir(), "--log-level", "info"}, pw, &logs)
-		pw.Close()
-	}()
-	env := map[string]string{}
-	lines := make(chan struct{})
-	go func() {
-		b := make([]byte, 4096)
-		var got string
-		for strings.Count(got, "\n") < 3 {
-			n, err := pr.Read(b)
-			if err != nil {
-				break
-			}
-			got += string(b[:n])
-		}
-		for _, l := range strings.Split(strings.TrimSpace(got), "\n") {
-			k, v, _ := strings.Cut(l, "=")
-			env[k] = v
-		}
-		close(lines)
-		_, _ = io.Copy(io.Discard, pr)
-	}()
-	select {
-	case <-lines:
-	case <-time.After(60 * time.Second):
-		t.Fatal("wb serve printed nothing in 60 s")
-	}
-	addrRe := regexp.MustCompile(`msg="ext_authz served" addr=(127\.0\.0\.1:\d+)`)
-	testwait.For(t, 30*time.Second, "the ext_authz address in the log", func() bool { return addrRe.MatchString(logs.String()) })
-	addr := addrRe.FindStringSubmatch(logs.String())[1]
-
+	env, addr, ctx, stop := startServeAuthz(t)
+	defer stop()
 	req, _ := http.NewRequest("POST", env["WB_URL"]+"/v1/sessions", strings.NewReader(`{"tier":2}`))
 	req.Header.Set("Authorization", "Bearer "+env["WB_API_KEY"])
 	resp, err := http.DefaultClient.Do(req)
@@ -120,13 +87,119 @@ func TestServeAuthz(t *testing.T) {
 	if st, _ := checkStatus("/v1/sessions/"+sess.ID+"/exec", "wb_live_nope"); st != 401 {
 		t.Errorf("bad key: %d, want 401", st)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v", err)
+	stop()
+}
+
+// startServeAuthz runs `wb serve --authz-addr 127.0.0.1:0 --runtime none` with args added, and
+// answers its three lines, its ext_authz address, its context, and stop, which ends it and
+// fails the test unless it stops cleanly (calling it again does nothing).
+func startServeAuthz(t *testing.T, args ...string) (env map[string]string, addr string, ctx context.Context, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	var logs syncbuf.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0", "--authz-addr", "127.0.0.1:0", "--runtime", "none",
+			"--data-dir", t.TempDir(), "--log-level", "info"}, args...), pw, &logs)
+		pw.Close()
+	}()
+	env = map[string]string{}
+	lines := make(chan struct{})
+	go func() {
+		b := make([]byte, 4096)
+		var got string
+		for strings.Count(got, "\n") < 3 {
+			n, err := pr.Read(b)
+			if err != nil {
+				break
+			}
+			got += string(b[:n])
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop within 30 s of its context ending")
+		for _, l := range strings.Split(strings.TrimSpace(got), "\n") {
+			k, v, _ := strings.Cut(l, "=")
+			env[k] = v
+		}
+		close(lines)
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	select {
+	case <-lines:
+	case <-time.After(60 * time.Second):
+		t.Fatal("wb serve printed nothing in 60 s")
+	}
+	addrRe := regexp.MustCompile(`msg="ext_authz served" addr=(127\.0\.0\.1:\d+)`)
+	testwait.For(t, 30*time.Second, "the ext_authz address in the log", func() bool { return addrRe.MatchString(logs.String()) })
+	addr = addrRe.FindStringSubmatch(logs.String())[1]
+
+	stopped := false
+	stop = func() {
+		t.Helper()
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("serve returned %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("serve did not stop within 30 s of its context ending")
+		}
+	}
+	return env, addr, ctx, stop
+}
+
+// TestServeAuthzFleetTLS: with `wb serve --fleet-tls-*`, ext_authz answers only over TLS, to a
+// client whose certificate the fleet's CA signed (an Envoy of --envoy-tls-*); plaintext, no
+// certificate and another CA's certificate get no answer, and no grant.
+func TestServeAuthzFleetTLS(t *testing.T) {
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox-static is needed to assemble the templates")
+	}
+	pki := mtlstest.New(t)
+	_, addr, ctx, stop := startServeAuthz(t, "--fleet-tls-cert", pki.Cert, "--fleet-tls-key", pki.Key, "--fleet-tls-ca", pki.CAFile)
+	defer stop()
+	check := func(creds credentials.TransportCredentials) (int, error) {
+		t.Helper()
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		r, err := authv3.NewAuthorizationClient(conn).Check(cctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
+			Http: &authv3.AttributeContext_HttpRequest{Method: "POST", Path: "/v1/sessions/sess_nope/exec", Headers: map[string]string{"authorization": "Bearer wb_live_nope"}}}}})
+		return int(r.GetDeniedResponse().GetStatus().GetCode()), err
+	}
+	// The certificate is sent whatever CAs the server names (Go's client would send none of
+	// another CA's).
+	withCert := func(certs ...tls.Certificate) credentials.TransportCredentials {
+		cfg := pki.ClientConfig()
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if len(certs) == 0 {
+				return &tls.Certificate{}, nil
+			}
+			return &certs[0], nil
+		}
+		return credentials.NewTLS(cfg)
+	}
+	if st, err := check(withCert(pki.Client)); err != nil || st != 401 {
+		t.Fatalf("an Envoy with the fleet CA's certificate: %d, %v; want a 401 answer for a bad key", st, err)
+	}
+	for _, c := range []struct {
+		name  string
+		creds credentials.TransportCredentials
+	}{
+		{"plaintext", insecure.NewCredentials()},
+		{"TLS without a client certificate", withCert()},
+		{"a client certificate of another CA", withCert(pki.Other)},
+	} {
+		if st, err := check(c.creds); err == nil {
+			t.Errorf("%s: answered %d, want refused", c.name, st)
+		}
 	}
 }
