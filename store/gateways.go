@@ -22,6 +22,10 @@ type GatewayInfo struct {
 	// AuthzAddr is the host:port of its ext_authz gRPC service (wb serve --authz-addr), which
 	// xds publishes as the endpoints of the wb_ext_authz cluster; empty when it serves none.
 	AuthzAddr string `json:"authz_addr,omitempty"`
+	// EdgeAddr is the host:port where it serves its API to the Envoys over mutual TLS (wb
+	// serve --edge-addr), which xds publishes as the wb_gateway endpoints when the Envoys
+	// speak TLS; empty when it serves none.
+	EdgeAddr string `json:"edge_addr,omitempty"`
 }
 
 // GatewayHeartbeat registers or refreshes a gateway.

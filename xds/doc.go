@@ -12,10 +12,11 @@
 //     ext_authz disabled (the gateway authenticates its own API);
 //   - clusters wb_gateway, wb_ext_authz (HTTP/2) and one EDS cluster per node,
 //     NodeCluster(id) = wb_node_<id>, with HTTP health checks on /healthz and outlier
-//     detection; a draining node's endpoint is DRAINING; with Options.UpstreamTLS, the
-//     ext_authz and node clusters speak mutual TLS (an UpstreamTlsContext naming files on the
-//     Envoys' hosts), which grpc-go's xDS client refuses (it takes certificate providers
-//     only), so the tests check those clusters with ValidateAll;
+//     detection; a draining node's endpoint is DRAINING; with Options.UpstreamTLS, every
+//     cluster speaks mutual TLS (an UpstreamTlsContext naming files on the Envoys' hosts), and
+//     wb_gateway's endpoints are the gateways' edge addresses; grpc-go's xDS client refuses
+//     such clusters (it takes certificate providers only), so the tests check them with
+//     ValidateAll;
 //   - listener wb_grpc_nodes with cluster wb_nodes: an API listener for gRPC xDS clients
 //     (xds:///wb_grpc_nodes reaches the serving nodes). grpc-go's xDS client, the only real
 //     consumer available on the build machines (there is no Envoy there), checks our server

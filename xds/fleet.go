@@ -43,6 +43,10 @@ type Gateway struct {
 	ID        string
 	HTTPAddr  string
 	AuthzAddr string
+	// EdgeAddr is where it serves its API to the Envoys over mutual TLS (wb serve
+	// --edge-addr): the wb_gateway endpoint when the Envoys speak TLS (Options.UpstreamTLS),
+	// in place of HTTPAddr, the public listener, which cannot require client certificates.
+	EdgeAddr string
 }
 
 // Node is one `wb node`: its data-path address (host:port or URL) and whether it drains.
@@ -63,7 +67,7 @@ func FleetFrom(nodes []store.NodeInfo, gateways []store.GatewayInfo) Fleet {
 		f.Nodes = append(f.Nodes, Node{ID: n.ID, Addr: n.Addr, Draining: n.Draining})
 	}
 	for _, g := range gateways {
-		gw := Gateway{ID: g.ID, AuthzAddr: resolveUnspecified(g.AuthzAddr, g.Addrs)}
+		gw := Gateway{ID: g.ID, AuthzAddr: resolveUnspecified(g.AuthzAddr, g.Addrs), EdgeAddr: resolveUnspecified(g.EdgeAddr, g.Addrs)}
 		for _, a := range g.Addrs {
 			if strings.HasPrefix(a, "http://") || strings.HasPrefix(a, "https://") {
 				gw.HTTPAddr = resolveUnspecified(a, g.Addrs)
@@ -141,8 +145,9 @@ type parsedNode struct {
 }
 
 // parseFleet keeps the members whose addresses parse, in id order, and says why it left each
-// other one out. Two nodes whose ids map to one cluster name keep the first (by id).
-func parseFleet(f Fleet) (nodes []parsedNode, gwHTTP, gwAuthz []netip.AddrPort, skipped []string) {
+// other one out. Two nodes whose ids map to one cluster name keep the first (by id). With
+// edgeTLS, a gateway's HTTP endpoint is its EdgeAddr, and one without is left out.
+func parseFleet(f Fleet, edgeTLS bool) (nodes []parsedNode, gwHTTP, gwAuthz []netip.AddrPort, skipped []string) {
 	ns := slices.Clone(f.Nodes)
 	slices.SortFunc(ns, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
 	seen := map[string]string{}
@@ -167,8 +172,15 @@ func parseFleet(f Fleet) (nodes []parsedNode, gwHTTP, gwAuthz []netip.AddrPort, 
 	gs := slices.Clone(f.Gateways)
 	slices.SortFunc(gs, func(a, b Gateway) int { return strings.Compare(a.ID, b.ID) })
 	for _, g := range gs {
-		if g.HTTPAddr != "" {
-			if ap, err := parseAddr(g.HTTPAddr); err != nil {
+		httpAddr := g.HTTPAddr
+		if edgeTLS {
+			httpAddr = g.EdgeAddr
+			if httpAddr == "" {
+				skipped = append(skipped, fmt.Sprintf("gateway %s http: no --edge-addr, and the Envoys speak TLS to the gateways (--envoy-tls-*)", g.ID))
+			}
+		}
+		if httpAddr != "" {
+			if ap, err := parseAddr(httpAddr); err != nil {
 				skipped = append(skipped, fmt.Sprintf("gateway %s http: %v", g.ID, err))
 			} else {
 				gwHTTP = append(gwHTTP, ap)

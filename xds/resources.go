@@ -45,13 +45,14 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// HealthInterval is the period of the nodes' active health checks (default 5 s).
 	HealthInterval time.Duration
-	// UpstreamTLS, when set, has Envoy speak mutual TLS to ext_authz and the nodes (wb serve
-	// --envoy-tls-*); the zero value speaks plaintext.
+	// UpstreamTLS, when set, has Envoy speak mutual TLS to ext_authz, the gateways (at their
+	// EdgeAddr) and the nodes (wb serve --envoy-tls-*); the zero value speaks plaintext.
 	UpstreamTLS UpstreamTLS
 }
 
 // UpstreamTLS are files on the Envoys' hosts: the client certificate and key an Envoy
-// presents to the gateways' ext_authz and the nodes (which serve --fleet-tls-*), and the
+// presents to the gateways' ext_authz and --edge-addr and to the nodes (which serve
+// --fleet-tls-*), and the
 // fleet's CA that must have signed their certificates. Envoy reads them when it builds a
 // cluster.
 type UpstreamTLS struct {
@@ -104,7 +105,7 @@ type Resources struct {
 // used are left out and named in Skipped; nothing in a fleet makes Build fail.
 func Build(f Fleet, opts Options) *Resources {
 	o := opts.withDefaults()
-	nodes, gwHTTP, gwAuthz, skipped := parseFleet(f)
+	nodes, gwHTTP, gwAuthz, skipped := parseFleet(f, o.UpstreamTLS.enabled())
 	r := &Resources{Skipped: skipped}
 
 	r.Listeners = []*listenerv3.Listener{edgeListener(o), grpcNodesListener()}
@@ -126,9 +127,12 @@ func Build(f Fleet, opts Options) *Resources {
 			c.OutlierDetection = outlier()
 			c.TransportSocket = upstreamTLS(o.UpstreamTLS, "h2") // gRPC
 		}),
-		// No TLS: the gateways' API listener is the public one, which callers reach without a
-		// client certificate (and with --tls-domain, under a name, not the registered IP).
-		edsCluster(ClusterGateway, o, func(c *clusterv3.Cluster) { c.OutlierDetection = outlier() }),
+		// With TLS, the endpoints are the gateways' --edge-addr, not their public listener,
+		// which callers reach without a client certificate.
+		edsCluster(ClusterGateway, o, func(c *clusterv3.Cluster) {
+			c.OutlierDetection = outlier()
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS)
+		}),
 		edsCluster(ClusterNodes, o, func(c *clusterv3.Cluster) { c.TransportSocket = upstreamTLS(o.UpstreamTLS) }),
 	)
 	r.Endpoints = append(r.Endpoints,

@@ -328,10 +328,11 @@ func FuzzBuild(f *testing.F) {
 	})
 }
 
-// TestUpstreamTLS: with Options.UpstreamTLS, the ext_authz cluster (ALPN h2, for gRPC) and
-// every node cluster carry a TLS transport socket with the Envoy's certificate and key and
-// validation against the fleet's CA, each one valid; the gateway cluster (the public API)
-// does not. Without it, no cluster has one.
+// TestUpstreamTLS: with Options.UpstreamTLS, the ext_authz cluster (ALPN h2, for gRPC), the
+// gateway cluster and every node cluster carry a TLS transport socket with the Envoy's
+// certificate and key and validation against the fleet's CA, each one valid, and the gateway
+// cluster's endpoints are the gateways' edge addresses (not their public listeners; one
+// without is left out). Without it, no cluster has one.
 func TestUpstreamTLS(t *testing.T) {
 	for _, c := range Build(fleet3(), Options{}).Clusters {
 		if c.GetTransportSocket() != nil {
@@ -343,19 +344,27 @@ func TestUpstreamTLS(t *testing.T) {
 	if err := opts.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	r := Build(fleet3(), opts)
+	fleet := fleet3()
+	fleet.Gateways[1].EdgeAddr = "10.0.1.1:8443" // gw_1; gw_2 serves no --edge-addr
+	r := Build(fleet, opts)
 	if _, err := r.Snapshot(); err != nil {
 		t.Fatal(err)
+	}
+	if len(r.Skipped) != 1 || !strings.Contains(r.Skipped[0], "gateway gw_2 http: no --edge-addr") {
+		t.Errorf("skipped %q, want gw_2 without an edge address", r.Skipped)
+	}
+	for _, cla := range r.Endpoints {
+		if cla.GetClusterName() != ClusterGateway {
+			continue
+		}
+		eps := cla.GetEndpoints()[0].GetLbEndpoints()
+		if sa := eps[0].GetEndpoint().GetAddress().GetSocketAddress(); len(eps) != 1 || sa.GetAddress() != "10.0.1.1" || sa.GetPortValue() != 8443 {
+			t.Errorf("wb_gateway endpoints %v, want gw_1's edge address 10.0.1.1:8443 alone", eps)
+		}
 	}
 	withTLS := 0
 	for _, c := range r.Clusters {
 		ts := c.GetTransportSocket()
-		if c.GetName() == ClusterGateway {
-			if ts != nil {
-				t.Errorf("cluster %s has transport socket %v, want none (the gateways' API listener is the public one)", c.GetName(), ts)
-			}
-			continue
-		}
 		if ts.GetName() != "envoy.transport_sockets.tls" {
 			t.Errorf("cluster %s: transport socket %v, want envoy.transport_sockets.tls", c.GetName(), ts)
 			continue
@@ -387,8 +396,8 @@ func TestUpstreamTLS(t *testing.T) {
 			t.Errorf("cluster %s: ALPN %v, want %v", c.GetName(), got, wantALPN)
 		}
 	}
-	if want := len(r.Clusters) - 1; withTLS != want {
-		t.Errorf("%d clusters with TLS, want %d (all but %s)", withTLS, want, ClusterGateway)
+	if withTLS != len(r.Clusters) {
+		t.Errorf("%d clusters with TLS, want all %d", withTLS, len(r.Clusters))
 	}
 
 	for _, u := range []UpstreamTLS{{CertFile: "a.pem"}, {CertFile: "a.pem", KeyFile: "k.pem"}, {CAFile: "ca.pem"}} {

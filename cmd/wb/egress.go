@@ -199,14 +199,17 @@ func hostAddrs() ([]netip.Addr, error) {
 }
 
 // registerGateway keeps this gateway registered in Redis with every address it listens or
-// sends from (its URLs, its ext_authz address and this host's interfaces), so that every node
-// refuses guests' egress to it before it ever calls them, and xds finds its ext_authz
-// (authzAddr, empty for none); it removes the registration when ctx ends.
-func registerGateway(ctx context.Context, st *store.Store, id string, urls []string, authzAddr string, log *slog.Logger) {
+// sends from (its URLs, its ext_authz and edge addresses and this host's interfaces), so that
+// every node refuses guests' egress to it before it ever calls them, and xds finds its
+// ext_authz and its API for the Envoys (authzAddr and edgeAddr, empty for none); it removes
+// the registration when ctx ends.
+func registerGateway(ctx context.Context, st *store.Store, id string, urls []string, authzAddr, edgeAddr string, log *slog.Logger) {
 	beat := func() {
 		addrs := slices.Clone(urls)
-		if authzAddr != "" {
-			addrs = append(addrs, authzAddr)
+		for _, a := range []string{authzAddr, edgeAddr} {
+			if a != "" {
+				addrs = append(addrs, a)
+			}
 		}
 		if as, err := hostAddrs(); err == nil {
 			for _, a := range as {
@@ -215,7 +218,7 @@ func registerGateway(ctx context.Context, st *store.Store, id string, urls []str
 		}
 		bctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := st.GatewayHeartbeat(bctx, store.GatewayInfo{ID: id, Addrs: addrs, AuthzAddr: authzAddr}); err != nil {
+		if err := st.GatewayHeartbeat(bctx, store.GatewayInfo{ID: id, Addrs: addrs, AuthzAddr: authzAddr, EdgeAddr: edgeAddr}); err != nil {
 			log.Warn("gateway heartbeat", "err", err)
 		}
 	}

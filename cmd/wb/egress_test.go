@@ -72,8 +72,8 @@ func TestPlatformAddrs(t *testing.T) {
 	}
 }
 
-// TestRegisterGateway: a gateway registers its URLs, its ext_authz address and this host's
-// interfaces while it runs, and removes itself when it stops.
+// TestRegisterGateway: a gateway registers its URLs, its ext_authz and edge addresses and this
+// host's interfaces while it runs, and removes itself when it stops.
 func TestRegisterGateway(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -82,7 +82,7 @@ func TestRegisterGateway(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		registerGateway(ctx, st, "gw_test", []string{"http://gw.example:8080"}, "127.0.0.9:9001", slog.New(slog.DiscardHandler))
+		registerGateway(ctx, st, "gw_test", []string{"http://gw.example:8080"}, "127.0.0.9:9001", "127.0.0.9:9443", slog.New(slog.DiscardHandler))
 		close(done)
 	}()
 	var got []store.GatewayInfo
@@ -93,11 +93,11 @@ func TestRegisterGateway(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(got) != 1 || got[0].ID != "gw_test" || got[0].AuthzAddr != "127.0.0.9:9001" {
+	if len(got) != 1 || got[0].ID != "gw_test" || got[0].AuthzAddr != "127.0.0.9:9001" || got[0].EdgeAddr != "127.0.0.9:9443" {
 		t.Fatalf("registered: %+v", got)
 	}
 	addrs := " " + strings.Join(got[0].Addrs, " ") + " "
-	for _, want := range []string{"http://gw.example:8080", "127.0.0.9:9001", "127.0.0.1"} {
+	for _, want := range []string{"http://gw.example:8080", "127.0.0.9:9001", "127.0.0.9:9443", "127.0.0.1"} {
 		if !strings.Contains(addrs, " "+want+" ") {
 			t.Errorf("registered addresses %s lack %s", addrs, want)
 		}

@@ -2,7 +2,9 @@ package main
 
 import (
 	"crypto/tls"
+	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net"
 
@@ -47,4 +49,24 @@ func nodeListener(ln net.Listener, f fleetTLSFlags, log *slog.Logger) (net.Liste
 		return nil, "", err
 	}
 	return tls.NewListener(ln, cfg), "https", nil
+}
+
+// listenEdge opens --edge-addr, the gateway's API for the Envoys, served over mutual TLS
+// only: the public listener cannot require client certificates. nil when addr is empty.
+func listenEdge(addr string, f fleetTLSFlags, log *slog.Logger) (net.Listener, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	if !f.enabled() {
+		return nil, errors.New("--edge-addr serves only mutual TLS: give --fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca")
+	}
+	cfg, err := mtls.Server(f.files(), []string{"http/1.1"}, log)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--edge-addr: %w", err)
+	}
+	return tls.NewListener(ln, cfg), nil
 }

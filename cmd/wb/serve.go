@@ -64,6 +64,7 @@ type serveFlags struct {
 	nodeTokenFile string
 	tls           tlsFlags
 	authzAddr     string // ext_authz gRPC for the Envoy fleet (serve_authz.go)
+	edgeAddr      string // the API for the Envoy fleet over mutual TLS
 	// nodeTimeout: a node silent for longer is dead, and its sessions fail with host_failure.
 	nodeTimeout time.Duration
 	xds         xdsFlags
@@ -94,9 +95,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.nodeTokenFile, "node-token-file", "", "`file` holding the token this gateway sends to every node (else $WB_NODE_TOKEN; else a random one, which only the embedded node knows): give separate `wb node`s the same token")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "`host:port` serving /metrics without a key, for the operator's network only; the API then answers 404 for /metrics")
 	fs.StringVar(&f.authzAddr, "authz-addr", "", "`host:port` serving ext_authz (gRPC envoy.service.auth.v3.Authorization) to an Envoy fleet, on the operator's network only; recorded in this gateway's registration for xds; empty serves none")
+	fs.StringVar(&f.edgeAddr, "edge-addr", "", "`host:port` serving this gateway's API to an Envoy fleet over mutual TLS only (needs --fleet-tls-*: clients must present a certificate --fleet-tls-ca signed), on the operator's network; recorded in this gateway's registration, and the Envoys' endpoint for it when they speak TLS (--envoy-tls-*); empty serves none")
 	fs.DurationVar(&f.nodeTimeout, "node-timeout", defaultNodeTimeout, "how long a node may go without a heartbeat (every 2 s) before it counts as dead and its sessions fail with host_failure, and the edge stops sending it connections (3s–5m)")
 	f.xds.register(fs)
-	f.fleetTLS.register(fs, "Serves --authz-addr (ext_authz) over TLS only, to clients whose certificate --fleet-tls-ca signed (the Envoys, --envoy-tls-*); and this gateway presents it to the `wb node`s registered with https:// URLs (wb node --fleet-tls-*), whose certificates the CA must have signed")
+	f.fleetTLS.register(fs, "Serves --authz-addr (ext_authz) and --edge-addr (the API for the Envoys) over TLS only, to clients whose certificate --fleet-tls-ca signed (the Envoys, --envoy-tls-*); and this gateway presents it to the `wb node`s registered with https:// URLs (wb node --fleet-tls-*), whose certificates the CA must have signed")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -186,6 +188,16 @@ Flags:
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	edgeLn, err := listenEdge(f.edgeAddr, f.fleetTLS, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	edgeAddr := ""
+	if edgeLn != nil {
+		defer edgeLn.Close() // on the error paths; Shutdown closes it otherwise
+		edgeAddr = edgeLn.Addr().String()
 	}
 	authzAddr := ""
 	if authzLn != nil {
@@ -321,7 +333,7 @@ Flags:
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		registerGateway(gctx, st, session.NewID("gw_", time.Now()), []string{url, f.publicURL}, authzAddr, log)
+		registerGateway(gctx, st, session.NewID("gw_", time.Now()), []string{url, f.publicURL}, authzAddr, edgeAddr, log)
 		return nil
 	})
 	g.Go(func() error { return pl.Run(gctx) })
@@ -343,6 +355,10 @@ Flags:
 	serveUntil(gctx, g, srv, ln, 10*time.Second)
 	if authz != nil {
 		serveAuthz(gctx, g, authz, authzLn, 10*time.Second, f.fleetTLS.enabled(), log)
+	}
+	if edgeLn != nil {
+		log.Info("edge API served", "addr", edgeAddr)
+		serveUntil(gctx, g, &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}, edgeLn, 10*time.Second)
 	}
 	if metricsLn != nil {
 		serveMetrics(gctx, g, metricsLn, metrics.Handler(), log)

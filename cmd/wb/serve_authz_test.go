@@ -30,7 +30,7 @@ func TestServeAuthz(t *testing.T) {
 	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("busybox-static is needed to assemble the templates")
 	}
-	env, addr, ctx, stop := startServeAuthz(t)
+	env, addr, ctx, stop, _ := startServeAuthz(t)
 	defer stop()
 	req, _ := http.NewRequest("POST", env["WB_URL"]+"/v1/sessions", strings.NewReader(`{"tier":2}`))
 	req.Header.Set("Authorization", "Bearer "+env["WB_API_KEY"])
@@ -93,15 +93,15 @@ func TestServeAuthz(t *testing.T) {
 // startServeAuthz runs `wb serve --authz-addr 127.0.0.1:0 --runtime none` with args added, and
 // answers its three lines, its ext_authz address, its context, and stop, which ends it and
 // fails the test unless it stops cleanly (calling it again does nothing).
-func startServeAuthz(t *testing.T, args ...string) (env map[string]string, addr string, ctx context.Context, stop func()) {
+func startServeAuthz(t *testing.T, args ...string) (env map[string]string, addr string, ctx context.Context, stop func(), logs *syncbuf.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	var logs syncbuf.Buffer
+	logs = &syncbuf.Buffer{}
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0", "--authz-addr", "127.0.0.1:0", "--runtime", "none",
-			"--data-dir", t.TempDir(), "--log-level", "info"}, args...), pw, &logs)
+			"--data-dir", t.TempDir(), "--log-level", "info"}, args...), pw, logs)
 		pw.Close()
 	}()
 	env = map[string]string{}
@@ -149,7 +149,7 @@ func startServeAuthz(t *testing.T, args ...string) (env map[string]string, addr 
 			t.Fatal("serve did not stop within 30 s of its context ending")
 		}
 	}
-	return env, addr, ctx, stop
+	return env, addr, ctx, stop, logs
 }
 
 // TestServeAuthzFleetTLS: with `wb serve --fleet-tls-*`, ext_authz answers only over TLS, to a
@@ -160,7 +160,7 @@ func TestServeAuthzFleetTLS(t *testing.T) {
 		t.Skip("busybox-static is needed to assemble the templates")
 	}
 	pki := mtlstest.New(t)
-	_, addr, ctx, stop := startServeAuthz(t, "--fleet-tls-cert", pki.Cert, "--fleet-tls-key", pki.Key, "--fleet-tls-ca", pki.CAFile)
+	_, addr, ctx, stop, _ := startServeAuthz(t, "--fleet-tls-cert", pki.Cert, "--fleet-tls-key", pki.Key, "--fleet-tls-ca", pki.CAFile)
 	defer stop()
 	check := func(creds credentials.TransportCredentials) (int, error) {
 		t.Helper()
@@ -201,5 +201,69 @@ func TestServeAuthzFleetTLS(t *testing.T) {
 		if st, err := check(c.creds); err == nil {
 			t.Errorf("%s: answered %d, want refused", c.name, st)
 		}
+	}
+}
+
+// TestServeEdgeAddr: `wb serve --edge-addr` serves the API to the Envoys over mutual TLS only:
+// a client with the fleet CA's certificate lists sessions with an API key; plaintext, no
+// certificate and another CA's certificate get nothing. Without --fleet-tls-* it is refused.
+func TestServeEdgeAddr(t *testing.T) {
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox-static is needed to assemble the templates")
+	}
+	pki := mtlstest.New(t)
+	env, _, ctx, stop, logs := startServeAuthz(t, "--edge-addr", "127.0.0.1:0",
+		"--fleet-tls-cert", pki.Cert, "--fleet-tls-key", pki.Key, "--fleet-tls-ca", pki.CAFile)
+	defer stop()
+	edgeRe := regexp.MustCompile(`msg="edge API served" addr=(127\.0\.0\.1:\d+)`)
+	testwait.For(t, 30*time.Second, "the edge address in the log", func() bool { return edgeRe.MatchString(logs.String()) })
+	edge := edgeRe.FindStringSubmatch(logs.String())[1]
+
+	list := func(hc *http.Client, scheme string) (int, error) {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(rctx, "GET", scheme+"://"+edge+"/v1/sessions", nil)
+		req.Header.Set("Authorization", "Bearer "+env["WB_API_KEY"])
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	// The certificate is sent whatever CAs the server names.
+	withCert := func(certs ...tls.Certificate) *http.Client {
+		cfg := pki.ClientConfig()
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if len(certs) == 0 {
+				return &tls.Certificate{}, nil
+			}
+			return &certs[0], nil
+		}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+	}
+	if st, err := list(withCert(pki.Client), "https"); err != nil || st != 200 {
+		t.Fatalf("an Envoy with the fleet CA's certificate: %d, %v; want 200", st, err)
+	}
+	for _, c := range []struct {
+		name   string
+		hc     *http.Client
+		scheme string
+	}{
+		{"plaintext", http.DefaultClient, "http"},
+		{"TLS without a client certificate", withCert(), "https"},
+		{"a client certificate of another CA", withCert(pki.Other), "https"},
+	} {
+		if st, err := list(c.hc, c.scheme); err == nil && st != 400 {
+			t.Errorf("%s: %d, want refused", c.name, st)
+		}
+	}
+	stop()
+
+	var out, errb strings.Builder
+	err := run(context.Background(), []string{"serve", "--edge-addr", "127.0.0.1:0", "--runtime", "none", "--data-dir", t.TempDir()}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "--edge-addr serves only mutual TLS") {
+		t.Errorf("--edge-addr without --fleet-tls-*: %v", err)
 	}
 }

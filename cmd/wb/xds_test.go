@@ -96,7 +96,7 @@ func TestServeXDSEnvoyTLS(t *testing.T) {
 	}
 	r := xds.Build(xds.Fleet{Nodes: []xds.Node{{ID: "n1", Addr: "https://10.0.0.1:7070"}}}, opts)
 	for _, c := range r.Clusters {
-		if c.GetName() != xds.ClusterGateway && c.GetTransportSocket().GetName() != "envoy.transport_sockets.tls" {
+		if c.GetTransportSocket().GetName() != "envoy.transport_sockets.tls" {
 			t.Errorf("cluster %s: transport socket %v, want TLS", c.GetName(), c.GetTransportSocket())
 		}
 	}
