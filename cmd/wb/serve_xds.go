@@ -29,9 +29,9 @@ func (f *xdsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.certFile, "xds-tls-cert", "", "PEM `file` of the xDS server's certificate (with --xds-tls-key and --xds-tls-client-ca: xDS only over TLS, to Envoys bootstrapped with wb envoy-bootstrap --tls-*)")
 	fs.StringVar(&f.keyFile, "xds-tls-key", "", "PEM `file` of that certificate's private key")
 	fs.StringVar(&f.caFile, "xds-tls-client-ca", "", "PEM `file` of the CA that signed the Envoys' client certificates; a client without one is refused")
-	fs.StringVar(&f.envoy.CertFile, "envoy-tls-cert", "", "`path`, on the Envoys' hosts, of the client certificate each Envoy presents to the gateways' ext_authz and the nodes (with --envoy-tls-key and --envoy-tls-ca: the xDS clusters of ext_authz and the nodes speak mutual TLS, for gateways and nodes that serve --fleet-tls-*); every Envoy must have these three files at these paths")
+	fs.StringVar(&f.envoy.CertFile, "envoy-tls-cert", "", "`path`, on the Envoys' hosts, of the client certificate each Envoy presents to the gateways' ext_authz and --edge-addr and to the nodes (with --envoy-tls-key and --envoy-tls-ca: every xDS cluster speaks mutual TLS, to gateways and nodes that serve --fleet-tls-*, and the gateways' cluster reaches their --edge-addr, not their public --addr); every Envoy must have these three files at these paths")
 	fs.StringVar(&f.envoy.KeyFile, "envoy-tls-key", "", "`path`, on the Envoys' hosts, of that certificate's private key")
-	fs.StringVar(&f.envoy.CAFile, "envoy-tls-ca", "", "`path`, on the Envoys' hosts, of the fleet's CA (the --fleet-tls-ca of the gateways and nodes), which must have signed the ext_authz and node certificates")
+	fs.StringVar(&f.envoy.CAFile, "envoy-tls-ca", "", "`path`, on the Envoys' hosts, of the fleet's CA (the --fleet-tls-ca of the gateways and nodes), which must have signed the gateways' and nodes' certificates")
 }
 
 // options are the resources' options the flags give.
