@@ -125,15 +125,15 @@ func Build(f Fleet, opts Options) *Resources {
 				}),
 			}
 			c.OutlierDetection = outlier()
-			c.TransportSocket = upstreamTLS(o.UpstreamTLS, "h2") // gRPC
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, []string{"h2"}) // gRPC
 		}),
 		// With TLS, the endpoints are the gateways' --edge-addr, not their public listener,
 		// which callers reach without a client certificate.
 		edsCluster(ClusterGateway, o, func(c *clusterv3.Cluster) {
 			c.OutlierDetection = outlier()
-			c.TransportSocket = upstreamTLS(o.UpstreamTLS)
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil)
 		}),
-		edsCluster(ClusterNodes, o, func(c *clusterv3.Cluster) { c.TransportSocket = upstreamTLS(o.UpstreamTLS) }),
+		edsCluster(ClusterNodes, o, func(c *clusterv3.Cluster) { c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil) }),
 	)
 	r.Endpoints = append(r.Endpoints,
 		assignment(ClusterExtAuthz, gwAuthz, nil),
@@ -155,7 +155,9 @@ func Build(f Fleet, opts Options) *Resources {
 			// One endpoint per cluster: with the default panic threshold Envoy would send
 			// traffic to it even when unhealthy; fail fast with a 503 instead.
 			c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}}
-			c.TransportSocket = upstreamTLS(o.UpstreamTLS) // HTTP/1.1: the PTY is a WebSocket upgrade
+			// HTTP/1.1: the PTY is a WebSocket upgrade. The node's certificate must name its
+			// IP, as the gateways' client checks: another member's does not pass for it.
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil, n.addr.Addr())
 		}))
 		status := corev3.HealthStatus_UNKNOWN
 		if n.draining {
@@ -333,22 +335,27 @@ func edsCluster(name string, o Options, tune func(*clusterv3.Cluster)) *clusterv
 }
 
 // upstreamTLS is the transport socket of a cluster whose servers serve --fleet-tls-*: the
-// Envoy's client certificate, and their certificates verified against the fleet's CA (the
-// chain only: the CA signs the fleet's members alone). nil without u.
-func upstreamTLS(u UpstreamTLS, alpn ...string) *corev3.TransportSocket {
+// Envoy's client certificate, and their certificates verified against the fleet's CA, and,
+// when ip is given, naming it (an IP SAN). nil without u.
+func upstreamTLS(u UpstreamTLS, alpn []string, ip ...netip.Addr) *corev3.TransportSocket {
 	if !u.enabled() {
 		return nil
 	}
 	file := func(name string) *corev3.DataSource {
 		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}}
 	}
+	validation := &tlsv3.CertificateValidationContext{TrustedCa: file(u.CAFile)}
+	for _, a := range ip {
+		validation.MatchTypedSubjectAltNames = append(validation.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
+			SanType: tlsv3.SubjectAltNameMatcher_IP_ADDRESS,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: a.String()}},
+		})
+	}
 	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
-		TlsParams:       &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
-		TlsCertificates: []*tlsv3.TlsCertificate{{CertificateChain: file(u.CertFile), PrivateKey: file(u.KeyFile)}},
-		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-			TrustedCa: file(u.CAFile),
-		}},
-		AlpnProtocols: alpn,
+		TlsParams:             &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
+		TlsCertificates:       []*tlsv3.TlsCertificate{{CertificateChain: file(u.CertFile), PrivateKey: file(u.KeyFile)}},
+		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: validation},
+		AlpnProtocols:         alpn,
 	}}
 	return &corev3.TransportSocket{
 		Name:       "envoy.transport_sockets.tls",

@@ -330,7 +330,8 @@ func FuzzBuild(f *testing.F) {
 
 // TestUpstreamTLS: with Options.UpstreamTLS, the ext_authz cluster (ALPN h2, for gRPC), the
 // gateway cluster and every node cluster carry a TLS transport socket with the Envoy's
-// certificate and key and validation against the fleet's CA, each one valid, and the gateway
+// certificate and key and validation against the fleet's CA (and, for a node, its IP address
+// in the certificate), each one valid, and the gateway
 // cluster's endpoints are the gateways' edge addresses (not their public listeners; one
 // without is left out). Without it, no cluster has one.
 func TestUpstreamTLS(t *testing.T) {
@@ -362,6 +363,7 @@ func TestUpstreamTLS(t *testing.T) {
 			t.Errorf("wb_gateway endpoints %v, want gw_1's edge address 10.0.1.1:8443 alone", eps)
 		}
 	}
+	nodeIPs := map[string]string{NodeCluster("node-a"): "10.0.0.11", NodeCluster("node/b"): "10.0.0.12", NodeCluster("node-c"): "10.0.0.13"}
 	withTLS := 0
 	for _, c := range r.Clusters {
 		ts := c.GetTransportSocket()
@@ -387,6 +389,16 @@ func TestUpstreamTLS(t *testing.T) {
 		}
 		if common.GetTlsParams().GetTlsMinimumProtocolVersion() != tlsv3.TlsParameters_TLSv1_2 {
 			t.Errorf("cluster %s: TLS parameters %v, want at least TLS 1.2", c.GetName(), common.GetTlsParams())
+		}
+		// A node's cluster also checks that the certificate names the node's IP, as the
+		// gateways do: the fleet CA's other certificates do not pass for that node.
+		sans := common.GetValidationContext().GetMatchTypedSubjectAltNames()
+		if ip, isNode := nodeIPs[c.GetName()]; isNode {
+			if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_IP_ADDRESS || sans[0].GetMatcher().GetExact() != ip {
+				t.Errorf("cluster %s: SAN matchers %v, want the IP address %s", c.GetName(), sans, ip)
+			}
+		} else if len(sans) != 0 {
+			t.Errorf("cluster %s: SAN matchers %v, want none", c.GetName(), sans)
 		}
 		wantALPN := []string(nil)
 		if c.GetName() == ClusterExtAuthz {
