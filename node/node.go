@@ -358,6 +358,7 @@ func (n *Node) sessionUsage() (vcpu, mem int) {
 // needs neither: see releaseClaimOf). It reports whether the registration landed.
 func (n *Node) heartbeat(ctx context.Context) bool {
 	info := n.Info
+	info.HeartbeatEvery = n.Heartbeat // its room lapses a few of these after (store.Heartbeat)
 	var fresh, shown []*live
 	n.mu.Lock()
 	for _, l := range n.guests {

@@ -221,3 +221,55 @@ func TestReleaseOnNodeKeepsOthersClaims(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeRoomLapses: a node's room lapses a few heartbeats after the latest that wrote it,
+// and each heartbeat renews it; a claim on a node whose room lapsed is judged by the
+// caller's read, as before the room was recorded. Before, the room never expired: a node
+// rolled back to a wb that writes no room kept its last one for good, and every claim on it
+// was judged by that.
+func TestNodeRoomLapses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := New(redistest.Server(t))
+	const every = 100 * time.Millisecond
+	beat := func(usedMem int) {
+		t.Helper()
+		if err := s.Heartbeat(ctx, NodeInfo{ID: "n1", VCPU: 4, MemoryMiB: 4096, UsedVCPU: 4, UsedMemoryMiB: usedMem, HeartbeatEvery: every}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(sess string) bool {
+		t.Helper()
+		// The caller read 4 vCPUs and 4096 MiB free; the room says none.
+		_, ok, err := s.ClaimOnNode(ctx, "n1", sess, 1, 256, 4, 4096, time.Now(), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	beat(4096)
+	ttl := s.rdb.PTTL(ctx, nodeRoomKey("n1")).Val()
+	if ttl <= 0 || ttl > roomBeats*every {
+		t.Fatalf("the node's room has TTL %v; want within %d heartbeats of %v", ttl, roomBeats, every)
+	}
+	if claim("s1") {
+		t.Fatal("a claim past the room the node's heartbeat reports made")
+	}
+	// Heartbeats renew it: it outlives its first TTL.
+	for range roomBeats + 2 {
+		time.Sleep(every)
+		beat(4096)
+	}
+	if n := s.rdb.Exists(ctx, nodeRoomKey("n1")).Val(); n != 1 {
+		t.Fatal("the room of a node that beats lapsed")
+	}
+	// The node beats no more (or with a wb that writes no room): its room lapses, and the
+	// caller's read decides.
+	time.Sleep(roomBeats*every + 100*time.Millisecond)
+	if n := s.rdb.Exists(ctx, nodeRoomKey("n1")).Val(); n != 0 {
+		t.Fatal("the room of a node that stopped writing it is still there")
+	}
+	if !claim("s2") {
+		t.Fatal("a claim on a node whose room lapsed not judged by the caller's read")
+	}
+}

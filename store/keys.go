@@ -165,7 +165,8 @@ func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" 
 // node's slot, so that the claim script checks a claim against the node's heartbeat as it is
 // then, not as a placer read it before (a heartbeat since may show a session whose claim is
 // gone). Written by store (Heartbeat; RemoveNode deletes it); read by the claim script
-// (ClaimOnNode).
+// (ClaimOnNode). It lapses a few heartbeats after the latest (roomBeats), when the claim
+// script falls back to the placer's read.
 func nodeRoomKey(node string) string { return "wb:node:{" + node + "}:room" }
 
 // signalKey is a stream of signals of one kind of work, field p the project with work,

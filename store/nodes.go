@@ -27,21 +27,40 @@ type NodeInfo struct {
 	HeartbeatAt   time.Time `json:"heartbeat_at"`
 	// Draining: the node takes no new sessions; the edge (xds) marks its endpoint DRAINING.
 	Draining bool `json:"draining,omitempty"`
+	// HeartbeatEvery is how often the node beats (Heartbeat's caller says; not recorded): its
+	// room (nodeRoomKey) lapses roomBeats of them after the heartbeat that wrote it. Zero:
+	// defaultHeartbeatEvery.
+	HeartbeatEvery time.Duration `json:"-"`
 }
 
+// roomBeats is how many heartbeats a node's room outlives the one that wrote it: a few
+// heartbeats lost or late keep it, and a node that writes it no more (stopped, or rolled
+// back to a wb that does not) loses it soon, and its claims are judged by the placer's
+// read again, as before the room was recorded, not by its last room for good.
+const roomBeats = 5
+
+// defaultHeartbeatEvery is a node's default heartbeat period (node.Config.Heartbeat).
+const defaultHeartbeatEvery = 2 * time.Second
+
 // Heartbeat registers or refreshes a node. Its capacity and use go to the node's room too
-// (nodeRoomKey), where the claim script reads them; a heartbeat that answers an error may
-// have written either, and the next writes both.
+// (nodeRoomKey), where the claim script reads them, for roomBeats of its heartbeats; a
+// heartbeat that answers an error may have written either, and the next writes both.
 func (s *Store) Heartbeat(ctx context.Context, n NodeInfo) error {
 	if n.ID == "" {
 		return &session.FieldError{Field: "id", Message: "node id is required"}
 	}
 	n.HeartbeatAt = s.now().UTC()
+	every := n.HeartbeatEvery
+	if every <= 0 {
+		every = defaultHeartbeatEvery
+	}
 	b, _ := json.Marshal(n)
 	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSet(ctx, NodesKey, n.ID, b)
-		p.HSet(ctx, nodeRoomKey(n.ID), "vcpu", n.VCPU, "memory_mib", n.MemoryMiB,
+		room := nodeRoomKey(n.ID)
+		p.HSet(ctx, room, "vcpu", n.VCPU, "memory_mib", n.MemoryMiB,
 			"used_vcpu", n.UsedVCPU, "used_memory_mib", n.UsedMemoryMiB)
+		p.PExpire(ctx, room, roomBeats*every)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("heartbeat %s: %w", n.ID, err)
