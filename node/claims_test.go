@@ -26,7 +26,7 @@ func TestPlacementClaimsEnd(t *testing.T) {
 	const capacity = 64 // nodeConfig's vCPUs
 	claim := func(t *testing.T, nodeID, sessionID string, vcpu int) (store.Claim, bool) {
 		t.Helper()
-		c, ok, err := st.ClaimOnNode(ctxT(t, 10*time.Second), nodeID, sessionID, vcpu, 256, capacity, 1<<20, time.Now(), time.Hour)
+		c, ok, err := st.ClaimOnNode(ctxT(t, 10*time.Second), store.ClaimAsk{Node: store.NodeInfo{ID: nodeID, VCPU: capacity, MemoryMiB: 1 << 20}, Session: sessionID, VCPU: vcpu, MemoryMiB: 256}, time.Now(), time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,6 +91,27 @@ func TestPlacementClaimsEnd(t *testing.T) {
 			}
 		}
 		waitFits(t, n.Info.ID, capacity-used, "the session ran, its room in the heartbeats")
+		// The heartbeats report what each project holds, for the claims' check of its share:
+		// at a share that its session fills, one more vCPU of the project does not fit, and
+		// one of another project does.
+		pct := (used*100 + capacity - 1) / capacity
+		shareFits := func(project string) bool {
+			t.Helper()
+			c, ok, err := st.ClaimOnNode(ctxT(t, 10*time.Second), store.ClaimAsk{Node: store.NodeInfo{ID: n.Info.ID}, Session: "probe", Project: project,
+				VCPU: 1, MemoryMiB: 1, SharePct: pct}, time.Now(), time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				if err := st.ReleaseOnNode(ctxT(t, 10*time.Second), n.Info.ID, c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return ok
+		}
+		if shareFits("proj_claims_hb") || !shareFits("proj_claims_other") {
+			t.Fatalf("at a share of %d %% of %d vCPUs, a vCPU more of the project that holds %d fits, or one of another project does not", pct, capacity, used)
+		}
 	})
 
 	t.Run("ended", func(t *testing.T) {

@@ -359,11 +359,17 @@ func (n *Node) sessionUsage() (vcpu, mem int) {
 func (n *Node) heartbeat(ctx context.Context) bool {
 	info := n.Info
 	info.HeartbeatEvery = n.Heartbeat // its room lapses a few of these after (store.Heartbeat)
+	// Each project's, for its share of the node, which the placers' claims check against it.
+	info.Projects = map[string]store.NodeUse{}
 	var fresh, shown []*live
 	n.mu.Lock()
 	for _, l := range n.guests {
 		info.UsedVCPU += l.g.Resources.VCPU
 		info.UsedMemoryMiB += l.g.Resources.MemoryMiB
+		u := info.Projects[l.g.Project]
+		u.VCPU += l.g.Resources.VCPU
+		u.MemoryMiB += l.g.Resources.MemoryMiB
+		info.Projects[l.g.Project] = u
 		switch {
 		case !l.shown:
 			fresh = append(fresh, l)

@@ -341,8 +341,8 @@ func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[
 	slices.SortStableFunc(fit, func(a, b ranked) int { return b.memAfterClaims - a.memAfterClaims })
 	for _, r := range fit {
 		n := r.n
-		claim, ok, err := p.Store.ClaimOnNode(ctx, n.ID, sess.ID, sess.Resources.VCPU, sess.Resources.MemoryMiB,
-			n.VCPU-n.UsedVCPU, n.MemoryMiB-n.UsedMemoryMiB, now, p.claimWindow())
+		claim, ok, err := p.Store.ClaimOnNode(ctx, store.ClaimAsk{Node: n, Session: sess.ID, Project: sess.ProjectID,
+			VCPU: sess.Resources.VCPU, MemoryMiB: sess.Resources.MemoryMiB, SharePct: sh.pct}, now, p.claimWindow())
 		if err != nil {
 			return store.NodeInfo{}, store.Claim{}, false, err
 		}

@@ -417,7 +417,7 @@ func TestCapacityAfterAStaleRead(t *testing.T) {
 	redistest.BeforeOnce(rdb, isClaim, func() error {
 		// Between the round's read and its first claim: another placer places x on n_small,
 		// a heartbeat shows x, and the next releases x's claim.
-		if _, ok, err := st.ClaimOnNode(ctx, "n_small", "sess_x", 1, 2048, 4, 4096, time.Now(), p.claimWindow()); err != nil || !ok {
+		if _, ok, err := st.ClaimOnNode(ctx, store.ClaimAsk{Node: store.NodeInfo{ID: "n_small", VCPU: 4, MemoryMiB: 4096}, Session: "sess_x", VCPU: 1, MemoryMiB: 2048}, time.Now(), p.claimWindow()); err != nil || !ok {
 			t.Errorf("claim x: %v, %v", ok, err)
 		}
 		if err := st.Heartbeat(ctx, store.NodeInfo{ID: "n_small", Region: "r1", Zone: "r1-a", Tiers: []int{1, 2}, VCPU: 4, MemoryMiB: 4096,
@@ -436,6 +436,34 @@ func TestCapacityAfterAStaleRead(t *testing.T) {
 	}
 	if placed != 1 {
 		t.Fatalf("n_small (4096 MiB) holds x's 2048 MiB and %d more sessions of 2048 MiB; want 1", placed)
+	}
+}
+
+// TestNodeShareAfterAStaleRead: a placement round reads what its project holds on each node
+// once, and a stall makes that read stale before the round claims: meanwhile another placer
+// (this one was past its project lock) placed the project's sessions on the node up to its
+// share, a heartbeat showed them and the next released their claims. The round's claim
+// checks the share against the node's heartbeat as it is then: the project is not placed past
+// its share.
+func TestNodeShareAfterAStaleRead(t *testing.T) {
+	rdb := redistest.Server(t)
+	st, rec, p, _ := setupOn(t, rdb)
+	ctx := context.Background()
+	// n_small (4 vCPU, 4096 MiB) is the only tier-1 node in r1; at 50 %, proj_a holds 2 vCPUs.
+	if err := st.SetPlan(ctx, "proj_a", store.PlanChange{NodeSharePct: ptr(50)}); err != nil {
+		t.Fatal(err)
+	}
+	s := pending(t, st, "proj_a", "r1", 1, 512)
+	redistest.BeforeOnce(rdb, isClaim, func() error {
+		// Between the round's read and its claim: the other placer's two sessions of proj_a
+		// on n_small, shown by its heartbeat, their claims released.
+		return st.Heartbeat(ctx, store.NodeInfo{ID: "n_small", Region: "r1", Zone: "r1-a", Tiers: []int{1, 2}, VCPU: 4, MemoryMiB: 4096,
+			UsedVCPU: 2, UsedMemoryMiB: 1024, Projects: map[string]store.NodeUse{"proj_a": {VCPU: 2, MemoryMiB: 1024}}})
+	})
+	p.PlaceProject(ctx, "proj_a")
+	p.wg.Wait()
+	if node := rec.nodeOf(s.ID); node != "" {
+		t.Fatalf("%s placed on %s, where proj_a holds its 50 %% share already", s.ID, node)
 	}
 }
 

@@ -21,33 +21,60 @@ import (
 // live claims and it fit in the node's free room: its capacity less its use as its latest
 // heartbeat reported them (nodeRoomKey), read here and not trusted from the caller's read,
 // which may be older than a heartbeat that shows a session whose claim is gone since. Only a
-// node with no room recorded (its heartbeat written before the room was) is judged by the
-// caller's free room. A session's claims count once, whichever placers made them: two
-// placing the same session (one stalled past its project lock) hold one session's room.
+// node with no room recorded (its heartbeat written before the room was, or by a wb that
+// writes none, whose last room lapsed) is judged by the caller's read. A session's claims
+// count once, whichever placers made them: two placing the same session (one stalled past
+// its project lock) hold one session's room.
+//
+// With a share (1–100 %), the project's sessions on the node, as the room reports them, with
+// the project's live claims and this one, stay within that share of the node's capacity:
+// checked here for the same reason, since two placers of one project (one stalled past its
+// project lock) each checked it against their own read. A room without the projects field
+// (written by an older wb) leaves the share to the caller, which checked it against its read.
 //
 // KEYS: node's claims, node's room
-// ARGV: member, session, vcpu, mem, free vcpu, free mem (the caller's read), now ms, window ms
+// ARGV: member, session, vcpu, mem, capacity vcpu, capacity mem, used vcpu, used mem (the
+// caller's read), now ms, window ms, project, share pct (0: none)
 // Answers {claimed (1|0), live claimed vcpu, live claimed mem} (the sums of the other
 // sessions' claims).
 var claimScript = redis.NewScript(`
-local now, window = tonumber(ARGV[7]), tonumber(ARGV[8])
+local now, window = tonumber(ARGV[9]), tonumber(ARGV[10])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-local freeVCPU, freeMem = tonumber(ARGV[5]), tonumber(ARGV[6])
-local room = redis.call('HMGET', KEYS[2], 'vcpu', 'memory_mib', 'used_vcpu', 'used_memory_mib')
+local capVCPU, capMem = tonumber(ARGV[5]), tonumber(ARGV[6])
+local usedVCPU, usedMem = tonumber(ARGV[7]), tonumber(ARGV[8])
+local project, pct = ARGV[11], tonumber(ARGV[12]) or 0
+local room = redis.call('HMGET', KEYS[2], 'vcpu', 'memory_mib', 'used_vcpu', 'used_memory_mib', 'projects')
+local projVCPU, projMem
 if room[1] then
-  freeVCPU = (tonumber(room[1]) or 0) - (tonumber(room[3]) or 0)
-  freeMem = (tonumber(room[2]) or 0) - (tonumber(room[4]) or 0)
+  capVCPU, capMem = tonumber(room[1]) or 0, tonumber(room[2]) or 0
+  usedVCPU, usedMem = tonumber(room[3]) or 0, tonumber(room[4]) or 0
+  if room[5] then
+    projVCPU, projMem = 0, 0
+    local at = string.find(room[5], ';' .. project .. ':', 1, true)
+    if at then
+      local v, b = string.match(room[5], '^(%d+):(%d+);', at + #project + 2)
+      projVCPU, projMem = tonumber(v) or 0, tonumber(b) or 0
+    end
+  end
 end
-local vcpu, mem, seen = 0, 0, {[ARGV[2]] = true}
+local vcpu, mem, pvcpu, pmem, seen = 0, 0, 0, 0, {[ARGV[2]] = true}
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
   local sess = string.match(m, '^[^|]*')
   if not seen[sess] then
     seen[sess] = true
     local v, b = string.match(m, '|(%d+)|(%d+)$')
-    vcpu, mem = vcpu + (tonumber(v) or 0), mem + (tonumber(b) or 0)
+    v, b = tonumber(v) or 0, tonumber(b) or 0
+    vcpu, mem = vcpu + v, mem + b
+    if string.match(m, '^[^|]*|[^|]*|([^|]*)|%d+|%d+$') == project then
+      pvcpu, pmem = pvcpu + v, pmem + b
+    end
   end
 end
-if vcpu + tonumber(ARGV[3]) > freeVCPU or mem + tonumber(ARGV[4]) > freeMem then
+local needVCPU, needMem = tonumber(ARGV[3]), tonumber(ARGV[4])
+if vcpu + needVCPU > capVCPU - usedVCPU or mem + needMem > capMem - usedMem then
+  return {0, vcpu, mem}
+end
+if pct > 0 and projVCPU and ((projVCPU + pvcpu + needVCPU) * 100 > capVCPU * pct or (projMem + pmem + needMem) * 100 > capMem * pct) then
   return {0, vcpu, mem}
 end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
@@ -55,29 +82,46 @@ redis.call('PEXPIRE', KEYS[1], window)
 return {1, vcpu, mem}
 `)
 
+// claimMember is a claim's member of its node's claims: session|token|project|vcpu|mem (one
+// of an older wb has no project; the sums read the last two fields).
 func claimMember(c Claim) string {
-	return c.Session + "|" + c.Token + "|" + strconv.Itoa(c.VCPU) + "|" + strconv.Itoa(c.MemoryMiB)
+	return c.Session + "|" + c.Token + "|" + c.Project + "|" + strconv.Itoa(c.VCPU) + "|" + strconv.Itoa(c.MemoryMiB)
 }
 
-// ClaimOnNode claims vcpu and mem on node for a session being placed there, if they fit,
-// with the node's other live claims (those made within window before now), in the node's
-// free room: its capacity less what its latest heartbeat reports in use, read in the same
-// step. freeVCPU and freeMem, the room as the caller read it, count only for a node whose
-// heartbeat recorded no room (written by an older wb). It answers false, claiming nothing,
-// when they do not fit, and else the claim, which the caller releases (ReleaseOnNode) if
-// its placement does not happen. Claims lapse after window, by when the node's heartbeat is
-// to show the session.
-func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu, mem, freeVCPU, freeMem int, now time.Time, window time.Duration) (Claim, bool, error) {
+// ClaimAsk is a placement's claim on a node (ClaimOnNode): the session's, and the node as
+// the caller read it.
+type ClaimAsk struct {
+	// Node is the node as the caller read it. Its capacity and use count only for a node
+	// whose heartbeat recorded no room (written by an older wb, or lapsed).
+	Node             NodeInfo
+	Session, Project string
+	VCPU, MemoryMiB  int
+	// SharePct is the project's share of any one node (Plan.NodeSharePct), 0 for none: the
+	// project's sessions on the node, as its heartbeat reports them, with the project's live
+	// claims there and this one, stay within it.
+	SharePct int
+}
+
+// ClaimOnNode claims a.VCPU and a.MemoryMiB on a.Node for a session being placed there, if
+// they fit, with the node's other live claims (those made within window before now), in the
+// node's free room: its capacity less what its latest heartbeat reports in use, read in the
+// same step; and if the project stays within a.SharePct of the node, checked in that step
+// too. It answers false, claiming nothing, when they do not fit, and else the claim, which
+// the caller releases (ReleaseOnNode) if its placement does not happen. Claims lapse after
+// window, by when the node's heartbeat is to show the session.
+func (s *Store) ClaimOnNode(ctx context.Context, a ClaimAsk, now time.Time, window time.Duration) (Claim, bool, error) {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	c := Claim{Session: sessionID, VCPU: vcpu, MemoryMiB: mem, Token: hex.EncodeToString(b)}
-	res, err := claimScript.Run(ctx, s.rdb, []string{nodeClaimsKey(nodeID), nodeRoomKey(nodeID)},
-		claimMember(c), sessionID, vcpu, mem, freeVCPU, freeMem, now.UnixMilli(), window.Milliseconds()).Int64Slice()
+	c := Claim{Session: a.Session, Project: a.Project, VCPU: a.VCPU, MemoryMiB: a.MemoryMiB, Token: hex.EncodeToString(b)}
+	n := a.Node
+	res, err := claimScript.Run(ctx, s.rdb, []string{nodeClaimsKey(n.ID), nodeRoomKey(n.ID)},
+		claimMember(c), a.Session, a.VCPU, a.MemoryMiB, n.VCPU, n.MemoryMiB, n.UsedVCPU, n.UsedMemoryMiB,
+		now.UnixMilli(), window.Milliseconds(), a.Project, a.SharePct).Int64Slice()
 	if err != nil {
-		return Claim{}, false, fmt.Errorf("claim on node %s: %w", nodeID, err)
+		return Claim{}, false, fmt.Errorf("claim on node %s: %w", n.ID, err)
 	}
 	if len(res) < 1 {
-		return Claim{}, false, fmt.Errorf("claim on node %s: script answered %v", nodeID, res)
+		return Claim{}, false, fmt.Errorf("claim on node %s: script answered %v", n.ID, res)
 	}
 	if res[0] != 1 {
 		return Claim{}, false, nil
@@ -88,8 +132,8 @@ func (s *Store) ClaimOnNode(ctx context.Context, nodeID, sessionID string, vcpu,
 // Claim is a session's claim on a node (ClaimOnNode): its id and the vCPUs and memory its
 // placement claimed there.
 type Claim struct {
-	Session         string
-	VCPU, MemoryMiB int
+	Session, Project string
+	VCPU, MemoryMiB  int
 	// Token names the one claim ClaimOnNode made. A release with it drops that claim only,
 	// and never another placer's of the same session; one without it (the node's, which
 	// knows the session only) drops every claim of the session.

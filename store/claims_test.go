@@ -24,7 +24,7 @@ func TestClaimOnNode(t *testing.T) {
 	const window = 10 * time.Second
 	claim := func(sess string, vcpu, mem int, at time.Time) bool {
 		t.Helper()
-		_, ok, err := s.ClaimOnNode(ctx, "n1", sess, vcpu, mem, 4, 4096, at, window)
+		_, ok, err := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: "n1", VCPU: 4, MemoryMiB: 4096}, Session: sess, VCPU: vcpu, MemoryMiB: mem}, at, window)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -44,7 +44,7 @@ func TestClaimOnNode(t *testing.T) {
 		t.Fatalf("claims read %v, %v; want n1 4 vCPU 2048 MiB", got, err)
 	}
 	// Memory refuses as vCPUs do (on another node, whose claims are apart).
-	if _, ok, _ := s.ClaimOnNode(ctx, "n2", "s4", 1, 5000, 4, 4096, now, window); ok {
+	if _, ok, _ := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: "n2", VCPU: 4, MemoryMiB: 4096}, Session: "s4", VCPU: 1, MemoryMiB: 5000}, now, window); ok {
 		t.Fatal("a claim past the free memory made")
 	}
 	// s1's claim lapses with its window: its room is free again.
@@ -91,7 +91,7 @@ func TestClaimOnNodeConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 32 {
 		wg.Go(func() {
-			_, ok, err := s.ClaimOnNode(ctx, "n1", fmt.Sprintf("s%d", i), 1, 100, 8, 1<<20, now, time.Minute)
+			_, ok, err := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: "n1", VCPU: 8, MemoryMiB: 1 << 20}, Session: fmt.Sprintf("s%d", i), VCPU: 1, MemoryMiB: 100}, now, time.Minute)
 			if err != nil {
 				t.Error(err)
 			}
@@ -135,7 +135,7 @@ func TestClaimOnNodeReadsTheHeartbeat(t *testing.T) {
 			claim := func(node, sess string, mem int) bool {
 				t.Helper()
 				// The caller read 4 vCPUs and 4096 MiB free.
-				_, ok, err := s.ClaimOnNode(ctx, node, sess, 1, mem, 4, 4096, now, time.Minute)
+				_, ok, err := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: node, VCPU: 4, MemoryMiB: 4096}, Session: sess, VCPU: 1, MemoryMiB: mem}, now, time.Minute)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -186,7 +186,7 @@ func TestReleaseOnNodeKeepsOthersClaims(t *testing.T) {
 			const window = time.Minute
 			claim := func(sess string, vcpu int) (Claim, bool) {
 				t.Helper()
-				c, ok, err := s.ClaimOnNode(ctx, "n1", sess, vcpu, 1024, 4, 1<<20, now, window)
+				c, ok, err := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: "n1", VCPU: 4, MemoryMiB: 1 << 20}, Session: sess, VCPU: vcpu, MemoryMiB: 1024}, now, window)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -241,7 +241,7 @@ func TestNodeRoomLapses(t *testing.T) {
 	claim := func(sess string) bool {
 		t.Helper()
 		// The caller read 4 vCPUs and 4096 MiB free; the room says none.
-		_, ok, err := s.ClaimOnNode(ctx, "n1", sess, 1, 256, 4, 4096, time.Now(), time.Minute)
+		_, ok, err := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: "n1", VCPU: 4, MemoryMiB: 4096}, Session: sess, VCPU: 1, MemoryMiB: 256}, time.Now(), time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,5 +271,74 @@ func TestNodeRoomLapses(t *testing.T) {
 	}
 	if !claim("s2") {
 		t.Fatal("a claim on a node whose room lapsed not judged by the caller's read")
+	}
+}
+
+// TestClaimOnNodeKeepsTheShare: a project's claim on a node must keep the project within its
+// share of the node with what the node's latest heartbeat reports of the project and the
+// project's live claims there, whatever the caller read (two placers of one project, one
+// stalled past its project lock, each checked the share against its own read, and together
+// placed the project past it). A room of an older wb, with no projects, leaves the share to
+// the caller. On every backend.
+func TestClaimOnNodeKeepsTheShare(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			s := New(b.New(t))
+			now := time.Now()
+			// The caller read an empty 8-vCPU node; the project may hold half of it.
+			claim := func(project, sess string, vcpu int) bool {
+				t.Helper()
+				_, ok, err := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: "n1", VCPU: 8, MemoryMiB: 8192}, Session: sess, Project: project,
+					VCPU: vcpu, MemoryMiB: 256, SharePct: 50}, now, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			beat := func(projects map[string]NodeUse) {
+				t.Helper()
+				n := NodeInfo{ID: "n1", VCPU: 8, MemoryMiB: 8192, Projects: projects}
+				for _, u := range projects {
+					n.UsedVCPU += u.VCPU
+					n.UsedMemoryMiB += u.MemoryMiB
+				}
+				if err := s.Heartbeat(ctx, n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Another placer's sessions of proj_a, which the node's heartbeat shows, hold 3 of
+			// its 4 vCPUs; a project whose name ends another's is apart.
+			beat(map[string]NodeUse{"proj_a": {VCPU: 3, MemoryMiB: 512}, "xproj_a": {VCPU: 1, MemoryMiB: 256}})
+			if claim("proj_a", "s1", 2) {
+				t.Fatal("a claim past the project's share with what the node's heartbeat reports made")
+			}
+			if !claim("proj_a", "s1", 1) {
+				t.Fatal("a claim within the project's share refused")
+			}
+			// The project's live claims count too, each session's once.
+			if !claim("proj_a", "s1", 1) {
+				t.Fatal("a session's own claim made again counted against its share")
+			}
+			if claim("proj_a", "s2", 1) {
+				t.Fatal("a claim past the project's share with its live claims made")
+			}
+			if !claim("proj_b", "s3", 3) {
+				t.Fatal("another project's claim refused for proj_a's share")
+			}
+			// The heartbeat shows s1 (its claim not released yet) and proj_a's others gone.
+			beat(map[string]NodeUse{"proj_a": {VCPU: 1, MemoryMiB: 256}})
+			if !claim("proj_a", "s4", 2) || claim("proj_a", "s5", 1) {
+				t.Fatal("the share not checked against the latest heartbeat and the live claims")
+			}
+			// A room with no projects (an older wb's node): the caller checked the share.
+			if err := s.rdb.HDel(ctx, nodeRoomKey("n1"), "projects").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if !claim("proj_a", "s6", 1) {
+				t.Fatal("a node whose room has no projects judged by a share it cannot know")
+			}
+		})
 	}
 }

@@ -161,7 +161,7 @@ func nodeSessionsKey(node string) string { return "wb:node:{" + node + "}:sessio
 func nodeClaimsKey(node string) string { return "wb:node:{" + node + "}:claims" }
 
 // nodeRoomKey is a hash of one node's capacity and use as its latest heartbeat reported them
-// (fields vcpu, memory_mib, used_vcpu, used_memory_mib): NodesKey's figures again, in the
+// (fields vcpu, memory_mib, used_vcpu, used_memory_mib, and projects: what each project's guests hold, roomProjects): NodesKey's figures again, in the
 // node's slot, so that the claim script checks a claim against the node's heartbeat as it is
 // then, not as a placer read it before (a heartbeat since may show a session whose claim is
 // gone). Written by store (Heartbeat; RemoveNode deletes it); read by the claim script

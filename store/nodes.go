@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,6 +32,10 @@ type NodeInfo struct {
 	// room (nodeRoomKey) lapses roomBeats of them after the heartbeat that wrote it. Zero:
 	// defaultHeartbeatEvery.
 	HeartbeatEvery time.Duration `json:"-"`
+	// Projects is what the guests of each project hold of UsedVCPU and UsedMemoryMiB, as the
+	// heartbeat reports them: they go to the node's room only (nodeRoomKey), where the claim
+	// script checks a project's share of the node against them.
+	Projects map[string]NodeUse `json:"-"`
 }
 
 // roomBeats is how many heartbeats a node's room outlives the one that wrote it: a few
@@ -59,13 +64,25 @@ func (s *Store) Heartbeat(ctx context.Context, n NodeInfo) error {
 		p.HSet(ctx, NodesKey, n.ID, b)
 		room := nodeRoomKey(n.ID)
 		p.HSet(ctx, room, "vcpu", n.VCPU, "memory_mib", n.MemoryMiB,
-			"used_vcpu", n.UsedVCPU, "used_memory_mib", n.UsedMemoryMiB)
+			"used_vcpu", n.UsedVCPU, "used_memory_mib", n.UsedMemoryMiB, "projects", roomProjects(n.Projects))
 		p.PExpire(ctx, room, roomBeats*every)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("heartbeat %s: %w", n.ID, err)
 	}
 	return nil
+}
+
+// roomProjects is the room's projects field: ";" then "project:vcpu:memory_mib;" for each
+// project, which the claim script finds by its project's name. One field, written in one
+// HSET with the rest: a project gone from the node is gone from it.
+func roomProjects(use map[string]NodeUse) string {
+	var b strings.Builder
+	b.WriteByte(';')
+	for p, u := range use {
+		fmt.Fprintf(&b, "%s:%d:%d;", p, u.VCPU, u.MemoryMiB)
+	}
+	return b.String()
 }
 
 // Nodes lists every registered node, each with whether an operator is draining it.

@@ -115,7 +115,7 @@ func TestReadPlacement(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, n := range []string{"n1", "n_dead"} {
-				if _, ok, err := s.ClaimOnNode(ctx, n, "sess_other", 1, 512, 8, 8192, now, window); err != nil || !ok {
+				if _, ok, err := s.ClaimOnNode(ctx, ClaimAsk{Node: NodeInfo{ID: n, VCPU: 8, MemoryMiB: 8192}, Session: "sess_other", VCPU: 1, MemoryMiB: 512}, now, window); err != nil || !ok {
 					t.Fatalf("claim on %s: %v, %v", n, ok, err)
 				}
 			}
