@@ -231,8 +231,9 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
-		// As Node.Exec does: past its timeout and a grace, the exec ends (execBackstop).
-		ctx, cancel := n.execBackstop(r.Context(), req.TimeoutS)
+		// As Node.Exec does: past its timeout and a grace of its agent's time, the exec ends
+		// (execBackstop); explainedExec tells its clock when the exec waits on the agent.
+		ctx, _, cancel := n.execBackstop(r.Context(), req.TimeoutS)
 		defer cancel()
 		r = r.WithContext(ctx)
 	}
@@ -355,7 +356,9 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/v1/exec" {
-				resp.Body = &explainedExec{body: resp.Body, ctx: resp.Request.Context(), whyBroke: whyBroke, atLineStart: true}
+				clock, _ := resp.Request.Context().Value(execClockKey{}).(*execClock)
+				clock.toCaller() // the answer's status goes out first
+				resp.Body = &explainedExec{body: resp.Body, ctx: resp.Request.Context(), whyBroke: whyBroke, atLineStart: true, clock: clock}
 			}
 			return nil
 		},
@@ -387,13 +390,18 @@ type explainedExec struct {
 	whyBroke    func(context.Context, error) error
 	atLineStart bool          // the bytes passed so far end a line: a line may follow
 	tail        *bytes.Reader // the refusal's line, once the answer broke
+	// clock is the exec's backstop (execBackstop): the exec waits on its agent in a read,
+	// and on its caller, who takes what was read, between reads.
+	clock *execClock
 }
 
 func (e *explainedExec) Read(p []byte) (int, error) {
 	if e.tail != nil {
 		return e.tail.Read(p)
 	}
+	e.clock.toAgent()
 	n, err := e.body.Read(p)
+	e.clock.toCaller()
 	if n > 0 {
 		e.atLineStart = p[n-1] == '\n'
 	}

@@ -121,3 +121,90 @@ func TestExecBackstopEndsAnUnansweredExec(t *testing.T) {
 		within(what, start)
 	}
 }
+
+// TestExecBackstopSparesASlowReader: the backstop is the agent's: an exec whose agent
+// answered in time, but whose caller stopped reading its output for longer than the exec's
+// timeout and the grace, is not ended by it, and its caller reads the whole answer, its
+// result included, once it reads again, in process (Node.Exec) and through the node's API.
+// Before, the node ended it past its timeout and grace, saying the agent did not answer.
+func TestExecBackstopSparesASlowReader(t *testing.T) {
+	dir, err := os.MkdirTemp("", "wbx") // t.TempDir's is too long for the guests' sockets
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: countersOnly{}, Templates: templates.Catalog{"tpl": {}},
+		DataDir: dir, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	t.Cleanup(n.cancel)
+	n.execGrace = 300 * time.Millisecond
+
+	// The guest's agent answers every exec at once: lines lines of output (enough, through
+	// the node's API, to fill the sockets' buffers on the way to a caller that does not
+	// read), then its result a moment later.
+	const id, guestID = "sess_slowreader", "g_slowreader"
+	sock := filepath.Join(n.guestDir(guestID), "agent", "agent.sock")
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines atomic.Int64
+	data := strings.Repeat("x", 16<<10)
+	prompt := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req agent.ExecRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		for range lines.Load() {
+			if _, err := w.Write([]byte(`{"stream":"stdout","data":"` + data + `"}` + "\n")); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+		time.Sleep(100 * time.Millisecond)
+		_, _ = w.Write([]byte(`{"exit_code":7,"duration_ms":100}` + "\n"))
+	})}
+	go func() { _ = prompt.Serve(ln) }()
+	t.Cleanup(func() { _ = prompt.Close() })
+	l := &live{g: &guest{SessionID: id, Project: "proj_slowreader", GuestID: guestID, State: session.Running, Template: "tpl",
+		StartedAt: time.Now(), IdleTimeoutS: 600, MaxLifetimeS: 600}, agent: agent.NewClient(sock)}
+	t.Cleanup(l.agent.Close)
+	n.guests[id] = l
+
+	timeout := 1
+	const stall = 2 * time.Second // past the timeout and the grace
+	// slow is a caller's output: it stops reading at the first line for stall, and counts.
+	slow := func(got *atomic.Int64) func(session.ExecChunk) error {
+		return func(ch session.ExecChunk) error {
+			if got.Add(int64(strings.Count(ch.Data, "x"))) == int64(len(data)) {
+				time.Sleep(stall)
+			}
+			return nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+
+	lines.Store(1)
+	var got atomic.Int64
+	res, err := n.Exec(ctx, &session.Session{ID: id}, session.ExecRequest{Command: json.RawMessage(`"true"`), TimeoutS: &timeout}, nil, slow(&got))
+	if err != nil || res.ExitCode != 7 {
+		t.Errorf("Node.Exec, its caller reading late: %+v, %v; want the agent's result, exit code 7", res, err)
+	}
+
+	srv := httptest.NewServer(n.Handler("tok"))
+	t.Cleanup(srv.Close)
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	lines.Store(2048) // 32 MiB
+	got.Store(0)
+	res, err = c.Exec(ctx, agent.ExecRequest{Argv: []string{"true"}, TimeoutS: timeout}, slow(&got))
+	if err != nil || res.ExitCode != 7 || got.Load() != 2048*int64(len(data)) {
+		t.Errorf("through the node's API, its caller reading late: %+v, %v, %d bytes of output; want the agent's result, exit code 7, and its %d bytes",
+			res, err, got.Load(), 2048*len(data))
+	}
+}

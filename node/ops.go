@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -149,8 +150,17 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	}
 	areq.Runner = n.runnerFor(ref, areq.Argv, areq.Env)
 	ooms, counted := n.oomsBefore(ctx, l, guest)
-	ectx, cancel := n.execBackstop(ctx, areq.TimeoutS)
+	ectx, clock, cancel := n.execBackstop(ctx, areq.TimeoutS)
 	defer cancel()
+	if out != nil {
+		// The time out takes is the caller's, not the agent's (execClock).
+		callerOut := out
+		out = func(ch session.ExecChunk) error {
+			clock.toCaller()
+			defer clock.toAgent()
+			return callerOut(ch)
+		}
+	}
 	res, err := ag.Exec(ectx, areq, out)
 	n.Touch(s) // a long exec counts as activity until it ends
 	if counted {
@@ -166,20 +176,98 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 }
 
 // execBackstop bounds an exec of timeoutS seconds (0: the default) at its timeout and
-// execGrace: an agent that never answers it (hung, or its answer lost) would hold the
-// request, and its caller, for ever. The request ends then, with a cause that wraps
-// errExecUnanswered and says so, and with its connection the agent kills the command's
-// processes, as its own timeout does (agent: a client gone).
-func (n *Node) execBackstop(ctx context.Context, timeoutS int) (context.Context, context.CancelFunc) {
+// execGrace of the agent's time: an agent that never answers it, or never finishes its
+// answer (hung, or its answer lost), would hold the request, and its caller, for ever. The
+// request ends then, with a cause that wraps errExecUnanswered and says so, and with its
+// connection the agent kills the command's processes, as its own timeout does (agent: a
+// client gone). The time the exec waits for its caller to take its output is not the
+// agent's, and does not count (execClock): a caller that reads slowly, or stops for a while,
+// gets the whole answer, as from the agent directly; one that never reads again holds its
+// own request, which its context ends. The exec's code tells the clock whom it waits on.
+func (n *Node) execBackstop(ctx context.Context, timeoutS int) (context.Context, *execClock, context.CancelFunc) {
 	if timeoutS <= 0 {
 		timeoutS = session.ExecTimeoutDefaultS
 	}
-	cause := fmt.Errorf("node: %w within its timeout of %d s and a grace of %s; the exec was ended, which kills its processes as its timeout does",
-		errExecUnanswered, timeoutS, n.execGrace)
-	return context.WithTimeoutCause(ctx, time.Duration(timeoutS)*time.Second+n.execGrace, cause)
+	ctx, cancel := context.WithCancelCause(ctx)
+	c := &execClock{start: time.Now(), budget: time.Duration(timeoutS)*time.Second + n.execGrace, cancel: cancel,
+		cause: fmt.Errorf("node: %w within its timeout of %d s and a grace of %s (the time its caller took to read the output not counted); the exec was ended, which kills its processes as its timeout does",
+			errExecUnanswered, timeoutS, n.execGrace)}
+	c.mu.Lock()
+	c.timer = time.AfterFunc(c.budget, c.check)
+	c.mu.Unlock()
+	return context.WithValue(ctx, execClockKey{}, c), c, func() {
+		c.timer.Stop()
+		cancel(context.Canceled)
+	}
 }
 
-// errExecUnanswered ends an exec past its timeout and grace (execBackstop).
+// execClock is an exec's backstop (execBackstop): it counts the time the exec waits on its
+// agent, and ends the exec once that passes its budget.
+type execClock struct {
+	start  time.Time
+	budget time.Duration // the exec's timeout and the grace
+	cancel context.CancelCauseFunc
+	cause  error
+
+	mu       sync.Mutex
+	timer    *time.Timer
+	onCaller time.Time     // since when the exec waits on its caller; zero: on its agent
+	caller   time.Duration // how long it waited on its caller before
+	parked   bool          // the timer went off while it waited on its caller
+}
+
+// execClockKey is the context key of an exec's clock through the node's proxy (apiAgent).
+type execClockKey struct{}
+
+// toCaller says the exec waits on its caller (to take its output) from now. A nil clock
+// (an answer with no backstop) ignores it.
+func (c *execClock) toCaller() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.onCaller.IsZero() {
+		c.onCaller = time.Now()
+	}
+}
+
+// toAgent says the exec waits on its agent from now.
+func (c *execClock) toAgent() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	if !c.onCaller.IsZero() {
+		c.caller += time.Since(c.onCaller)
+		c.onCaller = time.Time{}
+	}
+	parked := c.parked
+	c.parked = false
+	c.mu.Unlock()
+	if parked {
+		c.check()
+	}
+}
+
+// check ends the exec if its agent's time passed the budget, and else looks again when it
+// may have; while the exec waits on its caller, toAgent looks again.
+func (c *execClock) check() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.onCaller.IsZero() {
+		c.parked = true
+		return
+	}
+	if left := c.budget + c.caller - time.Since(c.start); left > 0 {
+		c.timer.Reset(left)
+		return
+	}
+	c.cancel(c.cause)
+}
+
+// errExecUnanswered ends an exec whose agent took longer than its timeout and grace
+// (execBackstop).
 var errExecUnanswered = errors.New("the guest's agent did not answer the exec")
 
 // execGrace is how long past an exec's timeout the node waits for its agent's answer: the
