@@ -23,7 +23,7 @@ import (
 )
 
 // TestExecBackstopEndsAnUnansweredExec: an exec whose agent never answers (neither its
-// status, nor its result after some output) ends at its timeout and the node's grace with an
+// status, nor its result after some output, nor the end of an output that goes on) ends at its timeout and the node's grace with an
 // error that says so, in process (Node.Exec) and through the node's API; the node closes its
 // request to the agent then, which makes the agent kill the command's processes as its
 // timeout does. Before, each waited for ever.
@@ -53,7 +53,7 @@ func TestExecBackstopEndsAnUnansweredExec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var talkFirst atomic.Bool
+	var talkFirst, trickle atomic.Bool
 	closed := make(chan struct{}, 4)
 	deaf := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req agent.ExecRequest
@@ -61,6 +61,20 @@ func TestExecBackstopEndsAnUnansweredExec(t *testing.T) {
 		if talkFirst.Load() {
 			w.Header().Set("Content-Type", "application/x-ndjson")
 			_, _ = w.Write([]byte(`{"stream":"stdout","data":"started\n"}` + "\n"))
+			http.NewResponseController(w).Flush()
+		}
+		// An agent that never finishes its answer: a line every 50 ms, for ever.
+		for trickle.Load() {
+			select {
+			case <-r.Context().Done():
+				closed <- struct{}{}
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if _, err := w.Write([]byte(`{"stream":"stdout","data":"more\n"}` + "\n")); err != nil {
+				closed <- struct{}{}
+				return
+			}
 			http.NewResponseController(w).Flush()
 		}
 		select {
@@ -105,10 +119,14 @@ func TestExecBackstopEndsAnUnansweredExec(t *testing.T) {
 	srv := httptest.NewServer(n.Handler("tok"))
 	t.Cleanup(srv.Close)
 	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
-	for _, talk := range []bool{false, true} {
+	for i, talk := range []bool{false, true, true} {
 		talkFirst.Store(talk)
+		trickle.Store(i == 2)
 		what := "through the node's API, an agent silent from the start"
-		if talk {
+		switch {
+		case i == 2:
+			what = "through the node's API, an agent whose output never ends"
+		case talk:
 			what = "through the node's API, an agent silent after some output"
 		}
 		start := time.Now()
