@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -42,6 +43,11 @@ const (
 	// MCPMaxFileBytes bounds the file read_file answers and write_file writes (the files
 	// routes take up to MaxFileBytes).
 	MCPMaxFileBytes = 8 << 20
+	// DefaultDesktopFileTimeout bounds an MCP file tool's call to the desktop's agent (read,
+	// write or list, of at most MCPMaxFileBytes). Without a bound, an agent that never
+	// answered held the call for as long as its client waited, and the desktop awake (a
+	// call is a use).
+	DefaultDesktopFileTimeout = time.Minute
 	// mcpScreenshotTimeout bounds a screenshot's capture and transfer.
 	mcpScreenshotTimeout = time.Minute
 	// mcpMostTouchEvery bounds the period of a long tool call's uses (TouchDesktop).
@@ -277,6 +283,24 @@ func (t *desktopTools) agent(ctx context.Context, sess *session.Session) (*agent
 	return c, nil
 }
 
+// agentBound bounds a file tool's call to the desktop's agent (DesktopFileTimeout); late is
+// the call's error past the bound (agentFailed).
+func (t *desktopTools) agentBound(ctx context.Context) (_ context.Context, _ context.CancelFunc, late error) {
+	wait := cmp.Or(t.s.DesktopFileTimeout, DefaultDesktopFileTimeout)
+	late = fmt.Errorf("the desktop's agent did not answer within %s; try again", wait)
+	ctx, cancel := context.WithTimeoutCause(ctx, wait, late)
+	return ctx, cancel, late
+}
+
+// agentFailed is the error of a file tool's call to the agent that failed: late when its
+// bound (agentBound) ended it, else the agent's answer.
+func (t *desktopTools) agentFailed(ctx context.Context, late, err error) error {
+	if errors.Is(context.Cause(ctx), late) {
+		return late
+	}
+	return t.s.agentError(ctx, err)
+}
+
 func checkPath(p string) error {
 	if p == "" {
 		return errors.New("path is required")
@@ -296,12 +320,17 @@ func (t *desktopTools) readFile(ctx context.Context, sess *session.Session, in P
 	if err != nil {
 		return nil, out, err
 	}
+	ctx, cancel, late := t.agentBound(ctx)
+	defer cancel()
 	rc, err := c.OpenFile(ctx, in.Path)
 	if err != nil {
-		return nil, out, t.s.agentError(ctx, err)
+		return nil, out, t.agentFailed(ctx, late, err)
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(io.LimitReader(rc, MCPMaxFileBytes+1))
+	if err != nil && errors.Is(context.Cause(ctx), late) {
+		return nil, out, late
+	}
 	if err != nil {
 		return nil, out, t.s.errUpstream(ctx, "node_error", "reading the file failed", err)
 	}
@@ -351,8 +380,10 @@ func (t *desktopTools) writeFile(ctx context.Context, sess *session.Session, in 
 	if err != nil {
 		return nil, out, err
 	}
+	ctx, cancel, late := t.agentBound(ctx)
+	defer cancel()
 	if err := c.WriteFile(ctx, in.Path, strings.NewReader(string(b)), 0o644); err != nil {
-		return nil, out, t.s.agentError(ctx, err)
+		return nil, out, t.agentFailed(ctx, late, err)
 	}
 	return nil, WriteFileOutput{Path: in.Path, Size: len(b)}, nil
 }
@@ -381,9 +412,11 @@ func (t *desktopTools) listFiles(ctx context.Context, sess *session.Session, in 
 	if err != nil {
 		return nil, out, err
 	}
+	ctx, cancel, late := t.agentBound(ctx)
+	defer cancel()
 	entries, err := c.ListDir(ctx, in.Path)
 	if err != nil {
-		return nil, out, t.s.agentError(ctx, err)
+		return nil, out, t.agentFailed(ctx, late, err)
 	}
 	for _, e := range entries {
 		out.Entries = append(out.Entries, FileEntry{Name: e.Name, Size: e.Size, Mode: e.Mode, IsDir: e.IsDir, ModTime: e.ModTime.UTC().Format(time.RFC3339)})

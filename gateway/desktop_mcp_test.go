@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/redis/go-redis/v9"
 
+	"wb/agent"
 	"wb/desktop"
 	"wb/internal/redistest"
 	"wb/session"
@@ -497,5 +500,56 @@ func TestDesktopUseRecordedAwake(t *testing.T) {
 					got.State, got.SessionID, d.SessionID)
 			}
 		})
+	}
+}
+
+// deafAgentGuests is the env's guests, but for their agents' clients, whose agent takes
+// every call and never answers.
+type deafAgentGuests struct {
+	Guests
+	sock string
+}
+
+func (g deafAgentGuests) Agent(context.Context, *session.Session) (*agent.Client, error) {
+	return agent.NewClient(g.sock), nil
+}
+
+// TestDesktopMCPFileCallsAreBounded: a file tool's call to a desktop's agent that never
+// answers ends at its bound (Config.DesktopFileTimeout) with a tool error that says so.
+// Before, it lasted as long as its client waited, and kept the desktop awake all along (a
+// tool call is a use).
+func TestDesktopMCPFileCallsAreBounded(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "deaf.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deaf := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(time.Minute):
+		}
+	})}
+	go func() { _ = deaf.Serve(ln) }()
+	t.Cleanup(func() { _ = deaf.Close() })
+	e := newEnv(t, func(c *Config) {
+		c.DesktopFileTimeout = time.Second
+		c.Guests = deafAgentGuests{Guests: c.Guests, sock: sock}
+	})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	cs := e.mcpSession(d)
+	for name, args := range map[string]map[string]any{
+		"read_file":  {"path": "a.txt"},
+		"write_file": {"path": "a.txt", "content": "hello"},
+		"list_files": {"path": "."},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		start := time.Now()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		cancel()
+		if err != nil || !res.IsError || !strings.Contains(textOf(res), "did not answer within 1s") {
+			t.Errorf("%s of a desktop whose agent never answers: %v, %+v after %s; want a tool error that its agent did not answer within 1s",
+				name, err, res, time.Since(start))
+		}
 	}
 }

@@ -91,6 +91,9 @@ type Config struct {
 	DesktopIdle     time.Duration
 	DesktopTemplate string
 	DesktopSetup    func(ctx context.Context, ex desktop.Execer) error
+	// DesktopFileTimeout bounds an MCP file tool's call to the desktop's agent (0:
+	// DefaultDesktopFileTimeout).
+	DesktopFileTimeout time.Duration
 	// WorkLease is how long the work of a desktop's transition, of a session's snapshot or of
 	// a run may go unrenewed (its gateway died) before another gateway resumes or ends it (0:
 	// DefaultWorkLease).
