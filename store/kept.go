@@ -15,6 +15,10 @@ package store
 // would cost as much as it saves.
 const keptOutputMin = 4 << 10
 
+// keptForgetMost bounds the expired outputs one write's drop loop forgets (keepLua), so that
+// one script stays short however large the backlog.
+const keptForgetMost = "16384"
+
 // keepLua defines keep(i, member, size, stub, expires, now, budget): it counts key member,
 // size bytes written at now (ms) that expire at expires (ms), against budget, with stub as
 // what to rewrite the key to, then drops the oldest outputs until the project is within
@@ -29,12 +33,15 @@ const keptOutputMin = 4 << 10
 // stub only while it holds what was counted (its length as written): one that expired and
 // was made anew since (an Idempotency-Key used again, whose expiry a gateway with a slower
 // clock does not see yet) is another record, not to be overwritten with the old one's stub.
-// kept_forget(i, member) forgets a key's output, as a script that makes the key anew does.
+// kept_forget(i, member) forgets a key's output, as a script that makes the key anew does:
+// from every set, even one whose size is missing (evicted, or deleted by hand), which the drop
+// loop would otherwise find again on every pass, for ever, Redis answering BUSY meanwhile.
+// The loop forgets at most keptForgetMost expired outputs a write: a larger backlog goes over
+// the writes after it, the project over its budget until then.
 const keepLua = `
 local function kept_forget(i, m)
   local sz = redis.call('HGET', KEYS[i + 2], m)
-  if not sz then return end
-  redis.call('HINCRBY', KEYS[i + 2], 'total', -tonumber(sz))
+  if sz then redis.call('HINCRBY', KEYS[i + 2], 'total', -tonumber(sz)) end
   redis.call('HDEL', KEYS[i + 2], m)
   redis.call('HDEL', KEYS[i + 3], m)
   redis.call('ZREM', KEYS[i], m)
@@ -57,9 +64,13 @@ local function keep(i, m, size, stub, expires, now, budget)
   redis.call('HSET', KEYS[i + 2], m, size)
   redis.call('HINCRBY', KEYS[i + 2], 'total', size)
   redis.call('HSET', KEYS[i + 3], m, stub)
-  local dropped = 0
+  local dropped, forgot = 0, 0
   while (tonumber(redis.call('HGET', KEYS[i + 2], 'total')) or 0) > budget do
-    if kept_expire(i, now, 256) == 0 then
+    local n = 0
+    if forgot < ` + keptForgetMost + ` then n = kept_expire(i, now, 256) end
+    forgot = forgot + n
+    if forgot >= ` + keptForgetMost + ` and n > 0 then break end
+    if n == 0 then
       local head = redis.call('ZRANGE', KEYS[i], 0, 0)
       if #head == 0 then break end
       local st = redis.call('HGET', KEYS[i + 3], head[1])

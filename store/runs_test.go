@@ -526,3 +526,46 @@ func TestOutputBudgetSparesAReusedKey(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputBudgetForgetsAnOrphan: an output whose size is missing from the budget's hash
+// (evicted, or deleted by hand) is forgotten from every set; before, the drop loop found it
+// again on every pass once the project was over its budget, and the script ran for ever,
+// Redis answering BUSY to every client.
+func TestOutputBudgetForgetsAnOrphan(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			s := New(rdb)
+			const p = "proj_x"
+			finish := func(id string, budget int64) error {
+				run := &session.Run{ID: id, Object: "run", State: session.RunSucceeded, Stdout: strings.Repeat("x", 8<<10), StdoutBytes: 8 << 10}
+				c, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				_, err := s.FinishRun(c, p, run, "lease_"+id, nil, budget)
+				return err
+			}
+			if err := finish("run_a", 1<<30); err != nil {
+				t.Fatal(err)
+			}
+			k := ProjectKeys(p)
+			for _, key := range []string{k.kept(), k.keptExpiry()} {
+				if err := rdb.ZAdd(ctx, key, redis.Z{Score: 0, Member: "wb:{proj_x}:orphan"}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := finish("run_b", 12<<10); err != nil {
+				t.Fatalf("a write over the budget with an orphan in its sets: %v", err)
+			}
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				t.Fatalf("Redis after the write: %v", err)
+			}
+			for _, key := range []string{k.kept(), k.keptExpiry()} {
+				if _, err := rdb.ZScore(ctx, key, "wb:{proj_x}:orphan").Result(); !errors.Is(err, redis.Nil) {
+					t.Errorf("the orphan is still in %s (%v)", key, err)
+				}
+			}
+		})
+	}
+}
