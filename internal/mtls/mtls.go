@@ -61,8 +61,9 @@ func Server(f Files, nextProtos []string, log *slog.Logger) (*tls.Config, error)
 // Dialer dials servers of the fleet over TLS: it presents the certificate and verifies the
 // server's against the CA and the host dialled (an IP address needs an IP SAN).
 type Dialer struct {
-	r      *reloading
-	dialer net.Dialer
+	r         *reloading
+	dialer    net.Dialer
+	handshake time.Duration // handshakeTimeout; tests shorten it
 }
 
 // NewDialer reads the files, as Server does; the files are read again at a dial when they
@@ -74,11 +75,17 @@ func NewDialer(f Files, log *slog.Logger) (*Dialer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Dialer{r: r, dialer: net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}}, nil
+	return &Dialer{r: r, dialer: net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}, handshake: handshakeTimeout}, nil
 }
 
-// DialTLSContext connects to addr (host:port) and completes the handshake; it fits
-// http.Transport.DialTLSContext.
+// handshakeTimeout bounds a dial's handshake: http.Transport hands DialTLSContext a context
+// detached from the request's end, and applies no TLSHandshakeTimeout of its own to it, so a
+// wedged server that accepts but never answers held the dial, its goroutine and its
+// descriptor for good.
+const handshakeTimeout = 10 * time.Second
+
+// DialTLSContext connects to addr (host:port) and completes the handshake, within
+// handshakeTimeout; it fits http.Transport.DialTLSContext.
 func (d *Dialer) DialTLSContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -91,7 +98,9 @@ func (d *Dialer) DialTLSContext(ctx context.Context, network, addr string) (net.
 	cfg := d.r.current().Clone()
 	cfg.ServerName = host
 	conn := tls.Client(raw, cfg)
-	if err := conn.HandshakeContext(ctx); err != nil {
+	hctx, cancel := context.WithTimeout(ctx, d.handshake)
+	defer cancel()
+	if err := conn.HandshakeContext(hctx); err != nil {
 		raw.Close()
 		return nil, err
 	}

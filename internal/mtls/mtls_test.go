@@ -1,12 +1,15 @@
 package mtls
 
 import (
+	"context"
 	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"wb/internal/mtls/mtlstest"
 )
@@ -89,5 +92,60 @@ func TestFilesErrors(t *testing.T) {
 		if _, err := NewDialer(f, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("NewDialer(%q, %q, %q) = %v, want an error with %q", c.cert, c.key, c.ca, err, c.want)
 		}
+	}
+}
+
+// TestDialHandshakeIsBounded: a server that accepts but never answers the handshake (a
+// wedged process whose kernel still accepts) ends the dial within the handshake's bound.
+// http.Transport gives the dial a context detached from the request's end, so the dial of a
+// request that gave up long ago waited for good, with its goroutine and descriptor.
+func TestDialHandshakeIsBounded(t *testing.T) {
+	p := mtlstest.New(t)
+	d, err := NewDialer(Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.handshake = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c // never read, never answered
+		}
+	}()
+	defer func() {
+		for len(accepted) > 0 {
+			(<-accepted).Close()
+		}
+	}()
+	hc := &http.Client{Transport: &http.Transport{DialTLSContext: d.DialTLSContext}}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "GET", "https://"+ln.Addr().String()+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hc.Do(req); err == nil {
+		t.Fatal("a server that never answers answered")
+	}
+	// The request ended at 100 ms; the dial goes on in the Transport until its bound.
+	dialing := func() int {
+		buf := make([]byte, 1<<20)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "mtls.(*Dialer).DialTLSContext")
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for dialing() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after a request that ended at 100 ms, %d dials still wait for the handshake", dialing())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
