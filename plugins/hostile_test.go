@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -719,6 +720,30 @@ func TestRestartsAfterTrapsArePaced(t *testing.T) {
 	}
 	if d := one(t, decide(t, h, project, even)); d.Allow || len(d.Reasons) != 1 || d.Reasons[0] != "evaluated" {
 		t.Errorf("the call after the traps: %+v, want it evaluated (a deny, \"evaluated\")", d)
+	}
+
+	// Callers trapping together start one at a time: each took the first free slot, and
+	// started together, up to the pool's size at once.
+	before = starts()
+	var wg sync.WaitGroup
+	began := time.Now()
+	end := began.Add(time.Second)
+	for range 8 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				if _, err := h.Decide(context.Background(), project, session.PointAdmission, odd); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// The callers that took a slot in that second wait for it: the share of the time spent
+	// in starts is what is bounded (about a tenth; unpaced, more than half).
+	n, took := starts()-before, time.Since(began)
+	if share := float64(time.Duration(n)*startTakes) / float64(took); share > 0.25 {
+		t.Errorf("8 callers trapping together: %d starts of %s each in %s, %.0f%% of the time, want at most 25%%", n, startTakes, took.Round(time.Millisecond), 100*share)
 	}
 }
 

@@ -53,7 +53,8 @@ type pool struct {
 	hold      time.Duration // the current hold's length
 
 	lastStart time.Duration // how long the last start took
-	restartAt time.Time     // after a failed call, no start before this
+	pacing    bool          // a call failed since the last that succeeded: starts are paced
+	restartAt time.Time     // while pacing, the next start's slot
 }
 
 func (h *Host) newPool(m *module) *pool {
@@ -130,11 +131,23 @@ func (p *pool) held() *CallError {
 	return nil
 }
 
-// paced waits, under ctx, until a start may follow the last failed call (restartCostFactor).
+// paced waits, under ctx, for the slot of a start that follows a failed call
+// (restartCostFactor): each such start takes the next slot, restartCostFactor+1 times the
+// last start after the one before, so that callers waiting together start one at a time
+// (each taking the first free slot had them start together, up to the pool's size at once).
 func (p *pool) paced(ctx context.Context) error {
 	p.mu.Lock()
-	wait := time.Until(p.restartAt)
+	if !p.pacing {
+		p.mu.Unlock()
+		return nil
+	}
+	at := time.Now()
+	if p.restartAt.After(at) {
+		at = p.restartAt
+	}
+	p.restartAt = at.Add((restartCostFactor + 1) * p.lastStart)
 	p.mu.Unlock()
+	wait := time.Until(at)
 	if wait <= 0 {
 		return nil
 	}
@@ -171,10 +184,16 @@ func (p *pool) release(inst *instance, err error) {
 	if err != nil {
 		inst.close()
 		inst = nil
-		p.mu.Lock()
-		p.restartAt = time.Now().Add(restartCostFactor * p.lastStart)
-		p.mu.Unlock()
 	}
+	p.mu.Lock()
+	if err != nil {
+		if !p.pacing {
+			p.pacing, p.restartAt = true, time.Now().Add(restartCostFactor*p.lastStart)
+		}
+	} else {
+		p.pacing = false
+	}
+	p.mu.Unlock()
 	p.done(inst, true)
 }
 
