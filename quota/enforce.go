@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -44,12 +45,55 @@ type Enforcer struct {
 	waiting map[string]bool // project/session → a wait for its snapshot is running (stopOne)
 }
 
-// OnCap is the Caps callback.
+// OnCap is the Caps callback. A crossing Caps held undecided is decided only if its
+// undecided stop is still the one Caps wrote, taken over first as a later round takes it
+// (decideLeftOver): that round decides it once the settler that flagged it is late, and a
+// raised cap deletes it; either way, deciding it here would decide it twice, or decide a
+// cap no longer crossed.
 func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 	log := e.Logger
 	if log == nil {
 		log = slog.Default()
 	}
+	if ev.undecided != "" {
+		took, err := e.takeUndecided(ctx, &ev, time.Now())
+		if err != nil {
+			log.Error("spend cap: take the undecided stop; a later round decides the cap", "project", ev.Project, "end_user", ev.EndUser, "err", err)
+			return
+		}
+		if !took {
+			log.Info("spend cap: the crossing was decided by another round, or the cap raised", "project", ev.Project, "end_user", ev.EndUser)
+			return
+		}
+	}
+	e.decide(ctx, ev, log)
+}
+
+// takeUndecided takes over ev's undecided stop if it is still ev.undecided, marking it as
+// being decided until undecidedWait from now (other rounds leave it alone until then), and
+// answers whether it did; ev.undecided becomes the stop as taken.
+func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Time) (bool, error) {
+	var stop heldStop
+	if err := json.Unmarshal([]byte(ev.undecided), &stop); err != nil {
+		return false, fmt.Errorf("undecided stop of %s: %w", ev.Project, err)
+	}
+	by := now.Add(undecidedWait)
+	stop.DecideBy = &by
+	b, err := json.Marshal(stop)
+	if err != nil {
+		return false, err
+	}
+	took, err := e.Store.ReplaceCapStop(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided, string(b))
+	if err != nil || !took {
+		return false, err
+	}
+	ev.undecided = string(b)
+	return true, nil
+}
+
+// decide asks the spend decision point about ev's crossed cap and acts on its answer; a
+// crossing Caps held undecided is taken over by then (OnCap, decideLeftOver).
+func (e *Enforcer) decide(ctx context.Context, ev CapEvent, log *slog.Logger) {
 	d := SpendDecision{Stop: ev.Level == "hard", DenyAdmission: ev.Level == "hard"}
 	if e.Decide != nil {
 		var err error
@@ -170,7 +214,7 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 			var stop heldStop
 			ok := json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now)
 			if ok && stop.Undecided {
-				if err := e.decideLeftOver(ctx, p, id, v, stop, now); err != nil {
+				if err := e.decideLeftOver(ctx, v, stop, now); err != nil {
 					errs = append(errs, err)
 				}
 				left++ // decided, it is dropped or held: the next round sees which
@@ -194,11 +238,11 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 	return errors.Join(errs...)
 }
 
-// decideLeftOver decides the crossed cap whose undecided stop (id, v) its settler left (it
+// decideLeftOver decides the crossed cap whose undecided stop v its settler left (it
 // died after flagging the cap), once it is due: it takes the stop over for a while, so that
 // other rounds leave it alone meanwhile, and acts as that settler would have (OnCap), under a
 // context of its own as the settler does.
-func (e *Enforcer) decideLeftOver(ctx context.Context, project, id, v string, stop heldStop, now time.Time) error {
+func (e *Enforcer) decideLeftOver(ctx context.Context, v string, stop heldStop, now time.Time) error {
 	due := stop.CrossedAt.Add(undecidedWait)
 	if stop.DecideBy != nil {
 		due = *stop.DecideBy
@@ -206,21 +250,19 @@ func (e *Enforcer) decideLeftOver(ctx context.Context, project, id, v string, st
 	if now.Before(due) {
 		return nil
 	}
-	by := now.Add(undecidedWait)
-	stop.DecideBy = &by
-	b, err := json.Marshal(stop)
-	if err != nil {
-		return err
-	}
-	took, err := e.Store.ReplaceCapStop(ctx, project, id, v, string(b))
+	ev := stop.CapEvent
+	ev.undecided, ev.crossedAt = v, stop.CrossedAt
+	took, err := e.takeUndecided(ctx, &ev, now)
 	if err != nil || !took {
 		return err
 	}
-	ev := stop.CapEvent
-	ev.undecided, ev.crossedAt = string(b), stop.CrossedAt
+	log := e.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	actCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), capActTimeout)
 	defer cancel()
-	e.OnCap(actCtx, ev)
+	e.decide(actCtx, ev, log)
 	return nil
 }
 
