@@ -87,15 +87,26 @@ local function ge(a, b)
 end
 `
 
+// liftStopScript replaces a crossed hard cap's flag with its lifted mark, if the cap is still
+// crossed: its flag or its undecided stop still there. A cap raised meanwhile deleted both
+// (Accounts.Uncap), and a mark set after would keep Caps from flagging the raised cap when it
+// is crossed, for the rest of the month.
+//
+// KEYS: the flag, the lifted mark, the held stops hash. ARGV: the mark's value, TTL s, the
+// undecided stop's field.
+var liftStopScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+redis.call('DEL', KEYS[1])
+return 1
+`)
+
 // liftStop deletes the admission stop a crossed hard cap set (a spend decision that does not
 // deny admissions), leaving its lifted mark in its place: the cap stays crossed this month,
 // and the records settled after do not cross it again (a quota.exceeded and a stop each).
 func (a *Accounts) liftStop(ctx context.Context, ev CapEvent) error {
-	if _, err := a.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, capLifted(ev.Project, ev.EndUser, ev.Month), ev.SpendMicroUSD, capFlagTTL)
-		p.Del(ctx, capFlag(ev.Project, ev.EndUser, "hard", ev.Month))
-		return nil
-	}); err != nil {
+	keys := []string{capFlag(ev.Project, ev.EndUser, "hard", ev.Month), capLifted(ev.Project, ev.EndUser, ev.Month), store.ProjectKeys(ev.Project).CapStops()}
+	if err := liftStopScript.Run(ctx, a.rdb, keys, ev.SpendMicroUSD, int64(capFlagTTL/time.Second), undecidedStopID(ev.EndUser, ev.Month)).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap's admission stop of %s: %w", ev.Project, err)
 	}
 	return nil

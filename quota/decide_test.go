@@ -39,3 +39,49 @@ func TestCapDecidedOnceWhenItsSettlerActsLate(t *testing.T) {
 		t.Errorf("%d quota.exceeded events and %d decisions, want 1 each", n, decisions)
 	}
 }
+
+// A cap raised after it was crossed and before the crossing was decided is flagged when the
+// raised cap is crossed: the stale decision, letting admissions go on, set the lifted mark
+// after the raise had deleted the flags, and the mark kept Caps from flagging the cap again
+// that month.
+func TestCapRaisedBeforeItsDecisionIsFlaggedAgain(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_raise"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	var decided []int64
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}, Decide: func(_ context.Context, ev CapEvent) (SpendDecision, error) {
+		decided = append(decided, ev.CapMicroUSD)
+		return SpendDecision{Stop: true}, nil // admissions go on
+	}}
+	caps := NewCaps(rdb, e.OnCap, nil)
+	month := monthOf(time.Now())
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 150, CapMicroUSD: 100, Month: month})
+	// PUT /v1/limits raises the cap (no spend recorded here: under it) before the settler acts.
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := accounts.Uncap(ctx, p, 1000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	caps.act(ctx, p) // the old crossing's, raised past
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: month})
+	caps.act(ctx, p)
+	if len(decided) != 1 || decided[0] != 1000 {
+		t.Errorf("decisions of the caps %v, want [1000]: the raised cap's crossing alone", decided)
+	}
+	// A decision that comes after the raise in any other way leaves no lifted mark either.
+	if err := accounts.Uncap(ctx, p, 0, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := accounts.liftStop(ctx, CapEvent{Project: p, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: month}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rdb.Exists(ctx, capLifted(p, "", month)).Result(); err != nil || n != 0 {
+		t.Errorf("lifted mark set (%d, %v) by a decision after the raise, want none", n, err)
+	}
+}
