@@ -41,15 +41,17 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 // and undecided stops when the spend is under the hard cap, the soft flag too when it is
 // under the soft one. It answers 1 if it lifted the hard cap's.
 //
-// KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash. ARGV: month, hard
-// threshold nano (empty for no cap), soft threshold nano, the held and undecided stops' fields.
+// KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash, undecided stops hash.
+// ARGV: month, hard threshold nano (empty for no cap), soft threshold nano, the held and
+// undecided stops' fields.
 var uncapScript = redis.NewScript(decimalGELua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 local spend = redis.call('HGET', KEYS[1], 'm:' .. month) or '0'
 if string.sub(spend, 1, 1) == '-' then spend = '0' end
 if hard ~= '' and ge(spend, hard) then return 0 end
 redis.call('DEL', KEYS[2], KEYS[4])
-redis.call('HDEL', KEYS[5], ARGV[4], ARGV[5])
+redis.call('HDEL', KEYS[5], ARGV[4])
+redis.call('HDEL', KEYS[6], ARGV[5])
 if hard == '' or not ge(spend, soft) then redis.call('DEL', KEYS[3]) end
 return 1
 `)
@@ -62,7 +64,7 @@ func (a *Accounts) Uncap(ctx context.Context, project string, capMicroUSD int64,
 	k, month := store.ProjectKeys(project), monthOf(now)
 	hard, soft := capThresholds(capMicroUSD)
 	if err := uncapScript.Run(ctx, a.rdb, []string{k.Spend(), capFlag(project, "", "hard", month), capFlag(project, "", "soft", month),
-		capLifted(project, "", month), k.CapStops()}, month, hard, soft, capStopID("", month), undecidedStopID("", month)).Err(); err != nil {
+		capLifted(project, "", month), k.CapStops(), k.CapUndecided()}, month, hard, soft, capStopID("", month), undecidedStopID("", month)).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap of %s: %w", project, err)
 	}
 	return nil
@@ -92,8 +94,8 @@ end
 // (Accounts.Uncap), and a mark set after would keep Caps from flagging the raised cap when it
 // is crossed, for the rest of the month.
 //
-// KEYS: the flag, the lifted mark, the held stops hash. ARGV: the mark's value, TTL s, the
-// undecided stop's field.
+// KEYS: the flag, the lifted mark, the undecided stops hash. ARGV: the mark's value, TTL s,
+// the undecided stop's field.
 var liftStopScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
@@ -105,7 +107,7 @@ return 1
 // deny admissions), leaving its lifted mark in its place: the cap stays crossed this month,
 // and the records settled after do not cross it again (a quota.exceeded and a stop each).
 func (a *Accounts) liftStop(ctx context.Context, ev CapEvent) error {
-	keys := []string{capFlag(ev.Project, ev.EndUser, "hard", ev.Month), capLifted(ev.Project, ev.EndUser, ev.Month), store.ProjectKeys(ev.Project).CapStops()}
+	keys := []string{capFlag(ev.Project, ev.EndUser, "hard", ev.Month), capLifted(ev.Project, ev.EndUser, ev.Month), store.ProjectKeys(ev.Project).CapUndecided()}
 	if err := liftStopScript.Run(ctx, a.rdb, keys, ev.SpendMicroUSD, int64(capFlagTTL/time.Second), undecidedStopID(ev.EndUser, ev.Month)).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap's admission stop of %s: %w", ev.Project, err)
 	}
@@ -190,18 +192,19 @@ func (a *Accounts) UncapEndUsers(ctx context.Context, project string, capMicroUS
 // from flagging it again, and the flag deleted after would admit an end user over the cap.
 // Spends are compared as decimal strings: nano-USD may pass 2^53, where Lua's numbers end.
 //
-// KEYS: spend hash, capped end users set, held stops hash, then each end user's hard and soft
-// flags and hard cap's lifted mark. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
+// KEYS: spend hash, capped end users set, held stops hash, undecided stops hash, then each end
+// user's hard and soft flags and hard cap's lifted mark. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
 var uncapEndUsersScript = redis.NewScript(decimalGELua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 for i = 4, #ARGV do
   local eu = ARGV[i]
   local spend = redis.call('HGET', KEYS[1], 'eu:' .. eu .. ':m:' .. month) or '0'
   if string.sub(spend, 1, 1) == '-' then spend = '0' end
-  local j = 4 + (i - 4) * 3
+  local j = 5 + (i - 4) * 3
   if hard == '' or not ge(spend, hard) then
     redis.call('DEL', KEYS[j], KEYS[j + 2])
-    redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu, month .. ':eu:' .. eu .. ':undecided')
+    redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu)
+    redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':undecided')
     if hard == '' or not ge(spend, soft) then
       redis.call('DEL', KEYS[j + 1])
       redis.call('SREM', KEYS[2], eu)
@@ -217,7 +220,7 @@ func (a *Accounts) uncapEndUsers(ctx context.Context, project string, endUsers [
 		return nil
 	}
 	k := store.ProjectKeys(project)
-	keys := []string{k.Spend(), k.CappedEndUsers(month), k.CapStops()}
+	keys := []string{k.Spend(), k.CappedEndUsers(month), k.CapStops(), k.CapUndecided()}
 	hard, soft := capThresholds(capMicroUSD)
 	args := []any{month, hard, soft}
 	for _, eu := range endUsers {

@@ -188,16 +188,16 @@ const capFlagTTL = 40 * 24 * time.Hour
 // flagScript sets a cap's flag if it is not set, answering 1 if it did. An end user's is first
 // added to the month's set of end users flagged, so that a raised end-user cap finds the flags
 // to lift (Accounts.UncapEndUsers). With a hard cap's flag it writes the cap's undecided stop
-// among the project's held stops (Enforcer.RetryStops), in the same step: the settler that
+// among the project's undecided stops (Enforcer.RetryStops), in the same step: the settler that
 // flags the cap decides it only after the settle (Caps.act), and one that died in between
 // left the flag, which is set once a month, and nothing that would ever stop the sessions.
 //
 // A hard cap's lifted mark (capLifted) counts as its flag: the cap was crossed, and the
 // decision let admissions go on.
 //
-// KEYS: the flag, its lifted mark (the flag again for a soft cap), the project's held stops,
-// the capped end users set (end users only). ARGV: the flag's value, TTL s, end user, held
-// stop's field (empty for none), held stop.
+// KEYS: the flag, its lifted mark (the flag again for a soft cap), the project's undecided
+// stops, the capped end users set (end users only). ARGV: the flag's value, TTL s, end user,
+// undecided stop's field (empty for none), undecided stop.
 var flagScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
 if KEYS[4] then
@@ -214,9 +214,9 @@ return 1
 
 // flag sets the cap's flag of level, answering whether it was the first to. A hard cap's is
 // set with its undecided stop when there is an OnCap to decide it (flagScript), which the
-// decision then replaces (Enforcer.OnCap); the project is indexed among those with held
+// decision then replaces (Enforcer.OnCap); the project is indexed among those with undecided
 // stops before (a crash after the script leaves the stop found) and after (RetryStops may
-// have dropped it from the index meanwhile: ForgetCapStopProject).
+// have dropped it from the index meanwhile: ForgetCapUndecidedProject).
 func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool, undecided string, err error) {
 	k := store.ProjectKeys(ev.Project)
 	key := capFlag(ev.Project, ev.EndUser, level, ev.Month)
@@ -224,7 +224,7 @@ func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool,
 	if level == "hard" {
 		lifted = capLifted(ev.Project, ev.EndUser, ev.Month)
 	}
-	keys := []string{key, lifted, k.CapStops()}
+	keys := []string{key, lifted, k.CapUndecided()}
 	if ev.EndUser != "" {
 		keys = append(keys, k.CappedEndUsers(ev.Month))
 	}
@@ -256,9 +256,9 @@ func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool,
 	return true, undecided, nil
 }
 
-// index adds project to the projects with held stops.
+// index adds project to the projects with undecided stops.
 func (c *Caps) index(ctx context.Context, project string) error {
-	return c.st.IndexCapStops(ctx, project)
+	return c.st.IndexCapUndecided(ctx, project)
 }
 
 // CapMonth answers the month (YYYYMM, UTC) whose cap flags stop admissions at t.

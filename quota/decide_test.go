@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"wb/internal/redistest"
+	"wb/session"
 	"wb/store"
 )
 
@@ -83,5 +84,50 @@ func TestCapRaisedBeforeItsDecisionIsFlaggedAgain(t *testing.T) {
 	}
 	if n, err := rdb.Exists(ctx, capLifted(p, "", month)).Result(); err != nil || n != 0 {
 		t.Errorf("lifted mark set (%d, %v) by a decision after the raise, want none", n, err)
+	}
+}
+
+// A hard cap's undecided stop is kept where settlers older than it do not look: they read the
+// held stops (CapStops) as stops to carry on, and stopped every session in scope before any
+// decision, then dropped the stop, and the project from the index of held stops.
+func TestUndecidedStopHiddenFromOlderSettlers(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_mixed"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	id := newSession(t, st, p, nil, up...)
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}}
+	// The settler that flags the cap dies before it acts.
+	NewCaps(rdb, e.OnCap, nil).check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 200, CapMicroUSD: 100, Month: monthOf(time.Now())})
+	if stops, err := st.CapStops(ctx, p); err != nil || len(stops) != 0 {
+		t.Fatalf("held stops as an older settler reads them: %v (%v), want none", stops, err)
+	}
+	// An older settler's round finds no held stop and forgets the project.
+	if err := st.ForgetCapStopProject(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.RetryStops(ctx, time.Now().Add(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := st.Get(ctx, p, id); err != nil || s.State != session.Stopping {
+		t.Errorf("the session is %s (%v) after a round minutes past the crossing, want stopping", s.State, err)
+	}
+	if n := quotaEvents(t, st, p); n != 1 {
+		t.Errorf("%d quota.exceeded events, want 1", n)
+	}
+	if err := e.RetryStops(ctx, time.Now().Add(20*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if stops, err := st.CapUndecided(ctx, p); err != nil || len(stops) != 0 {
+		t.Errorf("undecided stops %v (%v) after the decision, want none", stops, err)
+	}
+	if ps, err := st.CapUndecidedProjects(ctx); err != nil || len(ps) != 0 {
+		t.Errorf("projects with undecided stops %v (%v), want none", ps, err)
 	}
 }

@@ -83,7 +83,7 @@ func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Tim
 	if err != nil {
 		return false, err
 	}
-	took, err := e.Store.ReplaceCapStop(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided, string(b))
+	took, err := e.Store.ReplaceCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided, string(b))
 	if err != nil || !took {
 		return false, err
 	}
@@ -135,7 +135,7 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, log *slog.Logger) {
 	}
 	if ev.undecided != "" {
 		// Decided (and its stop held, if one is left): the stop Caps held until then goes.
-		if err := e.Store.EndCapStop(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided); err != nil {
+		if err := e.Store.EndCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided); err != nil {
 			log.Error("spend cap: drop the undecided stop; a later round decides the cap again", "project", ev.Project, "end_user", ev.EndUser, "err", err)
 		}
 	}
@@ -150,7 +150,8 @@ func capStopID(endUser, month string) string {
 }
 
 // undecidedStopID names the undecided stop of the hard cap ev crossed among the project's
-// held stops: the one Caps holds with the cap's flag until OnCap has decided it.
+// undecided stops (CapUndecided): the one Caps holds with the cap's flag until OnCap has
+// decided it.
 func undecidedStopID(endUser, month string) string {
 	return capStopID(endUser, month) + ":undecided"
 }
@@ -191,18 +192,50 @@ func (e *Enforcer) holdStop(ctx context.Context, ev CapEvent, stop heldStop, log
 // RetryStops carries on the stops that crossed caps ordered and left unfinished (holdStop):
 // one pass each, dropping the stops that leave nothing live in scope and those of a month
 // past (its caps no longer apply). The stops stand as decided when the cap was crossed, over
-// the sessions created by then, and a raised cap drops them (Accounts). The settler calls it
-// every few seconds; while no stop is held it costs one command.
+// the sessions created by then, and a raised cap drops them (Accounts). It decides the
+// crossings their settler left undecided (decideLeftOver). The settler calls it every few
+// seconds; while no stop is held it costs two commands.
 func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 	log := e.Logger
 	if log == nil {
 		log = slog.Default()
 	}
+	var errs []error
+	undecided, err := e.Store.CapUndecidedProjects(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, p := range undecided {
+		stops, err := e.Store.CapUndecided(ctx, p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		left := 0
+		for id, v := range stops {
+			var stop heldStop
+			if json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now) {
+				if err := e.decideLeftOver(ctx, v, stop, now); err != nil {
+					errs = append(errs, err)
+				}
+				left++ // decided, it is dropped: the next round sees it gone
+				continue
+			}
+			if err := e.Store.EndCapUndecided(ctx, p, id, v); err != nil {
+				errs = append(errs, err)
+				left++
+			}
+		}
+		if left == 0 {
+			if err := e.Store.ForgetCapUndecidedProject(ctx, p); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	projects, err := e.Store.CapStopProjects(ctx)
 	if err != nil {
-		return err
+		return errors.Join(append(errs, err)...)
 	}
-	var errs []error
 	for _, p := range projects {
 		stops, err := e.Store.CapStops(ctx, p)
 		if err != nil {
@@ -213,13 +246,6 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 		for id, v := range stops {
 			var stop heldStop
 			ok := json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now)
-			if ok && stop.Undecided {
-				if err := e.decideLeftOver(ctx, v, stop, now); err != nil {
-					errs = append(errs, err)
-				}
-				left++ // decided, it is dropped or held: the next round sees which
-				continue
-			}
 			if ok && !e.stopScope(ctx, stop.CapEvent, stop.CrossedAt, 1, log) {
 				left++
 				continue

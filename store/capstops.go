@@ -52,28 +52,12 @@ func (s *Store) CapStops(ctx context.Context, project string) (map[string]string
 	return m, nil
 }
 
-// endCapStopScript drops a held stop only if it is still the one read: a cap crossed again
+// endCapStopScript drops a stop only if it is still the one read: a cap crossed again
 // meanwhile (after a raise) holds a stop of its own under the same id.
 var endCapStopScript = redis.NewScript(`
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0
 `)
-
-// replaceCapStopScript replaces a held stop only if it is still the one read.
-var replaceCapStopScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 end
-return 0
-`)
-
-// ReplaceCapStop replaces the held stop id of project with stop if it is still old, answering
-// whether it was: one caller of several that read it takes it over.
-func (s *Store) ReplaceCapStop(ctx context.Context, project, id, old, stop string) (bool, error) {
-	n, err := replaceCapStopScript.Run(ctx, s.rdb, []string{ProjectKeys(project).CapStops()}, id, old, stop).Int64()
-	if err != nil {
-		return false, fmt.Errorf("take over the spend-cap stop of %s: %w", project, err)
-	}
-	return n == 1, nil
-}
 
 // EndCapStop drops the held stop id of project if it is still stop (done, or its month over).
 func (s *Store) EndCapStop(ctx context.Context, project, id, stop string) error {
@@ -87,17 +71,88 @@ func (s *Store) EndCapStop(ctx context.Context, project, id, stop string) error 
 // removes first and checks after, so a stop held meanwhile (written, then indexed) is either
 // seen here and indexed again, or indexed after the removal.
 func (s *Store) ForgetCapStopProject(ctx context.Context, project string) error {
-	if err := s.rdb.SRem(ctx, capStopProjectsKey, project).Err(); err != nil {
+	return s.forgetIndexed(ctx, capStopProjectsKey, ProjectKeys(project).CapStops(), project)
+}
+
+// forgetIndexed drops project from the index set if its hash is empty, as
+// ForgetCapStopProject says.
+func (s *Store) forgetIndexed(ctx context.Context, set, hash, project string) error {
+	if err := s.rdb.SRem(ctx, set, project).Err(); err != nil {
 		return fmt.Errorf("forget the spend-cap stops of %s: %w", project, err)
 	}
-	n, err := s.rdb.HLen(ctx, ProjectKeys(project).CapStops()).Result()
+	n, err := s.rdb.HLen(ctx, hash).Result()
 	if err != nil {
 		return fmt.Errorf("count the spend-cap stops of %s: %w", project, err)
 	}
 	if n > 0 {
-		if err := s.rdb.SAdd(ctx, capStopProjectsKey, project).Err(); err != nil {
+		if err := s.rdb.SAdd(ctx, set, project).Err(); err != nil {
 			return fmt.Errorf("index the spend-cap stops of %s: %w", project, err)
 		}
 	}
 	return nil
+}
+
+// The undecided stops (CapUndecided) are hard caps' crossings not yet decided, kept apart
+// from the held stops, with an index of their own: settlers older than them read every held
+// stop as one to carry on (they would stop the sessions before any decision), and forget a
+// project whose held stops they do not see.
+
+// IndexCapUndecided adds project to the projects with undecided stops. quota.Caps writes the
+// stop with the cap's flag in a script of its own, and indexes the project before (a crash
+// after the script leaves the stop found) and after (ForgetCapUndecidedProject).
+func (s *Store) IndexCapUndecided(ctx context.Context, project string) error {
+	if err := s.rdb.SAdd(ctx, capUndecidedProjectsKey, project).Err(); err != nil {
+		return fmt.Errorf("index the undecided spend-cap stop of %s: %w", project, err)
+	}
+	return nil
+}
+
+// CapUndecidedProjects answers the projects with undecided stops (perhaps none left).
+func (s *Store) CapUndecidedProjects(ctx context.Context) ([]string, error) {
+	ps, err := s.rdb.SMembers(ctx, capUndecidedProjectsKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("projects with undecided spend-cap stops: %w", err)
+	}
+	return ps, nil
+}
+
+// CapUndecided answers project's undecided stops, id → the stop as quota.Caps wrote it (or
+// as ReplaceCapUndecided replaced it).
+func (s *Store) CapUndecided(ctx context.Context, project string) (map[string]string, error) {
+	m, err := s.rdb.HGetAll(ctx, ProjectKeys(project).CapUndecided()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("undecided spend-cap stops of %s: %w", project, err)
+	}
+	return m, nil
+}
+
+// replaceCapStopScript replaces a stop only if it is still the one read.
+var replaceCapStopScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 end
+return 0
+`)
+
+// ReplaceCapUndecided replaces the undecided stop id of project with stop if it is still old,
+// answering whether it was: one caller of several that read it takes it over (to decide it).
+func (s *Store) ReplaceCapUndecided(ctx context.Context, project, id, old, stop string) (bool, error) {
+	n, err := replaceCapStopScript.Run(ctx, s.rdb, []string{ProjectKeys(project).CapUndecided()}, id, old, stop).Int64()
+	if err != nil {
+		return false, fmt.Errorf("take over the undecided spend-cap stop of %s: %w", project, err)
+	}
+	return n == 1, nil
+}
+
+// EndCapUndecided drops the undecided stop id of project if it is still stop (decided, or
+// its month over).
+func (s *Store) EndCapUndecided(ctx context.Context, project, id, stop string) error {
+	if err := endCapStopScript.Run(ctx, s.rdb, []string{ProjectKeys(project).CapUndecided()}, id, stop).Err(); err != nil {
+		return fmt.Errorf("end the undecided spend-cap stop of %s: %w", project, err)
+	}
+	return nil
+}
+
+// ForgetCapUndecidedProject drops project from the projects with undecided stops if it has
+// none, as ForgetCapStopProject does for the held ones.
+func (s *Store) ForgetCapUndecidedProject(ctx context.Context, project string) error {
+	return s.forgetIndexed(ctx, capUndecidedProjectsKey, ProjectKeys(project).CapUndecided(), project)
 }

@@ -63,6 +63,14 @@ const (
 	// settler, which carries the stops on (quota.Enforcer.RetryStops).
 	capStopProjectsKey = "wb:caps:stopping"
 
+	// capUndecidedProjectsKey is a set of the projects with undecided spend-cap stops
+	// (CapUndecided; perhaps none left). Written by store (IndexCapUndecided, for quota.Caps,
+	// then ForgetCapUndecidedProject); read by quota's settler, which decides the crossings
+	// their settler left (quota.Enforcer.RetryStops). Apart from capStopProjectsKey, which
+	// settlers older than the undecided stops prune of the projects whose held stops they do
+	// not see.
+	capUndecidedProjectsKey = "wb:caps:undecided"
+
 	// desktopIdleKey is a sorted set of the awake desktops, member "PROJECT/DESKTOP", score the
 	// time in ms at which each falls idle (its last use plus the idle time). Written by store
 	// (SetDesktopIdle, ForgetDesktopIdle, DeleteDesktop); read by the gateway's idle loop
@@ -353,12 +361,18 @@ func (k ProjectKeyspace) EndUserCapLifted(endUser, month string) string {
 
 // CapStops is a hash of the stops ordered by a crossed spend cap that left sessions live (a
 // stop failed through every pass): field MONTH (the project's cap) or MONTH:eu:END_USER (an end
-// user's) → the stop's scope as JSON, with the cap flags' TTL; and, under the same field with
-// :undecided after it, a hard cap's crossing not yet decided, written by quota.Caps with the
-// cap's flag. Written by store (HoldCapStop, ReplaceCapStop, EndCapStop) for quota.Enforcer,
-// which retries them until nothing in scope is live (and decides the crossings their settler
-// left); deleted by quota.Accounts with the cap's flags (a raised cap).
+// user's) → the stop's scope as JSON, with the cap flags' TTL. Written by store (HoldCapStop,
+// EndCapStop) for quota.Enforcer, which retries them until nothing in scope is live; deleted
+// by quota.Accounts with the cap's flags (a raised cap).
 func (k ProjectKeyspace) CapStops() string { return k.p + "capped:stops" }
+
+// CapUndecided is a hash of the hard caps' crossings not yet decided: field as CapStops' with
+// :undecided after it → the crossing as JSON, with the cap flags' TTL; written by quota.Caps
+// with the cap's flag, in one script, and replaced by the decision (store's
+// ReplaceCapUndecided, EndCapUndecided, for quota.Enforcer, which decides the crossings their
+// settler left); deleted by quota.Accounts with the cap's flags (a raised cap). Apart from
+// CapStops, which settlers older than it read as stops to carry on at once.
+func (k ProjectKeyspace) CapUndecided() string { return k.p + "capped:undecided" }
 
 // CappedEndUsers is a set, the end users whose EndUserCapFlag (of either level) was set in
 // month, with the flags' TTL: a raised end-user cap lifts their flags. Written by quota.Caps
