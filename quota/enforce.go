@@ -310,7 +310,10 @@ const maxStopped = 100000
 // sessions are listed at one instant, so that one resumed (or otherwise moved) while others
 // are stopped is not missed, and up to passes passes repeat while a stop failed. Sessions
 // created after createdBy (when not zero) are out of scope. It answers whether it left
-// nothing live in scope.
+// nothing live in scope: not while a wait for a snapshot runs, which may never stop its
+// session (its process dies, or it times out), so that the caller holds the stop for a
+// later round (which waits again if that one is gone); passes do not repeat for it, the wait
+// is the one that acts.
 func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, createdBy time.Time, passes int, log *slog.Logger) bool {
 	for pass := 0; pass < passes; pass++ {
 		if pass > 0 {
@@ -321,46 +324,58 @@ func (e *Enforcer) stopScope(ctx context.Context, ev CapEvent, createdBy time.Ti
 			log.Error("spend cap: list sessions", "err", err)
 			continue
 		}
-		left := 0
+		left, awaited := 0, 0
 		for _, id := range ids {
-			if !e.stopOne(ctx, ev, createdBy, id, false, log) {
+			switch e.stopOne(ctx, ev, createdBy, id, false, log) {
+			case stopLeft:
 				left++
+			case stopAwaited:
+				awaited++
 			}
 		}
 		if left == 0 {
-			return true
+			return awaited == 0
 		}
 	}
 	log.Error("spend cap: sessions left live after every pass; a later round stops them", "project", ev.Project, "end_user", ev.EndUser, "passes", passes)
 	return false
 }
 
+// stopResult is what stopOne left of a session.
+type stopResult int
+
+const (
+	stopDone    stopResult = iota // stopped, or out of scope
+	stopLeft                      // live: its stop failed, or (inWait) it is snapshotting again
+	stopAwaited                   // snapshotting: a wait stops it once its snapshot ends
+)
+
 // stopOne stops one session of the scope, retrying when its state moved under it (a pending
-// session placed meanwhile is stopped as a starting one). It answers false when the session
-// may be left live in scope: its stop failed, or, called by the wait for its snapshot
+// session placed meanwhile is stopped as a starting one). It answers stopLeft when the
+// session may be left live in scope: its stop failed, or, called by the wait for its snapshot
 // (inWait), it is taking another snapshot, which that wait waits for in turn.
-func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time, id string, inWait bool, log *slog.Logger) bool {
+func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time, id string, inWait bool, log *slog.Logger) stopResult {
 	for attempt := 0; attempt < 5; attempt++ {
 		s, err := e.Store.Get(ctx, ev.Project, id)
 		if errors.Is(err, store.ErrNotFound) {
-			return true
+			return stopDone
 		}
 		if err != nil {
 			log.Error("spend cap: read session", "session", id, "err", err)
-			return false
+			return stopLeft
 		}
 		if s.State.Terminal() || s.State == session.Stopping {
-			return true
+			return stopDone
 		}
 		if ev.EndUser != "" && (s.EndUserID == nil || *s.EndUserID != ev.EndUser) {
-			return true
+			return stopDone
 		}
 		if !createdBy.IsZero() && s.CreatedAt.After(createdBy) {
-			return true
+			return stopDone
 		}
 		if s.State == session.Snapshotting {
 			if inWait {
-				return false
+				return stopLeft
 			}
 			// No transition leaves snapshotting but the caller's own (back to running, or
 			// failed with the host): wait for it in the background, not in the settler's loop;
@@ -371,11 +386,11 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time
 					e.stopAfterSnapshot(context.WithoutCancel(ctx), ev, createdBy, id, log)
 				}()
 			}
-			return true
+			return stopAwaited
 		}
 		to, err := session.Next(s.State, session.Metering, session.SpendCap)
 		if err != nil {
-			return true
+			return stopDone
 		}
 		out, err := e.Store.Transition(ctx, store.Change{Project: ev.Project, ID: id, From: s.State, To: to,
 			Driver: session.Metering, Reason: session.SpendCap, Version: s.Version})
@@ -385,16 +400,16 @@ func (e *Enforcer) stopOne(ctx context.Context, ev CapEvent, createdBy time.Time
 		}
 		if err != nil {
 			log.Error("spend cap: stop session", "session", id, "err", err)
-			return false
+			return stopLeft
 		}
 		if to == session.Stopping && e.Stopper != nil {
 			if err := e.Stopper.Stop(ctx, out); err != nil {
 				log.Error("spend cap: tear down", "session", id, "err", err)
 			}
 		}
-		return true
+		return stopDone
 	}
-	return false
+	return stopLeft
 }
 
 // startWait answers whether no wait for session id's snapshot is running, and marks one as
@@ -445,7 +460,7 @@ func (e *Enforcer) stopAfterSnapshot(ctx context.Context, ev CapEvent, createdBy
 			}
 			continue // Redis away for a moment: ask again
 		}
-		if s.State != session.Snapshotting && e.stopOne(ctx, ev, createdBy, id, true, log) {
+		if s.State != session.Snapshotting && e.stopOne(ctx, ev, createdBy, id, true, log) == stopDone {
 			return
 		}
 	}

@@ -764,3 +764,59 @@ func TestEnforcerWaitsOnceForASnapshot(t *testing.T) {
 		t.Errorf("the session is %s (%v) after its snapshot, want stopping", s.State, err)
 	}
 }
+
+// A cap's stop that leaves a session snapshotting is held until the session is stopped: the
+// wait for its snapshot counted it as stopped, and no stop was held, so a process that died
+// during the wait (up to ten minutes), or a wait that timed out, left it running past the
+// cap for the month. The cap's passes do not run on for it meanwhile (the settler's loop
+// waits on them).
+func TestCapStopHeldWhileASnapshotIsAwaited(t *testing.T) {
+	ctx := context.Background()
+	st := store.New(redistest.Server(t))
+	const project = "proj_snaphold"
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	snap := newSession(t, st, project, nil, append(up, store.Change{From: session.Running, To: session.Snapshotting, Driver: session.Caller})...)
+	month := monthOf(time.Now())
+	before := snapshotWaits()
+	start := time.Now()
+	(&Enforcer{Store: st, Stopper: &recordingStopper{}}).OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: month})
+	if d := time.Since(start); d >= retryAfter {
+		t.Errorf("the cap's stop took %v with a session snapshotting, want one pass (under %v)", d, retryAfter)
+	}
+	stops, err := st.CapStops(ctx, project)
+	if err != nil || stops[capStopID("", month)] == "" {
+		t.Fatalf("held stops %v (%v) while the session's snapshot is awaited, want the cap's", stops, err)
+	}
+	// Another process's round (this one's wait gone with it) waits for the snapshot too.
+	other := &Enforcer{Store: st, Stopper: &recordingStopper{}}
+	if err := other.RetryStops(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n := snapshotWaits() - before; n != 2 {
+		t.Errorf("%d waits for the snapshot after another process's round, want 2", n)
+	}
+	if stops, err := st.CapStops(ctx, project); err != nil || len(stops) != 1 {
+		t.Errorf("held stops %v (%v) after a round with the snapshot still taken, want the cap's", stops, err)
+	}
+	if _, err := st.Transition(ctx, store.Change{Project: project, ID: snap, From: session.Snapshotting, To: session.Running, Driver: session.Caller}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); snapshotWaits() > before; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waits left 10 s after the snapshot ended", snapshotWaits()-before)
+		}
+	}
+	if s, err := st.Get(ctx, project, snap); err != nil || s.State != session.Stopping {
+		t.Fatalf("the session is %s (%v) after its snapshot, want stopping", s.State, err)
+	}
+	if err := other.RetryStops(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if stops, err := st.CapStops(ctx, project); err != nil || len(stops) != 0 {
+		t.Errorf("held stops %v (%v) once the session is stopped, want none", stops, err)
+	}
+	if ps, err := st.CapStopProjects(ctx); err != nil || len(ps) != 0 {
+		t.Errorf("projects with held stops %v (%v), want none", ps, err)
+	}
+}
