@@ -90,14 +90,13 @@ end
 `
 
 // liftStopScript replaces a crossed hard cap's flag with its lifted mark, if the cap is still
-// crossed: its flag or its undecided stop still there. A cap raised meanwhile deleted both
-// (Accounts.Uncap), and a mark set after would keep Caps from flagging the raised cap when it
-// is crossed, for the rest of the month.
+// crossed: its flag or its mark (a decision taken again) still there. A cap raised meanwhile
+// deleted both (Accounts.Uncap), and a mark set after would keep Caps from flagging the
+// raised cap when it is crossed, for the rest of the month.
 //
-// KEYS: the flag, the lifted mark, the undecided stops hash. ARGV: the mark's value, TTL s,
-// the undecided stop's field.
+// KEYS: the flag, the lifted mark. ARGV: the mark's value, TTL s.
 var liftStopScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end
+if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
 redis.call('DEL', KEYS[1])
 return 1
@@ -107,8 +106,8 @@ return 1
 // deny admissions), leaving its lifted mark in its place: the cap stays crossed this month,
 // and the records settled after do not cross it again (a quota.exceeded and a stop each).
 func (a *Accounts) liftStop(ctx context.Context, ev CapEvent) error {
-	keys := []string{capFlag(ev.Project, ev.EndUser, "hard", ev.Month), capLifted(ev.Project, ev.EndUser, ev.Month), store.ProjectKeys(ev.Project).CapUndecided()}
-	if err := liftStopScript.Run(ctx, a.rdb, keys, ev.SpendMicroUSD, int64(capFlagTTL/time.Second), undecidedStopID(ev.EndUser, ev.Month)).Err(); err != nil {
+	keys := []string{capFlag(ev.Project, ev.EndUser, "hard", ev.Month), capLifted(ev.Project, ev.EndUser, ev.Month)}
+	if err := liftStopScript.Run(ctx, a.rdb, keys, ev.SpendMicroUSD, int64(capFlagTTL/time.Second)).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap's admission stop of %s: %w", ev.Project, err)
 	}
 	return nil

@@ -131,3 +131,39 @@ func TestUndecidedStopHiddenFromOlderSettlers(t *testing.T) {
 		t.Errorf("projects with undecided stops %v (%v), want none", ps, err)
 	}
 }
+
+// A cap raised by an older binary (a rolling deploy), which deletes the cap's flag but knows
+// nothing of its undecided stop, is not decided as still crossed: the stale decision stopped
+// the sessions, and one that let admissions go on set the lifted mark, which kept the raised
+// cap from being flagged for the rest of the month.
+func TestCapRaisedByAnOlderBinaryIsNotDecided(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_oldraise"
+	var decided []int64
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}, Decide: func(_ context.Context, ev CapEvent) (SpendDecision, error) {
+		decided = append(decided, ev.CapMicroUSD)
+		return SpendDecision{Stop: true}, nil // admissions go on
+	}}
+	caps := NewCaps(rdb, e.OnCap, nil)
+	month := monthOf(time.Now())
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 150, CapMicroUSD: 100, Month: month})
+	// An older gateway's PUT /v1/limits raises the cap: it deletes the flag alone.
+	if err := rdb.Del(ctx, capFlag(p, "", "hard", month)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	caps.act(ctx, p)
+	if err := e.RetryStops(ctx, time.Now().Add(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: month})
+	caps.act(ctx, p)
+	if len(decided) != 1 || decided[0] != 1000 {
+		t.Errorf("decisions of the caps %v, want [1000]: the raised cap's crossing alone", decided)
+	}
+	if stops, err := st.CapUndecided(ctx, p); err != nil || len(stops) != 0 {
+		t.Errorf("undecided stops %v (%v), want none", stops, err)
+	}
+}

@@ -71,7 +71,9 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 
 // takeUndecided takes over ev's undecided stop if it is still ev.undecided, marking it as
 // being decided until undecidedWait from now (other rounds leave it alone until then), and
-// answers whether it did; ev.undecided becomes the stop as taken.
+// answers whether it did; ev.undecided becomes the stop as taken. A stop whose cap is no
+// longer crossed (its flag and lifted mark gone: a raise by a binary older than the undecided
+// stops, which leaves them) is dropped instead.
 func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Time) (bool, error) {
 	var stop heldStop
 	if err := json.Unmarshal([]byte(ev.undecided), &stop); err != nil {
@@ -83,7 +85,8 @@ func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Tim
 	if err != nil {
 		return false, err
 	}
-	took, err := e.Store.ReplaceCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided, string(b))
+	took, err := e.Store.ReplaceCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided, string(b),
+		[]string{capFlag(ev.Project, ev.EndUser, "hard", ev.Month), capLifted(ev.Project, ev.EndUser, ev.Month)})
 	if err != nil || !took {
 		return false, err
 	}

@@ -126,16 +126,26 @@ func (s *Store) CapUndecided(ctx context.Context, project string) (map[string]st
 	return m, nil
 }
 
-// replaceCapStopScript replaces a stop only if it is still the one read.
-var replaceCapStopScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 end
-return 0
+// replaceCapUndecidedScript replaces an undecided stop only if it is still the one read and
+// its cap still crossed (one of KEYS[2..] there, its flag or lifted mark); one whose cap was
+// raised (its flag deleted by a binary that knows nothing of undecided stops) is dropped.
+var replaceCapUndecidedScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if #KEYS > 1 and redis.call('EXISTS', unpack(KEYS, 2)) == 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
 `)
 
-// ReplaceCapUndecided replaces the undecided stop id of project with stop if it is still old,
-// answering whether it was: one caller of several that read it takes it over (to decide it).
-func (s *Store) ReplaceCapUndecided(ctx context.Context, project, id, old, stop string) (bool, error) {
-	n, err := replaceCapStopScript.Run(ctx, s.rdb, []string{ProjectKeys(project).CapUndecided()}, id, old, stop).Int64()
+// ReplaceCapUndecided replaces the undecided stop id of project with stop if it is still old
+// and one of the keys crossed (the cap's flag, its lifted mark: keys of project) is there,
+// answering whether it was: one caller of several that read it takes it over (to decide it),
+// and none decides a cap raised meanwhile.
+func (s *Store) ReplaceCapUndecided(ctx context.Context, project, id, old, stop string, crossed []string) (bool, error) {
+	keys := append([]string{ProjectKeys(project).CapUndecided()}, crossed...)
+	n, err := replaceCapUndecidedScript.Run(ctx, s.rdb, keys, id, old, stop).Int64()
 	if err != nil {
 		return false, fmt.Errorf("take over the undecided spend-cap stop of %s: %w", project, err)
 	}
