@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
@@ -25,9 +26,10 @@ import (
 
 // Client talks to every node with one shared token. Safe for concurrent use.
 type Client struct {
-	st    *store.Store
-	hc    *http.Client
-	token string
+	st      *store.Store
+	hc      *http.Client
+	token   string
+	tlsOnly bool // WithDialTLS: a node registered http:// off loopback is refused
 
 	mu      sync.Mutex
 	addrs   map[string]string    // node id → base URL
@@ -36,22 +38,26 @@ type Client struct {
 }
 
 // Option configures a Client.
-type Option func(*http.Transport)
+type Option func(*Client, *http.Transport)
 
 // WithDialTLS has the client reach nodes registered with https:// URLs (wb node
 // --fleet-tls-*) through dial, which presents this gateway's certificate and verifies the
-// node's (mtls.Dialer.DialTLSContext).
+// node's (mtls.Dialer.DialTLSContext). A node registered with an http:// URL off loopback is
+// then refused, not sent the token and the exec traffic in plaintext (one left without
+// --fleet-tls-*, or an older one during a rollout).
 func WithDialTLS(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
-	return func(t *http.Transport) { t.DialTLSContext = dial }
+	return func(c *Client, t *http.Transport) { t.DialTLSContext, c.tlsOnly = dial, true }
 }
 
 // New returns a client of the nodes registered in st.
 func New(st *store.Store, token string, opts ...Option) *Client {
 	tr := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 60 * time.Second}
+	c := &Client{st: st, token: token, addrs: map[string]string{}, touched: map[string]time.Time{}}
 	for _, o := range opts {
-		o(tr)
+		o(c, tr)
 	}
-	return &Client{st: st, token: token, addrs: map[string]string{}, touched: map[string]time.Time{}, hc: &http.Client{Transport: tr}}
+	c.hc = &http.Client{Transport: tr}
+	return c
 }
 
 // addr answers the base URL of a node, reading the registrations again when it is unknown.
@@ -79,7 +85,24 @@ func (c *Client) addr(ctx context.Context, nodeID string) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("node %q is not registered", nodeID)
 	}
+	if c.tlsOnly && plaintextOffLoopback(a) {
+		return "", fmt.Errorf("node %q is registered at a plaintext URL, but this gateway speaks to nodes over mutual TLS (--fleet-tls-*): run the node with --fleet-tls-* too", nodeID)
+	}
 	return a, nil
+}
+
+// plaintextOffLoopback reports whether base is an http:// URL whose host is not a loopback
+// address (an embedded node's, which stays plaintext on loopback).
+func plaintextOffLoopback(base string) bool {
+	u, err := url.Parse(base)
+	if err != nil || u.Scheme != "http" {
+		return false
+	}
+	if u.Hostname() == "localhost" {
+		return false
+	}
+	ip := net.ParseIP(u.Hostname())
+	return ip == nil || !ip.IsLoopback()
 }
 
 // call sends in (when not nil) as JSON and decodes the answer into out (when not nil). An

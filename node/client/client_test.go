@@ -2,9 +2,13 @@ package client
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,5 +39,58 @@ func TestStopSavingOnAnOlderNode(t *testing.T) {
 	mem, size, err := New(st, "").StopSaving(ctx, s, session.NewID("snap_", time.Now()))
 	if err != nil || mem || size != 0 {
 		t.Fatalf("stop saving on a node that answers 204: memory %v, size %d, err %v; want nothing saved and no error", mem, size, err)
+	}
+}
+
+// TestTLSOnlyRefusesPlaintextNodes: a client that speaks to nodes over mutual TLS
+// (WithDialTLS) refuses a node registered at an http:// URL off loopback, rather than send it
+// the node token and the exec traffic in plaintext; an embedded node's on loopback is still
+// reached. No packet leaves loopback: the test's dialer refuses any other address.
+func TestTLSOnlyRefusesPlaintextNodes(t *testing.T) {
+	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(node.Close)
+	var dialed []string
+	var mu sync.Mutex
+	loopbackOnly := func(c *Client, tr *http.Transport) {
+		var d net.Dialer
+		tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			mu.Lock()
+			dialed = append(dialed, addr)
+			mu.Unlock()
+			if host, _, _ := net.SplitHostPort(addr); host != "127.0.0.1" {
+				return nil, fmt.Errorf("the test dials loopback only, not %s", addr)
+			}
+			return d.DialContext(ctx, network, addr)
+		}
+	}
+	noTLS := func(context.Context, string, string) (net.Conn, error) {
+		return nil, errors.New("no TLS node in this test")
+	}
+	ctx := context.Background()
+	st := store.New(redistest.Server(t))
+	for id, addr := range map[string]string{"node_plain": "http://10.0.0.5:8081", "node_local": node.URL} {
+		if err := st.Heartbeat(ctx, store.NodeInfo{ID: id, Addr: addr}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := New(st, "node-token", loopbackOnly, WithDialTLS(noTLS))
+	reason := session.Deleted
+	stop := func(nodeID string) error {
+		s := &session.Session{ID: session.NewID("sess_", time.Now()), ProjectID: "proj_a", NodeID: nodeID, StateReason: &reason}
+		_, _, err := c.StopSaving(ctx, s, "")
+		return err
+	}
+	if err := stop("node_plain"); err == nil || !strings.Contains(err.Error(), "--fleet-tls-*") {
+		t.Errorf("a plaintext node off loopback: %v, want it refused naming --fleet-tls-*", err)
+	}
+	if err := stop("node_local"); err != nil {
+		t.Errorf("a plaintext node on loopback (an embedded one): %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, a := range dialed {
+		if !strings.HasPrefix(a, "127.0.0.1:") {
+			t.Errorf("the client dialled %s", a)
+		}
 	}
 }
