@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -181,10 +182,13 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 		buffered = session.NewOutputBuffer(c.MaxOutputBytes)
 		out = buffered.Add
 	}
-	dec := json.NewDecoder(boundLines(resp.Body))
+	// One line is one value, decoded once the line is read whole: a json.Decoder on the
+	// stream would hold a value spread over many short lines (whitespace between its
+	// elements may be newlines), without end, before decoding it.
+	lines := bufio.NewReaderSize(resp.Body, 64<<10)
 	for {
-		var l execLine
-		if err := dec.Decode(&l); err != nil {
+		line, err := readAnswerLine(lines)
+		if err != nil {
 			if errors.Is(err, errTooLong) {
 				return session.ExecResult{}, fmt.Errorf("agent: exec: %w", err)
 			}
@@ -192,6 +196,13 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 				err = io.ErrUnexpectedEOF
 			}
 			return session.ExecResult{}, fmt.Errorf("agent: exec: the answer ended without a result: %w", err)
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var l execLine
+		if err := json.Unmarshal(line, &l); err != nil {
+			return session.ExecResult{}, fmt.Errorf("agent: exec: a line of the answer is not one JSON value: %w", err)
 		}
 		if l.Broken != nil {
 			return session.ExecResult{}, &Error{Status: l.Broken.Status, Code: l.Broken.Code, Message: l.Broken.Message}
@@ -453,46 +464,46 @@ const (
 // errTooLong is the error of an answer past one of its bounds.
 var errTooLong = errors.New("the agent's answer is too long")
 
-// boundLines reads r, an answer of lines, failing at the first line longer than
-// maxAnswerLine.
-func boundLines(r io.Reader) io.Reader {
-	return &boundedReader{r: r, max: maxAnswerLine, lines: true}
+// readAnswerLine reads the next line of an answer, its newline included (the last line may
+// lack one), failing at a line longer than maxAnswerLine; io.EOF once nothing is left.
+func readAnswerLine(r *bufio.Reader) ([]byte, error) {
+	var line []byte
+	for {
+		part, err := r.ReadSlice('\n')
+		if len(line)+len(part) > maxAnswerLine {
+			return nil, fmt.Errorf("%w: a line longer than %d bytes", errTooLong, maxAnswerLine)
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			line = append(line, part...)
+			continue
+		}
+		if line == nil {
+			// part is the reader's buffer, which the next read overwrites.
+			line = append([]byte(nil), part...)
+		} else {
+			line = append(line, part...)
+		}
+		if err != nil && (len(line) == 0 || !errors.Is(err, io.EOF)) {
+			return nil, err
+		}
+		return line, nil
+	}
 }
 
 // boundAnswer reads r, failing past maxAnswerBytes.
 func boundAnswer(r io.Reader) io.Reader { return &boundedReader{r: r, max: maxAnswerBytes} }
 
-// boundedReader fails once it has read more than max bytes: in all, or, with lines, since
-// the last newline.
+// boundedReader fails once it has read more than max bytes in all.
 type boundedReader struct {
-	r     io.Reader
-	max   int
-	n     int // bytes read: in all, or since the last newline
-	lines bool
+	r   io.Reader
+	max int
+	n   int // bytes read
 }
 
 func (b *boundedReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
-	for data := p[:n]; ; {
-		i := -1
-		if b.lines {
-			i = bytes.IndexByte(data, '\n')
-		}
-		if i < 0 {
-			b.n += len(data)
-			break
-		}
-		if b.n += i; b.n > b.max {
-			break
-		}
-		b.n, data = 0, data[i+1:]
-	}
-	if b.n > b.max {
-		what := "an answer longer than"
-		if b.lines {
-			what = "a line longer than"
-		}
-		return n, fmt.Errorf("%w: %s %d bytes", errTooLong, what, b.max)
+	if b.n += n; b.n > b.max {
+		return n, fmt.Errorf("%w: an answer longer than %d bytes", errTooLong, b.max)
 	}
 	return n, err
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -162,29 +164,51 @@ func TestAnswerBounded(t *testing.T) {
 	}
 }
 
-// TestBoundedReader: a line longer than the bound fails, wherever it falls in a read, and
-// lines at the bound pass; without lines, the bound is on the whole.
+// TestBoundedReader: an answer longer than the bound fails; one at the bound passes.
 func TestBoundedReader(t *testing.T) {
 	for _, c := range []struct {
-		in    string
-		lines bool
-		ok    bool
+		in string
+		ok bool
 	}{
-		{"aaa\nbbb\nccc", true, true},
-		{"aaa\nbbbb\nc\n", true, false}, // the long line is inside one read, ended
-		{"aaaa", true, false},
-		{"a\nb\nc\nd\ne\n", true, true},
-		{"a\nb\nc\nd\ne\n", false, false},
-		{"abc", false, true},
+		{"abc", true},
+		{"ab\n", true},
+		{"abcd", false},
+		{"a\nb\nc\n", false},
 	} {
-		r := &boundedReader{r: strings.NewReader(c.in), max: 3, lines: c.lines}
+		r := &boundedReader{r: strings.NewReader(c.in), max: 3}
 		got, err := io.ReadAll(r)
 		if c.ok != (err == nil) || (err != nil && !errors.Is(err, errTooLong)) {
-			t.Errorf("%q (lines %v): %v; want ok %v", c.in, c.lines, err, c.ok)
+			t.Errorf("%q: %v; want ok %v", c.in, err, c.ok)
 		}
 		if c.ok && string(got) != c.in {
 			t.Errorf("%q: read %q", c.in, got)
 		}
+	}
+}
+
+// TestReadAnswerLine: lines are read whole, however the reader's buffer splits them, the
+// last one with or without its newline; a line past maxAnswerLine fails.
+func TestReadAnswerLine(t *testing.T) {
+	long := strings.Repeat("a", maxAnswerLine-1)
+	in := "x\n" + long + "\n" + "\n" + "end"
+	r := bufio.NewReaderSize(strings.NewReader(in), 16)
+	var got []string
+	for {
+		line, err := readAnswerLine(r)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after %d lines: %v", len(got), err)
+		}
+		got = append(got, string(line))
+	}
+	if want := []string{"x\n", long + "\n", "\n", "end"}; !slices.Equal(got, want) {
+		t.Errorf("read %d lines, want %d", len(got), len(want))
+	}
+	r = bufio.NewReaderSize(strings.NewReader(long+"aa\n"), 16)
+	if _, err := readAnswerLine(r); !errors.Is(err, errTooLong) {
+		t.Errorf("a line of %d bytes: %v; want it too long", maxAnswerLine+1, err)
 	}
 }
 
@@ -225,5 +249,43 @@ func TestListDirBoundsEntries(t *testing.T) {
 		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 256<<20 {
 			t.Errorf("a listing of %d entries: %d MiB allocated; want under 256", entries, alloc>>20)
 		}
+	}
+}
+
+// TestExecValueBounded: a hostile guest's agent that sends one exec answer value spread over
+// many short lines (JSON lets whitespace, newlines too, fall between an array's elements) is
+// refused at its first line: each line is one value, so maxAnswerLine bounds a value too, or
+// the client would hold the whole value, without end, before decoding it.
+func TestExecValueBounded(t *testing.T) {
+	t.Parallel()
+	var wrote atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		n, err := w.Write([]byte(`{"stream":"stdout","data":"hi"}` + "\n" + `{"stream":"stdout","data":"x","pad":[`))
+		wrote.Add(int64(n))
+		block := bytes.Repeat([]byte("0,\n"), 16<<10)
+		for err == nil && wrote.Load() < 64<<20 {
+			n, err = w.Write(block)
+			wrote.Add(int64(n))
+		}
+		if err == nil {
+			_, _ = w.Write([]byte("0]}\n" + `{"exit_code":0}` + "\n"))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c := NewHTTPClient(srv.Client(), srv.URL, "")
+	var got int
+	_, err := c.Exec(testCtx(t, time.Minute), ExecRequest{Argv: []string{"true"}}, func(ch session.ExecChunk) error {
+		got += len(ch.Data)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "not one JSON value") {
+		t.Fatalf("exec of a value without end: %v; want its first line refused", err)
+	}
+	if w := wrote.Load(); w > maxAnswerLine+8<<20 {
+		t.Errorf("the server wrote %d bytes before the client stopped reading; want about %d", w, maxAnswerLine)
+	}
+	if got != 2 {
+		t.Errorf("the output before the long value: %d bytes, want 2", got)
 	}
 }
