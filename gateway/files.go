@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -138,6 +139,10 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p store.Proj
 	return nil
 }
 
+// ptyHandshakeTimeout bounds the opening of a PTY by the guest's agent (which answers as
+// soon as its shell started).
+const ptyHandshakeTimeout = 30 * time.Second
+
 // pty bridges a caller's WebSocket to the guest agent's PTY. Every frame from the caller is
 // activity. Closing either side closes the other; the session itself is unchanged.
 func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) error {
@@ -158,7 +163,14 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	up, _, err := c.PTY(ctx, dims[0], dims[1], q.Get("command"))
+	// The handshake ends with the caller's request too, and within ptyHandshakeTimeout: the
+	// agent is the guest's, and one that never answers held this handler, and the node's
+	// proxy, for as long as the gateway ran (the PTY itself, once open, ends with s.ctx).
+	hctx, hcancel := context.WithTimeout(ctx, ptyHandshakeTimeout)
+	stop := context.AfterFunc(r.Context(), hcancel)
+	up, _, err := c.PTY(hctx, dims[0], dims[1], q.Get("command"))
+	stop()
+	hcancel()
 	if ae := (*agent.Error)(nil); errors.As(err, &ae) && ae.Status == http.StatusForbidden {
 		// The runtime decision point refused the PTY's command (or killed the session for it).
 		return &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}

@@ -110,3 +110,48 @@ func TestExecGuestEndNamedByTheNode(t *testing.T) {
 		t.Fatalf("message %q: want the node's, not one read from Redis after a wait", msg)
 	}
 }
+
+// silentAgentNode is a fake node whose agent takes every request and never answers it, as a
+// hostile guest's agent may: it closes gone once the gateway's request to it ended.
+type silentAgentNode struct {
+	*fakenode.Node
+	silent *httptest.Server
+}
+
+func (n silentAgentNode) Agent(context.Context, *session.Session) (*agent.Client, error) {
+	return agent.NewHTTPClient(http.DefaultClient, n.silent.URL, ""), nil
+}
+
+// TestPTYHandshakeEndsWithTheCaller: a PTY whose agent never answers its handshake is let go
+// of once its caller goes: the gateway's request to the agent does not outlive the caller's
+// (it lasted as long as the gateway did, and every such PTY kept a goroutine and a connection
+// on the gateway and on the node for good).
+func TestPTYHandshakeEndsWithTheCaller(t *testing.T) {
+	gone := make(chan struct{}, 1)
+	release := make(chan struct{})
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+			gone <- struct{}{}
+		case <-release:
+		}
+	}))
+	defer silent.Close()
+	defer close(release) // before Close, which waits for the handler
+	e := newEnv(t, func(c *Config) {
+		c.Guests = silentAgentNode{Node: c.Guests.(*fakenode.Node), silent: silent}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + s.ID + "/pty"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if conn, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.key}}}); err == nil {
+		conn.CloseNow()
+		t.Fatal("the PTY of a silent agent opened")
+	}
+	select {
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway's request to the agent outlived its caller's by 10 s")
+	}
+}
