@@ -143,6 +143,11 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p store.Proj
 // soon as its shell started).
 const ptyHandshakeTimeout = 30 * time.Second
 
+// defaultPTYInputWait bounds how long a frame of a PTY's input waits to go to the guest's
+// agent, which takes none while the terminal's program reads none: a megabyte or so of
+// input can be queued on the way first, which no typing and few pastes fill.
+const defaultPTYInputWait = time.Minute
+
 // pty bridges a caller's WebSocket to the guest agent's PTY. Every frame from the caller is
 // activity. Closing either side closes the other; the session itself is unchanged.
 func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) error {
@@ -187,16 +192,20 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	up.SetReadLimit(1 << 20)
 	down.SetReadLimit(1 << 20)
 	errc := make(chan error, 2)
-	go func() { errc <- pump(ctx, down, up, func() { s.Guests.Touch(sess) }) }()
-	go func() { errc <- pump(ctx, up, down, nil) }()
+	// Input that the guest does not take within ptyInputWait ends the PTY: the copy to the
+	// agent blocked on it would otherwise hold the PTY, which reads its caller no more and
+	// so would not see it leave, for as long as the agent chose.
+	go func() { errc <- pump(ctx, down, up, func() { s.Guests.Touch(sess) }, s.ptyInputWait) }()
+	go func() { errc <- pump(ctx, up, down, nil, 0) }()
 	<-errc
 	cancel()
 	_ = down.Close(websocket.StatusNormalClosure, "")
 	return nil
 }
 
-// pump copies frames from src to dst, calling each (if set) per frame.
-func pump(ctx context.Context, src, dst *websocket.Conn, each func()) error {
+// pump copies frames from src to dst, calling each (if set) per frame; with wait above 0, a
+// frame that dst does not take within wait ends it (and dst: see websocket.Conn.Write).
+func pump(ctx context.Context, src, dst *websocket.Conn, each func(), wait time.Duration) error {
 	for {
 		typ, b, err := src.Read(ctx)
 		if err != nil {
@@ -205,7 +214,13 @@ func pump(ctx context.Context, src, dst *websocket.Conn, each func()) error {
 		if each != nil {
 			each()
 		}
-		if err := dst.Write(ctx, typ, b); err != nil {
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if wait > 0 {
+			wctx, cancel = context.WithTimeout(ctx, wait)
+		}
+		err = dst.Write(wctx, typ, b)
+		cancel()
+		if err != nil {
 			return err
 		}
 	}

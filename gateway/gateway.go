@@ -132,6 +132,9 @@ type Server struct {
 	leases    workingLeases[store.DesktopRef]
 	snapshots workingLeases[store.SessionRef]
 	runs      workingLeases[store.RunRef]
+	// ptyInputWait is how long a frame of a PTY's input may wait to go to the guest
+	// (defaultPTYInputWait; tests shorten it).
+	ptyInputWait time.Duration
 }
 
 // New returns a Server. Call Close to stop its background work.
@@ -177,6 +180,7 @@ func New(cfg Config) (*Server, error) {
 		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs")}
 	s.auth = authCache{m: map[string]authEntry{}}
 	s.idleKick = make(chan struct{}, 1)
+	s.ptyInputWait = defaultPTYInputWait
 	s.routes()
 	s.watchChanges(ctx)
 	s.goBackground(func() { s.runDesktopIdle(ctx) })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -153,5 +154,74 @@ func TestPTYHandshakeEndsWithTheCaller(t *testing.T) {
 	case <-gone:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the gateway's request to the agent outlived its caller's by 10 s")
+	}
+}
+
+// deafAgentNode is a fake node whose agent opens every PTY and then reads nothing of it, as
+// a hostile guest's agent may.
+type deafAgentNode struct {
+	*fakenode.Node
+	deaf *httptest.Server
+}
+
+func (n deafAgentNode) Agent(context.Context, *session.Session) (*agent.Client, error) {
+	return agent.NewHTTPClient(http.DefaultClient, n.deaf.URL, ""), nil
+}
+
+// ptyHandlers counts the goroutines in the gateway's PTY handler.
+func ptyHandlers() int {
+	buf := make([]byte, 16<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "gateway.(*Server).pty(")
+}
+
+// TestPTYInputTheGuestDoesNotTake: a PTY whose agent takes no input ends once its caller is
+// gone and a frame waited ptyInputWait to go to the guest: the handler's copy to the agent
+// was blocked for good, and with it the whole PTY, which no longer noticed its caller leave
+// (a goroutine, buffers and two connections held for as long as the gateway ran).
+func TestPTYInputTheGuestDoesNotTake(t *testing.T) {
+	release := make(chan struct{})
+	deaf := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		<-release
+	}))
+	defer deaf.Close()
+	defer close(release) // before Close, which waits for the handler
+	e := newEnv(t, func(c *Config) {
+		c.Guests = deafAgentNode{Node: c.Guests.(*fakenode.Node), deaf: deaf}
+	})
+	e.gw.ptyInputWait = time.Second
+	s := e.running(map[string]any{"tier": 2})
+	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + s.ID + "/pty"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.key}}})
+	if err != nil {
+		t.Fatalf("PTY: %v", err)
+	}
+	// Write until the frames go no further (every buffer on the way full), then leave.
+	frame := make([]byte, 64<<10)
+	wrote := 0
+	for ; wrote < 256<<20; wrote += len(frame) {
+		wctx, wcancel := context.WithTimeout(ctx, time.Second)
+		err := conn.Write(wctx, websocket.MessageBinary, frame)
+		wcancel()
+		if err != nil {
+			break
+		}
+	}
+	conn.CloseNow()
+	if wrote >= 256<<20 {
+		t.Fatal("256 MiB went to an agent that reads nothing")
+	}
+	deadline := time.Now().Add(e.gw.ptyInputWait + 10*time.Second)
+	for ptyHandlers() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the PTY handler still runs %s after its caller left (%d KiB written)", e.gw.ptyInputWait+10*time.Second, wrote>>10)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
