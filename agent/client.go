@@ -51,6 +51,9 @@ func NewClient(socketPath string) *Client {
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,
 		DisableCompression:  true,
+		// The agent is the guest's: Go's default would let it make the node hold 10 MiB of
+		// headers for every answer.
+		MaxResponseHeaderBytes: MaxAnswerHeaderBytes,
 	}
 	return &Client{hc: &http.Client{Transport: tr}, socket: socketPath, base: clientBase}
 }
@@ -64,6 +67,9 @@ func NewDialClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,
 		DisableCompression:  true,
+		// The agent is the guest's: Go's default would let it make the node hold 10 MiB of
+		// headers for every answer.
+		MaxResponseHeaderBytes: MaxAnswerHeaderBytes,
 	}
 	return &Client{hc: &http.Client{Transport: tr}, base: clientBase}
 }
@@ -460,6 +466,10 @@ const (
 	// maxAnswerBytes anyway (about 160 bytes an entry), and would not be read by a person.
 	maxListEntries = 100_000
 )
+
+// MaxAnswerHeaderBytes bounds the headers of an agent's answer that a client or a proxy of
+// the node reads (the agent's own are a few hundred bytes).
+const MaxAnswerHeaderBytes = 64 << 10
 
 // errTooLong is the error of an answer past one of its bounds.
 var errTooLong = errors.New("the agent's answer is too long")

@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -287,5 +289,39 @@ func TestExecValueBounded(t *testing.T) {
 	}
 	if got != 2 {
 		t.Errorf("the output before the long value: %d bytes, want 2", got)
+	}
+}
+
+// bigHeaders answers every request {"ok":true} under 1 MiB of headers in 16384 fields, as a
+// hostile guest's agent may.
+func bigHeaders(w http.ResponseWriter, _ *http.Request) {
+	pad := strings.Repeat("x", 56)
+	for i := range 16384 {
+		w.Header().Set("X-Pad-"+strconv.Itoa(i), pad)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"ok":true}`))
+}
+
+// TestAnswerHeadersBounded: the clients that dial a guest's agent themselves (a node's)
+// refuse an answer whose headers pass maxAnswerHeaderBytes: Go's default let a hostile agent
+// make the node hold 10 MiB of headers, in as many fields as fit, for every request.
+func TestAnswerHeadersBounded(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(bigHeaders))
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	dial := func(ctx context.Context) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "unix", sock) }
+	for name, c := range map[string]*Client{"NewClient": NewClient(sock), "NewDialClient": NewDialClient(dial)} {
+		err := c.Health(testCtx(t, time.Minute))
+		if err == nil || !strings.Contains(err.Error(), "header") {
+			t.Errorf("%s: health under 1 MiB of headers: %v; want them refused", name, err)
+		}
+		c.Close()
 	}
 }

@@ -343,6 +343,9 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 		},
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     30 * time.Second,
+		// The agent is the guest's: Go's default would let it make the node, and the gateway
+		// it passes them on to, hold 10 MiB of headers for every answer.
+		MaxResponseHeaderBytes: agent.MaxAnswerHeaderBytes,
 	}
 	return &httputil.ReverseProxy{
 		Transport:     tr,

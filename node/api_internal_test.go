@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -160,5 +161,33 @@ func TestLayerTooLargeIsAConflict(t *testing.T) {
 	}
 	if e := apiError(errors.New("runsc checkpoint: exit status 1")); e.Status != 500 {
 		t.Errorf("another snapshot failure: %+v; want 500", e)
+	}
+}
+
+// TestAgentProxyBoundsHeaders: the node's proxy to a guest's agent refuses an answer whose
+// headers pass agent.MaxAnswerHeaderBytes (a 502): Go's default let a hostile agent make the
+// node, and the gateway it passed them on to, hold 10 MiB of headers for every request.
+func TestAgentProxyBoundsHeaders(t *testing.T) {
+	guest := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		pad := strings.Repeat("x", 56)
+		for i := range 16384 {
+			w.Header().Set("X-Pad-"+strconv.Itoa(i), pad)
+		}
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	defer guest.Close()
+	dial := func(ctx context.Context) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", guest.Listener.Addr().String())
+	}
+	whyBroke := func(_ context.Context, err error) error { return err }
+	front := httptest.NewServer(agentProxy(dial, whyBroke, slog.New(slog.DiscardHandler)))
+	defer front.Close()
+	resp, err := front.Client().Get(front.URL + "/v1/sessions/sess_x/agent/v1/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || len(resp.Header) > 10 {
+		t.Fatalf("an answer under 1 MiB of headers: HTTP %d with %d header fields; want a 502", resp.StatusCode, len(resp.Header))
 	}
 }
