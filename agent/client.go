@@ -334,7 +334,9 @@ func (c *Client) WriteFile(ctx context.Context, path string, data io.Reader, mod
 	if err != nil {
 		return err
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
+	// The answer is a line of JSON, read to its end so that the connection is reused; the
+	// agent is the guest's, and one that sends more does not hold the write.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	return resp.Body.Close()
 }
 

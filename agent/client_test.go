@@ -325,3 +325,21 @@ func TestAnswerHeadersBounded(t *testing.T) {
 		c.Close()
 	}
 }
+
+// TestWriteFileAnswerBounded: a hostile guest's agent that answers a file's write with a body
+// without end does not hold the write: the client reads at most 64 KiB of it.
+func TestWriteFileAnswerBounded(t *testing.T) {
+	t.Parallel()
+	var wrote atomic.Int64
+	srv := endlessAnswer(t, `{"path":"/workspace/a","size":1,"pad":"`, &wrote)
+	c := NewHTTPClient(srv.Client(), srv.URL, "")
+	ctx := testCtx(t, time.Minute)
+	start := time.Now()
+	err := c.WriteFile(ctx, "a", strings.NewReader("x"), 0)
+	if ctx.Err() != nil {
+		t.Fatalf("the write of a file answered with a body without end ran %s, until its context ended (%d MiB read): %v", time.Since(start), wrote.Load()>>20, err)
+	}
+	if w := wrote.Load(); w > 8<<20 {
+		t.Errorf("the server wrote %d bytes before the client stopped reading; want about 64 KiB", w)
+	}
+}
