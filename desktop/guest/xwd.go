@@ -11,11 +11,13 @@ import (
 	"math/bits"
 )
 
-// Bounds on a screenshot the guest sends: far above any display the desktop offers, small
-// enough that a hostile guest cannot make the host allocate much.
+// Bounds on a screenshot the guest sends: the desktop's display (Start makes it Width ×
+// Height, and xwd -root dumps just that), either way round. A hostile guest sends what it
+// likes, in a few KiB gzipped: each screenshot makes the host hold the dump and its image,
+// which at the 4096 × 4096 once allowed were 64 MiB each.
 const (
-	maxScreenSide   = 8192
-	maxScreenPixels = 4096 * 4096
+	maxScreenSide   = max(Width, Height)
+	maxScreenPixels = Width * Height
 	maxXWDBytes     = maxScreenPixels*4 + 1<<20 // pixels at 32 bits, header, name and colormap
 )
 

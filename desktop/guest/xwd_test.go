@@ -178,3 +178,29 @@ func TestScreenshotRetriesAGoneWindow(t *testing.T) {
 		t.Errorf("no display: %v after %d execs; want the error at once", err, e.calls)
 	}
 }
+
+// TestScreenshotBoundedByTheDisplay: a screenshot is at most the desktop's display (Width ×
+// Height, either way round): a hostile guest's dump of 2048 × 2048, a few KiB gzipped, is
+// refused. The bound was 4096 × 4096 whatever the display, and each screenshot could make the
+// gateway hold a 64 MiB dump and a 64 MiB image (with no bound on how many at once) for an
+// answer of kilobytes.
+func TestScreenshotBoundedByTheDisplay(t *testing.T) {
+	shot := func(w, h int) ([]byte, error) {
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		_, _ = zw.Write(fakeXWD(t, w, h, false, make([]uint32, w*h)))
+		_ = zw.Close()
+		return Screenshot(context.Background(), &scriptedExecer{results: []execResult{{stdout: gz.Bytes()}}})
+	}
+	for _, size := range [][2]int{{Width, Height}, {Height, Width}} {
+		if b, err := shot(size[0], size[1]); err != nil || len(b) == 0 {
+			t.Errorf("a screenshot of %dx%d: %d bytes, %v; want a PNG", size[0], size[1], len(b), err)
+		}
+	}
+	for _, size := range [][2]int{{2048, 2048}, {Width + 1, Height}, {Width, Width + 1}} {
+		// Refused for its size, by its bytes (read no further) or by its header.
+		if _, err := shot(size[0], size[1]); err == nil || !strings.Contains(err.Error(), "pixels") && !strings.Contains(err.Error(), "a screen may take") {
+			t.Errorf("a screenshot of %dx%d: %v; want it refused", size[0], size[1], err)
+		}
+	}
+}
