@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"wb/internal/testwait"
 	"wb/internal/redistest"
+	"wb/internal/testwait"
 	"wb/session"
 	"wb/store"
 )
