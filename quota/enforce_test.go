@@ -748,6 +748,11 @@ func TestEnforcerWaitsOnceForASnapshot(t *testing.T) {
 	hook.on.Store(true)
 	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(time.Now())})
 	hook.on.Store(false)
+	// A wait's goroutine shows in stopAfterSnapshot once it has begun to run.
+	for deadline := time.Now().Add(10 * time.Second); snapshotWaits()-before < 1 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // any other wait started would have begun by now too
 	if n := snapshotWaits() - before; n != 1 {
 		t.Errorf("%d waits for the snapshotting session after the cap's passes, want 1", n)
 	}
@@ -793,8 +798,12 @@ func TestCapStopHeldWhileASnapshotIsAwaited(t *testing.T) {
 	if err := other.RetryStops(ctx, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if n := snapshotWaits() - before; n != 2 {
-		t.Errorf("%d waits for the snapshot after another process's round, want 2", n)
+	// A wait's goroutine shows in stopAfterSnapshot once it has begun to run (a loaded cold
+	// run counted 1 just after the round).
+	for deadline := time.Now().Add(10 * time.Second); snapshotWaits()-before != 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waits for the snapshot after another process's round, want 2", snapshotWaits()-before)
+		}
 	}
 	if stops, err := st.CapStops(ctx, project); err != nil || len(stops) != 1 {
 		t.Errorf("held stops %v (%v) after a round with the snapshot still taken, want the cap's", stops, err)
