@@ -5,18 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"wb/agent"
 	"wb/node/nodeapi"
@@ -87,24 +82,8 @@ func toAPIError(err error) *apiError {
 	return &apiError{Status: 500, Type: "api_error", Code: "internal", Message: "internal error; it has been logged"}
 }
 
-// storeUnavailable tells an error of Redis being away (a Cluster primary killed and its
-// replica not yet promoted, a connection refused, reset, timed out or closed under a command)
-// from a bug: the first is the caller's to retry (503), the second a 500. A connection the
-// server closed is found by the command that uses it (go-redis does not peek at it first: see
-// internal/redisconn), which then reads EOF.
-func storeUnavailable(err error) bool {
-	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN", "READONLY"} {
-		if redis.HasErrorPrefix(err, prefix) {
-			return true
-		}
-	}
-	if errors.Is(err, redis.ErrPoolTimeout) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
+// storeUnavailable: Redis away is the caller's to retry (503), anything else a 500.
+func storeUnavailable(err error) bool { return store.Unavailable(err) }
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	ae := toAPIError(err)

@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/big"
-	"net"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -124,17 +121,7 @@ func (r *accrualRound) err() error {
 
 // redisAway answers whether err says Redis could not be reached (rather than answering with
 // an error of its own).
-func redisAway(err error) bool {
-	for _, prefix := range []string{"CLUSTERDOWN", "TRYAGAIN", "LOADING", "MASTERDOWN"} {
-		if redis.HasErrorPrefix(err, prefix) {
-			return true
-		}
-	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
+func redisAway(err error) bool { return store.Unavailable(err) }
 
 // accrueProject is AccrueSnapshots for one project, recording each failure in r; it answers
 // whether the run goes on (false: Redis is away).
