@@ -661,13 +661,11 @@ func parseRead(res any) ([]redis.XMessage, error) {
 	return out, nil
 }
 
-// task is one queued delivery. Body is the payload delivered as it is (and signed). Held as
-// the JSON value it is, the task is the payload's size; held as a JSON string of it, every
-// quote and backslash of the payload (run output, a session's metadata) is escaped again, and
-// the task is up to twice the payload. decodeTask reads both; the dispatcher still writes the
-// string (legacyBody), which dispatchers before this one read and the object they fail: a
-// rolling deploy would lose the deliveries they read. Once every dispatcher reads both, it
-// writes the value.
+// task is one queued delivery. Body, the payload delivered as it is (and signed), is held as
+// the JSON value it is: a JSON string of it escaped every quote and backslash of the payload
+// again (run output, a session's metadata), which made the task (up to twice) bigger than the
+// payload, and every endpoint's queue with it. decodeTask still reads such a task, queued
+// before.
 type task struct {
 	EventID   string          `json:"event_id"`
 	Type      string          `json:"type"`
@@ -690,13 +688,6 @@ func decodeTask(b []byte) (task, error) {
 		t.Body = json.RawMessage(body)
 	}
 	return t, nil
-}
-
-// legacyBody is body as a JSON string, the form of a task's body that every dispatcher reads
-// (see task).
-func legacyBody(body []byte) json.RawMessage {
-	b, _ := json.Marshal(string(body)) // a string always encodes
-	return b
 }
 
 // process queues the deliveries of msgs in order; an error when it stopped at an entry that
@@ -820,7 +811,7 @@ func (d *Dispatcher) plan(m redis.XMessage, eps []Endpoint, log *slog.Logger) (n
 	}
 	body, err := BuildPayload(ev)
 	if err == nil {
-		t = task{EventID: ev.ID, Type: ev.Type, SessionID: ev.SessionID, Body: legacyBody(body)}
+		t = task{EventID: ev.ID, Type: ev.Type, SessionID: ev.SessionID, Body: body}
 		var b []byte
 		b, err = json.Marshal(t)
 		enc = string(b)

@@ -14,11 +14,11 @@ import (
 	"wb/store"
 )
 
-// TestTaskEncodedOnce: a queued delivery is read whether it holds its payload as the JSON it
-// is or as a JSON string of it (which escapes the payload's quotes and backslashes a second
-// time: a run's output of quotes made its task twice the payload), each delivered with its
-// payload as it was signed. Tasks are still queued as strings, the form dispatchers of before
-// read (Redis holds the queues through a rolling deploy).
+// TestTaskEncodedOnce: a queued delivery holds its payload as the JSON it is, not as a JSON
+// string of it (which escaped the payload's quotes and backslashes a second time: a run's
+// output of quotes made its task twice the payload), and a task queued that way by a
+// dispatcher of before (Redis holds them through an upgrade) is still delivered, its payload
+// as it was signed and sent then.
 func TestTaskEncodedOnce(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Server(t)
@@ -58,27 +58,27 @@ func TestTaskEncodedOnce(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &fields); err != nil {
 		t.Fatalf("the queued task %.200s: %v", raw, err)
 	}
-	if body := fields["body"]; len(body) == 0 || body[0] != '"' {
-		t.Fatalf("the queued task's body is %.80s…, want a JSON string of the payload, which dispatchers of before read", body)
+	if body := fields["body"]; len(body) == 0 || body[0] != '{' {
+		t.Fatalf("the queued task's body is %.80s…, want the payload's JSON object", body)
+	}
+	if len(raw) > len(fields["body"])+500 {
+		t.Errorf("the queued task has %d bytes for a payload of %d", len(raw), len(fields["body"]))
 	}
 
-	// The same task with its body as the payload's JSON value, as a later dispatcher queues it.
-	cur, err := decodeTask([]byte(raw))
-	if err != nil || len(cur.Body) == 0 || cur.Body[0] != '{' {
-		t.Fatalf("the queued task decoded: %.80s, %v; want the payload's JSON object", cur.Body, err)
+	// The same task as a dispatcher of before queued it: its body a JSON string of the payload.
+	var cur task
+	if err := json.Unmarshal([]byte(raw), &cur); err != nil {
+		t.Fatal(err)
 	}
-	later, err := json.Marshal(cur)
+	before, err := json.Marshal(map[string]string{"event_id": cur.EventID, "type": cur.Type, "session_id": cur.SessionID, "body": string(cur.Body)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(later) > len(cur.Body)+500 {
-		t.Errorf("the task as a value has %d bytes for a payload of %d", len(later), len(cur.Body))
-	}
-	if err := rdb.LSet(ctx, queue, 0, later).Err(); err != nil {
+	if err := rdb.LSet(ctx, queue, 0, before).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// As its dispatcher counted it.
-	if err := rdb.HIncrBy(ctx, k.queued(), ep.ID, int64(len(later)-len(raw))).Err(); err != nil {
+	if err := rdb.HIncrBy(ctx, k.queued(), ep.ID, int64(len(before)-len(raw))).Err(); err != nil {
 		t.Fatal(err)
 	}
 	accept.Store(true)
@@ -97,7 +97,7 @@ func TestTaskEncodedOnce(t *testing.T) {
 		got[q.ID] = run.ID
 	}
 	if got[old] != "run_old" || got[fresh] != "run_new" {
-		t.Errorf("delivered %v, want %s (queued as a value) run_old and %s (as a string) run_new", got, old, fresh)
+		t.Errorf("delivered %v, want %s (queued as before) run_old and %s run_new", got, old, fresh)
 	}
 	waitFor(t, "the endpoint's queued count back to 0", func() bool { return queuedCount(t, rdb, project, ep.ID) == 0 })
 }
