@@ -665,7 +665,8 @@ func parseRead(res any) ([]redis.XMessage, error) {
 // the JSON value it is: a JSON string of it escaped every quote and backslash of the payload
 // again (run output, a session's metadata), which made the task (up to twice) bigger than the
 // payload, and every endpoint's queue with it. decodeTask still reads such a task, queued
-// before.
+// before. (Dispatchers of the release before this one read both forms, so a rolling deploy
+// from it loses nothing; one from an older release would: deploy that release first.)
 type task struct {
 	EventID   string          `json:"event_id"`
 	Type      string          `json:"type"`
