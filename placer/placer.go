@@ -390,7 +390,8 @@ func (p *Placer) Sweep(ctx context.Context) {
 	}
 }
 
-// sweepProjects is the one walk over every project, at start and every FullSweepEvery: a
+// sweepProjects is the one walk over every project, at start and every FullSweepEvery: it
+// drops the index entries of ended sessions whose retention lapsed (store.TrimLapsed), and a
 // round trip per few hundred projects finds the few with sessions; for each, it places what
 // is pending (its signal may have been lost) and indexes its sessions' deadlines and nodes
 // where an entry is missing (a crash between a write and its index, or sessions written
@@ -401,6 +402,9 @@ func (p *Placer) sweepProjects(ctx context.Context) {
 	}
 	projects, err := p.Store.Projects(ctx)
 	if err == nil {
+		if err := p.Store.TrimLapsed(ctx, projects); err != nil && ctx.Err() == nil {
+			p.Logger.Warn("placer: trim lapsed sessions' index entries", "err", err)
+		}
 		projects, err = p.Store.ActiveProjects(ctx, projects)
 	}
 	if err != nil {

@@ -498,3 +498,37 @@ func TestLosingPlacerKeepsTheWinnersClaim(t *testing.T) {
 		t.Fatalf("claims on n_small, where %s was placed and no heartbeat shows it yet: %+v; want its 1 vCPU and 2048 MiB", s.ID, c)
 	}
 }
+
+// TestSweepTrimsLapsedSessions: the sweep drops the index entries of a project's ended
+// sessions whose retention lapsed, though nothing in the project ended since (endings trim as
+// they go; a project gone quiet held its entries for good).
+func TestSweepTrimsLapsedSessions(t *testing.T) {
+	rdb := redistest.Server(t)
+	now := time.Now()
+	clock := func() time.Time { return now }
+	st := store.New(rdb, store.WithRetention(time.Hour), store.WithClock(clock))
+	p := New(Config{Store: st, Provisioner: &recorder{placed: map[string]string{}}, Now: clock})
+	ctx := context.Background()
+	if _, err := st.EnsureProject(ctx, "proj_q", "q"); err != nil {
+		t.Fatal(err)
+	}
+	var ended []string
+	for range 40 {
+		s := pending(t, st, "proj_q", "r1", 1, 256)
+		if _, err := st.Transition(ctx, store.Change{Project: "proj_q", ID: s.ID, From: session.Pending, To: session.Stopped,
+			Driver: session.Caller, Reason: session.Deleted}); err != nil {
+			t.Fatal(err)
+		}
+		ended = append(ended, s.ID)
+		rdb.Del(ctx, "wb:{proj_q}:s:"+s.ID)
+	}
+	all := "wb:{proj_q}:all"
+	if n := rdb.ZCard(ctx, all).Val(); n != 40 {
+		t.Fatalf("%d sessions indexed before the sweep, want 40", n)
+	}
+	now = now.Add(time.Hour + time.Second)
+	p.Sweep(ctx)
+	if n := rdb.ZCard(ctx, all).Val(); n != 0 {
+		t.Fatalf("after a sweep, %d of 40 ended sessions whose retention lapsed are still indexed", n)
+	}
+}

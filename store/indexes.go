@@ -239,7 +239,7 @@ func (s *Store) afterTransition(ctx context.Context, c Change, out *session.Sess
 		return nil
 	})
 	if due != nil {
-		s.trimRetained(ctx, c.Project, due.Val(), now)
+		_, _ = s.trimRetained(ctx, c.Project, due.Val(), now)
 	}
 }
 

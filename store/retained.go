@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -61,10 +62,11 @@ return n
 `)
 
 // trimRetained drops the index entries of due, members of the project's retained set read
-// by dueRetained. Best effort: what a failure leaves, the next ending (or a List) drops.
-func (s *Store) trimRetained(ctx context.Context, project string, due []string, now time.Time) {
+// by dueRetained, and answers how many it dropped. Best effort: what a failure leaves, the
+// next ending, List or TrimLapsed drops.
+func (s *Store) trimRetained(ctx context.Context, project string, due []string, now time.Time) (int, error) {
 	if len(due) == 0 {
-		return
+		return 0, nil
 	}
 	k := ProjectKeys(project)
 	keys := []string{k.retained(), k.all()}
@@ -85,5 +87,42 @@ func (s *Store) trimRetained(ctx context.Context, project string, due []string, 
 		keys = append(keys, k.session(id), eu)
 		args = append(args, m)
 	}
-	_ = trimRetainedScript.Run(ctx, s.rdb, keys, args...).Err()
+	return trimRetainedScript.Run(ctx, s.rdb, keys, args...).Int()
+}
+
+// lapsedPerProject bounds the lapsed sessions one TrimLapsed drops per project, so that a
+// sweep over every project takes its turn with each; a longer backlog drains over sweeps.
+const lapsedPerProject = 64 * retainedTrimBatch
+
+// TrimLapsed drops from the list indexes the entries of the projects' ended sessions whose
+// retention lapsed, up to lapsedPerProject each. Endings trim as they go, but a project whose
+// sessions stopped ending (a burst, then nothing) would hold its last retention's worth of
+// entries for good: a sweep over every project calls this. One round trip per sweepBatch
+// projects finds the few with lapsed sessions.
+func (s *Store) TrimLapsed(ctx context.Context, projects []string) error {
+	now := s.now()
+	max := strconv.FormatInt(now.UnixMilli(), 10)
+	counts, err := s.countEach(ctx, projects, func(p redis.Pipeliner, project string) *redis.IntCmd {
+		return p.ZCount(ctx, ProjectKeys(project).retained(), "-inf", max)
+	})
+	if err != nil {
+		return fmt.Errorf("find projects with lapsed sessions: %w", err)
+	}
+	for i, n := range counts {
+		for left := min(n, lapsedPerProject); left > 0; left -= retainedTrimBatch {
+			due, err := s.rdb.ZRangeByScore(ctx, ProjectKeys(projects[i]).retained(), &redis.ZRangeBy{
+				Min: "-inf", Max: max, Count: retainedTrimBatch}).Result()
+			if err == nil {
+				var dropped int
+				dropped, err = s.trimRetained(ctx, projects[i], due, now)
+				if err == nil && dropped < len(due) {
+					break // the rest live on (Redis's clock behind ours) or were never due
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("trim the lapsed sessions of %s: %w", projects[i], err)
+			}
+		}
+	}
+	return nil
 }

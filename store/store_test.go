@@ -34,6 +34,7 @@ func TestStore(t *testing.T) {
 		{"RaceCreates", testRaceCreates},
 		{"Retention", testRetention},
 		{"RetainedIndexes", testRetainedIndexes},
+		{"TrimLapsed", testTrimLapsed},
 		{"SnapshotGuard", testSnapshotGuard},
 	}
 	for _, b := range redistest.Backends() {
@@ -559,6 +560,56 @@ func testRetainedIndexes(t *testing.T, s *Store, p string) {
 	}
 	if ms, _ := s.rdb.ZRange(ctx, k.retained(), 0, -1).Result(); len(ms) != 3 {
 		t.Fatalf("retained set %v, want the kept session and the two that ended last", ms)
+	}
+}
+
+// testTrimLapsed: a project whose sessions stopped ending keeps no index entries of those
+// whose retention lapsed once TrimLapsed has walked it, however many more than an ending's
+// batch; one whose hash is still there keeps them, and so does another project's.
+func testTrimLapsed(t *testing.T, s *Store, p string) {
+	ctx := context.Background()
+	var at atomic.Pointer[time.Time]
+	now := time.Now()
+	at.Store(&now)
+	s = New(s.rdb, WithRetention(time.Hour), WithClock(func() time.Time { return *at.Load() }))
+	other := p + "_other"
+	end := func(project string) string {
+		sess := mustCreate(t, s, newPending(project, "eu_1"), 1000)
+		step(t, s, Change{Project: project, ID: sess.ID, From: session.Pending, To: session.Stopped, Driver: session.Caller, Reason: session.Deleted})
+		return sess.ID
+	}
+	n := 3*retainedTrimBatch + 5
+	var lapsed []string
+	for range n {
+		id := end(p)
+		lapsed = append(lapsed, id)
+		s.rdb.Del(ctx, ProjectKeys(p).session(id)) // what Redis does when the retention lapses
+	}
+	kept := end(p) // its hash lives on past its score
+	otherID := end(other)
+	later := now.Add(time.Hour + time.Second)
+	at.Store(&later)
+
+	if err := s.TrimLapsed(ctx, []string{"proj_none", p, other}); err != nil {
+		t.Fatal(err)
+	}
+	k := ProjectKeys(p)
+	var stale []string
+	for _, id := range lapsed {
+		for _, key := range []string{k.all(), k.byState(session.Stopped), k.byEndUser("eu_1")} {
+			if _, err := s.rdb.ZScore(ctx, key, id).Result(); err == nil {
+				stale = append(stale, id+" in "+key)
+			}
+		}
+	}
+	if len(stale) > 0 {
+		t.Fatalf("after TrimLapsed, %d index entries of %d lapsed sessions are left (first %s), with no ending since", len(stale), n, stale[0])
+	}
+	if _, err := s.rdb.ZScore(ctx, k.all(), kept).Result(); err != nil {
+		t.Errorf("a session whose hash lives on lost its index entry: %v", err)
+	}
+	if _, err := s.rdb.ZScore(ctx, ProjectKeys(other).all(), otherID).Result(); err != nil {
+		t.Errorf("another project's session whose hash lives on lost its index entry: %v", err)
 	}
 }
 
