@@ -66,7 +66,7 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 			return
 		}
 	}
-	e.decide(ctx, ev, log)
+	e.decide(ctx, ev, time.Now(), log)
 }
 
 // takeUndecided takes over ev's undecided stop if it is still ev.undecided, marking it as
@@ -95,8 +95,11 @@ func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Tim
 }
 
 // decide asks the spend decision point about ev's crossed cap and acts on its answer; a
-// crossing Caps held undecided is taken over by then (OnCap, decideLeftOver).
-func (e *Enforcer) decide(ctx context.Context, ev CapEvent, log *slog.Logger) {
+// crossing Caps held undecided is taken over by then (OnCap, decideLeftOver). One decided
+// after its month (its settler died in the month's last minutes) is acted on as it would
+// have been, its event sent and the sessions live at the crossing stopped; those created
+// since were admitted in the new month, under its own caps.
+func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *slog.Logger) {
 	d := SpendDecision{Stop: ev.Level == "hard", DenyAdmission: ev.Level == "hard"}
 	if e.Decide != nil {
 		var err error
@@ -130,9 +133,13 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, log *slog.Logger) {
 		}
 		crossed := ev.crossedAt
 		if crossed.IsZero() {
-			crossed = time.Now()
+			crossed = now
 		}
-		if !e.stopScope(ctx, scope, time.Time{}, stopPasses, log) {
+		var createdBy time.Time
+		if ev.Month < monthOf(now) {
+			createdBy = crossed
+		}
+		if !e.stopScope(ctx, scope, createdBy, stopPasses, log) {
 			e.holdStop(ctx, ev, heldStop{CapEvent: scope, CrossedAt: crossed}, log)
 		}
 	}
@@ -193,10 +200,13 @@ func (e *Enforcer) holdStop(ctx context.Context, ev CapEvent, stop heldStop, log
 }
 
 // RetryStops carries on the stops that crossed caps ordered and left unfinished (holdStop):
-// one pass each, dropping the stops that leave nothing live in scope and those of a month
-// past (its caps no longer apply). The stops stand as decided when the cap was crossed, over
-// the sessions created by then, and a raised cap drops them (Accounts). It decides the
-// crossings their settler left undecided (decideLeftOver). The settler calls it every few
+// one pass each, dropping the stops that leave nothing live in scope. The stops stand as
+// decided when the cap was crossed, over the sessions created by then, past the month's end
+// too (a crossing in its last seconds would leave its sessions running otherwise; those
+// created since are not its), and a raised cap drops them (Accounts). A stop of a month past
+// without its crossing's time (none is written so) would stop the new month's sessions: it is
+// dropped. It decides the crossings their settler left undecided (decideLeftOver), whatever
+// their month. The settler calls it every few
 // seconds; while no stop is held it costs two commands.
 func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 	log := e.Logger
@@ -217,7 +227,9 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 		left := 0
 		for id, v := range stops {
 			var stop heldStop
-			if json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now) {
+			if json.Unmarshal([]byte(v), &stop) == nil {
+				// Whatever its month: a crossing in the month's last minutes is decided in
+				// the next, and its event and stops are not lost with the month.
 				if err := e.decideLeftOver(ctx, v, stop, now); err != nil {
 					errs = append(errs, err)
 				}
@@ -248,7 +260,7 @@ func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 		left := 0
 		for id, v := range stops {
 			var stop heldStop
-			ok := json.Unmarshal([]byte(v), &stop) == nil && stop.Month >= monthOf(now)
+			ok := json.Unmarshal([]byte(v), &stop) == nil && (stop.Month >= monthOf(now) || !stop.CrossedAt.IsZero())
 			if ok && !e.stopScope(ctx, stop.CapEvent, stop.CrossedAt, 1, log) {
 				left++
 				continue
@@ -291,7 +303,7 @@ func (e *Enforcer) decideLeftOver(ctx context.Context, v string, stop heldStop, 
 	}
 	actCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), capActTimeout)
 	defer cancel()
-	e.decide(actCtx, ev, log)
+	e.decide(actCtx, ev, now, log)
 	return nil
 }
 

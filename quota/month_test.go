@@ -1,0 +1,99 @@
+package quota
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"wb/internal/redistest"
+	"wb/session"
+	"wb/store"
+)
+
+// nextMonth answers the start of the month after t's (UTC).
+func nextMonth(t time.Time) time.Time {
+	y, m, _ := t.UTC().Date()
+	return time.Date(y, m+1, 1, 0, 0, 0, 0, time.UTC)
+}
+
+// A hard cap crossed in the last minutes of a month by a settler that died is decided in the
+// next month: its quota.exceeded is sent and the sessions live at the crossing are stopped,
+// as they would have been; those admitted in the new month are not the crossing's. The round
+// that looked after the month's end found no stop due in the new month and dropped the
+// crossing, its event lost.
+func TestCapCrossedAtTheMonthsEndIsDecided(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_monthend"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	before := newSession(t, st, p, nil, up...)
+	time.Sleep(5 * time.Millisecond)
+	// The settler flags the cap and dies before acting on it.
+	month := monthOf(time.Now())
+	NewCaps(rdb, func(context.Context, CapEvent) {}, nil).check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 200, CapMicroUSD: 100, Month: month})
+	time.Sleep(5 * time.Millisecond)
+	after := newSession(t, st, p, nil, up...) // admitted once the new month has begun
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}}
+	// The next round runs in the first minute of the next month.
+	later := nextMonth(time.Now()).Add(30 * time.Second)
+	for i := 0; i < 3; i++ {
+		if err := e.RetryStops(ctx, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := quotaEvents(t, st, p); n != 1 {
+		t.Errorf("%d quota.exceeded events for the crossing decided in the next month, want 1", n)
+	}
+	for id, want := range map[string]session.State{before: session.Stopping, after: session.Running} {
+		if s, err := st.Get(ctx, p, id); err != nil || s.State != want {
+			t.Errorf("session %s is %s (%v), want %s", id, s.State, err, want)
+		}
+	}
+	if left, err := st.CapUndecided(ctx, p); err != nil || len(left) != 0 {
+		t.Errorf("undecided stops %v (%v) once decided, want none", left, err)
+	}
+}
+
+// A stop held for the sessions a cap's decision left live is carried on past the month's
+// end: those sessions were live when the cap was crossed, and a crossing in the month's last
+// seconds left them running for good when the month changed. The sessions admitted since are
+// not its.
+func TestCapStopHeldPastTheMonthsEnd(t *testing.T) {
+	ctx := context.Background()
+	st := store.New(redistest.Server(t))
+	const p = "proj_heldmonth"
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	before := newSession(t, st, p, nil, up...)
+	time.Sleep(5 * time.Millisecond)
+	crossed := time.Now()
+	month := monthOf(crossed)
+	time.Sleep(5 * time.Millisecond)
+	after := newSession(t, st, p, nil, up...)
+	b, err := json.Marshal(heldStop{CapEvent: CapEvent{Project: p, Scope: "project", Level: "hard", SpendMicroUSD: 200, CapMicroUSD: 100, Month: month}, CrossedAt: crossed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.HoldCapStop(ctx, p, capStopID("", month), string(b), capFlagTTL); err != nil {
+		t.Fatal(err)
+	}
+	e := &Enforcer{Store: st, Stopper: &recordingStopper{}}
+	if err := e.RetryStops(ctx, nextMonth(crossed).Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]session.State{before: session.Stopping, after: session.Running} {
+		if s, err := st.Get(ctx, p, id); err != nil || s.State != want {
+			t.Errorf("session %s is %s (%v) after a round in the next month, want %s", id, s.State, err, want)
+		}
+	}
+	if stops, err := st.CapStops(ctx, p); err != nil || len(stops) != 0 {
+		t.Errorf("held stops %v (%v) once its sessions are stopped, want none", stops, err)
+	}
+}
