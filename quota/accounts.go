@@ -43,7 +43,7 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 //
 // KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash, undecided stops hash.
 // ARGV: month, hard threshold nano (empty for no cap), soft threshold nano, the held and
-// undecided stops' fields.
+// undecided stops' fields, the soft cap's undecided stop's field.
 var uncapScript = redis.NewScript(decimalGELua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 local spend = redis.call('HGET', KEYS[1], 'm:' .. month) or '0'
@@ -52,7 +52,10 @@ if hard ~= '' and ge(spend, hard) then return 0 end
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('HDEL', KEYS[5], ARGV[4])
 redis.call('HDEL', KEYS[6], ARGV[5])
-if hard == '' or not ge(spend, soft) then redis.call('DEL', KEYS[3]) end
+if hard == '' or not ge(spend, soft) then
+  redis.call('DEL', KEYS[3])
+  redis.call('HDEL', KEYS[6], ARGV[6])
+end
 return 1
 `)
 
@@ -64,7 +67,7 @@ func (a *Accounts) Uncap(ctx context.Context, project string, capMicroUSD int64,
 	k, month := store.ProjectKeys(project), monthOf(now)
 	hard, soft := capThresholds(capMicroUSD)
 	if err := uncapScript.Run(ctx, a.rdb, []string{k.Spend(), capFlag(project, "", "hard", month), capFlag(project, "", "soft", month),
-		capLifted(project, "", month), k.CapStops(), k.CapUndecided()}, month, hard, soft, capStopID("", month), undecidedStopID("", month)).Err(); err != nil {
+		capLifted(project, "", month), k.CapStops(), k.CapUndecided()}, month, hard, soft, capStopID("", month), undecidedStopID("", month, "hard"), undecidedStopID("", month, "soft")).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap of %s: %w", project, err)
 	}
 	return nil
@@ -206,6 +209,7 @@ for i = 4, #ARGV do
     redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':undecided')
     if hard == '' or not ge(spend, soft) then
       redis.call('DEL', KEYS[j + 1])
+      redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':soft:undecided')
       redis.call('SREM', KEYS[2], eu)
     end
   end

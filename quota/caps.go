@@ -187,10 +187,12 @@ const capFlagTTL = 40 * 24 * time.Hour
 
 // flagScript sets a cap's flag if it is not set, answering 1 if it did. An end user's is first
 // added to the month's set of end users flagged, so that a raised end-user cap finds the flags
-// to lift (Accounts.UncapEndUsers). With a hard cap's flag it writes the cap's undecided stop
+// to lift (Accounts.UncapEndUsers). With the flag it writes the crossing's undecided stop
 // among the project's undecided stops (Enforcer.RetryStops), in the same step: the settler that
 // flags the cap decides it only after the settle (Caps.act), and one that died in between
-// left the flag, which is set once a month, and nothing that would ever stop the sessions.
+// left the flag, which is set once a month, and nothing that would ever decide the crossing
+// (a hard cap's stop and quota.exceeded; a soft cap's decision, which plugins and policies
+// hear of and may act on).
 //
 // A hard cap's lifted mark (capLifted) counts as its flag: the cap was crossed, and the
 // decision let admissions go on.
@@ -212,8 +214,8 @@ end
 return 1
 `)
 
-// flag sets the cap's flag of level, answering whether it was the first to. A hard cap's is
-// set with its undecided stop when there is an OnCap to decide it (flagScript), which the
+// flag sets the cap's flag of level, answering whether it was the first to. It is set with
+// the crossing's undecided stop when there is an OnCap to decide it (flagScript), which the
 // decision then replaces (Enforcer.OnCap); the project is indexed among those with undecided
 // stops before (a crash after the script leaves the stop found) and after (RetryStops may
 // have dropped it from the index meanwhile: ForgetCapUndecidedProject).
@@ -229,7 +231,7 @@ func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool,
 		keys = append(keys, k.CappedEndUsers(ev.Month))
 	}
 	field := ""
-	if level == "hard" && c.onCap != nil {
+	if c.onCap != nil {
 		// Past the cap, every record settled comes here: one command while the flag is set.
 		if n, err := c.rdb.Exists(ctx, key, lifted).Result(); err != nil || n > 0 {
 			return false, "", err
@@ -239,7 +241,7 @@ func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool,
 		if err != nil {
 			return false, "", err
 		}
-		field, undecided = undecidedStopID(ev.EndUser, ev.Month), string(b)
+		field, undecided = undecidedStopID(ev.EndUser, ev.Month, level), string(b)
 		if err := c.index(ctx, ev.Project); err != nil {
 			return false, "", err
 		}

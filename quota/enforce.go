@@ -85,8 +85,11 @@ func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Tim
 	if err != nil {
 		return false, err
 	}
-	took, err := e.Store.ReplaceCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided, string(b),
-		[]string{capFlag(ev.Project, ev.EndUser, "hard", ev.Month), capLifted(ev.Project, ev.EndUser, ev.Month)})
+	crossed := []string{capFlag(ev.Project, ev.EndUser, ev.Level, ev.Month)}
+	if ev.Level == "hard" {
+		crossed = append(crossed, capLifted(ev.Project, ev.EndUser, ev.Month))
+	}
+	took, err := e.Store.ReplaceCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month, ev.Level), ev.undecided, string(b), crossed)
 	if err != nil || !took {
 		return false, err
 	}
@@ -145,7 +148,7 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *
 	}
 	if ev.undecided != "" {
 		// Decided (and its stop held, if one is left): the stop Caps held until then goes.
-		if err := e.Store.EndCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month), ev.undecided); err != nil {
+		if err := e.Store.EndCapUndecided(ctx, ev.Project, undecidedStopID(ev.EndUser, ev.Month, ev.Level), ev.undecided); err != nil {
 			log.Error("spend cap: drop the undecided stop; a later round decides the cap again", "project", ev.Project, "end_user", ev.EndUser, "err", err)
 		}
 	}
@@ -159,10 +162,14 @@ func capStopID(endUser, month string) string {
 	return month + ":eu:" + endUser
 }
 
-// undecidedStopID names the undecided stop of the hard cap ev crossed among the project's
+// undecidedStopID names the undecided stop of the cap of level crossed among the project's
 // undecided stops (CapUndecided): the one Caps holds with the cap's flag until OnCap has
-// decided it.
-func undecidedStopID(endUser, month string) string {
+// decided it. A soft cap's is named apart (…:soft:undecided): binaries older than the soft
+// ones take a stop over only under the hard cap's name, so they leave it alone.
+func undecidedStopID(endUser, month, level string) string {
+	if level == "soft" {
+		return capStopID(endUser, month) + ":soft:undecided"
+	}
 	return capStopID(endUser, month) + ":undecided"
 }
 
@@ -170,7 +177,8 @@ func undecidedStopID(endUser, month string) string {
 // when the cap was crossed. The sessions created after that are not the decision's: they
 // were admitted afterwards, when the decision let admissions go on (or a raised cap did).
 //
-// An undecided one is the hard cap's crossing itself, held by Caps with the cap's flag until
+// An undecided one is the cap's crossing itself (a hard or a soft cap's; a soft one stops
+// nothing unless its decision says so), held by Caps with the cap's flag until
 // OnCap decides it: a later round decides it (OnCap) if it is still there undecidedWait after
 // the crossing (the settler that crossed the cap died before acting on it), or after
 // DecideBy, when another round took it over.

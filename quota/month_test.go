@@ -97,3 +97,98 @@ func TestCapStopHeldPastTheMonthsEnd(t *testing.T) {
 		t.Errorf("held stops %v (%v) once its sessions are stopped, want none", stops, err)
 	}
 }
+
+// A soft cap crossed by a settler that died before acting on it is decided by a later round,
+// once: the spend decision point hears of it (a plugin or policy may act at the soft level)
+// as it would have from the settler; the crossing, flagged once a month, was lost with the
+// settler. The default decision at the soft level stops nothing.
+func TestSoftCapCrossedByADeadSettlerIsDecided(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_softdead"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	id := newSession(t, st, p, nil, up...)
+	var decided []string
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}, Decide: func(_ context.Context, ev CapEvent) (SpendDecision, error) {
+		decided = append(decided, ev.Level)
+		return SpendDecision{}, nil // the default at the soft level: a warning
+	}}
+	// The settler flags the soft cap (85 of 100) and dies before acting on it.
+	NewCaps(rdb, func(context.Context, CapEvent) {}, nil).check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 85, CapMicroUSD: 100, Month: monthOf(time.Now())})
+	if _, soft, err := accounts.CapState(ctx, p, "", time.Now()); err != nil || !soft {
+		t.Fatalf("soft cap passed %v (%v) after the settle, want true", soft, err)
+	}
+	if err := e.RetryStops(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if len(decided) != 0 {
+		t.Fatalf("decided %v right after the crossing, want nothing (its settler decides)", decided)
+	}
+	later := time.Now().Add(10 * time.Minute)
+	for i := 0; i < 3; i++ {
+		if err := e.RetryStops(ctx, later); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(decided) != 1 || decided[0] != "soft" {
+		t.Errorf("decisions %v minutes after the soft cap's settler died, want [soft]", decided)
+	}
+	if s, err := st.Get(ctx, p, id); err != nil || s.State != session.Running {
+		t.Errorf("session is %s (%v) after the soft cap's decision, want running", s.State, err)
+	}
+	if n := quotaEvents(t, st, p); n != 0 {
+		t.Errorf("%d quota.exceeded events for a soft cap, want 0", n)
+	}
+	if left, err := st.CapUndecided(ctx, p); err != nil || len(left) != 0 {
+		t.Errorf("undecided stops %v (%v) once decided, want none", left, err)
+	}
+
+	// A settler that lives decides its soft crossing itself, and nothing is left to a round.
+	const q = "proj_softalive"
+	if err := accounts.SetLimits(ctx, q, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	decided = nil
+	caps := NewCaps(rdb, e.OnCap, nil)
+	caps.check(ctx, CapEvent{Project: q, Scope: "project", SpendMicroUSD: 85, CapMicroUSD: 100, Month: monthOf(time.Now())})
+	caps.act(ctx, q)
+	if err := e.RetryStops(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if len(decided) != 1 {
+		t.Errorf("decisions %v of a live settler's soft crossing, want one", decided)
+	}
+
+	// A cap raised above the spend before the decision lifts the soft crossing with its mark.
+	const r = "proj_softraise"
+	if err := accounts.SetLimits(ctx, r, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	decided = nil
+	NewCaps(rdb, func(context.Context, CapEvent) {}, nil).check(ctx, CapEvent{Project: r, Scope: "project", SpendMicroUSD: 85, CapMicroUSD: 100, Month: monthOf(time.Now())})
+	NewCaps(rdb, func(context.Context, CapEvent) {}, nil).check(ctx, CapEvent{Project: r, EndUser: "eu_1", Scope: "end_user", SpendMicroUSD: 85, CapMicroUSD: 100, Month: monthOf(time.Now())})
+	if left, err := st.CapUndecided(ctx, r); err != nil || len(left) != 2 {
+		t.Fatalf("undecided stops %v (%v) after the project's and an end user's soft caps were crossed, want 2", left, err)
+	}
+	if err := accounts.Uncap(ctx, r, 1000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := accounts.UncapEndUsers(ctx, r, 1000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := st.CapUndecided(ctx, r); err != nil || len(left) != 0 {
+		t.Errorf("undecided stops %v (%v) after the cap was raised above the spend, want none", left, err)
+	}
+	if err := e.RetryStops(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if len(decided) != 0 {
+		t.Errorf("decisions %v of a soft cap raised before its decision, want none", decided)
+	}
+}

@@ -366,8 +366,9 @@ func (k ProjectKeyspace) EndUserCapLifted(endUser, month string) string {
 // by quota.Accounts with the cap's flags (a raised cap).
 func (k ProjectKeyspace) CapStops() string { return k.p + "capped:stops" }
 
-// CapUndecided is a hash of the hard caps' crossings not yet decided: field as CapStops' with
-// :undecided after it → the crossing as JSON, with the cap flags' TTL; written by quota.Caps
+// CapUndecided is a hash of the caps' crossings not yet decided: field as CapStops' with
+// :undecided after it (a hard cap's) or :soft:undecided (a soft one's, which binaries older
+// than them never take over) → the crossing as JSON, with the cap flags' TTL; written by quota.Caps
 // with the cap's flag, in one script, and replaced by the decision (store's
 // ReplaceCapUndecided, EndCapUndecided, for quota.Enforcer, which decides the crossings their
 // settler left); deleted by quota.Accounts with the cap's flags (a raised cap). Apart from
