@@ -22,7 +22,7 @@ var ErrWebhookSignature = errors.New("webhook signature not verified")
 
 // WebhookEvent is the body of a delivery.
 type WebhookEvent struct {
-	ID        string `json:"id"` // evt_…, also the webhook-id header: deduplicate on it
+	ID        string `json:"id"` // evt_…, also the webhook-id header: deduplicate on it (a quota.exceeded sent again has its first send's id)
 	Type      string `json:"type"`
 	CreatedAt Time   `json:"created_at"`
 	Data      struct {

@@ -76,9 +76,12 @@ type CapEvent struct {
 	Month         string `json:"month"`
 
 	// undecided is the cap's undecided stop as Caps held it (flag), for OnCap to replace
-	// with its decision; crossedAt is when the cap was crossed (zero: now).
+	// with its decision; crossedAt is when the cap was crossed (zero: now). crossing is the
+	// crossing's time as its undecided stop holds it, which names its quota.exceeded
+	// (capEventID) however often it is decided.
 	undecided string
 	crossedAt time.Time
+	crossing  time.Time
 }
 
 // Caps watches settled spend against the caps and calls OnCap once per cap, level and month.

@@ -13,6 +13,9 @@
 //   - caps: a project's and its end users' monthly spend caps (Limits), watched on settled
 //     spend (Caps) and acted on by the Enforcer, which asks the spend decision point, stops
 //     the sessions in scope and sends quota.exceeded once; a stop its passes left unfinished
-//     is held, and the settler carries it on every few seconds (Enforcer.RetryStops);
+//     is held, and the settler carries it on every few seconds (Enforcer.RetryStops). A
+//     crossing is decided at least once (again, when its decision's end was not recorded):
+//     its quota.exceeded then has the same id, derived from the crossing (capEventID), which
+//     receivers deduplicate on;
 //   - reports: GET /v1/usage, summed from the hourly buckets (BuildReport).
 package quota

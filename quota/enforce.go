@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,7 +95,7 @@ func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Tim
 	if err != nil || !took {
 		return false, err
 	}
-	ev.undecided = string(b)
+	ev.undecided, ev.crossing = string(b), stop.CrossedAt
 	return true, nil
 }
 
@@ -125,7 +127,7 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *
 		if ev.EndUser != "" {
 			obj["end_user_id"] = ev.EndUser
 		}
-		if _, err := e.Store.AppendEvent(ctx, ev.Project, session.EventQuotaExceeded, "", obj); err != nil {
+		if _, err := e.Store.AppendEventID(ctx, ev.Project, capEventID(ev), session.EventQuotaExceeded, "", obj); err != nil {
 			log.Error("quota.exceeded event", "err", err)
 		}
 	}
@@ -152,6 +154,20 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *
 			log.Error("spend cap: drop the undecided stop; a later round decides the cap again", "project", ev.Project, "end_user", ev.EndUser, "err", err)
 		}
 	}
+}
+
+// capEventID answers the id of the quota.exceeded of ev's crossing: derived from the
+// crossing (project, end user, level, month and when its undecided stop says it was crossed),
+// so that a crossing decided again (its decision's end not recorded: the event is sent at
+// least once) sends the same event, which its receivers deduplicate by id. A crossing without
+// an undecided stop (none to decide it again) has a new id.
+func capEventID(ev CapEvent) string {
+	if ev.crossing.IsZero() {
+		return ""
+	}
+	key := strings.Join([]string{session.EventQuotaExceeded, ev.Project, ev.Scope, ev.EndUser, ev.Level, ev.Month,
+		strconv.FormatInt(ev.crossing.UnixNano(), 10)}, "\x00")
+	return session.DerivedID("evt_", ev.crossing, key)
 }
 
 // capStopID names the stop of the cap ev crossed among the project's held stops (CapStops).

@@ -3,8 +3,12 @@ package quota
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -190,5 +194,74 @@ func TestSoftCapCrossedByADeadSettlerIsDecided(t *testing.T) {
 	}
 	if len(decided) != 0 {
 		t.Errorf("decisions %v of a soft cap raised before its decision, want none", decided)
+	}
+}
+
+// quotaEventIDs answers the ids of the quota.exceeded events in project's outbox, oldest
+// first.
+func quotaEventIDs(t *testing.T, st *store.Store, project string) []string {
+	t.Helper()
+	evs, err := st.OutboxEvents(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, ev := range evs {
+		if ev.Type == session.EventQuotaExceeded {
+			ids = append(ids, ev.ID)
+		}
+	}
+	return ids
+}
+
+// A crossing decided again because its decision's end was not recorded (quota.exceeded is
+// sent at least once) sends its event with the same id, derived from the crossing, so that
+// receivers deduplicate it by id (webhook-id); each send had an id of its own, and a
+// receiver saw two crossings. A cap crossed again after a raise is another crossing, with
+// another id.
+func TestCapEventSentAgainKeepsItsID(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_evid"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}}
+	undecided := store.ProjectKeys(p).CapUndecided()
+	// The settler's decision sends quota.exceeded, then fails to drop the undecided stop.
+	redistest.BeforeOnce(rdb, func(c redis.Cmder) bool {
+		a := c.Args()
+		return (c.Name() == "evalsha" || c.Name() == "eval") && len(a) > 3 && fmt.Sprint(a[2]) == "1" && a[3] == undecided
+	}, func() error { return errors.New("connection reset by peer") })
+	caps := NewCaps(rdb, e.OnCap, nil)
+	month := monthOf(time.Now())
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 200, CapMicroUSD: 100, Month: month})
+	caps.act(ctx, p)
+	if left, err := st.CapUndecided(ctx, p); err != nil || len(left) != 1 {
+		t.Fatalf("undecided stops %v (%v) after a decision whose end failed, want the crossing's", left, err)
+	}
+	// A later round, past the decision's time, decides the crossing again.
+	if err := e.RetryStops(ctx, time.Now().Add(undecidedWait+time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	ids := quotaEventIDs(t, st, p)
+	if len(ids) != 2 {
+		t.Fatalf("quota.exceeded events %v, want 2 (the crossing decided twice)", ids)
+	}
+	if ids[0] != ids[1] || !session.ValidID("evt_", ids[0]) {
+		t.Errorf("quota.exceeded sent again with id %s, first %s: want the same evt_ id", ids[1], ids[0])
+	}
+	// Raised, then crossed again: another crossing.
+	if err := accounts.Uncap(ctx, p, 1000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 200, CapMicroUSD: 100, Month: month})
+	caps.act(ctx, p)
+	ids = quotaEventIDs(t, st, p)
+	if len(ids) != 3 || ids[2] == ids[0] {
+		t.Errorf("quota.exceeded events %v after the cap was crossed again, want a third with an id of its own", ids)
 	}
 }

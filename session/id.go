@@ -2,6 +2,7 @@ package session
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"strings"
 	"time"
 )
@@ -40,4 +41,17 @@ func ValidID(prefix, id string) bool {
 		}
 	}
 	return true
+}
+
+// DerivedID returns an id of NewID's form whose time is at and whose other 10 characters are
+// derived from key: the same (at, key) always gives the same id, for an event sent again
+// (at least once) that its receivers deduplicate by id.
+func DerivedID(prefix string, at time.Time, key string) string {
+	id := []byte(NewID(prefix, at))
+	sum := sha256.Sum256([]byte(key))
+	rest := id[len(prefix)+8:]
+	for i := range rest {
+		rest[i] = base62[int(sum[i])%62]
+	}
+	return string(id)
 }

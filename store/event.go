@@ -35,7 +35,15 @@ type Event struct {
 // the timer warnings) to the project's outbox. sessionID orders it with that session's events
 // ("" for project-wide events); object becomes data.object.
 func (s *Store) AppendEvent(ctx context.Context, project, typ, sessionID string, object any) (string, error) {
-	id, values, err := s.eventValues(project, typ, sessionID, object)
+	return s.AppendEventID(ctx, project, "", typ, sessionID, object)
+}
+
+// AppendEventID is AppendEvent with the event's id given (empty for a new one): an event
+// that may be sent twice (quota.exceeded, by a decision taken again when its end was not
+// recorded) has an id derived from what it announces, the same each time, so that its
+// receivers deduplicate it by id (the webhook-id header) as they do a redelivery.
+func (s *Store) AppendEventID(ctx context.Context, project, id, typ, sessionID string, object any) (string, error) {
+	id, values, err := s.eventValues(project, id, typ, sessionID, object)
 	if err != nil {
 		return "", err
 	}
@@ -47,15 +55,17 @@ func (s *Store) AppendEvent(ctx context.Context, project, typ, sessionID string,
 	return id, nil
 }
 
-// eventValues answers a new event's id and its outbox entry's fields, for AppendEvent and for
-// scripts that append an event with the write it announces.
-func (s *Store) eventValues(project, typ, sessionID string, object any) (string, []any, error) {
+// eventValues answers an event's id (id, or a new one if empty) and its outbox entry's
+// fields, for AppendEvent and for scripts that append an event with the write it announces.
+func (s *Store) eventValues(project, id, typ, sessionID string, object any) (string, []any, error) {
 	b, err := json.Marshal(object)
 	if err != nil {
 		return "", nil, fmt.Errorf("encode %s event: %w", typ, err)
 	}
 	now := s.now()
-	id := session.NewID("evt_", now)
+	if id == "" {
+		id = session.NewID("evt_", now)
+	}
 	return id, []any{"id", id, "type", typ, "session_id", sessionID, "project_id", project,
 		"at", now.UnixMilli(), "object", b}, nil
 }
