@@ -9,7 +9,7 @@
 //     under its settlement lock, accrues only projects that have snapshots, and walks every
 //     project once at start and every few minutes for signals lost to a crash, pruning then
 //     what no reader needs any more (seqs past the replay window, old hourly and daily spend
-//     fields);
+//     fields, monthly ones once no usage report can reach their month);
 //   - caps: a project's and its end users' monthly spend caps (Limits), watched on settled
 //     spend (Caps) and acted on by the Enforcer, which asks the spend decision point, stops
 //     the sessions in scope and sends quota.exceeded once; a stop its passes left unfinished

@@ -31,6 +31,14 @@ const spendHoursKept = 48 * time.Hour
 // day per end user.
 const spendDaysKept = MaxReportHours * time.Hour
 
+// spendMonthsKept is how long after its month's end the spend hash keeps a monthly field.
+// The caps and GET /v1/limits read the current month's only; GET /v1/usage reports any hour
+// whose bucket is still kept (UsageHour: 400 days), and a month's field is kept as long as
+// the last of its hours can be reported, so that a report's figures can be compared with the
+// month's for every month a report can reach. The hash stops growing by a field a month per
+// end user.
+const spendMonthsKept = 400 * 24 * time.Hour
+
 // indexedVersion is the value of the project's Indexed flag once its seq entries and its
 // hourly and daily spend fields written before their indexes existed are indexed: a flag
 // of before (1, without the daily fields) has the project indexed again.
@@ -40,16 +48,18 @@ const indexedVersion = "2"
 const pruneBatch = 1000
 
 // pruneScript drops, from the seq hash, the sessions last settled before the seq cutoff, and
-// from the spend hash the hourly fields of hours before the hours cutoff and the daily fields
-// of days before the days cutoff, a batch of each (the indexes name them: settleScript). It
-// answers how many of each it dropped, and whether the project's older entries are indexed
-// (indexBefore), or there are none.
+// from the spend hash the hourly fields of hours before the hours cutoff, the daily fields
+// of days before the days cutoff and the monthly fields of months ended before the months
+// cutoff, a batch of each (the indexes name them: settleScript). It answers how many of each
+// it dropped, and whether the project's older entries are indexed (indexBefore: both flags),
+// or there are none.
 //
-// KEYS: seq hash, seq index, spend hash, hours index, indexed flag, days index. ARGV: seq
-// cutoff ms, hours cutoff ms, batch, days cutoff ms, indexed flag's version.
+// KEYS: seq hash, seq index, spend hash, hours index, indexed flag, days index, months
+// index, months' indexed flag. ARGV: seq cutoff ms, hours cutoff ms, batch, days cutoff ms,
+// indexed flag's version, months cutoff ms.
 var pruneScript = redis.NewScript(`
 local out = {}
-for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}, {KEYS[3], KEYS[6], ARGV[4]}}) do
+for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}, {KEYS[3], KEYS[6], ARGV[4]}, {KEYS[3], KEYS[7], ARGV[6]}}) do
   local names = redis.call('ZRANGEBYSCORE', k[2], '-inf', '(' .. k[3], 'LIMIT', 0, ARGV[3])
   if #names > 0 then
     redis.call('HDEL', k[1], unpack(names))
@@ -57,19 +67,20 @@ for i, k in ipairs({{KEYS[1], KEYS[2], ARGV[1]}, {KEYS[3], KEYS[4], ARGV[2]}, {K
   end
   out[i] = #names
 end
-if redis.call('GET', KEYS[5]) == ARGV[5] or redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then out[4] = 1 else out[4] = 0 end
+if (redis.call('GET', KEYS[5]) == ARGV[5] and redis.call('GET', KEYS[8]) == '1') or redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then out[5] = 1 else out[5] = 0 end
 return out
 `)
 
 // prune drops what no reader needs any more from the projects' seq hashes (sessions settled
 // longer than the replay window ago) and spend hashes (hourly fields older than
-// spendHoursKept, daily ones older than spendDaysKept): a round trip per sweepBatch projects, and another for a project with more
-// than a batch to drop. The sweep calls it only for projects whose streams it found with
+// spendHoursKept, daily ones older than spendDaysKept, monthly ones of months ended longer
+// than spendMonthsKept ago): a round trip per sweepBatch projects, and another for a project
+// with more than a batch to drop. The sweep calls it only for projects whose streams it found with
 // nothing unsettled: a record there could be a replay of one settled long ago.
 func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) error {
 	const sweepBatch = 500
 	seqCutoff, hoursCutoff := now.Add(-s.replayWindow).UnixMilli(), now.Add(-spendHoursKept).UnixMilli()
-	daysCutoff := now.Add(-spendDaysKept).UnixMilli()
+	daysCutoff, monthsCutoff := now.Add(-spendDaysKept).UnixMilli(), now.Add(-spendMonthsKept).UnixMilli()
 	loaded := false
 	for len(projects) > 0 {
 		part := projects[:min(sweepBatch, len(projects))]
@@ -78,8 +89,8 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, project := range part {
 				k := store.ProjectKeys(project)
-				cmds[i] = pruneScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.UsageSeqAt(), k.Spend(), k.SpendHours(), k.Indexed(), k.SpendDays()},
-					seqCutoff, hoursCutoff, pruneBatch, daysCutoff, indexedVersion)
+				cmds[i] = pruneScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.UsageSeqAt(), k.Spend(), k.SpendHours(), k.Indexed(), k.SpendDays(),
+					k.SpendMonths(), k.IndexedMonths()}, seqCutoff, hoursCutoff, pruneBatch, daysCutoff, indexedVersion, monthsCutoff)
 			}
 			return nil
 		})
@@ -100,15 +111,15 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 			if err != nil {
 				return fmt.Errorf("prune %s: %w", part[i], err)
 			}
-			if len(n) != 4 {
+			if len(n) != 5 {
 				return fmt.Errorf("prune %s: answered %v", part[i], n)
 			}
-			if n[3] == 0 {
+			if n[4] == 0 {
 				if err := s.indexBefore(ctx, part[i], now); err != nil {
 					return err
 				}
 			}
-			if n[0] == pruneBatch || n[1] == pruneBatch || n[2] == pruneBatch || n[3] == 0 {
+			if n[0] == pruneBatch || n[1] == pruneBatch || n[2] == pruneBatch || n[3] == pruneBatch || n[4] == 0 {
 				projects = append(projects, part[i]) // more to drop: again, in a later batch
 			}
 		}
@@ -116,10 +127,11 @@ func (s *Settler) prune(ctx context.Context, projects []string, now time.Time) e
 	return nil
 }
 
-// indexBefore indexes, once, a project's seq entries and hourly and daily spend fields
-// written before their indexes existed, so that they are pruned too: the seq entries as
-// settled now (when they were is not known), the hourly fields by the hour they name, the
-// daily ones by the day. HSCAN, a batch at a time, then the project's flag.
+// indexBefore indexes, once, a project's seq entries and hourly, daily and monthly spend
+// fields written before their indexes existed, so that they are pruned too: the seq entries
+// as settled now (when they were is not known), the hourly fields by the hour they name, the
+// daily ones by the day, the monthly ones by the month's end. HSCAN, a batch at a time, then
+// the project's flags.
 func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time) error {
 	k := store.ProjectKeys(project)
 	for _, h := range []struct {
@@ -129,6 +141,7 @@ func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time
 		{k.UsageSeq(), k.UsageSeqAt(), func(string) (int64, bool) { return now.UnixMilli(), true }},
 		{k.Spend(), k.SpendHours(), hourOfSpendField},
 		{k.Spend(), k.SpendDays(), dayOfSpendField},
+		{k.Spend(), k.SpendMonths(), monthEndOfSpendField},
 	} {
 		var cursor uint64
 		for {
@@ -156,6 +169,9 @@ func (s *Settler) indexBefore(ctx context.Context, project string, now time.Time
 	if err := s.rdb.Set(ctx, k.Indexed(), indexedVersion, 0).Err(); err != nil {
 		return fmt.Errorf("index %s: %w", project, err)
 	}
+	if err := s.rdb.Set(ctx, k.IndexedMonths(), "1", 0).Err(); err != nil {
+		return fmt.Errorf("index %s: %w", project, err)
+	}
 	return nil
 }
 
@@ -166,6 +182,16 @@ func hourOfSpendField(f string) (int64, bool) { return timeOfSpendField(f, "h", 
 // dayOfSpendField answers the start (ms) of the day a daily spend field names: d:DAY or
 // eu:END_USER:d:DAY, DAY as YYYYMMDD.
 func dayOfSpendField(f string) (int64, bool) { return timeOfSpendField(f, "d", "20060102") }
+
+// monthEndOfSpendField answers the end (ms) of the month a monthly spend field names: m:MONTH
+// or eu:END_USER:m:MONTH, MONTH as YYYYMM.
+func monthEndOfSpendField(f string) (int64, bool) {
+	ms, ok := timeOfSpendField(f, "m", "200601")
+	if !ok {
+		return 0, false
+	}
+	return monthEnd(time.UnixMilli(ms)).UnixMilli(), true
+}
 
 // timeOfSpendField answers the time (ms) a spend field of kind (h, d) names, in layout: KIND:T
 // or eu:END_USER:KIND:T.

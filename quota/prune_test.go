@@ -225,3 +225,81 @@ func TestDayOfSpendField(t *testing.T) {
 		}
 	}
 }
+
+// The full sweep drops the spend hash's monthly fields once the usage report can no longer
+// reach their month (its hourly buckets lapse 400 days after their hour), and keeps every
+// other: they were never dropped, a field a month per end user for ever. Those written
+// before their index are indexed once.
+func TestSweepPrunesSpendMonths(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	const project = "proj_months"
+	if _, err := st.EnsureProject(ctx, project, project); err != nil {
+		t.Fatal(err)
+	}
+	k := store.ProjectKeys(project)
+	// What settlers before the monthly index left: months long ago and within the report's
+	// reach, and the project's older entries indexed (the flag of the daily index).
+	if err := rdb.HSet(ctx, k.Spend(), "m:202401", 7000, "eu:eu_9:m:202401", 7000, "m:202511", 7000, "eu:eu_9:m:202511", 7000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, k.Indexed(), "2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := NewSettler(rdb, SettlerOptions{Consumer: "c1"})
+	appendAll(t, rdb, records(project, []string{"sess_m"}, 5)) // of end user eu_0, in t0's month
+	for n, err := s.SettleProject(ctx, project); n > 0 || err != nil; n, err = s.SettleProject(ctx, project) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string, kept, dropped []string) {
+		t.Helper()
+		m, err := rdb.HGetAll(ctx, k.Spend()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range kept {
+			if _, ok := m[f]; !ok {
+				t.Errorf("%s: spend field %s pruned, want it kept", when, f)
+			}
+		}
+		for _, f := range dropped {
+			if _, ok := m[f]; ok {
+				t.Errorf("%s: spend field %s kept, want it pruned", when, f)
+			}
+		}
+	}
+	month := monthOf(t0)
+	recent := []string{"m:" + month, "eu:eu_0:m:" + month}
+	ended := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC) // t0's month's end
+	s.now = func() time.Time { return t0.Add(10 * 24 * time.Hour) }
+	s.sweep(ctx)
+	check("10 days after", append([]string{"m:202511", "eu:eu_9:m:202511"}, recent...), []string{"m:202401", "eu:eu_9:m:202401"})
+	s.now = func() time.Time { return t0.Add(40 * 24 * time.Hour) }
+	s.sweep(ctx)
+	check("40 days after", recent, []string{"m:202511", "eu:eu_9:m:202511"})
+	s.now = func() time.Time { return ended.Add(399 * 24 * time.Hour) }
+	s.sweep(ctx)
+	check("399 days after its month", recent, nil)
+	s.now = func() time.Time { return ended.Add(401 * 24 * time.Hour) }
+	s.sweep(ctx)
+	check("401 days after its month", nil, recent)
+}
+
+// monthEndOfSpendField knows the monthly fields of the spend hash from the others, by the end
+// of their month.
+func TestMonthEndOfSpendField(t *testing.T) {
+	end := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+	for f, want := range map[string]bool{
+		"m:202612": true, "eu:eu_1:m:202612": true, "eu:a:m:b:m:202612": true,
+		"d:20261231": false, "h:2026123110": false, "eu:eu_1:d:20261231": false, "eu:m:202612": false,
+		"m:2026123": false, "m:20261x": false,
+	} {
+		ms, ok := monthEndOfSpendField(f)
+		if ok != want || (ok && ms != end) {
+			t.Errorf("%s: %d %v, want monthly %v", f, ms, ok, want)
+		}
+	}
+}

@@ -24,13 +24,14 @@ import (
 // A desktop's session is labelled in the bucket with its desktop (the session hash's desk),
 // so the report names the desktop after the session itself has expired.
 //
-// The seq hash's entries and the spend hash's hourly and daily fields are indexed by time
-// (the seq index, the hours and days indexes) so that pruneScript drops them when nothing
-// needs them any more.
+// The seq hash's entries and the spend hash's hourly, daily and monthly fields are indexed
+// by time (the seq index, the hours, days and months indexes) so that pruneScript drops them
+// when nothing needs them any more.
 //
-// KEYS: seq hash, spend hash, hour bucket, session hash, seq index, hours index, days index
+// KEYS: seq hash, spend hash, hour bucket, session hash, seq index, hours index, days index,
+// months index
 // ARGV: session, min seq, end user, session_ms, paused_ms, cpu_ms, mem_gib_ms, egress,
-// cost nano, hour, day, month, max seq, now ms, hour's start ms, day's start ms
+// cost nano, hour, day, month, max seq, now ms, hour's start ms, day's start ms, month's end ms
 var settleScript = redis.NewScript(`
 local sid, eu = ARGV[1], ARGV[3]
 local last = tonumber(redis.call('HGET', KEYS[1], sid) or '0')
@@ -46,6 +47,7 @@ redis.call('HINCRBY', KEYS[2], 'd:' .. ARGV[11], cost)
 redis.call('HINCRBY', KEYS[2], 'h:' .. ARGV[10], cost)
 redis.call('ZADD', KEYS[6], ARGV[15], 'h:' .. ARGV[10])
 redis.call('ZADD', KEYS[7], ARGV[16], 'd:' .. ARGV[11])
+redis.call('ZADD', KEYS[8], ARGV[17], 'm:' .. ARGV[12])
 local em = 0
 if eu ~= '' then
   em = redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':m:' .. ARGV[12], cost)
@@ -53,6 +55,7 @@ if eu ~= '' then
   redis.call('HINCRBY', KEYS[2], 'eu:' .. eu .. ':h:' .. ARGV[10], cost)
   redis.call('ZADD', KEYS[6], ARGV[15], 'eu:' .. eu .. ':h:' .. ARGV[10])
   redis.call('ZADD', KEYS[7], ARGV[16], 'eu:' .. eu .. ':d:' .. ARGV[11])
+  redis.call('ZADD', KEYS[8], ARGV[17], 'eu:' .. eu .. ':m:' .. ARGV[12])
 end
 for i = 1, 6 do
   redis.call('HINCRBY', KEYS[3], 's:' .. sid .. ':' .. names[i], vals[i])
@@ -83,6 +86,12 @@ func monthOf(t time.Time) string { return t.UTC().Format("200601") }
 func dayStart(t time.Time) time.Time {
 	t = t.UTC()
 	return time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, time.UTC)
+}
+
+// monthEnd answers the end of t's month (UTC): the start of the next.
+func monthEnd(t time.Time) time.Time {
+	t = t.UTC()
+	return time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, time.UTC)
 }
 
 // settlerGroup is the consumer group of settlers on every usage stream, and on the usage
@@ -534,10 +543,10 @@ func (s *Settler) applyWave(ctx context.Context, project string, runs []*run) er
 		for i, r := range runs {
 			at := time.UnixMilli(r.last.ToMs).UTC()
 			cmds[i] = settleScript.EvalSha(ctx, p, []string{k.UsageSeq(), k.Spend(), k.UsageHour(at), k.SessionHash(r.first.SessionID),
-				k.UsageSeqAt(), k.SpendHours(), k.SpendDays()},
+				k.UsageSeqAt(), k.SpendHours(), k.SpendDays(), k.SpendMonths()},
 				r.first.SessionID, r.first.Seq, r.first.EndUserID, r.sum.SessionMs, r.sum.PausedMs, r.sum.CPUMs, r.sum.MemGiBMs,
 				r.sum.EgressBytes, r.costNano, at.Format("2006010215"), at.Format("20060102"), monthOf(at), r.last.Seq,
-				now, at.Truncate(time.Hour).UnixMilli(), dayStart(at).UnixMilli())
+				now, at.Truncate(time.Hour).UnixMilli(), dayStart(at).UnixMilli(), monthEnd(at).UnixMilli())
 		}
 		return nil
 	})

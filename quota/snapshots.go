@@ -17,9 +17,9 @@ import (
 // finds the snapshot already accrued up to (or past) now changes nothing, and one that finds
 // it accrued to another point than the cost was computed from answers -1 ("moved": another
 // settler accrued it meanwhile), so that the caller computes the cost again.
-// KEYS: accrual hash, spend hash, hour bucket, hours index, days index (settleScript). ARGV:
-// snapshot id, from ms, to ms, cost nano, hour, day, month, created ms (the last accrual of
-// one never accrued), hour's start ms, day's start ms.
+// KEYS: accrual hash, spend hash, hour bucket, hours index, days index, months index
+// (settleScript). ARGV: snapshot id, from ms, to ms, cost nano, hour, day, month, created ms
+// (the last accrual of one never accrued), hour's start ms, day's start ms, month's end ms.
 var accrueScript = redis.NewScript(`
 local last = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or ARGV[8])
 if tonumber(ARGV[3]) <= last then return {0, 0} end
@@ -31,6 +31,7 @@ redis.call('HINCRBY', KEYS[2], 'd:' .. ARGV[6], cost)
 redis.call('HINCRBY', KEYS[2], 'h:' .. ARGV[5], cost)
 redis.call('ZADD', KEYS[4], ARGV[9], 'h:' .. ARGV[5])
 redis.call('ZADD', KEYS[5], ARGV[10], 'd:' .. ARGV[6])
+redis.call('ZADD', KEYS[6], ARGV[11], 'm:' .. ARGV[7])
 redis.call('HINCRBY', KEYS[3], 't:cost_nano', cost)
 redis.call('HINCRBY', KEYS[3], 't:snapshot_cost_nano', cost)
 redis.call('EXPIRE', KEYS[3], 34560000)
@@ -194,9 +195,9 @@ func (s *Settler) accrue(ctx context.Context, project, id string, size int64, cr
 		}
 		cost := s.prices.SnapshotCost(size, ms)
 		at := now.UTC()
-		res, err := accrueScript.Run(ctx, s.rdb, []string{k.SnapshotAccrual(), k.Spend(), k.UsageHour(at), k.SpendHours(), k.SpendDays()},
+		res, err := accrueScript.Run(ctx, s.rdb, []string{k.SnapshotAccrual(), k.Spend(), k.UsageHour(at), k.SpendHours(), k.SpendDays(), k.SpendMonths()},
 			id, last, now.UnixMilli(), cost, at.Format("2006010215"), at.Format("20060102"), monthOf(at), created.UnixMilli(),
-			at.Truncate(time.Hour).UnixMilli(), dayStart(at).UnixMilli()).Int64Slice()
+			at.Truncate(time.Hour).UnixMilli(), dayStart(at).UnixMilli(), monthEnd(at).UnixMilli()).Int64Slice()
 		if err != nil {
 			return fmt.Errorf("accrue snapshot %s: %w", id, err)
 		}

@@ -402,17 +402,25 @@ func (k ProjectKeyspace) UsageSeqAt() string { return k.p + "usage:seq:at" }
 // Spend is a hash of settled spend in nano-USD: fields m:YYYYMM, d:YYYYMMDD, h:YYYYMMDDHH for
 // the project and eu:END_USER:m:… (d:, h:) for each end user. Written by quota's settle and
 // accrual scripts. SpendHours is a sorted set of its hourly fields (h:…, eu:…:h:…), score
-// the hour's start in ms, and SpendDays of its daily ones (d:…, eu:…:d:…), score the day's
-// start, by which quota's settler drops the hours and days no reader needs any more (from
+// the hour's start in ms, SpendDays of its daily ones (d:…, eu:…:d:…), score the day's
+// start, and SpendMonths of its monthly ones (m:…, eu:…:m:…), score the month's end, by
+// which quota's settler drops the hours, days and months no reader needs any more (from
 // both).
-func (k ProjectKeyspace) Spend() string      { return k.p + "spend" }
-func (k ProjectKeyspace) SpendHours() string { return k.p + "spend:hours" }
-func (k ProjectKeyspace) SpendDays() string  { return k.p + "spend:days" }
+func (k ProjectKeyspace) Spend() string       { return k.p + "spend" }
+func (k ProjectKeyspace) SpendHours() string  { return k.p + "spend:hours" }
+func (k ProjectKeyspace) SpendDays() string   { return k.p + "spend:days" }
+func (k ProjectKeyspace) SpendMonths() string { return k.p + "spend:months" }
 
 // Indexed is a string flag: the entries of UsageSeq and the hourly fields of Spend written
 // before UsageSeqAt and SpendHours existed are in them ("1"), and its daily fields written
 // before SpendDays existed are in it too ("2"). Written once by quota's settler.
 func (k ProjectKeyspace) Indexed() string { return k.p + "usage:indexed" }
+
+// IndexedMonths is a string flag: the monthly fields of Spend written before SpendMonths
+// existed are in it ("1"). A flag apart from Indexed: a new version of that one would have
+// settlers older than it, which set their own, index the project again at every sweep of a
+// rolling deploy. Written once by quota's settler.
+func (k ProjectKeyspace) IndexedMonths() string { return k.p + "usage:indexed:months" }
 
 // UsageHour is a hash, the usage settled in the hour of t (UTC): s:SESSION:METRIC,
 // e:END_USER:METRIC and t:METRIC, with a 400-day TTL; GET /v1/usage sums them; and
