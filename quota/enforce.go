@@ -52,13 +52,16 @@ type Enforcer struct {
 // (decideLeftOver): that round decides it once the settler that flagged it is late, and a
 // raised cap deletes it; either way, deciding it here would decide it twice, or decide a
 // cap no longer crossed.
-func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
+func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) { e.onCapAt(ctx, ev, time.Now()) }
+
+// onCapAt is OnCap at now.
+func (e *Enforcer) onCapAt(ctx context.Context, ev CapEvent, now time.Time) {
 	log := e.Logger
 	if log == nil {
 		log = slog.Default()
 	}
 	if ev.undecided != "" {
-		took, err := e.takeUndecided(ctx, &ev, time.Now())
+		took, err := e.takeUndecided(ctx, &ev, now)
 		if err != nil {
 			log.Error("spend cap: take the undecided stop; a later round decides the cap", "project", ev.Project, "end_user", ev.EndUser, "err", err)
 			return
@@ -68,7 +71,7 @@ func (e *Enforcer) OnCap(ctx context.Context, ev CapEvent) {
 			return
 		}
 	}
-	e.decide(ctx, ev, time.Now(), log)
+	e.decide(ctx, ev, now, log)
 }
 
 // takeUndecided takes over ev's undecided stop if it is still ev.undecided, marking it as
@@ -136,12 +139,17 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *
 		if d.StopProject {
 			scope.EndUser = ""
 		}
-		crossed := ev.crossedAt
+		crossed, past := ev.crossedAt, ev.Month < monthOf(now)
+		if crossed.IsZero() && past {
+			// The settler's own act, in the next month: the crossing's time, not the act's,
+			// bounds its stop (sessions were admitted in between, under the new month's caps).
+			crossed = ev.crossing
+		}
 		if crossed.IsZero() {
 			crossed = now
 		}
 		var createdBy time.Time
-		if ev.Month < monthOf(now) {
+		if past {
 			createdBy = crossed
 		}
 		if !e.stopScope(ctx, scope, createdBy, stopPasses, log) {
@@ -230,8 +238,8 @@ func (e *Enforcer) holdStop(ctx context.Context, ev CapEvent, stop heldStop, log
 // created since are not its), and a raised cap drops them (Accounts). A stop of a month past
 // without its crossing's time (none is written so) would stop the new month's sessions: it is
 // dropped. It decides the crossings their settler left undecided (decideLeftOver), whatever
-// their month. The settler calls it every few
-// seconds; while no stop is held it costs two commands.
+// their month. The settler calls it every few seconds; while no stop is held it costs two
+// commands.
 func (e *Enforcer) RetryStops(ctx context.Context, now time.Time) error {
 	log := e.Logger
 	if log == nil {

@@ -265,3 +265,42 @@ func TestCapEventSentAgainKeepsItsID(t *testing.T) {
 		t.Errorf("quota.exceeded events %v after the cap was crossed again, want a third with an id of its own", ids)
 	}
 }
+
+// A settler that flags a hard cap in a month's last seconds and acts on it in the next
+// stops the sessions live at the crossing, not those admitted in the new month before it
+// acted (under the new month's caps), and no later round stops them either.
+func TestCapActedOnInTheNextMonthSparesItsSessions(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_actnext"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	before := newSession(t, st, p, nil, up...)
+	time.Sleep(5 * time.Millisecond)
+	var acted []CapEvent
+	caps := NewCaps(rdb, func(_ context.Context, ev CapEvent) { acted = append(acted, ev) }, nil)
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 200, CapMicroUSD: 100, Month: monthOf(time.Now())})
+	caps.act(ctx, p)
+	if len(acted) != 1 {
+		t.Fatalf("%d crossings to act on, want 1", len(acted))
+	}
+	time.Sleep(5 * time.Millisecond)
+	after := newSession(t, st, p, nil, up...) // admitted in the new month, before the act
+	time.Sleep(5 * time.Millisecond)
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}}
+	next := nextMonth(time.Now()).Add(time.Second)
+	e.onCapAt(ctx, acted[0], next)
+	if err := e.RetryStops(ctx, next.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]session.State{before: session.Stopping, after: session.Running} {
+		if s, err := st.Get(ctx, p, id); err != nil || s.State != want {
+			t.Errorf("session %s is %s (%v), want %s", id, s.State, err, want)
+		}
+	}
+}
