@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"wb/internal/edgeauth"
+	"wb/internal/mtls"
 	"wb/session"
 )
 
@@ -125,15 +126,21 @@ func Build(f Fleet, opts Options) *Resources {
 				}),
 			}
 			c.OutlierDetection = outlier()
-			c.TransportSocket = upstreamTLS(o.UpstreamTLS, []string{"h2"}) // gRPC
+			// Only a gateway's certificate: the gateways' addresses come from Redis, where a
+			// compromised node host could register a "gateway" at its own address, and is
+			// sent the callers' API keys (as the gateway cluster's is).
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, []string{"h2"}, uriSAN(mtls.RoleGateway)) // gRPC
 		}),
 		// With TLS, the endpoints are the gateways' --edge-addr, not their public listener,
 		// which callers reach without a client certificate.
 		edsCluster(ClusterGateway, o, func(c *clusterv3.Cluster) {
 			c.OutlierDetection = outlier()
-			c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil)
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil, uriSAN(mtls.RoleGateway))
 		}),
-		edsCluster(ClusterNodes, o, func(c *clusterv3.Cluster) { c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil) }),
+		// Many nodes' endpoints: the role, not one IP.
+		edsCluster(ClusterNodes, o, func(c *clusterv3.Cluster) {
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil, uriSAN(mtls.RoleNode))
+		}),
 	)
 	r.Endpoints = append(r.Endpoints,
 		assignment(ClusterExtAuthz, gwAuthz, nil),
@@ -157,7 +164,10 @@ func Build(f Fleet, opts Options) *Resources {
 			c.CommonLbConfig = &clusterv3.Cluster_CommonLbConfig{HealthyPanicThreshold: &typev3.Percent{Value: 0}}
 			// HTTP/1.1: the PTY is a WebSocket upgrade. The node's certificate must name its
 			// IP, as the gateways' client checks: another member's does not pass for it.
-			c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil, n.addr.Addr())
+			// Envoy accepts a certificate that any one SAN matcher matches, so the node role
+			// cannot be required beside the IP: the IP is the narrower check (only this
+			// node's certificates name it).
+			c.TransportSocket = upstreamTLS(o.UpstreamTLS, nil, ipSAN(n.addr.Addr()))
 		}))
 		status := corev3.HealthStatus_UNKNOWN
 		if n.draining {
@@ -335,22 +345,17 @@ func edsCluster(name string, o Options, tune func(*clusterv3.Cluster)) *clusterv
 }
 
 // upstreamTLS is the transport socket of a cluster whose servers serve --fleet-tls-*: the
-// Envoy's client certificate, and their certificates verified against the fleet's CA, and,
-// when ip is given, naming it (an IP SAN). nil without u.
-func upstreamTLS(u UpstreamTLS, alpn []string, ip ...netip.Addr) *corev3.TransportSocket {
+// Envoy's client certificate, and their certificates verified against the fleet's CA and
+// naming san (a role's URI, or a node's IP). nil without u.
+func upstreamTLS(u UpstreamTLS, alpn []string, san *tlsv3.SubjectAltNameMatcher) *corev3.TransportSocket {
 	if !u.enabled() {
 		return nil
 	}
 	file := func(name string) *corev3.DataSource {
 		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}}
 	}
-	validation := &tlsv3.CertificateValidationContext{TrustedCa: file(u.CAFile)}
-	for _, a := range ip {
-		validation.MatchTypedSubjectAltNames = append(validation.MatchTypedSubjectAltNames, &tlsv3.SubjectAltNameMatcher{
-			SanType: tlsv3.SubjectAltNameMatcher_IP_ADDRESS,
-			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: a.String()}},
-		})
-	}
+	validation := &tlsv3.CertificateValidationContext{TrustedCa: file(u.CAFile),
+		MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{san}}
 	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
 		TlsParams:             &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
 		TlsCertificates:       []*tlsv3.TlsCertificate{{CertificateChain: file(u.CertFile), PrivateKey: file(u.KeyFile)}},
@@ -360,6 +365,22 @@ func upstreamTLS(u UpstreamTLS, alpn []string, ip ...netip.Addr) *corev3.Transpo
 	return &corev3.TransportSocket{
 		Name:       "envoy.transport_sockets.tls",
 		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)},
+	}
+}
+
+// uriSAN matches a certificate of role (a URI SAN, mtls.RoleGateway...).
+func uriSAN(role string) *tlsv3.SubjectAltNameMatcher {
+	return &tlsv3.SubjectAltNameMatcher{
+		SanType: tlsv3.SubjectAltNameMatcher_URI,
+		Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: role}},
+	}
+}
+
+// ipSAN matches a certificate that names ip.
+func ipSAN(ip netip.Addr) *tlsv3.SubjectAltNameMatcher {
+	return &tlsv3.SubjectAltNameMatcher{
+		SanType: tlsv3.SubjectAltNameMatcher_IP_ADDRESS,
+		Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: ip.String()}},
 	}
 }
 

@@ -2,9 +2,12 @@ package xds
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -330,8 +333,9 @@ func FuzzBuild(f *testing.F) {
 
 // TestUpstreamTLS: with Options.UpstreamTLS, the ext_authz cluster (ALPN h2, for gRPC), the
 // gateway cluster and every node cluster carry a TLS transport socket with the Envoy's
-// certificate and key and validation against the fleet's CA (and, for a node, its IP address
-// in the certificate), each one valid, and the gateway
+// certificate and key and validation against the fleet's CA and a SAN (for a node's cluster,
+// its IP address; for wb_nodes, the node role; for ext_authz and the gateways, the gateway
+// role), each one valid, and the gateway
 // cluster's endpoints are the gateways' edge addresses (not their public listeners; one
 // without is left out). Without it, no cluster has one.
 func TestUpstreamTLS(t *testing.T) {
@@ -391,14 +395,17 @@ func TestUpstreamTLS(t *testing.T) {
 			t.Errorf("cluster %s: TLS parameters %v, want at least TLS 1.2", c.GetName(), common.GetTlsParams())
 		}
 		// A node's cluster also checks that the certificate names the node's IP, as the
-		// gateways do: the fleet CA's other certificates do not pass for that node.
+		// gateways do: the fleet CA's other certificates do not pass for that node. The
+		// others check the role: a node's certificate does not pass for a gateway.
 		sans := common.GetValidationContext().GetMatchTypedSubjectAltNames()
+		wantType, want := tlsv3.SubjectAltNameMatcher_URI, "spiffe://wb/gateway"
 		if ip, isNode := nodeIPs[c.GetName()]; isNode {
-			if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_IP_ADDRESS || sans[0].GetMatcher().GetExact() != ip {
-				t.Errorf("cluster %s: SAN matchers %v, want the IP address %s", c.GetName(), sans, ip)
-			}
-		} else if len(sans) != 0 {
-			t.Errorf("cluster %s: SAN matchers %v, want none", c.GetName(), sans)
+			wantType, want = tlsv3.SubjectAltNameMatcher_IP_ADDRESS, ip
+		} else if c.GetName() == ClusterNodes {
+			want = "spiffe://wb/node"
+		}
+		if len(sans) != 1 || sans[0].GetSanType() != wantType || sans[0].GetMatcher().GetExact() != want {
+			t.Errorf("cluster %s: SAN matchers %v, want the %s %s alone", c.GetName(), sans, wantType, want)
 		}
 		wantALPN := []string(nil)
 		if c.GetName() == ClusterExtAuthz {
@@ -417,4 +424,90 @@ func TestUpstreamTLS(t *testing.T) {
 			t.Errorf("UpstreamTLS %+v: %v, want refused", u, err)
 		}
 	}
+}
+
+// TestUpstreamTLSRoles: with Options.UpstreamTLS, an Envoy accepts, in each cluster, only the
+// certificates of the fleet's CA of the member it reaches: a node's certificate (which a
+// compromised node host has, with the Redis access to register a "gateway" at its own
+// address) does not pass for a gateway or ext_authz, which would be sent callers' API keys,
+// nor a gateway's or an Envoy's for a node. The SAN matchers are applied as Envoy does: a
+// certificate passes when any one of them matches (or there is none).
+func TestUpstreamTLSRoles(t *testing.T) {
+	cert := func(role, ip string) *x509.Certificate {
+		u, err := url.Parse(role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &x509.Certificate{URIs: []*url.URL{u}, IPAddresses: []net.IP{net.ParseIP(ip)}}
+	}
+	nodeA, nodeB := cert("spiffe://wb/node", "10.0.0.11"), cert("spiffe://wb/node", "10.0.0.12")
+	gateway, envoy := cert("spiffe://wb/gateway", "10.0.1.1"), cert("spiffe://wb/envoy", "10.0.0.11")
+	fleet := fleet3()
+	fleet.Gateways[1].EdgeAddr = "10.0.1.1:8443"
+	r := Build(fleet, Options{UpstreamTLS: UpstreamTLS{CertFile: "/etc/wb/envoy.pem", KeyFile: "/etc/wb/envoy-key.pem", CAFile: "/etc/wb/fleet-ca.pem"}})
+	clusters := map[string]*clusterv3.Cluster{}
+	for _, c := range r.Clusters {
+		clusters[c.GetName()] = c
+	}
+	for _, c := range []struct {
+		cluster string
+		cert    *x509.Certificate
+		who     string
+		ok      bool
+	}{
+		{ClusterGateway, gateway, "a gateway", true},
+		{ClusterGateway, nodeA, "a node", false},
+		{ClusterGateway, envoy, "an Envoy", false},
+		{ClusterExtAuthz, gateway, "a gateway", true},
+		{ClusterExtAuthz, nodeA, "a node", false},
+		{ClusterExtAuthz, envoy, "an Envoy", false},
+		{NodeCluster("node-a"), nodeA, "node-a", true},
+		{NodeCluster("node-a"), nodeB, "node/b", false},
+		{ClusterNodes, nodeB, "node/b", true},
+		{ClusterNodes, gateway, "a gateway", false},
+	} {
+		cl := clusters[c.cluster]
+		if cl == nil {
+			t.Fatalf("no cluster %s", c.cluster)
+		}
+		var up tlsv3.UpstreamTlsContext
+		if err := cl.GetTransportSocket().GetTypedConfig().UnmarshalTo(&up); err != nil {
+			t.Fatalf("cluster %s: %v", c.cluster, err)
+		}
+		if err := up.ValidateAll(); err != nil {
+			t.Errorf("cluster %s: %v", c.cluster, err)
+		}
+		if got := envoyMatchesSAN(up.GetCommonTlsContext().GetValidationContext(), c.cert); got != c.ok {
+			t.Errorf("cluster %s: %s's certificate accepted %v, want %v (matchers %v)", c.cluster, c.who, got, c.ok,
+				up.GetCommonTlsContext().GetValidationContext().GetMatchTypedSubjectAltNames())
+		}
+	}
+}
+
+// envoyMatchesSAN applies a validation context's SAN matchers to cert as Envoy does: any one
+// that matches accepts it, and none accepts every certificate of the CA. Only exact matchers
+// of URI and IP SANs are known here; any other fails the test's caller by matching nothing.
+func envoyMatchesSAN(v *tlsv3.CertificateValidationContext, cert *x509.Certificate) bool {
+	ms := v.GetMatchTypedSubjectAltNames()
+	if len(ms) == 0 {
+		return true
+	}
+	for _, m := range ms {
+		exact := m.GetMatcher().GetExact()
+		switch m.GetSanType() {
+		case tlsv3.SubjectAltNameMatcher_URI:
+			for _, u := range cert.URIs {
+				if u.String() == exact {
+					return true
+				}
+			}
+		case tlsv3.SubjectAltNameMatcher_IP_ADDRESS:
+			for _, ip := range cert.IPAddresses {
+				if ip.String() == exact {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }

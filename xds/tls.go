@@ -9,8 +9,9 @@ import (
 
 // ServerTLS is the xDS server's side of what wb envoy-bootstrap's --tls-ca, --tls-cert and
 // --tls-key give an Envoy: the server's certificate and key (PEM files), and the CA that signed
-// the Envoys' client certificates. Every client must present one: the resources name every
-// node and gateway of the fleet, which no one else should read.
+// the Envoys' client certificates. Every client must present one, of the Envoy role
+// (mtls.RoleEnvoy): the resources name every node and gateway of the fleet, which no one
+// else should read, not even another member.
 //
 // The files are read again when they change (a handshake looks at their times and sizes;
 // Envoys connect rarely, and hold their stream), so that a certificate rotated in place, as
@@ -18,5 +19,5 @@ import (
 // written before its certificate, a broken file) keeps the last good ones, with a warning.
 func ServerTLS(certFile, keyFile, clientCAFile string, log *slog.Logger) (*tls.Config, error) {
 	return mtls.Server(mtls.Files{Cert: certFile, Key: keyFile, CA: clientCAFile,
-		CertFlag: "--xds-tls-cert", KeyFlag: "--xds-tls-key", CAFlag: "--xds-tls-client-ca"}, []string{"h2"}, log)
+		CertFlag: "--xds-tls-cert", KeyFlag: "--xds-tls-key", CAFlag: "--xds-tls-client-ca"}, []string{"h2"}, []string{mtls.RoleEnvoy}, log)
 }

@@ -20,8 +20,10 @@ import (
 )
 
 // TestServeTLS: with ServerTLS (wb serve --xds-tls-*), ADS is served only over TLS and only to
-// a client whose certificate the client CA signed, as wb envoy-bootstrap --tls-* sets an Envoy
-// up; plaintext, no certificate and another CA's certificate get nothing.
+// a client whose certificate the client CA signed and names the Envoy role, as wb
+// envoy-bootstrap --tls-* sets an Envoy up; plaintext, no certificate, another CA's
+// certificate and one of the CA for another role (a node's or a gateway's: the resources name
+// every member of the fleet) get nothing.
 func TestServeTLS(t *testing.T) {
 	pki := mtlstest.New(t)
 	addr := startTLSServer(t, pki.Cert, pki.Key, pki.CAFile)
@@ -38,6 +40,9 @@ func TestServeTLS(t *testing.T) {
 		{"plaintext", grpc.WithTransportCredentials(insecure.NewCredentials())},
 		{"TLS without a client certificate", withTLS()},
 		{"a client certificate from another CA", withTLS(pki.Other)},
+		{"a node's certificate of the CA", withTLS(pki.Issue(t, "node", mtlstest.RoleNode).Pair)},
+		{"a gateway's certificate of the CA", withTLS(pki.Issue(t, "gateway", mtlstest.RoleGateway).Pair)},
+		{"a certificate of the CA of no role", withTLS(pki.Issue(t, "none").Pair)},
 	} {
 		if n, err := clusters(c.creds); err == nil {
 			t.Errorf("%s: got %d clusters, want refused", c.name, n)

@@ -22,7 +22,7 @@ type fleetTLSFlags struct {
 func (f *fleetTLSFlags) register(fs *flag.FlagSet, serves string) {
 	fs.StringVar(&f.cert, "fleet-tls-cert", "", "PEM `file` of this member's certificate inside the fleet (with --fleet-tls-key and --fleet-tls-ca: mutual TLS). "+serves)
 	fs.StringVar(&f.key, "fleet-tls-key", "", "PEM `file` of the --fleet-tls-cert certificate's private key")
-	fs.StringVar(&f.ca, "fleet-tls-ca", "", "PEM `file` of the fleet's CA: a client must present a certificate it signed (the Envoys', wb serve --envoy-tls-*; the gateways'), and a node's certificate must be one it signed. The three files are read again when they change")
+	fs.StringVar(&f.ca, "fleet-tls-ca", "", "PEM `file` of the fleet's CA: a client must present a certificate it signed for a role that calls this listener (a URI SAN: spiffe://wb/envoy, the Envoys', wb serve --envoy-tls-*; spiffe://wb/gateway, the gateways', to the nodes), and a node's certificate must be one it signed for spiffe://wb/node. The three files are read again when they change")
 }
 
 func (f fleetTLSFlags) enabled() bool { return f.files().Any() }
@@ -44,7 +44,9 @@ func nodeListener(ln net.Listener, f fleetTLSFlags, log *slog.Logger) (net.Liste
 		return ln, "http", nil
 	}
 	// HTTP/1.1 only: the PTY is a WebSocket upgrade, and Envoy's node clusters speak HTTP/1.1.
-	cfg, err := mtls.Server(f.files(), []string{"http/1.1"}, log)
+	// The Envoys call the edge's data path, the gateways the node API; another node never
+	// calls a node.
+	cfg, err := mtls.Server(f.files(), []string{"http/1.1"}, []string{mtls.RoleEnvoy, mtls.RoleGateway}, log.With("listener", "--addr"))
 	if err != nil {
 		return nil, "", err
 	}
@@ -60,7 +62,7 @@ func listenEdge(addr string, f fleetTLSFlags, log *slog.Logger) (net.Listener, e
 	if !f.enabled() {
 		return nil, errors.New("--edge-addr serves only mutual TLS: give --fleet-tls-cert, --fleet-tls-key and --fleet-tls-ca")
 	}
-	cfg, err := mtls.Server(f.files(), []string{"http/1.1"}, log)
+	cfg, err := mtls.Server(f.files(), []string{"http/1.1"}, []string{mtls.RoleEnvoy}, log.With("listener", "--edge-addr"))
 	if err != nil {
 		return nil, err
 	}
@@ -69,4 +71,11 @@ func listenEdge(addr string, f fleetTLSFlags, log *slog.Logger) (net.Listener, e
 		return nil, fmt.Errorf("--edge-addr: %w", err)
 	}
 	return tls.NewListener(ln, cfg), nil
+}
+
+// nodeDialer is the gateway's side of the nodes' listeners: it presents the certificate and
+// verifies the node's, which must name the node's IP and the node role (a gateway's or an
+// Envoy's certificate for that IP does not pass for a node).
+func nodeDialer(f fleetTLSFlags, log *slog.Logger) (*mtls.Dialer, error) {
+	return mtls.NewDialer(f.files(), mtls.RoleNode, log)
 }

@@ -224,7 +224,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&f.region, "region", "local", "`region` this node serves")
 	fs.StringVar(&f.zone, "zone", "local-a", "`zone` of this node")
 	var fleetTLS fleetTLSFlags
-	fleetTLS.register(fs, "Serves --addr (the node API and the edge's exec, PTY and files) over TLS only, to clients whose certificate --fleet-tls-ca signed: the Envoys (wb serve --envoy-tls-*) and the gateways (wb serve --fleet-tls-*); --advertise is then https://IP:PORT, and the certificate must name that IP")
+	fleetTLS.register(fs, "Serves --addr (the node API and the edge's exec, PTY and files) over TLS only, to clients whose certificate --fleet-tls-ca signed: the Envoys (wb serve --envoy-tls-*) and the gateways (wb serve --fleet-tls-*); --advertise is then https://IP:PORT, and the certificate must name that IP and the node role, spiffe://wb/node")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: wb node --redis URL --token-file FILE [flags]\n\nRuns guests for the control plane: registers in Redis, keeps warm pools, enforces\ntimers (even while Redis is away), and serves exec, PTY and files.\n\nFlags:\n")
 		fs.PrintDefaults()

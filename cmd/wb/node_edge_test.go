@@ -456,7 +456,7 @@ func redisClientOf(t *testing.T, addr string) *redis.Client {
 // with a valid grant, and a gateway that does not trust the CA does not call the node.
 func TestNodeFleetTLS(t *testing.T) {
 	pki := mtlstest.New(t)
-	gateway, err := mtls.NewDialer(mtls.Files{Cert: pki.Cert, Key: pki.Key, CA: pki.CAFile}, nil)
+	gateway, err := mtls.NewDialer(mtls.Files{Cert: pki.Cert, Key: pki.Key, CA: pki.CAFile}, mtls.RoleNode, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,6 @@ import (
 	"wb/hypervisor/templates"
 	"wb/internal/datadir"
 	"wb/internal/fleet"
-	"wb/internal/mtls"
 	"wb/internal/netguard"
 	"wb/node"
 	nodeclient "wb/node/client"
@@ -98,7 +97,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.edgeAddr, "edge-addr", "", "`host:port` serving this gateway's API to an Envoy fleet over mutual TLS only (needs --fleet-tls-*: clients must present a certificate --fleet-tls-ca signed), on the operator's network; recorded in this gateway's registration, and the Envoys' endpoint for it when they speak TLS (--envoy-tls-*); empty serves none")
 	fs.DurationVar(&f.nodeTimeout, "node-timeout", defaultNodeTimeout, "how long a node may go without a heartbeat (every 2 s) before it counts as dead and its sessions fail with host_failure, and the edge stops sending it connections (3s–5m)")
 	f.xds.register(fs)
-	f.fleetTLS.register(fs, "Serves --authz-addr (ext_authz) and --edge-addr (the API for the Envoys) over TLS only, to clients whose certificate --fleet-tls-ca signed (the Envoys, --envoy-tls-*); and this gateway presents it to the nodes registered with https:// URLs (wb node --fleet-tls-*), whose certificates the CA must have signed")
+	f.fleetTLS.register(fs, "Serves --authz-addr (ext_authz) and --edge-addr (the API for the Envoys) over TLS only, to clients whose certificate --fleet-tls-ca signed for the Envoy role, spiffe://wb/envoy (the Envoys, --envoy-tls-*); and this gateway presents it to the nodes registered with https:// URLs (wb node --fleet-tls-*), whose certificates the CA must have signed for the node role. It must name the gateway role, spiffe://wb/gateway")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb serve [flags]
 
@@ -153,7 +152,7 @@ Flags:
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	var nodeOpts []nodeclient.Option
 	if f.fleetTLS.enabled() { // the files are checked before anything starts
-		d, err := mtls.NewDialer(f.fleetTLS.files(), log)
+		d, err := nodeDialer(f.fleetTLS, log)
 		if err != nil {
 			return err
 		}

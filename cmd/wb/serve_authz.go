@@ -31,8 +31,8 @@ func listenAuthz(addr string) (net.Listener, error) {
 // authzServer is the gRPC server of gw's ext_authz service (envoy.service.auth.v3), which the
 // Envoy fleet calls as its wb_ext_authz cluster. It reads the shared edge secret now, so that
 // a gateway that cannot sign grants fails at start. With fleet's files it serves only mutual
-// TLS, to the Envoys whose certificate the fleet's CA signed (wb serve --envoy-tls-*): the
-// answers carry the grants the nodes accept.
+// TLS, to the Envoys whose certificate the fleet's CA signed for the Envoy role (wb serve
+// --envoy-tls-*): the answers carry the grants the nodes accept.
 func authzServer(ctx context.Context, gw *gateway.Server, fleet fleetTLSFlags, log *slog.Logger) (*grpc.Server, error) {
 	a, err := gw.Authz(ctx)
 	if err != nil {
@@ -40,7 +40,7 @@ func authzServer(ctx context.Context, gw *gateway.Server, fleet fleetTLSFlags, l
 	}
 	var opts []grpc.ServerOption
 	if fleet.enabled() {
-		cfg, err := mtls.Server(fleet.files(), []string{"h2"}, log)
+		cfg, err := mtls.Server(fleet.files(), []string{"h2"}, []string{mtls.RoleEnvoy}, log.With("listener", "--authz-addr"))
 		if err != nil {
 			return nil, err
 		}

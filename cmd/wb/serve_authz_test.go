@@ -153,8 +153,9 @@ func startServeAuthz(t *testing.T, args ...string) (env map[string]string, addr 
 }
 
 // TestServeAuthzFleetTLS: with `wb serve --fleet-tls-*`, ext_authz answers only over TLS, to a
-// client whose certificate the fleet's CA signed (an Envoy of --envoy-tls-*); plaintext, no
-// certificate and another CA's certificate get no answer, and no grant.
+// client whose certificate the fleet's CA signed for the Envoy role (an Envoy of
+// --envoy-tls-*); plaintext, no certificate, another CA's certificate and the fleet CA's
+// certificate of a node (a compromised node host has one) get no answer, and no grant.
 func TestServeAuthzFleetTLS(t *testing.T) {
 	if _, err := exec.LookPath("busybox"); err != nil {
 		t.Skip("busybox-static is needed to assemble the templates")
@@ -197,6 +198,7 @@ func TestServeAuthzFleetTLS(t *testing.T) {
 		{"plaintext", insecure.NewCredentials()},
 		{"TLS without a client certificate", withCert()},
 		{"a client certificate of another CA", withCert(pki.Other)},
+		{"a node's certificate of the fleet CA", withCert(pki.Issue(t, "node", mtlstest.RoleNode).Pair)},
 	} {
 		if st, err := check(c.creds); err == nil {
 			t.Errorf("%s: answered %d, want refused", c.name, st)

@@ -1,6 +1,12 @@
 // Package mtls serves and dials mutual TLS between the members of a wb fleet (xDS, ext_authz,
 // the nodes' listeners) from PEM files that are read again when they change, so that
 // certificates rotated in place, as cert-manager or a Vault agent does, need no restart.
+//
+// One CA signs the certificates of every member, so its signature alone says only "a member
+// of the fleet": each certificate also names its member's roles, as URI SANs (SPIFFE IDs of
+// the trust domain "wb": RoleNode, RoleGateway, RoleEnvoy), and each side checks the other's.
+// Without the roles, a compromised node host, which has a fleet certificate, could serve as
+// a gateway or call another node as one.
 package mtls
 
 import (
@@ -12,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -34,13 +41,28 @@ func (f Files) Check() error {
 	return nil
 }
 
+// The roles of the fleet's members, each a URI SAN of its certificates. A certificate may
+// name several (one member serving as two).
+const (
+	// RoleNode serves a `wb node`'s listener.
+	RoleNode = "spiffe://wb/node"
+	// RoleGateway serves a gateway's ext_authz and --edge-addr, and calls the nodes.
+	RoleGateway = "spiffe://wb/gateway"
+	// RoleEnvoy calls xDS, ext_authz, the gateways' --edge-addr and the nodes.
+	RoleEnvoy = "spiffe://wb/envoy"
+)
+
 // Server answers a server configuration that requires every client to present a
-// certificate the CA signed, and serves the certificate; nextProtos are the ALPN protocols
-// it offers ("h2" for gRPC, "http/1.1" for an HTTP/1 listener). The files are read again at
-// a handshake when they changed since (their times and sizes): a change that does not load
-// (a key written before its certificate, a broken file) keeps the last good ones, with a
-// warning.
-func Server(f Files, nextProtos []string, log *slog.Logger) (*tls.Config, error) {
+// certificate the CA signed that names one of the roles clients, and serves the certificate;
+// nextProtos are the ALPN protocols it offers ("h2" for gRPC, "http/1.1" for an HTTP/1
+// listener). A client of another role is refused, and logged with the roles expected and
+// the SANs it has. The files are read again at a handshake when they changed since (their
+// times and sizes): a change that does not load (a key written before its certificate, a
+// broken file) keeps the last good ones, with a warning.
+func Server(f Files, nextProtos []string, clients []string, log *slog.Logger) (*tls.Config, error) {
+	if len(clients) == 0 {
+		return nil, errors.New("mtls: a server takes clients of at least one role")
+	}
 	r, err := newReloading(f, log, func(cert tls.Certificate, pool *x509.CertPool) *tls.Config {
 		return &tls.Config{
 			MinVersion:   tls.VersionTLS12,
@@ -53,29 +75,87 @@ func Server(f Files, nextProtos []string, log *slog.Logger) (*tls.Config, error)
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		return r.current(), nil
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		cfg := r.current().Clone()
+		// After the chain is verified: the CA signed it, so only the role is left to check.
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			err := checkRole(cs.PeerCertificates, "client", clients)
+			if err != nil {
+				remote := ""
+				if hello.Conn != nil {
+					remote = hello.Conn.RemoteAddr().String()
+				}
+				r.log.Warn("mutual TLS: refused a client of the fleet's CA", "cert_flag", f.CertFlag, "remote", remote, "err", err)
+			}
+			return err
+		}
+		return cfg, nil
 	}}, nil
 }
 
+// RoleError is a certificate of the CA that names none of the roles expected.
+type RoleError struct {
+	Peer string   // "client", or "server HOST:PORT"
+	Want []string // the roles any one of which would do
+	Cert *x509.Certificate
+}
+
+func (e *RoleError) Error() string {
+	sans := func(kind string, names []string) string {
+		if len(names) == 0 {
+			return "no " + kind + " SAN"
+		}
+		return kind + " SANs [" + strings.Join(names, " ") + "]"
+	}
+	var uris, ips []string
+	for _, u := range e.Cert.URIs {
+		uris = append(uris, u.String())
+	}
+	for _, ip := range e.Cert.IPAddresses {
+		ips = append(ips, ip.String())
+	}
+	return fmt.Sprintf("the %s's certificate (CN %q) is not of the role %s: it has %s, %s and %s",
+		e.Peer, e.Cert.Subject.CommonName, strings.Join(e.Want, " or "), sans("URI", uris), sans("DNS", e.Cert.DNSNames), sans("IP", ips))
+}
+
+// checkRole answers a *RoleError unless the leaf of chain names one of the roles want.
+func checkRole(chain []*x509.Certificate, peer string, want []string) error {
+	if len(chain) == 0 {
+		return fmt.Errorf("the %s presented no certificate", peer)
+	}
+	for _, u := range chain[0].URIs {
+		for _, w := range want {
+			if u.String() == w {
+				return nil
+			}
+		}
+	}
+	return &RoleError{Peer: peer, Want: want, Cert: chain[0]}
+}
+
 // Dialer dials servers of the fleet over TLS: it presents the certificate and verifies the
-// server's against the CA and the host dialled (an IP address needs an IP SAN).
+// server's against the CA, the host dialled (an IP address needs an IP SAN) and the server's
+// role.
 type Dialer struct {
 	r         *reloading
+	role      string
 	dialer    net.Dialer
 	handshake time.Duration // handshakeTimeout; tests shorten it
 }
 
 // NewDialer reads the files, as Server does; the files are read again at a dial when they
-// changed since.
-func NewDialer(f Files, log *slog.Logger) (*Dialer, error) {
+// changed since. The servers it dials must have certificates of the role server.
+func NewDialer(f Files, server string, log *slog.Logger) (*Dialer, error) {
+	if server == "" {
+		return nil, errors.New("mtls: a dialer needs the role of the servers it dials")
+	}
 	r, err := newReloading(f, log, func(cert tls.Certificate, pool *x509.CertPool) *tls.Config {
 		return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool}
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Dialer{r: r, dialer: net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}, handshake: handshakeTimeout}, nil
+	return &Dialer{r: r, role: server, dialer: net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}, handshake: handshakeTimeout}, nil
 }
 
 // handshakeTimeout bounds a dial's handshake: http.Transport hands DialTLSContext a context
@@ -97,6 +177,9 @@ func (d *Dialer) DialTLSContext(ctx context.Context, network, addr string) (net.
 	}
 	cfg := d.r.current().Clone()
 	cfg.ServerName = host
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		return checkRole(cs.PeerCertificates, "server "+addr, []string{d.role})
+	}
 	conn := tls.Client(raw, cfg)
 	hctx, cancel := context.WithTimeout(ctx, d.handshake)
 	defer cancel()

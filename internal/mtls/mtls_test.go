@@ -3,9 +3,12 @@ package mtls
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"runtime"
 	"strings"
 	"testing"
@@ -18,7 +21,7 @@ import (
 // its address.
 func serveHTTP(t *testing.T, p mtlstest.PKI) string {
 	t.Helper()
-	cfg, err := Server(Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}, []string{"http/1.1"}, nil)
+	cfg, err := Server(Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}, []string{"http/1.1"}, []string{RoleEnvoy}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +55,7 @@ func TestDialer(t *testing.T) {
 	p, other := mtlstest.New(t), mtlstest.New(t)
 	addr := serveHTTP(t, p)
 	dialer := func(cert, key, ca string) *Dialer {
-		d, err := NewDialer(Files{Cert: cert, Key: key, CA: ca}, nil)
+		d, err := NewDialer(Files{Cert: cert, Key: key, CA: ca}, RoleNode, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +92,7 @@ func TestFilesErrors(t *testing.T) {
 	} {
 		f := names
 		f.Cert, f.Key, f.CA = c.cert, c.key, c.ca
-		if _, err := NewDialer(f, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := NewDialer(f, RoleNode, nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("NewDialer(%q, %q, %q) = %v, want an error with %q", c.cert, c.key, c.ca, err, c.want)
 		}
 	}
@@ -101,7 +104,7 @@ func TestFilesErrors(t *testing.T) {
 // request that gave up long ago waited for good, with its goroutine and descriptor.
 func TestDialHandshakeIsBounded(t *testing.T) {
 	p := mtlstest.New(t)
-	d, err := NewDialer(Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}, nil)
+	d, err := NewDialer(Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}, RoleNode, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,5 +150,34 @@ func TestDialHandshakeIsBounded(t *testing.T) {
 			t.Fatalf("20 s after a request that ended at 100 ms, %d dials still wait for the handshake", dialing())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRoles: mtlstest's roles are this package's; a server or dialer without a role is
+// refused; a refusal names the roles expected and every SAN the certificate has.
+func TestRoles(t *testing.T) {
+	if mtlstest.RoleNode != RoleNode || mtlstest.RoleGateway != RoleGateway || mtlstest.RoleEnvoy != RoleEnvoy {
+		t.Fatal("mtlstest's roles are not mtls's")
+	}
+	p := mtlstest.New(t)
+	f := Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}
+	if _, err := Server(f, nil, nil, nil); err == nil {
+		t.Error("a server that takes clients of no role was made")
+	}
+	if _, err := NewDialer(f, "", nil); err == nil {
+		t.Error("a dialer of servers of no role was made")
+	}
+	u, _ := url.Parse(RoleNode)
+	c := &x509.Certificate{Subject: pkix.Name{CommonName: "n1"}, URIs: []*url.URL{u}, DNSNames: []string{"n1.wb"}, IPAddresses: []net.IP{net.IPv4(10, 0, 0, 1)}}
+	err := checkRole([]*x509.Certificate{c}, "client", []string{RoleEnvoy, RoleGateway})
+	want := `the client's certificate (CN "n1") is not of the role spiffe://wb/envoy or spiffe://wb/gateway: it has URI SANs [spiffe://wb/node], DNS SANs [n1.wb] and IP SANs [10.0.0.1]`
+	if err == nil || err.Error() != want {
+		t.Errorf("checkRole: %v, want %s", err, want)
+	}
+	if err := checkRole([]*x509.Certificate{c}, "client", []string{RoleEnvoy, RoleNode}); err != nil {
+		t.Errorf("checkRole of one of the roles: %v", err)
+	}
+	if err := checkRole(nil, "client", []string{RoleEnvoy}); err == nil {
+		t.Error("checkRole of no certificate passed")
 	}
 }

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"crypto/tls"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"wb/internal/mtls/mtlstest"
+)
+
+// syncBuffer is a log's output that tests read while servers write it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// serveOK serves "ok" over HTTP on ln until the test ends.
+func serveOK(t *testing.T, ln net.Listener) {
+	t.Helper()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+}
+
+// getWith fetches https://addr/ presenting cert (sent whatever CAs the server names), trusting
+// p's CA.
+func getWith(p mtlstest.PKI, addr string, cert tls.Certificate) (string, error) {
+	cfg := p.ClientConfig()
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	tr := &http.Transport{TLSClientConfig: cfg}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get("https://" + addr + "/")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// roleCase is a client of the fleet's CA of some roles, and whether a listener serves it.
+type roleCase struct {
+	name  string
+	roles []string
+	ok    bool
+}
+
+// checkRoles serves each case's client on addr or refuses it; a refusal is logged in logs
+// naming the roles the listener takes (want) and the client's SANs.
+func checkRoles(t *testing.T, p mtlstest.PKI, addr string, logs *syncBuffer, want string, cases []roleCase) {
+	t.Helper()
+	for i, c := range cases {
+		leaf := p.Issue(t, "client"+string(rune('a'+i)), c.roles...)
+		body, err := getWith(p, addr, leaf.Pair)
+		switch {
+		case c.ok && (err != nil || body != "ok"):
+			t.Errorf("a client of %s: %q, %v; want served", c.name, body, err)
+		case !c.ok && err == nil:
+			t.Errorf("a client of %s: %q, want refused", c.name, body)
+		case !c.ok:
+			found := "[" + strings.Join(c.roles, " ") + "]"
+			if len(c.roles) == 0 {
+				found = "no URI SAN"
+			}
+			if l := logs.String(); !strings.Contains(l, want) || !strings.Contains(l, found) {
+				t.Errorf("a client of %s refused, but the log does not name the roles taken (%s) and the ones found (%s):\n%s", c.name, want, found, l)
+			}
+		}
+	}
+}
+
+// TestNodeListenerRoles: a node's listener serves the Envoys (the edge's data path) and the
+// gateways (the node API), and refuses any other certificate of the fleet's CA: another
+// node's (a compromised node host has one), or one of no role, with a log naming the roles it
+// takes and the certificate's SANs.
+func TestNodeListenerRoles(t *testing.T) {
+	p := mtlstest.New(t)
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, scheme, err := nodeListener(ln, fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, log)
+	if err != nil || scheme != "https" {
+		t.Fatalf("nodeListener: %s, %v", scheme, err)
+	}
+	serveOK(t, ln)
+	checkRoles(t, p, ln.Addr().String(), &logs, "spiffe://wb/envoy or spiffe://wb/gateway", []roleCase{
+		{"the Envoy role", []string{mtlstest.RoleEnvoy}, true},
+		{"the gateway role", []string{mtlstest.RoleGateway}, true},
+		{"the node role", []string{mtlstest.RoleNode}, false},
+		{"no role", nil, false},
+		{"another scheme", []string{"spiffe://other/envoy"}, false},
+	})
+}
+
+// TestEdgeListenerRoles: a gateway's --edge-addr serves the Envoys only: a node's certificate
+// (a compromised node host could otherwise call the API as the edge) or a gateway's is
+// refused, with a log naming the role it takes and the certificate's SANs.
+func TestEdgeListenerRoles(t *testing.T) {
+	p := mtlstest.New(t)
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ln, err := listenEdge("127.0.0.1:0", fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveOK(t, ln)
+	checkRoles(t, p, ln.Addr().String(), &logs, "spiffe://wb/envoy", []roleCase{
+		{"the Envoy role", []string{mtlstest.RoleEnvoy}, true},
+		{"the node role", []string{mtlstest.RoleNode}, false},
+		{"the gateway role", []string{mtlstest.RoleGateway}, false},
+		{"no role", nil, false},
+	})
+}
+
+// TestNodeDialerRole: the gateway's client of the nodes talks only to a server whose
+// certificate has the node role, besides naming the node's IP: a gateway's or an Envoy's
+// certificate of the fleet's CA for that IP (a host that registered itself as a node at its
+// own address) does not get the node token and the exec traffic.
+func TestNodeDialerRole(t *testing.T) {
+	p := mtlstest.New(t)
+	d, err := nodeDialer(fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(leaf mtlstest.Leaf) string {
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{leaf.Pair}, MinVersion: tls.VersionTLS12})
+		if err != nil {
+			t.Fatal(err)
+		}
+		serveOK(t, ln)
+		return ln.Addr().String()
+	}
+	get := func(addr string) (string, error) {
+		tr := &http.Transport{DialTLSContext: d.DialTLSContext}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Get("https://" + addr + "/")
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return string(b), err
+	}
+	if body, err := get(serve(p.Issue(t, "node", mtlstest.RoleNode))); err != nil || body != "ok" {
+		t.Fatalf("a node's certificate: %q, %v; want served", body, err)
+	}
+	for _, c := range []struct {
+		name  string
+		roles []string
+	}{
+		{"the gateway role", []string{mtlstest.RoleGateway}},
+		{"the Envoy role", []string{mtlstest.RoleEnvoy}},
+		{"no role", nil},
+	} {
+		body, err := get(serve(p.Issue(t, strings.ReplaceAll(c.name, " ", "-"), c.roles...)))
+		if err == nil {
+			t.Errorf("a server with a certificate of %s: %q, want refused", c.name, body)
+			continue
+		}
+		if !strings.Contains(err.Error(), "spiffe://wb/node") || !strings.Contains(err.Error(), "127.0.0.1") {
+			t.Errorf("a server with a certificate of %s: %v, want an error naming the role spiffe://wb/node and the SANs found", c.name, err)
+		}
+	}
+}
