@@ -25,6 +25,7 @@ func fleetCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	mem := fs.Int("memory-mib", 16384, "memory (MiB) each node offers to guests")
 	pool := fs.Int("pool", 1, "warm guests per template on each node")
 	nodeTimeout := fs.Duration("node-timeout", 0, "how long a silent node lives on before its sessions fail with host_failure (default: wb serve's)")
+	tls := fs.Bool("tls", false, "mutual TLS inside the fleet: mint a throwaway CA and certificates of the node, gateway and Envoy roles into DIR/tls, and run the nodes and gateways with --fleet-tls-* (the gateways' public listeners stay plaintext)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: wb fleet [flags]
 
@@ -60,13 +61,16 @@ Flags:
 	logf := func(format string, a ...any) { fmt.Fprintf(stderr, format+"\n", a...) }
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	fl, err := fleet.Start(startCtx, fleet.Options{Dir: *dir, Bin: self, Runtime: *runtime, Nodes: *nodes, Gateways: *gateways,
-		NodeVCPU: *vcpu, NodeMemoryMiB: *mem, Pool: *pool, NodeTimeout: *nodeTimeout, Logf: logf})
+		NodeVCPU: *vcpu, NodeMemoryMiB: *mem, Pool: *pool, NodeTimeout: *nodeTimeout, TLS: *tls, Logf: logf})
 	cancel()
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "WB_URL=%s\nWB_URLS=%s\nWB_API_KEY=%s\nWB_ADMIN_KEY=%s\n", fl.GatewayURLs[0],
 		strings.Join(fl.GatewayURLs, ","), fl.APIKey, fl.AdminKey)
+	if fl.TLSDir != "" {
+		logf("fleet: mutual TLS inside the fleet; its CA and certificates (an Envoy's: envoy.pem) are in %s", fl.TLSDir)
+	}
 	logf("fleet: ready in %s; Ctrl-C stops it", *dir)
 	<-ctx.Done()
 	logf("fleet: stopping")

@@ -40,6 +40,7 @@ Commands for operators:
   fleet     run a fleet on this machine: Redis Cluster, 3 nodes, 2 gateways
   load      drive the API open-loop at a fixed rate; latency table, errors, leaks (--fleet)
   envoy-bootstrap  print the bootstrap YAML of one Envoy of the fleet
+  fleet-certs  mint a throwaway CA and role certificates for mutual TLS inside a fleet
   image     build a Cloud Hypervisor guest image (kernel, initramfs, ext4 rootfs with wb as init)
   agent     run inside a guest: serve exec, PTY and files on a Unix socket
   version   print the version
@@ -111,6 +112,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return loadCmd(ctx, args[1:], stdout, stderr)
 	case "envoy-bootstrap":
 		return envoyBootstrap(args[1:], stdout, stderr)
+	case "fleet-certs":
+		return fleetCertsCmd(args[1:], stdout, stderr)
 	case "image":
 		return imageCmd(ctx, args[1:], stdout, stderr)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/internal/mtls"
 	"wb/store"
 )
 
@@ -45,6 +46,10 @@ type Options struct {
 	ClusterNodeTimeout time.Duration
 	// GatewayArgs and NodeArgs are more flags for every `wb serve` and every `wb node`.
 	GatewayArgs, NodeArgs []string
+	// TLS runs the fleet with mutual TLS inside it (--fleet-tls-*): Start mints a throwaway
+	// CA and certificates of the node, gateway and Envoy roles for 127.0.0.1 into Dir/tls
+	// (Fleet.TLSDir), the nodes serve only mutual TLS and the gateways call them over it.
+	TLS bool
 	// Logf reports progress (nil: silent).
 	Logf func(format string, args ...any)
 }
@@ -63,6 +68,9 @@ type Fleet struct {
 	SnapshotStore string
 	// Nodes are the `wb node`s, in order of their ids node_1, node_2, ….
 	Nodes []*Node
+	// TLSDir, with Options.TLS, holds the fleet's CA (ca.pem) and its members' certificates
+	// and keys (node, gateway and envoy .pem and -key.pem); empty without.
+	TLSDir string
 
 	redisProcs []*proc
 	gateways   []*proc
@@ -124,6 +132,11 @@ func Start(ctx context.Context, o Options) (_ *Fleet, err error) {
 			f.Stop(context.WithoutCancel(ctx))
 		}
 	}()
+	if o.TLS {
+		if err := f.mintTLS(); err != nil {
+			return nil, err
+		}
+	}
 	if err := f.startRedis(ctx); err != nil {
 		return nil, err
 	}
@@ -144,6 +157,32 @@ func Start(ctx context.Context, o Options) (_ *Fleet, err error) {
 	}
 	o.Logf("fleet: %d gateways, %d nodes (%s), Redis Cluster of %d", len(f.GatewayURLs), len(f.Nodes), o.Runtime, len(f.redisProcs))
 	return f, nil
+}
+
+// mintTLS makes the fleet's throwaway CA and its members' certificates in Dir/tls: every
+// member listens on 127.0.0.1, which the node's certificate names (the gateways check it).
+func (f *Fleet) mintTLS() error {
+	dir := filepath.Join(f.opts.Dir, "tls")
+	local := []net.IP{net.IPv4(127, 0, 0, 1)}
+	// A year: a fleet on one machine may run long, and the CA's key is not kept to renew.
+	if err := mtls.Mint(dir, 365*24*time.Hour, []mtls.Member{
+		{Name: "node", Roles: []string{mtls.RoleNode}, IPs: local},
+		{Name: "gateway", Roles: []string{mtls.RoleGateway}, IPs: local},
+		{Name: "envoy", Roles: []string{mtls.RoleEnvoy}},
+	}); err != nil {
+		return fmt.Errorf("fleet: TLS certificates: %w", err)
+	}
+	f.TLSDir = dir
+	return nil
+}
+
+// tlsArgs are the --fleet-tls-* flags of a member (node or gateway), none without TLS.
+func (f *Fleet) tlsArgs(member string) []string {
+	if f.TLSDir == "" {
+		return nil
+	}
+	return []string{"--fleet-tls-cert", filepath.Join(f.TLSDir, member+".pem"), "--fleet-tls-key", filepath.Join(f.TLSDir, member+"-key.pem"),
+		"--fleet-tls-ca", filepath.Join(f.TLSDir, "ca.pem")}
 }
 
 func orDefault(v, def int) int {
@@ -172,7 +211,8 @@ func (f *Fleet) startNode(i int) error {
 	args := append([]string{"node", "--addr", "127.0.0.1:0", "--id", n.ID, "--region", "local", "--zone", n.Zone,
 		"--data-dir", n.DataDir, "--runtime", f.opts.Runtime, "--pool", strconv.Itoa(f.opts.Pool),
 		"--vcpu", strconv.Itoa(f.opts.NodeVCPU), "--memory-mib", strconv.Itoa(f.opts.NodeMemoryMiB),
-		"--snapshot-store", f.SnapshotStore}, f.opts.NodeArgs...)
+		"--snapshot-store", f.SnapshotStore}, f.tlsArgs("node")...)
+	args = append(args, f.opts.NodeArgs...)
 	p, err := startProc(f.opts.Bin, args, f.env(), filepath.Join(f.opts.Dir, n.ID+".log"), nil)
 	if err != nil {
 		return fmt.Errorf("fleet: %s: %w", id, err)

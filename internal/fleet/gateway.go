@@ -21,6 +21,7 @@ func (f *Fleet) runGateway(ctx context.Context, i int, addr, suffix string) (*pr
 	if f.opts.NodeTimeout > 0 {
 		args = append(args, "--node-timeout", f.opts.NodeTimeout.String())
 	}
+	args = append(args, f.tlsArgs("gateway")...)
 	stdout := filepath.Join(f.opts.Dir, name+suffix+".out")
 	p, err := startProc(f.opts.Bin, append(args, f.opts.GatewayArgs...), f.env(), filepath.Join(f.opts.Dir, name+suffix+".log"), &stdout)
 	if err != nil {

@@ -9,7 +9,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +182,71 @@ func TestRoles(t *testing.T) {
 	}
 	if err := checkRole(nil, "client", []string{RoleEnvoy}); err == nil {
 		t.Error("checkRole of no certificate passed")
+	}
+}
+
+// TestMint: Mint's CA and members serve and dial each other by their roles: a gateway's
+// certificate calls a node's listener and finds the node role, an Envoy's is served, and
+// another node's is refused; the keys are private to their owner, and no CA key is left.
+func TestMint(t *testing.T) {
+	dir := t.TempDir()
+	local := []net.IP{net.IPv4(127, 0, 0, 1)}
+	if err := Mint(dir, time.Hour, []Member{
+		{Name: "node", Roles: []string{RoleNode}, IPs: local},
+		{Name: "gateway", Roles: []string{RoleGateway}, IPs: local},
+		{Name: "envoy", Roles: []string{RoleEnvoy}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	files := func(name string) Files {
+		return Files{Cert: filepath.Join(dir, name+".pem"), Key: filepath.Join(dir, name+"-key.pem"), CA: filepath.Join(dir, "ca.pem")}
+	}
+	cfg, err := Server(files("node"), []string{"http/1.1"}, []string{RoleEnvoy, RoleGateway}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })}
+	go func() { _ = srv.Serve(tls.NewListener(ln, cfg)) }()
+	defer srv.Close()
+	for _, c := range []struct {
+		client string
+		ok     bool
+	}{{"gateway", true}, {"envoy", true}, {"node", false}} {
+		d, err := NewDialer(files(c.client), RoleNode, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := get(ln.Addr().String(), d)
+		if ok := err == nil && body == "ok"; ok != c.ok {
+			t.Errorf("the %s's certificate calling the node: %q, %v; want served %v", c.client, body, err, c.ok)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+		fi, err := e.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(e.Name(), "-key.pem") && fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", e.Name(), fi.Mode().Perm())
+		}
+	}
+	want := []string{"ca.pem", "envoy-key.pem", "envoy.pem", "gateway-key.pem", "gateway.pem", "node-key.pem", "node.pem"}
+	if !slices.Equal(names, want) {
+		t.Errorf("files %v, want %v (and no CA key)", names, want)
+	}
+	for _, bad := range []Member{{Name: "ca"}, {Name: "../x"}, {Name: "x", Roles: []string{"node"}}} {
+		if err := Mint(t.TempDir(), time.Hour, []Member{bad}); err == nil {
+			t.Errorf("Mint of %+v: no error", bad)
+		}
 	}
 }
