@@ -16,8 +16,9 @@ import (
 // The files are read again when they change (a handshake looks at their times and sizes;
 // Envoys connect rarely, and hold their stream), so that a certificate rotated in place, as
 // cert-manager or a Vault agent does, needs no restart. A change that does not load (a key
-// written before its certificate, a broken file) keeps the last good ones, with a warning.
-func ServerTLS(certFile, keyFile, clientCAFile string, log *slog.Logger) (*tls.Config, error) {
+// written before its certificate, a broken file) keeps the last good ones, with a warning,
+// and is counted in m (when not nil), which also reports the files' expiry.
+func ServerTLS(certFile, keyFile, clientCAFile string, m *mtls.Metrics, log *slog.Logger) (*tls.Config, error) {
 	return mtls.Server(mtls.Files{Cert: certFile, Key: keyFile, CA: clientCAFile,
-		CertFlag: "--xds-tls-cert", KeyFlag: "--xds-tls-key", CAFlag: "--xds-tls-client-ca"}, []string{"h2"}, []string{mtls.RoleEnvoy}, log)
+		CertFlag: "--xds-tls-cert", KeyFlag: "--xds-tls-key", CAFlag: "--xds-tls-client-ca", Metrics: m}, []string{"h2"}, []string{mtls.RoleEnvoy}, log)
 }

@@ -98,7 +98,7 @@ func TestServeTLSRotation(t *testing.T) {
 // startTLSServer serves fleet3 over ADS with ServerTLS of the files, and answers its address.
 func startTLSServer(t *testing.T, cert, key, ca string) string {
 	t.Helper()
-	cfg, err := ServerTLS(cert, key, ca, nil)
+	cfg, err := ServerTLS(cert, key, ca, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestServerTLSErrors(t *testing.T) {
 		{pki.Cert, pki.Key, filepath.Join(t.TempDir(), "missing.pem"), "--xds-tls-client-ca"},
 		{pki.Cert, pki.Key, notPEM, "no PEM certificate"},
 	} {
-		_, err := ServerTLS(c.cert, c.key, c.ca, nil)
+		_, err := ServerTLS(c.cert, c.key, c.ca, nil, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ServerTLS(%q, %q, %q) = %v, want an error with %q", c.cert, c.key, c.ca, err, c.want)
 		}

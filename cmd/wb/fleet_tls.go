@@ -16,6 +16,8 @@ import (
 // nodes. One CA signs the certificates of every member and Envoy.
 type fleetTLSFlags struct {
 	cert, key, ca string
+	// metrics, when not nil, reports the files' expiry and failed reloads.
+	metrics *mtls.Metrics
 }
 
 // register adds the flags; serves says what the certificate serves, in this command.
@@ -28,7 +30,7 @@ func (f *fleetTLSFlags) register(fs *flag.FlagSet, serves string) {
 func (f fleetTLSFlags) enabled() bool { return f.files().Any() }
 
 func (f fleetTLSFlags) files() mtls.Files {
-	return mtls.Files{Cert: f.cert, Key: f.key, CA: f.ca, CertFlag: "--fleet-tls-cert", KeyFlag: "--fleet-tls-key", CAFlag: "--fleet-tls-ca"}
+	return mtls.Files{Cert: f.cert, Key: f.key, CA: f.ca, CertFlag: "--fleet-tls-cert", KeyFlag: "--fleet-tls-key", CAFlag: "--fleet-tls-ca", Metrics: f.metrics}
 }
 
 // nodeListener wraps ln, a node's listener (the node API and the edge's data path), in mutual

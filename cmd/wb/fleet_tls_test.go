@@ -3,15 +3,22 @@ package main
 import (
 	"bytes"
 	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"wb/internal/mtls/mtlstest"
+	"wb/internal/testwait"
 )
 
 // syncBuffer is a log's output that tests read while servers write it.
@@ -182,4 +189,52 @@ func TestNodeDialerRole(t *testing.T) {
 			t.Errorf("a server with a certificate of %s: %v, want an error naming the role spiffe://wb/node and the SANs found", c.name, err)
 		}
 	}
+}
+
+// TestServeTLSMetrics: wb serve's /metrics reports the earliest expiry of its fleet TLS
+// files (certificate and CA) and their failed reloads, from 0.
+func TestServeTLSMetrics(t *testing.T) {
+	if _, err := exec.LookPath("busybox"); err != nil {
+		t.Skip("busybox-static is needed to assemble the templates")
+	}
+	p := mtlstest.New(t)
+	_, _, ctx, stop, logs := startServeAuthz(t, "--metrics-addr", "127.0.0.1:0",
+		"--fleet-tls-cert", p.Cert, "--fleet-tls-key", p.Key, "--fleet-tls-ca", p.CAFile)
+	defer stop()
+	urlRe := regexp.MustCompile(`msg="metrics served" url=(http://127\.0\.0\.1:\d+/metrics)`)
+	testwait.For(t, 30*time.Second, "the metrics address in the log", func() bool { return urlRe.MatchString(logs.String()) })
+	leaf, err := x509.ParseCertificate(p.Member.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	earliest := min(leaf.NotAfter.Unix(), p.CA.NotAfter.Unix())
+	req, _ := http.NewRequestWithContext(ctx, "GET", urlRe.FindStringSubmatch(logs.String())[1], nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf(`wb_tls_cert_expiry_timestamp_seconds{cert="--fleet-tls-cert"} %s`, strconv.FormatFloat(float64(earliest), 'g', -1, 64)),
+		`wb_tls_reload_failures_total{cert="--fleet-tls-cert"} 0`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(string(b), "wb_tls_"))
+		}
+	}
+}
+
+// grepLines answers the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

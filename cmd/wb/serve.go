@@ -23,6 +23,7 @@ import (
 	"wb/hypervisor/templates"
 	"wb/internal/datadir"
 	"wb/internal/fleet"
+	"wb/internal/mtls"
 	"wb/internal/netguard"
 	"wb/node"
 	nodeclient "wb/node/client"
@@ -150,6 +151,10 @@ Flags:
 	}
 	defer lock.Release()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// Before anything loads TLS files, so that each reports its expiry and failed reloads;
+	// registered with the gateway's metrics once they exist.
+	tlsMetrics := mtls.NewMetrics()
+	f.fleetTLS.metrics = tlsMetrics
 	var nodeOpts []nodeclient.Option
 	if f.fleetTLS.enabled() { // the files are checked before anything starts
 		d, err := nodeDialer(f.fleetTLS, log)
@@ -260,6 +265,7 @@ Flags:
 		}
 	}
 	metrics := gateway.NewMetrics(st)
+	metrics.Registry().MustRegister(tlsMetrics)
 	pol, plug, err := decisionPoints(ctx, rdb, f.node.dataDir, f.node.pluginTimeout, metrics.Registry(), log)
 	if err != nil {
 		ln.Close()
@@ -311,7 +317,7 @@ Flags:
 			return err
 		}
 	}
-	runXDS, err := listenXDS(ctx, f.xds, f.nodeTimeout, st, metrics.Registry(), log)
+	runXDS, err := listenXDS(ctx, f.xds, f.nodeTimeout, st, metrics.Registry(), tlsMetrics, log)
 	if err != nil {
 		ln.Close()
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"wb/internal/mtls"
 	"wb/store"
 	"wb/xds"
 )
@@ -51,7 +52,7 @@ func (f xdsFlags) options() (xds.Options, error) {
 // listenXDS opens the xDS listener before wb serve reports ready, and answers what runs it;
 // with no --xds-addr it runs nothing. The edge forgets a node after nodeTimeout, the
 // silence after which the placer fails its sessions.
-func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *store.Store, reg prometheus.Registerer, log *slog.Logger) (func(context.Context, *errgroup.Group), error) {
+func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *store.Store, reg prometheus.Registerer, tlsMetrics *mtls.Metrics, log *slog.Logger) (func(context.Context, *errgroup.Group), error) {
 	opts, err := f.options()
 	if err != nil {
 		return nil, err
@@ -65,7 +66,7 @@ func listenXDS(ctx context.Context, f xdsFlags, nodeTimeout time.Duration, st *s
 	}
 	cfg := xds.Config{Source: xds.StoreFleet{Store: st, HeartbeatTimeout: nodeTimeout}, Registerer: reg, Logger: log, Options: opts}
 	if tlsSet {
-		if cfg.TLS, err = xds.ServerTLS(f.certFile, f.keyFile, f.caFile, log); err != nil {
+		if cfg.TLS, err = xds.ServerTLS(f.certFile, f.keyFile, f.caFile, tlsMetrics, log); err != nil {
 			return nil, err
 		}
 	}

@@ -79,7 +79,7 @@ func TestServeXDSFlags(t *testing.T) {
 		{xdsFlags{envoy: xds.UpstreamTLS{CertFile: "/etc/wb/envoy.pem", KeyFile: "/etc/wb/envoy-key.pem", CAFile: "/etc/wb/ca.pem"}}, "--envoy-tls-ca apply to --xds-addr"},
 		{xdsFlags{addr: "127.0.0.1:0", envoy: xds.UpstreamTLS{CertFile: "/etc/wb/envoy.pem"}}, "--envoy-tls-ca go together"},
 	} {
-		_, err := listenXDS(t.Context(), c.f, time.Second, nil, nil, slog.New(slog.DiscardHandler))
+		_, err := listenXDS(t.Context(), c.f, time.Second, nil, nil, nil, slog.New(slog.DiscardHandler))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error with %q", c.f, err, c.want)
 		}

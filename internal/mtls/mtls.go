@@ -24,10 +24,12 @@ import (
 )
 
 // Files are one member's certificate and key, and the CA it trusts (PEM files), with the
-// names of the flags that gave them, which errors and logs use.
+// names of the flags that gave them, which errors, logs and metrics use.
 type Files struct {
 	Cert, Key, CA             string
 	CertFlag, KeyFlag, CAFlag string
+	// Metrics, when not nil, reports the files' expiry and failed reloads.
+	Metrics *Metrics
 }
 
 // Any says whether any file is given.
@@ -196,9 +198,10 @@ type reloading struct {
 	log   *slog.Logger
 	build func(tls.Certificate, *x509.CertPool) *tls.Config
 
-	mu     sync.Mutex
-	cfg    *tls.Config
-	loaded string // stamp of the files cfg was read from
+	mu       sync.Mutex
+	cfg      *tls.Config
+	notAfter time.Time // the earliest NotAfter of cfg's certificates and CA
+	loaded   string    // stamp of the files cfg was read from
 }
 
 func newReloading(f Files, log *slog.Logger, build func(tls.Certificate, *x509.CertPool) *tls.Config) (*reloading, error) {
@@ -210,11 +213,14 @@ func newReloading(f Files, log *slog.Logger, build func(tls.Certificate, *x509.C
 	}
 	r := &reloading{files: f, log: log, build: build}
 	stamp := r.stamp()
-	cfg, err := r.load()
+	cfg, notAfter, err := r.load()
 	if err != nil {
 		return nil, err
 	}
-	r.cfg, r.loaded = cfg, stamp
+	r.cfg, r.notAfter, r.loaded = cfg, notAfter, stamp
+	if f.Metrics != nil {
+		f.Metrics.add(r)
+	}
 	return r, nil
 }
 
@@ -224,11 +230,14 @@ func (r *reloading) current() *tls.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if stamp != r.loaded {
-		cfg, err := r.load()
+		cfg, notAfter, err := r.load()
 		if err != nil {
 			r.log.Warn("the TLS files of "+r.files.CertFlag+" changed but do not load; using the ones loaded before", "err", err)
+			if r.files.Metrics != nil {
+				r.files.Metrics.failures.WithLabelValues(r.files.CertFlag).Inc()
+			}
 		} else {
-			r.cfg = cfg
+			r.cfg, r.notAfter = cfg, notAfter
 			r.log.Info("the TLS files of "+r.files.CertFlag+" loaded again", "cert", r.files.Cert)
 		}
 		// Either way not read again until they change again: a half-written pair is
@@ -253,21 +262,23 @@ func (r *reloading) stamp() string {
 	return s
 }
 
-func (r *reloading) load() (*tls.Config, error) {
+// load reads the files, and answers the configuration and the earliest NotAfter of their
+// certificates.
+func (r *reloading) load() (*tls.Config, time.Time, error) {
 	f := r.files
 	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
 	if err != nil {
-		return nil, fmt.Errorf("%s and %s: %w", f.CertFlag, f.KeyFlag, err)
+		return nil, time.Time{}, fmt.Errorf("%s and %s: %w", f.CertFlag, f.KeyFlag, err)
 	}
 	pem, err := os.ReadFile(f.CA)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", f.CAFlag, err)
+		return nil, time.Time{}, fmt.Errorf("%s: %w", f.CAFlag, err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s %s: %w", f.CAFlag, f.CA, errNoPEM)
+		return nil, time.Time{}, fmt.Errorf("%s %s: %w", f.CAFlag, f.CA, errNoPEM)
 	}
-	return r.build(cert, pool), nil
+	return r.build(cert, pool), earliestNotAfter(cert.Certificate, pem), nil
 }
 
 var errNoPEM = errors.New("no PEM certificate in it")

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +17,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"wb/internal/mtls/mtlstest"
 )
@@ -248,5 +252,110 @@ func TestMint(t *testing.T) {
 		if err := Mint(t.TempDir(), time.Hour, []Member{bad}); err == nil {
 			t.Errorf("Mint of %+v: no error", bad)
 		}
+	}
+}
+
+// TestMetrics: a Server and a Dialer of Files with Metrics report the earliest NotAfter of
+// their certificates and CA, by the certificate's flag, and count a change of the files that
+// does not load (the last good expiry stays); a rotation that loads reports the new expiry.
+func TestMetrics(t *testing.T) {
+	dir := t.TempDir()
+	local := []net.IP{net.IPv4(127, 0, 0, 1)}
+	mint := func(sub string, validity time.Duration) string {
+		d := filepath.Join(dir, sub)
+		if err := Mint(d, validity, []Member{{Name: "m", Roles: []string{RoleNode, RoleEnvoy}, IPs: local}}); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	notAfter := func(d string) float64 {
+		b, err := os.ReadFile(filepath.Join(d, "m.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk, _ := pem.Decode(b)
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(c.NotAfter.Unix())
+	}
+	first, second := mint("a", 48*time.Hour), mint("b", 24*time.Hour)
+	cur := filepath.Join(dir, "cur")
+	install := func(src string, age time.Duration) {
+		if err := os.MkdirAll(cur, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"m.pem", "m-key.pem", "ca.pem"} {
+			b, err := os.ReadFile(filepath.Join(src, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, filepath.Join(cur, n), b, age)
+		}
+	}
+	install(first, -time.Hour)
+	m := NewMetrics()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	f := Files{Cert: filepath.Join(cur, "m.pem"), Key: filepath.Join(cur, "m-key.pem"), CA: filepath.Join(cur, "ca.pem"), CertFlag: "--fleet-tls-cert", Metrics: m}
+	if _, err := Server(f, nil, []string{RoleEnvoy}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewDialer(f, RoleNode, nil); err != nil {
+		t.Fatal(err)
+	}
+	expiry := func() float64 {
+		return testutil.ToFloat64(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+			mc := make(chan prometheus.Metric, 16)
+			m.Collect(mc)
+			close(mc)
+			for x := range mc {
+				if strings.Contains(x.Desc().String(), "wb_tls_cert_expiry_timestamp_seconds") {
+					ch <- x
+				}
+			}
+		}))
+	}
+	failures := func() float64 { return testutil.ToFloat64(m.failures.WithLabelValues("--fleet-tls-cert")) }
+	if got, want := expiry(), notAfter(first); got != want || failures() != 0 {
+		t.Fatalf("loaded: expiry %v, want %v; %v failures, want 0", got, want, failures())
+	}
+
+	write(t, f.Key, []byte("half written"), -30*time.Minute)
+	if got, want := expiry(), notAfter(first); got != want {
+		t.Errorf("after a key that does not load: expiry %v, want the last good %v", got, want)
+	}
+	// The server and the dialer each saw the change once.
+	if got := failures(); got != 2 {
+		t.Errorf("after a key that does not load: %v failures, want 2 (the server's and the dialer's)", got)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP wb_tls_reload_failures_total Changes of a member's TLS files that did not load (the last good ones stayed in use), by the flag of the certificate.
+# TYPE wb_tls_reload_failures_total counter
+wb_tls_reload_failures_total{cert="--fleet-tls-cert"} 2
+`), "wb_tls_reload_failures_total"); err != nil {
+		t.Error(err)
+	}
+
+	install(second, 0)
+	if got, want := expiry(), notAfter(second); got != want {
+		t.Errorf("after a rotation: expiry %v, want %v", got, want)
+	}
+	if got := failures(); got != 2 {
+		t.Errorf("after a rotation that loads: %v failures, want still 2", got)
+	}
+}
+
+// write writes b to path, with a modification time age from now (distinct times, whatever
+// the file system's clock resolution).
+func write(t *testing.T, path string, b []byte, age time.Duration) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(age)
+	if err := os.Chtimes(path, at, at); err != nil {
+		t.Fatal(err)
 	}
 }
