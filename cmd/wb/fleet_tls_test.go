@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -13,31 +12,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"wb/internal/mtls/mtlstest"
+	"wb/internal/syncbuf"
 	"wb/internal/testwait"
 )
-
-// syncBuffer is a log's output that tests read while servers write it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // serveOK serves "ok" over HTTP on ln until the test ends.
 func serveOK(t *testing.T, ln net.Listener) {
@@ -72,7 +53,7 @@ type roleCase struct {
 
 // checkRoles serves each case's client on addr or refuses it; a refusal is logged in logs
 // naming the roles the listener takes (want) and the client's SANs.
-func checkRoles(t *testing.T, p mtlstest.PKI, addr string, logs *syncBuffer, want string, cases []roleCase) {
+func checkRoles(t *testing.T, p mtlstest.PKI, addr string, logs *syncbuf.Buffer, want string, cases []roleCase) {
 	t.Helper()
 	for i, c := range cases {
 		leaf := p.Issue(t, "client"+string(rune('a'+i)), c.roles...)
@@ -100,7 +81,7 @@ func checkRoles(t *testing.T, p mtlstest.PKI, addr string, logs *syncBuffer, wan
 // takes and the certificate's SANs.
 func TestNodeListenerRoles(t *testing.T) {
 	p := mtlstest.New(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -125,7 +106,7 @@ func TestNodeListenerRoles(t *testing.T) {
 // refused, with a log naming the role it takes and the certificate's SANs.
 func TestEdgeListenerRoles(t *testing.T) {
 	p := mtlstest.New(t)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ln, err := listenEdge("127.0.0.1:0", fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, log)
 	if err != nil {
