@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -302,5 +303,77 @@ func TestRunEndsOnceWhenItsGatewayComesBack(t *testing.T) {
 				t.Errorf("run.finished events of run %s: %v, want one, failed", run.ID, ev)
 			}
 		})
+	}
+}
+
+// TestRunRecoveryReadsEveryLeaseSet: the leases of runs whose gateway died are spread over
+// the shards of the runs' lease set, and the recovery finds them in every shard, and in the
+// lease set of before the shards, which an older gateway still writes during a rolling
+// deploy: each run is recorded failed, with one run.finished, and no lease is left. Before,
+// every run's lease was in the one key "wb:{runs}:work", which every run of the fleet wrote.
+func TestRunRecoveryReadsEveryLeaseSet(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	now := time.Now()
+	var ids []string
+	// A dead gateway's runs, running, with leases that ran out (as store.SetRunWork left them).
+	for i := range 8 {
+		ref := store.RunRef{Project: e.projA, ID: session.NewID("run_", now), Attempt: session.NewID("lease_", now)}
+		if err := e.st.SetRunWork(ctx, ref, now.Add(-time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		run := &session.Run{ID: ref.ID, Object: "run", State: session.RunRunning, CreatedAt: *session.At(now), StartedAt: session.At(now)}
+		if created, err := e.st.CreateRun(ctx, e.projA, run, ref.Attempt); err != nil || !created {
+			t.Fatalf("run %d: %v %v", i, created, err)
+		}
+		ids = append(ids, ref.ID)
+	}
+	shards := 0
+	for i := range 16 {
+		if n, err := e.rdb.ZCard(ctx, fmt.Sprintf("wb:{runs.%d}:work", i)).Result(); err != nil {
+			t.Fatal(err)
+		} else if n > 0 {
+			shards++
+		}
+	}
+	if shards < 2 {
+		t.Errorf("the leases of %d runs are in %d shard keys, want several", len(ids), shards)
+	}
+	// An older gateway's run, leased as it leases them, in the key of before the shards.
+	old := store.RunRef{Project: e.projA, ID: session.NewID("run_", now), Attempt: session.NewID("lease_", now)}
+	oldRun := &session.Run{ID: old.ID, Object: "run", State: session.RunQueued, CreatedAt: *session.At(now)}
+	if created, err := e.st.CreateRun(ctx, e.projA, oldRun, old.Attempt); err != nil || !created {
+		t.Fatalf("the older gateway's run: %v %v", created, err)
+	}
+	member := old.Project + "/" + old.ID + "/" + old.Attempt
+	if err := e.rdb.ZAdd(ctx, "wb:{runs}:work", redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: member}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.HSet(ctx, "wb:{runs}:worker", member, old.Attempt).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, old.ID)
+
+	for _, id := range ids {
+		got := e.waitRun(id)
+		if got.State != session.RunFailed || derefOr(got.Error) != orphanRunMessage {
+			t.Errorf("run %s after its gateway died: %s (error %s), want failed: %q", id, got.State, derefOr(got.Error), orphanRunMessage)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		due, _, err := e.st.DueRunWork(ctx, time.Now().Add(time.Hour), 100)
+		legacy, lerr := e.rdb.ZCard(ctx, "wb:{runs}:work").Result()
+		if err == nil && lerr == nil && len(due) == 0 && legacy == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run leases left after the recovery: %v, %d in the key of before the shards (%v, %v)", due, legacy, err, lerr)
+		}
+	}
+	finished := e.finishedRuns()
+	for _, id := range ids {
+		if ev := finished[id]; len(ev) != 1 || ev[0] != session.RunFailed {
+			t.Errorf("run.finished events of run %s: %v, want one, failed", id, ev)
+		}
 	}
 }

@@ -1,9 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -84,27 +86,68 @@ func (s *Store) DueProvisionDeadlines(ctx context.Context, now time.Time, limit 
 // or before now, earliest first, parsed by parse, and when the next deadline after them falls
 // (zero: none; now: more than limit are due). A member parse refuses is dropped from the set.
 func dueDeadlines[R any](ctx context.Context, s *Store, key, what string, now time.Time, limit int, parse func(string) (R, bool)) ([]R, time.Time, error) {
-	zs, err := s.rdb.ZRangeWithScores(ctx, key, 0, int64(limit)).Result()
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("read %ss: %w", what, err)
+	return dueDeadlinesIn(ctx, s, []string{key}, what, now, limit, parse)
+}
+
+// dueDeadlinesIn is dueDeadlines over several sorted sets (the shards of one index), merged
+// by deadline: it reads the first limit+1 members of each, in one round trip (a pipeline; on
+// a Cluster, one per node), which hold the earliest limit+1 of them all. A set that cannot be
+// read (its Cluster node is away) is left out: the others' are answered, with the error.
+func dueDeadlinesIn[R any](ctx context.Context, s *Store, keys []string, what string, now time.Time, limit int, parse func(string) (R, bool)) ([]R, time.Time, error) {
+	type deadline struct {
+		key string
+		z   redis.Z
+	}
+	var zs []deadline
+	var errs []error
+	if len(keys) == 1 {
+		got, err := s.rdb.ZRangeWithScores(ctx, keys[0], 0, int64(limit)).Result()
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("read %ss: %w", what, err)
+		}
+		for _, z := range got {
+			zs = append(zs, deadline{keys[0], z})
+		}
+	} else {
+		cmds := make([]*redis.ZSliceCmd, len(keys))
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, key := range keys {
+				cmds[i] = p.ZRangeWithScores(ctx, key, 0, int64(limit))
+			}
+			return nil
+		})
+		for i, cmd := range cmds {
+			got, err := cmd.Result()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("read %ss (%s): %w", what, keys[i], err))
+				continue
+			}
+			for _, z := range got {
+				zs = append(zs, deadline{keys[i], z})
+			}
+		}
+		if len(errs) == len(keys) {
+			return nil, time.Time{}, errors.Join(errs...)
+		}
+		slices.SortStableFunc(zs, func(a, b deadline) int { return cmp.Compare(a.z.Score, b.z.Score) })
 	}
 	var due []R
-	for _, z := range zs {
-		at := time.UnixMilli(int64(z.Score))
+	for _, d := range zs {
+		at := time.UnixMilli(int64(d.z.Score))
 		if at.After(now) {
-			return due, at, nil
+			return due, at, errors.Join(errs...)
 		}
 		if len(due) == limit {
-			return due, now, nil
+			return due, now, errors.Join(errs...)
 		}
-		m, _ := z.Member.(string)
+		m, _ := d.z.Member.(string)
 		if r, ok := parse(m); ok {
 			due = append(due, r)
-		} else if err := s.rdb.ZRem(ctx, key, m).Err(); err != nil {
+		} else if err := s.rdb.ZRem(ctx, d.key, m).Err(); err != nil {
 			return nil, time.Time{}, fmt.Errorf("drop bad %s %q: %w", what, m, err)
 		}
 	}
-	return due, time.Time{}, nil
+	return due, time.Time{}, errors.Join(errs...)
 }
 
 // ForgetProvisionDeadlines drops sessions from the deadline index (they left provisioning,

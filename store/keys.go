@@ -3,6 +3,8 @@ package store
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"hash/fnv"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,13 +100,12 @@ const (
 	snapshotWorkKey   = "wb:{snapshots}:work"
 	snapshotWorkerKey = "wb:{snapshots}:worker"
 
-	// runWorkKey is a sorted set of the attempts at a run (a request to POST /v1/runs) that
-	// have not ended, member "PROJECT/RUN/ATTEMPT", score the time in ms at which the lease of
-	// the gateway working on it ends; runWorkerKey is a hash from the same member to the
-	// lease's holder (the attempt, or the recovery that claimed it). Written by store
-	// (SetRunWork, RenewRunWork, ReleaseRunWork, ClaimRunWork); read by every gateway's
-	// recovery loop (DueRunWork), which records failed a run whose gateway stopped before it
-	// ended it. One hash tag: one script writes both.
+	// runWorkKey and runWorkerKey are the one lease set of every run's attempts from before
+	// the set had shards (runWorkShardKeys): every run's start, renewal and end wrote one key,
+	// one Cluster slot, for the whole fleet. Gateways older than the shards write and read only
+	// these; newer ones write none, but read them too (DueRunWork, and ClaimRunWork and
+	// ReleaseRunWork when a lease is not in its shard), so that the runs of an older gateway
+	// that dies during a rolling deploy are ended. Once no such gateway runs they stay empty.
 	runWorkKey   = "wb:{runs}:work"
 	runWorkerKey = "wb:{runs}:worker"
 
@@ -126,6 +127,36 @@ const (
 	// and plugins.Host); every gateway subscribes (Changes.Watch).
 	ChangesChannel = "wb:changes"
 )
+
+// runWorkShards is how many shards the runs' lease set has. Fixed: a run's shard follows from
+// its id (runWorkShard), so a gateway that counted another number would look for a lease in
+// the wrong key, and leave those of the shards it does not know unrecovered.
+const runWorkShards = 16
+
+// runWorkShardKeys names shard i of the runs' lease set: runWorkShardKeys(i) is a sorted set
+// of the attempts at a run (a request to POST /v1/runs) that have not ended, member
+// "PROJECT/RUN/ATTEMPT", score the time in ms at which the lease of the gateway working on it
+// ends, and holders a hash from the same member to the lease's holder (the attempt, or the
+// recovery that claimed it). The attempts of a run are in shard runWorkShard(RUN). Written by
+// store (SetRunWork, RenewRunWork, ReleaseRunWork, ClaimRunWork); read by every gateway's
+// recovery loop (DueRunWork, every shard in one pass), which records failed a run whose
+// gateway stopped before it ended it. One hash tag per shard ("runs.I"): one script writes
+// both keys of a shard, and the shards spread over a Cluster's slots (16 tags over three
+// masters' default ranges: 5, 7 and 4), so that the runs of a busy fleet do not all write one
+// key. Before the shards, runWorkKey and runWorkerKey held every run's lease.
+func runWorkShardKeys(i int) (ends, holders string) {
+	tag := "wb:{runs." + strconv.Itoa(i) + "}:"
+	return tag + "work", tag + "worker"
+}
+
+// runWorkShard is the shard of the runs' lease set that holds the leases on run id: FNV-1a of
+// the id, modulo runWorkShards. Fixed, as runWorkShards is: every gateway must find a lease
+// where another put it.
+func runWorkShard(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % runWorkShards)
+}
 
 // changeAckKey is a list, one element per subscriber that has dropped its copy of what
 // ProjectChange id announced, with a short TTL. Written by each gateway (Changes.Watch); the writer

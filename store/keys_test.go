@@ -35,6 +35,10 @@ func TestKeyNames(t *testing.T) {
 		{snapshotWorkerKey, "wb:{snapshots}:worker"},
 		{runWorkKey, "wb:{runs}:work"},
 		{runWorkerKey, "wb:{runs}:worker"},
+		{first(runWorkShardKeys(0)), "wb:{runs.0}:work"},
+		{second(runWorkShardKeys(15)), "wb:{runs.15}:worker"},
+		{first(runWorkShardKeys(runWorkShard("run_1"))), "wb:{runs.10}:work"},
+		{first(runWorkShardKeys(runWorkShard("run_01HZX3K4Q2"))), "wb:{runs.11}:work"},
 		{k.desktop("desk_1"), "wb:{proj_1}:d:desk_1"},
 		{k.desktops(), "wb:{proj_1}:desktops"},
 		{NodesDrainingKey, "wb:nodes:draining"},
@@ -116,6 +120,9 @@ func TestKeyNames(t *testing.T) {
 		}
 	}
 }
+
+func first(a, _ string) string  { return a }
+func second(_, b string) string { return b }
 
 // TestNoKeysOutsideStore: keys.go is the one place that names a key; any other package that
 // spells one out by hand would drift from it unnoticed.

@@ -207,6 +207,102 @@ func TestRunWorkLeases(t *testing.T) {
 	}
 }
 
+// TestRunWorkLeaseShards: the runs' leases are spread over shard keys, each its own hash tag
+// (over a Cluster's masters), not one key that every run of the fleet writes; the recovery's
+// DueRunWork reads every shard, and the lease set of before the shards, which an older
+// gateway still writes during a rolling deploy: its leases are answered, merged by their end,
+// claimed and released there. A pass answers at most limit. Before, every lease was in
+// "wb:{runs}:work".
+func TestRunWorkLeaseShards(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := b.New(t)
+			s := New(rdb)
+			now := time.Now().Truncate(time.Millisecond)
+			const runs = 32
+			var refs []RunRef
+			for i := range runs {
+				ref := RunRef{Project: "proj_r", ID: fmt.Sprintf("run_%d", i), Attempt: fmt.Sprintf("lease_%d", i)}
+				// Leases end a millisecond apart, from 2 s ago: all due, in this order.
+				if err := s.SetRunWork(ctx, ref, now.Add(-2*time.Second+time.Duration(i)*time.Millisecond)); err != nil {
+					t.Fatal(err)
+				}
+				refs = append(refs, ref)
+			}
+			if n, err := rdb.ZCard(ctx, "wb:{runs}:work").Result(); err != nil || n != 0 {
+				t.Errorf("leases in the key of before the shards: %d (%v), want none", n, err)
+			}
+			shards, masters, total := 0, map[string]bool{}, int64(0)
+			for i := range 16 {
+				key := fmt.Sprintf("wb:{runs.%d}:work", i)
+				n, err := rdb.ZCard(ctx, key).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if h, err := rdb.HLen(ctx, fmt.Sprintf("wb:{runs.%d}:worker", i)).Result(); err != nil || h != n {
+					t.Errorf("shard %d: %d leases, %d holders (%v); want as many", i, n, h, err)
+				}
+				if n > 0 {
+					shards++
+					if c, ok := rdb.(*redis.ClusterClient); ok {
+						m, err := c.MasterForKey(ctx, key)
+						if err != nil {
+							t.Fatal(err)
+						}
+						masters[m.Options().Addr] = true
+					}
+				}
+				total += n
+			}
+			if total != runs || shards < 8 {
+				t.Fatalf("%d leases in %d shard keys, want %d in 8 or more", total, shards, runs)
+			}
+			if _, ok := rdb.(*redis.ClusterClient); ok && len(masters) < 2 {
+				t.Errorf("the shards with leases are on %d Cluster masters, want several", len(masters))
+			}
+
+			// An older gateway's lease, as it writes it: due first (it ended earliest).
+			old := RunRef{Project: "proj_r", ID: "run_old", Attempt: "lease_old"}
+			if err := rdb.ZAdd(ctx, "wb:{runs}:work", redis.Z{Score: float64(now.Add(-time.Hour).UnixMilli()), Member: old.member()}).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rdb.HSet(ctx, "wb:{runs}:worker", old.member(), old.Attempt).Err(); err != nil {
+				t.Fatal(err)
+			}
+			due, next, err := s.DueRunWork(ctx, now, 5)
+			if want := append([]RunRef{old}, refs[:4]...); err != nil || fmt.Sprint(due) != fmt.Sprint(want) || !next.Equal(now) {
+				t.Fatalf("a pass of 5: due %v, next %v (%v); want %v, next now (more are due)", due, next, err, want)
+			}
+			due, next, err = s.DueRunWork(ctx, now, 100)
+			if err != nil || len(due) != runs+1 || !next.IsZero() {
+				t.Fatalf("a pass of 100: %d due, next %v (%v); want %d, none next", len(due), next, err, runs+1)
+			}
+			for _, ref := range []RunRef{old, refs[7], refs[30]} {
+				if ok, err := s.ClaimRunWork(ctx, ref, "lease_r", now, now.Add(time.Minute)); err != nil || !ok {
+					t.Fatalf("the recovery's claim of %v: %v, %v", ref, ok, err)
+				}
+				if ok, err := s.ClaimRunWork(ctx, ref, "lease_s", now, now.Add(time.Minute)); err != nil || ok {
+					t.Fatalf("a second recovery's claim of %v: %v, %v; want refused", ref, ok, err)
+				}
+				if ok, err := s.ReleaseRunWork(ctx, ref, "lease_s"); err != nil || ok {
+					t.Fatalf("a release of %v by a token that does not hold it: %v, %v; want refused", ref, ok, err)
+				}
+				if ok, err := s.ReleaseRunWork(ctx, ref, "lease_r"); err != nil || !ok {
+					t.Fatalf("the recovery's release of %v: %v, %v", ref, ok, err)
+				}
+			}
+			if n, err := rdb.ZCard(ctx, "wb:{runs}:work").Result(); err != nil || n != 0 {
+				t.Errorf("the older gateway's lease after its release: %d left (%v)", n, err)
+			}
+			if due, _, err := s.DueRunWork(ctx, now.Add(time.Hour), 100); err != nil || len(due) != runs-2 {
+				t.Errorf("after three releases: %d due (%v), want %d", len(due), err, runs-2)
+			}
+		})
+	}
+}
+
 // TestLegacyRuns: runs saved before each had a key of its own (one hash per project, with an
 // index, no TTL) are read and moved to keys of their own, with what is left of the retention
 // from their last change: GetRun moves the one it reads, MigrateLegacyRuns all the others,
