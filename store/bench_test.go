@@ -4,9 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
 	"wb/session"
@@ -121,4 +126,125 @@ func BenchmarkRedisBenchmarkSet(b *testing.B) {
 	b.ReportMetric(sum.RPS/n, "requests/s")
 	b.ReportMetric(sum.P50ms/n*1000, "p50-µs")
 	b.ReportMetric(sum.P99ms/n*1000, "p99-µs")
+}
+
+// BenchmarkRunStartFinish: the store's writes for one run from its start to its end, as the
+// gateway makes them (its work lease taken, the record made, started, finished with its
+// run.finished, the lease released; no renewal: a run shorter than a third of the lease
+// makes none), over 64 projects from 16 concurrent clients, against a local redis-server and
+// a 3-master Cluster. "lease" is the lease's part alone (taken and released): the writes of
+// the runs' lease set that every run of the fleet makes. ops/s: runs a second. Read against
+// BenchmarkRedisBenchmarkSet of the same run.
+func BenchmarkRunStartFinish(b *testing.B) {
+	for _, backend := range []struct {
+		name string
+		new  func(testing.TB) redis.UniversalClient
+	}{
+		{"redis", func(t testing.TB) redis.UniversalClient { return redistest.Server(t) }},
+		{"cluster", func(t testing.TB) redis.UniversalClient { return redistest.Cluster(t) }},
+	} {
+		for _, whole := range []bool{true, false} {
+			name := backend.name + "/lease"
+			if whole {
+				name = backend.name + "/run"
+			}
+			b.Run(name, func(b *testing.B) {
+				rdb := backend.new(b)
+				s := New(rdb)
+				ctx := context.Background()
+				var lat latencies
+				var seq atomic.Int64
+				cluster, _ := rdb.(*redis.ClusterClient)
+				if cluster != nil {
+					if err := cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+						return m.ConfigResetStat(ctx).Err()
+					}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.SetParallelism(8)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					var mine []time.Duration
+					for pb.Next() {
+						i := seq.Add(1)
+						now := time.Now()
+						project := fmt.Sprintf("proj_b%d", i%64)
+						ref := RunRef{Project: project, ID: session.NewID("run_", now), Attempt: session.NewID("lease_", now)}
+						t0 := time.Now()
+						if err := runStartFinish(ctx, s, ref, now, whole); err != nil {
+							b.Error(err)
+							return
+						}
+						mine = append(mine, time.Since(t0))
+					}
+					lat.add(mine)
+				})
+				lat.report(b)
+				if cluster != nil {
+					b.ReportMetric(hottestMaster(ctx, b, cluster), "hottest-master-%")
+				}
+			})
+		}
+	}
+}
+
+// hottestMaster answers the share (%) of the scripts run on a Cluster that its busiest
+// master ran: with every lease in one key, one master runs every lease's script.
+func hottestMaster(ctx context.Context, b *testing.B, c *redis.ClusterClient) float64 {
+	var mu sync.Mutex
+	var calls []int64
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		info, err := m.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		var n int64
+		for line := range strings.SplitSeq(info, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+				n, _ = strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			}
+		}
+		mu.Lock()
+		calls = append(calls, n)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, n := range calls {
+		total += n
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(slices.Max(calls)) * 100 / float64(total)
+}
+
+// runStartFinish makes one run's writes (whole) or its lease's alone.
+func runStartFinish(ctx context.Context, s *Store, ref RunRef, now time.Time, whole bool) error {
+	if err := s.SetRunWork(ctx, ref, now.Add(30*time.Second)); err != nil {
+		return err
+	}
+	if whole {
+		sess := "sess_1"
+		run := &session.Run{ID: ref.ID, Object: "run", SessionID: &sess, State: session.RunQueued, CreatedAt: *session.At(now)}
+		if created, err := s.CreateRun(ctx, ref.Project, run, ref.Attempt); err != nil || !created {
+			return fmt.Errorf("create run %s: %v %w", ref.ID, created, err)
+		}
+		run.State, run.StartedAt = session.RunRunning, session.At(now)
+		if ok, err := s.StartRun(ctx, ref.Project, run, ref.Attempt); err != nil || !ok {
+			return fmt.Errorf("start run %s: %v %w", ref.ID, ok, err)
+		}
+		run.State, run.FinishedAt, run.Stdout = session.RunSucceeded, session.At(now), "ran\n"
+		if ok, err := s.FinishRun(ctx, ref.Project, run, ref.Attempt, run, 0); err != nil || !ok {
+			return fmt.Errorf("finish run %s: %v %w", ref.ID, ok, err)
+		}
+	}
+	if ok, err := s.ReleaseRunWork(ctx, ref, ref.Attempt); err != nil || !ok {
+		return fmt.Errorf("release the lease of run %s: %v %w", ref.ID, ok, err)
+	}
+	return nil
 }
