@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"time"
 
 	"wb/desktop"
@@ -38,7 +40,8 @@ func (s *Server) leaseAhead(ctx context.Context, project, id string) error {
 // gateway from before leaseAhead, or whose lease ahead was not set (a finishing work released
 // its own lease, which the lease ahead found and kept, just before the state was written).
 // A desktop whose work runs has its lease, and keeps it as it is. Called where a caller looks
-// at a desktop (GET, a call that waits for it). It answers whether it looked.
+// at a desktop (GET, a call that waits for it), and by the sweep (sweepDesktops), which looks
+// at every desktop in turn. It answers whether it looked.
 func (s *Server) leaseOrphan(ctx context.Context, rec desktop.Record) bool {
 	if rec.State != desktop.Starting && rec.State != desktop.Stopping || s.Now().Sub(rec.UpdatedAt.Time) < s.workLease() {
 		return false
@@ -50,6 +53,98 @@ func (s *Server) leaseOrphan(ctx context.Context, rec desktop.Record) bool {
 		s.log.Warn("desktop: its transition had no lease; a recovery resumes it", "desktop", rec.ID, "state", rec.State)
 	}
 	return true
+}
+
+// A desktop left starting or stopping with no lease (by a gateway from before leases on
+// desktops, or the race that leaseOrphan names) was found only when a caller looked at it;
+// one that nobody looked at stayed so for ever, its session (if it had one) billed. The sweep
+// looks at every desktop in turn: every DesktopSweep, each gateway walks every project's
+// desktops, desktopSweepBatch at a time with desktopSweepPause between (the work of one pass
+// is bounded however many desktops there are), and gives such a desktop a lease due now
+// (leaseOrphan), which a recovery takes.
+
+const (
+	// DefaultDesktopSweep is how long a gateway waits between two walks of every desktop.
+	DefaultDesktopSweep = 10 * time.Minute
+	// desktopSweepBatch bounds a pass of the sweep: at most this many desktops read, and as
+	// many projects' lists.
+	desktopSweepBatch = 100
+	// desktopSweepPause is the wait between two passes of one walk.
+	desktopSweepPause = time.Second
+)
+
+func (s *Server) desktopSweep() time.Duration {
+	if s.DesktopSweep > 0 {
+		return s.DesktopSweep
+	}
+	return DefaultDesktopSweep
+}
+
+// runDesktopSweep walks every desktop, a pass at a time, every DesktopSweep, until ctx ends.
+// The first walk begins at a random point of the first period: the gateways that a deploy
+// starts together do not walk together.
+func (s *Server) runDesktopSweep(ctx context.Context) {
+	wait := rand.N(s.desktopSweep())
+	var walk desktopWalk
+	for {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		_, done, err := s.sweepDesktops(ctx, &walk, desktopSweepBatch)
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("desktop sweep", "err", err)
+		}
+		wait = desktopSweepPause
+		if done {
+			walk, wait = desktopWalk{}, s.desktopSweep()
+		}
+	}
+}
+
+// desktopWalk is where a walk of every desktop is: the projects it walks (read at its start),
+// the one it is at, and the cursor in that one's desktops.
+type desktopWalk struct {
+	projects []string
+	project  int
+	cursor   string
+}
+
+// sweepDesktops makes one pass of w: from where the last pass left off, it reads at most
+// batch desktops, of at most batch projects, and gives those left in a transition a lease
+// (leaseOrphan). It answers how many desktops it read, and whether the walk is done. A
+// project whose desktops cannot be read is left for the next walk, lest one bad record (or a
+// Redis away) hold the walk where it is.
+func (s *Server) sweepDesktops(ctx context.Context, w *desktopWalk, batch int) (int, bool, error) {
+	if w.projects == nil {
+		projects, err := s.Store.Projects(ctx)
+		if err != nil {
+			return 0, false, fmt.Errorf("read the projects: %w", err)
+		}
+		slices.Sort(projects)
+		w.projects = projects
+	}
+	read := 0
+	var errs []error
+	for lists := 0; w.project < len(w.projects) && read < batch && lists < batch; lists++ {
+		project := w.projects[w.project]
+		recs, next, err := s.Store.ListDesktops(ctx, project, min(batch-read, store.MaxListLimit), w.cursor)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("project %s: %w", project, err))
+			next = ""
+		}
+		for _, rec := range recs {
+			s.leaseOrphan(ctx, rec)
+		}
+		read += len(recs)
+		if w.cursor = next; next == "" {
+			w.project++
+		}
+	}
+	return read, w.project == len(w.projects), errors.Join(errs...)
 }
 
 // transitionWork runs f, the work of the desktop's transition, in the background under a

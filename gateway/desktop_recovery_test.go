@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -313,5 +314,83 @@ func TestDesktopStuckStartingIsResumed(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	if d = e.waitDesktop(d.ID, desktop.Running); d.Message != "" {
 		t.Errorf("resumed start: %+v", d)
+	}
+}
+
+// TestDesktopSweepResumesStuckStart: a desktop that a gateway from before the lease ahead
+// left starting with no lease, and that nobody looks at, is found by the sweep, which gives
+// it a lease, and a recovery resumes its start. Before, only a caller's look (GET, a call
+// that waits for it) gave it one, and one that nobody looked at stayed starting for ever.
+func TestDesktopSweepResumesStuckStart(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WorkLease, c.DesktopSweep = time.Second, 200*time.Millisecond })
+	d := e.newDesktop(map[string]any{"name": "stuck"})
+	e.desktopAction(d.ID, "stop", 202)
+	e.waitDesktop(d.ID, desktop.Stopped)
+	ctx := context.Background()
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What such a gateway left that died right after it accepted a Start.
+	rec.State, rec.From = desktop.Starting, desktop.Stopped
+	if _, err := e.st.PutDesktop(ctx, rec, desktop.Stopped); err != nil {
+		t.Fatal(err)
+	}
+	if due, _, _ := e.st.DueDesktopWork(ctx, time.Now().Add(time.Hour), 10); len(due) != 0 {
+		t.Fatalf("leases of desktops before the sweep: %v", due)
+	}
+	// The store, not the API, is read: a GET would give the desktop its lease itself.
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if rec, err = e.st.GetDesktop(ctx, e.projA, d.ID); err == nil && rec.State == desktop.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("desktop %s, left starting with no lease and not looked at, is %s (%v), want running", d.ID, rec.State, err)
+		}
+	}
+	if rec.Message != "" || rec.SessionID == "" {
+		t.Errorf("resumed start: %+v", rec.Desktop)
+	}
+}
+
+// TestDesktopSweepIsBounded: a pass of the sweep reads at most its batch of desktops, and the
+// walk goes on from where the last pass left off, through every project's desktops, each
+// once, until it is done.
+func TestDesktopSweepIsBounded(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.DesktopSweep = time.Hour })
+	ctx := context.Background()
+	projects := []string{e.projA, "proj_sweep_b"}
+	if _, err := e.st.EnsureProject(ctx, projects[1], "sweep"); err != nil {
+		t.Fatal(err)
+	}
+	made := 0
+	for i, n := range []int{5, 3} {
+		for j := range n {
+			now := time.Now()
+			rec := desktop.Record{Desktop: desktop.Desktop{ID: session.NewID(desktop.IDPrefix, now), Object: desktop.ObjectName,
+				ProjectID: projects[i], Name: fmt.Sprintf("d%d", j), Size: "s", State: desktop.Stopped, CreatedAt: *session.At(now)}}
+			if _, err := e.st.CreateDesktop(ctx, rec, 100); err != nil {
+				t.Fatal(err)
+			}
+			made++
+		}
+	}
+	var walk desktopWalk
+	passes, read := 0, 0
+	for done := false; !done; {
+		n, d, err := e.gw.sweepDesktops(ctx, &walk, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 3 {
+			t.Fatalf("pass %d read %d desktops, want at most 3", passes+1, n)
+		}
+		passes, read, done = passes+1, read+n, d
+		if passes > 20 {
+			t.Fatalf("the walk is not done after %d passes (%d desktops read of %d)", passes, read, made)
+		}
+	}
+	if read != made || passes < 3 {
+		t.Errorf("the walk read %d desktops in %d passes, want %d in 3 or more", read, passes, made)
 	}
 }

@@ -98,6 +98,10 @@ type Config struct {
 	// a run may go unrenewed (its gateway died) before another gateway resumes or ends it (0:
 	// DefaultWorkLease).
 	WorkLease time.Duration
+	// DesktopSweep is how long a gateway waits between two walks of every desktop, which give
+	// a lease to those left starting or stopping without one, so that a recovery resumes them
+	// (0: DefaultDesktopSweep).
+	DesktopSweep time.Duration
 	// DesktopRecordFor is how long the end of a desktop's sleep or stop keeps trying to record
 	// itself while Redis fails before it leaves the work to a recovery (0: 2 minutes).
 	DesktopRecordFor time.Duration
@@ -185,6 +189,7 @@ func New(cfg Config) (*Server, error) {
 	s.watchChanges(ctx)
 	s.goBackground(func() { s.runDesktopIdle(ctx) })
 	s.goBackground(func() { s.runDesktopRecovery(ctx) })
+	s.goBackground(func() { s.runDesktopSweep(ctx) })
 	s.goBackground(func() { s.runSnapshotRecovery(ctx) })
 	s.goBackground(func() { s.runRunRecovery(ctx) })
 	s.goBackground(func() { s.migrateLegacyRuns(ctx) })
