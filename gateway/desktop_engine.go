@@ -877,7 +877,17 @@ func (e sessionExecer) Exec(ctx context.Context, argv []string, stdin []byte) ([
 		return nil, nil, 0, err
 	}
 	if res.TimedOut {
-		return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, fmt.Errorf("%s did not finish within %ds", argv[0], timeout)
+		return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, &execTimedOut{name: argv[0], timeoutS: timeout}
 	}
 	return []byte(res.Stdout), []byte(res.Stderr), res.ExitCode, nil
+}
+
+// execTimedOut is the error of a sessionExecer's command that ran past its timeout.
+type execTimedOut struct {
+	name     string
+	timeoutS int
+}
+
+func (e *execTimedOut) Error() string {
+	return fmt.Sprintf("%s did not finish within %ds", e.name, e.timeoutS)
 }

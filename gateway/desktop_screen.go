@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -15,8 +16,9 @@ import (
 // heartbeat while the screen is open in a visible tab (seed 001, "What counts as use").
 // Neither ever wakes a desktop: looking at a sleeping desktop is no reason to pay for it.
 
-// screenTimeout bounds one screenshot: the console asks again every few seconds.
-const screenTimeout = 30 * time.Second
+// DefaultDesktopScreenTimeout bounds one screenshot (Config.DesktopScreenTimeout): the
+// console asks again every few seconds.
+const DefaultDesktopScreenTimeout = 30 * time.Second
 
 func (s *Server) desktopConsoleRoutes(api func(pattern string, h handler)) {
 	api("GET /v1/desktops/{id}/screen", s.desktopScreen)
@@ -41,10 +43,17 @@ func (s *Server) desktopScreen(w http.ResponseWriter, r *http.Request, p store.P
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), screenTimeout)
+	wait := cmp.Or(s.DesktopScreenTimeout, DefaultDesktopScreenTimeout)
+	late := errGuestTimeout("the desktop's guest", wait)
+	ctx, cancel := context.WithTimeoutCause(r.Context(), wait, late)
 	defer cancel()
 	png, err := guest.Screenshot(ctx, sessionExecer{s: s, sess: sess})
 	if err != nil {
+		// The exec's own timeout, a whole second under the bound, may end it first.
+		var timedOut *execTimedOut
+		if errors.Is(context.Cause(ctx), late) || errors.As(err, &timedOut) {
+			return late
+		}
 		var ae *apiError
 		if errors.As(err, &ae) {
 			return ae

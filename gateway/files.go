@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/coder/websocket"
@@ -20,6 +22,145 @@ import (
 
 // MaxFileBytes bounds one file upload.
 const MaxFileBytes = 100 << 20
+
+const (
+	// DefaultFileTimeout bounds a file call's waits on the guest's agent (Config.FileTimeout).
+	// The agent is the guest's: one that took a call and never answered held the call, and
+	// the node's proxy and its connection under it, for as long as the caller waited.
+	DefaultFileTimeout = time.Minute
+	// fileMinRate (bytes per second) is the slowest pace at which a guest's agent may move a
+	// file: each fileMinRate bytes moved add a second to a file call's bound, so that a large
+	// file has its time and one that trickles does not hold the call without end.
+	fileMinRate = 1 << 20
+)
+
+// errGuestTimeout is the 504 of a call to the guest (who) that it did not answer within wait.
+func errGuestTimeout(who string, wait time.Duration) *apiError {
+	return &apiError{Status: 504, Type: "api_error", Code: "guest_timeout",
+		Message: fmt.Sprintf("%s did not answer within %s; try again", who, wait)}
+}
+
+// agentClock bounds a file call's waits on the guest's agent: in all they may last the
+// call's FileTimeout plus a second for each fileMinRate bytes moved, and past that the
+// call's context ends. The waits on the caller (for the body of a write, or to take a
+// read's bytes) are the caller's own and are not counted: a slow caller is no slow guest.
+type agentClock struct {
+	wait   time.Duration
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	timer  *time.Timer
+	since  time.Time     // when the wait on the agent in progress began; zero between waits
+	spent  time.Duration // the waits on the agent before it
+	moved  int64         // bytes moved to or from the agent
+	late   *apiError     // the call's 504, once the bound ended it
+	done   bool
+}
+
+// boundFileCall answers ctx bounded by a new agentClock, which counts a wait on the agent
+// from now (the call's request). Call the clock's stop once the call is done.
+func (s *Server) boundFileCall(ctx context.Context) (context.Context, *agentClock) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	c := &agentClock{wait: cmp.Or(s.FileTimeout, DefaultFileTimeout), cancel: cancel}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.since = time.Now()
+	c.timer = time.AfterFunc(c.wait, c.expire)
+	return ctx, c
+}
+
+func (c *agentClock) budget() time.Duration {
+	return c.wait + time.Duration(c.moved)*time.Second/fileMinRate
+}
+
+// expire ends the call once its waits on the agent are past its budget. The timer may fire
+// for a wait that has ended since, or with budget added since: it checks, and re-arms.
+func (c *agentClock) expire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done || c.since.IsZero() || c.late != nil {
+		return
+	}
+	budget := c.budget()
+	if left := budget - c.spent - time.Since(c.since); left > 0 {
+		c.timer.Reset(left)
+		return
+	}
+	c.late = errGuestTimeout("the guest's agent", max(time.Second, budget.Round(time.Second)))
+	c.cancel(c.late)
+}
+
+// toAgent credits n bytes moved and starts a wait on the agent.
+func (c *agentClock) toAgent(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.moved += int64(n)
+	if c.done || !c.since.IsZero() {
+		return
+	}
+	c.since = time.Now()
+	c.timer.Reset(max(0, c.budget()-c.spent))
+}
+
+// toCaller credits n bytes moved and ends the wait on the agent in progress.
+func (c *agentClock) toCaller(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.moved += int64(n)
+	if !c.since.IsZero() {
+		c.spent += time.Since(c.since)
+		c.since = time.Time{}
+	}
+	c.timer.Stop()
+}
+
+// stop ends the clock, and the call's context.
+func (c *agentClock) stop() {
+	c.mu.Lock()
+	c.done = true
+	c.timer.Stop()
+	c.mu.Unlock()
+	c.cancel(nil)
+}
+
+// failed answers the error of the call that failed with err: its 504 when its bound ended it,
+// else the agent's (agentError).
+func (c *agentClock) failed(ctx context.Context, s *Server, err error) error {
+	c.mu.Lock()
+	late := c.late
+	c.mu.Unlock()
+	if late != nil {
+		return late
+	}
+	return s.agentError(ctx, err)
+}
+
+// clockedAnswer is a read's answer from the agent: the time in its Read is the agent's.
+type clockedAnswer struct {
+	io.Reader
+	c *agentClock
+}
+
+func (a clockedAnswer) Read(p []byte) (int, error) {
+	a.c.toAgent(0)
+	n, err := a.Reader.Read(p)
+	a.c.toCaller(n)
+	return n, err
+}
+
+// clockedBody is a write's body, read from the caller while the agent's client sends it: the
+// time in its Read is the caller's, the time between reads (sending what was read, then
+// waiting for the answer) the agent's.
+type clockedBody struct {
+	io.Reader
+	c *agentClock
+}
+
+func (b clockedBody) Read(p []byte) (int, error) {
+	b.c.toCaller(0)
+	n, err := b.Reader.Read(p)
+	b.c.toAgent(n)
+	return n, err
+}
 
 // guestAgent answers the agent of a running session of project p, and records the call as
 // the session's activity (its last_activity_at), as exec does: every file call and PTY is use.
@@ -82,21 +223,27 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project
 	if err != nil {
 		return err
 	}
+	ctx, clock := s.boundFileCall(r.Context())
+	defer clock.stop()
 	if r.URL.Query().Get("list") == "1" {
-		entries, err := c.ListDir(r.Context(), path)
+		entries, err := c.ListDir(ctx, path)
 		if err != nil {
-			return s.agentError(r.Context(), err)
+			return clock.failed(r.Context(), s, err)
 		}
 		writeJSON(w, 200, session.NewList(entries, ""))
 		return nil
 	}
-	rc, err := c.OpenFile(r.Context(), path)
+	rc, err := c.OpenFile(ctx, path)
 	if err != nil {
-		return s.agentError(r.Context(), err)
+		return clock.failed(r.Context(), s, err)
 	}
 	defer rc.Close()
+	clock.toCaller(0)
 	w.Header().Set("Content-Type", "application/octet-stream")
-	_, _ = io.Copy(w, rc)
+	if _, err := io.Copy(w, clockedAnswer{Reader: rc, c: clock}); err != nil {
+		// The answer has begun: the caller learns of the failure by its end alone.
+		s.log.WarnContext(r.Context(), "files: a read broke off", "err", clock.failed(r.Context(), s, err))
+	}
 	return nil
 }
 
@@ -112,12 +259,14 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, p store.Project
 	if err != nil {
 		return err
 	}
-	if err := c.WriteFile(r.Context(), path, http.MaxBytesReader(w, r.Body, MaxFileBytes), 0o644); err != nil {
+	ctx, clock := s.boundFileCall(r.Context())
+	defer clock.stop()
+	if err := c.WriteFile(ctx, path, clockedBody{Reader: http.MaxBytesReader(w, r.Body, MaxFileBytes), c: clock}, 0o644); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("files are at most %d bytes", MaxFileBytes)}
 		}
-		return s.agentError(r.Context(), err)
+		return clock.failed(r.Context(), s, err)
 	}
 	w.WriteHeader(204)
 	return nil
@@ -132,8 +281,10 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p store.Proj
 	if err != nil {
 		return err
 	}
-	if err := c.DeleteFile(r.Context(), path); err != nil {
-		return s.agentError(r.Context(), err)
+	ctx, clock := s.boundFileCall(r.Context())
+	defer clock.stop()
+	if err := c.DeleteFile(ctx, path); err != nil {
+		return clock.failed(r.Context(), s, err)
 	}
 	w.WriteHeader(204)
 	return nil

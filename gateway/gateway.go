@@ -94,6 +94,12 @@ type Config struct {
 	// DesktopFileTimeout bounds an MCP file tool's call to the desktop's agent (0:
 	// DefaultDesktopFileTimeout).
 	DesktopFileTimeout time.Duration
+	// FileTimeout bounds a file call's (read, list, write, delete of a session's or a
+	// desktop's files) waits on the guest's agent: in all, FileTimeout plus a second for each
+	// fileMinRate bytes moved (0: DefaultFileTimeout). DesktopScreenTimeout bounds a
+	// screenshot of a desktop's display (0: DefaultDesktopScreenTimeout).
+	FileTimeout          time.Duration
+	DesktopScreenTimeout time.Duration
 	// WorkLease is how long the work of a desktop's transition, of a session's snapshot or of
 	// a run may go unrenewed (its gateway died) before another gateway resumes or ends it (0:
 	// DefaultWorkLease).

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/internal/fakenode"
+	"wb/session"
+)
+
+// hostileAgent serves a guest's agent that takes every call and answers none until release
+// is closed or hold has passed (then a 404), or the call goes; calls counts the calls it took.
+type hostileAgent struct {
+	sock    string
+	calls   atomic.Int32
+	release chan struct{}
+}
+
+func newHostileAgent(t *testing.T, hold time.Duration) *hostileAgent {
+	t.Helper()
+	a := &hostileAgent{sock: filepath.Join(t.TempDir(), "hostile.sock"), release: make(chan struct{})}
+	ln, err := net.Listen("unix", a.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.calls.Add(1)
+		select {
+		case <-r.Context().Done():
+		case <-a.release:
+		case <-time.After(hold):
+		}
+		if r.Context().Err() == nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(404)
+			_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"no such file"}}`))
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return a
+}
+
+// TestFileCallsAreBounded: a file call (read, list, write, delete) of a session or a desktop
+// whose guest's agent takes the call and never answers ends at its bound (Config.FileTimeout)
+// with a 504 guest_timeout that says the guest's agent did not answer in time. Before, the
+// call, and the node's proxy under it, lasted as long as its caller waited.
+func TestFileCallsAreBounded(t *testing.T) {
+	// It answers at last, well past the bound: the calls end either way.
+	a := newHostileAgent(t, 15*time.Second)
+	e := newEnv(t, func(c *Config) {
+		c.FileTimeout = time.Second
+		c.Guests = deafAgentGuests{Guests: c.Guests, sock: a.sock}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	for _, base := range []string{"/v1/sessions/" + s.ID, "/v1/desktops/" + d.ID} {
+		for _, c := range []struct {
+			method, query string
+			body          any
+		}{
+			{"GET", "?path=a.txt", nil},
+			{"GET", "?path=.&list=1", nil},
+			{"PUT", "?path=a.txt", []byte("hello")},
+			{"DELETE", "?path=a.txt", nil},
+		} {
+			start := time.Now()
+			r := e.do(c.method, base+"/files"+c.query, e.key, c.body)
+			if r.status != 504 || !strings.Contains(string(r.body), `"guest_timeout"`) || !strings.Contains(string(r.body), "did not answer within 1s") {
+				t.Errorf("%s %s/files%s of a guest whose agent never answers: %d %s after %s; want a 504 guest_timeout that its agent did not answer within 1s",
+					c.method, base, c.query, r.status, r.body, time.Since(start))
+			}
+		}
+	}
+}
+
+// deafScreenNode is the fake node, whose guests never finish a screenshot's command.
+type deafScreenNode struct{ *fakenode.Node }
+
+func (n deafScreenNode) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	if strings.Contains(strings.Join(argv, " "), "xwd") {
+		<-ctx.Done()
+		return session.ExecResult{}, ctx.Err()
+	}
+	return n.Node.Exec(ctx, s, req, argv, out)
+}
+
+// TestDesktopScreenIsBounded: a screenshot whose guest never answers ends at its bound
+// (Config.DesktopScreenTimeout) with a 504 guest_timeout that says so, not a 502 of a
+// context's error.
+func TestDesktopScreenIsBounded(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.DesktopScreenTimeout = time.Second
+		c.Guests = deafScreenNode{c.Guests.(*fakenode.Node)}
+	})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	start := time.Now()
+	r := e.do("GET", "/v1/desktops/"+d.ID+"/screen", e.key, nil)
+	if r.status != 504 || !strings.Contains(string(r.body), `"guest_timeout"`) || !strings.Contains(string(r.body), "did not answer within 1s") {
+		t.Errorf("the screen of a desktop whose guest never answers: %d %s after %s; want a 504 guest_timeout that it did not answer within 1s",
+			r.status, r.body, time.Since(start))
+	}
+}
+
+// TestFileCallBoundIsTheGuests: a file call's bound counts the waits on the guest's agent
+// only: a write whose caller sends its body slowly, for longer in all than the bound, is
+// written.
+func TestFileCallBoundIsTheGuests(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.FileTimeout = 5 * time.Second })
+	s := e.running(map[string]any{"tier": 2})
+	pr, pw := io.Pipe()
+	go func() {
+		for i := range 3 {
+			time.Sleep(3 * time.Second)
+			if _, err := fmt.Fprintf(pw, "part %d\n", i); err != nil {
+				return
+			}
+		}
+		_ = pw.Close()
+	}()
+	req, _ := http.NewRequest("PUT", e.url+"/v1/sessions/"+s.ID+"/files?path=slow.txt", pr)
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 204 {
+		t.Fatalf("a write sent over %s, its agent prompt: %d %s; want 204", time.Since(start), resp.StatusCode, b)
+	}
+	if r := e.mustDo("GET", "/v1/sessions/"+s.ID+"/files?path=slow.txt", e.key, nil, 200, nil); string(r.body) != "part 0\npart 1\npart 2\n" {
+		t.Fatalf("the file holds %q", r.body)
+	}
+}
