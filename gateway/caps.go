@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"cmp"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
+
+	"wb/store"
 )
 
 // Defaults of the work caps in Config.
@@ -14,6 +18,11 @@ const (
 	// DefaultMaxAsyncRuns is how many runs with wait=false one project may have queued or
 	// running at once on one gateway (they run in its goroutines).
 	DefaultMaxAsyncRuns = 256
+	// DefaultMaxConcurrentFileCalls is how many file calls (read, list, write, delete of a
+	// session's or a desktop's files) and desktop screenshots one project may have in
+	// progress at once on one gateway: each holds the gateway's memory (a screenshot up to
+	// ~9 MiB) and a connection to the node for as long as the guest takes, up to its bound.
+	DefaultMaxConcurrentFileCalls = 32
 	// DefaultMaxStoredOutputBytes is the budget of one project's stored output: runs' and the
 	// answers kept for Idempotency-Key replays (store/kept.go).
 	DefaultMaxStoredOutputBytes = 1 << 30
@@ -34,6 +43,11 @@ func newProjectSlots(what, code string) *projectSlots {
 	return &projectSlots{what: what, code: code, n: map[string]int{}}
 }
 
+// newFileCallSlots counts file calls and screenshots (Server.fileCall).
+func newFileCallSlots() *projectSlots {
+	return newProjectSlots("file or screen call", "too_many_file_calls")
+}
+
 // acquire takes a slot of project, or answers a 429 when it already holds max. The caller
 // calls release exactly once after a nil error.
 func (ps *projectSlots) acquire(project string, max int) error {
@@ -45,6 +59,18 @@ func (ps *projectSlots) acquire(project string, max int) error {
 	}
 	ps.n[project]++
 	return nil
+}
+
+// fileCall serves h as one of the project's file calls (fileCalls, MaxConcurrentFileCalls):
+// past the cap it answers a 429.
+func (s *Server) fileCall(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
+		if err := s.fileCalls.acquire(p.ID, cmp.Or(s.MaxConcurrentFileCalls, DefaultMaxConcurrentFileCalls)); err != nil {
+			return err
+		}
+		defer s.fileCalls.release(p.ID)
+		return h(w, r, p)
+	}
 }
 
 func (ps *projectSlots) release(project string) {

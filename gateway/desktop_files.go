@@ -20,9 +20,10 @@ import (
 // desktopUseRoutes mounts the routes that use a desktop's guest: its files and its MCP
 // endpoint (desktop_mcp.go).
 func (s *Server) desktopUseRoutes(api func(pattern string, h handler)) {
-	api("GET /v1/desktops/{id}/files", s.desktopFiles(s.getFile, ""))
-	api("PUT /v1/desktops/{id}/files", s.desktopFiles(s.putFile, desktop.File))
-	api("DELETE /v1/desktops/{id}/files", s.desktopFiles(s.deleteFile, desktop.File))
+	// Capped before a wake: a call past the cap wakes nothing.
+	api("GET /v1/desktops/{id}/files", s.fileCall(s.desktopFiles(s.getFile, "")))
+	api("PUT /v1/desktops/{id}/files", s.fileCall(s.desktopFiles(s.putFile, desktop.File)))
+	api("DELETE /v1/desktops/{id}/files", s.fileCall(s.desktopFiles(s.deleteFile, desktop.File)))
 	mcpEndpoint := newDesktopMCP(s)
 	api("POST /v1/desktops/{id}/mcp", mcpEndpoint.serve)
 	api("GET /v1/desktops/{id}/mcp", mcpEndpoint.serve) // 405: no standalone stream

@@ -142,3 +142,64 @@ func TestFileCallBoundIsTheGuests(t *testing.T) {
 		t.Fatalf("the file holds %q", r.body)
 	}
 }
+
+// TestFileCallsAreCapped: a project has at most Config.MaxConcurrentFileCalls file calls and
+// screenshots in progress on a gateway; past them a call answers 429 too_many_file_calls,
+// naming the limit, with a Retry-After, and once one ends the next is served. Before, a
+// tenant could start any number at once, each holding the gateway's memory and connections
+// (a screenshot up to ~9 MiB) for as long as its guest's agent held it.
+func TestFileCallsAreCapped(t *testing.T) {
+	a := newHostileAgent(t, 5*time.Minute)
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrentFileCalls = 2
+		c.FileTimeout = 5 * time.Minute
+		c.Guests = deafAgentGuests{Guests: c.Guests, sock: a.sock}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	send := func(ctx context.Context, method, path string) (int, http.Header, string, error) {
+		req, _ := http.NewRequestWithContext(ctx, method, e.url+path, nil)
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, nil, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b), nil
+	}
+	held := make(chan int, 2)
+	for range 2 {
+		go func() {
+			status, _, _, _ := send(context.Background(), "GET", "/v1/sessions/"+s.ID+"/files?path=a.txt")
+			held <- status
+		}()
+	}
+	for deadline := time.Now().Add(time.Minute); a.calls.Load() < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent took %d calls, want 2", a.calls.Load())
+		}
+	}
+	for _, path := range []string{
+		"/v1/sessions/" + s.ID + "/files?path=b.txt",
+		"/v1/sessions/" + s.ID + "/files?path=.&list=1",
+		"/v1/desktops/" + d.ID + "/files?path=b.txt",
+		"/v1/desktops/" + d.ID + "/screen",
+	} {
+		// Uncapped, the call would wait on the agent: the caller gives up well before it answers.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		status, hdr, body, err := send(ctx, "GET", path)
+		cancel()
+		if err != nil || status != 429 || !strings.Contains(body, `"too_many_file_calls"`) || !strings.Contains(body, "2 file or screen calls") || hdr.Get("Retry-After") == "" {
+			t.Errorf("GET %s with 2 file calls in progress: %d %v %s (Retry-After %q); want a 429 too_many_file_calls naming the limit of 2, with a Retry-After",
+				path, status, err, body, hdr.Get("Retry-After"))
+		}
+	}
+	close(a.release)
+	for range 2 {
+		if status := <-held; status != 404 {
+			t.Errorf("a held call answered %d once its agent did, want its 404", status)
+		}
+	}
+	e.mustDo("GET", "/v1/sessions/"+s.ID+"/files?path=b.txt", e.key, nil, 404, nil)
+}

@@ -77,6 +77,10 @@ type Config struct {
 	// running async runs on this gateway (0: DefaultMaxConcurrentExecs, DefaultMaxAsyncRuns).
 	MaxConcurrentExecs int
 	MaxAsyncRuns       int
+	// MaxConcurrentFileCalls caps a project's file calls (read, list, write, delete of a
+	// session's or a desktop's files) and desktop screenshots in progress on this gateway
+	// (0: DefaultMaxConcurrentFileCalls).
+	MaxConcurrentFileCalls int
 	// MaxStoredOutputBytes bounds a project's stored output in Redis: its runs' (kept 7 days,
 	// each up to 2×MaxOutputBytes) and its answers kept for Idempotency-Key replays (24 h,
 	// each up to MaxReplayBytes). Past it the oldest outputs are dropped: such a run then
@@ -126,8 +130,8 @@ type Server struct {
 	bg     sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
-	// execs and asyncRuns count work in progress per project, for the caps above.
-	execs, asyncRuns *projectSlots
+	// execs, asyncRuns and fileCalls count work in progress per project, for the caps above.
+	execs, asyncRuns, fileCalls *projectSlots
 	// releases and abandons count what refused creates left being cleaned up in the
 	// background (releaseLater, abandonLater): one budget each, so that either kind, piling
 	// up in a long outage, leaves the other its own.
@@ -187,7 +191,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,
-		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs")}
+		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs"),
+		fileCalls: newFileCallSlots()}
 	s.auth = authCache{m: map[string]authEntry{}}
 	s.idleKick = make(chan struct{}, 1)
 	s.ptyInputWait = defaultPTYInputWait
@@ -288,9 +293,9 @@ func (s *Server) routes() {
 func (s *Server) dataRoutes(handle func(pattern string, h handler)) {
 	handle("POST /v1/sessions/{id}/exec", s.idempotent(s.exec))
 	handle("GET /v1/sessions/{id}/pty", s.pty)
-	handle("GET /v1/sessions/{id}/files", s.getFile)
-	handle("PUT /v1/sessions/{id}/files", s.putFile)
-	handle("DELETE /v1/sessions/{id}/files", s.deleteFile)
+	handle("GET /v1/sessions/{id}/files", s.fileCall(s.getFile))
+	handle("PUT /v1/sessions/{id}/files", s.fileCall(s.putFile))
+	handle("DELETE /v1/sessions/{id}/files", s.fileCall(s.deleteFile))
 }
 
 // authed authenticates the bearer key (step 1 of admission) and calls h with its project.
