@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"wb/internal/fakenode"
 	"wb/session"
 )
@@ -202,4 +204,55 @@ func TestFileCallsAreCapped(t *testing.T) {
 		}
 	}
 	e.mustDo("GET", "/v1/sessions/"+s.ID+"/files?path=b.txt", e.key, nil, 404, nil)
+}
+
+// TestDesktopMCPFileToolsAreCapped: the desktop MCP's file tools and screenshot count among
+// the project's file calls (Config.MaxConcurrentFileCalls): past the cap a call is a tool
+// error naming the limit. Before, they were not counted, each holding as much of the
+// gateway as a files route (read_file up to 8 MiB, screenshot ~9 MiB).
+func TestDesktopMCPFileToolsAreCapped(t *testing.T) {
+	a := newHostileAgent(t, 5*time.Minute)
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrentFileCalls = 1
+		c.FileTimeout = 5 * time.Minute
+		c.DesktopFileTimeout = 5 * time.Minute
+		c.Guests = deafAgentGuests{Guests: c.Guests, sock: a.sock}
+	})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	held := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", e.url+"/v1/desktops/"+d.ID+"/files?path=a.txt", nil)
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			held <- 0
+			return
+		}
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	for deadline := time.Now().Add(time.Minute); a.calls.Load() < 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent took no call")
+		}
+	}
+	cs := e.mcpSession(d)
+	for name, args := range map[string]map[string]any{
+		"read_file":  {"path": "a.txt"},
+		"write_file": {"path": "a.txt", "content": "hello"},
+		"list_files": {"path": "."},
+		"screenshot": {},
+	} {
+		// Uncapped, the call would wait on the agent: the client gives up well before it answers.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		cancel()
+		if err != nil || !res.IsError || !strings.Contains(textOf(res), "1 file or screen calls in progress") {
+			t.Errorf("%s with a file call in progress and a cap of 1: %v, %+v; want a tool error naming the limit", name, err, res)
+		}
+	}
+	close(a.release)
+	if status := <-held; status != 404 {
+		t.Errorf("the held call answered %d once its agent did, want its 404", status)
+	}
 }
