@@ -125,13 +125,17 @@ func (c *agentClock) stop() {
 // failed answers the error of the call that failed with err: its 504 when its bound ended it,
 // else the agent's (agentError).
 func (c *agentClock) failed(ctx context.Context, s *Server, err error) error {
-	c.mu.Lock()
-	late := c.late
-	c.mu.Unlock()
-	if late != nil {
+	if late := c.lateError(); late != nil {
 		return late
 	}
 	return s.agentError(ctx, err)
+}
+
+// lateError is the call's 504 if its bound ended it, else nil.
+func (c *agentClock) lateError() *apiError {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.late
 }
 
 // clockedAnswer is a read's answer from the agent: the time in its Read is the agent's.
@@ -241,8 +245,13 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project
 	clock.toCaller(0)
 	w.Header().Set("Content-Type", "application/octet-stream")
 	if _, err := io.Copy(w, clockedAnswer{Reader: rc, c: clock}); err != nil {
-		// The answer has begun: the caller learns of the failure by its end alone.
-		s.log.WarnContext(r.Context(), "files: a read broke off", "err", clock.failed(r.Context(), s, err))
+		if late := clock.lateError(); late != nil {
+			err = late
+		}
+		s.log.WarnContext(r.Context(), "files: a read broke off", "session", r.PathValue("id"), "err", err)
+		// The answer's 200 is out: it ends broken (net/http's abort, not a crash), so that the
+		// caller does not take the bytes it got for the whole file.
+		panic(http.ErrAbortHandler)
 	}
 	return nil
 }

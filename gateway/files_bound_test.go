@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -254,5 +255,45 @@ func TestDesktopMCPFileToolsAreCapped(t *testing.T) {
 	close(a.release)
 	if status := <-held; status != 404 {
 		t.Errorf("the held call answered %d once its agent did, want its 404", status)
+	}
+}
+
+// TestFileReadBrokenOffIsNoWholeFile: a read whose guest's agent sends part of the file and
+// then nothing, past the call's bound, ends its answer broken, so that the caller does not
+// take the part for the whole file. Before, the answer ended as a complete 200 of the part.
+func TestFileReadBrokenOffIsNoWholeFile(t *testing.T) {
+	// More than the gateway's answer buffers: its 200 goes out with the part.
+	part := bytes.Repeat([]byte("x"), 64<<10)
+	sock := filepath.Join(t.TempDir(), "partial.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(part)
+		http.NewResponseController(w).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(time.Minute):
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	e := newEnv(t, func(c *Config) {
+		c.FileTimeout = time.Second
+		c.Guests = deafAgentGuests{Guests: c.Guests, sock: sock}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	req, _ := http.NewRequest("GET", e.url+"/v1/sessions/"+s.ID+"/files?path=a.txt", nil)
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatalf("a read whose agent stalled after %d bytes answered %d with %d bytes, whole; want the answer broken off", len(part), resp.StatusCode, len(b))
 	}
 }
