@@ -2189,6 +2189,56 @@ export interface components {
                 };
             };
         };
+        /** @description The guest did not answer in time (guest_timeout; the message says within how long): try again. */
+        GuestTimeout: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "api_error";
+                        /** @enum {unknown} */
+                        code?: "guest_timeout";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
+        /** @description The project already has as many file calls and screenshots in progress as it may have at once on this gateway (too_many_file_calls, 32 by default): retry after Retry-After. */
+        TooManyFileCalls: {
+            headers: {
+                "Retry-After": components["headers"]["Retry-After"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "rate_limited";
+                        /** @enum {unknown} */
+                        code?: "too_many_file_calls";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
+        /** @description Waking the desktop is over the project's create rate (rate_limited) or its concurrent sessions (concurrency_limit), or the project already has as many file calls and screenshots in progress as it may have at once on this gateway (too_many_file_calls, 32 by default): retry after Retry-After. */
+        TooManyDesktopFileCalls: {
+            headers: {
+                "Retry-After": components["headers"]["Retry-After"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "rate_limited";
+                        /** @enum {unknown} */
+                        code?: "rate_limited" | "concurrency_limit" | "too_many_file_calls";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
     };
     parameters: {
         /** @description The same key and body within 24 h answers the first result (429 and 5xx answers are not kept); another body with the same key answers 409. */
@@ -2872,6 +2922,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyFileCalls"];
             500: components["responses"]["InternalError"];
             /** @description The node could not reach the guest, or its agent failed. */
             502: {
@@ -2890,6 +2941,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["NoNode"];
+            504: components["responses"]["GuestTimeout"];
         };
     };
     writeSessionFile: {
@@ -2939,6 +2991,7 @@ export interface operations {
                     };
                 };
             };
+            429: components["responses"]["TooManyFileCalls"];
             500: components["responses"]["InternalError"];
             /** @description The node could not reach the guest, or its agent failed (e.g. no space left). */
             502: {
@@ -2957,6 +3010,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["NoNode"];
+            504: components["responses"]["GuestTimeout"];
         };
     };
     deleteSessionFile: {
@@ -2985,6 +3039,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyFileCalls"];
             500: components["responses"]["InternalError"];
             /** @description The node could not reach the guest, or its agent failed. */
             502: {
@@ -3003,6 +3058,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["NoNode"];
+            504: components["responses"]["GuestTimeout"];
         };
     };
     openSessionPty: {
@@ -4267,6 +4323,7 @@ export interface operations {
             403: components["responses"]["PolicyViolation"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            429: components["responses"]["TooManyFileCalls"];
             500: components["responses"]["InternalError"];
             /** @description The desktop's display could not be read (screen_unavailable), or the node could not run the command (exec_failed). */
             502: {
@@ -4285,6 +4342,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["NoNode"];
+            504: components["responses"]["GuestTimeout"];
         };
     };
     heartbeatDesktop: {
@@ -4352,6 +4410,7 @@ export interface operations {
             401: components["responses"]["Unauthenticated"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["DesktopConflict"];
+            429: components["responses"]["TooManyFileCalls"];
             500: components["responses"]["InternalError"];
             /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
             502: {
@@ -4370,7 +4429,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["NoNode"];
-            /** @description The desktop did not run in time after the wake (wake_timeout): try again. */
+            /** @description The desktop did not run in time after the wake (wake_timeout), or its guest did not answer in time (guest_timeout): try again. */
             504: {
                 headers: {
                     [name: string]: unknown;
@@ -4381,7 +4440,7 @@ export interface operations {
                             /** @enum {unknown} */
                             type?: "api_error";
                             /** @enum {unknown} */
-                            code?: "wake_timeout";
+                            code?: "wake_timeout" | "guest_timeout";
                         } & components["schemas"]["ErrorDetail"];
                     };
                 };
@@ -4436,7 +4495,7 @@ export interface operations {
                     };
                 };
             };
-            429: components["responses"]["TooManyRequests"];
+            429: components["responses"]["TooManyDesktopFileCalls"];
             500: components["responses"]["InternalError"];
             /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
             502: {
@@ -4455,7 +4514,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["NoNode"];
-            /** @description The desktop did not run in time after the wake (wake_timeout): try again. */
+            /** @description The desktop did not run in time after the wake (wake_timeout), or its guest did not answer in time (guest_timeout): try again. */
             504: {
                 headers: {
                     [name: string]: unknown;
@@ -4466,7 +4525,7 @@ export interface operations {
                             /** @enum {unknown} */
                             type?: "api_error";
                             /** @enum {unknown} */
-                            code?: "wake_timeout";
+                            code?: "wake_timeout" | "guest_timeout";
                         } & components["schemas"]["ErrorDetail"];
                     };
                 };
@@ -4500,7 +4559,7 @@ export interface operations {
             402: components["responses"]["SpendCapReached"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["DesktopConflict"];
-            429: components["responses"]["TooManyRequests"];
+            429: components["responses"]["TooManyDesktopFileCalls"];
             500: components["responses"]["InternalError"];
             /** @description The desktop is failed (desktop_failed: the message says why; start it again), or the node could not reach its guest, or its agent failed (node_error). */
             502: {
@@ -4519,7 +4578,7 @@ export interface operations {
                 };
             };
             503: components["responses"]["NoNode"];
-            /** @description The desktop did not run in time after the wake (wake_timeout): try again. */
+            /** @description The desktop did not run in time after the wake (wake_timeout), or its guest did not answer in time (guest_timeout): try again. */
             504: {
                 headers: {
                     [name: string]: unknown;
@@ -4530,7 +4589,7 @@ export interface operations {
                             /** @enum {unknown} */
                             type?: "api_error";
                             /** @enum {unknown} */
-                            code?: "wake_timeout";
+                            code?: "wake_timeout" | "guest_timeout";
                         } & components["schemas"]["ErrorDetail"];
                     };
                 };
