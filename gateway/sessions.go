@@ -210,8 +210,8 @@ func (s *Server) admissionRefusal(p store.Project, err error) error {
 	return err
 }
 
-// spendCapReached is the 402 of a hard spend cap that stops admissions (and resumes) in scope
-// ("project" or "end_user").
+// spendCapReached is the 402 of a spend cap that stops admissions (and resumes) in scope
+// ("project" or "end_user"): the hard cap, or the soft one whose spend decision denied them.
 func spendCapReached(scope string) error {
 	return &apiError{Status: 402, Type: "spend_cap_reached", Code: "spend_cap_reached",
 		Message: fmt.Sprintf("the %s's monthly spend cap is reached; raise it with PUT /v1/limits", strings.ReplaceAll(scope, "_", " "))}

@@ -39,20 +39,25 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 // cap, reading the spend and deleting the flags in one step, as uncapEndUsersScript does for
 // the end users (and for the same reason): the hard flag, its lifted mark and the cap's held
 // and undecided stops when the spend is under the hard cap, the soft flag too when it is
-// under the soft one. It answers 1 if it lifted the hard cap's.
+// under the soft one. A hard flag that a soft cap's decision set (softStopPrefix) goes with
+// the soft flag: the cap's soft level still crossed, the decision to refuse admissions
+// stands (and the soft cap is not crossed again, to be decided again). It answers 1 if it
+// lifted the hard cap's.
 //
 // KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash, undecided stops hash.
 // ARGV: month, hard threshold nano (empty for no cap), soft threshold nano, the held and
 // undecided stops' fields, the soft cap's undecided stop's field.
-var uncapScript = redis.NewScript(decimalGELua + `
+var uncapScript = redis.NewScript(decimalGELua + softStopLua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 local spend = redis.call('HGET', KEYS[1], 'm:' .. month) or '0'
 if string.sub(spend, 1, 1) == '-' then spend = '0' end
 if hard ~= '' and ge(spend, hard) then return 0 end
-redis.call('DEL', KEYS[2], KEYS[4])
+local under_soft = hard == '' or not ge(spend, soft)
+if under_soft or not soft_stop(redis.call('GET', KEYS[2])) then redis.call('DEL', KEYS[2]) end
+redis.call('DEL', KEYS[4])
 redis.call('HDEL', KEYS[5], ARGV[4])
 redis.call('HDEL', KEYS[6], ARGV[5])
-if hard == '' or not ge(spend, soft) then
+if under_soft then
   redis.call('DEL', KEYS[3])
   redis.call('HDEL', KEYS[6], ARGV[6])
 end
@@ -104,6 +109,31 @@ redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
 redis.call('DEL', KEYS[1])
 return 1
 `)
+
+// stopAdmissionsScript refuses admissions in a crossed soft cap's scope, setting the hard
+// cap's flag (which admissions read) to softStopPrefix and the spend, if the soft cap is
+// still crossed (its flag there: a cap raised meanwhile deleted it) and the hard cap's is
+// not set nor lifted (the hard cap crossed meanwhile: its decision is the later word).
+//
+// KEYS: the soft flag, the hard flag, the hard cap's lifted mark. ARGV: the flag's value, TTL s.
+var stopAdmissionsScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return 1
+`)
+
+// stopAdmissions refuses new admissions in the scope of ev's crossed soft cap (402), for a
+// decision that denies them at the soft level, as the hard cap's flag does, until a raise
+// takes the spend under the cap's soft level (Uncap, UncapEndUsers) or the month ends.
+func (a *Accounts) stopAdmissions(ctx context.Context, ev CapEvent) error {
+	keys := []string{capFlag(ev.Project, ev.EndUser, "soft", ev.Month), capFlag(ev.Project, ev.EndUser, "hard", ev.Month),
+		capLifted(ev.Project, ev.EndUser, ev.Month)}
+	v := softStopPrefix + strconv.FormatInt(ev.SpendMicroUSD, 10)
+	if err := stopAdmissionsScript.Run(ctx, a.rdb, keys, v, int64(capFlagTTL/time.Second)).Err(); err != nil {
+		return fmt.Errorf("stop admissions past the soft spend cap of %s: %w", ev.Project, err)
+	}
+	return nil
+}
 
 // liftStop deletes the admission stop a crossed hard cap set (a spend decision that does not
 // deny admissions), leaving its lifted mark in its place: the cap stays crossed this month,
@@ -192,11 +222,12 @@ func (a *Accounts) UncapEndUsers(ctx context.Context, project string, capMicroUS
 // the raised cap, reading each spend and deleting its flags in one step: a record settled
 // between the two could take an end user past the cap while its flag, still set, kept Caps
 // from flagging it again, and the flag deleted after would admit an end user over the cap.
+// A hard flag that a soft cap's decision set goes with the soft flag, as in uncapScript.
 // Spends are compared as decimal strings: nano-USD may pass 2^53, where Lua's numbers end.
 //
 // KEYS: spend hash, capped end users set, held stops hash, undecided stops hash, then each end
 // user's hard and soft flags and hard cap's lifted mark. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
-var uncapEndUsersScript = redis.NewScript(decimalGELua + `
+var uncapEndUsersScript = redis.NewScript(decimalGELua + softStopLua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 for i = 4, #ARGV do
   local eu = ARGV[i]
@@ -204,10 +235,12 @@ for i = 4, #ARGV do
   if string.sub(spend, 1, 1) == '-' then spend = '0' end
   local j = 5 + (i - 4) * 3
   if hard == '' or not ge(spend, hard) then
-    redis.call('DEL', KEYS[j], KEYS[j + 2])
+    local under_soft = hard == '' or not ge(spend, soft)
+    if under_soft or not soft_stop(redis.call('GET', KEYS[j])) then redis.call('DEL', KEYS[j]) end
+    redis.call('DEL', KEYS[j + 2])
     redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu)
     redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':undecided')
-    if hard == '' or not ge(spend, soft) then
+    if under_soft then
       redis.call('DEL', KEYS[j + 1])
       redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':soft:undecided')
       redis.call('SREM', KEYS[2], eu)

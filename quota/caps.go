@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,13 +26,32 @@ type Limits struct {
 // SoftCapPercent is where a cap warns before it stops anything.
 const SoftCapPercent = 80
 
-// capFlag marks a cap reached this month; admissions in its scope answer 402 while it is set.
+// capFlag marks a cap reached this month; admissions in its scope answer 402 while the hard
+// one is set (by the hard cap, or by a soft cap's decision: softStopPrefix).
 func capFlag(p, endUser, level, month string) string {
 	if endUser == "" {
 		return store.ProjectKeys(p).CapFlag(level, month)
 	}
 	return store.ProjectKeys(p).EndUserCapFlag(endUser, level, month)
 }
+
+// softStopPrefix starts the value of a hard cap's flag set by a soft cap's decision that
+// denied admissions (Accounts.stopAdmissions), then the spend in micro-USD: admissions read
+// the flag's presence alone, and refuse creates in its scope with 402 as they do past the
+// hard cap; Caps still flags the hard cap when it is crossed, and a raise lifts it only with
+// the soft cap's flag (the uncap scripts).
+const softStopPrefix = "soft:"
+
+// softStopLua defines soft_stop(v), isSoftStop for the scripts: v a flag's GET (false when
+// the flag is not there).
+const softStopLua = `
+local function soft_stop(v)
+  return v and string.sub(v, 1, #'` + softStopPrefix + `') == '` + softStopPrefix + `'
+end
+`
+
+// isSoftStop answers whether a hard cap's flag of value v was set by a soft cap's decision.
+func isSoftStop(v string) bool { return strings.HasPrefix(v, softStopPrefix) }
 
 // capLifted marks a hard cap crossed this month whose flag a spend decision deleted, to let
 // admissions go on (Accounts.liftStop): Caps sets the flag again only when neither is set.
@@ -198,13 +218,17 @@ const capFlagTTL = 40 * 24 * time.Hour
 // hear of and may act on).
 //
 // A hard cap's lifted mark (capLifted) counts as its flag: the cap was crossed, and the
-// decision let admissions go on.
+// decision let admissions go on. A hard flag that a soft cap's decision set to refuse
+// admissions (softStopPrefix) does not: the hard cap is crossed for the first time, and
+// decided (its quota.exceeded, its stop), the flag then holding its spend.
 //
 // KEYS: the flag, its lifted mark (the flag again for a soft cap), the project's undecided
 // stops, the capped end users set (end users only). ARGV: the flag's value, TTL s, end user,
 // undecided stop's field (empty for none), undecided stop.
-var flagScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1], KEYS[2]) > 0 then return 0 end
+var flagScript = redis.NewScript(softStopLua + `
+if KEYS[2] ~= KEYS[1] and redis.call('EXISTS', KEYS[2]) > 0 then return 0 end
+local v = redis.call('GET', KEYS[1])
+if v and not soft_stop(v) then return 0 end
 if KEYS[4] then
   redis.call('SADD', KEYS[4], ARGV[3])
   redis.call('EXPIRE', KEYS[4], ARGV[2])
@@ -236,8 +260,14 @@ func (c *Caps) flag(ctx context.Context, ev CapEvent, level string) (first bool,
 	field := ""
 	if c.onCap != nil {
 		// Past the cap, every record settled comes here: one command while the flag is set.
-		if n, err := c.rdb.Exists(ctx, key, lifted).Result(); err != nil || n > 0 {
+		vs, err := c.rdb.MGet(ctx, key, lifted).Result()
+		if err != nil {
 			return false, "", err
+		}
+		for _, v := range vs {
+			if s, ok := v.(string); ok && !isSoftStop(s) {
+				return false, "", nil
+			}
 		}
 		ev.Level = level
 		b, err := json.Marshal(heldStop{CapEvent: ev, CrossedAt: time.Now(), Undecided: true})

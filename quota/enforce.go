@@ -32,10 +32,12 @@ type SpendDecision struct {
 
 // Enforcer acts on crossed caps: it asks the spend decision point, stops the sessions in
 // scope (stopping → stopped, reason spend_cap, driver metering), fires quota.exceeded once,
-// and leaves the admission stop in place unless the decision lifts it.
+// and leaves the admission stop in place unless the decision lifts it; at the soft level it
+// sets one when the decision denies admissions.
 type Enforcer struct {
 	Store *store.Store
-	// Accounts lifts the admission stop when the decision lets admissions go on.
+	// Accounts lifts the admission stop when the decision lets admissions go on (or sets it,
+	// at the soft level, when the decision denies them).
 	Accounts *Accounts
 	Stopper  Stopper
 	// Decide is the spend decision point (Rego and plugins); nil means the default: a hard cap
@@ -121,6 +123,15 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *
 			log.Error("spend decision lets admissions go on, but the enforcer has no Accounts to lift the stop with", "project", ev.Project)
 		} else if err := e.Accounts.liftStop(ctx, ev); err != nil {
 			log.Error("spend decision: lift the admission stop", "project", ev.Project, "end_user", ev.EndUser, "err", err)
+		}
+	}
+	if ev.Level == "soft" && d.DenyAdmission {
+		// A deny at the soft level (a plugin's, or a failure of one not fail-open) refuses
+		// new sessions in the figure's scope as the hard cap does, by the same flag.
+		if e.Accounts == nil {
+			log.Error("spend decision denies admissions at the soft cap, but the enforcer has no Accounts to stop them with", "project", ev.Project)
+		} else if err := e.Accounts.stopAdmissions(ctx, ev); err != nil {
+			log.Error("spend decision: stop admissions at the soft cap", "project", ev.Project, "end_user", ev.EndUser, "err", err)
 		}
 	}
 	if ev.Level == "hard" {

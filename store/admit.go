@@ -41,7 +41,8 @@ type RateLimitError struct{ Wait time.Duration }
 
 func (e *RateLimitError) Error() string { return fmt.Sprintf("rate limited; retry after %s", e.Wait) }
 
-// SpendCapError: a hard spend cap stops admissions in Scope ("project" or "end_user").
+// SpendCapError: a spend cap stops admissions in Scope ("project" or "end_user"): the hard
+// cap, or the soft one whose spend decision denied them.
 type SpendCapError struct{ Scope string }
 
 func (e *SpendCapError) Error() string { return "the " + e.Scope + "'s monthly spend cap is reached" }

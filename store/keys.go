@@ -367,7 +367,9 @@ func (k ProjectKeyspace) Limits() string { return k.p + "limits" }
 
 // CapFlag is a string, the spend in micro-USD when the project's cap of level (soft | hard)
 // was crossed in month (YYYYMM), with a 40-day TTL; while the hard one exists, admissions
-// answer 402 (store's Admit reads them in its script). Written by quota.Caps; deleted by
+// answer 402 (store's Admit reads them in its script). Written by quota.Caps; the hard one
+// also by quota.Accounts for a soft cap's decision that denies admissions, its value then
+// "soft:" and the spend (quota.Caps still flags the hard cap over it). Deleted by
 // quota.Accounts (a raised cap) and quota.Enforcer (a decision that lifts the stop).
 func (k ProjectKeyspace) CapFlag(level, month string) string {
 	return k.p + "capped:" + level + ":" + month

@@ -1,0 +1,132 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"wb/internal/redistest"
+	"wb/session"
+	"wb/store"
+)
+
+// denyAtSoft is a spend decision point whose plugin denies at the soft level (or fails and is
+// not fail-open): decide.Spend's answer then, a stop and a refusal of admissions in scope.
+func denyAtSoft(_ context.Context, ev CapEvent) (SpendDecision, error) {
+	if ev.Level == "soft" {
+		return SpendDecision{Stop: true, DenyAdmission: true, Warnings: []string{"plugin budget denied"}}, nil
+	}
+	return SpendDecision{Stop: true, DenyAdmission: true}, nil
+}
+
+// admitIn creates a pending session of project (of end user eu, when not empty) through the
+// admission, checking this month's cap flags, and answers its error.
+func admitIn(t *testing.T, st *store.Store, project, eu string) error {
+	t.Helper()
+	now := time.Now()
+	sess := &session.Session{ID: session.NewID("sess_", now), Tier: 2, State: session.Pending, ProjectID: project,
+		Template: "tpl_base", Region: "local", CreatedAt: *session.At(now), IdleTimeoutS: 300, MaxLifetimeS: 3600}
+	if eu != "" {
+		sess.EndUserID = &eu
+	}
+	_, err := st.Admit(context.Background(), sess, store.Admission{CapMonth: CapMonth(now), Concurrency: 100})
+	return err
+}
+
+// A soft cap whose decision denies (a plugin's deny, or a failure of one not fail-open)
+// refuses new admissions in its scope with 402, as a hard cap does, until the cap is raised
+// past the spend's soft level: it stopped the running sessions and went on admitting new
+// ones. The hard cap crossed after it is still decided (its quota.exceeded sent).
+func TestSoftCapDenyRefusesAdmissions(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}, Decide: denyAtSoft}
+	settle := func(s *Settler, project string) {
+		t.Helper()
+		for n, err := s.SettleProject(ctx, project); n > 0 || err != nil; n, err = s.SettleProject(ctx, project) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, c := range []struct{ name, project, endUser, scope string }{
+		{"project", "proj_softdeny", "", "project"},
+		{"end user", "proj_softdeny_eu", "eu_1", "end_user"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p, eu := c.project, c.endUser
+			limits := Limits{MonthlySpendCapMicroUSD: 100}
+			if eu != "" {
+				limits = Limits{EndUserMonthlySpendCapMicroUSD: 100}
+			}
+			if err := accounts.SetLimits(ctx, p, limits); err != nil {
+				t.Fatal(err)
+			}
+			var euID *string
+			if eu != "" {
+				euID = &eu
+			}
+			live := newSession(t, st, p, euID, up...)
+			s := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, e.OnCap, nil), Enforcer: e})
+			rs := recordsNow(p, "sess_a", 3) // 84 µUSD: past the soft cap of 80, under the hard one
+			for i := range rs {
+				rs[i].EndUserID = eu
+			}
+			appendAll(t, rdb, rs)
+			settle(s, p)
+			if got, err := st.Get(ctx, p, live); err != nil || got.State != session.Stopping {
+				t.Fatalf("the session live at the soft crossing is %v (%v), want stopping (the decision denied)", got.State, err)
+			}
+			var se *store.SpendCapError
+			if err := admitIn(t, st, p, eu); !errors.As(err, &se) || se.Scope != c.scope {
+				t.Fatalf("a create in scope after a soft cap's deny: %v, want a spend cap refusal (402) of the %s", err, c.scope)
+			}
+			if eu != "" {
+				if err := admitIn(t, st, p, "eu_other"); err != nil {
+					t.Fatalf("another end user's create after eu_1's soft cap's deny: %v, want admitted", err)
+				}
+			}
+			// PUT /v1/limits leaving the caps as they are does not lift it.
+			uncap := func(capMicroUSD int64) {
+				t.Helper()
+				l := Limits{MonthlySpendCapMicroUSD: capMicroUSD}
+				if eu != "" {
+					l = Limits{EndUserMonthlySpendCapMicroUSD: capMicroUSD}
+				}
+				if err := accounts.SetLimits(ctx, p, l); err != nil {
+					t.Fatal(err)
+				}
+				if err := accounts.Uncap(ctx, p, l.MonthlySpendCapMicroUSD, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+				if err := accounts.UncapEndUsers(ctx, p, l.EndUserMonthlySpendCapMicroUSD, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			uncap(100)
+			if err := admitIn(t, st, p, eu); !errors.As(err, &se) {
+				t.Fatalf("a create in scope after the caps were written again unchanged: %v, want a spend cap refusal", err)
+			}
+			// The hard cap crossed meanwhile (records settling late) is decided as ever.
+			rs = recordsNow(p, "sess_b", 2) // 140 µUSD
+			for i := range rs {
+				rs[i].EndUserID = eu
+			}
+			appendAll(t, rdb, rs)
+			settle(s, p)
+			if n := quotaEvents(t, st, p); n != 1 {
+				t.Fatalf("%d quota.exceeded events after the hard cap was crossed past the soft cap's deny, want 1", n)
+			}
+			// Raised above the spend, the cap admits again.
+			uncap(1000)
+			if err := admitIn(t, st, p, eu); err != nil {
+				t.Fatalf("a create in scope after the cap was raised above the spend: %v, want admitted", err)
+			}
+		})
+	}
+}
