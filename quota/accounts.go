@@ -38,15 +38,15 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 // uncapScript lifts the project's cap's flags this month if its spend is under the raised
 // cap, reading the spend and deleting the flags in one step, as uncapEndUsersScript does for
 // the end users (and for the same reason): the hard flag, its lifted mark and the cap's held
-// and undecided stops when the spend is under the hard cap, the soft flag too when it is
-// under the soft one. A hard flag that a soft cap's decision set (softStopPrefix) goes with
+// and undecided stops when the spend is under the hard cap, the soft flag and the soft cap's
+// held and undecided stops too when it is under the soft one. A hard flag that a soft cap's decision set (softStopPrefix) goes with
 // the soft flag: the cap's soft level still crossed, the decision to refuse admissions
 // stands (and the soft cap is not crossed again, to be decided again). It answers 1 if it
 // lifted the hard cap's.
 //
 // KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash, undecided stops hash.
 // ARGV: month, hard threshold nano (empty for no cap), soft threshold nano, the held and
-// undecided stops' fields, the soft cap's undecided stop's field.
+// undecided stops' fields, the soft cap's undecided and held stops' fields.
 var uncapScript = redis.NewScript(decimalGELua + softStopLua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 local spend = redis.call('HGET', KEYS[1], 'm:' .. month) or '0'
@@ -60,6 +60,7 @@ redis.call('HDEL', KEYS[6], ARGV[5])
 if under_soft then
   redis.call('DEL', KEYS[3])
   redis.call('HDEL', KEYS[6], ARGV[6])
+  redis.call('HDEL', KEYS[5], ARGV[7])
 end
 return 1
 `)
@@ -72,7 +73,8 @@ func (a *Accounts) Uncap(ctx context.Context, project string, capMicroUSD int64,
 	k, month := store.ProjectKeys(project), monthOf(now)
 	hard, soft := capThresholds(capMicroUSD)
 	if err := uncapScript.Run(ctx, a.rdb, []string{k.Spend(), capFlag(project, "", "hard", month), capFlag(project, "", "soft", month),
-		capLifted(project, "", month), k.CapStops(), k.CapUndecided()}, month, hard, soft, capStopID("", month), undecidedStopID("", month, "hard"), undecidedStopID("", month, "soft")).Err(); err != nil {
+		capLifted(project, "", month), k.CapStops(), k.CapUndecided()}, month, hard, soft, capStopID("", month), undecidedStopID("", month, "hard"), undecidedStopID("", month, "soft"),
+		heldStopID("", month, "soft")).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap of %s: %w", project, err)
 	}
 	return nil
@@ -243,6 +245,7 @@ for i = 4, #ARGV do
     if under_soft then
       redis.call('DEL', KEYS[j + 1])
       redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':soft:undecided')
+      redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu .. ':soft')
       redis.call('SREM', KEYS[2], eu)
     end
   end

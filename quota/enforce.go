@@ -189,12 +189,25 @@ func capEventID(ev CapEvent) string {
 	return session.DerivedID("evt_", ev.crossing, key)
 }
 
-// capStopID names the stop of the cap ev crossed among the project's held stops (CapStops).
+// capStopID names the stop of the hard cap ev crossed among the project's held stops
+// (CapStops), and starts the names of its other stops (heldStopID, undecidedStopID).
 func capStopID(endUser, month string) string {
 	if endUser == "" {
 		return month
 	}
 	return month + ":eu:" + endUser
+}
+
+// heldStopID names the held stop of the cap of level crossed among the project's held stops
+// (CapStops). A soft cap's is named apart (…:soft): under one name, a soft and a hard
+// decision of one scope and month replaced each other's stop, and the sessions only the
+// replaced one covered ran on. Binaries older than it carry a soft one on as any held stop
+// (they read the stop, not its name), and do not drop it on a raise.
+func heldStopID(endUser, month, level string) string {
+	if level == "soft" {
+		return capStopID(endUser, month) + ":soft"
+	}
+	return capStopID(endUser, month)
 }
 
 // undecidedStopID names the undecided stop of the cap of level crossed among the project's
@@ -235,7 +248,7 @@ const undecidedWait = 2 * capActTimeout
 func (e *Enforcer) holdStop(ctx context.Context, ev CapEvent, stop heldStop, log *slog.Logger) {
 	b, err := json.Marshal(stop)
 	if err == nil {
-		err = e.Store.HoldCapStop(ctx, ev.Project, capStopID(ev.EndUser, ev.Month), string(b), capFlagTTL)
+		err = e.Store.HoldCapStop(ctx, ev.Project, heldStopID(ev.EndUser, ev.Month, ev.Level), string(b), capFlagTTL)
 	}
 	if err != nil {
 		log.Error("spend cap: hold the stop for a later round; the sessions left live run on", "project", ev.Project, "end_user", ev.EndUser, "err", err)

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -128,5 +129,70 @@ func TestSoftCapDenyRefusesAdmissions(t *testing.T) {
 				t.Fatalf("a create in scope after the cap was raised above the spend: %v, want admitted", err)
 			}
 		})
+	}
+}
+
+// A soft cap's decision that stops the sessions holds its stop (left unfinished) apart from
+// the hard cap's of the same scope and month: both were held under one id, so the one decided
+// last replaced the other. Here the soft crossing, before the hard one, is decided after it
+// (a round deciding what a dead settler left), and its stop, over the sessions created by
+// the soft crossing, replaced the hard cap's: a session created between the two crossings ran
+// on past the hard cap.
+func TestSoftAndHardHeldStopsKeptApart(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	hook := &failScripts{}
+	rdb.AddHook(hook)
+	st := store.New(rdb)
+	const p = "proj_softhard"
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	month := monthOf(time.Now())
+	before := newSession(t, st, p, nil, up...)
+	softAt := time.Now()
+	time.Sleep(20 * time.Millisecond) // created after the soft crossing, whatever the clock's grain
+	between := newSession(t, st, p, nil, up...)
+	e := &Enforcer{Store: st, Accounts: NewAccounts(rdb), Stopper: &recordingStopper{}, Decide: denyAtSoft}
+	hook.on.Store(true) // every stop fails: both decisions hold theirs
+	e.OnCap(ctx, CapEvent{Project: p, Scope: "project", Level: "hard", SpendMicroUSD: 200, CapMicroUSD: 100, Month: month})
+	e.decide(ctx, CapEvent{Project: p, Scope: "project", Level: "soft", SpendMicroUSD: 85, CapMicroUSD: 100, Month: month, crossedAt: softAt},
+		time.Now(), slog.Default())
+	hook.on.Store(false)
+	if stops, err := st.CapStops(ctx, p); err != nil || len(stops) != 2 {
+		t.Errorf("held stops %v (%v) after a hard and a soft decision of one scope and month, want 2", stops, err)
+	}
+	// Another process's round carries the held stops on.
+	if err := (&Enforcer{Store: st, Stopper: &recordingStopper{}}).RetryStops(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for name, id := range map[string]string{"before the soft crossing": before, "between the crossings": between} {
+		if s, err := st.Get(ctx, p, id); err != nil || s.State != session.Stopping {
+			t.Errorf("the session created %s is %v (%v) after the round, want stopping (spend_cap)", name, s.State, err)
+		}
+	}
+
+	// A raised cap drops the soft cap's held stop, as the hard cap's, the project's and an
+	// end user's.
+	const q = "proj_softraised"
+	eu := "eu_1"
+	newSession(t, st, q, nil, up...)
+	newSession(t, st, q, &eu, up...)
+	hook.on.Store(true)
+	e.decide(ctx, CapEvent{Project: q, Scope: "project", Level: "soft", SpendMicroUSD: 85, CapMicroUSD: 100, Month: month}, time.Now(), slog.Default())
+	e.decide(ctx, CapEvent{Project: q, EndUser: eu, Scope: "end_user", Level: "soft", SpendMicroUSD: 85, CapMicroUSD: 100, Month: month}, time.Now(), slog.Default())
+	hook.on.Store(false)
+	if stops, err := st.CapStops(ctx, q); err != nil || len(stops) != 2 {
+		t.Fatalf("held stops %v (%v) after the project's and an end user's soft decisions, want 2", stops, err)
+	}
+	// The end user's cap is flagged (as Caps does), for the raise to find it.
+	NewCaps(rdb, nil, nil).check(ctx, CapEvent{Project: q, EndUser: eu, Scope: "end_user", SpendMicroUSD: 85, CapMicroUSD: 100, Month: month})
+	if err := e.Accounts.Uncap(ctx, q, 1000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Accounts.UncapEndUsers(ctx, q, 1000, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if stops, err := st.CapStops(ctx, q); err != nil || len(stops) != 0 {
+		t.Errorf("held stops %v (%v) after the caps were raised above the spend, want none", stops, err)
 	}
 }

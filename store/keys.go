@@ -393,10 +393,11 @@ func (k ProjectKeyspace) EndUserCapLifted(endUser, month string) string {
 }
 
 // CapStops is a hash of the stops ordered by a crossed spend cap that left sessions live (a
-// stop failed through every pass): field MONTH (the project's cap) or MONTH:eu:END_USER (an end
-// user's) → the stop's scope as JSON, with the cap flags' TTL. Written by store (HoldCapStop,
-// EndCapStop) for quota.Enforcer, which retries them until nothing in scope is live; deleted
-// by quota.Accounts with the cap's flags (a raised cap).
+// stop failed through every pass): field MONTH (the project's cap) or MONTH:eu:END_USER (an
+// end user's), with :soft after it for a soft cap's decision → the stop's scope as JSON, with
+// the cap flags' TTL. Written by store (HoldCapStop, EndCapStop) for quota.Enforcer, which
+// retries them until nothing in scope is live; deleted by quota.Accounts with the cap's
+// flags (a raised cap).
 func (k ProjectKeyspace) CapStops() string { return k.p + "capped:stops" }
 
 // CapUndecided is a hash of the caps' crossings not yet decided: field as CapStops' with
