@@ -220,7 +220,7 @@ export interface paths {
         put?: never;
         /**
          * Resume a paused session
-         * @description Only a paused session (409 otherwise), and not while a hard spend cap stops admissions in the session's scope (402).
+         * @description Only a paused session (409 otherwise), and not while a spend cap stops admissions in the session's scope (402): the cap reached, or a spend decision (a policy or plugin) that denied at 80% of it.
          */
         post: operations["resumeSession"];
         delete?: never;
@@ -1235,7 +1235,7 @@ export interface components {
             /** Format: int32 */
             concurrency: number;
         };
-        /** @description A project's spend caps and the plan limits in force (the operator's plan, lowered where the project chose to), with its spend this month (UTC) and the operator's plan. Crossing 80% of a cap adds a Warning to creates; reaching it answers 402 spend_cap_reached to creates in its scope. */
+        /** @description A project's spend caps and the plan limits in force (the operator's plan, lowered where the project chose to), with its spend this month (UTC) and the operator's plan. Crossing 80% of a cap adds a Warning to creates (and asks the project's spend policies and plugins, whose deny there stops the scope's sessions and answers 402 spend_cap_reached to its creates until the spend is under 80% of a raised cap or the month ends); reaching it answers 402 spend_cap_reached to creates in its scope. */
         Limits: {
             /** @constant */
             object: "limits";
