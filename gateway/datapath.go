@@ -32,6 +32,8 @@ type DataPathConfig struct {
 	MaxOutputBytes     int
 	MaxReplayBytes     int
 	MaxConcurrentExecs int
+	// ExecWriteStall as in Config (0: DefaultExecWriteStall).
+	ExecWriteStall time.Duration
 }
 
 // DataPath serves the routes the edge sends straight to a session's node: exec, PTY and
@@ -59,7 +61,8 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 		return nil, errors.New("gateway: the data path needs Store, Guests and NodeID")
 	}
 	c := Config{Store: cfg.Store, Guests: cfg.Guests, Logger: cfg.Logger, Now: cfg.Now, Metrics: NewMetrics(nil),
-		MaxOutputBytes: cfg.MaxOutputBytes, MaxReplayBytes: cfg.MaxReplayBytes, MaxConcurrentExecs: cfg.MaxConcurrentExecs}
+		MaxOutputBytes: cfg.MaxOutputBytes, MaxReplayBytes: cfg.MaxReplayBytes, MaxConcurrentExecs: cfg.MaxConcurrentExecs,
+		ExecWriteStall: cfg.ExecWriteStall}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -74,6 +77,9 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 	}
 	if c.MaxConcurrentExecs <= 0 {
 		c.MaxConcurrentExecs = DefaultMaxConcurrentExecs
+	}
+	if c.ExecWriteStall <= 0 {
+		c.ExecWriteStall = DefaultExecWriteStall
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: c, log: c.Logger, ctx: ctx, cancel: cancel,

@@ -11,9 +11,13 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/internal/stallwrite"
 	"wb/session"
 	"wb/store"
 )
+
+// DefaultExecWriteStall is Config.ExecWriteStall's default.
+const DefaultExecWriteStall = time.Minute
 
 // runExec checks that sess can run a command and runs it, recording activity. With a nil out
 // the output is collected, at most MaxOutputBytes per stream (the rest counted and dropped).
@@ -107,6 +111,17 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 		return err
 	}
 	defer s.execs.release(p.ID)
+	// A caller that stays connected but takes none of the answer for ExecWriteStall ends the
+	// exec: the output's write fails, which ends the node's exec and kills its processes.
+	sw := stallwrite.New(w, s.ExecWriteStall)
+	defer func() {
+		sw.Close()
+		if sw.Stalled() {
+			s.log.WarnContext(r.Context(), "exec: its caller took none of the answer within the stall; the exec is ended",
+				"session", sess.ID, "stall", s.ExecWriteStall)
+		}
+	}()
+	w = sw
 	if !strings.Contains(r.Header.Get("Accept"), "application/x-ndjson") {
 		res, err := s.runExec(r.Context(), sess, req, nil)
 		if err != nil {

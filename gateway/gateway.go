@@ -118,6 +118,10 @@ type Config struct {
 	// DesktopAdmitWait is how long a desktop's start waits out admission's rate and
 	// concurrency limits before it is refused with their 429 (0: a minute).
 	DesktopAdmitWait time.Duration
+	// ExecWriteStall is how long a write of an exec's answer may wait on a caller that takes
+	// none of it before the exec ends (0: DefaultExecWriteStall): a caller that stays
+	// connected and reads no more would hold the exec, and the command in the guest, for ever.
+	ExecWriteStall time.Duration
 }
 
 // Server is the HTTP API.
@@ -188,6 +192,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxStoredOutputBytes == 0 {
 		cfg.MaxStoredOutputBytes = DefaultMaxStoredOutputBytes
+	}
+	if cfg.ExecWriteStall <= 0 {
+		cfg.ExecWriteStall = DefaultExecWriteStall
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,

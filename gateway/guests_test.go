@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -223,5 +226,60 @@ func TestPTYInputTheGuestDoesNotTake(t *testing.T) {
 			t.Fatalf("the PTY handler still runs %s after its caller left (%d KiB written)", e.gw.ptyInputWait+10*time.Second, wrote>>10)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// endlessExecNode is a fake node whose every exec sends output without end, as fast as its
+// caller takes it, and sends on stopped once a chunk's write failed (a node then ends the
+// exec, and the agent kills its processes).
+type endlessExecNode struct {
+	*fakenode.Node
+	stopped chan error
+}
+
+func (n endlessExecNode) Exec(ctx context.Context, _ *session.Session, _ session.ExecRequest, _ []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	data := strings.Repeat("x", 32<<10)
+	for {
+		if err := out(session.ExecChunk{Stream: "stdout", Data: data}); err != nil {
+			n.stopped <- err
+			return session.ExecResult{}, err
+		}
+	}
+}
+
+// TestExecStalledCallerEndsTheExec: a caller of a streamed exec that stays connected but
+// takes none of its answer ends the exec once a write waited ExecWriteStall: the output's
+// write fails, which ends the node's exec. Before, the exec was held for as long as the
+// caller stayed.
+func TestExecStalledCallerEndsTheExec(t *testing.T) {
+	stopped := make(chan error, 1)
+	e := newEnv(t, func(c *Config) {
+		c.Guests = endlessExecNode{Node: c.Guests.(*fakenode.Node), stopped: stopped}
+		c.ExecWriteStall = time.Second
+	})
+	s := e.running(map[string]any{"tier": 2})
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	body := `{"command":"yes"}`
+	fmt.Fprintf(conn, "POST /v1/sessions/%s/exec HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nAccept: application/x-ndjson\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		s.ID, e.key, len(body), body)
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("the answer's status line: %q, %v; want a 200", status, err)
+	}
+	// The caller now reads no more, and stays.
+	select {
+	case err := <-stopped:
+		if !strings.Contains(err.Error(), "took none of the answer") {
+			t.Errorf("the exec's output failed with %v; want it to say its caller took none of it", err)
+		}
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after its caller stopped reading, the exec's output still waited on it; want it ended after the 1 s ExecWriteStall")
 	}
 }

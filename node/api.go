@@ -17,6 +17,7 @@ import (
 
 	"wb/agent"
 	"wb/hypervisor"
+	"wb/internal/stallwrite"
 	"wb/node/nodeapi"
 	"wb/session"
 )
@@ -215,6 +216,18 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 			writeRuntimeRefusal(w, err)
 			return
 		}
+		// A caller that stays connected but takes none of the answer for ExecWriteStall ends
+		// the exec: the proxy's write fails, and it closes the agent's connection, which
+		// kills the command's processes as its timeout does.
+		sw := stallwrite.New(w, n.ExecWriteStall)
+		defer func() {
+			sw.Close()
+			if sw.Stalled() {
+				n.Logger.Warn("exec: its caller took none of the exec's answer within the stall; the exec is ended and its processes killed",
+					"session", id, "stall", n.ExecWriteStall)
+			}
+		}()
+		w = sw
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
 		if ooms, counted := n.oomsBefore(r.Context(), l, guest); counted {

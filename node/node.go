@@ -57,8 +57,18 @@ type Config struct {
 	Tick, Flush, Heartbeat time.Duration
 	// RedisTimeout bounds every Redis call, so an outage never stalls the timers (default 2 s).
 	RedisTimeout time.Duration
-	Logger       *slog.Logger
-	Now          func() time.Time
+	// ExecWriteStall is how long a write of an exec's answer through the node's API may wait
+	// on a caller that takes none of it before the exec ends, its processes killed as its
+	// timeout kills them (default DefaultExecWriteStall): a caller that stays connected and
+	// reads no more would hold the exec for ever.
+	ExecWriteStall time.Duration
+	// ExecDrain is how long past its timeout and the node's grace an exec's answer may go on
+	// while its caller is slow to read it (default DefaultExecDrain). The backstop counts the
+	// agent's time only, and an agent whose answer has no end, read as slowly as it comes,
+	// uses none: this is the bound of the exec's whole time.
+	ExecDrain time.Duration
+	Logger    *slog.Logger
+	Now       func() time.Time
 }
 
 // Pool is one warm pool's target.
@@ -191,6 +201,12 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.RedisTimeout == 0 {
 		cfg.RedisTimeout = 2 * time.Second
+	}
+	if cfg.ExecWriteStall <= 0 {
+		cfg.ExecWriteStall = DefaultExecWriteStall
+	}
+	if cfg.ExecDrain <= 0 {
+		cfg.ExecDrain = DefaultExecDrain
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

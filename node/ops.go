@@ -195,8 +195,14 @@ func (n *Node) execBackstop(ctx context.Context, timeoutS int) (context.Context,
 	c.mu.Lock()
 	c.timer = time.AfterFunc(c.budget, c.check)
 	c.mu.Unlock()
+	// The agent's clock spares a caller slow to read; the wall's bounds the whole exec, which
+	// an answer without end, read as slowly as it comes, would otherwise never reach.
+	drained := fmt.Errorf("node: %w to its end within its timeout of %d s, a grace of %s and %s for its caller to read it; the exec was ended, which kills its processes as its timeout does",
+		errExecUnanswered, timeoutS, n.execGrace, n.ExecDrain)
+	wall := time.AfterFunc(c.budget+n.ExecDrain, func() { cancel(drained) })
 	return context.WithValue(ctx, execClockKey{}, c), c, func() {
 		c.timer.Stop()
+		wall.Stop()
 		cancel(context.Canceled)
 	}
 }
@@ -274,6 +280,13 @@ var errExecUnanswered = errors.New("the guest's agent did not answer the exec")
 // agent's own timeout kills the command's processes and answers within moments, even on a
 // loaded host.
 const execGrace = 30 * time.Second
+
+// DefaultExecWriteStall is Config.ExecWriteStall's default.
+const DefaultExecWriteStall = time.Minute
+
+// DefaultExecDrain is Config.ExecDrain's default: an exec's answer lasts at most its
+// timeout, the grace and this, however slowly its caller reads.
+const DefaultExecDrain = 10 * time.Minute
 
 // oomKills answers guest's count of OOM kills, where the driver reads it
 // (hypervisor.OOMCounter).

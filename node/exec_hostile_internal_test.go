@@ -1,0 +1,200 @@
+package node
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/agent"
+	"wb/hypervisor/templates"
+	"wb/internal/redistest"
+	"wb/internal/syncbuf"
+	"wb/session"
+	"wb/store"
+)
+
+// hostileAgentNode is a node whose one running session, id, has for its guest's agent the
+// handler agentH (a guest may replace its agent with anything), and the node's API served on
+// a loopback server; cfg's exec fields carry over. logs holds the node's log.
+func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFunc) (n *Node, srv *httptest.Server, logs *syncbuf.Buffer) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wbx") // t.TempDir's is too long for the guests' sockets
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	logs = &syncbuf.Buffer{}
+	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: countersOnly{}, Templates: templates.Catalog{"tpl": {}},
+		DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), ExecWriteStall: cfg.ExecWriteStall, ExecDrain: cfg.ExecDrain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	t.Cleanup(n.cancel)
+	n.execGrace = 300 * time.Millisecond
+	guestID := "g_" + strings.TrimPrefix(id, "sess_")
+	sock := filepath.Join(n.guestDir(guestID), "agent", "agent.sock")
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: agentH}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	l := &live{g: &guest{SessionID: id, Project: "proj_hostile", GuestID: guestID, State: session.Running, Template: "tpl",
+		StartedAt: time.Now(), IdleTimeoutS: 600, MaxLifetimeS: 600}, agent: agent.NewClient(sock)}
+	t.Cleanup(l.agent.Close)
+	n.guests[id] = l
+	srv = httptest.NewServer(n.Handler("tok"))
+	t.Cleanup(srv.Close)
+	return n, srv, logs
+}
+
+// endlessOutput is an agent that answers every exec with output lines of data, every, without
+// end, and sends on closed once the node closed its connection (the agent kills the command's
+// processes then).
+func endlessOutput(data string, every time.Duration, closed chan<- struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req agent.ExecRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		line := []byte(`{"stream":"stdout","data":"` + data + `"}` + "\n")
+		for {
+			if every > 0 {
+				select {
+				case <-r.Context().Done():
+					closed <- struct{}{}
+					return
+				case <-time.After(every):
+				}
+			}
+			if _, err := w.Write(line); err != nil {
+				closed <- struct{}{}
+				return
+			}
+			if err := http.NewResponseController(w).Flush(); err != nil {
+				closed <- struct{}{}
+				return
+			}
+		}
+	}
+}
+
+// TestExecStalledCallerEndsTheExec: a caller of the node's API that stays connected but takes
+// no more of an exec's answer ends the exec once a write waited ExecWriteStall: the node
+// closes its connection to the agent (which kills the command's processes, as its timeout
+// does) and logs it. Before, the exec, the proxy and the command were held for as long as the
+// caller stayed.
+func TestExecStalledCallerEndsTheExec(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	const id = "sess_stalledcaller"
+	_, srv, logs := hostileAgentNode(t, id, Config{ExecWriteStall: time.Second}, endlessOutput(strings.Repeat("x", 16<<10), 0, closed))
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	body := `{"argv":["yes"],"timeout_s":3600}`
+	fmt.Fprintf(conn, "POST /v1/sessions/%s/agent/v1/exec HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		id, len(body), body)
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("the answer's status line: %q, %v; want a 200", status, err)
+	}
+	// The caller now reads no more, and stays.
+	select {
+	case <-closed:
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after its caller stopped reading, the exec still held the agent's connection; want it ended after the 1 s ExecWriteStall")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "took none of the exec's answer") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node's log does not say that the exec's caller stalled:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestExecAnswerWithoutEndIsCut: an agent whose answer has no end, read by a caller as slowly
+// as it comes (the backstop counts the agent's time only, and it uses almost none), is ended
+// ExecDrain past the exec's timeout and the grace, in process (Node.Exec) and through the
+// node's API, with the backstop's error; the node closes the agent's connection. Before, the
+// exec went on for as long as its caller read.
+func TestExecAnswerWithoutEndIsCut(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	const id = "sess_endless"
+	n, srv, _ := hostileAgentNode(t, id, Config{ExecDrain: time.Second}, endlessOutput("more", 0, closed))
+	// slow takes each line 5 ms after it came: it reads, always; once fast, at once.
+	var fast atomic.Bool
+	slow := func(session.ExecChunk) error {
+		if !fast.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		return nil
+	}
+	timeout := 1
+	wantBackstop := func(what string, err error) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), errExecUnanswered.Error()) {
+			t.Errorf("%s: %v; want the backstop's error", what, err)
+		}
+	}
+	agentClosed := func(what string, start time.Time) {
+		t.Helper()
+		select {
+		case <-closed:
+		case <-time.After(30*time.Second - time.Since(start)):
+			t.Errorf("%s: the node's request to the agent was still open after 30 s; want it closed about its 1 s timeout, the 300 ms grace and the 1 s ExecDrain on", what)
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 45*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := n.Exec(ctx, &session.Session{ID: id}, session.ExecRequest{Command: json.RawMessage(`"yes"`), TimeoutS: &timeout}, nil, slow)
+	wantBackstop("Node.Exec", err)
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("Node.Exec: ended after %s; want about its 1 s timeout, the 300 ms grace and the 1 s ExecDrain", took)
+	}
+	agentClosed("Node.Exec", start)
+
+	// Through the node's API, what the node sent before the end waits in the sockets' buffers
+	// for the slow caller: the node ends the exec on time, and the caller that reads on gets
+	// the backstop's error last.
+	ctx, cancel = context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	done := make(chan error, 1)
+	start = time.Now()
+	go func() {
+		_, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"yes"}, TimeoutS: timeout}, slow)
+		done <- err
+	}()
+	agentClosed("through the node's API", start)
+	fast.Store(true)
+	err = <-done
+	wantBackstop("through the node's API", err)
+	var ae *agent.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway {
+		t.Errorf("through the node's API: %v; want a 502 from the node", err)
+	}
+}
