@@ -31,6 +31,10 @@ type Client struct {
 	socket string
 	base   string // URL base of every request
 	token  string // bearer token sent with every request, if set
+	// proxied: the client reaches the agent through a proxy (the node's), which alone may
+	// end an exec's answer with an error line (BrokenLine); from the agent itself such a
+	// line is a forgery.
+	proxied bool
 	// MaxOutputBytes caps each stream of a buffered Exec (nil out); 0 means
 	// session.DefaultMaxOutputBytes. Set it before the first Exec.
 	MaxOutputBytes int
@@ -77,7 +81,7 @@ func NewDialClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 // NewHTTPClient returns a client of an agent reached over HTTP through a proxy (the node's
 // /v1/sessions/{id}/agent), at base, sending token as a bearer token. hc may be shared.
 func NewHTTPClient(hc *http.Client, base, token string) *Client {
-	return &Client{hc: hc, base: strings.TrimRight(base, "/"), token: token}
+	return &Client{hc: hc, base: strings.TrimRight(base, "/"), token: token, proxied: true}
 }
 
 // Socket is the socket path the client dials.
@@ -209,6 +213,9 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 		var l execLine
 		if err := json.Unmarshal(line, &l); err != nil {
 			return session.ExecResult{}, fmt.Errorf("agent: exec: a line of the answer is not one JSON value: %w", err)
+		}
+		if l.Broken != nil && !c.proxied {
+			return session.ExecResult{}, errors.New("agent: exec: the agent's answer has an error line, which only a proxy in front of it sends: not passed on as one")
 		}
 		if l.Broken != nil {
 			return session.ExecResult{}, &Error{Status: l.Broken.Status, Code: l.Broken.Code, Message: l.Broken.Message}

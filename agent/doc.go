@@ -21,7 +21,9 @@
 //     With "runner" naming a runner that waits and fits argv, the code goes to it instead.
 //     A proxy in front of the agent (the node's) may end an answer that broke off (the guest
 //     died under it) with {"error":{"status":N,"code","message"}}, the reason it knows;
-//     Client.Exec answers it as an *Error.
+//     Client.Exec answers it as an *Error. Such a line is the proxy's alone: the proxy ends
+//     an answer with its own 502 guest_error at one from the agent (ProxyLine), and a client
+//     of the agent itself (NewClient, NewDialClient) refuses one as a plain error.
 //   - POST /v1/runners, body RunnerRequest → 201 {"name","pid"} once the loader (argv plus the
 //     loader) said it is ready on fd 4; 502 runner_failed, with its stderr, when it exited or
 //     stayed silent first. It then waits for one exec's frame on fd 3 (see ExecRequest.Runner).

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -65,6 +66,21 @@ type execLine struct {
 
 	Broken *BrokenLine `json:"error,omitempty"` // a proxy's reason the answer broke off
 }
+
+// ProxyLine reports whether line, a line of an exec's answer, reads as a proxy's BrokenLine
+// (as Client reads it: any spelling of the key a JSON decoder takes for "error"). A proxy in
+// front of a guest's agent, which the guest may replace, refuses such a line from the agent,
+// whose answer would otherwise carry a refusal that the proxy never made.
+func ProxyLine(line []byte) bool {
+	var l struct {
+		Broken *BrokenLine `json:"error"`
+	}
+	_ = json.Unmarshal(line, &l) // a line that is not one value fails the client's read anyway
+	return l.Broken != nil
+}
+
+// MaxExecLine bounds a line of an exec's answer, as Client reads it.
+const MaxExecLine = maxAnswerLine
 
 // BrokenLine is the last line that a proxy in front of the agent (the node's) may add to an
 // exec answer that broke off, with the reason it knows: {"error":{"status","code","message"}}.

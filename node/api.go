@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/subtle"
@@ -374,7 +375,7 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 			if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/v1/exec" {
 				clock, _ := resp.Request.Context().Value(execClockKey{}).(*execClock)
 				clock.toCaller() // the answer's status goes out first
-				resp.Body = &explainedExec{body: resp.Body, ctx: resp.Request.Context(), whyBroke: whyBroke, atLineStart: true, clock: clock}
+				resp.Body = newExplainedExec(resp.Request.Context(), resp.Body, whyBroke, clock)
 			}
 			return nil
 		},
@@ -396,48 +397,108 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 	}
 }
 
-// explainedExec is an exec's answer from the agent, passed through; when it breaks off and
-// whyBroke names a refusal of the guest's state (its guest died under it: Node.whyExecBroke),
-// or the node's backstop ended it (execBackstop), it ends with that as an agent.BrokenLine, so that the caller learns the reason at
-// once, as Node.Exec's caller in process does, and need not wait for Redis to record it.
+// explainedExec is an exec's answer from the agent, passed through line by line; when it
+// breaks off and whyBroke names a refusal of the guest's state (its guest died under it:
+// Node.whyExecBroke), or the node's backstop ended it (execBackstop), it ends with that as an
+// agent.BrokenLine, so that the caller learns the reason at once, as Node.Exec's caller in
+// process does, and need not wait for Redis to record it. Such a line is the node's alone:
+// the agent is the guest's, and a line of its answer that reads as one (agent.ProxyLine) ends
+// the answer with the node's own, a 502 guest_error, instead of passing for the node's
+// refusal (a policy kill, a state).
 type explainedExec struct {
-	body        io.ReadCloser
-	ctx         context.Context
-	whyBroke    func(context.Context, error) error
-	atLineStart bool          // the bytes passed so far end a line: a line may follow
-	tail        *bytes.Reader // the refusal's line, once the answer broke
+	body  io.ReadCloser
+	lines *bufio.Reader // body's
+	ctx   context.Context
+	// whyBroke explains a read of the answer that failed (Node.whyExecBroke).
+	whyBroke func(context.Context, error) error
+	line     []byte        // what is left to pass on of the agent's line read last
+	long     []byte        // a line longer than lines' buffer, gathered
+	tail     *bytes.Reader // the node's last line, once the answer broke
 	// clock is the exec's backstop (execBackstop): the exec waits on its agent in a read,
 	// and on its caller, who takes what was read, between reads.
 	clock *execClock
 }
 
+func newExplainedExec(ctx context.Context, body io.ReadCloser, whyBroke func(context.Context, error) error, clock *execClock) *explainedExec {
+	return &explainedExec{body: body, lines: bufio.NewReaderSize(body, 64<<10), ctx: ctx, whyBroke: whyBroke, clock: clock}
+}
+
 func (e *explainedExec) Read(p []byte) (int, error) {
+	if len(e.line) > 0 {
+		n := copy(p, e.line)
+		e.line = e.line[n:]
+		return n, nil
+	}
 	if e.tail != nil {
 		return e.tail.Read(p)
 	}
 	e.clock.toAgent()
-	n, err := e.body.Read(p)
+	line, err := e.readLine()
 	e.clock.toCaller()
-	if n > 0 {
-		e.atLineStart = p[n-1] == '\n'
-	}
-	if err == nil || errors.Is(err, io.EOF) || !e.atLineStart {
-		return n, err
-	}
-	var ae *nodeapi.Error
-	if cause := context.Cause(e.ctx); errors.Is(cause, errExecUnanswered) {
-		ae = &nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: cause.Error()}
-	} else {
-		why := e.whyBroke(e.ctx, err)
-		var se *StateError
-		if !errors.As(why, &se) {
-			return n, err
+	switch {
+	case err == nil && agent.ProxyLine(line):
+		e.end(&nodeapi.Error{Status: 502, Code: nodeapi.CodeGuestError,
+			Message: "node: the guest's agent sent a line shaped as the node's own error record; the exec was ended, which kills its processes as its timeout does"})
+	case err == nil:
+		e.line = line
+	case errors.Is(err, io.EOF):
+		return 0, io.EOF
+	case errors.Is(err, errLineTooLong):
+		e.end(&nodeapi.Error{Status: 502, Code: nodeapi.CodeGuestError,
+			Message: fmt.Sprintf("node: the guest's agent sent a line of its exec's answer longer than %d bytes; the exec was ended", agent.MaxExecLine)})
+	default:
+		if cause := context.Cause(e.ctx); errors.Is(cause, errExecUnanswered) {
+			e.end(&nodeapi.Error{Status: 502, Code: nodeapi.CodeAgentUnreachable, Message: cause.Error()})
+			break
 		}
-		ae = apiError(se)
+		var se *StateError
+		if !errors.As(e.whyBroke(e.ctx, err), &se) {
+			return 0, err
+		}
+		e.end(apiError(se))
 	}
+	return e.Read(p)
+}
+
+// end ends the answer with ae, the node's line, and closes the agent's answer: the agent then
+// kills the exec's processes, as its timeout does.
+func (e *explainedExec) end(ae *nodeapi.Error) {
 	line, _ := json.Marshal(map[string]agent.BrokenLine{"error": {Status: ae.Status, Code: ae.Code, Message: ae.Message}})
 	e.tail = bytes.NewReader(append(line, '\n'))
-	return n, nil
+	_ = e.body.Close()
+}
+
+// errLineTooLong is a line of the agent's answer longer than agent.MaxExecLine.
+var errLineTooLong = errors.New("a line of the agent's answer is too long")
+
+// readLine reads the agent's next line, its newline included (the last may lack one): a
+// line that fits the reader's buffer is the buffer's, until the next read. A read that
+// fails mid-line drops the line's start, so that the node's line, if any, starts a line.
+func (e *explainedExec) readLine() ([]byte, error) {
+	e.long = e.long[:0]
+	for {
+		part, err := e.lines.ReadSlice('\n')
+		if len(e.long)+len(part) > agent.MaxExecLine {
+			e.long = nil
+			return nil, errLineTooLong
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			e.long = append(e.long, part...)
+			continue
+		}
+		if len(e.long) > 0 {
+			part = append(e.long, part...)
+			e.long = part
+		}
+		switch {
+		case err == nil:
+			return part, nil
+		case errors.Is(err, io.EOF) && len(part) > 0:
+			return part, nil
+		default:
+			return nil, err
+		}
+	}
 }
 
 func (e *explainedExec) Close() error { return e.body.Close() }

@@ -80,7 +80,8 @@ func TestBeforeExecResult(t *testing.T) {
 // TestAgentProxyExplainsABrokenExec: an exec's answer that breaks off after whole lines ends,
 // through the node's proxy, with the refusal whyBroke names (the guest's end), which the
 // agent's client answers as an *agent.Error of its status and code, after the output that
-// came; an answer broken mid-line, or whose guest lives, stays broken.
+// came (an answer broken mid-line drops the line's start, so that the refusal starts its
+// own line); an answer whose guest lives stays broken.
 func TestAgentProxyExplainsABrokenExec(t *testing.T) {
 	cases := []struct {
 		name, sent    string
@@ -91,7 +92,7 @@ func TestAgentProxyExplainsABrokenExec(t *testing.T) {
 		{name: "after a line", sent: `{"stream":"stdout","data":"x"}` + "\n", wantRefusal: true},
 		{name: "before any line", sent: "", wantRefusal: true},
 		{name: "before its status", beforeHeaders: true, wantRefusal: true},
-		{name: "mid-line", sent: `{"stream":"stdout","da`},
+		{name: "mid-line", sent: `{"stream":"stdout","da`, wantRefusal: true},
 		{name: "the guest lives", sent: `{"stream":"stdout","data":"x"}` + "\n", alive: true},
 		{name: "the guest lives, before its status", beforeHeaders: true, alive: true},
 	}

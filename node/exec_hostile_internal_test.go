@@ -53,7 +53,13 @@ func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFu
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: agentH}
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/health" { // the node asks it when an exec broke
+			_, _ = w.Write([]byte(`{"ok":true,"pid":1}`))
+			return
+		}
+		agentH(w, r)
+	})}
 	go func() { _ = hs.Serve(ln) }()
 	t.Cleanup(func() { _ = hs.Close() })
 	l := &live{g: &guest{SessionID: id, Project: "proj_hostile", GuestID: guestID, State: session.Running, Template: "tpl",
@@ -196,5 +202,72 @@ func TestExecAnswerWithoutEndIsCut(t *testing.T) {
 	var ae *agent.Error
 	if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway {
 		t.Errorf("through the node's API: %v; want a 502 from the node", err)
+	}
+}
+
+// forgedLines are lines a hostile agent may send in an exec's answer shaped as the node's own
+// error record (agent.BrokenLine), each spelled as a JSON decoder reads it.
+var forgedLines = []string{
+	`{"error":{"status":403,"code":"policy_violation","message":"forbidden by policy rule forged; the session is stopped (policy_violation)"}}`,
+	`{"ERROR":{"status":403,"code":"policy_violation","message":"forbidden by policy rule forged"}}`,
+	`{"\u0065rror":{"status":403,"code":"policy_violation","message":"forbidden by policy rule forged"}}`,
+	`{"stream":"stdout","data":"x","error":{"status":409,"code":"invalid_state","message":"node: session is failed here"}}`,
+}
+
+// TestExecForgedErrorLine: an agent that sends, in an exec's answer, a line shaped as the
+// node's own error record does not pass it for the node's: through the node's API the node
+// ends the answer with its own error, a 502 naming the guest, and in process (Node.Exec) the
+// line is refused as the agent's; either way the exec ends and its agent's connection closes.
+// Before, the node passed the line on, and its caller took it for the node's refusal (a 403
+// policy_violation, a 409 invalid_state).
+func TestExecForgedErrorLine(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	var forged atomic.Int64
+	const id = "sess_forged"
+	n, srv, _ := hostileAgentNode(t, id, Config{}, func(w http.ResponseWriter, r *http.Request) {
+		var req agent.ExecRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = w.Write([]byte(`{"stream":"stdout","data":"hi\n"}` + "\n" + forgedLines[forged.Load()] + "\n"))
+		http.NewResponseController(w).Flush()
+		select {
+		case <-r.Context().Done():
+			closed <- struct{}{}
+		case <-time.After(time.Minute):
+		}
+	})
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	timeout := 600
+	for i, line := range forgedLines {
+		forged.Store(int64(i))
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		var got string
+		_, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"true"}, TimeoutS: timeout}, func(ch session.ExecChunk) error {
+			got += ch.Data
+			return nil
+		})
+		var ae *agent.Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway || ae.Code != "guest_error" {
+			t.Errorf("through the node's API, the agent sending %s: %v; want the node's 502 guest_error", line, err)
+		}
+		if got != "hi\n" {
+			t.Errorf("through the node's API: output %q; want the agent's line before the forged one", got)
+		}
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Errorf("through the node's API, the agent sending %s: the agent's connection stayed open", line)
+		}
+
+		_, err = n.Exec(ctx, &session.Session{ID: id}, session.ExecRequest{Command: json.RawMessage(`"true"`), TimeoutS: &timeout}, nil, func(session.ExecChunk) error { return nil })
+		if err == nil || errors.As(err, &ae) && (ae.Status == http.StatusForbidden || ae.Code == "policy_violation" || ae.Code == "invalid_state") {
+			t.Errorf("Node.Exec, the agent sending %s: %v; want an error of the guest's, not a refusal of the node's", line, err)
+		}
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Errorf("Node.Exec, the agent sending %s: the agent's connection stayed open", line)
+		}
+		cancel()
 	}
 }

@@ -99,6 +99,7 @@ const (
 	CodeInvalidState     = "invalid_state"     // 409: the guest's state here does not allow it; the message names the state
 	CodeInternal         = "internal"          // 500: the node failed (the runtime, its disk, Redis)
 	CodeAgentUnreachable = "agent_unreachable" // 502: the guest's agent did not answer the proxy
+	CodeGuestError       = "guest_error"       // 502: the guest's agent answered what the node does not pass on as its own (a line shaped as the node's record, a 403)
 	CodeUnavailable      = "unavailable"       // 503: the node is shutting down and starts nothing new
 	CodeHTTPError        = "http_error"        // an answer that carried no error body (a proxy in between)
 )
