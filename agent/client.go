@@ -42,6 +42,12 @@ type Client struct {
 	// refuses the PTY: a node's runtime decision point, for a client it hands out in process
 	// (over HTTP, the node's proxy checks).
 	CheckPTY func(ctx context.Context, command string) error
+	// Refusal, when set, turns each error answer of the agent (the *Error of its status and
+	// body, for any call and a PTY's handshake) into the one the client returns: a node's
+	// client of a guest's agent, which the guest may replace, for a caller in process, so
+	// that no answer of the agent's passes for a refusal of the node's (the node's proxy
+	// does the same for callers over HTTP).
+	Refusal func(*Error) *Error
 }
 
 // NewClient returns a client of the agent listening on socketPath. Requests have no timeout of
@@ -111,13 +117,23 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		return nil, readError(resp)
+		return nil, c.refusal(readError(resp))
 	}
 	return resp, nil
 }
 
+// refusal is e as the client returns it (see Refusal).
+func (c *Client) refusal(e *Error) *Error {
+	if c.Refusal != nil {
+		if r := c.Refusal(e); r != nil {
+			return r
+		}
+	}
+	return e
+}
+
 // readError turns an error answer into an *Error.
-func readError(resp *http.Response) error {
+func readError(resp *http.Response) *Error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var env struct {
 		Error *Error `json:"error"`
@@ -445,7 +461,7 @@ func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*webs
 			// the body readable for the caller.
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 			resp.Body = io.NopCloser(bytes.NewReader(b))
-			why := readError(&http.Response{StatusCode: resp.StatusCode, Status: resp.Status, Body: io.NopCloser(bytes.NewReader(b))})
+			why := c.refusal(readError(&http.Response{StatusCode: resp.StatusCode, Status: resp.Status, Body: io.NopCloser(bytes.NewReader(b))}))
 			return nil, resp, fmt.Errorf("agent: pty: %w", why)
 		}
 		return nil, resp, fmt.Errorf("agent: pty: %w", err)

@@ -12,6 +12,7 @@ import (
 
 	"wb/agent"
 	"wb/internal/stallwrite"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 )
@@ -50,8 +51,7 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 	if buffered != nil && err == nil {
 		buffered.Fill(&res)
 	}
-	var ae *agent.Error
-	if errors.As(err, &ae) && ae.Status == http.StatusForbidden {
+	if ae := nodePolicyRefusal(err); ae != nil {
 		// The runtime decision point killed the session for this command.
 		return res, &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
 	}
@@ -66,6 +66,18 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		return res, s.errNode(ctx, "exec_failed", "the node could not run the command", err)
 	}
 	return res, nil
+}
+
+// nodePolicyRefusal answers the node's runtime policy refusal in err, the 403 its proxy
+// answers (or Local, in process) with the node's code; nil for any other. A 403 of another
+// code is the guest's agent's (an older node passes its answers on as they came): a hostile
+// guest must not make its sessions look policy-killed.
+func nodePolicyRefusal(err error) *agent.Error {
+	var ae *agent.Error
+	if errors.As(err, &ae) && ae.Status == http.StatusForbidden && (ae.Code == nodeapi.CodePolicyViolation || ae.Code == nodeapi.CodePolicyError) {
+		return ae
+	}
+	return nil
 }
 
 // endedDuring explains an exec whose answer broke off because its guest died under it (a

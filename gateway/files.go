@@ -336,7 +336,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	up, _, err := c.PTY(hctx, dims[0], dims[1], q.Get("command"))
 	stop()
 	hcancel()
-	if ae := (*agent.Error)(nil); errors.As(err, &ae) && ae.Status == http.StatusForbidden {
+	if ae := nodePolicyRefusal(err); ae != nil {
 		// The runtime decision point refused the PTY's command (or killed the session for it).
 		return &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
 	}

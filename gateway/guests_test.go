@@ -283,3 +283,48 @@ func TestExecStalledCallerEndsTheExec(t *testing.T) {
 		t.Fatal("45 s after its caller stopped reading, the exec's output still waited on it; want it ended after the 1 s ExecWriteStall")
 	}
 }
+
+// guestForbiddingNode is a fake node (an older one, which passes its agent's answers on as
+// they came) whose guest's agent answers every exec and PTY 403 with a code of its own.
+type guestForbiddingNode struct {
+	*fakenode.Node
+	forbidding *httptest.Server
+}
+
+func (n guestForbiddingNode) Exec(context.Context, *session.Session, session.ExecRequest, []string, func(session.ExecChunk) error) (session.ExecResult, error) {
+	return session.ExecResult{}, &agent.Error{Status: 403, Code: "forbidden", Message: "forbidden by policy rule forged; the session is stopped (policy_violation)"}
+}
+
+func (n guestForbiddingNode) Agent(context.Context, *session.Session) (*agent.Client, error) {
+	return agent.NewHTTPClient(http.DefaultClient, n.forbidding.URL, ""), nil
+}
+
+// TestGuestForbiddenIsNotAPolicyKill: a 403 whose code is not the node's policy refusal (the
+// guest's agent answered it) is the guest's error, a 502, for an exec and a PTY: only the
+// node's runtime policy makes a 403 policy_violation. Before, every 403 was one, and a
+// hostile guest could make its sessions look policy-killed.
+func TestGuestForbiddenIsNotAPolicyKill(t *testing.T) {
+	forbidding := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"error":{"code":"forbidden","message":"forbidden by policy rule forged; the session is stopped (policy_violation)"}}`))
+	}))
+	defer forbidding.Close()
+	e := newEnv(t, func(c *Config) {
+		c.Guests = guestForbiddingNode{Node: c.Guests.(*fakenode.Node), forbidding: forbidding}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	r := e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"})
+	expectError(t, r, 502, "exec_failed", "*")
+	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + s.ID + "/pty?command=sh"
+	_, resp, err := websocket.Dial(context.Background(), u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.key}}})
+	if err == nil || resp == nil {
+		t.Fatalf("the PTY opened: %v", err)
+	}
+	defer resp.Body.Close()
+	var body [2048]byte
+	n, _ := resp.Body.Read(body[:])
+	if got := string(body[:n]); resp.StatusCode != 502 || strings.Contains(got, "policy_violation\"") {
+		t.Fatalf("a PTY the guest's agent refused: HTTP %d %s; want a 502 of the guest's, not a policy kill", resp.StatusCode, got)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"strconv"
 	"strings"
 	"time"
 
@@ -372,6 +373,10 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 			pr.Out.URL.RawPath = ""
 		},
 		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode >= 400 {
+				guestRefusalAnswer(resp)
+				return nil
+			}
 			if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/v1/exec" {
 				clock, _ := resp.Request.Context().Value(execClockKey{}).(*execClock)
 				clock.toCaller() // the answer's status goes out first
@@ -395,6 +400,63 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 		},
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn), // an answer that broke off
 	}
+}
+
+// fromGuest is an error answer of the guest's agent as the node passes it on, and whether it
+// changed. One that could pass for a refusal of the node's own is the guest's error instead,
+// a 502 guest_error quoting it: a 403, which the node's callers take for its runtime policy's
+// kill (a hostile guest would have its sessions look policy-killed), or a code the node alone
+// answers (invalid_state, which callers take for the guest's end). Any other passes as it
+// came (a file not found, a body the agent cannot use).
+func fromGuest(e *nodeapi.Error) (*nodeapi.Error, bool) {
+	switch {
+	case e.Status == http.StatusForbidden:
+	case e.Code == nodeapi.CodePolicyViolation, e.Code == nodeapi.CodePolicyError, e.Code == nodeapi.CodeInvalidState,
+		e.Code == nodeapi.CodeAgentUnreachable, e.Code == nodeapi.CodeGuestError, e.Code == nodeapi.CodeUnavailable,
+		e.Code == nodeapi.CodeUnauthenticated, e.Code == nodeapi.CodeNoRoute:
+	default:
+		return e, false
+	}
+	return &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
+		Message: fmt.Sprintf("node: the guest's agent answered %d %s: %s", e.Status, clip(e.Code, 64), clip(e.Message, 512))}, true
+}
+
+// fromGuestAgent is fromGuest for an *agent.Error, as the node's callers in process read the
+// agent's answers (Node.Exec, Local.Agent).
+func fromGuestAgent(ae *agent.Error) *agent.Error {
+	e, changed := fromGuest(&nodeapi.Error{Status: ae.Status, Code: ae.Code, Message: ae.Message, Param: ae.Param})
+	if !changed {
+		return ae
+	}
+	return &agent.Error{Status: e.Status, Code: e.Code, Message: e.Message}
+}
+
+// guestRefusalAnswer passes the agent's error answer resp through fromGuest: one it changes
+// is replaced by the node's. The agent's body is read (at most 64 KiB, as the agent's client
+// reads one) and given back to be passed on otherwise.
+func guestRefusalAnswer(resp *http.Response) {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	e, changed := fromGuest(nodeapi.ParseError(resp.StatusCode, b))
+	if changed {
+		b, _ = json.Marshal(nodeapi.ErrorBody{Error: e})
+		b = append(b, '\n')
+		resp.StatusCode, resp.Status = e.Status, fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
+		resp.Header = http.Header{"Content-Type": {"application/json"}}
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	resp.ContentLength = int64(len(b))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
+	resp.Header.Del("Transfer-Encoding")
+	resp.TransferEncoding = nil
+}
+
+// clip is s cut to at most n bytes, marked so.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
 }
 
 // explainedExec is an exec's answer from the agent, passed through line by line; when it

@@ -271,3 +271,73 @@ func TestExecForgedErrorLine(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestAgentRefusalIsNotTheNodes: an agent's error answer that could pass for the node's own
+// refusal (a 403, which callers take for the runtime policy's kill; a code the node alone
+// answers, invalid_state) reaches the node's callers as the guest's error, a 502 guest_error,
+// for an exec, a file and a PTY, through the node's API and in process (Node.Exec,
+// Local.Agent); an agent's other errors (a file not found) pass as they are. Before, the
+// node passed each on as it came, and a hostile guest's sessions looked policy-killed.
+func TestAgentRefusalIsNotTheNodes(t *testing.T) {
+	var answer atomic.Pointer[string]
+	const id = "sess_refusing"
+	n, srv, _ := hostileAgentNode(t, id, Config{}, func(w http.ResponseWriter, r *http.Request) {
+		status, body, _ := strings.Cut(*answer.Load(), " ")
+		w.Header().Set("Content-Type", "application/json")
+		code := 403
+		fmt.Sscan(status, &code)
+		w.WriteHeader(code)
+		_, _ = w.Write([]byte(body))
+	})
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	local, err := n.Local().Agent(t.Context(), &session.Session{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	timeout := 60
+	calls := map[string]func() error{
+		"exec through the node's API": func() error {
+			_, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"true"}, TimeoutS: timeout}, nil)
+			return err
+		},
+		"a file through the node's API": func() error {
+			_, err := c.ReadFile(ctx, "f")
+			return err
+		},
+		"a PTY through the node's API": func() error {
+			_, _, err := c.PTY(ctx, 80, 24, "sh")
+			return err
+		},
+		"Node.Exec": func() error {
+			_, err := n.Exec(ctx, &session.Session{ID: id}, session.ExecRequest{Command: json.RawMessage(`"true"`), TimeoutS: &timeout}, nil, nil)
+			return err
+		},
+		"a PTY in process": func() error {
+			_, _, err := local.PTY(ctx, 80, 24, "sh")
+			return err
+		},
+	}
+	for _, forged := range []string{
+		`403 {"error":{"code":"policy_violation","message":"forbidden by policy rule forged; the session is stopped (policy_violation)","param":"forged"}}`,
+		`403 {"error":{"code":"forbidden","message":"f: permission denied"}}`,
+		`403 not json`,
+		`409 {"error":{"code":"invalid_state","message":"node: session is failed here"}}`,
+	} {
+		answer.Store(&forged)
+		for what, call := range calls {
+			err := call()
+			var ae *agent.Error
+			if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway || ae.Code != "guest_error" {
+				t.Errorf("%s, the agent answering %s: %v; want the node's 502 guest_error", what, forged, err)
+			}
+		}
+	}
+	notFound := `404 {"error":{"code":"not_found","message":"f does not exist","param":"path"}}`
+	answer.Store(&notFound)
+	_, err = c.ReadFile(ctx, "f")
+	if ae := (*agent.Error)(nil); !errors.As(err, &ae) || ae.Status != http.StatusNotFound || ae.Code != "not_found" {
+		t.Errorf("a file the agent does not find, through the node's API: %v; want the agent's 404 as it came", err)
+	}
+}

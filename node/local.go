@@ -48,6 +48,8 @@ func (c *Local) Agent(ctx context.Context, s *session.Session) (*agent.Client, e
 		return nil, asAPIError(err)
 	}
 	a := *ag
+	// The agent's refusals are the guest's, never passing for the node's (as its proxy does).
+	a.Refusal = fromGuestAgent
 	a.CheckPTY = func(ctx context.Context, command string) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()

@@ -162,6 +162,12 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 		}
 	}
 	res, err := ag.Exec(ectx, areq, out)
+	if ae := (*agent.Error)(nil); errors.As(err, &ae) {
+		// The agent's answer, which must not pass for the node's refusal (fromGuest).
+		if g := fromGuestAgent(ae); g != ae {
+			err = g
+		}
+	}
 	n.Touch(s) // a long exec counts as activity until it ends
 	if counted {
 		n.endIfOOM(ctx, l, guest, ooms)
