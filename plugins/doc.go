@@ -18,7 +18,8 @@
 // (wazero's compilation cache, one runtime per memory limit sharing it); each (project, digest)
 // has a bounded pool of instances, created on demand and reused call after call. Every call runs
 // under its own deadline with WithCloseOnContextDone; an instance that fails in any way is
-// closed and replaced, never reused.
+// closed and replaced, never reused. A module is rewritten before it is compiled so that its
+// call stack is bounded (MaxStackBytes, stack.go): wazero's own ceiling is 100 MiB a call.
 //
 // Hot swap: Put and Delete publish a new plugin set atomically. Calls already running finish on
 // the instance they hold; the old version's pool is retired and closes each instance as it comes

@@ -310,6 +310,9 @@ func (h *Host) compile(ctx context.Context, m *module, fetch func(context.Contex
 		wasm, err = boundTables(wasm)
 	}
 	if err == nil {
+		wasm, err = boundStack(wasm)
+	}
+	if err == nil {
 		select {
 		case h.compiling <- struct{}{}:
 			var before map[string]bool

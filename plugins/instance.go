@@ -33,6 +33,7 @@ type instance struct {
 	alloc, decide api.Function
 	mem           api.Memory
 	limitBytes    uint64
+	depth         api.MutableGlobal // the stack's count (boundStack), set to 0 before each call
 	stack         [2]uint64
 	out           capture // the guest's stdout and stderr, since the call began
 }
@@ -40,9 +41,11 @@ type instance struct {
 // newInstance starts an instance of m for the project's plugin (named in its wb.log lines).
 func (h *Host) newInstance(ctx context.Context, m *module, project, plugin string) (*instance, error) {
 	inst := &instance{limitBytes: uint64(m.key.pages) * pageSize}
+	// No start functions: they are called below, so that the stack's count is set first and
+	// read after a failure.
 	cfg := wazero.NewModuleConfig().
 		WithName("").
-		WithStartFunctions("_initialize").
+		WithStartFunctions().
 		WithStdout(&inst.out).
 		WithStderr(&inst.out)
 	// The host's default ModuleConfig is already deterministic: no args, no environment, no
@@ -61,6 +64,32 @@ func (h *Host) newInstance(ctx context.Context, m *module, project, plugin strin
 		return nil, &CallError{Kind: FailStart, Cause: "failed to start: " + inst.describe(err, h.o.InitTimeout)}
 	}
 	inst.mod = mod
+	inst.depth, _ = mod.ExportedGlobal(stackExport).(api.MutableGlobal)
+	if inst.depth == nil {
+		inst.close()
+		return nil, &CallError{Kind: FailStart, Cause: "failed to start: the host's stack count is missing"}
+	}
+	// The module's start section (exported as startExport), then _initialize, as wazero
+	// would call them: an exit with code 0 ends the start without failing it.
+	for _, name := range []string{startExport, "_initialize"} {
+		f := mod.ExportedFunction(name)
+		if f == nil {
+			continue
+		}
+		inst.depth.Set(0)
+		if _, err := f.Call(ictx); err != nil {
+			var ee *sys.ExitError
+			if errors.As(err, &ee) && ee.ExitCode() == 0 {
+				break
+			}
+			cause := inst.describe(err, h.o.InitTimeout)
+			inst.close()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, &CallError{Kind: FailStart, Cause: "failed to start: " + cause}
+		}
+	}
 	inst.alloc = mod.ExportedFunction("alloc")
 	inst.decide = mod.ExportedFunction("decide")
 	inst.mem = mod.ExportedMemory("memory")
@@ -112,6 +141,7 @@ func (h *Host) invoke(ctx context.Context, inst *instance, st *callState, input 
 	start := time.Now()
 	s := inst.stack[:]
 	s[0] = uint64(len(input))
+	inst.depth.Set(0)
 	if err := inst.alloc.CallWithStack(cctx, s[:1]); err != nil {
 		return fail(err)
 	}
@@ -120,14 +150,15 @@ func (h *Host) invoke(ctx context.Context, inst *instance, st *callState, input 
 		return fail(&abiError{fmt.Sprintf("alloc(%d) returned %#x, outside its memory of %d bytes", len(input), ptr, inst.mem.Size())})
 	}
 	s[0], s[1] = uint64(ptr), uint64(len(input))
+	inst.depth.Set(0)
 	if err := inst.decide.CallWithStack(cctx, s); err != nil {
 		return fail(err)
 	}
-	// wazero keeps a function's call stack, grown as deep as a call went (up to about 100 MiB,
-	// in the host's heap and outside the memory cap), for the function's next call, and has no
-	// setting to cap it nor says how deep it went. A deep stack takes time to build (a
-	// millisecond builds at most a few MiB), so after a long call the instance takes fresh
-	// functions, and the stack goes with the old ones (doing so every call costs 20 KiB).
+	// wazero keeps a function's call stack, grown as deep as a call went (up to twice
+	// MaxStackBytes, in the host's heap and outside the memory cap), for the function's next
+	// call, and does not say how deep it went. A deep stack takes time to build (a millisecond
+	// builds at most a few MiB), so after a long call the instance takes fresh functions, and
+	// the stack goes with the old ones (doing so every call costs 20 KiB).
 	if time.Since(start) >= freshStackAfter {
 		inst.alloc, inst.decide = inst.mod.ExportedFunction("alloc"), inst.mod.ExportedFunction("decide")
 	}
@@ -206,6 +237,9 @@ func (inst *instance) describe(err error, timeout time.Duration) string {
 		return "timed out after " + timeout.String()
 	case errors.As(err, &ee) && ee.ExitCode() == sys.ExitCodeContextCanceled:
 		return "canceled"
+	case inst.depth != nil && uint32(inst.depth.Get()) > MaxStackBytes:
+		// boundStack's check trapped: the count is left past the bound.
+		return fmt.Sprintf("exceeded its stack limit of %s: its calls nest too deep", bytesString(MaxStackBytes))
 	}
 	// A Go guest's runtime says what happened on stderr before it traps or exits.
 	crash, first := inst.out.failureLine()

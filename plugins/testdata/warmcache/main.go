@@ -1,6 +1,7 @@
-// Command warmcache compiles wasm modules into a wazero compilation cache directory, with the
-// runtime settings of plugins.Host that change the cache key (close on context done, which
-// makes the compiler insert termination checks).
+// Command warmcache compiles wasm modules into a wazero compilation cache directory, as
+// plugins.Host compiles them: the module the host rewrites (its tables' and stack's bounds)
+// under the runtime settings that change the cache key (close on context done, which makes
+// the compiler insert termination checks). It validates each module with a Host of its own.
 //
 // The plugins tests run it before their first test: built without -race, wazero compiles a Go
 // guest several times faster than inside the race-instrumented test binary, and the tests'
@@ -13,10 +14,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
+	"time"
 
-	"github.com/tetratelabs/wazero"
+	"wb/plugins"
 )
 
 func main() {
@@ -30,22 +33,20 @@ func run(ctx context.Context, args []string) error {
 	if len(args) < 2 {
 		return fmt.Errorf("usage: warmcache DIR MODULE.wasm...")
 	}
-	cache, err := wazero.NewCompilationCacheWithDir(args[0])
+	h, err := plugins.NewHost(ctx, nil, plugins.Options{CacheDir: args[0], InitTimeout: time.Minute,
+		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
-		return fmt.Errorf("cache %s: %w", args[0], err)
+		return err
 	}
-	defer cache.Close(ctx)
-	cfg := wazero.NewRuntimeConfig().WithCloseOnContextDone(true).WithCompilationCache(cache).WithDebugInfoEnabled(false)
-	r := wazero.NewRuntimeWithConfig(ctx, cfg)
-	defer r.Close(ctx)
-	// One module per goroutine: the compiler is single-threaded per module.
+	defer h.Close(ctx)
+	// The host compiles one module at a time; the reads and checks run side by side.
 	errs := make([]error, len(args)-1)
 	var wg sync.WaitGroup
 	for i, path := range args[1:] {
 		wg.Go(func() {
 			wasm, err := os.ReadFile(path)
 			if err == nil {
-				_, err = r.CompileModule(ctx, wasm)
+				_, err = h.Validate(ctx, wasm)
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("%s: %w", path, err)
