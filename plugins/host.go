@@ -128,9 +128,8 @@ type Host struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	// compiling admits one compile at a time: a compile holds a few hundred times its largest
-	// function in the heap, and concurrent uploads would multiply that peak.
-	compiling chan struct{}
+	// compiles admits compiles: a few at once, one a project (compiles.go).
+	compiles *compileSlots
 
 	mu       sync.Mutex
 	closed   bool
@@ -157,7 +156,7 @@ func NewHost(ctx context.Context, rdb redis.UniversalClient, o Options) (*Host, 
 			return nil, fmt.Errorf("plugins: compilation cache %s: %w", o.CacheDir, err)
 		}
 	}
-	h := &Host{rdb: rdb, o: o, log: o.Logger, cache: cache, start: time.Now(), compiling: make(chan struct{}, 1),
+	h := &Host{rdb: rdb, o: o, log: o.Logger, cache: cache, start: time.Now(), compiles: newCompileSlots(),
 		runtimes: map[uint32]wazero.Runtime{}, modules: map[moduleKey]*module{}, projects: map[string]*project{}}
 	if rdb != nil {
 		h.changes = store.NewChanges(rdb, o.Logger)
@@ -254,8 +253,8 @@ type module struct {
 }
 
 // acquireModule answers the compiled module of digest for a memory limit, compiling it (the
-// bytes from fetch) if no one has. Release it with releaseModule.
-func (h *Host) acquireModule(ctx context.Context, pages uint32, digest string, fetch func(context.Context) ([]byte, error)) (*module, error) {
+// bytes from fetch) for project if no one has. Release it with releaseModule.
+func (h *Host) acquireModule(ctx context.Context, project string, pages uint32, digest string, fetch func(context.Context) ([]byte, error)) (*module, error) {
 	rt, err := h.runtime(ctx, pages)
 	if err != nil {
 		return nil, err
@@ -272,7 +271,7 @@ func (h *Host) acquireModule(ctx context.Context, pages uint32, digest string, f
 			m = &module{key: key, ready: make(chan struct{}), rt: rt, refs: 1}
 			h.modules[key] = m
 			h.mu.Unlock()
-			return h.compile(ctx, m, fetch)
+			return h.compile(ctx, project, m, fetch)
 		}
 		m.refs++
 		h.mu.Unlock()
@@ -294,9 +293,9 @@ func (h *Host) acquireModule(ctx context.Context, pages uint32, digest string, f
 	}
 }
 
-// compile fetches and compiles m, one compile at a time in the host (waiting under ctx for
-// its turn), and makes it ready.
-func (h *Host) compile(ctx context.Context, m *module, fetch func(context.Context) ([]byte, error)) (*module, error) {
+// compile fetches and compiles m for project, in one of the host's compile slots (waiting
+// under ctx for its turn: compiles.go), and makes it ready.
+func (h *Host) compile(ctx context.Context, project string, m *module, fetch func(context.Context) ([]byte, error)) (*module, error) {
 	wasm, err := fetch(ctx)
 	if err == nil && Digest(wasm) != m.key.digest {
 		err = fmt.Errorf("stored module does not match its digest %s", m.key.digest)
@@ -313,8 +312,7 @@ func (h *Host) compile(ctx context.Context, m *module, fetch func(context.Contex
 		wasm, err = boundStack(wasm)
 	}
 	if err == nil {
-		select {
-		case h.compiling <- struct{}{}:
+		if err = h.compiles.acquire(ctx, project); err == nil {
 			var before map[string]bool
 			if h.o.CacheDir != "" {
 				before = cacheFiles(h.o.CacheDir)
@@ -331,9 +329,7 @@ func (h *Host) compile(ctx context.Context, m *module, fetch func(context.Contex
 					}
 				}
 			}
-			<-h.compiling
-		case <-ctx.Done():
-			err = ctx.Err()
+			h.compiles.release(project)
 		}
 	}
 	m.err = err

@@ -381,7 +381,7 @@ func TestCompileIsBounded(t *testing.T) {
 		{"the module's locals", fmt.Sprintf("its functions declare more than the %d locals a plugin's functions may have together", MaxLocals),
 			wmod{memMin: 1, memMax: -1, funcs: manyLocals}.encode()},
 	}
-	h.compiling <- struct{}{} // the one compile slot, taken
+	release := holdCompiles(t, h) // every compile slot, taken
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
@@ -400,7 +400,7 @@ func TestCompileIsBounded(t *testing.T) {
 	if _, err := h.Validate(ctx, good); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a compile while another runs: %v, want it to wait (and end with its context)", err)
 	}
-	<-h.compiling
+	release()
 	if _, err := h.Validate(ctxT(t), good); err != nil {
 		t.Fatalf("once the slot is free: %v", err)
 	}
@@ -416,7 +416,7 @@ func TestCompileIsBounded(t *testing.T) {
 func TestCompileWaitsAreIndependent(t *testing.T) {
 	h, _ := newTestHost(t, nil, Options{CacheDir: t.TempDir()})
 	wasm := constPlugin(`{"allow":"independent"}`)
-	h.compiling <- struct{}{}
+	release := holdCompiles(t, h)
 	short, cancel := context.WithTimeout(ctxT(t), 100*time.Millisecond)
 	defer cancel()
 	first := make(chan error, 1)
@@ -427,7 +427,7 @@ func TestCompileWaitsAreIndependent(t *testing.T) {
 	if err := <-first; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("first: %v, want its deadline", err)
 	}
-	<-h.compiling
+	release()
 	if err := <-second; err != nil {
 		t.Fatalf("second, with a live context: %v", err)
 	}
@@ -837,8 +837,7 @@ func TestStoredModuleShapeIsChecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.Forget(project)
-	h.compiling <- struct{}{} // a compile would wait; the check comes first
-	defer func() { <-h.compiling }()
+	holdCompiles(t, h) // a compile would wait; the check comes first
 	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

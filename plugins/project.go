@@ -607,7 +607,7 @@ func (h *Host) load(ctx context.Context, pr *project) (*snapshot, error) {
 			e.pool = old.pools[key]
 		}
 		if e.pool == nil {
-			m, err := h.acquireModule(ctx, key.pages, p.Digest, func(ctx context.Context) ([]byte, error) {
+			m, err := h.acquireModule(ctx, pr.id, key.pages, p.Digest, func(ctx context.Context) ([]byte, error) {
 				return h.rdb.Get(ctx, k.wasm(p.Digest)).Bytes()
 			})
 			switch {

@@ -120,7 +120,7 @@ func (h *Host) validate(ctx context.Context, wasm []byte, pages uint32, project,
 		return "", nil, err
 	}
 	digest := Digest(wasm)
-	m, err := h.acquireModule(ctx, pages, digest, func(context.Context) ([]byte, error) { return wasm, nil })
+	m, err := h.acquireModule(ctx, project, pages, digest, func(context.Context) ([]byte, error) { return wasm, nil })
 	if err != nil {
 		var ve *ValidationError
 		if errors.As(err, &ve) || errors.Is(err, ErrClosed) {

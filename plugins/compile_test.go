@@ -1,0 +1,99 @@
+package plugins
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestCompileSlotIsNotOneProjects: while one project's module compiles (for up to 18 s at
+// the bounds: held here, as long as the test likes), another project's small module compiles
+// at once, and the first project's next module waits for its own to end. (The host's one
+// compile slot made every other project's upload and first load wait out the slow one.)
+func TestCompileSlotIsNotOneProjects(t *testing.T) {
+	h, _ := newTestHost(t, mini(t), Options{CacheDir: t.TempDir()})
+	ctx := ctxT(t)
+	if err := h.compiles.acquire(ctx, "proj-slow"); err != nil { // the slow compile, running
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			h.compiles.release("proj-slow")
+		}
+	}
+	defer release()
+
+	// The slow project's next upload waits for its running compile.
+	slowNext := make(chan error, 1)
+	go func() {
+		_, err := h.Put(ctx, "proj-slow", "next", constPlugin(`{"allow":"slow-next"}`), []string{"admission"}, 0, false)
+		slowNext <- err
+	}()
+
+	// Another project's small module: a wide margin, far more than its compile takes.
+	other, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := h.Put(other, "proj-other", "small", constPlugin(`{"allow":"other"}`), []string{"admission"}, 0, false); err != nil {
+		t.Fatalf("another project's upload while one project compiles: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	}
+	t.Logf("another project's upload took %v while one project's compile ran", time.Since(start).Round(time.Millisecond))
+
+	select {
+	case err := <-slowNext:
+		t.Fatalf("the slow project's second upload ended (%v) while its first compile ran", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	release()
+	if err := <-slowNext; err != nil {
+		t.Fatalf("the slow project's second upload, once its first compile ended: %v", err)
+	}
+}
+
+// TestCompileWaitEndsWithItsContext: a caller whose context ends while it waits for a compile
+// slot fails with its context's error and leaves the slots as they were.
+func TestCompileWaitEndsWithItsContext(t *testing.T) {
+	h, _ := newTestHost(t, nil, Options{CacheDir: t.TempDir()})
+	ctx := ctxT(t)
+	release := holdCompiles(t, h)
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := h.compiles.acquire(short, "proj-x"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a wait while every slot is taken: %v, want its deadline", err)
+	}
+	release()
+	for range maxCompiles {
+		if err := h.compiles.acquire(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+		h.compiles.release("")
+	}
+}
+
+// holdCompiles takes every compile slot of h (one per project), as compiles of as many
+// projects would, until the function it answers is called.
+func holdCompiles(t *testing.T, h *Host) func() {
+	t.Helper()
+	var held []string
+	for i := range maxCompiles {
+		p := "proj-holding-" + string(rune('a'+i))
+		if err := h.compiles.acquire(ctxT(t), p); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	done := false
+	release := func() {
+		if !done {
+			done = true
+			for _, p := range held {
+				h.compiles.release(p)
+			}
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
