@@ -16,11 +16,14 @@ import (
 // call starts a fresh one, so that crafted inputs cannot hold a plugin back for its other
 // callers (fail-open, that skipped its evaluation for up to maxRestartHold).
 //
-// A start after a failed call is paced instead: it waits until restartCostFactor times the
-// plugin's last start has passed since the failure, so that starts take at most about a tenth
-// of the plugin's time however its calls fail. Its callers wait (under their own context),
-// they do not fail: a plugin whose calls all trap, with an _initialize that runs for most of
-// the start deadline, would otherwise cost the gateway a second of CPU per call.
+// A start that replaces an instance discarded after a failed call is paced instead: such
+// starts begin at least restartCostFactor+1 times the plugin's last start apart, so that starts
+// take at most about a tenth of the plugin's time however its calls fail. Its callers wait
+// (under their own context), they do not fail: a plugin whose calls all trap, with an
+// _initialize that runs for most of the start deadline, would otherwise cost the gateway a
+// second of CPU per call. The first such start after a quiet spell begins at once: one that
+// waited 9 times the last start after every failure made a runtime check (2 s) after a rare
+// trap fail closed when the plugin's start took over 0.2 s.
 const (
 	restartAfterFailures = 3
 	minRestartHold       = time.Second
@@ -53,8 +56,8 @@ type pool struct {
 	hold      time.Duration // the current hold's length
 
 	lastStart time.Duration // how long the last start took
-	pacing    bool          // a call failed since the last that succeeded: starts are paced
-	restartAt time.Time     // while pacing, the next start's slot
+	replace   int           // instances discarded after failed calls and not yet replaced
+	restartAt time.Time     // the next paced start's slot
 }
 
 func (h *Host) newPool(m *module) *pool {
@@ -95,12 +98,25 @@ func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, 
 			p.done(nil, true)
 			return nil, ce
 		}
-		if err := p.paced(ctx); err != nil {
+		paced, err := p.paced(ctx)
+		if err != nil {
 			p.done(nil, true)
 			return nil, err
 		}
+		if paced {
+			// An instance may have come back while this call waited.
+			p.mu.Lock()
+			if n := len(p.idle); n > 0 {
+				inst = p.idle[n-1]
+				p.idle[n-1] = nil
+				p.idle = p.idle[:n-1]
+			}
+			p.mu.Unlock()
+			if inst != nil {
+				return inst, nil
+			}
+		}
 		began := time.Now()
-		var err error
 		if inst, err = p.h.newInstance(ctx, p.mod, project, plugin); err != nil {
 			p.failed(err)
 			p.done(nil, true)
@@ -109,6 +125,9 @@ func (p *pool) acquire(ctx context.Context, project, plugin string) (*instance, 
 		p.mu.Lock()
 		p.fails = 0
 		p.lastStart = time.Since(began)
+		if paced && p.replace > 0 {
+			p.replace--
+		}
 		p.mu.Unlock()
 	}
 	return inst, nil
@@ -131,15 +150,16 @@ func (p *pool) held() *CallError {
 	return nil
 }
 
-// paced waits, under ctx, for the slot of a start that follows a failed call
-// (restartCostFactor): each such start takes the next slot, restartCostFactor+1 times the
-// last start after the one before, so that callers waiting together start one at a time
-// (each taking the first free slot had them start together, up to the pool's size at once).
-func (p *pool) paced(ctx context.Context) error {
+// paced waits, under ctx, for the slot of a start while instances discarded after failed
+// calls are not all replaced (restartCostFactor), and reports whether it did: each such start
+// takes the next slot, restartCostFactor+1 times the last start after the one before (at once
+// when that is past), so that callers waiting together start one at a time (each taking the
+// first free slot had them start together, up to the pool's size at once).
+func (p *pool) paced(ctx context.Context) (bool, error) {
 	p.mu.Lock()
-	if !p.pacing {
+	if p.replace == 0 {
 		p.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	at := time.Now()
 	if p.restartAt.After(at) {
@@ -149,15 +169,15 @@ func (p *pool) paced(ctx context.Context) error {
 	p.mu.Unlock()
 	wait := time.Until(at)
 	if wait <= 0 {
-		return nil
+		return true, nil
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return nil
+		return true, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return true, ctx.Err()
 	}
 }
 
@@ -179,21 +199,17 @@ func (p *pool) failed(err error) {
 
 // release gives an instance back after a call that answered err: kept if nil, closed otherwise
 // (a failed instance is never reused) or when the pool is retired. A failed call does not
-// count towards the hold; it paces the next start (see restartAfterFailures).
+// count towards the hold; the start that replaces its instance is paced (see
+// restartAfterFailures). A call that succeeds does not end the pacing: beside a busy good
+// caller, a trapping caller's starts would not be paced.
 func (p *pool) release(inst *instance, err error) {
 	if err != nil {
 		inst.close()
 		inst = nil
+		p.mu.Lock()
+		p.replace = min(p.replace+1, cap(p.sem))
+		p.mu.Unlock()
 	}
-	p.mu.Lock()
-	if err != nil {
-		if !p.pacing {
-			p.pacing, p.restartAt = true, time.Now().Add(restartCostFactor*p.lastStart)
-		}
-	} else {
-		p.pacing = false
-	}
-	p.mu.Unlock()
 	p.done(inst, true)
 }
 
