@@ -120,3 +120,41 @@ func TestStackCountIsTheHosts(t *testing.T) {
 		}
 	}
 }
+
+// TestStackIsCappedInStart: the stack's bound holds in a module's start section (which the
+// host calls itself, as startExport) and its _initialize, and a start that keeps within it runs.
+func TestStackIsCappedInStart(t *testing.T) {
+	h, _ := newTestHost(t, nil, Options{})
+	ctx := ctxT(t)
+	// Function 2 is recursePlugin's f(n); the start section names function 3, which calls it
+	// at a depth.
+	withStart := func(depth int32) []byte {
+		start := wfunc{body: cat(i32c(depth), []byte{opCall, 2, opDrop})}
+		wm := wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(14)),
+			{params: []byte{tI32}, results: []byte{tI32}, body: cat(
+				[]byte{opLocalGet, 0, opI32Eqz},
+				[]byte{opIf, tI32}, i32c(0),
+				[]byte{0x05},
+				[]byte{opLocalGet, 0}, i32c(1), []byte{opI32Sub, opCall, 2}, i32c(1), []byte{0x6a},
+				[]byte{opEnd})}, start},
+			data: []wdata{{0, []byte(`{"allow":true}`)}}}
+		m := wm.encode()
+		// The start section (8) goes after the exports (7), before the code (10).
+		_, _, end, err := sectionAt(m, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cat(m[:end], section(8, uleb(3)), m[end:])
+	}
+	if _, err := h.Validate(ctx, withStart(1<<24)); !isInvalid(err, "does not start: failed to start: exceeded its stack limit of 8 MiB") {
+		t.Errorf("a start section recursing without end: %v", err)
+	}
+	if _, err := h.Validate(ctx, withStart(100)); err != nil {
+		t.Errorf("a start section within the bound: %v", err)
+	}
+	if _, err := h.Validate(ctx, wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(14)),
+		{name: "_initialize", body: cat(i32c(1<<24), []byte{opCall, 3, opDrop})},
+		{params: []byte{tI32}, results: []byte{tI32}, body: cat([]byte{opLocalGet, 0}, []byte{opCall, 3})}}}.encode()); !isInvalid(err, "does not start: failed to start: exceeded its stack limit") {
+		t.Errorf("an _initialize recursing without end: %v", err)
+	}
+}
