@@ -26,10 +26,12 @@ const (
 // frameCost is what one frame of a function counts against MaxStackBytes: 16 bytes for each
 // parameter, result, local and byte of code (the compiler spills each value to a slot of its
 // own, of at most 16 bytes, and a byte of code makes at most one value), as many for the
-// arguments and results of the largest call it makes, and 1 KiB for saved registers and the
-// return address.
-func frameCost(params, results, locals, code, callSlots int) int {
-	return 16*(params+results+locals+code+callSlots) + 1024
+// arguments and results of the largest call it makes and for each local it sets in each of
+// its blocks (where paths join, each such local is a value of its own: 200 locals set in
+// 200 nested loops made frames of 320 KiB from 7 KiB of code), and 1 KiB for saved
+// registers and the return address.
+func frameCost(params, results, locals, code, callSlots, setLocals, controls int) int {
+	return 16*(params+results+locals+code+callSlots+setLocals*(3*controls+1)) + 1024
 }
 
 // boundStack answers wasm rewritten so that a call's stack is bounded (MaxStackBytes): a
@@ -229,11 +231,16 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		}
 		declEnd := f.i
 		nlocals := uint64(t.params) + locals // the save local's index
-		calls, callSlots, err := scanCode(f, nlocals, g, slots, typeSlots)
+		sc, err := scanCode(f, nlocals, g, slots, typeSlots)
 		if err != nil {
 			return nil, invalid("function %d: %v", i, err)
 		}
-		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd, callSlots)
+		calls := sc.calls
+		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd, sc.callSlots, sc.setLocals, sc.controls)
+		if cost > MaxStackBytes {
+			return nil, invalid("function %d's frame counts %d bytes (its %d locals set across %d blocks), more than the %d MiB a call's stack may have",
+				i, cost, sc.setLocals, sc.controls, MaxStackBytes>>20)
+		}
 
 		nb := uleb128(nil, groups+1)
 		nb = append(nb, body[len(uleb128(nil, groups)):declEnd]...)
@@ -293,20 +300,32 @@ func sleb128(b []byte, v int64) []byte {
 	}
 }
 
-// scanCode steps over a function's instructions (f is past its locals), answering where each
-// call is ([start, end) in f's bytes) and the most call slots a call takes. It refuses
-// local indices from nlocals on and global indices from g on (the ones boundStack adds), and
-// an instruction it does not know.
-func scanCode(f *reader, nlocals, g uint64, slots func(uint64) int, typeSlots func(uint64) int) (calls [][2]int, callSlots int, err error) {
+// scanned is what scanCode finds in a function's code.
+type scanned struct {
+	calls     [][2]int // where each call is: [start, end) in the body's bytes
+	callSlots int      // the most call slots (parameters and results) a call takes
+	setLocals int      // how many of its locals (parameters included) it sets
+	controls  int      // its block, loop, if and else instructions
+}
+
+// scanCode steps over a function's instructions (f is past its locals). It refuses local
+// indices from nlocals on and global indices from g on (the ones boundStack adds), and an
+// instruction it does not know.
+func scanCode(f *reader, nlocals, g uint64, slots func(uint64) int, typeSlots func(uint64) int) (scanned, error) {
+	var sc scanned
+	set := make([]bool, nlocals)
 	skip := func() { f.uleb() }
 	memarg := func() { f.uleb(); f.uleb() }
 	for f.i < len(f.b) && f.err == nil {
 		at := f.i
 		op := f.byte()
 		switch {
-		case op == 0x00, op == 0x01, op == 0x05, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
+		case op == 0x05: // else
+			sc.controls++
+		case op == 0x00, op == 0x01, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
 			op >= 0x45 && op <= 0xc4, op == 0xd1:
 		case op >= 0x02 && op <= 0x04: // block, loop, if: a block type
+			sc.controls++
 			skip()
 		case op == 0x0c, op == 0x0d, op == 0x25, op == 0x26, op == 0xd0, op == 0xd2, op == 0x3f, op == 0x40:
 			skip()
@@ -317,22 +336,27 @@ func scanCode(f *reader, nlocals, g uint64, slots func(uint64) int, typeSlots fu
 			}
 		case op == 0x10: // call
 			fn := f.uleb()
-			calls = append(calls, [2]int{at, f.i})
-			callSlots = max(callSlots, slots(fn))
+			sc.calls = append(sc.calls, [2]int{at, f.i})
+			sc.callSlots = max(sc.callSlots, slots(fn))
 		case op == 0x11: // call_indirect
 			ti := f.uleb()
 			skip()
-			calls = append(calls, [2]int{at, f.i})
-			callSlots = max(callSlots, typeSlots(ti))
+			sc.calls = append(sc.calls, [2]int{at, f.i})
+			sc.callSlots = max(sc.callSlots, typeSlots(ti))
 		case op == 0x1c: // select t*
 			f.bytes(f.uleb())
 		case op >= 0x20 && op <= 0x22:
-			if x := f.uleb(); x >= nlocals && f.err == nil {
-				return nil, 0, fmt.Errorf("uses the local %d, and it has %d", x, nlocals)
+			x := f.uleb()
+			if x >= nlocals && f.err == nil {
+				return sc, fmt.Errorf("uses the local %d, and it has %d", x, nlocals)
+			}
+			if op != 0x20 && f.err == nil && !set[x] {
+				set[x] = true
+				sc.setLocals++
 			}
 		case op == 0x23, op == 0x24:
 			if x := f.uleb(); x >= g && f.err == nil {
-				return nil, 0, fmt.Errorf("uses the global %d, and the module has %d", x, g)
+				return sc, fmt.Errorf("uses the global %d, and the module has %d", x, g)
 			}
 		case op >= 0x28 && op <= 0x3e:
 			memarg()
@@ -359,7 +383,7 @@ func scanCode(f *reader, nlocals, g uint64, slots func(uint64) int, typeSlots fu
 				skip()
 				skip()
 			default:
-				return nil, 0, fmt.Errorf("uses the instruction 0xfc %d, which this host does not run", sub)
+				return sc, fmt.Errorf("uses the instruction 0xfc %d, which this host does not run", sub)
 			}
 		case op == 0xfd:
 			switch sub := f.uleb(); {
@@ -374,14 +398,14 @@ func scanCode(f *reader, nlocals, g uint64, slots func(uint64) int, typeSlots fu
 				f.byte()
 			case sub <= 255:
 			default:
-				return nil, 0, fmt.Errorf("uses the instruction 0xfd %d, which this host does not run", sub)
+				return sc, fmt.Errorf("uses the instruction 0xfd %d, which this host does not run", sub)
 			}
 		default:
-			return nil, 0, fmt.Errorf("uses the instruction %#x, which this host does not run", op)
+			return sc, fmt.Errorf("uses the instruction %#x, which this host does not run", op)
 		}
 	}
 	if f.err != nil {
-		return nil, 0, fmt.Errorf("malformed code: %v", f.err)
+		return sc, fmt.Errorf("malformed code: %v", f.err)
 	}
-	return calls, callSlots, nil
+	return sc, nil
 }

@@ -58,6 +58,50 @@ func indirectRecursePlugin() []byte {
 		section(11, vec(cat([]byte{0}, i32c(0), []byte{opEnd}, wstr(out)))))
 }
 
+// phiRecursePlugin: f(n) has l locals and d nested loops, each with a back edge on a loaded
+// condition and a call; the innermost loop sets every local and recurses, so that at each
+// loop's head every local is a value of its own, live across the calls (spilled to the frame:
+// l×d values from a few bytes of code each).
+func phiRecursePlugin(l, d int) []byte {
+	out := `{"allow":true}`
+	var b []byte
+	b = append(b, opLocalGet, 0, opI32Eqz, opIf, tI32)
+	b = append(b, i32c(0)...)
+	b = append(b, 0x05)
+	for range d {
+		b = append(b, opLoop, blockEmpty)
+	}
+	for i := 1; i <= l; i++ {
+		b = append(b, opLocalGet)
+		b = append(b, uleb(uint64(i))...)
+		b = append(b, 0x28, 2, 0) // i32.load (address = local value)
+		b = append(b, opLocalSet)
+		b = append(b, uleb(uint64(i))...)
+	}
+	b = append(b, opLocalGet, 0)
+	b = append(b, i32c(1)...)
+	b = append(b, opI32Sub, opCall, 2, opDrop)
+	for range d {
+		// A call in each loop, then its back edge on a loaded condition.
+		b = append(b, i32c(0)...)
+		b = append(b, opCall, 2, opDrop)
+		b = append(b, i32c(8)...)
+		b = append(b, 0x28, 2, 0)
+		b = append(b, opBrIf, 0, opEnd)
+		for i := 1; i <= l; i += 50 {
+			b = append(b, opLocalGet)
+			b = append(b, uleb(uint64(i))...)
+			b = append(b, opDrop)
+		}
+	}
+	b = append(b, i32c(0)...)
+	b = append(b, opEnd)
+	return wmod{memMin: 1, memMax: -1,
+		funcs: []wfunc{allocFunc(), decideFunc(cat(i32c(1<<20), []byte{opCall, 2, opDrop}, resultAt0(len(out)))),
+			{params: []byte{tI32}, results: []byte{tI32}, locals: l, body: b}},
+		data: []wdata{{0, []byte(out)}}}.encode()
+}
+
 // allocated answers the bytes the host's heap allocated while f ran.
 func allocated(f func()) uint64 {
 	var ms runtime.MemStats
@@ -83,6 +127,7 @@ func TestStackIsCapped(t *testing.T) {
 		{"deep", recursePlugin(1 << 24)},
 		{"wide frames", wideRecursePlugin(4000, 1<<20)},
 		{"through a table", indirectRecursePlugin()},
+		{"values where paths join", phiRecursePlugin(200, 200)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			project := "proj-stack-" + strings.ReplaceAll(c.name, " ", "-")
@@ -100,9 +145,24 @@ func TestStackIsCapped(t *testing.T) {
 	}
 }
 
+// bigFrame sets n locals, then opens and closes blocks blocks.
+func bigFrame(n, blocks int) []byte {
+	var b []byte
+	for k := range n {
+		b = append(b, i32c(0)...)
+		b = append(b, opLocalSet)
+		b = append(b, uleb(uint64(k))...)
+	}
+	for range blocks {
+		b = append(b, opBlock, blockEmpty, opEnd)
+	}
+	return b
+}
+
 // TestStackCountIsTheHosts: code that uses a global or a local the module does not define is
 // refused: the ones the host adds to count the stack would answer to it, and a module that
-// set the count back could recurse without bound.
+// set the count back could recurse without bound. So is a function whose frame alone counts
+// more than MaxStackBytes.
 func TestStackCountIsTheHosts(t *testing.T) {
 	h, _ := newTestHost(t, nil, Options{})
 	ctx := ctxT(t)
@@ -113,6 +173,8 @@ func TestStackCountIsTheHosts(t *testing.T) {
 	}{
 		{"global", rawPlugin(`{"allow":true}`, cat(i32c(0), []byte{0x24, 0}, resultAt0(14))), "function 1: uses the global 0, and the module has 0"},
 		{"local", rawPlugin(`{"allow":true}`, cat(i32c(0), []byte{opLocalSet, 3}, resultAt0(14))), "function 1: uses the local 3, and it has 3"},
+		{"frame", wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)), {locals: 2000, body: bigFrame(2000, 100)}}}.encode(),
+			"function 2's frame counts 9827808 bytes (its 2000 locals set across 100 blocks), more than the 8 MiB"},
 		{"export", wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)), {name: "wb:start"}}}.encode(), `exports "wb:start"`},
 	} {
 		if _, err := h.Validate(ctx, c.wasm); !isInvalid(err, c.want) {
