@@ -97,3 +97,18 @@ func holdCompiles(t *testing.T, h *Host) func() {
 	t.Cleanup(release)
 	return release
 }
+
+// TestSlowJoinsRefusedBeforeCompile: a function setting many locals across many blocks (a
+// 7 KiB function took 3.8 s to compile, and a module may hold thousands) is refused before any
+// compile, naming the bound: the test holds every compile slot, so a compile would wait out
+// the call's context.
+func TestSlowJoinsRefusedBeforeCompile(t *testing.T) {
+	h, _ := newTestHost(t, nil, Options{CacheDir: t.TempDir()})
+	holdCompiles(t, h)
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer cancel()
+	_, err := h.Validate(ctx, phiRecursePlugin(200, 200))
+	if want := "function 2 sets 200 locals across 202 blocks (40400 joins), more than the 10000 joins a function may have: split it"; !isInvalid(err, want) {
+		t.Fatalf("got %v, want a refusal saying %q, before any compile", err, want)
+	}
+}

@@ -209,6 +209,7 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 	r := &reader{b: code}
 	n := r.uleb()
 	out := uleb128(nil, n)
+	joins := 0
 	for i := uint64(0); i < n && r.err == nil; i++ {
 		body := r.bytes(r.uleb())
 		if r.err != nil {
@@ -236,6 +237,12 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 			return nil, invalid("function %d: %v", i, err)
 		}
 		calls := sc.calls
+		if j := sc.setLocals * sc.controls; j > MaxFunctionJoins {
+			return nil, invalid("function %d sets %d locals across %d blocks (%d joins), more than the %d joins a function may have: split it",
+				i, sc.setLocals, sc.controls, j, MaxFunctionJoins)
+		} else if joins += j; joins > MaxJoins {
+			return nil, invalid("its functions set locals across blocks %d times or more (joins), more than the %d a plugin's functions may have together", joins, MaxJoins)
+		}
 		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd, sc.callSlots, sc.setLocals, sc.controls)
 		if cost > MaxStackBytes {
 			return nil, invalid("function %d's frame counts %d bytes (its %d locals set across %d blocks), more than the %d MiB a call's stack may have",
