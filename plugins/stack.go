@@ -24,8 +24,10 @@ const (
 )
 
 // frameCost is what one frame of a function counts against MaxStackBytes: 16 bytes for each
-// parameter, result, local and byte of code (the compiler spills each value to a slot of its
-// own, of at most 16 bytes, and a byte of code makes at most one value), as many for the
+// parameter, result, local and value its code makes (the compiler spills each value to a
+// slot of its own, of at most 16 bytes: code counts a value per byte, for most instructions
+// make at most one, plus the results of each call, which a call of 2 bytes may make hundreds
+// of), as many for the
 // arguments and results of the largest call it makes and for each local it sets in each of
 // its blocks (where paths join, each such local is a value of its own: 200 locals set in
 // 200 nested loops made frames of 320 KiB from 7 KiB of code), and 1 KiB for saved
@@ -193,19 +195,6 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 	if code == nil {
 		return nil, nil
 	}
-	// The call slots (parameters and results) of a type, and of a function.
-	typeSlots := func(ti uint64) int {
-		if ti >= uint64(len(types)) {
-			return 0 // refused by the compiler
-		}
-		return types[ti].params + types[ti].results
-	}
-	slots := func(fn uint64) int {
-		if fn >= uint64(len(funcTypes)) {
-			return 0
-		}
-		return typeSlots(funcTypes[fn])
-	}
 	r := &reader{b: code}
 	n := r.uleb()
 	out := uleb128(nil, n)
@@ -222,6 +211,7 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		t := types[funcTypes[fi]]
 		f := &reader{b: body}
 		groups := f.uleb()
+		groupsEnd := f.i // the count may be longer than its minimal encoding (valid LEB128)
 		locals := uint64(0)
 		for j := uint64(0); j < groups && f.err == nil; j++ {
 			locals += f.uleb()
@@ -232,7 +222,7 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		}
 		declEnd := f.i
 		nlocals := uint64(t.params) + locals // the save local's index
-		sc, err := scanCode(f, nlocals, g, slots, typeSlots)
+		sc, err := scanCode(f, nlocals, g, funcTypes, types)
 		if err != nil {
 			return nil, invalid("function %d: %v", i, err)
 		}
@@ -243,14 +233,14 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		} else if joins += j; joins > MaxJoins {
 			return nil, invalid("its functions set locals across blocks %d times or more (joins), more than the %d a plugin's functions may have together", joins, MaxJoins)
 		}
-		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd, sc.callSlots, sc.setLocals, sc.controls)
+		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd+sc.callResults, sc.callSlots, sc.setLocals, sc.controls)
 		if cost > MaxStackBytes {
 			return nil, invalid("function %d's frame counts %d bytes (its %d locals set across %d blocks), more than the %d MiB a call's stack may have",
 				i, cost, sc.setLocals, sc.controls, MaxStackBytes>>20)
 		}
 
 		nb := uleb128(nil, groups+1)
-		nb = append(nb, body[len(uleb128(nil, groups)):declEnd]...)
+		nb = append(nb, body[groupsEnd:declEnd]...)
 		nb = append(nb, 1, 0x7f) // the save local
 		// global.get g; i32.const cost; i32.add; local.tee s; global.set g;
 		// local.get s; i32.const MaxStackBytes; i32.gt_u; if unreachable end
@@ -309,17 +299,30 @@ func sleb128(b []byte, v int64) []byte {
 
 // scanned is what scanCode finds in a function's code.
 type scanned struct {
-	calls     [][2]int // where each call is: [start, end) in the body's bytes
-	callSlots int      // the most call slots (parameters and results) a call takes
-	setLocals int      // how many of its locals (parameters included) it sets
-	controls  int      // its block, loop, if and else instructions
+	calls       [][2]int // where each call is: [start, end) in the body's bytes
+	callSlots   int      // the most call slots (parameters and results) a call takes
+	callResults int      // the results of all its calls: a call of 2 bytes may make hundreds of values
+	setLocals   int      // how many of its locals (parameters included) it sets
+	controls    int      // its block, loop, if and else instructions
 }
 
 // scanCode steps over a function's instructions (f is past its locals). It refuses local
 // indices from nlocals on and global indices from g on (the ones boundStack adds), and an
 // instruction it does not know.
-func scanCode(f *reader, nlocals, g uint64, slots func(uint64) int, typeSlots func(uint64) int) (scanned, error) {
+func scanCode(f *reader, nlocals, g uint64, funcTypes []uint64, types []funcType) (scanned, error) {
 	var sc scanned
+	typeOf := func(ti uint64) funcType {
+		if ti >= uint64(len(types)) {
+			return funcType{} // refused by the compiler
+		}
+		return types[ti]
+	}
+	funcOf := func(fn uint64) funcType {
+		if fn >= uint64(len(funcTypes)) {
+			return funcType{}
+		}
+		return typeOf(funcTypes[fn])
+	}
 	set := make([]bool, nlocals)
 	skip := func() { f.uleb() }
 	memarg := func() { f.uleb(); f.uleb() }
@@ -342,14 +345,16 @@ func scanCode(f *reader, nlocals, g uint64, slots func(uint64) int, typeSlots fu
 				skip()
 			}
 		case op == 0x10: // call
-			fn := f.uleb()
+			t := funcOf(f.uleb())
 			sc.calls = append(sc.calls, [2]int{at, f.i})
-			sc.callSlots = max(sc.callSlots, slots(fn))
+			sc.callSlots = max(sc.callSlots, t.params+t.results)
+			sc.callResults += t.results
 		case op == 0x11: // call_indirect
-			ti := f.uleb()
+			t := typeOf(f.uleb())
 			skip()
 			sc.calls = append(sc.calls, [2]int{at, f.i})
-			sc.callSlots = max(sc.callSlots, typeSlots(ti))
+			sc.callSlots = max(sc.callSlots, t.params+t.results)
+			sc.callResults += t.results
 		case op == 0x1c: // select t*
 			f.bytes(f.uleb())
 		case op >= 0x20 && op <= 0x22:

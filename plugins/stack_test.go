@@ -1,6 +1,7 @@
 package plugins
 
 import (
+	"bytes"
 	"runtime"
 	"strings"
 	"testing"
@@ -102,6 +103,30 @@ func phiRecursePlugin(l, d int) []byte {
 		data: []wdata{{0, []byte(out)}}}.encode()
 }
 
+// multiValuePlugin: g(n) calls f k times (each pushing nres values from 2 bytes of code),
+// recurses, then hands the values to sink: k*nres values live across the recursive call.
+func multiValuePlugin(k, nres int) []byte {
+	out := `{"allow":true}`
+	fbody := cat(i32c(0), []byte{0x28, 2, 0, opLocalSet, 0}, bytes.Repeat([]byte{opLocalGet, 0}, nres))
+	var g []byte
+	g = append(g, opLocalGet, 0, opI32Eqz, opIf, tI32)
+	g = append(g, i32c(0)...)
+	g = append(g, 0x05)
+	g = append(g, bytes.Repeat([]byte{opCall, 3}, k)...)
+	g = append(g, opLocalGet, 0)
+	g = append(g, i32c(1)...)
+	g = append(g, opI32Sub, opCall, 2, opDrop)
+	g = append(g, bytes.Repeat([]byte{opCall, 4}, k)...)
+	g = append(g, i32c(0)...)
+	g = append(g, opEnd)
+	return wmod{memMin: 1, memMax: -1,
+		funcs: []wfunc{allocFunc(), decideFunc(cat(i32c(1<<20), []byte{opCall, 2, opDrop}, resultAt0(len(out)))),
+			{params: []byte{tI32}, results: []byte{tI32}, body: g},
+			{results: bytes.Repeat([]byte{tI32}, nres), locals: 1, body: fbody},
+			{params: bytes.Repeat([]byte{tI32}, nres)}},
+		data: []wdata{{0, []byte(out)}}}.encode()
+}
+
 // allocated answers the bytes the host's heap allocated while f ran.
 func allocated(f func()) uint64 {
 	var ms runtime.MemStats
@@ -128,6 +153,7 @@ func TestStackIsCapped(t *testing.T) {
 		{"wide frames", wideRecursePlugin(4000, 1<<20)},
 		{"through a table", indirectRecursePlugin()},
 		{"values where paths join", phiRecursePlugin(100, 98)},
+		{"results of calls", multiValuePlugin(50, 1000)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			project := "proj-stack-" + strings.ReplaceAll(c.name, " ", "-")
@@ -201,5 +227,34 @@ func TestStackIsCappedInStart(t *testing.T) {
 		{name: "_initialize", body: cat(i32c(1<<24), []byte{opCall, 3, opDrop})},
 		{params: []byte{tI32}, results: []byte{tI32}, body: cat([]byte{opLocalGet, 0}, []byte{opCall, 3})}}}.encode()); !isInvalid(err, "does not start: failed to start: exceeded its stack limit") {
 		t.Errorf("an _initialize recursing without end: %v", err)
+	}
+}
+
+// TestStackRewriteReadsLongCounts: the same module twice, its decide's count of local groups
+// encoded minimally (01) and not (81 00, valid LEB128 that wazero reads), is valid both ways:
+// the rewrite copied the declarations from the minimal encoding's length, and turned the
+// second into a module wazero refused.
+func TestStackRewriteReadsLongCounts(t *testing.T) {
+	out := `{"allow":true}`
+	typ := func(params, results []byte) []byte {
+		return cat([]byte{0x60}, vec(bytesEach(params)...), vec(bytesEach(results)...))
+	}
+	mod := func(groups []byte) []byte {
+		sized := func(c []byte) []byte { return cat(uleb(uint64(len(c))), c) }
+		alloc := sized(cat([]byte{0}, i32c(inputAt), []byte{opEnd}))
+		dec := sized(cat(groups, []byte{1, tI32}, resultAt0(len(out)), []byte{opEnd}))
+		return cat([]byte("\x00asm\x01\x00\x00\x00"),
+			section(1, vec(typ([]byte{tI32}, []byte{tI32}), typ([]byte{tI32, tI32}, []byte{tI64}))),
+			section(3, vec([]byte{0}, []byte{1})),
+			section(5, vec([]byte{0, 1})),
+			section(7, vec(cat(wstr("memory"), []byte{2, 0}), cat(wstr("alloc"), []byte{0, 0}), cat(wstr("decide"), []byte{0, 1}))),
+			section(10, vec(alloc, dec)),
+			section(11, vec(cat([]byte{0}, i32c(0), []byte{opEnd}, wstr(out)))))
+	}
+	h, _ := newTestHost(t, nil, Options{})
+	for _, g := range [][]byte{{0x01}, {0x81, 0x00}} {
+		if _, err := h.Validate(ctxT(t), mod(g)); err != nil {
+			t.Errorf("groups encoded % x: %v", g, err)
+		}
 	}
 }
