@@ -126,9 +126,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 	// A caller that stays connected but takes none of the answer for ExecWriteStall ends the
 	// exec: the output's write fails, which ends the node's exec and kills its processes.
 	sw := stallwrite.New(w, s.ExecWriteStall)
+	under := w
 	defer func() {
 		sw.Close()
 		if sw.Stalled() {
+			markCutOff(under) // a replay of the bytes taken would look like a whole answer
 			s.log.WarnContext(r.Context(), "exec: its caller took none of the answer within the stall; the exec is ended",
 				"session", sess.ID, "stall", s.ExecWriteStall)
 		}

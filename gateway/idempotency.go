@@ -26,6 +26,26 @@ type recorder struct {
 	max     int
 	over    bool
 	written int64
+	cut     bool // the answer was cut off before its end (cutOff)
+}
+
+// cutOff marks the answer as cut off before its end by the handler (an exec whose caller
+// stopped reading): what was written is no whole answer to replay.
+func (r *recorder) cutOff() { r.cut = true }
+
+// markCutOff tells the recorder under w, if there is one, that the answer was cut off.
+func markCutOff(w http.ResponseWriter) {
+	for w != nil {
+		if r, ok := w.(*recorder); ok {
+			r.cutOff()
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
 }
 
 // Flush passes flushes on, so that a streamed answer still streams.
@@ -144,7 +164,14 @@ func (s *Server) idempotent(h handler) handler {
 			hdr["Warning"] = warn
 		}
 		rec = &store.IdemRecord{Fingerprint: fp, Status: rw.status, Header: hdr, Body: rw.buf.Bytes()}
-		if rw.over {
+		if rw.cut {
+			// Cut off (the caller stopped reading, and the stall ended the exec): its bytes
+			// end mid-answer, without a result or an error; a retry learns that instead, and
+			// the request is still not run twice.
+			b, _ := json.Marshal(errorBody{Error: apiError{Type: "idempotency_error", Code: "replay_incomplete",
+				Message: fmt.Sprintf("the first answer to this Idempotency-Key (status %d) was cut off after %d bytes: its caller stopped reading it, and the request was ended; it is not run again: read its effects from the session", rw.status, rw.written)}})
+			rec.Status, rec.Header, rec.Body = 409, map[string]string{"Content-Type": "application/json"}, append(b, '\n')
+		} else if rw.over {
 			// Too big to keep: a retry learns that, and the request is still not run twice.
 			b, _ := json.Marshal(errorBody{Error: apiError{Type: "idempotency_error", Code: "replay_too_large",
 				Message: fmt.Sprintf("the first answer to this Idempotency-Key was %d bytes, over the %d kept for replays (status %d); the request is not run again: read its result from the session or run it created", rw.written, s.MaxReplayBytes, rw.status)}})

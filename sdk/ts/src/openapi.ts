@@ -1962,7 +1962,7 @@ export interface components {
                 };
             };
         };
-        /** @description The object's state does not allow it (invalid_state, message names the current state), or Idempotency-Key was reused with another request (idempotency_error). An answer too big to keep for a replay (over 17 MiB by default), or one dropped to keep the project's stored output within its budget (1 GiB by default), replays as replay_too_large; the request is not run again. */
+        /** @description The object's state does not allow it (invalid_state, message names the current state), or Idempotency-Key was reused with another request (idempotency_error). An answer too big to keep for a replay (over 17 MiB by default), or one dropped to keep the project's stored output within its budget (1 GiB by default), replays as replay_too_large, and an exec's answer cut off because its caller stopped reading it replays as replay_incomplete; the request is not run again. */
         StateOrIdempotencyConflict: {
             headers: {
                 [name: string]: unknown;
@@ -1973,7 +1973,7 @@ export interface components {
                         /** @enum {unknown} */
                         type?: "invalid_state" | "idempotency_error";
                         /** @enum {unknown} */
-                        code?: "invalid_state" | "idempotency_key_reused" | "replay_too_large";
+                        code?: "invalid_state" | "idempotency_key_reused" | "replay_too_large" | "replay_incomplete";
                     } & components["schemas"]["ErrorDetail"];
                 };
             };
@@ -2120,7 +2120,7 @@ export interface components {
                         /** @enum {unknown} */
                         type?: "invalid_state" | "idempotency_error";
                         /** @enum {unknown} */
-                        code?: "invalid_state" | "idempotency_key_reused" | "replay_too_large";
+                        code?: "invalid_state" | "idempotency_key_reused" | "replay_too_large" | "replay_incomplete";
                     } & components["schemas"]["ErrorDetail"];
                 };
             };
@@ -2168,7 +2168,7 @@ export interface components {
                         /** @enum {unknown} */
                         type?: "invalid_state" | "idempotency_error";
                         /** @enum {unknown} */
-                        code?: "invalid_state" | "no_capacity" | "idempotency_key_reused" | "replay_too_large";
+                        code?: "invalid_state" | "no_capacity" | "idempotency_key_reused" | "replay_too_large" | "replay_incomplete";
                     } & components["schemas"]["ErrorDetail"];
                 };
             };
