@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"wb/desktop"
 	"wb/session"
 )
 
@@ -244,4 +248,114 @@ func TestExecAndRunCaps(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		e.mustDo("GET", "/v1/runs/"+run.ID, e.key, nil, 200, &run)
 	}
+}
+
+// TestDesktopMCPExecsAreCapped: the desktop MCP's run_command and run_js count among the
+// project's execs (Config.MaxConcurrentExecs), as the exec route does: past the cap a call is
+// a tool error naming the limit, and a call in progress holds a slot the exec route sees.
+// A desktop's setup, the gateway's own exec, is not refused for the project's load. Before,
+// the tools called the exec path directly: an agent could start any number of execs at once.
+func TestDesktopMCPExecsAreCapped(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrentExecs = 1
+		c.DesktopSetup = func(ctx context.Context, ex desktop.Execer) error {
+			_, stderr, code, err := ex.Exec(ctx, []string{"true"}, nil)
+			if err == nil && code != 0 {
+				err = fmt.Errorf("setup exited %d: %s", code, stderr)
+			}
+			return err
+		}
+	})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	s := e.running(map[string]any{"tier": 2})
+	gate := filepath.Join(t.TempDir(), "go")
+	waitGate := "while [ ! -e " + gate + " ]; do sleep 0.02; done; echo done"
+	// A failed test ends its held commands before the environment's cleanup waits for them.
+	t.Cleanup(func() { _ = os.WriteFile(gate, nil, 0o644) })
+	inFlight := func() int {
+		e.gw.execs.mu.Lock()
+		defer e.gw.execs.mu.Unlock()
+		return e.gw.execs.n[e.projA]
+	}
+	waitInFlight := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); inFlight() < 1; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never took an exec slot", what)
+			}
+		}
+	}
+	// An exec of the route holds the project's one slot.
+	held := make(chan int, 1)
+	go func() {
+		raw, _ := json.Marshal(map[string]any{"command": waitGate, "timeout_s": 600})
+		req, _ := http.NewRequest("POST", e.url+"/v1/sessions/"+s.ID+"/exec", bytes.NewReader(raw))
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			held <- 0
+			return
+		}
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	waitInFlight("the exec route")
+	cs := e.mcpSession(d)
+	for name, args := range map[string]map[string]any{
+		"run_command": {"command": "echo ran"},
+		"run_js":      {"script": "1+1"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+		cancel()
+		if err != nil || !res.IsError || !strings.Contains(textOf(res), "1 execs in progress") {
+			t.Errorf("%s with an exec in progress and a cap of 1: %v, %s; want a tool error naming the limit", name, err, describeResult(res))
+		}
+	}
+	// A desktop's setup is the gateway's own exec: a tenant's execs do not fail its start.
+	e.newDesktop(map[string]any{"name": "d2"})
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if status := <-held; status != 200 {
+		t.Fatalf("the held exec answered %d", status)
+	}
+	// The other way: a run_command in progress holds the slot from the exec route.
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{"command": waitGate, "timeout_s": 600}})
+		if err == nil && res.IsError {
+			err = fmt.Errorf("tool error: %s", textOf(res))
+		}
+		done <- err
+	}()
+	waitInFlight("run_command")
+	r := e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"})
+	if msg := expectError(t, r, 429, "too_many_execs", ""); !strings.Contains(msg, "1 execs in progress") {
+		t.Errorf("the exec route with a run_command in progress: %s", msg)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the held run_command: %v", err)
+	}
+	res := callTool(t, cs, "run_command", map[string]any{"command": "echo ran"})
+	if !strings.Contains(textOf(res), `"stdout":"ran\n"`) {
+		t.Errorf("run_command once the slot is free: %s", textOf(res))
+	}
+}
+
+// describeResult prints a tool's result for a test's failure.
+func describeResult(res *mcp.CallToolResult) string {
+	if res == nil {
+		return "no result"
+	}
+	return fmt.Sprintf("isError %v: %s", res.IsError, textOf(res))
 }

@@ -854,7 +854,11 @@ func (s *Server) deleteSnapshotFiles(ctx context.Context, id string) {
 	}
 }
 
-// sessionExecer runs commands in a desktop's session for its setup.
+// sessionExecer runs commands in a desktop's session for its setup (and for the screen and
+// the MCP tools, which count themselves among the project's calls). It takes no exec slot of
+// the project (Config.MaxConcurrentExecs): a setup is the gateway's own work, one per desktop
+// start and bounded by desktopSetupWait, and a project's execs filling its slots must not
+// fail its desktops' starts (a refused setup fails the desktop).
 type sessionExecer struct {
 	s    *Server
 	sess *session.Session

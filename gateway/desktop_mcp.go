@@ -104,7 +104,7 @@ func (m *desktopMCP) server(p store.Project, rec desktop.Record) *mcp.Server {
 	})
 	t := &desktopTools{s: m.s, p: p, id: rec.ID}
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_command", Description: "Run a command on the desktop and answer its stdout, stderr and exit code. " +
-		"Give command (a shell command line, run with /bin/sh -c) or argv (a program and its arguments, no shell)."}, useTool(t, t.runCommand))
+		"Give command (a shell command line, run with /bin/sh -c) or argv (a program and its arguments, no shell)."}, useTool(t, execTool(t, t.runCommand)))
 	mcp.AddTool(srv, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of the desktop (at most %d MiB): UTF-8 text as is, anything else base64.", MCPMaxFileBytes>>20)},
 		useTool(t, fileTool(t, t.readFile)))
 	mcp.AddTool(srv, &mcp.Tool{Name: "write_file", Description: "Write a file on the desktop, making its directories; content is UTF-8 text, or base64 with encoding \"base64\"."},
@@ -112,7 +112,7 @@ func (m *desktopMCP) server(p store.Project, rec desktop.Record) *mcp.Server {
 	mcp.AddTool(srv, &mcp.Tool{Name: "list_files", Description: "List a directory of the desktop."}, useTool(t, fileTool(t, t.listFiles)))
 	mcp.AddTool(srv, &mcp.Tool{Name: "screenshot", Description: "A PNG image of the desktop's whole display."}, useTool(t, fileTool(t, t.screenshot)))
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_js", Description: "Run JavaScript in the desktop's browser, in a fresh browser context (nothing is kept between calls), " +
-		fmt.Sprintf("and answer its value as JSON (a promise is awaited; at most %d MiB of it).", guest.MaxResultBytes>>20)}, useTool(t, t.runJS))
+		fmt.Sprintf("and answer its value as JSON (a promise is awaited; at most %d MiB of it).", guest.MaxResultBytes>>20)}, useTool(t, execTool(t, t.runJS)))
 	return srv
 }
 
@@ -156,6 +156,20 @@ func fileTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess 
 			return nil, zero, err
 		}
 		defer t.s.fileCalls.release(t.p.ID)
+		return work(ctx, sess, in)
+	}
+}
+
+// execTool counts a call of run_command or run_js among the project's execs, as the exec
+// route does (Config.MaxConcurrentExecs): each runs a command in the guest for as long as
+// its timeout, and past the cap the call is a tool error that says so.
+func execTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
+	return func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
+		if err := t.s.execs.acquire(t.p.ID, cmp.Or(t.s.MaxConcurrentExecs, DefaultMaxConcurrentExecs)); err != nil {
+			var zero Out
+			return nil, zero, err
+		}
+		defer t.s.execs.release(t.p.ID)
 		return work(ctx, sess, in)
 	}
 }
