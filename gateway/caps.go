@@ -23,6 +23,10 @@ const (
 	// progress at once on one gateway: each holds the gateway's memory (a screenshot up to
 	// ~9 MiB) and a connection to the node for as long as the guest takes, up to its bound.
 	DefaultMaxConcurrentFileCalls = 32
+	// DefaultMaxConcurrentPTYs is how many PTYs one project may have open at once on one
+	// gateway: each holds two connections (the caller's and the agent's), a goroutine pair
+	// and their buffers for as long as the caller keeps it open.
+	DefaultMaxConcurrentPTYs = 16
 	// DefaultMaxStoredOutputBytes is the budget of one project's stored output: runs' and the
 	// answers kept for Idempotency-Key replays (store/kept.go).
 	DefaultMaxStoredOutputBytes = 1 << 30
@@ -69,6 +73,23 @@ func (s *Server) fileCall(h handler) handler {
 			return err
 		}
 		defer s.fileCalls.release(p.ID)
+		return h(w, r, p)
+	}
+}
+
+// newPTYSlots counts open PTYs (Server.ptyCall).
+func newPTYSlots() *projectSlots {
+	return newProjectSlots("PTY", "too_many_ptys")
+}
+
+// ptyCall serves h as one of the project's PTYs (ptys, MaxConcurrentPTYs) from its handshake
+// to its end: past the cap it answers a 429 before the upgrade.
+func (s *Server) ptyCall(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
+		if err := s.ptys.acquire(p.ID, cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs)); err != nil {
+			return err
+		}
+		defer s.ptys.release(p.ID)
 		return h(w, r, p)
 	}
 }

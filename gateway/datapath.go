@@ -84,7 +84,7 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: c, log: c.Logger, ctx: ctx, cancel: cancel,
 		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs"),
-		fileCalls: newFileCallSlots()}
+		fileCalls: newFileCallSlots(), ptys: newPTYSlots()}
 	d := &DataPath{s: s, nodeID: cfg.NodeID, fallback: cfg.Fallback, recheck: 10 * time.Second}
 	m := http.NewServeMux()
 	s.dataRoutes(func(pattern string, h handler) { m.Handle(pattern, d.granted(h)) })

@@ -81,6 +81,9 @@ type Config struct {
 	// session's or a desktop's files) and desktop screenshots in progress on this gateway
 	// (0: DefaultMaxConcurrentFileCalls).
 	MaxConcurrentFileCalls int
+	// MaxConcurrentPTYs caps a project's open PTYs on this gateway (0:
+	// DefaultMaxConcurrentPTYs).
+	MaxConcurrentPTYs int
 	// MaxStoredOutputBytes bounds a project's stored output in Redis: its runs' (kept 7 days,
 	// each up to 2×MaxOutputBytes) and its answers kept for Idempotency-Key replays (24 h,
 	// each up to MaxReplayBytes). Past it the oldest outputs are dropped: such a run then
@@ -134,8 +137,9 @@ type Server struct {
 	bg     sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
-	// execs, asyncRuns and fileCalls count work in progress per project, for the caps above.
-	execs, asyncRuns, fileCalls *projectSlots
+	// execs, asyncRuns, fileCalls and ptys count work in progress per project, for the caps
+	// above.
+	execs, asyncRuns, fileCalls, ptys *projectSlots
 	// releases and abandons count what refused creates left being cleaned up in the
 	// background (releaseLater, abandonLater): one budget each, so that either kind, piling
 	// up in a long outage, leaves the other its own.
@@ -199,7 +203,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,
 		execs: newProjectSlots("exec", "too_many_execs"), asyncRuns: newProjectSlots("async run", "too_many_runs"),
-		fileCalls: newFileCallSlots()}
+		fileCalls: newFileCallSlots(), ptys: newPTYSlots()}
 	s.auth = authCache{m: map[string]authEntry{}}
 	s.idleKick = make(chan struct{}, 1)
 	s.ptyInputWait = defaultPTYInputWait
@@ -299,7 +303,7 @@ func (s *Server) routes() {
 // session's node, which serves them with these same handlers (NewDataPath).
 func (s *Server) dataRoutes(handle func(pattern string, h handler)) {
 	handle("POST /v1/sessions/{id}/exec", s.idempotent(s.exec))
-	handle("GET /v1/sessions/{id}/pty", s.pty)
+	handle("GET /v1/sessions/{id}/pty", s.ptyCall(s.pty))
 	handle("GET /v1/sessions/{id}/files", s.fileCall(s.getFile))
 	handle("PUT /v1/sessions/{id}/files", s.fileCall(s.putFile))
 	handle("DELETE /v1/sessions/{id}/files", s.fileCall(s.deleteFile))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -326,5 +327,89 @@ func TestGuestForbiddenIsNotAPolicyKill(t *testing.T) {
 	n, _ := resp.Body.Read(body[:])
 	if got := string(body[:n]); resp.StatusCode != 502 || strings.Contains(got, "policy_violation\"") {
 		t.Fatalf("a PTY the guest's agent refused: HTTP %d %s; want a 502 of the guest's, not a policy kill", resp.StatusCode, got)
+	}
+}
+
+// TestPTYsAreCapped: a project has at most Config.MaxConcurrentPTYs PTYs open on a gateway
+// (here against an agent that opens each and then holds it, as a hostile guest's may); past
+// them a handshake answers 429 too_many_ptys naming the limit, with a Retry-After, and once
+// one closes the next opens. Another project is not affected. Before, a tenant could open
+// any number, each holding two connections and a goroutine pair on the gateway.
+func TestPTYsAreCapped(t *testing.T) {
+	release := make(chan struct{})
+	deaf := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer deaf.Close()
+	defer close(release) // before Close, which waits for the handler
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrentPTYs = 2
+		c.Guests = deafAgentNode{Node: c.Guests.(*fakenode.Node), deaf: deaf}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	open := func(key, id string) (*websocket.Conn, *http.Response, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + id + "/pty"
+		return websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + key}}})
+	}
+	var conns []*websocket.Conn
+	defer func() {
+		for _, c := range conns {
+			c.CloseNow()
+		}
+	}()
+	for i := range 2 {
+		c, _, err := open(e.key, s.ID)
+		if err != nil {
+			t.Fatalf("PTY %d: %v", i, err)
+		}
+		conns = append(conns, c)
+	}
+	c, resp, err := open(e.key, s.ID)
+	if err == nil {
+		c.CloseNow()
+		t.Fatal("a third PTY opened with a cap of 2")
+	}
+	var body []byte
+	if resp != nil {
+		body, _ = io.ReadAll(resp.Body)
+	}
+	if resp == nil || resp.StatusCode != 429 || !strings.Contains(string(body), `"too_many_ptys"`) ||
+		!strings.Contains(string(body), "2 PTYs in progress") || resp.Header.Get("Retry-After") == "" {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		t.Fatalf("a third PTY with 2 open: %v, %d %s; want a 429 too_many_ptys naming the limit of 2, with a Retry-After", err, status, body)
+	}
+	// Another project has its own PTYs.
+	_, keyB := e.newProject("B", nil)
+	sB := e.waitState(keyB, e.create(keyB, map[string]any{"tier": 2}).ID, session.Running)
+	cB, _, err := open(keyB, sB.ID)
+	if err != nil {
+		t.Fatalf("another project's PTY: %v", err)
+	}
+	cB.CloseNow()
+	// Once one closes, the next opens.
+	conns[0].CloseNow()
+	conns = conns[1:]
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		c, _, err := open(e.key, s.ID)
+		if err == nil {
+			conns = append(conns, c)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no PTY opened a minute after one of 2 closed: %v", err)
+		}
 	}
 }
