@@ -2222,6 +2222,23 @@ export interface components {
                 };
             };
         };
+        /** @description The project already has as many PTYs open as it may have at once on this gateway (too_many_ptys, 16 by default), or the request is over the project's rate (rate_limited): retry after Retry-After. */
+        TooManyPTYs: {
+            headers: {
+                "Retry-After": components["headers"]["Retry-After"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "rate_limited";
+                        /** @enum {unknown} */
+                        code?: "too_many_ptys" | "rate_limited";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
         /** @description Waking the desktop is over the project's create rate (rate_limited) or its concurrent sessions (concurrency_limit), or the project already has as many file calls and screenshots in progress as it may have at once on this gateway (too_many_file_calls, 32 by default): retry after Retry-After. */
         TooManyDesktopFileCalls: {
             headers: {
@@ -3129,6 +3146,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            429: components["responses"]["TooManyPTYs"];
             500: components["responses"]["InternalError"];
             /** @description The node could not reach the guest, or its agent could not open the terminal. */
             502: {
