@@ -38,32 +38,53 @@ func (a *Accounts) SetLimits(ctx context.Context, project string, l Limits) erro
 // uncapScript lifts the project's cap's flags this month if its spend is under the raised
 // cap, reading the spend and deleting the flags in one step, as uncapEndUsersScript does for
 // the end users (and for the same reason): the hard flag, its lifted mark and the cap's held
-// and undecided stops when the spend is under the hard cap, the soft flag and the soft cap's
-// held and undecided stops too when it is under the soft one. A hard flag that a soft cap's decision set (softStopPrefix) goes with
-// the soft flag: the cap's soft level still crossed, the decision to refuse admissions
-// stands (and the soft cap is not crossed again, to be decided again). It answers 1 if it
+// and undecided stops when the spend is under the hard cap, the soft flag, its soft deny
+// record and the soft cap's held and undecided stops too when it is under the soft one. A
+// hard flag that a soft cap's decision set (softStopPrefix) goes with the soft flag: the
+// cap's soft level still crossed, the decision to refuse admissions stands (and the soft cap
+// is not crossed again, to be decided again). The hard cap crossed after that decision
+// overwrote the flag with its spend: the flag is then set back from the soft deny record
+// (capSoftDeny), with the record's TTL, when the soft flag is still there. It answers 1 if it
 // lifted the hard cap's.
 //
-// KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash, undecided stops hash.
-// ARGV: month, hard threshold nano (empty for no cap), soft threshold nano, the held and
-// undecided stops' fields, the soft cap's undecided and held stops' fields.
-var uncapScript = redis.NewScript(decimalGELua + softStopLua + `
+// KEYS: spend hash, hard flag, soft flag, lifted mark, held stops hash, undecided stops hash,
+// soft deny record. ARGV: month, hard threshold nano (empty for no cap), soft threshold nano,
+// the held and undecided stops' fields, the soft cap's undecided and held stops' fields.
+var uncapScript = redis.NewScript(decimalGELua + softStopLua + keepSoftDenyLua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 local spend = redis.call('HGET', KEYS[1], 'm:' .. month) or '0'
 if string.sub(spend, 1, 1) == '-' then spend = '0' end
 if hard ~= '' and ge(spend, hard) then return 0 end
 local under_soft = hard == '' or not ge(spend, soft)
-if under_soft or not soft_stop(redis.call('GET', KEYS[2])) then redis.call('DEL', KEYS[2]) end
+if under_soft or not keep_soft_deny(KEYS[2], KEYS[3], KEYS[7]) then redis.call('DEL', KEYS[2]) end
 redis.call('DEL', KEYS[4])
 redis.call('HDEL', KEYS[5], ARGV[4])
 redis.call('HDEL', KEYS[6], ARGV[5])
 if under_soft then
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[3], KEYS[7])
   redis.call('HDEL', KEYS[6], ARGV[6])
   redis.call('HDEL', KEYS[5], ARGV[7])
 end
 return 1
 `)
+
+// keepSoftDenyLua defines keep_soft_deny(hard, soft, deny) for the uncap scripts, on a raise
+// that leaves the spend under the hard cap but past the soft level: it answers whether the
+// hard flag (key hard) stays, as a soft cap's decision to deny admissions set it
+// (softStopPrefix), setting it back from the soft deny record (key deny) with the record's
+// TTL when the hard cap's crossing overwrote it since; the record counts only while the soft
+// flag (key soft) is there (a binary older than the record lifts the soft flag alone).
+const keepSoftDenyLua = `
+local function keep_soft_deny(hard, soft, deny)
+  if soft_stop(redis.call('GET', hard)) then return true end
+  if redis.call('EXISTS', soft) == 0 then return false end
+  local v = redis.call('GET', deny)
+  local ttl = redis.call('PTTL', deny)
+  if not soft_stop(v) or ttl <= 0 then return false end
+  redis.call('SET', hard, v, 'PX', ttl)
+  return true
+end
+`
 
 // Uncap lifts the project's cap's admission stop this month after the cap was raised to
 // capMicroUSD (or removed, 0), if its spend this month is under it (and the soft cap's mark
@@ -73,7 +94,7 @@ func (a *Accounts) Uncap(ctx context.Context, project string, capMicroUSD int64,
 	k, month := store.ProjectKeys(project), monthOf(now)
 	hard, soft := capThresholds(capMicroUSD)
 	if err := uncapScript.Run(ctx, a.rdb, []string{k.Spend(), capFlag(project, "", "hard", month), capFlag(project, "", "soft", month),
-		capLifted(project, "", month), k.CapStops(), k.CapUndecided()}, month, hard, soft, capStopID("", month), undecidedStopID("", month, "hard"), undecidedStopID("", month, "soft"),
+		capLifted(project, "", month), k.CapStops(), k.CapUndecided(), capSoftDeny(project, "", month)}, month, hard, soft, capStopID("", month), undecidedStopID("", month, "hard"), undecidedStopID("", month, "soft"),
 		heldStopID("", month, "soft")).Err(); err != nil {
 		return fmt.Errorf("lift the spend cap of %s: %w", project, err)
 	}
@@ -115,12 +136,16 @@ return 1
 // stopAdmissionsScript refuses admissions in a crossed soft cap's scope, setting the hard
 // cap's flag (which admissions read) to softStopPrefix and the spend, if the soft cap is
 // still crossed (its flag there: a cap raised meanwhile deleted it) and the hard cap's is
-// not set nor lifted (the hard cap crossed meanwhile: its decision is the later word).
+// not set nor lifted (the hard cap crossed meanwhile: its decision is the later word). The
+// soft deny record (capSoftDeny) keeps the same value: the hard cap crossed after overwrites
+// the flag's, and a raise back under it sets the flag again from the record.
 //
-// KEYS: the soft flag, the hard flag, the hard cap's lifted mark. ARGV: the flag's value, TTL s.
+// KEYS: the soft flag, the hard flag, the hard cap's lifted mark, the soft deny record.
+// ARGV: the flag's value, TTL s.
 var stopAdmissionsScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then return 0 end
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+redis.call('SET', KEYS[4], ARGV[1], 'EX', ARGV[2])
 return 1
 `)
 
@@ -129,7 +154,7 @@ return 1
 // takes the spend under the cap's soft level (Uncap, UncapEndUsers) or the month ends.
 func (a *Accounts) stopAdmissions(ctx context.Context, ev CapEvent) error {
 	keys := []string{capFlag(ev.Project, ev.EndUser, "soft", ev.Month), capFlag(ev.Project, ev.EndUser, "hard", ev.Month),
-		capLifted(ev.Project, ev.EndUser, ev.Month)}
+		capLifted(ev.Project, ev.EndUser, ev.Month), capSoftDeny(ev.Project, ev.EndUser, ev.Month)}
 	v := softStopPrefix + strconv.FormatInt(ev.SpendMicroUSD, 10)
 	if err := stopAdmissionsScript.Run(ctx, a.rdb, keys, v, int64(capFlagTTL/time.Second)).Err(); err != nil {
 		return fmt.Errorf("stop admissions past the soft spend cap of %s: %w", ev.Project, err)
@@ -224,26 +249,28 @@ func (a *Accounts) UncapEndUsers(ctx context.Context, project string, capMicroUS
 // the raised cap, reading each spend and deleting its flags in one step: a record settled
 // between the two could take an end user past the cap while its flag, still set, kept Caps
 // from flagging it again, and the flag deleted after would admit an end user over the cap.
-// A hard flag that a soft cap's decision set goes with the soft flag, as in uncapScript.
+// A hard flag that a soft cap's decision set stays with the soft flag, or is set back from
+// its soft deny record, as in uncapScript.
 // Spends are compared as decimal strings: nano-USD may pass 2^53, where Lua's numbers end.
 //
 // KEYS: spend hash, capped end users set, held stops hash, undecided stops hash, then each end
-// user's hard and soft flags and hard cap's lifted mark. ARGV: month, hard threshold nano (” for no cap), soft threshold nano, end users.
-var uncapEndUsersScript = redis.NewScript(decimalGELua + softStopLua + `
+// user's hard and soft flags, hard cap's lifted mark and soft deny record. ARGV: month, hard
+// threshold nano (” for no cap), soft threshold nano, end users.
+var uncapEndUsersScript = redis.NewScript(decimalGELua + softStopLua + keepSoftDenyLua + `
 local month, hard, soft = ARGV[1], ARGV[2], ARGV[3]
 for i = 4, #ARGV do
   local eu = ARGV[i]
   local spend = redis.call('HGET', KEYS[1], 'eu:' .. eu .. ':m:' .. month) or '0'
   if string.sub(spend, 1, 1) == '-' then spend = '0' end
-  local j = 5 + (i - 4) * 3
+  local j = 5 + (i - 4) * 4
   if hard == '' or not ge(spend, hard) then
     local under_soft = hard == '' or not ge(spend, soft)
-    if under_soft or not soft_stop(redis.call('GET', KEYS[j])) then redis.call('DEL', KEYS[j]) end
+    if under_soft or not keep_soft_deny(KEYS[j], KEYS[j + 1], KEYS[j + 3]) then redis.call('DEL', KEYS[j]) end
     redis.call('DEL', KEYS[j + 2])
     redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu)
     redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':undecided')
     if under_soft then
-      redis.call('DEL', KEYS[j + 1])
+      redis.call('DEL', KEYS[j + 1], KEYS[j + 3])
       redis.call('HDEL', KEYS[4], month .. ':eu:' .. eu .. ':soft:undecided')
       redis.call('HDEL', KEYS[3], month .. ':eu:' .. eu .. ':soft')
       redis.call('SREM', KEYS[2], eu)
@@ -263,7 +290,8 @@ func (a *Accounts) uncapEndUsers(ctx context.Context, project string, endUsers [
 	hard, soft := capThresholds(capMicroUSD)
 	args := []any{month, hard, soft}
 	for _, eu := range endUsers {
-		keys = append(keys, capFlag(project, eu, "hard", month), capFlag(project, eu, "soft", month), capLifted(project, eu, month))
+		keys = append(keys, capFlag(project, eu, "hard", month), capFlag(project, eu, "soft", month), capLifted(project, eu, month),
+			capSoftDeny(project, eu, month))
 		args = append(args, eu)
 	}
 	return uncapEndUsersScript.Run(ctx, a.rdb, keys, args...).Err()

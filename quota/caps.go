@@ -50,6 +50,17 @@ local function soft_stop(v)
 end
 `
 
+// capSoftDeny records a soft cap's decision that denied admissions (Accounts.stopAdmissions),
+// holding the value it gave the hard flag: the hard cap, crossed after it, overwrites that
+// value with its spend, and a raise that leaves the spend under the hard cap but past the
+// soft level sets the flag back from this record (the uncap scripts).
+func capSoftDeny(p, endUser, month string) string {
+	if endUser == "" {
+		return store.ProjectKeys(p).CapSoftDeny(month)
+	}
+	return store.ProjectKeys(p).EndUserCapSoftDeny(endUser, month)
+}
+
 // isSoftStop answers whether a hard cap's flag of value v was set by a soft cap's decision.
 func isSoftStop(v string) bool { return strings.HasPrefix(v, softStopPrefix) }
 

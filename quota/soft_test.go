@@ -196,3 +196,102 @@ func TestSoftAndHardHeldStopsKeptApart(t *testing.T) {
 		t.Errorf("held stops %v (%v) after the caps were raised above the spend, want none", stops, err)
 	}
 }
+
+// A soft cap's decision that denied admissions stands after a raise that leaves the spend
+// past the raised cap's soft level, whether or not the hard cap was crossed in between: the
+// hard cap's flag, crossed, holds its spend and no longer says that a soft deny set it, and a
+// raise deleted it with the soft flag left, so the soft cap was never decided again and
+// admissions went on until the raised hard cap.
+func TestSoftDenyKeptAfterTheHardCapCrossed(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}, Decide: denyAtSoft}
+	s := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, e.OnCap, nil), Enforcer: e})
+	settle := func(p string) {
+		for n, err := s.SettleProject(ctx, p); n > 0 || err != nil; n, err = s.SettleProject(ctx, p) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	raise := func(p string, c int64) {
+		if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: c}); err != nil {
+			t.Fatal(err)
+		}
+		if err := accounts.Uncap(ctx, p, c, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, hardCrossed := range []bool{false, true} {
+		p := "proj_softdeny"
+		if hardCrossed {
+			p += "_hard"
+		}
+		raise(p, 100)
+		newSession(t, st, p, nil, up...)
+		appendAll(t, rdb, recordsNow(p, "sess_a", 3)) // 84: soft crossed, denied
+		settle(p)
+		newCap := int64(100) // spend 84 >= soft 80
+		if hardCrossed {
+			appendAll(t, rdb, recordsNow(p, "sess_b", 2)) // 140: hard crossed
+			settle(p)
+			newCap = 160 // spend 140 < hard 160, >= soft 128
+		}
+		raise(p, newCap)
+		var se *store.SpendCapError
+		if err := admitIn(t, st, p, ""); !errors.As(err, &se) {
+			t.Errorf("hard crossed in between=%v: a create after a raise leaving the soft level crossed: %v, want 402 (the soft deny stands)", hardCrossed, err)
+		}
+	}
+}
+
+// TestSoftDenyKeptAfterTheHardCapCrossed for an end user's caps (uncapEndUsersScript).
+func TestSoftDenyKeptAfterTheHardCapCrossedEndUser(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}, Decide: denyAtSoft}
+	s := NewSettler(rdb, SettlerOptions{Caps: NewCaps(rdb, e.OnCap, nil), Enforcer: e})
+	const p, eu = "proj_softdeny_hard_eu", "eu_1"
+	settle := func() {
+		for n, err := s.SettleProject(ctx, p); n > 0 || err != nil; n, err = s.SettleProject(ctx, p) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	raise := func(c int64) {
+		if err := accounts.SetLimits(ctx, p, Limits{EndUserMonthlySpendCapMicroUSD: c}); err != nil {
+			t.Fatal(err)
+		}
+		if err := accounts.UncapEndUsers(ctx, p, c, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raise(100)
+	euID := eu
+	newSession(t, st, p, &euID, up...)
+	for _, c := range []struct {
+		sess string
+		n    int
+	}{{"sess_a", 3}, {"sess_b", 2}} { // 84 (soft, denied), then 140 (hard)
+		rs := recordsNow(p, c.sess, c.n)
+		for i := range rs {
+			rs[i].EndUserID = eu
+		}
+		appendAll(t, rdb, rs)
+		settle()
+	}
+	raise(160) // 140 < 160, >= 128
+	var se *store.SpendCapError
+	if err := admitIn(t, st, p, eu); !errors.As(err, &se) {
+		t.Errorf("an end user's create after a raise leaving its soft level crossed (its soft cap denied admissions): %v, want 402", err)
+	}
+}

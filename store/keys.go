@@ -392,6 +392,19 @@ func (k ProjectKeyspace) EndUserCapLifted(endUser, month string) string {
 	return k.p + "capped:lifted:eu:" + endUser + ":" + month
 }
 
+// CapSoftDeny is a string, the value a soft cap's decision that denied admissions gave the
+// project's hard CapFlag in month ("soft:" and the spend), with the flags' TTL: the hard cap
+// crossed after it overwrites the flag with its spend, and a raise that leaves the spend
+// under the hard cap but past the soft level sets the flag back from it (the soft deny
+// stands). Written by quota.Accounts with the flag; deleted by quota.Accounts with the soft
+// flag (a raised cap). Binaries older than it neither read nor write it.
+func (k ProjectKeyspace) CapSoftDeny(month string) string { return k.p + "capped:softdeny:" + month }
+
+// EndUserCapSoftDeny is CapSoftDeny for one end user's cap.
+func (k ProjectKeyspace) EndUserCapSoftDeny(endUser, month string) string {
+	return k.p + "capped:softdeny:eu:" + endUser + ":" + month
+}
+
 // CapStops is a hash of the stops ordered by a crossed spend cap that left sessions live (a
 // stop failed through every pass): field MONTH (the project's cap) or MONTH:eu:END_USER (an
 // end user's), with :soft after it for a soft cap's decision → the stop's scope as JSON, with

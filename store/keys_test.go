@@ -87,6 +87,8 @@ func TestKeyNames(t *testing.T) {
 		{k.CapFlag("hard", "202603"), "wb:{proj_1}:capped:hard:202603"},
 		{k.EndUserCapFlag("eu_1", "soft", "202603"), "wb:{proj_1}:capped:soft:eu:eu_1:202603"},
 		{k.CappedEndUsers("202603"), "wb:{proj_1}:capped:eus:202603"},
+		{k.CapSoftDeny("202603"), "wb:{proj_1}:capped:softdeny:202603"},
+		{k.EndUserCapSoftDeny("eu_1", "202603"), "wb:{proj_1}:capped:softdeny:eu:eu_1:202603"},
 		{k.CapStops(), "wb:{proj_1}:capped:stops"},
 		{k.CapUndecided(), "wb:{proj_1}:capped:undecided"},
 		{k.RateBucket(), "wb:{proj_1}:rl"},
