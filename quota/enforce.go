@@ -108,7 +108,8 @@ func (e *Enforcer) takeUndecided(ctx context.Context, ev *CapEvent, now time.Tim
 // crossing Caps held undecided is taken over by then (OnCap, decideLeftOver). One decided
 // after its month (its settler died in the month's last minutes) is acted on as it would
 // have been, its event sent and the sessions live at the crossing stopped; those created
-// since were admitted in the new month, under its own caps.
+// since were admitted in the new month, under its own caps. One flagged after its month (a
+// record of it settled late) stops the sessions live at the month's end.
 func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *slog.Logger) {
 	d := SpendDecision{Stop: ev.Level == "hard", DenyAdmission: ev.Level == "hard"}
 	if e.Decide != nil {
@@ -161,6 +162,12 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *
 		}
 		var createdBy time.Time
 		if past {
+			// A record of the month settled after its end flags the cap then, in the new
+			// month: the crossing is still its month's, and the sessions admitted since the
+			// month's end were admitted under the new month's caps.
+			if m, err := time.Parse("200601", ev.Month); err == nil && crossed.After(monthEnd(m)) {
+				crossed = monthEnd(m)
+			}
 			createdBy = crossed
 		}
 		if !e.stopScope(ctx, scope, createdBy, stopPasses, log) {

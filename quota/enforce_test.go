@@ -109,7 +109,7 @@ func TestEnforcerStopScope(t *testing.T) {
 			}
 			e := &Enforcer{Store: st, Decide: c.decide}
 			e.OnCap(ctx, CapEvent{Project: project, EndUser: "eu_1", Scope: "end_user", Level: "hard",
-				SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+				SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(time.Now())})
 			for eu, want := range c.wantStopped {
 				s, err := st.Get(ctx, project, ids[eu])
 				if err != nil {
@@ -135,7 +135,7 @@ func TestEnforcerStopsSessionsNotYetRunning(t *testing.T) {
 	starting := mk(store.Change{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"})
 	stopper := &recordingStopper{}
 	e := &Enforcer{Store: st, Stopper: stopper}
-	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(time.Now())})
 	for id, want := range map[string]session.State{pending: session.Stopped, starting: session.Stopping} {
 		s, err := st.Get(ctx, project, id)
 		if err != nil {
@@ -184,7 +184,7 @@ func TestEnforcerStopsSessionAfterItsSnapshot(t *testing.T) {
 		store.Change{From: session.Running, To: session.Snapshotting, Driver: session.Caller})}
 	stopper := &recordingStopper{}
 	e := &Enforcer{Store: st, Stopper: stopper}
-	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(time.Now())})
 
 	// The snapshot is still being taken: nothing moves under it.
 	time.Sleep(300 * time.Millisecond)
@@ -248,7 +248,7 @@ func TestEnforcerStopsSessionResumedDuringItsSweep(t *testing.T) {
 	paused := newSession(t, st, project, nil, append(up, store.Change{From: session.Running, To: session.Paused, Driver: session.Caller})...)
 	stopper := &resumingStopper{st: st, project: project, paused: paused}
 	e := &Enforcer{Store: st, Stopper: stopper}
-	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(time.Now())})
 	if stopper.err != nil {
 		t.Fatalf("resume during the sweep: %v", stopper.err)
 	}
@@ -303,7 +303,7 @@ func TestEnforcerRetriesAFailedStop(t *testing.T) {
 		store.Change{From: session.Provisioning, To: session.Running, Driver: session.Node})
 	hook.armed.Store(true)
 	e := &Enforcer{Store: st, Stopper: &recordingStopper{}}
-	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(t0)})
+	e.OnCap(ctx, CapEvent{Project: project, Scope: "project", Level: "hard", SpendMicroUSD: 2000, CapMicroUSD: 1000, Month: monthOf(time.Now())})
 	if hook.armed.Load() {
 		t.Fatal("the hook failed no script: the test no longer fails the stop")
 	}

@@ -304,3 +304,53 @@ func TestCapActedOnInTheNextMonthSparesItsSessions(t *testing.T) {
 		}
 	}
 }
+
+// A record of last month settled in this month (its settler late) that crosses last month's
+// cap is decided over the sessions of last month only: the crossing's flagging time, now,
+// bounded the stop, and the sessions admitted this month, under this month's caps, were
+// stopped with them.
+func TestLateSettledLastMonthSparesThisMonthsSessions(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_late_last_month"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	up := []store.Change{{From: session.Pending, To: session.Provisioning, Driver: session.Placer, NodeID: "n1"},
+		{From: session.Provisioning, To: session.Running, Driver: session.Node}}
+	thisMonth := newSession(t, st, p, nil, up...) // admitted this month
+	time.Sleep(5 * time.Millisecond)
+	lastMonthStart := time.Date(time.Now().UTC().Year(), time.Now().UTC().Month()-1, 1, 0, 0, 0, 0, time.UTC)
+	lastMonth := monthOf(lastMonthStart)
+	// A session admitted last month, still running: the crossing's stop is its.
+	at := lastMonthStart.Add(24 * time.Hour)
+	old, err := st.Create(ctx, &session.Session{ID: session.NewID("sess_", at), Tier: 2, State: session.Pending,
+		ProjectID: p, Template: "tpl_base", Region: "local", CreatedAt: *session.At(at), IdleTimeoutS: 300, MaxLifetimeS: 3600}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range up {
+		ch.Project, ch.ID = p, old.ID
+		if _, err := st.Transition(ctx, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var acted []CapEvent
+	caps := NewCaps(rdb, func(_ context.Context, ev CapEvent) { acted = append(acted, ev) }, nil)
+	// A record of last month settled now takes last month's spend past its cap.
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 200, CapMicroUSD: 100, Month: lastMonth})
+	caps.act(ctx, p)
+	if len(acted) != 1 {
+		t.Fatalf("%d crossings to act on, want 1", len(acted))
+	}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}}
+	e.onCapAt(ctx, acted[0], time.Now())
+	if s, err := st.Get(ctx, p, thisMonth); err != nil || s.State != session.Running {
+		t.Errorf("a session admitted this month, under this month's caps, is %s (%v) after last month's cap was decided, want running", s.State, err)
+	}
+	if s, err := st.Get(ctx, p, old.ID); err != nil || s.State != session.Stopping {
+		t.Errorf("a session admitted last month is %s (%v) after last month's cap was decided, want stopping", s.State, err)
+	}
+}
