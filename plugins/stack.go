@@ -17,10 +17,10 @@ const MaxStackBytes = 8 << 20
 // Names the host adds to a module's exports (ABI.md: a module may not export them).
 const (
 	// stackExport is the global that counts the stack's bytes (stackBound).
-	stackExport = "wb:stack"
+	stackExport = "wb.stack"
 	// startExport is the module's start function, which the host runs itself after
 	// instantiating, so that a failure in it can be told from the stack bound's.
-	startExport = "wb:start"
+	startExport = "wb.start"
 )
 
 // frameCost is what one frame of a function counts against MaxStackBytes: 16 bytes for each

@@ -184,7 +184,7 @@ func TestStackCountIsTheHosts(t *testing.T) {
 	}{
 		{"global", rawPlugin(`{"allow":true}`, cat(i32c(0), []byte{0x24, 0}, resultAt0(14))), "function 1: uses the global 0, and the module has 0"},
 		{"local", rawPlugin(`{"allow":true}`, cat(i32c(0), []byte{opLocalSet, 3}, resultAt0(14))), "function 1: uses the local 3, and it has 3"},
-		{"export", wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)), {name: "wb:start"}}}.encode(), `exports "wb:start"`},
+		{"export", wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)), {name: "wb.start"}}}.encode(), `exports "wb.start"`},
 	} {
 		if _, err := h.Validate(ctx, c.wasm); !isInvalid(err, c.want) {
 			t.Errorf("%s: %v, want a refusal saying %q", c.name, err, c.want)
