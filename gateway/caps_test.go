@@ -321,6 +321,13 @@ func TestDesktopMCPExecsAreCapped(t *testing.T) {
 	if status := <-held; status != 200 {
 		t.Fatalf("the held exec answered %d", status)
 	}
+	// Its answer may reach the caller before its handler has returned the slot (the answer
+	// is flushed as it is written).
+	for deadline := time.Now().Add(time.Minute); inFlight() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the held exec's slot was never returned")
+		}
+	}
 	// The other way: a run_command in progress holds the slot from the exec route.
 	if err := os.Remove(gate); err != nil {
 		t.Fatal(err)
