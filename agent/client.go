@@ -65,7 +65,7 @@ func NewClient(socketPath string) *Client {
 		// headers for every answer.
 		MaxResponseHeaderBytes: MaxAnswerHeaderBytes,
 	}
-	return &Client{hc: &http.Client{Transport: tr}, socket: socketPath, base: clientBase}
+	return &Client{hc: &http.Client{Transport: tr, CheckRedirect: noRedirect}, socket: socketPath, base: clientBase}
 }
 
 // NewDialClient returns a client of an agent reached through dial (a VM's agent over hybrid
@@ -81,13 +81,15 @@ func NewDialClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 		// headers for every answer.
 		MaxResponseHeaderBytes: MaxAnswerHeaderBytes,
 	}
-	return &Client{hc: &http.Client{Transport: tr}, base: clientBase}
+	return &Client{hc: &http.Client{Transport: tr, CheckRedirect: noRedirect}, base: clientBase}
 }
 
 // NewHTTPClient returns a client of an agent reached over HTTP through a proxy (the node's
 // /v1/sessions/{id}/agent), at base, sending token as a bearer token. hc may be shared.
 func NewHTTPClient(hc *http.Client, base, token string) *Client {
-	return &Client{hc: hc, base: strings.TrimRight(base, "/"), token: token, proxied: true}
+	own := *hc // its transport shared, its redirect policy the client's own
+	own.CheckRedirect = noRedirect
+	return &Client{hc: &own, base: strings.TrimRight(base, "/"), token: token, proxied: true}
 }
 
 // Socket is the socket path the client dials.
@@ -115,11 +117,29 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	if err != nil {
 		return nil, fmt.Errorf("agent: %s %s: %w", method, path, err)
 	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		_ = resp.Body.Close()
+		return nil, redirected(resp)
+	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
 		return nil, c.refusal(readError(resp))
 	}
 	return resp, nil
+}
+
+// noRedirect is the redirect policy of every client: none is followed (see redirected), on
+// an http.Client of the caller's (NewHTTPClient) too, and in a PTY's handshake, whose policy
+// coder/websocket calls.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// redirected is the error of an answer that is a redirect (3xx). The agent sends none, and a
+// guest may replace its agent: a redirect followed would take the request, the token with it,
+// to another session's agent or any other URL. One that reaches the client (passed on by a
+// node from before the node refused them) is the guest's error, its body unread.
+func redirected(resp *http.Response) *Error {
+	return &Error{Status: http.StatusBadGateway, Code: "guest_error",
+		Message: fmt.Sprintf("agent: the guest's agent answered %d, a redirect, which is not followed", resp.StatusCode)}
 }
 
 // refusal is e as the client returns it (see Refusal).
@@ -456,6 +476,9 @@ func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*webs
 		CompressionMode: websocket.CompressionDisabled,
 	})
 	if err != nil {
+		if resp != nil && resp.StatusCode >= 300 && resp.StatusCode < 400 {
+			return nil, resp, fmt.Errorf("agent: pty: %w", redirected(resp))
+		}
 		if resp != nil && resp.StatusCode >= 400 && resp.Body != nil {
 			// The node or the agent refused the PTY (a policy, a bad size): say why, and leave
 			// the body readable for the caller.

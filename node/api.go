@@ -373,6 +373,14 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 			pr.Out.URL.RawPath = ""
 		},
 		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+				// The agent sends no redirect, and one passed on would have a client that
+				// follows it (a gateway from before it followed none) resend its request,
+				// the node token with it, to another session's agent here or to any URL.
+				replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
+					Message: fmt.Sprintf("node: the guest's agent answered %d, a redirect, which the node does not pass on", resp.StatusCode)})
+				return nil
+			}
 			if resp.StatusCode >= 400 {
 				guestRefusalAnswer(resp)
 				return nil
@@ -439,11 +447,25 @@ func guestRefusalAnswer(resp *http.Response) {
 	_ = resp.Body.Close()
 	e, changed := fromGuest(nodeapi.ParseError(resp.StatusCode, b))
 	if changed {
-		b, _ = json.Marshal(nodeapi.ErrorBody{Error: e})
-		b = append(b, '\n')
-		resp.StatusCode, resp.Status = e.Status, fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
-		resp.Header = http.Header{"Content-Type": {"application/json"}}
+		replaceAnswer(resp, e)
+		return
 	}
+	setAnswerBody(resp, b)
+}
+
+// replaceAnswer makes resp, the agent's answer, the node's error e instead: none of the
+// agent's headers or body is passed on. The agent's body is closed unread.
+func replaceAnswer(resp *http.Response, e *nodeapi.Error) {
+	_ = resp.Body.Close()
+	b, _ := json.Marshal(nodeapi.ErrorBody{Error: e})
+	b = append(b, '\n')
+	resp.StatusCode, resp.Status = e.Status, fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
+	resp.Header = http.Header{"Content-Type": {"application/json"}}
+	setAnswerBody(resp, b)
+}
+
+// setAnswerBody makes b resp's whole body.
+func setAnswerBody(resp *http.Response, b []byte) {
 	resp.Body = io.NopCloser(bytes.NewReader(b))
 	resp.ContentLength = int64(len(b))
 	resp.Header.Set("Content-Length", strconv.Itoa(len(b)))

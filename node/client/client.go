@@ -56,7 +56,11 @@ func New(st *store.Store, token string, opts ...Option) *Client {
 	for _, o := range opts {
 		o(c, tr)
 	}
-	c.hc = &http.Client{Transport: tr}
+	// No redirect is followed: a node answers none of its own, and one from a guest's agent,
+	// which the guest may replace, passed on by a node from before it refused them, would
+	// resend the request with the node token to another session's agent on the node or to
+	// any other URL. A 3xx is then an error (call; agent.Client, which follows none either).
+	c.hc = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	return c
 }
 
