@@ -121,6 +121,16 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		_ = resp.Body.Close()
 		return nil, redirected(resp)
 	}
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" || resp.Uncompressed {
+		// The agent encodes none of its answers, and a node passes none on: one that reaches
+		// the client (from a node from before it refused them) went past the node's checks.
+		_ = resp.Body.Close()
+		if resp.Uncompressed { // the transport decoded it, and dropped the header
+			ce = "gzip"
+		}
+		return nil, &Error{Status: http.StatusBadGateway, Code: "guest_error",
+			Message: fmt.Sprintf("agent: the guest's agent answered %d encoded (%.64s), which is not read", resp.StatusCode, ce)}
+	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
 		return nil, c.refusal(readError(resp))

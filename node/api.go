@@ -361,6 +361,8 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 		// The agent is the guest's: Go's default would let it make the node, and the gateway
 		// it passes them on to, hold 10 MiB of headers for every answer.
 		MaxResponseHeaderBytes: agent.MaxAnswerHeaderBytes,
+		// The agent is asked for no encoding (see Rewrite), and one it sends anyway is refused.
+		DisableCompression: true,
 	}
 	return &httputil.ReverseProxy{
 		Transport:     tr,
@@ -371,6 +373,10 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 				pr.Out.URL.Path = "/" + rest
 			}
 			pr.Out.URL.RawPath = ""
+			// The node reads the agent's answers (an exec's lines, an error's code) before
+			// passing them on: an encoded one would pass its checks as bytes they cannot read
+			// and be decoded past them by the caller (a gateway's transport asks for gzip).
+			pr.Out.Header.Del("Accept-Encoding")
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			if resp.StatusCode >= 300 && resp.StatusCode < 400 {
@@ -379,6 +385,12 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 				// the node token with it, to another session's agent here or to any URL.
 				replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
 					Message: fmt.Sprintf("node: the guest's agent answered %d, a redirect, which the node does not pass on", resp.StatusCode)})
+				return nil
+			}
+			if ce := resp.Header.Get("Content-Encoding"); ce != "" {
+				// Asked for none (see Rewrite): the node's checks cannot read it.
+				replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
+					Message: fmt.Sprintf("node: the guest's agent answered %d encoded (%s), which the node does not pass on", resp.StatusCode, clip(ce, 64))})
 				return nil
 			}
 			if resp.StatusCode >= 400 {

@@ -51,7 +51,10 @@ func WithDialTLS(dial func(ctx context.Context, network, addr string) (net.Conn,
 
 // New returns a client of the nodes registered in st.
 func New(st *store.Store, token string, opts ...Option) *Client {
-	tr := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 60 * time.Second}
+	// No encoding is asked for or decoded: a node from before it refused its agents' encoded
+	// answers passes a guest's agent's gzipped one on past its checks (an exec's lines, an
+	// error's code), which read the compressed bytes.
+	tr := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 60 * time.Second, DisableCompression: true}
 	c := &Client{st: st, token: token, addrs: map[string]string{}, touched: map[string]time.Time{}}
 	for _, o := range opts {
 		o(c, tr)
