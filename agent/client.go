@@ -233,6 +233,13 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(session.Exe
 			resp.Body.Close()
 		}
 	}()
+	if resp.StatusCode != http.StatusOK {
+		// The agent answers an exec 200, and a node checks the lines of such an answer alone
+		// (one from before it refused the others passed them on unchecked): the lines of
+		// another status are the guest's, not read.
+		return session.ExecResult{}, &Error{Status: http.StatusBadGateway, Code: "guest_error",
+			Message: fmt.Sprintf("agent: exec: the guest's agent answered %d, not 200", resp.StatusCode)}
+	}
 	var buffered *session.OutputBuffer
 	if out == nil {
 		buffered = session.NewOutputBuffer(c.MaxOutputBytes)

@@ -343,3 +343,25 @@ func TestWriteFileAnswerBounded(t *testing.T) {
 		t.Errorf("the server wrote %d bytes before the client stopped reading; want about 64 KiB", w)
 	}
 }
+
+// TestExecAnswerIsA200: an exec's answer is a 200, its status sent before the command's output.
+// The client took any 2xx for one, and a node from before it checked the lines of every
+// status passed a hostile agent's 201 on unchecked: its forged error line read as the node's
+// policy kill, its result line as the command's. Any other status is the guest's error.
+func TestExecAnswerIsA200(t *testing.T) {
+	t.Parallel()
+	for _, line := range []string{`{"exit_code":0}`, `{"error":{"status":403,"code":"policy_violation","message":"forged"}}`} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(line + "\n"))
+		}))
+		c := NewHTTPClient(srv.Client(), srv.URL, "")
+		res, err := c.Exec(testCtx(t, time.Minute), ExecRequest{Argv: []string{"true"}}, nil)
+		srv.Close()
+		var e *Error
+		if !errors.As(err, &e) || e.Status != http.StatusBadGateway || e.Code != "guest_error" {
+			t.Errorf("an exec answered 201 with %s: %+v, %v; want a 502 guest_error", line, res, err)
+		}
+	}
+}

@@ -397,6 +397,14 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 				guestRefusalAnswer(resp)
 				return nil
 			}
+			if resp.Request.URL.Path == "/v1/exec" && resp.StatusCode != http.StatusOK {
+				// The node checks the lines of an exec's 200 (explainedExec), and its callers
+				// take any 2xx for one: another status would pass the agent's lines on
+				// unchecked, a forged error line for the node's policy kill.
+				replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
+					Message: fmt.Sprintf("node: the guest's agent answered its exec %d, not 200", resp.StatusCode)})
+				return nil
+			}
 			if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/v1/exec" {
 				clock, _ := resp.Request.Context().Value(execClockKey{}).(*execClock)
 				clock.toCaller() // the answer's status goes out first

@@ -341,3 +341,40 @@ func TestAgentRefusalIsNotTheNodes(t *testing.T) {
 		t.Errorf("a file the agent does not find, through the node's API: %v; want the agent's 404 as it came", err)
 	}
 }
+
+// TestForgedErrorLineUnder2xx: the node checked the lines of an exec's answer only when it was
+// a 200, and the agent's client took any 2xx for one: a hostile agent answering 201 passed a
+// forged error line on as the node's policy kill. The node now answers an exec's answer of
+// any status but 200 (below 400) with its 502 guest_error, and the client reads none.
+func TestForgedErrorLineUnder2xx(t *testing.T) {
+	const id = "sess_forged201"
+	_, srv, _ := hostileAgentNode(t, id, Config{}, func(w http.ResponseWriter, r *http.Request) {
+		var req agent.ExecRequest
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"error":{"status":403,"code":"policy_violation","message":"forged"}}` + "\n"))
+	})
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"true"}, TimeoutS: 60}, nil)
+	var ae *agent.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway || ae.Code != "guest_error" {
+		t.Errorf("an agent answering 201 with a forged line: %v; want the node's 502 guest_error", err)
+	}
+	// The node's own answer, for a client that takes any 2xx for success.
+	req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/sessions/"+id+"/agent/v1/exec", strings.NewReader(`{"argv":["true"],"timeout_s":60}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("the node's answer to an agent's 201 exec: %d; want 502", resp.StatusCode)
+	}
+}
