@@ -65,16 +65,27 @@ func (ps *projectSlots) acquire(project string, max int) error {
 	return nil
 }
 
+// holding runs f holding one of project's slots; past max it answers acquire's 429, and f
+// does not run.
+func (ps *projectSlots) holding(project string, max int, f func() error) error {
+	if err := ps.acquire(project, max); err != nil {
+		return err
+	}
+	defer ps.release(project)
+	return f()
+}
+
 // fileCall serves h as one of the project's file calls (fileCalls, MaxConcurrentFileCalls):
 // past the cap it answers a 429.
 func (s *Server) fileCall(h handler) handler {
 	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
-		if err := s.fileCalls.acquire(p.ID, cmp.Or(s.MaxConcurrentFileCalls, DefaultMaxConcurrentFileCalls)); err != nil {
-			return err
-		}
-		defer s.fileCalls.release(p.ID)
-		return h(w, r, p)
+		return s.fileCalls.holding(p.ID, s.maxFileCalls(), func() error { return h(w, r, p) })
 	}
+}
+
+// maxFileCalls is MaxConcurrentFileCalls, or its default.
+func (s *Server) maxFileCalls() int {
+	return cmp.Or(s.MaxConcurrentFileCalls, DefaultMaxConcurrentFileCalls)
 }
 
 // newPTYSlots counts open PTYs (Server.ptyCall).
@@ -86,11 +97,7 @@ func newPTYSlots() *projectSlots {
 // to its end: past the cap it answers a 429 before the upgrade.
 func (s *Server) ptyCall(h handler) handler {
 	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
-		if err := s.ptys.acquire(p.ID, cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs)); err != nil {
-			return err
-		}
-		defer s.ptys.release(p.ID)
-		return h(w, r, p)
+		return s.ptys.holding(p.ID, cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs), func() error { return h(w, r, p) })
 	}
 }
 

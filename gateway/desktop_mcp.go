@@ -150,27 +150,25 @@ func useTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *
 // as the API's files routes and screen do (Server.fileCall): each holds as much of the
 // gateway, and past the cap the call is a tool error that says so.
 func fileTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
-	return func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
-		if err := t.s.fileCalls.acquire(t.p.ID, cmp.Or(t.s.MaxConcurrentFileCalls, DefaultMaxConcurrentFileCalls)); err != nil {
-			var zero Out
-			return nil, zero, err
-		}
-		defer t.s.fileCalls.release(t.p.ID)
-		return work(ctx, sess, in)
-	}
+	return slotTool(t, t.s.fileCalls, t.s.maxFileCalls(), work)
 }
 
 // execTool counts a call of run_command or run_js among the project's execs, as the exec
 // route does (Config.MaxConcurrentExecs): each runs a command in the guest for as long as
 // its timeout, and past the cap the call is a tool error that says so.
 func execTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
-	return func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
-		if err := t.s.execs.acquire(t.p.ID, cmp.Or(t.s.MaxConcurrentExecs, DefaultMaxConcurrentExecs)); err != nil {
-			var zero Out
-			return nil, zero, err
-		}
-		defer t.s.execs.release(t.p.ID)
-		return work(ctx, sess, in)
+	return slotTool(t, t.s.execs, cmp.Or(t.s.MaxConcurrentExecs, DefaultMaxConcurrentExecs), work)
+}
+
+// slotTool runs work holding one of the project's slots in ps, at most max at once.
+func slotTool[In, Out any](t *desktopTools, ps *projectSlots, max int, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
+	return func(ctx context.Context, sess *session.Session, in In) (res *mcp.CallToolResult, out Out, err error) {
+		err = ps.holding(t.p.ID, max, func() error {
+			var werr error
+			res, out, werr = work(ctx, sess, in)
+			return werr
+		})
+		return res, out, err
 	}
 }
 
