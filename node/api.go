@@ -383,14 +383,12 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 				// The agent sends no redirect, and one passed on would have a client that
 				// follows it (a gateway from before it followed none) resend its request,
 				// the node token with it, to another session's agent here or to any URL.
-				replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
-					Message: fmt.Sprintf("node: the guest's agent answered %d, a redirect, which the node does not pass on", resp.StatusCode)})
+				refuseAnswer(resp, fmt.Sprintf("node: the guest's agent answered %d, a redirect, which the node does not pass on", resp.StatusCode))
 				return nil
 			}
 			if ce := resp.Header.Get("Content-Encoding"); ce != "" {
 				// Asked for none (see Rewrite): the node's checks cannot read it.
-				replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
-					Message: fmt.Sprintf("node: the guest's agent answered %d encoded (%s), which the node does not pass on", resp.StatusCode, clip(ce, 64))})
+				refuseAnswer(resp, fmt.Sprintf("node: the guest's agent answered %d encoded (%s), which the node does not pass on", resp.StatusCode, clip(ce, 64)))
 				return nil
 			}
 			if resp.StatusCode >= 400 {
@@ -401,8 +399,7 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 				// The node checks the lines of an exec's 200 (explainedExec), and its callers
 				// take any 2xx for one: another status would pass the agent's lines on
 				// unchecked, a forged error line for the node's policy kill.
-				replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError,
-					Message: fmt.Sprintf("node: the guest's agent answered its exec %d, not 200", resp.StatusCode)})
+				refuseAnswer(resp, fmt.Sprintf("node: the guest's agent answered its exec %d, not 200", resp.StatusCode))
 				return nil
 			}
 			if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/v1/exec" {
@@ -482,6 +479,11 @@ func replaceAnswer(resp *http.Response, e *nodeapi.Error) {
 	resp.StatusCode, resp.Status = e.Status, fmt.Sprintf("%d %s", e.Status, http.StatusText(e.Status))
 	resp.Header = http.Header{"Content-Type": {"application/json"}}
 	setAnswerBody(resp, b)
+}
+
+// refuseAnswer makes resp, the agent's answer, the node's 502 guest_error saying msg.
+func refuseAnswer(resp *http.Response, msg string) {
+	replaceAnswer(resp, &nodeapi.Error{Status: http.StatusBadGateway, Code: nodeapi.CodeGuestError, Message: msg})
 }
 
 // setAnswerBody makes b resp's whole body.
