@@ -21,6 +21,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"wb/internal/mtls"
 )
 
 // ClusterXDS is the bootstrap's one static cluster: the xDS servers.
@@ -32,7 +34,8 @@ type BootstrapOptions struct {
 	// XDS lists the xDS servers (`wb serve --xds-addr` of each gateway) as host:port,
 	// comma-separated; hosts may be DNS names.
 	XDS string
-	// TLS to the xDS servers: CA to verify them, and a client certificate; all three or none.
+	// TLS to the xDS servers: CA to verify them (their certificates must also name the
+	// gateway role, mtls.RoleGateway), and a client certificate; all three or none.
 	CAFile, CertFile, KeyFile string
 	// AdminPort is the admin interface's port, bound to 127.0.0.1 only (default 9901).
 	AdminPort uint32
@@ -115,8 +118,13 @@ func Bootstrap(o BootstrapOptions) (*bootstrapv3.Bootstrap, error) {
 					CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: o.CertFile}},
 					PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: o.KeyFile}},
 				}},
+				// The xDS servers are the gateways (wb serve --xds-addr, serving a gateway's
+				// certificate): the CA's signature says only "a member of the fleet", and
+				// another member's certificate (a node host's) must not serve an Envoy its
+				// listeners and clusters.
 				ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-					TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: o.CAFile}},
+					TrustedCa:                 &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: o.CAFile}},
+					MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{uriSAN(mtls.RoleGateway)},
 				}},
 			},
 		}

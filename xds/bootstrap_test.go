@@ -1,10 +1,15 @@
 package xds
 
 import (
+	"crypto/x509"
+	"net"
+	"net/url"
 	"strings"
 	"testing"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+
+	"wb/internal/mtls"
 )
 
 // TestBootstrap: the YAML parses back into a Bootstrap that passes ValidateAll, with ADS
@@ -38,6 +43,22 @@ func TestBootstrap(t *testing.T) {
 	if err := xds.GetTransportSocket().GetTypedConfig().UnmarshalTo(&tc); err != nil || tc.GetSni() != "gw1" ||
 		tc.GetCommonTlsContext().GetValidationContext().GetTrustedCa().GetFilename() != "/etc/wb/ca.pem" {
 		t.Errorf("tls: %v (%v)", &tc, err)
+	}
+	// The xDS servers are the gateways (wb serve --xds-addr), serving with a gateway's
+	// certificate: only that role, exactly, as the other clusters check theirs.
+	sans := tc.GetCommonTlsContext().GetValidationContext().GetMatchTypedSubjectAltNames()
+	if len(sans) != 1 || sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_URI || sans[0].GetMatcher().GetExact() != mtls.RoleGateway {
+		t.Errorf("xDS cluster's SAN matchers %v, want exactly the URI %s", sans, mtls.RoleGateway)
+	}
+	for _, c := range []struct {
+		role string
+		ok   bool
+	}{{mtls.RoleGateway, true}, {mtls.RoleNode, false}, {mtls.RoleEnvoy, false}} {
+		u, _ := url.Parse(c.role)
+		cert := &x509.Certificate{URIs: []*url.URL{u}, IPAddresses: []net.IP{net.ParseIP("10.0.0.2")}}
+		if got := envoyMatchesSAN(tc.GetCommonTlsContext().GetValidationContext(), cert); got != c.ok {
+			t.Errorf("xDS cluster: a certificate of %s accepted %v, want %v", c.role, got, c.ok)
+		}
 	}
 	if strings.Contains(string(y), `{"`) {
 		t.Errorf("flow style left in the YAML:\n%s", y)

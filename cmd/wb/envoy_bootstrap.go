@@ -16,7 +16,7 @@ func envoyBootstrap(args []string, stdout, stderr io.Writer) error {
 	var adminPort uint
 	fs.StringVar(&o.NodeID, "node-id", "", "`id` of this Envoy, unique in the fleet (required)")
 	fs.StringVar(&o.XDS, "xds", "", "`host:port[,host:port...]` of the xDS servers: each gateway's `wb serve --xds-addr` (required)")
-	fs.StringVar(&o.CAFile, "tls-ca", "", "PEM `file` of the CA that signed the xDS servers' certificates (with --tls-cert and --tls-key: TLS to xDS, which wb serve --xds-tls-* serves)")
+	fs.StringVar(&o.CAFile, "tls-ca", "", "PEM `file` of the CA that signed the xDS servers' certificates, which must be of the gateway role (a URI SAN spiffe://wb/gateway) (with --tls-cert and --tls-key: TLS to xDS, which wb serve --xds-tls-* serves)")
 	fs.StringVar(&o.CertFile, "tls-cert", "", "PEM `file` of this Envoy's client certificate for the xDS servers, signed by their --xds-tls-client-ca for the Envoy role (a URI SAN spiffe://wb/envoy)")
 	fs.StringVar(&o.KeyFile, "tls-key", "", "PEM `file` of that certificate's private key")
 	fs.UintVar(&adminPort, "admin-port", 9901, "`port` of Envoy's admin interface, bound to 127.0.0.1 only")

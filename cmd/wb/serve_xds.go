@@ -27,7 +27,7 @@ type xdsFlags struct {
 
 func (f *xdsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.addr, "xds-addr", "", "`host:port` serving xDS (ADS over gRPC) to an Envoy fleet, built from the nodes and gateways registered in Redis (see wb envoy-bootstrap); empty: off")
-	fs.StringVar(&f.certFile, "xds-tls-cert", "", "PEM `file` of the xDS server's certificate (with --xds-tls-key and --xds-tls-client-ca: xDS only over TLS, to Envoys bootstrapped with wb envoy-bootstrap --tls-*)")
+	fs.StringVar(&f.certFile, "xds-tls-cert", "", "PEM `file` of the xDS server's certificate, of the gateway role (a URI SAN spiffe://wb/gateway), which Envoys bootstrapped with wb envoy-bootstrap --tls-* require (with --xds-tls-key and --xds-tls-client-ca: xDS only over TLS, to those Envoys)")
 	fs.StringVar(&f.keyFile, "xds-tls-key", "", "PEM `file` of that certificate's private key")
 	fs.StringVar(&f.caFile, "xds-tls-client-ca", "", "PEM `file` of the CA that signed the Envoys' client certificates; a client without one is refused")
 	fs.StringVar(&f.envoy.CertFile, "envoy-tls-cert", "", "`path`, on the Envoys' hosts, of the client certificate each Envoy presents to the gateways' ext_authz and --edge-addr and to the nodes, of the Envoy role spiffe://wb/envoy (with --envoy-tls-key and --envoy-tls-ca: every xDS cluster speaks mutual TLS, to gateways and nodes that serve --fleet-tls-*, and the gateways' cluster reaches their --edge-addr, not their public --addr); every Envoy must have these three files at these paths")
