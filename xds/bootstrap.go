@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -16,8 +17,10 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -37,8 +40,78 @@ type BootstrapOptions struct {
 	// TLS to the xDS servers: CA to verify them (their certificates must also name the
 	// gateway role, mtls.RoleGateway), and a client certificate; all three or none.
 	CAFile, CertFile, KeyFile string
+	// SDSDir, with the TLS files, is an absolute directory on the Envoy's host holding the
+	// SDS files of BootstrapSecrets: the xDS cluster then takes its certificate and CA by SDS
+	// from them, and Envoy reads the certificate files again when they are rotated. Without
+	// it the cluster names the files itself, and Envoy reads them once, at start.
+	SDSDir string
 	// AdminPort is the admin interface's port, bound to 127.0.0.1 only (default 9901).
 	AdminPort uint32
+}
+
+// The SDS secrets of the xDS cluster (BootstrapOptions.SDSDir), each in a file of its name
+// and ".yaml".
+const (
+	secretXDSClient = "wb_xds_client"
+	secretXDSCA     = "wb_xds_ca"
+)
+
+// tlsFiles answers whether o asks for TLS to the xDS servers, and refuses a part of it.
+func (o BootstrapOptions) tlsFiles() (bool, error) {
+	n := 0
+	for _, f := range []string{o.CAFile, o.CertFile, o.KeyFile} {
+		if f != "" {
+			n++
+		}
+	}
+	switch {
+	case n != 0 && n != 3:
+		return false, errors.New("--tls-ca, --tls-cert and --tls-key go together: give all three or none")
+	case o.SDSDir != "" && n == 0:
+		return false, errors.New("--sds-dir: applies to --tls-ca, --tls-cert and --tls-key, which are not given")
+	case o.SDSDir != "" && !filepath.IsAbs(o.SDSDir):
+		return false, fmt.Errorf("--sds-dir %q: must be an absolute path (Envoy reads it from wherever it runs)", o.SDSDir)
+	}
+	return n == 3, nil
+}
+
+// BootstrapSecrets are the SDS files of o.SDSDir, by file name: each holds one Secret, as
+// Envoy reads it from a file (a DiscoveryResponse in YAML), naming the files of o.CertFile and
+// o.KeyFile, or of o.CAFile. Envoy watches the directories of the files an SDS secret names
+// (reading them again when a file is moved into them, as a rotation renames its new files into
+// place): the secrets themselves never change.
+func BootstrapSecrets(o BootstrapOptions) (map[string][]byte, error) {
+	if _, err := o.tlsFiles(); err != nil {
+		return nil, err
+	}
+	if o.SDSDir == "" {
+		return nil, errors.New("--sds-dir: required for the SDS files")
+	}
+	files := map[string][]byte{}
+	for _, s := range []*tlsv3.Secret{
+		{Name: secretXDSClient, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: certificateFiles(o.CertFile, o.KeyFile)}},
+		{Name: secretXDSCA, Type: &tlsv3.Secret_ValidationContext{ValidationContext: caFile(o.CAFile)}},
+	} {
+		if err := s.ValidateAll(); err != nil {
+			return nil, fmt.Errorf("secret %s: %w", s.GetName(), err)
+		}
+		y, err := protoYAML(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{mustAny(s)}})
+		if err != nil {
+			return nil, fmt.Errorf("secret %s: %w", s.GetName(), err)
+		}
+		files[s.GetName()+".yaml"] = y
+	}
+	return files, nil
+}
+
+// fileSDS asks for the secret name from its file in dir (BootstrapSecrets).
+func fileSDS(dir, name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_PathConfigSource{PathConfigSource: &corev3.PathConfigSource{
+			Path: filepath.Join(dir, name+".yaml"),
+		}},
+		ResourceApiVersion: corev3.ApiVersion_V3,
+	}}
 }
 
 // Bootstrap is the Envoy bootstrap for one fleet member: every listener, route, cluster and
@@ -53,11 +126,9 @@ func Bootstrap(o BootstrapOptions) (*bootstrapv3.Bootstrap, error) {
 	if o.AdminPort > 65535 {
 		return nil, fmt.Errorf("--admin-port %d: must be 1–65535", o.AdminPort)
 	}
-	tlsSet := 0
-	for _, f := range []string{o.CAFile, o.CertFile, o.KeyFile} {
-		if f != "" {
-			tlsSet++
-		}
+	withTLS, err := o.tlsFiles()
+	if err != nil {
+		return nil, err
 	}
 	var xdsEndpoints []*endpointv3.LbEndpoint
 	var firstHost string
@@ -108,32 +179,31 @@ func Bootstrap(o BootstrapOptions) (*bootstrapv3.Bootstrap, error) {
 			Endpoints:   []*endpointv3.LocalityLbEndpoints{{LbEndpoints: xdsEndpoints}},
 		},
 	}
-	switch tlsSet {
-	case 0:
-	case 3:
-		ctx := &tlsv3.UpstreamTlsContext{
-			Sni: firstHost,
-			CommonTlsContext: &tlsv3.CommonTlsContext{
-				TlsCertificates: []*tlsv3.TlsCertificate{{
-					CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: o.CertFile}},
-					PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: o.KeyFile}},
+	if withTLS {
+		// The xDS servers are the gateways (wb serve --xds-addr, serving a gateway's
+		// certificate): the CA's signature says only "a member of the fleet", and another
+		// member's certificate (a node host's) must not serve an Envoy its listeners and
+		// clusters.
+		role := []*tlsv3.SubjectAltNameMatcher{uriSAN(mtls.RoleGateway)}
+		common := &tlsv3.CommonTlsContext{
+			TlsCertificates: []*tlsv3.TlsCertificate{{CertificateChain: fileSource(o.CertFile), PrivateKey: fileSource(o.KeyFile)}},
+			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+				TrustedCa: fileSource(o.CAFile), MatchTypedSubjectAltNames: role,
+			}},
+		}
+		if o.SDSDir != "" {
+			common = &tlsv3.CommonTlsContext{
+				TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{fileSDS(o.SDSDir, secretXDSClient)},
+				ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+					DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: role},
+					ValidationContextSdsSecretConfig: fileSDS(o.SDSDir, secretXDSCA),
 				}},
-				// The xDS servers are the gateways (wb serve --xds-addr, serving a gateway's
-				// certificate): the CA's signature says only "a member of the fleet", and
-				// another member's certificate (a node host's) must not serve an Envoy its
-				// listeners and clusters.
-				ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-					TrustedCa:                 &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: o.CAFile}},
-					MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{uriSAN(mtls.RoleGateway)},
-				}},
-			},
+			}
 		}
 		xds.TransportSocket = &corev3.TransportSocket{
 			Name:       "envoy.transport_sockets.tls",
-			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)},
+			ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(&tlsv3.UpstreamTlsContext{Sni: firstHost, CommonTlsContext: common})},
 		}
-	default:
-		return nil, errors.New("--tls-ca, --tls-cert and --tls-key go together: give all three or none")
 	}
 	b := &bootstrapv3.Bootstrap{
 		Node: &corev3.Node{Id: o.NodeID, Cluster: ListenerEdge},
@@ -169,22 +239,34 @@ func BootstrapYAML(o BootstrapOptions) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	j, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
+	y, err := protoYAML(b)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)
 	}
+	return y, nil
+}
+
+// protoYAML is m as block-style YAML, in the proto field names Envoy reads.
+func protoYAML(m proto.Message) ([]byte, error) {
+	j, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(j, &doc); err != nil { // JSON is YAML; keeps the field order
-		return nil, fmt.Errorf("bootstrap: %w", err)
+		return nil, err
 	}
 	setBlockStyle(&doc)
 	var out bytes.Buffer
 	enc := yaml.NewEncoder(&out)
 	enc.SetIndent(2)
 	if err := enc.Encode(&doc); err != nil {
-		return nil, fmt.Errorf("bootstrap: %w", err)
+		return nil, err
 	}
-	return out.Bytes(), enc.Close()
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
 }
 
 // setBlockStyle turns the flow style that JSON parses into YAML's block style.

@@ -2,12 +2,19 @@ package xds
 
 import (
 	"crypto/x509"
+	"encoding/json"
+	"maps"
 	"net"
 	"net/url"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"wb/internal/mtls"
 )
@@ -72,4 +79,113 @@ func TestBootstrap(t *testing.T) {
 			t.Errorf("%+v: no error", bad)
 		}
 	}
+}
+
+// TestBootstrapSDS: with SDSDir, the xDS cluster takes its client certificate and CA by SDS
+// from files in SDSDir (path_config_source), which BootstrapSecrets writes: one valid Secret
+// each, of the names the cluster asks for, naming the certificate files (Envoy watches their
+// directory and reads a rotated certificate again; the files named in a static cluster itself
+// are read once). The gateway role is still required of the xDS servers.
+func TestBootstrapSDS(t *testing.T) {
+	o := BootstrapOptions{NodeID: "envoy-1", XDS: "gw1:9002", SDSDir: "/etc/envoy",
+		CAFile: "/etc/wb/ca/ca.pem", CertFile: "/etc/wb/tls/envoy.pem", KeyFile: "/etc/wb/tls/envoy-key.pem"}
+	y, err := BootstrapYAML(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ParseBootstrapYAML(y)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, y)
+	}
+	var tc tlsv3.UpstreamTlsContext
+	if err := b.GetStaticResources().GetClusters()[0].GetTransportSocket().GetTypedConfig().UnmarshalTo(&tc); err != nil {
+		t.Fatal(err)
+	}
+	common := tc.GetCommonTlsContext()
+	if len(common.GetTlsCertificates()) != 0 || common.GetValidationContext() != nil {
+		t.Errorf("inline files left in the xDS cluster: %v", common)
+	}
+	wantPaths := map[string]string{}
+	certSDS := common.GetTlsCertificateSdsSecretConfigs()
+	if len(certSDS) != 1 {
+		t.Fatalf("certificate SDS %v, want one", certSDS)
+	}
+	caSDS := common.GetCombinedValidationContext().GetValidationContextSdsSecretConfig()
+	for _, sds := range []*tlsv3.SdsSecretConfig{certSDS[0], caSDS} {
+		p := sds.GetSdsConfig().GetPathConfigSource().GetPath()
+		if sds.GetName() == "" || filepath.Dir(p) != o.SDSDir {
+			t.Errorf("SDS %v: want a secret from a file in %s", sds, o.SDSDir)
+		}
+		wantPaths[filepath.Base(p)] = sds.GetName()
+	}
+	def := common.GetCombinedValidationContext().GetDefaultValidationContext()
+	u, _ := url.Parse(mtls.RoleNode)
+	if sans := def.GetMatchTypedSubjectAltNames(); len(sans) != 1 || sans[0].GetMatcher().GetExact() != mtls.RoleGateway ||
+		envoyMatchesSAN(def, &x509.Certificate{URIs: []*url.URL{u}}) {
+		t.Errorf("xDS cluster's SAN matchers %v, want exactly the URI %s", sans, mtls.RoleGateway)
+	}
+
+	files, err := BootstrapSecrets(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != len(wantPaths) {
+		t.Errorf("secret files %v, want %v", slices.Sorted(maps.Keys(files)), wantPaths)
+	}
+	var secrets []*tlsv3.Secret
+	for name, content := range files {
+		var resp discoveryv3.DiscoveryResponse
+		if err := protojson.Unmarshal(yamlToJSON(t, content), &resp); err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, content)
+		}
+		// Envoy takes exactly one secret from a file, of the name asked for.
+		if len(resp.GetResources()) != 1 {
+			t.Fatalf("%s: %d resources, want 1", name, len(resp.GetResources()))
+		}
+		var s tlsv3.Secret
+		if err := resp.GetResources()[0].UnmarshalTo(&s); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := s.ValidateAll(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		if want, ok := wantPaths[name]; !ok || s.GetName() != want {
+			t.Errorf("%s holds secret %q; the bootstrap reads %v", name, s.GetName(), wantPaths)
+		}
+		secrets = append(secrets, &s)
+	}
+	for _, s := range secrets {
+		if c := s.GetTlsCertificate(); c != nil && (c.GetCertificateChain().GetFilename() != o.CertFile ||
+			c.GetPrivateKey().GetFilename() != o.KeyFile || c.GetWatchedDirectory().GetPath() != "/etc/wb/tls") {
+			t.Errorf("secret %s: %v, want %s and %s watched in /etc/wb/tls", s.GetName(), c, o.CertFile, o.KeyFile)
+		}
+		if v := s.GetValidationContext(); v != nil && (v.GetTrustedCa().GetFilename() != o.CAFile || v.GetWatchedDirectory().GetPath() != "/etc/wb/ca") {
+			t.Errorf("secret %s: %v, want %s watched in /etc/wb/ca", s.GetName(), v, o.CAFile)
+		}
+	}
+
+	for _, bad := range []BootstrapOptions{
+		{NodeID: "e", XDS: "a:1", SDSDir: "/etc/envoy"}, // SDS without TLS
+		{NodeID: "e", XDS: "a:1", SDSDir: "relative", CAFile: "ca", CertFile: "c", KeyFile: "k"},
+	} {
+		if _, err := Bootstrap(bad); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+		if _, err := BootstrapSecrets(bad); err == nil {
+			t.Errorf("BootstrapSecrets(%+v): no error", bad)
+		}
+	}
+}
+
+func yamlToJSON(t *testing.T, y []byte) []byte {
+	t.Helper()
+	var v any
+	if err := yaml.Unmarshal(y, &v); err != nil {
+		t.Fatal(err)
+	}
+	j, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
 }

@@ -13,10 +13,11 @@
 //   - clusters wb_gateway, wb_ext_authz (HTTP/2) and one EDS cluster per node,
 //     NodeCluster(id) = wb_node_<id>, with HTTP health checks on /healthz and outlier
 //     detection; a draining node's endpoint is DRAINING; with Options.UpstreamTLS, every
-//     cluster speaks mutual TLS (an UpstreamTlsContext naming files on the Envoys' hosts), and
-//     wb_gateway's endpoints are the gateways' edge addresses; grpc-go's xDS client refuses
-//     such clusters (it takes certificate providers only), so the tests check them with
-//     ValidateAll;
+//     cluster speaks mutual TLS (an UpstreamTlsContext taking the Envoy's certificate and the
+//     fleet's CA by SDS over ADS: the secrets SecretEnvoyClient and SecretFleetCA name files on
+//     the Envoys' hosts, which Envoy reads again when they are rotated), and wb_gateway's
+//     endpoints are the gateways' edge addresses; grpc-go's xDS client refuses such clusters
+//     (it takes certificate providers only), so the tests check them with ValidateAll;
 //   - listener wb_grpc_nodes with cluster wb_nodes: an API listener for gRPC xDS clients
 //     (xds:///wb_grpc_nodes reaches the serving nodes). grpc-go's xDS client, the only real
 //     consumer available on the build machines (there is no Envoy there), checks our server

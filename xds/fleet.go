@@ -24,6 +24,10 @@ const (
 	ListenerGRPCNodes = "wb_grpc_nodes"
 	// ClusterNodes holds every node that is not draining (the gRPC listener's only cluster).
 	ClusterNodes = "wb_nodes"
+	// SecretEnvoyClient and SecretFleetCA are the SDS secrets of Options.UpstreamTLS: the
+	// Envoys' client certificate and key, and the fleet's CA.
+	SecretEnvoyClient = "wb_envoy_client"
+	SecretFleetCA     = "wb_fleet_ca"
 )
 
 // NodeCluster is the Envoy cluster of one node: "wb_node_" and the node id with every

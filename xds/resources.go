@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -53,9 +54,11 @@ type Options struct {
 
 // UpstreamTLS are files on the Envoys' hosts: the client certificate and key an Envoy
 // presents to the gateways' ext_authz and --edge-addr and to the nodes (which serve
-// --fleet-tls-*), and the
-// fleet's CA that must have signed their certificates. Envoy reads them when it builds a
-// cluster.
+// --fleet-tls-*), and the fleet's CA that must have signed their certificates. The clusters
+// take them by SDS over ADS (the secrets SecretEnvoyClient and SecretFleetCA name the files),
+// so that Envoy watches the files' directories and reads a rotated certificate again: files
+// named in a cluster itself are read once, when it is built. The control plane only names
+// the files: the Envoys' key never passes through it.
 type UpstreamTLS struct {
 	CertFile, KeyFile, CAFile string
 }
@@ -97,6 +100,8 @@ type Resources struct {
 	Routes    []*routev3.RouteConfiguration
 	Clusters  []*clusterv3.Cluster
 	Endpoints []*endpointv3.ClusterLoadAssignment
+	// Secrets are the SDS secrets the clusters name (with Options.UpstreamTLS only).
+	Secrets []*tlsv3.Secret
 	// Skipped says which fleet members were left out and why (bad or duplicate addresses).
 	Skipped []string
 }
@@ -178,6 +183,7 @@ func Build(f Fleet, opts Options) *Resources {
 		r.Endpoints = append(r.Endpoints, assignment(n.cluster, []netip.AddrPort{n.addr}, &status))
 	}
 	r.Endpoints = append(r.Endpoints, assignment(ClusterNodes, dedupe(serving), nil))
+	r.Secrets = upstreamSecrets(o.UpstreamTLS)
 	sortByName(r)
 	return r
 }
@@ -346,26 +352,62 @@ func edsCluster(name string, o Options, tune func(*clusterv3.Cluster)) *clusterv
 
 // upstreamTLS is the transport socket of a cluster whose servers serve --fleet-tls-*: the
 // Envoy's client certificate, and their certificates verified against the fleet's CA and
-// naming san (a role's URI, or a node's IP). nil without u.
+// naming san (a role's URI, or a node's IP). The certificate and the CA come by SDS
+// (upstreamSecrets); the SAN matcher, which differs by cluster, stays in the cluster as the
+// default validation context, which Envoy merges with the secret's. nil without u.
 func upstreamTLS(u UpstreamTLS, alpn []string, san *tlsv3.SubjectAltNameMatcher) *corev3.TransportSocket {
 	if !u.enabled() {
 		return nil
 	}
-	file := func(name string) *corev3.DataSource {
-		return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}}
-	}
-	validation := &tlsv3.CertificateValidationContext{TrustedCa: file(u.CAFile),
-		MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{san}}
 	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
-		TlsParams:             &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
-		TlsCertificates:       []*tlsv3.TlsCertificate{{CertificateChain: file(u.CertFile), PrivateKey: file(u.KeyFile)}},
-		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: validation},
-		AlpnProtocols:         alpn,
+		TlsParams:                      &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
+		TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{{Name: SecretEnvoyClient, SdsConfig: adsSource()}},
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{san}},
+			ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: SecretFleetCA, SdsConfig: adsSource()},
+		}},
+		AlpnProtocols: alpn,
 	}}
 	return &corev3.TransportSocket{
 		Name:       "envoy.transport_sockets.tls",
 		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)},
 	}
+}
+
+// upstreamSecrets are the SDS secrets of upstreamTLS: SecretEnvoyClient and SecretFleetCA,
+// naming u's files. nil without u.
+func upstreamSecrets(u UpstreamTLS) []*tlsv3.Secret {
+	if !u.enabled() {
+		return nil
+	}
+	return []*tlsv3.Secret{
+		{Name: SecretEnvoyClient, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: certificateFiles(u.CertFile, u.KeyFile)}},
+		{Name: SecretFleetCA, Type: &tlsv3.Secret_ValidationContext{ValidationContext: caFile(u.CAFile)}},
+	}
+}
+
+// certificateFiles is a certificate and key read from files, again whenever a file is moved
+// into the certificate's directory (as a rotation writes a new file and renames it into
+// place, or Kubernetes swaps a secret volume's directory): Envoy then reads both and checks
+// that neither changed between the reads, so it does not pair a new key with an old
+// certificate. Without the watched directory Envoy watches each file's directory, the same
+// for files in one directory. Only an SDS secret's files are watched.
+func certificateFiles(cert, key string) *tlsv3.TlsCertificate {
+	c := &tlsv3.TlsCertificate{CertificateChain: fileSource(cert), PrivateKey: fileSource(key)}
+	if dir := filepath.Dir(cert); dir == filepath.Dir(key) {
+		c.WatchedDirectory = &corev3.WatchedDirectory{Path: dir}
+	}
+	return c
+}
+
+// caFile is a validation context trusting the CA certificates of a file, read again whenever
+// a file is moved into its directory (an SDS secret's only).
+func caFile(ca string) *tlsv3.CertificateValidationContext {
+	return &tlsv3.CertificateValidationContext{TrustedCa: fileSource(ca), WatchedDirectory: &corev3.WatchedDirectory{Path: filepath.Dir(ca)}}
+}
+
+func fileSource(name string) *corev3.DataSource {
+	return &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: name}}
 }
 
 // uriSAN matches a certificate of role (a URI SAN, mtls.RoleGateway...).
@@ -430,4 +472,5 @@ type (
 	routeT    = routev3.RouteConfiguration
 	clusterT  = clusterv3.Cluster
 	endpointT = endpointv3.ClusterLoadAssignment
+	secretT   = tlsv3.Secret
 )

@@ -252,7 +252,7 @@ func TestNodeCluster(t *testing.T) {
 // TestChangesTouchOnlyCDSEDS: a node joining changes CDS and EDS only; draining, EDS only; the
 // fleet's order changes nothing; the versions depend only on content.
 func TestChangesTouchOnlyCDSEDS(t *testing.T) {
-	snap := func(f Fleet) [4]string {
+	snap := func(f Fleet) [5]string {
 		s, err := Build(f, Options{}).Snapshot()
 		if err != nil {
 			t.Fatal(err)
@@ -383,13 +383,22 @@ func TestUpstreamTLS(t *testing.T) {
 		if err := up.ValidateAll(); err != nil {
 			t.Errorf("cluster %s: %v", c.GetName(), err)
 		}
+		// The certificate and the CA come by SDS over ADS (secrets naming the files), for
+		// Envoy to read them again when they are rotated; files named in the cluster itself
+		// are read once.
 		common := up.GetCommonTlsContext()
-		certs := common.GetTlsCertificates()
-		if len(certs) != 1 || certs[0].GetCertificateChain().GetFilename() != files.CertFile || certs[0].GetPrivateKey().GetFilename() != files.KeyFile {
-			t.Errorf("cluster %s: certificates %v, want %s and %s", c.GetName(), certs, files.CertFile, files.KeyFile)
+		if certs := common.GetTlsCertificates(); len(certs) != 0 {
+			t.Errorf("cluster %s: inline certificates %v, want them by SDS", c.GetName(), certs)
 		}
-		if ca := common.GetValidationContext().GetTrustedCa().GetFilename(); ca != files.CAFile {
-			t.Errorf("cluster %s: trusted CA %q, want %q", c.GetName(), ca, files.CAFile)
+		if sds := common.GetTlsCertificateSdsSecretConfigs(); len(sds) != 1 || sds[0].GetName() != SecretEnvoyClient || sds[0].GetSdsConfig().GetAds() == nil {
+			t.Errorf("cluster %s: certificate SDS %v, want %s by ADS", c.GetName(), sds, SecretEnvoyClient)
+		}
+		combined := common.GetCombinedValidationContext()
+		if sds := combined.GetValidationContextSdsSecretConfig(); sds.GetName() != SecretFleetCA || sds.GetSdsConfig().GetAds() == nil {
+			t.Errorf("cluster %s: validation context SDS %v, want %s by ADS", c.GetName(), sds, SecretFleetCA)
+		}
+		if ca := combined.GetDefaultValidationContext().GetTrustedCa(); ca != nil {
+			t.Errorf("cluster %s: inline trusted CA %v, want it by SDS", c.GetName(), ca)
 		}
 		if common.GetTlsParams().GetTlsMinimumProtocolVersion() != tlsv3.TlsParameters_TLSv1_2 {
 			t.Errorf("cluster %s: TLS parameters %v, want at least TLS 1.2", c.GetName(), common.GetTlsParams())
@@ -397,7 +406,7 @@ func TestUpstreamTLS(t *testing.T) {
 		// A node's cluster also checks that the certificate names the node's IP, as the
 		// gateways do: the fleet CA's other certificates do not pass for that node. The
 		// others check the role: a node's certificate does not pass for a gateway.
-		sans := common.GetValidationContext().GetMatchTypedSubjectAltNames()
+		sans := validationContext(common).GetMatchTypedSubjectAltNames()
 		wantType, want := tlsv3.SubjectAltNameMatcher_URI, "spiffe://wb/gateway"
 		if ip, isNode := nodeIPs[c.GetName()]; isNode {
 			wantType, want = tlsv3.SubjectAltNameMatcher_IP_ADDRESS, ip
@@ -418,6 +427,7 @@ func TestUpstreamTLS(t *testing.T) {
 	if withTLS != len(r.Clusters) {
 		t.Errorf("%d clusters with TLS, want all %d", withTLS, len(r.Clusters))
 	}
+	checkSecrets(t, r.Secrets, files)
 
 	for _, u := range []UpstreamTLS{{CertFile: "a.pem"}, {CertFile: "a.pem", KeyFile: "k.pem"}, {CAFile: "ca.pem"}} {
 		if err := (Options{UpstreamTLS: u}).Validate(); err == nil || !strings.Contains(err.Error(), "all three") {
@@ -477,9 +487,9 @@ func TestUpstreamTLSRoles(t *testing.T) {
 		if err := up.ValidateAll(); err != nil {
 			t.Errorf("cluster %s: %v", c.cluster, err)
 		}
-		if got := envoyMatchesSAN(up.GetCommonTlsContext().GetValidationContext(), c.cert); got != c.ok {
+		if got := envoyMatchesSAN(validationContext(up.GetCommonTlsContext()), c.cert); got != c.ok {
 			t.Errorf("cluster %s: %s's certificate accepted %v, want %v (matchers %v)", c.cluster, c.who, got, c.ok,
-				up.GetCommonTlsContext().GetValidationContext().GetMatchTypedSubjectAltNames())
+				validationContext(up.GetCommonTlsContext()).GetMatchTypedSubjectAltNames())
 		}
 	}
 }
@@ -510,4 +520,39 @@ func envoyMatchesSAN(v *tlsv3.CertificateValidationContext, cert *x509.Certifica
 		}
 	}
 	return false
+}
+
+// validationContext is the validation context of common that holds the SAN matchers: the
+// default one of a combined context (whose SDS secret holds the CA), or the plain one.
+func validationContext(common *tlsv3.CommonTlsContext) *tlsv3.CertificateValidationContext {
+	if c := common.GetCombinedValidationContext(); c != nil {
+		return c.GetDefaultValidationContext()
+	}
+	return common.GetValidationContext()
+}
+
+// checkSecrets: the SDS secrets of Options.UpstreamTLS are valid, name the files on the
+// Envoys' hosts (which Envoy reads again when they are rotated: it watches the directories
+// of the files an SDS secret names) and hold no bytes of them.
+func checkSecrets(t *testing.T, secrets []*tlsv3.Secret, files UpstreamTLS) {
+	t.Helper()
+	byName := map[string]*tlsv3.Secret{}
+	for _, s := range secrets {
+		if err := s.ValidateAll(); err != nil {
+			t.Errorf("secret %s: %v", s.GetName(), err)
+		}
+		byName[s.GetName()] = s
+	}
+	if len(secrets) != 2 {
+		t.Errorf("%d secrets, want 2 (%s, %s)", len(secrets), SecretEnvoyClient, SecretFleetCA)
+	}
+	cert := byName[SecretEnvoyClient].GetTlsCertificate()
+	if cert.GetCertificateChain().GetFilename() != files.CertFile || cert.GetPrivateKey().GetFilename() != files.KeyFile ||
+		cert.GetWatchedDirectory().GetPath() != filepath.Dir(files.CertFile) {
+		t.Errorf("secret %s: %v, want %s and %s, watching %s", SecretEnvoyClient, cert, files.CertFile, files.KeyFile, filepath.Dir(files.CertFile))
+	}
+	ca := byName[SecretFleetCA].GetValidationContext()
+	if ca.GetTrustedCa().GetFilename() != files.CAFile || ca.GetWatchedDirectory().GetPath() != filepath.Dir(files.CAFile) {
+		t.Errorf("secret %s: %v, want %s, watching %s", SecretFleetCA, ca, files.CAFile, filepath.Dir(files.CAFile))
+	}
 }

@@ -106,7 +106,7 @@ type Server struct {
 	metrics   metrics
 
 	mu          sync.Mutex
-	current     [4]string // versions of the published snapshot
+	current     [5]string // versions of the published snapshot
 	published   bool
 	lastSkipped string
 	// sent is the latest response per stream and type, to recognise what a NACK rejects.
@@ -280,14 +280,14 @@ func (s *Server) publish(ctx context.Context, r *Resources) error {
 	}
 	s.current, s.published = v, true
 	s.metrics.published.Inc()
-	s.log.Info("xds: snapshot published", "lds", v[0], "rds", v[1], "cds", v[2], "eds", v[3],
+	s.log.Info("xds: snapshot published", "lds", v[0], "rds", v[1], "cds", v[2], "eds", v[3], "sds", v[4],
 		"clusters", len(r.Clusters))
 	return nil
 }
 
-// Versions are the published snapshot's versions (LDS, RDS, CDS, EDS); ok is false before the
-// first one.
-func (s *Server) Versions() (v [4]string, ok bool) {
+// Versions are the published snapshot's versions (LDS, RDS, CDS, EDS, SDS); ok is false
+// before the first one.
+func (s *Server) Versions() (v [5]string, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.current, s.published

@@ -18,6 +18,7 @@ func sortByName(r *Resources) {
 	slices.SortFunc(r.Routes, func(a, b *routeT) int { return strings.Compare(a.GetName(), b.GetName()) })
 	slices.SortFunc(r.Clusters, func(a, b *clusterT) int { return strings.Compare(a.GetName(), b.GetName()) })
 	slices.SortFunc(r.Endpoints, func(a, b *endpointT) int { return strings.Compare(a.GetClusterName(), b.GetClusterName()) })
+	slices.SortFunc(r.Secrets, func(a, b *secretT) int { return strings.Compare(a.GetName(), b.GetName()) })
 }
 
 // validator is what every generated Envoy message offers (protoc-gen-validate).
@@ -52,6 +53,7 @@ func (r *Resources) Snapshot() (*cachev3.Snapshot, error) {
 	add(types.Route, asResources(r.Routes))
 	add(types.Cluster, asResources(r.Clusters))
 	add(types.Endpoint, asResources(r.Endpoints))
+	add(types.Secret, asResources(r.Secrets))
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid resources: %w", errors.Join(errs...))
 	}
@@ -69,10 +71,12 @@ func asResources[T types.Resource](items []T) []types.Resource {
 	return out
 }
 
-// versions is a snapshot's version per type, in a fixed order (for logs and comparisons).
-func versions(s *cachev3.Snapshot) [4]string {
-	return [4]string{
+// versions is a snapshot's version per type, in a fixed order (for logs and comparisons):
+// LDS, RDS, CDS, EDS, SDS.
+func versions(s *cachev3.Snapshot) [5]string {
+	return [5]string{
 		s.Resources[types.Listener].Version, s.Resources[types.Route].Version,
 		s.Resources[types.Cluster].Version, s.Resources[types.Endpoint].Version,
+		s.Resources[types.Secret].Version,
 	}
 }

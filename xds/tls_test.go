@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -161,4 +162,50 @@ func TestServerTLSErrors(t *testing.T) {
 			t.Errorf("ServerTLS(%q, %q, %q) = %v, want an error with %q", c.cert, c.key, c.ca, err, c.want)
 		}
 	}
+}
+
+// TestSecretsOverADS: with Options.UpstreamTLS, the ADS stream that sends an Envoy the TLS
+// clusters answers the SDS secrets they name, valid, naming the files on the Envoys' hosts
+// (Envoy watches the directories of the files an SDS secret names, and reads a rotated
+// certificate again; files named in a cluster are read once).
+func TestSecretsOverADS(t *testing.T) {
+	files := UpstreamTLS{CertFile: "/etc/wb/tls/envoy.pem", KeyFile: "/etc/wb/tls/envoy-key.pem", CAFile: "/etc/wb/ca/fleet-ca.pem"}
+	s, err := New(t.Context(), Config{Source: &staticSource{f: fleet3()}, Options: Options{UpstreamTLS: files}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(startServer(t, s), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	st, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy-1"}, TypeUrl: resourcev3.SecretType,
+		ResourceNames: []string{SecretEnvoyClient, SecretFleetCA}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var secrets []*tlsv3.Secret
+	for _, a := range resp.GetResources() {
+		var sec tlsv3.Secret
+		if err := a.UnmarshalTo(&sec); err != nil {
+			t.Fatal(err)
+		}
+		secrets = append(secrets, &sec)
+	}
+	if resp.GetVersionInfo() == "" {
+		t.Error("secrets sent without a version")
+	}
+	checkSecrets(t, secrets, files)
 }

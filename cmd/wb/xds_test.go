@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -42,12 +44,39 @@ func TestEnvoyBootstrap(t *testing.T) {
 		t.Errorf("bootstrap:\n%s", out.String())
 	}
 
+	if !strings.Contains(errb.String(), "--sds-dir") {
+		t.Errorf("TLS without --sds-dir: no warning that rotation takes a restart: %q", errb.String())
+	}
+
+	// --sds-dir: the SDS files are written there, and the bootstrap reads them.
+	sdsDir := t.TempDir()
+	out.Reset()
+	errb.Reset()
+	if err := run(context.Background(), []string{"envoy-bootstrap", "--node-id", "envoy-1", "--xds", "gateway-1:18000", "--sds-dir", sdsDir,
+		"--tls-ca", "/etc/wb/ca.pem", "--tls-cert", "/etc/wb/envoy.pem", "--tls-key", "/etc/wb/envoy.key"}, &out, &errb); err != nil {
+		t.Fatalf("%v: %s", err, errb.String())
+	}
+	if _, err := xds.ParseBootstrapYAML(out.Bytes()); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	for _, name := range []string{"wb_xds_client.yaml", "wb_xds_ca.yaml"} {
+		path := filepath.Join(sdsDir, name)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Errorf("SDS file: %v", err)
+			continue
+		}
+		if !strings.Contains(out.String(), "path: "+path) || !strings.Contains(string(b), "/etc/wb/") {
+			t.Errorf("%s is not the bootstrap's, or names no certificate file:\n%s", path, b)
+		}
+	}
+
 	out.Reset()
 	errb.Reset()
 	if err := run(context.Background(), []string{"envoy-bootstrap", "--help"}, &out, &errb); err != nil && !strings.Contains(err.Error(), "help") {
 		t.Fatal(err)
 	}
-	for _, w := range []string{"-node-id", "-xds", "-tls-ca", "-tls-cert", "-tls-key", "-admin-port", "loopback"} {
+	for _, w := range []string{"-node-id", "-xds", "-tls-ca", "-tls-cert", "-tls-key", "-sds-dir", "-admin-port", "loopback"} {
 		if !strings.Contains(errb.String(), w) {
 			t.Errorf("help lacks %q:\n%s", w, errb.String())
 		}
@@ -60,6 +89,7 @@ func TestEnvoyBootstrap(t *testing.T) {
 		{"envoy-bootstrap", "--node-id", "e"},
 		{"envoy-bootstrap", "--node-id", "e", "--xds", "a:1", "--tls-ca", "ca.pem"},
 		{"envoy-bootstrap", "--node-id", "e", "--xds", "a:1", "--admin-port", "0"},
+		{"envoy-bootstrap", "--node-id", "e", "--xds", "a:1", "--sds-dir", sdsDir},
 	} {
 		if err := run(context.Background(), args, &out, &errb); err == nil {
 			t.Errorf("%v: no error", args)
