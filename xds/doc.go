@@ -2,7 +2,8 @@
 // fleet registered in Redis and serves them over ADS (state of the world and delta) with
 // go-control-plane.
 //
-// What it publishes (one snapshot, the same for every Envoy node id):
+// What it publishes (one snapshot, the same for every Envoy node id, and its twin for gRPC's
+// xDS clients, which differs only with TLS):
 //
 //   - listener wb_edge: HTTP connection manager → ext_authz (gRPC, cluster wb_ext_authz,
 //     fail closed, no body) → router, routes by RDS wb_routes;
@@ -16,8 +17,10 @@
 //     cluster speaks mutual TLS (an UpstreamTlsContext taking the Envoy's certificate and the
 //     fleet's CA by SDS over ADS: the secrets SecretEnvoyClient and SecretFleetCA name files on
 //     the Envoys' hosts, which Envoy reads again when they are rotated), and wb_gateway's
-//     endpoints are the gateways' edge addresses; grpc-go's xDS client refuses such clusters
-//     (it takes certificate providers only), so the tests check them with ValidateAll;
+//     endpoints are the gateways' edge addresses; gRPC's xDS clients refuse such clusters
+//     (they take certificate provider instances only, which Envoy does not implement), so
+//     they, known by their node's user agent, are sent BuildGRPC's resources instead, whose
+//     TLS clusters name the provider instance GRPCCertProvider of their bootstrap;
 //   - listener wb_grpc_nodes with cluster wb_nodes: an API listener for gRPC xDS clients
 //     (xds:///wb_grpc_nodes reaches the serving nodes). grpc-go's xDS client, the only real
 //     consumer available on the build machines (there is no Envoy there), checks our server

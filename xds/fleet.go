@@ -28,6 +28,10 @@ const (
 	// Envoys' client certificate and key, and the fleet's CA.
 	SecretEnvoyClient = "wb_envoy_client"
 	SecretFleetCA     = "wb_fleet_ca"
+	// GRPCCertProvider is the certificate provider instance of BuildGRPC's TLS clusters,
+	// which a gRPC xDS client's bootstrap defines (certificate_providers): the client
+	// certificate and key of the Envoy role and the fleet's CA.
+	GRPCCertProvider = "wb_fleet"
 )
 
 // NodeCluster is the Envoy cluster of one node: "wb_node_" and the node id with every

@@ -106,10 +106,26 @@ type Resources struct {
 	Skipped []string
 }
 
-// Build computes the resources for a fleet. It is pure: the same fleet and options give the
-// same resources, whatever the order of the fleet's lists. Members whose addresses cannot be
-// used are left out and named in Skipped; nothing in a fleet makes Build fail.
-func Build(f Fleet, opts Options) *Resources {
+// Build computes the Envoys' resources for a fleet. It is pure: the same fleet and options
+// give the same resources, whatever the order of the fleet's lists. Members whose addresses
+// cannot be used are left out and named in Skipped; nothing in a fleet makes Build fail.
+func Build(f Fleet, opts Options) *Resources { return build(f, opts, false) }
+
+// BuildGRPC are Build's resources for gRPC's xDS clients, which refuse Build's TLS clusters:
+// gRPC takes a cluster's certificates only from certificate provider instances of its own
+// bootstrap, and refuses SDS, TLS parameters and inline files, while Envoy does not implement
+// those instances (and would ignore SDS beside one), so no one cluster serves both. With
+// Options.UpstreamTLS the clusters take the client certificate and the CA from the instance
+// GRPCCertProvider (a gRPC client's bootstrap maps it to files, e.g. with the file_watcher
+// plugin, which reads rotated files again) and match the same SANs in the field gRPC reads;
+// there are no secrets.
+func BuildGRPC(f Fleet, opts Options) *Resources { return build(f, opts, true) }
+
+func build(f Fleet, opts Options, forGRPC bool) *Resources {
+	upstreamTLS := upstreamTLS
+	if forGRPC {
+		upstreamTLS = grpcUpstreamTLS
+	}
 	o := opts.withDefaults()
 	nodes, gwHTTP, gwAuthz, skipped := parseFleet(f, o.UpstreamTLS.enabled())
 	r := &Resources{Skipped: skipped}
@@ -183,7 +199,9 @@ func Build(f Fleet, opts Options) *Resources {
 		r.Endpoints = append(r.Endpoints, assignment(n.cluster, []netip.AddrPort{n.addr}, &status))
 	}
 	r.Endpoints = append(r.Endpoints, assignment(ClusterNodes, dedupe(serving), nil))
-	r.Secrets = upstreamSecrets(o.UpstreamTLS)
+	if !forGRPC {
+		r.Secrets = upstreamSecrets(o.UpstreamTLS)
+	}
 	sortByName(r)
 	return r
 }
@@ -367,6 +385,30 @@ func upstreamTLS(u UpstreamTLS, alpn []string, san *tlsv3.SubjectAltNameMatcher)
 			ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: SecretFleetCA, SdsConfig: adsSource()},
 		}},
 		AlpnProtocols: alpn,
+	}}
+	return &corev3.TransportSocket{
+		Name:       "envoy.transport_sockets.tls",
+		ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(ctx)},
+	}
+}
+
+// grpcUpstreamTLS is upstreamTLS for gRPC's xDS clients (BuildGRPC): the certificate and
+// the CA from the certificate provider instance GRPCCertProvider, and san in
+// match_subject_alt_names, the only SAN field gRPC reads (it ignores the typed one; Envoy
+// reads this deprecated field only without the typed one). gRPC matches it against every SAN
+// of the certificate, of any type; the fleet's CA issues URIs and IPs only. gRPC ignores ALPN
+// (it speaks h2) and refuses TLS parameters (it speaks TLS 1.2 or later). nil without u.
+func grpcUpstreamTLS(u UpstreamTLS, _ []string, san *tlsv3.SubjectAltNameMatcher) *corev3.TransportSocket {
+	if !u.enabled() {
+		return nil
+	}
+	provider := &tlsv3.CertificateProviderPluginInstance{InstanceName: GRPCCertProvider}
+	ctx := &tlsv3.UpstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
+		TlsCertificateProviderInstance: provider,
+		ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+			CaCertificateProviderInstance: provider,
+			MatchSubjectAltNames:          []*matcherv3.StringMatcher{san.GetMatcher()},
+		}},
 	}}
 	return &corev3.TransportSocket{
 		Name:       "envoy.transport_sockets.tls",

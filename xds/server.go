@@ -23,13 +23,25 @@ import (
 	"wb/store"
 )
 
-// fleetKey is the one cache key every Envoy (and gRPC client) maps to: the whole fleet gets
-// the same resources, so one snapshot serves any number of node ids.
-const fleetKey = "wb_fleet"
+// fleetKey is the cache key every Envoy maps to, grpcKey every gRPC xDS client: the whole
+// fleet gets the same resources, so one snapshot serves any number of node ids; gRPC's
+// differ only in their TLS clusters (BuildGRPC).
+const (
+	fleetKey = "wb_fleet"
+	grpcKey  = "wb_fleet_grpc"
+)
 
 type fleetHash struct{}
 
-func (fleetHash) ID(*corev3.Node) string { return fleetKey }
+// ID tells gRPC's xDS clients by the user agent they send in every stream's node ("gRPC Go",
+// "gRPC Java", "gRPC C-core"...; Envoy sends "envoy"); any other client gets Envoy's
+// resources.
+func (fleetHash) ID(n *corev3.Node) string {
+	if strings.HasPrefix(n.GetUserAgentName(), "gRPC ") {
+		return grpcKey
+	}
+	return fleetKey
+}
 
 // FleetSource reads the current fleet.
 type FleetSource interface {
@@ -248,7 +260,7 @@ func (s *Server) apply(ctx context.Context, f Fleet) error {
 	if skipped := strings.Join(r.Skipped, "; "); skipped != s.swapSkipped(skipped) && skipped != "" {
 		s.log.Warn("xds: fleet members left out", "skipped", r.Skipped)
 	}
-	return s.publish(ctx, r)
+	return s.publish(ctx, r, BuildGRPC(f, s.opts))
 }
 
 func (s *Server) swapSkipped(v string) string {
@@ -259,10 +271,15 @@ func (s *Server) swapSkipped(v string) string {
 	return old
 }
 
-// publish validates r and sets it as the fleet's snapshot unless its versions are already
-// published.
-func (s *Server) publish(ctx context.Context, r *Resources) error {
+// publish validates r (the Envoys') and g (the gRPC clients', of the same fleet) and sets
+// them as the fleet's snapshots unless r's versions are already published (g follows from
+// the same fleet and options as r, and changes only when r does).
+func (s *Server) publish(ctx context.Context, r, g *Resources) error {
 	snap, err := r.Snapshot()
+	var grpcSnap *cachev3.Snapshot
+	if err == nil {
+		grpcSnap, err = g.Snapshot()
+	}
 	if err != nil {
 		s.metrics.failures.WithLabelValues("invalid").Inc()
 		s.log.Error("xds: snapshot rejected; keeping the last good one", "err", err)
@@ -274,9 +291,14 @@ func (s *Server) publish(ctx context.Context, r *Resources) error {
 	if s.published && v == s.current {
 		return nil
 	}
-	if err := s.cache.SetSnapshot(ctx, fleetKey, snap); err != nil {
-		s.metrics.failures.WithLabelValues("invalid").Inc()
-		return fmt.Errorf("xds: set snapshot: %w", err)
+	for _, k := range []struct {
+		key  string
+		snap *cachev3.Snapshot
+	}{{grpcKey, grpcSnap}, {fleetKey, snap}} {
+		if err := s.cache.SetSnapshot(ctx, k.key, k.snap); err != nil {
+			s.metrics.failures.WithLabelValues("invalid").Inc()
+			return fmt.Errorf("xds: set snapshot: %w", err)
+		}
 	}
 	s.current, s.published = v, true
 	s.metrics.published.Inc()

@@ -249,7 +249,7 @@ func TestGRPCClient(t *testing.T) {
 			cla.Endpoints[0].LbEndpoints = append(lb, lb[0])
 		}
 	}
-	if err := s.publish(ctx, bad); err != nil {
+	if err := s.publish(ctx, bad, bad); err != nil { // without TLS, the gRPC clients' resources are the same
 		t.Fatal(err)
 	}
 	testwait.For(t, 30*time.Second, "the client NACKs the duplicate endpoint", func() bool {
@@ -261,7 +261,7 @@ func TestGRPCClient(t *testing.T) {
 	}
 	// A good snapshot: node-a is back. It reaches the client at once.
 	good := Build(Fleet{Nodes: []Node{{ID: "node-a", Addr: nodeA}, {ID: "node-b", Addr: nodeB}}}, Options{})
-	if err := s.publish(ctx, good); err != nil {
+	if err := s.publish(ctx, good, good); err != nil {
 		t.Fatal(err)
 	}
 	seen = map[string]bool{}
