@@ -2,9 +2,13 @@ package plugins
 
 import (
 	"bytes"
+	"context"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/tetratelabs/wazero"
 
 	"wb/session"
 )
@@ -154,6 +158,11 @@ func TestStackIsCapped(t *testing.T) {
 		{"through a table", indirectRecursePlugin()},
 		{"values where paths join", phiRecursePlugin(100, 98)},
 		{"results of calls", multiValuePlugin(50, 1000)},
+		{"v128 parameters", simdRecursePlugin(1000, 0, 0, 1, 1<<20)},
+		{"v128 locals", simdRecursePlugin(1, 2000, 0, 1, 1<<20)},
+		{"v128 values", simdRecursePlugin(1, 0, 2000, 1, 1<<20)},
+		{"v128 results", simdRecursePlugin(1, 0, 0, 1000, 1<<20)},
+		{"v128 values where paths join", simdPhiRecursePlugin(100, 98)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			project := "proj-stack-" + strings.ReplaceAll(c.name, " ", "-")
@@ -256,5 +265,191 @@ func TestStackRewriteReadsLongCounts(t *testing.T) {
 		if _, err := h.Validate(ctxT(t), mod(g)); err != nil {
 			t.Errorf("groups encoded % x: %v", g, err)
 		}
+	}
+}
+
+// SIMD instructions the stack tests use (0xfd prefix; v128 values are 16 bytes).
+var (
+	v128Load = []byte{0xfd, 0x00}       // v128.load memarg
+	i32x4Add = []byte{0xfd, 0xae, 0x01} // i32x4.add
+)
+
+// v128LoadAt loads the 16 bytes at offset (from address 0).
+func v128LoadAt(offset int) []byte {
+	return cat(i32c(0), v128Load, []byte{4}, uleb(uint64(offset))) // align 16
+}
+
+// simdRecursePlugin: f(n, k v128 parameters) has l v128 locals and answers r v128 results; a
+// frame loads l locals and m more v128 values from memory, passes its k parameters on to its
+// recursive call, and adds everything up (all of it live across the call, so spilled to its
+// frame, 16 bytes a value) into its r results. decide calls f at depth.
+func simdRecursePlugin(k, l, m, r int, depth int32) []byte {
+	out := `{"allow":true}`
+	var b []byte
+	b = append(b, opLocalGet, 0, opI32Eqz, opIf, blockEmpty)
+	for range r {
+		b = append(b, opLocalGet, 1)
+	}
+	b = append(b, 0x0f, opEnd) // return
+	for i := range l {
+		b = append(b, v128LoadAt(16*(i%4000))...)
+		b = append(b, opLocalSet)
+		b = append(b, uleb(uint64(1+k+i))...)
+	}
+	for i := range m {
+		b = append(b, v128LoadAt(16*((l+i)%4000))...)
+	}
+	b = append(b, opLocalGet, 0)
+	b = append(b, i32c(1)...)
+	b = append(b, opI32Sub)
+	for i := range k {
+		b = append(b, opLocalGet)
+		b = append(b, uleb(uint64(1+i))...)
+	}
+	b = append(b, opCall, 2)
+	for range r - 1 + m {
+		b = append(b, i32x4Add...)
+	}
+	for i := 1; i < 1+k+l; i++ {
+		b = append(b, opLocalGet)
+		b = append(b, uleb(uint64(i))...)
+		b = append(b, i32x4Add...)
+	}
+	b = append(b, opLocalTee, 1)
+	for range r - 1 {
+		b = append(b, opLocalGet, 1)
+	}
+	var d []byte
+	d = append(d, i32c(depth)...)
+	for range k {
+		d = append(d, 0xfd, 0x0c) // v128.const 0
+		d = append(d, make([]byte, 16)...)
+	}
+	d = append(d, opCall, 2)
+	d = append(d, bytes.Repeat([]byte{opDrop}, r)...)
+	d = append(d, resultAt0(len(out))...)
+	return wmod{memMin: 1, memMax: -1,
+		funcs: []wfunc{allocFunc(), decideFunc(d),
+			{params: cat([]byte{tI32}, bytes.Repeat([]byte{tV128}, k)), results: bytes.Repeat([]byte{tV128}, r),
+				locals: l, localType: tV128, body: b}},
+		data: []wdata{{0, []byte(out)}}}.encode()
+}
+
+// simdPhiRecursePlugin: phiRecursePlugin's shape with v128 locals: f(n) has l v128 locals
+// and d nested loops, each with a call and a back edge; the innermost sets every local (a
+// load from the address in its first lane) and recurses, so that at each loop's head every
+// local is a v128 value of its own, live across the calls.
+func simdPhiRecursePlugin(l, d int) []byte {
+	out := `{"allow":true}`
+	var b []byte
+	b = append(b, opLocalGet, 0, opI32Eqz, opIf, tI32)
+	b = append(b, i32c(0)...)
+	b = append(b, 0x05)
+	for range d {
+		b = append(b, opLoop, blockEmpty)
+	}
+	for i := 1; i <= l; i++ {
+		b = append(b, opLocalGet)
+		b = append(b, uleb(uint64(i))...)
+		b = append(b, 0xfd, 27, 0) // i32x4.extract_lane 0
+		b = append(b, v128Load...)
+		b = append(b, 4, 0)
+		b = append(b, opLocalSet)
+		b = append(b, uleb(uint64(i))...)
+	}
+	b = append(b, opLocalGet, 0)
+	b = append(b, i32c(1)...)
+	b = append(b, opI32Sub, opCall, 2, opDrop)
+	for range d {
+		b = append(b, i32c(0)...)
+		b = append(b, opCall, 2, opDrop)
+		b = append(b, i32c(8)...)
+		b = append(b, 0x28, 2, 0)
+		b = append(b, opBrIf, 0, opEnd)
+		for i := 1; i <= l; i += 50 {
+			b = append(b, opLocalGet)
+			b = append(b, uleb(uint64(i))...)
+			b = append(b, opDrop)
+		}
+	}
+	b = append(b, i32c(0)...)
+	b = append(b, opEnd)
+	// f's locals: i32 n is its parameter; the l v128 locals follow.
+	return wmod{memMin: 1, memMax: -1,
+		funcs: []wfunc{allocFunc(), decideFunc(cat(i32c(1<<20), []byte{opCall, 2, opDrop}, resultAt0(len(out)))),
+			{params: []byte{tI32}, results: []byte{tI32}, locals: l, localType: tV128, body: b}},
+		data: []wdata{{0, []byte(out)}}}.encode()
+}
+
+// TestStackCountBoundsWazerosStack: for each shape of frame, SIMD's included (v128
+// parameters, locals, values, results, and values where paths join, 16 bytes each), the
+// stack wazero's compiled code used when the count reached MaxStackBytes is under the count:
+// frameCost is an upper bound of the frames wazero makes. The stack used is read from the
+// grown stack wazero keeps on the function (its lowest byte written: the stack grows down
+// from the top and starts zeroed), an unexported field: the test fails if a new wazero names
+// it otherwise, and its frames must then be measured again.
+func TestStackCountBoundsWazerosStack(t *testing.T) {
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		t.Skipf("wazero compiles no code on %s", runtime.GOARCH)
+	}
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	t.Cleanup(func() { _ = rt.Close(ctx) })
+	for _, c := range []struct {
+		name string
+		wasm []byte
+	}{
+		{"deep", recursePlugin(1 << 24)},
+		{"wide frames", wideRecursePlugin(4000, 1<<20)},
+		{"values where paths join", phiRecursePlugin(100, 98)},
+		{"results of calls", multiValuePlugin(50, 1000)},
+		{"v128 parameters", simdRecursePlugin(1000, 0, 0, 1, 1<<20)},
+		{"v128 parameters in registers", simdRecursePlugin(8, 0, 0, 1, 1<<20)},
+		{"v128 locals", simdRecursePlugin(1, 2000, 0, 1, 1<<20)},
+		{"v128 values", simdRecursePlugin(1, 0, 2000, 1, 1<<20)},
+		{"v128 results", simdRecursePlugin(1, 0, 0, 1000, 1<<20)},
+		{"v128 results in registers", simdRecursePlugin(1, 0, 0, 8, 1<<20)},
+		{"v128 all", simdRecursePlugin(100, 100, 100, 100, 1<<20)},
+		{"v128 small", simdRecursePlugin(2, 2, 2, 2, 1<<20)},
+		{"v128 values where paths join", simdPhiRecursePlugin(100, 98)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			wasm, err := boundStack(c.wasm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mod, err := rt.Instantiate(ctx, wasm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mod.Close(ctx)
+			decide := mod.ExportedFunction("decide")
+			if _, err := decide.Call(ctx, 0, 0); err == nil || !strings.Contains(err.Error(), "unreachable") {
+				t.Fatalf("decide: %v, want the stack bound's trap", err)
+			}
+			count := uint64(uint32(mod.ExportedGlobal(stackExport).Get()))
+			v := reflect.ValueOf(decide)
+			if v.Kind() == reflect.Pointer {
+				v = v.Elem()
+			}
+			var stack reflect.Value
+			if v.Kind() == reflect.Struct {
+				stack = v.FieldByName("stack")
+			}
+			if !stack.IsValid() || stack.Kind() != reflect.Slice || stack.Type().Elem().Kind() != reflect.Uint8 {
+				t.Fatalf("wazero's %T has no stack []byte: measure its frames another way", decide)
+			}
+			used := 0
+			for i := range stack.Len() {
+				if stack.Index(i).Uint() != 0 {
+					used = stack.Len() - i
+					break
+				}
+			}
+			t.Logf("counted %d KiB, used %d KiB (%.2f of the count)", count>>10, used>>10, float64(used)/float64(count))
+			if used == 0 || uint64(used) > count {
+				t.Errorf("wazero's code used %d bytes of stack where the count was %d: frameCost undercounts", used, count)
+			}
+		})
 	}
 }

@@ -5,8 +5,9 @@ import "wb/internal/wasmtest"
 // A tiny WebAssembly encoder for hand-written test modules (there is no wat2wasm here).
 
 const (
-	tI32 = 0x7f
-	tI64 = 0x7e
+	tI32  = 0x7f
+	tI64  = 0x7e
+	tV128 = 0x7b
 )
 
 // Opcodes used by the tests.
@@ -56,7 +57,8 @@ type wimport struct {
 type wfunc struct {
 	name            string // exported under this name when set
 	params, results []byte
-	locals          int // i32 locals
+	locals          int  // i32 locals, or localType's
+	localType       byte // of the locals: tI32 when 0
 	body            []byte
 }
 
@@ -100,7 +102,11 @@ func (m wmod) encode() []byte {
 		}
 		locals := vec()
 		if f.locals > 0 {
-			locals = vec(cat(uleb(uint64(f.locals)), []byte{tI32}))
+			lt := f.localType
+			if lt == 0 {
+				lt = tI32
+			}
+			locals = vec(cat(uleb(uint64(f.locals)), []byte{lt}))
 		}
 		body := cat(locals, f.body, []byte{opEnd})
 		code = append(code, cat(uleb(uint64(len(body))), body))
