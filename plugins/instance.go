@@ -23,8 +23,6 @@ const (
 	maxLogLines    = 32   // per call
 	maxLogBytes    = 1024 // per line
 	maxCapturedOut = 2048 // of the guest's stdout and stderr, per call, for failure reasons
-	// freshStackAfter: a call that took longer may have grown a deep call stack (invoke).
-	freshStackAfter = time.Millisecond
 )
 
 // instance is one instantiated plugin. One call at a time.
@@ -34,6 +32,7 @@ type instance struct {
 	mem           api.Memory
 	limitBytes    uint64
 	depth         api.MutableGlobal // the stack's count (boundStack), set to 0 before each call
+	deep          api.MutableGlobal // set by a call whose count passed keptStackBytes
 	stack         [2]uint64
 	out           capture // the guest's stdout and stderr, since the call began
 }
@@ -65,7 +64,8 @@ func (h *Host) newInstance(ctx context.Context, m *module, project, plugin strin
 	}
 	inst.mod = mod
 	inst.depth, _ = mod.ExportedGlobal(stackExport).(api.MutableGlobal)
-	if inst.depth == nil {
+	inst.deep, _ = mod.ExportedGlobal(deepExport).(api.MutableGlobal)
+	if inst.depth == nil || inst.deep == nil {
 		inst.close()
 		return nil, &CallError{Kind: FailStart, Cause: "failed to start: the host's stack count is missing"}
 	}
@@ -138,10 +138,10 @@ func (h *Host) invoke(ctx context.Context, inst *instance, st *callState, input 
 		}
 		return session.Decision{}, &CallError{Kind: inst.kind(err), Cause: inst.describe(err, timeout)}
 	}
-	start := time.Now()
 	s := inst.stack[:]
 	s[0] = uint64(len(input))
 	inst.depth.Set(0)
+	inst.deep.Set(0)
 	if err := inst.alloc.CallWithStack(cctx, s[:1]); err != nil {
 		return fail(err)
 	}
@@ -154,12 +154,11 @@ func (h *Host) invoke(ctx context.Context, inst *instance, st *callState, input 
 	if err := inst.decide.CallWithStack(cctx, s); err != nil {
 		return fail(err)
 	}
-	// wazero keeps a function's call stack, grown as deep as a call went (up to twice
-	// MaxStackBytes, in the host's heap and outside the memory cap), for the function's next
-	// call, and does not say how deep it went. A deep stack takes time to build (a millisecond
-	// builds at most a few MiB), so after a long call the instance takes fresh functions, and
-	// the stack goes with the old ones (doing so every call costs 20 KiB).
-	if time.Since(start) >= freshStackAfter {
+	// wazero keeps a function's call stack, grown as deep as a call went (in the host's heap,
+	// outside the memory cap), for the function's next call: after a call whose count passed
+	// keptStackBytes the instance takes fresh functions, and the stack goes with the old ones
+	// (doing so every call would cost 20 KiB).
+	if inst.deep.Get() != 0 {
 		inst.alloc, inst.decide = inst.mod.ExportedFunction("alloc"), inst.mod.ExportedFunction("decide")
 	}
 	outPtr, outLen := uint32(s[0]>>32), uint32(s[0])

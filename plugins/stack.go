@@ -14,10 +14,21 @@ import (
 // (ABI.md, "Instances and calls").
 const MaxStackBytes = 8 << 20
 
+// keptStackBytes: a call whose count passed it may have grown a stack the host does not keep.
+// wazero keeps a function's stack, grown as deep as its calls went, for its next call; past
+// this count the instance takes fresh functions after the call (costing about 20 KiB), and the
+// grown stack goes with the old ones. So an instance keeps at most twice it of stack for each
+// of alloc and decide: MaxStackBytes in all (in practice a tenth of that: wazero's frames are
+// under a quarter of their count). Go's output counts at most about 1.3 MiB.
+const keptStackBytes = MaxStackBytes / 4
+
 // Names the host adds to a module's exports (ABI.md: a module may not export them).
 const (
 	// stackExport is the global that counts the stack's bytes (stackBound).
 	stackExport = "wb.stack"
+	// deepExport is the global that a function starting with the count past keptStackBytes
+	// sets to 1.
+	deepExport = "wb.deep"
 	// startExport is the module's start function, which the host runs itself after
 	// instantiating, so that a failure in it can be told from the stack bound's.
 	startExport = "wb.start"
@@ -38,7 +49,8 @@ func frameCost(params, results, locals, code, callSlots, setLocals, controls int
 
 // boundStack answers wasm rewritten so that a call's stack is bounded (MaxStackBytes): a
 // mutable global, exported as stackExport, counts the frames' cost; each function adds its
-// own cost when it starts and traps (unreachable) when the count passes the bound; and each
+// own cost when it starts and traps (unreachable) when the count passes the bound (and sets
+// a second global, exported as deepExport, to 1 when it passes keptStackBytes); and each
 // call site saves the count in a local of the caller and puts it back when the callee
 // returns, so that no return path needs to be found. The host sets the count to 0 before
 // each call it makes into the module, and after a trap a count over the bound names the
@@ -114,7 +126,7 @@ func boundStack(wasm []byte) ([]byte, error) {
 		case 7:
 			n := sr.uleb()
 			for i := uint64(0); i < n && sr.err == nil; i++ {
-				if name := sr.name(); name == stackExport || name == startExport {
+				if name := sr.name(); name == stackExport || name == deepExport || name == startExport {
 					return nil, invalid("exports %q, a name the host keeps for itself", name)
 				}
 				sr.byte()
@@ -134,13 +146,14 @@ func boundStack(wasm []byte) ([]byte, error) {
 			return nil, invalid("a function has the type %d, which the module does not define", t)
 		}
 	}
-	g := uint64(globals) // the counter's index
+	g := uint64(globals) // the counter's index; the deep flag's is g+1
 	newCode, err := boundCode(code, imported, funcTypes, types, g)
 	if err != nil {
 		return nil, err
 	}
 
-	counter := []byte{0x7f, 1, 0x41, 0, 0x0b} // (mut i32) (i32.const 0)
+	counter := []byte{0x7f, 1, 0x41, 0, 0x0b}   // (mut i32) (i32.const 0)
+	counters := slices.Concat(counter, counter) // the count, the deep flag
 	out := slices.Clip(wasm[:8:8])
 	put := func(id byte, body []byte) {
 		out = append(out, id)
@@ -153,23 +166,24 @@ func boundStack(wasm []byte) ([]byte, error) {
 		case s.id == 6:
 			sr := &reader{b: s.body}
 			n := sr.uleb()
-			put(6, slices.Concat(uleb128(nil, n+1), s.body[sr.i:], counter))
+			put(6, slices.Concat(uleb128(nil, n+2), s.body[sr.i:], counters))
 			addedGlobal = true
 			continue
 		case !addedGlobal && s.id >= 7 && s.id <= 12:
-			put(6, slices.Concat(uleb128(nil, 1), counter))
+			put(6, slices.Concat(uleb128(nil, 2), counters))
 			addedGlobal = true
 		}
 		switch s.id {
 		case 7:
 			sr := &reader{b: s.body}
 			n := sr.uleb()
-			exports := slices.Concat(s.body[sr.i:], nameBytes(stackExport), []byte{byte(externGlobal)}, uleb128(nil, g))
+			exports := slices.Concat(s.body[sr.i:], nameBytes(stackExport), []byte{byte(externGlobal)}, uleb128(nil, g),
+				nameBytes(deepExport), []byte{byte(externGlobal)}, uleb128(nil, g+1))
 			if start >= 0 {
 				n++
 				exports = slices.Concat(exports, nameBytes(startExport), []byte{byte(externFunc)}, uleb128(nil, uint64(start)))
 			}
-			put(7, slices.Concat(uleb128(nil, n+1), exports))
+			put(7, slices.Concat(uleb128(nil, n+2), exports))
 		case 8:
 			// Exported as startExport above.
 		case 10:
@@ -188,8 +202,8 @@ type funcType struct{ params, results int }
 func nameBytes(s string) []byte { return append(uleb128(nil, uint64(len(s))), s...) }
 
 // boundCode rewrites the code section for boundStack: in each function, a local to save the
-// counter (global g) in, the check at its start, and the saving and restoring around each
-// call. funcTypes are the type indices of every function, imported ones first (all checked
+// counter (global g) in, the check at its start (setting the deep flag, global g+1), and the
+// saving and restoring around each call. funcTypes are the type indices of every function, imported ones first (all checked
 // against types).
 func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, g uint64) ([]byte, error) {
 	if code == nil {
@@ -243,7 +257,11 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		nb = append(nb, body[groupsEnd:declEnd]...)
 		nb = append(nb, 1, 0x7f) // the save local
 		// global.get g; i32.const cost; i32.add; local.tee s; global.set g;
-		// local.get s; i32.const MaxStackBytes; i32.gt_u; if unreachable end
+		// local.get s; i32.const keptStackBytes; i32.gt_u; if
+		//   local.get s; i32.const MaxStackBytes; i32.gt_u; if unreachable end
+		//   i32.const 1; global.set g+1
+		// end
+		// (one comparison on the common path, as with the bound's alone).
 		nb = append(nb, 0x23)
 		nb = uleb128(nb, g)
 		nb = append(nb, 0x41)
@@ -255,8 +273,16 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		nb = append(nb, 0x20)
 		nb = uleb128(nb, nlocals)
 		nb = append(nb, 0x41)
+		nb = sleb128(nb, keptStackBytes)
+		nb = append(nb, 0x4b, 0x04, 0x40)
+		nb = append(nb, 0x20)
+		nb = uleb128(nb, nlocals)
+		nb = append(nb, 0x41)
 		nb = sleb128(nb, MaxStackBytes)
 		nb = append(nb, 0x4b, 0x04, 0x40, 0x00, 0x0b)
+		nb = append(nb, 0x41, 1, 0x24)
+		nb = uleb128(nb, g+1)
+		nb = append(nb, 0x0b)
 		at := declEnd
 		for _, c := range calls {
 			nb = append(nb, body[at:c[0]]...)

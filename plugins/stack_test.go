@@ -6,9 +6,11 @@ import (
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
 
 	"wb/session"
 )
@@ -194,6 +196,7 @@ func TestStackCountIsTheHosts(t *testing.T) {
 		{"global", rawPlugin(`{"allow":true}`, cat(i32c(0), []byte{0x24, 0}, resultAt0(14))), "function 1: uses the global 0, and the module has 0"},
 		{"local", rawPlugin(`{"allow":true}`, cat(i32c(0), []byte{opLocalSet, 3}, resultAt0(14))), "function 1: uses the local 3, and it has 3"},
 		{"export", wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)), {name: "wb.start"}}}.encode(), `exports "wb.start"`},
+		{"the deep flag's export", wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1)), {name: "wb.deep"}}}.encode(), `exports "wb.deep"`},
 	} {
 		if _, err := h.Validate(ctx, c.wasm); !isInvalid(err, c.want) {
 			t.Errorf("%s: %v, want a refusal saying %q", c.name, err, c.want)
@@ -428,17 +431,7 @@ func TestStackCountBoundsWazerosStack(t *testing.T) {
 				t.Fatalf("decide: %v, want the stack bound's trap", err)
 			}
 			count := uint64(uint32(mod.ExportedGlobal(stackExport).Get()))
-			v := reflect.ValueOf(decide)
-			if v.Kind() == reflect.Pointer {
-				v = v.Elem()
-			}
-			var stack reflect.Value
-			if v.Kind() == reflect.Struct {
-				stack = v.FieldByName("stack")
-			}
-			if !stack.IsValid() || stack.Kind() != reflect.Slice || stack.Type().Elem().Kind() != reflect.Uint8 {
-				t.Fatalf("wazero's %T has no stack []byte: measure its frames another way", decide)
-			}
+			stack := stackOf(t, decide)
 			used := 0
 			for i := range stack.Len() {
 				if stack.Index(i).Uint() != 0 {
@@ -452,4 +445,134 @@ func TestStackCountBoundsWazerosStack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// deepestAllowed answers the deepest depth at which build's plugin's decide runs within the
+// stack's bound (a search, running the rewritten module in a runtime of its own).
+func deepestAllowed(t *testing.T, build func(depth int32) []byte) int32 {
+	t.Helper()
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	defer rt.Close(ctx)
+	runs := func(depth int32) bool {
+		wasm, err := boundStack(build(depth))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mod, err := rt.Instantiate(ctx, wasm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mod.Close(ctx)
+		_, err = mod.ExportedFunction("decide").Call(ctx, 0, 0)
+		return err == nil
+	}
+	lo, hi := int32(1), int32(1<<20) // runs(lo), !runs(hi)
+	if !runs(lo) || runs(hi) {
+		t.Fatalf("the plugin runs at depth 1: %v, at %d: %v", runs(lo), hi, runs(hi))
+	}
+	for hi-lo > 1 {
+		if mid := lo + (hi-lo)/2; runs(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// TestDeepStackIsNotKept: decisions whose calls nest as deep as the stack's bound allows, on
+// every instance of a pool at once, leave the host's heap no larger once they are done, and
+// the pooled instances' functions keep no grown stack: wazero keeps the stack it grew on the
+// function for its next call, and the instance took fresh functions after a call past
+// keptStackBytes only when it took a millisecond or more, so that a quick deep call (a
+// recursion of small frames: about 300 KiB of stack, each instance's kept) left its stack on
+// the pooled instance, on a machine quick enough for any depth up to twice MaxStackBytes.
+func TestDeepStackIsNotKept(t *testing.T) {
+	const size = 4
+	h, _ := newTestHost(t, mini(t), Options{Timeout: MaxTimeout, PoolSize: size})
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	for _, c := range []struct {
+		name  string
+		build func(depth int32) []byte
+	}{
+		{"small frames", recursePlugin},
+		{"large frames", func(depth int32) []byte { return simdRecursePlugin(1, 0, 0, 1000, depth) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			project := "proj-kept-" + strings.ReplaceAll(c.name, " ", "-")
+			depth := deepestAllowed(t, c.build)
+			mustPut(t, h, project, "deep", c.build(depth), 0, false)
+			one(t, decide(t, h, project, in)) // the project's plugin set loaded
+			_, base := measure()
+			for range 5 {
+				var wg sync.WaitGroup
+				for range size {
+					wg.Go(func() {
+						ds, err := h.Decide(context.Background(), project, session.PointAdmission, in)
+						if err != nil || len(ds) != 1 || !ds[0].Allow {
+							t.Errorf("decision at depth %d: %+v, %v", depth, ds, err)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			_, after := measure()
+			kept := int64(after) - int64(base)
+			t.Logf("depth %d; the heap kept %d KiB after the decisions", depth, kept>>10)
+			if kept > 2<<20 {
+				t.Errorf("decisions at the stack's bound left the host's heap %d MiB larger (their call stacks, kept by the pooled instances)", kept>>20)
+			}
+			instances := 0
+			for _, p := range poolsOf(t, h, project) {
+				p.mu.Lock()
+				for _, inst := range p.idle {
+					instances++
+					for name, f := range map[string]api.Function{"alloc": inst.alloc, "decide": inst.decide} {
+						if n := stackOf(t, f).Len(); n > 64<<10 {
+							t.Errorf("a pooled instance's %s keeps a stack of %d KiB", name, n>>10)
+						}
+					}
+				}
+				p.mu.Unlock()
+			}
+			if instances == 0 {
+				t.Error("no pooled instance")
+			}
+		})
+	}
+}
+
+// stackOf answers the stack wazero keeps on a function of compiled code (an unexported
+// field: the test fails if a new wazero names it otherwise).
+func stackOf(t *testing.T, f api.Function) reflect.Value {
+	t.Helper()
+	v := reflect.ValueOf(f)
+	if v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	var stack reflect.Value
+	if v.Kind() == reflect.Struct {
+		stack = v.FieldByName("stack")
+	}
+	if !stack.IsValid() || stack.Kind() != reflect.Slice || stack.Type().Elem().Kind() != reflect.Uint8 {
+		t.Fatalf("wazero's %T has no stack []byte: measure its stack another way", f)
+	}
+	return stack
+}
+
+// poolsOf answers the pools of the project's loaded plugin set.
+func poolsOf(t *testing.T, h *Host, project string) []*pool {
+	t.Helper()
+	h.mu.Lock()
+	pr := h.projects[project]
+	h.mu.Unlock()
+	if pr == nil || pr.snap.Load() == nil {
+		t.Fatalf("project %s has no plugin set loaded", project)
+	}
+	var out []*pool
+	for _, p := range pr.snap.Load().pools {
+		out = append(out, p)
+	}
+	return out
 }
