@@ -100,7 +100,10 @@ func holdCompiles(t *testing.T, h *Host) func() {
 
 // TestSlowJoinsRefusedBeforeCompile: a function setting many locals across many blocks (a
 // 7 KiB function took 3.8 s to compile, and a module may hold thousands) is refused before any
-// compile, naming the bound: the test holds every compile slot, so a compile would wait out
+// compile, naming the bound, and so is a module of many functions each within it whose joins
+// weigh past the module's bound (a function's compile time grows with the square of its joins
+// past a few thousand: 42 functions of 9,800, 411,600 joins, compiled in 12 s, and 200 of them
+// would have taken a minute): the test holds every compile slot, so a compile would wait out
 // the call's context.
 func TestSlowJoinsRefusedBeforeCompile(t *testing.T) {
 	h, _ := newTestHost(t, nil, Options{CacheDir: t.TempDir()})
@@ -109,6 +112,17 @@ func TestSlowJoinsRefusedBeforeCompile(t *testing.T) {
 	defer cancel()
 	_, err := h.Validate(ctx, phiRecursePlugin(200, 200))
 	if want := "function 2 sets 200 locals across 202 blocks (40400 joins), more than the 10000 joins a function may have: split it"; !isInvalid(err, want) {
+		t.Fatalf("got %v, want a refusal saying %q, before any compile", err, want)
+	}
+	// phiRecursePlugin's f, 42 times: 98 locals set across 100 blocks each.
+	m := wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1))}}
+	var fs []wfunc
+	for range 42 {
+		fs = append(fs, wfunc{params: []byte{tI32}, results: []byte{tI32}, locals: 98, body: phiBody(98, 98)})
+	}
+	m.funcs = append(m.funcs, fs...)
+	_, err = h.Validate(ctx, m.encode())
+	if want := "its functions set locals across blocks (joins, weighed by their square past 2000 a function) 2016840 times or more, more than the 2000000 a plugin's functions may have together"; !isInvalid(err, want) {
 		t.Fatalf("got %v, want a refusal saying %q, before any compile", err, want)
 	}
 }

@@ -244,8 +244,9 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		if j := sc.setLocals * sc.controls; j > MaxFunctionJoins {
 			return nil, invalid("function %d sets %d locals across %d blocks (%d joins), more than the %d joins a function may have: split it",
 				i, sc.setLocals, sc.controls, j, MaxFunctionJoins)
-		} else if joins += j; joins > MaxJoins {
-			return nil, invalid("its functions set locals across blocks %d times or more (joins), more than the %d a plugin's functions may have together", joins, MaxJoins)
+		} else if joins += joinWeight(j); joins > MaxJoins {
+			return nil, invalid("its functions set locals across blocks (joins, weighed by their square past %d a function) %d times or more, more than the %d a plugin's functions may have together",
+				joinsLinear, joins, MaxJoins)
 		}
 		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd+sc.callResults, sc.callSlots, sc.setLocals, sc.controls)
 		if cost > MaxStackBytes {

@@ -71,6 +71,15 @@ func indirectRecursePlugin() []byte {
 // l×d values from a few bytes of code each).
 func phiRecursePlugin(l, d int) []byte {
 	out := `{"allow":true}`
+	return wmod{memMin: 1, memMax: -1,
+		funcs: []wfunc{allocFunc(), decideFunc(cat(i32c(1<<20), []byte{opCall, 2, opDrop}, resultAt0(len(out)))),
+			{params: []byte{tI32}, results: []byte{tI32}, locals: l, body: phiBody(l, d)}},
+		data: []wdata{{0, []byte(out)}}}.encode()
+}
+
+// phiBody is phiRecursePlugin's f (function 2, with l i32 locals): l locals set across d+2
+// blocks, l×(d+2) joins.
+func phiBody(l, d int) []byte {
 	var b []byte
 	b = append(b, opLocalGet, 0, opI32Eqz, opIf, tI32)
 	b = append(b, i32c(0)...)
@@ -103,10 +112,7 @@ func phiRecursePlugin(l, d int) []byte {
 	}
 	b = append(b, i32c(0)...)
 	b = append(b, opEnd)
-	return wmod{memMin: 1, memMax: -1,
-		funcs: []wfunc{allocFunc(), decideFunc(cat(i32c(1<<20), []byte{opCall, 2, opDrop}, resultAt0(len(out)))),
-			{params: []byte{tI32}, results: []byte{tI32}, locals: l, body: b}},
-		data: []wdata{{0, []byte(out)}}}.encode()
+	return b
 }
 
 // multiValuePlugin: g(n) calls f k times (each pushing nres values from 2 bytes of code),

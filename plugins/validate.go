@@ -363,15 +363,29 @@ const (
 	MaxFunctionLocals = 50_000
 	MaxLocals         = 1 << 20
 	// MaxFunctionJoins bounds, in one function, the locals it sets times its block, loop, if
-	// and else instructions, and MaxJoins the sum over a module's functions: where paths join
-	// each such local is a value of its own, and the compiler's time grows faster than their
-	// number (a 7 KiB function setting 200 locals in 200 nested loops took 3.8 s; 10,000 joins,
-	// 0.3 s). Go's output has at most about 4,000 in a function and 300,000 in a module. These
-	// are checked when the module is rewritten to bound its stack (boundStack), before it is
-	// compiled.
+	// and else instructions, and MaxJoins the sum over a module's functions, each weighed by
+	// joinWeight: where paths join each such local is a value of its own, and the compiler's
+	// time grows faster than their number (a 7 KiB function setting 200 locals in 200 nested
+	// loops took 3.8 s; 10,000 joins, 0.3 s). Go's output has at most about 4,000 in a
+	// function and 300,000 in a module (weighed: 320,000). These are checked when the module
+	// is rewritten to bound its stack (boundStack), before it is compiled.
 	MaxFunctionJoins = 10_000
 	MaxJoins         = 2_000_000
+	// joinsLinear: a function's compile takes about 5 µs a join up to this many joins, and
+	// then its time grows with their square (4,000: 10 µs a join; 9,800: 29 µs), so that 200
+	// functions of 10,000 joins, within MaxJoins counted one for one, took a minute.
+	joinsLinear = 2_000
 )
+
+// joinWeight is what a function of j joins counts against MaxJoins: j, and past joinsLinear
+// j×j/joinsLinear, in proportion to its compile time (about 5 µs a unit, so that MaxJoins
+// takes about 10 s however a module's functions share it: 2,000 joins a function or 10,000).
+func joinWeight(j int) int {
+	if j <= joinsLinear {
+		return j
+	}
+	return j * j / joinsLinear
+}
 
 // checkShape checks, without compiling, what a module must export (by name and kind: the
 // signatures are checked once compiled) and the bounds above, so that a module refused for
