@@ -21,6 +21,8 @@ func FuzzBoundStack(f *testing.F) {
 		wideRecursePlugin(4, 3),
 		indirectRecursePlugin(),
 		phiRecursePlugin(3, 2),
+		simdRecursePlugin(2, 2, 2, 2, 3),
+		simdPhiRecursePlugin(3, 2),
 		constPlugin(`{"allow":true}`),
 		spinPlugin(`{"allow":true}`, 3),
 		tableGrowPlugin([]byte{0x70, 0, 1}, 1),
