@@ -52,8 +52,8 @@ func (s *Server) runExec(ctx context.Context, sess *session.Session, req session
 		buffered.Fill(&res)
 	}
 	if ae := nodePolicyRefusal(err); ae != nil {
-		// The runtime decision point killed the session for this command.
-		return res, &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
+		// The runtime decision point killed the session for this command, or could not decide.
+		return res, policyAnswer(ae)
 	}
 	if err != nil {
 		// The node names the guest's end when it knows it (Node.whyExecBroke): a refusal
@@ -78,6 +78,19 @@ func nodePolicyRefusal(err error) *agent.Error {
 		return ae
 	}
 	return nil
+}
+
+// policyAnswer is the API's answer to the node's runtime policy refusal ae: 403
+// policy_violation when the policy killed the session for the command, 403 policy_error when
+// it could not decide (the command was refused, the session goes on). A caller must tell
+// the two apart: the one is its command's doing, the other the policy's fault.
+func policyAnswer(ae *agent.Error) *apiError {
+	if ae.Code == nodeapi.CodePolicyError {
+		return &apiError{Status: 403, Type: "denied", Code: "policy_error", Message: fmt.Sprintf(
+			"the command was refused: the session's runtime policy could not decide on it (%s); check that policy, and see the decision log for its error. The session goes on",
+			ae.Message)}
+	}
+	return &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
 }
 
 // endedDuring explains an exec whose answer broke off because its guest died under it (a

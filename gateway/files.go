@@ -338,7 +338,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	hcancel()
 	if ae := nodePolicyRefusal(err); ae != nil {
 		// The runtime decision point refused the PTY's command (or killed the session for it).
-		return &apiError{Status: 403, Type: "denied", Code: "policy_violation", Message: ae.Message}
+		return policyAnswer(ae)
 	}
 	if err != nil {
 		return s.agentError(r.Context(), err)

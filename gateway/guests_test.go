@@ -413,3 +413,64 @@ func TestPTYsAreCapped(t *testing.T) {
 		}
 	}
 }
+
+// undecidedNode is a fake node whose session's runtime policy cannot decide: it refuses
+// every exec and PTY 403 policy_error, as the node's runtimeRefusal does.
+type undecidedNode struct {
+	*fakenode.Node
+	refusing *httptest.Server
+}
+
+const undecided = "refused: the session's runtime policy could not decide (eval_conflict_error in rule deny); fix or re-pin the policy, or retry"
+
+func (n undecidedNode) Exec(context.Context, *session.Session, session.ExecRequest, []string, func(session.ExecChunk) error) (session.ExecResult, error) {
+	return session.ExecResult{}, &agent.Error{Status: 403, Code: nodeapi.CodePolicyError, Message: undecided}
+}
+
+func (n undecidedNode) Agent(context.Context, *session.Session) (*agent.Client, error) {
+	return agent.NewHTTPClient(http.DefaultClient, n.refusing.URL, ""), nil
+}
+
+// TestPolicyErrorIsNotAKill: a command the session's runtime policy could not decide on (the
+// node's 403 policy_error) answers 403 policy_error, saying the policy could not decide and
+// what to check, for an exec (plain and streamed) and a PTY: a caller tells it from a kill.
+// Before, the gateway answered both policy_violation.
+func TestPolicyErrorIsNotAKill(t *testing.T) {
+	refusing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"error":{"code":"policy_error","message":"` + undecided + `"}}`))
+	}))
+	defer refusing.Close()
+	e := newEnv(t, func(c *Config) {
+		c.Guests = undecidedNode{Node: c.Guests.(*fakenode.Node), refusing: refusing}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	wantMsg := func(what, msg string) {
+		t.Helper()
+		if !strings.Contains(msg, "could not decide") || !strings.Contains(msg, "eval_conflict_error") || !strings.Contains(msg, "decision log") {
+			t.Errorf("%s: message %q; want it to say the policy could not decide, why, and to see the decision log", what, msg)
+		}
+	}
+	msg := expectError(t, e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"}), 403, "policy_error", "*")
+	wantMsg("exec", msg)
+	msg = expectError(t, e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"}, "Accept", "application/x-ndjson"), 403, "policy_error", "*")
+	wantMsg("streamed exec", msg)
+	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + s.ID + "/pty?command=sh"
+	_, resp, err := websocket.Dial(context.Background(), u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.key}}})
+	if err == nil || resp == nil {
+		t.Fatalf("the PTY opened: %v", err)
+	}
+	defer resp.Body.Close()
+	var body [2048]byte
+	n, _ := resp.Body.Read(body[:])
+	got := string(body[:n])
+	if resp.StatusCode != 403 || !strings.Contains(got, `"policy_error"`) {
+		t.Fatalf("a PTY the policy could not decide on: HTTP %d %s; want 403 policy_error", resp.StatusCode, got)
+	}
+	wantMsg("PTY", got)
+	// The session goes on: the command failed closed, nothing killed it.
+	if r := e.mustDo("GET", "/v1/sessions/"+s.ID, e.key, nil, 200, nil); !strings.Contains(string(r.body), `"running"`) {
+		t.Errorf("the session after a refusal: %s; want it running", r.body)
+	}
+}

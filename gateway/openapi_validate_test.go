@@ -615,6 +615,7 @@ func TestOpenAPIPoliciesAndPlugins(t *testing.T) {
 		{"DELETE", "/v1/plugins/tier-cap", 200, `{"object":"plugin","name":"tier-cap","deleted":true}`},
 		{"DELETE", "/v1/plugins/nope", 404, errBody("not_found", "not_found", "")},
 		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 403, killed},
+		{"POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 403, errBody("denied", "policy_error", "")},
 		{"POST", "/v1/sessions", 403, errBody("denied", "denied", "")},
 		{"POST", "/v1/runs", 403, errBody("denied", "denied", "")},
 	}
@@ -658,6 +659,7 @@ func TestOpenAPIPoliciesAndPlugins(t *testing.T) {
 		{"415 on a policy put", "PUT", "/v1/policies/tier4", 415, errBody("invalid_request", "unsupported_media_type", "")},
 		{"exec 403 denied", "POST", "/v1/sessions/sess_0VcQ9aBcDeFgHiJkLm/exec", 403, errBody("denied", "denied", "")},
 		{"create 403 policy_violation", "POST", "/v1/sessions", 403, killed},
+		{"create 403 policy_error", "POST", "/v1/sessions", 403, errBody("denied", "policy_error", "")},
 	}
 	for _, c := range bad {
 		req, resp, body := fakeResponse(c.method, c.target, c.status, "application/json", c.body+"\n")

@@ -290,10 +290,11 @@ func TestNodeEdgeDataPath(t *testing.T) {
 		lines[0] != `{"stream":"stdout","data":"streamed\n"}` || !strings.Contains(lines[1], `"exit_code":0`) {
 		t.Fatalf("streamed exec: %d %q", status, lines)
 	}
-	// The runtime decision point sees the data path's commands.
+	// The runtime decision point sees the data path's commands: one it cannot allow (a Deny,
+	// not a kill) is refused as undecided, and the session goes on.
 	status, _, body = e.call(t, "POST", execPath, []byte(`{"command":"echo forbidden-word"}`), auth, g)
-	if code, msg := errorCode(body); status != 403 || code != "policy_violation" || !strings.Contains(msg, "forbidden-word") {
-		t.Fatalf("an exec the policy refuses: %d %s; want 403 policy_violation", status, body)
+	if code, msg := errorCode(body); status != 403 || code != "policy_error" || !strings.Contains(msg, "forbidden-word") {
+		t.Fatalf("an exec the policy refuses: %d %s; want 403 policy_error", status, body)
 	}
 
 	// Files.
