@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -75,12 +76,45 @@ func (ps *projectSlots) holding(project string, max int, f func() error) error {
 	return f()
 }
 
-// fileCall serves h as one of the project's file calls (fileCalls, MaxConcurrentFileCalls):
-// past the cap it answers a 429.
-func (s *Server) fileCall(h handler) handler {
+// capped serves h holding one of the project's slots in ps, at most max at once. Past the
+// cap it looks up what the request names (found): one that is not there, or is another
+// project's, answers found's 404 rather than the 429, as it would with room. The lookup is
+// made only then, so that a call within the cap has no Redis round trip more (h looks it up).
+func capped(ps *projectSlots, max func() int, found func(r *http.Request, p store.Project) error, h handler) handler {
 	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
-		return s.fileCalls.holding(p.ID, s.maxFileCalls(), func() error { return h(w, r, p) })
+		if err := ps.acquire(p.ID, max()); err != nil {
+			var ae *apiError
+			if ferr := found(r, p); errors.As(ferr, &ae) && ae.Status == http.StatusNotFound {
+				return ferr
+			}
+			return err
+		}
+		defer ps.release(p.ID)
+		return h(w, r, p)
 	}
+}
+
+// sessionFound is nil when the session of the request's path is the project's.
+func (s *Server) sessionFound(r *http.Request, p store.Project) error {
+	_, err := s.loadSession(r.Context(), p, r.PathValue("id"))
+	return err
+}
+
+// desktopFound is nil when the desktop of the request's path is the project's.
+func (s *Server) desktopFound(r *http.Request, p store.Project) error {
+	_, err := s.loadDesktop(r, p, r.PathValue("id"))
+	return err
+}
+
+// fileCall serves h, a route of the session's files, as one of the project's file calls
+// (fileCalls, MaxConcurrentFileCalls): past the cap it answers a 429.
+func (s *Server) fileCall(h handler) handler {
+	return capped(s.fileCalls, s.maxFileCalls, s.sessionFound, h)
+}
+
+// desktopFileCall is fileCall for a route of a desktop's (its files, its screen).
+func (s *Server) desktopFileCall(h handler) handler {
+	return capped(s.fileCalls, s.maxFileCalls, s.desktopFound, h)
 }
 
 // maxFileCalls is MaxConcurrentFileCalls, or its default.
@@ -96,9 +130,7 @@ func newPTYSlots() *projectSlots {
 // ptyCall serves h as one of the project's PTYs (ptys, MaxConcurrentPTYs) from its handshake
 // to its end: past the cap it answers a 429 before the upgrade.
 func (s *Server) ptyCall(h handler) handler {
-	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
-		return s.ptys.holding(p.ID, cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs), func() error { return h(w, r, p) })
-	}
+	return capped(s.ptys, func() int { return cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs) }, s.sessionFound, h)
 }
 
 func (ps *projectSlots) release(project string) {

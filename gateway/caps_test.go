@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/coder/websocket"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"wb/desktop"
@@ -365,4 +367,56 @@ func describeResult(res *mcp.CallToolResult) string {
 		return "no result"
 	}
 	return fmt.Sprintf("isError %v: %s", res.IsError, textOf(res))
+}
+
+// TestFullCapAnswersMissingSessionNotFound: with a project's exec, file and PTY caps full, a
+// call for a session (or desktop) that is not there, or is another project's, answers 404
+// as it would with room, and a call for one that is there answers the cap's 429. Before,
+// the slot was taken before the session was looked up, and a missing one answered 429.
+func TestFullCapAnswersMissingSessionNotFound(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxConcurrentExecs, c.MaxConcurrentFileCalls, c.MaxConcurrentPTYs = 1, 1, 1 })
+	s := e.running(map[string]any{"tier": 2})
+	_, keyB := e.newProject("B", nil)
+	other := e.create(keyB, map[string]any{"tier": 2}).ID
+	// The caps are full: a slot of each is held as work in progress would.
+	for _, ps := range []*projectSlots{e.gw.execs, e.gw.fileCalls, e.gw.ptys} {
+		if err := ps.acquire(e.projA, 1); err != nil {
+			t.Fatal(err)
+		}
+		defer ps.release(e.projA)
+	}
+	pty := func(id string) (int, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + id + "/pty"
+		c, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.key}}})
+		if err == nil {
+			c.CloseNow()
+			t.Fatalf("a PTY of %s opened with the cap full", id)
+		}
+		if resp == nil {
+			t.Fatalf("a PTY of %s: %v", id, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, id := range []string{"sess_0VcQ9aBcDeFgHiJkLm", other} {
+		expectError(t, e.do("POST", "/v1/sessions/"+id+"/exec", e.key, map[string]any{"command": "true"}), 404, "not_found", "")
+		expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"session_id": id, "command": "true"}), 404, "not_found", "")
+		expectError(t, e.do("GET", "/v1/sessions/"+id+"/files?path=/etc/hostname", e.key, nil), 404, "not_found", "")
+		expectError(t, e.do("PUT", "/v1/sessions/"+id+"/files?path=/tmp/x", e.key, []byte(`"x"`)), 404, "not_found", "")
+		expectError(t, e.do("DELETE", "/v1/sessions/"+id+"/files?path=/tmp/x", e.key, nil), 404, "not_found", "")
+		if status, body := pty(id); status != 404 || !strings.Contains(body, `"not_found"`) {
+			t.Errorf("a PTY of the missing session %s with the cap full: %d %s; want 404 not_found", id, status, body)
+		}
+	}
+	expectError(t, e.do("GET", "/v1/desktops/dsk_0VcQ9aBcDeFgHiJkLm/files?path=/etc/hostname", e.key, nil), 404, "not_found", "")
+	expectError(t, e.do("GET", "/v1/desktops/dsk_0VcQ9aBcDeFgHiJkLm/screen", e.key, nil), 404, "not_found", "")
+	// A session that is there waits its turn.
+	expectError(t, e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "true"}), 429, "too_many_execs", "")
+	expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"session_id": s.ID, "command": "true"}), 429, "too_many_execs", "")
+	expectError(t, e.do("GET", "/v1/sessions/"+s.ID+"/files?path=/etc/hostname", e.key, nil), 429, "too_many_file_calls", "")
+	if status, body := pty(s.ID); status != 429 || !strings.Contains(body, `"too_many_ptys"`) {
+		t.Errorf("a PTY of a running session with the cap full: %d %s; want 429 too_many_ptys", status, body)
+	}
 }

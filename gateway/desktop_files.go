@@ -21,9 +21,9 @@ import (
 // endpoint (desktop_mcp.go).
 func (s *Server) desktopUseRoutes(api func(pattern string, h handler)) {
 	// Capped before a wake: a call past the cap wakes nothing.
-	api("GET /v1/desktops/{id}/files", s.fileCall(s.desktopFiles(s.getFile, "")))
-	api("PUT /v1/desktops/{id}/files", s.fileCall(s.desktopFiles(s.putFile, desktop.File)))
-	api("DELETE /v1/desktops/{id}/files", s.fileCall(s.desktopFiles(s.deleteFile, desktop.File)))
+	api("GET /v1/desktops/{id}/files", s.desktopFileCall(s.desktopFiles(s.getFile, "")))
+	api("PUT /v1/desktops/{id}/files", s.desktopFileCall(s.desktopFiles(s.putFile, desktop.File)))
+	api("DELETE /v1/desktops/{id}/files", s.desktopFileCall(s.desktopFiles(s.deleteFile, desktop.File)))
 	mcpEndpoint := newDesktopMCP(s)
 	api("POST /v1/desktops/{id}/mcp", mcpEndpoint.serve)
 	api("GET /v1/desktops/{id}/mcp", mcpEndpoint.serve) // 405: no standalone stream

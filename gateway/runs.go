@@ -69,15 +69,21 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 			}
 		}
 	}
-	// Caps first, so that a refused run leaves nothing behind (an ephemeral run's session).
+	// The cap is taken before anything is made, so that a refused run leaves nothing behind
+	// (an ephemeral run's session), and after a given session is found: a missing one is a
+	// 404 however busy the project is.
 	slots, max := s.execs, s.MaxConcurrentExecs
 	if !wait {
 		slots, max = s.asyncRuns, s.MaxAsyncRuns
 	}
-	if err := slots.acquire(p.ID, max); err != nil {
-		return err
+	held := false
+	take := func() error {
+		if err := slots.acquire(p.ID, max); err != nil {
+			return err
+		}
+		held = true
+		return nil
 	}
-	held := true
 	defer func() {
 		if held {
 			slots.release(p.ID)
@@ -96,6 +102,9 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		}
 		sess, err := s.loadSession(r.Context(), p, req.SessionID)
 		if err != nil {
+			return err
+		}
+		if err := take(); err != nil {
 			return err
 		}
 		if sess.State != session.Running {
@@ -124,6 +133,9 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		}
 		exec.Command, _ = json.Marshal(append(append([]string{}, rt.Argv...), req.Code))
 		if _, err := exec.Argv(); err != nil {
+			return err
+		}
+		if err := take(); err != nil {
 			return err
 		}
 		tier := 1
