@@ -27,11 +27,13 @@ type DataPathConfig struct {
 	Fallback http.Handler
 	Logger   *slog.Logger
 	Now      func() time.Time
-	// MaxOutputBytes, MaxReplayBytes and MaxConcurrentExecs as in Config (0: the same
-	// defaults).
-	MaxOutputBytes     int
-	MaxReplayBytes     int
-	MaxConcurrentExecs int
+	// MaxOutputBytes, MaxReplayBytes, MaxConcurrentExecs, MaxConcurrentFileCalls and
+	// MaxConcurrentPTYs as in Config (0: the same defaults).
+	MaxOutputBytes         int
+	MaxReplayBytes         int
+	MaxConcurrentExecs     int
+	MaxConcurrentFileCalls int
+	MaxConcurrentPTYs      int
 	// ExecWriteStall as in Config (0: DefaultExecWriteStall).
 	ExecWriteStall time.Duration
 }
@@ -62,7 +64,7 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 	}
 	c := Config{Store: cfg.Store, Guests: cfg.Guests, Logger: cfg.Logger, Now: cfg.Now, Metrics: NewMetrics(nil),
 		MaxOutputBytes: cfg.MaxOutputBytes, MaxReplayBytes: cfg.MaxReplayBytes, MaxConcurrentExecs: cfg.MaxConcurrentExecs,
-		ExecWriteStall: cfg.ExecWriteStall}
+		MaxConcurrentFileCalls: cfg.MaxConcurrentFileCalls, MaxConcurrentPTYs: cfg.MaxConcurrentPTYs, ExecWriteStall: cfg.ExecWriteStall}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

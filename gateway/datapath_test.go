@@ -376,3 +376,43 @@ func TestDataPathOutputCap(t *testing.T) {
 		t.Fatalf("capped exec: truncated %v, %d bytes kept, stdout_bytes %d; want true, 10, 100", res.Truncated, len(res.Stdout), res.StdoutBytes)
 	}
 }
+
+// TestDataPathCaps: DataPathConfig's MaxConcurrentFileCalls and MaxConcurrentPTYs cap the
+// data path's file calls and PTYs, as Config's do the API's. Before, DataPathConfig had
+// neither, and the data path kept the defaults whatever the node was given.
+func TestDataPathCaps(t *testing.T) {
+	d := newDataPathEnv(t)
+	s := d.running(map[string]any{"tier": 2})
+	dp, err := NewDataPath(DataPathConfig{Store: d.st, Guests: d.node, NodeID: d.nodeID, MaxConcurrentFileCalls: 1, MaxConcurrentPTYs: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	srv := httptest.NewServer(dp.Handler())
+	defer srv.Close()
+	capped := *d.env
+	capped.url = srv.URL
+	g := d.grant(s)
+	// One call of each is in progress, as work that holds its slot would be.
+	for _, ps := range []*projectSlots{dp.s.fileCalls, dp.s.ptys} {
+		if err := ps.acquire(s.ProjectID, 1); err != nil {
+			t.Fatal(err)
+		}
+		defer ps.release(s.ProjectID)
+	}
+	r := capped.do("GET", "/v1/sessions/"+s.ID+"/files?path=.&list=1", "", nil, edgeauth.HeaderEdgeAuth, g)
+	if msg := expectError(t, r, 429, "too_many_file_calls", ""); !strings.Contains(msg, "1 file or screen call") {
+		t.Errorf("a file call past a cap of 1: %s; want it to name the limit of 1", msg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u := "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/sessions/" + s.ID + "/pty?command=cat"
+	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{edgeauth.HeaderEdgeAuth: {g}}})
+	if err == nil {
+		conn.CloseNow()
+		t.Fatal("a PTY opened past a cap of 1")
+	}
+	if resp == nil || resp.StatusCode != 429 {
+		t.Fatalf("a PTY past a cap of 1: %v, %v; want a 429 too_many_ptys", err, resp)
+	}
+}
