@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -419,4 +420,66 @@ func TestFullCapAnswersMissingSessionNotFound(t *testing.T) {
 	if status, body := pty(s.ID); status != 429 || !strings.Contains(body, `"too_many_ptys"`) {
 		t.Errorf("a PTY of a running session with the cap full: %d %s; want 429 too_many_ptys", status, body)
 	}
+}
+
+// TestAbortedRequestIsCounted: a request whose answer breaks off (here a file read whose
+// caller hangs up mid-answer, which the handler ends with net/http's abort) is counted and
+// timed in /metrics, under the status its caller got; one aborted before any status is
+// counted too. Before, the abort's panic passed the counting by, and such requests were
+// missing from the request metrics.
+func TestAbortedRequestIsCounted(t *testing.T) {
+	e := newEnv(t)
+	s := e.running(map[string]any{"tier": 2})
+	e.mustDo("POST", "/v1/sessions/"+s.ID+"/exec", e.key, map[string]any{"command": "head -c 268435456 /dev/zero > big", "timeout_s": 600}, 200, nil)
+	req, _ := http.NewRequest("GET", e.url+"/v1/sessions/"+s.ID+"/files?path=big", nil)
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 1<<16)); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the read's start: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close() // hangs up mid-answer
+	want := []string{
+		`wb_http_requests_total{method="GET",route="GET /v1/sessions/{id}/files",status="200"} 1`,
+		`wb_http_request_duration_seconds_count{method="GET",route="GET /v1/sessions/{id}/files",status="200"} 1`,
+	}
+	var got string
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		got = string(e.do("GET", "/metrics", adminKey, nil).body)
+		if strings.Contains(got, want[0]) && strings.Contains(got, want[1]) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("2 min after its caller hung up, /metrics has no aborted file read; want\n%s\nin:\n%s", strings.Join(want, "\n"), grepLines(got, "wb_http_request"))
+		}
+	}
+
+	// Aborted before any status: counted under status 0 (no answer).
+	m := NewMetrics(nil)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /abort", func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) })
+	srv := httptest.NewServer(m.instrument(mux))
+	defer srv.Close()
+	if resp, err := http.Get(srv.URL + "/abort"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("an aborted request answered %d", resp.StatusCode)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if want := `wb_http_requests_total{method="GET",route="GET /abort",status="0"} 1`; !strings.Contains(rec.Body.String(), want) {
+		t.Fatalf("/metrics after a request aborted before its status: want %s in:\n%s", want, grepLines(rec.Body.String(), "wb_http_request"))
+	}
+}
+
+// grepLines answers the lines of text that contain s.
+func grepLines(text, s string) string {
+	var out []string
+	for line := range strings.Lines(text) {
+		if strings.Contains(line, s) && !strings.HasPrefix(line, "#") {
+			out = append(out, strings.TrimSuffix(line, "\n"))
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -98,19 +98,19 @@ func (w *statusWriter) Flush() {
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // instrument counts and times every request by its route pattern (not its path, so ids do
-// not explode the label set), and turns a panic into a 500.
+// not explode the label set), and turns a panic into a 500. A request its handler aborts
+// (http.ErrAbortHandler: an answer that broke off, its caller gone) is counted too, under
+// the status its caller got (0: none), before the abort goes on to net/http: those are the
+// requests an operator most needs to see.
 func (m *Metrics) instrument(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		defer func() {
-			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
-					panic(v)
-				}
-				if sw.status == 0 {
-					writeJSON(sw, 500, errorBody{Error: apiError{Type: "api_error", Code: "internal", Message: "internal error"}})
-				}
+			v := recover()
+			aborted := v == http.ErrAbortHandler
+			if v != nil && !aborted && sw.status == 0 {
+				writeJSON(sw, 500, errorBody{Error: apiError{Type: "api_error", Code: "internal", Message: "internal error"}})
 			}
 			route := r.Pattern // what mux matched, set on r as it routed it: no second lookup
 			if route == "" || route == "/" {
@@ -119,6 +119,9 @@ func (m *Metrics) instrument(mux *http.ServeMux) http.Handler {
 			status := strconv.Itoa(sw.status)
 			m.requests.WithLabelValues(route, r.Method, status).Inc()
 			m.latency.WithLabelValues(route, r.Method, status).Observe(time.Since(start).Seconds())
+			if aborted {
+				panic(v)
+			}
 		}()
 		mux.ServeHTTP(sw, r)
 	})
