@@ -266,7 +266,7 @@ export interface paths {
         put?: never;
         /**
          * Run a command in a running session
-         * @description Counts as activity. With Accept: application/x-ndjson the output is streamed: ExecChunk lines, then one ExecEnd line (or an ExecStreamError line when the node fails, or a runtime policy kills the session, after output started). Does not honour Idempotency-Key. A command that a runtime policy or plugin denies kills the session: 403 policy_violation.
+         * @description Counts as activity. With Accept: application/x-ndjson the output is streamed: ExecChunk lines, then one ExecEnd line (or an ExecStreamError line when the node fails, or a runtime policy kills the session, after output started). Does not honour Idempotency-Key. A command that a runtime policy or plugin denies kills the session: 403 policy_violation. A command the session's runtime policy could not decide on is refused, and the session goes on: 403 policy_error.
          */
         post: operations["execSession"];
         delete?: never;
@@ -1136,7 +1136,7 @@ export interface components {
             duration_ms: number;
             timed_out: boolean;
         };
-        /** @description The last line of a streamed exec that failed after output had started: the node failed (api_error exec_failed), or a runtime policy or plugin killed the session for the command (denied policy_violation). */
+        /** @description The last line of a streamed exec that failed after output had started: the node failed (api_error exec_failed), a runtime policy or plugin killed the session for the command (denied policy_violation), or the session's runtime policy could not decide (denied policy_error). */
         ExecStreamError: {
             error: components["schemas"]["ErrorDetail"];
         };
@@ -1866,7 +1866,7 @@ export interface components {
                 };
             };
         };
-        /** @description A runtime policy or plugin denied the command and the session was killed; message carries the reason. */
+        /** @description A runtime policy or plugin denied the command and the session was killed (policy_violation), or the session's runtime policy could not decide and the command was refused, the session going on (policy_error); message carries the reason. */
         PolicyViolation: {
             headers: {
                 [name: string]: unknown;
@@ -1877,7 +1877,7 @@ export interface components {
                         /** @enum {unknown} */
                         type?: "denied";
                         /** @enum {unknown} */
-                        code?: "policy_violation";
+                        code?: "policy_violation" | "policy_error";
                     } & components["schemas"]["ErrorDetail"];
                 };
             };
