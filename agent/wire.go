@@ -79,6 +79,16 @@ func ProxyLine(line []byte) bool {
 	return l.Broken != nil
 }
 
+// ResultLine reports whether line, a line of an exec's answer, reads as its result (as
+// Client reads it: any spelling of the key a JSON decoder takes for "exit_code"). A proxy
+// that acts before its caller learns the result (the node's OOM check) finds the result so,
+// not by its bytes, which a guest's agent may spell otherwise.
+func ResultLine(line []byte) bool {
+	var l execLine
+	_ = json.Unmarshal(line, &l) // a field of the wrong type fails the client's read; the result's key counts
+	return l.ExitCode != nil
+}
+
 // MaxExecLine bounds a line of an exec's answer, as Client reads it.
 const MaxExecLine = maxAnswerLine
 

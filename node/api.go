@@ -15,6 +15,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"wb/agent"
@@ -233,7 +234,10 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
 		if ooms, counted := n.oomsBefore(r.Context(), l, guest); counted {
-			w = &beforeExecResult{ResponseWriter: w, check: func() { n.endIfOOM(r.Context(), l, guest, ooms) }}
+			ctx := r.Context()
+			check := &resultCheck{check: func() { n.endIfOOM(ctx, l, guest, ooms) }}
+			defer check.run() // the answer had no result line
+			r = r.WithContext(context.WithValue(ctx, resultCheckKey{}, check))
 		}
 		// A run's code goes to the guest's waiting interpreter, as in process (Node.Exec). A
 		// body the agent would refuse is passed as it came, for the agent's answer.
@@ -276,62 +280,26 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	// the agent's connection mid-answer.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	proxy.ServeHTTP(w, r)
-	if b, ok := w.(*beforeExecResult); ok {
-		b.checkOnce() // the answer had no result line
+}
+
+// resultCheck is a check an exec's answer through the node's proxy has done once, before its
+// result line goes out (explainedExec), or when the answer ended without one (the guest's
+// agent went, perhaps with the guest), so that what the check does is done before the caller
+// can read the result.
+type resultCheck struct {
+	once  sync.Once
+	check func()
+}
+
+func (c *resultCheck) run() {
+	if c != nil {
+		c.once.Do(c.check)
 	}
 }
 
-// execResultKey is how an exec's result line starts to be told from its output lines in the
-// agent's answer (agent/doc.go): an output line carries the guest's bytes in a JSON string,
-// where a quote is always escaped, so these bytes appear in the result line only.
-var execResultKey = []byte(`"exit_code"`)
-
-// beforeExecResult passes an exec's answer through and calls check once, before it writes the
-// bytes where the result line starts (or when the answer ends without one: the guest's agent
-// went, perhaps with the guest), so that what check does is done before the caller can read
-// the result. It keeps the key's last bytes of each write, for a key split between two.
-type beforeExecResult struct {
-	http.ResponseWriter
-	check   func()
-	checked bool
-	tail    []byte
-}
-
-func (w *beforeExecResult) Write(b []byte) (int, error) {
-	if !w.checked && w.sawKey(b) {
-		w.checkOnce()
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// checkOnce runs check unless it ran.
-func (w *beforeExecResult) checkOnce() {
-	if !w.checked {
-		w.checked = true
-		w.check()
-	}
-}
-
-// sawKey reports whether the key ends in b, alone or after the tail of the writes before.
-func (w *beforeExecResult) sawKey(b []byte) bool {
-	k := len(execResultKey) - 1
-	if bytes.Contains(b, execResultKey) {
-		return true
-	}
-	joined := append(w.tail, b[:min(len(b), k)]...)
-	if bytes.Contains(joined, execResultKey) {
-		return true
-	}
-	if len(b) >= k {
-		w.tail = append(w.tail[:0], b[len(b)-k:]...)
-	} else { // joined is the tail and all of b
-		w.tail = append(w.tail[:0], joined[max(0, len(joined)-k):]...)
-	}
-	return false
-}
-
-// Unwrap lets http.ResponseController (the proxy's flushes) reach the server's writer.
-func (w *beforeExecResult) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+// resultCheckKey is the context key of an exec's resultCheck through the node's proxy
+// (apiAgent).
+type resultCheckKey struct{}
 
 // writeRuntimeRefusal answers a command the runtime decision point did not allow: 403
 // policy_violation when a policy killed the session, 403 policy_error when the session's
@@ -404,8 +372,9 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 			}
 			if resp.StatusCode == http.StatusOK && resp.Request.URL.Path == "/v1/exec" {
 				clock, _ := resp.Request.Context().Value(execClockKey{}).(*execClock)
+				check, _ := resp.Request.Context().Value(resultCheckKey{}).(*resultCheck)
 				clock.toCaller() // the answer's status goes out first
-				resp.Body = newExplainedExec(resp.Request.Context(), resp.Body, whyBroke, clock)
+				resp.Body = newExplainedExec(resp.Request.Context(), resp.Body, whyBroke, clock, check)
 			}
 			return nil
 		},
@@ -510,7 +479,8 @@ func clip(s string, n int) string {
 // process does, and need not wait for Redis to record it. Such a line is the node's alone:
 // the agent is the guest's, and a line of its answer that reads as one (agent.ProxyLine) ends
 // the answer with the node's own, a 502 guest_error, instead of passing for the node's
-// refusal (a policy kill, a state).
+// refusal (a policy kill, a state). Before it passes on the line its caller reads as the
+// result (agent.ResultLine), it runs the exec's resultCheck, if any.
 type explainedExec struct {
 	body  io.ReadCloser
 	lines *bufio.Reader // body's
@@ -523,10 +493,12 @@ type explainedExec struct {
 	// clock is the exec's backstop (execBackstop): the exec waits on its agent in a read,
 	// and on its caller, who takes what was read, between reads.
 	clock *execClock
+	// check runs before the result line is passed on (nil: none).
+	check *resultCheck
 }
 
-func newExplainedExec(ctx context.Context, body io.ReadCloser, whyBroke func(context.Context, error) error, clock *execClock) *explainedExec {
-	return &explainedExec{body: body, lines: bufio.NewReaderSize(body, 64<<10), ctx: ctx, whyBroke: whyBroke, clock: clock}
+func newExplainedExec(ctx context.Context, body io.ReadCloser, whyBroke func(context.Context, error) error, clock *execClock, check *resultCheck) *explainedExec {
+	return &explainedExec{body: body, lines: bufio.NewReaderSize(body, 64<<10), ctx: ctx, whyBroke: whyBroke, clock: clock, check: check}
 }
 
 func (e *explainedExec) Read(p []byte) (int, error) {
@@ -546,6 +518,11 @@ func (e *explainedExec) Read(p []byte) (int, error) {
 		e.end(&nodeapi.Error{Status: 502, Code: nodeapi.CodeGuestError,
 			Message: "node: the guest's agent sent a line shaped as the node's own error record; the exec was ended, which kills its processes as its timeout does"})
 	case err == nil:
+		if e.check != nil && agent.ResultLine(line) {
+			// Read as the caller reads it, not by its bytes: the agent is the guest's, and
+			// may spell the result's key any way a JSON decoder takes.
+			e.check.run()
+		}
 		e.line = line
 	case errors.Is(err, io.EOF):
 		return 0, io.EOF

@@ -20,60 +20,48 @@ import (
 	"wb/session"
 )
 
-// TestBeforeExecResult: the check runs once, before the bytes that complete the result
-// line's key are written, however the answer is cut into writes; an output line that quotes
-// the key (escaped, as a JSON string must) does not set it off; an answer without a result
-// runs it at its end.
-func TestBeforeExecResult(t *testing.T) {
+// TestExplainedExecChecksBeforeResult: an exec's answer read through explainedExec runs its
+// check once, before any byte of the result line is read, however small the reads and however
+// the result's key is spelled (as the agent's client decodes it); an output line that quotes
+// the key (escaped, as a JSON string must) does not set it off, nor does an answer without a
+// result.
+func TestExplainedExecChecksBeforeResult(t *testing.T) {
 	out := `{"stream":"stdout","data":"a guest may print \"exit_code\": 0"}` + "\n"
-	answer := out + `{"exit_code":137,"duration_ms":12}` + "\n"
-	keyEnd := len(out) + len(`{"exit_code"`)
-	cuts := func(size int) [][]byte {
-		var ws [][]byte
-		for b := []byte(answer); len(b) > 0; b = b[min(size, len(b)):] {
-			ws = append(ws, b[:min(size, len(b))])
-		}
-		return ws
-	}
-	var plans [][][]byte
-	for size := 1; size <= len(answer); size++ {
-		plans = append(plans, cuts(size))
-	}
-	for i := 1; i < len(answer); i++ { // two writes, cut at i
-		plans = append(plans, [][]byte{[]byte(answer[:i]), []byte(answer[i:])})
-	}
-	for _, writes := range plans {
-		rec := httptest.NewRecorder()
-		calls, at, writeEnd, atWriteEnd := 0, -1, 0, 0
-		w := &beforeExecResult{ResponseWriter: rec, check: func() { calls++; at, atWriteEnd = rec.Body.Len(), writeEnd }}
-		for _, b := range writes {
-			writeEnd = rec.Body.Len() + len(b)
-			if _, err := w.Write(b); err != nil {
-				t.Fatal(err)
+	whyBroke := func(_ context.Context, err error) error { return err }
+	for _, key := range []string{`"exit_code"`, `"exit\u005fcode"`, `"EXIT_CODE"`} {
+		answer := out + `{` + key + `:137,"duration_ms":12}` + "\n"
+		for size := 1; size <= len(answer); size++ {
+			calls, at := 0, -1
+			var got []byte
+			check := &resultCheck{check: func() { calls++; at = len(got) }}
+			e := newExplainedExec(context.Background(), io.NopCloser(strings.NewReader(answer)), whyBroke, nil, check)
+			p := make([]byte, size)
+			for {
+				n, err := e.Read(p)
+				got = append(got, p[:n]...)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if calls != 1 || at != len(out) {
+				t.Fatalf("key %s, reads of %d bytes: %d checks, the last after %d bytes; want one, after the output line's %d", key, size, calls, at, len(out))
+			}
+			if string(got) != answer {
+				t.Fatalf("the answer changed: %q", got)
 			}
 		}
-		w.checkOnce()
-		// Before the key's last byte is written, by the write that holds it.
-		if calls != 1 || at >= keyEnd || atWriteEnd < keyEnd {
-			t.Fatalf("writes of %d bytes: %d checks, the last after %d bytes, in a write to byte %d; want one, in the write that ends the key (byte %d), before it",
-				len(writes[0]), calls, at, atWriteEnd, keyEnd)
-		}
-		if rec.Body.String() != answer {
-			t.Fatalf("the answer changed: %q", rec.Body.String())
-		}
 	}
-	// No result line: the check runs at the end.
-	rec := httptest.NewRecorder()
 	calls := 0
-	w := &beforeExecResult{ResponseWriter: rec, check: func() { calls++ }}
-	_, _ = w.Write([]byte(strings.Repeat(out, 3)))
+	check := &resultCheck{check: func() { calls++ }}
+	e := newExplainedExec(context.Background(), io.NopCloser(strings.NewReader(strings.Repeat(out, 3))), whyBroke, nil, check)
+	if got, err := io.ReadAll(e); err != nil || string(got) != strings.Repeat(out, 3) {
+		t.Fatalf("an answer without a result: %q, %v", got, err)
+	}
 	if calls != 0 {
 		t.Fatal("an output line that quotes the key set the check off")
-	}
-	w.checkOnce()
-	w.checkOnce()
-	if calls != 1 || !bytes.Equal(rec.Body.Bytes(), []byte(strings.Repeat(out, 3))) {
-		t.Fatalf("%d checks after an answer without a result", calls)
 	}
 }
 

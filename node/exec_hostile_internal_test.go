@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/hypervisor/templates"
 	"wb/internal/redistest"
 	"wb/internal/syncbuf"
@@ -27,7 +28,7 @@ import (
 
 // hostileAgentNode is a node whose one running session, id, has for its guest's agent the
 // handler agentH (a guest may replace its agent with anything), and the node's API served on
-// a loopback server; cfg's exec fields carry over. logs holds the node's log.
+// a loopback server; cfg's exec fields and its driver (if any) carry over. logs holds the node's log.
 func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFunc) (n *Node, srv *httptest.Server, logs *syncbuf.Buffer) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "wbx") // t.TempDir's is too long for the guests' sockets
@@ -36,7 +37,11 @@ func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFu
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	logs = &syncbuf.Buffer{}
-	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: countersOnly{}, Templates: templates.Catalog{"tpl": {}},
+	var driver hypervisor.Driver = countersOnly{}
+	if cfg.Driver != nil {
+		driver = cfg.Driver
+	}
+	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: driver, Templates: templates.Catalog{"tpl": {}},
 		DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), ExecWriteStall: cfg.ExecWriteStall, ExecDrain: cfg.ExecDrain})
 	if err != nil {
 		t.Fatal(err)
@@ -376,5 +381,90 @@ func TestForgedErrorLineUnder2xx(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("the node's answer to an agent's 201 exec: %d; want 502", resp.StatusCode)
+	}
+}
+
+// oomDriver is a driver whose guests count kills OOM kills, and whose stop and delete do
+// nothing (the guest is a hostile agent's server, which the test ends).
+type oomDriver struct {
+	countersOnly
+	kills *atomic.Int64
+}
+
+func (d oomDriver) OOMKills(context.Context, string) (int64, error) { return d.kills.Load(), nil }
+func (oomDriver) Stop(context.Context, string) error                { return nil }
+func (oomDriver) Delete(context.Context, string) error              { return nil }
+func (oomDriver) Name() string                                      { return "oomtest" }
+
+// TestOOMCheckBeforeAnyResultSpelling: the node fails a session whose guest counts an OOM
+// kill during an exec before the exec's result line goes out through its API, however the
+// agent spells the result's key (as the agent's client reads it: any spelling a JSON decoder
+// takes for "exit_code"), and an output line that quotes the key does not set the check off.
+// Before, the node looked for the bytes "exit_code", and a hostile agent that spelled it
+// "exit\u005fcode" or "EXIT_CODE" had its result read by the caller while the session still
+// ran, failed only once the answer ended.
+func TestOOMCheckBeforeAnyResultSpelling(t *testing.T) {
+	for i, key := range []string{`"exit_code"`, `"exit\u005fcode"`, `"EXIT_CODE"`, `"Exit_Code"`, `"\u0065xit_cod\u0065"`} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			kills := &atomic.Int64{}
+			next := make(chan struct{})
+			id := fmt.Sprintf("sess_oomspelling%d", i)
+			n, srv, _ := hostileAgentNode(t, id, Config{Driver: oomDriver{kills: kills}}, func(w http.ResponseWriter, r *http.Request) {
+				var req agent.ExecRequest
+				_ = json.NewDecoder(r.Body).Decode(&req)
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				_, _ = w.Write([]byte(`{"stream":"stdout","data":"a guest may print \"exit_code\": 0 and ` + strings.ReplaceAll(key, `"`, `\"`) + `\n"}` + "\n"))
+				_ = http.NewResponseController(w).Flush()
+				select {
+				case <-next:
+				case <-r.Context().Done():
+					return
+				}
+				kills.Add(1) // the OOM killer took the command
+				_, _ = w.Write([]byte(`{` + key + `:137,"duration_ms":12}` + "\n"))
+				_ = http.NewResponseController(w).Flush()
+				// The answer stays open: the node's check must not wait for its end.
+				select {
+				case <-r.Context().Done():
+				case <-time.After(time.Minute):
+				}
+			})
+			n.mu.Lock()
+			l := n.guests[id]
+			n.mu.Unlock()
+			state := func() (session.State, session.Reason) {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return l.g.State, l.g.Reason
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/sessions/"+id+"/agent/v1/exec", strings.NewReader(`{"argv":["hog"],"timeout_s":60}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer tok")
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			lines := bufio.NewReader(resp.Body)
+			out, err := lines.ReadString('\n')
+			if err != nil {
+				t.Fatalf("the exec's output line: %q, %v", out, err)
+			}
+			if st, _ := state(); st != session.Running {
+				t.Errorf("after an output line that quotes the key, the session is %s; want it running", st)
+			}
+			close(next)
+			res, err := lines.ReadString('\n')
+			if err != nil {
+				t.Fatalf("the exec's result line: %q, %v", res, err)
+			}
+			if st, reason := state(); st == session.Running || reason != session.OOM {
+				t.Errorf("the agent's result line %s came out with the session %s (reason %q); want it failed with oom before", strings.TrimSpace(res), st, reason)
+			}
+		})
 	}
 }
