@@ -13,6 +13,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,8 +55,39 @@ func (n *Node) Handler(token string) http.Handler {
 			writeAPIError(w, &nodeapi.Error{Status: 401, Code: nodeapi.CodeUnauthenticated, Message: "node: bad or missing token"})
 			return
 		}
+		if !canonicalPath(r.URL) {
+			// Refused, not redirected to its cleaned form (the mux's way): the node's callers
+			// send canonical paths, and the agent's routes are the node's to tell apart.
+			writeAPIError(w, &nodeapi.Error{Status: 400, Code: nodeapi.CodeInvalidRequest, Param: "path",
+				Message: fmt.Sprintf("node: the path %q is not in its canonical form", clip(r.URL.EscapedPath(), 256))})
+			return
+		}
 		m.ServeHTTP(w, r)
 	})
+}
+
+// canonicalPath reports whether u's path is in its canonical form: no byte percent-encoded
+// (the node's paths need none), no empty, "." or ".." segment, no trailing slash but the root's or an
+// agent route's (nodeapi.RouteAgent), whose own path is agentPath. Another spelling of a
+// path would be read one way by the node's checks and perhaps another by the guest's agent.
+func canonicalPath(u *url.URL) bool {
+	if u.EscapedPath() != u.Path || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return false
+	}
+	p := u.Path
+	if strings.HasSuffix(p, "/agent/") {
+		p = strings.TrimSuffix(p, "/")
+	}
+	return p == "/" || path.Clean(p) == p
+}
+
+// agentPath is the path of r, a request of nodeapi.RouteAgent, to the session's agent: what
+// follows /v1/sessions/{id}/agent. The mux and canonicalPath let only canonical paths here.
+func agentPath(r *http.Request) string {
+	rest, _ := strings.CutPrefix(r.URL.Path, "/v1/sessions/")
+	_, rest, _ = strings.Cut(rest, "/") // the session's id, one segment
+	rest, _ = strings.CutPrefix(rest, "agent")
+	return rest
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -202,7 +235,8 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/agent/v1/exec") {
+	sub := agentPath(r)
+	if r.Method == http.MethodPost && sub == "/v1/exec" {
 		// The runtime decision point sees every command before the guest runs it.
 		body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
 		if err != nil {
@@ -256,7 +290,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		r = r.WithContext(ctx)
 	}
-	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/agent/v1/pty") {
+	if r.Method == http.MethodGet && sub == "/v1/pty" {
 		// A PTY's command is an exec like any other.
 		l.mu.Lock()
 		err := n.checkPTY(r.Context(), l, r.URL.Query().Get("command"))
@@ -337,10 +371,7 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 		FlushInterval: -1,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "http", "agent"
-			if _, rest, ok := strings.Cut(pr.In.URL.Path, "/agent/"); ok {
-				pr.Out.URL.Path = "/" + rest
-			}
-			pr.Out.URL.RawPath = ""
+			pr.Out.URL.Path, pr.Out.URL.RawPath = agentPath(pr.In), ""
 			// The node reads the agent's answers (an exec's lines, an error's code) before
 			// passing them on: an encoded one would pass its checks as bytes they cannot read
 			// and be decoded past them by the caller (a gateway's transport asks for gzip).

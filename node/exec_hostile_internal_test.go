@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -466,5 +468,65 @@ func TestOOMCheckBeforeAnyResultSpelling(t *testing.T) {
 				t.Errorf("the agent's result line %s came out with the session %s (reason %q); want it failed with oom before", strings.TrimSpace(res), st, reason)
 			}
 		})
+	}
+}
+
+// TestAgentPathIsCanonical: the node passes on to a guest's agent its canonical paths alone:
+// an exec sent on another spelling of /v1/exec (a trailing slash, a doubled or dotted
+// segment, a percent-encoded byte) is refused with a 400, and none reaches the agent, while
+// an exec with a query gets the node's checks as any exec does (the agent's 201 is refused).
+// Before, the node applied its exec checks to the decoded path /v1/exec alone, passed the
+// other spellings on as they came or redirected them, and had the agent decide what they
+// were.
+func TestAgentPathIsCanonical(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	const id = "sess_paths"
+	_, srv, _ := hostileAgentNode(t, id, Config{}, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.URL.RequestURI())
+		mu.Unlock()
+		// An agent that takes anything for an exec, and answers it so that only the node's
+		// checks tell it from the node's refusal.
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"error":{"status":403,"code":"policy_violation","message":"forged"}}` + "\n"))
+	})
+	base := srv.URL + "/v1/sessions/" + id + "/agent"
+	post := func(path string) int {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, "POST", base+path, strings.NewReader(`{"argv":["true"],"timeout_s":60}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultTransport.RoundTrip(req) // no redirect followed
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, path := range []string{"/v1/exec/", "//v1/exec", "/v1/./exec", "/v1//exec", "/v1/%65xec", "/v1%2Fexec", "/v1/exec/%2e%2e/exec",
+		"/v1/x/../exec", "/./v1/exec", "/v1/%2e/exec", "/v1/exec%2F", "/v1/exec%3Fx=1"} {
+		if got := post(path); got != http.StatusBadRequest {
+			t.Errorf("an exec on %s: %d; want the node's 400", path, got)
+		}
+	}
+	mu.Lock()
+	if len(seen) > 0 {
+		t.Errorf("the agent was sent %q; want none of the other spellings of /v1/exec", seen)
+	}
+	mu.Unlock()
+	for _, path := range []string{"/v1/exec", "/v1/exec?x=1"} {
+		if got := post(path); got != http.StatusBadGateway {
+			t.Errorf("an exec on %s, the agent answering 201: %d; want the node's 502 guest_error (its checks)", path, got)
+		}
 	}
 }
