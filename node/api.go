@@ -230,12 +230,15 @@ func stopped(id string, req nodeapi.StopRequest) *session.Session {
 // apiAgent proxies to the session's agent while it runs.
 func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	sub := agentPath(r)
+	sw := &statusWriter{ResponseWriter: w}
+	w = sw
+	defer func() { n.Metrics.agentRequest(agentKind(r.Method, sub), sw.status) }()
 	l, _, err := n.running(&session.Session{ID: id})
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	sub := agentPath(r)
 	if r.Method == http.MethodPost && sub == "/v1/exec" {
 		// The runtime decision point sees every command before the guest runs it.
 		body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
@@ -253,18 +256,19 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 			writeRuntimeRefusal(w, err)
 			return
 		}
+		defer n.Metrics.execStarted()()
 		// A caller that stays connected but takes none of the answer for ExecWriteStall ends
 		// the exec: the proxy's write fails, and it closes the agent's connection, which
 		// kills the command's processes as its timeout does.
-		sw := stallwrite.New(w, n.ExecWriteStall)
+		stall := stallwrite.New(w, n.ExecWriteStall)
 		defer func() {
-			sw.Close()
-			if sw.Stalled() {
+			stall.Close()
+			if stall.Stalled() {
 				n.Logger.Warn("exec: its caller took none of the exec's answer within the stall; the exec is ended and its processes killed",
 					"session", id, "stall", n.ExecWriteStall)
 			}
 		}()
-		w = sw
+		w = stall
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
 		if ooms, counted := n.oomsBefore(r.Context(), l, guest); counted {

@@ -30,7 +30,7 @@ import (
 
 // hostileAgentNode is a node whose one running session, id, has for its guest's agent the
 // handler agentH (a guest may replace its agent with anything), and the node's API served on
-// a loopback server; cfg's exec fields and its driver (if any) carry over. logs holds the node's log.
+// a loopback server; cfg's exec fields, its driver (if any) and its metrics carry over. logs holds the node's log.
 func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFunc) (n *Node, srv *httptest.Server, logs *syncbuf.Buffer) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "wbx") // t.TempDir's is too long for the guests' sockets
@@ -44,7 +44,7 @@ func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFu
 		driver = cfg.Driver
 	}
 	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: driver, Templates: templates.Catalog{"tpl": {}},
-		DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), ExecWriteStall: cfg.ExecWriteStall, ExecDrain: cfg.ExecDrain})
+		DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), ExecWriteStall: cfg.ExecWriteStall, ExecDrain: cfg.ExecDrain, Metrics: cfg.Metrics})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,8 +67,11 @@ type Config struct {
 	// agent's time only, and an agent whose answer has no end, read as slowly as it comes,
 	// uses none: this is the bound of the exec's whole time.
 	ExecDrain time.Duration
-	Logger    *slog.Logger
-	Now       func() time.Time
+	// Metrics, when not nil, has the node's guests and the requests through its API counted
+	// in it (see Metrics).
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Now     func() time.Time
 }
 
 // Pool is one warm pool's target.
@@ -243,6 +246,9 @@ func New(cfg Config) (*Node, error) {
 		quiesceAnswer: quiesceAnswer, execGrace: execGrace}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.pool = newWarmPool(n)
+	if err := cfg.Metrics.watch(n); err != nil {
+		return nil, err
+	}
 	return n, nil
 }
 

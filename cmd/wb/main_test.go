@@ -24,7 +24,7 @@ func TestHelp(t *testing.T) {
 	}{
 		{[]string{"--help"}, []string{"serve", "node", "agent", "plugins", "sessions", "pty", "desktops", "webhooks", "completion"}},
 		{[]string{"serve", "--help"}, []string{"-addr", "-redis", "-runtime", "-data-dir", "-prices", "WB_URL=", "-egress-allow-cidr", "-allow-private-webhooks", "-metrics-token", "-metrics-addr", "-tls-domain", "-tls-on-demand", "-acme-ca", "-acme-ca-root", "-acme-email", "-authz-addr", "-node-token-file", "-desktop-idle", "-snapshot-store", "-node-timeout", "WB_REDIS_URL", "-desktop-pool", "-plugin-timeout", "-webhook-max-backoff", "-fleet-tls-cert", "-fleet-tls-key", "-fleet-tls-ca"}},
-		{[]string{"node", "--help"}, []string{"-redis", "-token-file", "WB_NODE_TOKEN", "-advertise", "-runtime", "-egress-allow-cidr", "-backend", "-ch-binary", "-kernel", "-initramfs", "-snapshot-store", "-fleet-tls-cert", "-fleet-tls-key", "-fleet-tls-ca"}},
+		{[]string{"node", "--help"}, []string{"-redis", "-token-file", "WB_NODE_TOKEN", "-advertise", "-runtime", "-egress-allow-cidr", "-backend", "-ch-binary", "-kernel", "-initramfs", "-snapshot-store", "-fleet-tls-cert", "-fleet-tls-key", "-fleet-tls-ca", "-metrics-addr"}},
 		{[]string{"fleet", "--help"}, []string{"-runtime", "-nodes", "-gateways", "-dir", "WB_URLS=", "Ctrl-C"}},
 		{[]string{"plugins", "--help"}, []string{"wb plugins test", "wb plugins push"}},
 	} {

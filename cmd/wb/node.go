@@ -23,6 +23,7 @@ import (
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/datadir"
+	"wb/internal/mtls"
 	"wb/internal/netguard"
 	"wb/node"
 	"wb/plugins"
@@ -53,6 +54,8 @@ type nodeFlags struct {
 	snapshotStore string
 	// pluginTimeout is the deadline of one call into a tenant's Wasm plugin.
 	pluginTimeout time.Duration
+	// metrics, when not nil, is the node's metrics (wb node --metrics-addr).
+	metrics *node.Metrics
 }
 
 // check refuses flag values out of range, naming the flag.
@@ -118,7 +121,7 @@ func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, l
 		Store:     st, Driver: drv, Templates: cat, DataDir: filepath.Join(f.dataDir, "node"), AgentBin: agentBin, Egress: guard,
 		Info: store.NodeInfo{ID: f.id, Addr: addr, Region: f.region, Zone: f.zone,
 			Tiers: []int{1, 2, 3, 4}, VCPU: f.vcpu, MemoryMiB: f.mem},
-		Pools: pools, Tiers: f.coldP95.tiers(), Logger: log,
+		Pools: pools, Tiers: f.coldP95.tiers(), Logger: log, Metrics: f.metrics,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -220,6 +223,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.String("token", "", "refused: a token on the command line shows in ps and /proc to every user of the host; use --token-file or $WB_NODE_TOKEN")
 	tokenFile := fs.String("token-file", "", "`file` holding the bearer token the control plane sends (else $WB_NODE_TOKEN; one is required)")
 	level := fs.String("log-level", "info", "log `level`: debug, info, warn, error")
+	metricsAddr := fs.String("metrics-addr", "", "`host:port` serving /metrics (Prometheus: the node's guests, its execs, PTYs and file requests, its fleet TLS files' expiry) without a key, for the operator's network only; empty serves none. The node API never serves /metrics")
 	fs.StringVar(&f.id, "id", hostnameOr("node_1"), "node `id`")
 	fs.StringVar(&f.region, "region", "local", "`region` this node serves")
 	fs.StringVar(&f.zone, "zone", "local-a", "`zone` of this node")
@@ -274,6 +278,18 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--addr: %w", err)
 	}
+	var metricsLn net.Listener
+	if *metricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", *metricsAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer metricsLn.Close() // on the error paths; Shutdown closes it otherwise
+		// Registered before the listener's TLS files load, which then report to them.
+		f.metrics = node.NewMetrics()
+		fleetTLS.metrics = mtls.NewMetrics()
+		f.metrics.Registry().MustRegister(fleetTLS.metrics)
+	}
 	servedLn, scheme, err := nodeListener(ln, fleetTLS, log)
 	if err != nil {
 		ln.Close()
@@ -306,6 +322,9 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	platform := &platformAddrs{guards: []*netguard.Guard{nd.Egress}, st: st, rdb: rdb, nodes: []string{*advertise, ln.Addr().String()}, log: log}
 	platform.refresh(ctx)
 	g, gctx := errgroup.WithContext(ctx)
+	if metricsLn != nil {
+		serveMetrics(gctx, g, metricsLn, f.metrics.Handler(), log)
+	}
 	runNode(gctx, g, nd, ln, token, platform)
 	err = g.Wait()
 	nd.Close(context.Background())

@@ -1,0 +1,148 @@
+package node
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are a node's Prometheus metrics, in a registry of their own: its sessions' guests
+// by state, and the exec, PTY and file requests through its API (execs under way, requests
+// by outcome). A nil *Metrics counts nothing. Safe for concurrent use.
+type Metrics struct {
+	reg      *prometheus.Registry
+	execs    prometheus.Gauge
+	requests *prometheus.CounterVec
+}
+
+// NewMetrics makes the metrics, of no node yet (Config.Metrics: New adds its guests).
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		execs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "wb_node_execs_in_progress",
+			Help: "Execs through the node's API whose answer is under way.",
+		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wb_node_agent_requests_total",
+			Help: "Requests through the node's API to its guests' agents, by kind (exec, pty, files, other) and outcome: ok (answered below 400, a PTY upgraded), refused (403: the runtime policy refused or killed), rejected (another 4xx: no such guest, its state, a bad request), failed (5xx: the guest's agent did not answer, or answered what the node does not pass on).",
+		}, []string{"kind", "outcome"}),
+	}
+	m.reg.MustRegister(m.execs, m.requests, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry lets other packages add their metrics to the node's (its TLS files').
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// watch adds n's guests to the metrics.
+func (m *Metrics) watch(n *Node) error {
+	if m == nil {
+		return nil
+	}
+	c := &guestCollector{n: n, desc: prometheus.NewDesc("wb_node_guests",
+		"The node's sessions' guests by state and runtime (the back end's); busy: an operation on the guest held it at the scrape.",
+		[]string{"state", "runtime"}, nil)}
+	if err := m.reg.Register(c); err != nil {
+		return fmt.Errorf("node: metrics: %w", err)
+	}
+	return nil
+}
+
+// execStarted counts an exec under way until the func it answers is called.
+func (m *Metrics) execStarted() func() {
+	if m == nil {
+		return func() {}
+	}
+	m.execs.Inc()
+	return m.execs.Dec
+}
+
+// agentRequest counts a request to a guest's agent of kind, answered status (0: none
+// written, which the server sends as a 200; a PTY's upgrade writes none either).
+func (m *Metrics) agentRequest(kind string, status int) {
+	if m == nil {
+		return
+	}
+	outcome := "ok"
+	switch {
+	case status == http.StatusForbidden:
+		// The agent's own 403s reach no caller (fromGuest): a 403 is the node's policy.
+		outcome = "refused"
+	case status >= 500:
+		outcome = "failed"
+	case status >= 400:
+		outcome = "rejected"
+	}
+	m.requests.WithLabelValues(kind, outcome).Inc()
+}
+
+// agentKind is the kind of a request to a guest's agent, by its agent path (agentPath).
+func agentKind(method, sub string) string {
+	switch {
+	case method == http.MethodPost && sub == "/v1/exec":
+		return "exec"
+	case method == http.MethodGet && sub == "/v1/pty":
+		return "pty"
+	case sub == "/v1/files":
+		return "files"
+	}
+	return "other"
+}
+
+// guestCollector reports the node's guests by state at scrape time.
+type guestCollector struct {
+	n    *Node
+	desc *prometheus.Desc
+}
+
+func (c *guestCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *guestCollector) Collect(ch chan<- prometheus.Metric) {
+	counts := map[string]int{}
+	for _, l := range c.n.all() {
+		// A scrape waits on no operation (a snapshot holds its guest for seconds).
+		if !l.mu.TryLock() {
+			counts["busy"]++
+			continue
+		}
+		counts[string(l.g.State)]++
+		l.mu.Unlock()
+	}
+	runtime := c.n.Driver.Name()
+	for state, k := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), state, runtime)
+	}
+}
+
+// statusWriter keeps the status of the answer written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	if w.status == 0 && status >= 200 { // not an informational 1xx
+
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController (the proxy's flushes, a PTY's hijack) reach the
+// server's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,111 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/agent"
+	"wb/session"
+)
+
+// TestMetrics: a node's /metrics counts its guests by state and runtime, the execs under
+// way through its API, and its requests to the guests' agents by kind and outcome.
+func TestMetrics(t *testing.T) {
+	m := NewMetrics()
+	release := make(chan struct{})
+	const id = "sess_metrics"
+	_, srv, _ := hostileAgentNode(t, id, Config{Driver: oomDriver{kills: &atomic.Int64{}}, Metrics: m}, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/exec":
+			var req agent.ExecRequest
+			_ = json.NewDecoder(r.Body).Decode(&req)
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			_, _ = w.Write([]byte(`{"stream":"stdout","data":"x"}` + "\n"))
+			_ = http.NewResponseController(w).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+			_, _ = w.Write([]byte(`{"exit_code":0,"duration_ms":1}` + "\n"))
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"f does not exist","param":"path"}}`))
+		}
+	})
+	scrape := func() string {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	want := func(lines ...string) {
+		t.Helper()
+		got := scrape()
+		for _, l := range lines {
+			if !strings.Contains(got, l+"\n") {
+				t.Errorf("/metrics lacks %s:\n%s", l, grepMetrics(got, "wb_node_"))
+			}
+		}
+	}
+	want(`wb_node_guests{runtime="oomtest",state="running"} 1`, `wb_node_execs_in_progress 0`)
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"true"}, TimeoutS: 60}, func(session.ExecChunk) error { return nil })
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(scrape(), "wb_node_execs_in_progress 1\n") {
+		if time.Now().After(deadline) {
+			t.Fatalf("an exec under way for 30 s is not counted:\n%s", grepMetrics(scrape(), "wb_node_"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadFile(ctx, "f"); err == nil {
+		t.Fatal("a file the agent does not find was read")
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/sessions/sess_nosuchsession/agent/v1/exec", strings.NewReader(`{"argv":["true"]}`))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	// The exec's answer is counted once the node's handler returned, after the caller read it.
+	deadline = time.Now().Add(30 * time.Second)
+	for !strings.Contains(scrape(), `wb_node_agent_requests_total{kind="exec",outcome="ok"} 1`+"\n") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	want(`wb_node_execs_in_progress 0`,
+		`wb_node_agent_requests_total{kind="exec",outcome="ok"} 1`,
+		`wb_node_agent_requests_total{kind="exec",outcome="rejected"} 1`,
+		`wb_node_agent_requests_total{kind="files",outcome="rejected"} 1`)
+}
+
+// grepMetrics answers the lines of s that contain sub.
+func grepMetrics(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
