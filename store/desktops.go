@@ -324,10 +324,10 @@ func parseDesktopRef(m string) (DesktopRef, bool) {
 // stopping desktop holds a lease (a token and an end time) and renews it while it works; when
 // the lease ends unrenewed (that gateway died) another gateway claims it and resumes the work.
 
-var desktopLeases = leaseKeys{ends: desktopWorkKey, holders: desktopWorkerKey, what: "desktop"}
+var desktopLeases = newShardedLeases("desktops", "desktop", desktopWorkKey, desktopWorkerKey, true)
 
 func (s *Store) desktopWork(ctx context.Context, op string, ref DesktopRef, token string, until, now time.Time) (bool, error) {
-	return s.lease(ctx, desktopLeases, op, ref.member(), ref.ID, token, until, now)
+	return s.shardedLease(ctx, desktopLeases, op, ref.member(), ref.ID, token, until, now)
 }
 
 // SetDesktopWork gives the desktop's transition to the lease token until until, whoever held
@@ -364,7 +364,8 @@ func (s *Store) ClaimDesktopWork(ctx context.Context, ref DesktopRef, token stri
 }
 
 // DueDesktopWork answers up to limit desktops whose work lease ended at or before now,
-// earliest first, and when the next lease after them ends (zero: none; now: more are due).
+// earliest first, from every shard and the legacy pair (an older gateway's, during a rolling
+// deploy), and when the next lease after them ends (zero: none; now: more are due).
 func (s *Store) DueDesktopWork(ctx context.Context, now time.Time, limit int) ([]DesktopRef, time.Time, error) {
-	return dueDeadlines(ctx, s, desktopWorkKey, "desktop work lease", now, limit, parseDesktopRef)
+	return dueDeadlinesIn(ctx, s, desktopLeases.allEnds(), "desktop work lease", now, limit, parseDesktopRef)
 }

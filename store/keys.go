@@ -79,35 +79,32 @@ const (
 	// (DueDesktopIdle), which puts to sleep those still unused at their deadline.
 	desktopIdleKey = "wb:deadlines:desktop_idle"
 
-	// desktopWorkKey is a sorted set of the desktops whose transition (starting, stopping)
-	// some gateway is working on, member "PROJECT/DESKTOP", score the time in ms at which that
-	// gateway's lease ends; desktopWorkerKey is a hash from the same member to the lease's
-	// token (none for a lease set ahead of the transition, EnsureDesktopWork). Written by store
-	// (SetDesktopWork, EnsureDesktopWork, RenewDesktopWork, ReleaseDesktopWork,
-	// ClaimDesktopWork); read by every gateway's recovery loop (DueDesktopWork), which takes
-	// over the work of a gateway that died mid-transition.
-	// One hash tag: one script writes both (Redis Cluster).
-	desktopWorkKey   = "wb:{desktops}:work"
-	desktopWorkerKey = "wb:{desktops}:worker"
-
-	// snapshotWorkKey is a sorted set of the sessions in snapshotting, member
-	// "PROJECT/SESSION", score the time in ms at which the lease of the gateway taking the
-	// snapshot ends; snapshotWorkerKey is a hash from the same member to the snapshot's id.
-	// Written by store (SetSnapshotWork, RenewSnapshotWork, ReleaseSnapshotWork,
-	// ClaimSnapshotWork; EnsureSnapshotWork, from the placer's sweep); read by every gateway's
-	// recovery loop (DueSnapshotWork), which returns to running a session whose gateway died
-	// mid-snapshot. One hash tag: one script writes both (Redis Cluster).
+	// desktopWorkKey, snapshotWorkKey and runWorkKey, with their holders hashes
+	// (desktopWorkerKey, snapshotWorkerKey, runWorkerKey), are the lease sets of before the
+	// sets had shards (workShardKeys): every desktop's transition, every snapshot and every run
+	// of the whole fleet wrote one key of its set, one Cluster slot. The desktops': member
+	// "PROJECT/DESKTOP", a desktop's transition (starting, stopping), holder its work's token
+	// (none for a lease set ahead of the transition). The snapshots': member "PROJECT/SESSION",
+	// a session in snapshotting, holder the snapshot's id. The runs': member
+	// "PROJECT/RUN/ATTEMPT", an attempt at a run, holder the attempt or its recovery.
+	//
+	// Gateways (and placers) older than the shards write and read only these. Newer ones write
+	// no lease of their own here, but read them (the Due… of each set, every pass), so that
+	// the work of an older gateway that dies during a rolling deploy is taken over: a claim
+	// that does not apply in the shard is tried here, and one that applies moves the lease to
+	// the shard, leaving here its holder and no end (a lease that no binary answers due or
+	// claims, and whose older holder's renewals fail unless it is that holder still, as a
+	// snapshot's is); an ensure leaves alone a lease here;
+	// and a desktop's or a snapshot's set, which supersedes the lease's holder, supersedes
+	// one here the same way. So each of these keeps, once no older binary runs, no lease that
+	// ends, and at most a holder for each lease so moved or superseded (a few, from the
+	// deploy; nothing reads them). One hash tag per set: one script writes both of its keys.
+	desktopWorkKey    = "wb:{desktops}:work"
+	desktopWorkerKey  = "wb:{desktops}:worker"
 	snapshotWorkKey   = "wb:{snapshots}:work"
 	snapshotWorkerKey = "wb:{snapshots}:worker"
-
-	// runWorkKey and runWorkerKey are the one lease set of every run's attempts from before
-	// the set had shards (runWorkShardKeys): every run's start, renewal and end wrote one key,
-	// one Cluster slot, for the whole fleet. Gateways older than the shards write and read only
-	// these; newer ones write none, but read them too (DueRunWork, and ClaimRunWork and
-	// ReleaseRunWork when a lease is not in its shard), so that the runs of an older gateway
-	// that dies during a rolling deploy are ended. Once no such gateway runs they stay empty.
-	runWorkKey   = "wb:{runs}:work"
-	runWorkerKey = "wb:{runs}:worker"
+	runWorkKey        = "wb:{runs}:work"
+	runWorkerKey      = "wb:{runs}:worker"
 
 	// legacyRunsMovedKey is a string, the time at which a gateway finished moving every
 	// project's runs out of the hash they had before each had a key of its own (objects of
@@ -128,34 +125,35 @@ const (
 	ChangesChannel = "wb:changes"
 )
 
-// runWorkShards is how many shards the runs' lease set has. Fixed: a run's shard follows from
-// its id (runWorkShard), so a gateway that counted another number would look for a lease in
-// the wrong key, and leave those of the shards it does not know unrecovered.
-const runWorkShards = 16
+// workShards is how many shards each sharded lease set has (the runs', the desktops' and the
+// snapshots'). Fixed: a lease's shard follows from the id of what it is on (workShard), so a
+// gateway that counted another number would look for a lease in the wrong key, and leave
+// those of the shards it does not know unrecovered.
+const workShards = 16
 
-// runWorkShardKeys names shard i of the runs' lease set: runWorkShardKeys(i) is a sorted set
-// of the attempts at a run (a request to POST /v1/runs) that have not ended, member
-// "PROJECT/RUN/ATTEMPT", score the time in ms at which the lease of the gateway working on it
-// ends, and holders a hash from the same member to the lease's holder (the attempt, or the
-// recovery that claimed it). The attempts of a run are in shard runWorkShard(RUN). Written by
-// store (SetRunWork, RenewRunWork, ReleaseRunWork, ClaimRunWork); read by every gateway's
-// recovery loop (DueRunWork, every shard in one pass), which records failed a run whose
-// gateway stopped before it ended it. One hash tag per shard ("runs.I"): one script writes
-// both keys of a shard, and the shards spread over a Cluster's slots (16 tags over three
-// masters' default ranges: 5, 7 and 4), so that the runs of a busy fleet do not all write one
-// key. Before the shards, runWorkKey and runWorkerKey held every run's lease.
-func runWorkShardKeys(i int) (ends, holders string) {
-	tag := "wb:{runs." + strconv.Itoa(i) + "}:"
+// workShardKeys names shard i of the lease set set ("runs", "desktops", "snapshots"): ends is
+// a sorted set of the leases, member as in the set of before the shards (runWorkKey,
+// desktopWorkKey, snapshotWorkKey), score the time in ms at which the lease ends, and holders
+// a hash from the same member to the lease's holder. The leases on one thing (a run, a
+// desktop, a session) are in shard workShard(its id). Written by store (shardedLeases: the
+// Set, Renew, Release, Claim and Ensure of RunWork, DesktopWork, SnapshotWork); read by every
+// gateway's recovery loops (DueRunWork, DueDesktopWork, DueSnapshotWork, every shard in one
+// pass), which take over or end the work of a gateway that stopped. One hash tag per shard
+// ("runs.I"): one script writes both keys of a shard, and the shards spread over a Cluster's
+// slots (16 tags over three masters' default ranges: 5, 7 and 4 for runs, 4, 6 and 6 for
+// desktops, 4, 5 and 7 for snapshots), so that the work of a busy fleet does not all write one
+// key. Before the shards, one pair of keys held each set's leases.
+func workShardKeys(set string, i int) (ends, holders string) {
+	tag := "wb:{" + set + "." + strconv.Itoa(i) + "}:"
 	return tag + "work", tag + "worker"
 }
 
-// runWorkShard is the shard of the runs' lease set that holds the leases on run id: FNV-1a of
-// the id, modulo runWorkShards. Fixed, as runWorkShards is: every gateway must find a lease
-// where another put it.
-func runWorkShard(id string) int {
+// workShard is the shard of a lease set that holds the leases on id: FNV-1a of the id, modulo
+// workShards. Fixed, as workShards is: every gateway must find a lease where another put it.
+func workShard(id string) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(id))
-	return int(h.Sum32() % runWorkShards)
+	return int(h.Sum32() % workShards)
 }
 
 // changeAckKey is a list, one element per subscriber that has dropped its copy of what

@@ -22,13 +22,20 @@ type leaseKeys struct{ ends, holders, what string }
 // leaseScript sets, renews, claims or releases a lease, comparing tokens.
 //
 // KEYS: the ends set, the holders hash
-// ARGV: op (set, renew, keep, claim, release, ensure), member, token, until ms, now ms
+// ARGV: op (set, renew, keep, claim, release, ensure, yield), member, token, until ms, now ms
 //
 // keep is renew that also takes a lease with no holder (one its holder failed to set, which
 // the placer's sweep may have given an end since). ensure sets a lease only where there is
-// none, held by token (empty: no holder), and answers whether it did.
+// none, held by token (empty: no holder), and answers whether it did. yield takes the end
+// off a lease and makes token its holder, if it has an end: no recovery claims it, and its
+// holder's renewals and release fail (token's lease is elsewhere, a shard: shardedLeases).
 var leaseScript = redis.NewScript(`
 local op, m, tok = ARGV[1], ARGV[2], ARGV[3]
+if op == 'yield' then
+  if redis.call('ZREM', KEYS[1], m) == 0 then return 0 end
+  redis.call('HSET', KEYS[2], m, tok)
+  return 1
+end
 if op == 'ensure' then
   if redis.call('ZADD', KEYS[1], 'NX', ARGV[4], m) == 0 then return 0 end
   if tok ~= '' then redis.call('HSET', KEYS[2], m, tok) else redis.call('HDEL', KEYS[2], m) end
@@ -68,15 +75,109 @@ func (s *Store) lease(ctx context.Context, l leaseKeys, op, member, id, token st
 	return n == 1, nil
 }
 
+// shardedLeases is a lease set spread over workShards shards (workShardKeys), the leases on
+// one thing in the shard of its id, rather than in one pair of keys (one Cluster slot) that
+// all the fleet's work writes. Its legacy pair is that one, which gateways older than the
+// shards still write during a rolling deploy (keys.go says what each binary reads): this
+// one's gateways read it, and take its leases over into the shards, but write none there.
+type shardedLeases struct {
+	set, what string
+	legacy    leaseKeys
+	// supersedes: a set gives the lease to its token whoever held it (the work of a newer
+	// request supersedes the older), so it also takes the end off a lease of the legacy pair
+	// (whose holder, an older gateway's work, no longer renews it, as when set replaced it).
+	supersedes bool
+}
+
+func newShardedLeases(set, what, legacyEnds, legacyHolders string, supersedes bool) shardedLeases {
+	return shardedLeases{set: set, what: what, legacy: leaseKeys{ends: legacyEnds, holders: legacyHolders, what: what}, supersedes: supersedes}
+}
+
+// shard is the shard that holds the leases on id.
+func (l shardedLeases) shard(id string) leaseKeys {
+	ends, holders := workShardKeys(l.set, workShard(id))
+	return leaseKeys{ends: ends, holders: holders, what: l.what}
+}
+
+// allEnds names the ends of every shard, and the legacy pair's last.
+func (l shardedLeases) allEnds() []string {
+	keys := make([]string, 0, workShards+1)
+	for i := range workShards {
+		ends, _ := workShardKeys(l.set, i)
+		keys = append(keys, ends)
+	}
+	return append(keys, l.legacy.ends)
+}
+
+// shardedLease runs op on the lease of member (on id) in id's shard, with what the legacy
+// pair needs: an ensure sets no lease where the legacy pair has one (an older gateway's work
+// holds it); a set, when l supersedes, takes the end off one there (yield); a claim that does
+// not apply in the shard is tried there (claimSharded). Renew, keep and release are of this
+// binary's leases, which are in the shards.
+func (s *Store) shardedLease(ctx context.Context, l shardedLeases, op, member, id, token string, until, now time.Time) (bool, error) {
+	shard := l.shard(id)
+	switch op {
+	case "claim":
+		_, ok, err := s.claimSharded(ctx, l, member, id, func(leaseKeys) (string, error) { return token, nil }, now, until)
+		return ok, err
+	case "ensure":
+		_, err := s.rdb.ZScore(ctx, l.legacy.ends, member).Result()
+		if err == nil {
+			return false, nil
+		}
+		if !errors.Is(err, redis.Nil) {
+			return false, fmt.Errorf("ensure the work lease of %s %s: read the lease set of before the shards: %w", l.what, id, err)
+		}
+	}
+	ok, err := s.lease(ctx, shard, op, member, id, token, until, now)
+	if err != nil || op != "set" || !l.supersedes {
+		return ok, err
+	}
+	_, err = s.lease(ctx, l.legacy, "yield", member, id, token, until, now)
+	return ok, err
+}
+
+// claimSharded claims the lease of member (on id) until until, if it ended at or before now,
+// for the holder that token answers for the keys the lease is in; it answers that holder. A
+// claim that does not apply in id's shard is tried in the legacy pair (an older gateway's
+// work): one that applies there moves to the shard (where this binary renews and releases
+// it), unless the shard has a lease on member (a newer work's, which supersedes it), and the
+// legacy pair keeps its holder, with no end (yield). A recovery that dies between the steps
+// leaves the legacy lease claimed, to run out and be claimed again.
+func (s *Store) claimSharded(ctx context.Context, l shardedLeases, member, id string, token func(leaseKeys) (string, error), now, until time.Time) (string, bool, error) {
+	shard := l.shard(id)
+	holder, err := token(shard)
+	if err != nil {
+		return "", false, err
+	}
+	if ok, err := s.lease(ctx, shard, "claim", member, id, holder, until, now); err != nil || ok {
+		return holder, ok, err
+	}
+	if holder, err = token(l.legacy); err != nil {
+		return "", false, err
+	}
+	if ok, err := s.lease(ctx, l.legacy, "claim", member, id, holder, until, now); err != nil || !ok {
+		return holder, false, err
+	}
+	moved, err := s.lease(ctx, shard, "ensure", member, id, holder, until, now)
+	if err != nil {
+		return holder, false, err
+	}
+	if _, err := s.lease(ctx, l.legacy, "yield", member, id, holder, until, now); err != nil {
+		return holder, false, err
+	}
+	return holder, moved, nil
+}
+
 // Leases on a session's snapshot: the gateway that moves a session to snapshotting holds a
 // lease whose token is the snapshot's id until it has moved the session back to running. No
 // other transition leaves snapshotting, so a gateway that died in between would leave the
 // session there, billed and undeletable, for ever; the lease lets another gateway end it.
 
-var snapshotLeases = leaseKeys{ends: snapshotWorkKey, holders: snapshotWorkerKey, what: "the snapshot of session"}
+var snapshotLeases = newShardedLeases("snapshots", "the snapshot of session", snapshotWorkKey, snapshotWorkerKey, true)
 
 func (s *Store) snapshotWork(ctx context.Context, op string, ref SessionRef, snapshot string, until, now time.Time) (bool, error) {
-	return s.lease(ctx, snapshotLeases, op, ref.member(), ref.ID, snapshot, until, now)
+	return s.shardedLease(ctx, snapshotLeases, op, ref.member(), ref.ID, snapshot, until, now)
 }
 
 // SetSnapshotWork gives the session's snapshot to lease holder snapshot (the snapshot's id)
@@ -103,14 +204,15 @@ func (s *Store) ReleaseSnapshotWork(ctx context.Context, ref SessionRef, snapsho
 // a recovery that dies in turn leaves the lease to the next one as it found it. False when
 // the lease still runs, or there is none.
 func (s *Store) ClaimSnapshotWork(ctx context.Context, ref SessionRef, now, until time.Time) (string, bool, error) {
-	holder, err := s.rdb.HGet(ctx, snapshotWorkerKey, ref.member()).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return "", false, fmt.Errorf("read the snapshot lease of session %s: %w", ref.ID, err)
-	}
 	// A snapshot begun between the read and the claim holds a lease that has not ended, so
 	// the claim fails: the holder answered is the one claimed.
-	ok, err := s.snapshotWork(ctx, "claim", ref, holder, until, now)
-	return holder, ok, err
+	return s.claimSharded(ctx, snapshotLeases, ref.member(), ref.ID, func(l leaseKeys) (string, error) {
+		holder, err := s.rdb.HGet(ctx, l.holders, ref.member()).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return "", fmt.Errorf("read the snapshot lease of session %s: %w", ref.ID, err)
+		}
+		return holder, nil
+	}, now, until)
 }
 
 // EnsureSnapshotWork gives a session in snapshotting whose lease is missing (its gateway died
@@ -145,7 +247,8 @@ func (s *Store) EnsureSnapshotWork(ctx context.Context, ref SessionRef, until ti
 }
 
 // DueSnapshotWork answers up to limit sessions whose snapshot lease ended at or before now,
-// earliest first, and when the next lease after them ends (zero: none; now: more are due).
+// earliest first, from every shard and the legacy pair (an older gateway's, during a rolling
+// deploy), and when the next lease after them ends (zero: none; now: more are due).
 func (s *Store) DueSnapshotWork(ctx context.Context, now time.Time, limit int) ([]SessionRef, time.Time, error) {
-	return dueDeadlines(ctx, s, snapshotWorkKey, "snapshot lease", now, limit, parseRef)
+	return dueDeadlinesIn(ctx, s, snapshotLeases.allEnds(), "snapshot lease", now, limit, parseRef)
 }

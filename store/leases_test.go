@@ -2,6 +2,9 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
 	"slices"
 	"testing"
 	"time"
@@ -165,4 +168,231 @@ func TestEnsureAfterTheSnapshotEnded(t *testing.T) {
 	if due, next, err := s.DueSnapshotWork(ctx, time.Now().Add(time.Hour), 10); err != nil || len(due) != 0 || !next.IsZero() {
 		t.Fatalf("leases after the sweep of a snapshot that ended meanwhile: %v %v %v, want none", due, next, err)
 	}
+}
+
+// TestDesktopAndSnapshotLeaseShards: the desktops' and the snapshots' leases are spread over
+// shard keys, each its own hash tag (over a Cluster's masters), as the runs' are, not in one
+// key that every transition (snapshot) of the fleet writes. Their Due reads every shard, and
+// the lease set of before the shards, which an older gateway still writes during a rolling
+// deploy: its lapsed lease is answered first, and a claim moves it to its shard (there it is
+// renewed and released), leaving in the old key no end and the claimant as holder, so that
+// the older holder's renewal fails; a lease there keeps an ensure from setting one in the
+// shard (its work runs), and a newer work's set supersedes it. Before, every lease was in
+// "wb:{desktops}:work" or "wb:{snapshots}:work".
+func TestDesktopAndSnapshotLeaseShards(t *testing.T) {
+	t.Parallel()
+	type family struct {
+		name    string    // the shards' name
+		legacy  leaseKeys // the lease set of before the shards
+		ids     string    // id prefix
+		member  func(id string) string
+		set     func(s *Store, id, token string, until time.Time) error
+		renew   func(s *Store, id, token string, until time.Time) (bool, error)
+		release func(s *Store, id, token string) (bool, error)
+		ensure  func(s *Store, id string, until time.Time) (bool, error)
+		// claim claims with token where the family chooses its holder (desktops), and
+		// answers the holder it claimed for.
+		claim func(s *Store, id, token string, now, until time.Time) (string, bool, error)
+		due   func(s *Store, now time.Time, limit int) ([]string, time.Time, error)
+	}
+	const project = "proj_l"
+	desktops := family{
+		name: "desktops", legacy: leaseKeys{ends: "wb:{desktops}:work", holders: "wb:{desktops}:worker"}, ids: "desk_",
+		member: func(id string) string { return DesktopRef{project, id}.member() },
+		set: func(s *Store, id, token string, until time.Time) error {
+			return s.SetDesktopWork(context.Background(), DesktopRef{project, id}, token, until)
+		},
+		renew: func(s *Store, id, token string, until time.Time) (bool, error) {
+			return s.RenewDesktopWork(context.Background(), DesktopRef{project, id}, token, until)
+		},
+		release: func(s *Store, id, token string) (bool, error) {
+			return s.ReleaseDesktopWork(context.Background(), DesktopRef{project, id}, token)
+		},
+		ensure: func(s *Store, id string, until time.Time) (bool, error) {
+			return s.EnsureDesktopWork(context.Background(), DesktopRef{project, id}, until)
+		},
+		claim: func(s *Store, id, token string, now, until time.Time) (string, bool, error) {
+			ok, err := s.ClaimDesktopWork(context.Background(), DesktopRef{project, id}, token, now, until)
+			return token, ok, err
+		},
+		due: func(s *Store, now time.Time, limit int) ([]string, time.Time, error) {
+			refs, next, err := s.DueDesktopWork(context.Background(), now, limit)
+			var ids []string
+			for _, r := range refs {
+				ids = append(ids, r.ID)
+			}
+			return ids, next, err
+		},
+	}
+	snapshots := family{
+		name: "snapshots", legacy: leaseKeys{ends: "wb:{snapshots}:work", holders: "wb:{snapshots}:worker"}, ids: "sess_",
+		member: func(id string) string { return SessionRef{project, id}.member() },
+		set: func(s *Store, id, token string, until time.Time) error {
+			return s.SetSnapshotWork(context.Background(), SessionRef{project, id}, token, until)
+		},
+		renew: func(s *Store, id, token string, until time.Time) (bool, error) {
+			return s.RenewSnapshotWork(context.Background(), SessionRef{project, id}, token, until)
+		},
+		release: func(s *Store, id, token string) (bool, error) {
+			return s.ReleaseSnapshotWork(context.Background(), SessionRef{project, id}, token)
+		},
+		ensure: func(s *Store, id string, until time.Time) (bool, error) {
+			ctx := context.Background()
+			ref := SessionRef{project, id}
+			if err := s.rdb.HSet(ctx, ProjectKeys(project).session(id), "snap", "snap_ensured").Err(); err != nil {
+				return false, err
+			}
+			shard := fmt.Sprintf("wb:{snapshots.%d}:work", workShardOf(id))
+			before, err := s.rdb.ZCard(ctx, shard).Result()
+			if err != nil {
+				return false, err
+			}
+			if err := s.EnsureSnapshotWork(ctx, ref, until); err != nil {
+				return false, err
+			}
+			after, err := s.rdb.ZCard(ctx, shard).Result()
+			return after > before, err
+		},
+		claim: func(s *Store, id, _ string, now, until time.Time) (string, bool, error) {
+			return s.ClaimSnapshotWork(context.Background(), SessionRef{project, id}, now, until)
+		},
+		due: func(s *Store, now time.Time, limit int) ([]string, time.Time, error) {
+			refs, next, err := s.DueSnapshotWork(context.Background(), now, limit)
+			var ids []string
+			for _, r := range refs {
+				ids = append(ids, r.ID)
+			}
+			return ids, next, err
+		},
+	}
+	for _, b := range redistest.Backends() {
+		for _, f := range []family{desktops, snapshots} {
+			t.Run(b.Name+"/"+f.name, func(t *testing.T) {
+				ctx := context.Background()
+				rdb := b.New(t)
+				s := New(rdb)
+				now := time.Now().Truncate(time.Millisecond)
+				must := func(ok bool, err error) bool {
+					t.Helper()
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ok
+				}
+				const n = 32
+				var ids []string
+				for i := range n {
+					id := fmt.Sprintf("%s%d", f.ids, i)
+					// Leases end a millisecond apart, from 2 s ago: all due, in this order.
+					if err := f.set(s, id, "tok_"+id, now.Add(-2*time.Second+time.Duration(i)*time.Millisecond)); err != nil {
+						t.Fatal(err)
+					}
+					ids = append(ids, id)
+				}
+				if c, err := rdb.ZCard(ctx, f.legacy.ends).Result(); err != nil || c != 0 {
+					t.Errorf("leases in the key of before the shards: %d (%v), want none", c, err)
+				}
+				shards, masters, total := 0, map[string]bool{}, int64(0)
+				for i := range 16 {
+					key := fmt.Sprintf("wb:{%s.%d}:work", f.name, i)
+					c, err := rdb.ZCard(ctx, key).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if h, err := rdb.HLen(ctx, fmt.Sprintf("wb:{%s.%d}:worker", f.name, i)).Result(); err != nil || h != c {
+						t.Errorf("shard %d: %d leases, %d holders (%v); want as many", i, c, h, err)
+					}
+					if c > 0 {
+						shards++
+						if cc, ok := rdb.(*redis.ClusterClient); ok {
+							m, err := cc.MasterForKey(ctx, key)
+							if err != nil {
+								t.Fatal(err)
+							}
+							masters[m.Options().Addr] = true
+						}
+					}
+					total += c
+				}
+				if total != n || shards < 8 {
+					t.Fatalf("%d leases in %d shard keys, want %d in 8 or more", total, shards, n)
+				}
+				if _, ok := rdb.(*redis.ClusterClient); ok && len(masters) < 2 {
+					t.Errorf("the shards with leases are on %d Cluster masters, want several", len(masters))
+				}
+
+				// An older gateway's lease, as it writes it, that ran out first.
+				old := f.ids + "old"
+				oldLease := func(id, holder string, ends time.Time) {
+					t.Helper()
+					if err := rdb.ZAdd(ctx, f.legacy.ends, redis.Z{Score: float64(ends.UnixMilli()), Member: f.member(id)}).Err(); err != nil {
+						t.Fatal(err)
+					}
+					if err := rdb.HSet(ctx, f.legacy.holders, f.member(id), holder).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				oldLease(old, "old_tok", now.Add(-time.Hour))
+				due, next, err := f.due(s, now, 5)
+				if want := append([]string{old}, ids[:4]...); err != nil || !slices.Equal(due, want) || !next.Equal(now) {
+					t.Fatalf("a pass of 5: due %v, next %v (%v); want %v, next now (more are due)", due, next, err, want)
+				}
+				if due, next, err := f.due(s, now, 100); err != nil || len(due) != n+1 || !next.IsZero() {
+					t.Fatalf("a pass of 100: %d due, next %v (%v); want %d, none next", len(due), next, err, n+1)
+				}
+				// Its lease keeps an ensure from setting another in the shard.
+				if must(f.ensure(s, old, now)) {
+					t.Error("an ensure set a lease in the shard beside an older gateway's")
+				}
+				holder, ok, err := f.claim(s, old, "tok_r", now, now.Add(time.Minute))
+				if err != nil || !ok {
+					t.Fatalf("the recovery's claim of the older gateway's lease: %v, %v", ok, err)
+				}
+				if _, again, err := f.claim(s, old, "tok_s", now, now.Add(time.Minute)); err != nil || again {
+					t.Fatalf("a second recovery's claim: %v, %v; want refused", again, err)
+				}
+				if _, err := rdb.ZScore(ctx, f.legacy.ends, f.member(old)).Result(); !errors.Is(err, redis.Nil) {
+					t.Errorf("the claimed lease still ends in the key of before the shards (%v)", err)
+				}
+				if f.name == "desktops" && must(s.lease(ctx, f.legacy, "keep", f.member(old), old, "old_tok", now.Add(time.Hour), now)) {
+					t.Error("the older gateway renewed the lease a recovery claimed")
+				}
+				if due, _, err := f.due(s, now.Add(59*time.Second), 100); err != nil || slices.Contains(due, old) {
+					t.Errorf("the claimed lease is due before its claim ends: %v (%v)", due, err)
+				}
+				if !must(f.renew(s, old, holder, now.Add(2*time.Minute))) {
+					t.Error("the recovery could not renew the lease it claimed")
+				}
+				if !must(f.release(s, old, holder)) {
+					t.Error("the recovery could not release the lease it claimed")
+				}
+				if due, _, err := f.due(s, now.Add(time.Hour), 100); err != nil || len(due) != n {
+					t.Errorf("after the release: %d due (%v), want %d", len(due), err, n)
+				}
+
+				// A newer work's set supersedes an older gateway's lease that still runs.
+				busy := f.ids + "busy"
+				oldLease(busy, "busy_tok", now.Add(time.Minute))
+				if err := f.set(s, busy, "tok_new", now.Add(time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+				if must(s.lease(ctx, f.legacy, "keep", f.member(busy), busy, "busy_tok", now.Add(time.Hour), now)) {
+					t.Error("the older gateway renewed the lease a newer work superseded")
+				}
+				if c, err := rdb.ZCard(ctx, f.legacy.ends).Result(); err != nil || c != 0 {
+					t.Errorf("leases that end in the key of before the shards: %d (%v), want none", c, err)
+				}
+				if due, _, err := f.due(s, now.Add(2*time.Minute), 100); err != nil || len(due) != n+1 || !slices.Contains(due, busy) {
+					t.Errorf("after the newer work's lease ended: %d due (%v), want %d, with %s once", len(due), err, n+1, busy)
+				}
+			})
+		}
+	}
+}
+
+// workShardOf is the shard of id: FNV-1a, modulo 16 (as TestKeyNames pins it).
+func workShardOf(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % 16)
 }

@@ -217,26 +217,11 @@ func parseRunRef(m string) (RunRef, bool) {
 	return RunRef{parts[0], parts[1], parts[2]}, true
 }
 
-// runLeases answers the shard of the runs' lease set that holds the leases on run id.
-func runLeases(id string) leaseKeys {
-	ends, holders := runWorkShardKeys(runWorkShard(id))
-	return leaseKeys{ends: ends, holders: holders, what: "run"}
-}
+// runLeases is the runs' lease set. A set is of a new attempt, which no other lease holds.
+var runLeases = newShardedLeases("runs", "run", runWorkKey, runWorkerKey, false)
 
-// legacyRunLeases is the runs' lease set of before the shards, which older gateways still
-// write during a rolling deploy.
-var legacyRunLeases = leaseKeys{ends: runWorkKey, holders: runWorkerKey, what: "run"}
-
-// runWork runs op on the attempt's lease in its run's shard. A claim or a release that does
-// not apply there is tried on the lease set of before the shards: the attempt may be an older
-// gateway's (whose lease only a recovery claims and releases here). No attempt is in both:
-// its gateway wrote one of them. Set and renew are the attempt's own gateway's, this one's.
 func (s *Store) runWork(ctx context.Context, op string, ref RunRef, token string, until, now time.Time) (bool, error) {
-	ok, err := s.lease(ctx, runLeases(ref.ID), op, ref.member(), ref.ID, token, until, now)
-	if err != nil || ok || (op != "claim" && op != "release") {
-		return ok, err
-	}
-	return s.lease(ctx, legacyRunLeases, op, ref.member(), ref.ID, token, until, now)
+	return s.shardedLease(ctx, runLeases, op, ref.member(), ref.ID, token, until, now)
 }
 
 // SetRunWork gives the attempt ref a lease on its run until until, held by ref.Attempt.
@@ -268,11 +253,5 @@ func (s *Store) ClaimRunWork(ctx context.Context, ref RunRef, token string, now,
 // gateways' attempts, during a rolling deploy), and when the next lease after them ends
 // (zero: none; now: more are due). One pass reads at most limit+1 leases of each set.
 func (s *Store) DueRunWork(ctx context.Context, now time.Time, limit int) ([]RunRef, time.Time, error) {
-	keys := make([]string, 0, runWorkShards+1)
-	for i := range runWorkShards {
-		ends, _ := runWorkShardKeys(i)
-		keys = append(keys, ends)
-	}
-	keys = append(keys, runWorkKey)
-	return dueDeadlinesIn(ctx, s, keys, "run lease", now, limit, parseRunRef)
+	return dueDeadlinesIn(ctx, s, runLeases.allEnds(), "run lease", now, limit, parseRunRef)
 }
