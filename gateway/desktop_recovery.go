@@ -58,13 +58,17 @@ func (s *Server) leaseOrphan(ctx context.Context, rec desktop.Record) bool {
 // A desktop left starting or stopping with no lease (by a gateway from before leases on
 // desktops, or the race that leaseOrphan names) was found only when a caller looked at it;
 // one that nobody looked at stayed so for ever, its session (if it had one) billed. The sweep
-// looks at every desktop in turn: every DesktopSweep, each gateway walks every project's
-// desktops, desktopSweepBatch at a time with desktopSweepPause between (the work of one pass
-// is bounded however many desktops there are), and gives such a desktop a lease due now
-// (leaseOrphan), which a recovery takes.
+// looks at every desktop in turn: every DesktopSweep, one gateway of the fleet walks every
+// project's desktops, desktopSweepBatch at a time with desktopSweepPause between (the work of
+// one pass is bounded however many desktops there are), and gives such a desktop a lease due
+// now (leaseOrphan), which a recovery takes. Which gateway walks is a turn in Redis
+// (store.TakeDesktopSweep) that its holder extends at each pass and that ends one period after
+// its last: every gateway walked every period, and N gateways read every desktop N times a
+// period for what one walk finds. A holder that dies leaves its turn to end, and the first
+// gateway that asks after that walks.
 
 const (
-	// DefaultDesktopSweep is how long a gateway waits between two walks of every desktop.
+	// DefaultDesktopSweep is how long the fleet waits between two walks of every desktop.
 	DefaultDesktopSweep = 10 * time.Minute
 	// desktopSweepBatch bounds a pass of the sweep: at most this many desktops read, and as
 	// many projects' lists.
@@ -80,11 +84,14 @@ func (s *Server) desktopSweep() time.Duration {
 	return DefaultDesktopSweep
 }
 
-// runDesktopSweep walks every desktop, a pass at a time, every DesktopSweep, until ctx ends.
-// The first walk begins at a random point of the first period: the gateways that a deploy
-// starts together do not walk together.
+// runDesktopSweep walks every desktop, a pass at a time, in this gateway's turns, until ctx
+// ends. It first asks for the turn at a random point of the first period (the gateways that a
+// deploy starts together do not ask together), then one period after its walk, or, while
+// another gateway has the turn, soon after that turn ends.
 func (s *Server) runDesktopSweep(ctx context.Context) {
-	wait := rand.N(s.desktopSweep())
+	period := s.desktopSweep()
+	token := session.NewID("sweep_", s.Now())
+	wait := rand.N(period)
 	var walk desktopWalk
 	for {
 		t := time.NewTimer(wait)
@@ -94,13 +101,27 @@ func (s *Server) runDesktopSweep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		mine, left, err := s.Store.TakeDesktopSweep(ctx, token, period)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("desktop sweep", "err", err)
+			}
+			wait = desktopSweepPause
+			continue
+		}
+		if !mine {
+			// Another gateway's turn (a walk of its own, from its start): ask again once it
+			// ends, the gateways that wait at points spread over a tenth of the period.
+			walk, wait = desktopWalk{}, left+rand.N(max(period/10, time.Millisecond))
+			continue
+		}
 		_, done, err := s.sweepDesktops(ctx, &walk, desktopSweepBatch)
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("desktop sweep", "err", err)
 		}
 		wait = desktopSweepPause
 		if done {
-			walk, wait = desktopWalk{}, s.desktopSweep()
+			walk, wait = desktopWalk{}, period
 		}
 	}
 }

@@ -394,3 +394,72 @@ func TestDesktopSweepIsBounded(t *testing.T) {
 		t.Errorf("the walk read %d desktops in %d passes, want %d in 3 or more", read, passes, made)
 	}
 }
+
+// TestDesktopSweepOneGatewayAPeriod: of three gateways on one Redis, one walks every desktop
+// in a period, not each: the walks of a window of 20 periods number about 20, not 60. When
+// the gateway whose turn it is stops, another takes the next turn. Before, every gateway
+// walked every period.
+func TestDesktopSweepOneGatewayAPeriod(t *testing.T) {
+	const period = 500 * time.Millisecond
+	sweep := func(c *Config) { c.DesktopSweep = period }
+	e := newEnv(t, sweep)
+	var walks [3]atomic.Int64
+	var last atomic.Int64
+	last.Store(-1)
+	// A walk begins with the read of every project (Store.Projects), which nothing else reads.
+	counter := func(i int) processHook {
+		return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+			if cmd.Name() == "smembers" && argHas(cmd, "wb:projects") {
+				walks[i].Add(1)
+				last.Store(int64(i))
+			}
+			return next(ctx, cmd)
+		}
+	}
+	e.rdb.AddHook(counter(0))
+	gws := []*Server{e.gw}
+	for i := 1; i < 3; i++ {
+		gw, _ := e.gatewayWith(counter(i), sweep)
+		gws = append(gws, gw)
+	}
+	// The first turn is taken within a period of the start; a window then begins.
+	time.Sleep(2 * period)
+	for i := range walks {
+		walks[i].Store(0)
+	}
+	const window = 20 * period
+	time.Sleep(window)
+	var got [3]int64
+	total := int64(0)
+	for i := range walks {
+		got[i] = walks[i].Load()
+		total += got[i]
+	}
+	if total > int64(window/period)+2 || total < 2 {
+		t.Fatalf("three gateways walked every desktop %d times in %v (%v each), want one walk a period of %v, at most %d",
+			total, window, got, period, int64(window/period)+2)
+	}
+	t.Logf("walks in %v: %v", window, got)
+	// The gateway that walked last stops: another takes the next turn.
+	h := last.Load()
+	gws[h].Close()
+	for i := range walks {
+		walks[i].Store(0)
+	}
+	stopped := time.Now()
+	for deadline := stopped.Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		others := int64(0)
+		for i := range walks {
+			if int64(i) != h {
+				others += walks[i].Load()
+			}
+		}
+		if others > 0 {
+			t.Logf("gateway %d stopped; another walked %v later", h, time.Since(stopped))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway %d, whose turn it was, stopped, and no other gateway walked in %v", h, time.Minute)
+		}
+	}
+}

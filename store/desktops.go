@@ -369,3 +369,24 @@ func (s *Store) ClaimDesktopWork(ctx context.Context, ref DesktopRef, token stri
 func (s *Store) DueDesktopWork(ctx context.Context, now time.Time, limit int) ([]DesktopRef, time.Time, error) {
 	return dueDeadlinesIn(ctx, s, desktopLeases.allEnds(), "desktop work lease", now, limit, parseDesktopRef)
 }
+
+// desktopSweepScript gives the turn to walk every desktop (KEYS[1]) to token ARGV[1] for
+// ARGV[2] ms if nobody has it, or extends token's own; it answers 0, or the ms left of another
+// holder's turn.
+var desktopSweepScript = redis.NewScript(`
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return math.max(redis.call('PTTL', KEYS[1]), 1) end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 0
+`)
+
+// TakeDesktopSweep takes the turn to walk every desktop for period, or extends token's own
+// turn to period from now. When another gateway has the turn, it answers false and how long
+// that turn has left.
+func (s *Store) TakeDesktopSweep(ctx context.Context, token string, period time.Duration) (bool, time.Duration, error) {
+	left, err := desktopSweepScript.Run(ctx, s.rdb, []string{desktopSweepKey}, token, max(period.Milliseconds(), 1)).Int64()
+	if err != nil {
+		return false, 0, fmt.Errorf("take the turn of the desktop sweep: %w", err)
+	}
+	return left == 0, time.Duration(left) * time.Millisecond, nil
+}

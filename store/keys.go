@@ -79,6 +79,15 @@ const (
 	// (DueDesktopIdle), which puts to sleep those still unused at their deadline.
 	desktopIdleKey = "wb:deadlines:desktop_idle"
 
+	// desktopSweepKey is a string, the token of the gateway whose turn it is to walk every
+	// desktop (the desktop sweep), which ends one sweep period after that gateway's last pass.
+	// Written by store (TakeDesktopSweep: a free turn taken with SET NX PX, or extended by its
+	// holder at each pass); read by every gateway's sweep, which walks only in its turn, so that
+	// the fleet walks every desktop once a period, not once per gateway. A holder that dies
+	// stops extending it, and another gateway takes the next turn once it ends. Gateways older
+	// than it do not read it: during a rolling deploy each walks in every period, as before.
+	desktopSweepKey = "wb:sweeps:desktops"
+
 	// desktopWorkKey, snapshotWorkKey and runWorkKey, with their holders hashes
 	// (desktopWorkerKey, snapshotWorkerKey, runWorkerKey), are the lease sets of before the
 	// sets had shards (workShardKeys): every desktop's transition, every snapshot and every run
