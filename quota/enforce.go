@@ -142,7 +142,9 @@ func (e *Enforcer) decide(ctx context.Context, ev CapEvent, now time.Time, log *
 		if ev.EndUser != "" {
 			obj["end_user_id"] = ev.EndUser
 		}
-		if _, err := e.Store.AppendEventID(ctx, ev.Project, capEventID(ev), session.EventQuotaExceeded, "", obj); err != nil {
+		// Its id and time are the crossing's (zero, for one without an undecided stop: a
+		// new id, now), the same however often it is decided.
+		if _, err := e.Store.AppendEventID(ctx, ev.Project, capEventID(ev), ev.crossing, session.EventQuotaExceeded, "", obj); err != nil {
 			log.Error("quota.exceeded event", "err", err)
 		}
 	}

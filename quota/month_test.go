@@ -13,6 +13,7 @@ import (
 	"wb/internal/redistest"
 	"wb/session"
 	"wb/store"
+	"wb/webhooks"
 )
 
 // nextMonth answers the start of the month after t's (UTC).
@@ -263,6 +264,71 @@ func TestCapEventSentAgainKeepsItsID(t *testing.T) {
 	ids = quotaEventIDs(t, st, p)
 	if len(ids) != 3 || ids[2] == ids[0] {
 		t.Errorf("quota.exceeded events %v after the cap was crossed again, want a third with an id of its own", ids)
+	}
+}
+
+// A crossing decided again (its decision's end not recorded) sends a quota.exceeded that is
+// the first's byte for byte: its id and its created_at are the crossing's (when its undecided
+// stop says it was crossed), so that a receiver that deduplicates by id keeps no other
+// created_at than the one it would have had. Before, the id was the same and created_at was
+// the time of each send.
+func TestCapEventSentAgainIsTheSame(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	st := store.New(rdb)
+	accounts := NewAccounts(rdb)
+	const p = "proj_evsame"
+	if err := accounts.SetLimits(ctx, p, Limits{MonthlySpendCapMicroUSD: 100}); err != nil {
+		t.Fatal(err)
+	}
+	e := &Enforcer{Store: st, Accounts: accounts, Stopper: &recordingStopper{}}
+	undecided := store.ProjectKeys(p).CapUndecided()
+	redistest.BeforeOnce(rdb, func(c redis.Cmder) bool {
+		a := c.Args()
+		return (c.Name() == "evalsha" || c.Name() == "eval") && len(a) > 3 && fmt.Sprint(a[2]) == "1" && a[3] == undecided
+	}, func() error { return errors.New("connection reset by peer") })
+	caps := NewCaps(rdb, e.OnCap, nil)
+	caps.check(ctx, CapEvent{Project: p, Scope: "project", SpendMicroUSD: 200, CapMicroUSD: 100, Month: monthOf(time.Now())})
+	time.Sleep(20 * time.Millisecond) // the decision comes after the crossing
+	caps.act(ctx, p)
+	left, err := st.CapUndecided(ctx, p)
+	if err != nil || len(left) != 1 {
+		t.Fatalf("undecided stops %v (%v) after a decision whose end failed, want the crossing's", left, err)
+	}
+	var crossing heldStop
+	for _, v := range left {
+		if err := json.Unmarshal([]byte(v), &crossing); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // the second decision after the first
+	if err := e.RetryStops(ctx, time.Now().Add(undecidedWait+time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := st.OutboxEvents(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent [][]byte
+	var at []int64
+	for _, ev := range evs {
+		if ev.Type != session.EventQuotaExceeded {
+			continue
+		}
+		b, err := webhooks.BuildPayload(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent, at = append(sent, b), append(at, ev.AtMs)
+	}
+	if len(sent) != 2 {
+		t.Fatalf("%d quota.exceeded events, want 2 (the crossing decided twice)", len(sent))
+	}
+	if string(sent[0]) != string(sent[1]) {
+		t.Errorf("quota.exceeded sent again differs from the first:\n%s\n%s", sent[0], sent[1])
+	}
+	if at[0] != crossing.CrossedAt.UnixMilli() {
+		t.Errorf("quota.exceeded created at %d ms, want the crossing's time, %d", at[0], crossing.CrossedAt.UnixMilli())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -35,15 +36,16 @@ type Event struct {
 // the timer warnings) to the project's outbox. sessionID orders it with that session's events
 // ("" for project-wide events); object becomes data.object.
 func (s *Store) AppendEvent(ctx context.Context, project, typ, sessionID string, object any) (string, error) {
-	return s.AppendEventID(ctx, project, "", typ, sessionID, object)
+	return s.AppendEventID(ctx, project, "", time.Time{}, typ, sessionID, object)
 }
 
-// AppendEventID is AppendEvent with the event's id given (empty for a new one): an event
-// that may be sent twice (quota.exceeded, by a decision taken again when its end was not
-// recorded) has an id derived from what it announces, the same each time, so that its
-// receivers deduplicate it by id (the webhook-id header) as they do a redelivery.
-func (s *Store) AppendEventID(ctx context.Context, project, id, typ, sessionID string, object any) (string, error) {
-	id, values, err := s.eventValues(project, id, typ, sessionID, object)
+// AppendEventID is AppendEvent with the event's id and time (its created_at) given (empty,
+// zero: a new one, now): an event that may be sent twice (quota.exceeded, by a decision taken
+// again when its end was not recorded) has an id and a time derived from what it announces,
+// the same each time, so that its receivers deduplicate it by id (the webhook-id header) as
+// they do a redelivery, and the one they keep is the one they would have had.
+func (s *Store) AppendEventID(ctx context.Context, project, id string, at time.Time, typ, sessionID string, object any) (string, error) {
+	id, values, err := s.eventValues(project, id, at, typ, sessionID, object)
 	if err != nil {
 		return "", err
 	}
@@ -56,18 +58,21 @@ func (s *Store) AppendEventID(ctx context.Context, project, id, typ, sessionID s
 }
 
 // eventValues answers an event's id (id, or a new one if empty) and its outbox entry's
-// fields, for AppendEvent and for scripts that append an event with the write it announces.
-func (s *Store) eventValues(project, id, typ, sessionID string, object any) (string, []any, error) {
+// fields, at (zero: now) its time, for AppendEvent and for scripts that append an event with
+// the write it announces.
+func (s *Store) eventValues(project, id string, at time.Time, typ, sessionID string, object any) (string, []any, error) {
 	b, err := json.Marshal(object)
 	if err != nil {
 		return "", nil, fmt.Errorf("encode %s event: %w", typ, err)
 	}
-	now := s.now()
+	if at.IsZero() {
+		at = s.now()
+	}
 	if id == "" {
-		id = session.NewID("evt_", now)
+		id = session.NewID("evt_", at)
 	}
 	return id, []any{"id", id, "type", typ, "session_id", sessionID, "project_id", project,
-		"at", now.UnixMilli(), "object", b}, nil
+		"at", at.UnixMilli(), "object", b}, nil
 }
 
 // DecodeEvent parses an outbox stream entry's fields.

@@ -157,7 +157,7 @@ func (s *Store) writeRun(ctx context.Context, op, project string, run *session.R
 		if run.SessionID != nil {
 			sessionID = *run.SessionID
 		}
-		_, values, err := s.eventValues(project, "", typ, sessionID, event)
+		_, values, err := s.eventValues(project, "", time.Time{}, typ, sessionID, event)
 		if err != nil {
 			return false, err
 		}
