@@ -463,3 +463,57 @@ func TestDesktopSweepOneGatewayAPeriod(t *testing.T) {
 		}
 	}
 }
+
+// TestDesktopRecoveryReadsTheOldLeaseSet: during a rolling deploy, a desktop whose start an
+// older gateway leased in the desktops' lease set of before the shards ("wb:{desktops}:work")
+// and then died is resumed by this gateway's recovery, which moves the lease to its shard:
+// none is left that ends in the old key. Before the shards every lease was there; a recovery
+// that read only the shards would leave the desktop starting for ever.
+func TestDesktopRecoveryReadsTheOldLeaseSet(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WorkLease = time.Second })
+	d := e.newDesktop(map[string]any{"name": "old"})
+	e.desktopAction(d.ID, "stop", 202)
+	e.waitDesktop(d.ID, desktop.Stopped)
+	ctx := context.Background()
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What an older gateway left that died while it started the desktop: the state, and its
+	// lease, lapsed, in the old key.
+	rec.State, rec.From = desktop.Starting, desktop.Stopped
+	if _, err := e.st.PutDesktop(ctx, rec, desktop.Stopped); err != nil {
+		t.Fatal(err)
+	}
+	member := e.projA + "/" + d.ID
+	if err := e.rdb.ZAdd(ctx, "wb:{desktops}:work", redis.Z{Score: float64(time.Now().Add(-time.Second).UnixMilli()), Member: member}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.HSet(ctx, "wb:{desktops}:worker", member, "lease_older").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The store, not the API, is read: a GET would look at the desktop itself.
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if rec, err = e.st.GetDesktop(ctx, e.projA, d.ID); err == nil && rec.State == desktop.Running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("desktop %s, whose older gateway died starting it, is %s (%v), want running", d.ID, rec.State, err)
+		}
+	}
+	if rec.Message != "" || rec.SessionID == "" {
+		t.Errorf("resumed start: %+v", rec.Desktop)
+	}
+	if n, err := e.rdb.ZCard(ctx, "wb:{desktops}:work").Result(); err != nil || n != 0 {
+		t.Errorf("leases that end in the old key after the recovery: %d (%v), want none", n, err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		due, _, err := e.st.DueDesktopWork(ctx, time.Now().Add(time.Hour), 10)
+		if err == nil && len(due) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("desktop leases left after the recovery: %v (%v)", due, err)
+		}
+	}
+}
