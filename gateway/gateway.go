@@ -111,9 +111,10 @@ type Config struct {
 	// a run may go unrenewed (its gateway died) before another gateway resumes or ends it (0:
 	// DefaultWorkLease).
 	WorkLease time.Duration
-	// DesktopSweep is how long a gateway waits between two walks of every desktop, which give
-	// a lease to those left starting or stopping without one, so that a recovery resumes them
-	// (0: DefaultDesktopSweep).
+	// DesktopSweep is how long the fleet waits between two walks of every desktop (one
+	// gateway's, in its turn), which give a lease to those left starting or stopping without
+	// one, so that a recovery resumes them (0: DefaultDesktopSweep). A turn lasts the period of
+	// the gateway that took it: the fleet's gateways should have the same.
 	DesktopSweep time.Duration
 	// DesktopRecordFor is how long the end of a desktop's sleep or stop keeps trying to record
 	// itself while Redis fails before it leaves the work to a recovery (0: 2 minutes).

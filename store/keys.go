@@ -81,8 +81,8 @@ const (
 
 	// desktopSweepKey is a string, the token of the gateway whose turn it is to walk every
 	// desktop (the desktop sweep), which ends one sweep period after that gateway's last pass.
-	// Written by store (TakeDesktopSweep: a free turn taken with SET NX PX, or extended by its
-	// holder at each pass); read by every gateway's sweep, which walks only in its turn, so that
+	// Written by store (TakeDesktopSweep: a free turn taken as SET NX PX takes it, or extended
+	// by its holder at each pass); read by every gateway's sweep, which walks only in its turn, so that
 	// the fleet walks every desktop once a period, not once per gateway. A holder that dies
 	// stops extending it, and another gateway takes the next turn once it ends. Gateways older
 	// than it do not read it: during a rolling deploy each walks in every period, as before.
