@@ -34,8 +34,8 @@ type DataPathConfig struct {
 	MaxConcurrentExecs     int
 	MaxConcurrentFileCalls int
 	MaxConcurrentPTYs      int
-	// ExecWriteStall as in Config (0: DefaultExecWriteStall).
-	ExecWriteStall time.Duration
+	// WriteStall as in Config (0: DefaultWriteStall).
+	WriteStall time.Duration
 }
 
 // DataPath serves the routes the edge sends straight to a session's node: exec, PTY and
@@ -64,7 +64,7 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 	}
 	c := Config{Store: cfg.Store, Guests: cfg.Guests, Logger: cfg.Logger, Now: cfg.Now, Metrics: NewMetrics(nil),
 		MaxOutputBytes: cfg.MaxOutputBytes, MaxReplayBytes: cfg.MaxReplayBytes, MaxConcurrentExecs: cfg.MaxConcurrentExecs,
-		MaxConcurrentFileCalls: cfg.MaxConcurrentFileCalls, MaxConcurrentPTYs: cfg.MaxConcurrentPTYs, ExecWriteStall: cfg.ExecWriteStall}
+		MaxConcurrentFileCalls: cfg.MaxConcurrentFileCalls, MaxConcurrentPTYs: cfg.MaxConcurrentPTYs, WriteStall: cfg.WriteStall}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -80,8 +80,8 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 	if c.MaxConcurrentExecs <= 0 {
 		c.MaxConcurrentExecs = DefaultMaxConcurrentExecs
 	}
-	if c.ExecWriteStall <= 0 {
-		c.ExecWriteStall = DefaultExecWriteStall
+	if c.WriteStall <= 0 {
+		c.WriteStall = DefaultWriteStall
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: c, log: c.Logger, ctx: ctx, cancel: cancel,

@@ -17,8 +17,9 @@ import (
 	"wb/store"
 )
 
-// DefaultExecWriteStall is Config.ExecWriteStall's default.
-const DefaultExecWriteStall = time.Minute
+// DefaultWriteStall is Config.WriteStall's default: a caller that takes nothing for a
+// minute has stopped reading.
+const DefaultWriteStall = time.Minute
 
 // runExec checks that sess can run a command and runs it, recording activity. With a nil out
 // the output is collected, at most MaxOutputBytes per stream (the rest counted and dropped).
@@ -136,16 +137,16 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 		return err
 	}
 	defer s.execs.release(p.ID)
-	// A caller that stays connected but takes none of the answer for ExecWriteStall ends the
+	// A caller that stays connected but takes none of the answer for WriteStall ends the
 	// exec: the output's write fails, which ends the node's exec and kills its processes.
-	sw := stallwrite.New(w, s.ExecWriteStall)
+	sw := stallwrite.New(w, s.WriteStall)
 	under := w
 	defer func() {
 		sw.Close()
 		if sw.Stalled() {
 			markCutOff(under) // a replay of the bytes taken would look like a whole answer
 			s.log.WarnContext(r.Context(), "exec: its caller took none of the answer within the stall; the exec is ended",
-				"session", sess.ID, "stall", s.ExecWriteStall)
+				"session", sess.ID, "stall", s.WriteStall)
 		}
 	}()
 	w = sw

@@ -15,14 +15,14 @@ import (
 )
 
 // TestStalledExecReplaysIncomplete: an exec with an Idempotency-Key whose caller stopped
-// reading (ended by ExecWriteStall) replays as a 409 replay_incomplete, not as the bytes
+// reading (ended by WriteStall) replays as a 409 replay_incomplete, not as the bytes
 // taken: those end mid-line, without a result or an error, and replayed as a 200 they read
 // as a whole answer (as they did).
 func TestStalledExecReplaysIncomplete(t *testing.T) {
 	stopped := make(chan error, 1)
 	e := newEnv(t, func(c *Config) {
 		c.Guests = endlessExecNode{Node: c.Guests.(*fakenode.Node), stopped: stopped}
-		c.ExecWriteStall = time.Second
+		c.WriteStall = time.Second
 	})
 	s := e.running(map[string]any{"tier": 2})
 	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())

@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"wb/agent"
+	"wb/internal/stallwrite"
 	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
@@ -229,6 +230,13 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project
 	}
 	ctx, clock := s.boundFileCall(r.Context())
 	defer clock.stop()
+	// The bound above counts the waits on the agent alone: a caller that stays connected but
+	// takes none of the answer for WriteStall ends the read instead, which would otherwise
+	// hold the call (its slot among the project's file calls, the node's connection and the
+	// agent's) for as long as the caller stayed.
+	sw := stallwrite.New(w, s.WriteStall)
+	defer sw.Close()
+	w = sw
 	if r.URL.Query().Get("list") == "1" {
 		entries, err := c.ListDir(ctx, path)
 		if err != nil {

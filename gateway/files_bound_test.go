@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -295,5 +297,70 @@ func TestFileReadBrokenOffIsNoWholeFile(t *testing.T) {
 	resp.Body.Close()
 	if err == nil {
 		t.Fatalf("a read whose agent stalled after %d bytes answered %d with %d bytes, whole; want the answer broken off", len(part), resp.StatusCode, len(b))
+	}
+}
+
+// stalledRead sends a read of path to the gateway at addr with key, on a connection with a
+// small receive buffer, reads its status line and then reads no more (the connection stays
+// open until the test ends).
+func stalledRead(t *testing.T, addr, key, path string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n\r\n", path, key)
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("GET %s: the answer's status line %q, %v; want a 200", path, status, err)
+	}
+}
+
+// TestFileReadStalledCallerIsCut: a read of a file (of a session or a desktop) whose caller
+// stays connected but takes none of it ends once a write to it waited WriteStall: the call
+// lets go of the project's file-call slot (and of the node's connection and the guest's
+// agent). Before, FileTimeout counted the waits on the agent alone, and such a caller held
+// all of it for as long as it stayed.
+func TestFileReadStalledCallerIsCut(t *testing.T) {
+	var fn *fakenode.Node
+	e := newEnv(t, func(c *Config) {
+		fn = c.Guests.(*fakenode.Node)
+		c.MaxConcurrentFileCalls = 1
+		c.WriteStall = time.Second
+	})
+	s := e.running(map[string]any{"tier": 2})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	for _, c := range []struct{ base, sessionID string }{
+		{"/v1/sessions/" + s.ID, s.ID},
+		{"/v1/desktops/" + d.ID, d.SessionID},
+	} {
+		// A sparse file, far larger than every buffer on the way.
+		big := filepath.Join(fn.Dir, c.sessionID, "workspace", "big")
+		if err := os.WriteFile(big, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(big, 1<<30); err != nil {
+			t.Fatal(err)
+		}
+		stalledRead(t, e.srv.Listener.Addr().String(), e.key, c.base+"/files?path=big")
+		// The caller now reads no more, and stays: the next call waits for the cap's one slot.
+		deadline := time.Now().Add(45 * time.Second)
+		for {
+			r := e.do("GET", c.base+"/files?path=.&list=1", e.key, nil)
+			if r.status == 200 {
+				break
+			}
+			if r.status != 429 {
+				t.Fatalf("GET %s/files?list=1: %d %s; want a 429 until the stalled read ends, then a 200", c.base, r.status, r.body)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("45 s after its caller stopped reading, the read of %s/files still held the project's one file-call slot; want it ended after the 1 s stall", c.base)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 }

@@ -122,10 +122,12 @@ type Config struct {
 	// DesktopAdmitWait is how long a desktop's start waits out admission's rate and
 	// concurrency limits before it is refused with their 429 (0: a minute).
 	DesktopAdmitWait time.Duration
-	// ExecWriteStall is how long a write of an exec's answer may wait on a caller that takes
-	// none of it before the exec ends (0: DefaultExecWriteStall): a caller that stays
-	// connected and reads no more would hold the exec, and the command in the guest, for ever.
-	ExecWriteStall time.Duration
+	// WriteStall is how long a write to a caller that takes none of it may wait before the
+	// call ends (0: DefaultWriteStall): an exec's answer (the exec ends, and the command in
+	// the guest with it) and a file's read. A caller that stays connected and reads no more
+	// would hold the call, its slot among the project's, the node's connection and the
+	// guest's agent for ever. One bound for every call: the caller's stall is the same.
+	WriteStall time.Duration
 }
 
 // Server is the HTTP API.
@@ -198,8 +200,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxStoredOutputBytes == 0 {
 		cfg.MaxStoredOutputBytes = DefaultMaxStoredOutputBytes
 	}
-	if cfg.ExecWriteStall <= 0 {
-		cfg.ExecWriteStall = DefaultExecWriteStall
+	if cfg.WriteStall <= 0 {
+		cfg.WriteStall = DefaultWriteStall
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{Config: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel,

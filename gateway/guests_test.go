@@ -249,14 +249,14 @@ func (n endlessExecNode) Exec(ctx context.Context, _ *session.Session, _ session
 }
 
 // TestExecStalledCallerEndsTheExec: a caller of a streamed exec that stays connected but
-// takes none of its answer ends the exec once a write waited ExecWriteStall: the output's
+// takes none of its answer ends the exec once a write waited WriteStall: the output's
 // write fails, which ends the node's exec. Before, the exec was held for as long as the
 // caller stayed.
 func TestExecStalledCallerEndsTheExec(t *testing.T) {
 	stopped := make(chan error, 1)
 	e := newEnv(t, func(c *Config) {
 		c.Guests = endlessExecNode{Node: c.Guests.(*fakenode.Node), stopped: stopped}
-		c.ExecWriteStall = time.Second
+		c.WriteStall = time.Second
 	})
 	s := e.running(map[string]any{"tier": 2})
 	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
@@ -281,7 +281,7 @@ func TestExecStalledCallerEndsTheExec(t *testing.T) {
 			t.Errorf("the exec's output failed with %v; want it to say its caller took none of it", err)
 		}
 	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the exec's output still waited on it; want it ended after the 1 s ExecWriteStall")
+		t.Fatal("45 s after its caller stopped reading, the exec's output still waited on it; want it ended after the 1 s WriteStall")
 	}
 }
 
