@@ -239,7 +239,29 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if r.Method == http.MethodPost && sub == "/v1/exec" {
+	exec := r.Method == http.MethodPost && sub == "/v1/exec"
+	pty := r.Method == http.MethodGet && sub == "/v1/pty"
+	if !pty {
+		// A caller that stays connected but takes none of the answer for WriteStall ends the
+		// call: the proxy's write fails, and it closes the agent's connection, which kills an
+		// exec's processes as its timeout does. (A PTY's WebSocket is not written through w.)
+		sw := stallwrite.New(w, n.WriteStall)
+		defer func() {
+			sw.Close()
+			if !sw.Stalled() {
+				return
+			}
+			if exec {
+				n.Logger.Warn("exec: its caller took none of the exec's answer within the stall; the exec is ended and its processes killed",
+					"session", id, "stall", n.WriteStall)
+				return
+			}
+			n.Logger.Warn("agent call: its caller took none of the answer within the stall; the call is ended",
+				"session", id, "method", r.Method, "path", r.URL.Path, "stall", n.WriteStall)
+		}()
+		w = sw
+	}
+	if exec {
 		// The runtime decision point sees every command before the guest runs it.
 		body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
 		if err != nil {
@@ -257,18 +279,6 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer n.Metrics.execStarted()()
-		// A caller that stays connected but takes none of the answer for ExecWriteStall ends
-		// the exec: the proxy's write fails, and it closes the agent's connection, which
-		// kills the command's processes as its timeout does.
-		stall := stallwrite.New(w, n.ExecWriteStall)
-		defer func() {
-			stall.Close()
-			if stall.Stalled() {
-				n.Logger.Warn("exec: its caller took none of the exec's answer within the stall; the exec is ended and its processes killed",
-					"session", id, "stall", n.ExecWriteStall)
-			}
-		}()
-		w = stall
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
 		if ooms, counted := n.oomsBefore(r.Context(), l, guest); counted {
@@ -294,7 +304,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		r = r.WithContext(ctx)
 	}
-	if r.Method == http.MethodGet && sub == "/v1/pty" {
+	if pty {
 		// A PTY's command is an exec like any other.
 		l.mu.Lock()
 		err := n.checkPTY(r.Context(), l, r.URL.Query().Get("command"))

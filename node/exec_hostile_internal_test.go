@@ -44,7 +44,7 @@ func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFu
 		driver = cfg.Driver
 	}
 	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: driver, Templates: templates.Catalog{"tpl": {}},
-		DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), ExecWriteStall: cfg.ExecWriteStall, ExecDrain: cfg.ExecDrain, Metrics: cfg.Metrics})
+		DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), WriteStall: cfg.WriteStall, ExecDrain: cfg.ExecDrain, Metrics: cfg.Metrics})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,14 +109,14 @@ func endlessOutput(data string, every time.Duration, closed chan<- struct{}) htt
 }
 
 // TestExecStalledCallerEndsTheExec: a caller of the node's API that stays connected but takes
-// no more of an exec's answer ends the exec once a write waited ExecWriteStall: the node
+// no more of an exec's answer ends the exec once a write waited WriteStall: the node
 // closes its connection to the agent (which kills the command's processes, as its timeout
 // does) and logs it. Before, the exec, the proxy and the command were held for as long as the
 // caller stayed.
 func TestExecStalledCallerEndsTheExec(t *testing.T) {
 	closed := make(chan struct{}, 4)
 	const id = "sess_stalledcaller"
-	_, srv, logs := hostileAgentNode(t, id, Config{ExecWriteStall: time.Second}, endlessOutput(strings.Repeat("x", 16<<10), 0, closed))
+	_, srv, logs := hostileAgentNode(t, id, Config{WriteStall: time.Second}, endlessOutput(strings.Repeat("x", 16<<10), 0, closed))
 
 	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	if err != nil {
@@ -137,7 +137,7 @@ func TestExecStalledCallerEndsTheExec(t *testing.T) {
 	select {
 	case <-closed:
 	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the exec still held the agent's connection; want it ended after the 1 s ExecWriteStall")
+		t.Fatal("45 s after its caller stopped reading, the exec still held the agent's connection; want it ended after the 1 s WriteStall")
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(logs.String(), "took none of the exec's answer") {
@@ -528,5 +528,57 @@ func TestAgentPathIsCanonical(t *testing.T) {
 		if got := post(path); got != http.StatusBadGateway {
 			t.Errorf("an exec on %s, the agent answering 201: %d; want the node's 502 guest_error (its checks)", path, got)
 		}
+	}
+}
+
+// endlessFile is an agent that answers every file read with bytes without end, and sends on
+// closed once the node closed its connection.
+func endlessFile(closed chan<- struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		piece := make([]byte, 64<<10)
+		for {
+			if _, err := w.Write(piece); err != nil {
+				closed <- struct{}{}
+				return
+			}
+		}
+	}
+}
+
+// TestFileReadStalledCallerIsCut: a caller of the node's API that stays connected but takes
+// no more of a file's read ends the read once a write waited WriteStall: the node closes its
+// connection to the agent and logs it. Before, the read, the proxy and the agent's connection
+// were held for as long as the caller stayed.
+func TestFileReadStalledCallerIsCut(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	const id = "sess_stalledreader"
+	_, srv, logs := hostileAgentNode(t, id, Config{WriteStall: time.Second}, endlessFile(closed))
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	fmt.Fprintf(conn, "GET /v1/sessions/%s/agent/v1/files?path=big HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\n\r\n", id)
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("the answer's status line: %q, %v; want a 200", status, err)
+	}
+	// The caller now reads no more, and stays.
+	select {
+	case <-closed:
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after its caller stopped reading, the file's read still held the agent's connection; want it ended after the 1 s stall")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "took none of the answer") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node's log does not say that the read's caller stalled:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -57,11 +57,12 @@ type Config struct {
 	Tick, Flush, Heartbeat time.Duration
 	// RedisTimeout bounds every Redis call, so an outage never stalls the timers (default 2 s).
 	RedisTimeout time.Duration
-	// ExecWriteStall is how long a write of an exec's answer through the node's API may wait
-	// on a caller that takes none of it before the exec ends, its processes killed as its
-	// timeout kills them (default DefaultExecWriteStall): a caller that stays connected and
-	// reads no more would hold the exec for ever.
-	ExecWriteStall time.Duration
+	// WriteStall is how long a write of an answer of a guest's agent through the node's API
+	// (an exec's, a file's; a PTY's WebSocket is its caller's to bound) may wait on a caller
+	// that takes none of it before the call ends, an exec's processes killed as its timeout
+	// kills them (default DefaultWriteStall): a caller that stays connected and reads no more
+	// would hold the call, and the agent's connection, for ever.
+	WriteStall time.Duration
 	// ExecDrain is how long past its timeout and the node's grace an exec's answer may go on
 	// while its caller is slow to read it (default DefaultExecDrain). The backstop counts the
 	// agent's time only, and an agent whose answer has no end, read as slowly as it comes,
@@ -205,8 +206,8 @@ func New(cfg Config) (*Node, error) {
 	if cfg.RedisTimeout == 0 {
 		cfg.RedisTimeout = 2 * time.Second
 	}
-	if cfg.ExecWriteStall <= 0 {
-		cfg.ExecWriteStall = DefaultExecWriteStall
+	if cfg.WriteStall <= 0 {
+		cfg.WriteStall = DefaultWriteStall
 	}
 	if cfg.ExecDrain <= 0 {
 		cfg.ExecDrain = DefaultExecDrain

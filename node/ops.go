@@ -287,8 +287,8 @@ var errExecUnanswered = errors.New("the guest's agent did not answer the exec")
 // loaded host.
 const execGrace = 30 * time.Second
 
-// DefaultExecWriteStall is Config.ExecWriteStall's default.
-const DefaultExecWriteStall = time.Minute
+// DefaultWriteStall is Config.WriteStall's default.
+const DefaultWriteStall = time.Minute
 
 // DefaultExecDrain is Config.ExecDrain's default: an exec's answer lasts at most its
 // timeout, the grace and this, however slowly its caller reads.
