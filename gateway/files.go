@@ -364,15 +364,25 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	// agent blocked on it would otherwise hold the PTY, which reads its caller no more and
 	// so would not see it leave, for as long as the agent chose.
 	go func() { errc <- pump(ctx, down, up, func() { s.Guests.Touch(sess) }, s.ptyInputWait) }()
-	go func() { errc <- pump(ctx, up, down, nil, 0) }()
-	<-errc
+	// Output that the caller does not take within WriteStall ends the PTY too: a caller that
+	// stays connected and reads no more would otherwise hold it (its slot among the project's
+	// PTYs, the node's connection and the agent's, the program in the guest) for as long as it
+	// stayed. Closing the guest's side kills the program, as when the caller leaves.
+	go func() { errc <- pump(ctx, up, down, nil, s.WriteStall) }()
+	if err := <-errc; errors.Is(err, errFrameStalled) {
+		s.log.WarnContext(r.Context(), "pty: ended", "session", sess.ID, "err", err)
+	}
 	cancel()
 	_ = down.Close(websocket.StatusNormalClosure, "")
 	return nil
 }
 
+// errFrameStalled is pump's error for a frame that its destination did not take in time.
+var errFrameStalled = errors.New("a frame of the PTY was not taken")
+
 // pump copies frames from src to dst, calling each (if set) per frame; with wait above 0, a
-// frame that dst does not take within wait ends it (and dst: see websocket.Conn.Write).
+// frame that dst does not take within wait ends it (and dst: see websocket.Conn.Write) with
+// errFrameStalled.
 func pump(ctx context.Context, src, dst *websocket.Conn, each func(), wait time.Duration) error {
 	for {
 		typ, b, err := src.Read(ctx)
@@ -387,7 +397,11 @@ func pump(ctx context.Context, src, dst *websocket.Conn, each func(), wait time.
 			wctx, cancel = context.WithTimeout(ctx, wait)
 		}
 		err = dst.Write(wctx, typ, b)
+		stalled := ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded)
 		cancel()
+		if err != nil && stalled {
+			return fmt.Errorf("%w within %s: %w", errFrameStalled, wait, err)
+		}
 		if err != nil {
 			return err
 		}

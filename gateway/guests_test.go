@@ -9,6 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -473,4 +476,62 @@ func TestPolicyErrorIsNotAKill(t *testing.T) {
 	if r := e.mustDo("GET", "/v1/sessions/"+s.ID, e.key, nil, 200, nil); !strings.Contains(string(r.body), `"running"`) {
 		t.Errorf("the session after a refusal: %s; want it running", r.body)
 	}
+}
+
+// runningWith answers whether a process whose command line holds marker runs on this host (the
+// fake node's agents run their commands here).
+func runningWith(marker string) bool {
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		if b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline")); err == nil && strings.Contains(string(b), marker) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPTYOutputStalledCallerEndsThePTY: a PTY whose caller stays connected but takes none of
+// its output ends once a frame to it waited WriteStall: the gateway closes the guest's side,
+// so that the agent kills the terminal's program as when its caller leaves, and lets go of
+// the project's PTY slot. Before, the copy to the caller blocked for good, and the PTY, its
+// slot and the guest's agent connection were held for as long as the caller stayed.
+func TestPTYOutputStalledCallerEndsThePTY(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrentPTYs = 1
+		c.WriteStall = time.Second
+	})
+	s := e.running(map[string]any{"tier": 2})
+	marker := fmt.Sprintf("stalled-pty-%d", time.Now().UnixNano())
+	u := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + s.ID + "/pty?command=" + url.QueryEscape("yes "+marker)
+	open := func() (*websocket.Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		conn, _, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.key}}})
+		return conn, err
+	}
+	conn, err := open()
+	if err != nil {
+		t.Fatalf("PTY: %v", err)
+	}
+	defer conn.CloseNow()
+	// The caller reads nothing, and stays, while the guest prints without end.
+	for deadline := time.Now().Add(30 * time.Second); !runningWith(marker); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the PTY's command never ran")
+		}
+	}
+	deadline := time.Now().Add(45 * time.Second)
+	for ptyHandlers() > 0 || runningWith(marker) {
+		if time.Now().After(deadline) {
+			t.Fatalf("45 s after its caller stopped reading, the PTY still ran (handler: %v, command: %v); want it ended after the 1 s stall, its command killed",
+				ptyHandlers() > 0, runningWith(marker))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Its slot is free: the next PTY opens.
+	next, err := open()
+	if err != nil {
+		t.Fatalf("a PTY after the stalled one ended: %v", err)
+	}
+	next.CloseNow()
 }
