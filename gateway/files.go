@@ -312,12 +312,23 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p store.Proj
 const ptyHandshakeTimeout = 30 * time.Second
 
 // defaultPTYInputWait bounds how long a frame of a PTY's input waits to go to the guest's
-// agent, which takes none while the terminal's program reads none: a megabyte or so of
-// input can be queued on the way first, which no typing and few pastes fill.
+// agent, which takes none while the terminal's program reads none: past it, the PTY ends (as
+// when its caller leaves: the program is killed). Input is queued on the way first (the
+// agent's frame, the terminal's buffer, the sockets' buffers: a megabyte or more), which no
+// typing and few pastes fill, so a PTY ends only once that much input waited this long on a
+// program that took (almost) none of it: the sockets let a blocked write on only once a good
+// part of their buffer was taken, so a program that takes a large paste more slowly than
+// some 20 kB/s ends it too. The bound is needed, and is not the guest's business alone:
+// while a frame waits, the gateway reads its caller no more (the input has nowhere to go but
+// the gateway's memory), so it would not see the caller leave, and a guest's agent that took
+// no input would hold the PTY, its slot among the project's, and the node's connection for
+// good.
 const defaultPTYInputWait = time.Minute
 
 // pty bridges a caller's WebSocket to the guest agent's PTY. Every frame from the caller is
-// activity. Closing either side closes the other; the session itself is unchanged.
+// activity. Closing either side closes the other; the session itself is unchanged. A side
+// that takes none of what the other sends ends the PTY too, as if it left: the guest, input
+// for ptyInputWait; the caller, output for WriteStall.
 func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	q := r.URL.Query()
 	dims := [2]int{80, 24}
@@ -363,12 +374,14 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	// Input that the guest does not take within ptyInputWait ends the PTY: the copy to the
 	// agent blocked on it would otherwise hold the PTY, which reads its caller no more and
 	// so would not see it leave, for as long as the agent chose.
-	go func() { errc <- pump(ctx, down, up, func() { s.Guests.Touch(sess) }, s.ptyInputWait) }()
+	go func() {
+		errc <- fmt.Errorf("its input: %w", pump(ctx, down, up, func() { s.Guests.Touch(sess) }, s.ptyInputWait))
+	}()
 	// Output that the caller does not take within WriteStall ends the PTY too: a caller that
 	// stays connected and reads no more would otherwise hold it (its slot among the project's
 	// PTYs, the node's connection and the agent's, the program in the guest) for as long as it
 	// stayed. Closing the guest's side kills the program, as when the caller leaves.
-	go func() { errc <- pump(ctx, up, down, nil, s.WriteStall) }()
+	go func() { errc <- fmt.Errorf("its output: %w", pump(ctx, up, down, nil, s.WriteStall)) }()
 	if err := <-errc; errors.Is(err, errFrameStalled) {
 		s.log.WarnContext(r.Context(), "pty: ended", "session", sess.ID, "err", err)
 	}
@@ -380,9 +393,9 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 // errFrameStalled is pump's error for a frame that its destination did not take in time.
 var errFrameStalled = errors.New("a frame of the PTY was not taken")
 
-// pump copies frames from src to dst, calling each (if set) per frame; with wait above 0, a
-// frame that dst does not take within wait ends it (and dst: see websocket.Conn.Write) with
-// errFrameStalled.
+// pump copies frames from src to dst until either fails (it answers that error, never nil),
+// calling each (if set) per frame; with wait above 0, a frame that dst does not take within
+// wait ends it (and dst: see websocket.Conn.Write) with errFrameStalled.
 func pump(ctx context.Context, src, dst *websocket.Conn, each func(), wait time.Duration) error {
 	for {
 		typ, b, err := src.Read(ctx)
