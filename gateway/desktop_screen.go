@@ -9,6 +9,7 @@ import (
 
 	"wb/desktop"
 	"wb/desktop/guest"
+	"wb/internal/stallwrite"
 	"wb/store"
 )
 
@@ -62,10 +63,17 @@ func (s *Server) desktopScreen(w http.ResponseWriter, r *http.Request, p store.P
 		return &apiError{Status: 502, Type: "api_error", Code: "screen_unavailable",
 			Message: "the desktop's screen could not be read: " + redactInternal(err.Error()) + "; try again"}
 	}
-	w.Header().Set("Content-Type", "image/png")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(png)
+	// A caller that stays connected but takes none of the PNG for WriteStall ends the call,
+	// which would otherwise hold it (its slot among the project's file calls, the PNG's
+	// megabytes) for as long as the caller stayed.
+	sw := stallwrite.New(w, s.WriteStall)
+	defer sw.Close()
+	sw.Header().Set("Content-Type", "image/png")
+	sw.Header().Set("Cache-Control", "no-store")
+	sw.WriteHeader(http.StatusOK)
+	if _, err := sw.Write(png); err != nil {
+		s.log.WarnContext(r.Context(), "desktop: a screenshot broke off", "desktop", rec.ID, "err", err)
+	}
 	return nil
 }
 

@@ -3,6 +3,8 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"image/png"
 	"io"
@@ -143,5 +145,69 @@ func TestConsoleMounted(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `<form id="signin"`) {
 		t.Fatalf("GET /console/: %d %.200s", resp.StatusCode, b)
+	}
+}
+
+// fakeNoisyXWD puts an xwd on the PATH of the fake node's agent that prints a dump of a
+// whole screen of noise (the real Xvfb dump's header, resized), whose PNG is megabytes.
+func fakeNoisyXWD(t *testing.T) {
+	t.Helper()
+	dump, err := os.ReadFile("../desktop/guest/testdata/xvfb-40x30x24.xwd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	field := func(i int) uint32 { return binary.BigEndian.Uint32(dump[4*i:]) }
+	set := func(b []byte, i int, v uint32) { binary.BigEndian.PutUint32(b[4*i:], v) }
+	const width, height = 1280, 800
+	bpp := field(11) / 8
+	start := field(0) + field(19)*12 // the header, the window's name, the colour map
+	b := append([]byte(nil), dump[:start]...)
+	set(b, 4, width)
+	set(b, 5, height)
+	set(b, 12, width*bpp)
+	set(b, 20, width)
+	set(b, 21, height)
+	noise := make([]byte, width*height*bpp)
+	_, _ = rand.Read(noise)
+	b = append(b, noise...)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "screen.xwd"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := "#!/bin/sh\nexec cat " + filepath.Join(dir, "screen.xwd") + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "xwd"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+// TestDesktopScreenStalledCallerIsCut: a screenshot whose caller stays connected but takes
+// none of it ends once a write to it waited WriteStall, and lets go of the project's
+// file-call slot (and the PNG's megabytes). Before, such a caller (asking for a few on one
+// connection, whose buffers fill with the first) held both for as long as it stayed.
+func TestDesktopScreenStalledCallerIsCut(t *testing.T) {
+	fakeNoisyXWD(t)
+	e := newEnv(t, func(c *Config) {
+		c.Guests = bashNode{c.Guests.(*fakenode.Node)}
+		c.MaxConcurrentFileCalls = 1
+		c.WriteStall = time.Second
+	})
+	d := e.newDesktop(map[string]any{"name": "screen"})
+	// A few, pipelined: the sockets' buffers may hold a whole PNG or two.
+	stalledRead(t, e.srv.Listener.Addr().String(), e.key, "/v1/desktops/"+d.ID+"/screen", 4)
+	// The caller now reads no more, and stays: the next call waits for the cap's one slot.
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		r := e.do("GET", "/v1/desktops/"+d.ID+"/files?path=.&list=1", e.key, nil)
+		if r.status == 200 {
+			break
+		}
+		if r.status != 429 {
+			t.Fatalf("GET files?list=1: %d %s; want a 429 until the stalled screenshot ends, then a 200", r.status, r.body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("45 s after its caller stopped reading, the screenshot still held the project's one file-call slot; want it ended after the 1 s stall")
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

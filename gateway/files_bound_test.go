@@ -300,10 +300,10 @@ func TestFileReadBrokenOffIsNoWholeFile(t *testing.T) {
 	}
 }
 
-// stalledRead sends a read of path to the gateway at addr with key, on a connection with a
-// small receive buffer, reads its status line and then reads no more (the connection stays
-// open until the test ends).
-func stalledRead(t *testing.T, addr, key, path string) {
+// stalledRead sends n reads of path to the gateway at addr with key, pipelined on one
+// connection with a small receive buffer, reads the first's status line and then reads no
+// more (the connection stays open until the test ends).
+func stalledRead(t *testing.T, addr, key, path string, n int) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -313,7 +313,9 @@ func stalledRead(t *testing.T, addr, key, path string) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(4 << 10)
 	}
-	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n\r\n", path, key)
+	for range n {
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n\r\n", path, key)
+	}
 	status, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil || !strings.Contains(status, " 200 ") {
 		t.Fatalf("GET %s: the answer's status line %q, %v; want a 200", path, status, err)
@@ -346,7 +348,7 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 		if err := os.Truncate(big, 1<<30); err != nil {
 			t.Fatal(err)
 		}
-		stalledRead(t, e.srv.Listener.Addr().String(), e.key, c.base+"/files?path=big")
+		stalledRead(t, e.srv.Listener.Addr().String(), e.key, c.base+"/files?path=big", 1)
 		// The caller now reads no more, and stays: the next call waits for the cap's one slot.
 		deadline := time.Now().Add(45 * time.Second)
 		for {

@@ -124,10 +124,11 @@ type Config struct {
 	DesktopAdmitWait time.Duration
 	// WriteStall is how long a write to a caller that takes none of it may wait before the
 	// call ends (0: DefaultWriteStall): an exec's answer (the exec ends, and the command in
-	// the guest with it), a file's read, a frame of a PTY's output (the PTY ends, and the
-	// program in the guest with it). A caller that stays connected and reads no more
-	// would hold the call, its slot among the project's, the node's connection and the
-	// guest's agent for ever. One bound for every call: the caller's stall is the same.
+	// the guest with it), a file's read, a desktop's screen, a frame of a PTY's output (the
+	// PTY ends, and the program in the guest with it). A caller that stays connected and
+	// reads no more would hold the call, its slot among the project's, the node's connection
+	// and the guest's agent for ever. One bound for every call: the caller's stall is the
+	// same whatever it called.
 	WriteStall time.Duration
 }
 
