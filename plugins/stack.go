@@ -38,13 +38,18 @@ const (
 // parameter, result, local and value its code makes (the compiler spills each value to a
 // slot of its own, of at most 16 bytes: code counts a value per byte, for most instructions
 // make at most one, plus the results of each call, which a call of 2 bytes may make hundreds
-// of), as many for the
-// arguments and results of the largest call it makes and for each local it sets in each of
-// its blocks (where paths join, each such local is a value of its own: 200 locals set in
-// 200 nested loops made frames of 320 KiB from 7 KiB of code), and 1 KiB for saved
-// registers and the return address.
-func frameCost(params, results, locals, code, callSlots, setLocals, controls int) int {
-	return 16*(params+results+locals+code+callSlots+setLocals*(3*controls+1)) + 1024
+// of), as many for the arguments and results of the largest call it makes and for each local
+// it sets in each of its blocks (where paths join, each such local is a value of its own: 200
+// locals set in 200 nested loops made frames of 320 KiB from 7 KiB of code), and 1 KiB for
+// saved registers and the return address; and 64 bytes for each parameter and result of its
+// blocks (a loop's parameters are values of their own at its head, a block's results at its
+// end, and a block type may name a function type of thousands of values in a byte: 60 loops
+// of 1,000 v128 parameters made frames of 940 KiB from 6 KiB of code). wazero's frames of
+// those come to near 16 bytes a value, and its stack, growing by doubling, allocates up to
+// four times what it uses: four slots keep its frames under a quarter of their count, as for
+// the other values (keptStackBytes), and a call's allocation under twice MaxStackBytes.
+func frameCost(params, results, locals, code, callSlots, setLocals, controls, blockValues int) int {
+	return 16*(params+results+locals+code+callSlots+setLocals*(3*controls+1)+4*blockValues) + 1024
 }
 
 // boundStack answers wasm rewritten so that a call's stack is bounded (MaxStackBytes): a
@@ -248,7 +253,7 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 			return nil, invalid("its functions set locals across blocks (joins, weighed by their square past %d a function) %d times or more, more than the %d a plugin's functions may have together",
 				joinsLinear, joins, MaxJoins)
 		}
-		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd+sc.callResults, sc.callSlots, sc.setLocals, sc.controls)
+		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd+sc.callResults, sc.callSlots, sc.setLocals, sc.controls, sc.blockValues)
 		if cost > MaxStackBytes {
 			return nil, invalid("function %d's frame counts %d bytes (its %d locals set across %d blocks), more than the %d MiB a call's stack may have",
 				i, cost, sc.setLocals, sc.controls, MaxStackBytes>>20)
@@ -331,6 +336,7 @@ type scanned struct {
 	callResults int      // the results of all its calls: a call of 2 bytes may make hundreds of values
 	setLocals   int      // how many of its locals (parameters included) it sets
 	controls    int      // its block, loop, if and else instructions
+	blockValues int      // the parameters and results of its blocks, loops and ifs (by their block types)
 }
 
 // scanCode steps over a function's instructions (f is past its locals). It refuses local
@@ -350,6 +356,18 @@ func scanCode(f *reader, nlocals, g uint64, funcTypes []uint64, types []funcType
 		}
 		return typeOf(funcTypes[fn])
 	}
+	// blockType reads a block type: empty, a value type (one result), or the index of a
+	// function type (a non-negative s33, read as unsigned: a negative one of more than a
+	// byte is refused by the compiler).
+	blockType := func() funcType {
+		if c := f.byte(); c == 0x40 || f.err != nil {
+			return funcType{}
+		} else if c&0xc0 == 0x40 {
+			return funcType{results: 1}
+		}
+		f.i--
+		return typeOf(f.uleb())
+	}
 	set := make([]bool, nlocals)
 	skip := func() { f.uleb() }
 	memarg := func() { f.uleb(); f.uleb() }
@@ -363,7 +381,8 @@ func scanCode(f *reader, nlocals, g uint64, funcTypes []uint64, types []funcType
 			op >= 0x45 && op <= 0xc4, op == 0xd1:
 		case op >= 0x02 && op <= 0x04: // block, loop, if: a block type
 			sc.controls++
-			skip()
+			bt := blockType()
+			sc.blockValues += bt.params + bt.results
 		case op == 0x0c, op == 0x0d, op == 0x25, op == 0x26, op == 0xd0, op == 0xd2, op == 0x3f, op == 0x40:
 			skip()
 		case op == 0x0e: // br_table

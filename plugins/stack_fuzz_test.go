@@ -23,6 +23,8 @@ func FuzzBoundStack(f *testing.F) {
 		phiRecursePlugin(3, 2),
 		simdRecursePlugin(2, 2, 2, 2, 3),
 		simdPhiRecursePlugin(3, 2),
+		loopParamPlugin(2, 2, 0, 3),
+		loopParamPlugin(2, 1, 3, 3),
 		constPlugin(`{"allow":true}`),
 		spinPlugin(`{"allow":true}`, 3),
 		tableGrowPlugin([]byte{0x70, 0, 1}, 1),

@@ -139,6 +139,79 @@ func multiValuePlugin(k, nres int) []byte {
 		data: []wdata{{0, []byte(out)}}}.encode()
 }
 
+// loopParamPlugin: f(n) (function 2) pushes k v128 values and enters d nested loops, each
+// of the block type (v128×k) -> () (a type index): every loop's head has k parameters,
+// values of their own that take no code byte and set no local. The innermost loop recurses
+// (f(n-1)), takes k fresh values from g (function 3) and branches back to each of the d loops
+// with them when a zero in memory is not zero (never, but the compiler cannot know), or, with
+// labels > 0, to the innermost loop with a br_table of that many labels, each passing the k
+// values; then returns. decide calls f at depth, or with depth 0 at its first argument.
+func loopParamPlugin(k, d, labels int, depth int32) []byte {
+	out := `{"allow":true}`
+	v := bytes.Repeat([]byte{tV128}, k)
+	ft := func(p, r []byte) []byte { return cat([]byte{0x60}, vec(bytesEach(p)...), vec(bytesEach(r)...)) }
+	types := [][]byte{
+		ft([]byte{tI32}, []byte{tI32}),       // 0: alloc, f
+		ft([]byte{tI32, tI32}, []byte{tI64}), // 1: decide
+		ft(nil, v),                           // 2: g
+		ft(v, nil),                           // 3: the loops' block type
+	}
+	var f []byte
+	f = append(f, opLocalGet, 0, opI32Eqz, opIf, tI32)
+	f = append(f, i32c(0)...)
+	f = append(f, 0x05) // else
+	for range k {
+		f = append(f, opLocalGet, 1)
+	}
+	for range d {
+		f = append(f, opLoop, 3) // block type: type 3
+	}
+	f = append(f, opLocalGet, 0)
+	f = append(f, i32c(1)...)
+	f = append(f, opI32Sub, opCall, 2, opDrop) // f(n-1)
+	f = append(f, opCall, 3)                   // k fresh values
+	if labels > 0 {
+		f = append(f, i32c(100)...)
+		f = append(f, 0x28, 2, 0, 0x0e) // i32.load: 0; br_table
+		f = append(f, uleb(uint64(labels-1))...)
+		f = append(f, make([]byte, labels)...)
+	} else {
+		for j := range d {
+			f = append(f, i32c(100)...)
+			f = append(f, 0x28, 2, 0, opBrIf) // i32.load: 0
+			f = append(f, uleb(uint64(j))...)
+		}
+		f = append(f, i32c(0)...)
+		f = append(f, 0x0f) // return
+	}
+	for range d {
+		f = append(f, opEnd)
+	}
+	f = append(f, i32c(0)...)
+	f = append(f, opEnd) // if
+	g := bytes.Repeat([]byte{opLocalGet, 0}, k)
+	body := func(locals []byte, code []byte) []byte {
+		b := cat(locals, code, []byte{opEnd})
+		return cat(uleb(uint64(len(b))), b)
+	}
+	oneLocal := func(t byte) []byte { return vec([]byte{1, t}) }
+	at := i32c(depth)
+	if depth == 0 {
+		at = []byte{opLocalGet, 0}
+	}
+	return cat([]byte("\x00asm\x01\x00\x00\x00"),
+		section(1, vec(types...)),
+		section(3, vec([]byte{0}, []byte{1}, []byte{0}, []byte{2})),
+		section(5, vec([]byte{0, 1})),
+		section(7, vec(cat(wstr("alloc"), []byte{0, 0}), cat(wstr("decide"), []byte{0, 1}), cat(wstr("memory"), []byte{2, 0}))),
+		section(10, vec(
+			body(vec(), i32c(inputAt)),
+			body(oneLocal(tI32), cat(at, []byte{opCall, 2, opDrop}, resultAt0(len(out)))),
+			body(oneLocal(tV128), f),
+			body(oneLocal(tV128), g))),
+		section(11, vec(cat([]byte{0}, i32c(0), []byte{opEnd}, wstr(out)))))
+}
+
 // allocated answers the bytes the host's heap allocated while f ran.
 func allocated(f func()) uint64 {
 	var ms runtime.MemStats
@@ -170,7 +243,8 @@ func TestStackIsCapped(t *testing.T) {
 		{"v128 locals", simdRecursePlugin(1, 2000, 0, 1, 1<<20)},
 		{"v128 values", simdRecursePlugin(1, 0, 2000, 1, 1<<20)},
 		{"v128 results", simdRecursePlugin(1, 0, 0, 1000, 1<<20)},
-		{"v128 values where paths join", simdPhiRecursePlugin(100, 98)},
+		{"v128 values where paths join", simdPhiRecursePlugin(100, 97)},
+		{"v128 loop parameters", loopParamPlugin(100, 40, 0, 1<<20)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			project := "proj-stack-" + strings.ReplaceAll(c.name, " ", "-")
@@ -391,12 +465,12 @@ func simdPhiRecursePlugin(l, d int) []byte {
 }
 
 // TestStackCountBoundsWazerosStack: for each shape of frame, SIMD's included (v128
-// parameters, locals, values, results, and values where paths join, 16 bytes each), the
-// stack wazero's compiled code used when the count reached MaxStackBytes is under the count:
-// frameCost is an upper bound of the frames wazero makes. The stack used is read from the
-// grown stack wazero keeps on the function (its lowest byte written: the stack grows down
-// from the top and starts zeroed), an unexported field: the test fails if a new wazero names
-// it otherwise, and its frames must then be measured again.
+// parameters, locals, values, results, values where paths join and loops' parameters, 16
+// bytes each), the stack wazero's compiled code used when the count reached MaxStackBytes is
+// under the count: frameCost is an upper bound of the frames wazero makes. The stack used is
+// read from the grown stack wazero keeps on the function (its lowest byte written: the stack
+// grows down from the top and starts zeroed), an unexported field: the test fails if a new
+// wazero names it otherwise, and its frames must then be measured again.
 func TestStackCountBoundsWazerosStack(t *testing.T) {
 	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
 		t.Skipf("wazero compiles no code on %s", runtime.GOARCH)
@@ -420,7 +494,9 @@ func TestStackCountBoundsWazerosStack(t *testing.T) {
 		{"v128 results in registers", simdRecursePlugin(1, 0, 0, 8, 1<<20)},
 		{"v128 all", simdRecursePlugin(100, 100, 100, 100, 1<<20)},
 		{"v128 small", simdRecursePlugin(2, 2, 2, 2, 1<<20)},
-		{"v128 values where paths join", simdPhiRecursePlugin(100, 98)},
+		{"v128 values where paths join", simdPhiRecursePlugin(100, 97)},
+		{"v128 loop parameters", loopParamPlugin(100, 40, 0, 1<<20)},
+		{"v128 loop parameters through a br_table", loopParamPlugin(100, 1, 50, 1<<20)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			wasm, err := boundStack(c.wasm)
@@ -450,6 +526,52 @@ func TestStackCountBoundsWazerosStack(t *testing.T) {
 				t.Errorf("wazero's code used %d bytes of stack where the count was %d: frameCost undercounts", used, count)
 			}
 		})
+	}
+}
+
+// TestUnflaggedCallsGrowLittleStack: a call whose count stays under keptStackBytes (the deep
+// flag unset, so that the pooled instance keeps its functions and the stack they grew) grows
+// wazero's stack to at most twice keptStackBytes (it doubles as it grows), here for frames
+// whose values are loop parameters, at every depth up to the flag's: their parameters were
+// not counted, and a call at depth 20 of frames of 60 loops of 1,000 parameters grew 29 MiB
+// of stack, kept by each pooled instance.
+func TestUnflaggedCallsGrowLittleStack(t *testing.T) {
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" {
+		t.Skipf("wazero compiles no code on %s", runtime.GOARCH)
+	}
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	t.Cleanup(func() { _ = rt.Close(ctx) })
+	wasm, err := boundStack(loopParamPlugin(100, 40, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := rt.CompileModule(ctx, wasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for depth := uint64(1); ; depth += depth/4 + 1 {
+		// A fresh instance each time: its functions have grown no stack yet.
+		mod, err := rt.InstantiateModule(ctx, cm, wazero.NewModuleConfig().WithName(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		decide := mod.ExportedFunction("decide")
+		_, err = decide.Call(ctx, depth, 0)
+		deep := mod.ExportedGlobal(deepExport).Get() != 0
+		n := stackOf(t, decide).Len()
+		_ = mod.Close(ctx)
+		if err != nil {
+			t.Fatalf("depth %d: %v", depth, err)
+		}
+		if deep {
+			t.Logf("the deep flag is set from depth %d on (wazero's stack: %d KiB)", depth, n>>10)
+			break
+		}
+		if n > 2*keptStackBytes {
+			t.Fatalf("a call at depth %d left the deep flag unset and grew wazero's stack to %d KiB, more than %d KiB: the pooled instance keeps it",
+				depth, n>>10, 2*keptStackBytes>>10)
+		}
 	}
 }
 
