@@ -103,16 +103,32 @@ func holdCompiles(t *testing.T, h *Host) func() {
 // compile, naming the bound, and so is a module of many functions each within it whose joins
 // weigh past the module's bound (a function's compile time grows with the square of its joins
 // past a few thousand: 42 functions of 9,800, 411,600 joins, compiled in 12 s, and 200 of them
-// would have taken a minute): the test holds every compile slot, so a compile would wait out
-// the call's context.
+// would have taken a minute), and so are functions whose joins are values passed into blocks
+// (60 loops of 1,000 parameters compiled in 10 s, one loop of 1,000 branched to by a
+// br_table of 1,000 labels in 2 s): the test holds every compile slot, so a compile would
+// wait out the call's context.
 func TestSlowJoinsRefusedBeforeCompile(t *testing.T) {
 	h, _ := newTestHost(t, nil, Options{CacheDir: t.TempDir()})
 	holdCompiles(t, h)
 	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
 	defer cancel()
 	_, err := h.Validate(ctx, phiRecursePlugin(200, 200))
-	if want := "function 2 sets 200 locals across 202 blocks (40400 joins), more than the 10000 joins a function may have: split it"; !isInvalid(err, want) {
+	if want := "function 2 has 40401 joins (200 locals set across 202 blocks, and block parameters, results and values branched with: 1), more than the 10000 joins a function may have: split it"; !isInvalid(err, want) {
 		t.Fatalf("got %v, want a refusal saying %q, before any compile", err, want)
+	}
+	// Values where paths join that are no local: 60 loops of 1,000 parameters (a 7 KiB
+	// module compiled in about 10 s), and one loop of 1,000 parameters branched to by a
+	// br_table of 1,000 labels (each label passes the 1,000 values: 2 s).
+	for _, c := range []struct {
+		wasm []byte
+		want string
+	}{
+		{loopParamPlugin(1000, 60, 0, 20), "function 2 has 120001 joins (0 locals set across 62 blocks, and block parameters, results and values branched with: 120001), more than the 10000 joins a function may have: split it"},
+		{loopParamPlugin(1000, 1, 1000, 20), "function 2 has 1001001 joins (0 locals set across 3 blocks, and block parameters, results and values branched with: 1001001), more than the 10000 joins a function may have: split it"},
+	} {
+		if _, err := h.Validate(ctx, c.wasm); !isInvalid(err, c.want) {
+			t.Fatalf("got %v, want a refusal saying %q, before any compile", err, c.want)
+		}
 	}
 	// phiRecursePlugin's f, 42 times: 98 locals set across 100 blocks each.
 	m := wmod{memMin: 1, memMax: -1, funcs: []wfunc{allocFunc(), decideFunc(resultAt0(1))}}
@@ -122,7 +138,7 @@ func TestSlowJoinsRefusedBeforeCompile(t *testing.T) {
 	}
 	m.funcs = append(m.funcs, fs...)
 	_, err = h.Validate(ctx, m.encode())
-	if want := "its functions set locals across blocks (joins, weighed by their square past 2000 a function) 2016840 times or more, more than the 2000000 a plugin's functions may have together"; !isInvalid(err, want) {
+	if want := "its functions set locals across blocks and pass values to blocks (joins, weighed by their square past 2000 a function) 2017218 times or more, more than the 2000000 a plugin's functions may have together"; !isInvalid(err, want) {
 		t.Fatalf("got %v, want a refusal saying %q, before any compile", err, want)
 	}
 }

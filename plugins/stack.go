@@ -241,16 +241,16 @@ func boundCode(code []byte, imported int, funcTypes []uint64, types []funcType, 
 		}
 		declEnd := f.i
 		nlocals := uint64(t.params) + locals // the save local's index
-		sc, err := scanCode(f, nlocals, g, funcTypes, types)
+		sc, err := scanCode(f, nlocals, g, t.results, funcTypes, types)
 		if err != nil {
 			return nil, invalid("function %d: %v", i, err)
 		}
 		calls := sc.calls
-		if j := sc.setLocals * sc.controls; j > MaxFunctionJoins {
-			return nil, invalid("function %d sets %d locals across %d blocks (%d joins), more than the %d joins a function may have: split it",
-				i, sc.setLocals, sc.controls, j, MaxFunctionJoins)
+		if j := sc.setLocals*sc.controls + sc.blockValues + sc.branchValues; j > MaxFunctionJoins {
+			return nil, invalid("function %d has %d joins (%d locals set across %d blocks, and block parameters, results and values branched with: %d), more than the %d joins a function may have: split it",
+				i, j, sc.setLocals, sc.controls, sc.blockValues+sc.branchValues, MaxFunctionJoins)
 		} else if joins += joinWeight(j); joins > MaxJoins {
-			return nil, invalid("its functions set locals across blocks (joins, weighed by their square past %d a function) %d times or more, more than the %d a plugin's functions may have together",
+			return nil, invalid("its functions set locals across blocks and pass values to blocks (joins, weighed by their square past %d a function) %d times or more, more than the %d a plugin's functions may have together",
 				joinsLinear, joins, MaxJoins)
 		}
 		cost := frameCost(t.params, t.results, int(locals)+1, len(body)-declEnd+sc.callResults, sc.callSlots, sc.setLocals, sc.controls, sc.blockValues)
@@ -336,13 +336,19 @@ type scanned struct {
 	callResults int      // the results of all its calls: a call of 2 bytes may make hundreds of values
 	setLocals   int      // how many of its locals (parameters included) it sets
 	controls    int      // its block, loop, if and else instructions
-	blockValues int      // the parameters and results of its blocks, loops and ifs (by their block types)
+	// blockValues: the parameters and results of its blocks, loops and ifs (by their block
+	// types), and branchValues the values its branches pass (for each br and br_if, and for
+	// each label of a br_table, its target's parameters if a loop, else its results): values
+	// where paths join, like the locals set across blocks, which a block type of thousands
+	// of values makes from a byte or two.
+	blockValues  int
+	branchValues int
 }
 
 // scanCode steps over a function's instructions (f is past its locals). It refuses local
 // indices from nlocals on and global indices from g on (the ones boundStack adds), and an
-// instruction it does not know.
-func scanCode(f *reader, nlocals, g uint64, funcTypes []uint64, types []funcType) (scanned, error) {
+// instruction it does not know. results is the function's (what a branch to its body passes).
+func scanCode(f *reader, nlocals, g uint64, results int, funcTypes []uint64, types []funcType) (scanned, error) {
 	var sc scanned
 	typeOf := func(ti uint64) funcType {
 		if ti >= uint64(len(types)) {
@@ -368,6 +374,13 @@ func scanCode(f *reader, nlocals, g uint64, funcTypes []uint64, types []funcType
 		f.i--
 		return typeOf(f.uleb())
 	}
+	// labels holds what a branch to each open block passes, the function's body first.
+	labels := []int{results}
+	branch := func(l uint64) {
+		if l < uint64(len(labels)) {
+			sc.branchValues += labels[len(labels)-1-int(l)]
+		}
+	}
 	set := make([]bool, nlocals)
 	skip := func() { f.uleb() }
 	memarg := func() { f.uleb(); f.uleb() }
@@ -377,18 +390,29 @@ func scanCode(f *reader, nlocals, g uint64, funcTypes []uint64, types []funcType
 		switch {
 		case op == 0x05: // else
 			sc.controls++
-		case op == 0x00, op == 0x01, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
+		case op == 0x0b: // end
+			if len(labels) > 0 {
+				labels = labels[:len(labels)-1]
+			}
+		case op == 0x00, op == 0x01, op == 0x0f, op == 0x1a, op == 0x1b,
 			op >= 0x45 && op <= 0xc4, op == 0xd1:
 		case op >= 0x02 && op <= 0x04: // block, loop, if: a block type
 			sc.controls++
 			bt := blockType()
 			sc.blockValues += bt.params + bt.results
-		case op == 0x0c, op == 0x0d, op == 0x25, op == 0x26, op == 0xd0, op == 0xd2, op == 0x3f, op == 0x40:
+			if op == 0x03 {
+				labels = append(labels, bt.params)
+			} else {
+				labels = append(labels, bt.results)
+			}
+		case op == 0x0c, op == 0x0d: // br, br_if
+			branch(f.uleb())
+		case op == 0x25, op == 0x26, op == 0xd0, op == 0xd2, op == 0x3f, op == 0x40:
 			skip()
 		case op == 0x0e: // br_table
 			n := f.uleb()
 			for j := uint64(0); j <= n && f.err == nil; j++ {
-				skip()
+				branch(f.uleb())
 			}
 		case op == 0x10: // call
 			t := funcOf(f.uleb())

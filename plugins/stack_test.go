@@ -237,7 +237,7 @@ func TestStackIsCapped(t *testing.T) {
 		{"deep", recursePlugin(1 << 24)},
 		{"wide frames", wideRecursePlugin(4000, 1<<20)},
 		{"through a table", indirectRecursePlugin()},
-		{"values where paths join", phiRecursePlugin(100, 98)},
+		{"values where paths join", phiRecursePlugin(100, 97)},
 		{"results of calls", multiValuePlugin(50, 1000)},
 		{"v128 parameters", simdRecursePlugin(1000, 0, 0, 1, 1<<20)},
 		{"v128 locals", simdRecursePlugin(1, 2000, 0, 1, 1<<20)},
@@ -484,7 +484,7 @@ func TestStackCountBoundsWazerosStack(t *testing.T) {
 	}{
 		{"deep", recursePlugin(1 << 24)},
 		{"wide frames", wideRecursePlugin(4000, 1<<20)},
-		{"values where paths join", phiRecursePlugin(100, 98)},
+		{"values where paths join", phiRecursePlugin(100, 97)},
 		{"results of calls", multiValuePlugin(50, 1000)},
 		{"v128 parameters", simdRecursePlugin(1000, 0, 0, 1, 1<<20)},
 		{"v128 parameters in registers", simdRecursePlugin(8, 0, 0, 1, 1<<20)},

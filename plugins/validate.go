@@ -363,12 +363,16 @@ const (
 	MaxFunctionLocals = 50_000
 	MaxLocals         = 1 << 20
 	// MaxFunctionJoins bounds, in one function, the locals it sets times its block, loop, if
-	// and else instructions, and MaxJoins the sum over a module's functions, each weighed by
-	// joinWeight: where paths join each such local is a value of its own, and the compiler's
+	// and else instructions, plus the parameters and results of its blocks (by their block
+	// types) and the values its branches pass to them (each br and br_if, each label of a
+	// br_table), and MaxJoins the sum over a module's functions, each weighed by joinWeight:
+	// where paths join each such local or value is a value of its own, and the compiler's
 	// time grows faster than their number (a 7 KiB function setting 200 locals in 200 nested
-	// loops took 3.8 s; 10,000 joins, 0.3 s). Go's output has at most about 4,000 in a
-	// function and 300,000 in a module (weighed: 320,000). These are checked when the module
-	// is rewritten to bound its stack (boundStack), before it is compiled.
+	// loops took 3.8 s; 10,000 joins, 0.3 s; a 7 KiB one of 60 loops of 1,000 parameters, 10
+	// s, and one loop of 1,000 parameters branched to by a br_table of 1,000 labels, 2 s).
+	// Go's output has at most about 4,000 in a function and 300,000 in a module (weighed:
+	// 320,000), and its blocks take and make at most one value in all. These are checked when
+	// the module is rewritten to bound its stack (boundStack), before it is compiled.
 	MaxFunctionJoins = 10_000
 	MaxJoins         = 2_000_000
 	// joinsLinear: a function's compile takes about 5 µs a join up to this many joins, and
