@@ -483,3 +483,23 @@ func grepLines(text, s string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestMethodLabelIsBounded: a request's method is a label of the request metrics only when
+// it is one of HTTP's; any other counts as "other". Before, a caller needed no key to add a
+// series (and a histogram's) to wb_http_requests_total with every method it made up.
+func TestMethodLabelIsBounded(t *testing.T) {
+	e := newEnv(t)
+	const n = 50
+	for i := range n {
+		req, _ := http.NewRequest(fmt.Sprintf("X%d", i), e.url+"/v1/sessions", nil) // no key
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	got := grepLines(string(e.do("GET", "/metrics", adminKey, nil).body), "wb_http_requests_total{")
+	if series := strings.Count(got, `route="unmatched"`); series != 1 || !strings.Contains(got, `method="other",route="unmatched",status="404"} 50`) {
+		t.Fatalf("%d requests of made-up methods made %d series; want one, of method \"other\":\n%s", n, series, got)
+	}
+}

@@ -116,15 +116,26 @@ func (m *Metrics) instrument(mux *http.ServeMux) http.Handler {
 			if route == "" || route == "/" {
 				route = "unmatched"
 			}
-			status := strconv.Itoa(sw.status)
-			m.requests.WithLabelValues(route, r.Method, status).Inc()
-			m.latency.WithLabelValues(route, r.Method, status).Observe(time.Since(start).Seconds())
+			status, method := strconv.Itoa(sw.status), methodLabel(r.Method)
+			m.requests.WithLabelValues(route, method, status).Inc()
+			m.latency.WithLabelValues(route, method, status).Observe(time.Since(start).Seconds())
 			if aborted {
 				panic(v)
 			}
 		}()
 		mux.ServeHTTP(sw, r)
 	})
+}
+
+// methodLabel is a request's method as a label: one of HTTP's, or "other", since a caller
+// needs no key to send any method, and each would be a series (and a histogram's) of its own.
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return method
+	}
+	return "other"
 }
 
 type stateCollector struct {
