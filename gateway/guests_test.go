@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -534,4 +535,42 @@ func TestPTYOutputStalledCallerEndsThePTY(t *testing.T) {
 		t.Fatalf("a PTY after the stalled one ended: %v", err)
 	}
 	next.CloseNow()
+}
+
+// onceUndecidedNode refuses its first exec 403 policy_error (the runtime decision point did
+// not answer), and runs the others.
+type onceUndecidedNode struct {
+	*fakenode.Node
+	calls *atomic.Int64
+}
+
+func (n onceUndecidedNode) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
+	if n.calls.Add(1) == 1 {
+		return session.ExecResult{}, &agent.Error{Status: 403, Code: nodeapi.CodePolicyError,
+			Message: "refused: the session's runtime policy could not decide (the runtime decision point did not answer); fix or re-pin the policy, or retry"}
+	}
+	return n.Node.Exec(ctx, s, req, argv, out)
+}
+
+// TestPolicyErrorIsNotKeptForReplays: a command refused because the policy could not decide
+// (nothing ran; the session goes on) is not kept for its Idempotency-Key's replays, as a 429
+// is not: its retry with the same key is decided again, and runs. Before, the retry replayed
+// the 403 and never reached the node.
+func TestPolicyErrorIsNotKeptForReplays(t *testing.T) {
+	calls := &atomic.Int64{}
+	e := newEnv(t, func(c *Config) {
+		c.Guests = onceUndecidedNode{Node: c.Guests.(*fakenode.Node), calls: calls}
+	})
+	s := e.running(map[string]any{"tier": 2})
+	req := map[string]any{"command": "echo hi"}
+	expectError(t, e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, req, "Idempotency-Key", "k-undecided"), 403, "policy_error", "*")
+	r := e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, req, "Idempotency-Key", "k-undecided")
+	if r.status != 200 || calls.Load() != 2 {
+		t.Fatalf("the retry with its Idempotency-Key of a command the policy could not decide on: %d %s (the node asked %d times); want it decided again and run",
+			r.status, strings.TrimSpace(string(r.body)), calls.Load())
+	}
+	// A replay of the run is the run's: the node is not asked a third time.
+	if r := e.do("POST", "/v1/sessions/"+s.ID+"/exec", e.key, req, "Idempotency-Key", "k-undecided"); r.status != 200 || calls.Load() != 2 {
+		t.Fatalf("a replay after the run: %d (the node asked %d times); want the run's 200, not run again", r.status, calls.Load())
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -148,12 +149,15 @@ func (s *Server) idempotent(h handler) handler {
 			s.writeError(rw, r, herr)
 		}
 		stop()
-		if rw.status == 429 || rw.status >= 500 || rw.status == 0 {
-			// A 429 is a refusal before anything is written: the key is forgotten, unless
-			// this request took it over from one that may still write under its ref (a
-			// gateway that died, or was thought to). After a 5xx (or no answer) something
-			// may have been: a retry with this body takes the key over with its ref.
-			forget := rw.status == 429 && !claim.Resumed
+		var ae *apiError
+		undecided := errors.As(herr, &ae) && ae.Code == "policy_error"
+		if rw.status == 429 || undecided || rw.status >= 500 || rw.status == 0 {
+			// A 429, or a command the session's policy could not decide on, is a refusal
+			// before anything is written: the key is forgotten, unless this request took it
+			// over from one that may still write under its ref (a gateway that died, or was
+			// thought to). After a 5xx (or no answer) something may have been: a retry with
+			// this body takes the key over with its ref.
+			forget := (rw.status == 429 || undecided) && !claim.Resumed
 			if err := s.Store.IdemRelease(ctx, p.ID, key, claim, forget); err != nil {
 				s.log.Error("idempotency release", "err", err)
 			}
