@@ -141,6 +141,9 @@ type Stats struct {
 type SnapshotInfo struct {
 	Memory    bool  `json:"memory"`     // the snapshot holds the guest's memory (restores running processes)
 	SizeBytes int64 `json:"size_bytes"` // bytes on disk
+	// RootImage names the root disk image a memory snapshot's guest ran on, where only a node
+	// with that very image can restore its memory (RootImager); "" where any node can.
+	RootImage string `json:"root_image,omitempty"`
 }
 
 // Event types.
@@ -226,6 +229,14 @@ var ErrNotFound = errors.New("hypervisor: guest not found")
 // than its disk allowance (a sparse file counts whole), and the snapshot would take that much
 // of the host's disk. The guest runs on; the caller can shrink its files and try again.
 var ErrLayerTooLarge = errors.New("the guest's files add up to more than its disk allowance")
+
+// RootImager is a Driver whose memory snapshots restore only on a node that has the root disk
+// image their guest ran on. RootImages names the images this node has, as
+// SnapshotInfo.RootImage names them: the node advertises them, so that a restore of such a
+// snapshot is placed on a node that can do it.
+type RootImager interface {
+	RootImages() []string
+}
 
 // Driver is a guest back end.
 type Driver interface {

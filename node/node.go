@@ -382,6 +382,9 @@ func (n *Node) sessionUsage() (vcpu, mem int) {
 func (n *Node) heartbeat(ctx context.Context) bool {
 	info := n.Info
 	info.HeartbeatEvery = n.Heartbeat // its room lapses a few of these after (store.Heartbeat)
+	if ri, ok := n.Driver.(hypervisor.RootImager); ok {
+		info.Images = ri.RootImages() // new ones appear as templates are first started
+	}
 	// Each project's, for its share of the node, which the placers' claims check against it.
 	info.Projects = map[string]store.NodeUse{}
 	var fresh, shown []*live

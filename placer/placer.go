@@ -230,7 +230,15 @@ func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
 	share := &share{pct: v.Project.NodeSharePct, used: v.Usage}
 	for _, sess := range v.Pending {
 		id := sess.ID
-		node, claim, ok, err := p.choose(ctx, v.Nodes, v.Claims, sess, share)
+		img, err := p.restoreImage(ctx, sess)
+		if err != nil {
+			if ctx.Err() == nil {
+				p.Logger.Error("placer: read the snapshot to restore", "session", id, "err", err)
+			}
+			left = true
+			continue
+		}
+		node, claim, ok, err := p.choose(ctx, v.Nodes, v.Claims, sess, img, share)
 		if err != nil {
 			if ctx.Err() == nil {
 				p.Logger.Error("placer: claim room on a node", "session", id, "err", err)
@@ -308,8 +316,32 @@ func (sh *share) add(node string, sess *session.Session) {
 	sh.used[node] = u
 }
 
+// restoreImage is the root disk image a node must have to place sess on it: that of the memory
+// snapshot it restores, whose memory only a node with that image can restore
+// (session.SnapshotRecord.RootImage); "" when any node will do. A node that advertises no
+// images (an earlier wb's, during a rolling deploy, or another back end's) is not one: an
+// earlier wb's images are of its own binary, never the one a snapshot of this wb names.
+func (p *Placer) restoreImage(ctx context.Context, sess *session.Session) (string, error) {
+	if sess.RestoreFrom == nil {
+		return "", nil
+	}
+	var snap session.SnapshotRecord
+	err := p.Store.GetObject(ctx, sess.ProjectID, store.KindSnapshot, *sess.RestoreFrom, &snap)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil // deleted since the create: the node's restore says so
+	}
+	if err != nil {
+		return "", err
+	}
+	if !snap.IncludeMemory {
+		return "", nil
+	}
+	return snap.RootImage, nil
+}
+
 // choose picks the live node in the session's region, not draining, that offers its tier,
-// has room within the project's share of it, and has the most free memory after the claims
+// has the root disk image img when that is set (restoreImage), has room within the project's
+// share of it, and has the most free memory after the claims
 // of placements its heartbeat may not show yet; it claims the session's resources on it.
 // The claims are in Redis (Store.ClaimOnNode), shared by every placer, and a claim is
 // checked and made in one script: placers of several gateways placing at once never fill the
@@ -317,11 +349,14 @@ func (sh *share) add(node string, sess *session.Session) {
 // round's read of it may be stale by a stall. A node whose room another placer took since the
 // read is passed for the next. claims is the round's read of the nodes' claims; choose adds
 // the one it makes, and answers it, for release should the placement not happen.
-func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[string]store.NodeUse, sess *session.Session, sh *share) (store.NodeInfo, store.Claim, bool, error) {
+func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[string]store.NodeUse, sess *session.Session, img string, sh *share) (store.NodeInfo, store.Claim, bool, error) {
 	now := p.Now()
 	var cands []store.NodeInfo
 	for _, n := range nodes {
 		if !p.live(now, n) || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) || !sh.fits(n, sess) {
+			continue
+		}
+		if img != "" && !slices.Contains(n.Images, img) {
 			continue
 		}
 		cands = append(cands, n)

@@ -22,6 +22,15 @@ type Snapshot struct {
 	NodeID   string `json:"-"`
 }
 
+// SnapshotRecord is a Snapshot as the control plane keeps it, with what its restore needs that
+// the API does not show (a reader of the Snapshot alone ignores it).
+type SnapshotRecord struct {
+	Snapshot
+	// RootImage names the root disk image a memory snapshot's guest ran on, where its memory
+	// can be restored only on a node that has it (store.NodeInfo.Images); "" where any can.
+	RootImage string `json:"root_image,omitempty"`
+}
+
 // Run states.
 const (
 	RunQueued    = "queued"

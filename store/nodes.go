@@ -28,6 +28,11 @@ type NodeInfo struct {
 	HeartbeatAt   time.Time `json:"heartbeat_at"`
 	// Draining: the node takes no new sessions; the edge (xds) marks its endpoint DRAINING.
 	Draining bool `json:"draining,omitempty"`
+	// Images names the root disk images the node has (hypervisor.RootImager): a memory
+	// snapshot that needs one (session.SnapshotRecord.RootImage) is restored only on a node
+	// that names it. Absent from a node of an earlier wb, or of a back end without such
+	// images; an earlier reader ignores it.
+	Images []string `json:"images,omitempty"`
 	// HeartbeatEvery is how often the node beats (Heartbeat's caller says; not recorded): its
 	// room (nodeRoomKey) lapses roomBeats of them after the heartbeat that wrote it. Zero:
 	// defaultHeartbeatEvery.

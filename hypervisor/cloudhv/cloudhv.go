@@ -96,6 +96,7 @@ var (
 	_ hypervisor.AgentDialer   = (*Driver)(nil)
 	_ hypervisor.Resizer       = (*Driver)(nil)
 	_ hypervisor.EgressRelayer = (*Driver)(nil)
+	_ hypervisor.RootImager    = (*Driver)(nil)
 )
 
 // exitInfo is how a VMM this process started ended.

@@ -154,8 +154,42 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (out
 		}
 	}
 	out.Memory = memory
+	if memory {
+		out.RootImage = rootImageID(rec.RootFS, rec.RootFSUUID)
+	}
 	out.SizeBytes = guestfile.DiskUsage(dir)
 	return out, nil
+}
+
+// rootImageID is how SnapshotInfo.RootImage and RootImages name a root disk image: by the two
+// things a memory restore checks of it (snapshotRootFS), its file name in the cache dir and
+// its filesystem's UUID.
+func rootImageID(name, uuid string) string { return name + "/" + uuid }
+
+// RootImages names the root disk images in this node's cache dir (hypervisor.RootImager): the
+// memory snapshots it can restore are those whose RootImage is one of them. It reads each
+// image's superblock, a few small reads per heartbeat; an image being built is not named (it
+// is renamed into place whole).
+func (d *Driver) RootImages() []string {
+	ents, err := os.ReadDir(d.o.CacheDir)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			d.log.Warn("list the root disk images", "err", err)
+		}
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !strings.HasPrefix(e.Name(), "rootfs-") {
+			continue
+		}
+		uuid, err := image.FilesystemUUID(filepath.Join(d.o.CacheDir, e.Name()))
+		if err != nil {
+			continue // not an image a restore could use either
+		}
+		out = append(out, rootImageID(e.Name(), uuid))
+	}
+	return out
 }
 
 // syncTimeout bounds the guest's sync before a disk snapshot.

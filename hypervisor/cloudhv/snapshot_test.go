@@ -171,8 +171,13 @@ func TestMemoryRestoreOnAnotherNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(e.base, "snap")
-	if _, err := d1.Snapshot(ctx, s.ID, dir, true); err != nil {
+	info, err := d1.Snapshot(ctx, s.ID, dir, true)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// The image the snapshot names is one node 1 advertises (for the placement of restores).
+	if info.RootImage == "" || !slices.Contains(d1.RootImages(), info.RootImage) {
+		t.Fatalf("the memory snapshot names root image %q; node 1 advertises %q", info.RootImage, d1.RootImages())
 	}
 	imgCopy := filepath.Join(e.base, "image-copy")
 	if out, err := exec.Command("cp", "--sparse=always", img1, imgCopy).CombinedOutput(); err != nil {
@@ -191,10 +196,13 @@ func TestMemoryRestoreOnAnotherNode(t *testing.T) {
 		// cache fills node 2's cache dir, where the image of guest spec r is path.
 		cache func(t *testing.T, d *cloudhv.Driver, r hypervisor.Spec, path string)
 		ok    bool
+		// has: node 2 advertises the image the snapshot names (RootImages).
+		has bool
 	}{
 		// An earlier driver's record names no image: its config.json's path, the same here,
 		// holds a file that cannot be told from another build of the image.
-		{name: "an earlier driver's record", cache: func(t *testing.T, _ *cloudhv.Driver, _ hypervisor.Spec, path string) {
+		// (Node 2 has the image; only the record lacks its names.)
+		{name: "an earlier driver's record", has: true, cache: func(t *testing.T, _ *cloudhv.Driver, _ hypervisor.Spec, path string) {
 			// The path its config.json names holds the image too (on node 2's host: the
 			// same --data-dir), so that only the record's missing names refuse it.
 			if err := os.MkdirAll(filepath.Dir(img1), 0o755); err != nil {
@@ -223,7 +231,7 @@ func TestMemoryRestoreOnAnotherNode(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{name: "its image", ok: true, cache: func(t *testing.T, _ *cloudhv.Driver, _ hypervisor.Spec, path string) {
+		{name: "its image", ok: true, has: true, cache: func(t *testing.T, _ *cloudhv.Driver, _ hypervisor.Spec, path string) {
 			if err := os.Rename(imgCopy, path); err != nil {
 				t.Fatal(err)
 			}
@@ -257,6 +265,9 @@ func TestMemoryRestoreOnAnotherNode(t *testing.T) {
 			})
 			img2 := filepath.Join(o.CacheDir, filepath.Base(img1))
 			tc.cache(t, d2, r, img2)
+			if got := slices.Contains(d2.RootImages(), info.RootImage); got != tc.has {
+				t.Errorf("node 2 advertises %q: has the snapshot's %s %v, want %v", d2.RootImages(), info.RootImage, got, tc.has)
+			}
 			err = d2.Restore(ctx, r, dir)
 			if !tc.ok {
 				if !errors.Is(err, cloudhv.ErrSnapshotImage) {
