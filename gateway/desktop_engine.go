@@ -731,7 +731,7 @@ func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desk
 		return notSaved("this machine's guests cannot save their memory")
 	}
 	snap.SizeBytes = size
-	if err := s.recordSnapshot(bg, proj, snap); err != nil {
+	if err := s.recordSnapshot(bg, proj, session.SnapshotRecord{Snapshot: snap}); err != nil {
 		s.log.Warn("desktop: record the saved state", "desktop", rec.ID, "err", err)
 		return notSaved(toAPIError(err).Message)
 	}

@@ -13,6 +13,7 @@ import (
 	"wb/agent"
 	"wb/console"
 	"wb/desktop"
+	"wb/hypervisor"
 	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
@@ -34,8 +35,9 @@ type Guests interface {
 	Pause(ctx context.Context, s *session.Session) error
 	Resume(ctx context.Context, s *session.Session) error
 	// Snapshot saves the guest; memory only when asked and the back end can. It answers
-	// whether memory was included and the size.
-	Snapshot(ctx context.Context, s *session.Session, snapshotID string, includeMemory bool) (memory bool, size int64, err error)
+	// whether memory was included, the size, and the root disk image a restore of its memory
+	// needs (hypervisor.SnapshotInfo.RootImage).
+	Snapshot(ctx context.Context, s *session.Session, snapshotID string, includeMemory bool) (hypervisor.SnapshotInfo, error)
 	// Stop tears the guest down; the node then ends the session (stopping → terminal).
 	Stop(ctx context.Context, s *session.Session) error
 	// StopSaving is Stop after the node saved the guest, memory and all, as snapshot
@@ -130,6 +132,10 @@ type Config struct {
 	// and the guest's agent for ever. One bound for every call: the caller's stall is the
 	// same whatever it called.
 	WriteStall time.Duration
+	// NodeTimeout is how long a node may go without a heartbeat before it counts as dead, as
+	// the placer judges it (0: 10 s, the placer's default): a restore that only some nodes can
+	// do is refused when none of them is live.
+	NodeTimeout time.Duration
 }
 
 // Server is the HTTP API.

@@ -114,7 +114,7 @@ func (s *Server) snapshotRoom(ctx context.Context, project string) (store.Projec
 // that does not fit has its files deleted from the node, and the refusal is answered. The
 // check and the record are one step in the store, so snapshots taken at once cannot pass
 // the plan together.
-func (s *Server) recordSnapshot(ctx context.Context, p store.Project, snap session.Snapshot) error {
+func (s *Server) recordSnapshot(ctx context.Context, p store.Project, snap session.SnapshotRecord) error {
 	err := s.Store.PutSnapshot(ctx, p.ID, snap.ID, snap, max(snap.SizeBytes, 1), p.SnapshotCount, p.SnapshotBytes())
 	var le *store.SnapshotLimitError
 	if !errors.As(err, &le) {

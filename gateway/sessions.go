@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -228,10 +230,38 @@ func withMarks(meta, marks map[string]string) map[string]string {
 	return out
 }
 
+// checkRestorable refuses the restore of a memory snapshot that no live node can do: its memory
+// needs the root disk image its guest ran on (session.SnapshotRecord.RootImage), and the placer
+// places the restore only on a node that has that image (store.NodeInfo.Images); with none, the
+// session would wait pending until its provisioning deadline failed it. A snapshot that names no
+// image (disk only, another back end's, or taken by an earlier wb) is restored anywhere. (The
+// check reads the nodes as they are now: one that leaves before the placement leaves the
+// session pending until its deadline, as any session with no room.)
+func (s *Server) checkRestorable(ctx context.Context, snap session.SnapshotRecord) error {
+	if !snap.IncludeMemory || snap.RootImage == "" {
+		return nil
+	}
+	nodes, err := s.Store.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	now, timeout := s.Now(), cmp.Or(s.NodeTimeout, 10*time.Second)
+	for _, n := range nodes {
+		if !n.Draining && now.Sub(n.HeartbeatAt) <= timeout && slices.Contains(n.Images, snap.RootImage) {
+			return nil
+		}
+	}
+	// A 400 on restore_from, as a snapshot not ready is: the create's 409 is the
+	// Idempotency-Key's alone (openapi.json).
+	return errInvalid("restore_from", "snapshot %s holds its guest's memory, which only a node with the root disk image "+
+		"the guest ran on can restore, and no live node has that image (the node that took the snapshot is gone, "+
+		"or runs another wb since an upgrade)", snap.ID)
+}
+
 // validateRefs checks the fields that name other things: template, region, policy, snapshot.
 func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session.CreateRequest) error {
 	if req.RestoreFrom != "" {
-		var snap session.Snapshot
+		var snap session.SnapshotRecord
 		if err := s.Store.GetObject(ctx, p.ID, store.KindSnapshot, req.RestoreFrom, &snap); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return errInvalid("restore_from", "no snapshot %q in this project", req.RestoreFrom)
@@ -240,6 +270,9 @@ func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session
 		}
 		if snap.State != session.SnapshotReady {
 			return errInvalid("restore_from", "snapshot %s is %s, not ready", snap.ID, snap.State)
+		}
+		if err := s.checkRestorable(ctx, snap); err != nil {
+			return err
 		}
 		if req.Template == "" {
 			req.Template = snap.Template
@@ -728,8 +761,8 @@ func (s *Server) takeSnapshotAs(ctx context.Context, sess *session.Session, id s
 	// between leaves none, which the placer's sweep gives the session.
 	endLease := s.holdSnapshotLease(bg, store.SessionRef{Project: sess.ProjectID, ID: sess.ID}, snap.ID)
 	defer endLease(false)
-	mem, size, snapErr := g.Snapshot(bg, sess, snap.ID, includeMemory)
-	snap.IncludeMemory, snap.SizeBytes = mem, size
+	info, snapErr := g.Snapshot(bg, sess, snap.ID, includeMemory)
+	snap.IncludeMemory, snap.SizeBytes = info.Memory, info.SizeBytes
 	if snapErr != nil {
 		snap.State = session.SnapshotFailed
 		s.log.Error("snapshot", "session", sess.ID, "err", snapErr)
@@ -737,7 +770,7 @@ func (s *Server) takeSnapshotAs(ctx context.Context, sess *session.Session, id s
 	// A snapshot that passes the plan (a 403) is not recorded; one that failed is, as failed.
 	var recordErr error
 	if snapErr == nil {
-		recordErr = s.recordSnapshot(bg, proj, snap)
+		recordErr = s.recordSnapshot(bg, proj, session.SnapshotRecord{Snapshot: snap, RootImage: info.RootImage})
 	} else {
 		recordErr = s.Store.PutObject(bg, sess.ProjectID, store.KindSnapshot, snap.ID, snap)
 	}

@@ -200,9 +200,9 @@ func (n *Node) apiAction(w http.ResponseWriter, r *http.Request) {
 			err = &session.FieldError{Field: "snapshot_id", Message: fmt.Sprintf("%q is not a usable snapshot id (1–128 letters, digits, _ or -)", req.SnapshotID)}
 			break
 		}
-		var res nodeapi.SnapshotResult
-		if res.Memory, res.SizeBytes, err = n.Snapshot(ctx, ref, req.SnapshotID, req.IncludeMemory); err == nil {
-			writeJSON(w, 200, res)
+		var info hypervisor.SnapshotInfo
+		if info, err = n.Snapshot(ctx, ref, req.SnapshotID, req.IncludeMemory); err == nil {
+			writeJSON(w, 200, nodeapi.SnapshotResult{Memory: info.Memory, SizeBytes: info.SizeBytes, RootImage: info.RootImage})
 			return
 		}
 	default:

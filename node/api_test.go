@@ -77,10 +77,10 @@ func testAPIThroughClient(t *testing.T, rt string) {
 
 	// Snapshot (the writable layer), a bad snapshot id, and the snapshot's deletion.
 	snapID := session.NewID("snap_", time.Now())
-	if mem, size, err := c.Snapshot(ctx, s, snapID, false); err != nil || mem || size <= 0 {
-		t.Fatalf("snapshot: memory %v size %d err %v", mem, size, err)
+	if info, err := c.Snapshot(ctx, s, snapID, false); err != nil || info.Memory || info.SizeBytes <= 0 {
+		t.Fatalf("snapshot: memory %v size %d err %v", info.Memory, info.SizeBytes, err)
 	}
-	_, _, err := c.Snapshot(ctx, s, "../x", false)
+	_, err := c.Snapshot(ctx, s, "../x", false)
 	wantNodeError(t, "a bad snapshot id", err, 400, nodeapi.CodeInvalidRequest, "snapshot_id")
 	if err := c.DeleteSnapshot(ctx, snapID); err != nil {
 		t.Fatalf("delete snapshot: %v", err)

@@ -284,6 +284,7 @@ type vmDriver interface {
 	hypervisor.AgentDialer
 	hypervisor.EgressRelayer
 	hypervisor.Resizer
+	hypervisor.RootImager
 }
 
 // timedVM is a timedDriver over a VM driver, keeping its optional interfaces.

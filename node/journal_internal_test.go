@@ -548,7 +548,7 @@ func TestSnapshotBoundsTheQuiesce(t *testing.T) {
 	const snap = "snap_0123456789abcdefgh"
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_mute", ProjectID: "proj_mute"}, snap, true)
+		_, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_mute", ProjectID: "proj_mute"}, snap, true)
 		done <- err
 	}()
 	select {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/session"
 )
 
@@ -98,9 +99,9 @@ func (c *Local) Resume(ctx context.Context, s *session.Session) error {
 }
 
 // Snapshot saves it.
-func (c *Local) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
-	m, size, err := c.n.Snapshot(ctx, s, snapshotID, memory)
-	return m, size, asAPIError(err)
+func (c *Local) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (hypervisor.SnapshotInfo, error) {
+	info, err := c.n.Snapshot(ctx, s, snapshotID, memory)
+	return info, asAPIError(err)
 }
 
 // Stop tears the guest down; the node ends the session.

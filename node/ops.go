@@ -489,10 +489,10 @@ func (n *Node) Resize(ctx context.Context, s *session.Session, res session.Resou
 // layer only. A memory snapshot is answered once the checkpoint has written it; the guest comes
 // back in the background (restoreAfterCheckpoint), holding its lock, so that a call on the
 // session waits for it rather than failing.
-func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
+func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (hypervisor.SnapshotInfo, error) {
 	l, err := n.lookup(s.ID)
 	if err != nil {
-		return false, 0, err
+		return hypervisor.SnapshotInfo{}, err
 	}
 	op := lockFor(l, "snapshot")
 	handedOver := false
@@ -502,20 +502,20 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		}
 	}()
 	if l.g.State != session.Running {
-		return false, 0, &StateError{SessionID: s.ID, State: l.g.State}
+		return hypervisor.SnapshotInfo{}, &StateError{SessionID: s.ID, State: l.g.State}
 	}
 	tpl, err := n.template(l.g.Template)
 	if err != nil {
-		return false, 0, err
+		return hypervisor.SnapshotInfo{}, err
 	}
 	dir, err := n.snapshotDir(snapshotID)
 	if err != nil {
-		return false, 0, err
+		return hypervisor.SnapshotInfo{}, err
 	}
 	memory = memory && n.keepsMemory()
 	if !memory {
 		info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, false)
-		return false, info.SizeBytes, err
+		return hypervisor.SnapshotInfo{SizeBytes: info.SizeBytes}, err
 	}
 	// The checkpoint stops the guest. It goes on as a new guest restored from the checkpoint,
 	// while the old one is deleted in the background (runsc takes a second or two to reap a
@@ -531,10 +531,10 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	info, err := n.checkpoint(ctx, l, snapshotID, dir, steps)
 	if err != nil {
 		if errors.Is(err, errNotQuiesced) {
-			return false, 0, err
+			return hypervisor.SnapshotInfo{}, err
 		}
 		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
-			return false, 0, fmt.Errorf("snapshot: checkpoint stopped the guest: %w", err)
+			return hypervisor.SnapshotInfo{}, fmt.Errorf("snapshot: checkpoint stopped the guest: %w", err)
 		}
 		if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
 			_ = n.resumeAgent(l.g.GuestID, resumeFile(snapshotID))
@@ -542,9 +542,9 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		if herr := waitHealthy(hctx, l.agent); herr != nil {
-			return false, 0, fmt.Errorf("snapshot: %w; and the agent did not come back: %w", err, herr)
+			return hypervisor.SnapshotInfo{}, fmt.Errorf("snapshot: %w; and the agent did not come back: %w", err, herr)
 		}
-		return false, 0, fmt.Errorf("snapshot: checkpoint: %w", err)
+		return hypervisor.SnapshotInfo{}, fmt.Errorf("snapshot: checkpoint: %w", err)
 	}
 	// The snapshot is whole: it is answered now, and the guest comes back meanwhile (on a
 	// loaded 2-core host the restore was 365–505 ms of a snapshot's 642–875). Its directory
@@ -559,7 +559,7 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 	if !n.goBackground(back) {
 		back() // the node winds down: it waits for nothing it starts now
 	}
-	return info.Memory, info.SizeBytes, nil
+	return info, nil
 }
 
 // errNotQuiesced is checkpoint's error when the guest's agent did not let go of its socket;
@@ -686,7 +686,11 @@ func (n *Node) Stop(ctx context.Context, s *session.Session) error {
 // written, where the back end cannot) and the snapshot's size; the session ends either way,
 // and the snapshot is uploaded first when an object store is set (see Snapshot).
 func (n *Node) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
-	return n.saved(ctx, snapshotID, func() (bool, int64, error) { return n.stop(ctx, s, snapshotID) })
+	info, err := n.saved(ctx, snapshotID, func() (hypervisor.SnapshotInfo, error) {
+		mem, size, err := n.stop(ctx, s, snapshotID)
+		return hypervisor.SnapshotInfo{Memory: mem, SizeBytes: size}, err
+	})
+	return info.Memory, info.SizeBytes, err
 }
 
 // stop is Stop, saving the guest as snapshot saveAs first when that is set.

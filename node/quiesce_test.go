@@ -38,7 +38,8 @@ func TestSlowCheckpointKeepsTheGuest(t *testing.T) {
 	if res, err := execIn(ctx, n.Node, s, "sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /workspace/bg.pid; echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
 		t.Fatalf("exec: %+v, %v", res, err)
 	}
-	mem, _, err := n.Snapshot(ctx, s, session.NewID("snap_", time.Now()), true)
+	info, err := n.Snapshot(ctx, s, session.NewID("snap_", time.Now()), true)
+	mem := info.Memory
 	if err != nil || !mem {
 		t.Fatalf("a slow checkpoint: memory %v, %v", mem, err)
 	}

@@ -80,7 +80,7 @@ func TestResumeFileIgnoresAGuestSymlink(t *testing.T) {
 		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now, SampledAt: now, IdleTimeoutS: 600, MaxLifetimeS: 3600}}
 	n.guests["sess_evil"] = l
 	const snap = "snap_0123456789abcdefgh"
-	if _, _, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_evil", ProjectID: "proj_evil"}, snap, true); err == nil {
+	if _, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_evil", ProjectID: "proj_evil"}, snap, true); err == nil {
 		t.Fatal("the snapshot succeeded though the agent failed its quiesce")
 	}
 	select {

@@ -12,36 +12,37 @@ import (
 	"sync"
 	"time"
 
+	"wb/hypervisor"
 	"wb/session"
 )
 
 // Snapshot saves the guest into the node's snapshot directory (see takeSnapshot) and, with
 // an object store configured, uploads it before answering (see saved). The guest goes on
 // either way.
-func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
-	return n.saved(ctx, snapshotID, func() (bool, int64, error) { return n.takeSnapshot(ctx, s, snapshotID, memory) })
+func (n *Node) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (hypervisor.SnapshotInfo, error) {
+	return n.saved(ctx, snapshotID, func() (hypervisor.SnapshotInfo, error) { return n.takeSnapshot(ctx, s, snapshotID, memory) })
 }
 
 // saved runs take, which writes snapshot snapshotID into the node's snapshot directory (or
 // nothing), and, with an object store configured, uploads what it wrote before answering:
 // the control plane records the snapshot ready only on this answer, so a node that dies
 // before the upload has finished leaves it failed, and a failed upload fails the snapshot.
-func (n *Node) saved(ctx context.Context, snapshotID string, take func() (bool, int64, error)) (bool, int64, error) {
+func (n *Node) saved(ctx context.Context, snapshotID string, take func() (hypervisor.SnapshotInfo, error)) (hypervisor.SnapshotInfo, error) {
 	if n.Snapshots == nil {
 		return take()
 	}
 	dir, err := n.snapshotDir(snapshotID)
 	if err != nil {
-		return false, 0, err
+		return hypervisor.SnapshotInfo{}, err
 	}
 	release := n.snapshotsInUse.acquire(snapshotID)
 	defer release()
-	mem, size, err := take()
+	info, err := take()
 	if err != nil {
-		return mem, size, err
+		return info, err
 	}
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return mem, size, nil // nothing written: nothing to upload
+		return info, nil // nothing written: nothing to upload
 	}
 	t0 := time.Now()
 	m, err := n.Snapshots.Put(ctx, snapshotID, dir)
@@ -50,11 +51,11 @@ func (n *Node) saved(ctx context.Context, snapshotID string, take func() (bool, 
 		if derr := n.Snapshots.Delete(context.WithoutCancel(ctx), snapshotID); derr != nil {
 			n.Logger.Warn("node: remove a failed upload", "snapshot", snapshotID, "err", derr)
 		}
-		return mem, size, fmt.Errorf("snapshot %s: upload to %s: %w", snapshotID, n.Snapshots.Name, err)
+		return info, fmt.Errorf("snapshot %s: upload to %s: %w", snapshotID, n.Snapshots.Name, err)
 	}
 	n.Logger.Debug("node: snapshot uploaded", "snapshot", snapshotID, "bytes", m.Bytes(), "took", time.Since(t0))
 	n.evictSnapshots(snapshotID)
-	return mem, size, nil
+	return info, nil
 }
 
 // restoreDir answers the directory to restore snapshot id from, fetching it from the object

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,8 +54,29 @@ func testSnapshotRestore(t *testing.T, rt string, wantMemory bool) {
 		t.Fatalf("exec after resume: %+v, %v", res, err)
 	}
 	snapID := session.NewID("snap_", time.Now())
-	if mem, size, err := n.Snapshot(ctx, s, snapID, true); err != nil || mem != wantMemory || size <= 0 {
-		t.Fatalf("snapshot: memory %v (want %v) size %d err %v", mem, wantMemory, size, err)
+	info, err := n.Snapshot(ctx, s, snapID, true)
+	if err != nil || info.Memory != wantMemory || info.SizeBytes <= 0 {
+		t.Fatalf("snapshot: memory %v (want %v) size %d err %v", info.Memory, wantMemory, info.SizeBytes, err)
+	}
+	// A VM's memory snapshot names the root disk image its restore needs, and the node's
+	// heartbeat advertises it (the placer places the restore by it); runsc's needs none.
+	if (info.RootImage != "") != (rt == "cloudhv") {
+		t.Fatalf("the memory snapshot names root image %q", info.RootImage)
+	}
+	if info.RootImage != "" {
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			ns, err := st.Nodes(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(ns, func(x store.NodeInfo) bool { return x.ID == n.Info.ID })
+			if i >= 0 && slices.Contains(ns[i].Images, info.RootImage) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the node's heartbeat does not advertise the snapshot's image %s", info.RootImage)
+			}
+		}
 	}
 	if res, err := execIn(ctx, n.Node, s, "cat /workspace/f && echo after > /workspace/g"); err != nil || res.ExitCode != 0 || res.Stdout != "kept\n" {
 		t.Fatalf("exec after the snapshot: %+v, %v", res, err)
@@ -161,7 +183,8 @@ func TestMemorySnapshotAnsweredBeforeTheRestore(t *testing.T) {
 	snapID := session.NewID("snap_", time.Now())
 	answered := make(chan error, 1)
 	go func() {
-		mem, _, err := n.Snapshot(ctx, s, snapID, true)
+		info, err := n.Snapshot(ctx, s, snapID, true)
+		mem := info.Memory
 		if err == nil && !mem {
 			err = errors.New("the snapshot holds no memory")
 		}
@@ -230,7 +253,7 @@ func TestRestoreFailsAfterTheSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := n.Snapshot(ctx, cur, session.NewID("snap_", time.Now()), true); err != nil {
+	if _, err := n.Snapshot(ctx, cur, session.NewID("snap_", time.Now()), true); err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
 	<-d.restoring

@@ -102,7 +102,8 @@ func TestMemorySnapshotBillsBothGuestsCPU(t *testing.T) {
 		IdleTimeoutS: 600, MaxLifetimeS: 3600, CPURaw: 10_000, CPUMs: 10_000}}
 	n.guests["sess_cpu"] = l
 	d.set(old, 12_000) // 2 s of CPU since the last sample, then the checkpoint
-	mem, _, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_cpu", ProjectID: "proj_cpu"}, "snap_0123456789abcdefgh", true)
+	info, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_cpu", ProjectID: "proj_cpu"}, "snap_0123456789abcdefgh", true)
+	mem := info.Memory
 	if err != nil || !mem {
 		t.Fatalf("snapshot: memory %v, %v", mem, err)
 	}

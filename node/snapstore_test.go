@@ -50,7 +50,8 @@ func TestSnapshotAcrossNodes(t *testing.T) {
 		}
 		before = awaitCounter(t, ctx, a.Node, s, 5, "the counter never started")
 		snapID = session.NewID("snap_", time.Now())
-		mem, _, err := a.Snapshot(ctx, s, snapID, true)
+		info, err := a.Snapshot(ctx, s, snapID, true)
+		mem := info.Memory
 		if err != nil && strings.Contains(err.Error(), "checkpoint") && attempt < 3 {
 			t.Logf("memory snapshot, attempt %d: %.300s (runsc checkpoint race under load); again on a new session", attempt, err)
 			continue
@@ -112,7 +113,7 @@ func TestSnapshotUploadFails(t *testing.T) {
 
 	s3.FailPuts(true)
 	failed := session.NewID("snap_", time.Now())
-	if _, _, err := n.Snapshot(ctx, s, failed, false); err == nil || !strings.Contains(err.Error(), "upload") {
+	if _, err := n.Snapshot(ctx, s, failed, false); err == nil || !strings.Contains(err.Error(), "upload") {
 		t.Fatalf("snapshot with uploads refused: %v, want an upload error", err)
 	}
 	s3.FailPuts(false)
@@ -123,7 +124,7 @@ func TestSnapshotUploadFails(t *testing.T) {
 		t.Fatalf("the guest after a failed upload: %+v, %v", res, err)
 	}
 	ok := session.NewID("snap_", time.Now())
-	if _, _, err := n.Snapshot(ctx, s, ok, false); err != nil {
+	if _, err := n.Snapshot(ctx, s, ok, false); err != nil {
 		t.Fatalf("snapshot once uploads work: %v", err)
 	}
 	if _, err := cfg.Snapshots.Manifest(ctx, ok); err != nil {
@@ -169,7 +170,7 @@ func TestSnapshotCacheBounded(t *testing.T) {
 	}
 	first, second := session.NewID("snap_", time.Now()), session.NewID("snap_", time.Now().Add(time.Millisecond))
 	for _, id := range []string{first, second} {
-		if _, _, err := n.Snapshot(ctx, s, id, false); err != nil {
+		if _, err := n.Snapshot(ctx, s, id, false); err != nil {
 			t.Fatalf("snapshot %s: %v", id, err)
 		}
 	}

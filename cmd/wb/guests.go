@@ -5,6 +5,7 @@ import (
 
 	"wb/agent"
 	"wb/gateway"
+	"wb/hypervisor"
 	"wb/session"
 )
 
@@ -57,7 +58,7 @@ func (g embeddedGuests) Resume(ctx context.Context, s *session.Session) error {
 	return g.of(s).Resume(ctx, s)
 }
 
-func (g embeddedGuests) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
+func (g embeddedGuests) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (hypervisor.SnapshotInfo, error) {
 	return g.of(s).Snapshot(ctx, s, snapshotID, memory)
 }
 

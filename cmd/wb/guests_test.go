@@ -7,6 +7,7 @@ import (
 
 	"wb/agent"
 	"wb/gateway"
+	"wb/hypervisor"
 	"wb/session"
 )
 
@@ -44,9 +45,9 @@ func (r recordingGuests) Resume(_ context.Context, s *session.Session) error {
 	return nil
 }
 
-func (r recordingGuests) Snapshot(_ context.Context, s *session.Session, _ string, _ bool) (bool, int64, error) {
+func (r recordingGuests) Snapshot(_ context.Context, s *session.Session, _ string, _ bool) (hypervisor.SnapshotInfo, error) {
 	r.note(s, "snapshot")
-	return false, 0, nil
+	return hypervisor.SnapshotInfo{}, nil
 }
 
 func (r recordingGuests) Stop(_ context.Context, s *session.Session) error {
@@ -77,7 +78,7 @@ func TestEmbeddedGuests(t *testing.T) {
 		_ = g.Retime(ctx, s)
 		_ = g.Pause(ctx, s)
 		_ = g.Resume(ctx, s)
-		_, _, _ = g.Snapshot(ctx, s, "snap_x", true)
+		_, _ = g.Snapshot(ctx, s, "snap_x", true)
 		_ = g.Stop(ctx, s)
 	}
 	all(&session.Session{ID: "sess_here", NodeID: "node_local"})

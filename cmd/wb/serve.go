@@ -304,7 +304,7 @@ Flags:
 		Guests: guests, Catalog: node.CatalogOf(tpls), Regions: []string{f.region}, PublicURL: strings.TrimRight(f.publicURL, "/"),
 		AdminKey: f.adminKey, Logger: log, Metrics: metrics, Policies: pol, Plugins: plug,
 		MetricsToken: f.metricsToken, MetricsElsewhere: f.metricsAddr != "", Tiers: tiers,
-		DesktopIdle: f.desktopIdle, DesktopSetup: desktopSetup(tpls),
+		DesktopIdle: f.desktopIdle, DesktopSetup: desktopSetup(tpls), NodeTimeout: f.nodeTimeout,
 	})
 	if err != nil {
 		ln.Close()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/session"
 	"wb/store"
 )
@@ -63,6 +64,15 @@ func (n *Node) Heartbeat(ctx context.Context) error {
 func (n *Node) SetCapacity(ctx context.Context, vcpu int) error {
 	n.mu.Lock()
 	n.Info.VCPU = vcpu
+	n.mu.Unlock()
+	return n.Heartbeat(ctx)
+}
+
+// SetImages changes the root disk images the node advertises (store.NodeInfo.Images) and
+// heartbeats; its memory snapshots from now on need the first.
+func (n *Node) SetImages(ctx context.Context, images ...string) error {
+	n.mu.Lock()
+	n.Info.Images = images
 	n.mu.Unlock()
 	return n.Heartbeat(ctx)
 }
@@ -275,8 +285,9 @@ func (n *Node) Resume(_ context.Context, s *session.Session) error {
 	return nil
 }
 
-// Snapshot answers a fixed size, after the delay SetSnapshotDelay set.
-func (n *Node) Snapshot(ctx context.Context, s *session.Session, id string, mem bool) (bool, int64, error) {
+// Snapshot answers a fixed size, after the delay SetSnapshotDelay set. A memory snapshot needs
+// the first root disk image the node advertises (Info.Images), where it advertises one.
+func (n *Node) Snapshot(ctx context.Context, s *session.Session, id string, mem bool) (hypervisor.SnapshotInfo, error) {
 	n.record("snapshot", s.ID)
 	n.mu.Lock()
 	delay := n.snapshotDelay
@@ -284,11 +295,15 @@ func (n *Node) Snapshot(ctx context.Context, s *session.Session, id string, mem 
 	select {
 	case <-time.After(delay):
 	case <-ctx.Done():
-		return false, 0, ctx.Err()
+		return hypervisor.SnapshotInfo{}, ctx.Err()
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return mem && n.MemorySnapshots, cmp.Or(n.snapshotBytes, 4096), nil
+	info := hypervisor.SnapshotInfo{Memory: mem && n.MemorySnapshots, SizeBytes: cmp.Or(n.snapshotBytes, 4096)}
+	if info.Memory && len(n.Info.Images) > 0 {
+		info.RootImage = n.Info.Images[0]
+	}
+	return info, nil
 }
 
 // SetSnapshotDelay makes every snapshot from now on take d, as a real one takes time.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/hypervisor"
 	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
@@ -222,11 +223,11 @@ func (c *Client) Resume(ctx context.Context, s *session.Session) error {
 }
 
 // Snapshot saves it.
-func (c *Client) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (bool, int64, error) {
+func (c *Client) Snapshot(ctx context.Context, s *session.Session, snapshotID string, memory bool) (hypervisor.SnapshotInfo, error) {
 	var res nodeapi.SnapshotResult
 	err := c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionSnapshot),
 		nodeapi.SnapshotRequest{SnapshotID: snapshotID, IncludeMemory: memory}, &res)
-	return res.Memory, res.SizeBytes, err
+	return hypervisor.SnapshotInfo{Memory: res.Memory, SizeBytes: res.SizeBytes, RootImage: res.RootImage}, err
 }
 
 // Stop tears the guest down; the node ends the session.

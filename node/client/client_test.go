@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,5 +93,36 @@ func TestTLSOnlyRefusesPlaintextNodes(t *testing.T) {
 		if !strings.HasPrefix(a, "127.0.0.1:") {
 			t.Errorf("the client dialled %s", a)
 		}
+	}
+}
+
+// TestSnapshotRootImage: a node's snapshot answer reaches the gateway with the root disk image
+// its memory restore needs; an earlier node's answer names none (any node restores it).
+func TestSnapshotRootImage(t *testing.T) {
+	var answer atomic.Value
+	answer.Store(`{"memory":true,"size_bytes":4096,"root_image":"rootfs-1.ext4/uuid-a"}`)
+	node := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != "POST" || !strings.HasSuffix(r.URL.Path, ":snapshot") {
+			http.Error(w, "unexpected "+r.Method+" "+r.URL.Path, 400)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(answer.Load().(string)))
+	}))
+	t.Cleanup(node.Close)
+	ctx := context.Background()
+	st := store.New(redistest.Server(t))
+	if err := st.Heartbeat(ctx, store.NodeInfo{ID: "node_a", Addr: node.URL}); err != nil {
+		t.Fatal(err)
+	}
+	s := &session.Session{ID: session.NewID("sess_", time.Now()), ProjectID: "proj_a", NodeID: "node_a"}
+	info, err := New(st, "").Snapshot(ctx, s, session.NewID("snap_", time.Now()), true)
+	if err != nil || !info.Memory || info.SizeBytes != 4096 || info.RootImage != "rootfs-1.ext4/uuid-a" {
+		t.Fatalf("snapshot: %+v, %v", info, err)
+	}
+	answer.Store(`{"memory":true,"size_bytes":4096}`)
+	info, err = New(st, "").Snapshot(ctx, s, session.NewID("snap_", time.Now()), true)
+	if err != nil || !info.Memory || info.RootImage != "" {
+		t.Fatalf("an earlier node's snapshot: %+v, %v", info, err)
 	}
 }

@@ -82,10 +82,14 @@ type SnapshotRequest struct {
 	IncludeMemory bool   `json:"include_memory"`
 }
 
-// SnapshotResult answers it: whether memory was included, and the snapshot's size.
+// SnapshotResult answers it: whether memory was included, the snapshot's size, and the root
+// disk image a memory snapshot's guest ran on where only a node with that image can restore
+// its memory (hypervisor.SnapshotInfo.RootImage; absent from an earlier node, and ignored by
+// an earlier gateway).
 type SnapshotResult struct {
-	Memory    bool  `json:"memory"`
-	SizeBytes int64 `json:"size_bytes"`
+	Memory    bool   `json:"memory"`
+	SizeBytes int64  `json:"size_bytes"`
+	RootImage string `json:"root_image,omitempty"`
 }
 
 // Error codes. Where the public API has the same meaning, the code is the API's.
