@@ -16,9 +16,6 @@ import (
 type Node struct {
 	Object string `json:"object"` // "node"
 	store.NodeInfo
-	// Images shadows NodeInfo's, always nil: the admin API does not show the node's root
-	// disk images (the placer's, for restores of memory snapshots).
-	Images []string `json:"images,omitempty"`
 }
 
 // NodeDrain is the body of PUT /v1/admin/nodes/{id}/draining.

@@ -36,7 +36,7 @@ func TestRestoreMemorySnapshotImage(t *testing.T) {
 
 	// node_b: preferred by the placer (more free memory), with another build of the image.
 	b := store.NodeInfo{ID: "node_b", Addr: "127.0.0.1:0", Region: "local", Zone: "local-b", Tiers: []int{1, 2, 3, 4},
-		VCPU: 1000, MemoryMiB: 1 << 31, Images: []string{"rootfs-1.ext4/uuid-b"}}
+		VCPU: 1000, MemoryMiB: 2_000_000_000, Images: []string{"rootfs-1.ext4/uuid-b"}}
 	beat := func() {
 		if err := e.st.Heartbeat(ctx, b); err != nil {
 			t.Fatal(err)
@@ -84,6 +84,14 @@ func TestRestoreMemorySnapshotImage(t *testing.T) {
 	// The node with the image leaves the fleet (drained, as no live node at all).
 	if err := e.st.SetNodeDraining(ctx, "node_fake", true); err != nil {
 		t.Fatal(err)
+	}
+	// The operator sees each node's images (GET /v1/admin/nodes, validated against openapi.json).
+	var nodes struct{ Data []Node }
+	e.mustDo("GET", "/v1/admin/nodes", adminKey, nil, 200, &nodes)
+	for _, n := range nodes.Data {
+		if want := map[string]string{"node_fake": "rootfs-1.ext4/uuid-a", "node_b": "rootfs-1.ext4/uuid-b"}[n.ID]; len(n.Images) != 1 || n.Images[0] != want {
+			t.Errorf("node %s shows images %q, want [%s]", n.ID, n.Images, want)
+		}
 	}
 	msg := expectError(t, e.do("POST", "/v1/sessions", e.key, map[string]any{"tier": 2, "restore_from": mem.ID}), 400, "invalid_request", "restore_from")
 	if !strings.Contains(msg, mem.ID) || !strings.Contains(msg, "no live node has that image") {
