@@ -1754,6 +1754,8 @@ export interface components {
             heartbeat_at: string;
             /** @description The node takes no new sessions and the edge sends it no new connections; its sessions go on. */
             draining?: boolean;
+            /** @description The root disk images the node has (Cloud Hypervisor's): a restore of a memory snapshot is placed only on a node that has the image its guest ran on. Absent where the node has none, or runs an earlier wb. */
+            images?: string[];
         };
         /** @description Every registered node. */
         NodeList: {
