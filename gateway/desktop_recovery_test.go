@@ -247,7 +247,7 @@ func TestDesktopRecoveryLeavesItsOwnWork(t *testing.T) {
 // between the desktop's state and the lease of its work.
 func holdFirstDesktopLease(held *atomic.Bool, gate <-chan struct{}) processHook {
 	return func(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
-		if argHas(cmd, "{desktops.") && slices.Contains(cmd.Args(), any("set")) && held.CompareAndSwap(false, true) {
+		if argHas(cmd, "{desktops") && slices.Contains(cmd.Args(), any("set")) && held.CompareAndSwap(false, true) {
 			<-gate
 			return resetError(cmd)
 		}

@@ -324,10 +324,14 @@ func parseDesktopRef(m string) (DesktopRef, bool) {
 // stopping desktop holds a lease (a token and an end time) and renews it while it works; when
 // the lease ends unrenewed (that gateway died) another gateway claims it and resumes the work.
 
-var desktopLeases = newShardedLeases("desktops", "desktop", desktopWorkKey, desktopWorkerKey, true)
+// desktopLeaseSet is the desktops' lease set, written in its shards when inShards (the
+// store's: writeDesktopAndSnapshotLeasesInShards).
+func desktopLeaseSet(inShards bool) shardedLeases {
+	return newShardedLeases("desktops", "desktop", desktopWorkKey, desktopWorkerKey, true, inShards)
+}
 
 func (s *Store) desktopWork(ctx context.Context, op string, ref DesktopRef, token string, until, now time.Time) (bool, error) {
-	return s.shardedLease(ctx, desktopLeases, op, ref.member(), ref.ID, token, until, now)
+	return s.shardedLease(ctx, s.desktopLeases, op, ref.member(), ref.ID, token, until, now)
 }
 
 // SetDesktopWork gives the desktop's transition to the lease token until until, whoever held
@@ -367,7 +371,7 @@ func (s *Store) ClaimDesktopWork(ctx context.Context, ref DesktopRef, token stri
 // earliest first, from every shard and the legacy pair (an older gateway's, during a rolling
 // deploy), and when the next lease after them ends (zero: none; now: more are due).
 func (s *Store) DueDesktopWork(ctx context.Context, now time.Time, limit int) ([]DesktopRef, time.Time, error) {
-	return dueDeadlinesIn(ctx, s, desktopLeases.allEnds(), "desktop work lease", now, limit, parseDesktopRef)
+	return dueDeadlinesIn(ctx, s, s.desktopLeases.allEnds(), "desktop work lease", now, limit, parseDesktopRef)
 }
 
 // desktopSweepScript gives the turn to walk every desktop (KEYS[1]) to token ARGV[1] for

@@ -97,17 +97,22 @@ const (
 	// a session in snapshotting, holder the snapshot's id. The runs': member
 	// "PROJECT/RUN/ATTEMPT", an attempt at a run, holder the attempt or its recovery.
 	//
-	// Gateways (and placers) older than the shards write and read only these. Newer ones write
-	// no lease of their own here, but read them (the Due… of each set, every pass), so that
-	// the work of an older gateway that dies during a rolling deploy is taken over: a claim
-	// that does not apply in the shard is tried here, and one that applies moves the lease to
-	// the shard, leaving here its holder and no end (a lease that no binary answers due or
-	// claims, and whose older holder's renewals fail unless it is that holder still, as a
-	// snapshot's is); an ensure leaves alone a lease here;
-	// and a desktop's or a snapshot's set, which supersedes the lease's holder, supersedes
-	// one here the same way. So each of these keeps, once no older binary runs, no lease that
-	// ends, and at most a holder for each lease so moved or superseded (a few, from the
-	// deploy; nothing reads them). One hash tag per set: one script writes both of its keys.
+	// Gateways (and placers) older than the shards write and read only these. Binaries that
+	// know the shards read both (the Due… of each set, every pass), and write their leases in
+	// one of them: the runs' in the shards; the desktops' and the snapshots' here, in this
+	// release, as the older binaries do (which see only these: a lease they do not see they
+	// would take over beside its work), and in the shards from the release that sets
+	// writeDesktopAndSnapshotLeasesInShards (which rolls out over this one, that reads them).
+	// The work of a binary that writes in the other keys and dies during a rolling deploy is
+	// taken over: a claim that does not apply in this binary's keys is tried in the other, and
+	// one that applies moves the lease to this binary's, leaving there its holder and no end
+	// (a lease that no binary answers due or claims, and whose other holder's renewals fail
+	// unless it is that holder still, as a snapshot's is); an ensure leaves alone a lease in
+	// the other keys; and a desktop's or a snapshot's set, which supersedes the lease's holder,
+	// supersedes one there the same way. So, once the shards are written and no older binary
+	// runs, these keep no lease that ends, and at most a holder for each lease so moved or
+	// superseded (a few, from the deploy; nothing reads them). One hash tag per set: one
+	// script writes both of its keys.
 	desktopWorkKey    = "wb:{desktops}:work"
 	desktopWorkerKey  = "wb:{desktops}:worker"
 	snapshotWorkKey   = "wb:{snapshots}:work"
@@ -151,7 +156,9 @@ const workShards = 16
 // ("runs.I"): one script writes both keys of a shard, and the shards spread over a Cluster's
 // slots (16 tags over three masters' default ranges: 5, 7 and 4 for runs, 4, 6 and 6 for
 // desktops, 4, 5 and 7 for snapshots), so that the work of a busy fleet does not all write one
-// key. Before the shards, one pair of keys held each set's leases.
+// key. Before the shards, one pair of keys held each set's leases; the desktops' and the
+// snapshots' are still written there in this release, and read here too
+// (writeDesktopAndSnapshotLeasesInShards says until when).
 func workShardKeys(set string, i int) (ends, holders string) {
 	tag := "wb:{" + set + "." + strconv.Itoa(i) + "}:"
 	return tag + "work", tag + "worker"

@@ -75,28 +75,56 @@ func (s *Store) lease(ctx context.Context, l leaseKeys, op, member, id, token st
 	return n == 1, nil
 }
 
+// writeDesktopAndSnapshotLeasesInShards is whether this release writes the desktops' and the
+// snapshots' leases in their shards (false: in their legacy pairs, as the gateways and placers
+// from before the shards do). False in this release: those older binaries read and write only
+// the legacy pairs, so a lease written in a shard is invisible to them (their leaseOrphan and
+// the placer's sweep would ensure one beside it, and their recovery would claim that and run
+// the work a second time beside this binary's; their set would not supersede it). This
+// release writes its leases where they look, and reads, claims and ensures against the shards
+// too, so that the next release, which sets this true and writes only in the shards, may roll
+// out over this one. Flip it only in a release that no binary older than this one runs beside.
+// The runs' leases stay in their shards: a run's attempt is leased only by its own gateway
+// and a recovery (no binary ensures or sets a lease on another's attempt), so an older
+// gateway that does not see it does not take it over.
+const writeDesktopAndSnapshotLeasesInShards = false
+
 // shardedLeases is a lease set spread over workShards shards (workShardKeys), the leases on
 // one thing in the shard of its id, rather than in one pair of keys (one Cluster slot) that
 // all the fleet's work writes. Its legacy pair is that one, which gateways older than the
-// shards still write during a rolling deploy (keys.go says what each binary reads): this
-// one's gateways read it, and take its leases over into the shards, but write none there.
+// shards read and write (keys.go says what each binary reads). This binary writes its leases
+// in one of the two (own: the shards when inShards) and reads the other too: it answers its
+// due leases, claims them into its own, and leaves alone (or supersedes) those that run there.
 type shardedLeases struct {
 	set, what string
 	legacy    leaseKeys
 	// supersedes: a set gives the lease to its token whoever held it (the work of a newer
-	// request supersedes the older), so it also takes the end off a lease of the legacy pair
-	// (whose holder, an older gateway's work, no longer renews it, as when set replaced it).
+	// request supersedes the older), so it also takes the end off a lease of the other keys
+	// (whose holder, another binary's work, no longer renews it, as when set replaced it).
 	supersedes bool
+	// inShards: this binary writes its leases in the shards (false: in the legacy pair;
+	// writeDesktopAndSnapshotLeasesInShards says why and until when).
+	inShards bool
 }
 
-func newShardedLeases(set, what, legacyEnds, legacyHolders string, supersedes bool) shardedLeases {
-	return shardedLeases{set: set, what: what, legacy: leaseKeys{ends: legacyEnds, holders: legacyHolders, what: what}, supersedes: supersedes}
+func newShardedLeases(set, what, legacyEnds, legacyHolders string, supersedes, inShards bool) shardedLeases {
+	return shardedLeases{set: set, what: what, legacy: leaseKeys{ends: legacyEnds, holders: legacyHolders, what: what},
+		supersedes: supersedes, inShards: inShards}
 }
 
 // shard is the shard that holds the leases on id.
 func (l shardedLeases) shard(id string) leaseKeys {
 	ends, holders := workShardKeys(l.set, workShard(id))
 	return leaseKeys{ends: ends, holders: holders, what: l.what}
+}
+
+// keys answers the keys of the leases on id that this binary writes (own), and the others
+// that it reads (the legacy pair's or the shard's, another release's leases).
+func (l shardedLeases) keys(id string) (own, other leaseKeys) {
+	if l.inShards {
+		return l.shard(id), l.legacy
+	}
+	return l.legacy, l.shard(id)
 }
 
 // allEnds names the ends of every shard, and the legacy pair's last.
@@ -109,61 +137,61 @@ func (l shardedLeases) allEnds() []string {
 	return append(keys, l.legacy.ends)
 }
 
-// shardedLease runs op on the lease of member (on id) in id's shard, with what the legacy
-// pair needs: an ensure sets no lease where the legacy pair has one (an older gateway's work
-// holds it); a set, when l supersedes, takes the end off one there (yield); a claim that does
-// not apply in the shard is tried there (claimSharded). Renew, keep and release are of this
-// binary's leases, which are in the shards.
+// shardedLease runs op on the lease of member (on id) in this binary's keys for id (own),
+// with what the other keys need: an ensure sets no lease where they have one (another
+// binary's work holds it); a set, when l supersedes, takes the end off one there (yield); a
+// claim that does not apply in its own keys is tried there (claimSharded). Renew, keep and
+// release are of this binary's leases, which are in its own keys.
 func (s *Store) shardedLease(ctx context.Context, l shardedLeases, op, member, id, token string, until, now time.Time) (bool, error) {
-	shard := l.shard(id)
+	own, other := l.keys(id)
 	switch op {
 	case "claim":
 		_, ok, err := s.claimSharded(ctx, l, member, id, func(leaseKeys) (string, error) { return token, nil }, now, until)
 		return ok, err
 	case "ensure":
-		_, err := s.rdb.ZScore(ctx, l.legacy.ends, member).Result()
+		_, err := s.rdb.ZScore(ctx, other.ends, member).Result()
 		if err == nil {
 			return false, nil
 		}
 		if !errors.Is(err, redis.Nil) {
-			return false, fmt.Errorf("ensure the work lease of %s %s: read the lease set of before the shards: %w", l.what, id, err)
+			return false, fmt.Errorf("ensure the work lease of %s %s: read the lease set of another release: %w", l.what, id, err)
 		}
 	}
-	ok, err := s.lease(ctx, shard, op, member, id, token, until, now)
+	ok, err := s.lease(ctx, own, op, member, id, token, until, now)
 	if err != nil || op != "set" || !l.supersedes {
 		return ok, err
 	}
-	_, err = s.lease(ctx, l.legacy, "yield", member, id, token, until, now)
+	_, err = s.lease(ctx, other, "yield", member, id, token, until, now)
 	return ok, err
 }
 
 // claimSharded claims the lease of member (on id) until until, if it ended at or before now,
 // for the holder that token answers for the keys the lease is in; it answers that holder. A
-// claim that does not apply in id's shard is tried in the legacy pair (an older gateway's
-// work): one that applies there moves to the shard (where this binary renews and releases
-// it), unless the shard has a lease on member (a newer work's, which supersedes it), and the
-// legacy pair keeps its holder, with no end (yield). A recovery that dies between the steps
-// leaves the legacy lease claimed, to run out and be claimed again.
+// claim that does not apply in this binary's own keys for id is tried in the other keys
+// (another release's work): one that applies there moves to its own (where this binary renews
+// and releases it), unless they have a lease on member (a newer work's, which supersedes it),
+// and the other keys keep its holder, with no end (yield). A recovery that dies between the
+// steps leaves the lease claimed, to run out and be claimed again.
 func (s *Store) claimSharded(ctx context.Context, l shardedLeases, member, id string, token func(leaseKeys) (string, error), now, until time.Time) (string, bool, error) {
-	shard := l.shard(id)
-	holder, err := token(shard)
+	own, other := l.keys(id)
+	holder, err := token(own)
 	if err != nil {
 		return "", false, err
 	}
-	if ok, err := s.lease(ctx, shard, "claim", member, id, holder, until, now); err != nil || ok {
+	if ok, err := s.lease(ctx, own, "claim", member, id, holder, until, now); err != nil || ok {
 		return holder, ok, err
 	}
-	if holder, err = token(l.legacy); err != nil {
+	if holder, err = token(other); err != nil {
 		return "", false, err
 	}
-	if ok, err := s.lease(ctx, l.legacy, "claim", member, id, holder, until, now); err != nil || !ok {
+	if ok, err := s.lease(ctx, other, "claim", member, id, holder, until, now); err != nil || !ok {
 		return holder, false, err
 	}
-	moved, err := s.lease(ctx, shard, "ensure", member, id, holder, until, now)
+	moved, err := s.lease(ctx, own, "ensure", member, id, holder, until, now)
 	if err != nil {
 		return holder, false, err
 	}
-	if _, err := s.lease(ctx, l.legacy, "yield", member, id, holder, until, now); err != nil {
+	if _, err := s.lease(ctx, other, "yield", member, id, holder, until, now); err != nil {
 		return holder, false, err
 	}
 	return holder, moved, nil
@@ -174,10 +202,14 @@ func (s *Store) claimSharded(ctx context.Context, l shardedLeases, member, id st
 // other transition leaves snapshotting, so a gateway that died in between would leave the
 // session there, billed and undeletable, for ever; the lease lets another gateway end it.
 
-var snapshotLeases = newShardedLeases("snapshots", "the snapshot of session", snapshotWorkKey, snapshotWorkerKey, true)
+// snapshotLeaseSet is the snapshots' lease set, written in its shards when inShards (the
+// store's: writeDesktopAndSnapshotLeasesInShards).
+func snapshotLeaseSet(inShards bool) shardedLeases {
+	return newShardedLeases("snapshots", "the snapshot of session", snapshotWorkKey, snapshotWorkerKey, true, inShards)
+}
 
 func (s *Store) snapshotWork(ctx context.Context, op string, ref SessionRef, snapshot string, until, now time.Time) (bool, error) {
-	return s.shardedLease(ctx, snapshotLeases, op, ref.member(), ref.ID, snapshot, until, now)
+	return s.shardedLease(ctx, s.snapshotLeases, op, ref.member(), ref.ID, snapshot, until, now)
 }
 
 // SetSnapshotWork gives the session's snapshot to lease holder snapshot (the snapshot's id)
@@ -206,7 +238,7 @@ func (s *Store) ReleaseSnapshotWork(ctx context.Context, ref SessionRef, snapsho
 func (s *Store) ClaimSnapshotWork(ctx context.Context, ref SessionRef, now, until time.Time) (string, bool, error) {
 	// A snapshot begun between the read and the claim holds a lease that has not ended, so
 	// the claim fails: the holder answered is the one claimed.
-	return s.claimSharded(ctx, snapshotLeases, ref.member(), ref.ID, func(l leaseKeys) (string, error) {
+	return s.claimSharded(ctx, s.snapshotLeases, ref.member(), ref.ID, func(l leaseKeys) (string, error) {
 		holder, err := s.rdb.HGet(ctx, l.holders, ref.member()).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return "", fmt.Errorf("read the snapshot lease of session %s: %w", ref.ID, err)
@@ -250,5 +282,5 @@ func (s *Store) EnsureSnapshotWork(ctx context.Context, ref SessionRef, until ti
 // earliest first, from every shard and the legacy pair (an older gateway's, during a rolling
 // deploy), and when the next lease after them ends (zero: none; now: more are due).
 func (s *Store) DueSnapshotWork(ctx context.Context, now time.Time, limit int) ([]SessionRef, time.Time, error) {
-	return dueDeadlinesIn(ctx, s, snapshotLeases.allEnds(), "snapshot lease", now, limit, parseRef)
+	return dueDeadlinesIn(ctx, s, s.snapshotLeases.allEnds(), "snapshot lease", now, limit, parseRef)
 }

@@ -170,15 +170,17 @@ func TestEnsureAfterTheSnapshotEnded(t *testing.T) {
 	}
 }
 
-// TestDesktopAndSnapshotLeaseShards: the desktops' and the snapshots' leases are spread over
-// shard keys, each its own hash tag (over a Cluster's masters), as the runs' are, not in one
-// key that every transition (snapshot) of the fleet writes. Their Due reads every shard, and
-// the lease set of before the shards, which an older gateway still writes during a rolling
-// deploy: its lapsed lease is answered first, and a claim moves it to its shard (there it is
-// renewed and released), leaving in the old key no end and the claimant as holder, so that
-// the older holder's renewal fails; a lease there keeps an ensure from setting one in the
-// shard (its work runs), and a newer work's set supersedes it. Before, every lease was in
-// "wb:{desktops}:work" or "wb:{snapshots}:work".
+// TestDesktopAndSnapshotLeaseShards: the next release's binary (writing in the shards,
+// withLeasesInShards) spreads the desktops' and the snapshots' leases over shard keys, each
+// its own hash tag (over a Cluster's masters), as the runs' are, not in one key that every
+// transition (snapshot) of the fleet writes; this release's writes them in the lease set of
+// before the shards, as the older binaries do. Both read both: the Due reads every shard and
+// the old key, and a lease the other release wrote (its gateway died during a rolling deploy)
+// that lapsed is answered first, and a claim moves it to this binary's keys (there it is
+// renewed and released), leaving in the other no end and the claimant as holder, so that
+// the other holder's renewal fails; a lease there keeps an ensure from setting one beside it
+// (its work runs), and a newer work's set supersedes it. Before, every lease was in
+// "wb:{desktops}:work" or "wb:{snapshots}:work", read by no shard's binary.
 func TestDesktopAndSnapshotLeaseShards(t *testing.T) {
 	t.Parallel()
 	type family struct {
@@ -242,15 +244,15 @@ func TestDesktopAndSnapshotLeaseShards(t *testing.T) {
 			if err := s.rdb.HSet(ctx, ProjectKeys(project).session(id), "snap", "snap_ensured").Err(); err != nil {
 				return false, err
 			}
-			shard := fmt.Sprintf("wb:{snapshots.%d}:work", workShardOf(id))
-			before, err := s.rdb.ZCard(ctx, shard).Result()
+			own, _ := s.snapshotLeases.keys(id)
+			before, err := s.rdb.ZCard(ctx, own.ends).Result()
 			if err != nil {
 				return false, err
 			}
 			if err := s.EnsureSnapshotWork(ctx, ref, until); err != nil {
 				return false, err
 			}
-			after, err := s.rdb.ZCard(ctx, shard).Result()
+			after, err := s.rdb.ZCard(ctx, own.ends).Result()
 			return after > before, err
 		},
 		claim: func(s *Store, id, _ string, now, until time.Time) (string, bool, error) {
@@ -267,126 +269,173 @@ func TestDesktopAndSnapshotLeaseShards(t *testing.T) {
 	}
 	for _, b := range redistest.Backends() {
 		for _, f := range []family{desktops, snapshots} {
-			t.Run(b.Name+"/"+f.name, func(t *testing.T) {
-				ctx := context.Background()
-				rdb := b.New(t)
-				s := New(rdb)
-				now := time.Now().Truncate(time.Millisecond)
-				must := func(ok bool, err error) bool {
-					t.Helper()
-					if err != nil {
-						t.Fatal(err)
+			for _, inShards := range []bool{true, false} {
+				release := map[bool]string{true: "next", false: "this"}[inShards]
+				t.Run(b.Name+"/"+f.name+"/"+release, func(t *testing.T) {
+					ctx := context.Background()
+					rdb := b.New(t)
+					s := New(rdb)
+					if inShards {
+						s = New(rdb, withLeasesInShards())
 					}
-					return ok
-				}
-				const n = 32
-				var ids []string
-				for i := range n {
-					id := fmt.Sprintf("%s%d", f.ids, i)
-					// Leases end a millisecond apart, from 2 s ago: all due, in this order.
-					if err := f.set(s, id, "tok_"+id, now.Add(-2*time.Second+time.Duration(i)*time.Millisecond)); err != nil {
-						t.Fatal(err)
+					// other names the keys in which the other release writes the lease on id.
+					other := func(id string) leaseKeys {
+						if inShards {
+							return f.legacy
+						}
+						ends, holders := workShardKeys(f.name, workShardOf(id))
+						return leaseKeys{ends: ends, holders: holders}
 					}
-					ids = append(ids, id)
-				}
-				if c, err := rdb.ZCard(ctx, f.legacy.ends).Result(); err != nil || c != 0 {
-					t.Errorf("leases in the key of before the shards: %d (%v), want none", c, err)
-				}
-				shards, masters, total := 0, map[string]bool{}, int64(0)
-				for i := range 16 {
-					key := fmt.Sprintf("wb:{%s.%d}:work", f.name, i)
-					c, err := rdb.ZCard(ctx, key).Result()
-					if err != nil {
-						t.Fatal(err)
-					}
-					if h, err := rdb.HLen(ctx, fmt.Sprintf("wb:{%s.%d}:worker", f.name, i)).Result(); err != nil || h != c {
-						t.Errorf("shard %d: %d leases, %d holders (%v); want as many", i, c, h, err)
-					}
-					if c > 0 {
-						shards++
-						if cc, ok := rdb.(*redis.ClusterClient); ok {
-							m, err := cc.MasterForKey(ctx, key)
+					// otherEnds counts the leases that end in the other release's keys.
+					otherEnds := func() int64 {
+						t.Helper()
+						keys := []string{f.legacy.ends}
+						if !inShards {
+							keys = nil
+							for i := range 16 {
+								keys = append(keys, fmt.Sprintf("wb:{%s.%d}:work", f.name, i))
+							}
+						}
+						var c int64
+						for _, k := range keys {
+							n, err := rdb.ZCard(ctx, k).Result()
 							if err != nil {
 								t.Fatal(err)
 							}
-							masters[m.Options().Addr] = true
+							c += n
+						}
+						return c
+					}
+					now := time.Now().Truncate(time.Millisecond)
+					must := func(ok bool, err error) bool {
+						t.Helper()
+						if err != nil {
+							t.Fatal(err)
+						}
+						return ok
+					}
+					const n = 32
+					var ids []string
+					for i := range n {
+						id := fmt.Sprintf("%s%d", f.ids, i)
+						// Leases end a millisecond apart, from 2 s ago: all due, in this order.
+						if err := f.set(s, id, "tok_"+id, now.Add(-2*time.Second+time.Duration(i)*time.Millisecond)); err != nil {
+							t.Fatal(err)
+						}
+						ids = append(ids, id)
+					}
+					if !inShards {
+						if c, err := rdb.ZCard(ctx, f.legacy.ends).Result(); err != nil || c != n || otherEnds() != 0 {
+							t.Fatalf("this release's leases: %d in the key of before the shards (%v), %d in the shards; want %d there, none in the shards", c, err, otherEnds(), n)
+						}
+					} else if c, err := rdb.ZCard(ctx, f.legacy.ends).Result(); err != nil || c != 0 {
+						t.Errorf("leases in the key of before the shards: %d (%v), want none", c, err)
+					}
+					shards, masters, total := 0, map[string]bool{}, int64(0)
+					for i := range 16 {
+						key := fmt.Sprintf("wb:{%s.%d}:work", f.name, i)
+						c, err := rdb.ZCard(ctx, key).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if h, err := rdb.HLen(ctx, fmt.Sprintf("wb:{%s.%d}:worker", f.name, i)).Result(); err != nil || h != c {
+							t.Errorf("shard %d: %d leases, %d holders (%v); want as many", i, c, h, err)
+						}
+						if c > 0 {
+							shards++
+							if cc, ok := rdb.(*redis.ClusterClient); ok {
+								m, err := cc.MasterForKey(ctx, key)
+								if err != nil {
+									t.Fatal(err)
+								}
+								masters[m.Options().Addr] = true
+							}
+						}
+						total += c
+					}
+					if inShards && (total != n || shards < 8) {
+						t.Fatalf("%d leases in %d shard keys, want %d in 8 or more", total, shards, n)
+					}
+					if _, ok := rdb.(*redis.ClusterClient); ok && inShards && len(masters) < 2 {
+						t.Errorf("the shards with leases are on %d Cluster masters, want several", len(masters))
+					}
+
+					// The other release's lease (an older gateway's, or the next release's), as it
+					// writes it, that ran out first.
+					old := f.ids + "old"
+					oldLease := func(id, holder string, ends time.Time) {
+						t.Helper()
+						if err := rdb.ZAdd(ctx, other(id).ends, redis.Z{Score: float64(ends.UnixMilli()), Member: f.member(id)}).Err(); err != nil {
+							t.Fatal(err)
+						}
+						if err := rdb.HSet(ctx, other(id).holders, f.member(id), holder).Err(); err != nil {
+							t.Fatal(err)
 						}
 					}
-					total += c
-				}
-				if total != n || shards < 8 {
-					t.Fatalf("%d leases in %d shard keys, want %d in 8 or more", total, shards, n)
-				}
-				if _, ok := rdb.(*redis.ClusterClient); ok && len(masters) < 2 {
-					t.Errorf("the shards with leases are on %d Cluster masters, want several", len(masters))
-				}
+					oldLease(old, "old_tok", now.Add(-time.Hour))
+					due, next, err := f.due(s, now, 5)
+					if want := append([]string{old}, ids[:4]...); err != nil || !slices.Equal(due, want) || !next.Equal(now) {
+						t.Fatalf("a pass of 5: due %v, next %v (%v); want %v, next now (more are due)", due, next, err, want)
+					}
+					if due, next, err := f.due(s, now, 100); err != nil || len(due) != n+1 || !next.IsZero() {
+						t.Fatalf("a pass of 100: %d due, next %v (%v); want %d, none next", len(due), next, err, n+1)
+					}
+					// Its lease keeps an ensure from setting another in the shard.
+					if must(f.ensure(s, old, now)) {
+						t.Error("an ensure set a lease in the shard beside an older gateway's")
+					}
+					holder, ok, err := f.claim(s, old, "tok_r", now, now.Add(time.Minute))
+					if err != nil || !ok {
+						t.Fatalf("the recovery's claim of the older gateway's lease: %v, %v", ok, err)
+					}
+					if _, again, err := f.claim(s, old, "tok_s", now, now.Add(time.Minute)); err != nil || again {
+						t.Fatalf("a second recovery's claim: %v, %v; want refused", again, err)
+					}
+					if _, err := rdb.ZScore(ctx, other(old).ends, f.member(old)).Result(); !errors.Is(err, redis.Nil) {
+						t.Errorf("the claimed lease still ends in the other release's keys (%v)", err)
+					}
+					if f.name == "desktops" && must(s.lease(ctx, other(old), "keep", f.member(old), old, "old_tok", now.Add(time.Hour), now)) {
+						t.Error("the older gateway renewed the lease a recovery claimed")
+					}
+					if due, _, err := f.due(s, now.Add(59*time.Second), 100); err != nil || slices.Contains(due, old) {
+						t.Errorf("the claimed lease is due before its claim ends: %v (%v)", due, err)
+					}
+					if !must(f.renew(s, old, holder, now.Add(2*time.Minute))) {
+						t.Error("the recovery could not renew the lease it claimed")
+					}
+					if !must(f.release(s, old, holder)) {
+						t.Error("the recovery could not release the lease it claimed")
+					}
+					if due, _, err := f.due(s, now.Add(time.Hour), 100); err != nil || len(due) != n {
+						t.Errorf("after the release: %d due (%v), want %d", len(due), err, n)
+					}
 
-				// An older gateway's lease, as it writes it, that ran out first.
-				old := f.ids + "old"
-				oldLease := func(id, holder string, ends time.Time) {
-					t.Helper()
-					if err := rdb.ZAdd(ctx, f.legacy.ends, redis.Z{Score: float64(ends.UnixMilli()), Member: f.member(id)}).Err(); err != nil {
+					// A newer work's set supersedes an older gateway's lease that still runs.
+					busy := f.ids + "busy"
+					oldLease(busy, "busy_tok", now.Add(time.Minute))
+					if err := f.set(s, busy, "tok_new", now.Add(time.Minute)); err != nil {
 						t.Fatal(err)
 					}
-					if err := rdb.HSet(ctx, f.legacy.holders, f.member(id), holder).Err(); err != nil {
-						t.Fatal(err)
+					if must(s.lease(ctx, other(busy), "keep", f.member(busy), busy, "busy_tok", now.Add(time.Hour), now)) {
+						t.Error("the other release's gateway renewed the lease a newer work superseded")
 					}
-				}
-				oldLease(old, "old_tok", now.Add(-time.Hour))
-				due, next, err := f.due(s, now, 5)
-				if want := append([]string{old}, ids[:4]...); err != nil || !slices.Equal(due, want) || !next.Equal(now) {
-					t.Fatalf("a pass of 5: due %v, next %v (%v); want %v, next now (more are due)", due, next, err, want)
-				}
-				if due, next, err := f.due(s, now, 100); err != nil || len(due) != n+1 || !next.IsZero() {
-					t.Fatalf("a pass of 100: %d due, next %v (%v); want %d, none next", len(due), next, err, n+1)
-				}
-				// Its lease keeps an ensure from setting another in the shard.
-				if must(f.ensure(s, old, now)) {
-					t.Error("an ensure set a lease in the shard beside an older gateway's")
-				}
-				holder, ok, err := f.claim(s, old, "tok_r", now, now.Add(time.Minute))
-				if err != nil || !ok {
-					t.Fatalf("the recovery's claim of the older gateway's lease: %v, %v", ok, err)
-				}
-				if _, again, err := f.claim(s, old, "tok_s", now, now.Add(time.Minute)); err != nil || again {
-					t.Fatalf("a second recovery's claim: %v, %v; want refused", again, err)
-				}
-				if _, err := rdb.ZScore(ctx, f.legacy.ends, f.member(old)).Result(); !errors.Is(err, redis.Nil) {
-					t.Errorf("the claimed lease still ends in the key of before the shards (%v)", err)
-				}
-				if f.name == "desktops" && must(s.lease(ctx, f.legacy, "keep", f.member(old), old, "old_tok", now.Add(time.Hour), now)) {
-					t.Error("the older gateway renewed the lease a recovery claimed")
-				}
-				if due, _, err := f.due(s, now.Add(59*time.Second), 100); err != nil || slices.Contains(due, old) {
-					t.Errorf("the claimed lease is due before its claim ends: %v (%v)", due, err)
-				}
-				if !must(f.renew(s, old, holder, now.Add(2*time.Minute))) {
-					t.Error("the recovery could not renew the lease it claimed")
-				}
-				if !must(f.release(s, old, holder)) {
-					t.Error("the recovery could not release the lease it claimed")
-				}
-				if due, _, err := f.due(s, now.Add(time.Hour), 100); err != nil || len(due) != n {
-					t.Errorf("after the release: %d due (%v), want %d", len(due), err, n)
-				}
-
-				// A newer work's set supersedes an older gateway's lease that still runs.
-				busy := f.ids + "busy"
-				oldLease(busy, "busy_tok", now.Add(time.Minute))
-				if err := f.set(s, busy, "tok_new", now.Add(time.Minute)); err != nil {
-					t.Fatal(err)
-				}
-				if must(s.lease(ctx, f.legacy, "keep", f.member(busy), busy, "busy_tok", now.Add(time.Hour), now)) {
-					t.Error("the older gateway renewed the lease a newer work superseded")
-				}
-				if c, err := rdb.ZCard(ctx, f.legacy.ends).Result(); err != nil || c != 0 {
-					t.Errorf("leases that end in the key of before the shards: %d (%v), want none", c, err)
-				}
-				if due, _, err := f.due(s, now.Add(2*time.Minute), 100); err != nil || len(due) != n+1 || !slices.Contains(due, busy) {
-					t.Errorf("after the newer work's lease ended: %d due (%v), want %d, with %s once", len(due), err, n+1, busy)
-				}
-			})
+					if c := otherEnds(); c != 0 {
+						t.Errorf("leases that end in the other release's keys: %d, want none", c)
+					}
+					if due, _, err := f.due(s, now.Add(2*time.Minute), 100); err != nil || len(due) != n+1 || !slices.Contains(due, busy) {
+						t.Errorf("after the newer work's lease ended: %d due (%v), want %d, with %s once", len(due), err, n+1, busy)
+					}
+				})
+			}
 		}
+	}
+}
+
+// withLeasesInShards makes a store of the next release's binary, which writes the desktops'
+// and the snapshots' leases in their shards (writeDesktopAndSnapshotLeasesInShards).
+func withLeasesInShards() Option {
+	return func(s *Store) {
+		s.desktopLeases, s.snapshotLeases = desktopLeaseSet(true), snapshotLeaseSet(true)
 	}
 }
 
@@ -395,4 +444,78 @@ func workShardOf(id string) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(id))
 	return int(h.Sum32() % 16)
+}
+
+// TestOlderBinarySeesThisReleasesLeases: during the rolling deploy of this release, gateways
+// and placers from before the shards read and write only the lease sets of before the
+// shards, so this release writes its desktops' and snapshots' leases there. An older
+// binary's leaseOrphan (EnsureDesktopWork) or sweep (EnsureSnapshotWork) beside a transition
+// (snapshot) of this release that runs finds its lease and sets none, its recovery has none
+// to claim, and its set (a newer request) supersedes it: the work's renewal fails. Had this
+// release written only in the shards, the older gateway would have resumed work this one was
+// doing (two works on one desktop) and its set would not have stopped it.
+func TestOlderBinarySeesThisReleasesLeases(t *testing.T) {
+	t.Parallel()
+	type family struct {
+		name   string
+		legacy leaseKeys // the lease set of before the shards, all an older binary reads
+		member string
+		id     string
+		set    func(s *Store, token string, until time.Time) error
+		renew  func(s *Store, token string, until time.Time) (bool, error)
+	}
+	dref := DesktopRef{Project: "proj_o", ID: "desk_o"}
+	sref := SessionRef{Project: "proj_o", ID: "sess_o"}
+	families := []family{
+		{"desktops", leaseKeys{"wb:{desktops}:work", "wb:{desktops}:worker", "desktop"}, dref.member(), dref.ID,
+			func(s *Store, tok string, until time.Time) error {
+				return s.SetDesktopWork(context.Background(), dref, tok, until)
+			},
+			func(s *Store, tok string, until time.Time) (bool, error) {
+				return s.RenewDesktopWork(context.Background(), dref, tok, until)
+			}},
+		{"snapshots", leaseKeys{"wb:{snapshots}:work", "wb:{snapshots}:worker", "snapshot"}, sref.member(), sref.ID,
+			func(s *Store, tok string, until time.Time) error {
+				return s.SetSnapshotWork(context.Background(), sref, tok, until)
+			},
+			func(s *Store, tok string, until time.Time) (bool, error) {
+				return s.RenewSnapshotWork(context.Background(), sref, tok, until)
+			}},
+	}
+	for _, b := range redistest.Backends() {
+		for _, f := range families {
+			t.Run(b.Name+"/"+f.name, func(t *testing.T) {
+				ctx := context.Background()
+				s := New(b.New(t))
+				now := time.Now().Truncate(time.Millisecond)
+				// This release's work runs: its lease ends in a minute.
+				if err := f.set(s, "tok_new", now.Add(time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+				// The older binary's ensure (due now, as leaseOrphan sets it), then its
+				// recovery's claim: the ops it runs, on the lease set it reads.
+				ensured, err := s.lease(ctx, f.legacy, "ensure", f.member, f.id, "", now, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				claimed, err := s.lease(ctx, f.legacy, "claim", f.member, f.id, "tok_old", now.Add(time.Minute), now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ensured || claimed {
+					t.Errorf("this release's lease runs for a minute, and an older binary ensured one beside it (%v) and its recovery claimed it (%v): two gateways work on it", ensured, claimed)
+				}
+				if ok, err := f.renew(s, "tok_new", now.Add(time.Minute)); err != nil || !ok {
+					t.Fatalf("this release's work renewed its lease: %v, %v; want renewed", ok, err)
+				}
+				// An older gateway's newer request supersedes the lease.
+				if _, err := s.lease(ctx, f.legacy, "set", f.member, f.id, "tok_old_set", now.Add(time.Minute), now); err != nil {
+					t.Fatal(err)
+				}
+				if ok, err := f.renew(s, "tok_new", now.Add(time.Minute)); err != nil || ok {
+					t.Errorf("an older binary's set superseded the lease, and this release's work renewed its own still (%v, %v)", ok, err)
+				}
+			})
+		}
+	}
 }

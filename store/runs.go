@@ -217,8 +217,9 @@ func parseRunRef(m string) (RunRef, bool) {
 	return RunRef{parts[0], parts[1], parts[2]}, true
 }
 
-// runLeases is the runs' lease set. A set is of a new attempt, which no other lease holds.
-var runLeases = newShardedLeases("runs", "run", runWorkKey, runWorkerKey, false)
+// runLeases is the runs' lease set, written in its shards: a set is of a new attempt, which
+// no other lease holds, and no older gateway ensures or sets a lease on another's attempt.
+var runLeases = newShardedLeases("runs", "run", runWorkKey, runWorkerKey, false, true)
 
 func (s *Store) runWork(ctx context.Context, op string, ref RunRef, token string, until, now time.Time) (bool, error) {
 	return s.shardedLease(ctx, runLeases, op, ref.member(), ref.ID, token, until, now)

@@ -64,6 +64,10 @@ type Store struct {
 	oneRedis bool
 	// admits runs admitScript: concurrent creates share round trips (trips.go).
 	admits *sharedTrips
+	// desktopLeases and snapshotLeases are the lease sets of desktops' transitions and
+	// sessions' snapshots, written where writeDesktopAndSnapshotLeasesInShards says (tests
+	// of the next release's binary write them in the shards).
+	desktopLeases, snapshotLeases shardedLeases
 }
 
 // Option configures a Store.
@@ -91,7 +95,9 @@ func WithIdemLease(d time.Duration) Option {
 
 // New returns a Store over any go-redis client: a single server, a Cluster or a Ring.
 func New(rdb redis.UniversalClient, opts ...Option) *Store {
-	s := &Store{rdb: rdb, retention: 7 * 24 * time.Hour, now: time.Now, tiers: session.DefaultTiers(), idemLease: DefaultIdemLease}
+	s := &Store{rdb: rdb, retention: 7 * 24 * time.Hour, now: time.Now, tiers: session.DefaultTiers(), idemLease: DefaultIdemLease,
+		desktopLeases:  desktopLeaseSet(writeDesktopAndSnapshotLeasesInShards),
+		snapshotLeases: snapshotLeaseSet(writeDesktopAndSnapshotLeasesInShards)}
 	for _, o := range opts {
 		o(s)
 	}
