@@ -171,15 +171,24 @@ func (s *Store) shardedLease(ctx context.Context, l shardedLeases, op, member, i
 // (another release's work): one that applies there moves to its own (where this binary renews
 // and releases it), unless they have a lease on member (a newer work's, which supersedes it),
 // and the other keys keep its holder, with no end (yield). A recovery that dies between the
-// steps leaves the lease claimed, to run out and be claimed again.
+// move and the yield leaves the lease in both, ending together; so a claim that applies in
+// its own keys also yields the other's (the next recovery takes both), or the copy left
+// there would be due, and claimed again, once this one's work was done and released. (One
+// that still runs there, which only a race of two binaries' steps leaves, is superseded, as
+// a set supersedes it: the claim's work resumes the transition.)
 func (s *Store) claimSharded(ctx context.Context, l shardedLeases, member, id string, token func(leaseKeys) (string, error), now, until time.Time) (string, bool, error) {
 	own, other := l.keys(id)
 	holder, err := token(own)
 	if err != nil {
 		return "", false, err
 	}
-	if ok, err := s.lease(ctx, own, "claim", member, id, holder, until, now); err != nil || ok {
-		return holder, ok, err
+	ok, err := s.lease(ctx, own, "claim", member, id, holder, until, now)
+	if err != nil {
+		return holder, false, err
+	}
+	if ok {
+		_, err := s.lease(ctx, other, "yield", member, id, holder, until, now)
+		return holder, err == nil, err
 	}
 	if holder, err = token(other); err != nil {
 		return "", false, err

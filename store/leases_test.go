@@ -519,3 +519,63 @@ func TestOlderBinarySeesThisReleasesLeases(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimAfterACrashBeforeTheYield: a recovery that claims the other release's lapsed
+// lease (an older gateway's in the key of before the shards, or the next release's in its
+// shard) and dies after it set the lease in its own keys but before the yield leaves the
+// lease in both, ending together. The next recovery, of either release, claims one of them;
+// it takes the end off the other too, so that once it has done the work and released the
+// lease nothing is due: before, the other copy stayed due and was claimed, and the work
+// recovered, a second time (racing a later transition of the desktop).
+func TestClaimAfterACrashBeforeTheYield(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		for _, crashed := range []bool{false, true} {
+			for _, next := range []bool{false, true} {
+				release := map[bool]string{false: "this", true: "next"}
+				t.Run(b.Name+"/"+release[crashed]+"-then-"+release[next], func(t *testing.T) {
+					ctx := context.Background()
+					rdb := b.New(t)
+					stores := map[bool]*Store{false: New(rdb), true: New(rdb, withLeasesInShards())}
+					c, r := stores[crashed], stores[next]
+					now := time.Now().Truncate(time.Millisecond)
+					ref := DesktopRef{Project: "proj_c", ID: "desk_c"}
+					m := ref.member()
+					own, other := c.desktopLeases.keys(ref.ID)
+					must := func(ok bool, err error) {
+						t.Helper()
+						if err != nil || !ok {
+							t.Fatal(ok, err)
+						}
+					}
+					// The other release's lease, lapsed; the recovery's claimSharded, up to
+					// the yield.
+					must(c.lease(ctx, other, "set", m, ref.ID, "old_tok", now.Add(-time.Minute), now))
+					must(c.lease(ctx, other, "claim", m, ref.ID, "tok_r1", now.Add(time.Second), now))
+					must(c.lease(ctx, own, "ensure", m, ref.ID, "tok_r1", now.Add(time.Second), now))
+					// Later, the next recovery claims it, does the work and releases it.
+					later := now.Add(2 * time.Second)
+					if ok, err := r.ClaimDesktopWork(ctx, ref, "tok_r2", later, later.Add(time.Minute)); err != nil || !ok {
+						t.Fatalf("the next recovery's claim: %v, %v", ok, err)
+					}
+					if ok, err := r.ReleaseDesktopWork(ctx, ref, "tok_r2"); err != nil || !ok {
+						t.Fatalf("the next recovery's release: %v, %v", ok, err)
+					}
+					for _, s := range stores {
+						due, _, err := s.DueDesktopWork(ctx, later.Add(time.Hour), 10)
+						if err != nil {
+							t.Fatal(err)
+						}
+						again, err := s.ClaimDesktopWork(ctx, ref, "tok_r3", later.Add(time.Hour), later.Add(2*time.Hour))
+						if err != nil {
+							t.Fatal(err)
+						}
+						if len(due) != 0 || again {
+							t.Errorf("after the work was recovered and its lease released: due %v, claimed again %v; want none", due, again)
+						}
+					}
+				})
+			}
+		}
+	}
+}
