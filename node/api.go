@@ -420,6 +420,11 @@ func agentProxy(dial func(context.Context) (net.Conn, error), whyBroke func(cont
 				check, _ := resp.Request.Context().Value(resultCheckKey{}).(*resultCheck)
 				clock.toCaller() // the answer's status goes out first
 				resp.Body = newExplainedExec(resp.Request.Context(), resp.Body, whyBroke, clock, check)
+				// The node may end the answer with its own line in place of the agent's rest
+				// (explainedExec.end): a length of the agent's would cut that line off, or
+				// the caller would read the answer as broken before it.
+				resp.ContentLength = -1
+				resp.Header.Del("Content-Length")
 			}
 			return nil
 		},

@@ -279,6 +279,27 @@ func TestExecForgedErrorLine(t *testing.T) {
 	}
 }
 
+// TestExecForgedLineAfterSizedAnswer: the node's own 502 guest_error line, which ends an
+// exec's answer whose agent sent a line shaped as the node's error record, reaches the
+// caller when the agent's answer had a Content-Length (as net/http gives any short answer
+// whose handler returned: the agent's own, for a command without output). Before, the proxy
+// passed that length on for the node's different body, and the caller read no line at all
+// (unexpected EOF).
+func TestExecForgedLineAfterSizedAnswer(t *testing.T) {
+	const id = "sess_sizedforged"
+	_, srv, _ := hostileAgentNode(t, id, Config{}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = w.Write([]byte(forgedLines[0] + "\n"))
+	})
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	_, err := c.Exec(t.Context(), agent.ExecRequest{Argv: []string{"true"}, TimeoutS: 60}, func(session.ExecChunk) error { return nil })
+	var ae *agent.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusBadGateway || ae.Code != "guest_error" {
+		t.Fatalf("an agent's sized answer with a forged line, through the node: %v; want the node's 502 guest_error", err)
+	}
+}
+
 // TestAgentRefusalIsNotTheNodes: an agent's error answer that could pass for the node's own
 // refusal (a 403, which callers take for the runtime policy's kill; a code the node alone
 // answers, invalid_state) reaches the node's callers as the guest's error, a 502 guest_error,
