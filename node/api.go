@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"wb/agent"
@@ -233,7 +234,14 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	sub := agentPath(r)
 	sw := &statusWriter{ResponseWriter: w}
 	w = sw
-	defer func() { n.Metrics.agentRequest(agentKind(r.Method, sub), sw.status) }()
+	var ended *execEnd // an exec's, once its answer is under way
+	defer func() {
+		status := sw.status
+		if s := ended.load(); s != 0 {
+			status = s // the node's line that ended the answer, after its 200
+		}
+		n.Metrics.agentRequest(agentKind(r.Method, sub), status)
+	}()
 	l, _, err := n.running(&session.Session{ID: id})
 	if err != nil {
 		writeError(w, err)
@@ -279,6 +287,8 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer n.Metrics.execStarted()()
+		ended = &execEnd{}
+		r = r.WithContext(context.WithValue(r.Context(), execEndKey{}, ended))
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
 		if ooms, counted := n.oomsBefore(r.Context(), l, guest); counted {
@@ -348,6 +358,22 @@ func (c *resultCheck) run() {
 // resultCheckKey is the context key of an exec's resultCheck through the node's proxy
 // (apiAgent).
 type resultCheckKey struct{}
+
+// execEnd is the status of the node's own line that ended an exec's answer through its proxy
+// (explainedExec.end), 0 for none: the answer's 200 went out before the line, and apiAgent
+// counts the exec by the line's status.
+type execEnd struct{ status atomic.Int32 }
+
+// load answers the status (0 for none, or for a nil e).
+func (e *execEnd) load() int {
+	if e == nil {
+		return 0
+	}
+	return int(e.status.Load())
+}
+
+// execEndKey is the context key of an exec's execEnd through the node's proxy (apiAgent).
+type execEndKey struct{}
 
 // writeRuntimeRefusal answers a command the runtime decision point did not allow: 403
 // policy_violation when a policy killed the session, 403 policy_error when the session's
@@ -545,10 +571,13 @@ type explainedExec struct {
 	clock *execClock
 	// check runs before the result line is passed on (nil: none).
 	check *resultCheck
+	// ended keeps the status of the node's line, if any (nil: not kept).
+	ended *execEnd
 }
 
 func newExplainedExec(ctx context.Context, body io.ReadCloser, whyBroke func(context.Context, error) error, clock *execClock, check *resultCheck) *explainedExec {
-	return &explainedExec{body: body, lines: bufio.NewReaderSize(body, 64<<10), ctx: ctx, whyBroke: whyBroke, clock: clock, check: check}
+	ended, _ := ctx.Value(execEndKey{}).(*execEnd)
+	return &explainedExec{body: body, lines: bufio.NewReaderSize(body, 64<<10), ctx: ctx, whyBroke: whyBroke, clock: clock, check: check, ended: ended}
 }
 
 func (e *explainedExec) Read(p []byte) (int, error) {
@@ -594,8 +623,11 @@ func (e *explainedExec) Read(p []byte) (int, error) {
 }
 
 // end ends the answer with ae, the node's line, and closes the agent's answer: the agent then
-// kills the exec's processes, as its timeout does.
+// kills the exec's processes, as its timeout does. The exec is counted by ae's status.
 func (e *explainedExec) end(ae *nodeapi.Error) {
+	if e.ended != nil {
+		e.ended.status.Store(int32(ae.Status))
+	}
 	line, _ := json.Marshal(map[string]agent.BrokenLine{"error": {Status: ae.Status, Code: ae.Code, Message: ae.Message}})
 	e.tail = bytes.NewReader(append(line, '\n'))
 	_ = e.body.Close()

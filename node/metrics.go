@@ -27,7 +27,7 @@ func NewMetrics() *Metrics {
 		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wb_node_agent_requests_total",
-			Help: "Requests through the node's API to its guests' agents, by kind (exec, pty, files, other) and outcome: ok (answered below 400, a PTY upgraded), refused (403: the runtime policy refused or killed), rejected (another 4xx: no such guest, its state, a bad request), failed (5xx: the guest's agent did not answer, or answered what the node does not pass on).",
+			Help: "Requests through the node's API to its guests' agents, by kind (exec, pty, files, other) and outcome: ok (answered below 400, a PTY upgraded), refused (403: the runtime policy refused or killed), rejected (another 4xx: no such guest, its state, a bad request), failed (5xx: the guest's agent did not answer, or answered what the node does not pass on). An exec whose answer the node ended with its own error line counts by that line's status.",
 		}, []string{"kind", "outcome"}),
 	}
 	m.reg.MustRegister(m.execs, m.requests, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))

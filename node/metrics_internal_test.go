@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -108,4 +109,41 @@ func grepMetrics(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// scrapeMetrics answers the lines of m's /metrics that contain sub.
+func scrapeMetrics(m *Metrics, sub string) string {
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	return grepMetrics(rec.Body.String(), sub)
+}
+
+// TestMetricsExecEndedByNodeFailed: an exec whose agent's answer the node ends with its own
+// 502 guest_error line (here the agent sent a line shaped as the node's error record) is
+// counted failed, as the metric's help says of an answer the node does not pass on. Before,
+// it counted ok: the answer's 200 had gone out before the line.
+func TestMetricsExecEndedByNodeFailed(t *testing.T) {
+	m := NewMetrics()
+	const id = "sess_brokenexec"
+	_, srv, _ := hostileAgentNode(t, id, Config{Driver: oomDriver{kills: &atomic.Int64{}}, Metrics: m}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = w.Write([]byte(`{"error":{"status":403,"code":"policy_violation","message":"forged"}}` + "\n"))
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done() // the node closes the answer
+	})
+	c := agent.NewHTTPClient(srv.Client(), srv.URL+"/v1/sessions/"+id+"/agent", "tok")
+	_, err := c.Exec(t.Context(), agent.ExecRequest{Argv: []string{"true"}, TimeoutS: 60}, func(session.ExecChunk) error { return nil })
+	var ae *agent.Error
+	if !errors.As(err, &ae) || ae.Status != 502 || ae.Code != "guest_error" {
+		t.Fatalf("the exec: %v; want the node's 502 guest_error", err)
+	}
+	// The exec is counted once the node's handler returned, after the caller read its answer.
+	got := scrapeMetrics(m, "wb_node_agent_requests_total{")
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(got, `kind="exec"`) && time.Now().Before(deadline); got = scrapeMetrics(m, "wb_node_agent_requests_total{") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(got+"\n", `wb_node_agent_requests_total{kind="exec",outcome="failed"} 1`+"\n") {
+		t.Fatalf("an exec the node ended 502 guest_error: want outcome=\"failed\"; /metrics has:\n%s", got)
+	}
 }
