@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"wb/session"
 )
 
 // Metrics are a node's Prometheus metrics, in a registry of their own: its sessions' guests
@@ -116,8 +118,16 @@ func (c *guestCollector) Collect(ch chan<- prometheus.Metric) {
 		counts[string(l.g.State)]++
 		l.mu.Unlock()
 	}
+	// Every state is reported, 0 where the node has no guest in it: a series that went away
+	// when the last guest left its state would read as no data, not as none.
 	runtime := c.n.Driver.Name()
-	for state, k := range counts {
+	for _, state := range session.States() {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[string(state)]), string(state), runtime)
+		delete(counts, string(state))
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts["busy"]), "busy", runtime)
+	delete(counts, "busy")
+	for state, k := range counts { // a state of none of the above (a journal's, unknown)
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), state, runtime)
 	}
 }

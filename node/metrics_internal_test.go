@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -116,6 +117,38 @@ func scrapeMetrics(m *Metrics, sub string) string {
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	return grepMetrics(rec.Body.String(), sub)
+}
+
+// TestMetricsGuestGaugeReadsZero: once a node's last running guest no longer runs,
+// wb_node_guests{state="running"} reads 0, as every other state the node has none in does.
+// Before, the collector emitted only the states it counted, and the series went away.
+func TestMetricsGuestGaugeReadsZero(t *testing.T) {
+	m := NewMetrics()
+	const id = "sess_gaugezero"
+	n, _, _ := hostileAgentNode(t, id, Config{Driver: oomDriver{kills: &atomic.Int64{}}, Metrics: m}, func(http.ResponseWriter, *http.Request) {})
+	if got := scrapeMetrics(m, "wb_node_guests{"); !strings.Contains(got, `wb_node_guests{runtime="oomtest",state="running"} 1`) ||
+		!strings.Contains(got, `wb_node_guests{runtime="oomtest",state="paused"} 0`) {
+		t.Fatalf("one running guest: want running 1 and paused 0; /metrics has:\n%s", got)
+	}
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	l.mu.Lock()
+	l.g.State = session.Paused // as Node.Pause leaves it
+	l.mu.Unlock()
+	got := scrapeMetrics(m, "wb_node_guests{")
+	for _, s := range session.States() {
+		want := fmt.Sprintf(`wb_node_guests{runtime="oomtest",state="%s"} 0`, s)
+		if s == session.Paused {
+			want = `wb_node_guests{runtime="oomtest",state="paused"} 1`
+		}
+		if !strings.Contains(got, want) {
+			t.Errorf("no guest running any more: want %s; /metrics has:\n%s", want, got)
+		}
+	}
+	if !strings.Contains(got, `wb_node_guests{runtime="oomtest",state="busy"} 0`) {
+		t.Errorf("no guest held: want busy 0; /metrics has:\n%s", got)
+	}
 }
 
 // TestMetricsExecEndedByNodeFailed: an exec whose agent's answer the node ends with its own
