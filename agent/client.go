@@ -48,6 +48,13 @@ type Client struct {
 	// that no answer of the agent's passes for a refusal of the node's (the node's proxy
 	// does the same for callers over HTTP).
 	Refusal func(*Error) *Error
+	// Answered, when set, is told of each request the client makes of the agent (a PTY's
+	// handshake included), by method and path, with the status the client answered it
+	// with: the answer's (101 for a PTY upgraded), that of the *Error it returns (after
+	// Refusal, or CheckPTY's), or 502 for an agent that gave no answer the client takes: a
+	// node's metrics of the calls to its guests' agents, for a client it hands out in
+	// process. It is called before the answer's body is read.
+	Answered func(method, path string, status int)
 }
 
 // NewClient returns a client of the agent listening on socketPath. Requests have no timeout of
@@ -98,7 +105,10 @@ func (c *Client) Socket() string { return c.socket }
 // Close closes the client's idle connections.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
 
-func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType string) (*http.Response, error) {
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, body io.Reader, contentType string) (resp *http.Response, err error) {
+	if c.Answered != nil {
+		defer func() { c.Answered(method, path, answeredStatus(resp, err)) }()
+	}
 	u := c.base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
@@ -113,7 +123,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.hc.Do(req)
+	resp, err = c.hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %s %s: %w", method, path, err)
 	}
@@ -150,6 +160,18 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 func redirected(resp *http.Response) *Error {
 	return &Error{Status: http.StatusBadGateway, Code: "guest_error",
 		Message: fmt.Sprintf("agent: the guest's agent answered %d, a redirect, which is not followed", resp.StatusCode)}
+}
+
+// answeredStatus is the status of a call the client answered resp or err (see Answered).
+func answeredStatus(resp *http.Response, err error) int {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return e.Status
+	case err != nil:
+		return http.StatusBadGateway
+	}
+	return resp.StatusCode
 }
 
 // refusal is e as the client returns it (see Refusal).
@@ -463,7 +485,16 @@ func errListTooLarge() *Error {
 // text message {"type":"resize","cols":N,"rows":N} to resize. When the process exits the agent
 // sends {"type":"exit","exit_code":N} and closes with status 1000. On a refused handshake the
 // response (e.g. 400 naming the bad parameter) is returned with the error.
-func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (*websocket.Conn, *http.Response, error) {
+func (c *Client) PTY(ctx context.Context, cols, rows int, command string) (_ *websocket.Conn, resp *http.Response, err error) {
+	if c.Answered != nil {
+		defer func() {
+			if err == nil {
+				c.Answered(http.MethodGet, "/v1/pty", http.StatusSwitchingProtocols)
+				return
+			}
+			c.Answered(http.MethodGet, "/v1/pty", answeredStatus(nil, err))
+		}()
+	}
 	if c.CheckPTY != nil {
 		if err := c.CheckPTY(ctx, command); err != nil {
 			return nil, nil, fmt.Errorf("agent: pty: %w", err)

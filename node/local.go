@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
 	"time"
 
@@ -28,7 +29,8 @@ type Local struct {
 // Local answers the node's guests for in-process callers.
 func (n *Node) Local() *Local { return &Local{n: n, touched: map[string]time.Time{}} }
 
-// Exec runs a command in the session's guest, after the runtime decision point.
+// Exec runs a command in the session's guest, after the runtime decision point. It is
+// counted in the node's metrics as one through its API is, by the status its error answers.
 func (c *Local) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, argv []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
 	res, err := c.n.Exec(ctx, s, req, argv, out)
 	var (
@@ -36,9 +38,28 @@ func (c *Local) Exec(ctx context.Context, s *session.Session, req session.ExecRe
 		re *RefusedError
 	)
 	if errors.As(err, &ke) || errors.As(err, &re) {
-		return res, refusalAsAgentError(err)
+		err = refusalAsAgentError(err)
+	} else {
+		err = asAPIError(err)
 	}
-	return res, asAPIError(err)
+	c.n.Metrics.agentRequest("exec", localExecStatus(ctx, err))
+	return res, err
+}
+
+// localExecStatus is the status the node's API would have answered an exec that ended in
+// err (as Local.Exec returns it), for its metrics.
+func localExecStatus(ctx context.Context, err error) int {
+	var ae *agent.Error
+	switch {
+	case err == nil:
+		return http.StatusOK
+	case errors.As(err, &ae):
+		return ae.Status // a refusal, or the guest's error
+	case ctx.Err() != nil:
+		// Its caller went: through the API, the exec's answer was under way until then.
+		return http.StatusOK
+	}
+	return apiError(err).Status
 }
 
 // Agent answers a client of the running guest's agent whose PTYs pass the runtime decision
@@ -51,6 +72,10 @@ func (c *Local) Agent(ctx context.Context, s *session.Session) (*agent.Client, e
 	a := *ag
 	// The agent's refusals are the guest's, never passing for the node's (as its proxy does).
 	a.Refusal = fromGuestAgent
+	// The file calls and PTYs are counted as the node's API counts those through it.
+	a.Answered = func(method, path string, status int) {
+		c.n.Metrics.agentRequest(agentKind(method, path), status)
+	}
 	a.CheckPTY = func(ctx context.Context, command string) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()

@@ -11,8 +11,9 @@ import (
 )
 
 // Metrics are a node's Prometheus metrics, in a registry of their own: its sessions' guests
-// by state, and the exec, PTY and file requests through its API (execs under way, requests
-// by outcome). A nil *Metrics counts nothing. Safe for concurrent use.
+// by state, and the exec, PTY and file requests to its guests' agents (execs under way,
+// requests by outcome), through its API or in process (Local: the edge's data path the node
+// serves). A nil *Metrics counts nothing. Safe for concurrent use.
 type Metrics struct {
 	reg      *prometheus.Registry
 	execs    prometheus.Gauge
@@ -25,11 +26,11 @@ func NewMetrics() *Metrics {
 		reg: prometheus.NewRegistry(),
 		execs: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "wb_node_execs_in_progress",
-			Help: "Execs through the node's API whose answer is under way.",
+			Help: "Execs in the node's guests whose answer is under way, through the node's API or the edge's data path it serves.",
 		}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wb_node_agent_requests_total",
-			Help: "Requests through the node's API to its guests' agents, by kind (exec, pty, files, other) and outcome: ok (answered below 400, a PTY upgraded), refused (403: the runtime policy refused or killed), rejected (another 4xx: no such guest, its state, a bad request), failed (5xx: the guest's agent did not answer, or answered what the node does not pass on). An exec whose answer the node ended with its own error line counts by that line's status.",
+			Help: "Requests to the node's guests' agents, through its API or the edge's data path it serves, by kind (exec, pty, files, other) and outcome: ok (answered below 400, a PTY upgraded), refused (403: the runtime policy refused or killed), rejected (another 4xx: no such guest, its state, a bad request), failed (5xx: the guest's agent did not answer, or answered what the node does not pass on). An exec whose answer the node ended with its own error line counts by that line's status.",
 		}, []string{"kind", "outcome"}),
 	}
 	m.reg.MustRegister(m.execs, m.requests, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))

@@ -119,6 +119,82 @@ func scrapeMetrics(m *Metrics, sub string) string {
 	return grepMetrics(rec.Body.String(), sub)
 }
 
+// TestMetricsCountEdgeCalls: the execs, file calls and PTYs of the edge's data path, which
+// every node serves and which reach the guests in process (Local), not through the node's
+// API, are counted as those through the API are: an exec under way, then each by kind and
+// outcome. Before, only the API's were, and behind the edge the node's metrics read about 0.
+func TestMetricsCountEdgeCalls(t *testing.T) {
+	m := NewMetrics()
+	const id = "sess_edgeexec"
+	release := make(chan struct{})
+	n, _, _ := hostileAgentNode(t, id, Config{Driver: oomDriver{kills: &atomic.Int64{}}, Metrics: m}, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/files":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"f does not exist","param":"path"}}`))
+			return
+		case "/v1/pty":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":{"code":"invalid_request","message":"bad size","param":"cols"}}`))
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_, _ = w.Write([]byte(`{"stream":"stdout","data":"x"}` + "\n"))
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		_, _ = w.Write([]byte(`{"exit_code":0,"duration_ms":1}` + "\n"))
+	})
+	timeout := 60
+	done := make(chan error, 1)
+	go func() {
+		_, err := n.Local().Exec(t.Context(), &session.Session{ID: id}, session.ExecRequest{Command: []byte(`"true"`), TimeoutS: &timeout}, []string{"true"},
+			func(session.ExecChunk) error { return nil })
+		done <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(scrapeMetrics(m, "wb_node_execs_in_progress"), "wb_node_execs_in_progress 1"); {
+		if time.Now().After(deadline) {
+			close(release)
+			t.Fatalf("an exec on the edge's data path (Local.Exec) under way for 30 s: want wb_node_execs_in_progress 1; /metrics has %q", scrapeMetrics(m, "wb_node_"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Refused: no such guest.
+	if _, err := n.Local().Exec(t.Context(), &session.Session{ID: "sess_nosuchsession"}, session.ExecRequest{Command: []byte(`"true"`), TimeoutS: &timeout}, []string{"true"},
+		func(session.ExecChunk) error { return nil }); err == nil {
+		t.Fatal("an exec in a session the node holds no guest for ran")
+	}
+	c, err := n.Local().Agent(t.Context(), &session.Session{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadFile(t.Context(), "f"); err == nil {
+		t.Fatal("a file the agent does not find was read")
+	}
+	if conn, _, err := c.PTY(t.Context(), 0, 0, ""); err == nil {
+		_ = conn.CloseNow()
+		t.Fatal("a PTY the agent refused was opened")
+	}
+	got := scrapeMetrics(m, "wb_node_")
+	for _, l := range []string{`wb_node_execs_in_progress 0`, `wb_node_agent_requests_total{kind="exec",outcome="ok"} 1`,
+		`wb_node_agent_requests_total{kind="exec",outcome="rejected"} 1`, `wb_node_agent_requests_total{kind="files",outcome="rejected"} 1`,
+		`wb_node_agent_requests_total{kind="pty",outcome="rejected"} 1`} {
+		if !strings.Contains(got+"\n", l+"\n") {
+			t.Errorf("calls on the edge's data path (Local): want %s; /metrics has:\n%s", l, got)
+		}
+	}
+}
+
 // TestMetricsGuestGaugeReadsZero: once a node's last running guest no longer runs,
 // wb_node_guests{state="running"} reads 0, as every other state the node has none in does.
 // Before, the collector emitted only the states it counted, and the series went away.

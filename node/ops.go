@@ -148,6 +148,7 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	if err != nil {
 		return session.ExecResult{}, err
 	}
+	defer n.Metrics.execStarted()() // as the node's API counts its execs, after the check
 	areq.Runner = n.runnerFor(ref, areq.Argv, areq.Env)
 	ooms, counted := n.oomsBefore(ctx, l, guest)
 	ectx, clock, cancel := n.execBackstop(ctx, areq.TimeoutS)
