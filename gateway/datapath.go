@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"wb/internal/edgeauth"
 	"wb/session"
 	"wb/store"
@@ -36,6 +38,10 @@ type DataPathConfig struct {
 	MaxConcurrentPTYs      int
 	// WriteStall as in Config (0: DefaultWriteStall).
 	WriteStall time.Duration
+	// Registry, when set, gets the data path's request metrics (wb_http_requests_total and
+	// wb_http_request_duration_seconds, by route, method and status): the serving node's,
+	// which has the process's collectors already. Nil keeps them unexposed.
+	Registry prometheus.Registerer
 }
 
 // DataPath serves the routes the edge sends straight to a session's node: exec, PTY and
@@ -62,7 +68,15 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 	if cfg.Store == nil || cfg.Guests == nil || cfg.NodeID == "" {
 		return nil, errors.New("gateway: the data path needs Store, Guests and NodeID")
 	}
-	c := Config{Store: cfg.Store, Guests: cfg.Guests, Logger: cfg.Logger, Now: cfg.Now, Metrics: NewMetrics(nil),
+	metrics := NewMetrics(nil)
+	if cfg.Registry != nil {
+		for _, c := range []prometheus.Collector{metrics.requests, metrics.latency} {
+			if err := cfg.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("gateway: the data path's metrics: %w", err)
+			}
+		}
+	}
+	c := Config{Store: cfg.Store, Guests: cfg.Guests, Logger: cfg.Logger, Now: cfg.Now, Metrics: metrics,
 		MaxOutputBytes: cfg.MaxOutputBytes, MaxReplayBytes: cfg.MaxReplayBytes, MaxConcurrentExecs: cfg.MaxConcurrentExecs,
 		MaxConcurrentFileCalls: cfg.MaxConcurrentFileCalls, MaxConcurrentPTYs: cfg.MaxConcurrentPTYs, WriteStall: cfg.WriteStall}
 	if c.Logger == nil {

@@ -223,7 +223,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.String("token", "", "refused: a token on the command line shows in ps and /proc to every user of the host; use --token-file or $WB_NODE_TOKEN")
 	tokenFile := fs.String("token-file", "", "`file` holding the bearer token the control plane sends (else $WB_NODE_TOKEN; one is required)")
 	level := fs.String("log-level", "info", "log `level`: debug, info, warn, error")
-	metricsAddr := fs.String("metrics-addr", "", "`host:port` serving /metrics (Prometheus: the node's guests, its execs, PTYs and file requests, its fleet TLS files' expiry) without a key, for the operator's network only; empty serves none. The node API never serves /metrics")
+	metricsAddr := fs.String("metrics-addr", "", "`host:port` serving /metrics (Prometheus: the node's guests, its execs, PTYs and file requests, its edge data path's requests by route, its fleet TLS files' expiry) without a key, for the operator's network only; empty serves none. The node API never serves /metrics")
 	fs.StringVar(&f.id, "id", hostnameOr("node_1"), "node `id`")
 	fs.StringVar(&f.region, "region", "local", "`region` this node serves")
 	fs.StringVar(&f.zone, "zone", "local-a", "`zone` of this node")

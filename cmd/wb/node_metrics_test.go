@@ -23,8 +23,9 @@ import (
 
 // TestNodeMetrics: wb node --metrics-addr serves /metrics there, without a key: the earliest
 // expiry of its fleet TLS files (certificate and CA) and their failed reloads, from 0, its
-// execs under way and its requests to the guests' agents by kind and outcome; the node API
-// serves no /metrics. Before, wb node served no metrics at all.
+// execs under way and its requests to the guests' agents by kind and outcome, and the edge's
+// data path's requests by route and status; the node API serves no /metrics. Before, wb node
+// served no metrics at all, and then none of its data path's requests.
 func TestNodeMetrics(t *testing.T) {
 	tmp, bin := runcGuestDir(t, "wbm")
 	dataDir := filepath.Join(tmp, "d")
@@ -94,6 +95,10 @@ func TestNodeMetrics(t *testing.T) {
 	if got := call("POST", "/v1/sessions/sess_nosuchsession/agent/v1/exec", "wb_node_metrics"); got != http.StatusNotFound {
 		t.Errorf("an exec of a session the node does not run: %d, want 404", got)
 	}
+	// An exec on the edge's data path without the edge's grant: refused before the guests.
+	if got := call("POST", "/v1/sessions/sess_nosuchsession/exec", ""); got != http.StatusUnauthorized {
+		t.Errorf("an exec on the data path without a grant: %d, want 401", got)
+	}
 	for token, want := range map[string]int{"": 401, "wb_node_metrics": 404} {
 		if got := call("GET", "/metrics", token); got != want {
 			t.Errorf("the node API's /metrics with token %q: %d, want %d", token, got, want)
@@ -120,6 +125,7 @@ func TestNodeMetrics(t *testing.T) {
 		`wb_tls_reload_failures_total{cert="--fleet-tls-cert"} 0`,
 		`wb_node_execs_in_progress 0`,
 		`wb_node_agent_requests_total{kind="exec",outcome="rejected"} 1`,
+		`wb_http_requests_total{method="POST",route="POST /v1/sessions/{id}/exec",status="401"} 1`,
 	} {
 		if !strings.Contains(string(b), want+"\n") {
 			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(string(b), "wb_"))
