@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"wb/internal/fakenode"
+	"wb/internal/stallwrite"
 	"wb/session"
 )
 
@@ -364,5 +365,54 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
+	}
+}
+
+// TestFileReadSteadySlowReaderIsServed: a caller that reads a file steadily, a piece
+// (stallwrite.Piece) every 25 ms, 40 pieces a WriteStall, gets the whole file. Before, Linux
+// woke a write blocked on the full socket only once about a third of its send buffer (up to
+// 4 MB) had drained, so a caller had to take megabytes within the stall, not a piece: it was
+// cut mid-file.
+func TestFileReadSteadySlowReaderIsServed(t *testing.T) {
+	var fn *fakenode.Node
+	e := newEnv(t, func(c *Config) {
+		fn = c.Guests.(*fakenode.Node)
+		c.WriteStall = time.Second
+	})
+	s := e.running(map[string]any{"tier": 2})
+	const size = 8 << 20
+	big := filepath.Join(fn.Dir, s.ID, "workspace", "big")
+	if err := os.WriteFile(big, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, size); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(64 << 10) // a slow link's window, not loopback's
+	fmt.Fprintf(conn, "GET /v1/sessions/%s/files?path=big HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", s.ID, e.key)
+	r := bufio.NewReaderSize(conn, stallwrite.Piece)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	start, got := time.Now(), 0
+	buf := make([]byte, stallwrite.Piece)
+	for got < size { // the body is chunked: its chunks' headers count too, so a whole one reads past size
+		n, err := io.ReadFull(r, buf)
+		if got += n; err != nil {
+			t.Fatalf("a caller reading a piece every 25 ms was cut after %d of %d bytes in %s: %v; want the whole file",
+				got, size, time.Since(start).Round(time.Millisecond), err)
+		}
+		time.Sleep(25 * time.Millisecond)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"wb/internal/fakenode"
 	"wb/internal/redistest"
+	"wb/internal/stallwrite"
 	"wb/placer"
 	"wb/quota"
 	"wb/session"
@@ -111,7 +112,9 @@ func newEnvTiers(t *testing.T, rdb redis.UniversalClient, tiers session.Tiers, o
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(gw.Handler())
+	srv := httptest.NewUnstartedServer(gw.Handler())
+	srv.Config.ConnContext = stallwrite.ConnContext // as wb serve's
+	srv.Start()
 	gw.PublicURL = srv.URL
 	e := &env{t: t, url: srv.URL, rdb: rdb, st: st, node: node, gw: gw, srv: srv}
 	t.Cleanup(func() {

@@ -25,6 +25,7 @@ import (
 	"wb/internal/fleet"
 	"wb/internal/mtls"
 	"wb/internal/netguard"
+	"wb/internal/stallwrite"
 	"wb/node"
 	nodeclient "wb/node/client"
 	"wb/placer"
@@ -373,8 +374,12 @@ Flags:
 }
 
 // serveUntil serves srv on ln in g until ctx ends, then shuts it down, giving requests in
-// flight up to grace to finish.
+// flight up to grace to finish. Its connections queue little unsent (stallwrite.ConnContext),
+// so that the answers' stall bound cuts callers that stopped, not those that read slowly.
 func serveUntil(ctx context.Context, g *errgroup.Group, srv *http.Server, ln net.Listener, grace time.Duration) {
+	if srv.ConnContext == nil {
+		srv.ConnContext = stallwrite.ConnContext
+	}
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return err

@@ -23,7 +23,9 @@ var ErrStalled = errors.New("the caller took none of the answer")
 // within stall fails the write (and every one after it) with ErrStalled; the server then
 // closes the connection. A caller that reads slowly, but reads, is served as long as it
 // reads. No deadline is left set on the connection (the server reuses it): a timer sets a
-// passed one only on a write that stalls, which unblocks it.
+// passed one only on a write that stalls, which unblocks it. A piece's write waits on the
+// caller's taking a piece only on a server whose ConnContext is this package's; on others it
+// waits for a third of the socket's send buffer to drain.
 type Writer struct {
 	http.ResponseWriter
 	rc      *http.ResponseController
