@@ -8,11 +8,11 @@ import (
 	"maps"
 	"net/http"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"wb/placer"
 	"wb/policies"
 	"wb/quota"
 	"wb/session"
@@ -232,12 +232,13 @@ func withMarks(meta, marks map[string]string) map[string]string {
 
 // checkRestorable refuses the restore of a memory snapshot that no live node can do: its memory
 // needs the root disk image its guest ran on (session.SnapshotRecord.RootImage), and the placer
-// places the restore only on a node that has that image (store.NodeInfo.Images); with none, the
-// session would wait pending until its provisioning deadline failed it. A snapshot that names no
-// image (disk only, another back end's, or taken by an earlier wb) is restored anywhere. (The
-// check reads the nodes as they are now: one that leaves before the placement leaves the
-// session pending until its deadline, as any session with no room.)
-func (s *Server) checkRestorable(ctx context.Context, snap session.SnapshotRecord) error {
+// places the restore only on a node of the session's region, offering its tier, that has that
+// image (store.NodeInfo.Images; placer.CanHost, the placer's own rule); with none, the session
+// would wait pending until its provisioning deadline failed it. A snapshot that names no image
+// (disk only, another back end's, or taken by an earlier wb) is restored anywhere. (The check
+// reads the nodes as they are now: one that leaves before the placement leaves the session
+// pending until its deadline, as any session with no room.)
+func (s *Server) checkRestorable(ctx context.Context, snap session.SnapshotRecord, region string, tier int) error {
 	if !snap.IncludeMemory || snap.RootImage == "" {
 		return nil
 	}
@@ -247,21 +248,21 @@ func (s *Server) checkRestorable(ctx context.Context, snap session.SnapshotRecor
 	}
 	now, timeout := s.Now(), cmp.Or(s.NodeTimeout, 10*time.Second)
 	for _, n := range nodes {
-		if !n.Draining && now.Sub(n.HeartbeatAt) <= timeout && slices.Contains(n.Images, snap.RootImage) {
+		if placer.CanHost(n, region, tier, snap.RootImage, now, timeout) {
 			return nil
 		}
 	}
 	// A 400 on restore_from, as a snapshot not ready is: the create's 409 is the
 	// Idempotency-Key's alone (openapi.json).
 	return errInvalid("restore_from", "snapshot %s holds its guest's memory, which only a node with the root disk image "+
-		"the guest ran on can restore, and no live node has that image (the node that took the snapshot is gone, "+
-		"or runs another wb since an upgrade)", snap.ID)
+		"the guest ran on can restore, and no live node has that image among those of region %q that offer tier %d (the "+
+		"node that took the snapshot is gone, or runs another wb since an upgrade)", snap.ID, region, tier)
 }
 
 // validateRefs checks the fields that name other things: template, region, policy, snapshot.
 func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session.CreateRequest) error {
+	var snap session.SnapshotRecord // the restore's, when there is one
 	if req.RestoreFrom != "" {
-		var snap session.SnapshotRecord
 		if err := s.Store.GetObject(ctx, p.ID, store.KindSnapshot, req.RestoreFrom, &snap); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return errInvalid("restore_from", "no snapshot %q in this project", req.RestoreFrom)
@@ -270,9 +271,6 @@ func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session
 		}
 		if snap.State != session.SnapshotReady {
 			return errInvalid("restore_from", "snapshot %s is %s, not ready", snap.ID, snap.State)
-		}
-		if err := s.checkRestorable(ctx, snap); err != nil {
-			return err
 		}
 		if req.Template == "" {
 			req.Template = snap.Template
@@ -283,6 +281,13 @@ func (s *Server) validateRefs(ctx context.Context, p store.Project, req *session
 	}
 	if req.Region != "" && !contains(s.Regions, req.Region) {
 		return errInvalid("region", "unknown region %q; available: %s", req.Region, strings.Join(s.Regions, ", "))
+	}
+	// After the region's check: the restore needs a node of the session's region and tier.
+	// (Validate, before this, requires the tier.)
+	if req.RestoreFrom != "" && req.Tier != nil {
+		if err := s.checkRestorable(ctx, snap, regionOrDefault(req.Region, s.Regions), *req.Tier); err != nil {
+			return err
+		}
 	}
 	if req.PolicyID != "" {
 		if !policyIDPattern.MatchString(req.PolicyID) {

@@ -353,10 +353,7 @@ func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[
 	now := p.Now()
 	var cands []store.NodeInfo
 	for _, n := range nodes {
-		if !p.live(now, n) || n.Region != sess.Region || !slices.Contains(n.Tiers, sess.Tier) || !sh.fits(n, sess) {
-			continue
-		}
-		if img != "" && !slices.Contains(n.Images, img) {
+		if !CanHost(n, sess.Region, sess.Tier, img, now, p.HeartbeatTimeout) || !sh.fits(n, sess) {
 			continue
 		}
 		cands = append(cands, n)
@@ -394,7 +391,22 @@ func (p *Placer) choose(ctx context.Context, nodes []store.NodeInfo, claims map[
 
 // live reports whether node n takes new sessions at now: it beats, and no operator drains it.
 func (p *Placer) live(now time.Time, n store.NodeInfo) bool {
-	return !n.Draining && now.Sub(n.HeartbeatAt) <= p.HeartbeatTimeout
+	return Live(n, now, p.HeartbeatTimeout)
+}
+
+// Live reports whether node n takes new sessions at now, with a heartbeat timeout of
+// timeout: it beats, and no operator drains it.
+func Live(n store.NodeInfo, now time.Time, timeout time.Duration) bool {
+	return !n.Draining && now.Sub(n.HeartbeatAt) <= timeout
+}
+
+// CanHost reports whether the placer may place a session of region and tier on node n at now
+// (a heartbeat timeout of timeout), room aside: n is live, of the region, offers the tier and,
+// when img is set (a memory snapshot's restore), has that root disk image. The gateway asks it
+// too, to refuse at the create a restore no node can take (the one place the rule is written).
+func CanHost(n store.NodeInfo, region string, tier int, img string, now time.Time, timeout time.Duration) bool {
+	return Live(n, now, timeout) && n.Region == region && slices.Contains(n.Tiers, tier) &&
+		(img == "" || slices.Contains(n.Images, img))
 }
 
 // claimWindow is how long a placement's claim counts against its node: until its heartbeat
