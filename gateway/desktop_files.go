@@ -25,7 +25,9 @@ func (s *Server) desktopUseRoutes(api func(pattern string, h handler)) {
 	api("PUT /v1/desktops/{id}/files", s.desktopFileCall(s.desktopFiles(s.putFile, desktop.File)))
 	api("DELETE /v1/desktops/{id}/files", s.desktopFileCall(s.desktopFiles(s.deleteFile, desktop.File)))
 	mcpEndpoint := newDesktopMCP(s)
-	api("POST /v1/desktops/{id}/mcp", mcpEndpoint.serve)
+	// A tool's result may be megabytes (read_file's, screenshot's): the writes to a caller that
+	// takes none of it are bounded, as a file's read is.
+	api("POST /v1/desktops/{id}/mcp", s.stallBounded(mcpEndpoint.serve))
 	api("GET /v1/desktops/{id}/mcp", mcpEndpoint.serve) // 405: no standalone stream
 }
 

@@ -29,11 +29,15 @@ import (
 // (another project's desktop is a 404, as on the API). The handler is stateless: each POST
 // gets a fresh server bound to its desktop, so any gateway answers any call, nothing is kept
 // per client, and a connected client that does not call holds nothing open (no standalone
-// stream; GET answers 405). Only a tool call touches the desktop: initialize, discovery,
-// tools/list and pings neither wake it nor count as use. A tool call waits for the desktop
-// to run (awakeDesktop, waking it), is a use from its start to its end, and turns a refusal
-// (stopped, failed, no room) into a JSON-RPC error the client shows (mcpCallError); a tool
-// that ran and failed (a file not found, a script that threw) is a tool result with isError,
+// stream; GET answers 405). An answer's writes are bounded by WriteStall (stallBounded): a
+// caller that stays connected but takes none of a result of megabytes (read_file's,
+// screenshot's) ends the call, which otherwise held the handler and the result; a stream
+// with nothing to send (subscriptions/listen, waiting for notifications) is not cut. Only a
+// tool call touches the desktop: initialize, discovery, tools/list and pings neither wake it
+// nor count as use. A tool call waits for the desktop to run (awakeDesktop, waking it), is a
+// use from its start to its end, and turns a refusal (stopped, failed, no room) into a
+// JSON-RPC error the client shows (mcpCallError); a tool that ran and failed (a file not
+// found, a script that threw) is a tool result with isError,
 // as the MCP spec has it.
 
 // Bounds of the MCP endpoint.

@@ -1,12 +1,16 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,6 +23,7 @@ import (
 
 	"wb/agent"
 	"wb/desktop"
+	"wb/internal/fakenode"
 	"wb/internal/redistest"
 	"wb/session"
 )
@@ -551,5 +556,118 @@ func TestDesktopMCPFileCallsAreBounded(t *testing.T) {
 			t.Errorf("%s of a desktop whose agent never answers: %v, %+v after %s; want a tool error that its agent did not answer within 1s",
 				name, err, res, time.Since(start))
 		}
+	}
+}
+
+// mcpRouteDone is the line of /metrics that counts n answered MCP calls.
+func mcpRouteDone(n int) string {
+	return fmt.Sprintf(`wb_http_requests_total{method="POST",route="POST /v1/desktops/{id}/mcp",status="200"} %d`, n)
+}
+
+// TestDesktopMCPStalledCallerIsCut: an MCP call whose caller stays connected but takes none
+// of its answer (read_file of a file of noise at its bound: some 22 MB of JSON) ends once a
+// write to it waited WriteStall, which lets go of the handler and the answer's megabytes (the
+// call is counted in /metrics as it ends). Before, such a caller (asking for a few on one
+// connection) held both for as long as it stayed.
+func TestDesktopMCPStalledCallerIsCut(t *testing.T) {
+	var fn *fakenode.Node
+	e := newEnv(t, func(c *Config) {
+		fn = c.Guests.(*fakenode.Node)
+		c.WriteStall = time.Second
+	})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	noise := make([]byte, MCPMaxFileBytes)
+	_, _ = rand.Read(noise)
+	if err := os.WriteFile(filepath.Join(fn.Dir, d.SessionID, "workspace", "big"), noise, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"big"}}}`
+	for range 3 { // a few, pipelined, as a caller that would fill every buffer on the way
+		fmt.Fprintf(conn, "POST /v1/desktops/%s/mcp HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"+
+			"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-06-18\r\n"+
+			"Content-Length: %d\r\n\r\n%s", d.ID, e.key, len(body), body)
+	}
+	if status, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.Contains(status, " 200 ") {
+		t.Fatalf("read_file over MCP: the answer's status line %q, %v; want a 200", status, err)
+	}
+	// The caller now reads no more, and stays: the call must end within the stall (and a
+	// wide margin), and be counted.
+	var got string
+	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got = string(e.do("GET", "/metrics", adminKey, nil).body)
+		if strings.Contains(got, mcpRouteDone(1)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("45 s after its caller stopped reading, the MCP call still had not ended (want it ended after the 1 s stall); /metrics:\n%s", grepLines(got, "mcp"))
+		}
+	}
+}
+
+// TestDesktopMCPIdleStreamIsKept: an MCP stream with nothing to send (subscriptions/listen,
+// which waits for the tools' list to change) stays open past WriteStall: the stall bounds
+// writes under way, not a caller's wait for the next one.
+func TestDesktopMCPIdleStreamIsKept(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	d := e.newDesktop(map[string]any{"name": "d"})
+	const version = "2026-07-28"
+	body := `{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"` + version + `","io.modelcontextprotocol/clientCapabilities":{}}}}`
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", d.MCPURL, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", version)
+	req.Header.Set("Mcp-Method", "subscriptions/listen")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("subscriptions/listen: %d %s %s; want a 200 stream", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	lines := make(chan string)
+	ended := make(chan error, 1)
+	go func() {
+		r := bufio.NewReader(resp.Body)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				ended <- err
+				return
+			}
+			lines <- line
+		}
+	}()
+	// The acknowledgement's event, to its blank line.
+	for acked, end := false, false; !end; {
+		select {
+		case line := <-lines:
+			acked = acked || strings.Contains(line, "subscriptions/acknowledged")
+			end = acked && line == "\n"
+		case err := <-ended:
+			t.Fatalf("subscriptions/listen ended before its acknowledgement: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("subscriptions/listen: no acknowledgement within 30 s")
+		}
+	}
+	select {
+	case err := <-ended:
+		t.Fatalf("an idle subscriptions/listen stream ended (%v) within 5 s, with a 1 s stall; want it kept open", err)
+	case line := <-lines:
+		t.Fatalf("an idle subscriptions/listen stream sent %q; want nothing", line)
+	case <-time.After(5 * time.Second):
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"wb/console"
 	"wb/desktop"
 	"wb/hypervisor"
+	"wb/internal/stallwrite"
 	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
@@ -340,6 +341,25 @@ func (s *Server) authed(h handler) http.Handler {
 			s.writeError(w, r, err)
 		}
 	})
+}
+
+// stallBounded serves h with every write to its caller bounded by WriteStall: a caller that
+// stays connected but takes none of a large answer (an MCP tool's result, a run's output, a
+// long list) ends the call, which would otherwise hold the handler, and the answer in
+// memory, for as long as the caller stayed. Only writes under way are timed: an answer that
+// is idle (a stream with nothing to send) is not cut.
+func (s *Server) stallBounded(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
+		sw := stallwrite.New(w, s.WriteStall)
+		defer func() {
+			sw.Close()
+			if sw.Stalled() {
+				s.log.WarnContext(r.Context(), "an answer broke off: its caller took none of it within the stall",
+					"route", r.Pattern, "stall", s.WriteStall)
+			}
+		}()
+		return h(sw, r, p)
+	}
 }
 
 // authenticate answers key's project: kept (caches.go), or read and kept.
