@@ -559,11 +559,6 @@ func TestDesktopMCPFileCallsAreBounded(t *testing.T) {
 	}
 }
 
-// mcpRouteDone is the line of /metrics that counts n answered MCP calls.
-func mcpRouteDone(n int) string {
-	return fmt.Sprintf(`wb_http_requests_total{method="POST",route="POST /v1/desktops/{id}/mcp",status="200"} %d`, n)
-}
-
 // TestDesktopMCPStalledCallerIsCut: an MCP call whose caller stays connected but takes none
 // of its answer (read_file of a file of noise at its bound: some 22 MB of JSON) ends once a
 // write to it waited WriteStall, which lets go of the handler and the answer's megabytes (the
@@ -581,35 +576,12 @@ func TestDesktopMCPStalledCallerIsCut(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(fn.Dir, d.SessionID, "workspace", "big"), noise, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetReadBuffer(4 << 10)
-	}
 	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","arguments":{"path":"big"}}}`
-	for range 3 { // a few, pipelined, as a caller that would fill every buffer on the way
-		fmt.Fprintf(conn, "POST /v1/desktops/%s/mcp HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"+
-			"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-06-18\r\n"+
-			"Content-Length: %d\r\n\r\n%s", d.ID, e.key, len(body), body)
-	}
-	if status, err := bufio.NewReader(conn).ReadString('\n'); err != nil || !strings.Contains(status, " 200 ") {
-		t.Fatalf("read_file over MCP: the answer's status line %q, %v; want a 200", status, err)
-	}
-	// The caller now reads no more, and stays: the call must end within the stall (and a
-	// wide margin), and be counted.
-	var got string
-	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		got = string(e.do("GET", "/metrics", adminKey, nil).body)
-		if strings.Contains(got, mcpRouteDone(1)) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("45 s after its caller stopped reading, the MCP call still had not ended (want it ended after the 1 s stall); /metrics:\n%s", grepLines(got, "mcp"))
-		}
-	}
+	// A few, pipelined, as a caller that would fill every buffer on the way.
+	stalledCall(t, e.srv.Listener.Addr().String(), e.key, "POST", "/v1/desktops/"+d.ID+"/mcp",
+		"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-06-18\r\n", body, 3)
+	// The caller now reads no more, and stays: the call ends within the stall.
+	e.waitCounted("POST /v1/desktops/{id}/mcp", 200, 1, "an MCP call of read_file")
 }
 
 // TestDesktopMCPIdleStreamIsKept: an MCP stream with nothing to send (subscriptions/listen,

@@ -306,6 +306,13 @@ func TestFileReadBrokenOffIsNoWholeFile(t *testing.T) {
 // more (the connection stays open until the test ends).
 func stalledRead(t *testing.T, addr, key, path string, n int) {
 	t.Helper()
+	stalledCall(t, addr, key, "GET", path, "", "", n)
+}
+
+// stalledCall is stalledRead for any call: n requests of method to path, each with the
+// header lines in header ("Name: value\r\n" each) and body, and a status line in 2xx.
+func stalledCall(t *testing.T, addr, key, method, path, header, body string, n int) {
+	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -315,11 +322,30 @@ func stalledRead(t *testing.T, addr, key, path string, n int) {
 		_ = tc.SetReadBuffer(4 << 10)
 	}
 	for range n {
-		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n\r\n", path, key)
+		fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n%sContent-Length: %d\r\n\r\n%s",
+			method, path, key, header, len(body), body)
 	}
 	status, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil || !strings.Contains(status, " 200 ") {
-		t.Fatalf("GET %s: the answer's status line %q, %v; want a 200", path, status, err)
+	if err != nil || !strings.HasPrefix(status, "HTTP/1.1 2") {
+		t.Fatalf("%s %s: the answer's status line %q, %v; want a 2xx", method, path, status, err)
+	}
+}
+
+// waitCounted waits up to 45 s for /metrics to count n answers of route (its pattern) with
+// status: a stalled caller's call is counted once it ended. what names the call.
+func (e *env) waitCounted(route string, status, n int, what string) {
+	e.t.Helper()
+	method, _, _ := strings.Cut(route, " ")
+	want := fmt.Sprintf(`wb_http_requests_total{method=%q,route=%q,status="%d"} %d`, method, route, status, n)
+	for deadline := time.Now().Add(45 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got := string(e.do("GET", "/metrics", adminKey, nil).body)
+		if strings.Contains(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("45 s after its caller stopped reading, %s still had not ended (want it ended after the 1 s stall): /metrics has no\n%s\nin:\n%s",
+				what, want, grepLines(got, "wb_http_requests_total"))
+		}
 	}
 }
 

@@ -127,8 +127,9 @@ type Config struct {
 	DesktopAdmitWait time.Duration
 	// WriteStall is how long a write to a caller that takes none of it may wait before the
 	// call ends (0: DefaultWriteStall): an exec's answer (the exec ends, and the command in
-	// the guest with it), a file's read, a desktop's screen, a frame of a PTY's output (the
-	// PTY ends, and the program in the guest with it). A caller that stays connected and
+	// the guest with it), a file's read, a desktop's screen, an MCP call's answer, a run's
+	// (and a replay for an Idempotency-Key), a frame of a PTY's output (the PTY ends, and the
+	// program in the guest with it). A caller that stays connected and
 	// reads no more would hold the call, its slot among the project's, the node's connection
 	// and the guest's agent for ever. One bound for every call: the caller's stall is the
 	// same whatever it called.
@@ -282,8 +283,9 @@ func (s *Server) routes() {
 	api("GET /v1/snapshots/{id}", s.getSnapshot)
 	api("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
 
-	api("POST /v1/runs", s.idempotent(s.createRun))
-	api("GET /v1/runs/{id}", s.getRun)
+	// A run's answer holds its output (up to MaxOutputBytes a stream).
+	api("POST /v1/runs", s.idempotent(s.stallBounded(s.createRun)))
+	api("GET /v1/runs/{id}", s.stallBounded(s.getRun))
 
 	api("POST /v1/webhook_endpoints", s.idempotent(s.createEndpoint))
 	api("GET /v1/webhook_endpoints", s.listEndpoints)
@@ -354,6 +356,7 @@ func (s *Server) stallBounded(h handler) handler {
 		defer func() {
 			sw.Close()
 			if sw.Stalled() {
+				markCutOff(w) // a replay of the bytes taken would look like a whole answer
 				s.log.WarnContext(r.Context(), "an answer broke off: its caller took none of it within the stall",
 					"route", r.Pattern, "stall", s.WriteStall)
 			}

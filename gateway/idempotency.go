@@ -130,13 +130,17 @@ func (s *Server) idempotent(h handler) handler {
 			return err
 		}
 		if rec != nil {
-			for k, v := range rec.Header {
-				w.Header().Set(k, v)
-			}
-			w.Header().Set("Idempotent-Replayed", "true")
-			w.WriteHeader(rec.Status)
-			_, _ = w.Write(rec.Body)
-			return nil
+			// A replay may be megabytes (an exec's or a run's answer, up to MaxReplayBytes):
+			// its writes to a caller that takes none of it are bounded, as the first's were.
+			return s.stallBounded(func(w http.ResponseWriter, _ *http.Request, _ store.Project) error {
+				for k, v := range rec.Header {
+					w.Header().Set(k, v)
+				}
+				w.Header().Set("Idempotent-Replayed", "true")
+				w.WriteHeader(rec.Status)
+				_, _ = w.Write(rec.Body)
+				return nil
+			})(w, r, p)
 		}
 		// The answer is recorded even when the caller has gone: a retry wants it.
 		ctx := context.WithoutCancel(r.Context())

@@ -239,3 +239,27 @@ func TestRunOutputBudget(t *testing.T) {
 		t.Errorf("the replay of a dropped answer: %q (replayed %q), want one that names the budget", msg, r.header.Get("Idempotent-Replayed"))
 	}
 }
+
+// TestRunStalledCallerIsCut: a run's answer (its output, up to MaxOutputBytes a stream: here
+// 16 MB of JSON), read by GET or replayed for an Idempotency-Key, whose caller stays
+// connected but takes none of it ends once a write to it waited WriteStall, which lets go of
+// the handler and the answer's megabytes (the call is counted in /metrics as it ends); the
+// first answer, cut off so, is replayed as cut off (replay_incomplete), not as the bytes
+// taken. Before, such a caller (asking for a few on one connection) held both for as long as
+// it stayed.
+func TestRunStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	s := e.running(map[string]any{"tier": 2})
+	var run session.Run
+	body := `{"session_id":"` + s.ID + `","command":"head -c 8000000 /dev/zero | tr '\\0' y; head -c 8000000 /dev/zero | tr '\\0' n >&2"}`
+	e.mustDo("POST", "/v1/runs", e.key, []byte(body), 201, &run, "Idempotency-Key", "big")
+	addr := e.srv.Listener.Addr().String()
+	stalledRead(t, addr, e.key, "/v1/runs/"+run.ID, 3)
+	e.waitCounted("GET /v1/runs/{id}", 200, 1, "a GET of a run")
+	stalledCall(t, addr, e.key, "POST", "/v1/runs", "Content-Type: application/json\r\nIdempotency-Key: big\r\n", body, 3)
+	e.waitCounted("POST /v1/runs", 201, 2, "a replay of a run's answer")
+	// The first answer, cut off so: its retry learns that, and is not run again.
+	stalledCall(t, addr, e.key, "POST", "/v1/runs", "Content-Type: application/json\r\nIdempotency-Key: cut\r\n", body, 1)
+	e.waitCounted("POST /v1/runs", 201, 3, "a run's answer")
+	expectError(t, e.do("POST", "/v1/runs", e.key, []byte(body), "Idempotency-Key", "cut"), 409, "replay_incomplete", "")
+}
