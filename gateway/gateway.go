@@ -128,11 +128,11 @@ type Config struct {
 	// WriteStall is how long a write to a caller that takes none of it may wait before the
 	// call ends (0: DefaultWriteStall): an exec's answer (the exec ends, and the command in
 	// the guest with it), a file's read, a desktop's screen, an MCP call's answer, a run's
-	// (and a replay for an Idempotency-Key), a frame of a PTY's output (the PTY ends, and the
-	// program in the guest with it). A caller that stays connected and reads no more would
-	// hold the call, its slot among the project's, the node's connection and the guest's
-	// agent for ever. One bound for every call: the caller's stall is the same whatever it
-	// called.
+	// (and a replay for an Idempotency-Key), a usage report, a frame of a PTY's output (the
+	// PTY ends, and the program in the guest with it). A caller that stays connected and
+	// reads no more would hold the call, its slot among the project's, the node's connection
+	// and the guest's agent for ever. One bound for every call: the caller's stall is the
+	// same whatever it called.
 	WriteStall time.Duration
 	// NodeTimeout is how long a node may go without a heartbeat before it counts as dead, as
 	// the placer judges it (0: 10 s, the placer's default): a restore that only some nodes can
@@ -298,7 +298,7 @@ func (s *Server) routes() {
 	api("GET /v1/templates", s.listTemplates)
 	api("GET /v1/limits", s.getLimits)
 	api("PUT /v1/limits", s.putLimits)
-	api("GET /v1/usage", s.usage)
+	api("GET /v1/usage", s.stallBounded(s.usage)) // a line a session of its range: megabytes
 	api("PUT /v1/policies/{name}", s.putPolicy)
 	api("GET /v1/policies", s.listPolicies)
 	api("GET /v1/policies/{name}", s.getPolicy)

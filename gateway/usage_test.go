@@ -9,6 +9,7 @@ import (
 
 	"wb/quota"
 	"wb/session"
+	"wb/store"
 )
 
 func TestLimitsAndSpendCap(t *testing.T) {
@@ -134,4 +135,26 @@ func TestResumeRefusedPastTheHardCap(t *testing.T) {
 	e.mustDo("POST", "/v1/sessions/"+ids["eu_under"]+":resume", e.key, nil, 200, nil)
 	e.mustDo("PUT", "/v1/limits", e.key, map[string]any{"end_user_monthly_spend_cap_micro_usd": 1_000_000}, 200, nil)
 	e.mustDo("POST", "/v1/sessions/"+ids["eu_over"]+":resume", e.key, nil, 200, nil)
+}
+
+// TestUsageStalledCallerIsCut: a usage report (a line a session of its range, of up to 93
+// days: here 100,000 sessions' lines, some 13 MB of JSON) whose caller stays connected but
+// takes none of it ends once a write to it waited WriteStall, which lets go of the handler
+// and the report's megabytes (the call is counted in /metrics as it ends). Before, such a
+// caller (asking for a few on one connection) held both for as long as it stayed.
+func TestUsageStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	ctx := context.Background()
+	key := store.ProjectKeys(e.projA).UsageHour(time.Now())
+	for i := range 100 {
+		fields := make([]any, 0, 2000)
+		for j := range 1000 {
+			fields = append(fields, fmt.Sprintf("s:sess_%05d%03d:session_ms", i, j), 1000)
+		}
+		if err := e.rdb.HSet(ctx, key, fields...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stalledRead(t, e.srv.Listener.Addr().String(), e.key, "/v1/usage", 3)
+	e.waitCounted("GET /v1/usage", 200, 1, "a usage report")
 }
