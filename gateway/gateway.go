@@ -258,7 +258,8 @@ func (s *Server) routes() {
 	m := http.NewServeMux()
 	api := func(pattern string, h handler) { m.Handle(pattern, s.authed(h)) }
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, Health{Status: "ok"}) })
-	m.HandleFunc("GET /v1/openapi.json", serveOpenAPI)
+	// 240 KB, to anyone: a caller that takes none of it is cut, as from the API's large answers.
+	m.HandleFunc("GET /v1/openapi.json", s.stallBoundedHTTP(serveOpenAPI))
 	m.Handle("GET "+console.Prefix+"/", console.Handler()) // the web console: pages that call this API
 	if !s.MetricsElsewhere {
 		m.Handle("GET /metrics", s.metricsGuard(s.Metrics.Handler()))
@@ -347,11 +348,20 @@ func (s *Server) authed(h handler) http.Handler {
 
 // stallBounded serves h with every write to its caller bounded by WriteStall: a caller that
 // stays connected but takes none of a large answer (an MCP tool's result, a run's output, a
-// long list) ends the call, which would otherwise hold the handler, and the answer in
+// usage report) ends the call, which would otherwise hold the handler, and the answer in
 // memory, for as long as the caller stayed. Only writes under way are timed: an answer that
 // is idle (a stream with nothing to send) is not cut.
 func (s *Server) stallBounded(h handler) handler {
 	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
+		var err error
+		s.stallBoundedHTTP(func(w http.ResponseWriter, r *http.Request) { err = h(w, r, p) })(w, r)
+		return err
+	}
+}
+
+// stallBoundedHTTP is stallBounded for a route without a project (the OpenAPI document).
+func (s *Server) stallBoundedHTTP(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		sw := stallwrite.New(w, s.WriteStall)
 		defer func() {
 			sw.Close()
@@ -361,7 +371,7 @@ func (s *Server) stallBounded(h handler) handler {
 					"route", r.Pattern, "stall", s.WriteStall)
 			}
 		}()
-		return h(sw, r, p)
+		h(sw, r)
 	}
 }
 

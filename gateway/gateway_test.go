@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -963,4 +964,31 @@ func TestEnvNodeOutlivesTheHeartbeatTimeout(t *testing.T) {
 	e := newEnv(t)
 	time.Sleep(11 * time.Second)
 	e.running(map[string]any{"tier": 2})
+}
+
+// TestOpenAPIStalledCallerIsCut: the OpenAPI document (240 KB, to any caller, without a key)
+// asked for many times on one connection whose caller takes none of it ends once a write
+// waited WriteStall, and the connection is closed. Before, such a caller held a handler and
+// its connection for as long as it stayed, as many times as it opened connections.
+func TestOpenAPIStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	closed := make(chan struct{}, 1)
+	srv := httptest.NewUnstartedServer(e.gw.Handler())
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			select {
+			case closed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	// Enough, pipelined, to fill every buffer on the way.
+	stalledCall(t, srv.Listener.Addr().String(), "", "GET", "/v1/openapi.json", "", "", 60)
+	select {
+	case <-closed:
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/openapi.json was still open; want it closed after the 1 s stall")
+	}
 }
