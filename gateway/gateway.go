@@ -272,7 +272,7 @@ func (s *Server) routes() {
 	m.Handle("PUT /v1/admin/nodes/{id}/draining", s.admin(s.adminDrainNode))
 
 	api("POST /v1/sessions", s.idempotent(s.createSession))
-	api("GET /v1/sessions", s.listSessions)
+	api("GET /v1/sessions", s.stallBounded(s.listSessions)) // up to 100 sessions and their metadata: megabytes
 	api("GET /v1/sessions/{id}", s.getSession)
 	api("PATCH /v1/sessions/{id}", s.patchSession)
 	api("DELETE /v1/sessions/{id}", s.deleteSession)

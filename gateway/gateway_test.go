@@ -992,3 +992,36 @@ func TestOpenAPIStalledCallerIsCut(t *testing.T) {
 		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/openapi.json was still open; want it closed after the 1 s stall")
 	}
 }
+
+// TestSessionListStalledCallerIsCut: the list of sessions (a page is up to 100 sessions, each
+// with up to 50 metadata entries: megabytes) ends once a write to a caller that takes none
+// of it waited WriteStall, and the connection is closed. Before, such a caller (asking for a
+// few pages on one connection) held the handler and the page for as long as it stayed.
+func TestSessionListStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	meta := map[string]string{}
+	for i := range 20 {
+		meta[fmt.Sprintf("k%d", i)] = strings.Repeat("v", 200)
+	}
+	for range 10 {
+		e.running(map[string]any{"tier": 2, "metadata": meta})
+	}
+	closed := make(chan struct{}, 1)
+	srv := httptest.NewUnstartedServer(e.gw.Handler())
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			select {
+			case closed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	stalledCall(t, srv.Listener.Addr().String(), e.key, "GET", "/v1/sessions?limit=100", "", "", 100)
+	select {
+	case <-closed:
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/sessions was still open; want it closed after the 1 s stall")
+	}
+}
