@@ -568,7 +568,7 @@ func TestDesktopMCPStalledCallerIsCut(t *testing.T) {
 	var fn *fakenode.Node
 	e := newEnv(t, func(c *Config) {
 		fn = c.Guests.(*fakenode.Node)
-		c.WriteStall = time.Second
+		c.WriteStall = 3 * time.Second
 	})
 	d := e.newDesktop(map[string]any{"name": "d"})
 	noise := make([]byte, MCPMaxFileBytes)
@@ -588,7 +588,7 @@ func TestDesktopMCPStalledCallerIsCut(t *testing.T) {
 // which waits for the tools' list to change) stays open past WriteStall: the stall bounds
 // writes under way, not a caller's wait for the next one.
 func TestDesktopMCPIdleStreamIsKept(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
 	d := e.newDesktop(map[string]any{"name": "d"})
 	const version = "2026-07-28"
 	body := `{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},` +
@@ -637,7 +637,7 @@ func TestDesktopMCPIdleStreamIsKept(t *testing.T) {
 	}
 	select {
 	case err := <-ended:
-		t.Fatalf("an idle subscriptions/listen stream ended (%v) within 5 s, with a 1 s stall; want it kept open", err)
+		t.Fatalf("an idle subscriptions/listen stream ended (%v) within 5 s, with a 3 s stall; want it kept open", err)
 	case line := <-lines:
 		t.Fatalf("an idle subscriptions/listen stream sent %q; want nothing", line)
 	case <-time.After(5 * time.Second):

@@ -190,7 +190,7 @@ func TestDesktopScreenStalledCallerIsCut(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		c.Guests = bashNode{c.Guests.(*fakenode.Node)}
 		c.MaxConcurrentFileCalls = 1
-		c.WriteStall = time.Second
+		c.WriteStall = 3 * time.Second
 	})
 	d := e.newDesktop(map[string]any{"name": "screen"})
 	// A few, pipelined: the sockets' buffers may hold a whole PNG or two.
@@ -206,7 +206,7 @@ func TestDesktopScreenStalledCallerIsCut(t *testing.T) {
 			t.Fatalf("GET files?list=1: %d %s; want a 429 until the stalled screenshot ends, then a 200", r.status, r.body)
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("45 s after its caller stopped reading, the screenshot still held the project's one file-call slot; want it ended after the 1 s stall")
+			t.Fatal("45 s after its caller stopped reading, the screenshot still held the project's one file-call slot; want it ended after the 3 s stall")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

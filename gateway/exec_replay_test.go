@@ -22,7 +22,7 @@ func TestStalledExecReplaysIncomplete(t *testing.T) {
 	stopped := make(chan error, 1)
 	e := newEnv(t, func(c *Config) {
 		c.Guests = endlessExecNode{Node: c.Guests.(*fakenode.Node), stopped: stopped}
-		c.WriteStall = time.Second
+		c.WriteStall = 3 * time.Second
 	})
 	s := e.running(map[string]any{"tier": 2})
 	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())

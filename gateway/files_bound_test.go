@@ -343,7 +343,7 @@ func (e *env) waitCounted(route string, status, n int, what string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("45 s after its caller stopped reading, %s still had not ended (want it ended after the 1 s stall): /metrics has no\n%s\nin:\n%s",
+			e.t.Fatalf("45 s after its caller stopped reading, %s still had not ended (want it ended after the 3 s stall): /metrics has no\n%s\nin:\n%s",
 				what, want, grepLines(got, "wb_http_requests_total"))
 		}
 	}
@@ -359,7 +359,7 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		fn = c.Guests.(*fakenode.Node)
 		c.MaxConcurrentFileCalls = 1
-		c.WriteStall = time.Second
+		c.WriteStall = 3 * time.Second
 	})
 	s := e.running(map[string]any{"tier": 2})
 	d := e.newDesktop(map[string]any{"name": "d"})
@@ -387,7 +387,7 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 				t.Fatalf("GET %s/files?list=1: %d %s; want a 429 until the stalled read ends, then a 200", c.base, r.status, r.body)
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("45 s after its caller stopped reading, the read of %s/files still held the project's one file-call slot; want it ended after the 1 s stall", c.base)
+				t.Fatalf("45 s after its caller stopped reading, the read of %s/files still held the project's one file-call slot; want it ended after the 3 s stall", c.base)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -395,7 +395,7 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 }
 
 // TestFileReadSteadySlowReaderIsServed: a caller that reads a file steadily, a piece
-// (stallwrite.Piece) every 25 ms, 40 pieces a WriteStall, gets the whole file. Before, Linux
+// (stallwrite.Piece) every 50 ms, 40 pieces a WriteStall, gets the whole file. Before, Linux
 // woke a write blocked on the full socket only once about a third of its send buffer (up to
 // 4 MB) had drained, so a caller had to take megabytes within the stall, not a piece: it was
 // cut mid-file.
@@ -403,10 +403,10 @@ func TestFileReadSteadySlowReaderIsServed(t *testing.T) {
 	var fn *fakenode.Node
 	e := newEnv(t, func(c *Config) {
 		fn = c.Guests.(*fakenode.Node)
-		c.WriteStall = time.Second
+		c.WriteStall = 2 * time.Second
 	})
 	s := e.running(map[string]any{"tier": 2})
-	const size = 8 << 20
+	const size = 6 << 20
 	big := filepath.Join(fn.Dir, s.ID, "workspace", "big")
 	if err := os.WriteFile(big, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -436,9 +436,9 @@ func TestFileReadSteadySlowReaderIsServed(t *testing.T) {
 	for got < size { // the body is chunked: its chunks' headers count too, so a whole one reads past size
 		n, err := io.ReadFull(r, buf)
 		if got += n; err != nil {
-			t.Fatalf("a caller reading a piece every 25 ms was cut after %d of %d bytes in %s: %v; want the whole file",
+			t.Fatalf("a caller reading a piece every 50 ms was cut after %d of %d bytes in %s: %v; want the whole file",
 				got, size, time.Since(start).Round(time.Millisecond), err)
 		}
-		time.Sleep(25 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -971,7 +971,7 @@ func TestEnvNodeOutlivesTheHeartbeatTimeout(t *testing.T) {
 // waited WriteStall, and the connection is closed. Before, such a caller held a handler and
 // its connection for as long as it stayed, as many times as it opened connections.
 func TestOpenAPIStalledCallerIsCut(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
 	closed := make(chan struct{}, 1)
 	srv := httptest.NewUnstartedServer(e.gw.Handler())
 	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
@@ -989,7 +989,7 @@ func TestOpenAPIStalledCallerIsCut(t *testing.T) {
 	select {
 	case <-closed:
 	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/openapi.json was still open; want it closed after the 1 s stall")
+		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/openapi.json was still open; want it closed after the 3 s stall")
 	}
 }
 
@@ -998,7 +998,7 @@ func TestOpenAPIStalledCallerIsCut(t *testing.T) {
 // of it waited WriteStall, and the connection is closed. Before, such a caller (asking for a
 // few pages on one connection) held the handler and the page for as long as it stayed.
 func TestSessionListStalledCallerIsCut(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
 	meta := map[string]string{}
 	for i := range 20 {
 		meta[fmt.Sprintf("k%d", i)] = strings.Repeat("v", 200)
@@ -1022,6 +1022,6 @@ func TestSessionListStalledCallerIsCut(t *testing.T) {
 	select {
 	case <-closed:
 	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/sessions was still open; want it closed after the 1 s stall")
+		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/sessions was still open; want it closed after the 3 s stall")
 	}
 }

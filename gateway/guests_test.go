@@ -260,7 +260,7 @@ func TestExecStalledCallerEndsTheExec(t *testing.T) {
 	stopped := make(chan error, 1)
 	e := newEnv(t, func(c *Config) {
 		c.Guests = endlessExecNode{Node: c.Guests.(*fakenode.Node), stopped: stopped}
-		c.WriteStall = time.Second
+		c.WriteStall = 3 * time.Second
 	})
 	s := e.running(map[string]any{"tier": 2})
 	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
@@ -499,7 +499,7 @@ func runningWith(marker string) bool {
 func TestPTYOutputStalledCallerEndsThePTY(t *testing.T) {
 	e := newEnv(t, func(c *Config) {
 		c.MaxConcurrentPTYs = 1
-		c.WriteStall = time.Second
+		c.WriteStall = 3 * time.Second
 	})
 	s := e.running(map[string]any{"tier": 2})
 	marker := fmt.Sprintf("stalled-pty-%d", time.Now().UnixNano())
@@ -524,7 +524,7 @@ func TestPTYOutputStalledCallerEndsThePTY(t *testing.T) {
 	deadline := time.Now().Add(45 * time.Second)
 	for ptyHandlers() > 0 || runningWith(marker) {
 		if time.Now().After(deadline) {
-			t.Fatalf("45 s after its caller stopped reading, the PTY still ran (handler: %v, command: %v); want it ended after the 1 s stall, its command killed",
+			t.Fatalf("45 s after its caller stopped reading, the PTY still ran (handler: %v, command: %v); want it ended after the 3 s stall, its command killed",
 				ptyHandlers() > 0, runningWith(marker))
 		}
 		time.Sleep(100 * time.Millisecond)

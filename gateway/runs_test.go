@@ -248,7 +248,7 @@ func TestRunOutputBudget(t *testing.T) {
 // taken. Before, such a caller (asking for a few on one connection) held both for as long as
 // it stayed.
 func TestRunStalledCallerIsCut(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
 	s := e.running(map[string]any{"tier": 2})
 	var run session.Run
 	body := `{"session_id":"` + s.ID + `","command":"head -c 8000000 /dev/zero | tr '\\0' y; head -c 8000000 /dev/zero | tr '\\0' n >&2"}`

@@ -143,7 +143,7 @@ func TestResumeRefusedPastTheHardCap(t *testing.T) {
 // and the report's megabytes (the call is counted in /metrics as it ends). Before, such a
 // caller (asking for a few on one connection) held both for as long as it stayed.
 func TestUsageStalledCallerIsCut(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.WriteStall = time.Second })
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
 	ctx := context.Background()
 	key := store.ProjectKeys(e.projA).UsageHour(time.Now())
 	for i := range 100 {
