@@ -972,6 +972,16 @@ func TestEnvNodeOutlivesTheHeartbeatTimeout(t *testing.T) {
 // its connection for as long as it stayed, as many times as it opened connections.
 func TestOpenAPIStalledCallerIsCut(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
+	// Enough, pipelined, to fill every buffer on the way.
+	e.stalledConnCloses("", "/v1/openapi.json", 60)
+}
+
+// stalledConnCloses sends n GETs of path with key on one connection to a server of e's
+// gateway, reads no more than the first answer's status line, and fails unless the server
+// closes the connection within 45 s (WriteStall ends the answer it stalled in).
+func (e *env) stalledConnCloses(key, path string, n int) {
+	t := e.t
+	t.Helper()
 	closed := make(chan struct{}, 1)
 	srv := httptest.NewUnstartedServer(e.gw.Handler())
 	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
@@ -984,12 +994,11 @@ func TestOpenAPIStalledCallerIsCut(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	// Enough, pipelined, to fill every buffer on the way.
-	stalledCall(t, srv.Listener.Addr().String(), "", "GET", "/v1/openapi.json", "", "", 60)
+	stalledCall(t, srv.Listener.Addr().String(), key, "GET", path, "", "", n)
 	select {
 	case <-closed:
 	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/openapi.json was still open; want it closed after the 3 s stall")
+		t.Fatalf("45 s after its caller stopped reading, the connection asking for %s was still open; want it closed after the stall", path)
 	}
 }
 
@@ -1006,22 +1015,5 @@ func TestSessionListStalledCallerIsCut(t *testing.T) {
 	for range 10 {
 		e.running(map[string]any{"tier": 2, "metadata": meta})
 	}
-	closed := make(chan struct{}, 1)
-	srv := httptest.NewUnstartedServer(e.gw.Handler())
-	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateClosed {
-			select {
-			case closed <- struct{}{}:
-			default:
-			}
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	stalledCall(t, srv.Listener.Addr().String(), e.key, "GET", "/v1/sessions?limit=100", "", "", 100)
-	select {
-	case <-closed:
-	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the connection asking for /v1/sessions was still open; want it closed after the 3 s stall")
-	}
+	e.stalledConnCloses(e.key, "/v1/sessions?limit=100", 100)
 }
