@@ -20,11 +20,11 @@ import (
 	"wb/session"
 )
 
-// memoryBomb grows memory 15 pages at a time (to exactly 256) until memory.grow fails, then traps.
+// memoryBomb grows memory 3 pages at a time (to exactly 64 or 256) until memory.grow fails, then traps.
 func memoryBomb() []byte {
 	body := cat(
 		[]byte{opLoop, blockEmpty},
-		i32c(15), []byte{opMemoryGrow, 0},
+		i32c(3), []byte{opMemoryGrow, 0},
 		i32c(-1), []byte{opI32Eq, opIf, blockEmpty, opUnreachable, opEnd},
 		[]byte{opBr, 0},
 		[]byte{opEnd},
@@ -45,14 +45,17 @@ func TestHostile(t *testing.T) {
 	h, sink := newTestHost(t, mini(t), Options{Timeout: DefaultTimeout})
 	const good = "proj-good"
 	mustPut(t, h, good, "allowlist", guests["allowlist"], 0, false)
-	// Generous limits where a timeout is not the point: the machine may be loaded.
-	roomy := func(project string) {
+	// Generous limits where a timeout is not the point: the machine may be loaded. The
+	// memory bombs get 4 MiB (the Go guest 8, as its heap grows 4 MiB at a time), not the
+	// default 16: under -race each grow's copy is slow enough that a loaded machine took
+	// past the 10 s most to fill 16 MiB.
+	roomy := func(project string, pages uint32) {
 		t.Helper()
-		if err := h.SetLimits(ctxT(t), project, Limits{Timeout: MaxTimeout}); err != nil {
+		if err := h.SetLimits(ctxT(t), project, Limits{Timeout: MaxTimeout, MemoryLimitPages: pages}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	roomy(good)
+	roomy(good, 0)
 	goodIn := admission(t, session.CreateRequest{Tier: intp(1), Template: "tpl_dev_polyglot@sha256:00", EndUserID: "u"})
 	badIn := admission(t, session.CreateRequest{Tier: intp(1), Template: "windows", EndUserID: "u"})
 	checkGood := func(t *testing.T) {
@@ -74,9 +77,9 @@ func TestHostile(t *testing.T) {
 	}{
 		{"infinite loop", rawPlugin(`{}`, cat([]byte{opLoop, blockEmpty, opBr, 0, opEnd}, i64c(0))), "", "timed out after 20ms"},
 		{"go infinite loop", guests["hostile"], "spin", "timed out after 20ms"},
-		{"memory bomb", memoryBomb(), "", "trapped at its memory limit of 16 MiB: unreachable"},
+		{"memory bomb", memoryBomb(), "", "trapped at its memory limit of 4 MiB: unreachable"},
 		{"memory grow past the limit", bigGrow(), "", "trapped: unreachable"},
-		{"go memory bomb", guests["hostile"], "oom", "ran out of memory at its memory limit of 16 MiB: fatal error: out of memory"},
+		{"go memory bomb", guests["hostile"], "oom", "ran out of memory at its memory limit of 8 MiB: fatal error: out of memory"},
 		{"trap", rawPlugin(`{}`, cat([]byte{opUnreachable}, i64c(0))), "", "trapped: unreachable"},
 		{"go panic", guests["hostile"], "panic", "crashed: panic: boom"},
 		{"go deadlock", guests["hostile"], "exit", "crashed: fatal error: all goroutines are asleep - deadlock!"},
@@ -95,7 +98,14 @@ func TestHostile(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			project := fmt.Sprintf("proj-hostile-%d", i)
 			if !strings.HasPrefix(c.want, "timed out") {
-				roomy(project)
+				pages := uint32(0)
+				switch c.name {
+				case "memory bomb":
+					pages = 64
+				case "go memory bomb":
+					pages = 128
+				}
+				roomy(project, pages)
 			}
 			mustPut(t, h, project, "bad", c.wasm, 0, false)
 			in := admission(t, session.CreateRequest{Tier: intp(1), Template: c.template})
@@ -122,7 +132,7 @@ func TestHostile(t *testing.T) {
 	// A Go plugin that panicked on one input serves the next on a fresh instance; its log
 	// lines are capped per call.
 	const p = "proj-hostile-go"
-	roomy(p)
+	roomy(p, 0)
 	mustPut(t, h, p, "go", guests["hostile"], 0, false, WithConfig(map[string]string{"echo": "hi"}))
 	for _, tpl := range []string{"panic", "ok", "spin", "ok", "log"} {
 		d := one(t, decide(t, h, p, admission(t, session.CreateRequest{Tier: intp(1), Template: tpl})))
