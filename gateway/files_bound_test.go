@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -343,10 +344,24 @@ func (e *env) waitCounted(route string, status, n int, what string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("45 s after its caller stopped reading, %s still had not ended (want it ended after the 3 s stall): /metrics has no\n%s\nin:\n%s",
-				what, want, grepLines(got, "wb_http_requests_total"))
+			e.t.Fatalf("45 s after its caller stopped reading, %s still had not ended (want it ended after the 3 s stall): /metrics has no\n%s\nin:\n%s\nthe gateway's handlers still running:\n%s",
+				what, want, grepLines(got, "wb_http_requests_total"), handlerStacks())
 		}
 	}
+}
+
+// handlerStacks answers the stacks of this process's goroutines that run a gateway handler:
+// where a call that should have ended waits.
+func handlerStacks() string {
+	buf := make([]byte, 8<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "(*Metrics).instrument") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // TestFileReadStalledCallerIsCut: a read of a file (of a session or a desktop) whose caller
