@@ -90,6 +90,29 @@ func (h cgroupHost) dirs(p string) []string {
 	return out
 }
 
+// thaw thaws cgroupsPath p's freezer as `runc resume` does (v1: freezer.state THAWED; v2:
+// cgroup.freeze 0), and reports whether the cgroup reads thawed after. runc reads a
+// container's paused state from the same file, so it sees the thaw.
+func (h cgroupHost) thaw(p string) bool {
+	file, value := filepath.Join(h.v2Root, p, "cgroup.freeze"), "0"
+	if !h.v2 {
+		if h.v1["freezer"] == "" {
+			return false
+		}
+		file, value = filepath.Join(h.v1["freezer"], p, "freezer.state"), "THAWED"
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return false
+	}
+	_, werr := f.WriteString(value)
+	if err := f.Close(); werr != nil || err != nil {
+		return false
+	}
+	b, err := os.ReadFile(file)
+	return err == nil && strings.TrimSpace(string(b)) == value
+}
+
 // cgroupStats are the raw counters of one guest cgroup.
 type cgroupStats struct {
 	cpuNanos    int64

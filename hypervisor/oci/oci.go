@@ -632,10 +632,26 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	if _, err := d.loadGuest(id); err != nil {
 		return err
 	}
+	if err := d.thaw(ctx, id); err != nil {
+		return err
+	}
+	d.setKnownState(id, hypervisor.StateRunning)
+	return nil
+}
+
+// thaw resumes guest id. A runc guest's freezer is thawed directly, as `runc resume` does,
+// without a runc process: that process start was 20 of a resume's 25 ms here, and most of
+// a second of it on a loaded host (the seed's bound is 1 s). When the cgroup cannot be
+// thawed so (not found, or not runc's), runc or runsc does it.
+func (d *Driver) thaw(ctx context.Context, id string) error {
+	if d.name == RuntimeRunc {
+		if p, err := d.guestCgroup(id); err == nil && d.cg.thaw(p) {
+			return nil
+		}
+	}
 	if err := d.rt.Resume(ctx, id); err != nil {
 		return d.wrap("resume", id, err)
 	}
-	d.setKnownState(id, hypervisor.StateRunning)
 	return nil
 }
 

@@ -103,7 +103,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		defer func() {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
-			if rerr := d.rt.Resume(rctx, id); rerr != nil {
+			if rerr := d.thaw(rctx, id); rerr != nil {
 				d.log.Error("resume after disk snapshot", "id", id, "err", rerr)
 			}
 		}()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -78,6 +79,46 @@ func TestDetectCgroups(t *testing.T) {
 	}
 	if st != (cgroupStats{cpuNanos: 2500000000, memoryBytes: 1048576, oomKills: 2}) {
 		t.Fatalf("v2 stats = %+v", st)
+	}
+}
+
+// TestThaw: thaw writes the freezer's thawed state in the guest's own cgroup (v1's
+// freezer.state, v2's cgroup.freeze) and reports whether it reads so; with no freezer, or no
+// cgroup, it reports false (the driver then asks the runtime).
+func TestThaw(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	read := func(p string) string {
+		b, _ := os.ReadFile(p)
+		return string(b)
+	}
+	v1 := cgroupHost{v1: map[string]string{"freezer": filepath.Join(dir, "freezer")}}
+	state := write("freezer/wb/g1/freezer.state", "FROZEN\n")
+	if !v1.thaw("/wb/g1") || read(state) != "THAWED" {
+		t.Fatalf("v1 thaw: freezer.state %q", read(state))
+	}
+	v2 := cgroupHost{v2: true, v2Root: filepath.Join(dir, "unified")}
+	freeze := write("unified/wb/g1/cgroup.freeze", "1\n")
+	if !v2.thaw("/wb/g1") || read(freeze) != "0" {
+		t.Fatalf("v2 thaw: cgroup.freeze %q", read(freeze))
+	}
+	for name, h := range map[string]cgroupHost{"no cgroup": v2, "no freezer": {v1: map[string]string{"memory": dir}}} {
+		if h.thaw("/wb/gone") {
+			t.Errorf("%s: thaw reported true", name)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "unified/wb/gone")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a thaw of a missing cgroup made a file: %v", err)
 	}
 }
 
