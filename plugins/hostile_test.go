@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -142,6 +143,24 @@ func TestHostile(t *testing.T) {
 	}
 	if n := strings.Count(sink.text(), "line x"); n != maxLogLines-1 {
 		t.Fatalf("%d log lines kept, want %d", n, maxLogLines-1)
+	}
+}
+
+// TestOutOfMemoryNamesTheLimit: a Go guest whose runtime asks for more memory than is left
+// (it grows its heap 4 MiB at a time) runs out short of its limit; the reason still names
+// the limit, and how much was in use. Before, it read "ran out of memory: fatal error: out
+// of memory", which left a tenant to guess the limit.
+func TestOutOfMemoryNamesTheLimit(t *testing.T) {
+	h, _ := newTestHost(t, mini(t), Options{Timeout: DefaultTimeout})
+	const p = "proj-oom"
+	if err := h.SetLimits(ctxT(t), p, Limits{Timeout: MaxTimeout, MemoryLimitPages: 64}); err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, h, p, "bad", guests["hostile"], 0, false)
+	d := one(t, decide(t, h, p, admission(t, session.CreateRequest{Tier: intp(1), Template: "oom"})))
+	re := regexp.MustCompile(`^plugin bad: ran out of memory with \d+ [KM]iB of its 4 MiB memory limit in use: fatal error: out of memory`)
+	if d.Allow || len(d.Reasons) != 1 || !re.MatchString(d.Reasons[0]) {
+		t.Fatalf("got %+v, want a deny matching %s", d, re)
 	}
 }
 

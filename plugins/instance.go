@@ -244,6 +244,10 @@ func (inst *instance) describe(err error, timeout time.Duration) string {
 	crash, first := inst.out.failureLine()
 	switch {
 	case strings.Contains(crash, "out of memory"):
+		if mem == "" && inst.mem != nil {
+			// Its runtime asked for more than was left (Go's grows its heap 4 MiB at a time).
+			mem = fmt.Sprintf(" with %s of its %s memory limit in use", bytesString(uint64(inst.mem.Size())), bytesString(inst.limitBytes))
+		}
 		return "ran out of memory" + mem + ": " + crash
 	case crash != "":
 		return "crashed" + mem + ": " + crash
