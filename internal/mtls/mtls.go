@@ -125,14 +125,40 @@ func checkRole(chain []*x509.Certificate, peer string, want []string) error {
 	if len(chain) == 0 {
 		return fmt.Errorf("the %s presented no certificate", peer)
 	}
-	for _, u := range chain[0].URIs {
-		for _, w := range want {
-			if u.String() == w {
-				return nil
-			}
+	for _, w := range want {
+		if HasRole(chain, w) {
+			return nil
 		}
 	}
 	return &RoleError{Peer: peer, Want: want, Cert: chain[0]}
+}
+
+// HasRole reports whether the leaf of chain names role (a URI SAN). A server reads a client's
+// role with it, from the chain the handshake verified (http.Request.TLS.PeerCertificates), to
+// answer each request by the role of its caller: Server lets in any of several roles. An
+// empty chain names none.
+func HasRole(chain []*x509.Certificate, role string) bool {
+	if len(chain) == 0 {
+		return false
+	}
+	for _, u := range chain[0].URIs {
+		if u.String() == role {
+			return true
+		}
+	}
+	return false
+}
+
+// Roles answers the fleet's roles (RoleNode, RoleGateway, RoleEnvoy, in that order) that the
+// leaf of chain names: for messages that say who called.
+func Roles(chain []*x509.Certificate) []string {
+	var roles []string
+	for _, r := range []string{RoleNode, RoleGateway, RoleEnvoy} {
+		if HasRole(chain, r) {
+			roles = append(roles, r)
+		}
+	}
+	return roles
 }
 
 // Dialer dials servers of the fleet over TLS: it presents the certificate and verifies the

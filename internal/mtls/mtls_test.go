@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -186,6 +187,54 @@ func TestRoles(t *testing.T) {
 	}
 	if err := checkRole(nil, "client", []string{RoleEnvoy}); err == nil {
 		t.Error("checkRole of no certificate passed")
+	}
+}
+
+// TestHasRole: a handler behind Server's TLS reads each client's roles from the request's
+// verified chain: the Envoy's, the gateway's, both, and none for a request without TLS.
+func TestHasRole(t *testing.T) {
+	p := mtlstest.New(t)
+	cfg, err := Server(Files{Cert: p.Cert, Key: p.Key, CA: p.CAFile}, []string{"http/1.1"}, []string{RoleEnvoy, RoleGateway}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var chain []*x509.Certificate
+		if r.TLS != nil {
+			chain = r.TLS.PeerCertificates
+		}
+		_, _ = io.WriteString(w, strings.Join(Roles(chain), ",")+fmt.Sprintf(" envoy=%v gateway=%v", HasRole(chain, RoleEnvoy), HasRole(chain, RoleGateway)))
+	})}
+	go func() { _ = srv.Serve(tls.NewListener(ln, cfg)) }()
+	defer srv.Close()
+	for _, c := range []struct {
+		name  string
+		roles []string
+		want  string
+	}{
+		{"the Envoy role", []string{RoleEnvoy}, RoleEnvoy + " envoy=true gateway=false"},
+		{"the gateway role", []string{RoleGateway}, RoleGateway + " envoy=false gateway=true"},
+		{"both, and a URI SAN of no role", []string{RoleEnvoy, "spiffe://other/x", RoleGateway}, RoleGateway + "," + RoleEnvoy + " envoy=true gateway=true"},
+	} {
+		leaf := p.Issue(t, strings.ReplaceAll(c.name, " ", "-"), c.roles...)
+		tr := &http.Transport{TLSClientConfig: p.ClientConfig(leaf.Pair)}
+		resp, err := (&http.Client{Transport: tr}).Get("https://" + ln.Addr().String() + "/")
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		if err != nil || string(b) != c.want {
+			t.Errorf("a client of %s: the handler read %q (%v), want %q", c.name, b, err, c.want)
+		}
+	}
+	if HasRole(nil, RoleEnvoy) || Roles(nil) != nil {
+		t.Error("no chain names a role")
 	}
 }
 
