@@ -351,7 +351,7 @@ func TestEdgeEndToEnd(t *testing.T) {
 	for i := 0; i+1 < len(ptyAdded); i += 2 {
 		ws.Set(ptyAdded[i], ptyAdded[i+1])
 	}
-	ptyEcho(ctx, t, "ws"+strings.TrimPrefix(node, "http")+ptyURL.RequestURI(), ws)
+	ptyEcho(ctx, t, "ws"+strings.TrimPrefix(node, "http")+ptyURL.RequestURI(), &websocket.DialOptions{HTTPHeader: ws})
 
 	// Refused at the node: without ext_authz's headers (a caller that skips the edge), and with
 	// the grant ext_authz signed for another session. Nothing runs.
@@ -397,10 +397,10 @@ func TestEdgeEndToEnd(t *testing.T) {
 	}
 }
 
-// ptyEcho opens the PTY at url with hdr, runs an echo in it and waits for its output.
-func ptyEcho(ctx context.Context, t *testing.T, url string, hdr http.Header) {
+// ptyEcho opens the PTY at url with opts (its headers, its TLS client), runs an echo in it and waits for its output.
+func ptyEcho(ctx context.Context, t *testing.T, url string, opts *websocket.DialOptions) {
 	t.Helper()
-	conn, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: hdr})
+	conn, _, err := websocket.Dial(ctx, url, opts)
 	if err != nil {
 		t.Fatalf("PTY %s: %v", url, err)
 	}

@@ -2,13 +2,17 @@ package main
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"strings"
 
 	"wb/internal/mtls"
+	"wb/node/nodeapi"
 )
 
 // fleetTLSFlags are a member's certificate for mutual TLS inside the fleet (--fleet-tls-*):
@@ -47,12 +51,44 @@ func nodeListener(ln net.Listener, f fleetTLSFlags, log *slog.Logger) (net.Liste
 	}
 	// HTTP/1.1 only: the PTY is a WebSocket upgrade, and Envoy's node clusters speak HTTP/1.1.
 	// The Envoys call the edge's data path, the gateways the node API; another node never
-	// calls a node.
+	// calls a node. The handshake lets in either role; gatewaysOnly keeps an Envoy's
+	// certificate off the node API.
 	cfg, err := mtls.Server(f.files(), []string{"http/1.1"}, []string{mtls.RoleEnvoy, mtls.RoleGateway}, log.With("listener", "--addr"))
 	if err != nil {
 		return nil, "", err
 	}
 	return tls.NewListener(ln, cfg), "https", nil
+}
+
+// gatewaysOnly guards api, the node API on a node's listener, by the caller's role: over
+// mutual TLS only a client whose certificate names the gateway role calls it. An Envoy's
+// certificate, which every Envoy host holds, reaches the edge's data path (exec, PTY and
+// files, which the DataPath serves before api, with their own edge grants) and /healthz (the
+// Envoys' health checks of the node), and is answered 403 everywhere else, before the node
+// token is read: a leaked Envoy key, with or without the token, opens no guest control and
+// no agent proxy. A refusal is logged (a misrouted Envoy, or a stolen key). A request without
+// TLS (no --fleet-tls-*) passes as before.
+func gatewaysOnly(api http.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || r.URL.Path == nodeapi.PathHealth || mtls.HasRole(r.TLS.PeerCertificates, mtls.RoleGateway) {
+			api.ServeHTTP(w, r)
+			return
+		}
+		role := "no role"
+		if roles := mtls.Roles(r.TLS.PeerCertificates); len(roles) > 0 {
+			role = "the role " + strings.Join(roles, " and ")
+		}
+		path := r.URL.Path
+		if len(path) > 256 { // the caller's to choose; the message need not carry all of it
+			path = path[:256] + "…"
+		}
+		log.WarnContext(r.Context(), "node API: refused a client certificate that is not of the gateway role", "roles", role, "remote", r.RemoteAddr, "method", r.Method, "path", path)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_ = json.NewEncoder(w).Encode(nodeapi.ErrorBody{Error: &nodeapi.Error{Status: http.StatusForbidden, Code: nodeapi.CodeForbidden,
+			Message: fmt.Sprintf("node: a client certificate of %s calls only the edge's exec, PTY and files and %s here, not %s %s: the node API is the gateways' (%s)",
+				role, nodeapi.PathHealth, r.Method, path, mtls.RoleGateway)}})
+	})
 }
 
 // listenEdge opens --edge-addr, the gateway's API for the Envoys, served over mutual TLS

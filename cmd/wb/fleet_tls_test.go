@@ -18,6 +18,7 @@ import (
 	"wb/internal/mtls/mtlstest"
 	"wb/internal/syncbuf"
 	"wb/internal/testwait"
+	"wb/node/nodeapi"
 )
 
 // serveOK serves "ok" over HTTP on ln until the test ends.
@@ -99,6 +100,91 @@ func TestNodeListenerRoles(t *testing.T) {
 		{"no role", nil, false},
 		{"another scheme", []string{"spiffe://other/envoy"}, false},
 	})
+}
+
+// TestNodeAPIGatewaysOnly: behind a node's listener, gatewaysOnly lets a gateway's certificate
+// call every route of the node API, an Envoy's only /healthz (the data path is served before
+// it: TestNodeFleetTLS), with a 403 in the node's error shape naming the role and the route
+// elsewhere; without TLS every caller passes, as before.
+func TestNodeAPIGatewaysOnly(t *testing.T) {
+	p := mtlstest.New(t)
+	var logs syncbuf.Buffer
+	api := gatewaysOnly(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "api "+r.Method+" "+r.URL.Path)
+	}), slog.New(slog.NewTextHandler(&logs, nil)))
+	serve := func(ln net.Listener) string {
+		srv := &http.Server{Handler: api}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { srv.Close() })
+		return ln.Addr().String()
+	}
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _, err := nodeListener(raw, fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(ln)
+	plain, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plainAddr := serve(plain)
+	call := func(hc *http.Client, url, method string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url, nil)
+		req.Header.Set("Authorization", "Bearer wb_node_token")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	client := func(cert tls.Certificate) *http.Client {
+		tr := &http.Transport{TLSClientConfig: p.ClientConfig(cert)}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr}
+	}
+	envoy := client(p.Issue(t, "envoy", mtlstest.RoleEnvoy).Pair)
+	gateway := client(p.Issue(t, "gateway", mtlstest.RoleGateway).Pair)
+	both := client(p.Issue(t, "both", mtlstest.RoleEnvoy, mtlstest.RoleGateway).Pair)
+	for _, route := range []struct{ method, path string }{
+		{"POST", "/v1/provision"},
+		{"POST", "/v1/sessions/sess_x:stop"},
+		{"PUT", "/v1/sessions/sess_x/agent/v1/files"},
+		{"DELETE", "/v1/snapshots/snap_x"},
+		{"GET", "/healthz"},
+	} {
+		want := "api " + route.method + " " + route.path
+		for name, hc := range map[string]*http.Client{"a gateway's certificate": gateway, "a certificate of both roles": both} {
+			if status, body := call(hc, "https://"+addr+route.path, route.method); status != 200 || body != want {
+				t.Errorf("%s %s with %s: %d %s; want the node API's %q", route.method, route.path, name, status, body, want)
+			}
+		}
+		if status, body := call(http.DefaultClient, "http://"+plainAddr+route.path, route.method); status != 200 || body != want {
+			t.Errorf("%s %s in plaintext: %d %s; want the node API's %q", route.method, route.path, status, body, want)
+		}
+		status, body := call(envoy, "https://"+addr+route.path, route.method)
+		if route.path == "/healthz" {
+			if status != 200 || body != want {
+				t.Errorf("the Envoy's health check: %d %s; want the node API's %q", status, body, want)
+			}
+			continue
+		}
+		e := nodeapi.ParseError(status, []byte(body))
+		wantMsg := "node: a client certificate of the role spiffe://wb/envoy calls only the edge's exec, PTY and files and /healthz here, not " +
+			route.method + " " + route.path + ": the node API is the gateways' (spiffe://wb/gateway)"
+		if status != 403 || e.Code != nodeapi.CodeForbidden || e.Message != wantMsg {
+			t.Errorf("%s %s with the Envoy's certificate: %d %s; want 403 %s %q", route.method, route.path, status, body, nodeapi.CodeForbidden, wantMsg)
+		}
+		if l := logs.String(); !strings.Contains(l, "refused a client certificate that is not of the gateway role") || !strings.Contains(l, "path="+route.path) {
+			t.Errorf("%s %s with the Envoy's certificate: the refusal is not logged with the route:\n%s", route.method, route.path, l)
+		}
+	}
 }
 
 // TestEdgeListenerRoles: a gateway's --edge-addr serves the Envoys only: a node's certificate

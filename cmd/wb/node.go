@@ -163,9 +163,13 @@ func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
 }
 
 // runNode serves the node's API and the edge's data path on ln and runs the node until ctx
-// ends, keeping the platform's addresses denied to its guests current.
+// ends, keeping the platform's addresses denied to its guests current. Over mutual TLS the
+// node API answers only the gateways' certificates (gatewaysOnly), the data path the Envoys'
+// too.
 func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Listener, token string, platform *platformAddrs) {
-	edge, err := edgeDataPath(nd, platform.learnGateways(nd.Handler(token), token))
+	// gatewaysOnly outside learnGateways: an Envoy's certificate with the node token is
+	// refused before its address is taken for a gateway's.
+	edge, err := edgeDataPath(nd, gatewaysOnly(platform.learnGateways(nd.Handler(token), token), nd.Logger))
 	if err != nil {
 		g.Go(func() error { return err }) // fails the group: the process ends with err
 		return
@@ -228,7 +232,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&f.region, "region", "local", "`region` this node serves")
 	fs.StringVar(&f.zone, "zone", "local-a", "`zone` of this node")
 	var fleetTLS fleetTLSFlags
-	fleetTLS.register(fs, "Serves --addr (the node API and the edge's exec, PTY and files) over TLS only, to clients whose certificate --fleet-tls-ca signed: the Envoys (wb serve --envoy-tls-*) and the gateways (wb serve --fleet-tls-*); --advertise is then https://IP:PORT, and the certificate must name that IP and the node role, spiffe://wb/node")
+	fleetTLS.register(fs, "Serves --addr (the node API and the edge's exec, PTY and files) over TLS only, to clients whose certificate --fleet-tls-ca signed, by their role: the Envoys' (spiffe://wb/envoy, wb serve --envoy-tls-*) call the edge's exec, PTY and files and /healthz only, and are answered 403 elsewhere; the gateways' (spiffe://wb/gateway, wb serve --fleet-tls-*) call all of it, the node API with the node token; --advertise is then https://IP:PORT, and the certificate must name that IP and the node role, spiffe://wb/node")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: wb node --redis URL --token-file FILE [flags]\n\nRuns guests for the control plane: registers in Redis, keeps warm pools, enforces\ntimers (even while Redis is away), and serves exec, PTY and files.\n\nFlags:\n")
 		fs.PrintDefaults()

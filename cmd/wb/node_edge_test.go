@@ -32,6 +32,7 @@ import (
 	"wb/internal/redistest"
 	"wb/node"
 	nodeclient "wb/node/client"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 )
@@ -319,7 +320,7 @@ func TestNodeEdgeDataPath(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ws := "ws" + strings.TrimPrefix(e.url, "http") + "/v1/sessions/" + s.ID + "/pty?cols=100&rows=30"
-	ptyEcho(ctx, t, ws, http.Header{auth: {g}})
+	ptyEcho(ctx, t, ws, &websocket.DialOptions{HTTPHeader: http.Header{auth: {g}}})
 	_, resp, err := websocket.Dial(ctx, ws+"&command=forbidden-word", &websocket.DialOptions{HTTPHeader: http.Header{auth: {g}}})
 	if err == nil || resp == nil || resp.StatusCode != 403 {
 		t.Fatalf("a PTY whose command the policy refuses: %v %v; want 403", resp, err)
@@ -476,6 +477,76 @@ func TestNodeFleetTLS(t *testing.T) {
 	if err := json.Unmarshal(body, &res); status != 200 || err != nil || res.Stdout != "over-mtls\n" {
 		t.Fatalf("exec with the Envoy's certificate: %d %s", status, body)
 	}
+	// The rest of the data path, and the health checks, for the Envoy's certificate too.
+	files := "/v1/sessions/" + s.ID + "/files?path=/tmp/envoy.txt"
+	if status, _, body := e.call(t, "PUT", files, []byte("by the envoy"), auth, g); status != 204 {
+		t.Fatalf("PUT a file with the Envoy's certificate: %d %s", status, body)
+	}
+	if status, _, body := e.call(t, "GET", files, nil, auth, g); status != 200 || string(body) != "by the envoy" {
+		t.Fatalf("GET a file with the Envoy's certificate: %d %q", status, body)
+	}
+	if status, _, body := e.call(t, "DELETE", files, nil, auth, g); status != 204 {
+		t.Fatalf("DELETE a file with the Envoy's certificate: %d %s", status, body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ptyEcho(ctx, t, "wss"+strings.TrimPrefix(e.url, "https")+"/v1/sessions/"+s.ID+"/pty?cols=80&rows=24",
+		&websocket.DialOptions{HTTPClient: e.hc, HTTPHeader: http.Header{auth: {g}}})
+	if status, _, body := e.call(t, "GET", nodeapi.PathHealth, nil); status != 200 {
+		t.Fatalf("the Envoy's health check: %d %s", status, body)
+	}
+
+	// The node API is the gateways': the Envoy's certificate, held on every Envoy host, opens
+	// none of it, with the node token or without, and nothing reaches the guest.
+	forbidden := []struct{ method, path, body string }{
+		{"PUT", nodeapi.AgentBase(s.ID) + "/v1/files?path=/tmp/by-envoy", "x"},
+		{"POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionTouch), ""},
+		{"POST", nodeapi.PathProvision, "{}"},
+		{"DELETE", nodeapi.SnapshotPath("snap_x"), ""},
+		{"GET", "/v1/no-such-route", ""},
+	}
+	for _, c := range forbidden {
+		for _, hdr := range [][]string{nil, {"Authorization", "Bearer " + e.token}} {
+			status, _, body := e.call(t, c.method, c.path, []byte(c.body), hdr...)
+			code, msg := errorCode(body)
+			route := c.method + " " + strings.Split(c.path, "?")[0]
+			if status != 403 || code != nodeapi.CodeForbidden || !strings.Contains(msg, mtls.RoleEnvoy) || !strings.Contains(msg, route) {
+				t.Errorf("%s with the Envoy's certificate (headers %q): %d %s; want 403 %s naming the role and the route",
+					route, hdr, status, body, nodeapi.CodeForbidden)
+			}
+		}
+	}
+	if status, _, body := e.call(t, "GET", "/v1/sessions/"+s.ID+"/files?path=/tmp/by-envoy", nil, auth, g); status != 404 {
+		t.Fatalf("the Envoy's certificate reached the guest through the node API: GET /tmp/by-envoy %d %s", status, body)
+	}
+	// A certificate of the gateway role alone (pki.Member is also a node's) calls all of it.
+	gw := pki.Issue(t, "gateway-only", mtls.RoleGateway)
+	gwClient := &http.Client{Transport: &http.Transport{TLSClientConfig: pki.ClientConfig(gw.Pair)}}
+	defer gwClient.CloseIdleConnections()
+	for _, c := range []struct {
+		method, path string
+		hdr          []string
+		want         int
+	}{
+		{"POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionTouch), []string{"Authorization", "Bearer " + e.token}, 204},
+		{"POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionTouch), nil, 401},
+		{"GET", nodeapi.PathHealth, nil, 200},
+		{"POST", execPath, []string{auth, g}, 200},
+	} {
+		req, _ := http.NewRequestWithContext(ctx, c.method, e.url+c.path, strings.NewReader(`{"command":"true"}`))
+		for i := 0; i+1 < len(c.hdr); i += 2 {
+			req.Header.Set(c.hdr[i], c.hdr[i+1])
+		}
+		resp, err := gwClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s with the gateway's certificate: %v", c.method, c.path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %s with the gateway's certificate (headers %q): %d %s; want %d", c.method, c.path, c.hdr, resp.StatusCode, b, c.want)
+		}
+	}
 
 	// The certificate is sent whatever CAs the server names (Go's client would send none of
 	// another CA).
@@ -513,8 +584,6 @@ func TestNodeFleetTLS(t *testing.T) {
 		t.Fatalf("a refused client reached the guest: GET /tmp/forged %d %s", status, body)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	var out strings.Builder
 	r, err := e.nodes.Exec(ctx, s, session.ExecRequest{Command: json.RawMessage(`"echo via-node-token"`)}, nil, func(c session.ExecChunk) error {
 		out.WriteString(c.Data)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -98,5 +99,47 @@ func TestStartTLS(t *testing.T) {
 	if resp, err := (&http.Client{Transport: tr, Timeout: time.Minute}).Get(nodes[0].Addr + "/healthz"); err == nil {
 		resp.Body.Close()
 		t.Errorf("a client without a certificate: %d from the node, want refused", resp.StatusCode)
+	}
+
+	// The node answers by the caller's role: the Envoys' certificate reaches its health check
+	// (and the edge's data path) but none of the node API, which the gateways' reaches (up to
+	// the node token, which this caller does not send).
+	as := func(member, method, path string) (int, string) {
+		t.Helper()
+		cert, err := tls.LoadX509KeyPair(filepath.Join(f.TLSDir, member+".pem"), filepath.Join(f.TLSDir, member+"-key.pem"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}}
+		defer tr.CloseIdleConnections()
+		req, err := http.NewRequestWithContext(ctx, method, nodes[0].Addr+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := (&http.Client{Transport: tr, Timeout: time.Minute}).Do(req)
+		if err != nil {
+			t.Fatalf("%s %s as the %s: %v", method, path, member, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, tc := range []struct {
+		member, method, path string
+		status               int
+		says                 string
+	}{
+		{"envoy", "GET", "/healthz", 200, `"ok"`},
+		{"envoy", "POST", "/v1/provision", 403, `"forbidden"`},
+		{"envoy", "POST", "/v1/sessions/" + s.ID + ":stop", 403, "spiffe://wb/envoy"},
+		{"gateway", "GET", "/healthz", 200, `"ok"`},
+		{"gateway", "POST", "/v1/sessions/" + s.ID + ":stop", 401, "bad or missing token"},
+	} {
+		if status, body := as(tc.member, tc.method, tc.path); status != tc.status || !strings.Contains(body, tc.says) {
+			t.Errorf("%s %s as the %s: %d %s; want %d saying %s", tc.method, tc.path, tc.member, status, body, tc.status, tc.says)
+		}
+	}
+	if got, err := c.GetSession(ctx, s.ID); err != nil || got.State != session.Running {
+		t.Errorf("after the Envoy's stop: %+v, %v; want the session running", got, err)
 	}
 }

@@ -98,6 +98,7 @@ const (
 	CodeUnauthenticated  = "unauthenticated"   // 401: a bad or missing node token
 	CodePolicyViolation  = "policy_violation"  // 403: the runtime policy killed the session for a command
 	CodePolicyError      = "policy_error"      // 403: the runtime policy could not decide; the command is refused
+	CodeForbidden        = "forbidden"         // 403: the caller's certificate is of a role that does not call this route (an Envoy's, outside the edge's data path)
 	CodeNotFound         = "not_found"         // 404: the node holds no guest for the session
 	CodeNoRoute          = "no_route"          // 404: no such route or action
 	CodeInvalidState     = "invalid_state"     // 409: the guest's state here does not allow it; the message names the state
