@@ -149,6 +149,16 @@ func (n *Node) apiProvision(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// Checked before the 202: what the start would refuse later is the caller's mistake, and a
+	// failure it wrote to Redis would be a session's of no id.
+	switch {
+	case !session.ValidID("sess_", s.ID):
+		writeError(w, &session.FieldError{Field: "id", Message: fmt.Sprintf("%q is not a session id (sess_ and 18 letters or digits)", clip(s.ID, 64))})
+		return
+	case s.Template == "":
+		writeError(w, &session.FieldError{Field: "template", Message: "session " + s.ID + " names no template"})
+		return
+	}
 	if !n.goBackground(func() { _ = n.Provision(n.ctx, n.Info, &s) }) {
 		writeError(w, &nodeapi.Error{Status: 503, Code: nodeapi.CodeUnavailable, Message: "node: shutting down; it starts no guest for session " + s.ID})
 		return

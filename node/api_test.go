@@ -85,6 +85,16 @@ func testAPIThroughClient(t *testing.T, rt string) {
 	if err := c.DeleteSnapshot(ctx, snapID); err != nil {
 		t.Fatalf("delete snapshot: %v", err)
 	}
+	wantNodeError(t, "a delete of a bad snapshot id", c.DeleteSnapshot(ctx, "snap_x"), 400, nodeapi.CodeInvalidRequest, "snapshot_id")
+
+	// A provision the node could only fail later (after a 202, and a failure written to
+	// Redis for a session of no id) is refused at once, naming the field.
+	noID := *s
+	noID.ID = ""
+	wantNodeError(t, "a provision without a session id", c.Provision(ctx, n.Info, &noID), 400, nodeapi.CodeInvalidRequest, "id")
+	noTemplate := *s
+	noTemplate.ID, noTemplate.Template = session.NewID("sess_", time.Now()), ""
+	wantNodeError(t, "a provision without a template", c.Provision(ctx, n.Info, &noTemplate), 400, nodeapi.CodeInvalidRequest, "template")
 
 	// Retime: timers outside the tier are refused, as is a session the node does not hold.
 	bad := *s

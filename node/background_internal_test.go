@@ -64,7 +64,7 @@ func TestWindDown(t *testing.T) {
 	t.Logf("%d background calls ran before the wind-down", ran.Load())
 
 	rec := httptest.NewRecorder()
-	n.apiProvision(rec, httptest.NewRequest("POST", nodeapi.PathProvision, strings.NewReader(`{"id":"sess_x"}`)))
+	n.apiProvision(rec, httptest.NewRequest("POST", nodeapi.PathProvision, strings.NewReader(`{"id":"sess_0123456789abcdefgh","template":"tpl_base"}`)))
 	var body nodeapi.ErrorBody
 	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != 503 || body.Error == nil || body.Error.Code != nodeapi.CodeUnavailable {
 		t.Fatalf("a provision after the wind-down answered %d %s, want 503 %s", rec.Code, rec.Body, nodeapi.CodeUnavailable)

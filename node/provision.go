@@ -764,7 +764,7 @@ func (n *Node) endedElsewhere(ctx context.Context, g *guest) bool {
 // DataDir/snapshots.
 func (n *Node) snapshotDir(id string) (string, error) {
 	if !session.ValidID("snap_", id) {
-		return "", fmt.Errorf("node: %q is not a snapshot id (snap_ and 18 letters or digits)", id)
+		return "", &session.FieldError{Field: "snapshot_id", Message: fmt.Sprintf("%q is not a snapshot id (snap_ and 18 letters or digits)", id)}
 	}
 	return filepath.Join(n.DataDir, "snapshots", id), nil
 }
