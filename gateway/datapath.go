@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"wb/internal/edgeauth"
+	"wb/internal/stallwrite"
 	"wb/session"
 	"wb/store"
 )
@@ -110,9 +111,10 @@ func NewDataPath(cfg DataPathConfig) (*DataPath, error) {
 
 // Handler serves the data path, and Fallback for every other route (outside the data
 // path's instrumentation: the node's API keeps its own errors and WebSocket proxy as is).
+// net/http's last writes of each answer, the node API's too, are bounded by WriteStall.
 func (d *DataPath) Handler() http.Handler {
-	data := d.s.Handler()
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	data := d.s.Metrics.instrument(d.s.mux)
+	return stallwrite.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, pattern := d.s.mux.Handler(r); pattern != "" {
 			data.ServeHTTP(w, r)
 			return
@@ -122,7 +124,7 @@ func (d *DataPath) Handler() http.Handler {
 			return
 		}
 		d.s.writeError(w, r, &apiError{Status: 404, Type: "not_found", Code: "no_route", Message: "no route " + r.Method + " " + r.URL.Path})
-	})
+	}), d.s.WriteStall)
 }
 
 // Close ends the PTY sessions in progress.

@@ -451,3 +451,23 @@ func TestDataPathCaps(t *testing.T) {
 		t.Fatalf("a PTY past a cap of 1: %v, %v; want a 429 too_many_ptys", err, resp)
 	}
 }
+
+// TestDataPathSmallAnswersStalledCallerIsCut: the node's listener (the data path, and the
+// node's API behind it) bounds net/http's last writes of an answer as the gateway's does: a
+// small answer of the node's API, asked for so many times on one connection that its caller,
+// who takes none of them, fills the connection, ends within WriteStall of its handler's
+// return, and the connection is closed. Before, it held the connection for as long as the
+// caller stayed.
+func TestDataPathSmallAnswersStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t)
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	})
+	dp, err := NewDataPath(DataPathConfig{Store: e.st, Guests: e.node, NodeID: e.node.Info.ID, Fallback: api, WriteStall: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dp.Close)
+	stalledConnCloses(t, dp.Handler(), "", "/v1/node/ping", 20000)
+}

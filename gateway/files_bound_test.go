@@ -311,7 +311,9 @@ func stalledRead(t *testing.T, addr, key, path string, n int) {
 }
 
 // stalledCall is stalledRead for any call: n requests of method to path, each with the
-// header lines in header ("Name: value\r\n" each) and body, and a status line in 2xx.
+// header lines in header ("Name: value\r\n" each) and body, and a status line in 2xx. The
+// requests are sent from a goroutine: a server whose answers filled the connection reads no
+// more of them, and many would block the test.
 func stalledCall(t *testing.T, addr, key, method, path, header, body string, n int) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
@@ -322,10 +324,9 @@ func stalledCall(t *testing.T, addr, key, method, path, header, body string, n i
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetReadBuffer(4 << 10)
 	}
-	for range n {
-		fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n%sContent-Length: %d\r\n\r\n%s",
-			method, path, key, header, len(body), body)
-	}
+	req := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n%sContent-Length: %d\r\n\r\n%s",
+		method, path, key, header, len(body), body)
+	go func() { _, _ = conn.Write([]byte(strings.Repeat(req, n))) }() // ends when the connection closes
 	status, err := bufio.NewReader(conn).ReadString('\n')
 	if err != nil || !strings.HasPrefix(status, "HTTP/1.1 2") {
 		t.Fatalf("%s %s: the answer's status line %q, %v; want a 2xx", method, path, status, err)

@@ -129,10 +129,11 @@ type Config struct {
 	// call ends (0: DefaultWriteStall): an exec's answer (the exec ends, and the command in
 	// the guest with it), a file's read, a desktop's screen, an MCP call's answer, a run's
 	// (and a replay for an Idempotency-Key), a usage report, a frame of a PTY's output (the
-	// PTY ends, and the program in the guest with it). A caller that stays connected and
-	// reads no more would hold the call, its slot among the project's, the node's connection
-	// and the guest's agent for ever. One bound for every call: the caller's stall is the
-	// same whatever it called.
+	// PTY ends, and the program in the guest with it), and the last writes of every answer,
+	// which net/http makes once its handler returned (Handler). A caller that stays connected
+	// and reads no more would hold the call, its slot among the project's, the node's
+	// connection and the guest's agent for ever. One bound for every call: the caller's stall
+	// is the same whatever it called.
 	WriteStall time.Duration
 	// NodeTimeout is how long a node may go without a heartbeat before it counts as dead, as
 	// the placer judges it (0: 10 s, the placer's default): a restore that only some nodes can
@@ -249,8 +250,11 @@ func (s *Server) Close() {
 	s.bg.Wait()
 }
 
-// Handler is the whole API, with metrics and panic recovery around every route.
-func (s *Server) Handler() http.Handler { return s.Metrics.instrument(s.mux) }
+// Handler is the whole API, with metrics and panic recovery around every route, and
+// net/http's last writes of each answer bounded by WriteStall.
+func (s *Server) Handler() http.Handler {
+	return stallwrite.Handler(s.Metrics.instrument(s.mux), s.WriteStall)
+}
 
 type handler func(w http.ResponseWriter, r *http.Request, p store.Project) error
 

@@ -973,17 +973,27 @@ func TestEnvNodeOutlivesTheHeartbeatTimeout(t *testing.T) {
 func TestOpenAPIStalledCallerIsCut(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
 	// Enough, pipelined, to fill every buffer on the way.
-	e.stalledConnCloses("", "/v1/openapi.json", 60)
+	stalledConnCloses(t, e.gw.Handler(), "", "/v1/openapi.json", 60)
 }
 
-// stalledConnCloses sends n GETs of path with key on one connection to a server of e's
-// gateway, reads no more than the first answer's status line, and fails unless the server
-// closes the connection within 45 s (WriteStall ends the answer it stalled in).
-func (e *env) stalledConnCloses(key, path string, n int) {
-	t := e.t
+// TestSmallAnswersStalledCallerIsCut: a small answer (the health check's), asked for so many
+// times on one connection that its caller, who takes none of them, fills the connection, ends
+// within WriteStall of its handler's return, and the connection is closed. Before, net/http's
+// own last write of the answer, made once the handler returned and so outside every bound
+// of the gateway's, held the connection for as long as the caller stayed.
+func TestSmallAnswersStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
+	stalledConnCloses(t, e.gw.Handler(), "", "/healthz", 20000)
+}
+
+// stalledConnCloses sends n GETs of path with key on one connection to a server of h, reads
+// no more than the first answer's status line, and fails unless the server closes the
+// connection within 45 s (WriteStall ends the answer it stalled in).
+func stalledConnCloses(t *testing.T, h http.Handler, key, path string, n int) {
 	t.Helper()
 	closed := make(chan struct{}, 1)
-	srv := httptest.NewUnstartedServer(e.gw.Handler())
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ConnContext = stallwrite.ConnContext // as wb serve's
 	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateClosed {
 			select {
@@ -1015,5 +1025,5 @@ func TestSessionListStalledCallerIsCut(t *testing.T) {
 	for range 10 {
 		e.running(map[string]any{"tier": 2, "metadata": meta})
 	}
-	e.stalledConnCloses(e.key, "/v1/sessions?limit=100", 100)
+	stalledConnCloses(t, e.gw.Handler(), e.key, "/v1/sessions?limit=100", 100)
 }

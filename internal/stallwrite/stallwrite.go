@@ -116,3 +116,26 @@ func (s *Writer) Close() {
 		s.timer.Stop()
 	}
 }
+
+// Handler serves h, then bounds by stall the writes that net/http makes of the answer once h
+// returned: the rest of its buffers, a chunked answer's end. The server has no WriteTimeout
+// (answers stream for long), and a caller that pipelines requests on a connection and reads
+// nothing fills its socket: even a small answer's last write would then hold the connection,
+// and its goroutine, for as long as the caller stayed. The deadline is set only once h
+// returned, so it cuts no answer of h's (a Writer bounds those), and net/http clears it once
+// the answer is written, so the connection's next request has none. A hijacked connection (a
+// WebSocket) is its handler's, and is left alone. A stall of 0 or less leaves them unbounded.
+func Handler(h http.Handler, stall time.Duration) http.Handler {
+	if stall <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		// A write of nothing answers ErrHijacked on a hijacked connection, and does nothing
+		// else; on another it writes the status 200 if h wrote none, as net/http does next.
+		if _, err := w.Write(nil); errors.Is(err, http.ErrHijacked) {
+			return
+		}
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(stall))
+	})
+}

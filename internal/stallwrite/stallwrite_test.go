@@ -82,3 +82,103 @@ func TestSlowCallerServed(t *testing.T) {
 		t.Fatalf("the write to a slow caller failed: %v; want it whole", err)
 	}
 }
+
+// serveHandler serves h through Handler with stall, with ConnContext, and sends on closed
+// when a connection of the server's closes.
+func serveHandler(t *testing.T, h http.HandlerFunc, stall time.Duration, closed chan<- struct{}) string {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(Handler(h, stall))
+	srv.Config.ConnContext = ConnContext // else the socket queues up to megabytes before a write waits
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			select {
+			case closed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// TestHandlerCutsStalledLastWrites: small answers, asked for so many times on one connection
+// that its caller, who reads none of them, fills it, end about the stall after their
+// handler's return: the server closes the connection.
+func TestHandlerCutsStalledLastWrites(t *testing.T) {
+	closed := make(chan struct{}, 1)
+	addr := serveHandler(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }, time.Second, closed)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	_ = conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	go func() { _, _ = conn.Write([]byte(strings.Repeat("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 20000))) }()
+	select {
+	case <-closed:
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after its caller stopped reading, the connection was still open; want it closed about the 1 s stall after a handler returned")
+	}
+}
+
+// TestHandlerLeavesOthersAlone: the stall bounds nothing but the writes after the handler's
+// return: an answer that waits longer than the stall between its writes is whole, the
+// connection's next request, asked for later than the stall, is answered, and a connection
+// that a handler hijacked is written after the stall.
+func TestHandlerLeavesOthersAlone(t *testing.T) {
+	const stall = 500 * time.Millisecond
+	hijacked := make(chan error, 1)
+	addr := serveHandler(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/slow":
+			_, _ = w.Write([]byte("a\n"))
+			_ = http.NewResponseController(w).Flush()
+			time.Sleep(2 * stall)
+			_, _ = w.Write([]byte("b\n"))
+		case "/hijack":
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				hijacked <- err
+				return
+			}
+			go func() { // the connection outlives the handler
+				defer conn.Close()
+				time.Sleep(2 * stall)
+				_, err := conn.Write([]byte("hijacked\n"))
+				hijacked <- err
+			}()
+		default:
+			_, _ = w.Write([]byte("ok\n"))
+		}
+	}, stall, make(chan struct{}, 1))
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	get := func(path, want string) {
+		t.Helper()
+		fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path)
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(b) != want {
+			t.Fatalf("GET %s: %q, %v; want %q", path, b, err, want)
+		}
+	}
+	get("/slow", "a\nb\n")
+	time.Sleep(2 * stall)
+	get("/", "ok\n")
+	fmt.Fprintf(conn, "GET /hijack HTTP/1.1\r\nHost: x\r\n\r\n")
+	if err := <-hijacked; err != nil {
+		t.Fatalf("a write to a hijacked connection after the stall: %v; want it written", err)
+	}
+	if line, err := r.ReadString('\n'); line != "hijacked\n" {
+		t.Fatalf("the hijacked connection read %q, %v; want the handler's line", line, err)
+	}
+}
