@@ -17,7 +17,7 @@ import (
 
 func (s *Server) desktopRoutes(api func(pattern string, h handler)) {
 	api("POST /v1/desktops", s.idempotent(s.createDesktop))
-	api("GET /v1/desktops", s.listDesktops)
+	api("GET /v1/desktops", s.stallBounded(s.listDesktops)) // up to 100 desktops: tens of kilobytes
 	api("GET /v1/desktops/{id}", s.getDesktop)
 	api("PATCH /v1/desktops/{id}", s.patchDesktop)
 	api("DELETE /v1/desktops/{id}", s.deleteDesktop)

@@ -284,7 +284,7 @@ func (s *Server) routes() {
 	// The data path: an API key, or the session's connect token (authz_access.go).
 	s.dataRoutes(func(pattern string, h handler) { m.Handle(pattern, s.dataPath(h)) })
 
-	api("GET /v1/snapshots", s.listSnapshots)
+	api("GET /v1/snapshots", s.stallBounded(s.listSnapshots)) // up to 100 snapshots: tens of kilobytes
 	api("GET /v1/snapshots/{id}", s.getSnapshot)
 	api("DELETE /v1/snapshots/{id}", s.deleteSnapshot)
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/desktop"
 	"wb/internal/fakenode"
 	"wb/internal/redistest"
 	"wb/internal/stallwrite"
@@ -1026,4 +1027,29 @@ func TestSessionListStalledCallerIsCut(t *testing.T) {
 		e.running(map[string]any{"tier": 2, "metadata": meta})
 	}
 	stalledConnCloses(t, e.gw.Handler(), e.key, "/v1/sessions?limit=100", 100)
+}
+
+// TestObjectListsStalledCallerIsCut: a page of the project's desktops or snapshots (up to 100
+// of them: tens of kilobytes) asked for many times on one connection whose caller takes none
+// of it ends once a write waited WriteStall, and the connection is closed, as the sessions'
+// list does. Before, such a caller held the handler and the page for as long as it stayed.
+func TestObjectListsStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
+	ctx := context.Background()
+	for range store.MaxListLimit {
+		now := time.Now()
+		rec := desktop.Record{Desktop: desktop.Desktop{ID: session.NewID(desktop.IDPrefix, now), Object: desktop.ObjectName, ProjectID: e.projA,
+			Name: strings.Repeat("d", desktop.MaxNameLen), Size: "s", State: desktop.Stopped, MCPURL: e.url + "/v1/desktops/x/mcp", CreatedAt: *session.At(now)}}
+		if _, err := e.st.PutDesktop(ctx, rec, ""); err != nil {
+			t.Fatal(err)
+		}
+		snap := session.SnapshotRecord{Snapshot: session.Snapshot{ID: session.NewID("snap_", now), Object: "snapshot", SessionID: session.NewID("sess_", now),
+			State: session.SnapshotReady, SizeBytes: 1 << 30, CreatedAt: *session.At(now), Template: "tpl_base", Tier: 2}}
+		if err := e.st.PutObject(ctx, e.projA, store.KindSnapshot, snap.ID, snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, path := range []string{"/v1/desktops?limit=100", "/v1/snapshots?limit=100"} {
+		t.Run(path, func(t *testing.T) { stalledConnCloses(t, e.gw.Handler(), e.key, path, 100) })
+	}
 }
