@@ -293,10 +293,10 @@ func (s *Server) routes() {
 	api("GET /v1/runs/{id}", s.stallBounded(s.getRun))
 
 	api("POST /v1/webhook_endpoints", s.idempotent(s.createEndpoint))
-	api("GET /v1/webhook_endpoints", s.listEndpoints)
+	api("GET /v1/webhook_endpoints", s.stallBounded(s.listEndpoints))
 	api("GET /v1/webhook_endpoints/{id}", s.getEndpoint)
 	api("DELETE /v1/webhook_endpoints/{id}", s.deleteEndpoint)
-	api("GET /v1/webhook_endpoints/{id}/deliveries", s.listDeliveries)
+	api("GET /v1/webhook_endpoints/{id}/deliveries", s.stallBounded(s.listDeliveries)) // up to 100, with their errors
 
 	s.desktopRoutes(api)
 
@@ -305,11 +305,11 @@ func (s *Server) routes() {
 	api("PUT /v1/limits", s.putLimits)
 	api("GET /v1/usage", s.stallBounded(s.usage)) // a line a session of its range: megabytes
 	api("PUT /v1/policies/{name}", s.putPolicy)
-	api("GET /v1/policies", s.listPolicies)
-	api("GET /v1/policies/{name}", s.getPolicy)
+	api("GET /v1/policies", s.stallBounded(s.listPolicies))
+	api("GET /v1/policies/{name}", s.stallBounded(s.getPolicy)) // its source: up to MaxPolicyBytes
 	api("DELETE /v1/policies/{name}", s.deletePolicy)
 	api("PUT /v1/plugins/{name}", s.putPlugin)
-	api("GET /v1/plugins", s.listPlugins)
+	api("GET /v1/plugins", s.stallBounded(s.listPlugins))
 	api("GET /v1/plugins/{name}", s.getPlugin)
 	api("DELETE /v1/plugins/{name}", s.deletePlugin)
 	m.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

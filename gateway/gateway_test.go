@@ -21,6 +21,7 @@ import (
 	"wb/internal/redistest"
 	"wb/internal/stallwrite"
 	"wb/placer"
+	"wb/policies"
 	"wb/quota"
 	"wb/session"
 	"wb/store"
@@ -1052,4 +1053,20 @@ func TestObjectListsStalledCallerIsCut(t *testing.T) {
 	for _, path := range []string{"/v1/desktops?limit=100", "/v1/snapshots?limit=100"} {
 		t.Run(path, func(t *testing.T) { stalledConnCloses(t, e.gw.Handler(), e.key, path, 100) })
 	}
+}
+
+// TestPolicyListStalledCallerIsCut: the list of a project's policies (up to 64: tens of
+// kilobytes, past net/http's buffer, so the handler itself writes to the socket) asked for
+// many times on one connection whose caller takes none of it ends once a write waited
+// WriteStall, and the connection is closed. Before, such a caller held the handler for as
+// long as it stayed.
+func TestPolicyListStalledCallerIsCut(t *testing.T) {
+	rdb := redistest.Server(t)
+	e := newEnvOn(t, rdb, withDecisionPoints(t, rdb), func(c *Config) { c.WriteStall = 3 * time.Second })
+	for i := range policies.DefaultMaxPolicies {
+		if r := e.putPolicy(e.key, fmt.Sprintf("p%02d", i), "enforce", "package wb.admission\n"); r.status != 201 {
+			t.Fatalf("upload %d: %d %s", i, r.status, r.body)
+		}
+	}
+	stalledConnCloses(t, e.gw.Handler(), e.key, "/v1/policies", 100)
 }
