@@ -306,7 +306,7 @@ func (s *Server) routes() {
 	api("GET /v1/usage", s.stallBounded(s.usage)) // a line a session of its range: megabytes
 	api("PUT /v1/policies/{name}", s.putPolicy)
 	api("GET /v1/policies", s.stallBounded(s.listPolicies))
-	api("GET /v1/policies/{name}", s.stallBounded(s.getPolicy)) // its source: up to MaxPolicyBytes
+	api("GET /v1/policies/{name}", s.stallBounded(s.getPolicy)) // up to 20 versions
 	api("DELETE /v1/policies/{name}", s.deletePolicy)
 	api("PUT /v1/plugins/{name}", s.putPlugin)
 	api("GET /v1/plugins", s.stallBounded(s.listPlugins))
