@@ -28,6 +28,10 @@ const (
 	// gateway: each holds two connections (the caller's and the agent's), a goroutine pair
 	// and their buffers for as long as the caller keeps it open.
 	DefaultMaxConcurrentPTYs = 16
+	// DefaultMaxDesktopMCPListens is how many MCP listen streams (subscriptions/listen) one
+	// desktop may have open at once on one gateway: each holds a goroutine and the caller's
+	// connection for as long as the caller stays, and an MCP client needs one.
+	DefaultMaxDesktopMCPListens = 4
 	// DefaultMaxStoredOutputBytes is the budget of one project's stored output: runs' and the
 	// answers kept for Idempotency-Key replays (store/kept.go).
 	DefaultMaxStoredOutputBytes = 1 << 30
@@ -56,14 +60,23 @@ func newFileCallSlots() *projectSlots {
 // acquire takes a slot of project, or answers a 429 when it already holds max. The caller
 // calls release exactly once after a nil error.
 func (ps *projectSlots) acquire(project string, max int) error {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	if ps.n[project] >= max {
+	if !ps.take(project, 1, max) {
 		return &apiError{Status: 429, Type: "rate_limited", Code: ps.code, RetryAfter: capRetryAfter,
 			Message: fmt.Sprintf("this project already has %d %ss in progress, the most it may have at once; retry when one ends (Retry-After)", max, ps.what)}
 	}
-	ps.n[project]++
 	return nil
+}
+
+// take takes n slots of key when that leaves it at most max, and answers whether it did. The
+// caller gives them back (give) once.
+func (ps *projectSlots) take(key string, n, max int) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.n[key]+n > max {
+		return false
+	}
+	ps.n[key] += n
+	return true
 }
 
 // holding runs f holding one of project's slots; past max it answers acquire's 429, and f
@@ -133,10 +146,13 @@ func (s *Server) ptyCall(h handler) handler {
 	return capped(s.ptys, func() int { return cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs) }, s.sessionFound, h)
 }
 
-func (ps *projectSlots) release(project string) {
+func (ps *projectSlots) release(project string) { ps.give(project, 1) }
+
+// give gives back n slots of key that take took.
+func (ps *projectSlots) give(key string, n int) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	if ps.n[project]--; ps.n[project] <= 0 {
-		delete(ps.n, project)
+	if ps.n[key] -= n; ps.n[key] <= 0 {
+		delete(ps.n, key)
 	}
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/base64"
@@ -32,7 +33,9 @@ import (
 // stream; GET answers 405). An answer's writes are bounded by WriteStall (stallBounded): a
 // caller that stays connected but takes none of a result of megabytes (read_file's,
 // screenshot's) ends the call, which otherwise held the handler and the result; a stream
-// with nothing to send (subscriptions/listen, waiting for notifications) is not cut. Only a
+// with nothing to send (subscriptions/listen, waiting for notifications) is not cut, and so
+// holds a goroutine and the caller's connection for as long as the caller stays: a desktop
+// has at most MaxDesktopMCPListens of them open at once on a gateway (429 past it). Only a
 // tool call touches the desktop: initialize, discovery, tools/list and pings neither wake it
 // nor count as use. A tool call waits for the desktop to run (awakeDesktop, waking it), is a
 // use from its start to its end, and turns a refusal (stopped, failed, no room) into a
@@ -64,13 +67,15 @@ type desktopMCP struct {
 	handler *mcp.StreamableHTTPHandler
 	// schemas keeps the tools' JSON schemas, reflected once instead of per request.
 	schemas *mcp.SchemaCache
+	// listens counts the open listen streams per desktop (MaxDesktopMCPListens).
+	listens *projectSlots
 }
 
 // mcpServerKey carries the request's MCP server (bound to its desktop) to the handler.
 type mcpServerKey struct{}
 
 func newDesktopMCP(s *Server) *desktopMCP {
-	m := &desktopMCP{s: s, schemas: mcp.NewSchemaCache()}
+	m := &desktopMCP{s: s, schemas: mcp.NewSchemaCache(), listens: newProjectSlots("MCP listen stream", "too_many_listen_streams")}
 	m.handler = mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		srv, _ := r.Context().Value(mcpServerKey{}).(*mcp.Server)
 		return srv
@@ -94,9 +99,61 @@ func (m *desktopMCP) serve(w http.ResponseWriter, r *http.Request, p store.Proje
 	if err != nil {
 		return err
 	}
+	if r.Method == http.MethodPost {
+		body, err := readMCPBody(w, r)
+		if n := mcpListens(body); n > 0 {
+			key := p.ID + "/" + rec.ID
+			max := cmp.Or(m.s.MaxDesktopMCPListens, DefaultMaxDesktopMCPListens)
+			if !m.listens.take(key, n, max) {
+				return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limited", Code: m.listens.code,
+					Message: fmt.Sprintf("desktop %s already has %d MCP listen streams (subscriptions/listen) open on this gateway, the most it may have at once; close one of them before opening another", rec.ID, max)}
+			}
+			defer m.listens.give(key, n)
+		}
+		// The SDK reads the body again, and answers a failed read (413 past mcpMaxBodyBytes).
+		r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
+	}
 	srv := m.server(p, rec)
 	m.handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpServerKey{}, srv)))
 	return nil
+}
+
+// readMCPBody reads the body of r, at most mcpMaxBodyBytes; err is the read's failure (nil
+// at its end), with what was read before it.
+func readMCPBody(w http.ResponseWriter, r *http.Request) (body []byte, err error) {
+	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, mcpMaxBodyBytes))
+	if err == nil {
+		err = io.EOF
+	}
+	return body, err
+}
+
+// errReader answers err to every read.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// mcpListens counts the subscriptions/listen requests of body, a JSON-RPC message or a batch
+// of them, read as the SDK reads it (jsonrpc.DecodeMessage): each holds its stream open.
+func mcpListens(body []byte) int {
+	// Only a body with "listen" in it, or a \u escape that may spell it, can have one: a
+	// tool call's megabytes need no second decoding.
+	if !bytes.Contains(body, []byte("listen")) && !bytes.Contains(body, []byte(`\u`)) {
+		return 0
+	}
+	var msgs []json.RawMessage
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '[' || json.Unmarshal(b, &msgs) != nil {
+		msgs = []json.RawMessage{body}
+	}
+	n := 0
+	for _, raw := range msgs {
+		if msg, err := jsonrpc.DecodeMessage(raw); err == nil {
+			if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "subscriptions/listen" {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // server makes the MCP server of one request to desktop rec.

@@ -643,3 +643,151 @@ func TestDesktopMCPIdleStreamIsKept(t *testing.T) {
 	case <-time.After(5 * time.Second):
 	}
 }
+
+// mcpListen opens a subscriptions/listen stream to url with key. With a 200 it waits for the
+// stream's acknowledgement and answers a func that closes the stream; otherwise it answers
+// the status and body, validated against the OpenAPI document.
+func mcpListen(t *testing.T, url, key string) (status int, body string, closeStream func()) {
+	t.Helper()
+	const version = "2026-07-28"
+	msg := `{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"` + version + `","io.modelcontextprotocol/clientCapabilities":{}}}}`
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(msg))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", version)
+	req.Header.Set("Mcp-Method", "subscriptions/listen")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		defer cancel()
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		validateResponse(t, req, resp, b)
+		return resp.StatusCode, string(b), nil
+	}
+	acked := make(chan error, 1)
+	go func() {
+		r := bufio.NewReader(resp.Body)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				acked <- fmt.Errorf("the stream ended before its acknowledgement: %w", err)
+				return
+			}
+			if strings.Contains(line, "subscriptions/acknowledged") {
+				acked <- nil
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-acked:
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("subscriptions/listen: no acknowledgement within 30 s")
+	}
+	return 200, "", func() { cancel(); resp.Body.Close() }
+}
+
+// TestDesktopMCPListenStreamsAreCapped: a desktop's MCP endpoint keeps at most
+// DefaultMaxDesktopMCPListens subscriptions/listen streams open at once on a gateway; the one
+// past them answers 429 too_many_listen_streams saying how many are allowed, and once one of
+// them closes a new one is accepted. Other calls, and another desktop's streams, are not held
+// up by them. Before, each listen held a goroutine and a connection for as long as its caller
+// stayed, and a caller could open any number.
+func TestDesktopMCPListenStreamsAreCapped(t *testing.T) {
+	e := newEnv(t)
+	d := e.newDesktop(map[string]any{"name": "d"})
+	other := e.newDesktop(map[string]any{"name": "other"})
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	for i := range DefaultMaxDesktopMCPListens {
+		status, body, c := mcpListen(t, d.MCPURL, e.key)
+		if status != 200 {
+			t.Fatalf("listen stream %d of %d: %d %s; want a 200 stream", i+1, DefaultMaxDesktopMCPListens, status, body)
+		}
+		closers = append(closers, c)
+	}
+	status, body, c := mcpListen(t, d.MCPURL, e.key)
+	if c != nil {
+		closers = append(closers, c)
+	}
+	want := fmt.Sprintf("%d MCP listen streams", DefaultMaxDesktopMCPListens)
+	if status != 429 || !strings.Contains(body, `"too_many_listen_streams"`) || !strings.Contains(body, want) {
+		t.Fatalf("listen stream %d with %d open: %d %s; want 429 too_many_listen_streams saying %q", DefaultMaxDesktopMCPListens+1, DefaultMaxDesktopMCPListens, status, body, want)
+	}
+	// Another desktop's streams and this one's other calls are not held up.
+	if status, body, c := mcpListen(t, other.MCPURL, e.key); status != 200 {
+		t.Errorf("a listen stream of another desktop: %d %s; want a 200 stream", status, body)
+	} else {
+		c()
+	}
+	cs := e.mcpSession(d)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := cs.ListTools(ctx, nil); err != nil {
+		t.Errorf("tools/list with the listen streams full: %v", err)
+	}
+	// A stream that closes gives its place back.
+	closers[0]()
+	closers = closers[1:]
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		status, body, c := mcpListen(t, d.MCPURL, e.key)
+		if status == 200 {
+			closers = append(closers, c)
+			break
+		}
+		if status != 429 || time.Now().After(deadline) {
+			t.Fatalf("a listen stream after one of %d closed: %d %s; want a 200 stream within a minute", DefaultMaxDesktopMCPListens, status, body)
+		}
+	}
+	// The body read to count the streams is the SDK's to answer still: past 16 MiB, a 413.
+	req, _ := http.NewRequest("POST", d.MCPURL, strings.NewReader(strings.Repeat("listen", (mcpMaxBodyBytes+6)/6)))
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 413 {
+		t.Errorf("a message over 16 MiB: %d %s; want 413", resp.StatusCode, b)
+	}
+}
+
+// TestMCPListensCounted: the listen streams a POST's body opens are counted as the SDK reads
+// the body: a method spelled with JSON escapes, and each listen of a batch, count; "listen"
+// in a tool call's arguments does not.
+func TestMCPListensCounted(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want int
+	}{
+		{`{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{}}`, 1},
+		{`{"jsonrpc":"2.0","id":1,"method":"subscriptions\/listen","params":{}}`, 1},
+		{`{"jsonrpc":"2.0","id":1,"method":"subscriptions/\u006cisten","params":{}}`, 1},
+		{` [{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen"},{"jsonrpc":"2.0","id":2,"method":"subscriptions/listen"},{"jsonrpc":"2.0","id":3,"method":"ping"}]`, 2},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"nc -l subscriptions/listen"}}}`, 0},
+		{`{"jsonrpc":"2.0","id":1,"method":"ping"}`, 0},
+		{`not json, listen`, 0},
+	} {
+		if got := mcpListens([]byte(c.body)); got != c.want {
+			t.Errorf("mcpListens(%s) = %d, want %d", c.body, got, c.want)
+		}
+	}
+}

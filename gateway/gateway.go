@@ -87,6 +87,9 @@ type Config struct {
 	// MaxConcurrentPTYs caps a project's open PTYs on this gateway (0:
 	// DefaultMaxConcurrentPTYs).
 	MaxConcurrentPTYs int
+	// MaxDesktopMCPListens caps a desktop's open MCP listen streams (subscriptions/listen) on
+	// this gateway (0: DefaultMaxDesktopMCPListens).
+	MaxDesktopMCPListens int
 	// MaxStoredOutputBytes bounds a project's stored output in Redis: its runs' (kept 7 days,
 	// each up to 2×MaxOutputBytes) and its answers kept for Idempotency-Key replays (24 h,
 	// each up to MaxReplayBytes). Past it the oldest outputs are dropped: such a run then
