@@ -89,12 +89,20 @@ func (ps *projectSlots) holding(project string, max int, f func() error) error {
 	return f()
 }
 
-// capped serves h holding one of the project's slots in ps, at most max at once. Past the
-// cap it looks up what the request names (found): one that is not there, or is another
-// project's, answers found's 404 rather than the 429, as it would with room. The lookup is
-// made only then, so that a call within the cap has no Redis round trip more (h looks it up).
-func capped(ps *projectSlots, max func() int, found func(r *http.Request, p store.Project) error, h handler) handler {
+// capped serves h holding one of the project's slots in ps, at most max at once. A request
+// that check (if set) finds invalid answers its error first, whatever the cap's state: its
+// 400 stands however busy the project is (a retry after the 429 would be refused again).
+// Past the cap it looks up what the request names (found): one that is not there, or is
+// another project's, answers found's 404 rather than the 429, as it would with room. The
+// lookup is made only then, so that a call within the cap has no Redis round trip more (h
+// looks it up); check makes none.
+func capped(ps *projectSlots, max func() int, check func(r *http.Request) error, found func(r *http.Request, p store.Project) error, h handler) handler {
 	return func(w http.ResponseWriter, r *http.Request, p store.Project) error {
+		if check != nil {
+			if err := check(r); err != nil {
+				return err
+			}
+		}
 		if err := ps.acquire(p.ID, max()); err != nil {
 			var ae *apiError
 			if ferr := found(r, p); errors.As(ferr, &ae) && ae.Status == http.StatusNotFound {
@@ -122,12 +130,29 @@ func (s *Server) desktopFound(r *http.Request, p store.Project) error {
 // fileCall serves h, a route of the session's files, as one of the project's file calls
 // (fileCalls, MaxConcurrentFileCalls): past the cap it answers a 429.
 func (s *Server) fileCall(h handler) handler {
-	return capped(s.fileCalls, s.maxFileCalls, s.sessionFound, h)
+	return capped(s.fileCalls, s.maxFileCalls, fileRequest, s.sessionFound, h)
 }
 
-// desktopFileCall is fileCall for a route of a desktop's (its files, its screen).
+// desktopFileCall is fileCall for a route of a desktop's files.
 func (s *Server) desktopFileCall(h handler) handler {
-	return capped(s.fileCalls, s.maxFileCalls, s.desktopFound, h)
+	return capped(s.fileCalls, s.maxFileCalls, fileRequest, s.desktopFound, h)
+}
+
+// desktopScreenCall is desktopFileCall for a desktop's screen, which takes no parameters.
+func (s *Server) desktopScreenCall(h handler) handler {
+	return capped(s.fileCalls, s.maxFileCalls, nil, s.desktopFound, h)
+}
+
+// fileRequest checks what a file call's handler checks of its request before any round trip:
+// its path, and a write's declared size.
+func fileRequest(r *http.Request) error {
+	if _, err := filePath(r); err != nil {
+		return err
+	}
+	if r.Method == http.MethodPut && r.ContentLength > MaxFileBytes {
+		return errFileTooLarge()
+	}
+	return nil
 }
 
 // maxFileCalls is MaxConcurrentFileCalls, or its default.
@@ -143,7 +168,10 @@ func newPTYSlots() *projectSlots {
 // ptyCall serves h as one of the project's PTYs (ptys, MaxConcurrentPTYs) from its handshake
 // to its end: past the cap it answers a 429 before the upgrade.
 func (s *Server) ptyCall(h handler) handler {
-	return capped(s.ptys, func() int { return cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs) }, s.sessionFound, h)
+	return capped(s.ptys, func() int { return cmp.Or(s.MaxConcurrentPTYs, DefaultMaxConcurrentPTYs) }, func(r *http.Request) error {
+		_, err := ptySize(r)
+		return err
+	}, s.sessionFound, h)
 }
 
 func (ps *projectSlots) release(project string) { ps.give(project, 1) }

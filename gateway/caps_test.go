@@ -422,6 +422,57 @@ func TestFullCapAnswersMissingSessionNotFound(t *testing.T) {
 	}
 }
 
+// TestFullCapAnswersInvalidRequestBadRequest: with a project's exec, async run, file and PTY
+// caps full, a request that is invalid in itself (a field out of range, a missing path)
+// answers its 400 naming the field, as it would with room, not the cap's 429: a caller
+// that retried it after Retry-After would be refused again and again. Before, the slot was
+// taken before those fields were checked.
+func TestFullCapAnswersInvalidRequestBadRequest(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrentExecs, c.MaxAsyncRuns, c.MaxConcurrentFileCalls, c.MaxConcurrentPTYs = 1, 1, 1, 1
+	})
+	s := e.running(map[string]any{"tier": 2})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	for _, ps := range []*projectSlots{e.gw.execs, e.gw.asyncRuns, e.gw.fileCalls, e.gw.ptys} {
+		if err := ps.acquire(e.projA, 1); err != nil {
+			t.Fatal(err)
+		}
+		defer ps.release(e.projA)
+	}
+	sp := "/v1/sessions/" + s.ID
+	expectError(t, e.do("POST", sp+"/exec", e.key, map[string]any{"command": "true", "timeout_s": 0}), 400, "invalid_request", "timeout_s")
+	expectError(t, e.do("POST", sp+"/exec", e.key, map[string]any{"command": ""}), 400, "invalid_request", "command")
+	expectError(t, e.do("POST", sp+"/exec", e.key, map[string]any{"command": "true", "timeout_s": 0}, "Accept", "application/x-ndjson"), 400, "invalid_request", "timeout_s")
+	expectError(t, e.do("POST", "/v1/runs?wait=false", e.key, map[string]any{"tier": 1, "runtime": "python3", "code": "print(1)", "end_user_id": strings.Repeat("u", 1000)}),
+		400, "invalid_request", "end_user_id")
+	expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"tier": 1, "runtime": "python3", "code": "print(1)", "end_user_id": strings.Repeat("u", 1000)}),
+		400, "invalid_request", "end_user_id")
+	for _, p := range []string{sp + "/files", "/v1/desktops/" + d.ID + "/files"} {
+		expectError(t, e.do("GET", p, e.key, nil), 400, "invalid_request", "path")
+		expectError(t, e.do("PUT", p, e.key, []byte(`"x"`)), 400, "invalid_request", "path")
+		expectError(t, e.do("DELETE", p, e.key, nil), 400, "invalid_request", "path")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u := "ws" + strings.TrimPrefix(e.url, "http") + sp + "/pty?cols=0"
+	c, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + e.key}}})
+	if err == nil {
+		c.CloseNow()
+		t.Fatal("a PTY with cols=0 opened")
+	}
+	if resp == nil {
+		t.Fatalf("a PTY with cols=0: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(b), `"cols"`) {
+		t.Errorf("a PTY with cols=0 and the cap full: %d %s; want 400 naming cols", resp.StatusCode, b)
+	}
+	// Valid, the same calls wait their turn.
+	expectError(t, e.do("POST", sp+"/exec", e.key, map[string]any{"command": "true", "timeout_s": 5}), 429, "too_many_execs", "")
+	expectError(t, e.do("POST", "/v1/runs?wait=false", e.key, map[string]any{"tier": 1, "runtime": "python3", "code": "print(1)"}), 429, "too_many_runs", "")
+	expectError(t, e.do("GET", sp+"/files?path=/etc/hostname", e.key, nil), 429, "too_many_file_calls", "")
+}
+
 // TestAbortedRequestIsCounted: a request whose answer breaks off (here a file read whose
 // caller hangs up mid-answer, which the handler ends with net/http's abort) is counted and
 // timed in /metrics, under the status its caller got; one aborted before any status is

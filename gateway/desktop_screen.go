@@ -22,7 +22,7 @@ import (
 const DefaultDesktopScreenTimeout = 30 * time.Second
 
 func (s *Server) desktopConsoleRoutes(api func(pattern string, h handler)) {
-	api("GET /v1/desktops/{id}/screen", s.desktopFileCall(s.desktopScreen))
+	api("GET /v1/desktops/{id}/screen", s.desktopScreenCall(s.desktopScreen))
 	api("POST /v1/desktops/{id}/heartbeat", s.desktopHeartbeat)
 }
 

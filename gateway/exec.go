@@ -129,6 +129,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 	if err := decodeStrict(body, &req); err != nil {
 		return err
 	}
+	// An invalid request is its 400 however busy the project is: before the cap's 429.
+	if _, err := req.Argv(); err != nil {
+		return err
+	}
 	sess, err := s.loadSession(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		return err
@@ -157,9 +161,6 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, p store.Project) e
 		}
 		writeJSON(w, 200, res)
 		return nil
-	}
-	if _, err := req.Argv(); err != nil {
-		return err
 	}
 	if sess.State != session.Running {
 		return errNeedsRunning(opExec, sess.State)

@@ -264,13 +264,18 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project
 	return nil
 }
 
+// errFileTooLarge is the 413 of a file written past MaxFileBytes.
+func errFileTooLarge() error {
+	return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("files are at most %d bytes", MaxFileBytes)}
+}
+
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	path, err := filePath(r)
 	if err != nil {
 		return err
 	}
 	if r.ContentLength > MaxFileBytes {
-		return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("files are at most %d bytes", MaxFileBytes)}
+		return errFileTooLarge()
 	}
 	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
 	if err != nil {
@@ -281,7 +286,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, p store.Project
 	if err := c.WriteFile(ctx, path, clockedBody{Reader: http.MaxBytesReader(w, r.Body, MaxFileBytes), c: clock}, 0o644); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return &apiError{Status: 413, Type: "invalid_request", Code: "too_large", Message: fmt.Sprintf("files are at most %d bytes", MaxFileBytes)}
+			return errFileTooLarge()
 		}
 		return clock.failed(r.Context(), s, err)
 	}
@@ -331,15 +336,9 @@ const defaultPTYInputWait = time.Minute
 // for ptyInputWait; the caller, output for WriteStall.
 func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	q := r.URL.Query()
-	dims := [2]int{80, 24}
-	for i, name := range []string{"cols", "rows"} {
-		if v := q.Get(name); v != "" {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 1000 {
-				return errInvalid(name, "must be an integer 1–1000, got %q", v)
-			}
-			dims[i] = n
-		}
+	dims, err := ptySize(r)
+	if err != nil {
+		return err
 	}
 	sess, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
 	if err != nil {
@@ -388,6 +387,22 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	cancel()
 	_ = down.Close(websocket.StatusNormalClosure, "")
 	return nil
+}
+
+// ptySize is a PTY's columns and rows, from its query (80×24 by default).
+func ptySize(r *http.Request) ([2]int, error) {
+	q := r.URL.Query()
+	dims := [2]int{80, 24}
+	for i, name := range []string{"cols", "rows"} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1000 {
+				return dims, errInvalid(name, "must be an integer 1–1000, got %q", v)
+			}
+			dims[i] = n
+		}
+	}
+	return dims, nil
 }
 
 // errFrameStalled is pump's error for a frame that its destination did not take in time.

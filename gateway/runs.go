@@ -135,12 +135,18 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p store.Proje
 		if _, err := exec.Argv(); err != nil {
 			return err
 		}
-		if err := take(); err != nil {
-			return err
-		}
 		tier := 1
 		// Marked as a run's, the session gets a warm guest whose interpreter waits for the code.
 		sreq, marks := session.CreateRequest{Tier: &tier, Template: tpl.Name, EndUserID: req.EndUserID}, map[string]string{session.RunMetadataKey: rt.Name}
+		// Its fields (end_user_id) are checked before the cap too (admitRequest checks them
+		// again): an invalid request is its 400 however busy the project is.
+		if _, err := sreq.Validate(s.Tiers); err != nil {
+			s.Metrics.admission.WithLabelValues("invalid").Inc()
+			return err
+		}
+		if err := take(); err != nil {
+			return err
+		}
 		sess, _, err := s.admitRequest(r.Context(), p, sreq, sessID, marks)
 		if sessID != "" && errors.Is(err, store.ErrExists) {
 			// Admitted by a request that died before its run was saved: nothing ran in it.
