@@ -21,6 +21,7 @@ import (
 	"wb/agent"
 	"wb/desktop"
 	"wb/desktop/guest"
+	"wb/node/nodeapi"
 	"wb/session"
 	"wb/store"
 )
@@ -363,7 +364,7 @@ func (t *desktopTools) agent(ctx context.Context, sess *session.Session) (*agent
 	if err != nil {
 		return nil, err
 	}
-	c, err := g.Agent(ctx, sess)
+	c, err := g.Agent(nodeapi.WithAgentKind(ctx, nodeapi.AgentKindFiles), sess)
 	if err != nil {
 		return nil, t.s.errNode(ctx, "node_error", "the node could not reach the desktop", err)
 	}

@@ -169,7 +169,9 @@ func (b clockedBody) Read(p []byte) (int, error) {
 
 // guestAgent answers the agent of a running session of project p, and records the call as
 // the session's activity (its last_activity_at), as exec does: every file call and PTY is use.
-func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*session.Session, *agent.Client, error) {
+// kind is the calls' (nodeapi.AgentKindFiles, AgentKindPTY): a node in process counts a
+// refusal under it.
+func (s *Server) guestAgent(ctx context.Context, p store.Project, id, kind string) (*session.Session, *agent.Client, error) {
 	sess, err := s.loadSession(ctx, p, id)
 	if err != nil {
 		return nil, nil, err
@@ -184,7 +186,7 @@ func (s *Server) guestAgent(ctx context.Context, p store.Project, id string) (*s
 	if err := s.Store.Touch(ctx, sess.ProjectID, sess.ID); err != nil {
 		return nil, nil, err
 	}
-	c, err := g.Agent(ctx, sess)
+	c, err := g.Agent(nodeapi.WithAgentKind(ctx, kind), sess)
 	if err != nil {
 		return nil, nil, s.errNode(ctx, "node_error", "the node could not reach the guest", err)
 	}
@@ -224,7 +226,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, p store.Project
 	if err != nil {
 		return err
 	}
-	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"), nodeapi.AgentKindFiles)
 	if err != nil {
 		return err
 	}
@@ -277,7 +279,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, p store.Project
 	if r.ContentLength > MaxFileBytes {
 		return errFileTooLarge()
 	}
-	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"), nodeapi.AgentKindFiles)
 	if err != nil {
 		return err
 	}
@@ -299,7 +301,7 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, p store.Proj
 	if err != nil {
 		return err
 	}
-	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	_, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"), nodeapi.AgentKindFiles)
 	if err != nil {
 		return err
 	}
@@ -340,7 +342,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, p store.Project) er
 	if err != nil {
 		return err
 	}
-	sess, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"))
+	sess, c, err := s.guestAgent(r.Context(), p, r.PathValue("id"), nodeapi.AgentKindPTY)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"wb/agent"
 	"wb/hypervisor"
+	"wb/node/nodeapi"
 	"wb/session"
 )
 
@@ -63,10 +64,13 @@ func localExecStatus(ctx context.Context, err error) int {
 }
 
 // Agent answers a client of the running guest's agent whose PTYs pass the runtime decision
-// point first, as they do through the node's proxy.
+// point first, as they do through the node's proxy. A refusal here (no guest, a guest not
+// running) is counted in the node's metrics as the node's API counts the call it refuses,
+// under the kind ctx carries (nodeapi.WithAgentKind).
 func (c *Local) Agent(ctx context.Context, s *session.Session) (*agent.Client, error) {
 	l, ag, err := c.n.running(s)
 	if err != nil {
+		c.n.Metrics.agentRequest(nodeapi.AgentKindOf(ctx), apiError(err).Status)
 		return nil, asAPIError(err)
 	}
 	a := *ag

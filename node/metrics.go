@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"wb/node/nodeapi"
 	"wb/session"
 )
 
@@ -91,13 +92,13 @@ func (m *Metrics) agentRequest(kind string, status int) {
 func agentKind(method, sub string) string {
 	switch {
 	case method == http.MethodPost && sub == "/v1/exec":
-		return "exec"
+		return nodeapi.AgentKindExec
 	case method == http.MethodGet && sub == "/v1/pty":
-		return "pty"
+		return nodeapi.AgentKindPTY
 	case sub == "/v1/files":
-		return "files"
+		return nodeapi.AgentKindFiles
 	}
-	return "other"
+	return nodeapi.AgentKindOther
 }
 
 // guestCollector reports the node's guests by state at scrape time.

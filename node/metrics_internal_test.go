@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"wb/agent"
+	"wb/node/nodeapi"
 	"wb/session"
 )
 
@@ -254,5 +255,40 @@ func TestMetricsExecEndedByNodeFailed(t *testing.T) {
 	}
 	if !strings.Contains(got+"\n", `wb_node_agent_requests_total{kind="exec",outcome="failed"} 1`+"\n") {
 		t.Fatalf("an exec the node ended 502 guest_error: want outcome=\"failed\"; /metrics has:\n%s", got)
+	}
+}
+
+// TestMetricsCountEdgeRefusals: a call on the edge's data path that Local.Agent refuses
+// before any call of the agent (no guest for the session, a guest that is not running) is
+// counted rejected under the kind its caller gave (nodeapi.WithAgentKind; other without
+// one), as the node's API counts the 404 or 409 it answers such a call. Before, those
+// refusals were not counted at all.
+func TestMetricsCountEdgeRefusals(t *testing.T) {
+	m := NewMetrics()
+	const id = "sess_edgerefused"
+	n, _, _ := hostileAgentNode(t, id, Config{Driver: oomDriver{kills: &atomic.Int64{}}, Metrics: m}, func(http.ResponseWriter, *http.Request) {})
+	files := nodeapi.WithAgentKind(t.Context(), nodeapi.AgentKindFiles)
+	if _, err := n.Local().Agent(files, &session.Session{ID: "sess_nosuchsession"}); err == nil {
+		t.Fatal("an agent of a session the node holds no guest for was handed out")
+	}
+	if _, err := n.Local().Agent(t.Context(), &session.Session{ID: "sess_nosuchsession"}); err == nil {
+		t.Fatal("an agent of a session the node holds no guest for was handed out")
+	}
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	l.mu.Lock()
+	l.g.State = session.Paused // as Node.Pause leaves it
+	l.mu.Unlock()
+	if _, err := n.Local().Agent(nodeapi.WithAgentKind(t.Context(), nodeapi.AgentKindPTY), &session.Session{ID: id}); err == nil {
+		t.Fatal("an agent of a paused guest was handed out")
+	}
+	got := scrapeMetrics(m, "wb_node_agent_requests_total{")
+	for _, l := range []string{`wb_node_agent_requests_total{kind="files",outcome="rejected"} 1`,
+		`wb_node_agent_requests_total{kind="other",outcome="rejected"} 1`,
+		`wb_node_agent_requests_total{kind="pty",outcome="rejected"} 1`} {
+		if !strings.Contains(got+"\n", l+"\n") {
+			t.Errorf("refusals of Local.Agent: want %s; /metrics has:\n%s", l, got)
+		}
 	}
 }

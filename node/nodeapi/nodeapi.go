@@ -1,6 +1,7 @@
 package nodeapi
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -43,6 +44,34 @@ func SnapshotPath(snapshotID string) string { return "/v1/snapshots/" + snapshot
 // AgentBase is the base path of the proxy to a session's agent: the agent's own paths follow
 // it (AgentBase(id)+"/v1/exec").
 func AgentBase(sessionID string) string { return "/v1/sessions/" + sessionID + "/agent" }
+
+// The kinds of calls to a guest's agent, as the node's metrics count them
+// (wb_node_agent_requests_total's kind).
+const (
+	AgentKindExec  = "exec"
+	AgentKindPTY   = "pty"
+	AgentKindFiles = "files"
+	AgentKindOther = "other"
+)
+
+// agentKindKey carries the kind of the calls a caller means to make of an agent's client.
+type agentKindKey struct{}
+
+// WithAgentKind marks ctx, given to a node's Local.Agent, with the kind of the calls its
+// caller means to make of the client (AgentKindFiles, AgentKindPTY): a refusal before any
+// call (no guest, a guest not running) is counted under it, as the node's API counts the
+// call it refuses.
+func WithAgentKind(ctx context.Context, kind string) context.Context {
+	return context.WithValue(ctx, agentKindKey{}, kind)
+}
+
+// AgentKindOf is ctx's kind (WithAgentKind), AgentKindOther without one.
+func AgentKindOf(ctx context.Context) string {
+	if k, ok := ctx.Value(agentKindKey{}).(string); ok && k != "" {
+		return k
+	}
+	return AgentKindOther
+}
 
 // Health answers GET /healthz.
 type Health struct {
