@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/internal/mtls"
 	"wb/internal/netguard"
 	"wb/store"
 )
@@ -148,11 +149,14 @@ func (p *platformAddrs) resolveAll(ctx context.Context, hosts []string) []netip.
 }
 
 // learnGateways wraps the node API: the address of every caller that presents the node
-// token is a gateway's, and joins the denied addresses at once.
+// token is a gateway's, and joins the denied addresses at once. Over mutual TLS only a
+// certificate of the gateway role is: an Envoy's reaches /healthz (gatewaysOnly), and its
+// address, token or not, is not a gateway's.
 func (p *platformAddrs) learnGateways(h http.Handler, token string) http.Handler {
 	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1 {
+		gateway := r.TLS == nil || mtls.HasRole(r.TLS.PeerCertificates, mtls.RoleGateway)
+		if gateway && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1 {
 			if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
 				a := ap.Addr().Unmap()
 				p.mu.Lock()

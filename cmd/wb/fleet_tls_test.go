@@ -305,3 +305,55 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestEnvoyIsNotLearnedAsGateway: over mutual TLS, a health check with the node token from a
+// certificate that is not of the gateway role (an Envoy's: gatewaysOnly lets it reach
+// /healthz) does not make the node take the caller's address for a gateway's and deny it to
+// the guests; a gateway's certificate with the token still does.
+func TestEnvoyIsNotLearnedAsGateway(t *testing.T) {
+	p := mtlstest.New(t)
+	platform := &platformAddrs{log: slog.New(slog.DiscardHandler)}
+	h := gatewaysOnly(platform.learnGateways(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}), "tok"), slog.New(slog.DiscardHandler))
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _, err := nodeListener(raw, fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	learned := func() []string {
+		platform.mu.Lock()
+		defer platform.mu.Unlock()
+		return addrStrings(platform.learned)
+	}
+	for _, c := range []struct {
+		name string
+		role string
+		want []string
+	}{
+		{"the Envoy's certificate", mtlstest.RoleEnvoy, nil},
+		{"a gateway's certificate", mtlstest.RoleGateway, []string{"127.0.0.1"}},
+	} {
+		tr := &http.Transport{TLSClientConfig: p.ClientConfig(p.Issue(t, strings.ReplaceAll(c.name, " ", "-"), c.role).Pair)}
+		req, _ := http.NewRequest("GET", "https://"+ln.Addr().String()+nodeapi.PathHealth, nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET /healthz with %s: %d", c.name, resp.StatusCode)
+		}
+		if got := learned(); fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("after GET /healthz with %s and the node token, the gateways learned: %v; want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -168,7 +168,8 @@ func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
 // too.
 func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Listener, token string, platform *platformAddrs) {
 	// gatewaysOnly outside learnGateways: an Envoy's certificate with the node token is
-	// refused before its address is taken for a gateway's.
+	// refused before its address is taken for a gateway's (and on /healthz, which it
+	// reaches, learnGateways takes only a gateway's certificate).
 	edge, err := edgeDataPath(nd, gatewaysOnly(platform.learnGateways(nd.Handler(token), token), nd.Logger))
 	if err != nil {
 		g.Go(func() error { return err }) // fails the group: the process ends with err
