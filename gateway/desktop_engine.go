@@ -277,7 +277,9 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 					"desktop", rec.ID, "err", err)
 				return false
 			case fromMemory && refusal.Param == "restore_from":
-				// The saved state's snapshot is gone (the caller deleted it) or not ready.
+				// The saved state's snapshot is gone (the caller deleted it) or not ready, or no
+				// live node has the root disk image its memory needs (checkRestorable).
+				s.log.Warn("desktop: the saved state cannot be restored; waking from the disk", "desktop", rec.ID, "why", refusal.Message)
 				return s.wakeFromDisk(p, rec.ID, sessID, restore, refusal.Message, admitted)
 			case refusal.Status == 402 || refusal.Status == 429:
 				return s.refuseStart(ctx, p, rec, sessID, refusal, admitted)
@@ -721,17 +723,19 @@ func (s *Server) saveStateAndStop(ctx context.Context, p store.Project, rec desk
 		endLease(true)
 		return "", false, "state not saved: " + why
 	}
-	mem, size, err := g.StopSaving(bg, stopping, snap.ID)
+	info, err := g.StopSaving(bg, stopping, snap.ID)
 	if err != nil {
 		s.log.Warn("desktop: save the state as the session stops", "desktop", rec.ID, "err", err)
 		s.teardown(stopping) // the node may not have heard of the stop at all
 		return notSaved(s.errNode(ctx, "snapshot_failed", "the node could not save the desktop's state", err).Message)
 	}
-	if !mem {
+	if !info.Memory {
 		return notSaved("this machine's guests cannot save their memory")
 	}
-	snap.SizeBytes = size
-	if err := s.recordSnapshot(bg, proj, session.SnapshotRecord{Snapshot: snap}); err != nil {
+	snap.SizeBytes = info.SizeBytes
+	// The root disk image its memory needs, as a session's snapshot records it: the wake's
+	// restore is placed on a node that has it (or refused at its create, woken from the disk).
+	if err := s.recordSnapshot(bg, proj, session.SnapshotRecord{Snapshot: snap, RootImage: info.RootImage}); err != nil {
 		s.log.Warn("desktop: record the saved state", "desktop", rec.ID, "err", err)
 		return notSaved(toAPIError(err).Message)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/desktop"
+	"wb/hypervisor"
 	"wb/internal/fakenode"
 	"wb/internal/redistest"
 	"wb/session"
@@ -193,10 +194,10 @@ type armedAfterSaving struct {
 	armed *atomic.Bool
 }
 
-func (n armedAfterSaving) StopSaving(ctx context.Context, s *session.Session, id string) (bool, int64, error) {
-	mem, size, err := n.Node.StopSaving(ctx, s, id)
+func (n armedAfterSaving) StopSaving(ctx context.Context, s *session.Session, id string) (hypervisor.SnapshotInfo, error) {
+	info, err := n.Node.StopSaving(ctx, s, id)
 	n.armed.Store(true)
-	return mem, size, err
+	return info, err
 }
 
 // TestSleepRecordedThroughARedisBlip: one failed Redis write as a sleep records its end once
@@ -401,10 +402,10 @@ type writeAfterSaving struct {
 	write func()
 }
 
-func (n writeAfterSaving) StopSaving(ctx context.Context, s *session.Session, id string) (bool, int64, error) {
-	mem, size, err := n.Node.StopSaving(ctx, s, id)
+func (n writeAfterSaving) StopSaving(ctx context.Context, s *session.Session, id string) (hypervisor.SnapshotInfo, error) {
+	info, err := n.Node.StopSaving(ctx, s, id)
 	n.write()
-	return mem, size, err
+	return info, err
 }
 
 // TestSleepSurvivesAnOlderGatewaysWrite: during a rolling deploy a gateway of an older wb

@@ -43,8 +43,9 @@ type Guests interface {
 	Stop(ctx context.Context, s *session.Session) error
 	// StopSaving is Stop after the node saved the guest, memory and all, as snapshot
 	// snapshotID where its back end can (a desktop's sleep). It answers whether memory was
-	// saved (false: nothing was) and the size; the session ends either way.
-	StopSaving(ctx context.Context, s *session.Session, snapshotID string) (memory bool, size int64, err error)
+	// saved (false: nothing was), the size and the root disk image a restore of its memory
+	// needs, as Snapshot does; the session ends either way.
+	StopSaving(ctx context.Context, s *session.Session, snapshotID string) (hypervisor.SnapshotInfo, error)
 }
 
 // Config wires a Server.

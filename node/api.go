@@ -197,9 +197,9 @@ func (n *Node) apiAction(w http.ResponseWriter, r *http.Request) {
 			err = &session.FieldError{Field: "save_as", Message: fmt.Sprintf("%q is not a snapshot id (snap_ and 18 letters or digits)", req.SaveAs)}
 			break
 		}
-		var res nodeapi.SnapshotResult
-		if res.Memory, res.SizeBytes, err = n.StopSaving(ctx, stopped(id, req), req.SaveAs); err == nil {
-			writeJSON(w, 200, res)
+		var info hypervisor.SnapshotInfo
+		if info, err = n.StopSaving(ctx, stopped(id, req), req.SaveAs); err == nil {
+			writeJSON(w, 200, nodeapi.SnapshotResult{Memory: info.Memory, SizeBytes: info.SizeBytes, RootImage: info.RootImage})
 			return
 		}
 	case nodeapi.ActionSnapshot:

@@ -139,9 +139,9 @@ func (c *Local) Stop(ctx context.Context, s *session.Session) error {
 }
 
 // StopSaving is Stop after saving the guest as snapshot snapshotID (Node.StopSaving).
-func (c *Local) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
-	m, size, err := c.n.StopSaving(ctx, s, snapshotID)
-	return m, size, asAPIError(err)
+func (c *Local) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (hypervisor.SnapshotInfo, error) {
+	info, err := c.n.StopSaving(ctx, s, snapshotID)
+	return info, asAPIError(err)
 }
 
 // asAPIError answers a refusal of the node (no guest, a state that does not allow the call)

@@ -677,27 +677,24 @@ func (s *snapshotSteps) mark(step string) {
 
 // Stop tears down a session the control plane moved to stopping, and ends it.
 func (n *Node) Stop(ctx context.Context, s *session.Session) error {
-	_, _, err := n.stop(ctx, s, "")
+	_, err := n.stop(ctx, s, "")
 	return err
 }
 
 // StopSaving is Stop after saving the guest, memory and all, as snapshot snapshotID, where the
 // back end can (a desktop's sleep: the guest stops at its checkpoint rather than be restored
 // from it only to be torn down). It answers whether memory was saved (false, with nothing
-// written, where the back end cannot) and the snapshot's size; the session ends either way,
+// written, where the back end cannot), the snapshot's size and the root disk image its
+// restore needs (hypervisor.SnapshotInfo, as Snapshot answers); the session ends either way,
 // and the snapshot is uploaded first when an object store is set (see Snapshot).
-func (n *Node) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
-	info, err := n.saved(ctx, snapshotID, func() (hypervisor.SnapshotInfo, error) {
-		mem, size, err := n.stop(ctx, s, snapshotID)
-		return hypervisor.SnapshotInfo{Memory: mem, SizeBytes: size}, err
-	})
-	return info.Memory, info.SizeBytes, err
+func (n *Node) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (hypervisor.SnapshotInfo, error) {
+	return n.saved(ctx, snapshotID, func() (hypervisor.SnapshotInfo, error) { return n.stop(ctx, s, snapshotID) })
 }
 
 // stop is Stop, saving the guest as snapshot saveAs first when that is set.
-func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (bool, int64, error) {
+func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (hypervisor.SnapshotInfo, error) {
 	if s.StateReason == nil {
-		return false, 0, &session.FieldError{Field: "state_reason", Message: "required: the reason the session is stopping for"}
+		return hypervisor.SnapshotInfo{}, &session.FieldError{Field: "state_reason", Message: "required: the reason the session is stopping for"}
 	}
 	// endNow ends a session that has no guest to tear down here.
 	endNow := func() error {
@@ -711,11 +708,11 @@ func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (boo
 		}
 		return err
 	}
-	nothingToSave := func(err error) (bool, int64, error) {
+	nothingToSave := func(err error) (hypervisor.SnapshotInfo, error) {
 		if err == nil && saveAs != "" {
 			err = &NoGuestError{SessionID: s.ID}
 		}
-		return false, 0, err
+		return hypervisor.SnapshotInfo{}, err
 	}
 	l, err := n.lookup(s.ID)
 	if err != nil {
@@ -728,17 +725,14 @@ func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (boo
 	}
 	if l.g.State == session.Stopping {
 		if saveAs != "" {
-			return false, 0, &StateError{SessionID: s.ID, State: l.g.State, Detail: "its guest can no longer be saved"}
+			return hypervisor.SnapshotInfo{}, &StateError{SessionID: s.ID, State: l.g.State, Detail: "its guest can no longer be saved"}
 		}
-		return false, 0, nil
+		return hypervisor.SnapshotInfo{}, nil
 	}
 	saveFrom := l.g.State
 	n.sample(ctx, l)
 	l.g.State, l.g.Reason, l.g.Rule = session.Stopping, *s.StateReason, deref(s.Rule)
-	var (
-		mem  bool
-		size int64
-	)
+	var info hypervisor.SnapshotInfo
 	switch {
 	case saveAs != "" && saveFrom == session.Running && n.keepsMemory():
 		// Journalled stopping first: a node that dies during the checkpoint finds the guest
@@ -746,13 +740,13 @@ func (n *Node) stop(ctx context.Context, s *session.Session, saveAs string) (boo
 		// back end that keeps no memory saves nothing: no checkpoint, and no journal write
 		// under the lock, which took seconds on a loaded host.)
 		n.save(l)
-		mem, size, err = n.saveBeforeStop(ctx, l, saveAs)
+		info, err = n.saveBeforeStop(ctx, l, saveAs)
 	case saveAs != "" && saveFrom != session.Running:
 		err = &StateError{SessionID: s.ID, State: saveFrom, Detail: "only a running guest is saved as it stops; it stops unsaved"}
 	}
 	op.land = n.saveLater(l)
 	n.teardownAsync(l)
-	return mem, size, err
+	return info, err
 }
 
 // keepsMemory answers whether the node's back end saves a guest's memory in its snapshots.
@@ -762,23 +756,24 @@ func (n *Node) keepsMemory() bool {
 }
 
 // saveBeforeStop checkpoints l's guest, memory and all, into snapshot snapshotID as it
-// stops (the back end keeps memory: keepsMemory). The caller holds l's lock.
-func (n *Node) saveBeforeStop(ctx context.Context, l *live, snapshotID string) (bool, int64, error) {
+// stops (the back end keeps memory: keepsMemory), and answers it as the back end does (with
+// the root disk image its restore needs). The caller holds l's lock.
+func (n *Node) saveBeforeStop(ctx context.Context, l *live, snapshotID string) (hypervisor.SnapshotInfo, error) {
 	dir, err := n.snapshotDir(snapshotID)
 	if err != nil {
-		return false, 0, err
+		return hypervisor.SnapshotInfo{}, err
 	}
 	steps := &snapshotSteps{t: time.Now()}
 	info, err := n.checkpoint(ctx, l, snapshotID, dir, steps)
 	if err != nil {
-		return false, 0, fmt.Errorf("save the guest before it stops: %w", err)
+		return hypervisor.SnapshotInfo{}, fmt.Errorf("save the guest before it stops: %w", err)
 	}
 	if !info.Memory { // the back end saved the disk alone: not what was asked
 		_ = removeAll(dir)
-		return false, 0, nil
+		return hypervisor.SnapshotInfo{}, nil
 	}
 	n.Logger.Info("node: memory saved; the guest stops", append([]any{"session", l.g.SessionID, "snapshot", snapshotID, "bytes", info.SizeBytes}, steps.took...)...)
-	return true, info.SizeBytes, nil
+	return info, nil
 }
 
 // Retime takes a session's new timers from a PATCH and enforces them from now on. It refuses

@@ -295,9 +295,9 @@ func testStopSaving(t *testing.T, rt string) {
 		t.Fatal(err)
 	}
 	snapID := session.NewID("snap_", time.Now())
-	mem, size, err := n.StopSaving(ctx, cur, snapID)
-	if want := rt == "runsc"; err != nil || mem != want || (size > 0) != want {
-		t.Fatalf("stop saving: memory %v size %d err %v; want memory %v", mem, size, err, want)
+	info, err := n.StopSaving(ctx, cur, snapID)
+	if want := rt == "runsc"; err != nil || info.Memory != want || (info.SizeBytes > 0) != want {
+		t.Fatalf("stop saving: memory %v size %d err %v; want memory %v", info.Memory, info.SizeBytes, err, want)
 	}
 	if got, _ := waitState(t, st, project, s.ID, time.Minute, session.Stopped); got.StateReason == nil || *got.StateReason != session.Deleted {
 		t.Fatalf("stopped saving for %s, want deleted", reasonOf(got))
@@ -308,7 +308,7 @@ func testStopSaving(t *testing.T, rt string) {
 	default:
 	}
 	snapDir := filepath.Join(cfg.DataDir, "snapshots", snapID)
-	if !mem {
+	if !info.Memory {
 		if _, err := os.Stat(snapDir); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("a stop that saved nothing left %s: %v", snapDir, err)
 		}
@@ -364,7 +364,7 @@ func TestStopSavingSurvivesTheNode(t *testing.T) {
 	}
 	saved := make(chan error, 1)
 	go func() {
-		_, _, err := a.StopSaving(ctx, cur, session.NewID("snap_", time.Now()))
+		_, err := a.StopSaving(ctx, cur, session.NewID("snap_", time.Now()))
 		saved <- err
 	}()
 	<-d.checkpointing

@@ -66,7 +66,7 @@ func (g embeddedGuests) Stop(ctx context.Context, s *session.Session) error {
 	return g.of(s).Stop(ctx, s)
 }
 
-func (g embeddedGuests) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
+func (g embeddedGuests) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (hypervisor.SnapshotInfo, error) {
 	return g.of(s).StopSaving(ctx, s, snapshotID)
 }
 

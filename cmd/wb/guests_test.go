@@ -55,9 +55,9 @@ func (r recordingGuests) Stop(_ context.Context, s *session.Session) error {
 	return nil
 }
 
-func (r recordingGuests) StopSaving(_ context.Context, s *session.Session, _ string) (bool, int64, error) {
+func (r recordingGuests) StopSaving(_ context.Context, s *session.Session, _ string) (hypervisor.SnapshotInfo, error) {
 	r.note(s, "stop saving")
-	return false, 0, nil
+	return hypervisor.SnapshotInfo{}, nil
 }
 
 func (r recordingGuests) DeleteSnapshot(_ context.Context, id string) error {

@@ -353,24 +353,29 @@ func (n *Node) end(ctx context.Context, s *session.Session) error {
 }
 
 // StopSaving is Stop after a snapshot with memory (when MemorySnapshots) of the size
-// SetSnapshotBytes set, taken after the delay SetSnapshotDelay set.
-func (n *Node) StopSaving(ctx context.Context, s *session.Session, id string) (bool, int64, error) {
+// SetSnapshotBytes set, taken after the delay SetSnapshotDelay set; it names the node's first
+// image (SetImages) as its root disk image, as Snapshot does.
+func (n *Node) StopSaving(ctx context.Context, s *session.Session, id string) (hypervisor.SnapshotInfo, error) {
 	n.record("stop_saving", s.ID)
 	n.mu.Lock()
-	delay, mem, size := n.snapshotDelay, n.MemorySnapshots, cmp.Or(n.snapshotBytes, 4096)
+	info := hypervisor.SnapshotInfo{Memory: n.MemorySnapshots, SizeBytes: cmp.Or(n.snapshotBytes, 4096)}
+	if len(n.Info.Images) > 0 {
+		info.RootImage = n.Info.Images[0]
+	}
+	delay := n.snapshotDelay
 	n.mu.Unlock()
 	select {
 	case <-time.After(delay):
 	case <-ctx.Done():
-		return false, 0, ctx.Err()
+		return hypervisor.SnapshotInfo{}, ctx.Err()
 	}
 	if err := n.end(ctx, s); err != nil {
-		return false, 0, err
+		return hypervisor.SnapshotInfo{}, err
 	}
-	if !mem {
-		return false, 0, nil
+	if !info.Memory {
+		return hypervisor.SnapshotInfo{}, nil
 	}
-	return true, size, nil
+	return info, nil
 }
 
 func deref(s *string) string {

@@ -239,14 +239,15 @@ func (c *Client) Stop(ctx context.Context, s *session.Session) error {
 }
 
 // StopSaving is Stop after the node saved the guest, memory and all, as snapshot
-// snapshotID where it can; it answers whether memory was saved and the size.
-func (c *Client) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (bool, int64, error) {
+// snapshotID where it can; it answers whether memory was saved, the size and the root disk
+// image its restore needs (none from an earlier node: restored anywhere, as before).
+func (c *Client) StopSaving(ctx context.Context, s *session.Session, snapshotID string) (hypervisor.SnapshotInfo, error) {
 	if s.NodeID == "" {
-		return false, 0, nil // never placed: nothing to save or tear down
+		return hypervisor.SnapshotInfo{}, nil // never placed: nothing to save or tear down
 	}
 	var res nodeapi.SnapshotResult
 	err := c.call(ctx, s.NodeID, "POST", nodeapi.SessionActionPath(s.ID, nodeapi.ActionStop), stopRequest(s, snapshotID), &res)
-	return res.Memory, res.SizeBytes, err
+	return hypervisor.SnapshotInfo{Memory: res.Memory, SizeBytes: res.SizeBytes, RootImage: res.RootImage}, err
 }
 
 func stopRequest(s *session.Session, saveAs string) nodeapi.StopRequest {

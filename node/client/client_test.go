@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/hypervisor"
 	"wb/internal/redistest"
 	"wb/session"
 	"wb/store"
@@ -37,9 +38,9 @@ func TestStopSavingOnAnOlderNode(t *testing.T) {
 	}
 	reason := session.Deleted
 	s := &session.Session{ID: session.NewID("sess_", time.Now()), ProjectID: "proj_a", NodeID: "node_old", StateReason: &reason}
-	mem, size, err := New(st, "").StopSaving(ctx, s, session.NewID("snap_", time.Now()))
-	if err != nil || mem || size != 0 {
-		t.Fatalf("stop saving on a node that answers 204: memory %v, size %d, err %v; want nothing saved and no error", mem, size, err)
+	info, err := New(st, "").StopSaving(ctx, s, session.NewID("snap_", time.Now()))
+	if err != nil || info != (hypervisor.SnapshotInfo{}) {
+		t.Fatalf("stop saving on a node that answers 204: %+v, err %v; want nothing saved and no error", info, err)
 	}
 }
 
@@ -78,7 +79,7 @@ func TestTLSOnlyRefusesPlaintextNodes(t *testing.T) {
 	reason := session.Deleted
 	stop := func(nodeID string) error {
 		s := &session.Session{ID: session.NewID("sess_", time.Now()), ProjectID: "proj_a", NodeID: nodeID, StateReason: &reason}
-		_, _, err := c.StopSaving(ctx, s, "")
+		_, err := c.StopSaving(ctx, s, "")
 		return err
 	}
 	if err := stop("node_plain"); err == nil || !strings.Contains(err.Error(), "--fleet-tls-*") {

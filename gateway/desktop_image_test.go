@@ -1,0 +1,129 @@
+package gateway
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/desktop"
+	"wb/session"
+	"wb/store"
+)
+
+// TestDesktopWakeNeedsImage: a desktop's sleep records the root disk image its saved state
+// needs, as a session's memory snapshot does, so that its wake is placed on a node that has
+// that image (node_fake), though the placer would otherwise pick another (node_b, with far
+// more free memory and another build of the image). With no live node having the image, the
+// wake is from the disk, and the desktop's message says why.
+func TestDesktopWakeNeedsImage(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const img = "rootfs-1.ext4/uuid-a"
+	if err := e.node.SetImages(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	d := e.newDesktop(map[string]any{"name": "d"})
+	if got := e.nodeOf(d.SessionID); got != "node_fake" {
+		t.Fatalf("the desktop's first session is on %q, want node_fake (the only node yet)", got)
+	}
+	sleep := func() desktop.Record {
+		t.Helper()
+		e.desktopAction(d.ID, "sleep", 202)
+		e.waitDesktop(d.ID, desktop.Asleep)
+		rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+		if err != nil || rec.MemorySnapshot == "" {
+			t.Fatalf("asleep %+v %v", rec, err)
+		}
+		var snap session.SnapshotRecord
+		if err := e.st.GetObject(ctx, e.projA, store.KindSnapshot, rec.MemorySnapshot, &snap); err != nil {
+			t.Fatal(err)
+		}
+		if !snap.IncludeMemory || snap.RootImage != img {
+			t.Errorf("the sleep's snapshot records %+v; want memory and the root image %q", snap, img)
+		}
+		return rec
+	}
+	rec := sleep()
+
+	// node_b: preferred by the placer (more free memory), with another build of the image.
+	e.beatNode(store.NodeInfo{ID: "node_b", Addr: "127.0.0.1:0", Region: "local", Zone: "local-b", Tiers: []int{1, 2, 3, 4},
+		VCPU: 1000, MemoryMiB: 1 << 31, Images: []string{"rootfs-1.ext4/uuid-b"}})
+	if got := e.nodeOf(e.create(e.key, map[string]any{"tier": 2}).ID); got != "node_b" {
+		t.Fatalf("a fresh session went to %q; the test wants node_b preferred", got)
+	}
+
+	e.desktopAction(d.ID, "wake", 202)
+	d = e.waitDesktop(d.ID, desktop.Running)
+	s := e.sessionOf(d.SessionID)
+	if got := e.nodeOf(s.ID); got != "node_fake" || s.RestoreFrom == nil || *s.RestoreFrom != rec.MemorySnapshot {
+		from := "nothing"
+		if s.RestoreFrom != nil {
+			from = *s.RestoreFrom
+		}
+		t.Fatalf("woke on %q from %s (%q); want node_fake (the one with the image) from the saved state %s",
+			got, from, d.Message, rec.MemorySnapshot)
+	}
+
+	// Asleep again, and the node with the image leaves the fleet (drained, as no live node at
+	// all): the wake is from the disk, on node_b, saying why.
+	rec = sleep()
+	if err := e.st.SetNodeDraining(ctx, "node_fake", true); err != nil {
+		t.Fatal(err)
+	}
+	e.desktopAction(d.ID, "wake", 202)
+	d = e.waitDesktop(d.ID, desktop.Running)
+	s = e.sessionOf(d.SessionID)
+	if s.RestoreFrom == nil || *s.RestoreFrom != rec.DiskSnapshot {
+		t.Fatalf("woke from %v (%q); want the disk %s", s.RestoreFrom, d.Message, rec.DiskSnapshot)
+	}
+	if !strings.HasPrefix(d.Message, "state not saved") || !strings.Contains(d.Message, "no live node has that image") {
+		t.Errorf("woke from the disk saying %q; want why (no live node has the image)", d.Message)
+	}
+	if got := e.nodeOf(s.ID); got != "node_b" {
+		t.Errorf("woke from the disk on %q, want node_b", got)
+	}
+	if e.snapshotExists(rec.MemorySnapshot) {
+		t.Errorf("the saved state %s no node can restore was kept", rec.MemorySnapshot)
+	}
+}
+
+// nodeOf waits for session id to be placed (two minutes at most) and answers its node, ""
+// when it was not.
+func (e *env) nodeOf(id string) string {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		got, err := e.st.Get(context.Background(), e.projA, id)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if got.NodeID != "" || time.Now().After(deadline) {
+			return got.NodeID
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// beatNode registers node n and heartbeats it every second until the test ends.
+func (e *env) beatNode(n store.NodeInfo) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := e.st.Heartbeat(ctx, n); err != nil {
+		cancel()
+		e.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	e.t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+				_ = e.st.Heartbeat(ctx, n)
+			}
+		}
+	}()
+}
