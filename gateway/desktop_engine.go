@@ -141,12 +141,18 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 		fromMemory := false
 		switch now {
 		case desktop.Starting:
+			fromMemory = cause != desktop.Start && rec.MemorySnapshot != ""
+			img := ""
+			if fromMemory {
+				if img, err = s.savedStateImage(ctx, p.ID, rec.MemorySnapshot); err != nil {
+					return rec, err
+				}
+			}
 			// No machine with room: 409, and the desktop stays as it is.
-			if err := s.desktopRoom(ctx, rec.Size); err != nil {
+			if err := s.desktopRoom(ctx, rec.Size, img); err != nil {
 				return rec, err
 			}
 			next.SessionID, next.Goal, next.From = "", "", rec.State
-			fromMemory = cause != desktop.Start && rec.MemorySnapshot != ""
 		case desktop.Stopping:
 			next.Goal = to
 		case desktop.Stopped: // asleep → stopped: the saved state is discarded
@@ -199,8 +205,11 @@ func (s *Server) moveDesktop(ctx context.Context, p store.Project, id string, ca
 	}
 }
 
-// desktopRoom answers a 409 when no live node could take a session of size now.
-func (s *Server) desktopRoom(ctx context.Context, size desktop.Size) error {
+// desktopRoom answers a 409 when no live node could take a session of size now. With img, the
+// root disk image a wake's saved state needs (savedStateImage), only the nodes that have it
+// count, as the placer places the wake only there; when no live node has it at all, any
+// counts: the wake is then from the disk (its create is refused on restore_from).
+func (s *Server) desktopRoom(ctx context.Context, size desktop.Size, img string) error {
 	if _, err := s.guests(); err != nil {
 		return err
 	}
@@ -209,16 +218,39 @@ func (s *Server) desktopRoom(ctx context.Context, size desktop.Size) error {
 		return err
 	}
 	res := size.Resources()
+	roomy, imaged, roomyImaged := false, false, false
 	for _, n := range nodes {
 		if n.Draining || s.Now().Sub(n.HeartbeatAt) > desktopNodeSilence || n.Region != s.Regions[0] || !slices.Contains(n.Tiers, DesktopTier) {
 			continue
 		}
-		if n.VCPU-n.UsedVCPU >= res.VCPU && n.MemoryMiB-n.UsedMemoryMiB >= res.MemoryMiB {
-			return nil
-		}
+		room := n.VCPU-n.UsedVCPU >= res.VCPU && n.MemoryMiB-n.UsedMemoryMiB >= res.MemoryMiB
+		has := img == "" || slices.Contains(n.Images, img)
+		roomy, imaged, roomyImaged = roomy || room, imaged || has, roomyImaged || room && has
 	}
-	return &apiError{Status: 409, Type: "invalid_state", Code: "no_capacity", Message: fmt.Sprintf(
-		"no machine has room for a desktop of size %s (%d vCPU, %d MiB) now; the desktop stays as it is: try again later, or resize it", size, res.VCPU, res.MemoryMiB)}
+	if roomyImaged || roomy && !imaged {
+		return nil
+	}
+	msg := fmt.Sprintf("no machine has room for a desktop of size %s (%d vCPU, %d MiB) now", size, res.VCPU, res.MemoryMiB)
+	if roomy {
+		msg = fmt.Sprintf("no machine that can restore the desktop's saved state (those with the root disk image it ran on) "+
+			"has room for a desktop of size %s (%d vCPU, %d MiB) now", size, res.VCPU, res.MemoryMiB)
+	}
+	return &apiError{Status: 409, Type: "invalid_state", Code: "no_capacity", Message: msg + "; the desktop stays as it is: try again later, or resize it"}
+}
+
+// savedStateImage answers the root disk image the desktop's saved state (memory snapshot id)
+// needs, "" when any node can restore it (a snapshot that names none, or one gone, whose
+// wake's create is refused and the desktop woken from the disk).
+func (s *Server) savedStateImage(ctx context.Context, project, id string) (string, error) {
+	var snap session.SnapshotRecord
+	err := s.Store.GetObject(ctx, project, store.KindSnapshot, id, &snap)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil || !snap.IncludeMemory {
+		return "", err
+	}
+	return snap.RootImage, nil
 }
 
 // startDesktop makes the session of a desktop in starting: restored from its memory snapshot

@@ -127,3 +127,42 @@ func (e *env) beatNode(n store.NodeInfo) {
 		}
 	}()
 }
+
+// TestDesktopWakeNoRoomWithImage: a wake whose saved state only a full node can restore (the
+// one with its root disk image) is refused with a 409 no_capacity, the desktop left asleep
+// with its state, as when no machine has room (seed 001), though another node without the
+// image has room: the wake would wait pending for the full node until its provisioning
+// deadline, and then lose the state. Once the node has room, the wake restores it there.
+func TestDesktopWakeNoRoomWithImage(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if err := e.node.SetImages(ctx, "rootfs-1.ext4/uuid-a"); err != nil {
+		t.Fatal(err)
+	}
+	d := e.newDesktop(map[string]any{"name": "d"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil || rec.MemorySnapshot == "" {
+		t.Fatalf("asleep %+v %v", rec, err)
+	}
+	e.beatNode(store.NodeInfo{ID: "node_b", Addr: "127.0.0.1:0", Region: "local", Zone: "local-b", Tiers: []int{1, 2, 3, 4},
+		VCPU: 1000, MemoryMiB: 1 << 31, Images: []string{"rootfs-1.ext4/uuid-b"}})
+	if err := e.node.SetCapacity(ctx, 0); err != nil { // node_fake, the one with the image, is full
+		t.Fatal(err)
+	}
+	msg := expectError(t, e.do("POST", "/v1/desktops/"+d.ID+":wake", e.key, nil), 409, "no_capacity", "")
+	t.Logf("refused: %s", msg)
+	if got := e.desktop(d.ID); got.State != desktop.Asleep || !got.StateSaved || e.memorySnapshotOf(d.ID) != rec.MemorySnapshot {
+		t.Fatalf("after the refused wake: %+v; want it asleep with its state %s", got, rec.MemorySnapshot)
+	}
+
+	if err := e.node.SetCapacity(ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	e.desktopAction(d.ID, "wake", 202)
+	d = e.waitDesktop(d.ID, desktop.Running)
+	if s := e.sessionOf(d.SessionID); s.RestoreFrom == nil || *s.RestoreFrom != rec.MemorySnapshot || e.nodeOf(s.ID) != "node_fake" {
+		t.Fatalf("woke from %v on %q; want the saved state %s on node_fake", s.RestoreFrom, e.nodeOf(s.ID), rec.MemorySnapshot)
+	}
+}

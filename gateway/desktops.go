@@ -53,7 +53,7 @@ func (s *Server) createDesktop(w http.ResponseWriter, r *http.Request, p store.P
 			}
 		}
 	}
-	if err := s.desktopRoom(r.Context(), size); err != nil {
+	if err := s.desktopRoom(r.Context(), size, ""); err != nil {
 		return err
 	}
 	rec := desktop.Record{Desktop: desktop.Desktop{ID: id, Object: desktop.ObjectName, ProjectID: p.ID, Name: req.Name,
