@@ -911,7 +911,7 @@ export interface paths {
         put?: never;
         /**
          * Send an MCP message to a desktop
-         * @description The desktop's MCP endpoint (its mcp_url): Streamable HTTP (MCP 2025-03-26 and later), stateless: each POST carries one JSON-RPC message and is answered by itself, as JSON or an event stream. Authorization is the project's API key (401 without it; another project's desktop is 404). Tools: run_command, read_file, write_file, list_files, screenshot (PNG), run_js (a fresh browser context each call). initialize, server/discover, tools/list and ping neither wake the desktop nor count as use. A tool call is a use for as long as it runs; to an asleep desktop it wakes it and answers once it runs. A call the desktop's state refuses is a JSON-RPC error whose code is the HTTP status it stands for and whose data is the API's error object with that status: 409 (stopped: start it; no machine with room), 502 (failed: its message says why), 504 (it did not run in time). A tool that ran and failed is a result with isError.
+         * @description The desktop's MCP endpoint (its mcp_url): Streamable HTTP (MCP 2025-03-26 and later), stateless: each POST carries one JSON-RPC message and is answered by itself, as JSON or an event stream. Authorization is the project's API key (401 without it; another project's desktop is 404). Tools: run_command, read_file, write_file, list_files, screenshot (PNG), run_js (a fresh browser context each call). initialize, server/discover, tools/list and ping neither wake the desktop nor count as use. A tool call is a use for as long as it runs; to an asleep desktop it wakes it and answers once it runs. A call the desktop's state refuses is a JSON-RPC error whose code is the HTTP status it stands for and whose data is the API's error object with that status: 409 (stopped: start it; no machine with room), 502 (failed: its message says why), 504 (it did not run in time). A tool that ran and failed is a result with isError. A desktop has at most 4 subscriptions/listen streams open at once on a gateway: the next answers 429 until one closes.
          */
         post: operations["desktopMCP"];
         delete?: never;
@@ -2220,6 +2220,22 @@ export interface components {
                         type?: "rate_limited";
                         /** @enum {unknown} */
                         code?: "too_many_file_calls";
+                    } & components["schemas"]["ErrorDetail"];
+                };
+            };
+        };
+        /** @description A subscriptions/listen past the desktop's open listen streams on this gateway (too_many_listen_streams, 4 by default): close one of them first. */
+        TooManyListenStreams: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": {
+                    error: {
+                        /** @enum {unknown} */
+                        type?: "rate_limited";
+                        /** @enum {unknown} */
+                        code?: "too_many_listen_streams";
                     } & components["schemas"]["ErrorDetail"];
                 };
             };
@@ -4706,6 +4722,7 @@ export interface operations {
                     "text/plain": unknown;
                 };
             };
+            429: components["responses"]["TooManyListenStreams"];
             500: components["responses"]["InternalError"];
             503: components["responses"]["StoreUnavailable"];
         };
