@@ -62,14 +62,10 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	if sess.ID == "" || sess.ProjectID == "" {
 		return Admitted{}, &session.FieldError{Field: "id", Message: "id and project_id are required"}
 	}
-	fields, err := s.sessionFields(sess)
+	keys, args, inScript, err := s.admitCall(sess, a)
 	if err != nil {
 		return Admitted{}, err
 	}
-	sig := s.createSignals(sess)
-	args := append(a.args(sess.ID, sess.EndUserID, s.now), sig.args...)
-	args = append(append(args, fields.n), fields.args...)
-	keys := append(admitKeys(sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth), sig.keys...)
 	res, err := s.admits.run(ctx, keys, args...)
 	if err != nil {
 		return Admitted{}, fmt.Errorf("create session %s: %w", sess.ID, err)
@@ -78,7 +74,7 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	if err != nil {
 		return Admitted{}, err
 	}
-	if !sig.inScript() {
+	if !inScript {
 		s.afterCreate(ctx, sess)
 	}
 	cp := *sess
@@ -88,14 +84,29 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	return out, nil
 }
 
-// written is a pending session as the admission scripts write it: its hash's fields (n
-// values, field and value each) and then its session.pending event's.
-type written struct {
-	args []any
-	n    int
+// admitCall answers the admit script's keys and arguments for sess, and whether the script
+// signals the create (createWrites.inScript). Each slice is made once at its final size: the
+// pieces appended in turn, each in a slice of its own, were a tenth of a create's allocations.
+func (s *Store) admitCall(sess *session.Session, a Admission) (keys []string, args []any, inScript bool, err error) {
+	sig := s.createSignals(sess)
+	keys = appendAdmitKeys(make([]string, 0, admitKeyCount+len(sig.keys)), sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth)
+	keys = append(keys, sig.keys...)
+	args = make([]any, 0, admitArgCount+len(sig.args)+1+maxWrittenArgs)
+	args = append(a.appendArgs(args, sess.ID, sess.EndUserID, s.now), sig.args...)
+	if args, err = s.appendSessionFields(args, sess); err != nil {
+		return nil, nil, false, err
+	}
+	return keys, args, sig.inScript(), nil
 }
 
-func (s *Store) sessionFields(sess *session.Session) (written, error) {
+// maxWrittenArgs bounds what appendSessionFields appends: n, the hash's fields (up to 7 pairs)
+// and the event's (11 pairs).
+const maxWrittenArgs = 1 + 2*7 + 2*eventFieldCount
+
+// appendSessionFields appends a pending session as the admission scripts write it: n, the
+// number of values of its hash's fields (field and value each) that follow, then its
+// session.pending event's.
+func (s *Store) appendSessionFields(args []any, sess *session.Session) ([]any, error) {
 	doc, err := json.Marshal(static{
 		ID: sess.ID, Tier: sess.Tier, ProjectID: sess.ProjectID, EndUserID: sess.EndUserID,
 		Template: sess.Template, Region: sess.Region, Resources: sess.Resources,
@@ -103,18 +114,18 @@ func (s *Store) sessionFields(sess *session.Session) (written, error) {
 		Connect: sess.Connect, Metadata: sess.Metadata,
 	})
 	if err != nil {
-		return written{}, fmt.Errorf("encode session: %w", err)
+		return nil, fmt.Errorf("encode session: %w", err)
 	}
 	created := sess.CreatedAt.UnixMilli()
-	hash := []any{"doc", doc, "state", string(session.Pending), "ver", 1,
-		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created}
+	at := len(args)
+	args = append(args, 0, "doc", doc, "state", string(session.Pending), "ver", 1,
+		"idle_s", sess.IdleTimeoutS, "life_s", sess.MaxLifetimeS, "created", created)
 	if desk := sess.Metadata[session.DesktopMetadataKey]; desk != "" {
 		// For quota's settle script, which labels the session's usage with its desktop.
-		hash = append(hash, "desk", desk)
+		args = append(args, "desk", desk)
 	}
-	n := len(hash)
-	hash = append(hash, eventFields(sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created)...)
-	return written{args: hash, n: n}, nil
+	args[at] = len(args) - at - 1
+	return appendEventFields(args, sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created), nil
 }
 
 // ReservationLapse is how long a slot held by Reserve stays held without a Commit or a
@@ -217,17 +228,16 @@ func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session
 	if err := session.Check("", sess.State, session.APIGateway, ""); err != nil {
 		return Admitted{}, err
 	}
-	fields, err := s.sessionFields(sess)
-	if err != nil {
-		return Admitted{}, err
-	}
 	eu := ""
 	if sess.EndUserID != nil {
 		eu = *sess.EndUserID
 	}
 	sig := s.createSignals(sess)
 	args := append([]any{"commit", r.ID, hasEndUser(eu)}, sig.args...)
-	args = append(append(args, fields.n), fields.args...)
+	args, err := s.appendSessionFields(args, sess)
+	if err != nil {
+		return Admitted{}, err
+	}
 	keys := append(reserveKeys(r.Project, r.ID, eu, ""), sig.keys...)
 	res, err := reserveScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
@@ -290,21 +300,27 @@ func TakeToken(ctx context.Context, rdb redis.Scripter, project string, rate, bu
 	return res[0] == 1, time.Duration(res[1]) * time.Millisecond, nil
 }
 
-func admitKeys(project, id string, endUser *string, month string) []string {
+// admitKeyCount is how many keys appendAdmitKeys appends.
+const admitKeyCount = 11
+
+func appendAdmitKeys(keys []string, project, id string, endUser *string, month string) []string {
 	k := ProjectKeys(project)
 	eu := ""
 	if endUser != nil {
 		eu = *endUser
 	}
-	return []string{
+	return append(keys,
 		k.RateBucket(), k.CapFlag("hard", month), k.CapFlag("soft", month),
 		k.EndUserCapFlag(eu, "hard", month), k.EndUserCapFlag(eu, "soft", month),
 		k.session(id), k.all(), k.byState(session.Pending), k.active(), k.Outbox(), k.byEndUser(eu),
-	}
+	)
 }
 
-// args answers the script's arguments up to signal_created's.
-func (a Admission) args(id string, endUser *string, clock func() time.Time) []any {
+// admitArgCount is how many arguments appendArgs appends.
+const admitArgCount = 7
+
+// appendArgs appends the script's arguments up to signal_created's.
+func (a Admission) appendArgs(args []any, id string, endUser *string, clock func() time.Time) []any {
 	at := a.At
 	if at.IsZero() {
 		at = clock()
@@ -316,7 +332,7 @@ func (a Admission) args(id string, endUser *string, clock func() time.Time) []an
 	if endUser != nil {
 		hasEU = "1"
 	}
-	return []any{max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps, id, a.Concurrency, hasEU}
+	return append(args, max(a.RatePerSec, 0), max(a.Burst, 1), at.UnixMilli(), caps, id, a.Concurrency, hasEU)
 }
 
 func admitAnswer(res []string, a Admission) (Admitted, error) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -247,4 +248,33 @@ func runStartFinish(ctx context.Context, s *Store, ref RunRef, now time.Time, wh
 		return fmt.Errorf("release the lease of run %s: %v %w", ref.ID, ok, err)
 	}
 	return nil
+}
+
+// BenchmarkAdmitCall: the admit script's keys and arguments for a create's session (Admit's
+// own CPU besides its round trip).
+func BenchmarkAdmitCall(b *testing.B) {
+	s := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}))
+	sess := newPending("proj_01JEZABCDEFGHJKMNPQRSTVWXY", "eu_bench")
+	sess.PolicyID, sess.Metadata = nil, nil // as the gateway's creates, with their connect URLs
+	sess.Connect = session.Connect{ExecURL: "http://127.0.0.1:8080/v1/sessions/" + sess.ID + "/exec",
+		PTYURL: "ws://127.0.0.1:8080/v1/sessions/" + sess.ID + "/pty"}
+	a := Admission{RatePerSec: 1_000_000, Burst: 1_000_000, CapMonth: "202612", Concurrency: 100_000}
+	b.ReportAllocs()
+	cpu := cpuTime(b)
+	for b.Loop() {
+		if _, _, _, err := s.admitCall(sess, a); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cpuTime(b)-cpu)/float64(b.N), "cpu-ns/op")
+}
+
+// cpuTime is the CPU the process has used (user and system, all threads, the garbage
+// collector's too): beside ns/op, which on a loaded machine counts others' time as well.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -133,13 +133,21 @@ func (s *Store) Create(ctx context.Context, sess *session.Session, limit int) (*
 }
 
 func eventFields(id, project string, from, to session.State, d session.Driver, reason session.Reason, rule string, atMs int64) []any {
-	return []any{
+	return appendEventFields(make([]any, 0, 2*eventFieldCount), id, project, from, to, d, reason, rule, atMs)
+}
+
+// eventFieldCount is how many fields (each a name and a value) appendEventFields appends.
+const eventFieldCount = 11
+
+// appendEventFields appends eventFields' fields to args.
+func appendEventFields(args []any, id, project string, from, to session.State, d session.Driver, reason session.Reason, rule string, atMs int64) []any {
+	return append(args,
 		"id", session.NewID("evt_", time.UnixMilli(atMs)),
 		"type", session.EventType(from, to),
 		"session_id", id, "project_id", project,
 		"from", string(from), "to", string(to), "driver", string(d),
 		"reason", string(reason), "rule", rule, "at", atMs,
-	}
+	)
 }
 
 // Get returns the session, or ErrNotFound if the project has no such session.
