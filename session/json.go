@@ -31,7 +31,7 @@ func (s *Session) AppendJSON(b []byte) []byte {
 	b = append(b, `,"zone":`...)
 	b = appendOptString(b, s.Zone)
 	b = append(b, `,"resources":`...)
-	b = s.Resources.appendJSON(b)
+	b = s.Resources.AppendJSON(b)
 	b = append(b, `,"volume_id":`...)
 	b = appendOptString(b, s.VolumeID)
 	b = append(b, `,"policy_id":`...)
@@ -52,11 +52,9 @@ func (s *Session) AppendJSON(b []byte) []byte {
 	} else {
 		b = strconv.AppendBool(b, *s.ColdStart)
 	}
-	b = append(b, `,"connect":{"exec_url":`...)
-	b = appendString(b, s.Connect.ExecURL)
-	b = append(b, `,"pty_url":`...)
-	b = appendString(b, s.Connect.PTYURL)
-	b = append(b, `},"usage_to_date":{"session_s":`...)
+	b = append(b, `,"connect":`...)
+	b = s.Connect.AppendJSON(b)
+	b = append(b, `,"usage_to_date":{"session_s":`...)
 	b = strconv.AppendInt(b, s.UsageToDate.SessionS, 10)
 	b = append(b, `,"cpu_ms":`...)
 	b = strconv.AppendInt(b, s.UsageToDate.CPUMs, 10)
@@ -85,11 +83,21 @@ func (s *Session) AppendJSON(b []byte) []byte {
 	b = append(b, `,"restore_from":`...)
 	b = appendOptString(b, s.RestoreFrom)
 	b = append(b, `,"metadata":`...)
-	b = appendStringMap(b, s.Metadata)
+	b = AppendJSONStringMap(b, s.Metadata)
 	return append(b, '}')
 }
 
-func (r *Resources) appendJSON(b []byte) []byte {
+// AppendJSON appends c as json.Marshal encodes it.
+func (c *Connect) AppendJSON(b []byte) []byte {
+	b = append(b, `{"exec_url":`...)
+	b = appendString(b, c.ExecURL)
+	b = append(b, `,"pty_url":`...)
+	b = appendString(b, c.PTYURL)
+	return append(b, '}')
+}
+
+// AppendJSON appends r as json.Marshal encodes it.
+func (r *Resources) AppendJSON(b []byte) []byte {
 	b = append(b, `{"vcpu":`...)
 	b = strconv.AppendInt(b, int64(r.VCPU), 10)
 	b = append(b, `,"memory_mib":`...)
@@ -122,6 +130,9 @@ func appendOptString(b []byte, s *string) []byte {
 	return appendString(b, *s)
 }
 
+// AppendJSONString appends s as json.Marshal encodes a string (appendString).
+func AppendJSONString(b []byte, s string) []byte { return appendString(b, s) }
+
 // appendString appends s quoted as json.Marshal does. Printable ASCII that needs no escape
 // (all of an id, a URL without &, a template ref) is copied; anything else is json.Marshal's
 // own, whose escapes (HTML's <, > and &, U+2028, invalid UTF-8) are then the same by
@@ -152,9 +163,9 @@ const (
 	escapedBelow128 uint64 = 1 << ('\\' - 64)
 )
 
-// appendStringMap appends m as json.Marshal encodes a map[string]string: null when nil,
+// AppendJSONStringMap appends m as json.Marshal encodes a map[string]string: null when nil,
 // else its entries in the order of their keys.
-func appendStringMap(b []byte, m map[string]string) []byte {
+func AppendJSONStringMap(b []byte, m map[string]string) []byte {
 	if m == nil {
 		return append(b, "null"...)
 	}

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -62,10 +61,7 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 	if sess.ID == "" || sess.ProjectID == "" {
 		return Admitted{}, &session.FieldError{Field: "id", Message: "id and project_id are required"}
 	}
-	keys, args, inScript, err := s.admitCall(sess, a)
-	if err != nil {
-		return Admitted{}, err
-	}
+	keys, args, inScript := s.admitCall(sess, a)
 	res, err := s.admits.run(ctx, keys, args...)
 	if err != nil {
 		return Admitted{}, fmt.Errorf("create session %s: %w", sess.ID, err)
@@ -87,16 +83,13 @@ func (s *Store) Admit(ctx context.Context, sess *session.Session, a Admission) (
 // admitCall answers the admit script's keys and arguments for sess, and whether the script
 // signals the create (createWrites.inScript). Each slice is made once at its final size: the
 // pieces appended in turn, each in a slice of its own, were a tenth of a create's allocations.
-func (s *Store) admitCall(sess *session.Session, a Admission) (keys []string, args []any, inScript bool, err error) {
+func (s *Store) admitCall(sess *session.Session, a Admission) (keys []string, args []any, inScript bool) {
 	sig := s.createSignals(sess)
 	keys = appendAdmitKeys(make([]string, 0, admitKeyCount+len(sig.keys)), sess.ProjectID, sess.ID, sess.EndUserID, a.CapMonth)
 	keys = append(keys, sig.keys...)
 	args = make([]any, 0, admitArgCount+len(sig.args)+1+maxWrittenArgs)
 	args = append(a.appendArgs(args, sess.ID, sess.EndUserID, s.now), sig.args...)
-	if args, err = s.appendSessionFields(args, sess); err != nil {
-		return nil, nil, false, err
-	}
-	return keys, args, sig.inScript(), nil
+	return keys, s.appendSessionFields(args, sess), sig.inScript()
 }
 
 // maxWrittenArgs bounds what appendSessionFields appends: n, the hash's fields (up to 7 pairs)
@@ -106,16 +99,14 @@ const maxWrittenArgs = 1 + 2*7 + 2*eventFieldCount
 // appendSessionFields appends a pending session as the admission scripts write it: n, the
 // number of values of its hash's fields (field and value each) that follow, then its
 // session.pending event's.
-func (s *Store) appendSessionFields(args []any, sess *session.Session) ([]any, error) {
-	doc, err := json.Marshal(static{
+func (s *Store) appendSessionFields(args []any, sess *session.Session) []any {
+	d := static{
 		ID: sess.ID, Tier: sess.Tier, ProjectID: sess.ProjectID, EndUserID: sess.EndUserID,
 		Template: sess.Template, Region: sess.Region, Resources: sess.Resources,
 		VolumeID: sess.VolumeID, PolicyID: sess.PolicyID, RestoreFrom: sess.RestoreFrom,
 		Connect: sess.Connect, Metadata: sess.Metadata,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("encode session: %w", err)
 	}
+	doc := d.appendJSON(make([]byte, 0, 512))
 	created := sess.CreatedAt.UnixMilli()
 	at := len(args)
 	args = append(args, 0, "doc", doc, "state", string(session.Pending), "ver", 1,
@@ -125,7 +116,7 @@ func (s *Store) appendSessionFields(args []any, sess *session.Session) ([]any, e
 		args = append(args, "desk", desk)
 	}
 	args[at] = len(args) - at - 1
-	return appendEventFields(args, sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created), nil
+	return appendEventFields(args, sess.ID, sess.ProjectID, "", session.Pending, session.APIGateway, "", "", created)
 }
 
 // ReservationLapse is how long a slot held by Reserve stays held without a Commit or a
@@ -234,10 +225,7 @@ func (s *Store) Commit(ctx context.Context, r Reservation, sess *session.Session
 	}
 	sig := s.createSignals(sess)
 	args := append([]any{"commit", r.ID, hasEndUser(eu)}, sig.args...)
-	args, err := s.appendSessionFields(args, sess)
-	if err != nil {
-		return Admitted{}, err
-	}
+	args = s.appendSessionFields(args, sess)
 	keys := append(reserveKeys(r.Project, r.ID, eu, ""), sig.keys...)
 	res, err := reserveScript.Run(ctx, s.rdb, keys, args...).StringSlice()
 	if err != nil {
