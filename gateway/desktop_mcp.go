@@ -38,8 +38,11 @@ import (
 // holds a goroutine and the caller's connection for as long as the caller stays: a desktop
 // has at most MaxDesktopMCPListens of them open at once on a gateway (429 past it). Only a
 // tool call touches the desktop: initialize, discovery, tools/list and pings neither wake it
-// nor count as use. A tool call waits for the desktop to run (awakeDesktop, waking it), is a
-// use from its start to its end, and turns a refusal (stopped, failed, no room) into a
+// nor count as use. A tool call's arguments are checked first (each tool's check, all that
+// needs no round trip): a call its tool refuses answers that tool error and neither wakes
+// the desktop (a guest started, and billed, for nothing) nor takes a slot of the project's
+// caps. A tool call waits for the desktop to run (awakeDesktop, waking it), is a use from
+// its start to its end, and turns a refusal (stopped, failed, no room) into a
 // JSON-RPC error the client shows (mcpCallError); a tool that ran and failed (a file not
 // found, a script that threw) is a tool result with isError,
 // as the MCP spec has it.
@@ -166,15 +169,15 @@ func (m *desktopMCP) server(p store.Project, rec desktop.Record) *mcp.Server {
 	})
 	t := &desktopTools{s: m.s, p: p, id: rec.ID}
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_command", Description: "Run a command on the desktop and answer its stdout, stderr and exit code. " +
-		"Give command (a shell command line, run with /bin/sh -c) or argv (a program and its arguments, no shell)."}, useTool(t, execTool(t, t.runCommand)))
+		"Give command (a shell command line, run with /bin/sh -c) or argv (a program and its arguments, no shell)."}, useTool(t, checkRunCommand, execTool(t, t.runCommand)))
 	mcp.AddTool(srv, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of the desktop (at most %d MiB): UTF-8 text as is, anything else base64.", MCPMaxFileBytes>>20)},
-		useTool(t, fileTool(t, t.readFile)))
+		useTool(t, checkPathInput, fileTool(t, t.readFile)))
 	mcp.AddTool(srv, &mcp.Tool{Name: "write_file", Description: "Write a file on the desktop, making its directories; content is UTF-8 text, or base64 with encoding \"base64\"."},
-		useTool(t, fileTool(t, t.writeFile)))
-	mcp.AddTool(srv, &mcp.Tool{Name: "list_files", Description: "List a directory of the desktop."}, useTool(t, fileTool(t, t.listFiles)))
-	mcp.AddTool(srv, &mcp.Tool{Name: "screenshot", Description: "A PNG image of the desktop's whole display."}, useTool(t, fileTool(t, t.screenshot)))
+		useTool(t, t.checkWriteFile, fileTool(t, t.writeFile)))
+	mcp.AddTool(srv, &mcp.Tool{Name: "list_files", Description: "List a directory of the desktop."}, useTool(t, checkPathInput, fileTool(t, t.listFiles)))
+	mcp.AddTool(srv, &mcp.Tool{Name: "screenshot", Description: "A PNG image of the desktop's whole display."}, useTool(t, nil, fileTool(t, t.screenshot)))
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_js", Description: "Run JavaScript in the desktop's browser, in a fresh browser context (nothing is kept between calls), " +
-		fmt.Sprintf("and answer its value as JSON (a promise is awaited; at most %d MiB of it).", guest.MaxResultBytes>>20)}, useTool(t, execTool(t, t.runJS)))
+		fmt.Sprintf("and answer its value as JSON (a promise is awaited; at most %d MiB of it).", guest.MaxResultBytes>>20)}, useTool(t, checkRunJS, execTool(t, t.runJS)))
 	return srv
 }
 
@@ -185,12 +188,19 @@ type desktopTools struct {
 	id string
 }
 
-// useTool wraps a tool's work: the desktop must run (useDesktop with desktop.MCP wakes an
-// asleep one and waits), a refusal is a JSON-RPC error, and the call is a use of the desktop
-// for as long as it runs.
-func useTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) mcp.ToolHandlerFor[In, Out] {
+// useTool wraps a tool's work: its arguments must pass check (nil: none to check), the
+// desktop must run (useDesktop with desktop.MCP wakes an asleep one and waits), a refusal is
+// a JSON-RPC error, and the call is a use of the desktop for as long as it runs. The check
+// comes first, so that arguments the tool refuses wake no desktop, take no slot, and answer
+// the same tool error however busy or asleep the desktop is.
+func useTool[In, Out any](t *desktopTools, check func(In) error, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) mcp.ToolHandlerFor[In, Out] {
 	return func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		var zero Out
+		if check != nil {
+			if err := check(in); err != nil {
+				return nil, zero, errors.New(toolMessage(err))
+			}
+		}
 		sess, err := t.s.useDesktop(ctx, t.p, t.id, desktop.MCP)
 		if err != nil {
 			if ae := toAPIError(err); ae.Code == "internal" && ctx.Err() == nil {
@@ -322,25 +332,44 @@ type RunCommandInput struct {
 	TimeoutS int               `json:"timeout_s,omitempty" jsonschema:"seconds the command may run (default 60, at most 3600)"`
 }
 
-func (t *desktopTools) runCommand(ctx context.Context, sess *session.Session, in RunCommandInput) (*mcp.CallToolResult, session.ExecResult, error) {
+// execRequest is the exec of run_command's arguments, checked as the exec route checks its
+// own (ExecRequest.Argv).
+func (in RunCommandInput) execRequest() (session.ExecRequest, error) {
 	var cmd any
 	switch {
 	case in.Command != "" && len(in.Argv) > 0:
-		return nil, session.ExecResult{}, errors.New("give command or argv, not both")
+		return session.ExecRequest{}, errors.New("give command or argv, not both")
 	case in.Command != "":
 		cmd = in.Command
 	case len(in.Argv) > 0:
 		cmd = in.Argv
 	default:
-		return nil, session.ExecResult{}, errors.New("command or argv is required: a shell command line, or a program and its arguments")
+		return session.ExecRequest{}, errors.New("command or argv is required: a shell command line, or a program and its arguments")
 	}
 	raw, err := json.Marshal(cmd)
 	if err != nil {
-		return nil, session.ExecResult{}, err
+		return session.ExecRequest{}, err
 	}
 	req := session.ExecRequest{Command: raw, Env: in.Env, Cwd: in.Cwd, Stdin: in.Stdin}
 	if in.TimeoutS != 0 {
 		req.TimeoutS = &in.TimeoutS
+	}
+	if _, err := req.Argv(); err != nil {
+		return session.ExecRequest{}, err
+	}
+	return req, nil
+}
+
+// checkRunCommand is run_command's check (useTool).
+func checkRunCommand(in RunCommandInput) error {
+	_, err := in.execRequest()
+	return err
+}
+
+func (t *desktopTools) runCommand(ctx context.Context, sess *session.Session, in RunCommandInput) (*mcp.CallToolResult, session.ExecResult, error) {
+	req, err := in.execRequest()
+	if err != nil {
+		return nil, session.ExecResult{}, err
 	}
 	res, err := t.s.runExec(ctx, sess, req, nil)
 	return nil, res, err
@@ -399,11 +428,11 @@ func checkPath(p string) error {
 	return nil
 }
 
+// checkPathInput is the check (useTool) of read_file and list_files.
+func checkPathInput(in PathInput) error { return checkPath(in.Path) }
+
 func (t *desktopTools) readFile(ctx context.Context, sess *session.Session, in PathInput) (*mcp.CallToolResult, ReadFileOutput, error) {
 	var out ReadFileOutput
-	if err := checkPath(in.Path); err != nil {
-		return nil, out, err
-	}
 	c, err := t.agent(ctx, sess)
 	if err != nil {
 		return nil, out, err
@@ -445,10 +474,10 @@ type WriteFileOutput struct {
 	Size int    `json:"size"`
 }
 
-func (t *desktopTools) writeFile(ctx context.Context, sess *session.Session, in WriteFileInput) (*mcp.CallToolResult, WriteFileOutput, error) {
-	var out WriteFileOutput
+// content is the bytes write_file's arguments write, checked.
+func (t *desktopTools) content(in WriteFileInput) ([]byte, error) {
 	if err := checkPath(in.Path); err != nil {
-		return nil, out, err
+		return nil, err
 	}
 	b := []byte(in.Content)
 	switch in.Encoding {
@@ -456,13 +485,29 @@ func (t *desktopTools) writeFile(ctx context.Context, sess *session.Session, in 
 	case "base64":
 		var err error
 		if b, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
-			return nil, out, fmt.Errorf("content: not base64: %w", err)
+			return nil, fmt.Errorf("content: not base64: %w", err)
 		}
 	default:
-		return nil, out, fmt.Errorf("encoding: %q is neither utf-8 nor base64", in.Encoding)
+		return nil, fmt.Errorf("encoding: %q is neither utf-8 nor base64", in.Encoding)
 	}
 	if len(b) > MCPMaxFileBytes {
-		return nil, out, fmt.Errorf("content is %d bytes; write_file takes at most %d MiB (PUT /v1/desktops/%s/files takes more)", len(b), MCPMaxFileBytes>>20, t.id)
+		return nil, fmt.Errorf("content is %d bytes; write_file takes at most %d MiB (PUT /v1/desktops/%s/files takes more)", len(b), MCPMaxFileBytes>>20, t.id)
+	}
+	return b, nil
+}
+
+// checkWriteFile checks write_file's arguments: base64 content is decoded here and again by
+// the call, some milliseconds for the largest, which a body of megabytes outweighs.
+func (t *desktopTools) checkWriteFile(in WriteFileInput) error {
+	_, err := t.content(in)
+	return err
+}
+
+func (t *desktopTools) writeFile(ctx context.Context, sess *session.Session, in WriteFileInput) (*mcp.CallToolResult, WriteFileOutput, error) {
+	var out WriteFileOutput
+	b, err := t.content(in)
+	if err != nil {
+		return nil, out, err
 	}
 	c, err := t.agent(ctx, sess)
 	if err != nil {
@@ -493,9 +538,6 @@ type ListFilesOutput struct {
 
 func (t *desktopTools) listFiles(ctx context.Context, sess *session.Session, in PathInput) (*mcp.CallToolResult, ListFilesOutput, error) {
 	out := ListFilesOutput{Path: in.Path, Entries: []FileEntry{}}
-	if err := checkPath(in.Path); err != nil {
-		return nil, out, err
-	}
 	c, err := t.agent(ctx, sess)
 	if err != nil {
 		return nil, out, err
@@ -528,11 +570,17 @@ type RunJSInput struct {
 	TimeoutMs int64  `json:"timeout_ms,omitempty" jsonschema:"how long the script may run, in milliseconds: 1 to 30000 (the default)"`
 }
 
+// checkRunJS is run_js's check (useTool): its own bound of timeout_ms, then RunJS's checks
+// (the script's size and emptiness).
+func checkRunJS(in RunJSInput) error {
+	if in.TimeoutMs < 0 || in.TimeoutMs > guest.RunJSTimeout.Milliseconds() {
+		return fmt.Errorf("timeout_ms must be 1 to %d (milliseconds), got %d", guest.RunJSTimeout.Milliseconds(), in.TimeoutMs)
+	}
+	return guest.CheckRunJS(in.Script, time.Duration(in.TimeoutMs)*time.Millisecond)
+}
+
 func (t *desktopTools) runJS(ctx context.Context, sess *session.Session, in RunJSInput) (*mcp.CallToolResult, any, error) {
 	// RunJS keeps 5 s of the deadline to tear its context down and answer.
-	if in.TimeoutMs < 0 || in.TimeoutMs > guest.RunJSTimeout.Milliseconds() {
-		return nil, nil, fmt.Errorf("timeout_ms must be 1 to %d (milliseconds), got %d", guest.RunJSTimeout.Milliseconds(), in.TimeoutMs)
-	}
 	ctx, cancel := context.WithTimeout(ctx, guest.RunJSTimeout+10*time.Second)
 	defer cancel()
 	v, err := guest.RunJS(ctx, sessionExecer{s: t.s, sess: sess}, in.Script, time.Duration(in.TimeoutMs)*time.Millisecond)

@@ -23,9 +23,11 @@ import (
 
 	"wb/agent"
 	"wb/desktop"
+	"wb/desktop/guest"
 	"wb/internal/fakenode"
 	"wb/internal/redistest"
 	"wb/session"
+	"wb/store"
 )
 
 // mcpKey adds an API key to every request of an MCP client.
@@ -229,6 +231,124 @@ func TestDesktopMCPRefusals(t *testing.T) {
 	}
 	if _, err := mcpConnect(ctx, e.url+"/v1/desktops/desk_none/mcp", e.key, nil, nil); err == nil || !strings.Contains(err.Error(), "Not Found") {
 		t.Errorf("no such desktop: %v", err)
+	}
+}
+
+// badToolCall is a tool call whose arguments are wrong, and a part of the tool error it
+// answers.
+type badToolCall struct {
+	tool string
+	args map[string]any
+	want string
+}
+
+// brief is the call's arguments for a test's message, cut short past 120 bytes.
+func (bc badToolCall) brief() string {
+	b, _ := json.Marshal(bc.args)
+	if len(b) > 120 {
+		return string(b[:120]) + "…"
+	}
+	return string(b)
+}
+
+// badToolCalls are calls of every tool but screenshot (which takes no arguments) that its
+// own checks refuse, with no round trip to the desktop needed to tell.
+func badToolCalls() []badToolCall {
+	big := strings.Repeat("x", MCPMaxFileBytes+1)
+	return []badToolCall{
+		{"run_command", map[string]any{}, "command or argv is required"},
+		{"run_command", map[string]any{"command": "true", "argv": []string{"true"}}, "give command or argv, not both"},
+		{"run_command", map[string]any{"command": "true", "timeout_s": 7200}, "timeout_s: must be 1–3600 seconds"},
+		{"run_command", map[string]any{"argv": []string{""}}, "command: must be a non-empty string or an array of strings"},
+		{"run_command", map[string]any{"command": "cat", "stdin": strings.Repeat("x", session.MaxStdinBytes+1)}, "stdin: at most"},
+		{"read_file", map[string]any{"path": ""}, "path is required"},
+		{"read_file", map[string]any{"path": "a\x00b"}, "path: not a usable path"},
+		{"list_files", map[string]any{"path": ""}, "path is required"},
+		{"write_file", map[string]any{"path": "", "content": "x"}, "path is required"},
+		{"write_file", map[string]any{"path": "a.txt", "content": "x", "encoding": "latin1"}, `encoding: "latin1" is neither utf-8 nor base64`},
+		{"write_file", map[string]any{"path": "a.txt", "content": "!!", "encoding": "base64"}, "content: not base64"},
+		{"write_file", map[string]any{"path": "a.txt", "content": big}, "write_file takes at most 8 MiB"},
+		{"run_js", map[string]any{"script": "1", "timeout_ms": -1}, "timeout_ms must be 1 to 30000"},
+		{"run_js", map[string]any{"script": "1", "timeout_ms": 30001}, "timeout_ms must be 1 to 30000"},
+		{"run_js", map[string]any{"script": " "}, "run_js: script is empty"},
+		{"run_js", map[string]any{"script": big[:guest.MaxScriptBytes+1]}, "run_js: script is"},
+	}
+}
+
+// toolError calls a tool that must answer a tool error (isError) and answers its text.
+func toolError(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil || !res.IsError {
+		t.Errorf("%s: want a tool error, got %v, %s", name, err, describeResult(res))
+		return ""
+	}
+	return textOf(res)
+}
+
+// TestDesktopMCPBadArgumentsLeaveItAsleep: a tool call to an asleep desktop whose arguments
+// its tool refuses answers that tool error and leaves the desktop asleep: no wake, no new
+// session, no use recorded. Before, the call woke the desktop (a guest started and billed)
+// only to be refused.
+func TestDesktopMCPBadArgumentsLeaveItAsleep(t *testing.T) {
+	e := newEnv(t)
+	d := e.newDesktop(map[string]any{"name": "asleep"})
+	e.desktopAction(d.ID, "sleep", 202)
+	d = e.waitDesktop(d.ID, desktop.Asleep)
+	sessions := func() []string {
+		t.Helper()
+		page, err := e.st.List(context.Background(), e.projA, store.ListQuery{Limit: store.MaxListLimit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, s := range page.Sessions {
+			ids = append(ids, s.ID)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	before := sessions()
+	cs := e.mcpSession(d)
+	for _, bc := range badToolCalls() {
+		if msg := toolError(t, cs, bc.tool, bc.args); !strings.Contains(msg, bc.want) {
+			t.Errorf("%s %s: %q, want the argument's error %q", bc.tool, bc.brief(), msg, bc.want)
+		}
+		if got := e.desktop(d.ID); got.State != desktop.Asleep || got.SessionID != d.SessionID || !got.LastUsedAt.Equal(d.LastUsedAt.Time) {
+			t.Fatalf("after %s %s the desktop is %s on session %s, last used %v (was asleep, %s, %v)",
+				bc.tool, bc.brief(), got.State, got.SessionID, got.LastUsedAt, d.SessionID, d.LastUsedAt)
+		}
+	}
+	if after := sessions(); !slices.Equal(after, before) {
+		t.Errorf("the project's sessions went from %v to %v", before, after)
+	}
+}
+
+// TestDesktopMCPBadArgumentsBeforeTheCap: with the project's exec and file calls at their
+// caps, a tool call whose arguments its tool refuses answers that error, not the cap's (a
+// retry once a slot is free would be refused again); a good call answers the cap's.
+// Before, the slot was taken first and the call answered the cap's error.
+func TestDesktopMCPBadArgumentsBeforeTheCap(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxConcurrentExecs, c.MaxConcurrentFileCalls = 1, 1 })
+	d := e.newDesktop(map[string]any{"name": "busy"})
+	cs := e.mcpSession(d)
+	// The project's one exec and one file call are taken, as a call in progress holds them.
+	if !e.gw.execs.take(e.projA, 1, 1) || !e.gw.fileCalls.take(e.projA, 1, 1) {
+		t.Fatal("the project's slots are taken already")
+	}
+	t.Cleanup(func() { e.gw.execs.give(e.projA, 1); e.gw.fileCalls.give(e.projA, 1) })
+	if msg := toolError(t, cs, "run_command", map[string]any{"command": "true"}); !strings.Contains(msg, "1 execs in progress") {
+		t.Errorf("a good run_command with the cap full: %q, want the cap's error", msg)
+	}
+	if msg := toolError(t, cs, "read_file", map[string]any{"path": "a.txt"}); !strings.Contains(msg, "1 file or screen calls in progress") {
+		t.Errorf("a good read_file with the cap full: %q, want the cap's error", msg)
+	}
+	for _, bc := range badToolCalls() {
+		if msg := toolError(t, cs, bc.tool, bc.args); !strings.Contains(msg, bc.want) {
+			t.Errorf("%s %s with the cap full: %q, want the argument's error %q", bc.tool, bc.brief(), msg, bc.want)
+		}
 	}
 }
 

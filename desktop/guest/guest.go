@@ -196,22 +196,31 @@ func (e *JSError) Error() string {
 	return "run_js: " + e.Message
 }
 
+// CheckRunJS answers RunJS's error for script and limit when they are not what it takes, nil
+// when they are: a caller can refuse them before it wakes a desktop to run them.
+func CheckRunJS(script string, limit time.Duration) error {
+	if len(script) > MaxScriptBytes {
+		return fmt.Errorf("run_js: script is %d bytes; at most %d", len(script), MaxScriptBytes)
+	}
+	if strings.TrimSpace(script) == "" {
+		return errors.New("run_js: script is empty")
+	}
+	if limit != 0 && (limit < time.Millisecond || limit > RunJSTimeout) {
+		return fmt.Errorf("run_js: the time limit must be 1 ms to %s, got %s", RunJSTimeout, limit)
+	}
+	return nil
+}
+
 // RunJS evaluates script in the desktop's browser in a browser context of its own (nothing
 // is kept between calls) and returns its value as JSON (a promise is awaited; undefined is
 // null). The script may run for limit (0: RunJSTimeout, its most), and for no longer than
 // ctx's deadline less 5 s. A script that throws or runs out of time is a *JSError.
 func RunJS(ctx context.Context, ex Execer, script string, limit time.Duration) (json.RawMessage, error) {
-	if len(script) > MaxScriptBytes {
-		return nil, fmt.Errorf("run_js: script is %d bytes; at most %d", len(script), MaxScriptBytes)
+	if err := CheckRunJS(script, limit); err != nil {
+		return nil, err
 	}
-	if strings.TrimSpace(script) == "" {
-		return nil, errors.New("run_js: script is empty")
-	}
-	switch {
-	case limit == 0:
+	if limit == 0 {
 		limit = RunJSTimeout
-	case limit < time.Millisecond || limit > RunJSTimeout:
-		return nil, fmt.Errorf("run_js: the time limit must be 1 ms to %s, got %s", RunJSTimeout, limit)
 	}
 	if d, ok := ctx.Deadline(); ok {
 		left := time.Until(d) - 5*time.Second // room to tear the context down and answer
