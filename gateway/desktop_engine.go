@@ -342,6 +342,16 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 			why = string(*got.StateReason)
 		}
 		s.stopSession(ctx, p, sessID)
+		if fromMemory && err == nil && got.State == session.Failed && got.NodeID == "" && why == string(session.ProvisionTimeout) {
+			// Never placed: no node that can restore the saved state had room for it in time
+			// (the room check saw some, but the project's share of it, or a placement since,
+			// took it). The state was never tried, so it is kept, and the desktop goes back to
+			// sleep, as when no machine has room (seed 001).
+			s.log.Warn("desktop: no node that can restore the saved state had room in time; back to sleep with it", "desktop", rec.ID)
+			return s.refuseStart(ctx, p, rec, sessID, &apiError{Status: 409, Type: "invalid_state", Code: "no_capacity",
+				Message: "no machine that can restore the desktop's saved state had room for it before its start's deadline; " +
+					"the saved state is kept: wake it again later, or stop and start it to start fresh without the saved state"}, nil)
+		}
 		if fromMemory {
 			s.log.Warn("desktop: the saved state could not be restored; waking from the disk", "desktop", rec.ID, "why", why)
 			return s.wakeFromDisk(p, rec.ID, sessID, restore, why, nil)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"wb/desktop"
+	"wb/internal/redistest"
 	"wb/session"
 	"wb/store"
 )
@@ -164,5 +165,53 @@ func TestDesktopWakeNoRoomWithImage(t *testing.T) {
 	d = e.waitDesktop(d.ID, desktop.Running)
 	if s := e.sessionOf(d.SessionID); s.RestoreFrom == nil || *s.RestoreFrom != rec.MemorySnapshot || e.nodeOf(s.ID) != "node_fake" {
 		t.Fatalf("woke from %v on %q; want the saved state %s on node_fake", s.RestoreFrom, e.nodeOf(s.ID), rec.MemorySnapshot)
+	}
+}
+
+// TestDesktopWakeUnplacedKeepsState: a wake accepted by the room check (desktopRoom: the node
+// with the saved state's image has room by its heartbeat) that the placer still cannot place
+// there (here the project's share of that node, 50% by default, which the room check does not
+// count; a placement that took the room meanwhile does the same) fails at its provisioning
+// deadline without its saved state ever being tried. The desktop then goes back to sleep with
+// its state, saying why, as when no machine has room (seed 001): it does not give the state up
+// and wake from its disk on another node.
+func TestDesktopWakeUnplacedKeepsState(t *testing.T) {
+	tiers := patientTiers()
+	tiers[DesktopTier-1].ColdP95 = 5 * time.Second // the wake's session fails 15 s after it is made
+	e := newEnvTiers(t, redistest.Server(t), tiers)
+	ctx := context.Background()
+	if err := e.node.SetImages(ctx, "rootfs-1.ext4/uuid-a"); err != nil {
+		t.Fatal(err)
+	}
+	d := e.newDesktop(map[string]any{"name": "d"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil || rec.MemorySnapshot == "" {
+		t.Fatalf("asleep %+v %v", rec, err)
+	}
+	e.beatNode(store.NodeInfo{ID: "node_b", Addr: "127.0.0.1:0", Region: "local", Zone: "local-b", Tiers: []int{1, 2, 3, 4},
+		VCPU: 1000, MemoryMiB: 1 << 31, Images: []string{"rootfs-1.ext4/uuid-b"}})
+	// node_fake, the one with the image, has just the desktop's vCPUs: room by its heartbeat,
+	// but more than the project's share of it.
+	if err := e.node.SetCapacity(ctx, desktop.Size(d.Size).Resources().VCPU); err != nil {
+		t.Fatal(err)
+	}
+	e.desktopAction(d.ID, "wake", 202)
+	var got desktop.Desktop
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		got = e.desktop(d.ID)
+		if got.State != desktop.Starting || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got.State != desktop.Asleep || !got.StateSaved || e.memorySnapshotOf(d.ID) != rec.MemorySnapshot || !e.snapshotExists(rec.MemorySnapshot) {
+		t.Fatalf("after a wake no node could place: %s (stateSaved %v, %q), saved state %q; want it asleep with its state %s",
+			got.State, got.StateSaved, got.Message, e.memorySnapshotOf(d.ID), rec.MemorySnapshot)
+	}
+	if !strings.Contains(got.Message, "room") {
+		t.Errorf("asleep again saying %q; want why (no machine that can restore its state had room)", got.Message)
 	}
 }
