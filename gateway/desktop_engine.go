@@ -235,7 +235,12 @@ func (s *Server) desktopRoom(ctx context.Context, size desktop.Size, img string)
 		msg = fmt.Sprintf("no machine that can restore the desktop's saved state (those with the root disk image it ran on) "+
 			"has room for a desktop of size %s (%d vCPU, %d MiB) now", size, res.VCPU, res.MemoryMiB)
 	}
-	return &apiError{Status: 409, Type: "invalid_state", Code: "no_capacity", Message: msg + "; the desktop stays as it is: try again later, or resize it"}
+	advice := "; the desktop stays as it is: try again later, or resize it"
+	if img != "" {
+		// A resize of an asleep desktop gives its saved state up (seed 001): the advice says so.
+		advice = "; the desktop stays asleep with its saved state: try again later (resizing it lets it start on any machine with room, but gives the saved state up)"
+	}
+	return &apiError{Status: 409, Type: "invalid_state", Code: "no_capacity", Message: msg + advice}
 }
 
 // savedStateImage answers the root disk image the desktop's saved state (memory snapshot id)

@@ -154,6 +154,10 @@ func TestDesktopWakeNoRoomWithImage(t *testing.T) {
 	}
 	msg := expectError(t, e.do("POST", "/v1/desktops/"+d.ID+":wake", e.key, nil), 409, "no_capacity", "")
 	t.Logf("refused: %s", msg)
+	// Resizing an asleep desktop gives its saved state up (seed 001): advice to resize must say so.
+	if strings.Contains(msg, "resize") && !strings.Contains(msg, "gives the saved state up") {
+		t.Errorf("the refusal %q advises a resize without saying it gives the saved state up", msg)
+	}
 	if got := e.desktop(d.ID); got.State != desktop.Asleep || !got.StateSaved || e.memorySnapshotOf(d.ID) != rec.MemorySnapshot {
 		t.Fatalf("after the refused wake: %+v; want it asleep with its state %s", got, rec.MemorySnapshot)
 	}
