@@ -236,8 +236,8 @@ func withMarks(meta, marks map[string]string) map[string]string {
 // image (store.NodeInfo.Images; placer.CanHost, the placer's own rule); with none, the session
 // would wait pending until its provisioning deadline failed it. A snapshot that names no image
 // (disk only, another back end's, or taken by an earlier wb) is restored anywhere. (The check
-// reads the nodes as they are now: should the last one with the image leave before the
-// placement, the placer fails the session with start_failure.)
+// reads the nodes as they are now: one that leaves before the placement leaves the session
+// pending until its deadline, as any session with no room.)
 func (s *Server) checkRestorable(ctx context.Context, snap session.SnapshotRecord, region string, tier int) error {
 	if !snap.IncludeMemory || snap.RootImage == "" {
 		return nil

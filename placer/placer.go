@@ -247,12 +247,6 @@ func (p *Placer) placeProject(ctx context.Context, project string) (left bool) {
 			continue
 		}
 		if !ok {
-			if img != "" && !p.canRestore(v.Nodes, sess, img) {
-				if !p.failRestore(ctx, sess, img) {
-					left = true
-				}
-				continue
-			}
 			left = true // stays pending: retried until room frees up or its deadline fails it
 			continue
 		}
@@ -343,54 +337,6 @@ func (p *Placer) restoreImage(ctx context.Context, sess *session.Session) (strin
 		return "", nil
 	}
 	return snap.RootImage, nil
-}
-
-// canRestore reports whether a node of nodes could take sess, the restore of a memory snapshot
-// that needs root disk image img, room aside (CanHost): the gateway refuses such a restore at
-// its create when none can, but the one node with the image may die, be drained or upgraded
-// (its images are then another build's) before the placement. A heartbeat is judged as
-// checkNodes judges it, from the placer's last stall at the earliest: a placer that could not
-// read heartbeats meanwhile fails no restore for them.
-func (p *Placer) canRestore(nodes []store.NodeInfo, sess *session.Session, img string) bool {
-	p.mu.Lock()
-	resumed := p.resumed
-	p.mu.Unlock()
-	now := p.Now()
-	for _, n := range nodes {
-		n.HeartbeatAt = latest(n.HeartbeatAt, resumed)
-		if CanHost(n, sess.Region, sess.Tier, img, now, p.HeartbeatTimeout) {
-			return true
-		}
-	}
-	return false
-}
-
-// failRestore fails sess, a restore no live node can take (canRestore), with start_failure at
-// once: it could only wait pending until its provisioning deadline failed it. It answers false
-// when Redis failed it (the session stays pending, and is tried again).
-func (p *Placer) failRestore(ctx context.Context, sess *session.Session, img string) bool {
-	_, err := p.Store.Transition(ctx, store.Change{Project: sess.ProjectID, ID: sess.ID, From: session.Pending, To: session.Failed,
-		Driver: session.Placer, Reason: session.StartFailure, Version: sess.Version})
-	var ce *store.ConflictError
-	switch {
-	case errors.As(err, &ce):
-		return true // a DELETE or another placer won
-	case err != nil:
-		if ctx.Err() == nil {
-			p.Logger.Error("placer: fail a restore no node can take", "session", sess.ID, "err", err)
-		}
-		return false
-	}
-	p.Logger.Warn("placer: no live node has the root disk image the restored snapshot's memory needs; the session fails with start_failure",
-		"session", sess.ID, "snapshot", deref(sess.RestoreFrom), "image", img, "region", sess.Region, "tier", sess.Tier)
-	return true
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // choose picks the live node in the session's region, not draining, that offers its tier,

@@ -79,7 +79,6 @@ func expectedTransitions() []row {
 		{Running, Failed, Node, OOM},
 		{Running, Failed, Node, GuestCrash},
 		{Pending, Failed, Timer, ProvisionTimeout},
-		{Pending, Failed, Placer, StartFailure},
 		{Pending, Stopped, Caller, Deleted},
 		{Provisioning, Stopping, Caller, Deleted},
 		{Paused, Stopping, Caller, Deleted},

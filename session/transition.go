@@ -43,7 +43,6 @@ var rules = []Rule{
 	{From: Stopping, To: Expired, Driver: Node, Reasons: []Reason{MaxLifetime}, Note: "failure table: maximum lifetime reached → expired"},
 	{From: Running, To: Failed, Driver: Node, Reasons: []Reason{OOM, GuestCrash}, Note: "failure table: guest OOM → failed; likewise a guest that died by its own doing while its host works (guest_crash); the guest is already dead, nothing to drain"},
 	{From: Pending, To: Failed, Driver: Timer, Reasons: []Reason{ProvisionTimeout}, Note: "the provisioning deadline also covers a session no node took"},
-	{From: Pending, To: Failed, Driver: Placer, Reasons: []Reason{StartFailure}, Note: "a memory snapshot's restore no live node can take any more (none has its root disk image): it cannot start anywhere, as a node's failed restore would say"},
 	{From: Pending, To: Stopped, Driver: Caller, Reasons: []Reason{Deleted}, Note: "DELETE before placement: nothing to drain"},
 	{From: Provisioning, To: Stopping, Driver: Caller, Reasons: []Reason{Deleted}, Note: "DELETE while provisioning: the node tears down"},
 	{From: Paused, To: Stopping, Driver: Caller, Reasons: []Reason{Deleted}, Note: "DELETE while paused"},
