@@ -17,6 +17,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	segjson "github.com/segmentio/encoding/json"
 
 	"wb/agent"
 	"wb/desktop"
@@ -138,15 +139,21 @@ type errReader struct{ err error }
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // mcpListens counts the subscriptions/listen requests of body, a JSON-RPC message or a batch
-// of them, read as the SDK reads it (jsonrpc.DecodeMessage): each holds its stream open.
+// of them, read as the SDK reads it (readBatch, jsonrpc.DecodeMessage): each holds its stream
+// open.
 func mcpListens(body []byte) int {
 	// Only a body with "listen" in it, or a \u escape that may spell it, can have one: a
 	// tool call's megabytes need no second decoding.
 	if !bytes.Contains(body, []byte("listen")) && !bytes.Contains(body, []byte(`\u`)) {
 		return 0
 	}
+	// A batch is read as the SDK's readBatch reads it: its decoder takes the first JSON value
+	// and ignores what follows (json.Unmarshal refuses that, and would count none of a batch
+	// that the SDK serves).
 	var msgs []json.RawMessage
-	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '[' || json.Unmarshal(b, &msgs) != nil {
+	dec := segjson.NewDecoder(bytes.NewReader(body))
+	dec.DontMatchCaseInsensitiveStructFields()
+	if dec.Decode(&msgs) != nil {
 		msgs = []json.RawMessage{body}
 	}
 	n := 0

@@ -905,9 +905,81 @@ func TestMCPListensCounted(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"nc -l subscriptions/listen"}}}`, 0},
 		{`{"jsonrpc":"2.0","id":1,"method":"ping"}`, 0},
 		{`not json, listen`, 0},
+		// The SDK decodes a batch's first JSON value and ignores what follows it.
+		{`[{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen"}] x`, 1},
+		{`[{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen"}][`, 1},
 	} {
 		if got := mcpListens([]byte(c.body)); got != c.want {
 			t.Errorf("mcpListens(%s) = %d, want %d", c.body, got, c.want)
+		}
+	}
+}
+
+// TestDesktopMCPBatchListenWithTrailingDataIsCapped: a batch whose array is followed by
+// other bytes is read by the SDK as the array (its decoder takes the first JSON value), and
+// its listen holds its stream open as any other: it counts among the desktop's listen
+// streams, the one past DefaultMaxDesktopMCPListens answering 429. Before, the counter read
+// such a body as no batch and counted none, so a caller opened any number.
+func TestDesktopMCPBatchListenWithTrailingDataIsCapped(t *testing.T) {
+	e := newEnv(t)
+	d := e.newDesktop(map[string]any{"name": "d"})
+	body := `[{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true}}}] x`
+	var cancels []func()
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	for i := range DefaultMaxDesktopMCPListens + 1 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		req, _ := http.NewRequestWithContext(ctx, "POST", d.MCPURL, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < DefaultMaxDesktopMCPListens {
+			if resp.StatusCode != 200 {
+				b, _ := io.ReadAll(resp.Body)
+				t.Fatalf("batch listen %d of %d: %d %s; want a 200 stream", i+1, DefaultMaxDesktopMCPListens, resp.StatusCode, b)
+			}
+			// Held open once acknowledged: its place is taken.
+			acked := make(chan error, 1)
+			go func() {
+				r := bufio.NewReader(resp.Body)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						acked <- fmt.Errorf("the stream ended before its acknowledgement: %w", err)
+						return
+					}
+					if strings.Contains(line, "subscriptions/acknowledged") {
+						acked <- nil
+						return
+					}
+				}
+			}()
+			select {
+			case err := <-acked:
+				if err != nil {
+					t.Fatalf("batch listen %d: %v", i+1, err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("batch listen %d: no acknowledgement within 30 s", i+1)
+			}
+			continue
+		}
+		if resp.StatusCode != 429 {
+			// Not read: a stream held open has no end.
+			t.Fatalf("batch listen %d with %d open: %d %s; want 429 too_many_listen_streams", i+1, DefaultMaxDesktopMCPListens, resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), `"too_many_listen_streams"`) {
+			t.Fatalf("batch listen %d with %d open: %d %.200s; want 429 too_many_listen_streams", i+1, DefaultMaxDesktopMCPListens, resp.StatusCode, b)
 		}
 	}
 }
