@@ -791,9 +791,19 @@ func mcpListen(t *testing.T, url, key string) (status int, body string, closeStr
 		validateResponse(t, req, resp, b)
 		return resp.StatusCode, string(b), nil
 	}
+	if err := awaitAcknowledged(resp.Body); err != nil {
+		cancel()
+		t.Fatalf("subscriptions/listen: %v", err)
+	}
+	return 200, "", func() { cancel(); resp.Body.Close() }
+}
+
+// awaitAcknowledged reads a listen stream until its subscriptions/acknowledged line, for up
+// to 30 s: once acknowledged, the stream holds its place among the desktop's.
+func awaitAcknowledged(body io.Reader) error {
 	acked := make(chan error, 1)
 	go func() {
-		r := bufio.NewReader(resp.Body)
+		r := bufio.NewReader(body)
 		for {
 			line, err := r.ReadString('\n')
 			if err != nil {
@@ -808,15 +818,10 @@ func mcpListen(t *testing.T, url, key string) (status int, body string, closeStr
 	}()
 	select {
 	case err := <-acked:
-		if err != nil {
-			cancel()
-			t.Fatal(err)
-		}
+		return err
 	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("subscriptions/listen: no acknowledgement within 30 s")
+		return errors.New("no acknowledgement within 30 s")
 	}
-	return 200, "", func() { cancel(); resp.Body.Close() }
 }
 
 // TestDesktopMCPListenStreamsAreCapped: a desktop's MCP endpoint keeps at most
@@ -947,28 +952,8 @@ func TestDesktopMCPBatchListenWithTrailingDataIsCapped(t *testing.T) {
 				t.Fatalf("batch listen %d of %d: %d %s; want a 200 stream", i+1, DefaultMaxDesktopMCPListens, resp.StatusCode, b)
 			}
 			// Held open once acknowledged: its place is taken.
-			acked := make(chan error, 1)
-			go func() {
-				r := bufio.NewReader(resp.Body)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						acked <- fmt.Errorf("the stream ended before its acknowledgement: %w", err)
-						return
-					}
-					if strings.Contains(line, "subscriptions/acknowledged") {
-						acked <- nil
-						return
-					}
-				}
-			}()
-			select {
-			case err := <-acked:
-				if err != nil {
-					t.Fatalf("batch listen %d: %v", i+1, err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatalf("batch listen %d: no acknowledgement within 30 s", i+1)
+			if err := awaitAcknowledged(resp.Body); err != nil {
+				t.Fatalf("batch listen %d: %v", i+1, err)
 			}
 			continue
 		}
