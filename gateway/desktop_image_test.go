@@ -129,6 +129,27 @@ func (e *env) beatNode(n store.NodeInfo) {
 	}()
 }
 
+// asleepWithImageElsewhere answers a desktop put to sleep on node_fake, which has the image
+// "rootfs-1.ext4/uuid-a" its saved state records, and its record; a second node, node_b, with
+// room and another image, beats beside it.
+func (e *env) asleepWithImageElsewhere() (desktop.Desktop, desktop.Record) {
+	e.t.Helper()
+	ctx := context.Background()
+	if err := e.node.SetImages(ctx, "rootfs-1.ext4/uuid-a"); err != nil {
+		e.t.Fatal(err)
+	}
+	d := e.newDesktop(map[string]any{"name": "d"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
+	if err != nil || rec.MemorySnapshot == "" {
+		e.t.Fatalf("asleep %+v %v", rec, err)
+	}
+	e.beatNode(store.NodeInfo{ID: "node_b", Addr: "127.0.0.1:0", Region: "local", Zone: "local-b", Tiers: []int{1, 2, 3, 4},
+		VCPU: 1000, MemoryMiB: 1 << 31, Images: []string{"rootfs-1.ext4/uuid-b"}})
+	return d, rec
+}
+
 // TestDesktopWakeNoRoomWithImage: a wake whose saved state only a full node can restore (the
 // one with its root disk image) is refused with a 409 no_capacity, the desktop left asleep
 // with its state, as when no machine has room (seed 001), though another node without the
@@ -137,18 +158,7 @@ func (e *env) beatNode(n store.NodeInfo) {
 func TestDesktopWakeNoRoomWithImage(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	if err := e.node.SetImages(ctx, "rootfs-1.ext4/uuid-a"); err != nil {
-		t.Fatal(err)
-	}
-	d := e.newDesktop(map[string]any{"name": "d"})
-	e.desktopAction(d.ID, "sleep", 202)
-	e.waitDesktop(d.ID, desktop.Asleep)
-	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
-	if err != nil || rec.MemorySnapshot == "" {
-		t.Fatalf("asleep %+v %v", rec, err)
-	}
-	e.beatNode(store.NodeInfo{ID: "node_b", Addr: "127.0.0.1:0", Region: "local", Zone: "local-b", Tiers: []int{1, 2, 3, 4},
-		VCPU: 1000, MemoryMiB: 1 << 31, Images: []string{"rootfs-1.ext4/uuid-b"}})
+	d, rec := e.asleepWithImageElsewhere()
 	if err := e.node.SetCapacity(ctx, 0); err != nil { // node_fake, the one with the image, is full
 		t.Fatal(err)
 	}
@@ -184,18 +194,7 @@ func TestDesktopWakeUnplacedKeepsState(t *testing.T) {
 	tiers[DesktopTier-1].ColdP95 = 5 * time.Second // the wake's session fails 15 s after it is made
 	e := newEnvTiers(t, redistest.Server(t), tiers)
 	ctx := context.Background()
-	if err := e.node.SetImages(ctx, "rootfs-1.ext4/uuid-a"); err != nil {
-		t.Fatal(err)
-	}
-	d := e.newDesktop(map[string]any{"name": "d"})
-	e.desktopAction(d.ID, "sleep", 202)
-	e.waitDesktop(d.ID, desktop.Asleep)
-	rec, err := e.st.GetDesktop(ctx, e.projA, d.ID)
-	if err != nil || rec.MemorySnapshot == "" {
-		t.Fatalf("asleep %+v %v", rec, err)
-	}
-	e.beatNode(store.NodeInfo{ID: "node_b", Addr: "127.0.0.1:0", Region: "local", Zone: "local-b", Tiers: []int{1, 2, 3, 4},
-		VCPU: 1000, MemoryMiB: 1 << 31, Images: []string{"rootfs-1.ext4/uuid-b"}})
+	d, rec := e.asleepWithImageElsewhere()
 	// node_fake, the one with the image, has just the desktop's vCPUs: room by its heartbeat,
 	// but more than the project's share of it.
 	if err := e.node.SetCapacity(ctx, desktop.Size(d.Size).Resources().VCPU); err != nil {
