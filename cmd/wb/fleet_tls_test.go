@@ -102,6 +102,24 @@ func TestNodeListenerRoles(t *testing.T) {
 	})
 }
 
+// serveNodeListener serves h on a node's --fleet-tls-* listener (nodeListener) with p's
+// certificates, on loopback, and answers its address.
+func serveNodeListener(t *testing.T, p mtlstest.PKI, h http.Handler) string {
+	t.Helper()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _, err := nodeListener(raw, fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
 // TestNodeAPIGatewaysOnly: behind a node's listener, gatewaysOnly lets a gateway's certificate
 // call every route of the node API, an Envoy's only /healthz (the data path is served before
 // it: TestNodeFleetTLS), with a 403 in the node's error shape naming the role and the route
@@ -118,15 +136,7 @@ func TestNodeAPIGatewaysOnly(t *testing.T) {
 		t.Cleanup(func() { srv.Close() })
 		return ln.Addr().String()
 	}
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, _, err := nodeListener(raw, fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := serve(ln)
+	addr := serveNodeListener(t, p, api)
 	plain, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -316,17 +326,7 @@ func TestEnvoyIsNotLearnedAsGateway(t *testing.T) {
 	h := gatewaysOnly(platform.learnGateways(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok")
 	}), "tok"), slog.New(slog.DiscardHandler))
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, _, err := nodeListener(raw, fleetTLSFlags{cert: p.Cert, key: p.Key, ca: p.CAFile}, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close() })
+	addr := serveNodeListener(t, p, h)
 	learned := func() []string {
 		platform.mu.Lock()
 		defer platform.mu.Unlock()
@@ -341,7 +341,7 @@ func TestEnvoyIsNotLearnedAsGateway(t *testing.T) {
 		{"a gateway's certificate", mtlstest.RoleGateway, []string{"127.0.0.1"}},
 	} {
 		tr := &http.Transport{TLSClientConfig: p.ClientConfig(p.Issue(t, strings.ReplaceAll(c.name, " ", "-"), c.role).Pair)}
-		req, _ := http.NewRequest("GET", "https://"+ln.Addr().String()+nodeapi.PathHealth, nil)
+		req, _ := http.NewRequest("GET", "https://"+addr+nodeapi.PathHealth, nil)
 		req.Header.Set("Authorization", "Bearer tok")
 		resp, err := (&http.Client{Transport: tr}).Do(req)
 		if err != nil {
