@@ -207,12 +207,7 @@ func TestMetricsGuestGaugeReadsZero(t *testing.T) {
 		!strings.Contains(got, `wb_node_guests{runtime="oomtest",state="paused"} 0`) {
 		t.Fatalf("one running guest: want running 1 and paused 0; /metrics has:\n%s", got)
 	}
-	n.mu.Lock()
-	l := n.guests[id]
-	n.mu.Unlock()
-	l.mu.Lock()
-	l.g.State = session.Paused // as Node.Pause leaves it
-	l.mu.Unlock()
+	setGuestState(n, id, session.Paused) // as Node.Pause leaves it
 	got := scrapeMetrics(m, "wb_node_guests{")
 	for _, s := range session.States() {
 		want := fmt.Sprintf(`wb_node_guests{runtime="oomtest",state="%s"} 0`, s)
@@ -274,12 +269,7 @@ func TestMetricsCountEdgeRefusals(t *testing.T) {
 	if _, err := n.Local().Agent(t.Context(), &session.Session{ID: "sess_nosuchsession"}); err == nil {
 		t.Fatal("an agent of a session the node holds no guest for was handed out")
 	}
-	n.mu.Lock()
-	l := n.guests[id]
-	n.mu.Unlock()
-	l.mu.Lock()
-	l.g.State = session.Paused // as Node.Pause leaves it
-	l.mu.Unlock()
+	setGuestState(n, id, session.Paused) // as Node.Pause leaves it
 	if _, err := n.Local().Agent(nodeapi.WithAgentKind(t.Context(), nodeapi.AgentKindPTY), &session.Session{ID: id}); err == nil {
 		t.Fatal("an agent of a paused guest was handed out")
 	}
@@ -291,4 +281,14 @@ func TestMetricsCountEdgeRefusals(t *testing.T) {
 			t.Errorf("refusals of Local.Agent: want %s; /metrics has:\n%s", l, got)
 		}
 	}
+}
+
+// setGuestState sets the state of guest id on n, as an operation would leave it.
+func setGuestState(n *Node, id string, st session.State) {
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	l.mu.Lock()
+	l.g.State = st
+	l.mu.Unlock()
 }
