@@ -174,12 +174,14 @@ type Usage struct {
 
 // Template is one template of the catalog.
 type Template struct {
-	Object           string    `json:"object"` // "template"
-	Name             string    `json:"name"`
-	Digest           string    `json:"digest"`
-	Ref              string    `json:"ref"`
-	Runtimes         []string  `json:"runtimes"`
-	DefaultResources Resources `json:"default_resources"`
+	Object   string   `json:"object"` // "template"
+	Name     string   `json:"name"`
+	Digest   string   `json:"digest"`
+	Ref      string   `json:"ref"`
+	Runtimes []string `json:"runtimes"`
+	// RuntimeVersions is each runtime's version where it is known ("python3": "3.11.2").
+	RuntimeVersions  map[string]string `json:"runtime_versions,omitempty"`
+	DefaultResources Resources         `json:"default_resources"`
 }
 
 // WebhookEndpoint is a registered webhook endpoint (without its secret).

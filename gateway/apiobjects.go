@@ -65,6 +65,7 @@ type Template struct {
 	Digest           string            `json:"digest"`
 	Ref              string            `json:"ref"`
 	Runtimes         []string          `json:"runtimes"`
+	RuntimeVersions  map[string]string `json:"runtime_versions,omitempty"` // where known
 	DefaultResources session.Resources `json:"default_resources"`
 }
 

@@ -434,11 +434,14 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, _ store.P
 	def := session.SizeClasses()[0]
 	out := []Template{}
 	for _, t := range s.Catalog {
-		rts := []string{}
+		rts, versions := []string{}, map[string]string{}
 		for _, rt := range t.Runtimes {
 			rts = append(rts, rt.Name)
+			if rt.Version != "" {
+				versions[rt.Name] = rt.Version
+			}
 		}
-		out = append(out, Template{Object: "template", Name: t.Name, Digest: t.Digest, Ref: t.Ref(), Runtimes: rts,
+		out = append(out, Template{Object: "template", Name: t.Name, Digest: t.Digest, Ref: t.Ref(), Runtimes: rts, RuntimeVersions: versions,
 			DefaultResources: session.Resources{VCPU: def.VCPU, MemoryMiB: def.MemoryMiB, DiskGiB: def.DiskGiB, SizeClass: def.Name}})
 	}
 	writeJSON(w, 200, session.NewList(out, ""))

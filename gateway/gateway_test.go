@@ -104,7 +104,7 @@ func newEnvTiers(t *testing.T, rdb redis.UniversalClient, tiers session.Tiers, o
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: quota.NewAccounts(rdb), Webhooks: webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: true}), Guests: node,
 		Catalog: session.Catalog{
 			{Name: "tpl_base", Digest: "sha256:aaaa", Runtimes: []session.Runtime{{Name: "sh", Argv: []string{"/bin/sh", "-c"}}}},
-			{Name: "tpl_dev_polyglot", Digest: "sha256:bbbb", Runtimes: []session.Runtime{{Name: "python3", Argv: []string{"python3", "-c"}}}},
+			{Name: "tpl_dev_polyglot", Digest: "sha256:bbbb", Runtimes: []session.Runtime{{Name: "python3", Argv: []string{"python3", "-c"}, Version: "3.11.2"}}},
 		},
 		Regions: []string{"local", "far"}, AdminKey: adminKey, Metrics: NewMetrics(st), Tiers: tiers,
 	}
@@ -590,9 +590,18 @@ func TestRuns(t *testing.T) {
 	if eph.Tier != 1 || eph.ID == s.ID {
 		t.Fatalf("ephemeral session %+v", eph)
 	}
+	// A runtime's family name (as in the CLI's example) is the runtime.
+	e.mustDo("POST", "/v1/runs", e.key, map[string]any{"tier": 1, "runtime": "python", "code": "print(6*7)"}, 201, &run)
+	if run.State != session.RunSucceeded || run.Stdout != "42\n" {
+		t.Fatalf("ephemeral run of python: %+v", run)
+	}
 	msg := expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"tier": 1, "runtime": "cobol", "code": "x"}), 400, "invalid_request", "runtime")
 	if !strings.Contains(msg, "python3") {
 		t.Fatalf("unknown runtime does not list the available: %s", msg)
+	}
+	msg = expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"tier": 1, "runtime": "python3.12", "code": "x"}), 400, "invalid_request", "runtime")
+	if !strings.Contains(msg, `ask for "python3"`) {
+		t.Fatalf("a version of python3 not known: %s", msg)
 	}
 	expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"tier": 2, "runtime": "python3", "code": "x"}), 400, "invalid_request", "tier")
 	expectError(t, e.do("POST", "/v1/runs", e.key, map[string]any{"tier": 1, "runtime": "python3"}), 400, "invalid_request", "code")
@@ -828,13 +837,15 @@ func TestTemplatesMetricsOpenAPI(t *testing.T) {
 	e := newEnv(t)
 	var list struct {
 		Data []struct {
-			Name     string   `json:"name"`
-			Ref      string   `json:"ref"`
-			Runtimes []string `json:"runtimes"`
+			Name     string            `json:"name"`
+			Ref      string            `json:"ref"`
+			Runtimes []string          `json:"runtimes"`
+			Versions map[string]string `json:"runtime_versions"`
 		}
 	}
 	e.mustDo("GET", "/v1/templates", e.key, nil, 200, &list)
-	if len(list.Data) != 2 || list.Data[1].Ref != "tpl_dev_polyglot@sha256:bbbb" || list.Data[1].Runtimes[0] != "python3" {
+	if len(list.Data) != 2 || list.Data[1].Ref != "tpl_dev_polyglot@sha256:bbbb" || list.Data[1].Runtimes[0] != "python3" ||
+		list.Data[1].Versions["python3"] != "3.11.2" || list.Data[0].Versions != nil {
 		t.Fatalf("%+v", list)
 	}
 	e.running(map[string]any{"tier": 2})

@@ -595,7 +595,7 @@ func CatalogOf(c templates.Catalog) session.Catalog {
 		t := c[name]
 		st := session.Template{Name: t.Name, Digest: t.Digest}
 		for _, r := range t.Runtimes {
-			st.Runtimes = append(st.Runtimes, session.Runtime{Name: r.Name, Argv: r.Argv})
+			st.Runtimes = append(st.Runtimes, session.Runtime{Name: r.Name, Argv: r.Argv, Version: r.Version})
 		}
 		out = append(out, st)
 	}

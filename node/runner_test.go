@@ -129,4 +129,10 @@ func TestRunsUseThePolyglotTemplate(t *testing.T) {
 			t.Errorf("a %s run goes to %s (%v)", p.Runner, tpl.Name, err)
 		}
 	}
+	// A run may name python3 by its version: the catalog carries the host's.
+	if _, py, err := cat.Runtime("python3"); err != nil || py.Version == "" {
+		t.Errorf("python3 in the catalog: %+v, %v; want its version", py, err)
+	} else if tpl, rt, err := cat.Runtime("python" + py.Version); err != nil || rt.Name != "python3" || tpl.Name != templates.DevPolyglot {
+		t.Errorf("a run of python%s goes to %s %s (%v)", py.Version, tpl.Name, rt.Name, err)
+	}
 }

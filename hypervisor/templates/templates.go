@@ -34,6 +34,9 @@ const (
 type Runtime struct {
 	Name string   `json:"name"`
 	Argv []string `json:"argv"`
+	// Version is what the runtime says its version is ("3.11.7"), empty when unknown: a run
+	// may ask for a version ("python3.11", session.Catalog.Runtime).
+	Version string `json:"version,omitempty"`
 }
 
 // Template is one assembled template.
@@ -459,20 +462,21 @@ func detectToolchains(hostRoot string) toolchains {
 			tc.binds = append(tc.binds, hypervisor.Bind{Source: host(p), Target: p})
 		}
 	}
+	// Each probe prints the runtime's version, which a run may ask for ("python3.11").
 	for _, c := range []struct {
 		name  string
 		paths []string
 		probe []string
 		argv  []string
 	}{
-		{"python3", []string{"/usr/bin/python3"}, []string{"-c", "print(1)"}, []string{"-c"}},
-		{"node", []string{"/usr/bin/node", "/usr/bin/nodejs"}, []string{"-e", "1"}, []string{"-e"}},
-		{"gcc", []string{"/usr/bin/gcc"}, []string{"--version"}, nil},
-		{"go", []string{"/usr/local/go/bin/go", "/usr/lib/go/bin/go", "/usr/bin/go"}, []string{"version"}, nil},
+		{"python3", []string{"/usr/bin/python3"}, []string{"-c", "import platform; print(platform.python_version())"}, []string{"-c"}},
+		{"node", []string{"/usr/bin/node", "/usr/bin/nodejs"}, []string{"-p", "process.versions.node"}, []string{"-e"}},
+		{"gcc", []string{"/usr/bin/gcc"}, []string{"-dumpfullversion"}, nil},
+		{"go", []string{"/usr/local/go/bin/go", "/usr/lib/go/bin/go", "/usr/bin/go"}, []string{"env", "GOVERSION"}, nil},
 	} {
 		for _, p := range c.paths {
-			if runs(host(p), c.probe) {
-				tc.runtimes = append(tc.runtimes, Runtime{Name: c.name, Argv: append([]string{p}, c.argv...)})
+			if out, ok := runs(host(p), c.probe); ok {
+				tc.runtimes = append(tc.runtimes, Runtime{Name: c.name, Argv: append([]string{p}, c.argv...), Version: probedVersion(out)})
 				break
 			}
 		}
@@ -480,10 +484,21 @@ func detectToolchains(hostRoot string) toolchains {
 	return tc
 }
 
-// runs reports whether bin exists and exits 0 with args on the host within 10 s.
-func runs(bin string, args []string) bool {
+// probedVersion is the version a probe printed ("3.11.7", "go1.26.0" → "1.26.0"), or ""
+// when it printed something else.
+func probedVersion(out string) string {
+	v := strings.TrimPrefix(strings.TrimSpace(out), "go")
+	if v == "" || len(v) > 32 || strings.Trim(v, "0123456789.") != "" || v[0] == '.' {
+		return ""
+	}
+	return v
+}
+
+// runs reports whether bin exists and exits 0 with args on the host within 10 s, and what it
+// printed.
+func runs(bin string, args []string) (string, bool) {
 	if fi, err := os.Stat(bin); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
-		return false
+		return "", false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -491,5 +506,6 @@ func runs(bin string, args []string) bool {
 	cmd.Env = []string{defaultPATH, "HOME=/tmp"}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	return cmd.Run() == nil
+	err := cmd.Run()
+	return out.String(), err == nil
 }

@@ -2,6 +2,7 @@ package templates_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -112,9 +113,23 @@ func TestAssemble(t *testing.T) {
 	}
 	var names []string
 	for _, r := range poly.Runtimes {
-		names = append(names, r.Name)
+		names = append(names, r.Name+" "+r.Version)
 	}
 	t.Logf("tpl_dev_polyglot runtimes %v, binds %v", names, poly.Binds)
+	// Each toolchain's version is the host's own (a run may ask for "python3.11").
+	if out, err := exec.Command("/usr/bin/python3", "--version").Output(); err == nil {
+		want := strings.TrimPrefix(strings.TrimSpace(string(out)), "Python ")
+		i := slices.IndexFunc(poly.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
+		if i < 0 || poly.Runtimes[i].Version != want {
+			t.Errorf("tpl_dev_polyglot runtimes %v: want python3 at version %s", names, want)
+		}
+	}
+	if out, err := exec.Command("/usr/bin/gcc", "-dumpfullversion").Output(); err == nil {
+		want := strings.TrimSpace(string(out))
+		if !slices.ContainsFunc(poly.Runtimes, func(r templates.Runtime) bool { return r.Name == "gcc" && r.Version == want }) {
+			t.Errorf("tpl_dev_polyglot runtimes %v: want gcc at version %s", names, want)
+		}
+	}
 }
 
 // TestDesktopTemplate: with the desktop's Debian packages installed (scripts/deps.sh), the

@@ -1225,6 +1225,10 @@ export interface components {
             ref: string;
             /** @description Runtime names for ephemeral runs; null when the template has none. */
             runtimes: string[] | null;
+            /** @description Each runtime's version where it is known, by name ("python3": "3.11.2"). A run may name a runtime with a version ("python3.11": the runtime whose version begins so) or by its family ("python"). */
+            runtime_versions?: {
+                [key: string]: string;
+            };
             default_resources: components["schemas"]["Resources"];
         };
         Project: {
@@ -1548,7 +1552,7 @@ export interface components {
              * @constant
              */
             tier?: 1;
-            /** @description A runtime of a template (GET /v1/templates). */
+            /** @description A runtime of a template (GET /v1/templates): its name ("python3"), its name with a version ("python3.11", the runtime whose version begins so), its family ("python") or an alias ("nodejs", "javascript", "golang"). A runtime not offered, or not at that version, is a 400 that lists those offered, with their versions. */
             runtime?: string;
             code?: string;
             end_user_id?: string;
