@@ -1,11 +1,12 @@
 // Maps the SDK's camelCase to the API's snake_case and back, for object keys at any depth.
 
 /**
- * Properties whose values are maps keyed by the caller (environment variables, metadata): their
- * keys pass unchanged both ways. test/case.test.ts checks this list against every map
- * (additionalProperties) in the OpenAPI document.
+ * Properties whose values are maps keyed by the caller or by names (environment variables,
+ * metadata, runtimes' versions): their keys pass unchanged both ways. Each is listed in both
+ * cases. test/case.test.ts checks this list against every map (additionalProperties) in the
+ * OpenAPI document.
  */
-export const opaqueProperties: ReadonlySet<string> = new Set(["env", "metadata"]);
+export const opaqueProperties: ReadonlySet<string> = new Set(["env", "metadata", "runtime_versions", "runtimeVersions"]);
 
 /** "idleTimeoutS" → "idle_timeout_s". */
 export function snakeCase(key: string): string {
@@ -53,7 +54,7 @@ type CamelKey<S extends string> = S extends `${infer Head}_${infer Tail}`
   ? `${Head}${Capitalize<CamelKey<Tail>>}`
   : S;
 
-type OpaqueKey = "env" | "metadata";
+type OpaqueKey = "env" | "metadata" | "runtime_versions";
 
 /** T with camelCase keys at every depth (maps keyed by the caller left as they are). */
 export type Camelize<T> = T extends readonly (infer U)[]

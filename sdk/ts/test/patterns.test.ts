@@ -146,14 +146,16 @@ describe("seed 000 patterns against wb serve", { skip, timeout: 20 * 60_000 }, (
   });
 
   test("Ephemeral isolation per call", { timeout: 180_000 }, async (t) => {
-    // The seed writes runtime 'python3.12'; the catalog names runtimes without their version
-    // (GET /v1/templates): use this host's python.
-    const runtimes = (await wb.templates.list()).data.flatMap((tpl) => tpl.runtimes ?? []);
-    const python = runtimes.find((r) => r.startsWith("python3"));
-    if (!python) {
-      t.skip(`no python runtime on this host (runtimes: ${runtimes.join(", ")})`);
+    // The seed writes runtime 'python3.12', a python by its version: ask for this host's
+    // python3 so, by the version GET /v1/templates shows ("3.11.2" → "python3.11").
+    const templates = (await wb.templates.list()).data;
+    const version = templates.map((tpl) => tpl.runtimeVersions?.["python3"]).find((v) => v);
+    if (!version) {
+      const runtimes = templates.flatMap((tpl) => tpl.runtimes ?? []);
+      t.skip(`no python3 of a known version on this host (runtimes: ${runtimes.join(", ")})`);
       return;
     }
+    const python = "python" + version.split(".").slice(0, 2).join(".");
     // Each candidate leaves a mark and reports whether it found another's.
     const candidates = [1, 2, 3].map((n) => ({
       code: `import os\np = "/workspace/mark"\nseen = os.path.exists(p)\nopen(p, "w").write("${n}")\nprint(${n}, seen)`,
