@@ -749,6 +749,33 @@ func testRuns(t *testing.T, d *deployment) {
 			}
 		}
 	})
+	// Every runtime offered runs a program in its language: one listed that cannot (as go
+	// and gcc could not, given code) is a runtime in name only.
+	t.Run("every_runtime", func(t *testing.T) {
+		programs := map[string]string{
+			"sh":      "echo $((6*7))",
+			"python3": "print(6*7)",
+			"node":    "console.log(6*7)",
+			"gcc":     "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 6*7); return 0; }\n",
+		}
+		seen := map[string]bool{}
+		for _, tp := range d.templates(t) {
+			for _, rt := range tp.Runtimes {
+				if seen[rt] {
+					continue
+				}
+				seen[rt] = true
+				code, ok := programs[rt]
+				if !ok {
+					t.Errorf("runtime %s (template %s): no program of its language here; add one", rt, tp.Name)
+					continue
+				}
+				if run, r := d.run(t, map[string]any{"tier": 1, "runtime": rt, "code": code}); run.State != "succeeded" || run.Stdout != "42\n" {
+					t.Errorf("runtime %s: want succeeded with stdout \"42\\n\"; got %s", rt, r)
+				}
+			}
+		}
+	})
 	t.Run("nothing_shared", func(t *testing.T) {
 		code := "import os\np='/workspace/run-mark'\nprint(os.path.exists(p))\nopen(p,'w').write('x')"
 		for i := range 2 {

@@ -121,6 +121,8 @@ func runtimeAlias(name string) string {
 		return "node"
 	case "golang":
 		return "go"
+	case "c":
+		return "gcc"
 	case "py":
 		return "python"
 	}

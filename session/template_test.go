@@ -11,9 +11,10 @@ func TestCatalogRuntime(t *testing.T) {
 	py := Runtime{Name: "python3", Argv: []string{"/usr/bin/python3", "-c"}, Version: "3.11.7"}
 	node := Runtime{Name: "node", Argv: []string{"/usr/bin/node", "-e"}, Version: "18.19.0"}
 	goRT := Runtime{Name: "go", Version: "1.26.0"}
+	gcc := Runtime{Name: "gcc", Version: "12.2.0"}
 	c := Catalog{
 		{Name: "tpl_base", Runtimes: []Runtime{sh}},
-		{Name: "tpl_dev_polyglot", Runtimes: []Runtime{sh, py, node, goRT}},
+		{Name: "tpl_dev_polyglot", Runtimes: []Runtime{sh, py, node, goRT, gcc}},
 	}
 	for _, tc := range []struct{ ask, tpl, runtime string }{
 		{"sh", "tpl_base", "sh"},
@@ -27,6 +28,7 @@ func TestCatalogRuntime(t *testing.T) {
 		{"javascript", "tpl_dev_polyglot", "node"},
 		{"go1.26", "tpl_dev_polyglot", "go"},
 		{"golang", "tpl_dev_polyglot", "go"},
+		{"c", "tpl_dev_polyglot", "gcc"},
 	} {
 		tpl, rt, err := c.Runtime(tc.ask)
 		if err != nil || tpl.Name != tc.tpl || rt.Name != tc.runtime {
@@ -38,7 +40,7 @@ func TestCatalogRuntime(t *testing.T) {
 		{"python3.1", `its python3 is version 3.11.7`}, // a version's components, not its characters
 		{"python2", `its python3 is version 3.11.7`},
 		{"node20", `its node is version 18.19.0`},
-		{"ruby", `unknown runtime "ruby"; available: sh, python3 (3.11.7), node (18.19.0), go (1.26.0)`},
+		{"ruby", `unknown runtime "ruby"; available: sh, python3 (3.11.7), node (18.19.0), go (1.26.0), gcc (12.2.0)`},
 		{"python3..11", `unknown runtime "python3..11"`},
 		{"Python3", `unknown runtime "Python3"`},
 		{"", "must name a runtime"},

@@ -462,21 +462,29 @@ func detectToolchains(hostRoot string) toolchains {
 			tc.binds = append(tc.binds, hypervisor.Bind{Source: host(p), Target: p})
 		}
 	}
-	// Each probe prints the runtime's version, which a run may ask for ("python3.11").
+	// Each runtime takes a program's source as its last argument (argv then the code). Each
+	// probe prints the runtime's version, which a run may ask for ("python3.11").
+	//
+	// Go is not among them, though sessions have its toolchain: `go run` of a hello world
+	// with the guest's empty build cache took over a minute in a gVisor guest here (the
+	// standard library compiled first), where a run is meant to take milliseconds.
 	for _, c := range []struct {
 		name  string
 		paths []string
 		probe []string
-		argv  []string
+		argv  func(bin string) []string
 	}{
-		{"python3", []string{"/usr/bin/python3"}, []string{"-c", "import platform; print(platform.python_version())"}, []string{"-c"}},
-		{"node", []string{"/usr/bin/node", "/usr/bin/nodejs"}, []string{"-p", "process.versions.node"}, []string{"-e"}},
-		{"gcc", []string{"/usr/bin/gcc"}, []string{"-dumpfullversion"}, nil},
-		{"go", []string{"/usr/local/go/bin/go", "/usr/lib/go/bin/go", "/usr/bin/go"}, []string{"env", "GOVERSION"}, nil},
+		{"python3", []string{"/usr/bin/python3"}, []string{"-c", "import platform; print(platform.python_version())"},
+			func(bin string) []string { return []string{bin, "-c"} }},
+		{"node", []string{"/usr/bin/node", "/usr/bin/nodejs"}, []string{"-p", "process.versions.node"},
+			func(bin string) []string { return []string{bin, "-e"} }},
+		// A C program: compiled into the guest's workspace (where programs may run) and run.
+		{"gcc", []string{"/usr/bin/gcc"}, []string{"-dumpfullversion"},
+			func(bin string) []string { return []string{"/bin/sh", "-c", fmt.Sprintf(compileAndRunC, bin), "gcc"} }},
 	} {
 		for _, p := range c.paths {
 			if out, ok := runs(host(p), c.probe); ok {
-				tc.runtimes = append(tc.runtimes, Runtime{Name: c.name, Argv: append([]string{p}, c.argv...), Version: probedVersion(out)})
+				tc.runtimes = append(tc.runtimes, Runtime{Name: c.name, Argv: c.argv(p), Version: probedVersion(out)})
 				break
 			}
 		}
@@ -484,10 +492,13 @@ func detectToolchains(hostRoot string) toolchains {
 	return tc
 }
 
-// probedVersion is the version a probe printed ("3.11.7", "go1.26.0" → "1.26.0"), or ""
-// when it printed something else.
+// compileAndRunC is the gcc runtime's shell script (%s: gcc's path): $1 is the C source.
+const compileAndRunC = `cd /workspace && printf '%%s' "$1" >.wb-run.c && %s -O1 -o .wb-run .wb-run.c -lm && exec ./.wb-run`
+
+// probedVersion is the version a probe printed ("3.11.7"), or "" when it printed something
+// else.
 func probedVersion(out string) string {
-	v := strings.TrimPrefix(strings.TrimSpace(out), "go")
+	v := strings.TrimSpace(out)
 	if v == "" || len(v) > 32 || strings.Trim(v, "0123456789.") != "" || v[0] == '.' {
 		return ""
 	}
