@@ -87,7 +87,7 @@ stderr), and exits with the run's exit code; --no-wait prints the queued run at 
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.SessionID, "session", "", "run in this running session")
-	f.StringVar(&req.Runtime, "runtime", "", "ephemeral run's `runtime` (python, node, bash, …; see the templates)")
+	f.StringVar(&req.Runtime, "runtime", "", "ephemeral run's `runtime`: sh, python (python3, or python3.11 for that version), node, gcc (C source); the templates list those offered")
 	f.StringVar(&req.Code, "code", "", "ephemeral run's source `code`")
 	f.StringVar(&codeFile, "code-file", "", "read the ephemeral run's code from this `file`")
 	f.StringVar(&req.EndUserID, "end-user", "", "your end user's `id`")
