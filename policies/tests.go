@@ -1,0 +1,100 @@
+package policies
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/tester"
+)
+
+// TestResult is one Rego test's outcome (RunTests).
+type TestResult struct {
+	// Name is the test rule's full name: "data.wb.admission.test_denies_tier_4".
+	Name string `json:"name"`
+	// Location is where the rule is: "guard_test.rego:12".
+	Location string `json:"location"`
+	// Result is "pass", "fail" (its body was not true), "error" (its evaluation failed:
+	// Error says why) or "skip" (a rule named todo_test_…).
+	Result string `json:"result"`
+	Error  string `json:"error,omitempty"`
+	// Output is what the test printed (print(…)), at most maxTestOutput bytes of it.
+	Output string `json:"output,omitempty"`
+	// DurationMS is how long the test took, in milliseconds.
+	DurationMS float64 `json:"duration_ms"`
+}
+
+// maxTestOutput bounds what a TestResult keeps of its test's print output.
+const maxTestOutput = 4 << 10
+
+// ErrNoTests is RunTests's error for files that hold no test rule.
+var ErrNoTests = errors.New("no test rules (rules named test_…, as opa test runs them)")
+
+// RunTests runs the test rules (test_…) of files (file name → Rego v1 source) as `opa test`
+// does, but as the platform evaluates policies: the same Rego version, capabilities and
+// bounded built-ins, and each test within perTest. Each file not named *_test.rego is a
+// policy and must compile as an upload would (a package of a decision point, the size
+// checks); test files may be of any package (wb.admission or wb.admission_test, as OPA's
+// convention has it). Together the tests may make defaultEvalMemory each in built-ins' values.
+func RunTests(ctx context.Context, files map[string]string, perTest time.Duration) ([]TestResult, error) {
+	caps := capabilities()
+	mods := map[string]*ast.Module{}
+	tests := 0
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		src := files[name]
+		if !strings.HasSuffix(name, "_test.rego") {
+			if _, err := compile(ctx, caps, name, src); err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+		}
+		m, err := ast.ParseModuleWithOpts(name, src, ast.ParserOptions{RegoVersion: ast.RegoV1, Capabilities: caps})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, compileError(err))
+		}
+		for _, r := range m.Rules {
+			if n := r.Head.Name.String(); strings.HasPrefix(n, "test_") || strings.HasPrefix(n, "todo_test_") {
+				tests++
+			}
+		}
+		mods[name] = m
+	}
+	if tests == 0 {
+		return nil, ErrNoTests
+	}
+	var bounded []*tester.Builtin
+	for _, f := range boundedFunctions() {
+		bounded = append(bounded, &tester.Builtin{Func: f})
+	}
+	ch, err := tester.NewRunner().SetCompiler(newCompiler(caps).WithEnablePrintStatements(true)).AddCustomBuiltins(bounded).
+		CapturePrintOutput(true).
+		SetModules(mods).SetTimeout(perTest).RunTests(withBudget(ctx, int64(tests)*defaultEvalMemory), nil)
+	if err != nil {
+		return nil, errors.New(unbounded(compileError(err).Error()))
+	}
+	var out []TestResult
+	for r := range ch {
+		t := TestResult{Name: r.Package + "." + r.Name, Result: "pass", DurationMS: float64(r.Duration.Microseconds()) / 1000,
+			Output: string(r.Output)}
+		if len(t.Output) > maxTestOutput {
+			t.Output = strings.ToValidUTF8(t.Output[:maxTestOutput], "") + fmt.Sprintf("… (%d bytes more)", len(r.Output)-maxTestOutput)
+		}
+		if r.Location != nil {
+			t.Location = fmt.Sprintf("%s:%d", r.Location.File, r.Location.Row)
+		}
+		switch {
+		case r.Error != nil:
+			t.Result, t.Error = "error", unbounded(r.Error.Error())
+		case r.Fail:
+			t.Result = "fail"
+		case r.Skip:
+			t.Result = "skip"
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}

@@ -1,0 +1,96 @@
+package policies
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+const guardRego = `package wb.admission
+
+deny contains "tier 4 is for the platform team" if input.request.tier == 4
+`
+
+func TestRunTests(t *testing.T) {
+	files := map[string]string{
+		"guard.rego": guardRego,
+		"guard_test.rego": `package wb.admission_test
+
+import data.wb.admission
+
+test_tier_4_denied if {
+	count(admission.deny) == 1 with input as {"request": {"tier": 4}}
+}
+
+test_tier_2_allowed if {
+	print("deny at tier 2:", admission.deny) with input as {"request": {"tier": 2}}
+	count(admission.deny) == 1 with input as {"request": {"tier": 2}}
+}
+
+test_denied_builtin if {
+	http.send({"method": "GET", "url": "http://127.0.0.1:1/"})
+}
+
+test_too_big if {
+	count(concat("", array.reverse(numbers.range(1, 100000000)))) > 0
+}
+
+todo_test_later if { true }
+`,
+	}
+	_, err := RunTests(context.Background(), files, 5*time.Second)
+	// http.send is not among the platform's capabilities: the files do not compile.
+	if err == nil || !strings.Contains(err.Error(), "http.send") {
+		t.Fatalf("RunTests with http.send: %v; want the capability's compile error", err)
+	}
+	files["guard_test.rego"] = strings.Replace(files["guard_test.rego"], `http.send({"method": "GET", "url": "http://127.0.0.1:1/"})`, `1 == 1`, 1)
+	res, err := RunTests(context.Background(), files, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]TestResult{}
+	for _, r := range res {
+		got[strings.TrimPrefix(r.Name, "data.wb.admission_test.")] = r
+	}
+	for name, want := range map[string]string{"test_tier_4_denied": "pass", "test_tier_2_allowed": "fail",
+		"test_denied_builtin": "pass", "test_too_big": "error", "todo_test_later": "skip"} {
+		if got[name].Result != want {
+			t.Errorf("%s: %+v; want %s", name, got[name], want)
+		}
+	}
+	if r := got["test_tier_2_allowed"]; r.Location != "guard_test.rego:9" || r.Output != "deny at tier 2: set()\n" {
+		t.Errorf("the failed test says %+v; want its location and what it printed", r)
+	}
+	if r := got["test_too_big"]; !strings.Contains(r.Error, "memory budget") || strings.Contains(r.Error, boundedPrefix) {
+		t.Errorf("the test past the memory budget says %q; want the budget named, the builtin as written", r.Error)
+	}
+}
+
+func TestRunTestsRefusals(t *testing.T) {
+	ctx := context.Background()
+	if _, err := RunTests(ctx, map[string]string{"guard.rego": guardRego}, time.Second); !errors.Is(err, ErrNoTests) {
+		t.Errorf("no tests: %v; want ErrNoTests", err)
+	}
+	// A policy file must compile as an upload would: its package names a decision point.
+	_, err := RunTests(ctx, map[string]string{"guard.rego": "package wb.other\n\ntest_x if true\n"}, time.Second)
+	var ce *CompileError
+	if !errors.As(err, &ce) || !strings.HasPrefix(err.Error(), "guard.rego: ") || !strings.Contains(err.Error(), "not a decision point") {
+		t.Errorf("a policy of another package: %v; want guard.rego's compile error", err)
+	}
+	_, err = RunTests(ctx, map[string]string{"guard_test.rego": "package wb.admission_test\n\ntest_x if {\n"}, time.Second)
+	if err == nil || !strings.Contains(err.Error(), "guard_test.rego: ") {
+		t.Errorf("a test file that does not parse: %v; want its name and error", err)
+	}
+	// A test that loops runs out of its time.
+	res, err := RunTests(ctx, map[string]string{"guard_test.rego": `package wb.admission_test
+
+test_slow if {
+	count([x | some x in numbers.range(1, 5000); some y in numbers.range(1, 5000); x == y]) > 0
+}
+`}, 100*time.Millisecond)
+	if err != nil || len(res) != 1 || res[0].Result != "error" {
+		t.Errorf("a test past its time: %+v, %v; want an error result", res, err)
+	}
+}
