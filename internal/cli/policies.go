@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,7 +23,8 @@ func (a *app) policiesCmd() *cobra.Command {
 		Use:     "policies",
 		Aliases: []string{"policy"},
 		Short:   "Push, list, delete and test the project's Rego policies",
-		Example: `  wb policies test guard.rego --input request.json
+		Example: `  wb policies test guard.rego guard_test.rego
+  wb policies test guard.rego --input request.json
   wb policies push guard.rego --mode warn
   wb policies ls
   wb policies rm guard`,
@@ -109,18 +113,29 @@ not deleted: the API answers 409 naming the sessions; delete them or wait for th
 	var input string
 	var timeout time.Duration
 	test := &cobra.Command{
-		Use:   "test FILE.rego --input INPUT.json",
-		Short: "Evaluate a policy locally on one input and print its decision",
-		Long: `Compile FILE.rego as the platform would on upload (a module that fails here is refused by
-wb policies push) and evaluate it on INPUT.json, printing the package's document: deny and
-warn messages, defaults, kill, allow_egress, … Nothing is sent to the API. The input is the
-decision point's (see the policies package): at admission {"request": {...}, "project_id",
-"plan", "active_sessions"}.`,
-		Example: `  wb policies test guard.rego --input admission-input.json`,
-		Args:    exactArgs(1, "a FILE.rego"),
+		Use:   "test FILE.rego [FILE_test.rego...] [--input INPUT.json]",
+		Short: "Run a policy's Rego tests locally, or evaluate it on one input",
+		Long: `Without --input, run the test rules (test_…) of the files as opa test does, but as the
+platform evaluates policies: Rego v1, the platform's built-ins (no network, bounded values)
+and --timeout per test. Each file not named *_test.rego is a policy and must compile as
+wb policies push would have it; test files may use package wb.admission_test and import
+data.wb.admission. Prints each test's result and what it printed; exits 1 when one fails.
+
+With --input, compile FILE.rego as the platform would on upload and evaluate it on
+INPUT.json, printing the package's document: deny and warn messages, defaults, kill,
+allow_egress, … The input is the decision point's (see the policies package): at admission
+{"request": {...}, "project_id", "plan", "active_sessions"}.
+
+Nothing is sent to the API.`,
+		Example: `  wb policies test guard.rego guard_test.rego
+  wb policies test guard.rego --input admission-input.json`,
+		Args: atLeastArgs(1, "a FILE.rego"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if input == "" {
-				return fmt.Errorf("%s needs --input INPUT.json", cmd.CommandPath())
+				return a.testPolicies(cmd.Context(), args, timeout)
+			}
+			if len(args) != 1 {
+				return fmt.Errorf("%s --input evaluates one FILE.rego (got %d files; without --input the files' tests run)", cmd.CommandPath(), len(args))
 			}
 			src, err := os.ReadFile(args[0])
 			if err != nil {
@@ -143,10 +158,58 @@ decision point's (see the policies package): at admission {"request": {...}, "pr
 			return writeJSON(a.Out, map[string]any{"point": point, "result": doc})
 		},
 	}
-	test.Flags().StringVar(&input, "input", "", "JSON `file` of the decision's input")
-	test.Flags().DurationVar(&timeout, "timeout", time.Second, "deadline of the evaluation")
+	test.Flags().StringVar(&input, "input", "", "JSON `file` of the decision's input: evaluate the policy on it (without it, the files' tests run)")
+	test.Flags().DurationVar(&timeout, "timeout", time.Second, "deadline of the evaluation, or of each test")
 	cmd.AddCommand(push, ls, rm, test)
 	return cmd
+}
+
+// testPolicies runs the Rego tests of files (policies.RunTests) and prints their results:
+// a table of each test, what failed tests printed, and a summary; -o json, the results.
+func (a *app) testPolicies(ctx context.Context, files []string, perTest time.Duration) error {
+	srcs := map[string]string{}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		name := filepath.Base(f)
+		if _, dup := srcs[name]; dup {
+			return fmt.Errorf("two files are named %s: give files of different names", name)
+		}
+		srcs[name] = string(src)
+	}
+	res, err := policies.RunTests(ctx, srcs, perTest)
+	if errors.Is(err, policies.ErrNoTests) {
+		return fmt.Errorf("%s: %w; give --input INPUT.json to evaluate a policy on one input", strings.Join(files, ", "), err)
+	}
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(res, func(x, y policies.TestResult) int { return strings.Compare(x.Location, y.Location) })
+	failed := 0
+	t := table{header: []string{"RESULT", "TEST", "LOCATION", "TIME", "ERROR"}}
+	for _, r := range res {
+		if r.Result == "fail" || r.Result == "error" {
+			failed++
+		}
+		t.rows = append(t.rows, []string{strings.ToUpper(r.Result), r.Name, r.Location, fmt.Sprintf("%.1fms", r.DurationMS), r.Error})
+	}
+	if err := a.print(res, t); err != nil {
+		return err
+	}
+	if !a.json() {
+		for _, r := range res {
+			if r.Output != "" && (r.Result == "fail" || r.Result == "error") {
+				fmt.Fprintf(a.Out, "\n%s printed:\n%s", r.Name, strings.TrimSuffix(r.Output, "\n")+"\n")
+			}
+		}
+		fmt.Fprintf(a.Out, "\n%d of %d tests passed\n", len(res)-failed, len(res))
+	}
+	if failed > 0 {
+		return exitCode(1)
+	}
+	return nil
 }
 
 func baseName(file string) string {

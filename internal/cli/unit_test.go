@@ -253,7 +253,7 @@ func TestArgumentErrors(t *testing.T) {
 		{[]string{"sessions", "ls", "--frobnicate"}, `unknown flag: --frobnicate (run "wb sessions ls --help"`},
 		{[]string{"runs", "create"}, "give --session ID -- COMMAND, or --runtime"},
 		{[]string{"webhooks", "create", "https://example.com/h"}, "needs --events"},
-		{[]string{"policies", "test", "x.rego"}, "needs --input"},
+		{[]string{"policies", "test", "x.rego", "y.rego", "--input", "in.json"}, "--input evaluates one FILE.rego (got 2 files"},
 		{[]string{"usage", "--from", "yesterday"}, `--from "yesterday": want RFC 3339`},
 	} {
 		a, _, _ := newTestApp(e, "")
@@ -314,6 +314,51 @@ func TestPoliciesTestLocal(t *testing.T) {
 	a, _, _ = newTestApp(env{}, "")
 	if err := a.run(context.Background(), []string{"policies", "test", rego, "--input", in}); err == nil || !strings.Contains(err.Error(), "http.send") {
 		t.Fatalf("a policy calling http.send: %v", err)
+	}
+}
+
+// TestPoliciesTestRunsRegoTests: wb policies test without --input runs the files' test rules,
+// prints each result and what a failed test printed, and exits 1 when one fails.
+func TestPoliciesTestRunsRegoTests(t *testing.T) {
+	dir := t.TempDir()
+	rego, tests := filepath.Join(dir, "guard.rego"), filepath.Join(dir, "guard_test.rego")
+	_ = os.WriteFile(rego, []byte("package wb.admission\n\ndeny contains \"tier 4 is for admins\" if input.request.tier == 4\n"), 0o644)
+	_ = os.WriteFile(tests, []byte(`package wb.admission_test
+
+import data.wb.admission
+
+test_tier_4_denied if count(admission.deny) == 1 with input as {"request": {"tier": 4}}
+
+test_tier_2_denied if {
+	print("deny at tier 2:", admission.deny) with input as {"request": {"tier": 2}}
+	count(admission.deny) == 1 with input as {"request": {"tier": 2}}
+}
+`), 0o644)
+	a, out, _ := newTestApp(env{}, "")
+	err := a.run(context.Background(), []string{"policies", "test", rego, tests})
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Code != 1 {
+		t.Fatalf("a failing Rego test: %v; want exit 1\n%s", err, out)
+	}
+	for _, want := range []string{"PASS    data.wb.admission_test.test_tier_4_denied  guard_test.rego:5",
+		"FAIL    data.wb.admission_test.test_tier_2_denied  guard_test.rego:7",
+		"data.wb.admission_test.test_tier_2_denied printed:\ndeny at tier 2: set()\n", "1 of 2 tests passed"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output lacks %q:\n%s", want, out)
+		}
+	}
+	_ = os.WriteFile(tests, []byte("package wb.admission_test\n\nimport data.wb.admission\n\ntest_tier_4_denied if count(admission.deny) == 1 with input as {\"request\": {\"tier\": 4}}\n"), 0o644)
+	a, out, _ = newTestApp(env{}, "")
+	if err := a.run(context.Background(), []string{"policies", "test", rego, tests, "-o", "json"}); err != nil {
+		t.Fatalf("passing Rego tests: %v\n%s", err, out)
+	}
+	var res []struct{ Name, Result string }
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil || len(res) != 1 || res[0].Result != "pass" {
+		t.Fatalf("-o json: %+v, %v: %s", res, err, out)
+	}
+	a, _, _ = newTestApp(env{}, "")
+	if err := a.run(context.Background(), []string{"policies", "test", rego}); err == nil || !strings.Contains(err.Error(), "no test rules") || !strings.Contains(err.Error(), "--input") {
+		t.Fatalf("a policy without tests: %v; want it to say so and name --input", err)
 	}
 }
 
