@@ -262,7 +262,8 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	if !pty {
 		// A caller that stays connected but takes none of the answer for WriteStall ends the
 		// call: the proxy's write fails, and it closes the agent's connection, which kills an
-		// exec's processes as its timeout does. (A PTY's WebSocket is not written through w.)
+		// exec's processes as its timeout does. (A PTY's WebSocket is not written through w,
+		// but through the connection it hijacks.)
 		sw := stallwrite.New(w, n.WriteStall)
 		defer func() {
 			sw.Close()
@@ -278,6 +279,20 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 				"session", id, "method", r.Method, "path", r.URL.Path, "stall", n.WriteStall)
 		}()
 		w = sw
+	} else {
+		// A PTY's output that its caller does not take within WriteStall ends the PTY, as
+		// its caller's leaving does: the proxy's copy to the caller fails, and it closes the
+		// agent's connection, which kills the PTY's program. The copy would otherwise block
+		// for as long as the caller stayed, holding the proxy's goroutines, both connections
+		// and the program.
+		hj := stallwrite.NewHijacker(w, n.WriteStall)
+		defer func() {
+			if hj.Stalled() {
+				n.Logger.Warn("pty: its caller took none of the PTY's output within the stall; the PTY is ended",
+					"session", id, "stall", n.WriteStall)
+			}
+		}()
+		w = hj
 	}
 	if exec {
 		// The runtime decision point sees every command before the guest runs it.

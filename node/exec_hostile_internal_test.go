@@ -603,3 +603,82 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// endlessPTY is an agent that upgrades every PTY and sends its output without end, and sends
+// on closed once the node closed its connection (the agent kills the PTY's program then).
+func endlessPTY(closed chan<- struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		if brw.Flush() != nil {
+			closed <- struct{}{}
+			return
+		}
+		piece := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(piece); err != nil {
+				closed <- struct{}{}
+				return
+			}
+		}
+	}
+}
+
+// TestPTYStalledCallerIsCut: a caller of the node's API whose PTY's output it stays connected
+// for but takes no more of ends the PTY once a write waited WriteStall: the node closes its
+// connection to the agent (which kills the PTY's program) and its caller's, and logs it.
+// Before, the node's copy of the agent's output to the caller blocked for as long as the
+// caller stayed, holding the proxy's goroutines, both connections and the program.
+func TestPTYStalledCallerIsCut(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	const id = "sess_stalledpty"
+	_, srv, logs := hostileAgentNode(t, id, Config{WriteStall: time.Second}, endlessPTY(closed))
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	fmt.Fprintf(conn, "GET /v1/sessions/%s/agent/v1/pty?cols=80&rows=24 HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\n"+
+		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", id)
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 101 ") {
+		t.Fatalf("the answer's status line: %q, %v; want a 101", status, err)
+	}
+	// The caller now reads no more, and stays.
+	select {
+	case <-closed:
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after its caller stopped reading, the node's PTY copy still held the agent's connection; want it ended after the 1 s WriteStall")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "took none of the PTY's output") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the node's log does not say that the PTY's caller stalled:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The caller's connection is closed too: the node answers the caller's bytes with a
+	// reset (its end, past the output the caller has not read, may wait on TCP's backed-off
+	// window probes for long).
+	deadline = time.Now().Add(30 * time.Second)
+	buf := make([]byte, 64<<10)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatal("30 s after the PTY ended, its caller's connection to the node was still open; want it closed")
+		}
+		_, werr := conn.Write([]byte("x"))
+		_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, rerr := conn.Read(buf)
+		if werr != nil || (rerr != nil && !errors.Is(rerr, os.ErrDeadlineExceeded)) {
+			break
+		}
+	}
+}

@@ -58,10 +58,10 @@ type Config struct {
 	// RedisTimeout bounds every Redis call, so an outage never stalls the timers (default 2 s).
 	RedisTimeout time.Duration
 	// WriteStall is how long a write of an answer of a guest's agent through the node's API
-	// (an exec's, a file's; a PTY's WebSocket is its caller's to bound) may wait on a caller
-	// that takes none of it before the call ends, an exec's processes killed as its timeout
-	// kills them (default DefaultWriteStall): a caller that stays connected and reads no more
-	// would hold the call, and the agent's connection, for ever.
+	// (an exec's, a file's, a PTY's output) may wait on a caller that takes none of it before
+	// the call ends, an exec's or a PTY's processes killed as its timeout kills them (default
+	// DefaultWriteStall): a caller that stays connected and reads no more would hold the
+	// call, and the agent's connection, for ever.
 	WriteStall time.Duration
 	// ExecDrain is how long past its timeout and the node's grace an exec's answer may go on
 	// while its caller is slow to read it (default DefaultExecDrain). The backstop counts the
