@@ -328,7 +328,7 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	platform.refresh(ctx)
 	g, gctx := errgroup.WithContext(ctx)
 	if metricsLn != nil {
-		serveMetrics(gctx, g, metricsLn, f.metrics.Handler(), log)
+		serveMetrics(gctx, g, metricsLn, f.metrics.Handler(), nd.WriteStall, log)
 	}
 	runNode(gctx, g, nd, ln, token, platform)
 	err = g.Wait()

@@ -367,7 +367,7 @@ Flags:
 		serveUntil(gctx, g, &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}, edgeLn, 10*time.Second)
 	}
 	if metricsLn != nil {
-		serveMetrics(gctx, g, metricsLn, metrics.Handler(), log)
+		serveMetrics(gctx, g, metricsLn, metrics.Handler(), gw.WriteStall, log)
 	}
 	g.Go(func() error { <-gctx.Done(); log.Info("shutting down"); return nil })
 	return g.Wait()
@@ -395,11 +395,18 @@ func serveUntil(ctx context.Context, g *errgroup.Group, srv *http.Server, ln net
 }
 
 // serveMetrics serves /metrics on ln, an address only the operator's network reaches, until
-// ctx ends.
-func serveMetrics(ctx context.Context, g *errgroup.Group, ln net.Listener, h http.Handler, log *slog.Logger) {
+// ctx ends. Every write of an answer, the scrape's and net/http's last ones once it returned,
+// waits at most stall on a caller that takes none of it: one that asks on a connection and
+// reads no more would otherwise hold the connection, its goroutine and the answer for as
+// long as it stayed.
+func serveMetrics(ctx context.Context, g *errgroup.Group, ln net.Listener, h http.Handler, stall time.Duration, log *slog.Logger) {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", h)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	mux.Handle("GET /metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := stallwrite.New(w, stall)
+		defer sw.Close()
+		h.ServeHTTP(sw, r)
+	}))
+	srv := &http.Server{Handler: stallwrite.Handler(mux, stall), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("metrics served", "url", "http://"+ln.Addr().String()+"/metrics")
 	serveUntil(ctx, g, srv, ln, 5*time.Second)
 }
