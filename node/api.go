@@ -352,7 +352,20 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 	l.mu.Lock()
 	proxy := l.proxy
 	if proxy == nil {
-		proxy = agentProxy(n.agentDial(l.g.GuestID), func(ctx context.Context, err error) error { return n.whyExecBroke(ctx, l, err) },
+		// A write to the guest's agent that it takes none of within WriteStall fails, and
+		// the call ends: a PTY's input that a hostile agent takes none of would otherwise
+		// block the proxy's copy of it, which then read its caller no more and saw it not
+		// leave, holding the proxy's goroutines and both connections for as long as the
+		// guest ran.
+		dial := n.agentDial(l.g.GuestID)
+		bounded := func(ctx context.Context) (net.Conn, error) {
+			c, err := dial(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return stallwrite.NewConn(c, n.WriteStall), nil
+		}
+		proxy = agentProxy(bounded, func(ctx context.Context, err error) error { return n.whyExecBroke(ctx, l, err) },
 			n.Logger.With("session", id))
 		l.proxy = proxy
 	}

@@ -682,3 +682,57 @@ func TestPTYStalledCallerIsCut(t *testing.T) {
 		}
 	}
 }
+
+// deafPTY is an agent that upgrades every PTY, then takes none of its input and sends
+// nothing, holding the connection until the test ends.
+func deafPTY(t *testing.T) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		_ = brw.Flush()
+		<-t.Context().Done()
+	}
+}
+
+// TestPTYDeafAgentIsCut: a PTY whose guest's agent takes none of its input (and sends
+// nothing) ends once the node's write of the input to it waited WriteStall: the node closes
+// its caller's connection. Before, the node's copy of the input blocked on the agent for as
+// long as the guest ran, and read its caller no more: a caller that gave up and left (the
+// gateway does, after its own bound) was not seen, and the proxy's goroutines and both
+// connections stayed held, one set for each such PTY.
+func TestPTYDeafAgentIsCut(t *testing.T) {
+	const id = "sess_deafpty"
+	_, srv, _ := hostileAgentNode(t, id, Config{WriteStall: time.Second}, deafPTY(t))
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v1/sessions/%s/agent/v1/pty?cols=80&rows=24 HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\n"+
+		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", id)
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 101 ") {
+		t.Fatalf("the answer's status line: %q, %v; want a 101", status, err)
+	}
+	// The caller types without end; its writes fail once the node closed the connection.
+	written := make(chan error, 1)
+	go func() {
+		piece := make([]byte, 64<<10)
+		for {
+			if _, err := conn.Write(piece); err != nil {
+				written <- err
+				return
+			}
+		}
+	}()
+	select {
+	case <-written:
+	case <-time.After(45 * time.Second):
+		t.Fatal("45 s after the guest's agent stopped taking the PTY's input, the node still held its caller's connection; want it closed after the 1 s WriteStall")
+	}
+}

@@ -61,7 +61,9 @@ type Config struct {
 	// (an exec's, a file's, a PTY's output) may wait on a caller that takes none of it before
 	// the call ends, an exec's or a PTY's processes killed as its timeout kills them (default
 	// DefaultWriteStall): a caller that stays connected and reads no more would hold the
-	// call, and the agent's connection, for ever.
+	// call, and the agent's connection, for ever. It bounds as well each write to the guest's
+	// agent through the node's API (a PTY's input, a request's body), which a hostile agent
+	// may take none of.
 	WriteStall time.Duration
 	// ExecDrain is how long past its timeout and the node's grace an exec's answer may go on
 	// while its caller is slow to read it (default DefaultExecDrain). The backstop counts the

@@ -11,19 +11,29 @@ import (
 	"time"
 )
 
-// Conn is a hijacked connection (a WebSocket's that a proxy passes on) whose writes each end
-// within stall, as a Writer's do: it writes in pieces of at most Piece bytes, and a piece that
-// the caller does not take within stall fails the write with ErrStalled. The connection is
-// its hijacker's alone, so a deadline is set before each piece and left (a passed one
-// hinders nothing: the next write sets its own); reads are not bounded.
+// Conn is a connection (a hijacked one, a WebSocket's that a proxy passes on; a client's to
+// a peer that may stop reading) whose writes each end within stall, as a Writer's do: it
+// writes in pieces of at most Piece bytes, and a piece that the peer does not take within
+// stall fails the write with ErrStalled. The connection's writes are its holder's alone, so
+// a deadline is set before each piece and left (a passed one hinders nothing: the next write
+// sets its own); reads are not bounded.
 type Conn struct {
 	net.Conn
 	stall   time.Duration
 	stalled atomic.Bool
 }
 
+// NewConn wraps c, a connection its holder alone writes to; a stall of 0 or less leaves its
+// writes unbounded.
+func NewConn(c net.Conn, stall time.Duration) *Conn {
+	return &Conn{Conn: c, stall: stall}
+}
+
 // Write writes b in pieces, each within the stall.
 func (c *Conn) Write(b []byte) (int, error) {
+	if c.stall <= 0 {
+		return c.Conn.Write(b)
+	}
 	written := 0
 	for len(b) > 0 {
 		if c.stalled.Load() {
@@ -87,7 +97,7 @@ func (h *Hijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		return c, brw, err
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(h.stall))
-	sc := &Conn{Conn: c, stall: h.stall}
+	sc := NewConn(c, h.stall)
 	h.conn.Store(sc)
 	return sc, brw, nil
 }
