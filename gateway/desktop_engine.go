@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"wb/desktop"
+	"wb/placer"
 	"wb/session"
 	"wb/store"
 )
@@ -30,10 +31,6 @@ const DefaultDesktopIdle = 15 * time.Minute
 
 // DesktopTier is the tier of desktops' sessions: the longest lifetime and every size.
 const DesktopTier = 4
-
-// desktopNodeSilence is how long a node may go without a heartbeat and still count as room
-// for a desktop (the placer's default heartbeat timeout).
-const desktopNodeSilence = 10 * time.Second
 
 // errDesktopMoved: the desktop left the state a piece of background work expected.
 var errDesktopMoved = errors.New("the desktop moved on")
@@ -218,9 +215,12 @@ func (s *Server) desktopRoom(ctx context.Context, size desktop.Size, img string)
 		return err
 	}
 	res := size.Resources()
+	now := s.Now()
 	roomy, imaged, roomyImaged := false, false, false
 	for _, n := range nodes {
-		if n.Draining || s.Now().Sub(n.HeartbeatAt) > desktopNodeSilence || n.Region != s.Regions[0] || !slices.Contains(n.Tiers, DesktopTier) {
+		// Live by the placer's rule and timeout (NodeTimeout): a node it would not place on is
+		// no room, and one it would is.
+		if !placer.CanHost(n, s.Regions[0], DesktopTier, "", now, s.NodeTimeout) {
 			continue
 		}
 		room := n.VCPU-n.UsedVCPU >= res.VCPU && n.MemoryMiB-n.UsedMemoryMiB >= res.MemoryMiB

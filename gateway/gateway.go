@@ -15,6 +15,7 @@ import (
 	"wb/desktop"
 	"wb/hypervisor"
 	"wb/internal/stallwrite"
+	"wb/placer"
 	"wb/plugins"
 	"wb/policies"
 	"wb/quota"
@@ -140,8 +141,9 @@ type Config struct {
 	// is the same whatever it called.
 	WriteStall time.Duration
 	// NodeTimeout is how long a node may go without a heartbeat before it counts as dead, as
-	// the placer judges it (0: 10 s, the placer's default): a restore that only some nodes can
-	// do is refused when none of them is live.
+	// the placer judges it (0: placer.DefaultHeartbeatTimeout, the placer's default): a
+	// restore that only some nodes can do is refused when none of them is live, and a desktop
+	// is refused when no live node has room for it.
 	NodeTimeout time.Duration
 }
 
@@ -196,6 +198,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.NodeTimeout <= 0 {
+		cfg.NodeTimeout = placer.DefaultHeartbeatTimeout
 	}
 	if cfg.Tiers == (session.Tiers{}) {
 		cfg.Tiers = session.DefaultTiers()

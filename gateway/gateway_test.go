@@ -97,9 +97,6 @@ func newEnvTiers(t *testing.T, rdb redis.UniversalClient, tiers session.Tiers, o
 	// As a real node does: a test that outlasts the placer's heartbeat timeout (10 s), as a
 	// loaded machine makes many, would find the node dead and its sessions left pending.
 	heartbeating(t, node)
-	pl := placer.New(placer.Config{Store: st, Provisioner: node, Tiers: tiers})
-	done := make(chan struct{})
-	go func() { _ = pl.Run(ctx); close(done) }()
 	cfg := Config{
 		Store: st, Limiter: quota.NewRateLimiter(rdb), Accounts: quota.NewAccounts(rdb), Webhooks: webhooks.NewRegistry(rdb, webhooks.RegistryOptions{AllowPrivate: true}), Guests: node,
 		Catalog: session.Catalog{
@@ -111,6 +108,10 @@ func newEnvTiers(t *testing.T, rdb redis.UniversalClient, tiers session.Tiers, o
 	for _, o := range opts {
 		o(&cfg)
 	}
+	// The placer judges nodes by the gateway's node timeout, as wb serve's does.
+	pl := placer.New(placer.Config{Store: st, Provisioner: node, Tiers: tiers, HeartbeatTimeout: cfg.NodeTimeout})
+	done := make(chan struct{})
+	go func() { _ = pl.Run(ctx); close(done) }()
 	gw, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

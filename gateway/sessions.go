@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -246,9 +245,9 @@ func (s *Server) checkRestorable(ctx context.Context, snap session.SnapshotRecor
 	if err != nil {
 		return err
 	}
-	now, timeout := s.Now(), cmp.Or(s.NodeTimeout, 10*time.Second)
+	now := s.Now()
 	for _, n := range nodes {
-		if placer.CanHost(n, region, tier, snap.RootImage, now, timeout) {
+		if placer.CanHost(n, region, tier, snap.RootImage, now, s.NodeTimeout) {
 			return nil
 		}
 	}

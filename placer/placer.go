@@ -27,7 +27,7 @@ type Config struct {
 	// Tiers give the provisioning deadlines; give the store the same (store.WithTiers).
 	Tiers session.Tiers
 	// HeartbeatTimeout: a node silent for longer is dead and its sessions fail with
-	// host_failure. Default 10 s.
+	// host_failure. Default DefaultHeartbeatTimeout.
 	HeartbeatTimeout time.Duration
 	// FullSweepEvery: how often, besides at start, the placer visits every project with
 	// sessions, to place what a lost signal left pending and repair the indexes it works
@@ -66,10 +66,13 @@ type Placer struct {
 	wg      sync.WaitGroup
 }
 
+// DefaultHeartbeatTimeout is Config.HeartbeatTimeout's default.
+const DefaultHeartbeatTimeout = 10 * time.Second
+
 // New returns a Placer.
 func New(cfg Config) *Placer {
 	if cfg.HeartbeatTimeout == 0 {
-		cfg.HeartbeatTimeout = 10 * time.Second
+		cfg.HeartbeatTimeout = DefaultHeartbeatTimeout
 	}
 	if cfg.FullSweepEvery == 0 {
 		cfg.FullSweepEvery = 5 * time.Minute
