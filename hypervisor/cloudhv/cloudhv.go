@@ -89,6 +89,12 @@ type Driver struct {
 	// logBytesPerSec and logBurst.
 	copyRate  rate.Limit
 	copyBurst int
+	// images is RootImages' last good listing of the cache dir, which a listing that fails
+	// answers; imagesFailing, that the failure was logged (once a run of them). imagesMu
+	// holds them and the listing.
+	imagesMu      sync.Mutex
+	images        []string
+	imagesFailing bool
 }
 
 var (

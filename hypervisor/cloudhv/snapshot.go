@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -169,14 +170,41 @@ func rootImageID(name, uuid string) string { return name + "/" + uuid }
 // RootImages names the root disk images in this node's cache dir (hypervisor.RootImager): the
 // memory snapshots it can restore are those whose RootImage is one of them. It reads each
 // image's superblock, a few small reads per heartbeat; an image being built is not named (it
-// is renamed into place whole).
+// is renamed into place whole). A listing that fails (an I/O error, a permission) answers the
+// last good one's images, warning once a run of failures: the node advertises the answer on
+// each heartbeat, and none would have the gateway refuse every restore of a memory snapshot
+// taken here (and wake desktops from their disks) until a listing succeeded. The driver
+// removes no image from the cache, so the last good listing's are still there, or gone with
+// the whole cache (a restore placed here then is refused by ErrSnapshotImage, and the node
+// starts the session from the disk).
 func (d *Driver) RootImages() []string {
-	ents, err := os.ReadDir(d.o.CacheDir)
+	d.imagesMu.Lock()
+	defer d.imagesMu.Unlock()
+	out, err := d.listRootImages()
 	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			d.log.Warn("list the root disk images", "err", err)
+		if !d.imagesFailing {
+			d.log.Warn("list the root disk images: advertising those of the last good listing until one succeeds",
+				"err", err, "images", len(d.images))
+			d.imagesFailing = true
 		}
-		return nil
+		return slices.Clone(d.images)
+	}
+	if d.imagesFailing {
+		d.log.Info("the root disk images are listed again", "images", len(out))
+		d.imagesFailing = false
+	}
+	d.images = out
+	return slices.Clone(out)
+}
+
+// listRootImages is RootImages' listing of the cache dir, none when there is no cache dir.
+func (d *Driver) listRootImages() ([]string, error) {
+	ents, err := os.ReadDir(d.o.CacheDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
 	}
 	var out []string
 	for _, e := range ents {
@@ -189,7 +217,7 @@ func (d *Driver) RootImages() []string {
 		}
 		out = append(out, rootImageID(e.Name(), uuid))
 	}
-	return out
+	return out, nil
 }
 
 // syncTimeout bounds the guest's sync before a disk snapshot.
