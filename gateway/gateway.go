@@ -273,9 +273,11 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, Health{Status: "ok"}) })
 	// 240 KB, to anyone: a caller that takes none of it is cut, as from the API's large answers.
 	m.HandleFunc("GET /v1/openapi.json", s.stallBoundedHTTP(serveOpenAPI))
-	m.Handle("GET "+console.Prefix+"/", console.Handler()) // the web console: pages that call this API
+	// The web console (pages that call this API, to anyone) and /metrics (tens of kilobytes)
+	// write past net/http's buffer from their handlers: a caller that takes none is cut too.
+	m.Handle("GET "+console.Prefix+"/", s.stallBoundedHTTP(console.Handler().ServeHTTP))
 	if !s.MetricsElsewhere {
-		m.Handle("GET /metrics", s.metricsGuard(s.Metrics.Handler()))
+		m.Handle("GET /metrics", s.metricsGuard(s.stallBoundedHTTP(s.Metrics.Handler().ServeHTTP)))
 	}
 	m.HandleFunc("POST /v1/admin/projects", s.adminCreateProject)
 	m.Handle("GET /v1/admin/projects/{id}/plan", s.admin(s.adminGetPlan))
@@ -372,7 +374,8 @@ func (s *Server) stallBounded(h handler) handler {
 	}
 }
 
-// stallBoundedHTTP is stallBounded for a route without a project (the OpenAPI document).
+// stallBoundedHTTP is stallBounded for a route without a project (the OpenAPI document, the
+// console, /metrics).
 func (s *Server) stallBoundedHTTP(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		sw := stallwrite.New(w, s.WriteStall)

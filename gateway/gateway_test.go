@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/console"
 	"wb/desktop"
 	"wb/internal/fakenode"
 	"wb/internal/redistest"
@@ -988,6 +989,24 @@ func TestOpenAPIStalledCallerIsCut(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
 	// Enough, pipelined, to fill every buffer on the way.
 	stalledConnCloses(t, e.gw.Handler(), "", "/v1/openapi.json", 60)
+}
+
+// TestConsoleAndMetricsStalledCallerIsCut: the web console's files (to anyone, without a key,
+// some past net/http's 4 KiB buffer) and /metrics (the operator's) asked for many times on one
+// connection whose caller takes none of them end once a write waited WriteStall, and the
+// connection is closed, as the OpenAPI document's do.
+func TestConsoleAndMetricsStalledCallerIsCut(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WriteStall = 3 * time.Second })
+	t.Run("console", func(t *testing.T) { stalledConnCloses(t, e.gw.Handler(), "", console.Prefix+"/desktop.js", 2000) })
+	t.Run("metrics", func(t *testing.T) {
+		// Series of a few routes, as any gateway soon has: an answer of tens of kilobytes.
+		for _, path := range []string{"/healthz", "/v1/sessions", "/v1/snapshots", "/v1/desktops", "/v1/policies",
+			"/v1/plugins", "/v1/templates", "/v1/usage", "/v1/webhooks/endpoints", "/v1/sessions/sess_nope", "/v1/runs/run_nope"} {
+			e.do("GET", path, e.key, nil)
+			e.do("GET", path, "wb_live_nope", nil)
+		}
+		stalledConnCloses(t, e.gw.Handler(), adminKey, "/metrics", 500)
+	})
 }
 
 // TestSmallAnswersStalledCallerIsCut: a small answer (the health check's), asked for so many
