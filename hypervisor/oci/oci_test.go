@@ -588,11 +588,8 @@ func TestPolyglot(t *testing.T) {
 				switch r.Name {
 				case "node":
 					script = shJoin(append(r.Argv, "console.log(6*7)"))
-				case "gcc":
-					// Programs run from /workspace only (/tmp is noexec).
-					script = `printf 'int main(){return 42;}' > /tmp/a.c && ` + shJoin(r.Argv) + ` -o /workspace/a /tmp/a.c && /workspace/a; echo "exit=$?"`
-				case "go":
-					script = shJoin(append(r.Argv, "version"))
+				case "gcc": // the runtime compiles the C program and runs it
+					script = shJoin(append(r.Argv, "int main(){return 42;}")) + `; echo "exit=$?"`
 				default:
 					continue
 				}
