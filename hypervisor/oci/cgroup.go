@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -234,12 +235,28 @@ func readKeyed(path, key string) (int64, error) {
 }
 
 // removeDirs removes a guest's leftover cgroup directories (runsc leaves them when its
-// sandbox was killed). Missing ones are fine.
+// sandbox was killed; a runc guest deleted without runc leaves them all). Missing ones are
+// fine. A dir still busy (its last processes still exiting after their init's death) is
+// tried again, 5 times in all over some 150 ms, as runc's own delete does.
 func (h cgroupHost) removeDirs(p string) error {
+	dirs := h.dirs(p)
 	var errs []error
-	for _, d := range h.dirs(p) {
-		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
+	wait := 10 * time.Millisecond
+	for i := range 5 {
+		if i > 0 {
+			time.Sleep(wait)
+			wait *= 2
+		}
+		errs = errs[:0]
+		busy := dirs[:0]
+		for _, d := range dirs {
+			if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+				busy = append(busy, d)
+			}
+		}
+		if dirs = busy; len(dirs) == 0 {
+			return nil
 		}
 	}
 	return errors.Join(errs...)
