@@ -2,7 +2,14 @@ package policies
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"fmt"
+	"math/big"
 	"slices"
 	"strings"
 	"testing"
@@ -115,6 +122,50 @@ func TestMessagesBounded(t *testing.T) {
 	for _, r := range d.Reasons {
 		if len(r) > maxMessageBytes+64 {
 			t.Errorf("a reason of %d bytes", len(r))
+		}
+	}
+}
+
+// TestKeyBuiltinsWork: the key and certificate builtins, bounded in work, load a 4096-bit RSA
+// key and its certificate, sign with the key and verify with the certificate.
+func TestKeyBuiltinsWork(t *testing.T) {
+	key, err := rsa.GenerateKey(rand.Reader, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "wb test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	src := fmt.Sprintf("package wb.admission\n\nkey := `%s`\n\ncert := `%s`\n\n", keyPEM, certPEM) + `
+deny contains "key" if crypto.x509.parse_rsa_private_key(key).kty == "RSA"
+
+deny contains "keys" if count(crypto.parse_private_keys(key)) == 1
+
+deny contains "cert" if crypto.x509.parse_certificates(cert)[0].Subject.CommonName == "wb test"
+
+deny contains "jwt" if {
+	token := io.jwt.encode_sign({"alg": "RS256"}, {"sub": "x"}, crypto.x509.parse_rsa_private_key(key))
+	io.jwt.verify_rs256(token, cert)
+	[true, _, _] = io.jwt.decode_verify(token, {"cert": cert, "time": 0})
+}
+`
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second})
+	if _, err := e.Put(ctx, "proj_keys", "keys", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission("proj_keys", 2, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"key", "keys", "cert", "jwt"} {
+		if !slices.Contains(d.Reasons, "pol_keys@1: "+w) {
+			t.Errorf("no reason %q in %q", w, d.Reasons)
 		}
 	}
 }
