@@ -112,10 +112,11 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"json.unmarshal":            {estimate: lengthOf(termBytes), deep: true},
 	"yaml.unmarshal":            {estimate: lengthOf(termBytes), deep: true},
 	"urlquery.decode_object":    {estimate: lengthOf(termBytes), deep: true},
-	"graphql.parse":             {estimate: lengthOf(256), deep: true},
+	"graphql.parse":             {estimate: graphQLQuery(lengthOf(256)), deep: true},
 	"graphql.parse_query":       {estimate: lengthOf(256), deep: true},
 	"graphql.parse_schema":      {estimate: lengthOf(256), deep: true},
-	"graphql.parse_and_verify":  {estimate: lengthOf(256), deep: true},
+	"graphql.parse_and_verify":  {estimate: graphQLQuery(lengthOf(256)), deep: true},
+	"graphql.is_valid":          {estimate: graphQLQuery(nil)},
 	"base64.encode":             {estimate: lengthOf(2)},
 	"base64url.encode":          {estimate: lengthOf(2)},
 	"base64url.encode_no_pad":   {estimate: lengthOf(2)},
@@ -571,6 +572,26 @@ func stringAtMost(i, max int) sizeFunc {
 			return 0, fmt.Errorf("operand %d is longer than %d bytes", i+1, max)
 		}
 		return 0, nil
+	}
+}
+
+// maxGraphQLQuery bounds the query a graphql builtin validates against a schema: validation
+// compares every pair of fields a selection set answers under one name, inside one call that
+// does not look at the deadline (a 32 KiB query of one field repeated took 21 s).
+const maxGraphQLQuery = 2 << 10
+
+// graphQLQuery refuses a query (operand 0) over maxGraphQLQuery bytes, then answers est (nil:
+// none).
+func graphQLQuery(est sizeFunc) sizeFunc {
+	at := stringAtMost(0, maxGraphQLQuery)
+	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
+		if _, err := at(ops, limit, stop); err != nil {
+			return 0, fmt.Errorf("the query is too long to validate: %w", err)
+		}
+		if est == nil {
+			return 0, nil
+		}
+		return est(ops, limit, stop)
 	}
 }
 
