@@ -101,6 +101,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"regex.match":               {estimate: regexWork(0, 1, false, nil)},
 	"re_match":                  {estimate: regexWork(0, 1, false, nil)},
 	"regex.template_match":      {estimate: estimateTemplateMatch},
+	"glob.match":                {}, // matched in linear time (globmatch.go)
 	"indexof_n":                 {estimate: piecesOf(0, 1)},
 	"net.cidr_expand":           {estimate: estimateCIDRExpand},
 	"net.cidr_contains_matches": {estimate: estimateProduct},
@@ -274,6 +275,9 @@ func boundedFunctions() []func(*rego.Rego) {
 	for _, name := range slices.Sorted(maps.Keys(boundedBuiltins)) {
 		decl := ast.BuiltinMap[name]
 		orig := topdown.GetBuiltin(name)
+		if r := replacement(name); r != nil {
+			orig = r
+		}
 		if decl == nil || orig == nil {
 			continue // not in this OPA: nothing to bound
 		}
