@@ -47,6 +47,8 @@ deny contains upper(base64.decode(base64.encode("ok")))
 
 deny contains "gql" if graphql.is_valid("{ a b: a }", "type Query { a: Int }")
 
+deny contains "subset" if object.subset({"a": [1, 2, 3], "b": 1}, {"a": [2, 3]})
+
 deny contains msg if {
 	s := {1, 2} | {3}
 	msg := sprintf("%d %d", [count(s), count(union({{1}, {2, 3}}))])
@@ -60,7 +62,7 @@ deny contains msg if {
 		t.Fatal(err)
 	}
 	want := []string{"   42|ab  |[1, 2]", "a-b-c", "ayby", "12c", "a#b#", `{"k":[1,2.5,"x"]}`, "1000000007000",
-		"x,y", "tier 2 of 3", "OK", "3 3", "gql"}
+		"x,y", "tier 2 of 3", "OK", "3 3", "gql", "subset"}
 	for _, w := range want {
 		if !slices.Contains(d.Reasons, "pol_ok@1: "+w) {
 			t.Errorf("no reason %q in %q", w, d.Reasons)
