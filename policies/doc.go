@@ -59,7 +59,13 @@
 //     one call has no useful bound: strings.render_template, graph.reachable_paths,
 //     regex.globs_match, rego.parse_module. A policy that calls one does not compile.
 //     time.now_ns stays (time-of-day rules), and so do io.jwt.* with keys given inline.
-//   - Time: a project's policies get Options.EvalTimeout (250 ms) per decision.
+//   - Time: a project's policies get Options.EvalTimeout (250 ms) per decision. A builtin
+//     call does not look at that deadline, so the builtins whose work inside one call grows
+//     faster than their operands are bounded in work before they run: regular expressions
+//     (pattern instructions times text, squared for the all-match ones: regexwork.go),
+//     keys and certificates (the squares of their base64 runs: keywork.go), graphql
+//     validation (a 2 KiB query), object.subset (its operands' elements multiplied);
+//     glob.match runs on Go's regexp, in linear time (globmatch.go).
 //   - Memory: the builtins that make strings or collections (sprintf, concat, replace,
 //     numbers.range, split, regex.*, json/yaml (un)marshal, array.concat, union, …) run as
 //     bounded versions that estimate what a call will make before making it and charge it to
