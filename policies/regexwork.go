@@ -2,6 +2,7 @@ package policies
 
 import (
 	"fmt"
+	"math"
 	"regexp"
 	"regexp/syntax"
 	"strings"
@@ -57,10 +58,17 @@ func checkRegexWork(insts int64, text string, all bool) error {
 	if all && work <= maxRegexWork {
 		work *= n
 	}
-	if work > maxRegexWork {
-		return fmt.Errorf("a pattern of %d instructions on %d bytes of text is too much work for one call: use a shorter text or a simpler pattern", insts, len(text))
+	if work <= maxRegexWork {
+		return nil
 	}
-	return nil
+	// The longest text this pattern may take, so that the message says what would do.
+	most, why := maxRegexWork/max(insts, 1), ""
+	if all {
+		most, why = int64(math.Sqrt(float64(most))), ", as this builtin searches again after each match"
+	}
+	return fmt.Errorf("a pattern of %d instructions on %d bytes of text is too much work for one call "+
+		"(this pattern may take at most %d bytes here%s): use a shorter text or a simpler pattern",
+		insts, len(text), max(most-1, 0), why)
 }
 
 // regexInsts answers the size of pattern's compiled program, as regexp compiles it (0 for a
