@@ -63,7 +63,7 @@ func globMatch(_ topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Te
 	if err != nil {
 		return fmt.Errorf("glob %q: %w", pattern, err)
 	}
-	if err := checkRegexWork(regexInsts(expr), string(match), false); err != nil {
+	if err := checkRegexWork(expr, string(match), false); err != nil {
 		return err
 	}
 	return iter(ast.InternedTerm(re.MatchString(string(match))))

@@ -24,11 +24,16 @@ import (
 // second to a second of one CPU.
 const maxRegexWork = 1 << 26
 
+// maxMatchCount bounds the work of counting an all-match builtin's matches before it runs
+// (checkRegexWork), which a call refused after all has spent for nothing: a quarter of
+// maxRegexWork (about 2 s under the race detector, where maxRegexWork's whole took 8 s).
+const maxMatchCount = maxRegexWork / 4
+
 // regexWork wraps est (nil: none) with the work check of a pattern (operand pattern) on a
 // text (operand text); all: the builtin searches again after each match.
 func regexWork(pattern, text int, all bool, est sizeFunc) sizeFunc {
 	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
-		if err := checkRegexWork(regexInsts(str(ops, pattern)), str(ops, text), all); err != nil {
+		if err := checkRegexWork(str(ops, pattern), str(ops, text), all); err != nil {
 			return 0, err
 		}
 		if est == nil {
@@ -49,26 +54,53 @@ func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, erro
 	if !ok {
 		return 0, nil // the builtin reports it
 	}
-	return 0, checkRegexWork(regexInsts(pattern), str(ops, 1), false)
+	return 0, checkRegexWork(pattern, str(ops, 1), false)
 }
 
-func checkRegexWork(insts int64, text string, all bool) error {
+// checkRegexWork refuses a call of pattern on text whose work could pass maxRegexWork. One
+// search costs at most the pattern's instructions times the text's bytes. A builtin that
+// answers every match (all) makes a search per match: with a long text it is refused unless
+// counting its matches first, within maxMatchCount, finds few enough that its own searches
+// stay within that too (a command line of some kilobytes split on its spaces, or a megabyte
+// searched for a few flags, is taken; ".*b|a" over a text of a's is not). A search is
+// counted as reading the whole text, as ".*b" does: a pattern that matches often on a long
+// text is refused although its searches are short.
+func checkRegexWork(pattern, text string, all bool) error {
+	insts := regexInsts(pattern)
 	n := int64(len(text)) + 1
-	work := insts * n
-	if all && work <= maxRegexWork {
-		work *= n
-	}
-	if work <= maxRegexWork {
+	search := insts * n
+	if search <= maxRegexWork && (!all || search*n <= maxRegexWork || fewMatches(pattern, text, maxMatchCount/max(search, 1))) {
 		return nil
 	}
 	// The longest text this pattern may take, so that the message says what would do.
-	most, why := maxRegexWork/max(insts, 1), ""
-	if all {
-		most, why = int64(math.Sqrt(float64(most))), ", as this builtin searches again after each match"
+	insts = max(insts, 1)
+	if !all {
+		return fmt.Errorf("a pattern of %d instructions on %d bytes of text is too much work for one call "+
+			"(this pattern may take at most %d bytes here): use a shorter text or a simpler pattern",
+			insts, len(text), maxRegexWork/insts-1)
 	}
 	return fmt.Errorf("a pattern of %d instructions on %d bytes of text is too much work for one call "+
-		"(this pattern may take at most %d bytes here%s): use a shorter text or a simpler pattern",
-		insts, len(text), max(most-1, 0), why)
+		"(this pattern may take at most %d bytes here whatever its matches, as this builtin searches again "+
+		"after each match, and up to %d when it matches seldom): use a shorter text or a simpler pattern",
+		insts, len(text), int64(math.Sqrt(float64(maxRegexWork/insts)))-1, maxMatchCount/insts-1)
+}
+
+// fewMatches reports whether pattern matches text few enough times, as the all-match
+// builtins find matches (regexp's FindAll), for their searches to be at most searches. For
+// m matches FindAll makes at most 2m+1 searches (one for each match, one for each empty match
+// right after a match, which it skips, and the last, which finds none), and at most 2k-1 when
+// asked for k at most: so counting up to k = (searches+1)/2 costs at most searches searches,
+// and with fewer than k found, so does the builtin.
+func fewMatches(pattern, text string, searches int64) bool {
+	k := (searches + 1) / 2
+	if k < 1 {
+		return false
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return true // the builtin reports it
+	}
+	return int64(len(re.FindAllStringIndex(text, int(min(k, 1<<30))))) < k
 }
 
 // regexInsts answers the size of pattern's compiled program, as regexp compiles it (0 for a
