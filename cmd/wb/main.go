@@ -25,8 +25,9 @@ Commands for callers (the API of $WB_URL with $WB_API_KEY, or a profile; -o json
   sessions  create, ls, get, exec, pty, pause, resume, snapshot, rm
   pty       an interactive terminal in a session (wb sessions pty)
   runs      run a command in a session, or ephemeral code
+  templates ls: the templates and the runtimes (with versions) runs use
   snapshots ls, get, rm
-  policies  push, ls, and test a Rego policy locally
+  policies  push, ls, and run a Rego policy's tests locally
   plugins   test a Wasm plugin locally; push, ls, get, rm
   usage     usage and cost per session or end user
   webhooks  create, ls, get, rm endpoints; their deliveries

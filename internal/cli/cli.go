@@ -159,7 +159,7 @@ with the remote command's code.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (run %q for its flags)", err, cmd.CommandPath()+" --help")
 	})
-	root.AddCommand(a.sessionsCmd(), a.ptyCmd(), a.runsCmd(), a.snapshotsCmd(), a.policiesCmd(), a.pluginsCmd(),
+	root.AddCommand(a.sessionsCmd(), a.ptyCmd(), a.runsCmd(), a.templatesCmd(), a.snapshotsCmd(), a.policiesCmd(), a.pluginsCmd(),
 		a.usageCmd(), a.webhooksCmd(), a.desktopsCmd(), a.conformanceCmd())
 	a.root = root
 	return root

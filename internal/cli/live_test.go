@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -204,6 +205,24 @@ func TestLive(t *testing.T) {
 		l.jsonOf(t, &r, "runs", "get", runID)
 		if r.ID != runID || deref(r.ExitCode) != 4 {
 			t.Errorf("runs get: %+v", r)
+		}
+	})
+
+	// The templates list the runtimes with their versions, and the help's example of an
+	// ephemeral run (--runtime python) runs.
+	t.Run("templates and ephemeral runs", func(t *testing.T) {
+		row := rowOf(t, l.must(t, "templates", "ls"), "tpl_dev_polyglot")
+		if !strings.Contains(strings.Join(row, " "), "python3 3.") {
+			t.Errorf("templates ls: tpl_dev_polyglot's row %v; want python3 with its version", row)
+		}
+		var ts []client.Template
+		l.jsonOf(t, &ts, "templates", "ls")
+		if i := slices.IndexFunc(ts, func(tp client.Template) bool { return tp.Name == "tpl_dev_polyglot" }); i < 0 || ts[i].RuntimeVersions["python3"] == "" {
+			t.Errorf("templates ls -o json: %+v", ts)
+		}
+		out, _, err := l.wb(t, "runs", "create", "--runtime", "python", "--code", "print(6*7)")
+		if err != nil || !strings.Contains(out, "\n42\n") {
+			t.Errorf("runs create --runtime python: %v, %q", err, out)
 		}
 	})
 

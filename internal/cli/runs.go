@@ -119,6 +119,35 @@ func (a *app) runsGetCmd() *cobra.Command {
 	}
 }
 
+func (a *app) templatesCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "templates",
+		Aliases: []string{"template"},
+		Short:   "List the templates sessions start from, and the runtimes ephemeral runs use",
+		Example: `  wb templates ls
+  wb runs create --runtime python3.11 --code 'print(6*7)'`,
+	}
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the templates with their runtimes and the runtimes' versions",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			l, err := c.ListTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.print(l.Data, templatesTable(l.Data...))
+		},
+	}
+	cmd.AddCommand(ls)
+	return cmd
+}
+
 func (a *app) snapshotsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "snapshots",

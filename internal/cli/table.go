@@ -120,6 +120,26 @@ func snapshotsTable(now time.Time, ss ...client.Snapshot) table {
 	return t
 }
 
+// templatesTable shows each template's runtimes with their versions: "python3 3.11.2".
+func templatesTable(ts ...client.Template) table {
+	t := table{header: []string{"NAME", "DIGEST", "RUNTIMES", "DEFAULT SIZE"}}
+	for _, tp := range ts {
+		rts := make([]string, len(tp.Runtimes))
+		for i, r := range tp.Runtimes {
+			rts[i] = r
+			if v := tp.RuntimeVersions[r]; v != "" {
+				rts[i] += " " + v
+			}
+		}
+		digest := tp.Digest
+		if len(digest) > len("sha256:")+12 {
+			digest = digest[:len("sha256:")+12]
+		}
+		t.rows = append(t.rows, []string{tp.Name, digest, strings.Join(rts, ", "), tp.DefaultResources.SizeClass})
+	}
+	return t
+}
+
 func runsTable(rs ...client.Run) table {
 	t := table{header: []string{"ID", "SESSION", "STATE", "EXIT", "DURATION"}}
 	for _, r := range rs {
