@@ -216,8 +216,8 @@ func TestResumeStartsNoRunc(t *testing.T) {
 
 // TestStopDeleteAskNoState: ending a guest this driver started (running, or paused) runs the
 // runtime only for what it does: thaw a paused runsc guest (which refuses signals while
-// paused), kill (a running runc guest's init is killed through a pidfd, no runtime),
-// delete; it knows the guest's state, and that the guest stopped, from the process the
+// paused), kill (a running guest's init, runc's or runsc's sandbox, is killed through a pidfd,
+// no runtime), delete (runsc's; runc's of a stopped guest is the driver's own); it knows the guest's state, and that the guest stopped, from the process the
 // runtime's create reported. Each `runsc state` is a process start and a sandbox
 // RPC, and a session's end took three. The guest still ends stopped, as the runtime says.
 func TestStopDeleteAskNoState(t *testing.T) {
@@ -227,7 +227,7 @@ func TestStopDeleteAskNoState(t *testing.T) {
 		paused bool
 		want   []string
 	}{
-		{oci.RuntimeRunsc, false, []string{"kill", "delete"}},
+		{oci.RuntimeRunsc, false, []string{"delete"}}, // its sandbox killed through a pidfd
 		{oci.RuntimeRunsc, true, []string{"resume", "kill", "delete"}},
 		// Its init killed through a pidfd; runc's delete of a stopped guest is the driver's own
 		// (its state dir and cgroups removed).
@@ -265,6 +265,9 @@ func TestStopDeleteAskNoState(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if c.rt == oci.RuntimeRunsc && len(pidsNaming(s.ID)) == 0 {
+				t.Fatalf("no host process names the runsc guest %s: the check after its delete would see none either", s.ID)
+			}
 			before := runtimeCalls(t, calls)
 			t0 := time.Now()
 			if err := d.Stop(ctx, s.ID); err != nil {
@@ -300,8 +303,34 @@ func TestStopDeleteAskNoState(t *testing.T) {
 					t.Errorf("the guest's cgroup %s is left after the delete", dir)
 				}
 			}
+			// No process of the guest's is left: runsc's sandbox (with its ptrace stubs) and
+			// gofer name the guest in their command lines.
+			if err := waitGone(pidsNaming(s.ID), 10*time.Second); err != nil {
+				t.Errorf("after the delete, processes naming the guest live on: %v", err)
+			}
 		})
 	}
+}
+
+// pidsNaming answers the host processes whose command line has word as one of its
+// arguments, or as a flag's value (--x=word).
+func pidsNaming(word string) []int {
+	dirs, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range dirs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		for _, arg := range strings.Split(string(b), "\x00") {
+			if arg == word || strings.HasSuffix(arg, "="+word) || strings.HasSuffix(arg, "/"+word) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // subcommands names the runtime calls logged in path after the first skip: each one's first

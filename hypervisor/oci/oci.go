@@ -710,17 +710,16 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 }
 
-// killInit SIGKILLs a runc guest's init, known to this driver and alive, through a pidfd
-// instead of `runc kill`, a process start (about 9 ms of CPU here, once per guest's life, and
-// a run's guest lives once): the init is PID 1 of the guest's PID namespace, so the kernel
-// kills every process in it with it, as `runc kill` does. The process is checked against its
-// start time once the pidfd holds it, so a pid reused since is never signalled. false leaves
-// the kill to the runtime (runsc: the init is the sandbox, whose gofer and state the runtime
-// tears down itself).
+// killInit SIGKILLs a guest's init, known to this driver and alive, through a pidfd instead
+// of `runc kill` or `runsc kill`, a process start (about 9 ms of CPU for runc here, 17 ms and
+// a sandbox RPC for runsc, once per guest's life, and a run's guest lives once). runc: the
+// init is PID 1 of the guest's PID namespace, so the kernel kills every process in it with
+// it, as `runc kill` does. runsc: the init is the sandbox, whose death ends the guest (its
+// ptrace stubs die with it); its gofer, mounts, cgroups and state are torn down by `runsc
+// delete`, as after a sandbox that crashed. The process is checked against its start time
+// once the pidfd holds it, so a pid reused since is never signalled. false leaves the kill to
+// the runtime.
 func (d *Driver) killInit(id string) bool {
-	if d.name != RuntimeRunc {
-		return false
-	}
 	p, alive := d.knownInit(id)
 	if !alive {
 		return false
