@@ -269,10 +269,15 @@ func boundedRef(r ast.Ref) ast.Ref {
 // unbounded names a bounded builtin the way the policy's author wrote it.
 func unbounded(msg string) string { return strings.ReplaceAll(msg, boundedPrefix, "") }
 
-// boundedFunctions answers the rego options that implement the bounded builtins.
-func boundedFunctions() []func(*rego.Rego) {
+// boundedFunctions answers the rego options that implement the bounded builtins, charging the
+// budget the evaluation's context carries (withBudget).
+func boundedFunctions() []func(*rego.Rego) { return boundedFunctionsCharging(budgetOf) }
+
+// boundedFunctionsCharging is boundedFunctions charging the budget budgetFor answers for an
+// evaluation's context.
+func boundedFunctionsCharging(budgetFor func(context.Context) *budget) []func(*rego.Rego) {
 	opts := make([]func(*rego.Rego), 0, len(boundedBuiltins)+1)
-	opts = append(opts, valueCheckFunction())
+	opts = append(opts, valueCheckFunction(budgetFor))
 	for _, name := range slices.Sorted(maps.Keys(boundedBuiltins)) {
 		decl := ast.BuiltinMap[name]
 		orig := topdown.GetBuiltin(name)
@@ -283,7 +288,7 @@ func boundedFunctions() []func(*rego.Rego) {
 			continue // not in this OPA: nothing to bound
 		}
 		opts = append(opts, rego.FunctionDyn(&rego.Function{Name: boundedPrefix + name, Decl: decl.Decl,
-			Nondeterministic: decl.Nondeterministic}, boundedImpl(name, decl.Decl.Arity(), orig, boundedBuiltins[name])))
+			Nondeterministic: decl.Nondeterministic}, boundedImpl(name, decl.Decl.Arity(), orig, boundedBuiltins[name], budgetFor)))
 	}
 	return opts
 }
@@ -298,21 +303,24 @@ type budgetKey struct{}
 
 // withBudget answers ctx carrying a fresh budget of limit bytes for one evaluation.
 func withBudget(ctx context.Context, limit int64) context.Context {
+	return context.WithValue(ctx, budgetKey{}, newBudget(limit))
+}
+
+// newBudget answers a fresh budget of limit bytes (defaultEvalMemory when limit is not above 0).
+func newBudget(limit int64) *budget {
 	if limit <= 0 {
 		limit = defaultEvalMemory
 	}
 	b := &budget{limit: limit}
 	b.left.Store(limit)
-	return context.WithValue(ctx, budgetKey{}, b)
+	return b
 }
 
 func budgetOf(ctx context.Context) *budget {
 	if b, ok := ctx.Value(budgetKey{}).(*budget); ok {
 		return b
 	}
-	b := &budget{limit: defaultEvalMemory} // an evaluation without one gets the default per call
-	b.left.Store(defaultEvalMemory)
-	return b
+	return newBudget(defaultEvalMemory) // an evaluation without one gets the default per call
 }
 
 // ErrEvalMemory is what a policy evaluation that would go over its memory budget fails with.
@@ -335,9 +343,9 @@ func bytesText(n int64) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBuiltin) rego.BuiltinDyn {
+func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBuiltin, budgetFor func(context.Context) *budget) rego.BuiltinDyn {
 	return func(bctx rego.BuiltinContext, terms []*ast.Term) (*ast.Term, error) {
-		b := budgetOf(bctx.Context)
+		b := budgetFor(bctx.Context)
 		ops := terms[:min(arity, len(terms))] // terms may end with the call's output
 		for i, op := range ops {
 			if n, ok := op.Value.(ast.Number); ok && !saneNumber(n) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/tester"
 )
 
@@ -40,7 +41,8 @@ var ErrNoTests = errors.New("no test rules (rules named test_…, as opa test ru
 // bounded built-ins, and each test within perTest. Each file not named *_test.rego is a
 // policy and must compile as an upload would (a package of a decision point, the size
 // checks); test files may be of any package (wb.admission or wb.admission_test, as OPA's
-// convention has it). Together the tests may make defaultEvalMemory each in built-ins' values.
+// convention has it). Each test may make defaultEvalMemory in built-ins' values, as one
+// evaluation on the platform may.
 func RunTests(ctx context.Context, files map[string]string, perTest time.Duration) ([]TestResult, error) {
 	caps := capabilities()
 	mods := map[string]*ast.Module{}
@@ -66,13 +68,19 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 	if tests == 0 {
 		return nil, ErrNoTests
 	}
-	var bounded []*tester.Builtin
-	for _, f := range boundedFunctions() {
-		bounded = append(bounded, &tester.Builtin{Func: f})
-	}
+	// Each test has the budget of one evaluation on the platform, its own: the tester makes a
+	// rego instance for each test and registers the custom built-ins on it, so a budget made
+	// there is the test's. (One in ctx would be shared by the tests, running in parallel: a
+	// test could make what all of them may, and pass where the platform fails the policy.)
+	bounded := []*tester.Builtin{{Func: func(r *rego.Rego) {
+		b := newBudget(defaultEvalMemory)
+		for _, f := range boundedFunctionsCharging(func(context.Context) *budget { return b }) {
+			f(r)
+		}
+	}}}
 	ch, err := tester.NewRunner().SetCompiler(newCompiler(caps).WithEnablePrintStatements(true)).AddCustomBuiltins(bounded).
 		CapturePrintOutput(true).
-		SetModules(mods).SetTimeout(perTest).RunTests(withBudget(ctx, int64(tests)*defaultEvalMemory), nil)
+		SetModules(mods).SetTimeout(perTest).RunTests(ctx, nil)
 	if err != nil {
 		return nil, errors.New(unbounded(compileError(err).Error()))
 	}

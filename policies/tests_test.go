@@ -94,3 +94,27 @@ test_slow if {
 		t.Errorf("a test past its time: %+v, %v; want an error result", res, err)
 	}
 }
+
+// TestRunTestsBudgetPerTest: each test has the memory budget one evaluation has on the
+// platform, whatever the number of tests beside it: a test that makes more than that in
+// built-ins' values fails as the policy would at the platform (a budget shared by all the
+// tests let one test make the sum of theirs, and pass).
+func TestRunTestsBudgetPerTest(t *testing.T) {
+	// Ten ranges of 60,000 numbers, 3.8 MB each (under a value's bound), 38 MB in all: past
+	// one evaluation's 32 MiB.
+	const big = `count([n | some i in numbers.range(1, 10); n := count(numbers.range(i, i + 60000))]) == 10`
+	if _, _, err := EvaluateLocal(context.Background(), "guard.rego",
+		"package wb.admission\n\ndeny contains \"x\" if "+big+"\n", map[string]any{}); err == nil || !strings.Contains(err.Error(), "memory budget") {
+		t.Fatalf("the platform's evaluation of a 38 MB range: %v; want its memory budget error", err)
+	}
+	res, err := RunTests(context.Background(), map[string]string{"big_test.rego": "package wb.admission_test\n\ntest_big if " + big +
+		"\n\ntest_a if true\n\ntest_b if true\n"}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if strings.HasSuffix(r.Name, ".test_big") && (r.Result != "error" || !strings.Contains(r.Error, "memory budget")) {
+			t.Errorf("a test making 38 MB beside two others: %+v; want the error the platform gives", r)
+		}
+	}
+}

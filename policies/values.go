@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -45,13 +46,13 @@ var valueCheckDecl = &ast.Builtin{
 // valueCheckFunction implements valueCheck(value, made): true, or the evaluation halts. made:
 // the value was just built (a comprehension or a collection written with variables), so its
 // elements are charged; a builtin's answer was charged by the builtin.
-func valueCheckFunction() func(*rego.Rego) {
+func valueCheckFunction(budgetFor func(context.Context) *budget) func(*rego.Rego) {
 	return rego.FunctionDyn(&rego.Function{Name: valueCheck, Decl: valueCheckDecl.Decl},
 		func(bctx rego.BuiltinContext, terms []*ast.Term) (*ast.Term, error) {
 			if len(terms) < 2 {
 				return ast.BooleanTerm(true), nil
 			}
-			b := budgetOf(bctx.Context)
+			b := budgetFor(bctx.Context)
 			limit := min(b.limit, maxValueBytes)
 			stop := func() bool { return bctx.Cancel != nil && bctx.Cancel.Cancelled() }
 			if n := textSize(terms[0].Value, limit, termBytes, stop); n > limit {
