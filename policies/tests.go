@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +19,8 @@ import (
 type TestResult struct {
 	// Name is the test rule's full name: "data.wb.admission.test_denies_tier_4".
 	Name string `json:"name"`
-	// Location is where the rule is: "guard_test.rego:12".
+	// Location is where the rule is: "guard_test.rego:12". RunTests answers the results in
+	// this order, line by line.
 	Location string `json:"location"`
 	// Result is "pass", "fail" (its body was not true), "error" (its evaluation failed:
 	// Error says why) or "skip" (a rule named todo_test_…).
@@ -84,7 +86,12 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 	if err != nil {
 		return nil, errors.New(unbounded(compileError(err).Error()))
 	}
-	var out []TestResult
+	type placed struct {
+		TestResult
+		file string
+		row  int
+	}
+	var all []placed
 	for r := range ch {
 		t := TestResult{Name: r.Package + "." + r.Name, Result: "pass", DurationMS: float64(r.Duration.Microseconds()) / 1000,
 			Output: string(r.Output)}
@@ -102,7 +109,20 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 		case r.Skip:
 			t.Result = "skip"
 		}
-		out = append(out, t)
+		p := placed{TestResult: t}
+		if r.Location != nil {
+			p.file, p.row = r.Location.File, r.Location.Row
+		}
+		all = append(all, p)
+	}
+	// The tester answers in any order: the results are in the files' order, line by line
+	// ("guard_test.rego:9" before "guard_test.rego:11").
+	slices.SortFunc(all, func(x, y placed) int {
+		return cmp.Or(strings.Compare(x.file, y.file), cmp.Compare(x.row, y.row), strings.Compare(x.Name, y.Name))
+	})
+	out := make([]TestResult, len(all))
+	for i, p := range all {
+		out[i] = p.TestResult
 	}
 	return out, nil
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -186,7 +185,6 @@ func (a *app) testPolicies(ctx context.Context, files []string, perTest time.Dur
 	if err != nil {
 		return err
 	}
-	slices.SortFunc(res, func(x, y policies.TestResult) int { return strings.Compare(x.Location, y.Location) })
 	failed := 0
 	t := table{header: []string{"RESULT", "TEST", "LOCATION", "TIME", "ERROR"}}
 	for _, r := range res {

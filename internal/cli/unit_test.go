@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -378,5 +379,29 @@ func TestProgressOnlyOnTerminal(t *testing.T) {
 		if !on && got != "" {
 			t.Errorf("not a terminal, yet: %q", got)
 		}
+	}
+}
+
+// TestPoliciesTestInLineOrder: wb policies test lists the tests in their files' order, line
+// by line (line 9 before line 11).
+func TestPoliciesTestInLineOrder(t *testing.T) {
+	dir := t.TempDir()
+	tests := filepath.Join(dir, "guard_test.rego")
+	src := "package wb.admission_test\n"
+	for i := range 6 {
+		src += fmt.Sprintf("\ntest_%d if true\n", i)
+	}
+	_ = os.WriteFile(tests, []byte(src), 0o644)
+	a, out, _ := newTestApp(env{}, "")
+	if err := a.run(context.Background(), []string{"policies", "test", tests}); err != nil {
+		t.Fatalf("passing Rego tests: %v\n%s", err, out)
+	}
+	last := -1
+	for i := range 6 {
+		at := strings.Index(out.String(), fmt.Sprintf("test_%d ", i))
+		if at < last {
+			t.Fatalf("test_%d (line %d) is listed before the test of the line above it:\n%s", i, 3+2*i, out)
+		}
+		last = at
 	}
 }
