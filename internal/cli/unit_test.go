@@ -405,3 +405,16 @@ func TestPoliciesTestInLineOrder(t *testing.T) {
 		last = at
 	}
 }
+
+// TestPoliciesTestSkippedNotPassed: a skipped test (todo_test_…) is not counted as passed.
+func TestPoliciesTestSkippedNotPassed(t *testing.T) {
+	tests := filepath.Join(t.TempDir(), "guard_test.rego")
+	_ = os.WriteFile(tests, []byte("package wb.admission_test\n\ntest_a if true\n\ntodo_test_b if true\n"), 0o644)
+	a, out, _ := newTestApp(env{}, "")
+	if err := a.run(context.Background(), []string{"policies", "test", tests}); err != nil {
+		t.Fatalf("a passing and a skipped Rego test: %v\n%s", err, out)
+	}
+	if !strings.Contains(out.String(), "1 of 2 tests passed, 1 skipped\n") {
+		t.Errorf("the summary of a passing and a skipped test; want \"1 of 2 tests passed, 1 skipped\":\n%s", out)
+	}
+}
