@@ -2,6 +2,8 @@ package session
 
 import (
 	"errors"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -59,5 +61,28 @@ func TestCatalogRuntime(t *testing.T) {
 	}
 	if _, _, err := old.Runtime("python3.11"); err == nil || !strings.Contains(err.Error(), `the version of its python3 is not known; ask for "python3"`) {
 		t.Errorf("python3.11 of an unversioned python3: %v", err)
+	}
+}
+
+// TestDocumentedRuntimeAliases: each alias the API document names for a run's runtime finds a
+// runtime in a catalog of every runtime the templates offer (hypervisor/templates: sh, python3,
+// node, gcc): an alias of a runtime no longer offered is a 400 to the caller who read the doc.
+func TestDocumentedRuntimeAliases(t *testing.T) {
+	b, err := os.ReadFile("../gateway/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`or an alias \(([^)]*)\)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("the document names no runtime aliases (\"or an alias (…)\"): has its text changed?")
+	}
+	c := Catalog{{Name: "tpl_dev_polyglot", Runtimes: []Runtime{{Name: "sh"}, {Name: "python3", Version: "3.11.2"},
+		{Name: "node", Version: "18.19.0"}, {Name: "gcc", Version: "12.2.0"}}}}
+	for _, q := range regexp.MustCompile(`\\"([^\\]+)\\"`).FindAllSubmatch(m[1], -1) {
+		if _, rt, err := c.Runtime(string(q[1])); err != nil {
+			t.Errorf("the documented alias %q: %v", q[1], err)
+		} else {
+			t.Logf("%s: %s", q[1], rt.Name)
+		}
 	}
 }

@@ -1552,7 +1552,7 @@ export interface components {
              * @constant
              */
             tier?: 1;
-            /** @description A runtime of a template (GET /v1/templates): its name ("python3"), its name with a version ("python3.11", the runtime whose version begins so), its family ("python") or an alias ("nodejs", "javascript", "golang"). A runtime not offered, or not at that version, is a 400 that lists those offered, with their versions. */
+            /** @description A runtime of a template (GET /v1/templates): its name ("python3"), its name with a version ("python3.11", the runtime whose version begins so), its family ("python") or an alias ("nodejs", "javascript", "c"). A runtime not offered, or not at that version, is a 400 that lists those offered, with their versions. */
             runtime?: string;
             code?: string;
             end_user_id?: string;
