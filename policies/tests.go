@@ -61,7 +61,7 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 			return nil, fmt.Errorf("%s: %w", name, compileError(err))
 		}
 		for _, r := range m.Rules {
-			if n := r.Head.Name.String(); strings.HasPrefix(n, "test_") || strings.HasPrefix(n, "todo_test_") {
+			if isTest(r) {
 				tests++
 			}
 		}
@@ -125,4 +125,22 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 		out[i] = p.TestResult
 	}
 	return out, nil
+}
+
+// isTest reports whether the tester runs rule r as a test: a name in its head's ground ref
+// begins with test_ or todo_test_ (test_a, and cases.test_a too).
+func isTest(r *ast.Rule) bool {
+	for _, t := range r.Head.Ref().GroundPrefix() {
+		var n string
+		switch v := t.Value.(type) {
+		case ast.Var:
+			n = string(v)
+		case ast.String:
+			n = string(v)
+		}
+		if strings.HasPrefix(n, tester.TestPrefix) || strings.HasPrefix(n, tester.SkipTestPrefix) {
+			return true
+		}
+	}
+	return false
 }

@@ -118,3 +118,12 @@ func TestRunTestsBudgetPerTest(t *testing.T) {
 		}
 	}
 }
+
+// TestRunTestsRefHeadTests: a test rule named by a ref (cases.test_a, as opa test runs it) is
+// a test: files whose tests are all so named are not "no test rules".
+func TestRunTestsRefHeadTests(t *testing.T) {
+	res, err := RunTests(context.Background(), map[string]string{"x_test.rego": "package wb.admission_test\n\ncases.test_a if false\n"}, 10*time.Second)
+	if err != nil || len(res) != 1 || res[0].Name != "data.wb.admission_test.cases.test_a" || res[0].Result != "fail" {
+		t.Errorf("a failing test cases.test_a: %+v, %v; want its failure", res, err)
+	}
+}
