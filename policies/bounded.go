@@ -327,8 +327,13 @@ func budgetOf(ctx context.Context) *budget {
 var ErrEvalMemory = errors.New("policy evaluation exceeded its memory budget")
 
 func (b *budget) overrun(name string, n int64) error {
-	return rego.NewHaltError(fmt.Errorf("%w: %s would make %s, and the evaluation has %s left of %s: "+
-		"work on smaller values", ErrEvalMemory, name, bytesText(n), bytesText(max(b.left.Load(), 0)), bytesText(b.limit)))
+	return rego.NewHaltError(b.overrunError(name, n))
+}
+
+// overrunError is overrun's error, not yet a halt.
+func (b *budget) overrunError(name string, n int64) error {
+	return fmt.Errorf("%w: %s would make %s, and the evaluation has %s left of %s: "+
+		"work on smaller values", ErrEvalMemory, name, bytesText(n), bytesText(max(b.left.Load(), 0)), bytesText(b.limit))
 }
 
 func bytesText(n int64) string {

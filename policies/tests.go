@@ -8,11 +8,14 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/tester"
+	"github.com/open-policy-agent/opa/v1/topdown"
+	"github.com/open-policy-agent/opa/v1/topdown/print"
 )
 
 // TestResult is one Rego test's outcome (RunTests).
@@ -72,17 +75,25 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 	}
 	// Each test has the budget of one evaluation on the platform, its own: the tester makes a
 	// rego instance for each test and registers the custom built-ins on it, so a budget made
-	// there is the test's. (One in ctx would be shared by the tests, running in parallel: a
-	// test could make what all of them may, and pass where the platform fails the policy.)
+	// there is the test's. (One in ctx would be shared by the tests: a test could make what
+	// all of them may, and pass where the platform fails the policy.) What a test prints is
+	// charged to it too, in place of the tester's print hook, which held all of it: the
+	// hooks are queued in the order the tests run, one at a time, and so their results come.
+	var mu sync.Mutex
+	var hooks []*testPrints
 	bounded := []*tester.Builtin{{Func: func(r *rego.Rego) {
 		b := newBudget(defaultEvalMemory)
 		for _, f := range boundedFunctionsCharging(func(context.Context) *budget { return b }) {
 			f(r)
 		}
+		h := &testPrints{b: b}
+		rego.PrintHook(h)(r)
+		mu.Lock()
+		hooks = append(hooks, h)
+		mu.Unlock()
 	}}}
 	ch, err := tester.NewRunner().SetCompiler(newCompiler(caps).WithEnablePrintStatements(true)).AddCustomBuiltins(bounded).
-		CapturePrintOutput(true).
-		SetModules(mods).SetTimeout(perTest).RunTests(ctx, nil)
+		SetParallel(1).SetModules(mods).SetTimeout(perTest).RunTests(ctx, nil)
 	if err != nil {
 		return nil, errors.New(unbounded(compileError(err).Error()))
 	}
@@ -93,10 +104,14 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 	}
 	var all []placed
 	for r := range ch {
-		t := TestResult{Name: r.Package + "." + r.Name, Result: "pass", DurationMS: float64(r.Duration.Microseconds()) / 1000,
-			Output: string(r.Output)}
-		if len(t.Output) > maxTestOutput {
-			t.Output = strings.ToValidUTF8(t.Output[:maxTestOutput], "") + fmt.Sprintf("… (%d bytes more)", len(r.Output)-maxTestOutput)
+		t := TestResult{Name: r.Package + "." + r.Name, Result: "pass", DurationMS: float64(r.Duration.Microseconds()) / 1000}
+		if !r.Skip { // a skipped test has no rego instance, so no hook
+			mu.Lock()
+			if len(hooks) > 0 {
+				t.Output = hooks[0].output()
+				hooks = hooks[1:]
+			}
+			mu.Unlock()
 		}
 		if r.Location != nil {
 			t.Location = fmt.Sprintf("%s:%d", r.Location.File, r.Location.Row)
@@ -143,4 +158,41 @@ func isTest(r *ast.Rule) bool {
 		}
 	}
 	return false
+}
+
+// testPrints is one test's print hook: it charges what the test prints to the test's budget
+// and keeps the first maxTestOutput bytes of it.
+type testPrints struct {
+	b     *budget
+	mu    sync.Mutex
+	head  []byte
+	total int64
+}
+
+func (p *testPrints) Print(_ print.Context, msg string) error {
+	n := int64(len(msg)) + 1 // and its newline
+	if n > p.b.left.Load() {
+		// As topdown's own Halt (not rego's HaltError, which only a function's answer is
+		// turned into): an error of the print hook otherwise leaves print undefined, and
+		// the test failed, not errs.
+		return topdown.Halt{Err: p.b.overrunError("print", n)}
+	}
+	p.b.left.Add(-n)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if room := maxTestOutput + 1 - len(p.head); room > 0 { // one byte over: it was cut
+		p.head = append(p.head, (msg + "\n")[:min(int64(room), n)]...)
+	}
+	p.total += n
+	return nil
+}
+
+// output is what the test printed, cut at maxTestOutput bytes.
+func (p *testPrints) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.total <= maxTestOutput {
+		return string(p.head)
+	}
+	return strings.ToValidUTF8(string(p.head[:maxTestOutput]), "") + fmt.Sprintf("… (%d bytes more)", p.total-maxTestOutput)
 }

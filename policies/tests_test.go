@@ -3,6 +3,7 @@ package policies
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -125,5 +126,53 @@ func TestRunTestsRefHeadTests(t *testing.T) {
 	res, err := RunTests(context.Background(), map[string]string{"x_test.rego": "package wb.admission_test\n\ncases.test_a if false\n"}, 10*time.Second)
 	if err != nil || len(res) != 1 || res[0].Name != "data.wb.admission_test.cases.test_a" || res[0].Result != "fail" {
 		t.Errorf("a failing test cases.test_a: %+v, %v; want its failure", res, err)
+	}
+}
+
+// TestRunTestsPrintWithinBudget: what a test prints is held in memory as it runs: it is within
+// the test's memory budget (print is erased from policies on the platform, so only the tester
+// holds it).
+func TestRunTestsPrintWithinBudget(t *testing.T) {
+	src := "package wb.admission_test\n\nkib := \"" + strings.Repeat("x", 1024) + "\"\n\n" +
+		"mib := concat(\"\", [kib | some _ in numbers.range(1, 1024)])\n\n" +
+		"test_loud if {\n\tevery i in numbers.range(1, 48) { print(i, mib) }\n}\n"
+	res, err := RunTests(context.Background(), map[string]string{"loud_test.rego": src}, time.Minute)
+	if err != nil || len(res) != 1 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	var more int64
+	if i := strings.LastIndex(res[0].Output, "… ("); i >= 0 {
+		_, _ = fmt.Sscanf(res[0].Output[i:], "… (%d bytes more)", &more)
+	}
+	if res[0].Result != "error" || !strings.Contains(res[0].Error, "memory budget") {
+		t.Errorf("a test that printed 1 MiB 48 times: %s %q, %d bytes of output held; want an error past the budget (%d bytes)",
+			res[0].Result, res[0].Error, more, int64(defaultEvalMemory))
+	}
+	// Each test's output is its own, beside skipped tests; past maxTestOutput it is cut.
+	src = "package wb.admission_test\n"
+	for i := range 8 {
+		src += fmt.Sprintf("\ntest_%d if print(\"I am %d\")\n\ntodo_test_%d if true\n", i, i, i)
+	}
+	src += "\ntest_long if { every i in numbers.range(1, 100) { print(i, kib) } }\n\nkib := \"" + strings.Repeat("x", 1024) + "\"\n"
+	res, err = RunTests(context.Background(), map[string]string{"many_test.rego": src}, time.Minute)
+	if err != nil || len(res) != 17 {
+		t.Fatalf("%d results, %v; want 17", len(res), err)
+	}
+	for _, r := range res {
+		name := strings.TrimPrefix(r.Name, "data.wb.admission_test.")
+		var want string
+		switch {
+		case strings.HasPrefix(name, "todo_"):
+		case name == "test_long":
+			if !strings.HasPrefix(r.Output, "1 xxx") || !strings.HasSuffix(r.Output, fmt.Sprintf("… (%d bytes more)", 9*1027+90*1028+1029-maxTestOutput)) {
+				t.Errorf("test_long's output, %d bytes, ends %q; want it cut", len(r.Output), r.Output[max(len(r.Output)-40, 0):])
+			}
+			continue
+		default:
+			want = "I am " + strings.TrimPrefix(name, "test_") + "\n"
+		}
+		if r.Output != want {
+			t.Errorf("%s printed %q; want %q", name, r.Output, want)
+		}
 	}
 }
