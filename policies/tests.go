@@ -95,7 +95,7 @@ func RunTests(ctx context.Context, files map[string]string, perTest time.Duratio
 	ch, err := tester.NewRunner().SetCompiler(newCompiler(caps).WithEnablePrintStatements(true)).AddCustomBuiltins(bounded).
 		SetParallel(1).SetModules(mods).SetTimeout(perTest).RunTests(ctx, nil)
 	if err != nil {
-		return nil, errors.New(unbounded(compileError(err).Error()))
+		return nil, testsCompileError(err)
 	}
 	type placed struct {
 		TestResult
@@ -195,4 +195,25 @@ func (p *testPrints) output() string {
 		return string(p.head)
 	}
 	return strings.ToValidUTF8(string(p.head[:maxTestOutput]), "") + fmt.Sprintf("… (%d bytes more)", p.total-maxTestOutput)
+}
+
+// testsCompileError is the tester's compile error, each error with its file: the tester
+// compiles the files together.
+func testsCompileError(err error) error {
+	var errs ast.Errors
+	if !errors.As(err, &errs) {
+		return errors.New(unbounded(compileError(err).Error()))
+	}
+	var b strings.Builder
+	b.WriteString("tests do not compile: ")
+	for i, e := range errs {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		if e.Location != nil && e.Location.File != "" {
+			fmt.Fprintf(&b, "%s, line %d, column %d: ", e.Location.File, e.Location.Row, e.Location.Col)
+		}
+		b.WriteString(sourceError(e).Message)
+	}
+	return errors.New(b.String())
 }

@@ -176,3 +176,15 @@ func TestRunTestsPrintWithinBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestRunTestsCompileErrorNamesFile: a test file that does not compile is named in the error
+// (the tester compiles them together: its errors gave a line, not which file's).
+func TestRunTestsCompileErrorNamesFile(t *testing.T) {
+	_, err := RunTests(context.Background(), map[string]string{
+		"a_test.rego": "package wb.admission_test\n\ntest_a if true\n",
+		"b_test.rego": "package wb.admission_test\n\ntest_b if {\n\tunknown_rule == 1\n}\n",
+	}, 10*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "b_test.rego") || !strings.Contains(err.Error(), "line 4") {
+		t.Errorf("a test file referring to an unknown rule: %v; want the file and line named", err)
+	}
+}
