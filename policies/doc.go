@@ -62,7 +62,8 @@
 //   - Time: a project's policies get Options.EvalTimeout (250 ms) per decision. A builtin
 //     call does not look at that deadline, so the builtins whose work inside one call grows
 //     faster than their operands are bounded in work before they run: regular expressions
-//     (pattern instructions times text, squared for the all-match ones: regexwork.go),
+//     (pattern instructions times text; for the all-match ones times the text again, unless
+//     counting their matches first finds few: regexwork.go),
 //     keys and certificates (the squares of their base64 runs: keywork.go), graphql
 //     validation (a 2 KiB query), object.subset (its operands' elements multiplied);
 //     glob.match runs on Go's regexp, in linear time (globmatch.go).
@@ -84,6 +85,13 @@
 //
 // testdata/hostile holds policies that try each of these; the tests and the conformance
 // suite run them.
+//
+// # Tests of a project's policies
+//
+// RunTests (`wb policies test FILE.rego FILE_test.rego`) runs a policy's test_ rules as
+// `opa test` does, with these capabilities, bounded builtins and budgets (each test its own),
+// so a test that passes there passes on the platform. A test cannot mock a bounded builtin
+// with `with` (they are renamed to their bounded versions after that check).
 //
 // # Failures
 //
