@@ -86,7 +86,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"concat":                   {estimate: estimateConcat},
 	"replace":                  {estimate: estimateReplace},
 	"strings.replace_n":        {estimate: estimateReplaceN},
-	"regex.replace":            {estimate: regexWork(1, 0, true, estimateRegexReplace)},
+	"regex.replace":            {estimate: regexWork(1, 0, true, dollarIn(2), estimateRegexReplace)},
 	"internal.template_string": {estimate: textOf(1, false, 0)},
 	"upper":                    {}, "lower": {}, "trim": {}, "trim_left": {}, "trim_right": {},
 	"trim_prefix": {}, "trim_suffix": {}, "trim_space": {}, "strings.reverse": {}, "substring": {},
@@ -94,13 +94,15 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	// splitting: one term per piece
 	"split":                            {estimate: estimateSplit},
 	"strings.split_n":                  {estimate: estimateSplit},
-	"regex.split":                      {estimate: regexWork(0, 1, true, piecesOf(1, 1))},
-	"regex.find_n":                     {estimate: regexWork(0, 1, true, piecesOf(1, 1))},
-	"regex.find_all_string_submatch_n": {estimate: regexWork(0, 1, true, piecesOf(1, 4))},
-	// matching: bounded in work, not size (regexwork.go)
-	"regex.match":               {estimate: regexWork(0, 1, false, nil)},
-	"re_match":                  {estimate: regexWork(0, 1, false, nil)},
+	"regex.split":                      {estimate: regexWork(0, 1, true, nil, piecesOf(1, 1))},
+	"regex.find_n":                     {estimate: regexWork(0, 1, true, nil, piecesOf(1, 1))},
+	"regex.find_all_string_submatch_n": {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 4))},
+	// matching: bounded in work, not size (regexwork.go); regex.is_valid only parses, bounded
+	// like the patterns the others take
+	"regex.match":               {estimate: regexWork(0, 1, false, nil, nil)},
+	"re_match":                  {estimate: regexWork(0, 1, false, nil, nil)},
 	"regex.template_match":      {estimate: estimateTemplateMatch},
+	"regex.is_valid":            {estimate: stringAtMost(0, maxRegexPattern)},
 	"glob.match":                {}, // matched in linear time (globmatch.go)
 	"indexof_n":                 {estimate: piecesOf(0, 1)},
 	"net.cidr_expand":           {estimate: estimateCIDRExpand},
@@ -607,7 +609,8 @@ func estimateSubset(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	return 0, nil
 }
 
-// elements counts the elements of v at every depth (keys and values of an object), stopping
+// elements counts the elements of v at every depth (keys and values of an object), a string
+// once more for each 64 bytes (comparing two equal strings reads them to their ends), stopping
 // past limit.
 func elements(v ast.Value, limit int64, stop func() bool) int64 {
 	var n int64
@@ -622,6 +625,9 @@ func elements(v ast.Value, limit int64, stop func() bool) int64 {
 		}
 		each(v, func(t *ast.Term) {
 			n++
+			if s, ok := t.Value.(ast.String); ok {
+				n += int64(len(s)) / 64
+			}
 			walk(t.Value)
 		})
 	}

@@ -62,11 +62,13 @@
 //   - Time: a project's policies get Options.EvalTimeout (250 ms) per decision. A builtin
 //     call does not look at that deadline, so the builtins whose work inside one call grows
 //     faster than their operands are bounded in work before they run: regular expressions
-//     (pattern instructions times text; for the all-match ones times the text again, unless
-//     counting their matches first finds few: regexwork.go),
-//     keys and certificates (the squares of their base64 runs: keywork.go), graphql
-//     validation (a 2 KiB query), object.subset (its operands' elements multiplied);
-//     glob.match runs on Go's regexp, in linear time (globmatch.go).
+//     (patterns of at most 16 KiB and 65,536 instructions; instructions times text, for the
+//     all-match ones times the text again unless counting their matches first finds few,
+//     times the groups for those answering them: regexwork.go;
+//     regex.is_valid's pattern at most 16 KiB), keys and certificates (the squares of their
+//     base64 runs: keywork.go), graphql validation (a 2 KiB query), object.subset (its
+//     operands' elements, long strings weighing more, multiplied); glob.match runs on Go's
+//     regexp, in linear time (globmatch.go), its glob bounded like a pattern.
 //   - Memory: the builtins that make strings or collections (sprintf, concat, replace,
 //     numbers.range, split, regex.*, json/yaml (un)marshal, array.concat, union, …) run as
 //     bounded versions that estimate what a call will make before making it and charge it to

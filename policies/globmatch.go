@@ -52,6 +52,12 @@ func globMatch(_ topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Te
 	if err != nil {
 		return err
 	}
+	// Bounded before compiling, by the glob package or regexp: a long glob takes long to
+	// compile, and its expression is longer still (each * and ? names the delimiters).
+	if len(pattern) > maxRegexPattern {
+		return fmt.Errorf("a glob of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
+			len(pattern), maxRegexPattern)
+	}
 	if _, err := glob.Compile(string(pattern), delimiters...); err != nil {
 		return err
 	}
@@ -59,12 +65,12 @@ func globMatch(_ topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Te
 	if err != nil {
 		return err
 	}
+	if err := checkRegex(expr, string(match), false, false); err != nil {
+		return err
+	}
 	re, err := regexp.Compile(expr)
 	if err != nil {
 		return fmt.Errorf("glob %q: %w", pattern, err)
-	}
-	if err := checkRegexWork(expr, string(match), false); err != nil {
-		return err
 	}
 	return iter(ast.InternedTerm(re.MatchString(string(match))))
 }
@@ -82,6 +88,10 @@ func globRegexp(pattern string, delimiters []rune) (string, error) {
 	var inClass, not bool
 	var set, lo, hi string
 	for {
+		if b.Len() > maxRegexPattern {
+			return "", fmt.Errorf("the glob's expression is too long to compile in one call (at most %d bytes): use a simpler pattern or fewer delimiters",
+				maxRegexPattern)
+		}
 		tok := lx.Next()
 		switch tok.Type {
 		case syntax.EOF:

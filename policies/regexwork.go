@@ -19,6 +19,24 @@ import (
 // a CPU) for seconds to minutes. So a regex builtin whose work could exceed maxRegexWork
 // steps is refused before it runs.
 
+// maxRegexInsts bounds the compiled program of one call's pattern, whatever its text: a
+// repeat copies its body into the program (a 3 KiB body repeated a thousand times compiled to
+// 3 million instructions, for seconds and a gigabyte of allocation, on an empty text), and the
+// pattern is compiled by the check, then by the builtin (which keeps it in OPA's cache).
+const maxRegexInsts = 1 << 16
+
+// maxRegexPattern bounds a pattern's length, and maxRegexRunes the runes of its character
+// classes: Go's parser, which the check runs before anything, expands each class to its
+// ranges (\pL to 1,300 runes), so that 192 KiB of \pL took half a second and 200 MiB to parse.
+const (
+	maxRegexPattern = 16 << 10
+	maxRegexRunes   = 1 << 17
+)
+
+// maxRegexGroupWork bounds a pattern's instructions times its groups (plus one) for a call
+// that answers the groups' positions: each step of the matcher may copy that many.
+const maxRegexGroupWork = 1 << 20
+
 // maxRegexWork bounds one regex builtin call's steps (pattern instructions times bytes of
 // text, times the searches for the builtins that answer every match): about a tenth of a
 // second to a second of one CPU.
@@ -30,10 +48,11 @@ const maxRegexWork = 1 << 26
 const maxMatchCount = maxRegexWork / 4
 
 // regexWork wraps est (nil: none) with the work check of a pattern (operand pattern) on a
-// text (operand text); all: the builtin searches again after each match.
-func regexWork(pattern, text int, all bool, est sizeFunc) sizeFunc {
+// text (operand text); all: the builtin searches again after each match; groups (nil: never):
+// whether the call asks for the positions of the pattern's groups.
+func regexWork(pattern, text int, all bool, groups func(ops []*ast.Term) bool, est sizeFunc) sizeFunc {
 	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
-		if err := checkRegexWork(str(ops, pattern), str(ops, text), all); err != nil {
+		if err := checkRegex(str(ops, pattern), str(ops, text), all, groups != nil && groups(ops)); err != nil {
 			return 0, err
 		}
 		if est == nil {
@@ -41,6 +60,15 @@ func regexWork(pattern, text int, all bool, est sizeFunc) sizeFunc {
 		}
 		return est(ops, limit, stop)
 	}
+}
+
+// allGroups: the call always asks for the groups' positions.
+func allGroups([]*ast.Term) bool { return true }
+
+// dollarIn: the call asks for the groups' positions when operand i names one ($1), as
+// regexp's ReplaceAllString does.
+func dollarIn(i int) func([]*ast.Term) bool {
+	return func(ops []*ast.Term) bool { return strings.Contains(str(ops, i), "$") }
 }
 
 // estimateTemplateMatch checks regex.template_match's work: its pattern is made of the
@@ -54,19 +82,50 @@ func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, erro
 	if !ok {
 		return 0, nil // the builtin reports it
 	}
-	return 0, checkRegexWork(pattern, str(ops, 1), false)
+	return 0, checkRegex(pattern, str(ops, 1), false, false)
 }
 
-// checkRegexWork refuses a call of pattern on text whose work could pass maxRegexWork. One
-// search costs at most the pattern's instructions times the text's bytes. A builtin that
-// answers every match (all) makes a search per match: with a long text it is refused unless
-// counting its matches first, within maxMatchCount, finds few enough that its own searches
-// stay within that too (a command line of some kilobytes split on its spaces, or a megabyte
-// searched for a few flags, is taken; ".*b|a" over a text of a's is not). A search is
-// counted as reading the whole text, as ".*b" does: a pattern that matches often on a long
-// text is refused although its searches are short.
-func checkRegexWork(pattern, text string, all bool) error {
-	insts := regexInsts(pattern)
+// checkRegex refuses a pattern too long or too large to compile, or too much work on text;
+// groups: the call asks for the positions of the pattern's groups, which the matcher copies
+// for every thread at every step (4,000 groups on 60 bytes took 2.5 s and 514 MiB, on an
+// empty text 1 s), so that each instruction counts once for each group, and once for the
+// match.
+func checkRegex(pattern, text string, all, groups bool) error {
+	if len(pattern) > maxRegexPattern {
+		return fmt.Errorf("a pattern of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
+			len(pattern), maxRegexPattern)
+	}
+	insts, caps, err := regexInsts(pattern)
+	if err != nil {
+		return err
+	}
+	if groups {
+		// One step copies (and first allocates) every thread's positions: bounded alone, as
+		// the text's length does not bound it.
+		if insts*caps > maxRegexGroupWork {
+			return fmt.Errorf("a pattern of %d instructions and %d groups is too large for a call that answers its groups' positions (at most %d, multiplied): use fewer groups",
+				insts, caps-1, maxRegexGroupWork)
+		}
+		insts *= caps
+	}
+	if err := checkRegexWork(pattern, insts, text, all); err != nil {
+		if groups {
+			return fmt.Errorf("%w (its instructions counted once for each of its %d groups and once for the match, as this builtin answers their positions)", err, caps-1)
+		}
+		return err
+	}
+	return nil
+}
+
+// checkRegexWork refuses insts instructions of pattern on text when their work could pass
+// maxRegexWork. One search costs at most the instructions times the text's bytes. A builtin
+// that answers every match (all) makes a search per match: with a long text it is refused
+// unless counting its matches first, within maxMatchCount, finds few enough that its own
+// searches stay within that too (a PATH of 20 KiB split on its colons, or 512 KiB searched
+// for a flag, is taken; ".*b|a" over a text of a's is not). A search is counted as reading
+// the whole text, as ".*b" does: a pattern that matches often on a long text is refused
+// although its searches are short.
+func checkRegexWork(pattern string, insts int64, text string, all bool) error {
 	n := int64(len(text)) + 1
 	search := insts * n
 	if search <= maxRegexWork && (!all || search*n <= maxRegexWork || fewMatches(pattern, text, maxMatchCount/max(search, 1))) {
@@ -103,18 +162,53 @@ func fewMatches(pattern, text string, searches int64) bool {
 	return int64(len(re.FindAllStringIndex(text, int(min(k, 1<<30))))) < k
 }
 
-// regexInsts answers the size of pattern's compiled program, as regexp compiles it (0 for a
-// pattern that does not compile: the builtin reports it).
-func regexInsts(pattern string) int64 {
+// regexInsts answers the size of pattern's compiled program, as regexp compiles it, and its
+// groups plus one (0 and 1 for a pattern that does not compile: the builtin reports it), or refuses a pattern whose parse tree
+// is too large to compile (not compiled: compiling is the work to avoid).
+func regexInsts(pattern string) (insts, groups int64, _ error) {
 	re, err := syntax.Parse(pattern, syntax.Perl)
 	if err != nil {
-		return 0
+		return 0, 1, nil
+	}
+	n, runes := progSize(re)
+	if n > maxRegexInsts || runes > maxRegexRunes {
+		return 0, 1, fmt.Errorf("a pattern of about %d instructions and %d runes in its classes is too large to compile in one call "+
+			"(at most %d and %d): use a simpler pattern", n, runes, maxRegexInsts, maxRegexRunes)
 	}
 	prog, err := syntax.Compile(re.Simplify())
 	if err != nil {
-		return 0
+		return 0, 1, nil
 	}
-	return int64(len(prog.Inst))
+	return int64(len(prog.Inst)), int64(prog.NumCap / 2), nil
+}
+
+// progSize estimates the instructions the parse tree re compiles to, as regexp/syntax's parser
+// does when it checks a pattern's size (a repeat counts its body once for each copy), and the
+// runes of its literals and classes (once: copies share them).
+func progSize(re *syntax.Regexp) (n, runes int64) {
+	runes = int64(len(re.Rune))
+	switch re.Op {
+	case syntax.OpLiteral:
+		n = int64(len(re.Rune))
+	case syntax.OpCapture, syntax.OpStar, syntax.OpPlus, syntax.OpQuest:
+		sub, r := progSize(re.Sub[0])
+		n, runes = 2+sub, runes+r
+	case syntax.OpConcat, syntax.OpAlternate:
+		for _, s := range re.Sub {
+			sub, r := progSize(s)
+			n, runes = n+sub, runes+r
+		}
+		n += int64(len(re.Sub))
+	case syntax.OpRepeat:
+		sub, r := progSize(re.Sub[0])
+		runes += r
+		if re.Max == -1 {
+			n = 2 + int64(max(re.Min, 1))*sub
+		} else {
+			n = int64(re.Max)*sub + int64(re.Max-re.Min)
+		}
+	}
+	return max(1, n), runes
 }
 
 // templatePattern is the regular expression regex.template_match makes of tpl (OPA's

@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"context"
 	"strings"
 	"testing"
 )
@@ -27,16 +28,16 @@ func mostNamed(t *testing.T, err error) int {
 // pattern may take, and that text is then taken.
 func TestRegexWorkSaysWhatWouldDo(t *testing.T) {
 	for _, all := range []bool{false, true} {
-		err := checkRegexWork(`\s+`, strings.Repeat("a ", 1<<24), all)
+		err := checkRegex(`\s+`, strings.Repeat("a ", 1<<24), all, false)
 		if err == nil {
 			t.Fatalf("all %v: 32 MiB of text taken", all)
 		}
 		// Matches everywhere: the bound whatever the matches, for the all-match builtins.
 		most := mostNamed(t, err)
-		if err := checkRegexWork(`\s+`, strings.Repeat("a ", most/2+1)[:most], all); err != nil {
+		if err := checkRegex(`\s+`, strings.Repeat("a ", most/2+1)[:most], all, false); err != nil {
 			t.Errorf("all %v: a text of the %d bytes named: %v", all, most, err)
 		}
-		if err := checkRegexWork(`\s+`, strings.Repeat("a ", most/2+1)[:most+1], all); err == nil {
+		if err := checkRegex(`\s+`, strings.Repeat("a ", most/2+1)[:most+1], all, false); err == nil {
 			t.Errorf("all %v: a text of %d bytes, one past the %d named, is taken", all, most+1, most)
 		}
 	}
@@ -49,22 +50,71 @@ func TestRegexWorkSaysWhatWouldDo(t *testing.T) {
 // for each a).
 func TestRegexWorkCountsMatches(t *testing.T) {
 	path := strings.Repeat("/opt/toolchains/some-vendor/release-2026.11/bin:", 100) // 20 KiB
-	if err := checkRegexWork(`:`, path, true); err != nil {
+	if err := checkRegex(`:`, path, true, false); err != nil {
 		t.Errorf("a 20 KiB PATH split on its colons: %v", err)
 	}
 	long := strings.Repeat("python3 -c 'print(6*7)' ", 512<<10/24) + "--token=abc"
-	if err := checkRegexWork(`--[a-z-]+=\S+`, long, true); err != nil {
+	if err := checkRegex(`--[a-z-]+=\S+`, long, true, false); err != nil {
 		t.Errorf("a 512 KiB command line's flags: %v", err)
 	}
-	err := checkRegexWork(`.*b|a`, strings.Repeat("a", 16<<10), true)
+	err := checkRegex(`.*b|a`, strings.Repeat("a", 16<<10), true, false)
 	if err == nil || !strings.Contains(err.Error(), "whatever its matches, as this builtin searches again after each match") {
 		t.Fatalf(".*b|a over 16 KiB of a's: %v; want it refused, saying why", err)
 	}
-	if most := mostNamed(t, err); checkRegexWork(`.*b|a`, strings.Repeat("a", most), true) != nil {
+	if most := mostNamed(t, err); checkRegex(`.*b|a`, strings.Repeat("a", most), true, false) != nil {
 		t.Errorf(".*b|a over the %d a's named is refused", most)
 	}
 	// An empty match after each match makes two searches a match: still counted within the bound.
-	if err := checkRegexWork(`a*`, strings.Repeat("ab", 8<<10), true); err == nil {
+	if err := checkRegex(`a*`, strings.Repeat("ab", 8<<10), true, false); err == nil {
 		t.Errorf("a* over 16 KiB of ab: taken")
+	}
+}
+
+// TestRegexTooLargeRefused: patterns cheap to write but long to parse or compile (classes
+// the parser expands to their ranges, repeats that copy their body) are refused whatever
+// their text.
+func TestRegexTooLargeRefused(t *testing.T) {
+	for _, p := range []string{
+		strings.Repeat(`\pL`, 1<<16),
+		"(?:" + strings.Repeat("a", 3072) + "){1000}",
+		strings.Repeat(`[\pL\pN]`, 200),
+	} {
+		if err := checkRegex(p, "", false, false); err == nil {
+			t.Errorf("a pattern of %d bytes (%.16s…) is taken on an empty text, want it refused", len(p), p)
+		}
+	}
+	if err := checkRegex(`^[\pL\pN_.-]+(?:\s+--?[a-z][a-z0-9-]*(?:=\S+)?)*$`, strings.Repeat("cmd --flag=value ", 240), false, false); err != nil {
+		t.Errorf("a command line's pattern on 4 KiB: %v", err)
+	}
+}
+
+// TestRegexIsValidBounded: regex.is_valid refuses a pattern too long to parse in one call, as
+// the matching builtins do (Go's parser took a second and 190 MiB on 768 KiB of \pL).
+func TestRegexIsValidBounded(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{})
+	src := "package wb.admission\n\npattern := concat(\"\", [\"a\", strings.replace_n({\"b\": \"a\"}, \"" + strings.Repeat("b", maxRegexPattern) + "\")])\n\n" +
+		"deny contains \"valid\" if regex.is_valid(pattern)\n"
+	if _, err := e.Put(ctx, "proj_is_valid", "isvalid", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission("proj_is_valid", 2, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], "longer than") {
+		t.Errorf("regex.is_valid of a pattern of %d bytes: %+v, want the call refused", maxRegexPattern+1, d)
+	}
+}
+
+// TestRegexGroupsCounted: a call that answers its groups' positions is refused a pattern of
+// thousands of groups even on an empty text (the matcher copies every thread's positions at
+// each step: 1 s there), and takes a pattern of a few groups on a text of a kilobyte.
+func TestRegexGroupsCounted(t *testing.T) {
+	if err := checkRegex(strings.Repeat("(a?)", 4000), "", true, true); err == nil {
+		t.Error("4,000 groups on an empty text are taken, want them refused")
+	}
+	if err := checkRegex(`(\S+)=(\S+)`, strings.Repeat("k=v ", 256), true, true); err != nil {
+		t.Errorf("2 groups on 1 KiB: %v", err)
 	}
 }
