@@ -576,19 +576,7 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 	const id = "sess_stalledreader"
 	_, srv, logs := hostileAgentNode(t, id, Config{WriteStall: time.Second}, endlessFile(closed))
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetReadBuffer(4 << 10)
-	}
-	fmt.Fprintf(conn, "GET /v1/sessions/%s/agent/v1/files?path=big HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\n\r\n", id)
-	status, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil || !strings.Contains(status, " 200 ") {
-		t.Fatalf("the answer's status line: %q, %v; want a 200", status, err)
-	}
+	nodeCall(t, srv.Listener.Addr().String(), true, "GET /v1/sessions/"+id+"/agent/v1/files?path=big HTTP/1.1\r\n\r\n", " 200 ")
 	// The caller now reads no more, and stays.
 	select {
 	case <-closed:
@@ -638,20 +626,7 @@ func TestPTYStalledCallerIsCut(t *testing.T) {
 	const id = "sess_stalledpty"
 	_, srv, logs := hostileAgentNode(t, id, Config{WriteStall: time.Second}, endlessPTY(closed))
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetReadBuffer(4 << 10)
-	}
-	fmt.Fprintf(conn, "GET /v1/sessions/%s/agent/v1/pty?cols=80&rows=24 HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\n"+
-		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", id)
-	status, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil || !strings.Contains(status, " 101 ") {
-		t.Fatalf("the answer's status line: %q, %v; want a 101", status, err)
-	}
+	conn := nodeCall(t, srv.Listener.Addr().String(), true, ptyRequest(id), " 101 ")
 	// The caller now reads no more, and stays.
 	select {
 	case <-closed:
@@ -683,6 +658,35 @@ func TestPTYStalledCallerIsCut(t *testing.T) {
 	}
 }
 
+// nodeCall sends request (its request line, then the lines after the headers: the node's
+// Host and token are put between them) to the node at addr on a connection of its own, small
+// in what it reads ahead when small, and answers the connection once the answer's status
+// line has status; the test closes it.
+func nodeCall(t *testing.T, addr string, small bool, request, status string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	if tc, ok := conn.(*net.TCPConn); ok && small {
+		_ = tc.SetReadBuffer(4 << 10)
+	}
+	line, rest, _ := strings.Cut(request, "\r\n")
+	fmt.Fprintf(conn, "%s\r\nHost: node\r\nAuthorization: Bearer tok\r\n%s", line, rest)
+	got, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.Contains(got, status) {
+		t.Fatalf("the answer's status line: %q, %v; want%s", got, err, status)
+	}
+	return conn
+}
+
+// ptyRequest is a PTY's WebSocket upgrade of session id, as nodeCall sends it.
+func ptyRequest(id string) string {
+	return "GET /v1/sessions/" + id + "/agent/v1/pty?cols=80&rows=24 HTTP/1.1\r\n" +
+		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+}
+
 // deafPTY is an agent that upgrades every PTY, then takes none of its input and sends
 // nothing, holding the connection until the test ends.
 func deafPTY(t *testing.T) http.HandlerFunc {
@@ -708,17 +712,7 @@ func TestPTYDeafAgentIsCut(t *testing.T) {
 	const id = "sess_deafpty"
 	_, srv, _ := hostileAgentNode(t, id, Config{WriteStall: time.Second}, deafPTY(t))
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "GET /v1/sessions/%s/agent/v1/pty?cols=80&rows=24 HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\n"+
-		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", id)
-	status, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil || !strings.Contains(status, " 101 ") {
-		t.Fatalf("the answer's status line: %q, %v; want a 101", status, err)
-	}
+	conn := nodeCall(t, srv.Listener.Addr().String(), false, ptyRequest(id), " 101 ")
 	// The caller types without end; its writes fail once the node closed the connection.
 	written := make(chan error, 1)
 	go func() {
