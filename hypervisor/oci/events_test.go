@@ -313,24 +313,16 @@ func TestStopDeleteAskNoState(t *testing.T) {
 }
 
 // pidsNaming answers the host processes whose command line has word as one of its
-// arguments, or as a flag's value (--x=word).
+// arguments, or as a flag's value (--x=word) or a path's last part.
 func pidsNaming(word string) []int {
-	dirs, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range dirs {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		for _, arg := range strings.Split(string(b), "\x00") {
+	return hostPidsWhere(func(cmdline string) bool {
+		for _, arg := range strings.Split(cmdline, "\x00") {
 			if arg == word || strings.HasSuffix(arg, "="+word) || strings.HasSuffix(arg, "/"+word) {
-				out = append(out, pid)
-				break
+				return true
 			}
 		}
-	}
-	return out
+		return false
+	})
 }
 
 // subcommands names the runtime calls logged in path after the first skip: each one's first
@@ -429,6 +421,12 @@ func TestLaunch(t *testing.T) {
 // hostPids answers the host's processes whose command line is cmdline (NUL-separated, with
 // its trailing NUL), zombies left out.
 func hostPids(cmdline string) []int {
+	return hostPidsWhere(func(c string) bool { return c == cmdline })
+}
+
+// hostPidsWhere answers the host's processes whose command line match takes (a zombie's is
+// empty).
+func hostPidsWhere(match func(cmdline string) bool) []int {
 	dirs, _ := os.ReadDir("/proc")
 	var out []int
 	for _, e := range dirs {
@@ -437,7 +435,7 @@ func hostPids(cmdline string) []int {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && string(b) == cmdline {
+		if err == nil && match(string(b)) {
 			out = append(out, pid)
 		}
 	}
