@@ -109,8 +109,14 @@ func (e *env) nodeOf(id string) string {
 // beatNode registers node n and heartbeats it every second until the test ends.
 func (e *env) beatNode(n store.NodeInfo) {
 	e.t.Helper()
+	e.beatWith(e.st, n)
+}
+
+// beatWith heartbeats n through st now and every second until the test ends.
+func (e *env) beatWith(st *store.Store, n store.NodeInfo) {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := e.st.Heartbeat(ctx, n); err != nil {
+	if err := st.Heartbeat(ctx, n); err != nil {
 		cancel()
 		e.t.Fatal(err)
 	}
@@ -123,7 +129,7 @@ func (e *env) beatNode(n store.NodeInfo) {
 			case <-ctx.Done():
 				return
 			case <-time.After(time.Second):
-				_ = e.st.Heartbeat(ctx, n)
+				_ = st.Heartbeat(ctx, n)
 			}
 		}
 	}()

@@ -54,23 +54,5 @@ func TestDesktopRoomNodeTimeout(t *testing.T) {
 // heartbeat stamped lag before now (a node whose heartbeats are that late).
 func (e *env) beatLateNode(n store.NodeInfo, lag time.Duration) {
 	e.t.Helper()
-	st := store.New(e.rdb, store.WithClock(func() time.Time { return time.Now().Add(-lag) }))
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := st.Heartbeat(ctx, n); err != nil {
-		cancel()
-		e.t.Fatal(err)
-	}
-	done := make(chan struct{})
-	e.t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
-				_ = st.Heartbeat(ctx, n)
-			}
-		}
-	}()
+	e.beatWith(store.New(e.rdb, store.WithClock(func() time.Time { return time.Now().Add(-lag) })), n)
 }
