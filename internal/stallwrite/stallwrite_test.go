@@ -52,6 +52,13 @@ func get(t *testing.T, addr string) *bufio.Reader {
 func TestStalledCallerFails(t *testing.T) {
 	done := make(chan error, 1)
 	get(t, serve(t, 64<<20, time.Second, done))
+	wantStalled(t, done)
+}
+
+// wantStalled waits for the server's write, to a caller that reads nothing, to fail with
+// ErrStalled (done answers its error).
+func wantStalled(t *testing.T, done <-chan error) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if !errors.Is(err, ErrStalled) {
