@@ -2,7 +2,6 @@ package stallwrite
 
 import (
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -54,18 +53,5 @@ func TestHijackedStalledCallerFails(t *testing.T) {
 func TestHijackedSlowCallerServed(t *testing.T) {
 	done := make(chan error, 1)
 	const size = 256 << 10
-	r := get(t, serveHijacked(t, size, time.Second, 2*time.Second, done))
-	got := 0
-	buf := make([]byte, 8<<10)
-	for got < size {
-		n, err := io.ReadFull(r, buf)
-		got += n
-		if err != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("the write to a slow caller failed: %v; want it whole", err)
-	}
+	readSlowly(t, get(t, serveHijacked(t, size, time.Second, 2*time.Second, done)), size, done)
 }

@@ -74,7 +74,13 @@ func wantStalled(t *testing.T, done <-chan error) {
 func TestSlowCallerServed(t *testing.T) {
 	done := make(chan error, 1)
 	const size = 256 << 10
-	r := get(t, serve(t, size, time.Second, done))
+	readSlowly(t, get(t, serve(t, size, time.Second, done)), size, done)
+}
+
+// readSlowly reads size bytes from r, 8 KiB every 100 ms, and wants the server's write (done
+// answers its error) to have succeeded.
+func readSlowly(t *testing.T, r io.Reader, size int, done <-chan error) {
+	t.Helper()
 	got := 0
 	buf := make([]byte, 8<<10)
 	for got < size {
