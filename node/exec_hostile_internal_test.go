@@ -578,17 +578,22 @@ func TestFileReadStalledCallerIsCut(t *testing.T) {
 
 	nodeCall(t, srv.Listener.Addr().String(), true, "GET /v1/sessions/"+id+"/agent/v1/files?path=big HTTP/1.1\r\n\r\n", " 200 ")
 	// The caller now reads no more, and stays.
+	waitCutOff(t, closed, logs, "took none of the answer", "the file's read")
+}
+
+// waitCutOff waits for the node to close its connection to the agent (closed) once what's
+// caller stopped reading, and for its log to say so (line).
+func waitCutOff(t *testing.T, closed <-chan struct{}, logs *syncbuf.Buffer, line, what string) {
+	t.Helper()
 	select {
 	case <-closed:
 	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the file's read still held the agent's connection; want it ended after the 1 s stall")
+		t.Fatalf("45 s after its caller stopped reading, %s still held the agent's connection; want it ended after the 1 s WriteStall", what)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "took none of the answer") {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), line); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the node's log does not say that the read's caller stalled:\n%s", logs.String())
+			t.Fatalf("the node's log does not say that %s's caller stalled (%q):\n%s", what, line, logs.String())
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -628,22 +633,11 @@ func TestPTYStalledCallerIsCut(t *testing.T) {
 
 	conn := nodeCall(t, srv.Listener.Addr().String(), true, ptyRequest(id), " 101 ")
 	// The caller now reads no more, and stays.
-	select {
-	case <-closed:
-	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the node's PTY copy still held the agent's connection; want it ended after the 1 s WriteStall")
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "took none of the PTY's output") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the node's log does not say that the PTY's caller stalled:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitCutOff(t, closed, logs, "took none of the PTY's output", "the node's PTY copy")
 	// The caller's connection is closed too: the node answers the caller's bytes with a
 	// reset (its end, past the output the caller has not read, may wait on TCP's backed-off
 	// window probes for long).
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	buf := make([]byte, 64<<10)
 	for {
 		if time.Now().After(deadline) {
