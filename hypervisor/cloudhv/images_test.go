@@ -1,19 +1,18 @@
 package cloudhv_test
 
 import (
-	"bytes"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"wb/hypervisor/cloudhv"
 	"wb/hypervisor/cloudhv/image"
+	"wb/internal/syncbuf"
 )
 
 // TestRootImagesKeptWhenListingFails: a listing of the cache dir that fails (here the dir is
@@ -24,7 +23,7 @@ import (
 // A good listing still answers what the cache holds then, images gone included.
 func TestRootImagesKeptWhenListingFails(t *testing.T) {
 	e := newEnv(t)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	o := e.opts
 	o.StateDir, o.CacheDir = filepath.Join(e.base, "s-images"), filepath.Join(e.base, "cache-images")
 	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
@@ -51,7 +50,7 @@ func TestRootImagesKeptWhenListingFails(t *testing.T) {
 			t.Fatalf("listing %d of a cache dir that cannot be listed answers %q; want the last good listing's [%s]", i+1, got, a)
 		}
 	}
-	if n := logs.count("list the root disk images"); n != 1 {
+	if n := linesWith(logs.String(), "list the root disk images"); n != 1 {
 		t.Errorf("three failed listings in a row logged %d warnings, want 1:\n%s", n, logs.String())
 	}
 
@@ -79,7 +78,7 @@ func TestRootImagesKeptWhenListingFails(t *testing.T) {
 	if got := d.RootImages(); !slices.Equal(got, []string{b}) {
 		t.Fatalf("a failed listing after the cache changed answers %q; want [%s]", got, b)
 	}
-	if n := logs.count("list the root disk images"); n != 2 {
+	if n := linesWith(logs.String(), "list the root disk images"); n != 2 {
 		t.Errorf("two runs of failed listings logged %d warnings, want 2:\n%s", n, logs.String())
 	}
 }
@@ -98,28 +97,10 @@ func ext4Image(t *testing.T, dir, name string) string {
 	return name + "/" + uuid
 }
 
-// lockedBuffer is a log's text, written by any goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// count answers how many lines of the log hold s.
-func (l *lockedBuffer) count(s string) int {
+// linesWith answers how many lines of log hold s.
+func linesWith(log, s string) int {
 	n := 0
-	for line := range strings.Lines(l.String()) {
+	for line := range strings.Lines(log) {
 		if strings.Contains(line, s) {
 			n++
 		}
