@@ -118,34 +118,11 @@ func TestExecStalledCallerEndsTheExec(t *testing.T) {
 	const id = "sess_stalledcaller"
 	_, srv, logs := hostileAgentNode(t, id, Config{WriteStall: time.Second}, endlessOutput(strings.Repeat("x", 16<<10), 0, closed))
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetReadBuffer(4 << 10)
-	}
 	body := `{"argv":["yes"],"timeout_s":3600}`
-	fmt.Fprintf(conn, "POST /v1/sessions/%s/agent/v1/exec HTTP/1.1\r\nHost: node\r\nAuthorization: Bearer tok\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		id, len(body), body)
-	status, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil || !strings.Contains(status, " 200 ") {
-		t.Fatalf("the answer's status line: %q, %v; want a 200", status, err)
-	}
+	nodeCall(t, srv.Listener.Addr().String(), true, fmt.Sprintf("POST /v1/sessions/%s/agent/v1/exec HTTP/1.1\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", id, len(body), body), " 200 ")
 	// The caller now reads no more, and stays.
-	select {
-	case <-closed:
-	case <-time.After(45 * time.Second):
-		t.Fatal("45 s after its caller stopped reading, the exec still held the agent's connection; want it ended after the 1 s WriteStall")
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "took none of the exec's answer") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the node's log does not say that the exec's caller stalled:\n%s", logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitCutOff(t, closed, logs, "took none of the exec's answer", "the exec")
 }
 
 // TestExecAnswerWithoutEndIsCut: an agent whose answer has no end, read by a caller as slowly
