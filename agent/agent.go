@@ -155,7 +155,7 @@ func Serve(ctx context.Context, cfg Config) error {
 
 	guardCtx, stopGuard := context.WithCancel(ctx)
 	defer stopGuard()
-	go s.procs.cg.guard(guardCtx, log)
+	go s.procs.cg.guard(guardCtx, log, s.waitingRunners, s.procs.started)
 
 	reapCtx, stopReaper := context.WithCancel(context.WithoutCancel(ctx))
 	reaperDone := make(chan struct{})

@@ -1,6 +1,9 @@
 package agent
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // bombWatch decides, from samples of the guest's process count, when its processes have
 // pressed on their limit long enough to be a fork bomb.
@@ -32,4 +35,56 @@ func (w *bombWatch) observe(cur int, now time.Time) bool {
 		return false
 	}
 	return now.Sub(w.since) >= atLimitFor
+}
+
+// bombGuard samples the guest's process count every `every` and ends every process once
+// bombWatch fires, until its context ends.
+//
+// It samples only while a guest process could be forking. While the count is no more than
+// idle() (the runners waiting for their code, which fork nothing before the agent hands it
+// them), nothing can fork until the agent starts a process or hands a runner its code, and
+// the guard sleeps until woken says one of those happened. Under gVisor's ptrace platform
+// every sample (a timer, a read, the Go runtime's clock calls around them, each a trapped
+// system call) cost an idle guest about 3 % of a core: 75 % of it was this loop.
+type bombGuard struct {
+	max   int
+	every time.Duration
+	count func() (int, error)
+	idle  func() int
+	// woken holds a value after the agent started a process or handed a runner its code;
+	// the guard re-reads idle and count after each value it takes, so none is missed.
+	woken <-chan struct{}
+	// endAll ends every process of the guest; since is when the watch armed.
+	endAll func(since time.Time)
+}
+
+func (g bombGuard) run(ctx context.Context) {
+	tick := time.NewTicker(g.every)
+	defer tick.Stop()
+	w := bombWatch{max: g.max}
+	for {
+		idle := g.idle() // before the count: a claim between the two shows as one more
+		cur, err := g.count()
+		switch {
+		case err != nil:
+		case cur <= idle && w.since.IsZero():
+			select {
+			case <-ctx.Done():
+				return
+			case <-g.woken:
+			}
+			tick.Reset(g.every)
+			continue // at once: what woke the guard may be a bomb
+		default:
+			if w.observe(cur, time.Now()) {
+				g.endAll(w.since)
+				w = bombWatch{max: g.max}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }

@@ -1,6 +1,9 @@
 package agent
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -45,5 +48,100 @@ func TestBombWatch(t *testing.T) {
 	spike = append(spike, make([]int, ticks)...)
 	if got := run(spike); got != -1 {
 		t.Errorf("a workload that touched its limit once and fell back was ended at sample %d", got)
+	}
+}
+
+// fakeCount is a process count that a test sets, and that counts its samples.
+type fakeCount struct {
+	mu      sync.Mutex
+	cur     int
+	samples int
+}
+
+func (f *fakeCount) set(n int) { f.mu.Lock(); f.cur = n; f.mu.Unlock() }
+func (f *fakeCount) read() (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.samples++
+	return f.cur, nil
+}
+func (f *fakeCount) sampled() int { f.mu.Lock(); defer f.mu.Unlock(); return f.samples }
+
+// TestBombGuardSleepsWhileNothingCanFork: with no guest process but waiting runners the guard
+// takes no sample until woken; with one it samples on every tick; at the limit it ends them
+// all. Under gVisor's ptrace platform, sampling an idle guest was most of its CPU.
+func TestBombGuardSleepsWhileNothingCanFork(t *testing.T) {
+	const every = 5 * time.Millisecond
+	count := &fakeCount{}
+	var idle atomic.Int64
+	woken := make(chan struct{}, 1)
+	wake := func() {
+		select {
+		case woken <- struct{}{}:
+		default:
+		}
+	}
+	ended := make(chan time.Time, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bombGuard{max: 100, every: every, count: count.read, idle: func() int { return int(idle.Load()) }, woken: woken,
+			endAll: func(since time.Time) { ended <- since }}.run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+
+	// quiet answers how many samples the guard took over 40 ticks.
+	quiet := func() int {
+		before := count.sampled()
+		time.Sleep(40 * every)
+		return count.sampled() - before
+	}
+	waitSamples := func(what string) {
+		t.Helper()
+		before := count.sampled()
+		deadline := time.Now().Add(30 * time.Second)
+		for count.sampled() < before+5 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the guard took %d samples in 30 s, want it sampling every %s", what, count.sampled()-before, every)
+			}
+			time.Sleep(every)
+		}
+	}
+	if n := quiet(); n > 1 {
+		t.Errorf("no guest process: the guard took %d samples over 40 ticks, want none after its first", n)
+	}
+
+	// A runner starts (woken), then waits for its code: nothing can fork.
+	count.set(1)
+	wake()
+	waitSamples("a runner starting")
+	idle.Store(1)
+	time.Sleep(2 * every)
+	if n := quiet(); n > 1 {
+		t.Errorf("one waiting runner: the guard took %d samples over 40 ticks, want none", n)
+	}
+
+	// An exec claims the runner (it leaves the waiting ones, then wakes the guard).
+	idle.Store(0)
+	wake()
+	waitSamples("a runner claimed")
+
+	// The exec forks to the limit: all are ended, once they stayed there for atLimitFor.
+	count.set(100)
+	select {
+	case since := <-ended:
+		if el := time.Since(since); el < atLimitFor {
+			t.Errorf("ended them all %s after the count reached the limit, want at least %s", el, atLimitFor)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("a count at the limit for a minute: the guard never ended them")
+	}
+
+	// They are gone: the guard sleeps again.
+	count.set(0)
+	time.Sleep(2 * every)
+	if n := quiet(); n > 1 {
+		t.Errorf("after the bomb: the guard took %d samples over 40 ticks, want none", n)
 	}
 }

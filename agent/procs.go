@@ -27,10 +27,21 @@ type procTable struct {
 	mu   sync.Mutex
 	ours map[int]struct{}
 	poke chan struct{} // a child of ours was collected: a zombie may have been hidden behind it
+	// started holds a value after a child started or a runner was handed its code: the
+	// fork-bomb guard, asleep while no guest process could fork, wakes on it.
+	started chan struct{}
 }
 
 func newProcTable() *procTable {
-	return &procTable{ours: map[int]struct{}{}, poke: make(chan struct{}, 1)}
+	return &procTable{ours: map[int]struct{}{}, poke: make(chan struct{}, 1), started: make(chan struct{}, 1)}
+}
+
+// wake tells the fork-bomb guard that a guest process may now fork.
+func (t *procTable) wake() {
+	select {
+	case t.started <- struct{}{}:
+	default:
+	}
 }
 
 // start runs startFn (which must start exactly one child and return its pid) under the table's
@@ -43,6 +54,7 @@ func (t *procTable) start(startFn func() (int, error)) (int, error) {
 		return 0, err
 	}
 	t.ours[pid] = struct{}{}
+	t.wake()
 	return pid, nil
 }
 

@@ -24,4 +24,4 @@ func dropSysAdmin() error { return nil }
 
 func undumpable() error { return nil }
 
-func (c *childCgroup) guard(_ context.Context, _ *slog.Logger) {}
+func (c *childCgroup) guard(_ context.Context, _ *slog.Logger, _ func() int, _ <-chan struct{}) {}

@@ -178,6 +178,7 @@ func (s *server) claimRunner(spec execSpec) *proc {
 	}
 	delete(s.runners, spec.runner)
 	s.mu.Unlock()
+	s.procs.wake() // the runner is about to run the exec's code
 	select {
 	case <-wr.p.waited: // it died while it waited
 		s.log.Warn("runner died before its exec; running it as usual", "name", spec.runner, "exit_code", exitCode(wr.p.cmd.ProcessState))
@@ -198,6 +199,14 @@ func (s *server) claimRunner(spec execSpec) *proc {
 		_ = wr.stdinW.Close()
 	}()
 	return wr.p
+}
+
+// waitingRunners answers how many runners wait for their code: guest processes that fork
+// nothing before an exec claims them.
+func (s *server) waitingRunners() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.runners)
 }
 
 // dropRunners kills every waiting runner (on shutdown).

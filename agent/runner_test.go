@@ -2,6 +2,8 @@ package agent
 
 import (
 	"errors"
+	"log/slog"
+	"net/http/httptest"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -141,4 +143,45 @@ func TestRunnerLoaderFails(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Status != 400 || ae.Param != "name" {
 		t.Fatalf("StartRunner without a name: %v", err)
 	}
+}
+
+// TestRunnersWakeTheGuard: a waiting runner counts as idle for the fork-bomb guard, and both
+// a start and a claim wake it (asleep, it would not see the code the runner then runs fork).
+func TestRunnersWakeTheGuard(t *testing.T) {
+	py := python(t)
+	s := &server{procs: newProcTable(), runners: map[string]*waitingRunner{}, root: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+	woke := func() bool {
+		select {
+		case <-s.procs.started:
+			return true
+		default:
+			return false
+		}
+	}
+	r := httptest.NewRequest("POST", "/v1/runners", nil)
+	if _, err := s.startRunner(r, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: testLoader}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if !woke() {
+		t.Error("a runner started: the guard was not woken")
+	}
+	if n := s.waitingRunners(); n != 1 {
+		t.Errorf("waiting runners: %d, want 1", n)
+	}
+	p := s.claimRunner(execSpec{argv: []string{py, "-c", "pass"}, dir: s.root, runner: "py"})
+	if p == nil {
+		t.Fatal("the runner was not claimed")
+	}
+	if !woke() {
+		t.Error("a runner claimed: the guard was not woken")
+	}
+	if n := s.waitingRunners(); n != 0 {
+		t.Errorf("waiting runners after the claim: %d, want 0", n)
+	}
+	select {
+	case <-p.waited:
+	case <-time.After(time.Minute):
+		t.Fatal("the claimed runner did not exit")
+	}
+	_, _ = p.outR.Close(), p.errR.Close()
 }
