@@ -207,11 +207,15 @@ func capabilities() *ast.Capabilities {
 	return c
 }
 
-// newCompiler answers a compiler for policies: the capabilities, and the stage that rewrites
-// calls to their bounded versions and refuses oversized number literals.
+// newCompiler answers a compiler for policies: the capabilities, and the stages that rewrite
+// calls (and with targets and values) to their bounded versions and refuse oversized number
+// literals.
 func newCompiler(caps *ast.Capabilities) *ast.Compiler {
-	return ast.NewCompiler().WithCapabilities(caps).WithStageAfterID(ast.StageCheckRuleConflicts,
-		ast.CompilerStageDefinition{Name: "wb.bounded", MetricName: "compile_stage_wb_bounded", Stage: renameBounded}).
+	return ast.NewCompiler().WithCapabilities(caps).
+		WithStageAfterID(ast.StageRewriteRefsInHead,
+			ast.CompilerStageDefinition{Name: "wb.bounded.with", MetricName: "compile_stage_wb_bounded_with", Stage: renameBoundedWith}).
+		WithStageAfterID(ast.StageCheckRuleConflicts,
+			ast.CompilerStageDefinition{Name: "wb.bounded", MetricName: "compile_stage_wb_bounded", Stage: renameBounded}).
 		WithStageAfterID(ast.StageRewriteDynamicTerms,
 			ast.CompilerStageDefinition{Name: "wb.values", MetricName: "compile_stage_wb_values", Stage: checkValues})
 }
@@ -226,7 +230,7 @@ func renameBounded(c *ast.Compiler) *ast.Error {
 		switch v := t.Value.(type) {
 		case ast.Ref:
 			if _, ok := boundedBuiltins[v.String()]; ok {
-				t.Value = boundedRef(v)
+				t.Value = boundedRef(v.String())
 			}
 		case ast.Number:
 			if bad == nil && !saneNumber(v) {
@@ -258,8 +262,51 @@ func renameBounded(c *ast.Compiler) *ast.Error {
 	return bad
 }
 
-func boundedRef(r ast.Ref) ast.Ref {
-	parts := strings.Split(boundedPrefix+r.String(), ".")
+// renameBoundedWith rewrites the with keyword's targets and function values that name bounded
+// builtins to their bounded versions, so that `with concat as mock` replaces the builtin the
+// calls (renamed by renameBounded) reach, and `with concat as sprintf` puts bounded sprintf in
+// its place. It runs before OPA checks the targets (StageRewriteWithValues), which knows the
+// bounded names only, and after refs are resolved (a rule of the policy named like a builtin is
+// data.…). It refuses forbidden builtins, as targets or values, by name (OPA's errors do not
+// say which: "var http is unsafe").
+func renameBoundedWith(c *ast.Compiler) *ast.Error {
+	var bad *ast.Error
+	fn := func(t *ast.Term) (string, bool) {
+		switch v := t.Value.(type) {
+		case ast.Var:
+			return string(v), true
+		case ast.Ref:
+			return v.String(), true
+		}
+		return "", false
+	}
+	rename := func(t *ast.Term) {
+		name, ok := fn(t)
+		if !ok || bad != nil {
+			return
+		}
+		if why, ok := forbiddenBuiltins[name]; ok {
+			bad = ast.NewError(ast.CompileErr, t.Location, "with keyword: %s is not available to policies (it %s)", name, why)
+			return
+		}
+		// internal.template_string stays: OPA refuses to replace internal functions.
+		if _, ok := boundedBuiltins[name]; ok && !strings.HasPrefix(name, "internal.") {
+			t.Value = boundedRef(name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Modules)) {
+		ast.WalkWiths(c.Modules[name], func(w *ast.With) bool {
+			rename(w.Target)
+			rename(w.Value)
+			return false
+		})
+	}
+	return bad
+}
+
+// boundedRef is the ref of builtin name's bounded version.
+func boundedRef(name string) ast.Ref {
+	parts := strings.Split(boundedPrefix+name, ".")
 	out := make(ast.Ref, len(parts))
 	out[0] = ast.VarTerm(parts[0])
 	for i, p := range parts[1:] {

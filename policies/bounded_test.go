@@ -192,3 +192,68 @@ func TestSubsetCountsLongElements(t *testing.T) {
 		t.Errorf("object.subset of 64 and 8 strings of 820 bytes: %v", err)
 	}
 }
+
+// TestWithMocksBoundedBuiltins: a policy may replace a bounded builtin for one expression with
+// the with keyword, as OPA allows for any builtin: by a value, by one of its functions, or by
+// another builtin (which stays bounded), in the calls the expression makes through its rules
+// too. The names the policy wrote did not resolve: the bounded builtins are known to the
+// compiler under their bounded names only.
+func TestWithMocksBoundedBuiltins(t *testing.T) {
+	ctx := context.Background()
+	src := `package wb.admission
+
+fake(_, _) := "by a function"
+
+joined := concat("-", ["a", "b"])
+
+deny contains msg if {
+	msg := concat("-", ["x"]) with concat as "by a value"
+}
+
+deny contains msg if {
+	msg := sprintf("%d", [1]) with sprintf as fake
+}
+
+deny contains msg if {
+	msg := joined with concat as "through a rule"
+}
+
+deny contains msg if {
+	msg := upper("x") with upper as lower
+}
+
+deny contains joined
+`
+	_, doc, err := EvaluateLocal(ctx, "mock.rego", src, map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprint(doc["deny"])
+	if want := "[a-b by a function by a value through a rule x]"; got != want {
+		t.Errorf("deny = %s; want %s", got, want)
+	}
+	// A builtin put in the place of another is its bounded version.
+	_, _, err = EvaluateLocal(ctx, "mock.rego", `package wb.admission
+
+deny contains msg if {
+	msg := concat("%*s", ["3", "x"]) with concat as sprintf
+}
+`, map[string]any{})
+	if err == nil || !strings.Contains(err.Error(), "sprintf: * widths and precisions are not allowed") || strings.Contains(err.Error(), boundedPrefix) {
+		t.Errorf("concat replaced by sprintf, with a * width: %v; want bounded sprintf's error", err)
+	}
+	// Nothing out of the policies' reach comes back through with, and what with cannot
+	// replace stays so.
+	for _, tc := range []struct{ expr, msg string }{
+		{`msg := concat("-", ["x"]) with concat as http.send`, "http.send"},
+		{`msg := concat("-", ["x"]) with http.send as "x"`, "http.send"},
+		{`msg := $"a{1}" with internal.template_string as "x"`, "internal.template_string"},
+		{`msg := concat("-", ["x"]) with concat as opa.runtime`, "opa.runtime"},
+	} {
+		_, _, err := EvaluateLocal(ctx, "mock.rego", "package wb.admission\n\ndeny contains msg if {\n\t"+tc.expr+"\n}\n", map[string]any{})
+		var ce *CompileError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), boundedPrefix) {
+			t.Errorf("%s: %v; want a compile error naming %s", tc.expr, err, tc.msg)
+		}
+	}
+}

@@ -188,3 +188,67 @@ func TestRunTestsCompileErrorNamesFile(t *testing.T) {
 		t.Errorf("a test file referring to an unknown rule: %v; want the file and line named", err)
 	}
 }
+
+// TestRunTestsMockBoundedBuiltins: tests mock the bounded builtins with the with keyword, as
+// opa test lets them mock any builtin: by a value, by a function of theirs, or by another
+// builtin, which stays bounded. The names the tests wrote did not resolve ("with keyword
+// target must reference existing input, data, or a function").
+func TestRunTestsMockBoundedBuiltins(t *testing.T) {
+	files := map[string]string{
+		"guard.rego": `package wb.admission
+
+deny contains concat("/", ["tier", format_int(input.request.tier, 10)])
+
+warn contains sprintf("tier %d", [input.request.tier])
+`,
+		"guard_test.rego": `package wb.admission_test
+
+import data.wb.admission
+
+mock_concat(_, _) := "mocked"
+
+test_value_mock if {
+	admission.deny == {"valued"} with concat as "valued" with input as {"request": {"tier": 4}}
+}
+
+test_function_mock if {
+	admission.deny == {"mocked"} with concat as mock_concat with input as {"request": {"tier": 4}}
+}
+
+test_sprintf_mock if {
+	admission.warn == {"x"} with sprintf as "x" with input as {"request": {"tier": 4}}
+}
+
+test_unmocked if {
+	admission.deny == {"tier/4"} with input as {"request": {"tier": 4}}
+}
+
+test_still_bounded if {
+	count(concat("%*s", ["3", "x"])) > 0 with concat as sprintf
+}
+`,
+	}
+	res, err := RunTests(context.Background(), files, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]TestResult{}
+	for _, r := range res {
+		got[strings.TrimPrefix(r.Name, "data.wb.admission_test.")] = r
+	}
+	for name, want := range map[string]string{"test_value_mock": "pass", "test_function_mock": "pass",
+		"test_sprintf_mock": "pass", "test_unmocked": "pass", "test_still_bounded": "error"} {
+		if got[name].Result != want {
+			t.Errorf("%s: %+v; want %s", name, got[name], want)
+		}
+	}
+	if r := got["test_still_bounded"]; !strings.Contains(r.Error, "sprintf: * widths and precisions are not allowed") || strings.Contains(r.Error, boundedPrefix) {
+		t.Errorf("concat mocked by sprintf, with a * width: %q; want bounded sprintf's error", r.Error)
+	}
+	// A mock cannot bring back a builtin the platform does not have.
+	files["guard_test.rego"] += "\ntest_network if {\n\tconcat(\"\", []) with concat as http.send\n}\n"
+	if _, err := RunTests(context.Background(), files, time.Minute); err == nil || !strings.Contains(err.Error(), "http.send") ||
+		!strings.Contains(err.Error(), "guard_test.rego") {
+		t.Errorf("a test mocking concat with http.send: %v; want its compile error", err)
+	}
+}

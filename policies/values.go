@@ -281,7 +281,7 @@ func generated(e *ast.Expr, expr *ast.Expr) *ast.Expr {
 }
 
 func checkOf(t *ast.Term, made bool) *ast.Expr {
-	return ast.NewExpr([]*ast.Term{ast.NewTerm(boundedRef(ast.Ref{ast.VarTerm("value")})), t.Copy(), ast.BooleanTerm(made)})
+	return ast.NewExpr([]*ast.Term{ast.NewTerm(boundedRef("value")), t.Copy(), ast.BooleanTerm(made)})
 }
 
 // built: t is an array, object or set written with variables, made when the expression runs.
