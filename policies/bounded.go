@@ -268,7 +268,8 @@ func renameBounded(c *ast.Compiler) *ast.Error {
 // its place. It runs before OPA checks the targets (StageRewriteWithValues), which knows the
 // bounded names only, and after refs are resolved (a rule of the policy named like a builtin is
 // data.…). It refuses forbidden builtins, as targets or values, by name (OPA's errors do not
-// say which: "var http is unsafe").
+// say which: "var http is unsafe"), and the value check (values.go) as a target: replaced,
+// it let every rule the expression evaluates make values past maxValueBytes.
 func renameBoundedWith(c *ast.Compiler) *ast.Error {
 	var bad *ast.Error
 	fn := func(t *ast.Term) (string, bool) {
@@ -296,6 +297,9 @@ func renameBoundedWith(c *ast.Compiler) *ast.Error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Modules)) {
 		ast.WalkWiths(c.Modules[name], func(w *ast.With) bool {
+			if name, ok := fn(w.Target); ok && name == valueCheck && bad == nil {
+				bad = ast.NewError(ast.CompileErr, w.Target.Location, "with keyword cannot replace the platform's value check")
+			}
 			rename(w.Target)
 			rename(w.Value)
 			return false

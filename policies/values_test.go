@@ -2,6 +2,7 @@ package policies
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -336,5 +337,38 @@ deny contains "no owner" if {
 	d, err := e.Admit(ctx, admission(project, 2, nil))
 	if err != nil || d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], "no owner") {
 		t.Errorf("%+v %v, want the deny \"no owner\" (input.missing is undefined, so the negation holds)", d, err)
+	}
+}
+
+// TestWithCannotReplaceValueCheck: the value check is a builtin to the compiler, and the with
+// keyword replaced it like any other (`with wb.bounded.value as true`) for every rule the
+// expression evaluated: their values were made past maxValueBytes unchecked. It is refused.
+func TestWithCannotReplaceValueCheck(t *testing.T) {
+	ctx := context.Background()
+	src := `package wb.admission
+
+a := [1 | some _ in numbers.range(1, 64)]
+
+b := [a | some _ in numbers.range(1, 64)]
+
+c := [b | some _ in numbers.range(1, 64)]
+
+deny contains "made" if {
+	count(c) == 64%s
+}
+`
+	if _, _, err := EvaluateLocal(ctx, "big.rego", fmt.Sprintf(src, ""), map[string]any{}); err == nil || !strings.Contains(err.Error(), "more than 4.0 MiB") {
+		t.Fatalf("a value of 64³ elements: %v; want the value check's error", err)
+	}
+	for _, with := range []string{" with wb.bounded.value as true", " with wb.bounded.value as one_two", " with data.wb.admission.c as [] with wb.bounded.value as true"} {
+		_, doc, err := EvaluateLocal(ctx, "big.rego", fmt.Sprintf(src, with)+"\none_two(_, _) := true\n", map[string]any{})
+		var ce *CompileError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "value check") {
+			t.Errorf("%s: %v, %v; want a compile error naming the value check", with, doc, err)
+		}
+	}
+	_, err := RunTests(ctx, map[string]string{"big_test.rego": "package wb.admission_test\n\ntest_x if {\n\ttrue with wb.bounded.value as true\n}\n"}, time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "value check") {
+		t.Errorf("a test replacing the value check: %v; want its compile error", err)
 	}
 }
