@@ -21,6 +21,7 @@ import (
 	"wb/hypervisor/internal/guestfile"
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
+	"wb/internal/wbbin"
 )
 
 // BenchmarkCreateBoot measures create + boot of a busybox guest until its init has written
@@ -344,4 +345,97 @@ func BenchmarkCheckpointRestore(b *testing.B) {
 		reportPct(b, "delete", del)
 		reportPct(b, "restore", restore)
 	})
+}
+
+// BenchmarkIdleGuest measures what an idle runsc guest costs its host: the CPU of its sandbox
+// and gofer over idleWindow, in % of one core (cpu-%core), for a guest running the agent as a
+// node starts it (a process limit, so the agent's fork-bomb guard is armed), beside
+// bare-runsc: a bare container on the same root file system running sleep, in the same run.
+// Under gVisor's ptrace platform each system call of the guest costs the host a few context
+// switches: an agent that wakes often shows here.
+func BenchmarkIdleGuest(b *testing.B) {
+	const settle, idleWindow = 3 * time.Second, 10 * time.Second
+	cat := catalog(b)
+	rt := oci.RuntimeRunsc
+	measure := func(b *testing.B, id string) {
+		time.Sleep(settle)
+		pids := hostPidsWhere(func(cmdline string) bool { return strings.Contains(cmdline, id) })
+		if len(pids) == 0 {
+			b.Fatalf("no host process names guest %s", id)
+		}
+		before := make([]int64, len(pids))
+		for i, pid := range pids {
+			before[i] = cpuTicks(b, pid)
+		}
+		time.Sleep(idleWindow)
+		var ticks int64
+		for i, pid := range pids {
+			ticks += cpuTicks(b, pid) - before[i]
+		}
+		for b.Loop() { // the figure is the window's; ResetTimer, which b.Loop calls, drops metrics
+		}
+		// USER_HZ is 100 on Linux: a tick is 10 ms.
+		b.ReportMetric(float64(ticks)*float64(10*time.Millisecond)/float64(idleWindow)*100, "cpu-%core")
+	}
+	b.Run("bare-"+rt, func(b *testing.B) {
+		bundle := bareBundle(b, cat[templates.Base].RootFS, "sleep 3600")
+		global := bareGlobal(b, rt)
+		log, err := os.Create(filepath.Join(b.TempDir(), "bare.log"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		id := "bare" + randHex(b, 6)
+		b.Cleanup(func() {
+			_ = exec.Command(rt, append(slices.Clone(global), "delete", "--force", id)...).Run()
+			_ = log.Close()
+		})
+		bareCmd(b, rt, global, log, "run", "--detach", "--bundle", bundle, id)
+		measure(b, id)
+	})
+	b.Run(rt, func(b *testing.B) {
+		d := newDriver(b, rt)
+		s := guestSpec(b, cat[templates.Base], "")
+		agent, err := wbbin.Agent(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.AgentBin = agent
+		s.Args = []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace}
+		track(b, d, s)
+		ctx := ctxT(b, 3*time.Minute)
+		if err := d.Create(ctx, s); err != nil {
+			b.Fatal(err)
+		}
+		if err := d.Boot(ctx, s.ID); err != nil {
+			b.Fatal(err)
+		}
+		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(5 * time.Millisecond) {
+			if _, err := os.Stat(filepath.Join(s.AgentDir, "agent.sock")); err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				b.Fatalf("the agent did not listen within 2 minutes: %v", err)
+			}
+		}
+		measure(b, s.ID)
+	})
+}
+
+// cpuTicks is the user and system CPU of process pid so far, in ticks.
+func cpuTicks(b *testing.B, pid int) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0 // gone: its ticks are no longer counted
+	}
+	// The command name may hold spaces: fields start after its closing parenthesis.
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		b.Fatalf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return utime + stime
 }

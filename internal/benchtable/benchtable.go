@@ -73,9 +73,14 @@ func benchName(n benchfmt.Name) string {
 	return b.String()
 }
 
-// Hidden are the units the table leaves out: memory per op is beside the point of a figure
-// against its baseline (the raw output keeps it).
-func hidden(unit string) bool { return unit == "B/op" || unit == "allocs/op" }
+// hidden are the measures the table leaves out (the raw output keeps them): memory per op is
+// beside the point of a figure against its baseline, and the time per op of a benchmark that
+// measures CPU over a window of its own (IdleCPU, IdleGuest) is a few nanoseconds of an
+// empty loop.
+func hidden(m Measure) bool {
+	base, _, _ := strings.Cut(m.Bench, "/")
+	return m.Unit == "B/op" || m.Unit == "allocs/op" || m.Unit == "sec/op" && (base == "IdleCPU" || base == "IdleGuest")
+}
 
 // Row is one line of the table. Baseline is nil when the figure has no declared baseline
 // (Want is then zero) or when the declared one is not in the run (Want names it).
@@ -207,7 +212,7 @@ func Table(run Run, pairs []Pair) []Row {
 		switch {
 		case len(paired[i]) > 0:
 			rows = append(rows, paired[i]...)
-		case hidden(m.Unit) || shown[m.Ref]:
+		case hidden(m) || shown[m.Ref]:
 		default:
 			rows = append(rows, Row{Figure: m})
 		}

@@ -157,6 +157,9 @@ func Pairs() []Pair {
 			Pair{Ref{conf, "RunsPython/" + rt, "sec/op"}, Ref{oci, "RunsPython/bare-" + rt, "sec/op"}, "4 clients' runs beside 4 clients' bare runs of python"},
 		)
 	}
+	// An idle runsc guest running the agent, beside a bare sandbox running sleep: the CPU its
+	// host pays for it while nothing happens (hypervisor/oci BenchmarkIdleGuest).
+	ps = append(ps, Pair{Ref{oci, "IdleGuest/runsc", "cpu-%core"}, Ref{oci, "IdleGuest/bare-runsc", "cpu-%core"}, "an idle guest's CPU beside a bare sandbox's"})
 	// Pause and resume, the driver's and the platform's, beside a bare `RUNTIME pause` +
 	// `RUNTIME resume` of a bare container on the same root file system (hypervisor/oci
 	// BenchmarkPauseResume/bare-…).
