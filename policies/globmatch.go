@@ -25,7 +25,7 @@ func replacement(name string) topdown.BuiltinFunc {
 	if name == "glob.match" {
 		return globMatch
 	}
-	return nil
+	return regexAllReplacement(name)
 }
 
 // globMatch is glob.match(pattern, delimiters, match), with OPA's operands: null delimiters

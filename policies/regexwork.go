@@ -95,7 +95,7 @@ func checkRegex(pattern, text string, all, groups bool) error {
 		return fmt.Errorf("a pattern of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
 			len(pattern), maxRegexPattern)
 	}
-	insts, caps, err := regexInsts(pattern)
+	insts, caps, free, err := regexInsts(pattern)
 	if err != nil {
 		return err
 	}
@@ -107,6 +107,9 @@ func checkRegex(pattern, text string, all, groups bool) error {
 				insts, caps-1, maxRegexGroupWork)
 		}
 		insts *= caps
+	}
+	if all && free {
+		return nil // the builtin counts its searches' work as they run (regexall.go)
 	}
 	if err := checkRegexWork(pattern, insts, text, all); err != nil {
 		if groups {
@@ -124,11 +127,10 @@ func checkRegex(pattern, text string, all, groups bool) error {
 // searches stay within that too (a PATH of 20 KiB split on its colons, or 512 KiB searched
 // for a flag, is taken; ".*b|a" over a text of a's is not). A search is counted as reading
 // the whole text, as ".*b" does: a pattern that matches often on a long text is refused
-// although its searches are short.
+// although its searches are short (unless it has no assertion: then the builtin runs its
+// searches counting what they read, regexall.go).
 func checkRegexWork(pattern string, insts int64, text string, all bool) error {
-	n := int64(len(text)) + 1
-	search := insts * n
-	if search <= maxRegexWork && (!all || search*n <= maxRegexWork || fewMatches(pattern, text, maxMatchCount/max(search, 1))) {
+	if regexWorkFits(pattern, insts, text, all) {
 		return nil
 	}
 	// The longest text this pattern may take, so that the message says what would do.
@@ -142,6 +144,15 @@ func checkRegexWork(pattern string, insts int64, text string, all bool) error {
 		"(this pattern may take at most %d bytes here whatever its matches, as this builtin searches again "+
 		"after each match, and up to %d when it matches seldom): use a shorter text or a simpler pattern",
 		insts, len(text), int64(math.Sqrt(float64(maxRegexWork/insts)))-1, maxMatchCount/insts-1)
+}
+
+// regexWorkFits reports whether the work of insts instructions of pattern on text stays
+// within maxRegexWork whatever its matches, or, for a builtin that answers every match (all),
+// because they are few (checkRegexWork).
+func regexWorkFits(pattern string, insts int64, text string, all bool) bool {
+	n := int64(len(text)) + 1
+	search := insts * n
+	return search <= maxRegexWork && (!all || search*n <= maxRegexWork || fewMatches(pattern, text, maxMatchCount/max(search, 1)))
 }
 
 // fewMatches reports whether pattern matches text few enough times, as the all-match
@@ -162,24 +173,25 @@ func fewMatches(pattern, text string, searches int64) bool {
 	return int64(len(re.FindAllStringIndex(text, int(min(k, 1<<30))))) < k
 }
 
-// regexInsts answers the size of pattern's compiled program, as regexp compiles it, and its
-// groups plus one (0 and 1 for a pattern that does not compile: the builtin reports it), or refuses a pattern whose parse tree
-// is too large to compile (not compiled: compiling is the work to avoid).
-func regexInsts(pattern string) (insts, groups int64, _ error) {
+// regexInsts answers the size of pattern's compiled program, as regexp compiles it, its
+// groups plus one, and whether it has no empty-width assertion (contextFree) (0, 1 and false
+// for a pattern that does not compile: the builtin reports it), or refuses a pattern whose
+// parse tree is too large to compile (not compiled: compiling is the work to avoid).
+func regexInsts(pattern string) (insts, groups int64, free bool, _ error) {
 	re, err := syntax.Parse(pattern, syntax.Perl)
 	if err != nil {
-		return 0, 1, nil
+		return 0, 1, false, nil
 	}
 	n, runes := progSize(re)
 	if n > maxRegexInsts || runes > maxRegexRunes {
-		return 0, 1, fmt.Errorf("a pattern of about %d instructions and %d runes in its classes is too large to compile in one call "+
+		return 0, 1, false, fmt.Errorf("a pattern of about %d instructions and %d runes in its classes is too large to compile in one call "+
 			"(at most %d and %d): use a simpler pattern", n, runes, maxRegexInsts, maxRegexRunes)
 	}
 	prog, err := syntax.Compile(re.Simplify())
 	if err != nil {
-		return 0, 1, nil
+		return 0, 1, false, nil
 	}
-	return int64(len(prog.Inst)), int64(prog.NumCap / 2), nil
+	return int64(len(prog.Inst)), int64(prog.NumCap / 2), contextFree(re), nil
 }
 
 // progSize estimates the instructions the parse tree re compiles to, as regexp/syntax's parser

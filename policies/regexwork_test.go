@@ -2,8 +2,11 @@ package policies
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // mostNamed is the longest text a refusal of checkRegexWork names.
@@ -25,48 +28,54 @@ func mostNamed(t *testing.T, err error) int {
 }
 
 // TestRegexWorkSaysWhatWouldDo: a regex call refused for its work names the longest text its
-// pattern may take, and that text is then taken.
+// pattern may take, and that text is then taken. (An all-match builtin's pattern has an
+// assertion here: without one, its searches are counted as they run, TestRegexAll*.)
 func TestRegexWorkSaysWhatWouldDo(t *testing.T) {
 	for _, all := range []bool{false, true} {
-		err := checkRegex(`\s+`, strings.Repeat("a ", 1<<24), all, false)
+		err := checkRegex(`\s+\b`, strings.Repeat("a ", 1<<24), all, false)
 		if err == nil {
 			t.Fatalf("all %v: 32 MiB of text taken", all)
 		}
 		// Matches everywhere: the bound whatever the matches, for the all-match builtins.
 		most := mostNamed(t, err)
-		if err := checkRegex(`\s+`, strings.Repeat("a ", most/2+1)[:most], all, false); err != nil {
+		if err := checkRegex(`\s+\b`, strings.Repeat("a ", most/2+1)[:most], all, false); err != nil {
 			t.Errorf("all %v: a text of the %d bytes named: %v", all, most, err)
 		}
-		if err := checkRegex(`\s+`, strings.Repeat("a ", most/2+1)[:most+1], all, false); err == nil {
+		if err := checkRegex(`\s+\b`, strings.Repeat("a ", most/2+1)[:most+1], all, false); err == nil {
 			t.Errorf("all %v: a text of %d bytes, one past the %d named, is taken", all, most+1, most)
 		}
 	}
 }
 
 // TestRegexWorkCountsMatches: an all-match builtin (regex.replace, split, find_n) on a long
-// text is taken when its matches are few enough for its searches to stay within the work
-// bound (a PATH of 20 KiB split on its colons, 512 KiB searched for its flags), and
-// refused, saying why, when they are not (".*b|a" over a's: a search to the end of the text
-// for each a).
+// text, its pattern with an assertion, is taken when its matches are few enough for its
+// searches to stay within the work bound (a PATH of 20 KiB split on its colons, 512 KiB
+// searched for its flags), and refused, saying why, when they are not (".*b|a\B" over a's: a
+// search to the end of the text for each a).
 func TestRegexWorkCountsMatches(t *testing.T) {
 	path := strings.Repeat("/opt/toolchains/some-vendor/release-2026.11/bin:", 100) // 20 KiB
-	if err := checkRegex(`:`, path, true, false); err != nil {
+	if err := checkRegex(`\b:`, path, true, false); err != nil {
 		t.Errorf("a 20 KiB PATH split on its colons: %v", err)
 	}
 	long := strings.Repeat("python3 -c 'print(6*7)' ", 512<<10/24) + "--token=abc"
-	if err := checkRegex(`--[a-z-]+=\S+`, long, true, false); err != nil {
+	if err := checkRegex(`\B--[a-z-]+=\S+`, long, true, false); err != nil {
 		t.Errorf("a 512 KiB command line's flags: %v", err)
 	}
-	err := checkRegex(`.*b|a`, strings.Repeat("a", 16<<10), true, false)
+	err := checkRegex(`.*b|a\B`, strings.Repeat("a", 16<<10), true, false)
 	if err == nil || !strings.Contains(err.Error(), "whatever its matches, as this builtin searches again after each match") {
-		t.Fatalf(".*b|a over 16 KiB of a's: %v; want it refused, saying why", err)
+		t.Fatalf(".*b|a\\B over 16 KiB of a's: %v; want it refused, saying why", err)
 	}
-	if most := mostNamed(t, err); checkRegex(`.*b|a`, strings.Repeat("a", most), true, false) != nil {
-		t.Errorf(".*b|a over the %d a's named is refused", most)
+	if most := mostNamed(t, err); checkRegex(`.*b|a\B`, strings.Repeat("a", most), true, false) != nil {
+		t.Errorf(".*b|a\\B over the %d a's named is refused", most)
 	}
 	// An empty match after each match makes two searches a match: still counted within the bound.
-	if err := checkRegex(`a*`, strings.Repeat("ab", 8<<10), true, false); err == nil {
-		t.Errorf("a* over 16 KiB of ab: taken")
+	if err := checkRegex(`a*\B`, strings.Repeat("ab", 8<<10), true, false); err == nil {
+		t.Errorf("a*\\B over 16 KiB of ab: taken")
+	}
+	// Without an assertion the call is not refused up front: its searches are counted as they
+	// run (regexall.go).
+	if err := checkRegex(`.*b|a`, strings.Repeat("a", 16<<10), true, false); err != nil {
+		t.Errorf(".*b|a over 16 KiB of a's, refused up front: %v", err)
 	}
 }
 
@@ -117,4 +126,37 @@ func TestRegexGroupsCounted(t *testing.T) {
 	if err := checkRegex(`(\S+)=(\S+)`, strings.Repeat("k=v ", 256), true, true); err != nil {
 		t.Errorf("2 groups on 1 KiB: %v", err)
 	}
+}
+
+// TestRegexAllFrequentMatches: an all-match builtin whose pattern matches often on a long
+// text (a 20 KiB command line split on its 3,000 runs of spaces, a 64 KiB CSV line's commas
+// replaced) is taken: its searches are short, and their work is what is counted.
+func TestRegexAllFrequentMatches(t *testing.T) {
+	ctx := context.Background()
+	// The deadline is far: the race detector slows regexp twentyfold, and this is about the
+	// work bound (without it, both calls take about 20 ms).
+	e := newEngine(t, nil, Options{EvalTimeout: time.Minute})
+	var cmd strings.Builder
+	for i := 0; cmd.Len() < 20<<10; i++ {
+		fmt.Fprintf(&cmd, "--opt%d=v  ", i%1000)
+	}
+	csv := strings.Repeat("12345,abcde,", 64<<10/12)
+	src := "package wb.admission\n\n" +
+		"pieces := regex.split(`\\s+`, input.request.metadata.cmd)\n\n" +
+		"semi := regex.replace(input.request.metadata.csv, `,`, \";\")\n\n" +
+		"deny contains sprintf(\"%d pieces, %d semicolons\", [count(pieces), count(indexof_n(semi, \";\"))])\n"
+	if _, err := e.Put(ctx, "proj_regex_often", "often", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	d, err := e.Admit(ctx, admission("proj_regex_often", 2, map[string]string{"cmd": cmd.String(), "csv": csv}))
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%d pieces, %d semicolons", len(regexp.MustCompile(`\s+`).Split(cmd.String(), -1)), strings.Count(csv, ","))
+	if len(d.Reasons) != 1 || !strings.HasSuffix(d.Reasons[0], ": "+want) {
+		t.Fatalf("%+v, want the one reason %q", d, want)
+	}
+	t.Logf("split of %d bytes and replace of %d bytes evaluated in %v", cmd.Len(), len(csv), took)
 }

@@ -1,0 +1,138 @@
+package policies
+
+import (
+	"regexp"
+	"regexp/syntax"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/topdown"
+)
+
+// regexAllCalls are the all-match builtins' calls for a pattern, a text and the other operand
+// (regex.replace's value, find_n's n), as wb's implementation (taking every call whose
+// pattern has no assertion) and OPA's.
+func regexAllCalls(pattern, text, value string, n int) map[string][]*ast.Term {
+	p, s := ast.StringTerm(pattern), ast.StringTerm(text)
+	return map[string][]*ast.Term{
+		ast.RegexSplit.Name:                 {p, s},
+		ast.RegexFind.Name:                  {p, s, ast.IntNumberTerm(n)},
+		ast.RegexFindAllStringSubmatch.Name: {p, s, ast.IntNumberTerm(n)},
+		ast.RegexReplace.Name:               {s, p, ast.StringTerm(value)},
+	}
+}
+
+// measuredBuiltin is wb's implementation of the all-match builtin name, taking every call it
+// can.
+func measuredBuiltin(name string) topdown.BuiltinFunc {
+	orig := topdown.GetBuiltin(name)
+	switch name {
+	case ast.RegexSplit.Name:
+		return regexSplit(orig, measuredRegexAll)
+	case ast.RegexFind.Name:
+		return regexFindN(orig, measuredRegexAll)
+	case ast.RegexFindAllStringSubmatch.Name:
+		return regexFindAllSubmatch(orig, measuredRegexAll)
+	}
+	return regexReplace(orig, measuredRegexAll)
+}
+
+// callBuiltin answers f's answer to ops, or its error.
+func callBuiltin(f topdown.BuiltinFunc, bctx topdown.BuiltinContext, ops []*ast.Term) (*ast.Term, error) {
+	var out *ast.Term
+	err := f(bctx, ops, func(t *ast.Term) error { out = t; return nil })
+	return out, err
+}
+
+// compareRegexAll calls each all-match builtin on pattern, text, value and n as wb and as OPA
+// (without and with a cancellation, which takes another path in OPA's regex.replace), and
+// reports any difference; it answers whether wb's searches ran (the pattern has no assertion).
+func compareRegexAll(t *testing.T, pattern, text, value string, n int) bool {
+	t.Helper()
+	measured := false
+	for name, ops := range regexAllCalls(pattern, text, value, n) {
+		for _, bctx := range []topdown.BuiltinContext{{}, {Cancel: topdown.NewCancel()}} {
+			want, werr := callBuiltin(topdown.GetBuiltin(name), bctx, ops)
+			got, gerr := callBuiltin(measuredBuiltin(name), bctx, ops)
+			if (werr != nil) != (gerr != nil) || werr == nil && !got.Equal(want) {
+				t.Errorf("%s(%v) = %v, %v; OPA answers %v, %v", name, ops, got, gerr, want, werr)
+			}
+		}
+	}
+	if re, err := syntax.Parse(pattern, syntax.Perl); err == nil && contextFree(re) {
+		measured = true
+	}
+	return measured
+}
+
+// TestRegexAllAnswersAsOPA: wb's all-match builtins, running every search on a reader from the
+// previous match's end, answer what OPA's do, for patterns that match empty, overlap, or span
+// several runes, on texts of several-byte runes and invalid UTF-8 (a reader's invalid byte
+// must step as the string search's does).
+func TestRegexAllAnswersAsOPA(t *testing.T) {
+	patterns := []string{"", "a", "a*", "a+", "a?", "a*?", "ab|a", "a|ab", ".*b|a", "x*", "(a)(b)?", "(a*)+", "(a|)", "(|a)",
+		"()", "(?:)", ",", `\s+`, `\s*`, `[^,]*`, `(\w+)=(\w*)`, "(?P<k>\\w+)=(?P<v>\\S*)", "日", "日*", ".", "(?s).", ".*", `\pL+`,
+		"(?i)A", "(a|b)*?c", `\x{FFFD}`, `\x{FFFD}+`, "[^a]", "[^a]*", "(?U)a+", "a{2,3}", "[[:alpha:]]*", "(a)|b", "(a)|(b)",
+		`(\d+)?x`, "本|日本", "ba*", "ab+", "日本", "abc|abd", "ab(c|)", "aa", "a\\x{FFFD}", `--[a-z-]+=\S+`,
+		// assertions: OPA's builtin answers
+		"^a", "a$", `\bfoo`, `\B`, "(?m)^", `\Aa`, `a\z`, "^", "$"}
+	texts := []string{"", "a", "aaa", "ab", "abab", "baaab", "a,b,,c,", "  x  y ", "日本語", "日a本", "\xff", "a\xffb",
+		"\xe6\x97", "\xe6\x97\xa5\xff", "\ufffd", "a\ufffd\xff", "\xff\xfe\xfd", "key=val k2= x=y", "\n\na\n", "aXbXc",
+		"aaabaaacx", "12x3x", "foo bar foo", "日本日本", "a\xe6\x97b\xe6\x97\xa5", "aab abc abd aa", "--a=b --c-d=e x --f= --", "日本x日本日"}
+	values := []string{"", "x", "$1", "${1}x", "$$", "<$0>", "${k}:${v}", "$2$1"}
+	ran := 0
+	for k, p := range patterns {
+		for i, s := range texts {
+			for j := range 3 {
+				if compareRegexAll(t, p, s, values[(i+j*3+k)%len(values)], []int{-1, 0, 1, 2, 100}[(i+j+k)%5]) {
+					ran++
+				}
+			}
+		}
+	}
+	if ran == 0 {
+		t.Fatal("no call ran wb's searches")
+	}
+}
+
+// FuzzRegexAllAsOPA: wb's all-match builtins answer what OPA's do for any pattern and text.
+func FuzzRegexAllAsOPA(f *testing.F) {
+	f.Add("a*", "baaab", "x", -1)
+	f.Add(`(\w+)=(\w*)`, "k=v x= =y", "$2$1", 2)
+	f.Add(`\x{FFFD}|.`, "a\xff\xe6\x97\ufffd", "<$0>", -1)
+	f.Add("(|a)+", "aab", "", 3)
+	f.Fuzz(func(t *testing.T, pattern, text, value string, n int) {
+		if len(pattern) > 64 || len(text) > 512 || len(value) > 64 {
+			return
+		}
+		if _, err := regexp.Compile(pattern); err != nil {
+			return
+		}
+		compareRegexAll(t, pattern, text, value, n%8)
+	})
+}
+
+// TestRegexAllRefusesRescans: ".*b|a" over 40 KiB of a's (each search reads to the end of the
+// text: about 50 s unbounded) is refused once its searches' work passes the bound, quickly,
+// saying why; a pattern with an assertion keeps the worst-case rule.
+func TestRegexAllRefusesRescans(t *testing.T) {
+	text := strings.Repeat("a", 40<<10)
+	for name, ops := range regexAllCalls(`.*b|a`, text, "x", -1) {
+		start := time.Now()
+		_, err := callBuiltin(regexAllReplacement(name), topdown.BuiltinContext{}, ops)
+		took := time.Since(start)
+		if err == nil || !strings.Contains(err.Error(), "too much work for one call (its searches, as this builtin searches again after each match, would read more than") {
+			t.Errorf("%s of .*b|a over 40 KiB of a's: %v, want it refused for its work", name, err)
+		}
+		// About 0.2 s, 4 s under the race detector on a loaded machine; unbounded, 50 s.
+		if took > 20*time.Second {
+			t.Errorf("%s: refused after %v", name, took)
+		}
+		t.Logf("%s refused in %v: %v", name, took, err)
+	}
+	if err := checkRegex(`.*b|a\B`, text, true, false); err == nil || !strings.Contains(err.Error(), "whatever its matches") {
+		t.Errorf(".*b|a\\B over 40 KiB of a's: %v, want the worst-case refusal", err)
+	}
+}
