@@ -86,7 +86,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"concat":                   {estimate: estimateConcat},
 	"replace":                  {estimate: estimateReplace},
 	"strings.replace_n":        {estimate: estimateReplaceN},
-	"regex.replace":            {estimate: regexWork(1, 0, true, dollarIn(2), estimateRegexReplace)},
+	"regex.replace":            {estimate: regexWork(1, 0, true, allGroups, estimateRegexReplace)},
 	"internal.template_string": {estimate: textOf(1, false, 0)},
 	"upper":                    {}, "lower": {}, "trim": {}, "trim_left": {}, "trim_right": {},
 	"trim_prefix": {}, "trim_suffix": {}, "trim_space": {}, "strings.reverse": {}, "substring": {},
@@ -94,8 +94,8 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	// splitting: one term per piece
 	"split":                            {estimate: estimateSplit},
 	"strings.split_n":                  {estimate: estimateSplit},
-	"regex.split":                      {estimate: regexWork(0, 1, true, nil, piecesOf(1, 1))},
-	"regex.find_n":                     {estimate: regexWork(0, 1, true, nil, piecesOf(1, 1))},
+	"regex.split":                      {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
+	"regex.find_n":                     {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
 	"regex.find_all_string_submatch_n": {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 4))},
 	// matching: bounded in work, not size (regexwork.go); regex.is_valid only parses, bounded
 	// like the patterns the others take

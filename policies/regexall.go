@@ -207,14 +207,15 @@ func regexAllOf(pattern, text string, groups bool, stop func() bool, always bool
 	if err != nil || !free || insts == 0 {
 		return nil
 	}
+	// Within the bound whatever its matches: OPA's builtin, whose string search skips ahead
+	// to a literal prefix and backtracks on short texts, is faster. It tracks every group's
+	// positions (allGroups); these searches only when they are answered.
+	if n, all := int64(len(text))+1, insts*caps; !always && all*n <= maxRegexWork && all*n*n <= maxRegexWork {
+		return nil
+	}
 	cost := insts
 	if groups {
 		cost *= caps
-	}
-	// Within the bound whatever its matches: OPA's builtin, whose string search skips ahead
-	// to a literal prefix and backtracks on short texts, is faster.
-	if n := int64(len(text)) + 1; !always && cost*n <= maxRegexWork && cost*n*n <= maxRegexWork {
-		return nil
 	}
 	re, err := regexp.Compile(pattern)
 	if err != nil {
@@ -224,7 +225,7 @@ func regexAllOf(pattern, text string, groups bool, stop func() bool, always bool
 	a := &regexAll{re: re, prefix: prefix, text: text, groups: groups, insts: insts, cost: cost, left: maxRegexAllWork, stop: stop}
 	if groups && caps > 1 {
 		a.groupsNote = fmt.Sprintf(", its instructions counted once for each of its %d groups and once for the match, "+
-			"as this builtin answers their positions", caps-1)
+			"as this builtin tracks their positions", caps-1)
 	}
 	return a
 }

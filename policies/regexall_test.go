@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"context"
 	"regexp"
 	"regexp/syntax"
 	"strings"
@@ -134,5 +135,37 @@ func TestRegexAllRefusesRescans(t *testing.T) {
 	}
 	if err := checkRegex(`.*b|a\B`, text, true, false); err == nil || !strings.Contains(err.Error(), "whatever its matches") {
 		t.Errorf(".*b|a\\B over 40 KiB of a's: %v, want the worst-case refusal", err)
+	}
+}
+
+// TestRegexAllGroupsCounted: regexp's FindAll, which OPA's regex.find_n, regex.split and
+// regex.replace (with a cancellation, as every evaluation has) run, tracks every group's
+// positions whatever the builtin answers, so that 3,000 optional groups on 60 bytes took
+// seconds in one call: they are refused, as for regex.find_all_string_submatch_n.
+func TestRegexAllGroupsCounted(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{})
+	src := "package wb.admission\n\n" +
+		"pattern := concat(\"\", [\"(a?)\" | some _ in numbers.range(1, 3000)])\n\n" +
+		"text := concat(\"\", [\"a\" | some _ in numbers.range(1, 60)])\n\n"
+	for name, call := range map[string]string{
+		"find_n":  "count(regex.find_n(pattern, text, -1))",
+		"split":   "count(regex.split(pattern, text))",
+		"replace": "count(regex.replace(text, pattern, \"x\"))",
+	} {
+		project := "proj_regex_groups_" + name
+		if _, err := e.Put(ctx, project, "groups", src+"deny contains \"answered\" if "+call+" >= 0\n", ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		d, err := e.Admit(ctx, admission(project, 2, nil))
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], "3000 groups is too large") {
+			t.Errorf("regex.%s of 3,000 groups on 60 bytes: %+v after %v, want it refused for its groups", name, d, took)
+		}
+		t.Logf("regex.%s refused in %v", name, took)
 	}
 }
