@@ -169,3 +169,34 @@ func TestRegexAllGroupsCounted(t *testing.T) {
 		t.Logf("regex.%s refused in %v", name, took)
 	}
 }
+
+// TestRegexAllSeldomMatches: long texts whose pattern matches seldom, taken before by counting
+// their matches first, are taken by the counted searches too (the literal prefix skipped to,
+// as regexp does).
+func TestRegexAllSeldomMatches(t *testing.T) {
+	path := strings.Repeat("/opt/toolchains/some-vendor/release-2026.11/bin:", 427) // 20 KiB
+	long := strings.Repeat("python3 -c 'print(6*7)' ", 512<<10/24) + "--token=abc"  // 512 KiB
+	for _, c := range []struct {
+		name string
+		ops  []*ast.Term
+		want *ast.Term
+	}{
+		{ast.RegexSplit.Name, []*ast.Term{ast.StringTerm(":"), ast.StringTerm(path)}, nil},
+		{ast.RegexFind.Name, []*ast.Term{ast.StringTerm(`--[a-z-]+=\S+`), ast.StringTerm(long), ast.IntNumberTerm(-1)},
+			ast.ArrayTerm(ast.StringTerm("--token=abc"))},
+		{ast.RegexFind.Name, []*ast.Term{ast.StringTerm(`\s--[a-z-]+=\S+`), ast.StringTerm(long), ast.IntNumberTerm(-1)},
+			ast.ArrayTerm(ast.StringTerm(" --token=abc"))},
+	} {
+		if a := newRegexAll(string(c.ops[0].Value.(ast.String)), string(c.ops[1].Value.(ast.String)), false, func() bool { return false }); a == nil {
+			t.Errorf("%s(%.20v…): OPA's builtin runs, want the counted searches", c.name, c.ops[0])
+		}
+		start := time.Now()
+		got, err := callBuiltin(regexAllReplacement(c.name), topdown.BuiltinContext{}, c.ops)
+		took := time.Since(start)
+		want, werr := callBuiltin(topdown.GetBuiltin(c.name), topdown.BuiltinContext{}, c.ops)
+		if err != nil || werr != nil || !got.Equal(want) || c.want != nil && !got.Equal(c.want) {
+			t.Errorf("%s(%v, %d bytes) = %.80v, %v; want %.80v, %v", c.name, c.ops[0], len(c.ops[1].Value.(ast.String)), got, err, want, werr)
+		}
+		t.Logf("%s(%v) on %d bytes: %v", c.name, c.ops[0], len(c.ops[1].Value.(ast.String)), took)
+	}
+}
