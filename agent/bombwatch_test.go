@@ -68,10 +68,11 @@ func (f *fakeCount) read() (int, error) {
 func (f *fakeCount) sampled() int { f.mu.Lock(); defer f.mu.Unlock(); return f.samples }
 
 // TestBombGuardSleepsWhileNothingCanFork: with no guest process but waiting runners the guard
-// takes no sample until woken; with one it samples on every tick; at the limit it ends them
-// all. Under gVisor's ptrace platform, sampling an idle guest was most of its CPU.
+// takes no sample until woken; with one that stays alone it backs off to one sample in 8
+// ticks; from a quarter of the limit it samples on every tick; at the limit it ends them all.
+// Under gVisor's ptrace platform, sampling an idle guest was most of its CPU.
 func TestBombGuardSleepsWhileNothingCanFork(t *testing.T) {
-	const every = 5 * time.Millisecond
+	const every, ticks = 10 * time.Millisecond, 60
 	count := &fakeCount{}
 	var idle atomic.Int64
 	woken := make(chan struct{}, 1)
@@ -86,15 +87,15 @@ func TestBombGuardSleepsWhileNothingCanFork(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		bombGuard{max: 100, every: every, count: count.read, idle: func() int { return int(idle.Load()) }, woken: woken,
+		bombGuard{max: 100, every: every, slowest: 8 * every, count: count.read, idle: func() int { return int(idle.Load()) }, woken: woken,
 			endAll: func(since time.Time) { ended <- since }}.run(ctx)
 	}()
 	defer func() { cancel(); <-done }()
 
-	// quiet answers how many samples the guard took over 40 ticks.
+	// quiet answers how many samples the guard took over `ticks` ticks.
 	quiet := func() int {
 		before := count.sampled()
-		time.Sleep(40 * every)
+		time.Sleep(ticks * every)
 		return count.sampled() - before
 	}
 	waitSamples := func(what string) {
@@ -109,7 +110,7 @@ func TestBombGuardSleepsWhileNothingCanFork(t *testing.T) {
 		}
 	}
 	if n := quiet(); n > 1 {
-		t.Errorf("no guest process: the guard took %d samples over 40 ticks, want none after its first", n)
+		t.Errorf("no guest process: the guard took %d samples over %d ticks, want none after its first", n, ticks)
 	}
 
 	// A runner starts (woken), then waits for its code: nothing can fork.
@@ -119,13 +120,25 @@ func TestBombGuardSleepsWhileNothingCanFork(t *testing.T) {
 	idle.Store(1)
 	time.Sleep(2 * every)
 	if n := quiet(); n > 1 {
-		t.Errorf("one waiting runner: the guard took %d samples over 40 ticks, want none", n)
+		t.Errorf("one waiting runner: the guard took %d samples over %d ticks, want none", n, ticks)
 	}
 
 	// An exec claims the runner (it leaves the waiting ones, then wakes the guard).
 	idle.Store(0)
 	wake()
 	waitSamples("a runner claimed")
+
+	// It runs alone: the guard backs off.
+	time.Sleep(16 * every)
+	if n := quiet(); n > ticks/8+3 {
+		t.Errorf("one process, its count steady: the guard took %d samples over %d ticks, want at most %d", n, ticks, ticks/8+3)
+	}
+	// It forks a quarter of the limit: every tick again.
+	count.set(25)
+	time.Sleep(10 * every)
+	if n := quiet(); n < ticks/3 {
+		t.Errorf("a quarter of the limit: the guard took %d samples over %d ticks, want one a tick", n, ticks)
+	}
 
 	// The exec forks to the limit: all are ended, once they stayed there for atLimitFor.
 	count.set(100)
@@ -142,6 +155,6 @@ func TestBombGuardSleepsWhileNothingCanFork(t *testing.T) {
 	count.set(0)
 	time.Sleep(2 * every)
 	if n := quiet(); n > 1 {
-		t.Errorf("after the bomb: the guard took %d samples over 40 ticks, want none", n)
+		t.Errorf("after the bomb: the guard took %d samples over %d ticks, want none", n, ticks)
 	}
 }

@@ -110,7 +110,7 @@ func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) {
 
 // guard ends every process of the work cgroup once they have pressed on their limit for
 // atLimitFor (see bombWatch and bombGuard: it samples only while a process other than
-// idle() runners lives there), until ctx ends. woken must hold a value after every start
+// idle() runners lives there, and less often while their count stays low), until ctx ends. woken must hold a value after every start
 // of a process and every runner handed its code.
 func (c *childCgroup) guard(ctx context.Context, log *slog.Logger, idle func() int, woken <-chan struct{}) {
 	if c == nil {
@@ -118,7 +118,7 @@ func (c *childCgroup) guard(ctx context.Context, log *slog.Logger, idle func() i
 	}
 	count, closeCount := c.counter()
 	defer closeCount()
-	bombGuard{max: c.max, every: atLimitCheck, count: count, idle: idle, woken: woken,
+	bombGuard{max: c.max, every: atLimitCheck, slowest: 8 * atLimitCheck, count: count, idle: idle, woken: woken,
 		endAll: func(since time.Time) {
 			n := c.killAll()
 			log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", time.Since(since).Round(time.Millisecond), "killed", n)
@@ -134,13 +134,15 @@ func (c *childCgroup) counter() (func() (int, error), func()) {
 	if err != nil {
 		return func() (int, error) { return readCgroupInt(path) }, func() {}
 	}
+	fd := int(f.Fd()) // f stays open (and reachable) until the returned close
 	var buf [32]byte
 	return func() (int, error) {
-		n, err := f.ReadAt(buf[:], 0)
-		if n == 0 && err != nil {
-			return 0, err
+		// One pread: File.ReadAt reads again until EOF, a second system call.
+		n, err := syscall.Pread(fd, buf[:], 0)
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", path, err)
 		}
-		return strconv.Atoi(string(bytes.TrimSpace(buf[:n])))
+		return strconv.Atoi(string(bytes.TrimSpace(buf[:max(n, 0)])))
 	}, func() { _ = f.Close() }
 }
 
