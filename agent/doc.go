@@ -47,7 +47,9 @@
 //
 // Exhaustion stays in the guest: with Config.PidsMax (runsc guests) every exec and PTY
 // process starts in a pids cgroup of gVisor's, below the sandbox's host limit, and the agent
-// ends them all when they stay at that limit (a fork bomb); as the guest's init it drops
+// ends them all when they stay at that limit (a fork bomb; bombGuard samples the count only
+// while a guest process could fork, and seldom while it stays low: each sample costs the host
+// about 3 ms of CPU under gVisor's ptrace platform); as the guest's init it drops
 // CAP_SYS_ADMIN once that cgroup is set up and keeps spare OS threads; a command refused for
 // the process limit gets exit 126 and says so.
 //
