@@ -193,6 +193,31 @@ func TestSubsetCountsLongElements(t *testing.T) {
 	}
 }
 
+// TestBoundedRealisticUses: the builtins bounded in work answer realistic calls as OPA does.
+func TestBoundedRealisticUses(t *testing.T) {
+	src := `package wb.admission
+
+deny contains "duration" if time.parse_duration_ns("1y2w3d4h5m6s") == ((((365 + 14 + 3) * 24 + 4) * 60 + 5) * 60 + 6) * 1000000000
+
+deny contains "duration without days" if time.parse_duration_ns("-1.5h30ms") == -5400030000000
+`
+	want := []string{"duration", "duration without days"}
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a cold machine under -race is slow
+	if _, err := e.Put(ctx, "proj_realistic", "realistic", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission("proj_realistic", 2, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range want {
+		if !slices.Contains(d.Reasons, "pol_realistic@1: "+w) {
+			t.Errorf("no reason %q in %q", w, d.Reasons)
+		}
+	}
+}
+
 // TestWithMocksBoundedBuiltins: a policy may replace a bounded builtin for one expression with
 // the with keyword, as OPA allows for any builtin: by a value, by one of its functions, or by
 // another builtin (which stays bounded), in the calls the expression makes through its rules

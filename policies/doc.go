@@ -67,8 +67,9 @@
 //     times the groups for those answering them: regexwork.go;
 //     regex.is_valid's pattern at most 16 KiB), keys and certificates (the squares of their
 //     base64 runs: keywork.go), graphql validation (a 2 KiB query), object.subset (its
-//     operands' elements, long strings weighing more, multiplied); glob.match runs on Go's
-//     regexp, in linear time (globmatch.go), its glob bounded like a pattern.
+//     operands' elements, long strings weighing more, multiplied), time.parse_duration_ns
+//     (a 1 KiB duration); glob.match runs on Go's regexp, in linear time (globmatch.go), its
+//     glob bounded like a pattern.
 //   - Memory: the builtins that make strings or collections (sprintf, concat, replace,
 //     numbers.range, split, regex.*, json/yaml (un)marshal, array.concat, union, …) run as
 //     bounded versions that estimate what a call will make before making it and charge it to
