@@ -106,7 +106,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"glob.match":                {}, // matched in linear time (globmatch.go)
 	"indexof_n":                 {estimate: piecesOf(0, 1)},
 	"net.cidr_expand":           {estimate: estimateCIDRExpand},
-	"net.cidr_contains_matches": {estimate: estimateProduct},
+	"net.cidr_contains_matches": {estimate: estimateContainsMatches}, // and its set's work (cidrwork.go)
 	"net.cidr_merge":            {},
 	// encodings
 	"json.marshal":              {estimate: textOf(1, false, 0)},

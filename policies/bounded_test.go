@@ -200,8 +200,21 @@ func TestBoundedRealisticUses(t *testing.T) {
 deny contains "duration" if time.parse_duration_ns("1y2w3d4h5m6s") == ((((365 + 14 + 3) * 24 + 4) * 60 + 5) * 60 + 6) * 1000000000
 
 deny contains "duration without days" if time.parse_duration_ns("-1.5h30ms") == -5400030000000
+
+nets := [sprintf("10.%d.0.0/16", [i]) | some i in numbers.range(0, 49)]
+
+deny contains "matches" if {
+	m := net.cidr_contains_matches(nets, [sprintf("10.%d.1.1", [i]) | some i in numbers.range(0, 19)])
+	count(m) == 20
+	[10, 10] in m
+}
+
+deny contains "matches by name" if {
+	named := {sprintf("net%d", [i]): c | some i, c in nets}
+	net.cidr_contains_matches(named, {"10.7.0.0/24", "11.0.0.1"}) == {["net7", "10.7.0.0/24"]}
+}
 `
-	want := []string{"duration", "duration without days"}
+	want := []string{"duration", "duration without days", "matches", "matches by name"}
 	ctx := context.Background()
 	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a cold machine under -race is slow
 	if _, err := e.Put(ctx, "proj_realistic", "realistic", src, ModeEnforce); err != nil {

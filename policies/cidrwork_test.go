@@ -1,0 +1,83 @@
+package policies
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/topdown"
+)
+
+// TestCIDRContainsAsOPA: the estimate of net.cidr_contains_matches finds the pairs that
+// match as OPA's net.cidr_contains does.
+func TestCIDRContainsAsOPA(t *testing.T) {
+	cidrs := []string{"0.0.0.0/0", "10.0.0.0/8", "10.1.0.0/16", "10.1.2.3/32", "10.255.255.255/32", "::/0", "::/80",
+		"::ffff:0:0/96", "::ffff:10.0.0.0/104", "2001:db8::/32", "2001:db8:1::/48", "2001:db8::1/128", "11.0.0.0/8"}
+	others := append([]string{"10.1.2.3", "::1", "::ffff:10.1.2.3", "2001:db8::1", "11.0.0.0", "0.0.0.0", "::"}, cidrs...)
+	contains := topdown.GetBuiltin("net.cidr_contains")
+	for _, a := range cidrs {
+		_, network, err := net.ParseCIDR(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range others {
+			var want bool
+			if err := contains(topdown.BuiltinContext{}, []*ast.Term{ast.StringTerm(a), ast.StringTerm(b)},
+				func(t *ast.Term) error { want = bool(t.Value.(ast.Boolean)); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			c, ok := parseContained(ast.StringTerm(b))
+			if !ok {
+				t.Fatalf("%s does not parse", b)
+			}
+			if got := cidrContains(network, c); got != want {
+				t.Errorf("net.cidr_contains(%q, %q): the estimate says %v, OPA %v", a, b, got, want)
+			}
+		}
+	}
+}
+
+// TestContainsMatchesProbes: net.cidr_contains_matches is refused for more than maxCIDRPairs
+// pairs, or when its answer's pairs of array indexes would take OPA's set too long to build;
+// it is taken for as many matching pairs indexed by sets' elements, or for a thousand pairs of
+// array indexes.
+func TestContainsMatchesProbes(t *testing.T) {
+	strs := func(n int, f string) []*ast.Term {
+		ts := make([]*ast.Term, n)
+		for i := range ts {
+			s := f
+			if strings.Contains(f, "%") {
+				s = fmt.Sprintf(f, i%256, i/256)
+			}
+			ts[i] = ast.StringTerm(s)
+		}
+		return ts
+	}
+	// A set of [CIDR, label]: the builtin takes the CIDR, and indexes by the pair.
+	labelled := func(ts []*ast.Term) *ast.Term {
+		s := ast.NewSet()
+		for i, t := range ts {
+			s.Add(ast.ArrayTerm(t, ast.StringTerm(fmt.Sprint("label ", i))))
+		}
+		return ast.NewTerm(s)
+	}
+	never := func() bool { return false }
+	for _, c := range []struct {
+		name    string
+		a, b    *ast.Term
+		refused bool
+	}{
+		{"arrays of 256 and 128, all matching", ast.ArrayTerm(strs(256, "10.0.0.0/8")...), ast.ArrayTerm(strs(128, "10.1.%d.%d")...), true},
+		{"arrays of 64 and 16, all matching", ast.ArrayTerm(strs(64, "10.0.0.0/8")...), ast.ArrayTerm(strs(16, "10.1.%d.%d")...), false},
+		{"arrays of 256 and 128, a few matching", ast.ArrayTerm(strs(256, "11.%d.%d.0/24")...), ast.ArrayTerm(strs(128, "11.%d.%d.5")...), false},
+		{"sets of 256 and 128, all matching", labelled(strs(256, "10.0.0.0/8")), labelled(strs(128, "10.1.%d.%d")), false},
+		{"sets of 400 and 100, none matching", labelled(strs(400, "11.0.0.0/8")), labelled(strs(100, "10.1.%d.%d")), true},
+	} {
+		_, err := estimateContainsMatches([]*ast.Term{c.a, c.b}, defaultEvalMemory, never)
+		if (err != nil) != c.refused {
+			t.Errorf("%s: %v, want refused %v", c.name, err, c.refused)
+		}
+	}
+}
