@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
+	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -817,14 +817,18 @@ func estimateSplit(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
 	return int64(pieces)*termBytes + int64(len(s)), nil
 }
 
+// estimateCIDRExpand: one term per address. It parses the CIDR with net, as the builtin does:
+// net/netip refuses some CIDRs that net takes (a prefix length with a leading zero), which
+// would pass unestimated.
 func estimateCIDRExpand(ops []*ast.Term, _ int64, stop func() bool) (int64, error) {
-	p, err := netip.ParsePrefix(str(ops, 0))
+	_, p, err := net.ParseCIDR(str(ops, 0))
 	if err != nil {
 		return 0, nil // the builtin reports it
 	}
-	host := p.Addr().BitLen() - p.Bits()
+	ones, bits := p.Mask.Size()
+	host := bits - ones
 	if host > 20 {
-		return 0, fmt.Errorf("%s has 2^%d addresses; at most 2^20 can be expanded", p, host)
+		return 0, fmt.Errorf("%s has 2^%d addresses; at most 2^20 can be expanded", str(ops, 0), host)
 	}
 	return int64(1<<host) * (termBytes + 40), nil
 }

@@ -213,8 +213,14 @@ deny contains "matches by name" if {
 	named := {sprintf("net%d", [i]): c | some i, c in nets}
 	net.cidr_contains_matches(named, {"10.7.0.0/24", "11.0.0.1"}) == {["net7", "10.7.0.0/24"]}
 }
+
+deny contains "expand" if {
+	addrs := net.cidr_expand("192.168.1.0/24")
+	count(addrs) == 256
+	"192.168.1.255" in addrs
+}
 `
-	want := []string{"duration", "duration without days", "matches", "matches by name"}
+	want := []string{"duration", "duration without days", "matches", "matches by name", "expand"}
 	ctx := context.Background()
 	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a cold machine under -race is slow
 	if _, err := e.Put(ctx, "proj_realistic", "realistic", src, ModeEnforce); err != nil {
