@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"unicode/utf8"
@@ -178,8 +179,8 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"bits.lsh": {estimate: estimateShift},
 	"bits.rsh": {}, "bits.and": {}, "bits.or": {}, "bits.xor": {}, "bits.negate": {},
 	"to_number":         {estimate: stringAtMost(0, maxNumberDigits+16)},
-	"units.parse":       {estimate: stringAtMost(0, 64)},
-	"units.parse_bytes": {estimate: stringAtMost(0, 64)},
+	"units.parse":       {estimate: estimateUnits},
+	"units.parse_bytes": {estimate: estimateUnits},
 	// time
 	"time.parse_duration_ns": {estimate: stringAtMost(0, maxDurationBytes)},
 }
@@ -652,6 +653,37 @@ func stringAtMost(i, max int) sizeFunc {
 		}
 		return 0, nil
 	}
+}
+
+// estimateUnits bounds units.parse's and units.parse_bytes's operand to 64 bytes, and the
+// exponent of its number to maxNumberDigits: they compute the number exactly, and write it out
+// in decimal, before its digits are checked ("1e999999" took half a second and a second, in one
+// call that does not look at the deadline).
+func estimateUnits(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
+	if _, err := stringAtMost(0, 64)(ops, limit, stop); err != nil {
+		return 0, err
+	}
+	s := strings.ReplaceAll(str(ops, 0), `"`, "") // as the builtins read it
+	for i := 0; i < len(s); i++ {
+		if s[i] != 'e' && s[i] != 'E' {
+			continue
+		}
+		j := i + 1
+		if j < len(s) && (s[j] == '+' || s[j] == '-') {
+			j++
+		}
+		k := j
+		for k < len(s) && s[k] >= '0' && s[k] <= '9' {
+			k++
+		}
+		if k == j {
+			continue // a unit (E, Ei), not an exponent
+		}
+		if exp, err := strconv.Atoi(s[j:k]); err != nil || exp > maxNumberDigits {
+			return 0, fmt.Errorf("the exponent %s is out of range (at most %d either way)", s[i+1:k], maxNumberDigits)
+		}
+	}
+	return 0, nil
 }
 
 // maxSubsetWork bounds object.subset's work: it searches an array for a subarray by

@@ -219,8 +219,16 @@ deny contains "expand" if {
 	count(addrs) == 256
 	"192.168.1.255" in addrs
 }
+
+deny contains "units" if {
+	units.parse("1.5Ki") == 1536
+	units.parse("1e3") == 1000
+	units.parse("250m") == 0.25
+	units.parse_bytes("2GiB") == 2147483648
+	units.parse_bytes("1.5e2KB") == 150000
+}
 `
-	want := []string{"duration", "duration without days", "matches", "matches by name", "expand"}
+	want := []string{"duration", "duration without days", "matches", "matches by name", "expand", "units"}
 	ctx := context.Background()
 	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a cold machine under -race is slow
 	if _, err := e.Put(ctx, "proj_realistic", "realistic", src, ModeEnforce); err != nil {
@@ -298,6 +306,23 @@ deny contains msg if {
 		var ce *CompileError
 		if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.msg) || strings.Contains(err.Error(), boundedPrefix) {
 			t.Errorf("%s: %v; want a compile error naming %s", tc.expr, err, tc.msg)
+		}
+	}
+}
+
+// TestUnitsExponentBounded: units.parse and units.parse_bytes are refused an exponent above
+// maxNumberDigits before they compute it exactly ("1e999999" took half a second and a second).
+func TestUnitsExponentBounded(t *testing.T) {
+	never := func() bool { return false }
+	for _, name := range []string{"units.parse", "units.parse_bytes"} {
+		for s, refused := range map[string]bool{
+			"1e999999": true, "1e-999999": true, "1.5E+999999Ki": true, `1e9"99999`: true, "1e1001": true,
+			"1e1000": false, "1e-3": false, "1.5e2Ki": false, "10Mi": false, "250m": false, "1E": false, "2EiB": false,
+		} {
+			_, err := boundedBuiltins[name].estimate([]*ast.Term{ast.StringTerm(s)}, defaultEvalMemory, never)
+			if (err != nil) != refused {
+				t.Errorf("%s(%q): %v, want refused %v", name, s, err, refused)
+			}
 		}
 	}
 }
