@@ -108,7 +108,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"indexof_n":                 {estimate: piecesOf(0, 1)},
 	"net.cidr_expand":           {estimate: estimateCIDRExpand},
 	"net.cidr_contains_matches": {estimate: estimateContainsMatches}, // and its set's work (cidrwork.go)
-	"net.cidr_merge":            {},
+	"net.cidr_merge":            {estimate: estimateCIDRMerge},
 	// encodings
 	"json.marshal":              {estimate: textOf(1, false, 0)},
 	"json.marshal_with_options": {estimate: estimateMarshalIndent},

@@ -227,8 +227,14 @@ deny contains "units" if {
 	units.parse_bytes("2GiB") == 2147483648
 	units.parse_bytes("1.5e2KB") == 150000
 }
+
+deny contains "merge" if {
+	slash24s := [sprintf("10.0.%d.0/24", [i]) | some i in numbers.range(0, 255)]
+	slash16s := [sprintf("11.%d.0.0/16", [i]) | some i in numbers.range(0, 43)]
+	net.cidr_merge(array.concat(slash24s, slash16s)) == {"10.0.0.0/16", "11.0.0.0/11", "11.32.0.0/13", "11.40.0.0/14"}
+}
 `
-	want := []string{"duration", "duration without days", "matches", "matches by name", "expand", "units"}
+	want := []string{"duration", "duration without days", "matches", "matches by name", "expand", "units", "merge"}
 	ctx := context.Background()
 	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a cold machine under -race is slow
 	if _, err := e.Put(ctx, "proj_realistic", "realistic", src, ModeEnforce); err != nil {
