@@ -181,15 +181,67 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"to_number":         {estimate: stringAtMost(0, maxNumberDigits+16)},
 	"units.parse":       {estimate: estimateUnits},
 	"units.parse_bytes": {estimate: estimateUnits},
-	// time
-	"time.parse_duration_ns": {estimate: stringAtMost(0, maxDurationBytes)},
+	// time and versions: texts of at most maxTimeText bytes
+	"time.parse_duration_ns": {estimate: stringsAtMost(maxTimeText, 0)},
+	"time.parse_ns":          {estimate: stringsAtMost(maxTimeText, 0, 1)},
+	"time.parse_rfc3339_ns":  {estimate: stringsAtMost(maxTimeText, 0)},
+	"time.format":            {estimate: zonedTimes(0)},
+	"time.date":              {estimate: zonedTimes(0)},
+	"time.clock":             {estimate: zonedTimes(0)},
+	"time.weekday":           {estimate: zonedTimes(0)},
+	"time.add_date":          {estimate: zonedTimes(0)},
+	"time.diff":              {estimate: zonedTimes(0, 1)},
+	"semver.compare":         {estimate: stringsAtMost(maxTimeText, 0, 1)},
 }
 
-// maxDurationBytes bounds time.parse_duration_ns's operand: a duration with days, weeks or
-// years goes through OPA's PEG parser, about 3 µs and 50 bytes of allocation a byte (2 MB took
-// 6 s and 100 MiB in one call that does not look at the deadline). A duration is a few dozen
-// bytes.
-const maxDurationBytes = 1 << 10
+// maxTimeText bounds the texts the time and semver builtins take (a date, a layout, a
+// duration, a version: a few dozen bytes). A duration with days, weeks or years goes through
+// OPA's PEG parser, about 3 µs and 50 bytes of allocation a byte (2 MB took 6 s and 100 MiB);
+// the others' errors quote their operands, escaped (4 MB of control bytes made time.parse_ns
+// allocate 518 MiB, time.parse_rfc3339_ns 263 MiB in 855 ms, semver.compare 145 MiB), in one
+// call that does not look at the deadline.
+const maxTimeText = 1 << 10
+
+// maxZoneName bounds a time zone name, which Go reads as a file name under each zoneinfo
+// directory (a name of 4 MB allocated 32 MiB before the error).
+const maxZoneName = 256
+
+// stringsAtMost refuses an operand named (a string) longer than max bytes.
+func stringsAtMost(max int, idx ...int) sizeFunc {
+	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
+		for _, i := range idx {
+			if i < len(ops) {
+				if _, err := stringAtMost(i, max)(ops, limit, stop); err != nil {
+					return 0, err
+				}
+			}
+		}
+		return 0, nil
+	}
+}
+
+// zonedTimes refuses an operand named, a time [ns, zone, layout], whose zone is longer than
+// maxZoneName or whose layout is longer than maxTimeText.
+func zonedTimes(idx ...int) sizeFunc {
+	return func(ops []*ast.Term, _ int64, _ func() bool) (int64, error) {
+		for _, i := range idx {
+			if i >= len(ops) {
+				continue
+			}
+			a, ok := ops[i].Value.(*ast.Array)
+			if !ok {
+				continue // a number: no zone, no layout
+			}
+			if a.Len() > 1 && length(a.Elem(1).Value) > maxZoneName {
+				return 0, fmt.Errorf("operand %d's time zone name is longer than %d bytes", i+1, maxZoneName)
+			}
+			if a.Len() > 2 && length(a.Elem(2).Value) > maxTimeText {
+				return 0, fmt.Errorf("operand %d's layout is longer than %d bytes", i+1, maxTimeText)
+			}
+		}
+		return 0, nil
+	}
+}
 
 // capabilities are OPA's builtins minus the forbidden ones, with the bounded versions in
 // place of the originals, and no network for the compiler.

@@ -233,8 +233,25 @@ deny contains "merge" if {
 	slash16s := [sprintf("11.%d.0.0/16", [i]) | some i in numbers.range(0, 43)]
 	net.cidr_merge(array.concat(slash24s, slash16s)) == {"10.0.0.0/16", "11.0.0.0/11", "11.32.0.0/13", "11.40.0.0/14"}
 }
+
+deny contains "times" if {
+	time.parse_ns("2006-01-02", "2020-01-02") == 1577923200000000000
+	time.parse_rfc3339_ns("2020-01-02T03:04:05Z") == 1577934245000000000
+	time.format([0, "America/New_York", "2006-01-02 MST"]) == "1969-12-31 EST"
+	time.date([0, "Asia/Tokyo"]) == [1970, 1, 1]
+	time.clock([0, "Asia/Kolkata"]) == [5, 30, 0]
+	time.weekday(0) == "Thursday"
+	time.add_date(0, 1, 0, 0) == 31536000000000000
+	time.diff(0, 86400000000000) == [0, 0, 1, 0, 0, 0]
+}
+
+deny contains "versions" if {
+	semver.compare("1.2.3", "1.10.0") == -1
+	semver.compare("1.0.0-rc.1+build.5", "1.0.0") == -1
+	semver.is_valid("1.0.0-alpha")
+}
 `
-	want := []string{"duration", "duration without days", "matches", "matches by name", "expand", "units", "merge"}
+	want := []string{"duration", "duration without days", "matches", "matches by name", "expand", "units", "merge", "times", "versions"}
 	ctx := context.Background()
 	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a cold machine under -race is slow
 	if _, err := e.Put(ctx, "proj_realistic", "realistic", src, ModeEnforce); err != nil {
@@ -329,6 +346,51 @@ func TestUnitsExponentBounded(t *testing.T) {
 			if (err != nil) != refused {
 				t.Errorf("%s(%q): %v, want refused %v", name, s, err, refused)
 			}
+		}
+	}
+}
+
+// TestTimeAndSemverTextsBounded: the time and semver builtins take texts of at most 1 KiB (time
+// zone names 256 bytes): their errors quote their operands, escaped (4 MB of control bytes made
+// time.parse_ns allocate 518 MiB, time.parse_rfc3339_ns 263 MiB in 855 ms), and Go reads a
+// time zone name as a file name.
+func TestTimeAndSemverTextsBounded(t *testing.T) {
+	never := func() bool { return false }
+	long, ok := strings.Repeat("\x01", 1025), "2006-01-02"
+	tz := func(zone, layout string) *ast.Term {
+		return ast.ArrayTerm(ast.NumberTerm("0"), ast.StringTerm(zone), ast.StringTerm(layout))
+	}
+	s := ast.StringTerm
+	for _, c := range []struct {
+		name    string
+		ops     []*ast.Term
+		refused bool
+	}{
+		{"time.parse_ns", []*ast.Term{s(ok), s(long)}, true},
+		{"time.parse_ns", []*ast.Term{s(long), s(ok)}, true},
+		{"time.parse_ns", []*ast.Term{s(ok), s("2020-01-02")}, false},
+		{"time.parse_rfc3339_ns", []*ast.Term{s(long)}, true},
+		{"time.parse_rfc3339_ns", []*ast.Term{s("2020-01-02T03:04:05Z")}, false},
+		{"semver.compare", []*ast.Term{s("1.0.0"), s(long)}, true},
+		{"semver.compare", []*ast.Term{s(long), s("1.0.0")}, true},
+		{"semver.compare", []*ast.Term{s("1.0.0-rc.1+build.5"), s("1.0.0")}, false},
+		{"time.format", []*ast.Term{tz("UTC", long)}, true},
+		{"time.format", []*ast.Term{tz(strings.Repeat("a", 257), ok)}, true},
+		{"time.format", []*ast.Term{tz("America/New_York", ok)}, false},
+		{"time.format", []*ast.Term{ast.NumberTerm("0")}, false},
+		{"time.date", []*ast.Term{tz(strings.Repeat("a", 257), "")}, true},
+		{"time.clock", []*ast.Term{tz(strings.Repeat("a", 257), "")}, true},
+		{"time.weekday", []*ast.Term{tz(strings.Repeat("a", 257), "")}, true},
+		{"time.add_date", []*ast.Term{tz(strings.Repeat("a", 257), ""), ast.NumberTerm("1"), ast.NumberTerm("1"), ast.NumberTerm("1")}, true},
+		{"time.diff", []*ast.Term{ast.NumberTerm("0"), tz(strings.Repeat("a", 257), "")}, true},
+		{"time.diff", []*ast.Term{tz("Europe/Paris", ""), tz("Asia/Tokyo", "")}, false},
+	} {
+		var err error
+		if est := boundedBuiltins[c.name].estimate; est != nil {
+			_, err = est(c.ops, defaultEvalMemory, never)
+		}
+		if (err != nil) != c.refused {
+			t.Errorf("%s(%.40v): %v, want refused %v", c.name, c.ops, err, c.refused)
 		}
 	}
 }

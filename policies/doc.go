@@ -67,8 +67,8 @@
 //     times the groups for those answering them: regexwork.go;
 //     regex.is_valid's pattern at most 16 KiB), keys and certificates (the squares of their
 //     base64 runs: keywork.go), graphql validation (a 2 KiB query), object.subset (its
-//     operands' elements, long strings weighing more, multiplied), time.parse_duration_ns
-//     (a 1 KiB duration), units.parse and units.parse_bytes (exponents of at most 1000),
+//     operands' elements, long strings weighing more, multiplied), the time and semver
+//     builtins (texts of at most 1 KiB, time zone names 256 bytes), units.parse and units.parse_bytes (exponents of at most 1000),
 //     net.cidr_contains_matches (32,768 pairs, and the probes of OPA's set for its answer),
 //     net.cidr_merge (16,384 CIDRs: cidrwork.go); glob.match runs on Go's regexp, in linear time (globmatch.go), its
 //     glob bounded like a pattern.
