@@ -160,3 +160,30 @@ func TestRegexAllFrequentMatches(t *testing.T) {
 	}
 	t.Logf("split of %d bytes and replace of %d bytes evaluated in %v", cmd.Len(), len(csv), took)
 }
+
+// TestRegexUnicodeClassesCountedBeforeParsing: a pattern whose Unicode class escapes (\pL,
+// \p{Greek}) would expand past maxRegexRunes is refused from its text, before Go's parser
+// expands them (16 KiB of \pL took 175 ms to parse before the check on the parse refused it);
+// escapes that are not classes are not counted, and patterns with a few classes are taken.
+func TestRegexUnicodeClassesCountedBeforeParsing(t *testing.T) {
+	for _, p := range []string{strings.Repeat(`\pL`, maxRegexPattern/3), strings.Repeat(`[\p{L}\PN]`, 800), strings.Repeat(`\p{^Lu}`, 2000)} {
+		err := checkRegex(p, "", false, false)
+		if err == nil || !strings.Contains(err.Error(), "Unicode classes") {
+			t.Errorf("%.20s…: %v, want refused for its Unicode classes", p, err)
+		}
+	}
+	for p, want := range map[string]int64{
+		`^[\p{L}\p{N}_.-]+$`: unicodeRunes("L") + unicodeRunes("N"), `\p{Greek}+\PL`: unicodeRunes("Greek") + unicodeRunes("L"),
+		`\\pL`: 0, `\Q\pL\E\pN`: unicodeRunes("N"), `\Q\pL`: 0, `\p{Nope}`: 0, `\pZ\p`: unicodeRunes("Z"),
+	} {
+		if got := unicodeClassRunes(p); got != want {
+			t.Errorf("unicodeClassRunes(%q) = %d, want %d", p, got, want)
+		}
+		if err := checkRegex(p, "text", false, false); err != nil && p != `\p{Nope}` && p != `\pZ\p` {
+			t.Errorf("%q: %v", p, err)
+		}
+	}
+	if err := checkRegex(strings.Repeat(`\p{Greek}`, 1000), "", false, false); err != nil {
+		t.Errorf("a thousand \\p{Greek}: %v", err)
+	}
+}
