@@ -103,7 +103,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"regex.match":               {estimate: regexWork(0, 1, false, nil, nil)},
 	"re_match":                  {estimate: regexWork(0, 1, false, nil, nil)},
 	"regex.template_match":      {estimate: estimateTemplateMatch},
-	"regex.is_valid":            {estimate: stringAtMost(0, maxRegexPattern)},
+	"regex.is_valid":            {estimate: estimateRegexIsValid},
 	"glob.match":                {}, // matched in linear time (globmatch.go)
 	"indexof_n":                 {estimate: piecesOf(0, 1)},
 	"net.cidr_expand":           {estimate: estimateCIDRExpand},

@@ -65,7 +65,8 @@
 //     (patterns of at most 16 KiB and 65,536 instructions; instructions times text, for the
 //     all-match ones times the text again unless counting their matches first finds few,
 //     times the groups for those answering them: regexwork.go;
-//     regex.is_valid's pattern at most 16 KiB), keys and certificates (the squares of their
+//     regex.is_valid's pattern at most 16 KiB; the Unicode classes of either counted from
+//     the pattern's text before parsing), keys and certificates (the squares of their
 //     base64 runs: keywork.go), graphql validation (a 2 KiB query), object.subset (its
 //     operands' elements, long strings weighing more, multiplied), the time and semver
 //     builtins (texts of at most 1 KiB, time zone names 256 bytes), units.parse and units.parse_bytes (exponents of at most 1000),

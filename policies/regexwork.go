@@ -80,6 +80,11 @@ func unicodeClassRunes(pattern string) int64 {
 	return n
 }
 
+func unicodeClassesError(runes int64) error {
+	return fmt.Errorf("a pattern whose Unicode classes (\\p) expand to about %d runes is too large to compile in one call "+
+		"(at most %d): use fewer Unicode classes", runes, maxRegexRunes)
+}
+
 // unicodeRunes answers the runes Go's parser makes of the Unicode class named (a category or
 // a script): two for each of its ranges, a range with a stride counting once for each rune
 // in it, as the parser appends them before merging neighbours (0 for no such class).
@@ -155,6 +160,18 @@ func dollarIn(i int) func([]*ast.Term) bool {
 	return func(ops []*ast.Term) bool { return strings.Contains(str(ops, i), "$") }
 }
 
+// estimateRegexIsValid bounds regex.is_valid, which compiles its pattern, as the pattern of
+// the builtins that use one: its length, and its Unicode classes' runes.
+func estimateRegexIsValid(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
+	if _, err := stringAtMost(0, maxRegexPattern)(ops, limit, stop); err != nil {
+		return 0, err
+	}
+	if runes := unicodeClassRunes(str(ops, 0)); runes > maxRegexRunes {
+		return 0, unicodeClassesError(runes)
+	}
+	return 0, nil
+}
+
 // estimateTemplateMatch checks regex.template_match's work: its pattern is made of the
 // template (its literal parts quoted, its delimited parts as they are).
 func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, error) {
@@ -180,8 +197,7 @@ func checkRegex(pattern, text string, all, groups bool) error {
 			len(pattern), maxRegexPattern)
 	}
 	if runes := unicodeClassRunes(pattern); runes > maxRegexRunes {
-		return fmt.Errorf("a pattern whose Unicode classes (\\p) expand to about %d runes is too large to compile in one call "+
-			"(at most %d): use fewer Unicode classes", runes, maxRegexRunes)
+		return unicodeClassesError(runes)
 	}
 	insts, caps, free, err := regexInsts(pattern)
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
 )
 
 // mostNamed is the longest text a refusal of checkRegexWork names.
@@ -185,5 +187,21 @@ func TestRegexUnicodeClassesCountedBeforeParsing(t *testing.T) {
 	}
 	if err := checkRegex(strings.Repeat(`\p{Greek}`, 1000), "", false, false); err != nil {
 		t.Errorf("a thousand \\p{Greek}: %v", err)
+	}
+}
+
+// TestRegexIsValidCountsUnicodeClasses: regex.is_valid, which compiles its pattern, is
+// refused one whose Unicode classes would expand past maxRegexRunes, like the builtins that
+// use a pattern (16 KiB of \pL took 250 ms and 68 MiB to compile).
+func TestRegexIsValidCountsUnicodeClasses(t *testing.T) {
+	est := boundedBuiltins["regex.is_valid"].estimate
+	never := func() bool { return false }
+	if _, err := est([]*ast.Term{ast.StringTerm(strings.Repeat(`\pL`, maxRegexPattern/3))}, defaultEvalMemory, never); err == nil {
+		t.Error("16 KiB of \\pL taken")
+	}
+	for _, p := range []string{`^[\p{L}\p{N}_.-]+$`, `(`, `\p{Nope}`} {
+		if _, err := est([]*ast.Term{ast.StringTerm(p)}, defaultEvalMemory, never); err != nil {
+			t.Errorf("%q: %v", p, err)
+		}
 	}
 }
