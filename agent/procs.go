@@ -27,8 +27,8 @@ type procTable struct {
 	mu   sync.Mutex
 	ours map[int]struct{}
 	poke chan struct{} // a child of ours was collected: a zombie may have been hidden behind it
-	// started holds a value after a child started or a runner was handed its code: the
-	// fork-bomb guard, asleep while no guest process could fork, wakes on it.
+	// started holds a value after a child started, a runner was handed its code or a waiting
+	// runner died: the fork-bomb guard, asleep while no guest process could fork, wakes on it.
 	started chan struct{}
 }
 

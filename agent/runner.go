@@ -154,6 +154,12 @@ func (s *server) startRunner(r *http.Request, req RunnerRequest, ready time.Dura
 	old := s.runners[req.Name]
 	s.runners[req.Name] = wr
 	s.mu.Unlock()
+	// Its death lowers the guest's process count before waitingRunners sees it (the reap
+	// comes before p.waited closes): a guard that sampled between them sleeps, so wake it.
+	go func() {
+		<-p.waited
+		s.procs.wake()
+	}()
 	if old != nil {
 		old.close()
 	}
@@ -202,11 +208,21 @@ func (s *server) claimRunner(spec execSpec) *proc {
 }
 
 // waitingRunners answers how many runners wait for their code: guest processes that fork
-// nothing before an exec claims them.
+// nothing before an exec claims them. A runner that died waiting (a guest process killed it,
+// or the fork-bomb guard's kill of every process did) stays listed until an exec names it but
+// is no process: counted, it let another process pass for it and fork unwatched.
 func (s *server) waitingRunners() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.runners)
+	n := 0
+	for _, wr := range s.runners {
+		select {
+		case <-wr.p.waited:
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // dropRunners kills every waiting runner (on shutdown).

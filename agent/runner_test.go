@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http/httptest"
@@ -184,4 +185,66 @@ func TestRunnersWakeTheGuard(t *testing.T) {
 		t.Fatal("the claimed runner did not exit")
 	}
 	_, _ = p.outR.Close(), p.errR.Close()
+}
+
+// TestBombGuardAfterARunnerDied: a waiting runner that died (a guest process killed it, or
+// the guard's own kill of every process did) no longer counts as idle. Counted, a process
+// left alone beside it looked like the runner, the guard slept, and nothing woke it when that
+// process then forked to the limit.
+func TestBombGuardAfterARunnerDied(t *testing.T) {
+	py := python(t)
+	s := &server{procs: newProcTable(), runners: map[string]*waitingRunner{}, root: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+	r := httptest.NewRequest("POST", "/v1/runners", nil)
+	rpid, err := s.startRunner(r, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: testLoader}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	wr := s.runners["py"]
+	s.mu.Unlock()
+	defer wr.close()
+
+	const every = 10 * time.Millisecond
+	count := &fakeCount{}
+	count.set(1) // the runner
+	ended := make(chan time.Time, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bombGuard{max: 100, every: every, slowest: 8 * every, count: count.read, idle: s.waitingRunners, woken: s.procs.started,
+			endAll: func(since time.Time) { ended <- since }}.run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	sampledOnce := func(what string) {
+		t.Helper()
+		before := count.sampled()
+		deadline := time.Now().Add(30 * time.Second)
+		for count.sampled() <= before {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the guard took no sample in 30 s", what)
+			}
+			time.Sleep(every)
+		}
+	}
+
+	// An exec starts beside the runner, then kills it and stays alone a while.
+	count.set(2)
+	s.procs.wake()
+	sampledOnce("an exec started")
+	if err := syscall.Kill(rpid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-wr.p.waited
+	count.set(1)
+	sampledOnce("the runner killed")
+	time.Sleep(4 * every)
+
+	// It forks to the limit.
+	count.set(100)
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("a count at the limit for 30 s beside a dead runner: the guard never ended them (it took %d samples in all; waiting runners: %d)", count.sampled(), s.waitingRunners())
+	}
 }
