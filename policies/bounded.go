@@ -363,10 +363,28 @@ func renameBoundedWith(c *ast.Compiler) *ast.Error {
 			}
 			rename(w.Target)
 			rename(w.Value)
+			// The value check follows the calls of builtins that may answer a collection, by
+			// the name called, and a function's value where it is made (its head): a builtin
+			// answering one in the place of another builtin, or of a function, went unchecked.
+			if bad == nil && callMakes(refOf(w.Value)) && !callMakes(refOf(w.Target)) {
+				bad = ast.NewError(ast.CompileErr, w.Value.Location, "with keyword: %v cannot replace %v: its answer may be a collection, where %v's is not",
+					w.Value, w.Target, w.Target)
+			}
 			return false
 		})
 	}
 	return bad
+}
+
+// refOf answers t as a ref (a variable as a ref of one term), or nil.
+func refOf(t *ast.Term) ast.Ref {
+	switch v := t.Value.(type) {
+	case ast.Var:
+		return ast.Ref{t}
+	case ast.Ref:
+		return v
+	}
+	return nil
 }
 
 // boundedRef is the ref of builtin name's bounded version.

@@ -394,3 +394,38 @@ func TestTimeAndSemverTextsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestWithCannotSkipValueChecks: the value check follows every call of a builtin that may
+// answer a collection, decided by the builtin called; a function's value is checked where it
+// is made. So with cannot put a builtin that may answer a collection in the place of a builtin
+// that answers a scalar, or of a function of the policy: its answers went unchecked wherever
+// the expression called the target (json.patch's copies made 2^24 elements from [1] under
+// equal's name, and comparing two of them ran 3 s past a 250 ms deadline). In the place of a
+// builtin that answers a collection it is checked, and a scalar builtin may replace any.
+func TestWithCannotSkipValueChecks(t *testing.T) {
+	ctx := context.Background()
+	for _, expr := range []string{
+		`x := equal([1], [{"op": "copy", "from": "", "path": "/-"}]) with equal as json.patch`,
+		`x := lt([1], [2]) with lt as array.concat`,
+		`x := f([1], [2]) with f as array.concat`,
+		`x := f([1], [2]) with data.wb.admission.f as object.union`,
+		`x := object.subset({}, {}) with object.subset as object.union`,
+		`x := equal([1], []) with equal as wb["bounded"]["json"]["patch"]`,
+	} {
+		_, _, err := EvaluateLocal(ctx, "mock.rego", "package wb.admission\n\nf(_, _) := 1\n\ndeny contains msg if {\n\t"+expr+"\n\tmsg := \"x\"\n}\n", map[string]any{})
+		var ce *CompileError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "collection") || strings.Contains(err.Error(), boundedPrefix) {
+			t.Errorf("%s: %v; want a compile error saying its answer may be a collection", expr, err)
+		}
+	}
+	for _, expr := range []string{
+		`x := union({{1}}) with union as intersection`,
+		`x := json.patch([1], []) with json.patch as array.concat`,
+		`x := equal(1, 2) with equal as lt`,
+		`x := array.concat([1], [2]) with array.concat as f`,
+	} {
+		if _, _, err := EvaluateLocal(ctx, "mock.rego", "package wb.admission\n\nf(_, _) := 1\n\ndeny contains msg if {\n\t"+expr+"\n\tmsg := \"x\"\n}\n", map[string]any{}); err != nil {
+			t.Errorf("%s: %v; want it to compile and run", expr, err)
+		}
+	}
+}
