@@ -2,6 +2,7 @@ package policies
 
 import (
 	"context"
+	"math"
 	"regexp"
 	"regexp/syntax"
 	"strings"
@@ -198,5 +199,32 @@ func TestRegexAllSeldomMatches(t *testing.T) {
 			t.Errorf("%s(%v, %d bytes) = %.80v, %v; want %.80v, %v", c.name, c.ops[0], len(c.ops[1].Value.(ast.String)), got, err, want, werr)
 		}
 		t.Logf("%s(%v) on %d bytes: %v", c.name, c.ops[0], len(c.ops[1].Value.(ast.String)), took)
+	}
+}
+
+// TestRegexAllCountsSearches: a call of many short searches (an empty pattern over 4 MiB of
+// a's, two runes read a search) is refused about as soon as one of few long searches (".*b|a"
+// over 40 KiB of a's), both spending the work bound: each search costs more than its reads.
+func TestRegexAllCountsSearches(t *testing.T) {
+	refusedIn := func(pattern, text string) time.Duration {
+		t.Helper()
+		fastest := time.Duration(math.MaxInt64)
+		for range 3 {
+			start := time.Now()
+			_, err := callBuiltin(regexAllReplacement(ast.RegexReplace.Name), topdown.BuiltinContext{},
+				[]*ast.Term{ast.StringTerm(text), ast.StringTerm(pattern), ast.StringTerm("")})
+			fastest = min(fastest, time.Since(start))
+			if err == nil || !strings.Contains(err.Error(), "too much work for one call") {
+				t.Fatalf("regex.replace of %q over %d bytes: %v, want it refused for its work", pattern, len(text), err)
+			}
+		}
+		return fastest
+	}
+	long := refusedIn(`.*b|a`, strings.Repeat("a", 40<<10))
+	short := refusedIn(``, strings.Repeat("a", 4<<20))
+	t.Logf(".*b|a over 40 KiB of a's refused in %v, an empty pattern over 4 MiB in %v", long, short)
+	// Each about 0.1 s; uncounted, the short searches took 5 times as long.
+	if short > 3*long {
+		t.Errorf("many short searches refused after %v, few long ones after %v", short, long)
 	}
 }
