@@ -92,12 +92,13 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"upper":                    {}, "lower": {}, "trim": {}, "trim_left": {}, "trim_right": {},
 	"trim_prefix": {}, "trim_suffix": {}, "trim_space": {}, "strings.reverse": {}, "substring": {},
 	"format_int": {},
-	// splitting: one term per piece
+	// splitting: one term per piece (find_all_string_submatch_n: an array of a term per group
+	// for each match, charged whole, its strings, the text's, counted again)
 	"split":                            {estimate: estimateSplit},
 	"strings.split_n":                  {estimate: estimateSplit},
 	"regex.split":                      {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
 	"regex.find_n":                     {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
-	"regex.find_all_string_submatch_n": {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 4))},
+	"regex.find_all_string_submatch_n": {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 4)), deep: true},
 	// matching: bounded in work, not size (regexwork.go); regex.is_valid only parses, bounded
 	// like the patterns the others take
 	"regex.match":               {estimate: regexWork(0, 1, false, nil, nil)},

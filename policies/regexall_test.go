@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/topdown"
 )
 
@@ -226,5 +227,26 @@ func TestRegexAllCountsSearches(t *testing.T) {
 	// Each about 0.1 s; uncounted, the short searches took 5 times as long.
 	if short > 3*long {
 		t.Errorf("many short searches refused after %v, few long ones after %v", short, long)
+	}
+}
+
+// TestRegexAllSubmatchCharged: find_all_string_submatch_n's answer, an array of one term per
+// group for each match, is charged to the evaluation's memory budget whole, not for its top
+// level: 32 empty groups over 1,600 bytes, whose 1,601 matches the counted searches now take,
+// made 2.4 MiB of terms and were charged 100 KiB.
+func TestRegexAllSubmatchCharged(t *testing.T) {
+	name := ast.RegexFindAllStringSubmatch.Name
+	b := newBudget(32 << 20)
+	f := boundedImpl(name, 3, replacement(name), boundedBuiltins[name], func(context.Context) *budget { return b })
+	pattern := strings.Repeat("()", 32)
+	out, err := f(rego.BuiltinContext{Context: context.Background()},
+		[]*ast.Term{ast.StringTerm(pattern), ast.StringTerm(strings.Repeat("a", 1600)), ast.IntNumberTerm(-1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := int64(0)
+	out.Value.(*ast.Array).Foreach(func(m *ast.Term) { terms += 1 + int64(m.Value.(*ast.Array).Len()) })
+	if charged := b.limit - b.left.Load(); charged < terms*termBytes {
+		t.Errorf("an answer of %d terms charged %d bytes, want at least %d", terms, charged, terms*termBytes)
 	}
 }
