@@ -87,7 +87,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"concat":                   {estimate: estimateConcat},
 	"replace":                  {estimate: estimateReplace},
 	"strings.replace_n":        {estimate: estimateReplaceN},
-	"regex.replace":            {estimate: regexWork(1, 0, true, allGroups, estimateRegexReplace)},
+	"regex.replace":            {estimate: regexWork(1, 0, true, allGroups, estimateRegexExpand(estimateRegexReplace))},
 	"internal.template_string": {estimate: textOf(1, false, 0)},
 	"upper":                    {}, "lower": {}, "trim": {}, "trim_left": {}, "trim_right": {},
 	"trim_prefix": {}, "trim_suffix": {}, "trim_space": {}, "strings.reverse": {}, "substring": {},

@@ -172,6 +172,54 @@ func estimateRegexIsValid(ops []*ast.Term, limit int64, stop func() bool) (int64
 	return 0, nil
 }
 
+// estimateRegexExpand checks regex.replace's expansion of its value at every match before
+// est: regexp's Expand looks a reference by name ($name, ${name}, or a number it does not
+// take, as $01) up among the pattern's groups one by one, so that a value of 200,000
+// references to a name no group has, with 100 groups matching empty over 40 bytes, took a
+// second in one call. Each match (at most one per byte of the text, and one more) counts the
+// named references times the groups plus one, within maxRegexWork.
+func estimateRegexExpand(est sizeFunc) sizeFunc {
+	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
+		if named := namedRefs(str(ops, 2)); named > 0 {
+			if re, err := syntax.Parse(str(ops, 1), syntax.Perl); err == nil {
+				matches, groups := int64(len(str(ops, 0)))+1, int64(re.MaxCap())+1
+				if named*groups > maxRegexWork/matches {
+					return 0, fmt.Errorf("a replacement of %d references by name, each looked up among the pattern's %d groups "+
+						"and the match at each of up to %d matches, is too much work for one call (at most %d, multiplied): "+
+						"use numbered references ($1) or fewer groups", named, groups-1, matches, maxRegexWork)
+				}
+			}
+		}
+		return est(ops, limit, stop)
+	}
+}
+
+// namedRefs counts the references of a regex.replace value that regexp's Expand looks up by
+// name (it takes $1 to $999999999 without leading zeros, and ${1}, by number; a name
+// missing its closing brace, which Expand leaves as it is, is counted too).
+func namedRefs(value string) int64 {
+	var n int64
+	for {
+		_, after, ok := strings.Cut(value, "$")
+		if !ok {
+			return n
+		}
+		if strings.HasPrefix(after, "$") {
+			value = after[1:]
+			continue
+		}
+		value = after
+		rest := strings.TrimPrefix(after, "{")
+		name := rest[:len(rest)-len(strings.TrimLeftFunc(rest, func(r rune) bool {
+			return unicode.IsLetter(r) || unicode.IsDigit(r) || r == '_'
+		}))]
+		numbered := name != "" && len(name) <= 9 && strings.Trim(name, "0123456789") == "" && (name[0] != '0' || len(name) == 1)
+		if name != "" && !numbered {
+			n++
+		}
+	}
+}
+
 // estimateTemplateMatch checks regex.template_match's work: its pattern is made of the
 // template (its literal parts quoted, its delimited parts as they are).
 func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, error) {

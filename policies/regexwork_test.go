@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/topdown"
 )
 
 // mostNamed is the longest text a refusal of checkRegexWork names.
@@ -203,5 +205,35 @@ func TestRegexIsValidCountsUnicodeClasses(t *testing.T) {
 		if _, err := est([]*ast.Term{ast.StringTerm(p)}, defaultEvalMemory, never); err != nil {
 			t.Errorf("%q: %v", p, err)
 		}
+	}
+}
+
+// TestRegexReplaceNamedRefs: regex.replace's value is expanded at every match, regexp looking
+// each reference by name up among the pattern's groups: 200,000 references to a name no group
+// has, with 100 groups matching empty over 40 bytes (a second in one call), are refused up
+// front, saying why; a few named references on a 64 KiB CSV line are taken.
+func TestRegexReplaceNamedRefs(t *testing.T) {
+	for value, want := range map[string]int64{"$1": 0, "${1}": 0, "$123456789": 0, "$0": 0, "$a": 1, "${k}:${v}": 2, "$01": 1,
+		"$$a": 0, "$1234567890": 1, "$1a": 1, "$": 0, "${": 0, "${a": 1, "$-": 0, "$日": 1, "$\u0663": 1, "$$$a": 1} {
+		if got := namedRefs(value); got != want {
+			t.Errorf("namedRefs(%q) = %d, want %d", value, got, want)
+		}
+	}
+	name := ast.RegexReplace.Name
+	call := func(text, pattern, value string) (*ast.Term, error) {
+		f := boundedImpl(name, 3, replacement(name), boundedBuiltins[name], func(context.Context) *budget { return newBudget(32 << 20) })
+		return f(rego.BuiltinContext{Context: context.Background(), Cancel: topdown.NewCancel()},
+			[]*ast.Term{ast.StringTerm(text), ast.StringTerm(pattern), ast.StringTerm(value)})
+	}
+	start := time.Now()
+	_, err := call(strings.Repeat("a", 40), strings.Repeat("()", 100), strings.Repeat("$a", 200<<10))
+	if err == nil || !strings.Contains(err.Error(), "204800 references by name, each looked up among the pattern's 100 groups") {
+		t.Errorf("200,000 named references on 100 groups over 40 bytes: %v after %v, want it refused for them", err, time.Since(start))
+	}
+	csv := strings.Repeat("12345,abcde;", 64<<10/12)
+	pattern, value := `(?P<a>\d+),(?P<b>\w+)`, "${b},${a}"
+	got, err := call(csv, pattern, value)
+	if want := regexp.MustCompile(pattern).ReplaceAllString(csv, value); err != nil || got == nil || string(got.Value.(ast.String)) != want {
+		t.Errorf("a 64 KiB CSV line's fields swapped by name: %v", err)
 	}
 }
