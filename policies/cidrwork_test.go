@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/topdown"
@@ -116,6 +117,34 @@ func TestCIDRMergeBounded(t *testing.T) {
 			if (err != nil) != refused {
 				t.Errorf("net.cidr_merge of %d CIDRs: %v, want refused %v", n, err, refused)
 			}
+		}
+	}
+}
+
+// TestContainsMatchesLongKeys: each probe of OPA's set compares the new pair with the one in
+// its slot, so pairs indexed by long keys that hash near each other cost their keys' length a
+// probe: 8 object keys [256 KiB of "x", i] matched with 170 addresses made 925,000 probes the
+// estimate took, and the call 15 s. Such a call is refused; the same keys 64 bytes long are
+// taken.
+func TestContainsMatchesLongKeys(t *testing.T) {
+	never := func() bool { return false }
+	for padLen, refused := range map[int]bool{256 << 10: true, 64: false} {
+		obj := ast.NewObject()
+		for i := range 8 {
+			pad := strings.Repeat("x", padLen) // one allocation each: equal strings compare in full
+			obj.Insert(ast.ArrayTerm(ast.StringTerm(pad), ast.IntNumberTerm(i)), ast.StringTerm("10.0.0.0/8"))
+		}
+		ips := make([]*ast.Term, 170)
+		for j := range ips {
+			ips[j] = ast.StringTerm(fmt.Sprintf("10.1.%d.%d", j/256, j%256))
+		}
+		start := time.Now()
+		_, err := estimateContainsMatches([]*ast.Term{ast.NewTerm(obj), ast.ArrayTerm(ips...)}, defaultEvalMemory, never)
+		if (err != nil) != refused {
+			t.Errorf("keys of %d bytes: %v, want refused %v", padLen, err, refused)
+		}
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Errorf("keys of %d bytes: the estimate took %v", padLen, d)
 		}
 	}
 }
