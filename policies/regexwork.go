@@ -159,14 +159,18 @@ func caseInsensitive(pattern string) bool {
 	}
 }
 
-// skipEscape answers t after the escape it starts with: a backslash and a byte, or the
-// braces of \x{...}, \p{...} or \P{...}.
+// skipEscape answers t after the escape it starts with: a backslash and a byte, the braces
+// of \x{...}, \p{...} or \P{...}, or the rune naming a class in \pL.
 func skipEscape(t string) string {
 	if len(t) >= 3 && strings.IndexByte("xpP", t[1]) >= 0 && t[2] == '{' {
 		if end := strings.IndexByte(t, '}'); end >= 0 {
 			return t[end+1:]
 		}
 		return ""
+	}
+	if len(t) >= 3 && (t[1] == 'p' || t[1] == 'P') {
+		_, size := utf8.DecodeRuneInString(t[2:])
+		return t[2+size:]
 	}
 	return t[min(2, len(t)):]
 }
