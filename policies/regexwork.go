@@ -259,16 +259,30 @@ func classRune(t string) (rune, string, bool) {
 	return 0, "", false
 }
 
-// unicodeRunes answers the runes Go's parser makes of the Unicode class named (a category or
-// a script): two for each of its ranges, a range with a stride counting once for each rune
-// in it, as the parser appends them before merging neighbours (0 for no such class).
+// unicodeRunes answers the runes Go's parser makes of the Unicode class named (a category, a
+// script, or an alias of a category, their names read as the parser reads them): two for each
+// of its ranges, a range with a stride counting once for each rune in it, as the parser
+// appends them before merging neighbours (0 for no such class).
 func unicodeRunes(name string) int64 {
-	if name == "Any" {
+	name = canonicalClassName(name)
+	switch name {
+	case "Any", "Ascii":
 		return 2
+	case "Assigned":
+		name = "Cn" // inverted
+	case "Lc":
+		name = "LC"
 	}
 	t := unicode.Categories[name]
 	if t == nil {
 		t = unicode.Scripts[name]
+	}
+	if t == nil {
+		for alias, actual := range unicode.CategoryAliases {
+			if canonicalClassName(alias) == name {
+				t = unicode.Categories[actual]
+			}
+		}
 	}
 	if t == nil {
 		return 0
@@ -281,6 +295,25 @@ func unicodeRunes(name string) int64 {
 		n += strided(r.Lo, r.Hi, r.Stride)
 	}
 	return n
+}
+
+// canonicalClassName is a Unicode class's name as Go's parser looks it up (canonicalName):
+// without underscores, hyphens and spaces, its first letter upper case and the others lower
+// case (\p{l} and \p{letter} are \pL).
+func canonicalClassName(name string) string {
+	b := make([]byte, 0, len(name))
+	for i := range len(name) {
+		switch c := name[i]; {
+		case c == '_' || c == '-' || c == ' ':
+		case len(b) == 0 && 'a' <= c && c <= 'z':
+			b = append(b, c-'a'+'A')
+		case len(b) > 0 && 'A' <= c && c <= 'Z':
+			b = append(b, c-'A'+'a')
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }
 
 // strided answers the runes the parser appends for one range of a Unicode table: its ends,
