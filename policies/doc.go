@@ -66,7 +66,7 @@
 //     all-match ones times the text again unless counting their matches first finds few,
 //     times the groups for those answering them: regexwork.go;
 //     regex.is_valid's pattern at most 16 KiB; the Unicode classes of either counted from
-//     the pattern's text before parsing), keys and certificates (the squares of their
+//     the pattern's text before parsing, and so are the ranges (?i) folds), keys and certificates (the squares of their
 //     base64 runs: keywork.go), graphql validation (a 2 KiB query), object.subset (its
 //     operands' elements, long strings weighing more, multiplied), the time and semver
 //     builtins (texts of at most 1 KiB, time zone names 256 bytes), units.parse and units.parse_bytes (exponents of at most 1000),
