@@ -28,7 +28,7 @@ const maxSetProbes = 1 << 20
 // probeBytes is how many bytes of the pairs a probe compares count as one more probe: each
 // probe compares the new pair with the one in the slot, element by element, so pairs indexed
 // by long keys that collide cost their keys' length a probe (8 keys [256 KiB of "x", i] and 170
-// addresses, 925,000 probes, took 15 s).
+// addresses, 925,000 probes, took 15 s). Each element of the keys counts a quarter as many.
 const probeBytes = 256
 
 // cidrMatchOperand is one element of a net.cidr_contains_matches operand: the term holding
@@ -126,32 +126,35 @@ func estimateContainsMatches(ops []*ast.Term, limit int64, stop func() bool) (in
 		return 0, fmt.Errorf("comparing %d CIDRs with %d is %d pairs, too much work for one call (at most %d): "+
 			"compare fewer at once", len(xs), len(ys), pairs, maxCIDRPairs)
 	}
-	// A probe's cost: one, and one more for each probeBytes of the pair compared.
-	probeCost := func(index *ast.Term) int64 {
-		return textSize(index.Value, maxSetProbes*probeBytes, 0, stop) / probeBytes
-	}
 	var nets []*net.IPNet
 	var netIndexes []*ast.Term
-	var netCosts []int64
 	for _, x := range xs {
 		if s, ok := x.cidr.Value.(ast.String); ok {
 			if _, network, err := net.ParseCIDR(string(s)); err == nil {
 				nets, netIndexes = append(nets, network), append(netIndexes, x.index)
-				netCosts = append(netCosts, probeCost(x.index))
 			}
 		}
 	}
 	var contained []containedCIDR
 	var containedIndexes []*ast.Term
-	var containedCosts []int64
 	for _, y := range ys {
 		if c, ok := parseContained(y.cidr); ok {
 			contained, containedIndexes = append(contained, c), append(containedIndexes, y.index)
-			containedCosts = append(containedCosts, probeCost(y.index))
 		}
 	}
-	slots := map[int]struct{}{}
+	// A probe compares the new pair with the one in its slot, element by element: it costs
+	// one, and one more for each four elements of the new pair's indexes and each probeBytes
+	// of their text. An index is measured when a pair of it first probes, at most up to what the
+	// bound has left, so that measuring stays within the bound.
+	netCosts, containedCosts := make([]int64, len(nets)), make([]int64, len(contained))
 	var probes int64
+	costOf := func(costs []int64, indexes []*ast.Term, k int) int64 {
+		if costs[k] == 0 {
+			costs[k] = 1 + textSize(indexes[k].Value, (maxSetProbes-probes+1)*probeBytes, probeBytes/4, stop)/probeBytes
+		}
+		return costs[k] - 1
+	}
+	slots := map[int]struct{}{}
 	for i, a := range nets {
 		if stop() {
 			return 0, nil // the caller reports it
@@ -166,7 +169,10 @@ func estimateContainsMatches(ops []*ast.Term, limit int64, stop func() bool) (in
 					break
 				}
 				h++
-				if probes += 1 + netCosts[i] + containedCosts[j]; probes > maxSetProbes {
+				if probes += 1 + costOf(netCosts, netIndexes, i) + costOf(containedCosts, containedIndexes, j); probes > maxSetProbes {
+					if stop() {
+						return 0, nil // the caller reports it
+					}
 					return 0, fmt.Errorf("its %d matching pairs and more would take OPA's set more than %d steps to "+
 						"build (pairs of array indexes [i, j] all hash near i + j, and each step compares the pairs' indexes): "+
 						"match fewer pairs, or pass sets or objects of CIDRs, whose elements and keys index the answer, "+

@@ -148,3 +148,39 @@ func TestContainsMatchesLongKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestContainsMatchesMeasuresLazily: the estimate measures an index only when a pair of it
+// probes, and counts each of its elements as a probe, so that measuring stays within the
+// bound: 32,768 set elements sharing one array of 20,000 numbers, whose pairs do not probe,
+// were each walked (650 million nodes), and elements that do probe are refused before their
+// walks add up.
+func TestContainsMatchesMeasuresLazily(t *testing.T) {
+	never := func() bool { return false }
+	nums := make([]*ast.Term, 20000)
+	for i := range nums {
+		nums[i] = ast.IntNumberTerm(i)
+	}
+	shared := ast.ArrayTerm(nums...)
+	for _, c := range []struct {
+		name    string
+		n       int
+		b       *ast.Term
+		refused bool
+	}{
+		{"pairs that do not probe", 32768, ast.ArrayTerm(ast.StringTerm("10.1.2.3")), false},
+		{"pairs that probe", 128, ast.ArrayTerm(ast.StringTerm("10.1.2.3"), ast.StringTerm("10.1.2.4"), ast.StringTerm("10.1.2.5")), true},
+	} {
+		s := ast.NewSet()
+		for i := range c.n {
+			s.Add(ast.ArrayTerm(ast.StringTerm("10.0.0.0/8"), shared, ast.IntNumberTerm(i)))
+		}
+		start := time.Now()
+		_, err := estimateContainsMatches([]*ast.Term{ast.NewTerm(s), c.b}, defaultEvalMemory, never)
+		if (err != nil) != c.refused {
+			t.Errorf("%s: %v, want refused %v", c.name, err, c.refused)
+		}
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Errorf("%s: the estimate took %v", c.name, d)
+		}
+	}
+}
