@@ -50,8 +50,7 @@
 // ends them all when they stay at that limit (a fork bomb; bombGuard samples the count only
 // while a guest process could fork, and seldom while it stays low: each sample costs the host
 // about 3 ms of CPU under gVisor's ptrace platform); as the guest's init it drops
-// CAP_SYS_ADMIN once that cgroup is set up, and keeps spare OS threads where there is
-// none (a runc guest's limit counts the agent's threads too); a command refused for
+// CAP_SYS_ADMIN once that cgroup is set up and keeps spare OS threads; a command refused for
 // the process limit gets exit 126 and says so.
 //
 // In a VM (Cloud Hypervisor) the agent listens on a vsock port (Config.VsockPort, `wb agent
