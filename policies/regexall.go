@@ -326,19 +326,25 @@ func regexSplit(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 	}
 }
 
+// findNOperands reads the operands (pattern, text, n) of find_n and
+// find_all_string_submatch_n and takes their counted searches: a nil when OPA's builtin must
+// answer (an operand of another type, or searches the counted path does not take).
+func findNOperands(bctx topdown.BuiltinContext, operands []*ast.Term, take allSearches, groups bool) (*regexAll, string, int) {
+	ops, ok := stringOps(operands, 2)
+	if !ok {
+		return nil, "", 0
+	}
+	n, err := builtins.IntOperand(operands[2].Value, 3)
+	if err != nil {
+		return nil, "", 0
+	}
+	return take(ops[0], ops[1], groups, stopOf(bctx)), ops[1], n
+}
+
 // regexFindN is regex.find_n(pattern, text, n): regexp's FindAllString(text, n).
 func regexFindN(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc {
 	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
-		ops, ok := stringOps(operands, 2)
-		if !ok {
-			return orig(bctx, operands, iter)
-		}
-		n, err := builtins.IntOperand(operands[2].Value, 3)
-		if err != nil {
-			return orig(bctx, operands, iter)
-		}
-		s := ops[1]
-		a := take(ops[0], s, false, stopOf(bctx))
+		a, s, n := findNOperands(bctx, operands, take, false)
 		if a == nil {
 			return orig(bctx, operands, iter)
 		}
@@ -354,22 +360,13 @@ func regexFindN(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 // FindAllStringSubmatch(text, n), a group that did not take part as "".
 func regexFindAllSubmatch(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc {
 	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
-		ops, ok := stringOps(operands, 2)
-		if !ok {
-			return orig(bctx, operands, iter)
-		}
-		n, err := builtins.IntOperand(operands[2].Value, 3)
-		if err != nil {
-			return orig(bctx, operands, iter)
-		}
-		s := ops[1]
-		a := take(ops[0], s, true, stopOf(bctx))
+		a, s, n := findNOperands(bctx, operands, take, true)
 		if a == nil {
 			return orig(bctx, operands, iter)
 		}
 		groups := a.re.NumSubexp() + 1
 		var found []*ast.Term
-		err = a.each(n, func(loc []int) {
+		err := a.each(n, func(loc []int) {
 			inner := make([]*ast.Term, groups)
 			for j := range inner {
 				if loc[2*j] >= 0 {
