@@ -51,16 +51,8 @@ todo_test_later if { true }
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]TestResult{}
-	for _, r := range res {
-		got[strings.TrimPrefix(r.Name, "data.wb.admission_test.")] = r
-	}
-	for name, want := range map[string]string{"test_tier_4_denied": "pass", "test_tier_2_allowed": "fail",
-		"test_denied_builtin": "pass", "test_too_big": "error", "todo_test_later": "skip"} {
-		if got[name].Result != want {
-			t.Errorf("%s: %+v; want %s", name, got[name], want)
-		}
-	}
+	got := wantResults(t, res, map[string]string{"test_tier_4_denied": "pass", "test_tier_2_allowed": "fail",
+		"test_denied_builtin": "pass", "test_too_big": "error", "todo_test_later": "skip"})
 	if r := got["test_tier_2_allowed"]; r.Location != "guard_test.rego:9" || r.Output != "deny at tier 2: set()\n" {
 		t.Errorf("the failed test says %+v; want its location and what it printed", r)
 	}
@@ -232,16 +224,8 @@ test_still_bounded if {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]TestResult{}
-	for _, r := range res {
-		got[strings.TrimPrefix(r.Name, "data.wb.admission_test.")] = r
-	}
-	for name, want := range map[string]string{"test_value_mock": "pass", "test_function_mock": "pass",
-		"test_sprintf_mock": "pass", "test_unmocked": "pass", "test_still_bounded": "error"} {
-		if got[name].Result != want {
-			t.Errorf("%s: %+v; want %s", name, got[name], want)
-		}
-	}
+	got := wantResults(t, res, map[string]string{"test_value_mock": "pass", "test_function_mock": "pass",
+		"test_sprintf_mock": "pass", "test_unmocked": "pass", "test_still_bounded": "error"})
 	if r := got["test_still_bounded"]; !strings.Contains(r.Error, "sprintf: * widths and precisions are not allowed") || strings.Contains(r.Error, boundedPrefix) {
 		t.Errorf("concat mocked by sprintf, with a * width: %q; want bounded sprintf's error", r.Error)
 	}
@@ -251,4 +235,20 @@ test_still_bounded if {
 		!strings.Contains(err.Error(), "guard_test.rego") {
 		t.Errorf("a test mocking concat with http.send: %v; want its compile error", err)
 	}
+}
+
+// wantResults answers res by test name (its package left out) and checks the result of each
+// test want names.
+func wantResults(t *testing.T, res []TestResult, want map[string]string) map[string]TestResult {
+	t.Helper()
+	got := map[string]TestResult{}
+	for _, r := range res {
+		got[strings.TrimPrefix(r.Name, "data.wb.admission_test.")] = r
+	}
+	for name, w := range want {
+		if got[name].Result != w {
+			t.Errorf("%s: %+v; want %s", name, got[name], w)
+		}
+	}
+	return got
 }
