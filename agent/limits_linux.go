@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -42,18 +43,26 @@ const (
 // processes meet their limit while the agent (left in the root cgroup) still has room to
 // answer. It exists only where the agent could mount a pids cgroup (gVisor implements
 // cgroupfs inside the sandbox; the driver gives the agent CAP_SYS_ADMIN there for this).
+//
+// Guest root passes the hierarchy's permission checks whatever its capabilities: with it
+// mounted, an exec raised wb-work's pids.max to 100000 and moved itself to the root cgroup,
+// out of the limit and out of the guard's sight. So the agent opens the files it uses, then
+// unmounts the hierarchy; no guest process can mount it again (none holds CAP_SYS_ADMIN).
 type childCgroup struct {
-	work string // the work cgroup's directory
-	root string // the root cgroup's directory
+	work string // the work cgroup's directory, for messages
 	max  int
 	// init: the agent is the guest's PID 1, so kill(-1) reaches every other process of the
 	// guest (they are all the work cgroup's) in one call, however fast a bomb forks.
 	init bool
+	// The hierarchy's files the agent uses: the work and root cgroups' tasks (a thread moves
+	// in to fork and back), the work cgroup's pids.max, cgroup.procs and pids.current.
+	workTasks, rootTasks, workMax, workProcs, workCurrent *os.File
 }
 
-// setupChildCgroup mounts a pids cgroup hierarchy at /sys/fs/cgroup and creates the work
-// cgroup with pids.max = max. It answers nil, with a warning in the log, where it cannot.
-// init says the agent is the guest's PID 1.
+// setupChildCgroup mounts a pids cgroup hierarchy at /sys/fs/cgroup, creates the work cgroup
+// with pids.max = max, opens the files the agent uses and unmounts the hierarchy again. It
+// answers nil, with a warning in the log, where it cannot. init says the agent is the guest's
+// PID 1.
 func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
 	if max <= 0 {
 		return nil
@@ -63,10 +72,12 @@ func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
 		return nil
 	}
 	root := guestCgroupDir
+	mounted := false
 	if _, err := os.Stat(filepath.Join(root, "pids.max")); err != nil {
 		if err := syscall.Mount("cgroup", root, "cgroup", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "pids"); err != nil {
 			return fail("mount a pids cgroup at "+root, err)
 		}
+		mounted = true
 	}
 	work := filepath.Join(root, workCgroup)
 	if err := os.Mkdir(work, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
@@ -75,8 +86,31 @@ func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
 	if err := os.WriteFile(filepath.Join(work, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
 		return fail("set "+work+"/pids.max", err)
 	}
+	c := &childCgroup{work: work, max: max, init: init}
+	for _, f := range []struct {
+		file **os.File
+		path string
+		flag int
+	}{
+		{&c.workTasks, filepath.Join(work, "tasks"), os.O_WRONLY},
+		{&c.rootTasks, filepath.Join(root, "tasks"), os.O_WRONLY},
+		{&c.workMax, filepath.Join(work, "pids.max"), os.O_WRONLY},
+		{&c.workProcs, filepath.Join(work, "cgroup.procs"), os.O_RDONLY},
+		{&c.workCurrent, filepath.Join(work, "pids.current"), os.O_RDONLY},
+	} {
+		h, err := os.OpenFile(f.path, f.flag, 0)
+		if err != nil {
+			return fail("open "+f.path, err)
+		}
+		*f.file = h
+	}
+	if mounted {
+		if err := syscall.Unmount(root, syscall.MNT_DETACH); err != nil {
+			log.Warn("agent: the guest's pids cgroup stays mounted: guest root can raise its limit or leave it", "cgroup", root, "err", err)
+		}
+	}
 	log.Info("agent: the guest's processes start in a pids cgroup", "cgroup", work, "pids_max", max)
-	return &childCgroup{work: work, root: root, max: max, init: init}
+	return c
 }
 
 // enter moves the calling OS thread into the work cgroup (a child forked from it starts
@@ -84,10 +118,10 @@ func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
 // Moving a thread never fails for a full cgroup: the pids limit applies to forks only.
 func (c *childCgroup) enter() (leave func(), err error) {
 	tid := []byte(strconv.Itoa(syscall.Gettid()))
-	if err := os.WriteFile(filepath.Join(c.work, "tasks"), tid, 0); err != nil {
+	if _, err := c.workTasks.WriteAt(tid, 0); err != nil {
 		return nil, fmt.Errorf("enter the guest's pids cgroup: %w", err)
 	}
-	return func() { _ = os.WriteFile(filepath.Join(c.root, "tasks"), tid, 0) }, nil
+	return func() { _, _ = c.rootTasks.WriteAt(tid, 0) }, nil
 }
 
 // startIn runs startFn (which forks one child) from a thread in the work cgroup, so that the
@@ -110,52 +144,43 @@ func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) {
 
 // guard ends every process of the work cgroup once they have pressed on their limit for
 // atLimitFor (see bombWatch and bombGuard: it samples only while a process other than
-// idle() runners lives there, and less often while their count stays low), until ctx ends. woken must hold a value after every start
-// of a process and every runner handed its code.
+// idle() runners lives there, and less often while their count stays low), until ctx ends.
+// woken must hold a value after every start of a process and every runner handed its code.
 func (c *childCgroup) guard(ctx context.Context, log *slog.Logger, idle func() int, woken <-chan struct{}) {
 	if c == nil {
 		return
 	}
-	count, closeCount := c.counter()
-	defer closeCount()
-	bombGuard{max: c.max, every: atLimitCheck, slowest: 8 * atLimitCheck, count: count, idle: idle, woken: woken,
+	bombGuard{max: c.max, every: atLimitCheck, slowest: 8 * atLimitCheck, count: c.counter(), idle: idle, woken: woken,
 		endAll: func(since time.Time) {
 			n := c.killAll()
 			log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", time.Since(since).Round(time.Millisecond), "killed", n)
 		}}.run(ctx)
 }
 
-// counter answers a reader of the work cgroup's pids.current, and what closes it. It keeps
-// the file open and reads it with one pread: os.ReadFile's open, stat, reads and close were
-// nine system calls a sample, each trapped under gVisor's ptrace platform.
-func (c *childCgroup) counter() (func() (int, error), func()) {
-	path := filepath.Join(c.work, "pids.current")
-	f, err := os.Open(path)
-	if err != nil {
-		return func() (int, error) { return readCgroupInt(path) }, func() {}
-	}
-	fd := int(f.Fd()) // f stays open (and reachable) until the returned close
+// counter answers a reader of the work cgroup's pids.current: one pread of the open file
+// (os.ReadFile's open, stat, reads and close were nine system calls a sample, each trapped
+// under gVisor's ptrace platform; File.ReadAt reads again until EOF, a second).
+func (c *childCgroup) counter() func() (int, error) {
+	fd := int(c.workCurrent.Fd()) // open for the agent's life
 	var buf [32]byte
 	return func() (int, error) {
-		// One pread: File.ReadAt reads again until EOF, a second system call.
 		n, err := syscall.Pread(fd, buf[:], 0)
 		if err != nil {
-			return 0, fmt.Errorf("read %s: %w", path, err)
+			return 0, fmt.Errorf("read %s/pids.current: %w", c.work, err)
 		}
 		return strconv.Atoi(string(bytes.TrimSpace(buf[:max(n, 0)])))
-	}, func() { _ = f.Close() }
+	}
 }
 
 // killAll SIGKILLs every process of the work cgroup, with its limit at 0 meanwhile so that
 // none can fork a replacement, and answers how many it signalled (as init, how many the
 // cgroup held when it began).
 func (c *childCgroup) killAll() int {
-	maxFile := filepath.Join(c.work, "pids.max")
-	_ = os.WriteFile(maxFile, []byte("0"), 0)
-	defer func() { _ = os.WriteFile(maxFile, []byte(strconv.Itoa(c.max)), 0) }()
+	_, _ = c.workMax.WriteAt([]byte("0"), 0)
+	defer func() { _, _ = c.workMax.WriteAt([]byte(strconv.Itoa(c.max)), 0) }()
 	n := 0
 	for range killAllRounds {
-		b, err := os.ReadFile(filepath.Join(c.work, "cgroup.procs"))
+		b, err := readAllAt(c.workProcs)
 		if err != nil {
 			return n
 		}
@@ -184,12 +209,20 @@ func (c *childCgroup) killAll() int {
 	return n
 }
 
-func readCgroupInt(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
+// readAllAt reads what f holds from its start, as a cgroup file answers it now.
+func readAllAt(f *os.File) ([]byte, error) {
+	var b []byte
+	buf := make([]byte, 4096)
+	for {
+		n, err := f.ReadAt(buf, int64(len(b)))
+		b = append(b, buf[:n]...)
+		if errors.Is(err, io.EOF) {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
 	}
-	return strconv.Atoi(string(bytes.TrimSpace(b)))
 }
 
 // undumpable keeps the guest's own processes out of the agent: a process that is not dumpable
