@@ -336,20 +336,12 @@ func renameBounded(c *ast.Compiler) *ast.Error {
 // it let every rule the expression evaluates make values past maxValueBytes.
 func renameBoundedWith(c *ast.Compiler) *ast.Error {
 	var bad *ast.Error
-	fn := func(t *ast.Term) (string, bool) {
-		switch v := t.Value.(type) {
-		case ast.Var:
-			return string(v), true
-		case ast.Ref:
-			return v.String(), true
-		}
-		return "", false
-	}
 	rename := func(t *ast.Term) {
-		name, ok := fn(t)
-		if !ok || bad != nil {
+		ref := refOf(t)
+		if ref == nil || bad != nil {
 			return
 		}
+		name := ref.String()
 		if why, ok := forbiddenBuiltins[name]; ok {
 			bad = ast.NewError(ast.CompileErr, t.Location, "with keyword: %s is not available to policies (it %s)", name, why)
 			return
@@ -361,7 +353,7 @@ func renameBoundedWith(c *ast.Compiler) *ast.Error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Modules)) {
 		ast.WalkWiths(c.Modules[name], func(w *ast.With) bool {
-			if name, ok := fn(w.Target); ok && name == valueCheck && bad == nil {
+			if ref := refOf(w.Target); ref != nil && ref.String() == valueCheck && bad == nil {
 				bad = ast.NewError(ast.CompileErr, w.Target.Location, "with keyword cannot replace the platform's value check")
 			}
 			rename(w.Target)
