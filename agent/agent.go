@@ -72,10 +72,11 @@ type Config struct {
 	// exec and PTY process starts in a pids cgroup with this pids.max, so a fork bomb meets it
 	// while the agent (outside that cgroup) keeps answering. It needs a cgroupfs the agent may
 	// mount (gVisor's, with CAP_SYS_ADMIN); without one the agent logs a warning and the
-	// sandbox's limit applies alone. When the guest's processes stay at the limit for 1 s
-	// (every fork failing: a fork bomb), the agent SIGKILLs them all, with the limit at 0
-	// meanwhile, and logs it: under gVisor's ptrace platform a bomb left churning keeps
-	// adding host threads until the sandbox dies.
+	// sandbox's limit applies alone; so does it where the agent is not the guest's init
+	// (Init). When the guest's processes stay at the limit for 1 s (every fork failing: a
+	// fork bomb), the agent SIGKILLs them all, in rounds until none is left, and logs it:
+	// under gVisor's ptrace platform a bomb left churning keeps adding host threads until the
+	// sandbox dies.
 	PidsMax int
 }
 
@@ -142,7 +143,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		runners:   map[string]*waitingRunner{},
 	}
 
-	s.procs.cg = setupChildCgroup(log, cfg.PidsMax, cfg.Init)
+	s.procs.cg = setupChildCgroup(ctx, log, cfg.PidsMax, cfg.Init)
 	if cfg.Init {
 		if err := dropSysAdmin(); err != nil {
 			return fmt.Errorf("agent: %w", err)

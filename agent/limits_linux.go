@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -40,30 +39,51 @@ const (
 )
 
 // childCgroup is the pids cgroup every exec and PTY process starts in, so that the guest's
-// processes meet their limit while the agent (left in the root cgroup) still has room to
-// answer. It exists only where the agent could mount a pids cgroup (gVisor implements
-// cgroupfs inside the sandbox; the driver gives the agent CAP_SYS_ADMIN there for this).
+// processes meet their limit while the agent (its other threads left in the root cgroup) still
+// has room to answer. It exists only where the agent, as the guest's init, could mount a pids
+// cgroup (gVisor implements cgroupfs inside the sandbox; the driver gives the agent
+// CAP_SYS_ADMIN there for this).
 //
 // Guest root passes the hierarchy's permission checks whatever its capabilities: with it
 // mounted, an exec raised wb-work's pids.max to 100000 and moved itself to the root cgroup,
-// out of the limit and out of the guard's sight. So the agent opens the files it uses, then
-// unmounts the hierarchy; no guest process can mount it again (none holds CAP_SYS_ADMIN).
+// out of the limit and out of the guard's sight. So the agent unmounts the hierarchy once it
+// is set up (no guest process can mount it again: none holds CAP_SYS_ADMIN), and keeps no
+// file of it open that a write could use: gVisor checks no ptrace access on /proc/1/fd, and
+// guest root reopened the agent's open tasks and pids.max files there, for writing, and
+// escaped as before. What stays open is pids.current, which no write changes. Instead of
+// moving a thread in and out of the work cgroup around each fork (which needs both cgroups'
+// tasks files open), one OS thread, moved into it at setup and locked to the spawner
+// goroutine for the agent's life, makes every fork; Go starts its new threads from a thread
+// of its own, never from a locked one, so no other thread of the agent joins it.
 type childCgroup struct {
 	work string // the work cgroup's directory, for messages
 	max  int
-	// init: the agent is the guest's PID 1, so kill(-1) reaches every other process of the
-	// guest (they are all the work cgroup's) in one call, however fast a bomb forks.
-	init bool
-	// The hierarchy's files the agent uses: the work and root cgroups' tasks (a thread moves
-	// in to fork and back), the work cgroup's pids.max, cgroup.procs and pids.current.
-	workTasks, rootTasks, workMax, workProcs, workCurrent *os.File
+	// current is the work cgroup's pids.current, open read-only for the agent's life.
+	current *os.File
+	// spawner counts in current (gVisor's pids controller counts threads): the count with
+	// nothing else in the cgroup, read once the spawner was in it.
+	base  int
+	spawn chan<- spawnRequest // to the spawner's thread
+	done  <-chan struct{}     // closed when the spawner has ended
+}
+
+// spawnRequest is one startFn for the spawner's thread to run, and where its answer goes.
+type spawnRequest struct {
+	startFn func() (int, error)
+	answer  chan<- spawnAnswer
+}
+
+type spawnAnswer struct {
+	pid int
+	err error
 }
 
 // setupChildCgroup mounts a pids cgroup hierarchy at /sys/fs/cgroup, creates the work cgroup
-// with pids.max = max, opens the files the agent uses and unmounts the hierarchy again. It
-// answers nil, with a warning in the log, where it cannot. init says the agent is the guest's
-// PID 1.
-func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
+// with pids.max = max, moves the spawner's thread into it, opens its pids.current and unmounts
+// the hierarchy again. It answers nil, with a warning in the log, where it cannot, or where
+// the agent is not the guest's init (ending a fork bomb takes init's kill(-1): the agent keeps
+// no file that lists the cgroup's processes). The spawner ends with ctx.
+func setupChildCgroup(ctx context.Context, log *slog.Logger, max int, init bool) *childCgroup {
 	if max <= 0 {
 		return nil
 	}
@@ -71,14 +91,24 @@ func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
 		log.Warn("agent: no process limit of its own for the guest's processes; the sandbox's applies", "step", step, "err", err)
 		return nil
 	}
-	root := guestCgroupDir
-	mounted := false
-	if _, err := os.Stat(filepath.Join(root, "pids.max")); err != nil {
-		if err := syscall.Mount("cgroup", root, "cgroup", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "pids"); err != nil {
-			return fail("mount a pids cgroup at "+root, err)
-		}
-		mounted = true
+	if !init {
+		return fail("be the guest's init", errors.New("only the guest's init can end every process of a fork bomb"))
 	}
+	root := guestCgroupDir
+	if _, err := os.Stat(filepath.Join(root, "pids.max")); err == nil {
+		// Mounted by someone else, who may need it: the agent leaves it, and guest root can
+		// use it as above.
+		return fail("mount a pids cgroup at "+root, errors.New("a pids cgroup hierarchy is already mounted there, where guest root could raise its limit or leave it"))
+	}
+	if err := syscall.Mount("cgroup", root, "cgroup", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "pids"); err != nil {
+		return fail("mount a pids cgroup at "+root, err)
+	}
+	// Unmounted on every path out: left mounted, guest root could use it as above.
+	defer func() {
+		if err := syscall.Unmount(root, syscall.MNT_DETACH); err != nil {
+			log.Warn("agent: the guest's pids cgroup stays mounted: guest root can raise its limit or leave it", "cgroup", root, "err", err)
+		}
+	}()
 	work := filepath.Join(root, workCgroup)
 	if err := os.Mkdir(work, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fail("create "+work, err)
@@ -86,60 +116,71 @@ func setupChildCgroup(log *slog.Logger, max int, init bool) *childCgroup {
 	if err := os.WriteFile(filepath.Join(work, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
 		return fail("set "+work+"/pids.max", err)
 	}
-	c := &childCgroup{work: work, max: max, init: init}
-	for _, f := range []struct {
-		file **os.File
-		path string
-		flag int
-	}{
-		{&c.workTasks, filepath.Join(work, "tasks"), os.O_WRONLY},
-		{&c.rootTasks, filepath.Join(root, "tasks"), os.O_WRONLY},
-		{&c.workMax, filepath.Join(work, "pids.max"), os.O_WRONLY},
-		{&c.workProcs, filepath.Join(work, "cgroup.procs"), os.O_RDONLY},
-		{&c.workCurrent, filepath.Join(work, "pids.current"), os.O_RDONLY},
-	} {
-		h, err := os.OpenFile(f.path, f.flag, 0)
-		if err != nil {
-			return fail("open "+f.path, err)
-		}
-		*f.file = h
+	current, err := os.Open(filepath.Join(work, "pids.current"))
+	if err != nil {
+		return fail("open "+work+"/pids.current", err)
 	}
-	if mounted {
-		if err := syscall.Unmount(root, syscall.MNT_DETACH); err != nil {
-			log.Warn("agent: the guest's pids cgroup stays mounted: guest root can raise its limit or leave it", "cgroup", root, "err", err)
-		}
+	spawn, done, err := startSpawner(ctx, func(tid int) error {
+		return os.WriteFile(filepath.Join(work, "tasks"), []byte(strconv.Itoa(tid)), 0)
+	})
+	if err != nil {
+		current.Close()
+		return fail("move the spawner's thread into "+work, err)
+	}
+	c := &childCgroup{work: work, max: max, current: current, spawn: spawn, done: done}
+	if c.base, err = c.counter()(); err != nil {
+		return fail("read "+work+"/pids.current", err)
 	}
 	log.Info("agent: the guest's processes start in a pids cgroup", "cgroup", work, "pids_max", max)
 	return c
 }
 
-// enter moves the calling OS thread into the work cgroup (a child forked from it starts
-// there) and returns the function that moves it back. The caller must have locked the thread.
-// Moving a thread never fails for a full cgroup: the pids limit applies to forks only.
-func (c *childCgroup) enter() (leave func(), err error) {
-	tid := []byte(strconv.Itoa(syscall.Gettid()))
-	if _, err := c.workTasks.WriteAt(tid, 0); err != nil {
-		return nil, fmt.Errorf("enter the guest's pids cgroup: %w", err)
+// startSpawner starts the goroutine that runs every startFn sent to spawn, on one OS thread
+// locked to it for life: enter(tid) moves that thread where its children must start. The
+// goroutine ends with ctx, and done is closed then; its thread ends with it (a goroutine that
+// ends locked takes its thread with it), so none of Go's threads is left where it was moved.
+func startSpawner(ctx context.Context, enter func(tid int) error) (spawn chan<- spawnRequest, done <-chan struct{}, err error) {
+	requests, ended, entered := make(chan spawnRequest), make(chan struct{}), make(chan error, 1)
+	go func() {
+		defer close(ended)
+		// Locked before it moves, and never unlocked: LockOSThread starts Go's template
+		// thread (from this thread, still where the agent runs) if none exists yet.
+		runtime.LockOSThread()
+		if err := enter(syscall.Gettid()); err != nil {
+			entered <- err
+			return
+		}
+		entered <- nil
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case r := <-requests:
+				pid, err := r.startFn()
+				r.answer <- spawnAnswer{pid, err}
+			}
+		}
+	}()
+	if err := <-entered; err != nil {
+		return nil, nil, err
 	}
-	return func() { _, _ = c.rootTasks.WriteAt(tid, 0) }, nil
+	return requests, ended, nil
 }
 
-// startIn runs startFn (which forks one child) from a thread in the work cgroup, so that the
-// child and everything it starts count against the guest's process limit.
+// startIn runs startFn (which forks one child) on the spawner's thread, in the work cgroup, so
+// that the child and everything it starts count against the guest's process limit.
 func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) {
 	if c == nil {
 		return startFn()
 	}
-	runtime.LockOSThread()
-	leave, err := c.enter()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return 0, err
+	answer := make(chan spawnAnswer, 1)
+	select {
+	case c.spawn <- spawnRequest{startFn, answer}:
+	case <-c.done:
+		return 0, errors.New("start a process in the guest's pids cgroup: the agent is stopping")
 	}
-	pid, err := startFn()
-	leave()
-	runtime.UnlockOSThread()
-	return pid, err
+	a := <-answer
+	return a.pid, a.err
 }
 
 // guard ends every process of the work cgroup once they have pressed on their limit for
@@ -150,9 +191,11 @@ func (c *childCgroup) guard(ctx context.Context, log *slog.Logger, idle func() i
 	if c == nil {
 		return
 	}
-	bombGuard{max: c.max, every: atLimitCheck, slowest: 8 * atLimitCheck, count: c.counter(), idle: idle, woken: woken,
+	count := c.counter()
+	bombGuard{max: c.max, every: atLimitCheck, slowest: 8 * atLimitCheck, count: count,
+		idle: func() int { return c.base + idle() }, woken: woken,
 		endAll: func(since time.Time) {
-			n := c.killAll()
+			n := killAll(count, c.base)
 			log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", time.Since(since).Round(time.Millisecond), "killed", n)
 		}}.run(ctx)
 }
@@ -161,7 +204,7 @@ func (c *childCgroup) guard(ctx context.Context, log *slog.Logger, idle func() i
 // (os.ReadFile's open, stat, reads and close were nine system calls a sample, each trapped
 // under gVisor's ptrace platform; File.ReadAt reads again until EOF, a second).
 func (c *childCgroup) counter() func() (int, error) {
-	fd := int(c.workCurrent.Fd()) // open for the agent's life
+	fd := int(c.current.Fd()) // open for the agent's life
 	var buf [32]byte
 	return func() (int, error) {
 		n, err := syscall.Pread(fd, buf[:], 0)
@@ -172,57 +215,23 @@ func (c *childCgroup) counter() func() (int, error) {
 	}
 }
 
-// killAll SIGKILLs every process of the work cgroup, with its limit at 0 meanwhile so that
-// none can fork a replacement, and answers how many it signalled (as init, how many the
-// cgroup held when it began).
-func (c *childCgroup) killAll() int {
-	_, _ = c.workMax.WriteAt([]byte("0"), 0)
-	defer func() { _, _ = c.workMax.WriteAt([]byte(strconv.Itoa(c.max)), 0) }()
+// killAll SIGKILLs every process of the guest but the agent, as its init, in rounds until the
+// work cgroup's count is back to base (or killAllRounds passed: one call signals every process
+// there is, where reading and killing them one by one lets a starved agent fall behind, but a
+// child forked during it may be missed), and answers how many it found there at most.
+func killAll(count func() (int, error), base int) int {
 	n := 0
 	for range killAllRounds {
-		b, err := readAllAt(c.workProcs)
-		if err != nil {
+		cur, err := count()
+		if err != nil || cur <= base {
 			return n
 		}
-		pids := bytes.Fields(b)
-		if len(pids) == 0 {
-			return n
-		}
-		if c.init {
-			// One call signals them all, where reading and killing them one by one lets a
-			// starved agent fall behind.
-			if syscall.Kill(-1, syscall.SIGKILL) == nil {
-				n = max(n, len(pids))
-			}
-			time.Sleep(killAllBetween)
-			continue
-		}
-		for _, p := range pids {
-			if pid, err := strconv.Atoi(string(p)); err == nil && pid > 1 {
-				if syscall.Kill(pid, syscall.SIGKILL) == nil {
-					n++
-				}
-			}
+		if syscall.Kill(-1, syscall.SIGKILL) == nil {
+			n = max(n, cur-base)
 		}
 		time.Sleep(killAllBetween)
 	}
 	return n
-}
-
-// readAllAt reads what f holds from its start, as a cgroup file answers it now.
-func readAllAt(f *os.File) ([]byte, error) {
-	var b []byte
-	buf := make([]byte, 4096)
-	for {
-		n, err := f.ReadAt(buf, int64(len(b)))
-		b = append(b, buf[:n]...)
-		if errors.Is(err, io.EOF) {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-	}
 }
 
 // undumpable keeps the guest's own processes out of the agent: a process that is not dumpable

@@ -1,10 +1,14 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
-	"strings"
+	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -20,7 +24,7 @@ func TestCounterRereads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	count := (&childCgroup{workCurrent: f}).counter()
+	count := (&childCgroup{current: f}).counter()
 	for _, want := range []int{5, 12, 3} {
 		if err := os.WriteFile(path, []byte(strconv.Itoa(want)+"\n"), 0o644); err != nil {
 			t.Fatal(err)
@@ -31,21 +35,44 @@ func TestCounterRereads(t *testing.T) {
 	}
 }
 
-// TestReadAllAt: a file past one read's buffer is read whole from its start, each time.
-func TestReadAllAt(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "cgroup.procs")
-	want := strings.Repeat("12345\n", 2000)
-	if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
+// TestSpawnerForksFromItsThread: every startFn runs on the one OS thread the spawner moved
+// (entered) at its start, whichever goroutine asks; a spawner that cannot move its thread
+// answers why; once its context ends, a start is refused, not left waiting.
+func TestSpawnerForksFromItsThread(t *testing.T) {
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	var moved int
+	spawn, done, err := startSpawner(ctx, func(tid int) error { moved = tid; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	for range 2 {
-		if got, err := readAllAt(f); string(got) != want || err != nil {
-			t.Fatalf("readAllAt: %d bytes, %v; want %d", len(got), err, len(want))
+	c := &childCgroup{spawn: spawn, done: done}
+	var wg sync.WaitGroup
+	tids := make([]int, 64)
+	for i := range tids {
+		wg.Go(func() {
+			runtime.LockOSThread() // a thread of the caller's own: the start must not run here
+			defer runtime.UnlockOSThread()
+			pid, err := c.startIn(func() (int, error) { tids[i] = syscall.Gettid(); return i, nil })
+			if pid != i || err != nil {
+				t.Errorf("start %d: %d, %v", i, pid, err)
+			}
+		})
+	}
+	wg.Wait()
+	for i, tid := range tids {
+		if tid != moved {
+			t.Fatalf("start %d ran on thread %d, not on the spawner's %d, which was moved", i, tid, moved)
 		}
+	}
+	stop()
+	<-done
+	if _, err := c.startIn(func() (int, error) { t.Error("a start ran after the spawner ended"); return 0, nil }); err == nil {
+		t.Error("a start after the spawner ended: no error")
+	}
+
+	refused := errors.New("no room")
+	if _, _, err := startSpawner(t.Context(), func(int) error { return refused }); !errors.Is(err, refused) {
+		t.Errorf("a spawner that could not move its thread: %v, want %v", err, refused)
 	}
 }

@@ -27,7 +27,7 @@ func TestSpareThreadsAndNoCgroup(t *testing.T) {
 	if pid != 42 || err != nil {
 		t.Fatalf("startIn without a cgroup = %d, %v", pid, err)
 	}
-	if setupChildCgroup(nil, 0, true) != nil {
+	if setupChildCgroup(t.Context(), nil, 0, true) != nil {
 		t.Fatal("a cgroup without a limit")
 	}
 }

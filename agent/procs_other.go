@@ -16,7 +16,7 @@ func peekZombie() (int, error) {
 // childCgroup is Linux-only; elsewhere children start where the agent runs.
 type childCgroup struct{}
 
-func setupChildCgroup(_ *slog.Logger, _ int, _ bool) *childCgroup { return nil }
+func setupChildCgroup(_ context.Context, _ *slog.Logger, _ int, _ bool) *childCgroup { return nil }
 
 func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) { return startFn() }
 

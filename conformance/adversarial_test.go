@@ -725,14 +725,21 @@ func testGuestLimits(t *testing.T, rep *report, d, a *deployment, id string) {
 	if d.runtime == "runsc" {
 		rep.add(t, "exhaustion", "an exec's cgroup under runsc", "the agent's pids cgroup, wb-work", strings.ReplaceAll(out, "\n", " "), strings.Contains(out, "/wb-work"))
 		// Guest root passes the cgroup files' permission checks whatever its capabilities:
-		// with the hierarchy mounted, it raised its limit and moved itself out of wb-work. By
-		// the hierarchy's paths it can no longer; the agent's open files are still reachable
-		// through /proc/1/fd (gVisor checks no ptrace access there), which this does not try.
+		// with the hierarchy mounted, it raised its limit and moved itself out of wb-work. The
+		// agent unmounts it once set up.
 		esc := a.sh(t, id, "echo 100000 > /sys/fs/cgroup/wb-work/pids.max; echo $$ > /sys/fs/cgroup/tasks; "+
 			"mkdir -p /tmp/cg; mount -t cgroup -o pids cgroup /tmp/cg; echo 100000 > /tmp/cg/wb-work/pids.max; "+
 			"echo max=$(cat /sys/fs/cgroup/wb-work/pids.max /tmp/cg/wb-work/pids.max 2>/dev/null); cat /proc/self/cgroup; true")
 		rep.add(t, "exhaustion", "guest root raising its process limit or leaving its cgroup by the hierarchy's paths, mounting it", "none of it: max= (unreachable), still in wb-work",
 			strings.ReplaceAll(esc, "\n", " "), strings.Contains(esc, "max=\n") && strings.Contains(esc, ":/wb-work"))
+		// gVisor checks no ptrace access on /proc/1/fd: guest root reopened the agent's open
+		// pids.max and root tasks files there, for writing, raised its limit (python then forked
+		// 400 children past 256) and left wb-work. Every file of the agent's that names a
+		// cgroup file is tried, each way.
+		esc = a.sh(t, id, `{ for f in /proc/1/fd/* /proc/1/task/*/fd/*; do l=$(readlink $f); case "$l" in *cgroup*|*wb-work*|*pids.*|*tasks) echo "open: $l";; esac; `+
+			`case "$l" in *pids.max) echo 100000 > $f && echo "max=$(cat $f)";; *tasks|*cgroup.procs) echo $$ > $f && echo "moved by $l";; esac; done 2>/dev/null; } | sort -u; cat /proc/self/cgroup; true`)
+		rep.add(t, "exhaustion", "guest root raising its process limit or leaving its cgroup through the agent's open files (/proc/1/fd)", "none of it: no max=, moved by, still in wb-work",
+			strings.ReplaceAll(esc, "\n", " "), !strings.Contains(esc, "max=") && !strings.Contains(esc, "moved by") && strings.Contains(esc, ":/wb-work"))
 	}
 }
 
