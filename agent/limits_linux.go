@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -65,6 +66,9 @@ type childCgroup struct {
 	base  int
 	spawn chan<- spawnRequest // to the spawner's thread
 	done  <-chan struct{}     // closed when the spawner has ended
+	// ending is set while the guard ends every process: a start then is refused as at the
+	// limit (the limit's drop to 0 refused it once; the rounds would kill it unseen).
+	ending atomic.Bool
 }
 
 // spawnRequest is one startFn for the spawner's thread to run, and where its answer goes.
@@ -95,10 +99,12 @@ func setupChildCgroup(ctx context.Context, log *slog.Logger, max int, init bool)
 		return fail("be the guest's init", errors.New("only the guest's init can end every process of a fork bomb"))
 	}
 	root := guestCgroupDir
-	if _, err := os.Stat(filepath.Join(root, "pids.max")); err == nil {
-		// Mounted by someone else, who may need it: the agent leaves it, and guest root can
-		// use it as above.
-		return fail("mount a pids cgroup at "+root, errors.New("a pids cgroup hierarchy is already mounted there, where guest root could raise its limit or leave it"))
+	if mounts, err := os.ReadFile("/proc/self/mountinfo"); err != nil {
+		return fail("read /proc/self/mountinfo", err)
+	} else if at, ok := pidsHierarchyMount(mounts); ok {
+		// Mounted by someone else, who may need it: the agent leaves it, and guest root could
+		// use it as above (a second mount of a controller is the same hierarchy).
+		return fail("mount a pids cgroup at "+root, fmt.Errorf("a pids cgroup hierarchy is already mounted at %s, where guest root could raise its limit or leave it", at))
 	}
 	if err := syscall.Mount("cgroup", root, "cgroup", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, "pids"); err != nil {
 		return fail("mount a pids cgroup at "+root, err)
@@ -133,6 +139,24 @@ func setupChildCgroup(ctx context.Context, log *slog.Logger, max int, init bool)
 	}
 	log.Info("agent: the guest's processes start in a pids cgroup", "cgroup", work, "pids_max", max)
 	return c
+}
+
+// pidsHierarchyMount answers where mountinfo (/proc/self/mountinfo's format) shows a cgroup v1
+// hierarchy with the pids controller mounted, if it does.
+func pidsHierarchyMount(mountinfo []byte) (string, bool) {
+	for line := range bytes.Lines(mountinfo) {
+		fields, super, ok := bytes.Cut(line, []byte(" - "))
+		f, s := bytes.Fields(fields), bytes.Fields(super)
+		if !ok || len(f) < 5 || len(s) < 3 || string(s[0]) != "cgroup" {
+			continue
+		}
+		for opt := range bytes.SplitSeq(s[2], []byte(",")) {
+			if string(opt) == "pids" {
+				return string(f[4]), true
+			}
+		}
+	}
+	return "", false
 }
 
 // startSpawner starts the goroutine that runs every startFn sent to spawn, on one OS thread
@@ -174,8 +198,14 @@ func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) {
 		return startFn()
 	}
 	answer := make(chan spawnAnswer, 1)
+	start := func() (int, error) { // on the spawner's thread, just before the fork
+		if c.ending.Load() {
+			return 0, fmt.Errorf("the agent is ending the guest's processes, which stayed at their limit: %w", syscall.EAGAIN)
+		}
+		return startFn()
+	}
 	select {
-	case c.spawn <- spawnRequest{startFn, answer}:
+	case c.spawn <- spawnRequest{start, answer}:
 	case <-c.done:
 		return 0, errors.New("start a process in the guest's pids cgroup: the agent is stopping")
 	}
@@ -195,7 +225,9 @@ func (c *childCgroup) guard(ctx context.Context, log *slog.Logger, idle func() i
 	bombGuard{max: c.max, every: atLimitCheck, slowest: 8 * atLimitCheck, count: count,
 		idle: func() int { return c.base + idle() }, woken: woken,
 		endAll: func(since time.Time) {
+			c.ending.Store(true)
 			n := killAll(count, c.base)
+			c.ending.Store(false)
 			log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", time.Since(since).Round(time.Millisecond), "killed", n)
 		}}.run(ctx)
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -65,6 +66,15 @@ func TestSpawnerForksFromItsThread(t *testing.T) {
 			t.Fatalf("start %d ran on thread %d, not on the spawner's %d, which was moved", i, tid, moved)
 		}
 	}
+	// While the guard ends every process, a start is refused as at the limit, not run into
+	// its kill rounds.
+	c.ending.Store(true)
+	if _, err := c.startIn(func() (int, error) { t.Error("a start ran while the guard ended every process"); return 0, nil }); !errors.Is(err, syscall.EAGAIN) {
+		t.Errorf("a start while the guard ends every process: %v, want EAGAIN", err)
+	} else if msg := startError("sh", err); !strings.Contains(msg, "process limit") {
+		t.Errorf("its message: %q", msg)
+	}
+	c.ending.Store(false)
 	stop()
 	<-done
 	if _, err := c.startIn(func() (int, error) { t.Error("a start ran after the spawner ended"); return 0, nil }); err == nil {
@@ -74,5 +84,25 @@ func TestSpawnerForksFromItsThread(t *testing.T) {
 	refused := errors.New("no room")
 	if _, _, err := startSpawner(t.Context(), func(int) error { return refused }); !errors.Is(err, refused) {
 		t.Errorf("a spawner that could not move its thread: %v, want %v", err, refused)
+	}
+}
+
+// TestPidsHierarchyMount: a pids hierarchy mounted anywhere is found (the agent's own mount
+// would be the same hierarchy, reachable there), and nothing else is taken for one.
+func TestPidsHierarchyMount(t *testing.T) {
+	for _, c := range []struct {
+		mountinfo, want string
+	}{
+		{"30 22 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n31 30 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n", ""},
+		{"31 30 0:28 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids\n", "/sys/fs/cgroup/pids"},
+		{"40 1 0:30 / /elsewhere rw shared:5 - cgroup none rw,cpu,pids,memory\n", "/elsewhere"},
+		{"41 1 0:31 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n", ""},
+		{"42 1 0:32 / /pids rw - tmpfs pids rw,pids\n", ""},
+		{"garbage\n - \n", ""},
+	} {
+		at, ok := pidsHierarchyMount([]byte(c.mountinfo))
+		if at != c.want || ok != (c.want != "") {
+			t.Errorf("%q: %q, %v; want %q", c.mountinfo, at, ok, c.want)
+		}
 	}
 }
