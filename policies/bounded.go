@@ -99,10 +99,11 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"regex.split":                      {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
 	"regex.find_n":                     {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
 	"regex.find_all_string_submatch_n": {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 4)), deep: true},
-	// matching: bounded in work, not size (regexwork.go); regex.is_valid only parses, bounded
-	// like the patterns the others take
-	"regex.match":               {estimate: regexWork(0, 1, false, nil, nil)},
-	"re_match":                  {estimate: regexWork(0, 1, false, nil, nil)},
+	// matching: bounded in work, not size (regexwork.go; one search's work is counted as it
+	// runs, regexmatch.go); regex.is_valid only parses, bounded like the patterns the others
+	// take
+	"regex.match":               {estimate: regexPattern(0)},
+	"re_match":                  {estimate: regexPattern(0)},
 	"regex.template_match":      {estimate: estimateTemplateMatch},
 	"regex.is_valid":            {estimate: estimateRegexIsValid},
 	"glob.match":                {}, // matched in linear time (globmatch.go)

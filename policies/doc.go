@@ -62,9 +62,10 @@
 //   - Time: a project's policies get Options.EvalTimeout (250 ms) per decision. A builtin
 //     call does not look at that deadline, so the builtins whose work inside one call grows
 //     faster than their operands are bounded in work before they run: regular expressions
-//     (patterns of at most 16 KiB and 65,536 instructions; instructions times text, for the
-//     all-match ones times the text again unless counting their matches first finds few,
-//     times the groups for those answering them: regexwork.go;
+//     (patterns of at most 16 KiB and 65,536 instructions; instructions times the text their
+//     searches read, counted as they run, or for the all-match ones with assertions times the
+//     whole text, and again unless counting their matches first finds few, times the groups
+//     for those answering them: regexwork.go, regexmatch.go, regexall.go;
 //     regex.is_valid's pattern at most 16 KiB; the Unicode classes of either counted from
 //     the pattern's text before parsing, and so are the ranges (?i) folds), keys and certificates (the squares of their
 //     base64 runs: keywork.go), graphql validation (a 2 KiB query), object.subset (its

@@ -25,6 +25,9 @@ func replacement(name string) topdown.BuiltinFunc {
 	if name == "glob.match" {
 		return globMatch
 	}
+	if f := regexOneReplacement(name); f != nil {
+		return f
+	}
 	return regexAllReplacement(name)
 }
 

@@ -93,11 +93,19 @@ type regexAll struct {
 	cost   int64  // one rune read's work: the instructions, times the groups plus one with groups
 	// groupsNote says, in a refusal, that the groups were counted.
 	groupsNote string
-	left       int64
-	spent      int // calls of spend, the deadline looked at every 4096
-	stop       func() bool
-	err        error
+	// single: one search (regex.match), not a search again after each match.
+	single bool
+	left   int64
+	// unchecked is the work spent since the deadline was last looked at (every
+	// deadlineWork): by work, not by reads, as one read of a large pattern is long.
+	unchecked int64
+	stop      func() bool
+	err       error
 }
+
+// deadlineWork is the work between two looks at the evaluation's deadline: a few
+// milliseconds, a 256th of maxRegexWork.
+const deadlineWork = maxRegexWork / 256
 
 // charge counts one rune read, answering false (and setting err) once the work is spent or
 // the evaluation's deadline has passed.
@@ -111,16 +119,24 @@ func (a *regexAll) spend(work int64) bool {
 	if a.err != nil {
 		return false
 	}
-	if a.left -= work; a.left < 0 {
+	if a.left -= work; a.left < 0 && a.single {
+		a.err = fmt.Errorf("a pattern of %d instructions on %d bytes of text is too much work for one call "+
+			"(its search would read more than %d runes of the text): use a shorter text or a simpler pattern",
+			a.insts, len(a.text), maxRegexWork/a.cost)
+		return false
+	} else if a.left < 0 {
 		a.err = fmt.Errorf("a pattern of %d instructions on %d bytes of text is too much work for one call "+
 			"(its searches, as this builtin searches again after each match, would read more than %d runes of the text "+
 			"or number more than %d%s): use a shorter text or a simpler pattern",
 			a.insts, len(a.text), maxRegexAllWork/a.cost, maxRegexAllWork/searchWork, a.groupsNote)
 		return false
 	}
-	if a.spent++; a.spent%4096 == 0 && a.stop() {
-		a.err = errTimedOut
-		return false
+	if a.unchecked += work; a.unchecked >= deadlineWork {
+		a.unchecked = 0
+		if a.stop() {
+			a.err = errTimedOut
+			return false
+		}
 	}
 	return true
 }

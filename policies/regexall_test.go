@@ -100,7 +100,8 @@ func TestRegexAllAnswersAsOPA(t *testing.T) {
 	}
 }
 
-// FuzzRegexAllAsOPA: wb's all-match builtins answer what OPA's do for any pattern and text.
+// FuzzRegexAllAsOPA: wb's all-match builtins, and its single search, answer what OPA's do for
+// any pattern and text.
 func FuzzRegexAllAsOPA(f *testing.F) {
 	f.Add("a*", "baaab", "x", -1)
 	f.Add(`(\w+)=(\w*)`, "k=v x= =y", "$2$1", 2)
@@ -114,6 +115,7 @@ func FuzzRegexAllAsOPA(f *testing.F) {
 			return
 		}
 		compareRegexAll(t, pattern, text, value, n%8)
+		compareRegexMatch(t, pattern, text)
 	})
 }
 

@@ -354,6 +354,15 @@ func regexWork(pattern, text int, all bool, groups func(ops []*ast.Term) bool, e
 	}
 }
 
+// regexPattern refuses operand pattern (a builtin's pattern, for one search: its work is
+// counted as it runs, regexmatch.go) when too long or too large to compile.
+func regexPattern(pattern int) sizeFunc {
+	return func(ops []*ast.Term, _ int64, _ func() bool) (int64, error) {
+		_, _, _, err := checkRegexPattern(str(ops, pattern))
+		return 0, err
+	}
+}
+
 // allGroups: the call always tracks the groups' positions. So do all the builtins that answer
 // every match, whatever they answer: OPA's run regexp's FindAll, which asks for every group
 // (regex.replace too: with a cancellation, as every evaluation has, it runs
@@ -424,7 +433,7 @@ func namedRefs(value string) int64 {
 	}
 }
 
-// estimateTemplateMatch checks regex.template_match's work: its pattern is made of the
+// estimateTemplateMatch checks regex.template_match's pattern, made of the
 // template (its literal parts quoted, its delimited parts as they are).
 func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, error) {
 	tpl, start, end := str(ops, 0), str(ops, 2), str(ops, 3)
@@ -435,7 +444,8 @@ func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, erro
 	if !ok {
 		return 0, nil // the builtin reports it
 	}
-	return 0, checkRegex(pattern, str(ops, 1), false, false)
+	_, _, _, err := checkRegexPattern(pattern) // its search's work is counted as it runs (regexmatch.go)
+	return 0, err
 }
 
 // checkRegex refuses a pattern too long or too large to compile, or too much work on text;
@@ -444,14 +454,7 @@ func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, erro
 // empty text 1 s), so that each instruction counts once for each group, and once for the
 // match.
 func checkRegex(pattern, text string, all, groups bool) error {
-	if len(pattern) > maxRegexPattern {
-		return fmt.Errorf("a pattern of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
-			len(pattern), maxRegexPattern)
-	}
-	if err := checkRegexClasses(pattern); err != nil {
-		return err
-	}
-	insts, caps, free, err := regexInsts(pattern)
+	insts, caps, free, err := checkRegexPattern(pattern)
 	if err != nil {
 		return err
 	}
@@ -474,6 +477,19 @@ func checkRegex(pattern, text string, all, groups bool) error {
 		return err
 	}
 	return nil
+}
+
+// checkRegexPattern refuses a pattern too long or too large to compile, else answers
+// regexInsts's.
+func checkRegexPattern(pattern string) (insts, groups int64, free bool, _ error) {
+	if len(pattern) > maxRegexPattern {
+		return 0, 1, false, fmt.Errorf("a pattern of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
+			len(pattern), maxRegexPattern)
+	}
+	if err := checkRegexClasses(pattern); err != nil {
+		return 0, 1, false, err
+	}
+	return regexInsts(pattern)
 }
 
 // checkRegexWork refuses insts instructions of pattern on text when their work could pass

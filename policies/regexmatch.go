@@ -1,0 +1,159 @@
+package policies
+
+import (
+	"regexp"
+	"regexp/syntax"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/topdown"
+)
+
+// The builtins that make one search (regex.match, re_match, regex.template_match) were
+// refused on their worst case, the pattern's instructions times the text's length, before
+// they ran: a list of a few hundred commands matched at a command line's start, or a flag
+// looked for in a long text where it comes first, was refused although its search reads a
+// few runes. Go's regexp matching an io.RuneReader runs its NFA from the text's start and
+// stops at the first match, or once no thread is left (an anchored pattern that failed), so
+// when the worst case passes maxRegexWork the search runs here on a workReader, charged
+// what it reads: it is refused once that passes maxRegexWork, or at the evaluation's
+// deadline. A search from the text's start sees the assertions (^, $, \b) as the string
+// search does, so any pattern is taken; one without assertions starts at its literal
+// prefix's first occurrence, as regexp's string search skips to it.
+
+// oneSearch answers the counted search of pattern over text when it is to run here (nil:
+// OPA's builtin runs); stop: whether the evaluation's deadline has passed.
+type oneSearch func(pattern, text string, stop func() bool) *regexAll
+
+// newRegexOne answers the counted search of pattern over text when the pattern compiles and
+// its worst case passes maxRegexWork (else OPA's builtin runs, within that bound: its string
+// search skips ahead and backtracks, faster than the NFA on a reader).
+func newRegexOne(pattern, text string, stop func() bool) *regexAll {
+	return regexOneOf(pattern, text, stop, false)
+}
+
+// measuredRegexOne is newRegexOne whatever the pattern's worst case.
+func measuredRegexOne(pattern, text string, stop func() bool) *regexAll {
+	return regexOneOf(pattern, text, stop, true)
+}
+
+func regexOneOf(pattern, text string, stop func() bool, always bool) *regexAll {
+	insts, _, free, err := regexInsts(pattern)
+	if err != nil || insts == 0 {
+		return nil // the estimate refused it, or it does not compile: OPA's builtin reports it
+	}
+	if !always && insts*(int64(len(text))+1) <= maxRegexWork {
+		return nil
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil
+	}
+	a := &regexAll{re: re, text: text, insts: insts, cost: insts, left: maxRegexWork, stop: stop, single: true}
+	if free {
+		a.prefix, _ = re.LiteralPrefix()
+	}
+	return a
+}
+
+// match answers whether a's pattern matches its text, reading it through a workReader; or
+// a.err once the work is spent or the deadline has passed.
+func (a *regexAll) match() (bool, error) {
+	text := a.text
+	// Every match starts with the literal prefix, and a pattern without assertions matches
+	// from an offset as in the text starting there.
+	if a.prefix != "" {
+		i := strings.Index(text, a.prefix)
+		if i < 0 {
+			return false, nil
+		}
+		text = text[i:]
+	}
+	ok := a.re.MatchReader(&workReader{text: text, work: a})
+	if a.err != nil {
+		return false, a.err
+	}
+	return ok, nil
+}
+
+// regexOneReplacement answers wb's implementation of the single-search builtin name (nil:
+// name is not one), which runs OPA's for the calls it does not take.
+func regexOneReplacement(name string) topdown.BuiltinFunc {
+	orig := topdown.GetBuiltin(name)
+	if orig == nil {
+		return nil
+	}
+	switch name {
+	case ast.RegexMatch.Name, ast.RegexMatchDeprecated.Name:
+		return regexMatch(name, orig, newRegexOne)
+	case ast.RegexTemplateMatch.Name:
+		return regexTemplateMatch(orig, newRegexOne)
+	}
+	return nil
+}
+
+// regexMatch is regex.match(pattern, text) (and re_match, under name): regexp's MatchString.
+func regexMatch(name string, orig topdown.BuiltinFunc, take oneSearch) topdown.BuiltinFunc {
+	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
+		ops, ok := stringOps(operands, 2)
+		if !ok {
+			return orig(bctx, operands, iter)
+		}
+		a := take(ops[0], ops[1], stopOf(bctx))
+		if a == nil {
+			return orig(bctx, operands, iter)
+		}
+		matched, err := a.match()
+		if err != nil {
+			return halted(name, err)
+		}
+		return iter(ast.InternedTerm(matched))
+	}
+}
+
+// regexTemplateMatch is regex.template_match(template, text, start, end): the pattern made
+// of the template (templatePattern) matched against text. OPA's builtin answers the calls
+// whose template it refuses: delimiters not one byte, or not balanced, or a delimited part
+// that does not compile alone (OPA compiles each).
+func regexTemplateMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.BuiltinFunc {
+	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
+		ops, ok := stringOps(operands, 4)
+		if !ok || len(ops[2]) != 1 || len(ops[3]) != 1 {
+			return orig(bctx, operands, iter)
+		}
+		pattern, ok := templatePattern(ops[0], ops[2][0], ops[3][0])
+		if !ok || !templatePartsParse(ops[0], ops[2][0], ops[3][0]) {
+			return orig(bctx, operands, iter)
+		}
+		a := take(pattern, ops[1], stopOf(bctx))
+		if a == nil {
+			return orig(bctx, operands, iter)
+		}
+		matched, err := a.match()
+		if err != nil {
+			return halted(ast.RegexTemplateMatch.Name, err)
+		}
+		return iter(ast.InternedTerm(matched))
+	}
+}
+
+// templatePartsParse reports whether each delimited part of tpl parses alone, as OPA's
+// builtin compiles it ("^part$"), which refuses the template when one does not.
+func templatePartsParse(tpl string, start, end byte) bool {
+	level, from := 0, 0
+	for i := range len(tpl) {
+		switch tpl[i] {
+		case start:
+			if level++; level == 1 {
+				from = i
+			}
+		case end:
+			if level--; level == 0 {
+				if _, err := syntax.Parse("^"+tpl[from+1:i]+"$", syntax.Perl); err != nil {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,173 @@
+package policies
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/topdown"
+)
+
+// regexMatchNames are the builtins that make one search.
+var regexMatchNames = []string{ast.RegexMatch.Name, ast.RegexMatchDeprecated.Name}
+
+// compareRegexMatch calls regex.match and re_match on pattern and text as wb (its search
+// counted whatever the pattern's worst case) and as OPA, and reports any difference.
+func compareRegexMatch(t *testing.T, pattern, text string) {
+	t.Helper()
+	ops := []*ast.Term{ast.StringTerm(pattern), ast.StringTerm(text)}
+	for _, name := range regexMatchNames {
+		want, werr := callBuiltin(topdown.GetBuiltin(name), topdown.BuiltinContext{}, ops)
+		got, gerr := callBuiltin(regexMatch(name, topdown.GetBuiltin(name), measuredRegexOne), topdown.BuiltinContext{}, ops)
+		if (werr != nil) != (gerr != nil) || werr == nil && !got.Equal(want) {
+			t.Errorf("%s(%q, %q) = %v, %v; OPA answers %v, %v", name, pattern, text, got, gerr, want, werr)
+		}
+	}
+}
+
+// compareTemplateMatch calls regex.template_match as wb (counted) and as OPA.
+func compareTemplateMatch(t *testing.T, tpl, text, start, end string) {
+	t.Helper()
+	ops := []*ast.Term{ast.StringTerm(tpl), ast.StringTerm(text), ast.StringTerm(start), ast.StringTerm(end)}
+	name := ast.RegexTemplateMatch.Name
+	want, werr := callBuiltin(topdown.GetBuiltin(name), topdown.BuiltinContext{}, ops)
+	got, gerr := callBuiltin(regexTemplateMatch(topdown.GetBuiltin(name), measuredRegexOne), topdown.BuiltinContext{}, ops)
+	if (werr != nil) != (gerr != nil) || werr == nil && !got.Equal(want) {
+		t.Errorf("%s(%q, %q, %q, %q) = %v, %v; OPA answers %v, %v", name, tpl, text, start, end, got, gerr, want, werr)
+	}
+}
+
+// TestRegexMatchAnswersAsOPA: wb's single search, run on a reader from the text's start (or
+// from its literal prefix's first occurrence, for a pattern without assertions), answers what
+// OPA's regex.match does: assertions at the text's ends and at word boundaries, several-byte
+// runes and invalid UTF-8, empty matches, and patterns that do not compile.
+func TestRegexMatchAnswersAsOPA(t *testing.T) {
+	patterns := []string{"", "a", "a*", "a+", "ab|a", ".*b|a", "(a)(b)?", "日", ".", "(?s).", `\pL+`, "(?i)A", `\x{FFFD}`,
+		"[^a]", "b", "ba*", "日本", "abc|abd", "--[a-z-]+=\\S+", "x", "xyz", "aXb",
+		"^a", "a$", "^$", "^", "$", `\bfoo`, `foo\b`, `\B`, `\Ba`, "(?m)^a$", "(?m)^b", `\Aa`, `a\z`, `^[a-z]+$`, `^\s*$`,
+		`(?m)^\s*x`, `\bb`, "ab$", "b$", `^日`, `本$`, `\bbar\b`, "(?i)^FOO", "(", "a{2,3}", `[[:alpha:]]+$`}
+	texts := []string{"", "a", "aaa", "ab", "abab", "baaab", "日本語", "日a本", "\xff", "a\xffb", "\xe6\x97", "\ufffd",
+		"a\ufffd\xff", "foo bar", "xfoo", "foox", "\n\na\n", "b\nb", "aXbXc", "abd", "--a=b", "日本x日本日", "FOO", "xyz",
+		"a b", " a", "a\n"}
+	for _, p := range patterns {
+		for _, s := range texts {
+			compareRegexMatch(t, p, s)
+		}
+	}
+	for _, c := range [][4]string{
+		{"urn:foo:{.*}", "urn:foo:bar:baz", "{", "}"},
+		{"urn:foo:{.*}", "urn:foo:", "{", "}"},
+		{"urn:foo.bar.com:{.*}", "urn:foo.bar.com:bar:baz", "{", "}"},
+		{"urn:foo.bar.com:{.*}", "urn:fooXbar.com:bar:baz", "{", "}"},
+		{"urn:foo.bar.com:{.*}", "urn:foo.bar.com:bar:baz", "[", "]"},
+		{"urn:foo:<[a-z]+>:<[0-9]{2}>", "urn:foo:ab:12", "<", ">"},
+		{"urn:foo:<[a-z]+>:<[0-9]{2}>", "urn:foo:ab:123", "<", ">"},
+		{"a<)(>b", "a)(b", "<", ">"},
+		{"a<x>b<", "axb", "<", ">"},
+		{"a{x}b", "axb", "{{", "}"},
+		{"{\\b}x", "x", "{", "}"},
+	} {
+		compareTemplateMatch(t, c[0], c[1], c[2], c[3])
+	}
+}
+
+// FuzzRegexMatchAsOPA: wb's single search answers what OPA's regex.match does for any pattern
+// and text.
+func FuzzRegexMatchAsOPA(f *testing.F) {
+	f.Add("^a", "baaab")
+	f.Add(`\bfoo\b`, "a foo")
+	f.Add(`\x{FFFD}|.$`, "a\xff\xe6\x97\ufffd")
+	f.Add("(?m)^b$", "a\nb\n")
+	f.Fuzz(func(t *testing.T, pattern, text string) {
+		if len(pattern) > 64 || len(text) > 512 {
+			return
+		}
+		compareRegexMatch(t, pattern, text)
+	})
+}
+
+// TestRegexMatchCountsItsSearch: regex.match was refused on its worst case (the pattern's
+// instructions times the text's length) before it ran, so a policy denying a list of 200
+// commands at a command line's start, on a 64 KiB heredoc, was refused although its search
+// reads a few runes; and so was a flag looked for in a 4 MiB text where it comes first. Its
+// search now runs counting what it reads.
+func TestRegexMatchCountsItsSearch(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second}) // a loaded machine under -race is slow
+	names := []string{"curl", "wget", "nc", "ncat", "socat", "telnet", "ssh", "scp"}
+	// Names that share no prefix with their neighbours, which the parser would factor out.
+	for i, x := 0, uint32(7); i < 192; i++ {
+		b := make([]byte, 6+i%5)
+		for j := range b {
+			x = x*1664525 + 1013904223
+			b[j] = 'a' + byte(x>>24)%26
+		}
+		names = append(names, string(b))
+	}
+	denied := "^(?:" + strings.Join(names, "|") + `)\b`
+	heredoc := "python3 - <<'EOF'\n" + strings.Repeat("print('the answer is', 6*7)\n", 64<<10/28) + "EOF"
+	flagged := "--token=abc " + strings.Repeat("python3 -c 'print(6*7)' ", 4<<20/24)
+	flag := `(?:--password|--token|--secret)=\S+`
+	for _, c := range []struct {
+		name, pattern, text string
+		deny                bool
+	}{
+		{"denylist", denied, heredoc, false},
+		{"denylist_hit", denied, "wget " + heredoc, true},
+		{"flag", flag, flagged, true},
+	} {
+		if err := checkRegex(c.pattern, c.text, false, false); err == nil {
+			t.Fatalf("%s: the worst case fits the bound: not a test of the counted search", c.name)
+		}
+		project := "proj_regex_match_" + c.name
+		src := "package wb.admission\n\ndeny contains \"matched\" if regex.match(input.request.metadata.pattern, input.request.metadata.text)\n"
+		if _, err := e.Put(ctx, project, "match", src, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		d, err := e.Admit(ctx, admission(project, 2, map[string]string{"pattern": c.pattern, "text": c.text}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.deny && (d.Allow || len(d.Reasons) != 1 || d.Reasons[0] != "pol_match@1: matched") || !c.deny && !d.Allow {
+			t.Errorf("%s: regex.match of a %d-byte pattern on %d bytes: %+v, want deny %v for the match", c.name,
+				len(c.pattern), len(c.text), d, c.deny)
+		}
+		t.Logf("%s: %v", c.name, time.Since(start))
+	}
+}
+
+// TestRegexMatchRefusesRealWork: a pattern of 12,288 optional atoms on 64 KiB of a's (the NFA
+// steps its 24,000 threads at each byte: seconds in one call) is refused once its search has
+// read its bound's worth, saying why; and at the evaluation's deadline, which the search looks
+// at as it reads.
+func TestRegexMatchRefusesRealWork(t *testing.T) {
+	ops := []*ast.Term{ast.StringTerm(strings.Repeat("a?", 12288) + "b"), ast.StringTerm(strings.Repeat("a", 64<<10))}
+	f := regexMatch(ast.RegexMatch.Name, topdown.GetBuiltin(ast.RegexMatch.Name), newRegexOne)
+	start := time.Now()
+	_, err := callBuiltin(f, topdown.BuiltinContext{}, ops)
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "too much work for one call (its search would read more than") {
+		t.Errorf("12,288 optional atoms on 64 KiB: %v, want it refused for its work", err)
+	}
+	// About a second, 8 s under the race detector on a loaded machine.
+	if took > 40*time.Second {
+		t.Errorf("refused after %v", took)
+	}
+	t.Logf("refused in %v: %v", took, err)
+
+	cancel := topdown.NewCancel()
+	cancel.Cancel()
+	start = time.Now()
+	_, err = callBuiltin(f, topdown.BuiltinContext{Cancel: cancel}, ops)
+	took = time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "timed out") {
+		t.Errorf("past the deadline: %v, want it timed out", err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("past the deadline: stopped after %v", took)
+	}
+	t.Logf("past the deadline: stopped in %v", took)
+}
