@@ -73,11 +73,15 @@ var forbiddenBuiltins = map[string]string{
 type sizeFunc func(ops []*ast.Term, limit int64, stop func() bool) (int64, error)
 
 // boundedBuiltin is how one builtin is bounded: an estimate before the call (nil: operands'
-// size bounds the output), and whether its output is fresh all the way down (charged in full)
-// rather than sharing its operands' terms (charged for its top level).
+// size bounds the output), whether its output is fresh all the way down (charged in full)
+// rather than sharing its operands' terms (charged for its top level), and whether it takes
+// a regex pattern.
 type boundedBuiltin struct {
 	estimate sizeFunc
 	deep     bool
+	// patterns: a regex builtin, whose implementation (regexall.go, regexmatch.go) checks its
+	// pattern's size and work itself, with the evaluation's regexCache.
+	patterns bool
 }
 
 // boundedBuiltins are the builtins replaced by bounded versions.
@@ -87,7 +91,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"concat":                   {estimate: estimateConcat},
 	"replace":                  {estimate: estimateReplace},
 	"strings.replace_n":        {estimate: estimateReplaceN},
-	"regex.replace":            {estimate: regexWork(1, 0, true, allGroups, estimateRegexExpand(estimateRegexReplace))},
+	"regex.replace":            {estimate: estimateRegexReplace, patterns: true},
 	"internal.template_string": {estimate: textOf(1, false, 0)},
 	"upper":                    {}, "lower": {}, "trim": {}, "trim_left": {}, "trim_right": {},
 	"trim_prefix": {}, "trim_suffix": {}, "trim_space": {}, "strings.reverse": {}, "substring": {},
@@ -96,15 +100,15 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	// for each match, charged whole, its strings, the text's, counted again)
 	"split":                            {estimate: estimateSplit},
 	"strings.split_n":                  {estimate: estimateSplit},
-	"regex.split":                      {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
-	"regex.find_n":                     {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 1))},
-	"regex.find_all_string_submatch_n": {estimate: regexWork(0, 1, true, allGroups, piecesOf(1, 4)), deep: true},
+	"regex.split":                      {estimate: piecesOf(1, 1), patterns: true},
+	"regex.find_n":                     {estimate: piecesOf(1, 1), patterns: true},
+	"regex.find_all_string_submatch_n": {estimate: piecesOf(1, 4), deep: true, patterns: true},
 	// matching: bounded in work, not size (regexwork.go; one search's work is counted as it
 	// runs, regexmatch.go); regex.is_valid only parses, bounded like the patterns the others
 	// take
-	"regex.match":               {estimate: regexPattern(0)},
-	"re_match":                  {estimate: regexPattern(0)},
-	"regex.template_match":      {estimate: estimateTemplateMatch},
+	"regex.match":               {patterns: true},
+	"re_match":                  {patterns: true},
+	"regex.template_match":      {patterns: true},
 	"regex.is_valid":            {estimate: estimateRegexIsValid},
 	"glob.match":                {}, // matched in linear time (globmatch.go)
 	"indexof_n":                 {estimate: piecesOf(0, 1)},
@@ -425,6 +429,8 @@ func boundedFunctionsCharging(budgetFor func(context.Context) *budget) []func(*r
 type budget struct {
 	left  atomic.Int64
 	limit int64
+	// regex holds the evaluation's regex patterns, checked and compiled once.
+	regex regexCache
 }
 
 type budgetKey struct{}
@@ -487,6 +493,9 @@ func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBui
 		}
 		left := b.left.Load()
 		stop := func() bool { return bctx.Cancel != nil && bctx.Cancel.Cancelled() }
+		if bb.patterns {
+			bctx.Context = withRegexCache(bctx.Context, &b.regex)
+		}
 		if bb.estimate != nil {
 			est, err := bb.estimate(ops, left, stop)
 			if err != nil {

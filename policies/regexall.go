@@ -216,31 +216,31 @@ func (a *regexAll) each(n int, deliver func(loc []int)) error {
 	return nil
 }
 
-// allSearches answers the searches of pattern over text when they are to run here (nil: OPA's
+// allSearches answers the searches of p over text when they are to run here (nil: OPA's
 // builtin runs); groups: they answer the groups' positions; stop: whether the evaluation's
 // deadline has passed.
-type allSearches func(pattern, text string, groups bool, stop func() bool) *regexAll
+type allSearches func(p *regexProgram, text string, groups bool, stop func() bool) *regexAll
 
-// newRegexAll answers the searches of pattern over text when the pattern compiles, has no
+// newRegexAll answers the searches of p over text when the pattern compiles, has no
 // assertion, and its worst case passes maxRegexWork (else OPA's builtin runs, within that
 // bound).
-func newRegexAll(pattern, text string, groups bool, stop func() bool) *regexAll {
-	return regexAllOf(pattern, text, groups, stop, false)
+func newRegexAll(p *regexProgram, text string, groups bool, stop func() bool) *regexAll {
+	return regexAllOf(p, text, groups, stop, false)
 }
 
 // measuredRegexAll is newRegexAll whatever the pattern's worst case.
-func measuredRegexAll(pattern, text string, groups bool, stop func() bool) *regexAll {
-	return regexAllOf(pattern, text, groups, stop, true)
+func measuredRegexAll(p *regexProgram, text string, groups bool, stop func() bool) *regexAll {
+	return regexAllOf(p, text, groups, stop, true)
 }
 
-func regexAllOf(pattern, text string, groups bool, stop func() bool, always bool) *regexAll {
-	insts, caps, free, err := regexInsts(pattern)
-	if err != nil || !free || insts == 0 {
+func regexAllOf(p *regexProgram, text string, groups bool, stop func() bool, always bool) *regexAll {
+	if p.err != nil || !p.free || p.insts == 0 {
 		return nil
 	}
+	insts, caps := p.insts, p.caps
 	// Within the bound whatever its matches: OPA's builtin, whose string search skips ahead
 	// to a literal prefix and backtracks on short texts, is faster. It tracks every group's
-	// positions (allGroups); these searches only when they are answered.
+	// positions (regexProgram.check); these searches only when they are answered.
 	if n, all := int64(len(text))+1, insts*caps; !always && all*n <= maxRegexWork && all*n*n <= maxRegexWork {
 		return nil
 	}
@@ -248,8 +248,8 @@ func regexAllOf(pattern, text string, groups bool, stop func() bool, always bool
 	if groups {
 		cost *= caps
 	}
-	re, err := regexp.Compile(pattern)
-	if err != nil {
+	re := p.compiled()
+	if re == nil {
 		return nil
 	}
 	prefix, _ := re.LiteralPrefix()
@@ -281,6 +281,17 @@ func regexAllReplacement(name string) topdown.BuiltinFunc {
 		return wrap(orig, newRegexAll)
 	}
 	return nil
+}
+
+// searchesOf checks the work of the all-match builtin name's pattern on text, with the
+// pattern made once for the evaluation (regexCacheOf), and answers its counted searches
+// (nil: OPA's builtin runs), or the refusal.
+func searchesOf(bctx topdown.BuiltinContext, name, pattern, text string, groups bool, take allSearches) (*regexAll, *regexProgram, error) {
+	p := regexCacheOf(bctx.Context).program(pattern)
+	if err := p.check(text, true, true); err != nil {
+		return nil, p, halted(name, err)
+	}
+	return take(p, text, groups, stopOf(bctx)), p, nil
 }
 
 // stopOf answers whether bctx's evaluation is cancelled (its deadline passed).
@@ -316,7 +327,10 @@ func regexSplit(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 			return orig(bctx, operands, iter)
 		}
 		pattern, s := ops[0], ops[1]
-		a := take(pattern, s, false, stopOf(bctx))
+		a, _, err := searchesOf(bctx, ast.RegexSplit.Name, pattern, s, false, take)
+		if err != nil {
+			return err
+		}
 		if a == nil {
 			return orig(bctx, operands, iter)
 		}
@@ -325,7 +339,7 @@ func regexSplit(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 		}
 		var pieces []*ast.Term
 		beg, end := 0, 0
-		err := a.each(-1, func(loc []int) {
+		err = a.each(-1, func(loc []int) {
 			end = loc[0]
 			if loc[1] != 0 {
 				pieces = append(pieces, ast.StringTerm(s[beg:end]))
@@ -343,24 +357,29 @@ func regexSplit(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 }
 
 // findNOperands reads the operands (pattern, text, n) of find_n and
-// find_all_string_submatch_n and takes their counted searches: a nil when OPA's builtin must
-// answer (an operand of another type, or searches the counted path does not take).
-func findNOperands(bctx topdown.BuiltinContext, operands []*ast.Term, take allSearches, groups bool) (*regexAll, string, int) {
+// find_all_string_submatch_n (name), checks their work and takes their counted searches: a
+// nil when OPA's builtin must answer (an operand of another type, or searches the counted
+// path does not take).
+func findNOperands(bctx topdown.BuiltinContext, name string, operands []*ast.Term, take allSearches, groups bool) (*regexAll, string, int, error) {
 	ops, ok := stringOps(operands, 2)
 	if !ok {
-		return nil, "", 0
+		return nil, "", 0, nil
 	}
 	n, err := builtins.IntOperand(operands[2].Value, 3)
 	if err != nil {
-		return nil, "", 0
+		return nil, "", 0, nil
 	}
-	return take(ops[0], ops[1], groups, stopOf(bctx)), ops[1], n
+	a, _, err := searchesOf(bctx, name, ops[0], ops[1], groups, take)
+	return a, ops[1], n, err
 }
 
 // regexFindN is regex.find_n(pattern, text, n): regexp's FindAllString(text, n).
 func regexFindN(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc {
 	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
-		a, s, n := findNOperands(bctx, operands, take, false)
+		a, s, n, err := findNOperands(bctx, ast.RegexFind.Name, operands, take, false)
+		if err != nil {
+			return err
+		}
 		if a == nil {
 			return orig(bctx, operands, iter)
 		}
@@ -376,13 +395,16 @@ func regexFindN(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 // FindAllStringSubmatch(text, n), a group that did not take part as "".
 func regexFindAllSubmatch(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc {
 	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
-		a, s, n := findNOperands(bctx, operands, take, true)
+		a, s, n, err := findNOperands(bctx, ast.RegexFindAllStringSubmatch.Name, operands, take, true)
+		if err != nil {
+			return err
+		}
 		if a == nil {
 			return orig(bctx, operands, iter)
 		}
 		groups := a.re.NumSubexp() + 1
 		var found []*ast.Term
-		err := a.each(n, func(loc []int) {
+		err = a.each(n, func(loc []int) {
 			inner := make([]*ast.Term, groups)
 			for j := range inner {
 				if loc[2*j] >= 0 {
@@ -410,13 +432,19 @@ func regexReplace(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFun
 			return orig(bctx, operands, iter)
 		}
 		s, value := ops[0], ops[2]
-		a := take(ops[1], s, dollarIn(2)(operands), stopOf(bctx))
+		a, p, err := searchesOf(bctx, ast.RegexReplace.Name, ops[1], s, dollarIn(2)(operands), take)
+		if err != nil {
+			return err
+		}
+		if err := checkRegexExpand(value, s, p.caps); err != nil {
+			return halted(ast.RegexReplace.Name, err)
+		}
 		if a == nil {
 			return orig(bctx, operands, iter)
 		}
 		var out []byte
 		last := 0
-		err := a.each(-1, func(loc []int) {
+		err = a.each(-1, func(loc []int) {
 			out = append(out, s[last:loc[0]]...)
 			out = a.re.ExpandString(out, value, s, loc)
 			last = loc[1]

@@ -191,7 +191,7 @@ func TestRegexAllSeldomMatches(t *testing.T) {
 		{ast.RegexFind.Name, []*ast.Term{ast.StringTerm(`\s--[a-z-]+=\S+`), ast.StringTerm(long), ast.IntNumberTerm(-1)},
 			ast.ArrayTerm(ast.StringTerm(" --token=abc"))},
 	} {
-		if a := newRegexAll(string(c.ops[0].Value.(ast.String)), string(c.ops[1].Value.(ast.String)), false, func() bool { return false }); a == nil {
+		if a := newRegexAll(newRegexProgram(string(c.ops[0].Value.(ast.String))), string(c.ops[1].Value.(ast.String)), false, func() bool { return false }); a == nil {
 			t.Errorf("%s(%.20v…): OPA's builtin runs, want the counted searches", c.name, c.ops[0])
 		}
 		start := time.Now()

@@ -1,7 +1,6 @@
 package policies
 
 import (
-	"regexp"
 	"regexp/syntax"
 	"strings"
 
@@ -21,39 +20,48 @@ import (
 // search does, so any pattern is taken; one without assertions starts at its literal
 // prefix's first occurrence, as regexp's string search skips to it.
 
-// oneSearch answers the counted search of pattern over text when it is to run here (nil:
-// OPA's builtin runs); stop: whether the evaluation's deadline has passed.
-type oneSearch func(pattern, text string, stop func() bool) *regexAll
+// oneSearch answers the counted search of p over text when it is to run here (nil: OPA's
+// builtin runs); stop: whether the evaluation's deadline has passed.
+type oneSearch func(p *regexProgram, text string, stop func() bool) *regexAll
 
-// newRegexOne answers the counted search of pattern over text when the pattern compiles and
-// its worst case passes maxRegexWork (else OPA's builtin runs, within that bound: its string
+// newRegexOne answers the counted search of p over text when the pattern compiles and its
+// worst case passes maxRegexWork (else OPA's builtin runs, within that bound: its string
 // search skips ahead and backtracks, faster than the NFA on a reader).
-func newRegexOne(pattern, text string, stop func() bool) *regexAll {
-	return regexOneOf(pattern, text, stop, false)
+func newRegexOne(p *regexProgram, text string, stop func() bool) *regexAll {
+	return regexOneOf(p, text, stop, false)
 }
 
 // measuredRegexOne is newRegexOne whatever the pattern's worst case.
-func measuredRegexOne(pattern, text string, stop func() bool) *regexAll {
-	return regexOneOf(pattern, text, stop, true)
+func measuredRegexOne(p *regexProgram, text string, stop func() bool) *regexAll {
+	return regexOneOf(p, text, stop, true)
 }
 
-func regexOneOf(pattern, text string, stop func() bool, always bool) *regexAll {
-	insts, _, free, err := regexInsts(pattern)
-	if err != nil || insts == 0 {
-		return nil // the estimate refused it, or it does not compile: OPA's builtin reports it
+func regexOneOf(p *regexProgram, text string, stop func() bool, always bool) *regexAll {
+	if p.err != nil || p.insts == 0 {
+		return nil // refused, or it does not compile: OPA's builtin reports it
 	}
-	if !always && insts*(int64(len(text))+1) <= maxRegexWork {
+	if !always && p.insts*(int64(len(text))+1) <= maxRegexWork {
 		return nil
 	}
-	re, err := regexp.Compile(pattern)
-	if err != nil {
+	re := p.compiled()
+	if re == nil {
 		return nil
 	}
-	a := &regexAll{re: re, text: text, insts: insts, cost: insts, left: maxRegexWork, stop: stop, single: true}
-	if free {
+	a := &regexAll{re: re, text: text, insts: p.insts, cost: p.insts, left: maxRegexWork, stop: stop, single: true}
+	if p.free {
 		a.prefix, _ = re.LiteralPrefix()
 	}
 	return a
+}
+
+// searchOf checks the single-search builtin name's pattern, made once for the evaluation
+// (regexCacheOf), and answers its counted search (nil: OPA's builtin runs), or the refusal.
+func searchOf(bctx topdown.BuiltinContext, name, pattern, text string, take oneSearch) (*regexAll, error) {
+	p := regexCacheOf(bctx.Context).program(pattern)
+	if p.err != nil {
+		return nil, halted(name, p.err)
+	}
+	return take(p, text, stopOf(bctx)), nil
 }
 
 // match answers whether a's pattern matches its text, reading it through a workReader; or
@@ -99,7 +107,10 @@ func regexMatch(name string, orig topdown.BuiltinFunc, take oneSearch) topdown.B
 		if !ok {
 			return orig(bctx, operands, iter)
 		}
-		a := take(ops[0], ops[1], stopOf(bctx))
+		a, err := searchOf(bctx, name, ops[0], ops[1], take)
+		if err != nil {
+			return err
+		}
 		if a == nil {
 			return orig(bctx, operands, iter)
 		}
@@ -122,11 +133,14 @@ func regexTemplateMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.Builti
 			return orig(bctx, operands, iter)
 		}
 		pattern, ok := templatePattern(ops[0], ops[2][0], ops[3][0])
-		if !ok || !templatePartsParse(ops[0], ops[2][0], ops[3][0]) {
+		if !ok {
 			return orig(bctx, operands, iter)
 		}
-		a := take(pattern, ops[1], stopOf(bctx))
-		if a == nil {
+		a, err := searchOf(bctx, ast.RegexTemplateMatch.Name, pattern, ops[1], take)
+		if err != nil {
+			return err
+		}
+		if a == nil || !templatePartsParse(ops[0], ops[2][0], ops[3][0]) {
 			return orig(bctx, operands, iter)
 		}
 		matched, err := a.match()

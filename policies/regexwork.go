@@ -1,12 +1,14 @@
 package policies
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"regexp"
 	"regexp/syntax"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 
@@ -339,37 +341,6 @@ const maxRegexWork = 1 << 26
 // maxRegexWork (about 2 s under the race detector, where maxRegexWork's whole took 8 s).
 const maxMatchCount = maxRegexWork / 4
 
-// regexWork wraps est (nil: none) with the work check of a pattern (operand pattern) on a
-// text (operand text); all: the builtin searches again after each match; groups (nil: never):
-// whether the call tracks the positions of the pattern's groups.
-func regexWork(pattern, text int, all bool, groups func(ops []*ast.Term) bool, est sizeFunc) sizeFunc {
-	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
-		if err := checkRegex(str(ops, pattern), str(ops, text), all, groups != nil && groups(ops)); err != nil {
-			return 0, err
-		}
-		if est == nil {
-			return 0, nil
-		}
-		return est(ops, limit, stop)
-	}
-}
-
-// regexPattern refuses operand pattern (a builtin's pattern, for one search: its work is
-// counted as it runs, regexmatch.go) when too long or too large to compile.
-func regexPattern(pattern int) sizeFunc {
-	return func(ops []*ast.Term, _ int64, _ func() bool) (int64, error) {
-		_, _, _, err := checkRegexPattern(str(ops, pattern))
-		return 0, err
-	}
-}
-
-// allGroups: the call always tracks the groups' positions. So do all the builtins that answer
-// every match, whatever they answer: OPA's run regexp's FindAll, which asks for every group
-// (regex.replace too: with a cancellation, as every evaluation has, it runs
-// FindAllSubmatchIndex), so that 3,000 optional groups on 60 bytes took seconds in
-// regex.find_n.
-func allGroups([]*ast.Term) bool { return true }
-
 // dollarIn: regex.replace needs the groups' positions when operand i names one ($1), as
 // regexp's ReplaceAllString asks for them (regexAll's searches).
 func dollarIn(i int) func([]*ast.Term) bool {
@@ -385,26 +356,22 @@ func estimateRegexIsValid(ops []*ast.Term, limit int64, stop func() bool) (int64
 	return 0, checkRegexClasses(str(ops, 0))
 }
 
-// estimateRegexExpand checks regex.replace's expansion of its value at every match before
-// est: regexp's Expand looks a reference by name ($name, ${name}, or a number it does not
-// take, as $01) up among the pattern's groups one by one, so that a value of 200,000
-// references to a name no group has, with 100 groups matching empty over 40 bytes, took a
-// second in one call. Each match (at most one per byte of the text, and one more) counts the
-// named references times the groups plus one, within maxRegexWork.
-func estimateRegexExpand(est sizeFunc) sizeFunc {
-	return func(ops []*ast.Term, limit int64, stop func() bool) (int64, error) {
-		if named := namedRefs(str(ops, 2)); named > 0 {
-			if re, err := syntax.Parse(str(ops, 1), syntax.Perl); err == nil {
-				matches, groups := int64(len(str(ops, 0)))+1, int64(re.MaxCap())+1
-				if named*groups > maxRegexWork/matches {
-					return 0, fmt.Errorf("a replacement of %d references by name, each looked up among the pattern's %d groups "+
-						"and the match at each of up to %d matches, is too much work for one call (at most %d, multiplied): "+
-						"use numbered references ($1) or fewer groups", named, groups-1, matches, maxRegexWork)
-				}
-			}
+// checkRegexExpand checks regex.replace's expansion of value at every match of a pattern of
+// groups groups (plus one) on text: regexp's Expand looks a reference by name ($name,
+// ${name}, or a number it does not take, as $01) up among the pattern's groups one by one, so
+// that a value of 200,000 references to a name no group has, with 100 groups matching empty
+// over 40 bytes, took a second in one call. Each match (at most one per byte of the text, and
+// one more) counts the named references times the groups plus one, within maxRegexWork.
+func checkRegexExpand(value, text string, groups int64) error {
+	if named := namedRefs(value); named > 0 {
+		matches := int64(len(text)) + 1
+		if named*groups > maxRegexWork/matches {
+			return fmt.Errorf("a replacement of %d references by name, each looked up among the pattern's %d groups "+
+				"and the match at each of up to %d matches, is too much work for one call (at most %d, multiplied): "+
+				"use numbered references ($1) or fewer groups", named, groups-1, matches, maxRegexWork)
 		}
-		return est(ops, limit, stop)
 	}
+	return nil
 }
 
 // namedRefs counts the references of a regex.replace value that regexp's Expand looks up by
@@ -433,31 +400,121 @@ func namedRefs(value string) int64 {
 	}
 }
 
-// estimateTemplateMatch checks regex.template_match's pattern, made of the
-// template (its literal parts quoted, its delimited parts as they are).
-func estimateTemplateMatch(ops []*ast.Term, _ int64, _ func() bool) (int64, error) {
-	tpl, start, end := str(ops, 0), str(ops, 2), str(ops, 3)
-	if len(start) != 1 || len(end) != 1 {
-		return 0, nil // the builtin reports it
-	}
-	pattern, ok := templatePattern(tpl, start[0], end[0])
-	if !ok {
-		return 0, nil // the builtin reports it
-	}
-	_, _, _, err := checkRegexPattern(pattern) // its search's work is counted as it runs (regexmatch.go)
-	return 0, err
+// regexProgram is a pattern as the regex builtins check and run it, made once per pattern in
+// an evaluation (regexCache): parsed, its program's size counted and refused when too large
+// (before compiling it: compiling is the work to avoid), and compiled for regexp only when a
+// search runs here (else OPA's builtin compiles it, in its own cache).
+type regexProgram struct {
+	pattern string
+	err     error // refused: too long, or too large to compile
+	insts   int64 // the compiled program's instructions (0: the pattern does not compile)
+	caps    int64 // its groups plus one
+	free    bool  // no empty-width assertion (contextFree)
+
+	once sync.Once
+	re   *regexp.Regexp // nil: does not compile
 }
 
-// checkRegex refuses a pattern too long or too large to compile, or too much work on text;
-// groups: the call asks for the positions of the pattern's groups, which the matcher copies
-// for every thread at every step (4,000 groups on 60 bytes took 2.5 s and 514 MiB, on an
-// empty text 1 s), so that each instruction counts once for each group, and once for the
-// match.
-func checkRegex(pattern, text string, all, groups bool) error {
-	insts, caps, free, err := checkRegexPattern(pattern)
-	if err != nil {
-		return err
+// newRegexProgram checks pattern (checkRegexPattern).
+func newRegexProgram(pattern string) *regexProgram {
+	p := &regexProgram{pattern: pattern}
+	p.insts, p.caps, p.free, p.err = checkRegexPattern(pattern)
+	return p
+}
+
+// compiled answers the pattern compiled by regexp (nil when it does not compile), compiling
+// it on first use.
+func (p *regexProgram) compiled() *regexp.Regexp {
+	p.once.Do(func() {
+		if p.err == nil && p.insts > 0 {
+			p.re, _ = regexp.Compile(p.pattern)
+		}
+	})
+	return p.re
+}
+
+// regexCache holds one evaluation's patterns (its budget's), so that a policy calling a regex
+// builtin for each of many values parses and compiles the pattern once, not at each call (a
+// pattern of 60,000 instructions took 25 ms). It keeps at most maxCachedPatterns, of
+// maxCachedInsts instructions together (their compiled programs stay alive as long as the
+// evaluation): past them, a pattern is made again for each call.
+type regexCache struct {
+	mu       sync.Mutex
+	programs map[string]*regexProgram
+	insts    int64
+}
+
+const (
+	maxCachedPatterns = 64
+	maxCachedInsts    = maxRegexInsts
+)
+
+// program answers pattern's regexProgram, from the cache when there (a nil cache: made for
+// this call).
+func (c *regexCache) program(pattern string) *regexProgram {
+	if c == nil {
+		return newRegexProgram(pattern)
 	}
+	c.mu.Lock()
+	p, ok := c.programs[pattern]
+	c.mu.Unlock()
+	if ok {
+		return p
+	}
+	p = newRegexProgram(pattern)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if q, ok := c.programs[pattern]; ok {
+		return q
+	}
+	if len(c.programs) < maxCachedPatterns && c.insts+p.insts <= maxCachedInsts {
+		if c.programs == nil {
+			c.programs = make(map[string]*regexProgram)
+		}
+		c.programs[pattern] = p
+		c.insts += p.insts
+	}
+	return p
+}
+
+type regexCacheKey struct{}
+
+// withRegexCache answers ctx carrying c, for the regex builtins' implementations.
+func withRegexCache(ctx context.Context, c *regexCache) context.Context {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return context.WithValue(ctx, regexCacheKey{}, c)
+}
+
+// regexCacheOf answers the cache ctx carries (nil: none).
+func regexCacheOf(ctx context.Context) *regexCache {
+	if ctx == nil {
+		return nil
+	}
+	c, _ := ctx.Value(regexCacheKey{}).(*regexCache)
+	return c
+}
+
+// checkRegex refuses a pattern too long or too large to compile, or too much work on text
+// (regexProgram.check).
+func checkRegex(pattern, text string, all, groups bool) error {
+	return newRegexProgram(pattern).check(text, all, groups)
+}
+
+// check refuses p when too long or too large to compile, or too much work on text; all: the
+// builtin searches again after each match; groups: the call asks for the positions of the
+// pattern's groups, which the matcher copies for every thread at every step (4,000 groups on
+// 60 bytes took 2.5 s and 514 MiB, on an empty text 1 s), so that each instruction counts
+// once for each group, and once for the match. The all-match builtins always track them:
+// OPA's run regexp's FindAll, which asks for every group (regex.replace too: with a
+// cancellation, as every evaluation has, it runs FindAllSubmatchIndex), so that 3,000
+// optional groups on 60 bytes took seconds in regex.find_n.
+func (p *regexProgram) check(text string, all, groups bool) error {
+	if p.err != nil {
+		return p.err
+	}
+	insts, caps := p.insts, p.caps
 	if groups {
 		// One step copies (and first allocates) every thread's positions: bounded alone, as
 		// the text's length does not bound it.
@@ -467,10 +524,10 @@ func checkRegex(pattern, text string, all, groups bool) error {
 		}
 		insts *= caps
 	}
-	if all && free {
+	if all && p.free {
 		return nil // the builtin counts its searches' work as they run (regexall.go)
 	}
-	if err := checkRegexWork(pattern, insts, text, all); err != nil {
+	if err := checkRegexWork(p, insts, text, all); err != nil {
 		if groups {
 			return fmt.Errorf("%w (its instructions counted once for each of its %d groups and once for the match, as this builtin tracks their positions)", err, caps-1)
 		}
@@ -492,7 +549,7 @@ func checkRegexPattern(pattern string) (insts, groups int64, free bool, _ error)
 	return regexInsts(pattern)
 }
 
-// checkRegexWork refuses insts instructions of pattern on text when their work could pass
+// checkRegexWork refuses insts instructions of p on text when their work could pass
 // maxRegexWork. One search costs at most the instructions times the text's bytes. A builtin
 // that answers every match (all) makes a search per match: with a long text it is refused
 // unless counting its matches first, within maxMatchCount, finds few enough that its own
@@ -501,8 +558,8 @@ func checkRegexPattern(pattern string) (insts, groups int64, free bool, _ error)
 // the whole text, as ".*b" does: a pattern that matches often on a long text is refused
 // although its searches are short (unless it has no assertion: then the builtin runs its
 // searches counting what they read, regexall.go).
-func checkRegexWork(pattern string, insts int64, text string, all bool) error {
-	if regexWorkFits(pattern, insts, text, all) {
+func checkRegexWork(p *regexProgram, insts int64, text string, all bool) error {
+	if regexWorkFits(p, insts, text, all) {
 		return nil
 	}
 	// The longest text this pattern may take, so that the message says what would do.
@@ -518,28 +575,28 @@ func checkRegexWork(pattern string, insts int64, text string, all bool) error {
 		insts, len(text), int64(math.Sqrt(float64(maxRegexWork/insts)))-1, maxMatchCount/insts-1)
 }
 
-// regexWorkFits reports whether the work of insts instructions of pattern on text stays
+// regexWorkFits reports whether the work of insts instructions of p on text stays
 // within maxRegexWork whatever its matches, or, for a builtin that answers every match (all),
 // because they are few (checkRegexWork).
-func regexWorkFits(pattern string, insts int64, text string, all bool) bool {
+func regexWorkFits(p *regexProgram, insts int64, text string, all bool) bool {
 	n := int64(len(text)) + 1
 	search := insts * n
-	return search <= maxRegexWork && (!all || search*n <= maxRegexWork || fewMatches(pattern, text, maxMatchCount/max(search, 1)))
+	return search <= maxRegexWork && (!all || search*n <= maxRegexWork || fewMatches(p, text, maxMatchCount/max(search, 1)))
 }
 
-// fewMatches reports whether pattern matches text few enough times, as the all-match
+// fewMatches reports whether p matches text few enough times, as the all-match
 // builtins find matches (regexp's FindAll), for their searches to be at most searches. For
 // m matches FindAll makes at most 2m+1 searches (one for each match, one for each empty match
 // right after a match, which it skips, and the last, which finds none), and at most 2k-1 when
 // asked for k at most: so counting up to k = (searches+1)/2 costs at most searches searches,
 // and with fewer than k found, so does the builtin.
-func fewMatches(pattern, text string, searches int64) bool {
+func fewMatches(p *regexProgram, text string, searches int64) bool {
 	k := (searches + 1) / 2
 	if k < 1 {
 		return false
 	}
-	re, err := regexp.Compile(pattern)
-	if err != nil {
+	re := p.compiled()
+	if re == nil {
 		return true // the builtin reports it
 	}
 	return int64(len(re.FindAllStringIndex(text, int(min(k, 1<<30))))) < k
