@@ -460,14 +460,16 @@ func budgetOf(ctx context.Context) *budget {
 // ErrEvalMemory is what a policy evaluation that would go over its memory budget fails with.
 var ErrEvalMemory = errors.New("policy evaluation exceeded its memory budget")
 
-func (b *budget) overrun(name string, n int64) error {
-	return rego.NewHaltError(b.overrunError(name, n))
+// overrun is the halt of an evaluation whose what (the call, a collection) would make n
+// bytes past the budget.
+func (b *budget) overrun(what string, n int64) error {
+	return rego.NewHaltError(b.overrunError(what, n))
 }
 
 // overrunError is overrun's error, not yet a halt.
-func (b *budget) overrunError(name string, n int64) error {
+func (b *budget) overrunError(what string, n int64) error {
 	return fmt.Errorf("%w: %s would make %s, and the evaluation has %s left of %s: "+
-		"work on smaller values", ErrEvalMemory, name, bytesText(n), bytesText(max(b.left.Load(), 0)), bytesText(b.limit))
+		"work on smaller values", ErrEvalMemory, what, bytesText(n), bytesText(max(b.left.Load(), 0)), bytesText(b.limit))
 }
 
 func bytesText(n int64) string {
@@ -482,13 +484,15 @@ func bytesText(n int64) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
+// boundedImpl is the bounded version of builtin name. Its errors do not name the builtin: OPA
+// prefixes a function's error with its name (wb.bounded.<name>, written back as <name>).
 func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBuiltin, budgetFor func(context.Context) *budget) rego.BuiltinDyn {
 	return func(bctx rego.BuiltinContext, terms []*ast.Term) (*ast.Term, error) {
 		b := budgetFor(bctx.Context)
 		ops := terms[:min(arity, len(terms))] // terms may end with the call's output
 		for i, op := range ops {
 			if n, ok := op.Value.(ast.Number); ok && !saneNumber(n) {
-				return nil, rego.NewHaltError(fmt.Errorf("%s: operand %d has more than %d digits", name, i+1, maxNumberDigits))
+				return nil, rego.NewHaltError(fmt.Errorf("operand %d has more than %d digits", i+1, maxNumberDigits))
 			}
 		}
 		left := b.left.Load()
@@ -499,13 +503,13 @@ func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBui
 		if bb.estimate != nil {
 			est, err := bb.estimate(ops, left, stop)
 			if err != nil {
-				return nil, rego.NewHaltError(fmt.Errorf("%s: %w", name, err))
+				return nil, rego.NewHaltError(err)
 			}
 			if stop() {
-				return nil, rego.NewHaltError(fmt.Errorf("%s: timed out", name))
+				return nil, rego.NewHaltError(errTimedOut)
 			}
 			if est > left {
-				return nil, b.overrun(name, est)
+				return nil, b.overrun("the call", est)
 			}
 		}
 		var out *ast.Term
@@ -528,10 +532,10 @@ func boundedImpl(name string, arity int, orig topdown.BuiltinFunc, bb boundedBui
 			made = shallowSize(out.Value)
 		}
 		if made > left {
-			return nil, b.overrun(name, made)
+			return nil, b.overrun("the call", made)
 		}
 		if !saneTerm(out.Value, bb.deep) {
-			return nil, rego.NewHaltError(fmt.Errorf("%s: the result has a number of more than %d digits", name, maxNumberDigits))
+			return nil, rego.NewHaltError(fmt.Errorf("the result has a number of more than %d digits", maxNumberDigits))
 		}
 		b.left.Add(-made)
 		return out, nil

@@ -91,7 +91,7 @@ deny contains msg if {
 		t.Fatal(err)
 	}
 	d, err = e.Admit(ctx, admission("proj_bw3", 2, nil))
-	if err != nil || d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], "numbers.range would make") || strings.Contains(d.Reasons[0], boundedPrefix) {
+	if err != nil || d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], "numbers.range: policy evaluation exceeded its memory budget: the call would make") || strings.Contains(d.Reasons[0], boundedPrefix) {
 		t.Errorf("over budget: %+v %v", d, err)
 	}
 }

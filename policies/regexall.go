@@ -283,13 +283,13 @@ func regexAllReplacement(name string) topdown.BuiltinFunc {
 	return nil
 }
 
-// searchesOf checks the work of the all-match builtin name's pattern on text, with the
+// searchesOf checks the work of an all-match builtin's pattern on text, with the
 // pattern made once for the evaluation (regexCacheOf), and answers its counted searches
 // (nil: OPA's builtin runs), or the refusal.
-func searchesOf(bctx topdown.BuiltinContext, name, pattern, text string, groups bool, take allSearches) (*regexAll, *regexProgram, error) {
+func searchesOf(bctx topdown.BuiltinContext, pattern, text string, groups bool, take allSearches) (*regexAll, *regexProgram, error) {
 	p := regexCacheOf(bctx.Context).program(pattern)
 	if err := p.check(text, true, true); err != nil {
-		return nil, p, halted(name, err)
+		return nil, p, halted(err)
 	}
 	return take(p, text, groups, stopOf(bctx)), p, nil
 }
@@ -299,10 +299,10 @@ func stopOf(bctx topdown.BuiltinContext) func() bool {
 	return func() bool { return bctx.Cancel != nil && bctx.Cancel.Cancelled() }
 }
 
-// halted is a regexAll's error as the builtin name's, stopping the evaluation as a refused
-// estimate does.
-func halted(name string, err error) error {
-	return topdown.Halt{Err: fmt.Errorf("%s: %w", name, err)}
+// halted is a refusal stopping the evaluation, as a refused estimate does (OPA prefixes it
+// with the builtin's name).
+func halted(err error) error {
+	return topdown.Halt{Err: err}
 }
 
 // stringOps answers operands' first n strings, ok false when one is not (OPA's builtin
@@ -327,7 +327,7 @@ func regexSplit(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 			return orig(bctx, operands, iter)
 		}
 		pattern, s := ops[0], ops[1]
-		a, _, err := searchesOf(bctx, ast.RegexSplit.Name, pattern, s, false, take)
+		a, _, err := searchesOf(bctx, pattern, s, false, take)
 		if err != nil {
 			return err
 		}
@@ -347,7 +347,7 @@ func regexSplit(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 			beg = loc[1]
 		})
 		if err != nil {
-			return halted(ast.RegexSplit.Name, err)
+			return halted(err)
 		}
 		if end != len(s) {
 			pieces = append(pieces, ast.StringTerm(s[beg:]))
@@ -357,10 +357,10 @@ func regexSplit(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 }
 
 // findNOperands reads the operands (pattern, text, n) of find_n and
-// find_all_string_submatch_n (name), checks their work and takes their counted searches: a
+// find_all_string_submatch_n, checks their work and takes their counted searches: a
 // nil when OPA's builtin must answer (an operand of another type, or searches the counted
 // path does not take).
-func findNOperands(bctx topdown.BuiltinContext, name string, operands []*ast.Term, take allSearches, groups bool) (*regexAll, string, int, error) {
+func findNOperands(bctx topdown.BuiltinContext, operands []*ast.Term, take allSearches, groups bool) (*regexAll, string, int, error) {
 	ops, ok := stringOps(operands, 2)
 	if !ok {
 		return nil, "", 0, nil
@@ -369,14 +369,14 @@ func findNOperands(bctx topdown.BuiltinContext, name string, operands []*ast.Ter
 	if err != nil {
 		return nil, "", 0, nil
 	}
-	a, _, err := searchesOf(bctx, name, ops[0], ops[1], groups, take)
+	a, _, err := searchesOf(bctx, ops[0], ops[1], groups, take)
 	return a, ops[1], n, err
 }
 
 // regexFindN is regex.find_n(pattern, text, n): regexp's FindAllString(text, n).
 func regexFindN(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc {
 	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
-		a, s, n, err := findNOperands(bctx, ast.RegexFind.Name, operands, take, false)
+		a, s, n, err := findNOperands(bctx, operands, take, false)
 		if err != nil {
 			return err
 		}
@@ -385,7 +385,7 @@ func regexFindN(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 		}
 		var found []*ast.Term
 		if err := a.each(n, func(loc []int) { found = append(found, ast.StringTerm(s[loc[0]:loc[1]])) }); err != nil {
-			return halted(ast.RegexFind.Name, err)
+			return halted(err)
 		}
 		return iter(ast.ArrayTerm(found...))
 	}
@@ -395,7 +395,7 @@ func regexFindN(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc 
 // FindAllStringSubmatch(text, n), a group that did not take part as "".
 func regexFindAllSubmatch(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFunc {
 	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
-		a, s, n, err := findNOperands(bctx, ast.RegexFindAllStringSubmatch.Name, operands, take, true)
+		a, s, n, err := findNOperands(bctx, operands, take, true)
 		if err != nil {
 			return err
 		}
@@ -416,7 +416,7 @@ func regexFindAllSubmatch(orig topdown.BuiltinFunc, take allSearches) topdown.Bu
 			found = append(found, ast.ArrayTerm(inner...))
 		})
 		if err != nil {
-			return halted(ast.RegexFindAllStringSubmatch.Name, err)
+			return halted(err)
 		}
 		return iter(ast.ArrayTerm(found...))
 	}
@@ -432,12 +432,12 @@ func regexReplace(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFun
 			return orig(bctx, operands, iter)
 		}
 		s, value := ops[0], ops[2]
-		a, p, err := searchesOf(bctx, ast.RegexReplace.Name, ops[1], s, dollarIn(2)(operands), take)
+		a, p, err := searchesOf(bctx, ops[1], s, dollarIn(2)(operands), take)
 		if err != nil {
 			return err
 		}
 		if err := checkRegexExpand(value, s, p.caps); err != nil {
-			return halted(ast.RegexReplace.Name, err)
+			return halted(err)
 		}
 		if a == nil {
 			return orig(bctx, operands, iter)
@@ -450,7 +450,7 @@ func regexReplace(orig topdown.BuiltinFunc, take allSearches) topdown.BuiltinFun
 			last = loc[1]
 		})
 		if err != nil {
-			return halted(ast.RegexReplace.Name, err)
+			return halted(err)
 		}
 		out = append(out, s[last:]...)
 		if string(out) == s {

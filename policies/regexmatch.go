@@ -54,12 +54,12 @@ func regexOneOf(p *regexProgram, text string, stop func() bool, always bool) *re
 	return a
 }
 
-// searchOf checks the single-search builtin name's pattern, made once for the evaluation
+// searchOf checks a single-search builtin's pattern, made once for the evaluation
 // (regexCacheOf), and answers its counted search (nil: OPA's builtin runs), or the refusal.
-func searchOf(bctx topdown.BuiltinContext, name, pattern, text string, take oneSearch) (*regexAll, error) {
+func searchOf(bctx topdown.BuiltinContext, pattern, text string, take oneSearch) (*regexAll, error) {
 	p := regexCacheOf(bctx.Context).program(pattern)
 	if p.err != nil {
-		return nil, halted(name, p.err)
+		return nil, halted(p.err)
 	}
 	return take(p, text, stopOf(bctx)), nil
 }
@@ -93,21 +93,21 @@ func regexOneReplacement(name string) topdown.BuiltinFunc {
 	}
 	switch name {
 	case ast.RegexMatch.Name, ast.RegexMatchDeprecated.Name:
-		return regexMatch(name, orig, newRegexOne)
+		return regexMatch(orig, newRegexOne)
 	case ast.RegexTemplateMatch.Name:
 		return regexTemplateMatch(orig, newRegexOne)
 	}
 	return nil
 }
 
-// regexMatch is regex.match(pattern, text) (and re_match, under name): regexp's MatchString.
-func regexMatch(name string, orig topdown.BuiltinFunc, take oneSearch) topdown.BuiltinFunc {
+// regexMatch is regex.match(pattern, text) (and re_match): regexp's MatchString.
+func regexMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.BuiltinFunc {
 	return func(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
 		ops, ok := stringOps(operands, 2)
 		if !ok {
 			return orig(bctx, operands, iter)
 		}
-		a, err := searchOf(bctx, name, ops[0], ops[1], take)
+		a, err := searchOf(bctx, ops[0], ops[1], take)
 		if err != nil {
 			return err
 		}
@@ -116,7 +116,7 @@ func regexMatch(name string, orig topdown.BuiltinFunc, take oneSearch) topdown.B
 		}
 		matched, err := a.match()
 		if err != nil {
-			return halted(name, err)
+			return halted(err)
 		}
 		return iter(ast.InternedTerm(matched))
 	}
@@ -136,7 +136,7 @@ func regexTemplateMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.Builti
 		if !ok {
 			return orig(bctx, operands, iter)
 		}
-		a, err := searchOf(bctx, ast.RegexTemplateMatch.Name, pattern, ops[1], take)
+		a, err := searchOf(bctx, pattern, ops[1], take)
 		if err != nil {
 			return err
 		}
@@ -145,7 +145,7 @@ func regexTemplateMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.Builti
 		}
 		matched, err := a.match()
 		if err != nil {
-			return halted(ast.RegexTemplateMatch.Name, err)
+			return halted(err)
 		}
 		return iter(ast.InternedTerm(matched))
 	}

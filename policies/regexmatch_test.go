@@ -20,7 +20,7 @@ func compareRegexMatch(t *testing.T, pattern, text string) {
 	ops := []*ast.Term{ast.StringTerm(pattern), ast.StringTerm(text)}
 	for _, name := range regexMatchNames {
 		want, werr := callBuiltin(topdown.GetBuiltin(name), topdown.BuiltinContext{}, ops)
-		got, gerr := callBuiltin(regexMatch(name, topdown.GetBuiltin(name), measuredRegexOne), topdown.BuiltinContext{}, ops)
+		got, gerr := callBuiltin(regexMatch(topdown.GetBuiltin(name), measuredRegexOne), topdown.BuiltinContext{}, ops)
 		if (werr != nil) != (gerr != nil) || werr == nil && !got.Equal(want) {
 			t.Errorf("%s(%q, %q) = %v, %v; OPA answers %v, %v", name, pattern, text, got, gerr, want, werr)
 		}
@@ -145,7 +145,7 @@ func TestRegexMatchCountsItsSearch(t *testing.T) {
 // at as it reads.
 func TestRegexMatchRefusesRealWork(t *testing.T) {
 	ops := []*ast.Term{ast.StringTerm("(?:" + strings.Repeat("a?", 12) + "){1000}b"), ast.StringTerm(strings.Repeat("a", 64<<10))}
-	f := regexMatch(ast.RegexMatch.Name, topdown.GetBuiltin(ast.RegexMatch.Name), newRegexOne)
+	f := regexMatch(topdown.GetBuiltin(ast.RegexMatch.Name), newRegexOne)
 	start := time.Now()
 	_, err := callBuiltin(f, topdown.BuiltinContext{}, ops)
 	took := time.Since(start)
