@@ -110,7 +110,7 @@ var boundedBuiltins = map[string]boundedBuiltin{
 	"re_match":                  {patterns: true},
 	"regex.template_match":      {patterns: true},
 	"regex.is_valid":            {estimate: estimateRegexIsValid},
-	"glob.match":                {}, // matched in linear time (globmatch.go)
+	"glob.match":                {patterns: true}, // matched in linear time (globmatch.go)
 	"indexof_n":                 {estimate: piecesOf(0, 1)},
 	"net.cidr_expand":           {estimate: estimateCIDRExpand},
 	"net.cidr_contains_matches": {estimate: estimateContainsMatches}, // and its set's work (cidrwork.go)

@@ -33,7 +33,15 @@ func replacement(name string) topdown.BuiltinFunc {
 
 // globMatch is glob.match(pattern, delimiters, match), with OPA's operands: null delimiters
 // are none, an empty array is ".".
-func globMatch(_ topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
+func globMatch(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error) error {
+	return matchGlob(bctx, operands, iter, newRegexOne)
+}
+
+// matchGlob is globMatch, its search counted when take answers it (regexmatch.go). Its
+// refusals stop the evaluation (halted): as errors, OPA recorded them and went on, the call
+// undefined, so that a rule denying a command by glob was skipped for a command long enough
+// to be refused.
+func matchGlob(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Term) error, take oneSearch) error {
 	pattern, err := builtins.StringOperand(operands[0].Value, 1)
 	if err != nil {
 		return err
@@ -58,21 +66,30 @@ func globMatch(_ topdown.BuiltinContext, operands []*ast.Term, iter func(*ast.Te
 	// Bounded before compiling, by the glob package or regexp: a long glob takes long to
 	// compile, and its expression is longer still (each * and ? names the delimiters).
 	if len(pattern) > maxRegexPattern {
-		return fmt.Errorf("a glob of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
-			len(pattern), maxRegexPattern)
+		return halted(fmt.Errorf("a glob of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
+			len(pattern), maxRegexPattern))
 	}
 	if _, err := glob.Compile(string(pattern), delimiters...); err != nil {
 		return err
 	}
 	expr, err := globRegexp(string(pattern), delimiters)
 	if err != nil {
-		return err
+		return halted(err)
 	}
-	if err := checkRegex(expr, string(match), false, false); err != nil {
-		return err
+	p := regexCacheOf(bctx.Context).program(expr)
+	if p.err != nil {
+		return halted(p.err)
 	}
-	re, err := regexp.Compile(expr)
-	if err != nil {
+	if a := take(p, string(match), stopOf(bctx)); a != nil {
+		matched, err := a.match()
+		if err != nil {
+			return halted(err)
+		}
+		return iter(ast.InternedTerm(matched))
+	}
+	re := p.compiled()
+	if re == nil {
+		_, err := regexp.Compile(expr)
 		return fmt.Errorf("glob %q: %w", pattern, err)
 	}
 	return iter(ast.InternedTerm(re.MatchString(string(match))))

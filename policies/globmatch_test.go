@@ -1,15 +1,19 @@
 package policies
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/gobwas/glob"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/topdown"
 )
 
-// TestGlobMatchAnswersAsOPA: glob.match, matched by regexp, answers as the glob package does
-// for each pattern, delimiters and text, and fails where it fails.
+// TestGlobMatchAnswersAsOPA: glob.match, matched by regexp (its search counted or not),
+// answers as the glob package does for each pattern, delimiters and text, and fails where it
+// fails.
 func TestGlobMatchAnswersAsOPA(t *testing.T) {
 	patterns := []string{"", "*", "**", "?", "a*", "*.example.com", "**.example.com", "tpl_*_v?", "a?c", "[abc]x", "[!abc]x",
 		"[a-c]*", "[!a-c]*", "{a,b}c", "{a,b*,}x", "{a,{b,c}d}e", `\*x`, `a\?`, "[.]", "[!.]", "*[-]*", "[\\]]", "x{,y}",
@@ -47,7 +51,49 @@ func TestGlobMatchAnswersAsOPA(t *testing.T) {
 				if want := ast.BooleanTerm(g.Match(s)); !got.Equal(want) {
 					t.Errorf("glob.match(%q, %q, %q) = %v, want %v", p, string(delims), s, got, want)
 				}
+				// The same search counted, as on a long text.
+				var counted *ast.Term
+				err = matchGlob(topdown.BuiltinContext{}, []*ast.Term{ast.StringTerm(p), dterm, ast.StringTerm(s)},
+					func(t *ast.Term) error { counted = t; return nil }, measuredRegexOne)
+				if err != nil || !counted.Equal(got) {
+					t.Errorf("glob.match(%q, %q, %q) counted = %v, %v; want %v", p, string(delims), s, counted, err, got)
+				}
 			}
 		}
+	}
+}
+
+// TestGlobMatchRefusalFailsClosed: glob.match's refusals were errors OPA records and goes on
+// from, the call undefined, so that a rule denying a command by glob was skipped for a
+// command long enough to be refused: the create was allowed. A refusal now stops the
+// evaluation, which fails closed; and a glob whose search ends early (an anchored start that
+// does not match) is taken on a text of any length, its search counted as it reads.
+func TestGlobMatchRefusalFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second})
+	long := strings.Repeat("python3 -c 'print(6*7)' ", 4<<20/24)
+	for _, c := range []struct {
+		name, glob, text string
+		allow            bool
+	}{
+		{"refused", "*{curl,wget,nc}*", long + " curl", false},
+		{"early", "{curl,wget,nc,ncat,socat,telnet,ssh,scp} *", long, true},
+	} {
+		if expr, err := globRegexp(c.glob, nil); err != nil || checkRegex(expr, c.text, false, false) == nil {
+			t.Fatalf("%s: %v: the worst case fits the bound: not a test of a refusal or of the counted search", c.name, err)
+		}
+		project := "proj_glob_" + c.name
+		src := "package wb.admission\n\ndeny contains \"denied\" if glob.match(input.request.metadata.glob, [], input.request.metadata.text)\n"
+		if _, err := e.Put(ctx, project, "glob", src, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+		d, err := e.Admit(ctx, admission(project, 2, map[string]string{"glob": c.glob, "text": c.text}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allow != c.allow {
+			t.Errorf("%s: glob.match(%q) on %d bytes: %+v, want allow %v", c.name, c.glob, len(c.text), d, c.allow)
+		}
+		t.Logf("%s: %.300v", c.name, d.Reasons)
 	}
 }
