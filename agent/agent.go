@@ -89,6 +89,9 @@ type server struct {
 	vsockPort uint32 // listen on this vsock port instead of socket
 	log       *slog.Logger
 	procs     *procTable
+	// devNull is every command's stdin without one of its own (nil: os/exec opens one each
+	// time); open until Serve returns.
+	devNull *os.File
 
 	handlers  tracker      // in-flight handlers, waited for on shutdown
 	quiesceCh chan quiesce // from the quiesce handler to the serve loop
@@ -143,6 +146,11 @@ func Serve(ctx context.Context, cfg Config) error {
 		runners:   map[string]*waitingRunner{},
 	}
 
+	if s.devNull, err = openDevNull(); err != nil {
+		log.Warn("agent: each command opens its own stdin", "err", err) // os/exec's own open, as before
+	} else {
+		defer s.devNull.Close()
+	}
 	s.procs.cg = setupChildCgroup(ctx, log, cfg.PidsMax, cfg.Init)
 	if cfg.Init {
 		if err := dropSysAdmin(); err != nil {

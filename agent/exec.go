@@ -250,11 +250,11 @@ func (s *server) startProcFiles(spec execSpec, stdin *os.File, extra []*os.File)
 		p.notFound = true
 		return p, err.Error()
 	}
-	outR, outW, err := os.Pipe()
+	outR, outW, err := outputPipe()
 	if err != nil {
 		return p, "cannot create a pipe: " + err.Error()
 	}
-	errR, errW, err := os.Pipe()
+	errR, errW, err := outputPipe()
 	if err != nil {
 		_, _ = outR.Close(), outW.Close()
 		return p, "cannot create a pipe: " + err.Error()
@@ -277,6 +277,8 @@ func (s *server) startProcFiles(spec execSpec, stdin *os.File, extra []*os.File)
 		cmd.Stdin = stdin
 	case len(spec.stdin) > 0:
 		cmd.Stdin = bytes.NewReader(spec.stdin)
+	case s.devNull != nil:
+		cmd.Stdin = s.devNull
 	}
 	pid, err := s.procs.start(func() (int, error) {
 		if err := cmd.Start(); err != nil {
@@ -448,7 +450,7 @@ func (d *drainState) over() bool {
 	return d.exited && !time.Now().Before(d.hardStop)
 }
 
-// readReady reads what f's pipe holds now, without waiting (f is non-blocking, as os.Pipe
+// readReady reads what f's pipe holds now, without waiting (f is non-blocking, as outputPipe
 // makes it) and whatever f's deadline: n > 0 with a nil error, or 0 with io.EOF (the writers
 // are gone) or os.ErrDeadlineExceeded (nothing there).
 func readReady(f *os.File, buf []byte) (int, error) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,6 +129,35 @@ func TestDurationRoundsToTheNearestMillisecond(t *testing.T) {
 	}{{0, 0}, {499 * time.Microsecond, 0}, {500 * time.Microsecond, 1}, {900 * time.Microsecond, 1}, {1499 * time.Microsecond, 1}, {2*time.Second + 600*time.Microsecond, 2001}} {
 		if got := roundedMs(c.d); got != c.want {
 			t.Errorf("roundedMs(%v) = %d, want %d", c.d, got, c.want)
+		}
+	}
+}
+
+// A command's standard files are what a shell would give it: stdin /dev/null, stdout and
+// stderr pipes in blocking mode (a program that writes to a non-blocking one meets EAGAIN).
+// The agent makes its output pipes itself, its own ends alone non-blocking.
+func TestExecStdioIsPlain(t *testing.T) {
+	t.Parallel()
+	c, _ := startAgent(t, false)
+	for range 2 { // the second exec reuses what the first left (a shared /dev/null)
+		res, err := c.Exec(testCtx(t, 60*time.Second), ExecRequest{
+			Argv: []string{"sh", "-c", "readlink /proc/self/fd/0; grep ^flags /proc/self/fdinfo/1; grep ^flags /proc/self/fdinfo/2 >&2"},
+		}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+		if res.ExitCode != 0 || len(lines) != 2 || lines[0] != "/dev/null" {
+			t.Fatalf("exit %d, stdout %q, stderr %q: want /dev/null as stdin", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		for stream, line := range map[string]string{"stdout": lines[1], "stderr": strings.TrimSpace(res.Stderr)} {
+			var flags int
+			if _, err := fmt.Sscanf(line, "flags:\t%o", &flags); err != nil {
+				t.Fatalf("%s: fdinfo %q: %v", stream, line, err)
+			}
+			if flags&syscall.O_NONBLOCK != 0 {
+				t.Fatalf("%s is non-blocking (flags %o)", stream, flags)
+			}
 		}
 	}
 }

@@ -3,8 +3,11 @@
 package agent
 
 import (
+	"os"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // siginfo is the kernel's siginfo_t as filled for a child (the _sigchld member of its union).
@@ -41,4 +44,37 @@ func peekZombie() (int, error) {
 			return 0, errno // ECHILD: no children at all
 		}
 	}
+}
+
+// outputPipe makes a pipe for a command's stdout or stderr: its read end non-blocking and in
+// Go's poller, for the agent; its write end blocking and outside the poller, for the child.
+// os.Pipe puts both ends in the poller, non-blocking, and the child's start makes its end
+// blocking again; its close then takes it out of the poller: five system calls a pipe that
+// do nothing for the write end, each trapped under gVisor's ptrace platform, on every exec's
+// way.
+func outputPipe() (r, w *os.File, err error) {
+	var fds [2]int
+	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	// A new pipe's read end has no other flag to keep.
+	if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+		_, _ = syscall.Close(fds[0]), syscall.Close(fds[1])
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	// NewFile puts a non-blocking descriptor in the poller (the read end: deadlines work on
+	// it) and leaves a blocking one out.
+	return os.NewFile(uintptr(fds[0]), "|0"), os.NewFile(uintptr(fds[1]), "|1"), nil
+}
+
+// openDevNull opens /dev/null for reading, once, as every command's stdin without one of its
+// own: os/exec opens and closes it for each command otherwise (its open tried in the poller,
+// refused, then closed: five trapped system calls an exec under gVisor). Outside the poller
+// (os.Open would try it there), and blocking, so that a child's start changes nothing on it.
+func openDevNull() (*os.File, error) {
+	fd, err := syscall.Open(os.DevNull, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: os.DevNull, Err: err}
+	}
+	return os.NewFile(uintptr(fd), os.DevNull), nil
 }

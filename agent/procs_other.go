@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 )
 
 // peekZombie is Linux-only; elsewhere the reaper does nothing.
@@ -25,3 +26,8 @@ func dropSysAdmin() error { return nil }
 func undumpable() error { return nil }
 
 func (c *childCgroup) guard(_ context.Context, _ *slog.Logger, _ func() int, _ <-chan struct{}) {}
+
+// outputPipe is os.Pipe elsewhere (procs_linux.go says why Linux differs).
+func outputPipe() (r, w *os.File, err error) { return os.Pipe() }
+
+func openDevNull() (*os.File, error) { return os.Open(os.DevNull) }
