@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 )
@@ -45,6 +46,7 @@ func run(ctx context.Context, args []string) error {
 	egressListen := fs.String("egress-listen", "", "guest loopback address (host:port) to relay to the node's egress proxy; empty: no egress")
 	egressSocket := fs.String("egress-socket", "/run/wb/egress.sock", "Unix socket of the node's egress proxy")
 	vsockPort := fs.Uint("vsock-port", 0, "listen on this AF_VSOCK port (any CID) instead of --socket: the agent of a VM; as PID 1 it also sets up the VM (mounts, writable disk, hostname, lo)")
+	procs := fs.Int("gomaxprocs", envInt(GoMaxProcsEnv), "threads that run the agent's goroutines at once (GOMAXPROCS); 0: Go's default, one per CPU (default $"+GoMaxProcsEnv+")")
 	pidsMax := fs.Int("pids-max", envInt(PidsMaxEnv), "the guest's process limit: exec and PTY processes start in a pids cgroup of this size (where the agent can mount one), below the sandbox's own limit; 0: none (default $"+PidsMaxEnv+")")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usage)
@@ -64,6 +66,10 @@ func run(ctx context.Context, args []string) error {
 	}
 	vsockUnixDir := os.Getenv(VsockUnixDirEnv)
 	_ = os.Unsetenv(PidsMaxEnv) // the guest's processes have no use for them
+	_ = os.Unsetenv(GoMaxProcsEnv)
+	if *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
+	}
 	_ = os.Unsetenv(VsockUnixDirEnv)
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -101,6 +107,10 @@ func run(ctx context.Context, args []string) error {
 // PidsMaxEnv is the environment variable through which a driver gives the agent its
 // --pids-max (the OCI driver does, for runsc guests).
 const PidsMaxEnv = "WB_AGENT_PIDS_MAX"
+
+// GoMaxProcsEnv is the environment variable through which a driver gives the agent its
+// --gomaxprocs (the OCI driver does, for runsc guests: one, see hypervisor/oci).
+const GoMaxProcsEnv = "WB_AGENT_GOMAXPROCS"
 
 // envInt is the integer in environment variable name, 0 when unset or not a number.
 func envInt(name string) int {

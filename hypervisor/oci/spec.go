@@ -258,5 +258,8 @@ func ociSpec(s hypervisor.Spec, o specOptions) *specs.Spec {
 		},
 	}
 	guestLimitsProcess(spec.Process, guestPids)
+	if o.runsc {
+		agentProcsProcess(spec.Process)
+	}
 	return spec
 }

@@ -541,3 +541,23 @@ func TestSlowStartWarned(t *testing.T) {
 		t.Fatalf("a quick start was warned of: %s", quick.String())
 	}
 }
+
+// A runsc guest's agent runs Go's scheduler on one thread (agentProcsProcess); a runc guest's
+// keeps Go's default, and an init that is not the agent gets nothing.
+func TestAgentGoMaxProcsUnderRunsc(t *testing.T) {
+	if agentGoMaxProcsEnv != agent.GoMaxProcsEnv {
+		t.Fatalf("the driver sets %s, the agent reads %s", agentGoMaxProcsEnv, agent.GoMaxProcsEnv)
+	}
+	s := hypervisor.Spec{ID: "g1", RootFS: "/rootfs", Args: []string{hypervisor.GuestAgentBin, "agent"}}
+	for _, runsc := range []bool{true, false} {
+		env := ociSpec(s, specOptions{runsc: runsc, cgroupsPath: "/wb/g1", nofile: 1024}).Process.Env
+		if got := slices.Contains(env, agentGoMaxProcsEnv+"=1"); got != runsc {
+			t.Fatalf("runsc %v: %s=1 in the agent's env %v: %v", runsc, agentGoMaxProcsEnv, env, got)
+		}
+	}
+	other := s
+	other.Args = []string{"/bin/sh", "-c", "sleep 1"}
+	if env := ociSpec(other, specOptions{runsc: true, cgroupsPath: "/wb/g1", nofile: 1024}).Process.Env; slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, agentGoMaxProcsEnv) }) {
+		t.Fatalf("an init that is not the agent gets the agent's %s: %v", agentGoMaxProcsEnv, env)
+	}
+}
