@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"fmt"
 	"regexp/syntax"
 	"strings"
 
@@ -132,15 +133,29 @@ func regexTemplateMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.Builti
 		if !ok || len(ops[2]) != 1 || len(ops[3]) != 1 {
 			return orig(bctx, operands, iter)
 		}
-		pattern, ok := templatePattern(ops[0], ops[2][0], ops[3][0])
+		tpl, start, end := ops[0], ops[2][0], ops[3][0]
+		pattern, ok := templatePattern(tpl, start, end)
 		if !ok {
 			return orig(bctx, operands, iter)
 		}
-		a, err := searchOf(bctx, pattern, ops[1], take)
-		if err != nil {
-			return err
+		p := regexCacheOf(bctx.Context).program(pattern)
+		if p.err != nil {
+			return halted(p.err)
 		}
-		if a == nil || !templatePartsParse(ops[0], ops[2][0], ops[3][0]) {
+		// OPA's builtin compiles each delimited part alone before the whole pattern (a part
+		// of 3 million instructions took 5 s and 800 MiB there). The pattern's check bounds
+		// them when it compiles, as it holds each as written, unless a part's \Q makes what
+		// follows it literal there.
+		if p.insts == 0 || strings.Contains(tpl, `\Q`) {
+			if err := checkTemplateParts(tpl, start, end); err != nil {
+				return halted(err)
+			}
+		}
+		if p.insts == 0 {
+			return orig(bctx, operands, iter) // it reports the error
+		}
+		a := take(p, ops[1], stopOf(bctx))
+		if a == nil || !templatePartsParse(tpl, start, end) {
 			return orig(bctx, operands, iter)
 		}
 		matched, err := a.match()
@@ -154,6 +169,49 @@ func regexTemplateMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.Builti
 // templatePartsParse reports whether each delimited part of tpl parses alone, as OPA's
 // builtin compiles it ("^part$"), which refuses the template when one does not.
 func templatePartsParse(tpl string, start, end byte) bool {
+	ok := true
+	eachTemplatePart(tpl, start, end, func(part string) bool {
+		_, err := syntax.Parse("^"+part+"$", syntax.Perl)
+		ok = err == nil
+		return ok
+	})
+	return ok
+}
+
+// checkTemplateParts refuses tpl when its delimited parts, which OPA's builtin compiles alone
+// up to the first that does not compile, are too large to compile together (as one pattern
+// is, checkRegexPattern), from their parse trees.
+func checkTemplateParts(tpl string, start, end byte) error {
+	var insts, runes, classRunes, folded int64
+	var err error
+	eachTemplatePart(tpl, start, end, func(part string) bool {
+		pattern := "^" + part + "$"
+		if classRunes += unicodeClassRunes(pattern); classRunes > maxRegexRunes {
+			err = unicodeClassesError(classRunes)
+			return false
+		}
+		if folded += foldedClassRunes(pattern); folded > maxRegexFoldRunes {
+			err = foldedClassesError(folded)
+			return false
+		}
+		re, perr := syntax.Parse(pattern, syntax.Perl)
+		if perr != nil {
+			return false // OPA's builtin stops here, and reports it
+		}
+		n, r := progSize(re)
+		if insts, runes = insts+n, runes+r; insts > maxRegexInsts || runes > maxRegexRunes {
+			err = fmt.Errorf("a template whose parts, each compiled alone, make about %d instructions and %d runes in their classes "+
+				"is too large to compile in one call (at most %d and %d): use a simpler template", insts, runes, maxRegexInsts, maxRegexRunes)
+			return false
+		}
+		return true
+	})
+	return err
+}
+
+// eachTemplatePart calls f with each delimited part of tpl (balanced), in order, while f
+// answers true.
+func eachTemplatePart(tpl string, start, end byte, f func(part string) bool) {
 	level, from := 0, 0
 	for i := range len(tpl) {
 		switch tpl[i] {
@@ -162,12 +220,9 @@ func templatePartsParse(tpl string, start, end byte) bool {
 				from = i
 			}
 		case end:
-			if level--; level == 0 {
-				if _, err := syntax.Parse("^"+tpl[from+1:i]+"$", syntax.Perl); err != nil {
-					return false
-				}
+			if level--; level == 0 && !f(tpl[from+1:i]) {
+				return
 			}
 		}
 	}
-	return true
 }

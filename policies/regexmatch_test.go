@@ -194,3 +194,44 @@ func TestRegexPatternCompiledOncePerEvaluation(t *testing.T) {
 	}
 	t.Logf("200 calls in %v", took)
 }
+
+// TestRegexTemplateMatchBoundsItsParts: OPA's regex.template_match compiles each delimited
+// part alone before the whole pattern, and wb left it the calls whose pattern does not
+// compile, or is within its bound: a part of 3 million instructions ("(?:…){1000}" of 3 KiB)
+// took 5 s and 800 MiB in one call, past the evaluation's deadline, whether the pattern did
+// not compile (a part after it that does not parse) or compiled small (a part's \Q made the
+// big part literal in it). Such a template is refused, from the parts' parse trees.
+func TestRegexTemplateMatchBoundsItsParts(t *testing.T) {
+	ctx := context.Background()
+	e := newEngine(t, nil, Options{})
+	big := "<(?:" + strings.Repeat("abcdefghij", 300) + "){1000}>"
+	src := "package wb.admission\n\ndeny contains \"matched\" if regex.template_match(input.request.metadata.tpl, \"x\", \"<\", \">\")\n"
+	for _, c := range []struct{ name, tpl string }{
+		{"not_compiling", big + "<(>"},
+		{"quoted", `<\Q>` + big + `\E<))(>`},
+	} {
+		project := "proj_tpl_" + c.name
+		if _, err := e.Put(ctx, project, "tpl", src, ModeEnforce); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		d, err := e.Admit(ctx, admission(project, 2, map[string]string{"tpl": c.tpl}))
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allow || len(d.Reasons) != 1 || !strings.Contains(d.Reasons[0], "regex.template_match: a template whose parts, each compiled alone, make about") {
+			t.Errorf("%s: a template of a 3,000,000-instruction part: %.300v after %v, want it refused for its parts' size", c.name, d, took)
+		}
+		t.Logf("%s: %v: %.300v", c.name, took, d.Reasons)
+	}
+	for _, c := range [][4]string{
+		{`a<\Q>b`, "a$b", "<", ">"},
+		{`<\Q><x>\E<y>`, ")(x)\\y", "<", ">"},
+		{`<\Q><x>\E<))(>`, "", "<", ">"},
+		{`<a>\Q<b>`, "ab", "<", ">"},
+		{`<(>x<)>`, "x", "<", ">"},
+	} {
+		compareTemplateMatch(t, c[0], c[1], c[2], c[3])
+	}
+}

@@ -96,10 +96,14 @@ func checkRegexClasses(pattern string) error {
 		return unicodeClassesError(runes)
 	}
 	if runes := foldedClassRunes(pattern); runes > maxRegexFoldRunes {
-		return fmt.Errorf("a case-insensitive pattern whose class ranges hold %d runes with a case is too large to compile "+
-			"in one call (at most %d, as each is folded alone): use narrower ranges, or (?i) on less of the pattern", runes, maxRegexFoldRunes)
+		return foldedClassesError(runes)
 	}
 	return nil
+}
+
+func foldedClassesError(runes int64) error {
+	return fmt.Errorf("a case-insensitive pattern whose class ranges hold %d runes with a case is too large to compile "+
+		"in one call (at most %d, as each is folded alone): use narrower ranges, or (?i) on less of the pattern", runes, maxRegexFoldRunes)
 }
 
 // maxRegexFoldRunes bounds the runes of a case-insensitive pattern's class ranges that Go's
