@@ -412,6 +412,7 @@ type regexProgram struct {
 	pattern string
 	err     error // refused: too long, or too large to compile
 	insts   int64 // the compiled program's instructions (0: the pattern does not compile)
+	runes   int64 // the runes of its classes and literals (progSize)
 	caps    int64 // its groups plus one
 	free    bool  // no empty-width assertion (contextFree)
 
@@ -422,7 +423,7 @@ type regexProgram struct {
 // newRegexProgram checks pattern (checkRegexPattern).
 func newRegexProgram(pattern string) *regexProgram {
 	p := &regexProgram{pattern: pattern}
-	p.insts, p.caps, p.free, p.err = checkRegexPattern(pattern)
+	p.insts, p.caps, p.runes, p.free, p.err = checkRegexPattern(pattern)
 	return p
 }
 
@@ -440,17 +441,21 @@ func (p *regexProgram) compiled() *regexp.Regexp {
 // regexCache holds one evaluation's patterns (its budget's), so that a policy calling a regex
 // builtin for each of many values parses and compiles the pattern once, not at each call (a
 // pattern of 60,000 instructions took 25 ms). It keeps at most maxCachedPatterns, of
-// maxCachedInsts instructions together (their compiled programs stay alive as long as the
-// evaluation): past them, a pattern is made again for each call.
+// maxCachedInsts instructions and maxCachedRunes runes in their classes and literals together
+// (their compiled programs stay alive as long as the evaluation, charged to nothing; a class
+// is one instruction holding its ranges, so that 64 patterns of 87 \pL each held 28 MiB):
+// past them, a pattern is made again for each call.
 type regexCache struct {
 	mu       sync.Mutex
 	programs map[string]*regexProgram
 	insts    int64
+	runes    int64
 }
 
 const (
 	maxCachedPatterns = 64
 	maxCachedInsts    = maxRegexInsts
+	maxCachedRunes    = maxRegexRunes
 )
 
 // program answers pattern's regexProgram, from the cache when there (a nil cache: made for
@@ -471,12 +476,13 @@ func (c *regexCache) program(pattern string) *regexProgram {
 	if q, ok := c.programs[pattern]; ok {
 		return q
 	}
-	if len(c.programs) < maxCachedPatterns && c.insts+p.insts <= maxCachedInsts {
+	if len(c.programs) < maxCachedPatterns && c.insts+p.insts <= maxCachedInsts && c.runes+p.runes <= maxCachedRunes {
 		if c.programs == nil {
 			c.programs = make(map[string]*regexProgram)
 		}
 		c.programs[pattern] = p
 		c.insts += p.insts
+		c.runes += p.runes
 	}
 	return p
 }
@@ -542,13 +548,13 @@ func (p *regexProgram) check(text string, all, groups bool) error {
 
 // checkRegexPattern refuses a pattern too long or too large to compile, else answers
 // regexInsts's.
-func checkRegexPattern(pattern string) (insts, groups int64, free bool, _ error) {
+func checkRegexPattern(pattern string) (insts, groups, runes int64, free bool, _ error) {
 	if len(pattern) > maxRegexPattern {
-		return 0, 1, false, fmt.Errorf("a pattern of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
+		return 0, 1, 0, false, fmt.Errorf("a pattern of %d bytes is too long to compile in one call (at most %d): use a simpler pattern",
 			len(pattern), maxRegexPattern)
 	}
 	if err := checkRegexClasses(pattern); err != nil {
-		return 0, 1, false, err
+		return 0, 1, 0, false, err
 	}
 	return regexInsts(pattern)
 }
@@ -607,24 +613,25 @@ func fewMatches(p *regexProgram, text string, searches int64) bool {
 }
 
 // regexInsts answers the size of pattern's compiled program, as regexp compiles it, its
-// groups plus one, and whether it has no empty-width assertion (contextFree) (0, 1 and false
-// for a pattern that does not compile: the builtin reports it), or refuses a pattern whose
-// parse tree is too large to compile (not compiled: compiling is the work to avoid).
-func regexInsts(pattern string) (insts, groups int64, free bool, _ error) {
+// groups plus one, the runes of its classes and literals (progSize), and whether it has no
+// empty-width assertion (contextFree) (0, 1, 0 and false for a pattern that does not
+// compile: the builtin reports it), or refuses a pattern whose parse tree is too large to
+// compile (not compiled: compiling is the work to avoid).
+func regexInsts(pattern string) (insts, groups, runes int64, free bool, _ error) {
 	re, err := syntax.Parse(pattern, syntax.Perl)
 	if err != nil {
-		return 0, 1, false, nil
+		return 0, 1, 0, false, nil
 	}
 	n, runes := progSize(re)
 	if n > maxRegexInsts || runes > maxRegexRunes {
-		return 0, 1, false, fmt.Errorf("a pattern of about %d instructions and %d runes in its classes is too large to compile in one call "+
+		return 0, 1, 0, false, fmt.Errorf("a pattern of about %d instructions and %d runes in its classes is too large to compile in one call "+
 			"(at most %d and %d): use a simpler pattern", n, runes, maxRegexInsts, maxRegexRunes)
 	}
 	prog, err := syntax.Compile(re.Simplify())
 	if err != nil {
-		return 0, 1, false, nil
+		return 0, 1, 0, false, nil
 	}
-	return int64(len(prog.Inst)), int64(prog.NumCap / 2), contextFree(re), nil
+	return int64(len(prog.Inst)), int64(prog.NumCap / 2), runes, contextFree(re), nil
 }
 
 // progSize estimates the instructions the parse tree re compiles to, as regexp/syntax's parser
