@@ -89,8 +89,11 @@ func matchGlob(bctx topdown.BuiltinContext, operands []*ast.Term, iter func(*ast
 	}
 	re := p.compiled()
 	if re == nil {
+		// The glob package took the glob, and OPA's builtin would match it: a refusal, as
+		// an error would leave the call undefined (alternatives nested 1,250 deep are too
+		// deep for Go's parser).
 		_, err := regexp.Compile(expr)
-		return fmt.Errorf("glob %q: %w", pattern, err)
+		return halted(fmt.Errorf("the glob's expression does not compile (%w): use a simpler pattern", err))
 	}
 	return iter(ast.InternedTerm(re.MatchString(string(match))))
 }

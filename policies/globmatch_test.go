@@ -97,3 +97,30 @@ func TestGlobMatchRefusalFailsClosed(t *testing.T) {
 		t.Logf("%s: %.300v", c.name, d.Reasons)
 	}
 }
+
+// TestGlobMatchUntranslatableFailsClosed: a glob the glob package takes but whose regular
+// expression Go's parser refuses (alternatives nested 1,250 deep: "expression nests too
+// deeply") was a plain error, which OPA records and goes on from, the call undefined: a
+// rule denying by it was skipped where OPA's builtin matches and denies. It is a refusal,
+// which stops the evaluation.
+func TestGlobMatchUntranslatableFailsClosed(t *testing.T) {
+	ctx := context.Background()
+	deep := strings.Repeat("{a,c", 1250) + "b" + strings.Repeat("}", 1250)
+	g, err := glob.Compile(deep)
+	if err != nil || !g.Match("a") {
+		t.Fatalf("the glob package: %v, want it to match", err)
+	}
+	e := newEngine(t, nil, Options{EvalTimeout: 10 * time.Second})
+	src := "package wb.admission\n\ndeny contains \"denied\" if glob.match(input.request.metadata.glob, null, \"a\")\n"
+	if _, err := e.Put(ctx, "proj_glob_deep", "glob", src, ModeEnforce); err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Admit(ctx, admission("proj_glob_deep", 2, map[string]string{"glob": deep}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allow {
+		t.Errorf("glob.match of alternatives nested 1,250 deep, which OPA matches: %.300v, want the create denied", d)
+	}
+	t.Logf("%.300v", d.Reasons)
+}
