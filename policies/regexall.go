@@ -241,8 +241,12 @@ func regexAllOf(p *regexProgram, text string, groups bool, stop func() bool, alw
 	// Within the bound whatever its matches: OPA's builtin, whose string search skips ahead
 	// to a literal prefix and backtracks on short texts, is faster. It tracks every group's
 	// positions (regexProgram.check); these searches only when they are answered.
+	left := int64(maxRegexAllWork)
 	if n, all := int64(len(text))+1, insts*caps; !always && all*n <= maxRegexWork && all*n*n <= maxRegexWork {
-		return nil
+		if insts <= maxOPACachedInsts {
+			return nil
+		}
+		left = maxRegexWork // what OPA's builtin was allowed: its worst case fits
 	}
 	cost := insts
 	if groups {
@@ -253,7 +257,7 @@ func regexAllOf(p *regexProgram, text string, groups bool, stop func() bool, alw
 		return nil
 	}
 	prefix, _ := re.LiteralPrefix()
-	a := &regexAll{re: re, prefix: prefix, text: text, groups: groups, insts: insts, cost: cost, left: maxRegexAllWork, stop: stop}
+	a := &regexAll{re: re, prefix: prefix, text: text, groups: groups, insts: insts, cost: cost, left: left, stop: stop}
 	if groups && caps > 1 {
 		a.groupsNote = fmt.Sprintf(", its instructions counted once for each of its %d groups and once for the match, "+
 			"as this builtin tracks their positions", caps-1)

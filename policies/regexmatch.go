@@ -41,7 +41,7 @@ func regexOneOf(p *regexProgram, text string, stop func() bool, always bool) *re
 	if p.err != nil || p.insts == 0 {
 		return nil // refused, or it does not compile: OPA's builtin reports it
 	}
-	if !always && p.insts*(int64(len(text))+1) <= maxRegexWork {
+	if !always && p.insts <= maxOPACachedInsts && p.insts*(int64(len(text))+1) <= maxRegexWork {
 		return nil
 	}
 	re := p.compiled()

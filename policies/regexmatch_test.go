@@ -2,6 +2,8 @@ package policies
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -233,5 +235,47 @@ func TestRegexTemplateMatchBoundsItsParts(t *testing.T) {
 		{`<(>x<)>`, "x", "<", ">"},
 	} {
 		compareTemplateMatch(t, c[0], c[1], c[2], c[3])
+	}
+}
+
+// TestLargePatternsStayOutOfOPAsCache: a large pattern on a short text, within its work
+// bound, is not handed to OPA's builtin, whose cache of the last 100 patterns is the whole
+// process's (every tenant's): 100 regex.match calls of distinct 60,000-instruction patterns
+// held 295 MiB after a GC. Its answers stay OPA's.
+func TestLargePatternsStayOutOfOPAsCache(t *testing.T) {
+	match, split := regexOneReplacement(ast.RegexMatch.Name), regexAllReplacement(ast.RegexSplit.Name)
+	pattern := func(i int) string { return fmt.Sprintf("%d(?:%s){20}", i, strings.Repeat("a", 3000)) }
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.HeapAlloc
+	for i := range 40 {
+		for _, f := range []topdown.BuiltinFunc{match, split} {
+			if _, err := callBuiltin(f, topdown.BuiltinContext{}, []*ast.Term{ast.StringTerm(pattern(i)), ast.StringTerm("b")}); err != nil {
+				t.Fatalf("pattern %d: %v", i, err)
+			}
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	if held := int64(ms.HeapAlloc) - int64(before); held > 32<<20 {
+		t.Errorf("80 calls of 40 distinct 60,000-instruction patterns on \"b\": the heap held %.1f MiB after them, want at most 32 (OPA's cache keeps what it compiles)", float64(held)/(1<<20))
+	}
+	// Answers, within the bound: a pattern of 4,203 instructions, matched by 4,201 bytes.
+	small := fmt.Sprintf("0(?:%s){2}", strings.Repeat("a", 2100))
+	for _, c := range []struct{ name, text string }{
+		{ast.RegexMatch.Name, "b"}, {ast.RegexMatch.Name, "0" + strings.Repeat("a", 4200)}, {ast.RegexMatch.Name, "x0" + strings.Repeat("a", 4200) + "y"},
+		{ast.RegexMatch.Name, "x0" + strings.Repeat("a", 4199) + "y"}, {ast.RegexSplit.Name, "b"}, {ast.RegexSplit.Name, "x0y"},
+	} {
+		f := map[string]topdown.BuiltinFunc{ast.RegexMatch.Name: match, ast.RegexSplit.Name: split}[c.name]
+		{
+			name, text := c.name, c.text
+			ops := []*ast.Term{ast.StringTerm(small), ast.StringTerm(text)}
+			got, err := callBuiltin(f, topdown.BuiltinContext{}, ops)
+			want, werr := callBuiltin(topdown.GetBuiltin(name), topdown.BuiltinContext{}, ops)
+			if (err != nil) != (werr != nil) || (err == nil && !got.Equal(want)) {
+				t.Errorf("%s on a text of %d bytes: %v, %v; OPA: %v, %v", name, len(text), got, err, want, werr)
+			}
+		}
 	}
 }
