@@ -211,7 +211,8 @@ func Serve(ctx context.Context, cfg Config) error {
 				s.waitHandlers()
 				return fmt.Errorf("agent: serve %s: %w", ln.Addr(), err)
 			}
-			// The quiesce handler closed the listener; it sends the duration once it has answered.
+			// The quiesce handler closed the listener; it sends the duration, and answers once
+			// this loop has released everything.
 			select {
 			case <-ctx.Done():
 				s.shutdown(g, nil)
@@ -227,6 +228,7 @@ func Serve(ctx context.Context, cfg Config) error {
 			s.fwd.pause()
 		}
 		<-serveErr
+		close(q.released)
 		log.Info("agent quiesced", "for", q.most, "resume_file", q.resumeFile)
 		if !s.awaitResume(ctx, q) {
 			s.waitHandlers()
@@ -491,6 +493,7 @@ type quiesceRequest struct {
 type quiesce struct {
 	most       time.Duration
 	resumeFile string
+	released   chan struct{} // closed by the serve loop once the guest holds nothing of the host's
 }
 
 // resumeFilePattern: a plain file name, so the host names nothing outside the socket's directory.
@@ -556,7 +559,7 @@ func (s *server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "internal", "no connection state", "")
 		return
 	}
-	q := quiesce{most: time.Duration(req.ForMs) * time.Millisecond, resumeFile: req.ResumeFile}
+	q := quiesce{most: time.Duration(req.ForMs) * time.Millisecond, resumeFile: req.ResumeFile, released: make(chan struct{})}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "internal", "cannot take over the connection: "+err.Error(), "")
@@ -566,8 +569,16 @@ func (s *server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		_ = conn.Close()
 		return
 	}
-	defer func() { s.quiesceCh <- q }() // buffered; one quiesce per generation
 	s.closeSessions()
+	// Answered once the serve loop has let go of everything (the egress relay's listener
+	// too): the host may checkpoint the guest the moment it has read the answer.
+	s.quiesceCh <- q // buffered; one quiesce per generation
+	select {
+	case <-q.released:
+	case <-s.ctx.Done():
+		_ = conn.Close() // shutting down: no answer, and the host takes it as not quiesced
+		return
+	}
 	payload, _ := json.Marshal(map[string]any{"ok": true, "for_ms": req.ForMs})
 	_, _ = fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n%s\n", payload)
 	_ = brw.Flush()

@@ -39,10 +39,11 @@
 //     directory (204; 404 missing, 409 not empty). Relative paths resolve against Root; absolute
 //     ones are allowed (the guest is the boundary, not Root).
 //   - POST /v1/quiesce {"for_ms":N} (1–60000): closes the listener (removing the socket file),
-//     every connection and every PTY (killing what runs on them), answers 200 on its own
-//     connection with a body that ends when the agent closes that connection, waits N ms and
-//     listens again on the same path. So when Client.Quiesce returns, the guest holds no host
-//     socket and can be checkpointed (runsc refuses while one is open); a restored guest's timer
+//     every connection and every PTY (killing what runs on them) and the egress relay's
+//     listener and connections, answers 200 once all are gone on its own connection with a
+//     body that ends when the agent closes that connection, waits N ms and listens again on the
+//     same path. So when Client.Quiesce returns, the guest holds no host socket and no TCP
+//     endpoint and can be checkpointed (runsc refuses either); a restored guest's timer
 //     simply goes on and it listens again, as does the original.
 //
 // Exhaustion stays in the guest: with Config.PidsMax (runsc guests) every exec and PTY

@@ -19,6 +19,7 @@ type forwarder struct {
 	mu       sync.Mutex
 	paused   bool
 	ln       net.Listener
+	left     chan struct{} // closed once serve's accept loop has let go of ln (Go closes it only then)
 	conns    map[net.Conn]struct{}
 	resumed  chan struct{}
 }
@@ -48,6 +49,11 @@ func (f *forwarder) serve(ctx context.Context) {
 	for {
 		f.mu.Lock()
 		ln := f.ln
+		var left chan struct{}
+		if ln != nil {
+			left = make(chan struct{})
+			f.left = left
+		}
 		f.mu.Unlock()
 		if ln != nil {
 			for {
@@ -57,6 +63,7 @@ func (f *forwarder) serve(ctx context.Context) {
 				}
 				go f.relay(c)
 			}
+			close(left)
 		}
 		select {
 		case <-ctx.Done():
@@ -110,18 +117,22 @@ func closeWrite(c net.Conn) {
 	}
 }
 
-// pause closes the listener and every relayed host connection until resume.
+// pause closes the listener and every relayed host connection until resume. It returns once
+// the listening socket is gone: a blocked Accept holds it open until it returns.
 func (f *forwarder) pause() {
 	f.mu.Lock()
 	f.paused = true
-	conns, ln := f.conns, f.ln
-	f.conns, f.ln = map[net.Conn]struct{}{}, nil
+	conns, ln, left := f.conns, f.ln, f.left
+	f.conns, f.ln, f.left = map[net.Conn]struct{}{}, nil, nil
 	f.mu.Unlock()
 	if ln != nil {
 		_ = ln.Close()
 	}
 	for c := range conns {
 		_ = c.Close()
+	}
+	if left != nil {
+		<-left
 	}
 }
 
