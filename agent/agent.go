@@ -579,7 +579,9 @@ func (s *server) handleQuiesce(w http.ResponseWriter, r *http.Request) {
 		_ = conn.Close() // shutting down: no answer, and the host takes it as not quiesced
 		return
 	}
-	payload, _ := json.Marshal(map[string]any{"ok": true, "for_ms": req.ForMs})
+	// released: answered after everything was let go (an older agent answered before its
+	// egress relay had closed; see Client.QuiesceUntil).
+	payload, _ := json.Marshal(map[string]any{"ok": true, "for_ms": req.ForMs, "released": true})
 	_, _ = fmt.Fprintf(brw, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n%s\n", payload)
 	_ = brw.Flush()
 	_ = conn.Close()

@@ -1025,3 +1025,35 @@ func TestQuiesceReleasesEgress(t *testing.T) {
 		waitHealthy(t, c, 30*time.Second)
 	}
 }
+
+// TestQuiesceOlderAgentSettles: an older agent's quiesce answer (no "released": answered
+// before its egress relay had let go) is waited on for olderAgentSettle before QuiesceUntil
+// returns, so that a checkpoint that follows at once does not find the relay's listener.
+func TestQuiesceOlderAgentSettles(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "wbo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		_, _ = w.Write([]byte(`{"ok":true,"for_ms":1000}` + "\n")) // an older agent's answer
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	c := NewClient(sock)
+	t.Cleanup(func() { c.Close() })
+	start := time.Now()
+	if err := c.QuiesceUntil(testCtx(t, time.Minute), time.Second, "resume-1"); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < olderAgentSettle {
+		t.Fatalf("QuiesceUntil returned %v after an older agent's answer; want at least %v", took, olderAgentSettle)
+	}
+}

@@ -372,12 +372,31 @@ func (c *Client) QuiesceUntil(ctx context.Context, most time.Duration, resumeFil
 	defer resp.Body.Close()
 	// The answer's body ends when the agent closes the connection: reading it to its end is
 	// what tells that the agent has let go of every socket.
-	if _, err := io.Copy(io.Discard, io.LimitReader(resp.Body, 4096)); err != nil {
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
 		return fmt.Errorf("agent: quiesce: read answer: %w", err)
 	}
 	c.hc.CloseIdleConnections()
+	var answer struct {
+		Released bool `json:"released"`
+	}
+	if json.Unmarshal(raw, &answer) != nil || !answer.Released {
+		// An older agent (a guest started before the node's upgrade) answered before its
+		// egress relay let go of its TCP listener, which a checkpoint cannot save; a runsc
+		// process's start used to give it the time. It gets that time here.
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(olderAgentSettle):
+		}
+	}
 	return nil
 }
+
+// olderAgentSettle is how long QuiesceUntil waits after an older agent's answer, which came
+// before its egress relay had closed: about what a runsc checkpoint process took to start on
+// a loaded host.
+const olderAgentSettle = 100 * time.Millisecond
 
 // OpenFile streams the file at path (relative paths are relative to the agent's root).
 func (c *Client) OpenFile(ctx context.Context, path string) (io.ReadCloser, error) {
