@@ -139,37 +139,59 @@ func lastCall(t *testing.T, path string) string {
 // TestSnapshotAsksNoState: a snapshot of a guest this driver started knows the guest's state
 // (running, or paused by Pause) without asking the runtime: a `runsc state` is a process
 // start, about 0.1 s of a live snapshot here. The runtime runs only for what the snapshot
-// does: runsc resumes the paused guest and checkpoints it; runc freezes it (and the driver
-// thaws it through its freezer, see TestResumeStartsNoRunc).
+// does: runsc resumes the paused guest, and its checkpoint is asked of the sandbox directly
+// (see Driver.checkpoint: no runsc process); runc freezes it (and the driver thaws it
+// through its freezer, see TestResumeStartsNoRunc). A runsc snapshot restores.
 func TestSnapshotAsksNoState(t *testing.T) {
 	cat := catalog(t)
-	for rt, want := range map[string][]string{
-		oci.RuntimeRunsc: {"resume", "checkpoint"},
-		oci.RuntimeRunc:  {"pause"},
+	for _, c := range []struct {
+		rt     string
+		paused bool
+		want   []string
+	}{
+		{oci.RuntimeRunsc, false, nil},
+		{oci.RuntimeRunsc, true, []string{"resume"}},
+		{oci.RuntimeRunc, false, []string{"pause"}},
 	} {
-		t.Run(rt, func(t *testing.T) {
-			d, calls := countingDriver(t, rt)
+		t.Run(fmt.Sprintf("%s/paused=%v", c.rt, c.paused), func(t *testing.T) {
+			d, calls := countingDriver(t, c.rt)
 			ctx := ctxT(t, 5*time.Minute)
 			s := guestSpec(t, cat[templates.Base], jobRunner)
 			g, _, _, _ := boot(t, d, s)
-			if rt == oci.RuntimeRunsc {
+			g.mustRun("echo before > /workspace/f")
+			if c.paused {
 				if err := d.Pause(ctx, s.ID); err != nil {
 					t.Fatal(err)
 				}
 			}
 			before := runtimeCalls(t, calls)
-			si, err := d.Snapshot(ctx, s.ID, filepath.Join(t.TempDir(), "snap"), true)
+			snap := filepath.Join(t.TempDir(), "snap")
+			si, err := d.Snapshot(ctx, s.ID, snap, true)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if si.Memory != (rt == oci.RuntimeRunsc) {
-				t.Fatalf("snapshot %+v: memory %v, want %v", si, si.Memory, rt == oci.RuntimeRunsc)
+			if si.Memory != (c.rt == oci.RuntimeRunsc) {
+				t.Fatalf("snapshot %+v: memory %v, want %v", si, si.Memory, c.rt == oci.RuntimeRunsc)
 			}
-			if got := subcommands(t, calls, before); !slices.Equal(got, want) {
-				t.Fatalf("the snapshot ran the runtime for %v, want %v", got, want)
+			if got := subcommands(t, calls, before); !slices.Equal(got, c.want) {
+				t.Fatalf("the snapshot ran the runtime for %v, want %v", got, c.want)
 			}
-			if rt == oci.RuntimeRunc {
+			if c.rt == oci.RuntimeRunc {
 				g.mustRun("true") // thawed: it still runs jobs
+				return
+			}
+			// The checkpoint stopped the guest; its image restores it, files and all.
+			if err := d.Delete(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			// The checkpoint's image restores (TestSnapshotMemoryRunsc checks what it holds).
+			r := guestSpec(t, cat[templates.Base], "exit 1") // a memory restore runs no args
+			track(t, d, r)
+			if err := d.Restore(ctx, r, snap); err != nil {
+				t.Fatal(err)
+			}
+			if info, err := d.Info(ctx, r.ID); err != nil || info.State != hypervisor.StateRunning {
+				t.Fatalf("the restored guest: %+v, %v; want running", info, err)
 			}
 		})
 	}

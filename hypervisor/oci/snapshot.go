@@ -71,6 +71,8 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 	useMemory := memory && d.name == RuntimeRunsc &&
 		(state == hypervisor.StateRunning || state == hypervisor.StatePaused)
 	maxLayer := int64(g.Spec.DiskGiB) << 30
+	t0 := time.Now()
+	var ckpt time.Duration
 	switch {
 	case useMemory:
 		// The checkpoint stops the guest: a layer that writeLayer would refuse is refused
@@ -78,7 +80,7 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		if err := checkLayerSize(g.Spec.Writable, maxLayer); err != nil {
 			return out, err
 		}
-		t0 := time.Now()
+		t1 := time.Now()
 		img := filepath.Join(dir, snapshotMemory)
 		if err := os.MkdirAll(img, 0o700); err != nil {
 			return out, fmt.Errorf("oci: snapshot dir: %w", err)
@@ -91,11 +93,11 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 			}
 			d.setKnownState(id, hypervisor.StateRunning)
 		}
-		if err := d.rt.Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: img}); err != nil {
-			return out, d.wrap("checkpoint", id, err)
+		if err := d.checkpoint(ctx, id, img); err != nil {
+			return out, err
 		}
 		d.setKnownState(id, hypervisor.StateStopped) // until its sandbox is gone
-		d.log.Debug("guest checkpointed", "id", id, "took", time.Since(t0))
+		ckpt = time.Since(t1)
 	case state == hypervisor.StateRunning:
 		if err := d.freeze(ctx, id); err != nil {
 			return out, err
@@ -111,9 +113,11 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 	if memory && !useMemory {
 		d.log.Debug("memory snapshot not available; disk only", "id", id, "state", state)
 	}
+	t2 := time.Now()
 	if err := writeLayer(ctx, g.Spec.Writable, filepath.Join(dir, snapshotLayer), maxLayer); err != nil {
 		return out, err
 	}
+	layer := time.Since(t2)
 	rec := snapshotRecord{
 		Format: snapshotFormat, Runtime: d.name, GuestID: id, Memory: useMemory, CreatedAt: time.Now().UTC(),
 		RootFS: g.Spec.RootFS, AgentBin: g.Spec.AgentBin != "", Layer: snapshotLayer,
@@ -126,6 +130,9 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 	}
 	out.Memory = useMemory
 	out.SizeBytes = guestfile.DiskUsage(dir)
+	if useMemory {
+		d.log.Debug("guest checkpointed", "id", id, "took", time.Since(t0), "checkpoint", ckpt, "layer", layer)
+	}
 	return out, nil
 }
 

@@ -561,3 +561,17 @@ func TestAgentGoMaxProcsUnderRunsc(t *testing.T) {
 		t.Fatalf("an init that is not the agent gets the agent's %s: %v", agentGoMaxProcsEnv, env)
 	}
 }
+
+// TestCheckpointSandboxAbsent: a guest whose sandbox has no control socket where this runsc
+// build puts it is left to `runsc checkpoint` (errNoDirectCheckpoint), with nothing written
+// into its image directory, which runsc checkpoint wants without its image file.
+func TestCheckpointSandboxAbsent(t *testing.T) {
+	img := t.TempDir()
+	err := checkpointSandbox(t.Context(), fmt.Sprintf("no-such-guest-%d", os.Getpid()), img)
+	if !errors.Is(err, errNoDirectCheckpoint) {
+		t.Fatalf("checkpointSandbox of a guest with no sandbox: %v; want errNoDirectCheckpoint", err)
+	}
+	if ents, _ := os.ReadDir(img); len(ents) != 0 {
+		t.Fatalf("the image dir holds %v after a checkpoint that was not asked", ents)
+	}
+}
