@@ -80,6 +80,9 @@ type Driver struct {
 	diskMu        sync.Mutex // held while a disk template is made (diskTemplate)
 	seccomp       *specs.LinuxSeccomp
 	unlimitedDisk bool
+	// directCheckpoint: this runsc is a build whose sandbox's checkpoint call
+	// checkpointSandbox speaks (runscBuildKnown).
+	directCheckpoint bool
 
 	initMu sync.Mutex
 	inits  map[string]initProc // guest id → its process as this driver's create found it
@@ -158,17 +161,23 @@ func New(o Options) (*Driver, error) {
 			rt.ExtraArgs = append([]string(nil), o.RunscFlags...)
 		}
 	}
+	direct := false
+	if name == RuntimeRunsc {
+		out, err := exec.Command(bin, "--version").Output()
+		direct = err == nil && runscBuildKnown(out)
+	}
 	return &Driver{
-		name:          name,
-		rt:            rt,
-		bundleRoot:    o.BundleRoot,
-		cgroupParent:  filepath.Clean(o.CgroupParent),
-		cg:            cg,
-		eventInterval: o.EventInterval,
-		log:           o.Logger.With("driver", "oci", "runtime", name),
-		seccomp:       sc,
-		unlimitedDisk: o.AllowUnlimitedDisk,
-		inits:         map[string]initProc{},
+		directCheckpoint: direct,
+		name:             name,
+		rt:               rt,
+		bundleRoot:       o.BundleRoot,
+		cgroupParent:     filepath.Clean(o.CgroupParent),
+		cg:               cg,
+		eventInterval:    o.EventInterval,
+		log:              o.Logger.With("driver", "oci", "runtime", name),
+		seccomp:          sc,
+		unlimitedDisk:    o.AllowUnlimitedDisk,
+		inits:            map[string]initProc{},
 	}, nil
 }
 

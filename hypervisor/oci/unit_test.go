@@ -575,3 +575,20 @@ func TestCheckpointSandboxAbsent(t *testing.T) {
 		t.Fatalf("the image dir holds %v after a checkpoint that was not asked", ents)
 	}
 }
+
+// TestRunscBuildKnown: only the runsc build checkpointSandbox was tested against is sent its
+// call; any other, or an answer that is not runsc's, is left to runsc checkpoint.
+func TestRunscBuildKnown(t *testing.T) {
+	for version, want := range map[string]bool{
+		"runsc version 0.0~20221219.0\nspec: 1.0.2-dev\n": true,
+		"runsc version release-20221219.0\n":              true,
+		"runsc version release-20240807.0\nspec: 1.1.0\n": false,
+		"runc version 1.1.5\n":                            false,
+		"spec: 20221219\n":                                false,
+		"":                                                false,
+	} {
+		if got := runscBuildKnown([]byte(version)); got != want {
+			t.Errorf("runscBuildKnown(%q) = %v, want %v", version, got, want)
+		}
+	}
+}
