@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -438,4 +439,176 @@ func cpuTicks(b *testing.B, pid int) int64 {
 		b.Fatalf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
 	}
 	return utime + stime
+}
+
+// BenchmarkGuestStartCPU measures the host CPU one runsc guest costs: its cgroup's (sandbox
+// and gofer) from `runsc run --detach` until its process is ready (ready-cpu-ms) and until it
+// is deleted (total-cpu-ms), the runtime commands' own (the driver's children:
+// runsc-cli-cpu-ms), and the two together (total-with-cli-cpu-ms). Three processes on the
+// same root file system and mounts: agent, wb's agent as a node starts it; listener, a static
+// Go program that only listens on the agent's socket; true, /bin/true (ready when the
+// driver's Launch returns). The cgroup is read through the driver's cgroup parent, whose
+// cpuacct usage keeps its removed children's (cgroup v1; skipped elsewhere). Beside them,
+// bare-true: a bare `runsc run` (bareBundle) of `sh -c true` on the same root file system,
+// whose CPU is the runsc CLI's with its sandbox's and gofer's (it waits for them).
+func BenchmarkGuestStartCPU(b *testing.B) {
+	cat := catalog(b)
+	agentBin, err := wbbin.Agent(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	listener := buildListener(b)
+	agentArgs := []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace}
+	b.Run("bare-true", func(b *testing.B) {
+		// The runsc CLI waits for the sandbox and gofer it started: their CPU is its children's.
+		bundle := bareBundle(b, cat[templates.Base].RootFS, "true")
+		global := bareGlobal(b, oci.RuntimeRunsc)
+		var total []time.Duration
+		n := 0
+		for b.Loop() {
+			n++
+			c0 := childrenCPU(b)
+			args := append(slices.Clone(global), "run", "--bundle", bundle, "bare"+strconv.Itoa(n))
+			if out, err := exec.Command(oci.RuntimeRunsc, args...).CombinedOutput(); err != nil {
+				b.Fatalf("runsc run: %v: %s", err, out)
+			}
+			total = append(total, childrenCPU(b)-c0)
+		}
+		reportMedian(b, "total-with-cli-cpu-ms", total)
+	})
+	for _, v := range []struct {
+		name, bin string
+		args      []string
+	}{
+		{"agent", agentBin, agentArgs},
+		{"listener", listener, agentArgs},
+		{"true", "", []string{"/bin/true"}},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			cgParent := "/wbtest-" + randHex(b, 4)
+			d := newDriver(b, oci.RuntimeRunsc, func(o *oci.Options) { o.CgroupParent = cgParent })
+			// The parent is made before the first guest, so that its usage is there to read
+			// before the guest's create (the driver removes it when the benchmark ends).
+			cgDir := filepath.Join("/sys/fs/cgroup/cpuacct", cgParent)
+			if err := os.Mkdir(cgDir, 0o755); err != nil {
+				b.Skipf("no cgroup v1 cpuacct hierarchy here: %v", err)
+			}
+			usage := func() time.Duration {
+				n, err := os.ReadFile(filepath.Join(cgDir, "cpuacct.usage"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				v, err := strconv.ParseInt(strings.TrimSpace(string(n)), 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return time.Duration(v)
+			}
+			ctx := context.Background()
+			var ready, total, cli, all []time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				s := guestSpec(b, cat[templates.Base], "")
+				s.AgentBin, s.Args = v.bin, v.args
+				if err := os.MkdirAll(s.AgentDir, 0o755); err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { // a guest a failed iteration leaves
+					_ = d.Stop(ctx, s.ID)
+					_ = d.Delete(ctx, s.ID)
+				})
+				b.StartTimer()
+				u0, c0 := usage(), childrenCPU(b)
+				if err := d.Launch(ctx, s); err != nil {
+					b.Fatal(err)
+				}
+				for deadline := time.Now().Add(2 * time.Minute); v.bin != ""; time.Sleep(2 * time.Millisecond) {
+					if _, err := os.Stat(filepath.Join(s.AgentDir, "agent.sock")); err == nil {
+						break
+					} else if time.Now().After(deadline) {
+						b.Fatalf("no socket within 2 minutes: %v", err)
+					}
+				}
+				ready = append(ready, usage()-u0)
+				if err := d.Stop(ctx, s.ID); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Delete(ctx, s.ID); err != nil {
+					b.Fatal(err)
+				}
+				total = append(total, usage()-u0)
+				cli = append(cli, childrenCPU(b)-c0)
+				all = append(all, total[len(total)-1]+cli[len(cli)-1])
+			}
+			reportMedian(b, "ready-cpu-ms", ready)
+			reportMedian(b, "total-cpu-ms", total)
+			reportMedian(b, "runsc-cli-cpu-ms", cli)
+			reportMedian(b, "total-with-cli-cpu-ms", all)
+		})
+	}
+}
+
+// childrenCPU is the user and system CPU of this process's waited-for descendants so far.
+func childrenCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportMedian reports the median of ds, in ms, as unit.
+func reportMedian(b *testing.B, unit string, ds []time.Duration) {
+	if len(ds) == 0 {
+		return
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	b.ReportMetric(float64(s[len(s)/2].Microseconds())/1000, unit)
+}
+
+// buildListener builds a static Go program that listens on the Unix socket of its --socket
+// flag and serves nothing: the least a Go agent does before it answers.
+func buildListener(b *testing.B) string {
+	b.Helper()
+	dir := b.TempDir()
+	src := `package main
+
+import (
+	"flag"
+	"net"
+	"os"
+)
+
+func main() {
+	socket := flag.String("socket", "", "")
+	flag.String("root", "", "")
+	_ = flag.CommandLine.Parse(os.Args[2:])
+	_ = os.Remove(*socket)
+	l, err := net.Listen("unix", *socket)
+	if err != nil {
+		os.Exit(1)
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			os.Exit(1)
+		}
+		c.Close()
+	}
+}
+`
+	for name, text := range map[string]string{"main.go": src, "go.mod": "module listener\n\ngo 1.22\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "listener")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build listener: %v: %s", err, out)
+	}
+	return bin
 }
