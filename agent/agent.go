@@ -36,8 +36,9 @@ const (
 	ExitNotFound = 127
 
 	outputChunkBytes = 32 << 10
-	// spareOSThreads is how many OS threads the agent makes at start and keeps idle: Go dies
-	// when it cannot create a thread, and a guest at its process limit leaves none to create.
+	// spareOSThreads is how many OS threads the agent makes at start and keeps idle where the
+	// guest's processes share its process limit (spareThreadsFor): Go dies when it cannot
+	// create a thread, and a guest at its process limit leaves none to create.
 	spareOSThreads = 24
 	shutdownGrace  = 5 * time.Second
 )
@@ -159,7 +160,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		if err := undumpable(); err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
-		spareThreads(spareOSThreads)
+		spareThreads(spareThreadsFor(s.procs.cg))
 	}
 
 	guardCtx, stopGuard := context.WithCancel(ctx)

@@ -46,15 +46,16 @@
 //     endpoint and can be checkpointed (runsc refuses either); a restored guest's timer
 //     simply goes on and it listens again, as does the original.
 //
-// Exhaustion stays in the guest: with Config.PidsMax (runsc guests) every exec and PTY
-// process starts in a pids cgroup of gVisor's, below the sandbox's host limit (forked by one
-// thread of the agent's that lives there; the hierarchy is unmounted once set up and no file of
-// it that a write could use stays open, so guest root can neither raise the limit nor leave
-// it), and the agent ends them all when they stay at that limit (a fork bomb; bombGuard samples the count only
-// while a guest process could fork, and seldom while it stays low: each sample costs the host
-// about 3 ms of CPU under gVisor's ptrace platform); as the guest's init it drops
-// CAP_SYS_ADMIN once that cgroup is set up and keeps spare OS threads; a command refused for
-// the process limit gets exit 126 and says so.
+// Exhaustion stays in the guest: with Config.PidsMax (runsc guests) every exec and PTY process
+// starts in a pids cgroup of gVisor's, below the sandbox's host limit (forked by one thread of
+// the agent's that lives there; the hierarchy is unmounted once set up and no file of it that a
+// write could use stays open, so guest root can neither raise the limit nor leave it), and the
+// agent ends them all when they stay at that limit (a fork bomb; bombGuard samples the count
+// only while a guest process could fork, and seldom while it stays low: each sample costs the
+// host about 3 ms of CPU under gVisor's ptrace platform); as the guest's init it drops
+// CAP_SYS_ADMIN once that cgroup is set up, and keeps spare OS threads where there is none (a
+// runc guest's limit counts the agent's threads too); a command refused for the process limit
+// gets exit 126 and says so.
 //
 // In a VM (Cloud Hypervisor) the agent listens on a vsock port (Config.VsockPort, `wb agent
 // --vsock-port N`) instead of a Unix socket; with $WB_VSOCK_UNIX_DIR set (the test VMM, which
