@@ -1057,3 +1057,133 @@ func TestQuiesceOlderAgentSettles(t *testing.T) {
 		t.Fatalf("QuiesceUntil returned %v after an older agent's answer; want at least %v", took, olderAgentSettle)
 	}
 }
+
+// TestQuiesceClosesRelayedConns: a connection a guest process has open through the egress
+// relay is closed by the agent, on the guest's side too, before the quiesce is answered.
+// gVisor refuses to save a TCP endpoint that a process waits on ("encoding error at object
+// tcp.endpoint … endpoint still has waiters upon save"; reproduced with runsc 20221219), and
+// the relay's copy from the guest's side waited on it after the answer: closing only the
+// host's side half-closed the guest's, whose read went on until the guest's process closed
+// its own end.
+func TestQuiesceClosesRelayedConns(t *testing.T) {
+	t.Parallel()
+	dir, err := os.MkdirTemp("", "wbr") // short: sun_path holds 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	up, err := net.Listen("unix", filepath.Join(dir, "egress.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = up.Close() })
+	upConns := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := up.Accept()
+			if err != nil {
+				return
+			}
+			upConns <- c // the node's egress proxy: holds the connection
+		}
+	}()
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	egress := probe.Addr().String()
+	port := probe.Addr().(*net.TCPAddr).Port
+	_ = probe.Close()
+	cfg := Config{Socket: filepath.Join(dir, "agent.sock"), Root: filepath.Join(dir, "root"),
+		Logger: slog.New(slog.DiscardHandler), EgressListen: egress, EgressSocket: filepath.Join(dir, "egress.sock")}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, cfg) }()
+	c := NewClient(cfg.Socket)
+	t.Cleanup(func() {
+		c.Close()
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("Serve did not return after its context ended")
+		}
+	})
+	waitHealthy(t, c, 30*time.Second)
+	tctx := testCtx(t, 2*time.Minute)
+	// A guest process's connection through the relay, which it keeps open.
+	guest, err := net.DialTimeout("tcp", egress, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = guest.Close() })
+	if _, err := guest.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case u := <-upConns:
+		t.Cleanup(func() { _ = u.Close() })
+		if _, err := io.ReadFull(u, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+	case <-tctx.Done():
+		t.Fatal("the relay never reached the egress socket")
+	}
+	if err := c.QuiesceUntil(tctx, 30*time.Second, "resume-1"); err != nil {
+		t.Fatal(err)
+	}
+	if held := heldTCP(t, port); len(held) > 0 {
+		t.Fatalf("after the quiesce was answered the agent still holds the relay's TCP sockets on port %d: %v", port, held)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "resume-1"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitHealthy(t, c, 30*time.Second)
+	// Resumed, it relays again.
+	var again net.Conn
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if again, err = net.DialTimeout("tcp", egress, 5*time.Second); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the egress relay does not listen again: %v", err)
+		}
+	}
+	t.Cleanup(func() { _ = again.Close() })
+	if _, err := again.Write([]byte("y")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case u := <-upConns:
+		t.Cleanup(func() { _ = u.Close() })
+		b := make([]byte, 1)
+		if _, err := io.ReadFull(u, b); err != nil || b[0] != 'y' {
+			t.Fatalf("the resumed relay passed %q, %v; want y", b, err)
+		}
+	case <-tctx.Done():
+		t.Fatal("the resumed relay never reached the egress socket")
+	}
+}
+
+// heldTCP lists the IPv4 TCP sockets whose local port is port that a process holds (a
+// nonzero inode in /proc/net/tcp: an orphaned socket, closed by its process, has none), as
+// "state:inode".
+func heldTCP(t *testing.T, port int) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := fmt.Sprintf(":%04X", port)
+	var held []string
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 10 || !strings.HasSuffix(f[1], suffix) {
+			continue
+		}
+		if f[9] != "0" {
+			held = append(held, f[3]+":"+f[9])
+		}
+	}
+	return held
+}

@@ -11,7 +11,7 @@ import (
 // forwarder is the guest's only way out: a TCP listener on the guest's loopback (the
 // HTTP proxy address its processes are given) whose connections it relays, byte for byte,
 // to the node's egress proxy on a host Unix socket. The node asks the runtime policy about
-// each connection. Paused (a quiesce), it holds neither a host socket nor a listener: this
+// each connection. Paused (a quiesce), it holds no host socket, listener or guest connection: this
 // gVisor cannot checkpoint a TCP endpoint.
 type forwarder struct {
 	addr     string // guest loopback address to listen on
@@ -20,12 +20,14 @@ type forwarder struct {
 	paused   bool
 	ln       net.Listener
 	left     chan struct{} // closed once serve's accept loop has let go of ln (Go closes it only then)
-	conns    map[net.Conn]struct{}
-	resumed  chan struct{}
+	// conns: both ends of every relay, the guest's (with a channel closed once its relay has
+	// ended) and the host's (nil).
+	conns   map[net.Conn]chan struct{}
+	resumed chan struct{}
 }
 
 func newForwarder(addr, upstream string) *forwarder {
-	return &forwarder{addr: addr, upstream: upstream, conns: map[net.Conn]struct{}{}, resumed: make(chan struct{}, 1)}
+	return &forwarder{addr: addr, upstream: upstream, conns: map[net.Conn]chan struct{}{}, resumed: make(chan struct{}, 1)}
 }
 
 // listen opens the listener; Serve calls it first so that a bad address fails at start.
@@ -61,7 +63,12 @@ func (f *forwarder) serve(ctx context.Context) {
 				if err != nil {
 					break
 				}
-				go f.relay(c)
+				ended, ok := f.track(c)
+				if !ok {
+					_ = c.Close()
+					continue
+				}
+				go f.relay(c, ended)
 			}
 			close(left)
 		}
@@ -79,14 +86,29 @@ func (f *forwarder) serve(ctx context.Context) {
 	}
 }
 
-func (f *forwarder) relay(c net.Conn) {
-	defer c.Close()
+// track registers guest connection c, unless the forwarder is paused, with the channel its
+// relay closes once it has ended.
+func (f *forwarder) track(c net.Conn) (chan struct{}, bool) {
 	f.mu.Lock()
-	paused := f.paused
-	f.mu.Unlock()
-	if paused {
-		return
+	defer f.mu.Unlock()
+	if f.paused {
+		return nil, false
 	}
+	ended := make(chan struct{})
+	f.conns[c] = ended
+	return ended, true
+}
+
+// relay copies between guest connection c (tracked by track) and a new connection to the
+// upstream, and closes ended once it has let go of both.
+func (f *forwarder) relay(c net.Conn, ended chan struct{}) {
+	defer close(ended)
+	defer func() {
+		f.mu.Lock()
+		delete(f.conns, c)
+		f.mu.Unlock()
+		_ = c.Close()
+	}()
 	up, err := net.DialTimeout("unix", f.upstream, 5*time.Second)
 	if err != nil {
 		return
@@ -97,7 +119,7 @@ func (f *forwarder) relay(c net.Conn) {
 		f.mu.Unlock()
 		return
 	}
-	f.conns[up] = struct{}{}
+	f.conns[up] = nil
 	f.mu.Unlock()
 	defer func() {
 		f.mu.Lock()
@@ -117,13 +139,15 @@ func closeWrite(c net.Conn) {
 	}
 }
 
-// pause closes the listener and every relayed host connection until resume. It returns once
-// the listening socket is gone: a blocked Accept holds it open until it returns.
+// pause closes the listener and every relayed connection, the guest's and the host's, until
+// resume. It returns once the listening socket is gone (a blocked Accept holds it open until
+// it returns) and every relay has ended: a relay's copy waiting on the guest's end is what
+// gVisor refuses to checkpoint ("endpoint still has waiters upon save").
 func (f *forwarder) pause() {
 	f.mu.Lock()
 	f.paused = true
 	conns, ln, left := f.conns, f.ln, f.left
-	f.conns, f.ln, f.left = map[net.Conn]struct{}{}, nil, nil
+	f.conns, f.ln, f.left = map[net.Conn]chan struct{}{}, nil, nil
 	f.mu.Unlock()
 	if ln != nil {
 		_ = ln.Close()
@@ -133,6 +157,11 @@ func (f *forwarder) pause() {
 	}
 	if left != nil {
 		<-left
+	}
+	for _, ended := range conns {
+		if ended != nil {
+			<-ended
+		}
 	}
 }
 
