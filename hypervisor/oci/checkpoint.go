@@ -91,7 +91,12 @@ func checkpointSandbox(ctx context.Context, id, img string) error {
 		return err
 	}
 	// The save goes on in the sandbox whatever happens here (as it does when runsc
-	// checkpoint is killed); a cancelled ctx stops the wait for its answer.
+	// checkpoint is killed); a cancelled ctx stops the wait for its answer. A ctx that has
+	// already ended asks nothing, as runsc checkpoint's process is then not started: the
+	// save would stop the guest that the caller is told was not checkpointed.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	if _, _, err := conn.WriteMsgUnix(call, syscall.UnixRights(int(f.Fd())), nil); err != nil {

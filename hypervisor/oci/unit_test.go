@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -589,6 +590,60 @@ func TestRunscBuildKnown(t *testing.T) {
 	} {
 		if got := runscBuildKnown([]byte(version)); got != want {
 			t.Errorf("runscBuildKnown(%q) = %v, want %v", version, got, want)
+		}
+	}
+}
+
+// fakeSandbox listens where runsc 20221219's sandbox of guest id has its control socket and
+// sends what each connection writes to calls.
+func fakeSandbox(t *testing.T, id string) <-chan []byte {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@runsc-sandbox." + id + "\x00", Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	calls := make(chan []byte, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b, _ := io.ReadAll(io.LimitReader(c, 4096))
+				calls <- b
+			}()
+		}
+	}()
+	return calls
+}
+
+// TestCheckpointSandboxCancelled: a checkpoint whose context has ended is not asked of the
+// sandbox, as runsc checkpoint, whose process is then not started, is not: the sandbox saves
+// what it was asked whatever happens to the caller, and the save stops the guest, which the
+// caller was told had not been checkpointed.
+func TestCheckpointSandboxCancelled(t *testing.T) {
+	id := fmt.Sprintf("qrev-cancelled-%d", os.Getpid())
+	calls := fakeSandbox(t, id)
+	for i := range 20 {
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		err := checkpointSandbox(ctx, id, t.TempDir())
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("attempt %d: checkpointSandbox with an ended context: %v; want context.Canceled", i, err)
+		}
+	}
+	deadline := time.After(time.Second)
+	for {
+		select {
+		case b := <-calls:
+			if len(b) > 0 {
+				t.Fatalf("checkpointSandbox with an ended context sent the sandbox %q", b)
+			}
+		case <-deadline:
+			return
 		}
 	}
 }
