@@ -170,8 +170,8 @@ func regexTemplateMatch(orig topdown.BuiltinFunc, take oneSearch) topdown.Builti
 // builtin compiles it ("^part$"), which refuses the template when one does not.
 func templatePartsParse(tpl string, start, end byte) bool {
 	ok := true
-	eachTemplatePart(tpl, start, end, func(part string) bool {
-		_, err := syntax.Parse("^"+part+"$", syntax.Perl)
+	eachTemplatePart(tpl, start, end, func(lo, hi int) bool {
+		_, err := syntax.Parse("^"+tpl[lo+1:hi]+"$", syntax.Perl)
 		ok = err == nil
 		return ok
 	})
@@ -184,8 +184,8 @@ func templatePartsParse(tpl string, start, end byte) bool {
 func checkTemplateParts(tpl string, start, end byte) error {
 	var insts, runes, classRunes, folded int64
 	var err error
-	eachTemplatePart(tpl, start, end, func(part string) bool {
-		pattern := "^" + part + "$"
+	eachTemplatePart(tpl, start, end, func(lo, hi int) bool {
+		pattern := "^" + tpl[lo+1:hi] + "$"
 		if classRunes += unicodeClassRunes(pattern); classRunes > maxRegexRunes {
 			err = unicodeClassesError(classRunes)
 			return false
@@ -209,9 +209,11 @@ func checkTemplateParts(tpl string, start, end byte) error {
 	return err
 }
 
-// eachTemplatePart calls f with each delimited part of tpl (balanced), in order, while f
-// answers true.
-func eachTemplatePart(tpl string, start, end byte, f func(part string) bool) {
+// eachTemplatePart calls f with each delimited part of tpl, in order, while f answers true:
+// the indexes of its start and end delimiters (the part is tpl[lo+1:hi]). It answers
+// false when the delimiters do not balance (an end before its start, or a start left open),
+// which OPA's builtin refuses; true when f stopped it.
+func eachTemplatePart(tpl string, start, end byte, f func(lo, hi int) bool) (balanced bool) {
 	level, from := 0, 0
 	for i := range len(tpl) {
 		switch tpl[i] {
@@ -220,9 +222,12 @@ func eachTemplatePart(tpl string, start, end byte, f func(part string) bool) {
 				from = i
 			}
 		case end:
-			if level--; level == 0 && !f(tpl[from+1:i]) {
-				return
+			if level--; level < 0 {
+				return false
+			} else if level == 0 && !f(from, i) {
+				return true
 			}
 		}
 	}
+	return level == 0
 }

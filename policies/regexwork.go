@@ -675,23 +675,12 @@ func progSize(re *syntax.Regexp) (n, runes int64) {
 func templatePattern(tpl string, start, end byte) (string, bool) {
 	var b strings.Builder
 	b.WriteByte('^')
-	level, from, last := 0, 0, 0
-	for i := range len(tpl) {
-		switch tpl[i] {
-		case start:
-			if level++; level == 1 {
-				from = i
-			}
-		case end:
-			if level--; level == 0 {
-				fmt.Fprintf(&b, "%s(%s)", regexp.QuoteMeta(tpl[last:from]), tpl[from+1:i])
-				last = i + 1
-			} else if level < 0 {
-				return "", false
-			}
-		}
-	}
-	if level != 0 {
+	last := 0
+	if !eachTemplatePart(tpl, start, end, func(lo, hi int) bool {
+		fmt.Fprintf(&b, "%s(%s)", regexp.QuoteMeta(tpl[last:lo]), tpl[lo+1:hi])
+		last = hi + 1
+		return true
+	}) {
 		return "", false
 	}
 	b.WriteString(regexp.QuoteMeta(tpl[last:]))
