@@ -973,28 +973,7 @@ func TestQuiesceReleasesEgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = up.Close() })
-	probe, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	egress := probe.Addr().String()
-	_ = probe.Close()
-	cfg := Config{Socket: filepath.Join(dir, "agent.sock"), Root: filepath.Join(dir, "root"),
-		Logger: slog.New(slog.DiscardHandler), EgressListen: egress, EgressSocket: filepath.Join(dir, "egress.sock")}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, cfg) }()
-	c := NewClient(cfg.Socket)
-	t.Cleanup(func() {
-		c.Close()
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Errorf("Serve did not return after its context ended")
-		}
-	})
-	waitHealthy(t, c, 30*time.Second)
+	c, egress, _ := serveWithEgress(t, dir)
 	tctx := testCtx(t, 2*time.Minute)
 	listening := func() bool {
 		conn, err := net.DialTimeout("tcp", egress, 5*time.Second)
@@ -1087,29 +1066,7 @@ func TestQuiesceClosesRelayedConns(t *testing.T) {
 			upConns <- c // the node's egress proxy: holds the connection
 		}
 	}()
-	probe, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	egress := probe.Addr().String()
-	port := probe.Addr().(*net.TCPAddr).Port
-	_ = probe.Close()
-	cfg := Config{Socket: filepath.Join(dir, "agent.sock"), Root: filepath.Join(dir, "root"),
-		Logger: slog.New(slog.DiscardHandler), EgressListen: egress, EgressSocket: filepath.Join(dir, "egress.sock")}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, cfg) }()
-	c := NewClient(cfg.Socket)
-	t.Cleanup(func() {
-		c.Close()
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			t.Errorf("Serve did not return after its context ended")
-		}
-	})
-	waitHealthy(t, c, 30*time.Second)
+	c, egress, port := serveWithEgress(t, dir)
 	tctx := testCtx(t, 2*time.Minute)
 	// A guest process's connection through the relay, which it keeps open.
 	guest, err := net.DialTimeout("tcp", egress, 5*time.Second)
@@ -1163,6 +1120,36 @@ func TestQuiesceClosesRelayedConns(t *testing.T) {
 	case <-tctx.Done():
 		t.Fatal("the resumed relay never reached the egress socket")
 	}
+}
+
+// serveWithEgress runs Serve with its socket in dir and an egress relay from a free loopback
+// port (egress, port) to dir/egress.sock, which the caller listens on, and waits until it
+// answers; cleanup stops it.
+func serveWithEgress(t *testing.T, dir string) (c *Client, egress string, port int) {
+	t.Helper()
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	egress, port = probe.Addr().String(), probe.Addr().(*net.TCPAddr).Port
+	_ = probe.Close()
+	cfg := Config{Socket: filepath.Join(dir, "agent.sock"), Root: filepath.Join(dir, "root"),
+		Logger: slog.New(slog.DiscardHandler), EgressListen: egress, EgressSocket: filepath.Join(dir, "egress.sock")}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, cfg) }()
+	c = NewClient(cfg.Socket)
+	t.Cleanup(func() {
+		c.Close()
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("Serve did not return after its context ended")
+		}
+	})
+	waitHealthy(t, c, 30*time.Second)
+	return c, egress, port
 }
 
 // heldTCP lists the IPv4 TCP sockets whose local port is port that a process holds (a
