@@ -307,10 +307,15 @@ const agentGoMaxProcsEnv = "WB_AGENT_GOMAXPROCS"
 // whole exec overhead from 5.6 to 5.1 ms. The agent's work is waiting on the guest's
 // processes, not computing; blocking system calls still get threads of their own.
 func agentProcsProcess(p *specs.Process) {
-	if len(p.Args) < 2 || p.Args[0] != hypervisor.GuestAgentBin || p.Args[1] != "agent" {
-		return
+	if runsAgent(p) {
+		p.Env = append(p.Env, agentGoMaxProcsEnv+"=1")
 	}
-	p.Env = append(p.Env, agentGoMaxProcsEnv+"=1")
+}
+
+// runsAgent answers whether p, a guest's init, is wb's agent (`wb agent …` from the bind
+// mount the driver makes), not another init that must not get what the agent is given.
+func runsAgent(p *specs.Process) bool {
+	return len(p.Args) >= 2 && p.Args[0] == hypervisor.GuestAgentBin && p.Args[1] == "agent"
 }
 
 // pidsLimits returns the host pids cgroup limit of a guest allowed pids processes in
@@ -339,7 +344,7 @@ func pidsLimits(pids, memoryMiB int, runsc bool) (host, guest int64) {
 // set: it only lets a process give up capabilities.) Only an init that is the agent gets
 // them: another init would keep CAP_SYS_ADMIN.
 func guestLimitsProcess(p *specs.Process, guestPids int64) {
-	if guestPids <= 0 || len(p.Args) < 2 || p.Args[0] != hypervisor.GuestAgentBin || p.Args[1] != "agent" {
+	if guestPids <= 0 || !runsAgent(p) {
 		return
 	}
 	p.Env = append(p.Env, fmt.Sprintf("%s=%d", agentPidsMaxEnv, guestPids))
