@@ -26,7 +26,8 @@ import (
 // readers that count the runes read: the call stops once their work passes maxRegexAllWork (or
 // at the evaluation's deadline) and is refused, as before, when it does. Patterns with
 // assertions, whose search from an offset needs the text before it, keep the worst-case rule
-// (checkRegexWork).
+// (checkRegexWork); a large one (over maxOPACachedInsts) is still searched here, by regexp's
+// FindAll over the whole text, so that it is not left in OPA's process-wide cache.
 
 // maxRegexAllWork bounds the work of an all-match builtin's searches run here (regexAll): a
 // call refused has spent it for nothing, so it is a quarter of maxRegexWork, as maxMatchCount.
@@ -95,7 +96,10 @@ type regexAll struct {
 	groupsNote string
 	// single: one search (regex.match), not a search again after each match.
 	single bool
-	left   int64
+	// whole: the searches run uncounted, as regexp's FindAll over the whole text: a pattern
+	// with assertions whose worst case fits the bound (regexAllOf).
+	whole bool
+	left  int64
 	// unchecked is the work spent since the deadline was last looked at (every
 	// deadlineWork): by work, not by reads, as one read of a large pattern is long.
 	unchecked int64
@@ -181,6 +185,18 @@ func (a *regexAll) find(pos int) []int {
 // after an empty match the next search starts a rune further, and an empty match right after
 // the previous match is skipped.
 func (a *regexAll) each(n int, deliver func(loc []int)) error {
+	if a.whole {
+		var locs [][]int
+		if a.groups {
+			locs = a.re.FindAllStringSubmatchIndex(a.text, n)
+		} else {
+			locs = a.re.FindAllStringIndex(a.text, n)
+		}
+		for _, loc := range locs {
+			deliver(loc)
+		}
+		return nil
+	}
 	end := len(a.text)
 	if n < 0 {
 		n = end + 1
@@ -234,7 +250,7 @@ func measuredRegexAll(p *regexProgram, text string, groups bool, stop func() boo
 }
 
 func regexAllOf(p *regexProgram, text string, groups bool, stop func() bool, always bool) *regexAll {
-	if p.err != nil || !p.free || p.insts == 0 {
+	if p.err != nil || p.insts == 0 {
 		return nil
 	}
 	insts, caps := p.insts, p.caps
@@ -242,11 +258,21 @@ func regexAllOf(p *regexProgram, text string, groups bool, stop func() bool, alw
 	// to a literal prefix and backtracks on short texts, is faster. It tracks every group's
 	// positions (regexProgram.check); these searches only when they are answered.
 	left := int64(maxRegexAllWork)
+	within := false
 	if n, all := int64(len(text))+1, insts*caps; !always && all*n <= maxRegexWork && all*n*n <= maxRegexWork {
 		if insts <= maxOPACachedInsts {
 			return nil
 		}
+		within = true
 		left = maxRegexWork // what OPA's builtin was allowed: its worst case fits
+	}
+	// A pattern with assertions cannot be searched from an offset (contextFree); its worst
+	// case fits the bound (regexProgram.check refused it otherwise). A large one is still
+	// searched here, as regexp's FindAll over the whole text, uncounted as OPA's builtin is,
+	// so that its compiled program goes with the evaluation rather than into OPA's cache.
+	whole := !p.free
+	if whole && (!within || always) {
+		return nil
 	}
 	cost := insts
 	if groups {
@@ -257,7 +283,7 @@ func regexAllOf(p *regexProgram, text string, groups bool, stop func() bool, alw
 		return nil
 	}
 	prefix, _ := re.LiteralPrefix()
-	a := &regexAll{re: re, prefix: prefix, text: text, groups: groups, insts: insts, cost: cost, left: left, stop: stop}
+	a := &regexAll{re: re, prefix: prefix, text: text, groups: groups, whole: whole, insts: insts, cost: cost, left: left, stop: stop}
 	if groups && caps > 1 {
 		a.groupsNote = fmt.Sprintf(", its instructions counted once for each of its %d groups and once for the match, "+
 			"as this builtin tracks their positions", caps-1)

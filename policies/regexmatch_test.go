@@ -279,3 +279,60 @@ func TestLargePatternsStayOutOfOPAsCache(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeAnchoredPatternsStayOutOfOPAsCache: a large pattern with assertions (which the
+// counted searches cannot take: a search from an offset needs the text before it) whose
+// all-match call is within its bound is searched here too, with its program compiled for the
+// evaluation, not left in OPA's process-wide cache; and its answers are OPA's.
+func TestLargeAnchoredPatternsStayOutOfOPAsCache(t *testing.T) {
+	all := map[string]topdown.BuiltinFunc{}
+	for _, name := range []string{ast.RegexSplit.Name, ast.RegexFind.Name, ast.RegexFindAllStringSubmatch.Name, ast.RegexReplace.Name} {
+		all[name] = regexAllReplacement(name)
+	}
+	opsFor := func(name, pattern, text string) []*ast.Term {
+		ops := []*ast.Term{ast.StringTerm(pattern), ast.StringTerm(text)}
+		switch name {
+		case ast.RegexFind.Name, ast.RegexFindAllStringSubmatch.Name:
+			ops = append(ops, ast.IntNumberTerm(-1))
+		case ast.RegexReplace.Name:
+			ops = append(ops, ast.StringTerm("<$1>"))
+		}
+		return ops
+	}
+	pattern := func(i int) string { return fmt.Sprintf(`\b%d(?:%s){20}`, i, strings.Repeat("a", 3000)) }
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.HeapAlloc
+	for i := range 40 {
+		for _, name := range []string{ast.RegexSplit.Name, ast.RegexFind.Name} {
+			if _, err := callBuiltin(all[name], topdown.BuiltinContext{}, opsFor(name, pattern(i), "b")); err != nil {
+				t.Fatalf("%s, pattern %d: %v", name, i, err)
+			}
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	if held := int64(ms.HeapAlloc) - int64(before); held > 32<<20 {
+		t.Errorf("80 calls of 40 distinct 60,000-instruction patterns with assertions on \"b\": the heap held %.1f MiB after them, want at most 32 (OPA's cache keeps what it compiles)", float64(held)/(1<<20))
+	}
+	// Answers, within the bound: patterns of over 4,096 instructions (an alternative that
+	// never matches here) with each kind of assertion, matching several times, empty matches
+	// included, on texts short enough for their bound.
+	long := strings.Repeat("x", 4200)
+	for _, pattern := range []string{
+		`(?m)^(0|` + long + `)$`, `\b(0|` + long + `)\b`, `(?:0|` + long + `)(\B|$)`, `\A(0|` + long + `)?`,
+		`(?m)(^|y)(?:0|` + long + `)?`, `(0|` + long + `)\z`,
+	} {
+		for _, text := range []string{"", "b", "0", "0 0\n0\n00 a", "y0 0y\n\n0", "\n\n0\ny", "00y0\n"} {
+			for name, f := range all {
+				ops := opsFor(name, pattern, text)
+				got, err := callBuiltin(f, topdown.BuiltinContext{}, ops)
+				want, werr := callBuiltin(topdown.GetBuiltin(name), topdown.BuiltinContext{}, ops)
+				if (err != nil) != (werr != nil) || (err == nil && !got.Equal(want)) {
+					t.Errorf("%s(%.20q…, a text of %d bytes): %v, %v; OPA: %v, %v", name, pattern, len(text), got, err, want, werr)
+				}
+			}
+		}
+	}
+}
