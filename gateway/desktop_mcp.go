@@ -176,15 +176,15 @@ func (m *desktopMCP) server(p store.Project, rec desktop.Record) *mcp.Server {
 	})
 	t := &desktopTools{s: m.s, p: p, id: rec.ID}
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_command", Description: "Run a command on the desktop and answer its stdout, stderr and exit code. " +
-		"Give command (a shell command line, run with /bin/sh -c) or argv (a program and its arguments, no shell)."}, useTool(t, checkRunCommand, execTool(t, t.runCommand)))
+		"Give command (a shell command line, run with /bin/sh -c) or argv (a program and its arguments, no shell)."}, useTool(t, checkRunCommand, t.execCap(), t.runCommand))
 	mcp.AddTool(srv, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of the desktop (at most %d MiB): UTF-8 text as is, anything else base64.", MCPMaxFileBytes>>20)},
-		useTool(t, checkPathInput, fileTool(t, t.readFile)))
+		useTool(t, checkPathInput, t.fileCap(), t.readFile))
 	mcp.AddTool(srv, &mcp.Tool{Name: "write_file", Description: "Write a file on the desktop, making its directories; content is UTF-8 text, or base64 with encoding \"base64\"."},
-		useTool(t, t.checkWriteFile, fileTool(t, t.writeFile)))
-	mcp.AddTool(srv, &mcp.Tool{Name: "list_files", Description: "List a directory of the desktop."}, useTool(t, checkPathInput, fileTool(t, t.listFiles)))
-	mcp.AddTool(srv, &mcp.Tool{Name: "screenshot", Description: "A PNG image of the desktop's whole display."}, useTool(t, nil, fileTool(t, t.screenshot)))
+		useTool(t, t.checkWriteFile, t.fileCap(), t.writeFile))
+	mcp.AddTool(srv, &mcp.Tool{Name: "list_files", Description: "List a directory of the desktop."}, useTool(t, checkPathInput, t.fileCap(), t.listFiles))
+	mcp.AddTool(srv, &mcp.Tool{Name: "screenshot", Description: "A PNG image of the desktop's whole display."}, useTool(t, nil, t.fileCap(), t.screenshot))
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_js", Description: "Run JavaScript in the desktop's browser, in a fresh browser context (nothing is kept between calls), " +
-		fmt.Sprintf("and answer its value as JSON (a promise is awaited; at most %d MiB of it).", guest.MaxResultBytes>>20)}, useTool(t, checkRunJS, execTool(t, t.runJS)))
+		fmt.Sprintf("and answer its value as JSON (a promise is awaited; at most %d MiB of it).", guest.MaxResultBytes>>20)}, useTool(t, checkRunJS, t.execCap(), t.runJS))
 	return srv
 }
 
@@ -195,12 +195,16 @@ type desktopTools struct {
 	id string
 }
 
-// useTool wraps a tool's work: its arguments must pass check (nil: none to check), the
-// desktop must run (useDesktop with desktop.MCP wakes an asleep one and waits), a refusal is
-// a JSON-RPC error, and the call is a use of the desktop for as long as it runs. The check
-// comes first, so that arguments the tool refuses wake no desktop, take no slot, and answer
-// the same tool error however busy or asleep the desktop is.
-func useTool[In, Out any](t *desktopTools, check func(In) error, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) mcp.ToolHandlerFor[In, Out] {
+// useTool wraps a tool's work: its arguments must pass check (nil: none to check), the call
+// takes one of the project's slots of its kind (c), the desktop must run (useDesktop with
+// desktop.MCP wakes an asleep one and waits), a refusal is a JSON-RPC error, and the call is a
+// use of the desktop for as long as it runs. The check comes first, so that arguments the
+// tool refuses wake no desktop, take no slot, and answer the same tool error however busy or
+// asleep the desktop is. The slot comes before the wait, as the files routes' does ("capped
+// before a wake"): a call past the cap wakes nothing, and a project cannot keep more calls
+// waiting for a desktop (each a goroutine reading Redis every desktopWaitMost, for up to
+// desktopWakeWait) than its cap.
+func useTool[In, Out any](t *desktopTools, check func(In) error, c toolCap, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) mcp.ToolHandlerFor[In, Out] {
 	return func(ctx context.Context, _ *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		var zero Out
 		if check != nil {
@@ -208,6 +212,11 @@ func useTool[In, Out any](t *desktopTools, check func(In) error, work func(ctx c
 				return nil, zero, errors.New(toolMessage(err))
 			}
 		}
+		// Past the cap the call is a tool error that says so.
+		if err := c.ps.acquire(t.p.ID, c.max); err != nil {
+			return nil, zero, errors.New(toolMessage(err))
+		}
+		defer c.ps.release(t.p.ID)
 		sess, err := t.s.useDesktop(ctx, t.p, t.id, desktop.MCP)
 		if err != nil {
 			if ae := toAPIError(err); ae.Code == "internal" && ctx.Err() == nil {
@@ -225,30 +234,21 @@ func useTool[In, Out any](t *desktopTools, check func(In) error, work func(ctx c
 	}
 }
 
-// fileTool counts a call of a file tool or of screenshot among the project's file calls,
-// as the API's files routes and screen do (Server.fileCall): each holds as much of the
-// gateway, and past the cap the call is a tool error that says so.
-func fileTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
-	return slotTool(t, t.s.fileCalls, t.s.maxFileCalls(), work)
+// toolCap is the project's cap a tool's call counts among: at most max at once in ps.
+type toolCap struct {
+	ps  *projectSlots
+	max int
 }
 
-// execTool counts a call of run_command or run_js among the project's execs, as the exec
-// route does (Config.MaxConcurrentExecs): each runs a command in the guest for as long as
-// its timeout, and past the cap the call is a tool error that says so.
-func execTool[In, Out any](t *desktopTools, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
-	return slotTool(t, t.s.execs, cmp.Or(t.s.MaxConcurrentExecs, DefaultMaxConcurrentExecs), work)
-}
+// fileCap counts a call of a file tool or of screenshot among the project's file calls, as
+// the API's files routes and screen do (Server.fileCall): each holds as much of the gateway.
+func (t *desktopTools) fileCap() toolCap { return toolCap{t.s.fileCalls, t.s.maxFileCalls()} }
 
-// slotTool runs work holding one of the project's slots in ps, at most max at once.
-func slotTool[In, Out any](t *desktopTools, ps *projectSlots, max int, work func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error)) func(ctx context.Context, sess *session.Session, in In) (*mcp.CallToolResult, Out, error) {
-	return func(ctx context.Context, sess *session.Session, in In) (res *mcp.CallToolResult, out Out, err error) {
-		err = ps.holding(t.p.ID, max, func() error {
-			var werr error
-			res, out, werr = work(ctx, sess, in)
-			return werr
-		})
-		return res, out, err
-	}
+// execCap counts a call of run_command or run_js among the project's execs, as the exec route
+// does (Config.MaxConcurrentExecs): each runs a command in the guest for as long as its
+// timeout.
+func (t *desktopTools) execCap() toolCap {
+	return toolCap{t.s.execs, cmp.Or(t.s.MaxConcurrentExecs, DefaultMaxConcurrentExecs)}
 }
 
 // toolMessage is what a tool's caller reads of err: the API's message for an API error, the

@@ -968,3 +968,75 @@ func TestDesktopMCPBatchListenWithTrailingDataIsCapped(t *testing.T) {
 		}
 	}
 }
+
+// TestDesktopMCPWaitsAreCapped: tool calls waiting for a desktop to run hold their slot of
+// the project's caps while they wait, as the files routes' do ("capped before a wake"), so a
+// call past the cap answers the cap's tool error at once. Before, a call took its slot only
+// once the desktop ran: a project could keep any number waiting on one starting desktop
+// (thousands from a single POST of a JSON-RPC batch), each a goroutine of the gateway reading
+// Redis every 50 ms for up to desktopWakeWait.
+func TestDesktopMCPWaitsAreCapped(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxConcurrentExecs, c.MaxConcurrentFileCalls = 2, 1 })
+	d := e.newDesktop(map[string]any{"name": "waited"})
+	e.desktopAction(d.ID, "stop", 202)
+	e.waitDesktop(d.ID, desktop.Stopped)
+	e.node.SetStarts(false, true) // the next start never reports: the desktop stays starting
+	e.desktopAction(d.ID, "start", 202)
+	t.Cleanup(func() { e.node.SetStarts(false, false) })
+	cs := e.mcpSession(d)
+
+	// Two run_commands and a read_file wait for the desktop: the project's caps.
+	waitCtx, stopWaits := context.WithCancel(context.Background())
+	waited := make(chan struct{}, 3)
+	for _, name := range []string{"run_command", "run_command", "read_file"} {
+		args := map[string]any{"command": "true"}
+		if name == "read_file" {
+			args = map[string]any{"path": "a.txt"}
+		}
+		go func() {
+			_, _ = cs.CallTool(waitCtx, &mcp.CallToolParams{Name: name, Arguments: args})
+			waited <- struct{}{}
+		}()
+	}
+	t.Cleanup(func() {
+		// The waits end with the desktop's stop (a call does not wake a stopped desktop).
+		e.desktopAction(d.ID, "stop", 202)
+		stopWaits()
+		for range 3 {
+			<-waited
+		}
+	})
+	slots := func() (execs, files int) {
+		e.gw.execs.mu.Lock()
+		defer e.gw.execs.mu.Unlock()
+		e.gw.fileCalls.mu.Lock()
+		defer e.gw.fileCalls.mu.Unlock()
+		return e.gw.execs.n[e.projA], e.gw.fileCalls.n[e.projA]
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if x, f := slots(); x == 2 && f == 1 {
+			break
+		}
+	}
+	if got := e.desktop(d.ID); got.State != desktop.Starting {
+		t.Fatalf("the desktop is %s, want starting", got.State)
+	}
+	// One call more of each kind, while they wait: refused at once, not one more waiter.
+	for name, c := range map[string]struct {
+		args map[string]any
+		want string
+	}{
+		"run_command": {map[string]any{"command": "true"}, "2 execs in progress"},
+		"read_file":   {map[string]any{"path": "a.txt"}, "1 file or screen calls in progress"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		start := time.Now()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: c.args})
+		cancel()
+		x, f := slots()
+		if err != nil || !res.IsError || !strings.Contains(textOf(res), c.want) {
+			t.Errorf("%s with the project's calls waiting for the desktop (slots held: %d execs, %d file calls): %v, %s after %s; want the cap's tool error %q at once",
+				name, x, f, err, describeResult(res), time.Since(start).Round(time.Millisecond), c.want)
+		}
+	}
+}
