@@ -118,7 +118,7 @@ func (m *desktopMCP) serve(w http.ResponseWriter, r *http.Request, p store.Proje
 		// The SDK reads the body again, and answers a failed read (413 past mcpMaxBodyBytes).
 		r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
 	}
-	srv := m.server(p, rec)
+	srv := m.server(r.Context(), p, rec)
 	m.handler.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mcpServerKey{}, srv)))
 	return nil
 }
@@ -167,14 +167,14 @@ func mcpListens(body []byte) int {
 	return n
 }
 
-// server makes the MCP server of one request to desktop rec.
-func (m *desktopMCP) server(p store.Project, rec desktop.Record) *mcp.Server {
+// server makes the MCP server of one request to desktop rec, whose context is caller.
+func (m *desktopMCP) server(caller context.Context, p store.Project, rec desktop.Record) *mcp.Server {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "wb-desktop", Title: "wb desktop " + rec.Name, Version: "1"}, &mcp.ServerOptions{
 		SchemaCache: m.schemas,
 		Instructions: "The tools act on the desktop " + rec.ID + " (" + rec.Name + "): a Linux machine with a display and a Chromium browser. " +
 			"A call to an asleep desktop wakes it first (seconds); a stopped desktop must be started through the API first.",
 	})
-	t := &desktopTools{s: m.s, p: p, id: rec.ID}
+	t := &desktopTools{s: m.s, p: p, id: rec.ID, caller: caller}
 	mcp.AddTool(srv, &mcp.Tool{Name: "run_command", Description: "Run a command on the desktop and answer its stdout, stderr and exit code. " +
 		"Give command (a shell command line, run with /bin/sh -c) or argv (a program and its arguments, no shell)."}, useTool(t, checkRunCommand, t.execCap(), t.runCommand))
 	mcp.AddTool(srv, &mcp.Tool{Name: "read_file", Description: fmt.Sprintf("Read a file of the desktop (at most %d MiB): UTF-8 text as is, anything else base64.", MCPMaxFileBytes>>20)},
@@ -193,6 +193,9 @@ type desktopTools struct {
 	s  *Server
 	p  store.Project
 	id string
+	// caller is the context of the POST that carries the calls: the server is made for that
+	// one request (stateless), and its calls end with it (useTool).
+	caller context.Context
 }
 
 // useTool wraps a tool's work: its arguments must pass check (nil: none to check), the call
@@ -212,6 +215,13 @@ func useTool[In, Out any](t *desktopTools, check func(In) error, c toolCap, work
 				return nil, zero, errors.New(toolMessage(err))
 			}
 		}
+		// A call ends with its POST: the SDK's context for it (before the 2026-07-28 protocol)
+		// outlives the request, and a caller that went away left calls waiting out
+		// desktopWakeWait, their slots held, to answer no one (a stateless server keeps no
+		// stream to resume).
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(t.caller, cancel)()
 		// Past the cap the call is a tool error that says so.
 		if err := c.ps.acquire(t.p.ID, c.max); err != nil {
 			return nil, zero, errors.New(toolMessage(err))

@@ -1040,3 +1040,61 @@ func TestDesktopMCPWaitsAreCapped(t *testing.T) {
 		}
 	}
 }
+
+// TestDesktopMCPCallerGoneEndsCalls: the tool calls of a POST whose caller went away end
+// with it, and give their slots back: a batch of calls (JSON-RPC batches are served up to the
+// 2025-03-26 protocol) waiting for a starting desktop is let go once its caller closes the
+// connection. Before, the SDK's stateless handler gave the calls a context that the request's
+// end did not cancel: they waited out desktopWakeWait (minutes), their slots held, with no one
+// to answer.
+func TestDesktopMCPCallerGoneEndsCalls(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxConcurrentExecs = 4 })
+	d := e.newDesktop(map[string]any{"name": "left"})
+	e.desktopAction(d.ID, "stop", 202)
+	e.waitDesktop(d.ID, desktop.Stopped)
+	e.node.SetStarts(false, true) // the next start never reports: the desktop stays starting
+	e.desktopAction(d.ID, "start", 202)
+	t.Cleanup(func() {
+		e.node.SetStarts(false, false)
+		e.desktopAction(d.ID, "stop", 202)
+	})
+	var batch []string
+	for i := range 3 {
+		batch = append(batch, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"run_command","arguments":{"command":"true"}}}`, i+1))
+	}
+	ctx, leave := context.WithCancel(context.Background())
+	defer leave()
+	req, err := http.NewRequestWithContext(ctx, "POST", d.MCPURL, strings.NewReader("["+strings.Join(batch, ",")+"]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	posted := make(chan struct{})
+	go func() {
+		defer close(posted)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	execs := func() int {
+		e.gw.execs.mu.Lock()
+		defer e.gw.execs.mu.Unlock()
+		return e.gw.execs.n[e.projA]
+	}
+	for deadline := time.Now().Add(10 * time.Second); execs() != 3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the batch's 3 calls waiting for the desktop hold %d exec slots, want 3", execs())
+		}
+	}
+	leave()
+	<-posted
+	for deadline := time.Now().Add(10 * time.Second); execs() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d exec slots still held 10s after the batch's caller went away (the desktop is %s), want 0: its calls wait on for no one",
+				execs(), e.desktop(d.ID).State)
+		}
+	}
+}
