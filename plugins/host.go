@@ -131,6 +131,9 @@ type Host struct {
 	// compiles admits compiles: a few at once, one a project (compiles.go).
 	compiles *compileSlots
 
+	// logs is each project's budget of wb.log lines (logBudget).
+	logs logBudget
+
 	mu       sync.Mutex
 	closed   bool
 	runtimes map[uint32]wazero.Runtime // by memory limit in pages

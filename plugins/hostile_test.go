@@ -879,3 +879,35 @@ func TestStoredModuleShapeIsChecked(t *testing.T) {
 		t.Fatalf("decision: %+v, want a deny beginning %q", d, want)
 	}
 }
+
+// TestLogIsRateLimited: a project's plugins keep at most logBurst lines of wb.log at once, and
+// logRate a second after that, in all their calls together; the lines past it are dropped,
+// and a line of the host's says so (at most one each logDropNoteEvery). Before, each call's
+// 32 lines were all kept: a plugin that logged 32 KiB at every decision, which its tenant's
+// guests cause by the thousand a second (every exec, every egress attempt), wrote the
+// operator's log without bound.
+func TestLogIsRateLimited(t *testing.T) {
+	h, sink := newTestHost(t, mini(t), Options{Timeout: MaxTimeout})
+	const project = "proj-logflood"
+	mustPut(t, h, project, "biglog", bigLogPlugin(), 0, false)
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	start := time.Now()
+	const calls = 100
+	for range calls {
+		if d := one(t, decide(t, h, project, in)); !d.Allow {
+			t.Fatalf("decision: %+v, want allow", d)
+		}
+	}
+	took := time.Since(start)
+	text := sink.text()
+	kept := strings.Count(text, "project="+project+" plugin=biglog")
+	// Wide: the calls' time, counted twice over, at logRate.
+	most := logBurst + int(2*took.Seconds()*logRate) + 1
+	if kept > most {
+		t.Errorf("%d calls in %s kept %d lines of wb.log (%d KiB), want at most %d (%d at once, %d a second)",
+			calls, took.Round(time.Millisecond), kept, kept, most, logBurst, logRate)
+	}
+	if !strings.Contains(text, "dropped") || !strings.Contains(text, project) {
+		t.Errorf("no line of the host's says that the project's plugins' lines were dropped")
+	}
+}
