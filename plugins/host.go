@@ -131,8 +131,9 @@ type Host struct {
 	// compiles admits compiles: a few at once, one a project (compiles.go).
 	compiles *compileSlots
 
-	// logs is each project's budget of wb.log lines (logBudget).
-	logs logBudget
+	// logs is each project's budget of wb.log lines, failLogs of the host's lines for its
+	// plugins' failed calls (logBudget).
+	logs, failLogs logBudget
 
 	mu       sync.Mutex
 	closed   bool

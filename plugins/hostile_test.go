@@ -911,3 +911,32 @@ func TestLogIsRateLimited(t *testing.T) {
 		t.Errorf("no line of the host's says that the project's plugins' lines were dropped")
 	}
 }
+
+// TestFailureLogIsRateLimited: the host's line for each failed call of a project's plugins
+// ("plugin failed", naming its cause: up to 2 KiB of what it printed) keeps to a budget of its
+// own, as the plugins' wb.log lines do, and a line says how many were dropped. Before, a
+// plugin that trapped at every decision wrote one for each: about a thousand a second here.
+func TestFailureLogIsRateLimited(t *testing.T) {
+	h, sink := newTestHost(t, mini(t), Options{Timeout: MaxTimeout})
+	const project = "proj-trapflood"
+	mustPut(t, h, project, "trap", rawPlugin(`{"allow":true}`, []byte{opUnreachable}), 0, true)
+	in := admission(t, session.CreateRequest{Tier: intp(1), Template: "x"})
+	start := time.Now()
+	calls := 0
+	for ; time.Since(start) < 1500*time.Millisecond; calls++ {
+		if d := one(t, decide(t, h, project, in)); !d.Allow {
+			t.Fatalf("decision of a plugin that fails open: %+v, want allow", d)
+		}
+	}
+	took := time.Since(start)
+	text := sink.text()
+	kept := strings.Count(text, "plugin failed project="+project)
+	most := logBurst + int(2*took.Seconds()*logRate) + 1
+	if kept > most {
+		t.Errorf("%d failed calls in %s logged %d lines \"plugin failed\", want at most %d (%d at once, %d a second)",
+			calls, took.Round(time.Millisecond), kept, most, logBurst, logRate)
+	}
+	if kept == 0 || !strings.Contains(text, "failures were dropped") {
+		t.Errorf("%d lines \"plugin failed\", and no line says that some were dropped", kept)
+	}
+}

@@ -316,9 +316,9 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// logBudget is a token bucket of wb.log lines for each project: logBurst at once, refilled at
-// logRate a second. The map holds a bucket for each project whose plugins logged (projects
-// are the operator's to make).
+// logBudget is a token bucket of log lines for each project (its plugins' wb.log lines, or the
+// host's lines for their failures): logBurst at once, refilled at logRate a second. The map
+// holds a bucket for each project that logged (projects are the operator's to make).
 type logBudget struct {
 	mu       sync.Mutex
 	projects map[string]*logBucket

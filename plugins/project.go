@@ -728,8 +728,17 @@ func (h *Host) decideOne(ctx context.Context, project string, s *snapshot, e *en
 
 // failed turns a plugin's failure into its decision.
 func (h *Host) failed(project string, e *entry, ce *CallError) session.Decision {
-	h.log.Warn("plugin failed", "project", project, "plugin", e.p.Name, "digest", e.p.Digest,
-		"kind", string(ce.Kind), "cause", ce.Cause, "fail_open", e.p.FailOpen)
+	// A plugin may fail at every decision its tenant's guests cause (thousands a second):
+	// the project's lines for them keep to a budget, as its plugins' own do.
+	ok, dropped := h.failLogs.take(project, time.Now())
+	if dropped > 0 {
+		h.log.Warn("a project's plugins fail more often than the log's budget; lines of their failures were dropped", "project", project,
+			"dropped", dropped, "budget", fmt.Sprintf("%d lines at once, %d a second", logBurst, logRate))
+	}
+	if ok {
+		h.log.Warn("plugin failed", "project", project, "plugin", e.p.Name, "digest", e.p.Digest,
+			"kind", string(ce.Kind), "cause", ce.Cause, "fail_open", e.p.FailOpen)
+	}
 	if e.p.FailOpen {
 		return session.Decision{Allow: true, Decider: e.decider, Warnings: []string{e.decider + " failed open: " + ce.Cause}}
 	}
