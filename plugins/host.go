@@ -17,6 +17,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
+	"wb/internal/logbudget"
 	"wb/store"
 )
 
@@ -132,8 +133,8 @@ type Host struct {
 	compiles *compileSlots
 
 	// logs is each project's budget of wb.log lines, failLogs of the host's lines for its
-	// plugins' failed calls (logBudget).
-	logs, failLogs logBudget
+	// plugins' failed calls.
+	logs, failLogs logbudget.Budget
 
 	mu       sync.Mutex
 	closed   bool

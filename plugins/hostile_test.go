@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/internal/logbudget"
 	"wb/session"
 )
 
@@ -880,9 +881,9 @@ func TestStoredModuleShapeIsChecked(t *testing.T) {
 	}
 }
 
-// TestLogIsRateLimited: a project's plugins keep at most logBurst lines of wb.log at once, and
-// logRate a second after that, in all their calls together; the lines past it are dropped,
-// and a line of the host's says so (at most one each logDropNoteEvery). Before, each call's
+// TestLogIsRateLimited: a project's plugins keep at most logbudget.Burst lines of wb.log at once, and
+// logbudget.Rate a second after that, in all their calls together; the lines past it are dropped,
+// and a line of the host's says so (at most one each logbudget.NoteEvery). Before, each call's
 // 32 lines were all kept: a plugin that logged 32 KiB at every decision, which its tenant's
 // guests cause by the thousand a second (every exec, every egress attempt), wrote the
 // operator's log without bound.
@@ -901,11 +902,11 @@ func TestLogIsRateLimited(t *testing.T) {
 	took := time.Since(start)
 	text := sink.text()
 	kept := strings.Count(text, "project="+project+" plugin=biglog")
-	// Wide: the calls' time, counted twice over, at logRate.
-	most := logBurst + int(2*took.Seconds()*logRate) + 1
+	// Wide: the calls' time, counted twice over, at logbudget.Rate.
+	most := logbudget.Burst + int(2*took.Seconds()*logbudget.Rate) + 1
 	if kept > most {
 		t.Errorf("%d calls in %s kept %d lines of wb.log (%d KiB), want at most %d (%d at once, %d a second)",
-			calls, took.Round(time.Millisecond), kept, kept, most, logBurst, logRate)
+			calls, took.Round(time.Millisecond), kept, kept, most, logbudget.Burst, logbudget.Rate)
 	}
 	if !strings.Contains(text, "dropped") || !strings.Contains(text, project) {
 		t.Errorf("no line of the host's says that the project's plugins' lines were dropped")
@@ -931,10 +932,10 @@ func TestFailureLogIsRateLimited(t *testing.T) {
 	took := time.Since(start)
 	text := sink.text()
 	kept := strings.Count(text, "plugin failed project="+project)
-	most := logBurst + int(2*took.Seconds()*logRate) + 1
+	most := logbudget.Burst + int(2*took.Seconds()*logbudget.Rate) + 1
 	if kept > most {
 		t.Errorf("%d failed calls in %s logged %d lines \"plugin failed\", want at most %d (%d at once, %d a second)",
-			calls, took.Round(time.Millisecond), kept, most, logBurst, logRate)
+			calls, took.Round(time.Millisecond), kept, most, logbudget.Burst, logbudget.Rate)
 	}
 	if kept == 0 || !strings.Contains(text, "failures were dropped") {
 		t.Errorf("%d lines \"plugin failed\", and no line says that some were dropped", kept)

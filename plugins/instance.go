@@ -9,13 +9,13 @@ import (
 	"log/slog"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/sys"
 
+	"wb/internal/logbudget"
 	"wb/session"
 )
 
@@ -24,13 +24,6 @@ const (
 	maxLogLines    = 32   // per call
 	maxLogBytes    = 1024 // per line
 	maxCapturedOut = 2048 // of the guest's stdout and stderr, per call, for failure reasons
-
-	// A project's plugins together keep at most logBurst lines of wb.log at once and logRate
-	// a second after that (logBudget); what they log past it is dropped, and a line of the
-	// host's says so at most once each logDropNoteEvery.
-	logBurst         = 256
-	logRate          = 64
-	logDropNoteEvery = 10 * time.Second
 )
 
 // instance is one instantiated plugin. One call at a time.
@@ -316,49 +309,6 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// logBudget is a token bucket of log lines for each project (its plugins' wb.log lines, or the
-// host's lines for their failures): logBurst at once, refilled at logRate a second. The map
-// holds a bucket for each project that logged (projects are the operator's to make).
-type logBudget struct {
-	mu       sync.Mutex
-	projects map[string]*logBucket
-}
-
-type logBucket struct {
-	tokens  float64
-	at      time.Time // of the last refill
-	dropped int       // lines dropped since the last note of them
-	noted   time.Time // the last note
-}
-
-// take answers whether project may log one line at now, and the count of its lines dropped
-// that the caller should now note (0: none, or noted less than logDropNoteEvery ago).
-func (b *logBudget) take(project string, now time.Time) (ok bool, note int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.projects == nil {
-		b.projects = map[string]*logBucket{}
-	}
-	k := b.projects[project]
-	if k == nil {
-		k = &logBucket{tokens: logBurst, at: now}
-		b.projects[project] = k
-	}
-	if d := now.Sub(k.at); d > 0 {
-		k.tokens = min(logBurst, k.tokens+d.Seconds()*logRate)
-		k.at = now
-	}
-	if ok = k.tokens >= 1; ok {
-		k.tokens--
-	} else {
-		k.dropped++
-	}
-	if k.dropped > 0 && now.Sub(k.noted) >= logDropNoteEvery {
-		note, k.dropped, k.noted = k.dropped, 0, now
-	}
-	return ok, note
-}
-
 // Host functions of the wb module.
 
 // hostLog is wb.log(level, ptr, len).
@@ -390,10 +340,10 @@ func (h *Host) hostLog(ctx context.Context, mod api.Module, stack []uint64) {
 	}
 	// The calls' own cap bounds a call, not the calls a project's guests cause (every exec and
 	// egress attempt, thousands a second): the project's budget bounds the operator's log.
-	ok, dropped := h.logs.take(project, time.Now())
+	ok, dropped := h.logs.Take(project, time.Now())
 	if dropped > 0 {
 		h.log.Warn("a project's plugins log more than their budget; lines of theirs were dropped", "project", project,
-			"dropped", dropped, "budget", fmt.Sprintf("%d lines at once, %d a second", logBurst, logRate))
+			"dropped", dropped, "budget", logbudget.Limits())
 	}
 	if !ok {
 		return

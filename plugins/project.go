@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"wb/internal/logbudget"
 	"wb/session"
 	"wb/store"
 )
@@ -730,10 +731,10 @@ func (h *Host) decideOne(ctx context.Context, project string, s *snapshot, e *en
 func (h *Host) failed(project string, e *entry, ce *CallError) session.Decision {
 	// A plugin may fail at every decision its tenant's guests cause (thousands a second):
 	// the project's lines for them keep to a budget, as its plugins' own do.
-	ok, dropped := h.failLogs.take(project, time.Now())
+	ok, dropped := h.failLogs.Take(project, time.Now())
 	if dropped > 0 {
 		h.log.Warn("a project's plugins fail more often than the log's budget; lines of their failures were dropped", "project", project,
-			"dropped", dropped, "budget", fmt.Sprintf("%d lines at once, %d a second", logBurst, logRate))
+			"dropped", dropped, "budget", logbudget.Limits())
 	}
 	if ok {
 		h.log.Warn("plugin failed", "project", project, "plugin", e.p.Name, "digest", e.p.Digest,
