@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
 
+	"wb/internal/logbudget"
 	"wb/store"
 )
 
@@ -79,7 +80,8 @@ type Engine struct {
 	evalTimeout  time.Duration
 	evalMemory   int64
 	evalSlots    int
-	slots        sync.Map // project → chan struct{}: its decisions evaluating its policies
+	slots        sync.Map         // project → chan struct{}: its decisions evaluating its policies
+	failLogs     logbudget.Budget // each project's lines for its policies' failures (warnFailed)
 	putScript    *redis.Script
 	pinScript    *redis.Script
 	deleteScript *redis.Script

@@ -16,6 +16,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/topdown"
 
+	"wb/internal/logbudget"
 	"wb/session"
 )
 
@@ -91,6 +92,20 @@ func (ev *evaluation) done() {
 	}
 	if ev.slot != nil {
 		<-ev.slot
+	}
+}
+
+// warnFailed logs msg (with args) about a policy of project's that could not be used, within
+// the project's budget of such lines: a policy may fail at every event its tenant's guests
+// cause (every exec and egress attempt, thousands a second), and the operator's log is shared.
+func (e *Engine) warnFailed(ctx context.Context, project, msg string, args ...any) {
+	ok, dropped := e.failLogs.Take(project, time.Now())
+	if dropped > 0 {
+		e.log.WarnContext(ctx, "policies: a project's policies fail more often than the log's budget; lines of their failures were dropped",
+			"project", project, "dropped", dropped, "budget", logbudget.Limits())
+	}
+	if ok {
+		e.log.WarnContext(ctx, msg, append([]any{"project", project}, args...)...)
 	}
 }
 
@@ -187,7 +202,7 @@ func (e *Engine) Admit(ctx context.Context, in session.AdmissionInput) (session.
 				return session.Decision{}, fmt.Errorf("policies: platform admission: %w", err)
 			}
 			doc = map[string]any{"deny": []any{"evaluation failed: " + err.Error()}}
-			e.log.WarnContext(ctx, "policies: policy evaluation failed", "project", in.ProjectID, "policy", p.ID, "err", err)
+			e.warnFailed(ctx, in.ProjectID, "policies: policy evaluation failed", "policy", p.ID, "err", err)
 		}
 		deny, warn := messages(doc["deny"]), messages(doc["warn"])
 		outcome := "allow"
@@ -287,11 +302,11 @@ func (e *Engine) Runtime(ctx context.Context, project, policyID string, event ma
 			// The session's policy cannot be found: nothing it would allow is allowed.
 			d.Deny, d.DenyReason = true, fmt.Sprintf("the session's policy %s cannot be used: %v", policyID, err)
 			ev.outcomes = append(ev.outcomes, Outcome{Policy: policyID, Mode: ModeEnforce, Outcome: "error"})
-			e.log.WarnContext(ctx, "policies: pinned runtime policy unavailable", "project", project, "policy", policyID, "err", err)
+			e.warnFailed(ctx, project, "policies: pinned runtime policy unavailable", "policy", policyID, "err", err)
 		} else {
 			doc, err := ev.eval(ctx, p)
 			if err != nil {
-				e.log.WarnContext(ctx, "policies: policy evaluation failed", "project", project, "policy", p.ID, "err", err)
+				e.warnFailed(ctx, project, "policies: policy evaluation failed", "policy", p.ID, "err", err)
 				doc = nil
 				switch p.Mode {
 				case ModeEnforce:
@@ -385,7 +400,7 @@ func (e *Engine) Spend(ctx context.Context, project string, in map[string]any) (
 			if p.ID == shippedID {
 				return SpendDecision{}, fmt.Errorf("policies: platform spend: %w", err)
 			}
-			e.log.WarnContext(ctx, "policies: policy evaluation failed", "project", project, "policy", p.ID, "err", err)
+			e.warnFailed(ctx, project, "policies: policy evaluation failed", "policy", p.ID, "err", err)
 			d.Warnings = append(d.Warnings, p.ID+": evaluation failed: "+err.Error())
 			ev.record(p, "error")
 			continue
