@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"wb/internal/logbudget"
 )
 
 // Resolver looks a name up; *net.Resolver is one.
@@ -39,7 +41,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Guard decides, resolves and dials. Safe for concurrent use; only SetDenied changes it.
+// Guard decides, resolves and dials. Safe for concurrent use; only SetDenied changes what it
+// decides.
 type Guard struct {
 	allow         []netip.Prefix
 	allowLoopback []netip.Prefix // the allow prefixes that lie inside loopback
@@ -49,6 +52,10 @@ type Guard struct {
 
 	mu       sync.RWMutex
 	platform map[string][]netip.Addr // source → addresses, always denied
+
+	// warns bounds the operator's lines about refused platform addresses, for each source: a
+	// guest may ask for one in a loop, thousands of times a second.
+	warns logbudget.Budget
 }
 
 var loopbackV4 = netip.MustParsePrefix("127.0.0.0/8")
@@ -155,7 +162,14 @@ func (g *Guard) Check(a netip.Addr) error {
 		for src, addrs := range g.platform {
 			if slices.Contains(addrs, f) {
 				g.mu.RUnlock()
-				g.log.Warn("refused a connection to an address of the platform", "addr", a, "source", src)
+				ok, dropped := g.warns.Take(src, time.Now())
+				if dropped > 0 {
+					g.log.Warn("refusals of the platform's addresses are more than the log's budget; lines of them were dropped",
+						"source", src, "dropped", dropped, "budget", logbudget.Limits())
+				}
+				if ok {
+					g.log.Warn("refused a connection to an address of the platform", "addr", a, "source", src)
+				}
 				return &DeniedError{Addr: a, Reason: "an address of the platform itself", Source: src}
 			}
 		}

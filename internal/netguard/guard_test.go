@@ -10,6 +10,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"wb/internal/logbudget"
+	"wb/internal/syncbuf"
 )
 
 // fakeResolver answers from a table and counts lookups; unknown names fail.
@@ -373,5 +377,32 @@ func TestErrorsNameNoInternalAddress(t *testing.T) {
 				t.Errorf("%s: %q names %q", p.host, err, word)
 			}
 		}
+	}
+}
+
+// TestPlatformWarningsAreBounded: the operator's line for each refusal of a platform address
+// keeps to a budget for each source (logbudget), and a line says how many were dropped: a
+// guest whose policy allows egress may ask for a node's address in a loop, thousands of times
+// a second, and each attempt logged a line.
+func TestPlatformWarningsAreBounded(t *testing.T) {
+	var logged syncbuf.Buffer
+	g := newGuard(t, Options{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+	pub := netip.MustParseAddr("93.184.215.14")
+	g.SetDenied("nodes", []netip.Addr{pub})
+	start := time.Now()
+	const attempts = 10_000
+	for range attempts {
+		if g.Check(pub) == nil {
+			t.Fatal("a node's address was allowed")
+		}
+	}
+	took := time.Since(start)
+	kept := strings.Count(logged.String(), "refused a connection to an address of the platform")
+	most := logbudget.Burst + int(2*took.Seconds()*logbudget.Rate) + 1
+	if kept > most {
+		t.Errorf("%d refusals in %s logged %d lines, want at most %d (%s)", attempts, took.Round(time.Millisecond), kept, most, logbudget.Limits())
+	}
+	if kept == 0 || !strings.Contains(logged.String(), "were dropped") {
+		t.Errorf("%d lines of refusals, and no line says that some were dropped", kept)
 	}
 }
