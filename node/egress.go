@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"wb/agent"
 	"wb/hypervisor"
 	"wb/internal/netguard"
@@ -80,6 +82,9 @@ const (
 
 // newEgressProxy is a guest's egress proxy through gate, not yet serving.
 func newEgressProxy(gate egressGate) *egressProxy {
+	if gate.lookups == nil {
+		gate.lookups = newLookupPace()
+	}
 	p := &egressProxy{upstreams: make(chan struct{}, maxEgressUpstreams), conns: make(chan struct{}, maxEgressConns),
 		halfClosedIdle: tunnelHalfClosedIdle}
 	p.closing, p.stop = context.WithCancel(context.Background())
@@ -242,6 +247,27 @@ type egressGate struct {
 	guard *netguard.Guard
 	// ask is the runtime decision point, for one egress event.
 	ask func(ctx context.Context, event session.GuestEvent) (Verdict, error)
+	// lookups paces the guest's name lookups, which go to the node's resolver, shared by
+	// all its guests and the node itself (newEgressProxy gives each proxy its own).
+	lookups *rate.Limiter
+}
+
+const (
+	// egressLookupRate and egressLookupBurst pace one guest's name lookups: a guest asking
+	// for a new name in a loop (each CONNECT to a name is a lookup) would otherwise send the
+	// node's resolver, and the network's (cloud resolvers allow about a thousand packets a
+	// second for a whole host), as many as it likes. A build's or a browser's burst of tens
+	// of names passes at once; past the rate a lookup waits its turn, up to the lookup's
+	// timeout, and is then refused with 429.
+	egressLookupRate  = 64
+	egressLookupBurst = 256
+	// egressLookupTimeout bounds one lookup, its wait for its turn included.
+	egressLookupTimeout = 10 * time.Second
+)
+
+// newLookupPace answers a guest's pace of name lookups.
+func newLookupPace() *rate.Limiter {
+	return rate.NewLimiter(egressLookupRate, egressLookupBurst)
 }
 
 // egressRefusal is an attempt the gate refused, as the guest is told.
@@ -271,7 +297,12 @@ func (gt egressGate) decide(ctx context.Context, host string, port int) ([]netip
 		return nil, r
 	}
 	if name != "" {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, egressLookupTimeout)
+		if err := gt.lookups.Wait(rctx); err != nil {
+			cancel()
+			return nil, &egressRefusal{http.StatusTooManyRequests, fmt.Sprintf("wb egress proxy: too many name lookups: "+
+				"a guest may look up %d names a second (%d at once); reuse connections or try again later", egressLookupRate, egressLookupBurst)}
+		}
 		addrs, err = gt.guard.Lookup(rctx, host)
 		cancel()
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
 
 	"wb/internal/netguard"
 	"wb/policies"
@@ -701,5 +702,53 @@ func TestEgressBoundsResponseHeaders(t *testing.T) {
 	code, body := proxyRequest(t, proxy, http.MethodGet, "http://"+ln.Addr().String()+"/")
 	if code != http.StatusBadGateway || !strings.Contains(body, "exceeded") {
 		t.Fatalf("an upstream's 1 MiB header: %d %q; want 502 naming the bound", code, body[:min(len(body), 200)])
+	}
+}
+
+// TestEgressLookupsPaced is the attack: a guest whose policy allows egress asks its proxy for
+// a new name in a loop, and each CONNECT to a name is a lookup by the node's resolver, which
+// every guest of the node (and the node) shares. A guest's lookups are paced: its burst
+// passes, the rest wait their turn; one whose turn would come after the lookup's timeout is
+// refused at once with 429, saying why.
+func TestEgressLookupsPaced(t *testing.T) {
+	res := &stubResolver{}
+	guard, err := netguard.New(netguard.Options{Resolver: res, Dialer: noDialer{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := egressServer(t, egressGate{guard: guard, ask: allowAll})
+	const attempts, workers = 600, 32
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := next.Add(1); i <= attempts; i = next.Add(1) {
+				if code, body := proxyRequest(t, proxy, http.MethodConnect, fmt.Sprintf("n%d.test:443", i)); code != http.StatusBadGateway {
+					t.Errorf("CONNECT n%d.test:443: %d %q; want 502 (no such host)", i, code, body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	lookups := int64(res.lookups.Load())
+	if most := egressLookupBurst + int64(egressLookupRate*elapsed.Seconds()) + 8; lookups > most {
+		t.Errorf("%d CONNECTs to new names in %s made %d lookups, want at most %d (%d at once, %d a second)",
+			attempts, elapsed.Round(time.Millisecond), lookups, most, egressLookupBurst, egressLookupRate)
+	}
+
+	// A turn past the lookup's timeout is refused at once.
+	slow := egressServer(t, egressGate{guard: guard, ask: allowAll, lookups: rate.NewLimiter(rate.Every(time.Minute), 1)})
+	if code, body := proxyRequest(t, slow, http.MethodConnect, "first.test:443"); code != http.StatusBadGateway {
+		t.Fatalf("the first CONNECT: %d %q; want 502 (no such host)", code, body)
+	}
+	t0 := time.Now()
+	code, body := proxyRequest(t, slow, http.MethodConnect, "second.test:443")
+	if code != http.StatusTooManyRequests || !strings.Contains(body, "too many name lookups") {
+		t.Errorf("a CONNECT whose lookup's turn is a minute away: %d %q; want 429, too many name lookups", code, body)
+	}
+	if el := time.Since(t0); el > egressLookupTimeout/2 {
+		t.Errorf("the refusal took %s; want it at once", el)
 	}
 }
