@@ -9,6 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"syscall"
 
 	gorunc "github.com/containerd/go-runc"
@@ -114,7 +117,7 @@ func checkpointSandbox(ctx context.Context, id, img string) error {
 			return fmt.Errorf("%w: the sandbox does not know containerManager.Checkpoint", errNoDirectCheckpoint)
 		}
 		// runsc checkpoint's own words for it, which callers and logs look for.
-		return fmt.Errorf("checkpoint failed: %s", res.Err)
+		return fmt.Errorf("checkpoint failed: %s", saveFailure(res.Err))
 	}
 	return nil
 }
@@ -125,4 +128,48 @@ func ctxOr(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", cerr, err)
 	}
 	return err
+}
+
+// saveFailure is the sandbox's account of a save it could not make, as a person can read it
+// and the tenant is shown it: runsc 20221219 dumps the object it could not save whole (13 kB
+// for a TCP endpoint) and the goroutine stacks of its panic after it. Kept: the first line,
+// the object's type, the TCP port it had, and the reason; a TCP endpoint with waiters (a guest
+// process's event loop on a socket, which gVisor cannot save) says what to do about it.
+func saveFailure(msg string) string {
+	msg, _, _ = strings.Cut(msg, "\n")
+	msg = strings.TrimSuffix(strings.TrimSpace(msg), ":")
+	pre, rest, ok := strings.Cut(msg, "encoding error at object ")
+	if !ok {
+		return clipSaveFailure(msg)
+	}
+	typ, dump, ok := strings.Cut(rest, "{")
+	i := strings.LastIndex(dump, "}: ")
+	if !ok || i < 0 {
+		return clipSaveFailure(msg)
+	}
+	what := typ
+	if m := localPort.FindStringSubmatch(dump[:i]); m != nil {
+		if port, err := strconv.ParseUint(m[1], 16, 16); err == nil && port != 0 {
+			what += fmt.Sprintf(" (local port %d)", port)
+		}
+	}
+	reason := dump[i+len("}: "):]
+	msg = pre + "encoding error at object " + what + ": " + reason
+	if typ == "tcp.endpoint" && strings.Contains(reason, "has waiters") {
+		msg += "; gVisor cannot save a TCP socket that a guest process waits on in epoll, poll or select (a server's event loop): " +
+			"stop that process or close the socket before a memory snapshot, or take the snapshot without memory"
+	}
+	return clipSaveFailure(msg)
+}
+
+// localPort finds a TCP endpoint's local port in runsc's dump of it.
+var localPort = regexp.MustCompile(`LocalPort:0x([0-9a-f]{1,4})\b`)
+
+// clipSaveFailure bounds what the sandbox's answer puts in an error.
+func clipSaveFailure(msg string) string {
+	const most = 1024
+	if len(msg) <= most {
+		return msg
+	}
+	return strings.ToValidUTF8(msg[:most], "") + "…"
 }

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -645,5 +646,60 @@ func TestCheckpointSandboxCancelled(t *testing.T) {
 		case <-deadline:
 			return
 		}
+	}
+}
+
+// runscWaitersAnswer is how runsc 20221219's sandbox answers a checkpoint of a guest whose
+// process waits in epoll on a TCP listener on port 5000 (cut: the real dump of the endpoint
+// is 13 kB, and the goroutine stacks after it longer).
+const runscWaitersAnswer = `encoding error at object tcp.endpoint{TCPEndpointStateInner:stack.TCPEndpointStateInner{TSOffset:tcp.TSOffset{milliseconds:0x0}, SACKPermitted:false}, TransportEndpointInfo:stack.TransportEndpointInfo{NetProto:0x800, TransProto:0x6, ID:stack.TransportEndpointID{LocalPort:0x1388, LocalAddress:"\x7f\x00\x00\x01", RemotePort:0x0, RemoteAddress:""}, BindNICID:0}, waiterQueue:(*waiter.Queue)(0xc000402d80), acceptQueue:tcp.acceptQueue{pendingEndpoints:map[*tcp.endpoint]struct {}{}, capacity:129}, listenCtx:(*tcp.listenContext)(0xc00017a900)}: endpoint still has waiters upon save:
+goroutine 105 [running]:
+gvisor.dev/gvisor/pkg/state.safely.func1()
+	gvisor.dev/gvisor/pkg/state/state.go:308 +0x17d
+panic({0xe7f040, 0x1235dd8})
+	runtime/panic.go:884 +0x212
+`
+
+// TestCheckpointFailureIsReadable: a save the sandbox refuses is answered with what a person
+// can act on (the object, its port, the reason and what to do), not runsc's dump of the
+// object and its goroutine stacks, which reached the tenant's snapshot error whole.
+func TestCheckpointFailureIsReadable(t *testing.T) {
+	id := fmt.Sprintf("qrev-refused-%d", os.Getpid())
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@runsc-sandbox." + id + "\x00", Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		b, oob := make([]byte, 4096), make([]byte, 64)
+		_, oobn, _, _, err := c.ReadMsgUnix(b, oob)
+		if err != nil {
+			return
+		}
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				fds, _ := unix.ParseUnixRights(&m)
+				for _, fd := range fds {
+					_ = unix.Close(fd)
+				}
+			}
+		}
+		answer, _ := json.Marshal(map[string]any{"success": false, "err": runscWaitersAnswer})
+		_, _ = c.Write(answer)
+	}()
+	err = checkpointSandbox(t.Context(), id, t.TempDir())
+	want := "checkpoint failed: encoding error at object tcp.endpoint (local port 5000): endpoint still has waiters upon save; " +
+		"gVisor cannot save a TCP socket that a guest process waits on in epoll, poll or select (a server's event loop): " +
+		"stop that process or close the socket before a memory snapshot, or take the snapshot without memory"
+	if err == nil || err.Error() != want {
+		t.Fatalf("a refused save answered\n%v\nwant\n%s", err, want)
+	}
+	if got := saveFailure(strings.Repeat("x", 5000)); len(got) > 1100 {
+		t.Fatalf("an answer of 5000 bytes gave an error of %d", len(got))
 	}
 }
