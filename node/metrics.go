@@ -19,6 +19,7 @@ type Metrics struct {
 	reg      *prometheus.Registry
 	execs    prometheus.Gauge
 	requests *prometheus.CounterVec
+	lost     *prometheus.CounterVec
 }
 
 // NewMetrics makes the metrics, of no node yet (Config.Metrics: New adds its guests).
@@ -33,8 +34,12 @@ func NewMetrics() *Metrics {
 			Name: "wb_node_agent_requests_total",
 			Help: "Requests to the node's guests' agents, through its API or the edge's data path it serves, by kind (exec, pty, files, other) and outcome: ok (answered below 400, a PTY upgraded), refused (403: the runtime policy refused or killed), rejected (another 4xx: no such guest, its state, a bad request), failed (5xx: the guest's agent did not answer, or answered what the node does not pass on). An exec whose answer the node ended with its own error line counts by that line's status.",
 		}, []string{"kind", "outcome"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wb_node_checkpoint_stopped_guests_total",
+			Help: "Memory snapshots whose checkpoint failed and stopped the guest (the snapshot failed), by what became of the session: restarted (a new guest booted from the old one's disk: files kept, processes lost) or failed (its disk could not be used either: the session failed, guest_crash). The node's log says why the checkpoint failed.",
+		}, []string{"outcome"}),
 	}
-	m.reg.MustRegister(m.execs, m.requests, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.execs, m.requests, m.lost, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -86,6 +91,19 @@ func (m *Metrics) agentRequest(kind string, status int) {
 		outcome = "rejected"
 	}
 	m.requests.WithLabelValues(kind, outcome).Inc()
+}
+
+// checkpointLost counts a memory snapshot whose failed checkpoint stopped the guest, whose
+// session was restarted from its disk or failed.
+func (m *Metrics) checkpointLost(restarted bool) {
+	if m == nil {
+		return
+	}
+	outcome := "failed"
+	if restarted {
+		outcome = "restarted"
+	}
+	m.lost.WithLabelValues(outcome).Inc()
 }
 
 // agentKind is the kind of a request to a guest's agent, by its agent path (agentPath).

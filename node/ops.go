@@ -535,7 +535,7 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 			return hypervisor.SnapshotInfo{}, err
 		}
 		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
-			return hypervisor.SnapshotInfo{}, fmt.Errorf("snapshot: checkpoint stopped the guest: %w", err)
+			return hypervisor.SnapshotInfo{}, n.restartFromDisk(context.WithoutCancel(ctx), l, tpl, snapshotID, err, steps)
 		}
 		if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
 			_ = n.resumeAgent(l.g.GuestID, resumeFile(snapshotID))
@@ -599,26 +599,73 @@ func (n *Node) checkpoint(ctx context.Context, l *live, snapshotID, dir string, 
 const restoreAfterBound = 2 * time.Minute
 
 // restoreAfterCheckpoint brings back the guest that its memory snapshot into dir stopped, as
-// a new guest restored from it; should that fail, the session fails (guest_crash: its guest
-// is gone). The caller holds l's lock for it (takeSnapshot's), and lets go once it returns.
+// a new guest restored from it; should that fail, the session fails (replaceGuest). The
+// caller holds l's lock for it (takeSnapshot's), and lets go once it returns.
 func (n *Node) restoreAfterCheckpoint(ctx context.Context, l *live, tpl templates.Template, snapshotID, dir string, size int64, steps *snapshotSteps) {
 	ctx, cancel := context.WithTimeout(ctx, restoreAfterBound)
 	defer cancel()
+	err := n.replaceGuest(ctx, l, func(old string) error {
+		return n.restoreGuest(ctx, l, tpl, dir, old, resumeFile(snapshotID), steps)
+	}, steps)
+	if err != nil {
+		n.Logger.Error("node: the guest did not come back after its memory snapshot; the session failed",
+			"session", l.g.SessionID, "snapshot", snapshotID, "err", err)
+		return
+	}
+	n.Logger.Info("node: memory snapshot taken", append([]any{"session", l.g.SessionID, "snapshot", snapshotID, "bytes", size}, steps.took...)...)
+}
+
+// restartFromDisk brings back l's guest, which the failed checkpoint of memory snapshot
+// snapshotID stopped (ckptErr), as a new guest booted afresh on its files, as a session
+// restored from a disk-only snapshot starts: the stopped guest's writable layer, still on the
+// host, is saved as one and restored (restoreGuest). The session goes on running, with its
+// files and without its processes; should its disk fail too, the session fails
+// (replaceGuest). It answers the snapshot's failure, saying which. The caller holds l's lock.
+func (n *Node) restartFromDisk(ctx context.Context, l *live, tpl templates.Template, snapshotID string, ckptErr error, steps *snapshotSteps) error {
+	ctx, cancel := context.WithTimeout(ctx, restoreAfterBound)
+	defer cancel()
+	err := n.replaceGuest(ctx, l, func(old string) error {
+		// A guest whose state the driver could not read may still run: its files are saved
+		// from it stopped, not while it writes them.
+		if err := n.Driver.Stop(ctx, old); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
+			return fmt.Errorf("stop the guest: %w", err)
+		}
+		// In the old guest's directory, which goes with it (replaceGuest).
+		disk := filepath.Join(n.guestDir(old), "restart")
+		if _, err := n.Driver.Snapshot(ctx, old, disk, false); err != nil {
+			return fmt.Errorf("save its disk: %w", err)
+		}
+		steps.mark("disk")
+		return n.restoreGuest(ctx, l, tpl, disk, old, "", steps)
+	}, steps)
+	n.Metrics.checkpointLost(err == nil)
+	if err != nil {
+		n.Logger.Error("node: a memory snapshot's checkpoint failed and stopped the guest, which could not be restarted from its disk; the session failed",
+			"session", l.g.SessionID, "snapshot", snapshotID, "checkpoint_err", ckptErr, "err", err)
+		return fmt.Errorf("snapshot: the checkpoint failed and stopped the guest (%w), which could not be restarted from its disk either (%v): the session failed (guest_crash)", ckptErr, err)
+	}
+	n.Logger.Warn("node: a memory snapshot's checkpoint failed and stopped the guest; the session goes on as a new guest booted from its disk, with its files and without its processes",
+		append([]any{"session", l.g.SessionID, "snapshot", snapshotID, "guest", l.g.GuestID, "checkpoint_err", ckptErr}, steps.took...)...)
+	return fmt.Errorf("snapshot: the checkpoint failed (%w) and stopped the guest; the session was restarted from its disk: its files are kept, its processes were lost", ckptErr)
+}
+
+// replaceGuest replaces l's guest, which a memory snapshot's checkpoint stopped, with the new
+// guest restore makes (restoreGuest, given the old guest's id), which it then watches and
+// serves egress for. Should restore fail, the session fails (guest_crash: its guest is gone),
+// and it answers why. The old guest is deleted in the background once this ends, whatever the
+// outcome, and not sooner: a runsc delete takes a second or two of CPU, which the new guest's
+// first moments need on a small host. The caller holds l's lock.
+func (n *Node) replaceGuest(ctx context.Context, l *live, restore func(old string) error, steps *snapshotSteps) error {
 	old := l.g.GuestID
-	// The checkpoint stopped the old guest: it is deleted in the background once this ends,
-	// whatever the outcome, and not sooner: a runsc delete takes a second or two of CPU,
-	// which the new guest's first moments need on a small host.
 	defer n.goBackground(func() {
 		bg := context.WithoutCancel(ctx)
 		_ = n.Driver.Delete(bg, old)
 		_ = removeAll(n.guestDir(old))
 	})
-	if err := n.restoreGuest(ctx, l, tpl, dir, old, resumeFile(snapshotID), steps); err != nil {
-		n.Logger.Error("node: the guest did not come back after its memory snapshot; the session fails",
-			"session", l.g.SessionID, "snapshot", snapshotID, "err", err)
+	if err := restore(old); err != nil {
 		// Not the restore's context, which may be what ran out: the end's final sample needs one.
 		n.end(context.WithoutCancel(ctx), l, session.Node, session.GuestCrash, "")
-		return
+		return err
 	}
 	if l.cancel != nil {
 		l.cancel()
@@ -626,11 +673,12 @@ func (n *Node) restoreAfterCheckpoint(ctx context.Context, l *live, tpl template
 	n.watch(l)
 	n.startEgress(l)
 	steps.mark("watch")
-	n.Logger.Info("node: memory snapshot taken", append([]any{"session", l.g.SessionID, "snapshot", snapshotID, "bytes", size}, steps.took...)...)
+	return nil
 }
 
 // restoreGuest restores l's guest, stopped by its checkpoint into dir, as a new guest, and
-// waits for its agent. The caller holds l.mu.
+// waits for its agent, whose quiesce it ends with resume ("": a disk-only snapshot's agent
+// boots afresh and waits for none). The caller holds l.mu.
 func (n *Node) restoreGuest(ctx context.Context, l *live, tpl templates.Template, dir, old, resume string, steps *snapshotSteps) error {
 	// A new guest, whose CPU counter starts at zero: the next sample's delta is from there,
 	// not from the old guest's counter (takeSnapshot billed that guest before its checkpoint).
@@ -647,7 +695,7 @@ func (n *Node) restoreGuest(ctx context.Context, l *live, tpl templates.Template
 		return fmt.Errorf("restore the guest: %w", err)
 	}
 	steps.mark("restore")
-	if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
+	if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver && resume != "" {
 		// After the restore: the driver mounts the guest's agent dir as it starts.
 		if err := n.resumeAgent(l.g.GuestID, resume); err != nil {
 			return err

@@ -1,0 +1,106 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"wb/hypervisor"
+	"wb/hypervisor/templates"
+	"wb/internal/redistest"
+	"wb/session"
+	"wb/store"
+)
+
+// lostCheckpoint is cpuCounters whose memory snapshots fail after stopping the guest (runsc's
+// refused save), whose disk snapshots work, and whose stopped guests say so.
+type lostCheckpoint struct {
+	cpuCounters
+	stopped map[string]bool // by guest id, under mu
+}
+
+func (d lostCheckpoint) Snapshot(_ context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if memory {
+		d.stopped[id] = true
+		return hypervisor.SnapshotInfo{}, errors.New("checkpoint failed: endpoint still has waiters upon save")
+	}
+	if !d.stopped[id] {
+		return hypervisor.SnapshotInfo{}, errors.New("a disk snapshot of a guest that runs")
+	}
+	return hypervisor.SnapshotInfo{SizeBytes: 1}, os.MkdirAll(dir, 0o700)
+}
+
+func (d lostCheckpoint) Info(_ context.Context, id string) (hypervisor.Info, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped[id] {
+		return hypervisor.Info{State: hypervisor.StateStopped}, nil
+	}
+	return hypervisor.Info{State: hypervisor.StateRunning, Pid: 1}, nil
+}
+
+func (lostCheckpoint) Stop(context.Context, string) error { return nil }
+
+func (lostCheckpoint) Name() string { return "losttest" }
+
+// TestFailedCheckpointBillsOnce: a memory snapshot whose checkpoint fails and stops the guest
+// replaces it with a guest booted from its disk, billed as the restore after a memory
+// snapshot is: the old guest's CPU since its last sample before the checkpoint, the new
+// guest's counter from zero, nothing twice; the session stays running, and /metrics counts
+// the restart.
+func TestFailedCheckpointBillsOnce(t *testing.T) {
+	d := lostCheckpoint{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, stopped: map[string]bool{}}
+	m := NewMetrics()
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
+		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler), Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	const old = "g_old"
+	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
+	now := time.Now()
+	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_ckpt", Project: "proj_ckpt", GuestID: old,
+		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
+		IdleTimeoutS: 600, MaxLifetimeS: 3600, CPURaw: 10_000, CPUMs: 10_000}}
+	n.guests["sess_ckpt"] = l
+	d.set(old, 12_000) // 2 s of CPU since the last sample, then the checkpoint
+	_, err = n.takeSnapshot(context.Background(), &session.Session{ID: "sess_ckpt", ProjectID: "proj_ckpt"}, "snap_0123456789abcdefgh", true)
+	if err == nil || !strings.Contains(err.Error(), "restarted from its disk") {
+		t.Fatalf("the snapshot whose checkpoint stopped the guest: %v; want its failure, the session restarted from its disk", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.g.State != session.Running || l.g.GuestID == old {
+		t.Fatalf("after the failed checkpoint the session is %s on guest %s (the old one: %s)", l.g.State, l.g.GuestID, old)
+	}
+	d.set(old, 13_000)         // what the old guest's counter may still say: never billed again
+	d.set(l.g.GuestID, 15_000) // the new guest's 15 s
+	n.sampleWith(l, func(id string) (hypervisor.Stats, error) { return d.Stats(context.Background(), id) })
+	var recorded int64
+	for _, p := range l.g.Pending {
+		if p.Usage != nil {
+			recorded += p.Usage.CPUMs
+		}
+	}
+	if got, want := l.g.CPUMs, int64(10_000+2_000+15_000); got != want {
+		t.Errorf("CPU billed in all: %d ms, want %d ms", got, want)
+	}
+	if want := int64(2_000 + 15_000); recorded != want {
+		t.Errorf("usage records since the snapshot began: %d ms of CPU, want %d ms", recorded, want)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if want := `wb_node_checkpoint_stopped_guests_total{outcome="restarted"} 1`; !strings.Contains(rec.Body.String(), want+"\n") {
+		t.Errorf("/metrics lacks %s:\n%s", want, grepMetrics(rec.Body.String(), "wb_node_"))
+	}
+}
