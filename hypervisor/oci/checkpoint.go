@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -109,8 +110,11 @@ func checkpointSandbox(ctx context.Context, id, img string) error {
 		Success bool   `json:"success"`
 		Err     string `json:"err"`
 	}
-	if err := json.NewDecoder(conn).Decode(&res); err != nil {
-		return ctxOr(ctx, fmt.Errorf("the sandbox's answer to its checkpoint: %w", err))
+	// Bounded: the sandbox runs what the guest runs. runsc's longest answer seen, a refused
+	// save's dump and stacks, was tens of kB.
+	const mostAnswer = 1 << 20
+	if err := json.NewDecoder(io.LimitReader(conn, mostAnswer)).Decode(&res); err != nil {
+		return ctxOr(ctx, fmt.Errorf("the sandbox's answer to its checkpoint (read up to %d bytes): %w", mostAnswer, err))
 	}
 	if !res.Success {
 		if res.Err == "unknown method" { // urpc.ErrUnknownMethod: nothing was done

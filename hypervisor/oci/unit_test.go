@@ -703,3 +703,53 @@ func TestCheckpointFailureIsReadable(t *testing.T) {
 		t.Fatalf("an answer of 5000 bytes gave an error of %d", len(got))
 	}
 }
+
+// TestCheckpointAnswerIsBounded: the sandbox's answer to a checkpoint is read up to a bound:
+// the sandbox runs what the guest runs, and an answer without end would have the node read,
+// and hold, all of it.
+func TestCheckpointAnswerIsBounded(t *testing.T) {
+	id := fmt.Sprintf("qrev-endless-%d", os.Getpid())
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@runsc-sandbox." + id + "\x00", Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	const offered = 64 << 20
+	wrote := make(chan int, 1)
+	go func() {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			wrote <- 0
+			return
+		}
+		defer c.Close()
+		b, oob := make([]byte, 4096), make([]byte, 64)
+		_, oobn, _, _, _ := c.ReadMsgUnix(b, oob)
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				fds, _ := unix.ParseUnixRights(&m)
+				for _, fd := range fds {
+					_ = unix.Close(fd)
+				}
+			}
+		}
+		n, _ := c.Write([]byte(`{"success":false,"err":"`))
+		chunk := bytes.Repeat([]byte("x"), 1<<16)
+		for n < offered {
+			k, err := c.Write(chunk)
+			n += k
+			if err != nil {
+				break
+			}
+		}
+		wrote <- n
+	}()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := checkpointSandbox(ctx, id, t.TempDir()); err == nil {
+		t.Fatal("an endless answer was taken for a checkpoint")
+	}
+	if n := <-wrote; n > 8<<20 {
+		t.Fatalf("the sandbox's answer was read to %d bytes", n)
+	}
+}
