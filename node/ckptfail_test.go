@@ -141,7 +141,9 @@ func TestFailedRunscCheckpointRestartsFromDisk(t *testing.T) {
 	const project = "proj_ckptreal"
 	st, _ := newStore(t)
 	d := newDriver(t, "runsc", tempDir(t))
-	n := startNode(t, nodeConfig(t, st, d, tempDir(t), "node_ckptreal"))
+	cfg := nodeConfig(t, st, d, tempDir(t), "node_ckptreal")
+	cfg.Driver = d // bare, as a node runs it: its optional interfaces (a LayerAdopter's restore) in use
+	n := startNode(t, cfg)
 	tpl := catalog[templates.DevPolyglot] // the host's python3
 	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200, template: tpl.Name + "@" + tpl.Digest})
 	ctx := ctxT(t, 5*time.Minute)
