@@ -247,7 +247,7 @@ func (s *server) startProcFiles(spec execSpec, stdin *os.File, extra []*os.File)
 	p := &proc{}
 	path, err := lookPath(spec.argv[0], envValue(spec.env, "PATH"), spec.dir)
 	if err != nil {
-		p.notFound = true
+		p.notFound = !errors.Is(err, errNotRegular)
 		return p, err.Error()
 	}
 	outR, outW, err := outputPipe()
@@ -503,6 +503,13 @@ func envValue(env []string, key string) string {
 	return ""
 }
 
+// errNotRegular: a command's path names something other than a regular file, which no exec
+// runs (a shell answers 126). Refused before the start: gVisor's execve (runsc 20221219)
+// opens a FIFO before it looks at its type, and waits in that open for a writer; the start
+// then held the agent's spawner, and every later start, and under runsc its one P (the
+// vfork's raw system call keeps it), the health probe with it, past the exec's timeout.
+var errNotRegular = errors.New("not a regular file")
+
 // lookPath finds file as a shell would with PATH=pathEnv, relative entries and relative paths
 // being taken from dir. A name with a slash is used as it is.
 func lookPath(file, pathEnv, dir string) (string, error) {
@@ -511,8 +518,12 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		if _, err := os.Stat(p); err != nil {
+		fi, err := os.Stat(p)
+		if err != nil {
 			return "", fmt.Errorf("%q: %w", file, err)
+		}
+		if !fi.Mode().IsRegular() {
+			return "", fmt.Errorf("%q: %w (mode %v)", file, errNotRegular, fi.Mode())
 		}
 		return p, nil
 	}

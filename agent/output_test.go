@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -158,6 +159,30 @@ func TestExecStdioIsPlain(t *testing.T) {
 			if flags&syscall.O_NONBLOCK != 0 {
 				t.Fatalf("%s is non-blocking (flags %o)", stream, flags)
 			}
+		}
+	}
+}
+
+// A command path that names a FIFO (or a directory) is refused before the start, with 126 as a
+// shell answers: gVisor's execve opened a FIFO and waited there for a writer, which held every
+// later start of the guest (and, with its one P, the whole agent) past the exec's timeout.
+func TestExecOfNonRegularFileRefused(t *testing.T) {
+	t.Parallel()
+	c, cfg := startAgent(t, false)
+	fifo := filepath.Join(cfg.Root, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for _, argv0 := range []string{fifo, "./fifo", cfg.Root} {
+		if _, err := lookPath(argv0, defaultPath, cfg.Root); !errors.Is(err, errNotRegular) {
+			t.Fatalf("lookPath(%q) = %v, want it refused as not a regular file", argv0, err)
+		}
+		res, err := c.Exec(testCtx(t, 60*time.Second), ExecRequest{Argv: []string{argv0}, TimeoutS: 5}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != ExitCannotRun || !strings.Contains(res.Stderr, "not a regular file") {
+			t.Fatalf("exec %q: exit %d, stderr %q; want %d, not a regular file", argv0, res.ExitCode, res.Stderr, ExitCannotRun)
 		}
 	}
 }

@@ -355,3 +355,31 @@ func int80Program() []byte {
 	le.PutUint64(ph[48:], 0x1000)
 	return append(b, code...)
 }
+
+// TestExecOfFifoAnswered: an exec whose command is a FIFO is answered (126, as a shell) and
+// leaves the agent serving. runsc's execve opens a FIFO before it looks at its type and waits
+// there for a writer: the start never returned, the exec's timeout was never armed, every
+// later start waited behind it, and with the agent's one P (WB_AGENT_GOMAXPROCS=1) the health
+// probe too.
+func TestExecOfFifoAnswered(t *testing.T) {
+	cat := catalog(t)
+	d := newDriver(t, oci.RuntimeRunsc)
+	_, c := agentGuest(t, d, cat[templates.Base], nil)
+	if rc, out := sh(t, c, "mkfifo -m 0777 /tmp/fifo"); rc != 0 {
+		t.Fatalf("mkfifo: exit %d: %s", rc, out)
+	}
+	ctx := ctxT(t, 60*time.Second) // the exec's own timeout is 5 s
+	res, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"/tmp/fifo"}, TimeoutS: 5}, nil)
+	if err != nil {
+		t.Fatalf("exec of a FIFO was not answered: %v", err)
+	}
+	if res.ExitCode != agent.ExitCannotRun {
+		t.Fatalf("exec of a FIFO: exit %d, stderr %q; want %d", res.ExitCode, res.Stderr, agent.ExitCannotRun)
+	}
+	if err := c.Health(ctx); err != nil {
+		t.Fatalf("the agent after an exec of a FIFO: %v", err)
+	}
+	if rc, out := sh(t, c, "true"); rc != 0 {
+		t.Fatalf("an exec after an exec of a FIFO: exit %d: %s", rc, out)
+	}
+}
