@@ -497,3 +497,33 @@ func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
+
+// TestMemoryRestoreKeepsAgentDir: a guest whose process holds a directory and a file of its
+// agent dir (its cwd, an open file) at a memory snapshot restores into a guest with a new
+// agent dir, which then holds them too: runsc's restore walks to each, and the new, empty
+// agent dir failed it ("restoring container …: no such file or directory"), which lost a
+// session whose guest process had its cwd under /run/wb at a live snapshot.
+func TestMemoryRestoreKeepsAgentDir(t *testing.T) {
+	cat := catalog(t)
+	d := newDriver(t, oci.RuntimeRunsc)
+	ctx := ctxT(t, 5*time.Minute)
+	s := guestSpec(t, cat[templates.Base], `mkdir -p /run/wb/x && echo kept > /run/wb/x/f && cd /run/wb/x && exec 3< f
+echo ready > /run/wb/.ready && mv /run/wb/.ready /run/wb/ready
+while :; do sleep 0.1; done`)
+	boot(t, d, s)
+	dir := filepath.Join(t.TempDir(), "snap")
+	if si, err := d.Snapshot(ctx, s.ID, dir, true); err != nil || !si.Memory {
+		t.Fatalf("memory snapshot: %+v, %v", si, err)
+	}
+	r := guestSpec(t, cat[templates.Base], "exit 1") // a memory restore runs no args
+	track(t, d, r)
+	if err := d.Restore(ctx, r, dir); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := d.Info(ctx, r.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("the restored guest: %+v, %v; want running", info, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(r.AgentDir, "x", "f")); err != nil || string(b) != "kept\n" {
+		t.Fatalf("the restored guest's agent dir holds x/f %q (%v), want the snapshotted guest's", b, err)
+	}
+}

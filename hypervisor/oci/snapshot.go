@@ -27,7 +27,11 @@ const (
 	snapshotMeta   = "snapshot.json"
 	snapshotLayer  = "writable.tar"
 	snapshotMemory = "memory" // runsc checkpoint image dir
-	snapshotFormat = 1
+	// snapshotAgentDir is a memory snapshot's tar of the guest's agent dir (see
+	// snapshotRecord.AgentDir), at most agentDirMaxBytes (the agent dir's tmpfs holds 1 MiB).
+	snapshotAgentDir = "agentdir.tar"
+	agentDirMaxBytes = 1 << 20
+	snapshotFormat   = 1
 )
 
 // snapshotRecord is snapshot.json.
@@ -41,6 +45,13 @@ type snapshotRecord struct {
 	BindTgts  []string  `json:"bind_targets,omitempty"`
 	AgentBin  bool      `json:"agent_bin"`
 	Layer     string    `json:"layer"`
+	// AgentDir names the tar of the guest's agent dir beside a memory image: the restore
+	// unpacks it into the new guest's agent dir before runsc restores into it, since runsc
+	// walks to every file there that a guest process held (its cwd, an open file) and fails
+	// the restore on one that is missing ("restoring container …: no such file or
+	// directory"): a guest process's cwd in /run/wb lost its session at a live snapshot.
+	// Empty in older snapshots (restored into an empty agent dir, as before).
+	AgentDir string `json:"agent_dir,omitempty"`
 }
 
 // Snapshot saves the writable layer (a tar of Spec.Writable) into dir, and with memory on
@@ -80,6 +91,11 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		if err := checkLayerSize(g.Spec.Writable, maxLayer); err != nil {
 			return out, err
 		}
+		if g.Spec.AgentDir != "" {
+			if err := checkLayerSize(g.Spec.AgentDir, agentDirMaxBytes); err != nil {
+				return out, fmt.Errorf("the agent dir: %w", err)
+			}
+		}
 		t1 := time.Now()
 		img := filepath.Join(dir, snapshotMemory)
 		if err := os.MkdirAll(img, 0o700); err != nil {
@@ -118,9 +134,16 @@ func (d *Driver) Snapshot(ctx context.Context, id, dir string, memory bool) (hyp
 		return out, err
 	}
 	layer := time.Since(t2)
+	var agentDir string
+	if useMemory && g.Spec.AgentDir != "" {
+		if err := writeLayer(ctx, g.Spec.AgentDir, filepath.Join(dir, snapshotAgentDir), agentDirMaxBytes); err != nil {
+			return out, fmt.Errorf("the agent dir: %w", err)
+		}
+		agentDir = snapshotAgentDir
+	}
 	rec := snapshotRecord{
 		Format: snapshotFormat, Runtime: d.name, GuestID: id, Memory: useMemory, CreatedAt: time.Now().UTC(),
-		RootFS: g.Spec.RootFS, AgentBin: g.Spec.AgentBin != "", Layer: snapshotLayer,
+		RootFS: g.Spec.RootFS, AgentBin: g.Spec.AgentBin != "", Layer: snapshotLayer, AgentDir: agentDir,
 	}
 	for _, b := range g.Spec.ReadOnlyBinds {
 		rec.BindTgts = append(rec.BindTgts, b.Target)
@@ -167,6 +190,9 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	if !plainFileName(rec.Layer) {
 		return fmt.Errorf("oci: snapshot %s: layer %q is not a plain file name", dir, rec.Layer)
 	}
+	if rec.AgentDir != "" && !plainFileName(rec.AgentDir) {
+		return fmt.Errorf("oci: snapshot %s: agent dir %q is not a plain file name", dir, rec.AgentDir)
+	}
 	if rec.Memory {
 		if rec.Runtime != d.name {
 			return fmt.Errorf("oci: snapshot %s holds %s memory; this driver is %s", dir, rec.Runtime, d.name)
@@ -206,6 +232,12 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	bundle, err := d.prepare(s)
 	if err != nil {
 		return err
+	}
+	if rec.AgentDir != "" { // into the agent dir's new tmpfs, which prepare mounted
+		if err := readLayer(ctx, filepath.Join(dir, rec.AgentDir), s.AgentDir); err != nil {
+			d.cleanupFailed(s.ID)
+			return fmt.Errorf("oci: restore %s: the agent dir: %w", s.ID, err)
+		}
 	}
 	con, off, err := openConsole(bundle)
 	if err != nil {
