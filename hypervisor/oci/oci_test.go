@@ -3,6 +3,7 @@ package oci_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -854,4 +856,31 @@ func bootJobRunner(t *testing.T, rt string, cat templates.Catalog, edit func(*hy
 	}
 	g, _, _, _ := boot(t, d, s)
 	return d, s, g
+}
+
+// TestFailedRestoreLeavesNoDisk: a restore whose layer cannot be read lets go of the disk it
+// attached for the new guest (no guest record held it, so no Delete could): its loop mount
+// stayed, and removing the guest's dir failed ("device or resource busy"), as it did when
+// TestSnapshotAcrossNodes removed a snapshot that the node was still restoring from.
+func TestFailedRestoreLeavesNoDisk(t *testing.T) {
+	cat := catalog(t)
+	d := newDriver(t, oci.RuntimeRunsc)
+	s := guestSpec(t, cat[templates.Base], "exit 1")
+	dir := t.TempDir() // a snapshot whose layer is gone
+	rec := fmt.Sprintf(`{"format":1,"runtime":"runsc","guest_id":"old","memory":false,"rootfs":%q,"layer":"writable.tar"}`, s.RootFS)
+	if err := os.WriteFile(filepath.Join(dir, "snapshot.json"), []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := d.Restore(ctxT(t, time.Minute), s, dir)
+	if err == nil {
+		t.Fatal("a restore without its layer succeeded")
+	}
+	var w, parent syscall.Stat_t
+	if syscall.Stat(s.Writable, &w) == nil && syscall.Stat(filepath.Dir(s.Writable), &parent) == nil && w.Dev != parent.Dev {
+		_ = syscall.Unmount(s.Writable, syscall.MNT_DETACH)
+		t.Fatalf("after the failed restore (%v) its disk is still mounted at %s", err, s.Writable)
+	}
+	if _, serr := os.Stat(filepath.Clean(s.Writable) + ".img"); serr == nil {
+		t.Fatalf("after the failed restore (%v) its disk image is left", err)
+	}
 }

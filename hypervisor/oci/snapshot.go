@@ -221,6 +221,12 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	disk := time.Since(t0)
 	if !adopted {
 		if err := readLayer(ctx, filepath.Join(dir, rec.Layer), s.Writable); err != nil {
+			// No guest record holds the disk yet, so no Delete would let it go: its loop
+			// mount stayed, and the node's removal of the guest's dir met "device or
+			// resource busy".
+			if derr := detachDisk(s); derr != nil {
+				d.log.Warn("restore: let go of the new disk", "id", s.ID, "err", derr)
+			}
 			return err
 		}
 	}
