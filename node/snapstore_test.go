@@ -40,8 +40,10 @@ func TestSnapshotAcrossNodes(t *testing.T) {
 	// conformance suite does, so that the object store's part is still checked.
 	var snapID string
 	var before int
+	var src *session.Session
 	for attempt := 1; ; attempt++ {
 		s := provision(t, st, a.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
+		src = s
 		if res, err := execIn(ctx, a.Node, s, "echo kept > /workspace/f && cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
 			t.Fatalf("exec: %+v, %v", res, err)
 		}
@@ -60,6 +62,11 @@ func TestSnapshotAcrossNodes(t *testing.T) {
 			t.Fatalf("snapshot on A: memory %v err %v; want a runsc memory snapshot", mem, err)
 		}
 		break
+	}
+	// A's guest comes back from the snapshot's image in the background, reading it; an exec
+	// waits for that, so that removing A's copy below does not pull it from under the restore.
+	if res, err := execIn(ctx, a.Node, src, "cat /workspace/f"); err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("the source session on A after its memory snapshot: %+v, %v", res, err)
 	}
 	local := filepath.Join(cfgA.DataDir, "snapshots", snapID)
 	if _, err := os.Stat(local); err != nil {
