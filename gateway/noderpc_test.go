@@ -172,6 +172,14 @@ func TestNodeRefusalThroughClient(t *testing.T) {
 	if strings.Contains(msg, "/var/lib") {
 		t.Errorf("snapshot's 502 %q leaks a host path", msg)
 	}
+	// The failed snapshot, read later, says why, as its request was answered.
+	var snaps struct {
+		Data []session.Snapshot `json:"data"`
+	}
+	e.mustDo("GET", "/v1/snapshots", e.key, nil, 200, &snaps)
+	if len(snaps.Data) != 1 || snaps.Data[0].State != session.SnapshotFailed || snaps.Data[0].FailureReason != msg {
+		t.Errorf("the snapshots after the failed one: %+v; want it failed, its failure_reason %q", snaps.Data, msg)
+	}
 }
 
 // stoppingNode is a fake node whose guests are stopping there while the store still says

@@ -767,9 +767,12 @@ func (s *Server) takeSnapshotAs(ctx context.Context, sess *session.Session, id s
 	defer endLease(false)
 	info, snapErr := g.Snapshot(bg, sess, snap.ID, includeMemory)
 	snap.IncludeMemory, snap.SizeBytes = info.Memory, info.SizeBytes
+	var failed *apiError
 	if snapErr != nil {
 		snap.State = session.SnapshotFailed
 		s.log.Error("snapshot", "session", sess.ID, "err", snapErr)
+		failed = s.errNode(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
+		snap.FailureReason = failed.Message
 	}
 	// A snapshot that passes the plan (a 403) is not recorded; one that failed is, as failed.
 	var recordErr error
@@ -801,8 +804,8 @@ func (s *Server) takeSnapshotAs(ctx context.Context, sess *session.Session, id s
 	if recordErr != nil {
 		return session.Snapshot{}, recordErr
 	}
-	if snapErr != nil {
-		return session.Snapshot{}, s.errNode(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
+	if failed != nil {
+		return session.Snapshot{}, failed
 	}
 	if _, err := s.Store.AppendEvent(bg, sess.ProjectID, session.EventSnapshotReady, sess.ID, snap); err != nil {
 		return session.Snapshot{}, err

@@ -99,7 +99,8 @@ func (s *Server) endOrphanSnapshot(ctx context.Context, ref store.SessionRef, se
 	// A session running (or paused) again left snapshotting through its gateway's last step,
 	// which follows the record: a record missing now was deleted since, and stays so.
 	if snapID != "" && (sess == nil || (sess.State != session.Running && sess.State != session.Paused)) {
-		snap := session.Snapshot{ID: snapID, Object: "snapshot", SessionID: ref.ID, State: session.SnapshotFailed, CreatedAt: *session.At(s.Now())}
+		snap := session.Snapshot{ID: snapID, Object: "snapshot", SessionID: ref.ID, State: session.SnapshotFailed, CreatedAt: *session.At(s.Now()),
+			FailureReason: "the gateway taking the snapshot stopped before it was done; take it again"}
 		if sess != nil {
 			snap.Template, snap.Tier, snap.NodeID = sess.Template, sess.Tier, sess.NodeID
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,8 +54,8 @@ func TestSnapshotSurvivesItsGateway(t *testing.T) {
 	e.waitState(e.key, s.ID, session.Running)
 	var snap session.Snapshot
 	e.mustDo("GET", "/v1/snapshots/snap_ofTheDead", e.key, nil, 200, &snap)
-	if snap.State != session.SnapshotFailed || snap.SessionID != s.ID {
-		t.Errorf("the dead gateway's snapshot: %+v, want failed, of %s", snap, s.ID)
+	if snap.State != session.SnapshotFailed || snap.SessionID != s.ID || !strings.Contains(snap.FailureReason, "stopped before it was done") {
+		t.Errorf("the dead gateway's snapshot: %+v, want failed, of %s, its failure_reason saying its gateway stopped", snap, s.ID)
 	}
 	if due, next, err := e.st.DueSnapshotWork(ctx, time.Now().Add(time.Hour), 10); err != nil || len(due) != 0 || !next.IsZero() {
 		t.Errorf("leases left after the recovery: %v %v %v", due, next, err)

@@ -19,7 +19,10 @@ type Snapshot struct {
 	// Template and Tier of the session it was taken from; a restore uses them.
 	Template string `json:"template"`
 	Tier     int    `json:"tier"`
-	NodeID   string `json:"-"`
+	// FailureReason says why a failed snapshot failed, as its request was answered (or that
+	// the gateway taking it stopped before it was done), for a caller that reads it later.
+	FailureReason string `json:"failure_reason,omitempty"`
+	NodeID        string `json:"-"`
 }
 
 // SnapshotRecord is a Snapshot as the control plane keeps it, with what its restore needs that

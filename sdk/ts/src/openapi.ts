@@ -1038,6 +1038,8 @@ export interface components {
             /** @description The pinned template of the session it was taken from. */
             template: string;
             tier: components["schemas"]["Tier"];
+            /** @description Why a failed snapshot failed, as its request was answered, or that the gateway taking it stopped before it was done. Absent unless state is failed. */
+            failure_reason?: string;
         };
         Run: {
             id: string;
