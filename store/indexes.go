@@ -218,7 +218,7 @@ func (s *Store) createSignals(sess *session.Session) createWrites {
 	}
 	w := createWrites{args: []any{sess.ProjectID, SessionRef{Project: sess.ProjectID, ID: sess.ID}.member(), deadline}}
 	if s.oneRedis {
-		w.keys = []string{signalKey(WorkPending), signalKey(WorkOutbox), provisionDeadlinesKey}
+		w.keys = []string{pendingSignalKey, outboxSignalKey, provisionDeadlinesKey}
 	}
 	return w
 }

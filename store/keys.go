@@ -227,6 +227,13 @@ func nodeRoomKey(node string) string { return "wb:node:{" + node + "}:room" }
 // scripts on one Redis) with or after every write that makes such work; read by the worker of that kind with a consumer group (Signals).
 func signalKey(w Work) string { return "wb:signal:" + string(w) }
 
+// The signal keys of a create (createSignals), as constants: signalKey's concatenation was two
+// of a create's allocations.
+const (
+	pendingSignalKey = "wb:signal:" + string(WorkPending)
+	outboxSignalKey  = "wb:signal:" + string(WorkOutbox)
+)
+
 // apiKeyHashKey is a string, the project id an API key belongs to, under the key's SHA-256 in
 // hex (sum, as a project's apiKeys index holds it; the key itself is never stored):
 // "wb:apikey:HEX". Written by store (CreateProject, AddAPIKey).

@@ -55,6 +55,8 @@ func TestKeyNames(t *testing.T) {
 		{signalKey(WorkOutbox), "wb:signal:outbox"},
 		{signalKey(WorkUsage), "wb:signal:usage"},
 		{signalKey(WorkPending), "wb:signal:pending"},
+		{pendingSignalKey, "wb:signal:pending"},
+		{outboxSignalKey, "wb:signal:outbox"},
 		{apiKeyHashKey(apiKeyHash("wb_live_x")), "wb:apikey:86ca7c1f629888376e30816f516d17969a1f44564688bf4d07b321bb0614fb41"},
 		{k.apiKeys(), "wb:{proj_1}:apikeys"},
 		{ChangesChannel, "wb:changes"},
