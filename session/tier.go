@@ -123,10 +123,6 @@ func (t Tier) Resolve(req *ResourceRequest) (Resources, error) {
 		return slices.IndexFunc(classes, func(c SizeClass) bool { return c.Name == name })
 	}
 	largest := classes[idx(t.LargestSize)]
-	names := make([]string, 0, len(classes))
-	for _, c := range classes[:idx(t.LargestSize)+1] {
-		names = append(names, c.Name)
-	}
 	if req == nil {
 		req = &ResourceRequest{}
 	}
@@ -136,6 +132,12 @@ func (t Tier) Resolve(req *ResourceRequest) (Resources, error) {
 		}
 		i := idx(req.SizeClass)
 		if i < 0 || i > idx(t.LargestSize) {
+			// The classes the tier offers, for the message alone (a create that is allowed
+			// makes no list).
+			names := make([]string, 0, len(classes))
+			for _, c := range classes[:idx(t.LargestSize)+1] {
+				names = append(names, c.Name)
+			}
 			return Resources{}, &FieldError{Field: "resources.size_class", Message: fmt.Sprintf("tier %d offers %v, got %q", t.Number, names, req.SizeClass)}
 		}
 		c := classes[i]
