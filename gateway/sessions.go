@@ -51,7 +51,8 @@ func (s *Server) admitBody(ctx context.Context, p store.Project, body []byte, id
 // signals, and the limits hold exactly: the slot is held from the count to the write.
 func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.CreateRequest, id string, marks map[string]string) (*session.Session, []string, error) {
 	// 2. validate
-	if _, err := req.Validate(s.Tiers); err != nil {
+	st, err := req.Validate(s.Tiers)
+	if err != nil {
 		s.Metrics.admission.WithLabelValues("invalid").Inc()
 		return nil, nil, err
 	}
@@ -101,9 +102,12 @@ func (s *Server) admitRequest(ctx context.Context, p store.Project, req session.
 			d.Warnings = append(d.Warnings, softCapWarning)
 		}
 	}
-	st, err := req.Validate(s.Tiers)
-	if err != nil {
-		return nil, nil, err
+	// The request as validated above, unless something changed it since: a restore's template
+	// (validateRefs) or the decision's patch. (A pinned policy's id stays far below MaxIDLen.)
+	if req.RestoreFrom != "" || len(d.Patch) > 0 {
+		if st, err = req.Validate(s.Tiers); err != nil {
+			return nil, nil, err
+		}
 	}
 	tpl, err := s.Catalog.Resolve(templateOrDefault(req.Template, s.Catalog))
 	if err != nil {
