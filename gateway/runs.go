@@ -409,17 +409,15 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 	t, _ := s.Tiers.Tier(sess.Tier)
 	ctx, cancel := context.WithTimeout(ctx, t.ProvisionDeadline()+time.Second)
 	defer cancel()
-	// A warm guest runs within milliseconds: look every millisecond for the first 50, then
-	// every 5 (each look is one Redis GET).
-	const fast, fastFor, slow = time.Millisecond, 50 * time.Millisecond, 5 * time.Millisecond
-	tick := time.NewTicker(fast)
-	defer tick.Stop()
-	began, slowed := time.Now(), false
+	// A warm guest runs within milliseconds: look every millisecond for the first 50 (each
+	// look is one Redis GET). One not running by then is starting cold, which takes a second
+	// or more: the looks then space out (runPollSlow, a quarter longer each time, up to
+	// runPollMax), since at every 5 ms a cold start on a loaded host cost hundreds of looks,
+	// each CPU of this process's and Redis's taken from the guests starting.
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	began, wait := time.Now(), runPollFast
 	for {
-		if !slowed && time.Since(began) > fastFor {
-			tick.Reset(slow)
-			slowed = true
-		}
 		cur, err := s.Store.Get(ctx, sess.ProjectID, sess.ID)
 		if err != nil {
 			return nil, err
@@ -434,13 +432,28 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 			}
 			return nil, &apiError{Status: 502, Type: "api_error", Code: "session_failed", Message: fmt.Sprintf("the run's session %s ended (%s) before it ran", cur.ID, reason)}
 		}
+		if time.Since(began) > runPollFastFor {
+			wait = min(max(wait*5/4, runPollSlow), runPollMax)
+		}
+		timer.Reset(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return nil, &apiError{Status: 504, Type: "api_error", Code: "provision_timeout", Message: fmt.Sprintf("session %s did not start within %s", sess.ID, t.ProvisionDeadline())}
-		case <-tick.C:
+		case <-timer.C:
 		}
 	}
 }
+
+// waitRunning's looks at a new session: every runPollFast for runPollFastFor, then from
+// runPollSlow growing to runPollMax, which bounds how late a cold start is seen (25 ms of one
+// that takes a second or more).
+const (
+	runPollFast    = time.Millisecond
+	runPollFastFor = 50 * time.Millisecond
+	runPollSlow    = 5 * time.Millisecond
+	runPollMax     = 25 * time.Millisecond
+)
 
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request, p store.Project) error {
 	run, err := s.Store.GetRun(r.Context(), p.ID, r.PathValue("id"))
