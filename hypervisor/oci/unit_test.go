@@ -20,11 +20,13 @@ import (
 	"testing"
 	"time"
 
+	gorunc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"wb/agent"
 	"wb/hypervisor"
+	"wb/internal/proc"
 	"wb/internal/syncbuf"
 )
 
@@ -751,5 +753,74 @@ func TestCheckpointAnswerIsBounded(t *testing.T) {
 	}
 	if n := <-wrote; n > 8<<20 {
 		t.Fatalf("the sandbox's answer was read to %d bytes", n)
+	}
+}
+
+// TestSealAgentDirAsksNoRuntime: a runc guest whose agent is slow to bind its socket (here
+// 0.5 s, past two of the wait's checks that the guest still lives) is waited for without
+// `runc state`: the driver created it, so its init's process says whether it lives. Each
+// `runc state` was a process start, about 9 ms of CPU, every 200 ms of a slow agent's start.
+func TestSealAgentDirAsksNoRuntime(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("seals the agent dir (chown to root): needs root")
+	}
+	bin := t.TempDir()
+	calls := filepath.Join(bin, "calls")
+	state := `{"ociVersion":"1.0.2","id":"g1","pid":1,"status":"running","bundle":"/","rootfs":"/","created":"2020-01-01T00:00:00Z"}`
+	script := "#!/bin/sh\necho \"$*\" >> " + calls + "\necho '" + state + "'\n"
+	if err := os.WriteFile(filepath.Join(bin, "runc"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{name: RuntimeRunc, rt: &gorunc.Runc{Command: filepath.Join(bin, "runc"), Root: t.TempDir()},
+		bundleRoot: t.TempDir(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), inits: map[string]initProc{}}
+	s := hypervisor.Spec{ID: "g1", AgentDir: t.TempDir(), AgentSocket: "agent.sock"}
+	if err := os.MkdirAll(d.BundleDir(s.ID), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeJSON(filepath.Join(d.BundleDir(s.ID), guestFile), guestRecord{Spec: s, Runtime: RuntimeRunc}); err != nil {
+		t.Fatal(err)
+	}
+	init := exec.Command("sleep", "60") // the guest's init, as the driver's create found it
+	if err := init.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = init.Process.Kill(); _ = init.Wait() })
+	start, ok := proc.Start(init.Process.Pid)
+	if !ok {
+		t.Fatal("no start time of the init")
+	}
+	d.inits[s.ID] = initProc{pid: init.Process.Pid, start: start, state: hypervisor.StateRunning}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		l, err := net.Listen("unix", filepath.Join(s.AgentDir, s.AgentSocket))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		t.Cleanup(func() { l.Close() })
+	}()
+	if err := d.sealAgentDir(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(calls); len(b) > 0 {
+		t.Errorf("waiting for the agent's socket ran the runtime:\n%s", b)
+	}
+
+	// A guest whose init died is still given up on, from its process alone.
+	s.ID, s.AgentDir = "g2", t.TempDir()
+	if err := os.MkdirAll(d.BundleDir(s.ID), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeJSON(filepath.Join(d.BundleDir(s.ID), guestFile), guestRecord{Spec: s, Runtime: RuntimeRunc}); err != nil {
+		t.Fatal(err)
+	}
+	_ = init.Process.Kill()
+	_ = init.Wait()
+	d.inits[s.ID] = initProc{pid: init.Process.Pid, start: start, state: hypervisor.StateRunning}
+	if err := d.sealAgentDir(context.Background(), s); err == nil || !strings.Contains(err.Error(), "exited before its agent listened") {
+		t.Errorf("a guest whose init died: %v, want it exited", err)
+	}
+	if b, _ := os.ReadFile(calls); len(b) > 0 {
+		t.Errorf("a guest whose init died was asked of the runtime:\n%s", b)
 	}
 }
