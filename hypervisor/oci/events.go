@@ -13,8 +13,8 @@ import (
 )
 
 // Events polls the guest: its cgroup's OOM-kill counter (an "oom" event per new kill) and its
-// init/sandbox process (an "exit" event once it is gone, confirmed with the runtime's state
-// every ten polls). The channel closes after "exit" or when ctx ends. The same polling works
+// init/sandbox process (an "exit" event once it is gone; runsc's sandbox is confirmed with the
+// runtime's state every ten polls, see initIsState). The channel closes after "exit" or when ctx ends. The same polling works
 // for runc and runsc and for cgroup v1 and v2 (runsc events carries no OOM notifications).
 // A guest this driver created, whose process still lives, is followed from that process
 // without a first runtime call (see rememberInit).
@@ -89,7 +89,7 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, p initProc, ooms 
 			return
 		}
 		alive := pid > 0 && proc.Alive(pid, start)
-		if alive && n%10 == 0 {
+		if alive && n%10 == 0 && !d.initIsState() {
 			cur, err := d.Info(ctx, id)
 			switch {
 			case errors.Is(err, hypervisor.ErrNotFound):
