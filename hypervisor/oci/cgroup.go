@@ -3,6 +3,7 @@ package oci
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -232,6 +233,29 @@ func readKeyed(path, key string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("oci: %s has no %q: %w", path, key, errNoKey)
+}
+
+// emptyWithin waits up to wait for cgroupsPath p to hold no process (as its first hierarchy
+// says; a missing cgroup holds none), and reports whether it came to.
+func (h cgroupHost) emptyWithin(ctx context.Context, p string, wait time.Duration) bool {
+	dirs := h.dirs(p)
+	if len(dirs) == 0 {
+		return true
+	}
+	procs := filepath.Join(dirs[0], "cgroup.procs")
+	// From 5 ms, twice as long each time up to 200 ms: on a loaded host the last processes
+	// take a second or more, and a look every 10 ms cost this process more than it saved.
+	pause := 5 * time.Millisecond
+	for deadline := time.Now().Add(wait); ; pause = min(2*pause, 200*time.Millisecond) {
+		b, err := os.ReadFile(procs)
+		if errors.Is(err, fs.ErrNotExist) || err == nil && len(bytes.TrimSpace(b)) == 0 {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(min(pause, time.Until(deadline)+time.Millisecond))
+	}
 }
 
 // removeDirs removes a guest's leftover cgroup directories (runsc leaves them when its

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -822,5 +823,103 @@ func TestSealAgentDirAsksNoRuntime(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(calls); len(b) > 0 {
 		t.Errorf("a guest whose init died was asked of the runtime:\n%s", b)
+	}
+}
+
+// TestGoferGone: the driver's own delete of a runsc guest whose sandbox died SIGKILLs its
+// gofer, and never signals a process that merely has the gofer's pid (its command line does
+// not name the driver's state root and the guest's bundle).
+func TestGoferGone(t *testing.T) {
+	d := &Driver{name: RuntimeRunsc, rt: &gorunc.Runc{Root: t.TempDir()}, bundleRoot: t.TempDir(),
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	start := func(args ...string) *exec.Cmd {
+		c := exec.Command("python3", append([]string{"-c", "import time; time.sleep(60)"}, args...)...)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+		// Until it has exec'd, its command line is this test's (and no gofer's).
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", c.Process.Pid)); strings.Contains(string(b), "gofer") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the stand-in gofer did not start within 10 s")
+			}
+		}
+		return c
+	}
+	exited := func(c *exec.Cmd) bool {
+		done := make(chan struct{})
+		go func() { _ = c.Wait(); close(done) }()
+		select {
+		case <-done:
+			return true
+		case <-time.After(5 * time.Second):
+			return false
+		}
+	}
+	other := start("gofer", "--root=/elsewhere", d.BundleDir("g1"))
+	t0 := time.Now()
+	if !d.goferGone(context.Background(), "g1", other.Process.Pid) {
+		t.Fatal("a process that is not the guest's gofer: goferGone false, want true (the gofer is gone)")
+	}
+	if took := time.Since(t0); took > time.Second {
+		t.Errorf("a process that is not the gofer was waited for %s", took)
+	}
+	if !proc.Alive(other.Process.Pid, "") {
+		t.Fatal("a process that is not the guest's gofer was killed")
+	}
+	gofer := start("gofer", "--root="+d.rt.Root, "--bundle", d.BundleDir("g1"))
+	if !d.goferGone(context.Background(), "g1", gofer.Process.Pid) {
+		t.Fatal("a gofer: goferGone false, want it killed")
+	}
+	if !exited(gofer) {
+		t.Fatal("the gofer was not killed")
+	}
+}
+
+// TestCgroupEmptyWithin: the driver's own delete of a runsc guest waits until the sandbox's
+// last processes have left its cgroups, which can be removed then: removed at once, while a
+// loaded host still ran the killed sandbox's ptrace stubs, they stayed busy and were left.
+func TestCgroupEmptyWithin(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("makes cgroups: needs root")
+	}
+	cg, err := detectCgroups("/proc/self/mountinfo", "/sys/fs/cgroup/cgroup.controllers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := fmt.Sprintf("/wbtest-empty-%d", os.Getpid())
+	dirs := cg.dirs(p)
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Skipf("cannot make cgroup %s: %v", d, err)
+		}
+	}
+	t.Cleanup(func() { _ = cg.removeDirs(p) })
+	late := exec.Command("sleep", "0.4") // a stub that outlives its sandbox
+	if err := late.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = late.Wait() }()
+	for _, d := range dirs {
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} { // a v1 cpuset takes no process without them
+			if v, err := os.ReadFile(filepath.Join(filepath.Dir(d), f)); err == nil {
+				_ = os.WriteFile(filepath.Join(d, f), v, 0o644)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(late.Process.Pid)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cg.emptyWithin(context.Background(), p, 50*time.Millisecond) {
+		t.Fatal("a cgroup with a process in it: emptyWithin true")
+	}
+	if !cg.emptyWithin(context.Background(), p, 10*time.Second) {
+		t.Fatal("the cgroup's process exited, but emptyWithin did not see it empty")
+	}
+	if err := cg.removeDirs(p); err != nil {
+		t.Fatalf("the emptied cgroup could not be removed: %v", err)
 	}
 }
