@@ -771,6 +771,10 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	// The guest's last processes may leave its cgroups a second or more after its init died
+	// on a loaded host (runc deletes a stopped guest without waiting for them): waited for,
+	// up to guestCgroupEmptyWait, so that its directories are not left behind.
+	d.cg.emptyWithin(ctx, d.CgroupPath(id), guestCgroupEmptyWait)
 	if err := d.cg.removeDirs(d.CgroupPath(id)); err != nil {
 		d.log.Warn("guest delete: its cgroup is left", "id", id, "err", err)
 	}
@@ -782,6 +786,10 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// guestCgroupEmptyWait bounds a delete's wait for the guest's last processes to leave its
+// cgroups.
+const guestCgroupEmptyWait = 5 * time.Second
 
 // forgetStopped deletes a stopped runc guest without `runc delete`, a process start (about 9
 // ms of CPU here, once per guest's life, and a run's guest lives once): what runc's delete of
@@ -801,8 +809,9 @@ func (d *Driver) forgetStopped(id string) error {
 // of CPU here, and up to 1.4 s on a loaded host, once per guest's life, and a run's guest
 // lives once). What that delete does for such a guest: its gofer is SIGKILLed; its cgroups, once
 // the sandbox's last processes have left them (waited for here), are removed by Delete next,
-// as after any delete; and its state and lock files in the state root go. Their layout is the known build's alone (runscBuildKnown), so other builds are deleted
-// by runsc. false, having changed nothing runsc could not redo, leaves the delete to runsc.
+// as after any delete; and its state and lock files in the state root go. Their layout is
+// the known build's alone (runscBuildKnown), so other builds are deleted by runsc. false,
+// having changed nothing runsc could not redo, leaves the delete to runsc.
 func (d *Driver) forgetKilledSandbox(ctx context.Context, id string) bool {
 	base := filepath.Join(d.rt.Root, id+"_sandbox:"+id)
 	var st struct {
@@ -820,7 +829,7 @@ func (d *Driver) forgetKilledSandbox(ctx context.Context, id string) bool {
 	}
 	// The gofer and the sandbox's ptrace stubs exit after it, on a loaded host a second or more
 	// later; until then its cgroups cannot be removed (runsc's delete waited as long).
-	if !d.cg.emptyWithin(ctx, d.CgroupPath(id), 5*time.Second) {
+	if !d.cg.emptyWithin(ctx, d.CgroupPath(id), guestCgroupEmptyWait) {
 		return false
 	}
 	if err := os.Remove(base + ".state"); err != nil && !errors.Is(err, fs.ErrNotExist) {
