@@ -2,7 +2,6 @@ package oci
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -79,7 +78,7 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, p initProc, ooms 
 	pid, start := p.pid, p.start
 	tick := time.NewTicker(d.eventInterval)
 	defer tick.Stop()
-	for n := 1; ; n++ {
+	for {
 		select {
 		case <-ctx.Done():
 			return
@@ -88,21 +87,9 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, p initProc, ooms 
 		if !checkOOM() {
 			return
 		}
+		// The runtime's state is the followed process's: runc's init, or runsc's sandbox,
+		// which ends with its container's process (and with a checkpoint); so it is not asked.
 		alive := pid > 0 && proc.Alive(pid, start)
-		if alive && n%10 == 0 && !d.initIsState() {
-			cur, err := d.Info(ctx, id)
-			switch {
-			case errors.Is(err, hypervisor.ErrNotFound):
-				alive = false
-			case err != nil:
-				if ctx.Err() != nil {
-					return
-				}
-				d.log.Debug("events: state", "id", id, "err", err)
-			case cur.State == hypervisor.StateStopped:
-				alive = false
-			}
-		}
 		if !alive {
 			if checkOOM() {
 				send(hypervisor.EventExit)

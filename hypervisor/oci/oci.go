@@ -668,8 +668,8 @@ func (d *Driver) thaw(ctx context.Context, id string) error {
 // Stop SIGKILLs the guest and waits until it is stopped. A guest this driver created or
 // restored is known stopped once its process is gone (knownState), so the common stop asks
 // the runtime only to kill: on runsc each `runsc state` is a process start and a sandbox RPC
-// (about 30 ms, 17 ms of CPU, here), and a session's end used to take three. While the
-// process lingers, the runtime's state is asked every tenth poll, as Events does.
+// (about 30 ms, 17 ms of CPU, here), and a session's end used to take three. The runtime's
+// state is its followed process's (see Events), so it is not asked while the process lingers.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	state, known := d.knownState(id)
 	if !known {
@@ -697,11 +697,11 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.After(10 * time.Second)
-	for n := 1; ; n++ {
+	for {
 		if st, ok := d.knownState(id); ok && st == hypervisor.StateStopped {
 			return nil
 		}
-		if !known || n%10 == 0 && !d.initIsState() {
+		if !known {
 			info, err := d.Info(ctx, id)
 			if err != nil {
 				return err
@@ -719,13 +719,6 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		}
 	}
 }
-
-// initIsState reports whether the runtime's state of a guest is its init process's: runc's is
-// (stopped once the process its create started, that pid with that start time, is gone), so a
-// live init that the driver follows says all that `runc state`, a process start (about 9 ms of
-// CPU here), would. runsc's init is the sandbox, which can outlive the container's process:
-// runsc is asked.
-func (d *Driver) initIsState() bool { return d.name == RuntimeRunc }
 
 // killInit SIGKILLs a guest's init, known to this driver and alive, through a pidfd instead
 // of `runc kill` or `runsc kill`, a process start (about 9 ms of CPU for runc here, 17 ms and
