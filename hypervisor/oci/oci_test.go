@@ -2,6 +2,7 @@ package oci_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -882,5 +883,51 @@ func TestFailedRestoreLeavesNoDisk(t *testing.T) {
 	}
 	if _, serr := os.Stat(filepath.Clean(s.Writable) + ".img"); serr == nil {
 		t.Fatalf("after the failed restore (%v) its disk image is left", err)
+	}
+}
+
+// TestFailedAdoptingRestoreLeavesNoDisk: a restore that took over the old guest's disk
+// (RestoreAdopting: its layer bound at the new guest's, its image renamed to the new guest's)
+// and then failed before any guest record held it lets go of it, as a restore that attached a
+// new disk does (TestFailedRestoreLeavesNoDisk): the bind mount, and the loop device under it,
+// stayed, and the node's removal of the new guest's dir met "device or resource busy".
+func TestFailedAdoptingRestoreLeavesNoDisk(t *testing.T) {
+	cat := catalog(t)
+	d := newDriver(t, oci.RuntimeRunsc)
+	ctx := ctxT(t, 3*time.Minute)
+	old := guestSpec(t, cat[templates.Base], "exit 1")
+	track(t, d, old)
+	if err := d.Create(ctx, old); err != nil { // its disk attached: what a restore adopts
+		t.Fatal(err)
+	}
+	var tgts []string
+	for _, b := range old.ReadOnlyBinds {
+		tgts = append(tgts, b.Target)
+	}
+	tj, _ := json.Marshal(tgts)
+	dir := t.TempDir() // the memory snapshot just taken of old, as the record says
+	rec := fmt.Sprintf(`{"format":1,"runtime":"runsc","guest_id":%q,"memory":true,"rootfs":%q,"bind_targets":%s,"agent_bin":false,"layer":"writable.tar"}`, old.ID, old.RootFS, tj)
+	if err := os.WriteFile(filepath.Join(dir, "snapshot.json"), []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := guestSpec(t, cat[templates.Base], "exit 1")
+	track(t, d, s)
+	// Its agent dir a file: the restore fails at prepare, after it adopted the disk.
+	if err := os.MkdirAll(filepath.Dir(s.AgentDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.AgentDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := d.RestoreAdopting(ctx, s, dir, old.ID)
+	if err == nil {
+		t.Fatal("a restore into an agent dir that is a file succeeded")
+	}
+	if mountOptions(t, s.Writable) != "" {
+		_ = syscall.Unmount(s.Writable, syscall.MNT_DETACH)
+		t.Fatalf("after the failed adopting restore (%v) the adopted disk is still mounted at %s", err, s.Writable)
+	}
+	if _, serr := os.Stat(filepath.Clean(s.Writable) + ".img"); serr == nil {
+		t.Fatalf("after the failed adopting restore (%v) the adopted disk image is left", err)
 	}
 }

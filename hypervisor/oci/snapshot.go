@@ -219,15 +219,18 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 		}
 	}
 	disk := time.Since(t0)
+	// No guest record holds s's disk (a new one, or from's adopted) until prepare writes one,
+	// so no Delete would let it go: its loop mount stayed, and the node's removal of the
+	// guest's dir met "device or resource busy".
+	letGo := func(err error) error {
+		if derr := detachDisk(s); derr != nil {
+			d.log.Warn("restore: let go of the new guest's disk", "id", s.ID, "adopted", adopted, "err", derr)
+		}
+		return err
+	}
 	if !adopted {
 		if err := readLayer(ctx, filepath.Join(dir, rec.Layer), s.Writable); err != nil {
-			// No guest record holds the disk yet, so no Delete would let it go: its loop
-			// mount stayed, and the node's removal of the guest's dir met "device or
-			// resource busy".
-			if derr := detachDisk(s); derr != nil {
-				d.log.Warn("restore: let go of the new disk", "id", s.ID, "err", derr)
-			}
-			return err
+			return letGo(err)
 		}
 	}
 	layer := time.Since(t0) - disk
@@ -237,7 +240,7 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	t0 = time.Now()
 	bundle, err := d.prepare(s)
 	if err != nil {
-		return err
+		return letGo(err)
 	}
 	if rec.AgentDir != "" { // into the agent dir's new tmpfs, which prepare mounted
 		if err := readLayer(ctx, filepath.Join(dir, rec.AgentDir), s.AgentDir); err != nil {
