@@ -104,3 +104,74 @@ func TestFailedCheckpointBillsOnce(t *testing.T) {
 		t.Errorf("/metrics lacks %s:\n%s", want, grepMetrics(rec.Body.String(), "wb_node_"))
 	}
 }
+
+// endedCheckpoint is cpuCounters whose memory snapshot ends its caller's context and
+// answers its error, the guest untouched (the OCI driver's direct checkpoint asks nothing of
+// a sandbox once its context has ended, 7ecf891), and whose Info reads the guest's state
+// under the context it is given, as runsc state, a command started with it, does.
+type endedCheckpoint struct {
+	cpuCounters
+	cancel  context.CancelFunc
+	stopped *[]string
+}
+
+func (d endedCheckpoint) Snapshot(ctx context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
+	if !memory {
+		return hypervisor.SnapshotInfo{SizeBytes: 1}, os.MkdirAll(dir, 0o700)
+	}
+	d.cancel() // the snapshot's caller went away (its request ended) during the checkpoint
+	return hypervisor.SnapshotInfo{}, ctx.Err()
+}
+
+func (d endedCheckpoint) Info(ctx context.Context, id string) (hypervisor.Info, error) {
+	if err := ctx.Err(); err != nil {
+		return hypervisor.Info{}, err
+	}
+	return hypervisor.Info{State: hypervisor.StateRunning, Pid: 1}, nil
+}
+
+func (d endedCheckpoint) Stop(_ context.Context, id string) error {
+	d.mu.Lock()
+	*d.stopped = append(*d.stopped, id)
+	d.mu.Unlock()
+	return nil
+}
+
+func (endedCheckpoint) Name() string { return "endedtest" }
+
+// TestCheckpointWithEndedContextKeepsTheGuest: a memory snapshot whose caller went away
+// during its checkpoint (its context ended), which left the guest running, keeps that guest:
+// the guest's state is read regardless of the caller, not taken for a stopped guest because
+// the read could not start, which restarted the session from its disk and lost its
+// processes.
+func TestCheckpointWithEndedContextKeepsTheGuest(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stopped []string
+	d := endedCheckpoint{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, cancel: cancel, stopped: &stopped}
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
+		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	const old = "g_old"
+	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
+	now := time.Now()
+	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_ended", Project: "proj_ended", GuestID: old,
+		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
+		IdleTimeoutS: 600, MaxLifetimeS: 3600}}
+	n.guests["sess_ended"] = l
+	_, err = n.takeSnapshot(ctx, &session.Session{ID: "sess_ended", ProjectID: "proj_ended"}, "snap_0123456789abcdefgh", true)
+	if err == nil {
+		t.Fatal("a snapshot whose checkpoint answered its ended context succeeded")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if l.g.GuestID != old || len(stopped) > 0 || strings.Contains(err.Error(), "restarted from its disk") {
+		t.Fatalf("a checkpoint that left its guest running, whose caller went away, answered %q; the session is %s on guest %s (was %s), guests stopped %v; want the running guest kept",
+			err, l.g.State, l.g.GuestID, old, stopped)
+	}
+}

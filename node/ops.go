@@ -534,7 +534,13 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		if errors.Is(err, errNotQuiesced) {
 			return hypervisor.SnapshotInfo{}, err
 		}
-		if st, ierr := n.Driver.Info(ctx, l.g.GuestID); ierr != nil || st.State == hypervisor.StateStopped {
+		// Read whether the caller is still there: a read that could not start (runsc state,
+		// under an ended context) is no sign of a stopped guest, and the restart would stop
+		// one that runs and lose its processes.
+		ictx, icancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		st, ierr := n.Driver.Info(ictx, l.g.GuestID)
+		icancel()
+		if ierr != nil || st.State == hypervisor.StateStopped {
 			return hypervisor.SnapshotInfo{}, n.restartFromDisk(context.WithoutCancel(ctx), l, tpl, snapshotID, err, steps)
 		}
 		if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
