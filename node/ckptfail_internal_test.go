@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -173,5 +174,53 @@ func TestCheckpointWithEndedContextKeepsTheGuest(t *testing.T) {
 	if l.g.GuestID != old || len(stopped) > 0 || strings.Contains(err.Error(), "restarted from its disk") {
 		t.Fatalf("a checkpoint that left its guest running, whose caller went away, answered %q; the session is %s on guest %s (was %s), guests stopped %v; want the running guest kept",
 			err, l.g.State, l.g.GuestID, old, stopped)
+	}
+}
+
+// deletesRecorded is lostCheckpoint that records the guests it deletes.
+type deletesRecorded struct {
+	lostCheckpoint
+	deleted *[]string
+}
+
+func (d deletesRecorded) Delete(_ context.Context, id string) error {
+	d.mu.Lock()
+	*d.deleted = append(*d.deleted, id)
+	d.mu.Unlock()
+	return nil
+}
+
+// TestRestartFromDiskWhileWindingDownDeletesTheOldGuest: a memory snapshot whose checkpoint
+// stopped the guest while the node winds down (it starts no background work then) still
+// deletes the old guest and removes its dir, which holds the copy of its disk the restart
+// was booted from: the deletion was left to a background start that was refused.
+func TestRestartFromDiskWhileWindingDownDeletesTheOldGuest(t *testing.T) {
+	var deleted []string
+	d := deletesRecorded{lostCheckpoint: lostCheckpoint{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, stopped: map[string]bool{}}, deleted: &deleted}
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
+		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	const old = "g_old"
+	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
+	now := time.Now()
+	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_wind", Project: "proj_wind", GuestID: old,
+		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
+		IdleTimeoutS: 600, MaxLifetimeS: 3600}}
+	n.guests["sess_wind"] = l
+	n.windDown()
+	_, err = n.takeSnapshot(context.Background(), &session.Session{ID: "sess_wind", ProjectID: "proj_wind"}, "snap_0123456789abcdefgh", true)
+	if err == nil || !strings.Contains(err.Error(), "restarted from its disk") {
+		t.Fatalf("the snapshot whose checkpoint stopped the guest: %v; want its failure, the session restarted from its disk", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !slices.Contains(deleted, old) {
+		t.Errorf("after the restart from disk while the node wound down, guests deleted: %v; want the old one, %s", deleted, old)
+	}
+	if _, serr := os.Stat(n.guestDir(old)); serr == nil {
+		t.Errorf("after the restart from disk while the node wound down the old guest's dir %s is left", n.guestDir(old))
 	}
 }

@@ -663,11 +663,16 @@ func (n *Node) restartFromDisk(ctx context.Context, l *live, tpl templates.Templ
 // first moments need on a small host. The caller holds l's lock.
 func (n *Node) replaceGuest(ctx context.Context, l *live, restore func(old string) error, steps *snapshotSteps) error {
 	old := l.g.GuestID
-	defer n.goBackground(func() {
+	del := func() {
 		bg := context.WithoutCancel(ctx)
 		_ = n.Driver.Delete(bg, old)
 		_ = removeAll(n.guestDir(old))
-	})
+	}
+	defer func() {
+		if !n.goBackground(del) {
+			del() // the node winds down: it waits for nothing it starts now
+		}
+	}()
 	if err := restore(old); err != nil {
 		// Not the restore's context, which may be what ran out: the end's final sample needs one.
 		n.end(context.WithoutCancel(ctx), l, session.Node, session.GuestCrash, "")
