@@ -704,3 +704,51 @@ func TestDeleteWaitsForLingeringProcesses(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryRestoreOfSnapshotWithoutAgentDir: a memory snapshot from before agent_dir (a
+// snapshot.json without it, no agentdir.tar) restores, into an empty agent dir, as it did.
+func TestMemoryRestoreOfSnapshotWithoutAgentDir(t *testing.T) {
+	cat := catalog(t)
+	d := newDriver(t, oci.RuntimeRunsc)
+	ctx := ctxT(t, 5*time.Minute)
+	s := guestSpec(t, cat[templates.Base], `echo ready > /run/wb/.ready && mv /run/wb/.ready /run/wb/ready
+while :; do sleep 0.1; done`)
+	boot(t, d, s)
+	dir := filepath.Join(t.TempDir(), "snap")
+	if si, err := d.Snapshot(ctx, s.ID, dir, true); err != nil || !si.Memory {
+		t.Fatalf("memory snapshot: %+v, %v", si, err)
+	}
+	meta := filepath.Join(dir, "snapshot.json")
+	b, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec["agent_dir"] != "agentdir.tar" {
+		t.Fatalf("snapshot.json %s: want agent_dir agentdir.tar", b)
+	}
+	delete(rec, "agent_dir") // as an older node wrote it
+	if b, err = json.Marshal(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(meta, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "agentdir.tar")); err != nil {
+		t.Fatal(err)
+	}
+	r := guestSpec(t, cat[templates.Base], "exit 1")
+	track(t, d, r)
+	if err := d.Restore(ctx, r, dir); err != nil {
+		t.Fatalf("restore of a memory snapshot without agent_dir: %v", err)
+	}
+	if info, err := d.Info(ctx, r.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("the restored guest: %+v, %v; want running", info, err)
+	}
+	if ents, _ := os.ReadDir(r.AgentDir); len(ents) > 0 {
+		t.Logf("the restored guest's agent dir holds %d entries (its own since the restore)", len(ents))
+	}
+}
