@@ -752,3 +752,30 @@ while :; do sleep 0.1; done`)
 		t.Logf("the restored guest's agent dir holds %d entries (its own since the restore)", len(ents))
 	}
 }
+
+// TestMemorySnapshotRefusesHugeAgentDir: a guest's sparse file in its agent dir, past the
+// agent dir's bound at its whole size, refuses the memory snapshot before its checkpoint:
+// the guest runs on, and no tar of it was written.
+func TestMemorySnapshotRefusesHugeAgentDir(t *testing.T) {
+	cat := catalog(t)
+	d := newDriver(t, oci.RuntimeRunsc)
+	ctx := ctxT(t, 5*time.Minute)
+	s := guestSpec(t, cat[templates.Base], `dd if=/dev/null of=/run/wb/sparse bs=1 seek=1073741824 2>/dev/null
+echo ready > /run/wb/.ready && mv /run/wb/.ready /run/wb/ready
+while :; do sleep 0.1; done`)
+	boot(t, d, s)
+	if fi, err := os.Stat(filepath.Join(s.AgentDir, "sparse")); err != nil || fi.Size() != 1<<30 {
+		t.Fatalf("the guest's sparse file on the host: %v, %v; want 1 GiB", fi, err)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	_, err := d.Snapshot(ctx, s.ID, dir, true)
+	if !errors.Is(err, hypervisor.ErrLayerTooLarge) {
+		t.Fatalf("memory snapshot of a guest with a 1 GiB sparse file in its agent dir: %v; want it refused as too large", err)
+	}
+	if info, ierr := d.Info(ctx, s.ID); ierr != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("after the refusal (%v) the guest is %+v, %v; want it running", err, info, ierr)
+	}
+	if _, serr := os.Stat(filepath.Join(dir, "agentdir.tar")); serr == nil {
+		t.Fatal("the refused snapshot wrote the agent dir's tar")
+	}
+}
