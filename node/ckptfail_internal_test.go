@@ -106,10 +106,9 @@ func TestFailedCheckpointBillsOnce(t *testing.T) {
 	}
 }
 
-// endedCheckpoint is cpuCounters whose memory snapshot ends its caller's context and
-// answers its error, the guest untouched (the OCI driver's direct checkpoint asks nothing of
-// a sandbox once its context has ended, 7ecf891), and whose Info reads the guest's state
-// under the context it is given, as runsc state, a command started with it, does.
+// endedCheckpoint is cpuCounters whose memory snapshot ends its caller's context and fails,
+// the guest untouched and running, and whose Info reads the guest's state under the context
+// it is given, as runsc state, a command started with it, does.
 type endedCheckpoint struct {
 	cpuCounters
 	cancel  context.CancelFunc
@@ -121,7 +120,7 @@ func (d endedCheckpoint) Snapshot(ctx context.Context, id, dir string, memory bo
 		return hypervisor.SnapshotInfo{SizeBytes: 1}, os.MkdirAll(dir, 0o700)
 	}
 	d.cancel() // the snapshot's caller went away (its request ended) during the checkpoint
-	return hypervisor.SnapshotInfo{}, ctx.Err()
+	return hypervisor.SnapshotInfo{}, errors.New("checkpoint failed: the sandbox refused the save, and runs on")
 }
 
 func (d endedCheckpoint) Info(ctx context.Context, id string) (hypervisor.Info, error) {
@@ -141,7 +140,7 @@ func (d endedCheckpoint) Stop(_ context.Context, id string) error {
 func (endedCheckpoint) Name() string { return "endedtest" }
 
 // TestCheckpointWithEndedContextKeepsTheGuest: a memory snapshot whose caller went away
-// during its checkpoint (its context ended), which left the guest running, keeps that guest:
+// during its failed checkpoint (its context ended), which left the guest running, keeps it:
 // the guest's state is read regardless of the caller, not taken for a stopped guest because
 // the read could not start, which restarted the session from its disk and lost its
 // processes.
@@ -222,5 +221,80 @@ func TestRestartFromDiskWhileWindingDownDeletesTheOldGuest(t *testing.T) {
 	}
 	if _, serr := os.Stat(n.guestDir(old)); serr == nil {
 		t.Errorf("after the restart from disk while the node wound down the old guest's dir %s is left", n.guestDir(old))
+	}
+}
+
+// savedAnyway is cpuCounters whose memory snapshot's caller goes away during the save,
+// which the sandbox makes all the same (runsc's save goes on whatever its caller does, and
+// stops the guest): to a caller whose context ended it answers that, the answer lost, and to
+// one still there the snapshot. Its Info reads under the context it is given, as runsc state.
+type savedAnyway struct {
+	cpuCounters
+	cancel context.CancelFunc
+	state  map[string]string // "stopped", "disk" (a disk snapshot was taken), by guest id, under mu
+}
+
+func (d savedAnyway) Snapshot(ctx context.Context, id, dir string, memory bool) (hypervisor.SnapshotInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !memory {
+		d.state["disk"] = id
+		return hypervisor.SnapshotInfo{SizeBytes: 1}, os.MkdirAll(dir, 0o700)
+	}
+	d.cancel() // the caller goes away while the sandbox saves
+	d.state[id] = "stopped"
+	if err := ctx.Err(); err != nil {
+		return hypervisor.SnapshotInfo{}, err
+	}
+	return hypervisor.SnapshotInfo{Memory: true, SizeBytes: 1}, os.MkdirAll(dir, 0o700)
+}
+
+func (d savedAnyway) Info(ctx context.Context, id string) (hypervisor.Info, error) {
+	if err := ctx.Err(); err != nil {
+		return hypervisor.Info{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state[id] == "stopped" {
+		return hypervisor.Info{State: hypervisor.StateStopped}, nil
+	}
+	return hypervisor.Info{State: hypervisor.StateRunning, Pid: 1}, nil
+}
+
+func (savedAnyway) Stop(context.Context, string) error { return nil }
+
+func (savedAnyway) Name() string { return "savedtest" }
+
+// TestCheckpointOutlivesItsCaller: a memory snapshot whose caller goes away while the guest
+// is saved waits for the save's answer all the same: the save goes on in the sandbox and
+// stops the guest whatever the caller does, and a wait cut short took the saved guest for a
+// failed checkpoint, which restarted the session from its disk and lost its processes.
+func TestCheckpointOutlivesItsCaller(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := savedAnyway{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, cancel: cancel, state: map[string]string{}}
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
+		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	const old = "g_old"
+	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
+	now := time.Now()
+	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_gone", Project: "proj_gone", GuestID: old,
+		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
+		IdleTimeoutS: 600, MaxLifetimeS: 3600}}
+	n.guests["sess_gone"] = l
+	_, err = n.takeSnapshot(ctx, &session.Session{ID: "sess_gone", ProjectID: "proj_gone"}, "snap_0123456789abcdefgh", true)
+	l.mu.Lock() // the restore after the checkpoint holds it until the guest is back
+	defer l.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil || d.state["disk"] != "" {
+		t.Fatalf("a memory snapshot saved while its caller went away answered %v (disk snapshots taken of %q); want it taken, the guest restored from its memory", err, d.state["disk"])
+	}
+	if l.g.State != session.Running || l.g.GuestID == old {
+		t.Fatalf("after the snapshot the session is %s on guest %s (the old one: %s)", l.g.State, l.g.GuestID, old)
 	}
 }

@@ -592,13 +592,22 @@ func (n *Node) checkpoint(ctx context.Context, l *live, snapshotID, dir string, 
 	}
 	l.agent.Close()
 	steps.mark("quiesce")
-	info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, true)
+	// Not cut short by the caller's going away: the save goes on in the sandbox whatever the
+	// wait for its answer does, and stops the guest, and without its answer a saved guest
+	// was taken for a failed checkpoint, restarted from its disk, its processes lost.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkpointBound)
+	defer cancel()
+	info, err := n.Driver.Snapshot(sctx, l.g.GuestID, dir, true)
 	steps.mark("checkpoint")
 	if err != nil {
 		_ = removeAll(dir)
 	}
 	return info, err
 }
+
+// checkpointBound bounds a memory snapshot's checkpoint, which its caller's going away does
+// not end.
+const checkpointBound = 10 * time.Minute
 
 // restoreAfterBound bounds the restore of a guest after its memory snapshot, its agent's
 // return included.
