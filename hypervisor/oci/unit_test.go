@@ -791,9 +791,10 @@ func TestSealAgentDirAsksNoRuntime(t *testing.T) {
 		t.Fatal("no start time of the init")
 	}
 	d.inits[s.ID] = initProc{pid: init.Process.Pid, start: start, state: hypervisor.StateRunning}
+	sock := filepath.Join(s.AgentDir, s.AgentSocket) // s changes below, for the second guest
 	go func() {
 		time.Sleep(500 * time.Millisecond)
-		l, err := net.Listen("unix", filepath.Join(s.AgentDir, s.AgentSocket))
+		l, err := net.Listen("unix", sock)
 		if err != nil {
 			t.Error(err)
 			return
