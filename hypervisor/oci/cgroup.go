@@ -235,20 +235,23 @@ func readKeyed(path, key string) (int64, error) {
 	return 0, fmt.Errorf("oci: %s has no %q: %w", path, key, errNoKey)
 }
 
-// emptyWithin waits up to wait for cgroupsPath p to hold no process (as its first hierarchy
-// says; a missing cgroup holds none), and reports whether it came to.
+// emptyWithin waits up to wait for cgroupsPath p to hold no process in any hierarchy (a
+// missing cgroup holds none), and reports whether it came to. Every hierarchy is looked at:
+// on cgroup v1 runsc leaves out those it does not know (a hybrid host's cgroup2 tree, which
+// systemd's hosts list first), so the first one alone can say empty while the sandbox's last
+// processes still run in the others.
 func (h cgroupHost) emptyWithin(ctx context.Context, p string, wait time.Duration) bool {
-	dirs := h.dirs(p)
-	if len(dirs) == 0 {
-		return true
-	}
-	procs := filepath.Join(dirs[0], "cgroup.procs")
+	busy := h.dirs(p)
 	// From 5 ms, twice as long each time up to 200 ms: on a loaded host the last processes
 	// take a second or more, and a look every 10 ms cost this process more than it saved.
 	pause := 5 * time.Millisecond
 	for deadline := time.Now().Add(wait); ; pause = min(2*pause, 200*time.Millisecond) {
-		b, err := os.ReadFile(procs)
-		if errors.Is(err, fs.ErrNotExist) || err == nil && len(bytes.TrimSpace(b)) == 0 {
+		// A cgroup seen empty stays so: the dead sandbox's processes only leave.
+		busy = slices.DeleteFunc(busy, func(d string) bool {
+			b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			return errors.Is(err, fs.ErrNotExist) || err == nil && len(bytes.TrimSpace(b)) == 0
+		})
+		if len(busy) == 0 {
 			return true
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {

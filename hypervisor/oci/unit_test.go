@@ -924,3 +924,69 @@ func TestCgroupEmptyWithin(t *testing.T) {
 		t.Fatalf("the emptied cgroup could not be removed: %v", err)
 	}
 }
+
+// TestCgroupEmptyWithinEveryHierarchy: on cgroup v1 runsc makes a guest's cgroup in the
+// hierarchies of the controllers it knows and not in the hybrid host's cgroup2 tree
+// ("unified"), which systemd's hosts list first. A busy guest's cgroup missing from the
+// first hierarchy was taken for empty at once, and the cgroups were removed while the killed
+// sandbox's last processes still ran in them (left busy on a loaded host).
+func TestCgroupEmptyWithinEveryHierarchy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("makes cgroups: needs root")
+	}
+	// This host's mount table with its cgroup2 tree listed first, as systemd's hybrid hosts
+	// list it.
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first, rest []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if strings.Contains(l, " - cgroup2 ") {
+			first = append(first, l)
+		} else {
+			rest = append(rest, l)
+		}
+	}
+	if len(first) == 0 {
+		t.Skip("no cgroup2 tree beside the v1 hierarchies")
+	}
+	mi := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(mi, []byte(strings.Join(append(first, rest...), "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := detectCgroups(mi, "/sys/fs/cgroup/cgroup.controllers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cg.v2 {
+		t.Skip("cgroup v2: one hierarchy")
+	}
+	p := fmt.Sprintf("/wbtest-every-%d", os.Getpid())
+	dirs := cg.dirs(p)
+	// The first hierarchy has no cgroup of this guest, as runsc leaves a hybrid host's
+	// cgroup2 tree (listed first on systemd's hosts); the cpu hierarchy has one, busy.
+	cpu := cg.v1["cpu"]
+	if cpu == "" || filepath.Join(cpu, p) == dirs[0] {
+		t.Skip("needs a cpu hierarchy that is not the first")
+	}
+	busy := filepath.Join(cpu, p)
+	if err := os.MkdirAll(busy, 0o755); err != nil {
+		t.Skipf("cannot make cgroup %s: %v", busy, err)
+	}
+	t.Cleanup(func() { _ = cg.removeDirs(p) })
+	late := exec.Command("sleep", "0.4") // a stub that outlives its sandbox
+	if err := late.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = late.Wait() }()
+	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(late.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if cg.emptyWithin(context.Background(), p, 50*time.Millisecond) {
+		t.Fatalf("a process in %s, none in %s: emptyWithin true", busy, dirs[0])
+	}
+	if !cg.emptyWithin(context.Background(), p, 10*time.Second) {
+		t.Fatal("the cgroup's process exited, but emptyWithin did not see it empty")
+	}
+}
