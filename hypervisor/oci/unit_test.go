@@ -871,6 +871,17 @@ func TestGoferGone(t *testing.T) {
 	if !proc.Alive(other.Process.Pid, "") {
 		t.Fatal("a process that is not the guest's gofer was killed")
 	}
+	// Another guest's gofer under this driver's root, and a gofer of the same guest id under
+	// another node's root (another driver on the host): neither is g1's.
+	for _, args := range [][]string{
+		{"gofer", "--root=" + d.rt.Root, "--bundle", d.BundleDir("g2")},
+		{"gofer", "--root=" + d.rt.Root + "2", "--bundle", d.BundleDir("g1")},
+	} {
+		c := start(args...)
+		if !d.goferGone(context.Background(), "g1", c.Process.Pid) || !proc.Alive(c.Process.Pid, "") {
+			t.Fatalf("a process with the command line %q was killed as g1's gofer", args)
+		}
+	}
 	gofer := start("gofer", "--root="+d.rt.Root, "--bundle", d.BundleDir("g1"))
 	if !d.goferGone(context.Background(), "g1", gofer.Process.Pid) {
 		t.Fatal("a gofer: goferGone false, want it killed")
