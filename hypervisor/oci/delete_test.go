@@ -45,6 +45,12 @@ func TestStoppedGuestsDeleteLeaveNothing(t *testing.T) {
 					}
 				}
 			}
+			mi, _ := os.ReadFile("/proc/self/mountinfo")
+			for _, s := range specs {
+				if !strings.Contains(string(mi), " "+s.Writable+" ") {
+					t.Fatalf("guest %s has no disk mounted at %s: the test would not see its disk left", s.ID, s.Writable)
+				}
+			}
 			var wg sync.WaitGroup
 			for _, s := range specs {
 				wg.Add(1)
@@ -88,6 +94,25 @@ func guestLeftovers(stateRoot, bundle string, s hypervisor.Spec) []string {
 				out = append(out, "mount: "+l)
 				break
 			}
+		}
+	}
+	// Its disk's loop device: attached while any mount namespace (a killed gofer's, until it
+	// has exited) still holds the file system.
+	img := filepath.Clean(s.Writable) + ".img"
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		var held []string
+		for _, f := range loops {
+			if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), img) {
+				held = append(held, f)
+			}
+		}
+		if len(held) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			out = append(out, fmt.Sprintf("loop devices 10 s after: %q", held))
+			break
 		}
 	}
 	if _, err := os.Lstat(bundle); err == nil {
