@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,4 +120,50 @@ func guestLeftovers(stateRoot, bundle string, s hypervisor.Spec) []string {
 		out = append(out, fmt.Sprintf("bundle: %s", bundle))
 	}
 	return out
+}
+
+// TestFailedMemoryRestoreLeavesNoDisk: a memory restore that fails after the new guest's disk
+// was attached (or the old guest's adopted) but before its record was written (here its agent
+// dir is a file) lets the disk go: no record names it, so the guest's Delete could not, and
+// the node's removal of the guest's dir then emptied the mounted disk, removed its image and
+// left the mount.
+func TestFailedMemoryRestoreLeavesNoDisk(t *testing.T) {
+	cat := catalog(t)
+	for _, adopt := range []bool{false, true} {
+		t.Run(fmt.Sprintf("adopt=%v", adopt), func(t *testing.T) {
+			d := newDriver(t, oci.RuntimeRunsc)
+			ctx := ctxT(t, 5*time.Minute)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, d, s)
+			dir := filepath.Join(t.TempDir(), "snap")
+			if _, err := d.Snapshot(ctx, s.ID, dir, true); err != nil {
+				t.Fatal(err)
+			}
+			r := guestSpec(t, cat[templates.Base], "exit 1")
+			track(t, d, r)
+			if err := os.WriteFile(r.AgentDir, nil, 0o644); err != nil { // not a directory
+				t.Fatal(err)
+			}
+			var err error
+			if adopt {
+				err = d.RestoreAdopting(ctx, r, dir, s.ID)
+			} else {
+				err = d.Restore(ctx, r, dir)
+			}
+			if err == nil {
+				t.Fatal("a restore whose agent dir is a file succeeded")
+			}
+			if derr := d.Delete(ctx, r.ID); derr != nil { // as the node does after a failed restore
+				t.Logf("delete after the failed restore: %v", derr)
+			}
+			mi, _ := os.ReadFile("/proc/self/mountinfo")
+			if strings.Contains(string(mi), " "+r.Writable+" ") {
+				_ = syscall.Unmount(r.Writable, syscall.MNT_DETACH)
+				t.Fatalf("after the failed restore (%v) and the guest's delete, its disk is still mounted at %s", err, r.Writable)
+			}
+			if _, serr := os.Stat(filepath.Clean(r.Writable) + ".img"); serr == nil {
+				t.Fatalf("after the failed restore (%v) and the guest's delete, its disk image is left", err)
+			}
+		})
+	}
 }
