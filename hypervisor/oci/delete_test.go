@@ -167,3 +167,54 @@ func TestFailedMemoryRestoreLeavesNoDisk(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptedGuestAskedOfTheRuntime: a guest that an earlier driver on the same roots made
+// (a node restarted) is not known by its init's process: its stop and delete are asked of
+// the runtime (runc's state and delete; runsc's), and its exit is seen, leaving nothing.
+func TestAdoptedGuestAskedOfTheRuntime(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			base := t.TempDir()
+			roots := func(o *oci.Options) {
+				o.StateRoot, o.BundleRoot = filepath.Join(base, "state"), filepath.Join(base, "bundles")
+				o.CgroupParent = "/wbtest-adopt-" + filepath.Base(base)
+			}
+			old := newDriver(t, rt, roots)
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, old, s)
+			d, calls := countingDriver(t, rt, roots, func(o *oci.Options) { o.EventInterval = 5 * time.Millisecond })
+			ctx := ctxT(t, 3*time.Minute)
+			if _, known := d.KnownRunning(s.ID); known {
+				t.Fatal("a guest an earlier driver made is known to the new one")
+			}
+			events, err := d.Events(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Stop(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case ev := <-events:
+				if ev.Type != hypervisor.EventExit {
+					t.Fatalf("event %+v, want exit", ev)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("no exit event 30 s after the adopted guest's stop")
+			}
+			if err := d.Delete(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			b, _ := os.ReadFile(calls)
+			for _, want := range []string{" state " + s.ID, " delete "} {
+				if !strings.Contains(string(b), want) {
+					t.Errorf("the adopted guest's stop and delete did not run %q of the runtime:\n%s", want, b)
+				}
+			}
+			if l := guestLeftovers(filepath.Join(base, "state"), d.BundleDir(s.ID), s); len(l) > 0 {
+				t.Errorf("the adopted guest's delete left: %q", l)
+			}
+		})
+	}
+}
