@@ -990,7 +990,10 @@ func TestCgroupEmptyWithinEveryHierarchy(t *testing.T) {
 	if err := late.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = late.Wait() }()
+	exited := make(chan struct{})
+	go func() { _ = late.Wait(); close(exited) }()
+	// Before the cgroup's removal (cleanups run last first), even when the test failed early.
+	t.Cleanup(func() { _ = late.Process.Kill(); <-exited })
 	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(late.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
 	}
