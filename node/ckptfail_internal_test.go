@@ -3,21 +3,15 @@ package node
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"wb/hypervisor"
-	"wb/hypervisor/templates"
-	"wb/internal/redistest"
 	"wb/session"
-	"wb/store"
 )
 
 // lostCheckpoint is cpuCounters whose memory snapshots fail after stopping the guest (runsc's
@@ -61,21 +55,10 @@ func (lostCheckpoint) Name() string { return "losttest" }
 func TestFailedCheckpointBillsOnce(t *testing.T) {
 	d := lostCheckpoint{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, stopped: map[string]bool{}}
 	m := NewMetrics()
-	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
-		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler), Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(n.recovered)
 	const old = "g_old"
-	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
-	now := time.Now()
-	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_ckpt", Project: "proj_ckpt", GuestID: old,
-		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
-		IdleTimeoutS: 600, MaxLifetimeS: 3600, CPURaw: 10_000, CPUMs: 10_000}}
-	n.guests["sess_ckpt"] = l
+	n, l := snapshotNode(t, d, m, "sess_ckpt", "proj_ckpt", old, 10_000)
 	d.set(old, 12_000) // 2 s of CPU since the last sample, then the checkpoint
-	_, err = n.takeSnapshot(context.Background(), &session.Session{ID: "sess_ckpt", ProjectID: "proj_ckpt"}, "snap_0123456789abcdefgh", true)
+	_, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_ckpt", ProjectID: "proj_ckpt"}, "snap_0123456789abcdefgh", true)
 	if err == nil || !strings.Contains(err.Error(), "restarted from its disk") {
 		t.Fatalf("the snapshot whose checkpoint stopped the guest: %v; want its failure, the session restarted from its disk", err)
 	}
@@ -149,20 +132,9 @@ func TestCheckpointWithEndedContextKeepsTheGuest(t *testing.T) {
 	defer cancel()
 	var stopped []string
 	d := endedCheckpoint{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, cancel: cancel, stopped: &stopped}
-	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
-		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(n.recovered)
 	const old = "g_old"
-	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
-	now := time.Now()
-	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_ended", Project: "proj_ended", GuestID: old,
-		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
-		IdleTimeoutS: 600, MaxLifetimeS: 3600}}
-	n.guests["sess_ended"] = l
-	_, err = n.takeSnapshot(ctx, &session.Session{ID: "sess_ended", ProjectID: "proj_ended"}, "snap_0123456789abcdefgh", true)
+	n, l := snapshotNode(t, d, nil, "sess_ended", "proj_ended", old, 0)
+	_, err := n.takeSnapshot(ctx, &session.Session{ID: "sess_ended", ProjectID: "proj_ended"}, "snap_0123456789abcdefgh", true)
 	if err == nil {
 		t.Fatal("a snapshot whose checkpoint answered its ended context succeeded")
 	}
@@ -196,21 +168,10 @@ func (d deletesRecorded) Delete(_ context.Context, id string) error {
 func TestRestartFromDiskWhileWindingDownDeletesTheOldGuest(t *testing.T) {
 	var deleted []string
 	d := deletesRecorded{lostCheckpoint: lostCheckpoint{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, stopped: map[string]bool{}}, deleted: &deleted}
-	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
-		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(n.recovered)
 	const old = "g_old"
-	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
-	now := time.Now()
-	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_wind", Project: "proj_wind", GuestID: old,
-		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
-		IdleTimeoutS: 600, MaxLifetimeS: 3600}}
-	n.guests["sess_wind"] = l
+	n, _ := snapshotNode(t, d, nil, "sess_wind", "proj_wind", old, 0)
 	n.windDown()
-	_, err = n.takeSnapshot(context.Background(), &session.Session{ID: "sess_wind", ProjectID: "proj_wind"}, "snap_0123456789abcdefgh", true)
+	_, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_wind", ProjectID: "proj_wind"}, "snap_0123456789abcdefgh", true)
 	if err == nil || !strings.Contains(err.Error(), "restarted from its disk") {
 		t.Fatalf("the snapshot whose checkpoint stopped the guest: %v; want its failure, the session restarted from its disk", err)
 	}
@@ -273,20 +234,9 @@ func TestCheckpointOutlivesItsCaller(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := savedAnyway{cpuCounters: cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}, cancel: cancel, state: map[string]string{}}
-	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
-		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(n.recovered)
 	const old = "g_old"
-	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
-	now := time.Now()
-	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_gone", Project: "proj_gone", GuestID: old,
-		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
-		IdleTimeoutS: 600, MaxLifetimeS: 3600}}
-	n.guests["sess_gone"] = l
-	_, err = n.takeSnapshot(ctx, &session.Session{ID: "sess_gone", ProjectID: "proj_gone"}, "snap_0123456789abcdefgh", true)
+	n, l := snapshotNode(t, d, nil, "sess_gone", "proj_gone", old, 0)
+	_, err := n.takeSnapshot(ctx, &session.Session{ID: "sess_gone", ProjectID: "proj_gone"}, "snap_0123456789abcdefgh", true)
 	l.mu.Lock() // the restore after the checkpoint holds it until the guest is back
 	defer l.mu.Unlock()
 	d.mu.Lock()

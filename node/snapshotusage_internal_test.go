@@ -88,19 +88,8 @@ func serveAgreeingAgent(t *testing.T, dir string) {
 // it).
 func TestMemorySnapshotBillsBothGuestsCPU(t *testing.T) {
 	d := cpuCounters{t: t, mu: &sync.Mutex{}, cpu: map[string]int64{}}
-	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
-		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	close(n.recovered)
 	const old = "g_old"
-	serveAgreeingAgent(t, filepath.Join(n.guestDir(old), "agent"))
-	now := time.Now()
-	l := &live{agent: n.agentFor(old), g: &guest{SessionID: "sess_cpu", Project: "proj_cpu", GuestID: old,
-		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
-		IdleTimeoutS: 600, MaxLifetimeS: 3600, CPURaw: 10_000, CPUMs: 10_000}}
-	n.guests["sess_cpu"] = l
+	n, l := snapshotNode(t, d, nil, "sess_cpu", "proj_cpu", old, 10_000)
 	d.set(old, 12_000) // 2 s of CPU since the last sample, then the checkpoint
 	info, err := n.takeSnapshot(context.Background(), &session.Session{ID: "sess_cpu", ProjectID: "proj_cpu"}, "snap_0123456789abcdefgh", true)
 	mem := info.Memory
@@ -126,4 +115,24 @@ func TestMemorySnapshotBillsBothGuestsCPU(t *testing.T) {
 	if want := int64(2_000 + 15_000); recorded != want {
 		t.Errorf("usage records since the snapshot began: %d ms of CPU, want %d ms", recorded, want)
 	}
+}
+
+// snapshotNode is a node on driver d (m its metrics, or nil) with one running guest, guestID,
+// of session sessionID in project, whose agent agrees to a quiesce, its CPU sampled 3 s ago
+// at cpu ms: what the memory snapshot tests take.
+func snapshotNode(t *testing.T, d hypervisor.Driver, m *Metrics, sessionID, project, guestID string, cpu int64) (*Node, *live) {
+	t.Helper()
+	n, err := New(Config{Store: store.New(redistest.Server(t)), Driver: d, Templates: templates.Catalog{"tpl": {}},
+		DataDir: shortTempDir(t), Logger: slog.New(slog.DiscardHandler), Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(n.recovered)
+	serveAgreeingAgent(t, filepath.Join(n.guestDir(guestID), "agent"))
+	now := time.Now()
+	l := &live{agent: n.agentFor(guestID), g: &guest{SessionID: sessionID, Project: project, GuestID: guestID,
+		State: session.Running, Template: "tpl", Tier: 2, StartedAt: now.Add(-time.Minute), SampledAt: now.Add(-3 * time.Second),
+		IdleTimeoutS: 600, MaxLifetimeS: 3600, CPURaw: cpu, CPUMs: cpu}}
+	n.guests[sessionID] = l
+	return n, l
 }
