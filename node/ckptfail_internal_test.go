@@ -138,6 +138,9 @@ func TestCheckpointWithEndedContextKeepsTheGuest(t *testing.T) {
 	if err == nil {
 		t.Fatal("a snapshot whose checkpoint answered its ended context succeeded")
 	}
+	if strings.Contains(err.Error(), "did not come back") {
+		t.Errorf("the snapshot answered %q; want the checkpoint's failure, its agent back (the caller's going away is no sign it is not)", err)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	d.mu.Lock()

@@ -546,7 +546,8 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
 			_ = n.resumeAgent(l.g.GuestID, resumeFile(snapshotID))
 		}
-		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		// Whether the caller is still there: its going away is no sign of the agent's.
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if herr := waitHealthy(hctx, l.agent); herr != nil {
 			return hypervisor.SnapshotInfo{}, fmt.Errorf("snapshot: %w; and the agent did not come back: %w", err, herr)
