@@ -963,16 +963,7 @@ func TestListDirBoundedInTheAgent(t *testing.T) {
 // the answer and the save). After the resume it listens again.
 func TestQuiesceReleasesEgress(t *testing.T) {
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "wbe") // short: sun_path holds 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	up, err := net.Listen("unix", filepath.Join(dir, "egress.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = up.Close() })
+	dir, _ := egressUpstream(t) // the node's side listens; this test dials none through it
 	c, egress, _ := serveWithEgress(t, dir)
 	tctx := testCtx(t, 2*time.Minute)
 	listening := func() bool {
@@ -1046,16 +1037,7 @@ func TestQuiesceOlderAgentSettles(t *testing.T) {
 // its own end.
 func TestQuiesceClosesRelayedConns(t *testing.T) {
 	t.Parallel()
-	dir, err := os.MkdirTemp("", "wbr") // short: sun_path holds 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	up, err := net.Listen("unix", filepath.Join(dir, "egress.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = up.Close() })
+	dir, up := egressUpstream(t)
 	upConns := make(chan net.Conn, 1)
 	go func() {
 		for {
@@ -1125,6 +1107,23 @@ func TestQuiesceClosesRelayedConns(t *testing.T) {
 // serveWithEgress runs Serve with its socket in dir and an egress relay from a free loopback
 // port (egress, port) to dir/egress.sock, which the caller listens on, and waits until it
 // answers; cleanup stops it.
+// egressUpstream is a short temporary dir (sun_path holds 108 bytes) with the node's side of
+// an agent's egress relay listening in it, as serveWithEgress expects.
+func egressUpstream(t *testing.T) (dir string, up net.Listener) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "wbe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	up, err = net.Listen("unix", filepath.Join(dir, "egress.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = up.Close() })
+	return dir, up
+}
+
 func serveWithEgress(t *testing.T, dir string) (c *Client, egress string, port int) {
 	t.Helper()
 	probe, err := net.Listen("tcp", "127.0.0.1:0")
