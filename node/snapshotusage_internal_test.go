@@ -101,7 +101,15 @@ func TestMemorySnapshotBillsBothGuestsCPU(t *testing.T) {
 	if l.g.GuestID == old {
 		t.Fatal("the snapshot did not replace the guest")
 	}
-	d.set(l.g.GuestID, 15_000) // the restored guest's 15 s
+	billedBothGuests(t, n, l, d)
+}
+
+// billedBothGuests samples l's new guest at 15 s of CPU and checks that its session, billed
+// 10 s before its snapshot, was billed the old guest's 2 s since (its counter at 12 s) and
+// the new guest's 15 s, each once: in all and in the usage records since the snapshot began.
+func billedBothGuests(t *testing.T, n *Node, l *live, d cpuCounters) {
+	t.Helper()
+	d.set(l.g.GuestID, 15_000)
 	n.sampleWith(l, func(id string) (hypervisor.Stats, error) { return d.Stats(context.Background(), id) })
 	var recorded int64
 	for _, p := range l.g.Pending {
