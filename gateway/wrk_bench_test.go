@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,20 +44,33 @@ import (
 // net/http handler that reads the body, writes it to Redis with one SET (go-redis, the same
 // redis-server) and answers 201 with the bytes of a create's answer (floorServer), run
 // between the creates and the second SET run: floor-requests/s.
+//
+// Rates swing with the machine and its load; what each operation costs it swings much less:
+// Redis's CPU per create beside per SET (the admission script's cost), the gateway's CPU per
+// create beside the floor's per request (the handler's own), and a log line of Redis's
+// commands per create (cpuPerOp).
 func BenchmarkCreateSaturated(b *testing.B) {
 	url, key, rdb := wrkServer(b)
 	redisAddr := rdb.Options().Addr
 	floorURL := floorServer(b, rdb, url, key)
 	var res, res64, floor wrkResult
 	var sets redistest.SetBenchmark
+	var createCPU, setCPU, floorCPU cpuPerOp
 	for b.Loop() {
+		setCPU.start(b, rdb)
 		before := setBaseline(b, redisAddr)
+		setCPU.end(b, rdb, 100000)
 		// Each run of creates has a project of its own: a fast machine made 50,000 sessions
 		// in the first, and the second then reached the plan's 100,000 (the most a plan may
 		// have; these sessions never end, for no node takes them).
-		res = saturate(b, url, newKey(b, rdb), 5*time.Second, 16)
+		createKey := newKey(b, rdb)
+		createCPU.start(b, rdb)
+		res = saturate(b, url, createKey, 5*time.Second, 16)
+		createCPU.end(b, rdb, res.requests)
 		res64 = saturate(b, url, newKey(b, rdb), 5*time.Second, 64)
+		floorCPU.start(b, rdb)
 		floor = saturate(b, floorURL, key, 5*time.Second, 16)
+		floorCPU.end(b, rdb, floor.requests)
 		after := setBaseline(b, redisAddr)
 		sets = redistest.SetBenchmark{RPS: (before.RPS + after.RPS) / 2, P50ms: (before.P50ms + after.P50ms) / 2, P99ms: (before.P99ms + after.P99ms) / 2}
 	}
@@ -70,6 +84,87 @@ func BenchmarkCreateSaturated(b *testing.B) {
 	b.ReportMetric(sets.RPS, "redis-sets/s")
 	b.ReportMetric(sets.P50ms*1000, "redis-set-p50-µs")
 	b.ReportMetric(sets.P99ms*1000, "redis-set-p99-µs")
+	b.ReportMetric(createCPU.redis, "redis-cpu-per-create-µs")
+	b.ReportMetric(createCPU.self, "gateway-cpu-per-create-µs")
+	b.ReportMetric(setCPU.redis, "redis-cpu-per-set-µs")
+	b.ReportMetric(floorCPU.self, "floor-cpu-per-request-µs")
+}
+
+// cpuPerOp is the CPU (µs) that redis-server and this process (the gateway's) spent per
+// operation over a load: what the machine's speed and the load beside it disturb much less
+// than a rate, so that a change to a create's cost shows between two runs of a busy machine.
+type cpuPerOp struct {
+	redis, self   float64
+	redis0, self0 time.Duration
+}
+
+func (c *cpuPerOp) start(b *testing.B, rdb *redis.Client) {
+	if err := rdb.ConfigResetStat(b.Context()).Err(); err != nil {
+		b.Fatal(err)
+	}
+	c.redis0, c.self0 = redisCPU(b, rdb), processCPU(b)
+}
+
+// end sets c's figures for n operations since start.
+func (c *cpuPerOp) end(b *testing.B, rdb *redis.Client, n int64) {
+	if n <= 0 {
+		return
+	}
+	c.redis = float64((redisCPU(b, rdb) - c.redis0).Microseconds()) / float64(n)
+	c.self = float64((processCPU(b) - c.self0).Microseconds()) / float64(n)
+	info, err := rdb.Info(b.Context(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var lines []string
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, ok2 := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !ok2 {
+			continue
+		}
+		var calls, usec int64
+		for kv := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+		lines = append(lines, fmt.Sprintf("%s %.2f calls %.1f µs", name, float64(calls)/float64(n), float64(usec)/float64(n)))
+	}
+	b.Logf("redis per operation (%d): %s", n, strings.Join(lines, "; "))
+}
+
+// redisCPU is the CPU redis-server has used (INFO cpu: used_cpu_sys + used_cpu_user).
+func redisCPU(b *testing.B, rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(b.Context(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu %q: %v", line, err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// processCPU is the CPU this process has used, every thread's (user and system).
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // floorServer serves BenchmarkCreateSaturated's floor: POST /v1/sessions reads the body,

@@ -79,6 +79,11 @@ func Pairs() []Pair {
 		{Ref{gateway, "CreateSaturated", "creates/s"}, Ref{"", "", "floor-requests/s"}, "wrk's creates beside wrk's POSTs to net/http and one SET"},
 		{Ref{gateway, "CreateSaturated", "p50-µs"}, Ref{"", "", "floor-p50-µs"}, "wrk's creates beside wrk's POSTs to net/http and one SET"},
 		{Ref{gateway, "CreateSaturated", "p99-µs"}, Ref{"", "", "floor-p99-µs"}, "wrk's creates beside wrk's POSTs to net/http and one SET"},
+		// What each costs the machine, which its load disturbs less than a rate: Redis's CPU
+		// per create beside per SET (the admission script's share), and the gateway's beside
+		// the floor's per request (the handler's own share).
+		{Ref{gateway, "CreateSaturated", "redis-cpu-per-create-µs"}, Ref{"", "", "redis-cpu-per-set-µs"}, "Redis's CPU for one create beside one SET"},
+		{Ref{gateway, "CreateSaturated", "gateway-cpu-per-create-µs"}, Ref{"", "", "floor-cpu-per-request-µs"}, "the gateway's CPU for one create beside the floor's for one POST and SET"},
 		{Ref{gateway, "CreateSession", "sec/op"}, Ref{"", "RedisPing", "sec/op"}, "8 clients each"},
 		{Ref{gateway, "CreateSession", "p50-µs"}, Ref{"", "RedisPing", "p50-µs"}, "8 clients each"},
 		{Ref{gateway, "CreateSession", "p99-µs"}, Ref{"", "RedisPing", "p99-µs"}, "8 clients each"},
