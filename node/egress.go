@@ -58,6 +58,8 @@ type egressProxy struct {
 	cmu     sync.Mutex
 	stopped bool
 	copiers sync.WaitGroup
+	// lookups is its gate's pace of name lookups, which a proxy that replaces it keeps.
+	lookups *rate.Limiter
 }
 
 const (
@@ -86,7 +88,7 @@ func newEgressProxy(gate egressGate) *egressProxy {
 		gate.lookups = newLookupPace()
 	}
 	p := &egressProxy{upstreams: make(chan struct{}, maxEgressUpstreams), conns: make(chan struct{}, maxEgressConns),
-		halfClosedIdle: tunnelHalfClosedIdle}
+		halfClosedIdle: tunnelHalfClosedIdle, lookups: gate.lookups}
 	p.closing, p.stop = context.WithCancel(context.Background())
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, gate) }),
 		ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
@@ -199,9 +201,15 @@ func (n *Node) startEgress(l *live) {
 		n.Logger.Warn("node: egress proxy", "session", l.g.SessionID, "err", err)
 		return
 	}
-	p := newEgressProxy(egressGate{guard: n.Egress, ask: func(ctx context.Context, event session.GuestEvent) (Verdict, error) {
+	gate := egressGate{guard: n.Egress, ask: func(ctx context.Context, event session.GuestEvent) (Verdict, error) {
 		return n.askEgress(ctx, l, event)
-	}})
+	}}
+	if old != nil {
+		// The guest is the same session's (a memory snapshot's restore, which its tenant
+		// asks for): a fresh pace would give it a fresh burst of lookups each time.
+		gate.lookups = old.lookups
+	}
+	p := newEgressProxy(gate)
 	if old != nil {
 		// What the old proxy counted since the last usage sample (a memory snapshot's
 		// quiesce and checkpoint take seconds after the sample before it) is the new one's to
@@ -248,7 +256,8 @@ type egressGate struct {
 	// ask is the runtime decision point, for one egress event.
 	ask func(ctx context.Context, event session.GuestEvent) (Verdict, error)
 	// lookups paces the guest's name lookups, which go to the node's resolver, shared by
-	// all its guests and the node itself (newEgressProxy gives each proxy its own).
+	// all its guests and the node itself (newEgressProxy gives each proxy its own, and
+	// startEgress the proxy that replaces a guest's the one it had).
 	lookups *rate.Limiter
 }
 

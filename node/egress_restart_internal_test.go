@@ -1,12 +1,17 @@
 package node
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"wb/internal/netguard"
 	"wb/internal/redistest"
 	"wb/quota"
 	"wb/session"
@@ -84,5 +89,58 @@ func TestFinalMeterBillsEgressUpToTheStop(t *testing.T) {
 	}
 	if sent := received.Load(); billed != sent {
 		t.Errorf("billed %d egress bytes; the upstream received %d", billed, sent)
+	}
+}
+
+// allowingRuntime allows every guest event.
+type allowingRuntime struct{}
+
+func (allowingRuntime) Check(context.Context, RuntimeSession, session.GuestEvent) (Verdict, error) {
+	return Verdict{AllowEgress: true}, nil
+}
+
+// TestEgressRestartKeepsItsLookupPace is the attack on the pace of a guest's name lookups: a
+// guest that has spent its burst has its proxy replaced (a memory snapshot, which its tenant
+// asks for, restores the guest and starts its proxy again), and the new proxy must not give
+// it a fresh burst, or each snapshot is another 256 lookups at once.
+func TestEgressRestartKeepsItsLookupPace(t *testing.T) {
+	res := &stubResolver{}
+	guard, err := netguard.New(netguard.Options{Resolver: res, Dialer: noDialer{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := idleNode(t, Config{Store: store.New(redistest.Server(t)), Driver: lifecycle{stopped: make(chan string, 4)},
+		Egress: guard, Runtime: allowingRuntime{}})
+	l := &live{g: &guest{GuestID: "g-pace", SessionID: "sess_pace", Project: "proj_pace", State: session.Running}}
+	if err := os.MkdirAll(filepath.Join(n.guestDir("g-pace"), "agent"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	connect := func(i int) {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		l.egress.srv.Handler.ServeHTTP(rec, httptest.NewRequest(http.MethodConnect, fmt.Sprintf("n%d.test:443", i), nil))
+		if rec.Code != http.StatusBadGateway {
+			t.Fatalf("CONNECT n%d.test:443: %d %q; want 502 (no such host)", i, rec.Code, rec.Body.String())
+		}
+	}
+	l.mu.Lock()
+	n.startEgress(l)
+	l.mu.Unlock()
+	t.Cleanup(l.stopEgress)
+	start := time.Now()
+	for i := range egressLookupBurst {
+		connect(i)
+	}
+	l.mu.Lock()
+	n.startEgress(l) // as a memory snapshot's restore does
+	l.mu.Unlock()
+	const after = 128
+	for i := range after {
+		connect(egressLookupBurst + i)
+	}
+	elapsed := time.Since(start)
+	if most := egressLookupBurst + int64(egressLookupRate*elapsed.Seconds()) + 8; int64(res.lookups.Load()) > most {
+		t.Errorf("%d CONNECTs to new names, %d of them after the proxy was started again, in %s made %d lookups; want at most %d (%d at once, %d a second, across the restart)",
+			egressLookupBurst+after, after, elapsed.Round(time.Millisecond), res.lookups.Load(), most, egressLookupBurst, egressLookupRate)
 	}
 }
