@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"wb/agent"
 	"wb/node/nodeapi"
@@ -133,6 +134,23 @@ func redactInternal(msg string) string {
 	msg = internalIPv4.ReplaceAllString(msg, addr)
 	msg = internalHost.ReplaceAllString(msg, addr)
 	return hostPath.ReplaceAllString(msg, "$1<host path>")
+}
+
+// maxFailureReason bounds a failure's reason that is kept (a failed snapshot's
+// failure_reason), in bytes: a node's error may carry KBs of a runtime's output, and the
+// reason is stored and answered in every list of the project's snapshots.
+const maxFailureReason = 1 << 10
+
+// clipReason answers msg cut to maxFailureReason bytes, whole runes, ending "…" when cut.
+func clipReason(msg string) string {
+	if len(msg) <= maxFailureReason {
+		return msg
+	}
+	cut := maxFailureReason - len("…")
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
 }
 
 // errNode maps a node's refusal to the API error of the same status and code: a 409 (the

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"wb/agent"
 	"wb/internal/fakenode"
@@ -216,5 +217,39 @@ func TestNodeProxyRefusal(t *testing.T) {
 		if msg := expectError(t, r, 409, "invalid_state", ""); !strings.Contains(msg, "stopping") {
 			t.Errorf("409 message %q: want it to name the node's state", msg)
 		}
+	}
+}
+
+// TestSnapshotFailureReasonBounded: a node whose snapshot fails with an error of many KB (a
+// runsc's output, say) does not have it stored whole as the failed snapshot's failure_reason,
+// answered in every list of the project's snapshots: the reason is cut, whole runes, and
+// says it was.
+func TestSnapshotFailureReasonBounded(t *testing.T) {
+	long := "checkpoint: runsc: " + strings.Repeat("sentry said 日本 ", 2500) // 55 KB: within what the node client reads of an error (64 KiB)
+	stub := &stubNode{refuse: func(action, id string) *nodeapi.Error {
+		return &nodeapi.Error{Status: 500, Code: nodeapi.CodeInternal, Message: long}
+	}}
+	srv := httptest.NewServer(stub)
+	t.Cleanup(srv.Close)
+	e := newEnv(t, func(c *Config) { c.Guests = client.New(c.Store, "node-token") })
+	s := e.running(map[string]any{"tier": 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.node.SetAddr(ctx, srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	expectError(t, e.do("POST", "/v1/sessions/"+s.ID+":snapshot", e.key, nil), 502, "snapshot_failed", "")
+	var snaps struct {
+		Data []session.Snapshot `json:"data"`
+	}
+	e.mustDo("GET", "/v1/snapshots", e.key, nil, 200, &snaps)
+	if len(snaps.Data) != 1 || snaps.Data[0].State != session.SnapshotFailed {
+		t.Fatalf("the snapshots after the failed one: %d, want one failed", len(snaps.Data))
+	}
+	r := snaps.Data[0].FailureReason
+	const most = 1 << 10 // maxFailureReason
+	if len(r) > most || len(r) < most/2 || !utf8.ValidString(r) || !strings.HasPrefix(r, "the node could not take the snapshot") || !strings.HasSuffix(r, "…") {
+		t.Errorf("a node's error of %d bytes left a failure_reason of %d bytes (valid UTF-8: %v), starting %.80q; want at most %d, whole runes, ending …",
+			len(long), len(r), utf8.ValidString(r), r, most)
 	}
 }

@@ -1038,7 +1038,7 @@ export interface components {
             /** @description The pinned template of the session it was taken from. */
             template: string;
             tier: components["schemas"]["Tier"];
-            /** @description Why a failed snapshot failed, as its request was answered, or that the gateway taking it stopped before it was done. Absent unless state is failed. */
+            /** @description Why a failed snapshot failed, as its request was answered, or that the gateway taking it stopped before it was done; at most 1 KiB, a longer one cut and ending in …. Absent unless state is failed. */
             failure_reason?: string;
         };
         Run: {
