@@ -12,9 +12,10 @@ import (
 )
 
 // Events polls the guest: its cgroup's OOM-kill counter (an "oom" event per new kill) and its
-// init/sandbox process (an "exit" event once it is gone; runsc's sandbox is confirmed with the
-// runtime's state every ten polls, see initIsState). The channel closes after "exit" or when ctx ends. The same polling works
-// for runc and runsc and for cgroup v1 and v2 (runsc events carries no OOM notifications).
+// init/sandbox process (an "exit" event once it is gone: runsc's sandbox ends with its
+// container's process, so the runtime is not asked). The channel closes after "exit" or when
+// ctx ends. The same polling works for runc and runsc and for cgroup v1 and v2 (runsc events
+// carries no OOM notifications).
 // A guest this driver created, whose process still lives, is followed from that process
 // without a first runtime call (see rememberInit).
 func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event, error) {
