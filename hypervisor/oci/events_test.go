@@ -140,8 +140,8 @@ func TestGuestFollowedWithoutState(t *testing.T) {
 
 // TestRunscSandboxEndsWithItsContainer: what following a runsc guest by its sandbox's process
 // rests on (Events, Stop), for the runsc installed: the sandbox's process (the pid `runsc
-// state` gives) ends when its container's process exits, and when a checkpoint saves it,
-// by the time runsc says the container stopped.
+// state` gives) ends when its container's process exits (whatever children it left), and
+// when a checkpoint saves it, by the time runsc says the container stopped.
 func TestRunscSandboxEndsWithItsContainer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("runs runsc: needs root")
@@ -152,7 +152,10 @@ func TestRunscSandboxEndsWithItsContainer(t *testing.T) {
 	for _, c := range []struct {
 		name, script string
 		checkpoint   bool
-	}{{"exit", "sleep 1; exit 3", false}, {"checkpoint", "sleep 1000", true}} {
+	}{{"exit", "sleep 1; exit 3", false}, {"checkpoint", "sleep 1000", true},
+		// The container's process leaves children behind, one in a session of its own (a
+		// guest's daemon): they end with it, and the sandbox too.
+		{"exit-leaving-children", "sleep 1000 & (setsid sleep 1000 &); sleep 1; exit 3", false}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
