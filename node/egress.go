@@ -270,7 +270,7 @@ const (
 	// timeout, and is then refused with 429.
 	egressLookupRate  = 64
 	egressLookupBurst = 256
-	// egressLookupTimeout bounds one lookup, its wait for its turn included.
+	// egressLookupTimeout bounds a lookup's wait for its turn, and then the lookup.
 	egressLookupTimeout = 10 * time.Second
 )
 
@@ -306,12 +306,16 @@ func (gt egressGate) decide(ctx context.Context, host string, port int) ([]netip
 		return nil, r
 	}
 	if name != "" {
-		rctx, cancel := context.WithTimeout(ctx, egressLookupTimeout)
-		if err := gt.lookups.Wait(rctx); err != nil {
-			cancel()
+		// The turn and the lookup have a timeout each: a turn that came just inside a shared
+		// one left the lookup moments, and it timed out at the resolver, its token spent.
+		wctx, cancel := context.WithTimeout(ctx, egressLookupTimeout)
+		err := gt.lookups.Wait(wctx)
+		cancel()
+		if err != nil {
 			return nil, &egressRefusal{http.StatusTooManyRequests, fmt.Sprintf("wb egress proxy: too many name lookups: "+
 				"a guest may look up %d names a second (%d at once); reuse connections or try again later", egressLookupRate, egressLookupBurst)}
 		}
+		rctx, cancel := context.WithTimeout(ctx, egressLookupTimeout)
 		addrs, err = gt.guard.Lookup(rctx, host)
 		cancel()
 		if err != nil {

@@ -752,3 +752,44 @@ func TestEgressLookupsPaced(t *testing.T) {
 		t.Errorf("the refusal took %s; want it at once", el)
 	}
 }
+
+// slowResolver answers every name "no such host", the first at once and the others after
+// delay, or their context's error if that ends first, as a resolver a round trip away does.
+type slowResolver struct {
+	delay   time.Duration
+	lookups atomic.Int32
+}
+
+func (r *slowResolver) LookupNetIP(ctx context.Context, _, host string) ([]netip.Addr, error) {
+	if r.lookups.Add(1) == 1 {
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	select {
+	case <-time.After(r.delay):
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	case <-ctx.Done():
+		return nil, &net.DNSError{Err: ctx.Err().Error(), Name: host, IsTimeout: true}
+	}
+}
+
+// TestEgressLookupAfterItsTurnHasItsTime: a lookup whose turn comes just inside the lookup's
+// timeout is not sent to the resolver with the moments that remain, to time out there: the
+// guest waited its turn to be told its name did not resolve, the resolver was sent a query
+// nobody waits for, and the token was spent on it. Its turn taken, the lookup has its time.
+func TestEgressLookupAfterItsTurnHasItsTime(t *testing.T) {
+	res := &slowResolver{delay: time.Second}
+	guard, err := netguard.New(netguard.Options{Resolver: res, Dialer: noDialer{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One lookup, then the next turn 9.5 s on: inside the lookup's 10 s.
+	proxy := egressServer(t, egressGate{guard: guard, ask: allowAll,
+		lookups: rate.NewLimiter(rate.Every(egressLookupTimeout-500*time.Millisecond), 1)})
+	if code, body := proxyRequest(t, proxy, http.MethodConnect, "first.test:443"); code != http.StatusBadGateway || !strings.Contains(body, "no such host") {
+		t.Fatalf("the first CONNECT: %d %q; want 502, no such host", code, body)
+	}
+	code, body := proxyRequest(t, proxy, http.MethodConnect, "second.test:443")
+	if code == http.StatusBadGateway && !strings.Contains(body, "no such host") {
+		t.Errorf("a CONNECT whose lookup's turn came 9.5 s on, to a resolver that answers in 1 s: %d %q; want the resolver's answer (no such host), or 429", code, body)
+	}
+}
