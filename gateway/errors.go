@@ -116,7 +116,9 @@ var (
 	ipv6Like     = regexp.MustCompile(`[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*:[0-9A-Fa-f.]*(%[0-9A-Za-z]+)?`)
 	internalIPv4 = regexp.MustCompile(`\b\d{1,3}(\.\d{1,3}){3}(:\d{1,5})?\b`)
 	internalHost = regexp.MustCompile(`\b[A-Za-z0-9-]*[A-Za-z][A-Za-z0-9-]*(\.[A-Za-z0-9-]+)*:\d{1,5}\b|\blocalhost\b`)
-	hostPath     = regexp.MustCompile(`(^|[\s"'=(:,])/[^\s"',;:)]*`)
+	// A path begins after a space, a quote or a punctuation that opens or lists (Go's %v
+	// of a slice is [a b], of a struct {a b}), and ends at one that closes or lists.
+	hostPath = regexp.MustCompile("(^|[\\s\"'=(:,\\[{<`;|])/[^\\s\"',;:)\\]}>`|]*")
 )
 
 // redactInternal replaces URLs, IP addresses, host:port pairs and absolute paths in msg with

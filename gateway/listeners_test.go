@@ -77,7 +77,8 @@ func TestRedactInternal(t *testing.T) {
 	}
 	// Nothing of the original address survives, whatever surrounds it.
 	for _, addr := range []string{"127.0.0.1:1234", "/var/lib/wb/x", "[fd00::5]:80", "localhost:8080"} {
-		for _, f := range []string{"%s", "(%s)", `"%s"`, "x=%s,", "at %s."} {
+		// A Go slice or struct printed with %v ([a b], {a b}), markdown, tags, shell lists.
+		for _, f := range []string{"%s", "(%s)", `"%s"`, "x=%s,", "at %s.", "[%s]", "mounts [x %s]", "{%s}", "`%s`", "<%s>", "x;%s", "x|%s"} {
 			in := fmt.Sprintf(f, addr)
 			if got := redactInternal(in); strings.Contains(got, strings.Trim(addr, "[]/")) {
 				t.Errorf("redact(%q) = %q", in, got)
