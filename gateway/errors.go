@@ -138,17 +138,18 @@ func redactInternal(msg string) string {
 	return hostPath.ReplaceAllString(msg, "$1<host path>")
 }
 
-// maxFailureReason bounds a failure's reason that is kept (a failed snapshot's
-// failure_reason), in bytes: a node's error may carry KBs of a runtime's output, and the
-// reason is stored and answered in every list of the project's snapshots.
-const maxFailureReason = 1 << 10
+// maxRelayedMessage bounds, in bytes, the message of an error of a node or an agent that a
+// tenant is answered (errNode, errUpstream): one may carry KBs of a runtime's output (up to
+// the 64 KiB the node client reads), the log keeps it whole, and a failed snapshot keeps the
+// message as its failure_reason, answered in every list of the project's snapshots.
+const maxRelayedMessage = 1 << 10
 
-// clipReason answers msg cut to maxFailureReason bytes, whole runes, ending "…" when cut.
-func clipReason(msg string) string {
-	if len(msg) <= maxFailureReason {
+// clipMessage answers msg cut to maxRelayedMessage bytes, whole runes, ending "…" when cut.
+func clipMessage(msg string) string {
+	if len(msg) <= maxRelayedMessage {
 		return msg
 	}
-	cut := maxFailureReason - len("…")
+	cut := maxRelayedMessage - len("…")
 	for cut > 0 && !utf8.RuneStart(msg[cut]) {
 		cut--
 	}
@@ -162,9 +163,9 @@ func clipReason(msg string) string {
 func (s *Server) errNode(ctx context.Context, code, what string, err error) *apiError {
 	switch status, msg := nodeRefusal(err); status {
 	case http.StatusConflict:
-		return &apiError{Status: 409, Type: "invalid_state", Code: "invalid_state", Message: what + ": " + redactInternal(msg)}
+		return &apiError{Status: 409, Type: "invalid_state", Code: "invalid_state", Message: clipMessage(what + ": " + redactInternal(msg))}
 	case http.StatusNotFound:
-		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: what + ": " + redactInternal(msg)}
+		return &apiError{Status: 404, Type: "not_found", Code: "not_found", Message: clipMessage(what + ": " + redactInternal(msg))}
 	}
 	return s.errUpstream(ctx, code, what, err)
 }
@@ -191,5 +192,5 @@ func nodeRefusal(err error) (int, string) {
 // failed, with host paths and internal addresses replaced; the log keeps the detail.
 func (s *Server) errUpstream(ctx context.Context, code, what string, err error) *apiError {
 	s.log.WarnContext(ctx, what, "code", code, "err", err)
-	return &apiError{Status: 502, Type: "api_error", Code: code, Message: what + ": " + redactInternal(err.Error())}
+	return &apiError{Status: 502, Type: "api_error", Code: code, Message: clipMessage(what + ": " + redactInternal(err.Error()))}
 }

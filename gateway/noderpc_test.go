@@ -222,8 +222,8 @@ func TestNodeProxyRefusal(t *testing.T) {
 
 // TestSnapshotFailureReasonBounded: a node whose snapshot fails with an error of many KB (a
 // runsc's output, say) does not have it stored whole as the failed snapshot's failure_reason,
-// answered in every list of the project's snapshots: the reason is cut, whole runes, and
-// says it was.
+// answered in every list of the project's snapshots, nor answered whole to the request: the
+// message is cut, whole runes, and says it was.
 func TestSnapshotFailureReasonBounded(t *testing.T) {
 	long := "checkpoint: runsc: " + strings.Repeat("sentry said 日本 ", 2500) // 55 KB: within what the node client reads of an error (64 KiB)
 	stub := &stubNode{refuse: func(action, id string) *nodeapi.Error {
@@ -238,7 +238,7 @@ func TestSnapshotFailureReasonBounded(t *testing.T) {
 	if err := e.node.SetAddr(ctx, srv.URL); err != nil {
 		t.Fatal(err)
 	}
-	expectError(t, e.do("POST", "/v1/sessions/"+s.ID+":snapshot", e.key, nil), 502, "snapshot_failed", "")
+	msg := expectError(t, e.do("POST", "/v1/sessions/"+s.ID+":snapshot", e.key, nil), 502, "snapshot_failed", "")
 	var snaps struct {
 		Data []session.Snapshot `json:"data"`
 	}
@@ -247,9 +247,13 @@ func TestSnapshotFailureReasonBounded(t *testing.T) {
 		t.Fatalf("the snapshots after the failed one: %d, want one failed", len(snaps.Data))
 	}
 	r := snaps.Data[0].FailureReason
-	const most = 1 << 10 // maxFailureReason
+	const most = 1 << 10 // maxRelayedMessage
 	if len(r) > most || len(r) < most/2 || !utf8.ValidString(r) || !strings.HasPrefix(r, "the node could not take the snapshot") || !strings.HasSuffix(r, "…") {
 		t.Errorf("a node's error of %d bytes left a failure_reason of %d bytes (valid UTF-8: %v), starting %.80q; want at most %d, whole runes, ending …",
 			len(long), len(r), utf8.ValidString(r), r, most)
+	}
+	// The request was answered the same, cut.
+	if msg != r {
+		t.Errorf("the snapshot's 502 said %d bytes, starting %.80q; want its failure_reason's %d", len(msg), msg, len(r))
 	}
 }

@@ -776,7 +776,7 @@ func (s *Server) takeSnapshotAs(ctx context.Context, sess *session.Session, id s
 		snap.State = session.SnapshotFailed
 		s.log.Error("snapshot", "session", sess.ID, "err", snapErr)
 		failed = s.errNode(ctx, "snapshot_failed", "the node could not take the snapshot", snapErr)
-		snap.FailureReason = clipReason(failed.Message)
+		snap.FailureReason = failed.Message // cut to maxRelayedMessage
 	}
 	// A snapshot that passes the plan (a 403) is not recorded; one that failed is, as failed.
 	var recordErr error
