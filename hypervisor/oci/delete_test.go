@@ -192,8 +192,16 @@ func TestAdoptedGuestAskedOfTheRuntime(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			before, _ := os.ReadFile(calls)
 			if err := d.Stop(ctx, s.ID); err != nil {
 				t.Fatal(err)
+			}
+			// The stop asks the runtime the guest's state once, and then follows the process
+			// it named, as Events does: not a `runsc state` (a process start, 17 ms of CPU)
+			// every 10 ms until the kill took.
+			after, _ := os.ReadFile(calls)
+			if n := strings.Count(string(after[len(before):]), " state "+s.ID); n != 1 {
+				t.Errorf("the adopted guest's stop asked its state %d times, want once:\n%s", n, after[len(before):])
 			}
 			select {
 			case ev := <-events:
