@@ -313,7 +313,8 @@ func (gt egressGate) decide(ctx context.Context, host string, port int) ([]netip
 		cancel()
 		if err != nil {
 			return nil, &egressRefusal{http.StatusTooManyRequests, fmt.Sprintf("wb egress proxy: too many name lookups: "+
-				"a guest may look up %d names a second (%d at once); reuse connections or try again later", egressLookupRate, egressLookupBurst)}
+				"each connection to a host name is a lookup by the node's resolver, and a guest may make %d a second "+
+				"(%d at once); reuse connections or try again later", egressLookupRate, egressLookupBurst)}
 		}
 		rctx, cancel := context.WithTimeout(ctx, egressLookupTimeout)
 		addrs, err = gt.guard.Lookup(rctx, host)

@@ -745,7 +745,7 @@ func TestEgressLookupsPaced(t *testing.T) {
 	}
 	t0 := time.Now()
 	code, body := proxyRequest(t, slow, http.MethodConnect, "second.test:443")
-	if code != http.StatusTooManyRequests || !strings.Contains(body, "too many name lookups") {
+	if code != http.StatusTooManyRequests || !strings.Contains(body, "too many name lookups: each connection to a host name is a lookup") {
 		t.Errorf("a CONNECT whose lookup's turn is a minute away: %d %q; want 429, too many name lookups", code, body)
 	}
 	if el := time.Since(t0); el > egressLookupTimeout/2 {
