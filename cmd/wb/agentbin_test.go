@@ -34,3 +34,20 @@ func TestAgentBinary(t *testing.T) {
 		t.Errorf("agentBinary(a script): %v, want a refusal", err)
 	}
 }
+
+// TestDefaultAgent: a node given no --agent-bin runs the wb-agent beside its executable, and
+// says when there is none (the whole wb then starts as every guest's agent, at a cost).
+func TestDefaultAgent(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "wb")
+	if got, _, whole := defaultAgent(self); got != self || !whole {
+		t.Errorf("defaultAgent(%s) without a wb-agent beside it = %q, whole %v; want itself, whole", self, got, whole)
+	}
+	beside := filepath.Join(dir, "wb-agent")
+	if err := os.WriteFile(beside, []byte("x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, whole := defaultAgent(self); got != beside || whole {
+		t.Errorf("defaultAgent(%s) with a wb-agent beside it = %q, whole %v; want %s, not whole", self, got, whole, beside)
+	}
+}
