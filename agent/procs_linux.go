@@ -67,6 +67,22 @@ func outputPipe() (r, w *os.File, err error) {
 	return os.NewFile(uintptr(fds[0]), "|0"), os.NewFile(uintptr(fds[1]), "|1"), nil
 }
 
+// inputPipe is outputPipe the other way round, for what a child reads (a runner's stdin and
+// code): its write end non-blocking and in Go's poller, for the agent; its read end blocking
+// and outside the poller, for the child.
+func inputPipe() (r, w *os.File, err error) {
+	var fds [2]int
+	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	// A new pipe's write end has no other flag to keep.
+	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+		_, _ = syscall.Close(fds[0]), syscall.Close(fds[1])
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "|0"), os.NewFile(uintptr(fds[1]), "|1"), nil
+}
+
 // openDevNull opens /dev/null for reading, once, as every command's stdin without one of its
 // own: os/exec opens and closes it for each command otherwise (its open tried in the poller,
 // refused, then closed: five trapped system calls an exec under gVisor). Outside the poller

@@ -30,4 +30,7 @@ func (c *childCgroup) guard(_ context.Context, _ *slog.Logger, _ func() int, _ <
 // outputPipe is os.Pipe elsewhere (procs_linux.go says why Linux differs).
 func outputPipe() (r, w *os.File, err error) { return os.Pipe() }
 
+// inputPipe is os.Pipe elsewhere (procs_linux.go says why Linux differs).
+func inputPipe() (r, w *os.File, err error) { return os.Pipe() }
+
 func openDevNull() (*os.File, error) { return os.Open(os.DevNull) }
