@@ -100,6 +100,10 @@ type server struct {
 	mu       sync.Mutex
 	sessions map[*websocket.Conn]context.CancelFunc // open PTY websockets (hijacked connections)
 	runners  map[string]*waitingRunner              // started runners waiting for their exec, by name
+	// runnerStarts counts runners being started (before their process exists), starting
+	// holds those started but not yet ready: both count as idle for the guard (waitingRunners).
+	runnerStarts int
+	starting     map[*proc]struct{}
 }
 
 // Serve listens on cfg.Socket and serves the agent's API until ctx is done, then closes every

@@ -115,12 +115,33 @@ func (s *server) startRunner(r *http.Request, req RunnerRequest, ready time.Dura
 		return 0, fmt.Errorf("cannot create a pipe: %w", err)
 	}
 	spec := execSpec{argv: append(slices.Clone(req.Argv), req.Loader), env: commandEnv(nil), dir: s.root}
+	// Idle for the guard from before its start (which wakes the guard) to its end: the loader
+	// forks nothing, and a guard that saw it as a guest process sampled the count every 100 to
+	// 200 ms while the interpreter started (each sample a few ms of host CPU under gVisor).
+	s.mu.Lock()
+	s.runnerStarts++
+	s.mu.Unlock()
 	p, failed := s.startProcFiles(spec, stdinR, []*os.File{codeR, readyW})
+	s.mu.Lock()
+	s.runnerStarts--
+	if failed == "" {
+		if s.starting == nil {
+			s.starting = map[*proc]struct{}{}
+		}
+		s.starting[p] = struct{}{}
+	}
+	s.mu.Unlock()
 	_, _, _ = stdinR.Close(), codeR.Close(), readyW.Close()
 	if failed != "" {
 		_, _, _ = stdinW.Close(), codeW.Close(), readyR.Close()
 		return 0, errors.New(failed)
 	}
+	// Its death lowers the guest's process count before waitingRunners sees it (the reap
+	// comes before p.waited closes): a guard that sampled between them sleeps, so wake it.
+	go func() {
+		<-p.waited
+		s.procs.wake()
+	}()
 	wr := &waitingRunner{argv: slices.Clone(req.Argv), p: p, stdinW: stdinW, codeW: codeW}
 	got := make(chan error, 1)
 	go func() {
@@ -148,20 +169,18 @@ func (s *server) startRunner(r *http.Request, req RunnerRequest, ready time.Dura
 	if why != "" {
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 		<-p.waited
+		s.mu.Lock()
+		delete(s.starting, p)
+		s.mu.Unlock()
 		msg := tail(p.errR)
 		wr.close()
 		return 0, fmt.Errorf("runner %s: %s; its stderr: %q", req.Name, why, msg)
 	}
 	s.mu.Lock()
+	delete(s.starting, p)
 	old := s.runners[req.Name]
 	s.runners[req.Name] = wr
 	s.mu.Unlock()
-	// Its death lowers the guest's process count before waitingRunners sees it (the reap
-	// comes before p.waited closes): a guard that sampled between them sleeps, so wake it.
-	go func() {
-		<-p.waited
-		s.procs.wake()
-	}()
 	if old != nil {
 		old.close()
 	}
@@ -209,14 +228,22 @@ func (s *server) claimRunner(spec execSpec) *proc {
 	return wr.p
 }
 
-// waitingRunners answers how many runners wait for their code: guest processes that fork
-// nothing before an exec claims them. A runner that died waiting (a guest process killed it,
-// or the fork-bomb guard's kill of every process did) stays listed until an exec names it but
-// is no process: counted, it let another process pass for it and fork unwatched.
+// waitingRunners answers how many runners wait for their code, or are starting: guest
+// processes that fork nothing before an exec claims them. A runner that died waiting (a guest
+// process killed it, or the fork-bomb guard's kill of every process did) stays listed until an
+// exec names it but is no process: counted, it let another process pass for it and fork
+// unwatched.
 func (s *server) waitingRunners() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	n := s.runnerStarts
+	for p := range s.starting {
+		select {
+		case <-p.waited:
+		default:
+			n++
+		}
+	}
 	for _, wr := range s.runners {
 		select {
 		case <-wr.p.waited:

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"log/slog"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -185,6 +187,56 @@ func TestRunnersWakeTheGuard(t *testing.T) {
 		t.Fatal("the claimed runner did not exit")
 	}
 	_, _ = p.outR.Close(), p.errR.Close()
+}
+
+// TestStartingRunnerIsIdle: a runner whose interpreter is still starting counts as idle for
+// the fork-bomb guard, as it will once ready (it forks nothing before its exec): counted as a
+// guest process, it kept the guard sampling every 100-200 ms through each pool guest's
+// interpreter start. One that fails to start counts no more.
+func TestStartingRunnerIsIdle(t *testing.T) {
+	py := python(t)
+	s := &server{procs: newProcTable(), runners: map[string]*waitingRunner{}, root: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+	dir := t.TempDir()
+	started, goOn := filepath.Join(dir, "started"), filepath.Join(dir, "go-on")
+	loader := "import os, time\nopen(" + strconv.Quote(started) + ", 'w').close()\n" +
+		"while not os.path.exists(" + strconv.Quote(goOn) + "):\n    time.sleep(0.01)\n" + testLoader
+	r := httptest.NewRequest("POST", "/v1/runners", nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.startRunner(r, RunnerRequest{Name: "py", Argv: []string{py, "-c"}, Loader: loader}, time.Minute)
+		errc <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the runner's loader did not start within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := s.waitingRunners(); n != 1 {
+		t.Errorf("a runner still starting: waiting runners %d, want 1 (idle for the guard)", n)
+	}
+	if err := os.WriteFile(goOn, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if n := s.waitingRunners(); n != 1 {
+		t.Errorf("the runner ready: waiting runners %d, want 1", n)
+	}
+	s.dropRunners()
+
+	// A loader that exits before it is ready leaves nothing counted.
+	if _, err := s.startRunner(r, RunnerRequest{Name: "bad", Argv: []string{py, "-c"}, Loader: "raise SystemExit(3)"}, time.Minute); err == nil {
+		t.Fatal("a loader that exits at once: the runner started")
+	}
+	if n := s.waitingRunners(); n != 0 {
+		t.Errorf("after a runner that failed to start: waiting runners %d, want 0", n)
+	}
 }
 
 // TestBombGuardAfterARunnerDied: a waiting runner that died (a guest process killed it, or
