@@ -409,18 +409,30 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 	t, _ := s.Tiers.Tier(sess.Tier)
 	ctx, cancel := context.WithTimeout(ctx, t.ProvisionDeadline()+time.Second)
 	defer cancel()
-	// A warm guest runs within milliseconds: look every millisecond for the first 50 (each
-	// look is one Redis GET). One not running by then is starting cold, which takes a second
-	// or more: the looks then space out (runPollSlow, a quarter longer each time, up to
-	// runPollMax), since at every 5 ms a cold start on a loaded host cost hundreds of looks,
-	// each CPU of this process's and Redis's taken from the guests starting.
+	// A warm guest runs within milliseconds: look every millisecond for the first 50. One not
+	// running by then is starting cold, which takes a second or more: the looks then space out
+	// (runPollSlow, a quarter longer each time, up to runPollMax), since at every 5 ms a cold
+	// start on a loaded host cost hundreds of looks, each CPU of this process's and Redis's
+	// taken from the guests starting. A look reads the state field alone (one HGET); the
+	// whole session (HGETALL and its JSON decoding, most of a look's CPU) is read once, when
+	// it runs or has ended.
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	began, wait := time.Now(), runPollFast
+	ref := []store.SessionRef{{Project: sess.ProjectID, ID: sess.ID}}
 	for {
-		cur, err := s.Store.Get(ctx, sess.ProjectID, sess.ID)
+		st, err := s.Store.States(ctx, ref)
 		if err != nil {
 			return nil, err
+		}
+		var cur *session.Session
+		if !st[0].Valid() || st[0] == session.Running || st[0].Terminal() || st[0] == session.Stopping {
+			// Or gone ("", which Get answers ErrNotFound) or unreadable (Get's error).
+			if cur, err = s.Store.Get(ctx, sess.ProjectID, sess.ID); err != nil {
+				return nil, err
+			}
+		} else {
+			cur = &session.Session{ID: sess.ID, State: st[0]}
 		}
 		switch {
 		case cur.State == session.Running:

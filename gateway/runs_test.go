@@ -268,12 +268,13 @@ func TestRunStalledCallerIsCut(t *testing.T) {
 
 // TestWaitRunningSpacesItsLooks: a run's wait for its session's cold start (1.5 s here) looks
 // at the session often at first, for a warm guest, and then spaced out: every look is a Redis
-// read and its decoding. At every 5 ms a wait of 1.5 s took about 340 looks; spaced, about
-// 110, and the start is still seen within runPollMax.
+// read. At every 5 ms a wait of 1.5 s took about 340 looks; spaced, about 110, and the start
+// is still seen within runPollMax. A look reads the session's state alone, and the whole
+// session (its HGETALL and decoding) is read once, when it runs.
 func TestWaitRunningSpacesItsLooks(t *testing.T) {
 	rdb := redistest.Server(t)
-	var looks atomic.Int64
-	rdb.AddHook(countHGetAll{n: &looks})
+	var looks, whole atomic.Int64
+	rdb.AddHook(countLooks{n: &looks, whole: &whole})
 	st := store.New(rdb)
 	ctx := context.Background()
 	p, _, err := st.CreateProject(ctx, "wait")
@@ -300,6 +301,7 @@ func TestWaitRunningSpacesItsLooks(t *testing.T) {
 	}()
 	s := &Server{Config: Config{Store: st, Tiers: session.DefaultTiers()}}
 	looks.Store(0)
+	whole.Store(0)
 	got, err := s.waitRunning(ctx, sess)
 	seen := time.Now()
 	if err != nil {
@@ -311,6 +313,10 @@ func TestWaitRunningSpacesItsLooks(t *testing.T) {
 	if n := looks.Load(); n > 170 {
 		t.Errorf("waitRunning looked at the session %d times in a cold start of %s, want at most 170", n, coldStart)
 	}
+	// A look reads the state alone: the whole session (its HGETALL and decoding) once it runs.
+	if n := whole.Load(); n != 1 {
+		t.Errorf("waitRunning read the whole session %d times in %d looks, want once (when it ran)", n, looks.Load())
+	}
 	// Wide: the bound is runPollMax, but a loaded machine delays the timer and the read.
 	t.Logf("%d looks", looks.Load())
 	if late := seen.Sub(<-ran); late > time.Second {
@@ -318,20 +324,36 @@ func TestWaitRunningSpacesItsLooks(t *testing.T) {
 	}
 }
 
-// countHGetAll counts the HGETALL commands its client sends (Store.Get's).
-type countHGetAll struct{ n *atomic.Int64 }
+// countLooks counts the HGETALL and HGET commands its client sends (Store.Get's and
+// Store.States', a look at a session's state), pipelined or not.
+type countLooks struct{ n, whole *atomic.Int64 } // whole: the HGETALLs alone (nil: not counted)
 
-func (countHGetAll) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (countLooks) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h countHGetAll) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h countLooks) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "hgetall" {
-			h.n.Add(1)
-		}
+		h.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 
-func (countHGetAll) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+func (h countLooks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.count(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h countLooks) count(cmd redis.Cmder) {
+	switch cmd.Name() {
+	case "hgetall":
+		if h.whole != nil {
+			h.whole.Add(1)
+		}
+		h.n.Add(1)
+	case "hget":
+		h.n.Add(1)
+	}
 }
