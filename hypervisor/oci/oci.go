@@ -269,23 +269,8 @@ func (d *Driver) prepare(s hypervisor.Spec) (_ string, err error) {
 	if err := d.checkReachable(s); err != nil {
 		return "", err
 	}
-	for _, w := range hypervisor.WritableMounts() {
-		p := filepath.Join(s.Writable, w.Subdir)
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			return "", fmt.Errorf("oci: writable layer: %w", err)
-		}
-		if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
-			return "", fmt.Errorf("oci: writable layer: %s is not a directory", p)
-		}
-		if err := os.Chmod(p, fs.FileMode(w.Mode&0o777)|modeBits(w.Mode)); err != nil {
-			return "", fmt.Errorf("oci: writable layer: %w", err)
-		}
-		if d.userNS() {
-			// Owned by guest root, which is an unprivileged host uid.
-			if err := os.Lchown(p, guestRootID, guestRootID); err != nil {
-				return "", fmt.Errorf("oci: writable layer: %w", err)
-			}
-		}
+	if err := d.layoutWritable(s.Writable); err != nil {
+		return "", err
 	}
 	bundle := d.BundleDir(s.ID)
 	if _, err := os.Stat(filepath.Join(bundle, guestFile)); err == nil {
@@ -319,6 +304,30 @@ func (d *Driver) prepare(s hypervisor.Spec) (_ string, err error) {
 		return "", err
 	}
 	return bundle, nil
+}
+
+// layoutWritable makes the dirs of a writable layer at dir (hypervisor.WritableMounts), with
+// their modes, owned by guest root where guests have a user namespace. Idempotent.
+func (d *Driver) layoutWritable(dir string) error {
+	for _, w := range hypervisor.WritableMounts() {
+		p := filepath.Join(dir, w.Subdir)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return fmt.Errorf("oci: writable layer: %w", err)
+		}
+		if fi, err := os.Lstat(p); err != nil || !fi.IsDir() {
+			return fmt.Errorf("oci: writable layer: %s is not a directory", p)
+		}
+		if err := os.Chmod(p, fs.FileMode(w.Mode&0o777)|modeBits(w.Mode)); err != nil {
+			return fmt.Errorf("oci: writable layer: %w", err)
+		}
+		if d.userNS() {
+			// Owned by guest root, which is an unprivileged host uid.
+			if err := os.Lchown(p, guestRootID, guestRootID); err != nil {
+				return fmt.Errorf("oci: writable layer: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 func modeBits(m uint32) fs.FileMode {

@@ -217,6 +217,14 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 		if err := d.attachDisk(ctx, s); err != nil {
 			return err
 		}
+		// The layer is unpacked into an empty dir: without the dirs a new disk has (see
+		// layoutTemplate), which the snapshot's layer brings as they were.
+		for _, w := range hypervisor.WritableMounts() {
+			if err := os.Remove(filepath.Join(s.Writable, w.Subdir)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				_ = detachDisk(s)
+				return fmt.Errorf("oci: restore %s: empty the new layer: %w", s.ID, err)
+			}
+		}
 	}
 	disk := time.Since(t0)
 	// No guest record holds s's disk (a new one, or from's adopted) until prepare writes one,

@@ -476,6 +476,55 @@ func TestDiskTemplate(t *testing.T) {
 	}
 }
 
+// TestDiskTemplateHoldsTheLayerDirs: a guest's new disk, copied from the template, holds the
+// dirs of every writable layer (hypervisor.WritableMounts) before prepare makes sure of them,
+// with their modes and guest root as owner (runc's user namespace), dated now as if made for
+// the guest, and nothing else (no lost+found): made in each guest's fresh file system they
+// were about 1.5 ms of CPU a guest.
+func TestDiskTemplateHoldsTheLayerDirs(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts loop devices: needs root")
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("no mkfs.ext4")
+	}
+	d := &Driver{name: RuntimeRunc, log: slog.New(slog.NewTextHandler(io.Discard, nil)), bundleRoot: t.TempDir()}
+	for i := range 2 { // the first makes the template, the second copies it as made
+		s := hypervisor.Spec{ID: fmt.Sprintf("g%d", i), Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1}
+		time.Sleep(2500 * time.Millisecond) // the template's dirs are older than this guest
+		began := time.Now().Add(-time.Second)
+		if err := d.attachDisk(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = detachDisk(s) })
+		ents, err := os.ReadDir(s.Writable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		want := []string{"root", "tmp", "workspace"}
+		if !slices.Equal(names, want) {
+			t.Fatalf("disk %d: the new layer holds %v, want %v", i, names, want)
+		}
+		for _, w := range hypervisor.WritableMounts() {
+			fi, err := os.Lstat(filepath.Join(s.Writable, w.Subdir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if got := uint32(fi.Mode().Perm()) | uint32(st.Mode&syscall.S_ISVTX); !fi.IsDir() || got != w.Mode || st.Uid != guestRootID || st.Gid != guestRootID {
+				t.Errorf("disk %d: %s is %v (mode %o), owned by %d:%d; want a dir of mode %o owned by %d", i, w.Subdir, fi.Mode(), got, st.Uid, st.Gid, w.Mode, guestRootID)
+			}
+			if fi.ModTime().Before(began) {
+				t.Errorf("disk %d: %s dated %s, before the guest's disk was made (%s)", i, w.Subdir, fi.ModTime(), began)
+			}
+		}
+	}
+}
+
 // TestLayerBounded: a sparse file costs its guest no disk, but the layer's tar holds its whole
 // size (archive/tar writes no holes): past the guest's disk allowance the snapshot fails at
 // once, naming the cause, before it writes the file, instead of filling the host's disk.
