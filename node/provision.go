@@ -59,6 +59,9 @@ func (n *Node) Provision(ctx context.Context, _ store.NodeInfo, sess *session.Se
 	}
 	now := n.Now()
 	l.g.State, l.g.StartedAt, l.g.LastActivity, l.g.SampledAt = session.Running, now, now, now
+	// As a touch's write does (see touch): the session's first activity, a run's exec within
+	// milliseconds of the start, then writes no entry of its own.
+	l.g.ActivityUntil = now.Add(activitySaved)
 	cold := l.g.Cold
 	l.g.Pending = append(l.g.Pending, pending{Kind: "transition", From: session.Provisioning, To: session.Running,
 		Driver: session.Node, At: now, Cold: &cold})

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -183,5 +184,43 @@ func TestProvisionKeepsASampledZeroBaseline(t *testing.T) {
 	defer l.mu.Unlock()
 	if l.g.CPUMs != 300 {
 		t.Errorf("billed %d ms of CPU, want the 300 ms the guest used after the sample that read its counter at 0", l.g.CPUMs)
+	}
+}
+
+// TestRunsFirstActivityWritesNoJournal: the start's journal entry counts the next
+// activitySaved as active (as a touch's does), so that a run's exec, which comes within
+// milliseconds of its session's start, does not write the guest's journal again (a file
+// replaced by rename, about 0.5 ms of CPU here, one of a run's six). A node restarted
+// after that exec still finds the guest active at least until it: late by at most
+// activitySaved, never early.
+func TestRunsFirstActivityWritesNoJournal(t *testing.T) {
+	n := agentNode(t, func(context.Context, string) (hypervisor.Stats, error) { return hypervisor.Stats{}, nil })
+	start := time.Now()
+	var offset atomic.Int64 // the test's clock: the node's time is start plus offset
+	n.Now = func() time.Time { return start.Add(time.Duration(offset.Load())) }
+	var writes atomic.Int64
+	n.journal.write = func(path string, b []byte) error { writes.Add(1); return writeReplacing(path, b) }
+	const id = "sess_first_touch"
+	if err := n.Provision(t.Context(), n.Info, provisioned(id)); err != nil {
+		t.Fatal(err)
+	}
+	offset.Store(int64(50 * time.Millisecond)) // the run's exec, 50 ms after the start
+	before := writes.Load()
+	n.Touch(&session.Session{ID: id, ProjectID: "proj_prov"})
+	if got := writes.Load() - before; got != 0 {
+		t.Errorf("the first activity, 50 ms after the start, wrote the journal %d times, want none", got)
+	}
+	var g guest
+	b, err := os.ReadFile(n.journal.path(id))
+	if err != nil || json.Unmarshal(b, &g) != nil {
+		t.Fatalf("journal of %s: %s, %v", id, b, err)
+	}
+	touched := start.Add(50 * time.Millisecond)
+	last := g.LastActivity // as a restart finds it (recover)
+	if g.ActivityUntil.After(last) {
+		last = g.ActivityUntil
+	}
+	if last.Before(touched) || last.After(touched.Add(activitySaved)) {
+		t.Errorf("a restart would find the last activity at %s, want from the touch (%s) to %s after it", last, touched, activitySaved)
 	}
 }
