@@ -52,34 +52,27 @@ func peekZombie() (int, error) {
 // blocking again; its close then takes it out of the poller: five system calls a pipe that
 // do nothing for the write end, each trapped under gVisor's ptrace platform, on every exec's
 // way.
-func outputPipe() (r, w *os.File, err error) {
-	var fds [2]int
-	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
-		return nil, nil, os.NewSyscallError("pipe2", err)
-	}
-	// A new pipe's read end has no other flag to keep.
-	if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
-		_, _ = syscall.Close(fds[0]), syscall.Close(fds[1])
-		return nil, nil, os.NewSyscallError("fcntl", err)
-	}
-	// NewFile puts a non-blocking descriptor in the poller (the read end: deadlines work on
-	// it) and leaves a blocking one out.
-	return os.NewFile(uintptr(fds[0]), "|0"), os.NewFile(uintptr(fds[1]), "|1"), nil
-}
+func outputPipe() (r, w *os.File, err error) { return pipeOneEndPolled(0) }
 
 // inputPipe is outputPipe the other way round, for what a child reads (a runner's stdin and
 // code): its write end non-blocking and in Go's poller, for the agent; its read end blocking
 // and outside the poller, for the child.
-func inputPipe() (r, w *os.File, err error) {
+func inputPipe() (r, w *os.File, err error) { return pipeOneEndPolled(1) }
+
+// pipeOneEndPolled makes a pipe whose end agents (0 the read end, 1 the write end) is
+// non-blocking and in Go's poller, and whose other end is blocking and outside it.
+func pipeOneEndPolled(agents int) (r, w *os.File, err error) {
 	var fds [2]int
 	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
 		return nil, nil, os.NewSyscallError("pipe2", err)
 	}
-	// A new pipe's write end has no other flag to keep.
-	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
+	// A new pipe's end has no other flag to keep.
+	if _, err := unix.FcntlInt(uintptr(fds[agents]), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
 		_, _ = syscall.Close(fds[0]), syscall.Close(fds[1])
 		return nil, nil, os.NewSyscallError("fcntl", err)
 	}
+	// NewFile puts a non-blocking descriptor in the poller (deadlines work on it) and leaves
+	// a blocking one out.
 	return os.NewFile(uintptr(fds[0]), "|0"), os.NewFile(uintptr(fds[1]), "|1"), nil
 }
 
