@@ -136,19 +136,7 @@ func TestNodeRefusalThroughClient(t *testing.T) {
 		}
 		return &nodeapi.Error{Status: 404, Code: nodeapi.CodeNotFound, Message: "node: no guest for session " + id}
 	}}
-	srv := httptest.NewServer(stub)
-	t.Cleanup(srv.Close)
-	e := newEnv(t, func(c *Config) { c.Guests = client.New(c.Store, "node-token") })
-	// The session is placed and started by the fake node; its registration then points the
-	// client at the stub.
-	s := e.running(map[string]any{"tier": 2})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	// Not the field itself: the env's heartbeat, every second, could write the old address
-	// after this one (a loaded run's PATCH went to "127.0.0.1:0").
-	if err := e.node.SetAddr(ctx, srv.URL); err != nil {
-		t.Fatal(err)
-	}
+	e, s := sessionOnStub(t, stub)
 
 	msg := expectError(t, e.do("PATCH", "/v1/sessions/"+s.ID, e.key, map[string]any{"idle_timeout_s": 600, "max_lifetime_s": 7200}), 409, "invalid_state", "")
 	if !strings.Contains(msg, "paused") {
@@ -229,15 +217,7 @@ func TestSnapshotFailureReasonBounded(t *testing.T) {
 	stub := &stubNode{refuse: func(action, id string) *nodeapi.Error {
 		return &nodeapi.Error{Status: 500, Code: nodeapi.CodeInternal, Message: long}
 	}}
-	srv := httptest.NewServer(stub)
-	t.Cleanup(srv.Close)
-	e := newEnv(t, func(c *Config) { c.Guests = client.New(c.Store, "node-token") })
-	s := e.running(map[string]any{"tier": 2})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := e.node.SetAddr(ctx, srv.URL); err != nil {
-		t.Fatal(err)
-	}
+	e, s := sessionOnStub(t, stub)
 	msg := expectError(t, e.do("POST", "/v1/sessions/"+s.ID+":snapshot", e.key, nil), 502, "snapshot_failed", "")
 	var snaps struct {
 		Data []session.Snapshot `json:"data"`
@@ -256,4 +236,23 @@ func TestSnapshotFailureReasonBounded(t *testing.T) {
 	if msg != r {
 		t.Errorf("the snapshot's 502 said %d bytes, starting %.80q; want its failure_reason's %d", len(msg), msg, len(r))
 	}
+}
+
+// sessionOnStub answers an env whose gateway calls nodes through the node client, and a
+// running tier-2 session of it whose node is stub: the fake node places and starts it, and
+// its registration then points the client at the stub.
+func sessionOnStub(t *testing.T, stub *stubNode) (*env, session.Session) {
+	t.Helper()
+	srv := httptest.NewServer(stub)
+	t.Cleanup(srv.Close)
+	e := newEnv(t, func(c *Config) { c.Guests = client.New(c.Store, "node-token") })
+	s := e.running(map[string]any{"tier": 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Not the field itself: the env's heartbeat, every second, could write the old address
+	// after this one (a loaded run's PATCH went to "127.0.0.1:0").
+	if err := e.node.SetAddr(ctx, srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	return e, s
 }
