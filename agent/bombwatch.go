@@ -57,6 +57,10 @@ type bombGuard struct {
 	slowest time.Duration
 	count   func() (int, error)
 	idle    func() int
+	// asleep bounds a sleep while nothing can fork (0: until woken): a runner is trusted to
+	// fork nothing before its hand-off, and under gVisor guest root can start one through the
+	// agent's socket, so the guard still looks now and then.
+	asleep time.Duration
 	// woken holds a value after the agent started a process or handed a runner its code;
 	// the guard re-reads idle and count after each value it takes, so none is missed.
 	woken <-chan struct{}
@@ -76,10 +80,17 @@ func (g bombGuard) run(ctx context.Context) {
 		case err != nil:
 			interval = g.every
 		case cur <= idle && w.since.IsZero():
+			var look <-chan time.Time // nil: never
+			if g.asleep > 0 {
+				timer.Reset(g.asleep)
+				look = timer.C
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-g.woken:
+				timer.Stop() // (Go 1.23's timers: no stale tick survives a Stop or a Reset)
+			case <-look:
 			}
 			interval, last = g.every, -1
 			continue // at once: what woke the guard may be a bomb

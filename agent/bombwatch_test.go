@@ -158,3 +158,30 @@ func TestBombGuardSleepsWhileNothingCanFork(t *testing.T) {
 		t.Errorf("after the bomb: the guard took %d samples over %d ticks, want none", n, ticks)
 	}
 }
+
+// TestBombGuardLooksWhileAsleep is the attack on the guard's trust in runners: under gVisor
+// guest root reaches the agent's socket, so a guest process can start a "runner" that says it
+// is ready and then forks. Counted idle, it left the guard asleep until the agent's next start
+// or hand-off, which need never come: the bomb stayed at its limit and was never ended. The
+// guard now looks every `asleep` while it sleeps.
+func TestBombGuardLooksWhileAsleep(t *testing.T) {
+	const every = 10 * time.Millisecond
+	count := &fakeCount{}
+	count.set(1)
+	ended := make(chan time.Time, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bombGuard{max: 100, every: every, slowest: 8 * every, asleep: 20 * every, count: count.read,
+			idle: func() int { return 1 }, woken: make(chan struct{}), endAll: func(since time.Time) { ended <- since }}.run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	time.Sleep(5 * every) // the guard has taken its first sample and sleeps: one idle runner
+	count.set(100)        // the "runner" forks to the limit, and nothing wakes the guard
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("a process counted idle forked to the limit without waking the guard: not ended in 30 s (%d samples)", count.sampled())
+	}
+}

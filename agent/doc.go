@@ -51,8 +51,9 @@
 // the agent's that lives there; the hierarchy is unmounted once set up and no file of it that a
 // write could use stays open, so guest root can neither raise the limit nor leave it), and the
 // agent ends them all when they stay at that limit (a fork bomb; bombGuard samples the count
-// only while a guest process could fork, and seldom while it stays low: each sample costs the
-// host about 3 ms of CPU under gVisor's ptrace platform); as the guest's init it drops
+// while a guest process could fork, seldom while it stays low, and every 10 s otherwise, for a
+// runner a guest process started may fork: each sample costs the host about 3 ms of CPU under
+// gVisor's ptrace platform); as the guest's init it drops
 // CAP_SYS_ADMIN once that cgroup is set up, and keeps spare OS threads where there is none (a
 // runc guest's limit counts the agent's threads too); a command refused for the process limit
 // gets exit 126 and says so.
