@@ -72,11 +72,7 @@ func snapshotAsTheGateway(t *testing.T, st *store.Store, n interface {
 func TestFailedCheckpointRestartsFromDisk(t *testing.T) {
 	t.Parallel()
 	const project = "proj_ckptfail"
-	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
-	cfg := nodeConfig(t, st, d, tempDir(t), "node_ckptfail")
-	cfg.Driver = stoppingCheckpoint{testDriver: d}
-	n := startNode(t, cfg)
+	st, d, n := runscNode(t, "node_ckptfail", func(d testDriver) hypervisor.Driver { return stoppingCheckpoint{testDriver: d} })
 	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
 	ctx := ctxT(t, 5*time.Minute)
 	if res, err := execIn(ctx, n.Node, s, "echo kept > /workspace/f; sleep 3600 </dev/null >/dev/null 2>&1 &"); err != nil || res.ExitCode != 0 {
@@ -105,11 +101,7 @@ func TestFailedCheckpointRestartsFromDisk(t *testing.T) {
 func TestFailedCheckpointWithoutDiskFailsTheSession(t *testing.T) {
 	t.Parallel()
 	const project = "proj_ckptlost"
-	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
-	cfg := nodeConfig(t, st, d, tempDir(t), "node_ckptlost")
-	cfg.Driver = stoppingCheckpoint{testDriver: d, diskFails: true}
-	n := startNode(t, cfg)
+	st, d, n := runscNode(t, "node_ckptlost", func(d testDriver) hypervisor.Driver { return stoppingCheckpoint{testDriver: d, diskFails: true} })
 	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
 	err := snapshotAsTheGateway(t, st, n.Node, s)
 	if err == nil || !strings.Contains(err.Error(), "checkpoint failed") || !strings.Contains(err.Error(), "could not be restarted from its disk") {
@@ -132,11 +124,8 @@ func TestFailedCheckpointWithoutDiskFailsTheSession(t *testing.T) {
 func TestFailedRunscCheckpointRestartsFromDisk(t *testing.T) {
 	t.Parallel()
 	const project = "proj_ckptreal"
-	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
-	cfg := nodeConfig(t, st, d, tempDir(t), "node_ckptreal")
-	cfg.Driver = d // bare, as a node runs it: its optional interfaces (a LayerAdopter's restore) in use
-	n := startNode(t, cfg)
+	// The driver bare, as a node runs it: its optional interfaces (a LayerAdopter's restore) in use.
+	st, d, n := runscNode(t, "node_ckptreal", nil)
 	tpl := catalog[templates.DevPolyglot] // the host's python3
 	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200, template: tpl.Name + "@" + tpl.Digest})
 	ctx := ctxT(t, 5*time.Minute)

@@ -465,6 +465,19 @@ func (r *running) stop(t testing.TB) {
 
 // startNode builds a node and runs it until the test ends; it returns once the node has
 // recovered its journal and heartbeated.
+// runscNode starts node id on a store of its own with a runsc driver that wrap puts its
+// test's behaviour around (nil: the driver bare, as a node runs it).
+func runscNode(t testing.TB, id string, wrap func(testDriver) hypervisor.Driver) (*store.Store, testDriver, *running) {
+	t.Helper()
+	st, _ := newStore(t)
+	d := newDriver(t, "runsc", tempDir(t))
+	cfg := nodeConfig(t, st, d, tempDir(t), id)
+	if wrap != nil {
+		cfg.Driver = wrap(d)
+	}
+	return st, d, startNode(t, cfg)
+}
+
 func startNode(t testing.TB, cfg node.Config) *running {
 	t.Helper()
 	r := runNode(t, cfg)

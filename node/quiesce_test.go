@@ -28,11 +28,7 @@ func (d slowCheckpoint) Snapshot(ctx context.Context, id, dir string, memory boo
 func TestSlowCheckpointKeepsTheGuest(t *testing.T) {
 	t.Parallel()
 	const project = "proj_slowckpt"
-	st, _ := newStore(t)
-	d := newDriver(t, "runsc", tempDir(t))
-	cfg := nodeConfig(t, st, d, tempDir(t), "node_slowckpt")
-	cfg.Driver = slowCheckpoint{d, 6 * time.Second}
-	n := startNode(t, cfg)
+	st, _, n := runscNode(t, "node_slowckpt", func(d testDriver) hypervisor.Driver { return slowCheckpoint{d, 6 * time.Second} })
 	s := provision(t, st, n.Node, project, sessionOpts{idleS: 600, lifeS: 1200})
 	ctx := ctxT(t, 5*time.Minute)
 	if res, err := execIn(ctx, n.Node, s, "sleep 3600 </dev/null >/dev/null 2>&1 & echo $! > /workspace/bg.pid; echo kept > /workspace/f"); err != nil || res.ExitCode != 0 {
