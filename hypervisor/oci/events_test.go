@@ -330,14 +330,7 @@ func TestSnapshotAsksNoState(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The checkpoint's image restores (TestSnapshotMemoryRunsc checks what it holds).
-			r := guestSpec(t, cat[templates.Base], "exit 1") // a memory restore runs no args
-			track(t, d, r)
-			if err := d.Restore(ctx, r, snap); err != nil {
-				t.Fatal(err)
-			}
-			if info, err := d.Info(ctx, r.ID); err != nil || info.State != hypervisor.StateRunning {
-				t.Fatalf("the restored guest: %+v, %v; want running", info, err)
-			}
+			restoreRunning(ctx, t, d, cat, snap)
 		})
 	}
 }
@@ -657,14 +650,7 @@ while :; do sleep 0.1; done`)
 	if si, err := d.Snapshot(ctx, s.ID, dir, true); err != nil || !si.Memory {
 		t.Fatalf("memory snapshot: %+v, %v", si, err)
 	}
-	r := guestSpec(t, cat[templates.Base], "exit 1") // a memory restore runs no args
-	track(t, d, r)
-	if err := d.Restore(ctx, r, dir); err != nil {
-		t.Fatal(err)
-	}
-	if info, err := d.Info(ctx, r.ID); err != nil || info.State != hypervisor.StateRunning {
-		t.Fatalf("the restored guest: %+v, %v; want running", info, err)
-	}
+	r := restoreRunning(ctx, t, d, cat, dir)
 	if b, err := os.ReadFile(filepath.Join(r.AgentDir, "x", "f")); err != nil || string(b) != "kept\n" {
 		t.Fatalf("the restored guest's agent dir holds x/f %q (%v), want the snapshotted guest's", b, err)
 	}
@@ -781,4 +767,19 @@ while :; do sleep 0.1; done`)
 	if _, serr := os.Stat(filepath.Join(dir, "agentdir.tar")); serr == nil {
 		t.Fatal("the refused snapshot wrote the agent dir's tar")
 	}
+}
+
+// restoreRunning restores the memory snapshot in dir as a new guest of d and answers its spec,
+// once the guest runs.
+func restoreRunning(ctx context.Context, t *testing.T, d *oci.Driver, cat templates.Catalog, dir string) hypervisor.Spec {
+	t.Helper()
+	r := guestSpec(t, cat[templates.Base], "exit 1") // a memory restore runs no args
+	track(t, d, r)
+	if err := d.Restore(ctx, r, dir); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := d.Info(ctx, r.ID); err != nil || info.State != hypervisor.StateRunning {
+		t.Fatalf("the restored guest: %+v, %v; want running", info, err)
+	}
+	return r
 }
