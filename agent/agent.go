@@ -101,7 +101,8 @@ type server struct {
 	sessions map[*websocket.Conn]context.CancelFunc // open PTY websockets (hijacked connections)
 	runners  map[string]*waitingRunner              // started runners waiting for their exec, by name
 	// runnerStarts counts runners being started (before their process exists), starting
-	// holds those started but not yet ready: both count as idle for the guard (waitingRunners).
+	// holds those started but not yet ready: both count as idle for the guard (waitingRunners;
+	// runnerStarts one at most).
 	runnerStarts int
 	starting     map[*proc]struct{}
 }

@@ -232,11 +232,13 @@ func (s *server) claimRunner(spec execSpec) *proc {
 // processes that fork nothing before an exec claims them. A runner that died waiting (a guest
 // process killed it, or the fork-bomb guard's kill of every process did) stays listed until an
 // exec names it but is no process: counted, it let another process pass for it and fork
-// unwatched.
+// unwatched. So are runner starts not yet forked, but one: forks are made one at a time, and
+// the rest wait their turn with no process (guest root can queue any number of them through
+// the agent's socket, and each counted hid a process of a bomb from the guard).
 func (s *server) waitingRunners() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.runnerStarts
+	n := min(s.runnerStarts, 1)
 	for p := range s.starting {
 		select {
 		case <-p.waited:

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -298,5 +299,76 @@ func TestBombGuardAfterARunnerDied(t *testing.T) {
 	case <-ended:
 	case <-time.After(30 * time.Second):
 		t.Fatalf("a count at the limit for 30 s beside a dead runner: the guard never ended them (it took %d samples in all; waiting runners: %d)", count.sampled(), s.waitingRunners())
+	}
+}
+
+// TestQueuedRunnerStartsHideNoBomb is an attack on the guard's count of starting runners:
+// under gVisor guest root reaches the agent's socket and may send runner requests as fast as
+// it likes. Forks are made one at a time (the spawner, under the process table's lock), and a
+// bomb keeps that path busy, so requests queue there with no process yet. Counted as idle each,
+// they hid as many of the bomb's processes from the guard: one the guard found at its limit
+// took the bomb for waiting runners and slept again, and the bomb was never ended.
+func TestQueuedRunnerStartsHideNoBomb(t *testing.T) {
+	py := python(t)
+	s := &server{procs: newProcTable(), runners: map[string]*waitingRunner{}, root: t.TempDir(), log: slog.New(slog.DiscardHandler)}
+	const max = 10
+	s.procs.mu.Lock() // the fork path busy: each queued start waits its turn
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			s.procs.mu.Unlock()
+		}
+	}
+	defer unlock()
+	rctx, gone := context.WithCancel(context.Background())
+	r := httptest.NewRequest("POST", "/v1/runners", nil).WithContext(rctx)
+	var starts sync.WaitGroup
+	defer func() {
+		gone() // each start, once its turn comes, finds its caller gone and kills its runner
+		unlock()
+		starts.Wait()
+		s.dropRunners()
+	}()
+	for i := range max {
+		starts.Go(func() {
+			_, _ = s.startRunner(r, RunnerRequest{Name: "r" + strconv.Itoa(i), Argv: []string{py, "-c"}, Loader: testLoader}, time.Minute)
+		})
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		s.mu.Lock()
+		queued := s.runnerStarts
+		s.mu.Unlock()
+		if queued == max {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d runner starts queued within a minute", queued, max)
+		}
+	}
+	if n := s.waitingRunners(); n > 1 {
+		t.Errorf("%d runner starts queued, no runner process yet: waiting runners %d, want at most 1 (the start whose fork may be under way)", max, n)
+	}
+	count := &fakeCount{}
+	count.set(max) // the bomb at its limit
+	ended := make(chan time.Time, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bombGuard{max: max, every: 10 * time.Millisecond, slowest: 80 * time.Millisecond, asleep: 50 * time.Millisecond,
+			count: count.read, idle: s.waitingRunners, woken: s.procs.started,
+			endAll: func(since time.Time) {
+				select {
+				case ended <- since:
+				default:
+				}
+			}}.run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-ended:
+	case <-time.After(30 * time.Second):
+		t.Errorf("a bomb at its limit beside %d queued runner starts: not ended in 30 s (%d samples)", max, count.sampled())
 	}
 }
