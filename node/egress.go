@@ -263,9 +263,10 @@ type egressGate struct {
 
 const (
 	// egressLookupRate and egressLookupBurst pace one guest's name lookups: a guest asking
-	// for a new name in a loop (each CONNECT to a name is a lookup) would otherwise send the
-	// node's resolver, and the network's (cloud resolvers allow about a thousand packets a
-	// second for a whole host), as many as it likes. A build's or a browser's burst of tens
+	// for a new name in a loop (each CONNECT to a name is a lookup, and so is each plain
+	// request, even on a connection kept alive) would otherwise send the node's resolver,
+	// and the network's (cloud resolvers allow about a thousand packets a second for a whole
+	// host), as many as it likes. A build's or a browser's burst of tens
 	// of names passes at once; past the rate a lookup waits its turn, up to the lookup's
 	// timeout, and is then refused with 429.
 	egressLookupRate  = 64
@@ -313,8 +314,8 @@ func (gt egressGate) decide(ctx context.Context, host string, port int) ([]netip
 		cancel()
 		if err != nil {
 			return nil, &egressRefusal{http.StatusTooManyRequests, fmt.Sprintf("wb egress proxy: too many name lookups: "+
-				"each connection to a host name is a lookup by the node's resolver, and a guest may make %d a second "+
-				"(%d at once); reuse connections or try again later", egressLookupRate, egressLookupBurst)}
+				"each CONNECT and each plain http:// request to a host name is a lookup by the node's resolver, and a "+
+				"guest may make %d a second (%d at once); reuse tunnels (connections made through CONNECT) or try again later", egressLookupRate, egressLookupBurst)}
 		}
 		rctx, cancel := context.WithTimeout(ctx, egressLookupTimeout)
 		addrs, err = gt.guard.Lookup(rctx, host)

@@ -745,7 +745,7 @@ func TestEgressLookupsPaced(t *testing.T) {
 	}
 	t0 := time.Now()
 	code, body := proxyRequest(t, slow, http.MethodConnect, "second.test:443")
-	if code != http.StatusTooManyRequests || !strings.Contains(body, "too many name lookups: each connection to a host name is a lookup") {
+	if code != http.StatusTooManyRequests || !strings.Contains(body, "too many name lookups: each CONNECT and each plain http:// request to a host name is a lookup") {
 		t.Errorf("a CONNECT whose lookup's turn is a minute away: %d %q; want 429, too many name lookups", code, body)
 	}
 	if el := time.Since(t0); el > egressLookupTimeout/2 {
@@ -791,5 +791,42 @@ func TestEgressLookupAfterItsTurnHasItsTime(t *testing.T) {
 	code, body := proxyRequest(t, proxy, http.MethodConnect, "second.test:443")
 	if code == http.StatusBadGateway && !strings.Contains(body, "no such host") {
 		t.Errorf("a CONNECT whose lookup's turn came 9.5 s on, to a resolver that answers in 1 s: %d %q; want the resolver's answer (no such host), or 429", code, body)
+	}
+}
+
+// TestEgressPlainRequestsEachLookUp: a plain http:// request through the proxy is a lookup
+// each, however many a guest sends on one connection to the proxy (the proxy keeps no cache,
+// and decides each request): the 429 of a paced lookup, which the guest reads to know what to
+// change, says so, and does not tell it that reusing its connection saves lookups.
+func TestEgressPlainRequestsEachLookUp(t *testing.T) {
+	res := &stubResolver{}
+	guard, err := netguard.New(netguard.Options{Resolver: res, Dialer: noDialer{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := egressServer(t, egressGate{guard: guard, ask: allowAll, lookups: rate.NewLimiter(rate.Every(time.Minute), 2)})
+	c, err := net.DialTimeout("tcp", proxy, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	var last string
+	for i := range 3 { // one connection kept alive: the third finds the pace spent
+		fmt.Fprintf(c, "GET http://same.test/ HTTP/1.1\r\nHost: same.test\r\n\r\n")
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodGet})
+		if err != nil {
+			t.Fatalf("request %d on one connection: %v", i+1, err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		last = fmt.Sprintf("%d %q", resp.StatusCode, b)
+	}
+	if n := res.lookups.Load(); n != 2 {
+		t.Errorf("3 plain requests to one name on one connection made %d lookups, want 2 (each request, until the pace is spent)", n)
+	}
+	if !strings.Contains(last, "429") || !strings.Contains(last, "each CONNECT and each plain http:// request to a host name is a lookup") {
+		t.Errorf("the third request, past the pace: %s; want 429 saying that each plain request is a lookup", last)
 	}
 }
