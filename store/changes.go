@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -144,62 +143,9 @@ type ChangeWatch struct {
 // Watch subscribes to ChangesChannel and hands every change to w until ctx ends, subscribing
 // again whenever the subscription is lost.
 func (c *Changes) Watch(ctx context.Context, w ChangeWatch) {
-	for ctx.Err() == nil {
-		var ps *redis.PubSub
-		if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-			ps = cc.SSubscribe(ctx, ChangesChannel)
-		} else {
-			ps = c.rdb.Subscribe(ctx, ChangesChannel)
-		}
-		// A blocked read does not watch ctx: closing the subscription ends it.
-		stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
-		err := c.receive(ctx, ps, w)
-		stop()
-		_ = ps.Close()
-		w.Live(false)
-		if ctx.Err() != nil {
-			return
-		}
-		c.log.Warn("project changes: subscription lost; cached projects are not trusted until it is back", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(changeRetry):
-		}
-	}
-}
-
-// receive reads the subscription until it fails.
-func (c *Changes) receive(ctx context.Context, ps *redis.PubSub, w ChangeWatch) error {
-	pinged := false
-	for {
-		msg, err := ps.ReceiveTimeout(ctx, changePing)
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() && !pinged && ctx.Err() == nil {
-				// Quiet for a while: a live connection answers a ping, a dead one never does.
-				if err := ps.Ping(ctx); err != nil {
-					return err
-				}
-				pinged = true
-				continue
-			}
-			return err
-		}
-		pinged = false
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			switch m.Kind {
-			case "subscribe", "ssubscribe":
-				w.Live(true)
-			case "unsubscribe", "sunsubscribe":
-				// A Cluster drops a sharded subscription when its slot moves (a failover,
-				// a resharding): subscribe again, where the slot is now.
-				return errors.New("unsubscribed by the server")
-			}
-		case *redis.Message:
-			c.deliver(ctx, m.Payload, w)
-		}
-	}
+	watchChannel(ctx, c.rdb, c.log, channelWatch{channel: ChangesChannel, sharded: true, live: w.Live,
+		message: func(ctx context.Context, payload string) { c.deliver(ctx, payload, w) },
+		lost:    "project changes: subscription lost; cached projects are not trusted until it is back"})
 }
 
 // deliver hands one message to w and acknowledges it.

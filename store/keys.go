@@ -137,6 +137,14 @@ const (
 	// has changed. Published by store (Changes.Publish: the store's own writes, policies.Engine
 	// and plugins.Host); every gateway subscribes (Changes.Watch).
 	ChangesChannel = "wb:changes"
+
+	// StartsChannel is a Pub/Sub channel of the sessions that left pending and provisioning
+	// (they run, or stop or end first), each message a session's "PROJECT/SESSION". Published
+	// by transitionScript: a plain PUBLISH, which on a Cluster reaches the subscribers of
+	// every node (a script may publish on a sharded channel of its own slot only, and a
+	// gateway cannot subscribe to every project's). Gateways subscribe (Store.WatchStarts) to
+	// see a run's session start without looking at it every millisecond.
+	StartsChannel = "wb:starts"
 )
 
 // workShards is how many shards each sharded lease set has (the runs', the desktops' and the

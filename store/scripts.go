@@ -240,6 +240,9 @@ return {'HELD', soft, tostring(used)}
 // set as well (a transition that names the node), it adds the session to it, unless the
 // session ends.
 //
+// A session that leaves pending and provisioning (it runs, or stops or ends first) is
+// published on StartsChannel, for the gateway whose run waits for it (Store.WatchStarts).
+//
 // A session that ends joins the project's retained set (its id and end user, scored with
 // when its retention lapses), from which trimRetained later drops its index entries.
 //
@@ -299,10 +302,13 @@ if n > 0 then
 end
 redis.call('ZREM', KEYS[2], id)
 redis.call('ZADD', KEYS[3], 0, id)
+local placing = {pending = true, provisioning = true}
+local placed = placing[from] and not placing[to]
+-- A channel is no key: on a Cluster too, where the PUBLISH reaches every node's subscribers.
+if placed then redis.call('PUBLISH', '` + StartsChannel + `', ARGV[11]) end
 if #KEYS >= 8 then
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', ` + signalMaxLenLua + `, '*', 'p', ARGV[10])
-  local placing = {pending = true, provisioning = true}
-  if placing[from] and not placing[to] then redis.call('ZREM', KEYS[8], ARGV[11]) end
+  if placed then redis.call('ZREM', KEYS[8], ARGV[11]) end
   if KEYS[9] and ARGV[8] ~= '1' then redis.call('SADD', KEYS[9], ARGV[11]) end
 end
 local e = {}

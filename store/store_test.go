@@ -36,6 +36,7 @@ func TestStore(t *testing.T) {
 		{"RetainedIndexes", testRetainedIndexes},
 		{"TrimLapsed", testTrimLapsed},
 		{"SnapshotGuard", testSnapshotGuard},
+		{"StartsAnnounced", testStartsAnnounced},
 	}
 	for _, b := range redistest.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
