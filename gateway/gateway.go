@@ -160,6 +160,8 @@ type Server struct {
 	// execs, asyncRuns, fileCalls and ptys count work in progress per project, for the caps
 	// above.
 	execs, asyncRuns, fileCalls, ptys *projectSlots
+	// starts wakes the runs waiting for their session to start (nil: they look alone).
+	starts *startWaits
 	// releases and abandons count what refused creates left being cleaned up in the
 	// background (releaseLater, abandonLater): one budget each, so that either kind, piling
 	// up in a long outage, leaves the other its own.
@@ -232,6 +234,10 @@ func New(cfg Config) (*Server, error) {
 	s.ptyInputWait = defaultPTYInputWait
 	s.routes()
 	s.watchChanges(ctx)
+	s.starts = newStartWaits()
+	s.goBackground(func() {
+		s.Store.WatchStarts(ctx, s.log, store.StartWatch{Started: s.starts.started, Live: s.starts.live})
+	})
 	s.goBackground(func() { s.runDesktopIdle(ctx) })
 	s.goBackground(func() { s.runDesktopRecovery(ctx) })
 	s.goBackground(func() { s.runDesktopSweep(ctx) })

@@ -409,30 +409,55 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 	t, _ := s.Tiers.Tier(sess.Tier)
 	ctx, cancel := context.WithTimeout(ctx, t.ProvisionDeadline()+time.Second)
 	defer cancel()
-	// A warm guest runs within milliseconds: look every millisecond for the first 50. One not
-	// running by then is starting cold, which takes a second or more: the looks then space out
-	// (runPollSlow, a quarter longer each time, up to runPollMax), since at every 5 ms a cold
-	// start on a loaded host cost hundreds of looks, each CPU of this process's and Redis's
-	// taken from the guests starting. A look reads the state field alone (one HGET); the
-	// whole session (HGETALL and its JSON decoding, most of a look's CPU) is read once, when
-	// it runs or has ended.
+	// The session's start is announced (store.WatchStarts): the wait is told, and looks at the
+	// session then. Registered before the first look, it misses no start after that look.
+	// While the announcement holds (and was not lost since before the look), a look is only
+	// a fallback, for a session started by a node of a wb that announces nothing (a rolling
+	// deploy): looks spaced from runPollSlow to runPollMax, so such a start is seen at most
+	// runPollSlow (5 ms) later than by looking every millisecond.
+	//
+	// Else a warm guest runs within milliseconds: look every millisecond for the first 50. One
+	// not running by then is starting cold, which takes a second or more: the looks then space
+	// out (runPollSlow, a quarter longer each time, up to runPollMax), since at every 5 ms a
+	// cold start on a loaded host cost hundreds of looks, each CPU of this process's and
+	// Redis's taken from the guests starting. A look reads the state field alone (one HGET);
+	// the whole session (HGETALL and its JSON decoding, most of a look's CPU) is read once,
+	// when it runs or has ended (or was announced to).
+	ref := []store.SessionRef{{Project: sess.ProjectID, ID: sess.ID}}
+	var told chan struct{} // nil: not told (a nil channel never receives)
+	if s.starts != nil {
+		var done func()
+		told, done = s.starts.add(ref[0])
+		defer done()
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	began, wait := time.Now(), runPollFast
-	ref := []store.SessionRef{{Project: sess.ProjectID, ID: sess.ID}}
+	announced := false
 	for {
-		st, err := s.Store.States(ctx, ref)
-		if err != nil {
-			return nil, err
+		var epoch uint64 // odd: the announcement holds
+		if told != nil {
+			epoch = s.starts.epoch.Load()
 		}
 		var cur *session.Session
-		if !st[0].Valid() || st[0] == session.Running || st[0].Terminal() || st[0] == session.Stopping {
-			// Or gone ("", which Get answers ErrNotFound) or unreadable (Get's error).
+		if announced {
+			var err error
 			if cur, err = s.Store.Get(ctx, sess.ProjectID, sess.ID); err != nil {
 				return nil, err
 			}
 		} else {
-			cur = &session.Session{ID: sess.ID, State: st[0]}
+			st, err := s.Store.States(ctx, ref)
+			if err != nil {
+				return nil, err
+			}
+			if !st[0].Valid() || st[0] == session.Running || st[0].Terminal() || st[0] == session.Stopping {
+				// Or gone ("", which Get answers ErrNotFound) or unreadable (Get's error).
+				if cur, err = s.Store.Get(ctx, sess.ProjectID, sess.ID); err != nil {
+					return nil, err
+				}
+			} else {
+				cur = &session.Session{ID: sess.ID, State: st[0]}
+			}
 		}
 		switch {
 		case cur.State == session.Running:
@@ -444,22 +469,28 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 			}
 			return nil, &apiError{Status: 502, Type: "api_error", Code: "session_failed", Message: fmt.Sprintf("the run's session %s ended (%s) before it ran", cur.ID, reason)}
 		}
-		if time.Since(began) > runPollFastFor {
+		heard := epoch%2 == 1 && s.starts.epoch.Load() == epoch
+		if heard || time.Since(began) > runPollFastFor {
 			wait = min(max(wait*5/4, runPollSlow), runPollMax)
 		}
 		timer.Reset(wait)
+		announced = false
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return nil, &apiError{Status: 504, Type: "api_error", Code: "provision_timeout", Message: fmt.Sprintf("session %s did not start within %s", sess.ID, t.ProvisionDeadline())}
 		case <-timer.C:
+		case <-told:
+			timer.Stop()
+			// Announced, unless the subscription was lost (which wakes every wait).
+			announced = heard && s.starts.epoch.Load() == epoch
 		}
 	}
 }
 
 // waitRunning's looks at a new session: every runPollFast for runPollFastFor, then from
 // runPollSlow growing to runPollMax, which bounds how late a cold start is seen (25 ms of one
-// that takes a second or more).
+// that takes a second or more); from runPollSlow at once while its start is announced.
 const (
 	runPollFast    = time.Millisecond
 	runPollFastFor = 50 * time.Millisecond
