@@ -472,6 +472,8 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 		heard := epoch%2 == 1 && s.starts.epoch.Load() == epoch
 		if heard || time.Since(began) > runPollFastFor {
 			wait = min(max(wait*5/4, runPollSlow), runPollMax)
+		} else {
+			wait = runPollFast // (again, should the announcement be lost within the first 50 ms)
 		}
 		timer.Reset(wait)
 		announced = false
