@@ -82,21 +82,14 @@ func signal(ctx context.Context, c redis.Cmdable, w Work, project string) *redis
 // next read).
 func (s *Store) Signals(ctx context.Context, w Work, group, consumer string, wait time.Duration, count int) ([]Signal, error) {
 	key := signalKey(w)
-	if err := s.rdb.XGroupCreateMkStream(ctx, key, group, "0").Err(); err != nil && !strings.Contains(err.Error(), "BUSYGROUP") {
-		return nil, err
-	}
-	// Own unacknowledged signals first (this consumer restarted under the same name).
-	got, err := s.readSignals(ctx, key, group, consumer, "0", -1, count)
-	if err != nil || len(got) > 0 {
-		return got, err
-	}
-	claimed, _, err := s.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: key, Group: group, Consumer: consumer,
-		MinIdle: signalClaimIdle, Start: "0", Count: int64(count)}).Result()
+	// Own unacknowledged signals first (this consumer restarted under the same name), then
+	// claimed ones: one round trip, as a worker reads once per wake.
+	res, err := unreadSignalsScript.Run(ctx, s.rdb, []string{key}, group, consumer, count, signalClaimIdle.Milliseconds()).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	if len(claimed) > 0 {
-		return toSignals(claimed), nil
+	if got := scriptSignals(res); len(got) > 0 {
+		return got, nil
 	}
 	if wait <= 0 {
 		return s.readSignals(ctx, key, group, consumer, ">", -1, count) // go-redis: -1 is no BLOCK
@@ -132,6 +125,47 @@ func (s *Store) readSignals(ctx context.Context, key, group, consumer, start str
 		out = append(out, toSignals(st.Messages)...)
 	}
 	return out, nil
+}
+
+// unreadSignalsScript answers the signals a read answers before it waits for new ones: the
+// consumer's own unacknowledged ones or, if it has none, those another consumer left
+// unacknowledged for the claim idle (claimed for this one). A group that does not exist is
+// made, reading the stream from its start (a new group has nothing of either).
+//
+// KEYS: signal stream. ARGV: group, consumer, count, claim idle ms.
+// Answers the entries, each {id, {field, value, …}} (no fields: deleted since it was read).
+var unreadSignalsScript = redis.NewScript(`
+local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], '0')
+if type(r) == 'table' and r.err then
+  if not string.find(r.err, 'NOGROUP', 1, true) then return r end
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+  return {}
+end
+if type(r) == 'table' and r[1] and #r[1][2] > 0 then return r[1][2] end
+return redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[4], '0', 'COUNT', ARGV[3])[2]
+`)
+
+// scriptSignals reads the entries unreadSignalsScript answers.
+func scriptSignals(entries []any) []Signal {
+	out := make([]Signal, 0, len(entries))
+	for _, e := range entries {
+		ent, ok := e.([]any)
+		if !ok || len(ent) == 0 {
+			continue
+		}
+		id, _ := ent[0].(string)
+		sg := Signal{ID: id}
+		if len(ent) > 1 {
+			fields, _ := ent[1].([]any)
+			for i := 0; i+1 < len(fields); i += 2 {
+				if f, _ := fields[i].(string); f == "p" {
+					sg.Project, _ = fields[i+1].(string)
+				}
+			}
+		}
+		out = append(out, sg)
+	}
+	return out
 }
 
 func toSignals(msgs []redis.XMessage) []Signal {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,5 +271,59 @@ func TestSignalMaxLen(t *testing.T) {
 	t.Parallel()
 	if strconv.Itoa(signalMaxLen) != signalMaxLenLua {
 		t.Fatalf("signalMaxLen %d, the scripts' %s", signalMaxLen, signalMaxLenLua)
+	}
+}
+
+// tripCounter counts a client's round trips.
+type tripCounter struct{ n atomic.Int64 }
+
+func (c *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
+}
+func (c *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(1); return next(ctx, cmds) }
+}
+
+// TestSignalsTwoTrips: a read of signals costs two round trips, what a worker pays per wake:
+// one for its own unacknowledged and the claimable signals, one for the wait; and a read
+// made before any group exists makes it, and still answers its own unacknowledged signals
+// first.
+func TestSignalsTwoTrips(t *testing.T) {
+	t.Parallel()
+	for _, b := range redistest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			rdb := b.New(t)
+			cnt := &tripCounter{}
+			rdb.AddHook(cnt)
+			s := New(rdb)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			for i := range 2 { // the first makes the group (and loads the script: not counted)
+				before := cnt.n.Load()
+				got, err := s.Signals(ctx, WorkUsage, "g", "c", 10*time.Millisecond, 10)
+				if err != nil || len(got) != 0 {
+					t.Fatalf("read %d: %v %v", i, got, err)
+				}
+				if n := cnt.n.Load() - before; i > 0 && n > 2 {
+					t.Errorf("a read with nothing to read took %d round trips, want at most 2", n)
+				}
+			}
+			if err := s.Signal(ctx, WorkUsage, "proj_a"); err != nil {
+				t.Fatal(err)
+			}
+			first, err := s.Signals(ctx, WorkUsage, "g", "c", 10*time.Millisecond, 10)
+			if err != nil || len(first) != 1 || first[0].Project != "proj_a" {
+				t.Fatalf("the signal: %v %v", first, err)
+			}
+			before := cnt.n.Load()
+			again, err := s.Signals(ctx, WorkUsage, "g", "c", 10*time.Millisecond, 10)
+			if err != nil || !slices.Equal(again, first) {
+				t.Fatalf("unacknowledged, read again: %v %v, want %v", again, err, first)
+			}
+			if n := cnt.n.Load() - before; n != 1 {
+				t.Errorf("reading an unacknowledged signal again took %d round trips, want 1", n)
+			}
+		})
 	}
 }
