@@ -238,14 +238,21 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	nextSweep := d.o.Now().Add(d.o.SweepInterval)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var dueAt time.Time // when the global due set is to be read again
+	lookDue := true
 	for {
-		wait := min(d.handleDue(ctx), nextSweep.Sub(d.o.Now()))
-		timer.Reset(max(wait, 0))
+		if lookDue {
+			dueAt = d.o.Now().Add(d.handleDue(ctx))
+		}
+		lookDue = true
+		timer.Reset(max(min(dueAt.Sub(d.o.Now()), nextSweep.Sub(d.o.Now())), 0))
 		select {
 		case <-ctx.Done():
 			return nil
 		case sigs := <-signals:
-			ok := d.handleSignals(ctx, sigs)
+			ok, quiet := d.handleSignals(ctx, sigs)
+			// Projects with no endpoint change no due set: the wait computed before holds.
+			lookDue = !quiet
 			select {
 			case handled <- ok:
 			case <-ctx.Done():
@@ -326,14 +333,22 @@ func (d *Dispatcher) handBack(ctx context.Context, sigs []store.Signal) {
 }
 
 // handleSignals handles each signalled project once and acknowledges the signals of those
-// it handled; false if any failed (their signals are read again). Signals left unhandled
-// because ctx ended are handed back.
-func (d *Dispatcher) handleSignals(ctx context.Context, sigs []store.Signal) bool {
+// it handled; ok false if any failed (their signals are read again); quiet if every project
+// had no endpoint (nothing was queued). Signals left unhandled because ctx ended are handed
+// back.
+func (d *Dispatcher) handleSignals(ctx context.Context, sigs []store.Signal) (ok, quiet bool) {
 	failed := map[string]bool{}
+	quiet = true
 	for _, p := range store.SignalProjects(sigs) {
-		if ctx.Err() != nil || !d.handle(ctx, p, false) {
+		if ctx.Err() != nil {
+			failed[p] = true
+			continue
+		}
+		skipped, ok := d.handle(ctx, p, false)
+		if !ok {
 			failed[p] = true
 		}
+		quiet = quiet && skipped && ok
 	}
 	var done, left []store.Signal
 	for _, sg := range sigs {
@@ -350,9 +365,9 @@ func (d *Dispatcher) handleSignals(ctx context.Context, sigs []store.Signal) boo
 	defer cancel()
 	if err := d.st.AckSignals(wctx, store.WorkOutbox, Group, done); err != nil {
 		d.log.Warn("acknowledge outbox signals", "err", err)
-		return false
+		return false, quiet
 	}
-	return len(failed) == 0
+	return len(failed) == 0, quiet
 }
 
 // handleDue handles the projects of the global due set whose time has come, as many as
@@ -424,16 +439,23 @@ func strs(v any) []string {
 }
 
 // handle moves the project's new outbox entries into delivery queues and starts its due
-// deliveries; false if Redis failed it.
-func (d *Dispatcher) handle(ctx context.Context, p string, picked bool) bool {
+// deliveries; skipped: the project has no endpoint, and nothing was queued; ok false if
+// Redis failed it.
+func (d *Dispatcher) handle(ctx context.Context, p string, picked bool) (skipped, ok bool) {
 	log := d.log.With("project", p)
-	held, ok := d.consume(ctx, p, log)
+	held, skipped, ok := d.consume(ctx, p, log)
 	if !ok {
+		skipped = false
 		// Entries may be left pending: be due again shortly, whether or not a signal is.
 		d.dueAt(ctx, p, d.nowMs()+retryPause.Milliseconds())
 		held = true
 	}
-	return d.dispatch(ctx, p, picked, held, log) && ok
+	if skipped && !picked {
+		// No endpoint: nothing was queued, so the project's entry in the global due set, if
+		// any (queues of endpoints deleted since), is still right.
+		return true, true
+	}
+	return false, d.dispatch(ctx, p, picked, held, log) && ok
 }
 
 // sweep checks every project once: an outbox with entries is read (what it holds may never
@@ -498,25 +520,28 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // consume moves the project's new outbox entries into delivery queues, holding its outbox
 // meanwhile. held: another dispatcher holds it (and was asked to read it once more), or this
 // one lost its hold midway, and the project's entry in the global due set was lowered to
-// when the outbox must be read again; ok: false if Redis failed it.
-func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (held, ok bool) {
+// when the outbox must be read again; skipped: the project has no endpoint, and its new
+// entries were skipped unread; ok: false if Redis failed it.
+func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (held, skipped, ok bool) {
 	k, stream := projectKeys(p), store.Outbox(p)
 	ttl := d.o.ClaimIdle.Milliseconds()
-	res, err := takeScript.Run(ctx, d.rdb, []string{k.owner(), k.again(), stream},
+	res, err := takeScript.Run(ctx, d.rdb, []string{k.owner(), k.again(), stream, k.endpoints()},
 		d.holder, ttl, Group, outboxConsumer).Int64Slice()
 	if err != nil || len(res) != 2 {
 		if ctx.Err() == nil {
 			log.Warn("take outbox", "err", err)
 		}
-		return false, false
+		return false, false, false
 	}
 	switch res[0] {
 	case 0:
 		// Another dispatcher holds it and reads it once more before letting go (the again
 		// flag). Should it die meanwhile, its hold lapses in res[1] ms: be due then.
-		return true, d.dueAt(ctx, p, d.nowMs()+max(res[1], 0))
+		return true, false, d.dueAt(ctx, p, d.nowMs()+max(res[1], 0))
 	case 2:
-		return false, true // nothing to read
+		return false, false, true // nothing to read
+	case 3:
+		return false, true, true // no endpoint: the new entries were skipped unread
 	}
 	start := ">"
 	if res[1] > 0 {
@@ -529,9 +554,9 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 			d.letGo(ctx, p, true, log)
 			if err := d.st.Signal(ctx, store.WorkOutbox, p); err != nil {
 				log.Warn("signal the rest of the outbox", "err", err)
-				return false, false
+				return false, false, false
 			}
-			return false, true
+			return false, false, true
 		}
 		if !d.o.Now().Before(renewAt) {
 			if n, err := renewScript.Run(ctx, d.rdb, []string{k.owner()}, d.holder, ttl).Int(); err != nil || n == 0 {
@@ -539,29 +564,29 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 					log.Warn("renew outbox hold", "err", err)
 				}
 				if err != nil {
-					return false, false
+					return false, false, false
 				}
-				return d.lostHold(ctx, p, log)
+				return true, false, d.lostHold(ctx, p, log)
 			}
 			renewAt = d.o.Now().Add(d.o.ClaimIdle / 3)
 		}
 		msgs, err := d.read(ctx, p, start)
 		if errors.Is(err, errNotHeld) {
-			return d.lostHold(ctx, p, log)
+			return true, false, d.lostHold(ctx, p, log)
 		}
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("read outbox", "err", err)
 			}
 			d.letGo(ctx, p, true, log)
-			return false, false
+			return false, false, false
 		}
 		if len(msgs) > 0 {
 			if err := d.process(ctx, p, msgs, log); errors.Is(err, errNotHeld) {
-				return d.lostHold(ctx, p, log)
+				return true, false, d.lostHold(ctx, p, log)
 			} else if err != nil {
 				d.letGo(ctx, p, true, log)
-				return false, false
+				return false, false, false
 			}
 		}
 		if len(msgs) == readCount {
@@ -572,7 +597,7 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 			continue
 		}
 		if !d.letGo(ctx, p, false, log) {
-			return false, true
+			return false, false, true
 		}
 		// Another dispatcher found it held meanwhile: read once more.
 	}
@@ -580,11 +605,11 @@ func (d *Dispatcher) consume(ctx context.Context, p string, log *slog.Logger) (h
 
 // lostHold: this dispatcher's hold lapsed while it read the outbox (it stalled for
 // ClaimIdle). Another may have taken it, or none: the project is made due at once, so that
-// whichever dispatcher picks it reads what is left.
-func (d *Dispatcher) lostHold(ctx context.Context, p string, log *slog.Logger) (held, ok bool) {
+// whichever dispatcher picks it reads what is left. Always ok.
+func (d *Dispatcher) lostHold(ctx context.Context, p string, log *slog.Logger) bool {
 	log.Warn("outbox hold lapsed while reading it")
 	d.dueNow(ctx, []string{p})
-	return true, true
+	return true
 }
 
 // letGo ends a read of the outbox (trimming it) unless another dispatcher asked for one

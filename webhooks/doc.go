@@ -5,5 +5,8 @@
 // The dispatcher works on events, not sweeps: it waits on the outbox signals (store's
 // WorkOutbox stream) and on the earliest due delivery of a global sorted set of projects, so
 // an idle platform costs it nothing however many projects it has; it trims each outbox to
-// what every consumer group still needs.
+// what every consumer group still needs. A project with no endpoint costs it one script per
+// signal: its new events are skipped unread, as a read would skip them (an event goes to the
+// endpoints there are when the dispatcher reads it, never to one made later), and its outbox
+// is trimmed.
 package webhooks

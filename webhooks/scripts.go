@@ -36,13 +36,18 @@ end
 // Held by another: it sets the again flag, which makes the holder read once more before it
 // lets go, so that nothing written while it held the outbox waits for a later signal.
 // Nothing to read (no entry pending or undelivered in the group): it trims the outbox and
-// does not take the hold. Taken: every entry that any other consumer left pending (a
-// dispatcher that died holding it, or one of an older version, each under its own name) is
-// claimed by consumer and those consumers are removed, so that one read from "0" finds
-// them, in stream order, before the new ones.
+// does not take the hold. No endpoint, and no entry pending: every new entry is skipped
+// unread, as a read would skip it (an event goes to the endpoints there are when it is
+// read, so never to one made later), by moving the group past the newest entry (XGROUP
+// SETID is not in miniredis: the group, with no pending entry, is made anew at "$"); the
+// outbox is trimmed, and the hold is not taken. Taken: every entry that any other consumer
+// left pending (a dispatcher that died holding it, or one of an older version, each under
+// its own name) is claimed by consumer and those consumers are removed, so that one read
+// from "0" finds them, in stream order, before the new ones.
 //
-// KEYS: owner, again, outbox. ARGV: me, ttl ms, group, consumer.
-// Answers {0, owner's ttl ms} (held by another), {1, pending} (taken), {2, 0} (nothing to read).
+// KEYS: owner, again, outbox, endpoints. ARGV: me, ttl ms, group, consumer.
+// Answers {0, owner's ttl ms} (held by another), {1, pending} (taken), {2, 0} (nothing to
+// read), {3, 0} (no endpoint: skipped).
 var takeScript = redis.NewScript(luaOutbox + `
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then
@@ -51,6 +56,14 @@ if cur and cur ~= ARGV[1] then
 end
 if redis.call('EXISTS', KEYS[3]) == 0 then return {2, 0} end
 local g = group(KEYS[3], ARGV[3])
+if not cur and redis.call('EXISTS', KEYS[4]) == 0 and (not g or tonumber(g['pending']) == 0) then
+  if not g or g['lag'] ~= 0 then
+    if g then redis.call('XGROUP', 'DESTROY', KEYS[3], ARGV[3]) end
+    redis.call('XGROUP', 'CREATE', KEYS[3], ARGV[3], '$')
+  end
+  trim(KEYS[3])
+  return {3, 0}
+end
 if not g then
   redis.call('XGROUP', 'CREATE', KEYS[3], ARGV[3], '0')
   g = group(KEYS[3], ARGV[3])
