@@ -18,8 +18,8 @@ import (
 // diskImage is the file that backs a guest's writable layer when it has a disk limit.
 func diskImage(s hypervisor.Spec) string { return filepath.Clean(s.Writable) + ".img" }
 
-// diskTemplates is the dir, in the bundle root, of the empty file systems that guests' disk
-// images are copied from (not a valid guest id, so never taken for a bundle).
+// diskTemplates is the default dir, in the bundle root, of the empty file systems that
+// guests' disk images are copied from (not a valid guest id, so never taken for a bundle).
 const diskTemplates = "_disks"
 
 // newDiskImage writes img, an empty ext4 file system of gib GiB: a sparse copy of the
@@ -47,7 +47,7 @@ func (d *Driver) newDiskImage(ctx context.Context, img string, gib int) error {
 func (d *Driver) diskTemplate(ctx context.Context, gib int) (string, error) {
 	d.diskMu.Lock()
 	defer d.diskMu.Unlock()
-	dir := filepath.Join(d.bundleRoot, diskTemplates)
+	dir := d.diskTemplates
 	owner := 0
 	if d.userNS() {
 		owner = guestRootID

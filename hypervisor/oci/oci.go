@@ -42,6 +42,9 @@ type Options struct {
 	// reaps) every guest it finds there. wb puts them in its data dir, which it locks.
 	StateRoot  string
 	BundleRoot string
+	// DiskTemplates holds the empty file systems guests' disk images are copied from
+	// (newDiskImage); best on the file system of the images. Default: BundleRoot/_disks.
+	DiskTemplates string
 	// CgroupParent is the cgroup under which each guest gets <CgroupParent>/<id>. Default: /wb.
 	CgroupParent string
 	// RunscFlags replace the default global runsc flags (DefaultRunscFlags).
@@ -73,6 +76,8 @@ type Driver struct {
 	name          string
 	rt            *gorunc.Runc
 	bundleRoot    string
+	diskTemplates string
+	runDir        string // the tmpfs of its state and bundles (OpenDataDir), or ""
 	cgroupParent  string
 	cg            cgroupHost
 	eventInterval time.Duration
@@ -127,6 +132,9 @@ func New(o Options) (*Driver, error) {
 	if o.CgroupParent == "" {
 		o.CgroupParent = "/wb"
 	}
+	if o.DiskTemplates == "" {
+		o.DiskTemplates = filepath.Join(o.BundleRoot, diskTemplates)
+	}
 	if !filepath.IsAbs(o.StateRoot) || !filepath.IsAbs(o.BundleRoot) || !filepath.IsAbs(o.CgroupParent) {
 		return nil, errors.New("oci: StateRoot, BundleRoot and CgroupParent must be absolute")
 	}
@@ -172,6 +180,7 @@ func New(o Options) (*Driver, error) {
 		name:             name,
 		rt:               rt,
 		bundleRoot:       o.BundleRoot,
+		diskTemplates:    o.DiskTemplates,
 		cgroupParent:     filepath.Clean(o.CgroupParent),
 		cg:               cg,
 		eventInterval:    o.EventInterval,
@@ -287,6 +296,11 @@ func (d *Driver) prepare(s hypervisor.Spec) (_ string, err error) {
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return "", fmt.Errorf("oci: bundle: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(bundle) // after the console's unmount (deferred next): its room comes back
+		}
+	}()
 	if err := mountConsole(bundle); err != nil {
 		return "", err
 	}
@@ -429,7 +443,7 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 	bundle, err := d.prepare(s)
 	if err != nil {
 		_ = detachDisk(s)
-		return err
+		return d.noRoom(s.ID, err)
 	}
 	con, off, err := openConsole(bundle)
 	if err != nil {
@@ -450,7 +464,7 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 		return d.rt.Create(ctx, s.ID, bundle, opts)
 	})
 	if err != nil {
-		err = con.withTail(off, fmt.Errorf("oci: %s %s %s: %w", d.name, verb, s.ID, err))
+		err = d.noRoom(s.ID, con.withTail(off, fmt.Errorf("oci: %s %s %s: %w", d.name, verb, s.ID, err)))
 		d.cleanupFailed(s.ID)
 		return err
 	}

@@ -366,7 +366,7 @@ func TestFailedMountLeavesNoMount(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounts a loop device: needs root")
 	}
-	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil)), bundleRoot: t.TempDir()}
+	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil)), diskTemplates: t.TempDir()}
 	s := hypervisor.Spec{ID: "g-mount", Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1}
 	if err := os.WriteFile(diskImage(s), bytes.Repeat([]byte("not ext4"), 1<<16), 0o600); err != nil {
 		t.Fatal(err)
@@ -438,7 +438,7 @@ func TestDiskTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
-	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil)), bundleRoot: t.TempDir()}
+	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil)), diskTemplates: t.TempDir()}
 	var disks []hypervisor.Spec
 	for i := range 3 {
 		s := hypervisor.Spec{ID: fmt.Sprintf("g%d", i), Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1 + i/2}
@@ -488,7 +488,7 @@ func TestDiskTemplateHoldsTheLayerDirs(t *testing.T) {
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		t.Skip("no mkfs.ext4")
 	}
-	d := &Driver{name: RuntimeRunc, log: slog.New(slog.NewTextHandler(io.Discard, nil)), bundleRoot: t.TempDir()}
+	d := &Driver{name: RuntimeRunc, log: slog.New(slog.NewTextHandler(io.Discard, nil)), diskTemplates: t.TempDir()}
 	for i := range 2 { // the first makes the template, the second copies it as made
 		s := hypervisor.Spec{ID: fmt.Sprintf("g%d", i), Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1}
 		time.Sleep(2500 * time.Millisecond) // the template's dirs are older than this guest

@@ -1,0 +1,230 @@
+package oci_test
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"wb/hypervisor/oci"
+	"wb/hypervisor/templates"
+)
+
+// openDataDir is oci.OpenDataDir on dataDir for a test: the driver's cgroups, and the run
+// dir's mount, are removed when the test ends (after its guests, which track deletes).
+func openDataDir(t testing.TB, rt, dataDir string, runBytes int64) (*oci.Driver, oci.Layout) {
+	t.Helper()
+	d, l, err := oci.OpenDataDir(ctxT(t, 2*time.Minute), oci.Options{Runtime: rt, CgroupParent: "/wbtest-rd-" + filepath.Base(dataDir),
+		Logger: slog.New(slog.NewTextHandler(testLogWriter{t}, nil))}, dataDir, runBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.RemoveCgroupParent() })
+	return d, l
+}
+
+// unmountRunDirAtEnd detaches dataDir's run dir when the test ends, whatever it left: tests
+// leave no mount behind. Called first, so that it runs after the guests' deletes.
+func unmountRunDirAtEnd(t testing.TB, dataDir string) {
+	t.Cleanup(func() {
+		for mounts(t, oci.RunLayout(dataDir).RunDir) > 0 {
+			if err := syscall.Unmount(oci.RunLayout(dataDir).RunDir, syscall.MNT_DETACH); err != nil {
+				t.Errorf("unmount the run dir: %v", err)
+				return
+			}
+		}
+	})
+}
+
+// mounts counts the mounts on dir.
+func mounts(t testing.TB, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			n++
+		}
+	}
+	return n
+}
+
+func listed(t testing.TB, d *oci.Driver) []string {
+	t.Helper()
+	ids, err := d.List(ctxT(t, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// TestRunDirAdoptedByARestartedNode: a driver on a data dir keeps the runtime's state and
+// bundles on a tmpfs of its own (the disk templates stay on disk); a node that ends with
+// guests leaves it mounted, and the next start reuses that mount (not a second over it),
+// adopting the guests; ended with none, the node unmounts it.
+func TestRunDirAdoptedByARestartedNode(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			dataDir := reachableTempDir(t)
+			unmountRunDirAtEnd(t, dataDir)
+			d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+			if l.RunDir == "" || mounts(t, l.RunDir) != 1 {
+				t.Fatalf("a fresh data dir's layout %+v: %d mounts on its run dir, want a tmpfs there", l, mounts(t, l.RunDir))
+			}
+			var st unix.Statfs_t
+			if err := unix.Statfs(l.StateRoot, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+				t.Fatalf("state root %s: not on a tmpfs (%v, type %#x)", l.StateRoot, err, st.Type)
+			}
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			g, _, _, _ := boot(t, d, s)
+			if tpls, _ := filepath.Glob(filepath.Join(l.DiskTemplates, "*.img")); len(tpls) == 0 || strings.HasPrefix(l.DiskTemplates, l.RunDir+"/") {
+				t.Errorf("disk templates in %s (%v): want them on the data dir's disk, beside the images copied from them", l.DiskTemplates, tpls)
+			}
+			// The node ends with its guest running: the tmpfs stays.
+			if err := d.ReleaseRunDir(ctxT(t, time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			if n := mounts(t, l.RunDir); n != 1 {
+				t.Fatalf("after a node's end with a guest running: %d mounts on the run dir, want it kept", n)
+			}
+			d2, l2 := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+			if l2 != l {
+				t.Errorf("the restarted node's layout %+v, want the first's %+v", l2, l)
+			}
+			if n := mounts(t, l.RunDir); n != 1 {
+				t.Fatalf("after the node's restart: %d mounts on the run dir, want the first reused", n)
+			}
+			if ids := listed(t, d2); !slices.Contains(ids, s.ID) {
+				t.Fatalf("the restarted node lists %v, want its guest %s", ids, s.ID)
+			}
+			g.d = d2
+			if out := g.mustRun("echo alive"); out != "alive\n" {
+				t.Errorf("the adopted guest's job said %q", out)
+			}
+			ctx := ctxT(t, 2*time.Minute)
+			if err := d2.Stop(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d2.Delete(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d2.ReleaseRunDir(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := mounts(t, l.RunDir); n != 0 {
+				t.Errorf("after a node's end with no guest: %d mounts on the run dir, want none", n)
+			}
+		})
+	}
+}
+
+// TestRunDirWaitsForTheDiskLayoutsGuests: a rolling deploy, a node started on the data dir of
+// an older node whose guest still runs in the on-disk state: it drives that guest there (and
+// mounts nothing), and moves to the run dir at a start that finds none left.
+func TestRunDirWaitsForTheDiskLayoutsGuests(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			dataDir := reachableTempDir(t)
+			unmountRunDirAtEnd(t, dataDir)
+			disk := oci.DiskLayout(dataDir)
+			old := newDriver(t, rt, func(o *oci.Options) {
+				o.StateRoot, o.BundleRoot = disk.StateRoot, disk.BundleRoot
+				o.CgroupParent = "/wbtest-rd-" + filepath.Base(dataDir)
+			})
+			s := guestSpec(t, cat[templates.Base], jobRunner)
+			g, _, _, _ := boot(t, old, s)
+
+			d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+			if l != disk {
+				t.Fatalf("with an older node's guest in the on-disk state: layout %+v, want the on-disk one %+v", l, disk)
+			}
+			if n := mounts(t, oci.RunLayout(dataDir).RunDir); n != 0 {
+				t.Errorf("with an older node's guest in the on-disk state: %d mounts on the run dir, want none", n)
+			}
+			if ids := listed(t, d); !slices.Contains(ids, s.ID) {
+				t.Fatalf("the new node lists %v, want the older node's guest %s", ids, s.ID)
+			}
+			g.d = d
+			if out := g.mustRun("echo alive"); out != "alive\n" {
+				t.Errorf("the older node's guest's job said %q", out)
+			}
+			ctx := ctxT(t, 2*time.Minute)
+			if err := d.Stop(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Delete(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.ReleaseRunDir(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			d3, l3 := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+			if l3 != oci.RunLayout(dataDir) || mounts(t, l3.RunDir) != 1 {
+				t.Fatalf("a start with no guest left on disk: layout %+v, %d mounts on its run dir; want the run dir's", l3, mounts(t, l3.RunDir))
+			}
+			s3 := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, d3, s3)
+			if ids := listed(t, d3); !slices.Contains(ids, s3.ID) {
+				t.Fatalf("on the run dir: lists %v, want %s", ids, s3.ID)
+			}
+		})
+	}
+}
+
+// TestRunDirFull: a run dir with no room left fails a guest's start with an error that says
+// so, and the guests already there are unaffected; room made, starts work again.
+func TestRunDirFull(t *testing.T) {
+	cat := catalog(t)
+	dataDir := reachableTempDir(t)
+	unmountRunDirAtEnd(t, dataDir)
+	d, l := openDataDir(t, oci.RuntimeRunc, dataDir, oci.RunDirBytes)
+	g, _, _, _ := boot(t, d, guestSpec(t, cat[templates.Base], jobRunner))
+
+	filler := filepath.Join(l.RunDir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err = f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("filling the run dir: %v, want ENOSPC", err)
+	}
+	s := guestSpec(t, cat[templates.Base], jobRunner)
+	track(t, d, s)
+	ctx := ctxT(t, 2*time.Minute)
+	err = d.Create(ctx, s)
+	if err == nil || !strings.Contains(err.Error(), "no room left for its runtime state and bundle in "+l.RunDir) {
+		t.Fatalf("a start on a full run dir: %v; want an error that says the run dir is full", err)
+	}
+	if out := g.mustRun("echo alive"); out != "alive\n" {
+		t.Errorf("the guest already there, its job said %q", out)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Create(ctx, s); err != nil {
+		t.Fatalf("a start once room is made: %v", err)
+	}
+	if err := d.Boot(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+}
