@@ -113,17 +113,19 @@ func TestNodeKilled(t *testing.T) {
 	st := store.New(redisClient(t, rp.Addr()))
 	dataDir := tempDir(t)
 	// The subprocess's guests, seen through a driver on the same runtime state as its own
-	// (cmd/wb buildNode: state and bundles in the data dir, cgroups under /wb/<id>-<digest>),
-	// to check on them and to clean them up even if the test fails.
-	hd, err := oci.New(oci.Options{Runtime: "runsc", StateRoot: filepath.Join(dataDir, "oci-state"),
-		BundleRoot: filepath.Join(dataDir, "bundles"), CgroupParent: "/wb/" + datadir.CgroupName(dataDir, nodeID), Logger: testLogger(t)})
+	// (cmd/wb newDriver: state and bundles on the data dir's run dir, a tmpfs, cgroups under
+	// /wb/<id>-<digest>), to check on them and to clean them up even if the test fails.
+	l := oci.RunLayout(dataDir)
+	hd, err := oci.New(oci.Options{Runtime: "runsc", StateRoot: l.StateRoot, BundleRoot: l.BundleRoot, DiskTemplates: l.DiskTemplates,
+		CgroupParent: "/wb/" + datadir.CgroupName(dataDir, nodeID), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stateRoots.Store(hd, filepath.Join(dataDir, "oci-state"))
+	stateRoots.Store(hd, l.StateRoot)
 	t.Cleanup(func() {
 		reapAll(t, hd)
 		_ = hd.RemoveCgroupParent()
+		_ = syscall.Unmount(l.RunDir, syscall.MNT_DETACH) // the killed node's, left for its guests
 	})
 
 	t0 := time.Now()

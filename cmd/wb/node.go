@@ -147,11 +147,15 @@ func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
 		if rt == "auto" {
 			rt = ""
 		}
-		drv, err := oci.New(oci.Options{Runtime: rt, BundleRoot: filepath.Join(f.dataDir, "bundles"),
-			StateRoot: filepath.Join(f.dataDir, "oci-state"), CgroupParent: "/wb/" + datadir.CgroupName(f.dataDir, f.id), Logger: log,
-			AllowUnlimitedDisk: f.allowUnlimitedDisk})
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		drv, l, err := oci.OpenDataDir(ctx, oci.Options{Runtime: rt, CgroupParent: "/wb/" + datadir.CgroupName(f.dataDir, f.id), Logger: log,
+			AllowUnlimitedDisk: f.allowUnlimitedDisk}, f.dataDir, oci.RunDirBytes)
 		if err != nil {
 			return nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
+		}
+		if l.RunDir == "" {
+			log.Info("guests of an earlier node run on the data dir's disk: this node drives them there, and moves its runtime state to a tmpfs at a start that finds none", "state", l.StateRoot)
 		}
 		return drv, nil
 	case "cloudhv":
@@ -183,7 +187,18 @@ func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Liste
 	srv := &http.Server{Handler: edge.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	g.Go(func() error { <-ctx.Done(); edge.Close(); return nil })
 	g.Go(func() error { platform.run(ctx); return nil })
-	g.Go(func() error { return nd.Run(ctx) })
+	g.Go(func() error {
+		err := nd.Run(ctx)
+		if d, ok := nd.Driver.(*oci.Driver); ok {
+			// With no guest left, nothing of the run dir is kept for a next start.
+			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if rerr := d.ReleaseRunDir(rctx); rerr != nil {
+				nd.Logger.Warn("node: run dir left mounted", "err", rerr)
+			}
+		}
+		return err
+	})
 	serveUntil(ctx, g, srv, ln, 5*time.Second)
 }
 

@@ -22,13 +22,30 @@ import (
 // data dir, cgroups under /wb/<id>-<digest>). A node stopped cleanly leaves its sessions'
 // guests for its next start, and a killed one leaves them all: the fleet ends for good.
 func reapGuests(ctx context.Context, runtime string, n *Node) error {
-	if _, err := os.Stat(filepath.Join(n.DataDir, "oci-state")); errors.Is(err, os.ErrNotExist) {
-		return nil // never started a guest
+	var errs []error
+	for _, l := range oci.Layouts(n.DataDir) {
+		if _, err := os.Stat(l.StateRoot); errors.Is(err, os.ErrNotExist) {
+			continue // never started a guest there
+		}
+		d, err := n.driver(runtime, l)
+		if err != nil {
+			return fmt.Errorf("fleet: reap %s's guests: %w", n.ID, err)
+		}
+		if err := reapOn(ctx, d, n); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	d, err := n.driver(runtime)
-	if err != nil {
-		return fmt.Errorf("fleet: reap %s's guests: %w", n.ID, err)
+	// A guest cut off mid-start (a warm-pool refill when the node was stopped) leaves its
+	// cgroup with no runtime state that List would show: every empty cgroup below the node's
+	// goes, deepest first (rmdir removes only a cgroup with no process in it).
+	if err := removeCgroupTree(n.CgroupParent()); err != nil {
+		errs = append(errs, fmt.Errorf("fleet: %s's cgroups: %w", n.ID, err))
 	}
+	return errors.Join(errs...)
+}
+
+// reapOn destroys every guest of d, the driver on one of n's layouts.
+func reapOn(ctx context.Context, d *oci.Driver, n *Node) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	ids, err := d.List(ctx)
@@ -43,12 +60,6 @@ func reapGuests(ctx context.Context, runtime string, n *Node) error {
 		if err := d.Delete(ctx, id); err != nil && !errors.Is(err, hypervisor.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("fleet: delete %s's guest %s: %w", n.ID, id, err))
 		}
-	}
-	// A guest cut off mid-start (a warm-pool refill when the node was stopped) leaves its
-	// cgroup with no runtime state that List would show: every empty cgroup below the node's
-	// goes, deepest first (rmdir removes only a cgroup with no process in it).
-	if err := removeCgroupTree(n.CgroupParent()); err != nil {
-		errs = append(errs, fmt.Errorf("fleet: %s's cgroups: %w", n.ID, err))
 	}
 	return errors.Join(errs...)
 }
@@ -92,21 +103,32 @@ func removeCgroupTree(p string) error {
 	return errors.Join(errs...)
 }
 
-// Guests answers the ids of the guests in the node's runtime state (running or not).
+// Guests answers the ids of the guests in the node's runtime state (running or not), in
+// each of its layouts.
 func (f *Fleet) Guests(ctx context.Context, n *Node) ([]string, error) {
-	d, err := n.driver(f.opts.Runtime)
-	if err != nil {
-		return nil, fmt.Errorf("fleet: %s's guests: %w", n.ID, err)
+	var all []string
+	for _, l := range oci.Layouts(n.DataDir) {
+		if _, err := os.Stat(l.StateRoot); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		d, err := n.driver(f.opts.Runtime, l)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %s's guests: %w", n.ID, err)
+		}
+		ids, err := d.List(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %s's guests: %w", n.ID, err)
+		}
+		all = append(all, ids...)
 	}
-	return d.List(ctx)
+	return all, nil
 }
 
-// driver is an OCI driver of runtime on the node's own state, bundles and cgroups (cmd/wb
-// newDriver's), for the fleet to see and reap its guests.
-func (n *Node) driver(runtime string) (*oci.Driver, error) {
-	return oci.New(oci.Options{Runtime: runtime, StateRoot: filepath.Join(n.DataDir, "oci-state"),
-		BundleRoot: filepath.Join(n.DataDir, "bundles"), CgroupParent: n.CgroupParent(),
-		Logger: slog.New(slog.DiscardHandler)})
+// driver is an OCI driver of runtime on one layout of the node's data dir (oci.Layouts,
+// cmd/wb newDriver's) and its cgroups, for the fleet to see and reap its guests.
+func (n *Node) driver(runtime string, l oci.Layout) (*oci.Driver, error) {
+	return oci.New(oci.Options{Runtime: runtime, StateRoot: l.StateRoot, BundleRoot: l.BundleRoot, DiskTemplates: l.DiskTemplates,
+		CgroupParent: n.CgroupParent(), Logger: slog.New(slog.DiscardHandler)})
 }
 
 // UnmountUnder detaches every mount below dir (guests' root file systems and disks), deepest
