@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/hypervisor/oci"
 	"wb/internal/datadir"
 	"wb/internal/fleet"
 	"wb/internal/wbbin"
@@ -90,7 +91,7 @@ func TestTwoServesOneDataDirKeepGuests(t *testing.T) {
 		t.Fatal(err)
 	}
 	dataDir := filepath.Join(tmp, "d")
-	stateRoot := filepath.Join(dataDir, "oci-state")
+	stateRoot := oci.RunLayout(dataDir).StateRoot // cmd/wb newDriver: a fresh data dir's state is on its run dir
 	// Whatever happens, no sandbox or mount of this test outlives it (a wb killed with
 	// SIGKILL leaves both).
 	t.Cleanup(func() {

@@ -86,10 +86,12 @@ export async function startServe(): Promise<Server> {
     const timer = setTimeout(() => child.kill("SIGKILL"), 60_000);
     await exited;
     clearTimeout(timer);
-    const stateRoot = join(dataDir, "oci-state");
-    const ids = spawnSync("runc", ["--root", stateRoot, "list", "-q"], { encoding: "utf8" }).stdout ?? "";
-    for (const id of ids.split(/\s+/).filter(Boolean)) {
-      spawnSync("runc", ["--root", stateRoot, "delete", "--force", id]);
+    // The runtime's state: on the data dir's run dir (a tmpfs), or on its disk (older nodes).
+    for (const stateRoot of [join(dataDir, "run", "oci-state"), join(dataDir, "oci-state")]) {
+      const ids = spawnSync("runc", ["--root", stateRoot, "list", "-q"], { encoding: "utf8" }).stdout ?? "";
+      for (const id of ids.split(/\s+/).filter(Boolean)) {
+        spawnSync("runc", ["--root", stateRoot, "delete", "--force", id]);
+      }
     }
     // The guests' root file systems, deepest first.
     const points = readFileSync("/proc/self/mountinfo", "utf8")
