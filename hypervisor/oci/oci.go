@@ -127,7 +127,7 @@ func New(o Options) (*Driver, error) {
 		bin = p
 	}
 	if o.StateRoot == "" || o.BundleRoot == "" {
-		return nil, errors.New("oci: Options.StateRoot and Options.BundleRoot are required: give each driver its own (wb uses <data dir>/oci-state and <data dir>/bundles), since a driver takes every guest it finds there for its own")
+		return nil, errors.New("oci: Options.StateRoot and Options.BundleRoot are required: give each driver its own (wb: OpenDataDir's layouts in its data dir), since a driver takes every guest it finds there for its own")
 	}
 	if o.CgroupParent == "" {
 		o.CgroupParent = "/wb"
