@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -52,7 +53,7 @@ func (d *Driver) diskTemplate(ctx context.Context, gib int) (string, error) {
 	if d.userNS() {
 		owner = guestRootID
 	}
-	path := filepath.Join(dir, fmt.Sprintf("ext4-v3-%dg-u%d.img", gib, owner))
+	path := filepath.Join(dir, fmt.Sprintf("%s%dg-u%d.img", diskTemplateVersion, gib, owner))
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
@@ -72,7 +73,27 @@ func (d *Driver) diskTemplate(ctx context.Context, gib int) (string, error) {
 		os.Remove(tmp)
 		return "", fmt.Errorf("oci: disk template: %w", err)
 	}
+	d.removeOldTemplates(dir)
 	return path, nil
+}
+
+// diskTemplateVersion begins the name of each disk template of this format and layout; a
+// change of either changes it, so that no node reuses another version's template.
+const diskTemplateVersion = "ext4-v3-"
+
+// removeOldTemplates removes from dir the templates of other versions (an earlier node's,
+// left by an upgrade): no guest uses a template once its copy is made, and a node of that
+// version makes its own again. Failing, they are only left, as before.
+func (d *Driver) removeOldTemplates(dir string) {
+	old, _ := filepath.Glob(filepath.Join(dir, "ext4-v*.img"))
+	for _, p := range old {
+		if strings.HasPrefix(filepath.Base(p), diskTemplateVersion) {
+			continue
+		}
+		if err := os.Remove(p); err != nil {
+			d.log.Warn("guest disk: an old template is left", "path", p, "err", err)
+		}
+	}
 }
 
 // layoutTemplate makes in img, an empty file system, the dirs of every guest's writable layer

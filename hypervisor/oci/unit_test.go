@@ -439,6 +439,12 @@ func TestDiskTemplate(t *testing.T) {
 	}
 	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 	d := &Driver{log: slog.New(slog.NewTextHandler(io.Discard, nil)), diskTemplates: t.TempDir()}
+	// An upgraded node's data dir holds an earlier version's templates, and files of others.
+	for _, f := range []string{"ext4-v2-1g-u0.img", "ext4-v1-1g.img", "notes"} {
+		if err := os.WriteFile(filepath.Join(d.diskTemplates, f), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var disks []hypervisor.Spec
 	for i := range 3 {
 		s := hypervisor.Spec{ID: fmt.Sprintf("g%d", i), Writable: filepath.Join(t.TempDir(), "writable"), DiskGiB: 1 + i/2}
@@ -451,6 +457,14 @@ func TestDiskTemplate(t *testing.T) {
 	b, _ := os.ReadFile(calls)
 	if n := strings.Count(string(b), "\n"); n != 2 {
 		t.Fatalf("mkfs.ext4 ran %d times for 3 disks of 2 sizes, want once a size:\n%s", n, b)
+	}
+	var names []string
+	es, _ := os.ReadDir(d.diskTemplates)
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	if want := []string{diskTemplateVersion + "1g-u0.img", diskTemplateVersion + "2g-u0.img", "notes"}; !slices.Equal(names, want) {
+		t.Errorf("the templates dir holds %q, want %q (an earlier version's templates removed, other files kept)", names, want)
 	}
 	if err := os.WriteFile(filepath.Join(disks[0].Writable, "mine"), []byte("a"), 0o644); err != nil {
 		t.Fatal(err)
