@@ -159,18 +159,23 @@ func noEndpointCost(t *testing.T, wrdb redis.UniversalClient, cnt *cmdCounter, p
 	return events, trips, by
 }
 
+// costSetUp starts a Redis (proc) with a project that has no endpoint, and answers a client for the
+// writes and one, its commands counted, for the dispatcher.
+func costSetUp(t *testing.T) (proc *redistest.Proc, wrdb, drdb *redis.Client, cnt *cmdCounter, project string) {
+	proc = redistest.StartProc(t)
+	wrdb = redis.NewClient(&redis.Options{Addr: proc.Addr()})
+	drdb = redis.NewClient(&redis.Options{Addr: proc.Addr()})
+	t.Cleanup(func() { _ = wrdb.Close(); _ = drdb.Close() })
+	cnt = newCmdCounter()
+	drdb.AddHook(cnt)
+	return proc, wrdb, drdb, cnt, newBareProject(t, store.New(wrdb), "none")
+}
+
 // TestNoEndpointIsCheap: events of a project with no endpoint cost the dispatcher few Redis
 // commands each (it has nothing to deliver: it need only read its signal and skip the
 // event), and its outbox is deleted, as no other consumer group needs it.
 func TestNoEndpointIsCheap(t *testing.T) {
-	proc := redistest.StartProc(t)
-	wrdb := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	drdb := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	t.Cleanup(func() { _ = wrdb.Close(); _ = drdb.Close() })
-	cnt := newCmdCounter()
-	drdb.AddHook(cnt)
-	st := store.New(wrdb)
-	project := newBareProject(t, st, "none")
+	_, wrdb, drdb, cnt, project := costSetUp(t)
 	d := NewDispatcher(drdb, NewRegistry(drdb, RegistryOptions{AllowPrivate: true}), fastOptions("cost"))
 	swept := sweepDone(d)
 	runDispatcher(t, d)
@@ -214,14 +219,7 @@ func TestNoEndpointCPU(t *testing.T) {
 	}
 	rounds, _ := strconv.Atoi(cmp.Or(os.Getenv("WB_MEASURE_ROUNDS"), "3"))
 	const n = 200
-	proc := redistest.StartProc(t)
-	wrdb := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	drdb := redis.NewClient(&redis.Options{Addr: proc.Addr()})
-	t.Cleanup(func() { _ = wrdb.Close(); _ = drdb.Close() })
-	cnt := newCmdCounter()
-	drdb.AddHook(cnt)
-	st := store.New(wrdb)
-	project := newBareProject(t, st, "none")
+	proc, wrdb, drdb, cnt, project := costSetUp(t)
 	for r := range rounds {
 		// With the dispatcher.
 		d := NewDispatcher(drdb, NewRegistry(drdb, RegistryOptions{AllowPrivate: true}), fastOptions("cost"))
@@ -240,7 +238,7 @@ func TestNoEndpointCPU(t *testing.T) {
 		// Without: the same writes, one at a time.
 		r0, s0 = procCPU(t, proc.Pid()), selfCPU()
 		for range n {
-			for _, step := range lifecycleSteps(st, project) {
+			for _, step := range lifecycleSteps(store.New(wrdb), project) {
 				if err := step(); err != nil {
 					t.Fatal(err)
 				}
