@@ -220,6 +220,13 @@ func (s *Settler) Run(ctx context.Context) error {
 			continue
 		}
 		var handled []store.Signal
+		for _, sg := range sigs {
+			// Deleted while pending (XADD's MAXLEN trims pending entries too): no project,
+			// nothing to settle. Unacknowledged, it would answer every read again, alone, at once.
+			if sg.Project == "" {
+				handled = append(handled, sg)
+			}
+		}
 		failed := false
 		for _, p := range store.SignalProjects(sigs) {
 			if err := s.drain(ctx, p); err != nil {

@@ -400,6 +400,46 @@ func TestSettlerRetriesAProjectWhoseLockIsHeld(t *testing.T) {
 	}
 }
 
+// TestSettlerAcknowledgesDeletedSignals: a usage signal deleted from the stream while this
+// settler held it unacknowledged (XADD's MAXLEN trims the oldest entries, pending or not) is
+// answered by its reads of its own pending signals with no project, at once, before any new
+// signal. Left unacknowledged, every read answered it alone again: the settler spun on it and
+// settled a new signal's records only at its next full sweep.
+func TestSettlerAcknowledgesDeletedSignals(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	st := store.New(rdb)
+	const consumer = "alive"
+	if err := st.Signal(ctx, store.WorkUsage, "proj_trimmed"); err != nil {
+		t.Fatal(err)
+	}
+	sigs, err := st.Signals(ctx, store.WorkUsage, settlerGroup, consumer, 0, 64)
+	if err != nil || len(sigs) != 1 {
+		t.Fatalf("read the signal to leave it pending: %v, %v", sigs, err)
+	}
+	if err := rdb.XDel(ctx, "wb:signal:"+string(store.WorkUsage), sigs[0].ID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := NewSettler(rdb, SettlerOptions{Consumer: consumer, FullSweepEvery: time.Hour})
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	const project = "proj_after"
+	appendAll(t, rdb, records(project, []string{"sess_after"}, 3))
+	if err := st.Signal(ctx, store.WorkUsage, project); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(counters(t, rdb, project)) == 0 {
+		if time.Now().After(deadline) {
+			pending, _ := rdb.XPending(ctx, "wb:signal:"+string(store.WorkUsage), settlerGroup).Result()
+			t.Fatalf("a signalled project's records not settled in 30 s beside a signal deleted while pending (the group's pending signals: %+v)", pending)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // beforeFirstScript runs once, just before the first script its client sends: the moment
 // between an accrual's read of the last accrued time and its script.
 type beforeFirstScript struct{ once func() }
