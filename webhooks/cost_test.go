@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -306,5 +307,62 @@ func TestFirstEndpointPrompt(t *testing.T) {
 	}
 	if !slices.Equal(got, publicLifecycle) {
 		t.Errorf("delivered %v, want %v (session %s)", got, publicLifecycle, after[0])
+	}
+}
+
+// TestSweepAfterQuietSignalsIsDue: a sweep puts a project with queued deliveries back in the
+// global due set (its entry there lost), and Run reads that set right after, even when the
+// same wake handled only signals of projects with no endpoint, which change no due set
+// themselves. (It waited the wait computed before the sweep, up to maxWait.)
+func TestSweepAfterQuietSignalsIsDue(t *testing.T) {
+	rdb := redistest.Server(t)
+	ctx := context.Background()
+	st, reg := store.New(rdb), NewRegistry(rdb, RegistryOptions{AllowPrivate: true})
+	project, quiet := newBareProject(t, st, "queued"), newBareProject(t, st, "quiet")
+	rcv := newReceiver(t, nil)
+	createEndpoint(t, reg, project, rcv, AllEvents)
+	if _, err := st.Create(ctx, newPending(project), 100); err != nil {
+		t.Fatal(err)
+	}
+	// Another dispatcher queues the event's delivery and dies before it starts it, and the
+	// project's entry in the global due set is lost: only a sweep finds the queue.
+	d0 := NewDispatcher(rdb, reg, fastOptions("dead"))
+	if _, _, ok := d0.consume(ctx, project, d0.log); !ok {
+		t.Fatal("queue the event's delivery")
+	}
+	due, hidden := projectKeys(project).due(), projectKeys(project).due()+":hidden"
+	if n, err := rdb.ZCard(ctx, due).Result(); err != nil || n != 1 {
+		t.Fatalf("the project's due queues: %d, %v; want 1", n, err)
+	}
+	if err := rdb.Del(ctx, "wb:signal:"+string(store.WorkOutbox), store.WebhooksDueKey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Rename(ctx, due, hidden).Err(); err != nil { // from the start sweep
+		t.Fatal(err)
+	}
+	var ahead atomic.Int64 // the dispatcher's clock, ahead of the real one
+	opts := fastOptions("alive")
+	opts.SweepInterval = 15 * time.Second
+	opts.Now = func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
+	d := NewDispatcher(rdb, reg, opts)
+	swept := sweepDone(d)
+	runDispatcher(t, d)
+	await(t, "the start sweep", swept)
+	if err := rdb.Rename(ctx, hidden, due).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The sweep is due; a signal of the project with no endpoint wakes Run before its timer.
+	ahead.Store(int64(opts.SweepInterval))
+	if _, err := st.Create(ctx, newPending(quiet), 100); err != nil {
+		t.Fatal(err)
+	}
+	await(t, "the sweep after the quiet signal", swept)
+	const within = 5 * time.Second
+	deadline := time.Now().Add(within)
+	for len(rcv.succeeded()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a queue the sweep found not delivered %v after the sweep (that wake handled only a project with no endpoint)", within)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

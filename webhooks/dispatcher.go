@@ -251,7 +251,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			return nil
 		case sigs := <-signals:
 			ok, quiet := d.handleSignals(ctx, sigs)
-			// Projects with no endpoint change no due set: the wait computed before holds.
+			// Projects with no endpoint change no due set: the wait computed before holds
+			// (unless a sweep follows).
 			lookDue = !quiet
 			select {
 			case handled <- ok:
@@ -264,6 +265,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		if ctx.Err() == nil && !d.o.Now().Before(nextSweep) {
 			d.sweep(ctx)
 			nextSweep = d.o.Now().Add(d.o.SweepInterval)
+			lookDue = true // it puts projects with queued deliveries in the global due set
 		}
 	}
 }
