@@ -413,8 +413,10 @@ func (s *Server) waitRunning(ctx context.Context, sess *session.Session) (*sessi
 	// session then. Registered before the first look, it misses no start after that look.
 	// While the announcement holds (and was not lost since before the look), a look is only
 	// a fallback, for a session started by a node of a wb that announces nothing (a rolling
-	// deploy): looks spaced from runPollSlow to runPollMax, so such a start is seen at most
-	// runPollSlow (5 ms) later than by looking every millisecond.
+	// deploy): looks spaced from runPollSlow growing to runPollMax (about 5, 11, 19, 29, 41,
+	// 56, 75, 99 ms, then every 25), so such a start is seen at most runPollMax (25 ms) after
+	// it, up to ~24 ms later than without the announcement (every millisecond for the first
+	// 50 ms, then spaced out from runPollSlow).
 	//
 	// Else a warm guest runs within milliseconds: look every millisecond for the first 50. One
 	// not running by then is starting cold, which takes a second or more: the looks then space
