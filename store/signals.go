@@ -43,6 +43,9 @@ const (
 const signalClaimIdle = 30 * time.Second
 
 // Signal is one read signal: the project with work, and the stream entry to acknowledge.
+// Project is empty for a signal deleted from the stream while it was pending (XADD's MAXLEN
+// trims pending entries too): nothing to handle, but a worker must acknowledge it, or its
+// every read answers it again, at once.
 type Signal struct {
 	ID      string
 	Project string
