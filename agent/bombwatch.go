@@ -14,21 +14,32 @@ import (
 // sampled one short now and then run on until its sandbox died (gVisor's ptrace platform
 // adds host threads all the while). So the watch arms when the count comes within a
 // twentieth of the limit (forks are failing, or about to) and stays armed while it stays
-// within a tenth; armed for atLimitFor, it fires. A workload that merely runs many processes
-// stays below that and is never armed; one that touches it and falls back below nine tenths
-// disarms.
+// within a tenth; armed for atLimitFor, it fires at a sample within that tenth. A workload
+// that merely runs many processes stays below that and is never armed; one that touches it
+// and falls back disarms: at once below half the limit, else at its second sample in a row
+// below nine tenths. One dip does not: on a loaded host, with the agent starved and its
+// samples seconds apart, a bomb sampled 256, 219, 251, 256 was disarmed by the 219, fired
+// 1.7 s later than armed through it, and its sandbox died of its host threads first.
 type bombWatch struct {
 	max   int
 	since time.Time // when armed; zero when not
+	dips  int       // samples in a row below nine tenths while armed
 }
 
 // observe takes one sample and answers whether the guest's processes should all be ended.
 func (w *bombWatch) observe(cur int, now time.Time) bool {
 	switch {
-	case cur < w.max-w.max/10:
-		w.since = time.Time{}
+	case cur < w.max/2:
+		*w = bombWatch{max: w.max}
 		return false
-	case w.since.IsZero():
+	case cur < w.max-w.max/10:
+		if w.dips++; w.dips >= 2 {
+			*w = bombWatch{max: w.max}
+		}
+		return false
+	}
+	w.dips = 0
+	if w.since.IsZero() {
 		if cur >= w.max-w.max/20 {
 			w.since = now
 		}

@@ -49,6 +49,34 @@ func TestBombWatch(t *testing.T) {
 	if got := run(spike); got != -1 {
 		t.Errorf("a workload that touched its limit once and fell back was ended at sample %d", got)
 	}
+	// Falling back only to 86 % (below nine tenths, above half), then many processes again.
+	back := append([]int{256, 256, 220, 220}, busy[:2*ticks]...)
+	if got := run(back); got != -1 {
+		t.Errorf("a workload that touched its limit and stayed below nine tenths was ended at sample %d", got)
+	}
+}
+
+// TestBombWatchStarved: on a loaded host the agent's samples come seconds apart and a bomb
+// churning at its limit may be sampled in a dip; one dip must not disarm the watch. The
+// samples and their times are those of a sandbox that died of its host threads (a
+// conformance fork bomb, 2026-12-07), where the watch fired at the fifth, 1.7 s later.
+func TestBombWatchStarved(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	samples := []struct {
+		cur int
+		at  time.Duration
+	}{{256, 0}, {219, 522 * time.Millisecond}, {251, 1326 * time.Millisecond}, {256, 2315 * time.Millisecond}, {256, 3007 * time.Millisecond}}
+	w := bombWatch{max: 256}
+	fired := -1
+	for i, s := range samples {
+		if w.observe(s.cur, t0.Add(s.at)) {
+			fired = i
+			break
+		}
+	}
+	if fired != 2 {
+		t.Errorf("a bomb sampled 256, 219, 251, 256, 256 over 3 s: fired at sample %d, want 2 (1.3 s after it was first at its limit: one dip does not disarm)", fired)
+	}
 }
 
 // fakeCount is a process count that a test sets, and that counts its samples.
