@@ -88,7 +88,8 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 }
 
 // buildNode assembles the templates and the node. It answers a nil node for --runtime none.
-func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, log *slog.Logger) (*node.Node, templates.Catalog, error) {
+// A node answered is to be ended with releaseRunDir, after its guests that end with it.
+func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, log *slog.Logger) (_ *node.Node, _ templates.Catalog, err error) {
 	tplDir := filepath.Join(f.dataDir, "templates")
 	cat, err := templates.Assemble(tplDir)
 	if err != nil {
@@ -101,6 +102,11 @@ func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, l
 	if err != nil {
 		return nil, nil, err
 	}
+	defer func() {
+		if err != nil {
+			releaseRunDir(drv, log)
+		}
+	}()
 	agentBin, err := agentBinary(f.agentBin)
 	if err != nil {
 		return nil, nil, err
@@ -187,19 +193,24 @@ func runNode(ctx context.Context, g *errgroup.Group, nd *node.Node, ln net.Liste
 	srv := &http.Server{Handler: edge.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	g.Go(func() error { <-ctx.Done(); edge.Close(); return nil })
 	g.Go(func() error { platform.run(ctx); return nil })
-	g.Go(func() error {
-		err := nd.Run(ctx)
-		if d, ok := nd.Driver.(*oci.Driver); ok {
-			// With no guest left, nothing of the run dir is kept for a next start.
-			rctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if rerr := d.ReleaseRunDir(rctx); rerr != nil {
-				nd.Logger.Warn("node: run dir left mounted", "err", rerr)
-			}
-		}
-		return err
-	})
+	g.Go(func() error { return nd.Run(ctx) })
 	serveUntil(ctx, g, srv, ln, 5*time.Second)
+}
+
+// releaseRunDir unmounts the run dir of drv, an oci driver's (newDriver), when no guest is
+// left in it: nothing there would be adopted by the node's next start. Called once the node
+// has ended, and after the guests that end with it (its warm pool's, Node.Close; every one,
+// Node.DestroyAll): at the end of Run they are all still there.
+func releaseRunDir(drv hypervisor.Driver, log *slog.Logger) {
+	d, ok := drv.(*oci.Driver)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.ReleaseRunDir(ctx); err != nil {
+		log.Warn("node: run dir left mounted", "err", err)
+	}
 }
 
 // agentBinary is the guests' agent: path (--agent-bin), else wb-agent beside this executable
@@ -336,6 +347,9 @@ func nodeCmd(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	if nd != nil {
+		defer releaseRunDir(nd.Driver, log) // after nd.Close, below
 	}
 	if nd != nil {
 		pol, plug, err := decisionPoints(ctx, rdb, f.dataDir, f.pluginTimeout, nil, log)

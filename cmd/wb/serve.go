@@ -244,6 +244,9 @@ Flags:
 		nodeLn.Close()
 		return err
 	}
+	if nd != nil {
+		defer releaseRunDir(nd.Driver, log) // after nd.DestroyAll or nd.Close, deferred below
+	}
 	// The token this gateway sends to every node: separate `wb node`s must be given it too.
 	nodeToken := os.Getenv("WB_NODE_TOKEN")
 	if f.nodeTokenFile != "" {
