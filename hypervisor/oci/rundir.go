@@ -54,7 +54,8 @@ func Layouts(dataDir string) []Layout { return []Layout{RunLayout(dataDir), Disk
 // OpenDataDir answers a driver with o's options on the node's data dir dataDir (o's
 // StateRoot, BundleRoot and DiskTemplates are set here), and its layout:
 //   - guests in the on-disk layout (an older node's, still running through a rolling
-//     deploy): that layout, until it holds none;
+//     deploy): that layout, until it holds none. Guests left in the run dir then are
+//     destroyed, and the run dir unmounted (reapRunDir);
 //   - else the run dir, a tmpfs of runBytes (RunDirBytes) mounted at <data dir>/run unless
 //     something is mounted there already: a node restarted while its guests run finds its
 //     tmpfs there and adopts them. A host's reboot takes the tmpfs and the guests alike:
@@ -65,7 +66,13 @@ func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64)
 		return nil, Layout{}, err
 	} else if held {
 		d, err := newOn(o, disk)
-		return d, disk, err
+		if err != nil {
+			return nil, Layout{}, err
+		}
+		if err := reapRunDir(ctx, o, RunLayout(dataDir)); err != nil {
+			d.log.Warn("oci: guests left in the run dir, which this node does not drive", "dir", RunLayout(dataDir).RunDir, "err", err)
+		}
+		return d, disk, nil
 	}
 	run := RunLayout(dataDir)
 	if err := os.MkdirAll(run.RunDir, 0o711); err != nil {
@@ -81,6 +88,37 @@ func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64)
 	}
 	d, err := newOn(o, run)
 	return d, run, err
+}
+
+// reapRunDir destroys the guests in run's run dir, if it is mounted, and unmounts it, for a
+// driver on the on-disk layout: a node drives one layout, and guests in both are a rolled back
+// node's (the older node, which found the run dir's guests gone and failed their sessions,
+// started its own on disk). Left, no node would ever see the run dir's again, and they would
+// run on for good.
+func reapRunDir(ctx context.Context, o Options, run Layout) error {
+	if !mounted(run.RunDir) {
+		return nil
+	}
+	r, err := newOn(o, run)
+	if err != nil {
+		return err
+	}
+	ids, err := r.List(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		r.log.Warn("oci: removing a guest of the run dir, which no node drives while guests run on the on-disk layout", "id", id)
+		_ = r.Stop(ctx, id)
+		if err := r.Delete(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return r.ReleaseRunDir(ctx)
 }
 
 // holdsGuests reports whether the runtime lists guests in l's state root. An absent or

@@ -15,6 +15,7 @@ import (
 
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
+	"wb/internal/proc"
 )
 
 // openDataDir is oci.OpenDataDir on dataDir for a test: the driver's cgroups, and the run
@@ -226,5 +227,57 @@ func TestRunDirFull(t *testing.T) {
 	}
 	if err := d.Boot(ctx, s.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRunDirBothLayouts: a node that starts with guests in both layouts (a new node's in the
+// run dir, then, rolled back, an older node's on disk, then rolled forward) drives the disk
+// layout's, and reaps the run dir's, which no node can drive any more (the older node found
+// them gone and failed their sessions): they are not left running for good, and the run dir
+// goes with them.
+func TestRunDirBothLayouts(t *testing.T) {
+	cat := catalog(t)
+	rt := oci.RuntimeRunc
+	dataDir := reachableTempDir(t)
+	unmountRunDirAtEnd(t, dataDir)
+	d1, l1 := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+	if l1.RunDir == "" {
+		t.Fatalf("a fresh data dir's layout %+v, want the run dir's", l1)
+	}
+	a := guestSpec(t, cat[templates.Base], jobRunner)
+	boot(t, d1, a)
+	ia, err := d1.Info(ctxT(t, time.Minute), a.ID)
+	if err != nil || ia.Pid <= 0 {
+		t.Fatalf("the run dir's guest: %+v, %v", ia, err)
+	}
+	aStart, ok := proc.Start(ia.Pid)
+	if !ok {
+		t.Fatalf("the run dir's guest's process %d is gone", ia.Pid)
+	}
+
+	disk := oci.DiskLayout(dataDir)
+	old := newDriver(t, rt, func(o *oci.Options) {
+		o.StateRoot, o.BundleRoot = disk.StateRoot, disk.BundleRoot
+		o.CgroupParent = "/wbtest-rd-" + filepath.Base(dataDir)
+	})
+	b := guestSpec(t, cat[templates.Base], jobRunner)
+	gb, _, _, _ := boot(t, old, b)
+
+	d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+	if l != disk {
+		t.Fatalf("with an older node's guest in the on-disk state: layout %+v, want the on-disk one %+v", l, disk)
+	}
+	gb.d = d
+	if out := gb.mustRun("echo alive"); out != "alive\n" {
+		t.Errorf("the older node's guest's job said %q", out)
+	}
+	if ids := listed(t, d); !slices.Contains(ids, b.ID) {
+		t.Errorf("the node lists %v, want the older node's guest %s", ids, b.ID)
+	}
+	if proc.Alive(ia.Pid, aStart) {
+		t.Errorf("the run dir's guest %s, which the node does not drive, still runs (pid %d)", a.ID, ia.Pid)
+	}
+	if n := mounts(t, l1.RunDir); n != 0 {
+		t.Errorf("a node on the disk layout: %d mounts left on the run dir, want none", n)
 	}
 }
