@@ -230,6 +230,76 @@ func TestRunDirFull(t *testing.T) {
 	}
 }
 
+// TestRunDirFullLeavesNothing: on a run dir with little room left (none, then a few pages
+// more each time, so that the start fails at each of its writes in turn: the bundle's, then
+// the runtime's own state), a guest's start fails saying so and leaves nothing of itself (no
+// process, state, bundle or mount); the guest already there runs on.
+func TestRunDirFullLeavesNothing(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			dataDir := reachableTempDir(t)
+			unmountRunDirAtEnd(t, dataDir)
+			d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+			g, _, _, _ := boot(t, d, guestSpec(t, cat[templates.Base], jobRunner))
+			filler := filepath.Join(l.RunDir, "filler")
+			f, err := os.Create(filler)
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 1<<20)
+			for err == nil {
+				_, err = f.Write(buf)
+			}
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("filling the run dir: %v, want ENOSPC", err)
+			}
+			fi, err := f.Stat()
+			if err != nil {
+				t.Fatal(err)
+			}
+			full := fi.Size()
+			ctx := ctxT(t, 5*time.Minute)
+			failed := 0
+			for free := int64(0); free <= 256<<10; free += 8 << 10 {
+				if err := f.Truncate(full - free); err != nil {
+					t.Fatal(err)
+				}
+				s := guestSpec(t, cat[templates.Base], jobRunner)
+				track(t, d, s)
+				err := d.Launch(ctx, s)
+				if err == nil {
+					t.Logf("a start with %d KiB free in the run dir: started", free>>10)
+					if err := d.Stop(ctx, s.ID); err != nil {
+						t.Fatal(err)
+					}
+					if err := d.Delete(ctx, s.ID); err != nil {
+						t.Fatal(err)
+					}
+					break
+				}
+				failed++
+				if !strings.Contains(err.Error(), "no room left for its runtime state and bundle in "+l.RunDir) {
+					t.Errorf("a start with %d KiB free in the run dir: %v; want an error that says the run dir is full", free>>10, err)
+				}
+				if left := guestLeftovers(l.StateRoot, d.BundleDir(s.ID), s); len(left) > 0 {
+					t.Errorf("a start with %d KiB free in the run dir failed (%v) and left %q", free>>10, err, left)
+				}
+				if ids := listed(t, d); slices.Contains(ids, s.ID) {
+					t.Errorf("a start with %d KiB free in the run dir failed, and the runtime still lists it: %v", free>>10, ids)
+				}
+			}
+			f.Close()
+			if failed == 0 {
+				t.Errorf("no start failed on a full run dir")
+			}
+			if out := g.mustRun("echo alive"); out != "alive\n" {
+				t.Errorf("the guest already there, its job said %q", out)
+			}
+		})
+	}
+}
+
 // TestRunDirBothLayouts: a node that starts with guests in both layouts (a new node's in the
 // run dir, then, rolled back, an older node's on disk, then rolled forward) drives the disk
 // layout's, and reaps the run dir's, which no node can drive any more (the older node found
