@@ -78,8 +78,8 @@ func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64)
 	if err := os.MkdirAll(run.RunDir, 0o711); err != nil {
 		return nil, Layout{}, fmt.Errorf("oci: run dir: %w", err)
 	}
-	// Not noexec: nothing is executed from it, but the runtimes' own checks of their
-	// state dir are theirs to change.
+	// Not noexec: runc 1.1, when it cannot clone its binary into a memfd, copies it into
+	// the container's state dir and executes that copy.
 	if !mounted(run.RunDir) {
 		opts := "mode=0711,size=" + strconv.FormatInt(runBytes, 10) + ",nr_inodes=" + strconv.FormatInt(max(runBytes/4096, 64), 10)
 		if err := syscall.Mount("tmpfs", run.RunDir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, opts); err != nil {
