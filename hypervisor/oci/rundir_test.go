@@ -15,6 +15,7 @@ import (
 
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
+	"wb/internal/fleet"
 	"wb/internal/proc"
 )
 
@@ -44,18 +45,32 @@ func unmountRunDirAtEnd(t testing.TB, dataDir string) {
 	})
 }
 
+// answersThenEnds checks that g, driven now by d (a node started again), answers a job, then
+// stops and deletes it and ends d's node (ReleaseRunDir).
+func answersThenEnds(t testing.TB, g *guest, d *oci.Driver, who string) {
+	t.Helper()
+	g.d = d
+	if out := g.mustRun("echo alive"); out != "alive\n" {
+		t.Errorf("%s's job said %q", who, out)
+	}
+	ctx := ctxT(t, 2*time.Minute)
+	if err := d.Stop(ctx, g.spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Delete(ctx, g.spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReleaseRunDir(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // mounts counts the mounts on dir.
 func mounts(t testing.TB, dir string) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	n, err := fleet.MountsOn(dir)
 	if err != nil {
 		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-			n++
-		}
 	}
 	return n
 }
@@ -109,20 +124,7 @@ func TestRunDirAdoptedByARestartedNode(t *testing.T) {
 			if ids := listed(t, d2); !slices.Contains(ids, s.ID) {
 				t.Fatalf("the restarted node lists %v, want its guest %s", ids, s.ID)
 			}
-			g.d = d2
-			if out := g.mustRun("echo alive"); out != "alive\n" {
-				t.Errorf("the adopted guest's job said %q", out)
-			}
-			ctx := ctxT(t, 2*time.Minute)
-			if err := d2.Stop(ctx, s.ID); err != nil {
-				t.Fatal(err)
-			}
-			if err := d2.Delete(ctx, s.ID); err != nil {
-				t.Fatal(err)
-			}
-			if err := d2.ReleaseRunDir(ctx); err != nil {
-				t.Fatal(err)
-			}
+			answersThenEnds(t, g, d2, "the adopted guest")
 			if n := mounts(t, l.RunDir); n != 0 {
 				t.Errorf("after a node's end with no guest: %d mounts on the run dir, want none", n)
 			}
@@ -157,20 +159,7 @@ func TestRunDirWaitsForTheDiskLayoutsGuests(t *testing.T) {
 			if ids := listed(t, d); !slices.Contains(ids, s.ID) {
 				t.Fatalf("the new node lists %v, want the older node's guest %s", ids, s.ID)
 			}
-			g.d = d
-			if out := g.mustRun("echo alive"); out != "alive\n" {
-				t.Errorf("the older node's guest's job said %q", out)
-			}
-			ctx := ctxT(t, 2*time.Minute)
-			if err := d.Stop(ctx, s.ID); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.Delete(ctx, s.ID); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.ReleaseRunDir(ctx); err != nil {
-				t.Fatal(err)
-			}
+			answersThenEnds(t, g, d, "the older node's guest")
 
 			d3, l3 := openDataDir(t, rt, dataDir, oci.RunDirBytes)
 			if l3 != oci.RunLayout(dataDir) || mounts(t, l3.RunDir) != 1 {

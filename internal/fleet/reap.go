@@ -150,6 +150,22 @@ func UnmountUnder(dir string) {
 	}
 }
 
+// MountsOn counts the mounts on dir (a run dir's tmpfs: 1 while mounted, more when mounted
+// over itself).
+func MountsOn(dir string) (int, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // CgroupParent is the cgroup below which the node's guests run (cmd/wb newDriver); it is
 // gone once the node's guests are.
 func (n *Node) CgroupParent() string { return "/wb/" + datadir.CgroupName(n.DataDir, n.ID) }
