@@ -45,6 +45,30 @@ func unmountRunDirAtEnd(t testing.TB, dataDir string) {
 	})
 }
 
+// bootOnDisk boots a guest on template tpl as an older node did: its state and bundle in
+// dataDir's on-disk layout.
+func bootOnDisk(t testing.TB, rt, dataDir string, tpl templates.Template) *guest {
+	t.Helper()
+	disk := oci.DiskLayout(dataDir)
+	old := newDriver(t, rt, func(o *oci.Options) {
+		o.StateRoot, o.BundleRoot = disk.StateRoot, disk.BundleRoot
+		o.CgroupParent = "/wbtest-rd-" + filepath.Base(dataDir)
+	})
+	g, _, _, _ := boot(t, old, guestSpec(t, tpl, jobRunner))
+	return g
+}
+
+// openOnDisk opens dataDir, which holds an older node's guest on its disk layout, and checks
+// that the driver keeps that layout.
+func openOnDisk(t testing.TB, rt, dataDir string) *oci.Driver {
+	t.Helper()
+	d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+	if disk := oci.DiskLayout(dataDir); l != disk {
+		t.Fatalf("with an older node's guest in the on-disk state: layout %+v, want the on-disk one %+v", l, disk)
+	}
+	return d
+}
+
 // answersThenEnds checks that g, driven now by d (a node started again), answers a job, then
 // stops and deletes it and ends d's node (ReleaseRunDir).
 func answersThenEnds(t testing.TB, g *guest, d *oci.Driver, who string) {
@@ -141,18 +165,9 @@ func TestRunDirWaitsForTheDiskLayoutsGuests(t *testing.T) {
 		t.Run(rt, func(t *testing.T) {
 			dataDir := reachableTempDir(t)
 			unmountRunDirAtEnd(t, dataDir)
-			disk := oci.DiskLayout(dataDir)
-			old := newDriver(t, rt, func(o *oci.Options) {
-				o.StateRoot, o.BundleRoot = disk.StateRoot, disk.BundleRoot
-				o.CgroupParent = "/wbtest-rd-" + filepath.Base(dataDir)
-			})
-			s := guestSpec(t, cat[templates.Base], jobRunner)
-			g, _, _, _ := boot(t, old, s)
-
-			d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
-			if l != disk {
-				t.Fatalf("with an older node's guest in the on-disk state: layout %+v, want the on-disk one %+v", l, disk)
-			}
+			g := bootOnDisk(t, rt, dataDir, cat[templates.Base])
+			s := g.spec
+			d := openOnDisk(t, rt, dataDir)
 			if n := mounts(t, oci.RunLayout(dataDir).RunDir); n != 0 {
 				t.Errorf("with an older node's guest in the on-disk state: %d mounts on the run dir, want none", n)
 			}
@@ -314,18 +329,9 @@ func TestRunDirBothLayouts(t *testing.T) {
 		t.Fatalf("the run dir's guest's process %d is gone", ia.Pid)
 	}
 
-	disk := oci.DiskLayout(dataDir)
-	old := newDriver(t, rt, func(o *oci.Options) {
-		o.StateRoot, o.BundleRoot = disk.StateRoot, disk.BundleRoot
-		o.CgroupParent = "/wbtest-rd-" + filepath.Base(dataDir)
-	})
-	b := guestSpec(t, cat[templates.Base], jobRunner)
-	gb, _, _, _ := boot(t, old, b)
-
-	d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
-	if l != disk {
-		t.Fatalf("with an older node's guest in the on-disk state: layout %+v, want the on-disk one %+v", l, disk)
-	}
+	gb := bootOnDisk(t, rt, dataDir, cat[templates.Base])
+	b := gb.spec
+	d := openOnDisk(t, rt, dataDir)
 	gb.d = d
 	if out := gb.mustRun("echo alive"); out != "alive\n" {
 		t.Errorf("the older node's guest's job said %q", out)
