@@ -47,6 +47,11 @@ type Options struct {
 	DiskTemplates string
 	// CgroupParent is the cgroup under which each guest gets <CgroupParent>/<id>. Default: /wb.
 	CgroupParent string
+	// GuestsCgroup is the cgroup every guest on the host is under: CgroupParent or an
+	// ancestor of it (wb: /wb, above each node's /wb/<node>). New caps its pids.max so that
+	// the guests together leave the host process ids to spare (capGuestsPids). Default:
+	// CgroupParent.
+	GuestsCgroup string
 	// RunscFlags replace the default global runsc flags (DefaultRunscFlags).
 	RunscFlags []string
 	// EventInterval is the polling period of Events. Default: 200ms.
@@ -60,6 +65,9 @@ type Options struct {
 
 	// cgroupProbe and mountinfo are overridable for tests of the cgroup detection.
 	cgroupProbe, mountinfo string
+	// pidMaxFile and threadsMaxFile (/proc/sys/kernel/pid_max and threads-max) are
+	// overridable for tests of the guests' process total.
+	pidMaxFile, threadsMaxFile string
 }
 
 // DefaultRunscFlags are the global flags runsc needs on the hosts we know: the ptrace platform
@@ -138,6 +146,12 @@ func New(o Options) (*Driver, error) {
 	if !filepath.IsAbs(o.StateRoot) || !filepath.IsAbs(o.BundleRoot) || !filepath.IsAbs(o.CgroupParent) {
 		return nil, errors.New("oci: StateRoot, BundleRoot and CgroupParent must be absolute")
 	}
+	if o.GuestsCgroup == "" {
+		o.GuestsCgroup = o.CgroupParent
+	}
+	if err := checkGuestsCgroup(o.GuestsCgroup, o.CgroupParent); err != nil {
+		return nil, err
+	}
 	if o.EventInterval <= 0 {
 		o.EventInterval = 200 * time.Millisecond
 	}
@@ -149,6 +163,12 @@ func New(o Options) (*Driver, error) {
 	}
 	if o.mountinfo == "" {
 		o.mountinfo = "/proc/self/mountinfo"
+	}
+	if o.pidMaxFile == "" {
+		o.pidMaxFile = "/proc/sys/kernel/pid_max"
+	}
+	if o.threadsMaxFile == "" {
+		o.threadsMaxFile = "/proc/sys/kernel/threads-max"
 	}
 	cg, err := detectCgroups(o.mountinfo, o.cgroupProbe)
 	if err != nil {
@@ -175,7 +195,7 @@ func New(o Options) (*Driver, error) {
 		out, err := exec.Command(bin, "--version").Output()
 		direct = err == nil && runscBuildKnown(out)
 	}
-	return &Driver{
+	d := &Driver{
 		directCheckpoint: direct,
 		name:             name,
 		rt:               rt,
@@ -188,7 +208,9 @@ func New(o Options) (*Driver, error) {
 		seccomp:          sc,
 		unlimitedDisk:    o.AllowUnlimitedDisk,
 		inits:            map[string]initProc{},
-	}, nil
+	}
+	d.capGuestsPids(filepath.Clean(o.GuestsCgroup), o.pidMaxFile, o.threadsMaxFile)
+	return d, nil
 }
 
 // Name is "runsc" or "runc".

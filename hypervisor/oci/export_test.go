@@ -1,0 +1,19 @@
+package oci
+
+import "path/filepath"
+
+// KernelTaskFiles points o at stand-ins for /proc/sys/kernel/pid_max and threads-max.
+func KernelTaskFiles(o *Options, pidMax, threadsMax string) {
+	o.pidMaxFile, o.threadsMaxFile = pidMax, threadsMax
+}
+
+// PidsFile is file (pids.current, pids.max, pids.events) of cgroup p in d's pids hierarchy.
+func PidsFile(d *Driver, p, file string) string {
+	if d.cg.v2 {
+		return filepath.Join(d.cg.v2Root, p, file)
+	}
+	return filepath.Join(d.cg.v1["pids"], p, file)
+}
+
+// RemoveCgroup removes cgroup p's (empty) directories in every hierarchy.
+func RemoveCgroup(d *Driver, p string) error { return d.cg.removeDirs(p) }
