@@ -141,6 +141,9 @@ func buildNode(ctx context.Context, f nodeFlags, st *store.Store, addr string, l
 	return nd, cat, nil
 }
 
+// guestsCgroup is the cgroup of every oci guest on the host, whichever node's.
+const guestsCgroup = "/wb"
+
 // newDriver makes the guest back end --backend names. Runtime state and cgroups belong to
 // the data dir, so that two nodes on one host never see (or reap) each other's guests.
 func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
@@ -155,8 +158,9 @@ func newDriver(f nodeFlags, log *slog.Logger) (hypervisor.Driver, error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		drv, l, err := oci.OpenDataDir(ctx, oci.Options{Runtime: rt, CgroupParent: "/wb/" + datadir.CgroupName(f.dataDir, f.id), Logger: log,
-			AllowUnlimitedDisk: f.allowUnlimitedDisk}, f.dataDir, oci.RunDirBytes)
+		// Every node's guests on the host are under /wb, where the driver caps their total.
+		drv, l, err := oci.OpenDataDir(ctx, oci.Options{Runtime: rt, GuestsCgroup: guestsCgroup, CgroupParent: guestsCgroup + "/" + datadir.CgroupName(f.dataDir, f.id),
+			Logger: log, AllowUnlimitedDisk: f.allowUnlimitedDisk}, f.dataDir, oci.RunDirBytes)
 		if err != nil {
 			return nil, fmt.Errorf("--runtime %s: %w (install runsc or runc, or pass --runtime none)", f.runtime, err)
 		}
