@@ -107,6 +107,9 @@ func (d *Driver) exitDetail(id, cgPath string) string {
 	const tail = 2048
 	var b strings.Builder
 	b.WriteString(d.cg.limitsReport(cgPath))
+	if note := d.guestsTotalNote(); note != "" {
+		b.WriteString("; " + note)
+	}
 	f, err := os.Open(d.ConsoleLog(id))
 	if err != nil {
 		fmt.Fprintf(&b, "; no console log: %v", err)

@@ -8,12 +8,7 @@ func KernelTaskFiles(o *Options, pidMax, threadsMax string) {
 }
 
 // PidsFile is file (pids.current, pids.max, pids.events) of cgroup p in d's pids hierarchy.
-func PidsFile(d *Driver, p, file string) string {
-	if d.cg.v2 {
-		return filepath.Join(d.cg.v2Root, p, file)
-	}
-	return filepath.Join(d.cg.v1["pids"], p, file)
-}
+func PidsFile(d *Driver, p, file string) string { return filepath.Join(d.cg.pidsDir(p), file) }
 
 // RemoveCgroup removes cgroup p's (empty) directories in every hierarchy.
 func RemoveCgroup(d *Driver, p string) error { return d.cg.removeDirs(p) }

@@ -64,9 +64,8 @@ func hostTasks(pidMaxFile, threadsMaxFile string) (int64, error) {
 // creates p, on v2 enabling the pids controller in its ancestors as runc would, and returns
 // the limit p has after it and whether that was there before.
 func (h cgroupHost) capPids(p string, limit int64) (got int64, kept bool, err error) {
-	var dir string
 	if h.v2 {
-		dir = h.v2Root
+		dir := h.v2Root
 		for part := range strings.SplitSeq(strings.Trim(filepath.Clean(p), "/"), "/") {
 			if err := enablePids(dir); err != nil {
 				return 0, false, err
@@ -80,12 +79,11 @@ func (h cgroupHost) capPids(p string, limit int64) (got int64, kept bool, err er
 		if h.v1["pids"] == "" {
 			return 0, false, errors.New("oci: no v1 pids hierarchy mounted")
 		}
-		dir = filepath.Join(h.v1["pids"], p)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(h.pidsDir(p), 0o755); err != nil {
 			return 0, false, fmt.Errorf("oci: %w", err)
 		}
 	}
-	file := filepath.Join(dir, "pids.max")
+	file := filepath.Join(h.pidsDir(p), "pids.max")
 	cur, err := readInt(file) // -1: max
 	if err != nil {
 		return 0, false, fmt.Errorf("oci: %w", err)
@@ -97,6 +95,14 @@ func (h cgroupHost) capPids(p string, limit int64) (got int64, kept bool, err er
 		return 0, false, fmt.Errorf("oci: %w", err)
 	}
 	return limit, false, nil
+}
+
+// pidsDir is cgroup p's directory in the pids hierarchy.
+func (h cgroupHost) pidsDir(p string) string {
+	if h.v2 {
+		return filepath.Join(h.v2Root, p)
+	}
+	return filepath.Join(h.v1["pids"], p)
 }
 
 // enablePids enables the pids controller for v2 cgroup dir's children.
@@ -115,22 +121,47 @@ func enablePids(dir string) error {
 	return nil
 }
 
-// capGuestsPids caps the guests' process total in cgroup (capPids, guestsPidsMax) and logs
-// it. A failure is logged, not returned: each guest's own limit still holds, and a node
-// that ran before on this host must not stop starting for it.
-func (d *Driver) capGuestsPids(cgroup, pidMaxFile, threadsMaxFile string) {
+// capGuestsPids caps the guests' process total in d.guestsCgroup (capPids, guestsPidsMax)
+// and logs it. A failure is logged, not returned: each guest's own limit still holds, and a
+// node that ran before on this host must not stop starting for it.
+func (d *Driver) capGuestsPids(pidMaxFile, threadsMaxFile string) {
 	tasks, err := hostTasks(pidMaxFile, threadsMaxFile)
 	if err == nil {
 		var got int64
 		var kept bool
-		if got, kept, err = d.cg.capPids(cgroup, guestsPidsMax(tasks)); err == nil {
+		if got, kept, err = d.cg.capPids(d.guestsCgroup, guestsPidsMax(tasks)); err == nil {
 			d.log.Info("oci: guests' process total capped, leaving the rest of the host's process ids to the platform",
-				"cgroup", cgroup, "pids_max", got, "host_tasks", tasks, "reserve", tasks-got, "kept_lower_limit", kept)
+				"cgroup", d.guestsCgroup, "pids_max", got, "host_tasks", tasks, "reserve", tasks-got, "kept_lower_limit", kept)
 			return
 		}
 	}
 	d.log.Warn("oci: the guests' process total is not capped: guests together may take the host's last process ids, and then the platform cannot fork",
-		"cgroup", cgroup, "err", err)
+		"cgroup", d.guestsCgroup, "err", err)
+}
+
+// guestsTotalNote says, when the guests on the host hold 90% or more of their process total,
+// so: a guest's start then fails on a fork (runc) or with a Go runtime's crash (runsc), and
+// a runsc sandbox dies when it needs one more host task, in words that do not say that
+// other guests' processes took the room. "" otherwise.
+func (d *Driver) guestsTotalNote() string {
+	dir := d.cg.pidsDir(d.guestsCgroup)
+	cur, err := readInt(filepath.Join(dir, "pids.current"))
+	if err != nil {
+		return ""
+	}
+	limit, err := readInt(filepath.Join(dir, "pids.max"))
+	if err != nil || limit < 0 || cur*10 < limit*9 {
+		return ""
+	}
+	return fmt.Sprintf("the host's guests hold %d processes of their total of %d (%s pids.max): other guests' processes may have left this one none", cur, limit, d.guestsCgroup)
+}
+
+// atGuestsTotal adds guestsTotalNote to err, a guest's failed start.
+func (d *Driver) atGuestsTotal(err error) error {
+	if note := d.guestsTotalNote(); note != "" {
+		return fmt.Errorf("oci: %s: %w", note, err)
+	}
+	return err
 }
 
 // checkGuestsCgroup: guests is an absolute cgroup other than the root (whose pids.max does

@@ -17,11 +17,12 @@ import (
 )
 
 // TestGuestsPidsTotal is the attack of one tenant on the host: guests of two nodes on one
-// host, each allowed 128 processes and each running a fork bomb, hold together no more than
-// their common cgroup's total (200 here, from a stand-in pid_max of 400: guestsPidsMax), so
-// the host's own processes can still fork; afterwards every guest's agent answers again.
-// Without the total, 3 guests × 128 is 384: with the host's real pid_max, 32 runc guests
-// (or 3 runsc sandboxes) took every process id of the host.
+// host, each allowed 128 processes, start processes until a fork fails. Together they hold
+// no more than their common cgroup's total (200 here, from a stand-in pid_max of 400:
+// guestsPidsMax), so the host's own processes can still fork; a guest's start then fails
+// saying the guests' total is reached; once their processes end, every guest's agent answers
+// again. Without the total, 3 guests × 128 is 384: with the host's real pid_max, 32 runc
+// guests at 1024 (or 3 runsc sandboxes) took every process id of the host.
 func TestGuestsPidsTotal(t *testing.T) {
 	cat := catalog(t)
 	dir := t.TempDir()
@@ -64,53 +65,60 @@ func TestGuestsPidsTotal(t *testing.T) {
 		clients = append(clients, c)
 		cgroups = append(cgroups, nd.CgroupPath(s.ID))
 	}
-
-	// Each bomb ends with its exec's time limit: the agent kills the exec's process group.
-	var wg sync.WaitGroup
-	for _, c := range clients {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			res, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "f(){ f|f& }; f; sleep 60"}, TimeoutS: 10}, nil)
-			t.Logf("bomb: exit %d, %v, %d bytes of output", res.ExitCode, err, len(res.Stdout)+len(res.Stderr))
-		})
-	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	most, forkErrs := 0, []string{}
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for i, running := 0, true; running; i++ {
-		select {
-		case <-done:
-			running = false
-		case <-tick.C:
-		}
+	most := 0
+	count := func() int {
 		sum := 0
 		for _, cg := range cgroups {
 			sum += max(readInt(t, oci.PidsFile(d, cg, "pids.current")), 0)
 		}
-		most = max(most, readInt(t, oci.PidsFile(d, guests, "pids.current")), sum)
-		if i%10 == 0 {
-			if err := exec.Command("true").Run(); err != nil {
-				forkErrs = append(forkErrs, err.Error())
-			}
+		n := readInt(t, oci.PidsFile(d, guests, "pids.current"))
+		most = max(most, n, sum)
+		return max(n, sum)
+	}
+
+	// Each guest starts sleeps until its fork fails (its own limit, or the total), and the
+	// sleeps hold their process ids for 15 s.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, c := range clients {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			res, err := c.Exec(ctx, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "while :; do sleep 15 & done"}, TimeoutS: 30}, nil)
+			t.Logf("bomb: exit %d, %v: %.200s", res.ExitCode, err, res.Stdout+res.Stderr)
+		})
+	}
+	for deadline := time.Now().Add(time.Minute); count() < total-5; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guests' processes never came near their total of %d (at most %d): this test proves nothing", total, most)
 		}
 	}
-	t.Logf("the guests held at most %d processes together (total %d); %s: %s", most, total,
-		guests, strings.Join(strings.Fields(readFileOr(oci.PidsFile(d, guests, "pids.events"))), " "))
+	for range 3 {
+		if err := exec.Command("true").Run(); err != nil {
+			t.Errorf("the host could not fork while the guests held their total: %v", err)
+		}
+		count()
+	}
+	s := guestSpec(t, cat[templates.Base], "sleep 100")
+	track(t, nodes[1], s)
+	err := nodes[1].Create(ctxT(t, time.Minute), s)
+	t.Logf("a guest's start at the total: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "the host's guests hold") {
+		t.Errorf("a guest's start while the guests held their total: %v; want an error that names the guests' total", err)
+	}
+	count()
+	t.Logf("the guests held at most %d processes together (total %d)", most, total)
 	if most > total {
 		t.Errorf("the guests held %d processes together, above their total of %d: one tenant can take the host's last process ids", most, total)
 	}
-	if most < total*8/10 {
-		t.Errorf("the bombs held at most %d processes together, never near the total of %d: this test proves nothing", most, total)
-	}
-	if len(forkErrs) > 0 {
-		t.Errorf("the host could not fork while the guests' bombs ran: %v", forkErrs)
+	for deadline := time.Now().Add(2 * time.Minute); count() > total/2; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guests' sleeps still hold %d processes", count())
+		}
 	}
 	for i, c := range clients {
 		if rc, out := sh(t, c, "echo alive"); rc != 0 || !strings.Contains(out, "alive") {
-			t.Errorf("guest %d after the bombs: exit %d: %s", i, rc, out)
+			t.Errorf("guest %d after its processes ended: exit %d: %s", i, rc, out)
 		}
 	}
 }

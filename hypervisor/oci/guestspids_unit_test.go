@@ -1,6 +1,7 @@
 package oci
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -124,6 +125,41 @@ func TestCheckGuestsCgroup(t *testing.T) {
 	} {
 		if err := checkGuestsCgroup(c.guests, c.parent); (err == nil) != c.ok {
 			t.Errorf("checkGuestsCgroup(%q, %q) = %v, want ok %v", c.guests, c.parent, err, c.ok)
+		}
+	}
+}
+
+// TestGuestsTotalNote: a guest's failed start or exit names the guests' total when they hold
+// 90% of it or more (then other guests' processes may be what failed it), and nothing else
+// otherwise or when the total cannot be read.
+func TestGuestsTotalNote(t *testing.T) {
+	for _, c := range []struct {
+		current, max string
+		note         bool
+	}{
+		{"200\n", "200\n", true}, {"180\n", "200\n", true}, {"179\n", "200\n", false},
+		{"5000\n", "max\n", false}, {"", "200\n", false},
+	} {
+		root := t.TempDir()
+		d := &Driver{cg: cgroupHost{v1: map[string]string{"pids": root}}, guestsCgroup: "/wb"}
+		dir := filepath.Join(root, "wb")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f, v := range map[string]string{"pids.current": c.current, "pids.max": c.max} {
+			if v != "" {
+				if err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		note := d.guestsTotalNote()
+		if c.note != (note != "") || c.note && !strings.Contains(note, strings.TrimSpace(c.current)+" processes of their total of 200 (/wb pids.max)") {
+			t.Errorf("pids.current %q, pids.max %q: note %q, want one: %v", c.current, c.max, note, c.note)
+		}
+		err := d.atGuestsTotal(errors.New("runc create failed"))
+		if !strings.Contains(err.Error(), "runc create failed") || c.note != strings.Contains(err.Error(), "the host's guests hold") {
+			t.Errorf("pids.current %q, pids.max %q: a failed start says %q", c.current, c.max, err)
 		}
 	}
 }

@@ -87,6 +87,7 @@ type Driver struct {
 	diskTemplates string
 	runDir        string // the tmpfs of its state and bundles (OpenDataDir), or ""
 	cgroupParent  string
+	guestsCgroup  string // Options.GuestsCgroup
 	cg            cgroupHost
 	eventInterval time.Duration
 	log           *slog.Logger
@@ -202,6 +203,7 @@ func New(o Options) (*Driver, error) {
 		bundleRoot:       o.BundleRoot,
 		diskTemplates:    o.DiskTemplates,
 		cgroupParent:     filepath.Clean(o.CgroupParent),
+		guestsCgroup:     filepath.Clean(o.GuestsCgroup),
 		cg:               cg,
 		eventInterval:    o.EventInterval,
 		log:              o.Logger.With("driver", "oci", "runtime", name),
@@ -209,7 +211,7 @@ func New(o Options) (*Driver, error) {
 		unlimitedDisk:    o.AllowUnlimitedDisk,
 		inits:            map[string]initProc{},
 	}
-	d.capGuestsPids(filepath.Clean(o.GuestsCgroup), o.pidMaxFile, o.threadsMaxFile)
+	d.capGuestsPids(o.pidMaxFile, o.threadsMaxFile)
 	return d, nil
 }
 
@@ -486,7 +488,7 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 		return d.rt.Create(ctx, s.ID, bundle, opts)
 	})
 	if err != nil {
-		err = d.noRoom(s.ID, con.withTail(off, fmt.Errorf("oci: %s %s %s: %w", d.name, verb, s.ID, err)))
+		err = d.noRoom(s.ID, con.withTail(off, d.atGuestsTotal(fmt.Errorf("oci: %s %s %s: %w", d.name, verb, s.ID, err))))
 		d.cleanupFailed(s.ID)
 		return err
 	}
