@@ -60,9 +60,12 @@ func hostTasks(pidMaxFile, threadsMaxFile string) (int64, error) {
 }
 
 // capPids lowers cgroup p's pids.max to limit, and keeps a value already there that is no
-// higher (an operator's, or another node's on this host: each computes the same). It
-// creates p, on v2 enabling the pids controller in its ancestors as runc would, and returns
-// the limit p has after it and whether that was there before.
+// higher (an operator's, or another node's on this host: each computes the same; a node of
+// an older release beside it sets none, and its guests, below p too, count). A lower value
+// cannot be told from one a node computed before pid_max was raised: after raising it, the
+// operator writes max there and restarts a node. It creates p, on v2 enabling the pids
+// controller in its ancestors as runc would, and returns the limit p has after it and
+// whether that was there before.
 func (h cgroupHost) capPids(p string, limit int64) (got int64, kept bool, err error) {
 	if h.v2 {
 		dir := h.v2Root
