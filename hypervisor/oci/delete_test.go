@@ -1,6 +1,7 @@
 package oci_test
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -222,6 +223,56 @@ func TestAdoptedGuestAskedOfTheRuntime(t *testing.T) {
 			}
 			if l := guestLeftovers(filepath.Join(base, "state"), d.BundleDir(s.ID), s); len(l) > 0 {
 				t.Errorf("the adopted guest's delete left: %q", l)
+			}
+		})
+	}
+}
+
+// TestConsoleFailureLeavesNothing: a guest's start (create, launch) or memory restore that
+// fails after prepare, here at the open of its console log (made to fail), says what failed
+// and leaves nothing prepare made: no mount (its disk, agent dir, console), loop device,
+// disk image or bundle. Before, it returned at once, and all of them stayed, with a bundle
+// that made the id's next start fail as "already exists".
+func TestConsoleFailureLeavesNothing(t *testing.T) {
+	cat := catalog(t)
+	fault := errors.New("injected console fault")
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "state")
+			d := newDriver(t, rt, func(o *oci.Options) { o.StateRoot = state })
+			ctx := ctxT(t, 5*time.Minute)
+			type start struct {
+				what string
+				do   func(hypervisor.Spec) error
+			}
+			starts := []start{
+				{"create", func(s hypervisor.Spec) error { return d.Create(ctx, s) }},
+				{"launch", func(s hypervisor.Spec) error { return d.Launch(ctx, s) }},
+			}
+			if d.MemorySnapshots() {
+				src := guestSpec(t, cat[templates.Base], jobRunner)
+				boot(t, d, src)
+				snap := filepath.Join(t.TempDir(), "snap")
+				if _, err := d.Snapshot(ctx, src.ID, snap, true); err != nil {
+					t.Fatal(err)
+				}
+				starts = append(starts, start{"memory restore", func(s hypervisor.Spec) error { return d.Restore(ctx, s, snap) }})
+			}
+			d.FailConsole(fault)
+			for _, st := range starts {
+				s := guestSpec(t, cat[templates.Base], jobRunner)
+				track(t, d, s)
+				err := st.do(s)
+				if !errors.Is(err, fault) || !strings.Contains(err.Error(), "console log") || !strings.Contains(err.Error(), s.ID) {
+					t.Errorf("a %s whose console log cannot be opened: %v; want an error that names the guest and its console log", st.what, err)
+				}
+				left := guestLeftovers(state, d.BundleDir(s.ID), s)
+				if _, err := os.Stat(filepath.Clean(s.Writable) + ".img"); err == nil {
+					left = append(left, "disk image")
+				}
+				if len(left) > 0 {
+					t.Errorf("a %s whose console log could not be opened left %q", st.what, left)
+				}
 			}
 		})
 	}

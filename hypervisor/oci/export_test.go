@@ -12,3 +12,7 @@ func PidsFile(d *Driver, p, file string) string { return filepath.Join(d.cg.pids
 
 // RemoveCgroup removes cgroup p's (empty) directories in every hierarchy.
 func RemoveCgroup(d *Driver, p string) error { return d.cg.removeDirs(p) }
+
+// FailConsole makes each of d's opens of a guest's console log fail with err: a failure
+// after prepare, whose leftovers the tests look for.
+func (d *Driver) FailConsole(err error) { d.consoleFault = err }

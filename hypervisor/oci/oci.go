@@ -98,6 +98,8 @@ type Driver struct {
 	// directCheckpoint: this runsc is a build whose sandbox's checkpoint call
 	// checkpointSandbox speaks (runscBuildKnown).
 	directCheckpoint bool
+	// consoleFault, set by tests alone, fails each open of a guest's console log.
+	consoleFault error
 
 	initMu sync.Mutex
 	inits  map[string]initProc // guest id → its process as this driver's create found it
@@ -387,15 +389,19 @@ func writeJSON(path string, v any) error {
 // the bundle's console log; stdin is /dev/null.
 type consoleIO struct{ f *os.File }
 
-func openConsole(bundle string) (*consoleIO, int64, error) {
-	f, err := os.OpenFile(filepath.Join(bundle, consoleDir, consoleFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+func (d *Driver) openConsole(bundle string) (*consoleIO, int64, error) {
+	path := filepath.Join(bundle, consoleDir, consoleFile)
+	if d.consoleFault != nil {
+		return nil, 0, fmt.Errorf("open its console log %s: %w", path, d.consoleFault)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, 0, fmt.Errorf("oci: console log: %w", err)
+		return nil, 0, fmt.Errorf("open its console log: %w", err)
 	}
 	off, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		f.Close()
-		return nil, 0, fmt.Errorf("oci: console log: %w", err)
+		return nil, 0, fmt.Errorf("open its console log: %w", err)
 	}
 	return &consoleIO{f: f}, off, nil
 }
@@ -469,9 +475,12 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 		_ = detachDisk(s)
 		return d.noRoom(s.ID, err)
 	}
-	con, off, err := openConsole(bundle)
+	// From here a failure deletes what prepare made (its mounts, the bundle, the disk):
+	// the guest's record names them, and nothing else would.
+	con, off, err := d.openConsole(bundle)
 	if err != nil {
-		return err
+		d.cleanupFailed(s.ID)
+		return fmt.Errorf("oci: guest %s: %w", s.ID, err)
 	}
 	defer con.Close()
 	pf := filepath.Join(bundle, pidFile)

@@ -256,9 +256,10 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 			return fmt.Errorf("oci: restore %s: the agent dir: %w", s.ID, err)
 		}
 	}
-	con, off, err := openConsole(bundle)
+	con, off, err := d.openConsole(bundle)
 	if err != nil {
-		return err
+		d.cleanupFailed(s.ID)
+		return fmt.Errorf("oci: restore %s: %w", s.ID, err)
 	}
 	defer con.Close()
 	pf := filepath.Join(bundle, pidFile)
