@@ -246,23 +246,7 @@ func TestRunDirFullLeavesNothing(t *testing.T) {
 			unmountRunDirAtEnd(t, dataDir)
 			d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
 			g, _, _, _ := boot(t, d, guestSpec(t, cat[templates.Base], jobRunner))
-			filler := filepath.Join(l.RunDir, "filler")
-			f, err := os.Create(filler)
-			if err != nil {
-				t.Fatal(err)
-			}
-			buf := make([]byte, 1<<20)
-			for err == nil {
-				_, err = f.Write(buf)
-			}
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("filling the run dir: %v, want ENOSPC", err)
-			}
-			fi, err := f.Stat()
-			if err != nil {
-				t.Fatal(err)
-			}
-			full := fi.Size()
+			f, full := fillRunDir(t, l)
 			ctx := ctxT(t, 5*time.Minute)
 			failed := 0
 			for free := int64(0); free <= 256<<10; free += 8 << 10 {
@@ -293,9 +277,87 @@ func TestRunDirFullLeavesNothing(t *testing.T) {
 					t.Errorf("a start with %d KiB free in the run dir failed, and the runtime still lists it: %v", free>>10, ids)
 				}
 			}
-			f.Close()
 			if failed == 0 {
 				t.Errorf("no start failed on a full run dir")
+			}
+			if out := g.mustRun("echo alive"); out != "alive\n" {
+				t.Errorf("the guest already there, its job said %q", out)
+			}
+		})
+	}
+}
+
+// fillRunDir fills l's run dir with a file, which it answers open, and that file's size.
+func fillRunDir(t testing.TB, l oci.Layout) (*os.File, int64) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(l.RunDir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	buf := make([]byte, 1<<20)
+	for err == nil {
+		_, err = f.Write(buf)
+	}
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("filling the run dir: %v, want ENOSPC", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, fi.Size()
+}
+
+// TestRunDirFullRestoreLeavesNothing: a restore from a snapshot (runsc: of memory, runc: of
+// the disk, which boots a new guest) on a run dir with little room left fails as a start
+// does (TestRunDirFullLeavesNothing), at each of its writes in turn: saying the run dir is
+// full, and leaving nothing of itself (no process, state, bundle, mount or disk image).
+func TestRunDirFullRestoreLeavesNothing(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			dataDir := reachableTempDir(t)
+			unmountRunDirAtEnd(t, dataDir)
+			d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+			ctx := ctxT(t, 5*time.Minute)
+			g, _, _, _ := boot(t, d, guestSpec(t, cat[templates.Base], jobRunner))
+			src := guestSpec(t, cat[templates.Base], jobRunner)
+			boot(t, d, src)
+			snap := filepath.Join(t.TempDir(), "snap")
+			if _, err := d.Snapshot(ctx, src.ID, snap, true); err != nil {
+				t.Fatal(err)
+			}
+			f, full := fillRunDir(t, l)
+			failed := 0
+			for free := int64(0); free <= 256<<10; free += 16 << 10 {
+				if err := f.Truncate(full - free); err != nil {
+					t.Fatal(err)
+				}
+				s := guestSpec(t, cat[templates.Base], jobRunner)
+				track(t, d, s)
+				err := d.Restore(ctx, s, snap)
+				if err == nil {
+					t.Logf("a restore with %d KiB free in the run dir: restored", free>>10)
+					break
+				}
+				failed++
+				if !strings.Contains(err.Error(), "no room left for its runtime state and bundle in "+l.RunDir) {
+					t.Errorf("a restore with %d KiB free in the run dir: %v; want an error that says the run dir is full", free>>10, err)
+				}
+				left := guestLeftovers(l.StateRoot, d.BundleDir(s.ID), s)
+				if _, err := os.Stat(filepath.Clean(s.Writable) + ".img"); err == nil {
+					left = append(left, "disk image")
+				}
+				if len(left) > 0 {
+					t.Errorf("a restore with %d KiB free in the run dir failed (%v) and left %q", free>>10, err, left)
+				}
+				if ids := listed(t, d); slices.Contains(ids, s.ID) {
+					t.Errorf("a restore with %d KiB free in the run dir failed, and the runtime still lists it: %v", free>>10, ids)
+				}
+			}
+			if failed == 0 {
+				t.Errorf("no restore failed on a full run dir")
 			}
 			if out := g.mustRun("echo alive"); out != "alive\n" {
 				t.Errorf("the guest already there, its job said %q", out)

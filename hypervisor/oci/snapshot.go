@@ -248,7 +248,7 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 	t0 = time.Now()
 	bundle, err := d.prepare(s)
 	if err != nil {
-		return letGo(err)
+		return letGo(d.noRoom(s.ID, err))
 	}
 	if rec.AgentDir != "" { // into the agent dir's new tmpfs, which prepare mounted
 		if err := readLayer(ctx, filepath.Join(dir, rec.AgentDir), s.AgentDir); err != nil {
@@ -273,7 +273,7 @@ func (d *Driver) restore(ctx context.Context, s hypervisor.Spec, dir, from strin
 		return err
 	})
 	if err != nil {
-		err = con.withTail(off, fmt.Errorf("oci: %s restore %s: %w", d.name, s.ID, err))
+		err = d.noRoom(s.ID, con.withTail(off, fmt.Errorf("oci: %s restore %s: %w", d.name, s.ID, err)))
 		d.cleanupFailed(s.ID)
 		return err
 	}
