@@ -60,21 +60,37 @@ func Layouts(dataDir string) []Layout { return []Layout{RunLayout(dataDir), Disk
 //     something is mounted there already: a node restarted while its guests run finds its
 //     tmpfs there and adopts them. A host's reboot takes the tmpfs and the guests alike:
 //     the node finds them gone, as it would find them stopped on disk.
+//
+// An on-disk state the runtime cannot list (an entry it cannot read: runsc's list fails on
+// one) may hold guests or not: the node keeps it, where they would run, unless the run dir
+// lists guests, which are then certainly its own (unlisted). Either way no guest is
+// destroyed on a doubt, and the node starts, saying so.
 func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64) (*Driver, Layout, error) {
-	disk := DiskLayout(dataDir)
-	if held, err := holdsGuests(ctx, o, disk); err != nil {
+	disk, run := DiskLayout(dataDir), RunLayout(dataDir)
+	held, unlisted, err := holdsGuests(ctx, o, disk)
+	if err != nil {
 		return nil, Layout{}, err
-	} else if held {
+	}
+	if unlisted != nil {
+		if held, err = diskUnlisted(ctx, o, run, unlisted); err != nil {
+			return nil, Layout{}, err
+		}
+	}
+	if held {
 		d, err := newOn(o, disk)
 		if err != nil {
 			return nil, Layout{}, err
 		}
-		if err := reapRunDir(ctx, o, RunLayout(dataDir)); err != nil {
-			d.log.Warn("oci: guests left in the run dir, which this node does not drive", "dir", RunLayout(dataDir).RunDir, "err", err)
+		if unlisted != nil {
+			d.log.Warn("oci: the runtime cannot list its state on the data dir's disk, where an older node's guests may run: "+
+				"this node drives that state, and moves to a tmpfs run dir at a start that can list it and finds no guest there "+
+				"(`"+d.name+" --root "+disk.StateRoot+" list` fails on an entry there: remove it)", "state", disk.StateRoot, "err", unlisted)
+		}
+		if err := reapRunDir(ctx, o, run); err != nil {
+			d.log.Warn("oci: guests left in the run dir, which this node does not drive", "dir", run.RunDir, "err", err)
 		}
 		return d, disk, nil
 	}
-	run := RunLayout(dataDir)
 	if err := os.MkdirAll(run.RunDir, 0o711); err != nil {
 		return nil, Layout{}, fmt.Errorf("oci: run dir: %w", err)
 	}
@@ -87,7 +103,30 @@ func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64)
 		}
 	}
 	d, err := newOn(o, run)
+	if err == nil && unlisted != nil {
+		d.log.Warn("oci: the runtime cannot list its state on the data dir's disk: this node drives its guests in the run dir, "+
+			"and any an older node left on disk are not driven (`"+d.name+" --root "+disk.StateRoot+" list` fails on an entry there: remove it)",
+			"state", disk.StateRoot, "err", unlisted)
+	}
 	return d, run, err
+}
+
+// diskUnlisted answers whether a node whose on-disk state the runtime could not list
+// (unlisted) keeps to it: unless the run dir is mounted and lists guests, the node's own.
+// Neither listed, the node cannot tell where its guests are, and does not start.
+func diskUnlisted(ctx context.Context, o Options, run Layout, unlisted error) (bool, error) {
+	if !mounted(run.RunDir) {
+		return true, nil
+	}
+	held, runUnlisted, err := holdsGuests(ctx, o, run)
+	if err == nil && runUnlisted != nil {
+		err = runUnlisted
+	}
+	if err != nil {
+		return false, fmt.Errorf("oci: neither the runtime's state on the data dir's disk (%v) nor that in the run dir %s (%w) can be listed: "+
+			"the node cannot tell which holds its guests", unlisted, run.RunDir, err)
+	}
+	return !held, nil
 }
 
 // reapRunDir destroys the guests in run's run dir, if it is mounted, and unmounts it, for a
@@ -121,25 +160,26 @@ func reapRunDir(ctx context.Context, o Options, run Layout) error {
 	return r.ReleaseRunDir(ctx)
 }
 
-// holdsGuests reports whether the runtime lists guests in l's state root. An absent or
-// empty state root holds none, and is not asked of the runtime.
-func holdsGuests(ctx context.Context, o Options, l Layout) (bool, error) {
+// holdsGuests reports whether the runtime lists guests in l's state root; unlisted is the
+// runtime's failure to list them. An absent or empty state root holds none, and is not asked
+// of the runtime.
+func holdsGuests(ctx context.Context, o Options, l Layout) (held bool, unlisted, err error) {
 	es, err := os.ReadDir(l.StateRoot)
 	if errors.Is(err, fs.ErrNotExist) || (err == nil && len(es) == 0) {
-		return false, nil
+		return false, nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("oci: %w", err)
+		return false, nil, fmt.Errorf("oci: %w", err)
 	}
 	d, err := newOn(o, l)
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	ids, err := d.List(ctx)
 	if err != nil {
-		return false, err
+		return false, err, nil
 	}
-	return len(ids) > 0, nil
+	return len(ids) > 0, nil, nil
 }
 
 func newOn(o Options, l Layout) (*Driver, error) {

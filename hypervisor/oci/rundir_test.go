@@ -408,3 +408,78 @@ func TestRunDirBothLayouts(t *testing.T) {
 		t.Errorf("a node on the disk layout: %d mounts left on the run dir, want none", n)
 	}
 }
+
+// corruptState puts into l's state root the entry of a guest that runtime rt cannot read: a
+// state that is JSON of no container (another version's, or one half written), on which
+// runsc's list fails (it panics); runc's list skips it, saying so.
+func corruptState(t testing.TB, rt string, l oci.Layout) {
+	t.Helper()
+	p := filepath.Join(l.StateRoot, "tbroken_sandbox:tbroken.state")
+	if rt == oci.RuntimeRunc {
+		p = filepath.Join(l.StateRoot, "tbroken", "state.json")
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRunDirCorruptDiskState: a node whose on-disk state holds an entry the runtime cannot
+// read (runsc's list of it fails) starts, and drives the guests wherever they are, destroying
+// none: an older node's guest on disk (the node keeps the disk layout), or its own in the run
+// dir (it adopts them there). With neither, it starts too (on disk: the state may hold
+// guests), and guests start on it. Before, the failed list stopped the node's start. Only a
+// node that can list neither state does not start: it cannot tell where its guests are.
+func TestRunDirCorruptDiskState(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			t.Run("older node's guest on disk", func(t *testing.T) {
+				dataDir := reachableTempDir(t)
+				unmountRunDirAtEnd(t, dataDir)
+				g := bootOnDisk(t, rt, dataDir, cat[templates.Base])
+				corruptState(t, rt, oci.DiskLayout(dataDir))
+				answersThenEnds(t, g, openOnDisk(t, rt, dataDir), "the older node's guest")
+			})
+			t.Run("own guest in the run dir", func(t *testing.T) {
+				dataDir := reachableTempDir(t)
+				unmountRunDirAtEnd(t, dataDir)
+				d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+				if l.RunDir == "" {
+					t.Fatalf("a fresh data dir's layout %+v, want the run dir's", l)
+				}
+				g, _, _, _ := boot(t, d, guestSpec(t, cat[templates.Base], jobRunner))
+				corruptState(t, rt, oci.DiskLayout(dataDir))
+				d2, l2 := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+				if l2 != l {
+					t.Fatalf("the restarted node's layout %+v, want the run dir's %+v, where its guest runs", l2, l)
+				}
+				answersThenEnds(t, g, d2, "the run dir's guest")
+			})
+			t.Run("no guest", func(t *testing.T) {
+				dataDir := reachableTempDir(t)
+				unmountRunDirAtEnd(t, dataDir)
+				corruptState(t, rt, oci.DiskLayout(dataDir))
+				d, l := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+				t.Logf("layout %+v", l)
+				boot(t, d, guestSpec(t, cat[templates.Base], jobRunner))
+			})
+			if rt != oci.RuntimeRunsc {
+				return // runc lists past the entry
+			}
+			t.Run("neither state listed", func(t *testing.T) {
+				dataDir := reachableTempDir(t)
+				unmountRunDirAtEnd(t, dataDir)
+				openDataDir(t, rt, dataDir, oci.RunDirBytes) // mounts the run dir
+				corruptState(t, rt, oci.RunLayout(dataDir))
+				corruptState(t, rt, oci.DiskLayout(dataDir))
+				_, _, err := oci.OpenDataDir(ctxT(t, time.Minute), oci.Options{Runtime: rt, CgroupParent: "/wbtest-rd-" + filepath.Base(dataDir)}, dataDir, oci.RunDirBytes)
+				if err == nil || !strings.Contains(err.Error(), "cannot tell which holds its guests") {
+					t.Fatalf("a start where neither the on-disk state nor the run dir's can be listed: %v; want an error that says so", err)
+				}
+			})
+		})
+	}
+}
