@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"wb/agent"
@@ -556,6 +558,15 @@ func (n *Node) recover(ctx context.Context) error {
 		return err
 	}
 	n.reapOrphans(ctx, gs)
+	// The guests of the sessions recovered here, before any goroutine of theirs starts; gone
+	// ones leave it below.
+	held := map[string]bool{}
+	for _, g := range gs {
+		if g.GuestID != "" && !g.State.Terminal() {
+			held[g.GuestID] = true
+		}
+	}
+	defer n.reapGuestDirs(ctx, held)
 	for _, g := range gs {
 		if !g.State.Terminal() && n.endedElsewhere(ctx, g) {
 			continue
@@ -573,6 +584,7 @@ func (n *Node) recover(ctx context.Context) error {
 		info, err := n.Driver.Info(ctx, g.GuestID)
 		if err != nil || info.State == hypervisor.StateStopped {
 			n.Logger.Warn("node: guest gone after restart", "session", g.SessionID, "err", err)
+			delete(held, g.GuestID)
 			l.mu.Lock()
 			switch g.State {
 			case session.Stopping:
@@ -644,6 +656,62 @@ func (n *Node) reapOrphans(ctx context.Context, gs []*guest) {
 		_ = n.Driver.Delete(ctx, id)
 		_ = removeAll(n.guestDir(id))
 	}
+}
+
+// reapGuestDirs removes the dirs under DataDir/guests of guests that are gone: a recovered
+// session's guest destroyed while no node ran (a host's reboot; the run dir's guests that a
+// node on the disk layout reaps, see oci.OpenDataDir), or one whose session an earlier run's
+// journal let go of. A guest's dir goes with its delete by the node, and these were not
+// deleted by one: nothing else removes them, disk image and all. A dir stays while the
+// driver lists its guest, a session here holds it (held), or anything is mounted below it
+// (a guest's disk or agent dir: something uses it still).
+func (n *Node) reapGuestDirs(ctx context.Context, held map[string]bool) {
+	ls, ok := n.Driver.(lister)
+	if !ok {
+		return
+	}
+	ids, err := ls.List(ctx)
+	if err != nil {
+		return // reapOrphans warned
+	}
+	for _, id := range ids {
+		held[id] = true
+	}
+	es, err := os.ReadDir(filepath.Join(n.DataDir, "guests"))
+	if err != nil {
+		n.Logger.Warn("node: guests' dirs", "err", err)
+		return
+	}
+	for _, e := range es {
+		dir := n.guestDir(e.Name())
+		if held[e.Name()] || !e.IsDir() {
+			continue
+		}
+		if mountedBelow(dir) {
+			n.Logger.Warn("node: a dir of no guest of this node's has a mount below it, and is left", "dir", dir)
+			continue
+		}
+		if err := removeAll(dir); err != nil {
+			n.Logger.Warn("node: remove the dir of a guest that is gone", "dir", dir, "err", err)
+			continue
+		}
+		n.Logger.Info("node: removed the dir of a guest that is gone", "dir", dir)
+	}
+}
+
+// mountedBelow reports whether anything is mounted on dir or below it (true when the mount
+// table cannot be read).
+func mountedBelow(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return true
+	}
+	for l := range strings.Lines(string(b)) {
+		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			return true
+		}
+	}
+	return false
 }
 
 // reconcile destroys the running or paused guests whose sessions ended elsewhere while the
