@@ -277,3 +277,37 @@ func TestConsoleFailureLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateOfAGuestThatExistsLeavesIt: a start (create, launch) of a guest id that exists
+// already fails saying so, and leaves the guest that has it as it was: its disk mounted, its
+// files there, its jobs answered. Before, the start attached "its" disk (the existing guest's,
+// mounted already), met the guest's record in prepare, and then let go of that disk:
+// unmounted, its image removed, under the running guest.
+func TestCreateOfAGuestThatExistsLeavesIt(t *testing.T) {
+	cat := catalog(t)
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) {
+			d := newDriver(t, rt)
+			g, _, _, _ := boot(t, d, guestSpec(t, cat[templates.Base], jobRunner))
+			ctx := ctxT(t, 2*time.Minute)
+			if out := g.mustRun("echo kept > /workspace/f && echo ok"); out != "ok\n" {
+				t.Fatalf("a job wrote %q", out)
+			}
+			for _, start := range []func() error{func() error { return d.Create(ctx, g.spec) }, func() error { return d.Launch(ctx, g.spec) }} {
+				if err := start(); err == nil || !strings.Contains(err.Error(), "already exists") {
+					t.Errorf("a start of guest %s, which exists: %v; want an error that says it exists", g.spec.ID, err)
+				}
+			}
+			mi, _ := os.ReadFile("/proc/self/mountinfo")
+			if !strings.Contains(string(mi), " "+g.spec.Writable+" ") {
+				t.Errorf("after a second start of its id the guest's disk is no longer mounted at %s", g.spec.Writable)
+			}
+			if _, err := os.Stat(filepath.Clean(g.spec.Writable) + ".img"); err != nil {
+				t.Errorf("after a second start of its id the guest's disk image: %v", err)
+			}
+			if out := g.mustRun("cat /workspace/f"); out != "kept\n" {
+				t.Errorf("after a second start of its id the guest's file holds %q", out)
+			}
+		})
+	}
+}

@@ -467,6 +467,11 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 	if err := s.Validate(); err != nil {
 		return err
 	}
+	// Before the disk: attachDisk takes a mounted layer for this guest's, and a failure
+	// after it lets the disk go, under the guest that has it.
+	if _, err := os.Stat(filepath.Join(d.BundleDir(s.ID), guestFile)); err == nil {
+		return fmt.Errorf("oci: guest %s already exists", s.ID)
+	}
 	if err := d.attachDisk(ctx, s); err != nil {
 		return err
 	}
