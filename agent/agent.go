@@ -441,6 +441,9 @@ func (s *server) routes() http.Handler {
 			h = onlyMethod(r, http.MethodGet, s.handleHealth)
 		case "/v1/procs":
 			h = onlyMethod(r, http.MethodGet, s.handleProcs)
+		case "/v1/procs/end":
+			allow = http.MethodPost
+			h = onlyMethod(r, allow, s.handleEndProcs)
 		case "/v1/exec":
 			allow = http.MethodPost
 			h = onlyMethod(r, allow, s.handleExec)

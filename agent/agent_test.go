@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -914,6 +915,34 @@ func TestProcs(t *testing.T) {
 	}
 	if !self {
 		t.Fatalf("the test process is not among %d processes", len(procs))
+	}
+}
+
+// TestEndProcsUnsupported: an agent without a pids cgroup of its own (here: not the guest's
+// init) answers POST /v1/procs/end 501 and ends nothing; an agent from before the route
+// answers 404. EndUnsupported says both cannot end the guest's processes, and not an agent
+// that did not answer. (A runsc guest's agent ends them: the node's TestSandboxPidsEnded.)
+func TestEndProcsUnsupported(t *testing.T) {
+	c, _ := startAgent(t, false)
+	ctx := testCtx(t, 10*time.Second)
+	n, err := c.EndProcs(ctx)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != http.StatusNotImplemented || e.Code != "unsupported" || !EndUnsupported(err) {
+		t.Fatalf("EndProcs of an agent without a pids cgroup: %d, %v; want a 501 unsupported", n, err)
+	}
+	if err := c.Health(ctx); err != nil {
+		t.Fatalf("the agent after it: %v", err)
+	}
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route %s %s", r.Method, r.URL.Path), "")
+	}))
+	defer old.Close()
+	oc := NewHTTPClient(old.Client(), old.URL, "")
+	if _, err := oc.EndProcs(ctx); !EndUnsupported(err) {
+		t.Errorf("EndProcs of an older agent: %v; want an error EndUnsupported takes", err)
+	}
+	if EndUnsupported(fmt.Errorf("agent: POST /v1/procs/end: %w", context.DeadlineExceeded)) {
+		t.Error("EndUnsupported takes an agent that did not answer for one that cannot end the processes")
 	}
 }
 

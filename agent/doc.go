@@ -45,6 +45,10 @@
 //     same path. So when Client.Quiesce returns, the guest holds no host socket and no TCP
 //     endpoint and can be checkpointed (runsc refuses either); a restored guest's timer
 //     simply goes on and it listens again, as does the original.
+//   - POST /v1/procs/end ends every process of the guest but the agent, as the fork-bomb
+//     guard does, → 200 {"ended":N}; 501 unsupported where the agent keeps no pids cgroup (see
+//     below). The node asks when the guest's sandbox nears its host process limit (an agent
+//     from before it answers 404: Client.EndProcs, EndUnsupported).
 //
 // Exhaustion stays in the guest: with Config.PidsMax (runsc guests) every exec and PTY process
 // starts in a pids cgroup of gVisor's, below the sandbox's host limit (forked by one thread of

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -71,9 +72,11 @@ type childCgroup struct {
 	base  int
 	spawn chan<- spawnRequest // to the spawner's thread
 	done  <-chan struct{}     // closed when the spawner has ended
-	// ending is set while the guard ends every process: a start then is refused as at the
-	// limit (the limit's drop to 0 refused it once; the rounds would kill it unseen).
+	// ending is set while the agent ends every process (endAll): a start then is refused as
+	// at the limit (the limit's drop to 0 refused it once; the rounds would kill it unseen).
 	ending atomic.Bool
+	// endMu makes the guard's and the node's ends (endAll) one at a time.
+	endMu sync.Mutex
 }
 
 // spawnRequest is one startFn for the spawner's thread to run, and where its answer goes.
@@ -230,11 +233,20 @@ func (c *childCgroup) guard(ctx context.Context, log *slog.Logger, idle func() i
 	bombGuard{max: c.max, every: atLimitCheck, slowest: 8 * atLimitCheck, asleep: guardAsleepLook, count: count,
 		idle: func() int { return c.base + idle() }, woken: woken,
 		endAll: func(since time.Time) {
-			c.ending.Store(true)
-			n := killAll(count, c.base)
-			c.ending.Store(false)
+			n := c.endAll()
 			log.Warn("agent: the guest's processes stayed at their limit; ended them all (a fork bomb?)", "pids_max", c.max, "for", time.Since(since).Round(time.Millisecond), "killed", n)
 		}}.run(ctx)
+}
+
+// endAll ends every process of the guest but the agent (killAll), refusing starts meanwhile,
+// and answers how many it found at most: the guard's end, and the node's (POST
+// /v1/procs/end), one at a time.
+func (c *childCgroup) endAll() int {
+	c.endMu.Lock()
+	defer c.endMu.Unlock()
+	c.ending.Store(true)
+	defer c.ending.Store(false)
+	return killAll(c.counter(), c.base)
 }
 
 // counter answers a reader of the work cgroup's pids.current: one pread of the open file

@@ -25,6 +25,8 @@ func dropSysAdmin() error { return nil }
 
 func undumpable() error { return nil }
 
+func (c *childCgroup) endAll() int { return 0 }
+
 func (c *childCgroup) guard(_ context.Context, _ *slog.Logger, _ func() int, _ <-chan struct{}) {}
 
 // outputPipe is os.Pipe elsewhere (procs_linux.go says why Linux differs).
