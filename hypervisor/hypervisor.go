@@ -150,14 +150,20 @@ type SnapshotInfo struct {
 const (
 	EventOOM  = "oom"
 	EventExit = "exit"
+	// EventPids: the guest's sandbox nears its host process limit, where it would die, while
+	// the guest's own process count may be well below the guest's limit (a runsc sandbox
+	// under gVisor's ptrace platform: its host tasks grow with its processes' churn). Its
+	// processes should be ended now. Reported again only as the count grows on.
+	EventPids = "pids"
 )
 
 // Event is something that happened to a guest.
 type Event struct {
-	Type string    `json:"type"` // EventOOM or EventExit
+	Type string    `json:"type"` // EventOOM, EventExit or EventPids
 	At   time.Time `json:"at"`
-	// Detail is what the driver saw of an exit, for the operator's log: the guest's last
-	// console lines and its cgroup's limits and counters. Never shown to the tenant.
+	// Detail is what the driver saw of an exit (the guest's last console lines and its
+	// cgroup's limits and counters) or of a sandbox near its process limit (its count and
+	// limit), for the operator's log. Never shown to the tenant.
 	Detail string `json:"detail,omitempty"`
 }
 
@@ -260,7 +266,8 @@ type Driver interface {
 	Delete(ctx context.Context, id string) error
 	Info(ctx context.Context, id string) (Info, error)
 	Stats(ctx context.Context, id string) (Stats, error)
-	// Events streams OOM and exit events until ctx ends or the guest exits (then the channel closes).
+	// Events streams OOM, exit and pids events until ctx ends or the guest exits (then the
+	// channel closes).
 	Events(ctx context.Context, id string) (<-chan Event, error)
 	// KnownRunning answers, without a runtime call or a round trip into the guest, whether
 	// guest id still runs with its agent: known is false where the driver cannot tell (a

@@ -304,7 +304,10 @@ func (h cgroupHost) removeDirs(p string) error {
 // of gVisor's cgroupfs, which it needs CAP_SYS_ADMIN to mount and then drops), well below
 // the sandbox's host limit, and the agent ends the guest's processes when they stay at that
 // limit for a second (agent.Config.PidsMax). At 512 the bomb's churn starved the agent of
-// CPU long enough for the sandbox to die first; at 256 the agent ended it after 4 s.
+// CPU long enough for the sandbox to die first; at 256 the agent ended it after 4 s. A bomb
+// that stays below the guest's limit is not seen there, so the event watch also reads the
+// sandbox's own count, and the node has the agent end the guest's processes at half the
+// host limit (sandboxPids).
 const (
 	runscPidsBase    = 128
 	runscPidsPerProc = 12

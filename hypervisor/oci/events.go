@@ -11,11 +11,12 @@ import (
 	"wb/internal/proc"
 )
 
-// Events polls the guest: its cgroup's OOM-kill counter (an "oom" event per new kill) and its
+// Events polls the guest: its cgroup's OOM-kill counter (an "oom" event per new kill), its
 // init/sandbox process (an "exit" event once it is gone: runsc's sandbox ends with its
-// container's process, so the runtime is not asked). The channel closes after "exit" or when
-// ctx ends. The same polling works for runc and runsc and for cgroup v1 and v2 (runsc events
-// carries no OOM notifications).
+// container's process, so the runtime is not asked) and, for a runsc sandbox with a process
+// limit, its host tasks (a "pids" event as they near the limit, see sandboxPids). The channel
+// closes after "exit" or when ctx ends. The same polling works for runc and runsc and for
+// cgroup v1 and v2 (runsc events carries no OOM notifications).
 // A guest this driver created, whose process still lives, is followed from that process
 // without a first runtime call (see rememberInit).
 func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event, error) {
@@ -40,13 +41,23 @@ func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event
 	if err != nil {
 		baseline = 0
 	}
+	// A runc guest's processes are the host's, held to its limit where forks fail; a runsc
+	// sandbox dies at its limit. Its limit is set at its create and read once.
+	var pidsCur string
+	var pids sandboxPids
+	if cur, limit := d.cg.pidsFiles(g.CgroupsPath); d.name == RuntimeRunsc && cur != "" {
+		if n, err := readInt(limit); err == nil && n > 0 {
+			pidsCur, pids = cur, newSandboxPids(n)
+		}
+	}
 	ch := make(chan hypervisor.Event, 16)
-	go d.watch(ctx, id, g.CgroupsPath, p, baseline, ch)
+	go d.watch(ctx, id, g.CgroupsPath, p, baseline, pidsCur, pids, ch)
 	return ch, nil
 }
 
-// watch follows process p of guest id (a zero p: the guest had stopped).
-func (d *Driver) watch(ctx context.Context, id, cgPath string, p initProc, ooms int64, ch chan<- hypervisor.Event) {
+// watch follows process p of guest id (a zero p: the guest had stopped), and the host tasks
+// in pidsCur (a pids.current file; "": none) against pids.
+func (d *Driver) watch(ctx context.Context, id, cgPath string, p initProc, ooms int64, pidsCur string, pids sandboxPids, ch chan<- hypervisor.Event) {
 	defer close(ch)
 	send := func(typ string) bool {
 		ev := hypervisor.Event{Type: typ, At: time.Now()}
@@ -87,6 +98,16 @@ func (d *Driver) watch(ctx context.Context, id, cgPath string, p initProc, ooms 
 		}
 		if !checkOOM() {
 			return
+		}
+		if pidsCur != "" {
+			if n, err := readInt(pidsCur); err == nil && pids.observe(n) {
+				ev := hypervisor.Event{Type: hypervisor.EventPids, At: time.Now(), Detail: pidsReport(n, pids.max)}
+				select {
+				case ch <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
 		}
 		// The runtime's state is the followed process's: runc's init, or runsc's sandbox,
 		// which ends with its container's process (and with a checkpoint); so it is not asked.

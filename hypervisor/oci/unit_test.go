@@ -1067,3 +1067,130 @@ func TestCgroupEmptyWithinEveryHierarchy(t *testing.T) {
 		t.Fatal("the cgroup's process exited, but emptyWithin did not see it empty")
 	}
 }
+
+// TestSandboxPids: a runsc sandbox's host tasks are reported at half its host limit, and
+// again only as they grow by each further eighth; a count that stays up after the guest's
+// processes ended (gVisor keeps its stubs) is not reported again, and no sandbox is reported
+// more than five times however it churns. The readings are the cold run's: a bomb the
+// agent's guard never saw took its sandbox from 50 host tasks to its limit, 12,416, in about
+// 7 s, read every 200 ms.
+func TestSandboxPids(t *testing.T) {
+	const limit = runscPidsBase + 1024*runscPidsPerProc // 12,416: a session's Pids 1024
+	w := newSandboxPids(limit)
+	var reports []int64
+	for cur := int64(50); cur <= limit; cur += 1800 / 5 {
+		if w.observe(cur) {
+			reports = append(reports, cur)
+		}
+	}
+	if len(reports) == 0 || reports[0] < limit/2 || reports[0] >= limit/2+360 {
+		t.Fatalf("a bomb growing 1,800 tasks a second to its limit %d: reported at %v; want first within one poll past half the limit", limit, reports)
+	}
+	for i := 1; i < len(reports); i++ {
+		if reports[i]-reports[i-1] < limit/8 {
+			t.Errorf("reported at %d, then at %d: again before another eighth of the limit", reports[i-1], reports[i])
+		}
+	}
+	if len(reports) > 5 {
+		t.Errorf("reported %d times: %v; want 5 at most", len(reports), reports)
+	}
+
+	// The agent ended the processes at the first report; the count stays where it was.
+	w = newSandboxPids(limit)
+	n := 0
+	for _, cur := range []int64{50, 1470, 3000, 6100, limit / 2, 6800, 6900, 6900, 6900, 7000, 6900} {
+		if w.observe(cur) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("a count that stopped at 7,000 after its first report: %d reports, want 1", n)
+	}
+	// A workload that settles at a few dozen churning processes' cost is never reported.
+	w = newSandboxPids(limit)
+	for _, cur := range []int64{50, 354, 673, 940, 1173, 1282, 1335, 1373, 1462, 1468, 1468} {
+		if w.observe(cur) {
+			t.Errorf("reported at %d of %d: a workload that settled at 12 %% of the limit", cur, limit)
+		}
+	}
+	// Every reading at the limit, from the first: five reports at most over any number.
+	w = newSandboxPids(limit)
+	n = 0
+	for range 1000 {
+		if w.observe(limit) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("a count stuck at the limit: %d reports, want 1", n)
+	}
+	w = newSandboxPids(0)
+	if w.observe(1 << 40) {
+		t.Error("a sandbox without a limit reported")
+	}
+}
+
+// TestEventsPids: the event watch of a runsc guest reports its sandbox's host tasks from its
+// pids.current against the pids.max it read at the start (half of 1,000 here), as they grow;
+// a runc guest's, whose processes are the host's and meet their limit as failed forks, are
+// never read. Fake cgroup files; the test process stands in for the guest's init.
+func TestEventsPids(t *testing.T) {
+	for _, rt := range []string{RuntimeRunsc, RuntimeRunc} {
+		t.Run(rt, func(t *testing.T) {
+			root := t.TempDir()
+			d := &Driver{name: rt, cg: cgroupHost{v2: true, v2Root: root}, bundleRoot: t.TempDir(),
+				eventInterval: 5 * time.Millisecond, log: slog.New(slog.NewTextHandler(io.Discard, nil)), inits: map[string]initProc{}}
+			s := hypervisor.Spec{ID: "g1"}
+			cg := filepath.Join(root, "wb", s.ID)
+			if err := os.MkdirAll(cg, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(d.BundleDir(s.ID), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeJSON(filepath.Join(d.BundleDir(s.ID), guestFile), guestRecord{Spec: s, CgroupsPath: "/wb/g1", Runtime: rt}); err != nil {
+				t.Fatal(err)
+			}
+			set := func(file, v string) {
+				t.Helper()
+				if err := os.WriteFile(filepath.Join(cg, file), []byte(v+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			set("memory.events", "oom 0\noom_kill 0")
+			set("pids.max", "1000")
+			set("pids.current", "60")
+			start, ok := proc.Start(os.Getpid())
+			if !ok {
+				t.Fatal("no start time of the test process")
+			}
+			d.inits[s.ID] = initProc{pid: os.Getpid(), start: start, state: hypervisor.StateRunning}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ch, err := d.Events(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			set("pids.max", "max") // read once, at the start: a later change is not seen
+			var got []string
+			for _, cur := range []string{"400", "499", "500", "520", "600", "620", "640", "700", "760"} {
+				set("pids.current", cur)
+				select {
+				case ev := <-ch:
+					got = append(got, cur+": "+ev.Type+" "+ev.Detail)
+				case <-time.After(300 * time.Millisecond): // 60 polls, on a loaded host a few
+				}
+			}
+			want := []string{
+				"500: pids the sandbox's host tasks: pids.current=500 of pids.max=1000 (50%)",
+				"640: pids the sandbox's host tasks: pids.current=640 of pids.max=1000 (64%)",
+			}
+			if rt == RuntimeRunc {
+				want = nil
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("events as the count grew: %q; want %q", got, want)
+			}
+		})
+	}
+}
