@@ -20,6 +20,7 @@ type Metrics struct {
 	execs    prometheus.Gauge
 	requests *prometheus.CounterVec
 	lost     *prometheus.CounterVec
+	ends     *prometheus.CounterVec
 }
 
 // NewMetrics makes the metrics, of no node yet (Config.Metrics: New adds its guests).
@@ -38,8 +39,12 @@ func NewMetrics() *Metrics {
 			Name: "wb_node_checkpoint_stopped_guests_total",
 			Help: "Memory snapshots whose checkpoint failed and stopped the guest (the snapshot failed), by what became of the session: restarted (a new guest booted from the old one's disk: files kept, processes lost) or failed (its disk could not be used either: the session failed, guest_crash). The node's log says why the checkpoint failed.",
 		}, []string{"outcome"}),
+		ends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wb_node_guest_process_ends_total",
+			Help: "Requests of the node that a guest's agent end every process of its guest, made as the guest's sandbox neared its host process limit (runsc: its host tasks grow with the guest's processes' churn, and the sandbox dies at that limit), by outcome: ended (the agent ended them), failed (it did not answer, or answered an error: asked again should the count grow on), stopped (it cannot, an older agent: the session failed, guest_crash). The node's log says which session and how near.",
+		}, []string{"outcome"}),
 	}
-	m.reg.MustRegister(m.execs, m.requests, m.lost, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.execs, m.requests, m.lost, m.ends, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -104,6 +109,14 @@ func (m *Metrics) checkpointLost(restarted bool) {
 		outcome = "restarted"
 	}
 	m.lost.WithLabelValues(outcome).Inc()
+}
+
+// guestProcsEnded counts a request that a guest's agent end its processes, by outcome.
+func (m *Metrics) guestProcsEnded(outcome string) {
+	if m == nil {
+		return
+	}
+	m.ends.WithLabelValues(outcome).Inc()
 }
 
 // agentKind is the kind of a request to a guest's agent, by its agent path (agentPath).

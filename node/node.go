@@ -127,6 +127,8 @@ type live struct {
 	egress *egressProxy           // the guest's way out
 	seen   map[int]bool           // guest pids already reported as process_start
 	cancel context.CancelFunc     // stops the event watcher
+	// ending is set while the node has the guest's agent end its processes (endGuestProcs).
+	ending atomic.Bool
 	// ooms is the count of OOM kills the node last read for guest oomGuest (see oomsBefore).
 	ooms     int64
 	oomGuest string

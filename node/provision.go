@@ -196,7 +196,8 @@ func (n *Node) launch(ctx context.Context, spec hypervisor.Spec) error {
 }
 
 // watch follows the guest's events: an OOM kill fails the session with oom, a guest that
-// dies of anything else while running fails it with guest_crash.
+// dies of anything else while running fails it with guest_crash, and a sandbox near its host
+// process limit has its guest's processes ended (endGuestProcs).
 func (n *Node) watch(l *live) {
 	ctx, watched := n.beginWatch(l)
 	n.startWatch(ctx, l, watched)
@@ -230,6 +231,8 @@ func (n *Node) startWatch(ctx context.Context, l *live, watched string) {
 			}
 			st := l.g.State
 			switch {
+			case ev.Type == hypervisor.EventPids && st == session.Running:
+				n.endGuestProcs(l, watched, ev.Detail)
 			case ev.Type == hypervisor.EventOOM && st == session.Running:
 				n.Logger.Warn("guest OOM", "session", l.g.SessionID)
 				n.end(n.ctx, l, session.Node, session.OOM, "")
@@ -838,4 +841,55 @@ func (n *Node) snapshotDir(id string) (string, error) {
 		return "", &session.FieldError{Field: "snapshot_id", Message: fmt.Sprintf("%q is not a snapshot id (snap_ and 18 letters or digits)", id)}
 	}
 	return filepath.Join(n.DataDir, "snapshots", id), nil
+}
+
+// endProcsTimeout bounds the node's request that a guest's agent end its processes: the
+// agent, starved by what it ends on a loaded host, took seconds for its kill rounds.
+const endProcsTimeout = 20 * time.Second
+
+// endGuestProcs has guest watched's agent end every process of the guest: its sandbox nears
+// its host process limit (hypervisor.EventPids, detail says how near), where it would die
+// with whatever the guest ran, and the agent's own fork-bomb guard, which counts the guest's
+// processes and not what they cost the host, has not ended them. One request at a time per
+// guest; the driver reports again only as the count grows on, and only then is the agent
+// asked again. An agent that cannot end them (one from before the request, in a guest
+// adopted from an older node) leaves the session to fail as the sandbox's death would:
+// it is stopped now, with guest_crash, and the log says why. The caller holds l.mu.
+func (n *Node) endGuestProcs(l *live, watched, detail string) {
+	sess := l.g.SessionID
+	if l.agent == nil || !l.ending.CompareAndSwap(false, true) {
+		n.Logger.Info("node: the guest's sandbox nears its process limit; its processes are being ended already", "session", sess, "guest", watched, "detail", detail)
+		return
+	}
+	c := l.agent
+	started := n.goBackground(func() {
+		defer l.ending.Store(false)
+		ctx, cancel := context.WithTimeout(n.ctx, endProcsTimeout)
+		defer cancel()
+		t0 := time.Now()
+		ended, err := c.EndProcs(ctx)
+		switch {
+		case err == nil:
+			n.Metrics.guestProcsEnded("ended")
+			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?): its agent ended every process of the guest",
+				"session", sess, "guest", watched, "detail", detail, "ended", ended, "took", time.Since(t0).Round(time.Millisecond))
+		case agent.EndUnsupported(err):
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.g.GuestID != watched || l.g.State != session.Running {
+				return
+			}
+			n.Metrics.guestProcsEnded("stopped")
+			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?) and its agent cannot end the guest's processes (an older agent?): the session fails as the sandbox's death would fail it",
+				"session", sess, "guest", watched, "detail", detail, "reason", session.GuestCrash, "err", err)
+			n.end(n.ctx, l, session.Node, session.GuestCrash, "")
+		default:
+			n.Metrics.guestProcsEnded("failed")
+			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?); its agent did not end the guest's processes (asked again if the count grows on)",
+				"session", sess, "guest", watched, "detail", detail, "took", time.Since(t0).Round(time.Millisecond), "err", err)
+		}
+	})
+	if !started {
+		l.ending.Store(false)
+	}
 }

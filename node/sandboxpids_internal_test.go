@@ -1,0 +1,155 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"wb/hypervisor"
+	"wb/internal/syncbuf"
+	"wb/session"
+)
+
+// pidsDriver is oomDriver whose guest's events are the test's to send.
+type pidsDriver struct {
+	oomDriver
+	events chan hypervisor.Event
+}
+
+func (d pidsDriver) Events(context.Context, string) (<-chan hypervisor.Event, error) {
+	return d.events, nil
+}
+
+// pidsNode is a node whose one running session, id, has for its guest's agent endH at POST
+// /v1/procs/end (404 elsewhere), and whose guest's events the test sends on the channel
+// answered; the node watches them.
+func pidsNode(t *testing.T, id string, m *Metrics, endH http.HandlerFunc) (*live, chan<- hypervisor.Event, *syncbuf.Buffer) {
+	t.Helper()
+	events := make(chan hypervisor.Event)
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: pidsDriver{oomDriver{kills: &atomic.Int64{}}, events}, Metrics: m},
+		func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && r.URL.Path == "/v1/procs/end" {
+				endH(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"no route"}}`))
+		})
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	l.mu.Lock()
+	ctx, guestID := n.beginWatch(l)
+	l.mu.Unlock()
+	n.startWatch(ctx, l, guestID)
+	return l, events, logs
+}
+
+func pidsEvent(cur int) hypervisor.Event {
+	return hypervisor.Event{Type: hypervisor.EventPids, At: time.Now(), Detail: fmt.Sprintf("pids.current=%d of pids.max=12416", 6208+cur*1552)}
+}
+
+// pollUntil polls cond for up to a minute (a loaded host), failing with what.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+	}
+}
+
+// TestSandboxPidsEndsTheGuestsProcesses: a pids event (the guest's sandbox nears its host
+// process limit) has the node ask the guest's agent to end every process of the guest, once
+// at a time: the events that come while the agent works on it ask nothing more; the session
+// runs on, the node logs what was ended and why and counts it, and a later event (the count
+// grew on) asks again.
+func TestSandboxPidsEndsTheGuestsProcesses(t *testing.T) {
+	const id = "sess_pidsends"
+	m := NewMetrics()
+	var asked atomic.Int32
+	release := make(chan struct{})
+	l, events, logs := pidsNode(t, id, m, func(w http.ResponseWriter, r *http.Request) {
+		if asked.Add(1) == 1 {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ended":212}` + "\n"))
+	})
+	for i := range 3 {
+		events <- pidsEvent(i) // taken by the node's watch: the first is being answered after it
+	}
+	pollUntil(t, "the first request", func() bool { return asked.Load() >= 1 })
+	time.Sleep(200 * time.Millisecond) // room for a wrong second request
+	if n := asked.Load(); n != 1 {
+		t.Fatalf("3 pids events while the agent ended the processes: %d requests; want 1", n)
+	}
+	close(release)
+	pollUntil(t, "the node's log of the end", func() bool { return strings.Contains(logs.String(), "its agent ended every process of the guest") })
+	if !strings.Contains(logs.String(), "ended=212") || !strings.Contains(logs.String(), "session="+id) {
+		t.Errorf("the node's log does not say which session and how many were ended:\n%s", logs.String())
+	}
+	pollUntil(t, "the request to end", func() bool { return !l.ending.Load() })
+	events <- pidsEvent(3)
+	pollUntil(t, "a second request after the count grew on", func() bool { return asked.Load() == 2 })
+	pollUntil(t, "the second end", func() bool { return !l.ending.Load() })
+	l.mu.Lock()
+	st := l.g.State
+	l.mu.Unlock()
+	if st != session.Running {
+		t.Errorf("after its processes were ended the session is %s; want running", st)
+	}
+	if got := scrapeMetrics(m, "wb_node_guest_process_ends"); !strings.Contains(got+"\n", `wb_node_guest_process_ends_total{outcome="ended"} 2`+"\n") {
+		t.Errorf("/metrics lacks 2 ends:\n%s", got)
+	}
+}
+
+// TestSandboxPidsOlderAgent: an agent from before POST /v1/procs/end (a guest adopted from
+// an older node) answers 404; the node stops the guest then, its session failed with
+// guest_crash as the sandbox's death at its limit would have failed it, logs why and counts
+// it, and asks nothing more.
+func TestSandboxPidsOlderAgent(t *testing.T) {
+	const id = "sess_pidsolder"
+	m := NewMetrics()
+	var asked atomic.Int32
+	l, events, logs := pidsNode(t, id, m, func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"no route POST /v1/procs/end"}}` + "\n"))
+	})
+	events <- pidsEvent(0)
+	state := func() (session.State, session.Reason) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.g.State, l.g.Reason
+	}
+	pollUntil(t, "the session's end", func() bool { st, _ := state(); return st != session.Running })
+	if st, reason := state(); st != session.Failed || reason != session.GuestCrash {
+		t.Errorf("an older agent's guest near its limit: the session is %s (%s); want failed with guest_crash", st, reason)
+	}
+	if !strings.Contains(logs.String(), "its agent cannot end the guest's processes") {
+		t.Errorf("the node's log does not say why it stopped the guest:\n%s", logs.String())
+	}
+	pollUntil(t, "the request to end", func() bool { return !l.ending.Load() })
+	select {
+	case events <- pidsEvent(1):
+	case <-time.After(5 * time.Second): // the watch ended with the guest
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := asked.Load(); n != 1 {
+		t.Errorf("the older agent was asked %d times; want once", n)
+	}
+	if got := scrapeMetrics(m, "wb_node_guest_process_ends"); !strings.Contains(got+"\n", `wb_node_guest_process_ends_total{outcome="stopped"} 1`+"\n") {
+		t.Errorf("/metrics lacks the stop:\n%s", got)
+	}
+}
