@@ -26,7 +26,10 @@ import (
 // (200 ms), the node's request and the agent's kill rounds on a loaded host; and a workload
 // that keeps a few dozen processes churning settles well below it (the 1,470 above, 12 % of
 // the 12,416 of a session's Pids 1024). The eighths bound the reports to five in a sandbox's
-// life, however it churns, and ask again only when ending the processes did not hold it.
+// life, however it churns: each is a bomb that ending the processes did not hold, or a later
+// one, since the count ratchets (three bombs in a row, each ended, left a sandbox held to
+// 2,000 at 1,099, 1,368 and 1,621). A sandbox past its last report dies at its limit on the
+// next such growth, as it did before the watch (guest_crash).
 type sandboxPids struct {
 	max  int64 // the sandbox's host limit
 	next int64 // the count of the next report
