@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -703,18 +704,45 @@ func (n *Node) reapGuestDirs(ctx context.Context, held map[string]bool) {
 }
 
 // mountedBelow reports whether anything is mounted on dir or below it (true when the mount
-// table cannot be read).
+// table cannot be read, or dir resolved). The table names mount points resolved, with
+// spaces and the like escaped: dir is compared so, since a data dir through a symlink (or
+// with a space) matched none, and os.RemoveAll went into a guest's mounted disk.
 func mountedBelow(dir string) bool {
+	dir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return true
+	}
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return true
 	}
 	for l := range strings.Lines(string(b)) {
-		if f := strings.Fields(l); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			return true
+		if f := strings.Fields(l); len(f) > 4 {
+			if p := unescapeMountPoint(f[4]); p == dir || strings.HasPrefix(p, dir+"/") {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// unescapeMountPoint undoes the mount table's octal escapes (\040 a space, \011, \012, \134).
+func unescapeMountPoint(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }
 
 // reconcile destroys the running or paused guests whose sessions ended elsewhere while the
