@@ -132,7 +132,15 @@ func (d *Driver) capGuestsPids(pidMaxFile, threadsMaxFile string) {
 	if err == nil {
 		var got int64
 		var kept bool
-		if got, kept, err = d.cg.capPids(d.guestsCgroup, guestsPidsMax(tasks)); err == nil {
+		limit := guestsPidsMax(tasks)
+		if got, kept, err = d.cg.capPids(d.guestsCgroup, limit); err == nil && got < limit {
+			// Kept, as an operator's would be; but a test's, an older release's, or one from
+			// before pid_max was raised holds every guest on the host to it for good, unseen.
+			d.log.Warn("oci: the guests' process total is lower than this node's, and is kept: if it is not the operator's, write max to its pids.max and restart a node",
+				"cgroup", d.guestsCgroup, "file", filepath.Join(d.cg.pidsDir(d.guestsCgroup), "pids.max"), "pids_max", got, "node_total", limit, "host_tasks", tasks)
+			return
+		}
+		if err == nil {
 			d.log.Info("oci: guests' process total capped, leaving the rest of the host's process ids to the platform",
 				"cgroup", d.guestsCgroup, "pids_max", got, "host_tasks", tasks, "reserve", tasks-got, "kept_lower_limit", kept)
 			return

@@ -2,10 +2,13 @@ package oci
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"wb/internal/syncbuf"
 )
 
 // TestGuestsPidsMax: the guests' total is the host's task limit (the smaller of pid_max and
@@ -160,6 +163,41 @@ func TestGuestsTotalNote(t *testing.T) {
 		err := d.atGuestsTotal(errors.New("runc create failed"))
 		if !strings.Contains(err.Error(), "runc create failed") || c.note != strings.Contains(err.Error(), "the host's guests hold") {
 			t.Errorf("pids.current %q, pids.max %q: a failed start says %q", c.current, c.max, err)
+		}
+	}
+}
+
+// TestCapGuestsPidsWarnsOfALowerTotal: a total lower than the node's own (left by a test, an
+// older release, or a pid_max raised since) is kept, as an operator's would be, and the node
+// warns of it at each start, saying what it holds the guests to and how to lift it: at Info
+// among the start's lines, a host's guests held to 200 processes went unseen for good. The
+// node's own value, or one a node of this release wrote, is no warning.
+func TestCapGuestsPidsWarnsOfALowerTotal(t *testing.T) {
+	for _, c := range []struct {
+		was  string
+		warn bool
+	}{{"200\n", true}, {"28672\n", false}, {"max\n", false}} {
+		root := t.TempDir()
+		pm, tm := filepath.Join(root, "pid_max"), filepath.Join(root, "threads-max")
+		for f, v := range map[string]string{pm: "32768\n", tm: "192735\n"} {
+			if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		file := filepath.Join(root, "pids", "wb", "pids.max")
+		if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(file, []byte(c.was), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var logs syncbuf.Buffer
+		d := &Driver{cg: cgroupHost{v1: map[string]string{"pids": filepath.Join(root, "pids")}}, guestsCgroup: "/wb",
+			log: slog.New(slog.NewTextHandler(&logs, nil))}
+		d.capGuestsPids(pm, tm)
+		warned := strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), "pids_max="+strings.TrimSpace(c.was))
+		if warned != c.warn {
+			t.Errorf("pids.max %q, the node's own total 28672: warned %v, want %v; the log:\n%s", c.was, warned, c.warn, logs.String())
 		}
 	}
 }
