@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"wb/hypervisor"
 )
 
 // RunDirBytes bounds the tmpfs of a data dir's runtime state and bundles (OpenDataDir). A
@@ -63,8 +65,9 @@ func Layouts(dataDir string) []Layout { return []Layout{RunLayout(dataDir), Disk
 //
 // An on-disk state the runtime cannot list (an entry it cannot read: runsc's list fails on
 // one) may hold guests or not: the node keeps it, where they would run, unless the run dir
-// lists guests, which are then certainly its own (unlisted). Either way no guest is
-// destroyed on a doubt, and the node starts, saying so.
+// lists guests and none of the bundles on disk is a guest the runtime knows (asked one by
+// one): the run dir's are then its own. Either way no guest is destroyed on a doubt, and
+// the node starts, saying so.
 func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64) (*Driver, Layout, error) {
 	disk, run := DiskLayout(dataDir), RunLayout(dataDir)
 	held, unlisted, err := holdsGuests(ctx, o, disk)
@@ -72,7 +75,7 @@ func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64)
 		return nil, Layout{}, err
 	}
 	if unlisted != nil {
-		if held, err = diskUnlisted(ctx, o, run, unlisted); err != nil {
+		if held, err = diskUnlisted(ctx, o, disk, run, unlisted); err != nil {
 			return nil, Layout{}, err
 		}
 	}
@@ -112,10 +115,12 @@ func OpenDataDir(ctx context.Context, o Options, dataDir string, runBytes int64)
 }
 
 // diskUnlisted answers whether a node whose on-disk state the runtime could not list
-// (unlisted) keeps to it: unless the run dir is mounted and lists guests, the node's own.
-// Neither listed, the node cannot tell where its guests are, and does not start.
-func diskUnlisted(ctx context.Context, o Options, run Layout, unlisted error) (bool, error) {
-	if !mounted(run.RunDir) {
+// (unlisted) keeps to it: when the runtime knows a guest of a bundle there (asked one by
+// one), or unless the run dir is mounted and lists guests, the node's own. Guests in both
+// are a rolled back node's, whose on-disk ones run on (see reapRunDir), as when the state
+// lists. Neither listed, the node cannot tell where its guests are, and does not start.
+func diskUnlisted(ctx context.Context, o Options, disk, run Layout, unlisted error) (bool, error) {
+	if !mounted(run.RunDir) || bundledGuests(ctx, o, disk) {
 		return true, nil
 	}
 	held, runUnlisted, err := holdsGuests(ctx, o, run)
@@ -127,6 +132,28 @@ func diskUnlisted(ctx context.Context, o Options, run Layout, unlisted error) (b
 			"the node cannot tell which holds its guests", unlisted, run.RunDir, err)
 	}
 	return !held, nil
+}
+
+// bundledGuests reports whether the runtime knows the guest of any bundle in l: asked one
+// by one, where its list of l's state fails on another entry.
+func bundledGuests(ctx context.Context, o Options, l Layout) bool {
+	es, err := os.ReadDir(l.BundleRoot)
+	if err != nil || len(es) == 0 {
+		return false
+	}
+	d, err := newOn(o, l)
+	if err != nil {
+		return false
+	}
+	for _, e := range es {
+		if !e.IsDir() || !hypervisor.ValidID(e.Name()) {
+			continue // the disk templates
+		}
+		if _, err := d.Info(ctx, e.Name()); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // reapRunDir destroys the guests in run's run dir, if it is mounted, and unmounts it, for a

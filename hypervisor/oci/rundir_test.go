@@ -483,3 +483,24 @@ func TestRunDirCorruptDiskState(t *testing.T) {
 		})
 	}
 }
+
+// TestRunDirBothLayoutsCorruptDisk: guests in both layouts (a new node's in the run dir,
+// then, rolled back, an older node's on disk, then rolled forward), and an on-disk state the
+// runtime cannot list: the node drives the disk layout's guests, found one by one through
+// their bundles, as it does when that state lists (TestRunDirBothLayouts): the older node ran
+// last, failed the run dir's guests' sessions and runs its own there. Taking the run dir's
+// for its own, the node failed the sessions that ran and drove those that had ended.
+func TestRunDirBothLayoutsCorruptDisk(t *testing.T) {
+	cat := catalog(t)
+	rt := oci.RuntimeRunsc // runc lists past the entry
+	dataDir := reachableTempDir(t)
+	unmountRunDirAtEnd(t, dataDir)
+	d1, l1 := openDataDir(t, rt, dataDir, oci.RunDirBytes)
+	if l1.RunDir == "" {
+		t.Fatalf("a fresh data dir's layout %+v, want the run dir's", l1)
+	}
+	boot(t, d1, guestSpec(t, cat[templates.Base], jobRunner))
+	gb := bootOnDisk(t, rt, dataDir, cat[templates.Base])
+	corruptState(t, rt, oci.DiskLayout(dataDir))
+	answersThenEnds(t, gb, openOnDisk(t, rt, dataDir), "the older node's guest")
+}
