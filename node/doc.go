@@ -10,7 +10,7 @@
 //     owns (the data dir is its own: cmd/wb locks it).
 //   - Guest events: an OOM kill fails the session with oom, any other death with guest_crash;
 //     a sandbox near its host process limit has its guest's agent end the guest's processes
-//     (an agent that cannot: the session fails with guest_crash, as the sandbox's death would);
+//     (an agent that cannot is not asked again: the sandbox dies should it reach its limit);
 //     execs, process starts, egress and resource samples go to the runtime decision point
 //     (Config.Runtime), whose kill stops the session. A guest's only way out is the node's
 //     egress proxy, which dials through Config.Egress.

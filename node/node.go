@@ -129,6 +129,9 @@ type live struct {
 	cancel context.CancelFunc     // stops the event watcher
 	// ending is set while the node has the guest's agent end its processes (endGuestProcs).
 	ending atomic.Bool
+	// noEnd is the guest whose agent cannot end its processes (agent.EndUnsupported): it is
+	// not asked again.
+	noEnd string
 	// ooms is the count of OOM kills the node last read for guest oomGuest (see oomsBefore).
 	ooms     int64
 	oomGuest string

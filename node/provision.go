@@ -881,10 +881,15 @@ const endProcsTimeout = 20 * time.Second
 // processes and not what they cost the host, has not ended them. One request at a time per
 // guest; the driver reports again only as the count grows on, and only then is the agent
 // asked again. An agent that cannot end them (one from before the request, in a guest
-// adopted from an older node) leaves the session to fail as the sandbox's death would:
-// it is stopped now, with guest_crash, and the log says why. The caller holds l.mu.
+// adopted from an older node) is not asked again, and the session runs on as it did before
+// the request: its sandbox's host tasks do not fall back once its processes end, so one past
+// half its limit may stay there for good, and stopping it would fail a session that has not
+// died (should it reach its limit, it dies: guest_crash). The caller holds l.mu.
 func (n *Node) endGuestProcs(l *live, watched, detail string) {
 	sess := l.g.SessionID
+	if l.noEnd == watched {
+		return
+	}
 	if l.agent == nil || !l.ending.CompareAndSwap(false, true) {
 		n.Logger.Info("node: the guest's sandbox nears its process limit; its processes are being ended already", "session", sess, "guest", watched, "detail", detail)
 		return
@@ -903,14 +908,11 @@ func (n *Node) endGuestProcs(l *live, watched, detail string) {
 				"session", sess, "guest", watched, "detail", detail, "ended", ended, "took", time.Since(t0).Round(time.Millisecond))
 		case agent.EndUnsupported(err):
 			l.mu.Lock()
-			defer l.mu.Unlock()
-			if l.g.GuestID != watched || l.g.State != session.Running {
-				return
-			}
-			n.Metrics.guestProcsEnded("stopped")
-			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?) and its agent cannot end the guest's processes (an older agent?): the session fails as the sandbox's death would fail it",
-				"session", sess, "guest", watched, "detail", detail, "reason", session.GuestCrash, "err", err)
-			n.end(n.ctx, l, session.Node, session.GuestCrash, "")
+			l.noEnd = watched
+			l.mu.Unlock()
+			n.Metrics.guestProcsEnded("unsupported")
+			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?) and its agent cannot end the guest's processes (an older agent?): it is not asked again, and the sandbox dies should it reach that limit",
+				"session", sess, "guest", watched, "detail", detail, "err", err)
 		default:
 			n.Metrics.guestProcsEnded("failed")
 			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?); its agent did not end the guest's processes (asked again if the count grows on)",

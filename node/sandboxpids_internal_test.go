@@ -114,9 +114,11 @@ func TestSandboxPidsEndsTheGuestsProcesses(t *testing.T) {
 }
 
 // TestSandboxPidsOlderAgent: an agent from before POST /v1/procs/end (a guest adopted from
-// an older node) answers 404; the node stops the guest then, its session failed with
-// guest_crash as the sandbox's death at its limit would have failed it, logs why and counts
-// it, and asks nothing more.
+// an older node) answers 404; the node leaves the session running, logs why and counts it, and
+// asks that guest's agent nothing more. A sandbox's host tasks do not fall back once its
+// processes end (sandboxPids), so one that an older agent's guard saved from a bomb may sit
+// past half its limit for good: stopping it at its new node's first look failed a session
+// that ran on under the old node.
 func TestSandboxPidsOlderAgent(t *testing.T) {
 	const id = "sess_pidsolder"
 	m := NewMetrics()
@@ -128,28 +130,22 @@ func TestSandboxPidsOlderAgent(t *testing.T) {
 		_, _ = w.Write([]byte(`{"error":{"code":"not_found","message":"no route POST /v1/procs/end"}}` + "\n"))
 	})
 	events <- pidsEvent(0)
-	state := func() (session.State, session.Reason) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.g.State, l.g.Reason
-	}
-	pollUntil(t, "the session's end", func() bool { st, _ := state(); return st != session.Running })
-	if st, reason := state(); st != session.Failed || reason != session.GuestCrash {
-		t.Errorf("an older agent's guest near its limit: the session is %s (%s); want failed with guest_crash", st, reason)
-	}
-	if !strings.Contains(logs.String(), "its agent cannot end the guest's processes") {
-		t.Errorf("the node's log does not say why it stopped the guest:\n%s", logs.String())
-	}
+	pollUntil(t, "the node's log of the agent that cannot", func() bool {
+		return strings.Contains(logs.String(), "its agent cannot end the guest's processes")
+	})
 	pollUntil(t, "the request to end", func() bool { return !l.ending.Load() })
-	select {
-	case events <- pidsEvent(1):
-	case <-time.After(5 * time.Second): // the watch ended with the guest
+	events <- pidsEvent(1) // the count grew on
+	time.Sleep(200 * time.Millisecond)
+	l.mu.Lock()
+	st, reason := l.g.State, l.g.Reason
+	l.mu.Unlock()
+	if st != session.Running {
+		t.Errorf("an older agent's guest near its limit: the session is %s (%s); want running", st, reason)
 	}
-	time.Sleep(100 * time.Millisecond)
 	if n := asked.Load(); n != 1 {
 		t.Errorf("the older agent was asked %d times; want once", n)
 	}
-	if got := scrapeMetrics(m, "wb_node_guest_process_ends"); !strings.Contains(got+"\n", `wb_node_guest_process_ends_total{outcome="stopped"} 1`+"\n") {
-		t.Errorf("/metrics lacks the stop:\n%s", got)
+	if got := scrapeMetrics(m, "wb_node_guest_process_ends"); !strings.Contains(got+"\n", `wb_node_guest_process_ends_total{outcome="unsupported"} 1`+"\n") {
+		t.Errorf("/metrics lacks the agent that cannot:\n%s", got)
 	}
 }
