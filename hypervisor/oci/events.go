@@ -48,6 +48,12 @@ func (d *Driver) Events(ctx context.Context, id string) (<-chan hypervisor.Event
 	if cur, limit := d.cg.pidsFiles(g.CgroupsPath); d.name == RuntimeRunsc && cur != "" {
 		if n, err := readInt(limit); err == nil && n > 0 {
 			pidsCur, pids = cur, newSandboxPids(n)
+			// A count past half already (a node's restart adopting the guest: it does not fall
+			// back once a bomb was ended) is where the watch starts, not a report: reported,
+			// it had the agent end every process of a guest that ran no bomb.
+			if c, err := readInt(cur); err == nil {
+				pids.observe(c)
+			}
 		}
 	}
 	ch := make(chan hypervisor.Event, 16)
