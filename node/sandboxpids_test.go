@@ -130,3 +130,57 @@ func TestSandboxPidsEnded(t *testing.T) {
 		t.Errorf("the sandbox's host tasks reached %d of its limit %d (pids.events %q); want them held below", peak, hostMax, ev)
 	}
 }
+
+// TestSandboxPidsNodeRestartEndsNothing: a sandbox whose host tasks an ended bomb left past
+// half its limit (they do not fall back) keeps its guest's processes when a new node adopts
+// it: the new node's watch starts at that count, and has the agent end them only should it
+// grow by another eighth. It reported that count at its first poll, and a background process
+// the guest ran (no bomb) was ended at each node's restart.
+func TestSandboxPidsNodeRestartEndsNothing(t *testing.T) {
+	const hostMax = 2000
+	const id = "node_sandboxpidsrestart"
+	st, _ := newStore(t)
+	base, dataDir := tempDir(t), tempDir(t)
+	d := newDriver(t, "runsc", base)
+	dir := func(gid string) string { return pidsCgroupDir(d.CgroupPath(gid)) }
+	cfg := nodeConfig(t, st, d, dataDir, id)
+	cfg.Driver = lowPidsDriver{Driver: cfg.Driver, dir: dir, max: hostMax}
+	a := startNode(t, cfg)
+	const project = "proj_sandboxpidsrestart"
+	s := provision(t, st, a.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	ids, err := d.List(ctxT(t, 30*time.Second))
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("the node's guests: %v, %v; want one", ids, err)
+	}
+	cur := func() int {
+		b, _ := os.ReadFile(filepath.Join(dir(ids[0]), "pids.current"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	const bomb = `for i in $(seq 20); do (while :; do sh -c : ; done) & done; wait`
+	req, limit := execReq(bomb), 60
+	req.TimeoutS = &limit
+	res, err := a.Exec(ctxT(t, 2*time.Minute), s, req, nil, nil)
+	t.Logf("the bomb's exec: exit %d, timed out %v, err %v; the sandbox's host tasks after it: %d of %d", res.ExitCode, res.TimedOut, err, cur(), hostMax)
+	if n := cur(); n < hostMax/2 {
+		t.Skipf("the sandbox's host tasks fell back to %d of %d after the bomb: nothing to test", n, hostMax)
+	}
+	if res, err := execIn(ctxT(t, time.Minute), a.Node, s, "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started"); err != nil || !strings.Contains(res.Stdout, "started") {
+		t.Fatalf("start a background process: %q, %v", res.Stdout, err)
+	}
+	a.stop(t)
+	d2 := openDriver(t, "runsc", base, strings.TrimSuffix(d.CgroupPath(""), "/"))
+	b := startNode(t, nodeConfig(t, st, d2, dataDir, id))
+	if _, err := execIn(ctxT(t, time.Minute), b.Node, s, "true"); err != nil {
+		t.Fatalf("an exec after the node's restart: %v", err)
+	}
+	time.Sleep(3 * time.Second) // 15 polls of the new node's watch
+	res, err = execIn(ctxT(t, time.Minute), b.Node, s, `for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && { echo running; exit; }; done; echo gone`)
+	t.Logf("after the node's restart the sandbox's host tasks: %d of %d", cur(), hostMax)
+	if err != nil || !strings.Contains(res.Stdout, "running") {
+		t.Errorf("the guest's background process after a new node adopted it: %q, %v; want it running", res.Stdout, err)
+	}
+	if got := get(t, st, project, s.ID); got.State != session.Running {
+		t.Errorf("after the node's restart the session is %s (%s); want running", got.State, reasonOf(got))
+	}
+}
