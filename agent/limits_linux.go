@@ -208,7 +208,7 @@ func (c *childCgroup) startIn(startFn func() (int, error)) (int, error) {
 	answer := make(chan spawnAnswer, 1)
 	start := func() (int, error) { // on the spawner's thread, just before the fork
 		if c.ending.Load() {
-			return 0, fmt.Errorf("the agent is ending the guest's processes, which stayed at their limit: %w", syscall.EAGAIN)
+			return 0, fmt.Errorf("the agent is ending every process of the guest, which pressed on its own limit or its sandbox's host task limit, a fork bomb's mark: %w", syscall.EAGAIN)
 		}
 		return startFn()
 	}
