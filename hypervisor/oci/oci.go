@@ -88,6 +88,7 @@ type Driver struct {
 	runDir        string // the tmpfs of its state and bundles (OpenDataDir), or ""
 	cgroupParent  string
 	guestsCgroup  string // Options.GuestsCgroup
+	guestsMax     guestsMax
 	cg            cgroupHost
 	eventInterval time.Duration
 	log           *slog.Logger
