@@ -47,7 +47,9 @@
 //     simply goes on and it listens again, as does the original.
 //   - POST /v1/procs/end ends every process of the guest but the agent, as the fork-bomb
 //     guard does, → 200 {"ended":N}; 501 unsupported where the agent keeps no pids cgroup (see
-//     below). The node asks when the guest's sandbox nears its host process limit (an agent
+//     below) and is not the guest's init either (as init, a runc guest's, it ends them by
+//     kill(-1)). The node asks when the guest's sandbox nears its host process limit, and when
+//     the host's guests near their process total and this guest holds the most (an agent
 //     from before it answers 404: Client.EndProcs, EndUnsupported).
 //
 // Exhaustion stays in the guest: with Config.PidsMax (runsc guests) every exec and PTY process

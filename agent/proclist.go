@@ -56,10 +56,17 @@ func (c *Client) Procs(ctx context.Context) ([]Proc, error) {
 // fork-bomb guard does: the node asks when the guest's sandbox nears its host process limit
 // (under gVisor's ptrace platform the sandbox's host tasks grow with its processes' churn,
 // and a bomb that hovers below the guest's own limit never wakes the guard), and would
-// otherwise see the sandbox die at that limit. Where the agent keeps no pids cgroup (it is
-// not the guest's init, or could not set one up) it cannot find every process, and says so.
+// otherwise see the sandbox die at that limit; and when the host's guests near their process
+// total and this guest holds the most. Where the agent keeps no pids cgroup it ends them as
+// the guest's init (endAllAsInit: a runc guest); where it is not the init either, it cannot
+// find every process, and says so.
 func (s *server) handleEndProcs(w http.ResponseWriter, _ *http.Request) {
 	if s.procs.cg == nil {
+		if n, ok := endAllAsInit(); ok {
+			s.log.Warn("agent: ended every process of the guest at the node's request (the guest's init, without a pids cgroup of its own)", "killed", n)
+			writeJSON(w, http.StatusOK, endProcsAnswer{Ended: n})
+			return
+		}
 		writeError(w, http.StatusNotImplemented, "unsupported", "the agent keeps no process limit of its own in this guest (it is not the guest's init, or could not set one up), so it cannot end every process", "")
 		return
 	}
