@@ -21,6 +21,8 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	lost     *prometheus.CounterVec
 	ends     *prometheus.CounterVec
+	// hostTasks: see hostTasksAction.
+	hostTasks *prometheus.CounterVec
 }
 
 // NewMetrics makes the metrics, of no node yet (Config.Metrics: New adds its guests).
@@ -43,8 +45,12 @@ func NewMetrics() *Metrics {
 			Name: "wb_node_guest_process_ends_total",
 			Help: "Requests of the node that a guest's agent end every process of its guest, made as the guest's sandbox neared its host process limit (runsc: its host tasks grow with the guest's processes' churn, and the sandbox dies at that limit), by outcome: ended (the agent ended them), failed (it did not answer, or answered an error: asked again should the count grow on), unsupported (it cannot, an older agent: not asked again, the session runs on). The node's log says which session and how near.",
 		}, []string{"outcome"}),
+		hostTasks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "wb_node_host_process_total_actions_total",
+			Help: "Actions of the node on its guest that held the most of the host's guests' process total (the pids.max of their common cgroup) when they held 85% of it or more, by outcome: ended (its agent ended its processes and its count fell), stopped (its count did not fall, a runsc sandbox's: the session failed, policy_violation, rule host_process_share) or gone (it ended meanwhile: its session's end, its sandbox's death). The node's log says which session and how many.",
+		}, []string{"outcome"}),
 	}
-	m.reg.MustRegister(m.execs, m.requests, m.lost, m.ends, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.reg.MustRegister(m.execs, m.requests, m.lost, m.ends, m.hostTasks, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }
 

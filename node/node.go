@@ -194,6 +194,8 @@ type Node struct {
 	// snapshotsInUse counts, by snapshot id, the takes and restores using its directory,
 	// which the cache's eviction leaves alone.
 	snapshotsInUse inUse
+	// hostTasks watches the host's guests' process total (watchHostTasks).
+	hostTasks hostTasksWatch
 }
 
 // New prepares a node: its directories, and its journal from a previous run.
@@ -308,6 +310,7 @@ func (n *Node) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 			n.timers(n.ctx, n.Now())
+			n.watchHostTasks()
 		}
 	}
 }

@@ -1,0 +1,236 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"wb/agent"
+	"wb/hypervisor"
+	"wb/session"
+)
+
+// The host's guests' process total (hypervisor.HostTasker), shared by every guest of every
+// node on the host: when they hold all of it, any guest's next process fails and a runsc
+// sandbox dies at its next exec. One tenant's runsc sandboxes fill it on their own: under the
+// ptrace platform a sandbox's host tasks never fall (each bomb, ended, leaves it higher: 1,099,
+// 1,368, 1,621 after three), and two or three such sandboxes, each allowed 12,416, fill a
+// total of 28,672; then other tenants' guests die. So, as the kernel's OOM killer takes the
+// biggest, the node reads the total at each tick and, once the guests hold hostTasksMark of
+// it, has the guest of its own that holds the most, above a fair share, give way: its agent
+// ends its processes (a runc guest's count falls with them); should its count not fall (a
+// runsc sandbox's) and the total stay above the mark, the session is stopped, failed with
+// policy_violation and a rule that says how many it held.
+const (
+	// hostTasksMark is the share of the total, in percent, past which the node acts. At 85 % a
+	// host of pid_max 32,768 (a total of 28,672) keeps 4,300 tasks for the action's few
+	// seconds: more than one sandbox's growth under a bomb in two seconds (at most ~1,800 a
+	// second, and its own watch ends the bomb at half its limit), and a runc guest cannot pass
+	// its own limit (1,024). Below the 90 % at which a failed start says the guests hold
+	// their total (oci's guestsTotalNote), so the note is left to the case this missed.
+	hostTasksMark = 85
+	// hostTasksLook is the least time between two looks at each guest's count (a directory
+	// read per node on the host, a file per guest) while the total stays above the mark.
+	hostTasksLook = time.Second
+	// hostTasksSettle is how long the count of a guest whose processes were ended is given
+	// to fall (a runc guest's killed processes are reaped within milliseconds).
+	hostTasksSettle = 3 * time.Second
+	// hostTasksDefer is how long a guest of another node that holds more than any of this
+	// one's is left to its node: that node sees the same counts and acts on it. Past it (that
+	// node is of an older release, or stuck), this node acts on its own biggest above the
+	// share too.
+	hostTasksDefer = 30 * time.Second
+	// hostTasksGone bounds the wait for a stopped guest's tasks to go before the next look:
+	// until then the total still counts them, and another guest would be taken for them.
+	hostTasksGone = 30 * time.Second
+	// HostTasksRule is the rule of a session stopped as the guest that held the most of the
+	// host's process total (policy_violation); the rule's text says how many.
+	HostTasksRule = "host_process_share"
+)
+
+// hostTasksWatch is the node's watch of the total. above and last belong to the timers'
+// goroutine; busy is set while a look or an action is under way (at most one at a time),
+// and logged is that goroutine's alone.
+type hostTasksWatch struct {
+	busy  atomic.Bool
+	above time.Time // when the total was first seen above the mark, in this run of ticks
+	last  time.Time // the last look
+	// logged is when a look that took no guest was last logged (at most every
+	// hostTasksLogEvery while the total stays above the mark).
+	logged time.Time
+}
+
+// hostTasksLogEvery: see hostTasksWatch.logged.
+const hostTasksLogEvery = 30 * time.Second
+
+// watchHostTasks reads the guests' total (one read) and, above the mark, starts a look at
+// which guest to act on (relieveHostTasks) unless one is under way. On the timers' tick.
+func (n *Node) watchHostTasks() {
+	ht, ok := n.Driver.(hypervisor.HostTasker)
+	w := &n.hostTasks
+	if !ok || w.busy.Load() {
+		return
+	}
+	cur, limit, err := ht.GuestsTotal()
+	if err != nil || limit <= 0 || cur*100 < limit*hostTasksMark {
+		w.above = time.Time{}
+		return
+	}
+	now := time.Now() // not n.Now: the bounds are of real time
+	if w.above.IsZero() {
+		w.above = now
+	}
+	if now.Sub(w.last) < hostTasksLook {
+		return
+	}
+	w.last = now
+	deferOthers := now.Sub(w.above) < hostTasksDefer
+	w.busy.Store(true)
+	if !n.goBackground(func() {
+		defer w.busy.Store(false)
+		n.relieveHostTasks(ht, cur, limit, deferOthers)
+	}) {
+		w.busy.Store(false)
+	}
+}
+
+// pickHog answers the guest to act on: of the guests on the host (every node's), the one
+// that holds the most above the share, the total's limit over the number of guests holding
+// tasks (a guest at or below it holds no more than an even split would give it, and is
+// never taken). It must be this node's and runnable (a session's, running); a bigger guest
+// of another node is left to that node, and a bigger one of this node that runs no session
+// (stopping: its tasks go with its teardown) waited for, while deferOthers. No guest: why not.
+func pickHog(guests []hypervisor.GuestTasks, limit int64, runnable func(id string) bool, deferOthers bool) (hog hypervisor.GuestTasks, share int64, why string) {
+	share = limit / int64(max(len(guests), 1))
+	guests = slices.Clone(guests)
+	slices.SortStableFunc(guests, func(a, b hypervisor.GuestTasks) int { return cmp.Compare(b.Tasks, a.Tasks) })
+	for _, g := range guests {
+		switch {
+		case g.Tasks <= share:
+			return hypervisor.GuestTasks{}, share, fmt.Sprintf("no guest of this node that runs a session holds more than the share of %d", share)
+		case g.Own && runnable(g.ID):
+			return g, share, ""
+		case !g.Own && deferOthers:
+			return hypervisor.GuestTasks{}, share, fmt.Sprintf("the guest that holds the most (%d, above the share of %d) is another node's (%s): left to it", g.Tasks, share, g.ID)
+		case deferOthers:
+			return hypervisor.GuestTasks{}, share, fmt.Sprintf("the guest that holds the most (%d, above the share of %d), %s, runs no session now (stopping, paused or warm): waited for", g.Tasks, share, g.ID)
+		}
+	}
+	return hypervisor.GuestTasks{}, share, fmt.Sprintf("no guest of this node that runs a session holds more than the share of %d", share)
+}
+
+// hostTasksTimeout bounds a look at the guests' counts.
+const hostTasksTimeout = 5 * time.Second
+
+// relieveHostTasks looks at every guest's count and acts on the one pickHog answers.
+func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, deferOthers bool) {
+	w := &n.hostTasks
+	ctx, cancel := context.WithTimeout(n.ctx, hostTasksTimeout)
+	guests, err := ht.GuestsTasks(ctx)
+	cancel()
+	if err != nil {
+		n.Logger.Warn("node: the host's guests hold nearly their process total, and their counts could not be read", "total", cur, "limit", limit, "err", err)
+		return
+	}
+	// This node's running sessions, by guest; one whose lock is held (an operation on it)
+	// is left to the next look.
+	type running struct {
+		l     *live
+		sess  string
+		agent *agent.Client
+	}
+	mine := map[string]running{}
+	for _, l := range n.all() {
+		if !l.mu.TryLock() {
+			continue
+		}
+		if l.g.State == session.Running && l.g.GuestID != "" {
+			mine[l.g.GuestID] = running{l, l.g.SessionID, l.agent}
+		}
+		l.mu.Unlock()
+	}
+	hog, share, why := pickHog(guests, limit, func(id string) bool { _, ok := mine[id]; return ok }, deferOthers)
+	if hog.ID == "" {
+		if time.Since(w.logged) >= hostTasksLogEvery {
+			w.logged = time.Now()
+			n.Logger.Info("node: the host's guests hold nearly their process total; no guest of this node is taken", "total", cur, "limit", limit, "guests", len(guests), "why", why)
+		}
+		return
+	}
+	r := mine[hog.ID]
+	log := n.Logger.With("session", r.sess, "guest", hog.ID, "tasks", hog.Tasks, "share", share, "total", cur, "limit", limit, "guests", len(guests))
+
+	// Its agent ends its processes, unless the node has it do so already (endGuestProcs).
+	t0 := time.Now()
+	var ended int
+	endErr := fmt.Errorf("its processes are being ended already")
+	if r.agent != nil && r.l.ending.CompareAndSwap(false, true) {
+		ctx, cancel := context.WithTimeout(n.ctx, endProcsTimeout)
+		ended, endErr = r.agent.EndProcs(ctx)
+		cancel()
+		r.l.ending.Store(false)
+	}
+	// Given hostTasksSettle to fall: to the share or below, or the total below the mark.
+	tasks := hog.Tasks
+	for deadline := time.Now().Add(hostTasksSettle); ; {
+		t, err := ht.GuestTasks(n.ctx, hog.ID)
+		if err != nil || t <= 0 {
+			n.Metrics.hostTasksAction("gone")
+			log.Warn("node: the host's guests neared their process total, and this guest held the most; it ended meanwhile (its session's end, or its sandbox's death)",
+				"ended", ended, "end_err", endErr, "err", err, "took", time.Since(t0).Round(time.Millisecond))
+			return
+		}
+		tasks = t
+		if c, l, err := ht.GuestsTotal(); err == nil {
+			cur, limit = c, l
+		}
+		if tasks <= share || cur*100 < limit*hostTasksMark {
+			n.Metrics.hostTasksAction("ended")
+			log.Warn("node: the host's guests neared their process total, and this guest held the most: its agent ended its processes, and its count fell",
+				"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "took", time.Since(t0).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) || n.ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// Its count stays (a runsc sandbox's host tasks do not fall with its processes): the
+	// session stops, so that the other guests on the host can go on.
+	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, the most of any guest there and more than its share of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
+		HostTasksRule, tasks, limit, share)
+	l := r.l
+	l.mu.Lock()
+	stopped := l.g.GuestID == hog.ID && l.g.State == session.Running
+	if stopped {
+		n.end(n.ctx, l, session.Policy, session.PolicyViolation, rule)
+	}
+	l.mu.Unlock()
+	if !stopped {
+		n.Metrics.hostTasksAction("gone")
+		log.Warn("node: the host's guests neared their process total, and this guest held the most; its session ended meanwhile", "tasks_after", tasks)
+		return
+	}
+	n.Metrics.hostTasksAction("stopped")
+	log.Warn("node: the host's guests neared their process total, and this guest held the most; its count did not fall when its processes were ended: the session is stopped (policy_violation)",
+		"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "rule", rule, "took", time.Since(t0).Round(time.Millisecond))
+	// The next look waits for its tasks to go (the teardown's), bounded.
+	for deadline := time.Now().Add(hostTasksGone); time.Now().Before(deadline) && n.ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
+		if t, err := ht.GuestTasks(n.ctx, hog.ID); err != nil || t <= 0 {
+			return
+		}
+	}
+}
+
+// hostTasksAction counts an action of the node on the guest that held the most of the
+// host's process total, by outcome.
+func (m *Metrics) hostTasksAction(outcome string) {
+	if m == nil {
+		return
+	}
+	m.hostTasks.WithLabelValues(outcome).Inc()
+}

@@ -1,0 +1,71 @@
+package node
+
+import (
+	"strings"
+	"testing"
+
+	"wb/hypervisor"
+)
+
+// TestPickHog: the guest taken near the host's process total is the biggest above the share
+// (the total's limit over the guests holding tasks), this node's and running a session; a
+// bigger guest of another node is left to that node while deferOthers.
+func TestPickHog(t *testing.T) {
+	own := func(id string, n int64) hypervisor.GuestTasks {
+		return hypervisor.GuestTasks{ID: id, Own: true, Tasks: n}
+	}
+	other := func(id string, n int64) hypervisor.GuestTasks { return hypervisor.GuestTasks{ID: id, Tasks: n} }
+	all := func(string) bool { return true }
+	for _, c := range []struct {
+		name     string
+		guests   []hypervisor.GuestTasks
+		limit    int64
+		runnable func(string) bool
+		defers   bool
+		want     string // the guest taken, "" none
+		wantWhy  string
+		share    int64
+	}{
+		{name: "three ratcheted sandboxes of one tenant and two bystanders", limit: 28672, runnable: all, defers: true,
+			guests: []hypervisor.GuestTasks{own("by1", 60), own("hog2", 8900), own("hog1", 9800), other("n2/by2", 140), own("hog3", 6100)},
+			want:   "hog1", share: 5734},
+		{name: "an even split takes none", limit: 28672, runnable: all,
+			guests: []hypervisor.GuestTasks{own("a", 1024), own("b", 1024), other("n2/c", 1024)}, share: 9557,
+			wantWhy: "holds more than the share of 9557"},
+		{name: "at the share exactly is not above it", limit: 300, runnable: all,
+			guests: []hypervisor.GuestTasks{own("a", 150), own("b", 150)}, share: 150, wantWhy: "share of 150"},
+		{name: "a bigger guest of another node is left to it", limit: 1000, runnable: all, defers: true,
+			guests: []hypervisor.GuestTasks{own("mine", 400), other("n2/theirs", 500), own("by", 20)}, share: 333,
+			wantWhy: "another node's (n2/theirs)"},
+		{name: "past the deferral this node takes its own biggest above the share", limit: 1000, runnable: all,
+			guests: []hypervisor.GuestTasks{own("mine", 400), other("n2/theirs", 500), own("by", 20)}, share: 333,
+			want: "mine"},
+		{name: "past the deferral, but its own are under the share", limit: 1000, runnable: all,
+			guests: []hypervisor.GuestTasks{own("mine", 300), other("n2/theirs", 600), own("by", 20)}, share: 333,
+			wantWhy: "share of 333"},
+		{name: "a bigger guest of this node that runs no session (stopping) is waited for", limit: 1000,
+			runnable: func(id string) bool { return id != "stopping" }, defers: true,
+			guests: []hypervisor.GuestTasks{own("stopping", 700), own("next", 400), own("by", 20)}, share: 333,
+			wantWhy: "stopping, runs no session now"},
+		{name: "past the deferral a guest that runs no session is passed over", limit: 1000,
+			runnable: func(id string) bool { return id != "stopping" },
+			guests:   []hypervisor.GuestTasks{own("stopping", 700), own("next", 400), own("by", 20)}, share: 333,
+			want: "next"},
+		{name: "one guest alone is never above its share", limit: 1000, runnable: all,
+			guests: []hypervisor.GuestTasks{own("a", 990)}, share: 1000, wantWhy: "share of 1000"},
+		{name: "no guests", limit: 1000, runnable: all, share: 1000, wantWhy: "share"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := append([]hypervisor.GuestTasks(nil), c.guests...)
+			hog, share, why := pickHog(c.guests, c.limit, c.runnable, c.defers)
+			if hog.ID != c.want || share != c.share || c.want == "" && !strings.Contains(why, c.wantWhy) {
+				t.Errorf("pickHog: %+v, share %d, why %q; want %q, share %d, why containing %q", hog, share, why, c.want, c.share, c.wantWhy)
+			}
+			for i := range before {
+				if c.guests[i] != before[i] {
+					t.Fatalf("pickHog reordered its argument: %v", c.guests)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,246 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"wb/hypervisor"
+	"wb/hypervisor/oci"
+	"wb/node"
+	"wb/session"
+)
+
+// The node's test driver passes the guests' process total through (hypervisor.HostTasker,
+// which the embedded testDriver would hide); over a driver that is none it fails, and the
+// node does without.
+func (d timedDriver) GuestsTotal() (int64, int64, error) {
+	if h, ok := d.testDriver.(hypervisor.HostTasker); ok {
+		return h.GuestsTotal()
+	}
+	return 0, 0, errors.ErrUnsupported
+}
+
+func (d timedDriver) GuestsTasks(ctx context.Context) ([]hypervisor.GuestTasks, error) {
+	if h, ok := d.testDriver.(hypervisor.HostTasker); ok {
+		return h.GuestsTasks(ctx)
+	}
+	return nil, errors.ErrUnsupported
+}
+
+func (d timedDriver) GuestTasks(ctx context.Context, id string) (int64, error) {
+	if h, ok := d.testDriver.(hypervisor.HostTasker); ok {
+		return h.GuestTasks(ctx, id)
+	}
+	return 0, errors.ErrUnsupported
+}
+
+// fairHost is a node on runtime rt whose guests' common cgroup (GuestsCgroup, with the
+// node's CgroupParent below it as cmd/wb lays them out) allows total tasks: written before
+// the driver opens, which keeps a lower limit there. The cgroup goes at the test's end.
+func fairHost(t *testing.T, rt string, total int) (*running, testDriver, node.Config, string) {
+	t.Helper()
+	guests := "/wbfairtest-" + randHex(t, 4)
+	dir := pidsCgroupDir(guests)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // after the driver's, which removes its parent below
+		// On v1 the runtimes made it in every hierarchy.
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", guests))
+		if len(dirs) == 0 {
+			dirs = []string{dir}
+		}
+		for _, d := range dirs {
+			if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("remove the guests' cgroup: %v", err)
+			}
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(total)), 0); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := newStore(t)
+	d := newDriver(t, rt, tempDir(t), func(o *oci.Options) { o.GuestsCgroup, o.CgroupParent = guests, guests+"/node_fair" })
+	cfg := nodeConfig(t, st, d, tempDir(t), "node_fair_"+rt)
+	cfg.Metrics = node.NewMetrics()
+	return startNode(t, cfg), d, cfg, dir
+}
+
+// TestHostTasksHogGivesWay is one tenant's guest taking the host's guests' process total
+// (300 here) while another tenant's guest idles beside it on the host: the hog starts
+// sleeps until its forks fail (its own limit is 1,024, above the total). The total stays
+// full, and the bystander's exec of a few processes fails: its shell cannot fork. The node reads the
+// total and, past 85 % of it, has the guest that holds the most above the share (300 over 2)
+// give way: its agent ends its processes, whose count (runc: host processes) falls, and the
+// bystander answers; the hog's session runs on.
+func TestHostTasksHogGivesWay(t *testing.T) {
+	const total = 300
+	r, _, cfg, dir := fairHost(t, "runc", total)
+	const project = "proj_hosttasks"
+	by := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	hog := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	read := func() int {
+		b, _ := os.ReadFile(filepath.Join(dir, "pids.current"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	t.Logf("the guests hold %d of %d before the hog", read(), total)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		// Bounded: 400 sleeps of 2 minutes, and the exec's time limit.
+		req, limit := execReq(`for i in $(seq 400); do sleep 120 & done; wait`), 60
+		req.TimeoutS = &limit
+		res, err := r.Exec(ctxT(t, 2*time.Minute), hog, req, nil, nil)
+		t.Logf("the hog's exec: exit %d, timed out %v, err %v: %.300s", res.ExitCode, res.TimedOut, err, res.Stderr)
+	})
+	peak := 0
+	for deadline := time.Now().Add(time.Minute); peak < total*85/100; time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, read())
+		if time.Now().After(deadline) {
+			t.Fatalf("the hog never came near the total of %d (at most %d): this test proves nothing", total, peak)
+		}
+	}
+	// The total is given 20 s to fall well below the mark.
+	var trace []string
+	t0 := time.Now()
+	for read() > total/2 && time.Since(t0) < 20*time.Second {
+		if len(trace) < 40 {
+			trace = append(trace, fmt.Sprintf("%.1fs:%d", time.Since(t0).Seconds(), read()))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("the guests' total after the hog came near it (peak %d of %d): %s", peak, total, strings.Join(trace, " "))
+	if cur := read(); cur > total/2 {
+		t.Errorf("the guests held %d of their total of %d for 20 s after one guest took it: nothing made the hog give way", cur, total)
+	}
+	res, err := execIn(ctxT(t, time.Minute), r.Node, by, modestExec)
+	t.Logf("the bystander's exec: %q %q, %v", res.Stdout, res.Stderr, err)
+	if err != nil || !strings.Contains(res.Stdout, "alive") {
+		t.Errorf("the bystander's exec after the hog took the total: %q %q, %v; want it to answer alive", res.Stdout, res.Stderr, err)
+	}
+	for _, s := range []*session.Session{by, hog} {
+		if got := get(t, cfg.Store, project, s.ID); got.State != session.Running {
+			t.Errorf("session %s is %s (%s); want running: ending the hog's processes freed the total", s.ID, got.State, reasonOf(got))
+		}
+	}
+	if m := scrape(t, cfg.Metrics); !strings.Contains(m, `wb_node_host_process_total_actions_total{outcome="ended"} 1`) {
+		t.Errorf("the node's metrics: %s; want one action, ended", grepLines(m, "wb_node_host_process_total"))
+	}
+}
+
+// TestHostTasksRunscHogStopped is the cross-tenant attack under runsc: one tenant's sandbox
+// ratchets its host tasks up in short bursts of sleeps, a few more each time (under the
+// ptrace platform the sandbox keeps every stub process and its threads when they end), to
+// 85 % of the host's guests' total (1,000 here), and stays there idle, beside another
+// tenant's idle sandbox, whose next processes need the few tasks left (some 20 each).
+// (A sandbox that grows into the total itself dies there: the bursts stop short of it, as a
+// tenant's bombs ended by its sandbox's own watch do.) Ending the hog's processes does not lower its count, so the node
+// stops its session: failed, policy_violation, with the rule host_process_share saying how
+// many it held; the total falls, and the bystander answers.
+func TestHostTasksRunscHogStopped(t *testing.T) {
+	const total = 1000
+	r, _, cfg, dir := fairHost(t, "runsc", total)
+	const project = "proj_hosttasks_runsc"
+	by := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	hog := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600,
+		res: session.Resources{VCPU: 1, MemoryMiB: 1024, DiskGiB: 1, SizeClass: "m"}})
+	read := func() int {
+		b, _ := os.ReadFile(filepath.Join(dir, "pids.current"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	var trace []string
+	t0 := time.Now()
+	note := func() int {
+		cur := read()
+		trace = append(trace, fmt.Sprintf("%.1fs:%d", time.Since(t0).Seconds(), cur))
+		return cur
+	}
+	note()
+	// Bursts, each bounded by itself (N sleeps of a second), the guest's own limit (256 in
+	// 1 GiB) and a time limit: each new address space the guest holds at once is a stub
+	// process of the sandbox's (some 20 host tasks here), kept when it ends, so N grows by 2
+	// each time (a step of 40-odd tasks: 160 left the hog dead at the total); they stop at
+	// the mark, where the node acts.
+	peak := 0
+	for i := 1; i <= 80; i++ {
+		if peak = max(peak, note()); peak >= total*85/100 || get(t, cfg.Store, project, hog.ID).State.Terminal() {
+			break
+		}
+		req, limit := execReq(fmt.Sprintf(`for i in $(seq %d); do sleep 1 & done; wait`, 2*i)), 20
+		req.TimeoutS = &limit
+		_, _ = r.Exec(ctxT(t, time.Minute), hog, req, nil, nil)
+	}
+	if peak < total*85/100 {
+		t.Fatalf("the hog never came near the total of %d (at most %d: %s): this test proves nothing", total, peak, strings.Join(trace, " "))
+	}
+	// The hog's session is given 20 s to end, and the total to fall below the mark.
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if note() < total*85/100 && get(t, cfg.Store, project, hog.ID).State.Terminal() {
+			break
+		}
+	}
+	t.Logf("the guests' total (peak %d of %d): %s", peak, total, strings.Join(trace, " "))
+	if cur := read(); cur >= total*85/100 {
+		t.Errorf("the guests held %d of their total of %d for 20 s after one guest took most of it: nothing made the hog give way", cur, total)
+	}
+	got, _ := waitState(t, cfg.Store, project, hog.ID, 10*time.Second, session.Failed, session.Stopped, session.Expired, session.Running)
+	if got.State != session.Failed || reasonOf(got) != "(policy_violation)" || got.Rule == nil || !strings.HasPrefix(*got.Rule, node.HostTasksRule+": the session's sandbox held ") {
+		t.Errorf("the hog's session is %s (%s, rule %v); want failed, policy_violation, rule %s: …", got.State, reasonOf(got), derefStr(got.Rule), node.HostTasksRule)
+	} else {
+		t.Logf("the hog's rule: %s", *got.Rule)
+	}
+	res, err := execIn(ctxT(t, time.Minute), r.Node, by, modestExec)
+	t.Logf("the bystander's exec: %q %q, %v", res.Stdout, res.Stderr, err)
+	if err != nil || !strings.Contains(res.Stdout, "alive") {
+		t.Errorf("the bystander's exec after the hog took most of the total: %q %q, %v; want it to answer alive", res.Stdout, res.Stderr, err)
+	}
+	if got := get(t, cfg.Store, project, by.ID); got.State != session.Running {
+		t.Errorf("the bystander's session is %s (%s); want running", got.State, reasonOf(got))
+	}
+	if m := scrape(t, cfg.Metrics); !strings.Contains(m, `wb_node_host_process_total_actions_total{outcome="stopped"} 1`) {
+		t.Errorf("the node's metrics: %s; want one action, stopped", grepLines(m, "wb_node_host_process_total"))
+	}
+}
+
+// modestExec is a bystander's exec that starts a few processes, as any build or test does.
+const modestExec = `for i in 1 2 3 4 5 6 7 8; do sh -c : & done; wait; echo alive`
+
+func derefStr(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}
+
+// scrape answers the metrics' exposition text.
+func scrape(t *testing.T, m *node.Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	b, _ := io.ReadAll(rec.Body)
+	return string(b)
+}
+
+// grepLines answers the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.SplitSeq(s, "\n") {
+		if strings.Contains(l, sub) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "; ")
+}
