@@ -1,10 +1,17 @@
 package node
 
 import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"wb/hypervisor"
+	"wb/session"
 )
 
 // TestPickHog: the guest taken near the host's process total is the biggest above the share
@@ -67,5 +74,75 @@ func TestPickHog(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// tasksDriver is a HostTasker whose guests' counts are the test's: the guests hold cur of
+// limit, and guests lists them; each guest holds what guests says, for good (a runsc
+// sandbox's count does not fall).
+type tasksDriver struct {
+	oomDriver
+	cur, limit int64
+	guests     []hypervisor.GuestTasks
+}
+
+func (d tasksDriver) GuestsTotal() (int64, int64, error) { return d.cur, d.limit, nil }
+
+func (d tasksDriver) GuestsTasks(context.Context) ([]hypervisor.GuestTasks, error) {
+	return slices.Clone(d.guests), nil
+}
+
+func (d tasksDriver) GuestTasks(_ context.Context, id string) (int64, error) {
+	for _, g := range d.guests {
+		if g.ID == id {
+			return g.Tasks, nil
+		}
+	}
+	return 0, errors.New("no such guest")
+}
+
+// TestHostTasksNodeStopSparesTheSession: the node stops (a rolling deploy's restart) while
+// the guest that holds the most of the host's total has its processes ended; its count has
+// not fallen yet (a runc guest's falls once the agent's kill rounds are done). The node
+// gives up on the action: it does not fail the session for a count it did not wait for (its
+// next start looks again). Before, the settle's wait ended with the node's context and the
+// session was failed, policy_violation, as though its count had stayed.
+func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
+	const id = "sess_hosttasksstop"
+	asked := make(chan struct{}, 1)
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, cur: 950, limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksstop", Own: true, Tasks: 900}, {ID: "n2/by", Tasks: 50}}}
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/procs/end" {
+			asked <- struct{}{}
+			<-r.Context().Done() // the agent's kill rounds, until the node goes
+			return
+		}
+		http.NotFound(w, r)
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.relieveHostTasks(d, d.cur, d.limit, false)
+	}()
+	select {
+	case <-asked:
+	case <-time.After(time.Minute):
+		t.Fatal("the hog's agent was not asked to end its processes")
+	}
+	n.cancel() // the node stops
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the action did not end with the node")
+	}
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	l.mu.Lock()
+	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
+	l.mu.Unlock()
+	if st != session.Running {
+		t.Errorf("the node stopped while the hog's processes were being ended: its session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
 	}
 }
