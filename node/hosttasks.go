@@ -161,7 +161,10 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		return
 	}
 	r := mine[hog.ID]
-	log := n.Logger.With("session", r.sess, "guest", hog.ID, "tasks", hog.Tasks, "share", share, "total", cur, "limit", limit, "guests", len(guests))
+	// Past the deferral a bigger guest may hold more (another node's, or one of this node
+	// that runs no session): the tenant's rule says "the most" only where it is so.
+	most := !slices.ContainsFunc(guests, func(g hypervisor.GuestTasks) bool { return g.Tasks > hog.Tasks })
+	log := n.Logger.With("session", r.sess, "guest", hog.ID, "tasks", hog.Tasks, "most", most, "share", share, "total", cur, "limit", limit, "guests", len(guests))
 
 	// Its agent ends its processes, unless the node has it do so already (endGuestProcs).
 	t0 := time.Now()
@@ -179,7 +182,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		t, err := ht.GuestTasks(n.ctx, hog.ID)
 		if err != nil || t <= 0 {
 			n.Metrics.hostTasksAction("gone")
-			log.Warn("node: the host's guests neared their process total, and this guest held the most; it ended meanwhile (its session's end, or its sandbox's death)",
+			log.Warn("node: the host's guests neared their process total, and this guest was taken; it ended meanwhile (its session's end, or its sandbox's death)",
 				"ended", ended, "end_err", endErr, "err", err, "took", time.Since(t0).Round(time.Millisecond))
 			return
 		}
@@ -189,14 +192,14 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		}
 		if tasks <= share || cur*100 < limit*hostTasksMark {
 			n.Metrics.hostTasksAction("ended")
-			log.Warn("node: the host's guests neared their process total, and this guest held the most: its agent ended its processes, and its count fell",
+			log.Warn("node: the host's guests neared their process total, and this guest was taken: its agent ended its processes, and its count fell",
 				"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "took", time.Since(t0).Round(time.Millisecond))
 			return
 		}
 		if n.ctx.Err() != nil {
 			// The node stops (a restart): its count was not given its time to fall, and a
 			// session is not failed for that; the next start looks again.
-			log.Info("node: the host's guests neared their process total, and this guest held the most; the node stops before its count could fall: the session is left running",
+			log.Info("node: the host's guests neared their process total, and this guest was taken; the node stops before its count could fall: the session is left running",
 				"ended", ended, "end_err", endErr, "tasks_after", tasks)
 			return
 		}
@@ -208,8 +211,12 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 
 	// Its count stays (a runsc sandbox's host tasks do not fall with its processes): the
 	// session stops, so that the other guests on the host can go on.
-	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, the most of any guest there and more than its share of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
-		HostTasksRule, tasks, limit, share)
+	which := "more than its share"
+	if most {
+		which = "the most of any guest there and more than its share"
+	}
+	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
+		HostTasksRule, tasks, limit, which, share)
 	l := r.l
 	l.mu.Lock()
 	stopped := l.g.GuestID == hog.ID && l.g.State == session.Running
@@ -219,11 +226,11 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	l.mu.Unlock()
 	if !stopped {
 		n.Metrics.hostTasksAction("gone")
-		log.Warn("node: the host's guests neared their process total, and this guest held the most; its session ended meanwhile", "tasks_after", tasks)
+		log.Warn("node: the host's guests neared their process total, and this guest was taken; its session ended meanwhile", "tasks_after", tasks)
 		return
 	}
 	n.Metrics.hostTasksAction("stopped")
-	log.Warn("node: the host's guests neared their process total, and this guest held the most; its count did not fall when its processes were ended: the session is stopped (policy_violation)",
+	log.Warn("node: the host's guests neared their process total, and this guest was taken; its count did not fall when its processes were ended: the session is stopped (policy_violation)",
 		"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "rule", rule, "took", time.Since(t0).Round(time.Millisecond))
 	// The next look waits for its tasks to go (the teardown's), bounded.
 	for deadline := time.Now().Add(hostTasksGone); time.Now().Before(deadline) && n.ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {

@@ -84,7 +84,10 @@ type tasksDriver struct {
 	oomDriver
 	cur, limit int64
 	guests     []hypervisor.GuestTasks
+	stopped    *atomic.Bool // a guest was stopped: its tasks went
 }
+
+func (d tasksDriver) Stop(context.Context, string) error { d.stopped.Store(true); return nil }
 
 func (d tasksDriver) GuestsTotal() (int64, int64, error) { return d.cur, d.limit, nil }
 
@@ -93,6 +96,9 @@ func (d tasksDriver) GuestsTasks(context.Context) ([]hypervisor.GuestTasks, erro
 }
 
 func (d tasksDriver) GuestTasks(_ context.Context, id string) (int64, error) {
+	if d.stopped.Load() {
+		return 0, errors.New("no such guest")
+	}
 	for _, g := range d.guests {
 		if g.ID == id {
 			return g.Tasks, nil
@@ -110,7 +116,7 @@ func (d tasksDriver) GuestTasks(_ context.Context, id string) (int64, error) {
 func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 	const id = "sess_hosttasksstop"
 	asked := make(chan struct{}, 1)
-	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, cur: 950, limit: 1000,
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: 950, limit: 1000,
 		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksstop", Own: true, Tasks: 900}, {ID: "n2/by", Tasks: 50}}}
 	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/procs/end" {
@@ -144,5 +150,39 @@ func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 	l.mu.Unlock()
 	if st != session.Running {
 		t.Errorf("the node stopped while the hog's processes were being ended: its session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
+	}
+}
+
+// TestHostTasksRuleSaysNoMoreThanIsSo: past the deferral, the node takes its own biggest
+// guest above the share while a bigger guest of another node (one of an older release, or
+// stuck) holds more; the session's rule, which its tenant reads, says what it held and its
+// share, and not that it held the most of any guest there, which it did not.
+func TestHostTasksRuleSaysNoMoreThanIsSo(t *testing.T) {
+	const id = "sess_hosttasksrule"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: 920, limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "n2/theirs", Tasks: 500}, {ID: "g_hosttasksrule", Own: true, Tasks: 400}, {ID: "n2/by", Tasks: 20}}}
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/procs/end" {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
+			return
+		}
+		http.NotFound(w, r)
+	})
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	n.relieveHostTasks(d, d.cur, d.limit, false)
+	l.mu.Lock()
+	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
+	l.mu.Unlock()
+	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation || !strings.HasPrefix(rule, HostTasksRule+": ") {
+		t.Fatalf("the session is %s (%s, rule %q); want stopping or failed, policy_violation, rule %s: …\n%s", st, reason, rule, HostTasksRule, logs.String())
+	}
+	if strings.Contains(rule, "the most of any guest") || !strings.Contains(rule, "held 400 of the 1000") || !strings.Contains(rule, "share of 333") {
+		t.Errorf("the rule: %q; want it to say 400 of 1000 and the share of 333, and not that it held the most of any guest there (another held 500)", rule)
+	}
+	if strings.Contains(logs.String(), "this guest held the most") {
+		t.Errorf("the node's log says the guest held the most (another held 500):\n%s", logs.String())
 	}
 }
