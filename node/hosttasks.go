@@ -215,11 +215,28 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	if most {
 		which = "the most of any guest there and more than its share"
 	}
-	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
-		HostTasksRule, tasks, limit, which, share)
 	l := r.l
 	l.mu.Lock()
 	stopped := l.g.GuestID == hog.ID && l.g.State == session.Running
+	if stopped {
+		// An operation on the session may have held its lock for a while (a snapshot):
+		// the counts are read again, and a fall meanwhile spares it.
+		if t, err := ht.GuestTasks(n.ctx, hog.ID); err == nil {
+			tasks = t
+		}
+		if c, lim, err := ht.GuestsTotal(); err == nil {
+			cur, limit = c, lim
+		}
+		if tasks <= share || cur*100 < limit*hostTasksMark {
+			l.mu.Unlock()
+			n.Metrics.hostTasksAction("ended")
+			log.Warn("node: the host's guests neared their process total, and this guest was taken: its agent ended its processes, and its count or the total fell while an operation on the session held it",
+				"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "took", time.Since(t0).Round(time.Millisecond))
+			return
+		}
+	}
+	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
+		HostTasksRule, tasks, limit, which, share)
 	if stopped {
 		n.end(n.ctx, l, session.Policy, session.PolicyViolation, rule)
 	}

@@ -82,14 +82,15 @@ func TestPickHog(t *testing.T) {
 // sandbox's count does not fall).
 type tasksDriver struct {
 	oomDriver
-	cur, limit int64
-	guests     []hypervisor.GuestTasks
-	stopped    *atomic.Bool // a guest was stopped: its tasks went
+	cur     *atomic.Int64
+	limit   int64
+	guests  []hypervisor.GuestTasks
+	stopped *atomic.Bool // a guest was stopped: its tasks went
 }
 
 func (d tasksDriver) Stop(context.Context, string) error { d.stopped.Store(true); return nil }
 
-func (d tasksDriver) GuestsTotal() (int64, int64, error) { return d.cur, d.limit, nil }
+func (d tasksDriver) GuestsTotal() (int64, int64, error) { return d.cur.Load(), d.limit, nil }
 
 func (d tasksDriver) GuestsTasks(context.Context) ([]hypervisor.GuestTasks, error) {
 	return slices.Clone(d.guests), nil
@@ -107,6 +108,12 @@ func (d tasksDriver) GuestTasks(_ context.Context, id string) (int64, error) {
 	return 0, errors.New("no such guest")
 }
 
+func counter(v int64) *atomic.Int64 {
+	c := &atomic.Int64{}
+	c.Store(v)
+	return c
+}
+
 // TestHostTasksNodeStopSparesTheSession: the node stops (a rolling deploy's restart) while
 // the guest that holds the most of the host's total has its processes ended; its count has
 // not fallen yet (a runc guest's falls once the agent's kill rounds are done). The node
@@ -116,7 +123,7 @@ func (d tasksDriver) GuestTasks(_ context.Context, id string) (int64, error) {
 func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 	const id = "sess_hosttasksstop"
 	asked := make(chan struct{}, 1)
-	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: 950, limit: 1000,
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
 		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksstop", Own: true, Tasks: 900}, {ID: "n2/by", Tasks: 50}}}
 	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/procs/end" {
@@ -129,7 +136,7 @@ func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		n.relieveHostTasks(d, d.cur, d.limit, false)
+		n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
 	}()
 	select {
 	case <-asked:
@@ -159,7 +166,7 @@ func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 // share, and not that it held the most of any guest there, which it did not.
 func TestHostTasksRuleSaysNoMoreThanIsSo(t *testing.T) {
 	const id = "sess_hosttasksrule"
-	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: 920, limit: 1000,
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(920), limit: 1000,
 		guests: []hypervisor.GuestTasks{{ID: "n2/theirs", Tasks: 500}, {ID: "g_hosttasksrule", Own: true, Tasks: 400}, {ID: "n2/by", Tasks: 20}}}
 	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/procs/end" {
@@ -172,7 +179,7 @@ func TestHostTasksRuleSaysNoMoreThanIsSo(t *testing.T) {
 	n.mu.Lock()
 	l := n.guests[id]
 	n.mu.Unlock()
-	n.relieveHostTasks(d, d.cur, d.limit, false)
+	n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
 	l.mu.Lock()
 	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
 	l.mu.Unlock()
@@ -184,5 +191,54 @@ func TestHostTasksRuleSaysNoMoreThanIsSo(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "this guest held the most") {
 		t.Errorf("the node's log says the guest held the most (another held 500):\n%s", logs.String())
+	}
+}
+
+// TestHostTasksStopLooksAgainAfterTheLock: the guest's count stayed through the settle, and
+// an operation on the session (a snapshot, a policy check) held its lock meanwhile; by the
+// time the node has the lock the host's total fell below the mark (other guests ended). The
+// session is not failed on counts from before the wait.
+func TestHostTasksStopLooksAgainAfterTheLock(t *testing.T) {
+	const id = "sess_hosttaskslock"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttaskslock", Own: true, Tasks: 900}, {ID: "n2/by", Tasks: 50}}}
+	var l *live
+	locked := make(chan struct{})
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/procs/end" {
+			l.mu.Lock() // an operation takes the session's lock, and holds it past the settle
+			close(locked)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
+			return
+		}
+		http.NotFound(w, r)
+	})
+	n.mu.Lock()
+	l = n.guests[id]
+	n.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
+	}()
+	select {
+	case <-locked:
+	case <-time.After(time.Minute):
+		t.Fatal("the hog's agent was not asked to end its processes")
+	}
+	time.Sleep(hostTasksSettle + time.Second) // the settle sees the counts stay
+	d.cur.Store(500)                          // other guests ended meanwhile
+	l.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the action did not end")
+	}
+	l.mu.Lock()
+	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
+	l.mu.Unlock()
+	if st != session.Running {
+		t.Errorf("the total fell below the mark while the node waited for the session's lock: the session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
 	}
 }
