@@ -41,8 +41,9 @@ const (
 	// hostTasksDefer is how long a guest of another node that holds more than any of this
 	// one's is left to its node: that node sees the same counts and acts on it. Past it (that
 	// node is of an older release, or stuck), this node acts on its own biggest above the
-	// share too.
-	hostTasksDefer = 30 * time.Second
+	// share too. Longer than that node's action may take (its agent's end, the settle, the
+	// teardown until the tasks go: up to 53 s), all the while its guest's tasks still count.
+	hostTasksDefer = time.Minute
 	// hostTasksGone bounds the wait for a stopped guest's tasks to go before the next look:
 	// until then the total still counts them, and another guest would be taken for them.
 	hostTasksGone = 30 * time.Second

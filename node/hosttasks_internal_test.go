@@ -242,3 +242,15 @@ func TestHostTasksStopLooksAgainAfterTheLock(t *testing.T) {
 		t.Errorf("the total fell below the mark while the node waited for the session's lock: the session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
 	}
 }
+
+// TestHostTasksDeferOutlastsAnAction: a node leaves a bigger guest of another node to that
+// node for hostTasksDefer, and that node's action on it (its agent's end, the settle, its
+// teardown until its tasks go) takes up to endProcsTimeout + hostTasksSettle +
+// hostTasksGone, all the while its tasks still count in the total. A deferral shorter than
+// that has this node take its own guest above the share (and fail its session, if a runsc
+// sandbox's) while the other node is still removing the guest that held the most.
+func TestHostTasksDeferOutlastsAnAction(t *testing.T) {
+	if action := endProcsTimeout + hostTasksSettle + hostTasksGone; hostTasksDefer <= action {
+		t.Errorf("hostTasksDefer is %v, no longer than another node's action on its guest (up to %v): this node takes its own guest while that one still goes", hostTasksDefer, action)
+	}
+}
