@@ -144,8 +144,10 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		agent *agent.Client
 	}
 	mine := map[string]running{}
+	busy := false
 	for _, l := range n.all() {
 		if !l.mu.TryLock() {
+			busy = true
 			continue
 		}
 		if l.g.State == session.Running && l.g.GuestID != "" {
@@ -158,6 +160,16 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		if time.Since(w.logged) >= hostTasksLogEvery {
 			w.logged = time.Now()
 			n.Logger.Info("node: the host's guests hold nearly their process total; no guest of this node is taken", "total", cur, "limit", limit, "guests", len(guests), "why", why)
+		}
+		return
+	}
+	// A guest of this node bigger than hog that is not among the running may be one whose
+	// lock was held (its guest id cannot be read then): it may run a session, and is the
+	// one to take. The next look sees.
+	if busy && slices.ContainsFunc(guests, func(g hypervisor.GuestTasks) bool { _, ok := mine[g.ID]; return g.Own && !ok && g.Tasks > hog.Tasks }) {
+		if time.Since(w.logged) >= hostTasksLogEvery {
+			w.logged = time.Now()
+			n.Logger.Info("node: the host's guests hold nearly their process total; a bigger guest of this node may run a session under an operation now: looked at again", "total", cur, "limit", limit, "guests", len(guests))
 		}
 		return
 	}

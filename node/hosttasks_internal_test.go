@@ -254,3 +254,38 @@ func TestHostTasksDeferOutlastsAnAction(t *testing.T) {
 		t.Errorf("hostTasksDefer is %v, no longer than another node's action on its guest (up to %v): this node takes its own guest while that one still goes", hostTasksDefer, action)
 	}
 }
+
+// TestHostTasksBusyHogIsNotPassedOver: the guest of this node that holds the most runs a
+// session, but an operation on it holds its lock at the look (a snapshot, an exec's policy
+// check, which a tenant's own policy may make slow); past the deferral the node must not
+// take the next guest of its own above the share for it: it looks again.
+func TestHostTasksBusyHogIsNotPassedOver(t *testing.T) {
+	const id = "sess_hosttasksmid"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksmid", Own: true, Tasks: 400}, {ID: "g_hosttaskshog", Own: true, Tasks: 500}, {ID: "n2/by", Tasks: 50}}}
+	var asked atomic.Int32
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/procs/end" {
+			asked.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
+			return
+		}
+		http.NotFound(w, r)
+	})
+	hog := &live{g: &guest{SessionID: "sess_hosttaskshog", Project: "proj_hostile", GuestID: "g_hosttaskshog", State: session.Running, Template: "tpl",
+		StartedAt: time.Now(), IdleTimeoutS: 600, MaxLifetimeS: 600}}
+	n.mu.Lock()
+	n.guests[hog.g.SessionID] = hog
+	mid := n.guests[id]
+	n.mu.Unlock()
+	hog.mu.Lock() // an operation on the hog's session
+	n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
+	hog.mu.Unlock()
+	mid.mu.Lock()
+	st, reason, rule := mid.g.State, mid.g.Reason, mid.g.Rule
+	mid.mu.Unlock()
+	if st != session.Running || asked.Load() != 0 {
+		t.Errorf("the guest of this node that held the most was busy at the look: the next one's agent was asked %d times to end its processes, and its session is %s (%s, rule %q); want neither\n%s", asked.Load(), st, reason, rule, logs.String())
+	}
+}
