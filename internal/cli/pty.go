@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -67,23 +65,10 @@ func (a *app) pty(ctx context.Context, c *client.Client, id, command string) err
 			return fmt.Errorf("put the terminal in raw mode: %w", err)
 		}
 		defer term.Restore(termFD, old) //nolint:errcheck // best effort on the way out
-		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, syscall.SIGWINCH)
-		defer signal.Stop(winch)
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			for {
-				select {
-				case <-done:
-					return
-				case <-winch:
-					if cols, rows, err := term.GetSize(termFD); err == nil {
-						_ = p.Resize(ctx, cols, rows) // a failed resize leaves the old size: not worth ending the terminal
-					}
-				}
-			}
-		}()
+		stopSize := followSize(termFD, func(cols, rows int) {
+			_ = p.Resize(ctx, cols, rows) // a failed resize leaves the old size: not worth ending the terminal
+		})
+		defer stopSize()
 	}
 	// Keys to the guest. This read may outlive the terminal (a blocked read of stdin cannot be
 	// interrupted); the process ends right after.
