@@ -11,8 +11,6 @@ import (
 	"runtime/debug"
 	"syscall"
 
-	"wb/agent"
-	"wb/desktop/guest"
 	"wb/internal/cli"
 )
 
@@ -35,7 +33,7 @@ Commands for callers (the API of $WB_URL with $WB_API_KEY, or a profile; -o json
   completion  print the shell completion script (bash, zsh, fish)
   conformance  check a deployment against every row of the seeds' tables (--long, --run)
 
-Commands for operators:
+Commands for operators (serve, node, fleet, image and agent run on Linux only):
   serve     run the whole platform on this machine (gateway, placer, webhooks, a node)
   node      run guests for a control plane that shares its Redis
   fleet     run a fleet on this machine: Redis Cluster, 3 nodes, 2 gateways
@@ -101,10 +99,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "serve":
 		return serve(ctx, args[1:], stdout, stderr)
 	case "agent":
-		if ok, err := guest.AgentCommand(ctx, args[1:], os.Stdin, stdout); ok { // hidden: a desktop guest's helpers
-			return err
-		}
-		return agent.Main(args[1:])
+		return agentCmd(ctx, args[1:], stdout)
 	case "node":
 		return nodeCmd(ctx, args[1:], stderr)
 	case "fleet":
