@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -182,16 +183,19 @@ func (a *app) flagSet(name string) bool {
 	return f != nil && f.Changed
 }
 
-// configPath is the profile file: $WB_CONFIG, else ~/.config/wb/config (XDG_CONFIG_HOME).
+// configPath is the profile file: $WB_CONFIG, else ~/.config/wb/config (XDG_CONFIG_HOME),
+// the home being $HOME, or on Windows, which sets none, %USERPROFILE%.
 func (a *app) configPath() string {
 	if p := a.getenv("WB_CONFIG"); p != "" {
 		return p
 	}
 	if x := a.getenv("XDG_CONFIG_HOME"); x != "" {
-		return x + "/wb/config"
+		return filepath.Join(x, "wb", "config")
 	}
-	if h := a.getenv("HOME"); h != "" {
-		return h + "/.config/wb/config"
+	for _, home := range []string{"HOME", "USERPROFILE"} {
+		if h := a.getenv(home); h != "" {
+			return filepath.Join(h, ".config", "wb", "config")
+		}
 	}
 	return ""
 }

@@ -152,6 +152,26 @@ url = http://urlonly.test
 	}
 }
 
+// TestConfigPath: the profile file is found where each system keeps a user's files; Windows
+// sets no HOME, only USERPROFILE.
+func TestConfigPath(t *testing.T) {
+	for _, c := range []struct {
+		env  env
+		want string
+	}{
+		{env{"WB_CONFIG": "/etc/wb.conf", "HOME": "/home/u"}, "/etc/wb.conf"},
+		{env{"XDG_CONFIG_HOME": "/x", "HOME": "/home/u"}, filepath.Join("/x", "wb", "config")},
+		{env{"HOME": "/home/u", "USERPROFILE": `C:\Users\u`}, filepath.Join("/home/u", ".config", "wb", "config")},
+		{env{"USERPROFILE": `C:\Users\u`}, filepath.Join(`C:\Users\u`, ".config", "wb", "config")},
+		{env{}, ""},
+	} {
+		a, _, _ := newTestApp(c.env, "")
+		if got := a.configPath(); got != c.want {
+			t.Errorf("environment %v: profile file %q, want %q", c.env, got, c.want)
+		}
+	}
+}
+
 // TestFlagsReachConfig: --url, --api-key (and the old --key), --profile and WB_CONFIG reach
 // the configuration of a command.
 func TestFlagsReachConfig(t *testing.T) {
