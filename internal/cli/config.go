@@ -85,7 +85,7 @@ func resolveConfig(in configInputs, getenv func(string) string, path string) (co
 // blank lines and # or ; comments are skipped.
 func readProfiles(path string) (map[string]profile, error) {
 	if path == "" {
-		return nil, fmt.Errorf("no profile file: set WB_CONFIG or HOME: %w", fs.ErrNotExist)
+		return nil, fmt.Errorf("no profile file: set WB_CONFIG, or HOME (USERPROFILE on Windows): %w", fs.ErrNotExist)
 	}
 	f, err := os.Open(path)
 	if err != nil {
