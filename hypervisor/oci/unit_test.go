@@ -1137,50 +1137,9 @@ func TestSandboxPids(t *testing.T) {
 func TestEventsPids(t *testing.T) {
 	for _, rt := range []string{RuntimeRunsc, RuntimeRunc} {
 		t.Run(rt, func(t *testing.T) {
-			root := t.TempDir()
-			d := &Driver{name: rt, cg: cgroupHost{v2: true, v2Root: root}, bundleRoot: t.TempDir(),
-				eventInterval: 5 * time.Millisecond, log: slog.New(slog.NewTextHandler(io.Discard, nil)), inits: map[string]initProc{}}
-			s := hypervisor.Spec{ID: "g1"}
-			cg := filepath.Join(root, "wb", s.ID)
-			if err := os.MkdirAll(cg, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.MkdirAll(d.BundleDir(s.ID), 0o700); err != nil {
-				t.Fatal(err)
-			}
-			if err := writeJSON(filepath.Join(d.BundleDir(s.ID), guestFile), guestRecord{Spec: s, CgroupsPath: "/wb/g1", Runtime: rt}); err != nil {
-				t.Fatal(err)
-			}
-			set := func(file, v string) {
-				t.Helper()
-				if err := os.WriteFile(filepath.Join(cg, file), []byte(v+"\n"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			set("memory.events", "oom 0\noom_kill 0")
-			set("pids.max", "1000")
-			set("pids.current", "60")
-			start, ok := proc.Start(os.Getpid())
-			if !ok {
-				t.Fatal("no start time of the test process")
-			}
-			d.inits[s.ID] = initProc{pid: os.Getpid(), start: start, state: hypervisor.StateRunning}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			ch, err := d.Events(ctx, s.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
+			set, ch := fakePidsWatch(t, rt, "60")
 			set("pids.max", "max") // read once, at the start: a later change is not seen
-			var got []string
-			for _, cur := range []string{"400", "499", "500", "520", "600", "620", "640", "700", "760"} {
-				set("pids.current", cur)
-				select {
-				case ev := <-ch:
-					got = append(got, cur+": "+ev.Type+" "+ev.Detail)
-				case <-time.After(300 * time.Millisecond): // 60 polls, on a loaded host a few
-				}
-			}
+			got := pidsReported(set, ch, "400", "499", "500", "520", "600", "620", "640", "700", "760")
 			want := []string{
 				"500: pids the sandbox's host tasks: pids.current=500 of pids.max=1000 (50%)",
 				"640: pids the sandbox's host tasks: pids.current=640 of pids.max=1000 (64%)",
@@ -1193,4 +1152,59 @@ func TestEventsPids(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakePidsWatch starts the event watch of a guest of runtime rt on fake cgroup files (v2;
+// pids.max 1000, pids.current current), the test process standing in for its init, and
+// answers the setter of those files and the watch's events.
+func fakePidsWatch(t *testing.T, rt, current string) (set func(file, v string), events <-chan hypervisor.Event) {
+	t.Helper()
+	root := t.TempDir()
+	d := &Driver{name: rt, cg: cgroupHost{v2: true, v2Root: root}, bundleRoot: t.TempDir(),
+		eventInterval: 5 * time.Millisecond, log: slog.New(slog.NewTextHandler(io.Discard, nil)), inits: map[string]initProc{}}
+	s := hypervisor.Spec{ID: "g1"}
+	cg := filepath.Join(root, "wb", s.ID)
+	if err := os.MkdirAll(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(d.BundleDir(s.ID), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeJSON(filepath.Join(d.BundleDir(s.ID), guestFile), guestRecord{Spec: s, CgroupsPath: "/wb/g1", Runtime: rt}); err != nil {
+		t.Fatal(err)
+	}
+	set = func(file, v string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(cg, file), []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("memory.events", "oom 0\noom_kill 0")
+	set("pids.max", "1000")
+	set("pids.current", current)
+	start, ok := proc.Start(os.Getpid())
+	if !ok {
+		t.Fatal("no start time of the test process")
+	}
+	d.inits[s.ID] = initProc{pid: os.Getpid(), start: start, state: hypervisor.StateRunning}
+	events, err := d.Events(t.Context(), s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set, events
+}
+
+// pidsReported sets pids.current to each of counts in turn and answers the events the watch
+// sent for each ("count: type detail").
+func pidsReported(set func(file, v string), events <-chan hypervisor.Event, counts ...string) []string {
+	var got []string
+	for _, cur := range counts {
+		set("pids.current", cur)
+		select {
+		case ev := <-events:
+			got = append(got, cur+": "+ev.Type+" "+ev.Detail)
+		case <-time.After(300 * time.Millisecond): // 60 polls, on a loaded host a few
+		}
+	}
+	return got
 }
