@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"wb/hypervisor"
 	"wb/hypervisor/oci"
 	"wb/hypervisor/templates"
 	"wb/internal/fleet"
@@ -267,15 +268,7 @@ func TestRunDirFullLeavesNothing(t *testing.T) {
 					break
 				}
 				failed++
-				if !strings.Contains(err.Error(), "no room left for its runtime state and bundle in "+l.RunDir) {
-					t.Errorf("a start with %d KiB free in the run dir: %v; want an error that says the run dir is full", free>>10, err)
-				}
-				if left := guestLeftovers(l.StateRoot, d.BundleDir(s.ID), s); len(left) > 0 {
-					t.Errorf("a start with %d KiB free in the run dir failed (%v) and left %q", free>>10, err, left)
-				}
-				if ids := listed(t, d); slices.Contains(ids, s.ID) {
-					t.Errorf("a start with %d KiB free in the run dir failed, and the runtime still lists it: %v", free>>10, ids)
-				}
+				fullRunDirFailed(t, "start", free, err, d, l, s, guestLeftovers(l.StateRoot, d.BundleDir(s.ID), s))
 			}
 			if failed == 0 {
 				t.Errorf("no start failed on a full run dir")
@@ -284,6 +277,22 @@ func TestRunDirFullLeavesNothing(t *testing.T) {
 				t.Errorf("the guest already there, its job said %q", out)
 			}
 		})
+	}
+}
+
+// fullRunDirFailed checks an op (start, restore) of guest s that failed with err on a run
+// dir with free bytes left: the error says the run dir is full, and the op left nothing
+// (left: what the caller found) the runtime lists.
+func fullRunDirFailed(t *testing.T, op string, free int64, err error, d *oci.Driver, l oci.Layout, s hypervisor.Spec, left []string) {
+	t.Helper()
+	if !strings.Contains(err.Error(), "no room left for its runtime state and bundle in "+l.RunDir) {
+		t.Errorf("a %s with %d KiB free in the run dir: %v; want an error that says the run dir is full", op, free>>10, err)
+	}
+	if len(left) > 0 {
+		t.Errorf("a %s with %d KiB free in the run dir failed (%v) and left %q", op, free>>10, err, left)
+	}
+	if ids := listed(t, d); slices.Contains(ids, s.ID) {
+		t.Errorf("a %s with %d KiB free in the run dir failed, and the runtime still lists it: %v", op, free>>10, ids)
 	}
 }
 
@@ -342,19 +351,11 @@ func TestRunDirFullRestoreLeavesNothing(t *testing.T) {
 					break
 				}
 				failed++
-				if !strings.Contains(err.Error(), "no room left for its runtime state and bundle in "+l.RunDir) {
-					t.Errorf("a restore with %d KiB free in the run dir: %v; want an error that says the run dir is full", free>>10, err)
-				}
 				left := guestLeftovers(l.StateRoot, d.BundleDir(s.ID), s)
 				if _, err := os.Stat(filepath.Clean(s.Writable) + ".img"); err == nil {
 					left = append(left, "disk image")
 				}
-				if len(left) > 0 {
-					t.Errorf("a restore with %d KiB free in the run dir failed (%v) and left %q", free>>10, err, left)
-				}
-				if ids := listed(t, d); slices.Contains(ids, s.ID) {
-					t.Errorf("a restore with %d KiB free in the run dir failed, and the runtime still lists it: %v", free>>10, ids)
-				}
+				fullRunDirFailed(t, "restore", free, err, d, l, s, left)
 			}
 			if failed == 0 {
 				t.Errorf("no restore failed on a full run dir")
