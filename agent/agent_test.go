@@ -1202,3 +1202,25 @@ func heldTCP(t *testing.T, port int) []string {
 	}
 	return held
 }
+
+// TestPauseLeavesNoListener: a pause while the relay's listener is being opened (the serve
+// loop's listen after a resume) leaves no listener open: the pause closes one bound before
+// it, and one not yet bound is not opened. A listener bound before the pause and stored
+// after it stayed open through the quiesce (TestQuiesceReleasesEgress failed so in a cold
+// run: "the egress relay still accepts after the quiesce was answered").
+func TestPauseLeavesNoListener(t *testing.T) {
+	for i := range 300 {
+		f := newForwarder("127.0.0.1:0", filepath.Join(t.TempDir(), "none.sock"))
+		listened := make(chan error, 1)
+		go func() { listened <- f.listen() }()
+		f.pause()
+		err := <-listened
+		f.mu.Lock()
+		ln := f.ln
+		f.mu.Unlock()
+		if ln != nil {
+			_ = ln.Close()
+			t.Fatalf("round %d: after a pause beside a listen (%v), the relay's listener %s is open", i, err, ln.Addr())
+		}
+	}
+}

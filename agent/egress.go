@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -30,15 +31,25 @@ func newForwarder(addr, upstream string) *forwarder {
 	return &forwarder{addr: addr, upstream: upstream, conns: map[net.Conn]chan struct{}{}, resumed: make(chan struct{}, 1)}
 }
 
-// listen opens the listener; Serve calls it first so that a bad address fails at start.
+// errPaused: listen was called while the forwarder is paused, and opened nothing.
+var errPaused = errors.New("the egress relay is paused")
+
+// listen opens the listener; Serve calls it first so that a bad address fails at start. It
+// binds under mu, so that a pause either finds the listener to close or keeps it from being
+// opened: a listener bound before a pause took mu and stored after it stayed open through
+// the quiesce, which must leave no TCP endpoint to checkpoint (a cold run saw the relay
+// still accept after the quiesce was answered).
 func (f *forwarder) listen() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.paused {
+		return errPaused
+	}
 	ln, err := net.Listen("tcp", f.addr)
 	if err != nil {
 		return err
 	}
-	f.mu.Lock()
 	f.ln = ln
-	f.mu.Unlock()
 	return nil
 }
 
@@ -78,7 +89,8 @@ func (f *forwarder) serve(ctx context.Context) {
 		case <-f.resumed:
 		}
 		for ctx.Err() == nil {
-			if err := f.listen(); err == nil {
+			// Paused again since the resume: wait for the next one.
+			if err := f.listen(); err == nil || errors.Is(err, errPaused) {
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
