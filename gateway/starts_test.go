@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +25,10 @@ type startsEnv struct {
 	p     string
 	looks atomic.Int64 // HGETs and HGETALLs of sessions
 	lie   atomic.Bool  // an HGET of a session's state answers provisioning
+	// runs are run's starts: a wait told of a start by the script's announcement may answer
+	// before the script's caller has its reply, so the test waits for them before its Redis
+	// client is closed.
+	runs sync.WaitGroup
 }
 
 func newStartsEnv(t *testing.T) *startsEnv { return newStartsEnvOn(t, redistest.Server(t)) }
@@ -45,6 +50,7 @@ func newStartsEnvOn(t *testing.T, rdb *redis.Client) *startsEnv {
 		e.st.WatchStarts(ctx, nil, store.StartWatch{Started: e.s.starts.started, Live: e.s.starts.live})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(e.runs.Wait)
 	e.waitEpoch(1)
 	return e
 }
@@ -78,7 +84,7 @@ func (e *startsEnv) placed() *session.Session {
 // that announces nothing, by writing its state alone.
 func (e *startsEnv) run(sess *session.Session, d time.Duration, announced bool) <-chan time.Time {
 	ran := make(chan time.Time, 1)
-	go func() {
+	e.runs.Go(func() {
 		time.Sleep(d)
 		ran <- time.Now()
 		var err error
@@ -90,7 +96,7 @@ func (e *startsEnv) run(sess *session.Session, d time.Duration, announced bool) 
 		if err != nil {
 			e.t.Error(err)
 		}
-	}()
+	})
 	return ran
 }
 

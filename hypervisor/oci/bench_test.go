@@ -487,23 +487,7 @@ func BenchmarkGuestStartCPU(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			cgParent := "/wbtest-" + randHex(b, 4)
 			d := newDriver(b, oci.RuntimeRunsc, func(o *oci.Options) { o.CgroupParent = cgParent })
-			// The parent is made before the first guest, so that its usage is there to read
-			// before the guest's create (the driver removes it when the benchmark ends).
-			cgDir := filepath.Join("/sys/fs/cgroup/cpuacct", cgParent)
-			if err := os.Mkdir(cgDir, 0o755); err != nil {
-				b.Skipf("no cgroup v1 cpuacct hierarchy here: %v", err)
-			}
-			usage := func() time.Duration {
-				n, err := os.ReadFile(filepath.Join(cgDir, "cpuacct.usage"))
-				if err != nil {
-					b.Fatal(err)
-				}
-				v, err := strconv.ParseInt(strings.TrimSpace(string(n)), 10, 64)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return time.Duration(v)
-			}
+			usage := cpuacctUsage(b, cgParent)
 			ctx := context.Background()
 			var ready, total, cli, all []time.Duration
 			for b.Loop() {
@@ -611,4 +595,26 @@ func main() {
 		b.Fatalf("go build listener: %v: %s", err, out)
 	}
 	return bin
+}
+
+// cpuacctUsage makes cgroup parent's cgroup v1 cpuacct dir (skipping b where there is none)
+// and answers a reader of its CPU usage. The parent is made before the first guest, so that
+// its usage is there to read before the guest's create (the driver removes it at the end).
+func cpuacctUsage(b *testing.B, parent string) func() time.Duration {
+	b.Helper()
+	dir := filepath.Join("/sys/fs/cgroup/cpuacct", parent)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		b.Skipf("no cgroup v1 cpuacct hierarchy here: %v", err)
+	}
+	return func() time.Duration {
+		n, err := os.ReadFile(filepath.Join(dir, "cpuacct.usage"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(n)), 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(v)
+	}
 }

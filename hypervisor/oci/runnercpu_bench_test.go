@@ -93,21 +93,7 @@ func BenchmarkRunnerGuestCPU(b *testing.B) {
 				o.RunscFlags = append(oci.DefaultRunscFlags(), strings.Fields(f)...)
 			}
 		})
-		cgDir := filepath.Join("/sys/fs/cgroup/cpuacct", cgParent)
-		if err := os.Mkdir(cgDir, 0o755); err != nil {
-			b.Skipf("no cgroup v1 cpuacct hierarchy here: %v", err)
-		}
-		usage := func() time.Duration {
-			n, err := os.ReadFile(filepath.Join(cgDir, "cpuacct.usage"))
-			if err != nil {
-				b.Fatal(err)
-			}
-			v, err := strconv.ParseInt(strings.TrimSpace(string(n)), 10, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return time.Duration(v)
-		}
+		usage := cpuacctUsage(b, cgParent)
 		ctx := context.Background()
 		figs := make([]map[string][]time.Duration, len(bins))
 		for k := range figs {
