@@ -373,7 +373,12 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 			return s.failDesktop(ctx, p, rec.ID, sessID, "the desktop could not start its display and browser: "+redactInternal(err.Error()))
 		}
 	}
+	// The use is recorded before the desktop is written running, so that no reader (nor
+	// desktop.running's event, which carries the record) sees it running with no last use.
 	now := s.Now()
+	if _, err := s.Store.TouchDesktop(ctx, p.ID, rec.ID, now); err != nil {
+		s.log.Warn("desktop: mark used", "desktop", rec.ID, "err", err)
+	}
 	_, err = s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
 		if r.State == desktop.Running && r.SessionID == sessID {
 			return errRecorded
@@ -394,7 +399,9 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 	case err != nil:
 		return true // a stop came first: it owns the session now
 	}
-	s.markUsed(ctx, p.ID, rec.ID, now)
+	if err := s.setIdleDeadline(ctx, p.ID, rec.ID, now); err != nil {
+		s.log.Warn("desktop: idle deadline", "desktop", rec.ID, "err", err)
+	}
 	return true
 }
 

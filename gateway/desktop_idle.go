@@ -62,16 +62,6 @@ func (s *Server) touchDesktopSession(ctx context.Context, project, id string) {
 	}
 }
 
-// markUsed records a use at now of a desktop that just started running.
-func (s *Server) markUsed(ctx context.Context, project, id string, now time.Time) {
-	if _, err := s.Store.TouchDesktop(ctx, project, id, now); err != nil {
-		s.log.Warn("desktop: mark used", "desktop", id, "err", err)
-	}
-	if err := s.setIdleDeadline(ctx, project, id, now); err != nil {
-		s.log.Warn("desktop: idle deadline", "desktop", id, "err", err)
-	}
-}
-
 func (s *Server) setIdleDeadline(ctx context.Context, project, id string, used time.Time) error {
 	if err := s.Store.SetDesktopIdle(ctx, project, id, used.Add(s.desktopIdle())); err != nil {
 		return err

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -605,5 +606,39 @@ func TestWakeRefusedKeepsTheState(t *testing.T) {
 				t.Errorf("woke restored from %v, want the saved state %s", s.RestoreFrom, saved)
 			}
 		})
+	}
+}
+
+// TestDesktopRunningHasItsLastUse: a desktop that starts or wakes is written running with its
+// last use already recorded, so that neither a reader nor desktop.running's event (which
+// carries the record) sees it running without last_used_at. The use was recorded just after
+// the write: a cold run's TestDesktopScreen read a running desktop with none.
+func TestDesktopRunningHasItsLastUse(t *testing.T) {
+	e := newEnv(t)
+	d := e.newDesktop(map[string]any{"name": "used"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	e.desktopAction(d.ID, "wake", 202)
+	e.waitDesktop(d.ID, desktop.Running)
+	evs, err := e.st.OutboxEvents(context.Background(), e.projA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := 0
+	for _, ev := range evs {
+		if ev.SessionID != d.ID || ev.Type != "desktop.running" {
+			continue
+		}
+		running++
+		var obj desktop.Desktop
+		if err := json.Unmarshal(ev.Object, &obj); err != nil {
+			t.Fatalf("desktop.running's object %s: %v", ev.Object, err)
+		}
+		if obj.LastUsedAt == nil {
+			t.Errorf("desktop.running (%d) carries the desktop running with no last use: %s", running, ev.Object)
+		}
+	}
+	if running != 2 {
+		t.Fatalf("%d desktop.running events, want 2 (the start's and the wake's)", running)
 	}
 }
