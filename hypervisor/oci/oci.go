@@ -1,7 +1,9 @@
 package oci
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -245,16 +247,71 @@ func (d *Driver) ConsoleLog(id string) string {
 func (d *Driver) BundleDir(id string) string { return filepath.Join(d.bundleRoot, id) }
 
 // List returns the ids of the containers the runtime knows in this driver's state root.
+//
+// It runs the runtime's list itself, as go-runc would (its global flags, then list
+// --format=json), to keep what the runtime printed on stderr for the error: go-runc's List
+// drops it, and a failed list then said only "runsc did not terminate successfully: exit
+// status 2", where runsc had said which state file it could not read (its list panics on
+// one that is JSON of no container), which is what the operator must remove.
 func (d *Driver) List(ctx context.Context) ([]string, error) {
-	cs, err := d.rt.List(ctx)
-	if err != nil {
+	cmd := exec.CommandContext(ctx, d.rt.Command, append(d.globalArgs(), "list", "--format=json")...)
+	var stdout bytes.Buffer
+	stderr := &headTailWriter{max: listStderrMax}
+	cmd.Stdout, cmd.Stderr = &stdout, stderr
+	if err := cmd.Run(); err != nil {
+		if said := strings.TrimSpace(string(stderr.bytes())); said != "" {
+			return nil, fmt.Errorf("oci: %s list: %w: %s", d.name, err, said)
+		}
 		return nil, fmt.Errorf("oci: %s list: %w", d.name, err)
+	}
+	var cs []struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &cs); err != nil {
+		return nil, fmt.Errorf("oci: %s list: its output: %w", d.name, err)
 	}
 	ids := make([]string, 0, len(cs))
 	for _, c := range cs {
 		ids = append(ids, c.ID)
 	}
 	return ids, nil
+}
+
+// listStderrMax bounds what a failed list keeps of the runtime's stderr (its last bytes: a
+// Go panic's message comes first, but its goroutine dump after it may be long).
+const listStderrMax = 4 << 10
+
+// globalArgs are the runtime's global flags, as go-runc passes them before each command.
+func (d *Driver) globalArgs() []string {
+	return append([]string{"--root", d.rt.Root}, d.rt.ExtraArgs...)
+}
+
+// headTailWriter keeps the first and the last max/2 bytes written to it, " … " between
+// them when it dropped some.
+type headTailWriter struct {
+	max        int
+	head, tail []byte
+	cut        bool
+}
+
+func (w *headTailWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := w.max/2 - len(w.head); room > 0 {
+		k := min(room, len(p))
+		w.head, p = append(w.head, p[:k]...), p[k:]
+	}
+	w.tail = append(w.tail, p...)
+	if over := len(w.tail) - w.max/2; over > 0 {
+		w.tail, w.cut = append(w.tail[:0], w.tail[over:]...), true
+	}
+	return n, nil
+}
+
+func (w *headTailWriter) bytes() []byte {
+	if !w.cut {
+		return append(slices.Clip(w.head), w.tail...)
+	}
+	return append(append(slices.Clip(w.head), " … "...), w.tail...)
 }
 
 const (

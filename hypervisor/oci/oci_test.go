@@ -931,3 +931,54 @@ func TestFailedAdoptingRestoreLeavesNoDisk(t *testing.T) {
 		t.Fatalf("after the failed adopting restore (%v) the adopted disk image is left", err)
 	}
 }
+
+// TestListSaysWhatTheRuntimeSaid: a list the runtime fails names what it printed on stderr
+// (which state file it could not read), its first and last bytes when it printed much; a
+// list that works passes the driver's global flags as before. go-runc's List dropped the
+// stderr: the error said only "runsc did not terminate successfully: exit status 2".
+func TestListSaysWhatTheRuntimeSaid(t *testing.T) {
+	for _, rt := range []string{oci.RuntimeRunc, oci.RuntimeRunsc} {
+		t.Run(rt, func(t *testing.T) {
+			real, err := exec.LookPath(rt)
+			if err != nil {
+				t.Fatalf("%s is not installed: apt-get install -y %s", rt, rt)
+			}
+			dir := t.TempDir()
+			fail := filepath.Join(dir, "fail")
+			wrapper := filepath.Join(dir, rt)
+			script := `#!/bin/sh
+for a in "$@"; do
+	if [ "$a" = list ] && [ -e ` + shQuote(fail) + ` ]; then
+		echo 'panic: cannot read state file "/x/bad_sandbox:bad.state": unexpected end of JSON input' >&2
+		[ "$(cat ` + shQuote(fail) + `)" = long ] && head -c 20000 /dev/zero | tr '\0' 'g' >&2 && echo ' the end' >&2
+		exit 2
+	fi
+done
+exec ` + shQuote(real) + ` "$@"
+`
+			if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			d := newDriver(t, rt, func(o *oci.Options) { o.RuntimePath = wrapper })
+			ctx := ctxT(t, time.Minute)
+			if ids, err := d.List(ctx); err != nil || len(ids) != 0 {
+				t.Fatalf("a list of no guest: %v, %v; want none, no error", ids, err)
+			}
+			if err := os.WriteFile(fail, []byte("short"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.List(ctx)
+			if err == nil || !strings.Contains(err.Error(), `cannot read state file "/x/bad_sandbox:bad.state"`) || !strings.Contains(err.Error(), "exit status 2") {
+				t.Fatalf("a failed list: %v; want the runtime's stderr and its exit status", err)
+			}
+			if err := os.WriteFile(fail, []byte("long"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.List(ctx)
+			if err == nil || !strings.Contains(err.Error(), "cannot read state file") || !strings.Contains(err.Error(), "gg … gg") ||
+				!strings.HasSuffix(err.Error(), "the end") || len(err.Error()) > 5<<10 {
+				t.Fatalf("a failed list that printed 20 KiB (%d bytes of error): %.300s; want its first and last bytes, at most 5 KiB", len(fmt.Sprint(err)), err)
+			}
+		})
+	}
+}
