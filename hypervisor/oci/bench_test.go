@@ -462,19 +462,7 @@ func BenchmarkGuestStartCPU(b *testing.B) {
 	b.Run("bare-true", func(b *testing.B) {
 		// The runsc CLI waits for the sandbox and gofer it started: their CPU is its children's.
 		bundle := bareBundle(b, cat[templates.Base].RootFS, "true")
-		global := bareGlobal(b, oci.RuntimeRunsc)
-		var total []time.Duration
-		n := 0
-		for b.Loop() {
-			n++
-			c0 := childrenCPU(b)
-			args := append(slices.Clone(global), "run", "--bundle", bundle, "bare"+strconv.Itoa(n))
-			if out, err := exec.Command(oci.RuntimeRunsc, args...).CombinedOutput(); err != nil {
-				b.Fatalf("runsc run: %v: %s", err, out)
-			}
-			total = append(total, childrenCPU(b)-c0)
-		}
-		reportMedian(b, "total-with-cli-cpu-ms", total)
+		reportMedian(b, "total-with-cli-cpu-ms", bareRunsCPU(b, bareGlobal(b, oci.RuntimeRunsc), bundle))
 	})
 	for _, v := range []struct {
 		name, bin string
@@ -617,4 +605,22 @@ func cpuacctUsage(b *testing.B, parent string) func() time.Duration {
 		}
 		return time.Duration(v)
 	}
+}
+
+// bareRunsCPU runs bundle with `runsc run` (global flags first) once per b.Loop and answers
+// the CPU of each run: the runsc CLI's children's (it waits for the sandbox and gofer it
+// started).
+func bareRunsCPU(b *testing.B, global []string, bundle string) []time.Duration {
+	var total []time.Duration
+	n := 0
+	for b.Loop() {
+		n++
+		c0 := childrenCPU(b)
+		args := append(slices.Clone(global), "run", "--bundle", bundle, "bare"+strconv.Itoa(n))
+		if out, err := exec.Command(oci.RuntimeRunsc, args...).CombinedOutput(); err != nil {
+			b.Fatalf("runsc run: %v: %s", err, out)
+		}
+		total = append(total, childrenCPU(b)-c0)
+	}
+	return total
 }

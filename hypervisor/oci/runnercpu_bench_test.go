@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,18 +64,7 @@ func BenchmarkRunnerGuestCPU(b *testing.B) {
 		b.Run(bare.name, func(b *testing.B) {
 			bundle := bareBundle(b, tpl.RootFS, bare.script, tpl.Binds...)
 			global := append(bareGlobal(b, oci.RuntimeRunsc), strings.Fields(os.Getenv("WB_BENCH_RUNSC_FLAGS"))...)
-			var total []time.Duration
-			n := 0
-			for b.Loop() {
-				n++
-				c0 := childrenCPU(b)
-				args := append(slices.Clone(global), "run", "--bundle", bundle, "bare"+strconv.Itoa(n))
-				if out, err := exec.Command(oci.RuntimeRunsc, args...).CombinedOutput(); err != nil {
-					b.Fatalf("runsc run: %v: %s", err, out)
-				}
-				total = append(total, childrenCPU(b)-c0)
-			}
-			reportSpread(b, "total-with-cli-cpu-ms", total)
+			reportSpread(b, "total-with-cli-cpu-ms", bareRunsCPU(b, global, bundle))
 		})
 	}
 	loader := benchLoader
