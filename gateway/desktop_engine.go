@@ -376,8 +376,8 @@ func (s *Server) startDesktop(p store.Project, rec desktop.Record, fromMemory bo
 	// The use is recorded before the desktop is written running, so that no reader (nor
 	// desktop.running's event, which carries the record) sees it running with no last use.
 	now := s.Now()
-	if _, err := s.Store.TouchDesktop(ctx, p.ID, rec.ID, now); err != nil {
-		s.log.Warn("desktop: mark used", "desktop", rec.ID, "err", err)
+	if _, err := s.Store.TouchDesktop(ctx, p.ID, rec.ID, now); err != nil && !errors.Is(err, store.ErrNotFound) {
+		s.log.Warn("desktop: mark used", "desktop", rec.ID, "err", err) // deleted meanwhile: below
 	}
 	_, err = s.updateDesktop(ctx, p.ID, rec.ID, func(r *desktop.Record) error {
 		if r.State == desktop.Running && r.SessionID == sessID {
