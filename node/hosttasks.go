@@ -62,6 +62,13 @@ type hostTasksWatch struct {
 	// logged is when a look that took no guest was last logged (at most every
 	// hostTasksLogEvery while the total stays above the mark).
 	logged time.Time
+	// waitFrom is when the deferral began again (zero: with above), as a guest of another
+	// node above the share went since the last look (that node's action on it ended): the
+	// next one's action, by its own node, begins then. aboveShare is the guests of other
+	// nodes above the share at the last look. The looks' goroutine's alone; cleared with
+	// above.
+	waitFrom   time.Time
+	aboveShare map[string]bool
 }
 
 // hostTasksLogEvery: see hostTasksWatch.logged.
@@ -77,7 +84,7 @@ func (n *Node) watchHostTasks() {
 	}
 	cur, limit, err := ht.GuestsTotal()
 	if err != nil || limit <= 0 || cur*100 < limit*hostTasksMark {
-		w.above = time.Time{}
+		w.above, w.waitFrom, w.aboveShare = time.Time{}, time.Time{}, nil
 		return
 	}
 	now := time.Now() // not n.Now: the bounds are of real time
@@ -155,6 +162,24 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		}
 		l.mu.Unlock()
 	}
+	// The deferral is of each action: past its minute from the start, a guest of another node
+	// above the share that went since the last look (that node's action on it ended) has the
+	// next bigger one's action begin only now, and it is given its minute too.
+	share := limit / int64(max(len(guests), 1))
+	gone := false
+	for id := range w.aboveShare {
+		gone = gone || !slices.ContainsFunc(guests, func(g hypervisor.GuestTasks) bool { return g.ID == id && g.Tasks > share })
+	}
+	if gone {
+		w.waitFrom = time.Now()
+	}
+	w.aboveShare = map[string]bool{}
+	for _, g := range guests {
+		if !g.Own && g.Tasks > share {
+			w.aboveShare[g.ID] = true
+		}
+	}
+	deferOthers = deferOthers || !w.waitFrom.IsZero() && time.Since(w.waitFrom) < hostTasksDefer
 	hog, share, why := pickHog(guests, limit, func(id string) bool { _, ok := mine[id]; return ok }, deferOthers)
 	if hog.ID == "" {
 		if time.Since(w.logged) >= hostTasksLogEvery {

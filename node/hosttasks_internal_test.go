@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -287,5 +288,47 @@ func TestHostTasksBusyHogIsNotPassedOver(t *testing.T) {
 	mid.mu.Unlock()
 	if st != session.Running || asked.Load() != 0 {
 		t.Errorf("the guest of this node that held the most was busy at the look: the next one's agent was asked %d times to end its processes, and its session is %s (%s, rule %q); want neither\n%s", asked.Load(), st, reason, rule, logs.String())
+	}
+}
+
+// TestHostTasksDeferralIsEachActions: past the first minute above the mark, a bigger guest of
+// another node that went (that node's action on it ended) leaves the next bigger one of
+// another node, whose action begins only then, to its node for its own minute: this node
+// does not take its own guest above the share meanwhile, failing its session, while the one
+// that holds the most is still being removed. Past that minute it does.
+func TestHostTasksDeferralIsEachActions(t *testing.T) {
+	const id = "sess_hosttasksnext"
+	var asked atomic.Int32
+	first := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "n2/first", Tasks: 600}, {ID: "g_hosttasksnext", Own: true, Tasks: 380}, {ID: "n3/by", Tasks: 10}}}
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: first}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/procs/end" {
+			asked.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
+			return
+		}
+		http.NotFound(w, r)
+	})
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	state := func() string {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return fmt.Sprintf("%s (%s, rule %q)", l.g.State, l.g.Reason, l.g.Rule)
+	}
+	n.relieveHostTasks(first, first.cur.Load(), first.limit, true) // the first minute: left to n2
+	// The minute passed; n2's guest went, and n3's, which held less, holds the most now.
+	next := first
+	next.guests = []hypervisor.GuestTasks{{ID: "n3/next", Tasks: 500}, {ID: "g_hosttasksnext", Own: true, Tasks: 400}, {ID: "n3/by", Tasks: 50}}
+	n.relieveHostTasks(next, next.cur.Load(), next.limit, false)
+	if st := state(); asked.Load() != 0 || !strings.HasPrefix(st, string(session.Running)+" ") {
+		t.Fatalf("a bigger guest of another node went, and the next bigger one's action begins: this node's guest's agent was asked %d times to end its processes, and its session is %s; want neither\n%s", asked.Load(), st, logs.String())
+	}
+	n.hostTasks.waitFrom = time.Now().Add(-hostTasksDefer - time.Second) // its minute passed too
+	n.relieveHostTasks(next, next.cur.Load(), next.limit, false)
+	if asked.Load() != 1 {
+		t.Errorf("past n3's minute too, this node's guest above the share was not taken: its agent was asked %d times; want once (session %s)\n%s", asked.Load(), state(), logs.String())
 	}
 }
