@@ -108,9 +108,10 @@ func (n *Node) watchHostTasks() {
 // pickHog answers the guest to act on: of the guests on the host (every node's), the one
 // that holds the most above the share, the total's limit over the number of guests holding
 // tasks (a guest at or below it holds no more than an even split would give it, and is
-// never taken). It must be this node's and runnable (a session's, running); a bigger guest
-// of another node is left to that node, and a bigger one of this node that runs no session
-// (stopping: its tasks go with its teardown) waited for, while deferOthers. No guest: why not.
+// never taken). It must be this node's and runnable (a session's, running or paused); a
+// bigger guest of another node is left to that node, and a bigger one of this node that runs
+// no session (stopping: its tasks go with its teardown) waited for, while deferOthers. No
+// guest: why not.
 func pickHog(guests []hypervisor.GuestTasks, limit int64, runnable func(id string) bool, deferOthers bool) (hog hypervisor.GuestTasks, share int64, why string) {
 	share = limit / int64(max(len(guests), 1))
 	guests = slices.Clone(guests)
@@ -124,7 +125,7 @@ func pickHog(guests []hypervisor.GuestTasks, limit int64, runnable func(id strin
 		case !g.Own && deferOthers:
 			return hypervisor.GuestTasks{}, share, fmt.Sprintf("the guest that holds the most (%d, above the share of %d) is another node's (%s): left to it", g.Tasks, share, g.ID)
 		case deferOthers:
-			return hypervisor.GuestTasks{}, share, fmt.Sprintf("the guest that holds the most (%d, above the share of %d), %s, runs no session now (stopping, paused or warm): waited for", g.Tasks, share, g.ID)
+			return hypervisor.GuestTasks{}, share, fmt.Sprintf("the guest that holds the most (%d, above the share of %d), %s, runs no session now (stopping or warm): waited for", g.Tasks, share, g.ID)
 		}
 	}
 	return hypervisor.GuestTasks{}, share, fmt.Sprintf("no guest of this node that runs a session holds more than the share of %d", share)
@@ -143,12 +144,16 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		n.Logger.Warn("node: the host's guests hold nearly their process total, and their counts could not be read", "total", cur, "limit", limit, "err", err)
 		return
 	}
-	// This node's running sessions, by guest; one whose lock is held (an operation on it)
-	// is left to the next look.
+	// This node's running and paused sessions, by guest; one whose lock is held (an
+	// operation on it) is left to the next look. A paused one holds its tasks as it did when
+	// it was paused (frozen, not gone): a tenant's sandbox that ratcheted its host tasks up
+	// and was paused would otherwise be passed over, and the next guest above the share,
+	// perhaps another tenant's, failed in its place.
 	type running struct {
-		l     *live
-		sess  string
-		agent *agent.Client
+		l      *live
+		sess   string
+		agent  *agent.Client
+		paused bool
 	}
 	mine := map[string]running{}
 	busy := false
@@ -157,8 +162,8 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 			busy = true
 			continue
 		}
-		if l.g.State == session.Running && l.g.GuestID != "" {
-			mine[l.g.GuestID] = running{l, l.g.SessionID, l.agent}
+		if (l.g.State == session.Running || l.g.State == session.Paused) && l.g.GuestID != "" {
+			mine[l.g.GuestID] = running{l, l.g.SessionID, l.agent, l.g.State == session.Paused}
 		}
 		l.mu.Unlock()
 	}
@@ -202,21 +207,25 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	// Past the deferral a bigger guest may hold more (another node's, or one of this node
 	// that runs no session): the tenant's rule says "the most" only where it is so.
 	most := !slices.ContainsFunc(guests, func(g hypervisor.GuestTasks) bool { return g.Tasks > hog.Tasks })
-	log := n.Logger.With("session", r.sess, "guest", hog.ID, "tasks", hog.Tasks, "most", most, "share", share, "total", cur, "limit", limit, "guests", len(guests))
+	log := n.Logger.With("session", r.sess, "guest", hog.ID, "tasks", hog.Tasks, "most", most, "share", share, "total", cur, "limit", limit, "guests", len(guests), "paused", r.paused)
 
-	// Its agent ends its processes, unless the node has it do so already (endGuestProcs).
+	// Its agent ends its processes, unless the node has it do so already (endGuestProcs), or
+	// the guest is paused: its agent, frozen, would not answer, and its tasks do not fall.
 	t0 := time.Now()
 	var ended int
 	endErr := fmt.Errorf("its processes are being ended already")
-	if r.agent != nil && r.l.ending.CompareAndSwap(false, true) {
+	if r.paused {
+		endErr = fmt.Errorf("the session is paused: its processes cannot be ended")
+	} else if r.agent != nil && r.l.ending.CompareAndSwap(false, true) {
 		ctx, cancel := context.WithTimeout(n.ctx, endProcsTimeout)
 		ended, endErr = r.agent.EndProcs(ctx)
 		cancel()
 		r.l.ending.Store(false)
 	}
-	// Given hostTasksSettle to fall: to the share or below, or the total below the mark.
+	// Given hostTasksSettle to fall: to the share or below, or the total below the mark (a
+	// paused guest's, frozen, does not).
 	tasks := hog.Tasks
-	for deadline := time.Now().Add(hostTasksSettle); ; {
+	for deadline := time.Now().Add(hostTasksSettle); !r.paused; {
 		t, err := ht.GuestTasks(n.ctx, hog.ID)
 		if err != nil || t <= 0 {
 			n.Metrics.hostTasksAction("gone")
@@ -255,7 +264,13 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	}
 	l := r.l
 	l.mu.Lock()
-	stopped := l.g.GuestID == hog.ID && l.g.State == session.Running
+	// In the state it was taken in: one paused since has had no end of its processes, and
+	// one resumed since may end them now; the next look sees either.
+	want := session.Running
+	if r.paused {
+		want = session.Paused
+	}
+	stopped := l.g.GuestID == hog.ID && l.g.State == want
 	if stopped {
 		// An operation on the session may have held its lock for a while (a snapshot):
 		// the counts are read again, and a fall meanwhile spares it.
@@ -275,17 +290,25 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	}
 	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
 		HostTasksRule, tasks, limit, which, share)
+	if r.paused {
+		rule = fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, while paused, when its processes cannot be ended; run fewer processes or threads at once, and snapshot a session rather than pause it for long",
+			HostTasksRule, tasks, limit, which, share)
+	}
 	if stopped {
 		n.end(n.ctx, l, session.Policy, session.PolicyViolation, rule)
 	}
 	l.mu.Unlock()
 	if !stopped {
 		n.Metrics.hostTasksAction("gone")
-		log.Warn("node: the host's guests neared their process total, and this guest was taken; its session ended meanwhile", "tasks_after", tasks)
+		log.Warn("node: the host's guests neared their process total, and this guest was taken; its session ended, or was paused or resumed, meanwhile", "tasks_after", tasks)
 		return
 	}
 	n.Metrics.hostTasksAction("stopped")
-	log.Warn("node: the host's guests neared their process total, and this guest was taken; its count did not fall when its processes were ended: the session is stopped (policy_violation)",
+	what := "its count did not fall when its processes were ended"
+	if r.paused {
+		what = "it is paused, when its processes cannot be ended"
+	}
+	log.Warn("node: the host's guests neared their process total, and this guest was taken; "+what+": the session is stopped (policy_violation)",
 		"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "rule", rule, "took", time.Since(t0).Round(time.Millisecond))
 	// The next look waits for its tasks to go (the teardown's), bounded.
 	for deadline := time.Now().Add(hostTasksGone); time.Now().Before(deadline) && n.ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {

@@ -332,3 +332,40 @@ func TestHostTasksDeferralIsEachActions(t *testing.T) {
 		t.Errorf("past n3's minute too, this node's guest above the share was not taken: its agent was asked %d times; want once (session %s)\n%s", asked.Load(), state(), logs.String())
 	}
 }
+
+// TestHostTasksPausedHogStopped: near the host's process total, the guest that holds the most
+// above the share is a paused session's (a tenant ratcheted its runsc sandbox's host tasks,
+// then paused it: its tasks stay, frozen). Its session is stopped, policy_violation, its rule
+// saying it was paused, without asking its agent (frozen, it would not answer); a paused
+// guest was passed over, and the node failed the next guest of its own above the share,
+// perhaps another tenant's, in its place.
+func TestHostTasksPausedHogStopped(t *testing.T) {
+	const id = "sess_hosttaskspaused"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttaskspaused", Own: true, Tasks: 700}, {ID: "n2/by", Tasks: 200}, {ID: "n2/by2", Tasks: 50}}}
+	var asked atomic.Int64
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/procs/end" {
+			asked.Add(1)
+		}
+		http.NotFound(w, r)
+	})
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	l.mu.Lock()
+	l.g.State = session.Paused
+	l.mu.Unlock()
+	n.relieveHostTasks(d, d.cur.Load(), d.limit, true)
+	l.mu.Lock()
+	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
+	l.mu.Unlock()
+	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation ||
+		!strings.HasPrefix(rule, HostTasksRule+": ") || !strings.Contains(rule, "held 700 of the 1000") || !strings.Contains(rule, "while paused") {
+		t.Fatalf("a paused session's guest held the most of the host's total: its session is %s (%s, rule %q); want stopping or failed, policy_violation, its rule saying it held 700 of 1000 while paused\n%s",
+			st, reason, rule, logs.String())
+	}
+	if n := asked.Load(); n != 0 {
+		t.Errorf("the paused guest's agent was asked %d times to end its processes; want none (frozen, it cannot answer)", n)
+	}
+}

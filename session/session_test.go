@@ -86,6 +86,7 @@ func expectedTransitions() []row {
 		{Paused, Stopping, Timer, MaxLifetime},
 		{Paused, Stopping, Placer, Eviction},
 		{Paused, Stopping, Metering, SpendCap},
+		{Paused, Stopping, Policy, PolicyViolation},
 		{Pending, Stopped, Metering, SpendCap},
 		{Provisioning, Stopping, Metering, SpendCap},
 	}

@@ -49,6 +49,7 @@ var rules = []Rule{
 	{From: Paused, To: Stopping, Driver: Timer, Reasons: []Reason{IdleTimeout, MaxLifetime}, Note: "paused at most 1 h, then auto-stopped (idle_timeout); lifetime keeps running"},
 	{From: Paused, To: Stopping, Driver: Placer, Reasons: []Reason{Eviction}, Note: "a paused guest holds host capacity"},
 	{From: Paused, To: Stopping, Driver: Metering, Reasons: []Reason{SpendCap}, Note: "paused bills storage, so a cap stops it too"},
+	{From: Paused, To: Stopping, Driver: Policy, Reasons: []Reason{PolicyViolation}, Note: "a paused guest holds host capacity: its node stops one that holds the most of the host's guests' process total (host_process_share), as it would a running one"},
 	{From: Pending, To: Stopped, Driver: Metering, Reasons: []Reason{SpendCap}, Note: "a cap crossed before placement: admitted earlier, it would run past the cap"},
 	{From: Provisioning, To: Stopping, Driver: Metering, Reasons: []Reason{SpendCap}, Note: "a cap crossed while it starts: the node tears it down"},
 	{From: Provisioning, To: Failed, Driver: Placer, Reasons: []Reason{HostFailure}, Note: "failure table: host died; its heartbeat lapsed"},
