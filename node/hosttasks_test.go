@@ -18,6 +18,7 @@ import (
 	"wb/hypervisor/oci"
 	"wb/node"
 	"wb/session"
+	"wb/store"
 )
 
 // The node's test driver passes the guests' process total through (hypervisor.HostTasker,
@@ -217,6 +218,85 @@ func TestHostTasksRunscHogStopped(t *testing.T) {
 	}
 	if m := waitMetric(t, cfg.Metrics, `wb_node_host_process_total_actions_total{outcome="stopped"} 1`); !strings.Contains(m, `wb_node_host_process_total_actions_total{outcome="stopped"} 1`) {
 		t.Errorf("the node's metrics: %s; want one action, stopped", grepLines(m, "wb_node_host_process_total"))
+	}
+}
+
+// TestHostTasksRunscPausedHogStopped: the hog of TestHostTasksRunscHogStopped ratchets its
+// sandbox's host tasks to 70 % of the host's guests' total and is paused there (its tasks
+// stay, frozen); the bystander's own processes then take the total past the mark. The node
+// stops the paused hog's session (failed, policy_violation, its rule saying it was paused),
+// the total falls, and the bystander answers. A paused guest was passed over as one that
+// runs no session: the total stayed past the mark.
+func TestHostTasksRunscPausedHogStopped(t *testing.T) {
+	const total = 1000
+	r, _, cfg, dir := fairHost(t, "runsc", total)
+	const project = "proj_hosttasks_paused"
+	by := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	hog := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600,
+		res: session.Resources{VCPU: 1, MemoryMiB: 1024, DiskGiB: 1, SizeClass: "m"}})
+	read := func() int {
+		b, _ := os.ReadFile(filepath.Join(dir, "pids.current"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
+	}
+	var trace []string
+	t0 := time.Now()
+	note := func() int {
+		cur := read()
+		trace = append(trace, fmt.Sprintf("%.1fs:%d", time.Since(t0).Seconds(), cur))
+		return cur
+	}
+	burst := func(s *session.Session, i int) {
+		req, limit := execReq(fmt.Sprintf(`for i in $(seq %d); do sleep 1 & done; wait`, 2*i)), 20
+		req.TimeoutS = &limit
+		_, _ = r.Exec(ctxT(t, time.Minute), s, req, nil, nil)
+	}
+	for i := 1; i <= 80 && note() < total*70/100; i++ {
+		burst(hog, i)
+	}
+	if cur := note(); cur < total*70/100 || cur >= total*85/100 {
+		t.Fatalf("the hog took the total to %d of %d (%s), want 70-85 %% before its pause: this test proves nothing", cur, total, strings.Join(trace, " "))
+	}
+	ctx := ctxT(t, time.Minute)
+	if err := r.Pause(ctx, hog); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cfg.Store.Transition(ctx, store.Change{Project: project, ID: hog.ID, From: session.Running, To: session.Paused, Driver: session.Caller}); err != nil {
+		t.Fatal(err)
+	}
+	// The bystander's processes take the total past the mark (its own bursts, a few tasks each).
+	peak := 0
+	for i := 1; i <= 40; i++ {
+		if peak = max(peak, note()); peak >= total*85/100 || get(t, cfg.Store, project, hog.ID).State.Terminal() {
+			break
+		}
+		burst(by, i)
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		peak = max(peak, note())
+		if get(t, cfg.Store, project, hog.ID).State.Terminal() && read() < total*85/100 {
+			break
+		}
+	}
+	t.Logf("the guests' total (peak %d of %d): %s", peak, total, strings.Join(trace, " "))
+	got, _ := waitState(t, cfg.Store, project, hog.ID, 10*time.Second, session.Failed, session.Stopped, session.Expired, session.Paused)
+	// The node's action is proof too that the total came past the mark: its look, once a
+	// tick, may see it there between two of the test's.
+	if peak < total*85/100 && !got.State.Terminal() {
+		t.Fatalf("the total never came past the mark (at most %d of %d): this test proves nothing", peak, total)
+	}
+	if got.State != session.Failed || reasonOf(got) != "(policy_violation)" || got.Rule == nil || !strings.Contains(*got.Rule, "while paused") {
+		t.Errorf("the paused hog's session is %s (%s, rule %v); want failed, policy_violation, its rule saying it was paused", got.State, reasonOf(got), derefStr(got.Rule))
+	}
+	if cur := read(); cur >= total*85/100 {
+		t.Errorf("the guests held %d of their total of %d after the paused hog was taken; want below the mark", cur, total)
+	}
+	res, err := execIn(ctxT(t, time.Minute), r.Node, by, modestExec)
+	if err != nil || !strings.Contains(res.Stdout, "alive") {
+		t.Errorf("the bystander's exec after the paused hog was stopped: %q %q, %v; want it to answer alive", res.Stdout, res.Stderr, err)
+	}
+	if got := get(t, cfg.Store, project, by.ID); got.State != session.Running {
+		t.Errorf("the bystander's session is %s (%s); want running", got.State, reasonOf(got))
 	}
 }
 
