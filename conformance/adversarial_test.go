@@ -562,8 +562,6 @@ func testAgentIntegrity(t *testing.T, rep *report, d, a *deployment) {
 // guest leaves the runtime, and afterwards the project's concurrency slots are all free.
 // First, no guest process holds CAP_SYS_ADMIN.
 func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
-	exhaustionOneAtATime.Lock()
-	defer exhaustionOneAtATime.Unlock()
 	bystander := a.newSession(t, map[string]any{"template": "tpl_dev_polyglot"})
 	testGuestLimits(t, rep, d, a, bystander.ID)
 	attacks := []exhaustionAttack{
@@ -619,16 +617,6 @@ for i in range(4): os.wait()` + "' 2>&1 | tail -2; echo done",
 	}
 	testSlotsFree(t, rep, a)
 }
-
-// exhaustionOneAtATime runs one deployment's exhaustion attacks at a time (runc's, then
-// runsc's, or the other way round), each deployment's five still at once: beside the other
-// runtime's fork bomb and CPU spin, on two cores, runsc's fork bomb starved its own agent,
-// whose end of it (asked by the node at half the sandbox's host limit) took over 12 s while
-// the sandbox's host tasks grew 530 a second to its limit, where it died (two cold make
-// tests in five, guest_crash). What the attacks prove is of a runtime's own guests; the
-// other runtime's load proved nothing more, and under gVisor's ptrace platform a bomb's
-// sandbox and its agent share the sentry's time.
-var exhaustionOneAtATime sync.Mutex
 
 // exhaustionAttack is one of testExhaustion's attacks.
 type exhaustionAttack struct {
