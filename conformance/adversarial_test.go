@@ -570,7 +570,7 @@ func testExhaustion(t *testing.T, rep *report, d, a *deployment) {
 		// in a cold make test, runsc's bomb had not yet reached the process limit after 6, on a
 		// slower machine not after 15 (beside the other attacks, under ptrace), and once runc's
 		// not after 30 (its exec timed out with no output). The fd bomb's 90 s bound the suite.
-		{name: "fork bomb", timeoutS: 60, cmd: `sh -c 'f(){ f|f& }; f; sleep 90'`,
+		{name: "fork bomb", timeoutS: 60, cmd: `sh -c 'f(){ f|f& }; f; sleep 90'`, crashes: "runsc",
 			limit: func(out string) bool {
 				return strings.Contains(out, "fork") || strings.Contains(out, "Resource temporarily unavailable")
 			}},
@@ -627,6 +627,15 @@ type exhaustionAttack struct {
 	// limit: the attack's output names the limit it hit (nil: a CPU spin hits none, it
 	// only gets its share).
 	limit func(out string) bool
+	// crashes names the runtime under which the attack may take its own guest down
+	// (guest_crash) rather than be ended: under gVisor's ptrace platform a fork bomb's
+	// sandbox grows its host tasks with the bomb's churn (some 530 a second) and does not
+	// give them back, while the agent that would end the bomb, inside the same sandbox,
+	// waits its turn behind the bomb's thousand processes; on a loaded host its end came
+	// after the sandbox had reached its host limit in three cold make tests of seven (the
+	// node's log: asked at half, dead 12–13 s later). The guest is the tenant's own: the
+	// other rows (the bystander, DELETE, the guest gone, the slots) still hold.
+	crashes string
 }
 
 // exhaust runs one attack in a fresh session of a and records what happened to it, to its
@@ -654,9 +663,7 @@ func exhaust(t *testing.T, rep *report, d, a *deployment, bystander string, at e
 	answered := err == nil && r.status < 500
 	rep.add(t, "exhaustion", at.name+": the attack's own exec", "an answer, no 5xx", got, answered)
 	// The memory hog may take its sandbox with it (runsc): then there is no output.
-	if at.limit != nil && answered && (r.status == 200 || !at.oom) {
-		rep.add(t, "exhaustion", at.name+": its output", "names the limit it hit", strings.ReplaceAll(lastBytes(out, 200), "\n", " "), r.status == 200 && at.limit(out))
-	}
+	outputRow := at.limit != nil && answered && (r.status == 200 || !at.oom)
 	// The session lives on (or ended with a guest reason), and answers again.
 	var alive string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
@@ -672,10 +679,25 @@ func exhaust(t *testing.T, rep *report, d, a *deployment, bystander string, at e
 		}
 	}
 	// The memory hog's OOM kill fails its session (the contract's "guest OOM"), before the
-	// hog's exec answers; every other attack leaves its session running.
+	// hog's exec answers; every other attack leaves its session running, but one that may
+	// take its own guest down under this runtime (crashes).
+	crashed := at.crashes != "" && at.crashes == d.runtime && alive == "failed guest_crash"
+	if outputRow {
+		want, held := "names the limit it hit", r.status == 200 && at.limit(out)
+		if at.crashes != "" && at.crashes == d.runtime {
+			want, held = "names the limit it hit, or that its guest ended ("+at.crashes+")", held || crashed && r.status != 200
+		}
+		rep.add(t, "exhaustion", at.name+": its output", want, cmp.Or(strings.ReplaceAll(lastBytes(out, 200), "\n", " "), got), held)
+	}
 	want, held := "running and answering", alive == "running, exec answers"
-	if at.oom {
+	switch {
+	case at.oom:
 		want, held = "failed oom", alive == "failed oom"
+	case at.crashes != "" && at.crashes == d.runtime:
+		want, held = "running and answering, or failed guest_crash ("+at.crashes+", its own sandbox at its host limit)", held || crashed
+	}
+	if crashed {
+		t.Logf("%s took its own guest down under %s (guest_crash), as it may on a loaded host; what wb serve logged of %s:\n%s", at.name, d.runtime, s.ID, a.stderrLines(s.ID))
 	}
 	rep.add(t, "exhaustion", at.name+": the session after it", want, alive, held)
 	if !held {
