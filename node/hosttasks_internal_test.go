@@ -153,9 +153,7 @@ func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 	n.mu.Lock()
 	l := n.guests[id]
 	n.mu.Unlock()
-	l.mu.Lock()
-	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
-	l.mu.Unlock()
+	st, reason, rule := liveState(l)
 	if st != session.Running {
 		t.Errorf("the node stopped while the hog's processes were being ended: its session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
 	}
@@ -181,9 +179,7 @@ func TestHostTasksRuleSaysNoMoreThanIsSo(t *testing.T) {
 	l := n.guests[id]
 	n.mu.Unlock()
 	n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
-	l.mu.Lock()
-	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
-	l.mu.Unlock()
+	st, reason, rule := liveState(l)
 	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation || !strings.HasPrefix(rule, HostTasksRule+": ") {
 		t.Fatalf("the session is %s (%s, rule %q); want stopping or failed, policy_violation, rule %s: …\n%s", st, reason, rule, HostTasksRule, logs.String())
 	}
@@ -236,9 +232,7 @@ func TestHostTasksStopLooksAgainAfterTheLock(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the action did not end")
 	}
-	l.mu.Lock()
-	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
-	l.mu.Unlock()
+	st, reason, rule := liveState(l)
 	if st != session.Running {
 		t.Errorf("the total fell below the mark while the node waited for the session's lock: the session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
 	}
@@ -357,9 +351,7 @@ func TestHostTasksPausedHogStopped(t *testing.T) {
 	l.g.State = session.Paused
 	l.mu.Unlock()
 	n.relieveHostTasks(d, d.cur.Load(), d.limit, true)
-	l.mu.Lock()
-	st, reason, rule := l.g.State, l.g.Reason, l.g.Rule
-	l.mu.Unlock()
+	st, reason, rule := liveState(l)
 	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation ||
 		!strings.HasPrefix(rule, HostTasksRule+": ") || !strings.Contains(rule, "held 700 of the 1000") || !strings.Contains(rule, "while paused") {
 		t.Fatalf("a paused session's guest held the most of the host's total: its session is %s (%s, rule %q); want stopping or failed, policy_violation, its rule saying it held 700 of 1000 while paused\n%s",
@@ -368,4 +360,11 @@ func TestHostTasksPausedHogStopped(t *testing.T) {
 	if n := asked.Load(); n != 0 {
 		t.Errorf("the paused guest's agent was asked %d times to end its processes; want none (frozen, it cannot answer)", n)
 	}
+}
+
+// liveState answers the session's state, reason and rule as its node holds them.
+func liveState(l *live) (session.State, session.Reason, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.g.State, l.g.Reason, l.g.Rule
 }
