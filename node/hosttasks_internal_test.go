@@ -134,22 +134,10 @@ func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 		}
 		http.NotFound(w, r)
 	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
-	}()
-	select {
-	case <-asked:
-	case <-time.After(time.Minute):
-		t.Fatal("the hog's agent was not asked to end its processes")
-	}
+	done := relieveInBackground(n, d)
+	within(t, asked, "the hog's agent was not asked to end its processes")
 	n.cancel() // the node stops
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		t.Fatal("the action did not end with the node")
-	}
+	within(t, done, "the action did not end with the node")
 	n.mu.Lock()
 	l := n.guests[id]
 	n.mu.Unlock()
@@ -214,24 +202,12 @@ func TestHostTasksStopLooksAgainAfterTheLock(t *testing.T) {
 	n.mu.Lock()
 	l = n.guests[id]
 	n.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
-	}()
-	select {
-	case <-locked:
-	case <-time.After(time.Minute):
-		t.Fatal("the hog's agent was not asked to end its processes")
-	}
+	done := relieveInBackground(n, d)
+	within(t, locked, "the hog's agent was not asked to end its processes")
 	time.Sleep(hostTasksSettle + time.Second) // the settle sees the counts stay
 	d.cur.Store(500)                          // other guests ended meanwhile
 	l.mu.Unlock()
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		t.Fatal("the action did not end")
-	}
+	within(t, done, "the action did not end")
 	st, reason, rule := liveState(l)
 	if st != session.Running {
 		t.Errorf("the total fell below the mark while the node waited for the session's lock: the session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
@@ -367,4 +343,25 @@ func liveState(l *live) (session.State, session.Reason, string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.g.State, l.g.Reason, l.g.Rule
+}
+
+// relieveInBackground runs the node's action on the host's total (counts of d) in a
+// goroutine of its own, and answers a channel closed when it ends.
+func relieveInBackground(n *Node, d tasksDriver) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
+	}()
+	return done
+}
+
+// within waits up to a minute for ch to deliver or close, else fails t with why.
+func within[T any](t *testing.T, ch <-chan T, why string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(time.Minute):
+		t.Fatal(why)
+	}
 }

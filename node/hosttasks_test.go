@@ -175,9 +175,7 @@ func TestHostTasksRunscHogStopped(t *testing.T) {
 		if peak = max(peak, note()); peak >= total*85/100 || get(t, cfg.Store, project, hog.ID).State.Terminal() {
 			break
 		}
-		req, limit := execReq(fmt.Sprintf(`for i in $(seq %d); do sleep 1 & done; wait`, 2*i)), 20
-		req.TimeoutS = &limit
-		_, _ = r.Exec(ctxT(t, time.Minute), hog, req, nil, nil)
+		sleepBurst(t, r, hog, i)
 	}
 	if peak < total*85/100 {
 		t.Fatalf("the hog never came near the total of %d (at most %d: %s): this test proves nothing", total, peak, tr)
@@ -227,13 +225,8 @@ func TestHostTasksRunscPausedHogStopped(t *testing.T) {
 		res: session.Resources{VCPU: 1, MemoryMiB: 1024, DiskGiB: 1, SizeClass: "m"}})
 	tr := newTotalTrace(dir)
 	read, note := tr.read, tr.note
-	burst := func(s *session.Session, i int) {
-		req, limit := execReq(fmt.Sprintf(`for i in $(seq %d); do sleep 1 & done; wait`, 2*i)), 20
-		req.TimeoutS = &limit
-		_, _ = r.Exec(ctxT(t, time.Minute), s, req, nil, nil)
-	}
 	for i := 1; i <= 80 && note() < total*60/100; i++ {
-		burst(hog, i)
+		sleepBurst(t, r, hog, i)
 	}
 	if cur := note(); cur < total*60/100 || cur >= total*85/100 {
 		t.Fatalf("the hog took the total to %d of %d (%s), want 60-85 %% before its pause: this test proves nothing", cur, total, tr)
@@ -251,7 +244,7 @@ func TestHostTasksRunscPausedHogStopped(t *testing.T) {
 		if peak = max(peak, note()); peak >= total*85/100 || get(t, cfg.Store, project, hog.ID).State.Terminal() {
 			break
 		}
-		burst(by, i)
+		sleepBurst(t, r, by, i)
 	}
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
 		peak = max(peak, note())
@@ -279,6 +272,15 @@ func TestHostTasksRunscPausedHogStopped(t *testing.T) {
 	if got := get(t, cfg.Store, project, by.ID); got.State != session.Running {
 		t.Errorf("the bystander's session is %s (%s); want running", got.State, reasonOf(got))
 	}
+}
+
+// sleepBurst has s start 2i sleeps of a second at once and waits for them (bounded by the
+// exec's 20 s): under runsc each new address space the guest holds at once is a stub process
+// of its sandbox's, kept when it ends, so bursts of growing i ratchet its host tasks up.
+func sleepBurst(t *testing.T, r *running, s *session.Session, i int) {
+	req, limit := execReq(fmt.Sprintf(`for i in $(seq %d); do sleep 1 & done; wait`, 2*i)), 20
+	req.TimeoutS = &limit
+	_, _ = r.Exec(ctxT(t, time.Minute), s, req, nil, nil)
 }
 
 // totalTrace reads the guests' process total in the pids cgroup dir and notes each reading
