@@ -623,7 +623,8 @@ func reasonOf(s *session.Session) string {
 	return "(" + string(*s.StateReason) + ")"
 }
 
-// events answers the outbox entries of one session, in stream order.
+// events answers the outbox entries of one session, in stream order: from its placement on,
+// for its create, in a project with no webhook endpoint, writes no session.pending event.
 func events(t testing.TB, st *store.Store, project, id string) []store.Event {
 	t.Helper()
 	all, err := st.OutboxEvents(ctxT(t, 10*time.Second), project)

@@ -65,7 +65,7 @@ func testIdleTimeout(t *testing.T, rt string) {
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
 		within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin+teardown))
 		within(t, "stopped state observed", seen, deadline, deadline.Add(margin+teardown+poll))
-		if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
+		if want := []string{session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
 			session.EventStopping, session.EventStopped}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 			t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
 		}
@@ -253,7 +253,7 @@ func testMaxLifetime(t *testing.T, rt string) {
 	if len(eventsOf(evs, session.EventIdleWarning)) != 0 {
 		t.Errorf("an idle warning fired although the session was busy: %v", types(evs))
 	}
-	if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventLifetimeWarning,
+	if want := []string{session.EventProvisioning, session.EventRunning, session.EventLifetimeWarning,
 		session.EventStopping, session.EventExpired}; !slices.Equal(types(evs), want) {
 		t.Errorf("outbox %v, want %v", types(evs), want)
 	}
@@ -287,7 +287,7 @@ func testStartFailure(t *testing.T, rt string) {
 	}
 	end, _ := waitState(t, st, project, s.ID, 30*time.Second, session.Failed, session.Stopped, session.Expired, session.Running)
 	checkEnded(t, end, session.Failed, session.StartFailure)
-	if want := []string{session.EventPending, session.EventProvisioning, session.EventFailed}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
+	if want := []string{session.EventProvisioning, session.EventFailed}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 		t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
 	}
 	checkSlots(t, st, project)
@@ -363,13 +363,13 @@ func testRedisOutage(t *testing.T, rt string, k int) {
 		checkEnded(t, end, session.Stopped, session.IdleTimeout)
 		within(t, s.ID+" stopped_at", end.StoppedAt.Time, deadline(s), deadline(s).Add(margin+teardown))
 		evs := events(t, st, project, s.ID)
-		if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
+		if want := []string{session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
 			session.EventStopping, session.EventStopped}; !slices.Equal(types(evs), want) {
 			t.Errorf("%s: outbox %v, want %v", s.ID, types(evs), want)
 			continue
 		}
-		within(t, s.ID+" replayed idle_warning", atMs(evs[3].AtMs), started.Add(24*time.Second), started.Add(24*time.Second+margin))
-		within(t, s.ID+" replayed session.stopping", atMs(evs[4].AtMs), deadline(s), deadline(s).Add(margin))
+		within(t, s.ID+" replayed idle_warning", atMs(evs[2].AtMs), started.Add(24*time.Second), started.Add(24*time.Second+margin))
+		within(t, s.ID+" replayed session.stopping", atMs(evs[3].AtMs), deadline(s), deadline(s).Add(margin))
 		if end.IdleWarningAt == nil {
 			t.Errorf("%s: idle_warning_at not set after the replay", s.ID)
 		}
@@ -476,7 +476,7 @@ func testNodeRestart(t *testing.T, rt string) {
 	checkEnded(t, end, session.Stopped, session.IdleTimeout)
 	within(t, "stopped_at", end.StoppedAt.Time, deadline, deadline.Add(margin+teardown))
 	within(t, "stopped state observed", seen, deadline, deadline.Add(margin+teardown+poll))
-	if want := []string{session.EventPending, session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
+	if want := []string{session.EventProvisioning, session.EventRunning, session.EventIdleWarning,
 		session.EventStopping, session.EventStopped}; !slices.Equal(types(events(t, st, project, s.ID)), want) {
 		t.Errorf("outbox %v, want %v", types(events(t, st, project, s.ID)), want)
 	}

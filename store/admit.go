@@ -274,7 +274,7 @@ func reserveKeys(project, id, endUser, month string) []string {
 		k.RateBucket(), k.CapFlag("hard", month), k.CapFlag("soft", month),
 		k.EndUserCapFlag(endUser, "hard", month), k.EndUserCapFlag(endUser, "soft", month),
 		k.session(id), k.all(), k.byState(session.Pending), k.active(), k.Outbox(), k.byEndUser(endUser),
-		k.reservations(), k.reservationHolders(),
+		k.reservations(), k.reservationHolders(), k.Webhooks().Endpoints(),
 	}
 }
 
@@ -289,7 +289,7 @@ func TakeToken(ctx context.Context, rdb redis.Scripter, project string, rate, bu
 }
 
 // admitKeyCount is how many keys appendAdmitKeys appends.
-const admitKeyCount = 11
+const admitKeyCount = 12
 
 func appendAdmitKeys(keys []string, project, id string, endUser *string, month string) []string {
 	k := ProjectKeys(project)
@@ -301,6 +301,7 @@ func appendAdmitKeys(keys []string, project, id string, endUser *string, month s
 		k.RateBucket(), k.CapFlag("hard", month), k.CapFlag("soft", month),
 		k.EndUserCapFlag(eu, "hard", month), k.EndUserCapFlag(eu, "soft", month),
 		k.session(id), k.all(), k.byState(session.Pending), k.active(), k.Outbox(), k.byEndUser(eu),
+		k.Webhooks().Endpoints(),
 	)
 }
 

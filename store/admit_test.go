@@ -28,6 +28,7 @@ func TestAdmit(t *testing.T) {
 			s := New(rdb, WithClock(func() time.Time { return at }))
 			p := "proj_admit" + b.Name
 			k := ProjectKeys(p)
+			withEndpoint(t, s, p)
 			a := Admission{RatePerSec: 1, Burst: 2, CapMonth: "202612", Concurrency: 2}
 			// check is a decided create's first step alone (Reserve), its slot given back.
 			probes := 0
@@ -141,6 +142,7 @@ func TestReserve(t *testing.T) {
 			s := New(rdb, WithClock(func() time.Time { return at }))
 			p := "proj_reserve" + b.Name
 			k := ProjectKeys(p)
+			withEndpoint(t, s, p)
 			a := Admission{RatePerSec: 1, Burst: 2, CapMonth: "202612", Concurrency: 2}
 			nothingOf := func(id string, slots, sessions, events int64) {
 				t.Helper()
@@ -256,6 +258,7 @@ func TestReserveConcurrent(t *testing.T) {
 	ctx := context.Background()
 	s := New(rdb)
 	const p, limit, creates = "proj_reserve_race", 5, 64
+	withEndpoint(t, s, p)
 	a := Admission{RatePerSec: 1000, Burst: 1000, Concurrency: limit}
 	var mu sync.Mutex
 	held, most, written := 0, 0, 0
@@ -351,6 +354,7 @@ func TestCreateSignals(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			p := "proj_sig_" + b.Name
+			withEndpoint(t, s, p)
 			a := Admission{RatePerSec: 1000, Burst: 1000, Concurrency: 3}
 			read := func(w Work) int {
 				t.Helper()
@@ -415,6 +419,34 @@ func TestCreateSignals(t *testing.T) {
 			}
 			if np, no, nd := read(WorkPending), read(WorkOutbox), len(deadlines()); np+no != 0 || nd != 3 {
 				t.Errorf("refused creates left %d pending and %d outbox signals, and %d deadlines (want 3)", np, no, nd)
+			}
+
+			// A project with no webhook endpoint: both ways of a create write the session and
+			// signal its placement, and write no event (where the script signals, signal no
+			// outbox work either; on a Cluster the caller's signal after finds nothing new).
+			quiet := "proj_sig_quiet_" + b.Name
+			if _, err := s.Admit(ctx, newPending(quiet, ""), a); err != nil {
+				t.Fatal(err)
+			}
+			if r, err = s.Reserve(ctx, quiet, session.NewID("sess_", time.Now()), "", a); err != nil || !r.Held() {
+				t.Fatalf("reserve: %+v %v", r, err)
+			}
+			committed = newPending(quiet, "")
+			committed.ID = r.ID
+			if _, err := s.Commit(ctx, r, committed); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := s.ActiveCount(ctx, quiet); err != nil || n != 2 {
+				t.Errorf("%d slots held after 2 creates (%v)", n, err)
+			}
+			if ps := takeSignals(t, ctx, s, WorkPending); len(ps) != 2 {
+				t.Errorf("pending signals after 2 creates: %v", ps)
+			}
+			if ps := takeSignals(t, ctx, s, WorkOutbox); want == 1 && len(ps) != 0 {
+				t.Errorf("outbox signals after 2 creates in a project with no webhook endpoint: %v; want none", ps)
+			}
+			if evs, err := s.OutboxEvents(ctx, quiet); err != nil || len(evs) != 0 {
+				t.Errorf("the outbox of a project with no webhook endpoint after 2 creates: %+v, %v; want empty", evs, err)
 			}
 		})
 	}

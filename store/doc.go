@@ -1,6 +1,8 @@
 // Package store holds live state in Redis. Sessions are written only through Lua scripts
 // that compare state and version, reserve or release concurrency slots, maintain the list
-// indexes and append the event to the project's outbox stream in one atomic step. Beside
+// indexes and append the event to the project's outbox stream in one atomic step (a create's
+// session.pending event only when the project has a webhook endpoint, the outbox's one
+// reader: scripts.go's write_pending). Beside
 // them: projects, their hashed API keys and the operator's plans; idempotency records (each
 // held by its request through a lease its gateway renews, so that a retry takes over the key
 // of a request whose gateway died, under the same ref: idempotency.go);

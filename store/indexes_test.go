@@ -172,6 +172,7 @@ func TestTransitionRoundTrips(t *testing.T) {
 			s, rt, one := countedStore(t, b)
 			ctx := ctxMinute(t)
 			p := "proj_trips_" + b.Name
+			withEndpoint(t, s, p)
 			warm := mustCreate(t, s, newPending(p, ""), 10) // loads the script
 			step(t, s, Change{Project: p, ID: warm.ID, From: session.Pending, To: session.Failed,
 				Driver: session.Timer, Reason: session.ProvisionTimeout})

@@ -24,6 +24,7 @@ func TestOutboxBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const project = "proj_big"
+	withEndpoint(t, s, project)
 	stream := Outbox(project)
 	// Approximate trimming removes whole stream nodes (100 entries by default): an outbox
 	// this far over the bound must lose at least one.

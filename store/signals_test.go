@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"wb/internal/redistest"
+	"wb/session"
 )
 
 // TestSignals: a signal reaches one consumer of a group, a blocking read wakes on a signal
@@ -83,8 +84,9 @@ func TestSignals(t *testing.T) {
 	}
 }
 
-// TestWritesSignal: every write that makes background work signals it: a create (pending,
-// outbox), a transition (outbox), an event (outbox), a usage record (usage).
+// TestWritesSignal: every write that makes background work signals it: a create (pending, and
+// outbox when its project has a webhook endpoint), a transition (outbox), an event (outbox), a
+// usage record (usage).
 func TestWritesSignal(t *testing.T) {
 	t.Parallel()
 	s := New(redistest.Server(t))
@@ -92,6 +94,9 @@ func TestWritesSignal(t *testing.T) {
 	defer cancel()
 	const project = "proj_sig"
 	read := func(w Work) []string { return takeSignals(t, ctx, s, w) }
+	// A project with no webhook endpoint: its session.pending event would be skipped unread
+	// (the outbox's only reader delivers to the endpoints there are when it reads), so a
+	// create writes none, and signals no outbox work.
 	sess, err := s.Create(ctx, newPending(project, ""), 10)
 	if err != nil {
 		t.Fatal(err)
@@ -99,8 +104,29 @@ func TestWritesSignal(t *testing.T) {
 	if got := read(WorkPending); !slices.Equal(got, []string{project}) {
 		t.Fatalf("pending signals after a create: %v", got)
 	}
+	if got := read(WorkOutbox); len(got) != 0 {
+		t.Fatalf("outbox signals after a create in a project with no webhook endpoint: %v; want none", got)
+	}
+	if n, err := s.rdb.XLen(ctx, Outbox(project)).Result(); err != nil || n != 0 {
+		t.Fatalf("the outbox of a project with no webhook endpoint holds %d events after a create (%v); want none", n, err)
+	}
+	if _, err := s.Transition(ctx, Change{Project: project, ID: sess.ID, From: "pending", To: "failed",
+		Driver: "timer", Reason: "provision_timeout", Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	read(WorkOutbox)
+	withEndpoint(t, s, project)
+	if sess, err = s.Create(ctx, newPending(project, ""), 10); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(WorkPending); !slices.Equal(got, []string{project}) {
+		t.Fatalf("pending signals after a create: %v", got)
+	}
 	if got := read(WorkOutbox); !slices.Equal(got, []string{project}) {
 		t.Fatalf("outbox signals after a create: %v", got)
+	}
+	if evs, err := s.OutboxEvents(ctx, project); err != nil || len(evs) == 0 || evs[len(evs)-1].Type != session.EventPending || evs[len(evs)-1].SessionID != sess.ID {
+		t.Fatalf("the outbox after a create in a project with a webhook endpoint: %+v, %v; want its session.pending last", evs, err)
 	}
 	if _, err := s.Transition(ctx, Change{Project: project, ID: sess.ID, From: "pending", To: "failed",
 		Driver: "timer", Reason: "provision_timeout", Version: 1}); err != nil {

@@ -43,7 +43,9 @@ func TestStore(t *testing.T) {
 			rdb := b.New(t)
 			for i, c := range cases {
 				t.Run(c.name, func(t *testing.T) {
-					c.fn(t, New(rdb, WithRetention(time.Hour)), fmt.Sprintf("proj_%s%d", c.name, i))
+					s, p := New(rdb, WithRetention(time.Hour)), fmt.Sprintf("proj_%s%d", c.name, i)
+					withEndpoint(t, s, p)
+					c.fn(t, s, p)
 				})
 			}
 		})
@@ -65,6 +67,15 @@ func newPending(project string, endUser string) *session.Session {
 		s.EndUserID = &endUser
 	}
 	return s
+}
+
+// withEndpoint gives project a webhook endpoint, as webhooks' registry writes one, so that
+// its creates write their session.pending event (write_pending: not for a project with none).
+func withEndpoint(t testing.TB, s *Store, project string) {
+	t.Helper()
+	if err := s.rdb.HSet(context.Background(), ProjectKeys(project).Webhooks().Endpoints(), "we_test", "{}").Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func mustCreate(t *testing.T, s *Store, sess *session.Session, limit int) *session.Session {
@@ -619,6 +630,7 @@ func TestEventCarriesSession(t *testing.T) {
 	rdb, _ := redistest.Mini(t)
 	s := New(rdb)
 	p := "proj_ev"
+	withEndpoint(t, s, p)
 	sess := mustCreate(t, s, newPending(p, "eu_9"), 5)
 	step(t, s, Change{Project: p, ID: sess.ID, From: session.Pending, To: session.Provisioning, Driver: session.Placer, Zone: "z1"})
 	msgs := outbox(t, s, p)

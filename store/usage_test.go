@@ -80,6 +80,7 @@ func TestOutboxEvents(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := New(redistest.Server(t))
+	withEndpoint(t, s, "proj_o")
 	sess := mustCreate(t, s, newPending("proj_o", ""), 10)
 	if _, err := s.AppendEvent(ctx, "proj_o", session.EventQuotaExceeded, "", map[string]any{"object": "quota"}); err != nil {
 		t.Fatal(err)

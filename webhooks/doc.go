@@ -8,5 +8,6 @@
 // what every consumer group still needs. A project with no endpoint costs it one script per
 // signal: its new events are skipped unread, as a read would skip them (an event goes to the
 // endpoints there are when the dispatcher reads it, never to one made later), and its outbox
-// is deleted (or, if another consumer group reads it, trimmed).
+// is deleted (or, if another consumer group reads it, trimmed). Its creates, the hot path,
+// write no session.pending event and no signal at all (store's write_pending).
 package webhooks
