@@ -50,6 +50,15 @@ const (
 	// HostTasksRule is the rule of a session stopped as the guest that held the most of the
 	// host's process total (policy_violation); the rule's text says how many.
 	HostTasksRule = "host_process_share"
+	// hostTasksRefills is how many times within hostTasksRefillWindow a guest may have its
+	// processes ended for the total, its count falling each time, and be taken again: the
+	// next time its session is stopped, without ending them once more. A runc guest's count
+	// falls with each end, so a tenant that forks again after each (24 or more runc guests,
+	// each at its own limit, fill the total) would otherwise hold the host at the mark for
+	// good, every other guest's next process at risk.
+	hostTasksRefills = 2
+	// hostTasksRefillWindow: see hostTasksRefills.
+	hostTasksRefillWindow = 10 * time.Minute
 )
 
 // hostTasksWatch is the node's watch of the total. above and last belong to the timers'
@@ -69,6 +78,32 @@ type hostTasksWatch struct {
 	// above.
 	waitFrom   time.Time
 	aboveShare map[string]bool
+	// ended is when each guest had its processes ended for the total and its count fell,
+	// within hostTasksRefillWindow (hostTasksRefills). The looks' goroutine's alone; kept
+	// below the mark too (a tenant that forks again may dip below it between two ends).
+	ended map[string][]time.Time
+}
+
+// endsOf answers the times guest had its processes ended for the total within
+// hostTasksRefillWindow of now, and forgets older ones (every guest's).
+func (w *hostTasksWatch) endsOf(guest string, now time.Time) []time.Time {
+	for id, ts := range w.ended {
+		ts = slices.DeleteFunc(ts, func(at time.Time) bool { return now.Sub(at) > hostTasksRefillWindow })
+		if len(ts) == 0 {
+			delete(w.ended, id)
+		} else {
+			w.ended[id] = ts
+		}
+	}
+	return w.ended[guest]
+}
+
+// noteEnd records that guest had its processes ended for the total, and its count fell.
+func (w *hostTasksWatch) noteEnd(guest string) {
+	if w.ended == nil {
+		w.ended = map[string][]time.Time{}
+	}
+	w.ended[guest] = append(w.ended[guest], time.Now())
 }
 
 // hostTasksLogEvery: see hostTasksWatch.logged.
@@ -207,15 +242,22 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	// Past the deferral a bigger guest may hold more (another node's, or one of this node
 	// that runs no session): the tenant's rule says "the most" only where it is so.
 	most := !slices.ContainsFunc(guests, func(g hypervisor.GuestTasks) bool { return g.Tasks > hog.Tasks })
-	log := n.Logger.With("session", r.sess, "guest", hog.ID, "tasks", hog.Tasks, "most", most, "share", share, "total", cur, "limit", limit, "guests", len(guests), "paused", r.paused)
-
-	// Its agent ends its processes, unless the node has it do so already (endGuestProcs), or
-	// the guest is paused: its agent, frozen, would not answer, and its tasks do not fall.
 	t0 := time.Now()
+	// A guest whose processes were ended hostTasksRefills times lately, and that took them
+	// again each time, is not given another end.
+	ends := len(w.endsOf(hog.ID, t0))
+	refilled := !r.paused && ends >= hostTasksRefills
+	log := n.Logger.With("session", r.sess, "guest", hog.ID, "tasks", hog.Tasks, "most", most, "share", share, "total", cur, "limit", limit, "guests", len(guests), "paused", r.paused, "ends", ends)
+
+	// Its agent ends its processes, unless the node has it do so already (endGuestProcs), the
+	// guest is paused (its agent, frozen, would not answer, and its tasks do not fall), or it
+	// took them again after its last ends.
 	var ended int
 	endErr := fmt.Errorf("its processes are being ended already")
 	if r.paused {
 		endErr = fmt.Errorf("the session is paused: its processes cannot be ended")
+	} else if refilled {
+		endErr = fmt.Errorf("its processes were ended %d times in the last %.0f minutes, and it took them again", ends, hostTasksRefillWindow.Minutes())
 	} else if r.agent != nil && r.l.ending.CompareAndSwap(false, true) {
 		ctx, cancel := context.WithTimeout(n.ctx, endProcsTimeout)
 		ended, endErr = r.agent.EndProcs(ctx)
@@ -225,7 +267,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	// Given hostTasksSettle to fall: to the share or below, or the total below the mark (a
 	// paused guest's, frozen, does not).
 	tasks := hog.Tasks
-	for deadline := time.Now().Add(hostTasksSettle); !r.paused; {
+	for deadline := time.Now().Add(hostTasksSettle); !r.paused && !refilled; {
 		t, err := ht.GuestTasks(n.ctx, hog.ID)
 		if err != nil || t <= 0 {
 			n.Metrics.hostTasksAction("gone")
@@ -238,6 +280,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 			cur, limit = c, l
 		}
 		if tasks <= share || cur*100 < limit*hostTasksMark {
+			w.noteEnd(hog.ID)
 			n.Metrics.hostTasksAction("ended")
 			log.Warn("node: the host's guests neared their process total, and this guest was taken: its agent ended its processes, and its count fell",
 				"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "took", time.Since(t0).Round(time.Millisecond))
@@ -282,6 +325,9 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		}
 		if tasks <= share || cur*100 < limit*hostTasksMark {
 			l.mu.Unlock()
+			if !r.paused && !refilled {
+				w.noteEnd(hog.ID)
+			}
 			n.Metrics.hostTasksAction("ended")
 			log.Warn("node: the host's guests neared their process total, and this guest was taken: its agent ended its processes, and its count or the total fell while an operation on the session held it",
 				"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "took", time.Since(t0).Round(time.Millisecond))
@@ -290,9 +336,13 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	}
 	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
 		HostTasksRule, tasks, limit, which, share)
-	if r.paused {
+	switch {
+	case r.paused:
 		rule = fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, while paused, when its processes cannot be ended; run fewer processes or threads at once, and snapshot a session rather than pause it for long",
 			HostTasksRule, tasks, limit, which, share)
+	case refilled:
+		rule = fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and took them again each time the node had its processes ended (%d times in the last %.0f minutes); run fewer processes or threads at once",
+			HostTasksRule, tasks, limit, which, share, ends, hostTasksRefillWindow.Minutes())
 	}
 	if stopped {
 		n.end(n.ctx, l, session.Policy, session.PolicyViolation, rule)
@@ -305,8 +355,11 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	}
 	n.Metrics.hostTasksAction("stopped")
 	what := "its count did not fall when its processes were ended"
-	if r.paused {
+	switch {
+	case r.paused:
 		what = "it is paused, when its processes cannot be ended"
+	case refilled:
+		what = "it took its processes again after each of its last ends"
 	}
 	log.Warn("node: the host's guests neared their process total, and this guest was taken; "+what+": the session is stopped (policy_violation)",
 		"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "rule", rule, "took", time.Since(t0).Round(time.Millisecond))

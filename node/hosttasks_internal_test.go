@@ -338,6 +338,94 @@ func TestHostTasksPausedHogStopped(t *testing.T) {
 	}
 }
 
+// refillDriver is a tasksDriver whose guest hog's count is hogTasks: it falls when the test
+// says (its agent ended its processes, as a runc guest's count falls with them).
+type refillDriver struct {
+	tasksDriver
+	hog      string
+	hogTasks *atomic.Int64
+}
+
+func (d refillDriver) GuestsTasks(context.Context) ([]hypervisor.GuestTasks, error) {
+	gs := slices.Clone(d.guests)
+	for i := range gs {
+		if gs[i].ID == d.hog {
+			gs[i].Tasks = d.hogTasks.Load()
+		}
+	}
+	return gs, nil
+}
+
+func (d refillDriver) GuestTasks(ctx context.Context, id string) (int64, error) {
+	if id == d.hog && !d.stopped.Load() {
+		return d.hogTasks.Load(), nil
+	}
+	return d.tasksDriver.GuestTasks(ctx, id)
+}
+
+// TestHostTasksRefillerStopped: near the host's total, the guest that holds the most above
+// the share has its processes ended and its count falls (a runc guest's), and its tenant
+// forks them again before the next look, again and again: a tenant with enough such guests
+// would hold the host at the mark for good. After hostTasksRefills ends within
+// hostTasksRefillWindow, the next time it is taken its session is stopped, policy_violation,
+// its rule saying it took them again, without another end.
+func TestHostTasksRefillerStopped(t *testing.T) {
+	const id = "sess_hosttasksrefill"
+	hogTasks := counter(700)
+	d := refillDriver{tasksDriver: tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksrefill", Own: true}, {ID: "n2/by", Tasks: 200}, {ID: "n2/by2", Tasks: 50}}},
+		hog: "g_hosttasksrefill", hogTasks: hogTasks}
+	var asked atomic.Int64
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/procs/end" {
+			asked.Add(1)
+			hogTasks.Store(12) // its processes ended: its count falls
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"ended":690}` + "\n"))
+			return
+		}
+		http.NotFound(w, r)
+	})
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	for i := range hostTasksRefills {
+		hogTasks.Store(700) // forked again
+		n.relieveHostTasks(d, d.cur.Load(), d.limit, true)
+		if st, reason, rule := liveState(l); st != session.Running || asked.Load() != int64(i+1) {
+			t.Fatalf("end %d: the hog's agent was asked %d times to end its processes, and its session is %s (%s, rule %q); want %d times, running\n%s",
+				i+1, asked.Load(), st, reason, rule, i+1, logs.String())
+		}
+	}
+	hogTasks.Store(700) // and again
+	n.relieveHostTasks(d, d.cur.Load(), d.limit, true)
+	st, reason, rule := liveState(l)
+	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation ||
+		!strings.HasPrefix(rule, HostTasksRule+": ") || !strings.Contains(rule, "held 700 of the 1000") || !strings.Contains(rule, "took them again") {
+		t.Fatalf("a guest that took its processes again after %d ends held the most of the host's total: its session is %s (%s, rule %q); want stopping or failed, policy_violation, its rule saying it held 700 of 1000 and took them again\n%s",
+			hostTasksRefills, st, reason, rule, logs.String())
+	}
+	if n := asked.Load(); n != hostTasksRefills {
+		t.Errorf("its agent was asked %d times to end its processes; want %d (none after them)", n, hostTasksRefills)
+	}
+}
+
+// TestHostTasksEndsForgotten: ends older than hostTasksRefillWindow do not count, and a
+// guest's old ends are forgotten with it.
+func TestHostTasksEndsForgotten(t *testing.T) {
+	now := time.Now()
+	w := &hostTasksWatch{ended: map[string][]time.Time{
+		"a": {now.Add(-hostTasksRefillWindow - time.Minute), now.Add(-time.Minute)},
+		"b": {now.Add(-hostTasksRefillWindow - time.Second)},
+	}}
+	if got := w.endsOf("a", now); len(got) != 1 || !got[0].Equal(now.Add(-time.Minute)) {
+		t.Errorf("a's ends within the window: %v; want the one a minute ago", got)
+	}
+	if _, ok := w.ended["b"]; ok {
+		t.Errorf("b's ends, all older than the window, are kept: %v", w.ended["b"])
+	}
+}
+
 // liveState answers the session's state, reason and rule as its node holds them.
 func liveState(l *live) (session.State, session.Reason, string) {
 	l.mu.Lock()
