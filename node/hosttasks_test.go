@@ -146,6 +146,55 @@ func TestHostTasksHogGivesWay(t *testing.T) {
 	}
 }
 
+// TestHostTasksRefillingHogStopped is TestHostTasksHogGivesWay's hog forking again after each
+// end, as a tenant's client would: its processes are ended twice, its count falling each time
+// (runc), and the third time it takes the total its session is stopped: failed,
+// policy_violation, its rule host_process_share saying it took them again. Without that the
+// hog held the total at the mark for as long as it forked, each end freeing it for a moment.
+func TestHostTasksRefillingHogStopped(t *testing.T) {
+	const total = 300
+	r, _, cfg, _ := fairHost(t, "runc", total)
+	const project = "proj_hosttasks_refill"
+	provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600}) // a bystander
+	hog := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	fills := 0
+	for ; fills < 5; fills++ {
+		if got := get(t, cfg.Store, project, hog.ID); got.State != session.Running {
+			break
+		}
+		// Bounded: 400 sleeps of 2 minutes, and the exec's time limit. Its shell exits once it
+		// cannot fork (the total is full), its sleeps left holding it.
+		req, limit := execReq(`for i in $(seq 400); do sleep 120 & done; wait`), 60
+		req.TimeoutS = &limit
+		res, err := r.Exec(ctxT(t, 2*time.Minute), hog, req, nil, nil)
+		t.Logf("the hog's fill %d: exit %d, timed out %v, err %v: %.200s", fills+1, res.ExitCode, res.TimedOut, err, res.Stderr)
+		// The node's action: its processes ended (its count falls), or its session stopped.
+		ended := fmt.Sprintf(`wb_node_host_process_total_actions_total{outcome="ended"} %d`, fills+1)
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			if strings.Contains(scrape(t, cfg.Metrics), ended) || get(t, cfg.Store, project, hog.ID).State != session.Running {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the hog's fill %d took the total, and the node did nothing for a minute: %s", fills+1, grepLines(scrape(t, cfg.Metrics), "wb_node_host_process_total"))
+			}
+		}
+	}
+	got, _ := waitState(t, cfg.Store, project, hog.ID, time.Minute, session.Failed)
+	m := scrape(t, cfg.Metrics)
+	if got.State != session.Failed || reasonOf(got) != "(policy_violation)" || got.Rule == nil ||
+		!strings.HasPrefix(*got.Rule, node.HostTasksRule+": ") || !strings.Contains(*got.Rule, "took them again") || fills != 3 {
+		rule := ""
+		if got.Rule != nil {
+			rule = *got.Rule
+		}
+		t.Errorf("after %d fills the refilling hog's session is %s %s (rule %q); want failed (policy_violation) after 3, its rule saying it took them again\nmetrics: %s",
+			fills, got.State, reasonOf(got), rule, grepLines(m, "wb_node_host_process_total"))
+	}
+	if !strings.Contains(m, `wb_node_host_process_total_actions_total{outcome="ended"} 2`) || !strings.Contains(m, `wb_node_host_process_total_actions_total{outcome="stopped"} 1`) {
+		t.Errorf("the node's metrics: %s; want two actions ended and one stopped", grepLines(m, "wb_node_host_process_total"))
+	}
+}
+
 // TestHostTasksRunscHogStopped is the cross-tenant attack under runsc: one tenant's sandbox
 // ratchets its host tasks up in short bursts of sleeps, a few more each time (under the
 // ptrace platform the sandbox keeps every stub process and its threads when they end), to
