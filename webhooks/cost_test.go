@@ -199,10 +199,13 @@ func TestNoEndpointIsCheap(t *testing.T) {
 	slices.Sort(names)
 	t.Logf("per event of a project with no endpoint: %.2f round trips, %.2f commands: %s",
 		float64(trips)/float64(events), float64(cmds)/float64(events), strings.Join(names, " "))
-	const most = 5
-	if cmds > most*events {
-		t.Errorf("%d events of a project with no endpoint cost the dispatcher %d Redis commands (%.1f each), want at most %d each: %s",
-			events, cmds, float64(cmds)/float64(events), most, strings.Join(names, " "))
+	// Five each, and a few more in all: under load one more script now and then (a loaded
+	// cold make test saw 401 commands for 80 events, one EVALSHA more; quiet runs count 5.00
+	// or 4.99 each). A sixth command per event is what this catches.
+	const most, slack = 5, 8
+	if cmds > most*events+slack {
+		t.Errorf("%d events of a project with no endpoint cost the dispatcher %d Redis commands (%.2f each), want at most %d each and %d more in all: %s",
+			events, cmds, float64(cmds)/float64(events), most, slack, strings.Join(names, " "))
 	}
 	n, err := wrdb.XLen(context.Background(), store.Outbox(project)).Result()
 	if err != nil || n != 0 {
