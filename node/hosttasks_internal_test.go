@@ -138,9 +138,7 @@ func TestHostTasksNodeStopSparesTheSession(t *testing.T) {
 	within(t, asked, "the hog's agent was not asked to end its processes")
 	n.cancel() // the node stops
 	within(t, done, "the action did not end with the node")
-	n.mu.Lock()
-	l := n.guests[id]
-	n.mu.Unlock()
+	l := sessionOf(n, id)
 	st, reason, rule := liveState(l)
 	if st != session.Running {
 		t.Errorf("the node stopped while the hog's processes were being ended: its session is %s (%s, rule %q); want running\n%s", st, reason, rule, logs.String())
@@ -155,17 +153,8 @@ func TestHostTasksRuleSaysNoMoreThanIsSo(t *testing.T) {
 	const id = "sess_hosttasksrule"
 	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(920), limit: 1000,
 		guests: []hypervisor.GuestTasks{{ID: "n2/theirs", Tasks: 500}, {ID: "g_hosttasksrule", Own: true, Tasks: 400}, {ID: "n2/by", Tasks: 20}}}
-	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/procs/end" {
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
-			return
-		}
-		http.NotFound(w, r)
-	})
-	n.mu.Lock()
-	l := n.guests[id]
-	n.mu.Unlock()
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, endingAgent(nil))
+	l := sessionOf(n, id)
 	n.relieveHostTasks(d, d.cur.Load(), d.limit, false)
 	st, reason, rule := liveState(l)
 	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation || !strings.HasPrefix(rule, HostTasksRule+": ") {
@@ -189,19 +178,11 @@ func TestHostTasksStopLooksAgainAfterTheLock(t *testing.T) {
 		guests: []hypervisor.GuestTasks{{ID: "g_hosttaskslock", Own: true, Tasks: 900}, {ID: "n2/by", Tasks: 50}}}
 	var l *live
 	locked := make(chan struct{})
-	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/procs/end" {
-			l.mu.Lock() // an operation takes the session's lock, and holds it past the settle
-			close(locked)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
-			return
-		}
-		http.NotFound(w, r)
-	})
-	n.mu.Lock()
-	l = n.guests[id]
-	n.mu.Unlock()
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, endingAgent(func() {
+		l.mu.Lock() // an operation takes the session's lock, and holds it past the settle
+		close(locked)
+	}))
+	l = sessionOf(n, id)
 	done := relieveInBackground(n, d)
 	within(t, locked, "the hog's agent was not asked to end its processes")
 	time.Sleep(hostTasksSettle + time.Second) // the settle sees the counts stay
@@ -235,15 +216,9 @@ func TestHostTasksBusyHogIsNotPassedOver(t *testing.T) {
 	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
 		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksmid", Own: true, Tasks: 400}, {ID: "g_hosttaskshog", Own: true, Tasks: 500}, {ID: "n2/by", Tasks: 50}}}
 	var asked atomic.Int32
-	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/procs/end" {
-			asked.Add(1)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
-			return
-		}
-		http.NotFound(w, r)
-	})
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, endingAgent(func() {
+		asked.Add(1)
+	}))
 	hog := &live{g: &guest{SessionID: "sess_hosttaskshog", Project: "proj_hostile", GuestID: "g_hosttaskshog", State: session.Running, Template: "tpl",
 		StartedAt: time.Now(), IdleTimeoutS: 600, MaxLifetimeS: 600}}
 	n.mu.Lock()
@@ -271,18 +246,10 @@ func TestHostTasksDeferralIsEachActions(t *testing.T) {
 	var asked atomic.Int32
 	first := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
 		guests: []hypervisor.GuestTasks{{ID: "n2/first", Tasks: 600}, {ID: "g_hosttasksnext", Own: true, Tasks: 380}, {ID: "n3/by", Tasks: 10}}}
-	n, _, logs := hostileAgentNode(t, id, Config{Driver: first}, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/procs/end" {
-			asked.Add(1)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
-			return
-		}
-		http.NotFound(w, r)
-	})
-	n.mu.Lock()
-	l := n.guests[id]
-	n.mu.Unlock()
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: first}, endingAgent(func() {
+		asked.Add(1)
+	}))
+	l := sessionOf(n, id)
 	state := func() string {
 		l.mu.Lock()
 		defer l.mu.Unlock()
@@ -320,9 +287,7 @@ func TestHostTasksPausedHogStopped(t *testing.T) {
 		}
 		http.NotFound(w, r)
 	})
-	n.mu.Lock()
-	l := n.guests[id]
-	n.mu.Unlock()
+	l := sessionOf(n, id)
 	l.mu.Lock()
 	l.g.State = session.Paused
 	l.mu.Unlock()
@@ -376,19 +341,11 @@ func TestHostTasksRefillerStopped(t *testing.T) {
 		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksrefill", Own: true}, {ID: "n2/by", Tasks: 200}, {ID: "n2/by2", Tasks: 50}}},
 		hog: "g_hosttasksrefill", hogTasks: hogTasks}
 	var asked atomic.Int64
-	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/procs/end" {
-			asked.Add(1)
-			hogTasks.Store(12) // its processes ended: its count falls
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"ended":690}` + "\n"))
-			return
-		}
-		http.NotFound(w, r)
-	})
-	n.mu.Lock()
-	l := n.guests[id]
-	n.mu.Unlock()
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, endingAgent(func() {
+		asked.Add(1)
+		hogTasks.Store(12) // its processes ended: its count falls
+	}))
+	l := sessionOf(n, id)
 	for i := range hostTasksRefills {
 		hogTasks.Store(700) // forked again
 		n.relieveHostTasks(d, d.cur.Load(), d.limit, true)
@@ -424,6 +381,29 @@ func TestHostTasksEndsForgotten(t *testing.T) {
 	if _, ok := w.ended["b"]; ok {
 		t.Errorf("b's ends, all older than the window, are kept: %v", w.ended["b"])
 	}
+}
+
+// endingAgent answers an agent's POST /v1/procs/end as having ended 3 processes, after
+// onEnd (nil: nothing), and anything else with 404.
+func endingAgent(onEnd func()) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/procs/end" {
+			http.NotFound(w, r)
+			return
+		}
+		if onEnd != nil {
+			onEnd()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"ended":3}` + "\n"))
+	}
+}
+
+// sessionOf answers the node's live session id.
+func sessionOf(n *Node, id string) *live {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.guests[id]
 }
 
 // liveState answers the session's state, reason and rule as its node holds them.
