@@ -426,7 +426,10 @@ export interface paths {
          */
         get: operations["listWebhookEndpoints"];
         put?: never;
-        /** Register a webhook endpoint */
+        /**
+         * Register a webhook endpoint
+         * @description The endpoint receives the events of its types that the webhook dispatcher reads after its registration, within moments of their happening. A session's session.pending event is written only while its project has an endpoint: a session created before the project's first endpoint sends none.
+         */
         post: operations["createWebhookEndpoint"];
         delete?: never;
         options?: never;
