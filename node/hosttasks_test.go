@@ -206,12 +206,8 @@ func TestHostTasksRefillingHogStopped(t *testing.T) {
 // many it held; the total falls, and the bystander answers.
 func TestHostTasksRunscHogStopped(t *testing.T) {
 	const total = 1000
-	r, _, cfg, dir := fairHost(t, "runsc", total)
 	const project = "proj_hosttasks_runsc"
-	by := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
-	hog := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600,
-		res: session.Resources{VCPU: 1, MemoryMiB: 1024, DiskGiB: 1, SizeClass: "m"}})
-	tr := newTotalTrace(dir)
+	r, cfg, by, hog, tr := runscHogHost(t, project, total)
 	read, note := tr.read, tr.note
 	note()
 	// Bursts, each bounded by itself (N sleeps of a second), the guest's own limit (256 in
@@ -267,12 +263,8 @@ func TestHostTasksRunscHogStopped(t *testing.T) {
 // the total stayed past the mark.
 func TestHostTasksRunscPausedHogStopped(t *testing.T) {
 	const total = 1000
-	r, _, cfg, dir := fairHost(t, "runsc", total)
 	const project = "proj_hosttasks_paused"
-	by := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
-	hog := provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600,
-		res: session.Resources{VCPU: 1, MemoryMiB: 1024, DiskGiB: 1, SizeClass: "m"}})
-	tr := newTotalTrace(dir)
+	r, cfg, by, hog, tr := runscHogHost(t, project, total)
 	read, note := tr.read, tr.note
 	for i := 1; i <= 80 && note() < total*60/100; i++ {
 		sleepBurst(t, r, hog, i)
@@ -334,6 +326,18 @@ func sleepBurst(t *testing.T, r *running, s *session.Session, i int) {
 
 // totalTrace reads the guests' process total in the pids cgroup dir and notes each reading
 // with its time since the trace began, for a test's log.
+// runscHogHost starts a runsc node on a host whose guests may hold total tasks, with two
+// sessions of project on it: a bystander, and a hog of 1 GiB (its guest's own limit is 256
+// processes); and a trace of the total.
+func runscHogHost(t *testing.T, project string, total int) (r *running, cfg node.Config, by, hog *session.Session, tr *totalTrace) {
+	t.Helper()
+	r, _, cfg, dir := fairHost(t, "runsc", total)
+	by = provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600})
+	hog = provision(t, cfg.Store, r.Node, project, sessionOpts{idleS: 300, lifeS: 600,
+		res: session.Resources{VCPU: 1, MemoryMiB: 1024, DiskGiB: 1, SizeClass: "m"}})
+	return r, cfg, by, hog, newTotalTrace(dir)
+}
+
 type totalTrace struct {
 	dir    string
 	t0     time.Time
