@@ -3,6 +3,7 @@ package node
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -251,13 +252,23 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 
 	// Its agent ends its processes, unless the node has it do so already (endGuestProcs), the
 	// guest is paused (its agent, frozen, would not answer, and its tasks do not fall), or it
-	// took them again after its last ends.
+	// took them again after its last ends. noEnd says which of the last two, in the words of
+	// the end's error, the session's rule and the node's log; with either the session stops.
+	var noEnd struct{ err, rule, log string }
+	switch {
+	case r.paused:
+		noEnd.err = "the session is paused: its processes cannot be ended"
+		noEnd.rule = "while paused, when its processes cannot be ended; run fewer processes or threads at once, and snapshot a session rather than pause it for long"
+		noEnd.log = "it is paused, when its processes cannot be ended"
+	case refilled:
+		noEnd.err = fmt.Sprintf("its processes were ended %d times in the last %.0f minutes, and it took them again", ends, hostTasksRefillWindow.Minutes())
+		noEnd.rule = fmt.Sprintf("and took them again each time the node had its processes ended (%d times in the last %.0f minutes); run fewer processes or threads at once", ends, hostTasksRefillWindow.Minutes())
+		noEnd.log = "it took its processes again after each of its last ends"
+	}
 	var ended int
 	endErr := fmt.Errorf("its processes are being ended already")
-	if r.paused {
-		endErr = fmt.Errorf("the session is paused: its processes cannot be ended")
-	} else if refilled {
-		endErr = fmt.Errorf("its processes were ended %d times in the last %.0f minutes, and it took them again", ends, hostTasksRefillWindow.Minutes())
+	if noEnd.err != "" {
+		endErr = errors.New(noEnd.err)
 	} else if r.agent != nil && r.l.ending.CompareAndSwap(false, true) {
 		ctx, cancel := context.WithTimeout(n.ctx, endProcsTimeout)
 		ended, endErr = r.agent.EndProcs(ctx)
@@ -267,7 +278,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	// Given hostTasksSettle to fall: to the share or below, or the total below the mark (a
 	// paused guest's, frozen, does not).
 	tasks := hog.Tasks
-	for deadline := time.Now().Add(hostTasksSettle); !r.paused && !refilled; {
+	for deadline := time.Now().Add(hostTasksSettle); noEnd.err == ""; {
 		t, err := ht.GuestTasks(n.ctx, hog.ID)
 		if err != nil || t <= 0 {
 			n.Metrics.hostTasksAction("gone")
@@ -325,7 +336,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		}
 		if tasks <= share || cur*100 < limit*hostTasksMark {
 			l.mu.Unlock()
-			if !r.paused && !refilled {
+			if noEnd.err == "" {
 				w.noteEnd(hog.ID)
 			}
 			n.Metrics.hostTasksAction("ended")
@@ -334,16 +345,8 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 			return
 		}
 	}
-	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and its count did not fall when the node had its processes ended; run fewer processes or threads at once",
-		HostTasksRule, tasks, limit, which, share)
-	switch {
-	case r.paused:
-		rule = fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, while paused, when its processes cannot be ended; run fewer processes or threads at once, and snapshot a session rather than pause it for long",
-			HostTasksRule, tasks, limit, which, share)
-	case refilled:
-		rule = fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, and took them again each time the node had its processes ended (%d times in the last %.0f minutes); run fewer processes or threads at once",
-			HostTasksRule, tasks, limit, which, share, ends, hostTasksRefillWindow.Minutes())
-	}
+	rule := fmt.Sprintf("%s: the session's sandbox held %d of the %d processes the host allows its guests together, %s of %d, %s",
+		HostTasksRule, tasks, limit, which, share, cmp.Or(noEnd.rule, "and its count did not fall when the node had its processes ended; run fewer processes or threads at once"))
 	if stopped {
 		n.end(n.ctx, l, session.Policy, session.PolicyViolation, rule)
 	}
@@ -354,14 +357,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		return
 	}
 	n.Metrics.hostTasksAction("stopped")
-	what := "its count did not fall when its processes were ended"
-	switch {
-	case r.paused:
-		what = "it is paused, when its processes cannot be ended"
-	case refilled:
-		what = "it took its processes again after each of its last ends"
-	}
-	log.Warn("node: the host's guests neared their process total, and this guest was taken; "+what+": the session is stopped (policy_violation)",
+	log.Warn("node: the host's guests neared their process total, and this guest was taken; "+cmp.Or(noEnd.log, "its count did not fall when its processes were ended")+": the session is stopped (policy_violation)",
 		"ended", ended, "end_err", endErr, "tasks_after", tasks, "total_after", cur, "rule", rule, "took", time.Since(t0).Round(time.Millisecond))
 	// The next look waits for its tasks to go (the teardown's), bounded.
 	for deadline := time.Now().Add(hostTasksGone); time.Now().Before(deadline) && n.ctx.Err() == nil; time.Sleep(200 * time.Millisecond) {
