@@ -254,12 +254,16 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	// guest is paused (its agent, frozen, would not answer, and its tasks do not fall), or it
 	// took them again after its last ends. noEnd says which of the last two, in the words of
 	// the end's error, the session's rule and the node's log; with either the session stops.
-	var noEnd struct{ err, rule, log string }
+	type noEndWhy struct{ err, rule, log string }
+	paused := noEndWhy{
+		err:  "the session is paused: its processes cannot be ended",
+		rule: "while paused, when its processes cannot be ended; run fewer processes or threads at once, and snapshot a session rather than pause it for long",
+		log:  "it is paused, when its processes cannot be ended",
+	}
+	var noEnd noEndWhy
 	switch {
 	case r.paused:
-		noEnd.err = "the session is paused: its processes cannot be ended"
-		noEnd.rule = "while paused, when its processes cannot be ended; run fewer processes or threads at once, and snapshot a session rather than pause it for long"
-		noEnd.log = "it is paused, when its processes cannot be ended"
+		noEnd = paused
 	case refilled:
 		noEnd.err = fmt.Sprintf("its processes were ended %d times in the last %.0f minutes, and it took them again", ends, hostTasksRefillWindow.Minutes())
 		noEnd.rule = fmt.Sprintf("and took them again each time the node had its processes ended (%d times in the last %.0f minutes); run fewer processes or threads at once", ends, hostTasksRefillWindow.Minutes())
@@ -269,11 +273,17 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	endErr := fmt.Errorf("its processes are being ended already")
 	if noEnd.err != "" {
 		endErr = errors.New(noEnd.err)
-	} else if r.agent != nil && r.l.ending.CompareAndSwap(false, true) {
-		ctx, cancel := context.WithTimeout(n.ctx, endProcsTimeout)
-		ended, endErr = r.agent.EndProcs(ctx)
-		cancel()
-		r.l.ending.Store(false)
+	} else if r.agent != nil {
+		if ctx, ok := r.l.ending.begin(n.ctx); ok {
+			ended, endErr = r.agent.EndProcs(ctx)
+			if r.l.ending.done() {
+				// Paused meanwhile (the pause cut the request short: frozen, its agent
+				// answers nothing): its tasks, frozen, do not fall, and it is stopped as a
+				// paused one is.
+				r.paused, noEnd, endErr = true, paused, errors.New(paused.err)
+				log = log.With("paused_during_end", true)
+			}
+		}
 	}
 	// Given hostTasksSettle to fall: to the share or below, or the total below the mark (a
 	// paused guest's, frozen, does not).

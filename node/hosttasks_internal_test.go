@@ -433,3 +433,94 @@ func within[T any](t *testing.T, ch <-chan T, why string) {
 		t.Fatal(why)
 	}
 }
+
+// pausingDriver is a tasksDriver that pauses and resumes guests.
+type pausingDriver struct{ tasksDriver }
+
+func (pausingDriver) Pause(context.Context, string) error  { return nil }
+func (pausingDriver) Resume(context.Context, string) error { return nil }
+
+// frozenAgent signals asked at each POST /v1/procs/end and answers none of them (a frozen
+// agent's): each waits for its request's end.
+func frozenAgent(asked chan<- struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/procs/end" {
+			http.NotFound(w, r)
+			return
+		}
+		asked <- struct{}{}
+		<-r.Context().Done()
+	}
+}
+
+// TestHostTasksPausedDuringItsEndStopped: near the host's total, the guest that holds the
+// most above the share is taken, and its tenant pauses its session while its agent ends its
+// processes. Frozen, the agent answers nothing: the pause cuts the request short, and the
+// session is stopped as a paused one is (its tasks, frozen, do not fall), at once. Before, the
+// node waited out endProcsTimeout on the frozen agent and the settle, then passed the session
+// over as no longer running; only the next look stopped it.
+func TestHostTasksPausedDuringItsEndStopped(t *testing.T) {
+	const id = "sess_hosttaskspausing"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttaskspausing", Own: true, Tasks: 700}, {ID: "n2/by", Tasks: 200}, {ID: "n2/by2", Tasks: 50}}}
+	asked := make(chan struct{}, 1)
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: pausingDriver{d}}, frozenAgent(asked))
+	l := sessionOf(n, id)
+	done := relieveInBackground(n, d)
+	within(t, asked, "the hog's agent was not asked to end its processes")
+	t0 := time.Now()
+	if err := n.Pause(context.Background(), &session.Session{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(endProcsTimeout / 2):
+		t.Fatalf("the session was paused while its agent ended its processes; %s later the node still waits on the frozen agent\n%s", time.Since(t0).Round(time.Millisecond), logs.String())
+	}
+	st, reason, rule := liveState(l)
+	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation ||
+		!strings.HasPrefix(rule, HostTasksRule+": ") || !strings.Contains(rule, "held 700 of the 1000") || !strings.Contains(rule, "while paused") {
+		t.Fatalf("a session paused while the node had its processes ended, its guest holding the most of the host's total: it is %s (%s, rule %q); want stopping or failed, policy_violation, its rule saying it held 700 of 1000 while paused\n%s",
+			st, reason, rule, logs.String())
+	}
+}
+
+// TestGuestEndCutShortByPause: the guest's sandbox nears its own host process limit and the
+// node has its agent end its processes; the tenant pauses the session meanwhile, then resumes
+// it, and the sandbox nears its limit again. The agent is asked again at once: the pause cut
+// the frozen agent's request short. Before, the first request waited out endProcsTimeout, and
+// every report of the sandbox's limit in between found the guest's processes "being ended
+// already", while a bomb in the resumed guest went on to the limit, where the sandbox dies.
+func TestGuestEndCutShortByPause(t *testing.T) {
+	const id = "sess_endpaused"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(100), limit: 1000}
+	asked := make(chan struct{}, 2)
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: pausingDriver{d}}, frozenAgent(asked))
+	l := sessionOf(n, id)
+	nearLimit := func() {
+		l.mu.Lock()
+		n.endGuestProcs(l, l.g.GuestID, "tasks 600 of 1000")
+		l.mu.Unlock()
+	}
+	nearLimit()
+	within(t, asked, "the agent was not asked to end the guest's processes")
+	ctx := context.Background()
+	if err := n.Pause(ctx, &session.Session{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Resume(ctx, &session.Session{ID: id}); err != nil {
+		t.Fatal(err)
+	}
+	// The cut request's goroutine lets go of the guest's end once its request returns.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		nearLimit()
+		select {
+		case <-asked:
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("paused and resumed while its agent was asked to end its processes: asked again 5s later, the agent was not (its first request still waits on the agent it froze)\n%s", logs.String())
+		}
+	}
+}

@@ -127,8 +127,9 @@ type live struct {
 	egress *egressProxy           // the guest's way out
 	seen   map[int]bool           // guest pids already reported as process_start
 	cancel context.CancelFunc     // stops the event watcher
-	// ending is set while the node has the guest's agent end its processes (endGuestProcs).
-	ending atomic.Bool
+	// ending is the node's request that the guest's agent end its processes, while one is
+	// in flight (endGuestProcs, relieveHostTasks).
+	ending procEnd
 	// noEnd is the guest whose agent cannot end its processes (agent.EndUnsupported): it is
 	// not asked again.
 	noEnd string

@@ -419,6 +419,9 @@ func (n *Node) Pause(ctx context.Context, s *session.Session) error {
 	if err := n.Driver.Pause(ctx, l.g.GuestID); err != nil {
 		return err
 	}
+	// Frozen, its agent answers nothing: a request that it end the guest's processes is
+	// given up now, not after endProcsTimeout.
+	l.ending.pause()
 	// Billed as running until the guest is frozen (a loaded host's freeze took seconds), and
 	// as paused from then: the pause begins at that sample.
 	n.sample(ctx, l)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"wb/agent"
@@ -890,18 +891,25 @@ func (n *Node) endGuestProcs(l *live, watched, detail string) {
 	if l.noEnd == watched {
 		return
 	}
-	if l.agent == nil || !l.ending.CompareAndSwap(false, true) {
+	var ctx context.Context
+	ok := false
+	if l.agent != nil {
+		ctx, ok = l.ending.begin(n.ctx)
+	}
+	if !ok {
 		n.Logger.Info("node: the guest's sandbox nears its process limit; its processes are being ended already", "session", sess, "guest", watched, "detail", detail)
 		return
 	}
 	c := l.agent
 	started := n.goBackground(func() {
-		defer l.ending.Store(false)
-		ctx, cancel := context.WithTimeout(n.ctx, endProcsTimeout)
-		defer cancel()
 		t0 := time.Now()
 		ended, err := c.EndProcs(ctx)
+		paused := l.ending.done()
 		switch {
+		case paused:
+			n.Metrics.guestProcsEnded("paused")
+			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?), and its session was paused while its agent ended the guest's processes: the request is given up (a frozen agent answers none; asked again if the count grows on once it runs)",
+				"session", sess, "guest", watched, "detail", detail, "took", time.Since(t0).Round(time.Millisecond), "err", err)
 		case err == nil:
 			n.Metrics.guestProcsEnded("ended")
 			n.Logger.Warn("node: the guest's sandbox neared its host process limit (a fork bomb?): its agent ended every process of the guest",
@@ -920,6 +928,56 @@ func (n *Node) endGuestProcs(l *live, watched, detail string) {
 		}
 	})
 	if !started {
-		l.ending.Store(false)
+		l.ending.done()
+	}
+}
+
+// procEnd is the node's request that a guest's agent end its processes: one at a time, and
+// given up when the guest is paused (its agent, frozen, would answer nothing until
+// endProcsTimeout, and the guest's next request would wait for that).
+type procEnd struct {
+	mu     sync.Mutex
+	cancel context.CancelFunc // the request in flight's; nil when none is
+	paused bool               // the guest was paused while it was in flight
+}
+
+// begin answers the context of a new request, bounded by endProcsTimeout, or false while
+// another is in flight. A request begun ends with done.
+func (e *procEnd) begin(parent context.Context) (context.Context, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cancel != nil {
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(parent, endProcsTimeout)
+	e.cancel, e.paused = cancel, false
+	return ctx, true
+}
+
+// done ends the request in flight, answering whether the guest was paused meanwhile.
+func (e *procEnd) done() (paused bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cancel != nil {
+		e.cancel()
+		e.cancel = nil
+	}
+	return e.paused
+}
+
+// inFlight reports whether a request is in flight.
+func (e *procEnd) inFlight() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cancel != nil
+}
+
+// pause gives up the request in flight, if any: the guest is frozen.
+func (e *procEnd) pause() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cancel != nil {
+		e.cancel()
+		e.paused = true
 	}
 }
