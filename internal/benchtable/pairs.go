@@ -69,7 +69,9 @@ func Pairs() []Pair {
 		// gateway: a create beside a PING at the same parallelism; ext_authz beside a bare GET
 		// and a no-op gRPC call at the same concurrency.
 		// Saturated by wrk (a C client, as redis-benchmark is): the ratio of creates/s
-		// to SET/s, 16 connections each, the SETs on the gateway's Redis just before and after.
+		// to SET/s, 16 connections each, the SETs on the gateway's Redis before and after each
+		// of three create runs, the medians of each (the benchmark's ratio-median is the median
+		// of each run's ratio to the SETs around it).
 		{Ref{gateway, "CreateSaturated", "creates/s"}, Ref{"", "", "redis-sets/s"}, "wrk's creates beside redis-benchmark's SETs, 16 clients each"},
 		{Ref{gateway, "CreateSaturated", "p50-µs"}, Ref{"", "", "redis-set-p50-µs"}, "wrk's creates beside redis-benchmark's SETs, 16 clients each"},
 		{Ref{gateway, "CreateSaturated", "p99-µs"}, Ref{"", "", "redis-set-p99-µs"}, "wrk's creates beside redis-benchmark's SETs, 16 clients each"},
