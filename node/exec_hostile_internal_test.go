@@ -43,8 +43,12 @@ func hostileAgentNode(t *testing.T, id string, cfg Config, agentH http.HandlerFu
 	if cfg.Driver != nil {
 		driver = cfg.Driver
 	}
+	logger := slog.New(slog.NewTextHandler(logs, nil))
+	if cfg.Logger != nil { // the caller's, whose log it reads itself
+		logger = cfg.Logger
+	}
 	n, err = New(Config{Store: store.New(redistest.Server(t)), Driver: driver, Templates: templates.Catalog{"tpl": {}},
-		DataDir: dir, Logger: slog.New(slog.NewTextHandler(logs, nil)), WriteStall: cfg.WriteStall, ExecDrain: cfg.ExecDrain, Metrics: cfg.Metrics})
+		DataDir: dir, Logger: logger, WriteStall: cfg.WriteStall, ExecDrain: cfg.ExecDrain, Metrics: cfg.Metrics})
 	if err != nil {
 		t.Fatal(err)
 	}

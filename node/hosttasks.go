@@ -277,9 +277,10 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		if ctx, ok := r.l.ending.begin(n.ctx); ok {
 			ended, endErr = r.agent.EndProcs(ctx)
 			if r.l.ending.done() {
-				// Paused meanwhile (the pause cut the request short: frozen, its agent
-				// answers nothing): its tasks, frozen, do not fall, and it is stopped as a
-				// paused one is.
+				// Paused meanwhile (the pause cut the request short, or came after the look
+				// and before it, which then was given up at once: frozen, its agent answers
+				// nothing): its tasks, frozen, do not fall, and it is stopped as a paused one
+				// is.
 				r.paused, noEnd, endErr = true, paused, errors.New(paused.err)
 				log = log.With("paused_during_end", true)
 			}

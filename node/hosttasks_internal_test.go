@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"wb/hypervisor"
+	"wb/internal/syncbuf"
 	"wb/session"
 )
 
@@ -522,5 +525,69 @@ func TestGuestEndCutShortByPause(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("paused and resumed while its agent was asked to end its processes: asked again 5s later, the agent was not (its first request still waits on the agent it froze)\n%s", logs.String())
 		}
+	}
+}
+
+// onWith is a slog handler that calls fn (once) when a logger is made with an attribute of
+// key: a test's way into the moment between two steps of the node that logs nothing between.
+type onWith struct {
+	slog.Handler
+	key  string
+	once *sync.Once
+	fn   func()
+}
+
+func (h onWith) WithAttrs(as []slog.Attr) slog.Handler {
+	if slices.ContainsFunc(as, func(a slog.Attr) bool { return a.Key == h.key }) {
+		h.once.Do(h.fn)
+	}
+	return onWith{h.Handler.WithAttrs(as), h.key, h.once, h.fn}
+}
+
+func (h onWith) WithGroup(name string) slog.Handler {
+	return onWith{h.Handler.WithGroup(name), h.key, h.once, h.fn}
+}
+
+// TestHostTasksPausedBeforeItsEndStopped: near the host's total, the guest that holds the
+// most above the share is taken while running, and its tenant pauses its session after the
+// node's look and before its agent is asked to end its processes (the node's logger for the
+// action, made in between, is the test's way in). Frozen, the agent answers nothing: the
+// request is given up at once, and the session is stopped as a paused one is. Before, the
+// pause, finding no request in flight, cut none short, and the node's request then waited out
+// endProcsTimeout on the frozen agent.
+func TestHostTasksPausedBeforeItsEndStopped(t *testing.T) {
+	const id = "sess_hosttaskspausedbefore"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttaskspausedbefore", Own: true, Tasks: 700}, {ID: "n2/by", Tasks: 200}, {ID: "n2/by2", Tasks: 50}}}
+	logs := &syncbuf.Buffer{}
+	var nn atomic.Pointer[Node]
+	paused := make(chan error, 1)
+	h := onWith{Handler: slog.NewTextHandler(logs, nil), key: "ends", once: &sync.Once{}, fn: func() {
+		paused <- nn.Load().Pause(context.Background(), &session.Session{ID: id})
+	}}
+	asked := make(chan struct{}, 1)
+	n, _, _ := hostileAgentNode(t, id, Config{Driver: pausingDriver{d}, Logger: slog.New(h)}, frozenAgent(asked))
+	nn.Store(n)
+	l := sessionOf(n, id)
+	t0 := time.Now()
+	done := relieveInBackground(n, d)
+	select {
+	case <-done:
+	case <-time.After(endProcsTimeout / 2):
+		t.Fatalf("the session was paused before its agent was asked to end its processes; %s later the node still waits on the frozen agent\n%s", time.Since(t0).Round(time.Millisecond), logs.String())
+	}
+	select {
+	case err := <-paused:
+		if err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("the session was not paused between the node's look and its request\n%s", logs.String())
+	}
+	st, reason, rule := liveState(l)
+	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation ||
+		!strings.HasPrefix(rule, HostTasksRule+": ") || !strings.Contains(rule, "held 700 of the 1000") || !strings.Contains(rule, "while paused") {
+		t.Fatalf("a session paused before the node had its processes ended, its guest holding the most of the host's total: it is %s (%s, rule %q); want stopping or failed, policy_violation, its rule saying it held 700 of 1000 while paused\n%s",
+			st, reason, rule, logs.String())
 	}
 }

@@ -420,7 +420,7 @@ func (n *Node) Pause(ctx context.Context, s *session.Session) error {
 		return err
 	}
 	// Frozen, its agent answers nothing: a request that it end the guest's processes is
-	// given up now, not after endProcsTimeout.
+	// given up now, not after endProcsTimeout, and one begun until the resume at once.
 	l.ending.pause()
 	// Billed as running until the guest is frozen (a loaded host's freeze took seconds), and
 	// as paused from then: the pause begins at that sample.
@@ -444,6 +444,7 @@ func (n *Node) Resume(ctx context.Context, s *session.Session) error {
 	if err := n.Driver.Resume(ctx, l.g.GuestID); err != nil {
 		return err
 	}
+	l.ending.resume()
 	n.sample(ctx, l) // bills the pause, and the thaw, as paused: running begins once it runs
 	l.g.State, l.g.PausedAt = session.Running, time.Time{}
 	l.g.ActivityUntil = time.Time{} // the touch saves the state change too

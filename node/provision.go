@@ -934,15 +934,19 @@ func (n *Node) endGuestProcs(l *live, watched, detail string) {
 
 // procEnd is the node's request that a guest's agent end its processes: one at a time, and
 // given up when the guest is paused (its agent, frozen, would answer nothing until
-// endProcsTimeout, and the guest's next request would wait for that).
+// endProcsTimeout, and the guest's next request would wait for that), or begun while it is.
 type procEnd struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc // the request in flight's; nil when none is
 	paused bool               // the guest was paused while it was in flight
+	frozen bool               // the guest is paused (pause, until resume)
 }
 
 // begin answers the context of a new request, bounded by endProcsTimeout, or false while
-// another is in flight. A request begun ends with done.
+// another is in flight. A request begun ends with done. One begun while the guest is paused
+// (relieveHostTasks asks without the guest's lock: a pause after its look and before its
+// request found none to cut short) is given up at once: its context has ended, and done
+// answers paused.
 func (e *procEnd) begin(parent context.Context) (context.Context, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -950,7 +954,10 @@ func (e *procEnd) begin(parent context.Context) (context.Context, bool) {
 		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(parent, endProcsTimeout)
-	e.cancel, e.paused = cancel, false
+	e.cancel, e.paused = cancel, e.frozen
+	if e.frozen {
+		cancel()
+	}
 	return ctx, true
 }
 
@@ -972,12 +979,21 @@ func (e *procEnd) inFlight() bool {
 	return e.cancel != nil
 }
 
-// pause gives up the request in flight, if any: the guest is frozen.
+// pause gives up the request in flight, if any, and any begun until resume: the guest is
+// frozen.
 func (e *procEnd) pause() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.frozen = true
 	if e.cancel != nil {
 		e.cancel()
 		e.paused = true
 	}
+}
+
+// resume lets requests be made again: the guest runs.
+func (e *procEnd) resume() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.frozen = false
 }
