@@ -114,14 +114,20 @@ done
 // with their pid files and logs there; /proc is $P.
 //   - running NAME MATCH: NAME's pid file names a live process whose command line has MATCH,
 //     or one in the middle of an exec (setsid's of the program), whose command line reads
-//     empty; a dead one (a zombie's command line reads empty too) does not count.
+//     empty; a dead one (a zombie's command line reads empty too) does not count. The command
+//     line is read once: read twice (a match, then emptiness), an exec that ended between the
+//     reads made a live Xvfb count as exited, and exited's wait for it outlasted the setup.
 //   - launch NAME ARGV...: starts ARGV in a session of its own, for its pid file and log.
 //   - exited NAME LABEL: says LABEL exited, with its exit status when this shell launched it
 //     (a signal's shows as 128+N), and the tail of its log.
 const processes = `running() {
   p=$(cat "$S/$1.pid" 2>/dev/null) && [ -n "$p" ] || return 1
-  grep -q "$2" "$P/$p/cmdline" 2>/dev/null && return 0
-  [ -z "$(tr -d '\0' 2>/dev/null <"$P/$p/cmdline")" ] && read -r _ _ st _ 2>/dev/null <"$P/$p/stat" && [ "$st" != Z ] && [ "$st" != X ]
+  c=$(tr '\0' ' ' 2>/dev/null <"$P/$p/cmdline")
+  case $c in
+  *"$2"*) return 0 ;;
+  "") read -r _ _ st _ 2>/dev/null <"$P/$p/stat" && [ "$st" != Z ] && [ "$st" != X ] ;;
+  *) return 1 ;;
+  esac
 }
 launch() { n=$1; shift; setsid "$@" </dev/null >"$S/$n.log" 2>&1 & echo $! >"$S/$n.pid"; }
 exited() { wait "$(cat "$S/$1.pid")" 2>/dev/null; echo "$2 exited (status $?):"; tail -n 20 "$S/$1.log"; }`

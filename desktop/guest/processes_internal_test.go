@@ -60,3 +60,42 @@ dead not running
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestProcessesRunningExecEndsBetweenReads: running reads the command line once. It read it
+// twice (grep, then tr when grep found no match): a process whose exec ended between the two
+// reads (empty, then the program's) counted as not running, and the start waited for the live
+// Xvfb to exit (exited's wait) until its exec's timeout killed it, "/bin/sh did not finish
+// within 119s" (in a runc desktop guest beside a conformance run, 7 of 300 launches of Xvfb
+// had the two reads disagree). Here the command line is a FIFO that answers empty to its first
+// reader and the program's to the next.
+func TestProcessesRunningExecEndsBetweenReads(t *testing.T) {
+	dir := t.TempDir()
+	pid := filepath.Join(dir, "proc", "4545")
+	if err := os.MkdirAll(pid, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pid, "stat"), []byte("4545 (Xvfb) R 1 4545 0 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("mkfifo", filepath.Join(pid, "cmdline")).Run(); err != nil {
+		t.Fatal(err)
+	}
+	// The writer: an empty command line for the first reader (its exec under way), then, once
+	// that reader has had its EOF, the program's for any later one. The script ends it.
+	script := processes + `
+F="$P/4545/cmdline"
+{ : >"$F"; sleep 1; printf '/usr/bin/Xvfb\000:0\000' >"$F"; } & w=$!
+echo 4545 >"$S/xvfb.pid"
+if running xvfb Xvfb; then echo "xvfb running"; else echo "xvfb not running"; fi
+kill "$w" 2>/dev/null || :
+`
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "S="+dir, "P="+filepath.Join(dir, "proc"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if got := string(out); got != "xvfb running\n" {
+		t.Errorf("a process whose exec ended between the looks at its command line: %q, want %q", got, "xvfb running\n")
+	}
+}
