@@ -119,7 +119,9 @@ done
 //     reads made a live Xvfb count as exited, and exited's wait for it outlasted the setup.
 //   - launch NAME ARGV...: starts ARGV in a session of its own, for its pid file and log.
 //   - exited NAME LABEL: says LABEL exited, with its exit status when this shell launched it
-//     (a signal's shows as 128+N), and the tail of its log.
+//     (a signal's shows as 128+N), and the tail of its log. It waits only for a process that
+//     is gone or a zombie: one that lives after all (running was wrong) is named with its
+//     state and command line, where a wait for it lasted until the exec's timeout.
 const processes = `running() {
   p=$(cat "$S/$1.pid" 2>/dev/null) && [ -n "$p" ] || return 1
   c=$(tr '\0' ' ' 2>/dev/null <"$P/$p/cmdline")
@@ -130,7 +132,15 @@ const processes = `running() {
   esac
 }
 launch() { n=$1; shift; setsid "$@" </dev/null >"$S/$n.log" 2>&1 & echo $! >"$S/$n.pid"; }
-exited() { wait "$(cat "$S/$1.pid")" 2>/dev/null; echo "$2 exited (status $?):"; tail -n 20 "$S/$1.log"; }`
+exited() {
+  p=$(cat "$S/$1.pid" 2>/dev/null); st=
+  read -r _ _ st _ 2>/dev/null <"$P/$p/stat" || :
+  case $st in
+  "" | Z | X) wait "$p" 2>/dev/null; echo "$2 exited (status $?):" ;;
+  *) echo "$2 is not running as launched: pid $p is in state $st, running $(tr '\0' ' ' 2>/dev/null <"$P/$p/cmdline"):" ;;
+  esac
+  tail -n 20 "$S/$1.log"
+}`
 
 // Start launches the display, the window manager and the browser when they are not running
 // (it is idempotent) and returns once the display and the browser's DevTools answer.

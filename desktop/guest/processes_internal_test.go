@@ -1,10 +1,13 @@
 package guest
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestProcessesRunning runs startScript's process functions in the host's /bin/sh: a process
@@ -97,5 +100,35 @@ kill "$w" 2>/dev/null || :
 	}
 	if got := string(out); got != "xvfb running\n" {
 		t.Errorf("a process whose exec ended between the looks at its command line: %q, want %q", got, "xvfb running\n")
+	}
+}
+
+// TestExitedDoesNotWaitForALiveProcess: exited, called once running took a process for gone,
+// answers at once when it lives after all, saying what it is, rather than wait for it to end:
+// such a wait (for a live Xvfb) held the setup until its exec's timeout killed it, with
+// nothing said.
+func TestExitedDoesNotWaitForALiveProcess(t *testing.T) {
+	dir := t.TempDir()
+	script := processes + `
+launch sleeper sleep 600
+sleep 0.2 # past its exec
+exited sleeper Sleeper
+`
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(filepath.Join(dir, "sleeper.pid")); err == nil {
+			_ = exec.Command("kill", strings.TrimSpace(string(b))).Run()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", script)
+	cmd.Env = append(os.Environ(), "S="+dir, "P=/proc")
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("exited still waited for the live sleeper after 60 s: %v: %q", err, out)
+	}
+	if err != nil || !strings.Contains(string(out), "Sleeper is not running as launched: pid ") || !strings.Contains(string(out), "sleep 600") {
+		t.Errorf("exited of a live process: %v: %q", err, out)
 	}
 }
