@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -340,6 +341,41 @@ func TestDesktopStateNotRestored(t *testing.T) {
 	}
 	if e.snapshotExists(rec.MemorySnapshot) {
 		t.Errorf("the unrestorable state %s was kept", rec.MemorySnapshot)
+	}
+}
+
+// TestDesktopStateNotRestoredRunsItsSetup: a wake whose saved state cannot be restored boots
+// the guest from its disk, and the desktop's setup (its display and browser) runs on that
+// session, once; it does not run on the session whose restore failed, and the desktop is not
+// running before the setup is done.
+func TestDesktopStateNotRestoredRunsItsSetup(t *testing.T) {
+	var mu sync.Mutex
+	var setups []string // the sessions the setup ran on
+	e := newEnv(t, func(c *Config) {
+		c.DesktopSetup = func(ctx context.Context, ex desktop.Execer) error {
+			mu.Lock()
+			defer mu.Unlock()
+			setups = append(setups, ex.(sessionExecer).sess.ID)
+			return nil
+		}
+	})
+	d := e.newDesktop(map[string]any{"name": "d"})
+	e.desktopAction(d.ID, "sleep", 202)
+	e.waitDesktop(d.ID, desktop.Asleep)
+	rec, err := e.st.GetDesktop(context.Background(), e.projA, d.ID)
+	if err != nil || rec.MemorySnapshot == "" {
+		t.Fatalf("asleep %+v %v", rec, err)
+	}
+	e.node.SetUnrestorable(rec.MemorySnapshot)
+	e.desktopAction(d.ID, "wake", 202)
+	d = e.waitDesktop(d.ID, desktop.Running)
+	if s := e.sessionOf(d.SessionID); s.RestoreFrom == nil || *s.RestoreFrom != rec.DiskSnapshot {
+		t.Fatalf("woke from %v, want the disk %s", s.RestoreFrom, rec.DiskSnapshot)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(setups) != 2 || setups[1] != d.SessionID {
+		t.Errorf("the setup ran on %v; want the create's session, then the disk's %s", setups, d.SessionID)
 	}
 }
 
