@@ -198,6 +198,21 @@ func TestDesktopSetupIsBounded(t *testing.T) {
 	}
 }
 
+// TestDesktopWakeWaitOutlastsAFallback: a call waits for a wake whose memory restore runs to
+// its start's deadline (the session's provisioning deadline and startDesktop's minute) and
+// then falls back to the disk (wakeFromDisk: a second start, as long, and the display and
+// browser's setup): the desktop comes up, and the call that woke it answers with it, not 504
+// wake_timeout while the fallback still starts it.
+func TestDesktopWakeWaitOutlastsAFallback(t *testing.T) {
+	e := newEnv(t)
+	tier, _ := e.gw.Tiers.Tier(DesktopTier)
+	start := tier.ProvisionDeadline() + time.Minute
+	if wait, need := e.gw.desktopWakeWait(), 2*start+desktopSetupWait; wait <= need {
+		t.Errorf("a call waits %s for a desktop; a wake whose restore fails at its deadline and starts from the disk may take %s (two starts of %s and the setup's %s)",
+			wait, need, start, desktopSetupWait)
+	}
+}
+
 // TestDesktopRecoveryLeavesItsOwnWork: a transition whose lease lapsed while this gateway
 // still works on it (its renewals came late, or Redis was away) is not taken over by this
 // gateway's recovery, which renews the lease instead: a second work beside the first fought

@@ -25,12 +25,13 @@ const (
 )
 
 // desktopWakeWait bounds how long a call waits for a desktop to run: its session's
-// provisioning deadline and the minute startDesktop adds to it, plus its display and
-// browser's start (desktopSetupWait), with room to spare: a start that fails within them
+// provisioning deadline and the minute startDesktop adds to it, twice (a wake whose saved
+// state is not restored by then starts again from the disk: wakeFromDisk), plus its display
+// and browser's start (desktopSetupWait), with room to spare: a start that fails within them
 // answers the call with the failure, not a timeout.
 func (s *Server) desktopWakeWait() time.Duration {
 	t, _ := s.Tiers.Tier(DesktopTier)
-	return t.ProvisionDeadline() + time.Minute + desktopSetupWait + time.Minute
+	return 2*(t.ProvisionDeadline()+time.Minute) + desktopSetupWait + time.Minute
 }
 
 // useDesktop is awakeDesktop for a call that uses the desktop (cause desktop.MCP or
