@@ -93,6 +93,7 @@ until timeout 10 xwd -root -silent >/dev/null 2>&1; do
   running xvfb Xvfb || { exited xvfb Xvfb; exit 1; }
   sleep 0.1
 done
+echo "the display answers"
 running wm matchbox || launch wm /usr/bin/matchbox-window-manager -use_titlebar no
 if ! running chromium %[9]s; then
   rm -rf %[3]s/SingletonLock %[3]s/SingletonSocket %[3]s/SingletonCookie %[3]s/BrowserMetrics
@@ -151,6 +152,11 @@ func Start(ctx context.Context, ex Execer) error {
 	}
 	stdout, stderr, code, err := ex.Exec(ctx, []string{"/bin/sh", "-c", startScript(max(1, int(wait/time.Second)))}, nil)
 	if err != nil {
+		// What the script said before (a timeout's exec answers its output so far): how far
+		// it got.
+		if said := tail(stdout, stderr); said != "" {
+			return fmt.Errorf("desktop: start: %w; it said: %s", err, said)
+		}
 		return fmt.Errorf("desktop: start: %w", err)
 	}
 	if code != 0 {

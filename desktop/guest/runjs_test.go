@@ -2,6 +2,7 @@ package guest
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,5 +62,26 @@ func TestRunJSLimit(t *testing.T) {
 		} else if got != c.wantMs {
 			t.Errorf("%s: --timeout-ms %s, want %s", c.name, got, c.wantMs)
 		}
+	}
+}
+
+// stalledExecer answers an exec as one that ran past its timeout, with what it printed so far.
+type stalledExecer struct{ stdout string }
+
+func (e stalledExecer) Exec(context.Context, []string, []byte) ([]byte, []byte, int, error) {
+	return []byte(e.stdout), nil, -1, errors.New("/bin/sh did not finish within 119s")
+}
+
+// TestStartSaysHowFarItGot: a start whose exec times out says what the script printed before
+// (a stage it passed), not only that it timed out: a rare hang of the setup under load said
+// only "/bin/sh did not finish within 119s", and where it waited took a live investigation.
+func TestStartSaysHowFarItGot(t *testing.T) {
+	t.Parallel()
+	err := Start(context.Background(), stalledExecer{stdout: "the display answers\n"})
+	if err == nil || !strings.Contains(err.Error(), "did not finish within 119s") || !strings.Contains(err.Error(), "the display answers") {
+		t.Errorf("a start that timed out after the display answered: %v; want the timeout and what the script said", err)
+	}
+	if !strings.Contains(startScript(90), `echo "the display answers"`) {
+		t.Error("the start script does not say when the display answers")
 	}
 }
