@@ -98,11 +98,12 @@ func BenchmarkCreateSaturated(b *testing.B) {
 			ratios = append(ratios, r.perSec/around)
 			b.Logf("round %d: %.0f creates/s beside %.0f SET/s (before %.0f, after %.0f): %.3f", i+1, r.perSec, around, setBench[i].RPS, setBench[i+1].RPS, r.perSec/around)
 		}
-		ratio = median(ratios)
+		ratio = medianBy(ratios, func(x float64) float64 { return x })
 		res = medianBy(creates, func(r wrkResult) float64 { return r.perSec })
 		sets = medianBy(setBench, func(s redistest.SetBenchmark) float64 { return s.RPS })
-		createCPU = cpuPerOp{redis: median(mapOf(createCPUs, func(c cpuPerOp) float64 { return c.redis })), self: median(mapOf(createCPUs, func(c cpuPerOp) float64 { return c.self }))}
-		setCPU = cpuPerOp{redis: median(mapOf(setCPUs, func(c cpuPerOp) float64 { return c.redis }))}
+		redisOf := func(c cpuPerOp) float64 { return c.redis }
+		createCPU = cpuPerOp{redis: medianBy(createCPUs, redisOf).redis, self: medianBy(createCPUs, func(c cpuPerOp) float64 { return c.self }).self}
+		setCPU = cpuPerOp{redis: medianBy(setCPUs, redisOf).redis}
 	}
 	b.ReportMetric(floor.perSec, "floor-requests/s")
 	b.ReportMetric(floor.p50us, "floor-p50-µs")
@@ -121,34 +122,12 @@ func BenchmarkCreateSaturated(b *testing.B) {
 	b.ReportMetric(floorCPU.self, "floor-cpu-per-request-µs")
 }
 
-// median answers the median of xs (the mean of the middle two of an even count).
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 0 {
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return s[len(s)/2]
-}
-
 // medianBy answers the item of items whose key is the median's (of an even count, the
-// lower middle one's): a run's figures kept together.
+// lower middle one's): a run's figures kept together; items must not be empty.
 func medianBy[T any](items []T, key func(T) float64) T {
 	s := slices.Clone(items)
 	slices.SortFunc(s, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
 	return s[(len(s)-1)/2]
-}
-
-// mapOf answers f of each item.
-func mapOf[T, U any](items []T, f func(T) U) []U {
-	out := make([]U, len(items))
-	for i, it := range items {
-		out[i] = f(it)
-	}
-	return out
 }
 
 // cpuPerOp is the CPU (µs) that redis-server and this process (the gateway's) spent per
