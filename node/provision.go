@@ -972,13 +972,6 @@ func (e *procEnd) done() (paused bool) {
 	return e.paused
 }
 
-// inFlight reports whether a request is in flight.
-func (e *procEnd) inFlight() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.cancel != nil
-}
-
 // pause gives up the request in flight, if any, and any begun until resume: the guest is
 // frozen.
 func (e *procEnd) pause() {

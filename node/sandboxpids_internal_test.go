@@ -98,10 +98,10 @@ func TestSandboxPidsEndsTheGuestsProcesses(t *testing.T) {
 	if !strings.Contains(logs.String(), "ended=212") || !strings.Contains(logs.String(), "session="+id) {
 		t.Errorf("the node's log does not say which session and how many were ended:\n%s", logs.String())
 	}
-	pollUntil(t, "the request to end", func() bool { return !l.ending.inFlight() })
+	pollUntil(t, "the request to end", func() bool { return !endInFlight(&l.ending) })
 	events <- pidsEvent(3)
 	pollUntil(t, "a second request after the count grew on", func() bool { return asked.Load() == 2 })
-	pollUntil(t, "the second end", func() bool { return !l.ending.inFlight() })
+	pollUntil(t, "the second end", func() bool { return !endInFlight(&l.ending) })
 	l.mu.Lock()
 	st := l.g.State
 	l.mu.Unlock()
@@ -133,7 +133,7 @@ func TestSandboxPidsOlderAgent(t *testing.T) {
 	pollUntil(t, "the node's log of the agent that cannot", func() bool {
 		return strings.Contains(logs.String(), "its agent cannot end the guest's processes")
 	})
-	pollUntil(t, "the request to end", func() bool { return !l.ending.inFlight() })
+	pollUntil(t, "the request to end", func() bool { return !endInFlight(&l.ending) })
 	events <- pidsEvent(1) // the count grew on
 	time.Sleep(200 * time.Millisecond)
 	l.mu.Lock()
@@ -148,4 +148,11 @@ func TestSandboxPidsOlderAgent(t *testing.T) {
 	if got := scrapeMetrics(m, "wb_node_guest_process_ends"); !strings.Contains(got+"\n", `wb_node_guest_process_ends_total{outcome="unsupported"} 1`+"\n") {
 		t.Errorf("/metrics lacks the agent that cannot:\n%s", got)
 	}
+}
+
+// endInFlight reports whether e has a request in flight.
+func endInFlight(e *procEnd) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cancel != nil
 }
