@@ -255,7 +255,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	// took them again after its last ends. noEnd says which of the last two, in the words of
 	// the end's error, the session's rule and the node's log; with either the session stops.
 	type noEndWhy struct{ err, rule, log string }
-	paused := noEndWhy{
+	pausedWhy := noEndWhy{
 		err:  "the session is paused: its processes cannot be ended",
 		rule: "while paused, when its processes cannot be ended; run fewer processes or threads at once, and snapshot a session rather than pause it for long",
 		log:  "it is paused, when its processes cannot be ended",
@@ -263,7 +263,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	var noEnd noEndWhy
 	switch {
 	case r.paused:
-		noEnd = paused
+		noEnd = pausedWhy
 	case refilled:
 		noEnd.err = fmt.Sprintf("its processes were ended %d times in the last %.0f minutes, and it took them again", ends, hostTasksRefillWindow.Minutes())
 		noEnd.rule = fmt.Sprintf("and took them again each time the node had its processes ended (%d times in the last %.0f minutes); run fewer processes or threads at once", ends, hostTasksRefillWindow.Minutes())
@@ -281,7 +281,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 				// and before it, which then was given up at once: frozen, its agent answers
 				// nothing): its tasks, frozen, do not fall, and it is stopped as a paused one
 				// is.
-				r.paused, noEnd, endErr = true, paused, errors.New(paused.err)
+				r.paused, noEnd, endErr = true, pausedWhy, errors.New(pausedWhy.err)
 				log = log.With("paused_during_end", true)
 			}
 		}
