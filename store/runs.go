@@ -82,10 +82,18 @@ func (s *Store) GetRun(ctx context.Context, project, id string) (*session.Run, e
 // GetRunOwner is GetRun that also answers the attempt that owns the run ("" for one written
 // by PutRun, or before owners were recorded).
 func (s *Store) GetRunOwner(ctx context.Context, project, id string) (*session.Run, string, error) {
-	b, err := s.rdb.Get(ctx, ProjectKeys(project).run(id)).Bytes()
+	key := ProjectKeys(project).run(id)
+	b, err := s.rdb.Get(ctx, key).Bytes()
 	if errors.Is(err, redis.Nil) {
-		run, err := s.getLegacyRun(ctx, project, id) // saved before runs had keys of their own
-		return run, "", err
+		run, lerr := s.getLegacyRun(ctx, project, id) // saved before runs had keys of their own
+		if !errors.Is(lerr, ErrNotFound) {
+			return run, "", lerr
+		}
+		// Not in the legacy hash either: the migration (or another read) may have moved it
+		// between the two reads, to where the first looked.
+		if b, err = s.rdb.Get(ctx, key).Bytes(); errors.Is(err, redis.Nil) {
+			return nil, "", ErrNotFound
+		}
 	}
 	if err != nil {
 		return nil, "", fmt.Errorf("get run %s: %w", id, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -663,5 +664,60 @@ func TestOutputBudgetForgetsAnOrphan(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// moveAfterFirstGet is a go-redis hook that, right after the first GET of key, runs move:
+// a migration that lands between GetRun's read of the run's own key and its read of the
+// legacy hash.
+type moveAfterFirstGet struct {
+	key  string
+	once *sync.Once
+	move func()
+}
+
+func (h moveAfterFirstGet) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h moveAfterFirstGet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h moveAfterFirstGet) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); len(args) == 2 && strings.EqualFold(fmt.Sprint(args[0]), "get") && args[1] == h.key {
+			h.once.Do(h.move)
+		}
+		return err
+	}
+}
+
+// TestLegacyRunReadDuringItsMove: a run saved before runs had keys of their own is read while
+// the migration moves it (a gateway's start): its own key is read first, still absent, then the
+// move lands, then the legacy hash is read, already empty. GetRun finds the run where it went;
+// before, it answered not found (a cold make test's TestLegacyRunReadable: "GET
+// /v1/runs/run_legacy1: status 404").
+func TestLegacyRunReadDuringItsMove(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := redistest.Server(t)
+	s := New(rdb)
+	const p, id = "proj_legacymove", "run_legacymove"
+	run := session.Run{ID: id, Object: "run", State: session.RunSucceeded, Stdout: "old\n", CreatedAt: *session.At(time.Now())}
+	if err := s.PutObject(ctx, p, legacyKindRun, id, run); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.SAdd(ctx, ProjectsKey, p).Err(); err != nil {
+		t.Fatal(err)
+	}
+	other := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr})
+	t.Cleanup(func() { _ = other.Close() })
+	mover := New(other)
+	rdb.AddHook(moveAfterFirstGet{key: ProjectKeys(p).run(id), once: &sync.Once{}, move: func() {
+		if n, err := mover.MigrateLegacyRuns(ctx); err != nil || n != 1 {
+			t.Errorf("the migration beside the read: %d, %v; want the run moved", n, err)
+		}
+	}})
+	got, err := s.GetRun(ctx, p, id)
+	if err != nil || got.Stdout != "old\n" {
+		t.Fatalf("a legacy run read while the migration moved it: %+v, %v; want it, where it went", got, err)
 	}
 }
