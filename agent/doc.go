@@ -75,4 +75,9 @@
 //
 // As PID 1 (Config.Reap) the agent reaps orphans without ever collecting its own children's
 // statuses: see procTable.
+//
+// DirectGuest is the host's side of a guest with no agent (a tier-1 run's, under gVisor): its
+// init is a runtime's loader, whose standard streams the host holds, and which takes one
+// exec, answered as the agent answers it (Exec, ServeExec), from the same code (streamOutput,
+// the frame of a runner).
 package agent

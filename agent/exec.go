@@ -98,9 +98,13 @@ func decodeExecRequest(body []byte, root string) (execSpec, *Error) {
 
 // commandEnv is the environment of a command: the agent's own (the guest image's), PATH, HOME
 // and LANG defaulted when empty, then extra; sorted by name.
-func commandEnv(extra map[string]string) []string {
+func commandEnv(extra map[string]string) []string { return mergeEnv(os.Environ(), extra) }
+
+// mergeEnv is commandEnv's environment from base, an agent's own (or the guest's, for a
+// direct guest's exec, which has no agent).
+func mergeEnv(base []string, extra map[string]string) []string {
 	env := map[string]string{}
-	for _, kv := range os.Environ() {
+	for _, kv := range base {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 			env[k] = v
 		}
@@ -305,8 +309,17 @@ func (s *server) startProcFiles(spec execSpec, stdin *os.File, extra []*os.File)
 // at timeout, or when the client goes away), and answers its result and whether the client
 // went away. It closes p's pipes.
 func (s *server) streamProc(ctx context.Context, p *proc, timeout time.Duration, start time.Time, emit func(stream string, data []byte) error) (resultLine, bool) {
+	pid := p.pid
+	return streamOutput(ctx, p.outR, p.errR, p.waited, func() int { return exitCode(p.cmd.ProcessState) },
+		func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }, timeout, start, emit)
+}
+
+// streamOutput is streamProc's work for any command: its output on outR and errR, waited
+// closed once it ended, exit its exit code then, and kill ending it and whatever it started
+// (a process group here; a whole guest for a direct one, DirectGuest). It closes outR and errR.
+func streamOutput(ctx context.Context, outR, errR *os.File, waited <-chan struct{}, exit func() int, kill func(),
+	timeout time.Duration, start time.Time, emit func(stream string, data []byte) error) (resultLine, bool) {
 	elapsed := func() int64 { return roundedMs(time.Since(start)) }
-	outR, errR, pid := p.outR, p.errR, p.pid
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	drain := &drainState{}
@@ -318,9 +331,6 @@ func (s *server) streamProc(ctx context.Context, p *proc, timeout time.Duration,
 		readers.Wait()
 		close(chunks)
 	}()
-	waited := p.waited
-	killGroup := func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }
-
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	var exited, timedOut, gone bool
@@ -337,7 +347,7 @@ func (s *server) streamProc(ctx context.Context, p *proc, timeout time.Duration,
 			}
 			if err := emit(c.stream, c.data); err != nil {
 				gone = true
-				killGroup()
+				kill()
 				cancel()
 			}
 		case <-waited:
@@ -347,17 +357,17 @@ func (s *server) streamProc(ctx context.Context, p *proc, timeout time.Duration,
 		case <-timer.C:
 			if !exited {
 				timedOut = true
-				killGroup()
+				kill()
 			}
 		case <-ctxDone:
 			ctxDone = nil
 			gone = true
-			killGroup()
+			kill()
 			cancel()
 		}
 	}
 	_, _ = outR.Close(), errR.Close()
-	res := resultLine{ExitCode: exitCode(p.cmd.ProcessState), DurationMs: elapsed(), TimedOut: timedOut}
+	res := resultLine{ExitCode: exit(), DurationMs: elapsed(), TimedOut: timedOut}
 	if timedOut {
 		res.ExitCode = ExitTimedOut
 	}
