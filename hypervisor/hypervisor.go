@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"time"
 )
@@ -219,6 +220,27 @@ type LayerAdopter interface {
 // Launch leaves what Create then Boot leave, and on failure what a failed Create leaves.
 type Launcher interface {
 	Launch(ctx context.Context, s Spec) error
+}
+
+// DirectLauncher is a Driver that can launch a direct guest (agent.DirectGuest): Launch, with
+// the guest's init (Spec.Args) given stdio as its standard streams and no agent (Spec has no
+// AgentSocket). CanLaunchDirect says whether this one can.
+type DirectLauncher interface {
+	CanLaunchDirect() bool
+	LaunchDirect(ctx context.Context, s Spec, stdio [3]*os.File) error
+}
+
+// GuestProcess is a guest's process as its runtime sees it: its pid in the guest and its
+// command name (no arguments).
+type GuestProcess struct {
+	PID  int
+	Name string
+}
+
+// ProcessLister is a Driver that can list a guest's processes without its agent (a direct
+// guest has none).
+type ProcessLister interface {
+	GuestProcesses(ctx context.Context, id string) ([]GuestProcess, error)
 }
 
 // CgroupOwner is a Driver whose guests' cgroups sit below a parent cgroup of its own.

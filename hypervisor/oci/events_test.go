@@ -1,6 +1,7 @@
 package oci_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -782,4 +783,81 @@ func restoreRunning(ctx context.Context, t *testing.T, d *oci.Driver, cat templa
 		t.Fatalf("the restored guest: %+v, %v; want running", info, err)
 	}
 	return r
+}
+
+// TestLaunchDirect: on runsc, LaunchDirect starts a guest whose init has the caller's
+// standard streams and no agent (one runtime call, as Launch); the driver lists its processes
+// by name (GuestProcesses) without one. A direct launch that fails leaves nothing; runc
+// refuses direct guests (its agent dir is sealed from the guest once its agent listens).
+func TestLaunchDirect(t *testing.T) {
+	cat := catalog(t)
+	t.Run("runsc", func(t *testing.T) {
+		t.Parallel()
+		d, calls := countingDriver(t, oci.RuntimeRunsc)
+		ctx := ctxT(t, 3*time.Minute)
+		s := guestSpec(t, cat[templates.Base], "")
+		s.Args = []string{"/bin/sh", "-c", "read x; echo got $x; echo oops >&2; sleep 3333"}
+		track(t, d, s)
+		inR, inW, _ := os.Pipe()
+		outR, outW, _ := os.Pipe()
+		errR, errW, _ := os.Pipe()
+		defer func() { _, _, _, _ = inW.Close(), outR.Close(), errR.Close(), inR.Close() }()
+		err := d.LaunchDirect(ctx, s, [3]*os.File{inR, outW, errW})
+		_, _ = outW.Close(), errW.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := subcommands(t, calls, 0); !slices.Equal(got, []string{"run"}) {
+			t.Fatalf("a direct launch ran the runtime for %v, want [run]", got)
+		}
+		if _, err := inW.Write([]byte("hello\n")); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(outR).ReadString('\n')
+		if err != nil || line != "got hello\n" {
+			t.Fatalf("the guest's stdout: %q, %v; want \"got hello\\n\"", line, err)
+		}
+		eline, err := bufio.NewReader(errR).ReadString('\n')
+		if err != nil || eline != "oops\n" {
+			t.Fatalf("the guest's stderr: %q, %v; want \"oops\\n\"", eline, err)
+		}
+		var names []string
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			ps, err := d.GuestProcesses(ctx, s.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			names = names[:0]
+			for _, p := range ps {
+				names = append(names, p.Name)
+			}
+			if slices.Contains(names, "sleep") || time.Now().After(deadline) {
+				break
+			}
+		}
+		if !slices.Contains(names, "sleep") {
+			t.Errorf("the guest's processes: %v; want its sleep", names)
+		}
+
+		bad := guestSpec(t, cat[templates.Base], "")
+		bad.Args = []string{"/no/such/program"}
+		if err := d.LaunchDirect(ctx, bad, [3]*os.File{nil, nil, nil}); err == nil {
+			track(t, d, bad)
+			t.Fatal("a direct launch of a program the guest lacks succeeded")
+		}
+		if _, err := os.Stat(d.BundleDir(bad.ID)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a failed direct launch left its bundle: %v", err)
+		}
+	})
+	t.Run("runc", func(t *testing.T) {
+		t.Parallel()
+		d := newDriver(t, oci.RuntimeRunc)
+		s := guestSpec(t, cat[templates.Base], "")
+		if d.CanLaunchDirect() {
+			t.Error("runc says it can launch direct guests")
+		}
+		if err := d.LaunchDirect(ctxT(t, time.Minute), s, [3]*os.File{}); !errors.Is(err, errors.ErrUnsupported) {
+			t.Errorf("a direct launch on runc: %v; want ErrUnsupported", err)
+		}
+	})
 }

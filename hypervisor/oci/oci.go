@@ -500,16 +500,46 @@ func readTail(path string, from int64) string {
 	return strings.TrimSpace(string(b))
 }
 
+// stdioIO connects the runtime command, and so the guest's init, to a direct guest's
+// standard streams (hypervisor.DirectLauncher).
+type stdioIO struct{ f [3]*os.File }
+
+func (c *stdioIO) Close() error           { return nil }
+func (c *stdioIO) Stdin() io.WriteCloser  { return nil }
+func (c *stdioIO) Stdout() io.ReadCloser  { return nil }
+func (c *stdioIO) Stderr() io.ReadCloser  { return nil }
+func (c *stdioIO) Set(cmd *exec.Cmd)      { cmd.Stdin, cmd.Stdout, cmd.Stderr = c.f[0], c.f[1], c.f[2] }
+func (c *stdioIO) CloseAfterStart() error { return nil }
+
 // Create writes the bundle and creates the container (not started).
 func (d *Driver) Create(ctx context.Context, s hypervisor.Spec) error {
-	return d.create(ctx, s, false)
+	return d.create(ctx, s, false, nil)
+}
+
+// CanLaunchDirect says whether LaunchDirect can (hypervisor.DirectLauncher): on runsc. A runc
+// guest keeps its agent: its agent dir is sealed from guest root once the agent listens
+// (sealAgentDir), and a direct guest's, with no agent, could not be.
+func (d *Driver) CanLaunchDirect() bool { return d.name == RuntimeRunsc }
+
+// LaunchDirect is Launch for a direct guest (hypervisor.DirectLauncher): the runtime, and so
+// the guest's init, gets stdio as its standard streams, in place of the console log and
+// /dev/null, and no agent is waited for. A failed start's error has no console lines: the
+// runtime wrote them to stdio[2].
+func (d *Driver) LaunchDirect(ctx context.Context, s hypervisor.Spec, stdio [3]*os.File) error {
+	if !d.CanLaunchDirect() {
+		return fmt.Errorf("oci: %s cannot launch a direct guest: %w", d.name, errors.ErrUnsupported)
+	}
+	if s.AgentSocket != "" {
+		return fmt.Errorf("oci: a direct guest has no agent socket, got %q", s.AgentSocket)
+	}
+	return d.create(ctx, s, true, &stdio)
 }
 
 // Launch creates and boots the guest in one runtime call, `run --detach` (hypervisor.Launcher):
 // Create then Boot start the runtime twice, `create` and `start`, and each start of runc is
 // about 9 ms of CPU here (runsc's more), which a warm pool's refill pays once per run.
 func (d *Driver) Launch(ctx context.Context, s hypervisor.Spec) error {
-	if err := d.create(ctx, s, true); err != nil {
+	if err := d.create(ctx, s, true, nil); err != nil {
 		return err
 	}
 	if err := d.sealAgentDir(ctx, s); err != nil {
@@ -519,8 +549,9 @@ func (d *Driver) Launch(ctx context.Context, s hypervisor.Spec) error {
 	return nil
 }
 
-// create writes the bundle and creates the container; with run, it starts it too.
-func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error {
+// create writes the bundle and creates the container; with run, it starts it too. With
+// stdio, the init's standard streams are those, not the console log.
+func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool, stdio *[3]*os.File) error {
 	t0 := time.Now()
 	if err := s.Validate(); err != nil {
 		return err
@@ -540,14 +571,21 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 	}
 	// From here a failure deletes what prepare made (its mounts, the bundle, the disk):
 	// the guest's record names them, and nothing else would.
-	con, off, err := d.openConsole(bundle)
-	if err != nil {
-		d.cleanupFailed(s.ID)
-		return fmt.Errorf("oci: guest %s: %w", s.ID, err)
+	var gio gorunc.IO
+	withTail := func(err error) error { return err }
+	if stdio != nil {
+		gio = &stdioIO{f: *stdio}
+	} else {
+		con, off, err := d.openConsole(bundle)
+		if err != nil {
+			d.cleanupFailed(s.ID)
+			return fmt.Errorf("oci: guest %s: %w", s.ID, err)
+		}
+		defer con.Close()
+		gio, withTail = con, func(err error) error { return con.withTail(off, err) }
 	}
-	defer con.Close()
 	pf := filepath.Join(bundle, pidFile)
-	opts := &gorunc.CreateOpts{IO: con, PidFile: pf}
+	opts := &gorunc.CreateOpts{IO: gio, PidFile: pf}
 	verb, state := "create", hypervisor.StateCreated
 	if run {
 		verb, state, opts.Detach = "run", hypervisor.StateRunning, true
@@ -560,7 +598,7 @@ func (d *Driver) create(ctx context.Context, s hypervisor.Spec, run bool) error 
 		return d.rt.Create(ctx, s.ID, bundle, opts)
 	})
 	if err != nil {
-		err = d.noRoom(s.ID, con.withTail(off, d.atGuestsTotal(fmt.Errorf("oci: %s %s %s: %w", d.name, verb, s.ID, err))))
+		err = d.noRoom(s.ID, withTail(d.atGuestsTotal(fmt.Errorf("oci: %s %s %s: %w", d.name, verb, s.ID, err))))
 		d.cleanupFailed(s.ID)
 		return err
 	}

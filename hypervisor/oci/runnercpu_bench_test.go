@@ -185,3 +185,96 @@ func nth(list string, k int) string {
 	items := strings.Split(list, ",")
 	return items[min(k, len(items)-1)]
 }
+
+// BenchmarkDirectGuestCPU is BenchmarkRunnerGuestCPU for a direct guest (LaunchDirect: no
+// agent; its init python3 with benchDirectLoader, node's directLoader in short), with its
+// one exec: the sandbox cgroup's CPU from the launch to the loader ready (ready-cpu-ms), the
+// exec of print(6*7) to its status (exec-cpu-ms), the stop and delete (teardown-cpu-ms), and
+// the runsc commands' own (cli-cpu-ms); their sum, total-cpu-ms, is a warm run's whole guest.
+// Beside it, bare: a bare `runsc run` of the same root file system running python3 -c pass.
+func BenchmarkDirectGuestCPU(b *testing.B) {
+	cat := catalog(b)
+	tpl := cat[templates.DevPolyglot]
+	i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
+	if i < 0 {
+		b.Skip("no python3 in tpl_dev_polyglot here")
+	}
+	py := tpl.Runtimes[i].Argv
+	b.Run("bare", func(b *testing.B) {
+		bundle := bareBundle(b, tpl.RootFS, "python3 -c pass", tpl.Binds...)
+		reportSpread(b, "total-with-cli-cpu-ms", bareRunsCPU(b, bareGlobal(b, oci.RuntimeRunsc), bundle))
+	})
+	b.Run("direct", func(b *testing.B) {
+		cgParent := "/wbtest-" + randHex(b, 4)
+		d := newDriver(b, oci.RuntimeRunsc, func(o *oci.Options) { o.CgroupParent = cgParent })
+		usage := cpuacctUsage(b, cgParent)
+		ctx := context.Background()
+		figs := map[string][]time.Duration{}
+		for b.Loop() {
+			s := guestSpec(b, tpl, "")
+			s.Args = append(slices.Clone(py), benchDirectLoader)
+			s.Pids, s.MemoryMiB = 1024, 512
+			if err := os.MkdirAll(s.AgentDir, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() {
+				_ = d.Stop(ctx, s.ID)
+				_ = d.Delete(ctx, s.ID)
+			})
+			dg, err := agent.NewDirectGuest()
+			if err != nil {
+				b.Fatal(err)
+			}
+			u0, c0 := usage(), childrenCPU(b)
+			err = d.LaunchDirect(ctx, s, dg.GuestStdio())
+			dg.ReleaseGuestStdio()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := dg.WaitReady(ctx); err != nil {
+				b.Fatal(err)
+			}
+			u1 := usage()
+			res, err := dg.Exec(ctx, agent.ExecRequest{Argv: append(slices.Clone(py), "print(6*7)")}, "/workspace", s.Env, false,
+				func() { _ = d.Stop(ctx, s.ID) }, 0, nil)
+			if err != nil || res.Stdout != "42\n" || res.ExitCode != 0 {
+				b.Fatalf("exec: %+v %v", res, err)
+			}
+			u2 := usage()
+			dg.Close()
+			if err := d.Stop(ctx, s.ID); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Delete(ctx, s.ID); err != nil {
+				b.Fatal(err)
+			}
+			u3, c3 := usage(), childrenCPU(b)
+			figs["ready"] = append(figs["ready"], u1-u0)
+			figs["exec"] = append(figs["exec"], u2-u1)
+			figs["teardown"] = append(figs["teardown"], u3-u2)
+			figs["cli"] = append(figs["cli"], c3-c0)
+			figs["total"] = append(figs["total"], u3-u0+c3-c0)
+		}
+		for _, name := range []string{"ready", "exec", "teardown", "cli", "total"} {
+			reportSpread(b, name+"-cpu-ms", figs[name])
+		}
+	})
+}
+
+// benchDirectLoader is node's directLoader in short: ready on stdin, the frame's code run, its
+// status said on stdin.
+const benchDirectLoader = `import os, sys
+os.write(0, b"r")
+def take(k):
+    b = b""
+    while len(b) < k:
+        c = os.read(0, k - len(b))
+        if not c:
+            os._exit(0)
+        b += c
+    return b
+frame = take(int.from_bytes(take(8), "big"))
+exec(frame.partition(b"\0\0")[2].decode())
+sys.stdout.flush()
+os.write(0, b"x0\n")
+`
