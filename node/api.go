@@ -252,13 +252,16 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		}
 		n.Metrics.agentRequest(agentKind(r.Method, sub), status)
 	}()
-	l, _, err := n.running(&session.Session{ID: id})
+	l, _, direct, err := n.runningGuest(&session.Session{ID: id})
+	exec := r.Method == http.MethodPost && sub == "/v1/exec"
+	pty := r.Method == http.MethodGet && sub == "/v1/pty"
+	if err == nil && direct && !exec {
+		err = errDirect(&session.Session{ID: id}, "files, PTYs and agent calls")
+	}
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	exec := r.Method == http.MethodPost && sub == "/v1/exec"
-	pty := r.Method == http.MethodGet && sub == "/v1/pty"
 	if !pty {
 		// A caller that stays connected but takes none of the answer for WriteStall ends the
 		// call: the proxy's write fails, and it closes the agent's connection, which kills an
@@ -314,6 +317,27 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 		defer n.Metrics.execStarted()()
 		ended = &execEnd{}
 		r = r.WithContext(context.WithValue(r.Context(), execEndKey{}, ended))
+		if direct {
+			// Its one exec, answered here as its agent would (it has none).
+			ctx, _, cancel := n.execBackstop(r.Context(), req.TimeoutS)
+			defer cancel()
+			tpl, err := n.template(ref)
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			if l.direct.Used() {
+				writeError(w, errDirect(&session.Session{ID: id}, "its run's exec ran already"))
+				return
+			}
+			ooms, counted := n.oomsBefore(ctx, l, guest)
+			n.serveDirectExec(w, r.WithContext(ctx), l, guest, tpl, body, req, func() {
+				if counted {
+					n.endIfOOM(ctx, l, guest, ooms)
+				}
+			})
+			return
+		}
 		// As Node.Exec does: an OOM kill during the exec fails the session before its result
 		// goes out.
 		if ooms, counted := n.oomsBefore(r.Context(), l, guest); counted {

@@ -2,7 +2,9 @@
 // sessions placed on it through a hypervisor.Driver and owns what happens to them there.
 //
 //   - Provisioning: a booted guest from a warm pool (Config.Pools) when one fits, else a cold
-//     start or a restore from a snapshot; the session runs once its agent answers.
+//     start or a restore from a snapshot; the session runs once its agent answers. A runner
+//     pool's guests are direct where the driver can launch them (runsc): the runtime's loader
+//     is their init, with no agent, for their run's one exec (direct.go).
 //   - Timers: idle and lifetime stops, their warnings and the pause limit fire on the node,
 //     so a control-plane outage cannot extend them. Each guest is journaled under
 //     DataDir/journal; transitions Redis missed are replayed when it answers again, and a

@@ -317,6 +317,30 @@ func (d timedDriver) Launch(ctx context.Context, s hypervisor.Spec) error {
 	return d.Boot(ctx, s.ID)
 }
 
+// CanLaunchDirect and LaunchDirect pass an OCI driver's direct guests through
+// (hypervisor.DirectLauncher, which the embedded testDriver would hide).
+func (d timedDriver) CanLaunchDirect() bool {
+	dl, ok := d.testDriver.(hypervisor.DirectLauncher)
+	return ok && dl.CanLaunchDirect()
+}
+
+func (d timedDriver) LaunchDirect(ctx context.Context, s hypervisor.Spec, stdio [3]*os.File) error {
+	dl, ok := d.testDriver.(hypervisor.DirectLauncher)
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	return dl.LaunchDirect(ctx, s, stdio)
+}
+
+// GuestProcesses passes an OCI driver's process list through (hypervisor.ProcessLister).
+func (d timedDriver) GuestProcesses(ctx context.Context, id string) ([]hypervisor.GuestProcess, error) {
+	pl, ok := d.testDriver.(hypervisor.ProcessLister)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return pl.GuestProcesses(ctx, id)
+}
+
 func (d timedDriver) Restore(ctx context.Context, s hypervisor.Spec, dir string) error {
 	if err := d.startSlot(ctx); err != nil {
 		return err

@@ -43,7 +43,7 @@ func NewMetrics() *Metrics {
 		}, []string{"outcome"}),
 		ends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wb_node_guest_process_ends_total",
-			Help: "Requests of the node that a guest's agent end every process of its guest, made as the guest's sandbox neared its host process limit (runsc: its host tasks grow with the guest's processes' churn, and the sandbox dies at that limit), by outcome: ended (the agent ended them), failed (it did not answer, or answered an error: asked again should the count grow on), unsupported (it cannot, an older agent: not asked again, the session runs on), paused (the session was paused meanwhile: the request was given up, a frozen agent answers nothing). The node's log says which session and how near.",
+			Help: "Requests of the node that a guest's agent end every process of its guest, made as the guest's sandbox neared its host process limit (runsc: its host tasks grow with the guest's processes' churn, and the sandbox dies at that limit), by outcome: ended (the agent ended them), failed (it did not answer, or answered an error: asked again should the count grow on), unsupported (it cannot, an older agent: not asked again, the session runs on), paused (the session was paused meanwhile: the request was given up, a frozen agent answers nothing), stopped (a direct guest, a tier-1 run's, which has no agent: the guest was stopped, and its run answers 137). The node's log says which session and how near.",
 		}, []string{"outcome"}),
 		hostTasks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wb_node_host_process_total_actions_total",

@@ -123,6 +123,9 @@ type live struct {
 	warned bool       // an outage was logged for this guest
 	g      *guest
 	agent  *agent.Client
+	// direct is a direct guest's streams (a tier-1 run's warm guest whose init is its
+	// runtime's loader, with no agent: agent.DirectGuest); agent is nil then.
+	direct *agent.DirectGuest
 	proxy  *httputil.ReverseProxy // to the agent, for the node's API
 	egress *egressProxy           // the guest's way out
 	seen   map[int]bool           // guest pids already reported as process_start

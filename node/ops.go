@@ -113,27 +113,38 @@ func (n *Node) Touch(s *session.Session) {
 }
 
 // running answers the session's guest if it is running here, and its agent's client, read
-// under the guest's lock: a memory snapshot replaces the client as it restores the guest.
+// under the guest's lock: a memory snapshot replaces the client as it restores the guest. A
+// direct guest, which has no agent, is refused (errDirect): what asks for its agent is not
+// its one exec.
 func (n *Node) running(s *session.Session) (*live, *agent.Client, error) {
-	l, err := n.lookup(s.ID)
+	l, ag, direct, err := n.runningGuest(s)
+	if err == nil && direct {
+		return nil, nil, errDirect(s, "files, PTYs and agent calls")
+	}
+	return l, ag, err
+}
+
+// runningGuest is running that answers a direct guest too (direct: ag is nil).
+func (n *Node) runningGuest(s *session.Session) (l *live, ag *agent.Client, direct bool, err error) {
+	l, err = n.lookup(s.ID)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	l.mu.Lock()
 	if st := l.g.State; st != session.Running {
 		l.mu.Unlock()
-		return nil, nil, &StateError{SessionID: s.ID, State: st}
+		return nil, nil, false, &StateError{SessionID: s.ID, State: st}
 	}
 	land := n.touch(l)
-	ag := l.agent
+	ag, direct = l.agent, l.direct != nil
 	l.mu.Unlock()
 	land()
-	return l, ag, nil
+	return l, ag, direct, nil
 }
 
 // Exec runs a command in the session's guest through its agent.
 func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecRequest, _ []string, out func(session.ExecChunk) error) (session.ExecResult, error) {
-	l, ag, err := n.running(s)
+	l, ag, direct, err := n.runningGuest(s)
 	if err != nil {
 		return session.ExecResult{}, err
 	}
@@ -162,7 +173,18 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 			return callerOut(ch)
 		}
 	}
-	res, err := ag.Exec(ectx, areq, out)
+	var res session.ExecResult
+	if direct {
+		var tpl templates.Template
+		if tpl, err = n.template(ref); err == nil {
+			res, err = n.directExec(ectx, l, tpl, areq, out)
+		}
+		if errors.Is(err, agent.ErrDirectUsed) {
+			err = errDirect(s, "its run's exec ran already")
+		}
+	} else {
+		res, err = ag.Exec(ectx, areq, out)
+	}
 	if ae := (*agent.Error)(nil); errors.As(err, &ae) {
 		// The agent's answer, which must not pass for the node's refusal (fromGuest).
 		if g := fromGuestAgent(ae); g != ae {
@@ -518,6 +540,9 @@ func (n *Node) takeSnapshot(ctx context.Context, s *session.Session, snapshotID 
 		return hypervisor.SnapshotInfo{}, err
 	}
 	memory = memory && n.keepsMemory()
+	if memory && l.direct != nil {
+		return hypervisor.SnapshotInfo{}, errDirect(s, "a snapshot with memory, which its agent would quiesce for")
+	}
 	if !memory {
 		info, err := n.Driver.Snapshot(ctx, l.g.GuestID, dir, false)
 		return hypervisor.SnapshotInfo{SizeBytes: info.SizeBytes}, err

@@ -50,8 +50,19 @@ type poolKey struct{ template, size, runner string }
 // warmAlive, uses it) instead of dialling the agent again (a new connection into a gVisor
 // guest costs an accept in the sandbox, a few ms on a loaded host).
 type warmGuest struct {
-	id    string
-	agent *agent.Client
+	id     string
+	agent  *agent.Client
+	direct *agent.DirectGuest // a direct guest's, in place of agent (see bootDirect)
+}
+
+// close lets go of the guest's agent client or direct streams.
+func (g warmGuest) close() {
+	if g.agent != nil {
+		g.agent.Close()
+	}
+	if g.direct != nil {
+		g.direct.Close()
+	}
 }
 
 func (w Pool) key() poolKey { return poolKey{w.Template, w.SizeClass, w.Runner} }
@@ -324,6 +335,11 @@ func (p *warmPool) boot(ctx context.Context, want Pool) (_ warmGuest, err error)
 	c, _ := classOf(want.SizeClass)
 	id := randomID("wp-")
 	spec := p.n.spec(id, tpl, session.Resources{VCPU: c.VCPU, MemoryMiB: c.MemoryMiB, DiskGiB: c.DiskGiB, SizeClass: c.Name})
+	if dl, ok := p.n.directLauncher(); ok && want.Runner != "" && want.Warm == nil {
+		if dspec, ok := directSpec(spec, tpl, want.Runner, p.n.Driver); ok {
+			return p.bootDirect(ctx, dl, dspec)
+		}
+	}
 	cleanup := func() {
 		bg := context.WithoutCancel(ctx)
 		_ = p.n.Driver.Stop(bg, id)
@@ -405,7 +421,7 @@ func (p *warmPool) drain(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, gs := range all {
 		for _, g := range gs {
-			g.agent.Close()
+			g.close()
 			id := g.id
 			wg.Add(1)
 			go func() {

@@ -156,12 +156,17 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		if w, ok := n.pool.take(ctx, tpl.Name, sess.Resources, sess.Metadata[session.RunMetadataKey]); ok {
 			// A warm guest may have died while it waited (see warmAlive).
 			id, c := w.id, w.agent
-			err := n.warmAlive(ctx, id, c)
+			var err error
+			if w.direct != nil {
+				err = n.directAlive(id, w.direct)
+			} else {
+				err = n.warmAlive(ctx, id, c)
+			}
 			if err == nil {
-				l.g.GuestID, l.g.Cold, l.agent = id, false, c
+				l.g.GuestID, l.g.Cold, l.agent, l.direct = id, false, c, w.direct
 				break
 			}
-			c.Close()
+			w.close()
 			n.Logger.Warn("node: warm guest unhealthy; starting cold", "guest", id, "err", err)
 			n.destroy(ctx, &live{g: &guest{GuestID: id}})
 		}
@@ -171,7 +176,7 @@ func (n *Node) start(ctx context.Context, l *live, sess *session.Session) error 
 		}
 	}
 	n.save(l)
-	if l.agent == nil { // a cold start or a restore: probe until the agent answers
+	if l.agent == nil && l.direct == nil { // a cold start or a restore: probe until the agent answers
 		l.agent = n.agentFor(l.g.GuestID)
 		if err := waitHealthy(ctx, l.agent); err != nil {
 			return fmt.Errorf("health probe: %w", err)
@@ -238,6 +243,9 @@ func (n *Node) startWatch(ctx context.Context, l *live, watched string) {
 			case ev.Type == hypervisor.EventOOM && st == session.Running:
 				n.Logger.Warn("guest OOM", "session", l.g.SessionID)
 				n.end(n.ctx, l, session.Node, session.OOM, "")
+			case ev.Type == hypervisor.EventExit && st == session.Running && l.direct != nil && l.direct.Used() && !n.oomKilled(ctx, l):
+				// A direct guest's init ends with its one exec: that is no crash. Its run's
+				// end stops the session.
 			case ev.Type == hypervisor.EventExit && (st == session.Running || st == session.Paused):
 				// The guest died under us while this host works (the node is here to see it).
 				// An OOM that took the whole guest is an OOM; a running guest that died
@@ -278,6 +286,9 @@ func (n *Node) kill(ctx context.Context, l *live) {
 	l.stopEgress()
 	if l.agent != nil {
 		l.agent.Close()
+	}
+	if l.direct != nil {
+		l.direct.Close()
 	}
 	if l.g.GuestID == "" {
 		return
@@ -895,6 +906,14 @@ func (n *Node) endGuestProcs(l *live, watched, detail string) {
 	ok := false
 	if l.agent != nil {
 		ctx, ok = l.ending.begin(n.ctx)
+	}
+	if l.direct != nil {
+		// No agent to end its processes: the guest runs one run's code, and is stopped, its
+		// run with it (answered 137, as a SIGKILL), well before its sandbox's limit.
+		n.Metrics.guestProcsEnded("stopped")
+		n.Logger.Warn("node: a direct guest's sandbox neared its host process limit (a fork bomb in a tier-1 run?): it has no agent to end its processes, and is stopped", "session", sess, "guest", watched, "detail", detail)
+		n.stopGuest(watched)
+		return
 	}
 	if !ok {
 		n.Logger.Info("node: the guest's sandbox nears its process limit; its processes are being ended already", "session", sess, "guest", watched, "detail", detail)

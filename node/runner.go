@@ -64,6 +64,139 @@ def _wb_run(g):
 _wb_run(_wb_g)
 `
 
+// directLoader is pythonLoader as a direct guest's init (agent.DirectGuest): it reads its
+// frame from stdin, a socket, after saying it is ready there, and writes the exit status there
+// as it ends (last, once stdout and stderr are flushed: atexit runs the first handler
+// registered last); os._exit says it too, in the loader's process. It is started with two
+// arguments, taken from sys.argv (which the code then sees as python3 -c gives it, ['-c']):
+// the guest loopback address of its egress relay, and the host Unix socket it relays to, or
+// two empty ones for none. The relay stands in for the agent's (agent.forwarder): a
+// thread accepts on the proxy address the guest's processes are given, and relays each
+// connection byte for byte to the node's egress proxy, which asks the runtime policy. Mode
+// 'x' starts the frame's argv in a child instead (the environment sets what the interpreter
+// reads as it starts), and says the child's status.
+const directLoader = `_wb_g = dict(globals())
+def _wb_direct(g):
+    import os, sys, atexit
+    relay, upstream = sys.argv[1], sys.argv[2]
+    del sys.argv[1:]
+    me, st, real_exit = os.getpid(), [1], os._exit
+    def say(code):
+        try:
+            os.write(0, b"x%d\n" % code)
+        except OSError:
+            pass
+    def fin():
+        if os.getpid() != me:
+            return
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                pass
+        say(st[0])
+    def _exit(n):
+        if os.getpid() == me:
+            say(n & 255)
+        real_exit(n)
+    atexit.register(fin)
+    if relay:
+        import _socket, _thread
+        host, _, port = relay.rpartition(":")
+        ls = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        ls.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        ls.bind((host, int(port)))
+        ls.listen(128)
+        def pair(c):
+            try:
+                u = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+                u.connect(upstream)
+            except OSError:
+                c.close()
+                return
+            left, lk = [2], _thread.allocate_lock()
+            def pump(a, b):
+                try:
+                    while True:
+                        d = a.recv(65536)
+                        if not d:
+                            break
+                        b.sendall(d)
+                except OSError:
+                    pass
+                try:
+                    b.shutdown(_socket.SHUT_WR)
+                except OSError:
+                    pass
+                with lk:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    c.close()
+                    u.close()
+            _thread.start_new_thread(pump, (u, c))
+            pump(c, u)
+        def serve():
+            while True:
+                try:
+                    fd, _ = ls._accept()
+                except OSError:
+                    continue
+                _thread.start_new_thread(pair, (_socket.socket(fileno=fd),))
+        _thread.start_new_thread(serve, ())
+    os.write(0, b"r")
+    def take(k):
+        b = b""
+        while len(b) < k:
+            c = os.read(0, k - len(b))
+            if not c:
+                real_exit(0)
+            b += c
+        return b
+    frame = take(int.from_bytes(take(8), "big"))
+    head, _, payload = frame.partition(b"\0\0")
+    parts = head.split(b"\0")
+    mode, wd, env = parts[0], parts[1], [kv.split(b"=", 1) for kv in parts[2:]]
+    del frame, head, parts
+    if mode == b"x":
+        argv = payload.split(b"\0")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.chdir(wd)
+                os.execvpe(argv[0], argv, dict(env))
+            except OSError as e:
+                os.write(2, b"wb: cannot run %s: %s\n" % (argv[0], str(e).encode()))
+                real_exit(127 if isinstance(e, FileNotFoundError) else 126)
+        c = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        st[0] = 128 - c if c < 0 else c
+        fin()
+        real_exit(st[0])
+    os.environb.clear()
+    os.environb.update(env)
+    os.chdir(wd)
+    src = payload.decode("utf-8", "surrogateescape")
+    m = sys.modules["__main__"].__dict__
+    m.clear()
+    m.update(g)
+    del g, payload, env
+    os._exit = _exit
+    try:
+        exec(compile(src, "<string>", "exec"), m)
+        st[0] = 0
+    except SystemExit as e:
+        c = e.code
+        st[0] = 0 if c is None else c & 255 if isinstance(c, int) else 1
+        raise
+    except BaseException as e:
+        if e.__traceback__ is not None:
+            e.__traceback__ = e.__traceback__.tb_next
+        sys.excepthook(type(e), e, e.__traceback__)
+        del e
+        sys.exit(1)
+_wb_direct(_wb_g)
+`
+
 // runnerFor answers the runner of runtime name, if it has one.
 func runnerFor(name string) (runnerSpec, bool) {
 	switch name {

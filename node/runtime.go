@@ -2,9 +2,11 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"wb/agent"
 	"wb/session"
 )
 
@@ -176,13 +178,19 @@ func (n *Node) checkProcesses(ctx context.Context, l *live) {
 		return
 	}
 	l.mu.Lock()
-	c := l.agent
+	c, direct, guest := l.agent, l.direct != nil, l.g.GuestID
 	l.mu.Unlock()
-	if c == nil {
-		return
-	}
+	var procs []agent.Proc
+	var err error
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	procs, err := c.Procs(pctx)
+	switch {
+	case c != nil:
+		procs, err = c.Procs(pctx)
+	case direct:
+		procs, err = n.directProcs(pctx, guest)
+	default:
+		err = errors.New("no agent")
+	}
 	cancel()
 	if err != nil {
 		return

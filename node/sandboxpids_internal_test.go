@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"wb/agent"
 	"wb/hypervisor"
 	"wb/internal/syncbuf"
 	"wb/session"
@@ -155,4 +158,48 @@ func endInFlight(e *procEnd) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.cancel != nil
+}
+
+// stopCountingDriver is pidsDriver that counts its guests' stops.
+type stopCountingDriver struct {
+	pidsDriver
+	stops *atomic.Int32
+}
+
+func (d stopCountingDriver) Stop(context.Context, string) error {
+	d.stops.Add(1)
+	return nil
+}
+
+// TestSandboxPidsStopsADirectGuest: a direct guest (a tier-1 run's, no agent) whose sandbox
+// nears its host process limit is stopped, its run with it, and counted so; before, the node
+// only logged that its processes were "being ended already" while the bomb went on to the
+// sandbox's limit.
+func TestSandboxPidsStopsADirectGuest(t *testing.T) {
+	const id = "sess_pidsdirect"
+	m := NewMetrics()
+	stops := &atomic.Int32{}
+	events := make(chan hypervisor.Event)
+	n, _, _ := hostileAgentNode(t, id, Config{Driver: stopCountingDriver{pidsDriver{oomDriver{kills: &atomic.Int64{}}, events}, stops}, Metrics: m},
+		func(w http.ResponseWriter, r *http.Request) {
+			t.Errorf("a direct guest's agent was asked %s %s", r.Method, r.URL.Path)
+		})
+	n.mu.Lock()
+	l := n.guests[id]
+	n.mu.Unlock()
+	dg, err := agent.NewDirectGuest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dg.Close)
+	l.mu.Lock()
+	l.agent, l.direct = nil, dg
+	ctx, guestID := n.beginWatch(l)
+	l.mu.Unlock()
+	n.startWatch(ctx, l, guestID)
+	events <- pidsEvent(0)
+	pollUntil(t, "the direct guest's stop", func() bool { return stops.Load() >= 1 })
+	if got := testutil.ToFloat64(m.ends.WithLabelValues("stopped")); got != 1 {
+		t.Errorf("wb_node_guest_process_ends_total{outcome=stopped} = %v, want 1", got)
+	}
 }

@@ -1,0 +1,185 @@
+package node
+
+import (
+	"context"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"wb/agent"
+	"wb/session"
+)
+
+// startDirect starts directLoader in a host python3 (no sandbox), as a direct guest's init,
+// with relay and upstream as its egress arguments, and waits until it is ready.
+func startDirect(t *testing.T, relay, upstream string) (*agent.DirectGuest, *exec.Cmd) {
+	t.Helper()
+	py, err := exec.LookPath("/usr/bin/python3")
+	if err != nil {
+		t.Skip("no /usr/bin/python3 here")
+	}
+	d, err := agent.NewDirectGuest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	cmd := exec.Command(py, "-c", directLoader, relay, upstream)
+	io := d.GuestStdio()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = io[0], io[1], io[2]
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d.ReleaseGuestStdio()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return d, cmd
+}
+
+func directExec(t *testing.T, d *agent.DirectGuest, cmd *exec.Cmd, req agent.ExecRequest, fork bool) session.ExecResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := d.Exec(ctx, req, t.TempDir(), []string{"PATH=/usr/bin:/bin", "BASE=1"}, fork, func() { _ = cmd.Process.Kill() }, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestDirectLoaderRunsAsPythonC: a direct guest's exec answers what python3 -c CODE does:
+// its output, exit code (an uncaught exception, SystemExit with a number or a message,
+// os._exit), stdin, environment and working directory.
+func TestDirectLoaderRunsAsPythonC(t *testing.T) {
+	wd := t.TempDir()
+	cases := []struct {
+		name, code, stdin string
+		env               map[string]string
+		cwd               string
+		exit              int
+		stdout, stderr    string // stderr: a substring
+	}{
+		{name: "print", code: "print(6*7)", stdout: "42\n"},
+		{name: "exit 3", code: "import sys\nprint('a')\nsys.exit(3)", exit: 3, stdout: "a\n"},
+		{name: "exit message", code: "raise SystemExit('bye')", exit: 1, stderr: "bye"},
+		{name: "exception", code: "1/0", exit: 1, stderr: "ZeroDivisionError"},
+		{name: "os._exit", code: "import os, sys\nsys.stdout.write('x')\nsys.stdout.flush()\nos._exit(5)", exit: 5, stdout: "x"},
+		{name: "exit 256", code: "import sys; sys.exit(256)", exit: 0},
+		{name: "stdin", code: "import sys; print(sys.stdin.read().upper())", stdin: "hello", stdout: "HELLO\n"},
+		{name: "env", code: "import os; print(os.environ['A'], os.environ['BASE'], os.environ['LANG'])", env: map[string]string{"A": "b"}, stdout: "b 1 C.UTF-8\n"},
+		{name: "cwd", code: "import os; print(os.getcwd())", cwd: wd, stdout: wd + "\n"},
+		{name: "argv and main", code: "import sys; print(sys.argv, __name__, sorted(k for k in globals() if not k.startswith('__')))", stdout: "['-c'] __main__ ['sys']\n"},
+		{name: "atexit output", code: "import atexit; atexit.register(lambda: print('late'))", stdout: "late\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d, cmd := startDirect(t, "", "")
+			res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", c.code}, Stdin: []byte(c.stdin), Env: c.env, Cwd: c.cwd}, false)
+			if res.ExitCode != c.exit || res.Stdout != c.stdout || !strings.Contains(res.Stderr, c.stderr) || res.TimedOut {
+				t.Errorf("got exit %d, stdout %q, stderr %q (timed out %v); want exit %d, stdout %q, stderr with %q",
+					res.ExitCode, res.Stdout, res.Stderr, res.TimedOut, c.exit, c.stdout, c.stderr)
+			}
+			if res2, err := d.Exec(context.Background(), agent.ExecRequest{Argv: []string{"python3", "-c", "pass"}}, "/", nil, false, func() {}, 0, nil); err == nil {
+				t.Errorf("a second exec in the same direct guest answered %+v; want it refused", res2)
+			}
+		})
+	}
+}
+
+// TestDirectLoaderForkMode: an exec whose environment the interpreter reads at start runs
+// its argv in a child, with that environment, and says the child's status (128+signal for a
+// signal).
+func TestDirectLoaderForkMode(t *testing.T) {
+	d, cmd := startDirect(t, "", "")
+	res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", "import sys, os; print(sys.flags.dont_write_bytecode, os.environ['BASE']); sys.exit(4)"},
+		Env: map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}}, true)
+	if res.ExitCode != 4 || res.Stdout != "1 1\n" {
+		t.Errorf("fork mode: exit %d, stdout %q, stderr %q; want 4, \"1 1\\n\"", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	d, cmd = startDirect(t, "", "")
+	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"}}, true)
+	if res.ExitCode != 128+15 {
+		t.Errorf("fork mode, a child killed by SIGTERM: exit %d; want 143", res.ExitCode)
+	}
+	d, cmd = startDirect(t, "", "")
+	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"no-such-command-here", "x"}}, true)
+	if res.ExitCode != 127 || !strings.Contains(res.Stderr, "no-such-command-here") {
+		t.Errorf("fork mode, a command not found: exit %d, stderr %q; want 127 naming it", res.ExitCode, res.Stderr)
+	}
+}
+
+// TestDirectLoaderTimeout: an exec past its timeout is killed with its guest and answers
+// timed out.
+func TestDirectLoaderTimeout(t *testing.T) {
+	d, cmd := startDirect(t, "", "")
+	res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", "import time\nprint('started', flush=True)\ntime.sleep(600)"}, TimeoutS: 1}, false)
+	if !res.TimedOut || res.ExitCode != agent.ExitTimedOut || res.Stdout != "started\n" {
+		t.Errorf("got %+v; want timed out (124) with the output before it", res)
+	}
+}
+
+// TestDirectLoaderRelaysEgress: the loader's relay takes connections on the proxy address and
+// relays them, both ways, to the node's egress socket.
+func TestDirectLoaderRelaysEgress(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "egress.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b, _ := io.ReadAll(c)
+				_, _ = c.Write([]byte("echo:" + string(b)))
+			}()
+		}
+	}()
+	probe, err := net.Listen("tcp", "127.0.0.1:0") // a free loopback port for the relay
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+	d, cmd := startDirect(t, addr, sock)
+	code := "import socket\nc = socket.create_connection(('" + strings.ReplaceAll(addr, ":", "', ") + "))\nc.sendall(b'ping')\nc.shutdown(socket.SHUT_WR)\nb = b''\nwhile True:\n    d = c.recv(100)\n    if not d: break\n    b += d\nprint(b.decode())"
+	res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", code}}, false)
+	if res.ExitCode != 0 || res.Stdout != "echo:ping\n" {
+		t.Errorf("through the relay: exit %d, stdout %q, stderr %q; want \"echo:ping\\n\"", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}
+
+// TestDirectReadyFailure: a loader that ends before it is ready is an error naming its stderr.
+func TestDirectReadyFailure(t *testing.T) {
+	d, err := agent.NewDirectGuest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	cmd := exec.Command("/bin/sh", "-c", "echo no python here >&2; exit 3")
+	io := d.GuestStdio()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = io[0], io[1], io[2]
+	if err := cmd.Run(); err == nil {
+		t.Fatal("want exit 3")
+	}
+	d.ReleaseGuestStdio()
+	err = d.WaitReady(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "no python here") {
+		t.Errorf("WaitReady: %v; want the loader's stderr", err)
+	}
+	if d.Alive() {
+		t.Error("Alive: a loader that ended is alive")
+	}
+}
