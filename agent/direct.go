@@ -40,15 +40,26 @@ type DirectGuest struct {
 	guest      [3]*os.File // the guest's ends, until ReleaseGuestStdio
 	mu         sync.Mutex
 	used       bool
+	closed     bool // Close was called: an exec it ended has no exit code
 }
 
 // DirectNoStatus is the exit code of a direct guest's exec whose loader ended without saying
 // its status (a signal, or the guest killed): what a shell says of a SIGKILL.
 const DirectNoStatus = 128 + 9
 
-// directStatusMax bounds what the host keeps of a direct guest's stdin traffic after its
-// frame (the status is its last line; a guest's process may write there too).
-const directStatusMax = 64
+const (
+	// directStatusMax bounds what the host keeps of a direct guest's stdin traffic after its
+	// frame (the status is its last line; a guest's process may write there too).
+	directStatusMax = 64
+	// directCtrlMax bounds what the host reads of it at all: the loader writes one status
+	// line, and a guest that writes on and on there would have the host read it for the
+	// exec's whole timeout. Past it the guest is ended, its exec with no exit code.
+	directCtrlMax = 4 << 10
+	// directKillGrace is how long an exec waits, once it ended its guest (its timeout, its
+	// caller gone, directCtrlMax), for the guest's streams to end before it lets go of them:
+	// a stop that failed must not hold the exec for the rest of the session.
+	directKillGrace = 10 * time.Second
+)
 
 // NewDirectGuest makes the streams of a direct guest: GuestStdio gives the runtime the
 // guest's ends.
@@ -95,10 +106,21 @@ func (d *DirectGuest) ReleaseGuestStdio() {
 // WaitReady waits until the loader says it is ready. A loader that ended first is an error
 // naming what it wrote on stderr (what was there, up to 4 KiB).
 func (d *DirectGuest) WaitReady(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { _ = d.ctrl.SetReadDeadline(time.Now()) })
-	defer stop()
+	var mu sync.Mutex
+	read := false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !read { // once the read is over, a deadline set now would outlive it
+			_ = d.ctrl.SetReadDeadline(time.Now())
+		}
+	})
 	var b [1]byte
 	_, err := io.ReadFull(d.ctrl, b[:])
+	stop()
+	mu.Lock()
+	read = true
+	mu.Unlock()
 	_ = d.ctrl.SetReadDeadline(time.Time{})
 	switch {
 	case err == nil && b[0] == 'r':
@@ -263,27 +285,49 @@ func (d *DirectGuest) run(ctx context.Context, body []byte, root string, env []s
 		}
 		_ = d.ctrl.CloseWrite()
 	}()
+	// Once it ended the guest, the exec waits directKillGrace at most for the guest's
+	// streams to end, then lets go of its stdin, which ends the status's read.
+	var letGo sync.Once
+	ended := func() {
+		kill()
+		letGo.Do(func() { time.AfterFunc(directKillGrace, func() { _ = d.ctrl.Close() }) })
+	}
 	waited := make(chan struct{})
 	code := DirectNoStatus
 	go func() {
 		defer close(waited)
-		code = readStatus(d.ctrl)
+		var over bool
+		if code, over = readStatus(d.ctrl); over {
+			ended()
+		}
 	}()
-	line, gone := streamOutput(ctx, d.outR, d.errR, waited, func() int { return code }, kill, spec.timeout, start, emit)
+	line, gone := streamOutput(ctx, d.outR, d.errR, waited, func() int { return code }, ended, spec.timeout, start, emit)
 	_ = d.ctrl.Close()
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed && !gone {
+		return resultLine{}, false, errors.New("direct guest: exec: the guest's streams were closed under it (its session ended)")
+	}
 	return line, gone, nil
 }
 
 // readStatus reads r to its end and answers the exit code of its last line, "x" and a
-// decimal code; DirectNoStatus when it ends otherwise. It keeps directStatusMax bytes.
-func readStatus(r io.Reader) int {
+// decimal code; DirectNoStatus when it ends otherwise. It keeps directStatusMax bytes, and
+// reads directCtrlMax at most: over says it stopped there.
+func readStatus(r io.Reader) (code int, over bool) {
 	var last []byte
 	buf := make([]byte, 512)
+	total := 0
 	for {
 		n, err := r.Read(buf)
+		total += n
 		last = append(last, buf[:n]...)
 		if len(last) > directStatusMax {
 			last = append(last[:0], last[len(last)-directStatusMax:]...)
+		}
+		if total > directCtrlMax {
+			return DirectNoStatus, true
 		}
 		if err != nil {
 			break
@@ -291,7 +335,7 @@ func readStatus(r io.Reader) int {
 	}
 	s, ok := bytes.CutSuffix(last, []byte("\n"))
 	if !ok {
-		return DirectNoStatus
+		return DirectNoStatus, false
 	}
 	if i := bytes.LastIndexByte(s, '\n'); i >= 0 {
 		s = s[i+1:]
@@ -299,13 +343,16 @@ func readStatus(r io.Reader) int {
 	digits, ok := bytes.CutPrefix(s, []byte("x"))
 	c, err := strconv.Atoi(string(digits))
 	if !ok || err != nil || c < 0 || c > 255 {
-		return DirectNoStatus
+		return DirectNoStatus, false
 	}
-	return c
+	return c, false
 }
 
 // Close closes the host's ends (and the guest's, if still held).
 func (d *DirectGuest) Close() {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
 	d.ReleaseGuestStdio()
 	if d.ctrl != nil {
 		_ = d.ctrl.Close()

@@ -40,6 +40,9 @@ func startDirect(t *testing.T, relay, upstream string) (*agent.DirectGuest, *exe
 	if err := d.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if !d.Alive() {
+		t.Fatal("Alive: a loader that waits for its frame is not alive")
+	}
 	return d, cmd
 }
 
@@ -77,6 +80,10 @@ func TestDirectLoaderRunsAsPythonC(t *testing.T) {
 		{name: "cwd", code: "import os; print(os.getcwd())", cwd: wd, stdout: wd + "\n"},
 		{name: "argv and main", code: "import sys; print(sys.argv, __name__, sorted(k for k in globals() if not k.startswith('__')))", stdout: "['-c'] __main__ ['sys']\n"},
 		{name: "atexit output", code: "import atexit; atexit.register(lambda: print('late'))", stdout: "late\n"},
+		// open(0) closes the stdin it read: the status has a copy of its own.
+		{name: "stdin closed", code: "print(open(0).read())", stdin: "abc", stdout: "abc\n"},
+		{name: "SIGTERM", code: "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", exit: 128 + 15},
+		{name: "alarm", code: "import signal, time; signal.alarm(1); time.sleep(60)", exit: 128 + 14},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -107,6 +114,12 @@ func TestDirectLoaderForkMode(t *testing.T) {
 	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"}}, true)
 	if res.ExitCode != 128+15 {
 		t.Errorf("fork mode, a child killed by SIGTERM: exit %d; want 143", res.ExitCode)
+	}
+	// As a shell starts it: SIGPIPE's default action, which Python ignores, so yes ends quietly.
+	d, cmd = startDirect(t, "", "")
+	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "yes | head -1"}}, true)
+	if res.ExitCode != 0 || res.Stdout != "y\n" || res.Stderr != "" {
+		t.Errorf("fork mode, yes | head -1: exit %d, stdout %q, stderr %q; want 0, \"y\\n\", no stderr", res.ExitCode, res.Stdout, res.Stderr)
 	}
 	d, cmd = startDirect(t, "", "")
 	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"no-such-command-here", "x"}}, true)
@@ -181,5 +194,33 @@ func TestDirectReadyFailure(t *testing.T) {
 	}
 	if d.Alive() {
 		t.Error("Alive: a loader that ended is alive")
+	}
+}
+
+// TestDirectExecClosedUnderIt: a direct guest's streams closed during its exec (the node
+// ending its session) end the exec with an error, not with an exit code it never had.
+func TestDirectExecClosedUnderIt(t *testing.T) {
+	d, cmd := startDirect(t, "", "")
+	time.AfterFunc(time.Second, d.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := d.Exec(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", "import time; time.sleep(60)"}}, t.TempDir(), nil, false,
+		func() { _ = cmd.Process.Kill() }, 0, nil)
+	if err == nil {
+		t.Errorf("an exec whose streams were closed under it answered %+v; want an error", res)
+	}
+}
+
+// TestDirectExecOutlivesNoFailedStop: an exec past its timeout whose guest's stop fails (the
+// guest lives on, holding its streams) still ends, directKillGrace later, timed out.
+func TestDirectExecOutlivesNoFailedStop(t *testing.T) {
+	d, _ := startDirect(t, "", "")
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := d.Exec(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", "import time; time.sleep(600)"}, TimeoutS: 1}, t.TempDir(), nil, false,
+		func() {}, 0, nil)
+	if err != nil || !res.TimedOut || time.Since(start) > time.Minute {
+		t.Errorf("an exec past its timeout whose stop failed: %+v, %v after %s; want timed out within a minute", res, err, time.Since(start).Round(time.Second))
 	}
 }

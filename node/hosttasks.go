@@ -190,6 +190,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 		sess   string
 		agent  *agent.Client
 		paused bool
+		direct bool // a direct guest: no agent to end its processes
 	}
 	mine := map[string]running{}
 	busy := false
@@ -199,7 +200,7 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 			continue
 		}
 		if (l.g.State == session.Running || l.g.State == session.Paused) && l.g.GuestID != "" {
-			mine[l.g.GuestID] = running{l, l.g.SessionID, l.agent, l.g.State == session.Paused}
+			mine[l.g.GuestID] = running{l, l.g.SessionID, l.agent, l.g.State == session.Paused, l.direct != nil}
 		}
 		l.mu.Unlock()
 	}
@@ -264,6 +265,12 @@ func (n *Node) relieveHostTasks(ht hypervisor.HostTasker, cur, limit int64, defe
 	switch {
 	case r.paused:
 		noEnd = pausedWhy
+	case r.direct:
+		noEnd = noEndWhy{
+			err:  "a tier-1 run's guest has no agent: its processes cannot be ended",
+			rule: "in a tier-1 run, whose processes cannot be ended; run fewer processes or threads at once",
+			log:  "it is a direct guest (a tier-1 run's), whose processes cannot be ended",
+		}
 	case refilled:
 		noEnd.err = fmt.Sprintf("its processes were ended %d times in the last %.0f minutes, and it took them again", ends, hostTasksRefillWindow.Minutes())
 		noEnd.rule = fmt.Sprintf("and took them again each time the node had its processes ended (%d times in the last %.0f minutes); run fewer processes or threads at once", ends, hostTasksRefillWindow.Minutes())

@@ -609,6 +609,9 @@ var errNotQuiesced = errors.New("snapshot: the agent did not quiesce")
 // the driver (a VM's, on vsock) holds no host socket and stays: the driver may need it to
 // flush the guest's disks before the snapshot. The caller holds l's lock.
 func (n *Node) checkpoint(ctx context.Context, l *live, snapshotID, dir string, steps *snapshotSteps) (hypervisor.SnapshotInfo, error) {
+	if l.direct != nil { // no agent to quiesce (a stop that saves it, as a desktop's sleep asks)
+		return hypervisor.SnapshotInfo{}, errDirect(&session.Session{ID: l.g.SessionID}, "a snapshot with memory, which its agent would quiesce for")
+	}
 	if _, viaDriver := n.Driver.(hypervisor.AgentDialer); !viaDriver {
 		resume := resumeFile(snapshotID)
 		qctx, cancel := context.WithTimeout(ctx, n.quiesceAnswer)

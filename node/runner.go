@@ -67,7 +67,11 @@ _wb_run(_wb_g)
 // directLoader is pythonLoader as a direct guest's init (agent.DirectGuest): it reads its
 // frame from stdin, a socket, after saying it is ready there, and writes the exit status there
 // as it ends (last, once stdout and stderr are flushed: atexit runs the first handler
-// registered last); os._exit says it too, in the loader's process. It is started with two
+// registered last); os._exit says it too, in the loader's process, and so does a signal that
+// would end python3 -c (SIGTERM, SIGHUP, SIGALRM, SIGUSR1, SIGUSR2, SIGQUIT: init ignores
+// them by default). Unlike python3 -c's, the code's process is the guest's init: a signal it
+// cannot catch (SIGKILL, SIGSEGV) or an os.exec* that replaces it leaves no status, and the
+// run answers 137 (agent.DirectNoStatus). It is started with two
 // arguments, taken from sys.argv (which the code then sees as python3 -c gives it, ['-c']):
 // the guest loopback address of its egress relay, and the host Unix socket it relays to, or
 // two empty ones for none. The relay stands in for the agent's (agent.forwarder): a
@@ -80,10 +84,12 @@ def _wb_direct(g):
     import os, sys, atexit
     relay, upstream = sys.argv[1], sys.argv[2]
     del sys.argv[1:]
-    me, st, real_exit = os.getpid(), [1], os._exit
+    # The status goes back on a private copy of stdin (os.dup's is not inherited): the code
+    # may close its stdin (open(0).read() does), and the status must still go out.
+    me, st, real_exit, sfd = os.getpid(), [1], os._exit, os.dup(0)
     def say(code):
         try:
-            os.write(0, b"x%d\n" % code)
+            os.write(sfd, b"x%d\n" % code)
         except OSError:
             pass
     def fin():
@@ -137,18 +143,24 @@ def _wb_direct(g):
             _thread.start_new_thread(pump, (u, c))
             pump(c, u)
         def serve():
+            import time
             while True:
                 try:
                     fd, _ = ls._accept()
                 except OSError:
+                    time.sleep(0.1)  # out of descriptors, say: not a spin
                     continue
-                _thread.start_new_thread(pair, (_socket.socket(fileno=fd),))
+                c = _socket.socket(fileno=fd)
+                try:
+                    _thread.start_new_thread(pair, (c,))
+                except RuntimeError:  # no thread to be had: this connection is refused
+                    c.close()
         _thread.start_new_thread(serve, ())
-    os.write(0, b"r")
+    os.write(sfd, b"r")
     def take(k):
         b = b""
         while len(b) < k:
-            c = os.read(0, k - len(b))
+            c = os.read(sfd, k - len(b))
             if not c:
                 real_exit(0)
             b += c
@@ -163,6 +175,9 @@ def _wb_direct(g):
         pid = os.fork()
         if pid == 0:
             try:
+                import _signal  # as a shell starts a command: Python ignores these two
+                _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+                _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
                 os.chdir(wd)
                 os.execvpe(argv[0], argv, dict(env))
             except OSError as e:
@@ -181,6 +196,19 @@ def _wb_direct(g):
     m.update(g)
     del g, payload, env
     os._exit = _exit
+    # As the guest's init, the loader would ignore a signal whose action is the default (the
+    # kernel's rule for init): these end it as they would end python3 -c, 128+N. A forked
+    # child, no init, takes the signal itself.
+    import _signal
+    def died(n, _):
+        if os.getpid() != me:
+            _signal.signal(n, _signal.SIG_DFL)
+            os.kill(os.getpid(), n)
+            return
+        say(128 + n)
+        real_exit(128 + n)
+    for n in (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGALRM, _signal.SIGUSR1, _signal.SIGUSR2, _signal.SIGQUIT):
+        _signal.signal(n, died)
     try:
         exec(compile(src, "<string>", "exec"), m)
         st[0] = 0
