@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"wb/agent"
 	"wb/hypervisor"
 	"wb/internal/syncbuf"
 	"wb/session"
@@ -589,5 +590,37 @@ func TestHostTasksPausedBeforeItsEndStopped(t *testing.T) {
 		!strings.HasPrefix(rule, HostTasksRule+": ") || !strings.Contains(rule, "held 700 of the 1000") || !strings.Contains(rule, "while paused") {
 		t.Fatalf("a session paused before the node had its processes ended, its guest holding the most of the host's total: it is %s (%s, rule %q); want stopping or failed, policy_violation, its rule saying it held 700 of 1000 while paused\n%s",
 			st, reason, rule, logs.String())
+	}
+}
+
+// TestHostTasksDirectHogStopped: a direct guest (a tier-1 run's, no agent) that holds the most
+// of the host's guests' process total above the share is stopped at once, policy_violation,
+// its rule saying its processes cannot be ended; before, the node waited out the settle for a
+// count that no agent would lower.
+func TestHostTasksDirectHogStopped(t *testing.T) {
+	const id = "sess_hosttasksdirect"
+	d := tasksDriver{oomDriver: oomDriver{kills: &atomic.Int64{}}, stopped: &atomic.Bool{}, cur: counter(950), limit: 1000,
+		guests: []hypervisor.GuestTasks{{ID: "g_hosttasksdirect", Own: true, Tasks: 700}, {ID: "n2/by", Tasks: 200}, {ID: "n2/by2", Tasks: 50}}}
+	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("a direct guest's agent was asked %s %s", r.Method, r.URL.Path)
+	})
+	dg, err := agent.NewDirectGuest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dg.Close)
+	l := sessionOf(n, id)
+	l.mu.Lock()
+	l.agent, l.direct = nil, dg
+	l.mu.Unlock()
+	t0 := time.Now()
+	n.relieveHostTasks(d, d.cur.Load(), d.limit, true)
+	st, reason, rule := liveState(l)
+	if st != session.Stopping && st != session.Failed || reason != session.PolicyViolation || !strings.Contains(rule, "tier-1 run") {
+		t.Fatalf("a direct guest held the most of the host's total: its session is %s (%s, rule %q); want stopping or failed, policy_violation, its rule naming the tier-1 run\n%s",
+			st, reason, rule, logs.String())
+	}
+	if el := time.Since(t0); el > hostTasksSettle/2 {
+		t.Errorf("the direct guest was stopped %s after the look; want at once (no settle)", el.Round(time.Millisecond))
 	}
 }
