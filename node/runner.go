@@ -55,13 +55,7 @@ def _wb_run(g):
         exec(compile(src, "<string>", "exec"), m)
     except SystemExit:
         raise
-    except BaseException as e:
-        if e.__traceback__ is not None:
-            e.__traceback__ = e.__traceback__.tb_next
-        sys.excepthook(type(e), e, e.__traceback__)
-        del e
-        sys.exit(1)
-_wb_run(_wb_g)
+` + loaderUncaught + `_wb_run(_wb_g)
 `
 
 // directLoader is pythonLoader as a direct guest's init (agent.DirectGuest): it reads its
@@ -216,13 +210,17 @@ def _wb_direct(g):
         c = e.code
         st[0] = 0 if c is None else c & 255 if isinstance(c, int) else 1
         raise
-    except BaseException as e:
+` + loaderUncaught + `_wb_direct(_wb_g)
+`
+
+// loaderUncaught ends both loaders' try of the code: an uncaught exception's traceback,
+// without the loader's frame, and exit code 1, as python3 -c prints and ends.
+const loaderUncaught = `    except BaseException as e:
         if e.__traceback__ is not None:
             e.__traceback__ = e.__traceback__.tb_next
         sys.excepthook(type(e), e, e.__traceback__)
         del e
         sys.exit(1)
-_wb_direct(_wb_g)
 `
 
 // runnerFor answers the runner of runtime name, if it has one.

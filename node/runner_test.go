@@ -23,6 +23,19 @@ up = float(open('/proc/uptime').read().split()[0])
 print(round(up - int(st[19]) / os.sysconf('SC_CLK_TCK'), 3))
 `
 
+// pythonRunPools answers the run pools of this host's catalog (one guest each), the template
+// a python3 run uses, as the run pools pick it, and python3's argv there.
+func pythonRunPools(t *testing.T) ([]node.Pool, templates.Template, []string) {
+	t.Helper()
+	pools := node.RunnerPools(catalog, 1, 1)
+	if len(pools) == 0 || pools[0].Runner != "python3" {
+		t.Fatalf("no python3 run pool on this host: %+v", pools)
+	}
+	tpl := catalog[pools[0].Template]
+	i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
+	return pools, tpl, tpl.Runtimes[i].Argv
+}
+
 // TestRunnerPool: a run's session claims a guest of the runner pool, and its code runs in the
 // interpreter started before the run (its process is older than the wait before the exec);
 // the run's globals die with its guest, the pool refills, and a run past its timeout is
@@ -32,14 +45,7 @@ func TestRunnerPool(t *testing.T) {
 	for _, rt := range []string{"runc", "runsc"} {
 		t.Run(rt, func(t *testing.T) {
 			t.Parallel()
-			// The template a python3 run uses, as the run pools pick it.
-			pools := node.RunnerPools(catalog, 1, 1)
-			if len(pools) == 0 || pools[0].Runner != "python3" {
-				t.Fatalf("no python3 run pool on this host: %+v", pools)
-			}
-			tpl := catalog[pools[0].Template]
-			i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
-			argv := tpl.Runtimes[i].Argv
+			pools, tpl, argv := pythonRunPools(t)
 			st, _ := newStore(t)
 			d := newDriver(t, rt, tempDir(t))
 			cfg := nodeConfig(t, st, d, tempDir(t), "node_runner_"+rt)
@@ -146,13 +152,7 @@ func TestRunsUseThePolyglotTemplate(t *testing.T) {
 // init's end with the run is no crash: the session runs on until its run stops it.
 func TestDirectRunPool(t *testing.T) {
 	t.Parallel()
-	pools := node.RunnerPools(catalog, 1, 1)
-	if len(pools) == 0 || pools[0].Runner != "python3" {
-		t.Fatalf("no python3 run pool on this host: %+v", pools)
-	}
-	tpl := catalog[pools[0].Template]
-	i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
-	argv := tpl.Runtimes[i].Argv
+	pools, tpl, argv := pythonRunPools(t)
 	st, _ := newStore(t)
 	d := newDriver(t, "runsc", tempDir(t))
 	cfg := nodeConfig(t, st, d, tempDir(t), "node_direct")

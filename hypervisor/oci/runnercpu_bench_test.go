@@ -37,13 +37,7 @@ import (
 // agent) waits before the runner's start; WB_BENCH_BARE adds bare scripts (";"-separated);
 // WB_BENCH_RUNSC_FLAGS adds runsc flags (e.g. --strace --debug --debug-log=DIR/).
 func BenchmarkRunnerGuestCPU(b *testing.B) {
-	cat := catalog(b)
-	tpl := cat[templates.DevPolyglot]
-	i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
-	if i < 0 {
-		b.Skip("no python3 in tpl_dev_polyglot here")
-	}
-	py := tpl.Runtimes[i].Argv
+	tpl, py := polyglotPython(b)
 	var bins []string
 	if v := os.Getenv("WB_BENCH_AGENTS"); v != "" {
 		bins = strings.Split(v, ",")
@@ -193,13 +187,7 @@ func nth(list string, k int) string {
 // the runsc commands' own (cli-cpu-ms); their sum, total-cpu-ms, is a warm run's whole guest.
 // Beside it, bare: a bare `runsc run` of the same root file system running python3 -c pass.
 func BenchmarkDirectGuestCPU(b *testing.B) {
-	cat := catalog(b)
-	tpl := cat[templates.DevPolyglot]
-	i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
-	if i < 0 {
-		b.Skip("no python3 in tpl_dev_polyglot here")
-	}
-	py := tpl.Runtimes[i].Argv
+	tpl, py := polyglotPython(b)
 	b.Run("bare", func(b *testing.B) {
 		bundle := bareBundle(b, tpl.RootFS, "python3 -c pass", tpl.Binds...)
 		reportSpread(b, "total-with-cli-cpu-ms", bareRunsCPU(b, bareGlobal(b, oci.RuntimeRunsc), bundle))
@@ -278,3 +266,13 @@ exec(frame.partition(b"\0\0")[2].decode())
 sys.stdout.flush()
 os.write(0, b"x0\n")
 `
+
+// polyglotPython answers tpl_dev_polyglot and python3's argv there, skipping b without it.
+func polyglotPython(b *testing.B) (templates.Template, []string) {
+	tpl := catalog(b)[templates.DevPolyglot]
+	i := slices.IndexFunc(tpl.Runtimes, func(r templates.Runtime) bool { return r.Name == "python3" })
+	if i < 0 {
+		b.Skip("no python3 in tpl_dev_polyglot here")
+	}
+	return tpl, tpl.Runtimes[i].Argv
+}
