@@ -38,6 +38,9 @@ type DirectGuest struct {
 	ctrl       *net.UnixConn // the host's end of the guest's stdin
 	outR, errR *os.File
 	guest      [3]*os.File // the guest's ends, until ReleaseGuestStdio
+	root       string      // the exec's working directory's root (the agent's --root)
+	env        []string    // the guest's own environment (an agent's, for an exec through one)
+	kill       func()      // ends the guest (its exec's timeout, its caller gone)
 	mu         sync.Mutex
 	used       bool
 	closed     bool // Close was called: an exec it ended has no exit code
@@ -62,8 +65,9 @@ const (
 )
 
 // NewDirectGuest makes the streams of a direct guest: GuestStdio gives the runtime the
-// guest's ends.
-func NewDirectGuest() (*DirectGuest, error) {
+// guest's ends. root is its exec's working directory's root, env the guest's environment,
+// kill what ends the guest.
+func NewDirectGuest(root string, env []string, kill func()) (*DirectGuest, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, os.NewSyscallError("socketpair", err)
@@ -75,7 +79,7 @@ func NewDirectGuest() (*DirectGuest, error) {
 		_ = syscall.Close(fds[1])
 		return nil, fmt.Errorf("direct guest: %w", err)
 	}
-	d := &DirectGuest{ctrl: c.(*net.UnixConn)}
+	d := &DirectGuest{ctrl: c.(*net.UnixConn), root: root, env: env, kill: kill}
 	d.guest[0] = os.NewFile(uintptr(fds[1]), "direct-stdin") // blocking: the guest reads it
 	// The guest's ends of its output pipes stay blocking: a guest writing a full non-blocking
 	// pipe would fail its write (outputPipe).
@@ -165,11 +169,9 @@ var ErrDirectUsed = errors.New("the guest runs one tier-1 run's code, and ran it
 
 // Exec runs req, which must be argv plus the code, in the guest once: mode 'r' in the
 // loader's interpreter, or, with fork, argv started in a child (an environment the
-// interpreter reads as it starts). env is the guest's own environment (the agent's, for an
-// exec through one), root its working directory's root, kill ends the guest (at the
-// timeout, or when the caller goes away), and maxOutput bounds each stream of a buffered
-// result (out nil). Its result is the agent's for the same exec.
-func (d *DirectGuest) Exec(ctx context.Context, req ExecRequest, root string, env []string, fork bool, kill func(), maxOutput int, out func(session.ExecChunk) error) (session.ExecResult, error) {
+// interpreter reads as it starts). maxOutput bounds each stream of a buffered result (out
+// nil). Its result is the agent's for the same exec.
+func (d *DirectGuest) Exec(ctx context.Context, req ExecRequest, fork bool, maxOutput int, out func(session.ExecChunk) error) (session.ExecResult, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return session.ExecResult{}, fmt.Errorf("direct guest: exec: %w", err)
@@ -187,7 +189,7 @@ func (d *DirectGuest) Exec(ctx context.Context, req ExecRequest, root string, en
 		}
 		return err
 	}
-	line, gone, err := d.run(ctx, body, root, env, fork, kill, emit)
+	line, gone, err := d.run(ctx, body, fork, emit)
 	switch {
 	case err != nil:
 		return session.ExecResult{}, err
@@ -206,7 +208,7 @@ func (d *DirectGuest) Exec(ctx context.Context, req ExecRequest, root string, en
 // ServeExec answers POST /v1/exec, body (an ExecRequest) for the guest, as its agent would
 // (lines of output, then the result line): for a node's API, whose callers speak to agents.
 // beforeResult runs once the exec has ended, before its result line goes out.
-func (d *DirectGuest) ServeExec(w http.ResponseWriter, r *http.Request, body []byte, root string, env []string, fork bool, kill, beforeResult func()) {
+func (d *DirectGuest) ServeExec(w http.ResponseWriter, r *http.Request, body []byte, fork bool, beforeResult func()) {
 	rc := http.NewResponseController(w)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
@@ -227,7 +229,7 @@ func (d *DirectGuest) ServeExec(w http.ResponseWriter, r *http.Request, body []b
 		}
 		return rc.Flush()
 	}
-	line, gone, err := d.run(r.Context(), body, root, env, fork, kill, emit)
+	line, gone, err := d.run(r.Context(), body, fork, emit)
 	var apiErr *Error
 	switch {
 	case errors.As(err, &apiErr):
@@ -242,9 +244,9 @@ func (d *DirectGuest) ServeExec(w http.ResponseWriter, r *http.Request, body []b
 }
 
 // run is Exec's and ServeExec's work on an ExecRequest's body, whose output goes to emit.
-func (d *DirectGuest) run(ctx context.Context, body []byte, root string, env []string, fork bool, kill func(), emit func(stream string, data []byte) error) (resultLine, bool, error) {
+func (d *DirectGuest) run(ctx context.Context, body []byte, fork bool, emit func(stream string, data []byte) error) (resultLine, bool, error) {
 	start := time.Now()
-	spec, apiErr := decodeExecRequest(body, root)
+	spec, apiErr := decodeExecRequest(body, d.root)
 	if apiErr != nil {
 		return resultLine{}, false, apiErr
 	}
@@ -260,7 +262,7 @@ func (d *DirectGuest) run(ctx context.Context, body []byte, root string, env []s
 	}
 	var req ExecRequest
 	_ = json.Unmarshal(body, &req) // decodeExecRequest read it whole
-	spec.env = mergeEnv(env, req.Env)
+	spec.env = mergeEnv(d.env, req.Env)
 	var frame bytes.Buffer
 	frame.Write(make([]byte, 8))
 	if fork {
@@ -289,7 +291,7 @@ func (d *DirectGuest) run(ctx context.Context, body []byte, root string, env []s
 	// streams to end, then lets go of its stdin, which ends the status's read.
 	var letGo sync.Once
 	ended := func() {
-		kill()
+		d.kill()
 		letGo.Do(func() { time.AfterFunc(directKillGrace, func() { _ = d.ctrl.Close() }) })
 	}
 	waited := make(chan struct{})

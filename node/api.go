@@ -331,7 +331,7 @@ func (n *Node) apiAgent(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			ooms, counted := n.oomsBefore(ctx, l, guest)
-			n.serveDirectExec(w, r.WithContext(ctx), l, guest, tpl, body, req, func() {
+			l.direct.ServeExec(w, r.WithContext(ctx), body, directFork(tpl, req.Argv, req.Env), func() {
 				if counted {
 					n.endIfOOM(ctx, l, guest, ooms)
 				}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"slices"
 	"time"
 
@@ -54,7 +53,7 @@ func directSpec(spec hypervisor.Spec, tpl templates.Template, runner string, drv
 
 // bootDirect launches a direct guest of spec and waits until its loader is ready.
 func (p *warmPool) bootDirect(ctx context.Context, dl hypervisor.DirectLauncher, spec hypervisor.Spec) (warmGuest, error) {
-	d, err := agent.NewDirectGuest()
+	d, err := agent.NewDirectGuest(hypervisor.GuestWorkspace, spec.Env, func() { p.n.stopGuest(spec.ID) })
 	if err != nil {
 		return warmGuest{}, err
 	}
@@ -96,25 +95,15 @@ func (n *Node) directAlive(id string, d *agent.DirectGuest) error {
 	return nil
 }
 
-// directExec runs areq in l's direct guest, as its agent would, once; the caller holds
-// nothing. Its kill stops the whole guest (its exec's end: the guest has nothing else).
-func (n *Node) directExec(ctx context.Context, l *live, tpl templates.Template, areq agent.ExecRequest, out func(session.ExecChunk) error) (session.ExecResult, error) {
-	guest := l.g.GuestID
-	kill := func() { n.stopGuest(guest) }
-	fork := runnerOf(tpl, areq.Argv, areq.Env) == ""
-	return l.direct.Exec(ctx, areq, hypervisor.GuestWorkspace, n.spec(guest, tpl, session.Resources{}).Env, fork, kill, 0, out)
+// directFork says whether an exec of argv with env runs in a child of a direct guest's
+// loader (fork mode): it is not its runtime's code, or env sets what the interpreter reads as
+// it starts.
+func directFork(tpl templates.Template, argv []string, env map[string]string) bool {
+	return runnerOf(tpl, argv, env) == ""
 }
 
-// serveDirectExec answers the node's API's exec (body, an agent.ExecRequest) for l's direct
-// guest, as the guest's agent would through the node's proxy.
-func (n *Node) serveDirectExec(w http.ResponseWriter, r *http.Request, l *live, guest string, tpl templates.Template, body []byte, req agent.ExecRequest, beforeResult func()) {
-	kill := func() { n.stopGuest(guest) }
-	fork := runnerOf(tpl, req.Argv, req.Env) == ""
-	l.direct.ServeExec(w, r, body, hypervisor.GuestWorkspace, n.spec(guest, tpl, session.Resources{}).Env, fork, kill, beforeResult)
-}
-
-// stopGuest stops guest id, in the background of no caller (an exec's kill, which must not
-// wait on the runtime's stop under the guest's lock).
+// stopGuest stops guest id, in the background of no caller (a direct guest's exec's kill,
+// which must not wait on the runtime's stop under the guest's lock).
 func (n *Node) stopGuest(id string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(n.ctx, time.Minute)

@@ -15,19 +15,25 @@ import (
 )
 
 // startDirect starts directLoader in a host python3 (no sandbox), as a direct guest's init,
-// with relay and upstream as its egress arguments, and waits until it is ready.
-func startDirect(t *testing.T, relay, upstream string) (*agent.DirectGuest, *exec.Cmd) {
+// with relay and upstream as its egress arguments, and waits until it is ready. The guest's
+// environment is PATH and BASE=1, its root a temporary directory; with killable, ending the
+// guest kills the python3 (else the kill does nothing, as a stop that failed).
+func startDirect(t *testing.T, relay, upstream string, killable bool) (*agent.DirectGuest, *exec.Cmd) {
 	t.Helper()
 	py, err := exec.LookPath("/usr/bin/python3")
 	if err != nil {
 		t.Skip("no /usr/bin/python3 here")
 	}
-	d, err := agent.NewDirectGuest()
+	cmd := exec.Command(py, "-c", directLoader, relay, upstream)
+	kill := func() {}
+	if killable {
+		kill = func() { _ = cmd.Process.Kill() }
+	}
+	d, err := agent.NewDirectGuest(t.TempDir(), []string{"PATH=/usr/bin:/bin", "BASE=1"}, kill)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(d.Close)
-	cmd := exec.Command(py, "-c", directLoader, relay, upstream)
 	io := d.GuestStdio()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = io[0], io[1], io[2]
 	if err := cmd.Start(); err != nil {
@@ -46,11 +52,18 @@ func startDirect(t *testing.T, relay, upstream string) (*agent.DirectGuest, *exe
 	return d, cmd
 }
 
-func directExec(t *testing.T, d *agent.DirectGuest, cmd *exec.Cmd, req agent.ExecRequest, fork bool) session.ExecResult {
+// startDirectK is startDirect with no egress relay, whose kill kills the python3.
+func startDirectK(t *testing.T) *agent.DirectGuest {
+	t.Helper()
+	d, _ := startDirect(t, "", "", true)
+	return d
+}
+
+func directExec(t *testing.T, d *agent.DirectGuest, req agent.ExecRequest, fork bool) session.ExecResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := d.Exec(ctx, req, t.TempDir(), []string{"PATH=/usr/bin:/bin", "BASE=1"}, fork, func() { _ = cmd.Process.Kill() }, 0, nil)
+	res, err := d.Exec(ctx, req, fork, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,13 +100,13 @@ func TestDirectLoaderRunsAsPythonC(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d, cmd := startDirect(t, "", "")
-			res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", c.code}, Stdin: []byte(c.stdin), Env: c.env, Cwd: c.cwd}, false)
+			d := startDirectK(t)
+			res := directExec(t, d, agent.ExecRequest{Argv: []string{"python3", "-c", c.code}, Stdin: []byte(c.stdin), Env: c.env, Cwd: c.cwd}, false)
 			if res.ExitCode != c.exit || res.Stdout != c.stdout || !strings.Contains(res.Stderr, c.stderr) || res.TimedOut {
 				t.Errorf("got exit %d, stdout %q, stderr %q (timed out %v); want exit %d, stdout %q, stderr with %q",
 					res.ExitCode, res.Stdout, res.Stderr, res.TimedOut, c.exit, c.stdout, c.stderr)
 			}
-			if res2, err := d.Exec(context.Background(), agent.ExecRequest{Argv: []string{"python3", "-c", "pass"}}, "/", nil, false, func() {}, 0, nil); err == nil {
+			if res2, err := d.Exec(context.Background(), agent.ExecRequest{Argv: []string{"python3", "-c", "pass"}}, false, 0, nil); err == nil {
 				t.Errorf("a second exec in the same direct guest answered %+v; want it refused", res2)
 			}
 		})
@@ -104,25 +117,25 @@ func TestDirectLoaderRunsAsPythonC(t *testing.T) {
 // its argv in a child, with that environment, and says the child's status (128+signal for a
 // signal).
 func TestDirectLoaderForkMode(t *testing.T) {
-	d, cmd := startDirect(t, "", "")
-	res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", "import sys, os; print(sys.flags.dont_write_bytecode, os.environ['BASE']); sys.exit(4)"},
+	d := startDirectK(t)
+	res := directExec(t, d, agent.ExecRequest{Argv: []string{"python3", "-c", "import sys, os; print(sys.flags.dont_write_bytecode, os.environ['BASE']); sys.exit(4)"},
 		Env: map[string]string{"PYTHONDONTWRITEBYTECODE": "1"}}, true)
 	if res.ExitCode != 4 || res.Stdout != "1 1\n" {
 		t.Errorf("fork mode: exit %d, stdout %q, stderr %q; want 4, \"1 1\\n\"", res.ExitCode, res.Stdout, res.Stderr)
 	}
-	d, cmd = startDirect(t, "", "")
-	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"}}, true)
+	d = startDirectK(t)
+	res = directExec(t, d, agent.ExecRequest{Argv: []string{"python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"}}, true)
 	if res.ExitCode != 128+15 {
 		t.Errorf("fork mode, a child killed by SIGTERM: exit %d; want 143", res.ExitCode)
 	}
 	// As a shell starts it: SIGPIPE's default action, which Python ignores, so yes ends quietly.
-	d, cmd = startDirect(t, "", "")
-	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "yes | head -1"}}, true)
+	d = startDirectK(t)
+	res = directExec(t, d, agent.ExecRequest{Argv: []string{"/bin/sh", "-c", "yes | head -1"}}, true)
 	if res.ExitCode != 0 || res.Stdout != "y\n" || res.Stderr != "" {
 		t.Errorf("fork mode, yes | head -1: exit %d, stdout %q, stderr %q; want 0, \"y\\n\", no stderr", res.ExitCode, res.Stdout, res.Stderr)
 	}
-	d, cmd = startDirect(t, "", "")
-	res = directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"no-such-command-here", "x"}}, true)
+	d = startDirectK(t)
+	res = directExec(t, d, agent.ExecRequest{Argv: []string{"no-such-command-here", "x"}}, true)
 	if res.ExitCode != 127 || !strings.Contains(res.Stderr, "no-such-command-here") {
 		t.Errorf("fork mode, a command not found: exit %d, stderr %q; want 127 naming it", res.ExitCode, res.Stderr)
 	}
@@ -131,8 +144,8 @@ func TestDirectLoaderForkMode(t *testing.T) {
 // TestDirectLoaderTimeout: an exec past its timeout is killed with its guest and answers
 // timed out.
 func TestDirectLoaderTimeout(t *testing.T) {
-	d, cmd := startDirect(t, "", "")
-	res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", "import time\nprint('started', flush=True)\ntime.sleep(600)"}, TimeoutS: 1}, false)
+	d := startDirectK(t)
+	res := directExec(t, d, agent.ExecRequest{Argv: []string{"python3", "-c", "import time\nprint('started', flush=True)\ntime.sleep(600)"}, TimeoutS: 1}, false)
 	if !res.TimedOut || res.ExitCode != agent.ExitTimedOut || res.Stdout != "started\n" {
 		t.Errorf("got %+v; want timed out (124) with the output before it", res)
 	}
@@ -166,9 +179,9 @@ func TestDirectLoaderRelaysEgress(t *testing.T) {
 	}
 	addr := probe.Addr().String()
 	probe.Close()
-	d, cmd := startDirect(t, addr, sock)
+	d, _ := startDirect(t, addr, sock, true)
 	code := "import socket\nc = socket.create_connection(('" + strings.ReplaceAll(addr, ":", "', ") + "))\nc.sendall(b'ping')\nc.shutdown(socket.SHUT_WR)\nb = b''\nwhile True:\n    d = c.recv(100)\n    if not d: break\n    b += d\nprint(b.decode())"
-	res := directExec(t, d, cmd, agent.ExecRequest{Argv: []string{"python3", "-c", code}}, false)
+	res := directExec(t, d, agent.ExecRequest{Argv: []string{"python3", "-c", code}}, false)
 	if res.ExitCode != 0 || res.Stdout != "echo:ping\n" {
 		t.Errorf("through the relay: exit %d, stdout %q, stderr %q; want \"echo:ping\\n\"", res.ExitCode, res.Stdout, res.Stderr)
 	}
@@ -176,7 +189,7 @@ func TestDirectLoaderRelaysEgress(t *testing.T) {
 
 // TestDirectReadyFailure: a loader that ends before it is ready is an error naming its stderr.
 func TestDirectReadyFailure(t *testing.T) {
-	d, err := agent.NewDirectGuest()
+	d, err := agent.NewDirectGuest("/", nil, func() {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,12 +213,11 @@ func TestDirectReadyFailure(t *testing.T) {
 // TestDirectExecClosedUnderIt: a direct guest's streams closed during its exec (the node
 // ending its session) end the exec with an error, not with an exit code it never had.
 func TestDirectExecClosedUnderIt(t *testing.T) {
-	d, cmd := startDirect(t, "", "")
+	d := startDirectK(t)
 	time.AfterFunc(time.Second, d.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	res, err := d.Exec(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", "import time; time.sleep(60)"}}, t.TempDir(), nil, false,
-		func() { _ = cmd.Process.Kill() }, 0, nil)
+	res, err := d.Exec(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", "import time; time.sleep(60)"}}, false, 0, nil)
 	if err == nil {
 		t.Errorf("an exec whose streams were closed under it answered %+v; want an error", res)
 	}
@@ -214,12 +226,11 @@ func TestDirectExecClosedUnderIt(t *testing.T) {
 // TestDirectExecOutlivesNoFailedStop: an exec past its timeout whose guest's stop fails (the
 // guest lives on, holding its streams) still ends, directKillGrace later, timed out.
 func TestDirectExecOutlivesNoFailedStop(t *testing.T) {
-	d, _ := startDirect(t, "", "")
+	d, _ := startDirect(t, "", "", false)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := d.Exec(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", "import time; time.sleep(600)"}, TimeoutS: 1}, t.TempDir(), nil, false,
-		func() {}, 0, nil)
+	res, err := d.Exec(ctx, agent.ExecRequest{Argv: []string{"python3", "-c", "import time; time.sleep(600)"}, TimeoutS: 1}, false, 0, nil)
 	if err != nil || !res.TimedOut || time.Since(start) > time.Minute {
 		t.Errorf("an exec past its timeout whose stop failed: %+v, %v after %s; want timed out within a minute", res, err, time.Since(start).Round(time.Second))
 	}

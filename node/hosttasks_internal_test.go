@@ -604,7 +604,7 @@ func TestHostTasksDirectHogStopped(t *testing.T) {
 	n, _, logs := hostileAgentNode(t, id, Config{Driver: d}, func(w http.ResponseWriter, r *http.Request) {
 		t.Errorf("a direct guest's agent was asked %s %s", r.Method, r.URL.Path)
 	})
-	dg, err := agent.NewDirectGuest()
+	dg, err := agent.NewDirectGuest("/", nil, func() {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -177,7 +177,7 @@ func (n *Node) Exec(ctx context.Context, s *session.Session, req session.ExecReq
 	if direct {
 		var tpl templates.Template
 		if tpl, err = n.template(ref); err == nil {
-			res, err = n.directExec(ectx, l, tpl, areq, out)
+			res, err = l.direct.Exec(ectx, areq, directFork(tpl, areq.Argv, areq.Env), 0, out)
 		}
 		if errors.Is(err, agent.ErrDirectUsed) {
 			err = errDirect(s, "its run's exec ran already")

@@ -187,7 +187,7 @@ func TestSandboxPidsStopsADirectGuest(t *testing.T) {
 	n.mu.Lock()
 	l := n.guests[id]
 	n.mu.Unlock()
-	dg, err := agent.NewDirectGuest()
+	dg, err := agent.NewDirectGuest("/", nil, func() {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -209,7 +209,7 @@ func BenchmarkDirectGuestCPU(b *testing.B) {
 				_ = d.Stop(ctx, s.ID)
 				_ = d.Delete(ctx, s.ID)
 			})
-			dg, err := agent.NewDirectGuest()
+			dg, err := agent.NewDirectGuest("/workspace", s.Env, func() { _ = d.Stop(ctx, s.ID) })
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -223,8 +223,7 @@ func BenchmarkDirectGuestCPU(b *testing.B) {
 				b.Fatal(err)
 			}
 			u1 := usage()
-			res, err := dg.Exec(ctx, agent.ExecRequest{Argv: append(slices.Clone(py), "print(6*7)")}, "/workspace", s.Env, false,
-				func() { _ = d.Stop(ctx, s.ID) }, 0, nil)
+			res, err := dg.Exec(ctx, agent.ExecRequest{Argv: append(slices.Clone(py), "print(6*7)")}, false, 0, nil)
 			if err != nil || res.Stdout != "42\n" || res.ExitCode != 0 {
 				b.Fatalf("exec: %+v %v", res, err)
 			}
