@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"wb/internal/proc"
 )
 
 // Benchmarks run against the same deployments as the tests (an external one only when it is on
@@ -286,6 +288,7 @@ func benchRuns(b *testing.B, clients int, pace time.Duration) {
 		var mu sync.Mutex
 		var lat []time.Duration
 		var firstErr string
+		cpu0 := d.cpuNow(b)
 		b.ResetTimer()
 		start := time.Now()
 		var wg sync.WaitGroup
@@ -323,6 +326,7 @@ func benchRuns(b *testing.B, clients int, pace time.Duration) {
 		wg.Wait()
 		el := time.Since(start)
 		b.StopTimer()
+		d.reportCPU(b, cpu0, b.N)
 		b.ReportMetric(float64(b.N)/el.Seconds(), "runs/s")
 		reportPct(b, "", lat, 0.5, 0.99)
 		reportPct(b, "bare-", bare, 0.5, 0.99)
@@ -331,6 +335,45 @@ func benchRuns(b *testing.B, clients int, pace time.Duration) {
 			b.Logf("%d of %d runs failed; first: %s", f, b.N, strings.TrimSpace(firstErr))
 		}
 	})
+}
+
+// runCPU is the host's CPU time, and its server's when this test started it, at one moment.
+type runCPU struct {
+	busy, wb, wbChildren time.Duration
+	server               bool
+}
+
+// cpuNow reads d's host's CPU time (proc.HostBusy), and its server's (proc.CPU) when this
+// test started it.
+func (d *deployment) cpuNow(b *testing.B) runCPU {
+	b.Helper()
+	busy, err := proc.HostBusy()
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := runCPU{busy: busy}
+	if d.cmd != nil && d.cmd.Process != nil {
+		if self, children, err := proc.CPU(d.cmd.Process.Pid); err == nil {
+			c.wb, c.wbChildren, c.server = self, children, true
+		}
+	}
+	return c
+}
+
+// reportCPU reports the CPU time that n operations took since c0, per operation, in ms: the
+// host's (host-cpu-ms: guests, server, its Redis, the clients, all together; the bare
+// runtime's runs report theirs alike), and, when this test started the server, the server's
+// own (wb-cpu-ms) and that of the processes it ran and waited for (wb-children-cpu-ms: the
+// runtime's commands, which start and end guests; not the guests, which they leave running).
+func (d *deployment) reportCPU(b *testing.B, c0 runCPU, n int) {
+	b.Helper()
+	c := d.cpuNow(b)
+	per := func(t time.Duration) float64 { return float64(t.Microseconds()) / 1000 / float64(n) }
+	b.ReportMetric(per(c.busy-c0.busy), "host-cpu-ms")
+	if c0.server && c.server {
+		b.ReportMetric(per(c.wb-c0.wb), "wb-cpu-ms")
+		b.ReportMetric(per(c.wbChildren-c0.wbChildren), "wb-children-cpu-ms")
+	}
 }
 
 // guestPython is the interpreter a tier-1 python3 run starts in its guest (the host's own,

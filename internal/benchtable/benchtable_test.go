@@ -171,7 +171,8 @@ func TestPairsMeetFullRun(t *testing.T) {
 		{Ref{"wb/conformance", "SnapshotRestore/runsc", "back-p50-ms"}, 936.6 / 412.5},
 		{Ref{"wb/conformance", "SnapshotRestore/runsc", "restore-p99-ms"}, 812.9 / 335.2},
 		{Ref{"wb/conformance", "SnapshotRestore/runc", "snapshot-p50-ms"}, 70.85e-3 / 0.127442158},
-		{Ref{"wb/conformance", "RunsPython/runc", "p50-ms"}, 1431 / 452.5},
+		{Ref{"wb/conformance", "RunsPython/runc", "p50-ms"}, 163.2 / 12.53},
+		{Ref{"wb/conformance", "RunsPython/runsc", "host-cpu-ms"}, 415.5 / 271.0},
 		{Ref{"wb/quota", "Settler", "records/s"}, 67846.0 / 46083},
 		{Ref{"wb/store", "ChangePublish", "sec/op"}, 254920e-9 / 165e-6},
 	} {

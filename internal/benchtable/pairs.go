@@ -162,6 +162,9 @@ func Pairs() []Pair {
 			// each, are the ceiling of the platform's.
 			Pair{Ref{conf, "RunsPython/" + rt, "runs/s"}, Ref{oci, "RunsPython/bare-" + rt, "runs/s"}, "4 clients' runs beside 4 clients' bare runs of python"},
 			Pair{Ref{conf, "RunsPython/" + rt, "sec/op"}, Ref{oci, "RunsPython/bare-" + rt, "sec/op"}, "4 clients' runs beside 4 clients' bare runs of python"},
+			// What the platform adds to a run, in the CPU the host spends on it (where runs/s
+			// is what the host's two cores can spend).
+			Pair{Ref{conf, "RunsPython/" + rt, "host-cpu-ms"}, Ref{oci, "RunsPython/bare-" + rt, "host-cpu-ms"}, "a run's host CPU beside a bare run's, 4 clients each"},
 		)
 	}
 	// An idle runsc guest running the agent, beside a bare sandbox running sleep: the CPU its

@@ -1,6 +1,7 @@
-// Package proc identifies host processes across pid reuse: a pid together with its start
-// time names one process, which the guest drivers use to follow a sandbox or a VMM they
-// started (possibly before a restart of the node).
+// Package proc reads host processes from /proc. It identifies them across pid reuse: a pid
+// together with its start time names one process, which the guest drivers use to follow a
+// sandbox or a VMM they started (possibly before a restart of the node). And it reads the
+// CPU time a process and the whole host spent, which the benchmarks split a run's cost by.
 package proc
 
 import (
