@@ -45,13 +45,10 @@ func CPU(pid int) (self, children time.Duration, err error) {
 }
 
 func parseCPU(stat string) (self, children time.Duration, err error) {
-	// The command name, field 2, is in parentheses and may hold spaces and parentheses of
-	// its own: the fields after it follow the last ')'.
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
+	f, ok := statFields(stat) // f[0] is field 3
+	if !ok {
 		return 0, 0, errors.New("proc: a stat line with no command name")
 	}
-	f := strings.Fields(stat[i+1:]) // f[0] is field 3
 	if self, err = sumTicks(f, "stat", 11, 12); err != nil {
 		return 0, 0, err
 	}

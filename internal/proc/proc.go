@@ -17,17 +17,23 @@ func Start(pid int) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return "", false
-	}
-	f := strings.Fields(s[i+1:])
+	f, ok := statFields(string(b))
 	// f[0] is field 3 (state); field 22 is f[19].
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+	if !ok || len(f) < 20 || f[0] == "Z" || f[0] == "X" {
 		return "", false
 	}
 	return f[19], true
+}
+
+// statFields answers the fields of a /proc/<pid>/stat line from field 3 on. The command
+// name, field 2, is in parentheses and may hold spaces and parentheses of its own: the fields
+// after it follow the last ')'.
+func statFields(stat string) ([]string, bool) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return nil, false
+	}
+	return strings.Fields(stat[i+1:]), true
 }
 
 // Alive reports whether pid still runs and is the process that started at start (any
