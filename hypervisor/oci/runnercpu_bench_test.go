@@ -89,14 +89,7 @@ func BenchmarkRunnerGuestCPU(b *testing.B) {
 			s.AgentBin, s.AgentSocket = bin, "agent.sock"
 			s.Env = append(slices.Clone(s.Env), strings.Fields(env)...)
 			s.Args = []string{hypervisor.GuestAgentBin, "agent", "--socket", hypervisor.GuestAgentDir + "/agent.sock", "--root", hypervisor.GuestWorkspace}
-			s.Pids, s.MemoryMiB = 1024, 512
-			if err := os.MkdirAll(s.AgentDir, 0o755); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() {
-				_ = d.Stop(ctx, s.ID)
-				_ = d.Delete(ctx, s.ID)
-			})
+			benchGuest(ctx, b, d, &s)
 			u0, c0 := usage(), childrenCPU(b)
 			if err := d.Create(ctx, s); err != nil {
 				b.Fatal(err)
@@ -201,14 +194,7 @@ func BenchmarkDirectGuestCPU(b *testing.B) {
 		for b.Loop() {
 			s := guestSpec(b, tpl, "")
 			s.Args = append(slices.Clone(py), benchDirectLoader)
-			s.Pids, s.MemoryMiB = 1024, 512
-			if err := os.MkdirAll(s.AgentDir, 0o755); err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() {
-				_ = d.Stop(ctx, s.ID)
-				_ = d.Delete(ctx, s.ID)
-			})
+			benchGuest(ctx, b, d, &s)
 			dg, err := agent.NewDirectGuest("/workspace", s.Env, func() { _ = d.Stop(ctx, s.ID) })
 			if err != nil {
 				b.Fatal(err)
@@ -245,6 +231,20 @@ func BenchmarkDirectGuestCPU(b *testing.B) {
 		for _, name := range []string{"ready", "exec", "teardown", "cli", "total"} {
 			reportSpread(b, name+"-cpu-ms", figs[name])
 		}
+	})
+}
+
+// benchGuest readies s for the guest CPU benchmarks: a guest's usual pids and memory, its
+// agent dir made, and its stop and delete when b ends (should it fail before its own).
+func benchGuest(ctx context.Context, b *testing.B, d *oci.Driver, s *hypervisor.Spec) {
+	s.Pids, s.MemoryMiB = 1024, 512
+	if err := os.MkdirAll(s.AgentDir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	id := s.ID
+	b.Cleanup(func() {
+		_ = d.Stop(ctx, id)
+		_ = d.Delete(ctx, id)
 	})
 }
 
